@@ -125,6 +125,18 @@ def _alias_set_timeout() -> None:
     dist.set_timeout = set_timeout
 
 
+def _launcher_env_for_one_process() -> None:
+    import socket
+
+    with socket.socket() as sock:  # a free port for the one-rank TCPStore
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    defaults = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
+                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    for key, value in defaults.items():
+        os.environ.setdefault(key, value)
+
+
 # --------------------------------------------------------------------------
 # Config fixes
 
@@ -183,6 +195,16 @@ FIXES: tuple[Fix, ...] = (
         ),
         applies=lambda: not hasattr(dist, "set_timeout"),
         apply=_alias_set_timeout,
+    ),
+    Fix(
+        name="one_process_launcher_env",
+        why=(
+            "torchtitan 0.3.0 reads LOCAL_RANK/RANK/WORLD_SIZE/MASTER_* that only "
+            "torchrun sets, so a plain `python -m torchtitan.train` on a CPU box "
+            "fails; without a launcher, run as the single rank of a world of one"
+        ),
+        applies=lambda: on_cpu() and "LOCAL_RANK" not in os.environ,
+        apply=_launcher_env_for_one_process,
     ),
     Fix(
         name="spmd_backend_partial_dtensor",

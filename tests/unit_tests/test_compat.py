@@ -16,9 +16,11 @@ cpu_only = pytest.mark.skipif(not compat.on_cpu(), reason="CPU-only fixes")
 
 
 def _config():
-    from skrull_ext.config_registry import skrull_llama3_debugmodel
+    """The debug job without the fixes (the registry functions apply them)."""
+    from skrull_ext.config_registry import JOBS_DIR
+    from skrull_ext.job_file import load_job
 
-    return skrull_llama3_debugmodel()
+    return load_job(f"{JOBS_DIR}/debug_cpu.toml")
 
 
 @cpu_only
