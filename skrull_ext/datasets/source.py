@@ -1,0 +1,60 @@
+"""Shared config of the synthetic-token dataloaders.
+
+Every skrull-ext dataloader (torchtitan-style packed rows, Skrull-scheduled
+buffers) draws the same global batches from the same source, which is what
+makes a Skrull run comparable token for token with a torchtitan run.
+"""
+
+from dataclasses import dataclass
+
+from torchtitan.components.dataloader import BaseDataLoader
+
+from skrull_ext.datasets.length_dist import load_lengths
+from skrull_ext.datasets.synthetic import SyntheticSequences
+
+
+class SyntheticDataLoaderBase(BaseDataLoader):
+    """Base for loaders over ``SyntheticSequences``; holds the step counter."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(BaseDataLoader.Config):
+        dataset: str = "synthetic"
+        lengths: str = "sharegpt_qwen"
+        """Shipped length distribution (see datasets/length_dist.py) or a file path."""
+        length_scale: float = 1.0
+        """Divide drawn lengths by this; keeps the distribution's shape smaller."""
+        min_len: int = 2
+        max_len: int | None = None
+        """Clip sample lengths (an SFT max-length filter); None keeps the tail."""
+        vocab_size: int = 2048
+        """Token ids are drawn from [1, vocab_size); must match the model."""
+        seed: int = 0
+        global_batch_size: int = 8
+        """Sequences per optimizer step, over all DP ranks."""
+
+        def __post_init__(self):
+            if self.global_batch_size < 1:
+                raise ValueError("dataloader.global_batch_size must be >= 1")
+
+    def __init__(self, config: Config):
+        self.config = config
+        self.source = SyntheticSequences(
+            lengths=load_lengths(config.lengths),
+            vocab_size=config.vocab_size,
+            seed=config.seed,
+            length_scale=config.length_scale,
+            min_len=config.min_len,
+            max_len=config.max_len,
+        )
+        self.step = 0
+        """Global batches consumed so far (the checkpointed state)."""
+
+    def next_global_batch(self) -> list[int]:
+        self.step += 1
+        return self.source.global_batch(self.step, self.config.global_batch_size)
+
+    def state_dict(self) -> dict:
+        return {"step": self.step}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.step = int(state_dict.get("step", 0))
