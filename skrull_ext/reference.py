@@ -201,7 +201,12 @@ def schedule(lengths: list[int], cost: RefCost, dp: int, n: int, bucket: int, *,
         if share:
             m = min(len(share), max(1, -(-sum(eff[k] for k in share) // cap)))
             last = len(share)
+            total_flops = 0.0
+            for k in share:
+                total_flops += cost.flops(eff[k])
             while m <= last:
+                if best is not None and cost.layers * (cost.a * total_flops / n + m * cost.b) >= best[0]:
+                    break
                 groups = [share[j::m] for j in range(m)]
                 res = None
                 if all(sum(eff[k] for k in g) <= cap for g in groups):

@@ -5,101 +5,124 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <numeric>
+#include <functional>
+#include <queue>
+#include <utility>
 #include <vector>
 
 #include "skrull/cost_model.hpp"
 #include "skrull/dacp.hpp"
 #include "skrull/types.hpp"
+#include "skrull/workspace.hpp"
 
 namespace skrull {
 
-// Longest-processing-time greedy by FLOPs: sequences by FLOPs descending
-// (ties by index) each go to the DP rank with the least FLOPs so far (ties
-// to the lower rank). Returns the global indices of each rank's share.
+// Longest-processing-time greedy by FLOPs: sequences by length descending
+// (FLOPs grow with length; ties by index) each go to the DP rank with the
+// least FLOPs so far (ties to the lower rank). Returns each rank's share.
 inline std::vector<std::vector<int32_t>> split_over_dp(const std::vector<int64_t>& lengths,
                                                        const std::vector<int32_t>& live, const CostModel& cost,
                                                        int32_t dp) {
   std::vector<int32_t> order = live;
   std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
-    return lengths[a] != lengths[b] ? lengths[a] > lengths[b] : a < b;  // FLOPs grow with length
+    return lengths[a] != lengths[b] ? lengths[a] > lengths[b] : a < b;
   });
   std::vector<std::vector<int32_t>> bins(dp);
-  std::vector<double> load(dp, 0.0);
+  // Min-heap on (load, rank): the least-loaded rank, ties to the lower one.
+  using Entry = std::pair<double, int32_t>;
+  std::vector<Entry> heap_storage;
+  heap_storage.reserve(dp);
+  for (int32_t i = 0; i < dp; ++i) heap_storage.emplace_back(0.0, i);
+  std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>> heap(std::greater<Entry>(),
+                                                                           std::move(heap_storage));
   for (int32_t k : order) {
-    const int32_t t = detail::argmin(load);
+    auto [load, t] = heap.top();
+    heap.pop();
     bins[t].push_back(k);
-    load[t] += cost.flops(lengths[k]);
+    heap.emplace(load + cost.flops(lengths[k]), t);
   }
   return bins;
 }
 
-// One candidate split of a DP rank's share into m micro-batches.
+// One candidate split of a DP rank's (ascending) share into m micro-batches:
+// group j is share[j::m]. placement[p] places share[p].
 struct MicroBatchSplit {
   bool feasible = false;
+  int32_t m = 0;
   double time_us = 0.0;
-  std::vector<std::vector<int32_t>> groups;  // global indices, ascending length
-  std::vector<DacpResult> dacp;
+  std::vector<int32_t> placement;
+  std::vector<int32_t> rollbacks;  // per group
 };
 
-// Strided split of `sorted` (ascending length) into m groups, group j =
-// sorted[j::m], which pairs long with short. Infeasible when a group holds
+// Strided split, which pairs long with short. Infeasible when a group holds
 // more than cp * bucket tokens or DACP cannot place it.
-inline MicroBatchSplit split_strided(const std::vector<int64_t>& lengths, const std::vector<int32_t>& sorted,
-                                     int32_t m, const CostModel& cost, const Options& opt) {
-  MicroBatchSplit out;
+inline void split_strided(const std::vector<int64_t>& lengths, const std::vector<int32_t>& sorted, int32_t m,
+                          const CostModel& cost, const Options& opt, Workspace& ws, MicroBatchSplit& out) {
+  out.feasible = false;
+  out.m = m;
+  out.time_us = 0.0;
+  out.placement.assign(sorted.size(), kDistributed);
+  out.rollbacks.assign(m, 0);
   const int64_t capacity = opt.bucket_size * opt.cp;
-  out.groups.resize(m);
-  std::vector<int64_t> group_lengths;
+  const size_t n = sorted.size();
   for (int32_t j = 0; j < m; ++j) {
     int64_t tokens = 0;
-    for (size_t i = j; i < sorted.size(); i += m) {
-      out.groups[j].push_back(sorted[i]);
-      tokens += lengths[sorted[i]];
-    }
-    if (tokens > capacity) return out;
+    for (size_t i = j; i < n; i += m) tokens += lengths[sorted[i]];
+    if (tokens > capacity) return;
   }
+  double comm_bytes = 0.0;
   for (int32_t j = 0; j < m; ++j) {
-    group_lengths.clear();
-    for (int32_t k : out.groups[j]) group_lengths.push_back(lengths[k]);
-    DacpResult r = dacp(group_lengths, cost, opt.cp, opt.bucket_size, opt.placement, opt.rollback);
-    if (r.status != Status::kOk) return out;
-    out.time_us += r.time_us;
-    out.dacp.push_back(std::move(r));
+    ws.lengths.clear();
+    for (size_t i = j; i < n; i += m) ws.lengths.push_back(lengths[sorted[i]]);
+    const size_t g = ws.lengths.size();
+    ws.placement.resize(g);
+    if (dacp_into(ws.lengths.data(), g, cost, opt.cp, opt.bucket_size, opt.placement, opt.rollback, ws,
+                  ws.placement.data(), out.rollbacks[j]) != Status::kOk)
+      return;
+    out.time_us += score_into(ws.lengths.data(), ws.placement.data(), g, cost, opt.cp, ws.tokens, ws.flops, comm_bytes);
+    for (size_t i = j, q = 0; i < n; i += m, ++q) out.placement[i] = ws.placement[q];
   }
   out.feasible = true;
-  return out;
 }
 
-// Micro-batches of one DP rank: the smallest feasible count m, or (with
-// MicroBatchCount::kPredictedTime) the feasible count among the smallest and
-// the next max_extra_micro_batches with the least predicted time, ties to
-// fewer micro-batches. A single sequence per micro-batch is always feasible
-// for schedulable lengths, so the search ends by m = number of sequences.
-inline MicroBatchSplit split_micro_batches(const std::vector<int64_t>& lengths, std::vector<int32_t> share,
-                                           const CostModel& cost, const Options& opt) {
-  std::sort(share.begin(), share.end(), [&](int32_t a, int32_t b) {
-    return lengths[a] != lengths[b] ? lengths[a] < lengths[b] : a < b;
-  });
-  MicroBatchSplit best;
-  best.feasible = true;  // an empty share has zero micro-batches
-  if (share.empty()) return best;
+// Micro-batches of one DP rank, `share` sorted ascending (length, index):
+// the smallest feasible count m, or (MicroBatchCount::kPredictedTime) the
+// feasible count among the smallest and the next max_extra_micro_batches
+// with the least predicted time, ties to fewer micro-batches. Counts whose
+// lower bound, layers * (a * FLOPs / cp + m * b), already reaches the best
+// time are not tried: the bound only grows with m. A single sequence per
+// micro-batch is always feasible for schedulable lengths, so the search
+// ends by m = number of sequences.
+inline MicroBatchSplit split_micro_batches(const std::vector<int64_t>& lengths, const std::vector<int32_t>& share,
+                                           const CostModel& cost, const Options& opt, Workspace& ws) {
+  MicroBatchSplit best, cand;
+  if (share.empty()) {
+    best.feasible = true;  // zero micro-batches
+    return best;
+  }
   int64_t tokens = 0;
-  for (int32_t k : share) tokens += lengths[k];
+  double total_flops = 0.0;
+  for (int32_t k : share) {
+    tokens += lengths[k];
+    total_flops += cost.flops(lengths[k]);
+  }
   const int64_t capacity = opt.bucket_size * opt.cp;
   const int32_t n = static_cast<int32_t>(share.size());
   int32_t m = static_cast<int32_t>(std::min<int64_t>(n, std::max<int64_t>(1, (tokens + capacity - 1) / capacity)));
-  best.feasible = false;
   int32_t last = n;  // the highest m worth trying
   for (; m <= last; ++m) {
-    MicroBatchSplit cand = split_strided(lengths, share, m, cost, opt);
+    if (best.feasible) {
+      const double bound = cost.shape.layers * (cost.a_us_per_flop * total_flops / opt.cp + m * cost.b_us);
+      if (bound >= best.time_us) break;
+    }
+    split_strided(lengths, share, m, cost, opt, ws, cand);
     if (!cand.feasible) continue;
     if (!best.feasible) {
-      best = std::move(cand);
+      std::swap(best, cand);
       if (opt.micro_batch_count == MicroBatchCount::kSmallestFeasible) break;
       last = static_cast<int32_t>(std::min<int64_t>(n, static_cast<int64_t>(m) + opt.max_extra_micro_batches));
     } else if (cand.time_us < best.time_us) {
-      best = std::move(cand);
+      std::swap(best, cand);
     }
   }
   return best;

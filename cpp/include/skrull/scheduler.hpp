@@ -16,6 +16,7 @@
 #include "skrull/dacp.hpp"
 #include "skrull/gds.hpp"
 #include "skrull/types.hpp"
+#include "skrull/workspace.hpp"
 
 namespace skrull {
 
@@ -82,24 +83,34 @@ inline Schedule schedule(const std::vector<int64_t>& input, const CostModel& cos
   }
 
   const auto shares = split_over_dp(out.lengths, live, cost, opt.dp);
+  Workspace ws;
+  std::vector<int32_t> sorted;
   out.dp_offsets.push_back(0);
   for (int32_t i = 0; i < opt.dp; ++i) {
-    MicroBatchSplit split = split_micro_batches(out.lengths, shares[i], cost, opt);
+    sorted = shares[i];
+    std::sort(sorted.begin(), sorted.end(), [&](int32_t a, int32_t b) {
+      return out.lengths[a] != out.lengths[b] ? out.lengths[a] < out.lengths[b] : a < b;
+    });
+    const MicroBatchSplit split = split_micro_batches(out.lengths, sorted, cost, opt, ws);
     if (!split.feasible)  // unreachable for lengths <= limit; kept as a guard
       throw std::logic_error("no micro-batch split found for DP rank " + std::to_string(i));
     double rank_time = 0.0;
-    for (size_t j = 0; j < split.groups.size(); ++j) {
+    for (int32_t j = 0; j < split.m; ++j) {
       MicroBatch mb;
       mb.dp_rank = i;
-      mb.index = static_cast<int32_t>(j);
-      mb.seqs = std::move(split.groups[j]);
-      mb.dacp = std::move(split.dacp[j]);
-      for (size_t p = 0; p < mb.seqs.size(); ++p) {
-        const int32_t k = mb.seqs[p];
+      mb.index = j;
+      std::vector<int64_t> group_lengths;
+      for (size_t p = j; p < sorted.size(); p += split.m) {
+        const int32_t k = sorted[p];
+        mb.seqs.push_back(k);
+        mb.dacp.cp_rank.push_back(split.placement[p]);
+        group_lengths.push_back(out.lengths[k]);
         out.dp_rank[k] = i;
-        out.micro_batch[k] = mb.index;
-        out.cp_rank[k] = mb.dacp.cp_rank[p];
+        out.micro_batch[k] = j;
+        out.cp_rank[k] = split.placement[p];
       }
+      mb.dacp.rollbacks = split.rollbacks[j];
+      score_placement(group_lengths.data(), group_lengths.size(), cost, opt.cp, mb.dacp);
       rank_time += mb.dacp.time_us;
       out.rollbacks += mb.dacp.rollbacks;
       out.micro_batches.push_back(std::move(mb));
