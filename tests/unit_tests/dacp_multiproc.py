@@ -54,6 +54,7 @@ class Case:
     seed: int = 0
     order: bool = False
     """Also record the order of the backward nodes (needs local and distributed parts)."""
+    device: str = "cpu"
     extra: dict = field(default_factory=dict)
 
 
@@ -125,7 +126,8 @@ def rank_step(case: Case, cp_rank: int, cp_size: int, group) -> dict:
     meta = build_meta(case.lengths, case.placement, cp_rank, cp_size)
 
     def buf(x):
-        return shard_buffer([s[x] for s in seqs], case.placement, cp_rank, cp_size, dim=1)
+        b = shard_buffer([s[x] for s in seqs], case.placement, cp_rank, cp_size, dim=1)
+        return b.to(case.device)
 
     q, k, v = (buf(x).requires_grad_() for x in "qkv")
     go = buf("go")
@@ -136,7 +138,10 @@ def rank_step(case: Case, cp_rank: int, cp_size: int, group) -> dict:
     out.backward(go[None] if case.batched else go)
     if case.batched:
         out = out[0]
-    return dict(out=out.detach(), dq=q.grad, dk=k.grad, dv=v.grad, stats=stats, order=order)
+    # A rank with an empty buffer leaves k, v out of the graph: their grads stay None.
+    got = dict(out=out.detach(), dq=q.grad, dk=k.grad, dv=v.grad)
+    cpu = {x: None if t is None else t.cpu() for x, t in got.items()}
+    return dict(**cpu, stats=stats, order=order)
 
 
 def _worker(rank: int, cp_size: int, store: str, cases: list[Case], outdir: str) -> None:

@@ -16,7 +16,14 @@ import pytest
 import torch
 from dacp_multiproc import Case, compare, random_case, rank_step, run_multiproc
 
-from skrull_ext.attention import build_meta, dacp_attention, DacpAttention, DacpStats, DISTRIBUTED
+from skrull_ext.attention import (
+    build_meta,
+    dacp_attention,
+    DacpAttention,
+    DacpStats,
+    DISTRIBUTED,
+    SideStream,
+)
 
 D = DISTRIBUTED
 
@@ -135,3 +142,22 @@ def test_argument_checks():
         dacp_attention(torch.randn(3, 7, 8), q, q, meta)
     with pytest.raises(ValueError, match="batch size 1"):
         dacp_attention(q.expand(2, -1, -1, -1), q[None], q[None], meta)
+
+
+def test_side_stream_is_a_no_op_on_cpu():
+    s = SideStream(torch.device("cpu"))
+    assert not s.enabled
+    x = torch.ones(2)
+    with s.fork(x):
+        y = x * 2
+    s.join(y)
+    assert y.tolist() == [2.0, 2.0]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_cp1_cuda_side_stream(dtype):
+    """The local part runs on the side stream; results must match the CPU reference."""
+    case = Case("cuda", [5, 13, 7, 40], [0, D, 0, D], dtype=dtype, device="cuda")
+    res = rank_step(case, 0, 1, None)
+    compare(case, 1, [res])
