@@ -14,7 +14,7 @@ cp_size 1, the torchtitan-shaped module and argument checks.
 
 import pytest
 import torch
-from dacp_multiproc import Case, compare, random_case, rank_step, run_multiproc
+from tests.unit_tests.dacp_multiproc import Case, compare, random_case, rank_step, run_multiproc
 
 from skrull_ext.attention import (
     build_meta,
