@@ -81,6 +81,8 @@ class Plan:
     rollbacks: int = 0
     dp_time_us: list[float] = field(default_factory=list)
     makespan_us: float = 0.0
+    refined_dp_rank: int | None = None
+    """When set, the CP-SAT fallback looked only at this DP rank's micro-batches."""
 
     @classmethod
     def from_core(cls, s: _core.Schedule, input_lengths: list[int], dp: int, cp: int, bucket_size: int) -> Plan:

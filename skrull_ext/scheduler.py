@@ -40,16 +40,28 @@ class Scheduler:
         self.cost_model = cost_model if cost_model is not None else cost_models.preset()
         self._options = config.core_options()
 
-    def schedule(self, lengths: Sequence[int]) -> Plan:
-        """Plan one global batch (lengths in dataset order). Empty batch -> empty plan."""
+    def schedule(self, lengths: Sequence[int], dp_rank: int | None = None) -> Plan:
+        """Plan one global batch (lengths in dataset order). Empty batch -> empty plan.
+
+        With ``dp_rank`` set, the CP-SAT fallback refines only that DP rank's
+        micro-batches: a training rank needs exact placements for its own
+        micro-batches only, and every rank of its CP group asks for the same
+        ones, so they still agree without talking. Other DP ranks keep the
+        heuristic's placements (``plan.refined_dp_rank`` records this).
+        """
         lengths = _as_lengths(lengths)
         c = self.config
+        if dp_rank is not None and not (isinstance(dp_rank, int) and 0 <= dp_rank < c.dp):
+            raise ValueError(f"dp_rank must be in [0, {c.dp}), got {dp_rank!r}")
         core = _core.schedule(lengths, self.cost_model, self._options)
         plan = Plan.from_core(core, lengths, c.dp, c.cp, c.bucket_size)
+        plan.refined_dp_rank = dp_rank
         if c.uses_cpsat and c.cp > 1:
             start = time.perf_counter()
-            for mb in plan.all_micro_batches():
-                self._maybe_improve(plan, mb)
+            ranks = plan.ranks if dp_rank is None else [plan.ranks[dp_rank]]
+            for rank in ranks:
+                for mb in rank:
+                    self._maybe_improve(plan, mb)
             plan.fallback_us = (time.perf_counter() - start) * 1e6
         return plan
 

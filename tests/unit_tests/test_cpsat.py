@@ -99,3 +99,22 @@ def test_cpsat_is_deterministic():
     a = solve_dacp(lengths, cost, 8, 26624, deterministic_time=0.01)
     b = solve_dacp(lengths, cost, 8, 26624, deterministic_time=0.01)
     assert a.cp_rank == b.cp_rank and a.status == b.status
+
+
+def test_fallback_for_one_dp_rank_touches_only_that_rank():
+    rng = random.Random(7)
+    real = __import__("skrull_ext.lengths", fromlist=["load"]).load("mix_sharegpt_conv+longbench_en")
+    lengths = [rng.choice(real) for _ in range(64)]
+    cost = cm.preset("qwen2.5-0.5b")
+    cfg = dict(dp=2, cp=4, bucket_size=16384, overlength="truncate", cpsat_margin=0.0, cpsat_deterministic_time=0.05)
+    base = Scheduler(SchedulerConfig(cpsat=False, **cfg), cost).schedule(lengths)
+    full = Scheduler(SchedulerConfig(**cfg), cost).schedule(lengths)
+    one = Scheduler(SchedulerConfig(**cfg), cost).schedule(lengths, dp_rank=1)
+    one.validate()
+    assert one.refined_dp_rank == 1
+    assert [mb.cp_rank for mb in one.ranks[0]] == [mb.cp_rank for mb in base.ranks[0]]
+    assert [mb.cp_rank for mb in one.ranks[1]] == [mb.cp_rank for mb in full.ranks[1]]
+    assert all(mb.path == "heuristic" for mb in one.ranks[0])
+    assert any(mb.path == "cpsat" for mb in one.ranks[1])  # the fallback did act here
+    with pytest.raises(ValueError, match=r"dp_rank must be in \[0, 2\), got 2"):
+        Scheduler(SchedulerConfig(**cfg), cost).schedule(lengths, dp_rank=2)
