@@ -1,0 +1,167 @@
+// Cost model of SKRULL.md: FLOPs, K/V volume, compute and communication time
+// of one layer, and the predicted time of a DACP micro-batch. It knows
+// nothing about scheduling; the scheduler takes it as a parameter.
+//
+// Units: lengths in tokens, FLOPs per layer of the forward pass, bytes,
+// times in microseconds.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace skrull {
+
+struct ModelShape {
+  int32_t layers = 24;        // transformer blocks
+  int64_t hidden = 896;       // h
+  int64_t kv_width = 128;     // h_kv = kv_heads * head_dim
+  int32_t bytes_per_elem = 2; // bf16
+};
+
+// Piecewise-linear latency of one collective by message size. Below
+// threshold_bytes the latency is floor_us (the paper's t0); above the last
+// point it extends the last segment (or stays flat with a single point).
+struct CommModel {
+  std::vector<double> bytes;  // ascending message sizes
+  std::vector<double> us;     // latency at each size
+  double threshold_bytes = 0.0;
+  double floor_us = 0.0;
+  // Collectives per layer on the distributed path: the forward all-gather of
+  // K/V and the backward reduce-scatter of their gradients.
+  double collectives_per_layer = 2.0;
+};
+
+struct CostModel {
+  ModelShape shape;
+  // T_comp(F) = a_us_per_flop * F + b_us for the forward+backward of a
+  // part of a layer whose forward costs F FLOPs (0 when F == 0).
+  double a_us_per_flop = 7.5e-9;  // assumed: 3x fwd FLOPs at 400 TFLOP/s
+  double b_us = 20.0;             // assumed per-call overhead
+  CommModel comm;
+
+  // Throws std::invalid_argument naming the first bad field.
+  void validate() const {
+    auto fail = [](const std::string& what) { throw std::invalid_argument(what); };
+    if (shape.layers < 1) fail("cost model: layers must be >= 1, got " + std::to_string(shape.layers));
+    if (shape.hidden < 1 || shape.hidden > (int64_t{1} << 20))
+      fail("cost model: hidden must be in [1, 1048576], got " + std::to_string(shape.hidden));
+    if (shape.kv_width < 1 || shape.kv_width > (int64_t{1} << 20))
+      fail("cost model: kv_width must be in [1, 1048576], got " + std::to_string(shape.kv_width));
+    if (shape.bytes_per_elem < 1 || shape.bytes_per_elem > 16)
+      fail("cost model: bytes_per_elem must be in [1, 16], got " + std::to_string(shape.bytes_per_elem));
+    if (!std::isfinite(a_us_per_flop) || a_us_per_flop < 0)
+      fail("cost model: a_us_per_flop must be finite and >= 0, got " + std::to_string(a_us_per_flop));
+    if (!std::isfinite(b_us) || b_us < 0) fail("cost model: b_us must be finite and >= 0, got " + std::to_string(b_us));
+    if (comm.bytes.size() != comm.us.size())
+      fail("cost model: comm.bytes and comm.us differ in length (" + std::to_string(comm.bytes.size()) + " vs " +
+           std::to_string(comm.us.size()) + ")");
+    if (comm.bytes.empty()) fail("cost model: comm table needs at least one point");
+    for (size_t i = 0; i < comm.bytes.size(); ++i) {
+      if (!std::isfinite(comm.bytes[i]) || comm.bytes[i] < 0 || !std::isfinite(comm.us[i]) || comm.us[i] < 0)
+        fail("cost model: comm point " + std::to_string(i) + " must be finite and >= 0");
+      if (i > 0 && !(comm.bytes[i] > comm.bytes[i - 1]))
+        fail("cost model: comm.bytes must be strictly ascending at point " + std::to_string(i));
+    }
+    if (!std::isfinite(comm.threshold_bytes) || comm.threshold_bytes < 0)
+      fail("cost model: comm.threshold_bytes must be finite and >= 0");
+    if (!std::isfinite(comm.floor_us) || comm.floor_us < 0) fail("cost model: comm.floor_us must be finite and >= 0");
+    if (!std::isfinite(comm.collectives_per_layer) || comm.collectives_per_layer < 0)
+      fail("cost model: comm.collectives_per_layer must be finite and >= 0");
+  }
+
+  // Forward FLOPs of one layer for one sequence of s tokens:
+  // 20 h^2 s + 4 h h_kv s + 4 h s^2 (projections + MLP, K/V, attention).
+  double flops(int64_t s) const {
+    const double h = static_cast<double>(shape.hidden);
+    const double hkv = static_cast<double>(shape.kv_width);
+    const double x = static_cast<double>(s);
+    return 20.0 * h * h * x + 4.0 * h * hkv * x + 4.0 * h * x * x;
+  }
+
+  // K and V bytes of one layer for s tokens. A double: summed over a
+  // micro-batch at the accepted extremes it would overflow int64.
+  double kv_bytes(int64_t s) const {
+    return 2.0 * static_cast<double>(s) * static_cast<double>(shape.kv_width) * shape.bytes_per_elem;
+  }
+
+  // Forward+backward time of F forward FLOPs of one layer.
+  double comp_us(double f) const { return f > 0.0 ? a_us_per_flop * f + b_us : 0.0; }
+
+  // Latency of one collective moving `bytes`.
+  double collective_us(double bytes) const {
+    if (bytes <= 0.0) return 0.0;
+    if (bytes < comm.threshold_bytes) return comm.floor_us;
+    const auto& xs = comm.bytes;
+    const auto& ys = comm.us;
+    if (xs.size() == 1 || bytes <= xs.front()) return ys.front();
+    size_t hi = static_cast<size_t>(std::upper_bound(xs.begin(), xs.end(), bytes) - xs.begin());
+    if (hi >= xs.size()) hi = xs.size() - 1;  // extend the last segment
+    const size_t lo = hi - 1;
+    return ys[lo] + (ys[hi] - ys[lo]) * (bytes - xs[lo]) / (xs[hi] - xs[lo]);
+  }
+
+  // Communication time of one layer (forward + backward collectives).
+  double comm_us(double bytes) const { return comm.collectives_per_layer * collective_us(bytes); }
+
+  // SKRULL.md overlap formula, all layers:
+  //   Time_j = max(T_comm(V), T_comp(Local_j)) + T_comp(Dist);  T = max_j.
+  // local_flops[j] is rank j's local FLOPs, dist_flops one rank's share.
+  double micro_batch_us(const std::vector<double>& local_flops, double dist_flops, double comm_bytes) const {
+    const double comm_t = comm_us(comm_bytes);
+    const double dist_t = comp_us(dist_flops);
+    double worst = 0.0;
+    for (double f : local_flops) worst = std::max(worst, std::max(comm_t, comp_us(f)) + dist_t);
+    return shape.layers * worst;
+  }
+
+  // A lower bound on any DACP plan's time for these lengths on n ranks:
+  // the max over ranks of local+dist FLOPs is at least the average, total/n.
+  // With a non-decreasing comm table, the longest sequence also bounds it:
+  // whole on one rank, or sharded and paying at least its own exchange.
+  double micro_batch_lower_bound_us(const std::vector<int64_t>& lengths, int32_t n) const {
+    double total = 0.0;
+    int64_t longest = 0;
+    for (int64_t s : lengths) {
+      total += flops(s);
+      longest = std::max(longest, s);
+    }
+    if (total <= 0.0) return 0.0;
+    double bound = a_us_per_flop * total / n + b_us;
+    if (comm_is_monotone() && n > 1) {
+      const double f = flops(longest);
+      const double as_local = comp_us(f);
+      const double as_dist = comm_us(kv_bytes(longest)) + comp_us(f / n);
+      bound = std::max(bound, std::min(as_local, as_dist));
+    }
+    return shape.layers * bound;
+  }
+
+  bool comm_is_monotone() const {
+    if (comm.threshold_bytes > 0.0 && !comm.us.empty() && comm.floor_us > comm.us.front()) return false;
+    for (size_t i = 1; i < comm.us.size(); ++i)
+      if (comm.us[i] < comm.us[i - 1]) return false;
+    return true;
+  }
+};
+
+// Tokens one CP rank holds of a sequence of s tokens sharded over n ranks:
+// padded to a multiple of 2n and cut into 2n zigzag chunks, two per rank.
+inline int64_t shard_tokens(int64_t s, int32_t n) {
+  if (n <= 1) return s;
+  const int64_t chunks = 2 * static_cast<int64_t>(n);
+  return 2 * ((s + chunks - 1) / chunks);
+}
+
+// Longest sequence a CP group of n ranks with `bucket` tokens each can hold.
+// (Whole on one rank it may be `bucket` long; sharded, each rank holds two
+// chunks of at most bucket/2 tokens.)
+inline int64_t max_sequence_length(int64_t bucket, int32_t n) {
+  if (n <= 1) return bucket;
+  return std::max(bucket, 2 * static_cast<int64_t>(n) * (bucket / 2));
+}
+
+}  // namespace skrull

@@ -1,0 +1,185 @@
+// DACP (SKRULL.md, corrected Algorithm 1, and the paper's worst-fit
+// Algorithm 4): for one micro-batch on one CP group, decide which sequences
+// stay whole on one CP rank and which are sharded over the group.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <numeric>
+#include <vector>
+
+#include "skrull/cost_model.hpp"
+#include "skrull/types.hpp"
+#include "skrull/workspace.hpp"
+
+namespace skrull {
+
+namespace detail {
+
+// Lowest index of the smallest / largest element: ties go to the lower rank
+// so every rank computes the same plan.
+template <typename T>
+int32_t argmin(const std::vector<T>& v) {
+  return static_cast<int32_t>(std::min_element(v.begin(), v.end()) - v.begin());
+}
+template <typename T>
+int32_t argmax(const std::vector<T>& v) {
+  return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());  // first largest
+}
+
+// Ascending by length, ties by index: the processing order of Algorithm 1.
+inline void ascending_order(const int64_t* lengths, size_t n, std::vector<int32_t>& order) {
+  order.resize(n);
+  std::iota(order.begin(), order.end(), 0);
+  bool sorted = true;
+  for (size_t i = 1; i < n && sorted; ++i) sorted = lengths[i - 1] <= lengths[i];
+  if (sorted) return;  // GDS hands over groups already in this order
+  std::sort(order.begin(), order.end(), [lengths](int32_t a, int32_t b) {
+    return lengths[a] != lengths[b] ? lengths[a] < lengths[b] : a < b;
+  });
+}
+
+}  // namespace detail
+
+// Tokens, FLOPs and bytes of a placement and its predicted time: the single
+// place where a placement is turned into figures. Heuristics, the exact
+// solver's answers and the simulator's baselines are all scored here.
+// Writes per-rank tokens and total FLOPs (local + distributed share) into
+// the caller's buffers; returns the predicted time.
+inline double score_into(const int64_t* lengths, const int32_t* cp_rank, size_t n, const CostModel& cost, int32_t cp,
+                         std::vector<int64_t>& tokens, std::vector<double>& flops, double& comm_bytes) {
+  tokens.assign(cp, 0);
+  flops.assign(cp, 0.0);
+  comm_bytes = 0.0;
+  double dist_flops = 0.0;
+  int64_t dist_shard = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t s = lengths[i];
+    if (cp_rank[i] == kDistributed) {
+      const int64_t shard = shard_tokens(s, cp);
+      dist_shard += shard;
+      dist_flops += cost.flops(s) / cp;
+      comm_bytes += cost.kv_bytes(shard * cp);
+    } else {
+      tokens[cp_rank[i]] += s;
+      flops[cp_rank[i]] += cost.flops(s);
+    }
+  }
+  const double time = cost.micro_batch_us(flops, dist_flops, comm_bytes);
+  for (int32_t j = 0; j < cp; ++j) {
+    tokens[j] += dist_shard;
+    flops[j] += dist_flops;
+  }
+  return time;
+}
+
+inline void score_placement(const int64_t* lengths, size_t n, const CostModel& cost, int32_t cp, DacpResult& r) {
+  r.time_us = score_into(lengths, r.cp_rank.data(), n, cost, cp, r.rank_tokens, r.rank_flops, r.comm_bytes);
+}
+
+// Scores a given placement (cp_rank[i] in [0, cp) or kDistributed) and marks
+// it unschedulable when a rank would hold more than `bucket` tokens.
+inline DacpResult evaluate_placement(const std::vector<int64_t>& lengths, const std::vector<int32_t>& cp_rank,
+                                     const CostModel& cost, int32_t cp, int64_t bucket) {
+  DacpResult r;
+  r.cp_rank = cp_rank;
+  score_placement(lengths.data(), lengths.size(), cost, cp, r);
+  for (int64_t t : r.rank_tokens)
+    if (t > bucket) r.status = Status::kUnschedulable;
+  return r;
+}
+
+// Corrected Algorithm 1 (or worst-fit Algorithm 4) on one micro-batch,
+// writing each sequence's placement into cp_rank (caller's order).
+//
+// Sequences are taken shortest first. A sequence goes whole onto the
+// least-loaded rank if it fits there, else onto the rank with most room
+// (worst-fit skips the first try); else it is sharded if every rank has room
+// for its shard; else a local sequence on the fullest rank is turned into a
+// distributed one (its tokens freed on that rank, its shard charged to all)
+// and the sequence is tried again. Each roll-back turns one local sequence
+// into a distributed one for good, so there are at most n of them.
+//
+// Returns kUnschedulable (placement partial) when memory cannot hold it.
+inline Status dacp_into(const int64_t* lengths, size_t n, const CostModel& cost, int32_t cp, int64_t bucket,
+                        Placement placement, Rollback rollback, Workspace& ws, int32_t* cp_rank, int32_t& rollbacks) {
+  std::fill(cp_rank, cp_rank + n, kDistributed);
+  ws.room.assign(cp, bucket);
+  ws.load.assign(cp, 0.0);
+  detail::ascending_order(lengths, n, ws.order);
+  std::vector<int64_t>& room = ws.room;
+  std::vector<double>& load = ws.load;
+  const std::vector<int32_t>& order = ws.order;
+
+  auto place_local = [&](int32_t k, int32_t t) {
+    cp_rank[k] = t;
+    room[t] -= lengths[k];
+    load[t] += cost.flops(lengths[k]);
+  };
+  auto distribute = [&](int32_t k) {
+    const int64_t shard = shard_tokens(lengths[k], cp);
+    const double share = cost.flops(lengths[k]) / cp;
+    cp_rank[k] = kDistributed;
+    for (int32_t j = 0; j < cp; ++j) {
+      room[j] -= shard;
+      load[j] += share;
+    }
+  };
+
+  for (size_t pos = 0; pos < n; ++pos) {
+    const int32_t k = order[pos];
+    const int64_t s = lengths[k];
+    for (;;) {
+      if (placement == Placement::kLeastLoad) {
+        const int32_t t = detail::argmin(load);
+        if (room[t] >= s) {
+          place_local(k, t);
+          break;
+        }
+      }
+      const int32_t roomiest = detail::argmax(room);
+      if (room[roomiest] >= s) {
+        place_local(k, roomiest);
+        break;
+      }
+      if (cp > 1 && *std::min_element(room.begin(), room.end()) >= shard_tokens(s, cp)) {
+        distribute(k);
+        break;
+      }
+      // Roll back: on the fullest rank, turn a local sequence into a
+      // distributed one. It must free memory there (longer than its shard)
+      // and its shard must fit on every other rank. Local sequences of a
+      // rank, in placement order, are those already processed that sit there.
+      const int32_t t = detail::argmin(room);
+      int32_t pick = -1;
+      for (size_t c = 0; c < pos && pick < 0; ++c) {
+        const int32_t x = order[rollback == Rollback::kLongest ? pos - 1 - c : c];
+        if (cp_rank[x] != t) continue;
+        const int64_t shard = shard_tokens(lengths[x], cp);
+        if (cp <= 1 || lengths[x] <= shard) continue;
+        bool fits = true;
+        for (int32_t j = 0; j < cp && fits; ++j) fits = j == t || room[j] >= shard;
+        if (fits) pick = x;
+      }
+      if (pick < 0) return Status::kUnschedulable;
+      room[t] += lengths[pick];
+      load[t] -= cost.flops(lengths[pick]);
+      distribute(pick);
+      ++rollbacks;
+    }
+  }
+  return Status::kOk;
+}
+
+inline DacpResult dacp(const std::vector<int64_t>& lengths, const CostModel& cost, int32_t cp, int64_t bucket,
+                       Placement placement, Rollback rollback) {
+  Workspace ws;
+  DacpResult r;
+  r.cp_rank.resize(lengths.size());
+  r.status = dacp_into(lengths.data(), lengths.size(), cost, cp, bucket, placement, rollback, ws, r.cp_rank.data(),
+                       r.rollbacks);
+  score_placement(lengths.data(), lengths.size(), cost, cp, r);
+  return r;
+}
+
+}  // namespace skrull

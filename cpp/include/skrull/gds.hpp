@@ -1,0 +1,131 @@
+// GDS (SKRULL.md, Algorithm 2 with its loop fixed): split a global batch
+// over DP ranks, then each rank's share into micro-batches that DACP can
+// schedule within memory.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <queue>
+#include <utility>
+#include <vector>
+
+#include "skrull/cost_model.hpp"
+#include "skrull/dacp.hpp"
+#include "skrull/types.hpp"
+#include "skrull/workspace.hpp"
+
+namespace skrull {
+
+// Longest-processing-time greedy by FLOPs: sequences by length descending
+// (FLOPs grow with length; ties by index) each go to the DP rank with the
+// least FLOPs so far (ties to the lower rank). Returns each rank's share.
+inline std::vector<std::vector<int32_t>> split_over_dp(const std::vector<int64_t>& lengths,
+                                                       const std::vector<int32_t>& live, const CostModel& cost,
+                                                       int32_t dp) {
+  std::vector<int32_t> order = live;
+  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+    return lengths[a] != lengths[b] ? lengths[a] > lengths[b] : a < b;
+  });
+  std::vector<std::vector<int32_t>> bins(dp);
+  // Min-heap on (load, rank): the least-loaded rank, ties to the lower one.
+  using Entry = std::pair<double, int32_t>;
+  std::vector<Entry> heap_storage;
+  heap_storage.reserve(dp);
+  for (int32_t i = 0; i < dp; ++i) heap_storage.emplace_back(0.0, i);
+  std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>> heap(std::greater<Entry>(),
+                                                                           std::move(heap_storage));
+  for (int32_t k : order) {
+    auto [load, t] = heap.top();
+    heap.pop();
+    bins[t].push_back(k);
+    heap.emplace(load + cost.flops(lengths[k]), t);
+  }
+  return bins;
+}
+
+// One candidate split of a DP rank's (ascending) share into m micro-batches:
+// group j is share[j::m]. placement[p] places share[p].
+struct MicroBatchSplit {
+  bool feasible = false;
+  int32_t m = 0;
+  double time_us = 0.0;
+  std::vector<int32_t> placement;
+  std::vector<int32_t> rollbacks;  // per group
+};
+
+// Strided split, which pairs long with short. Infeasible when a group holds
+// more than cp * bucket tokens or DACP cannot place it.
+inline void split_strided(const std::vector<int64_t>& lengths, const std::vector<int32_t>& sorted, int32_t m,
+                          const CostModel& cost, const Options& opt, Workspace& ws, MicroBatchSplit& out) {
+  out.feasible = false;
+  out.m = m;
+  out.time_us = 0.0;
+  out.placement.assign(sorted.size(), kDistributed);
+  out.rollbacks.assign(m, 0);
+  const int64_t capacity = opt.bucket_size * opt.cp;
+  const size_t n = sorted.size();
+  for (int32_t j = 0; j < m; ++j) {
+    int64_t tokens = 0;
+    for (size_t i = j; i < n; i += m) tokens += lengths[sorted[i]];
+    if (tokens > capacity) return;
+  }
+  double comm_bytes = 0.0;
+  for (int32_t j = 0; j < m; ++j) {
+    ws.lengths.clear();
+    for (size_t i = j; i < n; i += m) ws.lengths.push_back(lengths[sorted[i]]);
+    const size_t g = ws.lengths.size();
+    ws.placement.resize(g);
+    if (dacp_into(ws.lengths.data(), g, cost, opt.cp, opt.bucket_size, opt.placement, opt.rollback, ws,
+                  ws.placement.data(), out.rollbacks[j]) != Status::kOk)
+      return;
+    out.time_us += score_into(ws.lengths.data(), ws.placement.data(), g, cost, opt.cp, ws.tokens, ws.flops, comm_bytes);
+    for (size_t i = j, q = 0; i < n; i += m, ++q) out.placement[i] = ws.placement[q];
+  }
+  out.feasible = true;
+}
+
+// Micro-batches of one DP rank, `share` sorted ascending (length, index):
+// the smallest feasible count m, or (MicroBatchCount::kPredictedTime) the
+// feasible count among the smallest and the next max_extra_micro_batches
+// with the least predicted time, ties to fewer micro-batches. Counts whose
+// lower bound, layers * (a * FLOPs / cp + m * b), already reaches the best
+// time are not tried: the bound only grows with m. A single sequence per
+// micro-batch is always feasible for schedulable lengths, so the search
+// ends by m = number of sequences.
+inline MicroBatchSplit split_micro_batches(const std::vector<int64_t>& lengths, const std::vector<int32_t>& share,
+                                           const CostModel& cost, const Options& opt, Workspace& ws) {
+  MicroBatchSplit best, cand;
+  if (share.empty()) {
+    best.feasible = true;  // zero micro-batches
+    return best;
+  }
+  int64_t tokens = 0;
+  double total_flops = 0.0;
+  for (int32_t k : share) {
+    tokens += lengths[k];
+    total_flops += cost.flops(lengths[k]);
+  }
+  const int64_t capacity = opt.bucket_size * opt.cp;
+  const int32_t n = static_cast<int32_t>(share.size());
+  int32_t m = static_cast<int32_t>(std::min<int64_t>(n, std::max<int64_t>(1, (tokens + capacity - 1) / capacity)));
+  int32_t last = n;  // the highest m worth trying
+  for (; m <= last; ++m) {
+    if (best.feasible) {
+      const double bound = cost.shape.layers * (cost.a_us_per_flop * total_flops / opt.cp + m * cost.b_us);
+      if (bound >= best.time_us) break;
+    }
+    split_strided(lengths, share, m, cost, opt, ws, cand);
+    if (!cand.feasible) continue;
+    if (!best.feasible) {
+      std::swap(best, cand);
+      if (opt.micro_batch_count == MicroBatchCount::kSmallestFeasible) break;
+      last = static_cast<int32_t>(std::min<int64_t>(n, static_cast<int64_t>(m) + opt.max_extra_micro_batches));
+    } else if (cand.time_us < best.time_us) {
+      std::swap(best, cand);
+    }
+  }
+  return best;
+}
+
+}  // namespace skrull

@@ -1,0 +1,102 @@
+// Plain data in and out of the scheduler core: options, per-micro-batch
+// results and the whole-global-batch Schedule. No behaviour lives here.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace skrull {
+
+// Placement value of a sequence that is sharded over the whole CP group.
+constexpr int32_t kDistributed = -1;
+// DP rank value of a sequence removed by the "drop" over-length policy.
+constexpr int32_t kDropped = -1;
+
+// Accepted input ranges. Every token sum of an accepted input fits in int64
+// with a wide margin (2^24 sequences x 2^36 tokens = 2^60), and FLOP counts
+// stay finite doubles.
+constexpr int64_t kMaxLength = int64_t{1} << 36;      // tokens per sequence
+constexpr int64_t kMaxBucketSize = int64_t{1} << 36;  // tokens per CP rank
+constexpr int64_t kMaxSequences = int64_t{1} << 24;   // per global batch
+constexpr int32_t kMaxRanks = 1 << 16;                // DP or CP group size
+
+enum class Status : int32_t {
+  kOk = 0,
+  kUnschedulable = 1,  // DACP: the micro-batch does not fit in memory
+};
+
+// DACP placement rule for a sequence (SKRULL.md, Algorithm 1 vs 4).
+enum class Placement : int32_t {
+  kLeastLoad = 0,  // Skrull: least-loaded rank, then the rank with most room
+  kWorstFit = 1,   // paper's "round-robin": rank with most room only
+};
+
+// Which local sequence a roll-back turns into a distributed one.
+enum class Rollback : int32_t {
+  kLongest = 0,   // frees the most memory in one step
+  kShortest = 1,  // as published
+};
+
+// How GDS picks the number of micro-batches of a DP rank.
+enum class MicroBatchCount : int32_t {
+  kSmallestFeasible = 0,  // as published
+  kPredictedTime = 1,     // best predicted time among a few feasible counts
+};
+
+// What to do with a sequence no plan can hold (longer than the largest
+// length a CP group can shard within BucketSize per rank).
+enum class Overlength : int32_t {
+  kError = 0,
+  kTruncate = 1,
+  kDrop = 2,
+};
+
+struct Options {
+  int32_t dp = 1;               // DP ranks
+  int32_t cp = 1;               // CP ranks per group (N)
+  int64_t bucket_size = 26624;  // BucketSize C: tokens one CP rank can hold
+  Placement placement = Placement::kLeastLoad;
+  Rollback rollback = Rollback::kLongest;
+  MicroBatchCount micro_batch_count = MicroBatchCount::kSmallestFeasible;
+  int32_t max_extra_micro_batches = 4;  // kPredictedTime search window
+  Overlength overlength = Overlength::kError;
+};
+
+// DACP result for one micro-batch on one CP group.
+struct DacpResult {
+  Status status = Status::kOk;
+  std::vector<int32_t> cp_rank;       // per input sequence: rank or kDistributed
+  std::vector<int64_t> rank_tokens;   // tokens held by each CP rank
+  std::vector<double> rank_flops;     // per-layer forward FLOPs of each rank
+  double comm_bytes = 0.0;            // K/V bytes exchanged per layer
+  double time_us = 0.0;               // predicted fwd+bwd time, all layers
+  int32_t rollbacks = 0;
+};
+
+struct MicroBatch {
+  int32_t dp_rank = 0;
+  int32_t index = 0;             // position in its DP rank's sequence
+  std::vector<int32_t> seqs;     // global indices, in buffer order
+  DacpResult dacp;               // dacp.cp_rank[i] places seqs[i]
+};
+
+struct Schedule {
+  // Per sequence of the global batch, in the caller's order.
+  std::vector<int64_t> lengths;      // effective (after truncation)
+  std::vector<int32_t> dp_rank;      // or kDropped
+  std::vector<int32_t> micro_batch;  // index within the DP rank, -1 if dropped
+  std::vector<int32_t> cp_rank;      // CP rank or kDistributed (-1 if dropped)
+  // Micro-batches grouped by DP rank: rank i owns
+  // micro_batches[dp_offsets[i] .. dp_offsets[i+1]).
+  std::vector<MicroBatch> micro_batches;
+  std::vector<int32_t> dp_offsets;
+  std::vector<double> dp_time_us;  // predicted time of each DP rank
+  double makespan_us = 0.0;        // slowest DP rank
+  std::vector<int32_t> dropped;    // indices removed by Overlength::kDrop
+  std::vector<int32_t> truncated;  // indices shortened by Overlength::kTruncate
+  int32_t rollbacks = 0;
+  double elapsed_us = 0.0;         // wall time of the scheduler call
+};
+
+}  // namespace skrull

@@ -1,0 +1,205 @@
+// Python bindings of the scheduler core: conversions only. The scheduling
+// calls release the GIL, so dataloader threads can schedule concurrently.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <sstream>
+
+#include "skrull/cost_model.hpp"
+#include "skrull/dacp.hpp"
+#include "skrull/scheduler.hpp"
+#include "skrull/types.hpp"
+
+#define STRINGIFY(x) #x
+#define MACRO_STRINGIFY(x) STRINGIFY(x)
+
+namespace py = pybind11;
+using namespace skrull;
+
+namespace {
+
+void check_micro_batch_args(const std::vector<int64_t>& lengths, int32_t cp, int64_t bucket) {
+  Options opt;
+  opt.cp = cp;
+  opt.bucket_size = bucket;
+  validate_options(opt);
+  if (static_cast<int64_t>(lengths.size()) > kMaxSequences)
+    throw std::invalid_argument("micro-batch has " + std::to_string(lengths.size()) + " sequences, more than " +
+                                std::to_string(kMaxSequences));
+  for (size_t i = 0; i < lengths.size(); ++i)
+    if (lengths[i] < 1 || lengths[i] > kMaxLength)
+      throw std::invalid_argument("sequence " + std::to_string(i) + " has length " + std::to_string(lengths[i]) +
+                                  ", outside [1, " + std::to_string(kMaxLength) + "]");
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
+  m.doc() = "Skrull scheduler core: cost model, DACP and GDS (C++).";
+
+  py::enum_<Status>(m, "Status").value("OK", Status::kOk).value("UNSCHEDULABLE", Status::kUnschedulable);
+  py::enum_<Placement>(m, "Placement")
+      .value("LEAST_LOAD", Placement::kLeastLoad)
+      .value("WORST_FIT", Placement::kWorstFit);
+  py::enum_<Rollback>(m, "Rollback").value("LONGEST", Rollback::kLongest).value("SHORTEST", Rollback::kShortest);
+  py::enum_<MicroBatchCount>(m, "MicroBatchCount")
+      .value("SMALLEST_FEASIBLE", MicroBatchCount::kSmallestFeasible)
+      .value("PREDICTED_TIME", MicroBatchCount::kPredictedTime);
+  py::enum_<Overlength>(m, "Overlength")
+      .value("ERROR", Overlength::kError)
+      .value("TRUNCATE", Overlength::kTruncate)
+      .value("DROP", Overlength::kDrop);
+
+  m.attr("DISTRIBUTED") = kDistributed;
+  m.attr("DROPPED") = kDropped;
+  m.attr("MAX_LENGTH") = kMaxLength;
+  m.attr("MAX_BUCKET_SIZE") = kMaxBucketSize;
+  m.attr("MAX_SEQUENCES") = kMaxSequences;
+  m.attr("MAX_RANKS") = kMaxRanks;
+
+  py::class_<ModelShape>(m, "ModelShape")
+      .def(py::init([](int32_t layers, int64_t hidden, int64_t kv_width, int32_t bytes_per_elem) {
+             return ModelShape{layers, hidden, kv_width, bytes_per_elem};
+           }),
+           py::arg("layers"), py::arg("hidden"), py::arg("kv_width"), py::arg("bytes_per_elem") = 2)
+      .def_readwrite("layers", &ModelShape::layers)
+      .def_readwrite("hidden", &ModelShape::hidden)
+      .def_readwrite("kv_width", &ModelShape::kv_width)
+      .def_readwrite("bytes_per_elem", &ModelShape::bytes_per_elem)
+      .def("__repr__", [](const ModelShape& s) {
+        std::ostringstream os;
+        os << "ModelShape(layers=" << s.layers << ", hidden=" << s.hidden << ", kv_width=" << s.kv_width
+           << ", bytes_per_elem=" << s.bytes_per_elem << ")";
+        return os.str();
+      });
+
+  py::class_<CommModel>(m, "CommModel")
+      .def(py::init([](std::vector<double> bytes, std::vector<double> us, double threshold_bytes, double floor_us,
+                       double collectives_per_layer) {
+             return CommModel{std::move(bytes), std::move(us), threshold_bytes, floor_us, collectives_per_layer};
+           }),
+           py::arg("bytes"), py::arg("us"), py::arg("threshold_bytes") = 0.0, py::arg("floor_us") = 0.0,
+           py::arg("collectives_per_layer") = 2.0)
+      .def_readwrite("bytes", &CommModel::bytes)
+      .def_readwrite("us", &CommModel::us)
+      .def_readwrite("threshold_bytes", &CommModel::threshold_bytes)
+      .def_readwrite("floor_us", &CommModel::floor_us)
+      .def_readwrite("collectives_per_layer", &CommModel::collectives_per_layer);
+
+  py::class_<CostModel>(m, "CostModel", "Per-layer cost model of SKRULL.md (tokens, FLOPs, bytes, microseconds).")
+      .def(py::init([](const ModelShape& shape, double a_us_per_flop, double b_us, const CommModel& comm) {
+             CostModel c{shape, a_us_per_flop, b_us, comm};
+             c.validate();
+             return c;
+           }),
+           py::arg("shape"), py::arg("a_us_per_flop"), py::arg("b_us"), py::arg("comm"))
+      .def_readonly("shape", &CostModel::shape)
+      .def_readonly("a_us_per_flop", &CostModel::a_us_per_flop)
+      .def_readonly("b_us", &CostModel::b_us)
+      .def_readonly("comm", &CostModel::comm)
+      .def("flops", &CostModel::flops, py::arg("length"), "Forward FLOPs of one layer for one sequence.")
+      .def("kv_bytes", &CostModel::kv_bytes, py::arg("length"), "K and V bytes of one layer.")
+      .def("comp_us", &CostModel::comp_us, py::arg("flops"), "Fwd+bwd time of F forward FLOPs of one layer.")
+      .def("collective_us", &CostModel::collective_us, py::arg("bytes"), "Latency of one collective.")
+      .def("comm_us", &CostModel::comm_us, py::arg("bytes"), "Communication time of one layer.")
+      .def("micro_batch_us", &CostModel::micro_batch_us, py::arg("local_flops"), py::arg("dist_flops"),
+           py::arg("comm_bytes"), "Predicted micro-batch time (overlap formula, all layers).")
+      .def("micro_batch_lower_bound_us", &CostModel::micro_batch_lower_bound_us, py::arg("lengths"), py::arg("cp"),
+           "A lower bound on any DACP plan's time for these lengths.")
+      .def("comm_is_monotone", &CostModel::comm_is_monotone);
+
+  py::class_<Options>(m, "Options")
+      .def(py::init<>())
+      .def_readwrite("dp", &Options::dp)
+      .def_readwrite("cp", &Options::cp)
+      .def_readwrite("bucket_size", &Options::bucket_size)
+      .def_readwrite("placement", &Options::placement)
+      .def_readwrite("rollback", &Options::rollback)
+      .def_readwrite("micro_batch_count", &Options::micro_batch_count)
+      .def_readwrite("max_extra_micro_batches", &Options::max_extra_micro_batches)
+      .def_readwrite("overlength", &Options::overlength);
+
+  py::class_<DacpResult>(m, "DacpResult")
+      .def_readonly("status", &DacpResult::status)
+      .def_readonly("cp_rank", &DacpResult::cp_rank)
+      .def_readonly("rank_tokens", &DacpResult::rank_tokens)
+      .def_readonly("rank_flops", &DacpResult::rank_flops)
+      .def_readonly("comm_bytes", &DacpResult::comm_bytes)
+      .def_readonly("time_us", &DacpResult::time_us)
+      .def_readonly("rollbacks", &DacpResult::rollbacks)
+      .def("__repr__", [](const DacpResult& r) {
+        std::ostringstream os;
+        os << "DacpResult(status=" << static_cast<int>(r.status) << ", time_us=" << r.time_us
+           << ", rollbacks=" << r.rollbacks << ")";
+        return os.str();
+      });
+
+  py::class_<MicroBatch>(m, "MicroBatch")
+      .def_readonly("dp_rank", &MicroBatch::dp_rank)
+      .def_readonly("index", &MicroBatch::index)
+      .def_readonly("seqs", &MicroBatch::seqs)
+      .def_readonly("dacp", &MicroBatch::dacp);
+
+  py::class_<Schedule>(m, "Schedule")
+      .def_readonly("lengths", &Schedule::lengths)
+      .def_readonly("dp_rank", &Schedule::dp_rank)
+      .def_readonly("micro_batch", &Schedule::micro_batch)
+      .def_readonly("cp_rank", &Schedule::cp_rank)
+      .def_readonly("micro_batches", &Schedule::micro_batches)
+      .def_readonly("dp_offsets", &Schedule::dp_offsets)
+      .def_readonly("dp_time_us", &Schedule::dp_time_us)
+      .def_readonly("makespan_us", &Schedule::makespan_us)
+      .def_readonly("dropped", &Schedule::dropped)
+      .def_readonly("truncated", &Schedule::truncated)
+      .def_readonly("rollbacks", &Schedule::rollbacks)
+      .def_readonly("elapsed_us", &Schedule::elapsed_us);
+
+  m.def(
+      "schedule",
+      [](const std::vector<int64_t>& lengths, const CostModel& cost, const Options& opt) {
+        py::gil_scoped_release release;
+        return schedule(lengths, cost, opt);
+      },
+      py::arg("lengths"), py::arg("cost_model"), py::arg("options"),
+      "Schedules one global batch (GDS + DACP). Pure function of its inputs.");
+
+  m.def(
+      "dacp",
+      [](const std::vector<int64_t>& lengths, const CostModel& cost, int32_t cp, int64_t bucket_size,
+         Placement placement, Rollback rollback) {
+        check_micro_batch_args(lengths, cp, bucket_size);
+        py::gil_scoped_release release;
+        return dacp(lengths, cost, cp, bucket_size, placement, rollback);
+      },
+      py::arg("lengths"), py::arg("cost_model"), py::arg("cp"), py::arg("bucket_size"),
+      py::arg("placement") = Placement::kLeastLoad, py::arg("rollback") = Rollback::kLongest,
+      "DACP placement of one micro-batch; status UNSCHEDULABLE when memory cannot hold it.");
+
+  m.def(
+      "evaluate_placement",
+      [](const std::vector<int64_t>& lengths, const std::vector<int32_t>& cp_rank, const CostModel& cost, int32_t cp,
+         int64_t bucket_size) {
+        check_micro_batch_args(lengths, cp, bucket_size);
+        if (cp_rank.size() != lengths.size())
+          throw std::invalid_argument("cp_rank has " + std::to_string(cp_rank.size()) + " entries for " +
+                                      std::to_string(lengths.size()) + " sequences");
+        for (size_t i = 0; i < cp_rank.size(); ++i)
+          if (cp_rank[i] != kDistributed && (cp_rank[i] < 0 || cp_rank[i] >= cp))
+            throw std::invalid_argument("cp_rank[" + std::to_string(i) + "] = " + std::to_string(cp_rank[i]) +
+                                        " is neither DISTRIBUTED (-1) nor in [0, " + std::to_string(cp) + ")");
+        return evaluate_placement(lengths, cp_rank, cost, cp, bucket_size);
+      },
+      py::arg("lengths"), py::arg("cp_rank"), py::arg("cost_model"), py::arg("cp"), py::arg("bucket_size"),
+      "Scores a given placement with the cost model; UNSCHEDULABLE if a rank exceeds bucket_size.");
+
+  m.def("shard_tokens", &shard_tokens, py::arg("length"), py::arg("cp"),
+        "Tokens one CP rank holds of a sequence sharded (zigzag, padded to 2*cp) over cp ranks.");
+  m.def("max_sequence_length", &max_sequence_length, py::arg("bucket_size"), py::arg("cp"),
+        "Longest sequence a CP group can hold.");
+
+#ifdef VERSION_INFO
+  m.attr("__version__") = MACRO_STRINGIFY(VERSION_INFO);
+#else
+  m.attr("__version__") = "dev";
+#endif
+}

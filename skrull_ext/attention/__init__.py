@@ -1,0 +1,48 @@
+# Copyright (c) skrull-ext contributors.
+# All rights reserved.
+#
+# This source code is licensed under the BSD-style license found in the
+# LICENSE file in the root directory of this source tree.
+
+"""DACP attention: local sequences attended whole while the distributed
+sequences' K/V all-gather is in flight. See dacp.py for the execution order
+and docs/design/buffer_layout.md for the buffer it consumes."""
+
+from skrull_ext.attention.dacp import dacp_attention
+from skrull_ext.attention.exchange import KVExchange, start_all_gather, wait_all_gather
+from skrull_ext.attention.meta import (
+    build_meta,
+    DacpBatchMeta,
+    DISTRIBUTED,
+    document_causal_mask,
+    padded_length,
+    shard_buffer,
+    unshard_buffer,
+    zigzag_positions,
+    zigzag_shard,
+    zigzag_unshard,
+)
+from skrull_ext.attention.module import DacpAttention
+from skrull_ext.attention.stats import DacpStats
+from skrull_ext.attention.stream import side_stream_for, SideStream
+
+__all__ = [
+    "DISTRIBUTED",
+    "DacpAttention",
+    "DacpBatchMeta",
+    "DacpStats",
+    "KVExchange",
+    "SideStream",
+    "build_meta",
+    "dacp_attention",
+    "document_causal_mask",
+    "padded_length",
+    "shard_buffer",
+    "side_stream_for",
+    "start_all_gather",
+    "unshard_buffer",
+    "wait_all_gather",
+    "zigzag_positions",
+    "zigzag_shard",
+    "zigzag_unshard",
+]

@@ -1,0 +1,159 @@
+# Copyright (c) skrull-ext contributors.
+# All rights reserved.
+#
+# This source code is licensed under the BSD-style license found in the
+# LICENSE file in the root directory of this source tree.
+
+"""DACP attention over one CP rank's buffer (SKRULL.md, "Execution of a DACP
+micro-batch"; layout in docs/design/buffer_layout.md).
+
+    buffer = [local sequences, whole] + [zigzag shards of distributed sequences]
+
+1. issue the async all-gather of the distributed part's K/V over the CP group;
+2. attend the local part (document-masked causal) meanwhile, on a side stream
+   on CUDA, inline on CPU while gloo's thread moves the bytes;
+3. wait, then attend this rank's distributed queries over the gathered K/V with
+   the mask built from true (zigzag) positions;
+4. write both outputs back in buffer order.
+
+Backward mirrors it through autograd: the reduce-scatter of dK/dV is issued
+before the local part's backward and waited on after it (see exchange.py).
+
+Only K/V heads travel, so GQA moves n_kv_heads/n_heads of the MHA bytes.
+Both parts use SDPA with dense bool masks, which is right for CPU and for
+tests; on CUDA a flex/varlen kernel should replace ``_masked_sdpa`` (the masks
+are block-diagonal, and dense masks cost O(T^2) memory).
+"""
+
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from skrull_ext.attention.exchange import KVExchange, start_all_gather, wait_all_gather
+from skrull_ext.attention.meta import DacpBatchMeta
+from skrull_ext.attention.stats import DacpStats
+from skrull_ext.attention.stream import SideStream, side_stream_for
+
+__all__ = ["dacp_attention"]
+
+
+def _masked_sdpa(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float | None
+) -> torch.Tensor:
+    """[H, Tq, D] x [Hkv, Tk, D] -> [H, Tq, D] with a [Tq, Tk] bool mask."""
+    out = F.scaled_dot_product_attention(
+        q.unsqueeze(0),
+        k.unsqueeze(0),
+        v.unsqueeze(0),
+        attn_mask=mask,
+        scale=scale,
+        enable_gqa=q.size(0) != k.size(0),
+    )
+    return out.squeeze(0)
+
+
+def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: DacpBatchMeta, group) -> None:
+    if not (q.dim() == k.dim() == v.dim() == 3):
+        raise ValueError(f"q, k, v must be [heads, tokens, head_dim], got {q.shape}, {k.shape}, {v.shape}")
+    if k.shape != v.shape or q.size(2) != k.size(2):
+        raise ValueError(f"incompatible q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if q.size(0) % k.size(0):
+        raise ValueError(f"q heads ({q.size(0)}) must be a multiple of kv heads ({k.size(0)})")
+    if q.size(1) != meta.num_tokens or k.size(1) != meta.num_tokens:
+        raise ValueError(
+            f"buffer has {q.size(1)} tokens but meta describes {meta.num_tokens} "
+            f"(local {meta.local_lens}, distributed {meta.dist_lens} on cp_size {meta.cp_size})"
+        )
+    if meta.cp_size > 1:
+        size, rank = dist.get_world_size(group), dist.get_rank(group)
+        if (size, rank) != (meta.cp_size, meta.cp_rank):
+            raise ValueError(
+                f"meta is for cp_rank {meta.cp_rank}/{meta.cp_size} but the group gives {rank}/{size}"
+            )
+
+
+def dacp_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    meta: DacpBatchMeta,
+    group: dist.ProcessGroup | None = None,
+    *,
+    scale: float | None = None,
+    stats: DacpStats | None = None,
+    side_stream: SideStream | None = None,
+) -> torch.Tensor:
+    """Document-masked causal attention of one CP rank's DACP buffer.
+
+    Args:
+        q: [H, T, D] or [1, H, T, D] queries of this rank's buffer (T = meta.num_tokens).
+        k, v: same layout with Hkv heads (H % Hkv == 0, GQA when fewer).
+        meta: this rank's :class:`DacpBatchMeta`.
+        group: the CP process group (size meta.cp_size); unused when cp_size is 1.
+        scale: softmax scale, default 1/sqrt(D).
+        stats: counters to add this call to.
+        side_stream: where the local part runs; default the device's shared one.
+
+    Returns:
+        Output in q's layout and buffer order. Every CP rank of the group must
+        call this with the same ``dist_lens`` (it is a collective).
+    """
+    batched = q.dim() == 4
+    if batched:
+        if q.size(0) != 1 or k.size(0) != 1 or v.size(0) != 1:
+            raise ValueError(f"batched input must have batch size 1, got {q.size(0)}")
+        q, k, v = q[0], k[0], v[0]
+    _check(q, k, v, meta, group)
+    side_stream = side_stream or side_stream_for(q.device)
+    n_loc = meta.num_local_tokens
+    has_local, has_dist = n_loc > 0, bool(meta.dist_lens)
+
+    # 1. Issue the exchange first so it runs under the local part.
+    ex = None
+    if has_dist and meta.cp_size > 1:
+        ex = KVExchange(group, stats)
+        kv = torch.stack([k[:, n_loc:], v[:, n_loc:]])  # [2, Hkv, Td, D]
+        gathered = start_all_gather(kv, ex)  # flat [N * 2 * Hkv * Td * D], not valid yet
+
+    # 2. Local part.
+    out_loc = None
+    if has_local:
+        t0 = time.perf_counter()
+        mask = meta.local_mask(q.device)
+        ql, kl, vl = q[:, :n_loc], k[:, :n_loc], v[:, :n_loc]
+        with side_stream.fork(ql, kl, vl, mask):
+            out_loc = _masked_sdpa(ql, kl, vl, mask, scale)
+        if stats is not None:
+            stats.local_s += time.perf_counter() - t0
+
+    # 3. Distributed part over the gathered K/V (rank-major token order).
+    out_dist = None
+    if has_dist:
+        qd = q[:, n_loc:]
+        if ex is None:  # cp_size 1: nothing to exchange
+            kd, vd = k[:, n_loc:], v[:, n_loc:]
+        else:
+            n, (_, hkv, td, d) = meta.cp_size, kv.shape
+            g = wait_all_gather(gathered, ex).view(n, 2, hkv, td, d)
+            kd = g[:, 0].transpose(0, 1).reshape(hkv, n * td, d)
+            vd = g[:, 1].transpose(0, 1).reshape(hkv, n * td, d)
+        out_dist = _masked_sdpa(qd, kd, vd, meta.dist_mask(q.device), scale)
+
+    # 4. Back in buffer order.
+    if out_loc is not None:
+        side_stream.join(out_loc)
+    parts = [o for o in (out_loc, out_dist) if o is not None]
+    if not parts:  # an empty buffer; clone keeps the graph connected
+        out = q.clone()
+    else:
+        out = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
+
+    if stats is not None:
+        stats.calls += 1
+        stats.local_seqs += len(meta.local_lens)
+        stats.local_tokens += n_loc
+        stats.dist_seqs += len(meta.dist_lens)
+        stats.dist_tokens += meta.num_dist_tokens
+    return out.unsqueeze(0) if batched else out

@@ -1,0 +1,121 @@
+# Copyright (c) skrull-ext contributors.
+# All rights reserved.
+#
+# This source code is licensed under the BSD-style license found in the
+# LICENSE file in the root directory of this source tree.
+
+"""Asynchronous, autograd-aware all-gather of the distributed part's K/V.
+
+The gather is split into two autograd nodes so that independent work can sit
+between them in both directions:
+
+    forward:  start_all_gather (issue, async)  ...local attention...  wait_all_gather
+    backward: wait node issues the reduce-scatter of dK/dV (async)
+              ...local attention backward...
+              start node waits for it and hands each rank its own shard's gradient
+
+The backward of an all-gather is a reduce-scatter (SUM): rank r's K/V was
+used by every rank's queries, so its gradient is the sum of their
+contributions to its slice. The in-between ordering in backward comes from
+the autograd engine running ready nodes with the highest sequence number
+first: the wait node and the distributed attention were created after the
+local attention, the start node before it. Correctness never depends on that
+order, only the overlap does.
+"""
+
+import time
+
+import torch
+import torch.distributed as dist
+from torch.autograd.function import once_differentiable
+
+from skrull_ext.attention.stats import DacpStats
+
+__all__ = ["KVExchange", "start_all_gather", "wait_all_gather"]
+
+# torch >= 2.12 renamed the tensor-in/tensor-out collectives; fall back for older.
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+class KVExchange:
+    """State shared by the start and wait nodes of one all-gather (one layer).
+
+    It holds the in-flight work handles and the tensors those collectives
+    read or write, which must stay alive until the matching wait.
+    """
+
+    def __init__(self, group: dist.ProcessGroup | None, stats: DacpStats | None = None) -> None:
+        self.group = group
+        self.world_size = dist.get_world_size(group)
+        self.stats = stats
+        self._work = None
+        self._send: torch.Tensor | None = None
+        self._grad_work = None
+        self._grad_in: torch.Tensor | None = None
+        self._grad_out: torch.Tensor | None = None
+
+
+class _StartAllGather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, shard: torch.Tensor, ex: KVExchange) -> torch.Tensor:
+        # Flat buffers: the concatenation form is the one every backend accepts.
+        send = shard.contiguous().view(-1)
+        out = send.new_empty(ex.world_size * send.numel())
+        ex._work = _all_gather(out, send, group=ex.group, async_op=True)
+        ex._send = send
+        if ex.stats is not None:
+            ex.stats.fwd_bytes += (ex.world_size - 1) * send.numel() * send.element_size()
+        ctx.ex, ctx.shape = ex, shard.shape
+        # Flat, not a view: a view of a buffer the collective writes into would trip
+        # autograd's view+in-place guard for custom Functions.
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, _grad_passthrough: torch.Tensor) -> tuple[torch.Tensor, None]:
+        ex: KVExchange = ctx.ex
+        t0 = time.perf_counter()
+        ex._grad_work.wait()
+        if ex.stats is not None:
+            ex.stats.bwd_wait_s += time.perf_counter() - t0
+        grad = ex._grad_out.view(ctx.shape)
+        ex._grad_work = ex._grad_in = ex._grad_out = None
+        return grad, None
+
+
+class _WaitAllGather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, gathered: torch.Tensor, ex: KVExchange) -> torch.Tensor:
+        t0 = time.perf_counter()
+        ex._work.wait()
+        if ex.stats is not None:
+            ex.stats.fwd_wait_s += time.perf_counter() - t0
+        ex._work = ex._send = None
+        ctx.ex = ex
+        return gathered
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        ex: KVExchange = ctx.ex
+        grad_in = grad.contiguous()
+        grad_out = grad_in.new_empty(grad_in.numel() // ex.world_size)
+        ex._grad_work = _reduce_scatter(grad_out, grad_in, group=ex.group, async_op=True)
+        ex._grad_in, ex._grad_out = grad_in, grad_out
+        if ex.stats is not None:
+            ex.stats.bwd_bytes += (ex.world_size - 1) * grad_out.numel() * grad_out.element_size()
+        # The start node ignores this and returns the reduce-scattered shard; passing
+        # ``grad`` through only keeps the two nodes connected in the graph.
+        return grad, None
+
+
+def start_all_gather(shard: torch.Tensor, ex: KVExchange) -> torch.Tensor:
+    """Issue the all-gather of ``shard`` over ``ex.group``; returns a flat tensor of
+    N * shard.numel() elements, rank-major, valid only after :func:`wait_all_gather`."""
+    return _StartAllGather.apply(shard, ex)
+
+
+def wait_all_gather(gathered: torch.Tensor, ex: KVExchange) -> torch.Tensor:
+    """Block until the all-gather lands; returns ``gathered``, now valid (rank-major)."""
+    return _WaitAllGather.apply(gathered, ex)

@@ -1,0 +1,62 @@
+# Copyright (c) skrull-ext contributors.
+# All rights reserved.
+#
+# This source code is licensed under the BSD-style license found in the
+# LICENSE file in the root directory of this source tree.
+
+"""DACP attention as a drop-in for torchtitan's inner attention.
+
+torchtitan 0.3.0's ``GQAttention`` calls ``inner_attention(xq, xk, xv,
+attention_masks=..., scale=..., enable_gqa=...)`` with (B, L, N, H) tensors
+and passes the per-batch ``attention_masks`` to every layer. A Skrull run
+passes the micro-batch's :class:`DacpBatchMeta` there, so the meta reaches
+each layer the same way a BlockMask would, with no new plumbing.
+
+Wiring it into a model (Config/build, the CP group from the device mesh,
+replacing torchtitan's CP wrapper) belongs to the torchtitan integration.
+"""
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from skrull_ext.attention.dacp import dacp_attention
+from skrull_ext.attention.meta import DacpBatchMeta
+from skrull_ext.attention.stats import DacpStats
+
+__all__ = ["DacpAttention"]
+
+
+class DacpAttention(nn.Module):
+    """Inner attention over a DACP buffer: (1, L, N, H) in, (1, L, N, H) out."""
+
+    def __init__(self, group: dist.ProcessGroup | None = None, stats: DacpStats | None = None) -> None:
+        super().__init__()
+        self.group = group
+        self.stats = stats if stats is not None else DacpStats()
+
+    def forward(
+        self,
+        q_BLNH: torch.Tensor,
+        k_BLNH: torch.Tensor,
+        v_BLNH: torch.Tensor,
+        *,
+        attention_masks: DacpBatchMeta,
+        scale: float | None = None,
+        enable_gqa: bool = False,  # implied by the head counts; kept for the call signature
+        **kwargs,
+    ) -> torch.Tensor:
+        if not isinstance(attention_masks, DacpBatchMeta):
+            raise TypeError(
+                f"DacpAttention needs attention_masks to be a DacpBatchMeta, got {type(attention_masks)}"
+            )
+        out_BNLH = dacp_attention(
+            q_BLNH.transpose(1, 2),
+            k_BLNH.transpose(1, 2),
+            v_BLNH.transpose(1, 2),
+            attention_masks,
+            self.group,
+            scale=scale,
+            stats=self.stats,
+        )
+        return out_BNLH.transpose(1, 2)

@@ -1,0 +1,1 @@
+"""Standalone benchmarks: ``python -m skrull_ext.bench {latency,simulate}``."""

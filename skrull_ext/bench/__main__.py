@@ -1,0 +1,32 @@
+"""Entry point: ``python -m skrull_ext.bench <command> [options]`` (alias ``skrull-bench``).
+
+Commands are a registry of "module:function" targets, imported only when
+chosen, so one command's dependencies never slow or break another.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    "latency": ("skrull_ext.bench.latency:main", "scheduler latency: C++ core vs the Python reference vs CP-SAT"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+        width = max(map(len, COMMANDS))
+        lines = [f"  {name:<{width}}  {help_}" for name, (_, help_) in COMMANDS.items()]
+        print("usage: python -m skrull_ext.bench <command> [options]\n\ncommands:\n" + "\n".join(lines))
+        if argv and argv[0] not in ("-h", "--help"):
+            print(f"\nunknown command {argv[0]!r}; choose one of {sorted(COMMANDS)}", file=sys.stderr)
+            return 2
+        return 0
+    module, func = COMMANDS[argv[0]][0].split(":")
+    return getattr(importlib.import_module(module), func)(argv[1:]) or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,171 @@
+"""Scheduler latency: how long one global batch takes to plan.
+
+    python -m skrull_ext.bench latency                 # paper default + large setting
+    python -m skrull_ext.bench latency --reps 500 --json out/latency.json
+
+For each setting it draws global batches from a real length file and times,
+on the same batches in one run: the C++ core (wall time of the Python call,
+conversions included, and the core's own clock), the plain-Python reference
+of the same algorithm, and the CP-SAT exact solve of the batch's
+micro-batches (for scale). It prints p50/p99 per global batch and ratios.
+Times drift on a shared machine; the ratios are the result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import time
+from dataclasses import asdict, dataclass
+
+from tqdm import tqdm
+
+from skrull_ext import POLICIES, Scheduler, SchedulerConfig, _core, lengths
+from skrull_ext import cost_model as cost_models
+from skrull_ext import reference as ref
+from skrull_ext.cpsat import solve_dacp
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    dp: int
+    cp: int
+    per_dp: int  # sequences per DP rank
+    bucket_size: int
+
+
+SETTINGS: dict[str, Setting] = {
+    "paper": Setting("paper", dp=4, cp=8, per_dp=64, bucket_size=26624),  # <DP=4, CP=8, BS=64>, 0.5B
+    "large": Setting("large", dp=128, cp=8, per_dp=64, bucket_size=26624),  # 8192 sequences
+}
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q / 100 * (len(xs) - 1))))]
+
+
+def draw(pool: list[int], n: int, rng: random.Random) -> list[int]:
+    return [rng.choice(pool) for _ in range(n)]
+
+
+def run_setting(s: Setting, args, pool: list[int]) -> dict:
+    cost = cost_models.preset(args.model)
+    rng = random.Random(args.seed)
+    k = s.dp * s.per_dp
+    batches = [draw(pool, k, rng) for _ in range(args.reps)]
+    out: dict = {"setting": asdict(s), "sequences": k, "policies": {}}
+    for policy in args.policies:
+        cfg = SchedulerConfig(dp=s.dp, cp=s.cp, bucket_size=s.bucket_size, policy=policy, overlength="truncate")
+        opts = cfg.core_options()
+        p = POLICIES[policy]
+        rcost = ref.RefCost.of(cost)
+        for b in batches[:3]:  # warm-up
+            _core.schedule(b, cost, opts)
+        wall, inner = [], []
+        for b in tqdm(batches, desc=f"{s.name}/{policy} C++", leave=False):
+            t0 = time.perf_counter_ns()
+            sched = _core.schedule(b, cost, opts)
+            wall.append((time.perf_counter_ns() - t0) / 1e3)
+            inner.append(sched.elapsed_us)
+        py_reps = max(1, min(args.reps, args.python_reps if s.name == "paper" else max(1, args.python_reps // 10)))
+        py = []
+        for b in tqdm(batches[:py_reps], desc=f"{s.name}/{policy} Python", leave=False):
+            t0 = time.perf_counter_ns()
+            ref.schedule(b, rcost, s.dp, s.cp, s.bucket_size, worst_fit=p.placement == _core.Placement.WORST_FIT,
+                         longest_rollback=p.rollback == _core.Rollback.LONGEST,
+                         predicted_time=p.micro_batch_count == _core.MicroBatchCount.PREDICTED_TIME,
+                         max_extra=cfg.max_extra_micro_batches, overlength="truncate")
+            py.append((time.perf_counter_ns() - t0) / 1e3)
+        facade = []
+        fb_cfg = SchedulerConfig(dp=s.dp, cp=s.cp, bucket_size=s.bucket_size, policy=policy, overlength="truncate")
+        sched_py = Scheduler(fb_cfg, cost)
+        for b in batches[: args.facade_reps]:
+            t0 = time.perf_counter_ns()
+            sched_py.schedule(b)
+            facade.append((time.perf_counter_ns() - t0) / 1e3)
+        out["policies"][policy] = {
+            "cpp_wall_us": {"p50": pct(wall, 50), "p99": pct(wall, 99), "max": max(wall), "n": len(wall)},
+            "cpp_core_us": {"p50": pct(inner, 50), "p99": pct(inner, 99), "max": max(inner)},
+            "python_ref_us": {"p50": pct(py, 50), "p99": pct(py, 99), "n": len(py)},
+            "facade_us": {"p50": pct(facade, 50), "max": max(facade), "n": len(facade),
+                          "cpsat": fb_cfg.uses_cpsat},
+            "speedup_p50": pct(py, 50) / pct(wall, 50),
+        }
+    # CP-SAT exact solve of the same batches' micro-batches, for scale.
+    cfg = SchedulerConfig(dp=s.dp, cp=s.cp, bucket_size=s.bucket_size, policy="skrull", overlength="truncate", cpsat=False)
+    sched = Scheduler(cfg, cost)
+    solve_us, gains, n_mb = [], [], 0
+    for b in tqdm(batches[: args.cpsat_batches], desc=f"{s.name} CP-SAT", leave=False):
+        plan = sched.schedule(b)
+        t0 = time.perf_counter_ns()
+        for mb in plan.all_micro_batches()[: args.cpsat_max_mb]:
+            res = solve_dacp(mb.lengths, cost, s.cp, s.bucket_size, args.cpsat_time, hint=mb.cp_rank)
+            n_mb += 1
+            if res.cp_rank is not None:
+                r = _core.evaluate_placement(mb.lengths, res.cp_rank, cost, s.cp, s.bucket_size)
+                gains.append(1.0 - min(r.time_us, mb.time_us) / mb.time_us)
+        solve_us.append((time.perf_counter_ns() - t0) / 1e3)
+    out["cpsat"] = {
+        "per_batch_us_p50": pct(solve_us, 50) if solve_us else None,
+        "micro_batches": n_mb,
+        "deterministic_limit_s": args.cpsat_time,
+        "mean_predicted_gain": statistics.mean(gains) if gains else None,
+    }
+    return out
+
+
+def render(results: list[dict]) -> str:
+    rows = [
+        "| setting | seqs | policy | C++ p50 us | C++ p99 us | C++ max us | core p50 us | Python p50 us | Python/C++ | facade p50 us |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        for policy, p in r["policies"].items():
+            rows.append(
+                f"| {r['setting']['name']} | {r['sequences']} | {policy} | {p['cpp_wall_us']['p50']:.1f} | "
+                f"{p['cpp_wall_us']['p99']:.1f} | {p['cpp_wall_us']['max']:.1f} | {p['cpp_core_us']['p50']:.1f} | "
+                f"{p['python_ref_us']['p50']:.0f} | {p['speedup_p50']:.0f}x | {p['facade_us']['p50']:.0f}"
+                f"{' (CP-SAT on)' if p['facade_us']['cpsat'] else ''} |"
+            )
+    rows.append("")
+    rows.append("| setting | CP-SAT exact, per global batch p50 | micro-batches solved | mean predicted gain vs heuristic |")
+    rows.append("|---|---:|---:|---:|")
+    for r in results:
+        c = r["cpsat"]
+        if c["per_batch_us_p50"] is None:
+            continue
+        gain = f"{100 * c['mean_predicted_gain']:.2f}%" if c["mean_predicted_gain"] is not None else "n/a"
+        rows.append(f"| {r['setting']['name']} | {c['per_batch_us_p50'] / 1e3:.1f} ms (limit {c['deterministic_limit_s']} det. s "
+                    f"per micro-batch) | {c['micro_batches']} | {gain} |")
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m skrull_ext.bench latency", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dataset", default="mix_sharegpt_conv95+longbench_en5", choices=lengths.names())
+    ap.add_argument("--model", default="qwen2.5-0.5b", choices=sorted(cost_models.MODEL_PRESETS))
+    ap.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
+    ap.add_argument("--policies", nargs="+", default=["skrull", "skrull-paper"], choices=sorted(POLICIES))
+    ap.add_argument("--reps", type=int, default=200, help="global batches timed per setting and policy")
+    ap.add_argument("--python-reps", type=int, default=30, help="batches for the Python reference (a tenth at 'large')")
+    ap.add_argument("--facade-reps", type=int, default=10, help="batches through the full Scheduler (CP-SAT fallback on)")
+    ap.add_argument("--cpsat-batches", type=int, default=2)
+    ap.add_argument("--cpsat-max-mb", type=int, default=16, help="micro-batches solved per batch")
+    ap.add_argument("--cpsat-time", type=float, default=0.2, help="deterministic seconds per micro-batch")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", help="also write the results here")
+    args = ap.parse_args(argv)
+    if args.reps < 1:
+        ap.error(f"--reps must be >= 1, got {args.reps}")
+    pool = lengths.load(args.dataset)
+    results = [run_setting(SETTINGS[name], args, pool) for name in tqdm(args.settings, desc="settings")]
+    print(f"dataset {args.dataset}, model {args.model}, {args.reps} global batches per setting and policy\n")
+    print(render(results))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"args": vars(args), "results": results}, f, indent=2)
+    return 0

@@ -1,0 +1,111 @@
+"""Scheduler configuration: the ``[skrull]`` knobs that shape a plan.
+
+Policies are a registry (name -> core options), not an if-chain: a new policy
+is one entry in ``POLICIES``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from skrull_ext import _core
+from skrull_ext._core import MicroBatchCount, Overlength, Placement, Rollback
+
+
+@dataclass(frozen=True)
+class Policy:
+    """How the core places sequences and picks micro-batch counts."""
+
+    placement: Placement
+    rollback: Rollback
+    micro_batch_count: MicroBatchCount
+    fallback: bool  # CP-SAT may replace a micro-batch's placement
+    description: str
+
+
+POLICIES: dict[str, Policy] = {
+    # This project's best: Algorithm 1 with longest-first roll-back, the
+    # micro-batch count chosen by predicted time, CP-SAT where it pays.
+    "skrull": Policy(
+        Placement.LEAST_LOAD, Rollback.LONGEST, MicroBatchCount.PREDICTED_TIME, True,
+        "least-load DACP, longest-first roll-back, micro-batch count by predicted time, CP-SAT fallback",
+    ),
+    # Algorithms 1 + 2 as published, with the roll-back's accounting fixed.
+    "skrull-paper": Policy(
+        Placement.LEAST_LOAD, Rollback.SHORTEST, MicroBatchCount.SMALLEST_FEASIBLE, False,
+        "paper's Algorithms 1+2, corrected roll-back, smallest feasible micro-batch count",
+    ),
+    # The paper's "round-robin" (Algorithm 4), really worst-fit.
+    "worstfit": Policy(
+        Placement.WORST_FIT, Rollback.SHORTEST, MicroBatchCount.SMALLEST_FEASIBLE, False,
+        "paper's Algorithm 4: worst-fit placement, smallest feasible micro-batch count",
+    ),
+}
+
+OVERLENGTH: dict[str, Overlength] = {
+    "error": Overlength.ERROR,
+    "truncate": Overlength.TRUNCATE,
+    "drop": Overlength.DROP,
+}
+
+
+def _check_range(name: str, value, lo, hi) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not lo <= value <= hi:
+        raise ValueError(f"{name} must be in [{lo}, {hi}], got {value!r}")
+
+
+@dataclass(kw_only=True, slots=True)
+class SchedulerConfig:
+    """What the scheduler needs besides the cost model."""
+
+    dp: int = 1
+    """Data-parallel ranks the global batch is split over."""
+    cp: int = 1
+    """Context-parallel ranks per group (N)."""
+    bucket_size: int = 26624
+    """BucketSize C: tokens one CP rank can hold (from the profiler or the paper: 26K for 0.5B)."""
+    policy: str = "skrull"
+    """One of POLICIES: skrull, skrull-paper, worstfit."""
+    overlength: str = "error"
+    """Sequences no CP group can hold: error, truncate (to the longest that fits) or drop; counts go in the plan."""
+    cpsat: bool = True
+    """Allow the CP-SAT fallback (used only by policies that enable it)."""
+    cpsat_margin: float = 0.10
+    """Try CP-SAT on a micro-batch predicted more than this fraction above its lower bound."""
+    cpsat_deterministic_time: float = 0.005
+    """CP-SAT limit in deterministic seconds (not wall time, so every rank gets the same answer)."""
+    max_extra_micro_batches: int = 4
+    """How many micro-batch counts above the smallest feasible one 'skrull' compares."""
+
+    def __post_init__(self) -> None:
+        _check_range("dp", self.dp, 1, _core.MAX_RANKS)
+        _check_range("cp", self.cp, 1, _core.MAX_RANKS)
+        _check_range("bucket_size", self.bucket_size, 1, _core.MAX_BUCKET_SIZE)
+        if not isinstance(self.dp, int) or not isinstance(self.cp, int) or not isinstance(self.bucket_size, int):
+            raise ValueError(f"dp, cp and bucket_size must be integers, got {self.dp!r}, {self.cp!r}, {self.bucket_size!r}")
+        if self.policy not in POLICIES:
+            raise ValueError(f"policy must be one of {sorted(POLICIES)}, got {self.policy!r}")
+        if self.overlength not in OVERLENGTH:
+            raise ValueError(f"overlength must be one of {sorted(OVERLENGTH)}, got {self.overlength!r}")
+        if not isinstance(self.cpsat, bool):
+            raise ValueError(f"cpsat must be true or false, got {self.cpsat!r}")
+        _check_range("cpsat_margin", self.cpsat_margin, 0.0, 100.0)
+        _check_range("cpsat_deterministic_time", self.cpsat_deterministic_time, 0.0, 3600.0)
+        _check_range("max_extra_micro_batches", self.max_extra_micro_batches, 0, 1024)
+        if not isinstance(self.max_extra_micro_batches, int):
+            raise ValueError(f"max_extra_micro_batches must be an integer, got {self.max_extra_micro_batches!r}")
+
+    def core_options(self) -> _core.Options:
+        policy = POLICIES[self.policy]
+        opt = _core.Options()
+        opt.dp, opt.cp, opt.bucket_size = self.dp, self.cp, self.bucket_size
+        opt.placement = policy.placement
+        opt.rollback = policy.rollback
+        opt.micro_batch_count = policy.micro_batch_count
+        opt.max_extra_micro_batches = self.max_extra_micro_batches
+        opt.overlength = OVERLENGTH[self.overlength]
+        return opt
+
+    @property
+    def uses_cpsat(self) -> bool:
+        return self.cpsat and POLICIES[self.policy].fallback

@@ -1,0 +1,238 @@
+"""REFERENCE ONLY: a plain-Python restatement of the C++ core.
+
+Test oracle and the benchmark's comparison point; the product never calls
+it. It mirrors cpp/include/skrull/{cost_model,dacp,gds,scheduler}.hpp line
+by line in meaning (same orders, same ties, same floating-point operation
+order), so its plans must equal the core's exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+DISTRIBUTED = -1
+
+
+@dataclass
+class RefCost:
+    layers: int
+    hidden: int
+    kv_width: int
+    bytes_per_elem: int
+    a: float
+    b: float
+    xs: list[float]
+    ys: list[float]
+    threshold: float = 0.0
+    floor: float = 0.0
+    per_layer: float = 2.0
+
+    @classmethod
+    def of(cls, cm) -> RefCost:
+        s, c = cm.shape, cm.comm
+        return cls(s.layers, s.hidden, s.kv_width, s.bytes_per_elem, cm.a_us_per_flop, cm.b_us,
+                   list(c.bytes), list(c.us), c.threshold_bytes, c.floor_us, c.collectives_per_layer)
+
+    def flops(self, s: int) -> float:
+        h, hkv, x = float(self.hidden), float(self.kv_width), float(s)
+        return 20.0 * h * h * x + 4.0 * h * hkv * x + 4.0 * h * x * x
+
+    def kv_bytes(self, s: int) -> float:
+        return 2.0 * float(s) * float(self.kv_width) * self.bytes_per_elem
+
+    def comp(self, f: float) -> float:
+        return self.a * f + self.b if f > 0.0 else 0.0
+
+    def collective(self, v: float) -> float:
+        if v <= 0.0:
+            return 0.0
+        if v < self.threshold:
+            return self.floor
+        xs, ys = self.xs, self.ys
+        if len(xs) == 1 or v <= xs[0]:
+            return ys[0]
+        hi = next((i for i, x in enumerate(xs) if x > v), len(xs))
+        hi = min(hi, len(xs) - 1)
+        lo = hi - 1
+        return ys[lo] + (ys[hi] - ys[lo]) * (v - xs[lo]) / (xs[hi] - xs[lo])
+
+    def micro_batch(self, local: list[float], dist: float, vol: float) -> float:
+        comm = self.per_layer * self.collective(vol)
+        dist_t = self.comp(dist)
+        worst = 0.0
+        for f in local:
+            worst = max(worst, max(comm, self.comp(f)) + dist_t)
+        return self.layers * worst
+
+
+def shard_tokens(s: int, n: int) -> int:
+    return s if n <= 1 else 2 * -(-s // (2 * n))
+
+
+def max_sequence_length(bucket: int, n: int) -> int:
+    return bucket if n <= 1 else max(bucket, 2 * n * (bucket // 2))
+
+
+@dataclass
+class RefDacp:
+    ok: bool
+    cp_rank: list[int]
+    rank_tokens: list[int]
+    time_us: float
+    rollbacks: int
+
+
+def score(lengths: list[int], cp_rank: list[int], cost: RefCost, n: int) -> tuple[list[int], float]:
+    tokens = [0] * n
+    local = [0.0] * n
+    dist = 0.0
+    vol = 0.0
+    for s, r in zip(lengths, cp_rank):
+        if r == DISTRIBUTED:
+            sh = shard_tokens(s, n)
+            for j in range(n):
+                tokens[j] += sh
+            dist += cost.flops(s) / n
+            vol += cost.kv_bytes(sh * n)
+        else:
+            tokens[r] += s
+            local[r] += cost.flops(s)
+    return tokens, cost.micro_batch(local, dist, vol)
+
+
+def dacp(lengths: list[int], cost: RefCost, n: int, bucket: int, worst_fit: bool = False,
+         longest_rollback: bool = True) -> RefDacp:
+    """Corrected Algorithm 1 (worst_fit=True: Algorithm 4)."""
+    cp_rank = [DISTRIBUTED] * len(lengths)
+    room = [bucket] * n
+    load = [0.0] * n
+    local: list[list[int]] = [[] for _ in range(n)]
+    rollbacks = 0
+    for k in sorted(range(len(lengths)), key=lambda i: (lengths[i], i)):
+        s = lengths[k]
+        while True:
+            if not worst_fit:
+                t = load.index(min(load))
+                if room[t] >= s:
+                    cp_rank[k] = t
+                    room[t] -= s
+                    load[t] += cost.flops(s)
+                    local[t].append(k)
+                    break
+            t = room.index(max(room))
+            if room[t] >= s:
+                cp_rank[k] = t
+                room[t] -= s
+                load[t] += cost.flops(s)
+                local[t].append(k)
+                break
+            sh = shard_tokens(s, n)
+            if n > 1 and min(room) >= sh:
+                cp_rank[k] = DISTRIBUTED
+                for j in range(n):
+                    room[j] -= sh
+                    load[j] += cost.flops(s) / n
+                break
+            t = room.index(min(room))
+            cands = list(reversed(local[t])) if longest_rollback else list(local[t])
+            pick = None
+            for x in cands:
+                shx = shard_tokens(lengths[x], n)
+                if n > 1 and lengths[x] > shx and all(j == t or room[j] >= shx for j in range(n)):
+                    pick = x
+                    break
+            if pick is None:
+                tokens, time_us = score(lengths, cp_rank, cost, n)
+                return RefDacp(False, cp_rank, tokens, time_us, rollbacks)
+            local[t].remove(pick)
+            room[t] += lengths[pick]
+            load[t] -= cost.flops(lengths[pick])
+            shx = shard_tokens(lengths[pick], n)
+            cp_rank[pick] = DISTRIBUTED
+            for j in range(n):
+                room[j] -= shx
+                load[j] += cost.flops(lengths[pick]) / n
+            rollbacks += 1
+    tokens, time_us = score(lengths, cp_rank, cost, n)
+    return RefDacp(True, cp_rank, tokens, time_us, rollbacks)
+
+
+@dataclass
+class RefSchedule:
+    lengths: list[int]
+    dp_rank: list[int]
+    micro_batch: list[int]
+    cp_rank: list[int]
+    groups: list[list[list[int]]] = field(default_factory=list)  # per DP rank, per micro-batch: global indices
+    dp_time_us: list[float] = field(default_factory=list)
+    dropped: list[int] = field(default_factory=list)
+    truncated: list[int] = field(default_factory=list)
+
+
+def schedule(lengths: list[int], cost: RefCost, dp: int, n: int, bucket: int, *, worst_fit: bool = False,
+             longest_rollback: bool = True, predicted_time: bool = False, max_extra: int = 4,
+             overlength: str = "error") -> RefSchedule:
+    """GDS (Algorithm 2, loop fixed) + DACP for one global batch."""
+    limit = max_sequence_length(bucket, n)
+    eff = list(lengths)
+    out = RefSchedule(eff, [-1] * len(lengths), [-1] * len(lengths), [DISTRIBUTED] * len(lengths))
+    live = []
+    for k, s in enumerate(lengths):
+        if s > limit:
+            if overlength == "error":
+                raise ValueError(f"sequence {k} has length {s} > {limit}")
+            if overlength == "drop":
+                out.dropped.append(k)
+                continue
+            eff[k] = limit
+            out.truncated.append(k)
+        live.append(k)
+    # DP split: LPT by FLOPs.
+    bins: list[list[int]] = [[] for _ in range(dp)]
+    load = [0.0] * dp
+    for k in sorted(live, key=lambda i: (-eff[i], i)):
+        t = load.index(min(load))
+        bins[t].append(k)
+        load[t] += cost.flops(eff[k])
+    cap = bucket * n
+    for d in range(dp):
+        share = sorted(bins[d], key=lambda i: (eff[i], i))
+        best = None
+        if share:
+            m = min(len(share), max(1, -(-sum(eff[k] for k in share) // cap)))
+            last = len(share)
+            total_flops = 0.0
+            for k in share:
+                total_flops += cost.flops(eff[k])
+            while m <= last:
+                if best is not None and cost.layers * (cost.a * total_flops / n + m * cost.b) >= best[0]:
+                    break
+                groups = [share[j::m] for j in range(m)]
+                res = None
+                if all(sum(eff[k] for k in g) <= cap for g in groups):
+                    res = []
+                    for g in groups:
+                        r = dacp([eff[k] for k in g], cost, n, bucket, worst_fit, longest_rollback)
+                        if not r.ok:
+                            res = None
+                            break
+                        res.append(r)
+                if res is not None:
+                    t = 0.0
+                    for r in res:
+                        t += r.time_us
+                    if best is None:
+                        best = (t, groups, res)
+                        if not predicted_time:
+                            break
+                        last = min(len(share), m + max_extra)
+                    elif t < best[0]:
+                        best = (t, groups, res)
+                m += 1
+        t, groups, res = best if best is not None else (0.0, [], [])
+        out.groups.append(groups)
+        out.dp_time_us.append(t)
+        for j, (g, r) in enumerate(zip(groups, res)):
+            for k, c in zip(g, r.cp_rank):
+                out.dp_rank[k], out.micro_batch[k], out.cp_rank[k] = d, j, c
+    return out

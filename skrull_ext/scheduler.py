@@ -1,0 +1,109 @@
+"""The scheduler facade: one call per global batch, same plan on every rank.
+
+    sched = Scheduler(SchedulerConfig(dp=4, cp=8, bucket_size=26624), cost_model.preset("qwen2.5-0.5b"))
+    plan = sched.schedule(lengths)        # GDS + DACP in C++, CP-SAT where it pays
+    plan.validate()
+
+The C++ core does the heuristics. When the policy allows it, micro-batches
+predicted more than ``cpsat_margin`` above their lower bound are re-solved
+exactly by CP-SAT under a deterministic limit, and the faster of the two
+placements (both scored by the C++ cost model) is kept.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from skrull_ext import _core
+from skrull_ext import cost_model as cost_models
+from skrull_ext._core import CostModel
+from skrull_ext.config import POLICIES, SchedulerConfig
+from skrull_ext.cpsat import CpSatResult, solve_dacp
+from skrull_ext.plan import MicroBatchPlan, Plan
+
+
+def _as_lengths(lengths: Sequence[int]) -> list[int]:
+    out = []
+    for k, s in enumerate(lengths):
+        if isinstance(s, bool) or not isinstance(s, int) and not hasattr(s, "__index__"):
+            raise ValueError(f"sequence {k} has length {s!r}, which is not an integer")
+        out.append(int(s))
+    return out
+
+
+class Scheduler:
+    """Plans global batches for one job shape (DP x CP, BucketSize, policy)."""
+
+    def __init__(self, config: SchedulerConfig, cost_model: CostModel | None = None) -> None:
+        self.config = config
+        self.cost_model = cost_model if cost_model is not None else cost_models.preset()
+        self._options = config.core_options()
+
+    def schedule(self, lengths: Sequence[int], dp_rank: int | None = None) -> Plan:
+        """Plan one global batch (lengths in dataset order). Empty batch -> empty plan.
+
+        With ``dp_rank`` set, the CP-SAT fallback refines only that DP rank's
+        micro-batches: a training rank needs exact placements for its own
+        micro-batches only, and every rank of its CP group asks for the same
+        ones, so they still agree without talking. Other DP ranks keep the
+        heuristic's placements (``plan.refined_dp_rank`` records this).
+        """
+        lengths = _as_lengths(lengths)
+        c = self.config
+        if dp_rank is not None and not (isinstance(dp_rank, int) and 0 <= dp_rank < c.dp):
+            raise ValueError(f"dp_rank must be in [0, {c.dp}), got {dp_rank!r}")
+        core = _core.schedule(lengths, self.cost_model, self._options)
+        plan = Plan.from_core(core, lengths, c.dp, c.cp, c.bucket_size)
+        plan.refined_dp_rank = dp_rank
+        if c.uses_cpsat and c.cp > 1:
+            start = time.perf_counter()
+            ranks = plan.ranks if dp_rank is None else [plan.ranks[dp_rank]]
+            for rank in ranks:
+                for mb in rank:
+                    self._maybe_improve(plan, mb)
+            plan.fallback_us = (time.perf_counter() - start) * 1e6
+        return plan
+
+    def _maybe_improve(self, plan: Plan, mb: MicroBatchPlan) -> CpSatResult | None:
+        c = self.config
+        mb.lower_bound_us = self.cost_model.micro_batch_lower_bound_us(mb.lengths, c.cp)
+        if mb.time_us <= (1.0 + c.cpsat_margin) * mb.lower_bound_us:
+            return None
+        res = solve_dacp(mb.lengths, self.cost_model, c.cp, c.bucket_size, c.cpsat_deterministic_time, hint=mb.cp_rank)
+        mb.lower_bound_us = max(mb.lower_bound_us, res.bound_us)
+        if res.cp_rank is None:
+            return res
+        scored = _core.evaluate_placement(mb.lengths, res.cp_rank, self.cost_model, c.cp, c.bucket_size)
+        if scored.status == _core.Status.OK and scored.time_us < mb.time_us:
+            plan.replace_placement(mb, scored, "cpsat")
+        return res
+
+    def schedule_micro_batch(self, lengths: Sequence[int]) -> tuple[_core.DacpResult, str]:
+        """DACP for one micro-batch: the heuristic, then CP-SAT if the heuristic
+        cannot place it or (policy permitting) predicts far above the bound.
+
+        Returns the result and which path produced it ('heuristic' or 'cpsat').
+        Raises ValueError when no placement fits in memory.
+        """
+        lengths = _as_lengths(lengths)
+        c = self.config
+        policy = POLICIES[c.policy]
+        r = _core.dacp(lengths, self.cost_model, c.cp, c.bucket_size, policy.placement, policy.rollback)
+        ok = r.status == _core.Status.OK
+        if ok and not (c.uses_cpsat and c.cp > 1):
+            return r, "heuristic"
+        if ok and r.time_us <= (1.0 + c.cpsat_margin) * self.cost_model.micro_batch_lower_bound_us(lengths, c.cp):
+            return r, "heuristic"
+        res = solve_dacp(lengths, self.cost_model, c.cp, c.bucket_size, c.cpsat_deterministic_time,
+                         hint=list(r.cp_rank) if ok else None)
+        if res.cp_rank is not None:
+            scored = _core.evaluate_placement(lengths, res.cp_rank, self.cost_model, c.cp, c.bucket_size)
+            if scored.status == _core.Status.OK and (not ok or scored.time_us < r.time_us):
+                return scored, "cpsat"
+        if ok:
+            return r, "heuristic"
+        raise ValueError(
+            f"micro-batch of {len(lengths)} sequences ({sum(lengths)} tokens) does not fit {c.cp} CP ranks x "
+            f"{c.bucket_size} tokens (CP-SAT: {res.status})"
+        )

@@ -1,0 +1,91 @@
+"""DACP on hand-computed micro-batches (toy cost: flops(s) = 24 s + 4 s^2)."""
+
+from skrull_ext import _core
+from skrull_ext._core import Placement, Rollback, Status
+
+D = _core.DISTRIBUTED
+
+
+def run(lengths, cost, cp, bucket, placement=Placement.LEAST_LOAD, rollback=Rollback.LONGEST):
+    return _core.dacp(lengths, cost, cp, bucket, placement, rollback)
+
+
+def test_all_local_least_load(toy):
+    # 3 -> r0; 4 -> r1 (least load); 5 -> r0 (load 108 < 160).
+    r = run([3, 4, 5], toy, 2, 10)
+    assert r.status == Status.OK
+    assert list(r.cp_rank) == [0, 1, 0]
+    assert list(r.rank_tokens) == [8, 4]
+    assert r.rollbacks == 0
+    assert r.time_us == toy.flops(3) + toy.flops(5)  # rank 0, no comm, no dist
+
+
+def test_results_come_back_in_callers_order(toy):
+    r = run([5, 3, 4], toy, 2, 10)
+    assert list(r.cp_rank) == [0, 0, 1]
+
+
+def test_distribute_when_no_rank_has_room(toy):
+    # 6 -> r0, 6 -> r1, 7: no rank has 7 free; shard(7, 2) = 4 fits both.
+    r = run([6, 6, 7], toy, 2, 10)
+    assert list(r.cp_rank) == [0, 1, D]
+    assert list(r.rank_tokens) == [10, 10]
+    assert r.comm_bytes == 2 * 8 * 1 * 1  # K and V of the 8 padded tokens
+    assert r.rollbacks == 0
+
+
+def test_rollback_longest_first(toy):
+    # 4 -> r0, 4 -> r1, 4 -> r0 (tie), rooms [4, 8]; 9 needs shard 6 on both:
+    # roll back the latest 4 on r0 (rooms 6, 6), then 9 is sharded.
+    r = run([4, 4, 4, 9], toy, 2, 12)
+    assert r.status == Status.OK
+    assert list(r.cp_rank) == [0, 1, D, D]
+    assert list(r.rank_tokens) == [12, 12]
+    assert r.rollbacks == 1
+
+
+def test_rollback_shortest_first_as_published(toy):
+    r = run([4, 4, 4, 9], toy, 2, 12, rollback=Rollback.SHORTEST)
+    assert list(r.cp_rank) == [D, 1, 0, D]
+    assert r.rollbacks == 1
+
+
+def test_unschedulable_is_reported_not_hidden(toy):
+    # 21 tokens > 2 x 10; padding makes even 19 tokens ([5, 5, 9]) unschedulable.
+    for lengths in ([4, 4, 4, 9], [5, 5, 9]):
+        r = run(lengths, toy, 2, 10)
+        assert r.status == Status.UNSCHEDULABLE
+    r = run([11], toy, 1, 10)
+    assert r.status == Status.UNSCHEDULABLE
+
+
+def test_worst_fit_places_on_roomiest(toy):
+    # Least-load puts 6 on r1 (load 136+... vs 108); worst-fit on the roomier rank.
+    # 1 -> r0 [9,10]; 3 -> r1 [9,7]; 3 -> r0 [6,7]; 6: least load is r1 (108 < 136), room 7.
+    ll = run([1, 3, 3, 6], toy, 2, 10)
+    wf = run([1, 3, 3, 6], toy, 2, 10, placement=Placement.WORST_FIT)
+    assert list(ll.cp_rank) == [0, 1, 0, 1]
+    assert list(wf.cp_rank) == [0, 1, 0, 1]
+    # Here they differ: 2 -> r0; 2 -> r1; 5 -> r0 [3,8]; 3: least load r1 (f2 < f2+f5) -> r1 too;
+    # 1: least load r1? loads r0 = 64+220, r1 = 64+108 -> r1 (room 5) ; worst-fit -> r1 (room 5 vs 3).
+    ll = run([2, 2, 5, 3, 1, 3], toy, 2, 10)
+    wf = run([2, 2, 5, 3, 1, 3], toy, 2, 10, placement=Placement.WORST_FIT)
+    assert sum(ll.rank_tokens) == sum(wf.rank_tokens) == 16
+    assert max(ll.rank_tokens) <= 10 and max(wf.rank_tokens) <= 10
+
+
+def test_comm_hidden_behind_local_work(make_toy):
+    toy_cost = make_toy
+    cost = toy_cost(comm_us=50.0)
+    # [6, 6, 7] on cp 2: local 6 on each rank (flops 288) hides comm 50.
+    r = run([6, 6, 7], cost, 2, 10)
+    assert r.time_us == toy_cost().flops(6) + toy_cost().flops(7) / 2
+    # Only a distributed sequence: comm is not hidden.
+    r = run([7], cost, 2, 4)
+    assert list(r.cp_rank) == [D]
+    assert r.time_us == 50.0 + toy_cost().flops(7) / 2
+
+
+def test_empty_micro_batch(toy):
+    r = run([], toy, 4, 10)
+    assert r.status == Status.OK and list(r.cp_rank) == [] and r.time_us == 0.0

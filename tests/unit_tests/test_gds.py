@@ -1,0 +1,92 @@
+"""GDS on hand-computed global batches, policies and over-length handling."""
+
+import pytest
+
+from skrull_ext import DROPPED, Scheduler, SchedulerConfig
+
+D = -1
+
+
+def test_lpt_split_over_dp(toy):
+    # FLOPs-LPT: 6->d0, 5->d1, 4->d1, 3->d0, 2->d1, 1->d0; one micro-batch each.
+    plan = Scheduler(SchedulerConfig(dp=2, cp=2, bucket_size=10, policy="skrull-paper"), toy).schedule([1, 2, 3, 4, 5, 6])
+    plan.validate()
+    assert plan.dp_rank == [0, 1, 0, 1, 1, 0]
+    assert plan.micro_batch == [0] * 6
+    # d0 group [1, 3, 6]: 1->r0, 3->r1, 6->r0; d1 group [2, 4, 5]: 2->r0, 4->r1, 5->r0.
+    assert plan.cp_rank == [0, 0, 1, 1, 0, 0]
+    assert [mb.seqs for mb in plan.micro_batches(0)] == [[0, 2, 5]]
+
+
+def test_smallest_feasible_micro_batch_count(toy):
+    # cp 1, C 5, 10 tokens: m=2 puts [2, 4] (6 tokens) together; m=3 works:
+    # strided groups [1, 4], [2], [3].
+    plan = Scheduler(SchedulerConfig(dp=1, cp=1, bucket_size=5, policy="skrull-paper"), toy).schedule([1, 2, 3, 4])
+    plan.validate()
+    assert plan.micro_batch == [0, 1, 2, 0]
+    assert [mb.seqs for mb in plan.micro_batches(0)] == [[0, 3], [1], [2]]
+    assert plan.num_micro_batches == 3
+
+
+def test_predicted_time_may_pick_more_micro_batches(make_toy):
+    toy_cost = make_toy
+    # Heavy comm: sharding costs 1000 us; per-call overhead is small.
+    cost = toy_cost(comm_us=1000.0, b_us=1.0)
+    lengths = [6, 6, 7]
+    paper = Scheduler(SchedulerConfig(dp=1, cp=2, bucket_size=10, policy="skrull-paper"), cost).schedule(lengths)
+    ours = Scheduler(SchedulerConfig(dp=1, cp=2, bucket_size=10, policy="skrull", cpsat=False), cost).schedule(lengths)
+    paper.validate()
+    ours.validate()
+    assert paper.num_micro_batches == 1 and paper.cp_rank.count(D) == 1
+    assert ours.num_micro_batches == 2 and D not in ours.cp_rank
+    assert ours.makespan_us < paper.makespan_us
+
+
+@pytest.mark.parametrize("policy", ["skrull", "skrull-paper", "worstfit"])
+def test_overlength_policies(toy, policy):
+    lengths = [3, 50, 7, 41]  # limit for C 10 x cp 2 is 20
+    with pytest.raises(ValueError, match=r"sequence 1 has length 50, longer than the 20 tokens"):
+        Scheduler(SchedulerConfig(dp=1, cp=2, bucket_size=10, policy=policy), toy).schedule(lengths)
+    drop = Scheduler(SchedulerConfig(dp=2, cp=2, bucket_size=10, policy=policy, overlength="drop"), toy).schedule(lengths)
+    drop.validate()
+    assert drop.dropped == [1, 3]
+    assert drop.dp_rank[1] == drop.dp_rank[3] == DROPPED
+    assert drop.summary()["dropped"] == 2
+    trunc = Scheduler(SchedulerConfig(dp=1, cp=2, bucket_size=10, policy=policy, overlength="truncate"), toy).schedule(lengths)
+    trunc.validate()
+    assert trunc.truncated == [1, 3]
+    assert trunc.lengths == [3, 20, 7, 20]
+    assert trunc.input_lengths == lengths
+
+
+def test_empty_batch_is_an_empty_plan(toy):
+    plan = Scheduler(SchedulerConfig(dp=2, cp=2, bucket_size=10), toy).schedule([])
+    plan.validate()
+    assert plan.num_micro_batches == 0 and plan.makespan_us == 0.0
+
+
+def test_more_dp_ranks_than_sequences(toy):
+    plan = Scheduler(SchedulerConfig(dp=4, cp=2, bucket_size=10), toy).schedule([3, 4])
+    plan.validate()
+    assert sorted(len(plan.micro_batches(d)) for d in range(4)) == [0, 0, 1, 1]
+
+
+@pytest.mark.parametrize(
+    "kw, msg",
+    [
+        ({"dp": 0}, r"dp must be in \[1, 65536\], got 0"),
+        ({"cp": 1.5}, r"cp must be in|must be integers"),
+        ({"bucket_size": -3}, r"bucket_size must be in \[1, 68719476736\], got -3"),
+        ({"policy": "fifo"}, r"policy must be one of \['skrull', 'skrull-paper', 'worstfit'\], got 'fifo'"),
+        ({"overlength": "skip"}, r"overlength must be one of \['drop', 'error', 'truncate'\], got 'skip'"),
+        ({"cpsat_margin": -0.1}, r"cpsat_margin must be in"),
+    ],
+)
+def test_config_errors_name_the_field(kw, msg):
+    with pytest.raises(ValueError, match=msg):
+        SchedulerConfig(**kw)
+
+
+def test_facade_rejects_non_integer_lengths(toy):
+    with pytest.raises(ValueError, match=r"sequence 1 has length 2.5, which is not an integer"):
+        Scheduler(SchedulerConfig(), toy).schedule([1, 2.5])
