@@ -34,16 +34,21 @@ def torchrun(nproc: int, module: str, args: list[str], cwd: str, timeout: int = 
     return proc
 
 
-def losses(dump_folder: str) -> list[float]:
-    """Per-step global average loss logged by rank 0, in step order."""
+def scalars(dump_folder: str, tag: str) -> list[float]:
+    """Per-step values of one TensorBoard scalar logged by rank 0, in step order."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     runs = glob.glob(os.path.join(dump_folder, "tb", "*"))
     assert runs, f"no TensorBoard run under {dump_folder}/tb"
     acc = EventAccumulator(max(runs), size_guidance={"scalars": 0})
     acc.Reload()
-    events = acc.Scalars(LOSS_TAG)
+    events = acc.Scalars(tag)
     return [e.value for e in sorted(events, key=lambda e: e.step)]
+
+
+def losses(dump_folder: str) -> list[float]:
+    """Per-step global average loss, in step order."""
+    return scalars(dump_folder, LOSS_TAG)
 
 
 def seed_checkpoint(workdir: str, config: list[str]) -> str:

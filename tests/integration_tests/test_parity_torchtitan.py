@@ -4,12 +4,15 @@ batches, give the same losses for 5 steps, and the loss goes down. This is
 what proves the compat layer exact (issue 4); Skrull's own runs are held
 against the same 1-process baseline."""
 
-from launch import seed_checkpoint, train_from_seed
+import pytest
+
+from tests.integration_tests.launch import seed_checkpoint, train_from_seed
 
 TORCHTITAN = ["--module", "skrull_ext", "--config", "llama3_debugmodel_cpu"]
 STEPS = 5
 
 
+@pytest.mark.slow
 def test_parity_torchtitan_cp2_matches_one_process(tmp_path):
     seed = seed_checkpoint(str(tmp_path), TORCHTITAN)
     ref = train_from_seed(str(tmp_path), "ref", 1, "torchtitan.train", TORCHTITAN, seed, STEPS)

@@ -56,6 +56,7 @@ def test_every_fix_says_why():
         assert len(fix.why) > 40, fix.name
 
 
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 def test_dense_mask_attention_matches_flex_forward():
     torch.manual_seed(0)
     positions = torch.cat([torch.arange(100), torch.arange(28), torch.arange(128)])[None]

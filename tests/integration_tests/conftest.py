@@ -1,6 +1,0 @@
-"""Integration tests import their launch helpers from this folder."""
-
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(__file__))
