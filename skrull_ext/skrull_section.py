@@ -1,21 +1,22 @@
 """The ``[skrull]`` section of a job: how Skrull schedules each global batch.
 
-Kept local to the integration branch until the scheduler core's
-``SchedulerConfig`` lands; the trainer maps this section onto it. Values are
+It carries the scheduler core's knobs (``skrull_ext.config.SchedulerConfig``,
+whose registries it reuses, so a new policy needs no change here) minus the
+DP/CP sizes, which come from ``[parallelism]``, plus what only training
+needs: the on/off switch, the cost model and the plan-hash check. Values are
 checked here, so a bad TOML or CLI value fails before any process group or
-model is built, naming the field and what it allows.
+model is built, naming the key and what it allows.
 """
 
 from dataclasses import dataclass, fields
-from typing import get_args, Literal
+from pathlib import Path
+from typing import Literal
 
-Policy = Literal["skrull", "worst_fit"]
-"""Skrull's GDS+DACP, or the paper's round-robin baseline (really worst-fit)."""
-POLICIES = get_args(Policy)
+from skrull_ext import cost_model as cost_models
+from skrull_ext.config import OVERLENGTH, POLICIES, SchedulerConfig
 
-Overlength = Literal["error", "truncate", "drop"]
-"""What to do with a sequence longer than a CP group holds (bucket_size * cp)."""
-OVERLENGTH_POLICIES = get_args(Overlength)
+Policy = Literal[tuple(POLICIES)]  # pyrefly: ignore[invalid-literal]
+Overlength = Literal[tuple(OVERLENGTH)]  # pyrefly: ignore[invalid-literal]
 
 
 @dataclass(kw_only=True, slots=True)
@@ -24,38 +25,58 @@ class SkrullSection:
     """Schedule global batches with Skrull; False runs torchtitan's own batching."""
 
     policy: Policy = "skrull"
-    """Scheduling policy."""
+    """Scheduling policy (skrull_ext.config.POLICIES)."""
 
     bucket_size: int = 26624
     """Tokens one CP rank may hold per micro-batch (the paper's BucketSize C)."""
 
     cost_model: str = "qwen2.5-0.5b"
-    """Cost-model preset name, or path to a profile file."""
+    """A model preset of skrull_ext.cost_model (on the h100-assumed profile), or a profile TOML path."""
 
-    cpsat_time_limit_ms: int = 0
-    """OR-Tools CP-SAT time budget per step in milliseconds; 0 disables it."""
+    cpsat: bool = True
+    """Allow the CP-SAT fallback (only policies that use it)."""
+
+    cpsat_margin: float = 0.10
+    """Re-solve a micro-batch with CP-SAT when predicted this fraction above its lower bound."""
+
+    cpsat_deterministic_time: float = 0.005
+    """CP-SAT limit in deterministic seconds (the same answer on every rank, unlike wall time)."""
 
     overlength: Overlength = "error"
-    """Over-length sequences: fail, cut to what fits, or leave out of the step."""
+    """Sequences longer than bucket_size * cp: fail, truncate to fit, or drop them."""
 
     check_plan_hash: bool = False
-    """Debug: all-gather the plan digest every step and fail on any mismatch."""
+    """Debug: compare every rank's plan digest each step and fail loudly on a mismatch."""
 
     def __post_init__(self):
-        if self.policy not in POLICIES:
-            raise ValueError(f"skrull.policy: {self.policy!r} is not one of {list(POLICIES)}")
-        if self.overlength not in OVERLENGTH_POLICIES:
+        try:
+            self.scheduler_config(dp=1, cp=1)
+        except ValueError as e:
+            raise ValueError(f"skrull: {e}") from e
+        if not (self.cost_model in cost_models.MODEL_PRESETS or Path(self.cost_model).is_file()):
             raise ValueError(
-                f"skrull.overlength: {self.overlength!r} is not one of {list(OVERLENGTH_POLICIES)}"
+                f"skrull.cost_model: {self.cost_model!r} is neither a preset "
+                f"{sorted(cost_models.MODEL_PRESETS)} nor a profile file"
             )
-        if self.bucket_size < 1:
-            raise ValueError(f"skrull.bucket_size: must be >= 1, got {self.bucket_size}")
-        if self.cpsat_time_limit_ms < 0:
-            raise ValueError(
-                f"skrull.cpsat_time_limit_ms: must be >= 0, got {self.cpsat_time_limit_ms}"
-            )
-        if not self.cost_model:
-            raise ValueError("skrull.cost_model: must name a preset or a profile file")
+
+    def scheduler_config(self, dp: int, cp: int) -> SchedulerConfig:
+        """The core's config for a DP x CP job."""
+        return SchedulerConfig(
+            dp=dp,
+            cp=cp,
+            bucket_size=self.bucket_size,
+            policy=self.policy,
+            overlength=self.overlength,
+            cpsat=self.cpsat,
+            cpsat_margin=self.cpsat_margin,
+            cpsat_deterministic_time=self.cpsat_deterministic_time,
+        )
+
+    def build_cost_model(self):
+        """``skrull_ext._core.CostModel`` named by ``cost_model``."""
+        if self.cost_model in cost_models.MODEL_PRESETS:
+            return cost_models.preset(self.cost_model)
+        return cost_models.load(self.cost_model)
 
     def to_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
