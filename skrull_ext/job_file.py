@@ -24,9 +24,10 @@ from torchtitan.config.manager import ConfigManager, custom_registry
 from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
 
 from skrull_ext.datasets.packed import PackedDataLoader
+from skrull_ext.datasets.scheduling import SkrullDataLoader
 
 SECTION_KINDS: dict[str, dict[str, Any]] = {
-    "dataloader": {"packed": PackedDataLoader.Config},
+    "dataloader": {"packed": PackedDataLoader.Config, "skrull": SkrullDataLoader.Config},
     "activation_checkpoint": {
         "selective": SelectiveAC.Config,
         "full": FullAC.Config,

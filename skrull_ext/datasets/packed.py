@@ -59,7 +59,7 @@ class PackedDataLoader(SyntheticDataLoaderBase):
         local_batch_size: int,
         **kwargs,
     ):
-        super().__init__(config)
+        super().__init__(config, tokenizer)
         self.dp_world_size = dp_world_size
         self.dp_rank = dp_rank
         self.seq_len = seq_len

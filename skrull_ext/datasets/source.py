@@ -8,6 +8,7 @@ makes a Skrull run comparable token for token with a torchtitan run.
 from dataclasses import dataclass
 
 from torchtitan.components.dataloader import BaseDataLoader
+from torchtitan.components.tokenizer import BaseTokenizer
 
 from skrull_ext.datasets.length_dist import load_lengths
 from skrull_ext.datasets.synthetic import SyntheticSequences
@@ -26,8 +27,8 @@ class SyntheticDataLoaderBase(BaseDataLoader):
         min_len: int = 2
         max_len: int | None = None
         """Clip sample lengths (an SFT max-length filter); None keeps the tail."""
-        vocab_size: int = 2048
-        """Token ids are drawn from [1, vocab_size); must match the model."""
+        vocab_size: int | None = None
+        """Token ids are drawn from [1, vocab_size); None: the tokenizer's (the model's)."""
         seed: int = 0
         global_batch_size: int = 8
         """Sequences per optimizer step, over all DP ranks."""
@@ -36,11 +37,16 @@ class SyntheticDataLoaderBase(BaseDataLoader):
             if self.global_batch_size < 1:
                 raise ValueError("dataloader.global_batch_size must be >= 1")
 
-    def __init__(self, config: Config):
+    def __init__(self, config: Config, tokenizer: BaseTokenizer | None = None):
         self.config = config
+        vocab = config.vocab_size
+        if vocab is None:
+            if tokenizer is None:
+                raise ValueError("dataloader.vocab_size is unset and there is no tokenizer")
+            vocab = tokenizer.get_vocab_size()
         self.source = SyntheticSequences(
             lengths=load_lengths(config.lengths),
-            vocab_size=config.vocab_size,
+            vocab_size=vocab,
             seed=config.seed,
             length_scale=config.length_scale,
             min_len=config.min_len,

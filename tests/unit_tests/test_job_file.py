@@ -6,6 +6,8 @@ import textwrap
 import pytest
 
 from skrull_ext.job_file import JobConfigManager, JobFileError, load_job
+from skrull_ext.datasets.packed import PackedDataLoader
+from skrull_ext.datasets.scheduling import SkrullDataLoader
 from skrull_ext.trainer import SkrullTrainer
 
 JOBS = os.path.join(os.path.dirname(__file__), "..", "..", "skrull_ext", "jobs")
@@ -31,6 +33,7 @@ def test_debug_job_loads():
     assert config.model_spec.name == "llama3" and config.model_spec.flavor == "debugmodel"
     assert config.training.seq_len == 512 and config.training.dtype == "float32"
     assert config.dataloader.length_scale == 32.0 and config.dataloader.max_len == 512
+    assert isinstance(config.dataloader, SkrullDataLoader.Config) and config.skrull.enable
     assert config.activation_checkpoint is None
     assert config.optimizer.param_groups[0].optimizer_kwargs["lr"] == 3e-3
     assert config.skrull.bucket_size == 256 and config.skrull.check_plan_hash
@@ -50,9 +53,11 @@ def test_gpu_job_loads():
         ("[trainig]\nsteps = 3", r"unknown key\(s\) \['trainig'\] in the job file; allowed: .*'training'"),
         ("[training]\nsteps = 'ten'", r"training.steps: expected an integer, got 'ten'"),
         ("[training]\ndtype = 'float16'", r"training.dtype: 'float16' is not one of \['bfloat16', 'float32'\]"),
-        ("[skrull]\npolicy = 'fifo'", r"skrull.policy: 'fifo' is not one of \['skrull', 'worst_fit'\]"),
+        ("[skrull]\npolicy = 'fifo'", r"skrull.policy: 'fifo' is not one of \['skrull', 'skrull-paper', 'worstfit'\]"),
         ("[skrull]\noverlength = 'wrap'", r"skrull.overlength: 'wrap' is not one of \['error', 'truncate', 'drop'\]"),
-        ("[skrull]\nbucket_size = 0", r"skrull.bucket_size: must be >= 1"),
+        ("[skrull]\nenable = true\n[dataloader]\nkind = 'packed'", r"skrull.enable needs \[dataloader\] kind = \"skrull\""),
+        ("[skrull]\nbucket_size = 0", r"skrull: bucket_size must be in \[1, "),
+        ("[skrull]\ncost_model = 'h200'", r"skrull.cost_model: 'h200' is neither a preset"),
         ("[dataloader]\nkind = 'hf'", r"dataloader.kind: 'hf' is not one of \['packed'"),
         ("[dataloader]\nglobal_batch_size = 0", r"dataloader.global_batch_size must be >= 1"),
         ("[job]\ndump_folder = 3", r"job.dump_folder: expected a string, got 3"),
@@ -81,10 +86,10 @@ def test_bad_model_or_syntax(tmp_path, body, message):
 
 def test_cli_overrides_file():
     config = JobConfigManager().parse_args(
-        ["--config-file", DEBUG, "--training.steps", "3", "--skrull.policy", "worst_fit",
+        ["--config-file", DEBUG, "--training.steps", "3", "--skrull.policy", "worstfit",
          "--parallelism.context_parallel_degree", "2"]
     )
-    assert config.training.steps == 3 and config.skrull.policy == "worst_fit"
+    assert config.training.steps == 3 and config.skrull.policy == "worstfit"
     assert config.parallelism.context_parallel_degree == 2
     assert config.training.seq_len == 512  # from the file
 
@@ -102,3 +107,9 @@ def test_torchtitan_module_config_form():
         ["--module", "skrull_ext", "--config", "skrull_llama3_debugmodel", "--skrull.bucket_size", "128"]
     )
     assert isinstance(config, SkrullTrainer.Config) and config.skrull.bucket_size == 128
+
+
+def test_skrull_off_uses_torchtitan_batching_of_the_same_data():
+    config = JobConfigManager().parse_args(["--config-file", DEBUG, "--skrull.no-enable"])
+    assert isinstance(config.dataloader, PackedDataLoader.Config)
+    assert config.dataloader.length_scale == 32.0 and config.dataloader.seed == 0
