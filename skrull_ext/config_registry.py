@@ -15,12 +15,14 @@ from torchtitan.components.loss import CrossEntropyLoss
 from torchtitan.components.metrics import MetricsProcessor
 from torchtitan.components.optimizer import default_adamw, LRSchedulersContainer
 from torchtitan.config import TrainingConfig
+from torchtitan.config.override import derive
 from torchtitan.models.common.config_utils import decoder_vocab_size
 from torchtitan.protocols.model_spec import ModelSpec
 from torchtitan.trainer import Trainer
 
 from skrull_ext import compat
 from skrull_ext.datasets.packed import PackedDataLoader
+from skrull_ext.datasets.scheduling import SkrullDataLoader
 from skrull_ext.tokenizer import SyntheticTokenizer
 from skrull_ext.trainer import SkrullTrainer
 
@@ -37,7 +39,11 @@ def base_config(
         hf_assets_path="",
         tokenizer=SyntheticTokenizer.Config(vocab_size=vocab),
         loss=CrossEntropyLoss.Config(global_vocab_size=vocab),
-        dataloader=PackedDataLoader.Config(),
+        dataloader=(
+            SkrullDataLoader.Config()
+            if issubclass(config_cls, SkrullTrainer.Config)
+            else PackedDataLoader.Config()
+        ),
         optimizer=default_adamw(lr=8e-4),
         lr_scheduler=LRSchedulersContainer.Config(warmup_steps=2),
         training=TrainingConfig(),
@@ -64,7 +70,9 @@ def skrull_llama3_debugmodel() -> SkrullTrainer.Config:
 def llama3_debugmodel_cpu() -> Trainer.Config:
     """jobs/debug_cpu.toml as torchtitan's own Trainer (no [skrull] section):
     the baseline Skrull runs are compared with."""
-    return _job("debug_cpu.toml", config_cls=Trainer.Config, ignore=("skrull",))
+    config = _job("debug_cpu.toml", config_cls=Trainer.Config, ignore=("skrull",))
+    config.dataloader = derive(config.dataloader, PackedDataLoader.Config)
+    return config
 
 
 def skrull_qwen2_5_0_5b() -> SkrullTrainer.Config:
