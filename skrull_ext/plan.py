@@ -38,6 +38,8 @@ class MicroBatchPlan:
     comm_bytes: float
     time_us: float
     rollbacks: int
+    moves: int = 0
+    """Refinement moves after DACP (policy 'skrull')."""
     path: str = "heuristic"
     """'heuristic', or 'cpsat' when the exact solver's placement replaced it."""
     heuristic_time_us: float | None = None
@@ -95,7 +97,7 @@ class Plan:
                 MicroBatchPlan(
                     dp_rank=mb.dp_rank, index=mb.index, seqs=seqs, lengths=[lengths[k] for k in seqs],
                     cp_rank=list(d.cp_rank), rank_tokens=list(d.rank_tokens), comm_bytes=d.comm_bytes,
-                    time_us=d.time_us, rollbacks=d.rollbacks,
+                    time_us=d.time_us, rollbacks=d.rollbacks, moves=d.moves,
                 )
             )
         return cls(
@@ -140,6 +142,7 @@ class Plan:
             "local_seq_share": n_local / len(live) if live else 0.0,
             "local_token_share": tok_local / tok if tok else 0.0,
             "rollbacks": self.rollbacks,
+            "refine_moves": sum(mb.moves for mb in mbs),
             "cpsat_used": sum(1 for mb in mbs if mb.path == "cpsat"),
             "dropped": len(self.dropped),
             "truncated": len(self.truncated),

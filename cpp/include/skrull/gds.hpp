@@ -52,6 +52,7 @@ struct MicroBatchSplit {
   double time_us = 0.0;
   std::vector<int32_t> placement;
   std::vector<int32_t> rollbacks;  // per group
+  std::vector<int32_t> moves;      // per group
 };
 
 // Strided split, which pairs long with short. Infeasible when a group holds
@@ -63,6 +64,7 @@ inline void split_strided(const std::vector<int64_t>& lengths, const std::vector
   out.time_us = 0.0;
   out.placement.assign(sorted.size(), kDistributed);
   out.rollbacks.assign(m, 0);
+  out.moves.assign(m, 0);
   const int64_t capacity = opt.bucket_size * opt.cp;
   const size_t n = sorted.size();
   for (int32_t j = 0; j < m; ++j) {
@@ -76,8 +78,8 @@ inline void split_strided(const std::vector<int64_t>& lengths, const std::vector
     for (size_t i = j; i < n; i += m) ws.lengths.push_back(lengths[sorted[i]]);
     const size_t g = ws.lengths.size();
     ws.placement.resize(g);
-    if (dacp_into(ws.lengths.data(), g, cost, opt.cp, opt.bucket_size, opt.placement, opt.rollback, ws,
-                  ws.placement.data(), out.rollbacks[j]) != Status::kOk)
+    if (dacp_into(ws.lengths.data(), g, cost, opt.cp, opt.bucket_size, opt.placement, opt.rollback, opt.refine, ws,
+                  ws.placement.data(), out.rollbacks[j], out.moves[j]) != Status::kOk)
       return;
     out.time_us += score_into(ws.lengths.data(), ws.placement.data(), g, cost, opt.cp, ws.tokens, ws.flops, comm_bytes);
     for (size_t i = j, q = 0; i < n; i += m, ++q) out.placement[i] = ws.placement[q];

@@ -110,9 +110,11 @@ inline Schedule schedule(const std::vector<int64_t>& input, const CostModel& cos
         out.cp_rank[k] = split.placement[p];
       }
       mb.dacp.rollbacks = split.rollbacks[j];
+      mb.dacp.moves = split.moves[j];
       score_placement(group_lengths.data(), group_lengths.size(), cost, opt.cp, mb.dacp);
       rank_time += mb.dacp.time_us;
       out.rollbacks += mb.dacp.rollbacks;
+      out.moves += mb.dacp.moves;
       out.micro_batches.push_back(std::move(mb));
     }
     out.dp_time_us.push_back(rank_time);
