@@ -153,6 +153,28 @@ class Plan:
             "max_rank_tokens": max(rank_tokens, default=0),
         }
 
+    def describe(self, max_seqs: int = 12) -> str:
+        """A readable listing: per DP rank and micro-batch, each sequence's index,
+        length and placement ('D' = distributed), tokens per CP rank, predicted time."""
+        lines = [
+            f"plan: {self.num_sequences} sequences, dp={self.dp} cp={self.cp} bucket_size={self.bucket_size}, "
+            f"predicted {self.makespan_us / 1e3:.2f} ms, scheduled in {self.scheduler_us:.0f} us"
+            + (f" (+{self.fallback_us / 1e3:.1f} ms CP-SAT)" if self.fallback_us else "")
+        ]
+        if self.dropped or self.truncated:
+            lines.append(f"  over-length: {len(self.dropped)} dropped {self.dropped}, "
+                         f"{len(self.truncated)} truncated {self.truncated}")
+        for d, rank in enumerate(self.ranks):
+            lines.append(f"  DP {d}: {len(rank)} micro-batches, {self.dp_time_us[d] / 1e3:.2f} ms")
+            for mb in rank:
+                seqs = [f"{k}:{s}@{'D' if r == DISTRIBUTED else r}" for k, s, r in zip(mb.seqs, mb.lengths, mb.cp_rank)]
+                more = f" ... (+{len(seqs) - max_seqs})" if len(seqs) > max_seqs else ""
+                lines.append(
+                    f"    mb {mb.index} [{mb.path}] {mb.time_us / 1e3:.2f} ms, tokens/CP rank {list(mb.rank_tokens)}: "
+                    + " ".join(seqs[:max_seqs]) + more
+                )
+        return "\n".join(lines)
+
     # ---------------------------------------------------------------- updates
     def replace_placement(self, mb: MicroBatchPlan, result: _core.DacpResult, path: str) -> None:
         """Swap in another placement of the same micro-batch (e.g. CP-SAT's)."""
