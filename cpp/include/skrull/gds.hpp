@@ -17,6 +17,25 @@
 
 namespace skrull {
 
+namespace detail {
+
+// Sorts indices by length (ascending or descending), ties by index
+// ascending, through packed 64-bit keys (length < 2^37, index < 2^24): one
+// integer compare per step instead of two indirect loads.
+inline void sort_by_length(const std::vector<int64_t>& lengths, std::vector<int32_t>& idx, bool descending,
+                           std::vector<uint64_t>& keys) {
+  static_assert(kMaxLength < (int64_t{1} << 37) && kMaxSequences <= (int64_t{1} << 24), "keys must fit 64 bits");
+  keys.resize(idx.size());
+  for (size_t i = 0; i < idx.size(); ++i) {
+    const int64_t len = descending ? kMaxLength - lengths[idx[i]] : lengths[idx[i]];
+    keys[i] = (static_cast<uint64_t>(len) << 24) | static_cast<uint64_t>(idx[i]);
+  }
+  std::sort(keys.begin(), keys.end());
+  for (size_t i = 0; i < idx.size(); ++i) idx[i] = static_cast<int32_t>(keys[i] & 0xFFFFFFu);
+}
+
+}  // namespace detail
+
 // Longest-processing-time greedy by FLOPs: sequences by length descending
 // (FLOPs grow with length; ties by index) each go to the DP rank with the
 // least FLOPs so far (ties to the lower rank). Returns each rank's share.
@@ -24,10 +43,19 @@ inline std::vector<std::vector<int32_t>> split_over_dp(const std::vector<int64_t
                                                        const std::vector<int32_t>& live, const CostModel& cost,
                                                        int32_t dp) {
   std::vector<int32_t> order = live;
-  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
-    return lengths[a] != lengths[b] ? lengths[a] > lengths[b] : a < b;
-  });
+  std::vector<uint64_t> keys;
+  detail::sort_by_length(lengths, order, /*descending=*/true, keys);
   std::vector<std::vector<int32_t>> bins(dp);
+  for (auto& bin : bins) bin.reserve(order.size() / dp + 1);
+  if (dp <= 32) {  // a scan beats a heap for few ranks; both pick the same rank
+    std::vector<double> load(dp, 0.0);
+    for (int32_t k : order) {
+      const int32_t t = detail::argmin(load);
+      bins[t].push_back(k);
+      load[t] += cost.flops(lengths[k]);
+    }
+    return bins;
+  }
   // Min-heap on (load, rank): the least-loaded rank, ties to the lower one.
   using Entry = std::pair<double, int32_t>;
   std::vector<Entry> heap_storage;
