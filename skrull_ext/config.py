@@ -19,25 +19,28 @@ class Policy:
     placement: Placement
     rollback: Rollback
     micro_batch_count: MicroBatchCount
+    refine: bool  # time-driven local search after DACP (cpp/include/skrull/refine.hpp)
     fallback: bool  # CP-SAT may replace a micro-batch's placement
     description: str
 
 
 POLICIES: dict[str, Policy] = {
-    # This project's best: Algorithm 1 with longest-first roll-back, the
-    # micro-batch count chosen by predicted time, CP-SAT where it pays.
+    # This project's best: Algorithm 1 with longest-first roll-back, then a
+    # time-driven refinement, the micro-batch count chosen by predicted
+    # time, CP-SAT where it pays.
     "skrull": Policy(
-        Placement.LEAST_LOAD, Rollback.LONGEST, MicroBatchCount.PREDICTED_TIME, True,
-        "least-load DACP, longest-first roll-back, micro-batch count by predicted time, CP-SAT fallback",
+        Placement.LEAST_LOAD, Rollback.LONGEST, MicroBatchCount.PREDICTED_TIME, True, True,
+        "least-load DACP + time-driven refinement, longest-first roll-back, micro-batch count by predicted time, "
+        "CP-SAT fallback",
     ),
     # Algorithms 1 + 2 as published, with the roll-back's accounting fixed.
     "skrull-paper": Policy(
-        Placement.LEAST_LOAD, Rollback.SHORTEST, MicroBatchCount.SMALLEST_FEASIBLE, False,
+        Placement.LEAST_LOAD, Rollback.SHORTEST, MicroBatchCount.SMALLEST_FEASIBLE, False, False,
         "paper's Algorithms 1+2, corrected roll-back, smallest feasible micro-batch count",
     ),
     # The paper's "round-robin" (Algorithm 4), really worst-fit.
     "worstfit": Policy(
-        Placement.WORST_FIT, Rollback.SHORTEST, MicroBatchCount.SMALLEST_FEASIBLE, False,
+        Placement.WORST_FIT, Rollback.SHORTEST, MicroBatchCount.SMALLEST_FEASIBLE, False, False,
         "paper's Algorithm 4: worst-fit placement, smallest feasible micro-batch count",
     ),
 }
@@ -74,8 +77,9 @@ class SchedulerConfig:
     """Try CP-SAT on a micro-batch predicted more than this fraction above its lower bound."""
     cpsat_deterministic_time: float = 0.005
     """CP-SAT limit in deterministic seconds (not wall time, so every rank gets the same answer)."""
-    max_extra_micro_batches: int = 4
-    """How many micro-batch counts above the smallest feasible one 'skrull' compares."""
+    max_extra_micro_batches: int = 1
+    """How many micro-batch counts above the smallest feasible one 'skrull' compares (one more
+    captured all of the gain on the shipped distributions: docs/benchmarks.md)."""
 
     def __post_init__(self) -> None:
         _check_range("dp", self.dp, 1, _core.MAX_RANKS)
@@ -102,6 +106,7 @@ class SchedulerConfig:
         opt.placement = policy.placement
         opt.rollback = policy.rollback
         opt.micro_batch_count = policy.micro_batch_count
+        opt.refine = policy.refine
         opt.max_extra_micro_batches = self.max_extra_micro_batches
         opt.overlength = OVERLENGTH[self.overlength]
         return opt

@@ -38,6 +38,8 @@ class MicroBatchPlan:
     comm_bytes: float
     time_us: float
     rollbacks: int
+    moves: int = 0
+    """Refinement moves after DACP (policy 'skrull')."""
     path: str = "heuristic"
     """'heuristic', or 'cpsat' when the exact solver's placement replaced it."""
     heuristic_time_us: float | None = None
@@ -56,6 +58,13 @@ class MicroBatchPlan:
     @property
     def tokens(self) -> int:
         return sum(self.lengths)
+
+    @property
+    def bound_gap(self) -> float | None:
+        """Predicted time over the lower bound, minus one (None until the fallback computed a bound)."""
+        if self.lower_bound_us is None or self.lower_bound_us <= 0:
+            return None
+        return self.time_us / self.lower_bound_us - 1.0
 
 
 @dataclass
@@ -95,7 +104,7 @@ class Plan:
                 MicroBatchPlan(
                     dp_rank=mb.dp_rank, index=mb.index, seqs=seqs, lengths=[lengths[k] for k in seqs],
                     cp_rank=list(d.cp_rank), rank_tokens=list(d.rank_tokens), comm_bytes=d.comm_bytes,
-                    time_us=d.time_us, rollbacks=d.rollbacks,
+                    time_us=d.time_us, rollbacks=d.rollbacks, moves=d.moves,
                 )
             )
         return cls(
@@ -133,6 +142,7 @@ class Plan:
         tok_local = sum(mb.local_tokens for mb in mbs)
         rank_tokens = [t for mb in mbs for t in mb.rank_tokens]
         mean_dp = sum(self.dp_time_us) / len(self.dp_time_us) if self.dp_time_us else 0.0
+        gaps = [g for g in (mb.bound_gap for mb in mbs) if g is not None]
         return {
             "sequences": len(live),
             "micro_batches": len(mbs),
@@ -140,7 +150,9 @@ class Plan:
             "local_seq_share": n_local / len(live) if live else 0.0,
             "local_token_share": tok_local / tok if tok else 0.0,
             "rollbacks": self.rollbacks,
+            "refine_moves": sum(mb.moves for mb in mbs),
             "cpsat_used": sum(1 for mb in mbs if mb.path == "cpsat"),
+            "mean_bound_gap": sum(gaps) / len(gaps) if gaps else float("nan"),
             "dropped": len(self.dropped),
             "truncated": len(self.truncated),
             "scheduler_us": self.scheduler_us,
@@ -149,6 +161,28 @@ class Plan:
             "dp_imbalance": self.makespan_us / mean_dp if mean_dp > 0 else 1.0,
             "max_rank_tokens": max(rank_tokens, default=0),
         }
+
+    def describe(self, max_seqs: int = 12) -> str:
+        """A readable listing: per DP rank and micro-batch, each sequence's index,
+        length and placement ('D' = distributed), tokens per CP rank, predicted time."""
+        lines = [
+            f"plan: {self.num_sequences} sequences, dp={self.dp} cp={self.cp} bucket_size={self.bucket_size}, "
+            f"predicted {self.makespan_us / 1e3:.2f} ms, scheduled in {self.scheduler_us:.0f} us"
+            + (f" (+{self.fallback_us / 1e3:.1f} ms CP-SAT)" if self.fallback_us else "")
+        ]
+        if self.dropped or self.truncated:
+            lines.append(f"  over-length: {len(self.dropped)} dropped {self.dropped}, "
+                         f"{len(self.truncated)} truncated {self.truncated}")
+        for d, rank in enumerate(self.ranks):
+            lines.append(f"  DP {d}: {len(rank)} micro-batches, {self.dp_time_us[d] / 1e3:.2f} ms")
+            for mb in rank:
+                seqs = [f"{k}:{s}@{'D' if r == DISTRIBUTED else r}" for k, s, r in zip(mb.seqs, mb.lengths, mb.cp_rank)]
+                more = f" ... (+{len(seqs) - max_seqs})" if len(seqs) > max_seqs else ""
+                lines.append(
+                    f"    mb {mb.index} [{mb.path}] {mb.time_us / 1e3:.2f} ms, tokens/CP rank {list(mb.rank_tokens)}: "
+                    + " ".join(seqs[:max_seqs]) + more
+                )
+        return "\n".join(lines)
 
     # ---------------------------------------------------------------- updates
     def replace_placement(self, mb: MicroBatchPlan, result: _core.DacpResult, path: str) -> None:

@@ -80,6 +80,7 @@ class RefDacp:
     rank_tokens: list[int]
     time_us: float
     rollbacks: int
+    moves: int = 0
 
 
 def score(lengths: list[int], cp_rank: list[int], cost: RefCost, n: int) -> tuple[list[int], float]:
@@ -100,15 +101,92 @@ def score(lengths: list[int], cp_rank: list[int], cost: RefCost, n: int) -> tupl
     return tokens, cost.micro_batch(local, dist, vol)
 
 
+def refine(lengths: list[int], cost: RefCost, n: int, bucket: int, order: list[int], cp_rank: list[int]) -> int:
+    """Time-driven local search after DACP (refine.hpp): move or shard the
+    bottleneck rank's longest sequence that lowers the predicted time."""
+    if n <= 1 or not lengths:
+        return 0
+    room = [bucket] * n
+    local = [0.0] * n
+    dist = 0.0
+    vol = 0.0
+    for i, s in enumerate(lengths):
+        if cp_rank[i] == DISTRIBUTED:
+            sh = shard_tokens(s, n)
+            for j in range(n):
+                room[j] -= sh
+            dist += cost.flops(s) / n
+            vol += cost.kv_bytes(sh * n)
+        else:
+            room[cp_rank[i]] -= s
+            local[cp_rank[i]] += cost.flops(s)
+    moves = 0
+    current = cost.micro_batch(local, dist, vol)
+    while moves < len(lengths):
+        comm = cost.per_layer * cost.collective(vol)
+        b = 0
+        for j in range(1, n):
+            if local[j] > local[b]:
+                b = j
+        if cost.comp(local[b]) <= comm:
+            break
+        lightest = 1 if b == 0 else 0
+        for j in range(n):
+            if j != b and local[j] < local[lightest]:
+                lightest = j
+        moved = False
+        for x in reversed(order):
+            if cp_rank[x] != b:
+                continue
+            s = lengths[x]
+            f = cost.flops(s)
+            best, to = current, b
+            if room[lightest] >= s:
+                trial = list(local)
+                trial[b] -= f
+                trial[lightest] += f
+                t = cost.micro_batch(trial, dist, vol)
+                if t < best:
+                    best, to = t, lightest
+            sh = shard_tokens(s, n)
+            if room[b] + s >= sh and all(j == b or room[j] >= sh for j in range(n)):
+                trial = list(local)
+                trial[b] -= f
+                t = cost.micro_batch(trial, dist + f / n, vol + cost.kv_bytes(sh * n))
+                if t < best:
+                    best, to = t, DISTRIBUTED
+            if to == b:
+                continue
+            local[b] -= f
+            room[b] += s
+            if to == DISTRIBUTED:
+                for j in range(n):
+                    room[j] -= sh
+                dist += f / n
+                vol += cost.kv_bytes(sh * n)
+            else:
+                local[to] += f
+                room[to] -= s
+            cp_rank[x] = to
+            current = best
+            moves += 1
+            moved = True
+            break
+        if not moved:
+            break
+    return moves
+
+
 def dacp(lengths: list[int], cost: RefCost, n: int, bucket: int, worst_fit: bool = False,
-         longest_rollback: bool = True) -> RefDacp:
-    """Corrected Algorithm 1 (worst_fit=True: Algorithm 4)."""
+         longest_rollback: bool = True, refine_: bool = False) -> RefDacp:
+    """Corrected Algorithm 1 (worst_fit=True: Algorithm 4), then optionally refine()."""
     cp_rank = [DISTRIBUTED] * len(lengths)
     room = [bucket] * n
     load = [0.0] * n
     local: list[list[int]] = [[] for _ in range(n)]
     rollbacks = 0
-    for k in sorted(range(len(lengths)), key=lambda i: (lengths[i], i)):
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+    for k in order:
         s = lengths[k]
         while True:
             if not worst_fit:
@@ -153,8 +231,9 @@ def dacp(lengths: list[int], cost: RefCost, n: int, bucket: int, worst_fit: bool
                 room[j] -= shx
                 load[j] += cost.flops(lengths[pick]) / n
             rollbacks += 1
+    moves = refine(lengths, cost, n, bucket, order, cp_rank) if refine_ else 0
     tokens, time_us = score(lengths, cp_rank, cost, n)
-    return RefDacp(True, cp_rank, tokens, time_us, rollbacks)
+    return RefDacp(True, cp_rank, tokens, time_us, rollbacks, moves)
 
 
 @dataclass
@@ -170,8 +249,8 @@ class RefSchedule:
 
 
 def schedule(lengths: list[int], cost: RefCost, dp: int, n: int, bucket: int, *, worst_fit: bool = False,
-             longest_rollback: bool = True, predicted_time: bool = False, max_extra: int = 4,
-             overlength: str = "error") -> RefSchedule:
+             longest_rollback: bool = True, predicted_time: bool = False, max_extra: int = 1,
+             overlength: str = "error", refine_: bool = False) -> RefSchedule:
     """GDS (Algorithm 2, loop fixed) + DACP for one global batch."""
     limit = max_sequence_length(bucket, n)
     eff = list(lengths)
@@ -212,7 +291,7 @@ def schedule(lengths: list[int], cost: RefCost, dp: int, n: int, bucket: int, *,
                 if all(sum(eff[k] for k in g) <= cap for g in groups):
                     res = []
                     for g in groups:
-                        r = dacp([eff[k] for k in g], cost, n, bucket, worst_fit, longest_rollback)
+                        r = dacp([eff[k] for k in g], cost, n, bucket, worst_fit, longest_rollback, refine_)
                         if not r.ok:
                             res = None
                             break

@@ -117,6 +117,7 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
       .def_readwrite("rollback", &Options::rollback)
       .def_readwrite("micro_batch_count", &Options::micro_batch_count)
       .def_readwrite("max_extra_micro_batches", &Options::max_extra_micro_batches)
+      .def_readwrite("refine", &Options::refine)
       .def_readwrite("overlength", &Options::overlength);
 
   py::class_<DacpResult>(m, "DacpResult")
@@ -127,6 +128,7 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
       .def_readonly("comm_bytes", &DacpResult::comm_bytes)
       .def_readonly("time_us", &DacpResult::time_us)
       .def_readonly("rollbacks", &DacpResult::rollbacks)
+      .def_readonly("moves", &DacpResult::moves)
       .def("__repr__", [](const DacpResult& r) {
         std::ostringstream os;
         os << "DacpResult(status=" << static_cast<int>(r.status) << ", time_us=" << r.time_us
@@ -152,6 +154,7 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
       .def_readonly("dropped", &Schedule::dropped)
       .def_readonly("truncated", &Schedule::truncated)
       .def_readonly("rollbacks", &Schedule::rollbacks)
+      .def_readonly("moves", &Schedule::moves)
       .def_readonly("elapsed_us", &Schedule::elapsed_us);
 
   m.def(
@@ -166,13 +169,14 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
   m.def(
       "dacp",
       [](const std::vector<int64_t>& lengths, const CostModel& cost, int32_t cp, int64_t bucket_size,
-         Placement placement, Rollback rollback) {
+         Placement placement, Rollback rollback, bool refine) {
         check_micro_batch_args(lengths, cp, bucket_size);
         py::gil_scoped_release release;
-        return dacp(lengths, cost, cp, bucket_size, placement, rollback);
+        return dacp(lengths, cost, cp, bucket_size, placement, rollback, refine);
       },
       py::arg("lengths"), py::arg("cost_model"), py::arg("cp"), py::arg("bucket_size"),
       py::arg("placement") = Placement::kLeastLoad, py::arg("rollback") = Rollback::kLongest,
+      py::arg("refine") = false,
       "DACP placement of one micro-batch; status UNSCHEDULABLE when memory cannot hold it.");
 
   m.def(

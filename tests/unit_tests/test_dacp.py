@@ -89,3 +89,24 @@ def test_comm_hidden_behind_local_work(make_toy):
 def test_empty_micro_batch(toy):
     r = run([], toy, 4, 10)
     assert r.status == Status.OK and list(r.cp_rank) == [] and r.time_us == 0.0
+
+
+def test_refine_shards_the_local_bottleneck(toy):
+    # Algorithm 1: 10 -> r0, 10 -> r1, 40 -> r0 (fits): r0 does 640 + 7360 FLOPs.
+    r = run([10, 10, 40], toy, 2, 100)
+    assert list(r.cp_rank) == [0, 1, 0] and r.time_us == 8000.0
+    # Refined: moving 40 to r1 only swaps the bottleneck (8000, no gain);
+    # sharding it (20 tokens per rank) gives 640 + 7360 / 2 = 4320.
+    r = _core.dacp([10, 10, 40], toy, 2, 100, Placement.LEAST_LOAD, Rollback.LONGEST, True)
+    assert list(r.cp_rank) == [0, 1, D]
+    assert r.time_us == 640 + 3680 and r.moves == 1
+    assert list(r.rank_tokens) == [30, 30]
+
+
+def test_refine_moves_instead_when_the_exchange_would_show(make_toy):
+    cost = make_toy(comm_us=5000.0)
+    # Sharding 40 would cost 5000 + 3680 > 8000. Moving it swaps the bottleneck
+    # (no gain); moving the 10 off r0 gives max(7360, 1280) = 7360. Then
+    # nothing else helps: 40 is alone on r0.
+    r = _core.dacp([10, 10, 40], cost, 2, 100, Placement.LEAST_LOAD, Rollback.LONGEST, True)
+    assert list(r.cp_rank) == [1, 1, 0] and r.moves == 1 and r.time_us == 7360.0

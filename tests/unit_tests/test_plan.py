@@ -60,3 +60,13 @@ def test_summary_counts(plan):
     assert s["sequences"] == 6 and s["dropped"] == 1
     assert 0.0 <= s["local_seq_share"] <= 1.0
     assert s["micro_batches"] == len(plan.all_micro_batches())
+
+
+def test_describe_lists_every_micro_batch(plan):
+    text = plan.describe()
+    assert "1 dropped [6]" in text
+    for d, rank in enumerate(plan.ranks):
+        assert f"DP {d}: {len(rank)} micro-batches" in text
+        for mb in rank:
+            k, s, r = mb.seqs[0], mb.lengths[0], mb.cp_rank[0]
+            assert f"{k}:{s}@{'D' if r == -1 else r}" in text

@@ -64,6 +64,7 @@ def test_core_equals_python_reference(shape):
         worst_fit=p.placement == _core.Placement.WORST_FIT,
         longest_rollback=p.rollback == _core.Rollback.LONGEST,
         predicted_time=p.micro_batch_count == _core.MicroBatchCount.PREDICTED_TIME,
+        refine_=p.refine,
     )
     assert plan.dp_rank == want.dp_rank
     assert plan.micro_batch == want.micro_batch
@@ -73,16 +74,17 @@ def test_core_equals_python_reference(shape):
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.integers(0, 2**31), st.integers(0, 40), st.sampled_from([1, 2, 3, 4, 8]), st.sampled_from([8, 50, 300]),
-       st.booleans(), st.booleans())
-def test_dacp_equals_reference_including_unschedulable(seed, n, cp, bucket, worst_fit, longest):
+@given(st.integers(0, 2**31), st.integers(0, 40), st.sampled_from([1, 2, 3, 4, 8]), st.sampled_from([8, 50, 300, 9000]),
+       st.booleans(), st.booleans(), st.booleans())
+def test_dacp_equals_reference_including_unschedulable(seed, n, cp, bucket, worst_fit, longest, refine):
     rng = random.Random(seed)
     lengths_ = [rng.randint(1, max(1, 2 * bucket * cp // max(n, 1))) for _ in range(n)]
     cost = cm.preset()
     r = _core.dacp(lengths_, cost, cp, bucket,
                    _core.Placement.WORST_FIT if worst_fit else _core.Placement.LEAST_LOAD,
-                   _core.Rollback.LONGEST if longest else _core.Rollback.SHORTEST)
-    want = ref.dacp(lengths_, ref.RefCost.of(cost), cp, bucket, worst_fit, longest)
+                   _core.Rollback.LONGEST if longest else _core.Rollback.SHORTEST, refine)
+    want = ref.dacp(lengths_, ref.RefCost.of(cost), cp, bucket, worst_fit, longest, refine)
+    assert r.moves == want.moves
     assert (r.status == _core.Status.OK) == want.ok
     assert list(r.cp_rank) == want.cp_rank
     assert list(r.rank_tokens) == want.rank_tokens

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "skrull/cost_model.hpp"
+#include "skrull/refine.hpp"
 #include "skrull/types.hpp"
 #include "skrull/workspace.hpp"
 
@@ -100,9 +101,13 @@ inline DacpResult evaluate_placement(const std::vector<int64_t>& lengths, const 
 // and the sequence is tried again. Each roll-back turns one local sequence
 // into a distributed one for good, so there are at most n of them.
 //
+// With `refine`, a feasible placement is then improved by refine_placement
+// (refine.hpp); `moves` counts its moves.
+//
 // Returns kUnschedulable (placement partial) when memory cannot hold it.
 inline Status dacp_into(const int64_t* lengths, size_t n, const CostModel& cost, int32_t cp, int64_t bucket,
-                        Placement placement, Rollback rollback, Workspace& ws, int32_t* cp_rank, int32_t& rollbacks) {
+                        Placement placement, Rollback rollback, bool refine, Workspace& ws, int32_t* cp_rank,
+                        int32_t& rollbacks, int32_t& moves) {
   std::fill(cp_rank, cp_rank + n, kDistributed);
   ws.room.assign(cp, bucket);
   ws.load.assign(cp, 0.0);
@@ -168,16 +173,17 @@ inline Status dacp_into(const int64_t* lengths, size_t n, const CostModel& cost,
       ++rollbacks;
     }
   }
+  if (refine) moves += refine_placement(lengths, n, cost, cp, bucket, order, ws, cp_rank);
   return Status::kOk;
 }
 
 inline DacpResult dacp(const std::vector<int64_t>& lengths, const CostModel& cost, int32_t cp, int64_t bucket,
-                       Placement placement, Rollback rollback) {
+                       Placement placement, Rollback rollback, bool refine = false) {
   Workspace ws;
   DacpResult r;
   r.cp_rank.resize(lengths.size());
-  r.status = dacp_into(lengths.data(), lengths.size(), cost, cp, bucket, placement, rollback, ws, r.cp_rank.data(),
-                       r.rollbacks);
+  r.status = dacp_into(lengths.data(), lengths.size(), cost, cp, bucket, placement, rollback, refine, ws,
+                       r.cp_rank.data(), r.rollbacks, r.moves);
   score_placement(lengths.data(), lengths.size(), cost, cp, r);
   return r;
 }

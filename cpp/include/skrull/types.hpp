@@ -59,7 +59,8 @@ struct Options {
   Placement placement = Placement::kLeastLoad;
   Rollback rollback = Rollback::kLongest;
   MicroBatchCount micro_batch_count = MicroBatchCount::kSmallestFeasible;
-  int32_t max_extra_micro_batches = 4;  // kPredictedTime search window
+  int32_t max_extra_micro_batches = 1;  // kPredictedTime search window
+  bool refine = false;                  // time-driven local search after DACP (refine.hpp)
   Overlength overlength = Overlength::kError;
 };
 
@@ -72,6 +73,7 @@ struct DacpResult {
   double comm_bytes = 0.0;            // K/V bytes exchanged per layer
   double time_us = 0.0;               // predicted fwd+bwd time, all layers
   int32_t rollbacks = 0;
+  int32_t moves = 0;                  // refinement moves (refine.hpp)
 };
 
 struct MicroBatch {
@@ -96,6 +98,7 @@ struct Schedule {
   std::vector<int32_t> dropped;    // indices removed by Overlength::kDrop
   std::vector<int32_t> truncated;  // indices shortened by Overlength::kTruncate
   int32_t rollbacks = 0;
+  int32_t moves = 0;
   double elapsed_us = 0.0;         // wall time of the scheduler call
 };
 

@@ -1,0 +1,120 @@
+// Time-driven refinement of a DACP placement (this project's addition).
+//
+// Algorithm 1 balances memory first: a sequence long enough for attention's
+// quadratic term to dominate, yet short enough to fit one rank, stays local
+// and makes that rank the micro-batch's bottleneck while the others idle.
+// Sharding it costs K/V traffic that the other ranks' local work hides, and
+// moving it to a lighter rank costs nothing. This local search takes, on the
+// bottleneck rank, the longest local sequence whose move or sharding lowers
+// the predicted time (the better of the two), applies it, and repeats; it
+// stops when no such sequence exists or after n moves. Memory stays within
+// the bucket on every rank.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "skrull/cost_model.hpp"
+#include "skrull/types.hpp"
+#include "skrull/workspace.hpp"
+
+namespace skrull {
+
+// Refines cp_rank (a feasible placement of n sequences, caller's order) in
+// place. `order` lists the sequences ascending by length (ties by index).
+// Returns the number of moves made.
+inline int32_t refine_placement(const int64_t* lengths, size_t n, const CostModel& cost, int32_t cp, int64_t bucket,
+                                const std::vector<int32_t>& order, Workspace& ws, int32_t* cp_rank) {
+  if (cp <= 1 || n == 0) return 0;
+  std::vector<int64_t>& room = ws.room;
+  std::vector<double>& local = ws.load;  // local FLOPs per rank
+  room.assign(cp, bucket);
+  local.assign(cp, 0.0);
+  double dist = 0.0;
+  double bytes = 0.0;
+  for (size_t i = 0; i < n; ++i) {
+    if (cp_rank[i] == kDistributed) {
+      const int64_t shard = shard_tokens(lengths[i], cp);
+      for (int32_t j = 0; j < cp; ++j) room[j] -= shard;
+      dist += cost.flops(lengths[i]) / cp;
+      bytes += cost.kv_bytes(shard * cp);
+    } else {
+      room[cp_rank[i]] -= lengths[i];
+      local[cp_rank[i]] += cost.flops(lengths[i]);
+    }
+  }
+  int32_t moves = 0;
+  double current = cost.micro_batch_us(local, dist, bytes);
+  // Time of the micro-batch when the largest local FLOPs is `top`:
+  // micro_batch_us's max over ranks is reached at the rank with the most
+  // local FLOPs (rounding is monotone), so this equals it bit for bit.
+  auto time_with = [&](double top, double dist_f, double comm_bytes) {
+    return cost.shape.layers * (std::max(cost.comm_us(comm_bytes), cost.comp_us(top)) + cost.comp_us(dist_f));
+  };
+  while (moves < static_cast<int32_t>(n)) {
+    // The bottleneck: the rank whose local work is longest. If the exchange
+    // outlasts it, more sharding or moving cannot help.
+    int32_t b = 0;
+    for (int32_t j = 1; j < cp; ++j)
+      if (local[j] > local[b]) b = j;
+    if (cost.comp_us(local[b]) <= cost.comm_us(bytes)) break;
+    int32_t lightest = b == 0 ? 1 : 0;
+    for (int32_t j = 0; j < cp; ++j)
+      if (j != b && local[j] < local[lightest]) lightest = j;
+    double second = 0.0, third = 0.0;  // largest local FLOPs besides b; besides b and lightest
+    for (int32_t j = 0; j < cp; ++j) {
+      if (j == b) continue;
+      second = std::max(second, local[j]);
+      if (j != lightest) third = std::max(third, local[j]);
+    }
+
+    bool moved = false;
+    for (size_t c = n; c-- > 0 && !moved;) {
+      const int32_t x = order[c];
+      if (cp_rank[x] != b) continue;
+      const int64_t s = lengths[x];
+      const double f = cost.flops(s);
+      double best = current;
+      int32_t to = b;  // b = no move
+      // Move it whole to the lightest rank.
+      if (room[lightest] >= s) {
+        const double t = time_with(std::max({local[b] - f, local[lightest] + f, third}), dist, bytes);
+        if (t < best) {
+          best = t;
+          to = lightest;
+        }
+      }
+      // Shard it over the group.
+      const int64_t shard = shard_tokens(s, cp);
+      bool fits = room[b] + s >= shard;
+      for (int32_t j = 0; j < cp && fits; ++j) fits = j == b || room[j] >= shard;
+      if (fits) {
+        const double t = time_with(std::max(local[b] - f, second), dist + f / cp, bytes + cost.kv_bytes(shard * cp));
+        if (t < best) {
+          best = t;
+          to = kDistributed;
+        }
+      }
+      if (to == b) continue;
+      local[b] -= f;
+      room[b] += s;
+      if (to == kDistributed) {
+        for (int32_t j = 0; j < cp; ++j) room[j] -= shard;
+        dist += f / cp;
+        bytes += cost.kv_bytes(shard * cp);
+      } else {
+        local[to] += f;
+        room[to] -= s;
+      }
+      cp_rank[x] = to;
+      current = best;
+      ++moves;
+      moved = true;
+    }
+    if (!moved) break;
+  }
+  return moves;
+}
+
+}  // namespace skrull
