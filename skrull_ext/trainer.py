@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
+from torchtitan.components.dataloader import DataloaderExhaustedError
 from torchtitan.config.override import derive
 from torchtitan.distributed import utils as dist_utils
 from torchtitan.models.common.attention import GQAttention
@@ -91,7 +92,10 @@ class SkrullTrainer(Trainer):
         it = iter(data_iterable)
         while True:
             start = time.perf_counter()
-            step = next(it)
+            try:
+                step = next(it)
+            except StopIteration as ex:  # as torchtitan: the unfinished step is dropped
+                raise DataloaderExhaustedError() from ex
             self.metrics_processor.ntokens_since_last_log += step.num_tokens
             self.metrics_processor.data_loading_times.append(time.perf_counter() - start)
             yield step
