@@ -7,10 +7,11 @@ makes a Skrull run comparable token for token with a torchtitan run.
 
 from dataclasses import dataclass
 
+import numpy as np
 from torchtitan.components.dataloader import BaseDataLoader
 from torchtitan.components.tokenizer import BaseTokenizer
 
-from skrull_ext.datasets.length_dist import load_lengths
+from skrull_ext import lengths as shipped_lengths
 from skrull_ext.datasets.synthetic import SyntheticSequences
 
 
@@ -20,8 +21,8 @@ class SyntheticDataLoaderBase(BaseDataLoader):
     @dataclass(kw_only=True, slots=True)
     class Config(BaseDataLoader.Config):
         dataset: str = "synthetic"
-        lengths: str = "sharegpt_qwen"
-        """Shipped length distribution (see datasets/length_dist.py) or a file path."""
+        lengths: str = "sharegpt_v3_conversations.qwen"
+        """A shipped length distribution (skrull_ext/lengths, README there) or a file path."""
         length_scale: float = 1.0
         """Divide drawn lengths by this; keeps the distribution's shape smaller."""
         min_len: int = 2
@@ -45,7 +46,7 @@ class SyntheticDataLoaderBase(BaseDataLoader):
                 raise ValueError("dataloader.vocab_size is unset and there is no tokenizer")
             vocab = tokenizer.get_vocab_size()
         self.source = SyntheticSequences(
-            lengths=load_lengths(config.lengths),
+            lengths=np.asarray(shipped_lengths.load(config.lengths), dtype=np.int64),
             vocab_size=vocab,
             seed=config.seed,
             length_scale=config.length_scale,
