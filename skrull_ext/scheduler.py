@@ -78,6 +78,10 @@ class Scheduler:
         c = self.config
         policy = POLICIES[c.policy]
         r = _core.dacp(lengths, self.cost_model, c.cp, c.bucket_size, policy.placement, policy.rollback)
+        if policy.dacp_search == _core.DacpSearch.SHARD_SWEEP and c.cp > 1:
+            s = _core.dacp_sweep(lengths, self.cost_model, c.cp, c.bucket_size)
+            if s.status == _core.Status.OK and (r.status != _core.Status.OK or s.time_us < r.time_us):
+                r = s
         ok = r.status == _core.Status.OK
         if ok and not (c.uses_cpsat and c.cp > 1):
             return r, "heuristic"

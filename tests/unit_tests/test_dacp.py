@@ -89,3 +89,28 @@ def test_comm_hidden_behind_local_work(make_toy):
 def test_empty_micro_batch(toy):
     r = run([], toy, 4, 10)
     assert r.status == Status.OK and list(r.cp_rank) == [] and r.time_us == 0.0
+
+
+def test_shard_sweep_shards_the_straggler(toy):
+    # Algorithm 1 keeps 12 whole: ranks [2+2, 2+12] -> 64+864 = 928.
+    assert run([2, 2, 2, 12], toy, 2, 20).time_us == 928
+    # Sweep (free comm): k=0 LPT 864; k=1 shard 12: 128 + 432 = 560;
+    # k=2 also shard the first 2: 64 + 464 = 528; k=3: 64 + 496 = 560;
+    # k=4: the sharded part alone is 528, not better -> stop.
+    r = _core.dacp_sweep([2, 2, 2, 12], toy, 2, 20)
+    assert r.status == Status.OK
+    assert list(r.cp_rank) == [D, 0, 1, D]
+    assert r.time_us == 528
+    assert list(r.rank_tokens) == [2 + 2 + 6, 2 + 2 + 6]
+    assert r.rollbacks == 0
+
+
+def test_shard_sweep_keeps_local_when_comm_is_dear(make_toy):
+    # Exchange costs 1000: sharding 12 costs 1000 + 432 > 864 of keeping it whole.
+    r = _core.dacp_sweep([2, 2, 2, 12], make_toy(comm_us=1000.0), 2, 20)
+    assert list(r.cp_rank) == [1, 1, 1, 0] and r.time_us == 864
+
+
+def test_shard_sweep_unschedulable(toy):
+    r = _core.dacp_sweep([9, 9, 9], toy, 2, 10)
+    assert r.status == Status.UNSCHEDULABLE

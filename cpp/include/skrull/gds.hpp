@@ -10,6 +10,7 @@
 
 #include "skrull/cost_model.hpp"
 #include "skrull/dacp.hpp"
+#include "skrull/dacp_sweep.hpp"
 #include "skrull/types.hpp"
 
 namespace skrull {
@@ -44,7 +45,7 @@ struct MicroBatchSplit {
 
 // Strided split of `sorted` (ascending length) into m groups, group j =
 // sorted[j::m], which pairs long with short. Infeasible when a group holds
-// more than cp * bucket tokens or DACP cannot place it.
+// more than cp * bucket tokens or DACP (dacp_for) cannot place it.
 inline MicroBatchSplit split_strided(const std::vector<int64_t>& lengths, const std::vector<int32_t>& sorted,
                                      int32_t m, const CostModel& cost, const Options& opt) {
   MicroBatchSplit out;
@@ -62,7 +63,7 @@ inline MicroBatchSplit split_strided(const std::vector<int64_t>& lengths, const 
   for (int32_t j = 0; j < m; ++j) {
     group_lengths.clear();
     for (int32_t k : out.groups[j]) group_lengths.push_back(lengths[k]);
-    DacpResult r = dacp(group_lengths, cost, opt.cp, opt.bucket_size, opt.placement, opt.rollback);
+    DacpResult r = dacp_for(group_lengths, cost, opt);
     if (r.status != Status::kOk) return out;
     out.time_us += r.time_us;
     out.dacp.push_back(std::move(r));
