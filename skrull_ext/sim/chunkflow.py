@@ -45,11 +45,15 @@ def split_pieces(lengths: Sequence[int], chunk: int) -> list[tuple[int, int, int
 def _chunk_micro_batch(cost: CostModel, shape: Shape, pieces: list[tuple[int, int, int]], ids: list[int],
                        d: int, j: int) -> MicroBatchPlan:
     lens = [pieces[i][2] for i in ids]
-    scored = _core.evaluate_placement(lens, [DISTRIBUTED] * len(ids), cost, shape.cp, shape.bucket_size)
+    where = DISTRIBUTED if shape.cp > 1 else 0  # CP = 1: one rank, nothing exchanged
+    scored = _core.evaluate_placement(lens, [where] * len(ids), cost, shape.cp, shape.bucket_size)
     # A chunk's FLOPs include attention to its prefix: flops(end) - flops(start).
-    dist_flops = sum(cost.flops(pieces[i][1] + pieces[i][2]) - cost.flops(pieces[i][1]) for i in ids) / shape.cp
-    time_us = cost.micro_batch_us([0.0] * shape.cp, dist_flops, scored.comm_bytes)
-    return MicroBatchPlan(dp_rank=d, index=j, seqs=list(ids), lengths=lens, cp_rank=[DISTRIBUTED] * len(ids),
+    flops = sum(cost.flops(pieces[i][1] + pieces[i][2]) - cost.flops(pieces[i][1]) for i in ids)
+    if shape.cp > 1:
+        time_us = cost.micro_batch_us([0.0] * shape.cp, flops / shape.cp, scored.comm_bytes)
+    else:
+        time_us = cost.micro_batch_us([flops], 0.0, 0.0)
+    return MicroBatchPlan(dp_rank=d, index=j, seqs=list(ids), lengths=lens, cp_rank=[where] * len(ids),
                           rank_tokens=list(scored.rank_tokens), comm_bytes=scored.comm_bytes, time_us=time_us,
                           rollbacks=0)
 

@@ -101,9 +101,13 @@ def build_plan(lengths: Sequence[int], ranks: list[list[MicroBatchPlan]], shape:
 
 def all_sharded_plan(lengths: Sequence[int], groups_per_rank: list[list[list[int]]], cost: CostModel, shape: Shape,
                      started: float) -> Plan:
-    """Plan in which every sequence is sharded over its CP group (no local sequences, no overlap)."""
+    """Plan in which every sequence is sharded over its CP group (no local sequences, no overlap).
+
+    With CP = 1 there is nothing to shard over: sequences sit on the one rank and exchange nothing.
+    """
+    where = DISTRIBUTED if shape.cp > 1 else 0
     ranks = [
-        [micro_batch(cost, shape, d, j, g, lengths, [DISTRIBUTED] * len(g)) for j, g in enumerate(groups)]
+        [micro_batch(cost, shape, d, j, g, lengths, [where] * len(g)) for j, g in enumerate(groups)]
         for d, groups in enumerate(groups_per_rank)
     ]
     return build_plan(lengths, ranks, shape, started)

@@ -10,6 +10,9 @@ iteration time. All times come from the core's cost model.
   DistributedSampler split), packs them in arrival order into
   micro-batches up to the token budget, and shards every sequence over the
   CP group (its communication is not hidden behind local work).
+- unpacked: every sequence its own micro-batch, sharded (DeepSpeed-style
+  micro-batch size 1 with gradient accumulation; one reading of the
+  paper's DeepSpeed baseline, which it does not spell out).
 - sorted: LongAlign's sorted batching. It regroups samples *across* global
   batches: sort the whole simulated window by length, cut it into
   consecutive global batches, shuffle their order; then each runs like
@@ -18,6 +21,7 @@ iteration time. All times come from the core's cost model.
 - worstfit, skrull-paper, skrull: the core's policies (skrull_ext.config).
 - chunkflow: fixed-size chunks (skrull_ext/sim/chunkflow.py).
 - bound: skrull_ext/sim/bound.py.
+- sorted+skrull (not run by default): sorted's regrouping, then skrull.
 """
 
 from __future__ import annotations
@@ -60,6 +64,12 @@ def baseline(lengths: Sequence[int], cost: CostModel, shape: Shape, seed: int) -
     return all_sharded_plan(lengths, groups_per_rank, cost, shape, started)
 
 
+def unpacked(lengths: Sequence[int], cost: CostModel, shape: Shape, seed: int) -> Plan:
+    started = time.perf_counter()
+    groups_per_rank = [[[k] for k in range(d, len(lengths), shape.dp)] for d in range(shape.dp)]
+    return all_sharded_plan(lengths, groups_per_rank, cost, shape, started)
+
+
 def sort_window(batches: list[list[int]], seed: int) -> list[list[int]]:
     """LongAlign regrouping: all samples of the window sorted, cut into batches of the same sizes, shuffled."""
     flat = sorted(s for b in batches for s in b)
@@ -93,14 +103,20 @@ POLICIES: dict[str, SimPolicy] = {
     p.name: p
     for p in (
         SimPolicy("baseline", baseline, "arrival order, packed to the token budget, every sequence sharded"),
+        SimPolicy("unpacked", unpacked, "one sequence per micro-batch, sharded (DeepSpeed micro-batch size 1)"),
         SimPolicy("sorted", baseline, "LongAlign sorted batching across the run, then as baseline", sort_window),
         SimPolicy("worstfit", core_policy("worstfit"), "paper's Algorithm 4 (worst-fit DACP) + Algorithm 2"),
         SimPolicy("chunkflow", chunkflow_policy, "ChunkFlow-style fixed-size chunks, sharded, LPT over DP"),
         SimPolicy("skrull-paper", core_policy("skrull-paper"), "paper's Algorithms 1+2, roll-back corrected"),
         SimPolicy("skrull", core_policy("skrull"), "this project's scheduler (skrull_ext.config 'skrull')"),
         SimPolicy("bound", bound_policy, "lower bound on the iteration time"),
+        SimPolicy("sorted+skrull", core_policy("skrull"), "LongAlign regrouping, then skrull in each batch",
+                  sort_window),
     )
 }
+
+DEFAULT = [name for name in POLICIES if name != "sorted+skrull"]
+"""What the benchmark runs unless told: the issue's seven plus unpacked."""
 
 
 def get(name: str) -> SimPolicy:

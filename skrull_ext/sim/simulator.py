@@ -31,6 +31,10 @@ class Scenario:
     capacity: int | None = None
     """Tokens a rank really holds, for the overflow check; None = BucketSize."""
 
+    def __post_init__(self) -> None:
+        if self.capacity is not None and (not isinstance(self.capacity, int) or self.capacity < 1):
+            raise ValueError(f"capacity must be a positive integer, got {self.capacity!r}")
+
     @property
     def key(self) -> str:
         s = self.shape
