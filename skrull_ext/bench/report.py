@@ -60,6 +60,7 @@ def cell_rows(results: Sequence[ScenarioResult]) -> list[dict]:
                     "overflow_micro_batches": sum(m.overflow for m in ms),
                     "overflow_iterations": sum(m.overflow > 0 for m in ms),
                     "max_micro_batches": max(m.micro_batches for m in ms),
+                    "dp_imbalance": statistics.fmean(m.dp_imbalance for m in ms),
                     "scheduler_ms": statistics.fmean(m.scheduler_us for m in ms) / 1e3,
                 })
                 for ref in REFERENCES:
@@ -163,7 +164,8 @@ def detail_markdown(results: Sequence[ScenarioResult]) -> str:
             ("speedup_vs_baseline", "vs baseline", ".2f"), ("gap_to_bound", "gap to bound", ".1%"),
             ("peak_tokens", "peak tokens", "d"), ("mean_peak_share", "mean peak / C", ".0%"),
             ("comm_gb_per_iter", "comm GB/iter", ".2f"), ("overflow_micro_batches", "overflow mbs", "d"),
-            ("max_micro_batches", "max mbs", "d"), ("scheduler_ms", "sched ms", ".1f")]
+            ("max_micro_batches", "max mbs", "d"), ("dp_imbalance", "DP imbalance", ".3f"),
+            ("scheduler_ms", "sched ms", ".1f")]
     lines = ["| " + " | ".join(c[1] for c in cols) + " |", "|" + "---|" * len(cols)]
     for row in cell_rows(results):
         lines.append("| " + " | ".join(_fmt(row.get(k), f) if k in row else "-" for k, _, f in cols) + " |")

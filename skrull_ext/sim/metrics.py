@@ -25,6 +25,8 @@ class IterationMetrics:
     """Micro-batches in which some rank would hold more than the capacity (would run out of memory)."""
     micro_batches: int = 0
     """Most micro-batches of any DP rank."""
+    dp_imbalance: float = 1.0
+    """Slowest DP rank over the mean DP rank (1.0 = balanced): what a better DP split could win."""
     scheduler_us: float = 0.0
     """Wall time to make the plan (core + CP-SAT fallback, or Python for the baselines)."""
 
@@ -54,5 +56,6 @@ def of_plan(plan: Plan, cost: CostModel, capacity: int, bound_us: float) -> Iter
         comm_bytes=comm,
         overflow=overflow,
         micro_batches=plan.num_micro_batches,
+        dp_imbalance=plan.summary()["dp_imbalance"],
         scheduler_us=plan.scheduler_us + plan.fallback_us,
     )
