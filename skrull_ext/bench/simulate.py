@@ -39,7 +39,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--dp", type=int, help="DP ranks (default: the paper's setting per cell)")
     p.add_argument("--cp", type=int, help="CP ranks per group (default: the paper's setting per cell)")
     p.add_argument("--batch-size", type=int, help="sequences per DP rank per step (default: paper's)")
-    p.add_argument("--bucket-size", type=int, help="BucketSize, tokens per rank (default: 26K for 0.5B, 13K for 7B)")
+    p.add_argument("--bucket-size", type=int,
+                   help="BucketSize, tokens per rank (default: the profile's [memory] bucket_size if it has one, "
+                        "else the paper's 26K for 0.5B, 13K for 7B)")
     p.add_argument("--capacity", type=int, help="tokens a rank really holds, for the overflow count (default: BucketSize)")
     p.add_argument("--policies", type=_csv, default=list(sim_policies.DEFAULT),
                    help=f"comma list from {list(sim_policies.POLICIES)} (default: all but sorted+skrull)")
@@ -66,8 +68,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         for p in policies:
             sim_policies.get(p)
         profile = hardware.load_profile(args.profile)
+        bucket = args.bucket_size if args.bucket_size is not None else hardware.bucket_size(profile)
         cells = scenarios.grid(args.datasets or scenarios.SUITES[args.suite], args.models, dp=args.dp, cp=args.cp,
-                               batch_size=args.batch_size, bucket_size=args.bucket_size, capacity=args.capacity)
+                               batch_size=args.batch_size, bucket_size=bucket, capacity=args.capacity)
         for cell in cells:
             hardware.cost_model(profile, cell.model)
     except ValueError as e:

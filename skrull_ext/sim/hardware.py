@@ -33,6 +33,21 @@ def load_profile(path: str | Path | None = None) -> dict[str, Any]:
     return profile
 
 
+def bucket_size(profile: dict[str, Any]) -> int | None:
+    """BucketSize from the profile's [memory] section (a measured profile has one), else None.
+
+    The assumed H100 file has none: BucketSize depends on the model, and the
+    paper's values per model live in skrull_ext/sim/scenarios.py.
+    """
+    value = profile.get("memory", {}).get("bucket_size")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{profile.get('meta', {}).get('path', 'profile')}: memory.bucket_size must be a "
+                         f"positive integer, got {value!r}")
+    return value
+
+
 def label(profile: dict[str, Any]) -> str:
     """Short provenance string for tables and plots, e.g. 'assumed: h100_assumed.toml'."""
     meta = profile.get("meta", {})

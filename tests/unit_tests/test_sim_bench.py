@@ -6,6 +6,7 @@ import pytest
 
 from skrull_ext.bench import __main__ as bench
 from skrull_ext.bench import simulate
+from skrull_ext.sim import hardware
 
 
 def test_simulate_writes_table_json_and_plots(tmp_path, capsys):
@@ -34,6 +35,19 @@ def test_shape_options_override_the_paper_settings(tmp_path):
     data = json.loads((out / "results.json").read_text())
     assert {c["shape"] for c in data["cells"]} == {"1x4x8, C=8192"}
     assert not (out / "speedup.png").exists()
+
+
+def test_profile_bucket_size_is_the_default(tmp_path):
+    prof = tmp_path / "measured.toml"
+    text = (hardware.DEFAULT_PROFILE.read_text().replace('source = "assumed"', 'source = "measured"')
+            + "\n[memory]\nbucket_size = 8192\n")
+    prof.write_text(text)
+    out = tmp_path / "sim"
+    simulate.main(["--datasets", "wikipedia", "--models", "qwen2.5-0.5b", "--iterations", "1", "--profile", str(prof),
+                   "--policies", "skrull", "--out", str(out), "--no-plots", "--quiet"])
+    data = json.loads((out / "results.json").read_text())
+    assert {c["shape"] for c in data["cells"]} == {"4x8x64, C=8192"}
+    assert data["meta"]["profile"] == "measured: measured.toml"
 
 
 def test_command_registry(capsys):
