@@ -27,6 +27,10 @@ class MicroBatchCount(Enum):
     SMALLEST_FEASIBLE = 0
     PREDICTED_TIME = 1
 
+class DacpSearch(Enum):
+    HEURISTIC = 0
+    SHARD_SWEEP = 1
+
 class Overlength(Enum):
     ERROR = 0
     TRUNCATE = 1
@@ -70,6 +74,7 @@ class Options:
     placement: Placement
     rollback: Rollback
     micro_batch_count: MicroBatchCount
+    dacp_search: DacpSearch
     max_extra_micro_batches: int
     refine: bool
     overlength: Overlength
@@ -109,6 +114,8 @@ class Schedule:
 def schedule(lengths: Sequence[int], cost_model: CostModel, options: Options) -> Schedule: ...
 def dacp(lengths: Sequence[int], cost_model: CostModel, cp: int, bucket_size: int,
          placement: Placement = ..., rollback: Rollback = ..., refine: bool = False) -> DacpResult: ...
+def dacp_sweep(lengths: Sequence[int], cost_model: CostModel, cp: int, bucket_size: int) -> DacpResult: ...
+def dacp_for(lengths: Sequence[int], cost_model: CostModel, options: Options) -> DacpResult: ...
 def evaluate_placement(lengths: Sequence[int], cp_rank: Sequence[int], cost_model: CostModel, cp: int,
                        bucket_size: int) -> DacpResult: ...
 def shard_tokens(length: int, cp: int) -> int: ...

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from skrull_ext import _core
-from skrull_ext._core import MicroBatchCount, Overlength, Placement, Rollback
+from skrull_ext._core import DacpSearch, MicroBatchCount, Overlength, Placement, Rollback
 
 
 @dataclass(frozen=True)
@@ -22,16 +22,18 @@ class Policy:
     refine: bool  # time-driven local search after DACP (cpp/include/skrull/refine.hpp)
     fallback: bool  # CP-SAT may replace a micro-batch's placement
     description: str
+    dacp_search: DacpSearch = DacpSearch.HEURISTIC  # SHARD_SWEEP: also try sharding the k longest
 
 
 POLICIES: dict[str, Policy] = {
-    # This project's best: Algorithm 1 with longest-first roll-back, then a
-    # time-driven refinement, the micro-batch count chosen by predicted
-    # time, CP-SAT where it pays.
+    # This project's best: Algorithm 1 with longest-first roll-back plus a
+    # time-driven refinement, or the shard sweep, whichever predicts faster;
+    # the micro-batch count chosen by predicted time; CP-SAT where it pays.
     "skrull": Policy(
         Placement.LEAST_LOAD, Rollback.LONGEST, MicroBatchCount.PREDICTED_TIME, True, True,
-        "least-load DACP + time-driven refinement, longest-first roll-back, micro-batch count by predicted time, "
-        "CP-SAT fallback",
+        "least-load DACP + refinement or shard sweep, longest-first roll-back, micro-batch count by predicted "
+        "time, CP-SAT fallback",
+        DacpSearch.SHARD_SWEEP,
     ),
     # Algorithms 1 + 2 as published, with the roll-back's accounting fixed.
     "skrull-paper": Policy(
@@ -107,6 +109,7 @@ class SchedulerConfig:
         opt.rollback = policy.rollback
         opt.micro_batch_count = policy.micro_batch_count
         opt.refine = policy.refine
+        opt.dacp_search = policy.dacp_search
         opt.max_extra_micro_batches = self.max_extra_micro_batches
         opt.overlength = OVERLENGTH[self.overlength]
         return opt

@@ -7,6 +7,7 @@
 
 #include "skrull/cost_model.hpp"
 #include "skrull/dacp.hpp"
+#include "skrull/dacp_sweep.hpp"
 #include "skrull/scheduler.hpp"
 #include "skrull/types.hpp"
 
@@ -45,6 +46,9 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
   py::enum_<MicroBatchCount>(m, "MicroBatchCount")
       .value("SMALLEST_FEASIBLE", MicroBatchCount::kSmallestFeasible)
       .value("PREDICTED_TIME", MicroBatchCount::kPredictedTime);
+  py::enum_<DacpSearch>(m, "DacpSearch")
+      .value("HEURISTIC", DacpSearch::kHeuristic)
+      .value("SHARD_SWEEP", DacpSearch::kShardSweep);
   py::enum_<Overlength>(m, "Overlength")
       .value("ERROR", Overlength::kError)
       .value("TRUNCATE", Overlength::kTruncate)
@@ -116,6 +120,7 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
       .def_readwrite("placement", &Options::placement)
       .def_readwrite("rollback", &Options::rollback)
       .def_readwrite("micro_batch_count", &Options::micro_batch_count)
+      .def_readwrite("dacp_search", &Options::dacp_search)
       .def_readwrite("max_extra_micro_batches", &Options::max_extra_micro_batches)
       .def_readwrite("refine", &Options::refine)
       .def_readwrite("overlength", &Options::overlength);
@@ -178,6 +183,30 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
       py::arg("placement") = Placement::kLeastLoad, py::arg("rollback") = Rollback::kLongest,
       py::arg("refine") = false,
       "DACP placement of one micro-batch; status UNSCHEDULABLE when memory cannot hold it.");
+
+  m.def(
+      "dacp_sweep",
+      [](const std::vector<int64_t>& lengths, const CostModel& cost, int32_t cp, int64_t bucket_size) {
+        check_micro_batch_args(lengths, cp, bucket_size);
+        py::gil_scoped_release release;
+        return dacp_sweep(lengths, cost, cp, bucket_size);
+      },
+      py::arg("lengths"), py::arg("cost_model"), py::arg("cp"), py::arg("bucket_size"),
+      "DACP by sweeping how many of the longest sequences to shard; fastest predicted placement.");
+
+  m.def(
+      "dacp_for",
+      [](const std::vector<int64_t>& lengths, const CostModel& cost, const Options& options) {
+        check_micro_batch_args(lengths, options.cp, options.bucket_size);
+        validate_options(options);
+        const Options opt = options;
+        const CostModel c = cost;
+        py::gil_scoped_release release;
+        return dacp_for(lengths, c, opt);
+      },
+      py::arg("lengths"), py::arg("cost_model"), py::arg("options"),
+      "The placement GDS would choose for one micro-batch under these options (Algorithm 1/4, refinement, "
+      "shard sweep).");
 
   m.def(
       "evaluate_placement",

@@ -78,7 +78,8 @@ def run_setting(s: Setting, args, pool: list[int]) -> dict:
             ref.schedule(b, rcost, s.dp, s.cp, s.bucket_size, worst_fit=p.placement == _core.Placement.WORST_FIT,
                          longest_rollback=p.rollback == _core.Rollback.LONGEST,
                          predicted_time=p.micro_batch_count == _core.MicroBatchCount.PREDICTED_TIME,
-                         max_extra=cfg.max_extra_micro_batches, overlength="truncate", refine_=p.refine)
+                         max_extra=cfg.max_extra_micro_batches, overlength="truncate", refine_=p.refine,
+                         sweep=p.dacp_search == _core.DacpSearch.SHARD_SWEEP)
             py.append((time.perf_counter_ns() - t0) / 1e3)
         facade = []
         fb_cfg = SchedulerConfig(dp=s.dp, cp=s.cp, bucket_size=s.bucket_size, policy=policy, overlength="truncate")

@@ -12,6 +12,7 @@
 
 #include "skrull/cost_model.hpp"
 #include "skrull/dacp.hpp"
+#include "skrull/dacp_sweep.hpp"
 #include "skrull/types.hpp"
 #include "skrull/workspace.hpp"
 
@@ -84,7 +85,8 @@ struct MicroBatchSplit {
 };
 
 // Strided split, which pairs long with short. Infeasible when a group holds
-// more than cp * bucket tokens or DACP cannot place it.
+// more than cp * bucket tokens or no DACP placement (dacp_into, and the
+// shard sweep when the options ask for it) fits it.
 inline void split_strided(const std::vector<int64_t>& lengths, const std::vector<int32_t>& sorted, int32_t m,
                           const CostModel& cost, const Options& opt, Workspace& ws, MicroBatchSplit& out) {
   out.feasible = false;
@@ -100,16 +102,16 @@ inline void split_strided(const std::vector<int64_t>& lengths, const std::vector
     for (size_t i = j; i < n; i += m) tokens += lengths[sorted[i]];
     if (tokens > capacity) return;
   }
-  double comm_bytes = 0.0;
   for (int32_t j = 0; j < m; ++j) {
     ws.lengths.clear();
     for (size_t i = j; i < n; i += m) ws.lengths.push_back(lengths[sorted[i]]);
     const size_t g = ws.lengths.size();
     ws.placement.resize(g);
-    if (dacp_into(ws.lengths.data(), g, cost, opt.cp, opt.bucket_size, opt.placement, opt.rollback, opt.refine, ws,
-                  ws.placement.data(), out.rollbacks[j], out.moves[j]) != Status::kOk)
+    double time = 0.0;
+    if (dacp_for_into(ws.lengths.data(), g, cost, opt, ws, ws.placement.data(), out.rollbacks[j], out.moves[j],
+                      time) != Status::kOk)
       return;
-    out.time_us += score_into(ws.lengths.data(), ws.placement.data(), g, cost, opt.cp, ws.tokens, ws.flops, comm_bytes);
+    out.time_us += time;
     for (size_t i = j, q = 0; i < n; i += m, ++q) out.placement[i] = ws.placement[q];
   }
   out.feasible = true;
