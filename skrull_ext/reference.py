@@ -286,11 +286,31 @@ def dacp_sweep(lengths: list[int], cost: RefCost, n: int, bucket: int) -> RefDac
     return RefDacp(True, best[0], best[2], best[1], 0)
 
 
+def lower_bound(lengths: list[int], cost: RefCost, n: int) -> float:
+    """CostModel::micro_batch_lower_bound_us."""
+    total = 0.0
+    longest = 0
+    for s in lengths:
+        total += cost.flops(s)
+        longest = max(longest, s)
+    if total <= 0.0:
+        return 0.0
+    bound = cost.a * total / n + cost.b
+    monotone = cost.floor <= cost.ys[0] if cost.threshold > 0.0 else True
+    monotone = monotone and all(b >= a for a, b in zip(cost.ys, cost.ys[1:]))
+    if monotone and n > 1:
+        f = cost.flops(longest)
+        as_local = cost.comp(f)
+        as_dist = cost.per_layer * cost.collective(cost.kv_bytes(longest)) + cost.comp(f / n)
+        bound = max(bound, min(as_local, as_dist))
+    return cost.layers * bound
+
+
 def dacp_for(lengths: list[int], cost: RefCost, n: int, bucket: int, worst_fit: bool, longest_rollback: bool,
-             sweep: bool, refine_: bool = False) -> RefDacp:
+             sweep: bool, refine_: bool = False, sweep_margin: float = 0.01) -> RefDacp:
     """Algorithm 1 (or 4, refined), and with `sweep` also dacp_sweep, the faster kept (dacp_sweep.hpp dacp_for)."""
     r = dacp(lengths, cost, n, bucket, worst_fit, longest_rollback, refine_)
-    if sweep and n > 1:
+    if sweep and n > 1 and (not r.ok or r.time_us > (1.0 + sweep_margin) * lower_bound(lengths, cost, n)):
         s = dacp_sweep(lengths, cost, n, bucket)
         if s.ok and (not r.ok or s.time_us < r.time_us):
             r = s

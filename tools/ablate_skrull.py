@@ -26,6 +26,8 @@ from skrull_ext.sim import policies as sim_policies
 BASE = config.POLICIES["skrull"]
 VARIANTS = {
     "no sweep": replace(BASE, dacp_search=_core.DacpSearch.HEURISTIC),
+    "no refine": replace(BASE, refine=False),
+    "neither": replace(BASE, refine=False, dacp_search=_core.DacpSearch.HEURISTIC),
     "no CP-SAT": replace(BASE, fallback=False),
     "smallest m": replace(BASE, micro_batch_count=_core.MicroBatchCount.SMALLEST_FEASIBLE),
     "shortest roll-back": replace(BASE, rollback=_core.Rollback.SHORTEST),

@@ -108,7 +108,9 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
       .def("comm_us", &CostModel::comm_us, py::arg("bytes"), "Communication time of one layer.")
       .def("micro_batch_us", &CostModel::micro_batch_us, py::arg("local_flops"), py::arg("dist_flops"),
            py::arg("comm_bytes"), "Predicted micro-batch time (overlap formula, all layers).")
-      .def("micro_batch_lower_bound_us", &CostModel::micro_batch_lower_bound_us, py::arg("lengths"), py::arg("cp"),
+      .def("micro_batch_lower_bound_us",
+           py::overload_cast<const std::vector<int64_t>&, int32_t>(&CostModel::micro_batch_lower_bound_us, py::const_),
+           py::arg("lengths"), py::arg("cp"),
            "A lower bound on any DACP plan's time for these lengths.")
       .def("comm_is_monotone", &CostModel::comm_is_monotone);
 
@@ -123,6 +125,7 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
       .def_readwrite("dacp_search", &Options::dacp_search)
       .def_readwrite("max_extra_micro_batches", &Options::max_extra_micro_batches)
       .def_readwrite("refine", &Options::refine)
+      .def_readwrite("sweep_margin", &Options::sweep_margin)
       .def_readwrite("overlength", &Options::overlength);
 
   py::class_<DacpResult>(m, "DacpResult")

@@ -101,7 +101,9 @@ inline DacpResult dacp_sweep(const std::vector<int64_t>& lengths, const CostMode
 // The placement of one micro-batch that the options ask for: Algorithm 1
 // (or 4, refined when opt.refine); with DacpSearch::kShardSweep (and cp > 1)
 // also the sweep, keeping the faster predicted one (ties to Algorithm 1), or
-// the sweep's when only it fits in memory. Writes the placement and returns
+// the sweep's when only it fits in memory. The sweep (O(n^2)) is skipped
+// when Algorithm 1 is already within opt.sweep_margin of the lower bound:
+// it could gain at most that much. Writes the placement and returns
 // the status; `time` gets the predicted time. The one place GDS and the
 // single-micro-batch API choose a placement.
 inline Status dacp_for_into(const int64_t* lengths, size_t n, const CostModel& cost, const Options& opt,
@@ -110,7 +112,8 @@ inline Status dacp_for_into(const int64_t* lengths, size_t n, const CostModel& c
                             placement, rollbacks, moves) == Status::kOk;
   double comm_bytes = 0.0;
   time = ok ? score_into(lengths, placement, n, cost, opt.cp, ws.tokens, ws.flops, comm_bytes) : 0.0;
-  if (opt.dacp_search == DacpSearch::kShardSweep && opt.cp > 1) {
+  if (opt.dacp_search == DacpSearch::kShardSweep && opt.cp > 1 &&
+      (!ok || time > (1.0 + opt.sweep_margin) * cost.micro_batch_lower_bound_us(lengths, n, opt.cp))) {
     const DacpResult sweep = dacp_sweep(lengths, n, cost, opt.cp, opt.bucket_size);
     if (sweep.status == Status::kOk && (!ok || sweep.time_us < time)) {
       std::copy(sweep.cp_rank.begin(), sweep.cp_rank.end(), placement);

@@ -35,6 +35,8 @@ inline void validate_options(const Options& opt) {
   if (static_cast<int32_t>(opt.rollback) < 0 || static_cast<int32_t>(opt.rollback) > 1) fail("unknown rollback");
   if (static_cast<int32_t>(opt.micro_batch_count) < 0 || static_cast<int32_t>(opt.micro_batch_count) > 1)
     fail("unknown micro_batch_count");
+  if (!(opt.sweep_margin >= 0.0 && opt.sweep_margin <= 100.0))
+    fail("sweep_margin must be in [0, 100], got " + std::to_string(opt.sweep_margin));
   if (static_cast<int32_t>(opt.dacp_search) < 0 || static_cast<int32_t>(opt.dacp_search) > 1) fail("unknown dacp_search");
   if (static_cast<int32_t>(opt.overlength) < 0 || static_cast<int32_t>(opt.overlength) > 2) fail("unknown overlength");
 }

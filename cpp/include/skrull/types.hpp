@@ -68,6 +68,9 @@ struct Options {
   DacpSearch dacp_search = DacpSearch::kHeuristic;
   int32_t max_extra_micro_batches = 1;  // kPredictedTime search window
   bool refine = false;                  // time-driven local search after DACP (refine.hpp)
+  // The shard sweep runs only when Algorithm 1's (refined) placement is
+  // more than this fraction above the micro-batch's lower bound, or failed.
+  double sweep_margin = 0.01;
   Overlength overlength = Overlength::kError;
 };
 
