@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
 
     steps = (len(opts.lengths) + len(opts.held_out) + len(opts.packed or ())) * (opts.warmup + opts.repeats) \
         + len(opts.memory_lengths) \
-        + (2 * len(opts.comm_sizes) if world > 1 else 0) + int(opts.check) + 1
+        + (opts.comm_warmup + opts.comm_repeats if world > 1 else 0) + int(opts.check) + 1
     bar = tqdm(total=steps, desc="profile", disable=not is_main(), file=sys.stderr)
 
     def tick(what: str) -> None:

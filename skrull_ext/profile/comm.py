@@ -14,13 +14,14 @@ model calls Volume: the gathered tensor, all ranks' shards together (each
 rank sends size/N). The table written to the profile is the fit to the mean
 of the two collectives, charged ``collectives_per_layer = 2`` times.
 
-Each size: a few untimed calls, then each call timed on its own; per rank
-the median, then the slowest rank (a collective ends when its last rank
-does).
+Each call is timed on its own after a barrier, in rounds over all sizes;
+per rank the median, then the slowest rank (a collective ends when its
+last rank does).
 """
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -29,7 +30,7 @@ import torch.distributed as dist
 
 from skrull_ext.profile.fit import PiecewiseFit, fit_piecewise
 from skrull_ext.profile.options import ProfileOptions
-from skrull_ext.profile.ranks import median_us, reduce_floats
+from skrull_ext.profile.ranks import reduce_floats, time_call
 
 __all__ = ["COLLECTIVES", "CommResult", "profile_comm"]
 
@@ -71,21 +72,30 @@ class CommResult:
 
 def profile_comm(device: torch.device, dtype: torch.dtype, opts: ProfileOptions,
                  tick: Callable[[str], None]) -> CommResult:
-    """Time every collective in ``COLLECTIVES`` at every size of the ladder."""
+    """Time every collective in ``COLLECTIVES`` at every size of the ladder:
+    ``comm_warmup`` untimed rounds, then ``comm_repeats`` timed rounds, each
+    round one call per (size, collective) after a barrier, so a burst of
+    load from other processes spreads over all sizes."""
     n = dist.get_world_size()
     dev = device if dist.get_backend() == "nccl" else torch.device("cpu")
     elem = dtype.itemsize
-    sizes, us = [], {name: [] for name in COLLECTIVES}
-    for size in opts.comm_sizes:
+    bufs = []
+    for size in sorted(set(opts.comm_sizes)):
         shard_elems = max(1, size // (n * elem))
-        shard = torch.randn(shard_elems, device=dev).to(dtype)
-        total = torch.empty(shard_elems * n, device=dev, dtype=dtype)
-        sizes.append(shard_elems * n * elem)
-        for name, fn in COLLECTIVES.items():
-            tick(f"{name} {sizes[-1]} B")
-            dist.barrier()
-            t, _ = median_us(lambda: fn(total, shard), dev, opts.comm_warmup, opts.comm_repeats)
-            us[name].append(t)
-    us = {name: reduce_floats(v, "max", dev) for name, v in us.items()}
+        bufs.append((shard_elems * n * elem, torch.empty(shard_elems * n, device=dev, dtype=dtype),
+                     torch.randn(shard_elems, device=dev).to(dtype)))
+    sizes = sorted({b[0] for b in bufs})
+    bufs = [next(b for b in bufs if b[0] == s) for s in sizes]
+    samples = {name: [[] for _ in sizes] for name in COLLECTIVES}
+    rounds = opts.comm_warmup + opts.comm_repeats
+    for r in range(rounds):
+        tick(f"collectives round {r + 1}/{rounds}")
+        for i, (_, total, shard) in enumerate(bufs):
+            for name, fn in COLLECTIVES.items():
+                dist.barrier()
+                wall, _ = time_call(lambda: fn(total, shard), dev)
+                if r >= opts.comm_warmup:
+                    samples[name][i].append(wall)
+    us = {name: reduce_floats([statistics.median(s) for s in v], "max", dev) for name, v in samples.items()}
     mean = [sum(v[i] for v in us.values()) / len(us) for i in range(len(sizes))]
     return CommResult(sizes, us, fit_piecewise(sizes, mean), dist.get_backend(), n)

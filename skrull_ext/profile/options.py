@@ -71,10 +71,10 @@ class ProfileOptions:
     """Ranks of the job the profile is for (resolves FSDP degree -1); 0: this launch's."""
     comm_sizes: tuple[int, ...] = tuple(2**k for k in range(12, 25))
     """Message sizes (bytes of the gathered K/V, all ranks together) for the collectives."""
-    comm_warmup: int = 3
-    """Untimed collectives per size."""
-    comm_repeats: int = 15
-    """Timed collectives per size; the median per rank, then the slowest rank, is kept."""
+    comm_warmup: int = 2
+    """Untimed rounds of collectives (one call per size and collective each)."""
+    comm_repeats: int = 11
+    """Timed rounds; per size the median per rank, then the slowest rank, is kept."""
     threads: int = 0
     """torch intra-op threads (0: leave torch's default; torchrun sets 1 per rank)."""
     check: bool = True
