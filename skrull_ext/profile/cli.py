@@ -157,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
         comm = profile_comm(device, jm.dtype, opts, tick) if world > 1 else None
         if opts.check:
             tick(f"check {memory.bucket_size} tokens")
-        check = check_bucket(jm, memory, opts.seed) if opts.check else None
+        check = check_bucket(jm, memory.bucket_size, memory.predicted, memory.usable - memory.static.total,
+                             memory.static.optimizer_states, opts.seed) if opts.check else None
         bar.close()
         meta = {
             "source": "measured",
@@ -173,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
             "elapsed_s": time.perf_counter() - t0,
         }
         if comm is None:
-            meta["comm"] = f"not measured (one process): [comm] is preset {args.comm_from!r}"
+            meta["comm_note"] = f"not measured (one process): [comm] is preset {args.comm_from!r}"
         prof = Profile(jm, compute, memory, comm, args.comm_from, check, meta)
         failed = []
         if compute.held_out_max_rel_error > args.max_held_out_error:

@@ -152,11 +152,13 @@ def fit_piecewise(x: Sequence[float], y: Sequence[float]) -> PiecewiseFit:
 
     Tries every split of the sorted points (the first k flat, the rest on the
     line, at least two on the line), fits both parts by relative least
-    squares, puts the threshold where the line reaches the floor (kept
-    between the last flat and the first linear point) and keeps the split
-    with the smallest relative squared error over all points. Splits whose
-    line is falling, or below the floor at the threshold, are skipped: the
-    scheduler's lower bound assumes latency never falls with size.
+    squares, puts the threshold where the line reaches the floor (or, when
+    the line is above the floor already at the last flat point, at the
+    geometric midpoint of the two points) and keeps the split with the
+    smallest relative squared error over all points. Splits whose line is
+    falling, or still below the floor at the first linear point, are
+    skipped: the scheduler's lower bound assumes latency never falls with
+    size.
     """
     _check_points(x, y, 2)
     pts = sorted(zip((float(v) for v in x), (float(v) for v in y)))
@@ -174,11 +176,15 @@ def fit_piecewise(x: Sequence[float], y: Sequence[float]) -> PiecewiseFit:
         else:
             # argmin_f sum ((y - f) / y)^2 over the flat points
             floor = sum(1 / v for v in ys[:k]) / sum(1 / v**2 for v in ys[:k])
-            thr = min(max((floor - b) / a, xs[k - 1] * (1 + 1e-12)), xs[k])
+            cross = (floor - b) / a
+            if cross > xs[k] * (1 + 1e-9):
+                continue  # the line is below the floor at its first point: not monotone
+            # Where the line meets the floor; if it is above the floor already at the
+            # last flat point, the step lies somewhere between the two: take the
+            # geometric midpoint.
+            thr = min(cross, xs[k]) if cross > xs[k - 1] else math.sqrt(xs[k - 1] * xs[k])
             first = thr
         cand = PiecewiseFit(floor, thr, a, b, first, 0.0, 0.0)
-        if cand.line(first) < floor * (1 - 1e-9):
-            continue  # the line never reaches the floor here: not monotone
         pred = [cand(v) for v in xs]
         if any(p <= 0 for p in pred):
             continue

@@ -36,6 +36,7 @@ def plot(d: dict[str, Any], path: str | Path) -> None:
 
     meta = d.get("meta", {})
     raw_c, raw_m, raw_k = meta.get("compute", {}), meta.get("memory", {}), meta.get("comm")
+    raw_k = raw_k if isinstance(raw_k, dict) else None
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.6))
 
     ax = axes[0]
@@ -80,6 +81,7 @@ def plot(d: dict[str, Any], path: str | Path) -> None:
                        label="activation budget (usable - static)")
     chk = meta.get("check")
     if chk:
+        ax.plot([chk["tokens"]], [chk["measured_saved"] / 2**20], "P", ms=9, c="tab:blue", label="check: saved at BucketSize")
         ax.plot([chk["tokens"]], [chk["measured_peak"] / 2**20], "*", ms=12, c="k", label="check: peak at BucketSize")
     ax.set(xlabel="tokens in the buffer", ylabel="MiB", title=f"activation memory  R^2={mm.get('r2', float('nan')):.5f}")
     ax.legend(fontsize=8)
@@ -93,7 +95,8 @@ def plot(d: dict[str, Any], path: str | Path) -> None:
     from skrull_ext import cost_model
 
     cm = cost_model.from_dict(d)
-    lo, hi = min(k["bytes"]) / 4 if k["bytes"][0] > 0 else 1.0, max(k["bytes"])
+    sizes = raw_k["sizes"] if raw_k else k["bytes"]
+    lo, hi = max(1.0, min(sizes) / (1 if raw_k else 4)), max(sizes)
     grid = [lo * (hi / lo) ** (i / 199) for i in range(200)]
     ax.loglog(grid, [cm.collective_us(v) for v in grid], "-", label="table the scheduler reads")
     ax.set(xlabel="message bytes (gathered K/V, all ranks)", ylabel="us per collective",

@@ -124,6 +124,11 @@ def _mib(b: float) -> str:
     return f"{b / 2**20:.1f} MiB"
 
 
+def _wall_ratio(cp: ComputeResult) -> float:
+    r = sorted(t.wall_us / t.us for t in (*cp.points, *cp.held_out, *cp.packed) if t.us > 0)
+    return r[len(r) // 2] if r else float("nan")
+
+
 def report(p: Profile) -> str:
     cp, mem = p.compute, p.memory
     lines = [
@@ -131,6 +136,8 @@ def report(p: Profile) -> str:
         f"  compute  T = {cp.fit.slope:.4g} us/FLOP * F + {cp.fit.intercept:.4g} us per layer ({cp.clock} clock) "
         f"({3 / cp.fit.slope / 1e3:.1f} GFLOP/s at 3x forward), R^2 {cp.fit.r2:.4f}, "
         f"worst fit error {cp.fit.max_rel_error:.1%}",
+        *([f"  clock    process CPU time; wall time was {_wall_ratio(cp):.2f}x it (median): other load on the host"]
+          if cp.clock == "cpu" else []),
         "  held-out " + ", ".join(f"{t.tokens}: {cp.rel_error(t):+.1%}" for t in cp.held_out)
         + f"  (worst {cp.held_out_max_rel_error:.1%})",
         "  packed   " + ", ".join(f"{'+'.join(map(str, t.docs))}: {cp.rel_error(t):+.1%}" for t in cp.packed)

@@ -65,6 +65,14 @@ def test_piecewise_recovered_exactly_and_matches_the_scheduler():
         assert close(cm.collective_us(v), fit(v)), v
 
 
+def test_piecewise_step_between_points_goes_to_the_geometric_midpoint():
+    x = [100.0, 200.0, 400.0, 800.0, 1600.0]
+    y = [50.0, 50.0, 260.0, 460.0, 860.0]  # line 0.5 x + 60 is above the floor already at 200
+    fit = fit_piecewise(x, y)
+    assert close(fit.floor_us, 50.0) and close(fit.a_us_per_byte, 0.5) and close(fit.b_us, 60.0)
+    assert close(fit.threshold_bytes, math.sqrt(200.0 * 400.0)) and fit.max_rel_error < 1e-9
+
+
 def test_piecewise_without_a_floor():
     x = [1e3, 1e4, 1e5, 1e6]
     fit = fit_piecewise(x, [5.0 + 1e-3 * v for v in x])
