@@ -47,10 +47,12 @@ def fill_bucket(jm: JobModel, tokens: int, seed: int = 0) -> list[int]:
     """Document lengths from the job's length distribution summing to ``tokens``."""
     dl = jm.config.dataloader
     if hasattr(dl, "lengths"):
-        from skrull_ext.datasets.length_dist import load_lengths
+        import numpy as np
+
+        from skrull_ext import lengths as shipped_lengths
         from skrull_ext.datasets.synthetic import SyntheticSequences
 
-        src = SyntheticSequences(lengths=load_lengths(dl.lengths), vocab_size=max(3, jm.vocab_size), seed=seed,
+        src = SyntheticSequences(lengths=np.asarray(shipped_lengths.load(dl.lengths), dtype=np.int64), vocab_size=max(3, jm.vocab_size), seed=seed,
                                  length_scale=dl.length_scale, min_len=dl.min_len, max_len=dl.max_len)
         draw = src.length
     else:  # no length distribution in the job: a fixed mix of short and long
