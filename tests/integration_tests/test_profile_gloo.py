@@ -5,7 +5,7 @@ scheduler reads; compute and memory are measured on both ranks."""
 import tomllib
 
 import pytest
-from launch import REPO, torchrun
+from tests.integration_tests.launch import REPO, torchrun
 
 from skrull_ext import cost_model
 
