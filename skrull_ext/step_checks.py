@@ -50,4 +50,5 @@ def step_metrics(step, attention_modules) -> dict[str, float]:
     out = {f"skrull/{k}": float(v) for k, v in step.plan.summary().items()}
     out.update({k: float(v) for k, v in stats.as_dict(prefix="skrull/dacp_").items()})
     out["skrull/rank_micro_batches"] = float(len(step.plan.micro_batches(step.dp_rank)))
+    out.update({f"skrull/{k}_total": float(v) for k, v in step.overlength_totals.items()})
     return out

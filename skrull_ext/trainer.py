@@ -29,6 +29,7 @@ from torchtitan.trainer import Trainer
 
 from skrull_ext import compat
 from skrull_ext.attention import DacpAttention
+from skrull_ext.datasets.overlength import check_overlength
 from skrull_ext.datasets.packed import PackedDataLoader
 from skrull_ext.datasets.scheduling import SkrullDataLoader, SkrullStep
 from skrull_ext.scheduler import Scheduler
@@ -79,6 +80,11 @@ class SkrullTrainer(Trainer):
             skrull.build_cost_model(),
         )
         self.dataloader.attach(scheduler, cp_rank, dims.cp)
+        # Before any step: an over-length sequence under 'error' fails here.
+        check_overlength(
+            self.dataloader, skrull.bucket_size, dims.cp, skrull.overlength,
+            first_step=1, last_step=self.config.training.steps,
+        )
         logger.info(
             f"Skrull: policy {skrull.policy}, bucket_size {skrull.bucket_size}, "
             f"DP {self.dataloader.dp_world_size} x CP {dims.cp}, cp_rank {cp_rank}"

@@ -15,9 +15,10 @@ calls ``attach(scheduler, cp_rank, cp_size)`` once after construction.
 """
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from torchtitan.components.tokenizer import BaseTokenizer
+from torchtitan.tools.logging import logger
 
 from skrull_ext.datasets.buffers import MicroBatch, pad_buffer, rank_buffer
 from skrull_ext.datasets.source import SyntheticDataLoaderBase
@@ -37,6 +38,8 @@ class SkrullStep:
     """This rank's buffers, ``plan.num_micro_batches`` of them (pads included)."""
     global_valid_tokens: int
     """Loss tokens of the whole global batch (all DP ranks, CP ranks, micro-batches)."""
+    overlength_totals: dict[str, int] = field(default_factory=dict)
+    """Sequences truncated / dropped since the run began (resumes included)."""
 
     @property
     def local_valid_tokens(self) -> int:
@@ -66,6 +69,7 @@ class SkrullDataLoader(SyntheticDataLoaderBase):
         self.dp_rank = dp_rank
         self.scheduler: Scheduler | None = None
         self.cp_rank, self.cp_size = 0, 1
+        self.overlength_totals = {"truncated": 0, "dropped": 0}
 
     def attach(self, scheduler: Scheduler, cp_rank: int, cp_size: int) -> None:
         """Bind the scheduler and this rank's CP coordinates (once, after build)."""
@@ -88,6 +92,7 @@ class SkrullDataLoader(SyntheticDataLoaderBase):
         samples = [self.source[i] for i in indices]
         plan = self.scheduler.schedule([s.length for s in samples], dp_rank=self.dp_rank)
         plan.validate()
+        self._count_overlength(plan, indices)
         valid = sum(
             int((s.labels[:n] != IGNORE_INDEX).sum())
             for s, n, d in zip(samples, plan.lengths, plan.dp_rank)
@@ -102,4 +107,30 @@ class SkrullDataLoader(SyntheticDataLoaderBase):
         ]
         while len(mbs) < plan.num_micro_batches:
             mbs.append(pad_buffer(self.cp_rank, self.cp_size))
-        return SkrullStep(step=self.step, dp_rank=self.dp_rank, plan=plan, micro_batches=mbs, global_valid_tokens=valid)
+        return SkrullStep(
+            step=self.step, dp_rank=self.dp_rank, plan=plan, micro_batches=mbs,
+            global_valid_tokens=valid, overlength_totals=dict(self.overlength_totals),
+        )
+
+    def _count_overlength(self, plan: Plan, indices: list[int]) -> None:
+        """Count and log what the over-length policy did to this step."""
+        for what, ks in (("truncated", plan.truncated), ("dropped", plan.dropped)):
+            if not ks:
+                continue
+            self.overlength_totals[what] += len(ks)
+            cut = ", ".join(f"sample {indices[k]}: {plan.input_lengths[k]} -> {plan.lengths[k]}" if what == "truncated"
+                            else f"sample {indices[k]}: {plan.input_lengths[k]}" for k in ks)
+            logger.warning(
+                f"Skrull step {self.step}: {what} {len(ks)} over-length sequence(s) ({cut}); "
+                f"{self.overlength_totals[what]} {what} so far"
+            )
+
+    def state_dict(self) -> dict:
+        # The same on every rank (a function of the global batches), so DCP
+        # keeps one copy and a resume may change the DP/CP layout.
+        return {"step": self.step, **{f"overlength_{k}": v for k, v in self.overlength_totals.items()}}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        super().load_state_dict(state_dict)
+        for k in self.overlength_totals:
+            self.overlength_totals[k] = int(state_dict.get(f"overlength_{k}", 0))

@@ -60,6 +60,15 @@ class SyntheticDataLoaderBase(BaseDataLoader):
         self.step += 1
         return self.source.global_batch(self.step, self.config.global_batch_size)
 
+    def step_lengths(self, step: int) -> list[tuple[int, int]]:
+        """(sample index, length) of 1-based ``step``'s global batch, without
+        building tokens: what the over-length pre-scan reads."""
+        return [(i, self.source.length(i)) for i in self.source.global_batch(step, self.config.global_batch_size)]
+
+    def length_bound(self) -> int | None:
+        """No sample is longer than this (None: unknown without a scan)."""
+        return self.source.max_length
+
     def state_dict(self) -> dict:
         return {"step": self.step}
 

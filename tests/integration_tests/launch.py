@@ -21,15 +21,17 @@ def _env() -> dict[str, str]:
     return env
 
 
-def torchrun(nproc: int, module: str, args: list[str], cwd: str, timeout: int = 600):
-    """Run ``torchrun -m module args`` with ``nproc`` ranks; raise with the log tail on failure."""
+def torchrun(nproc: int, module: str, args: list[str], cwd: str, timeout: int = 600,
+             expect_failure: bool = False):
+    """Run ``torchrun -m module args`` with ``nproc`` ranks; raise with the log tail
+    if it fails (or, with ``expect_failure``, if it succeeds)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc_per_node={nproc}", "-m", module, *args]
     proc = subprocess.run(cmd, cwd=cwd, env=_env(), capture_output=True, text=True,
                           timeout=timeout)
-    if proc.returncode != 0:
+    if (proc.returncode != 0) != expect_failure:
         raise AssertionError(
-            f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
+            f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
         )
     return proc
 
