@@ -32,6 +32,7 @@ from skrull_ext.attention import DacpAttention
 from skrull_ext.datasets.overlength import check_overlength
 from skrull_ext.datasets.packed import PackedDataLoader
 from skrull_ext.datasets.scheduling import SkrullDataLoader, SkrullStep
+from skrull_ext.plan_log import PlanLog
 from skrull_ext.scheduler import Scheduler
 from skrull_ext.skrull_section import SkrullSection
 from skrull_ext.step_checks import check_plan_digests, step_metrics
@@ -63,6 +64,7 @@ class SkrullTrainer(Trainer):
 
     def __init__(self, config: Config):
         compat.apply(config)
+        self.plan_log: PlanLog | None = None
         super().__init__(config)
         if config.skrull.enable:
             self._init_skrull()
@@ -80,6 +82,9 @@ class SkrullTrainer(Trainer):
             skrull.build_cost_model(),
         )
         self.dataloader.attach(scheduler, cp_rank, dims.cp)
+        if skrull.plan_log:
+            rank = dist.get_rank() if dist.is_initialized() else 0
+            self.plan_log = PlanLog(self.config.dump_folder, rank)
         # Before any step: an over-length sequence under 'error' fails here.
         check_overlength(
             self.dataloader, skrull.bucket_size, dims.cp, skrull.overlength,
@@ -115,6 +120,8 @@ class SkrullTrainer(Trainer):
         should_log = self.metrics_processor.should_log(self.step)
         if self.config.skrull.check_plan_hash:
             check_plan_digests(step.plan, self.dataloader.dp_rank)
+        if self.plan_log is not None:
+            self.plan_log.write(step)
         for m in self.dacp_attention:
             m.stats.reset()
 
@@ -139,6 +146,11 @@ class SkrullTrainer(Trainer):
         self.lr_schedulers.step()
         if should_log:
             self._log_step(step, accumulated, global_valid_tokens, grad_norm, lr_metrics)
+
+    def close(self) -> None:
+        if self.plan_log is not None:
+            self.plan_log.close()
+        super().close()
 
     def _log_step(self, step, accumulated, global_valid_tokens, grad_norm, lr_metrics) -> None:
         # accumulated = this rank's loss sum / global loss tokens, so the global

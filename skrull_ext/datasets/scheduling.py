@@ -33,6 +33,8 @@ class SkrullStep:
 
     step: int
     dp_rank: int
+    samples: list[int]
+    """Source indices of the global batch, in plan (caller) order."""
     plan: Plan
     micro_batches: list[MicroBatch]
     """This rank's buffers, ``plan.num_micro_batches`` of them (pads included)."""
@@ -108,7 +110,7 @@ class SkrullDataLoader(SyntheticDataLoaderBase):
         while len(mbs) < plan.num_micro_batches:
             mbs.append(pad_buffer(self.cp_rank, self.cp_size))
         return SkrullStep(
-            step=self.step, dp_rank=self.dp_rank, plan=plan, micro_batches=mbs,
+            step=self.step, dp_rank=self.dp_rank, samples=indices, plan=plan, micro_batches=mbs,
             global_valid_tokens=valid, overlength_totals=dict(self.overlength_totals),
         )
 
