@@ -24,6 +24,7 @@ from torchtitan.components.dataloader import DataloaderExhaustedError
 from torchtitan.config.override import derive
 from torchtitan.distributed import utils as dist_utils
 from torchtitan.models.common.attention import GQAttention
+from torchtitan.models.common.config_utils import decoder_vocab_size
 from torchtitan.tools.logging import logger
 from torchtitan.trainer import Trainer
 
@@ -66,6 +67,12 @@ class SkrullTrainer(Trainer):
         compat.apply(config)
         self.plan_log: PlanLog | None = None
         super().__init__(config)
+        vocab, model_vocab = self.tokenizer.get_vocab_size(), decoder_vocab_size(config.model_spec)
+        if vocab > model_vocab:
+            raise ValueError(
+                f"the tokenizer's vocabulary ({vocab}) is larger than the model's ({model_vocab}): "
+                "token ids would index past the embedding"
+            )
         if config.skrull.enable:
             self._init_skrull()
 

@@ -1,7 +1,7 @@
 """The Skrull scheduling dataloader: one plan per global batch, one buffer
 per (DP rank, CP rank) per micro-batch.
 
-Every step, every rank draws the same global batch (synthetic sample
+Every step, every rank draws the same global batch (sample
 indices are a function of the step), asks the scheduler for the plan of its
 lengths (the core is deterministic, so every rank gets the same plan without
 talking) and builds its own buffers from it. A DP rank with fewer
@@ -21,7 +21,7 @@ from torchtitan.components.tokenizer import BaseTokenizer
 from torchtitan.tools.logging import logger
 
 from skrull_ext.datasets.buffers import MicroBatch, pad_buffer, rank_buffer
-from skrull_ext.datasets.source import SyntheticDataLoaderBase
+from skrull_ext.datasets.source import SourceDataLoaderBase
 from skrull_ext.datasets.synthetic import IGNORE_INDEX
 from skrull_ext.plan import DROPPED, Plan
 from skrull_ext.scheduler import Scheduler
@@ -52,9 +52,9 @@ class SkrullStep:
         return sum(mb.num_tokens for mb in self.micro_batches)
 
 
-class SkrullDataLoader(SyntheticDataLoaderBase):
+class SkrullDataLoader(SourceDataLoaderBase):
     @dataclass(kw_only=True, slots=True)
-    class Config(SyntheticDataLoaderBase.Config):
+    class Config(SourceDataLoaderBase.Config):
         pass
 
     def __init__(
