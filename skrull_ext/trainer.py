@@ -25,7 +25,9 @@ from torchtitan.config.override import derive
 from torchtitan.distributed import utils as dist_utils
 from torchtitan.models.common.attention import GQAttention
 from torchtitan.models.common.config_utils import decoder_vocab_size
+from torch.profiler import record_function
 from torchtitan.tools.logging import logger
+from torchtitan.tools.utils import device_module
 from torchtitan.trainer import Trainer
 
 from skrull_ext import compat
@@ -36,7 +38,7 @@ from skrull_ext.datasets.scheduling import SkrullDataLoader, SkrullStep
 from skrull_ext.plan_log import PlanLog
 from skrull_ext.scheduler import Scheduler
 from skrull_ext.skrull_section import SkrullSection
-from skrull_ext.step_checks import check_plan_digests, step_metrics
+from skrull_ext.step_checks import check_plan_digests, step_log_line, step_metrics
 
 
 class SkrullTrainer(Trainer):
@@ -134,12 +136,19 @@ class SkrullTrainer(Trainer):
 
         global_valid_tokens = torch.tensor(step.global_valid_tokens, device=self.device)
         accumulated = torch.zeros((), device=self.device)
-        for mb in step.micro_batches:
-            extra = {"positions": mb.positions.to(self.device), "attention_masks": mb.meta}
-            labels = mb.labels.to(self.device)
-            self.ntokens_seen += labels.numel()
-            loss = self.fwd_bwd_fn(mb.input.to(self.device), labels, global_valid_tokens, extra)
-            accumulated += loss.detach()
+        if should_log:  # time what the cost model predicts: the micro-batches' fwd + bwd
+            device_module.synchronize()
+        start = time.perf_counter()
+        for j, mb in enumerate(step.micro_batches):
+            with record_function(f"skrull/micro_batch_{j}"):
+                extra = {"positions": mb.positions.to(self.device), "attention_masks": mb.meta}
+                labels = mb.labels.to(self.device)
+                self.ntokens_seen += labels.numel()
+                loss = self.fwd_bwd_fn(mb.input.to(self.device), labels, global_valid_tokens, extra)
+                accumulated += loss.detach()
+        if should_log:
+            device_module.synchronize()
+        measured_us = (time.perf_counter() - start) * 1e6
 
         grad_norm = dist_utils.clip_grad_norm_(
             [p for m in self.model_parts for p in m.parameters()],
@@ -152,14 +161,14 @@ class SkrullTrainer(Trainer):
         self.optimizers.step()
         self.lr_schedulers.step()
         if should_log:
-            self._log_step(step, accumulated, global_valid_tokens, grad_norm, lr_metrics)
+            self._log_step(step, accumulated, global_valid_tokens, grad_norm, lr_metrics, measured_us)
 
     def close(self) -> None:
         if self.plan_log is not None:
             self.plan_log.close()
         super().close()
 
-    def _log_step(self, step, accumulated, global_valid_tokens, grad_norm, lr_metrics) -> None:
+    def _log_step(self, step, accumulated, global_valid_tokens, grad_norm, lr_metrics, measured_us) -> None:
         # accumulated = this rank's loss sum / global loss tokens, so the global
         # mean loss is the plain sum over all ranks (as in torchtitan).
         local_valid = max(step.local_valid_tokens, 1)
@@ -175,14 +184,12 @@ class SkrullTrainer(Trainer):
             ntokens_seen = self.ntokens_seen
         if not math.isfinite(global_avg):
             raise RuntimeError(f"Loss is not finite ({global_avg}) at step {self.step}")
-        extra = {
-            "n_tokens_seen": ntokens_seen,
-            **lr_metrics,
-            **step_metrics(step, self.dacp_attention),
-        }
+        skrull = step_metrics(step, self.dacp_attention, measured_us)
+        extra = {"n_tokens_seen": ntokens_seen, **lr_metrics, **skrull}
         self.metrics_processor.log(
             self.step, global_avg, global_max, float(grad_norm.item()), extra_metrics=extra
         )
+        logger.info(step_log_line(self.step, skrull))
 
 
 def install_dacp_attention(model_parts, cp_group) -> list[DacpAttention]:

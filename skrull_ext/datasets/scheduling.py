@@ -14,6 +14,7 @@ torchtitan builds dataloaders before it knows the CP layout, so the trainer
 calls ``attach(scheduler, cp_rank, cp_size)`` once after construction.
 """
 
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -40,6 +41,8 @@ class SkrullStep:
     """This rank's buffers, ``plan.num_micro_batches`` of them (pads included)."""
     global_valid_tokens: int
     """Loss tokens of the whole global batch (all DP ranks, CP ranks, micro-batches)."""
+    schedule_us: float = 0.0
+    """Wall time this rank spent planning the step (core, CP-SAT, checks)."""
     overlength_totals: dict[str, int] = field(default_factory=dict)
     """Sequences truncated / dropped since the run began (resumes included)."""
 
@@ -92,8 +95,10 @@ class SkrullDataLoader(SourceDataLoaderBase):
     def next_step(self) -> SkrullStep:
         indices = self.next_global_batch()
         samples = [self.source[i] for i in indices]
+        start = time.perf_counter()
         plan = self.scheduler.schedule([s.length for s in samples], dp_rank=self.dp_rank)
         plan.validate()
+        schedule_us = (time.perf_counter() - start) * 1e6
         self._count_overlength(plan, indices)
         valid = sum(
             int((s.labels[:n] != IGNORE_INDEX).sum())
@@ -111,7 +116,7 @@ class SkrullDataLoader(SourceDataLoaderBase):
             mbs.append(pad_buffer(self.cp_rank, self.cp_size))
         return SkrullStep(
             step=self.step, dp_rank=self.dp_rank, samples=indices, plan=plan, micro_batches=mbs,
-            global_valid_tokens=valid, overlength_totals=dict(self.overlength_totals),
+            global_valid_tokens=valid, schedule_us=schedule_us, overlength_totals=dict(self.overlength_totals),
         )
 
     def _count_overlength(self, plan: Plan, indices: list[int]) -> None:
