@@ -25,9 +25,11 @@ from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
 
 from skrull_ext.datasets.packed import PackedDataLoader
 from skrull_ext.datasets.scheduling import SkrullDataLoader
+from skrull_ext.tokenizer import LocalTokenizer, SyntheticTokenizer
 
 SECTION_KINDS: dict[str, dict[str, Any]] = {
     "dataloader": {"packed": PackedDataLoader.Config, "skrull": SkrullDataLoader.Config},
+    "tokenizer": {"synthetic": SyntheticTokenizer.Config, "hf": LocalTokenizer.Config},
     "activation_checkpoint": {
         "selective": SelectiveAC.Config,
         "full": FullAC.Config,

@@ -22,6 +22,12 @@ class PlanError(ValueError):
     """A plan breaks one of its invariants."""
 
 
+def _imbalance(values: list[float]) -> float:
+    """max / mean (1.0 is perfect balance; 1.0 for nothing at all)."""
+    mean = sum(values) / len(values) if values else 0.0
+    return max(values) / mean if mean > 0 else 1.0
+
+
 @dataclass
 class MicroBatchPlan:
     """One micro-batch of one DP rank on its CP group."""
@@ -46,6 +52,8 @@ class MicroBatchPlan:
     """Predicted time of the heuristic's placement, kept when CP-SAT replaced it."""
     lower_bound_us: float | None = None
     """Lower bound on this micro-batch's time, when the fallback computed one."""
+    rank_flops: list[float] = field(default_factory=list)
+    """Attention + linear FLOPs per CP rank (local sequences whole, distributed ones 1/N each)."""
 
     @property
     def num_local(self) -> int:
@@ -104,7 +112,7 @@ class Plan:
                 MicroBatchPlan(
                     dp_rank=mb.dp_rank, index=mb.index, seqs=seqs, lengths=[lengths[k] for k in seqs],
                     cp_rank=list(d.cp_rank), rank_tokens=list(d.rank_tokens), comm_bytes=d.comm_bytes,
-                    time_us=d.time_us, rollbacks=d.rollbacks, moves=d.moves,
+                    time_us=d.time_us, rollbacks=d.rollbacks, moves=d.moves, rank_flops=list(d.rank_flops),
                 )
             )
         return cls(
@@ -160,7 +168,21 @@ class Plan:
             "predicted_us": self.makespan_us,
             "dp_imbalance": self.makespan_us / mean_dp if mean_dp > 0 else 1.0,
             "max_rank_tokens": max(rank_tokens, default=0),
+            "rank_token_imbalance": _imbalance(self.rank_totals("rank_tokens")),
+            "rank_flop_imbalance": _imbalance(self.rank_totals("rank_flops")),
         }
+
+    def rank_totals(self, what: str) -> list[float]:
+        """Per (DP rank, CP rank), ``what`` ('rank_tokens' or 'rank_flops') summed
+        over its micro-batches; DP-major."""
+        out = []
+        for rank in self.ranks:
+            totals = [0.0] * self.cp
+            for mb in rank:
+                for c, v in enumerate(getattr(mb, what)):
+                    totals[c] += v
+            out += totals
+        return out
 
     def describe(self, max_seqs: int = 12) -> str:
         """A readable listing: per DP rank and micro-batch, each sequence's index,
@@ -192,6 +214,7 @@ class Plan:
         mb.heuristic_time_us = mb.time_us if mb.heuristic_time_us is None else mb.heuristic_time_us
         mb.cp_rank = list(result.cp_rank)
         mb.rank_tokens = list(result.rank_tokens)
+        mb.rank_flops = list(result.rank_flops)
         mb.comm_bytes = result.comm_bytes
         mb.time_us = result.time_us
         mb.path = path

@@ -48,6 +48,9 @@ class SkrullSection:
     check_plan_hash: bool = False
     """Debug: compare every rank's plan digest each step and fail loudly on a mismatch."""
 
+    plan_log: bool = False
+    """Append each step's plan and buffer digests to <dump_folder>/skrull_plans/rank<R>.jsonl."""
+
     def __post_init__(self):
         try:
             self.scheduler_config(dp=1, cp=1)

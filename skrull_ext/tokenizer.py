@@ -1,14 +1,19 @@
-"""A file-free tokenizer for synthetic-token runs.
+"""Tokenizers a job's ``[tokenizer]`` section can pick (``kind``).
 
-torchtitan's Trainer always builds a tokenizer from ``hf_assets_path``. The
-synthetic dataset needs none, and the CPU debug job must run without
-downloads, so this stands in: it only reports the vocabulary size (and maps
-text to bytes, for completeness).
+``synthetic``: a file-free stand-in. torchtitan's Trainer always builds a
+tokenizer from ``hf_assets_path``; the synthetic dataset needs none, and the
+CPU debug job must run without downloads, so this reports the vocabulary
+size (and maps text to bytes, which also makes a byte-level JSONL run work).
+
+``hf``: a local HF ``tokenizers`` file (tokenizer.json), through torchtitan's
+HuggingFaceTokenizer; the real-text path.
 """
 
 from dataclasses import dataclass
 
-from torchtitan.components.tokenizer import BaseTokenizer
+from torchtitan.components.tokenizer import BaseTokenizer, HuggingFaceTokenizer
+
+from skrull_ext import assets
 
 
 class SyntheticTokenizer(BaseTokenizer):
@@ -33,3 +38,21 @@ class SyntheticTokenizer(BaseTokenizer):
 
     def get_vocab_size(self) -> int:
         return self.vocab_size
+
+
+class LocalTokenizer(HuggingFaceTokenizer):
+    """torchtitan's HuggingFaceTokenizer on a folder named in the job file.
+
+    torchtitan reads the tokenizer from ``hf_assets_path``, a path relative
+    to where the job is launched. ``path`` may instead name a tokenizer
+    shipped in ``skrull_ext/assets/tokenizers`` (``tiny_bpe``), so a job file
+    runs from any directory with no download.
+    """
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(HuggingFaceTokenizer.Config):
+        path: str = ""
+        """Tokenizer folder (tokenizer.json, tokenizer_config.json) or a shipped name; empty: hf_assets_path."""
+
+    def __init__(self, config: Config, *, tokenizer_path: str):
+        super().__init__(config, tokenizer_path=assets.tokenizer_path(config.path or tokenizer_path))

@@ -24,16 +24,21 @@ from torchtitan.components.dataloader import DataloaderExhaustedError
 from torchtitan.config.override import derive
 from torchtitan.distributed import utils as dist_utils
 from torchtitan.models.common.attention import GQAttention
+from torchtitan.models.common.config_utils import decoder_vocab_size
+from torch.profiler import record_function
 from torchtitan.tools.logging import logger
+from torchtitan.tools.utils import device_module
 from torchtitan.trainer import Trainer
 
 from skrull_ext import compat
 from skrull_ext.attention import DacpAttention
+from skrull_ext.datasets.overlength import check_overlength
 from skrull_ext.datasets.packed import PackedDataLoader
 from skrull_ext.datasets.scheduling import SkrullDataLoader, SkrullStep
+from skrull_ext.plan_log import PlanLog
 from skrull_ext.scheduler import Scheduler
 from skrull_ext.skrull_section import SkrullSection
-from skrull_ext.step_checks import check_plan_digests, step_metrics
+from skrull_ext.step_checks import check_plan_digests, step_log_line, step_metrics
 
 
 class SkrullTrainer(Trainer):
@@ -62,7 +67,14 @@ class SkrullTrainer(Trainer):
 
     def __init__(self, config: Config):
         compat.apply(config)
+        self.plan_log: PlanLog | None = None
         super().__init__(config)
+        vocab, model_vocab = self.tokenizer.get_vocab_size(), decoder_vocab_size(config.model_spec)
+        if vocab > model_vocab:
+            raise ValueError(
+                f"the tokenizer's vocabulary ({vocab}) is larger than the model's ({model_vocab}): "
+                "token ids would index past the embedding"
+            )
         if config.skrull.enable:
             self._init_skrull()
 
@@ -79,6 +91,14 @@ class SkrullTrainer(Trainer):
             skrull.build_cost_model(),
         )
         self.dataloader.attach(scheduler, cp_rank, dims.cp)
+        if skrull.plan_log:
+            rank = dist.get_rank() if dist.is_initialized() else 0
+            self.plan_log = PlanLog(self.config.dump_folder, rank)
+        # Before any step: an over-length sequence under 'error' fails here.
+        check_overlength(
+            self.dataloader, skrull.bucket_size, dims.cp, skrull.overlength,
+            first_step=1, last_step=self.config.training.steps,
+        )
         logger.info(
             f"Skrull: policy {skrull.policy}, bucket_size {skrull.bucket_size}, "
             f"DP {self.dataloader.dp_world_size} x CP {dims.cp}, cp_rank {cp_rank}"
@@ -109,17 +129,26 @@ class SkrullTrainer(Trainer):
         should_log = self.metrics_processor.should_log(self.step)
         if self.config.skrull.check_plan_hash:
             check_plan_digests(step.plan, self.dataloader.dp_rank)
+        if self.plan_log is not None:
+            self.plan_log.write(step)
         for m in self.dacp_attention:
             m.stats.reset()
 
         global_valid_tokens = torch.tensor(step.global_valid_tokens, device=self.device)
         accumulated = torch.zeros((), device=self.device)
-        for mb in step.micro_batches:
-            extra = {"positions": mb.positions.to(self.device), "attention_masks": mb.meta}
-            labels = mb.labels.to(self.device)
-            self.ntokens_seen += labels.numel()
-            loss = self.fwd_bwd_fn(mb.input.to(self.device), labels, global_valid_tokens, extra)
-            accumulated += loss.detach()
+        if should_log:  # time what the cost model predicts: the micro-batches' fwd + bwd
+            device_module.synchronize()
+        start = time.perf_counter()
+        for j, mb in enumerate(step.micro_batches):
+            with record_function(f"skrull/micro_batch_{j}"):
+                extra = {"positions": mb.positions.to(self.device), "attention_masks": mb.meta}
+                labels = mb.labels.to(self.device)
+                self.ntokens_seen += labels.numel()
+                loss = self.fwd_bwd_fn(mb.input.to(self.device), labels, global_valid_tokens, extra)
+                accumulated += loss.detach()
+        if should_log:
+            device_module.synchronize()
+        measured_us = (time.perf_counter() - start) * 1e6
 
         grad_norm = dist_utils.clip_grad_norm_(
             [p for m in self.model_parts for p in m.parameters()],
@@ -132,9 +161,14 @@ class SkrullTrainer(Trainer):
         self.optimizers.step()
         self.lr_schedulers.step()
         if should_log:
-            self._log_step(step, accumulated, global_valid_tokens, grad_norm, lr_metrics)
+            self._log_step(step, accumulated, global_valid_tokens, grad_norm, lr_metrics, measured_us)
 
-    def _log_step(self, step, accumulated, global_valid_tokens, grad_norm, lr_metrics) -> None:
+    def close(self) -> None:
+        if self.plan_log is not None:
+            self.plan_log.close()
+        super().close()
+
+    def _log_step(self, step, accumulated, global_valid_tokens, grad_norm, lr_metrics, measured_us) -> None:
         # accumulated = this rank's loss sum / global loss tokens, so the global
         # mean loss is the plain sum over all ranks (as in torchtitan).
         local_valid = max(step.local_valid_tokens, 1)
@@ -150,14 +184,12 @@ class SkrullTrainer(Trainer):
             ntokens_seen = self.ntokens_seen
         if not math.isfinite(global_avg):
             raise RuntimeError(f"Loss is not finite ({global_avg}) at step {self.step}")
-        extra = {
-            "n_tokens_seen": ntokens_seen,
-            **lr_metrics,
-            **step_metrics(step, self.dacp_attention),
-        }
+        skrull = step_metrics(step, self.dacp_attention, measured_us)
+        extra = {"n_tokens_seen": ntokens_seen, **lr_metrics, **skrull}
         self.metrics_processor.log(
             self.step, global_avg, global_max, float(grad_norm.item()), extra_metrics=extra
         )
+        logger.info(step_log_line(self.step, skrull))
 
 
 def install_dacp_attention(model_parts, cp_group) -> list[DacpAttention]:

@@ -19,6 +19,9 @@ micro-batch"; layout in docs/design/buffer_layout.md).
 Backward mirrors it through autograd: the reduce-scatter of dK/dV is issued
 before the local part's backward and waited on after it (see exchange.py).
 
+Profiler traces show the parts as ``dacp/local``, ``dacp/kv_wait`` and
+``dacp/distributed``.
+
 Only K/V heads travel, so GQA moves n_kv_heads/n_heads of the MHA bytes.
 Both parts use SDPA with dense bool masks, which is right for CPU and for
 tests; on CUDA a flex/varlen kernel should replace ``_masked_sdpa`` (the masks
@@ -30,6 +33,7 @@ import time
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.profiler import record_function
 
 from skrull_ext.attention.exchange import KVExchange, start_all_gather, wait_all_gather
 from skrull_ext.attention.meta import DacpBatchMeta
@@ -123,7 +127,7 @@ def dacp_attention(
         t0 = time.perf_counter()
         mask = meta.local_mask(q.device)
         ql, kl, vl = q[:, :n_loc], k[:, :n_loc], v[:, :n_loc]
-        with side_stream.fork(ql, kl, vl, mask):
+        with side_stream.fork(ql, kl, vl, mask), record_function("dacp/local"):
             out_loc = _masked_sdpa(ql, kl, vl, mask, scale)
         if stats is not None:
             stats.local_s += time.perf_counter() - t0
@@ -136,10 +140,12 @@ def dacp_attention(
             kd, vd = k[:, n_loc:], v[:, n_loc:]
         else:
             n, (_, hkv, td, d) = meta.cp_size, kv.shape
-            g = wait_all_gather(gathered, ex).view(n, 2, hkv, td, d)
+            with record_function("dacp/kv_wait"):
+                g = wait_all_gather(gathered, ex).view(n, 2, hkv, td, d)
             kd = g[:, 0].transpose(0, 1).reshape(hkv, n * td, d)
             vd = g[:, 1].transpose(0, 1).reshape(hkv, n * td, d)
-        out_dist = _masked_sdpa(qd, kd, vd, meta.dist_mask(q.device), scale)
+        with record_function("dacp/distributed"):
+            out_dist = _masked_sdpa(qd, kd, vd, meta.dist_mask(q.device), scale)
 
     # 4. Back in buffer order.
     if out_loc is not None:

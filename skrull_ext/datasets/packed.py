@@ -1,4 +1,4 @@
-"""torchtitan-format batches of the synthetic global batches (the baseline).
+"""torchtitan-format batches of the sources' global batches (the baseline).
 
 Each step's global batch is packed, in caller order and without splitting a
 sequence, into ``dp_world_size * local_batch_size`` rows of ``seq_len``
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from torchtitan.components.tokenizer import BaseTokenizer
 
-from skrull_ext.datasets.source import SyntheticDataLoaderBase
+from skrull_ext.datasets.source import SourceDataLoaderBase
 from skrull_ext.datasets.synthetic import IGNORE_INDEX
 
 
@@ -43,9 +43,9 @@ def pack_rows(
     return out
 
 
-class PackedDataLoader(SyntheticDataLoaderBase):
+class PackedDataLoader(SourceDataLoaderBase):
     @dataclass(kw_only=True, slots=True)
-    class Config(SyntheticDataLoaderBase.Config):
+    class Config(SourceDataLoaderBase.Config):
         pass
 
     def __init__(

@@ -1,7 +1,7 @@
 """The Skrull scheduling dataloader: one plan per global batch, one buffer
 per (DP rank, CP rank) per micro-batch.
 
-Every step, every rank draws the same global batch (synthetic sample
+Every step, every rank draws the same global batch (sample
 indices are a function of the step), asks the scheduler for the plan of its
 lengths (the core is deterministic, so every rank gets the same plan without
 talking) and builds its own buffers from it. A DP rank with fewer
@@ -14,13 +14,15 @@ torchtitan builds dataloaders before it knows the CP layout, so the trainer
 calls ``attach(scheduler, cp_rank, cp_size)`` once after construction.
 """
 
+import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from torchtitan.components.tokenizer import BaseTokenizer
+from torchtitan.tools.logging import logger
 
 from skrull_ext.datasets.buffers import MicroBatch, pad_buffer, rank_buffer
-from skrull_ext.datasets.source import SyntheticDataLoaderBase
+from skrull_ext.datasets.source import SourceDataLoaderBase
 from skrull_ext.datasets.synthetic import IGNORE_INDEX
 from skrull_ext.plan import DROPPED, Plan
 from skrull_ext.scheduler import Scheduler
@@ -32,11 +34,17 @@ class SkrullStep:
 
     step: int
     dp_rank: int
+    samples: list[int]
+    """Source indices of the global batch, in plan (caller) order."""
     plan: Plan
     micro_batches: list[MicroBatch]
     """This rank's buffers, ``plan.num_micro_batches`` of them (pads included)."""
     global_valid_tokens: int
     """Loss tokens of the whole global batch (all DP ranks, CP ranks, micro-batches)."""
+    schedule_us: float = 0.0
+    """Wall time this rank spent planning the step (core, CP-SAT, checks)."""
+    overlength_totals: dict[str, int] = field(default_factory=dict)
+    """Sequences truncated / dropped since the run began (resumes included)."""
 
     @property
     def local_valid_tokens(self) -> int:
@@ -47,9 +55,9 @@ class SkrullStep:
         return sum(mb.num_tokens for mb in self.micro_batches)
 
 
-class SkrullDataLoader(SyntheticDataLoaderBase):
+class SkrullDataLoader(SourceDataLoaderBase):
     @dataclass(kw_only=True, slots=True)
-    class Config(SyntheticDataLoaderBase.Config):
+    class Config(SourceDataLoaderBase.Config):
         pass
 
     def __init__(
@@ -66,6 +74,7 @@ class SkrullDataLoader(SyntheticDataLoaderBase):
         self.dp_rank = dp_rank
         self.scheduler: Scheduler | None = None
         self.cp_rank, self.cp_size = 0, 1
+        self.overlength_totals = {"truncated": 0, "dropped": 0}
 
     def attach(self, scheduler: Scheduler, cp_rank: int, cp_size: int) -> None:
         """Bind the scheduler and this rank's CP coordinates (once, after build)."""
@@ -86,8 +95,11 @@ class SkrullDataLoader(SyntheticDataLoaderBase):
     def next_step(self) -> SkrullStep:
         indices = self.next_global_batch()
         samples = [self.source[i] for i in indices]
+        start = time.perf_counter()
         plan = self.scheduler.schedule([s.length for s in samples], dp_rank=self.dp_rank)
         plan.validate()
+        schedule_us = (time.perf_counter() - start) * 1e6
+        self._count_overlength(plan, indices)
         valid = sum(
             int((s.labels[:n] != IGNORE_INDEX).sum())
             for s, n, d in zip(samples, plan.lengths, plan.dp_rank)
@@ -102,4 +114,30 @@ class SkrullDataLoader(SyntheticDataLoaderBase):
         ]
         while len(mbs) < plan.num_micro_batches:
             mbs.append(pad_buffer(self.cp_rank, self.cp_size))
-        return SkrullStep(step=self.step, dp_rank=self.dp_rank, plan=plan, micro_batches=mbs, global_valid_tokens=valid)
+        return SkrullStep(
+            step=self.step, dp_rank=self.dp_rank, samples=indices, plan=plan, micro_batches=mbs,
+            global_valid_tokens=valid, schedule_us=schedule_us, overlength_totals=dict(self.overlength_totals),
+        )
+
+    def _count_overlength(self, plan: Plan, indices: list[int]) -> None:
+        """Count and log what the over-length policy did to this step."""
+        for what, ks in (("truncated", plan.truncated), ("dropped", plan.dropped)):
+            if not ks:
+                continue
+            self.overlength_totals[what] += len(ks)
+            cut = ", ".join(f"sample {indices[k]}: {plan.input_lengths[k]} -> {plan.lengths[k]}" if what == "truncated"
+                            else f"sample {indices[k]}: {plan.input_lengths[k]}" for k in ks)
+            logger.warning(
+                f"Skrull step {self.step}: {what} {len(ks)} over-length sequence(s) ({cut}); "
+                f"{self.overlength_totals[what]} {what} so far"
+            )
+
+    def state_dict(self) -> dict:
+        # The same on every rank (a function of the global batches), so DCP
+        # keeps one copy and a resume may change the DP/CP layout.
+        return {"step": self.step, **{f"overlength_{k}": v for k, v in self.overlength_totals.items()}}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        super().load_state_dict(state_dict)
+        for k in self.overlength_totals:
+            self.overlength_totals[k] = int(state_dict.get(f"overlength_{k}", 0))

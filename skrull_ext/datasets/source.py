@@ -1,64 +1,113 @@
-"""Shared config of the synthetic-token dataloaders.
+"""Shared config and base of the dataloaders, and the data sources they draw from.
 
 Every skrull-ext dataloader (torchtitan-style packed rows, Skrull-scheduled
 buffers) draws the same global batches from the same source, which is what
-makes a Skrull run comparable token for token with a torchtitan run.
+makes a Skrull run comparable token for token with a torchtitan run. A
+source maps a sample index to a ``Sample`` as a pure function of the index,
+gives lengths without building tokens, and a global batch is a function of
+its step: the step is the whole checkpointed state.
+
+Sources are a registry (``DATASETS``): ``synthetic`` (tokens whose lengths
+follow a shipped distribution) and ``jsonl`` (real text tokenized with the
+job's tokenizer).
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 from torchtitan.components.dataloader import BaseDataLoader
 from torchtitan.components.tokenizer import BaseTokenizer
 
+from skrull_ext import assets
 from skrull_ext import lengths as shipped_lengths
 from skrull_ext.datasets.synthetic import SyntheticSequences
+from skrull_ext.datasets.text import JsonlSequences
 
 
-class SyntheticDataLoaderBase(BaseDataLoader):
-    """Base for loaders over ``SyntheticSequences``; holds the step counter."""
+def _synthetic(config, tokenizer: BaseTokenizer | None) -> SyntheticSequences:
+    vocab = config.vocab_size
+    if vocab is None:
+        if tokenizer is None:
+            raise ValueError("dataloader.vocab_size is unset and there is no tokenizer")
+        vocab = tokenizer.get_vocab_size()
+    return SyntheticSequences(
+        lengths=np.asarray(shipped_lengths.load(config.lengths), dtype=np.int64),
+        vocab_size=vocab,
+        seed=config.seed,
+        length_scale=config.length_scale,
+        min_len=config.min_len,
+        max_len=config.max_len,
+    )
+
+
+def _jsonl(config, tokenizer: BaseTokenizer | None) -> JsonlSequences:
+    if tokenizer is None:
+        raise ValueError("dataloader.dataset = 'jsonl' needs a tokenizer")
+    return JsonlSequences(
+        assets.text_path(config.dataset_path),
+        tokenizer,
+        text_field=config.text_field,
+        seed=config.seed,
+        min_len=config.min_len,
+        max_len=config.max_len,
+    )
+
+
+DATASETS: dict[str, Callable] = {"synthetic": _synthetic, "jsonl": _jsonl}
+"""Source builders by ``dataloader.dataset``: ``(config, tokenizer) -> source``."""
+
+
+class SourceDataLoaderBase(BaseDataLoader):
+    """Base of the loaders over a ``DATASETS`` source; holds the step counter."""
 
     @dataclass(kw_only=True, slots=True)
     class Config(BaseDataLoader.Config):
-        dataset: str = "synthetic"
+        dataset: Literal[tuple(DATASETS)] = "synthetic"  # pyrefly: ignore[invalid-literal]
+        """Where samples come from: synthetic tokens, or a JSONL file (dataset_path)."""
         lengths: str = "sharegpt_v3_conversations.qwen"
-        """A shipped length distribution (skrull_ext/lengths, README there) or a file path."""
+        """synthetic: a shipped length distribution (skrull_ext/lengths, README there) or a file path."""
         length_scale: float = 1.0
-        """Divide drawn lengths by this; keeps the distribution's shape smaller."""
+        """synthetic: divide drawn lengths by this; keeps the distribution's shape smaller."""
+        text_field: str = "text"
+        """jsonl: the field holding a plain-text record (other records carry 'messages')."""
         min_len: int = 2
         max_len: int | None = None
-        """Clip sample lengths (an SFT max-length filter); None keeps the tail."""
+        """Clip sample lengths (an SFT max-length cut); None keeps the tail."""
         vocab_size: int | None = None
-        """Token ids are drawn from [1, vocab_size); None: the tokenizer's (the model's)."""
+        """synthetic: token ids are drawn from [1, vocab_size); None: the tokenizer's (the model's)."""
         seed: int = 0
+        """Draws synthetic samples; shuffles each epoch of a JSONL file."""
         global_batch_size: int = 8
         """Sequences per optimizer step, over all DP ranks."""
 
         def __post_init__(self):
+            if self.dataset not in DATASETS:
+                raise ValueError(f"dataloader.dataset: {self.dataset!r} is not one of {sorted(DATASETS)}")
+            if self.dataset == "jsonl" and not self.dataset_path:
+                raise ValueError("dataloader.dataset = 'jsonl' needs dataloader.dataset_path (a file or a shipped name)")
             if self.global_batch_size < 1:
                 raise ValueError("dataloader.global_batch_size must be >= 1")
 
     def __init__(self, config: Config, tokenizer: BaseTokenizer | None = None):
         self.config = config
-        vocab = config.vocab_size
-        if vocab is None:
-            if tokenizer is None:
-                raise ValueError("dataloader.vocab_size is unset and there is no tokenizer")
-            vocab = tokenizer.get_vocab_size()
-        self.source = SyntheticSequences(
-            lengths=np.asarray(shipped_lengths.load(config.lengths), dtype=np.int64),
-            vocab_size=vocab,
-            seed=config.seed,
-            length_scale=config.length_scale,
-            min_len=config.min_len,
-            max_len=config.max_len,
-        )
+        self.source = DATASETS[config.dataset](config, tokenizer)
         self.step = 0
         """Global batches consumed so far (the checkpointed state)."""
 
     def next_global_batch(self) -> list[int]:
         self.step += 1
         return self.source.global_batch(self.step, self.config.global_batch_size)
+
+    def step_lengths(self, step: int) -> list[tuple[int, int]]:
+        """(sample index, length) of 1-based ``step``'s global batch, without
+        building tokens: what the over-length pre-scan reads."""
+        return [(i, self.source.length(i)) for i in self.source.global_batch(step, self.config.global_batch_size)]
+
+    def length_bound(self) -> int | None:
+        """No sample is longer than this (None: unknown without a scan)."""
+        return self.source.max_length
 
     def state_dict(self) -> dict:
         return {"step": self.step}

@@ -67,6 +67,12 @@ class SyntheticSequences:
         """Length of sample ``index`` without building its tokens."""
         return self._draw(index)[1]
 
+    @property
+    def max_length(self) -> int:
+        """The longest sample this source can produce (any index)."""
+        n = max(self.min_len, math.ceil(int(self.lengths.max()) / self.length_scale))
+        return n if self.max_len is None else min(n, self.max_len)
+
     def __getitem__(self, index: int) -> Sample:
         rng, n = self._draw(index)
         # Token 0 is reserved for padding, so real tokens live in [1, V).

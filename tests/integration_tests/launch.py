@@ -1,41 +1,48 @@
-"""Launch real training processes for integration tests and read their losses.
+"""Launch real training processes for integration tests and read back what they wrote.
 
-Runs ``torchrun --standalone`` (gloo on loopback) on the repo's entry points
-and reads ``loss_metrics/global_avg_loss`` back from the TensorBoard events,
-which keep float32 precision (the console shows 5 decimals).
+Runs ``torchrun --standalone`` (gloo on loopback) on the repo's entry points,
+wrapped by ``probe.py`` so a run can save its gradients at a check step, and
+reads scalars back from the TensorBoard events, which keep float32 precision
+(the console shows 5 decimals).
 """
 
 import glob
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 LOSS_TAG = "loss_metrics/global_avg_loss"
+PROBE = "tests.integration_tests.probe"
 
 
-def _env() -> dict[str, str]:
+def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH")) if p)
     env.setdefault("OMP_NUM_THREADS", "1")
+    env.update(extra or {})
     return env
 
 
-def torchrun(nproc: int, module: str, args: list[str], cwd: str, timeout: int = 600):
-    """Run ``torchrun -m module args`` with ``nproc`` ranks; raise with the log tail on failure."""
+def torchrun(nproc: int, module: str, args: list[str], cwd: str, timeout: int = 600,
+             expect_failure: bool = False, env: dict[str, str] | None = None):
+    """Run ``torchrun -m module args`` with ``nproc`` ranks; raise with the log tail
+    if it fails (or, with ``expect_failure``, if it succeeds)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc_per_node={nproc}", "-m", module, *args]
-    proc = subprocess.run(cmd, cwd=cwd, env=_env(), capture_output=True, text=True,
+    proc = subprocess.run(cmd, cwd=cwd, env=_env(env), capture_output=True, text=True,
                           timeout=timeout)
-    if proc.returncode != 0:
+    if (proc.returncode != 0) != expect_failure:
         raise AssertionError(
-            f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
+            f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
         )
     return proc
 
 
 def scalars(dump_folder: str, tag: str) -> list[float]:
-    """Per-step values of one TensorBoard scalar logged by rank 0, in step order."""
+    """Per-step values of one TensorBoard scalar logged by rank 0, in step order
+    (from the newest run under ``dump_folder/tb``)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     runs = glob.glob(os.path.join(dump_folder, "tb", "*"))
@@ -51,6 +58,23 @@ def losses(dump_folder: str) -> list[float]:
     return scalars(dump_folder, LOSS_TAG)
 
 
+@dataclass
+class Run:
+    """What one training launch left behind."""
+
+    dump: str
+    output: str
+    grads: str | None
+    """Path of the gradients saved at the check step (probe.py), if asked for."""
+
+    @property
+    def losses(self) -> list[float]:
+        return losses(self.dump)
+
+    def scalars(self, tag: str) -> list[float]:
+        return scalars(self.dump, tag)
+
+
 def seed_checkpoint(workdir: str, config: list[str]) -> str:
     """Create a one-process seed checkpoint; return its absolute path."""
     dump = os.path.join(workdir, "seed")
@@ -62,13 +86,47 @@ def seed_checkpoint(workdir: str, config: list[str]) -> str:
 
 
 def train_from_seed(workdir: str, name: str, nproc: int, module: str, config: list[str],
-                    seed: str, steps: int, extra: list[str] = ()) -> list[float]:
-    """Train ``steps`` steps from the seed checkpoint (no saves); return losses."""
+                    seed: str, steps: int, extra: list[str] = (), grads_at: int | None = None,
+                    save_every: int | None = None) -> Run:
+    """Train ``steps`` steps from the seed checkpoint with TensorBoard on.
+
+    ``grads_at``: save the gradients of that step (``Run.grads``).
+    ``save_every``: also save full checkpoints every that many steps (the
+    default saves nothing).
+    """
     dump = os.path.join(workdir, name)
-    torchrun(nproc, module, [
-        *config, "--dump_folder", dump, "--training.steps", str(steps),
-        "--checkpoint.enable", "--checkpoint.load_only",
-        "--checkpoint.initial_load_path", seed,
+    saving = (["--checkpoint.interval", str(save_every)]
+              if save_every else ["--checkpoint.load_only"])
+    grads = os.path.join(workdir, f"{name}.grads.pt") if grads_at else None
+    proc = torchrun(nproc, PROBE, [
+        module, *config, "--dump_folder", dump, "--training.steps", str(steps),
+        "--checkpoint.enable", *saving, "--checkpoint.initial_load_path", seed,
         "--metrics.enable_tensorboard", *extra,
-    ], cwd=workdir)
-    return losses(dump)
+    ], cwd=workdir, env={"SKRULL_PROBE_GRADS": f"{grads_at}:{grads}"} if grads_at else None)
+    if grads:
+        assert os.path.isfile(grads), f"{name}: no gradients saved at step {grads_at}"
+    return Run(dump=dump, output=proc.stdout + proc.stderr, grads=grads)
+
+
+def assert_same_grads(got_path: str, ref_path: str, rtol: float, atol: float,
+                      max_rel_norm: float) -> tuple[float, float]:
+    """Every parameter's gradient agrees elementwise (``assert_close``) and the
+    whole gradient within ``max_rel_norm`` (||got - ref|| / ||ref||).
+
+    Returns (largest abs difference, relative norm of the difference).
+    """
+    import torch
+
+    got, ref = torch.load(got_path), torch.load(ref_path)
+    assert got.keys() == ref.keys(), f"parameters differ: {sorted(got.keys() ^ ref.keys())}"
+    worst, diff2, ref2 = 0.0, 0.0, 0.0
+    for name in ref:
+        torch.testing.assert_close(got[name], ref[name], rtol=rtol, atol=atol,
+                                   msg=lambda m, n=name: f"gradient of {n}: {m}")
+        d = got[name].double() - ref[name].double()
+        worst = max(worst, float(d.abs().max()))
+        diff2 += float((d * d).sum())
+        ref2 += float((ref[name].double() ** 2).sum())
+    rel = (diff2 / ref2) ** 0.5
+    assert rel < max_rel_norm, f"||grad diff|| / ||grad|| = {rel:.3g} >= {max_rel_norm}"
+    return worst, rel

@@ -1,0 +1,69 @@
+"""Shared integration fixtures: one seed checkpoint and one torchtitan
+1-process reference run per session, which every parity test compares with.
+
+Each launch costs tens of seconds on a small CPU machine (mostly imports),
+so runs are built once, on first use, and shared between the checks that
+read them.
+"""
+
+import os
+
+import pytest
+
+from tests.integration_tests.launch import REPO, Run, seed_checkpoint, train_from_seed
+
+TORCHTITAN = ["--module", "skrull_ext", "--config", "llama3_debugmodel_cpu"]
+SKRULL = ["--config-file", os.path.join(REPO, "skrull_ext", "jobs", "debug_cpu.toml")]
+STEPS = 5
+CHECK_STEP = 4
+"""The step whose gradients are compared: on the debug data, skrull and
+worstfit schedule it differently at CP=2, and both place some sequences
+local and some distributed."""
+
+
+@pytest.fixture(scope="session")
+def workdir(tmp_path_factory) -> str:
+    return str(tmp_path_factory.mktemp("integration"))
+
+
+@pytest.fixture(scope="session")
+def seed(workdir) -> str:
+    return seed_checkpoint(workdir, TORCHTITAN)
+
+
+@pytest.fixture(scope="session")
+def reference(workdir, seed) -> Run:
+    """torchtitan's own Trainer, 1 process, rows packed as torchtitan does."""
+    run = train_from_seed(workdir, "ref", 1, "torchtitan.train", TORCHTITAN, seed, STEPS, grads_at=CHECK_STEP)
+    ref = run.losses
+    assert len(ref) == STEPS and ref[-1] < ref[0], f"reference loss did not decrease: {ref}"
+    return run
+
+
+class SkrullRuns:
+    """Skrull runs from the seed, launched on first use and kept for the session."""
+
+    SHAPES = {
+        "cp2": (2, ["--parallelism.context_parallel_degree", "2"]),
+        "dp2cp2": (4, ["--parallelism.context_parallel_degree", "2",
+                       "--parallelism.data_parallel_shard_degree", "2"]),
+        "cp2_worstfit": (2, ["--parallelism.context_parallel_degree", "2", "--skrull.policy", "worstfit"]),
+    }
+
+    def __init__(self, workdir: str, seed: str):
+        self.workdir, self.seed, self.runs = workdir, seed, {}
+
+    def __getitem__(self, name: str) -> Run:
+        if name not in self.runs:
+            nproc, extra = self.SHAPES[name]
+            self.runs[name] = train_from_seed(
+                self.workdir, name, nproc, "skrull_ext.train", SKRULL, self.seed, STEPS,
+                extra=[*extra, "--skrull.plan_log"], grads_at=CHECK_STEP,
+                save_every=2 if name == "cp2" else None,  # cp2's step-2 checkpoint feeds the resume test
+            )
+        return self.runs[name]
+
+
+@pytest.fixture(scope="session")
+def skrull_runs(workdir, seed) -> SkrullRuns:
+    return SkrullRuns(workdir, seed)

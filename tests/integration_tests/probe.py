@@ -1,0 +1,68 @@
+"""Test-side wrapper of a training entry point that saves gradients.
+
+    torchrun ... -m tests.integration_tests.probe torchtitan.train --module ... --config ...
+    torchrun ... -m tests.integration_tests.probe skrull_ext.train --config-file JOB.toml ...
+
+With ``SKRULL_PROBE_GRADS=STEP:PATH`` in the environment, right before the
+optimizer step of training step STEP (after accumulation and clipping),
+every rank gathers the full gradient of each parameter (FSDP shards are
+DTensors; ``full_tensor()`` is a collective, so all ranks take part) and
+rank 0 saves ``{parameter name: gradient}`` to PATH with ``torch.save``.
+It hooks torch's global optimizer pre-step hook and torchtitan's Trainer
+constructor, so the product code carries no test switch and torchtitan's
+own trainer can be probed the same way.
+"""
+
+import os
+import runpy
+import sys
+
+import torch
+import torch.distributed as dist
+
+
+def _install_grad_probe(step: int, path: str) -> None:
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+    from torchtitan.components.optimizer import OptimizersContainer
+    from torchtitan.trainer import Trainer
+
+    trainers: list[Trainer] = []
+    init = Trainer.__init__
+
+    def recording_init(self, *args, **kwargs):
+        trainers.append(self)
+        init(self, *args, **kwargs)
+
+    Trainer.__init__ = recording_init
+
+    def hook(optimizer, args, kwargs):
+        # Fires for the container and for each optimizer inside it; once is enough.
+        if not isinstance(optimizer, OptimizersContainer) or trainers[-1].step != step:
+            return
+        grads = {}
+        for part in trainers[-1].model_parts:
+            for name, p in part.named_parameters():
+                if p.grad is None:
+                    continue
+                g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+                grads[name] = g.detach().to("cpu", copy=True)
+        if not dist.is_initialized() or dist.get_rank() == 0:
+            torch.save(grads, path)
+
+    register_optimizer_step_pre_hook(hook)
+
+
+def main() -> None:
+    if len(sys.argv) < 2:
+        raise SystemExit("usage: python -m tests.integration_tests.probe ENTRY_MODULE [ARGS...]")
+    entry, args = sys.argv[1], sys.argv[2:]
+    spec = os.environ.get("SKRULL_PROBE_GRADS")
+    if spec:
+        step, path = spec.split(":", 1)
+        _install_grad_probe(int(step), path)
+    sys.argv = [entry, *args]
+    runpy.run_module(entry, run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    main()

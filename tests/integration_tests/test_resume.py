@@ -1,0 +1,53 @@
+"""Resume: a run restarted from its step-2 checkpoint (torchtitan's
+checkpointer: model, optimizer, LR schedule, train state and the Skrull
+dataloader's state_dict) trains steps 3..5 exactly as the uninterrupted run
+did: same samples, same plans, same buffers, same losses; across the two
+runs every sample of steps 1..5 is used once, none repeated, none lost.
+
+The uninterrupted run is the CP=2 parity run, which saves a full checkpoint
+every 2 steps. The restarted run gets a copy of its step-2 checkpoint in its
+own checkpoint folder, exactly what a job preempted after step 2 finds there,
+and takes torchtitan's fault-tolerance path (resume from the folder's latest
+step; the seed path on the command line is then ignored by design).
+"""
+
+import os
+import shutil
+
+import pytest
+
+from skrull_ext.plan_log import read_plan_log
+from tests.integration_tests.conftest import SKRULL, STEPS, SkrullRuns
+from tests.integration_tests.launch import train_from_seed
+
+RESUME_AT = 2
+
+
+@pytest.mark.slow
+def test_resume_replays_the_uninterrupted_run(skrull_runs, workdir, seed):
+    full = skrull_runs["cp2"]
+    ckpt = os.path.join(full.dump, "checkpoint", f"step-{RESUME_AT}")
+    assert os.path.isdir(ckpt), f"the uninterrupted run saved no step-{RESUME_AT} checkpoint"
+    resumed_dump = os.path.join(workdir, "cp2_resumed")
+    shutil.copytree(ckpt, os.path.join(resumed_dump, "checkpoint", f"step-{RESUME_AT}"))
+
+    nproc, extra = SkrullRuns.SHAPES["cp2"]
+    resumed = train_from_seed(workdir, "cp2_resumed", nproc, "skrull_ext.train", SKRULL, seed, STEPS,
+                              extra=[*extra, "--skrull.plan_log"])
+    assert f"Training starts at step {RESUME_AT + 1}" in resumed.output
+
+    got, want = resumed.losses, full.losses[RESUME_AT:]
+    print(f"uninterrupted steps {RESUME_AT + 1}..{STEPS}: {want}\nresumed:              {got}")
+    assert len(got) == STEPS - RESUME_AT
+    assert max(abs(a - b) for a, b in zip(got, want)) < 1e-6, f"{got} vs {want}"
+
+    for rank in range(nproc):
+        name = os.path.join("skrull_plans", f"rank{rank}.jsonl")
+        a = read_plan_log(os.path.join(full.dump, name))
+        b = read_plan_log(os.path.join(resumed.dump, name))
+        assert sorted(b) == list(range(RESUME_AT + 1, STEPS + 1)), sorted(b)
+        for step in b:
+            assert b[step] == a[step], f"rank {rank} step {step}: resumed {b[step]} vs {a[step]}"
+        used = [i for s in range(1, RESUME_AT + 1) for i in a[s]["samples"]]
+        used += [i for s in b for i in b[s]["samples"]]
+        assert sorted(used) == list(range(len(used))), "samples repeated or lost across the resume"

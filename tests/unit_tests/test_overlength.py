@@ -1,0 +1,59 @@
+"""Over-length sequences: the start-up pre-scan and the dataloader's counts."""
+
+import pytest
+
+from skrull_ext import cost_model
+from skrull_ext.datasets.overlength import OverlengthError, check_overlength, scan_overlength
+from skrull_ext.datasets.scheduling import SkrullDataLoader
+from skrull_ext.scheduler import Scheduler
+from skrull_ext.skrull_section import SkrullSection
+
+GBS = 8
+
+
+def _loader(policy="error", cp=1, bucket=256):
+    config = SkrullDataLoader.Config(length_scale=32.0, max_len=512, global_batch_size=GBS, vocab_size=2048)
+    loader = config.build(dp_world_size=1, dp_rank=0)
+    section = SkrullSection(bucket_size=bucket, cost_model="llama3-debug", overlength=policy)
+    loader.attach(Scheduler(section.scheduler_config(1, cp), cost_model.preset("llama3-debug")), 0, cp)
+    return loader
+
+
+def test_scan_finds_exactly_the_long_samples():
+    loader = _loader()
+    report = scan_overlength(loader, 256, 1, "error", 1, 10)
+    src = loader.source
+    want = [(s, i, src.length(i)) for s in range(1, 11) for i in src.global_batch(s, GBS) if src.length(i) > 256]
+    assert want and report.over == want and report.scanned == 10 * GBS
+
+
+def test_a_bound_that_fits_needs_no_scan():
+    report = scan_overlength(_loader(cp=2), 256, 2, "error", 1, 1000)
+    assert report.bound == 512 and report.scanned == 0 and not report.over
+
+
+def test_error_fails_naming_sample_step_length_and_limit():
+    loader = _loader()
+    step, index, length = scan_overlength(loader, 256, 1, "error", 1, 10).over[0]
+    with pytest.raises(OverlengthError) as e:
+        check_overlength(loader, 256, 1, "error", 1, 10)
+    assert str(e.value).startswith(
+        f"sample {index} (step {step}) has length {length}, longer than the 256 tokens a CP group "
+        "can hold (bucket_size 256 x cp 1)"
+    )
+    assert "skrull.overlength" in str(e.value)
+
+
+@pytest.mark.parametrize("policy", ["truncate", "drop"])
+def test_dataloader_counts_what_the_policy_did(policy):
+    loader = _loader(policy)
+    report = check_overlength(loader, 256, 1, policy, 1, 4)  # logs, does not raise
+    what = "truncated" if policy == "truncate" else "dropped"
+    steps = [loader.next_step() for _ in range(4)]
+    per_step = [len(getattr(s.plan, what)) for s in steps]
+    assert sum(per_step) == len(report.over) > 0
+    assert [s.overlength_totals[what] for s in steps] == [sum(per_step[: k + 1]) for k in range(4)]
+    # The totals are checkpointed with the step.
+    fresh = _loader(policy)
+    fresh.load_state_dict(loader.state_dict())
+    assert fresh.step == 4 and fresh.overlength_totals == loader.overlength_totals

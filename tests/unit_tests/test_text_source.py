@@ -1,0 +1,123 @@
+"""The real-text path: the shipped JSONL fixture, tokenized with the shipped
+tiny BPE tokenizer through torchtitan's HuggingFaceTokenizer, read by the
+same source and dataloaders a job uses."""
+
+import json
+import os
+
+import pytest
+import torch
+
+from skrull_ext import assets, cost_model
+from skrull_ext.attention.meta import DISTRIBUTED
+from skrull_ext.datasets.packed import PackedDataLoader
+from skrull_ext.datasets.scheduling import SkrullDataLoader
+from skrull_ext.datasets.synthetic import IGNORE_INDEX
+from skrull_ext.datasets.text import JsonlSequences
+from skrull_ext.job_file import load_job
+from skrull_ext.scheduler import Scheduler
+from skrull_ext.skrull_section import SkrullSection
+from skrull_ext.tokenizer import LocalTokenizer, SyntheticTokenizer
+
+FIXTURE = assets.text_path("tiny_sft")
+TEXT_JOB = os.path.join(os.path.dirname(__file__), "..", "..", "skrull_ext", "jobs", "debug_cpu_text.toml")
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return LocalTokenizer.Config(path="tiny_bpe").build(tokenizer_path="")
+
+
+@pytest.fixture(scope="module")
+def records():
+    with open(FIXTURE, encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
+
+
+def test_fixture_mixes_texts_chats_and_long_documents(records, tok):
+    src = JsonlSequences(FIXTURE, tok)
+    kinds = {("text" if "text" in r else "chat") for r in records}
+    assert kinds == {"text", "chat"} and len(src) == len(records) >= 30
+    lengths = [src.length(i) for i in range(len(src))]
+    assert min(lengths) < 64 and sum(n > 256 for n in lengths) >= 2 and max(lengths) > 512
+    assert tok.get_vocab_size() <= 2048  # fits the llama3 debug model
+
+
+def test_samples_are_the_records_tokenized(records, tok):
+    src = JsonlSequences(FIXTURE, tok)
+    for i in range(len(src)):
+        r, s = records[src.record(i)], src[i]
+        assert s.length == src.length(i)
+        assert torch.equal(s.labels[:-1][s.labels[:-1] != IGNORE_INDEX],
+                           s.input[1:][s.labels[:-1] != IGNORE_INDEX])
+        trained = s.labels[s.labels != IGNORE_INDEX].tolist()
+        if "text" in r:  # everything is trained on, ending with EOS
+            assert tok.decode(s.input.tolist()) == r["text"]
+            assert trained == s.input[1:].tolist() and trained[-1] == tok.eos_id
+        else:  # only the assistant's turns (special end markers decode to nothing)
+            want = "".join(m["content"] for m in r["messages"] if m["role"] == "assistant")
+            assert tok.decode(trained) == want
+            assert tok.decode(s.input.tolist()) == "".join(
+                f"{m['role']}\n{m['content']}\n" for m in r["messages"])
+
+
+def test_epochs_are_seeded_permutations(tok):
+    a, b = JsonlSequences(FIXTURE, tok, seed=3), JsonlSequences(FIXTURE, tok, seed=3)
+    n = len(a)
+    first, second = [a.record(i) for i in range(n)], [a.record(i) for i in range(n, 2 * n)]
+    assert sorted(first) == sorted(second) == list(range(n)) and first != second
+    assert [b.record(i) for i in range(2 * n)] == first + second
+    assert [JsonlSequences(FIXTURE, tok, seed=4).record(i) for i in range(n)] != first
+
+
+def test_max_len_cuts_and_the_byte_tokenizer_also_works(tok):
+    src = JsonlSequences(FIXTURE, tok, max_len=100)
+    assert src.max_length == 100 and all(src[i].length <= 100 for i in range(len(src)))
+    by_bytes = JsonlSequences(FIXTURE, SyntheticTokenizer.Config(vocab_size=2048).build())
+    assert by_bytes.max_length > JsonlSequences(FIXTURE, tok).max_length
+
+
+@pytest.mark.parametrize("line, message", [
+    ("{not json", r":1: not valid JSON"),
+    ('{"body": "x"}', r":1: needs a 'text' string or a non-empty 'messages' list"),
+    ('{"messages": [{"role": "bot", "content": "x"}]}', r":1: message 0 needs a role in"),
+    ('{"messages": [{"role": "user", "content": "hi"}]}', r":1: a chat needs at least one assistant message"),
+])
+def test_bad_records_are_named_by_line(tmp_path, tok, line, message):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(line + "\n")
+    with pytest.raises(ValueError, match=message):
+        JsonlSequences(str(path), tok)
+
+
+def test_jsonl_through_the_dataloaders(tok):
+    config = SkrullDataLoader.Config(dataset="jsonl", dataset_path="tiny_sft", max_len=512, global_batch_size=8)
+    section = SkrullSection(bucket_size=256, cost_model="llama3-debug")
+    loader = config.build(dp_world_size=1, dp_rank=0, tokenizer=tok)
+    loader.attach(Scheduler(section.scheduler_config(1, 2), cost_model.preset("llama3-debug")), 0, 2)
+    placements = []
+    for _ in range(4):
+        step = loader.next_step()
+        want = sum(int((loader.source[i].labels != IGNORE_INDEX).sum()) for i in step.samples)
+        assert step.global_valid_tokens == want
+        placements += step.plan.cp_rank
+    assert DISTRIBUTED in placements and any(r != DISTRIBUTED for r in placements)
+    packed = PackedDataLoader.Config(dataset="jsonl", dataset_path="tiny_sft", max_len=512).build(
+        dp_world_size=1, dp_rank=0, tokenizer=tok, seq_len=512, local_batch_size=4)
+    inputs, labels = next(iter(packed))
+    assert inputs["input"].shape == labels.shape == (4, 512)
+
+
+def test_text_job_file_selects_both():
+    config = load_job(TEXT_JOB)
+    assert isinstance(config.tokenizer, LocalTokenizer.Config) and config.tokenizer.path == "tiny_bpe"
+    assert config.dataloader.dataset == "jsonl" and config.dataloader.dataset_path == "tiny_sft"
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"dataset": "jsonl"}, "needs dataloader.dataset_path"),
+    ({"dataset": "parquet"}, "'parquet' is not one of"),
+])
+def test_dataloader_config_errors(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        SkrullDataLoader.Config(**kwargs)
