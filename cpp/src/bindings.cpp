@@ -16,24 +16,6 @@
 namespace py = pybind11;
 using namespace skrull;
 
-namespace {
-
-void check_micro_batch_args(const std::vector<int64_t>& lengths, int32_t cp, int64_t bucket) {
-  Options opt;
-  opt.cp = cp;
-  opt.bucket_size = bucket;
-  validate_options(opt);
-  if (static_cast<int64_t>(lengths.size()) > kMaxSequences)
-    throw std::invalid_argument("micro-batch has " + std::to_string(lengths.size()) + " sequences, more than " +
-                                std::to_string(kMaxSequences));
-  for (size_t i = 0; i < lengths.size(); ++i)
-    if (lengths[i] < 1 || lengths[i] > kMaxLength)
-      throw std::invalid_argument("sequence " + std::to_string(i) + " has length " + std::to_string(lengths[i]) +
-                                  ", outside [1, " + std::to_string(kMaxLength) + "]");
-}
-
-}  // namespace
-
 PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
   m.doc() = "Skrull scheduler core: cost model, DACP and GDS (C++).";
 
@@ -170,7 +152,6 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
       "dacp",
       [](const std::vector<int64_t>& lengths, const CostModel& cost, int32_t cp, int64_t bucket_size,
          Placement placement, Rollback rollback, bool refine) {
-        check_micro_batch_args(lengths, cp, bucket_size);
         py::gil_scoped_release release;
         return dacp(lengths, cost, cp, bucket_size, placement, rollback, refine);
       },
@@ -183,14 +164,6 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
       "evaluate_placement",
       [](const std::vector<int64_t>& lengths, const std::vector<int32_t>& cp_rank, const CostModel& cost, int32_t cp,
          int64_t bucket_size) {
-        check_micro_batch_args(lengths, cp, bucket_size);
-        if (cp_rank.size() != lengths.size())
-          throw std::invalid_argument("cp_rank has " + std::to_string(cp_rank.size()) + " entries for " +
-                                      std::to_string(lengths.size()) + " sequences");
-        for (size_t i = 0; i < cp_rank.size(); ++i)
-          if (cp_rank[i] != kDistributed && (cp_rank[i] < 0 || cp_rank[i] >= cp))
-            throw std::invalid_argument("cp_rank[" + std::to_string(i) + "] = " + std::to_string(cp_rank[i]) +
-                                        " is neither DISTRIBUTED (-1) nor in [0, " + std::to_string(cp) + ")");
         return evaluate_placement(lengths, cp_rank, cost, cp, bucket_size);
       },
       py::arg("lengths"), py::arg("cp_rank"), py::arg("cost_model"), py::arg("cp"), py::arg("bucket_size"),

@@ -11,6 +11,7 @@
 #include "skrull/cost_model.hpp"
 #include "skrull/refine.hpp"
 #include "skrull/types.hpp"
+#include "skrull/validate.hpp"
 #include "skrull/workspace.hpp"
 
 namespace skrull {
@@ -79,9 +80,12 @@ inline void score_placement(const int64_t* lengths, size_t n, const CostModel& c
 }
 
 // Scores a given placement (cp_rank[i] in [0, cp) or kDistributed) and marks
-// it unschedulable when a rank would hold more than `bucket` tokens.
+// it unschedulable when a rank would hold more than `bucket` tokens. Throws
+// std::invalid_argument for arguments outside validate.hpp's ranges.
 inline DacpResult evaluate_placement(const std::vector<int64_t>& lengths, const std::vector<int32_t>& cp_rank,
                                      const CostModel& cost, int32_t cp, int64_t bucket) {
+  validate_micro_batch(lengths, cost, cp, bucket);
+  validate_placement(cp_rank, lengths.size(), cp);
   DacpResult r;
   r.cp_rank = cp_rank;
   score_placement(lengths.data(), lengths.size(), cost, cp, r);
@@ -177,8 +181,12 @@ inline Status dacp_into(const int64_t* lengths, size_t n, const CostModel& cost,
   return Status::kOk;
 }
 
+// One micro-batch, checked: throws std::invalid_argument for arguments
+// outside validate.hpp's ranges (dacp_into assumes them).
 inline DacpResult dacp(const std::vector<int64_t>& lengths, const CostModel& cost, int32_t cp, int64_t bucket,
                        Placement placement, Rollback rollback, bool refine = false) {
+  validate_micro_batch(lengths, cost, cp, bucket);
+  validate_placement_rule(placement, rollback);
   Workspace ws;
   DacpResult r;
   r.cp_rank.resize(lengths.size());
