@@ -54,7 +54,7 @@ class RefCost:
         hi = next((i for i, x in enumerate(xs) if x > v), len(xs))
         hi = min(hi, len(xs) - 1)
         lo = hi - 1
-        return ys[lo] + (ys[hi] - ys[lo]) * (v - xs[lo]) / (xs[hi] - xs[lo])
+        return max(0.0, ys[lo] + (ys[hi] - ys[lo]) * (v - xs[lo]) / (xs[hi] - xs[lo]))
 
     def micro_batch(self, local: list[float], dist: float, vol: float) -> float:
         comm = self.per_layer * self.collective(vol)

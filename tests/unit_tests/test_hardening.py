@@ -33,3 +33,39 @@ def test_dacp_refuses_out_of_range_arguments(args, msg):
         _core.dacp(lengths, cm.preset(), cp, bucket)
     with pytest.raises(ValueError, match=msg):
         _core.evaluate_placement(lengths, [-1] * len(lengths), cm.preset(), cp, bucket)
+
+
+def _cost(a=1e-9, b=1.0, layers=2, bytes_=(1.0, 2.0), us=(1.0, 2.0), floor=0.0, per_layer=2.0):
+    return _core.CostModel(_core.ModelShape(layers, 8, 8), a, b,
+                           _core.CommModel(list(bytes_), list(us), 0.0, floor, per_layer))
+
+
+@pytest.mark.parametrize(
+    "kw, msg",
+    [
+        ({"a": float("inf")}, r"a_us_per_flop must be finite and in \[0, 1\.0+\], got inf"),
+        ({"a": 2.0}, r"a_us_per_flop must be finite and in \[0, 1\.0+\], got 2\.0+"),
+        ({"b": -1.0}, r"b_us must be finite"),
+        ({"b": 1e300}, r"b_us must be finite"),
+        ({"layers": 1 << 20}, r"layers must be in \[1, 65536\]"),
+        ({"us": (1.0, float("nan"))}, r"comm point 1 must be finite"),
+        ({"us": (1.0, 1e12)}, r"comm point 1 must be finite and >= 0, latency <="),
+        ({"bytes_": (1.0, 1.5)}, r"points 0 and 1 must be at least one byte apart"),
+        ({"floor": float("inf")}, r"comm.floor_us must be finite"),
+        ({"per_layer": 1e9}, r"collectives_per_layer must be finite and in \[0, 1000"),
+    ],
+)
+def test_cost_model_refuses_coefficients_outside_accepted_ranges(kw, msg):
+    # Found by review: huge coefficients (a_us_per_flop = 1e308) passed and
+    # turned predicted times into inf, which Plan.validate() rejects; byte
+    # points 1e-300 apart gave an infinite extrapolated slope.
+    with pytest.raises(ValueError, match=msg):
+        _cost(**kw)
+
+
+def test_falling_comm_table_never_predicts_negative_latency():
+    # Found by review: a last segment that falls, extended past the table,
+    # went below zero (-1e6 us for a big message).
+    c = _cost(bytes_=(1.0, 2.0), us=(10.0, 5.0))
+    assert c.collective_us(1e9) == 0.0
+    assert c.collective_us(1.5) == 7.5
