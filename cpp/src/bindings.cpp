@@ -1,5 +1,8 @@
 // Python bindings of the scheduler core: conversions only. The scheduling
-// calls release the GIL, so dataloader threads can schedule concurrently.
+// calls release the GIL, so dataloader threads can schedule concurrently;
+// they take the cost model and options by value, copied while the GIL is
+// held, so another thread changing the Python objects meanwhile cannot
+// change them under the running scheduler.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -75,10 +78,11 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
              return c;
            }),
            py::arg("shape"), py::arg("a_us_per_flop"), py::arg("b_us"), py::arg("comm"))
-      .def_readonly("shape", &CostModel::shape)
+      // Copies: a CostModel is immutable once validated (build a new one).
+      .def_property_readonly("shape", [](const CostModel& c) { return c.shape; })
       .def_readonly("a_us_per_flop", &CostModel::a_us_per_flop)
       .def_readonly("b_us", &CostModel::b_us)
-      .def_readonly("comm", &CostModel::comm)
+      .def_property_readonly("comm", [](const CostModel& c) { return c.comm; })
       .def("flops", &CostModel::flops, py::arg("length"), "Forward FLOPs of one layer for one sequence.")
       .def("kv_bytes", &CostModel::kv_bytes, py::arg("length"), "K and V bytes of one layer.")
       .def("comp_us", &CostModel::comp_us, py::arg("flops"), "Fwd+bwd time of F forward FLOPs of one layer.")
@@ -141,7 +145,7 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
 
   m.def(
       "schedule",
-      [](const std::vector<int64_t>& lengths, const CostModel& cost, const Options& opt) {
+      [](const std::vector<int64_t>& lengths, CostModel cost, Options opt) {
         py::gil_scoped_release release;
         return schedule(lengths, cost, opt);
       },
@@ -150,7 +154,7 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
 
   m.def(
       "dacp",
-      [](const std::vector<int64_t>& lengths, const CostModel& cost, int32_t cp, int64_t bucket_size,
+      [](const std::vector<int64_t>& lengths, CostModel cost, int32_t cp, int64_t bucket_size,
          Placement placement, Rollback rollback, bool refine) {
         py::gil_scoped_release release;
         return dacp(lengths, cost, cp, bucket_size, placement, rollback, refine);

@@ -69,3 +69,14 @@ def test_falling_comm_table_never_predicts_negative_latency():
     c = _cost(bytes_=(1.0, 2.0), us=(10.0, 5.0))
     assert c.collective_us(1e9) == 0.0
     assert c.collective_us(1.5) == 7.5
+
+
+def test_cost_model_fields_cannot_be_changed_behind_validate():
+    # Found by review: CostModel.shape/comm returned references, so
+    # `c.comm.us = [1.0]` (one point for ten byte sizes) skipped validate()
+    # and c.collective_us() then read past the table.
+    c = cm.preset()
+    c.comm.us = [1.0]
+    c.shape.layers = 0
+    assert len(c.comm.us) == len(c.comm.bytes) == 10
+    assert c.shape.layers == 24
