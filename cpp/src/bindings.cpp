@@ -90,7 +90,14 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
       .def("comm_us", &CostModel::comm_us, py::arg("bytes"), "Communication time of one layer.")
       .def("micro_batch_us", &CostModel::micro_batch_us, py::arg("local_flops"), py::arg("dist_flops"),
            py::arg("comm_bytes"), "Predicted micro-batch time (overlap formula, all layers).")
-      .def("micro_batch_lower_bound_us", &CostModel::micro_batch_lower_bound_us, py::arg("lengths"), py::arg("cp"),
+      .def(
+          "micro_batch_lower_bound_us",
+          [](const CostModel& c, const std::vector<int64_t>& lengths, int32_t cp) {
+            validate_group(cp, 1);
+            validate_lengths(lengths, "micro-batch");
+            return c.micro_batch_lower_bound_us(lengths, cp);
+          },
+          py::arg("lengths"), py::arg("cp"),
            "A lower bound on any DACP plan's time for these lengths.")
       .def("comm_is_monotone", &CostModel::comm_is_monotone);
 
@@ -173,9 +180,22 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
       py::arg("lengths"), py::arg("cp_rank"), py::arg("cost_model"), py::arg("cp"), py::arg("bucket_size"),
       "Scores a given placement with the cost model; UNSCHEDULABLE if a rank exceeds bucket_size.");
 
-  m.def("shard_tokens", &shard_tokens, py::arg("length"), py::arg("cp"),
+  m.def(
+      "shard_tokens",
+      [](int64_t length, int32_t cp) {
+        validate_lengths({length}, "shard_tokens");
+        validate_group(cp, 1);
+        return shard_tokens(length, cp);
+      },
+      py::arg("length"), py::arg("cp"),
         "Tokens one CP rank holds of a sequence sharded (zigzag, padded to 2*cp) over cp ranks.");
-  m.def("max_sequence_length", &max_sequence_length, py::arg("bucket_size"), py::arg("cp"),
+  m.def(
+      "max_sequence_length",
+      [](int64_t bucket_size, int32_t cp) {
+        validate_group(cp, bucket_size);
+        return max_sequence_length(bucket_size, cp);
+      },
+      py::arg("bucket_size"), py::arg("cp"),
         "Longest sequence a CP group can hold.");
 
 #ifdef VERSION_INFO

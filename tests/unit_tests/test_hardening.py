@@ -80,3 +80,22 @@ def test_cost_model_fields_cannot_be_changed_behind_validate():
     c.shape.layers = 0
     assert len(c.comm.us) == len(c.comm.bytes) == 10
     assert c.shape.layers == 24
+
+
+def test_helpers_refuse_arguments_that_would_overflow():
+    # Found by review: the helpers were bound without checks, so
+    # shard_tokens(2**63 - 1, 2) overflowed int64 (UB; it returned a negative
+    # count), max_sequence_length(2**62, 2**20) wrapped, and
+    # micro_batch_lower_bound_us(..., cp=0) divided by zero.
+    with pytest.raises(ValueError, match=r"sequence 0 has length 9223372036854775807"):
+        _core.shard_tokens(2**63 - 1, 2)
+    with pytest.raises(ValueError, match=r"cp must be in \[1, 65536\], got -3"):
+        _core.shard_tokens(5, -3)
+    with pytest.raises(ValueError, match=r"bucket_size must be in"):
+        _core.max_sequence_length(2**62, 2**10)
+    with pytest.raises(ValueError, match=r"cp must be in \[1, 65536\], got 1048576"):
+        _core.max_sequence_length(2**30, 2**20)
+    with pytest.raises(ValueError, match=r"cp must be in \[1, 65536\], got 0"):
+        cm.preset().micro_batch_lower_bound_us([5], 0)
+    assert _core.max_sequence_length(_core.MAX_BUCKET_SIZE, _core.MAX_RANKS) == 1 << 52
+    assert _core.shard_tokens(_core.MAX_LENGTH, 2) == 1 << 35

@@ -60,11 +60,16 @@ inline void validate_lengths(const std::vector<int64_t>& lengths, const char* wh
                    std::to_string(kMaxLength) + "]");
 }
 
+// One CP group: cp ranks of `bucket` tokens each.
+inline void validate_group(int32_t cp, int64_t bucket) {
+  detail::check_in("cp", cp, 1, kMaxRanks);
+  detail::check_in("bucket_size", bucket, 1, kMaxBucketSize);
+}
+
 // Arguments of one micro-batch on one CP group (dacp, evaluate_placement).
 inline void validate_micro_batch(const std::vector<int64_t>& lengths, const CostModel& cost, int32_t cp,
                                  int64_t bucket) {
-  detail::check_in("cp", cp, 1, kMaxRanks);
-  detail::check_in("bucket_size", bucket, 1, kMaxBucketSize);
+  validate_group(cp, bucket);
   cost.validate();
   validate_lengths(lengths, "micro-batch");
 }
