@@ -2,10 +2,19 @@
 plan (issue 7). Each test here pins a defect the hardening work found; the
 fuzzer (tools/fuzz.sh) and docs/reliability.md cover the rest."""
 
+import os
+import random
+import time
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from skrull_ext import _core
 from skrull_ext import cost_model as cm
+from skrull_ext import reference as ref
+
+EXAMPLES = int(os.environ.get("SKRULL_HARDENING_EXAMPLES", "150"))
 
 
 def test_dacp_refuses_unknown_placement_and_rollback():
@@ -99,3 +108,34 @@ def test_helpers_refuse_arguments_that_would_overflow():
         cm.preset().micro_batch_lower_bound_us([5], 0)
     assert _core.max_sequence_length(_core.MAX_BUCKET_SIZE, _core.MAX_RANKS) == 1 << 52
     assert _core.shard_tokens(_core.MAX_LENGTH, 2) == 1 << 35
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(st.integers(0, 2**31), st.integers(1, 300), st.sampled_from([2, 3, 4, 8]), st.integers(4, 400),
+       st.booleans(), st.booleans(), st.booleans())
+def test_rollback_index_picks_what_a_full_scan_picks(seed, n, cp, bucket, worst_fit, longest, refine):
+    # Roll-back heavy micro-batches (many tiny sequences, then longer ones
+    # that do not fit) against the reference's plain scan of every local
+    # sequence: same placements, same roll-back count, same status.
+    rng = random.Random(seed)
+    tiny = rng.randint(1, 8)
+    lengths = [rng.randint(1, tiny) if rng.random() < 0.8 else rng.randint(1, bucket * cp // 2) for _ in range(n)]
+    cost = cm.preset()
+    r = _core.dacp(lengths, cost, cp, bucket,
+                   _core.Placement.WORST_FIT if worst_fit else _core.Placement.LEAST_LOAD,
+                   _core.Rollback.LONGEST if longest else _core.Rollback.SHORTEST, refine)
+    want = ref.dacp(lengths, ref.RefCost.of(cost), cp, bucket, worst_fit, longest, refine)
+    assert (r.status == _core.Status.OK, list(r.cp_rank), r.rollbacks) == (want.ok, want.cp_rank, want.rollbacks)
+
+
+def test_rollbacks_cost_linear_time():
+    # Found by review: each roll-back rescanned every local sequence, so
+    # 40,000 tiny sequences and one that needs room took 1.7 s (O(n^2)).
+    cost = cm.preset()
+    lengths = [4] * 40_000 + [1200]
+    for rule in (_core.Rollback.SHORTEST, _core.Rollback.LONGEST):
+        t0 = time.perf_counter()
+        r = _core.dacp(lengths, cost, 2, 2 * 40_000 + 500, _core.Placement.LEAST_LOAD, rule)
+        elapsed = time.perf_counter() - t0
+        assert r.rollbacks == 40_000 and r.status == _core.Status.UNSCHEDULABLE
+        assert elapsed < 0.5, f"{rule}: {elapsed:.3f} s"
