@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 DISTRIBUTED = -1
+LINEAR_COUNTS = 8  # gds.hpp kLinearCounts
 
 
 @dataclass
@@ -274,40 +275,60 @@ def schedule(lengths: list[int], cost: RefCost, dp: int, n: int, bucket: int, *,
         bins[t].append(k)
         load[t] += cost.flops(eff[k])
     cap = bucket * n
+
+    def split(share: list[int], m: int):
+        groups = [share[j::m] for j in range(m)]
+        if not all(sum(eff[k] for k in g) <= cap for g in groups):
+            return None
+        res = []
+        for g in groups:
+            r = dacp([eff[k] for k in g], cost, n, bucket, worst_fit, longest_rollback, refine_)
+            if not r.ok:
+                return None
+            res.append(r)
+        t = 0.0
+        for r in res:
+            t += r.time_us
+        return (t, groups, res)
+
     for d in range(dp):
         share = sorted(bins[d], key=lambda i: (eff[i], i))
         best = None
         if share:
-            m = min(len(share), max(1, -(-sum(eff[k] for k in share) // cap)))
-            last = len(share)
+            size = len(share)
+            m0 = min(size, max(1, -(-sum(eff[k] for k in share) // cap)))
             total_flops = 0.0
             for k in share:
                 total_flops += cost.flops(eff[k])
-            while m <= last:
-                if best is not None and cost.layers * (cost.a * total_flops / n + m * cost.b) >= best[0]:
+            # First feasible count: LINEAR_COUNTS one by one, then galloping
+            # steps up to len(share) (always feasible), then bisection.
+            lo, m = m0 - 1, m0
+            while m <= size and m < m0 + LINEAR_COUNTS:
+                best = split(share, m)
+                if best is not None:
                     break
-                groups = [share[j::m] for j in range(m)]
-                res = None
-                if all(sum(eff[k] for k in g) <= cap for g in groups):
-                    res = []
-                    for g in groups:
-                        r = dacp([eff[k] for k in g], cost, n, bucket, worst_fit, longest_rollback, refine_)
-                        if not r.ok:
-                            res = None
-                            break
-                        res.append(r)
-                if res is not None:
-                    t = 0.0
-                    for r in res:
-                        t += r.time_us
-                    if best is None:
-                        best = (t, groups, res)
-                        if not predicted_time:
-                            break
-                        last = min(len(share), m + max_extra)
-                    elif t < best[0]:
-                        best = (t, groups, res)
-                m += 1
+                lo, m = m, m + 1
+            step = 2
+            while best is None and lo < size:
+                hi = min(size, lo + step)
+                best = split(share, hi)
+                if best is None:
+                    lo = hi
+                step *= 2
+            while best is not None and len(best[1]) - lo > 1:
+                mid = lo + (len(best[1]) - lo) // 2
+                cand = split(share, mid)
+                if cand is None:
+                    lo = mid
+                else:
+                    best = cand
+            if best is not None and predicted_time:
+                for m in range(len(best[1]) + 1, min(size, len(best[1]) + max_extra) + 1):
+                    if cost.layers * (cost.a * total_flops / n + m * cost.b) >= best[0]:
+                        break
+                    cand = split(share, m)
+                    if cand is not None and cand[0] < best[0]:
+                        best = cand
         t, groups, res = best if best is not None else (0.0, [], [])
         out.groups.append(groups)
         out.dp_time_us.append(t)

@@ -139,3 +139,41 @@ def test_rollbacks_cost_linear_time():
         elapsed = time.perf_counter() - t0
         assert r.rollbacks == 40_000 and r.status == _core.Status.UNSCHEDULABLE
         assert elapsed < 0.5, f"{rule}: {elapsed:.3f} s"
+
+
+@settings(max_examples=EXAMPLES // 3, deadline=None)
+@given(st.integers(0, 2**31), st.integers(1, 120), st.sampled_from([1, 2, 4, 8]), st.sampled_from([1, 3]),
+       st.integers(1, 64), st.booleans(), st.booleans())
+def test_galloping_count_search_equals_reference(seed, n, cp, dp, bucket, predicted, worst_fit):
+    # Batches whose feasible micro-batch counts are far above the token
+    # bound (sequences at the limit must sit alone), so the search gallops
+    # and bisects: the core and the reference agree on every count.
+    rng = random.Random(seed)
+    limit = _core.max_sequence_length(bucket, cp)
+    lengths = [limit if rng.random() < 0.3 else rng.randint(1, max(1, limit // 8)) for _ in range(n)]
+    cost = cm.preset()
+    opts = _core.Options()
+    opts.dp, opts.cp, opts.bucket_size = dp, cp, bucket
+    opts.placement = _core.Placement.WORST_FIT if worst_fit else _core.Placement.LEAST_LOAD
+    opts.micro_batch_count = _core.MicroBatchCount.PREDICTED_TIME if predicted else _core.MicroBatchCount.SMALLEST_FEASIBLE
+    s = _core.schedule(lengths, cost, opts)
+    want = ref.schedule(lengths, ref.RefCost.of(cost), dp, cp, bucket, worst_fit=worst_fit,
+                        predicted_time=predicted, max_extra=opts.max_extra_micro_batches)
+    assert list(s.micro_batch) == want.micro_batch
+    assert list(s.cp_rank) == want.cp_rank
+    assert list(s.dp_time_us) == want.dp_time_us
+
+
+def test_micro_batch_count_search_is_bounded():
+    # Found by review: every count from the token bound up was tried, and one
+    # giant sequence among 50,000 tiny ones is feasible only at one sequence
+    # per micro-batch: 50,000 splits, 1.4 s (O(n^2)). Now it gallops.
+    cost = cm.preset()
+    opts = _core.Options()
+    opts.cp, opts.bucket_size = 8, 26624
+    lengths = [26624 * 8] + [1] * 50_000
+    t0 = time.perf_counter()
+    s = _core.schedule(lengths, cost, opts)
+    elapsed = time.perf_counter() - t0
+    assert len(s.micro_batches) == len(lengths)
+    assert elapsed < 0.5, f"{elapsed:.3f} s"
