@@ -134,18 +134,20 @@ inline MicroBatchSplit split_micro_batches(const std::vector<int64_t>& lengths, 
     return true;
   };
   // 1. The first feasible count: one by one, then galloping, then bisection.
+  const int32_t linear_end = static_cast<int32_t>(std::min<int64_t>(n, int64_t{m0} + kLinearCounts - 1));
   int32_t lo = m0 - 1;  // highest count known infeasible
-  for (int32_t m = m0; m <= n && m < m0 + kLinearCounts && !try_split(m); ++m) lo = m;
-  for (int64_t step = 2; !best.feasible && lo < n; step *= 2) {
+  for (int32_t m = m0; m <= linear_end && !try_split(m); ++m) lo = m;
+  for (int64_t step = 2; !best.feasible; step *= 2) {
+    if (lo >= n) return best;  // unreachable (m = n is feasible); the caller throws
     const int32_t hi = static_cast<int32_t>(std::min<int64_t>(n, lo + step));
     if (!try_split(hi)) lo = hi;
   }
-  while (best.feasible && best.m - lo > 1) {
+  while (best.m - lo > 1) {
     const int32_t mid = lo + (best.m - lo) / 2;
     if (!try_split(mid)) lo = mid;
   }
   // 2. kPredictedTime: the next counts, if their bound can still win.
-  if (best.feasible && opt.micro_batch_count == MicroBatchCount::kPredictedTime) {
+  if (opt.micro_batch_count == MicroBatchCount::kPredictedTime) {
     const int32_t last = static_cast<int32_t>(std::min<int64_t>(n, static_cast<int64_t>(best.m) + opt.max_extra_micro_batches));
     for (int32_t m = best.m + 1; m <= last; ++m) {
       const double bound = cost.shape.layers * (cost.a_us_per_flop * total_flops / opt.cp + m * cost.b_us);
