@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 DISTRIBUTED = -1
 LINEAR_COUNTS = 8  # gds.hpp kLinearCounts
+MAX_REFINE_MOVES = 256  # refine.hpp kMaxRefineMoves
 
 
 @dataclass
@@ -123,7 +124,7 @@ def refine(lengths: list[int], cost: RefCost, n: int, bucket: int, order: list[i
             local[cp_rank[i]] += cost.flops(s)
     moves = 0
     current = cost.micro_batch(local, dist, vol)
-    while moves < len(lengths):
+    while moves < min(len(lengths), MAX_REFINE_MOVES):
         comm = cost.per_layer * cost.collective(vol)
         b = 0
         for j in range(1, n):

@@ -177,3 +177,19 @@ def test_micro_batch_count_search_is_bounded():
     elapsed = time.perf_counter() - t0
     assert len(s.micro_batches) == len(lengths)
     assert elapsed < 0.5, f"{elapsed:.3f} s"
+
+
+def test_refinement_moves_are_capped():
+    # Found by the adversarial benchmark: the refinement could make n moves
+    # of O(n) each; lengths 1..50,000 in one micro-batch took 2.3 s.
+    cost = cm.preset()
+    n = 20_000
+    lengths = list(range(1, n + 1))
+    t0 = time.perf_counter()
+    r = _core.dacp(lengths, cost, 8, n * n, _core.Placement.LEAST_LOAD, _core.Rollback.LONGEST, True)
+    elapsed = time.perf_counter() - t0
+    assert r.status == _core.Status.OK and r.moves == 256
+    assert elapsed < 0.5, f"{elapsed:.3f} s"
+    want = ref.dacp(lengths[:3000], ref.RefCost.of(cost), 8, 3000 * 3000, False, True, True)
+    got = _core.dacp(lengths[:3000], cost, 8, 3000 * 3000, refine=True)
+    assert (list(got.cp_rank), got.moves) == (want.cp_rank, want.moves)
