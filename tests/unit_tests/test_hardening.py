@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from skrull_ext import _core
+from skrull_ext import POLICIES, Scheduler, SchedulerConfig, _core
 from skrull_ext import cost_model as cm
 from skrull_ext import reference as ref
 
@@ -193,3 +193,42 @@ def test_refinement_moves_are_capped():
     want = ref.dacp(lengths[:3000], ref.RefCost.of(cost), 8, 3000 * 3000, False, True, True)
     got = _core.dacp(lengths[:3000], cost, 8, 3000 * 3000, refine=True)
     assert (list(got.cp_rank), got.moves) == (want.cp_rank, want.moves)
+
+
+_EXTREME = st.sampled_from([0, -1, 1, 2, 3, 2**36, 2**36 + 1, 2**63 - 1, -(2**63), 2**64, 26624, 26625, 4 * 26624])
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(
+    st.integers(-2, 9) | st.sampled_from([2**16, 2**16 + 1, 2**31]),
+    st.integers(-2, 9) | st.sampled_from([2**16, 2**16 + 1]),
+    st.integers(-1, 300) | st.sampled_from([26624, 2**36, 2**36 + 1, 2**63]),
+    st.sampled_from(sorted(POLICIES) + ["nope"]),
+    st.sampled_from(["error", "truncate", "drop"]),
+    st.booleans(),
+    st.lists(st.integers(1, 400) | _EXTREME, max_size=60),
+)
+def test_facade_gives_a_valid_plan_or_a_value_error(dp, cp, bucket, policy, overlength, cpsat, lengths):
+    # The Python entry point, CP-SAT fallback included: a plan that passes
+    # Plan.validate(), or ValueError with a message; nothing else.
+    try:
+        cfg = SchedulerConfig(dp=dp, cp=cp, bucket_size=bucket, policy=policy, overlength=overlength, cpsat=cpsat,
+                              cpsat_deterministic_time=0.001)
+    except ValueError as e:
+        assert str(e)
+        return
+    try:
+        plan = Scheduler(cfg, cm.preset()).schedule(lengths)
+    except ValueError as e:
+        assert str(e)
+        return
+    plan.validate()
+
+
+def test_facade_refuses_lengths_outside_int64_with_value_error():
+    # Found by the facade property test: 2**64 reached the binding, which
+    # raised TypeError (incompatible function arguments), not ValueError.
+    sched = Scheduler(SchedulerConfig(), cm.preset())
+    for bad in (2**64, -(2**63) - 1, 2**36 + 1, 0):
+        with pytest.raises(ValueError, match=r"sequence 1 has length .*outside \[1, 68719476736\]"):
+            sched.schedule([5, bad])
