@@ -40,6 +40,7 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
   m.attr("MAX_LENGTH") = kMaxLength;
   m.attr("MAX_BUCKET_SIZE") = kMaxBucketSize;
   m.attr("MAX_SEQUENCES") = kMaxSequences;
+  m.attr("MAX_SEQUENCE_RANKS") = kMaxSequenceRanks;
   m.attr("MAX_RANKS") = kMaxRanks;
 
   py::class_<ModelShape>(m, "ModelShape")

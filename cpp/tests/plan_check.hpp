@@ -50,6 +50,7 @@ inline std::string schedule_rejection(const std::vector<int64_t>& in, const Cost
   const std::string cost = cost_rejection(c);
   if (!cost.empty()) return cost;
   if (in.size() > (size_t{1} << 24)) return "too many sequences";
+  if (static_cast<int64_t>(in.size()) * o.cp > (int64_t{1} << 28)) return "sequences x cp";
   const int64_t limit = limit_of(o.bucket_size, o.cp);
   for (int64_t s : in) {
     if (s < 1 || s > (int64_t{1} << 36)) return "length range";

@@ -115,6 +115,9 @@ static void test_bad_input_is_refused() {
   CostModel bad = c;
   bad.comm.bytes[1] = bad.comm.bytes[0] + 0.5;
   expect_sound({1, 2}, bad, opts(1, 2, 10), "comm points too close");
+  // Plans that would not fit in memory: 2^24 sequences on 32 CP ranks.
+  expect_sound(std::vector<int64_t>(static_cast<size_t>(kMaxSequences), 1), c, opts(1, 32, 10), "sequences x cp");
+  expect_sound(std::vector<int64_t>(static_cast<size_t>(kMaxSequences) + 1, 1), c, opts(1, 1, 10), "too many");
   // dacp() and evaluate_placement() refuse too.
   int refused = 0;
   try { dacp({1}, c, 0, 10, Placement::kLeastLoad, Rollback::kLongest); } catch (const std::invalid_argument&) { ++refused; }

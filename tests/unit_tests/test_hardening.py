@@ -232,3 +232,14 @@ def test_facade_refuses_lengths_outside_int64_with_value_error():
     for bad in (2**64, -(2**63) - 1, 2**36 + 1, 0):
         with pytest.raises(ValueError, match=r"sequence 1 has length .*outside \[1, 68719476736\]"):
             sched.schedule([5, bad])
+
+
+def test_plans_too_large_for_memory_are_refused():
+    # Found by review: 2**24 sequences (accepted) on 65536 CP ranks
+    # (accepted) ask for a plan with up to 2**40 per-rank entries (16 TiB):
+    # std::bad_alloc at best. Sequences x cp is now capped at 2**28.
+    opts = _core.Options()
+    opts.cp = 64
+    n = _core.MAX_SEQUENCE_RANKS // 64 + 1
+    with pytest.raises(ValueError, match=r"sequences x cp 64 = 268435520, more than the limit 268435456"):
+        _core.schedule([1] * n, cm.preset(), opts)

@@ -33,6 +33,11 @@ inline Schedule schedule(const std::vector<int64_t>& input, const CostModel& cos
   if (static_cast<int64_t>(input.size()) > kMaxSequences)
     throw std::invalid_argument("global batch has " + std::to_string(input.size()) + " sequences, more than the limit " +
                                 std::to_string(kMaxSequences));
+  if (static_cast<int64_t>(input.size()) * opt.cp > kMaxSequenceRanks)
+    throw std::invalid_argument("global batch has " + std::to_string(input.size()) + " sequences x cp " +
+                                std::to_string(opt.cp) + " = " +
+                                std::to_string(static_cast<int64_t>(input.size()) * opt.cp) + ", more than the limit " +
+                                std::to_string(kMaxSequenceRanks) + " (the plan would not fit in memory)");
 
   Schedule out;
   const int32_t k_total = static_cast<int32_t>(input.size());
