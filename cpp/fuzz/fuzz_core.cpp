@@ -159,7 +159,8 @@ int64_t length(Bytes& in, int64_t bucket_in, int32_t cp_in) {
 constexpr int64_t kMaxWork = 2'000'000;
 
 // A leading 254 allows tens of thousands of lengths (else 2,000, which
-// keeps most executions fast); 255 asks for kMaxSequences + 1.
+// keeps most executions fast); 255 asks for kMaxSequences + 1, 253 for
+// just too many sequences x CP ranks.
 std::vector<int64_t> lengths(Bytes& in, int64_t bucket, int32_t cp) {
   std::vector<int64_t> out;
   const uint8_t size = in.u8();
@@ -168,6 +169,10 @@ std::vector<int64_t> lengths(Bytes& in, int64_t bucket, int32_t cp) {
     return out;
   }
   const int64_t width = std::min<int64_t>(std::max<int64_t>(cp, 1), kMaxRanks);
+  if (size == 253) {  // one more than kMaxSequenceRanks / cp (or than kMaxSequences): refused
+    out.assign(static_cast<size_t>(std::min(kMaxSequenceRanks / width, kMaxSequences) + 1), 1);
+    return out;
+  }
   const int64_t cap = std::max<int64_t>(1, std::min<int64_t>(size == 254 ? 40'000 : 2'000, kMaxWork / width));
   while (in.left() && static_cast<int64_t>(out.size()) < cap) {
     const uint8_t op = in.u8();

@@ -82,6 +82,7 @@ def main(out: Path) -> None:
     seeds["over_limit_truncate"] = schedule(3, 4, 13312, 0x00, lengths([5, 9, 300]) + bytes([0]) + special(7))
     seeds["over_limit_drop"] = schedule(3, 4, 13312, 0x00, lengths([5]) + bytes([0]) + special(7), overlength=2)
     seeds["too_many_sequences"] = schedule(1, 1, 26624, 0x00, bytes([255]))
+    seeds["too_many_sequence_ranks"] = bytes([0]) + ranks(1) + bytes([203]) + bucket(26624) + bytes([0, 1, 4]) + cost() + bytes([253])
     # dacp([3, 4, 5], cp=2, bucket=7): the roll-back frees rank 1, and 5
     # then goes whole onto it (a local placement after a roll-back).
     seeds["dacp_local_after_rollback"] = bytes([1]) + ranks(2) + bucket(7) + bytes([0]) + cost() + lengths([3, 4, 5])
