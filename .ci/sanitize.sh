@@ -23,6 +23,10 @@ cmake --build "$out/cpp" -j "$jobs"
 ctest --test-dir "$out/cpp" --output-on-failure
 
 echo "== sanitize: Python module"
+# The build runs without isolation: make sure its requirements are there (a
+# venv made by 'pip install -e .' has only the runtime dependencies).
+"$py" -c "import scikit_build_core, pybind11" 2>/dev/null ||
+  "$py" -m pip install -q "scikit-build-core>=0.11" "pybind11>=3.0"
 rm -rf "$out/py-install" "$out/stage"
 "$py" -m pip install -q --no-build-isolation --no-deps --target "$out/py-install" \
   -C cmake.define.SKRULL_SANITIZE=ON -C cmake.build-type=RelWithDebInfo -C build-dir="$out/py-build" . \
