@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from skrull_ext import _core
-from skrull_ext._core import MicroBatchCount, Overlength, Placement, Rollback
+from skrull_ext._core import DacpSearch, MicroBatchCount, Overlength, Placement, Rollback
 
 
 @dataclass(frozen=True)
@@ -22,15 +22,25 @@ class Policy:
     refine: bool  # time-driven local search after DACP (cpp/include/skrull/refine.hpp)
     fallback: bool  # CP-SAT may replace a micro-batch's placement
     description: str
+    dacp_search: DacpSearch = DacpSearch.HEURISTIC  # SHARD_SWEEP: also try sharding the k longest
 
 
 POLICIES: dict[str, Policy] = {
-    # This project's best: Algorithm 1 with longest-first roll-back, then a
-    # time-driven refinement, the micro-batch count chosen by predicted
-    # time, CP-SAT where it pays.
+    # This project's best: Algorithm 1 with longest-first roll-back plus a
+    # time-driven refinement, or the shard sweep, whichever predicts faster;
+    # the micro-batch count chosen by predicted time; CP-SAT where it pays.
     "skrull": Policy(
         Placement.LEAST_LOAD, Rollback.LONGEST, MicroBatchCount.PREDICTED_TIME, True, True,
-        "least-load DACP + time-driven refinement, longest-first roll-back, micro-batch count by predicted time, "
+        "least-load DACP + refinement or shard sweep, longest-first roll-back, micro-batch count by predicted "
+        "time, CP-SAT fallback",
+        DacpSearch.SHARD_SWEEP,
+    ),
+    # The same without the shard sweep: Algorithm 1 + refinement only. About
+    # 3x less scheduler time, 1.8% slower iterations on average in the
+    # simulator (tools/ablate_skrull.py, docs/benchmarks.md).
+    "skrull-fast": Policy(
+        Placement.LEAST_LOAD, Rollback.LONGEST, MicroBatchCount.PREDICTED_TIME, True, True,
+        "least-load DACP + refinement, longest-first roll-back, micro-batch count by predicted time, "
         "CP-SAT fallback",
     ),
     # Algorithms 1 + 2 as published, with the roll-back's accounting fixed.
@@ -68,7 +78,7 @@ class SchedulerConfig:
     bucket_size: int = 26624
     """BucketSize C: tokens one CP rank can hold (from the profiler or the paper: 26K for 0.5B)."""
     policy: str = "skrull"
-    """One of POLICIES: skrull, skrull-paper, worstfit."""
+    """One of POLICIES: skrull, skrull-fast, skrull-paper, worstfit."""
     overlength: str = "error"
     """Sequences no CP group can hold: error, truncate (to the longest that fits) or drop; counts go in the plan."""
     cpsat: bool = True
@@ -107,6 +117,7 @@ class SchedulerConfig:
         opt.rollback = policy.rollback
         opt.micro_batch_count = policy.micro_batch_count
         opt.refine = policy.refine
+        opt.dacp_search = policy.dacp_search
         opt.max_extra_micro_batches = self.max_extra_micro_batches
         opt.overlength = OVERLENGTH[self.overlength]
         return opt

@@ -9,8 +9,12 @@ file written by the offline profiler. A profile file is TOML::
     [compute]   a_us_per_flop, b_us
     [comm]      bytes = [...], us = [...]  (optional: threshold_bytes, floor_us,
                 collectives_per_layer)
-    [memory]    optional: bucket_size, a_bytes_per_token, b_bytes
+    [memory]    optional: bucket_size, a_bytes_per_token, b_bytes,
+                c_bytes_per_token2 (a quadratic term: dense-mask attention)
     [meta]      optional: source ("assumed" | "measured"), device, date, ...
+
+Fit-quality keys (r2, max_rel_error, points, held_out_max_rel_error) are
+informational; the offline profiler (skrull_ext/profile) writes them.
 
 Unknown sections or keys and missing required keys are errors that name them.
 """
@@ -90,9 +94,11 @@ def preset(model: str = "qwen2.5-0.5b", hardware: str = "h100-assumed") -> CostM
 _SCHEMA: dict[str, tuple[set[str], set[str]]] = {
     # section: (required keys, optional keys)
     "model": ({"layers", "hidden", "kv_width", "bytes_per_elem"}, {"name"}),
-    "compute": ({"a_us_per_flop", "b_us"}, {"r2", "max_rel_error", "points"}),
-    "comm": ({"bytes", "us"}, {"threshold_bytes", "floor_us", "collectives_per_layer", "collective", "backend", "world_size"}),
-    "memory": (set(), {"bucket_size", "a_bytes_per_token", "b_bytes", "usable_bytes", "static_bytes", "margin"}),
+    "compute": ({"a_us_per_flop", "b_us"}, {"r2", "max_rel_error", "points", "held_out_max_rel_error"}),
+    "comm": ({"bytes", "us"}, {"threshold_bytes", "floor_us", "collectives_per_layer", "collective", "backend", "world_size",
+                               "r2", "max_rel_error", "points"}),
+    "memory": (set(), {"bucket_size", "a_bytes_per_token", "b_bytes", "c_bytes_per_token2", "usable_bytes",
+                       "static_bytes", "margin", "r2", "max_rel_error", "points"}),
     "meta": (set(), None),  # free-form provenance
 }
 _REQUIRED_SECTIONS = ("model", "compute", "comm")
@@ -174,16 +180,21 @@ def resolve(spec: str, model: str = "qwen2.5-0.5b") -> CostModel:
 
 
 def bucket_size(usable_bytes: float, static_bytes: float, a_bytes_per_token: float, b_bytes: float = 0.0,
-                margin: float = 0.05) -> int:
-    """BucketSize C: tokens one rank holds, (usable - static - b) / a, minus a safety margin."""
+                margin: float = 0.05, c_bytes_per_token2: float = 0.0) -> int:
+    """BucketSize C: tokens one rank holds, the largest C with
+    a*C + c*C^2 <= (usable - static - b) * (1 - margin)."""
     if a_bytes_per_token <= 0 or not math.isfinite(a_bytes_per_token):
         raise ValueError(f"a_bytes_per_token must be finite and > 0, got {a_bytes_per_token}")
+    if c_bytes_per_token2 < 0 or not math.isfinite(c_bytes_per_token2):
+        raise ValueError(f"c_bytes_per_token2 must be finite and >= 0, got {c_bytes_per_token2}")
     if not 0 <= margin < 1:
         raise ValueError(f"margin must be in [0, 1), got {margin}")
     free = (usable_bytes - static_bytes - b_bytes) * (1.0 - margin)
-    if free < a_bytes_per_token:
+    if free < a_bytes_per_token + c_bytes_per_token2:
         raise ValueError(
             f"no room for activations: usable {usable_bytes:.3e} B - static {static_bytes:.3e} B - "
             f"fixed {b_bytes:.3e} B leaves less than one token ({a_bytes_per_token:.3e} B)"
         )
-    return min(int(free // a_bytes_per_token), _core.MAX_BUCKET_SIZE)
+    a, c = a_bytes_per_token, c_bytes_per_token2
+    tokens = free / a if c == 0 else 2.0 * free / (a + math.sqrt(a * a + 4.0 * c * free))
+    return min(int(tokens), _core.MAX_BUCKET_SIZE)

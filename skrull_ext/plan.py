@@ -59,6 +59,13 @@ class MicroBatchPlan:
     def tokens(self) -> int:
         return sum(self.lengths)
 
+    @property
+    def bound_gap(self) -> float | None:
+        """Predicted time over the lower bound, minus one (None until the fallback computed a bound)."""
+        if self.lower_bound_us is None or self.lower_bound_us <= 0:
+            return None
+        return self.time_us / self.lower_bound_us - 1.0
+
 
 @dataclass
 class Plan:
@@ -135,6 +142,7 @@ class Plan:
         tok_local = sum(mb.local_tokens for mb in mbs)
         rank_tokens = [t for mb in mbs for t in mb.rank_tokens]
         mean_dp = sum(self.dp_time_us) / len(self.dp_time_us) if self.dp_time_us else 0.0
+        gaps = [g for g in (mb.bound_gap for mb in mbs) if g is not None]
         return {
             "sequences": len(live),
             "micro_batches": len(mbs),
@@ -144,6 +152,7 @@ class Plan:
             "rollbacks": self.rollbacks,
             "refine_moves": sum(mb.moves for mb in mbs),
             "cpsat_used": sum(1 for mb in mbs if mb.path == "cpsat"),
+            "mean_bound_gap": sum(gaps) / len(gaps) if gaps else float("nan"),
             "dropped": len(self.dropped),
             "truncated": len(self.truncated),
             "scheduler_us": self.scheduler_us,

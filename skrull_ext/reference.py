@@ -1,7 +1,7 @@
 """REFERENCE ONLY: a plain-Python restatement of the C++ core.
 
 Test oracle and the benchmark's comparison point; the product never calls
-it. It mirrors cpp/include/skrull/{cost_model,dacp,gds,scheduler}.hpp line
+it. It mirrors cpp/include/skrull/{cost_model,dacp,dacp_sweep,gds,scheduler}.hpp line
 by line in meaning (same orders, same ties, same floating-point operation
 order), so its plans must equal the core's exactly.
 """
@@ -238,6 +238,87 @@ def dacp(lengths: list[int], cost: RefCost, n: int, bucket: int, worst_fit: bool
     return RefDacp(True, cp_rank, tokens, time_us, rollbacks, moves)
 
 
+def dacp_sweep(lengths: list[int], cost: RefCost, n: int, bucket: int) -> RefDacp:
+    """Shard the k longest, LPT the rest, for every k; fastest predicted wins (dacp_sweep.hpp)."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    monotone = cost.floor <= cost.ys[0] if cost.threshold > 0.0 else True
+    monotone = monotone and all(b >= a for a, b in zip(cost.ys, cost.ys[1:]))
+    best = None
+    prefix, dist, vol = 0, 0.0, 0.0
+    for k in range(len(lengths) + 1):
+        if k > 0:
+            s = lengths[order[k - 1]]
+            sh = shard_tokens(s, n)
+            prefix += sh
+            if prefix > bucket:
+                break
+            dist += cost.flops(s) / n
+            vol += cost.kv_bytes(sh * n)
+            if best is not None and monotone and \
+                    cost.layers * (cost.per_layer * cost.collective(vol) + cost.comp(dist)) >= best[1]:
+                break
+        cp_rank = [DISTRIBUTED] * len(lengths)
+        room = [bucket - prefix] * n
+        load = [0.0] * n
+        ok = True
+        for i in order[k:]:
+            s = lengths[i]
+            t = load.index(min(load))
+            if room[t] < s:
+                t = room.index(max(room))
+            if room[t] >= s:
+                cp_rank[i] = t
+                room[t] -= s
+                load[t] += cost.flops(s)
+                continue
+            sh = shard_tokens(s, n)
+            ok = min(room) >= sh
+            if not ok:
+                break
+            for j in range(n):
+                room[j] -= sh
+        if not ok:
+            continue
+        tokens, time_us = score(lengths, cp_rank, cost, n)
+        if best is None or time_us < best[1]:
+            best = (cp_rank, time_us, tokens)
+    if best is None:
+        tokens, time_us = score(lengths, [DISTRIBUTED] * len(lengths), cost, n)
+        return RefDacp(False, [DISTRIBUTED] * len(lengths), tokens, time_us, 0)
+    return RefDacp(True, best[0], best[2], best[1], 0)
+
+
+def lower_bound(lengths: list[int], cost: RefCost, n: int) -> float:
+    """CostModel::micro_batch_lower_bound_us."""
+    total = 0.0
+    longest = 0
+    for s in lengths:
+        total += cost.flops(s)
+        longest = max(longest, s)
+    if total <= 0.0:
+        return 0.0
+    bound = cost.a * total / n + cost.b
+    monotone = cost.floor <= cost.ys[0] if cost.threshold > 0.0 else True
+    monotone = monotone and all(b >= a for a, b in zip(cost.ys, cost.ys[1:]))
+    if monotone and n > 1:
+        f = cost.flops(longest)
+        as_local = cost.comp(f)
+        as_dist = cost.per_layer * cost.collective(cost.kv_bytes(longest)) + cost.comp(f / n)
+        bound = max(bound, min(as_local, as_dist))
+    return cost.layers * bound
+
+
+def dacp_for(lengths: list[int], cost: RefCost, n: int, bucket: int, worst_fit: bool, longest_rollback: bool,
+             sweep: bool, refine_: bool = False, sweep_margin: float = 0.01) -> RefDacp:
+    """Algorithm 1 (or 4, refined), and with `sweep` also dacp_sweep, the faster kept (dacp_sweep.hpp dacp_for)."""
+    r = dacp(lengths, cost, n, bucket, worst_fit, longest_rollback, refine_)
+    if sweep and n > 1 and (not r.ok or r.time_us > (1.0 + sweep_margin) * lower_bound(lengths, cost, n)):
+        s = dacp_sweep(lengths, cost, n, bucket)
+        if s.ok and (not r.ok or s.time_us < r.time_us):
+            r = s
+    return r
+
+
 @dataclass
 class RefSchedule:
     lengths: list[int]
@@ -252,7 +333,7 @@ class RefSchedule:
 
 def schedule(lengths: list[int], cost: RefCost, dp: int, n: int, bucket: int, *, worst_fit: bool = False,
              longest_rollback: bool = True, predicted_time: bool = False, max_extra: int = 1,
-             overlength: str = "error", refine_: bool = False) -> RefSchedule:
+             overlength: str = "error", refine_: bool = False, sweep: bool = False) -> RefSchedule:
     """GDS (Algorithm 2, loop fixed) + DACP for one global batch."""
     limit = max_sequence_length(bucket, n)
     eff = list(lengths)
@@ -283,7 +364,7 @@ def schedule(lengths: list[int], cost: RefCost, dp: int, n: int, bucket: int, *,
             return None
         res = []
         for g in groups:
-            r = dacp([eff[k] for k in g], cost, n, bucket, worst_fit, longest_rollback, refine_)
+            r = dacp_for([eff[k] for k in g], cost, n, bucket, worst_fit, longest_rollback, sweep, refine_)
             if not r.ok:
                 return None
             res.append(r)

@@ -91,8 +91,7 @@ class Scheduler:
         """
         lengths = _as_lengths(lengths)
         c = self.config
-        policy = POLICIES[c.policy]
-        r = _core.dacp(lengths, self.cost_model, c.cp, c.bucket_size, policy.placement, policy.rollback)
+        r = _core.dacp_for(lengths, self.cost_model, self._options)
         ok = r.status == _core.Status.OK
         if ok and not (c.uses_cpsat and c.cp > 1):
             return r, "heuristic"

@@ -10,6 +10,7 @@
 
 #include "skrull/cost_model.hpp"
 #include "skrull/dacp.hpp"
+#include "skrull/dacp_sweep.hpp"
 #include "skrull/scheduler.hpp"
 #include "skrull/types.hpp"
 
@@ -30,6 +31,9 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
   py::enum_<MicroBatchCount>(m, "MicroBatchCount")
       .value("SMALLEST_FEASIBLE", MicroBatchCount::kSmallestFeasible)
       .value("PREDICTED_TIME", MicroBatchCount::kPredictedTime);
+  py::enum_<DacpSearch>(m, "DacpSearch")
+      .value("HEURISTIC", DacpSearch::kHeuristic)
+      .value("SHARD_SWEEP", DacpSearch::kShardSweep);
   py::enum_<Overlength>(m, "Overlength")
       .value("ERROR", Overlength::kError)
       .value("TRUNCATE", Overlength::kTruncate)
@@ -110,8 +114,10 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
       .def_readwrite("placement", &Options::placement)
       .def_readwrite("rollback", &Options::rollback)
       .def_readwrite("micro_batch_count", &Options::micro_batch_count)
+      .def_readwrite("dacp_search", &Options::dacp_search)
       .def_readwrite("max_extra_micro_batches", &Options::max_extra_micro_batches)
       .def_readwrite("refine", &Options::refine)
+      .def_readwrite("sweep_margin", &Options::sweep_margin)
       .def_readwrite("overlength", &Options::overlength);
 
   py::class_<DacpResult>(m, "DacpResult")
@@ -171,6 +177,25 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
       py::arg("placement") = Placement::kLeastLoad, py::arg("rollback") = Rollback::kLongest,
       py::arg("refine") = false,
       "DACP placement of one micro-batch; status UNSCHEDULABLE when memory cannot hold it.");
+
+  m.def(
+      "dacp_sweep",
+      [](const std::vector<int64_t>& lengths, CostModel cost, int32_t cp, int64_t bucket_size) {
+        py::gil_scoped_release release;
+        return dacp_sweep(lengths, cost, cp, bucket_size);
+      },
+      py::arg("lengths"), py::arg("cost_model"), py::arg("cp"), py::arg("bucket_size"),
+      "DACP by sweeping how many of the longest sequences to shard; fastest predicted placement.");
+
+  m.def(
+      "dacp_for",
+      [](const std::vector<int64_t>& lengths, CostModel cost, Options opt) {
+        py::gil_scoped_release release;
+        return dacp_for(lengths, cost, opt);
+      },
+      py::arg("lengths"), py::arg("cost_model"), py::arg("options"),
+      "The placement GDS would choose for one micro-batch under these options (Algorithm 1/4, refinement, "
+      "shard sweep).");
 
   m.def(
       "evaluate_placement",

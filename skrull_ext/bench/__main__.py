@@ -10,6 +10,7 @@ import importlib
 import sys
 
 COMMANDS: dict[str, tuple[str, str]] = {
+    "simulate": ("skrull_ext.bench.simulate:main", "simulator: every policy vs baselines and the lower bound"),
     "latency": ("skrull_ext.bench.latency:main", "scheduler latency: C++ core vs the Python reference vs CP-SAT"),
     "adversarial": ("skrull_ext.bench.adversarial:main", "worst-case scheduler time on adversarial batches"),
 }
@@ -24,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
         if argv and argv[0] not in ("-h", "--help"):
             print(f"\nunknown command {argv[0]!r}; choose one of {sorted(COMMANDS)}", file=sys.stderr)
             return 2
-        return 0
+        return 0 if argv else 2  # a bare call names no command
     module, func = COMMANDS[argv[0]][0].split(":")
     return getattr(importlib.import_module(module), func)(argv[1:]) or 0
 

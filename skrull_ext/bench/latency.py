@@ -52,8 +52,15 @@ def draw(pool: list[int], n: int, rng: random.Random) -> list[int]:
     return [rng.choice(pool) for _ in range(n)]
 
 
+def cost_model_of(args) -> tuple[_core.CostModel, str]:
+    """The measured profile if one is given, else the named preset on the assumed H100."""
+    if args.profile:
+        return cost_models.load(args.profile), f"measured profile {args.profile}"
+    return cost_models.preset(args.model), f"preset {args.model} on h100-assumed (assumed, not measured)"
+
+
 def run_setting(s: Setting, args, pool: list[int]) -> dict:
-    cost = cost_models.preset(args.model)
+    cost, _ = cost_model_of(args)
     rng = random.Random(args.seed)
     k = s.dp * s.per_dp
     batches = [draw(pool, k, rng) for _ in range(args.reps)]
@@ -78,7 +85,8 @@ def run_setting(s: Setting, args, pool: list[int]) -> dict:
             ref.schedule(b, rcost, s.dp, s.cp, s.bucket_size, worst_fit=p.placement == _core.Placement.WORST_FIT,
                          longest_rollback=p.rollback == _core.Rollback.LONGEST,
                          predicted_time=p.micro_batch_count == _core.MicroBatchCount.PREDICTED_TIME,
-                         max_extra=cfg.max_extra_micro_batches, overlength="truncate", refine_=p.refine)
+                         max_extra=cfg.max_extra_micro_batches, overlength="truncate", refine_=p.refine,
+                         sweep=p.dacp_search == _core.DacpSearch.SHARD_SWEEP)
             py.append((time.perf_counter_ns() - t0) / 1e3)
         facade = []
         fb_cfg = SchedulerConfig(dp=s.dp, cp=s.cp, bucket_size=s.bucket_size, policy=policy, overlength="truncate")
@@ -148,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m skrull_ext.bench latency", description=__doc__.split("\n\n")[0])
     ap.add_argument("--dataset", default="mix_sharegpt_conv95+longbench_en5", choices=lengths.names())
     ap.add_argument("--model", default="qwen2.5-0.5b", choices=sorted(cost_models.MODEL_PRESETS))
+    ap.add_argument("--profile", help="a profile TOML from python -m skrull_ext.profile (overrides --model)")
     ap.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
     ap.add_argument("--policies", nargs="+", default=["skrull", "skrull-paper"], choices=sorted(POLICIES))
     ap.add_argument("--reps", type=int, default=200, help="global batches timed per setting and policy")
@@ -163,7 +172,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--reps must be >= 1, got {args.reps}")
     pool = lengths.load(args.dataset)
     results = [run_setting(SETTINGS[name], args, pool) for name in tqdm(args.settings, desc="settings")]
-    print(f"dataset {args.dataset}, model {args.model}, {args.reps} global batches per setting and policy\n")
+    print(f"dataset {args.dataset}, cost model: {cost_model_of(args)[1]}, "
+          f"{args.reps} global batches per setting and policy\n")
     print(render(results))
     if args.json:
         with open(args.json, "w") as f:

@@ -1,7 +1,8 @@
 """Real per-sample sequence lengths shipped with the package (see README.md here).
 
 One integer per line, dataset order. Used by the benchmark, the simulator,
-the embedded default training job and the tests.
+the embedded default training job and the tests. ``load`` also takes the
+path of any file in that format.
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ def names() -> list[str]:
 def _load(name: str) -> tuple[int, ...]:
     path = _DIR / f"{name}{_SUFFIX}"
     if not path.is_file():
-        raise ValueError(f"unknown length file {name!r}; choose one of {names()}")
+        path = Path(name)
+    if not path.is_file():
+        raise ValueError(f"unknown length file {name!r}: neither a shipped one {names()} nor an existing file")
     out = []
     with path.open() as f:
         for i, line in enumerate(f, 1):
@@ -36,9 +39,11 @@ def _load(name: str) -> tuple[int, ...]:
             if v < 1:
                 raise ValueError(f"{path}:{i}: length {v} is not positive")
             out.append(v)
+    if not out:
+        raise ValueError(f"{path}: no lengths in it")
     return tuple(out)
 
 
 def load(name: str) -> list[int]:
-    """All lengths of one shipped file, in its order."""
+    """All lengths of one shipped file (by name) or of a file path, in order."""
     return list(_load(name))

@@ -110,3 +110,28 @@ def test_refine_moves_instead_when_the_exchange_would_show(make_toy):
     # nothing else helps: 40 is alone on r0.
     r = _core.dacp([10, 10, 40], cost, 2, 100, Placement.LEAST_LOAD, Rollback.LONGEST, True)
     assert list(r.cp_rank) == [1, 1, 0] and r.moves == 1 and r.time_us == 7360.0
+
+
+def test_shard_sweep_shards_the_straggler(toy):
+    # Algorithm 1 keeps 12 whole: ranks [2+2, 2+12] -> 64+864 = 928.
+    assert run([2, 2, 2, 12], toy, 2, 20).time_us == 928
+    # Sweep (free comm): k=0 LPT 864; k=1 shard 12: 128 + 432 = 560;
+    # k=2 also shard the first 2: 64 + 464 = 528; k=3: 64 + 496 = 560;
+    # k=4: the sharded part alone is 528, not better -> stop.
+    r = _core.dacp_sweep([2, 2, 2, 12], toy, 2, 20)
+    assert r.status == Status.OK
+    assert list(r.cp_rank) == [D, 0, 1, D]
+    assert r.time_us == 528
+    assert list(r.rank_tokens) == [2 + 2 + 6, 2 + 2 + 6]
+    assert r.rollbacks == 0
+
+
+def test_shard_sweep_keeps_local_when_comm_is_dear(make_toy):
+    # Exchange costs 1000: sharding 12 costs 1000 + 432 > 864 of keeping it whole.
+    r = _core.dacp_sweep([2, 2, 2, 12], make_toy(comm_us=1000.0), 2, 20)
+    assert list(r.cp_rank) == [1, 1, 1, 0] and r.time_us == 864
+
+
+def test_shard_sweep_unschedulable(toy):
+    r = _core.dacp_sweep([9, 9, 9], toy, 2, 10)
+    assert r.status == Status.UNSCHEDULABLE

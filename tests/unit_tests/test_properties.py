@@ -65,6 +65,7 @@ def test_core_equals_python_reference(shape):
         longest_rollback=p.rollback == _core.Rollback.LONGEST,
         predicted_time=p.micro_batch_count == _core.MicroBatchCount.PREDICTED_TIME,
         refine_=p.refine,
+        sweep=p.dacp_search == _core.DacpSearch.SHARD_SWEEP,
     )
     assert plan.dp_rank == want.dp_rank
     assert plan.micro_batch == want.micro_batch
@@ -109,3 +110,23 @@ def test_predicted_time_policy_never_slower_than_smallest_feasible(policy):
         for d in range(4):
             assert ours.dp_time_us[d] <= want.dp_time_us[d]
         assert paper.makespan_us > 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**31), st.integers(0, 40), st.sampled_from([2, 3, 4, 8]), st.sampled_from([8, 50, 300]),
+       st.booleans())
+def test_dacp_sweep_equals_reference(seed, n, cp, bucket, dear_comm):
+    rng = random.Random(seed)
+    lengths_ = [rng.randint(1, max(1, 2 * bucket * cp // max(n, 1))) for _ in range(n)]
+    cost = cm.preset()
+    if dear_comm:  # a comm table that is not monotone: no pruning
+        cost = _core.CostModel(cost.shape, cost.a_us_per_flop, cost.b_us,
+                               _core.CommModel([1.0, 2.0], [500.0, 400.0], collectives_per_layer=2.0))
+    r = _core.dacp_sweep(lengths_, cost, cp, bucket)
+    want = ref.dacp_sweep(lengths_, ref.RefCost.of(cost), cp, bucket)
+    assert (r.status == _core.Status.OK) == want.ok
+    if want.ok:
+        assert list(r.cp_rank) == want.cp_rank
+        assert list(r.rank_tokens) == want.rank_tokens
+        assert r.time_us == want.time_us
+        assert max(want.rank_tokens, default=0) <= bucket

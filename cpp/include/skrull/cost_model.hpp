@@ -141,12 +141,12 @@ struct CostModel {
   // the max over ranks of local+dist FLOPs is at least the average, total/n.
   // With a non-decreasing comm table, the longest sequence also bounds it:
   // whole on one rank, or sharded and paying at least its own exchange.
-  double micro_batch_lower_bound_us(const std::vector<int64_t>& lengths, int32_t n) const {
+  double micro_batch_lower_bound_us(const int64_t* lengths, size_t count, int32_t n) const {
     double total = 0.0;
     int64_t longest = 0;
-    for (int64_t s : lengths) {
-      total += flops(s);
-      longest = std::max(longest, s);
+    for (size_t i = 0; i < count; ++i) {
+      total += flops(lengths[i]);
+      longest = std::max(longest, lengths[i]);
     }
     if (total <= 0.0) return 0.0;
     double bound = a_us_per_flop * total / n + b_us;
@@ -157,6 +157,9 @@ struct CostModel {
       bound = std::max(bound, std::min(as_local, as_dist));
     }
     return shape.layers * bound;
+  }
+  double micro_batch_lower_bound_us(const std::vector<int64_t>& lengths, int32_t n) const {
+    return micro_batch_lower_bound_us(lengths.data(), lengths.size(), n);
   }
 
   bool comm_is_monotone() const {

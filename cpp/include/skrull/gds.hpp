@@ -12,10 +12,30 @@
 
 #include "skrull/cost_model.hpp"
 #include "skrull/dacp.hpp"
+#include "skrull/dacp_sweep.hpp"
 #include "skrull/types.hpp"
 #include "skrull/workspace.hpp"
 
 namespace skrull {
+
+namespace detail {
+
+// Sorts indices by length (ascending or descending), ties by index
+// ascending, through packed 64-bit keys (length < 2^37, index < 2^24): one
+// integer compare per step instead of two indirect loads.
+inline void sort_by_length(const std::vector<int64_t>& lengths, std::vector<int32_t>& idx, bool descending,
+                           std::vector<uint64_t>& keys) {
+  static_assert(kMaxLength < (int64_t{1} << 37) && kMaxSequences <= (int64_t{1} << 24), "keys must fit 64 bits");
+  keys.resize(idx.size());
+  for (size_t i = 0; i < idx.size(); ++i) {
+    const int64_t len = descending ? kMaxLength - lengths[idx[i]] : lengths[idx[i]];
+    keys[i] = (static_cast<uint64_t>(len) << 24) | static_cast<uint64_t>(idx[i]);
+  }
+  std::sort(keys.begin(), keys.end());
+  for (size_t i = 0; i < idx.size(); ++i) idx[i] = static_cast<int32_t>(keys[i] & 0xFFFFFFu);
+}
+
+}  // namespace detail
 
 // Longest-processing-time greedy by FLOPs: sequences by length descending
 // (FLOPs grow with length; ties by index) each go to the DP rank with the
@@ -24,10 +44,19 @@ inline std::vector<std::vector<int32_t>> split_over_dp(const std::vector<int64_t
                                                        const std::vector<int32_t>& live, const CostModel& cost,
                                                        int32_t dp) {
   std::vector<int32_t> order = live;
-  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
-    return lengths[a] != lengths[b] ? lengths[a] > lengths[b] : a < b;
-  });
+  std::vector<uint64_t> keys;
+  detail::sort_by_length(lengths, order, /*descending=*/true, keys);
   std::vector<std::vector<int32_t>> bins(dp);
+  for (auto& bin : bins) bin.reserve(order.size() / dp + 1);
+  if (dp <= 32) {  // a scan beats a heap for few ranks; both pick the same rank
+    std::vector<double> load(dp, 0.0);
+    for (int32_t k : order) {
+      const int32_t t = detail::argmin(load);
+      bins[t].push_back(k);
+      load[t] += cost.flops(lengths[k]);
+    }
+    return bins;
+  }
   // Min-heap on (load, rank): the least-loaded rank, ties to the lower one.
   using Entry = std::pair<double, int32_t>;
   std::vector<Entry> heap_storage;
@@ -57,7 +86,8 @@ struct MicroBatchSplit {
 };
 
 // Strided split, which pairs long with short. Infeasible when a group holds
-// more than cp * bucket tokens or DACP cannot place it.
+// more than cp * bucket tokens or no DACP placement (dacp_into, and the
+// shard sweep when the options ask for it) fits it.
 inline void split_strided(const std::vector<int64_t>& lengths, const std::vector<int32_t>& sorted, int32_t m,
                           const CostModel& cost, const Options& opt, Workspace& ws, MicroBatchSplit& out) {
   out.feasible = false;
@@ -73,16 +103,16 @@ inline void split_strided(const std::vector<int64_t>& lengths, const std::vector
     for (size_t i = j; i < n; i += m) tokens += lengths[sorted[i]];
     if (tokens > capacity) return;
   }
-  double comm_bytes = 0.0;
   for (int32_t j = 0; j < m; ++j) {
     ws.lengths.clear();
     for (size_t i = j; i < n; i += m) ws.lengths.push_back(lengths[sorted[i]]);
     const size_t g = ws.lengths.size();
     ws.placement.resize(g);
-    if (dacp_into(ws.lengths.data(), g, cost, opt.cp, opt.bucket_size, opt.placement, opt.rollback, opt.refine, ws,
-                  ws.placement.data(), out.rollbacks[j], out.moves[j]) != Status::kOk)
+    double time = 0.0;
+    if (dacp_for_into(ws.lengths.data(), g, cost, opt, ws, ws.placement.data(), out.rollbacks[j], out.moves[j],
+                      time) != Status::kOk)
       return;
-    out.time_us += score_into(ws.lengths.data(), ws.placement.data(), g, cost, opt.cp, ws.tokens, ws.flops, comm_bytes);
+    out.time_us += time;
     for (size_t i = j, q = 0; i < n; i += m, ++q) out.placement[i] = ws.placement[q];
   }
   out.feasible = true;

@@ -73,12 +73,14 @@ inline Schedule schedule(const std::vector<int64_t>& input, const CostModel& cos
   const auto shares = split_over_dp(out.lengths, live, cost, opt.dp);
   Workspace ws;
   std::vector<int32_t> sorted;
+  std::vector<uint64_t> keys;
+  std::vector<int64_t> group_lengths;
+  out.dp_offsets.reserve(opt.dp + 1);
+  out.dp_time_us.reserve(opt.dp);
   out.dp_offsets.push_back(0);
   for (int32_t i = 0; i < opt.dp; ++i) {
     sorted = shares[i];
-    std::sort(sorted.begin(), sorted.end(), [&](int32_t a, int32_t b) {
-      return out.lengths[a] != out.lengths[b] ? out.lengths[a] < out.lengths[b] : a < b;
-    });
+    detail::sort_by_length(out.lengths, sorted, /*descending=*/false, keys);
     const MicroBatchSplit split = split_micro_batches(out.lengths, sorted, cost, opt, ws);
     if (!split.feasible)  // unreachable for lengths <= limit; kept as a guard
       throw std::logic_error("no micro-batch split found for DP rank " + std::to_string(i));
@@ -87,7 +89,10 @@ inline Schedule schedule(const std::vector<int64_t>& input, const CostModel& cos
       MicroBatch mb;
       mb.dp_rank = i;
       mb.index = j;
-      std::vector<int64_t> group_lengths;
+      const size_t size = (sorted.size() - j + split.m - 1) / split.m;
+      mb.seqs.reserve(size);
+      mb.dacp.cp_rank.reserve(size);
+      group_lengths.clear();
       for (size_t p = j; p < sorted.size(); p += split.m) {
         const int32_t k = sorted[p];
         mb.seqs.push_back(k);

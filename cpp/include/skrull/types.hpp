@@ -48,6 +48,12 @@ enum class MicroBatchCount : int32_t {
   kPredictedTime = 1,     // best predicted time among a few feasible counts
 };
 
+// Which DACP placements a micro-batch may use (dacp_sweep.hpp).
+enum class DacpSearch : int32_t {
+  kHeuristic = 0,   // Algorithm 1 (or 4) only, as published
+  kShardSweep = 1,  // also the sweep over sharding the k longest; fastest predicted wins
+};
+
 // What to do with a sequence no plan can hold (longer than the largest
 // length a CP group can shard within BucketSize per rank).
 enum class Overlength : int32_t {
@@ -63,8 +69,12 @@ struct Options {
   Placement placement = Placement::kLeastLoad;
   Rollback rollback = Rollback::kLongest;
   MicroBatchCount micro_batch_count = MicroBatchCount::kSmallestFeasible;
+  DacpSearch dacp_search = DacpSearch::kHeuristic;
   int32_t max_extra_micro_batches = 1;  // kPredictedTime search window
   bool refine = false;                  // time-driven local search after DACP (refine.hpp)
+  // The shard sweep runs only when Algorithm 1's (refined) placement is
+  // more than this fraction above the micro-batch's lower bound, or failed.
+  double sweep_margin = 0.01;
   Overlength overlength = Overlength::kError;
 };
 

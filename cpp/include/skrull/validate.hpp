@@ -44,7 +44,11 @@ inline void validate_options(const Options& opt) {
   validate_placement_rule(opt.placement, opt.rollback);
   const auto mbc = static_cast<int32_t>(opt.micro_batch_count);
   const auto ovl = static_cast<int32_t>(opt.overlength);
+  const auto search = static_cast<int32_t>(opt.dacp_search);
   if (mbc < 0 || mbc > 1) detail::fail("unknown micro_batch_count " + std::to_string(mbc));
+  if (!(opt.sweep_margin >= 0.0 && opt.sweep_margin <= 100.0))
+    detail::fail("sweep_margin must be in [0, 100], got " + std::to_string(opt.sweep_margin));
+  if (search < 0 || search > 1) detail::fail("unknown dacp_search " + std::to_string(search));
   if (ovl < 0 || ovl > 2) detail::fail("unknown overlength " + std::to_string(ovl));
 }
 

@@ -1,0 +1,123 @@
+"""Type stubs of the compiled scheduler core (cpp/src/bindings.cpp)."""
+
+from collections.abc import Sequence
+from enum import Enum
+
+__version__: str
+DISTRIBUTED: int
+DROPPED: int
+MAX_LENGTH: int
+MAX_BUCKET_SIZE: int
+MAX_SEQUENCES: int
+MAX_SEQUENCE_RANKS: int
+MAX_RANKS: int
+
+class Status(Enum):
+    OK = 0
+    UNSCHEDULABLE = 1
+
+class Placement(Enum):
+    LEAST_LOAD = 0
+    WORST_FIT = 1
+
+class Rollback(Enum):
+    LONGEST = 0
+    SHORTEST = 1
+
+class MicroBatchCount(Enum):
+    SMALLEST_FEASIBLE = 0
+    PREDICTED_TIME = 1
+
+class DacpSearch(Enum):
+    HEURISTIC = 0
+    SHARD_SWEEP = 1
+
+class Overlength(Enum):
+    ERROR = 0
+    TRUNCATE = 1
+    DROP = 2
+
+class ModelShape:
+    layers: int
+    hidden: int
+    kv_width: int
+    bytes_per_elem: int
+    def __init__(self, layers: int, hidden: int, kv_width: int, bytes_per_elem: int = 2) -> None: ...
+
+class CommModel:
+    bytes: list[float]
+    us: list[float]
+    threshold_bytes: float
+    floor_us: float
+    collectives_per_layer: float
+    def __init__(self, bytes: Sequence[float], us: Sequence[float], threshold_bytes: float = 0.0,
+                 floor_us: float = 0.0, collectives_per_layer: float = 2.0) -> None: ...
+
+class CostModel:
+    shape: ModelShape
+    a_us_per_flop: float
+    b_us: float
+    comm: CommModel
+    def __init__(self, shape: ModelShape, a_us_per_flop: float, b_us: float, comm: CommModel) -> None: ...
+    def flops(self, length: int) -> float: ...
+    def kv_bytes(self, length: int) -> float: ...
+    def comp_us(self, flops: float) -> float: ...
+    def collective_us(self, bytes: float) -> float: ...
+    def comm_us(self, bytes: float) -> float: ...
+    def micro_batch_us(self, local_flops: Sequence[float], dist_flops: float, comm_bytes: float) -> float: ...
+    def micro_batch_lower_bound_us(self, lengths: Sequence[int], cp: int) -> float: ...
+    def comm_is_monotone(self) -> bool: ...
+
+class Options:
+    dp: int
+    cp: int
+    bucket_size: int
+    placement: Placement
+    rollback: Rollback
+    micro_batch_count: MicroBatchCount
+    dacp_search: DacpSearch
+    max_extra_micro_batches: int
+    refine: bool
+    overlength: Overlength
+    def __init__(self) -> None: ...
+
+class DacpResult:
+    status: Status
+    cp_rank: list[int]
+    rank_tokens: list[int]
+    rank_flops: list[float]
+    comm_bytes: float
+    time_us: float
+    rollbacks: int
+    moves: int
+
+class MicroBatch:
+    dp_rank: int
+    index: int
+    seqs: list[int]
+    dacp: DacpResult
+
+class Schedule:
+    lengths: list[int]
+    dp_rank: list[int]
+    micro_batch: list[int]
+    cp_rank: list[int]
+    micro_batches: list[MicroBatch]
+    dp_offsets: list[int]
+    dp_time_us: list[float]
+    makespan_us: float
+    dropped: list[int]
+    truncated: list[int]
+    rollbacks: int
+    moves: int
+    elapsed_us: float
+
+def schedule(lengths: Sequence[int], cost_model: CostModel, options: Options) -> Schedule: ...
+def dacp(lengths: Sequence[int], cost_model: CostModel, cp: int, bucket_size: int,
+         placement: Placement = ..., rollback: Rollback = ..., refine: bool = False) -> DacpResult: ...
+def dacp_sweep(lengths: Sequence[int], cost_model: CostModel, cp: int, bucket_size: int) -> DacpResult: ...
+def dacp_for(lengths: Sequence[int], cost_model: CostModel, options: Options) -> DacpResult: ...
+def evaluate_placement(lengths: Sequence[int], cp_rank: Sequence[int], cost_model: CostModel, cp: int,
+                       bucket_size: int) -> DacpResult: ...
+def shard_tokens(length: int, cp: int) -> int: ...
+def max_sequence_length(bucket_size: int, cp: int) -> int: ...

@@ -1,0 +1,208 @@
+"""Tables and JSON of a simulation run: the figures docs/benchmarks.md quotes.
+
+Speedup is the paper's figure: mean iteration time of the reference policy
+over the policy's, per dataset x model cell; "average" is the arithmetic
+mean over cells, "peak" the largest. Gap to bound is the mean over
+iterations of time / bound - 1.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+
+from skrull_ext.sim.simulator import ScenarioResult
+
+REFERENCES = ("baseline", "sorted", "unpacked")
+
+# The paper's speedups of Skrull (SKRULL.md): over DeepSpeed (average, peak,
+# 0.5B average, 7B average) and over sorted batching (average, peak).
+PAPER_FIGURES: dict[str, dict[str, float]] = {
+    "deepspeed": {"average": 3.76, "peak": 7.54, "qwen2.5-0.5b": 5.50, "qwen2.5-7b": 2.03},
+    "sorted": {"average": 3.45, "peak": 6.85},
+}
+
+
+def _cell(r: ScenarioResult) -> str:
+    return f"{r.scenario.dataset} / {r.scenario.model}"
+
+
+def _shape(r: ScenarioResult) -> str:
+    s = r.scenario.shape
+    return f"{s.dp}x{s.cp}x{s.batch_size}, C={s.bucket_size}"
+
+
+def policies_of(results: Sequence[ScenarioResult]) -> list[str]:
+    return [p for p in results[0].per_policy if p != "bound"] if results else []
+
+
+def cell_rows(results: Sequence[ScenarioResult]) -> list[dict]:
+    """One row per (cell, policy) with every per-cell figure."""
+    rows = []
+    for r in results:
+        bucket = r.scenario.shape.bucket_size
+        for p, ms in r.per_policy.items():
+            times = sorted(m.time_us for m in ms)
+            row = {
+                "dataset": r.scenario.dataset, "model": r.scenario.model, "shape": _shape(r), "policy": p,
+                "mean_ms": statistics.fmean(times) / 1e3,
+                "p95_ms": times[min(len(times) - 1, int(0.95 * len(times)))] / 1e3,
+                "truncated": r.truncated,
+            }
+            if p != "bound":
+                row.update({
+                    "gap_to_bound": r.gap_to_bound(p),
+                    "peak_tokens": max(m.peak_tokens for m in ms),
+                    "mean_peak_share": statistics.fmean(m.mean_peak_tokens for m in ms) / bucket,
+                    "comm_gb_per_iter": statistics.fmean(m.comm_bytes for m in ms) / 1e9,
+                    "overflow_micro_batches": sum(m.overflow for m in ms),
+                    "overflow_iterations": sum(m.overflow > 0 for m in ms),
+                    "max_micro_batches": max(m.micro_batches for m in ms),
+                    "dp_imbalance": statistics.fmean(m.dp_imbalance for m in ms),
+                    "scheduler_ms": statistics.fmean(m.scheduler_us for m in ms) / 1e3,
+                })
+                for ref in REFERENCES:
+                    if ref in r.per_policy:
+                        row[f"speedup_vs_{ref}"] = r.speedup(p, ref)
+            rows.append(row)
+    return rows
+
+
+def summary(results: Sequence[ScenarioResult]) -> dict:
+    """Per policy: average / peak / per-model speedups, mean gap, overflow; skrull vs skrull-paper per cell."""
+    out: dict = {"policies": {}, "skrull_vs_paper": []}
+    models = sorted({r.scenario.model for r in results})
+    for p in policies_of(results):
+        s: dict = {"gap_to_bound": statistics.fmean(r.gap_to_bound(p) for r in results),
+                   "overflow_micro_batches": sum(m.overflow for r in results for m in r.per_policy[p]),
+                   "scheduler_ms": statistics.fmean(m.scheduler_us for r in results for m in r.per_policy[p]) / 1e3}
+        for ref in REFERENCES:
+            if ref not in results[0].per_policy:
+                continue
+            sp = [r.speedup(p, ref) for r in results]
+            s[f"vs_{ref}"] = {"average": statistics.fmean(sp), "peak": max(sp), "min": min(sp)}
+            for m in models:
+                sm = [r.speedup(p, ref) for r in results if r.scenario.model == m]
+                s[f"vs_{ref}"][m] = statistics.fmean(sm)
+        out["policies"][p] = s
+    if results and {"skrull", "skrull-paper"} <= results[0].per_policy.keys():
+        for r in results:
+            out["skrull_vs_paper"].append({"cell": _cell(r), "shape": _shape(r),
+                                           "skrull_paper_ms": r.mean_time_us("skrull-paper") / 1e3,
+                                           "skrull_ms": r.mean_time_us("skrull") / 1e3,
+                                           "speedup": r.speedup("skrull", "skrull-paper")})
+        sp = [c["speedup"] for c in out["skrull_vs_paper"]]
+        out["skrull_vs_paper_average"] = statistics.fmean(sp)
+        out["skrull_vs_paper_min"] = min(sp)
+    return out
+
+
+def _fmt(x: float | None, spec: str) -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def summary_markdown(results: Sequence[ScenarioResult]) -> str:
+    s = summary(results)
+    models = sorted({r.scenario.model for r in results})
+    refs = [ref for ref in REFERENCES if results and ref in results[0].per_policy]
+    head = ["policy", "vs baseline avg", "peak", *[f"{m} avg" for m in models],
+            *[f"vs {ref} avg" for ref in refs if ref != "baseline"], "gap to bound", "overflow mbs", "sched ms"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for p, v in s["policies"].items():
+        b = v.get("vs_baseline", {})
+        cells = [p, _fmt(b.get("average"), ".2f") + "x", _fmt(b.get("peak"), ".2f") + "x",
+                 *[_fmt(b.get(m), ".2f") + "x" for m in models],
+                 *[_fmt(v.get(f"vs_{ref}", {}).get("average"), ".2f") + "x" for ref in refs if ref != "baseline"],
+                 f"{100 * v['gap_to_bound']:.1f}%", str(v["overflow_micro_batches"]), f"{v['scheduler_ms']:.1f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    if s["skrull_vs_paper"]:
+        lines += ["", "| cell | shape | skrull-paper ms | skrull ms | skrull speedup |", "|---|---|---|---|---|"]
+        for c in s["skrull_vs_paper"]:
+            lines.append(f"| {c['cell']} | {c['shape']} | {c['skrull_paper_ms']:.1f} | {c['skrull_ms']:.1f} | "
+                         f"{c['speedup']:.2f}x |")
+        lines.append(f"| **average** | | | | **{s['skrull_vs_paper_average']:.2f}x** "
+                     f"(min {s['skrull_vs_paper_min']:.2f}x) |")
+    return "\n".join(lines)
+
+
+def paper_markdown(results: Sequence[ScenarioResult]) -> str:
+    """skrull-paper and skrull over each reference next to the paper's figures (its DeepSpeed
+    baseline is compared with both our baseline and unpacked, since the paper does not say which)."""
+    s = summary(results)["policies"]
+    models = sorted({r.scenario.model for r in results})
+    head = ["policy", "over", "average", "peak", *[f"{m} avg" for m in models], "paper (avg / peak / per model)"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for p in ("skrull-paper", "skrull"):
+        for ref in REFERENCES:
+            v = s.get(p, {}).get(f"vs_{ref}")
+            if v is None:
+                continue
+            fig = PAPER_FIGURES["sorted" if ref == "sorted" else "deepspeed"]
+            paper = " / ".join(f"{fig[k]:.2f}x" for k in ("average", "peak", *models) if k in fig)
+            lines.append("| " + " | ".join([p, ref, f"{v['average']:.2f}x", f"{v['peak']:.2f}x",
+                                            *[f"{v[m]:.2f}x" for m in models], paper]) + " |")
+    return "\n".join(lines)
+
+
+def matrix_markdown(results: Sequence[ScenarioResult]) -> str:
+    """Cells x policies: speedup over baseline, and skrull's gap to the bound."""
+    pols = policies_of(results)
+    head = ["cell", "shape", "truncated", *pols, "skrull gap"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in results:
+        gap = f"{100 * r.gap_to_bound('skrull'):.1f}%" if "skrull" in r.per_policy else "-"
+        cells = [_cell(r), _shape(r), str(r.truncated), *[f"{r.speedup(p, 'baseline'):.2f}x" for p in pols], gap]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def detail_markdown(results: Sequence[ScenarioResult]) -> str:
+    cols = [("dataset", "dataset", "s"), ("model", "model", "s"), ("shape", "DPxCPxBS, C", "s"),
+            ("policy", "policy", "s"), ("mean_ms", "mean ms", ".1f"), ("p95_ms", "p95 ms", ".1f"),
+            ("speedup_vs_baseline", "vs baseline", ".2f"), ("gap_to_bound", "gap to bound", ".1%"),
+            ("peak_tokens", "peak tokens", "d"), ("mean_peak_share", "mean peak / C", ".0%"),
+            ("comm_gb_per_iter", "comm GB/iter", ".2f"), ("overflow_micro_batches", "overflow mbs", "d"),
+            ("max_micro_batches", "max mbs", "d"), ("dp_imbalance", "DP imbalance", ".3f"),
+            ("scheduler_ms", "sched ms", ".1f")]
+    lines = ["| " + " | ".join(c[1] for c in cols) + " |", "|" + "---|" * len(cols)]
+    for row in cell_rows(results):
+        lines.append("| " + " | ".join(_fmt(row.get(k), f) if k in row else "-" for k, _, f in cols) + " |")
+    return "\n".join(lines)
+
+
+def markdown(results: Sequence[ScenarioResult], meta: dict) -> str:
+    return "\n".join([
+        "# Simulated iteration time by scheduling policy", "",
+        f"Command: `{meta['command']}`  ",
+        f"Hardware profile: {meta['profile']}; {meta['iterations']} iterations per cell, seed {meta['seed']}; "
+        f"wall time {meta['wall_s']:.0f} s.", "",
+        "## Summary over cells (speedup = mean iteration time of the reference / policy's)", "",
+        summary_markdown(results), "",
+        "## Against the paper's figures (DeepSpeed figures shown on the baseline and unpacked rows)", "",
+        paper_markdown(results), "",
+        "## Speedup over baseline per cell", "", matrix_markdown(results), "",
+        "## Every cell and policy", "", detail_markdown(results), "",
+    ])
+
+
+def to_json(results: Sequence[ScenarioResult], meta: dict) -> dict:
+    return {
+        "meta": meta,
+        "summary": summary(results),
+        "cells": cell_rows(results),
+        "iterations": [
+            {"dataset": r.scenario.dataset, "model": r.scenario.model, "shape": _shape(r),
+             "per_policy": {p: [m.to_dict() for m in ms] for p, ms in r.per_policy.items()}}
+            for r in results
+        ],
+    }
+
+
+def write(results: Sequence[ScenarioResult], out: Path, meta: dict) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    md, js = out / "results.md", out / "results.json"
+    md.write_text(markdown(results, meta))
+    js.write_text(json.dumps(to_json(results, meta), separators=(",", ":")))
+    return [md, js]

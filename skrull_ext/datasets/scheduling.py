@@ -1,0 +1,105 @@
+"""The Skrull scheduling dataloader: one plan per global batch, one buffer
+per (DP rank, CP rank) per micro-batch.
+
+Every step, every rank draws the same global batch (synthetic sample
+indices are a function of the step), asks the scheduler for the plan of its
+lengths (the core is deterministic, so every rank gets the same plan without
+talking) and builds its own buffers from it. A DP rank with fewer
+micro-batches than the plan's maximum gets no-op pad micro-batches, so FSDP
+ranks run the same number of passes. The loss normaliser, the number of
+loss tokens of the whole global batch, is computed here from the plan: the
+same on every rank, so no all-reduce is needed for it.
+
+torchtitan builds dataloaders before it knows the CP layout, so the trainer
+calls ``attach(scheduler, cp_rank, cp_size)`` once after construction.
+"""
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from torchtitan.components.tokenizer import BaseTokenizer
+
+from skrull_ext.datasets.buffers import MicroBatch, pad_buffer, rank_buffer
+from skrull_ext.datasets.source import SyntheticDataLoaderBase
+from skrull_ext.datasets.synthetic import IGNORE_INDEX
+from skrull_ext.plan import DROPPED, Plan
+from skrull_ext.scheduler import Scheduler
+
+
+@dataclass
+class SkrullStep:
+    """Everything one rank needs for one optimizer step."""
+
+    step: int
+    dp_rank: int
+    plan: Plan
+    micro_batches: list[MicroBatch]
+    """This rank's buffers, ``plan.num_micro_batches`` of them (pads included)."""
+    global_valid_tokens: int
+    """Loss tokens of the whole global batch (all DP ranks, CP ranks, micro-batches)."""
+
+    @property
+    def local_valid_tokens(self) -> int:
+        return sum(mb.valid_labels for mb in self.micro_batches)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(mb.num_tokens for mb in self.micro_batches)
+
+
+class SkrullDataLoader(SyntheticDataLoaderBase):
+    @dataclass(kw_only=True, slots=True)
+    class Config(SyntheticDataLoaderBase.Config):
+        pass
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        dp_world_size: int,
+        dp_rank: int,
+        tokenizer: BaseTokenizer | None = None,
+        **kwargs,
+    ):
+        super().__init__(config, tokenizer)
+        self.dp_world_size = dp_world_size
+        self.dp_rank = dp_rank
+        self.scheduler: Scheduler | None = None
+        self.cp_rank, self.cp_size = 0, 1
+
+    def attach(self, scheduler: Scheduler, cp_rank: int, cp_size: int) -> None:
+        """Bind the scheduler and this rank's CP coordinates (once, after build)."""
+        c = scheduler.config
+        if (c.dp, c.cp) != (self.dp_world_size, cp_size):
+            raise ValueError(
+                f"scheduler is for DP {c.dp} x CP {c.cp}, this rank is in DP "
+                f"{self.dp_world_size} x CP {cp_size}"
+            )
+        self.scheduler, self.cp_rank, self.cp_size = scheduler, cp_rank, cp_size
+
+    def __iter__(self) -> Iterator[SkrullStep]:
+        if self.scheduler is None:
+            raise RuntimeError("SkrullDataLoader.attach() was not called (SkrullTrainer does)")
+        while True:
+            yield self.next_step()
+
+    def next_step(self) -> SkrullStep:
+        indices = self.next_global_batch()
+        samples = [self.source[i] for i in indices]
+        plan = self.scheduler.schedule([s.length for s in samples], dp_rank=self.dp_rank)
+        plan.validate()
+        valid = sum(
+            int((s.labels[:n] != IGNORE_INDEX).sum())
+            for s, n, d in zip(samples, plan.lengths, plan.dp_rank)
+            if d != DROPPED
+        )
+        mbs = [
+            rank_buffer(
+                [samples[k] for k in mb.seqs], mb.lengths, mb.cp_rank,
+                self.cp_rank, self.cp_size, seqs=[indices[k] for k in mb.seqs],
+            )
+            for mb in plan.micro_batches(self.dp_rank)
+        ]
+        while len(mbs) < plan.num_micro_batches:
+            mbs.append(pad_buffer(self.cp_rank, self.cp_size))
+        return SkrullStep(step=self.step, dp_rank=self.dp_rank, plan=plan, micro_batches=mbs, global_valid_tokens=valid)

@@ -1,0 +1,260 @@
+"""Job files: TOML mapped onto torchtitan's dataclass config.
+
+torchtitan 0.3.0 configures jobs with Python dataclasses only. A job file
+names the model in ``[model]`` (name, flavor, attn_backend), puts root-level
+fields (dump_folder, ...) in ``[job]``, and otherwise has one table per
+config field of the trainer (``[training]``, ``[parallelism]``,
+``[dataloader]``, ``[skrull]``, ...), keys being the dataclass field names.
+A ``kind`` key switches a section's class where several exist (see
+``SECTION_KINDS``). Every key and value is checked against the dataclass
+annotations before anything is built, and errors name the dotted key and
+what it allows. ``load_job`` starts from ``config_registry.base_config``;
+CLI flags are applied afterwards by ``JobConfigManager`` (tyro), so they
+override the file.
+"""
+
+import dataclasses
+import sys
+import tomllib
+import types
+import typing
+from typing import Any
+
+from torchtitan.config.manager import ConfigManager, custom_registry
+from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
+
+from skrull_ext.datasets.packed import PackedDataLoader
+from skrull_ext.datasets.scheduling import SkrullDataLoader
+
+SECTION_KINDS: dict[str, dict[str, Any]] = {
+    "dataloader": {"packed": PackedDataLoader.Config, "skrull": SkrullDataLoader.Config},
+    "activation_checkpoint": {
+        "selective": SelectiveAC.Config,
+        "full": FullAC.Config,
+        "none": None,
+    },
+}
+"""Per section, the classes a ``kind`` key may select (None disables it)."""
+
+MODEL_KEYS = ("name", "flavor", "attn_backend")
+
+
+class JobFileError(ValueError):
+    """A job file (or a value in it) is invalid; the message names the key."""
+
+
+def register_kind(section: str, kind: str, config_cls: Any) -> None:
+    """Let ``[section] kind = "<kind>"`` select ``config_cls``."""
+    SECTION_KINDS.setdefault(section, {})[kind] = config_cls
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Check a TOML value against annotation ``tp``; return it converted."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if tp is Any:
+        return value
+    if origin is typing.Annotated:
+        return _coerce(value, args[0], key)
+    if origin is typing.Literal:
+        if value not in args:
+            raise JobFileError(f"{key}: {value!r} is not one of {list(args)}")
+        return value
+    if origin in (typing.Union, types.UnionType):
+        errors = []
+        for member in args:
+            if member is type(None):
+                continue
+            try:
+                return _coerce(value, member, key)
+            except JobFileError as e:
+                errors.append(str(e).split(": ", 1)[-1])
+        raise JobFileError(f"{key}: {value!r} matches none of: {'; '.join(errors)}")
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise JobFileError(f"{key}: expected true or false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise JobFileError(f"{key}: expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise JobFileError(f"{key}: expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise JobFileError(f"{key}: expected a string, got {value!r}")
+        return value
+    if origin in (list, tuple):
+        if not isinstance(value, list):
+            raise JobFileError(f"{key}: expected an array, got {value!r}")
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            if len(args) != len(value):
+                raise JobFileError(f"{key}: expected {len(args)} items, got {len(value)}")
+            return tuple(_coerce(v, t, f"{key}[{i}]") for i, (v, t) in enumerate(zip(args, value)))
+        item = args[0] if args else Any
+        out = [_coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
+        return tuple(out) if origin is tuple else out
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise JobFileError(f"{key}: expected a table, got {value!r}")
+        return dict(value)
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise JobFileError(f"{key}: expected a table, got {value!r}")
+        return _build(tp, value, key)
+    raise JobFileError(f"{key}: type {_type_name(tp)} cannot be set from a job file")
+
+
+def _settable_fields(cls: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls, include_extras=True)
+    return {
+        f.name: hints[f.name]
+        for f in dataclasses.fields(cls)
+        if f.init and not f.name.startswith("_")
+    }
+
+
+def _check_keys(table: dict, allowed, key: str) -> None:
+    unknown = sorted(set(table) - set(allowed))
+    if unknown:
+        where = f"[{key}]" if key else "the job file"
+        raise JobFileError(
+            f"unknown key(s) {unknown} in {where}; allowed: {sorted(allowed)}"
+        )
+
+
+def _updates(cls: type, current: Any, table: dict, key: str) -> dict[str, Any]:
+    fields = _settable_fields(cls)
+    _check_keys(table, fields, key)
+    out = {}
+    for name, value in table.items():
+        sub = f"{key}.{name}" if key else name
+        old = getattr(current, name, None) if current is not None else None
+        if isinstance(value, dict) and old is not None and dataclasses.is_dataclass(old):
+            out[name] = _apply(old, value, sub)
+        else:
+            out[name] = _coerce(value, fields[name], sub)
+    return out
+
+
+def _validated(make, key: str):
+    try:
+        return make()
+    except JobFileError:
+        raise
+    except (ValueError, TypeError) as e:
+        raise JobFileError(f"[{key}]: {e}") from e
+
+
+def _build(cls: type, table: dict, key: str) -> Any:
+    """A new ``cls`` from a table (e.g. one entry of an array of tables)."""
+    kwargs = _updates(cls, None, table, key)
+    return _validated(lambda: cls(**kwargs), key)
+
+
+def _apply(current: Any, table: dict, key: str) -> Any:
+    """``current`` with the table's keys set (a validated copy)."""
+    table = dict(table)
+    if "kind" in table:
+        kinds = SECTION_KINDS.get(key.rsplit(".", 1)[-1])
+        kind = table.pop("kind")
+        if kinds is None:
+            raise JobFileError(f"{key}.kind: [{key}] has no kinds to choose from")
+        if kind not in kinds:
+            raise JobFileError(f"{key}.kind: {kind!r} is not one of {sorted(kinds)}")
+        if kinds[kind] is None:
+            if table:
+                raise JobFileError(f"[{key}] kind = {kind!r} takes no other keys")
+            return None
+        new_cls = kinds[kind]
+        if type(current) is not new_cls:
+            current = _validated(new_cls, key)
+    updates = _updates(type(current), current, table, key)
+    return _validated(lambda: dataclasses.replace(current, **updates), key)
+
+
+def load_job(path: str, *, config_cls=None, ignore: tuple[str, ...] = ()):
+    """Read a TOML job file into a ``config_cls`` instance (SkrullTrainer.Config
+    by default). Sections named in ``ignore`` are skipped."""
+    from skrull_ext.config_registry import base_config
+    from skrull_ext.models import build_model_spec
+    from skrull_ext.trainer import SkrullTrainer
+
+    config_cls = config_cls or SkrullTrainer.Config
+    try:
+        with open(path, "rb") as f:
+            table = tomllib.load(f)
+    except tomllib.TOMLDecodeError as e:
+        raise JobFileError(f"{path}: not valid TOML: {e}") from e
+    for name in ignore:
+        table.pop(name, None)
+
+    model = table.pop("model", {})
+    _check_keys(model, MODEL_KEYS, "model")
+    for name in ("name", "flavor"):
+        if name not in model:
+            raise JobFileError(f"model.{name}: required (one of the keys {list(MODEL_KEYS)})")
+    try:
+        spec = build_model_spec(**model)
+    except ValueError as e:
+        raise JobFileError(str(e)) from e
+    config = base_config(spec, config_cls)
+
+    root_fields = _settable_fields(config_cls)
+    sections = {
+        n
+        for n in root_fields
+        if n != "model_spec"
+        and (dataclasses.is_dataclass(getattr(config, n)) or n in SECTION_KINDS)
+    }
+    scalars = set(root_fields) - sections - {"model_spec"}
+    job = table.pop("job", {})
+    _check_keys(job, scalars, "job")
+    _check_keys(table, sections | {"job", "model"}, "")
+    updates = {n: _coerce(v, root_fields[n], f"job.{n}") for n, v in job.items()}
+    for name, value in table.items():
+        if not isinstance(value, dict):
+            raise JobFileError(f"{name}: expected a [{name}] table, got {value!r}")
+        current = getattr(config, name)
+        if current is None:  # e.g. activation_checkpoint disabled in the base
+            if "kind" not in value:
+                raise JobFileError(f"[{name}] is off in the base config; set its kind")
+            current = next(c for c in SECTION_KINDS[name].values() if c is not None)()
+        updates[name] = _apply(current, value, name)
+    return _validated(lambda: dataclasses.replace(config, **updates), "job")
+
+
+class JobConfigManager(ConfigManager):
+    """torchtitan's ConfigManager plus ``--config-file JOB.toml``.
+
+    Precedence: CLI flags > job file > ``base_config`` defaults. Without
+    ``--config-file`` it behaves exactly like torchtitan's (``--module``,
+    ``--config``).
+    """
+
+    def _load_config(self, args: list[str]) -> tuple[object, list[str]]:
+        path, rest = None, []
+        it = iter(args)
+        for arg in it:
+            if arg.startswith("--config-file=") or arg.startswith("--config_file="):
+                path = arg.split("=", 1)[1]
+            elif arg in ("--config-file", "--config_file"):
+                path = next(it, None)
+                if path is None:
+                    raise ValueError("--config-file requires a path")
+            else:
+                rest.append(arg)
+        if path is None:
+            return super()._load_config(args)
+        return load_job(path), rest
+
+    def parse_args(self, args: list[str] | None = None):
+        return super().parse_args(sys.argv[1:] if args is None else args)
+
+
+__all__ = ["JobConfigManager", "JobFileError", "custom_registry", "load_job", "register_kind"]

@@ -1,0 +1,30 @@
+# Copyright (c) skrull-ext contributors.
+# All rights reserved.
+#
+# This source code is licensed under the BSD-style license found in the
+# LICENSE file in the root directory of this source tree.
+
+"""Offline profiler: turn a job's model and this machine into the cost model
+the scheduler reads (SKRULL.md, "Cost model"; docs/profile.md).
+
+    python -m skrull_ext.profile --config-file JOB.toml [--out profile.toml]
+    torchrun --nproc_per_node N -m skrull_ext.profile --config-file JOB.toml
+
+One concern per module:
+
+    options.py  what to measure (ProfileOptions)
+    model.py    the job's model, built as torchtitan's Trainer builds it
+    compute.py  fwd+bwd timing of its layers, fit T = a*F + b
+    memory.py   saved-for-backward and peak bytes, static account, BucketSize
+    comm.py     all-gather / reduce-scatter latency, piecewise fit
+    fit.py      the least-squares fits (plain Python)
+    check.py    fill one rank to BucketSize and measure it
+    writer.py   the profile TOML and the console report
+    plot.py     PNG of points vs fits
+    cli.py      the command line
+"""
+
+from skrull_ext.profile.fit import PiecewiseFit, PolyFit, fit_piecewise, fit_poly
+from skrull_ext.profile.options import ProfileOptions
+
+__all__ = ["PiecewiseFit", "PolyFit", "ProfileOptions", "fit_piecewise", "fit_poly"]

@@ -1,0 +1,197 @@
+# Copyright (c) skrull-ext contributors.
+# All rights reserved.
+#
+# This source code is licensed under the BSD-style license found in the
+# LICENSE file in the root directory of this source tree.
+
+"""Is BucketSize honoured? Fill one rank to BucketSize and measure.
+
+A buffer of exactly BucketSize tokens is packed from documents drawn from
+the job's own length distribution (the last one cut to fit), the way a
+Skrull plan fills its fullest rank. With the job's optimizer built and
+stepped once (so parameters, gradients and optimizer state are all
+allocated), one forward+backward of the whole model and loss runs under
+both meters. Passing means:
+
+- the activation fit holds at BucketSize: saved (CPU) or peak (CUDA) bytes
+  within 2% of, or under, what the profile predicts, and
+- the bucket fits: the measured peak above the static state is within the
+  activation budget the profile derived BucketSize from (usable - static).
+
+The static state of this process is measured too (tensor bytes of
+parameters, gradients, optimizer state) and compared with the account for
+one unsharded rank; the FSDP-sharded account is the same formula divided
+by the sharding degree.
+
+The profiler runs this at the end of every profile; to re-check a written
+profile in a fresh process (another document draw with ``--seed``):
+
+    python -m skrull_ext.profile.check --config-file JOB.toml --profile P.toml
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import torch
+
+from skrull_ext.profile.memory import FIT_TARGET, OPTIMIZER_STATES, PEAK_METERS, measure_step
+from skrull_ext.profile.model import DTYPES, JobModel
+from skrull_ext.profile.ranks import reduce_floats
+
+__all__ = ["BucketCheck", "check_bucket", "check_profile", "fill_bucket"]
+
+
+def fill_bucket(jm: JobModel, tokens: int, seed: int = 0) -> list[int]:
+    """Document lengths from the job's length distribution summing to ``tokens``."""
+    dl = jm.config.dataloader
+    if hasattr(dl, "lengths"):
+        import numpy as np
+
+        from skrull_ext import lengths as shipped_lengths
+        from skrull_ext.datasets.synthetic import SyntheticSequences
+
+        src = SyntheticSequences(lengths=np.asarray(shipped_lengths.load(dl.lengths), dtype=np.int64), vocab_size=max(3, jm.vocab_size), seed=seed,
+                                 length_scale=dl.length_scale, min_len=dl.min_len, max_len=dl.max_len)
+        draw = src.length
+    else:  # no length distribution in the job: a fixed mix of short and long
+        mix = (64, 256, 1024)
+        draw = lambda i: mix[i % len(mix)]  # noqa: E731
+    docs, i = [], 0
+    while sum(docs) < tokens:
+        docs.append(min(draw(i), tokens - sum(docs)))
+        i += 1
+    return docs
+
+
+@dataclass(frozen=True)
+class BucketCheck:
+    tokens: int
+    docs: int
+    longest_doc: int
+    predicted_activation: float
+    """Profile's activation bytes for ``tokens`` (what the fit describes)."""
+    measured_saved: float
+    measured_peak: float
+    activation_budget: float
+    """usable - static: what BucketSize was derived to fit into."""
+    static_measured: float
+    """Parameters + gradients + optimizer state of this process (unsharded)."""
+    static_account_unsharded: float
+    fit_holds: bool
+    fits: bool
+
+    @property
+    def ok(self) -> bool:
+        return self.fit_holds and self.fits
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "ok": self.ok}
+
+
+def _optimizer_state_bytes(jm: JobModel) -> tuple[float, object]:
+    """Build the job's optimizer, step it once with zero gradients (weights
+    restored after), and count the bytes of its state tensors; returns the
+    optimizer too, so its state stays allocated during the check."""
+    opt = jm.config.optimizer.build(model_parts=[jm.model])
+    for p in jm.model.parameters():
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    with torch.no_grad():
+        saved = [p.detach().clone() for p in jm.model.parameters()]
+        opt.step()
+        for p, s in zip(jm.model.parameters(), saved):
+            p.copy_(s)  # keep the weights the profile measured
+    n = 0
+    for o in opt:
+        for state in o.state.values():
+            n += sum(t.numel() * t.element_size() for t in state.values()
+                     if isinstance(t, torch.Tensor) and t.dim() > 0)
+    return float(n), opt
+
+
+def check_bucket(jm: JobModel, bucket_size: int, predict: Callable[[int], float], budget: float,
+                 optimizer_states: int, seed: int = 0) -> BucketCheck:
+    """Fill one rank to ``bucket_size`` tokens, step, and compare with the
+    profile: ``predict(tokens)`` is its activation bytes, ``budget`` the
+    usable memory minus its static account."""
+    tokens = min(bucket_size, jm.max_len)
+    docs = fill_bucket(jm, tokens, seed)
+    optim_bytes, opt = _optimizer_state_bytes(jm)
+    params = sum(p.numel() * p.element_size() for p in jm.model.parameters())
+    grads = sum(p.grad.numel() * p.grad.element_size() for p in jm.model.parameters() if p.grad is not None)
+    elem = DTYPES[jm.config.training.dtype].itemsize
+    n_params = sum(p.numel() for p in jm.model.parameters())
+
+    meter = PEAK_METERS[jm.device.type](jm.device)
+    point = measure_step(jm, docs, meter, seed)
+    saved, peak = reduce_floats([point.saved, point.peak], "max", jm.device)
+    del opt
+    measured = saved if FIT_TARGET[jm.device.type] == "saved" else peak
+    predicted = predict(tokens)
+    return BucketCheck(
+        tokens=tokens,
+        docs=len(docs),
+        longest_doc=max(docs),
+        predicted_activation=predicted,
+        measured_saved=saved,
+        measured_peak=peak,
+        activation_budget=budget,
+        static_measured=float(params + grads + optim_bytes),
+        static_account_unsharded=float(n_params * elem * (2 + optimizer_states)),
+        fit_holds=measured <= predicted * 1.02,
+        fits=peak <= budget,
+    )
+
+
+def check_profile(jm: JobModel, profile: dict, seed: int = 0) -> BucketCheck:
+    """The check for a profile file's [memory] section."""
+    m = profile["memory"]
+    for key in ("bucket_size", "a_bytes_per_token", "b_bytes", "usable_bytes", "static_bytes"):
+        if key not in m:
+            raise ValueError(f"profile: missing field memory.{key} (needed to check BucketSize)")
+    a, b, c = m["a_bytes_per_token"], m["b_bytes"], m.get("c_bytes_per_token2", 0.0)
+    states = max(OPTIMIZER_STATES[g.optimizer_name] for g in jm.config.optimizer.param_groups)
+    return check_bucket(jm, int(m["bucket_size"]), lambda n: b + a * n + c * n * n,
+                        m["usable_bytes"] - m["static_bytes"], states, seed)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """python -m skrull_ext.profile.check --config-file JOB.toml --profile P.toml
+
+    Re-measures a written profile's BucketSize in a fresh process."""
+    import argparse
+    import sys
+    import tomllib
+
+    from skrull_ext import compat
+    from skrull_ext.job_file import JobConfigManager
+    from skrull_ext.profile.model import build_job_model
+
+    p = argparse.ArgumentParser(prog="python -m skrull_ext.profile.check", description=main.__doc__)
+    p.add_argument("--config-file", required=True)
+    p.add_argument("--profile", required=True)
+    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--seed", type=int, default=1)
+    args, job_args = p.parse_known_args(sys.argv[1:] if argv is None else argv)
+    with open(args.profile, "rb") as f:
+        profile = tomllib.load(f)
+    compat.apply()
+    config = JobConfigManager().parse_args(["--config-file", args.config_file, *job_args])
+    compat.apply(config)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    jm = build_job_model(config, device, config.model_spec.model.max_seq_len,
+                         int(profile.get("meta", {}).get("job_world_size", 1)))
+    c = check_profile(jm, profile, args.seed)
+    mib = lambda v: f"{v / 2**20:.1f} MiB"  # noqa: E731
+    print(f"BucketSize {c.tokens} tokens ({c.docs} docs, longest {c.longest_doc}): "
+          f"saved {mib(c.measured_saved)} vs predicted {mib(c.predicted_activation)}; "
+          f"peak {mib(c.measured_peak)} vs budget {mib(c.activation_budget)} -> {'OK' if c.ok else 'FAILED'}")
+    return 0 if c.ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,198 @@
+# Copyright (c) skrull-ext contributors.
+# All rights reserved.
+#
+# This source code is licensed under the BSD-style license found in the
+# LICENSE file in the root directory of this source tree.
+
+"""Command line of the offline profiler (docs/profile.md has the numbers).
+
+    python -m skrull_ext.profile --config-file skrull_ext/jobs/debug_cpu.toml \\
+        --memory-limit 1GiB --out profiles/cpu-debug.toml
+    torchrun --standalone --nproc_per_node 2 -m skrull_ext.profile \\
+        --config-file skrull_ext/jobs/debug_cpu.toml --memory-limit 1GiB \\
+        --out profiles/cpu-debug-gloo2.toml
+
+One process measures compute and memory; under torchrun every rank
+measures (so compute is timed under the same contention as training) and
+the collectives are timed too (gloo on CPU, NCCL on CUDA). Rank 0 writes the
+profile and a PNG beside it. Flags this parser does not know are the job's
+(``--parallelism.data_parallel_shard_degree 8``), as in ``skrull_ext.train``.
+Exits 1 when a held-out length misses by more than ``--max-held-out-error``
+or the BucketSize check fails (the file is still written, to look at).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["main"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    from skrull_ext.profile.options import ProfileOptions, parse_bytes, parse_ints
+
+    d = ProfileOptions()
+    p = argparse.ArgumentParser(prog="python -m skrull_ext.profile", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config-file", required=True, help="the job file (JOB.toml) whose model is profiled")
+    p.add_argument("--out", default="profile.toml", help="profile file to write (default: %(default)s)")
+    p.add_argument("--plot", default=None, help="PNG of points vs fits (default: --out with .png)")
+    p.add_argument("--no-plot", action="store_true", help="write no PNG")
+    ints = lambda s: parse_ints(s)  # noqa: E731
+    p.add_argument("--lengths", type=ints, default=d.lengths,
+                   help="compute ladder, e.g. 128,256,512 or 128:4096 (default: up to 2x the job's longest sequence)")
+    p.add_argument("--held-out", type=ints, default=d.held_out, help="lengths timed but not fitted (default: derived)")
+    p.add_argument("--packed", type=lambda s: tuple(parse_ints(b.replace("+", ",")) for b in s.split(";") if b),
+                   default=d.packed, help="multi-document buffers, e.g. '256+256;512+128' ('' for none)")
+    p.add_argument("--warmup", type=int, default=d.warmup)
+    p.add_argument("--repeats", type=int, default=d.repeats)
+    p.add_argument("--layers", type=int, default=d.layers, help="blocks timed per pass (0: all)")
+    p.add_argument("--clock", default=d.clock, choices=("auto", "wall", "cpu"),
+                   help="compute clock (auto: process CPU time for single-threaded CPU runs, else wall)")
+    p.add_argument("--memory-lengths", type=ints, default=d.memory_lengths,
+                   help="memory ladder (default: up to 4x the job's longest sequence)")
+    p.add_argument("--memory-limit", type=parse_bytes, default=d.memory_limit,
+                   help="bytes one rank may use, e.g. 1GiB (default: device total)")
+    p.add_argument("--margin", type=float, default=d.margin)
+    p.add_argument("--world-size", type=int, default=d.world_size,
+                   help="ranks of the job the profile is for (FSDP degree); default: this launch's")
+    p.add_argument("--comm-sizes", type=ints, default=d.comm_sizes, help="message bytes, e.g. 4KiB:16MiB")
+    p.add_argument("--comm-repeats", type=int, default=d.comm_repeats)
+    p.add_argument("--comm-from", default="h100-assumed",
+                   help="hardware preset for [comm] when one process measures none (default: %(default)s)")
+    p.add_argument("--threads", type=int, default=d.threads, help="torch threads per rank (0: torch's default)")
+    p.add_argument("--no-check", action="store_true", help="skip the BucketSize memory check")
+    p.add_argument("--max-held-out-error", type=float, default=0.15)
+    p.add_argument("--seed", type=int, default=d.seed)
+    return p
+
+
+def _device() -> torch.device:
+    if torch.cuda.is_available():
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local)
+        return torch.device("cuda", local)
+    return torch.device("cpu")
+
+
+def _device_name(device: torch.device, world: int) -> str:
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        total = torch.cuda.get_device_properties(device).total_memory / 2**30
+        return f"{name} ({total:.0f} GiB), {world} process(es)"
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return f"cpu: {cpu}, {os.cpu_count()} cores, {torch.get_num_threads()} torch thread(s) x {world} process(es)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    import torchtitan
+    from tqdm import tqdm
+
+    from skrull_ext import compat
+    from skrull_ext.job_file import JobConfigManager
+    from skrull_ext.profile.check import check_bucket
+    from skrull_ext.profile.comm import profile_comm
+    from skrull_ext.profile.compute import profile_compute
+    from skrull_ext.profile.memory import profile_memory
+    from skrull_ext.profile.model import build_job_model
+    from skrull_ext.profile.options import ProfileOptions
+    from skrull_ext.profile.plot import plot
+    from skrull_ext.profile.ranks import is_main
+    from skrull_ext.profile.writer import Profile, report, write
+
+    t0 = time.perf_counter()
+    argv = sys.argv[1:] if argv is None else argv
+    args, job_args = _parser().parse_known_args(argv)
+    opts = ProfileOptions(
+        lengths=args.lengths, held_out=args.held_out, packed=args.packed, warmup=args.warmup,
+        repeats=args.repeats, layers=args.layers, clock=args.clock, memory_lengths=args.memory_lengths,
+        memory_limit=args.memory_limit, margin=args.margin, world_size=args.world_size,
+        comm_sizes=args.comm_sizes, comm_repeats=args.comm_repeats, threads=args.threads,
+        check=not args.no_check, seed=args.seed,
+    )
+    compat.apply()
+    config = JobConfigManager().parse_args(["--config-file", args.config_file, *job_args])
+    compat.apply(config)
+    longest = getattr(config.dataloader, "max_len", None) or config.training.seq_len
+    opts = opts.for_job(longest, config.model_spec.model.max_seq_len)
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    device = _device()
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    if opts.threads:
+        torch.set_num_threads(opts.threads)
+    torch.manual_seed(opts.seed)
+    target_world = opts.world_size or world
+
+    steps = (len(opts.lengths) + len(opts.held_out) + len(opts.packed or ())) * (opts.warmup + opts.repeats) \
+        + len(opts.memory_lengths) \
+        + (opts.comm_warmup + opts.comm_repeats if world > 1 else 0) + int(opts.check) + 1
+    bar = tqdm(total=steps, desc="profile", disable=not is_main(), file=sys.stderr)
+
+    def tick(what: str) -> None:
+        bar.set_postfix_str(what, refresh=False)
+        bar.update()
+
+    try:
+        tick("build model")
+        # RoPE cache for the model's whole context: the check's BucketSize is not known yet.
+        jm = build_job_model(config, device, config.model_spec.model.max_seq_len, target_world)
+        compute = profile_compute(jm, opts, tick)
+        memory = profile_memory(jm, opts, target_world, tick)
+        comm = profile_comm(device, jm.dtype, opts, tick) if world > 1 else None
+        if opts.check:
+            tick(f"check {memory.bucket_size} tokens")
+        check = check_bucket(jm, memory.bucket_size, memory.predicted, memory.usable - memory.static.total,
+                             memory.static.optimizer_states, opts.seed) if opts.check else None
+        bar.close()
+        meta = {
+            "source": "measured",
+            "device": _device_name(device, world),
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "torch": torch.__version__,
+            "torchtitan": getattr(torchtitan, "__version__", "?"),
+            "job": args.config_file,
+            "command": " ".join(["python -m skrull_ext.profile", *argv]),
+            "world_size": world,
+            "job_world_size": target_world,
+            "threads": torch.get_num_threads(),
+            "elapsed_s": time.perf_counter() - t0,
+        }
+        if comm is None:
+            meta["comm_note"] = f"not measured (one process): [comm] is preset {args.comm_from!r}"
+        prof = Profile(jm, compute, memory, comm, args.comm_from, check, meta)
+        failed = []
+        if compute.held_out_max_rel_error > args.max_held_out_error:
+            failed.append(f"held-out error {compute.held_out_max_rel_error:.1%} > {args.max_held_out_error:.0%}")
+        if check is not None and not check.ok:
+            failed.append("BucketSize check")
+        if is_main():
+            d = write(prof, args.out)
+            print(report(prof))
+            print(f"wrote {args.out}")
+            if not args.no_plot:
+                png = args.plot or str(Path(args.out).with_suffix(".png"))
+                plot(d, png)
+                print(f"wrote {png}")
+            for f in failed:
+                print(f"FAILED: {f}")
+        return 1 if failed else 0
+    finally:
+        bar.close()
+        if dist.is_initialized():
+            dist.destroy_process_group()

@@ -1,0 +1,149 @@
+# Copyright (c) skrull-ext contributors.
+# All rights reserved.
+#
+# This source code is licensed under the BSD-style license found in the
+# LICENSE file in the root directory of this source tree.
+
+"""Compute: time forward+backward of the job's transformer layers and fit
+T_comp(F) = a * F + b per layer (SKRULL.md, "Cost model").
+
+F is ``CostModel.flops`` of the buffer's documents, the same number the
+scheduler will compute, so whatever the formula leaves out (the FFN width,
+norms, RoPE) is absorbed by the fitted a and b for this model. The ladder
+buffers hold one sequence each; held-out lengths (timed, not fitted) test
+the fit's predictions, and a few multi-document buffers show how far the
+attention backend's real cost is from the per-document sum the scheduler
+assumes (the CPU dense-mask SDPA attends over the whole buffer).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from skrull_ext._core import CommModel, CostModel
+from skrull_ext.profile.fit import PolyFit, fit_poly
+from skrull_ext.profile.model import JobModel
+from skrull_ext.profile.options import ProfileOptions
+from skrull_ext.profile.ranks import pick_clock, reduce_floats, time_call
+
+__all__ = ["BufferRun", "ComputeResult", "Timing", "profile_compute", "time_buffers"]
+
+
+@dataclass(frozen=True)
+class Timing:
+    docs: tuple[int, ...]
+    """Document lengths of the buffer (tokens)."""
+    flops: float
+    """Forward FLOPs of one layer, summed over the documents."""
+    us: float
+    """Forward+backward microseconds of one layer on the fit's clock (median over repeats, mean over ranks)."""
+    wall_us: float
+    """The same on the wall clock (equal to ``us`` when the fit's clock is wall)."""
+
+    @property
+    def tokens(self) -> int:
+        return sum(self.docs)
+
+
+@dataclass(frozen=True)
+class ComputeResult:
+    fit: PolyFit
+    points: list[Timing]
+    held_out: list[Timing]
+    packed: list[Timing]
+    layers_timed: int
+    clock: str
+    """'wall' or 'cpu' (process time; see ranks.time_call)."""
+    through_origin: bool
+    """True when the free fit's intercept came out negative and was pinned to 0."""
+
+    def rel_error(self, t: Timing) -> float:
+        return (self.fit(t.flops) - t.us) / t.us
+
+    @property
+    def held_out_max_rel_error(self) -> float:
+        return max((abs(self.rel_error(t)) for t in self.held_out), default=0.0)
+
+
+def flops_of(shape, docs: Sequence[int]) -> float:
+    """Per-layer forward FLOPs of a buffer, as the scheduler computes them."""
+    cm = CostModel(shape=shape, a_us_per_flop=0.0, b_us=0.0, comm=CommModel(bytes=[1.0], us=[0.0]))
+    return float(sum(cm.flops(int(s)) for s in docs))
+
+
+class BufferRun:
+    """One packed buffer ready to time: inputs, masks and a gradient for the
+    output of ``layers`` transformer blocks (0: all of them)."""
+
+    def __init__(self, jm: JobModel, docs: Sequence[int], layers: int, seed: int = 0) -> None:
+        self.jm, self.docs = jm, tuple(int(d) for d in docs)
+        self.blocks = jm.layers[:layers] if layers else jm.layers
+        buf = jm.buffer(list(docs), seed=seed)
+        self.masks, self.positions = buf["attention_masks"], buf["positions"]
+        g = torch.Generator(device="cpu").manual_seed(seed)
+        x = torch.randn(1, sum(docs), jm.shape.hidden, generator=g)
+        self.x = x.to(jm.device, jm.dtype).requires_grad_()
+        self.grad = torch.randn(x.shape, generator=g).to(jm.device, jm.dtype)
+
+    def _step(self) -> None:
+        h = self.x
+        for block in self.blocks:
+            h = block(h, self.masks, self.positions)
+        h.backward(self.grad)
+
+    def _prepare(self) -> None:
+        self.x.grad = None
+        self.jm.model.zero_grad(set_to_none=True)
+        # Untimed: lets per-mask work cached across layers (the CPU dense mask
+        # is built once per forward and shared by every layer) happen here.
+        with torch.no_grad():
+            self.blocks[0](self.x, self.masks, self.positions)
+
+    def time_us(self) -> tuple[float, float]:
+        """(wall, CPU) microseconds of one forward+backward, per block."""
+        wall, cpu = time_call(self._step, self.jm.device, before=self._prepare)
+        return wall / len(self.blocks), cpu / len(self.blocks)
+
+
+def time_buffers(jm: JobModel, buffers: Sequence[Sequence[int]], opts: ProfileOptions,
+                 tick: Callable[[str], None]) -> tuple[list[float], list[float]]:
+    """Per-block (wall, CPU) microseconds of each buffer: ``warmup`` untimed
+    rounds, then ``repeats`` timed rounds, each round visiting every buffer
+    once, and the median per buffer. Round-robin spreads a burst of load
+    from other processes over all lengths instead of skewing the few it
+    lands on."""
+    runs = [BufferRun(jm, docs, opts.layers, opts.seed) for docs in buffers]
+    wall: list[list[float]] = [[] for _ in runs]
+    cpu: list[list[float]] = [[] for _ in runs]
+    for r in range(opts.warmup + opts.repeats):
+        for i, run in enumerate(runs):
+            tick(f"compute {'+'.join(map(str, run.docs))} ({r + 1}/{opts.warmup + opts.repeats})")
+            w, c = run.time_us()
+            if r >= opts.warmup:
+                wall[i].append(w)
+                cpu[i].append(c)
+    return [statistics.median(s) for s in wall], [statistics.median(s) for s in cpu]
+
+
+def profile_compute(jm: JobModel, opts: ProfileOptions, tick: Callable[[str], None]) -> ComputeResult:
+    """Time the fit ladder, the held-out lengths and the packed buffers
+    (together, round-robin); fit the ladder; mean over ranks."""
+    buffers = [(s,) for s in opts.lengths] + [(s,) for s in opts.held_out] + [tuple(p) for p in opts.packed or ()]
+    clock = pick_clock(opts.clock, jm.device)
+    wall, cpu = time_buffers(jm, buffers, opts, tick)
+    wall = reduce_floats(wall, "mean", jm.device)
+    us = reduce_floats(cpu, "mean", jm.device) if clock == "cpu" else wall
+    timings = [Timing(tuple(int(d) for d in docs), flops_of(jm.shape, docs), u, w)
+               for docs, u, w in zip(buffers, us, wall)]
+    n, h = len(opts.lengths), len(opts.held_out)
+    points, held_out, packed = timings[:n], timings[n:n + h], timings[n + h:]
+    x, y = [t.flops for t in points], [t.us for t in points]
+    fit = fit_poly(x, y, 1)
+    through_origin = fit.intercept < 0  # the scheduler's model needs b >= 0
+    if through_origin:
+        fit = fit_poly(x, y, 1, intercept=False)
+    return ComputeResult(fit, points, held_out, packed, opts.layers or len(jm.layers), clock, through_origin)

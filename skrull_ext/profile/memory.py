@@ -1,0 +1,308 @@
+# Copyright (c) skrull-ext contributors.
+# All rights reserved.
+#
+# This source code is licensed under the BSD-style license found in the
+# LICENSE file in the root directory of this source tree.
+
+"""Memory: activation bytes per token, the static account, and BucketSize.
+
+Two meters run on every forward+backward of the whole model (embedding,
+layers, norm, head, the job's loss):
+
+- saved bytes: every tensor autograd saves for backward, through
+  ``torch.autograd.graph.saved_tensors_hooks``, counted once per storage and
+  without parameters. Exact and device independent.
+- peak bytes above the step's starting point: the CUDA caching allocator's
+  peak statistics, or on CPU the process's resident high-water mark (VmHWM,
+  reset through /proc/self/clear_refs) with glibc told to return large
+  blocks to the OS, so that RSS follows live tensors.
+
+The fit target is the allocator peak on CUDA and the saved bytes on CPU
+(exact there, where RSS carries allocator noise). What the backward pass
+allocates on top of the saved tensors (activation gradients) is then covered
+by the margin, which on CPU is raised to the measured peak/saved overhead.
+The CPU dense-mask attention saves an L x L mask per layer, so the fit takes
+a quadratic term when the points call for one; on GPU kernels it is ~0.
+
+Static memory (parameters, gradients, optimizer state, FSDP's unsharded
+buffers) is an account from parameter counts and the job's parallel and
+dtype settings, not a measurement; ``check.py`` measures it for one rank.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import math
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from skrull_ext import cost_model
+from skrull_ext.profile.fit import PolyFit, fit_poly
+from skrull_ext.profile.model import DTYPES, JobModel, fsdp_degree
+from skrull_ext.profile.options import ProfileOptions
+from skrull_ext.profile.ranks import reduce_floats, sync
+
+__all__ = ["MemoryPoint", "MemoryResult", "StaticMemory", "measure_step", "profile_memory", "static_memory"]
+
+OPTIMIZER_STATES: dict[str, int] = {"AdamW": 2, "Adam": 2, "Lion": 1, "SGD": 1}
+"""Tensors of parameter size an optimizer keeps per parameter (SGD: momentum)."""
+
+
+class SavedBytes:
+    """Bytes autograd saves for backward inside the ``with`` block: each
+    storage once, parameters and buffers left out (they are static)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self._static = {t.untyped_storage().data_ptr() for t in (*model.parameters(), *model.buffers())}
+        self._seen: dict[int, int] = {}
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        try:
+            st = t.untyped_storage()
+        except (RuntimeError, NotImplementedError):  # no plain storage (e.g. a functional wrapper)
+            return t
+        ptr = st.data_ptr()
+        if ptr not in self._static and ptr not in self._seen:
+            self._seen[ptr] = st.nbytes()
+        return t
+
+    @property
+    def bytes(self) -> int:
+        return sum(self._seen.values())
+
+    def __enter__(self) -> SavedBytes:
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._hooks.__exit__(*exc)
+
+
+class CpuPeak:
+    """Resident-set high-water mark above the level at ``start()``."""
+
+    _configured = False
+
+    def __init__(self) -> None:
+        self._libc = ctypes.CDLL("libc.so.6") if os.path.exists("/proc/self/clear_refs") else None
+        if self._libc is not None and not CpuPeak._configured:
+            # Fixed 64 KiB mmap/trim thresholds: freed tensors go back to the OS,
+            # so RSS tracks live memory instead of glibc's cached arenas.
+            self._libc.mallopt(-3, 1 << 16)  # M_MMAP_THRESHOLD
+            self._libc.mallopt(-1, 1 << 16)  # M_TRIM_THRESHOLD
+            CpuPeak._configured = True
+        self._base = 0
+
+    @staticmethod
+    def _status(key: str) -> int:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1]) * 1024
+        raise RuntimeError(f"{key} missing from /proc/self/status")
+
+    def start(self) -> None:
+        if self._libc is None:
+            return
+        gc.collect()
+        self._libc.malloc_trim(0)
+        self._base = self._status("VmRSS")
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # reset VmHWM to the current RSS
+
+    def peak(self) -> float:
+        return math.nan if self._libc is None else float(self._status("VmHWM") - self._base)
+
+
+class CudaPeak:
+    """Caching-allocator peak above the allocation level at ``start()``."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._base = 0
+
+    def start(self) -> None:
+        gc.collect()
+        torch.cuda.synchronize(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        self._base = torch.cuda.memory_allocated(self.device)
+
+    def peak(self) -> float:
+        torch.cuda.synchronize(self.device)
+        return float(torch.cuda.max_memory_allocated(self.device) - self._base)
+
+
+PEAK_METERS: dict[str, Callable[[torch.device], Any]] = {"cpu": lambda d: CpuPeak(), "cuda": CudaPeak}
+FIT_TARGET: dict[str, str] = {"cpu": "saved", "cuda": "peak"}
+"""Which measurement the memory model is fitted to, per device type (see module docstring)."""
+
+
+@dataclass(frozen=True)
+class MemoryPoint:
+    tokens: int
+    saved: float
+    """Bytes saved for backward (hooks)."""
+    peak: float
+    """Peak bytes above the step's start (allocator or RSS)."""
+
+    def target(self, device_type: str) -> float:
+        return self.saved if FIT_TARGET[device_type] == "saved" else self.peak
+
+
+def measure_step(jm: JobModel, docs: Sequence[int], meter: Any, seed: int = 0) -> MemoryPoint:
+    """One forward+backward of the whole model and loss over a packed buffer.
+    Parameter gradients must already exist (call once beforehand), so the
+    peak shows activations and their gradients only."""
+    buf = jm.buffer(list(docs), seed=seed)
+    jm.model.zero_grad(set_to_none=False)
+    meter.start()
+    saved = SavedBytes(jm.model)
+    with saved:
+        out = jm.model(buf["tokens"], buf["positions"], buf["attention_masks"])
+        loss, _ = jm.loss_fn(out, buf["labels"])
+    loss.backward()
+    sync(jm.device)
+    peak = meter.peak()
+    del out, loss, buf
+    return MemoryPoint(sum(docs), float(saved.bytes), peak)
+
+
+@dataclass(frozen=True)
+class StaticMemory:
+    params: float
+    grads: float
+    optimizer: float
+    fsdp_buffers: float
+    """Unsharded parameters and gradients FSDP holds around the running layer."""
+    fsdp_degree: int
+    tp_degree: int
+    optimizer_states: int
+
+    @property
+    def total(self) -> float:
+        return self.params + self.grads + self.optimizer + self.fsdp_buffers
+
+
+def _unit_params(model: torch.nn.Module) -> int:
+    """Largest FSDP unit torchtitan wraps: one block, the embedding, or norm+head."""
+    def count(mods) -> int:
+        seen = {id(p): p.numel() for m in mods if m is not None for p in m.parameters()}
+        return sum(seen.values())
+    units = [count([b]) for b in model.layers.values()]
+    units.append(count([getattr(model, "tok_embeddings", None)]))
+    units.append(count([getattr(model, "norm", None), getattr(model, "lm_head", None)]))
+    return max(units)
+
+
+def static_memory(jm: JobModel, world_size: int) -> StaticMemory:
+    """Per-rank bytes of parameters, gradients and optimizer state under the
+    job's FSDP (dp_shard x cp) and TP sharding, plus FSDP's unsharded buffers."""
+    cfg = jm.config
+    names = {g.optimizer_name for g in cfg.optimizer.param_groups}
+    unknown = names - OPTIMIZER_STATES.keys()
+    if unknown:
+        raise ValueError(f"optimizer {sorted(unknown)}: state size unknown; known: {sorted(OPTIMIZER_STATES)}")
+    states = max(OPTIMIZER_STATES[n] for n in names)
+    n_params = sum(p.numel() for p in jm.model.parameters())
+    fsdp = fsdp_degree(cfg, world_size)
+    tp = cfg.parallelism.tensor_parallel_degree
+    pp = cfg.parallelism.pipeline_parallel_degree
+    shard = fsdp * tp * pp
+    elem = DTYPES[cfg.training.dtype].itemsize
+    buffers = 0.0
+    if fsdp > 1:
+        mp = DTYPES[cfg.training.mixed_precision_param].itemsize
+        # current + prefetched unit, parameters and their gradients before reduce-scatter
+        buffers = 2 * _unit_params(jm.model) * 2 * mp / tp
+        if cfg.parallelism.fsdp_reshard_after_forward == "never":
+            buffers += n_params * mp / (tp * pp)
+    return StaticMemory(
+        params=n_params * elem / shard,
+        grads=n_params * elem / shard,
+        optimizer=states * n_params * elem / shard,
+        fsdp_buffers=buffers,
+        fsdp_degree=fsdp,
+        tp_degree=tp,
+        optimizer_states=states,
+    )
+
+
+def usable_memory(device: torch.device, limit: int) -> float:
+    """Bytes one rank may use: the user's limit, else the device total (CPU:
+    physical RAM shared by this node's ranks)."""
+    if limit:
+        return float(limit)
+    if device.type == "cuda":
+        return float(torch.cuda.mem_get_info(device)[1])
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return float(ram) / int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+
+
+@dataclass(frozen=True)
+class MemoryResult:
+    points: list[MemoryPoint]
+    fit: PolyFit
+    """Activation bytes of one buffer of N tokens: b + a N (+ c N^2)."""
+    target: str
+    """'saved' or 'peak': what the fit describes."""
+    overhead: float
+    """Measured peak / saved - 1 on the longer buffers (backward transient)."""
+    static: StaticMemory
+    usable: float
+    margin: float
+    bucket_size: int
+
+    def predicted(self, tokens: int) -> float:
+        return self.fit(tokens)
+
+
+def fit_memory(tokens: Sequence[int], values: Sequence[float]) -> PolyFit:
+    """b + a N + c N^2 with c >= 0; linear when the quadratic term does not
+    pay (c <= 0, or it halves no error)."""
+    line = fit_poly(tokens, values, 1)
+    if len(tokens) < 4:
+        return line
+    quad = fit_poly(tokens, values, 2)
+    if quad.quadratic > 0 and quad.coef[1] > 0 and quad.max_rel_error < 0.5 * line.max_rel_error:
+        return quad
+    return line
+
+
+def transient_overhead(points: Sequence[MemoryPoint]) -> float:
+    """Largest peak/saved - 1 over the longer half of the ladder (short
+    buffers are dominated by fixed costs the intercept already holds)."""
+    top = max(p.tokens for p in points)
+    ratios = [p.peak / p.saved - 1 for p in points if p.tokens * 2 >= top and p.saved > 0 and math.isfinite(p.peak)]
+    return max(0.0, max(ratios, default=0.0))
+
+
+def profile_memory(jm: JobModel, opts: ProfileOptions, world_size: int,
+                   tick: Callable[[str], None]) -> MemoryResult:
+    """Measure the memory ladder, fit it, and derive BucketSize."""
+    meter = PEAK_METERS[jm.device.type](jm.device)
+    measure_step(jm, [min(opts.memory_lengths)], meter, opts.seed)  # allocate parameter gradients
+    local = []
+    for n in opts.memory_lengths:
+        tick(f"memory {n}")
+        local.append(measure_step(jm, [n], meter, opts.seed))
+    saved = reduce_floats([p.saved for p in local], "max", jm.device)
+    peak = reduce_floats([p.peak for p in local], "max", jm.device)
+    points = [MemoryPoint(p.tokens, s, k) for p, s, k in zip(local, saved, peak)]
+    target = FIT_TARGET[jm.device.type]
+    fit = fit_memory([p.tokens for p in points], [p.target(jm.device.type) for p in points])
+    overhead = transient_overhead(points) if target == "saved" else 0.0
+    margin = opts.margin
+    if target == "saved":
+        # The fit leaves out the backward transient t (peak = saved * (1 + t)):
+        # (1 - m)(1 + t) <= 1 needs m >= t / (1 + t); 2 points on top.
+        margin = min(0.9, max(margin, math.ceil((overhead / (1 + overhead) + 0.02) * 100) / 100))
+    static = static_memory(jm, world_size)
+    usable = usable_memory(jm.device, opts.memory_limit)
+    bucket = cost_model.bucket_size(usable, static.total, fit.slope, fit.intercept, margin, fit.quadratic)
+    return MemoryResult(points, fit, target, overhead, static, usable, margin, bucket)

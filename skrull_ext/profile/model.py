@@ -1,0 +1,148 @@
+# Copyright (c) skrull-ext contributors.
+# All rights reserved.
+#
+# This source code is licensed under the BSD-style license found in the
+# LICENSE file in the root directory of this source tree.
+
+"""The job's own model, built the way torchtitan's Trainer builds it.
+
+The profiler must time the layers the job trains, not a stand-in: this
+follows ``torchtitan.trainer.Trainer.__init__`` (0.3.0) for one rank without
+parallelism: ``update_from_config``, the config's ``--override.imports``
+(on CPU, compat's dense-mask attention), ``build()`` under the compute
+dtype, ``init_states``, then the job's activation checkpointing and
+per-block ``torch.compile``. FSDP/TP are left out on purpose: the profile
+describes one rank's work on its tokens, and the sharding shows up in the
+static-memory account (memory.py), not in the per-token numbers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from skrull_ext._core import ModelShape
+
+__all__ = ["JobModel", "build_job_model", "compute_dtype"]
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def fsdp_degree(config: Any, world_size: int) -> int:
+    """Ranks one parameter is sharded over: torchtitan's 'fsdp' mesh is
+    dp_shard x cp, with dp_shard = -1 taking what the other degrees leave."""
+    p = config.parallelism
+    shard = p.data_parallel_shard_degree
+    if shard == -1:
+        others = p.data_parallel_replicate_degree * p.context_parallel_degree * p.tensor_parallel_degree \
+            * p.pipeline_parallel_degree
+        if world_size % others:
+            raise ValueError(f"world size {world_size} is not a multiple of the job's other parallel degrees ({others})")
+        shard = world_size // others
+    return max(1, shard * p.context_parallel_degree)
+
+
+def compute_dtype(config: Any, world_size: int) -> torch.dtype:
+    """Dtype of activations: FSDP mixed precision casts parameters to
+    ``mixed_precision_param`` when it shards (dp_shard x cp > 1); otherwise
+    torchtitan 0.3.0 computes in ``training.dtype``."""
+    name = config.training.mixed_precision_param if fsdp_degree(config, world_size) > 1 else config.training.dtype
+    return DTYPES[name]
+
+
+def _kv_width(attn: Any, dim: int) -> int:
+    """n_kv_heads * head_dim of an attention config (llama3 keeps them on qkv_linear)."""
+    for src in (getattr(attn, "qkv_linear", None), attn):
+        if src is None:
+            continue
+        heads = getattr(src, "n_kv_heads", None) or getattr(src, "n_heads", None)
+        head_dim = getattr(src, "head_dim", None)
+        if heads and head_dim:
+            return int(heads) * int(head_dim)
+    return dim  # MHA without an explicit head_dim: h_kv = h
+
+
+@dataclass
+class JobModel:
+    """A built model plus what the profiler needs to feed and describe it."""
+
+    config: Any
+    model: nn.Module
+    shape: ModelShape
+    name: str
+    device: torch.device
+    dtype: torch.dtype
+    loss_fn: Any
+    vocab_size: int
+    max_len: int
+
+    @property
+    def layers(self) -> list[nn.Module]:
+        return list(self.model.layers.values())
+
+    def buffer(self, doc_lengths: list[int], seed: int = 0) -> dict[str, torch.Tensor]:
+        """A packed buffer: random tokens, positions restarting at 0 per
+        document (torchtitan's document mask reads boundaries from them),
+        and the attention masks the job's backend needs."""
+        n = sum(doc_lengths)
+        if n > self.max_len:
+            raise ValueError(f"buffer of {n} tokens is longer than the model was built for ({self.max_len})")
+        g = torch.Generator().manual_seed(seed)
+        tokens = torch.randint(1, self.vocab_size, (1, n), generator=g).to(self.device)
+        labels = torch.randint(1, self.vocab_size, (1, n), generator=g).to(self.device)
+        positions = torch.cat([torch.arange(s) for s in doc_lengths]).unsqueeze(0).to(self.device)
+        masks = self.model.get_attention_masks(positions=positions) if hasattr(self.model, "get_attention_masks") \
+            else None
+        return {"tokens": tokens, "labels": labels, "positions": positions, "attention_masks": masks}
+
+
+def build_job_model(config: Any, device: torch.device, max_len: int, world_size: int) -> JobModel:
+    """Build ``config.model_spec``'s model on ``device`` for buffers up to
+    ``max_len`` tokens (its RoPE cache is sized from ``training.seq_len``)."""
+    from torchtitan.config.override import apply_overrides
+    from torchtitan.distributed import utils as dist_utils
+    from torchtitan.models.common.config_utils import decoder_vocab_size
+
+    spec = config.model_spec
+    mc = spec.model
+    intrinsic = mc.max_seq_len
+    if max_len > intrinsic:
+        raise ValueError(f"profiling needs {max_len}-token buffers; {spec.name} {spec.flavor} supports {intrinsic}")
+    config.training.seq_len = max(config.training.seq_len, max_len)
+    mc.update_from_config(config=config)
+    if config.override.imports:
+        apply_overrides(config.override, config)
+    dist_utils.set_spmd_backend(config.parallelism.spmd_backend)
+
+    dtype = compute_dtype(config, world_size)
+    with torch.device(device):
+        prev = torch.get_default_dtype()
+        torch.set_default_dtype(dtype)
+        try:
+            model = mc.build()
+        finally:
+            torch.set_default_dtype(prev)
+    model.init_states(buffer_device=device)
+    model.to(device)
+    if config.activation_checkpoint is not None:
+        config.activation_checkpoint.build(dump_folder=config.dump_folder).apply(model)
+    if config.compile.enable and "model" in config.compile.components:
+        for block in model.layers.values():
+            block.compile(backend=config.compile.backend, fullgraph=True)
+
+    attn = mc.first_attention
+    shape = ModelShape(len(model.layers), int(mc.dim), _kv_width(attn, int(mc.dim)), dtype.itemsize)
+    return JobModel(
+        config=config,
+        model=model,
+        shape=shape,
+        name=f"{spec.name}/{spec.flavor}",
+        device=device,
+        dtype=dtype,
+        loss_fn=config.loss.build(),
+        vocab_size=decoder_vocab_size(spec),
+        max_len=config.training.seq_len,
+    )

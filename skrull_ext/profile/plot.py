@@ -1,0 +1,116 @@
+# Copyright (c) skrull-ext contributors.
+# All rights reserved.
+#
+# This source code is licensed under the BSD-style license found in the
+# LICENSE file in the root directory of this source tree.
+
+"""PNG of measured points against the fits: compute, memory, communication.
+
+Reads only the profile dict (``writer.profile_dict`` or a loaded file), so
+a committed profile can be re-plotted without rerunning anything:
+
+    python -m skrull_ext.profile.plot profiles/cpu-debug-gloo2.toml out.png
+"""
+
+from __future__ import annotations
+
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+__all__ = ["plot"]
+
+
+def _line(xs, f, n=200):
+    lo, hi = min(xs), max(xs)
+    grid = [lo + (hi - lo) * i / (n - 1) for i in range(n)]
+    return grid, [f(x) for x in grid]
+
+
+def plot(d: dict[str, Any], path: str | Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    meta = d.get("meta", {})
+    raw_c, raw_m, raw_k = meta.get("compute", {}), meta.get("memory", {}), meta.get("comm")
+    raw_k = raw_k if isinstance(raw_k, dict) else None
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.6))
+
+    ax = axes[0]
+    c = d["compute"]
+    a, b = c["a_us_per_flop"], c["b_us"]
+    gf = [x / 1e9 for x in raw_c.get("flops", [])]
+    ax.plot(gf, [y / 1e3 for y in raw_c.get("us", [])], "o", label="fit points")
+    if raw_c.get("held_out_lengths"):
+        from skrull_ext.profile.compute import flops_of  # the scheduler's FLOPs of each length
+        from skrull_ext._core import ModelShape
+
+        m = d["model"]
+        shape = ModelShape(m["layers"], m["hidden"], m["kv_width"], m["bytes_per_elem"])
+        hf = [flops_of(shape, [s]) / 1e9 for s in raw_c["held_out_lengths"]]
+        ax.plot(hf, [y / 1e3 for y in raw_c["held_out_us"]], "s", mfc="none", label="held out")
+        pf = [flops_of(shape, docs) / 1e9 for docs in raw_c.get("packed_docs", [])]
+        if pf:
+            ax.plot(pf, [y / 1e3 for y in raw_c["packed_us"]], "x", label="packed (several docs)")
+        gf = gf + hf + pf
+    if gf:
+        xs, ys = _line([0.0, *gf], lambda x: (a * x * 1e9 + b) / 1e3)
+        ax.plot(xs, ys, "-", label=f"fit: {a * 1e9:.3g} us/GFLOP + {b:.3g} us")
+    ax.set(xlabel="forward GFLOPs of one layer", ylabel="fwd+bwd ms per layer",
+           title=f"compute  R^2={c.get('r2', float('nan')):.4f}, held-out worst "
+                 f"{c.get('held_out_max_rel_error', float('nan')):.1%}")
+    ax.legend(fontsize=8)
+
+    ax = axes[1]
+    mm = d["memory"]
+    toks = raw_m.get("tokens", [])
+    if toks:
+        ax.plot(toks, [v / 2**20 for v in raw_m["saved_bytes"]], "o", label="saved for backward (hooks)")
+        ax.plot(toks, [v / 2**20 for v in raw_m["peak_bytes"]], "^", mfc="none", label="peak above start")
+        top = max(max(toks), mm.get("bucket_size", 0))
+        f = lambda n: (mm["b_bytes"] + mm["a_bytes_per_token"] * n + mm.get("c_bytes_per_token2", 0.0) * n * n) / 2**20  # noqa: E731
+        xs, ys = _line([0, top], f)
+        ax.plot(xs, ys, "-", label=f"fit ({raw_m.get('fit_target', '?')})")
+    if "bucket_size" in mm:
+        ax.axvline(mm["bucket_size"], ls="--", c="gray", label=f"BucketSize {mm['bucket_size']}")
+        if "usable_bytes" in mm:
+            ax.axhline((mm["usable_bytes"] - mm["static_bytes"]) / 2**20, ls=":", c="red",
+                       label="activation budget (usable - static)")
+    chk = meta.get("check")
+    if chk:
+        ax.plot([chk["tokens"]], [chk["measured_saved"] / 2**20], "P", ms=9, c="tab:blue", label="check: saved at BucketSize")
+        ax.plot([chk["tokens"]], [chk["measured_peak"] / 2**20], "*", ms=12, c="k", label="check: peak at BucketSize")
+    ax.set(xlabel="tokens in the buffer", ylabel="MiB", title=f"activation memory  R^2={mm.get('r2', float('nan')):.5f}")
+    ax.legend(fontsize=8)
+
+    ax = axes[2]
+    k = d["comm"]
+    if raw_k:
+        for name in ("all_gather", "reduce_scatter"):
+            if f"{name}_us" in raw_k:
+                ax.loglog(raw_k["sizes"], raw_k[f"{name}_us"], "o", mfc="none", label=name)
+    from skrull_ext import cost_model
+
+    cm = cost_model.from_dict(d)
+    sizes = raw_k["sizes"] if raw_k else k["bytes"]
+    lo, hi = max(1.0, min(sizes) / (1 if raw_k else 4)), max(sizes)
+    grid = [lo * (hi / lo) ** (i / 199) for i in range(200)]
+    ax.loglog(grid, [cm.collective_us(v) for v in grid], "-", label="table the scheduler reads")
+    ax.set(xlabel="message bytes (gathered K/V, all ranks)", ylabel="us per collective",
+           title=f"comm ({k.get('backend', '?')} x{k.get('world_size', '?')})  R^2={k.get('r2', float('nan')):.4f}")
+    ax.legend(fontsize=8)
+
+    fig.suptitle(f"{d['model'].get('name', '')} on {meta.get('device', '?')}, {meta.get('date', '')}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        sys.exit("usage: python -m skrull_ext.profile.plot PROFILE.toml OUT.png")
+    with open(sys.argv[1], "rb") as fh:
+        plot(tomllib.load(fh), sys.argv[2])

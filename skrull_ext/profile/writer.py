@@ -1,0 +1,166 @@
+# Copyright (c) skrull-ext contributors.
+# All rights reserved.
+#
+# This source code is licensed under the BSD-style license found in the
+# LICENSE file in the root directory of this source tree.
+
+"""The profile file and the console report.
+
+The file is the TOML ``skrull_ext.cost_model.load`` reads (sections and keys
+in cost_model.py); the raw measurements go under ``[meta.*]`` so a plot or a
+re-fit never needs a rerun. ``profile_dict`` round-trips its result through
+``cost_model.from_dict`` before anything is written, so a file the scheduler
+would reject is never produced.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+from skrull_ext import cost_model
+from skrull_ext.profile.check import BucketCheck
+from skrull_ext.profile.comm import CommResult
+from skrull_ext.profile.compute import ComputeResult
+from skrull_ext.profile.memory import MemoryResult
+from skrull_ext.profile.model import JobModel
+
+__all__ = ["Profile", "profile_dict", "report", "write"]
+
+
+@dataclass
+class Profile:
+    """Everything one run measured, plus its provenance."""
+
+    jm: JobModel
+    compute: ComputeResult
+    memory: MemoryResult
+    comm: CommResult | None
+    comm_fallback: str
+    """Hardware preset whose table fills [comm] when one process measured no collective."""
+    check: BucketCheck | None
+    meta: dict[str, Any]
+
+
+def _comm_section(p: Profile) -> dict[str, Any]:
+    if p.comm is None:
+        hw = cost_model.HARDWARE_PRESETS[p.comm_fallback]
+        return {"bytes": list(hw.comm_bytes), "us": list(hw.comm_us), "collectives_per_layer": 2.0,
+                "collective": "all_gather", "backend": f"assumed:{p.comm_fallback}", "world_size": 1}
+    c = p.comm
+    xs, us = c.fit.table(c.sizes)
+    return {
+        "bytes": xs, "us": us,
+        "threshold_bytes": c.fit.threshold_bytes, "floor_us": c.fit.floor_us,
+        "collectives_per_layer": 2.0, "collective": "+".join(c.us),
+        "backend": c.backend, "world_size": c.world_size,
+        "r2": c.fit.r2, "max_rel_error": c.fit.max_rel_error, "points": len(c.sizes),
+    }
+
+
+def profile_dict(p: Profile) -> dict[str, Any]:
+    cp, mem, s = p.compute, p.memory, p.jm.shape
+    d: dict[str, Any] = {
+        "model": {"name": p.jm.name, "layers": s.layers, "hidden": s.hidden, "kv_width": s.kv_width,
+                  "bytes_per_elem": s.bytes_per_elem},
+        "compute": {"a_us_per_flop": cp.fit.slope, "b_us": cp.fit.intercept, "r2": cp.fit.r2,
+                    "max_rel_error": cp.fit.max_rel_error, "points": len(cp.points),
+                    "held_out_max_rel_error": cp.held_out_max_rel_error},
+        "comm": _comm_section(p),
+        "memory": {"bucket_size": mem.bucket_size, "a_bytes_per_token": mem.fit.slope, "b_bytes": mem.fit.intercept,
+                   "c_bytes_per_token2": mem.fit.quadratic, "usable_bytes": mem.usable,
+                   "static_bytes": mem.static.total, "margin": mem.margin, "r2": mem.fit.r2,
+                   "max_rel_error": mem.fit.max_rel_error, "points": len(mem.points)},
+        "meta": {**p.meta, **_raw(p)},
+    }
+    cost_model.from_dict(d, where="profile being written")  # the scheduler must accept it
+    return d
+
+
+def _raw(p: Profile) -> dict[str, Any]:
+    cp, mem = p.compute, p.memory
+    raw: dict[str, Any] = {
+        "compute": {
+            "layers_timed": cp.layers_timed, "clock": cp.clock, "through_origin": cp.through_origin,
+            "lengths": [t.tokens for t in cp.points], "flops": [t.flops for t in cp.points],
+            "us": [t.us for t in cp.points], "wall_us": [t.wall_us for t in cp.points],
+            "held_out_lengths": [t.tokens for t in cp.held_out], "held_out_us": [t.us for t in cp.held_out],
+            "held_out_wall_us": [t.wall_us for t in cp.held_out],
+            "held_out_rel_error": [cp.rel_error(t) for t in cp.held_out],
+            "packed_docs": [list(t.docs) for t in cp.packed], "packed_us": [t.us for t in cp.packed],
+            "packed_rel_error": [cp.rel_error(t) for t in cp.packed],
+        },
+        "memory": {
+            "fit_target": mem.target, "tokens": [m.tokens for m in mem.points],
+            "saved_bytes": [m.saved for m in mem.points], "peak_bytes": [m.peak for m in mem.points],
+            "transient_overhead": mem.overhead,
+            "fsdp_degree": mem.static.fsdp_degree, "tp_degree": mem.static.tp_degree,
+            "params_bytes": mem.static.params, "grads_bytes": mem.static.grads,
+            "optimizer_bytes": mem.static.optimizer, "fsdp_buffer_bytes": mem.static.fsdp_buffers,
+        },
+    }
+    if p.comm is not None:
+        raw["comm"] = {"sizes": p.comm.sizes, **{f"{k}_us": v for k, v in p.comm.us.items()},
+                       "a_us_per_byte": p.comm.fit.a_us_per_byte, "b_us": p.comm.fit.b_us}
+    if p.check is not None:
+        raw["check"] = p.check.as_dict()
+    return raw
+
+
+def write(p: Profile, path: str | Path) -> dict[str, Any]:
+    d = profile_dict(p)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    header = (f"# skrull-ext profile, measured by: python -m skrull_ext.profile (see docs/profile.md)\n"
+              f"# {p.meta.get('device', '')}, {p.meta.get('date', '')}\n")
+    path.write_text(header + tomli_w.dumps(d))
+    return d
+
+
+def _mib(b: float) -> str:
+    return f"{b / 2**20:.1f} MiB"
+
+
+def _wall_ratio(cp: ComputeResult) -> float:
+    r = sorted(t.wall_us / t.us for t in (*cp.points, *cp.held_out, *cp.packed) if t.us > 0)
+    return r[len(r) // 2] if r else float("nan")
+
+
+def report(p: Profile) -> str:
+    cp, mem = p.compute, p.memory
+    lines = [
+        f"profile of {p.jm.name} on {p.meta['device']} ({p.meta['elapsed_s']:.0f} s)",
+        f"  compute  T = {cp.fit.slope:.4g} us/FLOP * F + {cp.fit.intercept:.4g} us per layer ({cp.clock} clock) "
+        f"({3 / cp.fit.slope / 1e3:.1f} GFLOP/s at 3x forward), R^2 {cp.fit.r2:.4f}, "
+        f"worst fit error {cp.fit.max_rel_error:.1%}",
+        *([f"  clock    process CPU time; wall time was {_wall_ratio(cp):.2f}x it (median): other load on the host"]
+          if cp.clock == "cpu" else []),
+        "  held-out " + ", ".join(f"{t.tokens}: {cp.rel_error(t):+.1%}" for t in cp.held_out)
+        + f"  (worst {cp.held_out_max_rel_error:.1%})",
+        "  packed   " + ", ".join(f"{'+'.join(map(str, t.docs))}: {cp.rel_error(t):+.1%}" for t in cp.packed)
+        + "  (prediction = sum of per-document FLOPs)",
+        f"  memory   {mem.target} bytes = {mem.fit.intercept:.4g} + {mem.fit.slope:.4g} N + {mem.fit.quadratic:.4g} N^2,"
+        f" R^2 {mem.fit.r2:.5f}, worst {mem.fit.max_rel_error:.1%}; backward transient {mem.overhead:.1%}",
+        f"  static   {_mib(mem.static.total)} (params {_mib(mem.static.params)}, grads {_mib(mem.static.grads)}, "
+        f"optimizer {_mib(mem.static.optimizer)}, FSDP buffers {_mib(mem.static.fsdp_buffers)}; "
+        f"FSDP degree {mem.static.fsdp_degree})",
+        f"  bucket   BucketSize {mem.bucket_size} tokens from {_mib(mem.usable)} usable, margin {mem.margin:.0%}",
+    ]
+    if p.comm is None:
+        lines.append(f"  comm     not measured (one process); [comm] copied from preset {p.comm_fallback!r}")
+    else:
+        f = p.comm.fit
+        lines.append(f"  comm     {'+'.join(p.comm.us)} over {p.comm.backend} x{p.comm.world_size}: "
+                     f"{f.floor_us:.1f} us below {f.threshold_bytes:.0f} B, else {f.a_us_per_byte * 1e6:.3g} us/MB + "
+                     f"{f.b_us:.1f} us; R^2 {f.r2:.4f}, worst {f.max_rel_error:.1%}")
+    if p.check is not None:
+        c = p.check
+        lines.append(
+            f"  check    {c.tokens} tokens ({c.docs} docs): saved {_mib(c.measured_saved)} vs predicted "
+            f"{_mib(c.predicted_activation)}; peak {_mib(c.measured_peak)} vs budget {_mib(c.activation_budget)}; "
+            f"static measured {_mib(c.static_measured)} vs account {_mib(c.static_account_unsharded)} -> "
+            f"{'OK' if c.ok else 'FAILED'}")
+    return "\n".join(lines)

@@ -1,0 +1,54 @@
+"""A lower bound on the iteration time of any plan, so every policy can be
+reported as a gap to it.
+
+Built only from the core's cost-model functions. Two terms, the larger wins:
+
+- work: every micro-batch takes at least ``layers * (a * F / N + b)`` (its
+  FLOPs F spread perfectly over the N CP ranks, one call's overhead). A
+  micro-batch holds at most ``N * BucketSize`` tokens, so the global batch
+  needs M >= ceil(tokens / (N * C)) of them. The slowest DP rank takes at
+  least the average over DP ranks, ``a * F_total / (DP * N) + b * M / DP``,
+  and at least ``a * F_total / (DP * N) + b`` (a rank with work has one
+  micro-batch; with r <= DP ranks working, one has F_total / r);
+- longest sequence: its own micro-batch takes at least what the sequence
+  alone takes, whole on one rank (only if it fits there) or sharded and
+  paying its K/V exchange (needs a non-decreasing comm table, as the core's
+  ``micro_batch_lower_bound_us``).
+
+No plan can beat it under the cost model; it is not always reachable.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from skrull_ext import _core
+from skrull_ext._core import CostModel
+
+
+def work_bound_us(lengths: Sequence[int], cost: CostModel, dp: int, cp: int, bucket_size: int) -> float:
+    if not lengths:
+        return 0.0
+    total_flops = sum(cost.flops(s) for s in lengths)
+    min_micro_batches = math.ceil(sum(lengths) / (bucket_size * cp))
+    calls = max(1.0, min_micro_batches / dp)
+    return cost.shape.layers * (cost.a_us_per_flop * total_flops / (dp * cp) + cost.b_us * calls)
+
+
+def longest_bound_us(lengths: Sequence[int], cost: CostModel, cp: int, bucket_size: int) -> float:
+    if not lengths:
+        return 0.0
+    s = max(lengths)
+    bound = cost.micro_batch_lower_bound_us([s], cp)
+    if s > bucket_size and cp > 1 and cost.comm_is_monotone():
+        # Too long to stay whole on one rank: it must be sharded and pay its exchange.
+        f = cost.flops(s)
+        sharded = cost.comm_us(cost.kv_bytes(_core.shard_tokens(s, cp) * cp)) + cost.comp_us(f / cp)
+        bound = max(bound, cost.shape.layers * sharded)
+    return bound
+
+
+def lower_bound_us(lengths: Sequence[int], cost: CostModel, dp: int, cp: int, bucket_size: int) -> float:
+    """Lower bound on the slowest DP rank's time for this global batch."""
+    return max(work_bound_us(lengths, cost, dp, cp, bucket_size), longest_bound_us(lengths, cost, cp, bucket_size))

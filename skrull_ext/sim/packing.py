@@ -1,0 +1,113 @@
+"""Plans for the policies the core does not make: grouping helpers and a
+Plan builder that scores every micro-batch with the core's cost model.
+
+Every policy of the simulator ends in a ``skrull_ext.plan.Plan`` so the same
+``Plan.validate()`` and the same metrics apply to all of them; the times in
+it come from ``_core.evaluate_placement`` (or, for chunks, the core's
+``micro_batch_us``), never from a second cost model.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from skrull_ext import _core
+from skrull_ext._core import DISTRIBUTED, CostModel
+from skrull_ext.plan import MicroBatchPlan, Plan
+
+
+@dataclass(frozen=True)
+class Shape:
+    """Cluster shape of one simulated job."""
+
+    dp: int
+    """Data-parallel ranks (CP groups)."""
+    cp: int
+    """CP ranks per group (N)."""
+    batch_size: int
+    """Sequences per DP rank per global batch (the paper's BatchSize)."""
+    bucket_size: int
+    """BucketSize C: tokens one CP rank can hold."""
+
+    def __post_init__(self) -> None:
+        for name in ("dp", "cp", "batch_size", "bucket_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+    @property
+    def global_batch(self) -> int:
+        return self.dp * self.batch_size
+
+    @property
+    def max_length(self) -> int:
+        """Longest sequence one CP group can hold; longer ones are truncated before any policy runs."""
+        return _core.max_sequence_length(self.bucket_size, self.cp)
+
+
+def sharded_tokens(s: int, cp: int) -> int:
+    """Tokens one CP rank holds of a sequence sharded over the group (the core's rule)."""
+    return _core.shard_tokens(s, cp)
+
+
+def pack_sharded(lengths: Sequence[int], order: Sequence[int], shape: Shape) -> list[list[int]]:
+    """Cut `order` into consecutive groups whose sharded tokens fit one rank's bucket.
+
+    The rule of a CP framework that shards everything: a micro-batch is full
+    when the next sequence's shard would push a rank past BucketSize.
+    """
+    groups: list[list[int]] = []
+    cur: list[int] = []
+    used = 0
+    for k in order:
+        need = sharded_tokens(lengths[k], shape.cp)
+        if cur and used + need > shape.bucket_size:
+            groups.append(cur)
+            cur, used = [], 0
+        cur.append(k)
+        used += need
+    if cur:
+        groups.append(cur)
+    return groups
+
+
+def micro_batch(cost: CostModel, shape: Shape, dp_rank: int, index: int, seqs: list[int], lengths: Sequence[int],
+                cp_rank: list[int]) -> MicroBatchPlan:
+    """One micro-batch scored by the core (tokens, bytes, predicted time)."""
+    lens = [lengths[k] for k in seqs]
+    r = _core.evaluate_placement(lens, cp_rank, cost, shape.cp, shape.bucket_size)
+    return MicroBatchPlan(dp_rank=dp_rank, index=index, seqs=list(seqs), lengths=lens, cp_rank=list(cp_rank),
+                          rank_tokens=list(r.rank_tokens), comm_bytes=r.comm_bytes, time_us=r.time_us, rollbacks=0)
+
+
+def build_plan(lengths: Sequence[int], ranks: list[list[MicroBatchPlan]], shape: Shape, started: float) -> Plan:
+    """Assemble a Plan from scored micro-batches (per DP rank, in execution order)."""
+    k_total = len(lengths)
+    dp_rank, mb_index, cp_rank = [-1] * k_total, [-1] * k_total, [DISTRIBUTED] * k_total
+    for rank in ranks:
+        for mb in rank:
+            for k, r in zip(mb.seqs, mb.cp_rank):
+                dp_rank[k], mb_index[k], cp_rank[k] = mb.dp_rank, mb.index, r
+    dp_time = [sum(mb.time_us for mb in rank) for rank in ranks]
+    return Plan(
+        dp=shape.dp, cp=shape.cp, bucket_size=shape.bucket_size, lengths=list(lengths),
+        input_lengths=list(lengths), dp_rank=dp_rank, micro_batch=mb_index, cp_rank=cp_rank, ranks=ranks,
+        dropped=[], truncated=[], scheduler_us=(time.perf_counter() - started) * 1e6,
+        dp_time_us=dp_time, makespan_us=max(dp_time, default=0.0),
+    )
+
+
+def all_sharded_plan(lengths: Sequence[int], groups_per_rank: list[list[list[int]]], cost: CostModel, shape: Shape,
+                     started: float) -> Plan:
+    """Plan in which every sequence is sharded over its CP group (no local sequences, no overlap).
+
+    With CP = 1 there is nothing to shard over: sequences sit on the one rank and exchange nothing.
+    """
+    where = DISTRIBUTED if shape.cp > 1 else 0
+    ranks = [
+        [micro_batch(cost, shape, d, j, g, lengths, [where] * len(g)) for j, g in enumerate(groups)]
+        for d, groups in enumerate(groups_per_rank)
+    ]
+    return build_plan(lengths, ranks, shape, started)

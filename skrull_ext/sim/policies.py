@@ -1,0 +1,125 @@
+"""The simulator's policies, one registry: name -> SimPolicy.
+
+Each policy turns one global batch (lengths in dataset order) into a
+``Plan`` (so ``Plan.validate()`` and the same metrics apply to all of
+them), except ``bound``, which returns a number: a lower bound on the
+iteration time. All times come from the core's cost model.
+
+- baseline: what torchtitan / DeepSpeed users run today. DP rank d takes
+  samples d, d + DP, d + 2 DP, ... of the global batch (torch's
+  DistributedSampler split), packs them in arrival order into
+  micro-batches up to the token budget, and shards every sequence over the
+  CP group (its communication is not hidden behind local work).
+- unpacked: every sequence its own micro-batch, sharded (DeepSpeed-style
+  micro-batch size 1 with gradient accumulation; one reading of the
+  paper's DeepSpeed baseline, which it does not spell out).
+- sorted: LongAlign's sorted batching. It regroups samples *across* global
+  batches: sort the whole simulated window by length, cut it into
+  consecutive global batches, shuffle their order; then each runs like
+  baseline. It changes which samples share an optimizer step (Skrull does
+  not), so it is compared on the average over the same samples.
+- worstfit, skrull-paper, skrull: the core's policies (skrull_ext.config).
+- chunkflow: fixed-size chunks (skrull_ext/sim/chunkflow.py).
+- bound: skrull_ext/sim/bound.py.
+- sorted+skrull (not run by default): sorted's regrouping, then skrull.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from skrull_ext import Scheduler, SchedulerConfig
+from skrull_ext._core import CostModel
+from skrull_ext.plan import Plan
+from skrull_ext.sim import bound, chunkflow
+from skrull_ext.sim.packing import Shape, all_sharded_plan, pack_sharded
+
+PlanFn = Callable[[Sequence[int], CostModel, Shape, int], "Plan | float"]
+RegroupFn = Callable[[list[list[int]], int], list[list[int]]]
+
+
+@dataclass(frozen=True)
+class SimPolicy:
+    name: str
+    plan: PlanFn
+    """(global batch, cost model, shape, seed) -> Plan, or a float (microseconds) for the bound."""
+    description: str
+    regroup: RegroupFn | None = None
+    """Optional (global batches of the run, seed) -> new global batches, applied before planning."""
+
+    @property
+    def is_bound(self) -> bool:
+        return self.name == "bound"
+
+
+def baseline(lengths: Sequence[int], cost: CostModel, shape: Shape, seed: int) -> Plan:
+    started = time.perf_counter()
+    groups_per_rank = []
+    for d in range(shape.dp):
+        mine = range(d, len(lengths), shape.dp)
+        groups_per_rank.append(pack_sharded(lengths, mine, shape))
+    return all_sharded_plan(lengths, groups_per_rank, cost, shape, started)
+
+
+def unpacked(lengths: Sequence[int], cost: CostModel, shape: Shape, seed: int) -> Plan:
+    started = time.perf_counter()
+    groups_per_rank = [[[k] for k in range(d, len(lengths), shape.dp)] for d in range(shape.dp)]
+    return all_sharded_plan(lengths, groups_per_rank, cost, shape, started)
+
+
+def sort_window(batches: list[list[int]], seed: int) -> list[list[int]]:
+    """LongAlign regrouping: all samples of the window sorted, cut into batches of the same sizes, shuffled."""
+    flat = sorted(s for b in batches for s in b)
+    out, start = [], 0
+    for b in batches:
+        out.append(flat[start : start + len(b)])
+        start += len(b)
+    random.Random(seed).shuffle(out)
+    return out
+
+
+def core_policy(name: str, **overrides) -> PlanFn:
+    """A policy of the scheduler core (skrull_ext.config.POLICIES) behind the Scheduler facade."""
+
+    def run(lengths: Sequence[int], cost: CostModel, shape: Shape, seed: int) -> Plan:
+        cfg = SchedulerConfig(dp=shape.dp, cp=shape.cp, bucket_size=shape.bucket_size, policy=name, **overrides)
+        return Scheduler(cfg, cost).schedule(lengths)
+
+    return run
+
+
+def chunkflow_policy(lengths: Sequence[int], cost: CostModel, shape: Shape, seed: int) -> Plan:
+    return chunkflow.best_plan(lengths, cost, shape)[0]
+
+
+def bound_policy(lengths: Sequence[int], cost: CostModel, shape: Shape, seed: int) -> float:
+    return bound.lower_bound_us(lengths, cost, shape.dp, shape.cp, shape.bucket_size)
+
+
+POLICIES: dict[str, SimPolicy] = {
+    p.name: p
+    for p in (
+        SimPolicy("baseline", baseline, "arrival order, packed to the token budget, every sequence sharded"),
+        SimPolicy("unpacked", unpacked, "one sequence per micro-batch, sharded (DeepSpeed micro-batch size 1)"),
+        SimPolicy("sorted", baseline, "LongAlign sorted batching across the run, then as baseline", sort_window),
+        SimPolicy("worstfit", core_policy("worstfit"), "paper's Algorithm 4 (worst-fit DACP) + Algorithm 2"),
+        SimPolicy("chunkflow", chunkflow_policy, "ChunkFlow-style fixed-size chunks, sharded, LPT over DP"),
+        SimPolicy("skrull-paper", core_policy("skrull-paper"), "paper's Algorithms 1+2, roll-back corrected"),
+        SimPolicy("skrull", core_policy("skrull"), "this project's scheduler (skrull_ext.config 'skrull')"),
+        SimPolicy("bound", bound_policy, "lower bound on the iteration time"),
+        SimPolicy("sorted+skrull", core_policy("skrull"), "LongAlign regrouping, then skrull in each batch",
+                  sort_window),
+    )
+}
+
+DEFAULT = [name for name in POLICIES if name != "sorted+skrull"]
+"""What the benchmark runs unless told: the issue's seven plus unpacked."""
+
+
+def get(name: str) -> SimPolicy:
+    if name not in POLICIES:
+        raise ValueError(f"unknown policy {name!r}; choose one of {list(POLICIES)}")
+    return POLICIES[name]

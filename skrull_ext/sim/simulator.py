@@ -1,0 +1,112 @@
+"""The simulation loop: global batches in dataset order, every policy on each.
+
+    result = simulate(Scenario("chatqa2", "qwen2.5-0.5b", Shape(4, 8, 64, 26624)),
+                      policies=["baseline", "skrull", "bound"], iterations=20, seed=0)
+
+Iteration i takes samples [i*G, (i+1)*G) of the dataset's stream
+(G = DP x BatchSize), truncates sequences longer than a CP group can hold
+(counted in the result; the same data reaches every policy), and asks each
+policy for a plan. A policy that regroups samples across global batches
+(sorted) sees its own regrouping of the same samples. Plans are checked with ``Plan.validate()`` unless they
+overflow the capacity, in which case they are counted, never dropped.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from skrull_ext._core import CostModel
+from skrull_ext.sim import bound, datasets, hardware, metrics
+from skrull_ext.sim import policies as sim_policies
+from skrull_ext.sim.packing import Shape
+
+
+@dataclass(frozen=True)
+class Scenario:
+    dataset: str
+    model: str
+    shape: Shape
+    capacity: int | None = None
+    """Tokens a rank really holds, for the overflow check; None = BucketSize."""
+
+    def __post_init__(self) -> None:
+        if self.capacity is not None and (not isinstance(self.capacity, int) or self.capacity < 1):
+            raise ValueError(f"capacity must be a positive integer, got {self.capacity!r}")
+
+    @property
+    def key(self) -> str:
+        s = self.shape
+        return f"{self.dataset}/{self.model}/dp{s.dp}-cp{s.cp}-bs{s.batch_size}-C{s.bucket_size}"
+
+
+@dataclass
+class ScenarioResult:
+    scenario: Scenario
+    profile: str
+    iterations: int
+    seed: int
+    sequences: int = 0
+    truncated: int = 0
+    per_policy: dict[str, list[metrics.IterationMetrics]] = field(default_factory=dict)
+
+    def mean_time_us(self, policy: str) -> float:
+        return statistics.fmean(m.time_us for m in self.per_policy[policy])
+
+    def speedup(self, policy: str, over: str) -> float:
+        """Speedup of the average iteration time (the paper's figure)."""
+        return self.mean_time_us(over) / self.mean_time_us(policy)
+
+    def gap_to_bound(self, policy: str) -> float:
+        """Mean over iterations of time / bound - 1 (each against the bound of the batch it planned)."""
+        return statistics.fmean(m.time_us / m.bound_us - 1.0 for m in self.per_policy[policy] if m.bound_us > 0)
+
+
+def global_batches(dataset: str, shape: Shape, iterations: int, seed: int) -> tuple[list[list[int]], int]:
+    """Global batches in dataset order, truncated to what a CP group holds, and how many were truncated."""
+    g = shape.global_batch
+    stream = datasets.get(dataset).stream(g * iterations, seed)
+    limit = shape.max_length
+    truncated = sum(s > limit for s in stream)
+    stream = [min(s, limit) for s in stream]
+    return [stream[i * g : (i + 1) * g] for i in range(iterations)], truncated
+
+
+def simulate(
+    scenario: Scenario,
+    policies: Sequence[str],
+    iterations: int,
+    seed: int = 0,
+    profile: dict | None = None,
+    cost: CostModel | None = None,
+    on_iteration: Callable[[], None] | None = None,
+    validate: bool = True,
+) -> ScenarioResult:
+    """Predict every iteration of `scenario` under each policy."""
+    profile = profile if profile is not None else hardware.load_profile()
+    cost = cost if cost is not None else hardware.cost_model(profile, scenario.model)
+    chosen = [sim_policies.get(p) for p in policies]
+    capacity = scenario.capacity or scenario.shape.bucket_size
+    batches, truncated = global_batches(scenario.dataset, scenario.shape, iterations, seed)
+    result = ScenarioResult(scenario, hardware.label(profile), iterations, seed,
+                            sequences=sum(map(len, batches)), truncated=truncated)
+    own = {p.name: p.regroup(batches, seed) if p.regroup else batches for p in chosen}
+    shape = scenario.shape
+    for p in chosen:
+        result.per_policy[p.name] = []
+    for i in range(iterations):
+        for p in chosen:
+            batch = own[p.name][i]
+            lb = bound.lower_bound_us(batch, cost, shape.dp, shape.cp, shape.bucket_size)
+            if p.is_bound:
+                result.per_policy[p.name].append(metrics.IterationMetrics(time_us=lb, bound_us=lb))
+                continue
+            out = p.plan(batch, cost, shape, seed * 1_000_003 + i)
+            m = metrics.of_plan(out, cost, capacity, lb)
+            if validate and m.overflow == 0:
+                out.validate()
+            result.per_policy[p.name].append(m)
+        if on_iteration is not None:
+            on_iteration()
+    return result

@@ -1,0 +1,82 @@
+"""The ``[skrull]`` section of a job: how Skrull schedules each global batch.
+
+It carries the scheduler core's knobs (``skrull_ext.config.SchedulerConfig``,
+whose registries it reuses, so a new policy needs no change here) minus the
+DP/CP sizes, which come from ``[parallelism]``, plus what only training
+needs: the on/off switch, the cost model and the plan-hash check. Values are
+checked here, so a bad TOML or CLI value fails before any process group or
+model is built, naming the key and what it allows.
+"""
+
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Literal
+
+from skrull_ext import cost_model as cost_models
+from skrull_ext.config import OVERLENGTH, POLICIES, SchedulerConfig
+
+Policy = Literal[tuple(POLICIES)]  # pyrefly: ignore[invalid-literal]
+Overlength = Literal[tuple(OVERLENGTH)]  # pyrefly: ignore[invalid-literal]
+
+
+@dataclass(kw_only=True, slots=True)
+class SkrullSection:
+    enable: bool = True
+    """Schedule global batches with Skrull; False runs torchtitan's own batching."""
+
+    policy: Policy = "skrull"
+    """Scheduling policy (skrull_ext.config.POLICIES)."""
+
+    bucket_size: int = 26624
+    """Tokens one CP rank may hold per micro-batch (the paper's BucketSize C)."""
+
+    cost_model: str = "qwen2.5-0.5b"
+    """A model preset of skrull_ext.cost_model (on the h100-assumed profile), or a profile TOML path."""
+
+    cpsat: bool = True
+    """Allow the CP-SAT fallback (only policies that use it)."""
+
+    cpsat_margin: float = 0.10
+    """Re-solve a micro-batch with CP-SAT when predicted this fraction above its lower bound."""
+
+    cpsat_deterministic_time: float = 0.005
+    """CP-SAT limit in deterministic seconds (the same answer on every rank, unlike wall time)."""
+
+    overlength: Overlength = "error"
+    """Sequences longer than bucket_size * cp: fail, truncate to fit, or drop them."""
+
+    check_plan_hash: bool = False
+    """Debug: compare every rank's plan digest each step and fail loudly on a mismatch."""
+
+    def __post_init__(self):
+        try:
+            self.scheduler_config(dp=1, cp=1)
+        except ValueError as e:
+            raise ValueError(f"skrull: {e}") from e
+        if not (self.cost_model in cost_models.MODEL_PRESETS or Path(self.cost_model).is_file()):
+            raise ValueError(
+                f"skrull.cost_model: {self.cost_model!r} is neither a preset "
+                f"{sorted(cost_models.MODEL_PRESETS)} nor a profile file"
+            )
+
+    def scheduler_config(self, dp: int, cp: int) -> SchedulerConfig:
+        """The core's config for a DP x CP job."""
+        return SchedulerConfig(
+            dp=dp,
+            cp=cp,
+            bucket_size=self.bucket_size,
+            policy=self.policy,
+            overlength=self.overlength,
+            cpsat=self.cpsat,
+            cpsat_margin=self.cpsat_margin,
+            cpsat_deterministic_time=self.cpsat_deterministic_time,
+        )
+
+    def build_cost_model(self):
+        """``skrull_ext._core.CostModel`` named by ``cost_model``."""
+        if self.cost_model in cost_models.MODEL_PRESETS:
+            return cost_models.preset(self.cost_model)
+        return cost_models.load(self.cost_model)
+
+    def to_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -1,0 +1,179 @@
+"""SkrullTrainer: torchtitan's Trainer with a ``[skrull]`` config section.
+
+The CPU compatibility fixes (``skrull_ext.compat``) are applied first thing,
+so every way of launching gets them. With ``skrull.enable = false`` this is
+torchtitan's own trainer: same batching, same loss, same step.
+
+With it on, each step is one ``SkrullStep`` from ``SkrullDataLoader``: the
+gradient is accumulated over the plan's micro-batches (as many as the
+slowest DP rank has; others run no-op pads), each CP rank feeding its own
+buffer to the model, attention being the DACP attention over the CP group
+(local sequences whole, distributed ones by all-gathered K/V). The loss is
+the sum of token losses over the number of loss tokens of the whole global
+batch, so the gradient does not depend on the schedule (SKRULL.md, "Loss").
+"""
+
+import math
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torchtitan.components.dataloader import DataloaderExhaustedError
+from torchtitan.config.override import derive
+from torchtitan.distributed import utils as dist_utils
+from torchtitan.models.common.attention import GQAttention
+from torchtitan.tools.logging import logger
+from torchtitan.trainer import Trainer
+
+from skrull_ext import compat
+from skrull_ext.attention import DacpAttention
+from skrull_ext.datasets.packed import PackedDataLoader
+from skrull_ext.datasets.scheduling import SkrullDataLoader, SkrullStep
+from skrull_ext.scheduler import Scheduler
+from skrull_ext.skrull_section import SkrullSection
+from skrull_ext.step_checks import check_plan_digests, step_metrics
+
+
+class SkrullTrainer(Trainer):
+    @dataclass(kw_only=True, slots=True)
+    class Config(Trainer.Config):
+        skrull: SkrullSection = field(default_factory=SkrullSection)
+        """How Skrull schedules each global batch (see skrull_section.py)."""
+
+        def __post_init__(self):
+            Trainer.Config.__post_init__(self)
+            if self.skrull.enable and not isinstance(self.dataloader, SkrullDataLoader.Config):
+                raise ValueError(
+                    "skrull.enable needs [dataloader] kind = \"skrull\" "
+                    f"(got {type(self.dataloader).__qualname__})"
+                )
+            if not self.skrull.enable and isinstance(self.dataloader, SkrullDataLoader.Config):
+                # Same data, torchtitan's batching: the switch works from the CLI.
+                self.dataloader = derive(self.dataloader, PackedDataLoader.Config)
+            p = self.parallelism
+            if self.skrull.enable and (
+                p.pipeline_parallel_degree > 1 or p.tensor_parallel_degree > 1
+            ):
+                raise ValueError("skrull.enable supports DP (FSDP/HSDP) x CP only, not PP or TP yet")
+
+    config: Config
+
+    def __init__(self, config: Config):
+        compat.apply(config)
+        super().__init__(config)
+        if config.skrull.enable:
+            self._init_skrull()
+
+    # ------------------------------------------------------------------ setup
+    def _init_skrull(self) -> None:
+        dims = self.parallel_dims
+        cp_group = dims.get_mesh("cp").get_group() if dims.cp_enabled else None
+        cp_rank = dist.get_rank(cp_group) if cp_group is not None else 0
+        self.dacp_attention = install_dacp_attention(self.model_parts, cp_group)
+        assert isinstance(self.dataloader, SkrullDataLoader)
+        skrull = self.config.skrull
+        scheduler = Scheduler(
+            skrull.scheduler_config(dp=self.dataloader.dp_world_size, cp=dims.cp),
+            skrull.build_cost_model(),
+        )
+        self.dataloader.attach(scheduler, cp_rank, dims.cp)
+        logger.info(
+            f"Skrull: policy {skrull.policy}, bucket_size {skrull.bucket_size}, "
+            f"DP {self.dataloader.dp_world_size} x CP {dims.cp}, cp_rank {cp_rank}"
+        )
+
+    # ------------------------------------------------------------------ steps
+    def batch_generator(self, data_iterable: Iterable) -> Iterator:
+        if not self.config.skrull.enable:
+            yield from super().batch_generator(data_iterable)
+            return
+        it = iter(data_iterable)
+        while True:
+            start = time.perf_counter()
+            try:
+                step = next(it)
+            except StopIteration as ex:  # as torchtitan: the unfinished step is dropped
+                raise DataloaderExhaustedError() from ex
+            self.metrics_processor.ntokens_since_last_log += step.num_tokens
+            self.metrics_processor.data_loading_times.append(time.perf_counter() - start)
+            yield step
+
+    def train_step(self, data_iterator: Iterator) -> None:
+        if not self.config.skrull.enable:
+            return super().train_step(data_iterator)
+        step: SkrullStep = next(data_iterator)
+        self.optimizers.zero_grad(set_to_none=self.config.training.disable_cuda_graphs)
+        lr_metrics = self.lr_schedulers.get_metrics()
+        should_log = self.metrics_processor.should_log(self.step)
+        if self.config.skrull.check_plan_hash:
+            check_plan_digests(step.plan, self.dataloader.dp_rank)
+        for m in self.dacp_attention:
+            m.stats.reset()
+
+        global_valid_tokens = torch.tensor(step.global_valid_tokens, device=self.device)
+        accumulated = torch.zeros((), device=self.device)
+        for mb in step.micro_batches:
+            extra = {"positions": mb.positions.to(self.device), "attention_masks": mb.meta}
+            labels = mb.labels.to(self.device)
+            self.ntokens_seen += labels.numel()
+            loss = self.fwd_bwd_fn(mb.input.to(self.device), labels, global_valid_tokens, extra)
+            accumulated += loss.detach()
+
+        grad_norm = dist_utils.clip_grad_norm_(
+            [p for m in self.model_parts for p in m.parameters()],
+            self.config.training.max_norm,
+            foreach=True,
+            pp_mesh=None,
+            ep_enabled=self.parallel_dims.ep_enabled,
+        )
+        self.checkpointer.maybe_wait_for_staging()
+        self.optimizers.step()
+        self.lr_schedulers.step()
+        if should_log:
+            self._log_step(step, accumulated, global_valid_tokens, grad_norm, lr_metrics)
+
+    def _log_step(self, step, accumulated, global_valid_tokens, grad_norm, lr_metrics) -> None:
+        # accumulated = this rank's loss sum / global loss tokens, so the global
+        # mean loss is the plain sum over all ranks (as in torchtitan).
+        local_valid = max(step.local_valid_tokens, 1)
+        local_avg = accumulated * global_valid_tokens / local_valid
+        ntokens = torch.tensor(self.ntokens_seen, dtype=torch.int64, device=self.device)
+        if self.parallel_dims.dp_cp_enabled:
+            mesh = self.parallel_dims.get_optional_mesh("loss")
+            global_avg = dist_utils.dist_sum(accumulated, mesh)
+            global_max = dist_utils.dist_max(local_avg, mesh)
+            ntokens_seen = dist_utils.dist_sum(ntokens, mesh)
+        else:
+            global_avg = global_max = float(accumulated.item())
+            ntokens_seen = self.ntokens_seen
+        if not math.isfinite(global_avg):
+            raise RuntimeError(f"Loss is not finite ({global_avg}) at step {self.step}")
+        extra = {
+            "n_tokens_seen": ntokens_seen,
+            **lr_metrics,
+            **step_metrics(step, self.dacp_attention),
+        }
+        self.metrics_processor.log(
+            self.step, global_avg, global_max, float(grad_norm.item()), extra_metrics=extra
+        )
+
+
+def install_dacp_attention(model_parts, cp_group) -> list[DacpAttention]:
+    """Replace every GQAttention's inner attention by DACP attention on ``cp_group``.
+
+    Done after torchtitan's parallelize_fn: that is where torchtitan itself
+    installs its CP attention wrapper (apply_cp_to_forward), which this
+    replaces together with the module it wrapped. The inner attention holds
+    no parameters, so FSDP, AC and checkpoints are unaffected.
+    """
+    installed = []
+    for part in model_parts:
+        for module in part.modules():
+            if isinstance(module, GQAttention):
+                module.inner_attention = DacpAttention(cp_group)
+                installed.append(module.inner_attention)
+    if not installed:
+        raise ValueError("no GQAttention found: this model family is not supported by Skrull yet")
+    return installed

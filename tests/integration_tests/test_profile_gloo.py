@@ -1,0 +1,33 @@
+"""The profiler under torchrun with 2 processes over gloo (tiny ladders): the
+collectives are timed across the group and land in [comm] as a table the
+scheduler reads; compute and memory are measured on both ranks."""
+
+import tomllib
+
+import pytest
+from launch import REPO, torchrun
+
+from skrull_ext import cost_model
+
+
+@pytest.mark.slow
+def test_profile_two_processes_over_gloo(tmp_path):
+    out = tmp_path / "gloo2.toml"
+    proc = torchrun(2, "skrull_ext.profile", [
+        "--config-file", f"{REPO}/skrull_ext/jobs/debug_cpu.toml", "--out", str(out),
+        "--lengths", "32,64,128", "--held-out", "96", "--packed", "",
+        "--memory-lengths", "64,128,256,512", "--repeats", "2", "--layers", "1",
+        "--comm-sizes", "4KiB:256KiB", "--comm-repeats", "3",
+        "--memory-limit", "128MiB", "--max-held-out-error", "10",
+    ], cwd=str(tmp_path))
+    assert "gloo x2" in proc.stdout, proc.stdout
+    d = tomllib.loads(out.read_text())
+    comm = d["comm"]
+    assert comm["backend"] == "gloo" and comm["world_size"] == 2
+    assert comm["collective"] == "all_gather+reduce_scatter" and comm["collectives_per_layer"] == 2.0
+    raw = d["meta"]["comm"]
+    assert raw["sizes"] == [4096 * 2**k for k in range(7)]
+    assert all(v > 0 for v in raw["all_gather_us"] + raw["reduce_scatter_us"])
+    cm = cost_model.load(out)
+    assert cm.comm_is_monotone() and cm.collective_us(2**20) > 0
+    assert d["meta"]["check"]["ok"]

@@ -1,0 +1,115 @@
+"""Job files: TOML -> dataclass config, CLI overrides, precise errors."""
+
+import os
+import textwrap
+
+import pytest
+
+from skrull_ext.job_file import JobConfigManager, JobFileError, load_job
+from skrull_ext.datasets.packed import PackedDataLoader
+from skrull_ext.datasets.scheduling import SkrullDataLoader
+from skrull_ext.trainer import SkrullTrainer
+
+JOBS = os.path.join(os.path.dirname(__file__), "..", "..", "skrull_ext", "jobs")
+DEBUG = os.path.join(JOBS, "debug_cpu.toml")
+
+
+def _write(tmp_path, body: str) -> str:
+    path = tmp_path / "job.toml"
+    path.write_text(textwrap.dedent(body))
+    return str(path)
+
+
+MINIMAL = """
+[model]
+name = "llama3"
+flavor = "debugmodel"
+"""
+
+
+def test_debug_job_loads():
+    config = load_job(DEBUG)
+    assert isinstance(config, SkrullTrainer.Config)
+    assert config.model_spec.name == "llama3" and config.model_spec.flavor == "debugmodel"
+    assert config.training.seq_len == 512 and config.training.dtype == "float32"
+    assert config.dataloader.length_scale == 32.0 and config.dataloader.max_len == 512
+    assert isinstance(config.dataloader, SkrullDataLoader.Config) and config.skrull.enable
+    assert config.activation_checkpoint is None
+    assert config.optimizer.param_groups[0].optimizer_kwargs["lr"] == 3e-3
+    assert config.skrull.bucket_size == 256 and config.skrull.check_plan_hash
+    assert config.tokenizer.vocab_size == 2048 == config.loss.global_vocab_size
+
+
+def test_gpu_job_loads():
+    config = load_job(os.path.join(JOBS, "qwen2_5_0_5b_gpu.toml"))
+    assert config.model_spec.name == "qwen2_5"
+    assert config.tokenizer.vocab_size == 151936
+
+
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ("[training]\nstepz = 3", r"unknown key\(s\) \['stepz'\] in \[training\]; allowed: .*'steps'"),
+        ("[trainig]\nsteps = 3", r"unknown key\(s\) \['trainig'\] in the job file; allowed: .*'training'"),
+        ("[training]\nsteps = 'ten'", r"training.steps: expected an integer, got 'ten'"),
+        ("[training]\ndtype = 'float16'", r"training.dtype: 'float16' is not one of \['bfloat16', 'float32'\]"),
+        ("[skrull]\npolicy = 'fifo'", r"skrull.policy: 'fifo' is not one of \['skrull', 'skrull-fast', 'skrull-paper', 'worstfit'\]"),
+        ("[skrull]\noverlength = 'wrap'", r"skrull.overlength: 'wrap' is not one of \['error', 'truncate', 'drop'\]"),
+        ("[skrull]\nenable = true\n[dataloader]\nkind = 'packed'", r"skrull.enable needs \[dataloader\] kind = \"skrull\""),
+        ("[skrull]\nbucket_size = 0", r"skrull: bucket_size must be in \[1, "),
+        ("[skrull]\ncost_model = 'h200'", r"skrull.cost_model: 'h200' is neither a preset"),
+        ("[dataloader]\nkind = 'hf'", r"dataloader.kind: 'hf' is not one of \['packed'"),
+        ("[dataloader]\nglobal_batch_size = 0", r"dataloader.global_batch_size must be >= 1"),
+        ("[job]\ndump_folder = 3", r"job.dump_folder: expected a string, got 3"),
+        ("[job]\nskrull = 3", r"unknown key\(s\) \['skrull'\] in \[job\]"),
+    ],
+)
+def test_bad_values_name_the_key(tmp_path, body, message):
+    with pytest.raises(JobFileError, match=message):
+        load_job(_write(tmp_path, MINIMAL + body))
+
+
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ('[model]\nname = "gpt2"\nflavor = "x"', r"model.name: 'gpt2' is not one of \['llama3', 'qwen2_5', 'qwen3'\]"),
+        ('[model]\nname = "llama3"\nflavor = "9B"', r"model.flavor: '9B' is not a llama3 flavor; one of \['debugmodel'"),
+        ('[model]\nname = "llama3"', r"model.flavor: required"),
+        ('[model]\nname = "llama3"\nflavor = "debugmodel"\nsize = 1', r"unknown key\(s\) \['size'\] in \[model\]"),
+        ("[training\n", r"not valid TOML"),
+    ],
+)
+def test_bad_model_or_syntax(tmp_path, body, message):
+    with pytest.raises(JobFileError, match=message):
+        load_job(_write(tmp_path, body))
+
+
+def test_cli_overrides_file():
+    config = JobConfigManager().parse_args(
+        ["--config-file", DEBUG, "--training.steps", "3", "--skrull.policy", "worstfit",
+         "--parallelism.context_parallel_degree", "2"]
+    )
+    assert config.training.steps == 3 and config.skrull.policy == "worstfit"
+    assert config.parallelism.context_parallel_degree == 2
+    assert config.training.seq_len == 512  # from the file
+
+
+def test_cli_bad_value_fails(capsys):
+    with pytest.raises(SystemExit):
+        JobConfigManager().parse_args(["--config-file", DEBUG, "--skrull.policy", "fifo"])
+    assert "fifo" in capsys.readouterr().err
+
+
+def test_torchtitan_module_config_form():
+    from torchtitan.config import ConfigManager
+
+    config = ConfigManager().parse_args(
+        ["--module", "skrull_ext", "--config", "skrull_llama3_debugmodel", "--skrull.bucket_size", "128"]
+    )
+    assert isinstance(config, SkrullTrainer.Config) and config.skrull.bucket_size == 128
+
+
+def test_skrull_off_uses_torchtitan_batching_of_the_same_data():
+    config = JobConfigManager().parse_args(["--config-file", DEBUG, "--skrull.no-enable"])
+    assert isinstance(config.dataloader, PackedDataLoader.Config)
+    assert config.dataloader.length_scale == 32.0 and config.dataloader.seed == 0

@@ -1,0 +1,61 @@
+"""check_plan_digests fails loudly on every rank when ranks disagree (gloo, 2 processes)."""
+
+import os
+import socket
+
+import pytest
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from skrull_ext import cost_model
+from skrull_ext.scheduler import Scheduler
+from skrull_ext.skrull_section import SkrullSection
+from skrull_ext.step_checks import check_plan_digests, gds_digest, PlanMismatchError
+
+LENGTHS = [300, 20, 40, 500, 60, 80, 10, 200]
+
+
+def _plan():
+    config = SkrullSection(bucket_size=256, cost_model="llama3-debug").scheduler_config(dp=1, cp=2)
+    return Scheduler(config, cost_model.preset("llama3-debug")).schedule(LENGTHS)
+
+
+def _worker(rank: int, port: int, tamper: bool, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    plan = _plan()
+    if tamper and rank == 1:
+        plan.micro_batch[0] += 1
+    try:
+        check_plan_digests(plan, dp_rank=0)
+        result = "ok"
+    except PlanMismatchError as e:
+        result = "mismatch: " + str(e)[:40]
+    with open(f"{out}.{rank}", "w") as f:
+        f.write(result)
+    dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tamper", [False, True])
+def test_plan_digests_across_ranks(tmp_path, tamper):
+    out = str(tmp_path / "result")
+    mp.spawn(_worker, args=(_free_port(), tamper, out), nprocs=2)
+    results = [(tmp_path / f"result.{r}").read_text() for r in range(2)]
+    if tamper:
+        assert all(r.startswith("mismatch: GDS plans differ") for r in results), results
+    else:
+        assert results == ["ok", "ok"]
+
+
+def test_gds_digest_ignores_cp_placement_only():
+    a, b = _plan(), _plan()
+    assert gds_digest(a) == gds_digest(b) and a.digest() == b.digest()
+    b.cp_rank[0] = 1 - b.cp_rank[0] if b.cp_rank[0] in (0, 1) else 0
+    assert gds_digest(a) == gds_digest(b) and a.digest() != b.digest()

@@ -1,0 +1,132 @@
+"""Profiler fits on synthetic points with known coefficients: exact recovery,
+agreement with the scheduler's own evaluation of the written table, and the
+BucketSize arithmetic with a quadratic memory term."""
+
+import math
+
+import pytest
+
+from skrull_ext import cost_model
+from skrull_ext._core import CommModel, CostModel, ModelShape
+from skrull_ext.profile.fit import fit_piecewise, fit_poly, quality
+from skrull_ext.profile.memory import MemoryPoint, fit_memory, transient_overhead
+from skrull_ext.profile.options import ProfileOptions, parse_bytes, parse_ints
+
+
+def close(a, b, rel=1e-9):
+    return math.isclose(a, b, rel_tol=rel, abs_tol=1e-12)
+
+
+def test_line_recovered_exactly():
+    a, b = 4.4e-5, 17.0  # us per FLOP, us
+    x = [1e8 * k for k in (1, 2, 3, 5, 8, 13, 21)]
+    fit = fit_poly(x, [a * v + b for v in x], 1)
+    assert close(fit.slope, a) and close(fit.intercept, b)
+    assert close(fit.r2, 1.0) and fit.max_rel_error < 1e-9
+
+
+def test_quadratic_recovered_exactly_despite_scale():
+    a, b, c = 1.473e5, 4.0, 24.0  # bytes per token, fixed bytes, bytes per token^2
+    x = [128, 256, 512, 1024, 1536, 2048]
+    fit = fit_poly(x, [b + a * n + c * n * n for n in x], 2)
+    assert close(fit.slope, a, 1e-7) and close(fit.quadratic, c, 1e-7) and abs(fit.intercept - b) < 1e-3
+
+
+def test_through_origin_and_relative_weighting():
+    x = [1.0, 10.0, 100.0]
+    fit = fit_poly(x, [2.0 * v for v in x], 1, intercept=False)
+    assert fit.intercept == 0.0 and close(fit.slope, 2.0)
+    # Relative weights: a 10% miss on the smallest point counts as much as on the largest.
+    noisy = fit_poly(x, [2.2, 20.0, 200.0], 1)
+    assert noisy.max_rel_error < 0.1
+
+
+def test_fit_memory_picks_the_model_the_points_need():
+    n = [128, 256, 512, 1024, 2048, 4096]
+    linear = fit_memory(n, [1000.0 + 500.0 * v for v in n])
+    assert linear.quadratic == 0.0 and close(linear.slope, 500.0)
+    quad = fit_memory(n, [1000.0 + 500.0 * v + 2.0 * v * v for v in n])
+    assert close(quad.quadratic, 2.0, 1e-7)
+
+
+def test_piecewise_recovered_exactly_and_matches_the_scheduler():
+    floor, a, b = 50.0, 0.01, 40.0  # line meets the floor at 1000 bytes
+    x = [100.0, 200.0, 400.0, 800.0, 1600.0, 3200.0, 6400.0, 12800.0]
+    y = [floor if v < 1000 else a * v + b for v in x]
+    fit = fit_piecewise(x, y)
+    assert close(fit.floor_us, floor) and close(fit.a_us_per_byte, a) and close(fit.b_us, b)
+    assert close(fit.threshold_bytes, 1000.0)
+    assert fit.max_rel_error < 1e-9
+    xs, us = fit.table(x)
+    cm = CostModel(ModelShape(1, 1, 1, 1), 0.0, 0.0,
+                   CommModel(xs, us, threshold_bytes=fit.threshold_bytes, floor_us=fit.floor_us))
+    assert cm.comm_is_monotone()
+    for v in (1.0, 150.0, 999.0, 1000.0, 1200.0, 5000.0, 50000.0):
+        assert close(cm.collective_us(v), fit(v)), v
+
+
+def test_piecewise_step_between_points_goes_to_the_geometric_midpoint():
+    x = [100.0, 200.0, 400.0, 800.0, 1600.0]
+    y = [50.0, 50.0, 260.0, 460.0, 860.0]  # line 0.5 x + 60 is above the floor already at 200
+    fit = fit_piecewise(x, y)
+    assert close(fit.floor_us, 50.0) and close(fit.a_us_per_byte, 0.5) and close(fit.b_us, 60.0)
+    assert close(fit.threshold_bytes, math.sqrt(200.0 * 400.0)) and fit.max_rel_error < 1e-9
+
+
+def test_piecewise_without_a_floor():
+    x = [1e3, 1e4, 1e5, 1e6]
+    fit = fit_piecewise(x, [5.0 + 1e-3 * v for v in x])
+    assert fit.threshold_bytes == 0.0 and close(fit.a_us_per_byte, 1e-3) and close(fit.b_us, 5.0)
+
+
+@pytest.mark.parametrize(
+    "call, msg",
+    [
+        (lambda: fit_poly([1, 2], [1.0], 1), "differ in length"),
+        (lambda: fit_poly([1, 2, 3], [1.0, 0.0, 2.0], 1), "must be > 0"),
+        (lambda: fit_poly([1], [1.0], 1), "at least 2 points"),
+        (lambda: fit_poly([1, 2, 3], [1.0, 2.0, math.nan], 1), "finite"),
+        (lambda: fit_piecewise([1, 1, 2], [1.0, 1.0, 2.0]), "distinct"),
+        (lambda: fit_poly([1, 2, 3], [1.0, 2.0, 3.0], 3), "degree"),
+    ],
+)
+def test_bad_points_rejected(call, msg):
+    with pytest.raises(ValueError, match=msg):
+        call()
+
+
+def test_quality():
+    assert quality([1.0, 2.0], [1.0, 2.0]) == (1.0, 0.0)
+    r2, worst = quality([1.0, 2.0, 3.0], [1.1, 2.0, 3.0])
+    assert r2 < 1 and close(worst, 0.1)
+
+
+def test_bucket_size_with_quadratic_term_is_the_largest_that_fits():
+    usable, static, a, b, c, m = 2**30, 60e6, 1.473e5, 4.0, 24.0, 0.21
+    n = cost_model.bucket_size(usable, static, a, b, m, c)
+    free = (usable - static - b) * (1 - m)
+    assert a * n + c * n * n <= free < a * (n + 1) + c * (n + 1) ** 2
+    assert cost_model.bucket_size(usable, static, a, b, m) > n  # the quadratic term costs tokens
+    with pytest.raises(ValueError, match="c_bytes_per_token2"):
+        cost_model.bucket_size(usable, static, a, b, m, -1.0)
+
+
+def test_transient_overhead_uses_the_longer_half():
+    pts = [MemoryPoint(100, 10.0, 30.0), MemoryPoint(1000, 100.0, 110.0), MemoryPoint(2000, 200.0, 230.0)]
+    assert close(transient_overhead(pts), 0.15)
+
+
+def test_options_parsing_and_derived_ladders():
+    assert parse_bytes("1GiB") == 2**30 and parse_bytes("512MiB") == 2**29 and parse_bytes("80GB") == 80e9
+    assert parse_ints("128:1024") == (128, 256, 512, 1024) and parse_ints("4KiB,8KiB") == (4096, 8192)
+    with pytest.raises(ValueError, match="not a byte size"):
+        parse_bytes("lots")
+    o = ProfileOptions().for_job(512, 131072)
+    assert max(o.lengths) == 1024 and not set(o.held_out) & set(o.lengths)
+    assert min(o.held_out) > min(o.lengths) and max(o.held_out) < max(o.lengths)  # interpolation only
+    assert max(o.memory_lengths) == 2048
+    assert max(ProfileOptions().for_job(32768, 32768).lengths) == 32768  # capped at the model's context
+    with pytest.raises(ValueError, match="--held-out"):
+        ProfileOptions(lengths=(128, 256), held_out=(256,))
+    with pytest.raises(ValueError, match="--margin"):
+        ProfileOptions(margin=1.0)

@@ -1,0 +1,61 @@
+"""`python -m skrull_ext.bench simulate` on a small run: table, JSON and plots are produced."""
+
+import json
+
+import pytest
+
+from skrull_ext.bench import __main__ as bench
+from skrull_ext.bench import simulate
+from skrull_ext.sim import hardware
+
+
+def test_simulate_writes_table_json_and_plots(tmp_path, capsys):
+    out = tmp_path / "sim"
+    rc = simulate.main(["--datasets", "wikipedia,chatqa2", "--models", "qwen2.5-0.5b", "--iterations", "2",
+                        "--policies", "skrull-paper,skrull,sorted", "--out", str(out), "--quiet"])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "| policy | vs baseline avg |" in printed and "| chatqa2 / qwen2.5-0.5b |" in printed
+    md = (out / "results.md").read_text()
+    assert "Command: `python -m skrull_ext.bench simulate --datasets wikipedia,chatqa2" in md
+    assert "assumed: h100_assumed.toml" in md and "## Every cell and policy" in md
+    data = json.loads((out / "results.json").read_text())
+    assert data["meta"]["policies"] == ["baseline", "skrull-paper", "skrull", "sorted", "bound"]
+    assert {c["policy"] for c in data["cells"]} == {"baseline", "skrull-paper", "skrull", "sorted", "bound"}
+    assert len(data["iterations"][0]["per_policy"]["skrull"]) == 2
+    assert data["summary"]["skrull_vs_paper_min"] >= 1.0
+    for png in ("speedup.png", "iteration_time.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_shape_options_override_the_paper_settings(tmp_path):
+    out = tmp_path / "sim"
+    simulate.main(["--datasets", "chatqa2", "--models", "qwen2.5-7b", "--dp", "1", "--cp", "4", "--batch-size", "8",
+                   "--bucket-size", "8192", "--iterations", "1", "--out", str(out), "--no-plots", "--quiet"])
+    data = json.loads((out / "results.json").read_text())
+    assert {c["shape"] for c in data["cells"]} == {"1x4x8, C=8192"}
+    assert not (out / "speedup.png").exists()
+
+
+def test_profile_bucket_size_is_the_default(tmp_path):
+    prof = tmp_path / "measured.toml"
+    text = (hardware.DEFAULT_PROFILE.read_text().replace('source = "assumed"', 'source = "measured"')
+            + "\n[memory]\nbucket_size = 8192\n")
+    prof.write_text(text)
+    out = tmp_path / "sim"
+    simulate.main(["--datasets", "wikipedia", "--models", "qwen2.5-0.5b", "--iterations", "1", "--profile", str(prof),
+                   "--policies", "skrull", "--out", str(out), "--no-plots", "--quiet"])
+    data = json.loads((out / "results.json").read_text())
+    assert {c["shape"] for c in data["cells"]} == {"4x8x64, C=8192"}
+    assert data["meta"]["profile"] == "measured: measured.toml"
+
+
+def test_command_registry(capsys):
+    assert {name: target for name, (target, _) in bench.COMMANDS.items()} == {
+        "simulate": "skrull_ext.bench.simulate:main", "latency": "skrull_ext.bench.latency:main",
+        "adversarial": "skrull_ext.bench.adversarial:main"}
+    assert bench.main(["nope"]) == 2
+    assert "unknown command 'nope'" in capsys.readouterr().err
+    assert bench.main([]) == 2
+    with pytest.raises(SystemExit):
+        bench.main(["simulate", "--policies", "fifo", "--quiet"])
