@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 DISTRIBUTED = -1
 LINEAR_COUNTS = 8  # gds.hpp kLinearCounts
 MAX_REFINE_MOVES = 256  # refine.hpp kMaxRefineMoves
+MAX_SWEEP_SHARDS = 256  # dacp_sweep.hpp kMaxSweepShards
 
 
 @dataclass
@@ -245,7 +246,7 @@ def dacp_sweep(lengths: list[int], cost: RefCost, n: int, bucket: int) -> RefDac
     monotone = monotone and all(b >= a for a, b in zip(cost.ys, cost.ys[1:]))
     best = None
     prefix, dist, vol = 0, 0.0, 0.0
-    for k in range(len(lengths) + 1):
+    for k in range(min(len(lengths), MAX_SWEEP_SHARDS) + 1):
         if k > 0:
             s = lengths[order[k - 1]]
             sh = shard_tokens(s, n)

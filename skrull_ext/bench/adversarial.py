@@ -6,7 +6,7 @@
 Each family is built to push one loop of the core to its bound: the
 micro-batch count search (sequences that must sit alone, so the feasible
 count is far above the token bound), DACP's roll-backs, the refinement's
-moves, zigzag padding. For every family, size and policy it times
+moves, the shard sweep's candidates, zigzag padding. For every family, size and policy it times
 ``_core.schedule`` (wall time of the call, conversions included, and the
 core's own clock) and prints the slowest of ``--reps`` calls. The bounds
 these figures test are argued in cpp/include/skrull/{dacp,gds}.hpp and
@@ -57,6 +57,8 @@ FAMILIES: list[Family] = [
            "2N + 1 tokens on a 4-token bucket: padding fills every rank"),
     Family("rollback_storm", 1, 2, lambda n: 2 * (n - 1) + 600, lambda n, cp, b: [4] * (n - 1) + [1201],
            "n-1 four-token sequences, then one needing room: roll-back after roll-back"),
+    Family("tiny_one_group", 1, 8, lambda n: n + 64, lambda n, cp, b: [8] * n,
+           "n eight-token sequences in one micro-batch: the shard sweep's candidates"),
     Family("ramp_one_group", 1, 8, lambda n: -(-n * (n + 1) // 2 // 8) + n, lambda n, cp, b: list(range(1, n + 1)),
            "lengths 1..n in one micro-batch: the refinement's longest search"),
 ]

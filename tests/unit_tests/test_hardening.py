@@ -243,3 +243,23 @@ def test_plans_too_large_for_memory_are_refused():
     n = _core.MAX_SEQUENCE_RANKS // 64 + 1
     with pytest.raises(ValueError, match=r"sequences x cp 64 = 268435520, more than the limit 268435456"):
         _core.schedule([1] * n, cm.preset(), opts)
+
+
+def test_shard_sweep_candidates_are_capped():
+    # Found after merging the shard sweep: every k from 0 to n was a
+    # candidate of O(n cp), so 8,000 tiny sequences took 0.35 s (O(n^2)).
+    cost = cm.preset()
+    t0 = time.perf_counter()
+    r = _core.dacp_sweep([8] * 20_000, cost, 8, 26624)
+    elapsed = time.perf_counter() - t0
+    assert r.status == _core.Status.OK
+    assert elapsed < 0.5, f"{elapsed:.3f} s"
+    # A comm table that falls after its floor: no pruning, so the cap ends
+    # the sweep; the reference stops at the same k.
+    flat = _core.CostModel(cost.shape, cost.a_us_per_flop, cost.b_us,
+                           _core.CommModel(list(cost.comm.bytes), list(cost.comm.us), 1.0, 100.0))
+    assert not flat.comm_is_monotone()
+    lengths = [random.Random(5).randint(1, 400) for _ in range(600)]
+    want = ref.dacp_sweep(lengths, ref.RefCost.of(flat), 4, 26624)
+    got = _core.dacp_sweep(lengths, flat, 4, 26624)
+    assert (list(got.cp_rank), got.time_us) == (want.cp_rank, want.time_us)
