@@ -1,5 +1,5 @@
-// Fuzz target over the core's public entry points, skrull::schedule and
-// skrull::dacp (+ evaluate_placement on dacp's answer). The input bytes are
+// Fuzz target over the core's public entry points: skrull::schedule,
+// skrull::dacp, dacp_for, dacp_sweep and evaluate_placement. The input bytes are
 // decoded into lengths, options and cost coefficients, biased towards the
 // values that matter: 0, negatives, the int64 limits, kMax* and kMax* + 1,
 // BucketSize, BucketSize x CP, the over-length limit and its neighbours,
@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "../tests/plan_check.hpp"
+#include "skrull/dacp_sweep.hpp"
 #include "skrull/scheduler.hpp"
 
 using namespace skrull;
@@ -205,6 +206,14 @@ uint64_t digest(const Schedule& s) {
   return h;
 }
 
+// DacpSearch (one invalid value each way) and sweep_margin (edges, NaN).
+void search_options(Bytes& in, Options& o) {
+  const uint8_t x = in.u8();
+  o.dacp_search = enum_value<DacpSearch>(x % 4, 1);
+  const double margins[] = {0.0, 0.5, 100.0, 100.0001, -0.1, std::nan(""), std::numeric_limits<double>::infinity()};
+  if (x / 4 >= 48) o.sweep_margin = margins[(x / 4 - 48) % 7];
+}
+
 void fuzz_schedule(Bytes& in, bool twice) {
   Options o;
   o.dp = rank_count(in);
@@ -218,6 +227,7 @@ void fuzz_schedule(Bytes& in, bool twice) {
   o.overlength = enum_value<Overlength>(in.u8() % 5, 2);
   const uint8_t w = in.u8();
   o.max_extra_micro_batches = w < 250 ? w % 8 : (w == 250 ? 1024 : (w == 251 ? 1025 : -1));
+  search_options(in, o);
   const CostModel c = cost_model(in);
   const std::vector<int64_t> ls = lengths(in, o.bucket_size, o.cp);
   const std::string reject = check::schedule_rejection(ls, c, o);
@@ -253,18 +263,23 @@ void fuzz_dacp(Bytes& in) {
   const auto placement = enum_value<Placement>(e % 4, 1);
   const auto rollback = enum_value<Rollback>((e / 4) % 4, 1);
   const bool refine = e & 0x80;
-  const CostModel c = cost_model(in);
-  const std::vector<int64_t> ls = lengths(in, bucket, cp);
+  // 0: dacp, 1: dacp_for (Algorithm 1 and/or the shard sweep), 2: dacp_sweep.
+  const int entry = (e & 0x40) ? 1 : ((e & 0x20) ? 2 : 0);
   Options o;
   o.cp = cp;
   o.bucket_size = bucket;
-  o.placement = placement;
-  o.rollback = rollback;
+  o.placement = entry == 2 ? Placement::kLeastLoad : placement;
+  o.rollback = entry == 2 ? Rollback::kLongest : rollback;
+  o.refine = refine;
+  if (entry == 1) search_options(in, o);
+  const CostModel c = cost_model(in);
+  const std::vector<int64_t> ls = lengths(in, bucket, cp);
   o.overlength = Overlength::kDrop;  // dacp has no over-length rule
   const std::string reject = check::schedule_rejection(ls, c, o);
   DacpResult r;
   try {
-    r = dacp(ls, c, cp, bucket, placement, rollback, refine);
+    r = entry == 0 ? dacp(ls, c, cp, bucket, placement, rollback, refine)
+                   : (entry == 1 ? dacp_for(ls, c, o) : dacp_sweep(ls, c, cp, bucket));
   } catch (const std::invalid_argument& ex) {
     if (reject.empty()) die(std::string("dacp refused an acceptable input: ") + ex.what());
     return;

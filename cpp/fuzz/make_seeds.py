@@ -59,8 +59,8 @@ def run(count: int, enc: bytes) -> bytes:
     return bytes([200]) + struct.pack("<H", count - 1) + enc
 
 
-def schedule(dp: int, cp: int, b: int, e: int, body: bytes, overlength: int = 1, extra: int = 4) -> bytes:
-    return bytes([0]) + ranks(dp) + ranks(cp) + bucket(b) + bytes([e, overlength, extra]) + cost() + body
+def schedule(dp: int, cp: int, b: int, e: int, body: bytes, overlength: int = 1, extra: int = 4, search: int = 0) -> bytes:
+    return bytes([0]) + ranks(dp) + ranks(cp) + bucket(b) + bytes([e, overlength, extra, search]) + cost() + body
 
 
 def main(out: Path) -> None:
@@ -73,7 +73,7 @@ def main(out: Path) -> None:
         pool = [min(65536, s) for s in datasets.load(name)]
         for i, e in enumerate([0x00, 0x10, 0x80 | 0x10, 0x05, 0x15, 0x01, 0x04]):  # placement/rollback/count/refine
             batch = [rng.choice(pool) for _ in range(rng.choice([64, 256]))]
-            seeds[f"real_{name.split('.')[0][:20]}_{i}"] = schedule(4, 8, 26624, e, lengths(batch))
+            seeds[f"real_{name.split('.')[0][:20]}_{i}"] = schedule(4, 8, 26624, e, lengths(batch), search=i % 2)
     # Adversarial shapes (issue 7).
     seeds["giant_plus_tiny"] = schedule(1, 8, 26624, 0x10, bytes([254]) + bytes([0]) + special(6) + run(30000, length(1)))
     seeds["all_equal"] = schedule(2, 8, 26624, 0x90, bytes([254]) + run(20000, length(4096)))
@@ -82,7 +82,7 @@ def main(out: Path) -> None:
     seeds["over_limit_truncate"] = schedule(3, 4, 13312, 0x00, lengths([5, 9, 300]) + bytes([0]) + special(7))
     seeds["over_limit_drop"] = schedule(3, 4, 13312, 0x00, lengths([5]) + bytes([0]) + special(7), overlength=2)
     seeds["too_many_sequences"] = schedule(1, 1, 26624, 0x00, bytes([255]))
-    seeds["too_many_sequence_ranks"] = bytes([0]) + ranks(1) + bytes([203]) + bucket(26624) + bytes([0, 1, 4]) + cost() + bytes([253])
+    seeds["too_many_sequence_ranks"] = bytes([0]) + ranks(1) + bytes([203]) + bucket(26624) + bytes([0, 1, 4, 0]) + cost() + bytes([253])
     # dacp([3, 4, 5], cp=2, bucket=7): the roll-back frees rank 1, and 5
     # then goes whole onto it (a local placement after a roll-back).
     seeds["dacp_local_after_rollback"] = bytes([1]) + ranks(2) + bucket(7) + bytes([0]) + cost() + lengths([3, 4, 5])
@@ -93,11 +93,16 @@ def main(out: Path) -> None:
     seeds["dacp_too_many"] = bytes([1]) + ranks(2) + bucket(7) + bytes([0]) + cost() + bytes([255])
     # refine: the bottleneck's sequence cannot be sharded (no room on rank 0).
     seeds["dacp_refine_full"] = bytes([1]) + ranks(2) + bucket(98) + bytes([0x80]) + cost() + lengths([60, 90])
+    # dacp_for with the shard sweep (margin 0), and dacp_sweep itself.
+    seeds["dacp_for_sweep"] = bytes([1]) + ranks(8) + bucket(26624) + bytes([0x40, 1 + 4 * 48]) + cost() + \
+        lengths([rng.randint(1, 9000) for _ in range(40)])
+    seeds["dacp_sweep_tiny"] = bytes([1]) + ranks(8) + bucket(26624) + bytes([0x20]) + cost() + bytes([254]) + \
+        run(3000, length(8))
     # refine shards a lone long sequence: moves reach n.
     seeds["dacp_refine_lone"] = bytes([1]) + ranks(8) + bucket(26624) + bytes([0x80]) + cost() + lengths([20000])
     # Cost edges: 17 bytes per element; negative threshold; floor above the
     # table's first latency (a non-monotone comm model).
-    base = bytes([0]) + ranks(2) + ranks(2) + bucket(98) + bytes([0, 1, 4])
+    base = bytes([0]) + ranks(2) + ranks(2) + bucket(98) + bytes([0, 1, 4, 0])
     comm = bytes([10]) + bytes([2] * 10)
     seeds["cost_bytes_per_elem_17"] = base + bytes([8, 18, 0, 0]) + comm + bytes([0]) + lengths([5, 50])
     seeds["cost_threshold_negative"] = base + bytes([0, 0, 0]) + comm + bytes([1, 128 + 8]) + lengths([5, 50])

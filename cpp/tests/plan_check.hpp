@@ -45,8 +45,9 @@ inline std::string schedule_rejection(const std::vector<int64_t>& in, const Cost
   if (o.max_extra_micro_batches < 0 || o.max_extra_micro_batches > 1024) return "max_extra_micro_batches";
   auto in_enum = [](auto e, int32_t hi) { return static_cast<int32_t>(e) >= 0 && static_cast<int32_t>(e) <= hi; };
   if (!in_enum(o.placement, 1) || !in_enum(o.rollback, 1) || !in_enum(o.micro_batch_count, 1) ||
-      !in_enum(o.overlength, 2))
+      !in_enum(o.overlength, 2) || !in_enum(o.dacp_search, 1))
     return "enum";
+  if (!(o.sweep_margin >= 0.0 && o.sweep_margin <= 100.0)) return "sweep_margin";
   const std::string cost = cost_rejection(c);
   if (!cost.empty()) return cost;
   if (in.size() > (size_t{1} << 24)) return "too many sequences";

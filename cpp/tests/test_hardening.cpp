@@ -228,6 +228,7 @@ static uint64_t golden_digest() {
     o.rollback = static_cast<Rollback>(splitmix(seed) % 2);
     o.micro_batch_count = static_cast<MicroBatchCount>(splitmix(seed) % 2);
     o.refine = splitmix(seed) % 2;
+    o.dacp_search = static_cast<DacpSearch>(splitmix(seed) % 2);
     o.overlength = Overlength::kTruncate;
     const size_t n = splitmix(seed) % 600;
     std::vector<int64_t> in(n);
@@ -255,7 +256,7 @@ static uint64_t golden_digest() {
 static void test_golden_digest() {
   const uint64_t got = golden_digest();
   CHECK(got == golden_digest());
-  const uint64_t want = 0x95d6907cc6fdeb16ull;
+  const uint64_t want = 0x57b53b182a20fac9ull;
   if (got != want) {
     std::fprintf(stderr, "golden digest 0x%016llxull, expected 0x%016llxull\n", static_cast<unsigned long long>(got),
                  static_cast<unsigned long long>(want));
