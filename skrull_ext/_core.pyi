@@ -9,6 +9,7 @@ DROPPED: int
 MAX_LENGTH: int
 MAX_BUCKET_SIZE: int
 MAX_SEQUENCES: int
+MAX_SEQUENCE_RANKS: int
 MAX_RANKS: int
 
 class Status(Enum):

@@ -11,6 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 DISTRIBUTED = -1
+LINEAR_COUNTS = 8  # gds.hpp kLinearCounts
+MAX_REFINE_MOVES = 256  # refine.hpp kMaxRefineMoves
+MAX_SWEEP_SHARDS = 256  # dacp_sweep.hpp kMaxSweepShards
 
 
 @dataclass
@@ -54,7 +57,7 @@ class RefCost:
         hi = next((i for i, x in enumerate(xs) if x > v), len(xs))
         hi = min(hi, len(xs) - 1)
         lo = hi - 1
-        return ys[lo] + (ys[hi] - ys[lo]) * (v - xs[lo]) / (xs[hi] - xs[lo])
+        return max(0.0, ys[lo] + (ys[hi] - ys[lo]) * (v - xs[lo]) / (xs[hi] - xs[lo]))
 
     def micro_batch(self, local: list[float], dist: float, vol: float) -> float:
         comm = self.per_layer * self.collective(vol)
@@ -122,7 +125,7 @@ def refine(lengths: list[int], cost: RefCost, n: int, bucket: int, order: list[i
             local[cp_rank[i]] += cost.flops(s)
     moves = 0
     current = cost.micro_batch(local, dist, vol)
-    while moves < len(lengths):
+    while moves < min(len(lengths), MAX_REFINE_MOVES):
         comm = cost.per_layer * cost.collective(vol)
         b = 0
         for j in range(1, n):
@@ -243,7 +246,7 @@ def dacp_sweep(lengths: list[int], cost: RefCost, n: int, bucket: int) -> RefDac
     monotone = monotone and all(b >= a for a, b in zip(cost.ys, cost.ys[1:]))
     best = None
     prefix, dist, vol = 0, 0.0, 0.0
-    for k in range(len(lengths) + 1):
+    for k in range(min(len(lengths), MAX_SWEEP_SHARDS) + 1):
         if k > 0:
             s = lengths[order[k - 1]]
             sh = shard_tokens(s, n)
@@ -355,41 +358,60 @@ def schedule(lengths: list[int], cost: RefCost, dp: int, n: int, bucket: int, *,
         bins[t].append(k)
         load[t] += cost.flops(eff[k])
     cap = bucket * n
+
+    def split(share: list[int], m: int):
+        groups = [share[j::m] for j in range(m)]
+        if not all(sum(eff[k] for k in g) <= cap for g in groups):
+            return None
+        res = []
+        for g in groups:
+            r = dacp_for([eff[k] for k in g], cost, n, bucket, worst_fit, longest_rollback, sweep, refine_)
+            if not r.ok:
+                return None
+            res.append(r)
+        t = 0.0
+        for r in res:
+            t += r.time_us
+        return (t, groups, res)
+
     for d in range(dp):
         share = sorted(bins[d], key=lambda i: (eff[i], i))
         best = None
         if share:
-            m = min(len(share), max(1, -(-sum(eff[k] for k in share) // cap)))
-            last = len(share)
+            size = len(share)
+            m0 = min(size, max(1, -(-sum(eff[k] for k in share) // cap)))
             total_flops = 0.0
             for k in share:
                 total_flops += cost.flops(eff[k])
-            while m <= last:
-                if best is not None and cost.layers * (cost.a * total_flops / n + m * cost.b) >= best[0]:
+            # First feasible count: LINEAR_COUNTS one by one, then galloping
+            # steps up to len(share) (always feasible), then bisection.
+            lo, m = m0 - 1, m0
+            while m <= size and m < m0 + LINEAR_COUNTS:
+                best = split(share, m)
+                if best is not None:
                     break
-                groups = [share[j::m] for j in range(m)]
-                res = None
-                if all(sum(eff[k] for k in g) <= cap for g in groups):
-                    res = []
-                    for g in groups:
-                        r = dacp_for([eff[k] for k in g], cost, n, bucket, worst_fit, longest_rollback, sweep,
-                                     refine_)
-                        if not r.ok:
-                            res = None
-                            break
-                        res.append(r)
-                if res is not None:
-                    t = 0.0
-                    for r in res:
-                        t += r.time_us
-                    if best is None:
-                        best = (t, groups, res)
-                        if not predicted_time:
-                            break
-                        last = min(len(share), m + max_extra)
-                    elif t < best[0]:
-                        best = (t, groups, res)
-                m += 1
+                lo, m = m, m + 1
+            step = 2
+            while best is None and lo < size:
+                hi = min(size, lo + step)
+                best = split(share, hi)
+                if best is None:
+                    lo = hi
+                step *= 2
+            while best is not None and len(best[1]) - lo > 1:
+                mid = lo + (len(best[1]) - lo) // 2
+                cand = split(share, mid)
+                if cand is None:
+                    lo = mid
+                else:
+                    best = cand
+            if best is not None and predicted_time:
+                for m in range(len(best[1]) + 1, min(size, len(best[1]) + max_extra) + 1):
+                    if cost.layers * (cost.a * total_flops / n + m * cost.b) >= best[0]:
+                        break
+                    cand = split(share, m)
+                    if cand is not None and cand[0] < best[0]:
+                        best = cand
         t, groups, res = best if best is not None else (0.0, [], [])
         out.groups.append(groups)
         out.dp_time_us.append(t)

@@ -28,7 +28,10 @@ def _as_lengths(lengths: Sequence[int]) -> list[int]:
     for k, s in enumerate(lengths):
         if isinstance(s, bool) or not isinstance(s, int) and not hasattr(s, "__index__"):
             raise ValueError(f"sequence {k} has length {s!r}, which is not an integer")
-        out.append(int(s))
+        s = int(s)
+        if not 1 <= s <= _core.MAX_LENGTH:  # also keeps it in int64 for the binding (else TypeError)
+            raise ValueError(f"sequence {k} has length {s}, outside [1, {_core.MAX_LENGTH}]")
+        out.append(s)
     return out
 
 

@@ -1,5 +1,8 @@
 // Python bindings of the scheduler core: conversions only. The scheduling
-// calls release the GIL, so dataloader threads can schedule concurrently.
+// calls release the GIL, so dataloader threads can schedule concurrently;
+// they take the cost model and options by value, copied while the GIL is
+// held, so another thread changing the Python objects meanwhile cannot
+// change them under the running scheduler.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -16,24 +19,6 @@
 
 namespace py = pybind11;
 using namespace skrull;
-
-namespace {
-
-void check_micro_batch_args(const std::vector<int64_t>& lengths, int32_t cp, int64_t bucket) {
-  Options opt;
-  opt.cp = cp;
-  opt.bucket_size = bucket;
-  validate_options(opt);
-  if (static_cast<int64_t>(lengths.size()) > kMaxSequences)
-    throw std::invalid_argument("micro-batch has " + std::to_string(lengths.size()) + " sequences, more than " +
-                                std::to_string(kMaxSequences));
-  for (size_t i = 0; i < lengths.size(); ++i)
-    if (lengths[i] < 1 || lengths[i] > kMaxLength)
-      throw std::invalid_argument("sequence " + std::to_string(i) + " has length " + std::to_string(lengths[i]) +
-                                  ", outside [1, " + std::to_string(kMaxLength) + "]");
-}
-
-}  // namespace
 
 PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
   m.doc() = "Skrull scheduler core: cost model, DACP and GDS (C++).";
@@ -59,6 +44,7 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
   m.attr("MAX_LENGTH") = kMaxLength;
   m.attr("MAX_BUCKET_SIZE") = kMaxBucketSize;
   m.attr("MAX_SEQUENCES") = kMaxSequences;
+  m.attr("MAX_SEQUENCE_RANKS") = kMaxSequenceRanks;
   m.attr("MAX_RANKS") = kMaxRanks;
 
   py::class_<ModelShape>(m, "ModelShape")
@@ -97,10 +83,11 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
              return c;
            }),
            py::arg("shape"), py::arg("a_us_per_flop"), py::arg("b_us"), py::arg("comm"))
-      .def_readonly("shape", &CostModel::shape)
+      // Copies: a CostModel is immutable once validated (build a new one).
+      .def_property_readonly("shape", [](const CostModel& c) { return c.shape; })
       .def_readonly("a_us_per_flop", &CostModel::a_us_per_flop)
       .def_readonly("b_us", &CostModel::b_us)
-      .def_readonly("comm", &CostModel::comm)
+      .def_property_readonly("comm", [](const CostModel& c) { return c.comm; })
       .def("flops", &CostModel::flops, py::arg("length"), "Forward FLOPs of one layer for one sequence.")
       .def("kv_bytes", &CostModel::kv_bytes, py::arg("length"), "K and V bytes of one layer.")
       .def("comp_us", &CostModel::comp_us, py::arg("flops"), "Fwd+bwd time of F forward FLOPs of one layer.")
@@ -108,9 +95,14 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
       .def("comm_us", &CostModel::comm_us, py::arg("bytes"), "Communication time of one layer.")
       .def("micro_batch_us", &CostModel::micro_batch_us, py::arg("local_flops"), py::arg("dist_flops"),
            py::arg("comm_bytes"), "Predicted micro-batch time (overlap formula, all layers).")
-      .def("micro_batch_lower_bound_us",
-           py::overload_cast<const std::vector<int64_t>&, int32_t>(&CostModel::micro_batch_lower_bound_us, py::const_),
-           py::arg("lengths"), py::arg("cp"),
+      .def(
+          "micro_batch_lower_bound_us",
+          [](const CostModel& c, const std::vector<int64_t>& lengths, int32_t cp) {
+            validate_group(cp, 1);
+            validate_lengths(lengths, "micro-batch");
+            return c.micro_batch_lower_bound_us(lengths, cp);
+          },
+          py::arg("lengths"), py::arg("cp"),
            "A lower bound on any DACP plan's time for these lengths.")
       .def("comm_is_monotone", &CostModel::comm_is_monotone);
 
@@ -167,7 +159,7 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
 
   m.def(
       "schedule",
-      [](const std::vector<int64_t>& lengths, const CostModel& cost, const Options& opt) {
+      [](const std::vector<int64_t>& lengths, CostModel cost, Options opt) {
         py::gil_scoped_release release;
         return schedule(lengths, cost, opt);
       },
@@ -176,9 +168,8 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
 
   m.def(
       "dacp",
-      [](const std::vector<int64_t>& lengths, const CostModel& cost, int32_t cp, int64_t bucket_size,
+      [](const std::vector<int64_t>& lengths, CostModel cost, int32_t cp, int64_t bucket_size,
          Placement placement, Rollback rollback, bool refine) {
-        check_micro_batch_args(lengths, cp, bucket_size);
         py::gil_scoped_release release;
         return dacp(lengths, cost, cp, bucket_size, placement, rollback, refine);
       },
@@ -189,8 +180,7 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
 
   m.def(
       "dacp_sweep",
-      [](const std::vector<int64_t>& lengths, const CostModel& cost, int32_t cp, int64_t bucket_size) {
-        check_micro_batch_args(lengths, cp, bucket_size);
+      [](const std::vector<int64_t>& lengths, CostModel cost, int32_t cp, int64_t bucket_size) {
         py::gil_scoped_release release;
         return dacp_sweep(lengths, cost, cp, bucket_size);
       },
@@ -199,13 +189,9 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
 
   m.def(
       "dacp_for",
-      [](const std::vector<int64_t>& lengths, const CostModel& cost, const Options& options) {
-        check_micro_batch_args(lengths, options.cp, options.bucket_size);
-        validate_options(options);
-        const Options opt = options;
-        const CostModel c = cost;
+      [](const std::vector<int64_t>& lengths, CostModel cost, Options opt) {
         py::gil_scoped_release release;
-        return dacp_for(lengths, c, opt);
+        return dacp_for(lengths, cost, opt);
       },
       py::arg("lengths"), py::arg("cost_model"), py::arg("options"),
       "The placement GDS would choose for one micro-batch under these options (Algorithm 1/4, refinement, "
@@ -215,22 +201,27 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
       "evaluate_placement",
       [](const std::vector<int64_t>& lengths, const std::vector<int32_t>& cp_rank, const CostModel& cost, int32_t cp,
          int64_t bucket_size) {
-        check_micro_batch_args(lengths, cp, bucket_size);
-        if (cp_rank.size() != lengths.size())
-          throw std::invalid_argument("cp_rank has " + std::to_string(cp_rank.size()) + " entries for " +
-                                      std::to_string(lengths.size()) + " sequences");
-        for (size_t i = 0; i < cp_rank.size(); ++i)
-          if (cp_rank[i] != kDistributed && (cp_rank[i] < 0 || cp_rank[i] >= cp))
-            throw std::invalid_argument("cp_rank[" + std::to_string(i) + "] = " + std::to_string(cp_rank[i]) +
-                                        " is neither DISTRIBUTED (-1) nor in [0, " + std::to_string(cp) + ")");
         return evaluate_placement(lengths, cp_rank, cost, cp, bucket_size);
       },
       py::arg("lengths"), py::arg("cp_rank"), py::arg("cost_model"), py::arg("cp"), py::arg("bucket_size"),
       "Scores a given placement with the cost model; UNSCHEDULABLE if a rank exceeds bucket_size.");
 
-  m.def("shard_tokens", &shard_tokens, py::arg("length"), py::arg("cp"),
+  m.def(
+      "shard_tokens",
+      [](int64_t length, int32_t cp) {
+        validate_lengths({length}, "shard_tokens");
+        validate_group(cp, 1);
+        return shard_tokens(length, cp);
+      },
+      py::arg("length"), py::arg("cp"),
         "Tokens one CP rank holds of a sequence sharded (zigzag, padded to 2*cp) over cp ranks.");
-  m.def("max_sequence_length", &max_sequence_length, py::arg("bucket_size"), py::arg("cp"),
+  m.def(
+      "max_sequence_length",
+      [](int64_t bucket_size, int32_t cp) {
+        validate_group(cp, bucket_size);
+        return max_sequence_length(bucket_size, cp);
+      },
+      py::arg("bucket_size"), py::arg("cp"),
         "Longest sequence a CP group can hold.");
 
 #ifdef VERSION_INFO

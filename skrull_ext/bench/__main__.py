@@ -12,6 +12,7 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "simulate": ("skrull_ext.bench.simulate:main", "simulator: every policy vs baselines and the lower bound"),
     "latency": ("skrull_ext.bench.latency:main", "scheduler latency: C++ core vs the Python reference vs CP-SAT"),
+    "adversarial": ("skrull_ext.bench.adversarial:main", "worst-case scheduler time on adversarial batches"),
 }
 
 

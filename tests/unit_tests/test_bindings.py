@@ -65,7 +65,7 @@ def test_overlength_error_names_value_and_limit():
 
 
 def test_bad_cost_model_raises():
-    with pytest.raises(ValueError, match=r"layers must be >= 1, got 0"):
+    with pytest.raises(ValueError, match=r"layers must be in \[1, 65536\], got 0"):
         _core.CostModel(_core.ModelShape(0, 8, 8), 1.0, 0.0, _core.CommModel([1.0], [1.0]))
     with pytest.raises(ValueError, match=r"a_us_per_flop must be finite"):
         _core.CostModel(_core.ModelShape(1, 8, 8), float("nan"), 0.0, _core.CommModel([1.0], [1.0]))

@@ -15,6 +15,16 @@
 
 namespace skrull {
 
+// Accepted cost-model ranges (CostModel::validate). With types.hpp's limits
+// they keep every FLOP count below 2^95 and every predicted time below 1e50
+// us, so no sum the scheduler forms can reach infinity (the bounds are
+// derived in docs/reliability.md). Larger values are unit mistakes.
+constexpr int32_t kMaxLayers = 1 << 16;
+constexpr int64_t kMaxWidth = int64_t{1} << 20;  // hidden, kv_width
+constexpr double kMaxUsPerFlop = 1.0;            // a_us_per_flop: 1 MFLOP/s
+constexpr double kMaxUs = 1e9;                   // b_us, comm.us, floor_us: 1000 s
+constexpr double kMaxCollectivesPerLayer = 1e3;
+
 struct ModelShape {
   int32_t layers = 24;        // transformer blocks
   int64_t hidden = 896;       // h
@@ -43,34 +53,42 @@ struct CostModel {
   double b_us = 20.0;             // assumed per-call overhead
   CommModel comm;
 
-  // Throws std::invalid_argument naming the first bad field.
+  // Throws std::invalid_argument naming the first bad field. Every field
+  // must be finite and within the k* limits above; comm.bytes strictly
+  // ascending, at least one byte apart (bounds the extrapolated slope).
   void validate() const {
-    auto fail = [](const std::string& what) { throw std::invalid_argument(what); };
-    if (shape.layers < 1) fail("cost model: layers must be >= 1, got " + std::to_string(shape.layers));
-    if (shape.hidden < 1 || shape.hidden > (int64_t{1} << 20))
-      fail("cost model: hidden must be in [1, 1048576], got " + std::to_string(shape.hidden));
-    if (shape.kv_width < 1 || shape.kv_width > (int64_t{1} << 20))
-      fail("cost model: kv_width must be in [1, 1048576], got " + std::to_string(shape.kv_width));
+    auto fail = [](const std::string& what) { throw std::invalid_argument("cost model: " + what); };
+    auto in = [](double v, double hi) { return std::isfinite(v) && v >= 0.0 && v <= hi; };
+    auto num = [](double v) { return std::to_string(v); };
+    if (shape.layers < 1 || shape.layers > kMaxLayers)
+      fail("layers must be in [1, " + std::to_string(kMaxLayers) + "], got " + std::to_string(shape.layers));
+    if (shape.hidden < 1 || shape.hidden > kMaxWidth)
+      fail("hidden must be in [1, " + std::to_string(kMaxWidth) + "], got " + std::to_string(shape.hidden));
+    if (shape.kv_width < 1 || shape.kv_width > kMaxWidth)
+      fail("kv_width must be in [1, " + std::to_string(kMaxWidth) + "], got " + std::to_string(shape.kv_width));
     if (shape.bytes_per_elem < 1 || shape.bytes_per_elem > 16)
-      fail("cost model: bytes_per_elem must be in [1, 16], got " + std::to_string(shape.bytes_per_elem));
-    if (!std::isfinite(a_us_per_flop) || a_us_per_flop < 0)
-      fail("cost model: a_us_per_flop must be finite and >= 0, got " + std::to_string(a_us_per_flop));
-    if (!std::isfinite(b_us) || b_us < 0) fail("cost model: b_us must be finite and >= 0, got " + std::to_string(b_us));
+      fail("bytes_per_elem must be in [1, 16], got " + std::to_string(shape.bytes_per_elem));
+    if (!in(a_us_per_flop, kMaxUsPerFlop))
+      fail("a_us_per_flop must be finite and in [0, " + num(kMaxUsPerFlop) + "], got " + num(a_us_per_flop));
+    if (!in(b_us, kMaxUs)) fail("b_us must be finite and in [0, " + num(kMaxUs) + "], got " + num(b_us));
     if (comm.bytes.size() != comm.us.size())
-      fail("cost model: comm.bytes and comm.us differ in length (" + std::to_string(comm.bytes.size()) + " vs " +
+      fail("comm.bytes and comm.us differ in length (" + std::to_string(comm.bytes.size()) + " vs " +
            std::to_string(comm.us.size()) + ")");
-    if (comm.bytes.empty()) fail("cost model: comm table needs at least one point");
+    if (comm.bytes.empty()) fail("comm table needs at least one point");
     for (size_t i = 0; i < comm.bytes.size(); ++i) {
-      if (!std::isfinite(comm.bytes[i]) || comm.bytes[i] < 0 || !std::isfinite(comm.us[i]) || comm.us[i] < 0)
-        fail("cost model: comm point " + std::to_string(i) + " must be finite and >= 0");
+      if (!std::isfinite(comm.bytes[i]) || comm.bytes[i] < 0 || !in(comm.us[i], kMaxUs))
+        fail("comm point " + std::to_string(i) + " must be finite and >= 0, latency <= " + num(kMaxUs) + " us");
       if (i > 0 && !(comm.bytes[i] > comm.bytes[i - 1]))
-        fail("cost model: comm.bytes must be strictly ascending at point " + std::to_string(i));
+        fail("comm.bytes must be strictly ascending at point " + std::to_string(i));
+      if (i > 0 && !(comm.bytes[i] - comm.bytes[i - 1] >= 1.0))
+        fail("comm.bytes points " + std::to_string(i - 1) + " and " + std::to_string(i) +
+             " must be at least one byte apart");
     }
     if (!std::isfinite(comm.threshold_bytes) || comm.threshold_bytes < 0)
-      fail("cost model: comm.threshold_bytes must be finite and >= 0");
-    if (!std::isfinite(comm.floor_us) || comm.floor_us < 0) fail("cost model: comm.floor_us must be finite and >= 0");
-    if (!std::isfinite(comm.collectives_per_layer) || comm.collectives_per_layer < 0)
-      fail("cost model: comm.collectives_per_layer must be finite and >= 0");
+      fail("comm.threshold_bytes must be finite and >= 0");
+    if (!in(comm.floor_us, kMaxUs)) fail("comm.floor_us must be finite and in [0, " + num(kMaxUs) + "]");
+    if (!in(comm.collectives_per_layer, kMaxCollectivesPerLayer))
+      fail("comm.collectives_per_layer must be finite and in [0, " + num(kMaxCollectivesPerLayer) + "]");
   }
 
   // Forward FLOPs of one layer for one sequence of s tokens:
@@ -101,7 +119,8 @@ struct CostModel {
     size_t hi = static_cast<size_t>(std::upper_bound(xs.begin(), xs.end(), bytes) - xs.begin());
     if (hi >= xs.size()) hi = xs.size() - 1;  // extend the last segment
     const size_t lo = hi - 1;
-    return ys[lo] + (ys[hi] - ys[lo]) * (bytes - xs[lo]) / (xs[hi] - xs[lo]);
+    // A falling last segment, extended, would go below zero: clamp.
+    return std::max(0.0, ys[lo] + (ys[hi] - ys[lo]) * (bytes - xs[lo]) / (xs[hi] - xs[lo]));
   }
 
   // Communication time of one layer (forward + backward collectives).

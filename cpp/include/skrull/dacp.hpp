@@ -11,6 +11,7 @@
 #include "skrull/cost_model.hpp"
 #include "skrull/refine.hpp"
 #include "skrull/types.hpp"
+#include "skrull/validate.hpp"
 #include "skrull/workspace.hpp"
 
 namespace skrull {
@@ -79,9 +80,12 @@ inline void score_placement(const int64_t* lengths, size_t n, const CostModel& c
 }
 
 // Scores a given placement (cp_rank[i] in [0, cp) or kDistributed) and marks
-// it unschedulable when a rank would hold more than `bucket` tokens.
+// it unschedulable when a rank would hold more than `bucket` tokens. Throws
+// std::invalid_argument for arguments outside validate.hpp's ranges.
 inline DacpResult evaluate_placement(const std::vector<int64_t>& lengths, const std::vector<int32_t>& cp_rank,
                                      const CostModel& cost, int32_t cp, int64_t bucket) {
+  validate_micro_batch(lengths, cost, cp, bucket);
+  validate_placement(cp_rank, lengths.size(), cp);
   DacpResult r;
   r.cp_rank = cp_rank;
   score_placement(lengths.data(), lengths.size(), cost, cp, r);
@@ -99,7 +103,11 @@ inline DacpResult evaluate_placement(const std::vector<int64_t>& lengths, const 
 // for its shard; else a local sequence on the fullest rank is turned into a
 // distributed one (its tokens freed on that rank, its shard charged to all)
 // and the sequence is tried again. Each roll-back turns one local sequence
-// into a distributed one for good, so there are at most n of them.
+// into a distributed one for good, so there are at most n of them, and the
+// retry loop below runs at most 2n times in all (each pass places the
+// sequence, rolls one back, or returns). RollbackIndex finds each roll-back's
+// candidate in amortised O(log n) and each pass costs O(cp) more, so a
+// micro-batch of n sequences costs O(n (cp + log n)) however it rolls back.
 //
 // With `refine`, a feasible placement is then improved by refine_placement
 // (refine.hpp); `moves` counts its moves.
@@ -115,8 +123,11 @@ inline Status dacp_into(const int64_t* lengths, size_t n, const CostModel& cost,
   std::vector<int64_t>& room = ws.room;
   std::vector<double>& load = ws.load;
   const std::vector<int32_t>& order = ws.order;
+  RollbackIndex& index = ws.rollback_index;
+  index.built = false;
 
   auto place_local = [&](int32_t k, int32_t t) {
+    if (index.built) index.add(t, k);
     cp_rank[k] = t;
     room[t] -= lengths[k];
     load[t] += cost.flops(lengths[k]);
@@ -154,18 +165,15 @@ inline Status dacp_into(const int64_t* lengths, size_t n, const CostModel& cost,
       // Roll back: on the fullest rank, turn a local sequence into a
       // distributed one. It must free memory there (longer than its shard)
       // and its shard must fit on every other rank. Local sequences of a
-      // rank, in placement order, are those already processed that sit there.
+      // rank, in placement order, are those already processed that sit there
+      // (rollback_index.hpp finds the one the rule picks).
+      if (cp <= 1) return Status::kUnschedulable;
       const int32_t t = detail::argmin(room);
-      int32_t pick = -1;
-      for (size_t c = 0; c < pos && pick < 0; ++c) {
-        const int32_t x = order[rollback == Rollback::kLongest ? pos - 1 - c : c];
-        if (cp_rank[x] != t) continue;
-        const int64_t shard = shard_tokens(lengths[x], cp);
-        if (cp <= 1 || lengths[x] <= shard) continue;
-        bool fits = true;
-        for (int32_t j = 0; j < cp && fits; ++j) fits = j == t || room[j] >= shard;
-        if (fits) pick = x;
-      }
+      int64_t min_other = kMaxBucketSize;
+      for (int32_t j = 0; j < cp; ++j)
+        if (j != t) min_other = std::min(min_other, room[j]);
+      if (!index.built) index.build(order.data(), pos, cp_rank, cp);
+      const int32_t pick = index.pick(t, min_other, rollback, lengths, cp_rank, cp);
       if (pick < 0) return Status::kUnschedulable;
       room[t] += lengths[pick];
       load[t] -= cost.flops(lengths[pick]);
@@ -177,8 +185,12 @@ inline Status dacp_into(const int64_t* lengths, size_t n, const CostModel& cost,
   return Status::kOk;
 }
 
+// One micro-batch, checked: throws std::invalid_argument for arguments
+// outside validate.hpp's ranges (dacp_into assumes them).
 inline DacpResult dacp(const std::vector<int64_t>& lengths, const CostModel& cost, int32_t cp, int64_t bucket,
                        Placement placement, Rollback rollback, bool refine = false) {
+  validate_micro_batch(lengths, cost, cp, bucket);
+  validate_placement_rule(placement, rollback);
   Workspace ws;
   DacpResult r;
   r.cp_rank.resize(lengths.size());

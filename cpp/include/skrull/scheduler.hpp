@@ -16,30 +16,10 @@
 #include "skrull/dacp.hpp"
 #include "skrull/gds.hpp"
 #include "skrull/types.hpp"
+#include "skrull/validate.hpp"
 #include "skrull/workspace.hpp"
 
 namespace skrull {
-
-// Throws std::invalid_argument naming the bad option and its limit.
-inline void validate_options(const Options& opt) {
-  auto fail = [](const std::string& what) { throw std::invalid_argument(what); };
-  if (opt.dp < 1 || opt.dp > kMaxRanks)
-    fail("dp must be in [1, " + std::to_string(kMaxRanks) + "], got " + std::to_string(opt.dp));
-  if (opt.cp < 1 || opt.cp > kMaxRanks)
-    fail("cp must be in [1, " + std::to_string(kMaxRanks) + "], got " + std::to_string(opt.cp));
-  if (opt.bucket_size < 1 || opt.bucket_size > kMaxBucketSize)
-    fail("bucket_size must be in [1, " + std::to_string(kMaxBucketSize) + "], got " + std::to_string(opt.bucket_size));
-  if (opt.max_extra_micro_batches < 0 || opt.max_extra_micro_batches > 1024)
-    fail("max_extra_micro_batches must be in [0, 1024], got " + std::to_string(opt.max_extra_micro_batches));
-  if (static_cast<int32_t>(opt.placement) < 0 || static_cast<int32_t>(opt.placement) > 1) fail("unknown placement");
-  if (static_cast<int32_t>(opt.rollback) < 0 || static_cast<int32_t>(opt.rollback) > 1) fail("unknown rollback");
-  if (static_cast<int32_t>(opt.micro_batch_count) < 0 || static_cast<int32_t>(opt.micro_batch_count) > 1)
-    fail("unknown micro_batch_count");
-  if (!(opt.sweep_margin >= 0.0 && opt.sweep_margin <= 100.0))
-    fail("sweep_margin must be in [0, 100], got " + std::to_string(opt.sweep_margin));
-  if (static_cast<int32_t>(opt.dacp_search) < 0 || static_cast<int32_t>(opt.dacp_search) > 1) fail("unknown dacp_search");
-  if (static_cast<int32_t>(opt.overlength) < 0 || static_cast<int32_t>(opt.overlength) > 2) fail("unknown overlength");
-}
 
 // Schedules one global batch (lengths in the caller's order) over dp x cp
 // ranks. Empty batch -> empty plan (no micro-batches). Throws
@@ -53,6 +33,11 @@ inline Schedule schedule(const std::vector<int64_t>& input, const CostModel& cos
   if (static_cast<int64_t>(input.size()) > kMaxSequences)
     throw std::invalid_argument("global batch has " + std::to_string(input.size()) + " sequences, more than the limit " +
                                 std::to_string(kMaxSequences));
+  if (static_cast<int64_t>(input.size()) * opt.cp > kMaxSequenceRanks)
+    throw std::invalid_argument("global batch has " + std::to_string(input.size()) + " sequences x cp " +
+                                std::to_string(opt.cp) + " = " +
+                                std::to_string(static_cast<int64_t>(input.size()) * opt.cp) + ", more than the limit " +
+                                std::to_string(kMaxSequenceRanks) + " (the plan would not fit in memory)");
 
   Schedule out;
   const int32_t k_total = static_cast<int32_t>(input.size());

@@ -20,6 +20,10 @@ constexpr int64_t kMaxLength = int64_t{1} << 36;      // tokens per sequence
 constexpr int64_t kMaxBucketSize = int64_t{1} << 36;  // tokens per CP rank
 constexpr int64_t kMaxSequences = int64_t{1} << 24;   // per global batch
 constexpr int32_t kMaxRanks = 1 << 16;                // DP or CP group size
+// Sequences x CP ranks of one global batch: a plan holds per-rank figures
+// for up to one micro-batch per sequence (16 bytes per rank each), so this
+// bounds its size (4 GiB) and the per-rank work of one count-search split.
+constexpr int64_t kMaxSequenceRanks = int64_t{1} << 28;
 
 enum class Status : int32_t {
   kOk = 0,

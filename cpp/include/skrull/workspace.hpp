@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "skrull/rollback_index.hpp"
+
 namespace skrull {
 
 struct Workspace {
@@ -16,6 +18,7 @@ struct Workspace {
   std::vector<double> flops;        // scoring: local FLOPs per CP rank
   std::vector<int64_t> lengths;     // lengths of the group being placed
   std::vector<int32_t> placement;   // placement of the group being placed
+  RollbackIndex rollback_index;     // DACP roll-back candidates
 };
 
 }  // namespace skrull

@@ -1,0 +1,371 @@
+// Fuzz target over the core's public entry points: skrull::schedule,
+// skrull::dacp, dacp_for, dacp_sweep and evaluate_placement. The input bytes are
+// decoded into lengths, options and cost coefficients, biased towards the
+// values that matter: 0, negatives, the int64 limits, kMax* and kMax* + 1,
+// BucketSize, BucketSize x CP, the over-length limit and its neighbours,
+// NaN, inf, huge and negative coefficients, runs of tens of thousands of
+// equal lengths.
+//
+// Every input must end in either a valid plan (plan_check.hpp, the C++ twin
+// of Plan.validate) or std::invalid_argument with a message, and exactly
+// when the documented ranges say so; anything else traps. Also checked:
+// the same input gives the same plan bit for bit, evaluate_placement agrees
+// with dacp, and no plan beats the cost model's lower bound.
+//
+// Built with libFuzzer (-DSKRULL_FUZZ=ON, Clang; tools/fuzz.sh), or with
+// -DSKRULL_FUZZ_REPLAY as a plain program that runs the files it is given
+// (ctest replays the committed corpus, cpp/fuzz/corpus, with any compiler).
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "../tests/plan_check.hpp"
+#include "skrull/dacp_sweep.hpp"
+#include "skrull/scheduler.hpp"
+
+using namespace skrull;
+
+namespace {
+
+[[noreturn]] void die(const std::string& what) {
+  std::fprintf(stderr, "fuzz_core: %s\n", what.c_str());
+  std::fflush(stderr);
+  __builtin_trap();
+}
+
+// Reads little-endian values from the input; zeros once it runs out.
+class Bytes {
+ public:
+  Bytes(const uint8_t* p, size_t n) : p_(p), n_(n) {}
+  uint8_t u8() { return i_ < n_ ? p_[i_++] : 0; }
+  uint64_t raw(int bytes) {
+    uint64_t v = 0;
+    for (int b = 0; b < bytes; ++b) v |= static_cast<uint64_t>(u8()) << (8 * b);
+    return v;
+  }
+  bool left() const { return i_ < n_; }
+
+ private:
+  const uint8_t* p_;
+  size_t n_, i_ = 0;
+};
+
+constexpr int64_t kI64Max = std::numeric_limits<int64_t>::max();
+constexpr int64_t kI64Min = std::numeric_limits<int64_t>::min();
+
+int32_t rank_count(Bytes& in) {
+  const uint8_t sel = in.u8();
+  if (sel < 200) return 1 + sel % 9;  // 1..9: the usual group sizes
+  const int32_t special[] = {0, -1, 16, 64, kMaxRanks, kMaxRanks + 1, std::numeric_limits<int32_t>::min(),
+                             std::numeric_limits<int32_t>::max()};
+  if (sel < 200 + 8 * 6) return special[(sel - 200) % 8];
+  return static_cast<int32_t>(in.raw(4));
+}
+
+int64_t bucket_size(Bytes& in) {
+  const uint8_t sel = in.u8();
+  if (sel < 160) return 1 + (sel % 64) * (sel % 3 == 0 ? 1 : 97);  // small, odd and even
+  const int64_t special[] = {0, -1, 1, 2, 3, 26624, 13312, kMaxBucketSize, kMaxBucketSize + 1, kI64Max, kI64Min};
+  if (sel < 160 + 11 * 8) return special[(sel - 160) % 11];
+  return static_cast<int64_t>(in.raw(8));
+}
+
+double coefficient(Bytes& in, double typical) {
+  const uint8_t sel = in.u8();
+  if (sel < 128) return typical;
+  const double special[] = {0.0,   -0.0,  1e-9, 1.0,   1.0000001, 1e9,   1e9 + 1, 1e300,
+                            -1.0,  4e-320, std::numeric_limits<double>::infinity(),
+                            -std::numeric_limits<double>::infinity(), std::nan(""), typical * 1e6};
+  if (sel < 128 + 14 * 8) return special[(sel - 128) % 14];
+  const uint64_t bits = in.raw(8);
+  double d;
+  std::memcpy(&d, &bits, sizeof d);
+  return d;
+}
+
+CostModel cost_model(Bytes& in) {
+  CostModel c;  // preset: qwen2.5-0.5b, assumed H100
+  c.shape = {24, 896, 128, 2};
+  c.a_us_per_flop = 7.5e-9;
+  c.b_us = 30.0;
+  const uint8_t shape = in.u8();
+  if (shape & 1) c.shape.layers = static_cast<int32_t>(in.raw(4)) % (2 * kMaxLayers + 3) - 1;
+  if (shape & 2) c.shape.hidden = static_cast<int64_t>(in.raw(3)) - 2;
+  if (shape & 4) c.shape.kv_width = (shape & 64) ? kMaxWidth + (shape & 128 ? 1 : 0) : 1;
+  if (shape & 8) c.shape.bytes_per_elem = static_cast<int32_t>(in.u8() % 19) - 1;
+  if (shape & 16) c.shape = {kMaxLayers, kMaxWidth, kMaxWidth, 16};  // every FLOP at its largest
+  c.a_us_per_flop = coefficient(in, 7.5e-9);
+  c.b_us = coefficient(in, 30.0);
+  // Comm table: 0..11 points (sometimes one latency short), ascending by a
+  // drawn step (sometimes under a byte, sometimes backwards).
+  const uint8_t points = in.u8();
+  const size_t n = points % 12;
+  double x = (points & 0x80) ? 0.0 : 2097152.0;
+  for (size_t i = 0; i < n; ++i) {
+    const uint8_t step = in.u8();
+    x += step < 200 ? 1.0 + step * 1e6 : (step < 230 ? 0.5 : (step < 250 ? -1.0 : coefficient(in, 1.0)));
+    c.comm.bytes.push_back(x);
+    c.comm.us.push_back(step % 4 == 0 ? coefficient(in, 100.0) : 50.0 + 40.0 * static_cast<double>(i));
+  }
+  if ((points & 0x70) == 0x70 && !c.comm.us.empty()) c.comm.us.pop_back();
+  const uint8_t extra = in.u8();
+  if (extra & 1) c.comm.threshold_bytes = coefficient(in, 1e6);
+  if (extra & 2) c.comm.floor_us = coefficient(in, 40.0);
+  if (extra & 4) c.comm.collectives_per_layer = coefficient(in, 2.0);
+  return c;
+}
+
+// One length, relative to the group's figures (clamped into the accepted
+// ranges first, so the arithmetic here cannot overflow; out-of-range
+// options are refused before lengths matter).
+int64_t length(Bytes& in, int64_t bucket_in, int32_t cp_in) {
+  const int64_t bucket = std::min<int64_t>(std::max<int64_t>(bucket_in, 1), kMaxBucketSize);
+  const int32_t cp = std::min<int32_t>(std::max<int32_t>(cp_in, 1), kMaxRanks);
+  const int64_t limit = check::limit_of(bucket, cp);
+  const uint8_t sel = in.u8();
+  if (sel < 96) return 1 + in.u8();                          // short
+  if (sel < 128) return 1 + static_cast<int64_t>(in.raw(2));  // up to 64K
+  switch (sel % 24) {
+    case 0: return 0;
+    case 1: return -1;
+    case 2: return bucket;
+    case 3: return bucket + 1;
+    case 4: return bucket - 1;
+    case 5: return bucket * static_cast<int64_t>(cp);
+    case 6: return limit;
+    case 7: return limit + 1;
+    case 8: return limit - 1;
+    case 9: return bucket / cp + 1;  // just above BucketSize / N
+    case 10: return 2 * bucket / cp + 1;
+    case 11: return kMaxLength;
+    case 12: return kMaxLength + 1;
+    case 13: return kI64Max;
+    case 14: return kI64Min;
+    case 15: return 2;
+    case 16: return 3;
+    case 17: return 2 * static_cast<int64_t>(cp) + 1;  // one past a zigzag multiple
+    case 18: return bucket / 2 + 1;
+    default: return static_cast<int64_t>(in.raw(sel % 2 ? 4 : 8));
+  }
+}
+
+// Work cap per input, so one execution stays well under a second: the core
+// is O(n (cp + log n)) per split, bounded but not small at n = 50K, cp = 65K.
+constexpr int64_t kMaxWork = 2'000'000;
+
+// A leading 254 allows tens of thousands of lengths (else 2,000, which
+// keeps most executions fast); 255 asks for kMaxSequences + 1, 253 for
+// just too many sequences x CP ranks.
+std::vector<int64_t> lengths(Bytes& in, int64_t bucket, int32_t cp) {
+  std::vector<int64_t> out;
+  const uint8_t size = in.u8();
+  if (size == 255) {  // one more than kMaxSequences: refused before any work
+    out.assign(static_cast<size_t>(kMaxSequences) + 1, 1);
+    return out;
+  }
+  const int64_t width = std::min<int64_t>(std::max<int64_t>(cp, 1), kMaxRanks);
+  if (size == 253) {  // one more than kMaxSequenceRanks / cp (or than kMaxSequences): refused
+    out.assign(static_cast<size_t>(std::min(kMaxSequenceRanks / width, kMaxSequences) + 1), 1);
+    return out;
+  }
+  const int64_t cap = std::max<int64_t>(1, std::min<int64_t>(size == 254 ? 40'000 : 2'000, kMaxWork / width));
+  while (in.left() && static_cast<int64_t>(out.size()) < cap) {
+    const uint8_t op = in.u8();
+    if (op == 199) break;  // end of the lengths (more bytes follow)
+    if (op < 200) {        // one length
+      out.push_back(length(in, bucket, cp));
+    } else {  // a run of equal lengths: up to 64K copies
+      const int64_t run = std::min<int64_t>(cap - static_cast<int64_t>(out.size()), 1 + static_cast<int64_t>(in.raw(2)));
+      out.insert(out.end(), run, length(in, bucket, cp));
+    }
+  }
+  return out;
+}
+
+// Digit 0..max+2 -> an enum value: valid up to max, then max+1 and -1.
+template <typename E>
+E enum_value(int digit, int max) {
+  return static_cast<E>(digit <= max + 1 ? digit : -1);
+}
+
+uint64_t digest(const Schedule& s) {
+  uint64_t h = 1469598103934665603ull;
+  auto add = [&](const void* p, size_t n) {
+    for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<const unsigned char*>(p)[i]) * 1099511628211ull;
+  };
+  add(s.cp_rank.data(), s.cp_rank.size() * 4);
+  add(s.micro_batch.data(), s.micro_batch.size() * 4);
+  add(s.dp_rank.data(), s.dp_rank.size() * 4);
+  add(s.dp_time_us.data(), s.dp_time_us.size() * 8);
+  return h;
+}
+
+// DacpSearch (one invalid value each way) and sweep_margin (edges, NaN).
+void search_options(Bytes& in, Options& o) {
+  const uint8_t x = in.u8();
+  o.dacp_search = enum_value<DacpSearch>(x % 4, 1);
+  const double margins[] = {0.0, 0.5, 100.0, 100.0001, -0.1, std::nan(""), std::numeric_limits<double>::infinity()};
+  if (x / 4 >= 48) o.sweep_margin = margins[(x / 4 - 48) % 7];
+}
+
+void fuzz_schedule(Bytes& in, bool twice) {
+  Options o;
+  o.dp = rank_count(in);
+  o.cp = rank_count(in);
+  o.bucket_size = bucket_size(in);
+  const uint8_t e = in.u8();
+  o.placement = enum_value<Placement>(e % 4, 1);
+  o.rollback = enum_value<Rollback>((e / 4) % 4, 1);
+  o.micro_batch_count = enum_value<MicroBatchCount>((e / 16) % 4, 1);
+  o.refine = e & 0x80;
+  o.overlength = enum_value<Overlength>(in.u8() % 5, 2);
+  const uint8_t w = in.u8();
+  o.max_extra_micro_batches = w < 250 ? w % 8 : (w == 250 ? 1024 : (w == 251 ? 1025 : -1));
+  search_options(in, o);
+  const CostModel c = cost_model(in);
+  const std::vector<int64_t> ls = lengths(in, o.bucket_size, o.cp);
+  const std::string reject = check::schedule_rejection(ls, c, o);
+#ifdef SKRULL_FUZZ_REPLAY
+  if (std::getenv("SKRULL_FUZZ_VERBOSE"))
+    std::fprintf(stderr, "schedule n=%zu dp=%d cp=%d bucket=%lld refine=%d mbc=%d reject=%s\n", ls.size(), o.dp, o.cp,
+                 static_cast<long long>(o.bucket_size), int(o.refine), int(o.micro_batch_count), reject.c_str());
+#endif
+  Schedule s;
+  try {
+    s = schedule(ls, c, o);
+  } catch (const std::invalid_argument& ex) {
+    if (reject.empty()) die(std::string("refused an acceptable input: ") + ex.what());
+    if (std::strlen(ex.what()) < 10) die("invalid_argument without a message");
+    return;
+  }
+  if (!reject.empty()) die("accepted an input outside the ranges: " + reject);
+  const std::string err = check::schedule_error(ls, o, s);
+  if (!err.empty()) die("bad plan: " + err);
+  for (const MicroBatch& mb : s.micro_batches) {
+    std::vector<int64_t> group;
+    for (int32_t k : mb.seqs) group.push_back(s.lengths[k]);
+    const double bound = c.micro_batch_lower_bound_us(group, o.cp);
+    if (!(mb.dacp.time_us >= bound * (1 - 1e-9))) die("a micro-batch beats the lower bound");
+  }
+  if (twice && digest(schedule(ls, c, o)) != digest(s)) die("same input, different plan");
+}
+
+void fuzz_dacp(Bytes& in) {
+  const int32_t cp = rank_count(in);
+  const int64_t bucket = bucket_size(in);
+  const uint8_t e = in.u8();
+  const auto placement = enum_value<Placement>(e % 4, 1);
+  const auto rollback = enum_value<Rollback>((e / 4) % 4, 1);
+  const bool refine = e & 0x80;
+  // 0: dacp, 1: dacp_for (Algorithm 1 and/or the shard sweep), 2: dacp_sweep.
+  const int entry = (e & 0x40) ? 1 : ((e & 0x20) ? 2 : 0);
+  Options o;
+  o.cp = cp;
+  o.bucket_size = bucket;
+  o.placement = entry == 2 ? Placement::kLeastLoad : placement;
+  o.rollback = entry == 2 ? Rollback::kLongest : rollback;
+  o.refine = refine;
+  if (entry == 1) search_options(in, o);
+  const CostModel c = cost_model(in);
+  const std::vector<int64_t> ls = lengths(in, bucket, cp);
+  o.overlength = Overlength::kDrop;  // dacp has no over-length rule
+  const std::string reject = check::schedule_rejection(ls, c, o);
+  DacpResult r;
+  try {
+    r = entry == 0 ? dacp(ls, c, cp, bucket, placement, rollback, refine)
+                   : (entry == 1 ? dacp_for(ls, c, o) : dacp_sweep(ls, c, cp, bucket));
+  } catch (const std::invalid_argument& ex) {
+    if (reject.empty()) die(std::string("dacp refused an acceptable input: ") + ex.what());
+    return;
+  }
+  if (!reject.empty()) die("dacp accepted an input outside the ranges: " + reject);
+  const std::string err = check::dacp_error(ls, cp, bucket, r);
+  if (!err.empty()) die("bad dacp answer: " + err);
+  const DacpResult again = evaluate_placement(ls, r.cp_rank, c, cp, bucket);
+  if (again.rank_tokens != r.rank_tokens || again.time_us != r.time_us || again.comm_bytes != r.comm_bytes)
+    die("evaluate_placement disagrees with dacp");
+  if ((r.status == Status::kOk) && again.status != Status::kOk) die("dacp OK but evaluate_placement overfull");
+  if (r.status == Status::kOk && !(r.time_us >= c.micro_batch_lower_bound_us(ls, cp) * (1 - 1e-9)))
+    die("dacp beats the lower bound");
+}
+
+// evaluate_placement on a placement read from the input (any values, any
+// size): refused iff a value is out of range, else its figures recomputed.
+void fuzz_evaluate(Bytes& in) {
+  const int32_t cp = rank_count(in);
+  const int64_t bucket = bucket_size(in);
+  const CostModel c = cost_model(in);
+  const std::vector<int64_t> ls = lengths(in, bucket, cp);
+  if (ls.size() > 100000) return;
+  const int32_t width = std::min<int32_t>(std::max<int32_t>(cp, 1), kMaxRanks);
+  std::vector<int32_t> placement;
+  for (size_t i = 0; i < ls.size(); ++i) {
+    const uint8_t b = in.u8();
+    const int32_t special[] = {width, -2, std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max()};
+    placement.push_back(b < 250 ? static_cast<int32_t>(b % (width + 1)) - 1 : special[b % 4]);
+  }
+  if (in.u8() == 7 && !placement.empty()) placement.pop_back();
+  Options o;
+  o.cp = cp;
+  o.bucket_size = bucket;
+  o.overlength = Overlength::kDrop;
+  std::string reject = check::schedule_rejection(ls, c, o);
+  if (reject.empty() && placement.size() != ls.size()) reject = "placement size";
+  for (int32_t p : placement)
+    if (reject.empty() && p != kDistributed && (p < 0 || p >= cp)) reject = "placement value";
+  DacpResult r;
+  try {
+    r = evaluate_placement(ls, placement, c, cp, bucket);
+  } catch (const std::invalid_argument& ex) {
+    if (reject.empty()) die(std::string("evaluate_placement refused an acceptable input: ") + ex.what());
+    return;
+  }
+  if (!reject.empty()) die("evaluate_placement accepted " + reject);
+  if (r.rank_tokens != check::rank_tokens(ls, placement, cp)) die("evaluate_placement tokens");
+  bool fits = true;
+  for (int64_t t : r.rank_tokens) fits = fits && t <= bucket;
+  if (fits != (r.status == Status::kOk)) die("evaluate_placement status");
+  if (!std::isfinite(r.time_us) || r.time_us < 0) die("evaluate_placement time");
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  Bytes in(data, size);
+  const uint8_t mode = in.u8();
+  if ((mode & 3) == 3)
+    fuzz_evaluate(in);
+  else if (mode & 1)
+    fuzz_dacp(in);
+  else
+    fuzz_schedule(in, mode & 2);
+  return 0;
+}
+
+#ifdef SKRULL_FUZZ_REPLAY
+// Runs each file named on the command line once (the corpus, in ctest).
+int main(int argc, char** argv) {
+  int runs = 0;
+  for (int i = 1; i < argc; ++i) {
+    std::FILE* f = std::fopen(argv[i], "rb");
+    if (!f) {
+      std::fprintf(stderr, "cannot open %s\n", argv[i]);
+      return 2;
+    }
+    std::vector<uint8_t> buf;
+    uint8_t chunk[4096];
+    for (size_t got; (got = std::fread(chunk, 1, sizeof chunk, f)) > 0;) buf.insert(buf.end(), chunk, chunk + got);
+    std::fclose(f);
+    LLVMFuzzerTestOneInput(buf.data(), buf.size());
+    ++runs;
+  }
+  std::printf("fuzz_replay: %d inputs, all sound\n", runs);
+  return 0;
+}
+#endif

@@ -1,0 +1,119 @@
+"""Seed inputs for the fuzzer, written in fuzz_core.cpp's byte format.
+
+    python cpp/fuzz/make_seeds.py build/fuzz/corpus
+
+Real length distributions (skrull_ext/lengths) under every policy, the
+adversarial shapes of issue 7 (one giant plus thousands of tiny, all equal,
+just above BucketSize/N), a DACP roll-back that ends in a local placement,
+and a batch one over the sequence limit. tools/fuzz.sh --merge keeps the
+ones that add coverage.
+"""
+
+from __future__ import annotations
+
+import random
+import struct
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+
+def ranks(v: int) -> bytes:
+    assert 1 <= v <= 9
+    return bytes([v - 1])
+
+
+def bucket(v: int) -> bytes:
+    specials = {26624: 5, 13312: 6}
+    if v in specials:
+        return bytes([160 + specials[v]])
+    for sel in range(160):  # 1 + (sel % 64) * (1 if sel % 3 == 0 else 97)
+        if 1 + (sel % 64) * (1 if sel % 3 == 0 else 97) == v:
+            return bytes([sel])
+    raise ValueError(v)
+
+
+def cost() -> bytes:
+    # default shape and coefficients; 10 comm points 2 MB apart; no extras
+    return bytes([0, 0, 0, 10]) + bytes([2] * 10) + bytes([0])
+
+
+def special(case: int) -> bytes:  # length(): sel % 24 == case, sel >= 128
+    return bytes([128 + (case - 128 % 24) % 24])
+
+
+def length(v: int) -> bytes:
+    if 1 <= v <= 256:
+        return bytes([0, v - 1])
+    assert 1 <= v <= 65536
+    return bytes([96]) + struct.pack("<H", v - 1)
+
+
+def lengths(vs: list[int]) -> bytes:
+    return bytes([0]) + b"".join(bytes([0]) + length(v) for v in vs)
+
+
+def run(count: int, enc: bytes) -> bytes:
+    return bytes([200]) + struct.pack("<H", count - 1) + enc
+
+
+def schedule(dp: int, cp: int, b: int, e: int, body: bytes, overlength: int = 1, extra: int = 4, search: int = 0) -> bytes:
+    return bytes([0]) + ranks(dp) + ranks(cp) + bucket(b) + bytes([e, overlength, extra, search]) + cost() + body
+
+
+def main(out: Path) -> None:
+    from skrull_ext import lengths as datasets
+
+    out.mkdir(parents=True, exist_ok=True)
+    seeds: dict[str, bytes] = {}
+    rng = random.Random(7)
+    for name in ("mix_sharegpt_conv95+longbench_en5", "longbench_v1_en.est_llama2_tokens", "sharegpt_v3_conversations"):
+        pool = [min(65536, s) for s in datasets.load(name)]
+        for i, e in enumerate([0x00, 0x10, 0x80 | 0x10, 0x05, 0x15, 0x01, 0x04]):  # placement/rollback/count/refine
+            batch = [rng.choice(pool) for _ in range(rng.choice([64, 256]))]
+            seeds[f"real_{name.split('.')[0][:20]}_{i}"] = schedule(4, 8, 26624, e, lengths(batch), search=i % 2)
+    # Adversarial shapes (issue 7).
+    seeds["giant_plus_tiny"] = schedule(1, 8, 26624, 0x10, bytes([254]) + bytes([0]) + special(6) + run(30000, length(1)))
+    seeds["all_equal"] = schedule(2, 8, 26624, 0x90, bytes([254]) + run(20000, length(4096)))
+    seeds["just_above_bucket_over_n"] = schedule(1, 8, 26624, 0x10, bytes([254]) + run(20000, special(9)))
+    seeds["bucket_plus_one_cp2"] = schedule(1, 2, 13312, 0x00, bytes([254]) + run(20000, special(3)))
+    seeds["over_limit_truncate"] = schedule(3, 4, 13312, 0x00, lengths([5, 9, 300]) + bytes([0]) + special(7))
+    seeds["over_limit_drop"] = schedule(3, 4, 13312, 0x00, lengths([5]) + bytes([0]) + special(7), overlength=2)
+    seeds["too_many_sequences"] = schedule(1, 1, 26624, 0x00, bytes([255]))
+    seeds["too_many_sequence_ranks"] = bytes([0]) + ranks(1) + bytes([203]) + bucket(26624) + bytes([0, 1, 4, 0]) + cost() + bytes([253])
+    # dacp([3, 4, 5], cp=2, bucket=7): the roll-back frees rank 1, and 5
+    # then goes whole onto it (a local placement after a roll-back).
+    seeds["dacp_local_after_rollback"] = bytes([1]) + ranks(2) + bucket(7) + bytes([0]) + cost() + lengths([3, 4, 5])
+    seeds["cp1_real"] = schedule(2, 1, 26624, 0x10, lengths([rng.choice(pool) for _ in range(64)]))
+    # dacp, cp = 1, unsorted, one too long for the bucket: nothing to roll back.
+    seeds["dacp_cp1_unsorted"] = bytes([1]) + ranks(1) + bucket(7) + bytes([0]) + cost() + lengths([5, 3, 9])
+    seeds["dacp_empty_refine"] = bytes([1]) + ranks(2) + bucket(7) + bytes([0x80]) + cost() + lengths([])
+    seeds["dacp_too_many"] = bytes([1]) + ranks(2) + bucket(7) + bytes([0]) + cost() + bytes([255])
+    # refine: the bottleneck's sequence cannot be sharded (no room on rank 0).
+    seeds["dacp_refine_full"] = bytes([1]) + ranks(2) + bucket(98) + bytes([0x80]) + cost() + lengths([60, 90])
+    # dacp_for with the shard sweep (margin 0), and dacp_sweep itself.
+    seeds["dacp_for_sweep"] = bytes([1]) + ranks(8) + bucket(26624) + bytes([0x40, 1 + 4 * 48]) + cost() + \
+        lengths([rng.randint(1, 9000) for _ in range(40)])
+    seeds["dacp_sweep_tiny"] = bytes([1]) + ranks(8) + bucket(26624) + bytes([0x20]) + cost() + bytes([254]) + \
+        run(3000, length(8))
+    # refine shards a lone long sequence: moves reach n.
+    seeds["dacp_refine_lone"] = bytes([1]) + ranks(8) + bucket(26624) + bytes([0x80]) + cost() + lengths([20000])
+    # Cost edges: 17 bytes per element; negative threshold; floor above the
+    # table's first latency (a non-monotone comm model).
+    base = bytes([0]) + ranks(2) + ranks(2) + bucket(98) + bytes([0, 1, 4, 0])
+    comm = bytes([10]) + bytes([2] * 10)
+    seeds["cost_bytes_per_elem_17"] = base + bytes([8, 18, 0, 0]) + comm + bytes([0]) + lengths([5, 50])
+    seeds["cost_threshold_negative"] = base + bytes([0, 0, 0]) + comm + bytes([1, 128 + 8]) + lengths([5, 50])
+    seeds["cost_not_monotone"] = base + bytes([0, 0, 0]) + comm + bytes([3, 0, 133]) + lengths([5, 50, 97, 300])
+    # evaluate_placement on a given placement; and one entry short.
+    seeds["evaluate_short"] = bytes([3]) + ranks(4) + bucket(26624) + cost() + lengths([5, 7, 9000]) + bytes([199, 0, 1, 9, 7])
+    seeds["evaluate"] = bytes([3]) + ranks(4) + bucket(26624) + cost() + lengths([5, 7, 9000]) + bytes([199, 0, 1, 9])
+    for name, data in seeds.items():
+        (out / f"seed_{name}").write_bytes(data)
+    print(f"{len(seeds)} seeds in {out}")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1] if len(sys.argv) > 1 else "build/fuzz/corpus"))

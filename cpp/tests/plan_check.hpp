@@ -1,0 +1,170 @@
+// Test-only oracle shared by test_hardening.cpp and the fuzzer: checks a
+// Schedule / DacpResult with plain arithmetic, independently of the core
+// (the C++ twin of skrull_ext/plan.py Plan.validate), and says whether the
+// core must accept an input at all (the documented ranges, restated).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "skrull/scheduler.hpp"
+
+namespace skrull::check {
+
+inline int64_t limit_of(int64_t bucket, int32_t cp) { return cp <= 1 ? bucket : std::max(bucket, 2 * cp * (bucket / 2)); }
+
+inline int64_t shard_of(int64_t s, int32_t cp) { return cp <= 1 ? s : 2 * ((s + 2 * cp - 1) / (2 * cp)); }
+
+// Empty when the cost model is within the documented ranges, else why not.
+inline std::string cost_rejection(const CostModel& c) {
+  auto ok = [](double v, double hi) { return std::isfinite(v) && v >= 0.0 && v <= hi; };
+  if (c.shape.layers < 1 || c.shape.layers > (1 << 16)) return "layers";
+  if (c.shape.hidden < 1 || c.shape.hidden > (1 << 20)) return "hidden";
+  if (c.shape.kv_width < 1 || c.shape.kv_width > (1 << 20)) return "kv_width";
+  if (c.shape.bytes_per_elem < 1 || c.shape.bytes_per_elem > 16) return "bytes_per_elem";
+  if (!ok(c.a_us_per_flop, 1.0)) return "a_us_per_flop";
+  if (!ok(c.b_us, 1e9)) return "b_us";
+  if (c.comm.bytes.empty() || c.comm.bytes.size() != c.comm.us.size()) return "comm table size";
+  for (size_t i = 0; i < c.comm.bytes.size(); ++i) {
+    if (!std::isfinite(c.comm.bytes[i]) || c.comm.bytes[i] < 0 || !ok(c.comm.us[i], 1e9)) return "comm point";
+    if (i > 0 && !(c.comm.bytes[i] - c.comm.bytes[i - 1] >= 1.0)) return "comm spacing";
+  }
+  if (!std::isfinite(c.comm.threshold_bytes) || c.comm.threshold_bytes < 0) return "threshold";
+  if (!ok(c.comm.floor_us, 1e9)) return "floor";
+  if (!ok(c.comm.collectives_per_layer, 1e3)) return "collectives_per_layer";
+  return "";
+}
+
+// Empty when schedule() must accept the input, else why it must refuse it.
+inline std::string schedule_rejection(const std::vector<int64_t>& in, const CostModel& c, const Options& o) {
+  if (o.dp < 1 || o.dp > (1 << 16)) return "dp";
+  if (o.cp < 1 || o.cp > (1 << 16)) return "cp";
+  if (o.bucket_size < 1 || o.bucket_size > (int64_t{1} << 36)) return "bucket_size";
+  if (o.max_extra_micro_batches < 0 || o.max_extra_micro_batches > 1024) return "max_extra_micro_batches";
+  auto in_enum = [](auto e, int32_t hi) { return static_cast<int32_t>(e) >= 0 && static_cast<int32_t>(e) <= hi; };
+  if (!in_enum(o.placement, 1) || !in_enum(o.rollback, 1) || !in_enum(o.micro_batch_count, 1) ||
+      !in_enum(o.overlength, 2) || !in_enum(o.dacp_search, 1))
+    return "enum";
+  if (!(o.sweep_margin >= 0.0 && o.sweep_margin <= 100.0)) return "sweep_margin";
+  const std::string cost = cost_rejection(c);
+  if (!cost.empty()) return cost;
+  if (in.size() > (size_t{1} << 24)) return "too many sequences";
+  if (static_cast<int64_t>(in.size()) * o.cp > (int64_t{1} << 28)) return "sequences x cp";
+  const int64_t limit = limit_of(o.bucket_size, o.cp);
+  for (int64_t s : in) {
+    if (s < 1 || s > (int64_t{1} << 36)) return "length range";
+    if (s > limit && o.overlength == Overlength::kError) return "over-length";
+  }
+  return "";
+}
+
+// Tokens each CP rank holds under a placement.
+inline std::vector<int64_t> rank_tokens(const std::vector<int64_t>& lengths, const std::vector<int32_t>& cp_rank,
+                                        int32_t cp) {
+  std::vector<int64_t> t(cp, 0);
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    if (cp_rank[i] == kDistributed) {
+      for (auto& x : t) x += shard_of(lengths[i], cp);
+    } else {
+      t[cp_rank[i]] += lengths[i];
+    }
+  }
+  return t;
+}
+
+// Empty when r is a sound DACP answer for (lengths, cp, bucket).
+inline std::string dacp_error(const std::vector<int64_t>& lengths, int32_t cp, int64_t bucket, const DacpResult& r) {
+  const size_t n = lengths.size();
+  if (r.cp_rank.size() != n) return "cp_rank size";
+  for (int32_t p : r.cp_rank)
+    if (p != kDistributed && (p < 0 || p >= cp)) return "placement out of range";
+  if (r.rank_tokens != rank_tokens(lengths, r.cp_rank, cp)) return "rank_tokens disagree with the placement";
+  if (r.rank_flops.size() != static_cast<size_t>(cp)) return "rank_flops size";
+  if (!std::isfinite(r.time_us) || r.time_us < 0 || !std::isfinite(r.comm_bytes) || r.comm_bytes < 0)
+    return "time or bytes not finite";
+  if (r.rollbacks < 0 || static_cast<size_t>(r.rollbacks) > n) return "more roll-backs than sequences";
+  if (r.status == Status::kOk) {
+    for (int64_t t : r.rank_tokens)
+      if (t > bucket) return "a rank holds more than bucket_size";
+    if (r.moves < 0 || static_cast<size_t>(r.moves) > n) return "more refinement moves than sequences";
+  } else if (n == 0 || (n == 1 && lengths[0] <= limit_of(bucket, cp))) {
+    return "unschedulable though trivially feasible";
+  }
+  return "";
+}
+
+// Empty when s is a valid plan of `in` under (cost, o): every sequence in
+// exactly one micro-batch unless dropped, lengths changed only by
+// truncation, placements in range, per-rank tokens recomputed equal and
+// within bucket_size, times finite and adding up.
+inline std::string schedule_error(const std::vector<int64_t>& in, const Options& o, const Schedule& s) {
+  const size_t k_total = in.size();
+  const int64_t limit = limit_of(o.bucket_size, o.cp);
+  if (s.lengths.size() != k_total || s.dp_rank.size() != k_total || s.micro_batch.size() != k_total ||
+      s.cp_rank.size() != k_total)
+    return "per-sequence arrays have the wrong size";
+  if (s.dp_offsets.size() != static_cast<size_t>(o.dp) + 1 || s.dp_offsets.front() != 0 ||
+      s.dp_offsets.back() != static_cast<int32_t>(s.micro_batches.size()) ||
+      s.dp_time_us.size() != static_cast<size_t>(o.dp))
+    return "dp_offsets or dp_time_us malformed";
+  std::vector<char> dropped(k_total, 0), truncated(k_total, 0);
+  for (int32_t k : s.dropped) {
+    if (k < 0 || static_cast<size_t>(k) >= k_total || dropped[k]) return "bad dropped list";
+    dropped[k] = 1;
+  }
+  for (int32_t k : s.truncated) {
+    if (k < 0 || static_cast<size_t>(k) >= k_total || truncated[k]) return "bad truncated list";
+    truncated[k] = 1;
+  }
+  for (size_t k = 0; k < k_total; ++k) {
+    const bool over = in[k] > limit;
+    if (dropped[k] != (over && o.overlength == Overlength::kDrop)) return "dropped set wrong";
+    if (truncated[k] != (over && o.overlength == Overlength::kTruncate)) return "truncated set wrong";
+    if (dropped[k]) {
+      if (s.dp_rank[k] != kDropped || s.micro_batch[k] != -1) return "dropped sequence placed";
+      continue;
+    }
+    if (s.lengths[k] != (truncated[k] ? limit : in[k])) return "length changed";
+    if (s.dp_rank[k] < 0 || s.dp_rank[k] >= o.dp) return "dp_rank out of range";
+    if (s.cp_rank[k] != kDistributed && (s.cp_rank[k] < 0 || s.cp_rank[k] >= o.cp)) return "cp_rank out of range";
+  }
+  std::vector<int32_t> seen(k_total, 0);
+  int64_t rollbacks = 0;
+  double makespan = 0.0;
+  for (int32_t d = 0; d < o.dp; ++d) {
+    if (s.dp_offsets[d] > s.dp_offsets[d + 1]) return "dp_offsets decrease";
+    double total = 0.0;
+    for (int32_t j = s.dp_offsets[d]; j < s.dp_offsets[d + 1]; ++j) {
+      const MicroBatch& mb = s.micro_batches[j];
+      if (mb.dp_rank != d || mb.index != j - s.dp_offsets[d]) return "micro-batch mislabelled";
+      if (mb.seqs.empty()) return "empty micro-batch";
+      if (mb.dacp.status != Status::kOk) return "micro-batch not OK";
+      if (mb.dacp.cp_rank.size() != mb.seqs.size()) return "micro-batch placement size";
+      std::vector<int64_t> lens;
+      for (size_t i = 0; i < mb.seqs.size(); ++i) {
+        const int32_t k = mb.seqs[i];
+        if (k < 0 || static_cast<size_t>(k) >= k_total) return "sequence index out of range";
+        ++seen[k];
+        if (s.dp_rank[k] != d || s.micro_batch[k] != mb.index || s.cp_rank[k] != mb.dacp.cp_rank[i])
+          return "per-sequence arrays disagree with the micro-batch";
+        lens.push_back(s.lengths[k]);
+      }
+      const std::string e = dacp_error(lens, o.cp, o.bucket_size, mb.dacp);
+      if (!e.empty()) return "micro-batch: " + e;
+      total += mb.dacp.time_us;
+      rollbacks += mb.dacp.rollbacks;
+    }
+    if (total != s.dp_time_us[d]) return "DP rank time is not the sum of its micro-batches";
+    makespan = std::max(makespan, total);
+  }
+  for (size_t k = 0; k < k_total; ++k)
+    if (seen[k] != (dropped[k] ? 0 : 1)) return "sequence " + std::to_string(k) + " placed " + std::to_string(seen[k]) + " times";
+  if (makespan != s.makespan_us) return "makespan is not the slowest DP rank";
+  if (rollbacks != s.rollbacks) return "roll-back total";
+  if (!std::isfinite(s.elapsed_us) || s.elapsed_us < 0) return "elapsed_us";
+  return "";
+}
+
+}  // namespace skrull::check
