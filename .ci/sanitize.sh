@@ -18,7 +18,9 @@ export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 t0=$SECONDS
 
 echo "== sanitize: C++ tests"
-cmake -S . -B "$out/cpp" -G Ninja -DSKRULL_SANITIZE=ON -DSKRULL_BUILD_TESTS=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+gen=()
+command -v ninja >/dev/null && gen=(-G Ninja)
+cmake -S . -B "$out/cpp" "${gen[@]}" -DSKRULL_SANITIZE=ON -DSKRULL_BUILD_TESTS=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build "$out/cpp" -j "$jobs"
 ctest --test-dir "$out/cpp" --output-on-failure
 

@@ -25,6 +25,7 @@ from torchtitan.config.override import derive
 from torchtitan.distributed import utils as dist_utils
 from torchtitan.models.common.attention import GQAttention
 from torchtitan.models.common.config_utils import decoder_vocab_size
+from torch.distributed.fsdp import FSDPModule
 from torch.profiler import record_function
 from torchtitan.tools.logging import logger
 from torchtitan.tools.utils import device_module
@@ -139,7 +140,10 @@ class SkrullTrainer(Trainer):
         if should_log:  # time what the cost model predicts: the micro-batches' fwd + bwd
             device_module.synchronize()
         start = time.perf_counter()
+        last = len(step.micro_batches) - 1
         for j, mb in enumerate(step.micro_batches):
+            if self.config.skrull.defer_grad_sync:
+                self._set_grad_sync(j == last)
             with record_function(f"skrull/micro_batch_{j}"):
                 extra = {"positions": mb.positions.to(self.device), "attention_masks": mb.meta}
                 labels = mb.labels.to(self.device)
@@ -162,6 +166,12 @@ class SkrullTrainer(Trainer):
         self.lr_schedulers.step()
         if should_log:
             self._log_step(step, accumulated, global_valid_tokens, grad_norm, lr_metrics, measured_us)
+
+    def _set_grad_sync(self, on: bool) -> None:
+        """FSDP reduce-scatters gradients only where ``on`` (the step's last micro-batch)."""
+        for part in self.model_parts:
+            if isinstance(part, FSDPModule):
+                part.set_requires_gradient_sync(on)
 
     def close(self) -> None:
         if self.plan_log is not None:

@@ -1,1 +1,1 @@
-"""Standalone benchmarks: ``python -m skrull_ext.bench {latency,simulate}``."""
+"""Standalone benchmarks: ``python -m skrull_ext.bench {simulate,latency,adversarial,cp}``."""

@@ -45,8 +45,9 @@ class SkrullRuns:
 
     SHAPES = {
         "cp2": (2, ["--parallelism.context_parallel_degree", "2"]),
+        # Also reduce-scatters gradients once per step (cp2 does it per micro-batch).
         "dp2cp2": (4, ["--parallelism.context_parallel_degree", "2",
-                       "--parallelism.data_parallel_shard_degree", "2"]),
+                       "--parallelism.data_parallel_shard_degree", "2", "--skrull.defer_grad_sync"]),
         "cp2_worstfit": (2, ["--parallelism.context_parallel_degree", "2", "--skrull.policy", "worstfit"]),
     }
 

@@ -1,0 +1,35 @@
+"""The training side-by-side benchmark's own arithmetic (bench cp): variant
+parsing and per-run summaries. The runs themselves are a script, not a test."""
+
+import pytest
+
+from skrull_ext.bench import cp_train
+
+
+def _step(wall, kv, blocked=0.0, overlapped=0.0, local=0, dist=0):
+    return {"step": 0, "wall_s": wall, "kv_bytes": kv, "blocked_s": blocked,
+            "overlapped_s": overlapped, "local_tokens": local, "dist_tokens": dist}
+
+
+def test_summary_takes_the_slowest_rank_and_sums_bytes_after_warmup():
+    rank0 = [_step(None, 100), _step(9.0, 100), _step(1.0, 10, 0.2, 0.1, 3, 1), _step(3.0, 30, 0.4, 0.3, 3, 1)]
+    rank1 = [_step(None, 100), _step(9.0, 100), _step(2.0, 20, 0.1, 0.5, 1, 3), _step(1.0, 10, 0.1, 0.1, 1, 3)]
+    s = cp_train.summarize_run([rank0, rank1], warmup=1)
+    assert s["step_s_all"] == [2.0, 3.0]  # slowest rank per step, steps 0-1 left out
+    assert s["step_s"] == 2.5
+    assert s["kv_bytes"] == (30 + 40) / 2  # summed over ranks, mean over steps
+    assert s["blocked_s"] == pytest.approx((0.2 + 0.4) / 2)
+    assert s["overlapped_s"] == pytest.approx((0.5 + 0.3) / 2)
+    assert s["local_token_share"] == 0.5
+
+
+def test_variants_parse_and_the_baseline_comes_first():
+    a = cp_train.parse_args(["--variant", "torchtitan=--skrull.no-enable", "--variant", "fast=--a 1 --b"])
+    assert a.modes == {"torchtitan": ["--skrull.no-enable"], "fast": ["--a", "1", "--b"]}
+    assert list(cp_train.parse_args([]).modes) == ["torchtitan", "skrull"]
+    with pytest.raises(SystemExit):
+        cp_train.parse_args(["--variant", "skrull="])
+    with pytest.raises(SystemExit):
+        cp_train.parse_args(["--variant", "torchtitan=", "--variant", "torchtitan=--x"])
+    with pytest.raises(SystemExit):
+        cp_train.parse_args(["--nproc", "3", "--cp", "2"])
