@@ -6,18 +6,10 @@
 #include <string>
 #include <vector>
 
+#include "check.hpp"
 #include "skrull/scheduler.hpp"
 
 using namespace skrull;
-
-static int failures = 0;
-#define CHECK(cond)                                                   \
-  do {                                                                \
-    if (!(cond)) {                                                    \
-      std::fprintf(stderr, "%s:%d: CHECK(%s) failed\n", __FILE__, __LINE__, #cond); \
-      ++failures;                                                     \
-    }                                                                 \
-  } while (0)
 
 // flops(s) = 24 s + 4 s^2, T_comp(F) = F, no communication cost.
 static CostModel toy() {
@@ -100,10 +92,7 @@ int main() {
   test_dacp_cases();
   test_schedule_cases();
   test_errors();
-  if (failures) {
-    std::fprintf(stderr, "%d check(s) failed\n", failures);
-    return 1;
-  }
+  if (skrull_test::failures) return skrull_test::report();
   std::printf("test_core: all checks passed\n");
   return 0;
 }

@@ -12,25 +12,11 @@
 #include <vector>
 
 #include "plan_check.hpp"
+#include "check.hpp"
 #include "skrull/scheduler.hpp"
 
 using namespace skrull;
 
-static int failures = 0;
-#define CHECK(cond)                                                                 \
-  do {                                                                              \
-    if (!(cond)) {                                                                  \
-      std::fprintf(stderr, "%s:%d: CHECK(%s) failed\n", __FILE__, __LINE__, #cond); \
-      ++failures;                                                                   \
-    }                                                                               \
-  } while (0)
-#define CHECK_MSG(cond, msg)                                                                           \
-  do {                                                                                                 \
-    if (!(cond)) {                                                                                     \
-      std::fprintf(stderr, "%s:%d: CHECK(%s) failed: %s\n", __FILE__, __LINE__, #cond, (msg).c_str()); \
-      ++failures;                                                                                      \
-    }                                                                                                  \
-  } while (0)
 
 static CostModel preset() {  // qwen2.5-0.5b on the assumed H100 (skrull_ext/cost_model.py)
   CostModel c;
@@ -260,7 +246,7 @@ static void test_golden_digest() {
   if (got != want) {
     std::fprintf(stderr, "golden digest 0x%016llxull, expected 0x%016llxull\n", static_cast<unsigned long long>(got),
                  static_cast<unsigned long long>(want));
-    ++failures;
+    ++skrull_test::failures;
   }
 }
 
@@ -270,10 +256,7 @@ int main() {
   test_extremes_stay_finite();
   test_search_is_bounded();
   test_golden_digest();
-  if (failures) {
-    std::fprintf(stderr, "%d check(s) failed\n", failures);
-    return 1;
-  }
+  if (skrull_test::failures) return skrull_test::report();
   std::puts("test_hardening: all checks passed");
   return 0;
 }

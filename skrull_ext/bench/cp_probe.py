@@ -30,6 +30,22 @@ import time
 from collections import defaultdict
 
 
+def record_trainers() -> list:
+    """Make every torchtitan Trainer built from now on append itself to the returned list
+    (probes reach the running trainer through it)."""
+    from torchtitan.trainer import Trainer
+
+    trainers: list = []
+    init = Trainer.__init__
+
+    def recording_init(self, *args, **kwargs):
+        trainers.append(self)
+        init(self, *args, **kwargs)
+
+    Trainer.__init__ = recording_init
+    return trainers
+
+
 def _install(out_dir: str):
     """Wrap the exchange call sites and the optimizer step; return the function that writes the counters."""
     import torch.distributed.distributed_c10d as c10d
@@ -37,13 +53,12 @@ def _install(out_dir: str):
     from torch.distributed.tensor.experimental._context_parallel import _cp_custom_ops as cp_ops
     from torch.optim.optimizer import register_optimizer_step_pre_hook
     from torchtitan.components.optimizer import OptimizersContainer
-    from torchtitan.trainer import Trainer
+    from torchtitan.distributed.context_parallel import api as titan_cp
 
     from skrull_ext.attention import exchange
 
-    now = {"kv_bytes": 0, "blocked_s": 0.0}
+    now = {"fwd_bytes": 0, "bwd_bytes": 0, "fwd_calls": 0, "bwd_calls": 0, "blocked_s": 0.0}
     steps: list[dict] = []
-    trainers: list = []
     last = [None]
 
     def nbytes(*tensors) -> int:
@@ -53,20 +68,25 @@ def _install(out_dir: str):
     gather_kv = cp_attention.flex_cp_allgather
 
     def counted_gather_kv(k, v, seq_dim, pg_name):
-        now["kv_bytes"] += (c10d._get_group_size_by_name(pg_name) - 1) * nbytes(k, v)
+        now["fwd_bytes"] += (c10d._get_group_size_by_name(pg_name) - 1) * nbytes(k, v)
+        now["fwd_calls"] += 1
         t0 = time.perf_counter()
         out = gather_kv(k, v, seq_dim, pg_name)
         now["blocked_s"] += time.perf_counter() - t0
         return out
 
+    # Patched where it is called from, whatever was imported first: torchtitan's CP
+    # wrapper binds the name at import (``from ..._attention import flex_cp_allgather``).
     cp_attention.flex_cp_allgather = counted_gather_kv
+    titan_cp.flex_cp_allgather = counted_gather_kv
 
     # ...and the backward reduce-scatter of dK, dV (looked up by the op's autograd).
     scatter_grads = cp_ops.flex_cp_allgather_backward
 
     def counted_scatter_grads(gk, gv, seq_dim, pg_name):
         n = c10d._get_group_size_by_name(pg_name)
-        now["kv_bytes"] += (n - 1) * nbytes(gk, gv) // n
+        now["bwd_bytes"] += (n - 1) * nbytes(gk, gv) // n
+        now["bwd_calls"] += 1
         t0 = time.perf_counter()
         out = scatter_grads(gk, gv, seq_dim, pg_name)
         now["blocked_s"] += time.perf_counter() - t0
@@ -78,11 +98,13 @@ def _install(out_dir: str):
     dacp_gather, dacp_scatter = exchange._all_gather, exchange._reduce_scatter
 
     def counted_dacp_gather(out, send, group=None, async_op=False):
-        now["kv_bytes"] += (out.numel() - send.numel()) * send.element_size()
+        now["fwd_bytes"] += (out.numel() - send.numel()) * send.element_size()
+        now["fwd_calls"] += 1
         return dacp_gather(out, send, group=group, async_op=async_op)
 
     def counted_dacp_scatter(out, inp, group=None, async_op=False):
-        now["kv_bytes"] += (inp.numel() - out.numel()) * out.element_size()
+        now["bwd_bytes"] += (inp.numel() - out.numel()) * out.element_size()
+        now["bwd_calls"] += 1
         return dacp_scatter(out, inp, group=group, async_op=async_op)
 
     exchange._all_gather, exchange._reduce_scatter = counted_dacp_gather, counted_dacp_scatter
@@ -93,13 +115,7 @@ def _install(out_dir: str):
         with open(os.path.join(out_dir, f"rank{os.environ.get('RANK', '0')}.json"), "w") as f:
             json.dump(steps, f)
 
-    init = Trainer.__init__
-
-    def recording_init(self, *args, **kwargs):
-        trainers.append(self)
-        init(self, *args, **kwargs)
-
-    Trainer.__init__ = recording_init
+    trainers = record_trainers()
 
     def hook(optimizer, args, kwargs):
         # Fires for the container and for each optimizer inside it; once is enough.
@@ -107,21 +123,25 @@ def _install(out_dir: str):
             return
         t = time.perf_counter()
         dacp = defaultdict(float)
-        for m in getattr(trainers[-1], "dacp_attention", None) or []:
+        modules = getattr(trainers[-1], "dacp_attention", None) or []
+        for m in modules:
             for name, value in m.stats.as_dict(prefix="").items():
                 dacp[name] += value
         blocked = now["blocked_s"] + dacp["fwd_wait_s"] + dacp["bwd_wait_s"]
         steps.append({
             "step": trainers[-1].step,
             "wall_s": None if last[0] is None else t - last[0],
-            "kv_bytes": now["kv_bytes"],
+            "kv_bytes": now["fwd_bytes"] + now["bwd_bytes"],
+            **{k: now[k] for k in ("fwd_bytes", "bwd_bytes", "fwd_calls", "bwd_calls")},
             "blocked_s": blocked,
             "overlapped_s": dacp["local_s"],
+            # The attention's own count, to cross-check the one taken here.
+            "dacp_stats_bytes": int(dacp["fwd_bytes"] + dacp["bwd_bytes"]) if modules else None,
             "local_tokens": dacp["local_tokens"],
             "dist_tokens": dacp["dist_tokens"],
         })
         last[0] = t
-        now["kv_bytes"], now["blocked_s"] = 0, 0.0
+        now.update(fwd_bytes=0, bwd_bytes=0, fwd_calls=0, bwd_calls=0, blocked_s=0.0)
         dump()
 
     register_optimizer_step_pre_hook(hook)

@@ -16,8 +16,8 @@ Runs alternate (torchtitan, skrull, skrull, torchtitan, ...) so drift in the
 machine's load hits both. ``cp_probe`` measures per step and rank the K/V
 bytes of the attention exchange, the time blocked on it, the local attention
 that DACP runs meanwhile and the step wall time. Reported: bytes per step
-(summed over ranks), step time per run (median over the measured steps of
-the slowest rank) as min/median/max over repeats, the paired per-repeat
+(summed over ranks), step time per run (mean over the measured steps of
+the slowest rank's time) as min/median/max over repeats, the paired per-repeat
 ratio, and blocked/overlapped time. A script, not a test: nothing asserted.
 """
 
@@ -49,6 +49,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=3, help="runs per mode (default 3)")
     p.add_argument("--out", default="outputs/bench_cp", help="output folder (default outputs/bench_cp)")
     p.add_argument("--timeout", type=int, default=900, help="seconds allowed per run (default 900)")
+    p.add_argument("--reuse", action="store_true",
+                   help="report runs already complete under --out instead of running them again")
     p.add_argument("--variant", action="append", metavar="NAME=FLAGS",
                    help=f"a mode to run: a name and the job flags it adds (repeatable; the first must be "
                         f"{BASELINE!r}, the reference of the ratios). Default: {' '.join(DEFAULT_VARIANTS)}")
@@ -72,10 +74,25 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return a
 
 
+def read_probe(probe_dir: str, nproc: int) -> list[list[dict]]:
+    """The per-rank step records a run's probe wrote (ranks that wrote none are missing)."""
+    ranks = []
+    for r in range(nproc):
+        path = os.path.join(probe_dir, f"rank{r}.json")
+        if os.path.exists(path):
+            with open(path) as f:
+                ranks.append(json.load(f))
+    return ranks
+
+
 def launch(a: argparse.Namespace, mode: str, repeat: int) -> list[list[dict]]:
     """One torchrun of ``mode``; returns the probe's per-rank step records."""
     run_dir = os.path.abspath(os.path.join(a.out, "runs", f"{mode}_{repeat}"))
     probe_dir = os.path.join(run_dir, "probe")
+    if a.reuse:
+        ranks = read_probe(probe_dir, a.nproc)
+        if len(ranks) == a.nproc and all(len(r) == a.steps for r in ranks):
+            return ranks
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={a.nproc}",
         "-m", "skrull_ext.bench.cp_probe", "skrull_ext.train", "--config-file", os.path.abspath(a.config_file),
@@ -87,12 +104,7 @@ def launch(a: argparse.Namespace, mode: str, repeat: int) -> list[list[dict]]:
     os.makedirs(run_dir, exist_ok=True)
     with open(os.path.join(run_dir, "log.txt"), "w") as log:
         proc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=a.timeout)
-    ranks = []
-    for r in range(a.nproc):
-        path = os.path.join(probe_dir, f"rank{r}.json")
-        if os.path.exists(path):
-            with open(path) as f:
-                ranks.append(json.load(f))
+    ranks = read_probe(probe_dir, a.nproc)
     complete = len(ranks) == a.nproc and all(len(r) == a.steps for r in ranks)
     if proc.returncode != 0:
         with open(os.path.join(run_dir, "log.txt")) as log:
@@ -112,14 +124,21 @@ def launch(a: argparse.Namespace, mode: str, repeat: int) -> list[list[dict]]:
 
 
 def summarize_run(ranks: list[list[dict]], warmup: int) -> dict:
-    """Per-step figures of one run: time of the slowest rank, bytes summed over ranks."""
+    """Figures of one run: per step the slowest rank's time and the bytes summed over ranks,
+    averaged over the measured steps. The mean, not the median: steps carry different
+    batches (one to eight micro-batches here), and time per step is what training pays."""
+    for r, rank in enumerate(ranks):
+        for rec in rank:
+            if rec.get("dacp_stats_bytes") not in (None, rec["kv_bytes"]):
+                raise SystemExit(f"rank {r} step {rec['step']}: the probe counted {rec['kv_bytes']} K/V bytes, "
+                                 f"the DACP attention's counters {rec['dacp_stats_bytes']}")
     steps = len(ranks[0])
     measured = [i for i in range(steps) if i > warmup and ranks[0][i]["wall_s"] is not None]
     per_step = lambda key, agg: [agg(r[i][key] for r in ranks) for i in measured]  # noqa: E731
     wall = per_step("wall_s", max)
     tokens = per_step("local_tokens", sum), per_step("dist_tokens", sum)
     return {
-        "step_s": statistics.median(wall),
+        "step_s": statistics.mean(wall),
         "step_s_all": wall,
         "kv_bytes": statistics.mean(per_step("kv_bytes", sum)),
         "blocked_s": statistics.mean(per_step("blocked_s", max)),
@@ -137,7 +156,7 @@ def spread(xs: list[float], scale: float = 1.0, fmt: str = "{:.1f}") -> str:
 def table(results: dict[str, list[dict]]) -> str:
     base = results[BASELINE]
     rows = [
-        "| mode | K/V MiB/step (all ranks) | vs torchtitan | step ms, median (min-max) over runs "
+        "| mode | K/V MiB/step (all ranks) | vs torchtitan | mean step ms, median (min-max) over runs "
         "| step-time ratio torchtitan/mode, per repeat | blocked on exchange ms/step | local attention ms/step "
         "(overlaps the exchange) | local token share |",
         "|---|---|---|---|---|---|---|---|",
@@ -181,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         print(f"[{i + 1}/{len(order)}] {mode} run {repeat + 1}/{a.repeats} ...", end=" ", flush=True)
         results[mode].append(summarize_run(launch(a, mode, repeat), a.warmup))
-        print(f"{time.perf_counter() - t0:.0f} s (median step {results[mode][-1]['step_s'] * 1e3:.0f} ms)", flush=True)
+        print(f"{time.perf_counter() - t0:.0f} s (mean step {results[mode][-1]['step_s'] * 1e3:.0f} ms)", flush=True)
     md = table(results)
     header = (f"{a.config_file}, {a.nproc} processes, CP={a.cp}, {a.steps} steps (first {a.warmup + 1} not timed), "
               f"{a.repeats} runs per mode, {time.perf_counter() - t_start:.0f} s in all\n\n")

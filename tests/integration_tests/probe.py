@@ -24,16 +24,10 @@ import torch.distributed as dist
 def _install_grad_probe(step: int, path: str) -> None:
     from torch.optim.optimizer import register_optimizer_step_pre_hook
     from torchtitan.components.optimizer import OptimizersContainer
-    from torchtitan.trainer import Trainer
 
-    trainers: list[Trainer] = []
-    init = Trainer.__init__
+    from skrull_ext.bench.cp_probe import record_trainers
 
-    def recording_init(self, *args, **kwargs):
-        trainers.append(self)
-        init(self, *args, **kwargs)
-
-    Trainer.__init__ = recording_init
+    trainers = record_trainers()
 
     def hook(optimizer, args, kwargs):
         # Fires for the container and for each optimizer inside it; once is enough.

@@ -12,14 +12,16 @@ def _step(wall, kv, blocked=0.0, overlapped=0.0, local=0, dist=0):
 
 
 def test_summary_takes_the_slowest_rank_and_sums_bytes_after_warmup():
-    rank0 = [_step(None, 100), _step(9.0, 100), _step(1.0, 10, 0.2, 0.1, 3, 1), _step(3.0, 30, 0.4, 0.3, 3, 1)]
-    rank1 = [_step(None, 100), _step(9.0, 100), _step(2.0, 20, 0.1, 0.5, 1, 3), _step(1.0, 10, 0.1, 0.1, 1, 3)]
+    rank0 = [_step(None, 100), _step(9.0, 100), _step(1.0, 10, 0.2, 0.1, 3, 1), _step(3.0, 30, 0.4, 0.3, 3, 1),
+             _step(8.0, 0)]
+    rank1 = [_step(None, 100), _step(9.0, 100), _step(2.0, 20, 0.1, 0.5, 1, 3), _step(1.0, 10, 0.1, 0.1, 1, 3),
+             _step(1.0, 0)]
     s = cp_train.summarize_run([rank0, rank1], warmup=1)
-    assert s["step_s_all"] == [2.0, 3.0]  # slowest rank per step, steps 0-1 left out
-    assert s["step_s"] == 2.5
-    assert s["kv_bytes"] == (30 + 40) / 2  # summed over ranks, mean over steps
-    assert s["blocked_s"] == pytest.approx((0.2 + 0.4) / 2)
-    assert s["overlapped_s"] == pytest.approx((0.5 + 0.3) / 2)
+    assert s["step_s_all"] == [2.0, 3.0, 8.0]  # slowest rank per step, steps 0-1 left out
+    assert s["step_s"] == pytest.approx(13.0 / 3)  # the mean (time per step), not the median
+    assert s["kv_bytes"] == pytest.approx((30 + 40 + 0) / 3)  # summed over ranks, mean over steps
+    assert s["blocked_s"] == pytest.approx((0.2 + 0.4) / 3)
+    assert s["overlapped_s"] == pytest.approx((0.5 + 0.3) / 3)
     assert s["local_token_share"] == 0.5
 
 
@@ -33,3 +35,9 @@ def test_variants_parse_and_the_baseline_comes_first():
         cp_train.parse_args(["--variant", "torchtitan=", "--variant", "torchtitan=--x"])
     with pytest.raises(SystemExit):
         cp_train.parse_args(["--nproc", "3", "--cp", "2"])
+
+
+def test_a_probe_count_that_disagrees_with_the_attention_counters_fails():
+    rec = dict(_step(1.0, 10), dacp_stats_bytes=12)
+    with pytest.raises(SystemExit, match="10 K/V bytes.*counters 12"):
+        cp_train.summarize_run([[rec, rec]], warmup=0)
