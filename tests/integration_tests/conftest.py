@@ -49,6 +49,9 @@ class SkrullRuns:
         "dp2cp2": (4, ["--parallelism.context_parallel_degree", "2",
                        "--parallelism.data_parallel_shard_degree", "2", "--skrull.defer_grad_sync"]),
         "cp2_worstfit": (2, ["--parallelism.context_parallel_degree", "2", "--skrull.policy", "worstfit"]),
+        # torchtitan's activation checkpointing around blocks that hold the DACP attention.
+        "cp2_ac_full": (2, ["--parallelism.context_parallel_degree", "2", "activation-checkpoint:full"]),
+        "cp2_ac_selective": (2, ["--parallelism.context_parallel_degree", "2", "activation-checkpoint:selective"]),
     }
 
     def __init__(self, workdir: str, seed: str):
@@ -59,7 +62,8 @@ class SkrullRuns:
             nproc, extra = self.SHAPES[name]
             self.runs[name] = train_from_seed(
                 self.workdir, name, nproc, "skrull_ext.train", SKRULL, self.seed, STEPS,
-                extra=[*extra, "--skrull.plan_log"], grads_at=CHECK_STEP,
+                # A tyro subcommand in extra (activation-checkpoint:...) must come last.
+                extra=["--skrull.plan_log", *extra], grads_at=CHECK_STEP,
                 save_every=2 if name == "cp2" else None,  # cp2's step-2 checkpoint feeds the resume test
             )
         return self.runs[name]

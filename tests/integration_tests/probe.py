@@ -39,7 +39,8 @@ def _install_grad_probe(step: int, path: str) -> None:
                 if p.grad is None:
                     continue
                 g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
-                grads[name] = g.detach().to("cpu", copy=True)
+                # Names as without activation checkpointing (its wrapper adds a level).
+                grads[name.replace("_checkpoint_wrapped_module.", "")] = g.detach().to("cpu", copy=True)
         if not dist.is_initialized() or dist.get_rank() == 0:
             torch.save(grads, path)
 

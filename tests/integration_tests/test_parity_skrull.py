@@ -64,6 +64,16 @@ def test_parity_skrull_dp2_cp2(skrull_runs, reference):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("ac", ["full", "selective"])
+def test_parity_skrull_cp2_activation_checkpointing(skrull_runs, reference, ac):
+    """The recomputed forward re-runs the DACP attention (its exchange included)
+    inside backward; losses and gradients stay those of the reference."""
+    run = skrull_runs[f"cp2_ac_{ac}"]
+    assert f"Applied {'FullAC' if ac == 'full' else 'SelectiveAC'} activation checkpointing" in run.output
+    _matches_reference(run, reference)
+
+
+@pytest.mark.slow
 def test_parity_two_schedules_same_gradients(skrull_runs, reference):
     a, b = skrull_runs["cp2"], skrull_runs["cp2_worstfit"]
     pa, pb = _plans(a)[CHECK_STEP], _plans(b)[CHECK_STEP]
