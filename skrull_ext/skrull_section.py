@@ -28,7 +28,9 @@ class SkrullSection:
     """Scheduling policy (skrull_ext.config.POLICIES)."""
 
     bucket_size: int = 26624
-    """Tokens one CP rank may hold per micro-batch (the paper's BucketSize C)."""
+    """Tokens one CP rank may hold per micro-batch (the paper's BucketSize C). 0: the
+    ``[memory] bucket_size`` of the profile file named by ``cost_model`` (what the offline
+    profiler measured for this model and machine)."""
 
     cost_model: str = "qwen2.5-0.5b"
     """A model preset of skrull_ext.cost_model (on the h100-assumed profile), or a profile TOML path."""
@@ -58,15 +60,30 @@ class SkrullSection:
     in float32). Same gradient up to float summation order."""
 
     def __post_init__(self):
-        try:
-            self.scheduler_config(dp=1, cp=1)
-        except ValueError as e:
-            raise ValueError(f"skrull: {e}") from e
         if not (self.cost_model in cost_models.MODEL_PRESETS or Path(self.cost_model).is_file()):
             raise ValueError(
                 f"skrull.cost_model: {self.cost_model!r} is neither a preset "
                 f"{sorted(cost_models.MODEL_PRESETS)} nor a profile file"
             )
+        if self.bucket_size == 0:
+            self.bucket_size = self._profile_bucket_size()
+        try:
+            self.scheduler_config(dp=1, cp=1)
+        except ValueError as e:
+            raise ValueError(f"skrull: {e}") from e
+
+    def _profile_bucket_size(self) -> int:
+        from skrull_ext.sim.hardware import bucket_size, load_profile
+
+        if self.cost_model in cost_models.MODEL_PRESETS:
+            raise ValueError(
+                f"skrull.bucket_size = 0 takes BucketSize from a profile file, but skrull.cost_model is "
+                f"the preset {self.cost_model!r}; name a profile (python -m skrull_ext.profile writes one)"
+            )
+        value = bucket_size(load_profile(self.cost_model))
+        if value is None:
+            raise ValueError(f"skrull.bucket_size = 0: the profile {self.cost_model!r} has no [memory] bucket_size")
+        return value
 
     def scheduler_config(self, dp: int, cp: int) -> SchedulerConfig:
         """The core's config for a DP x CP job."""

@@ -56,7 +56,8 @@ def test_gpu_job_loads():
         ("[skrull]\npolicy = 'fifo'", r"skrull.policy: 'fifo' is not one of \['skrull', 'skrull-fast', 'skrull-paper', 'worstfit'\]"),
         ("[skrull]\noverlength = 'wrap'", r"skrull.overlength: 'wrap' is not one of \['error', 'truncate', 'drop'\]"),
         ("[skrull]\nenable = true\n[dataloader]\nkind = 'packed'", r"skrull.enable needs \[dataloader\] kind = \"skrull\""),
-        ("[skrull]\nbucket_size = 0", r"skrull: bucket_size must be in \[1, "),
+        ("[skrull]\nbucket_size = -1", r"skrull: bucket_size must be in \[1, "),
+        ("[skrull]\nbucket_size = 0", r"skrull.bucket_size = 0 takes BucketSize from a profile file"),
         ("[skrull]\ncost_model = 'h200'", r"skrull.cost_model: 'h200' is neither a preset"),
         ("[dataloader]\nkind = 'hf'", r"dataloader.kind: 'hf' is not one of \['packed'"),
         ("[dataloader]\nglobal_batch_size = 0", r"dataloader.global_batch_size must be >= 1"),
@@ -113,3 +114,24 @@ def test_skrull_off_uses_torchtitan_batching_of_the_same_data():
     config = JobConfigManager().parse_args(["--config-file", DEBUG, "--skrull.no-enable"])
     assert isinstance(config.dataloader, PackedDataLoader.Config)
     assert config.dataloader.length_scale == 32.0 and config.dataloader.seed == 0
+
+
+PROFILE = os.path.join(os.path.dirname(__file__), "..", "..", "profiles", "cpu-debug-gloo2.toml")
+
+
+def test_bucket_size_zero_takes_the_profiles_measured_value():
+    config = JobConfigManager().parse_args(
+        ["--config-file", DEBUG, "--skrull.cost_model", PROFILE, "--skrull.bucket_size", "0"])
+    assert config.skrull.bucket_size == 3268  # profiles/cpu-debug-gloo2.toml [memory] bucket_size
+
+
+def test_bucket_size_zero_needs_a_profile_with_memory(tmp_path):
+    from skrull_ext.skrull_section import SkrullSection
+
+    with pytest.raises(ValueError, match="the preset 'llama3-debug'"):
+        SkrullSection(cost_model="llama3-debug", bucket_size=0)
+    no_memory = tmp_path / "p.toml"
+    with open(PROFILE) as f:
+        no_memory.write_text("".join(line for line in f if "bucket_size" not in line))
+    with pytest.raises(ValueError, match="has no \\[memory\\] bucket_size"):
+        SkrullSection(cost_model=str(no_memory), bucket_size=0)
