@@ -34,7 +34,9 @@ rm -rf "$out/py-install" "$out/stage"
   -C cmake.define.SKRULL_SANITIZE=ON -C cmake.build-type=RelWithDebInfo -C build-dir="$out/py-build" . \
   2>&1 | grep -v '^WARNING: Location' || true
 so=$(ls "$out"/py-install/skrull_ext/_core*.so)
-nm -D "$so" | grep -q __asan_init || { echo "$so is not built with ASan" >&2; exit 1; }
+# grep -c, not grep -q: -q exits at the first match, nm dies of SIGPIPE
+# (141) and pipefail turns that into a failure.
+nm -D "$so" | grep -c __asan_init >/dev/null || { echo "$so is not built with ASan" >&2; exit 1; }
 mkdir -p "$out/stage"
 cp -r skrull_ext tests pyproject.toml "$out/stage/"
 find "$out/stage" \( -name '_core*.so' -o -name __pycache__ \) -prune -exec rm -rf {} +
