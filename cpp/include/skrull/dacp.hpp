@@ -19,14 +19,30 @@ namespace skrull {
 namespace detail {
 
 // Lowest index of the smallest / largest element: ties go to the lower rank
-// so every rank computes the same plan.
+// so every rank computes the same plan. Written as selects, not branches:
+// these run once or twice per placed sequence over a handful of ranks, on
+// comparisons a branch predictor cannot guess.
 template <typename T>
 int32_t argmin(const std::vector<T>& v) {
-  return static_cast<int32_t>(std::min_element(v.begin(), v.end()) - v.begin());
+  int32_t best = 0;
+  T low = v[0];
+  for (int32_t j = 1; j < static_cast<int32_t>(v.size()); ++j) {
+    const bool less = v[j] < low;
+    low = less ? v[j] : low;
+    best = less ? j : best;
+  }
+  return best;
 }
 template <typename T>
 int32_t argmax(const std::vector<T>& v) {
-  return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());  // first largest
+  int32_t best = 0;
+  T high = v[0];
+  for (int32_t j = 1; j < static_cast<int32_t>(v.size()); ++j) {
+    const bool more = v[j] > high;
+    high = more ? v[j] : high;
+    best = more ? j : best;
+  }
+  return best;
 }
 
 // Ascending by length, ties by index: the processing order of Algorithm 1.
@@ -39,6 +55,29 @@ inline void ascending_order(const int64_t* lengths, size_t n, std::vector<int32_
   std::sort(order.begin(), order.end(), [lengths](int32_t a, int32_t b) {
     return lengths[a] != lengths[b] ? lengths[a] < lengths[b] : a < b;
   });
+}
+
+// Descending by length, ties by index: the order of the shard sweep. A
+// group GDS hands over is ascending (length, index); then this is its
+// reverse with each run of equal lengths put back in index order, O(n).
+inline void descending_order(const int64_t* lengths, size_t n, std::vector<int32_t>& order) {
+  order.resize(n);
+  bool ascending = true;
+  for (size_t i = 1; i < n && ascending; ++i) ascending = lengths[i - 1] <= lengths[i];
+  if (!ascending) {
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(), [lengths](int32_t a, int32_t b) {
+      return lengths[a] != lengths[b] ? lengths[a] > lengths[b] : a < b;
+    });
+    return;
+  }
+  for (size_t p = 0; p < n;) {  // runs of equal lengths from the longest
+    size_t q = p;
+    const int64_t s = lengths[n - 1 - p];
+    while (q < n && lengths[n - 1 - q] == s) ++q;
+    for (size_t r = p; r < q; ++r) order[r] = static_cast<int32_t>(n - q + (r - p));
+    p = q;
+  }
 }
 
 }  // namespace detail

@@ -11,7 +11,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <numeric>
+#include <utility>
 #include <vector>
 
 #include "skrull/cost_model.hpp"
@@ -25,82 +27,155 @@ namespace skrull {
 // Candidate k shards the k longest sequences over the group and places the
 // rest longest first (LPT by FLOPs) on the least-loaded rank, else the rank
 // with most room, else shards it if every rank has room for its shard.
-// Every k from 0 up is scored with the cost model; the fastest wins (ties
-// to fewer shards). The sweep stops when the k longest shards no longer fit
-// or (with a non-decreasing comm table) when the sharded part alone,
-// comm(V_k) + comp(D_k), which only grows with k, cannot beat the best.
+// Of all k whose k longest shards fit (k up to kMaxSweepShards), the fastest
+// predicted candidate wins, ties to fewer shards.
 //
 // Returns placements in the caller's order, kUnschedulable when no
 // candidate fits. rollbacks is 0: the sweep never undoes a placement.
 //
-// Bounded time: each candidate costs O(n cp), so k stops at
-// kMaxSweepShards: O(kMaxSweepShards n cp) per micro-batch. Uncapped, 8,000
-// tiny sequences took 0.35 s (O(n^2 cp)); real micro-batches are smaller
-// than the cap, so their plans are unchanged.
+// Branch and bound, same answer as scoring every k. Each candidate has a
+// lower bound computed from prefix sums in O(1) (sweep_bound below);
+// the one with the least bound is placed and scored first, then only those
+// whose bound is below the best time found: the others cannot beat it. On
+// real micro-batches about 2 candidates are placed instead of 9
+// (docs/latency.md).
+//
+// Bounded time: each placed candidate costs O(n cp), so k stops at
+// kMaxSweepShards: O(kMaxSweepShards n cp) per micro-batch at worst.
+// Uncapped, 8,000 tiny sequences took 0.35 s (O(n^2 cp)); real
+// micro-batches are smaller than the cap, so their plans are unchanged.
 constexpr size_t kMaxSweepShards = 256;
 
-inline DacpResult dacp_sweep(const int64_t* lengths, size_t n, const CostModel& cost, int32_t cp, int64_t bucket) {
-  DacpResult best;
-  best.status = Status::kUnschedulable;
-  best.cp_rank.assign(n, kDistributed);
-  std::vector<int32_t> order(n);
-  std::iota(order.begin(), order.end(), 0);
-  std::sort(order.begin(), order.end(), [lengths](int32_t a, int32_t b) {
-    return lengths[a] != lengths[b] ? lengths[a] > lengths[b] : a < b;
-  });
-  const bool prune = cost.comm_is_monotone();
-  bool found = false;
-  int64_t prefix_shard = 0;  // tokens per rank of the k longest, sharded
-  double dist_flops = 0.0;   // one rank's FLOPs of them
-  double volume = 0.0;       // their K/V bytes
-  DacpResult cand;
-  std::vector<int64_t> room(cp);
-  std::vector<double> load(cp);
+namespace detail {
+
+// Relative slack on the bound test: the bound and a candidate's score sum
+// the same FLOPs and bytes in different orders, so they may differ in the
+// last bits; a bound within this slack of the best never prunes.
+constexpr double kSweepBoundSlack = 1e-9;
+
+// Lower bound on candidate k's predicted time. With D, V the sharded
+// prefix's per-rank FLOPs and bytes, R the FLOPs of the rest and L the
+// largest local FLOPs of any rank, the time is
+//   layers * (max(comm(V'), comp(L)) + comp(D'))
+// with D' >= D, V' >= V (the LPT fallback may shard more of the rest: each
+// FLOP moved from local to sharded lowers L by at most 1/cp of it and raises
+// D' by exactly that), so max(comm(V), comp(R / cp)) + comp(D) bounds it,
+// dropping comp's per-call term from the local part unless some rest
+// sequence is surely local: the longest of the rest always is when it fits
+// the room left, as the LPT places it first on an empty rank, and then its
+// own FLOPs bound L too. comm(V) counts only with a non-decreasing table.
+inline double sweep_bound(const CostModel& cost, int32_t cp, bool monotone, double volume, double dist_flops,
+                          double rest_flops, bool first_local, double first_flops) {
+  const double comm = monotone ? cost.comm_us(volume) : 0.0;
+  const double local = first_local ? cost.comp_us(std::max(rest_flops / cp, first_flops))
+                                   : cost.a_us_per_flop * rest_flops / cp;
+  return cost.shape.layers * (std::max(comm, local) + cost.comp_us(dist_flops));
+}
+
+}  // namespace detail
+
+// The sweep into caller buffers: writes the winning placement (caller's
+// order) into `placement` and its time into `time`, and returns true, when
+// some candidate fits and predicts strictly faster than `incumbent` (pass
+// infinity for the plain sweep); else returns false and leaves them alone.
+// An incumbent prunes more: dacp_for passes Algorithm 1's time, which the
+// sweep must beat to be used at all.
+inline bool dacp_sweep_into(const int64_t* lengths, size_t n, const CostModel& cost, int32_t cp, int64_t bucket,
+                            double incumbent, Workspace& ws, int32_t* placement, double& time) {
+  std::vector<int32_t>& order = ws.sweep_order;
+  detail::descending_order(lengths, n, order);
+  const bool monotone = cost.comm_is_monotone();
   const size_t last = std::min(n, kMaxSweepShards);
+  std::vector<double>& fl = ws.sweep_flops;
+  std::vector<double>& rest = ws.sweep_rest;
+  fl.resize(n);
+  rest.assign(n + 1, 0.0);
+  for (size_t p = n; p-- > 0;) {
+    fl[p] = cost.flops(lengths[order[p]]);
+    rest[p] = rest[p + 1] + fl[p];
+  }
+
+  // The candidates (every k whose sharded prefix fits) and their bounds.
+  std::vector<int64_t>& prefix = ws.sweep_prefix;
+  std::vector<double>& bound = ws.sweep_bound;
+  prefix.assign(1, 0);
+  bound.clear();
+  double dist_flops = 0.0;  // one rank's FLOPs of the k longest
+  double volume = 0.0;      // their K/V bytes
+  size_t first = 0;         // the candidate with the least bound
   for (size_t k = 0; k <= last; ++k) {
     if (k > 0) {
-      const int64_t s = lengths[order[k - 1]];
-      const int64_t shard = shard_tokens(s, cp);
-      prefix_shard += shard;
-      if (prefix_shard > bucket) break;
-      dist_flops += cost.flops(s) / cp;
+      const int64_t shard = shard_tokens(lengths[order[k - 1]], cp);
+      if (prefix.back() + shard > bucket) break;
+      dist_flops += fl[k - 1] / cp;
       volume += cost.kv_bytes(shard * cp);
-      if (found && prune && cost.shape.layers * (cost.comm_us(volume) + cost.comp_us(dist_flops)) >= best.time_us)
-        break;
+      // With a non-decreasing comm table, the sharded prefix alone costs
+      // comm(V) + comp(D) and only grows with k: once it reaches the
+      // incumbent, no larger k can beat it.
+      if (monotone && cost.shape.layers * (cost.comm_us(volume) + cost.comp_us(dist_flops)) >= incumbent) break;
+      prefix.push_back(prefix.back() + shard);
     }
-    cand.cp_rank.assign(n, kDistributed);
-    std::fill(room.begin(), room.end(), bucket - prefix_shard);
-    std::fill(load.begin(), load.end(), 0.0);
-    bool ok = true;
-    for (size_t p = k; p < n && ok; ++p) {
+    const bool first_local = k < n && lengths[order[k]] <= bucket - prefix[k];
+    bound.push_back(detail::sweep_bound(cost, cp, monotone, volume, dist_flops, rest[k], first_local,
+                                        k < n ? fl[k] : 0.0));
+    if (bound[k] < bound[first]) first = k;
+  }
+
+  // Score the least bound first, then every k in order whose bound can
+  // still beat the best (ties to fewer shards).
+  std::vector<int32_t>& cand = ws.sweep_candidate;
+  std::vector<int64_t>& room = ws.room;
+  std::vector<double>& load = ws.load;
+  bool found = false;
+  size_t best_k = 0;
+  double best = incumbent;
+  auto try_candidate = [&](size_t k) {
+    if (bound[k] > best * (1.0 + detail::kSweepBoundSlack)) return;
+    cand.assign(n, kDistributed);
+    room.assign(cp, bucket - prefix[k]);
+    load.assign(cp, 0.0);
+    for (size_t p = k; p < n; ++p) {
       const int32_t i = order[p];
       const int64_t s = lengths[i];
       int32_t t = detail::argmin(load);
       if (room[t] < s) t = detail::argmax(room);
       if (room[t] >= s) {
-        cand.cp_rank[i] = t;
+        cand[i] = t;
         room[t] -= s;
-        load[t] += cost.flops(s);
+        load[t] += fl[p];
         continue;
       }
       const int64_t shard = shard_tokens(s, cp);
-      ok = *std::min_element(room.begin(), room.end()) >= shard;
-      if (ok)
-        for (int32_t j = 0; j < cp; ++j) room[j] -= shard;
+      if (*std::min_element(room.begin(), room.end()) < shard) return;  // does not fit
+      for (int32_t j = 0; j < cp; ++j) room[j] -= shard;
     }
-    if (!ok) continue;
-    score_placement(lengths, n, cost, cp, cand);
-    if (!found || cand.time_us < best.time_us) {
-      best = cand;
+    double bytes = 0.0;
+    const double t = score_into(lengths, cand.data(), n, cost, cp, ws.tokens, ws.flops, bytes);
+    if (t < best || (found && t == best && k < best_k)) {
+      best = t;
+      best_k = k;
       found = true;
+      std::copy(cand.begin(), cand.end(), placement);
     }
-  }
-  if (found) {
-    best.status = Status::kOk;
-  } else {
-    score_placement(lengths, n, cost, cp, best);
-  }
-  return best;
+  };
+  try_candidate(first);
+  for (size_t k = 0; k < bound.size(); ++k)
+    if (k != first) try_candidate(k);
+  if (found) time = best;
+  return found;
+}
+
+inline DacpResult dacp_sweep(const int64_t* lengths, size_t n, const CostModel& cost, int32_t cp, int64_t bucket) {
+  Workspace ws;
+  DacpResult r;
+  r.cp_rank.assign(n, kDistributed);
+  double time = 0.0;
+  r.status = dacp_sweep_into(lengths, n, cost, cp, bucket, std::numeric_limits<double>::infinity(), ws,
+                             r.cp_rank.data(), time)
+                 ? Status::kOk
+                 : Status::kUnschedulable;
+  score_placement(lengths, n, cost, cp, r);
+  return r;
 }
 
 // Checked: throws std::invalid_argument for arguments outside validate.hpp's ranges.
@@ -125,10 +200,8 @@ inline Status dacp_for_into(const int64_t* lengths, size_t n, const CostModel& c
   time = ok ? score_into(lengths, placement, n, cost, opt.cp, ws.tokens, ws.flops, comm_bytes) : 0.0;
   if (opt.dacp_search == DacpSearch::kShardSweep && opt.cp > 1 &&
       (!ok || time > (1.0 + opt.sweep_margin) * cost.micro_batch_lower_bound_us(lengths, n, opt.cp))) {
-    const DacpResult sweep = dacp_sweep(lengths, n, cost, opt.cp, opt.bucket_size);
-    if (sweep.status == Status::kOk && (!ok || sweep.time_us < time)) {
-      std::copy(sweep.cp_rank.begin(), sweep.cp_rank.end(), placement);
-      time = sweep.time_us;
+    const double incumbent = ok ? time : std::numeric_limits<double>::infinity();
+    if (dacp_sweep_into(lengths, n, cost, opt.cp, opt.bucket_size, incumbent, ws, placement, time)) {
       rollbacks = moves = 0;
       return Status::kOk;
     }

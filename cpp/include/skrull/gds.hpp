@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <queue>
 #include <utility>
 #include <vector>
@@ -35,11 +36,27 @@ inline void sort_by_length(const std::vector<int64_t>& lengths, std::vector<int3
   for (size_t i = 0; i < idx.size(); ++i) idx[i] = static_cast<int32_t>(keys[i] & 0xFFFFFFu);
 }
 
+// `share` is in split_over_dp's order, descending (length, index ascending
+// among equals); writes it ascending (length, index), the order GDS and
+// Algorithm 1 take: the reverse, each run of equal lengths put back in index
+// order. O(n) where a sort would be O(n log n).
+inline void reverse_to_ascending(const std::vector<int64_t>& lengths, const std::vector<int32_t>& share,
+                                 std::vector<int32_t>& out) {
+  out.assign(share.rbegin(), share.rend());
+  for (size_t p = 0; p < out.size();) {
+    size_t q = p + 1;
+    while (q < out.size() && lengths[out[q]] == lengths[out[p]]) ++q;
+    std::reverse(out.begin() + p, out.begin() + q);
+    p = q;
+  }
+}
+
 }  // namespace detail
 
 // Longest-processing-time greedy by FLOPs: sequences by length descending
 // (FLOPs grow with length; ties by index) each go to the DP rank with the
-// least FLOPs so far (ties to the lower rank). Returns each rank's share.
+// least FLOPs so far (ties to the lower rank). Returns each rank's share,
+// in that order (descending).
 inline std::vector<std::vector<int32_t>> split_over_dp(const std::vector<int64_t>& lengths,
                                                        const std::vector<int32_t>& live, const CostModel& cost,
                                                        int32_t dp) {
@@ -88,8 +105,15 @@ struct MicroBatchSplit {
 // Strided split, which pairs long with short. Infeasible when a group holds
 // more than cp * bucket tokens or no DACP placement (dacp_into, and the
 // shard sweep when the options ask for it) fits it.
+//
+// `give_up_above`: a split predicted slower than this is of no use to the
+// caller, which keeps the faster one. Before placing each group the time
+// so far plus the lower bounds of the groups left is checked against it,
+// and the split is abandoned (infeasible) once that passes it: most extra
+// micro-batch counts lose, and this stops them after a few groups.
 inline void split_strided(const std::vector<int64_t>& lengths, const std::vector<int32_t>& sorted, int32_t m,
-                          const CostModel& cost, const Options& opt, Workspace& ws, MicroBatchSplit& out) {
+                          const CostModel& cost, const Options& opt, Workspace& ws, MicroBatchSplit& out,
+                          double give_up_above = std::numeric_limits<double>::infinity()) {
   out.feasible = false;
   out.m = m;
   out.time_us = 0.0;
@@ -103,7 +127,16 @@ inline void split_strided(const std::vector<int64_t>& lengths, const std::vector
     for (size_t i = j; i < n; i += m) tokens += lengths[sorted[i]];
     if (tokens > capacity) return;
   }
+  const bool bounded = give_up_above < std::numeric_limits<double>::infinity();
+  std::vector<double>& left = ws.group_bounds;  // lower bounds of groups j..m-1
+  left.assign(m + 1, 0.0);
+  for (int32_t j = m; bounded && j-- > 0;) {
+    ws.lengths.clear();
+    for (size_t i = j; i < n; i += m) ws.lengths.push_back(lengths[sorted[i]]);
+    left[j] = left[j + 1] + cost.micro_batch_lower_bound_us(ws.lengths.data(), ws.lengths.size(), opt.cp);
+  }
   for (int32_t j = 0; j < m; ++j) {
+    if (bounded && out.time_us + left[j] > give_up_above * (1.0 + detail::kSweepBoundSlack)) return;
     ws.lengths.clear();
     for (size_t i = j; i < n; i += m) ws.lengths.push_back(lengths[sorted[i]]);
     const size_t g = ws.lengths.size();
@@ -183,7 +216,7 @@ inline MicroBatchSplit split_micro_batches(const std::vector<int64_t>& lengths, 
       const double bound = cost.shape.layers * (cost.a_us_per_flop * total_flops / opt.cp + m * cost.b_us);
       if (bound >= best.time_us) break;
       ++tries;
-      split_strided(lengths, share, m, cost, opt, ws, cand);
+      split_strided(lengths, share, m, cost, opt, ws, cand, best.time_us);
       if (cand.feasible && cand.time_us < best.time_us) std::swap(best, cand);
     }
   }

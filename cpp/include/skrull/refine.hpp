@@ -41,17 +41,20 @@ inline int32_t refine_placement(const int64_t* lengths, size_t n, const CostMode
   std::vector<double>& local = ws.load;  // local FLOPs per rank
   room.assign(cp, bucket);
   local.assign(cp, 0.0);
+  std::vector<double>& fl = ws.refine_flops;  // each sequence's FLOPs, looked up once per move
+  fl.resize(n);
   double dist = 0.0;
   double bytes = 0.0;
   for (size_t i = 0; i < n; ++i) {
+    fl[i] = cost.flops(lengths[i]);
     if (cp_rank[i] == kDistributed) {
       const int64_t shard = shard_tokens(lengths[i], cp);
       for (int32_t j = 0; j < cp; ++j) room[j] -= shard;
-      dist += cost.flops(lengths[i]) / cp;
+      dist += fl[i] / cp;
       bytes += cost.kv_bytes(shard * cp);
     } else {
       room[cp_rank[i]] -= lengths[i];
-      local[cp_rank[i]] += cost.flops(lengths[i]);
+      local[cp_rank[i]] += fl[i];
     }
   }
   int32_t moves = 0;
@@ -59,8 +62,10 @@ inline int32_t refine_placement(const int64_t* lengths, size_t n, const CostMode
   // Time of the micro-batch when the largest local FLOPs is `top`:
   // micro_batch_us's max over ranks is reached at the rank with the most
   // local FLOPs (rounding is monotone), so this equals it bit for bit.
-  auto time_with = [&](double top, double dist_f, double comm_bytes) {
-    return cost.shape.layers * (std::max(cost.comm_us(comm_bytes), cost.comp_us(top)) + cost.comp_us(dist_f));
+  // comm_t and dist_t are the comm and distributed compute times, which a
+  // move leaves as they are (the caller computes them once per move).
+  auto time_with = [&](double top, double dist_t, double comm_t) {
+    return cost.shape.layers * (std::max(comm_t, cost.comp_us(top)) + dist_t);
   };
   const int32_t max_moves = static_cast<int32_t>(std::min<size_t>(n, kMaxRefineMoves));
   while (moves < max_moves) {
@@ -80,17 +85,19 @@ inline int32_t refine_placement(const int64_t* lengths, size_t n, const CostMode
       if (j != lightest) third = std::max(third, local[j]);
     }
 
+    const double comm_t = cost.comm_us(bytes);
+    const double dist_t = cost.comp_us(dist);
     bool moved = false;
     for (size_t c = n; c-- > 0 && !moved;) {
       const int32_t x = order[c];
       if (cp_rank[x] != b) continue;
       const int64_t s = lengths[x];
-      const double f = cost.flops(s);
+      const double f = fl[x];
       double best = current;
       int32_t to = b;  // b = no move
       // Move it whole to the lightest rank.
       if (room[lightest] >= s) {
-        const double t = time_with(std::max({local[b] - f, local[lightest] + f, third}), dist, bytes);
+        const double t = time_with(std::max({local[b] - f, local[lightest] + f, third}), dist_t, comm_t);
         if (t < best) {
           best = t;
           to = lightest;
@@ -101,7 +108,8 @@ inline int32_t refine_placement(const int64_t* lengths, size_t n, const CostMode
       bool fits = room[b] + s >= shard;
       for (int32_t j = 0; j < cp && fits; ++j) fits = j == b || room[j] >= shard;
       if (fits) {
-        const double t = time_with(std::max(local[b] - f, second), dist + f / cp, bytes + cost.kv_bytes(shard * cp));
+        const double t = time_with(std::max(local[b] - f, second), cost.comp_us(dist + f / cp),
+                                   cost.comm_us(bytes + cost.kv_bytes(shard * cp)));
         if (t < best) {
           best = t;
           to = kDistributed;

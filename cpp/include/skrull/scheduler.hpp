@@ -73,14 +73,12 @@ inline Schedule schedule(const std::vector<int64_t>& input, const CostModel& cos
   const auto shares = split_over_dp(out.lengths, live, cost, opt.dp);
   Workspace ws;
   std::vector<int32_t> sorted;
-  std::vector<uint64_t> keys;
   std::vector<int64_t> group_lengths;
   out.dp_offsets.reserve(opt.dp + 1);
   out.dp_time_us.reserve(opt.dp);
   out.dp_offsets.push_back(0);
   for (int32_t i = 0; i < opt.dp; ++i) {
-    sorted = shares[i];
-    detail::sort_by_length(out.lengths, sorted, /*descending=*/false, keys);
+    detail::reverse_to_ascending(out.lengths, shares[i], sorted);
     const MicroBatchSplit split = split_micro_batches(out.lengths, sorted, cost, opt, ws);
     if (!split.feasible)  // unreachable for lengths <= limit; kept as a guard
       throw std::logic_error("no micro-batch split found for DP rank " + std::to_string(i));
