@@ -141,11 +141,13 @@ struct CostModel {
   // the max over ranks of local+dist FLOPs is at least the average, total/n.
   // With a non-decreasing comm table, the longest sequence also bounds it:
   // whole on one rank, or sharded and paying at least its own exchange.
-  double micro_batch_lower_bound_us(const int64_t* lengths, size_t count, int32_t n) const {
+  // seq_flops[i] = flops(lengths[i]) when the caller has them, else null.
+  double micro_batch_lower_bound_us(const int64_t* lengths, size_t count, int32_t n,
+                                    const double* seq_flops = nullptr) const {
     double total = 0.0;
     int64_t longest = 0;
     for (size_t i = 0; i < count; ++i) {
-      total += flops(lengths[i]);
+      total += seq_flops ? seq_flops[i] : flops(lengths[i]);
       longest = std::max(longest, lengths[i]);
     }
     if (total <= 0.0) return 0.0;

@@ -80,15 +80,24 @@ inline void descending_order(const int64_t* lengths, size_t n, std::vector<int32
   }
 }
 
+// Each sequence's forward FLOPs per layer, computed once: the heuristics
+// look them up many times per micro-batch.
+inline void sequence_flops(const int64_t* lengths, size_t n, const CostModel& cost, std::vector<double>& out) {
+  out.resize(n);
+  for (size_t i = 0; i < n; ++i) out[i] = cost.flops(lengths[i]);
+}
+
 }  // namespace detail
 
 // Tokens, FLOPs and bytes of a placement and its predicted time: the single
 // place where a placement is turned into figures. Heuristics, the exact
 // solver's answers and the simulator's baselines are all scored here.
 // Writes per-rank tokens and total FLOPs (local + distributed share) into
-// the caller's buffers; returns the predicted time.
-inline double score_into(const int64_t* lengths, const int32_t* cp_rank, size_t n, const CostModel& cost, int32_t cp,
-                         std::vector<int64_t>& tokens, std::vector<double>& flops, double& comm_bytes) {
+// the caller's buffers; returns the predicted time. seq_flops[i] is
+// cost.flops(lengths[i]) (detail::sequence_flops).
+inline double score_into(const int64_t* lengths, const double* seq_flops, const int32_t* cp_rank, size_t n,
+                         const CostModel& cost, int32_t cp, std::vector<int64_t>& tokens, std::vector<double>& flops,
+                         double& comm_bytes) {
   tokens.assign(cp, 0);
   flops.assign(cp, 0.0);
   comm_bytes = 0.0;
@@ -99,11 +108,11 @@ inline double score_into(const int64_t* lengths, const int32_t* cp_rank, size_t 
     if (cp_rank[i] == kDistributed) {
       const int64_t shard = shard_tokens(s, cp);
       dist_shard += shard;
-      dist_flops += cost.flops(s) / cp;
+      dist_flops += seq_flops[i] / cp;
       comm_bytes += cost.kv_bytes(shard * cp);
     } else {
       tokens[cp_rank[i]] += s;
-      flops[cp_rank[i]] += cost.flops(s);
+      flops[cp_rank[i]] += seq_flops[i];
     }
   }
   const double time = cost.micro_batch_us(flops, dist_flops, comm_bytes);
@@ -114,8 +123,14 @@ inline double score_into(const int64_t* lengths, const int32_t* cp_rank, size_t 
   return time;
 }
 
+inline void score_placement(const int64_t* lengths, const double* seq_flops, size_t n, const CostModel& cost,
+                            int32_t cp, DacpResult& r) {
+  r.time_us = score_into(lengths, seq_flops, r.cp_rank.data(), n, cost, cp, r.rank_tokens, r.rank_flops, r.comm_bytes);
+}
 inline void score_placement(const int64_t* lengths, size_t n, const CostModel& cost, int32_t cp, DacpResult& r) {
-  r.time_us = score_into(lengths, r.cp_rank.data(), n, cost, cp, r.rank_tokens, r.rank_flops, r.comm_bytes);
+  std::vector<double> seq_flops;
+  detail::sequence_flops(lengths, n, cost, seq_flops);
+  score_placement(lengths, seq_flops.data(), n, cost, cp, r);
 }
 
 // Scores a given placement (cp_rank[i] in [0, cp) or kDistributed) and marks
@@ -152,8 +167,8 @@ inline DacpResult evaluate_placement(const std::vector<int64_t>& lengths, const 
 // (refine.hpp); `moves` counts its moves.
 //
 // Returns kUnschedulable (placement partial) when memory cannot hold it.
-inline Status dacp_into(const int64_t* lengths, size_t n, const CostModel& cost, int32_t cp, int64_t bucket,
-                        Placement placement, Rollback rollback, bool refine, Workspace& ws, int32_t* cp_rank,
+inline Status dacp_into(const int64_t* lengths, const double* seq_flops, size_t n, const CostModel& cost, int32_t cp,
+                        int64_t bucket, Placement placement, Rollback rollback, bool refine, Workspace& ws, int32_t* cp_rank,
                         int32_t& rollbacks, int32_t& moves) {
   std::fill(cp_rank, cp_rank + n, kDistributed);
   ws.room.assign(cp, bucket);
@@ -169,11 +184,11 @@ inline Status dacp_into(const int64_t* lengths, size_t n, const CostModel& cost,
     if (index.built) index.add(t, k);
     cp_rank[k] = t;
     room[t] -= lengths[k];
-    load[t] += cost.flops(lengths[k]);
+    load[t] += seq_flops[k];
   };
   auto distribute = [&](int32_t k) {
     const int64_t shard = shard_tokens(lengths[k], cp);
-    const double share = cost.flops(lengths[k]) / cp;
+    const double share = seq_flops[k] / cp;
     cp_rank[k] = kDistributed;
     for (int32_t j = 0; j < cp; ++j) {
       room[j] -= shard;
@@ -215,12 +230,12 @@ inline Status dacp_into(const int64_t* lengths, size_t n, const CostModel& cost,
       const int32_t pick = index.pick(t, min_other, rollback, lengths, cp_rank, cp);
       if (pick < 0) return Status::kUnschedulable;
       room[t] += lengths[pick];
-      load[t] -= cost.flops(lengths[pick]);
+      load[t] -= seq_flops[pick];
       distribute(pick);
       ++rollbacks;
     }
   }
-  if (refine) moves += refine_placement(lengths, n, cost, cp, bucket, order, ws, cp_rank);
+  if (refine) moves += refine_placement(lengths, seq_flops, n, cost, cp, bucket, order, ws, cp_rank);
   return Status::kOk;
 }
 
@@ -231,11 +246,13 @@ inline DacpResult dacp(const std::vector<int64_t>& lengths, const CostModel& cos
   validate_micro_batch(lengths, cost, cp, bucket);
   validate_placement_rule(placement, rollback);
   Workspace ws;
+  std::vector<double> seq_flops;
+  detail::sequence_flops(lengths.data(), lengths.size(), cost, seq_flops);
   DacpResult r;
   r.cp_rank.resize(lengths.size());
-  r.status = dacp_into(lengths.data(), lengths.size(), cost, cp, bucket, placement, rollback, refine, ws,
-                       r.cp_rank.data(), r.rollbacks, r.moves);
-  score_placement(lengths.data(), lengths.size(), cost, cp, r);
+  r.status = dacp_into(lengths.data(), seq_flops.data(), lengths.size(), cost, cp, bucket, placement, rollback, refine,
+                       ws, r.cp_rank.data(), r.rollbacks, r.moves);
+  score_placement(lengths.data(), seq_flops.data(), lengths.size(), cost, cp, r);
   return r;
 }
 

@@ -80,20 +80,17 @@ inline double sweep_bound(const CostModel& cost, int32_t cp, bool monotone, doub
 // infinity for the plain sweep); else returns false and leaves them alone.
 // An incumbent prunes more: dacp_for passes Algorithm 1's time, which the
 // sweep must beat to be used at all.
-inline bool dacp_sweep_into(const int64_t* lengths, size_t n, const CostModel& cost, int32_t cp, int64_t bucket,
-                            double incumbent, Workspace& ws, int32_t* placement, double& time) {
+inline bool dacp_sweep_into(const int64_t* lengths, const double* seq_flops, size_t n, const CostModel& cost,
+                            int32_t cp, int64_t bucket, double incumbent, Workspace& ws, int32_t* placement,
+                            double& time) {
   std::vector<int32_t>& order = ws.sweep_order;
   detail::descending_order(lengths, n, order);
   const bool monotone = cost.comm_is_monotone();
   const size_t last = std::min(n, kMaxSweepShards);
-  std::vector<double>& fl = ws.sweep_flops;
   std::vector<double>& rest = ws.sweep_rest;
-  fl.resize(n);
   rest.assign(n + 1, 0.0);
-  for (size_t p = n; p-- > 0;) {
-    fl[p] = cost.flops(lengths[order[p]]);
-    rest[p] = rest[p + 1] + fl[p];
-  }
+  auto fl = [&](size_t p) { return seq_flops[order[p]]; };  // by position in `order`
+  for (size_t p = n; p-- > 0;) rest[p] = rest[p + 1] + fl(p);
 
   // The candidates (every k whose sharded prefix fits) and their bounds.
   std::vector<int64_t>& prefix = ws.sweep_prefix;
@@ -107,7 +104,7 @@ inline bool dacp_sweep_into(const int64_t* lengths, size_t n, const CostModel& c
     if (k > 0) {
       const int64_t shard = shard_tokens(lengths[order[k - 1]], cp);
       if (prefix.back() + shard > bucket) break;
-      dist_flops += fl[k - 1] / cp;
+      dist_flops += fl(k - 1) / cp;
       volume += cost.kv_bytes(shard * cp);
       // With a non-decreasing comm table, the sharded prefix alone costs
       // comm(V) + comp(D) and only grows with k: once it reaches the
@@ -117,7 +114,7 @@ inline bool dacp_sweep_into(const int64_t* lengths, size_t n, const CostModel& c
     }
     const bool first_local = k < n && lengths[order[k]] <= bucket - prefix[k];
     bound.push_back(detail::sweep_bound(cost, cp, monotone, volume, dist_flops, rest[k], first_local,
-                                        k < n ? fl[k] : 0.0));
+                                        k < n ? fl(k) : 0.0));
     if (bound[k] < bound[first]) first = k;
   }
 
@@ -142,7 +139,7 @@ inline bool dacp_sweep_into(const int64_t* lengths, size_t n, const CostModel& c
       if (room[t] >= s) {
         cand[i] = t;
         room[t] -= s;
-        load[t] += fl[p];
+        load[t] += fl(p);
         continue;
       }
       const int64_t shard = shard_tokens(s, cp);
@@ -150,7 +147,7 @@ inline bool dacp_sweep_into(const int64_t* lengths, size_t n, const CostModel& c
       for (int32_t j = 0; j < cp; ++j) room[j] -= shard;
     }
     double bytes = 0.0;
-    const double t = score_into(lengths, cand.data(), n, cost, cp, ws.tokens, ws.flops, bytes);
+    const double t = score_into(lengths, seq_flops, cand.data(), n, cost, cp, ws.tokens, ws.flops, bytes);
     if (t < best || (found && t == best && k < best_k)) {
       best = t;
       best_k = k;
@@ -167,14 +164,15 @@ inline bool dacp_sweep_into(const int64_t* lengths, size_t n, const CostModel& c
 
 inline DacpResult dacp_sweep(const int64_t* lengths, size_t n, const CostModel& cost, int32_t cp, int64_t bucket) {
   Workspace ws;
+  detail::sequence_flops(lengths, n, cost, ws.seq_flops);
   DacpResult r;
   r.cp_rank.assign(n, kDistributed);
   double time = 0.0;
-  r.status = dacp_sweep_into(lengths, n, cost, cp, bucket, std::numeric_limits<double>::infinity(), ws,
-                             r.cp_rank.data(), time)
+  r.status = dacp_sweep_into(lengths, ws.seq_flops.data(), n, cost, cp, bucket,
+                             std::numeric_limits<double>::infinity(), ws, r.cp_rank.data(), time)
                  ? Status::kOk
                  : Status::kUnschedulable;
-  score_placement(lengths, n, cost, cp, r);
+  score_placement(lengths, ws.seq_flops.data(), n, cost, cp, r);
   return r;
 }
 
@@ -192,16 +190,17 @@ inline DacpResult dacp_sweep(const std::vector<int64_t>& lengths, const CostMode
 // it could gain at most that much. Writes the placement and returns
 // the status; `time` gets the predicted time. The one place GDS and the
 // single-micro-batch API choose a placement.
-inline Status dacp_for_into(const int64_t* lengths, size_t n, const CostModel& cost, const Options& opt,
-                            Workspace& ws, int32_t* placement, int32_t& rollbacks, int32_t& moves, double& time) {
-  const bool ok = dacp_into(lengths, n, cost, opt.cp, opt.bucket_size, opt.placement, opt.rollback, opt.refine, ws,
-                            placement, rollbacks, moves) == Status::kOk;
+inline Status dacp_for_into(const int64_t* lengths, const double* seq_flops, size_t n, const CostModel& cost,
+                            const Options& opt, Workspace& ws, int32_t* placement, int32_t& rollbacks, int32_t& moves,
+                            double& time) {
+  const bool ok = dacp_into(lengths, seq_flops, n, cost, opt.cp, opt.bucket_size, opt.placement, opt.rollback,
+                            opt.refine, ws, placement, rollbacks, moves) == Status::kOk;
   double comm_bytes = 0.0;
-  time = ok ? score_into(lengths, placement, n, cost, opt.cp, ws.tokens, ws.flops, comm_bytes) : 0.0;
+  time = ok ? score_into(lengths, seq_flops, placement, n, cost, opt.cp, ws.tokens, ws.flops, comm_bytes) : 0.0;
   if (opt.dacp_search == DacpSearch::kShardSweep && opt.cp > 1 &&
-      (!ok || time > (1.0 + opt.sweep_margin) * cost.micro_batch_lower_bound_us(lengths, n, opt.cp))) {
+      (!ok || time > (1.0 + opt.sweep_margin) * cost.micro_batch_lower_bound_us(lengths, n, opt.cp, seq_flops))) {
     const double incumbent = ok ? time : std::numeric_limits<double>::infinity();
-    if (dacp_sweep_into(lengths, n, cost, opt.cp, opt.bucket_size, incumbent, ws, placement, time)) {
+    if (dacp_sweep_into(lengths, seq_flops, n, cost, opt.cp, opt.bucket_size, incumbent, ws, placement, time)) {
       rollbacks = moves = 0;
       return Status::kOk;
     }
@@ -214,11 +213,13 @@ inline DacpResult dacp_for(const std::vector<int64_t>& lengths, const CostModel&
   validate_options(opt);
   validate_micro_batch(lengths, cost, opt.cp, opt.bucket_size);
   Workspace ws;
+  detail::sequence_flops(lengths.data(), lengths.size(), cost, ws.seq_flops);
   DacpResult r;
   r.cp_rank.resize(lengths.size());
   double time = 0.0;
-  r.status = dacp_for_into(lengths.data(), lengths.size(), cost, opt, ws, r.cp_rank.data(), r.rollbacks, r.moves, time);
-  score_placement(lengths.data(), lengths.size(), cost, opt.cp, r);
+  r.status = dacp_for_into(lengths.data(), ws.seq_flops.data(), lengths.size(), cost, opt, ws, r.cp_rank.data(),
+                           r.rollbacks, r.moves, time);
+  score_placement(lengths.data(), ws.seq_flops.data(), lengths.size(), cost, opt.cp, r);
   return r;
 }
 

@@ -56,10 +56,10 @@ inline void reverse_to_ascending(const std::vector<int64_t>& lengths, const std:
 // Longest-processing-time greedy by FLOPs: sequences by length descending
 // (FLOPs grow with length; ties by index) each go to the DP rank with the
 // least FLOPs so far (ties to the lower rank). Returns each rank's share,
-// in that order (descending).
+// in that order (descending). flops[k] = cost.flops(lengths[k]).
 inline std::vector<std::vector<int32_t>> split_over_dp(const std::vector<int64_t>& lengths,
-                                                       const std::vector<int32_t>& live, const CostModel& cost,
-                                                       int32_t dp) {
+                                                       const std::vector<double>& flops,
+                                                       const std::vector<int32_t>& live, int32_t dp) {
   std::vector<int32_t> order = live;
   std::vector<uint64_t> keys;
   detail::sort_by_length(lengths, order, /*descending=*/true, keys);
@@ -70,7 +70,7 @@ inline std::vector<std::vector<int32_t>> split_over_dp(const std::vector<int64_t
     for (int32_t k : order) {
       const int32_t t = detail::argmin(load);
       bins[t].push_back(k);
-      load[t] += cost.flops(lengths[k]);
+      load[t] += flops[k];
     }
     return bins;
   }
@@ -85,7 +85,7 @@ inline std::vector<std::vector<int32_t>> split_over_dp(const std::vector<int64_t
     auto [load, t] = heap.top();
     heap.pop();
     bins[t].push_back(k);
-    heap.emplace(load + cost.flops(lengths[k]), t);
+    heap.emplace(load + flops[k], t);
   }
   return bins;
 }
@@ -111,7 +111,8 @@ struct MicroBatchSplit {
 // so far plus the lower bounds of the groups left is checked against it,
 // and the split is abandoned (infeasible) once that passes it: most extra
 // micro-batch counts lose, and this stops them after a few groups.
-inline void split_strided(const std::vector<int64_t>& lengths, const std::vector<int32_t>& sorted, int32_t m,
+inline void split_strided(const std::vector<int64_t>& lengths, const std::vector<double>& flops,
+                          const std::vector<int32_t>& sorted, int32_t m,
                           const CostModel& cost, const Options& opt, Workspace& ws, MicroBatchSplit& out,
                           double give_up_above = std::numeric_limits<double>::infinity()) {
   out.feasible = false;
@@ -132,18 +133,27 @@ inline void split_strided(const std::vector<int64_t>& lengths, const std::vector
   left.assign(m + 1, 0.0);
   for (int32_t j = m; bounded && j-- > 0;) {
     ws.lengths.clear();
-    for (size_t i = j; i < n; i += m) ws.lengths.push_back(lengths[sorted[i]]);
-    left[j] = left[j + 1] + cost.micro_batch_lower_bound_us(ws.lengths.data(), ws.lengths.size(), opt.cp);
+    ws.seq_flops.clear();
+    for (size_t i = j; i < n; i += m) {
+      ws.lengths.push_back(lengths[sorted[i]]);
+      ws.seq_flops.push_back(flops[sorted[i]]);
+    }
+    left[j] = left[j + 1] +
+              cost.micro_batch_lower_bound_us(ws.lengths.data(), ws.lengths.size(), opt.cp, ws.seq_flops.data());
   }
   for (int32_t j = 0; j < m; ++j) {
     if (bounded && out.time_us + left[j] > give_up_above * (1.0 + detail::kSweepBoundSlack)) return;
     ws.lengths.clear();
-    for (size_t i = j; i < n; i += m) ws.lengths.push_back(lengths[sorted[i]]);
+    ws.seq_flops.clear();
+    for (size_t i = j; i < n; i += m) {
+      ws.lengths.push_back(lengths[sorted[i]]);
+      ws.seq_flops.push_back(flops[sorted[i]]);
+    }
     const size_t g = ws.lengths.size();
     ws.placement.resize(g);
     double time = 0.0;
-    if (dacp_for_into(ws.lengths.data(), g, cost, opt, ws, ws.placement.data(), out.rollbacks[j], out.moves[j],
-                      time) != Status::kOk)
+    if (dacp_for_into(ws.lengths.data(), ws.seq_flops.data(), g, cost, opt, ws, ws.placement.data(),
+                      out.rollbacks[j], out.moves[j], time) != Status::kOk)
       return;
     out.time_us += time;
     for (size_t i = j, q = 0; i < n; i += m, ++q) out.placement[i] = ws.placement[q];
@@ -172,8 +182,9 @@ constexpr int32_t kLinearCounts = 8;
 // batches); else it is a feasible count just above an infeasible one.
 // (Trying every count, one giant sequence among 50,000 tiny ones, feasible
 // only at m = n, took 50,000 splits: 1.4 s.)
-inline MicroBatchSplit split_micro_batches(const std::vector<int64_t>& lengths, const std::vector<int32_t>& share,
-                                           const CostModel& cost, const Options& opt, Workspace& ws) {
+inline MicroBatchSplit split_micro_batches(const std::vector<int64_t>& lengths, const std::vector<double>& flops,
+                                           const std::vector<int32_t>& share, const CostModel& cost,
+                                           const Options& opt, Workspace& ws) {
   MicroBatchSplit best, cand;
   if (share.empty()) {
     best.feasible = true;  // zero micro-batches
@@ -183,7 +194,7 @@ inline MicroBatchSplit split_micro_batches(const std::vector<int64_t>& lengths, 
   double total_flops = 0.0;
   for (int32_t k : share) {
     tokens += lengths[k];
-    total_flops += cost.flops(lengths[k]);
+    total_flops += flops[k];
   }
   const int64_t capacity = opt.bucket_size * opt.cp;
   const int32_t n = static_cast<int32_t>(share.size());
@@ -191,7 +202,7 @@ inline MicroBatchSplit split_micro_batches(const std::vector<int64_t>& lengths, 
   int32_t tries = 0;
   auto try_split = [&](int32_t m) {
     ++tries;
-    split_strided(lengths, share, m, cost, opt, ws, cand);
+    split_strided(lengths, flops, share, m, cost, opt, ws, cand);
     if (!cand.feasible) return false;
     std::swap(best, cand);
     return true;
@@ -216,12 +227,20 @@ inline MicroBatchSplit split_micro_batches(const std::vector<int64_t>& lengths, 
       const double bound = cost.shape.layers * (cost.a_us_per_flop * total_flops / opt.cp + m * cost.b_us);
       if (bound >= best.time_us) break;
       ++tries;
-      split_strided(lengths, share, m, cost, opt, ws, cand, best.time_us);
+      split_strided(lengths, flops, share, m, cost, opt, ws, cand, best.time_us);
       if (cand.feasible && cand.time_us < best.time_us) std::swap(best, cand);
     }
   }
   best.tries = tries;
   return best;
+}
+
+// The same, computing the FLOPs itself (tests and single calls).
+inline MicroBatchSplit split_micro_batches(const std::vector<int64_t>& lengths, const std::vector<int32_t>& share,
+                                           const CostModel& cost, const Options& opt, Workspace& ws) {
+  std::vector<double> flops;
+  detail::sequence_flops(lengths.data(), lengths.size(), cost, flops);
+  return split_micro_batches(lengths, flops, share, cost, opt, ws);
 }
 
 }  // namespace skrull

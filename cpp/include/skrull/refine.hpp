@@ -32,21 +32,21 @@ namespace skrull {
 constexpr int32_t kMaxRefineMoves = 256;
 
 // Refines cp_rank (a feasible placement of n sequences, caller's order) in
-// place. `order` lists the sequences ascending by length (ties by index).
+// place. `order` lists the sequences ascending by length (ties by index);
+// seq_flops[i] = cost.flops(lengths[i]).
 // Returns the number of moves made.
-inline int32_t refine_placement(const int64_t* lengths, size_t n, const CostModel& cost, int32_t cp, int64_t bucket,
-                                const std::vector<int32_t>& order, Workspace& ws, int32_t* cp_rank) {
+inline int32_t refine_placement(const int64_t* lengths, const double* seq_flops, size_t n, const CostModel& cost,
+                                int32_t cp, int64_t bucket, const std::vector<int32_t>& order, Workspace& ws,
+                                int32_t* cp_rank) {
   if (cp <= 1 || n == 0) return 0;
   std::vector<int64_t>& room = ws.room;
   std::vector<double>& local = ws.load;  // local FLOPs per rank
   room.assign(cp, bucket);
   local.assign(cp, 0.0);
-  std::vector<double>& fl = ws.refine_flops;  // each sequence's FLOPs, looked up once per move
-  fl.resize(n);
+  const double* fl = seq_flops;
   double dist = 0.0;
   double bytes = 0.0;
   for (size_t i = 0; i < n; ++i) {
-    fl[i] = cost.flops(lengths[i]);
     if (cp_rank[i] == kDistributed) {
       const int64_t shard = shard_tokens(lengths[i], cp);
       for (int32_t j = 0; j < cp; ++j) room[j] -= shard;

@@ -70,16 +70,19 @@ inline Schedule schedule(const std::vector<int64_t>& input, const CostModel& cos
     live.push_back(k);
   }
 
-  const auto shares = split_over_dp(out.lengths, live, cost, opt.dp);
+  std::vector<double> flops;  // per sequence, computed once for every step below
+  detail::sequence_flops(out.lengths.data(), out.lengths.size(), cost, flops);
+  const auto shares = split_over_dp(out.lengths, flops, live, opt.dp);
   Workspace ws;
   std::vector<int32_t> sorted;
   std::vector<int64_t> group_lengths;
+  std::vector<double> group_flops;
   out.dp_offsets.reserve(opt.dp + 1);
   out.dp_time_us.reserve(opt.dp);
   out.dp_offsets.push_back(0);
   for (int32_t i = 0; i < opt.dp; ++i) {
     detail::reverse_to_ascending(out.lengths, shares[i], sorted);
-    const MicroBatchSplit split = split_micro_batches(out.lengths, sorted, cost, opt, ws);
+    const MicroBatchSplit split = split_micro_batches(out.lengths, flops, sorted, cost, opt, ws);
     if (!split.feasible)  // unreachable for lengths <= limit; kept as a guard
       throw std::logic_error("no micro-batch split found for DP rank " + std::to_string(i));
     double rank_time = 0.0;
@@ -91,18 +94,20 @@ inline Schedule schedule(const std::vector<int64_t>& input, const CostModel& cos
       mb.seqs.reserve(size);
       mb.dacp.cp_rank.reserve(size);
       group_lengths.clear();
+      group_flops.clear();
       for (size_t p = j; p < sorted.size(); p += split.m) {
         const int32_t k = sorted[p];
         mb.seqs.push_back(k);
         mb.dacp.cp_rank.push_back(split.placement[p]);
         group_lengths.push_back(out.lengths[k]);
+        group_flops.push_back(flops[k]);
         out.dp_rank[k] = i;
         out.micro_batch[k] = j;
         out.cp_rank[k] = split.placement[p];
       }
       mb.dacp.rollbacks = split.rollbacks[j];
       mb.dacp.moves = split.moves[j];
-      score_placement(group_lengths.data(), group_lengths.size(), cost, opt.cp, mb.dacp);
+      score_placement(group_lengths.data(), group_flops.data(), group_lengths.size(), cost, opt.cp, mb.dacp);
       rank_time += mb.dacp.time_us;
       out.rollbacks += mb.dacp.rollbacks;
       out.moves += mb.dacp.moves;

@@ -17,13 +17,12 @@ struct Workspace {
   std::vector<int64_t> tokens;      // scoring: tokens per CP rank
   std::vector<double> flops;        // scoring: local FLOPs per CP rank
   std::vector<int64_t> lengths;     // lengths of the group being placed
+  std::vector<double> seq_flops;    // and their FLOPs
   std::vector<int32_t> placement;   // placement of the group being placed
   std::vector<double> group_bounds; // GDS: lower bounds of a split's groups
   RollbackIndex rollback_index;     // DACP roll-back candidates
-  std::vector<double> refine_flops; // refine.hpp: FLOPs of each sequence
   // The shard sweep (dacp_sweep.hpp), per position in its longest-first order:
   std::vector<int32_t> sweep_order;
-  std::vector<double> sweep_flops;        // FLOPs of the sequence
   std::vector<double> sweep_rest;         // FLOPs from there to the end
   std::vector<int64_t> sweep_prefix;      // tokens per rank of the shards before it
   std::vector<double> sweep_bound;        // bound of the candidate sharding those before it
