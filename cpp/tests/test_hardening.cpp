@@ -167,7 +167,9 @@ static void test_search_is_bounded() {
       std::sort(share.begin(), share.end(), [&](int32_t a, int32_t b) {
         return cs.lengths[a] != cs.lengths[b] ? cs.lengths[a] < cs.lengths[b] : a < b;
       });
-      const MicroBatchSplit split = split_micro_batches(cs.lengths, share, c, cs.o, ws);
+      std::vector<double> flops;
+      detail::sequence_flops(cs.lengths.data(), cs.lengths.size(), c, flops);
+      const MicroBatchSplit split = split_micro_batches(cs.lengths, flops, share, c, cs.o, ws);
       CHECK(split.feasible);
       const int32_t bound = kLinearCounts + 2 * ceil_log2(static_cast<int64_t>(share.size())) + 4;
       CHECK_MSG(split.tries <= bound, std::to_string(split.tries) + " tries > " + std::to_string(bound));

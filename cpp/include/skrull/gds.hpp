@@ -21,17 +21,15 @@ namespace skrull {
 
 namespace detail {
 
-// Sorts indices by length (ascending or descending), ties by index
-// ascending, through packed 64-bit keys (length < 2^37, index < 2^24): one
-// integer compare per step instead of two indirect loads.
-inline void sort_by_length(const std::vector<int64_t>& lengths, std::vector<int32_t>& idx, bool descending,
-                           std::vector<uint64_t>& keys) {
+// Sorts indices by length descending, ties by index ascending, through
+// packed 64-bit keys (length < 2^37, index < 2^24): one integer compare per
+// step instead of two indirect loads.
+inline void sort_descending_by_length(const std::vector<int64_t>& lengths, std::vector<int32_t>& idx,
+                                      std::vector<uint64_t>& keys) {
   static_assert(kMaxLength < (int64_t{1} << 37) && kMaxSequences <= (int64_t{1} << 24), "keys must fit 64 bits");
   keys.resize(idx.size());
-  for (size_t i = 0; i < idx.size(); ++i) {
-    const int64_t len = descending ? kMaxLength - lengths[idx[i]] : lengths[idx[i]];
-    keys[i] = (static_cast<uint64_t>(len) << 24) | static_cast<uint64_t>(idx[i]);
-  }
+  for (size_t i = 0; i < idx.size(); ++i)
+    keys[i] = (static_cast<uint64_t>(kMaxLength - lengths[idx[i]]) << 24) | static_cast<uint64_t>(idx[i]);
   std::sort(keys.begin(), keys.end());
   for (size_t i = 0; i < idx.size(); ++i) idx[i] = static_cast<int32_t>(keys[i] & 0xFFFFFFu);
 }
@@ -62,7 +60,7 @@ inline std::vector<std::vector<int32_t>> split_over_dp(const std::vector<int64_t
                                                        const std::vector<int32_t>& live, int32_t dp) {
   std::vector<int32_t> order = live;
   std::vector<uint64_t> keys;
-  detail::sort_by_length(lengths, order, /*descending=*/true, keys);
+  detail::sort_descending_by_length(lengths, order, keys);
   std::vector<std::vector<int32_t>> bins(dp);
   for (auto& bin : bins) bin.reserve(order.size() / dp + 1);
   if (dp <= 32) {  // a scan beats a heap for few ranks; both pick the same rank
@@ -233,14 +231,6 @@ inline MicroBatchSplit split_micro_batches(const std::vector<int64_t>& lengths, 
   }
   best.tries = tries;
   return best;
-}
-
-// The same, computing the FLOPs itself (tests and single calls).
-inline MicroBatchSplit split_micro_batches(const std::vector<int64_t>& lengths, const std::vector<int32_t>& share,
-                                           const CostModel& cost, const Options& opt, Workspace& ws) {
-  std::vector<double> flops;
-  detail::sequence_flops(lengths.data(), lengths.size(), cost, flops);
-  return split_micro_batches(lengths, flops, share, cost, opt, ws);
 }
 
 }  // namespace skrull
