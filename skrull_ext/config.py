@@ -35,8 +35,8 @@ POLICIES: dict[str, Policy] = {
         "time, CP-SAT fallback",
         DacpSearch.SHARD_SWEEP,
     ),
-    # The same without the shard sweep: Algorithm 1 + refinement only. About
-    # 3x less scheduler time, 1.8% slower iterations on average in the
+    # The same without the shard sweep: Algorithm 1 + refinement only. A third
+    # less scheduler time (docs/latency.md), 1.8% slower iterations on average in the
     # simulator (tools/ablate_skrull.py, docs/benchmarks.md).
     "skrull-fast": Policy(
         Placement.LEAST_LOAD, Rollback.LONGEST, MicroBatchCount.PREDICTED_TIME, True, True,
