@@ -23,33 +23,27 @@ namespace detail {
 // pointer, not branches: these run once or twice per placed sequence over a
 // handful of ranks, on comparisons a branch predictor cannot guess (twice
 // as fast as std::min_element here).
-template <typename T>
-int32_t argmin(const std::vector<T>& v) {
+template <typename T, typename Better>
+int32_t arg_first_best(const std::vector<T>& v, Better better) {
   const T* p = v.data();
   const int32_t n = static_cast<int32_t>(v.size());
   int32_t best = 0;
-  T low = p[0];
+  T top = p[0];
   for (int32_t j = 1; j < n; ++j) {
     const T x = p[j];
-    const bool less = x < low;
-    low = less ? x : low;
-    best = less ? j : best;
+    const bool b = better(x, top);
+    top = b ? x : top;
+    best = b ? j : best;
   }
   return best;
 }
 template <typename T>
+int32_t argmin(const std::vector<T>& v) {
+  return arg_first_best(v, [](T a, T b) { return a < b; });
+}
+template <typename T>
 int32_t argmax(const std::vector<T>& v) {
-  const T* p = v.data();
-  const int32_t n = static_cast<int32_t>(v.size());
-  int32_t best = 0;
-  T high = p[0];
-  for (int32_t j = 1; j < n; ++j) {
-    const T x = p[j];
-    const bool more = x > high;
-    high = more ? x : high;
-    best = more ? j : best;
-  }
-  return best;
+  return arg_first_best(v, [](T a, T b) { return a > b; });
 }
 
 // Ascending by length, ties by index: the processing order of Algorithm 1.
