@@ -37,6 +37,7 @@ from torch.profiler import record_function
 
 from skrull_ext.attention.exchange import KVExchange, start_all_gather, wait_all_gather
 from skrull_ext.attention.meta import DacpBatchMeta
+from skrull_ext.attention.replay import in_backward
 from skrull_ext.attention.stats import DacpStats
 from skrull_ext.attention.stream import SideStream, side_stream_for
 
@@ -76,6 +77,17 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: DacpBatchMet
             raise ValueError(
                 f"meta is for cp_rank {meta.cp_rank}/{meta.cp_size} but the group gives {rank}/{size}"
             )
+
+
+def _count(stats: DacpStats, meta: DacpBatchMeta) -> None:
+    if in_backward():  # activation checkpointing re-running this layer
+        stats.recomputes += 1
+        return
+    stats.calls += 1
+    stats.local_seqs += len(meta.local_lens)
+    stats.local_tokens += meta.num_local_tokens
+    stats.dist_seqs += len(meta.dist_lens)
+    stats.dist_tokens += meta.num_dist_tokens
 
 
 def dacp_attention(
@@ -157,9 +169,5 @@ def dacp_attention(
         out = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
 
     if stats is not None:
-        stats.calls += 1
-        stats.local_seqs += len(meta.local_lens)
-        stats.local_tokens += n_loc
-        stats.dist_seqs += len(meta.dist_lens)
-        stats.dist_tokens += meta.num_dist_tokens
+        _count(stats, meta)
     return out.unsqueeze(0) if batched else out

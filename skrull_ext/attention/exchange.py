@@ -65,6 +65,7 @@ class _StartAllGather(torch.autograd.Function):
         ex._work = _all_gather(out, send, group=ex.group, async_op=True)
         ex._send = send
         if ex.stats is not None:
+            ex.stats.all_gathers += 1
             ex.stats.fwd_bytes += (ex.world_size - 1) * send.numel() * send.element_size()
         ctx.ex, ctx.shape = ex, shard.shape
         # Flat, not a view: a view of a buffer the collective writes into would trip
@@ -104,6 +105,7 @@ class _WaitAllGather(torch.autograd.Function):
         ex._grad_work = _reduce_scatter(grad_out, grad_in, group=ex.group, async_op=True)
         ex._grad_in, ex._grad_out = grad_in, grad_out
         if ex.stats is not None:
+            ex.stats.reduce_scatters += 1
             ex.stats.bwd_bytes += (ex.world_size - 1) * grad_out.numel() * grad_out.element_size()
         # The start node ignores this and returns the reduce-scattered shard; passing
         # ``grad`` through only keeps the two nodes connected in the graph.
