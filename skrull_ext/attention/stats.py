@@ -40,7 +40,10 @@ class DacpStats:
     bwd_bytes: int = 0
     """dK/dV bytes received by this rank in the backward reduce-scatters."""
     all_gathers: int = 0
-    """K/V all-gathers issued (forward and recomputation together)."""
+    """K/V all-gathers issued (forward and recomputation together; with
+    DacpAttention under AC a recomputation replays instead)."""
+    replays: int = 0
+    """Recomputations that reused their forward's gathered K/V instead of gathering."""
     reduce_scatters: int = 0
     """dK/dV reduce-scatters issued in backward."""
     local_s: float = 0.0
