@@ -23,6 +23,7 @@ from skrull_ext.attention.meta import (
     zigzag_unshard,
 )
 from skrull_ext.attention.module import DacpAttention
+from skrull_ext.attention.replay import in_backward, KVReplay
 from skrull_ext.attention.stats import DacpStats
 from skrull_ext.attention.stream import side_stream_for, SideStream
 
@@ -32,9 +33,11 @@ __all__ = [
     "DacpBatchMeta",
     "DacpStats",
     "KVExchange",
+    "KVReplay",
     "SideStream",
     "build_meta",
     "dacp_attention",
+    "in_backward",
     "document_causal_mask",
     "padded_length",
     "shard_buffer",

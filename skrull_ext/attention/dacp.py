@@ -19,6 +19,11 @@ micro-batch"; layout in docs/design/buffer_layout.md).
 Backward mirrors it through autograd: the reduce-scatter of dK/dV is issued
 before the local part's backward and waited on after it (see exchange.py).
 
+Under activation checkpointing the layer runs again inside backward. Given a
+``replay`` (one per layer, DacpAttention holds it), that recomputation reuses
+the K/V its forward gathered instead of gathering again; the reduce-scatter
+of dK/dV still runs once, in the original graph's backward (see replay.py).
+
 Profiler traces show the parts as ``dacp/local``, ``dacp/kv_wait`` and
 ``dacp/distributed``.
 
@@ -37,6 +42,7 @@ from torch.profiler import record_function
 
 from skrull_ext.attention.exchange import KVExchange, start_all_gather, wait_all_gather
 from skrull_ext.attention.meta import DacpBatchMeta
+from skrull_ext.attention.replay import in_backward, KVReplay
 from skrull_ext.attention.stats import DacpStats
 from skrull_ext.attention.stream import SideStream, side_stream_for
 
@@ -78,6 +84,17 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: DacpBatchMet
             )
 
 
+def _count(stats: DacpStats, meta: DacpBatchMeta) -> None:
+    if in_backward():  # activation checkpointing re-running this layer
+        stats.recomputes += 1
+        return
+    stats.calls += 1
+    stats.local_seqs += len(meta.local_lens)
+    stats.local_tokens += meta.num_local_tokens
+    stats.dist_seqs += len(meta.dist_lens)
+    stats.dist_tokens += meta.num_dist_tokens
+
+
 def dacp_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -88,6 +105,7 @@ def dacp_attention(
     scale: float | None = None,
     stats: DacpStats | None = None,
     side_stream: SideStream | None = None,
+    replay: KVReplay | None = None,
 ) -> torch.Tensor:
     """Document-masked causal attention of one CP rank's DACP buffer.
 
@@ -99,6 +117,8 @@ def dacp_attention(
         scale: softmax scale, default 1/sqrt(D).
         stats: counters to add this call to.
         side_stream: where the local part runs; default the device's shared one.
+        replay: this layer's kept K/V: a forward records into it, an activation
+            checkpointing recomputation (inside backward) takes from it.
 
     Returns:
         Output in q's layout and buffer order. Every CP rank of the group must
@@ -117,7 +137,8 @@ def dacp_attention(
     # 1. Issue the exchange first so it runs under the local part.
     ex = None
     if has_dist and meta.cp_size > 1:
-        ex = KVExchange(group, stats)
+        recompute = replay is not None and in_backward()
+        ex = KVExchange(group, stats, replay=replay.take(meta) if recompute else None)
         kv = torch.stack([k[:, n_loc:], v[:, n_loc:]])  # [2, Hkv, Td, D]
         gathered = start_all_gather(kv, ex)  # flat [N * 2 * Hkv * Td * D], not valid yet
 
@@ -139,11 +160,10 @@ def dacp_attention(
         if ex is None:  # cp_size 1: nothing to exchange
             kd, vd = k[:, n_loc:], v[:, n_loc:]
         else:
-            n, (_, hkv, td, d) = meta.cp_size, kv.shape
             with record_function("dacp/kv_wait"):
-                g = wait_all_gather(gathered, ex).view(n, 2, hkv, td, d)
-            kd = g[:, 0].transpose(0, 1).reshape(hkv, n * td, d)
-            vd = g[:, 1].transpose(0, 1).reshape(hkv, n * td, d)
+                kd, vd = wait_all_gather(gathered, ex)
+            if replay is not None and not recompute and torch.is_grad_enabled():
+                ex.kept = replay.record(meta, kd, vd)
         with record_function("dacp/distributed"):
             out_dist = _masked_sdpa(qd, kd, vd, meta.dist_mask(q.device), scale)
 
@@ -157,9 +177,5 @@ def dacp_attention(
         out = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
 
     if stats is not None:
-        stats.calls += 1
-        stats.local_seqs += len(meta.local_lens)
-        stats.local_tokens += n_loc
-        stats.dist_seqs += len(meta.dist_lens)
-        stats.dist_tokens += meta.num_dist_tokens
+        _count(stats, meta)
     return out.unsqueeze(0) if batched else out

@@ -14,6 +14,13 @@ between them in both directions:
               ...local attention backward...
               start node waits for it and hands each rank its own shard's gradient
 
+The wait node returns K and V in attention layout ([Hkv, N*Td, D], rank-major
+tokens) and does the inverse layout in backward, so that the tensors the
+distributed attention saves are its outputs and can be kept for activation
+checkpointing (replay.py). An exchange built with ``replay=`` (the K/V a
+forward kept) is a recomputation: both nodes skip the collective and the
+wait node returns those K/V, while the graph keeps the same nodes.
+
 The backward of an all-gather is a reduce-scatter (SUM): rank r's K/V was
 used by every rank's queries, so its gradient is the sum of their
 contributions to its slice. The in-between ordering in backward comes from
@@ -29,6 +36,7 @@ import torch
 import torch.distributed as dist
 from torch.autograd.function import once_differentiable
 
+from skrull_ext.attention.replay import KeptKV
 from skrull_ext.attention.stats import DacpStats
 
 __all__ = ["KVExchange", "start_all_gather", "wait_all_gather"]
@@ -45,7 +53,12 @@ class KVExchange:
     read or write, which must stay alive until the matching wait.
     """
 
-    def __init__(self, group: dist.ProcessGroup | None, stats: DacpStats | None = None) -> None:
+    def __init__(
+        self,
+        group: dist.ProcessGroup | None,
+        stats: DacpStats | None = None,
+        replay: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> None:
         self.group = group
         self.world_size = dist.get_world_size(group)
         self.stats = stats
@@ -54,19 +67,30 @@ class KVExchange:
         self._grad_work = None
         self._grad_in: torch.Tensor | None = None
         self._grad_out: torch.Tensor | None = None
+        self.replay = replay
+        """K/V a forward kept for this recomputation: no collective is issued."""
+        self.kept: KeptKV | None = None
+        """This forward's K/V kept for a recomputation; closed by the wait node's backward."""
+        self.shard_shape: torch.Size | None = None
 
 
 class _StartAllGather(torch.autograd.Function):
     @staticmethod
     def forward(ctx, shard: torch.Tensor, ex: KVExchange) -> torch.Tensor:
+        ctx.ex, ctx.shape = ex, shard.shape
+        ex.shard_shape = shard.shape
+        if ex.replay is not None:  # a recomputation: the wait node hands back the kept K/V
+            if ex.stats is not None:
+                ex.stats.replays += 1
+            return shard.new_empty(0)
         # Flat buffers: the concatenation form is the one every backend accepts.
         send = shard.contiguous().view(-1)
         out = send.new_empty(ex.world_size * send.numel())
         ex._work = _all_gather(out, send, group=ex.group, async_op=True)
         ex._send = send
         if ex.stats is not None:
+            ex.stats.all_gathers += 1
             ex.stats.fwd_bytes += (ex.world_size - 1) * send.numel() * send.element_size()
-        ctx.ex, ctx.shape = ex, shard.shape
         # Flat, not a view: a view of a buffer the collective writes into would trip
         # autograd's view+in-place guard for custom Functions.
         return out
@@ -86,36 +110,51 @@ class _StartAllGather(torch.autograd.Function):
 
 class _WaitAllGather(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, gathered: torch.Tensor, ex: KVExchange) -> torch.Tensor:
+    def forward(ctx, gathered: torch.Tensor, ex: KVExchange) -> tuple[torch.Tensor, torch.Tensor]:
+        ctx.ex = ex
+        if ex.replay is not None:
+            k, v = ex.replay
+            ex.replay = None
+            return k, v
         t0 = time.perf_counter()
         ex._work.wait()
         if ex.stats is not None:
             ex.stats.fwd_wait_s += time.perf_counter() - t0
         ex._work = ex._send = None
-        ctx.ex = ex
-        return gathered
+        n, (_, hkv, td, d) = ex.world_size, ex.shard_shape
+        g = gathered.view(n, 2, hkv, td, d)
+        k = g[:, 0].transpose(0, 1).reshape(hkv, n * td, d)
+        v = g[:, 1].transpose(0, 1).reshape(hkv, n * td, d)
+        return k, v
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+    def backward(ctx, grad_k: torch.Tensor, grad_v: torch.Tensor) -> tuple[torch.Tensor, None]:
         ex: KVExchange = ctx.ex
-        grad_in = grad.contiguous()
+        if ex.kept is not None:  # past this layer: no recomputation will take it now
+            ex.kept.close()
+        n, (_, hkv, td, d) = ex.world_size, ex.shard_shape
+        # Back to the gathered layout [N, 2, Hkv, Td, D], rank-major.
+        grad = torch.stack([grad_k.reshape(hkv, n, td, d), grad_v.reshape(hkv, n, td, d)], dim=1)
+        grad_in = grad.permute(2, 1, 0, 3, 4).contiguous().view(-1)
         grad_out = grad_in.new_empty(grad_in.numel() // ex.world_size)
         ex._grad_work = _reduce_scatter(grad_out, grad_in, group=ex.group, async_op=True)
         ex._grad_in, ex._grad_out = grad_in, grad_out
         if ex.stats is not None:
+            ex.stats.reduce_scatters += 1
             ex.stats.bwd_bytes += (ex.world_size - 1) * grad_out.numel() * grad_out.element_size()
         # The start node ignores this and returns the reduce-scattered shard; passing
-        # ``grad`` through only keeps the two nodes connected in the graph.
-        return grad, None
+        # ``grad_in`` only keeps the two nodes connected in the graph.
+        return grad_in, None
 
 
 def start_all_gather(shard: torch.Tensor, ex: KVExchange) -> torch.Tensor:
-    """Issue the all-gather of ``shard`` over ``ex.group``; returns a flat tensor of
-    N * shard.numel() elements, rank-major, valid only after :func:`wait_all_gather`."""
+    """Issue the all-gather of ``shard`` ([2, Hkv, Td, D]: K and V) over ``ex.group``;
+    returns a flat buffer, valid only after :func:`wait_all_gather`."""
     return _StartAllGather.apply(shard, ex)
 
 
-def wait_all_gather(gathered: torch.Tensor, ex: KVExchange) -> torch.Tensor:
-    """Block until the all-gather lands; returns ``gathered``, now valid (rank-major)."""
+def wait_all_gather(gathered: torch.Tensor, ex: KVExchange) -> tuple[torch.Tensor, torch.Tensor]:
+    """Block until the all-gather lands; returns the whole group's K and V,
+    each [Hkv, N*Td, D] with tokens rank-major."""
     return _WaitAllGather.apply(gathered, ex)

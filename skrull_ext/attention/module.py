@@ -12,6 +12,10 @@ and passes the per-batch ``attention_masks`` to every layer. A Skrull run
 passes the micro-batch's :class:`DacpBatchMeta` there, so the meta reaches
 each layer the same way a BlockMask would, with no new plumbing.
 
+Each instance is one layer and keeps that layer's gathered K/V for
+activation checkpointing (replay.py), so a recomputation under torchtitan's
+full or selective AC does not gather again.
+
 Wiring it into a model (Config/build, the CP group from the device mesh,
 replacing torchtitan's CP wrapper) belongs to the torchtitan integration.
 """
@@ -22,6 +26,7 @@ from torch import nn
 
 from skrull_ext.attention.dacp import dacp_attention
 from skrull_ext.attention.meta import DacpBatchMeta
+from skrull_ext.attention.replay import KVReplay
 from skrull_ext.attention.stats import DacpStats
 
 __all__ = ["DacpAttention"]
@@ -34,6 +39,7 @@ class DacpAttention(nn.Module):
         super().__init__()
         self.group = group
         self.stats = stats if stats is not None else DacpStats()
+        self.replay = KVReplay()
 
     def forward(
         self,
@@ -58,5 +64,6 @@ class DacpAttention(nn.Module):
             self.group,
             scale=scale,
             stats=self.stats,
+            replay=self.replay,
         )
         return out_BNLH.transpose(1, 2)

@@ -27,15 +27,25 @@ __all__ = ["DacpStats"]
 @dataclass(slots=True)
 class DacpStats:
     calls: int = 0
+    """Attention calls of the forward pass (one per layer per micro-batch)."""
+    recomputes: int = 0
+    """Calls re-run inside backward by activation checkpointing."""
     local_seqs: int = 0
     local_tokens: int = 0
     dist_seqs: int = 0
     dist_tokens: int = 0
     """This rank's tokens of distributed sequences (its shards, padding included)."""
     fwd_bytes: int = 0
-    """K/V bytes received by this rank in the forward all-gathers."""
+    """K/V bytes received by this rank in the forward all-gathers (recomputation included)."""
     bwd_bytes: int = 0
     """dK/dV bytes received by this rank in the backward reduce-scatters."""
+    all_gathers: int = 0
+    """K/V all-gathers issued (forward and recomputation together; with
+    DacpAttention under AC a recomputation replays instead)."""
+    replays: int = 0
+    """Recomputations that reused their forward's gathered K/V instead of gathering."""
+    reduce_scatters: int = 0
+    """dK/dV reduce-scatters issued in backward."""
     local_s: float = 0.0
     fwd_wait_s: float = 0.0
     bwd_wait_s: float = 0.0

@@ -52,6 +52,9 @@ class SkrullRuns:
         # torchtitan's activation checkpointing around blocks that hold the DACP attention.
         "cp2_ac_full": (2, ["--parallelism.context_parallel_degree", "2", "activation-checkpoint:full"]),
         "cp2_ac_selective": (2, ["--parallelism.context_parallel_degree", "2", "activation-checkpoint:selective"]),
+        "dp2cp2_ac_full": (4, ["--parallelism.context_parallel_degree", "2",
+                               "--parallelism.data_parallel_shard_degree", "2", "--skrull.defer_grad_sync",
+                               "activation-checkpoint:full"]),
     }
 
     def __init__(self, workdir: str, seed: str):

@@ -9,6 +9,11 @@ loss is normalised by the global batch's loss tokens, so the 5 losses must
 agree to float reassociation (|diff| < 1e-4) and go down, and so must every
 parameter's gradient at the check step.
 
+Activation checkpointing (torchtitan's full and selective AC, CP=2; full AC
+with FSDP at DP=2 x CP=2) keeps that parity, and its recomputation reuses
+the forward's K/V exchange: rank 0's DACP counters show per step as many
+all-gathers and bytes as the same run without AC (replay.py).
+
 Schedule invariance (SKRULL.md, "Loss"): the 'skrull' and 'worstfit'
 policies schedule the check step's global batch differently (different plan
 digests, same samples), and give the same gradients.
@@ -63,14 +68,61 @@ def test_parity_skrull_dp2_cp2(skrull_runs, reference):
     _matches_reference(skrull_runs["dp2cp2"], reference)
 
 
+def _exchange_counts(run) -> dict[str, list[float]]:
+    """Rank 0's DACP counters per step, and what the plan says they must be:
+    one all-gather per layer per micro-batch that has distributed sequences."""
+    names = ("calls", "recomputes", "all_gathers", "replays", "reduce_scatters", "fwd_bytes", "bwd_bytes")
+    got = {n: run.scalars(f"skrull/dacp_{n}") for n in names}
+    mbs = run.scalars("skrull/rank_micro_batches")
+    plans = _plans(run)
+    got["expected_all_gathers"] = []
+    for k in range(STEPS):
+        p = plans[k + 1]
+        with_dist = {m for d, m, c in zip(p["plan_dp_rank"], p["plan_micro_batch"], p["plan_cp_rank"])
+                     if d == p["dp_rank"] and c == -1}
+        layers = got["calls"][k] / mbs[k]
+        got["expected_all_gathers"].append(layers * len(with_dist))
+    return got
+
+
+def _exchanged_once(run, plain, label: str) -> None:
+    """``run`` (under AC) exchanged exactly what ``plain`` (same job, no AC) did:
+    its recomputations replayed the forward's K/V instead of gathering again,
+    and every dK/dV reduce-scatter was still issued."""
+    plain, got = _exchange_counts(plain), _exchange_counts(run)
+    print(f"per step, rank 0, without AC: {plain}\n{label}: {got}")
+    for c in (plain, got):
+        assert c["all_gathers"] == c["expected_all_gathers"] == c["reduce_scatters"], c
+        assert c["fwd_bytes"] == c["bwd_bytes"], c
+        assert sum(c["all_gathers"]) > 0, c
+    assert plain["recomputes"] == plain["replays"] == [0] * STEPS
+    assert got["recomputes"] == got["calls"], "AC re-runs every layer's attention once"
+    assert got["replays"] == got["all_gathers"], "a recomputation gathered again"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("ac", ["full", "selective"])
 def test_parity_skrull_cp2_activation_checkpointing(skrull_runs, reference, ac):
-    """The recomputed forward re-runs the DACP attention (its exchange included)
-    inside backward; losses and gradients stay those of the reference."""
+    """The recomputed forward re-runs the DACP attention inside backward;
+    losses and gradients stay those of the reference. The recomputation
+    reuses the forward's gathered K/V instead of gathering again: per step
+    as many all-gathers and K/V bytes as without AC (one all-gather per layer
+    per micro-batch with distributed sequences)."""
     run = skrull_runs[f"cp2_ac_{ac}"]
     assert f"Applied {'FullAC' if ac == 'full' else 'SelectiveAC'} activation checkpointing" in run.output
     _matches_reference(run, reference)
+    _exchanged_once(run, skrull_runs["cp2"], f"{ac} AC")
+
+
+@pytest.mark.slow
+def test_parity_skrull_dp2_cp2_fsdp_activation_checkpointing(skrull_runs, reference):
+    """FSDP (its parameter all-gathers re-issued in the recomputation) with
+    full AC and the DACP exchange replayed: same losses and gradients, same
+    exchange counts as without AC."""
+    run = skrull_runs["dp2cp2_ac_full"]
+    assert "Applied FullAC activation checkpointing" in run.output
+    _matches_reference(run, reference)
+    _exchanged_once(run, skrull_runs["dp2cp2"], "FSDP + full AC")
 
 
 @pytest.mark.slow
