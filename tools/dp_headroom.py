@@ -27,6 +27,7 @@ import argparse
 import json
 import statistics
 import sys
+from pathlib import Path
 
 from skrull_ext.sim import bound, hardware, simulator
 from skrull_ext.sim.packing import Shape
@@ -55,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("results", help="results.json of a simulate run")
     ap.add_argument("--policy", default="skrull")
     args = ap.parse_args(argv)
-    data = json.load(open(args.results))
+    data = json.loads(Path(args.results).read_text())
     seed, iterations = data["meta"]["seed"], data["meta"]["iterations"]
     profile = hardware.load_profile()
     head = ["cell", "gap", "DP imb.", "DP headroom", "long-seq iters", "gap (long-seq / other)",
