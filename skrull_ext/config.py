@@ -36,8 +36,11 @@ POLICIES: dict[str, Policy] = {
         DacpSearch.SHARD_SWEEP,
     ),
     # The same without the shard sweep: Algorithm 1 + refinement only. A third
-    # less scheduler time (docs/latency.md), 1.8% slower iterations on average in the
-    # simulator (tools/ablate_skrull.py, docs/benchmarks.md).
+    # less core time (docs/latency.md); 1.2% slower iterations on average in
+    # the simulator, up to 4.8% (run A of docs/benchmarks.md; 1.8% in
+    # tools/ablate_skrull.py's 30 iterations). With the CP-SAT fallback on,
+    # CP-SAT runs on more of its micro-batches, so its total scheduling time
+    # there exceeds skrull's (docs/benchmarks.md, section 3).
     "skrull-fast": Policy(
         Placement.LEAST_LOAD, Rollback.LONGEST, MicroBatchCount.PREDICTED_TIME, True, True,
         "least-load DACP + refinement, longest-first roll-back, micro-batch count by predicted time, "

@@ -128,13 +128,13 @@ def summary_markdown(results: Sequence[ScenarioResult]) -> str:
 
 
 def paper_markdown(results: Sequence[ScenarioResult]) -> str:
-    """skrull-paper and skrull over each reference next to the paper's figures (its DeepSpeed
+    """skrull-paper, skrull-fast and skrull over each reference next to the paper's figures (its DeepSpeed
     baseline is compared with both our baseline and unpacked, since the paper does not say which)."""
     s = summary(results)["policies"]
     models = sorted({r.scenario.model for r in results})
     head = ["policy", "over", "average", "peak", *[f"{m} avg" for m in models], "paper (avg / peak / per model)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for p in ("skrull-paper", "skrull"):
+    for p in ("skrull-paper", "skrull-fast", "skrull"):
         for ref in REFERENCES:
             v = s.get(p, {}).get(f"vs_{ref}")
             if v is None:

@@ -18,7 +18,8 @@ iteration time. All times come from the core's cost model.
   consecutive global batches, shuffle their order; then each runs like
   baseline. It changes which samples share an optimizer step (Skrull does
   not), so it is compared on the average over the same samples.
-- worstfit, skrull-paper, skrull: the core's policies (skrull_ext.config).
+- worstfit, skrull-paper, skrull-fast, skrull: the core's policies
+  (skrull_ext.config); skrull-fast is skrull without the shard sweep.
 - chunkflow: fixed-size chunks (skrull_ext/sim/chunkflow.py).
 - bound: skrull_ext/sim/bound.py.
 - sorted+skrull (not run by default): sorted's regrouping, then skrull.
@@ -108,6 +109,7 @@ POLICIES: dict[str, SimPolicy] = {
         SimPolicy("worstfit", core_policy("worstfit"), "paper's Algorithm 4 (worst-fit DACP) + Algorithm 2"),
         SimPolicy("chunkflow", chunkflow_policy, "ChunkFlow-style fixed-size chunks, sharded, LPT over DP"),
         SimPolicy("skrull-paper", core_policy("skrull-paper"), "paper's Algorithms 1+2, roll-back corrected"),
+        SimPolicy("skrull-fast", core_policy("skrull-fast"), "skrull without the shard sweep (cheaper to schedule)"),
         SimPolicy("skrull", core_policy("skrull"), "this project's scheduler (skrull_ext.config 'skrull')"),
         SimPolicy("bound", bound_policy, "lower bound on the iteration time"),
         SimPolicy("sorted+skrull", core_policy("skrull"), "LongAlign regrouping, then skrull in each batch",
@@ -116,7 +118,7 @@ POLICIES: dict[str, SimPolicy] = {
 }
 
 DEFAULT = [name for name in POLICIES if name != "sorted+skrull"]
-"""What the benchmark runs unless told: the issue's seven plus unpacked."""
+"""What the benchmark runs unless told: the issue's seven plus unpacked and skrull-fast."""
 
 
 def get(name: str) -> SimPolicy:
