@@ -92,6 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from skrull_ext.bench import plots
 
         written += plots.write(results, args.out, hardware.label(profile))
+    print(f"hardware profile: {hardware.label(profile)}\n")  # measured file or the assumed H100
     print(report.summary_markdown(results))
     print()
     print(report.matrix_markdown(results))

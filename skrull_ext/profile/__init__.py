@@ -19,6 +19,8 @@ One concern per module:
     comm.py     all-gather / reduce-scatter latency, piecewise fit
     fit.py      the least-squares fits (plain Python)
     check.py    fill one rank to BucketSize and measure it
+    train_check.py  the same question asked of a real training run (torchrun)
+    train_report.py its per-rank verdict: measured peak vs the profile's budget
     writer.py   the profile TOML and the console report
     plot.py     PNG of points vs fits
     cli.py      the command line

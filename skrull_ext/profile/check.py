@@ -27,6 +27,11 @@ The profiler runs this at the end of every profile; to re-check a written
 profile in a fresh process (another document draw with ``--seed``):
 
     python -m skrull_ext.profile.check --config-file JOB.toml --profile P.toml
+
+``--train`` measures a real training run of the job instead (torchrun,
+the profile's cost model and BucketSize; see train_check.py):
+
+    python -m skrull_ext.profile.check --train --config-file JOB.toml --profile P.toml [job flags]
 """
 
 from __future__ import annotations
@@ -36,11 +41,12 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from skrull_ext.profile.memory import FIT_TARGET, OPTIMIZER_STATES, PEAK_METERS, measure_step
+from skrull_ext.profile.memory import (FIT_TARGET, OPTIMIZER_STATES, PEAK_METERS, local_bytes, measure_step,
+                                       optimizer_state_tensors)
 from skrull_ext.profile.model import DTYPES, JobModel
 from skrull_ext.profile.ranks import reduce_floats
 
-__all__ = ["BucketCheck", "check_bucket", "check_profile", "fill_bucket"]
+__all__ = ["BucketCheck", "ProfileMemory", "check_bucket", "check_profile", "fill_bucket"]
 
 
 def fill_bucket(jm: JobModel, tokens: int, seed: int = 0) -> list[int]:
@@ -103,12 +109,7 @@ def _optimizer_state_bytes(jm: JobModel) -> tuple[float, object]:
         opt.step()
         for p, s in zip(jm.model.parameters(), saved):
             p.copy_(s)  # keep the weights the profile measured
-    n = 0
-    for o in opt:
-        for state in o.state.values():
-            n += sum(t.numel() * t.element_size() for t in state.values()
-                     if isinstance(t, torch.Tensor) and t.dim() > 0)
-    return float(n), opt
+    return float(local_bytes(optimizer_state_tensors(opt))), opt
 
 
 def check_bucket(jm: JobModel, bucket_size: int, predict: Callable[[int], float], budget: float,
@@ -145,22 +146,52 @@ def check_bucket(jm: JobModel, bucket_size: int, predict: Callable[[int], float]
     )
 
 
+@dataclass(frozen=True)
+class ProfileMemory:
+    """A profile file's [memory] section: what it predicts for one rank."""
+
+    bucket_size: int
+    a: float
+    b: float
+    c: float
+    usable: float
+    static: float
+    """The static account (parameters, gradients, optimizer state, FSDP buffers)."""
+    margin: float
+
+    @classmethod
+    def of(cls, profile: dict) -> ProfileMemory:
+        m = profile.get("memory")
+        if m is None:
+            raise ValueError("profile: missing section [memory] (needed to check BucketSize)")
+        for key in ("bucket_size", "a_bytes_per_token", "b_bytes", "usable_bytes", "static_bytes"):
+            if key not in m:
+                raise ValueError(f"profile: missing field memory.{key} (needed to check BucketSize)")
+        return cls(int(m["bucket_size"]), m["a_bytes_per_token"], m["b_bytes"], m.get("c_bytes_per_token2", 0.0),
+                   m["usable_bytes"], m["static_bytes"], m.get("margin", 0.0))
+
+    def activation(self, tokens: int) -> float:
+        """The fit: activation bytes of a buffer of ``tokens``."""
+        return self.b + self.a * tokens + self.c * tokens * tokens
+
+    def budget(self, tokens: int) -> float:
+        """All a rank holding ``tokens`` may use: static account + activation fit
+        grown by the margin BucketSize was derived with (<= usable up to BucketSize)."""
+        return self.static + self.activation(tokens) / (1.0 - self.margin)
+
+
 def check_profile(jm: JobModel, profile: dict, seed: int = 0) -> BucketCheck:
     """The check for a profile file's [memory] section."""
-    m = profile["memory"]
-    for key in ("bucket_size", "a_bytes_per_token", "b_bytes", "usable_bytes", "static_bytes"):
-        if key not in m:
-            raise ValueError(f"profile: missing field memory.{key} (needed to check BucketSize)")
-    a, b, c = m["a_bytes_per_token"], m["b_bytes"], m.get("c_bytes_per_token2", 0.0)
+    pm = ProfileMemory.of(profile)
     states = max(OPTIMIZER_STATES[g.optimizer_name] for g in jm.config.optimizer.param_groups)
-    return check_bucket(jm, int(m["bucket_size"]), lambda n: b + a * n + c * n * n,
-                        m["usable_bytes"] - m["static_bytes"], states, seed)
+    return check_bucket(jm, pm.bucket_size, pm.activation, pm.usable - pm.static, states, seed)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """python -m skrull_ext.profile.check --config-file JOB.toml --profile P.toml
+    """python -m skrull_ext.profile.check --config-file JOB.toml --profile P.toml [--train]
 
-    Re-measures a written profile's BucketSize in a fresh process."""
+    Re-measures a written profile's BucketSize in a fresh process, or with
+    --train in a real training run (torchrun, one process per rank)."""
     import argparse
     import sys
     import tomllib
@@ -174,9 +205,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", required=True)
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--train", action="store_true",
+                   help="measure a training run of the job (flags not listed here go to the job)")
+    p.add_argument("--nproc", type=int, default=0,
+                   help="--train: processes (default: the profile's meta.job_world_size)")
     args, job_args = p.parse_known_args(sys.argv[1:] if argv is None else argv)
     with open(args.profile, "rb") as f:
         profile = tomllib.load(f)
+    if args.train:
+        return _train(args, job_args, profile)
     compat.apply()
     config = JobConfigManager().parse_args(["--config-file", args.config_file, *job_args])
     compat.apply(config)
@@ -191,6 +228,19 @@ def main(argv: list[str] | None = None) -> int:
           f"saved {mib(c.measured_saved)} vs predicted {mib(c.predicted_activation)}; "
           f"peak {mib(c.measured_peak)} vs budget {mib(c.activation_budget)} -> {'OK' if c.ok else 'FAILED'}")
     return 0 if c.ok else 1
+
+
+def _train(args, job_args: list[str], profile: dict) -> int:
+    """torchrun the training-run check (train_check.py) and return its exit status."""
+    import subprocess
+    import sys
+
+    nproc = args.nproc or int(profile.get("meta", {}).get("job_world_size", 1))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+           "-m", "skrull_ext.profile.train_check", "--profile", args.profile,
+           "--config-file", args.config_file, *job_args]
+    print("+ " + " ".join(cmd), flush=True)
+    return subprocess.call(cmd)
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ import ctypes
 import gc
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,7 +47,8 @@ from skrull_ext.profile.model import DTYPES, JobModel, fsdp_degree
 from skrull_ext.profile.options import ProfileOptions
 from skrull_ext.profile.ranks import reduce_floats, sync
 
-__all__ = ["MemoryPoint", "MemoryResult", "StaticMemory", "measure_step", "profile_memory", "static_memory"]
+__all__ = ["MemoryPoint", "MemoryResult", "StaticMemory", "local_bytes", "measure_step", "optimizer_state_tensors",
+           "profile_memory", "static_memory"]
 
 OPTIMIZER_STATES: dict[str, int] = {"AdamW": 2, "Adam": 2, "Lion": 1, "SGD": 1}
 """Tensors of parameter size an optimizer keeps per parameter (SGD: momentum)."""
@@ -99,6 +100,11 @@ class CpuPeak:
             CpuPeak._configured = True
         self._base = 0
 
+    @property
+    def base(self) -> float:
+        """Resident bytes at the last ``start()`` (the level peaks are measured from)."""
+        return float(self._base)
+
     @staticmethod
     def _status(key: str) -> int:
         with open("/proc/self/status") as f:
@@ -127,6 +133,11 @@ class CudaPeak:
         self.device = device
         self._base = 0
 
+    @property
+    def base(self) -> float:
+        """Allocated bytes at the last ``start()`` (the level peaks are measured from)."""
+        return float(self._base)
+
     def start(self) -> None:
         gc.collect()
         torch.cuda.synchronize(self.device)
@@ -141,6 +152,24 @@ class CudaPeak:
 PEAK_METERS: dict[str, Callable[[torch.device], Any]] = {"cpu": lambda d: CpuPeak(), "cuda": CudaPeak}
 FIT_TARGET: dict[str, str] = {"cpu": "saved", "cuda": "peak"}
 """Which measurement the memory model is fitted to, per device type (see module docstring)."""
+
+
+def local_bytes(tensors: Iterable[Any]) -> int:
+    """Bytes this rank holds for ``tensors`` (non-tensors and scalars, such as
+    AdamW's step count, skipped): a DTensor (FSDP) counts its local shard only."""
+    n = 0
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and t.dim() > 0:
+            t = t.to_local() if hasattr(t, "to_local") else t
+            n += t.numel() * t.element_size()
+    return n
+
+
+def optimizer_state_tensors(optimizers: Iterable[torch.optim.Optimizer]) -> Iterator[Any]:
+    """Every value of every parameter's state in torchtitan's optimizer container."""
+    for o in optimizers:
+        for state in o.state.values():
+            yield from state.values()
 
 
 @dataclass(frozen=True)

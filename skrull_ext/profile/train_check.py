@@ -1,0 +1,155 @@
+# Copyright (c) skrull-ext contributors.
+# All rights reserved.
+#
+# This source code is licensed under the BSD-style license found in the
+# LICENSE file in the root directory of this source tree.
+
+"""Is BucketSize honoured by a real training run? Measure every rank's peak.
+
+check.py fills one buffer inside the profiler's own process. This runs the
+job itself (SkrullTrainer under torchrun: FSDP, DACP attention over the CP
+group, the job's optimizer and data) with ``[skrull] cost_model`` = the
+profile and ``bucket_size = 0`` (the profile's BucketSize), and wraps each
+training step in the profiler's meter (``memory.PEAK_METERS``: on CPU the
+VmHWM reset through /proc/self/clear_refs, on CUDA the allocator peak).
+Per step and rank:
+
+    measured  = this rank's static tensors (local shards of parameters,
+                gradients and optimizer state) + peak above the step's start
+    predicted = the profile's static account + A(n) / (1 - margin)
+
+n is the most tokens the rank held in one micro-batch of the step (its
+buffer: zigzag padding of distributed sequences included) and A the
+profile's activation fit. BucketSize was derived so that predicted <= usable
+for n <= BucketSize; measured <= predicted at every step is the claim that
+the BucketSize is honoured, measured instead of assumed. Whether the plans
+came near BucketSize depends on the data: the report prints the tokens next
+to BucketSize, so a run of short sequences cannot pass for a full one.
+
+    torchrun --nproc_per_node 2 -m skrull_ext.profile.train_check \\
+        --profile profiles/cpu-debug-gloo2.toml --config-file JOB.toml [job flags]
+    python -m skrull_ext.profile.check --train --profile P.toml --config-file JOB.toml [job flags]
+
+Every rank exits 1 when any rank's measurement exceeds its prediction.
+The steps are the job's own, so the run trains (and saves, if the job does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tomllib
+from dataclasses import asdict
+
+import torch.distributed as dist
+
+from skrull_ext import compat
+from skrull_ext.profile.check import ProfileMemory
+from skrull_ext.profile.memory import PEAK_METERS, local_bytes, optimizer_state_tensors
+from skrull_ext.profile.train_report import StepMemory, format_report, report
+
+# skrull_ext.trainer binds torchtitan's device module at import; on CPU the
+# process-wide fixes must swap it first (skrull_ext.train imports it late).
+compat.apply()
+from skrull_ext.trainer import SkrullTrainer  # noqa: E402
+
+__all__ = ["MeteredTrainer", "main"]
+
+
+class _Tap:
+    """Iterator that remembers the last item it handed out (the step's plan and buffers)."""
+
+    def __init__(self, it):
+        self.it, self.last = it, None
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        self.last = next(self.it)
+        return self.last
+
+
+class MeteredTrainer(SkrullTrainer):
+    """SkrullTrainer with each step between ``meter.start()`` and ``meter.peak()``.
+
+    Nothing in the step changes; the meter's start collects garbage and, on
+    CPU, returns freed heap to the OS (glibc's mmap/trim thresholds are fixed
+    at 64 KiB, as in the profiler) so that resident memory follows live tensors.
+    """
+
+    def __init__(self, config):
+        if not config.skrull.enable:
+            raise ValueError("the memory check measures Skrull's plans: skrull.enable must be true")
+        super().__init__(config)
+        self.meter = PEAK_METERS[self.device.type](self.device)
+        self.records: list[StepMemory] = []
+
+    def train_step(self, data_iterator) -> None:
+        tap = _Tap(data_iterator)
+        self.meter.start()
+        super().train_step(tap)
+        peak = self.meter.peak()
+        step, cp_rank = tap.last, self.dataloader.cp_rank
+        plan_tokens = max(mb.rank_tokens[cp_rank] for mb in step.plan.ranks[step.dp_rank]) \
+            if step.plan.ranks[step.dp_rank] else 0
+        self.records.append(StepMemory(
+            rank=dist.get_rank() if dist.is_initialized() else 0, step=self.step,
+            micro_batches=len(step.micro_batches), plan_tokens=int(plan_tokens),
+            buffer_tokens=max(mb.num_tokens for mb in step.micro_batches),
+            start=self.meter.base, peak=peak, static=float(self.static_bytes()),
+        ))
+
+    def static_bytes(self) -> int:
+        params = [p for m in self.model_parts for p in m.parameters()]
+        return local_bytes(params) + local_bytes(p.grad for p in params) \
+            + local_bytes(optimizer_state_tensors(self.optimizers))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """torchrun -m skrull_ext.profile.train_check --profile P.toml --config-file JOB.toml [job flags]"""
+    from torchtitan.tools.logging import init_logger
+
+    from skrull_ext.job_file import JobConfigManager
+
+    p = argparse.ArgumentParser(prog="python -m skrull_ext.profile.train_check", description=__doc__.split("\n")[0])
+    p.add_argument("--profile", required=True, help="profile TOML: its cost model and BucketSize plan the run")
+    p.add_argument("--out", help="JSON of every step and the verdicts (default <dump_folder>/memory_check.json)")
+    args, job_args = p.parse_known_args(sys.argv[1:] if argv is None else argv)
+    with open(args.profile, "rb") as f:
+        pm = ProfileMemory.of(tomllib.load(f))
+    init_logger()
+    config = JobConfigManager().parse_args(
+        [*job_args, "--skrull.cost_model", args.profile, "--skrull.bucket_size", "0"])
+    compat.apply(config)
+    trainer = MeteredTrainer(config)
+    try:
+        trainer.train()
+        records = trainer.records
+        if dist.is_initialized():
+            # plain dicts: under ``-m`` the class lives in __main__, which pickles badly
+            gathered: list[list[dict]] = [[] for _ in range(dist.get_world_size())]
+            dist.all_gather_object(gathered, [asdict(r) for r in records])
+            records = [StepMemory(**r) for rs in gathered for r in rs]
+    finally:
+        trainer.close()
+    verdicts = report(records, pm)
+    ok = all(v.ok for v in verdicts)
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        print(format_report(verdicts, records, pm), flush=True)
+        out = args.out or os.path.join(config.dump_folder, "memory_check.json")
+        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+        with open(out, "w") as f:
+            json.dump({"profile": args.profile, "bucket_size": pm.bucket_size, "ok": ok,
+                       "steps": [{**asdict(r), "measured": r.measured, "predicted": pm.budget(r.buffer_tokens)}
+                                 for r in records],
+                       "ranks": [asdict(v) for v in verdicts]}, f, indent=1)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

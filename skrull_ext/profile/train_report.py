@@ -1,0 +1,99 @@
+# Copyright (c) skrull-ext contributors.
+# All rights reserved.
+#
+# This source code is licensed under the BSD-style license found in the
+# LICENSE file in the root directory of this source tree.
+
+"""What a metered training run measured, against what the profile predicts.
+
+Plain data and arithmetic, apart from the trainer (train_check.py), so the
+verdict can be tested without a process group:
+
+    measured  = static tensors of the rank + peak above the step's start
+    predicted = ProfileMemory.budget(tokens of the rank's largest buffer)
+
+A rank passes when every one of its steps is within the budget for the
+tokens that step held.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from skrull_ext.profile.check import ProfileMemory
+
+__all__ = ["RankVerdict", "StepMemory", "format_report", "report"]
+
+
+@dataclass(frozen=True)
+class StepMemory:
+    """One step of one rank."""
+
+    rank: int
+    step: int
+    micro_batches: int
+    plan_tokens: int
+    """Most tokens the plan gave this rank in one micro-batch (<= BucketSize)."""
+    buffer_tokens: int
+    """Length of this rank's largest micro-batch buffer (plan tokens + zigzag padding)."""
+    start: float
+    """Resident (CPU) or allocated (CUDA) bytes when the step began."""
+    peak: float
+    """Peak bytes above ``start`` during the step (all micro-batches, clipping, optimizer)."""
+    static: float
+    """Local parameter, gradient and optimizer-state bytes after the step."""
+
+    @property
+    def measured(self) -> float:
+        return self.static + self.peak
+
+
+@dataclass(frozen=True)
+class RankVerdict:
+    """One rank over the whole run."""
+
+    rank: int
+    plan_tokens: int
+    buffer_tokens: int
+    """Most tokens the rank held in one micro-batch (its longest buffer)."""
+    bucket_size: int
+    measured: float
+    """Highest measurement of any step."""
+    predicted: float
+    """The profile's budget for ``buffer_tokens`` (the highest of any step)."""
+    usable: float
+    ok: bool
+    """Every step within the budget for its own tokens."""
+
+
+def report(records: list[StepMemory], pm: ProfileMemory) -> list[RankVerdict]:
+    """Per rank: most tokens held, highest measurement, and whether every step
+    stayed within the profile's budget for the tokens it held."""
+    out = []
+    for rank in sorted({r.rank for r in records}):
+        mine = [r for r in records if r.rank == rank]
+        most = max(r.buffer_tokens for r in mine)
+        out.append(RankVerdict(
+            rank=rank, plan_tokens=max(r.plan_tokens for r in mine), buffer_tokens=most,
+            bucket_size=pm.bucket_size, measured=max(r.measured for r in mine), predicted=pm.budget(most),
+            usable=pm.usable, ok=all(r.measured <= pm.budget(r.buffer_tokens) for r in mine),
+        ))
+    return out
+
+
+def format_report(verdicts: list[RankVerdict], records: list[StepMemory], pm: ProfileMemory) -> str:
+    mib = lambda v: f"{v / 2**20:.1f}"  # noqa: E731
+    lines = ["step rank  mbs  plan tok  buffer tok  static MiB  peak+ MiB  measured MiB  predicted MiB",
+             *(f"{r.step:4d} {r.rank:4d} {r.micro_batches:4d} {r.plan_tokens:9d} {r.buffer_tokens:11d} "
+               f"{mib(r.static):>11} {mib(r.peak):>10} {mib(r.measured):>13} {mib(pm.budget(r.buffer_tokens)):>14}"
+               for r in sorted(records, key=lambda r: (r.step, r.rank))),
+             "",
+             "rank  max plan tok  max buffer tok  BucketSize  measured peak MiB  predicted MiB  usable MiB"]
+    for v in verdicts:
+        lines.append(f"{v.rank:4d} {v.plan_tokens:13d} {v.buffer_tokens:15d} {v.bucket_size:11d} "
+                     f"{mib(v.measured):>18} {mib(v.predicted):>14} {mib(v.usable):>11}  "
+                     f"{'OK' if v.ok else 'OVER'}")
+    ok = all(v.ok for v in verdicts)
+    lines.append(f"BucketSize {pm.bucket_size} in training: {'OK' if ok else 'FAILED'} "
+                 "(measured = static tensors + step peak; predicted = static account + activation fit / (1 - margin))")
+    return "\n".join(lines)

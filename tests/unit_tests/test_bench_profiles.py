@@ -1,0 +1,52 @@
+"""The simulator and the latency benchmark run from the measured CPU profile
+(profiles/cpu-debug-gloo2.toml, written by python -m skrull_ext.profile) and
+from the built-in assumed H100, and their console output says which one
+(issue 6). Tiny settings: a couple of batches each."""
+
+import json
+import os
+
+import pytest
+
+from skrull_ext.bench import latency, simulate
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+MEASURED = os.path.join(REPO, "profiles", "cpu-debug-gloo2.toml")
+
+
+@pytest.mark.parametrize("given, label, bucket", [
+    (["--profile", MEASURED], "measured: cpu-debug-gloo2.toml", 3268),  # the profile's [memory] bucket_size
+    ([], "assumed: h100_assumed.toml", 26 * 1024),  # the paper's default BucketSize
+])
+def test_simulate_names_its_profile(tmp_path, capsys, given, label, bucket):
+    out = tmp_path / "sim"
+    rc = simulate.main(["--datasets", "wikipedia", "--models", "llama3-debug", "--dp", "1", "--cp", "2",
+                        "--batch-size", "8", "--iterations", "2", "--policies", "skrull", *given,
+                        "--out", str(out), "--no-plots", "--quiet"])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert f"hardware profile: {label}" in printed, printed
+    data = json.loads((out / "results.json").read_text())
+    assert data["meta"]["profile"] == label
+    assert {c["shape"] for c in data["cells"]} == {f"1x2x8, C={bucket}"}
+
+
+def test_simulate_refuses_a_measured_profile_for_another_model(tmp_path, capsys):
+    with pytest.raises(SystemExit):  # usage error: the file's [model] is the debug model's shape
+        simulate.main(["--datasets", "wikipedia", "--models", "qwen2.5-0.5b", "--iterations", "1",
+                       "--profile", MEASURED, "--out", str(tmp_path), "--no-plots", "--quiet"])
+    assert "is not the shape of 'qwen2.5-0.5b'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("given, label", [
+    (["--profile", MEASURED], f"cost model: measured profile {MEASURED}"),
+    ([], "cost model: preset qwen2.5-0.5b on h100-assumed (assumed, not measured)"),
+])
+def test_latency_names_its_cost_model(tmp_path, capsys, given, label):
+    out = tmp_path / "latency.json"
+    rc = latency.main(["--settings", "paper", "--policies", "skrull", "--reps", "2", "--python-reps", "1",
+                       "--facade-reps", "1", "--cpsat-batches", "0", *given, "--json", str(out)])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert label in printed, printed
+    assert json.loads(out.read_text())["args"]["profile"] == (MEASURED if given else None)

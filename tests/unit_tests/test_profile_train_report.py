@@ -1,0 +1,45 @@
+"""The training-run memory verdict (profile/train_report.py) and the profile's
+[memory] reader it rests on, without a process group: the budget formula,
+a step over its own budget fails its rank, a missing field is named."""
+
+import pytest
+
+from skrull_ext.profile.check import ProfileMemory
+from skrull_ext.profile.train_report import StepMemory, format_report, report
+
+MIB = 2**20
+PROFILE = {"memory": {"bucket_size": 1000, "a_bytes_per_token": 1000.0, "b_bytes": 0.0, "c_bytes_per_token2": 1.0,
+                      "usable_bytes": 6.0 * MIB, "static_bytes": 1.0 * MIB, "margin": 0.5}}
+
+
+def _step(rank, step, tokens, peak, static=0.5 * MIB):
+    return StepMemory(rank=rank, step=step, micro_batches=1, plan_tokens=tokens, buffer_tokens=tokens,
+                      start=0.0, peak=peak, static=static)
+
+
+def test_budget_is_static_plus_fit_over_margin():
+    pm = ProfileMemory.of(PROFILE)
+    assert pm.activation(1000) == 1000 * 1000 + 1000**2
+    assert pm.budget(1000) == 1.0 * MIB + 2e6 / 0.5
+    assert pm.budget(pm.bucket_size) <= pm.usable
+
+
+def test_each_step_is_judged_by_its_own_tokens():
+    pm = ProfileMemory.of(PROFILE)
+    # rank 1's small step is over the budget for 100 tokens, though under the one for 1000
+    records = [_step(0, 1, 1000, 4.0e6), _step(0, 2, 100, 0.1e6),
+               _step(1, 1, 1000, 3.0e6), _step(1, 2, 100, 1.5e6)]
+    v0, v1 = report(records, pm)
+    assert v0.ok and not v1.ok
+    assert (v0.buffer_tokens, v0.bucket_size) == (1000, 1000)
+    assert v0.measured == 0.5 * MIB + 4.0e6 and v0.predicted == pm.budget(1000)
+    text = format_report([v0, v1], records, pm)
+    assert "OVER" in text and "BucketSize 1000 in training: FAILED" in text
+
+
+def test_missing_memory_field_is_named():
+    bad = {"memory": {k: v for k, v in PROFILE["memory"].items() if k != "static_bytes"}}
+    with pytest.raises(ValueError, match="missing field memory.static_bytes"):
+        ProfileMemory.of(bad)
+    with pytest.raises(ValueError, match=r"missing section \[memory\]"):
+        ProfileMemory.of({})
