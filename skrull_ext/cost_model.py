@@ -10,7 +10,9 @@ file written by the offline profiler. A profile file is TOML::
     [comm]      bytes = [...], us = [...]  (optional: threshold_bytes, floor_us,
                 collectives_per_layer)
     [memory]    optional: bucket_size, a_bytes_per_token, b_bytes,
-                c_bytes_per_token2 (a quadratic term: dense-mask attention)
+                c_bytes_per_token2 (a quadratic term: dense-mask attention),
+                cp and kv_bytes_per_token (the CP degree BucketSize was
+                derived for, and the gathered K/V a sharded token keeps)
     [meta]      optional: source ("assumed" | "measured"), device, date, ...
 
 Fit-quality keys (r2, max_rel_error, points, held_out_max_rel_error) are
@@ -98,7 +100,7 @@ _SCHEMA: dict[str, tuple[set[str], set[str]]] = {
     "comm": ({"bytes", "us"}, {"threshold_bytes", "floor_us", "collectives_per_layer", "collective", "backend", "world_size",
                                "r2", "max_rel_error", "points"}),
     "memory": (set(), {"bucket_size", "a_bytes_per_token", "b_bytes", "c_bytes_per_token2", "usable_bytes",
-                       "static_bytes", "margin", "r2", "max_rel_error", "points"}),
+                       "static_bytes", "margin", "r2", "max_rel_error", "points", "cp", "kv_bytes_per_token"}),
     "meta": (set(), None),  # free-form provenance
 }
 _REQUIRED_SECTIONS = ("model", "compute", "comm")
@@ -180,9 +182,23 @@ def resolve(spec: str, model: str = "qwen2.5-0.5b") -> CostModel:
 
 
 def bucket_size(usable_bytes: float, static_bytes: float, a_bytes_per_token: float, b_bytes: float = 0.0,
-                margin: float = 0.05, c_bytes_per_token2: float = 0.0) -> int:
+                margin: float = 0.05, c_bytes_per_token2: float = 0.0, cp: int = 1,
+                kv_bytes_per_token: float = 0.0) -> int:
     """BucketSize C: tokens one rank holds, the largest C with
-    a*C + c*C^2 <= (usable - static - b) * (1 - margin)."""
+    a'*C + c'*C^2 <= (usable - static - b) * (1 - margin).
+
+    a and c are measured on whole sequences. With cp > 1 a rank may hold C
+    tokens that are all shards of distributed sequences (DACP), and that
+    costs more than C whole tokens: it keeps the K/V gathered from the other
+    cp - 1 ranks (kv_bytes_per_token each: K and V of every layer), and its
+    attention spans cp times as many keys as queries (the dense CPU mask's
+    quadratic term, measured at 0.3 GiB for 3268 tokens at cp 2). So
+    a' = a + (cp - 1) * kv_bytes_per_token and c' = c * cp, the worst case,
+    which a rank of whole sequences only undershoots."""
+    if not isinstance(cp, int) or cp < 1:
+        raise ValueError(f"cp must be an integer >= 1, got {cp!r}")
+    if kv_bytes_per_token < 0 or not math.isfinite(kv_bytes_per_token):
+        raise ValueError(f"kv_bytes_per_token must be finite and >= 0, got {kv_bytes_per_token}")
     if a_bytes_per_token <= 0 or not math.isfinite(a_bytes_per_token):
         raise ValueError(f"a_bytes_per_token must be finite and > 0, got {a_bytes_per_token}")
     if c_bytes_per_token2 < 0 or not math.isfinite(c_bytes_per_token2):
@@ -195,6 +211,7 @@ def bucket_size(usable_bytes: float, static_bytes: float, a_bytes_per_token: flo
             f"no room for activations: usable {usable_bytes:.3e} B - static {static_bytes:.3e} B - "
             f"fixed {b_bytes:.3e} B leaves less than one token ({a_bytes_per_token:.3e} B)"
         )
-    a, c = a_bytes_per_token, c_bytes_per_token2
+    a = a_bytes_per_token + (cp - 1) * kv_bytes_per_token
+    c = c_bytes_per_token2 * cp
     tokens = free / a if c == 0 else 2.0 * free / (a + math.sqrt(a * a + 4.0 * c * free))
     return min(int(tokens), _core.MAX_BUCKET_SIZE)

@@ -85,6 +85,21 @@ class SkrullSection:
             raise ValueError(f"skrull.bucket_size = 0: the profile {self.cost_model!r} has no [memory] bucket_size")
         return value
 
+    def profile_cp_warning(self, cp: int) -> str | None:
+        """A warning when this job's CP degree is not the one its profile's
+        BucketSize was derived for (a shard costs more memory than a whole
+        token: cost_model.bucket_size), else None."""
+        if self.cost_model in cost_models.MODEL_PRESETS:
+            return None
+        from skrull_ext.sim.hardware import load_profile
+
+        profiled = int(load_profile(self.cost_model).get("memory", {}).get("cp", 1))
+        if profiled == cp:
+            return None
+        return (f"skrull: the profile {self.cost_model!r} derived its BucketSize for cp {profiled}; this job runs "
+                f"cp {cp} (bucket_size {self.bucket_size}). Re-profile with the job's parallelism, or a rank "
+                f"holding shards may use more memory than the profile predicts")
+
     def scheduler_config(self, dp: int, cp: int) -> SchedulerConfig:
         """The core's config for a DP x CP job."""
         return SchedulerConfig(

@@ -87,6 +87,8 @@ class SkrullTrainer(Trainer):
         self.dacp_attention = install_dacp_attention(self.model_parts, cp_group)
         assert isinstance(self.dataloader, SkrullDataLoader)
         skrull = self.config.skrull
+        if (warning := skrull.profile_cp_warning(dims.cp)) is not None:
+            logger.warning(warning)
         scheduler = Scheduler(
             skrull.scheduler_config(dp=self.dataloader.dp_world_size, cp=dims.cp),
             skrull.build_cost_model(),

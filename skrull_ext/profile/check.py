@@ -158,6 +158,10 @@ class ProfileMemory:
     static: float
     """The static account (parameters, gradients, optimizer state, FSDP buffers)."""
     margin: float
+    cp: int = 1
+    """The CP degree BucketSize was derived for (older profiles: 1)."""
+    kv: float = 0.0
+    """K/V bytes per token a shard keeps from each other CP rank."""
 
     @classmethod
     def of(cls, profile: dict) -> ProfileMemory:
@@ -168,16 +172,23 @@ class ProfileMemory:
             if key not in m:
                 raise ValueError(f"profile: missing field memory.{key} (needed to check BucketSize)")
         return cls(int(m["bucket_size"]), m["a_bytes_per_token"], m["b_bytes"], m.get("c_bytes_per_token2", 0.0),
-                   m["usable_bytes"], m["static_bytes"], m.get("margin", 0.0))
+                   m["usable_bytes"], m["static_bytes"], m.get("margin", 0.0), int(m.get("cp", 1)),
+                   m.get("kv_bytes_per_token", 0.0))
 
     def activation(self, tokens: int) -> float:
-        """The fit: activation bytes of a buffer of ``tokens``."""
+        """The fit: activation bytes of a buffer of ``tokens`` whole sequences."""
         return self.b + self.a * tokens + self.c * tokens * tokens
+
+    def activation_any(self, tokens: int) -> float:
+        """Activation bytes of ``tokens`` on a rank of the cp group, whole or
+        shards (the worst case cost_model.bucket_size derives BucketSize for)."""
+        return (self.b + (self.a + (self.cp - 1) * self.kv) * tokens
+                + self.c * self.cp * tokens * tokens)
 
     def budget(self, tokens: int) -> float:
         """All a rank holding ``tokens`` may use: static account + activation fit
         grown by the margin BucketSize was derived with (<= usable up to BucketSize)."""
-        return self.static + self.activation(tokens) / (1.0 - self.margin)
+        return self.static + self.activation_any(tokens) / (1.0 - self.margin)
 
 
 def check_profile(jm: JobModel, profile: dict, seed: int = 0) -> BucketCheck:

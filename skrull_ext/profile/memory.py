@@ -286,6 +286,10 @@ class MemoryResult:
     usable: float
     margin: float
     bucket_size: int
+    cp: int
+    """The job's CP degree: BucketSize holds for a rank of shards of sequences sharded over cp ranks."""
+    kv_bytes_per_token: float
+    """K and V of every layer for one token: what a shard keeps per token gathered from another rank."""
 
     def predicted(self, tokens: int) -> float:
         return self.fit(tokens)
@@ -333,5 +337,8 @@ def profile_memory(jm: JobModel, opts: ProfileOptions, world_size: int,
         margin = min(0.9, max(margin, math.ceil((overhead / (1 + overhead) + 0.02) * 100) / 100))
     static = static_memory(jm, world_size)
     usable = usable_memory(jm.device, opts.memory_limit)
-    bucket = cost_model.bucket_size(usable, static.total, fit.slope, fit.intercept, margin, fit.quadratic)
-    return MemoryResult(points, fit, target, overhead, static, usable, margin, bucket)
+    cp = jm.config.parallelism.context_parallel_degree
+    s = jm.shape
+    kv = 2.0 * s.kv_width * s.bytes_per_elem * s.layers
+    bucket = cost_model.bucket_size(usable, static.total, fit.slope, fit.intercept, margin, fit.quadratic, cp, kv)
+    return MemoryResult(points, fit, target, overhead, static, usable, margin, bucket, cp, kv)

@@ -72,7 +72,8 @@ def profile_dict(p: Profile) -> dict[str, Any]:
         "comm": _comm_section(p),
         "memory": {"bucket_size": mem.bucket_size, "a_bytes_per_token": mem.fit.slope, "b_bytes": mem.fit.intercept,
                    "c_bytes_per_token2": mem.fit.quadratic, "usable_bytes": mem.usable,
-                   "static_bytes": mem.static.total, "margin": mem.margin, "r2": mem.fit.r2,
+                   "static_bytes": mem.static.total, "margin": mem.margin, "cp": mem.cp,
+                   "kv_bytes_per_token": mem.kv_bytes_per_token, "r2": mem.fit.r2,
                    "max_rel_error": mem.fit.max_rel_error, "points": len(mem.points)},
         "meta": {**p.meta, **_raw(p)},
     }
@@ -147,7 +148,8 @@ def report(p: Profile) -> str:
         f"  static   {_mib(mem.static.total)} (params {_mib(mem.static.params)}, grads {_mib(mem.static.grads)}, "
         f"optimizer {_mib(mem.static.optimizer)}, FSDP buffers {_mib(mem.static.fsdp_buffers)}; "
         f"FSDP degree {mem.static.fsdp_degree})",
-        f"  bucket   BucketSize {mem.bucket_size} tokens from {_mib(mem.usable)} usable, margin {mem.margin:.0%}",
+        f"  bucket   BucketSize {mem.bucket_size} tokens from {_mib(mem.usable)} usable, margin {mem.margin:.0%}, "
+        f"for cp {mem.cp}",
     ]
     if p.comm is None:
         lines.append(f"  comm     not measured (one process); [comm] copied from preset {p.comm_fallback!r}")

@@ -135,3 +135,15 @@ def test_bucket_size_zero_needs_a_profile_with_memory(tmp_path):
         no_memory.write_text("".join(line for line in f if "bucket_size" not in line))
     with pytest.raises(ValueError, match="has no \\[memory\\] bucket_size"):
         SkrullSection(cost_model=str(no_memory), bucket_size=0)
+
+
+def test_a_job_at_another_cp_than_its_profile_is_warned():
+    from skrull_ext.skrull_section import SkrullSection
+
+    cp1 = SkrullSection(cost_model=PROFILE, bucket_size=0)  # profiled at cp 1 (no [memory] cp key)
+    assert cp1.profile_cp_warning(1) is None
+    assert "derived its BucketSize for cp 1; this job runs cp 2 (bucket_size 3268)" in cp1.profile_cp_warning(2)
+    cp2 = SkrullSection(cost_model=PROFILE.replace("gloo2.toml", "gloo2-cp2.toml"), bucket_size=0)
+    assert cp2.bucket_size == 2621 and cp2.profile_cp_warning(2) is None
+    assert "for cp 2; this job runs cp 1" in cp2.profile_cp_warning(1)
+    assert SkrullSection(cost_model="llama3-debug").profile_cp_warning(4) is None  # presets: no profile

@@ -130,3 +130,20 @@ def test_options_parsing_and_derived_ladders():
         ProfileOptions(lengths=(128, 256), held_out=(256,))
     with pytest.raises(ValueError, match="--margin"):
         ProfileOptions(margin=1.0)
+
+
+def test_bucket_size_at_cp_counts_what_a_shard_keeps():
+    """At cp > 1 a rank may hold C tokens of sharded sequences: K/V gathered from
+    cp - 1 ranks and cp times the keys per query. The bucket is the largest C
+    with (a + (cp-1) kv) C + cp c C^2 within the budget; cp 1 is unchanged."""
+    usable, static, a, b, m, c, kv = 1 << 30, 60 << 20, 147268.0, 4.0, 0.27, 24.0, 12288.0
+    one = cost_model.bucket_size(usable, static, a, b, m, c)
+    assert cost_model.bucket_size(usable, static, a, b, m, c, 1, kv) == one
+    two = cost_model.bucket_size(usable, static, a, b, m, c, 2, kv)
+    free = (usable - static - b) * (1 - m)
+    cost = lambda n: (a + kv) * n + 2 * c * n * n  # noqa: E731
+    assert cost(two) <= free < cost(two + 1)
+    assert two < one
+    assert cost_model.bucket_size(usable, static, a, b, m, 0.0, 8, 0.0) == cost_model.bucket_size(usable, static, a, b, m)
+    with pytest.raises(ValueError, match="cp must be an integer >= 1, got 0"):
+        cost_model.bucket_size(usable, static, a, b, m, c, 0, kv)
