@@ -6,8 +6,9 @@ Each CP rank holds one shard of the distributed sequences' K/V and needs
 everybody's. Two ways to get them, timed on the same process group and
 buffers (gloo on CPU, NCCL on CUDA):
 
-- ``allgather``: one ``all_gather_into_tensor`` (what skrull_ext.attention
-  and torchtitan's CP use);
+- ``allgather``: one tensor-in/tensor-out all-gather (``all_gather_single``,
+  the same call skrull_ext.attention.exchange makes; torchtitan's CP
+  all-gathers too);
 - ``ring``: N-1 rounds, each sending the last received shard to the next rank
   and receiving from the previous (``batch_isend_irecv``), the schedule ring
   attention uses so that compute can start on the first shard.
@@ -25,6 +26,8 @@ import time
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from skrull_ext.attention.exchange import _all_gather
 
 SIZES = [64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20]
 
@@ -52,7 +55,7 @@ def _worker(rank: int, n: int, init: str, repeats: int, queue) -> None:
                 dist.barrier()
                 t0 = time.perf_counter()
                 if name == "allgather":
-                    dist.all_gather_into_tensor(gathered, shard)
+                    _all_gather(gathered, shard)
                 else:
                     _ring(shard, parts, rank, n)
                 dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
