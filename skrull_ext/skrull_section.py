@@ -13,10 +13,12 @@ from pathlib import Path
 from typing import Literal
 
 from skrull_ext import cost_model as cost_models
+from skrull_ext.attention.transport import TRANSPORTS
 from skrull_ext.config import OVERLENGTH, POLICIES, SchedulerConfig
 
 Policy = Literal[tuple(POLICIES)]  # pyrefly: ignore[invalid-literal]
 Overlength = Literal[tuple(OVERLENGTH)]  # pyrefly: ignore[invalid-literal]
+KVExchange = Literal[("auto", *TRANSPORTS)]  # pyrefly: ignore[invalid-literal]
 
 
 @dataclass(kw_only=True, slots=True)
@@ -58,6 +60,11 @@ class SkrullSection:
     every micro-batch (torchtitan's behaviour). Saves (micro-batches - 1) gradient collectives per
     step; costs one unsharded gradient per rank held between micro-batches (4 bytes x parameters
     in float32). Same gradient up to float summation order."""
+
+    kv_exchange: KVExchange = "auto"
+    """How DACP moves the distributed sequences' K/V over the CP group: one all-gather
+    (reduce-scatter backward), point-to-point sends ("p2p"), or "auto": p2p on gloo, where
+    it measured faster (docs/benchmarks.md, section 7), all_gather elsewhere."""
 
     def __post_init__(self):
         if not (self.cost_model in cost_models.MODEL_PRESETS or Path(self.cost_model).is_file()):

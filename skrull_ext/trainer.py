@@ -84,7 +84,7 @@ class SkrullTrainer(Trainer):
         dims = self.parallel_dims
         cp_group = dims.get_mesh("cp").get_group() if dims.cp_enabled else None
         cp_rank = dist.get_rank(cp_group) if cp_group is not None else 0
-        self.dacp_attention = install_dacp_attention(self.model_parts, cp_group)
+        self.dacp_attention = install_dacp_attention(self.model_parts, cp_group, self.config.skrull.kv_exchange)
         assert isinstance(self.dataloader, SkrullDataLoader)
         skrull = self.config.skrull
         if (warning := skrull.profile_cp_warning(dims.cp)) is not None:
@@ -204,7 +204,7 @@ class SkrullTrainer(Trainer):
         logger.info(step_log_line(self.step, skrull))
 
 
-def install_dacp_attention(model_parts, cp_group) -> list[DacpAttention]:
+def install_dacp_attention(model_parts, cp_group, exchange: str = "auto") -> list[DacpAttention]:
     """Replace every GQAttention's inner attention by DACP attention on ``cp_group``.
 
     Done after torchtitan's parallelize_fn: that is where torchtitan itself
@@ -216,7 +216,7 @@ def install_dacp_attention(model_parts, cp_group) -> list[DacpAttention]:
     for part in model_parts:
         for module in part.modules():
             if isinstance(module, GQAttention):
-                module.inner_attention = DacpAttention(cp_group)
+                module.inner_attention = DacpAttention(cp_group, exchange=exchange)
                 installed.append(module.inner_attention)
     if not installed:
         raise ValueError("no GQAttention found: this model family is not supported by Skrull yet")

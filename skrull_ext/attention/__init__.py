@@ -26,6 +26,7 @@ from skrull_ext.attention.module import DacpAttention
 from skrull_ext.attention.replay import in_backward, KVReplay
 from skrull_ext.attention.stats import DacpStats
 from skrull_ext.attention.stream import side_stream_for, SideStream
+from skrull_ext.attention.transport import resolve_transport, Transport, TRANSPORTS
 
 __all__ = [
     "DISTRIBUTED",
@@ -35,11 +36,14 @@ __all__ = [
     "KVExchange",
     "KVReplay",
     "SideStream",
+    "TRANSPORTS",
+    "Transport",
     "build_meta",
     "dacp_attention",
     "in_backward",
     "document_causal_mask",
     "padded_length",
+    "resolve_transport",
     "shard_buffer",
     "side_stream_for",
     "start_all_gather",

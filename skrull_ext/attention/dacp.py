@@ -9,7 +9,8 @@ micro-batch"; layout in docs/design/buffer_layout.md).
 
     buffer = [local sequences, whole] + [zigzag shards of distributed sequences]
 
-1. issue the async all-gather of the distributed part's K/V over the CP group;
+1. issue the async all-gather of the distributed part's K/V over the CP group
+   (one collective, or point-to-point sends: transport.py);
 2. attend the local part (document-masked causal) meanwhile, on a side stream
    on CUDA, inline on CPU while gloo's thread moves the bytes;
 3. wait, then attend this rank's distributed queries over the gathered K/V with
@@ -45,6 +46,7 @@ from skrull_ext.attention.meta import DacpBatchMeta
 from skrull_ext.attention.replay import in_backward, KVReplay
 from skrull_ext.attention.stats import DacpStats
 from skrull_ext.attention.stream import SideStream, side_stream_for
+from skrull_ext.attention.transport import resolve_transport
 
 __all__ = ["dacp_attention"]
 
@@ -106,6 +108,7 @@ def dacp_attention(
     stats: DacpStats | None = None,
     side_stream: SideStream | None = None,
     replay: KVReplay | None = None,
+    exchange: str = "auto",
 ) -> torch.Tensor:
     """Document-masked causal attention of one CP rank's DACP buffer.
 
@@ -119,6 +122,8 @@ def dacp_attention(
         side_stream: where the local part runs; default the device's shared one.
         replay: this layer's kept K/V: a forward records into it, an activation
             checkpointing recomputation (inside backward) takes from it.
+        exchange: how K/V travel (skrull_ext.attention.transport.TRANSPORTS, or
+            "auto": by the group's backend); every rank must pass the same.
 
     Returns:
         Output in q's layout and buffer order. Every CP rank of the group must
@@ -138,7 +143,8 @@ def dacp_attention(
     ex = None
     if has_dist and meta.cp_size > 1:
         recompute = replay is not None and in_backward()
-        ex = KVExchange(group, stats, replay=replay.take(meta) if recompute else None)
+        ex = KVExchange(group, stats, replay=replay.take(meta) if recompute else None,
+                        transport=resolve_transport(exchange, group))
         kv = torch.stack([k[:, n_loc:], v[:, n_loc:]])  # [2, Hkv, Td, D]
         gathered = start_all_gather(kv, ex)  # flat [N * 2 * Hkv * Td * D], not valid yet
 

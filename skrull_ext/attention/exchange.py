@@ -6,6 +6,10 @@
 
 """Asynchronous, autograd-aware all-gather of the distributed part's K/V.
 
+How the bytes travel (one all-gather, or point-to-point sends) is the
+exchange's :class:`~skrull_ext.attention.transport.Transport`; this module
+is the autograd around it and is the same for both.
+
 The gather is split into two autograd nodes so that independent work can sit
 between them in both directions:
 
@@ -38,12 +42,9 @@ from torch.autograd.function import once_differentiable
 
 from skrull_ext.attention.replay import KeptKV
 from skrull_ext.attention.stats import DacpStats
+from skrull_ext.attention.transport import Transport, TRANSPORTS
 
 __all__ = ["KVExchange", "start_all_gather", "wait_all_gather"]
-
-# torch >= 2.12 renamed the tensor-in/tensor-out collectives; fall back for older.
-_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 class KVExchange:
@@ -58,8 +59,10 @@ class KVExchange:
         group: dist.ProcessGroup | None,
         stats: DacpStats | None = None,
         replay: tuple[torch.Tensor, torch.Tensor] | None = None,
+        transport: Transport = TRANSPORTS["all_gather"],
     ) -> None:
         self.group = group
+        self.transport = transport
         self.world_size = dist.get_world_size(group)
         self.stats = stats
         self._work = None
@@ -86,7 +89,7 @@ class _StartAllGather(torch.autograd.Function):
         # Flat buffers: the concatenation form is the one every backend accepts.
         send = shard.contiguous().view(-1)
         out = send.new_empty(ex.world_size * send.numel())
-        ex._work = _all_gather(out, send, group=ex.group, async_op=True)
+        ex._work = ex.transport.gather(out, send, ex.group)
         ex._send = send
         if ex.stats is not None:
             ex.stats.all_gathers += 1
@@ -138,7 +141,7 @@ class _WaitAllGather(torch.autograd.Function):
         grad = torch.stack([grad_k.reshape(hkv, n, td, d), grad_v.reshape(hkv, n, td, d)], dim=1)
         grad_in = grad.permute(2, 1, 0, 3, 4).contiguous().view(-1)
         grad_out = grad_in.new_empty(grad_in.numel() // ex.world_size)
-        ex._grad_work = _reduce_scatter(grad_out, grad_in, group=ex.group, async_op=True)
+        ex._grad_work = ex.transport.scatter_sum(grad_out, grad_in, ex.group)
         ex._grad_in, ex._grad_out = grad_in, grad_out
         if ex.stats is not None:
             ex.stats.reduce_scatters += 1

@@ -28,6 +28,7 @@ from skrull_ext.attention.dacp import dacp_attention
 from skrull_ext.attention.meta import DacpBatchMeta
 from skrull_ext.attention.replay import KVReplay
 from skrull_ext.attention.stats import DacpStats
+from skrull_ext.attention.transport import TRANSPORTS
 
 __all__ = ["DacpAttention"]
 
@@ -35,9 +36,13 @@ __all__ = ["DacpAttention"]
 class DacpAttention(nn.Module):
     """Inner attention over a DACP buffer: (1, L, N, H) in, (1, L, N, H) out."""
 
-    def __init__(self, group: dist.ProcessGroup | None = None, stats: DacpStats | None = None) -> None:
+    def __init__(self, group: dist.ProcessGroup | None = None, stats: DacpStats | None = None,
+                 exchange: str = "auto") -> None:
         super().__init__()
         self.group = group
+        if exchange != "auto" and exchange not in TRANSPORTS:
+            raise ValueError(f"exchange: {exchange!r} is not one of {['auto', *TRANSPORTS]}")
+        self.exchange = exchange
         self.stats = stats if stats is not None else DacpStats()
         self.replay = KVReplay()
 
@@ -65,5 +70,6 @@ class DacpAttention(nn.Module):
             scale=scale,
             stats=self.stats,
             replay=self.replay,
+            exchange=self.exchange,
         )
         return out_BNLH.transpose(1, 2)

@@ -8,8 +8,8 @@ per rank, the same three things for both CP implementations:
 - K/V bytes this rank receives in the attention exchange: torchtitan's CP
   all-gathers K and V (``flex_cp_allgather``) and reduce-scatters their
   gradients (``flex_cp_allgather_backward``); DACP all-gathers the distributed
-  sequences' K/V and reduce-scatters their gradients
-  (``skrull_ext.attention.exchange``). Counted at those call sites, so FSDP's
+  sequences' K/V and reduce-scatters their gradients (collectives or
+  point-to-point: ``skrull_ext.attention.transport``). Counted at those call sites, so FSDP's
   parameter traffic over the same ranks is not mixed in;
 - time blocked on that exchange: torchtitan's all-gather returns only when
   the data has landed, so its whole call is blocked time; DACP's is the time
@@ -55,7 +55,7 @@ def _install(out_dir: str):
     from torchtitan.components.optimizer import OptimizersContainer
     from torchtitan.distributed.context_parallel import api as titan_cp
 
-    from skrull_ext.attention import exchange
+    from skrull_ext.attention import transport
 
     now = {"fwd_bytes": 0, "bwd_bytes": 0, "fwd_calls": 0, "bwd_calls": 0, "blocked_s": 0.0}
     steps: list[dict] = []
@@ -94,20 +94,23 @@ def _install(out_dir: str):
 
     cp_ops.flex_cp_allgather_backward = counted_scatter_grads
 
-    # DACP: the asynchronous collectives of the distributed sequences' K/V.
-    dacp_gather, dacp_scatter = exchange._all_gather, exchange._reduce_scatter
+    # DACP: the asynchronous exchange of the distributed sequences' K/V, whichever
+    # transport the job runs (all-gather collectives or point-to-point sends).
+    def counted_transport(t: transport.Transport) -> transport.Transport:
+        def gather(out, shard, group):
+            now["fwd_bytes"] += (out.numel() - shard.numel()) * shard.element_size()
+            now["fwd_calls"] += 1
+            return t.gather(out, shard, group)
 
-    def counted_dacp_gather(out, send, group=None, async_op=False):
-        now["fwd_bytes"] += (out.numel() - send.numel()) * send.element_size()
-        now["fwd_calls"] += 1
-        return dacp_gather(out, send, group=group, async_op=async_op)
+        def scatter_sum(out, full, group):
+            now["bwd_bytes"] += (full.numel() - out.numel()) * out.element_size()
+            now["bwd_calls"] += 1
+            return t.scatter_sum(out, full, group)
 
-    def counted_dacp_scatter(out, inp, group=None, async_op=False):
-        now["bwd_bytes"] += (inp.numel() - out.numel()) * out.element_size()
-        now["bwd_calls"] += 1
-        return dacp_scatter(out, inp, group=group, async_op=async_op)
+        return transport.Transport(t.name, gather, scatter_sum)
 
-    exchange._all_gather, exchange._reduce_scatter = counted_dacp_gather, counted_dacp_scatter
+    for name, t in list(transport.TRANSPORTS.items()):
+        transport.TRANSPORTS[name] = counted_transport(t)
 
     def dump() -> None:
         # After every step, so a run that dies in teardown keeps its measurements.

@@ -154,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
         jm = build_job_model(config, device, config.model_spec.model.max_seq_len, target_world)
         compute = profile_compute(jm, opts, tick)
         memory = profile_memory(jm, opts, target_world, tick)
-        comm = profile_comm(device, jm.dtype, opts, tick) if world > 1 else None
+        exchange = config.skrull.kv_exchange if hasattr(config, "skrull") else "auto"
+        comm = profile_comm(device, jm.dtype, opts, tick, exchange) if world > 1 else None
         if opts.check:
             tick(f"check {memory.bucket_size} tokens")
         check = check_bucket(jm, memory.bucket_size, memory.predicted, memory.usable - memory.static.total,

@@ -4,18 +4,20 @@
 # This source code is licensed under the BSD-style license found in the
 # LICENSE file in the root directory of this source tree.
 
-"""Communication: time the DACP collectives over the process group and fit
+"""Communication: time the DACP exchange over the process group and fit
 the piecewise latency model (SKRULL.md: t0 below V_threshold, a*V + b above).
 
-DACP's distributed path (skrull_ext/attention/exchange.py) all-gathers K/V
-in forward and reduce-scatters dK/dV in backward, once each per layer, with
-the tensor-in/tensor-out collectives. A message size here is what the cost
-model calls Volume: the gathered tensor, all ranks' shards together (each
-rank sends size/N). The table written to the profile is the fit to the mean
-of the two collectives, charged ``collectives_per_layer = 2`` times.
+DACP's distributed path (skrull_ext/attention/exchange.py) gathers K/V in
+forward and reduce-scatters dK/dV in backward, once each per layer, with the
+job's transport (``[skrull] kv_exchange``: the all-gather / reduce-scatter
+collectives, or point-to-point sends; transport.py). This times the same
+functions the attention calls. A message size here is what the cost model
+calls Volume: the gathered tensor, all ranks' shards together (each rank
+sends size/N). The table written to the profile is the fit to the mean of
+the two directions, charged ``collectives_per_layer = 2`` times.
 
 Each call is timed on its own after a barrier, in rounds over all sizes;
-per rank the median, then the slowest rank (a collective ends when its
+per rank the median, then the slowest rank (an exchange ends when its
 last rank does).
 """
 
@@ -28,30 +30,24 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from skrull_ext.attention.transport import resolve_transport, Transport
 from skrull_ext.profile.fit import PiecewiseFit, fit_piecewise
 from skrull_ext.profile.options import ProfileOptions
 from skrull_ext.profile.ranks import reduce_floats, time_call
 
-__all__ = ["COLLECTIVES", "CommResult", "profile_comm"]
-
-# Same selection as attention/exchange.py: torch >= 2.12 renamed these.
-_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+__all__ = ["CommResult", "exchange_calls", "profile_comm"]
 
 
-def _gather(total: torch.Tensor, shard: torch.Tensor) -> None:
-    _all_gather(total, shard)
-
-
-def _scatter(total: torch.Tensor, shard: torch.Tensor) -> None:
-    _reduce_scatter(shard, total)
-
-
-COLLECTIVES: dict[str, Callable[[torch.Tensor, torch.Tensor], None]] = {
-    "all_gather": _gather,  # forward: K/V of the distributed sequences
-    "reduce_scatter": _scatter,  # backward: their gradients
-}
-"""Collectives of one DACP layer, called as fn(gathered, shard)."""
+def exchange_calls(t: Transport) -> dict[str, Callable[[torch.Tensor, torch.Tensor], None]]:
+    """One DACP layer's two directions over transport ``t``, called as
+    fn(gathered, shard) and waited on; named as the profile records them
+    (``all_gather+reduce_scatter`` for the collectives)."""
+    gather, scatter = ("all_gather", "reduce_scatter") if t.name == "all_gather" else \
+        (f"{t.name}_gather", f"{t.name}_reduce_scatter")
+    return {
+        gather: lambda total, shard: t.gather(total, shard, None).wait(),  # forward: K/V
+        scatter: lambda total, shard: t.scatter_sum(shard, total, None).wait(),  # backward: dK/dV
+    }
 
 
 @dataclass(frozen=True)
@@ -71,8 +67,8 @@ class CommResult:
 
 
 def profile_comm(device: torch.device, dtype: torch.dtype, opts: ProfileOptions,
-                 tick: Callable[[str], None]) -> CommResult:
-    """Time every collective in ``COLLECTIVES`` at every size of the ladder:
+                 tick: Callable[[str], None], exchange: str = "auto") -> CommResult:
+    """Time both directions of the ``exchange`` transport at every size of the ladder:
     ``comm_warmup`` untimed rounds, then ``comm_repeats`` timed rounds, each
     round one call per (size, collective) after a barrier, so a burst of
     load from other processes spreads over all sizes."""
@@ -86,12 +82,13 @@ def profile_comm(device: torch.device, dtype: torch.dtype, opts: ProfileOptions,
                      torch.randn(shard_elems, device=dev).to(dtype)))
     sizes = sorted({b[0] for b in bufs})
     bufs = [next(b for b in bufs if b[0] == s) for s in sizes]
-    samples = {name: [[] for _ in sizes] for name in COLLECTIVES}
+    calls = exchange_calls(resolve_transport(exchange, None))
+    samples = {name: [[] for _ in sizes] for name in calls}
     rounds = opts.comm_warmup + opts.comm_repeats
     for r in range(rounds):
         tick(f"collectives round {r + 1}/{rounds}")
         for i, (_, total, shard) in enumerate(bufs):
-            for name, fn in COLLECTIVES.items():
+            for name, fn in calls.items():
                 dist.barrier()
                 wall, _ = time_call(lambda: fn(total, shard), dev)
                 if r >= opts.comm_warmup:

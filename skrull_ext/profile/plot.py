@@ -89,9 +89,9 @@ def plot(d: dict[str, Any], path: str | Path) -> None:
     ax = axes[2]
     k = d["comm"]
     if raw_k:
-        for name in ("all_gather", "reduce_scatter"):
-            if f"{name}_us" in raw_k:
-                ax.loglog(raw_k["sizes"], raw_k[f"{name}_us"], "o", mfc="none", label=name)
+        for key in (k for k, v in raw_k.items()  # each direction of the exchange, timed per size
+                    if k.endswith("_us") and isinstance(v, list) and len(v) == len(raw_k["sizes"])):
+            ax.loglog(raw_k["sizes"], raw_k[key], "o", mfc="none", label=key.removesuffix("_us"))
     from skrull_ext import cost_model
 
     cm = cost_model.from_dict(d)

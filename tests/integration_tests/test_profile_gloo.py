@@ -24,10 +24,11 @@ def test_profile_two_processes_over_gloo(tmp_path):
     d = tomllib.loads(out.read_text())
     comm = d["comm"]
     assert comm["backend"] == "gloo" and comm["world_size"] == 2
-    assert comm["collective"] == "all_gather+reduce_scatter" and comm["collectives_per_layer"] == 2.0
+    # [skrull] kv_exchange = "auto": on gloo the attention sends K/V point to point, so that is what is timed.
+    assert comm["collective"] == "p2p_gather+p2p_reduce_scatter" and comm["collectives_per_layer"] == 2.0
     raw = d["meta"]["comm"]
     assert raw["sizes"] == [4096 * 2**k for k in range(7)]
-    assert all(v > 0 for v in raw["all_gather_us"] + raw["reduce_scatter_us"])
+    assert all(v > 0 for v in raw["p2p_gather_us"] + raw["p2p_reduce_scatter_us"])
     cm = cost_model.load(out)
     assert cm.comm_is_monotone() and cm.collective_us(2**20) > 0
     assert d["meta"]["check"]["ok"]

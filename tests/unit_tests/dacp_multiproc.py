@@ -34,6 +34,7 @@ from skrull_ext.attention import (
     DacpStats,
     DISTRIBUTED,
     padded_length,
+    resolve_transport,
     shard_buffer,
     unshard_buffer,
 )
@@ -55,6 +56,8 @@ class Case:
     order: bool = False
     """Also record the order of the backward nodes (needs local and distributed parts)."""
     device: str = "cpu"
+    exchange: str = "auto"
+    """How K/V travel (skrull_ext.attention.transport); auto on gloo: p2p."""
     extra: dict = field(default_factory=dict)
 
 
@@ -133,7 +136,7 @@ def rank_step(case: Case, cp_rank: int, cp_size: int, group) -> dict:
     go = buf("go")
     stats = DacpStats()
     args = (q[None], k[None], v[None]) if case.batched else (q, k, v)
-    out = dacp_attention(*args, meta, group, stats=stats)
+    out = dacp_attention(*args, meta, group, stats=stats, exchange=case.exchange)
     order = _backward_order(out) if case.order else []
     out.backward(go[None] if case.batched else go)
     if case.batched:
@@ -141,7 +144,8 @@ def rank_step(case: Case, cp_rank: int, cp_size: int, group) -> dict:
     # A rank with an empty buffer leaves k, v out of the graph: their grads stay None.
     got = dict(out=out.detach(), dq=q.grad, dk=k.grad, dv=v.grad)
     cpu = {x: None if t is None else t.cpu() for x, t in got.items()}
-    return dict(**cpu, stats=stats, order=order)
+    transport = resolve_transport(case.exchange, group).name if group is not None else None
+    return dict(**cpu, stats=stats, order=order, transport=transport)
 
 
 def _worker(rank: int, cp_size: int, store: str, cases: list[Case], outdir: str) -> None:

@@ -12,6 +12,8 @@ included (its gradient must be exactly zero). Single-process cases cover
 cp_size 1, the torchtitan-shaped module and argument checks.
 """
 
+from dataclasses import replace
+
 import pytest
 import torch
 from tests.unit_tests.dacp_multiproc import Case, compare, random_case, rank_step, run_multiproc
@@ -47,6 +49,10 @@ CASES = {
         *(random_case(f"random{s}", 4, seed=200 + s) for s in range(4)),
     ],
 }
+# The cases above run with exchange "auto", which on gloo is p2p; these run
+# the collectives (the NCCL choice) through the same comparison.
+for _n, _names in {2: ("mixed_gqa", "float32", "random0"), 4: ("mixed_gqa", "some_ranks_empty", "random1")}.items():
+    CASES[_n] += [replace(c, name=f"{c.name}_all_gather", exchange="all_gather") for c in CASES[_n] if c.name in _names]
 
 
 @pytest.fixture(scope="module")
@@ -72,6 +78,7 @@ def test_matches_single_process(results, cp_size, idx):
     case = CASES[cp_size][idx]
     ranks = results(cp_size)[idx]
     compare(case, cp_size, ranks)
+    assert {r["transport"] for r in ranks} == {"p2p" if case.exchange == "auto" else case.exchange}
 
     # Counters agree with the layout, and only the distributed part is exchanged.
     kv_heads, d = case.kv_heads, case.head_dim

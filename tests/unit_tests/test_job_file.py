@@ -55,6 +55,7 @@ def test_gpu_job_loads():
         ("[training]\ndtype = 'float16'", r"training.dtype: 'float16' is not one of \['bfloat16', 'float32'\]"),
         ("[skrull]\npolicy = 'fifo'", r"skrull.policy: 'fifo' is not one of \['skrull', 'skrull-fast', 'skrull-paper', 'worstfit'\]"),
         ("[skrull]\noverlength = 'wrap'", r"skrull.overlength: 'wrap' is not one of \['error', 'truncate', 'drop'\]"),
+        ("[skrull]\nkv_exchange = 'ring'", r"skrull.kv_exchange: 'ring' is not one of \['auto', 'all_gather', 'p2p'\]"),
         ("[skrull]\nenable = true\n[dataloader]\nkind = 'packed'", r"skrull.enable needs \[dataloader\] kind = \"skrull\""),
         ("[skrull]\nbucket_size = -1", r"skrull: bucket_size must be in \[1, "),
         ("[skrull]\nbucket_size = 0", r"skrull.bucket_size = 0 takes BucketSize from a profile file"),
@@ -144,6 +145,6 @@ def test_a_job_at_another_cp_than_its_profile_is_warned():
     assert cp1.profile_cp_warning(1) is None
     assert "derived its BucketSize for cp 1; this job runs cp 2 (bucket_size 3268)" in cp1.profile_cp_warning(2)
     cp2 = SkrullSection(cost_model=PROFILE.replace("gloo2.toml", "gloo2-cp2.toml"), bucket_size=0)
-    assert cp2.bucket_size == 2621 and cp2.profile_cp_warning(2) is None
+    assert cp2.bucket_size == 2645 and cp2.profile_cp_warning(2) is None
     assert "for cp 2; this job runs cp 1" in cp2.profile_cp_warning(1)
     assert SkrullSection(cost_model="llama3-debug").profile_cp_warning(4) is None  # presets: no profile
