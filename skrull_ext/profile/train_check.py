@@ -108,6 +108,13 @@ class MeteredTrainer(SkrullTrainer):
             + local_bytes(optimizer_state_tensors(self.optimizers))
 
 
+def job_argv(profile: str, job_args: list[str]) -> list[str]:
+    """The job's command line planned by ``profile``: its cost model and BucketSize.
+    Put first, because options after a subcommand token (``activation-checkpoint:full``)
+    belong to that subcommand."""
+    return ["--skrull.cost_model", profile, "--skrull.bucket_size", "0", *job_args]
+
+
 def main(argv: list[str] | None = None) -> int:
     """torchrun -m skrull_ext.profile.train_check --profile P.toml --config-file JOB.toml [job flags]"""
     from torchtitan.tools.logging import init_logger
@@ -121,8 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     with open(args.profile, "rb") as f:
         pm = ProfileMemory.of(tomllib.load(f))
     init_logger()
-    config = JobConfigManager().parse_args(
-        [*job_args, "--skrull.cost_model", args.profile, "--skrull.bucket_size", "0"])
+    config = JobConfigManager().parse_args(job_argv(args.profile, job_args))
     compat.apply(config)
     trainer = MeteredTrainer(config)
     try:
