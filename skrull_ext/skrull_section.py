@@ -13,10 +13,12 @@ from pathlib import Path
 from typing import Literal
 
 from skrull_ext import cost_model as cost_models
+from skrull_ext.attention.kernels import KERNEL_CHOICES
 from skrull_ext.config import OVERLENGTH, POLICIES, SchedulerConfig
 
 Policy = Literal[tuple(POLICIES)]  # pyrefly: ignore[invalid-literal]
 Overlength = Literal[tuple(OVERLENGTH)]  # pyrefly: ignore[invalid-literal]
+AttentionKernel = Literal[tuple(KERNEL_CHOICES)]  # pyrefly: ignore[invalid-literal]
 
 
 @dataclass(kw_only=True, slots=True)
@@ -59,6 +61,12 @@ class SkrullSection:
     step; costs one unsharded gradient per rank held between micro-batches (4 bytes x parameters
     in float32). Same gradient up to float summation order."""
 
+    attention_kernel: AttentionKernel = "auto"
+    """Inner attention of DACP's local and distributed parts (skrull_ext.attention.kernels):
+    "auto" (varlen for bf16/fp16 on CUDA, else dense), "dense" (SDPA with dense masks),
+    "varlen" (flash attention over the segment plan; CUDA bf16/fp16) or "segments" (the
+    plan's slow CPU reference executor)."""
+
     def __post_init__(self):
         if not (self.cost_model in cost_models.MODEL_PRESETS or Path(self.cost_model).is_file()):
             raise ValueError(
@@ -67,6 +75,10 @@ class SkrullSection:
             )
         if self.bucket_size == 0:
             self.bucket_size = self._profile_bucket_size()
+        if self.attention_kernel not in KERNEL_CHOICES:
+            raise ValueError(
+                f"skrull.attention_kernel: {self.attention_kernel!r} is not one of {list(KERNEL_CHOICES)}"
+            )
         try:
             self.scheduler_config(dp=1, cp=1)
         except ValueError as e:

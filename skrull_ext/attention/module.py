@@ -25,6 +25,7 @@ import torch.distributed as dist
 from torch import nn
 
 from skrull_ext.attention.dacp import dacp_attention
+from skrull_ext.attention.kernels import AUTO, check_kernel
 from skrull_ext.attention.meta import DacpBatchMeta
 from skrull_ext.attention.replay import KVReplay
 from skrull_ext.attention.stats import DacpStats
@@ -35,9 +36,16 @@ __all__ = ["DacpAttention"]
 class DacpAttention(nn.Module):
     """Inner attention over a DACP buffer: (1, L, N, H) in, (1, L, N, H) out."""
 
-    def __init__(self, group: dist.ProcessGroup | None = None, stats: DacpStats | None = None) -> None:
+    def __init__(
+        self,
+        group: dist.ProcessGroup | None = None,
+        stats: DacpStats | None = None,
+        kernel: str = AUTO,
+    ) -> None:
         super().__init__()
         self.group = group
+        self.kernel = check_kernel(kernel)  # a bad name fails here, not at the first step
+        """Inner attention kernel, a name of kernels.KERNELS or ``auto`` (per call, from q)."""
         self.stats = stats if stats is not None else DacpStats()
         self.replay = KVReplay()
 
@@ -65,5 +73,6 @@ class DacpAttention(nn.Module):
             scale=scale,
             stats=self.stats,
             replay=self.replay,
+            kernel=self.kernel,
         )
         return out_BNLH.transpose(1, 2)

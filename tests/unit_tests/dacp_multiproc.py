@@ -55,6 +55,9 @@ class Case:
     order: bool = False
     """Also record the order of the backward nodes (needs local and distributed parts)."""
     device: str = "cpu"
+    kernel: str = "dense"
+    """Inner attention kernel (skrull_ext.attention.kernels); dense is what the
+    backward-order hooks in _backward_order expect."""
     extra: dict = field(default_factory=dict)
 
 
@@ -133,7 +136,7 @@ def rank_step(case: Case, cp_rank: int, cp_size: int, group) -> dict:
     go = buf("go")
     stats = DacpStats()
     args = (q[None], k[None], v[None]) if case.batched else (q, k, v)
-    out = dacp_attention(*args, meta, group, stats=stats)
+    out = dacp_attention(*args, meta, group, stats=stats, kernel=case.kernel)
     order = _backward_order(out) if case.order else []
     out.backward(go[None] if case.batched else go)
     if case.batched:

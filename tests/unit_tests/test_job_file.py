@@ -55,6 +55,8 @@ def test_gpu_job_loads():
         ("[training]\ndtype = 'float16'", r"training.dtype: 'float16' is not one of \['bfloat16', 'float32'\]"),
         ("[skrull]\npolicy = 'fifo'", r"skrull.policy: 'fifo' is not one of \['skrull', 'skrull-fast', 'skrull-paper', 'worstfit'\]"),
         ("[skrull]\noverlength = 'wrap'", r"skrull.overlength: 'wrap' is not one of \['error', 'truncate', 'drop'\]"),
+        ("[skrull]\nattention_kernel = 'flex'",
+         r"skrull.attention_kernel: 'flex' is not one of \['auto', 'dense', 'segments', 'varlen'\]"),
         ("[skrull]\nenable = true\n[dataloader]\nkind = 'packed'", r"skrull.enable needs \[dataloader\] kind = \"skrull\""),
         ("[skrull]\nbucket_size = -1", r"skrull: bucket_size must be in \[1, "),
         ("[skrull]\nbucket_size = 0", r"skrull.bucket_size = 0 takes BucketSize from a profile file"),
