@@ -13,12 +13,14 @@ from pathlib import Path
 from typing import Literal
 
 from skrull_ext import cost_model as cost_models
+from skrull_ext.attention.kernels import KERNEL_CHOICES
 from skrull_ext.attention.transport import TRANSPORTS
 from skrull_ext.config import OVERLENGTH, POLICIES, SchedulerConfig
 
 Policy = Literal[tuple(POLICIES)]  # pyrefly: ignore[invalid-literal]
 Overlength = Literal[tuple(OVERLENGTH)]  # pyrefly: ignore[invalid-literal]
 KVExchange = Literal[("auto", *TRANSPORTS)]  # pyrefly: ignore[invalid-literal]
+AttentionKernel = Literal[tuple(KERNEL_CHOICES)]  # pyrefly: ignore[invalid-literal]
 
 
 @dataclass(kw_only=True, slots=True)
@@ -66,6 +68,12 @@ class SkrullSection:
     (reduce-scatter backward), point-to-point sends ("p2p"), or "auto": p2p on gloo, where
     it measured faster (docs/benchmarks.md, section 7), all_gather elsewhere."""
 
+    attention_kernel: AttentionKernel = "auto"
+    """Inner attention of DACP's local and distributed parts (skrull_ext.attention.kernels):
+    "auto" (varlen for bf16/fp16 on CUDA, else dense), "dense" (SDPA with dense masks),
+    "varlen" (flash attention over the segment plan; CUDA bf16/fp16) or "segments" (the
+    plan's slow CPU reference executor)."""
+
     def __post_init__(self):
         if not (self.cost_model in cost_models.MODEL_PRESETS or Path(self.cost_model).is_file()):
             raise ValueError(
@@ -74,6 +82,10 @@ class SkrullSection:
             )
         if self.bucket_size == 0:
             self.bucket_size = self._profile_bucket_size()
+        if self.attention_kernel not in KERNEL_CHOICES:
+            raise ValueError(
+                f"skrull.attention_kernel: {self.attention_kernel!r} is not one of {list(KERNEL_CHOICES)}"
+            )
         try:
             self.scheduler_config(dp=1, cp=1)
         except ValueError as e:

@@ -84,7 +84,10 @@ class SkrullTrainer(Trainer):
         dims = self.parallel_dims
         cp_group = dims.get_mesh("cp").get_group() if dims.cp_enabled else None
         cp_rank = dist.get_rank(cp_group) if cp_group is not None else 0
-        self.dacp_attention = install_dacp_attention(self.model_parts, cp_group, self.config.skrull.kv_exchange)
+        self.dacp_attention = install_dacp_attention(
+            self.model_parts, cp_group, kernel=self.config.skrull.attention_kernel,
+            exchange=self.config.skrull.kv_exchange,
+        )
         assert isinstance(self.dataloader, SkrullDataLoader)
         skrull = self.config.skrull
         if (warning := skrull.profile_cp_warning(dims.cp)) is not None:
@@ -104,7 +107,8 @@ class SkrullTrainer(Trainer):
         )
         logger.info(
             f"Skrull: policy {skrull.policy}, bucket_size {skrull.bucket_size}, "
-            f"DP {self.dataloader.dp_world_size} x CP {dims.cp}, cp_rank {cp_rank}"
+            f"DP {self.dataloader.dp_world_size} x CP {dims.cp}, cp_rank {cp_rank}, "
+            f"attention kernel {skrull.attention_kernel}"
         )
 
     # ------------------------------------------------------------------ steps
@@ -204,8 +208,11 @@ class SkrullTrainer(Trainer):
         logger.info(step_log_line(self.step, skrull))
 
 
-def install_dacp_attention(model_parts, cp_group, exchange: str = "auto") -> list[DacpAttention]:
-    """Replace every GQAttention's inner attention by DACP attention on ``cp_group``.
+def install_dacp_attention(model_parts, cp_group, kernel: str = "auto",
+                           exchange: str = "auto") -> list[DacpAttention]:
+    """Replace every GQAttention's inner attention by DACP attention on ``cp_group``,
+    whose parts run on the attention ``kernel`` (``[skrull] attention_kernel``) and
+    move K/V with ``exchange`` (``[skrull] kv_exchange``).
 
     Done after torchtitan's parallelize_fn: that is where torchtitan itself
     installs its CP attention wrapper (apply_cp_to_forward), which this
@@ -216,7 +223,7 @@ def install_dacp_attention(model_parts, cp_group, exchange: str = "auto") -> lis
     for part in model_parts:
         for module in part.modules():
             if isinstance(module, GQAttention):
-                module.inner_attention = DacpAttention(cp_group, exchange=exchange)
+                module.inner_attention = DacpAttention(cp_group, kernel=kernel, exchange=exchange)
                 installed.append(module.inner_attention)
     if not installed:
         raise ValueError("no GQAttention found: this model family is not supported by Skrull yet")

@@ -10,6 +10,7 @@ and docs/design/buffer_layout.md for the buffer it consumes."""
 
 from skrull_ext.attention.dacp import dacp_attention
 from skrull_ext.attention.exchange import KVExchange, start_all_gather, wait_all_gather
+from skrull_ext.attention.kernels import KERNEL_CHOICES, KERNELS
 from skrull_ext.attention.meta import (
     build_meta,
     DacpBatchMeta,
@@ -24,6 +25,7 @@ from skrull_ext.attention.meta import (
 )
 from skrull_ext.attention.module import DacpAttention
 from skrull_ext.attention.replay import in_backward, KVReplay
+from skrull_ext.attention.segments import build_segment_plan, SegmentPlan
 from skrull_ext.attention.stats import DacpStats
 from skrull_ext.attention.stream import side_stream_for, SideStream
 from skrull_ext.attention.transport import resolve_transport, Transport, TRANSPORTS
@@ -33,12 +35,16 @@ __all__ = [
     "DacpAttention",
     "DacpBatchMeta",
     "DacpStats",
+    "KERNELS",
+    "KERNEL_CHOICES",
     "KVExchange",
     "KVReplay",
+    "SegmentPlan",
     "SideStream",
     "TRANSPORTS",
     "Transport",
     "build_meta",
+    "build_segment_plan",
     "dacp_attention",
     "in_backward",
     "document_causal_mask",

@@ -29,19 +29,23 @@ Profiler traces show the parts as ``dacp/local``, ``dacp/kv_wait`` and
 ``dacp/distributed``.
 
 Only K/V heads travel, so GQA moves n_kv_heads/n_heads of the MHA bytes.
-Both parts use SDPA with dense bool masks, which is right for CPU and for
-tests; on CUDA a flex/varlen kernel should replace ``_masked_sdpa`` (the masks
-are block-diagonal, and dense masks cost O(T^2) memory).
+
+The inner attention of both parts is a named kernel (kernels.py): ``dense``
+(SDPA with the dense bool masks; the CPU default, O(T^2) mask memory),
+``varlen`` (flash attention's varlen kernel over a segment plan cached on the
+meta, segments.py; chosen by ``auto`` for bf16/fp16 on CUDA, and not yet run
+on a GPU) and ``segments`` (the same plan as a per-segment SDPA loop, the CPU
+reference that tests the plan against ``dense``).
 """
 
 import time
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.profiler import record_function
 
 from skrull_ext.attention.exchange import KVExchange, start_all_gather, wait_all_gather
+from skrull_ext.attention.kernels import AUTO, resolve_kernel
 from skrull_ext.attention.meta import DacpBatchMeta
 from skrull_ext.attention.replay import in_backward, KVReplay
 from skrull_ext.attention.stats import DacpStats
@@ -49,21 +53,6 @@ from skrull_ext.attention.stream import SideStream, side_stream_for
 from skrull_ext.attention.transport import resolve_transport
 
 __all__ = ["dacp_attention"]
-
-
-def _masked_sdpa(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float | None
-) -> torch.Tensor:
-    """[H, Tq, D] x [Hkv, Tk, D] -> [H, Tq, D] with a [Tq, Tk] bool mask."""
-    out = F.scaled_dot_product_attention(
-        q.unsqueeze(0),
-        k.unsqueeze(0),
-        v.unsqueeze(0),
-        attn_mask=mask,
-        scale=scale,
-        enable_gqa=q.size(0) != k.size(0),
-    )
-    return out.squeeze(0)
 
 
 def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: DacpBatchMeta, group) -> None:
@@ -109,6 +98,7 @@ def dacp_attention(
     side_stream: SideStream | None = None,
     replay: KVReplay | None = None,
     exchange: str = "auto",
+    kernel: str = AUTO,
 ) -> torch.Tensor:
     """Document-masked causal attention of one CP rank's DACP buffer.
 
@@ -124,6 +114,8 @@ def dacp_attention(
             checkpointing recomputation (inside backward) takes from it.
         exchange: how K/V travel (skrull_ext.attention.transport.TRANSPORTS, or
             "auto": by the group's backend); every rank must pass the same.
+        kernel: inner attention of both parts, a name of kernels.KERNELS or
+            ``auto`` (varlen for bf16/fp16 on CUDA, else dense).
 
     Returns:
         Output in q's layout and buffer order. Every CP rank of the group must
@@ -135,6 +127,7 @@ def dacp_attention(
             raise ValueError(f"batched input must have batch size 1, got {q.size(0)}")
         q, k, v = q[0], k[0], v[0]
     _check(q, k, v, meta, group)
+    kern = resolve_kernel(kernel, q)
     side_stream = side_stream or side_stream_for(q.device)
     n_loc = meta.num_local_tokens
     has_local, has_dist = n_loc > 0, bool(meta.dist_lens)
@@ -152,10 +145,10 @@ def dacp_attention(
     out_loc = None
     if has_local:
         t0 = time.perf_counter()
-        mask = meta.local_mask(q.device)
+        prep = kern.prepare(meta, "local", q.device)
         ql, kl, vl = q[:, :n_loc], k[:, :n_loc], v[:, :n_loc]
-        with side_stream.fork(ql, kl, vl, mask), record_function("dacp/local"):
-            out_loc = _masked_sdpa(ql, kl, vl, mask, scale)
+        with side_stream.fork(ql, kl, vl, *kern.tensors(prep)), record_function("dacp/local"):
+            out_loc = kern.run(ql, kl, vl, prep, scale)
         if stats is not None:
             stats.local_s += time.perf_counter() - t0
 
@@ -171,7 +164,7 @@ def dacp_attention(
             if replay is not None and not recompute and torch.is_grad_enabled():
                 ex.kept = replay.record(meta, kd, vd)
         with record_function("dacp/distributed"):
-            out_dist = _masked_sdpa(qd, kd, vd, meta.dist_mask(q.device), scale)
+            out_dist = kern.run(qd, kd, vd, kern.prepare(meta, "dist", q.device), scale)
 
     # 4. Back in buffer order.
     if out_loc is not None:

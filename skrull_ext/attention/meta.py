@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from skrull_ext.attention.segments import build_segment_plan, SegmentPlan
+
 __all__ = [
     "DISTRIBUTED",
     "DacpBatchMeta",
@@ -117,9 +119,9 @@ class DacpBatchMeta:
     """One CP rank's view of one DACP micro-batch (see docs/design/buffer_layout.md).
 
     ``dist_lens`` holds the *padded* lengths Lp and is identical on every CP
-    rank of the group; ``local_lens`` is this rank's own. Masks are built on
-    first use per device and cached here, because every attention layer of
-    the micro-batch shares them.
+    rank of the group; ``local_lens`` is this rank's own. Masks and segment
+    plans (segments.py) are built on first use per device and cached here,
+    because every attention layer of the micro-batch shares them.
     """
 
     cp_rank: int
@@ -209,10 +211,35 @@ class DacpBatchMeta:
         key = ("dist", torch.device(device or "cpu"))
         if key not in self._masks:
             qd, qp = self.dist_doc_positions(self.cp_rank, device)
-            ks = [self.dist_doc_positions(r, device) for r in range(self.cp_size)]
-            kd = torch.cat([d for d, _ in ks])
-            kp = torch.cat([p for _, p in ks])
+            kd, kp = self.gathered_doc_positions(device)
             self._masks[key] = document_causal_mask(qd, qp, kd, kp)
+        return self._masks[key]
+
+    def gathered_doc_positions(
+        self, device: torch.device | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(distributed-sequence index, true position) of each token of the gathered
+        K/V: every rank's distributed part, rank-major."""
+        ks = [self.dist_doc_positions(r, device) for r in range(self.cp_size)]
+        return torch.cat([d for d, _ in ks]), torch.cat([p for _, p in ks])
+
+    def local_plan(self, device: torch.device | None = None) -> SegmentPlan:
+        """Varlen segments of the local part: one causal segment per local sequence."""
+        key = ("local_plan", torch.device(device or "cpu"))
+        if key not in self._masks:
+            d, p = self.local_doc_positions()
+            self._masks[key] = build_segment_plan(d, p, d, p, device)
+        return self._masks[key]
+
+    def dist_plan(self, device: torch.device | None = None) -> SegmentPlan:
+        """Varlen segments of this rank's distributed queries over the gathered K/V:
+        one per query chunk (two per sequence, one if the chunks are adjacent),
+        keys picked out of the rank-major gathered K/V by the plan's key_index."""
+        key = ("dist_plan", torch.device(device or "cpu"))
+        if key not in self._masks:
+            qd, qp = self.dist_doc_positions(self.cp_rank)
+            kd, kp = self.gathered_doc_positions()
+            self._masks[key] = build_segment_plan(qd, qp, kd, kp, device)
         return self._masks[key]
 
 

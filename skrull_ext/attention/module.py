@@ -25,6 +25,7 @@ import torch.distributed as dist
 from torch import nn
 
 from skrull_ext.attention.dacp import dacp_attention
+from skrull_ext.attention.kernels import AUTO, check_kernel
 from skrull_ext.attention.meta import DacpBatchMeta
 from skrull_ext.attention.replay import KVReplay
 from skrull_ext.attention.stats import DacpStats
@@ -36,13 +37,21 @@ __all__ = ["DacpAttention"]
 class DacpAttention(nn.Module):
     """Inner attention over a DACP buffer: (1, L, N, H) in, (1, L, N, H) out."""
 
-    def __init__(self, group: dist.ProcessGroup | None = None, stats: DacpStats | None = None,
-                 exchange: str = "auto") -> None:
+    def __init__(
+        self,
+        group: dist.ProcessGroup | None = None,
+        stats: DacpStats | None = None,
+        kernel: str = AUTO,
+        exchange: str = "auto",
+    ) -> None:
         super().__init__()
         self.group = group
+        self.kernel = check_kernel(kernel)  # a bad name fails here, not at the first step
+        """Inner attention kernel, a name of kernels.KERNELS or ``auto`` (per call, from q)."""
         if exchange != "auto" and exchange not in TRANSPORTS:
             raise ValueError(f"exchange: {exchange!r} is not one of {['auto', *TRANSPORTS]}")
         self.exchange = exchange
+        """How K/V travel, a name of transport.TRANSPORTS or ``auto`` (by the group's backend)."""
         self.stats = stats if stats is not None else DacpStats()
         self.replay = KVReplay()
 
@@ -70,6 +79,7 @@ class DacpAttention(nn.Module):
             scale=scale,
             stats=self.stats,
             replay=self.replay,
+            kernel=self.kernel,
             exchange=self.exchange,
         )
         return out_BNLH.transpose(1, 2)

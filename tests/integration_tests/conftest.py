@@ -49,6 +49,8 @@ class SkrullRuns:
         "dp2cp2": (4, ["--parallelism.context_parallel_degree", "2",
                        "--parallelism.data_parallel_shard_degree", "2", "--skrull.defer_grad_sync"]),
         "cp2_worstfit": (2, ["--parallelism.context_parallel_degree", "2", "--skrull.policy", "worstfit"]),
+        # DACP's two parts on the varlen segment plan (its CPU reference executor), not dense masks.
+        "cp2_segments": (2, ["--parallelism.context_parallel_degree", "2", "--skrull.attention_kernel", "segments"]),
         # torchtitan's activation checkpointing around blocks that hold the DACP attention.
         "cp2_ac_full": (2, ["--parallelism.context_parallel_degree", "2", "activation-checkpoint:full"]),
         "cp2_ac_selective": (2, ["--parallelism.context_parallel_degree", "2", "activation-checkpoint:selective"]),

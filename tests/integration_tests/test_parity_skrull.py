@@ -14,6 +14,9 @@ with FSDP at DP=2 x CP=2) keeps that parity, and its recomputation reuses
 the forward's K/V exchange: rank 0's DACP counters show per step as many
 all-gathers and bytes as the same run without AC (replay.py).
 
+The varlen segment plan (``attention_kernel = "segments"``, its CPU
+executor) keeps the parity at CP=2.
+
 Schedule invariance (SKRULL.md, "Loss"): the 'skrull' and 'worstfit'
 policies schedule the check step's global batch differently (different plan
 digests, same samples), and give the same gradients.
@@ -66,6 +69,15 @@ def test_parity_skrull_cp2(skrull_runs, reference):
 @pytest.mark.slow
 def test_parity_skrull_dp2_cp2(skrull_runs, reference):
     _matches_reference(skrull_runs["dp2cp2"], reference)
+
+
+@pytest.mark.slow
+def test_parity_skrull_cp2_segments_kernel(skrull_runs, reference):
+    """``[skrull] attention_kernel = "segments"`` reaches every layer's DACP
+    attention, and the segment plan trains like the dense masks."""
+    run = skrull_runs["cp2_segments"]
+    assert "attention kernel segments" in run.output
+    _matches_reference(run, reference)
 
 
 def _exchange_counts(run) -> dict[str, list[float]]:

@@ -58,6 +58,9 @@ class Case:
     device: str = "cpu"
     exchange: str = "auto"
     """How K/V travel (skrull_ext.attention.transport); auto on gloo: p2p."""
+    kernel: str = "dense"
+    """Inner attention kernel (skrull_ext.attention.kernels); dense is what the
+    backward-order hooks in _backward_order expect."""
     extra: dict = field(default_factory=dict)
 
 
@@ -136,7 +139,7 @@ def rank_step(case: Case, cp_rank: int, cp_size: int, group) -> dict:
     go = buf("go")
     stats = DacpStats()
     args = (q[None], k[None], v[None]) if case.batched else (q, k, v)
-    out = dacp_attention(*args, meta, group, stats=stats, exchange=case.exchange)
+    out = dacp_attention(*args, meta, group, stats=stats, kernel=case.kernel, exchange=case.exchange)
     order = _backward_order(out) if case.order else []
     out.backward(go[None] if case.batched else go)
     if case.batched:

@@ -8,7 +8,8 @@
 
 Multi-process cases run on real gloo processes (one spawn per CP size, see
 dacp_multiproc.py) and compare outputs and dq/dk/dv per token, padding
-included (its gradient must be exactly zero). Single-process cases cover
+included (its gradient must be exactly zero). The ``segments_*`` cases run
+the varlen segment plan (kernels.py's CPU executor) through the same exchange. Single-process cases cover
 cp_size 1, the torchtitan-shaped module and argument checks.
 """
 
@@ -39,6 +40,11 @@ CASES = {
         Case("all_local", [7, 12, 5], [0, 1, 0], seed=5),
         Case("float32", [12, 30, 6, 21], [0, D, 1, D], dtype=torch.float32, seed=6),
         *(random_case(f"random{s}", 2, seed=100 + s) for s in range(4)),
+        # The varlen segment plan through the real exchange (kernels.py's CPU reference executor).
+        Case("segments_mixed_gqa", [5, 13, 7, 4, 9], [0, D, 1, 1, D], kernel="segments"),
+        Case("segments_mqa_batched", [8, 17, 2], [D, 0, D], heads=4, kv_heads=1, batched=True, seed=2,
+             kernel="segments"),
+        *(random_case(f"segments_random{s}", 2, seed=300 + s, kernel="segments") for s in range(2)),
     ],
     4: [
         Case("mixed_gqa", [5, 13, 7, 4, 9, 20], [0, D, 3, 1, D, 2], order=True),
@@ -47,6 +53,10 @@ CASES = {
         Case("all_local_one_rank", [4, 5], [3, 3], seed=3),  # ranks 0-2 hold nothing
         Case("float32", [12, 30, 6, 21], [0, D, 1, D], dtype=torch.float32, seed=6),
         *(random_case(f"random{s}", 4, seed=200 + s) for s in range(4)),
+        Case("segments_mixed_gqa", [5, 13, 7, 4, 9, 20], [0, D, 3, 1, D, 2], kernel="segments"),
+        Case("segments_some_ranks_empty", [6, 1], [D, 2], seed=1, kernel="segments"),
+        Case("segments_len1_distributed", [1, 3], [D, 0], seed=2, kernel="segments"),
+        *(random_case(f"segments_random{s}", 4, seed=400 + s, kernel="segments") for s in range(2)),
     ],
 }
 # The cases above run with exchange "auto", which on gloo is p2p; these run

@@ -1,0 +1,189 @@
+# Copyright (c) skrull-ext contributors.
+# All rights reserved.
+#
+# This source code is licensed under the BSD-style license found in the
+# LICENSE file in the root directory of this source tree.
+
+"""The inner attention kernels of a DACP buffer's two parts, by name.
+
+DACP attention (dacp.py) runs two independent attentions per layer: the
+local part (queries and keys: the local sequences) and the distributed part
+(this rank's zigzag queries over the gathered K/V). Both are
+document-causal; what differs between kernels is how that structure reaches
+the hardware:
+
+- ``dense``: SDPA with the dense [Tq, Tk] bool mask of meta.local_mask /
+  meta.dist_mask. Exact and simple, the CPU default and the reference every
+  test and profile was taken with; O(Tq * Tk) mask memory and FLOPs.
+- ``segments``: the varlen segment plan (segments.py) run as one SDPA per
+  segment with an explicit bottom-right causal mask. A labelled *reference
+  executor*: it exists so the plan -- the part this project writes -- is
+  tested on CPU against ``dense``; a Python loop over segments is not fast.
+- ``varlen``: the same plan on ``torch.nn.attention.varlen.varlen_attn``
+  (flash attention; CUDA only, bf16/fp16), called the way torchtitan 0.3.0's
+  VarlenAttention calls it. No mask is materialised. NOT YET RUN: written
+  without a GPU; tests/unit_tests/test_dacp_kernels.py has a CUDA-only check
+  against ``dense`` waiting for one.
+
+``auto`` picks ``varlen`` for bf16/fp16 on CUDA and ``dense`` otherwise.
+
+A kernel is two functions, so the part's mask or plan can be fetched (and
+cached on the meta) on the main stream before the local part forks onto the
+side stream: ``prepare(meta, part, device)`` and ``run(q, k, v, prepared,
+scale)`` with q [H, Tq, D] and k, v [Hkv, Tk, D] (the part's key source).
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from skrull_ext.attention.meta import DacpBatchMeta
+from skrull_ext.attention.segments import SegmentPlan
+
+__all__ = ["AUTO", "KERNELS", "Kernel", "KERNEL_CHOICES", "auto_kernel", "check_kernel", "resolve_kernel"]
+
+AUTO = "auto"
+PARTS = ("local", "dist")
+"""The two attentions of a DACP buffer (dacp.py)."""
+
+
+@dataclass(frozen=True)
+class Kernel:
+    name: str
+    prepare: Callable[[DacpBatchMeta, str, torch.device], Any]
+    """(meta, part, device) -> what ``run`` needs, cached on the meta per micro-batch."""
+    run: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Any, float | None], torch.Tensor]
+    """(q, k, v, prepared, scale) -> [H, Tq, D]."""
+    tensors: Callable[[Any], tuple[torch.Tensor, ...]]
+    """Device tensors in ``prepared`` (marked as used by the side stream)."""
+
+
+# ---- dense -------------------------------------------------------------------
+
+_MASK = {"local": DacpBatchMeta.local_mask, "dist": DacpBatchMeta.dist_mask}
+
+
+def _masked_sdpa(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float | None
+) -> torch.Tensor:
+    """[H, Tq, D] x [Hkv, Tk, D] -> [H, Tq, D] with a [Tq, Tk] bool mask."""
+    out = F.scaled_dot_product_attention(
+        q.unsqueeze(0),
+        k.unsqueeze(0),
+        v.unsqueeze(0),
+        attn_mask=mask,
+        scale=scale,
+        enable_gqa=q.size(0) != k.size(0),
+    )
+    return out.squeeze(0)
+
+
+DENSE = Kernel(
+    name="dense",
+    prepare=lambda meta, part, device: _MASK[part](meta, device),
+    run=_masked_sdpa,
+    tensors=lambda mask: (mask,),
+)
+
+
+# ---- segment plan: CPU reference executor and CUDA varlen -------------------
+
+_PLAN = {"local": DacpBatchMeta.local_plan, "dist": DacpBatchMeta.dist_plan}
+
+
+def _prepare_plan(meta: DacpBatchMeta, part: str, device: torch.device) -> SegmentPlan:
+    return _PLAN[part](meta, device)
+
+
+def bottom_right_causal_mask(nq: int, nk: int, device: torch.device | None = None) -> torch.Tensor:
+    """[nq, nk] bool: query i sees keys 0..nk-nq+i (the last query sees all nk keys),
+    flash attention's causal convention when nq < nk."""
+    return torch.ones(nq, nk, dtype=torch.bool, device=device).tril(nk - nq)
+
+
+def run_segments(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: SegmentPlan, scale: float | None
+) -> torch.Tensor:
+    """Reference executor of a segment plan: one masked SDPA per segment."""
+    if plan.key_index is not None:
+        k, v = k.index_select(1, plan.key_index), v.index_select(1, plan.key_index)
+    outs = []
+    for s in range(plan.num_segments):
+        qa, qb, ka, kb = plan.cu_q[s], plan.cu_q[s + 1], plan.cu_k[s], plan.cu_k[s + 1]
+        mask = bottom_right_causal_mask(qb - qa, kb - ka, q.device)
+        outs.append(_masked_sdpa(q[:, qa:qb], k[:, ka:kb], v[:, ka:kb], mask, scale))
+    return torch.cat(outs, dim=1)
+
+
+def _varlen_kwargs(q: torch.Tensor, k: torch.Tensor) -> dict:
+    """As torchtitan 0.3.0's VarlenAttention: num_splits=1 where FA2's automatic
+    split-KV is unreliable or batch invariance is asked for (not on ROCm, which
+    rejects it); enable_gqa when K/V have fewer heads."""
+    from torch.nn.attention import current_flash_attention_impl
+    from torchtitan.distributed.utils import is_in_batch_invariant_mode
+
+    kwargs: dict[str, Any] = {}
+    if (current_flash_attention_impl() in (None, "FA2") or is_in_batch_invariant_mode()) and torch.version.hip is None:
+        kwargs["num_splits"] = 1
+    if q.size(0) != k.size(0):
+        kwargs["enable_gqa"] = True
+    return kwargs
+
+
+def run_varlen(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: SegmentPlan, scale: float | None
+) -> torch.Tensor:
+    """A segment plan on flash attention's varlen kernel (CUDA, bf16/fp16).
+
+    varlen_attn takes [T, H, D]; window_size (-1, 0) is causal, which flash
+    attention aligns bottom-right when a segment has more keys than queries.
+    """
+    from torch.nn.attention.varlen import varlen_attn
+
+    if not q.is_cuda or q.dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"the varlen kernel needs bf16/fp16 CUDA tensors, got {q.dtype} on {q.device}")
+    q_t, k_t, v_t = (x.transpose(0, 1) for x in (q, k, v))
+    if plan.key_index is not None:
+        k_t, v_t = k_t.index_select(0, plan.key_index), v_t.index_select(0, plan.key_index)
+    out = varlen_attn(
+        q_t.contiguous(),
+        k_t.contiguous(),
+        v_t.contiguous(),
+        plan.cu_seq_q,
+        plan.cu_seq_k,
+        plan.max_q,
+        plan.max_k,
+        scale=scale,
+        window_size=(-1, 0),
+        **_varlen_kwargs(q, k),
+    )
+    return out.transpose(0, 1)
+
+
+SEGMENTS = Kernel(name="segments", prepare=_prepare_plan, run=run_segments, tensors=lambda p: p.tensors)
+VARLEN = Kernel(name="varlen", prepare=_prepare_plan, run=run_varlen, tensors=lambda p: p.tensors)
+
+KERNELS: dict[str, Kernel] = {k.name: k for k in (DENSE, SEGMENTS, VARLEN)}
+KERNEL_CHOICES = (AUTO, *KERNELS)
+"""What ``dacp_attention(kernel=...)`` and ``[skrull] attention_kernel`` accept."""
+
+
+def auto_kernel(q: torch.Tensor) -> str:
+    """``varlen`` where flash attention runs (CUDA, bf16/fp16), else ``dense``."""
+    return "varlen" if q.is_cuda and q.dtype in (torch.bfloat16, torch.float16) else "dense"
+
+
+def check_kernel(name: str) -> str:
+    """``name`` if it is one of KERNEL_CHOICES, else a ValueError naming the choices."""
+    if name not in KERNEL_CHOICES:
+        raise ValueError(f"attention kernel must be one of {list(KERNEL_CHOICES)}, got {name!r}")
+    return name
+
+
+def resolve_kernel(name: str, q: torch.Tensor) -> Kernel:
+    """The kernel called ``name`` (``auto``: chosen for q's device and dtype)."""
+    check_kernel(name)
+    return KERNELS[auto_kernel(q) if name == AUTO else name]
