@@ -16,16 +16,20 @@ the hardware:
   meta.dist_mask. Exact and simple, the CPU default and the reference every
   test and profile was taken with; O(Tq * Tk) mask memory and FLOPs.
 - ``segments``: the varlen segment plan (segments.py) run as one SDPA per
-  segment with an explicit bottom-right causal mask. A labelled *reference
-  executor*: it exists so the plan -- the part this project writes -- is
-  tested on CPU against ``dense``; a Python loop over segments is not fast.
+  segment with an explicit bottom-right causal mask. It exists so the plan --
+  the part this project writes -- is tested on CPU against ``dense``. On CPU
+  it is also the faster kernel for buffers of documents of 16 tokens or more
+  (0.14-0.55x dense's time), and slower for many tiny ones (1.2-2.6x at 8-2
+  tokens: one SDPA call per document); docs/benchmarks.md section 8.
 - ``varlen``: the same plan on ``torch.nn.attention.varlen.varlen_attn``
   (flash attention; CUDA only, bf16/fp16), called the way torchtitan 0.3.0's
   VarlenAttention calls it. No mask is materialised. NOT YET RUN: written
   without a GPU; tests/unit_tests/test_dacp_kernels.py has a CUDA-only check
   against ``dense`` waiting for one.
 
-``auto`` picks ``varlen`` for bf16/fp16 on CUDA and ``dense`` otherwise.
+``auto`` picks ``varlen`` for bf16/fp16 on CUDA and ``dense`` otherwise: on
+the CPU debug job ``segments`` gained too little in training (section 8) to
+move the default away from the kernel every CPU profile was measured with.
 
 A kernel is two functions, so the part's mask or plan can be fetched (and
 cached on the meta) on the main stream before the local part forks onto the
