@@ -173,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
             "job_world_size": target_world,
             "threads": torch.get_num_threads(),
             "elapsed_s": time.perf_counter() - t0,
+            "attention": f"dacp:{config.skrull.attention_kernel}" if jm.dacp else "torchtitan",
         }
         if comm is None:
             meta["comm_note"] = f"not measured (one process): [comm] is preset {args.comm_from!r}"

@@ -11,7 +11,10 @@ follows ``torchtitan.trainer.Trainer.__init__`` (0.3.0) for one rank without
 parallelism: ``update_from_config``, the config's ``--override.imports``
 (on CPU, compat's dense-mask attention), ``build()`` under the compute
 dtype, ``init_states``, then the job's activation checkpointing and
-per-block ``torch.compile``. FSDP/TP are left out on purpose: the profile
+per-block ``torch.compile``, and, when the job trains with Skrull, the DACP
+attention it will run (``[skrull] attention_kernel``; CP 1, every document
+local, as the cost model's compute term means), installed as the trainer
+installs it. FSDP/TP are left out on purpose: the profile
 describes one rank's work on its tokens, and the sharding shows up in the
 static-memory account (memory.py), not in the per-token numbers.
 """
@@ -78,6 +81,8 @@ class JobModel:
     loss_fn: Any
     vocab_size: int
     max_len: int
+    dacp: bool = False
+    """The attention is DACP's (buffers carry a DacpBatchMeta), not torchtitan's."""
 
     @property
     def layers(self) -> list[nn.Module]:
@@ -94,8 +99,14 @@ class JobModel:
         tokens = torch.randint(1, self.vocab_size, (1, n), generator=g).to(self.device)
         labels = torch.randint(1, self.vocab_size, (1, n), generator=g).to(self.device)
         positions = torch.cat([torch.arange(s) for s in doc_lengths]).unsqueeze(0).to(self.device)
-        masks = self.model.get_attention_masks(positions=positions) if hasattr(self.model, "get_attention_masks") \
-            else None
+        if self.dacp:
+            from skrull_ext.attention import build_meta
+
+            masks = build_meta(doc_lengths, [0] * len(doc_lengths), 0, 1)
+        elif hasattr(self.model, "get_attention_masks"):
+            masks = self.model.get_attention_masks(positions=positions)
+        else:
+            masks = None
         return {"tokens": tokens, "labels": labels, "positions": positions, "attention_masks": masks}
 
 
@@ -133,6 +144,13 @@ def build_job_model(config: Any, device: torch.device, max_len: int, world_size:
         for block in model.layers.values():
             block.compile(backend=config.compile.backend, fullgraph=True)
 
+    skrull = getattr(config, "skrull", None)
+    dacp = skrull is not None and skrull.enable
+    if dacp:  # after AC and compile, as SkrullTrainer does after torchtitan's parallelize
+        from skrull_ext.trainer import install_dacp_attention
+
+        install_dacp_attention([model], None, kernel=skrull.attention_kernel, exchange=skrull.kv_exchange)
+
     attn = mc.first_attention
     shape = ModelShape(len(model.layers), int(mc.dim), _kv_width(attn, int(mc.dim)), dtype.itemsize)
     return JobModel(
@@ -145,4 +163,5 @@ def build_job_model(config: Any, device: torch.device, max_len: int, world_size:
         loss_fn=config.loss.build(),
         vocab_size=decoder_vocab_size(spec),
         max_len=config.training.seq_len,
+        dacp=dacp,
     )

@@ -52,6 +52,7 @@ def test_profile_run_end_to_end(produced):
     assert d["memory"]["r2"] > 0.9999 and d["memory"]["a_bytes_per_token"] > 0
     assert d["meta"]["check"]["ok"] and d["meta"]["check"]["tokens"] == d["memory"]["bucket_size"]
     assert d["comm"]["backend"] == "assumed:h100-assumed"  # one process measures no collective
+    assert d["meta"]["attention"] == "dacp:auto"  # the debug job trains with Skrull: its attention is timed
 
     cm = cost_model.load(out)  # what the [skrull] section and the scheduler read
     assert cm.shape.hidden == 256 and cm.a_us_per_flop == d["compute"]["a_us_per_flop"]
@@ -106,3 +107,30 @@ def test_committed_cpu_profile():
     assert d["meta"]["elapsed_s"] < 300
     assert d["meta"]["check"]["ok"]
     cost_model.load(COMMITTED)
+
+
+@pytest.mark.parametrize("skrull", [True, False])
+def test_profiled_model_runs_the_jobs_attention(skrull):
+    """With Skrull on, the layers timed are the ones training runs: DACP attention
+    fed a DacpBatchMeta (every document local, CP 1); off, torchtitan's own."""
+    import torch
+    from torchtitan.models.common.attention import GQAttention
+
+    from skrull_ext import compat
+    from skrull_ext.attention import DacpAttention, DacpBatchMeta
+    from skrull_ext.job_file import JobConfigManager
+    from skrull_ext.profile.model import build_job_model
+
+    compat.apply()
+    argv = ["--config-file", str(JOB), *([] if skrull else ["--skrull.no-enable"])]
+    config = JobConfigManager().parse_args(argv)
+    compat.apply(config)
+    jm = build_job_model(config, torch.device("cpu"), 64, 1)
+    inner = {type(m.inner_attention) for m in jm.model.modules() if isinstance(m, GQAttention)}
+    assert (inner == {DacpAttention}) == skrull and jm.dacp == skrull
+    if skrull:  # (torchtitan's own masks are its business, and compile under pytest's warning filters)
+        buf = jm.buffer([5, 9, 3])
+        meta = buf["attention_masks"]
+        assert isinstance(meta, DacpBatchMeta) and meta.local_lens == [5, 9, 3] and not meta.dist_lens
+        out = jm.model(buf["tokens"], attention_masks=meta, positions=buf["positions"])
+        assert out.shape[:2] == (1, 17)
