@@ -181,6 +181,14 @@ def resolve(spec: str, model: str = "qwen2.5-0.5b") -> CostModel:
     raise ValueError(f"cost model {spec!r} is neither a hardware preset {sorted(HARDWARE_PRESETS)} nor a profile file")
 
 
+def per_rank_coefficients(a_bytes_per_token: float, c_bytes_per_token2: float, cp: int = 1,
+                          kv_bytes_per_token: float = 0.0) -> tuple[float, float]:
+    """(a', c') of a rank of the cp group holding tokens whole or as shards: a shard
+    also keeps the K/V gathered from the other cp - 1 ranks and (dense CPU mask)
+    attends cp times as many keys, so a' = a + (cp - 1) * kv and c' = c * cp."""
+    return a_bytes_per_token + (cp - 1) * kv_bytes_per_token, c_bytes_per_token2 * cp
+
+
 def bucket_size(usable_bytes: float, static_bytes: float, a_bytes_per_token: float, b_bytes: float = 0.0,
                 margin: float = 0.05, c_bytes_per_token2: float = 0.0, cp: int = 1,
                 kv_bytes_per_token: float = 0.0) -> int:
@@ -211,7 +219,6 @@ def bucket_size(usable_bytes: float, static_bytes: float, a_bytes_per_token: flo
             f"no room for activations: usable {usable_bytes:.3e} B - static {static_bytes:.3e} B - "
             f"fixed {b_bytes:.3e} B leaves less than one token ({a_bytes_per_token:.3e} B)"
         )
-    a = a_bytes_per_token + (cp - 1) * kv_bytes_per_token
-    c = c_bytes_per_token2 * cp
+    a, c = per_rank_coefficients(a_bytes_per_token, c_bytes_per_token2, cp, kv_bytes_per_token)
     tokens = free / a if c == 0 else 2.0 * free / (a + math.sqrt(a * a + 4.0 * c * free))
     return min(int(tokens), _core.MAX_BUCKET_SIZE)

@@ -41,6 +41,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from skrull_ext import cost_model
 from skrull_ext.profile.memory import (FIT_TARGET, OPTIMIZER_STATES, PEAK_METERS, local_bytes, measure_step,
                                        optimizer_state_tensors)
 from skrull_ext.profile.model import DTYPES, JobModel
@@ -182,8 +183,8 @@ class ProfileMemory:
     def activation_any(self, tokens: int) -> float:
         """Activation bytes of ``tokens`` on a rank of the cp group, whole or
         shards (the worst case cost_model.bucket_size derives BucketSize for)."""
-        return (self.b + (self.a + (self.cp - 1) * self.kv) * tokens
-                + self.c * self.cp * tokens * tokens)
+        a, c = cost_model.per_rank_coefficients(self.a, self.c, self.cp, self.kv)
+        return self.b + a * tokens + c * tokens * tokens
 
     def budget(self, tokens: int) -> float:
         """All a rank holding ``tokens`` may use: static account + activation fit
