@@ -37,7 +37,9 @@ side stream: ``prepare(meta, part, device)`` and ``run(q, k, v, prepared,
 scale)`` with q [H, Tq, D] and k, v [Hkv, Tk, D] (the part's key source).
 """
 
-from collections.abc import Callable
+import inspect
+import sys
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -122,19 +124,30 @@ def run_segments(
     return torch.cat(outs, dim=1)
 
 
-def _varlen_kwargs(q: torch.Tensor, k: torch.Tensor) -> dict:
+def _batch_invariant_mode() -> bool:
+    """torchtitan's batch-invariant switch, read without importing torchtitan:
+    it is a global of ``torchtitan.distributed.utils`` that only its trainer
+    sets, so while that module is not loaded the mode cannot be on (and the
+    attention runs where torchtitan is absent, e.g. a GPU image with another torch)."""
+    utils = sys.modules.get("torchtitan.distributed.utils")
+    return utils is not None and utils.is_in_batch_invariant_mode()
+
+
+def _varlen_kwargs(q: torch.Tensor, k: torch.Tensor, accepted: Collection[str]) -> dict:
     """As torchtitan 0.3.0's VarlenAttention: num_splits=1 where FA2's automatic
     split-KV is unreliable or batch invariance is asked for (not on ROCm, which
-    rejects it); enable_gqa when K/V have fewer heads."""
+    rejects it); enable_gqa when K/V have fewer heads. Only the keywords in
+    ``accepted`` (varlen_attn's parameters) are passed: torch 2.11's varlen_attn
+    has neither (GQA then goes to flash attention's native MQA/GQA support, and
+    num_splits is chosen by the kernel)."""
     from torch.nn.attention import current_flash_attention_impl
-    from torchtitan.distributed.utils import is_in_batch_invariant_mode
 
     kwargs: dict[str, Any] = {}
-    if (current_flash_attention_impl() in (None, "FA2") or is_in_batch_invariant_mode()) and torch.version.hip is None:
+    if (current_flash_attention_impl() in (None, "FA2") or _batch_invariant_mode()) and torch.version.hip is None:
         kwargs["num_splits"] = 1
     if q.size(0) != k.size(0):
         kwargs["enable_gqa"] = True
-    return kwargs
+    return {key: value for key, value in kwargs.items() if key in accepted}
 
 
 def run_varlen(
@@ -162,7 +175,7 @@ def run_varlen(
         plan.max_k,
         scale=scale,
         window_size=(-1, 0),
-        **_varlen_kwargs(q, k),
+        **_varlen_kwargs(q, k, inspect.signature(varlen_attn).parameters),
     )
     return out.transpose(0, 1)
 

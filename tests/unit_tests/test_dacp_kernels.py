@@ -20,6 +20,9 @@ The real exchange with the ``segments`` kernel runs in test_dacp_attention.py
 (gloo, CP 2 and 4). The varlen kernel's check against dense waits for CUDA.
 """
 
+import inspect
+import sys
+
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
@@ -34,6 +37,7 @@ from skrull_ext.attention import (
     shard_buffer,
     unshard_buffer,
 )
+from skrull_ext.attention import kernels
 from skrull_ext.attention.kernels import auto_kernel, KERNEL_CHOICES, KERNELS, resolve_kernel
 from skrull_ext.skrull_section import SkrullSection
 
@@ -268,6 +272,42 @@ def test_varlen_refuses_cpu():
     q = torch.randn(2, 5, 8, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="bf16/fp16 CUDA"):
         dacp_attention(q, q, q, m, kernel="varlen")
+
+
+# varlen_attn's keywords after the seven positional arguments: torch 2.11's (the
+# PyTorch of the GPU image this project is lent) and torch 2.13's (pinned here).
+VARLEN_KEYWORDS = {
+    "2.11": {"return_aux", "scale", "window_size"},
+    "2.13": {"return_aux", "scale", "window_size", "enable_gqa", "seqused_k", "block_table", "num_splits"},
+}
+
+
+def test_varlen_kwargs_follow_the_installed_signature():
+    from torch.nn.attention.varlen import varlen_attn
+
+    here = set(list(inspect.signature(varlen_attn).parameters)[7:])
+    assert here in VARLEN_KEYWORDS.values(), f"varlen_attn changed: {sorted(here)}; check kernels._varlen_kwargs"
+    q, k = torch.empty(8, 1, 4), torch.empty(2, 1, 4)
+    new, old = VARLEN_KEYWORDS["2.13"], VARLEN_KEYWORDS["2.11"]
+    assert kernels._varlen_kwargs(q, k, new) == {"num_splits": 1, "enable_gqa": True}  # FA2: split forced
+    assert kernels._varlen_kwargs(q, q, new) == {"num_splits": 1}  # MHA: no enable_gqa
+    assert kernels._varlen_kwargs(q, k, old) == {}
+
+
+def test_varlen_num_splits_as_torchtitan(monkeypatch):
+    """FA3/FA4 choose their own split unless torchtitan's batch-invariant mode is on."""
+    import torch.nn.attention
+
+    utils = pytest.importorskip("torchtitan.distributed.utils")
+
+    q = torch.empty(2, 1, 4)
+    params = ("num_splits", "enable_gqa")
+    monkeypatch.setattr(torch.nn.attention, "current_flash_attention_impl", lambda: "FA3")
+    assert kernels._varlen_kwargs(q, q, params) == {}
+    monkeypatch.setattr(utils, "_batch_invariant_enabled", True)
+    assert kernels._varlen_kwargs(q, q, params) == {"num_splits": 1}
+    monkeypatch.delitem(sys.modules, "torchtitan.distributed.utils")  # not loaded: the mode cannot be on
+    assert kernels._varlen_kwargs(q, q, params) == {}
 
 
 # ---- CUDA: varlen vs dense (not run in a CPU-only session) -------------------
