@@ -208,6 +208,23 @@ class SkrullTrainer(Trainer):
         logger.info(step_log_line(self.step, skrull))
 
 
+def activate_flash_attention_impl() -> str | None:
+    """Select the flash attention the GPU runs best, as torchtitan's
+    VarlenAttention does when it is built (FA3 on Hopper, FA4 on Blackwell,
+    torch's default FA2 below), so the DACP varlen kernel gets it too when the
+    model was built with another attention. Process-wide; a no-op off CUDA.
+    Returns the implementation now active (None: torch's default)."""
+    from torch.nn.attention import activate_flash_attention_impl as activate, current_flash_attention_impl
+
+    from torchtitan.tools.utils import get_cuda_flash_attention_impl
+
+    impl = get_cuda_flash_attention_impl()
+    if impl is not None and current_flash_attention_impl() != impl:
+        activate(impl)
+        logger.info(f"DACP attention: flash attention implementation {impl} activated for the varlen kernel")
+    return current_flash_attention_impl()
+
+
 def install_dacp_attention(model_parts, cp_group, kernel: str = "auto",
                            exchange: str = "auto") -> list[DacpAttention]:
     """Replace every GQAttention's inner attention by DACP attention on ``cp_group``,
@@ -217,8 +234,12 @@ def install_dacp_attention(model_parts, cp_group, kernel: str = "auto",
     Done after torchtitan's parallelize_fn: that is where torchtitan itself
     installs its CP attention wrapper (apply_cp_to_forward), which this
     replaces together with the module it wrapped. The inner attention holds
-    no parameters, so FSDP, AC and checkpoints are unaffected.
+    no parameters, so FSDP, AC and checkpoints are unaffected. A kernel that
+    may resolve to varlen first activates the GPU's flash attention
+    implementation (activate_flash_attention_impl).
     """
+    if kernel in ("varlen", "auto"):
+        activate_flash_attention_impl()
     installed = []
     for part in model_parts:
         for module in part.modules():
