@@ -151,10 +151,28 @@ def rank_step(case: Case, cp_rank: int, cp_size: int, group) -> dict:
     return dict(**cpu, stats=stats, order=order, transport=transport)
 
 
+def backend_for(device: str, cp_size: int) -> str:
+    """gloo on CPU. On CUDA, NCCL when every rank has a GPU of its own; else gloo,
+    whose all-gather and all-reduce (hence reduce-scatter) stage CUDA tensors
+    through pinned host memory on their own streams, so one GPU can host a
+    real CP group (NCCL refuses two ranks on one device). gloo has no CUDA
+    send/recv: such cases must use the ``all_gather`` exchange."""
+    if device == "cpu" or torch.cuda.device_count() < cp_size:
+        return "gloo"
+    return "nccl"
+
+
 def _worker(rank: int, cp_size: int, store: str, cases: list[Case], outdir: str) -> None:
     torch.set_num_threads(1)  # several ranks share two cores
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=cp_size)
+    devices = {c.device for c in cases}
+    if len(devices) != 1:
+        raise ValueError(f"one spawn runs cases of one device, got {sorted(devices)}")
+    device = devices.pop()
+    if device == "cuda":
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+    dist.init_process_group(backend_for(device, cp_size), init_method=f"file://{store}", rank=rank,
+                            world_size=cp_size)
     try:
         results = [rank_step(c, rank, cp_size, dist.group.WORLD) for c in cases]
         torch.save(results, Path(outdir) / f"rank{rank}.pt")
@@ -175,14 +193,25 @@ def run_multiproc(cases: list[Case], cp_size: int, tmpdir: Path) -> list[list[di
     return [[per_rank[r][i] for r in range(cp_size)] for i in range(len(cases))]
 
 
+TOLERANCE = {
+    torch.float64: dict(atol=1e-10, rtol=1e-10),
+    torch.float32: dict(atol=2e-5, rtol=1e-4),
+    # against a reference computed in bf16/fp16 too (same rounded inputs)
+    torch.bfloat16: dict(atol=5e-2, rtol=5e-2),
+    torch.float16: dict(atol=1e-2, rtol=1e-2),
+}
+
+
 def compare(case: Case, cp_size: int, ranks: list[dict]) -> None:
     """Assert the ranks' buffers equal the single-process reference, sequence by sequence."""
     seqs = global_inputs(case, cp_size)
-    ref = reference(case, seqs)
+    low = case.dtype in (torch.bfloat16, torch.float16)
+    # bf16/fp16: the float64 reference over the same rounded inputs
+    ref = reference(case, [{x: t.double() for x, t in s.items()} for s in seqs] if low else seqs)
     padded = [s["q"].size(1) for s in seqs]
-    tol = dict(atol=1e-10, rtol=1e-10) if case.dtype == torch.float64 else dict(atol=2e-5, rtol=1e-4)
+    tol = TOLERANCE[case.dtype]
     for key in ("out", "dq", "dk", "dv"):
-        got = unshard_buffer([r[key] for r in ranks], padded, case.placement, dim=1)
+        got = unshard_buffer([r[key].double() if low else r[key] for r in ranks], padded, case.placement, dim=1)
         for i, (n, g) in enumerate(zip(case.lengths, got)):
             torch.testing.assert_close(g[:, :n], ref[i][key], **tol, msg=lambda m: f"{key} seq {i}: {m}")
             if key != "out":  # nothing may flow into pad tokens

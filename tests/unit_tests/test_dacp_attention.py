@@ -178,3 +178,33 @@ def test_cp1_cuda_side_stream(dtype):
     case = Case("cuda", [5, 13, 7, 40], [0, D, 0, D], dtype=dtype, device="cuda")
     res = rank_step(case, 0, 1, None)
     compare(case, 1, [res])
+
+
+# ---- CUDA: a real CP group on the GPU (not run in a CPU-only session) --------
+# NCCL when every rank has a GPU, else gloo staging CUDA tensors through host
+# memory (dacp_multiproc.backend_for): with one GPU, CP 2 and 4 still run
+# real processes, the side stream and an asynchronous exchange in flight.
+
+
+def cuda_cases(cp_size: int) -> list[Case]:
+    lengths = [5, 130, 70, 1, 93, 220]
+    placement = [0, D, cp_size - 1, D, 1 % cp_size, D]
+    return [
+        *(replace(c, name=f"cuda_{c.name}", device="cuda", exchange="all_gather")
+          for c in CASES[cp_size] if c.exchange == "auto" and c.name in ("mixed_gqa", "float32", "random0",
+                                                                          "segments_mixed_gqa")),
+        Case("cuda_varlen_bf16", lengths, placement, heads=8, kv_heads=2, head_dim=64, dtype=torch.bfloat16,
+             device="cuda", exchange="all_gather", kernel="auto"),
+        Case("cuda_varlen_fp16_mha", lengths, placement, heads=4, kv_heads=4, head_dim=64, dtype=torch.float16,
+             device="cuda", exchange="all_gather", kernel="varlen", seed=1),
+    ]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("cp_size", [2, 4])
+def test_cuda_cp_group_matches_single_process(cp_size, tmp_path):
+    cases = cuda_cases(cp_size)
+    for case, ranks in zip(cases, run_multiproc(cases, cp_size, tmp_path)):
+        compare(case, cp_size, ranks)
+        assert {r["transport"] for r in ranks} == {"all_gather"}
+        assert sum(r["stats"].local_seqs for r in ranks) and sum(r["stats"].fwd_bytes for r in ranks)
