@@ -41,6 +41,18 @@ from skrull_ext.attention.meta import build_meta, DISTRIBUTED
 from skrull_ext.attention.stats import DacpStats
 
 
+def backend_for(device: str, world_size: int) -> str:
+    """The process group backend for ``world_size`` ranks on ``device``: gloo on
+    CPU; on CUDA, NCCL when every rank has a GPU of its own, else gloo, whose
+    all-gather and all-reduce (hence reduce-scatter) stage CUDA tensors through
+    pinned host memory on their own streams, so one GPU can host a real CP
+    group (NCCL refuses two ranks on one device). gloo has no CUDA send/recv:
+    such a group must use the ``all_gather`` exchange."""
+    if device == "cpu" or torch.cuda.device_count() < world_size:
+        return "gloo"
+    return "nccl"
+
+
 def long_tail_lengths(n: int, seed: int) -> list[int]:
     """Mostly short sequences with a few long ones (the SFT shape of SKRULL.md)."""
     rng = random.Random(seed)

@@ -38,6 +38,7 @@ from skrull_ext.attention import (
     shard_buffer,
     unshard_buffer,
 )
+from skrull_ext.attention.bench import backend_for
 
 
 @dataclass
@@ -149,17 +150,6 @@ def rank_step(case: Case, cp_rank: int, cp_size: int, group) -> dict:
     cpu = {x: None if t is None else t.cpu() for x, t in got.items()}
     transport = resolve_transport(case.exchange, group).name if group is not None else None
     return dict(**cpu, stats=stats, order=order, transport=transport)
-
-
-def backend_for(device: str, cp_size: int) -> str:
-    """gloo on CPU. On CUDA, NCCL when every rank has a GPU of its own; else gloo,
-    whose all-gather and all-reduce (hence reduce-scatter) stage CUDA tensors
-    through pinned host memory on their own streams, so one GPU can host a
-    real CP group (NCCL refuses two ranks on one device). gloo has no CUDA
-    send/recv: such cases must use the ``all_gather`` exchange."""
-    if device == "cpu" or torch.cuda.device_count() < cp_size:
-        return "gloo"
-    return "nccl"
 
 
 def _worker(rank: int, cp_size: int, store: str, cases: list[Case], outdir: str) -> None:
