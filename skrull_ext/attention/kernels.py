@@ -23,9 +23,11 @@ the hardware:
   tokens: one SDPA call per document); docs/benchmarks.md section 8.
 - ``varlen``: the same plan on ``torch.nn.attention.varlen.varlen_attn``
   (flash attention; CUDA only, bf16/fp16), called the way torchtitan 0.3.0's
-  VarlenAttention calls it. No mask is materialised. NOT YET RUN: written
-  without a GPU; tests/unit_tests/test_dacp_kernels.py has a CUDA-only check
-  against ``dense`` waiting for one.
+  VarlenAttention calls it (keywords the installed torch lacks, as 2.11's
+  ``enable_gqa``/``num_splits``, are left out). No mask is materialised. NOT
+  YET RUN: written without a GPU; tests/unit_tests/test_dacp_kernels.py and
+  test_dacp_attention.py have CUDA-only checks against ``dense`` and the
+  float64 reference, and docs/gpu.md the one command that runs them.
 
 ``auto`` picks ``varlen`` for bf16/fp16 on CUDA and ``dense`` otherwise: on
 the CPU debug job ``segments`` gained too little in training (section 8) to

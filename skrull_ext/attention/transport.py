@@ -17,7 +17,8 @@ to move those bytes, both asynchronous (issue, compute, then wait):
   its owner, which sums what it receives. On gloo over loopback it measured
   0.7-0.9x the collectives' time at 64 KiB-4 MiB per shard and 0.35x at
   16 MiB, at CP 2 and 4 (docs/benchmarks.md, section 7), so ``auto`` picks
-  it there.
+  it there; gloo's reduce-scatter is moreover an all-reduce of the whole
+  buffer, each rank keeping its slice.
 
 The byte count is the same either way: (N - 1) shards in, (N - 1) out.
 ``auto`` picks by the group's backend (``AUTO_BY_BACKEND``); every rank of a

@@ -40,9 +40,11 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.profiler import profile, ProfilerActivity, record_function
 
-from skrull_ext.attention import build_meta, dacp_attention, DacpStats, DISTRIBUTED
-from skrull_ext.attention.bench import backend_for, dacp_placement, long_tail_lengths
-from skrull_ext.bench.trace_overlap import analyze, load_events, Overlap
+from skrull_ext.attention import build_meta, dacp_attention, DacpStats, DISTRIBUTED, KERNEL_CHOICES, TRANSPORTS
+from skrull_ext.attention.bench import add_micro_batch_args, backend_for, dacp_placement, long_tail_lengths
+from skrull_ext.bench.trace_overlap import analyze, load_events
+
+__all__ = ["main"]
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -50,22 +52,14 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m skrull_ext.bench overlap", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=Path("outputs/overlap"))
-    p.add_argument("--cp", type=int, default=2, help="CP size (processes)")
+    add_micro_batch_args(p)
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    p.add_argument("--exchange", default="all_gather", help="auto | all_gather | p2p (p2p: gloo cannot send CUDA)")
-    p.add_argument("--kernel", default="auto", help="attention kernel: auto | dense | segments | varlen")
+    p.add_argument("--exchange", default="all_gather", choices=("auto", *TRANSPORTS),
+                   help="how K/V travel (p2p: gloo cannot send CUDA tensors)")
+    p.add_argument("--kernel", default="auto", choices=KERNEL_CHOICES, help="inner attention kernel")
     p.add_argument("--dtype", choices=sorted(DTYPES), help="default: float32 on CPU, bfloat16 on CUDA")
-    p.add_argument("--sequences", type=int, default=16)
-    p.add_argument("--lengths", type=int, nargs="*", help="explicit lengths instead of random")
-    p.add_argument("--local-max", type=int, default=1024, help="longest sequence kept local")
-    p.add_argument("--heads", type=int, default=8)
-    p.add_argument("--kv-heads", type=int, default=2)
-    p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--steps", type=int, default=3, help="profiled steps (forward + backward)")
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--threads", type=int, default=1, help="torch threads per rank (CPU)")
-    p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
     if a.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: torch sees no CUDA device here")
@@ -186,5 +180,3 @@ def main(argv: list[str] | None = None) -> int:
     print(f"traces: {args.out}/rank*.trace.json.gz (Perfetto: ui.perfetto.dev)")
     return 0
 
-
-__all__ = ["main", "Overlap"]

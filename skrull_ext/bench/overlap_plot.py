@@ -7,8 +7,9 @@
 """A timeline PNG of one profiled step: local compute against the exchange.
 
 Overlap is a picture before it is a number: one lane each for the local
-attention forward and backward, the exchange, and the host's waits, over the
-last profiled step of one rank (trace_overlap.lanes).
+attention forward and backward, the exchange, the host's waits and (for
+scale) the distributed part's forward, over the last profiled step of one
+rank (trace_overlap.lanes).
 """
 
 from __future__ import annotations
@@ -23,9 +24,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from skrull_ext.bench.trace_overlap import lanes  # noqa: E402
 
-LANES = ("local fwd", "local bwd", "exchange", "fwd wait", "bwd wait")
+LANES = ("local fwd", "local bwd", "exchange", "fwd wait", "bwd wait", "distributed fwd")
 COLORS = {"local fwd": "tab:blue", "local bwd": "tab:cyan", "exchange": "tab:orange", "fwd wait": "tab:red",
-          "bwd wait": "tab:pink"}
+          "bwd wait": "tab:pink", "distributed fwd": "tab:gray"}
 
 
 def last_step(events: Sequence[dict]) -> tuple[float, float]:
@@ -41,7 +42,7 @@ def last_step(events: Sequence[dict]) -> tuple[float, float]:
 def timeline_plot(events: Sequence[dict], path: Path, title: str = "") -> Path:
     lo, hi = last_step(events)
     lane = lanes(events)
-    fig, ax = plt.subplots(figsize=(11, 2.8))
+    fig, ax = plt.subplots(figsize=(11, 3.1))
     for y, name in enumerate(LANES):
         spans = [(max(a, lo), min(b, hi)) for a, b in lane[name] if b > lo and a < hi]
         ax.broken_barh([((a - lo) / 1e3, (b - a) / 1e3) for a, b in spans], (y - 0.4, 0.8),

@@ -43,6 +43,7 @@ from pathlib import Path
 Interval = tuple[float, float]
 
 LOCAL = "dacp/local"
+DISTRIBUTED = "dacp/distributed"
 KV_WAIT = "dacp/kv_wait"
 _EVAL = "autograd::engine::evaluate_function: "
 ISSUE_GRAD = _EVAL + "_WaitAllGatherBackward"
@@ -124,9 +125,9 @@ def _key(e: dict) -> tuple:
     return e.get("pid"), e.get("tid")
 
 
-def forward_windows(events: Sequence[dict]) -> list[tuple[tuple, Interval]]:
-    """(thread, span) of every ``dacp/local`` range on the host."""
-    return [(_key(e), _span(e)) for e in events if e["name"] == LOCAL and e.get("cat") != "gpu_user_annotation"]
+def forward_windows(events: Sequence[dict], name: str = LOCAL) -> list[tuple[tuple, Interval]]:
+    """(thread, span) of every ``name`` range on the host (``dacp/local`` by default)."""
+    return [(_key(e), _span(e)) for e in events if e["name"] == name and e.get("cat") != "gpu_user_annotation"]
 
 
 def backward_windows(events: Sequence[dict]) -> list[tuple[tuple, Interval]]:
@@ -169,18 +170,20 @@ def is_exchange(e: dict) -> bool:
 
 def lanes(events: Sequence[dict]) -> dict[str, list[Interval]]:
     """The intervals the overlap is measured on: local compute forward and
-    backward, exchange, and the host's waits; plus ``gpu`` (non-empty when the
+    backward, exchange, and the host's waits; the distributed part's forward
+    (for the picture); plus ``gpu`` (non-empty when the
     compute was read off GPU kernels)."""
-    fwd, bwd = forward_windows(events), backward_windows(events)
     on_gpu = any(e.get("cat") == "kernel" for e in events)
-    if on_gpu:
-        fwd_c, bwd_c = gpu_compute(events, fwd), gpu_compute(events, bwd)
-    else:
-        fwd_c, bwd_c = [s for _, s in fwd], [s for _, s in bwd]
+
+    def compute(windows):
+        return gpu_compute(events, windows) if on_gpu else [s for _, s in windows]
+
+    fwd_c, bwd_c = compute(forward_windows(events)), compute(backward_windows(events))
     host = [e for e in events if e.get("cat") != "gpu_user_annotation"]
     return {
         "local fwd": fwd_c,
         "local bwd": bwd_c,
+        "distributed fwd": compute(forward_windows(events, DISTRIBUTED)),
         "exchange": [_span(e) for e in events if is_exchange(e)],
         "fwd wait": [_span(e) for e in host if e["name"] == KV_WAIT],
         "bwd wait": [_span(e) for e in host if e["name"] == WAIT_GRAD],

@@ -53,7 +53,8 @@ def test_profile_bucket_size_is_the_default(tmp_path):
 def test_command_registry(capsys):
     assert {name: target for name, (target, _) in bench.COMMANDS.items()} == {
         "simulate": "skrull_ext.bench.simulate:main", "latency": "skrull_ext.bench.latency:main",
-        "adversarial": "skrull_ext.bench.adversarial:main", "cp": "skrull_ext.bench.cp_train:main"}
+        "adversarial": "skrull_ext.bench.adversarial:main", "cp": "skrull_ext.bench.cp_train:main",
+        "overlap": "skrull_ext.bench.overlap:main"}
     for name, (target, _) in bench.COMMANDS.items():  # every target resolves
         module, func = target.split(":")
         assert callable(getattr(__import__(module, fromlist=[func]), func)), name
