@@ -80,11 +80,13 @@ for case in ET.parse(sys.argv[1]).iter("testcase"):
         print(f"  {state:8} {case.get('name')} ({float(case.get('time', 0)):.1f} s)")
 EOF
 
-# 4. Profiled overlap: a Qwen2.5-0.5B attention shape (14 heads over 2 K/V heads of 64), long-tail micro-batch.
+# 4. Profiled overlap: a Qwen2.5-0.5B attention shape (14 heads over 2 K/V heads of 64); a micro-batch of
+#    two long sequences (16K, 8K: distributed) and 40 long-tail short ones (local), ~45K tokens.
+short=$("$py" -c "from skrull_ext.attention.bench import long_tail_lengths; print(*long_tail_lengths(40, 1))")
 for cp in 2 4; do
   for kernel in auto dense; do
     timeout 240 "$py" -m skrull_ext.bench overlap --device cuda --cp "$cp" --kernel "$kernel" \
-      --heads 14 --kv-heads 2 --head-dim 64 --layers 6 --sequences 24 --local-max 2048 --steps 3 \
+      --heads 14 --kv-heads 2 --head-dim 64 --layers 6 --lengths 16384 8192 $short --local-max 4096 --steps 3 \
       --out "$work/overlap_cp${cp}_${kernel}" >"$log/overlap_cp${cp}_${kernel}.txt" 2>&1
     say "overlap cp $cp kernel $kernel (rc $?): $(grep 'exchange hidden' "$log/overlap_cp${cp}_${kernel}.txt" || tail -2 "$log/overlap_cp${cp}_${kernel}.txt")"
   done

@@ -63,6 +63,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a = p.parse_args(argv)
     if a.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: torch sees no CUDA device here")
+    if a.kv_heads < 1 or a.heads % a.kv_heads:
+        p.error(f"--heads {a.heads} must be a multiple of --kv-heads {a.kv_heads}")
     if a.cp < 2:
         p.error(f"--cp {a.cp}: the exchange needs a CP group of at least 2")
     if a.device == "cuda" and backend_for("cuda", a.cp) == "gloo" and a.exchange != "all_gather":

@@ -103,5 +103,8 @@ def test_bad_arguments_name_the_limit(capsys):
     with pytest.raises(SystemExit):
         overlap_bench.main(["--cp", "1"])
     assert "--cp 1: the exchange needs a CP group of at least 2" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        overlap_bench.main(["--heads", "6", "--kv-heads", "4"])
+    assert "--heads 6 must be a multiple of --kv-heads 4" in capsys.readouterr().err
     with pytest.raises(SystemExit, match="needs local and distributed sequences"):
         overlap_bench.main(["--lengths", "10", "20", "--local-max", "100"])
