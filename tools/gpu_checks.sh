@@ -38,6 +38,8 @@ log=$work/logs
 summary=$out/summary.txt
 : >"$summary"
 say() { echo "$*" | tee -a "$summary"; }
+# Packed again after every stage: a call cut off at the device tool's 10 minutes still returns what ran.
+pack() { tar -czf "$out/gpu_checks.tar.gz" -C "$work" . ; }
 
 # 1. What machine and software this is.
 {
@@ -54,6 +56,7 @@ print("flash attention impl", current_flash_attention_impl(), "| nccl", dist.is_
 EOF
 } >"$log/env.txt" 2>&1
 say "$(grep -E '^torch|^flash' "$log/env.txt")"
+pack
 
 # 2. Wheels the image lacks, then the C++ core built in place.
 if compgen -G ".whl/*.whl" >/dev/null; then
@@ -64,10 +67,11 @@ fi
 export PYTHONPATH=$PWD:${PYTHONPATH:-}
 PYTHON=$py bash tools/build_inplace.sh >"$log/build.txt" 2>&1 && say "core: $(tail -1 "$log/build.txt")" \
   || { say "core build FAILED"; tail -20 "$log/build.txt"; }
+pack
 
 # 3. The attention tests: every CPU case too (they must hold on this torch), the CUDA ones are the point.
 export PYTHONUNBUFFERED=1
-timeout 420 "$py" -m pytest -p no:cacheprovider -o addopts="-ra" -W ignore::DeprecationWarning -W ignore::FutureWarning \
+timeout 200 "$py" -m pytest -p no:cacheprovider -o addopts="-ra" -W ignore::DeprecationWarning -W ignore::FutureWarning \
   --junitxml="$log/pytest_cuda.xml" tests/unit_tests/test_dacp_attention.py tests/unit_tests/test_dacp_kernels.py \
   tests/unit_tests/test_trace_overlap.py >"$log/pytest_cuda.txt" 2>&1
 say "pytest (rc $?): $(tail -1 "$log/pytest_cuda.txt")"
@@ -79,19 +83,20 @@ for case in ET.parse(sys.argv[1]).iter("testcase"):
             case.find("failure") is not None or case.find("error") is not None) else "passed"
         print(f"  {state:8} {case.get('name')} ({float(case.get('time', 0)):.1f} s)")
 EOF
+pack
 
 # 4. Profiled overlap: a Qwen2.5-0.5B attention shape (14 heads over 2 K/V heads of 64); a micro-batch of
 #    two long sequences (16K, 8K: distributed) and 40 long-tail short ones (local), ~45K tokens.
 short=$("$py" -c "from skrull_ext.attention.bench import long_tail_lengths; print(*long_tail_lengths(40, 1))")
 for cp in 2 4; do
   for kernel in auto dense; do
-    timeout 240 "$py" -m skrull_ext.bench overlap --device cuda --cp "$cp" --kernel "$kernel" \
+    timeout 75 "$py" -m skrull_ext.bench overlap --device cuda --cp "$cp" --kernel "$kernel" \
       --heads 14 --kv-heads 2 --head-dim 64 --layers 6 --lengths 16384 8192 $short --local-max 4096 --steps 3 \
       --out "$work/overlap_cp${cp}_${kernel}" >"$log/overlap_cp${cp}_${kernel}.txt" 2>&1
     say "overlap cp $cp kernel $kernel (rc $?): $(grep 'exchange hidden' "$log/overlap_cp${cp}_${kernel}.txt" || tail -2 "$log/overlap_cp${cp}_${kernel}.txt")"
+    pack
   done
 done
 
 cp "$work"/overlap_cp2_auto/overlap.png "$out"/overlap_cp2_auto.png 2>/dev/null
-tar -czf "$out/gpu_checks.tar.gz" -C "$work" .
 say "packed: $(du -h "$out/gpu_checks.tar.gz" | cut -f1) in $out/gpu_checks.tar.gz"

@@ -28,6 +28,11 @@ cannot tell. From the events:
 - **overlap**: the measure of (compute ∩ exchange), intervals merged first,
   per direction; **hidden** is overlap / exchange.
 
+Every gloo range and NCCL kernel counts as exchange, so read traces of
+DACP attention alone (``python -m skrull_ext.bench overlap``): in a training
+trace FSDP's parameter all-gathers and gradient reductions run on the same
+backends and would be counted too (gloo's ranges name no process group).
+
 Times are microseconds as the trace has them. A pure function of the event
 list, so it is tested on hand-written traces.
 """
