@@ -39,6 +39,7 @@ side stream: ``prepare(meta, part, device)`` and ``run(q, k, v, prepared,
 scale)`` with q [H, Tq, D] and k, v [Hkv, Tk, D] (the part's key source).
 """
 
+import functools
 import inspect
 import sys
 from collections.abc import Callable, Collection
@@ -152,6 +153,14 @@ def _varlen_kwargs(q: torch.Tensor, k: torch.Tensor, accepted: Collection[str]) 
     return {key: value for key, value in kwargs.items() if key in accepted}
 
 
+@functools.cache
+def _varlen_keywords() -> frozenset[str]:
+    """varlen_attn's parameter names, read once (run_varlen runs per layer and part)."""
+    from torch.nn.attention.varlen import varlen_attn
+
+    return frozenset(inspect.signature(varlen_attn).parameters)
+
+
 def run_varlen(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: SegmentPlan, scale: float | None
 ) -> torch.Tensor:
@@ -177,7 +186,7 @@ def run_varlen(
         plan.max_k,
         scale=scale,
         window_size=(-1, 0),
-        **_varlen_kwargs(q, k, inspect.signature(varlen_attn).parameters),
+        **_varlen_kwargs(q, k, _varlen_keywords()),
     )
     return out.transpose(0, 1)
 

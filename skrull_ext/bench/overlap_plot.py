@@ -22,7 +22,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 
-from skrull_ext.bench.trace_overlap import lanes  # noqa: E402
+from skrull_ext.bench.trace_overlap import lanes, on_gpu  # noqa: E402
 
 LANES = ("local fwd", "local bwd", "exchange", "fwd wait", "bwd wait", "distributed fwd")
 COLORS = {"local fwd": "tab:blue", "local bwd": "tab:cyan", "exchange": "tab:orange", "fwd wait": "tab:red",
@@ -51,7 +51,7 @@ def timeline_plot(events: Sequence[dict], path: Path, title: str = "") -> Path:
     ax.invert_yaxis()
     ax.set_xlim(0, (hi - lo) / 1e3)
     ax.set_xlabel("ms into the step")
-    src = "GPU kernels" if lane["gpu"] else "host ranges"
+    src = "GPU kernels" if on_gpu(events) else "host ranges"
     ax.set_title(title or f"DACP attention, last profiled step of rank 0 (compute: {src})", fontsize=10)
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()

@@ -173,15 +173,19 @@ def is_exchange(e: dict) -> bool:
     return name.startswith("gloo:") and "barrier" not in name
 
 
+def on_gpu(events: Sequence[dict]) -> bool:
+    """True when the trace has GPU kernels: compute is then read off them."""
+    return any(e.get("cat") == "kernel" for e in events)
+
+
 def lanes(events: Sequence[dict]) -> dict[str, list[Interval]]:
     """The intervals the overlap is measured on: local compute forward and
     backward, exchange, and the host's waits; the distributed part's forward
-    (for the picture); plus ``gpu`` (non-empty when the
-    compute was read off GPU kernels)."""
-    on_gpu = any(e.get("cat") == "kernel" for e in events)
+    (for the picture)."""
+    gpu = on_gpu(events)
 
     def compute(windows):
-        return gpu_compute(events, windows) if on_gpu else [s for _, s in windows]
+        return gpu_compute(events, windows) if gpu else [s for _, s in windows]
 
     fwd_c, bwd_c = compute(forward_windows(events)), compute(backward_windows(events))
     host = [e for e in events if e.get("cat") != "gpu_user_annotation"]
@@ -192,7 +196,6 @@ def lanes(events: Sequence[dict]) -> dict[str, list[Interval]]:
         "exchange": [_span(e) for e in events if is_exchange(e)],
         "fwd wait": [_span(e) for e in host if e["name"] == KV_WAIT],
         "bwd wait": [_span(e) for e in host if e["name"] == WAIT_GRAD],
-        "gpu": [(0.0, 1.0)] if on_gpu else [],
     }
 
 
@@ -201,7 +204,7 @@ def analyze(events: Sequence[dict]) -> Overlap:
     ex = lane["exchange"]
     ms = 1e-3
     return Overlap(
-        source="gpu" if lane["gpu"] else "cpu",
+        source="gpu" if on_gpu(events) else "cpu",
         fwd_compute_ms=measure(lane["local fwd"]) * ms,
         bwd_compute_ms=measure(lane["local bwd"]) * ms,
         exchange_ms=measure(ex) * ms,

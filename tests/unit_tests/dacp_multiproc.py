@@ -186,7 +186,7 @@ def run_multiproc(cases: list[Case], cp_size: int, tmpdir: Path) -> list[list[di
 TOLERANCE = {
     torch.float64: dict(atol=1e-10, rtol=1e-10),
     torch.float32: dict(atol=2e-5, rtol=1e-4),
-    # against a reference computed in bf16/fp16 too (same rounded inputs)
+    # against the float64 reference over the same rounded inputs (compare)
     torch.bfloat16: dict(atol=5e-2, rtol=5e-2),
     torch.float16: dict(atol=1e-2, rtol=1e-2),
 }

@@ -182,7 +182,7 @@ def test_cp1_cuda_side_stream(dtype):
 
 # ---- CUDA: a real CP group on the GPU (not run in a CPU-only session) --------
 # NCCL when every rank has a GPU, else gloo staging CUDA tensors through host
-# memory (dacp_multiproc.backend_for): with one GPU, CP 2 and 4 still run
+# memory (skrull_ext.attention.bench.backend_for): with one GPU, CP 2 and 4 still run
 # real processes, the side stream and an asynchronous exchange in flight.
 
 
