@@ -1,4 +1,4 @@
-"""Scheduler configuration: the ``[skrull]`` knobs that shape a plan.
+"""Scheduler configuration: the knobs that shape a plan.
 
 Policies are a registry (name -> core options), not an if-chain: a new policy
 is one entry in ``POLICIES``.
@@ -6,7 +6,8 @@ is one entry in ``POLICIES``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Literal
 
 from skrull_ext import _core
 from skrull_ext._core import DacpSearch, MicroBatchCount, Overlength, Placement, Rollback
@@ -70,20 +71,29 @@ def _check_range(name: str, value, lo, hi) -> None:
         raise ValueError(f"{name} must be in [{lo}, {hi}], got {value!r}")
 
 
-@dataclass(kw_only=True, slots=True)
-class SchedulerConfig:
-    """What the scheduler needs besides the cost model."""
+def _check_int(name: str, value, lo: int, hi: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an integer in [{lo}, {hi}], got {value!r}")
+    _check_range(name, value, lo, hi)
 
-    dp: int = 1
-    """Data-parallel ranks the global batch is split over."""
-    cp: int = 1
-    """Context-parallel ranks per group (N)."""
+
+PolicyName = Literal[tuple(POLICIES)]  # pyrefly: ignore[invalid-literal]
+OverlengthMode = Literal[tuple(OVERLENGTH)]  # pyrefly: ignore[invalid-literal]
+
+
+@dataclass(kw_only=True, slots=True)
+class SchedulingOptions:
+    """The knobs that shape a plan, whatever the job shape: shared by
+    ``SchedulerConfig`` (the core's config) and the job file's ``[skrull]``
+    section (``skrull_ext.skrull_config.SkrullConfig``), declared once here."""
+
     bucket_size: int = 26624
-    """BucketSize C: tokens one CP rank can hold (from the profiler or the paper: 26K for 0.5B)."""
-    policy: str = "skrull"
+    """BucketSize C: tokens one CP rank can hold (from the profiler; the paper's 26K for 0.5B)."""
+    policy: PolicyName = "skrull"
     """One of POLICIES: skrull, skrull-fast, skrull-paper, worstfit."""
-    overlength: str = "error"
-    """Sequences no CP group can hold: error, truncate (to the longest that fits) or drop; counts go in the plan."""
+    overlength: OverlengthMode = "error"
+    """Sequences longer than bucket_size x cp: error, truncate (to the longest that fits) or drop;
+    counts go in the plan."""
     cpsat: bool = True
     """Allow the CP-SAT fallback (used only by policies that enable it)."""
     cpsat_margin: float = 0.10
@@ -91,15 +101,12 @@ class SchedulerConfig:
     cpsat_deterministic_time: float = 0.005
     """CP-SAT limit in deterministic seconds (not wall time, so every rank gets the same answer)."""
     max_extra_micro_batches: int = 1
-    """How many micro-batch counts above the smallest feasible one 'skrull' compares (one more
-    captured all of the gain on the shipped distributions: docs/benchmarks.md)."""
+    """How many micro-batch counts above the smallest feasible one 'skrull' compares
+    (docs/benchmarks.md measures what more would buy)."""
 
-    def __post_init__(self) -> None:
-        _check_range("dp", self.dp, 1, _core.MAX_RANKS)
-        _check_range("cp", self.cp, 1, _core.MAX_RANKS)
-        _check_range("bucket_size", self.bucket_size, 1, _core.MAX_BUCKET_SIZE)
-        if not isinstance(self.dp, int) or not isinstance(self.cp, int) or not isinstance(self.bucket_size, int):
-            raise ValueError(f"dp, cp and bucket_size must be integers, got {self.dp!r}, {self.cp!r}, {self.bucket_size!r}")
+    def check(self) -> None:
+        """Raise ValueError naming the first bad value and its limit."""
+        _check_int("bucket_size", self.bucket_size, 1, _core.MAX_BUCKET_SIZE)
         if self.policy not in POLICIES:
             raise ValueError(f"policy must be one of {sorted(POLICIES)}, got {self.policy!r}")
         if self.overlength not in OVERLENGTH:
@@ -108,9 +115,26 @@ class SchedulerConfig:
             raise ValueError(f"cpsat must be true or false, got {self.cpsat!r}")
         _check_range("cpsat_margin", self.cpsat_margin, 0.0, 100.0)
         _check_range("cpsat_deterministic_time", self.cpsat_deterministic_time, 0.0, 3600.0)
-        _check_range("max_extra_micro_batches", self.max_extra_micro_batches, 0, 1024)
-        if not isinstance(self.max_extra_micro_batches, int):
-            raise ValueError(f"max_extra_micro_batches must be an integer, got {self.max_extra_micro_batches!r}")
+        _check_int("max_extra_micro_batches", self.max_extra_micro_batches, 0, 1024)
+
+    def options(self) -> dict:
+        """The knobs as keyword arguments (for SchedulerConfig)."""
+        return {f.name: getattr(self, f.name) for f in fields(SchedulingOptions)}
+
+
+@dataclass(kw_only=True, slots=True)
+class SchedulerConfig(SchedulingOptions):
+    """What the scheduler needs besides the cost model: the knobs and the job shape."""
+
+    dp: int = 1
+    """Data-parallel ranks the global batch is split over."""
+    cp: int = 1
+    """Context-parallel ranks per group (N)."""
+
+    def __post_init__(self) -> None:
+        _check_int("dp", self.dp, 1, _core.MAX_RANKS)
+        _check_int("cp", self.cp, 1, _core.MAX_RANKS)
+        self.check()
 
     def core_options(self) -> _core.Options:
         policy = POLICIES[self.policy]
@@ -127,4 +151,6 @@ class SchedulerConfig:
 
     @property
     def uses_cpsat(self) -> bool:
-        return self.cpsat and POLICIES[self.policy].fallback
+        """The one CP-SAT switch: enabled, the policy has a fallback, and there
+        is a placement to choose (cp > 1)."""
+        return self.cpsat and POLICIES[self.policy].fallback and self.cp > 1

@@ -5,58 +5,27 @@
         --config skrull_llama3_debugmodel --parallelism.context_parallel_degree 2
 
 Each function reads a shipped job file (skrull_ext/jobs/*.toml), so the TOML
-and the ``--config`` forms describe the same job. ``base_config`` holds the
-defaults every job file starts from.
+and the ``--config`` forms describe the same job. ``job_file.base_config`` holds
+the defaults every job file starts from.
 """
 
 import os
 
-from torchtitan.components.loss import CrossEntropyLoss
-from torchtitan.components.metrics import MetricsProcessor
-from torchtitan.components.optimizer import default_adamw, LRSchedulersContainer
-from torchtitan.config import TrainingConfig
 from torchtitan.config.override import derive
-from torchtitan.models.common.config_utils import decoder_vocab_size
-from torchtitan.protocols.model_spec import ModelSpec
 from torchtitan.trainer import Trainer
 
 from skrull_ext import compat
 from skrull_ext.datasets.packed import PackedDataLoader
-from skrull_ext.datasets.scheduling import SkrullDataLoader
-from skrull_ext.tokenizer import SyntheticTokenizer
+from skrull_ext.job_file import load_job
 from skrull_ext.trainer import SkrullTrainer
 
 JOBS_DIR = os.path.join(os.path.dirname(__file__), "jobs")
-
-
-def base_config(
-    model_spec: ModelSpec, config_cls: type[Trainer.Config] = SkrullTrainer.Config
-) -> Trainer.Config:
-    """Defaults shared by every skrull-ext job; vocab sizes follow the model."""
-    vocab = decoder_vocab_size(model_spec)
-    return config_cls(
-        model_spec=model_spec,
-        hf_assets_path="",
-        tokenizer=SyntheticTokenizer.Config(vocab_size=vocab),
-        loss=CrossEntropyLoss.Config(global_vocab_size=vocab),
-        dataloader=(
-            SkrullDataLoader.Config()
-            if issubclass(config_cls, SkrullTrainer.Config)
-            else PackedDataLoader.Config()
-        ),
-        optimizer=default_adamw(lr=8e-4),
-        lr_scheduler=LRSchedulersContainer.Config(warmup_steps=2),
-        training=TrainingConfig(),
-        metrics=MetricsProcessor.Config(log_freq=1),
-    )
 
 
 def _job(name: str, config_cls: type[Trainer.Config] = SkrullTrainer.Config, **kwargs):
     """Load a shipped job file. Also applies the CPU fixes: torchtitan.train
     calls the registry function before it builds anything, and a plain
     torchtitan Trainer has no other hook to apply them from."""
-    from skrull_ext.job_file import load_job
-
     config = load_job(os.path.join(JOBS_DIR, name), config_cls=config_cls, **kwargs)
     compat.apply(config)
     return config

@@ -8,7 +8,7 @@ config field of the trainer (``[training]``, ``[parallelism]``,
 A ``kind`` key switches a section's class where several exist (see
 ``SECTION_KINDS``). Every key and value is checked against the dataclass
 annotations before anything is built, and errors name the dotted key and
-what it allows. ``load_job`` starts from ``config_registry.base_config``;
+what it allows. ``load_job`` starts from ``base_config``;
 CLI flags are applied afterwards by ``JobConfigManager`` (tyro), so they
 override the file.
 """
@@ -20,12 +20,22 @@ import types
 import typing
 from typing import Any
 
+from torchtitan.components.loss import CrossEntropyLoss
+from torchtitan.components.metrics import MetricsProcessor
+from torchtitan.components.optimizer import default_adamw, LRSchedulersContainer
+from torchtitan.config import TrainingConfig
 from torchtitan.config.manager import ConfigManager, custom_registry
 from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
+from torchtitan.models.common.config_utils import decoder_vocab_size
+from torchtitan.protocols.model_spec import ModelSpec
+from torchtitan.trainer import Trainer
 
+from skrull_ext import compat
 from skrull_ext.datasets.packed import PackedDataLoader
 from skrull_ext.datasets.scheduling import SkrullDataLoader
+from skrull_ext.models import build_model_spec
 from skrull_ext.tokenizer import LocalTokenizer, SyntheticTokenizer
+from skrull_ext.trainer import SkrullTrainer
 
 SECTION_KINDS: dict[str, dict[str, Any]] = {
     "dataloader": {"packed": PackedDataLoader.Config, "skrull": SkrullDataLoader.Config},
@@ -180,13 +190,32 @@ def _apply(current: Any, table: dict, key: str) -> Any:
     return _validated(lambda: dataclasses.replace(current, **updates), key)
 
 
+def base_config(
+    model_spec: ModelSpec, config_cls: type[Trainer.Config] = SkrullTrainer.Config
+) -> Trainer.Config:
+    """Defaults shared by every skrull-ext job; vocab sizes follow the model."""
+    vocab = decoder_vocab_size(model_spec)
+    return config_cls(
+        model_spec=model_spec,
+        hf_assets_path="",
+        tokenizer=SyntheticTokenizer.Config(vocab_size=vocab),
+        loss=CrossEntropyLoss.Config(global_vocab_size=vocab),
+        dataloader=(
+            SkrullDataLoader.Config()
+            if issubclass(config_cls, SkrullTrainer.Config)
+            else PackedDataLoader.Config()
+        ),
+        optimizer=default_adamw(lr=8e-4),
+        lr_scheduler=LRSchedulersContainer.Config(warmup_steps=2),
+        training=TrainingConfig(),
+        metrics=MetricsProcessor.Config(log_freq=1),
+    )
+
+
 def load_job(path: str, *, config_cls=None, ignore: tuple[str, ...] = ()):
     """Read a TOML job file into a ``config_cls`` instance (SkrullTrainer.Config
-    by default). Sections named in ``ignore`` are skipped."""
-    from skrull_ext.config_registry import base_config
-    from skrull_ext.models import build_model_spec
-    from skrull_ext.trainer import SkrullTrainer
-
+    by default), starting from ``base_config``. Sections named in ``ignore``
+    are skipped."""
     config_cls = config_cls or SkrullTrainer.Config
     try:
         with open(path, "rb") as f:
@@ -259,4 +288,16 @@ class JobConfigManager(ConfigManager):
         return super().parse_args(sys.argv[1:] if args is None else args)
 
 
-__all__ = ["JobConfigManager", "JobFileError", "custom_registry", "load_job", "register_kind"]
+def load_config(argv: list[str] | None = None):
+    """The job config of a command line, for every skrull-ext entry point
+    (training, profiler, checks). Order matters: the process-wide CPU fixes
+    come before parsing (torchtitan binds its device when its modules are
+    first used), the config's own fixes after it."""
+    compat.apply()
+    config = JobConfigManager().parse_args(argv)
+    compat.apply(config)
+    return config
+
+
+__all__ = ["JobConfigManager", "JobFileError", "base_config", "custom_registry", "load_config", "load_job",
+           "register_kind"]

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from skrull_ext import _core
 from skrull_ext import cost_model as cost_models
 from skrull_ext._core import CostModel
-from skrull_ext.config import POLICIES, SchedulerConfig
+from skrull_ext.config import SchedulerConfig
 from skrull_ext.cpsat import CpSatResult, solve_dacp
 from skrull_ext.plan import MicroBatchPlan, Plan
 
@@ -59,7 +59,7 @@ class Scheduler:
         core = _core.schedule(lengths, self.cost_model, self._options)
         plan = Plan.from_core(core, lengths, c.dp, c.cp, c.bucket_size)
         plan.refined_dp_rank = dp_rank
-        if c.uses_cpsat and c.cp > 1:
+        if c.uses_cpsat:
             start = time.perf_counter()
             ranks = plan.ranks if dp_rank is None else [plan.ranks[dp_rank]]
             for rank in ranks:
@@ -68,10 +68,15 @@ class Scheduler:
             plan.fallback_us = (time.perf_counter() - start) * 1e6
         return plan
 
+    def _worth_cpsat(self, time_us: float, lower_bound_us: float) -> bool:
+        """The one CP-SAT decision (with ``config.uses_cpsat``): a placement
+        predicted more than ``cpsat_margin`` above its lower bound."""
+        return time_us > (1.0 + self.config.cpsat_margin) * lower_bound_us
+
     def _maybe_improve(self, plan: Plan, mb: MicroBatchPlan) -> CpSatResult | None:
         c = self.config
         mb.lower_bound_us = self.cost_model.micro_batch_lower_bound_us(mb.lengths, c.cp)
-        if mb.time_us <= (1.0 + c.cpsat_margin) * mb.lower_bound_us:
+        if not self._worth_cpsat(mb.time_us, mb.lower_bound_us):
             return None
         res = solve_dacp(mb.lengths, self.cost_model, c.cp, c.bucket_size, c.cpsat_deterministic_time, hint=mb.cp_rank)
         mb.lower_bound_us = max(mb.lower_bound_us, res.bound_us)
@@ -93,9 +98,8 @@ class Scheduler:
         c = self.config
         r = _core.dacp_for(lengths, self.cost_model, self._options)
         ok = r.status == _core.Status.OK
-        if ok and not (c.uses_cpsat and c.cp > 1):
-            return r, "heuristic"
-        if ok and r.time_us <= (1.0 + c.cpsat_margin) * self.cost_model.micro_batch_lower_bound_us(lengths, c.cp):
+        if ok and not (c.uses_cpsat and
+                       self._worth_cpsat(r.time_us, self.cost_model.micro_batch_lower_bound_us(lengths, c.cp))):
             return r, "heuristic"
         res = solve_dacp(lengths, self.cost_model, c.cp, c.bucket_size, c.cpsat_deterministic_time,
                          hint=list(r.cp_rank) if ok else None)

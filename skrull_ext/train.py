@@ -16,15 +16,12 @@ import sys
 import torch
 from torchtitan.tools.logging import init_logger, logger
 
-from skrull_ext import compat
-from skrull_ext.job_file import JobConfigManager
+from skrull_ext.job_file import load_config
 
 
 def main(argv: list[str] | None = None) -> None:
     init_logger()
-    compat.apply()
-    config = JobConfigManager().parse_args(sys.argv[1:] if argv is None else argv)
-    compat.apply(config)
+    config = load_config(sys.argv[1:] if argv is None else argv)
 
     trainer = None
     try:

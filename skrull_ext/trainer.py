@@ -23,30 +23,27 @@ import torch.distributed as dist
 from torchtitan.components.dataloader import DataloaderExhaustedError
 from torchtitan.config.override import derive
 from torchtitan.distributed import utils as dist_utils
-from torchtitan.models.common.attention import GQAttention
 from torchtitan.models.common.config_utils import decoder_vocab_size
 from torch.distributed.fsdp import FSDPModule
 from torch.profiler import record_function
 from torchtitan.tools.logging import logger
-from torchtitan.tools.utils import device_module
 from torchtitan.trainer import Trainer
 
 from skrull_ext import compat
-from skrull_ext.attention import DacpAttention
+from skrull_ext.attention.install import install_dacp_attention
 from skrull_ext.datasets.overlength import check_overlength
 from skrull_ext.datasets.packed import PackedDataLoader
 from skrull_ext.datasets.scheduling import SkrullDataLoader, SkrullStep
 from skrull_ext.plan_log import PlanLog
-from skrull_ext.scheduler import Scheduler
-from skrull_ext.skrull_section import SkrullSection
+from skrull_ext.skrull_config import SkrullConfig
 from skrull_ext.step_checks import check_plan_digests, step_log_line, step_metrics
 
 
 class SkrullTrainer(Trainer):
     @dataclass(kw_only=True, slots=True)
     class Config(Trainer.Config):
-        skrull: SkrullSection = field(default_factory=SkrullSection)
-        """How Skrull schedules each global batch (see skrull_section.py)."""
+        skrull: SkrullConfig = field(default_factory=SkrullConfig)
+        """How Skrull schedules each global batch (see skrull_config.py)."""
 
         def __post_init__(self):
             Trainer.Config.__post_init__(self)
@@ -92,11 +89,7 @@ class SkrullTrainer(Trainer):
         skrull = self.config.skrull
         if (warning := skrull.profile_cp_warning(dims.cp)) is not None:
             logger.warning(warning)
-        scheduler = Scheduler(
-            skrull.scheduler_config(dp=self.dataloader.dp_world_size, cp=dims.cp),
-            skrull.build_cost_model(),
-        )
-        self.dataloader.attach(scheduler, cp_rank, dims.cp)
+        self.dataloader.attach(skrull.build(dp=self.dataloader.dp_world_size, cp=dims.cp), cp_rank, dims.cp)
         if skrull.plan_log:
             rank = dist.get_rank() if dist.is_initialized() else 0
             self.plan_log = PlanLog(self.config.dump_folder, rank)
@@ -144,7 +137,7 @@ class SkrullTrainer(Trainer):
         global_valid_tokens = torch.tensor(step.global_valid_tokens, device=self.device)
         accumulated = torch.zeros((), device=self.device)
         if should_log:  # time what the cost model predicts: the micro-batches' fwd + bwd
-            device_module.synchronize()
+            self._synchronize()
         start = time.perf_counter()
         last = len(step.micro_batches) - 1
         for j, mb in enumerate(step.micro_batches):
@@ -157,7 +150,7 @@ class SkrullTrainer(Trainer):
                 loss = self.fwd_bwd_fn(mb.input.to(self.device), labels, global_valid_tokens, extra)
                 accumulated += loss.detach()
         if should_log:
-            device_module.synchronize()
+            self._synchronize()
         measured_us = (time.perf_counter() - start) * 1e6
 
         grad_norm = dist_utils.clip_grad_norm_(
@@ -172,6 +165,13 @@ class SkrullTrainer(Trainer):
         self.lr_schedulers.step()
         if should_log:
             self._log_step(step, accumulated, global_valid_tokens, grad_norm, lr_metrics, measured_us)
+
+    def _synchronize(self) -> None:
+        """Wait for the device's queued work. Looked up from the device at call
+        time: a module-level ``device_module`` binds torch.cuda when imported
+        before the CPU fixes, and torch.cuda.synchronize fails on CPU."""
+        if self.device.type != "cpu":
+            torch.get_device_module(self.device.type).synchronize()
 
     def _set_grad_sync(self, on: bool) -> None:
         """FSDP reduce-scatters gradients only where ``on`` (the step's last micro-batch)."""
@@ -206,46 +206,3 @@ class SkrullTrainer(Trainer):
             self.step, global_avg, global_max, float(grad_norm.item()), extra_metrics=extra
         )
         logger.info(step_log_line(self.step, skrull))
-
-
-def activate_flash_attention_impl() -> str | None:
-    """Select the flash attention the GPU runs best, as torchtitan's
-    VarlenAttention does when it is built (FA3 on Hopper, FA4 on Blackwell,
-    torch's default FA2 below), so the DACP varlen kernel gets it too when the
-    model was built with another attention. Process-wide; a no-op off CUDA.
-    Returns the implementation now active (None: torch's default)."""
-    from torch.nn.attention import activate_flash_attention_impl as activate, current_flash_attention_impl
-
-    from torchtitan.tools.utils import get_cuda_flash_attention_impl
-
-    impl = get_cuda_flash_attention_impl()
-    if impl is not None and current_flash_attention_impl() != impl:
-        activate(impl)
-        logger.info(f"DACP attention: flash attention implementation {impl} activated for the varlen kernel")
-    return current_flash_attention_impl()
-
-
-def install_dacp_attention(model_parts, cp_group, kernel: str = "auto",
-                           exchange: str = "auto") -> list[DacpAttention]:
-    """Replace every GQAttention's inner attention by DACP attention on ``cp_group``,
-    whose parts run on the attention ``kernel`` (``[skrull] attention_kernel``) and
-    move K/V with ``exchange`` (``[skrull] kv_exchange``).
-
-    Done after torchtitan's parallelize_fn: that is where torchtitan itself
-    installs its CP attention wrapper (apply_cp_to_forward), which this
-    replaces together with the module it wrapped. The inner attention holds
-    no parameters, so FSDP, AC and checkpoints are unaffected. A kernel that
-    may resolve to varlen first activates the GPU's flash attention
-    implementation (activate_flash_attention_impl).
-    """
-    if kernel in ("varlen", "auto"):
-        activate_flash_attention_impl()
-    installed = []
-    for part in model_parts:
-        for module in part.modules():
-            if isinstance(module, GQAttention):
-                module.inner_attention = DacpAttention(cp_group, kernel=kernel, exchange=exchange)
-                installed.append(module.inner_attention)
-    if not installed:
-        raise ValueError("no GQAttention found: this model family is not supported by Skrull yet")
-    return installed

@@ -20,7 +20,8 @@ import time
 from dataclasses import replace
 
 from skrull_ext import _core, config
-from skrull_ext.sim import hardware, scenarios, simulator
+from skrull_ext import cost_model as cost_models
+from skrull_ext.sim import scenarios, simulator
 from skrull_ext.sim import policies as sim_policies
 
 BASE = config.POLICIES["skrull"]
@@ -46,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         sim_policies.POLICIES[name] = sim_policies.SimPolicy(name, sim_policies.core_policy(name), label)
         names.append(name)
     run = ["skrull", *names, "skrull-paper", "bound"]
-    profile = hardware.load_profile()
+    profile = cost_models.hardware()
     started = time.perf_counter()
     rows = []
     for cell in scenarios.grid(scenarios.SUITES["all"], scenarios.MODELS):

@@ -29,7 +29,8 @@ import statistics
 import sys
 from pathlib import Path
 
-from skrull_ext.sim import bound, hardware, simulator
+from skrull_ext import cost_model as cost_models
+from skrull_ext.sim import bound, simulator
 from skrull_ext.sim.packing import Shape
 
 
@@ -58,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     data = json.loads(Path(args.results).read_text())
     seed, iterations = data["meta"]["seed"], data["meta"]["iterations"]
-    profile = hardware.load_profile()
+    profile = cost_models.hardware()
     head = ["cell", "gap", "DP imb.", "DP headroom", "long-seq iters", "gap (long-seq / other)",
             "DP imb. (long-seq / other)"]
     print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
@@ -66,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     for cell in data["iterations"]:
         ms = cell["per_policy"][args.policy]
         shape = _shape(cell["shape"])
-        cost = hardware.cost_model(profile, cell["model"])
+        cost = profile.cost_model(cost_models.shape(cell["model"]))
         batches, _ = simulator.global_batches(cell["dataset"], shape, iterations, seed)
         gap, imb, head_room, long_gap, long_imb, other_gap, other_imb = [], [], [], [], [], [], []
         for m, batch in zip(ms, batches):

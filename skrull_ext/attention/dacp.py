@@ -45,12 +45,12 @@ import torch.distributed as dist
 from torch.profiler import record_function
 
 from skrull_ext.attention.exchange import KVExchange, start_all_gather, wait_all_gather
-from skrull_ext.attention.kernels import AUTO, resolve_kernel
+from skrull_ext.attention.kernels import AUTO, Kernel, resolve_kernel
 from skrull_ext.attention.meta import DacpBatchMeta
 from skrull_ext.attention.replay import in_backward, KVReplay
 from skrull_ext.attention.stats import DacpStats
 from skrull_ext.attention.stream import SideStream, side_stream_for
-from skrull_ext.attention.transport import resolve_transport
+from skrull_ext.attention.transport import Transport, resolve_transport
 
 __all__ = ["dacp_attention"]
 
@@ -97,8 +97,8 @@ def dacp_attention(
     stats: DacpStats | None = None,
     side_stream: SideStream | None = None,
     replay: KVReplay | None = None,
-    exchange: str = "auto",
-    kernel: str = AUTO,
+    exchange: str | Transport = "auto",
+    kernel: str | Kernel = AUTO,
 ) -> torch.Tensor:
     """Document-masked causal attention of one CP rank's DACP buffer.
 
@@ -112,10 +112,11 @@ def dacp_attention(
         side_stream: where the local part runs; default the device's shared one.
         replay: this layer's kept K/V: a forward records into it, an activation
             checkpointing recomputation (inside backward) takes from it.
-        exchange: how K/V travel (skrull_ext.attention.transport.TRANSPORTS, or
-            "auto": by the group's backend); every rank must pass the same.
-        kernel: inner attention of both parts, a name of kernels.KERNELS or
-            ``auto`` (varlen for bf16/fp16 on CUDA, else dense).
+        exchange: how K/V travel, a Transport or its name (transport.TRANSPORTS,
+            or "auto": by the group's backend); every rank must pass the same.
+        kernel: inner attention of both parts, a Kernel or its name
+            (kernels.KERNELS, or ``auto``: varlen for bf16/fp16 on CUDA, else
+            dense). DacpAttention passes both resolved, once per layer.
 
     Returns:
         Output in q's layout and buffer order. Every CP rank of the group must
@@ -127,7 +128,7 @@ def dacp_attention(
             raise ValueError(f"batched input must have batch size 1, got {q.size(0)}")
         q, k, v = q[0], k[0], v[0]
     _check(q, k, v, meta, group)
-    kern = resolve_kernel(kernel, q)
+    kern = kernel if isinstance(kernel, Kernel) else resolve_kernel(kernel, q)
     side_stream = side_stream or side_stream_for(q.device)
     n_loc = meta.num_local_tokens
     has_local, has_dist = n_loc > 0, bool(meta.dist_lens)
@@ -137,7 +138,7 @@ def dacp_attention(
     if has_dist and meta.cp_size > 1:
         recompute = replay is not None and in_backward()
         ex = KVExchange(group, stats, replay=replay.take(meta) if recompute else None,
-                        transport=resolve_transport(exchange, group))
+                        transport=exchange if isinstance(exchange, Transport) else resolve_transport(exchange, group))
         kv = torch.stack([k[:, n_loc:], v[:, n_loc:]])  # [2, Hkv, Td, D]
         gathered = start_all_gather(kv, ex)  # flat [N * 2 * Hkv * Td * D], not valid yet
 

@@ -25,11 +25,11 @@ import torch.distributed as dist
 from torch import nn
 
 from skrull_ext.attention.dacp import dacp_attention
-from skrull_ext.attention.kernels import AUTO, check_kernel
+from skrull_ext.attention.kernels import AUTO, KERNELS, Kernel, check_kernel, resolve_kernel
 from skrull_ext.attention.meta import DacpBatchMeta
 from skrull_ext.attention.replay import KVReplay
 from skrull_ext.attention.stats import DacpStats
-from skrull_ext.attention.transport import TRANSPORTS
+from skrull_ext.attention.transport import TRANSPORT_CHOICES, Transport, resolve_transport
 
 __all__ = ["DacpAttention"]
 
@@ -47,11 +47,15 @@ class DacpAttention(nn.Module):
         super().__init__()
         self.group = group
         self.kernel = check_kernel(kernel)  # a bad name fails here, not at the first step
-        """Inner attention kernel, a name of kernels.KERNELS or ``auto`` (per call, from q)."""
-        if exchange != "auto" and exchange not in TRANSPORTS:
-            raise ValueError(f"exchange: {exchange!r} is not one of {['auto', *TRANSPORTS]}")
+        """Inner attention kernel, a name of kernels.KERNELS or ``auto`` (from the first call's q)."""
+        if exchange not in TRANSPORT_CHOICES:
+            raise ValueError(f"exchange: {exchange!r} is not one of {list(TRANSPORT_CHOICES)}")
         self.exchange = exchange
         """How K/V travel, a name of transport.TRANSPORTS or ``auto`` (by the group's backend)."""
+        # Resolved once: the transport from the group now, ``auto``'s kernel at
+        # the first call (it depends on the device and dtype of q).
+        self._kernel: Kernel | None = None if kernel == AUTO else KERNELS[kernel]
+        self._transport: Transport | str = exchange if group is None else resolve_transport(exchange, group)
         self.stats = stats if stats is not None else DacpStats()
         self.replay = KVReplay()
 
@@ -70,6 +74,8 @@ class DacpAttention(nn.Module):
             raise TypeError(
                 f"DacpAttention needs attention_masks to be a DacpBatchMeta, got {type(attention_masks)}"
             )
+        if self._kernel is None:
+            self._kernel = resolve_kernel(AUTO, q_BLNH)
         out_BNLH = dacp_attention(
             q_BLNH.transpose(1, 2),
             k_BLNH.transpose(1, 2),
@@ -79,7 +85,7 @@ class DacpAttention(nn.Module):
             scale=scale,
             stats=self.stats,
             replay=self.replay,
-            kernel=self.kernel,
-            exchange=self.exchange,
+            kernel=self._kernel,
+            exchange=self._transport,
         )
         return out_BNLH.transpose(1, 2)

@@ -114,6 +114,9 @@ TRANSPORTS: dict[str, Transport] = {
     "p2p": Transport("p2p", _p2p_gather, _p2p_scatter_sum),
 }
 
+TRANSPORT_CHOICES = ("auto", *TRANSPORTS)
+"""What ``[skrull] kv_exchange`` accepts."""
+
 AUTO_BY_BACKEND: dict[str, str] = {"gloo": "p2p"}
 """``auto`` on these backends; any other (NCCL) takes ``all_gather``."""
 
@@ -123,5 +126,5 @@ def resolve_transport(name: str, group: dist.ProcessGroup | None) -> Transport:
     if name == "auto":
         name = AUTO_BY_BACKEND.get(str(dist.get_backend(group)), "all_gather")
     if name not in TRANSPORTS:
-        raise ValueError(f"kv_exchange: {name!r} is not one of {['auto', *TRANSPORTS]}")
+        raise ValueError(f"kv_exchange: {name!r} is not one of {list(TRANSPORT_CHOICES)}")
     return TRANSPORTS[name]

@@ -21,7 +21,9 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from skrull_ext.sim import hardware, scenarios, simulator
+from skrull_ext import cost_model as cost_models
+from skrull_ext.profile_file import Profile
+from skrull_ext.sim import scenarios, simulator
 from skrull_ext.sim import policies as sim_policies
 
 
@@ -47,7 +49,7 @@ def parser() -> argparse.ArgumentParser:
                    help=f"comma list from {list(sim_policies.POLICIES)} (default: all but sorted+skrull)")
     p.add_argument("--iterations", type=int, default=100, help="global batches per cell (default 100)")
     p.add_argument("--seed", type=int, default=0, help="sampler and shuffle seed (default 0)")
-    p.add_argument("--profile", type=Path, help=f"hardware profile TOML (default {hardware.DEFAULT_PROFILE.name}, assumed)")
+    p.add_argument("--profile", type=Path, help=f"hardware profile TOML (default {cost_models.HARDWARE_PRESETS['h100-assumed'].name}, assumed)")
     p.add_argument("--out", type=Path, default=Path("outputs/simulate"), help="output folder (default outputs/simulate)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -67,12 +69,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:  # bad names and values become usage errors, not tracebacks
         for p in policies:
             sim_policies.get(p)
-        profile = hardware.load_profile(args.profile)
-        bucket = args.bucket_size if args.bucket_size is not None else hardware.bucket_size(profile)
+        profile = Profile.load(args.profile) if args.profile else cost_models.hardware()
+        bucket = args.bucket_size if args.bucket_size is not None else profile.bucket_size
         cells = scenarios.grid(args.datasets or scenarios.SUITES[args.suite], args.models, dp=args.dp, cp=args.cp,
                                batch_size=args.batch_size, bucket_size=bucket, capacity=args.capacity)
         for cell in cells:
-            hardware.cost_model(profile, cell.model)
+            profile.cost_model(cost_models.shape(cell.model))
     except ValueError as e:
         cli.error(str(e))
     started = time.perf_counter()
@@ -84,15 +86,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                                               on_iteration=bar.update))
     from skrull_ext.bench import report  # after the run: keeps --help fast
 
-    meta = {"command": "python -m skrull_ext.bench simulate " + shlex.join(argv), "profile": hardware.label(profile),
+    meta = {"command": "python -m skrull_ext.bench simulate " + shlex.join(argv), "profile": profile.label,
             "iterations": args.iterations, "seed": args.seed, "wall_s": time.perf_counter() - started,
             "policies": policies}
     written = report.write(results, args.out, meta)
     if not args.no_plots:
         from skrull_ext.bench import plots
 
-        written += plots.write(results, args.out, hardware.label(profile))
-    print(f"hardware profile: {hardware.label(profile)}\n")  # measured file or the assumed H100
+        written += plots.write(results, args.out, profile.label)
+    print(f"hardware profile: {profile.label}\n")  # measured file or the assumed H100
     print(report.summary_markdown(results))
     print()
     print(report.matrix_markdown(results))

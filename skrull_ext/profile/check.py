@@ -41,13 +41,13 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from skrull_ext import cost_model
+from skrull_ext.profile_file import Profile, ProfileMemory
 from skrull_ext.profile.memory import (FIT_TARGET, OPTIMIZER_STATES, PEAK_METERS, local_bytes, measure_step,
                                        optimizer_state_tensors)
 from skrull_ext.profile.model import DTYPES, JobModel
 from skrull_ext.profile.ranks import reduce_floats
 
-__all__ = ["BucketCheck", "ProfileMemory", "check_bucket", "check_profile", "fill_bucket"]
+__all__ = ["BucketCheck", "check_bucket", "check_profile", "fill_bucket"]
 
 
 def fill_bucket(jm: JobModel, tokens: int, seed: int = 0) -> list[int]:
@@ -147,51 +147,6 @@ def check_bucket(jm: JobModel, bucket_size: int, predict: Callable[[int], float]
     )
 
 
-@dataclass(frozen=True)
-class ProfileMemory:
-    """A profile file's [memory] section: what it predicts for one rank."""
-
-    bucket_size: int
-    a: float
-    b: float
-    c: float
-    usable: float
-    static: float
-    """The static account (parameters, gradients, optimizer state, FSDP buffers)."""
-    margin: float
-    cp: int = 1
-    """The CP degree BucketSize was derived for (older profiles: 1)."""
-    kv: float = 0.0
-    """K/V bytes per token a shard keeps from each other CP rank."""
-
-    @classmethod
-    def of(cls, profile: dict) -> ProfileMemory:
-        m = profile.get("memory")
-        if m is None:
-            raise ValueError("profile: missing section [memory] (needed to check BucketSize)")
-        for key in ("bucket_size", "a_bytes_per_token", "b_bytes", "usable_bytes", "static_bytes"):
-            if key not in m:
-                raise ValueError(f"profile: missing field memory.{key} (needed to check BucketSize)")
-        return cls(int(m["bucket_size"]), m["a_bytes_per_token"], m["b_bytes"], m.get("c_bytes_per_token2", 0.0),
-                   m["usable_bytes"], m["static_bytes"], m.get("margin", 0.0), int(m.get("cp", 1)),
-                   m.get("kv_bytes_per_token", 0.0))
-
-    def activation(self, tokens: int) -> float:
-        """The fit: activation bytes of a buffer of ``tokens`` whole sequences."""
-        return self.b + self.a * tokens + self.c * tokens * tokens
-
-    def activation_any(self, tokens: int) -> float:
-        """Activation bytes of ``tokens`` on a rank of the cp group, whole or
-        shards (the worst case cost_model.bucket_size derives BucketSize for)."""
-        a, c = cost_model.per_rank_coefficients(self.a, self.c, self.cp, self.kv)
-        return self.b + a * tokens + c * tokens * tokens
-
-    def budget(self, tokens: int) -> float:
-        """All a rank holding ``tokens`` may use: static account + activation fit
-        grown by the margin BucketSize was derived with (<= usable up to BucketSize)."""
-        return self.static + self.activation_any(tokens) / (1.0 - self.margin)
-
-
 def check_profile(jm: JobModel, profile: dict, seed: int = 0) -> BucketCheck:
     """The check for a profile file's [memory] section."""
     pm = ProfileMemory.of(profile)
@@ -206,10 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     --train in a real training run (torchrun, one process per rank)."""
     import argparse
     import sys
-    import tomllib
 
-    from skrull_ext import compat
-    from skrull_ext.job_file import JobConfigManager
+    from skrull_ext.job_file import load_config
     from skrull_ext.profile.model import build_job_model
 
     p = argparse.ArgumentParser(prog="python -m skrull_ext.profile.check", description=main.__doc__)
@@ -222,13 +175,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nproc", type=int, default=0,
                    help="--train: processes (default: the profile's meta.job_world_size)")
     args, job_args = p.parse_known_args(sys.argv[1:] if argv is None else argv)
-    with open(args.profile, "rb") as f:
-        profile = tomllib.load(f)
+    profile = Profile.load(args.profile).data
     if args.train:
         return _train(args, job_args, profile)
-    compat.apply()
-    config = JobConfigManager().parse_args(["--config-file", args.config_file, *job_args])
-    compat.apply(config)
+    config = load_config(["--config-file", args.config_file, *job_args])
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")

@@ -102,8 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     import torchtitan
     from tqdm import tqdm
 
-    from skrull_ext import compat
-    from skrull_ext.job_file import JobConfigManager
+    from skrull_ext.job_file import load_config
     from skrull_ext.profile.check import check_bucket
     from skrull_ext.profile.comm import profile_comm
     from skrull_ext.profile.compute import profile_compute
@@ -124,9 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         comm_sizes=args.comm_sizes, comm_repeats=args.comm_repeats, threads=args.threads,
         check=not args.no_check, seed=args.seed,
     )
-    compat.apply()
-    config = JobConfigManager().parse_args(["--config-file", args.config_file, *job_args])
-    compat.apply(config)
+    config = load_config(["--config-file", args.config_file, *job_args])
     longest = getattr(config.dataloader, "max_len", None) or config.training.seq_len
     opts = opts.for_job(longest, config.model_spec.model.max_seq_len)
 

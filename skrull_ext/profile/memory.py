@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 
-from skrull_ext import cost_model
+from skrull_ext.profile_file import derive_bucket_size
 from skrull_ext.profile.fit import PolyFit, fit_poly
 from skrull_ext.profile.model import DTYPES, JobModel, fsdp_degree
 from skrull_ext.profile.options import ProfileOptions
@@ -340,5 +340,5 @@ def profile_memory(jm: JobModel, opts: ProfileOptions, world_size: int,
     cp = jm.config.parallelism.context_parallel_degree
     s = jm.shape
     kv = 2.0 * s.kv_width * s.bytes_per_elem * s.layers
-    bucket = cost_model.bucket_size(usable, static.total, fit.slope, fit.intercept, margin, fit.quadratic, cp, kv)
+    bucket = derive_bucket_size(usable, static.total, fit.slope, fit.intercept, margin, fit.quadratic, cp, kv)
     return MemoryResult(points, fit, target, overhead, static, usable, margin, bucket, cp, kv)

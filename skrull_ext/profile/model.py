@@ -147,7 +147,7 @@ def build_job_model(config: Any, device: torch.device, max_len: int, world_size:
     skrull = getattr(config, "skrull", None)
     dacp = skrull is not None and skrull.enable
     if dacp:  # after AC and compile, as SkrullTrainer does after torchtitan's parallelize
-        from skrull_ext.trainer import install_dacp_attention
+        from skrull_ext.attention.install import install_dacp_attention
 
         install_dacp_attention([model], None, kernel=skrull.attention_kernel, exchange=skrull.kv_exchange)
 

@@ -92,9 +92,9 @@ def plot(d: dict[str, Any], path: str | Path) -> None:
         for key in (k for k, v in raw_k.items()  # each direction of the exchange, timed per size
                     if k.endswith("_us") and isinstance(v, list) and len(v) == len(raw_k["sizes"])):
             ax.loglog(raw_k["sizes"], raw_k[key], "o", mfc="none", label=key.removesuffix("_us"))
-    from skrull_ext import cost_model
+    from skrull_ext import profile_file
 
-    cm = cost_model.from_dict(d)
+    cm = profile_file.from_dict(d)
     sizes = raw_k["sizes"] if raw_k else k["bytes"]
     lo, hi = max(1.0, min(sizes) / (1 if raw_k else 4)), max(sizes)
     grid = [lo * (hi / lo) ** (i / 199) for i in range(200)]

@@ -40,20 +40,15 @@ import argparse
 import json
 import os
 import sys
-import tomllib
 from dataclasses import asdict
 
 import torch.distributed as dist
 
-from skrull_ext import compat
-from skrull_ext.profile.check import ProfileMemory
+from skrull_ext.job_file import load_config
 from skrull_ext.profile.memory import PEAK_METERS, local_bytes, optimizer_state_tensors
 from skrull_ext.profile.train_report import StepMemory, format_report, report
-
-# skrull_ext.trainer binds torchtitan's device module at import; on CPU the
-# process-wide fixes must swap it first (skrull_ext.train imports it late).
-compat.apply()
-from skrull_ext.trainer import SkrullTrainer  # noqa: E402
+from skrull_ext.profile_file import Profile
+from skrull_ext.trainer import SkrullTrainer
 
 __all__ = ["MeteredTrainer", "main"]
 
@@ -119,17 +114,13 @@ def main(argv: list[str] | None = None) -> int:
     """torchrun -m skrull_ext.profile.train_check --profile P.toml --config-file JOB.toml [job flags]"""
     from torchtitan.tools.logging import init_logger
 
-    from skrull_ext.job_file import JobConfigManager
-
     p = argparse.ArgumentParser(prog="python -m skrull_ext.profile.train_check", description=__doc__.split("\n")[0])
     p.add_argument("--profile", required=True, help="profile TOML: its cost model and BucketSize plan the run")
     p.add_argument("--out", help="JSON of every step and the verdicts (default <dump_folder>/memory_check.json)")
     args, job_args = p.parse_known_args(sys.argv[1:] if argv is None else argv)
-    with open(args.profile, "rb") as f:
-        pm = ProfileMemory.of(tomllib.load(f))
+    pm = Profile.load(args.profile).memory()
     init_logger()
-    config = JobConfigManager().parse_args(job_argv(args.profile, job_args))
-    compat.apply(config)
+    config = load_config(job_argv(args.profile, job_args))
     trainer = MeteredTrainer(config)
     try:
         trainer.train()

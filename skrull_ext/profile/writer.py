@@ -6,10 +6,10 @@
 
 """The profile file and the console report.
 
-The file is the TOML ``skrull_ext.cost_model.load`` reads (sections and keys
-in cost_model.py); the raw measurements go under ``[meta.*]`` so a plot or a
+The file is the TOML ``skrull_ext.profile_file`` reads (sections and keys
+in its docstring); the raw measurements go under ``[meta.*]`` so a plot or a
 re-fit never needs a rerun. ``profile_dict`` round-trips its result through
-``cost_model.from_dict`` before anything is written, so a file the scheduler
+``profile_file.from_dict`` before anything is written, so a file the scheduler
 would reject is never produced.
 """
 
@@ -21,7 +21,7 @@ from typing import Any
 
 import tomli_w
 
-from skrull_ext import cost_model
+from skrull_ext import cost_model, profile_file
 from skrull_ext.profile.check import BucketCheck
 from skrull_ext.profile.comm import CommResult
 from skrull_ext.profile.compute import ComputeResult
@@ -47,8 +47,8 @@ class Profile:
 
 def _comm_section(p: Profile) -> dict[str, Any]:
     if p.comm is None:
-        hw = cost_model.HARDWARE_PRESETS[p.comm_fallback]
-        return {"bytes": list(hw.comm_bytes), "us": list(hw.comm_us), "collectives_per_layer": 2.0,
+        hw = cost_model.hardware(p.comm_fallback).data["comm"]
+        return {"bytes": list(hw["bytes"]), "us": list(hw["us"]), "collectives_per_layer": 2.0,
                 "collective": "all_gather", "backend": f"assumed:{p.comm_fallback}", "world_size": 1}
     c = p.comm
     xs, us = c.fit.table(c.sizes)
@@ -77,7 +77,7 @@ def profile_dict(p: Profile) -> dict[str, Any]:
                    "max_rel_error": mem.fit.max_rel_error, "points": len(mem.points)},
         "meta": {**p.meta, **_raw(p)},
     }
-    cost_model.from_dict(d, where="profile being written")  # the scheduler must accept it
+    profile_file.from_dict(d, where="profile being written")  # the scheduler must accept it
     return d
 
 

@@ -18,7 +18,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from skrull_ext._core import CostModel
-from skrull_ext.sim import bound, datasets, hardware, metrics
+from skrull_ext import cost_model as cost_models
+from skrull_ext.profile_file import Profile
+from skrull_ext.sim import bound, datasets, metrics
 from skrull_ext.sim import policies as sim_policies
 from skrull_ext.sim.packing import Shape
 
@@ -78,18 +80,18 @@ def simulate(
     policies: Sequence[str],
     iterations: int,
     seed: int = 0,
-    profile: dict | None = None,
+    profile: Profile | None = None,
     cost: CostModel | None = None,
     on_iteration: Callable[[], None] | None = None,
     validate: bool = True,
 ) -> ScenarioResult:
     """Predict every iteration of `scenario` under each policy."""
-    profile = profile if profile is not None else hardware.load_profile()
-    cost = cost if cost is not None else hardware.cost_model(profile, scenario.model)
+    profile = profile if profile is not None else cost_models.hardware()
+    cost = cost if cost is not None else profile.cost_model(cost_models.shape(scenario.model))
     chosen = [sim_policies.get(p) for p in policies]
     capacity = scenario.capacity or scenario.shape.bucket_size
     batches, truncated = global_batches(scenario.dataset, scenario.shape, iterations, seed)
-    result = ScenarioResult(scenario, hardware.label(profile), iterations, seed,
+    result = ScenarioResult(scenario, profile.label, iterations, seed,
                             sequences=sum(map(len, batches)), truncated=truncated)
     own = {p.name: p.regroup(batches, seed) if p.regroup else batches for p in chosen}
     shape = scenario.shape

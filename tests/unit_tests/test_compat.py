@@ -6,7 +6,7 @@ import torch
 from torch.nn.attention.flex_attention import and_masks, create_block_mask, flex_attention
 
 from skrull_ext import compat
-from skrull_ext.dense_attention import DenseMaskAttention
+from skrull_ext.compat.dense_attention import DenseMaskAttention
 from torchtitan.models.common.attention import (
     get_causal_mask_mod,
     get_efficient_causal_mask_mod_for_packed_document,
@@ -30,7 +30,7 @@ def test_apply_on_cpu_patches_config_once():
     assert {"spmd_backend_partial_dtensor", "fsdp_sum_reductions",
             "dense_mask_attention", "no_cuda_graphs"} <= set(applied)
     assert config.parallelism.spmd_backend == "partial_dtensor"
-    assert "skrull_ext.overrides.cpu_dense_mask_attention" in config.override.imports
+    assert "skrull_ext.compat.overrides.cpu_dense_mask_attention" in config.override.imports
     assert config.model_spec.parallelize_fn._skrull_sum_reductions
     assert compat.apply(config) == []  # idempotent
 

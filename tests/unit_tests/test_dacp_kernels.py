@@ -39,7 +39,7 @@ from skrull_ext.attention import (
 )
 from skrull_ext.attention import kernels
 from skrull_ext.attention.kernels import auto_kernel, KERNEL_CHOICES, KERNELS, resolve_kernel
-from skrull_ext.skrull_section import SkrullSection
+from skrull_ext.skrull_config import SkrullConfig
 
 D = DISTRIBUTED
 PARTS = ("local", "dist")
@@ -262,8 +262,8 @@ def test_bad_kernel_names_the_choices():
     with pytest.raises(ValueError, match="got 'flex'"):
         DacpAttention(kernel="flex")
     with pytest.raises(ValueError, match=r"skrull.attention_kernel: 'flex' is not one of \['auto', 'dense'"):
-        SkrullSection(cost_model="llama3-debug", attention_kernel="flex")
-    assert SkrullSection(cost_model="llama3-debug").attention_kernel == "auto"
+        SkrullConfig(cost_model="llama3-debug", attention_kernel="flex")
+    assert SkrullConfig(cost_model="llama3-debug").attention_kernel == "auto"
     assert KERNEL_CHOICES == ("auto", "dense", "segments", "varlen")
 
 

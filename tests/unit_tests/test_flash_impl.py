@@ -4,7 +4,7 @@
 # This source code is licensed under the BSD-style license found in the
 # LICENSE file in the root directory of this source tree.
 
-"""The trainer selects torchtitan's flash attention implementation for the
+"""DACP installation selects torchtitan's flash attention implementation for the
 DACP varlen kernel (FA3 on Hopper), as torchtitan's VarlenAttention does.
 
 The GPU's capability is what decides, so on this CPU machine it is stood in
@@ -16,7 +16,7 @@ import pytest
 import torch.nn.attention
 from torchtitan.models.llama3 import model_registry
 
-from skrull_ext import trainer
+from skrull_ext.attention import install as install
 
 
 @pytest.fixture
@@ -33,7 +33,7 @@ def flash(monkeypatch):
 
 
 def test_cpu_keeps_torchs_default(flash):
-    assert trainer.activate_flash_attention_impl() is None
+    assert install.activate_flash_attention_impl() is None
     assert flash["calls"] == []
 
 
@@ -41,8 +41,8 @@ def test_hopper_gets_fa3_once(flash, monkeypatch):
     import torchtitan.tools.utils
 
     monkeypatch.setattr(torchtitan.tools.utils, "get_cuda_flash_attention_impl", lambda: "FA3")
-    assert trainer.activate_flash_attention_impl() == "FA3"
-    assert trainer.activate_flash_attention_impl() == "FA3"
+    assert install.activate_flash_attention_impl() == "FA3"
+    assert install.activate_flash_attention_impl() == "FA3"
     assert flash["calls"] == ["FA3"]
 
 
@@ -53,6 +53,6 @@ def test_install_activates_only_for_varlen(flash, monkeypatch, kernel, activated
 
     monkeypatch.setattr(torchtitan.tools.utils, "get_cuda_flash_attention_impl", lambda: "FA3")
     model = model_registry("debugmodel").model.build()
-    installed = trainer.install_dacp_attention([model], None, kernel=kernel)
+    installed = install.install_dacp_attention([model], None, kernel=kernel)
     assert installed and all(m.kernel == kernel for m in installed)
     assert flash["calls"] == activated

@@ -59,7 +59,7 @@ def test_gpu_job_loads():
         ("[skrull]\nattention_kernel = 'flex'",
          r"skrull.attention_kernel: 'flex' is not one of \['auto', 'dense', 'segments', 'varlen'\]"),
         ("[skrull]\nenable = true\n[dataloader]\nkind = 'packed'", r"skrull.enable needs \[dataloader\] kind = \"skrull\""),
-        ("[skrull]\nbucket_size = -1", r"skrull: bucket_size must be in \[1, "),
+        ("[skrull]\nbucket_size = -1", r"skrull.bucket_size must be in \[1, "),
         ("[skrull]\nbucket_size = 0", r"skrull.bucket_size = 0 takes BucketSize from a profile file"),
         ("[skrull]\ncost_model = 'h200'", r"skrull.cost_model: 'h200' is neither a preset"),
         ("[dataloader]\nkind = 'hf'", r"dataloader.kind: 'hf' is not one of \['packed'"),
@@ -129,24 +129,24 @@ def test_bucket_size_zero_takes_the_profiles_measured_value():
 
 
 def test_bucket_size_zero_needs_a_profile_with_memory(tmp_path):
-    from skrull_ext.skrull_section import SkrullSection
+    from skrull_ext.skrull_config import SkrullConfig
 
     with pytest.raises(ValueError, match="the preset 'llama3-debug'"):
-        SkrullSection(cost_model="llama3-debug", bucket_size=0)
+        SkrullConfig(cost_model="llama3-debug", bucket_size=0)
     no_memory = tmp_path / "p.toml"
     with open(PROFILE) as f:
         no_memory.write_text("".join(line for line in f if "bucket_size" not in line))
     with pytest.raises(ValueError, match="has no \\[memory\\] bucket_size"):
-        SkrullSection(cost_model=str(no_memory), bucket_size=0)
+        SkrullConfig(cost_model=str(no_memory), bucket_size=0)
 
 
 def test_a_job_at_another_cp_than_its_profile_is_warned():
-    from skrull_ext.skrull_section import SkrullSection
+    from skrull_ext.skrull_config import SkrullConfig
 
-    cp1 = SkrullSection(cost_model=PROFILE, bucket_size=0)  # profiled at cp 1 (no [memory] cp key)
+    cp1 = SkrullConfig(cost_model=PROFILE, bucket_size=0)  # profiled at cp 1 (no [memory] cp key)
     assert cp1.profile_cp_warning(1) is None
     assert "derived its BucketSize for cp 1; this job runs cp 2 (bucket_size 3268)" in cp1.profile_cp_warning(2)
-    cp2 = SkrullSection(cost_model=PROFILE.replace("gloo2.toml", "gloo2-cp2.toml"), bucket_size=0)
+    cp2 = SkrullConfig(cost_model=PROFILE.replace("gloo2.toml", "gloo2-cp2.toml"), bucket_size=0)
     assert cp2.bucket_size == 2645 and cp2.profile_cp_warning(2) is None
     assert "for cp 2; this job runs cp 1" in cp2.profile_cp_warning(1)
-    assert SkrullSection(cost_model="llama3-debug").profile_cp_warning(4) is None  # presets: no profile
+    assert SkrullConfig(cost_model="llama3-debug").profile_cp_warning(4) is None  # presets: no profile

@@ -9,14 +9,14 @@ import torch.multiprocessing as mp
 
 from skrull_ext import cost_model
 from skrull_ext.scheduler import Scheduler
-from skrull_ext.skrull_section import SkrullSection
+from skrull_ext.skrull_config import SkrullConfig
 from skrull_ext.step_checks import check_plan_digests, gds_digest, PlanMismatchError
 
 LENGTHS = [300, 20, 40, 500, 60, 80, 10, 200]
 
 
 def _plan():
-    config = SkrullSection(bucket_size=256, cost_model="llama3-debug").scheduler_config(dp=1, cp=2)
+    config = SkrullConfig(bucket_size=256, cost_model="llama3-debug").scheduler_config(dp=1, cp=2)
     return Scheduler(config, cost_model.preset("llama3-debug")).schedule(LENGTHS)
 
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from skrull_ext import cost_model
+from skrull_ext.profile_file import derive_bucket_size
 from skrull_ext._core import CommModel, CostModel, ModelShape
 from skrull_ext.profile.fit import fit_piecewise, fit_poly, quality
 from skrull_ext.profile.memory import MemoryPoint, fit_memory, transient_overhead
@@ -103,12 +103,12 @@ def test_quality():
 
 def test_bucket_size_with_quadratic_term_is_the_largest_that_fits():
     usable, static, a, b, c, m = 2**30, 60e6, 1.473e5, 4.0, 24.0, 0.21
-    n = cost_model.bucket_size(usable, static, a, b, m, c)
+    n = derive_bucket_size(usable, static, a, b, m, c)
     free = (usable - static - b) * (1 - m)
     assert a * n + c * n * n <= free < a * (n + 1) + c * (n + 1) ** 2
-    assert cost_model.bucket_size(usable, static, a, b, m) > n  # the quadratic term costs tokens
+    assert derive_bucket_size(usable, static, a, b, m) > n  # the quadratic term costs tokens
     with pytest.raises(ValueError, match="c_bytes_per_token2"):
-        cost_model.bucket_size(usable, static, a, b, m, -1.0)
+        derive_bucket_size(usable, static, a, b, m, -1.0)
 
 
 def test_transient_overhead_uses_the_longer_half():
@@ -137,13 +137,13 @@ def test_bucket_size_at_cp_counts_what_a_shard_keeps():
     cp - 1 ranks and cp times the keys per query. The bucket is the largest C
     with (a + (cp-1) kv) C + cp c C^2 within the budget; cp 1 is unchanged."""
     usable, static, a, b, m, c, kv = 1 << 30, 60 << 20, 147268.0, 4.0, 0.27, 24.0, 12288.0
-    one = cost_model.bucket_size(usable, static, a, b, m, c)
-    assert cost_model.bucket_size(usable, static, a, b, m, c, 1, kv) == one
-    two = cost_model.bucket_size(usable, static, a, b, m, c, 2, kv)
+    one = derive_bucket_size(usable, static, a, b, m, c)
+    assert derive_bucket_size(usable, static, a, b, m, c, 1, kv) == one
+    two = derive_bucket_size(usable, static, a, b, m, c, 2, kv)
     free = (usable - static - b) * (1 - m)
     cost = lambda n: (a + kv) * n + 2 * c * n * n  # noqa: E731
     assert cost(two) <= free < cost(two + 1)
     assert two < one
-    assert cost_model.bucket_size(usable, static, a, b, m, 0.0, 8, 0.0) == cost_model.bucket_size(usable, static, a, b, m)
+    assert derive_bucket_size(usable, static, a, b, m, 0.0, 8, 0.0) == derive_bucket_size(usable, static, a, b, m)
     with pytest.raises(ValueError, match="cp must be an integer >= 1, got 0"):
-        cost_model.bucket_size(usable, static, a, b, m, c, 0, kv)
+        derive_bucket_size(usable, static, a, b, m, c, 0, kv)

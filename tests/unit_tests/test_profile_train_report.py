@@ -4,7 +4,7 @@ a step over its own budget fails its rank, a missing field is named."""
 
 import pytest
 
-from skrull_ext.profile.check import ProfileMemory
+from skrull_ext.profile_file import ProfileMemory
 from skrull_ext.profile.train_report import StepMemory, format_report, report
 
 MIB = 2**20

@@ -10,7 +10,8 @@ import random
 import pytest
 
 from skrull_ext import DISTRIBUTED as D
-from skrull_ext.sim import bound, chunkflow, datasets, hardware, metrics, simulator
+from skrull_ext.profile_file import Profile
+from skrull_ext.sim import bound, chunkflow, datasets, metrics, simulator
 from skrull_ext.sim import policies as P
 from skrull_ext.sim.packing import Shape
 
@@ -133,18 +134,21 @@ def test_paper_samplers_reproduce_table_1():
 def test_default_profile_is_the_assumed_preset():
     from skrull_ext import cost_model as cm
 
-    prof = hardware.load_profile()
-    assert hardware.label(prof) == "assumed: h100_assumed.toml"
+    prof = cm.hardware()
+    assert prof.label == "assumed: h100_assumed.toml"
     for model in ("qwen2.5-0.5b", "qwen2.5-7b"):
-        a, b = hardware.cost_model(prof, model), cm.preset(model)
+        a, b = prof.cost_model(cm.shape(model)), cm.preset(model)
         assert (a.a_us_per_flop, a.b_us, list(a.comm.bytes), list(a.comm.us)) == \
             (b.a_us_per_flop, b.b_us, list(b.comm.bytes), list(b.comm.us))
         assert a.shape.hidden == b.shape.hidden and a.shape.layers == b.shape.layers
 
 
 def test_profile_with_another_model_is_refused():
-    prof = hardware.load_profile()
-    prof["model"] = {"layers": 24, "hidden": 896, "kv_width": 128, "bytes_per_elem": 2}
-    assert hardware.cost_model(prof, "qwen2.5-0.5b").shape.hidden == 896
-    with pytest.raises(ValueError, match=r"is not the shape of 'qwen2.5-7b'"):
-        hardware.cost_model(prof, "qwen2.5-7b")
+    from skrull_ext import cost_model as cm
+
+    data = dict(cm.hardware().data, model={"layers": 24, "hidden": 896, "kv_width": 128, "bytes_per_elem": 2})
+    prof = Profile(data, "measured.toml")
+    assert prof.cost_model(cm.shape("qwen2.5-0.5b")).shape.hidden == 896
+    assert prof.cost_model().shape.hidden == 896
+    with pytest.raises(ValueError, match=r"measured.toml: its \[model\] .* is not the shape of the model priced"):
+        prof.cost_model(cm.shape("qwen2.5-7b"))

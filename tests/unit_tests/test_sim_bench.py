@@ -6,7 +6,7 @@ import pytest
 
 from skrull_ext.bench import __main__ as bench
 from skrull_ext.bench import simulate
-from skrull_ext.sim import hardware
+from skrull_ext import cost_model
 
 
 def test_simulate_writes_table_json_and_plots(tmp_path, capsys):
@@ -39,7 +39,7 @@ def test_shape_options_override_the_paper_settings(tmp_path):
 
 def test_profile_bucket_size_is_the_default(tmp_path):
     prof = tmp_path / "measured.toml"
-    text = (hardware.DEFAULT_PROFILE.read_text().replace('source = "assumed"', 'source = "measured"')
+    text = (cost_model.HARDWARE_PRESETS["h100-assumed"].read_text().replace('source = "assumed"', 'source = "measured"')
             + "\n[memory]\nbucket_size = 8192\n")
     prof.write_text(text)
     out = tmp_path / "sim"

@@ -2,7 +2,8 @@
 
 import pytest
 
-from skrull_ext.sim import chunkflow, hardware, simulator
+from skrull_ext import cost_model
+from skrull_ext.sim import chunkflow, simulator
 from skrull_ext.sim import policies as P
 from skrull_ext.sim.packing import Shape
 
@@ -18,7 +19,7 @@ PLANNERS = [name for name, p in P.POLICIES.items() if not p.is_bound]
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"dp{s.dp}cp{s.cp}C{s.bucket_size}")
 @pytest.mark.parametrize("dataset", ["chatqa2", "lmsyschat1m", "mix_sharegpt_conv95+longbench_en5"])
 def test_every_policy_plan_validates(shape, dataset):
-    cost = hardware.cost_model(hardware.load_profile(), "qwen2.5-0.5b")
+    cost = cost_model.preset("qwen2.5-0.5b")
     batches, _ = simulator.global_batches(dataset, shape, 2, seed=3)
     for batch in batches:
         for name in PLANNERS:

@@ -16,7 +16,7 @@ from skrull_ext.datasets.synthetic import IGNORE_INDEX
 from skrull_ext.datasets.text import JsonlSequences
 from skrull_ext.job_file import load_job
 from skrull_ext.scheduler import Scheduler
-from skrull_ext.skrull_section import SkrullSection
+from skrull_ext.skrull_config import SkrullConfig
 from skrull_ext.tokenizer import LocalTokenizer, SyntheticTokenizer
 
 FIXTURE = assets.text_path("tiny_sft")
@@ -92,7 +92,7 @@ def test_bad_records_are_named_by_line(tmp_path, tok, line, message):
 
 def test_jsonl_through_the_dataloaders(tok):
     config = SkrullDataLoader.Config(dataset="jsonl", dataset_path="tiny_sft", max_len=512, global_batch_size=8)
-    section = SkrullSection(bucket_size=256, cost_model="llama3-debug")
+    section = SkrullConfig(bucket_size=256, cost_model="llama3-debug")
     loader = config.build(dp_world_size=1, dp_rank=0, tokenizer=tok)
     loader.attach(Scheduler(section.scheduler_config(1, 2), cost_model.preset("llama3-debug")), 0, 2)
     placements = []

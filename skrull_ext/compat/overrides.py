@@ -1,6 +1,6 @@
 """``@override`` factories of skrull-ext (torchtitan config/override.py).
 
-Activate with ``--override.imports skrull_ext.overrides.<function>``;
+Activate with ``--override.imports skrull_ext.compat.overrides.<function>``;
 ``skrull_ext.compat.apply(config)`` activates ``cpu_dense_mask_attention``
 by itself when there is no accelerator.
 """
@@ -8,7 +8,7 @@ by itself when there is no accelerator.
 from torchtitan.config.override import derive, override
 from torchtitan.models.common.attention import FlexAttention
 
-from skrull_ext.dense_attention import DenseMaskAttention
+from skrull_ext.compat.dense_attention import DenseMaskAttention
 
 
 @override(

@@ -1,5 +1,11 @@
 """Run torchtitan 0.3.0 on a CPU-only torch 2.13 (gloo), and nothing else.
 
+Every change skrull-ext makes to torchtitan's behaviour lives in this
+package: this module (the fixes, applied through ``apply``), ``overrides``
+(torchtitan ``@override`` factories) and ``dense_attention`` (exact CPU
+attention for torchtitan's FlexAttention config). torchtitan's files are
+never edited or monkeypatched elsewhere.
+
 torchtitan 0.3.0 assumes an accelerator. Every workaround skrull-ext needs to
 train on CPU lives here, each as one entry of ``FIXES`` with a predicate
 saying when it applies, so on a CUDA machine ``apply()`` changes nothing.
@@ -166,7 +172,7 @@ def _force_sum_reductions(config) -> None:
 
 
 def _dense_mask_attention(config) -> None:
-    target = "skrull_ext.overrides.cpu_dense_mask_attention"
+    target = "skrull_ext.compat.overrides.cpu_dense_mask_attention"
     if target not in config.override.imports:
         config.override.imports.append(target)
 

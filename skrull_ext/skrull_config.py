@@ -1,0 +1,130 @@
+"""``SkrullConfig``: the ``[skrull]`` section of a job, and what it builds.
+
+The scheduling knobs are ``skrull_ext.config.SchedulingOptions``, inherited,
+so a knob and its default are declared once for the core and the job file.
+This adds what only training needs: the on/off switch, the cost model, the
+DACP attention's kernel and K/V transport, and debug switches. DP and CP
+sizes come from ``[parallelism]``: ``build(dp, cp)`` makes the Scheduler in
+torchtitan's Config/build style.
+
+Values are checked when the config is made, so a bad TOML or CLI value fails
+before any process group or model is built, naming the key and what it
+allows. A profile file named by ``cost_model`` is read once, there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Literal
+
+from skrull_ext import cost_model as cost_models
+from skrull_ext.attention.kernels import KERNEL_CHOICES
+from skrull_ext.attention.transport import TRANSPORT_CHOICES
+from skrull_ext.config import SchedulerConfig, SchedulingOptions
+from skrull_ext.profile_file import Profile
+
+KVExchange = Literal[TRANSPORT_CHOICES]  # pyrefly: ignore[invalid-literal]
+AttentionKernel = Literal[KERNEL_CHOICES]  # pyrefly: ignore[invalid-literal]
+
+
+@dataclass(kw_only=True, slots=True)
+class SkrullConfig(SchedulingOptions):
+    enable: bool = True
+    """Schedule global batches with Skrull; False runs torchtitan's own batching."""
+
+    cost_model: str = "qwen2.5-0.5b"
+    """A model preset of skrull_ext.cost_model (on the assumed H100), or a profile TOML path.
+    ``bucket_size = 0`` takes BucketSize from the profile's ``[memory] bucket_size`` (what
+    the offline profiler measured for this model and machine)."""
+
+    check_plan_hash: bool = False
+    """Debug: compare every rank's plan digest each step and fail loudly on a mismatch."""
+
+    plan_log: bool = False
+    """Append each step's plan and buffer digests to <dump_folder>/skrull_plans/rank<R>.jsonl."""
+
+    defer_grad_sync: bool = False
+    """Reduce-scatter FSDP gradients once per step, after the last micro-batch, instead of after
+    every micro-batch (torchtitan's behaviour). Saves (micro-batches - 1) gradient collectives per
+    step; costs one unsharded gradient per rank held between micro-batches (4 bytes x parameters
+    in float32). Same gradient up to float summation order."""
+
+    kv_exchange: KVExchange = "auto"
+    """How DACP moves the distributed sequences' K/V over the CP group: one all-gather
+    (reduce-scatter backward), point-to-point sends ("p2p"), or "auto": by the group's
+    backend (skrull_ext.attention.transport.AUTO_BY_BACKEND; measured in docs/benchmarks.md)."""
+
+    attention_kernel: AttentionKernel = "auto"
+    """Inner attention of DACP's local and distributed parts (skrull_ext.attention.kernels):
+    "auto" (varlen for bf16/fp16 on CUDA, else dense), "dense" (SDPA with dense masks),
+    "varlen" (flash attention over the segment plan; CUDA bf16/fp16) or "segments" (the
+    plan's slow CPU reference executor)."""
+
+    _profile: Profile | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.cost_model in cost_models.MODEL_PRESETS:
+            self._profile = None
+        elif Path(self.cost_model).is_file():
+            try:
+                self._profile = Profile.load(self.cost_model)
+            except ValueError as e:
+                raise ValueError(f"skrull.cost_model: {e}") from None
+        else:
+            raise ValueError(
+                f"skrull.cost_model: {self.cost_model!r} is neither a preset "
+                f"{sorted(cost_models.MODEL_PRESETS)} nor a profile file"
+            )
+        if self.bucket_size == 0:
+            self.bucket_size = self._profile_bucket_size()
+        if self.attention_kernel not in KERNEL_CHOICES:
+            raise ValueError(
+                f"skrull.attention_kernel: {self.attention_kernel!r} is not one of {list(KERNEL_CHOICES)}"
+            )
+        if self.kv_exchange not in TRANSPORT_CHOICES:
+            raise ValueError(f"skrull.kv_exchange: {self.kv_exchange!r} is not one of {list(TRANSPORT_CHOICES)}")
+        try:
+            self.check()
+        except ValueError as e:
+            raise ValueError(f"skrull.{e}") from None
+
+    def _profile_bucket_size(self) -> int:
+        if self._profile is None:
+            raise ValueError(
+                f"skrull.bucket_size = 0 takes BucketSize from a profile file, but skrull.cost_model is "
+                f"the preset {self.cost_model!r}; name a profile (python -m skrull_ext.profile writes one)"
+            )
+        value = self._profile.bucket_size
+        if value is None:
+            raise ValueError(f"skrull.bucket_size = 0: the profile {self.cost_model!r} has no [memory] bucket_size")
+        return value
+
+    def profile_cp_warning(self, cp: int) -> str | None:
+        """A warning when this job's CP degree is not the one its profile's
+        BucketSize was derived for (a shard costs more memory than a whole
+        token: profile_file.derive_bucket_size), else None."""
+        if self._profile is None or self._profile.cp == cp:
+            return None
+        return (f"skrull: the profile {self.cost_model!r} derived its BucketSize for cp {self._profile.cp}; this job "
+                f"runs cp {cp} (bucket_size {self.bucket_size}). Re-profile with the job's parallelism, or a rank "
+                f"holding shards may use more memory than the profile predicts")
+
+    def scheduler_config(self, dp: int, cp: int) -> SchedulerConfig:
+        """The core's config for a DP x CP job."""
+        return SchedulerConfig(dp=dp, cp=cp, **self.options())
+
+    def build_cost_model(self):
+        """``skrull_ext._core.CostModel`` named by ``cost_model`` (the profile read at config time)."""
+        if self._profile is None:
+            return cost_models.preset(self.cost_model)
+        return self._profile.cost_model()
+
+    def build(self, dp: int, cp: int):
+        """The Scheduler of a DP x CP job: these knobs, this cost model."""
+        from skrull_ext.scheduler import Scheduler  # CP-SAT (ortools) only when a scheduler is built
+
+        return Scheduler(self.scheduler_config(dp, cp), self.build_cost_model())
+
+    def to_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.init}
