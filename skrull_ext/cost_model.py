@@ -45,7 +45,7 @@ def shape(model: str) -> ModelShape:
 
 def preset(model: str = "qwen2.5-0.5b", hardware_name: str = "h100-assumed") -> CostModel:
     """Cost model of a named model shape on a named hardware preset."""
-    return hardware(hardware_name).cost_model(shape(model))
+    return hardware(hardware_name).cost_model(shape(model), repr(model))
 
 
 def load(path: str | Path) -> CostModel:

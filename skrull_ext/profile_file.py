@@ -242,16 +242,17 @@ class Profile:
         """Short provenance for tables and plots, e.g. 'assumed: h100_assumed.toml'."""
         return f"{self.meta.get('source', 'unknown source')}: {Path(self.path).name}"
 
-    def cost_model(self, shape: ModelShape | None = None) -> CostModel:
-        """The core's cost model. ``shape``: the model to price; a hardware
-        profile (no [model]) needs it, a measured one accepts only its own."""
+    def cost_model(self, shape: ModelShape | None = None, name: str = "the model priced") -> CostModel:
+        """The core's cost model. ``shape`` (called ``name`` in errors): the model
+        to price; a hardware profile (no [model]) needs it, a measured one
+        accepts only its own."""
         d = dict(self.data)
         if shape is not None:
             want = {k: getattr(shape, k) for k in _SHAPE_KEYS}
             if self.has_model:
                 got = {k: d["model"].get(k) for k in _SHAPE_KEYS}
                 if got != want:
-                    raise ValueError(f"{self.path}: its [model] {got} is not the shape of the model priced {want}")
+                    raise ValueError(f"{self.path}: its [model] {got} is not the shape of {name} {want}")
             else:
                 d["model"] = want
         elif not self.has_model:

@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     for label, policy in VARIANTS.items():
         name = "ablate:" + label
         config.POLICIES[name] = policy
-        sim_policies.POLICIES[name] = sim_policies.SimPolicy(name, sim_policies.core_policy(name), label)
+        sim_policies.SIM_POLICIES[name] = sim_policies.SimPolicy(name, sim_policies.core_policy(name), label)
         names.append(name)
     run = ["skrull", *names, "skrull-paper", "bound"]
     profile = cost_models.hardware()

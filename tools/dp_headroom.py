@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     for cell in data["iterations"]:
         ms = cell["per_policy"][args.policy]
         shape = _shape(cell["shape"])
-        cost = profile.cost_model(cost_models.shape(cell["model"]))
+        cost = profile.cost_model(cost_models.shape(cell["model"]), repr(cell["model"]))
         batches, _ = simulator.global_batches(cell["dataset"], shape, iterations, seed)
         gap, imb, head_room, long_gap, long_imb, other_gap, other_imb = [], [], [], [], [], [], []
         for m, batch in zip(ms, batches):

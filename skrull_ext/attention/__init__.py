@@ -9,7 +9,7 @@ sequences' K/V all-gather is in flight. See dacp.py for the execution order
 and docs/design/buffer_layout.md for the buffer it consumes."""
 
 from skrull_ext.attention.dacp import dacp_attention
-from skrull_ext.attention.exchange import KVExchange, start_all_gather, wait_all_gather
+from skrull_ext.attention.exchange import KVExchange, start_exchange, wait_exchange
 from skrull_ext.attention.kernels import KERNEL_CHOICES, KERNELS
 from skrull_ext.attention.meta import (
     build_meta,
@@ -52,9 +52,9 @@ __all__ = [
     "resolve_transport",
     "shard_buffer",
     "side_stream_for",
-    "start_all_gather",
+    "start_exchange",
     "unshard_buffer",
-    "wait_all_gather",
+    "wait_exchange",
     "zigzag_positions",
     "zigzag_shard",
     "zigzag_unshard",

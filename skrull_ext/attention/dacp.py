@@ -44,7 +44,7 @@ import torch
 import torch.distributed as dist
 from torch.profiler import record_function
 
-from skrull_ext.attention.exchange import KVExchange, start_all_gather, wait_all_gather
+from skrull_ext.attention.exchange import KVExchange, start_exchange, wait_exchange
 from skrull_ext.attention.kernels import AUTO, Kernel, resolve_kernel
 from skrull_ext.attention.meta import DacpBatchMeta
 from skrull_ext.attention.replay import in_backward, KVReplay
@@ -140,7 +140,7 @@ def dacp_attention(
         ex = KVExchange(group, stats, replay=replay.take(meta) if recompute else None,
                         transport=exchange if isinstance(exchange, Transport) else resolve_transport(exchange, group))
         kv = torch.stack([k[:, n_loc:], v[:, n_loc:]])  # [2, Hkv, Td, D]
-        gathered = start_all_gather(kv, ex)  # flat [N * 2 * Hkv * Td * D], not valid yet
+        gathered = start_exchange(kv, ex)  # flat [N * 2 * Hkv * Td * D], not valid yet
 
     # 2. Local part.
     out_loc = None
@@ -161,7 +161,7 @@ def dacp_attention(
             kd, vd = k[:, n_loc:], v[:, n_loc:]
         else:
             with record_function("dacp/kv_wait"):
-                kd, vd = wait_all_gather(gathered, ex)
+                kd, vd = wait_exchange(gathered, ex)
             if replay is not None and not recompute and torch.is_grad_enabled():
                 ex.kept = replay.record(meta, kd, vd)
         with record_function("dacp/distributed"):

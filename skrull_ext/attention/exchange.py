@@ -13,7 +13,7 @@ is the autograd around it and is the same for both.
 The gather is split into two autograd nodes so that independent work can sit
 between them in both directions:
 
-    forward:  start_all_gather (issue, async)  ...local attention...  wait_all_gather
+    forward:  start_exchange (issue, async)  ...local attention...  wait_exchange
     backward: wait node issues the reduce-scatter of dK/dV (async)
               ...local attention backward...
               start node waits for it and hands each rank its own shard's gradient
@@ -44,7 +44,7 @@ from skrull_ext.attention.replay import KeptKV
 from skrull_ext.attention.stats import DacpStats
 from skrull_ext.attention.transport import Transport, TRANSPORTS
 
-__all__ = ["KVExchange", "start_all_gather", "wait_all_gather"]
+__all__ = ["KVExchange", "start_exchange", "wait_exchange"]
 
 
 class KVExchange:
@@ -77,7 +77,7 @@ class KVExchange:
         self.shard_shape: torch.Size | None = None
 
 
-class _StartAllGather(torch.autograd.Function):
+class _StartExchange(torch.autograd.Function):
     @staticmethod
     def forward(ctx, shard: torch.Tensor, ex: KVExchange) -> torch.Tensor:
         ctx.ex, ctx.shape = ex, shard.shape
@@ -111,7 +111,7 @@ class _StartAllGather(torch.autograd.Function):
         return grad, None
 
 
-class _WaitAllGather(torch.autograd.Function):
+class _WaitExchange(torch.autograd.Function):
     @staticmethod
     def forward(ctx, gathered: torch.Tensor, ex: KVExchange) -> tuple[torch.Tensor, torch.Tensor]:
         ctx.ex = ex
@@ -151,13 +151,13 @@ class _WaitAllGather(torch.autograd.Function):
         return grad_in, None
 
 
-def start_all_gather(shard: torch.Tensor, ex: KVExchange) -> torch.Tensor:
+def start_exchange(shard: torch.Tensor, ex: KVExchange) -> torch.Tensor:
     """Issue the all-gather of ``shard`` ([2, Hkv, Td, D]: K and V) over ``ex.group``;
-    returns a flat buffer, valid only after :func:`wait_all_gather`."""
-    return _StartAllGather.apply(shard, ex)
+    returns a flat buffer, valid only after :func:`wait_exchange`."""
+    return _StartExchange.apply(shard, ex)
 
 
-def wait_all_gather(gathered: torch.Tensor, ex: KVExchange) -> tuple[torch.Tensor, torch.Tensor]:
+def wait_exchange(gathered: torch.Tensor, ex: KVExchange) -> tuple[torch.Tensor, torch.Tensor]:
     """Block until the all-gather lands; returns the whole group's K and V,
     each [Hkv, N*Td, D] with tokens rank-major."""
-    return _WaitAllGather.apply(gathered, ex)
+    return _WaitExchange.apply(gathered, ex)

@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from skrull_ext import POLICIES, Scheduler, SchedulerConfig, _core, lengths
 from skrull_ext import cost_model as cost_models
-from skrull_ext import reference as ref
+from skrull_ext.bench import reference as ref
 from skrull_ext.cpsat import solve_dacp
 
 

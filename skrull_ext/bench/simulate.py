@@ -46,7 +46,7 @@ def parser() -> argparse.ArgumentParser:
                         "else the paper's 26K for 0.5B, 13K for 7B)")
     p.add_argument("--capacity", type=int, help="tokens a rank really holds, for the overflow count (default: BucketSize)")
     p.add_argument("--policies", type=_csv, default=list(sim_policies.DEFAULT),
-                   help=f"comma list from {list(sim_policies.POLICIES)} (default: all but sorted+skrull)")
+                   help=f"comma list from {list(sim_policies.SIM_POLICIES)} (default: all but sorted+skrull)")
     p.add_argument("--iterations", type=int, default=100, help="global batches per cell (default 100)")
     p.add_argument("--seed", type=int, default=0, help="sampler and shuffle seed (default 0)")
     p.add_argument("--profile", type=Path, help=f"hardware profile TOML (default {cost_models.HARDWARE_PRESETS['h100-assumed'].name}, assumed)")
@@ -74,7 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         cells = scenarios.grid(args.datasets or scenarios.SUITES[args.suite], args.models, dp=args.dp, cp=args.cp,
                                batch_size=args.batch_size, bucket_size=bucket, capacity=args.capacity)
         for cell in cells:
-            profile.cost_model(cost_models.shape(cell.model))
+            profile.cost_model(cost_models.shape(cell.model), repr(cell.model))
     except ValueError as e:
         cli.error(str(e))
     started = time.perf_counter()

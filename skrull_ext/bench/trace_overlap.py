@@ -14,8 +14,8 @@ whether the bytes actually moved while that compute ran, which counters
 cannot tell. From the events:
 
 - **compute windows**: forward, each ``dacp/local`` range; backward, the span
-  between the end of ``_WaitAllGatherBackward`` (which issues the
-  reduce-scatter) and the start of the next ``_StartAllGatherBackward`` (which
+  between the end of ``_WaitExchangeBackward`` (which issues the
+  reduce-scatter) and the start of the next ``_StartExchangeBackward`` (which
   waits on it) on the same thread: the local part's backward runs there.
 - **compute**: on CPU the windows themselves. With GPU kernels in the trace,
   the kernels launched inside a window (a runtime launch event inside it with
@@ -51,8 +51,8 @@ LOCAL = "dacp/local"
 DISTRIBUTED = "dacp/distributed"
 KV_WAIT = "dacp/kv_wait"
 _EVAL = "autograd::engine::evaluate_function: "
-ISSUE_GRAD = _EVAL + "_WaitAllGatherBackward"
-WAIT_GRAD = _EVAL + "_StartAllGatherBackward"
+ISSUE_GRAD = _EVAL + "_WaitExchangeBackward"
+WAIT_GRAD = _EVAL + "_StartExchangeBackward"
 LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
 
 
@@ -70,7 +70,7 @@ class Overlap:
     kv_wait_ms: float
     """Host time blocked in the forward wait (``dacp/kv_wait``)."""
     grad_wait_ms: float
-    """Host time in the backward wait node (``_StartAllGatherBackward``)."""
+    """Host time in the backward wait node (``_StartExchangeBackward``)."""
     exchange_kinds: tuple[str, ...]
 
     @property

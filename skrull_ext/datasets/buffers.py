@@ -29,7 +29,7 @@ from skrull_ext.datasets.synthetic import IGNORE_INDEX, Sample
 
 
 @dataclass
-class MicroBatch:
+class MicroBatchBuffer:
     """What one (DP rank, CP rank) feeds the model for one micro-batch."""
 
     input: torch.Tensor  # int64 [1, T]
@@ -59,7 +59,7 @@ def rank_buffer(
     cp_rank: int,
     cp_size: int,
     seqs: Sequence[int] = (),
-) -> MicroBatch:
+) -> MicroBatchBuffer:
     """Rank ``cp_rank``'s buffer of a micro-batch.
 
     Args:
@@ -79,13 +79,13 @@ def rank_buffer(
     meta = build_meta(lengths, placement, cp_rank, cp_size)
     if meta.num_tokens == 0:
         return pad_buffer(cp_rank, cp_size, seqs)
-    return MicroBatch(*(t.unsqueeze(0) for t in parts), meta=meta, seqs=list(seqs))
+    return MicroBatchBuffer(*(t.unsqueeze(0) for t in parts), meta=meta, seqs=list(seqs))
 
 
-def pad_buffer(cp_rank: int, cp_size: int, seqs: Sequence[int] = ()) -> MicroBatch:
+def pad_buffer(cp_rank: int, cp_size: int, seqs: Sequence[int] = ()) -> MicroBatchBuffer:
     """One ignored pad token, local: a no-op micro-batch for this rank."""
     one = torch.zeros(1, 1, dtype=torch.long)
-    return MicroBatch(
+    return MicroBatchBuffer(
         input=one,
         labels=torch.full_like(one, IGNORE_INDEX),
         positions=one.clone(),

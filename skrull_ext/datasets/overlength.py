@@ -27,7 +27,7 @@ class OverlengthError(ValueError):
 class OverlengthScan:
     """What the pre-scan found for one run."""
 
-    policy: str
+    mode: str
     bucket_size: int
     cp: int
     first_step: int
@@ -57,13 +57,13 @@ class OverlengthScan:
         )
 
 
-def scan_overlength(loader, bucket_size: int, cp: int, policy: str, first_step: int, last_step: int) -> OverlengthScan:
+def scan_overlength(loader, bucket_size: int, cp: int, mode: str, first_step: int, last_step: int) -> OverlengthScan:
     """Lengths of steps ``first_step..last_step`` (1-based, inclusive) against the limit.
 
     ``loader`` provides ``length_bound()`` and ``step_lengths(step)``.
     """
     start = time.perf_counter()
-    report = OverlengthScan(policy, bucket_size, cp, first_step, last_step, loader.length_bound())
+    report = OverlengthScan(mode, bucket_size, cp, first_step, last_step, loader.length_bound())
     if report.bound is None or report.bound > report.limit:
         for step in range(first_step, last_step + 1):
             for index, length in loader.step_lengths(step):
@@ -74,17 +74,17 @@ def scan_overlength(loader, bucket_size: int, cp: int, policy: str, first_step: 
     return report
 
 
-def check_overlength(loader, bucket_size: int, cp: int, policy: str, first_step: int, last_step: int) -> OverlengthScan:
+def check_overlength(loader, bucket_size: int, cp: int, mode: str, first_step: int, last_step: int) -> OverlengthScan:
     """Pre-scan, raise :class:`OverlengthError` under 'error', log the counts otherwise."""
-    report = scan_overlength(loader, bucket_size, cp, policy, first_step, last_step)
-    if report.over and policy == "error":
+    report = scan_overlength(loader, bucket_size, cp, mode, first_step, last_step)
+    if report.over and mode == "error":
         raise OverlengthError(report.message())
     if report.over:
-        verb = {"truncate": f"truncated to {report.limit} tokens", "drop": "dropped"}[policy]
+        verb = {"truncate": f"truncated to {report.limit} tokens", "drop": "dropped"}[mode]
         logger.warning(
             f"Skrull over-length: {len(report.over)} of {report.scanned} sequences of steps "
             f"{first_step}..{last_step} are longer than {report.limit} tokens and will be {verb} "
-            f"(skrull.overlength = {policy!r}); first: sample {report.over[0][1]} "
+            f"(skrull.overlength = {mode!r}); first: sample {report.over[0][1]} "
             f"(step {report.over[0][0]}), length {report.over[0][2]}"
         )
     else:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from torchtitan.components.tokenizer import BaseTokenizer
 from torchtitan.tools.logging import logger
 
-from skrull_ext.datasets.buffers import MicroBatch, pad_buffer, rank_buffer
+from skrull_ext.datasets.buffers import MicroBatchBuffer, pad_buffer, rank_buffer
 from skrull_ext.datasets.source import SourceDataLoaderBase
 from skrull_ext.datasets.synthetic import IGNORE_INDEX
 from skrull_ext.plan import DROPPED, Plan
@@ -37,7 +37,7 @@ class SkrullStep:
     samples: list[int]
     """Source indices of the global batch, in plan (caller) order."""
     plan: Plan
-    micro_batches: list[MicroBatch]
+    micro_batches: list[MicroBatchBuffer]
     """This rank's buffers, ``plan.num_micro_batches`` of them (pads included)."""
     global_valid_tokens: int
     """Loss tokens of the whole global batch (all DP ranks, CP ranks, micro-batches)."""

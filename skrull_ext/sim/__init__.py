@@ -16,7 +16,7 @@ re-implements it. Entry point for users: ``python -m skrull_ext.bench simulate``
 """
 
 from skrull_ext.sim.packing import Shape
-from skrull_ext.sim.policies import POLICIES
+from skrull_ext.sim.policies import SIM_POLICIES
 from skrull_ext.sim.simulator import Scenario, ScenarioResult, simulate
 
-__all__ = ["POLICIES", "Scenario", "ScenarioResult", "Shape", "simulate"]
+__all__ = ["SIM_POLICIES", "Scenario", "ScenarioResult", "Shape", "simulate"]

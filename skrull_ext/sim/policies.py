@@ -100,7 +100,7 @@ def bound_policy(lengths: Sequence[int], cost: CostModel, shape: Shape, seed: in
     return bound.lower_bound_us(lengths, cost, shape.dp, shape.cp, shape.bucket_size)
 
 
-POLICIES: dict[str, SimPolicy] = {
+SIM_POLICIES: dict[str, SimPolicy] = {
     p.name: p
     for p in (
         SimPolicy("baseline", baseline, "arrival order, packed to the token budget, every sequence sharded"),
@@ -117,11 +117,11 @@ POLICIES: dict[str, SimPolicy] = {
     )
 }
 
-DEFAULT = [name for name in POLICIES if name != "sorted+skrull"]
+DEFAULT = [name for name in SIM_POLICIES if name != "sorted+skrull"]
 """What the benchmark runs unless told: the issue's seven plus unpacked and skrull-fast."""
 
 
 def get(name: str) -> SimPolicy:
-    if name not in POLICIES:
-        raise ValueError(f"unknown policy {name!r}; choose one of {list(POLICIES)}")
-    return POLICIES[name]
+    if name not in SIM_POLICIES:
+        raise ValueError(f"unknown policy {name!r}; choose one of {list(SIM_POLICIES)}")
+    return SIM_POLICIES[name]

@@ -87,7 +87,7 @@ def simulate(
 ) -> ScenarioResult:
     """Predict every iteration of `scenario` under each policy."""
     profile = profile if profile is not None else cost_models.hardware()
-    cost = cost if cost is not None else profile.cost_model(cost_models.shape(scenario.model))
+    cost = cost if cost is not None else profile.cost_model(cost_models.shape(scenario.model), repr(scenario.model))
     chosen = [sim_policies.get(p) for p in policies]
     capacity = scenario.capacity or scenario.shape.bucket_size
     batches, truncated = global_batches(scenario.dataset, scenario.shape, iterations, seed)

@@ -121,7 +121,7 @@ def _backward_order(out: torch.Tensor) -> list[str]:
             continue
         seen.add(node)
         name = node.name()
-        if name in ("_StartAllGatherBackward", "_WaitAllGatherBackward"):
+        if name in ("_StartExchangeBackward", "_WaitExchangeBackward"):
             node.register_hook(lambda *_, n=name: order.append(n))
         stack.extend(f for f, _ in node.next_functions)
     return order

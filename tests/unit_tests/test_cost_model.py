@@ -5,6 +5,7 @@ import math
 import pytest
 
 from skrull_ext import cost_model as cm
+from skrull_ext import profile_file
 from skrull_ext._core import CommModel, CostModel, ModelShape
 
 
@@ -67,7 +68,7 @@ def test_profile_round_trip(tmp_path):
     import tomli_w
 
     c = cm.preset("qwen2.5-7b")
-    d = cm.to_dict(c, meta={"source": "assumed"})
+    d = profile_file.to_dict(c, meta={"source": "assumed"})
     p = tmp_path / "p.toml"
     p.write_bytes(tomli_w.dumps(d).encode())
     back = cm.load(p)
@@ -87,15 +88,29 @@ def test_profile_round_trip(tmp_path):
     ],
 )
 def test_bad_profile_rejected_naming_the_field(mutate, msg):
-    d = cm.to_dict(cm.preset())
+    d = profile_file.to_dict(cm.preset())
     mutate(d)
     with pytest.raises(ValueError, match=msg):
-        cm.from_dict(d)
+        profile_file.from_dict(d)
 
 
 def test_bucket_size_from_memory():
     # 80 GB usable, 20 GB static, 2 MB per token, no margin -> 30000 tokens.
-    assert cm.bucket_size(80e9, 20e9, 2e6, margin=0.0) == 30000
-    assert cm.bucket_size(80e9, 20e9, 2e6, margin=0.1) == 27000
+    assert profile_file.derive_bucket_size(80e9, 20e9, 2e6, margin=0.0) == 30000
+    assert profile_file.derive_bucket_size(80e9, 20e9, 2e6, margin=0.1) == 27000
     with pytest.raises(ValueError, match="no room for activations"):
-        cm.bucket_size(10e9, 20e9, 2e6)
+        profile_file.derive_bucket_size(10e9, 20e9, 2e6)
+
+
+def test_profile_file_errors_name_the_file(tmp_path):
+    from skrull_ext.profile_file import Profile
+
+    with pytest.raises(ValueError, match=r"profile '.*nope.toml' is not a file"):
+        Profile.load(tmp_path / "nope.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[compute\n")
+    with pytest.raises(ValueError, match=r"bad.toml: not valid TOML"):
+        Profile.load(bad)
+    with pytest.raises(ValueError, match=r"h100_assumed.toml: a hardware profile \(no \[model\]\) needs the model shape"):
+        cm.hardware().cost_model()
+    assert cm.hardware().bucket_size is None and cm.hardware().cp == 1

@@ -110,7 +110,7 @@ def test_backward_overlaps_local_part(results, cp_size):
         if case.order:
             for res in ranks:
                 if res["stats"].local_seqs:
-                    assert res["order"] == ["_WaitAllGatherBackward", "local", "_StartAllGatherBackward"]
+                    assert res["order"] == ["_WaitExchangeBackward", "local", "_StartExchangeBackward"]
 
 
 # ---- single process: cp_size 1, module, checks --------------------------------

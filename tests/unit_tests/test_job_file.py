@@ -150,3 +150,20 @@ def test_a_job_at_another_cp_than_its_profile_is_warned():
     assert cp2.bucket_size == 2645 and cp2.profile_cp_warning(2) is None
     assert "for cp 2; this job runs cp 1" in cp2.profile_cp_warning(1)
     assert SkrullConfig(cost_model="llama3-debug").profile_cp_warning(4) is None  # presets: no profile
+
+
+def test_skrull_section_and_scheduler_share_one_set_of_knobs():
+    """[skrull] and SchedulerConfig inherit the same declarations: same fields,
+    same defaults; build(dp, cp) gives the job's Scheduler on its cost model."""
+    from dataclasses import fields
+
+    from skrull_ext.config import SchedulerConfig, SchedulingOptions
+    from skrull_ext.skrull_config import SkrullConfig
+
+    knobs = {f.name for f in fields(SchedulingOptions)}
+    section = SkrullConfig(cost_model="llama3-debug")
+    assert knobs <= {f.name for f in fields(SkrullConfig)} and knobs <= {f.name for f in fields(SchedulerConfig)}
+    assert section.options() == SchedulerConfig().options()
+    sched = SkrullConfig(cost_model="llama3-debug", policy="worstfit", bucket_size=512).build(dp=2, cp=4)
+    assert (sched.config.dp, sched.config.cp, sched.config.policy, sched.config.bucket_size) == (2, 4, "worstfit", 512)
+    assert sched.cost_model.shape.hidden == 256  # the llama3-debug preset

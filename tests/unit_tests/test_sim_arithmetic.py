@@ -77,7 +77,7 @@ def test_bound_is_below_every_policy(make_toy):
     for _ in range(20):
         lengths = [rng.randint(1, 20) for _ in range(8)]
         lb = bound.lower_bound_us(lengths, cost, 2, 2, 10)
-        for name, p in P.POLICIES.items():
+        for name, p in P.SIM_POLICIES.items():
             if not p.is_bound:
                 assert p.plan(lengths, cost, SHAPE, 0).makespan_us >= lb * (1 - 1e-12), name
 
@@ -150,5 +150,7 @@ def test_profile_with_another_model_is_refused():
     prof = Profile(data, "measured.toml")
     assert prof.cost_model(cm.shape("qwen2.5-0.5b")).shape.hidden == 896
     assert prof.cost_model().shape.hidden == 896
-    with pytest.raises(ValueError, match=r"measured.toml: its \[model\] .* is not the shape of the model priced"):
+    with pytest.raises(ValueError, match=r"measured.toml: its \[model\] .* is not the shape of 'qwen2.5-7b'"):
+        prof.cost_model(cm.shape("qwen2.5-7b"), "'qwen2.5-7b'")
+    with pytest.raises(ValueError, match=r"is not the shape of the model priced"):
         prof.cost_model(cm.shape("qwen2.5-7b"))

@@ -13,7 +13,7 @@ SHAPES = [
     Shape(dp=3, cp=2, batch_size=7, bucket_size=4096),
     Shape(dp=2, cp=1, batch_size=8, bucket_size=26624),
 ]
-PLANNERS = [name for name, p in P.POLICIES.items() if not p.is_bound]
+PLANNERS = [name for name, p in P.SIM_POLICIES.items() if not p.is_bound]
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"dp{s.dp}cp{s.cp}C{s.bucket_size}")
