@@ -13,6 +13,7 @@ the sum of token losses over the number of loss tokens of the whole global
 batch, so the gradient does not depend on the schedule (SKRULL.md, "Loss").
 """
 
+import dataclasses
 import math
 import time
 from collections.abc import Iterable, Iterator
@@ -37,6 +38,22 @@ from skrull_ext.datasets.scheduling import SkrullDataLoader, SkrullStep
 from skrull_ext.plan_log import PlanLog
 from skrull_ext.skrull_config import SkrullConfig
 from skrull_ext.step_checks import check_plan_digests, step_log_line, step_metrics
+
+
+def resolve_device_defaults(config) -> None:
+    """Set the torchtitan defaults a Skrull run cannot keep on any device, when
+    the trainer is built (the config is final then; a job file or flag that
+    turns Skrull off later would otherwise inherit them).
+
+    CUDA graphs: torchtitan 0.3.0 captures fwd+bwd in one CUDA graph by default
+    (``training.disable_cuda_graphs`` false) and replays it on every call. A
+    Skrull step calls it once per micro-batch with a new buffer length, a new
+    DacpBatchMeta (host-side plans) and DACP's collectives on a side stream,
+    which a static graph cannot replay, so graphs are off while Skrull is on.
+    """
+    if config.skrull.enable and not config.training.disable_cuda_graphs:
+        config.training = dataclasses.replace(config.training, disable_cuda_graphs=True)
+        logger.info("Skrull: training.disable_cuda_graphs set (a CUDA graph cannot replay DACP micro-batches)")
 
 
 class SkrullTrainer(Trainer):
@@ -65,6 +82,7 @@ class SkrullTrainer(Trainer):
 
     def __init__(self, config: Config):
         compat.apply(config)
+        resolve_device_defaults(config)
         self.plan_log: PlanLog | None = None
         super().__init__(config)
         vocab, model_vocab = self.tokenizer.get_vocab_size(), decoder_vocab_size(config.model_spec)

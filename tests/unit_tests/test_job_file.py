@@ -2,13 +2,14 @@
 
 import os
 import textwrap
+from pathlib import Path
 
 import pytest
 
 from skrull_ext.job_file import JobConfigManager, JobFileError, load_job
 from skrull_ext.datasets.packed import PackedDataLoader
 from skrull_ext.datasets.scheduling import SkrullDataLoader
-from skrull_ext.trainer import SkrullTrainer
+from skrull_ext.trainer import SkrullTrainer, resolve_device_defaults
 
 JOBS = os.path.join(os.path.dirname(__file__), "..", "..", "skrull_ext", "jobs")
 DEBUG = os.path.join(JOBS, "debug_cpu.toml")
@@ -167,3 +168,19 @@ def test_skrull_section_and_scheduler_share_one_set_of_knobs():
     sched = SkrullConfig(cost_model="llama3-debug", policy="worstfit", bucket_size=512).build(dp=2, cp=4)
     assert (sched.config.dp, sched.config.cp, sched.config.policy, sched.config.bucket_size) == (2, 4, "worstfit", 512)
     assert sched.cost_model.shape.hidden == 256  # the llama3-debug preset
+
+
+@pytest.mark.parametrize("enable", [True, False])
+def test_cuda_graphs_are_off_under_skrull(tmp_path, enable):
+    """torchtitan wraps fwd+bwd in a CUDA graph unless training.disable_cuda_graphs;
+    a Skrull step calls it per micro-batch with new shapes and a DacpBatchMeta, so the
+    resolved config turns graphs off whenever Skrull is on, whatever the device (the CPU
+    fix that also turns them off is not applied here: this is the config a GPU gets)."""
+    job = tmp_path / "job.toml"
+    text = Path(DEBUG).read_text()
+    assert "[skrull]\nenable = true" in text
+    job.write_text(text.replace("[skrull]\nenable = true", f"[skrull]\nenable = {str(enable).lower()}"))
+    config = JobConfigManager().parse_args(["--config-file", str(job)])
+    assert config.skrull.enable is enable and config.training.disable_cuda_graphs is False  # torchtitan's default
+    resolve_device_defaults(config)  # what SkrullTrainer.__init__ does before building anything
+    assert config.training.disable_cuda_graphs is enable
