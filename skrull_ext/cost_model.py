@@ -200,7 +200,7 @@ def bucket_size(usable_bytes: float, static_bytes: float, a_bytes_per_token: flo
     costs more than C whole tokens: it keeps the K/V gathered from the other
     cp - 1 ranks (kv_bytes_per_token each: K and V of every layer), and its
     attention spans cp times as many keys as queries (the dense CPU mask's
-    quadratic term, measured at 0.3 GiB for 3268 tokens at cp 2). So
+    quadratic term; measured in docs/profile.md, "BucketSize in training"). So
     a' = a + (cp - 1) * kv_bytes_per_token and c' = c * cp, the worst case,
     which a rank of whole sequences only undershoots."""
     if not isinstance(cp, int) or cp < 1:
