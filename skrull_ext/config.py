@@ -36,12 +36,10 @@ POLICIES: dict[str, Policy] = {
         "time, CP-SAT fallback",
         DacpSearch.SHARD_SWEEP,
     ),
-    # The same without the shard sweep: Algorithm 1 + refinement only. A third
-    # less core time (docs/latency.md); 1.2% slower iterations on average in
-    # the simulator, up to 4.8% (run A of docs/benchmarks.md; 1.8% in
-    # tools/ablate_skrull.py's 30 iterations). With the CP-SAT fallback on,
-    # CP-SAT runs on more of its micro-batches, so its total scheduling time
-    # there exceeds skrull's (docs/benchmarks.md, section 3).
+    # The same without the shard sweep: Algorithm 1 + refinement only. Less
+    # core time (docs/latency.md), slower simulated iterations, and with the
+    # CP-SAT fallback on more scheduling time than skrull: measured in
+    # docs/benchmarks.md, section 3.
     "skrull-fast": Policy(
         Placement.LEAST_LOAD, Rollback.LONGEST, MicroBatchCount.PREDICTED_TIME, True, True,
         "least-load DACP + refinement, longest-first roll-back, micro-batch count by predicted time, "

@@ -136,7 +136,7 @@ def derive_bucket_size(usable_bytes: float, static_bytes: float, a_bytes_per_tok
     attention spans cp times as many keys as queries (the dense CPU mask's
     quadratic term). So a' = a + (cp - 1) * kv_bytes_per_token and
     c' = c * cp, the worst case, which a rank of whole sequences only
-    undershoots (measured in docs/profile.md)."""
+    undershoots (measured in docs/profile.md, "BucketSize in training")."""
     if not isinstance(cp, int) or cp < 1:
         raise ValueError(f"cp must be an integer >= 1, got {cp!r}")
     if kv_bytes_per_token < 0 or not math.isfinite(kv_bytes_per_token):

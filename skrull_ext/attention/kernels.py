@@ -18,9 +18,9 @@ the hardware:
 - ``segments``: the varlen segment plan (segments.py) run as one SDPA per
   segment with an explicit bottom-right causal mask. It exists so the plan --
   the part this project writes -- is tested on CPU against ``dense``. On CPU
-  it is also the faster kernel for buffers of documents of 16 tokens or more
-  (0.14-0.55x dense's time), and slower for many tiny ones (1.2-2.6x at 8-2
-  tokens: one SDPA call per document); docs/benchmarks.md section 8.
+  it is also the faster kernel for buffers of documents of 16 tokens or more,
+  and slower for many tiny ones (one SDPA call per document): measured in
+  docs/benchmarks.md, section 8.
 - ``varlen``: the same plan on ``torch.nn.attention.varlen.varlen_attn``
   (flash attention; CUDA only, bf16/fp16), called the way torchtitan 0.3.0's
   VarlenAttention calls it (keywords the installed torch lacks, as 2.11's

@@ -14,10 +14,9 @@ to move those bytes, both asynchronous (issue, compute, then wait):
   collectives torchtitan's CP uses; the natural choice on NCCL.
 - ``p2p``: every rank sends its shard to each other rank at once
   (``batch_isend_irecv``) and, backward, each rank's slice of the gradient to
-  its owner, which sums what it receives. On gloo over loopback it measured
-  0.7-0.9x the collectives' time at 64 KiB-4 MiB per shard and 0.35x at
-  16 MiB, at CP 2 and 4 (docs/benchmarks.md, section 7), so ``auto`` picks
-  it there; gloo's reduce-scatter is moreover an all-reduce of the whole
+  its owner, which sums what it receives. On gloo it measured faster than
+  the collectives at every size (docs/benchmarks.md, section 7), so ``auto``
+  picks it there; gloo's reduce-scatter is moreover an all-reduce of the whole
   buffer, each rank keeping its slice.
 
 The byte count is the same either way: (N - 1) shards in, (N - 1) out.
