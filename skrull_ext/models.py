@@ -1,8 +1,8 @@
 """Model specs a job can name in its ``[model]`` section.
 
 torchtitan's own families (llama3, qwen3) resolve to their ``model_registry``;
-skrull-ext adds ``qwen2_5`` with a Qwen2.5-0.5B-sized flavor (the paper's
-small model), built from torchtitan's Qwen3 blocks at Qwen2.5-0.5B sizes.
+skrull-ext adds ``qwen2_5``, the Qwen2 architecture (``skrull_ext.decoders``)
+at Qwen2.5-0.5B's sizes (the paper's small model) and a tiny debug size.
 """
 
 from collections.abc import Callable
@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 from torchtitan.models import llama3, qwen3
 from torchtitan.protocols.model_spec import ModelSpec
+
+from skrull_ext.decoders import DecoderDims, decoder_spec
 
 
 @dataclass(frozen=True)
@@ -19,55 +21,21 @@ class ModelFamily:
     flavors: Callable[[], list[str]]
 
 
-def _qwen2_5_0_5b_sized(attn_backend: str):
-    """Qwen2.5-0.5B sizes: dim 896, 24 layers, 14 heads, 2 KV heads of 64,
-    FFN 4864, vocab 151936, tied embeddings, RoPE theta 1e6, 32K context.
-
-    Differs from the released model only in the attention block's details
-    (Qwen3-style QK-norm instead of QKV bias): same shapes, same FLOPs within
-    0.1%, which is what the scheduler's cost model sees. Uses torchtitan
-    0.3.0's private Qwen3 builders (no public builder takes these sizes).
-    """
-    from torchtitan.models.common import CosSinRoPE, Embedding, Linear
-    from torchtitan.models.qwen3 import (
-        _build_qwen3_layers,
-        _EMBEDDING_SKIP_INIT,
-        _LINEAR_INIT,
-        _qwen3_norm,
-        Qwen3Model,
-    )
-
-    dim, head_dim, vocab = 896, 64, 151936
-    return Qwen3Model.Config(
-        vocab_size=vocab,
-        dim=dim,
-        norm=_qwen3_norm(dim),
-        enable_weight_tying=True,
-        tok_embeddings=Embedding.Config(
-            num_embeddings=vocab, embedding_dim=dim, param_init=_EMBEDDING_SKIP_INIT
-        ),
-        lm_head=Linear.Config(in_features=dim, out_features=vocab, param_init=_LINEAR_INIT),
-        layers=_build_qwen3_layers(
-            n_layers=24,
-            dim=dim,
-            n_heads=14,
-            n_kv_heads=2,
-            head_dim=head_dim,
-            hidden_dim=4864,
-            attn_backend=attn_backend,
-            rope=CosSinRoPE.Config(dim=head_dim, max_seq_len=32768, theta=1000000.0),
-        ),
-    )
-
-
-_QWEN2_5_FLAVORS = {"0.5B-sized": _qwen2_5_0_5b_sized}
+_QWEN2_5_FLAVORS: dict[str, DecoderDims] = {
+    "debugmodel": DecoderDims(
+        vocab_size=2048, dim=256, n_layers=4, n_heads=8, n_kv_heads=2, head_dim=32,
+        hidden_dim=768, rope_theta=1e6, max_seq_len=4096, norm_eps=1e-6, tie_embeddings=True,
+    ),
+    # Qwen/Qwen2.5-0.5B config.json: 494M parameters.
+    "0.5B": DecoderDims(
+        vocab_size=151936, dim=896, n_layers=24, n_heads=14, n_kv_heads=2, head_dim=64,
+        hidden_dim=4864, rope_theta=1e6, max_seq_len=32768, norm_eps=1e-6, tie_embeddings=True,
+    ),
+}
 
 
 def _qwen2_5_registry(flavor: str, attn_backend: str = "flex") -> ModelSpec:
-    base = qwen3.model_registry("0.6B", attn_backend=attn_backend)
-    base.name, base.flavor = "qwen2_5", flavor
-    base.model = _QWEN2_5_FLAVORS[flavor](attn_backend)
-    return base
+    return decoder_spec("qwen2_5", flavor, _QWEN2_5_FLAVORS[flavor], attn_backend)
 
 
 MODEL_FAMILIES: dict[str, ModelFamily] = {
