@@ -21,7 +21,7 @@ class ModelFamily:
     flavors: Callable[[], list[str]]
 
 
-_QWEN2_5_FLAVORS: dict[str, DecoderDims] = {
+QWEN2_5_FLAVORS: dict[str, DecoderDims] = {
     "debugmodel": DecoderDims(
         vocab_size=2048, dim=256, n_layers=4, n_heads=8, n_kv_heads=2, head_dim=32,
         hidden_dim=768, rope_theta=1e6, max_seq_len=4096, norm_eps=1e-6, tie_embeddings=True,
@@ -35,13 +35,13 @@ _QWEN2_5_FLAVORS: dict[str, DecoderDims] = {
 
 
 def _qwen2_5_registry(flavor: str, attn_backend: str = "flex") -> ModelSpec:
-    return decoder_spec("qwen2_5", flavor, _QWEN2_5_FLAVORS[flavor], attn_backend)
+    return decoder_spec("qwen2_5", flavor, QWEN2_5_FLAVORS[flavor], attn_backend)
 
 
 MODEL_FAMILIES: dict[str, ModelFamily] = {
     "llama3": ModelFamily(llama3.model_registry, lambda: list(llama3.llama3_configs)),
     "qwen3": ModelFamily(qwen3.model_registry, lambda: list(qwen3.qwen3_configs)),
-    "qwen2_5": ModelFamily(_qwen2_5_registry, lambda: list(_QWEN2_5_FLAVORS)),
+    "qwen2_5": ModelFamily(_qwen2_5_registry, lambda: list(QWEN2_5_FLAVORS)),
 }
 
 ATTN_BACKENDS = ("flex", "varlen")
