@@ -47,8 +47,24 @@ MODEL_FAMILIES: dict[str, ModelFamily] = {
 ATTN_BACKENDS = ("flex", "varlen")
 
 
-def build_model_spec(name: str, flavor: str, attn_backend: str = "flex") -> ModelSpec:
-    """Resolve ``[model]`` name/flavor/attn_backend; errors list what exists."""
+def build_model_spec(
+    name: str | None = None,
+    flavor: str | None = None,
+    attn_backend: str = "flex",
+    hf_path: str | None = None,
+) -> ModelSpec:
+    """Resolve ``[model]`` name/flavor/attn_backend/hf_path; errors list what exists.
+
+    With ``hf_path`` (a HF model folder) the family and sizes come from its
+    config.json; ``name``, if given, must be that family, and ``flavor``, if
+    given, labels the spec instead of the folder name.
+    """
+    if attn_backend not in ATTN_BACKENDS:
+        raise ValueError(
+            f"model.attn_backend: {attn_backend!r} is not one of {list(ATTN_BACKENDS)}"
+        )
+    if hf_path is not None:
+        return _spec_from_folder(hf_path, name, flavor, attn_backend)
     if name not in MODEL_FAMILIES:
         raise ValueError(f"model.name: {name!r} is not one of {sorted(MODEL_FAMILIES)}")
     family = MODEL_FAMILIES[name]
@@ -56,8 +72,21 @@ def build_model_spec(name: str, flavor: str, attn_backend: str = "flex") -> Mode
         raise ValueError(
             f"model.flavor: {flavor!r} is not a {name} flavor; one of {family.flavors()}"
         )
-    if attn_backend not in ATTN_BACKENDS:
-        raise ValueError(
-            f"model.attn_backend: {attn_backend!r} is not one of {list(ATTN_BACKENDS)}"
-        )
     return family.registry(flavor, attn_backend=attn_backend)
+
+
+def _spec_from_folder(
+    hf_path: str, name: str | None, flavor: str | None, attn_backend: str
+) -> ModelSpec:
+    from skrull_ext.hf.config import spec_from_hf
+
+    if not isinstance(hf_path, str):
+        raise ValueError(f"model.hf_path: expected a folder path string, got {hf_path!r}")
+    spec = spec_from_hf(hf_path, attn_backend=attn_backend)
+    if name is not None and name != spec.name:
+        raise ValueError(
+            f"model.name: {name!r}, but model.hf_path {hf_path!r} holds a {spec.name} model"
+        )
+    if flavor is not None:
+        spec.flavor = flavor
+    return spec
