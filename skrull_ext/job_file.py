@@ -1,7 +1,8 @@
 """Job files: TOML mapped onto torchtitan's dataclass config.
 
 torchtitan 0.3.0 configures jobs with Python dataclasses only. A job file
-names the model in ``[model]`` (name, flavor, attn_backend), puts root-level
+names the model in ``[model]`` (name, flavor, attn_backend, or hf_path: a HF
+model folder, see skrull_ext/hf/job.py), puts root-level
 fields (dump_folder, ...) in ``[job]``, and otherwise has one table per
 config field of the trainer (``[training]``, ``[parallelism]``,
 ``[dataloader]``, ``[skrull]``, ...), keys being the dataclass field names.
@@ -33,6 +34,7 @@ from torchtitan.trainer import Trainer
 from skrull_ext import compat
 from skrull_ext.datasets.packed import PackedDataLoader
 from skrull_ext.datasets.scheduling import SkrullDataLoader
+from skrull_ext.hf.job import hf_job_defaults
 from skrull_ext.models import build_model_spec
 from skrull_ext.tokenizer import LocalTokenizer, SyntheticTokenizer
 from skrull_ext.trainer import SkrullTrainer
@@ -48,7 +50,7 @@ SECTION_KINDS: dict[str, dict[str, Any]] = {
 }
 """Per section, the classes a ``kind`` key may select (None disables it)."""
 
-MODEL_KEYS = ("name", "flavor", "attn_backend")
+MODEL_KEYS = ("name", "flavor", "attn_backend", "hf_path")
 
 
 class JobFileError(ValueError):
@@ -227,7 +229,8 @@ def load_job(path: str, *, config_cls=None, ignore: tuple[str, ...] = ()):
 
     model = table.pop("model", {})
     _check_keys(model, MODEL_KEYS, "model")
-    for name in ("name", "flavor"):
+    required = () if "hf_path" in model else ("name", "flavor")  # hf_path: from config.json
+    for name in required:
         if name not in model:
             raise JobFileError(f"model.{name}: required (one of the keys {list(MODEL_KEYS)})")
     try:
@@ -235,6 +238,8 @@ def load_job(path: str, *, config_cls=None, ignore: tuple[str, ...] = ()):
     except ValueError as e:
         raise JobFileError(str(e)) from e
     config = base_config(spec, config_cls)
+    if "hf_path" in model:
+        config = hf_job_defaults(config, model["hf_path"])
 
     root_fields = _settable_fields(config_cls)
     sections = {

@@ -1,0 +1,93 @@
+"""``[model] hf_path`` in job files: the spec comes from the folder's
+config.json and the job starts from its weights."""
+
+import json
+import os
+import textwrap
+
+import pytest
+import transformers
+
+from skrull_ext.job_file import JobFileError, load_job
+
+
+@pytest.fixture(scope="module")
+def qwen2_folder(tmp_path_factory) -> str:
+    """A HF Qwen2 folder: only config.json is read when a job is loaded."""
+    folder = tmp_path_factory.mktemp("tiny-qwen2")
+    transformers.Qwen2Config(
+        vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+        tie_word_embeddings=False, architectures=["Qwen2ForCausalLM"],
+    ).save_pretrained(folder)
+    return str(folder)
+
+
+def _job(tmp_path, body: str) -> str:
+    path = tmp_path / "job.toml"
+    path.write_text(textwrap.dedent(body))
+    return str(path)
+
+
+def test_hf_path_job_builds_the_folder_model(tmp_path, qwen2_folder):
+    config = load_job(_job(tmp_path, f"""
+        [model]
+        hf_path = "{qwen2_folder}"
+
+        [training]
+        seq_len = 256
+    """))
+    spec, model = config.model_spec, config.model_spec.model
+    attention = model.layers[0].attention
+    assert (spec.name, spec.flavor) == ("qwen2_5", "tiny-qwen20")
+    assert (len(model.layers), model.dim, model.vocab_size) == (3, 64, 512)
+    assert (attention.n_heads, attention.n_kv_heads, attention.head_dim) == (4, 2, 16)
+    assert not model.enable_weight_tying
+    assert attention.qkv_linear.wqkv.bias and attention.qk_norm is None
+    assert config.tokenizer.vocab_size == 512 == config.loss.global_vocab_size
+    # Fine-tuning starts from the folder's weights, through torchtitan's checkpointer.
+    assert config.checkpoint.enable and config.checkpoint.initial_load_in_hf
+    assert config.checkpoint.initial_load_path == config.hf_assets_path == qwen2_folder
+
+
+def test_hf_path_job_keeps_its_own_checkpoint_settings(tmp_path, qwen2_folder):
+    config = load_job(_job(tmp_path, f"""
+        [model]
+        name = "qwen2_5"
+        flavor = "tiny"
+        hf_path = "{qwen2_folder}"
+
+        [checkpoint]
+        interval = 7
+        enable = false
+    """))
+    assert config.model_spec.flavor == "tiny"
+    assert config.checkpoint.interval == 7 and not config.checkpoint.enable
+
+
+@pytest.mark.parametrize(
+    "model, message",
+    [
+        ('name = "llama3"\nhf_path = "{folder}"',
+         r"model.name: 'llama3', but model.hf_path '.*' holds a qwen2_5 model"),
+        ("hf_path = 3", r"model.hf_path: expected a folder path string, got 3"),
+        ('hf_path = "{tmp}/nowhere"', r"nowhere/config.json: not found"),
+        ('hf_path = "{gpt2}"', r"architectures \['GPT2LMHeadModel'\] is not supported; supported: "),
+    ],
+)
+def test_hf_path_errors_name_the_key(tmp_path, qwen2_folder, model, message):
+    gpt2 = tmp_path / "gpt2"
+    gpt2.mkdir()
+    (gpt2 / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"]}))
+    body = "[model]\n" + model.format(folder=qwen2_folder, tmp=tmp_path, gpt2=gpt2)
+    with pytest.raises(JobFileError, match=message):
+        load_job(_job(tmp_path, body))
+
+
+def test_hf_path_relative_to_the_working_directory(tmp_path, qwen2_folder, monkeypatch):
+    monkeypatch.chdir(os.path.dirname(qwen2_folder))
+    config = load_job(_job(tmp_path, f"""
+        [model]
+        hf_path = "{os.path.basename(qwen2_folder)}"
+    """))
+    assert config.checkpoint.initial_load_path == qwen2_folder
