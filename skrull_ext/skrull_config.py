@@ -61,21 +61,12 @@ class SkrullConfig(SchedulingOptions):
     "varlen" (flash attention over the segment plan; CUDA bf16/fp16) or "segments" (the
     plan's slow CPU reference executor)."""
 
-    _profile: Profile | None = field(default=None, init=False, repr=False, compare=False)
+    _profile: tuple[str, Profile] | None = field(default=None, init=False, repr=False, compare=False)
+    """A cache: (the cost_model path it was read from, the profile); see profile()."""
 
     def __post_init__(self) -> None:
-        if self.cost_model in cost_models.MODEL_PRESETS:
-            self._profile = None
-        elif Path(self.cost_model).is_file():
-            try:
-                self._profile = Profile.load(self.cost_model)
-            except ValueError as e:
-                raise ValueError(f"skrull.cost_model: {e}") from None
-        else:
-            raise ValueError(
-                f"skrull.cost_model: {self.cost_model!r} is neither a preset "
-                f"{sorted(cost_models.MODEL_PRESETS)} nor a profile file"
-            )
+        self._profile = None
+        self.profile()  # a missing or malformed profile fails here, naming the key
         if self.bucket_size == 0:
             self.bucket_size = self._profile_bucket_size()
         if self.attention_kernel not in KERNEL_CHOICES:
@@ -89,13 +80,34 @@ class SkrullConfig(SchedulingOptions):
         except ValueError as e:
             raise ValueError(f"skrull.{e}") from None
 
+    def profile(self) -> Profile | None:
+        """The profile file named by ``cost_model`` (None for a preset), read once
+        per config object and path. Cached with the path it came from: the CLI
+        parser (tyro) may set ``cost_model`` on a built config without calling
+        __post_init__ again."""
+        if self.cost_model in cost_models.MODEL_PRESETS:
+            return None
+        cached = getattr(self, "_profile", None)
+        if cached is None or cached[0] != self.cost_model:
+            if not Path(self.cost_model).is_file():
+                raise ValueError(
+                    f"skrull.cost_model: {self.cost_model!r} is neither a preset "
+                    f"{sorted(cost_models.MODEL_PRESETS)} nor a profile file"
+                )
+            try:
+                cached = self._profile = (self.cost_model, Profile.load(self.cost_model))
+            except ValueError as e:
+                raise ValueError(f"skrull.cost_model: {e}") from None
+        return cached[1]
+
     def _profile_bucket_size(self) -> int:
-        if self._profile is None:
+        profile = self.profile()
+        if profile is None:
             raise ValueError(
                 f"skrull.bucket_size = 0 takes BucketSize from a profile file, but skrull.cost_model is "
                 f"the preset {self.cost_model!r}; name a profile (python -m skrull_ext.profile writes one)"
             )
-        value = self._profile.bucket_size
+        value = profile.bucket_size
         if value is None:
             raise ValueError(f"skrull.bucket_size = 0: the profile {self.cost_model!r} has no [memory] bucket_size")
         return value
@@ -104,9 +116,10 @@ class SkrullConfig(SchedulingOptions):
         """A warning when this job's CP degree is not the one its profile's
         BucketSize was derived for (a shard costs more memory than a whole
         token: profile_file.derive_bucket_size), else None."""
-        if self._profile is None or self._profile.cp == cp:
+        profile = self.profile()
+        if profile is None or profile.cp == cp:
             return None
-        return (f"skrull: the profile {self.cost_model!r} derived its BucketSize for cp {self._profile.cp}; this job "
+        return (f"skrull: the profile {self.cost_model!r} derived its BucketSize for cp {profile.cp}; this job "
                 f"runs cp {cp} (bucket_size {self.bucket_size}). Re-profile with the job's parallelism, or a rank "
                 f"holding shards may use more memory than the profile predicts")
 
@@ -116,9 +129,8 @@ class SkrullConfig(SchedulingOptions):
 
     def build_cost_model(self):
         """``skrull_ext._core.CostModel`` named by ``cost_model`` (the profile read at config time)."""
-        if self._profile is None:
-            return cost_models.preset(self.cost_model)
-        return self._profile.cost_model()
+        profile = self.profile()
+        return cost_models.preset(self.cost_model) if profile is None else profile.cost_model()
 
     def build(self, dp: int, cp: int):
         """The Scheduler of a DP x CP job: these knobs, this cost model."""

@@ -184,3 +184,14 @@ def test_cuda_graphs_are_off_under_skrull(tmp_path, enable):
     assert config.skrull.enable is enable and config.training.disable_cuda_graphs is False  # torchtitan's default
     resolve_device_defaults(config)  # what SkrullTrainer.__init__ does before building anything
     assert config.training.disable_cuda_graphs is enable
+
+
+def test_cli_profile_reaches_the_scheduler():
+    """A profile named on the command line is the one the scheduler plans with
+    (tyro sets fields on built configs; the section's profile cache must follow)."""
+    config = JobConfigManager().parse_args(["--config-file", DEBUG, "--skrull.cost_model", PROFILE,
+                                            "--skrull.bucket_size", "0"])
+    assert config.skrull.bucket_size == 3268
+    from skrull_ext.profile_file import Profile
+
+    assert config.skrull.build(dp=1, cp=2).cost_model.a_us_per_flop == Profile.load(PROFILE).cost_model().a_us_per_flop
