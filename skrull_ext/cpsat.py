@@ -1,6 +1,6 @@
 """Exact DACP for one micro-batch with OR-Tools CP-SAT.
 
-The model is SKRULL.md's optimisation problem: D_k (sequence k sharded) or
+The model is docs/design/method.md's optimisation problem: D_k (sequence k sharded) or
 P_kj (whole on CP rank j), memory per rank within BucketSize, and the
 makespan T >= max(T_comm(V), T_comp(Local_j)) + T_comp(Dist) for every rank,
 with T_comm piecewise linear in the exchanged volume. Times are integers in

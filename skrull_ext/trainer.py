@@ -10,7 +10,7 @@ slowest DP rank has; others run no-op pads), each CP rank feeding its own
 buffer to the model, attention being the DACP attention over the CP group
 (local sequences whole, distributed ones by all-gathered K/V). The loss is
 the sum of token losses over the number of loss tokens of the whole global
-batch, so the gradient does not depend on the schedule (SKRULL.md, "Loss").
+batch, so the gradient does not depend on the schedule (docs/design/method.md, "Loss").
 """
 
 import dataclasses

@@ -54,7 +54,7 @@ def backend_for(device: str, world_size: int) -> str:
 
 
 def long_tail_lengths(n: int, seed: int) -> list[int]:
-    """Mostly short sequences with a few long ones (the SFT shape of SKRULL.md)."""
+    """Mostly short sequences with a few long ones (the SFT shape of docs/design/method.md)."""
     rng = random.Random(seed)
     return [rng.randint(1024, 3072) if rng.random() < 0.15 else rng.randint(32, 512) for _ in range(n)]
 

@@ -4,7 +4,7 @@
 # This source code is licensed under the BSD-style license found in the
 # LICENSE file in the root directory of this source tree.
 
-"""DACP attention over one CP rank's buffer (SKRULL.md, "Execution of a DACP
+"""DACP attention over one CP rank's buffer (docs/design/method.md, "Executing a DACP
 micro-batch"; layout in docs/design/buffer_layout.md).
 
     buffer = [local sequences, whole] + [zigzag shards of distributed sequences]

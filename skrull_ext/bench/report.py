@@ -17,7 +17,7 @@ from skrull_ext.sim.simulator import ScenarioResult
 
 REFERENCES = ("baseline", "sorted", "unpacked")
 
-# The paper's speedups of Skrull (SKRULL.md): over DeepSpeed (average, peak,
+# The paper's speedups of Skrull (arXiv 2505.19609): over DeepSpeed (average, peak,
 # 0.5B average, 7B average) and over sorted batching (average, peak).
 PAPER_FIGURES: dict[str, dict[str, float]] = {
     "deepspeed": {"average": 3.76, "peak": 7.54, "qwen2.5-0.5b": 5.50, "qwen2.5-7b": 2.03},

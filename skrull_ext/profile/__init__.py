@@ -5,7 +5,7 @@
 # LICENSE file in the root directory of this source tree.
 
 """Offline profiler: turn a job's model and this machine into the cost model
-the scheduler reads (SKRULL.md, "Cost model"; docs/profile.md).
+the scheduler reads (docs/design/cost_model.md; docs/profile.md).
 
     python -m skrull_ext.profile --config-file JOB.toml [--out profile.toml]
     torchrun --nproc_per_node N -m skrull_ext.profile --config-file JOB.toml

@@ -5,7 +5,7 @@
 # LICENSE file in the root directory of this source tree.
 
 """Communication: time the DACP exchange over the process group and fit
-the piecewise latency model (SKRULL.md: t0 below V_threshold, a*V + b above).
+the piecewise latency model (docs/design/cost_model.md: t0 below V_threshold, a*V + b above).
 
 DACP's distributed path (skrull_ext/attention/exchange.py) gathers K/V in
 forward and reduce-scatters dK/dV in backward, once each per layer, with the

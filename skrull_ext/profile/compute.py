@@ -5,7 +5,7 @@
 # LICENSE file in the root directory of this source tree.
 
 """Compute: time forward+backward of the job's transformer layers and fit
-T_comp(F) = a * F + b per layer (SKRULL.md, "Cost model").
+T_comp(F) = a * F + b per layer (docs/design/cost_model.md).
 
 F is ``CostModel.flops`` of the buffer's documents, the same number the
 scheduler will compute, so whatever the formula leaves out (the FFN width,

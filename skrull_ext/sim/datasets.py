@@ -62,7 +62,7 @@ class PaperDistribution:
         return out
 
 
-# The paper's Table 1 (SKRULL.md): share of sequences shorter than 1K, 4K, 8K, 32K, 128K; longest.
+# The paper's Table 1 (arXiv 2505.19609): share of sequences shorter than 1K, 4K, 8K, 32K, 128K; longest.
 PAPER_DISTRIBUTIONS: dict[str, PaperDistribution] = {
     d.name: d
     for d in (

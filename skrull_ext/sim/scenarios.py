@@ -1,6 +1,6 @@
 """Named job shapes: the paper's evaluation settings, as data.
 
-The paper (SKRULL.md) runs Qwen2.5-0.5B with BucketSize 26K and Qwen2.5-7B
+The paper (arXiv 2505.19609) runs Qwen2.5-0.5B with BucketSize 26K and Qwen2.5-7B
 with 13K at <DP=4, CP=8, BatchSize=64>, except 7B on ChatQA2 at
 <DP=2, CP=16, BatchSize=40>. Real length files use the default shape.
 """

@@ -17,7 +17,7 @@ all-gathers and bytes as the same run without AC (replay.py).
 The varlen segment plan (``attention_kernel = "segments"``, its CPU
 executor) keeps the parity at CP=2.
 
-Schedule invariance (SKRULL.md, "Loss"): the 'skrull' and 'worstfit'
+Schedule invariance (docs/design/method.md, "Loss"): the 'skrull' and 'worstfit'
 policies schedule the check step's global batch differently (different plan
 digests, same samples), and give the same gradients.
 """

@@ -13,7 +13,7 @@ def test_flops_formula_and_crossover():
     c = cm.preset("qwen2.5-0.5b")
     h, hkv = 896, 128
     assert c.flops(1000) == 20 * h * h * 1000 + 4 * h * hkv * 1000 + 4 * h * 1000 * 1000
-    # SKRULL.md: quadratic overtakes linear near 4.6K for 0.5B, ~18K for 7B.
+    # docs/design/cost_model.md: quadratic overtakes linear near 4.6K for 0.5B, ~18K for 7B.
     for name, near in (("qwen2.5-0.5b", 4.6e3), ("qwen2.5-7b", 18e3)):
         shape = cm.MODEL_PRESETS[name]
         crossover = (20 * shape.hidden**2 + 4 * shape.hidden * shape.kv_width) / (4 * shape.hidden)
