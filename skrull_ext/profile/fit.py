@@ -144,7 +144,10 @@ class PiecewiseFit:
         """(bytes, us) for the profile: the line at the threshold (when there is
         a flat part) and at every measured size above it."""
         xs = sorted({float(self.first_bytes), *(float(s) for s in sizes if s > self.first_bytes)})
-        return xs, [self.line(v) for v in xs]
+        # Where the threshold is the line's crossing of the floor, line(threshold)
+        # may round one ulp below the floor; the table must never fall (the
+        # scheduler's lower bound assumes latency grows with size).
+        return xs, [max(self.line(v), self.floor_us) for v in xs]
 
 
 def fit_piecewise(x: Sequence[float], y: Sequence[float]) -> PiecewiseFit:

@@ -147,3 +147,18 @@ def test_bucket_size_at_cp_counts_what_a_shard_keeps():
     assert derive_bucket_size(usable, static, a, b, m, 0.0, 8, 0.0) == derive_bucket_size(usable, static, a, b, m)
     with pytest.raises(ValueError, match="cp must be an integer >= 1, got 0"):
         derive_bucket_size(usable, static, a, b, m, c, 0, kv)
+
+
+def test_comm_table_never_falls_below_the_floor_at_the_crossing():
+    """The threshold is where the line meets the floor; line(threshold) can round
+    one ulp under the floor (these numbers do), which made the written [comm]
+    table non-monotone and the profiler's gloo run fail now and then."""
+    from skrull_ext.profile.fit import PiecewiseFit
+
+    floor, a, b = 91.12847118503352, 3.155939305051998e-05, -48.60047764535965
+    cross = (floor - b) / a
+    assert a * cross + b < floor  # the rounding this guards against
+    fit = PiecewiseFit(floor, cross, a, b, cross, 1.0, 0.0)
+    xs, us = fit.table([cross * 2, cross * 4])
+    cm = CostModel(ModelShape(1, 1, 1, 1), 1.0, 0.0, CommModel(xs, us, cross, floor, 2.0))
+    assert us[0] == floor and cm.comm_is_monotone()
