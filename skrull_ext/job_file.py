@@ -253,6 +253,8 @@ def load_job(path: str, *, config_cls=None, ignore: tuple[str, ...] = ()):
     _check_keys(job, scalars, "job")
     _check_keys(table, sections | {"job", "model"}, "")
     updates = {n: _coerce(v, root_fields[n], f"job.{n}") for n, v in job.items()}
+    if isinstance(table.get("lora"), dict):
+        table["lora"].setdefault("enable", True)  # a [lora] table means LoRA training
     for name, value in table.items():
         if not isinstance(value, dict):
             raise JobFileError(f"{name}: expected a [{name}] table, got {value!r}")

@@ -35,6 +35,8 @@ from skrull_ext.attention.install import install_dacp_attention
 from skrull_ext.datasets.overlength import check_overlength
 from skrull_ext.datasets.packed import PackedDataLoader
 from skrull_ext.datasets.scheduling import SkrullDataLoader, SkrullStep
+from skrull_ext.lora import LoRAConfig, apply_lora
+from skrull_ext.lora.train import save_lora_outputs
 from skrull_ext.plan_log import PlanLog
 from skrull_ext.skrull_config import SkrullConfig
 from skrull_ext.step_checks import check_plan_digests, step_log_line, step_metrics
@@ -62,6 +64,9 @@ class SkrullTrainer(Trainer):
         skrull: SkrullConfig = field(default_factory=SkrullConfig)
         """How Skrull schedules each global batch (see skrull_config.py)."""
 
+        lora: LoRAConfig = field(default_factory=LoRAConfig)
+        """LoRA adapters on a frozen base model (skrull_ext/lora, docs/lora.md)."""
+
         def __post_init__(self):
             Trainer.Config.__post_init__(self)
             if self.skrull.enable and not isinstance(self.dataloader, SkrullDataLoader.Config):
@@ -83,6 +88,7 @@ class SkrullTrainer(Trainer):
     def __init__(self, config: Config):
         compat.apply(config)
         resolve_device_defaults(config)
+        apply_lora(config)  # before torchtitan builds config.model_spec.model
         self.plan_log: PlanLog | None = None
         super().__init__(config)
         vocab, model_vocab = self.tokenizer.get_vocab_size(), decoder_vocab_size(config.model_spec)
@@ -121,6 +127,10 @@ class SkrullTrainer(Trainer):
             f"DP {self.dataloader.dp_world_size} x CP {dims.cp}, cp_rank {cp_rank}, "
             f"attention kernel {skrull.attention_kernel}"
         )
+
+    def train(self) -> None:
+        super().train()
+        save_lora_outputs(self)
 
     # ------------------------------------------------------------------ steps
     def batch_generator(self, data_iterable: Iterable) -> Iterator:

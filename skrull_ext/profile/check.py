@@ -103,7 +103,7 @@ def _optimizer_state_bytes(jm: JobModel) -> tuple[float, object]:
     optimizer too, so its state stays allocated during the check."""
     opt = jm.config.optimizer.build(model_parts=[jm.model])
     for p in jm.model.parameters():
-        if p.grad is None:
+        if p.grad is None and p.requires_grad:  # a frozen (LoRA base) parameter gets no state
             p.grad = torch.zeros_like(p)
     with torch.no_grad():
         saved = [p.detach().clone() for p in jm.model.parameters()]
@@ -125,6 +125,7 @@ def check_bucket(jm: JobModel, bucket_size: int, predict: Callable[[int], float]
     grads = sum(p.grad.numel() * p.grad.element_size() for p in jm.model.parameters() if p.grad is not None)
     elem = DTYPES[jm.config.training.dtype].itemsize
     n_params = sum(p.numel() for p in jm.model.parameters())
+    n_trainable = sum(p.numel() for p in jm.model.parameters() if p.requires_grad)  # LoRA: adapters only
 
     meter = PEAK_METERS[jm.device.type](jm.device)
     point = measure_step(jm, docs, meter, seed)
@@ -141,7 +142,7 @@ def check_bucket(jm: JobModel, bucket_size: int, predict: Callable[[int], float]
         measured_peak=peak,
         activation_budget=budget,
         static_measured=float(params + grads + optim_bytes),
-        static_account_unsharded=float(n_params * elem * (2 + optimizer_states)),
+        static_account_unsharded=float((n_params + n_trainable * (1 + optimizer_states)) * elem),
         fit_holds=measured <= predicted * 1.02,
         fits=peak <= budget,
     )

@@ -25,7 +25,8 @@ The CPU dense-mask attention saves an L x L mask per layer, so the fit takes
 a quadratic term when the points call for one; on GPU kernels it is ~0.
 
 Static memory (parameters, gradients, optimizer state, FSDP's unsharded
-buffers) is an account from parameter counts and the job's parallel and
+buffers) is an account from parameter counts (gradients and optimizer state
+of trainable parameters only: a LoRA base is frozen) and the job's parallel and
 dtype settings, not a measurement; ``check.py`` measures it for one rank.
 """
 
@@ -218,10 +219,12 @@ class StaticMemory:
         return self.params + self.grads + self.optimizer + self.fsdp_buffers
 
 
-def _unit_params(model: torch.nn.Module) -> int:
-    """Largest FSDP unit torchtitan wraps: one block, the embedding, or norm+head."""
+def _unit_params(model: torch.nn.Module, trainable: bool = False) -> int:
+    """Largest FSDP unit torchtitan wraps: one block, the embedding, or norm+head
+    (``trainable``: counting only parameters that get gradients)."""
     def count(mods) -> int:
-        seen = {id(p): p.numel() for m in mods if m is not None for p in m.parameters()}
+        seen = {id(p): p.numel() for m in mods if m is not None for p in m.parameters()
+                if p.requires_grad or not trainable}
         return sum(seen.values())
     units = [count([b]) for b in model.layers.values()]
     units.append(count([getattr(model, "tok_embeddings", None)]))
@@ -239,6 +242,8 @@ def static_memory(jm: JobModel, world_size: int) -> StaticMemory:
         raise ValueError(f"optimizer {sorted(unknown)}: state size unknown; known: {sorted(OPTIMIZER_STATES)}")
     states = max(OPTIMIZER_STATES[n] for n in names)
     n_params = sum(p.numel() for p in jm.model.parameters())
+    # Frozen parameters (a LoRA base) get no gradient and no optimizer state.
+    n_trainable = sum(p.numel() for p in jm.model.parameters() if p.requires_grad)
     fsdp = fsdp_degree(cfg, world_size)
     tp = cfg.parallelism.tensor_parallel_degree
     pp = cfg.parallelism.pipeline_parallel_degree
@@ -248,13 +253,13 @@ def static_memory(jm: JobModel, world_size: int) -> StaticMemory:
     if fsdp > 1:
         mp = DTYPES[cfg.training.mixed_precision_param].itemsize
         # current + prefetched unit, parameters and their gradients before reduce-scatter
-        buffers = 2 * _unit_params(jm.model) * 2 * mp / tp
+        buffers = 2 * (_unit_params(jm.model) + _unit_params(jm.model, trainable=True)) * mp / tp
         if cfg.parallelism.fsdp_reshard_after_forward == "never":
             buffers += n_params * mp / (tp * pp)
     return StaticMemory(
         params=n_params * elem / shard,
-        grads=n_params * elem / shard,
-        optimizer=states * n_params * elem / shard,
+        grads=n_trainable * elem / shard,
+        optimizer=states * n_trainable * elem / shard,
         fsdp_buffers=buffers,
         fsdp_degree=fsdp,
         tp_degree=tp,

@@ -117,6 +117,9 @@ def build_job_model(config: Any, device: torch.device, max_len: int, world_size:
     from torchtitan.distributed import utils as dist_utils
     from torchtitan.models.common.config_utils import decoder_vocab_size
 
+    from skrull_ext.lora import apply_lora
+
+    apply_lora(config)  # the model the trainer builds: adapters on a frozen base
     spec = config.model_spec
     mc = spec.model
     intrinsic = mc.max_seq_len

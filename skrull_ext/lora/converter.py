@@ -1,0 +1,114 @@
+# Copyright (c) skrull-ext contributors.
+# All rights reserved.
+#
+# This source code is licensed under the BSD-style license found in the
+# LICENSE file in the root directory of this source tree.
+
+"""torchtitan's LoRAConverter with the two things a ``[lora]`` job adds.
+
+torchtitan 0.3.0's ``LoRAConverter`` rewrites the model config tree: target
+``Linear.Config``s become ``LoRALinear.Config`` (frozen base, trainable
+``lora_a``/``lora_b``) and every other module config freezes its own
+parameters when built. It matches targets by the last FQN segment only and
+has no dropout, so this subclass adds
+
+- ``layers``: only linears under ``layers.<i>.`` for the listed i (peft's
+  ``layers_to_transform``); everything else is frozen as torchtitan does;
+- ``dropout``: ``DropoutLoRALinear``, torchtitan's LoRALinear whose adapter
+  sees ``dropout(x)`` in training (peft's ``lora_dropout``).
+
+and fails, instead of warning, when a target matches nothing: a LoRA job
+that adapts no linear would train nothing.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, fields
+
+import torch
+import torch.nn.functional as F
+from torchtitan.components.lora import LoRAConverter, _get_lora_cls, _make_frozen_config
+from torchtitan.models.common.linear import Linear
+from torchtitan.protocols.module import Module
+
+_LoRALinear = _get_lora_cls(Linear)
+_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+
+
+class DropoutLoRALinear(_LoRALinear):
+    """LoRALinear with dropout on the adapter input (base path untouched)."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(_LoRALinear.Config):
+        dropout: float = 0.0
+
+    def __init__(self, config: Config) -> None:
+        super().__init__(config)
+        self._lora_dropout = config.dropout
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if not (self.training and self._lora_dropout > 0):
+            return super().forward(input)
+        base_out = Linear.forward(self, input)
+        lora_in = F.dropout(input, self._lora_dropout, training=True)
+        return base_out + self._lora_scaling * self.lora_b(self.lora_a(lora_in))
+
+
+def lora_modules(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
+    """FQN -> every LoRA linear of a built model."""
+    return {n: m for n, m in model.named_modules() if isinstance(m, _LoRALinear)}
+
+
+def layer_of(fqn: str) -> int | None:
+    """The decoder layer index in an FQN (``layers.3.attention.wo`` -> 3)."""
+    m = _LAYER.search(fqn)
+    return int(m.group(1)) if m else None
+
+
+class SkrullLoRAConverter(LoRAConverter):
+    @dataclass(kw_only=True, slots=True)
+    class Config(LoRAConverter.Config):
+        dropout: float = 0.0
+        """Dropout on the adapter input (peft's lora_dropout)."""
+
+        layers: list[int] | None = None
+        """Decoder layer indices whose target linears are adapted; None: all."""
+
+    def _make_lora_config(self, cfg: Linear.Config):
+        if type(cfg) is not Linear.Config:  # e.g. a quantized linear: torchtitan's own class
+            return super()._make_lora_config(cfg)
+        return DropoutLoRALinear.Config(
+            **{f.name: getattr(cfg, f.name) for f in fields(cfg) if f.init},
+            rank=self.rank, alpha=self.alpha, dropout=self.config.dropout,
+        )
+
+    def _is_target(self, fqn: str, cfg: Module.Config) -> bool:
+        if not isinstance(cfg, Linear.Config) or fqn.rsplit(".", 1)[-1] not in self.target_modules:
+            return False
+        layer = layer_of(fqn)
+        return layer is not None and (self.config.layers is None or layer in self.config.layers)
+
+    def convert(self, model_config: Module.Config) -> Module.Config:
+        """LoRAConverter.convert with ``_is_target`` deciding (same leaves-to-root walk)."""
+        if self.target_modules is None:
+            raise ValueError("SkrullLoRAConverter needs target_modules")
+        root, matched, layers = model_config, set(), set()
+        for fqn, cfg, parent, attr in reversed(list(model_config.traverse(Module.Config, recurse=True))):
+            if self._is_target(fqn, cfg):
+                new_cfg = self._make_lora_config(cfg)
+                matched.add(fqn.rsplit(".", 1)[-1])
+                layers.add(layer_of(fqn))
+            else:
+                new_cfg = _make_frozen_config(cfg)
+            if parent is None:
+                root = new_cfg
+            elif isinstance(parent, list):
+                parent[attr] = new_cfg
+            else:
+                setattr(parent, attr, new_cfg)
+        if self.config.layers is not None and (missing := sorted(set(self.config.layers) - layers)):
+            raise ValueError(f"lora.layers: {missing} not in this model (or those layers hold no target linear)")
+        if unmatched := sorted(self.target_modules - matched):
+            raise ValueError(f"lora.target_modules: no decoder-layer linear named {unmatched} in this model")
+        return root

@@ -1,0 +1,162 @@
+# Copyright (c) skrull-ext contributors.
+# All rights reserved.
+#
+# This source code is licensed under the BSD-style license found in the
+# LICENSE file in the root directory of this source tree.
+
+"""LoRA adapters out as peft folders, and the merged model as a HF folder.
+
+peft's LoRA on a linear W (out x in) adds ``scaling * lora_B @ lora_A`` with
+``scaling = lora_alpha / r``, as torchtitan's LoRALinear does, so the
+adapters carry over once they are in HF's layout:
+
+- names: the model's own state-dict adapter (``spec.state_dict_adapter``)
+  maps torchtitan FQNs to HF keys, as for the base weights;
+- rows: HF's layout of an output row can differ (llama3 permutes q/k rows for
+  its RoPE; the fused ``wqkv`` interleaves q, k, v per KV group). ``lora_B``
+  is out x r, so it is laid out as a weight would be: padded with zero
+  columns to the base weight's shape, sent through the same path as the
+  weight (``FusedQKVLinear``'s split hook, then ``to_hf``) and cut back to r
+  columns. Every step of that path moves whole rows, so the result is exact.
+- columns: ``lora_A`` acts on the layer input, which is in HF's basis
+  already, and is copied as is; the fused wqkv pair gives q_proj, k_proj and
+  v_proj the same ``lora_A`` and each its rows of ``lora_B``.
+
+Sharded (FSDP) parameters are gathered first; every rank must call these
+functions (the gathers are collectives), and only the one with
+``write=True`` touches the disk.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import torch
+from safetensors.torch import save_file
+from torch.distributed.tensor import DTensor
+from torchtitan.models.common.attention import FusedQKVLinear
+from torchtitan.protocols.model_spec import ModelSpec
+
+from skrull_ext.lora.config import LoRAConfig
+from skrull_ext.lora.converter import lora_modules
+
+PEFT_PREFIX = "base_model.model."
+"""peft's key prefix for a PeftModelForCausalLM (LoraModel wrapping the HF model)."""
+
+HF_FOLDER_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+                   "special_tokens_map.json", "vocab.json", "merges.txt", "tokenizer.model")
+"""What a merged folder copies from the base model's folder besides the weights."""
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    t = t.detach()
+    return (t.full_tensor() if isinstance(t, DTensor) else t).cpu()
+
+
+def hf_rows(model: torch.nn.Module, spec: ModelSpec, fqn: str, rows: torch.Tensor) -> dict[str, torch.Tensor]:
+    """``rows`` (one per output row of the linear ``fqn``, up to its in_features
+    columns) in HF's layout: {HF weight key: rows} (one key, or three for a
+    fused wqkv)."""
+    weight = model.get_submodule(fqn).weight
+    out, cols = weight.shape[0], rows.shape[1]
+    if rows.shape[0] != out or cols > weight.shape[1]:
+        raise ValueError(f"{fqn}: rows of shape {tuple(rows.shape)} do not fit its weight {tuple(weight.shape)}")
+    padded = rows.new_zeros(out, weight.shape[1])
+    padded[:, :cols] = rows
+    state = {f"{fqn}.weight": padded}
+    parent_fqn = fqn.rsplit(".", 1)[0]
+    parent = model.get_submodule(parent_fqn)
+    if isinstance(parent, FusedQKVLinear):
+        FusedQKVLinear._split_qkv_on_save(parent, state, f"{parent_fqn}.", None)
+    hf = spec.state_dict_adapter(spec.model, None).to_hf(state)
+    if not hf:
+        raise ValueError(f"{fqn}: the {spec.name} state-dict adapter has no HF name for it")
+    return {k: v[:, :cols].contiguous() for k, v in hf.items()}
+
+
+def adapter_tensors(model: torch.nn.Module, spec: ModelSpec) -> dict[str, torch.Tensor]:
+    """peft's ``adapter_model.safetensors`` contents for ``model``'s adapters."""
+    tensors = {}
+    for fqn, m in lora_modules(model).items():
+        a, b = _full(m.lora_a.weight), _full(m.lora_b.weight)
+        for key, b_rows in hf_rows(model, spec, fqn, b).items():
+            stem = PEFT_PREFIX + key.removesuffix(".weight")
+            tensors[f"{stem}.lora_A.weight"] = a.clone()
+            tensors[f"{stem}.lora_B.weight"] = b_rows
+    return tensors
+
+
+def adapter_config(lora: LoRAConfig, base_model_name_or_path: str | None) -> dict:
+    """peft's ``adapter_config.json`` (LoraConfig fields; peft fills the rest with defaults)."""
+    return {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": base_model_name_or_path,
+        "r": lora.rank,
+        "lora_alpha": lora.alpha,
+        "lora_dropout": lora.dropout,
+        "target_modules": lora.hf_targets(),
+        "layers_to_transform": None if lora.layers is None else sorted(lora.layers),
+        "layers_pattern": None if lora.layers is None else "layers",
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "use_rslora": False,
+        "use_dora": False,
+        "modules_to_save": None,
+        "inference_mode": True,
+    }
+
+
+def save_adapter(model: torch.nn.Module, spec: ModelSpec, lora: LoRAConfig, folder: str,
+                 base_model_name_or_path: str | None = None, write: bool = True) -> None:
+    """Write ``adapter_config.json`` + ``adapter_model.safetensors`` (a folder
+    ``peft.PeftModel.from_pretrained`` loads onto the HF base model)."""
+    tensors = adapter_tensors(model, spec)
+    if not write:
+        return
+    os.makedirs(folder, exist_ok=True)
+    save_file(tensors, os.path.join(folder, "adapter_model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(folder, "adapter_config.json"), "w") as f:
+        json.dump(adapter_config(lora, base_model_name_or_path), f, indent=2)
+
+
+def merged_hf_state_dict(model: torch.nn.Module, spec: ModelSpec) -> dict[str, torch.Tensor]:
+    """The HF state dict of the base model with every adapter folded in
+    (W + scaling * B @ A, in float32 then cast to the weight's dtype)."""
+    base = {k: _full(v) for k, v in model.state_dict().items()}
+    hf = {k: v.contiguous() for k, v in spec.state_dict_adapter(spec.model, None).to_hf(base).items()}
+    for fqn, m in lora_modules(model).items():
+        a, b = _full(m.lora_a.weight).float(), _full(m.lora_b.weight).float()
+        for key, delta in hf_rows(model, spec, fqn, m._lora_scaling * (b @ a)).items():
+            hf[key] = (hf[key].float() + delta).to(hf[key].dtype)
+    return hf
+
+
+def save_merged(model: torch.nn.Module, spec: ModelSpec, folder: str, source: str | None = None,
+                write: bool = True) -> None:
+    """Write the merged model's ``model.safetensors`` to ``folder``, with
+    config.json and tokenizer files copied from ``source`` (the HF folder the
+    base came from; without one, only the weights are written)."""
+    tensors = merged_hf_state_dict(model, spec)
+    if not write:
+        return
+    os.makedirs(folder, exist_ok=True)
+    save_file(tensors, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
+    for name in HF_FOLDER_FILES if source else ():
+        if os.path.isfile(os.path.join(source, name)):
+            shutil.copy(os.path.join(source, name), os.path.join(folder, name))
+
+
+def load_hf_base(model: torch.nn.Module, spec: ModelSpec, folder: str) -> None:
+    """Load the HF checkpoint in ``folder`` into a LoRA model's base weights;
+    the adapters keep their init. Strict otherwise: any other missing or
+    unexpected tensor raises."""
+    from skrull_ext.hf.weights import read_safetensors
+
+    state = spec.state_dict_adapter(spec.model, folder).from_hf(read_safetensors(folder))
+    result = model.load_state_dict(state, strict=False)
+    missing = [k for k in result.missing_keys if ".lora_a." not in k and ".lora_b." not in k]
+    if missing or result.unexpected_keys:
+        raise ValueError(f"{folder}: missing {missing}, unexpected {result.unexpected_keys}")
