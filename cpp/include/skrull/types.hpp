@@ -80,7 +80,7 @@ struct Options {
   // A sequence is sharded over more than one CP group when, sharded over its
   // own group alone, it would take more than pool_widen x the ideal time of
   // a group (the global batch's work spread over every rank).
-  double pool_widen = 0.5;
+  double pool_widen = 1.0;
   // Exchange time over a rank set spanning several CP groups (across nodes)
   // over the same bytes inside one group: an assumption, not measured.
   double pool_cross_group_comm = 4.0;
