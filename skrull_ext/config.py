@@ -24,6 +24,7 @@ class Policy:
     fallback: bool  # CP-SAT may replace a micro-batch's placement
     description: str
     dacp_search: DacpSearch = DacpSearch.HEURISTIC  # SHARD_SWEEP: also try sharding the k longest
+    pool: bool = False  # plan the DP x CP world as one pool (cpp/include/skrull/pool.hpp); a PoolPlan
 
 
 POLICIES: dict[str, Policy] = {
@@ -49,6 +50,17 @@ POLICIES: dict[str, Policy] = {
     "skrull-paper": Policy(
         Placement.LEAST_LOAD, Rollback.SHORTEST, MicroBatchCount.SMALLEST_FEASIBLE, False, False,
         "paper's Algorithms 1+2, corrected roll-back, smallest feasible micro-batch count",
+    ),
+    # One pool (issue 18): skrull, plus sequences sharded over aligned blocks
+    # of CP groups when their own group would straggle or cannot hold them
+    # (up to bucket_size x dp x cp tokens); skrull's plan kept when it
+    # predicts no slower. Plans are PoolPlans (skrull_ext/pool_plan.py);
+    # measured in docs/benchmarks.md, section 10.
+    "skrull-pool": Policy(
+        Placement.LEAST_LOAD, Rollback.LONGEST, MicroBatchCount.PREDICTED_TIME, True, True,
+        "skrull over the DP x CP world as one pool: long sequences sharded over blocks of CP groups, "
+        "skrull's plan where it predicts no slower",
+        DacpSearch.SHARD_SWEEP, pool=True,
     ),
     # The paper's "round-robin" (Algorithm 4), really worst-fit.
     "worstfit": Policy(
@@ -88,10 +100,10 @@ class SchedulingOptions:
     bucket_size: int = 26624
     """BucketSize C: tokens one CP rank can hold (from the profiler; the paper's 26K for 0.5B)."""
     policy: PolicyName = "skrull"
-    """One of POLICIES: skrull, skrull-fast, skrull-paper, worstfit."""
+    """One of POLICIES: skrull, skrull-fast, skrull-paper, skrull-pool, worstfit."""
     overlength: OverlengthMode = "error"
-    """Sequences longer than bucket_size x cp: error, truncate (to the longest that fits) or drop;
-    counts go in the plan."""
+    """Sequences longer than bucket_size x cp (x dp under skrull-pool): error, truncate (to the
+    longest that fits) or drop; counts go in the plan."""
     cpsat: bool = True
     """Allow the CP-SAT fallback (used only by policies that enable it)."""
     cpsat_margin: float = 0.10

@@ -11,6 +11,7 @@
 #include "skrull/cost_model.hpp"
 #include "skrull/dacp.hpp"
 #include "skrull/dacp_sweep.hpp"
+#include "skrull/pool.hpp"
 #include "skrull/scheduler.hpp"
 #include "skrull/types.hpp"
 
@@ -155,7 +156,9 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
       .def_readwrite("max_extra_micro_batches", &Options::max_extra_micro_batches)
       .def_readwrite("refine", &Options::refine)
       .def_readwrite("sweep_margin", &Options::sweep_margin)
-      .def_readwrite("overlength", &Options::overlength);
+      .def_readwrite("overlength", &Options::overlength)
+      .def_readwrite("pool_widen", &Options::pool_widen)
+      .def_readwrite("pool_cross_group_comm", &Options::pool_cross_group_comm);
 
   py::class_<DacpResult>(m, "DacpResult")
       .def_readonly("status", &DacpResult::status)
@@ -193,6 +196,47 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
       .def_readonly("rollbacks", &Schedule::rollbacks)
       .def_readonly("moves", &Schedule::moves)
       .def_readonly("elapsed_us", &Schedule::elapsed_us);
+
+  py::class_<PoolMicroBatch>(m, "PoolMicroBatch")
+      .def_readonly("slot", &PoolMicroBatch::slot)
+      .def_readonly("first_group", &PoolMicroBatch::first_group)
+      .def_readonly("groups", &PoolMicroBatch::groups)
+      .def_readonly("seqs", &PoolMicroBatch::seqs)
+      .def_readonly("first_rank", &PoolMicroBatch::first_rank)
+      .def_readonly("num_ranks", &PoolMicroBatch::num_ranks)
+      .def_readonly("rank_tokens", &PoolMicroBatch::rank_tokens)
+      .def_readonly("comm_bytes", &PoolMicroBatch::comm_bytes)
+      .def_readonly("start_us", &PoolMicroBatch::start_us)
+      .def_readonly("time_us", &PoolMicroBatch::time_us)
+      .def_readonly("rollbacks", &PoolMicroBatch::rollbacks)
+      .def_readonly("moves", &PoolMicroBatch::moves);
+
+  py::class_<PoolSchedule>(m, "PoolSchedule")
+      .def_readonly("lengths", &PoolSchedule::lengths)
+      .def_readonly("micro_batch", &PoolSchedule::micro_batch)
+      .def_readonly("first_rank", &PoolSchedule::first_rank)
+      .def_readonly("num_ranks", &PoolSchedule::num_ranks)
+      .def_readonly("micro_batches", &PoolSchedule::micro_batches)
+      .def_readonly("slots", &PoolSchedule::slots)
+      .def_readonly("group_time_us", &PoolSchedule::group_time_us)
+      .def_readonly("makespan_us", &PoolSchedule::makespan_us)
+      .def_readonly("dropped", &PoolSchedule::dropped)
+      .def_readonly("truncated", &PoolSchedule::truncated)
+      .def_readonly("widened", &PoolSchedule::widened)
+      .def_readonly("skrull_plan", &PoolSchedule::skrull_plan)
+      .def_readonly("rollbacks", &PoolSchedule::rollbacks)
+      .def_readonly("moves", &PoolSchedule::moves)
+      .def_readonly("elapsed_us", &PoolSchedule::elapsed_us);
+
+  m.def(
+      "schedule_pool",
+      [](const skrull_py::Lengths& lengths, CostModel cost, Options opt) {
+        py::gil_scoped_release release;
+        return schedule_pool(lengths.v, cost, opt);
+      },
+      py::arg("lengths"), py::arg("cost_model"), py::arg("options"),
+      "Plans one global batch over the dp x cp world as one pool (policy 'skrull-pool'): sequences sharded over "
+      "the ranks they need, up to bucket_size x dp x cp tokens. Pure function of its inputs.");
 
   m.def(
       "schedule",

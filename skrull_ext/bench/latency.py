@@ -69,17 +69,20 @@ def run_setting(s: Setting, args, pool: list[int]) -> dict:
         cfg = SchedulerConfig(dp=s.dp, cp=s.cp, bucket_size=s.bucket_size, policy=policy, overlength="truncate")
         opts = cfg.core_options()
         p = POLICIES[policy]
+        core = _core.schedule_pool if p.pool else _core.schedule
         rcost = ref.RefCost.of(cost)
         for b in batches[:3]:  # warm-up
-            _core.schedule(b, cost, opts)
+            core(b, cost, opts)
         wall, inner = [], []
         for b in tqdm(batches, desc=f"{s.name}/{policy} C++", leave=False):
             t0 = time.perf_counter_ns()
-            sched = _core.schedule(b, cost, opts)
+            sched = core(b, cost, opts)
             wall.append((time.perf_counter_ns() - t0) / 1e3)
             inner.append(sched.elapsed_us)
         py_reps = max(1, min(args.reps, args.python_reps if s.name == "paper" else max(1, args.python_reps // 10)))
         py = []
+        if p.pool:  # no Python reference of the pool planner
+            py_reps = 0
         for b in tqdm(batches[:py_reps], desc=f"{s.name}/{policy} Python", leave=False):
             t0 = time.perf_counter_ns()
             ref.schedule(b, rcost, s.dp, s.cp, s.bucket_size, worst_fit=p.placement == _core.Placement.WORST_FIT,
@@ -98,10 +101,10 @@ def run_setting(s: Setting, args, pool: list[int]) -> dict:
         out["policies"][policy] = {
             "cpp_wall_us": {"p50": pct(wall, 50), "p99": pct(wall, 99), "max": max(wall), "n": len(wall)},
             "cpp_core_us": {"p50": pct(inner, 50), "p99": pct(inner, 99), "max": max(inner)},
-            "python_ref_us": {"p50": pct(py, 50), "p99": pct(py, 99), "n": len(py)},
+            "python_ref_us": {"p50": pct(py, 50) if py else None, "p99": pct(py, 99) if py else None, "n": len(py)},
             "facade_us": {"p50": pct(facade, 50), "max": max(facade), "n": len(facade),
                           "cpsat": fb_cfg.uses_cpsat},
-            "speedup_p50": pct(py, 50) / pct(wall, 50),
+            "speedup_p50": pct(py, 50) / pct(wall, 50) if py else None,
         }
     # CP-SAT exact solve of the same batches' micro-batches, for scale.
     cfg = SchedulerConfig(dp=s.dp, cp=s.cp, bucket_size=s.bucket_size, policy="skrull", overlength="truncate", cpsat=False)
@@ -126,6 +129,10 @@ def run_setting(s: Setting, args, pool: list[int]) -> dict:
     return out
 
 
+def _fmt(x: float | None, spec: str) -> str:
+    return "-" if x is None else format(x, spec)
+
+
 def render(results: list[dict]) -> str:
     rows = [
         "| setting | seqs | policy | C++ p50 us | C++ p99 us | C++ max us | core p50 us | Python p50 us | Python/C++ | facade p50 us |",
@@ -136,7 +143,8 @@ def render(results: list[dict]) -> str:
             rows.append(
                 f"| {r['setting']['name']} | {r['sequences']} | {policy} | {p['cpp_wall_us']['p50']:.1f} | "
                 f"{p['cpp_wall_us']['p99']:.1f} | {p['cpp_wall_us']['max']:.1f} | {p['cpp_core_us']['p50']:.1f} | "
-                f"{p['python_ref_us']['p50']:.0f} | {p['speedup_p50']:.0f}x | {p['facade_us']['p50']:.0f}"
+                f"{_fmt(p['python_ref_us']['p50'], '.0f')} | {_fmt(p['speedup_p50'], '.0f')}x | "
+                f"{p['facade_us']['p50']:.0f}"
                 f"{' (CP-SAT on)' if p['facade_us']['cpsat'] else ''} |"
             )
     rows.append("")

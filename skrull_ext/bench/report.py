@@ -49,7 +49,7 @@ def cell_rows(results: Sequence[ScenarioResult]) -> list[dict]:
                 "dataset": r.scenario.dataset, "model": r.scenario.model, "shape": _shape(r), "policy": p,
                 "mean_ms": statistics.fmean(times) / 1e3,
                 "p95_ms": times[min(len(times) - 1, int(0.95 * len(times)))] / 1e3,
-                "truncated": r.truncated,
+                "truncated": r.truncated_by_policy.get(p, r.truncated),
             }
             if p != "bound":
                 row.update({
@@ -158,6 +158,38 @@ def matrix_markdown(results: Sequence[ScenarioResult]) -> str:
     return "\n".join(lines)
 
 
+POOL = ("skrull-pool", "skrull-pool-capped")
+
+
+def pool_markdown(results: Sequence[ScenarioResult]) -> str:
+    """skrull-pool against skrull per cell: like for like (capped inputs), and on the world's inputs."""
+    if not results or "skrull" not in results[0].per_policy:
+        return ""
+    have = [p for p in POOL if p in results[0].per_policy]
+    if not have:
+        return ""
+    head = ["cell", "shape", "skrull ms", "truncated (skrull)"]
+    if "skrull-pool-capped" in have:
+        head += ["pool-capped ms", "pool-capped / skrull speedup"]
+    if "skrull-pool" in have:
+        head += ["pool ms", "truncated (pool)"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    sp = []
+    for r in results:
+        cells = [_cell(r), _shape(r), f"{r.mean_time_us('skrull') / 1e3:.1f}",
+                 str(r.truncated_by_policy.get("skrull", r.truncated))]
+        if "skrull-pool-capped" in have:
+            sp.append(r.speedup("skrull-pool-capped", "skrull"))
+            cells += [f"{r.mean_time_us('skrull-pool-capped') / 1e3:.1f}", f"{sp[-1]:.3f}x"]
+        if "skrull-pool" in have:
+            cells += [f"{r.mean_time_us('skrull-pool') / 1e3:.1f}", str(r.truncated_by_policy.get("skrull-pool", 0))]
+        lines.append("| " + " | ".join(cells) + " |")
+    if sp:
+        lines.append(f"| **speedup over skrull, like for like** | | | | | **average {statistics.fmean(sp):.3f}x, "
+                     f"min {min(sp):.3f}x, max {max(sp):.3f}x** |" + (" | |" if "skrull-pool" in have else ""))
+    return "\n".join(lines)
+
+
 def detail_markdown(results: Sequence[ScenarioResult]) -> str:
     cols = [("dataset", "dataset", "s"), ("model", "model", "s"), ("shape", "DPxCPxBS, C", "s"),
             ("policy", "policy", "s"), ("mean_ms", "mean ms", ".1f"), ("p95_ms", "p95 ms", ".1f"),
@@ -183,6 +215,7 @@ def markdown(results: Sequence[ScenarioResult], meta: dict) -> str:
         "## Against the paper's figures (DeepSpeed figures shown on the baseline and unpacked rows)", "",
         paper_markdown(results), "",
         "## Speedup over baseline per cell", "", matrix_markdown(results), "",
+        "## skrull-pool against skrull", "", pool_markdown(results), "",
         "## Every cell and policy", "", detail_markdown(results), "",
     ])
 

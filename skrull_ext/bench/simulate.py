@@ -98,5 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(report.summary_markdown(results))
     print()
     print(report.matrix_markdown(results))
+    if pool := report.pool_markdown(results):
+        print("\n" + pool)
     print(f"\nwrote {', '.join(str(p) for p in written)} ({meta['wall_s']:.0f} s)")
     return 0

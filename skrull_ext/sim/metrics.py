@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass
 
 from skrull_ext._core import CostModel
 from skrull_ext.plan import Plan
+from skrull_ext.pool_plan import PoolPlan
 
 
 @dataclass
@@ -34,8 +35,10 @@ class IterationMetrics:
         return asdict(self)
 
 
-def of_plan(plan: Plan, cost: CostModel, capacity: int, bound_us: float) -> IterationMetrics:
+def of_plan(plan: Plan | PoolPlan, cost: CostModel, capacity: int, bound_us: float) -> IterationMetrics:
     """Figures of one plan; `capacity` is the tokens a rank really holds (BucketSize unless told)."""
+    if isinstance(plan, PoolPlan):
+        return _of_pool_plan(plan, cost, capacity, bound_us)
     peaks = []
     comm = 0.0
     overflow = 0
@@ -55,6 +58,27 @@ def of_plan(plan: Plan, cost: CostModel, capacity: int, bound_us: float) -> Iter
         mean_peak_tokens=sum(peaks) / len(peaks) if peaks else 0.0,
         comm_bytes=comm,
         overflow=overflow,
+        micro_batches=plan.num_micro_batches,
+        dp_imbalance=plan.summary()["dp_imbalance"],
+        scheduler_us=plan.scheduler_us + plan.fallback_us,
+    )
+
+
+def _of_pool_plan(plan: PoolPlan, cost: CostModel, capacity: int, bound_us: float) -> IterationMetrics:
+    """The same figures for a pool plan: peaks per global rank, a wide micro-batch counted once."""
+    peaks = [0] * plan.world
+    per_layer = cost.comm.collectives_per_layer * cost.shape.layers
+    for mb in plan.micro_batches:
+        for i, t in enumerate(mb.rank_tokens):
+            r = mb.first_group * plan.cp + i
+            peaks[r] = max(peaks[r], t)
+    return IterationMetrics(
+        time_us=plan.makespan_us,
+        bound_us=bound_us,
+        peak_tokens=max(peaks, default=0),
+        mean_peak_tokens=sum(peaks) / len(peaks) if peaks else 0.0,
+        comm_bytes=sum(mb.comm_bytes for mb in plan.micro_batches) * per_layer,
+        overflow=sum(max(mb.rank_tokens, default=0) > capacity for mb in plan.micro_batches),
         micro_batches=plan.num_micro_batches,
         dp_imbalance=plan.summary()["dp_imbalance"],
         scheduler_us=plan.scheduler_us + plan.fallback_us,

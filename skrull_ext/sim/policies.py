@@ -20,6 +20,10 @@ iteration time. All times come from the core's cost model.
   not), so it is compared on the average over the same samples.
 - worstfit, skrull-paper, skrull-fast, skrull: the core's policies
   (skrull_ext.config); skrull-fast is skrull without the shard sweep.
+- skrull-pool: the DP x CP world as one pool (issue 18), on sequences
+  truncated only beyond what the world holds; skrull-pool-capped: the same
+  planner on the others' inputs (capped at what a CP group holds), the
+  like-for-like comparison with skrull.
 - chunkflow: fixed-size chunks (skrull_ext/sim/chunkflow.py).
 - bound: skrull_ext/sim/bound.py.
 - sorted+skrull (not run by default): sorted's regrouping, then skrull.
@@ -35,6 +39,7 @@ from dataclasses import dataclass
 from skrull_ext import Scheduler, SchedulerConfig
 from skrull_ext._core import CostModel
 from skrull_ext.plan import Plan
+from skrull_ext.pool_plan import PoolPlan
 from skrull_ext.sim import bound, chunkflow
 from skrull_ext.sim.packing import Shape, all_sharded_plan, pack_sharded
 
@@ -50,6 +55,8 @@ class SimPolicy:
     description: str
     regroup: RegroupFn | None = None
     """Optional (global batches of the run, seed) -> new global batches, applied before planning."""
+    world: bool = False
+    """Sees sequences truncated only beyond what the whole DP x CP world holds (skrull-pool), not a CP group."""
 
     @property
     def is_bound(self) -> bool:
@@ -85,7 +92,7 @@ def sort_window(batches: list[list[int]], seed: int) -> list[list[int]]:
 def core_policy(name: str, **overrides) -> PlanFn:
     """A policy of the scheduler core (skrull_ext.config.POLICIES) behind the Scheduler facade."""
 
-    def run(lengths: Sequence[int], cost: CostModel, shape: Shape, seed: int) -> Plan:
+    def run(lengths: Sequence[int], cost: CostModel, shape: Shape, seed: int) -> Plan | PoolPlan:
         cfg = SchedulerConfig(dp=shape.dp, cp=shape.cp, bucket_size=shape.bucket_size, policy=name, **overrides)
         return Scheduler(cfg, cost).schedule(lengths)
 
@@ -111,6 +118,10 @@ SIM_POLICIES: dict[str, SimPolicy] = {
         SimPolicy("skrull-paper", core_policy("skrull-paper"), "paper's Algorithms 1+2, roll-back corrected"),
         SimPolicy("skrull-fast", core_policy("skrull-fast"), "skrull without the shard sweep (cheaper to schedule)"),
         SimPolicy("skrull", core_policy("skrull"), "this project's scheduler (skrull_ext.config 'skrull')"),
+        SimPolicy("skrull-pool", core_policy("skrull-pool"),
+                  "skrull over the DP x CP world as one pool; truncates only beyond the world", world=True),
+        SimPolicy("skrull-pool-capped", core_policy("skrull-pool"),
+                  "skrull-pool on the same inputs as the others (capped at C x CP)"),
         SimPolicy("bound", bound_policy, "lower bound on the iteration time"),
         SimPolicy("sorted+skrull", core_policy("skrull"), "LongAlign regrouping, then skrull in each batch",
                   sort_window),

@@ -5,7 +5,9 @@
 
 Iteration i takes samples [i*G, (i+1)*G) of the dataset's stream
 (G = DP x BatchSize), truncates sequences longer than a CP group can hold
-(counted in the result; the same data reaches every policy), and asks each
+(counted in the result; the same data reaches every policy, except that a
+pool policy (skrull-pool) sees them truncated only beyond what the whole
+DP x CP world holds, counted per policy), and asks each
 policy for a plan. A policy that regroups samples across global batches
 (sorted) sees its own regrouping of the same samples. Plans are checked with ``Plan.validate()`` unless they
 overflow the capacity, in which case they are counted, never dropped.
@@ -17,6 +19,7 @@ import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from skrull_ext import _core
 from skrull_ext._core import CostModel
 from skrull_ext import cost_model as cost_models
 from skrull_ext.profile_file import Profile
@@ -51,6 +54,8 @@ class ScenarioResult:
     seed: int
     sequences: int = 0
     truncated: int = 0
+    """Sequences longer than a CP group holds (truncated for every policy but the pool ones)."""
+    truncated_by_policy: dict[str, int] = field(default_factory=dict)
     per_policy: dict[str, list[metrics.IterationMetrics]] = field(default_factory=dict)
 
     def mean_time_us(self, policy: str) -> float:
@@ -65,11 +70,13 @@ class ScenarioResult:
         return statistics.fmean(m.time_us / m.bound_us - 1.0 for m in self.per_policy[policy] if m.bound_us > 0)
 
 
-def global_batches(dataset: str, shape: Shape, iterations: int, seed: int) -> tuple[list[list[int]], int]:
-    """Global batches in dataset order, truncated to what a CP group holds, and how many were truncated."""
+def global_batches(dataset: str, shape: Shape, iterations: int, seed: int,
+                   limit: int | None = None) -> tuple[list[list[int]], int]:
+    """Global batches in dataset order, truncated to `limit` (default: what a CP group holds), and how many were
+    truncated."""
     g = shape.global_batch
     stream = datasets.get(dataset).stream(g * iterations, seed)
-    limit = shape.max_length
+    limit = shape.max_length if limit is None else limit
     truncated = sum(s > limit for s in stream)
     stream = [min(s, limit) for s in stream]
     return [stream[i * g : (i + 1) * g] for i in range(iterations)], truncated
@@ -93,8 +100,16 @@ def simulate(
     batches, truncated = global_batches(scenario.dataset, scenario.shape, iterations, seed)
     result = ScenarioResult(scenario, profile.label, iterations, seed,
                             sequences=sum(map(len, batches)), truncated=truncated)
-    own = {p.name: p.regroup(batches, seed) if p.regroup else batches for p in chosen}
     shape = scenario.shape
+    world_batches, world_truncated = batches, truncated
+    if any(p.world for p in chosen):
+        world_batches, world_truncated = global_batches(
+            scenario.dataset, shape, iterations, seed, _core.max_sequence_length(shape.bucket_size, shape.dp * shape.cp))
+    own = {}
+    for p in chosen:
+        mine = world_batches if p.world else batches
+        own[p.name] = p.regroup(mine, seed) if p.regroup else mine
+        result.truncated_by_policy[p.name] = world_truncated if p.world else truncated
     for p in chosen:
         result.per_policy[p.name] = []
     for i in range(iterations):

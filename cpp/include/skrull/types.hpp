@@ -76,6 +76,14 @@ struct Options {
   // more than this fraction above the micro-batch's lower bound, or failed.
   double sweep_margin = 0.01;
   Overlength overlength = Overlength::kError;
+  // schedule_pool only (pool.hpp); schedule() ignores them.
+  // A sequence is sharded over more than one CP group when, sharded over its
+  // own group alone, it would take more than pool_widen x the ideal time of
+  // a group (the global batch's work spread over every rank).
+  double pool_widen = 1.0;
+  // Exchange time over a rank set spanning several CP groups (across nodes)
+  // over the same bytes inside one group: an assumption, not measured.
+  double pool_cross_group_comm = 4.0;
 };
 
 // DACP result for one micro-batch on one CP group.
@@ -114,6 +122,44 @@ struct Schedule {
   int32_t rollbacks = 0;
   int32_t moves = 0;
   double elapsed_us = 0.0;         // wall time of the scheduler call
+};
+
+// One micro-batch of a pool plan (pool.hpp): a slot on a block of CP groups.
+// Every rank of the block runs it at its slot; each sequence's rank set is
+// the contiguous global ranks [first_rank, first_rank + num_ranks), inside
+// the block (global rank = dp_rank * cp + cp_rank). num_ranks 1 = local.
+struct PoolMicroBatch {
+  int32_t slot = 0;
+  int32_t first_group = 0;             // CP groups (DP ranks) [first_group, first_group + groups)
+  int32_t groups = 1;
+  std::vector<int32_t> seqs;           // global indices, in buffer order
+  std::vector<int32_t> first_rank;     // per sequence
+  std::vector<int32_t> num_ranks;      // per sequence
+  std::vector<int64_t> rank_tokens;    // per rank of the block, block order
+  double comm_bytes = 0.0;             // K/V bytes gathered per layer, all its sharded sequences
+  double start_us = 0.0;               // predicted start (all its groups free)
+  double time_us = 0.0;                // predicted fwd+bwd time, all layers
+  int32_t rollbacks = 0;
+  int32_t moves = 0;
+};
+
+struct PoolSchedule {
+  // Per sequence of the global batch, in the caller's order.
+  std::vector<int64_t> lengths;        // effective (after truncation)
+  std::vector<int32_t> micro_batch;    // index into micro_batches, -1 if dropped
+  std::vector<int32_t> first_rank;     // its rank set (0, 0 if dropped)
+  std::vector<int32_t> num_ranks;
+  std::vector<PoolMicroBatch> micro_batches;  // by slot, then first group
+  int32_t slots = 0;
+  std::vector<double> group_time_us;   // predicted finish of each CP group
+  double makespan_us = 0.0;
+  std::vector<int32_t> dropped;        // beyond the world: Overlength::kDrop
+  std::vector<int32_t> truncated;      // beyond the world: Overlength::kTruncate
+  int32_t widened = 0;                 // sequences sharded over more than one CP group
+  bool skrull_plan = false;            // skrull's plan, kept because it predicted no slower
+  int32_t rollbacks = 0;
+  int32_t moves = 0;
+  double elapsed_us = 0.0;
 };
 
 }  // namespace skrull

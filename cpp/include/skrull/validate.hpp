@@ -50,6 +50,10 @@ inline void validate_options(const Options& opt) {
     detail::fail("sweep_margin must be in [0, 100], got " + std::to_string(opt.sweep_margin));
   if (search < 0 || search > 1) detail::fail("unknown dacp_search " + std::to_string(search));
   if (ovl < 0 || ovl > 2) detail::fail("unknown overlength " + std::to_string(ovl));
+  if (!(opt.pool_widen >= 0.0 && opt.pool_widen <= 1e6))
+    detail::fail("pool_widen must be in [0, 1e6], got " + std::to_string(opt.pool_widen));
+  if (!(opt.pool_cross_group_comm >= 0.0 && opt.pool_cross_group_comm <= 1e3))
+    detail::fail("pool_cross_group_comm must be in [0, 1000], got " + std::to_string(opt.pool_cross_group_comm));
 }
 
 // At most kMaxSequences lengths, each in [1, kMaxLength]. `what` names the

@@ -1,0 +1,367 @@
+// One pool (issue 18): each sequence sharded over as many ranks as it needs,
+// anywhere in the DP x CP world, as policy "skrull-pool".
+//
+// A rank set is a contiguous run of global ranks (global rank = dp_rank * cp
+// + cp_rank): one rank (local), one whole CP group (distributed, as skrull),
+// or a block of CP groups, 2^a groups aligned at a multiple of 2^a, or all
+// dp groups. Blocks of whole groups keep every wide exchange on whole nodes
+// and every narrow micro-batch exactly skrull's; sub-group sets (2 or 4 of 8
+// ranks) are left out (docs/design/algorithms.md, "skrull-pool").
+//
+// Plan, a pure function of (lengths, cost model, options):
+//  1. "Wide" sequences: longer than a CP group can hold, or whose time
+//     sharded over their own group alone exceeds pool_widen x the ideal
+//     time of a group (all the batch's work spread over every rank): that
+//     group would be the straggler whatever else it ran. Each gets the
+//     fewest groups that hold it and bring its time within that target
+//     (else the fastest span), and a micro-batch of its own on a block,
+//     list-scheduled longest first onto the block whose groups free up
+//     first.
+//  2. The rest go over the groups by LPT on top of the wide work, and each
+//     group's share is split into micro-batches by skrull's GDS + DACP
+//     (split_micro_batches, the same options).
+//  3. When every sequence fits a CP group, skrull's own plan (schedule()) is
+//     the other candidate, and the faster predicted plan wins, ties to
+//     skrull's: the pool plan is never predicted slower than skrull's.
+//
+// Time: every group runs its micro-batches in slot order; a micro-batch on
+// a block starts when all its groups are free. Its time is the overlap
+// formula over its ranks; an exchange over k ranks moves the K/V bytes
+// scaled to the ring's per-rank share, (k-1)/k, against the group's,
+// (cp-1)/cp, where the comm table was measured, and pays
+// pool_cross_group_comm when it leaves a group.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <numeric>
+#include <queue>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "skrull/cost_model.hpp"
+#include "skrull/gds.hpp"
+#include "skrull/scheduler.hpp"
+#include "skrull/types.hpp"
+#include "skrull/validate.hpp"
+#include "skrull/workspace.hpp"
+
+namespace skrull {
+
+namespace detail {
+
+// Communication time of one layer for a sequence of s tokens sharded over
+// `groups` whole CP groups (k = groups * cp ranks). groups == 1 is skrull's
+// price exactly.
+inline double pool_comm_us(const CostModel& cost, int64_t s, int32_t groups, int32_t cp, double cross) {
+  const int32_t k = groups * cp;
+  const double bytes = cost.kv_bytes(shard_tokens(s, k) * static_cast<int64_t>(k));
+  if (groups == 1) return cost.comm_us(bytes);
+  const double ref = std::max(cp, 2);
+  const double share = ((k - 1.0) / k) / ((ref - 1.0) / ref);
+  return cross * cost.comm_us(bytes * share);
+}
+
+// A wide micro-batch: one sequence alone over k ranks.
+inline double pool_wide_us(const CostModel& cost, int64_t s, double f, int32_t groups, int32_t cp, double cross) {
+  return cost.shape.layers * (pool_comm_us(cost, s, groups, cp, cross) + cost.comp_us(f / (groups * cp)));
+}
+
+// Spans a wide sequence may take, in groups: powers of two up to dp, and dp.
+inline std::vector<int32_t> pool_spans(int32_t dp) {
+  std::vector<int32_t> out;
+  for (int32_t g = 2; g <= dp; g *= 2) out.push_back(g);
+  if (dp > 1 && out.back() != dp) out.push_back(dp);
+  return out;
+}
+
+// Skrull's plan in the pool's form: micro-batch j of DP rank i is slot j on
+// group i alone; same times, summed in the same order.
+inline void pool_from_skrull(const Schedule& s, int32_t cp, PoolSchedule& out) {
+  const int32_t dp = static_cast<int32_t>(s.dp_time_us.size());
+  out.micro_batches.clear();
+  out.micro_batches.reserve(s.micro_batches.size());
+  out.group_time_us.assign(dp, 0.0);
+  out.slots = 0;
+  for (const MicroBatch& mb : s.micro_batches) {
+    PoolMicroBatch p;
+    p.slot = mb.index;
+    p.first_group = mb.dp_rank;
+    p.seqs = mb.seqs;
+    p.first_rank.resize(mb.seqs.size());
+    p.num_ranks.resize(mb.seqs.size());
+    for (size_t q = 0; q < mb.seqs.size(); ++q) {
+      const int32_t c = mb.dacp.cp_rank[q];
+      const bool dist = c == kDistributed;
+      p.first_rank[q] = mb.dp_rank * cp + (dist ? 0 : c);
+      p.num_ranks[q] = dist ? cp : 1;
+    }
+    p.rank_tokens = mb.dacp.rank_tokens;
+    p.comm_bytes = mb.dacp.comm_bytes;
+    p.time_us = mb.dacp.time_us;
+    p.start_us = out.group_time_us[mb.dp_rank];
+    out.group_time_us[mb.dp_rank] += mb.dacp.time_us;
+    p.rollbacks = mb.dacp.rollbacks;
+    p.moves = mb.dacp.moves;
+    out.slots = std::max(out.slots, mb.index + 1);
+    out.micro_batches.push_back(std::move(p));
+  }
+  out.makespan_us = s.makespan_us;
+  out.rollbacks = s.rollbacks;
+  out.moves = s.moves;
+  out.widened = 0;
+}
+
+// Orders micro-batches by (slot, first group) and indexes sequences by them.
+inline void pool_finish(PoolSchedule& out) {
+  std::stable_sort(out.micro_batches.begin(), out.micro_batches.end(),
+                   [](const PoolMicroBatch& a, const PoolMicroBatch& b) {
+                     return a.slot != b.slot ? a.slot < b.slot : a.first_group < b.first_group;
+                   });
+  for (size_t m = 0; m < out.micro_batches.size(); ++m) {
+    const PoolMicroBatch& mb = out.micro_batches[m];
+    for (size_t q = 0; q < mb.seqs.size(); ++q) {
+      out.micro_batch[mb.seqs[q]] = static_cast<int32_t>(m);
+      out.first_rank[mb.seqs[q]] = mb.first_rank[q];
+      out.num_ranks[mb.seqs[q]] = mb.num_ranks[q];
+    }
+  }
+}
+
+}  // namespace detail
+
+// Plans one global batch over the dp x cp world as one pool (see the top of
+// this file). Sequences up to max_sequence_length(bucket_size, dp * cp) are
+// planned whole; only longer ones meet opt.overlength. Throws
+// std::invalid_argument as schedule() does.
+inline PoolSchedule schedule_pool(const std::vector<int64_t>& input, const CostModel& cost, const Options& opt) {
+  const auto start = std::chrono::steady_clock::now();
+  validate_options(opt);
+  cost.validate();
+  const int64_t world = static_cast<int64_t>(opt.dp) * opt.cp;
+  if (static_cast<int64_t>(input.size()) > kMaxSequences ||
+      static_cast<int64_t>(input.size()) * world > kMaxSequenceRanks)
+    throw std::invalid_argument("global batch has " + std::to_string(input.size()) + " sequences x world " +
+                                std::to_string(world) + " ranks, more than the limit " +
+                                std::to_string(kMaxSequenceRanks) + " (the pool plan would not fit in memory)");
+  const int32_t dp = opt.dp, cp = opt.cp;
+  const int64_t group_limit = max_sequence_length(opt.bucket_size, cp);
+  const int64_t limit = max_sequence_length(opt.bucket_size, static_cast<int32_t>(world));
+  PoolSchedule out;
+  const int32_t n = static_cast<int32_t>(input.size());
+  out.lengths = input;
+  out.micro_batch.assign(n, -1);
+  out.first_rank.assign(n, 0);
+  out.num_ranks.assign(n, 0);
+  out.group_time_us.assign(dp, 0.0);
+  std::vector<int32_t> live;
+  live.reserve(n);
+  bool fits_groups = true;
+  for (int32_t k = 0; k < n; ++k) {
+    const int64_t s = input[k];
+    if (s < 1 || s > kMaxLength)
+      throw std::invalid_argument("sequence " + std::to_string(k) + " has length " + std::to_string(s) +
+                                  ", outside [1, " + std::to_string(kMaxLength) + "]");
+    if (s > limit) {
+      if (opt.overlength == Overlength::kError)
+        throw std::invalid_argument("sequence " + std::to_string(k) + " has length " + std::to_string(s) +
+                                    ", longer than the " + std::to_string(limit) +
+                                    " tokens the world can hold (bucket_size " + std::to_string(opt.bucket_size) +
+                                    " x dp " + std::to_string(dp) + " x cp " + std::to_string(cp) +
+                                    "); raise bucket_size, or set overlength to 'truncate' or 'drop'");
+      if (opt.overlength == Overlength::kDrop) {
+        out.dropped.push_back(k);
+        continue;
+      }
+      out.lengths[k] = limit;
+      out.truncated.push_back(k);
+    }
+    fits_groups = fits_groups && out.lengths[k] <= group_limit;
+    live.push_back(k);
+  }
+
+  // Skrull's plan, the candidate to beat, when every sequence fits a group.
+  PoolSchedule skrull_plan;
+  double skrull_us = std::numeric_limits<double>::infinity();
+  if (fits_groups) {
+    std::vector<int64_t> kept(live.size());
+    for (size_t p = 0; p < live.size(); ++p) kept[p] = out.lengths[live[p]];
+    Options sk = opt;
+    sk.overlength = Overlength::kError;
+    Schedule s = schedule(kept, cost, sk);
+    for (MicroBatch& mb : s.micro_batches)
+      for (int32_t& k : mb.seqs) k = live[k];  // back to the caller's indices
+    detail::pool_from_skrull(s, cp, skrull_plan);
+    skrull_us = skrull_plan.makespan_us;
+  }
+
+  // 1. Which sequences go wide, and over how many groups.
+  std::vector<double> flops;
+  detail::sequence_flops(out.lengths.data(), out.lengths.size(), cost, flops);
+  double total = 0.0;
+  for (int32_t k : live) total += flops[k];
+  const double target = cost.shape.layers * cost.a_us_per_flop * total / static_cast<double>(world) * opt.pool_widen;
+  const std::vector<int32_t> spans = detail::pool_spans(dp);
+  struct Wide {
+    int32_t seq, groups;
+    double time;
+  };
+  std::vector<Wide> wide;
+  std::vector<char> is_wide(n, 0);
+  for (int32_t k : live) {
+    if (spans.empty()) break;
+    const int64_t s = out.lengths[k];
+    const bool must = s > group_limit;
+    if (!must && !(detail::pool_wide_us(cost, s, flops[k], 1, cp, opt.pool_cross_group_comm) > target)) continue;
+    int32_t best = 0;
+    double best_t = std::numeric_limits<double>::infinity();
+    for (int32_t g : spans) {
+      if (shard_tokens(s, g * cp) > opt.bucket_size) continue;
+      const double t = detail::pool_wide_us(cost, s, flops[k], g, cp, opt.pool_cross_group_comm);
+      if (t < best_t) {
+        best = g;
+        best_t = t;
+      }
+      if (t <= target) break;  // the fewest groups that meet the target
+    }
+    if (best == 0) continue;  // unreachable: g = dp holds every s <= limit
+    wide.push_back({k, best, best_t});
+    is_wide[k] = 1;
+  }
+  if (wide.empty() && fits_groups) {  // nothing to widen: skrull's plan as is
+    std::swap(out.micro_batches, skrull_plan.micro_batches);
+    out.group_time_us = skrull_plan.group_time_us;
+    out.makespan_us = skrull_plan.makespan_us;
+    out.slots = skrull_plan.slots;
+    out.rollbacks = skrull_plan.rollbacks;
+    out.moves = skrull_plan.moves;
+    out.skrull_plan = true;
+    detail::pool_finish(out);
+    out.elapsed_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
+    return out;
+  }
+
+  // 1b. Wide micro-batches, longest time first, each on the aligned block
+  // whose groups free up first (ties to the lowest block).
+  std::stable_sort(wide.begin(), wide.end(), [](const Wide& a, const Wide& b) { return a.time > b.time; });
+  std::vector<double>& clock = out.group_time_us;
+  std::vector<int32_t> next_slot(dp, 0);
+  for (const Wide& w : wide) {
+    int32_t first = 0;
+    double ready = std::numeric_limits<double>::infinity();
+    const int32_t step = (w.groups & (w.groups - 1)) == 0 ? w.groups : dp;  // dp itself: one block
+    for (int32_t b = 0; b + w.groups <= dp; b += step) {
+      const double r = *std::max_element(clock.begin() + b, clock.begin() + b + w.groups);
+      if (r < ready) {
+        ready = r;
+        first = b;
+      }
+    }
+    PoolMicroBatch mb;
+    mb.first_group = first;
+    mb.groups = w.groups;
+    mb.slot = *std::max_element(next_slot.begin() + first, next_slot.begin() + first + w.groups);
+    const int32_t k = w.groups * cp;
+    mb.seqs = {w.seq};
+    mb.first_rank = {first * cp};
+    mb.num_ranks = {k};
+    mb.rank_tokens.assign(k, shard_tokens(out.lengths[w.seq], k));
+    mb.comm_bytes = cost.kv_bytes(shard_tokens(out.lengths[w.seq], k) * static_cast<int64_t>(k));
+    mb.start_us = ready;
+    mb.time_us = w.time;
+    for (int32_t g = first; g < first + w.groups; ++g) {
+      clock[g] = ready + w.time;
+      next_slot[g] = mb.slot + 1;
+    }
+    out.micro_batches.push_back(std::move(mb));
+  }
+  out.widened = static_cast<int32_t>(wide.size());
+
+  // 2. The rest: LPT by estimated time on top of the wide work, longest
+  // first (ties by index), then skrull's GDS + DACP per group.
+  std::vector<int32_t> order, scratch;
+  for (int32_t k : live)
+    if (!is_wide[k]) order.push_back(k);
+  detail::sort_descending_by_length(out.lengths, order, scratch);
+  std::vector<std::vector<int32_t>> shares(dp);
+  {
+    using Entry = std::pair<double, int32_t>;
+    std::vector<Entry> heap_storage;
+    heap_storage.reserve(dp);
+    for (int32_t g = 0; g < dp; ++g) heap_storage.emplace_back(clock[g], g);
+    std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>> heap(std::greater<Entry>(),
+                                                                             std::move(heap_storage));
+    const double per_flop = cost.shape.layers * cost.a_us_per_flop / cp;
+    for (int32_t k : order) {
+      auto [load, g] = heap.top();
+      heap.pop();
+      shares[g].push_back(k);
+      heap.emplace(load + per_flop * flops[k], g);
+    }
+  }
+  Workspace ws;
+  std::vector<int32_t> sorted;
+  std::vector<int64_t> group_lengths;
+  std::vector<double> group_flops;
+  DacpResult scored;
+  for (int32_t g = 0; g < dp; ++g) {
+    detail::reverse_to_ascending(out.lengths, shares[g], sorted);
+    const MicroBatchSplit split = split_micro_batches(out.lengths, flops, sorted, cost, opt, ws);
+    if (!split.feasible) throw std::logic_error("no micro-batch split found for group " + std::to_string(g));
+    for (int32_t j = 0; j < split.m; ++j) {
+      PoolMicroBatch mb;
+      mb.first_group = g;
+      mb.slot = next_slot[g] + j;
+      group_lengths.clear();
+      group_flops.clear();
+      scored.cp_rank.clear();
+      for (size_t p = j; p < sorted.size(); p += split.m) {
+        const int32_t k = sorted[p];
+        const int32_t c = split.placement[p];
+        const bool dist = c == kDistributed && cp > 1;
+        mb.seqs.push_back(k);
+        mb.first_rank.push_back(g * cp + (c == kDistributed ? 0 : c));
+        mb.num_ranks.push_back(dist ? cp : 1);
+        scored.cp_rank.push_back(c);
+        group_lengths.push_back(out.lengths[k]);
+        group_flops.push_back(flops[k]);
+      }
+      score_placement(group_lengths.data(), group_flops.data(), group_lengths.size(), cost, cp, scored);
+      mb.rank_tokens = scored.rank_tokens;
+      mb.comm_bytes = scored.comm_bytes;
+      mb.time_us = scored.time_us;
+      mb.start_us = clock[g];
+      clock[g] += scored.time_us;
+      mb.rollbacks = split.rollbacks[j];
+      mb.moves = split.moves[j];
+      out.rollbacks += mb.rollbacks;
+      out.moves += mb.moves;
+      out.micro_batches.push_back(std::move(mb));
+    }
+    next_slot[g] += split.m;
+  }
+  out.makespan_us = *std::max_element(clock.begin(), clock.end());
+  out.slots = *std::max_element(next_slot.begin(), next_slot.end());
+
+  // 3. Skrull's plan when it predicts no slower.
+  if (skrull_us <= out.makespan_us) {
+    std::swap(out.micro_batches, skrull_plan.micro_batches);
+    out.group_time_us = skrull_plan.group_time_us;
+    out.makespan_us = skrull_plan.makespan_us;
+    out.slots = skrull_plan.slots;
+    out.rollbacks = skrull_plan.rollbacks;
+    out.moves = skrull_plan.moves;
+    out.widened = 0;
+    out.skrull_plan = true;
+  }
+  detail::pool_finish(out);
+  out.elapsed_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
+  return out;
+}
+
+}  // namespace skrull

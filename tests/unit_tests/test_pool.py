@@ -1,0 +1,126 @@
+"""Policy skrull-pool (issue 18): the DP x CP world as one pool.
+
+Properties on random batches (hypothesis): every sequence planned once, no
+rank over BucketSize in any slot, rank sets of the allowed shapes, nothing
+truncated that the world holds, never predicted slower than skrull on the
+same batch, deterministic.
+"""
+
+import random
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from skrull_ext import Scheduler, SchedulerConfig, _core, lengths
+from skrull_ext import cost_model as cm
+from skrull_ext.pool_plan import PoolPlan
+
+REAL = lengths.load("mix_sharegpt_conv95+longbench_en5")
+
+
+def batch(seed: int, k: int, bucket: int, dp: int, cp: int, long_share: float) -> list[int]:
+    """Real-looking lengths scaled to the bucket; a share of them between C x CP and C x DP x CP."""
+    rng = random.Random(seed)
+    group = _core.max_sequence_length(bucket, cp)
+    world = _core.max_sequence_length(bucket, dp * cp)
+    scale = rng.choice([0.05, 0.2, 1.0])
+    out = []
+    for _ in range(k):
+        if rng.random() < long_share and world > group:
+            out.append(rng.randint(group + 1, world))
+        else:
+            out.append(max(1, min(group, int(rng.choice(REAL) * scale * bucket / 26624))))
+    return out
+
+
+def plan_of(lengths_, dp, cp, bucket, policy="skrull-pool", **kw):
+    cfg = SchedulerConfig(dp=dp, cp=cp, bucket_size=bucket, policy=policy, cpsat=False, **kw)
+    return Scheduler(cfg, cm.preset()).schedule(lengths_)
+
+
+shapes = st.tuples(
+    st.integers(0, 2**31),  # seed
+    st.integers(0, 600),  # sequences
+    st.sampled_from([1, 2, 3, 4, 8]),  # cp
+    st.sampled_from([1, 2, 3, 4, 6, 8, 16]),  # dp
+    st.sampled_from([64, 1000, 4096, 26624]),  # bucket
+    st.sampled_from([0.0, 0.0, 0.01, 0.1]),  # share longer than a CP group holds
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(shapes)
+def test_pool_plan_covers_every_sequence_once_within_memory(shape):
+    seed, k, cp, dp, bucket, long_share = shape
+    lengths_ = batch(seed, k, bucket, dp, cp, long_share)
+    plan = plan_of(lengths_, dp, cp, bucket)
+    assert isinstance(plan, PoolPlan)
+    plan.validate()
+    assert not plan.truncated and not plan.dropped  # the world holds every one of them
+    assert plan.lengths == lengths_
+    assert sorted(k for mb in plan.micro_batches for k in mb.seqs) == list(range(k))
+    # Per rank per slot: what it holds, recomputed from the rank view, within C.
+    for rank in range(dp * cp):
+        slots = [s for s, _, _ in plan.rank_slots(rank)]
+        assert slots == sorted(set(slots))  # one micro-batch a slot, in slot order
+        for _, _, mine in plan.rank_slots(rank):
+            held = sum(lengths_[q] if n == 1 else 2 * -(-lengths_[q] // (2 * n)) for q, _, n in mine)
+            assert held <= bucket
+    again = plan_of(list(lengths_), dp, cp, bucket)
+    assert again.digest() == plan.digest() and again.group_time_us == plan.group_time_us
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(shapes.filter(lambda s: s[1] <= 300))
+def test_pool_never_predicted_slower_than_skrull(shape):
+    seed, k, cp, dp, bucket, _ = shape
+    lengths_ = batch(seed, k, bucket, dp, cp, 0.0)  # skrull holds them all too
+    pool = plan_of(lengths_, dp, cp, bucket)
+    skrull = plan_of(lengths_, dp, cp, bucket, policy="skrull")
+    assert pool.makespan_us <= skrull.makespan_us
+    if pool.skrull_plan:  # kept skrull's plan: the same micro-batches, bit for bit
+        assert pool.group_time_us == skrull.dp_time_us
+        assert sorted(map(sorted, (mb.seqs for mb in pool.micro_batches))) == sorted(
+            map(sorted, (mb.seqs for mb in skrull.all_micro_batches())))
+
+
+@pytest.mark.parametrize("dp,cp,bucket", [(4, 8, 26624), (3, 4, 1000), (16, 2, 4096)])
+def test_sequence_between_group_and_world_limit_is_planned_whole(dp, cp, bucket):
+    group = _core.max_sequence_length(bucket, cp)
+    world = _core.max_sequence_length(bucket, dp * cp)
+    for s in (group + 1, (group + world) // 2, world):
+        lengths_ = [s, 100, 7, bucket // 2] + [bucket // 8] * 20
+        plan = plan_of(lengths_, dp, cp, bucket)
+        plan.validate()
+        assert plan.lengths[0] == s and not plan.truncated
+        assert plan.num_ranks[0] > cp and plan.widened >= 1
+    # skrull truncates it; the pool only beyond the world.
+    trunc = plan_of([group + 1], dp, cp, bucket, policy="skrull", overlength="truncate")
+    assert trunc.truncated == [0]
+    over = plan_of([world + 1, 5], dp, cp, bucket, overlength="truncate")
+    over.validate()
+    assert over.truncated == [0] and over.lengths[0] == world
+    with pytest.raises(ValueError, match="tokens the world can hold"):
+        plan_of([world + 1], dp, cp, bucket)
+
+
+def test_long_sequence_is_spread_over_groups_when_its_group_would_straggle():
+    # One 150K-token document among chat turns at DP=4, CP=8: skrull leaves it
+    # on one group, which then takes far longer than the others.
+    lengths_ = [150_000] + [800] * 255
+    pool = plan_of(lengths_, 4, 8, 26624)
+    skrull = plan_of(lengths_, 4, 8, 26624, policy="skrull")
+    pool.validate()
+    assert pool.widened == 1 and not pool.skrull_plan
+    assert pool.makespan_us < 0.7 * skrull.makespan_us
+
+
+def test_pool_options_are_checked():
+    opt = SchedulerConfig(dp=2, cp=2, policy="skrull-pool").core_options()
+    for name, bad in (("pool_widen", -1.0), ("pool_cross_group_comm", float("nan"))):
+        o = SchedulerConfig(dp=2, cp=2, policy="skrull-pool").core_options()
+        setattr(o, name, bad)
+        with pytest.raises(ValueError, match=name):
+            _core.schedule_pool([10, 20], cm.preset(), o)
+    assert _core.schedule_pool([], cm.preset(), opt).micro_batches == []
