@@ -21,7 +21,7 @@ from typing import Literal
 from skrull_ext import cost_model as cost_models
 from skrull_ext.attention.kernels import KERNEL_CHOICES
 from skrull_ext.attention.transport import TRANSPORT_CHOICES
-from skrull_ext.config import SchedulerConfig, SchedulingOptions
+from skrull_ext.config import POLICIES, SchedulerConfig, SchedulingOptions
 from skrull_ext.profile_file import Profile
 
 KVExchange = Literal[TRANSPORT_CHOICES]  # pyrefly: ignore[invalid-literal]
@@ -79,6 +79,12 @@ class SkrullConfig(SchedulingOptions):
             self.check()
         except ValueError as e:
             raise ValueError(f"skrull.{e}") from None
+        if POLICIES[self.policy].pool:
+            trainable = sorted(n for n, p in POLICIES.items() if not p.pool)
+            raise ValueError(
+                f"skrull.policy: {self.policy!r} plans the DP x CP world as one pool, which the trainer cannot "
+                f"run yet (bench simulate and bench latency can); one of {trainable}"
+            )
 
     def profile(self) -> Profile | None:
         """The profile file named by ``cost_model`` (None for a preset), read once

@@ -195,3 +195,11 @@ def test_cli_profile_reaches_the_scheduler():
     from skrull_ext.profile_file import Profile
 
     assert config.skrull.build(dp=1, cp=2).cost_model.a_us_per_flop == Profile.load(PROFILE).cost_model().a_us_per_flop
+
+
+def test_pool_policy_is_refused_for_training_until_the_trainer_runs_it():
+    from skrull_ext.skrull_config import SkrullConfig
+
+    with pytest.raises(ValueError, match=r"skrull.policy: 'skrull-pool' plans the DP x CP world as one pool, which "
+                                         r"the trainer cannot run yet .* one of \['skrull', 'skrull-fast'"):
+        SkrullConfig(cost_model="llama3-debug", policy="skrull-pool")
