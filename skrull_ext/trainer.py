@@ -15,6 +15,7 @@ batch, so the gradient does not depend on the schedule (SKRULL.md, "Loss").
 
 import dataclasses
 import math
+import os
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -35,6 +36,7 @@ from skrull_ext.attention.install import install_dacp_attention
 from skrull_ext.datasets.overlength import check_overlength
 from skrull_ext.datasets.packed import PackedDataLoader
 from skrull_ext.datasets.scheduling import SkrullDataLoader, SkrullStep
+from skrull_ext.model_shape import job_shape
 from skrull_ext.plan_log import PlanLog
 from skrull_ext.skrull_config import SkrullConfig
 from skrull_ext.step_checks import check_plan_digests, step_log_line, step_metrics
@@ -84,6 +86,9 @@ class SkrullTrainer(Trainer):
         compat.apply(config)
         resolve_device_defaults(config)
         self.plan_log: PlanLog | None = None
+        if config.skrull.enable:  # a profile of another model fails here, before any model is built
+            self.model_shape = job_shape(config, int(os.environ.get("WORLD_SIZE", "1")))
+            config.skrull.check_shape(self.model_shape, self._model_name(config))
         super().__init__(config)
         vocab, model_vocab = self.tokenizer.get_vocab_size(), decoder_vocab_size(config.model_spec)
         if vocab > model_vocab:
@@ -107,7 +112,8 @@ class SkrullTrainer(Trainer):
         skrull = self.config.skrull
         if (warning := skrull.profile_cp_warning(dims.cp)) is not None:
             logger.warning(warning)
-        self.dataloader.attach(skrull.build(dp=self.dataloader.dp_world_size, cp=dims.cp), cp_rank, dims.cp)
+        scheduler = skrull.build(self.dataloader.dp_world_size, dims.cp, self.model_shape, self._model_name(self.config))
+        self.dataloader.attach(scheduler, cp_rank, dims.cp)
         if skrull.plan_log:
             rank = dist.get_rank() if dist.is_initialized() else 0
             self.plan_log = PlanLog(self.config.dump_folder, rank)
@@ -121,6 +127,11 @@ class SkrullTrainer(Trainer):
             f"DP {self.dataloader.dp_world_size} x CP {dims.cp}, cp_rank {cp_rank}, "
             f"attention kernel {skrull.attention_kernel}"
         )
+
+    @staticmethod
+    def _model_name(config) -> str:
+        spec = config.model_spec
+        return f"{spec.name}/{spec.flavor}"
 
     # ------------------------------------------------------------------ steps
     def batch_generator(self, data_iterable: Iterable) -> Iterator:
