@@ -36,6 +36,7 @@ from skrull_ext.attention.install import install_dacp_attention
 from skrull_ext.datasets.overlength import check_overlength
 from skrull_ext.datasets.packed import PackedDataLoader
 from skrull_ext.datasets.scheduling import SkrullDataLoader, SkrullStep
+from skrull_ext.hf.export import HFExport
 from skrull_ext.model_shape import job_shape
 from skrull_ext.plan_log import PlanLog
 from skrull_ext.skrull_config import SkrullConfig
@@ -89,6 +90,7 @@ class SkrullTrainer(Trainer):
         if config.skrull.enable:  # a profile of another model fails here, before any model is built
             self.model_shape = job_shape(config, int(os.environ.get("WORLD_SIZE", "1")))
             config.skrull.check_shape(self.model_shape, self._model_name(config))
+        self.hf_export = HFExport.of_job(config)  # before the trainer shrinks the RoPE cache
         super().__init__(config)
         vocab, model_vocab = self.tokenizer.get_vocab_size(), decoder_vocab_size(config.model_spec)
         if vocab > model_vocab:
@@ -127,6 +129,21 @@ class SkrullTrainer(Trainer):
             f"DP {self.dataloader.dp_world_size} x CP {dims.cp}, cp_rank {cp_rank}, "
             f"attention kernel {skrull.attention_kernel}"
         )
+
+    def train(self) -> None:
+        """torchtitan's loop; then, when the last checkpoint was saved in HF format
+        (``last_save_in_hf``), config.json and tokenizer files beside its weights, so
+        the folder is one ``from_pretrained`` loads (skrull_ext/hf/export.py)."""
+        super().train()
+        ckpt = self.config.checkpoint
+        if self.hf_export is None or self.step != self.config.training.steps or ckpt.load_only:
+            return
+        if not dist.is_initialized() or dist.get_rank() == 0:
+            folder = os.path.join(self.checkpointer.folder, f"step-{self.step}")
+            self.hf_export.finish(folder, ckpt.export_dtype)
+            logger.info(f"HF model folder (weights, config.json, tokenizer): {folder}")
+        if dist.is_initialized():
+            dist.barrier()
 
     @staticmethod
     def _model_name(config) -> str:
