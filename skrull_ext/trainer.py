@@ -36,6 +36,7 @@ from skrull_ext.attention.install import install_dacp_attention
 from skrull_ext.datasets.overlength import check_overlength
 from skrull_ext.datasets.packed import PackedDataLoader
 from skrull_ext.datasets.scheduling import SkrullDataLoader, SkrullStep
+from skrull_ext.hf.checks import check_hf_folder
 from skrull_ext.hf.export import HFExport
 from skrull_ext.model_shape import job_shape
 from skrull_ext.plan_log import PlanLog
@@ -90,6 +91,9 @@ class SkrullTrainer(Trainer):
         if config.skrull.enable:  # a profile of another model fails here, before any model is built
             self.model_shape = job_shape(config, int(os.environ.get("WORLD_SIZE", "1")))
             config.skrull.check_shape(self.model_shape, self._model_name(config))
+        ckpt = config.checkpoint
+        if ckpt.enable and ckpt.initial_load_in_hf and ckpt.initial_load_path:
+            check_hf_folder(ckpt.initial_load_path, config.model_spec)  # a bad folder fails before any model
         self.hf_export = HFExport.of_job(config)  # before the trainer shrinks the RoPE cache
         super().__init__(config)
         vocab, model_vocab = self.tokenizer.get_vocab_size(), decoder_vocab_size(config.model_spec)
