@@ -214,10 +214,12 @@ def base_config(
     )
 
 
-def load_job(path: str, *, config_cls=None, ignore: tuple[str, ...] = ()):
+def load_job(path: str, *, config_cls=None, ignore: tuple[str, ...] = (),
+             model_overrides: dict | None = None):
     """Read a TOML job file into a ``config_cls`` instance (SkrullTrainer.Config
     by default), starting from ``base_config``. Sections named in ``ignore``
-    are skipped."""
+    are skipped. ``model_overrides``: ``[model]`` keys that replace the file's (the CLI's
+    ``--model.hf_path DIR``; a replaced hf_path drops the file's name/flavor)."""
     config_cls = config_cls or SkrullTrainer.Config
     try:
         with open(path, "rb") as f:
@@ -228,6 +230,11 @@ def load_job(path: str, *, config_cls=None, ignore: tuple[str, ...] = ()):
         table.pop(name, None)
 
     model = table.pop("model", {})
+    if model_overrides:
+        _check_keys(model_overrides, MODEL_KEYS, "model")
+        if "hf_path" in model_overrides:  # another folder: its config.json names the model
+            model = {k: v for k, v in model.items() if k not in ("name", "flavor")}
+        model = {**model, **model_overrides}
     _check_keys(model, MODEL_KEYS, "model")
     required = () if "hf_path" in model else ("name", "flavor")  # hf_path: from config.json
     for name in required:
@@ -272,14 +279,22 @@ class JobConfigManager(ConfigManager):
 
     Precedence: CLI flags > job file > ``base_config`` defaults. Without
     ``--config-file`` it behaves exactly like torchtitan's (``--module``,
-    ``--config``).
+    ``--config``). ``--model.KEY VALUE`` replaces a ``[model]`` key of the
+    job file (``--model.hf_path /models/Qwen2.5-7B-Instruct``: the shipped
+    fine-tuning jobs name a placeholder folder).
     """
 
     def _load_config(self, args: list[str]) -> tuple[object, list[str]]:
-        path, rest = None, []
+        path, rest, model = None, [], {}
         it = iter(args)
         for arg in it:
-            if arg.startswith("--config-file=") or arg.startswith("--config_file="):
+            if arg.startswith("--model."):  # [model] is read by load_job, not a config field tyro knows
+                key, eq, value = arg[len("--model."):].partition("=")
+                value = value if eq else next(it, None)
+                if value is None:
+                    raise ValueError(f"--model.{key} requires a value")
+                model[key.replace("-", "_")] = value
+            elif arg.startswith("--config-file=") or arg.startswith("--config_file="):
                 path = arg.split("=", 1)[1]
             elif arg in ("--config-file", "--config_file"):
                 path = next(it, None)
@@ -288,8 +303,10 @@ class JobConfigManager(ConfigManager):
             else:
                 rest.append(arg)
         if path is None:
+            if model:
+                raise ValueError(f"--model.{next(iter(model))} needs --config-file (it sets the job file's [model])")
             return super()._load_config(args)
-        return load_job(path), rest
+        return load_job(path, model_overrides=model), rest
 
     def parse_args(self, args: list[str] | None = None):
         return super().parse_args(sys.argv[1:] if args is None else args)

@@ -10,6 +10,12 @@ torchtitan's Config/build style.
 Values are checked when the config is made, so a bad TOML or CLI value fails
 before any process group or model is built, naming the key and what it
 allows. A profile file named by ``cost_model`` is read once, there.
+
+``cost_model`` names the *hardware* only. The model shape it prices is the
+model the job trains (``skrull_ext.model_shape.job_shape``: layers, hidden,
+K/V width, compute dtype), passed to ``build``; a measured profile carries
+its own ``[model]``, which must be that shape (``check_shape``, called when
+the trainer starts, before the model is built).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from skrull_ext import cost_model as cost_models
 from skrull_ext.attention.kernels import KERNEL_CHOICES
 from skrull_ext.attention.transport import TRANSPORT_CHOICES
 from skrull_ext.config import POLICIES, SchedulerConfig, SchedulingOptions
+from skrull_ext._core import ModelShape
 from skrull_ext.profile_file import Profile
 
 KVExchange = Literal[TRANSPORT_CHOICES]  # pyrefly: ignore[invalid-literal]
@@ -33,10 +40,11 @@ class SkrullConfig(SchedulingOptions):
     enable: bool = True
     """Schedule global batches with Skrull; False runs torchtitan's own batching."""
 
-    cost_model: str = "qwen2.5-0.5b"
-    """A model preset of skrull_ext.cost_model (on the assumed H100), or a profile TOML path.
-    ``bucket_size = 0`` takes BucketSize from the profile's ``[memory] bucket_size`` (what
-    the offline profiler measured for this model and machine)."""
+    cost_model: str = "h100-assumed"
+    """The hardware the scheduler prices the job's model on: a hardware preset of
+    skrull_ext.cost_model (HARDWARE_PRESETS) or a profile TOML path (measured for this
+    model; its [model] must be the job's shape). ``bucket_size = 0`` takes BucketSize from
+    the profile's ``[memory] bucket_size`` (what the offline profiler measured)."""
 
     check_plan_hash: bool = False
     """Debug: compare every rank's plan digest each step and fail loudly on a mismatch."""
@@ -61,12 +69,27 @@ class SkrullConfig(SchedulingOptions):
     "varlen" (flash attention over the segment plan; CUDA bf16/fp16) or "segments" (the
     plan's slow CPU reference executor)."""
 
-    _profile: tuple[str, Profile] | None = field(default=None, init=False, repr=False, compare=False)
-    """A cache: (the cost_model path it was read from, the profile); see profile()."""
+    _profile: Profile | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        self._profile = None
-        self.profile()  # a missing or malformed profile fails here, naming the key
+        if self.cost_model in cost_models.HARDWARE_PRESETS:
+            self._profile = None
+        elif self.cost_model in cost_models.MODEL_PRESETS:
+            raise ValueError(
+                f"skrull.cost_model: {self.cost_model!r} is a model preset; the shape now comes from the job's "
+                f"[model], so name the hardware instead: a preset {sorted(cost_models.HARDWARE_PRESETS)} "
+                f"or a profile file"
+            )
+        elif Path(self.cost_model).is_file():
+            try:
+                self._profile = Profile.load(self.cost_model)
+            except ValueError as e:
+                raise ValueError(f"skrull.cost_model: {e}") from None
+        else:
+            raise ValueError(
+                f"skrull.cost_model: {self.cost_model!r} is neither a hardware preset "
+                f"{sorted(cost_models.HARDWARE_PRESETS)} nor a profile file"
+            )
         if self.bucket_size == 0:
             self.bucket_size = self._profile_bucket_size()
         if self.attention_kernel not in KERNEL_CHOICES:
@@ -86,34 +109,23 @@ class SkrullConfig(SchedulingOptions):
                 f"run yet (bench simulate and bench latency can); one of {trainable}"
             )
 
-    def profile(self) -> Profile | None:
-        """The profile file named by ``cost_model`` (None for a preset), read once
-        per config object and path. Cached with the path it came from: the CLI
-        parser (tyro) may set ``cost_model`` on a built config without calling
-        __post_init__ again."""
-        if self.cost_model in cost_models.MODEL_PRESETS:
+    def _measured(self) -> Profile | None:
+        """The profile file ``cost_model`` names (None for a hardware preset), read once.
+        Re-read when ``cost_model`` was set after the config was made (tyro sets CLI
+        values on the parsed object, so ``__post_init__`` may have seen the file's value)."""
+        if self.cost_model in cost_models.HARDWARE_PRESETS:
             return None
-        cached = getattr(self, "_profile", None)
-        if cached is None or cached[0] != self.cost_model:
-            if not Path(self.cost_model).is_file():
-                raise ValueError(
-                    f"skrull.cost_model: {self.cost_model!r} is neither a preset "
-                    f"{sorted(cost_models.MODEL_PRESETS)} nor a profile file"
-                )
-            try:
-                cached = self._profile = (self.cost_model, Profile.load(self.cost_model))
-            except ValueError as e:
-                raise ValueError(f"skrull.cost_model: {e}") from None
-        return cached[1]
+        if self._profile is None or self._profile.path != str(Path(self.cost_model)):
+            self._profile = Profile.load(self.cost_model)
+        return self._profile
 
     def _profile_bucket_size(self) -> int:
-        profile = self.profile()
-        if profile is None:
+        if self._profile is None:
             raise ValueError(
                 f"skrull.bucket_size = 0 takes BucketSize from a profile file, but skrull.cost_model is "
-                f"the preset {self.cost_model!r}; name a profile (python -m skrull_ext.profile writes one)"
+                f"the hardware preset {self.cost_model!r}; name a profile (python -m skrull_ext.profile writes one)"
             )
-        value = profile.bucket_size
+        value = self._profile.bucket_size
         if value is None:
             raise ValueError(f"skrull.bucket_size = 0: the profile {self.cost_model!r} has no [memory] bucket_size")
         return value
@@ -122,7 +134,7 @@ class SkrullConfig(SchedulingOptions):
         """A warning when this job's CP degree is not the one its profile's
         BucketSize was derived for (a shard costs more memory than a whole
         token: profile_file.derive_bucket_size), else None."""
-        profile = self.profile()
+        profile = self._measured()
         if profile is None or profile.cp == cp:
             return None
         return (f"skrull: the profile {self.cost_model!r} derived its BucketSize for cp {profile.cp}; this job "
@@ -133,16 +145,25 @@ class SkrullConfig(SchedulingOptions):
         """The core's config for a DP x CP job."""
         return SchedulerConfig(dp=dp, cp=cp, **self.options())
 
-    def build_cost_model(self):
-        """``skrull_ext._core.CostModel`` named by ``cost_model`` (the profile read at config time)."""
-        profile = self.profile()
-        return cost_models.preset(self.cost_model) if profile is None else profile.cost_model()
+    def build_cost_model(self, shape: ModelShape, model_name: str = "the job's model"):
+        """``skrull_ext._core.CostModel`` of ``shape`` (the job's model, called
+        ``model_name`` in errors) on the hardware ``cost_model`` names. A measured
+        profile whose [model] is another shape raises ValueError naming both."""
+        try:
+            profile = self._measured() or cost_models.hardware(self.cost_model)
+            return profile.cost_model(shape, model_name)
+        except ValueError as e:
+            raise ValueError(f"skrull.cost_model: {e}") from None
 
-    def build(self, dp: int, cp: int):
-        """The Scheduler of a DP x CP job: these knobs, this cost model."""
+    def check_shape(self, shape: ModelShape, model_name: str = "the job's model") -> None:
+        """Fail (ValueError naming both shapes) when ``cost_model`` cannot price ``shape``."""
+        self.build_cost_model(shape, model_name)
+
+    def build(self, dp: int, cp: int, shape: ModelShape, model_name: str = "the job's model"):
+        """The Scheduler of a DP x CP job: these knobs, the job's model shape on this hardware."""
         from skrull_ext.scheduler import Scheduler  # CP-SAT (ortools) only when a scheduler is built
 
-        return Scheduler(self.scheduler_config(dp, cp), self.build_cost_model())
+        return Scheduler(self.scheduler_config(dp, cp), self.build_cost_model(shape, model_name))
 
     def to_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.init}

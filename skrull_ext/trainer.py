@@ -15,6 +15,7 @@ batch, so the gradient does not depend on the schedule (docs/design/method.md, "
 
 import dataclasses
 import math
+import os
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -35,8 +36,11 @@ from skrull_ext.attention.install import install_dacp_attention
 from skrull_ext.datasets.overlength import check_overlength
 from skrull_ext.datasets.packed import PackedDataLoader
 from skrull_ext.datasets.scheduling import SkrullDataLoader, SkrullStep
+from skrull_ext.hf.checks import check_hf_folder
+from skrull_ext.hf.export import HFExport
 from skrull_ext.lora import LoRAConfig, apply_lora
 from skrull_ext.lora.train import save_lora_outputs
+from skrull_ext.model_shape import job_shape
 from skrull_ext.plan_log import PlanLog
 from skrull_ext.skrull_config import SkrullConfig
 from skrull_ext.step_checks import check_plan_digests, step_log_line, step_metrics
@@ -90,6 +94,13 @@ class SkrullTrainer(Trainer):
         resolve_device_defaults(config)
         apply_lora(config)  # before torchtitan builds config.model_spec.model
         self.plan_log: PlanLog | None = None
+        if config.skrull.enable:  # a profile of another model fails here, before any model is built
+            self.model_shape = job_shape(config, int(os.environ.get("WORLD_SIZE", "1")))
+            config.skrull.check_shape(self.model_shape, self._model_name(config))
+        ckpt = config.checkpoint
+        if ckpt.enable and ckpt.initial_load_in_hf and ckpt.initial_load_path:
+            check_hf_folder(ckpt.initial_load_path, config.model_spec)  # a bad folder fails before any model
+        self.hf_export = HFExport.of_job(config)  # before the trainer shrinks the RoPE cache
         super().__init__(config)
         vocab, model_vocab = self.tokenizer.get_vocab_size(), decoder_vocab_size(config.model_spec)
         if vocab > model_vocab:
@@ -113,7 +124,8 @@ class SkrullTrainer(Trainer):
         skrull = self.config.skrull
         if (warning := skrull.profile_cp_warning(dims.cp)) is not None:
             logger.warning(warning)
-        self.dataloader.attach(skrull.build(dp=self.dataloader.dp_world_size, cp=dims.cp), cp_rank, dims.cp)
+        scheduler = skrull.build(self.dataloader.dp_world_size, dims.cp, self.model_shape, self._model_name(self.config))
+        self.dataloader.attach(scheduler, cp_rank, dims.cp)
         if skrull.plan_log:
             rank = dist.get_rank() if dist.is_initialized() else 0
             self.plan_log = PlanLog(self.config.dump_folder, rank)
@@ -129,8 +141,26 @@ class SkrullTrainer(Trainer):
         )
 
     def train(self) -> None:
+        """torchtitan's loop; then the LoRA outputs ([lora] save_adapter/save_merged),
+        and, when the last checkpoint was saved in HF format (``last_save_in_hf``),
+        config.json and tokenizer files beside its weights, so the folder is one
+        ``from_pretrained`` loads (skrull_ext/hf/export.py)."""
         super().train()
         save_lora_outputs(self)
+        ckpt = self.config.checkpoint
+        if self.hf_export is None or self.step != self.config.training.steps or ckpt.load_only:
+            return
+        if not dist.is_initialized() or dist.get_rank() == 0:
+            folder = os.path.join(self.checkpointer.folder, f"step-{self.step}")
+            self.hf_export.finish(folder, ckpt.export_dtype)
+            logger.info(f"HF model folder (weights, config.json, tokenizer): {folder}")
+        if dist.is_initialized():
+            dist.barrier()
+
+    @staticmethod
+    def _model_name(config) -> str:
+        spec = config.model_spec
+        return f"{spec.name}/{spec.flavor}"
 
     # ------------------------------------------------------------------ steps
     def batch_generator(self, data_iterable: Iterable) -> Iterator:

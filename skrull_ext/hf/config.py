@@ -168,3 +168,81 @@ def spec_from_hf(folder: str, attn_backend: str = "flex") -> ModelSpec:
         raise HFConfigError(f"{where}: missing {e.args[0]!r}") from e
     flavor = os.path.basename(os.path.normpath(folder))
     return decoder_spec(arch.family, flavor, dims, attn_backend=attn_backend)
+
+
+# --------------------------------------------------------------------------
+# The other way: a ModelSpec -> config.json, for models not started from a
+# HF folder (a job's name/flavor), so their export loads in transformers.
+
+_MODEL_TYPE = {a.family: (name, a.model_type) for name, a in HF_ARCHITECTURES.items()}
+
+
+def spec_dims(model_config) -> DecoderDims:
+    """The DecoderDims of a decoder config built by ``decoder_spec`` or by
+    torchtitan's llama3/qwen3 registries (same fields)."""
+    attention = model_config.layers[0].attention
+    heads = attention.qkv_linear
+    rope = attention.rope
+    scaling = None
+    if getattr(rope, "scaling", None) == "llama":
+        scaling = LlamaRopeScaling(
+            factor=float(rope.scaling_factor),
+            low_freq_factor=float(rope.low_freq_factor),
+            high_freq_factor=float(rope.high_freq_factor),
+            original_max_position_embeddings=int(rope.original_max_position_embeddings),
+        )
+    return DecoderDims(
+        vocab_size=model_config.vocab_size,
+        dim=model_config.dim,
+        n_layers=len(model_config.layers),
+        n_heads=heads.n_heads,
+        n_kv_heads=heads.n_kv_heads or heads.n_heads,
+        head_dim=heads.head_dim,
+        hidden_dim=model_config.layers[0].feed_forward.w1.out_features,
+        rope_theta=float(rope.theta),
+        max_seq_len=rope.max_seq_len,
+        norm_eps=float(model_config.norm.eps),
+        tie_embeddings=bool(model_config.enable_weight_tying),
+        rope_scaling=scaling,
+    )
+
+
+def hf_config_json(family: str, dims: DecoderDims, dtype: str = "float32") -> dict:
+    """config.json of a ``family`` model at ``dims`` whose weights are saved in
+    ``dtype``, in the transformers 4 layout (which transformers 5 reads too);
+    ``hf_dims`` of it gives ``dims`` back."""
+    if family not in _MODEL_TYPE:
+        raise HFConfigError(f"no HF architecture for model family {family!r}; supported: {sorted(_MODEL_TYPE)}")
+    architecture, model_type = _MODEL_TYPE[family]
+    cfg = {
+        "architectures": [architecture],
+        "model_type": model_type,
+        "vocab_size": dims.vocab_size,
+        "hidden_size": dims.dim,
+        "num_hidden_layers": dims.n_layers,
+        "num_attention_heads": dims.n_heads,
+        "num_key_value_heads": dims.n_kv_heads,
+        "head_dim": dims.head_dim,
+        "intermediate_size": dims.hidden_dim,
+        "hidden_act": "silu",
+        "max_position_embeddings": dims.max_seq_len,
+        "rms_norm_eps": dims.norm_eps,
+        "rope_theta": dims.rope_theta,
+        "rope_scaling": None,
+        "tie_word_embeddings": dims.tie_embeddings,
+        "torch_dtype": dtype,
+    }
+    if family == "llama3":
+        cfg.update(attention_bias=False, mlp_bias=False)
+        if dims.rope_scaling is not None:
+            s = dims.rope_scaling
+            cfg["rope_scaling"] = {
+                "rope_type": "llama3", "factor": s.factor, "low_freq_factor": s.low_freq_factor,
+                "high_freq_factor": s.high_freq_factor,
+                "original_max_position_embeddings": s.original_max_position_embeddings,
+            }
+    elif family == "qwen3":
+        cfg.update(attention_bias=False, use_sliding_window=False)
+    else:
+        cfg.update(use_sliding_window=False)
+    return cfg

@@ -8,10 +8,18 @@ checkpointing is enabled; these become the job's base values, which the
 job's own ``[checkpoint]`` table (applied afterwards) can still change. A
 checkpoint already in the job's folder wins over the initial load, which is
 how a fine-tuning run resumes.
+
+The tokenizer is the folder's too (tokenizer.json, tokenizer_config.json,
+through torchtitan's HuggingFaceTokenizer), so a job needs no [tokenizer]
+section; its own section still wins. A folder without tokenizer.json (a
+weights-only checkpoint) keeps the base config's synthetic tokenizer, which
+the synthetic dataset needs no more than.
 """
 
 import dataclasses
 import os
+
+from skrull_ext.tokenizer import LocalTokenizer
 
 
 def hf_job_defaults(config, hf_path: str):
@@ -26,4 +34,7 @@ def hf_job_defaults(config, hf_path: str):
     )
     # hf_assets_path: torchtitan's tokenizer folder and where the adapter
     # looks for model.safetensors.index.json (HF shard layout on save).
-    return dataclasses.replace(config, checkpoint=checkpoint, hf_assets_path=folder)
+    updates = dict(checkpoint=checkpoint, hf_assets_path=folder)
+    if os.path.isfile(os.path.join(folder, "tokenizer.json")):
+        updates["tokenizer"] = LocalTokenizer.Config()  # empty path: hf_assets_path
+    return dataclasses.replace(config, **updates)

@@ -28,44 +28,9 @@ import torch
 from torch import nn
 
 from skrull_ext._core import ModelShape
+from skrull_ext.model_shape import DTYPES, compute_dtype, fsdp_degree, spec_shape
 
-__all__ = ["JobModel", "build_job_model", "compute_dtype"]
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def fsdp_degree(config: Any, world_size: int) -> int:
-    """Ranks one parameter is sharded over: torchtitan's 'fsdp' mesh is
-    dp_shard x cp, with dp_shard = -1 taking what the other degrees leave."""
-    p = config.parallelism
-    shard = p.data_parallel_shard_degree
-    if shard == -1:
-        others = p.data_parallel_replicate_degree * p.context_parallel_degree * p.tensor_parallel_degree \
-            * p.pipeline_parallel_degree
-        if world_size % others:
-            raise ValueError(f"world size {world_size} is not a multiple of the job's other parallel degrees ({others})")
-        shard = world_size // others
-    return max(1, shard * p.context_parallel_degree)
-
-
-def compute_dtype(config: Any, world_size: int) -> torch.dtype:
-    """Dtype of activations: FSDP mixed precision casts parameters to
-    ``mixed_precision_param`` when it shards (dp_shard x cp > 1); otherwise
-    torchtitan 0.3.0 computes in ``training.dtype``."""
-    name = config.training.mixed_precision_param if fsdp_degree(config, world_size) > 1 else config.training.dtype
-    return DTYPES[name]
-
-
-def _kv_width(attn: Any, dim: int) -> int:
-    """n_kv_heads * head_dim of an attention config (llama3 keeps them on qkv_linear)."""
-    for src in (getattr(attn, "qkv_linear", None), attn):
-        if src is None:
-            continue
-        heads = getattr(src, "n_kv_heads", None) or getattr(src, "n_heads", None)
-        head_dim = getattr(src, "head_dim", None)
-        if heads and head_dim:
-            return int(heads) * int(head_dim)
-    return dim  # MHA without an explicit head_dim: h_kv = h
+__all__ = ["DTYPES", "JobModel", "build_job_model", "compute_dtype", "fsdp_degree"]
 
 
 @dataclass
@@ -154,8 +119,8 @@ def build_job_model(config: Any, device: torch.device, max_len: int, world_size:
 
         install_dacp_attention([model], None, kernel=skrull.attention_kernel, exchange=skrull.kv_exchange)
 
-    attn = mc.first_attention
-    shape = ModelShape(len(model.layers), int(mc.dim), _kv_width(attn, int(mc.dim)), dtype.itemsize)
+    shape = spec_shape(mc, dtype)
+    assert shape.layers == len(model.layers)
     return JobModel(
         config=config,
         model=model,

@@ -262,8 +262,8 @@ def test_bad_kernel_names_the_choices():
     with pytest.raises(ValueError, match="got 'flex'"):
         DacpAttention(kernel="flex")
     with pytest.raises(ValueError, match=r"skrull.attention_kernel: 'flex' is not one of \['auto', 'dense'"):
-        SkrullConfig(cost_model="llama3-debug", attention_kernel="flex")
-    assert SkrullConfig(cost_model="llama3-debug").attention_kernel == "auto"
+        SkrullConfig(cost_model="h100-assumed", attention_kernel="flex")
+    assert SkrullConfig(cost_model="h100-assumed").attention_kernel == "auto"
     assert KERNEL_CHOICES == ("auto", "dense", "segments", "varlen")
 
 

@@ -91,3 +91,56 @@ def test_hf_path_relative_to_the_working_directory(tmp_path, qwen2_folder, monke
         hf_path = "{os.path.basename(qwen2_folder)}"
     """))
     assert config.checkpoint.initial_load_path == qwen2_folder
+
+
+@pytest.fixture(scope="module")
+def folder_with_tokenizer(tmp_path_factory, qwen2_folder) -> str:
+    """The Qwen2 folder plus a HF tokenizer (the shipped tiny BPE's files)."""
+    import shutil
+
+    from skrull_ext import assets
+
+    folder = tmp_path_factory.mktemp("tiny-qwen2-tok")
+    shutil.copy(os.path.join(qwen2_folder, "config.json"), folder)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(os.path.join(assets.tokenizer_path("tiny_bpe"), name), folder)
+    return str(folder)
+
+
+def test_hf_path_tokenizer_is_the_folders(tmp_path, folder_with_tokenizer):
+    from skrull_ext.tokenizer import LocalTokenizer
+
+    config = load_job(_job(tmp_path, f"""
+        [model]
+        hf_path = "{folder_with_tokenizer}"
+    """))
+    assert isinstance(config.tokenizer, LocalTokenizer.Config) and config.tokenizer.path == ""
+    tokenizer = config.tokenizer.build(tokenizer_path=config.hf_assets_path)
+    assert tokenizer.get_vocab_size() == 1024  # tiny_bpe's, read from the folder
+    assert tokenizer.decode(tokenizer.encode("hello world")).strip() == "hello world"
+
+
+def test_hf_path_job_tokenizer_section_wins(tmp_path, folder_with_tokenizer, qwen2_folder):
+    from skrull_ext.tokenizer import SyntheticTokenizer
+
+    config = load_job(_job(tmp_path, f"""
+        [model]
+        hf_path = "{folder_with_tokenizer}"
+
+        [tokenizer]
+        kind = "synthetic"
+        vocab_size = 512
+    """))
+    assert isinstance(config.tokenizer, SyntheticTokenizer.Config)
+    # A weights-only folder (no tokenizer.json) keeps the synthetic tokenizer.
+    bare = load_job(_job(tmp_path, f'[model]\nhf_path = "{qwen2_folder}"\n'))
+    assert isinstance(bare.tokenizer, SyntheticTokenizer.Config)
+
+
+def test_cli_model_hf_path_replaces_the_job_files_model(tmp_path, qwen2_folder):
+    from skrull_ext.job_file import JobConfigManager
+
+    debug = os.path.join(os.path.dirname(__file__), "..", "..", "skrull_ext", "jobs", "debug_cpu.toml")
+    config = JobConfigManager().parse_args(["--config-file", debug, "--model.hf_path", qwen2_folder])
+    assert (config.model_spec.name, len(config.model_spec.model.layers)) == ("qwen2_5", 3)
+    assert config.checkpoint.initial_load_path == qwen2_folder

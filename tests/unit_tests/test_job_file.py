@@ -62,7 +62,9 @@ def test_gpu_job_loads():
         ("[skrull]\nenable = true\n[dataloader]\nkind = 'packed'", r"skrull.enable needs \[dataloader\] kind = \"skrull\""),
         ("[skrull]\nbucket_size = -1", r"skrull.bucket_size must be in \[1, "),
         ("[skrull]\nbucket_size = 0", r"skrull.bucket_size = 0 takes BucketSize from a profile file"),
-        ("[skrull]\ncost_model = 'h200'", r"skrull.cost_model: 'h200' is neither a preset"),
+        ("[skrull]\ncost_model = 'h200'", r"skrull.cost_model: 'h200' is neither a hardware preset \['h100-assumed'\] nor a profile file"),
+        ("[skrull]\ncost_model = 'llama3-debug'",
+         r"skrull.cost_model: 'llama3-debug' is a model preset; the shape now comes from the job's \[model\]"),
         ("[dataloader]\nkind = 'hf'", r"dataloader.kind: 'hf' is not one of \['packed'"),
         ("[dataloader]\nglobal_batch_size = 0", r"dataloader.global_batch_size must be >= 1"),
         ("[job]\ndump_folder = 3", r"job.dump_folder: expected a string, got 3"),
@@ -132,8 +134,8 @@ def test_bucket_size_zero_takes_the_profiles_measured_value():
 def test_bucket_size_zero_needs_a_profile_with_memory(tmp_path):
     from skrull_ext.skrull_config import SkrullConfig
 
-    with pytest.raises(ValueError, match="the preset 'llama3-debug'"):
-        SkrullConfig(cost_model="llama3-debug", bucket_size=0)
+    with pytest.raises(ValueError, match="the hardware preset 'h100-assumed'"):
+        SkrullConfig(cost_model="h100-assumed", bucket_size=0)
     no_memory = tmp_path / "p.toml"
     with open(PROFILE) as f:
         no_memory.write_text("".join(line for line in f if "bucket_size" not in line))
@@ -150,7 +152,7 @@ def test_a_job_at_another_cp_than_its_profile_is_warned():
     cp2 = SkrullConfig(cost_model=PROFILE.replace("gloo2.toml", "gloo2-cp2.toml"), bucket_size=0)
     assert cp2.bucket_size == 2645 and cp2.profile_cp_warning(2) is None
     assert "for cp 2; this job runs cp 1" in cp2.profile_cp_warning(1)
-    assert SkrullConfig(cost_model="llama3-debug").profile_cp_warning(4) is None  # presets: no profile
+    assert SkrullConfig(cost_model="h100-assumed").profile_cp_warning(4) is None  # presets: no profile
 
 
 def test_skrull_section_and_scheduler_share_one_set_of_knobs():
@@ -158,16 +160,18 @@ def test_skrull_section_and_scheduler_share_one_set_of_knobs():
     same defaults; build(dp, cp) gives the job's Scheduler on its cost model."""
     from dataclasses import fields
 
+    from skrull_ext._core import ModelShape
     from skrull_ext.config import SchedulerConfig, SchedulingOptions
     from skrull_ext.skrull_config import SkrullConfig
 
     knobs = {f.name for f in fields(SchedulingOptions)}
-    section = SkrullConfig(cost_model="llama3-debug")
+    section = SkrullConfig(cost_model="h100-assumed")
     assert knobs <= {f.name for f in fields(SkrullConfig)} and knobs <= {f.name for f in fields(SchedulerConfig)}
     assert section.options() == SchedulerConfig().options()
-    sched = SkrullConfig(cost_model="llama3-debug", policy="worstfit", bucket_size=512).build(dp=2, cp=4)
+    shape = ModelShape(layers=6, hidden=256, kv_width=256, bytes_per_elem=4)
+    sched = SkrullConfig(cost_model="h100-assumed", policy="worstfit", bucket_size=512).build(2, 4, shape)
     assert (sched.config.dp, sched.config.cp, sched.config.policy, sched.config.bucket_size) == (2, 4, "worstfit", 512)
-    assert sched.cost_model.shape.hidden == 256  # the llama3-debug preset
+    assert sched.cost_model.shape.hidden == 256  # the shape given, priced on the assumed H100
 
 
 @pytest.mark.parametrize("enable", [True, False])
@@ -194,7 +198,8 @@ def test_cli_profile_reaches_the_scheduler():
     assert config.skrull.bucket_size == 3268
     from skrull_ext.profile_file import Profile
 
-    assert config.skrull.build(dp=1, cp=2).cost_model.a_us_per_flop == Profile.load(PROFILE).cost_model().a_us_per_flop
+    profile = Profile.load(PROFILE).cost_model()
+    assert config.skrull.build(dp=1, cp=2, shape=profile.shape).cost_model.a_us_per_flop == profile.a_us_per_flop
 
 
 def test_pool_policy_is_refused_for_training_until_the_trainer_runs_it():
@@ -202,4 +207,4 @@ def test_pool_policy_is_refused_for_training_until_the_trainer_runs_it():
 
     with pytest.raises(ValueError, match=r"skrull.policy: 'skrull-pool' plans the DP x CP world as one pool, which "
                                          r"the trainer cannot run yet .* one of \['skrull', 'skrull-fast'"):
-        SkrullConfig(cost_model="llama3-debug", policy="skrull-pool")
+        SkrullConfig(cost_model="h100-assumed", policy="skrull-pool")

@@ -16,7 +16,7 @@ LENGTHS = [300, 20, 40, 500, 60, 80, 10, 200]
 
 
 def _plan():
-    config = SkrullConfig(bucket_size=256, cost_model="llama3-debug").scheduler_config(dp=1, cp=2)
+    config = SkrullConfig(bucket_size=256, cost_model="h100-assumed").scheduler_config(dp=1, cp=2)
     return Scheduler(config, cost_model.preset("llama3-debug")).schedule(LENGTHS)
 
 

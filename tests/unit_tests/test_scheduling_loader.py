@@ -14,7 +14,7 @@ from skrull_ext.skrull_config import SkrullConfig
 
 
 def _loaders(dp: int, cp: int, bucket: int = 256, policy: str = "skrull"):
-    section = SkrullConfig(bucket_size=bucket, policy=policy, cost_model="llama3-debug")
+    section = SkrullConfig(bucket_size=bucket, policy=policy, cost_model="h100-assumed")
     config = SkrullDataLoader.Config(length_scale=32.0, max_len=512, global_batch_size=16, vocab_size=2048)
     grid = {}
     for d in range(dp):
@@ -79,7 +79,7 @@ def test_distributed_sequences_are_padded_in_the_agreed_way():
 
 def test_attach_checks_the_shape():
     loader = SkrullDataLoader.Config(vocab_size=2048).build(dp_world_size=2, dp_rank=0)
-    sched = Scheduler(SkrullConfig(cost_model="llama3-debug").scheduler_config(1, 2))
+    sched = Scheduler(SkrullConfig(cost_model="h100-assumed").scheduler_config(1, 2))
     with pytest.raises(ValueError, match="scheduler is for DP 1 x CP 2"):
         loader.attach(sched, 0, 2)
     with pytest.raises(RuntimeError, match="attach"):

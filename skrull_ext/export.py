@@ -1,0 +1,124 @@
+"""Turn a torchtitan DCP checkpoint into a HF model folder.
+
+    python -m skrull_ext.export CHECKPOINT_DIR OUT_DIR --config-file JOB.toml
+    python -m skrull_ext.export CHECKPOINT_DIR OUT_DIR --hf-path SRC [--dtype bfloat16]
+
+``CHECKPOINT_DIR`` is one step of a job's checkpoint folder
+(``<dump_folder>/checkpoint/step-N``, written mid-run by ``[checkpoint]
+interval``); the job file, or the HF folder the job started from, says which
+model it holds. ``OUT_DIR`` gets ``model.safetensors`` (HF key names and
+layouts, through the model spec's state-dict adapter), config.json and the
+tokenizer files (skrull_ext/hf/export.py), which is what
+``transformers.AutoModelForCausalLM.from_pretrained(OUT_DIR)`` loads. The
+final checkpoint of a job with ``[checkpoint] last_save_in_hf = true`` is
+such a folder already.
+
+Only the model's tensors are read (not the optimizer's), into plain CPU
+tensors: no process group and no model are built. Before anything is read,
+the checkpoint's index is compared with the model: a missing tensor or a
+shape that differs fails naming the checkpoint, the tensor and the model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import warnings
+
+import torch
+import torch.distributed.checkpoint as dcp
+from safetensors.torch import save_file
+from torch.distributed.checkpoint import FileSystemReader
+
+from skrull_ext.model_shape import DTYPES
+
+
+class ExportError(ValueError):
+    """The checkpoint is missing or does not hold the model named."""
+
+
+def _model_tensors(checkpoint_dir: str, spec) -> dict[str, torch.Tensor]:
+    """The model's tensors of a DCP checkpoint (torchtitan FQNs), checked first."""
+    if not os.path.isdir(checkpoint_dir):
+        raise ExportError(f"{checkpoint_dir}: no such checkpoint folder")
+    if not os.path.isfile(os.path.join(checkpoint_dir, ".metadata")):
+        hint = (" (it holds *.safetensors: already HF weights, saved by last_save_in_hf)"
+                if any(f.endswith(".safetensors") for f in os.listdir(checkpoint_dir)) else "")
+        raise ExportError(f"{os.path.join(checkpoint_dir, '.metadata')}: not found, so not a DCP checkpoint{hint}")
+    stored = FileSystemReader(checkpoint_dir).read_metadata().state_dict_metadata
+    with torch.device("meta"):
+        expected = spec.model.build().state_dict()
+    model = f"{spec.name}/{spec.flavor}"
+    tensors = {}
+    for name, meta_tensor in expected.items():
+        if name not in stored:
+            raise ExportError(f"{checkpoint_dir}: tensor {name!r} of {model} is not in the checkpoint")
+        info = stored[name]
+        shape = tuple(getattr(info, "size", ()))
+        if shape != tuple(meta_tensor.shape):
+            raise ExportError(
+                f"{checkpoint_dir}: tensor {name!r} has shape {list(shape)}, but {model} has "
+                f"{list(meta_tensor.shape)} (a checkpoint of another model?)"
+            )
+        tensors[name] = torch.empty(shape, dtype=info.properties.dtype)
+    load_single_process(tensors, checkpoint_dir)
+    return tensors
+
+
+def load_single_process(state_dict: dict, checkpoint_dir: str) -> None:
+    """``dcp.load`` in one process without a process group (its warning that it
+    assumes so is the intent here)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(state_dict, checkpoint_id=checkpoint_dir, no_dist=True)
+
+
+def export(checkpoint_dir: str, out_dir: str, config, dtype: str = "float32") -> str:
+    """Write the HF folder of ``checkpoint_dir`` (a step of ``config``'s job) to
+    ``out_dir``; returns ``out_dir``."""
+    from skrull_ext.hf.export import HFExport
+
+    spec = config.model_spec
+    state_dict = _model_tensors(checkpoint_dir, spec)
+    hf = spec.state_dict_adapter(spec.model, None).to_hf(state_dict)
+    os.makedirs(out_dir, exist_ok=True)
+    save_file({k: v.to(DTYPES[dtype]).contiguous() for k, v in hf.items()},
+              os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
+    HFExport.for_job(config).finish(out_dir, dtype)
+    return out_dir
+
+
+def job_config(config_file: str | None, hf_path: str | None):
+    """The job config that names the checkpoint's model."""
+    from skrull_ext.job_file import base_config, load_job
+
+    if config_file is not None:
+        return load_job(config_file)
+    from skrull_ext.hf.job import hf_job_defaults
+    from skrull_ext.models import build_model_spec
+
+    return hf_job_defaults(base_config(build_model_spec(hf_path=hf_path)), hf_path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m skrull_ext.export", description=__doc__.split("\n\n")[0])
+    ap.add_argument("checkpoint_dir", help="a DCP checkpoint step folder, e.g. outputs/job/checkpoint/step-500")
+    ap.add_argument("out_dir", help="the HF folder to write")
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--config-file", help="the job file that wrote the checkpoint")
+    src.add_argument("--hf-path", help="the HF folder the job started from ([model] hf_path)")
+    ap.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="dtype of the saved weights")
+    args = ap.parse_args(argv)
+    try:
+        config = job_config(args.config_file, args.hf_path)
+        out = export(args.checkpoint_dir, args.out_dir, config, args.dtype)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {out} (model.safetensors, config.json, tokenizer files)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

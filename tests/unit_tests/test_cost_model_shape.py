@@ -1,0 +1,54 @@
+"""The cost model prices the model that trains: its shape comes from the job
+([model] + dtype), ``[skrull] cost_model`` names only the hardware, and a
+measured profile of another shape stops the trainer before any model is built."""
+
+import os
+
+import pytest
+
+from skrull_ext._core import ModelShape
+from skrull_ext.job_file import JobConfigManager
+from skrull_ext.model_shape import job_shape
+from skrull_ext.trainer import SkrullTrainer
+
+REPO = os.path.join(os.path.dirname(__file__), "..", "..")
+DEBUG = os.path.join(REPO, "skrull_ext", "jobs", "debug_cpu.toml")
+GPU = os.path.join(REPO, "skrull_ext", "jobs", "qwen2_5_0_5b_gpu.toml")
+PROFILE = os.path.join(REPO, "profiles", "cpu-debug-gloo2.toml")  # measured on llama3/debugmodel, float32
+
+
+def _shape(s: ModelShape) -> tuple:
+    return (s.layers, s.hidden, s.kv_width, s.bytes_per_elem)
+
+
+def test_shape_follows_the_job_model_and_dtype():
+    debug = JobConfigManager().parse_args(["--config-file", DEBUG])
+    assert _shape(job_shape(debug, 2)) == (6, 256, 256, 4)  # llama3 debugmodel (MHA), float32
+    gpu = JobConfigManager().parse_args(["--config-file", GPU])
+    # Qwen2.5-0.5B: 24 layers, 896 wide, 2 KV heads x 64; FSDP over 8 ranks computes in bf16.
+    assert _shape(job_shape(gpu, 8)) == (24, 896, 128, 2)
+    scheduler = gpu.skrull.build(2, 4, job_shape(gpu, 8))
+    assert _shape(scheduler.cost_model.shape) == (24, 896, 128, 2)
+
+
+def test_a_profile_of_the_job_model_is_accepted():
+    config = JobConfigManager().parse_args(["--config-file", DEBUG, "--skrull.cost_model", PROFILE])
+    config.skrull.check_shape(job_shape(config, 2))
+
+
+def test_a_profile_of_another_model_fails_at_trainer_start_naming_both_shapes():
+    config = JobConfigManager().parse_args([
+        "--config-file", DEBUG, "--skrull.cost_model", PROFILE,
+        "--model.name", "qwen2_5", "--model.flavor", "debugmodel",
+    ])
+    with pytest.raises(ValueError, match=(
+        r"skrull.cost_model: .*cpu-debug-gloo2.toml: its \[model\] \{'layers': 6, 'hidden': 256, "
+        r"'kv_width': 256, 'bytes_per_elem': 4\} is not the shape of qwen2_5/debugmodel "
+        r"\{'layers': 4, 'hidden': 256, 'kv_width': 64, 'bytes_per_elem': 4\}"
+    )):
+        SkrullTrainer(config)
+
+
+def test_model_option_needs_a_job_file():
+    with pytest.raises(ValueError, match=r"--model.hf_path needs --config-file"):
+        JobConfigManager().parse_args(["--model.hf_path", "/x"])

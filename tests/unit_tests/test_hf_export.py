@@ -1,0 +1,69 @@
+"""config.json written from a model spec (jobs not started from a HF folder)
+and the export command's refusals (no GPU, no process group)."""
+
+import os
+
+import pytest
+
+from skrull_ext.export import main
+from skrull_ext.hf.config import hf_architecture, hf_config_json, hf_dims, spec_dims
+from skrull_ext.models import build_model_spec
+
+
+@pytest.mark.parametrize("name, flavor", [("llama3", "debugmodel"), ("qwen3", "0.6B"), ("qwen2_5", "0.5B")])
+def test_config_json_from_a_spec_gives_the_spec_back(name, flavor):
+    dims = spec_dims(build_model_spec(name, flavor).model)
+    cfg = hf_config_json(name, dims, "bfloat16")
+    arch_name, arch = hf_architecture(cfg)
+    assert arch.family == name and cfg["torch_dtype"] == "bfloat16"
+    assert hf_dims(cfg, arch) == dims
+
+
+def test_export_refuses_what_is_not_a_checkpoint_of_the_model(tmp_path, capsys):
+    import transformers
+
+    src = tmp_path / "src"
+    transformers.Qwen2Config(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                             num_attention_heads=4, num_key_value_heads=2).save_pretrained(src)
+    out = str(tmp_path / "out")
+    assert main([str(tmp_path / "nowhere"), out, "--hf-path", str(src)]) == 2
+    assert "nowhere: no such checkpoint folder" in capsys.readouterr().err
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "model.safetensors").write_bytes(b"")
+    assert main([str(tmp_path / "hf"), out, "--hf-path", str(src)]) == 2
+    assert "hf/.metadata: not found, so not a DCP checkpoint (it holds *.safetensors" in capsys.readouterr().err
+    assert main([str(tmp_path), out, "--hf-path", str(tmp_path / "nowhere")]) == 2
+    assert "nowhere/config.json: not found" in capsys.readouterr().err
+
+
+def test_export_refuses_a_checkpoint_of_another_model(tmp_path, capsys):
+    """A DCP checkpoint of a 2-layer model asked for as a 3-layer one, and
+    with a different width: each fails naming the tensor and the model."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    import transformers
+    import warnings
+
+    def folder(name, **kw):
+        path = tmp_path / name
+        transformers.Qwen2Config(vocab_size=256, intermediate_size=96, num_attention_heads=4,
+                                 num_key_value_heads=2, **kw).save_pretrained(path)
+        return str(path)
+
+    small = folder("small", hidden_size=64, num_hidden_layers=2)
+    spec = build_model_spec(hf_path=small)
+    with torch.device("meta"):
+        shapes = {k: v.shape for k, v in spec.model.build().state_dict().items()}
+    state = {k: torch.zeros(shape) for k, shape in shapes.items()}
+    ckpt = str(tmp_path / "step-1")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save(state, checkpoint_id=ckpt, no_dist=True)
+    out = str(tmp_path / "out")
+    assert main([ckpt, out, "--hf-path", folder("deeper", hidden_size=64, num_hidden_layers=3)]) == 2
+    assert "step-1: tensor 'layers.2.attention.qkv_linear.wq.weight' of qwen2_5/deeper is not in the checkpoint" \
+        in capsys.readouterr().err
+    assert main([ckpt, out, "--hf-path", folder("wider", hidden_size=128, num_hidden_layers=2)]) == 2
+    assert "step-1: tensor 'tok_embeddings.weight' has shape [256, 64], but qwen2_5/wider has [256, 128]" \
+        in capsys.readouterr().err
+    assert main([ckpt, out, "--hf-path", small]) == 0 and os.path.isfile(os.path.join(out, "config.json"))

@@ -1,0 +1,75 @@
+"""Every shipped job file is one the loader accepts (without building the model).
+
+The fine-tuning jobs name a placeholder HF folder (``/models/...``); as a user
+does on the command line, ``--model.hf_path`` substitutes a tiny HF folder of
+the same family (config.json and tokenizer files only: loading a job reads no
+weights).
+"""
+
+import glob
+import os
+import shutil
+import tomllib
+
+import pytest
+import transformers
+
+from skrull_ext import assets
+from skrull_ext.job_file import JobConfigManager
+from skrull_ext.model_shape import job_shape
+from skrull_ext.tokenizer import LocalTokenizer
+
+JOBS = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "..", "..", "skrull_ext", "jobs", "*.toml")))
+_DIMS = dict(vocab_size=2048, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32768)
+FAMILIES = {  # job file name prefix -> (HF config class, skrull family)
+    "llama3": (transformers.LlamaConfig, "llama3"),
+    "qwen2_5": (transformers.Qwen2Config, "qwen2_5"),
+    "qwen3": (transformers.Qwen3Config, "qwen3"),
+}
+
+
+@pytest.fixture(scope="session")
+def tiny_folders(tmp_path_factory) -> dict[str, str]:
+    folders = {}
+    for prefix, (config_cls, _) in FAMILIES.items():
+        folder = tmp_path_factory.mktemp(f"tiny-{prefix}")
+        config_cls(**_DIMS).save_pretrained(folder)
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(os.path.join(assets.tokenizer_path("tiny_bpe"), name), folder)
+        folders[prefix] = str(folder)
+    return folders
+
+
+def _hf_path(job: str) -> str | None:
+    with open(job, "rb") as f:
+        return tomllib.load(f).get("model", {}).get("hf_path")
+
+
+def test_every_family_has_a_fine_tuning_job():
+    names = [os.path.basename(j) for j in JOBS if _hf_path(j)]
+    assert {p for p in FAMILIES if any(n.startswith(p) for n in names)} == set(FAMILIES), names
+
+
+@pytest.mark.parametrize("job", JOBS, ids=os.path.basename)
+def test_shipped_job_loads(job, tiny_folders):
+    args = ["--config-file", job]
+    fine_tune = _hf_path(job) is not None
+    if fine_tune:
+        prefix = next(p for p in FAMILIES if os.path.basename(job).startswith(p))
+        args += ["--model.hf_path", tiny_folders[prefix]]
+    config = JobConfigManager().parse_args(args)
+    p = config.parallelism
+    world = max(p.data_parallel_shard_degree, 1) * p.context_parallel_degree
+    shape = job_shape(config, world)
+    assert shape.layers == len(config.model_spec.model.layers)
+    config.skrull.check_shape(shape)
+    if fine_tune:
+        assert config.model_spec.name == FAMILIES[prefix][1]
+        assert config.checkpoint.enable and config.checkpoint.initial_load_in_hf
+        assert config.checkpoint.initial_load_path == tiny_folders[prefix]
+        assert config.checkpoint.last_save_in_hf
+        assert isinstance(config.tokenizer, LocalTokenizer.Config)  # the folder's tokenizer
+        # The paper's large-model setting: DP 4 x CP 8 on 32 GPUs, bf16 compute.
+        assert (p.data_parallel_shard_degree, p.context_parallel_degree) == (4, 8)
+        assert shape.bytes_per_elem == 2
