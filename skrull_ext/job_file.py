@@ -216,6 +216,19 @@ def base_config(
     )
 
 
+def _resolve_profile_path(table: dict, job_path: str) -> None:
+    """A relative ``[skrull] cost_model`` profile path that does not exist from
+    the current directory is taken relative to the job file, so a shipped job
+    finds its profile (``../../profiles/...``) from any directory."""
+    skrull = table.get("skrull")
+    value = skrull.get("cost_model") if isinstance(skrull, dict) else None
+    if not isinstance(value, str) or not value.endswith(".toml") or os.path.isabs(value) or os.path.isfile(value):
+        return
+    beside = os.path.join(os.path.dirname(os.path.abspath(job_path)), value)
+    if os.path.isfile(beside):
+        skrull["cost_model"] = os.path.normpath(beside)
+
+
 def load_job(path: str, *, config_cls=None, ignore: tuple[str, ...] = ()):
     """Read a TOML job file into a ``config_cls`` instance (SkrullTrainer.Config
     by default), starting from ``base_config``. Sections named in ``ignore``
@@ -228,6 +241,7 @@ def load_job(path: str, *, config_cls=None, ignore: tuple[str, ...] = ()):
         raise JobFileError(f"{path}: not valid TOML: {e}") from e
     for name in ignore:
         table.pop(name, None)
+    _resolve_profile_path(table, path)
 
     model = table.pop("model", {})
     _check_keys(model, MODEL_KEYS, "model")
