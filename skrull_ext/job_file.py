@@ -239,6 +239,8 @@ def load_job(path: str, *, config_cls=None, ignore: tuple[str, ...] = ()):
             table = tomllib.load(f)
     except tomllib.TOMLDecodeError as e:
         raise JobFileError(f"{path}: not valid TOML: {e}") from e
+    except OSError as e:
+        raise JobFileError(f"--config-file {path}: {e.strerror}") from e
     for name in ignore:
         table.pop(name, None)
     _resolve_profile_path(table, path)

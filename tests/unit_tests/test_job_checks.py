@@ -60,6 +60,11 @@ def test_bad_value_fails_at_config_time_naming_the_key(job, flags, world, messag
     assert message in text and "\n" not in text
 
 
+def test_a_missing_job_file_is_named():
+    with pytest.raises(JobFileError, match="--config-file /nonexistent.toml: No such file or directory"):
+        load_config(["--config-file", "/nonexistent.toml"])
+
+
 def test_the_shipped_jobs_pass():
     for job in (DEBUG, TEXT):
         check_job(load_job(job), world_size=1, on_cpu=True)
