@@ -14,7 +14,11 @@ CLI flags are applied afterwards by ``JobConfigManager`` (tyro), so they
 override the file.
 """
 
+import contextlib
 import dataclasses
+import difflib
+import io
+import os
 import sys
 import tomllib
 import types
@@ -32,6 +36,8 @@ from torchtitan.protocols.model_spec import ModelSpec
 from torchtitan.trainer import Trainer
 
 from skrull_ext import compat
+from skrull_ext.errors import JobFileError
+from skrull_ext.job_checks import check_job
 from skrull_ext.datasets.packed import PackedDataLoader
 from skrull_ext.datasets.scheduling import SkrullDataLoader
 from skrull_ext.hf.job import hf_job_defaults
@@ -51,10 +57,6 @@ SECTION_KINDS: dict[str, dict[str, Any]] = {
 """Per section, the classes a ``kind`` key may select (None disables it)."""
 
 MODEL_KEYS = ("name", "flavor", "attn_backend", "hf_path")
-
-
-class JobFileError(ValueError):
-    """A job file (or a value in it) is invalid; the message names the key."""
 
 
 def register_kind(section: str, kind: str, config_cls: Any) -> None:
@@ -214,6 +216,19 @@ def base_config(
     )
 
 
+def _resolve_profile_path(table: dict, job_path: str) -> None:
+    """A relative ``[skrull] cost_model`` profile path that does not exist from
+    the current directory is taken relative to the job file, so a shipped job
+    finds its profile (``../../profiles/...``) from any directory."""
+    skrull = table.get("skrull")
+    value = skrull.get("cost_model") if isinstance(skrull, dict) else None
+    if not isinstance(value, str) or not value.endswith(".toml") or os.path.isabs(value) or os.path.isfile(value):
+        return
+    beside = os.path.join(os.path.dirname(os.path.abspath(job_path)), value)
+    if os.path.isfile(beside):
+        skrull["cost_model"] = os.path.normpath(beside)
+
+
 def load_job(path: str, *, config_cls=None, ignore: tuple[str, ...] = (),
              model_overrides: dict | None = None):
     """Read a TOML job file into a ``config_cls`` instance (SkrullTrainer.Config
@@ -226,8 +241,11 @@ def load_job(path: str, *, config_cls=None, ignore: tuple[str, ...] = (),
             table = tomllib.load(f)
     except tomllib.TOMLDecodeError as e:
         raise JobFileError(f"{path}: not valid TOML: {e}") from e
+    except OSError as e:
+        raise JobFileError(f"--config-file {path}: {e.strerror}") from e
     for name in ignore:
         table.pop(name, None)
+    _resolve_profile_path(table, path)
 
     model = table.pop("model", {})
     if model_overrides:
@@ -274,6 +292,27 @@ def load_job(path: str, *, config_cls=None, ignore: tuple[str, ...] = (),
     return _validated(lambda: dataclasses.replace(config, **updates), "job")
 
 
+def _check_flags(config: Any, args: list[str]) -> None:
+    """Every ``--a.b.c`` flag names a field of ``config`` (tyro's own message for
+    an unknown flag is about dict types, not the flag)."""
+    for arg in args:
+        if not arg.startswith("--") or arg == "--help":
+            continue
+        parts = arg[2:].split("=", 1)[0].replace("-", "_").split(".")
+        obj, where = config, ""
+        for i, part in enumerate(parts):
+            if not dataclasses.is_dataclass(obj):
+                break  # a dict or a kind chosen at parse time: tyro checks it
+            names = {f.name for f in dataclasses.fields(obj) if f.init}
+            last = i == len(parts) - 1
+            if part not in names and not (last and part.startswith("no_") and part[3:] in names):
+                section = f"[{where}]" if where else "the top level"
+                near = difflib.get_close_matches(part, names, n=1)
+                hint = f"; did you mean {near[0]!r}?" if near else ""
+                raise JobFileError(f"unknown flag {arg.split('=', 1)[0]}: {section} has no key {part!r}{hint}")
+            obj, where = getattr(obj, part, None), ".".join(parts[: i + 1])
+
+
 class JobConfigManager(ConfigManager):
     """torchtitan's ConfigManager plus ``--config-file JOB.toml``.
 
@@ -306,22 +345,90 @@ class JobConfigManager(ConfigManager):
             if model:
                 raise ValueError(f"--model.{next(iter(model))} needs --config-file (it sets the job file's [model])")
             return super()._load_config(args)
-        return load_job(path, model_overrides=model), rest
+        config = load_job(path, model_overrides=model)
+        _check_flags(config, rest)
+        return config, rest
 
     def parse_args(self, args: list[str] | None = None):
         return super().parse_args(sys.argv[1:] if args is None else args)
 
 
-def load_config(argv: list[str] | None = None):
+USAGE = """\
+usage: python -m {module} --config-file JOB.toml [--SECTION.KEY VALUE ...] [--traceback]
+       torchrun --nproc_per_node N -m {module} --config-file JOB.toml [...]
+
+JOB.toml describes the model, data, parallelism and [skrull] scheduling
+(README.md, "Job files"). Shipped jobs: skrull_ext/jobs/debug_cpu.toml (tiny
+llama3 on CPU, synthetic data), debug_cpu_text.toml (the same on a shipped
+JSONL file), qwen2_5_0_5b_gpu.toml (8 GPUs).
+
+  --config-file JOB.toml    the job (required)
+  --SECTION.KEY VALUE       override one key of the job file, e.g. --training.steps 3
+  --config-file JOB.toml --help
+                            every key with its default and help
+  --module M --config NAME  a torchtitan config-registry function instead of a job file
+  --traceback               on a config error, the full traceback too (or SKRULL_TRACEBACK=1)
+"""
+
+
+def _rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+def _unbox(text: str) -> str:
+    """The words of tyro's error box, without its frame and its pointer to --help."""
+    keep = []
+    for line in text.splitlines():
+        line = line.strip().strip("\u2502\u256d\u256e\u2570\u256f\u2500 ").strip()
+        if line and not line.startswith(("For full helptext", "Value error", "Parsing error")) \
+                and not line.endswith("--help"):
+            keep.append(line)
+    return " ".join(" ".join(keep).split()) or "invalid arguments"
+
+
+def _has_job(argv: list[str]) -> bool:
+    return any(a == "--module" or a.startswith(("--module=", "--config-file", "--config_file")) for a in argv)
+
+
+def load_config(argv: list[str] | None = None, *, module: str = "skrull_ext.train",
+                world_size: int | None = None):
     """The job config of a command line, for every skrull-ext entry point
     (training, profiler, checks). Order matters: the process-wide CPU fixes
     come before parsing (torchtitan binds its device when its modules are
-    first used), the config's own fixes after it."""
+    first used), the config's own fixes after it. The whole config is then
+    checked against this launch (``job_checks.check_job``; ``world_size``
+    overrides ``WORLD_SIZE``, e.g. for a profile of a larger job).
+
+    Without a job (no ``--config-file``/``--module``) it prints the usage and
+    exits (0 for ``--help``, else 2). Raises ``JobFileError`` for a bad key or
+    value, whether from the file or a flag; only rank 0 prints tyro's errors.
+    """
+    argv = sys.argv[1:] if argv is None else argv
+    if not _has_job(argv):
+        asked = any(a in ("-h", "--help") for a in argv)
+        if _rank() == 0:
+            print(USAGE.format(module=module), file=sys.stdout if asked else sys.stderr, end="")
+        raise SystemExit(0 if asked else 2)
     compat.apply()
-    config = JobConfigManager().parse_args(argv)
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(captured):
+            config = JobConfigManager().parse_args(argv)
+    except JobFileError:
+        raise
+    except (ValueError, TypeError) as e:  # a __post_init__ check reached through a flag
+        raise JobFileError(str(e)) from e
+    except SystemExit as e:  # tyro refused a flag: its boxed message, as one line
+        if e.code in (0, None):
+            raise
+        raise JobFileError(f"command line: {_unbox(captured.getvalue())}") from None
+    finally:
+        if _rank() == 0 and not isinstance(sys.exc_info()[1], JobFileError):
+            sys.stderr.write(captured.getvalue())
     compat.apply(config)
+    check_job(config, world_size)
     return config
 
 
-__all__ = ["JobConfigManager", "JobFileError", "base_config", "custom_registry", "load_config", "load_job",
+__all__ = ["USAGE", "JobConfigManager", "JobFileError", "base_config", "custom_registry", "load_config", "load_job",
            "register_kind"]

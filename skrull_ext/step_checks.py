@@ -8,6 +8,8 @@ on every rank, the full plan digest within each DP rank's CP group.
 """
 
 import hashlib
+import math
+import statistics
 import struct
 
 import torch.distributed as dist
@@ -48,9 +50,9 @@ def step_metrics(step, attention_modules, measured_us: float) -> dict[str, float
     sequences and tokens, roll-backs, refine moves, CP-SAT uses, over-length
     counts, predicted time, per-rank token and FLOP imbalance (max / mean over
     all DP x CP ranks). From this rank: scheduling wall time, measured fwd+bwd
-    time of the micro-batches and its ratio to the prediction (the cost
-    model's presets assume an H100: on CPU the ratio is large, its trend is
-    what to read), and the DACP attention counters summed over layers.
+    time of the micro-batches and its ratio to the prediction (1.0 when the
+    cost model describes this machine: a profile measured here, not a preset
+    assuming another device), and the DACP attention counters summed over layers.
     """
     stats = DacpStats()
     for m in attention_modules:
@@ -68,13 +70,45 @@ def step_metrics(step, attention_modules, measured_us: float) -> dict[str, float
     return out
 
 
+class RatioSpread:
+    """The measured/predicted ratios of the steps logged so far: median and
+    10th-90th percentile (``skrull/measured_over_predicted_{median,p10,p90}``),
+    so one noisy step is read against the run's spread."""
+
+    def __init__(self) -> None:
+        self.ratios: list[float] = []
+
+    def add(self, metrics: dict[str, float]) -> None:
+        r = metrics["skrull/measured_over_predicted"]
+        if math.isfinite(r):
+            self.ratios.append(r)
+        metrics.update({f"skrull/measured_over_predicted_{k}": v for k, v in self.summary().items()})
+
+    def summary(self) -> dict[str, float]:
+        if not self.ratios:
+            return {"median": math.nan, "p10": math.nan, "p90": math.nan, "steps": 0.0}
+        r = sorted(self.ratios)
+        q = (lambda f: r[min(len(r) - 1, int(f * len(r)))])  # noqa: E731
+        return {"median": statistics.median(r), "p10": q(0.1), "p90": q(0.9), "steps": float(len(r))}
+
+    def line(self) -> str:
+        s = self.summary()
+        if not s["steps"]:
+            return "no step measured"
+        return f"median x{s['median']:.2f}, p10-p90 x{s['p10']:.2f}-{s['p90']:.2f} over {s['steps']:.0f} steps"
+
+
 def step_log_line(step: int, m: dict[str, float]) -> str:
     """The one console line Skrull adds per logged step."""
     return (
         f"skrull step {step}: {m['skrull/micro_batches']:.0f} micro-batches, local "
         f"{100 * m['skrull/local_seq_share']:.0f}% of seqs / {100 * m['skrull/local_token_share']:.0f}% of tokens, "
         f"predicted {m['skrull/predicted_us'] / 1e3:.2f} ms, measured {m['skrull/measured_us'] / 1e3:.1f} ms "
-        f"(x{m['skrull/measured_over_predicted']:.1f}), scheduling {m['skrull/schedule_wall_us']:.0f} us, "
+        f"(x{m['skrull/measured_over_predicted']:.2f}"
+        + (f"; median x{m['skrull/measured_over_predicted_median']:.2f}, p10-p90 "
+           f"x{m['skrull/measured_over_predicted_p10']:.2f}-{m['skrull/measured_over_predicted_p90']:.2f}"
+           if m.get("skrull/measured_over_predicted_steps", 0) > 1 else "")
+        + f"), scheduling {m['skrull/schedule_wall_us']:.0f} us, "
         f"roll-backs {m['skrull/rollbacks']:.0f}, refine moves {m['skrull/refine_moves']:.0f}, "
         f"CP-SAT {m['skrull/cpsat_used']:.0f}, imbalance tokens {m['skrull/rank_token_imbalance']:.2f} "
         f"FLOPs {m['skrull/rank_flop_imbalance']:.2f}"

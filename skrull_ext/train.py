@@ -7,7 +7,8 @@
 
 CLI flags (torchtitan's ``--section.field value``, plus ``--skrull.*``)
 override the job file. ``--module/--config`` work as in torchtitan.train.
-This mirrors torchtitan/train.py's main(); only the config manager differs.
+This mirrors torchtitan/train.py's main(); only the config manager differs,
+and a config or data error is one line from rank 0 (``cli_errors``).
 """
 
 import os
@@ -16,6 +17,7 @@ import sys
 import torch
 from torchtitan.tools.logging import init_logger, logger
 
+from skrull_ext.cli_errors import run_cli
 from skrull_ext.job_file import load_config
 
 
@@ -46,4 +48,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

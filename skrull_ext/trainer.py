@@ -43,7 +43,7 @@ from skrull_ext.lora.train import save_lora_outputs
 from skrull_ext.model_shape import job_shape
 from skrull_ext.plan_log import PlanLog
 from skrull_ext.skrull_config import SkrullConfig
-from skrull_ext.step_checks import check_plan_digests, step_log_line, step_metrics
+from skrull_ext.step_checks import check_plan_digests, RatioSpread, step_log_line, step_metrics
 
 
 def resolve_device_defaults(config) -> None:
@@ -101,6 +101,7 @@ class SkrullTrainer(Trainer):
         if ckpt.enable and ckpt.initial_load_in_hf and ckpt.initial_load_path:
             check_hf_folder(ckpt.initial_load_path, config.model_spec)  # a bad folder fails before any model
         self.hf_export = HFExport.of_job(config)  # before the trainer shrinks the RoPE cache
+        self.ratio_spread = RatioSpread()
         super().__init__(config)
         vocab, model_vocab = self.tokenizer.get_vocab_size(), decoder_vocab_size(config.model_spec)
         if vocab > model_vocab:
@@ -240,6 +241,9 @@ class SkrullTrainer(Trainer):
     def close(self) -> None:
         if self.plan_log is not None:
             self.plan_log.close()
+        if self.config.skrull.enable and self.ratio_spread.ratios:
+            logger.info(f"Skrull: measured / predicted micro-batch time: {self.ratio_spread.line()} "
+                        f"(cost model {self.config.skrull.cost_model})")
         super().close()
 
     def _log_step(self, step, accumulated, global_valid_tokens, grad_norm, lr_metrics, measured_us) -> None:
@@ -259,6 +263,7 @@ class SkrullTrainer(Trainer):
         if not math.isfinite(global_avg):
             raise RuntimeError(f"Loss is not finite ({global_avg}) at step {self.step}")
         skrull = step_metrics(step, self.dacp_attention, measured_us)
+        self.ratio_spread.add(skrull)
         extra = {"n_tokens_seen": ntokens_seen, **lr_metrics, **skrull}
         self.metrics_processor.log(
             self.step, global_avg, global_max, float(grad_norm.item()), extra_metrics=extra

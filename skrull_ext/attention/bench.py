@@ -157,18 +157,18 @@ def add_micro_batch_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sequences", type=int, default=16, help="sequences in the micro-batch")
     p.add_argument("--lengths", type=int, nargs="*", help="explicit lengths instead of random")
     p.add_argument("--local-max", type=int, default=1024, help="longest sequence kept local")
-    p.add_argument("--heads", type=int, default=8)
-    p.add_argument("--kv-heads", type=int, default=2)
-    p.add_argument("--head-dim", type=int, default=64)
-    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--heads", type=int, default=8, help="query heads")
+    p.add_argument("--kv-heads", type=int, default=2, help="key/value heads (GQA; divides --heads)")
+    p.add_argument("--head-dim", type=int, default=64, help="dimension per head")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps first")
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank (CPU)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the random lengths and tensors")
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_micro_batch_args(p)
-    p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--repeats", type=int, default=10, help="timed steps")
     args = p.parse_args()
     lengths = args.lengths or long_tail_lengths(args.sequences, args.seed)
     with tempfile.TemporaryDirectory() as tmp:

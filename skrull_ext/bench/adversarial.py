@@ -1,4 +1,4 @@
-"""Worst-case scheduler time on adversarial global batches (issue 7).
+"""Worst-case scheduler time on adversarial global batches.
 
     python -m skrull_ext.bench adversarial                       # 1K, 10K, 50K sequences
     python -m skrull_ext.bench adversarial --sizes 1000 100000 --json out/adversarial.json
@@ -103,11 +103,12 @@ def table(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m skrull_ext.bench adversarial", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m skrull_ext.bench adversarial", description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--sizes", type=int, nargs="+", default=[1000, 10000, 50000], help="sequences per global batch")
     ap.add_argument("--reps", type=int, default=3, help="calls per case; the slowest is reported")
-    ap.add_argument("--policies", nargs="+", default=sorted(POLICIES), choices=sorted(POLICIES))
-    ap.add_argument("--model", default="qwen2.5-0.5b")
+    ap.add_argument("--policies", nargs="+", default=sorted(POLICIES), choices=sorted(POLICIES),
+                    help="scheduling policies to time")
+    ap.add_argument("--model", default="qwen2.5-0.5b", help="cost-model preset")
     ap.add_argument("--json", help="also write the rows here")
     args = ap.parse_args(argv)
     rows = run(args.sizes, args.reps, args.policies, args.model)

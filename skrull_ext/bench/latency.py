@@ -161,19 +161,23 @@ def render(results: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m skrull_ext.bench latency", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--dataset", default="mix_sharegpt_conv95+longbench_en5", choices=lengths.names())
-    ap.add_argument("--model", default="qwen2.5-0.5b", choices=sorted(cost_models.MODEL_PRESETS))
+    ap = argparse.ArgumentParser(prog="python -m skrull_ext.bench latency", description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--dataset", default="mix_sharegpt_conv95+longbench_en5", choices=lengths.names(),
+                    help="shipped length distribution the global batches are drawn from")
+    ap.add_argument("--model", default="qwen2.5-0.5b", choices=sorted(cost_models.MODEL_PRESETS),
+                    help="cost-model preset")
     ap.add_argument("--profile", help="a profile TOML from python -m skrull_ext.profile (overrides --model)")
-    ap.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
-    ap.add_argument("--policies", nargs="+", default=["skrull", "skrull-paper"], choices=sorted(POLICIES))
+    ap.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS),
+                    help="job shapes (DP x CP, batch) to time")
+    ap.add_argument("--policies", nargs="+", default=["skrull", "skrull-paper"], choices=sorted(POLICIES),
+                    help="scheduling policies to time")
     ap.add_argument("--reps", type=int, default=200, help="global batches timed per setting and policy")
     ap.add_argument("--python-reps", type=int, default=30, help="batches for the Python reference (a tenth at 'large')")
     ap.add_argument("--facade-reps", type=int, default=10, help="batches through the full Scheduler (CP-SAT fallback on)")
-    ap.add_argument("--cpsat-batches", type=int, default=2)
+    ap.add_argument("--cpsat-batches", type=int, default=2, help="global batches timed with CP-SAT on every micro-batch")
     ap.add_argument("--cpsat-max-mb", type=int, default=16, help="micro-batches solved per batch")
     ap.add_argument("--cpsat-time", type=float, default=0.2, help="deterministic seconds per micro-batch")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="seed of the sampled global batches")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args(argv)
     if args.reps < 1:

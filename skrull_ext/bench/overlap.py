@@ -50,15 +50,15 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m skrull_ext.bench overlap", description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=Path, default=Path("outputs/overlap"))
+    p = argparse.ArgumentParser(prog="python -m skrull_ext.bench overlap", description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--out", type=Path, default=Path("outputs/overlap"), help="output folder (traces, report)")
     add_micro_batch_args(p)
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the CP group runs")
     p.add_argument("--exchange", default="all_gather", choices=("auto", *TRANSPORTS),
                    help="how K/V travel (p2p: gloo cannot send CUDA tensors)")
     p.add_argument("--kernel", default="auto", choices=KERNEL_CHOICES, help="inner attention kernel")
     p.add_argument("--dtype", choices=sorted(DTYPES), help="default: float32 on CPU, bfloat16 on CUDA")
-    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--layers", type=int, default=4, help="attention layers chained per step")
     p.add_argument("--steps", type=int, default=3, help="profiled steps (forward + backward)")
     a = p.parse_args(argv)
     if a.device == "cuda" and not torch.cuda.is_available():

@@ -37,7 +37,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--suite", choices=sorted(scenarios.SUITES), default="all",
                    help="dataset set: the paper's Table 1 distributions, the real files, or both (default all)")
     p.add_argument("--datasets", type=_csv, help="comma list overriding --suite (see skrull_ext.sim.datasets)")
-    p.add_argument("--models", type=_csv, default=list(scenarios.MODELS), help="comma list of model presets")
+    p.add_argument("--models", type=_csv, default=list(scenarios.MODELS), help="comma list of model presets (default: %(default)s)")
     p.add_argument("--dp", type=int, help="DP ranks (default: the paper's setting per cell)")
     p.add_argument("--cp", type=int, help="CP ranks per group (default: the paper's setting per cell)")
     p.add_argument("--batch-size", type=int, help="sequences per DP rank per step (default: paper's)")

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from skrull_ext.datasets.synthetic import IGNORE_INDEX, Sample
+from skrull_ext.errors import DataError
 
 ROLES = ("system", "user", "assistant")
 
@@ -87,24 +88,36 @@ class JsonlSequences:
         self.path, self.seed = path, seed
         self.ids: list[np.ndarray] = []
         self.mask: list[np.ndarray] = []
-        with open(path, encoding="utf-8") as f:
-            for line_no, line in enumerate(f, 1):
+        try:
+            f = open(path, "rb")
+        except OSError as e:
+            raise DataError(f"{path}: cannot read the JSONL file: {e.strerror}") from e
+        with f:
+            for line_no, raw in enumerate(f, 1):
+                where = f"{path}:{line_no}"
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise DataError(f"{where}: not UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1}); "
+                                    "JSONL files must be UTF-8") from e
                 if not line.strip():
                     continue
-                where = f"{path}:{line_no}"
                 try:
                     record = json.loads(line)
                 except json.JSONDecodeError as e:
-                    raise ValueError(f"{where}: not valid JSON: {e}") from e
-                ids, mask = tokenize_record(record, tokenizer, text_field, template, where)
+                    raise DataError(f"{where}: not valid JSON: {e}") from e
+                try:
+                    ids, mask = tokenize_record(record, tokenizer, text_field, template, where)
+                except ValueError as e:
+                    raise DataError(str(e)) from e
                 if len(ids) < min_len:
-                    raise ValueError(f"{where}: {len(ids)} tokens, fewer than min_len {min_len}")
+                    raise DataError(f"{where}: {len(ids)} tokens, fewer than dataloader.min_len {min_len}")
                 if max_len is not None:
                     ids, mask = ids[:max_len], mask[:max_len]
                 self.ids.append(np.asarray(ids, dtype=np.int64))
                 self.mask.append(np.asarray(mask, dtype=bool))
         if not self.ids:
-            raise ValueError(f"{path}: no records")
+            raise DataError(f"{path}: no records")
         self._lengths = np.asarray([len(x) for x in self.ids], dtype=np.int64)
         self._perm: tuple[int, np.ndarray] | None = None  # the last epoch's permutation
 

@@ -6,9 +6,8 @@
 
 """``python -m skrull_ext.profile``: see cli.py."""
 
-import sys
-
+from skrull_ext.cli_errors import run_cli
 from skrull_ext.profile.cli import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_cli(main)

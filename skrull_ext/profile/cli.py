@@ -17,8 +17,10 @@ measures (so compute is timed under the same contention as training) and
 the collectives are timed too (gloo on CPU, NCCL on CUDA). Rank 0 writes the
 profile and a PNG beside it. Flags this parser does not know are the job's
 (``--parallelism.data_parallel_shard_degree 8``), as in ``skrull_ext.train``.
-Exits 1 when a held-out length misses by more than ``--max-held-out-error``
-or the BucketSize check fails (the file is still written, to look at).
+Exits 1, naming the fit and its bound, when a held-out length misses by more
+than ``--max-held-out-error``, a packed (multi-document) buffer by more than
+``--max-packed-error``, or the BucketSize check fails (the file is still
+written, to look at); 2 on a bad option or job file.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-__all__ = ["main"]
+__all__ = ["failures", "main"]
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -43,36 +45,45 @@ def _parser() -> argparse.ArgumentParser:
     d = ProfileOptions()
     p = argparse.ArgumentParser(prog="python -m skrull_ext.profile", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config-file", required=True, help="the job file (JOB.toml) whose model is profiled")
+    p.add_argument("--config-file", required=True, help="the job file (JOB.toml) whose model, dtype and parallelism are profiled")
     p.add_argument("--out", default="profile.toml", help="profile file to write (default: %(default)s)")
     p.add_argument("--plot", default=None, help="PNG of points vs fits (default: --out with .png)")
-    p.add_argument("--no-plot", action="store_true", help="write no PNG")
+    p.add_argument("--no-plot", action="store_true", help="write no PNG (default: write one)")
     ints = lambda s: parse_ints(s)  # noqa: E731
     p.add_argument("--lengths", type=ints, default=d.lengths,
                    help="compute ladder, e.g. 128,256,512 or 128:4096 (default: up to 2x the job's longest sequence)")
-    p.add_argument("--held-out", type=ints, default=d.held_out, help="lengths timed but not fitted (default: derived)")
+    p.add_argument("--held-out", type=ints, default=d.held_out,
+                   help="lengths timed but not fitted, to test the fit (default: between the ladder's points)")
     p.add_argument("--packed", type=lambda s: tuple(parse_ints(b.replace("+", ",")) for b in s.split(";") if b),
-                   default=d.packed, help="multi-document buffers, e.g. '256+256;512+128' ('' for none)")
-    p.add_argument("--warmup", type=int, default=d.warmup)
-    p.add_argument("--repeats", type=int, default=d.repeats)
-    p.add_argument("--layers", type=int, default=d.layers, help="blocks timed per pass (0: all)")
+                   default=d.packed, help="multi-document buffers timed against the summed per-document prediction, "
+                   "e.g. '256+256;512+128' ('' for none; default: two derived from the job)")
+    p.add_argument("--warmup", type=int, default=d.warmup, help="untimed rounds over all compute buffers (default: %(default)s)")
+    p.add_argument("--repeats", type=int, default=d.repeats,
+                   help="timed rounds; the median per buffer is kept (default: %(default)s)")
+    p.add_argument("--layers", type=int, default=d.layers, help="blocks timed per pass (0: all; default: %(default)s)")
     p.add_argument("--clock", default=d.clock, choices=("auto", "wall", "cpu"),
-                   help="compute clock (auto: process CPU time for single-threaded CPU runs, else wall)")
+                   help="compute clock (auto: process CPU time for single-threaded CPU runs, else wall; default: %(default)s)")
     p.add_argument("--memory-lengths", type=ints, default=d.memory_lengths,
                    help="memory ladder (default: up to 4x the job's longest sequence)")
     p.add_argument("--memory-limit", type=parse_bytes, default=d.memory_limit,
                    help="bytes one rank may use, e.g. 1GiB (default: device total)")
-    p.add_argument("--margin", type=float, default=d.margin)
+    p.add_argument("--margin", type=float, default=d.margin,
+                   help="least safety margin on BucketSize, a fraction; raised on CPU to cover the measured "
+                        "backward transient (default: %(default)s)")
     p.add_argument("--world-size", type=int, default=d.world_size,
-                   help="ranks of the job the profile is for (FSDP degree); default: this launch's")
-    p.add_argument("--comm-sizes", type=ints, default=d.comm_sizes, help="message bytes, e.g. 4KiB:16MiB")
-    p.add_argument("--comm-repeats", type=int, default=d.comm_repeats)
+                   help="ranks of the job the profile is for (FSDP degree; default: this launch's)")
+    p.add_argument("--comm-sizes", type=ints, default=d.comm_sizes, help="message bytes, e.g. 4KiB:16MiB (default: 4KiB:16MiB)")
+    p.add_argument("--comm-repeats", type=int, default=d.comm_repeats,
+                   help="timed rounds of the collectives (default: %(default)s)")
     p.add_argument("--comm-from", default="h100-assumed",
                    help="hardware preset for [comm] when one process measures none (default: %(default)s)")
-    p.add_argument("--threads", type=int, default=d.threads, help="torch threads per rank (0: torch's default)")
-    p.add_argument("--no-check", action="store_true", help="skip the BucketSize memory check")
-    p.add_argument("--max-held-out-error", type=float, default=0.15)
-    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--threads", type=int, default=d.threads, help="torch threads per rank (0: torch's default; default: %(default)s)")
+    p.add_argument("--no-check", action="store_true", help="skip the BucketSize memory check (default: run it)")
+    p.add_argument("--max-held-out-error", type=float, default=0.15,
+                   help="fail (exit 1) when a held-out length misses by more than this fraction (default: %(default)s)")
+    p.add_argument("--max-packed-error", type=float, default=0.15,
+                   help="fail (exit 1) when a packed buffer misses by more than this fraction (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=d.seed, help="seed of the random tokens and check buffer (default: %(default)s)")
     return p
 
 
@@ -96,6 +107,21 @@ def _device_name(device: torch.device, world: int) -> str:
     except (OSError, StopIteration):
         pass
     return f"cpu: {cpu}, {os.cpu_count()} cores, {torch.get_num_threads()} torch thread(s) x {world} process(es)"
+
+
+def failures(compute, check, max_held_out: float, max_packed: float) -> list[str]:
+    """Why the profile cannot be trusted, one line per missed bound (empty: it can)."""
+    out = []
+    if compute.held_out_max_rel_error > max_held_out:
+        out.append(f"compute fit: a held-out length misses by {compute.held_out_max_rel_error:.1%}, "
+                   f"more than --max-held-out-error {max_held_out:.0%}")
+    if compute.packed_max_rel_error > max_packed:
+        out.append(f"compute fit: a packed buffer misses by {compute.packed_max_rel_error:.1%}, more than "
+                   f"--max-packed-error {max_packed:.0%} (the scheduler predicts a micro-batch as the sum of "
+                   "its documents)")
+    if check is not None and not check.ok:
+        out.append("BucketSize check: a buffer of BucketSize tokens used more memory than the budget")
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -123,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
         comm_sizes=args.comm_sizes, comm_repeats=args.comm_repeats, threads=args.threads,
         check=not args.no_check, seed=args.seed,
     )
-    config = load_config(["--config-file", args.config_file, *job_args])
+    config = load_config(["--config-file", args.config_file, *job_args], module="skrull_ext.profile",
+                         world_size=opts.world_size or None)
     longest = getattr(config.dataloader, "max_len", None) or config.training.seq_len
     opts = opts.for_job(longest, config.model_spec.model.max_seq_len)
 
@@ -175,11 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         if comm is None:
             meta["comm_note"] = f"not measured (one process): [comm] is preset {args.comm_from!r}"
         prof = Profile(jm, compute, memory, comm, args.comm_from, check, meta)
-        failed = []
-        if compute.held_out_max_rel_error > args.max_held_out_error:
-            failed.append(f"held-out error {compute.held_out_max_rel_error:.1%} > {args.max_held_out_error:.0%}")
-        if check is not None and not check.ok:
-            failed.append("BucketSize check")
+        failed = failures(compute, check, args.max_held_out_error, args.max_packed_error)
         if is_main():
             d = write(prof, args.out)
             print(report(prof))
@@ -189,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
                 plot(d, png)
                 print(f"wrote {png}")
             for f in failed:
-                print(f"FAILED: {f}")
+                print(f"FAILED: {f}", file=sys.stderr)
         return 1 if failed else 0
     finally:
         bar.close()

@@ -68,6 +68,11 @@ class ComputeResult:
     def held_out_max_rel_error(self) -> float:
         return max((abs(self.rel_error(t)) for t in self.held_out), default=0.0)
 
+    @property
+    def packed_max_rel_error(self) -> float:
+        """Worst miss on a multi-document buffer (prediction: the sum of its documents' FLOPs)."""
+        return max((abs(self.rel_error(t)) for t in self.packed), default=0.0)
+
 
 def flops_of(shape, docs: Sequence[int]) -> float:
     """Per-layer forward FLOPs of a buffer, as the scheduler computes them."""

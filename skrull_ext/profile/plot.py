@@ -59,9 +59,14 @@ def plot(d: dict[str, Any], path: str | Path) -> None:
     if gf:
         xs, ys = _line([0.0, *gf], lambda x: (a * x * 1e9 + b) / 1e3)
         ax.plot(xs, ys, "-", label=f"fit: {a * 1e9:.3g} us/GFLOP + {b:.3g} us")
+    quality = [f"R^2={c['r2']:.4f}"] if "r2" in c else []
+    if "held_out_max_rel_error" in c and raw_c.get("held_out_lengths"):
+        quality.append(f"held-out worst {c['held_out_max_rel_error']:.1%}")
+    packed_err = [abs(e) for e in raw_c.get("packed_rel_error", [])]
+    if packed_err:
+        quality.append(f"packed worst {max(packed_err):.1%}")
     ax.set(xlabel="forward GFLOPs of one layer", ylabel="fwd+bwd ms per layer",
-           title=f"compute  R^2={c.get('r2', float('nan')):.4f}, held-out worst "
-                 f"{c.get('held_out_max_rel_error', float('nan')):.1%}")
+           title="compute\n" + (", ".join(quality) or "fit quality not recorded"))
     ax.legend(fontsize=8)
 
     ax = axes[1]
@@ -83,8 +88,10 @@ def plot(d: dict[str, Any], path: str | Path) -> None:
     if chk:
         ax.plot([chk["tokens"]], [chk["measured_saved"] / 2**20], "P", ms=9, c="tab:blue", label="check: saved at BucketSize")
         ax.plot([chk["tokens"]], [chk["measured_peak"] / 2**20], "*", ms=12, c="k", label="check: peak at BucketSize")
-    ax.set(xlabel="tokens in the buffer", ylabel="MiB", title=f"activation memory  R^2={mm.get('r2', float('nan')):.5f}")
-    ax.legend(fontsize=8)
+    # centre left: the points rise from the lower left and the budget line runs along the top
+    ax.set(xlabel="tokens in the buffer", ylabel="MiB",
+           title="activation memory\n" + (f"R^2={mm['r2']:.5f}" if "r2" in mm else "fit quality not recorded"))
+    ax.legend(fontsize=8, loc="center left")
 
     ax = axes[2]
     k = d["comm"]
@@ -99,8 +106,11 @@ def plot(d: dict[str, Any], path: str | Path) -> None:
     lo, hi = max(1.0, min(sizes) / (1 if raw_k else 4)), max(sizes)
     grid = [lo * (hi / lo) ** (i / 199) for i in range(200)]
     ax.loglog(grid, [cm.collective_us(v) for v in grid], "-", label="table the scheduler reads")
-    ax.set(xlabel="message bytes (gathered K/V, all ranks)", ylabel="us per collective",
-           title=f"comm ({k.get('backend', '?')} x{k.get('world_size', '?')})  R^2={k.get('r2', float('nan')):.4f}")
+    if "r2" in k:
+        comm_title = f"comm ({k.get('backend', '?')} x{k.get('world_size', '?')})\nR^2={k['r2']:.4f}"
+    else:  # one process measured no collective: the table is a hardware preset's
+        comm_title = f"comm: not measured (one process)\ntable from {str(k.get('backend', '?')).removeprefix('assumed:')}"
+    ax.set(xlabel="message bytes (gathered K/V, all ranks)", ylabel="us per collective", title=comm_title)
     ax.legend(fontsize=8)
 
     fig.suptitle(f"{d['model'].get('name', '')} on {meta.get('device', '?')}, {meta.get('date', '')}", fontsize=10)

@@ -35,6 +35,8 @@ def _job(tmp_path, hf_folder: str) -> str:
     text = re.sub(r"\[model\]\n(.+\n)+", f'[model]\nhf_path = "{hf_folder}"\n', text)
     text = re.sub(r"\[checkpoint\]\n(.+\n)+", "[checkpoint]\nlast_save_in_hf = true\n", text)
     text = text.replace("lr = 3e-3", "lr = 0.0")
+    # the shipped job's profile path is relative to skrull_ext/jobs/; this copy lives elsewhere
+    text = re.sub(r'cost_model = "[^"]*"', 'cost_model = "h100-assumed"', text)
     path = tmp_path / "job.toml"
     path.write_text(text)
     return str(path)

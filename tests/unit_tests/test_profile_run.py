@@ -33,7 +33,7 @@ def run_profiler(out: Path, *extra: str) -> subprocess.CompletedProcess:
 def produced(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     out = tmp_path_factory.mktemp("profile") / "p.toml"
     # Timing noise is not what this test is about: accept any held-out error.
-    proc = run_profiler(out, "--max-held-out-error", "10")
+    proc = run_profiler(out, "--max-held-out-error", "10", "--max-packed-error", "10")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return out, proc
 

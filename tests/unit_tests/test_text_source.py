@@ -121,3 +121,12 @@ def test_text_job_file_selects_both():
 def test_dataloader_config_errors(kwargs, message):
     with pytest.raises(ValueError, match=message):
         SkrullDataLoader.Config(**kwargs)
+
+
+def test_non_utf8_is_named_by_file_and_line(tmp_path, tok):
+    from skrull_ext.errors import DataError
+
+    path = tmp_path / "latin1.jsonl"
+    path.write_bytes(b'{"text": "fine"}\n{"text": "caf\xe9"}\n')
+    with pytest.raises(DataError, match=r"latin1.jsonl:2: not UTF-8 \(byte 0xe9 at column 14\)"):
+        JsonlSequences(str(path), tok)

@@ -1,0 +1,138 @@
+"""Checks of a whole job config against itself and this machine, at config time.
+
+``job_file`` checks each key against its type and the dataclasses'
+``__post_init__`` checks each section alone. What neither can see is here:
+ranges torchtitan only asserts deep inside the trainer (``training.steps``,
+the parallel degrees), keys that depend on one another, and the hardware
+(the world size of this launch, the device a kernel needs). ``check_job``
+runs in ``job_file.load_config``, before any process group or model is
+built, and raises ``JobFileError`` naming the first bad key and its value:
+
+    parallelism.context_parallel_degree = 3: 3 (cp x tp x pp x dp_replicate) does not divide
+    the world size 2 (processes in this launch)
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+from skrull_ext.errors import JobFileError
+
+__all__ = ["check_job"]
+
+
+def _bad(key: str, value, why: str) -> JobFileError:
+    return JobFileError(f"{key} = {value!r}: {why}")
+
+
+def _at_least(config, key: str, lo) -> None:
+    section, name = key.split(".")
+    value = getattr(getattr(config, section), name)
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= lo:
+        return
+    raise _bad(key, value, f"must be >= {lo}")
+
+
+def _check_training(config) -> None:
+    for key in ("training.steps", "training.seq_len", "training.local_batch_size", "metrics.log_freq"):
+        _at_least(config, key, 1)
+    if not (config.training.max_norm > 0 and math.isfinite(config.training.max_norm)):
+        raise _bad("training.max_norm", config.training.max_norm, "must be a finite number > 0 (gradient clipping)")
+    lr = config.lr_scheduler
+    if lr.warmup_steps < 0:
+        raise _bad("lr_scheduler.warmup_steps", lr.warmup_steps, "must be >= 0")
+    if lr.decay_ratio is not None and not 0 <= lr.decay_ratio <= 1:
+        raise _bad("lr_scheduler.decay_ratio", lr.decay_ratio, "must be in [0, 1]")
+    for i, group in enumerate(getattr(config.optimizer, "param_groups", None) or ()):
+        lr_value = (getattr(group, "optimizer_kwargs", None) or {}).get("lr")
+        if lr_value is not None and not (isinstance(lr_value, (int, float)) and math.isfinite(lr_value)
+                                         and lr_value >= 0):
+            raise _bad(f"optimizer.param_groups[{i}].optimizer_kwargs.lr", lr_value, "must be a finite number >= 0")
+    ckpt = config.checkpoint
+    if ckpt.enable and ckpt.interval < 1:
+        raise _bad("checkpoint.interval", ckpt.interval, "must be >= 1 when checkpoint.enable is true")
+
+
+_DEGREES = (
+    ("data_parallel_replicate_degree", "dp_replicate"),
+    ("context_parallel_degree", "cp"),
+    ("tensor_parallel_degree", "tp"),
+    ("pipeline_parallel_degree", "pp"),
+    ("expert_parallel_degree", "ep"),
+)
+
+
+def _check_parallelism(config, world: int) -> None:
+    """What torchtitan's ParallelDims asserts (with an empty message for the world size)."""
+    p = config.parallelism
+    for field, _ in _DEGREES:
+        if getattr(p, field) < 1:
+            raise _bad(f"parallelism.{field}", getattr(p, field), "must be >= 1")
+    shard = p.data_parallel_shard_degree
+    if shard != -1 and shard < 1:
+        raise _bad("parallelism.data_parallel_shard_degree", shard, "must be >= 1, or -1 (the rest of the world)")
+    fixed = p.data_parallel_replicate_degree * p.context_parallel_degree * p.tensor_parallel_degree \
+        * p.pipeline_parallel_degree
+    what = "cp x tp x pp x dp_replicate"
+    # The key to blame: the first degree above 1 a user set, CP first (the common mistake).
+    key = next((f"parallelism.{f}" for f in ("context_parallel_degree", "tensor_parallel_degree",
+                                             "pipeline_parallel_degree", "data_parallel_replicate_degree")
+                if getattr(p, f) > 1), "parallelism.context_parallel_degree")
+    value = getattr(p, key.split(".")[1])
+    if shard == -1:
+        if world % fixed:
+            raise _bad(key, value, f"{fixed} ({what}) does not divide the world size {world} "
+                                   "(processes in this launch: torchrun --nproc_per_node)")
+    elif fixed * shard != world:
+        raise _bad("parallelism.data_parallel_shard_degree", shard,
+                   f"{shard} x {fixed} ({what}) != the world size {world} "
+                   "(processes in this launch); -1 takes the rest")
+
+
+def _check_data(config) -> None:
+    d = config.dataloader
+    key = "dataloader"
+    if hasattr(d, "min_len"):
+        if d.min_len < 1:
+            raise _bad(f"{key}.min_len", d.min_len, "must be >= 1")
+        if d.max_len is not None and d.max_len < d.min_len:
+            raise _bad(f"{key}.max_len", d.max_len, f"must be >= dataloader.min_len ({d.min_len})")
+    if getattr(d, "length_scale", 1.0) <= 0 or not math.isfinite(getattr(d, "length_scale", 1.0)):
+        raise _bad(f"{key}.length_scale", d.length_scale, "must be a finite number > 0")
+    if getattr(d, "vocab_size", None) is not None and d.vocab_size < 2:
+        raise _bad(f"{key}.vocab_size", d.vocab_size, "must be >= 2 (ids are drawn from [1, vocab_size))")
+    if getattr(d, "dataset", None) == "jsonl":
+        from skrull_ext import assets
+
+        try:
+            assets.text_path(d.dataset_path)
+        except ValueError as e:
+            raise _bad(f"{key}.dataset_path", d.dataset_path, str(e).split(" is ", 1)[-1]) from None
+
+
+def _check_skrull(config, on_cpu: bool) -> None:
+    skrull = getattr(config, "skrull", None)
+    if skrull is None or not skrull.enable:
+        return
+    if skrull.attention_kernel == "varlen" and on_cpu:
+        raise _bad("skrull.attention_kernel", "varlen",
+                   "flash attention needs a CUDA device (this machine has none); use 'auto', 'dense' or 'segments'")
+
+
+def check_job(config, world_size: int | None = None, on_cpu: bool | None = None) -> None:
+    """Raise JobFileError naming the first key of ``config`` that cannot run here.
+
+    ``world_size``: processes of the launch (default: ``WORLD_SIZE``, 1 without
+    a launcher); ``on_cpu``: whether there is no accelerator (default: probed).
+    """
+    if world_size is None:
+        world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if on_cpu is None:
+        from skrull_ext.compat import on_cpu as probe
+
+        on_cpu = probe()
+    _check_training(config)
+    _check_parallelism(config, world_size)
+    _check_data(config)
+    _check_skrull(config, on_cpu)

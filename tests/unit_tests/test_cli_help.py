@@ -1,0 +1,38 @@
+"""Every option of every ``python -m skrull_ext.bench`` subcommand has help text
+that shows its default, and no user-facing help points at internal issues."""
+
+import argparse
+import importlib
+
+import pytest
+
+from skrull_ext.bench.__main__ import COMMANDS
+
+
+class _Stop(Exception):
+    pass
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_options_have_help_and_defaults(name, monkeypatch):
+    parsers = []
+
+    def grab(self, args=None, namespace=None):
+        parsers.append(self)
+        raise _Stop
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_known_args", grab)
+    spec = COMMANDS[name][0] if isinstance(COMMANDS[name], tuple) else COMMANDS[name]
+    module, fn = spec.split(":")
+    with pytest.raises(_Stop):
+        getattr(importlib.import_module(module), fn)([])
+    (parser,) = parsers
+    shows_defaults = parser.formatter_class is argparse.ArgumentDefaultsHelpFormatter
+    for action in parser._actions:
+        if action.dest == "help":
+            continue
+        assert action.help, f"{name} {action.option_strings}: no help"
+        has_default = action.default not in (None, False, argparse.SUPPRESS) and not action.required
+        assert not has_default or shows_defaults or "default" in action.help, f"{name} {action.option_strings}"
+        assert "issue" not in action.help.lower()
+    assert "issue" not in (parser.description or "").lower()

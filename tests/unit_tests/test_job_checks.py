@@ -1,0 +1,102 @@
+"""Bad config values fail in ``load_config``, before any process group or model,
+as one line naming the key and the value; and the launcher's usage."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from skrull_ext.errors import JobFileError
+from skrull_ext.job_checks import check_job
+from skrull_ext.job_file import load_config, load_job
+
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+DEBUG = os.path.join(ROOT, "skrull_ext", "jobs", "debug_cpu.toml")
+TEXT = os.path.join(ROOT, "skrull_ext", "jobs", "debug_cpu_text.toml")
+
+BAD = [
+    # (job, flags, world size, what the one-line message must hold)
+    (DEBUG, ["--parallelism.context_parallel_degree", "3"], 2,
+     "parallelism.context_parallel_degree = 3: 3 (cp x tp x pp x dp_replicate) does not divide the world size 2"),
+    (DEBUG, ["--parallelism.context_parallel_degree", "2"], 1, "parallelism.context_parallel_degree = 2:"),
+    (DEBUG, ["--parallelism.context_parallel_degree", "0"], 1, "parallelism.context_parallel_degree = 0: must be >= 1"),
+    (DEBUG, ["--parallelism.data_parallel_shard_degree", "4"], 2,
+     "parallelism.data_parallel_shard_degree = 4: 4 x 1 (cp x tp x pp x dp_replicate) != the world size 2"),
+    (DEBUG, ["--parallelism.data_parallel_shard_degree", "0"], 1, "parallelism.data_parallel_shard_degree = 0:"),
+    (DEBUG, ["--training.steps", "-1"], 1, "training.steps = -1: must be >= 1"),
+    (DEBUG, ["--training.steps", "0"], 1, "training.steps = 0: must be >= 1"),
+    (DEBUG, ["--training.seq_len", "0"], 1, "training.seq_len = 0: must be >= 1"),
+    (DEBUG, ["--training.local_batch_size", "0"], 1, "training.local_batch_size = 0: must be >= 1"),
+    (DEBUG, ["--training.max_norm", "0"], 1, "training.max_norm = 0.0: must be a finite number > 0"),
+    (DEBUG, ["--lr_scheduler.warmup_steps", "-2"], 1, "lr_scheduler.warmup_steps = -2: must be >= 0"),
+    (DEBUG, ["--lr_scheduler.decay_ratio", "1.5"], 1, "lr_scheduler.decay_ratio = 1.5: must be in [0, 1]"),
+    (DEBUG, ["--metrics.log_freq", "0"], 1, "metrics.log_freq = 0: must be >= 1"),
+    (DEBUG, ["--checkpoint.enable", "--checkpoint.interval", "0"], 1, "Checkpoint interval needs to be at least 1"),
+    (DEBUG, ["--skrull.policy", "fifo"], 1, "skrull.policy"),
+    (DEBUG, ["--training.stepz", "3"], 1, "unknown flag --training.stepz: [training] has no key 'stepz'; did you mean 'steps'?"),
+    (DEBUG, ["--training.steps", "ten"], 1, "--training.steps: invalid literal for int()"),
+    (DEBUG, ["--dataloader.min_len", "0"], 1, "dataloader.min_len = 0: must be >= 1"),
+    (DEBUG, ["--dataloader.max_len", "1"], 1, "dataloader.max_len = 1: must be >= dataloader.min_len (2)"),
+    (DEBUG, ["--dataloader.length_scale", "0"], 1, "dataloader.length_scale = 0.0: must be a finite number > 0"),
+    (DEBUG, ["--dataloader.vocab_size", "1"], 1, "dataloader.vocab_size = 1: must be >= 2"),
+    (TEXT, ["--dataloader.dataset_path", "/nonexistent/x.jsonl"], 1, "dataloader.dataset_path = '/nonexistent/x.jsonl'"),
+    (DEBUG, ["--skrull.attention_kernel", "varlen"], 1,
+     "skrull.attention_kernel = 'varlen': flash attention needs a CUDA device"),
+    (DEBUG, ["--skrull.bucket_size", "-1"], 1, "skrull.bucket_size must be in [1, "),
+    (DEBUG, ["--skrull.cpsat_margin", "-0.5"], 1, "skrull.cpsat_margin must be in [0.0, 100.0], got -0.5"),
+    (DEBUG, ["--skrull.max_extra_micro_batches", "-1"], 1, "skrull.max_extra_micro_batches must be in [0, 1024], got -1"),
+    (DEBUG, ["--skrull.cost_model", "nosuch.toml"], 1, "skrull.cost_model: 'nosuch.toml' is neither a hardware preset"),
+    (DEBUG, ["--dataloader.global_batch_size", "0"], 1, "dataloader.global_batch_size must be >= 1"),
+]
+
+
+@pytest.mark.parametrize("job, flags, world, message", BAD, ids=[" ".join(b[1]) for b in BAD])
+def test_bad_value_fails_at_config_time_naming_the_key(job, flags, world, message, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", str(world))
+    with pytest.raises(JobFileError) as info:
+        load_config(["--config-file", job, *flags])
+    text = str(info.value)
+    assert message in text and "\n" not in text
+
+
+def test_a_missing_job_file_is_named():
+    with pytest.raises(JobFileError, match="--config-file /nonexistent.toml: No such file or directory"):
+        load_config(["--config-file", "/nonexistent.toml"])
+
+
+def test_the_shipped_jobs_pass():
+    for job in (DEBUG, TEXT):
+        check_job(load_job(job), world_size=1, on_cpu=True)
+        check_job(load_job(job), world_size=4, on_cpu=True)
+    check_job(load_job(os.path.join(ROOT, "skrull_ext", "jobs", "qwen2_5_0_5b_gpu.toml")), world_size=8, on_cpu=False)
+
+
+def test_varlen_is_accepted_on_cuda():
+    config = load_job(DEBUG)
+    config.skrull.attention_kernel = "varlen"
+    check_job(config, world_size=1, on_cpu=False)
+    with pytest.raises(JobFileError, match="skrull.attention_kernel = 'varlen'"):
+        check_job(config, world_size=1, on_cpu=True)
+
+
+def _cli(*args, env=None):
+    env = {**os.environ, "PYTHONPATH": os.path.abspath(ROOT), **(env or {})}
+    return subprocess.run([sys.executable, "-m", "skrull_ext.train", *args], capture_output=True, text=True,
+                          env=env, timeout=300)
+
+
+def test_launcher_usage_and_one_line_errors():
+    bare = _cli()
+    assert bare.returncode == 2 and "usage: python -m skrull_ext.train --config-file JOB.toml" in bare.stderr
+    assert "--module is required" not in bare.stderr and "Traceback" not in bare.stderr
+    helped = _cli("--help")
+    assert helped.returncode == 0 and helped.stdout.startswith("usage: python -m skrull_ext.train")
+    bad = _cli("--config-file", DEBUG, "--training.steps", "-1")
+    errors = [line for line in bad.stderr.splitlines() if line.startswith("error:")]
+    assert bad.returncode == 2 and errors == ["error: training.steps = -1: must be >= 1"]
+    assert "Traceback" not in bad.stderr
+    other_rank = _cli("--config-file", DEBUG, "--training.steps", "-1", env={"RANK": "1", "WORLD_SIZE": "2"})
+    assert other_rank.returncode == 2 and "error:" not in other_rank.stderr
+    debug = _cli("--config-file", DEBUG, "--training.steps", "-1", "--traceback")
+    assert debug.returncode == 1 and "Traceback" in debug.stderr and "JobFileError" in debug.stderr

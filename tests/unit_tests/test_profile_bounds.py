@@ -1,0 +1,62 @@
+"""The profiler's exit conditions, its option help and its plot titles (no nan)."""
+
+import copy
+import tomllib
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from skrull_ext.profile.cli import _parser, failures
+
+COMMITTED = Path(__file__).resolve().parents[2] / "profiles" / "cpu-debug-gloo2.toml"
+
+
+def _compute(held_out: float, packed: float):
+    return SimpleNamespace(held_out_max_rel_error=held_out, packed_max_rel_error=packed)
+
+
+def test_each_missed_bound_is_one_failure_naming_its_option():
+    assert failures(_compute(0.05, 0.10), None, 0.15, 0.15) == []
+    (only,) = failures(_compute(0.05, 0.31), None, 0.15, 0.15)
+    assert "packed buffer misses by 31.0%, more than --max-packed-error 15%" in only
+    (only,) = failures(_compute(0.20, 0.0), SimpleNamespace(ok=True), 0.15, 0.15)
+    assert "held-out length misses by 20.0%, more than --max-held-out-error 15%" in only
+    assert len(failures(_compute(0.2, 0.2), SimpleNamespace(ok=False), 0.15, 0.15)) == 3
+
+
+def test_every_option_has_help_and_names_its_default():
+    for action in _parser()._actions:
+        if action.dest in ("help",):
+            continue
+        assert action.help, action.option_strings
+        assert "default" in action.help or action.required, action.option_strings
+        assert "issue" not in action.help.lower()
+
+
+@pytest.mark.skipif(not COMMITTED.exists(), reason="no committed CPU profile")
+@pytest.mark.parametrize("measured_comm", [True, False])
+def test_plot_titles_never_say_nan(tmp_path, monkeypatch, measured_comm):
+    import matplotlib.figure
+
+    from skrull_ext.profile.plot import plot
+
+    d = tomllib.loads(COMMITTED.read_text())
+    if not measured_comm:  # what a one-process profile holds: a preset's table, no fit quality
+        d = copy.deepcopy(d)
+        d["meta"].pop("comm", None)
+        for key in ("r2", "max_rel_error", "points", "threshold_bytes", "floor_us"):
+            d["comm"].pop(key, None)
+        d["comm"]["backend"] = "assumed:h100-assumed"
+    titles = []
+    save = matplotlib.figure.Figure.savefig
+
+    def spy(fig, *args, **kwargs):
+        titles.extend(ax.get_title() for ax in fig.axes)
+        titles.append(fig._suptitle.get_text())
+        return save(fig, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", spy)
+    plot(d, tmp_path / "p.png")
+    assert len(titles) == 4 and not any("nan" in t.lower() for t in titles), titles
+    assert ("R^2" in titles[2]) == measured_comm
