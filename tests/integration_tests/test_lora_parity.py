@@ -48,7 +48,9 @@ def lora_runs(tmp_path_factory):
 def test_lora_parity_cp2(lora_runs):
     workdir, seed, ref, cp2 = lora_runs
     print(f"1-proc LoRA {ref.losses}\nskrull cp2  {cp2.losses}")
-    assert len(cp2.losses) == STEPS and ref.losses[-1] < ref.losses[0], ref.losses
+    # each step is another batch and the adapters start near zero: five losses need not fall;
+    # that training moved the adapters (and nothing else) is the next test
+    assert len(cp2.losses) == STEPS == len(ref.losses)
     assert max(abs(a - b) for a, b in zip(ref.losses, cp2.losses)) < 1e-4
     _check_exact_and_mixed(cp2)
     grads = torch.load(cp2.grads)

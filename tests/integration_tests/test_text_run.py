@@ -64,7 +64,9 @@ def test_skrull_scalars_are_written_every_step(text_run):
         assert m["skrull/measured_us"][k] > 0 and m["skrull/predicted_us"][k] > 0
         ratio = m["skrull/measured_us"][k] / m["skrull/predicted_us"][k]
         assert math.isclose(m["skrull/measured_over_predicted"][k], ratio, rel_tol=1e-5)
-        assert 0 <= m["skrull/local_token_share"][k] <= 1 and 0 < m["skrull/local_seq_share"][k] <= 1
+        # a step may place every sequence distributed (the measured CPU profile makes the exchange
+        # cheap); that both kinds train over the run is test_text_job_trains_on_local_and_distributed_sequences
+        assert 0 <= m["skrull/local_token_share"][k] <= 1 and 0 <= m["skrull/local_seq_share"][k] <= 1
         assert m["skrull/rank_token_imbalance"][k] >= 1 and m["skrull/rank_flop_imbalance"][k] >= 1
         assert m["skrull/schedule_wall_us"][k] >= m["skrull/scheduler_us"][k] > 0
         assert f"skrull step {k + 1}: " in text_run.output
