@@ -298,12 +298,13 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
         "Tokens one CP rank holds of a sequence sharded (zigzag, padded to 2*cp) over cp ranks.");
   m.def(
       "max_sequence_length",
-      [](int64_t bucket_size, int32_t cp) {
-        validate_group(cp, bucket_size);
-        return max_sequence_length(bucket_size, cp);
+      [](int64_t bucket_size, int64_t ranks) {
+        detail::check_in("ranks", ranks, int64_t{1}, int64_t{kMaxRanks} * kMaxRanks);
+        detail::check_in("bucket_size", bucket_size, int64_t{1}, kMaxBucketSize);
+        return max_sequence_length(bucket_size, ranks);
       },
-      py::arg("bucket_size"), py::arg("cp"),
-        "Longest sequence a CP group can hold.");
+      py::arg("bucket_size"), py::arg("ranks"),
+        "Longest sequence `ranks` ranks (a CP group, or the dp x cp world of the pool) can hold.");
 
 #ifdef VERSION_INFO
   m.attr("__version__") = MACRO_STRINGIFY(VERSION_INFO);

@@ -102,8 +102,12 @@ def test_helpers_refuse_arguments_that_would_overflow():
         _core.shard_tokens(5, -3)
     with pytest.raises(ValueError, match=r"bucket_size must be in"):
         _core.max_sequence_length(2**62, 2**10)
-    with pytest.raises(ValueError, match=r"cp must be in \[1, 65536\], got 1048576"):
-        _core.max_sequence_length(2**30, 2**20)
+    with pytest.raises(ValueError, match=r"ranks must be in \[1, 4294967296\], got 4294967297"):
+        _core.max_sequence_length(2**30, 2**32 + 1)
+    # a pool world (dp x cp) may exceed one group's 65536 ranks: found by
+    # test_facade_gives_a_valid_plan_or_a_value_error at dp 2 x cp 65536
+    assert _core.max_sequence_length(2**30, 2**20) == 2**50
+    assert _core.max_sequence_length(_core.MAX_BUCKET_SIZE, 2**32) == 2**63 - 1  # saturates, never wraps
     with pytest.raises(ValueError, match=r"cp must be in \[1, 65536\], got 0"):
         cm.preset().micro_batch_lower_bound_us([5], 0)
     assert _core.max_sequence_length(_core.MAX_BUCKET_SIZE, _core.MAX_RANKS) == 1 << 52

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -180,12 +181,15 @@ inline int64_t shard_tokens(int64_t s, int32_t n) {
   return 2 * ((s + chunks - 1) / chunks);
 }
 
-// Longest sequence a CP group of n ranks with `bucket` tokens each can hold.
-// (Whole on one rank it may be `bucket` long; sharded, each rank holds two
-// chunks of at most bucket/2 tokens.)
-inline int64_t max_sequence_length(int64_t bucket, int32_t n) {
+// Longest sequence n ranks (a CP group, or a pool world of dp x cp) with
+// `bucket` tokens each can hold. (Whole on one rank it may be `bucket` long;
+// sharded, each rank holds two chunks of at most bucket/2 tokens.) Saturates
+// at INT64_MAX instead of wrapping: a world may have 2^32 ranks.
+inline int64_t max_sequence_length(int64_t bucket, int64_t n) {
   if (n <= 1) return bucket;
-  return std::max(bucket, 2 * static_cast<int64_t>(n) * (bucket / 2));
+  const int64_t half = bucket / 2;
+  if (half > 0 && n > std::numeric_limits<int64_t>::max() / (2 * half)) return std::numeric_limits<int64_t>::max();
+  return std::max(bucket, 2 * n * half);
 }
 
 }  // namespace skrull

@@ -143,15 +143,15 @@ inline PoolSchedule schedule_pool(const std::vector<int64_t>& input, const CostM
   const auto start = std::chrono::steady_clock::now();
   validate_options(opt);
   cost.validate();
+  validate_lengths(input, "global batch");
   const int64_t world = static_cast<int64_t>(opt.dp) * opt.cp;
-  if (static_cast<int64_t>(input.size()) > kMaxSequences ||
-      static_cast<int64_t>(input.size()) * world > kMaxSequenceRanks)
+  if (static_cast<int64_t>(input.size()) * world > kMaxSequenceRanks)
     throw std::invalid_argument("global batch has " + std::to_string(input.size()) + " sequences x world " +
                                 std::to_string(world) + " ranks, more than the limit " +
                                 std::to_string(kMaxSequenceRanks) + " (the pool plan would not fit in memory)");
   const int32_t dp = opt.dp, cp = opt.cp;
   const int64_t group_limit = max_sequence_length(opt.bucket_size, cp);
-  const int64_t limit = max_sequence_length(opt.bucket_size, static_cast<int32_t>(world));
+  const int64_t limit = max_sequence_length(opt.bucket_size, world);
   PoolSchedule out;
   const int32_t n = static_cast<int32_t>(input.size());
   out.lengths = input;
@@ -164,9 +164,6 @@ inline PoolSchedule schedule_pool(const std::vector<int64_t>& input, const CostM
   bool fits_groups = true;
   for (int32_t k = 0; k < n; ++k) {
     const int64_t s = input[k];
-    if (s < 1 || s > kMaxLength)
-      throw std::invalid_argument("sequence " + std::to_string(k) + " has length " + std::to_string(s) +
-                                  ", outside [1, " + std::to_string(kMaxLength) + "]");
     if (s > limit) {
       if (opt.overlength == Overlength::kError)
         throw std::invalid_argument("sequence " + std::to_string(k) + " has length " + std::to_string(s) +

@@ -30,9 +30,7 @@ inline Schedule schedule(const std::vector<int64_t>& input, const CostModel& cos
   const auto start = std::chrono::steady_clock::now();
   validate_options(opt);
   cost.validate();
-  if (static_cast<int64_t>(input.size()) > kMaxSequences)
-    throw std::invalid_argument("global batch has " + std::to_string(input.size()) + " sequences, more than the limit " +
-                                std::to_string(kMaxSequences));
+  validate_lengths(input, "global batch");
   if (static_cast<int64_t>(input.size()) * opt.cp > kMaxSequenceRanks)
     throw std::invalid_argument("global batch has " + std::to_string(input.size()) + " sequences x cp " +
                                 std::to_string(opt.cp) + " = " +
@@ -50,9 +48,6 @@ inline Schedule schedule(const std::vector<int64_t>& input, const CostModel& cos
   live.reserve(k_total);
   for (int32_t k = 0; k < k_total; ++k) {
     const int64_t s = input[k];
-    if (s < 1 || s > kMaxLength)
-      throw std::invalid_argument("sequence " + std::to_string(k) + " has length " + std::to_string(s) +
-                                  ", outside [1, " + std::to_string(kMaxLength) + "]");
     if (s > limit) {
       if (opt.overlength == Overlength::kError)
         throw std::invalid_argument("sequence " + std::to_string(k) + " has length " + std::to_string(s) +
