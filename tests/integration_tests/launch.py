@@ -86,23 +86,28 @@ def seed_checkpoint(workdir: str, config: list[str]) -> str:
 
 
 def train_from_seed(workdir: str, name: str, nproc: int, module: str, config: list[str],
-                    seed: str, steps: int, extra: list[str] = (), grads_at: int | None = None,
-                    save_every: int | None = None) -> Run:
+                    seed: str | None, steps: int, extra: list[str] = (), grads_at: int | None = None,
+                    save_every: int | None = None, env: dict[str, str] | None = None) -> Run:
     """Train ``steps`` steps from the seed checkpoint with TensorBoard on.
 
+    ``seed``: None keeps the job's own initial load (a ``[model] hf_path``
+    job starts from its HF folder).
     ``grads_at``: save the gradients of that step (``Run.grads``).
     ``save_every``: also save full checkpoints every that many steps (the
     default saves nothing).
+    ``env``: extra environment variables of the launch.
     """
     dump = os.path.join(workdir, name)
     saving = (["--checkpoint.interval", str(save_every)]
               if save_every else ["--checkpoint.load_only"])
+    initial = ["--checkpoint.initial_load_path", seed] if seed is not None else []
     grads = os.path.join(workdir, f"{name}.grads.pt") if grads_at else None
+    env = {**(env or {}), **({"SKRULL_PROBE_GRADS": f"{grads_at}:{grads}"} if grads_at else {})}
     proc = torchrun(nproc, PROBE, [
         module, *config, "--dump_folder", dump, "--training.steps", str(steps),
-        "--checkpoint.enable", *saving, "--checkpoint.initial_load_path", seed,
+        "--checkpoint.enable", *saving, *initial,
         "--metrics.enable_tensorboard", *extra,
-    ], cwd=workdir, env={"SKRULL_PROBE_GRADS": f"{grads_at}:{grads}"} if grads_at else None)
+    ], cwd=workdir, env=env)
     if grads:
         assert os.path.isfile(grads), f"{name}: no gradients saved at step {grads_at}"
     return Run(dump=dump, output=proc.stdout + proc.stderr, grads=grads)

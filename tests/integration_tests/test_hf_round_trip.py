@@ -10,51 +10,25 @@ at step 2. Then:
   folder; transformers loads it and its logits equal those of a torchtitan
   model holding the step-1 weights read straight from the DCP checkpoint;
 - the step-2 folder is complete as written by the trainer (config.json,
-  tokenizer) and transformers' logits equal the torchtitan model's on it.
+  tokenizer) and transformers' logits equal the torchtitan model's on it;
+- a run started from the step-1 export (``[model] hf_path``) trains exactly
+  as a run started from the model of the step-1 DCP checkpoint (both with a
+  fresh optimizer: a HF folder carries weights only).
 """
 
 import json
 import os
-import re
-import shutil
 
 import pytest
 import torch
 import transformers
 
-from skrull_ext import assets
-from tests.integration_tests.launch import REPO, torchrun
+from tests.integration_tests.hf_folders import FAMILIES, hf_job, save_tiny_model
+from tests.integration_tests.launch import torchrun, train_from_seed
 
 TOL = 1e-5
-DEBUG_JOB = os.path.join(REPO, "skrull_ext", "jobs", "debug_cpu.toml")
-_DIMS = dict(vocab_size=2048, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024)
-FAMILIES = {
-    "qwen2_5": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM, dict(tie_word_embeddings=True)),
-    "llama3": (transformers.LlamaConfig, transformers.LlamaForCausalLM, dict(tie_word_embeddings=False)),
-    "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM, dict(head_dim=32, tie_word_embeddings=True)),
-}
-
-
-def _source(folder: str, family: str) -> None:
-    config_cls, model_cls, extra = FAMILIES[family]
-    torch.manual_seed(0)
-    model = model_cls(config_cls(**_DIMS, **extra))
-    model.save_pretrained(folder)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(os.path.join(assets.tokenizer_path("tiny_bpe"), name), folder)
-
-
-def _job(tmp_path, hf_folder: str) -> str:
-    with open(DEBUG_JOB) as f:
-        text = f.read()
-    text = re.sub(r"\[model\]\n(.+\n)+", f'[model]\nhf_path = "{hf_folder}"\n', text)
-    text = re.sub(r"\[checkpoint\]\n(.+\n)+", "[checkpoint]\nenable = true\ninterval = 1\nlast_save_in_hf = true\n", text)
-    # the shipped job's measured profile is of the debug model, not of these folders' models
-    text = re.sub(r'cost_model = "[^"]*"', 'cost_model = "h100-assumed"', text)
-    path = tmp_path / "job.toml"
-    path.write_text(text)
-    return str(path)
+SAVING = "enable = true\ninterval = 1\nlast_save_in_hf = true"
+"""The trained runs' [checkpoint]: DCP every step, the last step as a HF folder."""
 
 
 @pytest.fixture(scope="module")
@@ -65,15 +39,33 @@ def trained(tmp_path_factory):
     def run(family: str):
         if family not in runs:
             tmp = tmp_path_factory.mktemp(f"roundtrip-{family}")
-            source = str(tmp / f"tiny-{family}")
-            _source(source, family)
+            source = save_tiny_model(str(tmp / f"tiny-{family}"), family)
             dump = str(tmp / "out")
-            torchrun(1, "skrull_ext.train", ["--config-file", _job(tmp, source), "--dump_folder", dump,
+            torchrun(1, "skrull_ext.train", ["--config-file", hf_job(tmp / "job.toml", source, SAVING), "--dump_folder", dump,
                                             "--training.steps", "2"], cwd=str(tmp))
             runs[family] = (source, os.path.join(dump, "checkpoint"))
         return runs[family]
 
     return run
+
+
+@pytest.fixture(scope="module")
+def exported(trained, tmp_path_factory):
+    """``exported(family)``: the trained run's step-1 DCP checkpoint exported by
+    ``python -m skrull_ext.export`` (its ``main``) into a HF folder (cached)."""
+    from skrull_ext.export import main
+
+    folders = {}
+
+    def export(family: str) -> str:
+        if family not in folders:
+            source, checkpoints = trained(family)
+            out = str(tmp_path_factory.mktemp(f"export-{family}") / "export")
+            assert main([os.path.join(checkpoints, "step-1"), out, "--hf-path", source]) == 0
+            folders[family] = out
+        return folders[family]
+
+    return export
 
 
 def _tokens() -> torch.Tensor:
@@ -109,12 +101,11 @@ def _compare(ours: torch.Tensor, folder: str, what: str) -> float:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_hf_round_trip_export_of_a_mid_run_checkpoint(trained, tmp_path, family):
-    from skrull_ext.export import load_single_process, main
+def test_hf_round_trip_export_of_a_mid_run_checkpoint(trained, exported, family):
+    from skrull_ext.export import load_single_process
 
     source, checkpoints = trained(family)
-    out = str(tmp_path / "export")
-    assert main([os.path.join(checkpoints, "step-1"), out, "--hf-path", source]) == 0
+    out = exported(family)
     assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= set(os.listdir(out))
 
     # The trained model: the step-1 weights read straight from the DCP checkpoint.
@@ -148,3 +139,43 @@ def test_hf_round_trip_last_save_is_a_complete_hf_folder(trained, family):
     _compare(ours, final, f"{family} step-2 last_save_in_hf")
     tokenizer = transformers.AutoTokenizer.from_pretrained(final)
     assert tokenizer.decode(tokenizer("hello world")["input_ids"], skip_special_tokens=True).strip() == "hello world"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_hf_round_trip_continue_from_export_matches_dcp(trained, exported, tmp_path, family):
+    """Reloading the export into skrull-ext and training on is the same run as
+    training on from the DCP checkpoint it was exported from.
+
+    What "the same" can mean: a HF folder holds the weights only, not the
+    optimizer's moments, the LR schedule's position or the data position.
+    A run started from it (``[model] hf_path`` = the export) starts those
+    fresh, so it is compared with a run that loads only the model of the
+    step-1 DCP checkpoint (``initial_load_path`` = it, ``initial_load_in_hf``
+    false, ``initial_load_model_only``), fresh in the same way: both train 2
+    steps on the data's first two global batches, 1 process, Skrull's DACP
+    attention. The export is float32 (the export's default dtype), the weights
+    are then the same bits, so both runs must log the same losses and the same
+    step-2 gradients (after one AdamW step) exactly. Resuming the DCP
+    checkpoint whole (optimizer and data position too) is test_resume.py's;
+    no HF folder can carry that state.
+    """
+    source, checkpoints = trained(family)
+    export = exported(family)
+    step1 = os.path.join(checkpoints, "step-1")
+    jobs = {
+        "from_dcp": hf_job(tmp_path / "dcp.toml", source,
+                           f'enable = true\ninitial_load_path = "{step1}"\ninitial_load_in_hf = false'),
+        "from_export": hf_job(tmp_path / "export.toml", export, "enable = true"),
+    }
+    a, b = (train_from_seed(str(tmp_path), name, 1, "skrull_ext.train", ["--config-file", job], None, 2, grads_at=2)
+            for name, job in jobs.items())
+    print(f"{family} continued 2 steps: from DCP step-1 {a.losses}, from its HF export {b.losses}")
+    # Each loaded what it names (torchtitan's checkpointer logs the path it loads).
+    assert f"Loading the checkpoint from {step1}." in a.output
+    assert f"Loading the checkpoint from {export}." in b.output
+    assert len(a.losses) == 2 and a.losses == b.losses
+    ga, gb = torch.load(a.grads), torch.load(b.grads)
+    assert ga.keys() == gb.keys()
+    for name in ga:
+        assert torch.equal(ga[name], gb[name]), f"{family} step-2 gradient of {name}"
