@@ -11,11 +11,11 @@ the job's own length distribution (the last one cut to fit), the way a
 Skrull plan fills its fullest rank. With the job's optimizer built and
 stepped once (so parameters, gradients and optimizer state are all
 allocated), one forward+backward of the whole model and loss runs under
-both meters. Passing means:
+both meters (memory.py). Passing means:
 
-- the activation fit holds at BucketSize: saved (CPU) or peak (CUDA) bytes
-  within 2% of, or under, what the profile predicts, and
-- the bucket fits: the measured peak above the static state is within the
+- the activation fit holds at BucketSize: the peak tensor bytes within 2%
+  of, or under, what the profile predicts, and
+- the bucket fits: that peak above the static state is within the
   activation budget the profile derived BucketSize from (usable - static).
 
 The static state of this process is measured too (tensor bytes of
@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from skrull_ext.profile_file import Profile, ProfileMemory
-from skrull_ext.profile.memory import (FIT_TARGET, OPTIMIZER_STATES, PEAK_METERS, local_bytes, measure_step,
+from skrull_ext.profile.memory import (OPTIMIZER_STATES, PEAK_METERS, local_bytes, measure_step,
                                        optimizer_state_tensors)
 from skrull_ext.profile.model import DTYPES, JobModel
 from skrull_ext.profile.ranks import reduce_floats
@@ -131,7 +131,6 @@ def check_bucket(jm: JobModel, bucket_size: int, predict: Callable[[int], float]
     point = measure_step(jm, docs, meter, seed)
     saved, peak = reduce_floats([point.saved, point.peak], "max", jm.device)
     del opt
-    measured = saved if FIT_TARGET[jm.device.type] == "saved" else peak
     predicted = predict(tokens)
     return BucketCheck(
         tokens=tokens,
@@ -143,7 +142,7 @@ def check_bucket(jm: JobModel, bucket_size: int, predict: Callable[[int], float]
         activation_budget=budget,
         static_measured=float(params + grads + optim_bytes),
         static_account_unsharded=float((n_params + n_trainable * (1 + optimizer_states)) * elem),
-        fit_holds=measured <= predicted * 1.02,
+        fit_holds=peak <= predicted * 1.02,
         fits=peak <= budget,
     )
 
