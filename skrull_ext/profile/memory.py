@@ -23,7 +23,8 @@ The fit is to the peak on every device, and BucketSize is derived from it
 with the plain ``--margin``. An earlier model fitted the saved bytes on CPU
 and covered the backward transient with a margin of peak/saved - 1: a ratio,
 where the transient is an amount. Activation gradients cost the same bytes
-whether or not the base weights are frozen, while a frozen (LoRA) base saves
+whether or not the base weights are frozen (full fine-tuning adds at most
+one weight-sized gradient before it is added into ``.grad``), while a frozen (LoRA) base saves
 fewer tensors, so the ratio, and with it the margin, grew under LoRA (and
 the resident-set peak it was read from added 10-25 MB of non-tensor memory
 that varied from run to run). The process's resident set (``CpuPeak``) is
