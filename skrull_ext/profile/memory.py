@@ -24,8 +24,9 @@ with the plain ``--margin``. An earlier model fitted the saved bytes on CPU
 and covered the backward transient with a margin of peak/saved - 1: a ratio,
 where the transient is an amount. Activation gradients cost the same bytes
 whether or not the base weights are frozen (full fine-tuning adds at most
-one weight-sized gradient before it is added into ``.grad``), while a frozen (LoRA) base saves
-fewer tensors, so the ratio, and with it the margin, grew under LoRA (and
+one weight-sized gradient before it is added into ``.grad``), while a
+frozen (LoRA) base saves fewer tensors, so the ratio, and with it the
+margin, grew under LoRA (and
 the resident-set peak it was read from added 10-25 MB of non-tensor memory
 that varied from run to run). The process's resident set (``CpuPeak``) is
 still what the checks in training measure (train_check.py): it is what a
