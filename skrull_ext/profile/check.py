@@ -187,8 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     c = check_profile(jm, profile, args.seed)
     mib = lambda v: f"{v / 2**20:.1f} MiB"  # noqa: E731
     print(f"BucketSize {c.tokens} tokens ({c.docs} docs, longest {c.longest_doc}): "
-          f"saved {mib(c.measured_saved)} vs predicted {mib(c.predicted_activation)}; "
-          f"peak {mib(c.measured_peak)} vs budget {mib(c.activation_budget)} -> {'OK' if c.ok else 'FAILED'}")
+          f"peak {mib(c.measured_peak)} vs fit {mib(c.predicted_activation)} and budget "
+          f"{mib(c.activation_budget)} (saved for backward {mib(c.measured_saved)}) -> {'OK' if c.ok else 'FAILED'}")
     return 0 if c.ok else 1
 
 

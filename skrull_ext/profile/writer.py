@@ -162,8 +162,8 @@ def report(p: Profile) -> str:
     if p.check is not None:
         c = p.check
         lines.append(
-            f"  check    {c.tokens} tokens ({c.docs} docs): saved {_mib(c.measured_saved)} vs predicted "
-            f"{_mib(c.predicted_activation)}; peak {_mib(c.measured_peak)} vs budget {_mib(c.activation_budget)}; "
+            f"  check    {c.tokens} tokens ({c.docs} docs): peak {_mib(c.measured_peak)} vs fit "
+            f"{_mib(c.predicted_activation)} and budget {_mib(c.activation_budget)} (saved {_mib(c.measured_saved)}); "
             f"static measured {_mib(c.static_measured)} vs account {_mib(c.static_account_unsharded)} -> "
             f"{'OK' if c.ok else 'FAILED'}")
     return "\n".join(lines)
