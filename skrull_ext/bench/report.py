@@ -57,6 +57,7 @@ def cell_rows(results: Sequence[ScenarioResult]) -> list[dict]:
                     "peak_tokens": max(m.peak_tokens for m in ms),
                     "mean_peak_share": statistics.fmean(m.mean_peak_tokens for m in ms) / bucket,
                     "comm_gb_per_iter": statistics.fmean(m.comm_bytes for m in ms) / 1e9,
+                    "local_share": statistics.fmean(m.local_share for m in ms),
                     "overflow_micro_batches": sum(m.overflow for m in ms),
                     "overflow_iterations": sum(m.overflow > 0 for m in ms),
                     "max_micro_batches": max(m.micro_batches for m in ms),
@@ -195,8 +196,8 @@ def detail_markdown(results: Sequence[ScenarioResult]) -> str:
             ("policy", "policy", "s"), ("mean_ms", "mean ms", ".1f"), ("p95_ms", "p95 ms", ".1f"),
             ("speedup_vs_baseline", "vs baseline", ".2f"), ("gap_to_bound", "gap to bound", ".1%"),
             ("peak_tokens", "peak tokens", "d"), ("mean_peak_share", "mean peak / C", ".0%"),
-            ("comm_gb_per_iter", "comm GB/iter", ".2f"), ("overflow_micro_batches", "overflow mbs", "d"),
-            ("max_micro_batches", "max mbs", "d"), ("dp_imbalance", "DP imbalance", ".3f"),
+            ("comm_gb_per_iter", "comm GB/iter", ".2f"), ("local_share", "local seqs", ".0%"),
+            ("overflow_micro_batches", "overflow mbs", "d"), ("max_micro_batches", "max mbs", "d"), ("dp_imbalance", "DP imbalance", ".3f"),
             ("scheduler_ms", "sched ms", ".1f")]
     lines = ["| " + " | ".join(c[1] for c in cols) + " |", "|" + "---|" * len(cols)]
     for row in cell_rows(results):

@@ -11,11 +11,11 @@ the job's own length distribution (the last one cut to fit), the way a
 Skrull plan fills its fullest rank. With the job's optimizer built and
 stepped once (so parameters, gradients and optimizer state are all
 allocated), one forward+backward of the whole model and loss runs under
-both meters. Passing means:
+both meters (memory.py). Passing means:
 
-- the activation fit holds at BucketSize: saved (CPU) or peak (CUDA) bytes
-  within 2% of, or under, what the profile predicts, and
-- the bucket fits: the measured peak above the static state is within the
+- the activation fit holds at BucketSize: the peak tensor bytes within 2%
+  of, or under, what the profile predicts, and
+- the bucket fits: that peak above the static state is within the
   activation budget the profile derived BucketSize from (usable - static).
 
 The static state of this process is measured too (tensor bytes of
@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from skrull_ext.profile_file import Profile, ProfileMemory
-from skrull_ext.profile.memory import (FIT_TARGET, OPTIMIZER_STATES, PEAK_METERS, local_bytes, measure_step,
+from skrull_ext.profile.memory import (OPTIMIZER_STATES, PEAK_METERS, local_bytes, measure_step,
                                        optimizer_state_tensors)
 from skrull_ext.profile.model import DTYPES, JobModel
 from skrull_ext.profile.ranks import reduce_floats
@@ -114,10 +114,14 @@ def _optimizer_state_bytes(jm: JobModel) -> tuple[float, object]:
 
 
 def check_bucket(jm: JobModel, bucket_size: int, predict: Callable[[int], float], budget: float,
-                 optimizer_states: int, seed: int = 0) -> BucketCheck:
+                 optimizer_states: int, seed: int = 0, fit_target: str = "peak") -> BucketCheck:
     """Fill one rank to ``bucket_size`` tokens, step, and compare with the
     profile: ``predict(tokens)`` is its activation bytes, ``budget`` the
-    usable memory minus its static account."""
+    usable memory minus its static account. ``fit_target``: what the fit
+    describes, the peak, or for profiles written before the fit was the peak
+    (``meta.memory.fit_target = "saved"``) the bytes saved for backward."""
+    if fit_target not in ("peak", "saved"):
+        raise ValueError(f"meta.memory.fit_target must be 'peak' or 'saved', got {fit_target!r}")
     tokens = min(bucket_size, jm.max_len)
     docs = fill_bucket(jm, tokens, seed)
     optim_bytes, opt = _optimizer_state_bytes(jm)
@@ -131,7 +135,6 @@ def check_bucket(jm: JobModel, bucket_size: int, predict: Callable[[int], float]
     point = measure_step(jm, docs, meter, seed)
     saved, peak = reduce_floats([point.saved, point.peak], "max", jm.device)
     del opt
-    measured = saved if FIT_TARGET[jm.device.type] == "saved" else peak
     predicted = predict(tokens)
     return BucketCheck(
         tokens=tokens,
@@ -143,7 +146,7 @@ def check_bucket(jm: JobModel, bucket_size: int, predict: Callable[[int], float]
         activation_budget=budget,
         static_measured=float(params + grads + optim_bytes),
         static_account_unsharded=float((n_params + n_trainable * (1 + optimizer_states)) * elem),
-        fit_holds=measured <= predicted * 1.02,
+        fit_holds=(peak if fit_target == "peak" else saved) <= predicted * 1.02,
         fits=peak <= budget,
     )
 
@@ -152,7 +155,8 @@ def check_profile(jm: JobModel, profile: dict, seed: int = 0) -> BucketCheck:
     """The check for a profile file's [memory] section."""
     pm = ProfileMemory.of(profile)
     states = max(OPTIMIZER_STATES[g.optimizer_name] for g in jm.config.optimizer.param_groups)
-    return check_bucket(jm, pm.bucket_size, pm.activation, pm.usable - pm.static, states, seed)
+    target = profile.get("meta", {}).get("memory", {}).get("fit_target", "peak")
+    return check_bucket(jm, pm.bucket_size, pm.activation, pm.usable - pm.static, states, seed, target)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -186,10 +190,12 @@ def main(argv: list[str] | None = None) -> int:
     jm = build_job_model(config, device, config.model_spec.model.max_seq_len,
                          int(profile.get("meta", {}).get("job_world_size", 1)))
     c = check_profile(jm, profile, args.seed)
+    target = profile.get("meta", {}).get("memory", {}).get("fit_target", "peak")
     mib = lambda v: f"{v / 2**20:.1f} MiB"  # noqa: E731
     print(f"BucketSize {c.tokens} tokens ({c.docs} docs, longest {c.longest_doc}): "
-          f"saved {mib(c.measured_saved)} vs predicted {mib(c.predicted_activation)}; "
-          f"peak {mib(c.measured_peak)} vs budget {mib(c.activation_budget)} -> {'OK' if c.ok else 'FAILED'}")
+          f"{target} {mib(c.measured_peak if target == 'peak' else c.measured_saved)} vs fit "
+          f"{mib(c.predicted_activation)}; peak {mib(c.measured_peak)} vs budget {mib(c.activation_budget)} "
+          f"-> {'OK' if c.ok else 'FAILED'}")
     return 0 if c.ok else 1
 
 

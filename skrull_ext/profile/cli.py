@@ -68,8 +68,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--memory-limit", type=parse_bytes, default=d.memory_limit,
                    help="bytes one rank may use, e.g. 1GiB (default: device total)")
     p.add_argument("--margin", type=float, default=d.margin,
-                   help="least safety margin on BucketSize, a fraction; raised on CPU to cover the measured "
-                        "backward transient (default: %(default)s)")
+                   help="safety margin on BucketSize, a fraction of the activation budget left free for "
+                        "what the fit misses (default: %(default)s)")
     p.add_argument("--world-size", type=int, default=d.world_size,
                    help="ranks of the job the profile is for (FSDP degree; default: this launch's)")
     p.add_argument("--comm-sizes", type=ints, default=d.comm_sizes, help="message bytes, e.g. 4KiB:16MiB (default: 4KiB:16MiB)")

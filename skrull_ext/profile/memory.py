@@ -11,16 +11,27 @@ layers, norm, head, the job's loss):
 
 - saved bytes: every tensor autograd saves for backward, through
   ``torch.autograd.graph.saved_tensors_hooks``, counted once per storage and
-  without parameters. Exact and device independent.
-- peak bytes above the step's starting point: the CUDA caching allocator's
-  peak statistics, or on CPU the process's resident high-water mark (VmHWM,
-  reset through /proc/self/clear_refs) with glibc told to return large
-  blocks to the OS, so that RSS follows live tensors.
+  without parameters. Exact and device independent; reported, not fitted.
+- peak tensor bytes above the step's starting point: the CUDA caching
+  allocator's peak statistics, or on CPU the allocation and free events of
+  the CPU allocator that torch's profiler records (``profile_memory``),
+  summed in order. Exact on both: every tensor the step allocates, the
+  saved activations and what backward allocates on top (activation
+  gradients, the loss's logit gradients), nothing else.
 
-The fit target is the allocator peak on CUDA and the saved bytes on CPU
-(exact there, where RSS carries allocator noise). What the backward pass
-allocates on top of the saved tensors (activation gradients) is then covered
-by the margin, which on CPU is raised to the measured peak/saved overhead.
+The fit is to the peak on every device, and BucketSize is derived from it
+with the plain ``--margin``. An earlier model fitted the saved bytes on CPU
+and covered the backward transient with a margin of peak/saved - 1: a ratio,
+where the transient is an amount. Activation gradients cost the same bytes
+whether or not the base weights are frozen (full fine-tuning adds at most
+one weight-sized gradient before it is added into ``.grad``), while a
+frozen (LoRA) base saves fewer tensors, so the ratio, and with it the
+margin, grew under LoRA (and
+the resident-set peak it was read from added 10-25 MB of non-tensor memory
+that varied from run to run). The process's resident set (``CpuPeak``) is
+still what the checks in training measure (train_check.py): it is what a
+job has to fit in.
+
 The CPU dense-mask attention saves an L x L mask per layer, so the fit takes
 a quadratic term when the points call for one; on GPU kernels it is ~0.
 
@@ -150,9 +161,62 @@ class CudaPeak:
         return float(torch.cuda.max_memory_allocated(self.device) - self._base)
 
 
-PEAK_METERS: dict[str, Callable[[torch.device], Any]] = {"cpu": lambda d: CpuPeak(), "cuda": CudaPeak}
-FIT_TARGET: dict[str, str] = {"cpu": "saved", "cuda": "peak"}
-"""Which measurement the memory model is fitted to, per device type (see module docstring)."""
+class CpuTensorPeak:
+    """Peak of live CPU tensor bytes above the level at ``start()``: the CPU
+    allocator's allocation (+) and free (-) events between ``start()`` and
+    ``peak()``, as torch's profiler records them, summed in time order.
+    Exact, like CUDA's allocator peak; no non-tensor memory in it."""
+
+    def __init__(self) -> None:
+        self._prof: Any = None
+
+    @property
+    def base(self) -> float:
+        return 0.0  # events are deltas from the start level
+
+    def start(self) -> None:
+        gc.collect()
+        self._prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True)
+        with _quiet_stderr():  # kineto prints a line at every start and stop
+            self._prof.__enter__()
+
+    def peak(self) -> float:
+        prof, self._prof = self._prof, None
+        if prof is None:
+            raise RuntimeError("CpuTensorPeak.peak() without start()")
+        with _quiet_stderr():
+            prof.__exit__(None, None, None)
+        cpu = torch.autograd.DeviceType.CPU
+        events = sorted((e.start_ns(), i, e.nbytes()) for i, e in enumerate(prof.profiler.kineto_results.events())
+                        if e.name() == "[memory]" and e.device_type() == cpu)
+        level = top = 0
+        for _, _, n in events:
+            level += n
+            top = max(top, level)
+        return float(top)
+
+
+class _quiet_stderr:
+    """Redirect file descriptor 2 to /dev/null inside the block."""
+
+    def __enter__(self) -> None:
+        import sys
+
+        sys.stderr.flush()
+        self._saved = os.dup(2)
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, 2)
+        os.close(null)
+
+    def __exit__(self, *exc) -> None:
+        os.dup2(self._saved, 2)
+        os.close(self._saved)
+
+
+PEAK_METERS: dict[str, Callable[[torch.device], Any]] = {"cpu": lambda d: CpuTensorPeak(), "cuda": CudaPeak}
+"""Tensor peak of a step, per device type: what the memory model is fitted to."""
+PROCESS_METERS: dict[str, Callable[[torch.device], Any]] = {"cpu": lambda d: CpuPeak(), "cuda": CudaPeak}
+"""What a running job holds, per device type (CPU: the resident set): the training check's meter."""
 
 
 def local_bytes(tensors: Iterable[Any]) -> int:
@@ -179,10 +243,7 @@ class MemoryPoint:
     saved: float
     """Bytes saved for backward (hooks)."""
     peak: float
-    """Peak bytes above the step's start (allocator or RSS)."""
-
-    def target(self, device_type: str) -> float:
-        return self.saved if FIT_TARGET[device_type] == "saved" else self.peak
+    """Peak tensor bytes above the step's start (the fit target)."""
 
 
 def measure_step(jm: JobModel, docs: Sequence[int], meter: Any, seed: int = 0) -> MemoryPoint:
@@ -282,11 +343,7 @@ def usable_memory(device: torch.device, limit: int) -> float:
 class MemoryResult:
     points: list[MemoryPoint]
     fit: PolyFit
-    """Activation bytes of one buffer of N tokens: b + a N (+ c N^2)."""
-    target: str
-    """'saved' or 'peak': what the fit describes."""
-    overhead: float
-    """Measured peak / saved - 1 on the longer buffers (backward transient)."""
+    """Peak activation bytes of one buffer of N tokens: b + a N (+ c N^2)."""
     static: StaticMemory
     usable: float
     margin: float
@@ -312,14 +369,6 @@ def fit_memory(tokens: Sequence[int], values: Sequence[float]) -> PolyFit:
     return line
 
 
-def transient_overhead(points: Sequence[MemoryPoint]) -> float:
-    """Largest peak/saved - 1 over the longer half of the ladder (short
-    buffers are dominated by fixed costs the intercept already holds)."""
-    top = max(p.tokens for p in points)
-    ratios = [p.peak / p.saved - 1 for p in points if p.tokens * 2 >= top and p.saved > 0 and math.isfinite(p.peak)]
-    return max(0.0, max(ratios, default=0.0))
-
-
 def profile_memory(jm: JobModel, opts: ProfileOptions, world_size: int,
                    tick: Callable[[str], None]) -> MemoryResult:
     """Measure the memory ladder, fit it, and derive BucketSize."""
@@ -332,18 +381,12 @@ def profile_memory(jm: JobModel, opts: ProfileOptions, world_size: int,
     saved = reduce_floats([p.saved for p in local], "max", jm.device)
     peak = reduce_floats([p.peak for p in local], "max", jm.device)
     points = [MemoryPoint(p.tokens, s, k) for p, s, k in zip(local, saved, peak)]
-    target = FIT_TARGET[jm.device.type]
-    fit = fit_memory([p.tokens for p in points], [p.target(jm.device.type) for p in points])
-    overhead = transient_overhead(points) if target == "saved" else 0.0
+    fit = fit_memory([p.tokens for p in points], [p.peak for p in points])
     margin = opts.margin
-    if target == "saved":
-        # The fit leaves out the backward transient t (peak = saved * (1 + t)):
-        # (1 - m)(1 + t) <= 1 needs m >= t / (1 + t); 2 points on top.
-        margin = min(0.9, max(margin, math.ceil((overhead / (1 + overhead) + 0.02) * 100) / 100))
     static = static_memory(jm, world_size)
     usable = usable_memory(jm.device, opts.memory_limit)
     cp = jm.config.parallelism.context_parallel_degree
     s = jm.shape
     kv = 2.0 * s.kv_width * s.bytes_per_elem * s.layers
     bucket = derive_bucket_size(usable, static.total, fit.slope, fit.intercept, margin, fit.quadratic, cp, kv)
-    return MemoryResult(points, fit, target, overhead, static, usable, margin, bucket, cp, kv)
+    return MemoryResult(points, fit, static, usable, margin, bucket, cp, kv)

@@ -66,7 +66,7 @@ class ProfileOptions:
     memory_limit: int = 0
     """Bytes one rank may use (0: device total, on CPU physical RAM / local ranks)."""
     margin: float = 0.05
-    """Least safety margin on BucketSize; on CPU raised to cover the measured backward transient."""
+    """Safety margin on BucketSize: the share of the activation budget left free for what the fit misses."""
     world_size: int = 0
     """Ranks of the job the profile is for (resolves FSDP degree -1); 0: this launch's."""
     comm_sizes: tuple[int, ...] = tuple(2**k for k in range(12, 25))

@@ -10,7 +10,7 @@ check.py fills one buffer inside the profiler's own process. This runs the
 job itself (SkrullTrainer under torchrun: FSDP, DACP attention over the CP
 group, the job's optimizer and data) with ``[skrull] cost_model`` = the
 profile and ``bucket_size = 0`` (the profile's BucketSize), and wraps each
-training step in the profiler's meter (``memory.PEAK_METERS``: on CPU the
+training step in a process meter (``memory.PROCESS_METERS``: on CPU the
 VmHWM reset through /proc/self/clear_refs, on CUDA the allocator peak).
 Per step and rank:
 
@@ -45,7 +45,7 @@ from dataclasses import asdict
 import torch.distributed as dist
 
 from skrull_ext.job_file import load_config
-from skrull_ext.profile.memory import PEAK_METERS, local_bytes, optimizer_state_tensors
+from skrull_ext.profile.memory import PROCESS_METERS, local_bytes, optimizer_state_tensors
 from skrull_ext.profile.train_report import StepMemory, format_report, report
 from skrull_ext.profile_file import Profile
 from skrull_ext.trainer import SkrullTrainer
@@ -79,7 +79,7 @@ class MeteredTrainer(SkrullTrainer):
         if not config.skrull.enable:
             raise ValueError("the memory check measures Skrull's plans: skrull.enable must be true")
         super().__init__(config)
-        self.meter = PEAK_METERS[self.device.type](self.device)
+        self.meter = PROCESS_METERS[self.device.type](self.device)
         self.records: list[StepMemory] = []
 
     def train_step(self, data_iterator) -> None:

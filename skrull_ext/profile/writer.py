@@ -95,9 +95,8 @@ def _raw(p: Profile) -> dict[str, Any]:
             "packed_rel_error": [cp.rel_error(t) for t in cp.packed],
         },
         "memory": {
-            "fit_target": mem.target, "tokens": [m.tokens for m in mem.points],
+            "fit_target": "peak", "tokens": [m.tokens for m in mem.points],
             "saved_bytes": [m.saved for m in mem.points], "peak_bytes": [m.peak for m in mem.points],
-            "transient_overhead": mem.overhead,
             "fsdp_degree": mem.static.fsdp_degree, "tp_degree": mem.static.tp_degree,
             "params_bytes": mem.static.params, "grads_bytes": mem.static.grads,
             "optimizer_bytes": mem.static.optimizer, "fsdp_buffer_bytes": mem.static.fsdp_buffers,
@@ -132,6 +131,7 @@ def _wall_ratio(cp: ComputeResult) -> float:
 
 def report(p: Profile) -> str:
     cp, mem = p.compute, p.memory
+    top = max(mem.points, key=lambda m: m.tokens)
     lines = [
         f"profile of {p.jm.name} on {p.meta['device']} ({p.meta['elapsed_s']:.0f} s)",
         f"  compute  T = {cp.fit.slope:.4g} us/FLOP * F + {cp.fit.intercept:.4g} us per layer ({cp.clock} clock) "
@@ -143,8 +143,9 @@ def report(p: Profile) -> str:
         + f"  (worst {cp.held_out_max_rel_error:.1%})",
         "  packed   " + ", ".join(f"{'+'.join(map(str, t.docs))}: {cp.rel_error(t):+.1%}" for t in cp.packed)
         + "  (prediction = sum of per-document FLOPs)",
-        f"  memory   {mem.target} bytes = {mem.fit.intercept:.4g} + {mem.fit.slope:.4g} N + {mem.fit.quadratic:.4g} N^2,"
-        f" R^2 {mem.fit.r2:.5f}, worst {mem.fit.max_rel_error:.1%}; backward transient {mem.overhead:.1%}",
+        f"  memory   peak bytes = {mem.fit.intercept:.4g} + {mem.fit.slope:.4g} N + {mem.fit.quadratic:.4g} N^2,"
+        f" R^2 {mem.fit.r2:.5f}, worst {mem.fit.max_rel_error:.1%}; at {top.tokens} tokens saved "
+        f"{_mib(top.saved)} + backward transient {_mib(top.peak - top.saved)}",
         f"  static   {_mib(mem.static.total)} (params {_mib(mem.static.params)}, grads {_mib(mem.static.grads)}, "
         f"optimizer {_mib(mem.static.optimizer)}, FSDP buffers {_mib(mem.static.fsdp_buffers)}; "
         f"FSDP degree {mem.static.fsdp_degree})",
@@ -161,8 +162,8 @@ def report(p: Profile) -> str:
     if p.check is not None:
         c = p.check
         lines.append(
-            f"  check    {c.tokens} tokens ({c.docs} docs): saved {_mib(c.measured_saved)} vs predicted "
-            f"{_mib(c.predicted_activation)}; peak {_mib(c.measured_peak)} vs budget {_mib(c.activation_budget)}; "
+            f"  check    {c.tokens} tokens ({c.docs} docs): peak {_mib(c.measured_peak)} vs fit "
+            f"{_mib(c.predicted_activation)} and budget {_mib(c.activation_budget)} (saved {_mib(c.measured_saved)}); "
             f"static measured {_mib(c.static_measured)} vs account {_mib(c.static_account_unsharded)} -> "
             f"{'OK' if c.ok else 'FAILED'}")
     return "\n".join(lines)

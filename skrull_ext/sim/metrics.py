@@ -30,9 +30,20 @@ class IterationMetrics:
     """Slowest DP rank over the mean DP rank (1.0 = balanced): what a better DP split could win."""
     scheduler_us: float = 0.0
     """Wall time to make the plan (core + CP-SAT fallback, or Python for the baselines)."""
+    local_share: float = 0.0
+    """Sequences kept whole on one rank over all sequences planned (the rest are sharded
+    and exchange K/V): what a larger BucketSize raises."""
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def _local_share(micro_batches) -> float:
+    seqs = local = 0
+    for mb in micro_batches:
+        seqs += len(mb.seqs)
+        local += mb.num_local
+    return local / seqs if seqs else 0.0
 
 
 def of_plan(plan: Plan | PoolPlan, cost: CostModel, capacity: int, bound_us: float) -> IterationMetrics:
@@ -61,6 +72,7 @@ def of_plan(plan: Plan | PoolPlan, cost: CostModel, capacity: int, bound_us: flo
         micro_batches=plan.num_micro_batches,
         dp_imbalance=plan.summary()["dp_imbalance"],
         scheduler_us=plan.scheduler_us + plan.fallback_us,
+        local_share=_local_share(mb for rank in plan.ranks for mb in rank),
     )
 
 
@@ -82,4 +94,5 @@ def _of_pool_plan(plan: PoolPlan, cost: CostModel, capacity: int, bound_us: floa
         micro_batches=plan.num_micro_batches,
         dp_imbalance=plan.summary()["dp_imbalance"],
         scheduler_us=plan.scheduler_us + plan.fallback_us,
+        local_share=_local_share(plan.micro_batches),
     )

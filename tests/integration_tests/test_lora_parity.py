@@ -2,11 +2,13 @@
 
 From one seed checkpoint of the LoRA debug job (float32, gloo): the same job
 in one process with torchtitan's batching (``--skrull.no-enable``) vs Skrull
-at CP=2 (2 processes). Same standard as test_parity_skrull.py: the 5 losses
-within 1e-4 and every trainable parameter's gradient (the adapters; the
-frozen base has none) at the check step. After the 5 steps the CP=2 run's
-base weights are bitwise those of the seed, the adapters have moved, and
-the run wrote its peft adapter folder.
+at CP=2 (2 processes) and at DP=2 x CP=2 (4 processes, FSDP over both).
+Same standard as test_parity_skrull.py: the 5 losses within 1e-4 and every
+trainable parameter's gradient (the adapters; the frozen base has none) at
+the check step. After the 5 steps each Skrull run's base weights are
+bitwise those of the seed and its adapters have moved; the CP=2 run wrote
+its peft adapter folder. The seed checkpoint and the 1-process reference
+are made once for the module.
 """
 
 import os
@@ -31,46 +33,76 @@ def _model_tensors(checkpoint: str, out: str) -> dict[str, torch.Tensor]:
 
 
 @pytest.fixture(scope="module")
-def lora_runs(tmp_path_factory):
+def lora_reference(tmp_path_factory):
+    """(workdir, seed checkpoint, the 1-process LoRA run), shared by every parity run here."""
     workdir = str(tmp_path_factory.mktemp("lora"))
     torchrun(1, "skrull_ext.train", [*LORA, "--dump_folder", os.path.join(workdir, "seed"),
              "--checkpoint.enable", "--checkpoint.create_seed_checkpoint"], cwd=workdir)
     seed = os.path.join(workdir, "seed", "checkpoint", "step-0")
     ref = train_from_seed(workdir, "ref", 1, "skrull_ext.train", LORA, seed, STEPS,
                           extra=["--skrull.no-enable"], grads_at=CHECK_STEP)
-    cp2 = train_from_seed(workdir, "cp2", 2, "skrull_ext.train", LORA, seed, STEPS,
-                          extra=["--parallelism.context_parallel_degree", "2"],
-                          grads_at=CHECK_STEP, save_every=STEPS)
-    return workdir, seed, ref, cp2
+    return workdir, seed, ref
 
 
-@pytest.mark.slow
-def test_lora_parity_cp2(lora_runs):
-    workdir, seed, ref, cp2 = lora_runs
-    print(f"1-proc LoRA {ref.losses}\nskrull cp2  {cp2.losses}")
+def _skrull_run(lora_reference, name: str, nproc: int, extra: list[str]):
+    workdir, seed, _ = lora_reference
+    return train_from_seed(workdir, name, nproc, "skrull_ext.train", LORA, seed, STEPS, extra=extra,
+                           grads_at=CHECK_STEP, save_every=STEPS)
+
+
+@pytest.fixture(scope="module")
+def lora_cp2(lora_reference):
+    return _skrull_run(lora_reference, "cp2", 2, ["--parallelism.context_parallel_degree", "2"])
+
+
+@pytest.fixture(scope="module")
+def lora_dp2_cp2(lora_reference):
+    return _skrull_run(lora_reference, "dp2cp2", 4, ["--parallelism.context_parallel_degree", "2",
+                                                     "--parallelism.data_parallel_shard_degree", "2"])
+
+
+def _matches_reference(run, ref, name: str) -> None:
+    print(f"1-proc LoRA  {ref.losses}\nskrull {name:6s}{run.losses}")
     # each step is another batch and the adapters start near zero: five losses need not fall;
-    # that training moved the adapters (and nothing else) is the next test
-    assert len(cp2.losses) == STEPS == len(ref.losses)
-    assert max(abs(a - b) for a, b in zip(ref.losses, cp2.losses)) < 1e-4
-    _check_exact_and_mixed(cp2)
-    grads = torch.load(cp2.grads)
+    # that training moved the adapters (and nothing else) is _base_unchanged
+    assert len(run.losses) == STEPS == len(ref.losses)
+    assert max(abs(a - b) for a, b in zip(ref.losses, run.losses)) < 1e-4, f"{ref.losses} vs {run.losses}"
+    _check_exact_and_mixed(run)
+    grads = torch.load(run.grads)
     assert grads and all(".lora_a." in k or ".lora_b." in k for k in grads), sorted(grads)[:5]
     assert len(grads) == 2 * 6 * len(set(HF_TO_TITAN.values()))  # A and B, 6 layers, 5 linears each
-    worst, rel = assert_same_grads(cp2.grads, ref.grads, **GRAD)
-    print(f"step {CHECK_STEP} adapter gradients vs 1-proc: max |diff| {worst:.3g}, relative norm {rel:.3g}")
+    worst, rel = assert_same_grads(run.grads, ref.grads, **GRAD)
+    print(f"step {CHECK_STEP} {name} adapter gradients vs 1-proc: max |diff| {worst:.3g}, relative norm {rel:.3g}")
 
 
-@pytest.mark.slow
-def test_lora_parity_cp2_base_unchanged_and_adapter_written(lora_runs):
-    workdir, seed, ref, cp2 = lora_runs
+def _base_unchanged(lora_reference, run, name: str) -> None:
+    workdir, seed, _ = lora_reference
     before = _model_tensors(seed, os.path.join(workdir, "seed.pt"))
-    after = _model_tensors(os.path.join(cp2.dump, "checkpoint", f"step-{STEPS}"), os.path.join(workdir, "cp2.pt"))
+    after = _model_tensors(os.path.join(run.dump, "checkpoint", f"step-{STEPS}"), os.path.join(workdir, f"{name}.pt"))
     assert before.keys() == after.keys()
     base = [k for k in before if ".lora_" not in k]
     assert len(base) > 50
     changed = [k for k in base if not torch.equal(before[k], after[k])]
-    assert not changed, f"base weights changed: {changed[:5]}"
+    assert not changed, f"{name}: base weights changed: {changed[:5]}"
     moved = [k for k in before if ".lora_b." in k and not torch.equal(before[k], after[k])]
     assert len(moved) == 6 * len(set(HF_TO_TITAN.values()))
+
+
+@pytest.mark.slow
+def test_lora_parity_cp2(lora_reference, lora_cp2):
+    _matches_reference(lora_cp2, lora_reference[2], "cp2")
+
+
+@pytest.mark.slow
+def test_lora_parity_cp2_base_unchanged_and_adapter_written(lora_reference, lora_cp2):
+    _base_unchanged(lora_reference, lora_cp2, "cp2")
     for name in ("adapter_config.json", "adapter_model.safetensors"):
-        assert os.path.isfile(os.path.join(cp2.dump, "lora_adapter", name)), name
+        assert os.path.isfile(os.path.join(lora_cp2.dump, "lora_adapter", name)), name
+
+
+@pytest.mark.slow
+def test_lora_parity_dp2_cp2(lora_reference, lora_dp2_cp2):
+    """4 processes: FSDP shards the frozen base and the adapters over DP x CP; Skrull
+    plans each DP rank's share of the global batch over its CP pair."""
+    _matches_reference(lora_dp2_cp2, lora_reference[2], "dp2cp2")
+    _base_unchanged(lora_reference, lora_dp2_cp2, "dp2cp2")

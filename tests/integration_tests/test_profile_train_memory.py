@@ -12,6 +12,9 @@ exceeds what the profile predicts for the tokens it held.
   usable: a shard keeps the K/V gathered from the other rank and its dense
   CPU mask spans twice the keys; profile_file.derive_bucket_size derives
   BucketSize for the job's CP degree.)
+- The LoRA job (frozen base) with its own profile, whose BucketSize is larger
+  than full fine-tuning's: one sequence of exactly that many tokens on each
+  rank, within the prediction (issue 15).
 """
 
 import json
@@ -24,6 +27,9 @@ from tests.integration_tests.launch import REPO, torchrun
 PROFILE = os.path.join(REPO, "profiles", "cpu-debug-gloo2.toml")
 PROFILE_CP2 = os.path.join(REPO, "profiles", "cpu-debug-gloo2-cp2.toml")
 JOB = ["--config-file", os.path.join(REPO, "skrull_ext", "jobs", "debug_cpu.toml")]
+PROFILE_LORA = os.path.join(REPO, "profiles", "cpu-debug-lora-1proc.toml")
+PROFILE_FULL_1PROC = os.path.join(REPO, "profiles", "cpu-debug-1proc.toml")
+JOB_LORA = ["--config-file", os.path.join(REPO, "skrull_ext", "jobs", "debug_cpu_lora.toml")]
 
 
 def _bucket(profile: str = PROFILE) -> int:
@@ -31,10 +37,10 @@ def _bucket(profile: str = PROFILE) -> int:
         return tomllib.load(f)["memory"]["bucket_size"]
 
 
-def _check(tmp_path, extra: list[str], profile: str = PROFILE) -> tuple[dict, str]:
+def _check(tmp_path, extra: list[str], profile: str = PROFILE, job: list[str] = JOB) -> tuple[dict, str]:
     """Run the check; return its JSON and console output (a run over budget exits 1)."""
     out = tmp_path / "memory_check.json"
-    args = ["--profile", profile, *JOB, "--dump_folder", str(tmp_path / "dump"), "--out", str(out), *extra]
+    args = ["--profile", profile, *job, "--dump_folder", str(tmp_path / "dump"), "--out", str(out), *extra]
     try:
         proc = torchrun(2, "skrull_ext.profile.train_check", args, cwd=str(tmp_path))
         text = proc.stdout
@@ -75,6 +81,22 @@ def test_bucket_size_with_a_sharded_sequence(tmp_path):
     ], PROFILE_CP2)
     assert bucket - 1 <= n // 2 <= bucket
     assert all(v["buffer_tokens"] == n // 2 for v in d["ranks"]), text
+    for v in d["ranks"]:
+        assert v["measured"] <= v["predicted"] <= v["usable"], text
+    assert d["ok"], text
+
+
+@pytest.mark.slow
+def test_lora_bucket_size_holds_in_training(tmp_path):
+    bucket = _bucket(PROFILE_LORA)
+    assert bucket > _bucket(PROFILE_FULL_1PROC)  # same model and budget, full fine-tuning
+    # Two sequences of exactly BucketSize tokens, one whole on each FSDP rank.
+    d, text = _check(tmp_path, [
+        "--training.steps", "1", "--training.seq_len", str(bucket), "--dataloader.min_len", str(bucket),
+        "--dataloader.max_len", str(bucket), "--dataloader.global_batch_size", "2",
+    ], PROFILE_LORA, JOB_LORA)
+    assert d["bucket_size"] == bucket and len(d["ranks"]) == 2
+    assert all(v["buffer_tokens"] == bucket for v in d["ranks"]), text
     for v in d["ranks"]:
         assert v["measured"] <= v["predicted"] <= v["usable"], text
     assert d["ok"], text

@@ -50,3 +50,29 @@ def test_latency_names_its_cost_model(tmp_path, capsys, given, label):
     printed = capsys.readouterr().out
     assert label in printed, printed
     assert json.loads(out.read_text())["args"]["profile"] == (MEASURED if given else None)
+
+
+def _simulate_cell(tmp_path, name: str, *extra: str) -> dict:
+    out = tmp_path / name
+    rc = simulate.main(["--datasets", "wikipedia", "--models", "llama3-debug", "--dp", "1", "--cp", "2",
+                        "--batch-size", "8", "--iterations", "3", "--policies", "skrull", *extra,
+                        "--out", str(out), "--no-plots", "--quiet"])
+    assert rc == 0
+    return next(c for c in json.loads((out / "results.json").read_text())["cells"] if c["policy"] == "skrull")
+
+
+def test_simulate_reads_a_lora_profile_and_plans_with_its_larger_bucket(tmp_path, capsys):
+    """The LoRA profile (frozen base: no gradients or optimizer state for it) is read like
+    any other; its BucketSize is the file's and larger than full fine-tuning's."""
+    from skrull_ext.profile_file import Profile
+
+    buckets, cells = {}, {}
+    for name in ("cpu-debug-1proc", "cpu-debug-lora-1proc"):
+        path = os.path.join(REPO, "profiles", f"{name}.toml")
+        buckets[name] = Profile.load(path).bucket_size
+        cells[name] = _simulate_cell(tmp_path, name, "--profile", path)
+        assert f"hardware profile: measured: {name}.toml" in capsys.readouterr().out
+        assert cells[name]["shape"] == f"1x2x8, C={buckets[name]}"
+        assert cells[name]["peak_tokens"] <= buckets[name]
+        assert 0 <= cells[name]["local_share"] <= 1
+    assert buckets["cpu-debug-lora-1proc"] > buckets["cpu-debug-1proc"]

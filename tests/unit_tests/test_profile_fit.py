@@ -5,11 +5,12 @@ BucketSize arithmetic with a quadratic memory term."""
 import math
 
 import pytest
+import torch
 
 from skrull_ext.profile_file import derive_bucket_size
 from skrull_ext._core import CommModel, CostModel, ModelShape
 from skrull_ext.profile.fit import fit_piecewise, fit_poly, quality
-from skrull_ext.profile.memory import MemoryPoint, fit_memory, transient_overhead
+from skrull_ext.profile.memory import CpuTensorPeak, fit_memory
 from skrull_ext.profile.options import ProfileOptions, parse_bytes, parse_ints
 
 
@@ -111,9 +112,21 @@ def test_bucket_size_with_quadratic_term_is_the_largest_that_fits():
         derive_bucket_size(usable, static, a, b, m, -1.0)
 
 
-def test_transient_overhead_uses_the_longer_half():
-    pts = [MemoryPoint(100, 10.0, 30.0), MemoryPoint(1000, 100.0, 110.0), MemoryPoint(2000, 200.0, 230.0)]
-    assert close(transient_overhead(pts), 0.15)
+def test_cpu_tensor_peak_is_the_exact_live_tensor_high_water_mark():
+    # 4 MB live from before (not counted), then +8 MB, +16 MB, free 8 MB, +4 MB:
+    # the peak above the start level is 24 MB, whatever the process's RSS does.
+    before = torch.empty(2**20, dtype=torch.float32)
+    meter = CpuTensorPeak()
+    meter.start()
+    a = torch.empty(2 * 2**20, dtype=torch.float32)
+    b = torch.empty(4 * 2**20, dtype=torch.float32)
+    del a
+    c = torch.empty(2**20, dtype=torch.float32)
+    del before
+    assert meter.peak() == 24 * 2**20
+    del b, c
+    meter.start()  # a fresh window: nothing allocated in it
+    assert meter.peak() == 0.0
 
 
 def test_options_parsing_and_derived_ladders():

@@ -35,6 +35,19 @@ def test_baseline_by_hand(make_toy):
     # K/V of the padded lengths: rank 0 2*(4 + 4), rank 1 2*(8 + 8); one collective, one layer.
     assert m.comm_bytes == 16 + 32
     assert m.overflow == 0 and m.micro_batches == 1
+    assert m.local_share == 0.0  # the baseline shards every sequence
+
+
+def test_local_share_counts_sequences_kept_whole(make_toy):
+    cost = make_toy(comm_us=1000.0)
+    plan = P.get("skrull").plan(LENGTHS, cost, SHAPE, 0)
+    plan.validate()
+    mbs = plan.all_micro_batches()
+    local = sum(1 for mb in mbs for r in mb.cp_rank if r != D)
+    assert local > 0  # an expensive exchange: skrull keeps some whole
+    assert metrics.of_plan(plan, cost, capacity=10, bound_us=1.0).local_share == local / len(LENGTHS)
+    cp1 = P.get("baseline").plan(LENGTHS, cost, Shape(dp=1, cp=1, batch_size=4, bucket_size=18), 0)
+    assert metrics.of_plan(cp1, cost, capacity=18, bound_us=1.0).local_share == 1.0  # CP 1: all whole
 
 
 def test_baseline_packs_in_arrival_order(toy):

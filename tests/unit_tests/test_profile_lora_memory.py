@@ -1,0 +1,56 @@
+"""The profiler's memory model with and without LoRA (issue 15): a frozen base
+saves fewer activations and holds no gradients or optimizer state, while
+backward's transient (activation and logit gradients) is the same amount of
+bytes, up to one weight-sized gradient that full fine-tuning computes before
+adding it into ``.grad``. Fitted to the exact tensor peak, LoRA's BucketSize comes out larger;
+the earlier model (saved bytes x a peak/saved margin) gave it the smaller one.
+In process, tiny ladder, the debug jobs' own models."""
+
+import os
+
+import pytest
+import torch
+
+from skrull_ext.job_file import load_config
+from skrull_ext.profile.memory import profile_memory
+from skrull_ext.profile.model import build_job_model
+from skrull_ext.profile.options import ProfileOptions
+
+JOBS = os.path.join(os.path.dirname(__file__), "..", "..", "skrull_ext", "jobs")
+LENGTHS = (64, 128, 256, 512)
+
+
+def _memory(job: str):
+    torch.manual_seed(0)
+    config = load_config(["--config-file", os.path.join(JOBS, job)], module="skrull_ext.profile", world_size=2)
+    jm = build_job_model(config, torch.device("cpu"), max(LENGTHS), 2)
+    opts = ProfileOptions(memory_lengths=LENGTHS, memory_limit=256 * 2**20, world_size=2)
+    largest = max(p.numel() * p.element_size() for p in jm.model.parameters())
+    return profile_memory(jm, opts, 2, lambda _: None), largest
+
+
+@pytest.fixture(scope="module")
+def full_and_lora():
+    return _memory("debug_cpu.toml"), _memory("debug_cpu_lora.toml")
+
+
+def test_lora_saves_less_with_the_same_backward_transient(full_and_lora):
+    (full, largest), (lora, _) = full_and_lora
+    for f, l in zip(full.points, lora.points):
+        assert l.saved < 0.97 * f.saved, (f, l)  # the frozen base's linears keep fewer inputs
+        # the same activation gradients in flight (LoRA adds its rank-8 adapter activations);
+        # full fine-tuning may add one weight's gradient
+        assert -0.01 * (f.peak - f.saved) <= (f.peak - f.saved) - (l.peak - l.saved) <= largest, (f, l, largest)
+        assert l.peak < f.peak
+    top_f, top_l = full.points[-1], lora.points[-1]
+    assert top_l.peak - top_l.saved == pytest.approx(top_f.peak - top_f.saved, rel=0.02)
+
+
+def test_lora_bucket_is_larger_and_the_fit_is_the_peak(full_and_lora):
+    (full, _), (lora, _) = full_and_lora
+    assert lora.static.total < full.static.total
+    assert lora.margin == full.margin == ProfileOptions().margin  # no per-job margin from a ratio
+    for r in (full, lora):
+        assert r.fit.max_rel_error < 0.02
+        assert all(r.fit(p.tokens) == pytest.approx(p.peak, rel=0.02) for p in r.points)
+    assert lora.bucket_size > full.bucket_size
