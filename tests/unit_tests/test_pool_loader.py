@@ -41,10 +41,12 @@ def test_pool_buffers_reassemble_the_global_batch():
         for mb in plan.micro_batches:
             block = range(mb.first_group * CP, (mb.first_group + mb.groups) * CP)
             bufs = {r: steps[r].micro_batches[mb.slot] for r in range(DP * CP)}
-            # The world's buffers, ranks outside the block holding nothing of it.
+            # The world's buffers, ranks outside the block (or holding nothing of it) empty.
             def field(name, r):
                 b = bufs[r]
-                return getattr(b, name)[0] if r in block and b.meta.dist_sets is not None else torch.zeros(0, dtype=torch.long)
+                if r in block and b.meta.dist_sets is not None:
+                    return getattr(b, name)[0]
+                return torch.zeros(0, dtype=torch.long)
             for name in ("input", "labels", "positions"):
                 back = unshard_pool_buffer([field(name, r) for r in range(DP * CP)], mb.lengths, mb.first_rank,
                                            mb.num_ranks)
