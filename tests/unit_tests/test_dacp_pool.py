@@ -27,7 +27,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from tests.unit_tests.dacp_multiproc import reference, TOLERANCE
+from tests.unit_tests.dacp_multiproc import _backward_order, reference, TOLERANCE
 
 from skrull_ext.attention import (
     build_meta,
@@ -56,6 +56,8 @@ class PoolCase:
     dtype: torch.dtype = torch.float64
     seed: int = 0
     kernel: str = "dense"
+    order: bool = False
+    """Also record the order of the backward nodes (needs local and distributed parts, dense kernel)."""
     checkpoint: bool = False
     """Run the attention twice as activation checkpointing does (forward, then a
     recomputation inside backward that must reuse the kept K/V)."""
@@ -83,7 +85,8 @@ def random_case(name: str, seed: int, **kw) -> PoolCase:
 
 CASES = [
     # The issue's step: one sequence over ranks 1-2 (DP groups 0 and 1), one over all 4, others local.
-    PoolCase("cross_dp_and_world", [13, 30, 5, 7, 9, 4], [(1, 2), (0, 4), (0, 1), (3, 1), (1, 1), (2, 1)]),
+    PoolCase("cross_dp_and_world", [13, 30, 5, 7, 9, 4], [(1, 2), (0, 4), (0, 1), (3, 1), (1, 1), (2, 1)],
+             order=True),
     # Overlapping sets: rank 1 shares A with 0, B with 2 and D with everyone.
     PoolCase("overlapping_sets", [11, 17, 9, 26, 6], [(0, 2), (1, 2), (2, 2), (0, 4), (3, 1)], seed=1),
     # Ranks 2 and 3 shard nothing and exchange nothing; rank 3 holds nothing at all.
@@ -135,9 +138,10 @@ def rank_step(case: PoolCase, rank: int) -> dict:
         out = checkpoint(attend, q, k, v, use_reentrant=False)
     else:
         out = dacp_attention(q, k, v, meta, dist.group.WORLD, stats=stats, kernel=case.kernel)
+    order = _backward_order(out) if case.order else []
     out.backward(buf("go"))
     got = dict(out=out.detach(), dq=q.grad, dk=k.grad, dv=v.grad)
-    return dict(**got, stats=stats)
+    return dict(**got, stats=stats, order=order)
 
 
 def _worker(rank: int, store: str, outdir: str) -> None:
@@ -189,6 +193,16 @@ def test_pool_attention_matches_single_process(results, idx):
         # Under checkpointing the recomputation took the kept K/V (one gather above, one replay);
         # it may stop early once the saved tensors are back, so its call is not always counted.
         assert s.replays == (1 if case.checkpoint and held else 0), f"rank {r}"
+
+
+def test_backward_overlaps_local_part(results):
+    """As over a CP group: the rank-set exchange of dK/dV is issued before the local
+    part's backward and waited on after it (order of autograd nodes, not timing)."""
+    for case, ranks in zip(CASES, results):
+        if case.order:
+            for r, res in enumerate(ranks):
+                assert res["stats"].local_seqs and res["stats"].dist_seqs, f"rank {r} needs both parts"
+                assert res["order"] == ["_WaitExchangeBackward", "local", "_StartExchangeBackward"], f"rank {r}"
 
 
 def test_whole_world_sets_describe_the_cp_layout():
