@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given, settings, strategies as st
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from tests.unit_tests.dacp_multiproc import _backward_order, reference, TOLERANCE
@@ -40,6 +41,7 @@ from skrull_ext.attention import (
     shard_pool_buffer,
     unshard_pool_buffer,
 )
+from skrull_ext.attention.routes import routes_for
 
 WORLD = 4
 
@@ -234,3 +236,40 @@ def test_pool_meta_rank_sets():
         DacpBatchMeta(0, WORLD, [], [8], dist_sets=[(3, 2)])
     with pytest.raises(ValueError, match="dist length 6 over 2 ranks must be a multiple of 4"):
         DacpBatchMeta(0, WORLD, [], [6], dist_sets=[(0, 2)])
+
+
+@st.composite
+def _pool_micro_batch(draw):
+    world = draw(st.integers(2, 8))
+    n = draw(st.integers(1, 8))
+    sets = []
+    for _ in range(n):
+        k = draw(st.integers(1, world))
+        sets.append((draw(st.integers(0, world - k)), k))
+    return world, draw(st.lists(st.integers(1, 60), min_size=n, max_size=n)), sets
+
+
+@settings(max_examples=60, deadline=None)
+@given(_pool_micro_batch())
+def test_rank_set_routes_agree_and_gather_every_position_once(mb):
+    """For any rank sets: what rank r expects from q is what q sends to r (both ends
+    derive the block sizes without a message), a rank's gathered K/V hold every
+    position of each sequence it holds exactly once, and its buffer's tokens are
+    its local sequences plus its shards (the sum over ranks: every padded token once)."""
+    world, lengths, sets = mb
+    first, num = [a for a, _ in sets], [k for _, k in sets]
+    metas = [build_pool_meta(lengths, first, num, r, world) for r in range(world)]
+    routes = [routes_for(m) for m in metas]
+    for r, (m, rt) in enumerate(zip(metas, routes)):
+        assert list(rt.peers) == m.peers and (not m.held() or r in rt.peers)
+        for q, count, idx in zip(rt.peers, rt.counts, rt.index):
+            back = routes[q]
+            assert count == back.counts[back.peers.index(r)] == idx.numel()
+            assert idx.numel() == 0 or int(idx.max()) < m.num_dist_tokens
+        docs, pos = m.gathered_doc_positions()
+        for i in m.held():
+            got = sorted(pos[docs == i].tolist())
+            assert got == list(range(m.dist_lens[i])), f"rank {r}, sequence {i}"
+        assert set(docs.tolist()) == set(m.held())
+    padded = sum(padded_length(n, k) if k > 1 else n for n, k in zip(lengths, num))
+    assert sum(m.num_tokens for m in metas) == padded
