@@ -180,6 +180,8 @@ class PoolPlan:
         tok = sum(self.lengths[k] for k in live)
         mean = sum(self.group_time_us) / len(self.group_time_us) if self.group_time_us else 0.0
         rank_tokens = [t for mb in self.micro_batches for t in mb.rank_tokens]
+        gaps = [mb.time_us / mb.lower_bound_us - 1.0 for mb in self.micro_batches
+                if mb.lower_bound_us is not None and mb.lower_bound_us > 0]
         return {
             "sequences": len(live),
             "micro_batches": len(self.micro_batches),
@@ -189,7 +191,9 @@ class PoolPlan:
             "widened": self.widened,
             "skrull_plan": float(self.skrull_plan),
             "rollbacks": self.rollbacks,
+            "refine_moves": sum(mb.moves for mb in self.micro_batches),
             "cpsat_used": sum(1 for mb in self.micro_batches if mb.path == "cpsat"),
+            "mean_bound_gap": sum(gaps) / len(gaps) if gaps else float("nan"),
             "dropped": len(self.dropped),
             "truncated": len(self.truncated),
             "scheduler_us": self.scheduler_us,
@@ -198,6 +202,8 @@ class PoolPlan:
             "dp_imbalance": self.makespan_us / mean if mean > 0 else 1.0,
             "max_rank_tokens": max(rank_tokens, default=0),
             "rank_token_imbalance": _imbalance(self.rank_totals()),
+            # FLOPs per rank are known only where CP-SAT re-placed a micro-batch; NaN otherwise.
+            "rank_flop_imbalance": float("nan"),
         }
 
     def rank_totals(self) -> list[float]:

@@ -102,12 +102,6 @@ class SkrullConfig(SchedulingOptions):
             self.check()
         except ValueError as e:
             raise ValueError(f"skrull.{e}") from None
-        if POLICIES[self.policy].pool:
-            trainable = sorted(n for n, p in POLICIES.items() if not p.pool)
-            raise ValueError(
-                f"skrull.policy: {self.policy!r} plans the DP x CP world as one pool, which the trainer cannot "
-                f"run yet (bench simulate and bench latency can); one of {trainable}"
-            )
 
     def _measured(self) -> Profile | None:
         """The profile file ``cost_model`` names (None for a hardware preset), read once.

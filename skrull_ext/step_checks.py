@@ -22,9 +22,15 @@ class PlanMismatchError(RuntimeError):
 
 
 def gds_digest(plan) -> str:
-    """Hash of lengths, DP ranks and micro-batches (not CP placements)."""
+    """Hash of lengths, DP ranks and micro-batches (not CP placements). A pool plan
+    (no DP rank per sequence) hashes each micro-batch's slot and block of groups instead."""
     h = hashlib.sha256()
-    for arr in (plan.lengths, plan.dp_rank, plan.micro_batch):
+    if hasattr(plan, "dp_rank"):
+        arrays = (plan.lengths, plan.dp_rank, plan.micro_batch)
+    else:
+        blocks = [x for mb in plan.micro_batches for x in (mb.slot, mb.first_group, mb.groups)]
+        arrays = (plan.lengths, plan.micro_batch, blocks)
+    for arr in arrays:
         h.update(struct.pack(f"<{len(arr)}q", *arr))
     return h.hexdigest()
 
@@ -61,7 +67,7 @@ def step_metrics(step, attention_modules, measured_us: float) -> dict[str, float
     summary = step.plan.summary()
     out = {f"skrull/{k}": float(v) for k, v in summary.items()}
     out.update({k: float(v) for k, v in stats.as_dict(prefix="skrull/dacp_").items()})
-    out["skrull/rank_micro_batches"] = float(len(step.plan.micro_batches(step.dp_rank)))
+    out["skrull/rank_micro_batches"] = float(len(step.plan.ranks[step.dp_rank]))
     out.update({f"skrull/{k}_total": float(v) for k, v in step.overlength_totals.items()})
     out["skrull/schedule_wall_us"] = step.schedule_us
     out["skrull/measured_us"] = measured_us

@@ -42,6 +42,7 @@ from skrull_ext.lora import LoRAConfig, apply_lora
 from skrull_ext.lora.train import save_lora_outputs
 from skrull_ext.model_shape import job_shape
 from skrull_ext.plan_log import PlanLog
+from skrull_ext.config import POLICIES
 from skrull_ext.skrull_config import SkrullConfig
 from skrull_ext.step_checks import check_plan_digests, RatioSpread, step_log_line, step_metrics
 
@@ -130,9 +131,11 @@ class SkrullTrainer(Trainer):
         if skrull.plan_log:
             rank = dist.get_rank() if dist.is_initialized() else 0
             self.plan_log = PlanLog(self.config.dump_folder, rank)
-        # Before any step: an over-length sequence under 'error' fails here.
+        # Before any step: an over-length sequence under 'error' fails here. A pool
+        # policy holds up to bucket_size on every rank of the world, not of one CP group.
+        ranks = dims.cp * (self.dataloader.dp_world_size if POLICIES[skrull.policy].pool else 1)
         check_overlength(
-            self.dataloader, skrull.bucket_size, dims.cp, skrull.overlength,
+            self.dataloader, skrull.bucket_size, ranks, skrull.overlength,
             first_step=1, last_step=self.config.training.steps,
         )
         logger.info(

@@ -30,6 +30,11 @@ Profiler traces show the parts as ``dacp/local``, ``dacp/kv_wait`` and
 
 Only K/V heads travel, so GQA moves n_kv_heads/n_heads of the MHA bytes.
 
+Under skrull-pool (``meta.dist_sets``) each distributed sequence has its own
+rank set of the world: ``group`` is then the world group, the exchange goes
+point to point to the ranks this one shares a sequence with (routes.py), and
+only those ranks need to call this for the micro-batch to complete.
+
 The inner attention of both parts is a named kernel (kernels.py): ``dense``
 (SDPA with the dense bool masks; the CPU default, O(T^2) mask memory),
 ``varlen`` (flash attention's varlen kernel over a segment plan cached on the
@@ -48,6 +53,7 @@ from skrull_ext.attention.exchange import KVExchange, start_exchange, wait_excha
 from skrull_ext.attention.kernels import AUTO, Kernel, resolve_kernel
 from skrull_ext.attention.meta import DacpBatchMeta
 from skrull_ext.attention.replay import in_backward, KVReplay
+from skrull_ext.attention.routes import routes_for
 from skrull_ext.attention.stats import DacpStats
 from skrull_ext.attention.stream import SideStream, side_stream_for
 from skrull_ext.attention.transport import Transport, resolve_transport
@@ -82,7 +88,7 @@ def _count(stats: DacpStats, meta: DacpBatchMeta) -> None:
     stats.calls += 1
     stats.local_seqs += len(meta.local_lens)
     stats.local_tokens += meta.num_local_tokens
-    stats.dist_seqs += len(meta.dist_lens)
+    stats.dist_seqs += len(meta.held())
     stats.dist_tokens += meta.num_dist_tokens
 
 
@@ -107,6 +113,8 @@ def dacp_attention(
         k, v: same layout with Hkv heads (H % Hkv == 0, GQA when fewer).
         meta: this rank's :class:`DacpBatchMeta`.
         group: the CP process group (size meta.cp_size); unused when cp_size is 1.
+            With ``meta.dist_sets`` (skrull-pool), the group whose ranks the sets
+            name: the world group (None: the default group).
         scale: softmax scale, default 1/sqrt(D).
         stats: counters to add this call to.
         side_stream: where the local part runs; default the device's shared one.
@@ -120,7 +128,8 @@ def dacp_attention(
 
     Returns:
         Output in q's layout and buffer order. Every CP rank of the group must
-        call this with the same ``dist_lens`` (it is a collective).
+        call this with the same ``dist_lens`` (it is a collective); with
+        ``dist_sets``, every rank sharing a sequence with this one.
     """
     batched = q.dim() == 4
     if batched:
@@ -131,14 +140,19 @@ def dacp_attention(
     kern = kernel if isinstance(kernel, Kernel) else resolve_kernel(kernel, q)
     side_stream = side_stream or side_stream_for(q.device)
     n_loc = meta.num_local_tokens
-    has_local, has_dist = n_loc > 0, bool(meta.dist_lens)
+    has_local, has_dist = n_loc > 0, bool(meta.held())
 
     # 1. Issue the exchange first so it runs under the local part.
     ex = None
     if has_dist and meta.cp_size > 1:
         recompute = replay is not None and in_backward()
-        ex = KVExchange(group, stats, replay=replay.take(meta) if recompute else None,
-                        transport=exchange if isinstance(exchange, Transport) else resolve_transport(exchange, group))
+        if meta.dist_sets is not None:  # rank sets: point to point, whatever the transport
+            ex = KVExchange(group, stats, replay=replay.take(meta) if recompute else None,
+                            routes=routes_for(meta, q.device))
+        else:
+            ex = KVExchange(group, stats, replay=replay.take(meta) if recompute else None,
+                            transport=exchange if isinstance(exchange, Transport)
+                            else resolve_transport(exchange, group))
         kv = torch.stack([k[:, n_loc:], v[:, n_loc:]])  # [2, Hkv, Td, D]
         gathered = start_exchange(kv, ex)  # flat [N * 2 * Hkv * Td * D], not valid yet
 

@@ -32,6 +32,12 @@ the autograd engine running ready nodes with the highest sequence number
 first: the wait node and the distributed attention were created after the
 local attention, the start node before it. Correctness never depends on that
 order, only the overlap does.
+
+An exchange with ``routes`` (skrull-pool: sequences sharded over their own
+rank sets, routes.py) moves each peer's shared tokens point to point instead;
+the gathered K/V are then the peers' blocks in rank order, of unequal sizes,
+and the backward sends each block's gradient back to its owner. The two
+nodes and the overlap are the same.
 """
 
 import time
@@ -41,6 +47,7 @@ import torch.distributed as dist
 from torch.autograd.function import once_differentiable
 
 from skrull_ext.attention.replay import KeptKV
+from skrull_ext.attention.routes import block_sizes, routed_gather, routed_scatter_sum, Routes
 from skrull_ext.attention.stats import DacpStats
 from skrull_ext.attention.transport import Transport, TRANSPORTS
 
@@ -60,9 +67,12 @@ class KVExchange:
         stats: DacpStats | None = None,
         replay: tuple[torch.Tensor, torch.Tensor] | None = None,
         transport: Transport = TRANSPORTS["all_gather"],
+        routes: Routes | None = None,
     ) -> None:
         self.group = group
         self.transport = transport
+        self.routes = routes
+        """Set: a rank-set exchange (routes.py) over ``group``, ``transport`` unused."""
         self.world_size = dist.get_world_size(group)
         self.stats = stats
         self._work = None
@@ -88,12 +98,19 @@ class _StartExchange(torch.autograd.Function):
             return shard.new_empty(0)
         # Flat buffers: the concatenation form is the one every backend accepts.
         send = shard.contiguous().view(-1)
-        out = send.new_empty(ex.world_size * send.numel())
-        ex._work = ex.transport.gather(out, send, ex.group)
+        if ex.routes is not None:
+            sizes = block_sizes(ex.routes, 2 * shard.size(1) * shard.size(3))
+            out = send.new_empty(sum(sizes))
+            ex._work = routed_gather(out, send.view(shard.shape), ex.routes, ex.group)
+            moved = sum(sizes) - send.numel()  # every block but this rank's own
+        else:
+            out = send.new_empty(ex.world_size * send.numel())
+            ex._work = ex.transport.gather(out, send, ex.group)
+            moved = (ex.world_size - 1) * send.numel()
         ex._send = send
         if ex.stats is not None:
             ex.stats.all_gathers += 1
-            ex.stats.fwd_bytes += (ex.world_size - 1) * send.numel() * send.element_size()
+            ex.stats.fwd_bytes += moved * send.element_size()
         # Flat, not a view: a view of a buffer the collective writes into would trip
         # autograd's view+in-place guard for custom Functions.
         return out
@@ -124,6 +141,10 @@ class _WaitExchange(torch.autograd.Function):
         if ex.stats is not None:
             ex.stats.fwd_wait_s += time.perf_counter() - t0
         ex._work = ex._send = None
+        if ex.routes is not None:  # per-peer blocks [2, Hkv, n_peer, D], peers in rank order
+            parts = gathered.split(block_sizes(ex.routes, 2 * ex.shard_shape[1] * ex.shard_shape[3]))
+            blocks = [p.view(2, ex.shard_shape[1], n, ex.shard_shape[3]) for p, n in zip(parts, ex.routes.counts)]
+            return torch.cat([b[0] for b in blocks], dim=1), torch.cat([b[1] for b in blocks], dim=1)
         n, (_, hkv, td, d) = ex.world_size, ex.shard_shape
         g = gathered.view(n, 2, hkv, td, d)
         k = g[:, 0].transpose(0, 1).reshape(hkv, n * td, d)
@@ -136,6 +157,19 @@ class _WaitExchange(torch.autograd.Function):
         ex: KVExchange = ctx.ex
         if ex.kept is not None:  # past this layer: no recomputation will take it now
             ex.kept.close()
+        if ex.routes is not None:  # back to the per-peer blocks; each goes to its owner
+            ends = torch.tensor(ex.routes.counts).cumsum(0).tolist()
+            grad_in = torch.cat([
+                torch.stack([grad_k[:, b - n : b], grad_v[:, b - n : b]]).reshape(-1)
+                for n, b in zip(ex.routes.counts, ends)
+            ])
+            grad_out = grad_in.new_empty(ex.shard_shape)
+            ex._grad_work = routed_scatter_sum(grad_out, grad_in, ex.routes, ex.group)
+            ex._grad_in, ex._grad_out = grad_in, grad_out
+            if ex.stats is not None:
+                ex.stats.reduce_scatters += 1
+                ex.stats.bwd_bytes += (grad_in.numel() - grad_out.numel()) * grad_out.element_size()
+            return grad_in, None
         n, (_, hkv, td, d) = ex.world_size, ex.shard_shape
         # Back to the gathered layout [N, 2, Hkv, Td, D], rank-major.
         grad = torch.stack([grad_k.reshape(hkv, n, td, d), grad_v.reshape(hkv, n, td, d)], dim=1)

@@ -17,6 +17,13 @@ chunk r followed by chunk 2N-1-r. Pairing an early chunk with a late one gives
 every rank the same causal-attention work. With N == 1 nothing is padded or
 cut: a "distributed" sequence is simply a whole sequence.
 
+Under policy ``skrull-pool`` a distributed sequence is sharded over its own
+*rank set* (``DacpBatchMeta.dist_sets``: first rank and count k, ranks of the
+world) instead of the whole CP group; it is then padded to a multiple of 2k
+and zigzag-cut over those k ranks, and a rank's buffer holds the shards of the
+sequences whose set contains it (pool_layout.py builds such buffers). The
+CP-group layout above is the case where every set is the whole group.
+
 Everything here is plain data and index arithmetic; the masks that the
 attention needs are derived from (document id, true position) per token, so
 that padding and zigzag order never have to be special-cased downstream.
@@ -116,9 +123,13 @@ def document_causal_mask(
 
 @dataclass(frozen=True)
 class DacpBatchMeta:
-    """One CP rank's view of one DACP micro-batch (see docs/design/buffer_layout.md).
+    """One rank's view of one DACP micro-batch (see docs/design/buffer_layout.md).
 
-    ``dist_lens`` holds the *padded* lengths Lp and is identical on every CP
+    ``cp_rank`` and ``cp_size`` are this rank and the size of the group the
+    K/V are exchanged over: the CP group under skrull, the world under
+    skrull-pool (then ``dist_sets`` names each sequence's ranks).
+
+    ``dist_lens`` holds the *padded* lengths Lp and is identical on every
     rank of the group; ``local_lens`` is this rank's own. Masks and segment
     plans (segments.py) are built on first use per device and cached here,
     because every attention layer of the micro-batch shares them.
@@ -129,7 +140,12 @@ class DacpBatchMeta:
     local_lens: list[int]
     """Lengths of this rank's whole (local) sequences, in buffer order."""
     dist_lens: list[int]
-    """Padded lengths Lp of the distributed sequences, in buffer order (same on every rank)."""
+    """Padded lengths Lp of the distributed sequences, in buffer order (same on every rank);
+    with ``dist_sets``, those of the whole micro-batch, including ones this rank holds no part of."""
+    dist_sets: list[tuple[int, int]] | None = None
+    """Per distributed sequence: (first rank, k) of its rank set [first, first + k), ranks of
+    the group (skrull-pool: world ranks; Lp a multiple of 2k). None: every one is sharded over
+    the whole group [0, cp_size) (skrull); the exchange then takes the group's transport."""
     _masks: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -141,11 +157,42 @@ class DacpBatchMeta:
             raise ValueError(f"local_lens must be positive, got {self.local_lens}")
         if any(n < 1 for n in self.dist_lens):
             raise ValueError(f"dist_lens must be positive, got {self.dist_lens}")
-        if self.cp_size > 1 and any(n % (2 * self.cp_size) for n in self.dist_lens):
+        if self.dist_sets is not None:
+            if len(self.dist_sets) != len(self.dist_lens):
+                raise ValueError(f"dist_sets has {len(self.dist_sets)} entries for {len(self.dist_lens)} dist_lens")
+            for n, (a, k) in zip(self.dist_lens, self.dist_sets):
+                if not (k >= 2 and 0 <= a and a + k <= self.cp_size):
+                    raise ValueError(f"rank set [{a}, {a + k}) must hold 2 or more ranks of [0, {self.cp_size})")
+                if n % (2 * k):
+                    raise ValueError(f"dist length {n} over {k} ranks must be a multiple of {2 * k}")
+        elif self.cp_size > 1 and any(n % (2 * self.cp_size) for n in self.dist_lens):
             raise ValueError(
                 f"dist_lens must be padded to multiples of 2*cp_size={2 * self.cp_size}, "
                 f"got {self.dist_lens}"
             )
+
+    @property
+    def sets(self) -> list[tuple[int, int]]:
+        """(first rank, k) of each distributed sequence's rank set (the whole group without dist_sets)."""
+        if self.dist_sets is not None:
+            return [tuple(s) for s in self.dist_sets]
+        return [(0, self.cp_size)] * len(self.dist_lens)
+
+    def held(self, rank: int | None = None) -> list[int]:
+        """Indices into dist_lens of the sequences ``rank`` (default this rank) holds a shard of."""
+        rank = self.cp_rank if rank is None else rank
+        return [i for i, (a, k) in enumerate(self.sets) if a <= rank < a + k]
+
+    @property
+    def peers(self) -> list[int]:
+        """Ranks (this one included) sharing a distributed sequence with this rank, ascending:
+        whose shards the exchange gathers, in that order."""
+        sets = self.sets
+        return sorted({r for i in self.held() for r in range(sets[i][0], sets[i][0] + sets[i][1])})
+
+    def shared_with(self, peer: int) -> list[int]:
+        """Indices into dist_lens of the sequences held by both this rank and ``peer``."""
+        return [i for i in self.held() if i in self.held(peer)]
 
     @property
     def num_local_tokens(self) -> int:
@@ -154,13 +201,14 @@ class DacpBatchMeta:
 
     @property
     def shard_lens(self) -> list[int]:
-        """Tokens this rank holds of each distributed sequence (2c = Lp / N)."""
-        return [n // self.cp_size for n in self.dist_lens]
+        """Tokens this rank holds of each distributed sequence it holds (2c = Lp / k)."""
+        sets = self.sets
+        return [self.dist_lens[i] // sets[i][1] for i in self.held()]
 
     @property
     def num_dist_tokens(self) -> int:
-        """Tokens of the distributed part on this rank (the same on every rank)."""
-        return sum(self.dist_lens) // self.cp_size
+        """Tokens of the distributed part on this rank (without dist_sets, the same on every rank)."""
+        return sum(self.shard_lens)
 
     @property
     def num_tokens(self) -> int:
@@ -187,10 +235,17 @@ class DacpBatchMeta:
         self, cp_rank: int, device: torch.device | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(distributed-sequence index, true position) of each token of rank ``cp_rank``'s
-        distributed part; concatenated over ranks this describes the gathered K/V."""
-        docs, pos = [], []
-        for i, n in enumerate(self.dist_lens):
-            p = zigzag_positions(n, cp_rank, self.cp_size, device)
+        distributed part; without dist_sets, concatenated over ranks this describes the
+        gathered K/V."""
+        return self._shard_doc_positions(cp_rank, self.held(cp_rank), device)
+
+    def _shard_doc_positions(
+        self, rank: int, seqs: Sequence[int], device: torch.device | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        sets, docs, pos = self.sets, [], []
+        for i in seqs:
+            a, k = sets[i]
+            p = zigzag_positions(self.dist_lens[i], rank - a, k, device)
             pos.append(p)
             docs.append(torch.full_like(p, i))
         return _cat_or_empty(docs, device), _cat_or_empty(pos, device)
@@ -219,9 +274,13 @@ class DacpBatchMeta:
         self, device: torch.device | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(distributed-sequence index, true position) of each token of the gathered
-        K/V: every rank's distributed part, rank-major."""
-        ks = [self.dist_doc_positions(r, device) for r in range(self.cp_size)]
-        return torch.cat([d for d, _ in ks]), torch.cat([p for _, p in ks])
+        K/V: every rank's distributed part, rank-major. With dist_sets: for each of
+        ``peers`` in order, its tokens of the sequences it shares with this rank."""
+        if self.dist_sets is None:
+            ks = [self.dist_doc_positions(r, device) for r in range(self.cp_size)]
+        else:
+            ks = [self._shard_doc_positions(r, self.shared_with(r), device) for r in self.peers]
+        return _cat_or_empty([d for d, _ in ks], device), _cat_or_empty([p for _, p in ks], device)
 
     def local_plan(self, device: torch.device | None = None) -> SegmentPlan:
         """Varlen segments of the local part: one causal segment per local sequence."""

@@ -81,7 +81,8 @@ class DacpAttention(nn.Module):
             k_BLNH.transpose(1, 2),
             v_BLNH.transpose(1, 2),
             attention_masks,
-            self.group,
+            # skrull-pool's metas name world ranks: their exchange is over the world group.
+            self.group if attention_masks.dist_sets is None else None,
             scale=scale,
             stats=self.stats,
             replay=self.replay,

@@ -41,7 +41,9 @@ class DacpStats:
     """dK/dV bytes received by this rank in the backward reduce-scatters."""
     all_gathers: int = 0
     """K/V all-gathers issued (forward and recomputation together; with
-    DacpAttention under AC a recomputation replays instead)."""
+    DacpAttention under AC a recomputation replays instead). Under skrull-pool,
+    a rank-set exchange (routes.py) counts as one, and its reverse as one
+    reduce-scatter."""
     replays: int = 0
     """Recomputations that reused their forward's gathered K/V instead of gathering."""
     reduce_scatters: int = 0

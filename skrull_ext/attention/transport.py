@@ -41,15 +41,17 @@ _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_sc
 
 class Pending:
     """In-flight work: ``wait()`` blocks until every part has landed, then runs
-    ``then`` (the p2p reduce-scatter's sum), once."""
+    ``then`` (the p2p reduce-scatter's sum), once. ``keep``: tensors the work reads
+    (send buffers made for it) held alive until then."""
 
-    def __init__(self, works: list, then: Callable[[], None] | None = None) -> None:
-        self._works, self._then = works, then
+    def __init__(self, works: list, then: Callable[[], None] | None = None, keep: list | None = None) -> None:
+        self._works, self._then, self._keep = works, then, keep
 
     def wait(self) -> None:
         for w in self._works:
             w.wait()
         self._works = []
+        self._keep = None
         if self._then is not None:
             then, self._then = self._then, None
             then()

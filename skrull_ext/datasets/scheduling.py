@@ -22,9 +22,11 @@ from torchtitan.components.tokenizer import BaseTokenizer
 from torchtitan.tools.logging import logger
 
 from skrull_ext.datasets.buffers import MicroBatchBuffer, pad_buffer, rank_buffer
+from skrull_ext.datasets.pool_buffers import pool_rank_buffers, pool_valid_tokens
 from skrull_ext.datasets.source import SourceDataLoaderBase
 from skrull_ext.datasets.synthetic import IGNORE_INDEX
 from skrull_ext.plan import DROPPED, Plan
+from skrull_ext.pool_plan import PoolPlan
 from skrull_ext.scheduler import Scheduler
 
 
@@ -36,7 +38,7 @@ class SkrullStep:
     dp_rank: int
     samples: list[int]
     """Source indices of the global batch, in plan (caller) order."""
-    plan: Plan
+    plan: Plan | PoolPlan
     micro_batches: list[MicroBatchBuffer]
     """This rank's buffers, ``plan.num_micro_batches`` of them (pads included)."""
     global_valid_tokens: int
@@ -100,6 +102,13 @@ class SkrullDataLoader(SourceDataLoaderBase):
         plan.validate()
         schedule_us = (time.perf_counter() - start) * 1e6
         self._count_overlength(plan, indices)
+        if isinstance(plan, PoolPlan):  # skrull-pool: rank sets over the world (pool_buffers.py)
+            return SkrullStep(
+                step=self.step, dp_rank=self.dp_rank, samples=indices, plan=plan,
+                micro_batches=pool_rank_buffers(plan, samples, indices, self.dp_rank, self.cp_rank),
+                global_valid_tokens=pool_valid_tokens(plan, samples), schedule_us=schedule_us,
+                overlength_totals=dict(self.overlength_totals),
+            )
         valid = sum(
             int((s.labels[:n] != IGNORE_INDEX).sum())
             for s, n, d in zip(samples, plan.lengths, plan.dp_rank)

@@ -54,6 +54,11 @@ class SkrullRuns:
         # torchtitan's activation checkpointing around blocks that hold the DACP attention.
         "cp2_ac_full": (2, ["--parallelism.context_parallel_degree", "2", "activation-checkpoint:full"]),
         "cp2_ac_selective": (2, ["--parallelism.context_parallel_degree", "2", "activation-checkpoint:selective"]),
+        # One pool over DP 2 x CP 2 (issue 18): bucket_size 128, so the debug data's sequences of
+        # 257..512 tokens (over C x CP = 256) are sharded over all 4 ranks, across both DP groups.
+        "dp2cp2_pool": (4, ["--parallelism.context_parallel_degree", "2",
+                            "--parallelism.data_parallel_shard_degree", "2", "--skrull.policy", "skrull-pool",
+                            "--skrull.bucket_size", "128", "--skrull.overlength", "error"]),
         "dp2cp2_ac_full": (4, ["--parallelism.context_parallel_degree", "2",
                                "--parallelism.data_parallel_shard_degree", "2", "--skrull.defer_grad_sync",
                                "activation-checkpoint:full"]),

@@ -203,9 +203,15 @@ def test_cli_profile_reaches_the_scheduler():
     assert config.skrull.build(dp=1, cp=2, shape=profile.shape).cost_model.a_us_per_flop == profile.a_us_per_flop
 
 
-def test_pool_policy_is_refused_for_training_until_the_trainer_runs_it():
+def test_pool_policy_trains():
+    """skrull-pool is a training policy now (the trainer runs pool plans: rank-set DACP
+    attention, pool buffers; parity in tests/integration_tests/test_parity_pool.py):
+    its config builds a scheduler whose plans are PoolPlans."""
+    from skrull_ext._core import ModelShape
+    from skrull_ext.pool_plan import PoolPlan
     from skrull_ext.skrull_config import SkrullConfig
 
-    with pytest.raises(ValueError, match=r"skrull.policy: 'skrull-pool' plans the DP x CP world as one pool, which "
-                                         r"the trainer cannot run yet .* one of \['skrull', 'skrull-fast'"):
-        SkrullConfig(cost_model="h100-assumed", policy="skrull-pool")
+    config = SkrullConfig(cost_model="h100-assumed", policy="skrull-pool", bucket_size=64)
+    shape = ModelShape(layers=6, hidden=256, kv_width=256, bytes_per_elem=4)
+    plan = config.build(2, 2, shape).schedule([200, 30, 20, 10])  # 200 > 64 x CP 2: over the whole world
+    assert isinstance(plan, PoolPlan) and plan.truncated == [] and plan.num_ranks[0] == 4
