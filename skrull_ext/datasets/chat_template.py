@@ -10,12 +10,13 @@ with the fast tokenizer, without adding special tokens (the template holds
 them), exactly as ``transformers.apply_chat_template(tokenize=True)`` does.
 
 Loss mask: for each assistant message, its content is located in the
-rendered string (from where the assistant's turn starts: the length of the
-conversation before it rendered with ``add_generation_prompt=True``, when
-that is a prefix of the whole rendering), and every token whose character
-offsets overlap that span is trained on, plus the special token right after
-it (``<|eot_id|>``, ``<|im_end|>``: the model must learn to stop). The
-template is never re-run on pieces and pieces are never re-tokenized, so
+rendered string (searched from where the assistant's turn starts: the length
+of the conversation before it rendered with ``add_generation_prompt=True``,
+when that is a prefix of the whole rendering; whitespace at the content's
+edges is settled by rendering once more without it, see ``JinjaChat._span``),
+and every token whose character offsets overlap that span is trained on,
+plus the special token right after it (``<|eot_id|>``, ``<|im_end|>``: the
+model must learn to stop). Pieces are never rendered or tokenized apart, so
 the mask falls on the tokens of the real rendering whatever BPE merges
 across turn boundaries. A template that rewrites the content beyond
 stripping whitespace (Qwen3 drops ``<think>`` blocks from earlier turns) is
@@ -174,6 +175,38 @@ class JinjaChat:
             return None
         return len(prefix) if rendered.startswith(prefix) else None
 
+    def _with_content(self, turns: list[dict], k: int, content: str) -> str:
+        return self.render(turns[:k] + [{**turns[k], "content": content}] + turns[k + 1:])
+
+    def _span(self, turns: list[dict], k: int, rendered: str, start: int, where: str) -> tuple[int, int]:
+        """Assistant turn ``k``'s content span in ``rendered``, searched from ``start``.
+
+        The stripped content is found first (templates may trim it, Llama's
+        does). Whitespace at its edges is the content's only where the template
+        renders it: the chat is rendered again with that whitespace removed, and
+        the span edge is where the two renderings diverge (Qwen3's own blank
+        line before an answer stays out, Qwen2.5's rendered newline goes in).
+        """
+        content = turns[k]["content"]
+        for core in dict.fromkeys((content.strip(), content.split("</think>")[-1].strip())):
+            pos = rendered.find(core, start) if core else -1
+            if pos >= 0:
+                break
+        else:
+            raise DataError(f"{where}: the chat template does not render message {k} (assistant)'s "
+                            "content (stripped or not); cannot place its loss")
+        s, e = pos, pos + len(core)
+        if content != content.lstrip() and core == content.strip():
+            alt = self._with_content(turns, k, content.lstrip())
+            if alt != rendered:
+                s = next((i for i in range(start, pos) if rendered[i] != alt[i]), pos)
+        if content != content.rstrip():
+            alt = self._with_content(turns, k, content.rstrip())
+            delta = len(rendered) - len(alt)
+            if alt != rendered and delta > 0:
+                e = next((j for j in range(e, e + delta + 1) if rendered[j:] == alt[j - delta:]), e)
+        return s, e
+
     def spans(self, turns: list[dict], rendered: str, where: str) -> list[tuple[int, int]]:
         """Character spans of the assistant contents in ``rendered``, in order."""
         out, cursor = [], 0
@@ -181,17 +214,9 @@ class JinjaChat:
             if turn["role"] != "assistant":
                 continue
             anchor = self._anchor(turns, k, rendered)
-            start = max(cursor, anchor if anchor is not None else cursor)
-            content = turn["content"]
-            for form in dict.fromkeys((content, content.strip(), content.split("</think>")[-1].strip())):
-                pos = rendered.find(form, start) if form else -1
-                if pos >= 0:
-                    out.append((pos, pos + len(form)))
-                    cursor = pos + len(form)
-                    break
-            else:
-                raise DataError(f"{where}: the chat template does not render message {k} (assistant)'s "
-                                "content (stripped or not); cannot place its loss")
+            s, e = self._span(turns, k, rendered, max(cursor, anchor if anchor is not None else cursor), where)
+            out.append((s, e))
+            cursor = e
         return out
 
     def encode(self, turns: list[dict], where: str) -> tuple[list[int], list[bool]]:
