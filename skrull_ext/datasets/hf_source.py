@@ -25,6 +25,12 @@ from skrull_ext.errors import DataError
 BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".arrow": "arrow"}
 """File extension -> the ``datasets`` packaged builder that reads it."""
 
+BUILDER_OPTIONS = {"json": {"on_mixed_types": None}}
+"""json: rows may differ in keys (texts beside chats); datasets 4.7's default
+mixed-type probe raises KeyError on such files, and its fallback would turn
+a column of mixed types into JSON strings. Off: missing keys read as null,
+and a column of mixed types fails naming the file."""
+
 
 def _is_saved(folder: str) -> bool:
     return any(os.path.isfile(os.path.join(folder, f)) for f in ("dataset_dict.json", "state.json"))
@@ -91,8 +97,14 @@ def hf_rows(path: str, split: str = "train", patterns: list[str] | tuple = ()):
         raise DataError(f"{path}: mixed file types {sorted(builders)} in one split; name one with dataloader.data_files")
     for f in files:
         try:
-            ds = datasets.load_dataset(_builder(f), data_files=[f], split="train")
+            builder = _builder(f)
+            ds = datasets.load_dataset(builder, data_files=[f], split="train", **BUILDER_OPTIONS.get(builder, {}))
         except Exception as e:  # datasets raises many types for an unreadable file
-            raise DataError(f"{f}: datasets cannot read it: {type(e).__name__}: {str(e).splitlines()[0]}") from e
+            chain = [e]
+            while chain[-1].__cause__ is not None or chain[-1].__context__ is not None:
+                chain.append(chain[-1].__cause__ or chain[-1].__context__)
+            # pyarrow's message names the column and row; datasets wraps it (and a pandas retry) around it
+            root = next((x for x in chain if type(x).__module__.startswith("pyarrow")), chain[-1])
+            raise DataError(f"{f}: datasets cannot read it: {type(root).__name__}: {str(root).splitlines()[0]}") from e
         for i, row in enumerate(ds):
             yield f"{f} row {i}", row
