@@ -171,7 +171,7 @@ class JinjaChat:
         before it with the generation prompt, when that is a prefix of the whole."""
         try:
             prefix = self.render(turns[:k], add_generation_prompt=True)
-        except jinja2.TemplateError:
+        except Exception:  # a template may refuse a partial chat (no user turn yet); only a hint
             return None
         return len(prefix) if rendered.startswith(prefix) else None
 
@@ -222,8 +222,8 @@ class JinjaChat:
     def encode(self, turns: list[dict], where: str) -> tuple[list[int], list[bool]]:
         try:
             rendered = self.render(turns)
-        except jinja2.TemplateError as e:
-            raise DataError(f"{where}: the chat template refused the chat: {e}") from e
+        except Exception as e:  # raise_exception() in the template, or a type error inside it
+            raise DataError(f"{where}: the chat template refused the chat: {type(e).__name__}: {e}") from e
         enc = self.fast.encode(rendered, add_special_tokens=False)
         ids = list(enc.ids)
         offsets = np.asarray(enc.offsets, dtype=np.int64).reshape(-1, 2)

@@ -155,3 +155,13 @@ def test_content_the_template_does_not_render_is_named(tmp_path, family):
                     "{% endfor %}")
     with pytest.raises(DataError, match=r"data.jsonl:7: the chat template does not render message 1 \(assistant\)"):
         chat_encoder(ours, str(path)).encode(CHATS["one_turn"], "data.jsonl:7")
+
+
+def test_a_template_refusal_is_named(tmp_path, family):
+    _, ours, _ = family
+    path = tmp_path / "strict.jinja"
+    path.write_text("{% if messages[0].role != 'system' %}{{ raise_exception('needs a system turn') }}{% endif %}"
+                    "{% for m in messages %}{{ m.content }}{% endfor %}")
+    with pytest.raises(DataError, match=r"f.parquet row 3: the chat template refused the chat: "
+                                        r"TemplateError: needs a system turn"):
+        chat_encoder(ours, str(path)).encode(CHATS["one_turn"], "f.parquet row 3")
