@@ -10,9 +10,10 @@ with the fast tokenizer, without adding special tokens (the template holds
 them), exactly as ``transformers.apply_chat_template(tokenize=True)`` does.
 
 Loss mask: for each assistant message, its content is located in the
-rendered string (searched from where the assistant's turn starts: the length
-of the conversation before it rendered with ``add_generation_prompt=True``,
-when that is a prefix of the whole rendering; whitespace at the content's
+rendered string (after the previous assistant content; where it occurs more
+than once, from where the assistant's turn starts: the length of the
+conversation before it rendered with ``add_generation_prompt=True``, when
+that is a prefix of the whole rendering; whitespace at the content's
 edges is settled by rendering once more without it, see ``JinjaChat._span``),
 and every token whose character offsets overlap that span is trained on,
 plus the special token right after it (``<|eot_id|>``, ``<|im_end|>``: the
@@ -213,8 +214,11 @@ class JinjaChat:
         for k, turn in enumerate(turns):
             if turn["role"] != "assistant":
                 continue
-            anchor = self._anchor(turns, k, rendered)
-            s, e = self._span(turns, k, rendered, max(cursor, anchor if anchor is not None else cursor), where)
+            start = cursor
+            if rendered.count(turn["content"].strip(), cursor) != 1:  # ambiguous (or absent): where the turn starts
+                anchor = self._anchor(turns, k, rendered)
+                start = max(cursor, anchor if anchor is not None else cursor)
+            s, e = self._span(turns, k, rendered, start, where)
             out.append((s, e))
             cursor = e
         return out
