@@ -165,3 +165,14 @@ def test_a_template_refusal_is_named(tmp_path, family):
     with pytest.raises(DataError, match=r"f.parquet row 3: the chat template refused the chat: "
                                         r"TemplateError: needs a system turn"):
         chat_encoder(ours, str(path)).encode(CHATS["one_turn"], "f.parquet row 3")
+
+
+def test_chat_template_jinja_file_beside_the_tokenizer_wins(tmp_path):
+    """transformers' order: chat_template.jinja in the folder over tokenizer_config.json's."""
+    from tests.unit_tests.chat_families import template
+
+    folder = write_family(str(tmp_path / "q"), "qwen2_5")
+    (tmp_path / "q" / "chat_template.jinja").write_text(template("qwen3"))
+    ours = LocalTokenizer.Config(path=folder).build(tokenizer_path="")
+    ids, _ = chat_encoder(ours).encode(CHATS["one_turn"], "row")
+    assert "<think>" in ours.decode(ids, skip_special_tokens=False)  # Qwen3's empty think block
