@@ -79,7 +79,7 @@ def hf_rows(path: str, split: str = "train", patterns: list[str] | tuple = ()):
     """(where, row) of every row, file by file; where is ``FILE row N`` (0-based)."""
     import datasets
 
-    datasets.disable_progress_bars()
+    datasets.disable_progress_bars()  # one bar per shard file would flood the training log
     if os.path.isdir(path) and _is_saved(path):
         if patterns:
             raise DataError(f"dataloader.data_files: a save_to_disk folder ({path}) takes none")
