@@ -109,6 +109,12 @@ def _check_data(config) -> None:
             assets.text_path(d.dataset_path)
         except ValueError as e:
             raise _bad(f"{key}.dataset_path", d.dataset_path, str(e).split(" is ", 1)[-1]) from None
+    if getattr(d, "dataset", None) == "hf" and not os.path.exists(d.dataset_path):
+        raise _bad(f"{key}.dataset_path", d.dataset_path, "is not a local file or folder (json/jsonl/parquet/arrow "
+                                                           "files or a save_to_disk folder; docs/data.md)")
+    template = getattr(d, "chat_template", "")
+    if template and template != "chatml" and not os.path.isfile(template):
+        raise _bad(f"{key}.chat_template", template, "is neither 'chatml' nor an existing .jinja file")
 
 
 def _check_skrull(config, on_cpu: bool) -> None:

@@ -8,12 +8,13 @@ gives lengths without building tokens, and a global batch is a function of
 its step: the step is the whole checkpointed state.
 
 Sources are a registry (``DATASETS``): ``synthetic`` (tokens whose lengths
-follow a shipped distribution) and ``jsonl`` (real text tokenized with the
-job's tokenizer).
+follow a shipped distribution), ``jsonl`` (real text tokenized with the
+job's tokenizer) and ``hf`` (local json/parquet/arrow files or save_to_disk
+folders through HF ``datasets``; docs/data.md).
 """
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
@@ -22,6 +23,9 @@ from torchtitan.components.tokenizer import BaseTokenizer
 
 from skrull_ext import assets
 from skrull_ext import lengths as shipped_lengths
+from skrull_ext.datasets.formats import FORMATS, Columns
+from skrull_ext.datasets.hf_source import hf_rows
+from skrull_ext.datasets.records import RecordEncoder
 from skrull_ext.datasets.synthetic import SyntheticSequences
 from skrull_ext.datasets.text import JsonlSequences
 
@@ -42,20 +46,30 @@ def _synthetic(config, tokenizer: BaseTokenizer | None) -> SyntheticSequences:
     )
 
 
-def _jsonl(config, tokenizer: BaseTokenizer | None) -> JsonlSequences:
+def _records(config, tokenizer: BaseTokenizer | None, path: str, rows=None) -> JsonlSequences:
     if tokenizer is None:
-        raise ValueError("dataloader.dataset = 'jsonl' needs a tokenizer")
+        raise ValueError(f"dataloader.dataset = {config.dataset!r} needs a tokenizer")
     return JsonlSequences(
-        assets.text_path(config.dataset_path),
+        path,
         tokenizer,
-        text_field=config.text_field,
         seed=config.seed,
         min_len=config.min_len,
         max_len=config.max_len,
+        encoder=RecordEncoder.from_config(config, tokenizer),
+        records=rows,
     )
 
 
-DATASETS: dict[str, Callable] = {"synthetic": _synthetic, "jsonl": _jsonl}
+def _jsonl(config, tokenizer: BaseTokenizer | None) -> JsonlSequences:
+    return _records(config, tokenizer, assets.text_path(config.dataset_path))
+
+
+def _hf(config, tokenizer: BaseTokenizer | None) -> JsonlSequences:
+    rows = hf_rows(config.dataset_path, config.split, config.data_files)
+    return _records(config, tokenizer, config.dataset_path, rows)
+
+
+DATASETS: dict[str, Callable] = {"synthetic": _synthetic, "jsonl": _jsonl, "hf": _hf}
 """Source builders by ``dataloader.dataset``: ``(config, tokenizer) -> source``."""
 
 
@@ -65,13 +79,25 @@ class SourceDataLoaderBase(BaseDataLoader):
     @dataclass(kw_only=True, slots=True)
     class Config(BaseDataLoader.Config):
         dataset: Literal[tuple(DATASETS)] = "synthetic"  # pyrefly: ignore[invalid-literal]
-        """Where samples come from: synthetic tokens, or a JSONL file (dataset_path)."""
+        """Where samples come from: synthetic tokens, a JSONL file or HF datasets files (dataset_path)."""
         lengths: str = "sharegpt_v3_conversations.qwen"
         """synthetic: a shipped length distribution (skrull_ext/lengths, README there) or a file path."""
         length_scale: float = 1.0
         """synthetic: divide drawn lengths by this; keeps the distribution's shape smaller."""
         text_field: str = "text"
-        """jsonl: the field holding a plain-text record (other records carry 'messages')."""
+        """jsonl/hf: the column holding a plain-text record."""
+        format: Literal[("auto", *FORMATS)] = "auto"  # pyrefly: ignore[invalid-literal]
+        """jsonl/hf: the record format (messages, sharegpt, prompt_response, alpaca, text); auto: per row."""
+        columns: dict[str, str] = field(default_factory=dict)
+        """jsonl/hf: rename canonical columns, e.g. {prompt = "question", from = "speaker"} (docs/data.md)."""
+        system_prompt: str = ""
+        """jsonl/hf: a system turn added to chats that have none ('' adds none)."""
+        chat_template: str = ""
+        """jsonl/hf: '' the tokenizer's chat template (ChatML without one), 'chatml', or a .jinja file."""
+        split: str = "train"
+        """hf: the split of a folder or DatasetDict."""
+        data_files: list[str] = field(default_factory=list)
+        """hf: globs under dataset_path (a folder) naming the files to read; empty: the split's files."""
         min_len: int = 2
         max_len: int | None = None
         """Clip sample lengths (an SFT max-length cut); None keeps the tail."""
@@ -85,8 +111,10 @@ class SourceDataLoaderBase(BaseDataLoader):
         def __post_init__(self):
             if self.dataset not in DATASETS:
                 raise ValueError(f"dataloader.dataset: {self.dataset!r} is not one of {sorted(DATASETS)}")
-            if self.dataset == "jsonl" and not self.dataset_path:
-                raise ValueError("dataloader.dataset = 'jsonl' needs dataloader.dataset_path (a file or a shipped name)")
+            if self.dataset in ("jsonl", "hf") and not self.dataset_path:
+                raise ValueError(f"dataloader.dataset = {self.dataset!r} needs dataloader.dataset_path "
+                                 "(a file or a shipped name; for hf also a folder)")
+            Columns(self.columns)  # raises naming an unknown column key
             if self.global_batch_size < 1:
                 raise ValueError("dataloader.global_batch_size must be >= 1")
 

@@ -1,15 +1,11 @@
-"""Real text: JSONL records tokenized with a local tokenizer.
+"""Real text: JSONL records (or rows of HF ``datasets``) tokenized with a local tokenizer.
 
-Each line is a JSON object holding either a plain text (``{"text": ...}``,
-the field name is configurable) or a chat (``{"messages": [{"role",
-"content"}, ...]}``, roles system / user / assistant). Plain text is trained
-on whole (text + EOS); a chat is rendered ChatML-style,
-
-    <|im_start|>ROLE\\nCONTENT<|im_end|>\\n   (per message)
-
-and only the assistant's content and its end marker are loss tokens (SFT).
-Pieces are encoded separately, so the loss mask falls exactly on token
-boundaries whatever the tokenizer.
+Each line is a JSON object in one of the record formats of
+skrull_ext/datasets/formats.py (plain text, OpenAI messages, ShareGPT,
+prompt/response, alpaca). A ``RecordEncoder`` (records.py) turns it into
+token ids and a loss mask: plain text is trained on whole, a chat through
+the tokenizer's chat template (chat_template.py; ChatML pieces when the
+tokenizer has none) with loss on the assistant's turns only (SFT).
 
 Every record is tokenized once at start-up and kept in memory: lengths are
 then known exactly (the scheduler and the over-length pre-scan need them
@@ -21,101 +17,63 @@ TODO: a memory-mapped pre-tokenized format for corpora that do not fit.
 """
 
 import json
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from skrull_ext.datasets.formats import Columns, RecordReader
+from skrull_ext.datasets.records import RecordEncoder
 from skrull_ext.datasets.synthetic import IGNORE_INDEX, Sample
 from skrull_ext.errors import DataError
 
-ROLES = ("system", "user", "assistant")
 
-
-@dataclass(frozen=True)
-class ChatTemplate:
-    """ChatML-style turn markers (Qwen's); loss on the assistant's turns."""
-
-    start: str = "<|im_start|>"
-    end: str = "<|im_end|>"
-
-    def pieces(self, messages: list[dict]) -> list[tuple[str, bool]]:
-        """(text, is_loss) pieces of a chat, in order."""
-        out = []
-        for m in messages:
-            trained = m["role"] == "assistant"
-            out += [(f"{self.start}{m['role']}\n", False), (m["content"], trained), (f"{self.end}", trained), ("\n", False)]
-        return out
-
-
-def _encode(tokenizer, text: str) -> list[int]:
-    return list(tokenizer.encode(text, add_bos=False, add_eos=False)) if text else []
-
-
-def tokenize_record(record, tokenizer, text_field: str, template: ChatTemplate, where: str):
-    """Token ids and loss mask (True: predict this token) of one record."""
-    if not isinstance(record, dict):
-        raise ValueError(f"{where}: expected a JSON object, got {type(record).__name__}")
-    if isinstance(record.get(text_field), str):
-        ids = _encode(tokenizer, record[text_field])
-        eos = getattr(tokenizer, "eos_id", None)
-        if eos is not None:
-            ids.append(eos)
-        return ids, [True] * len(ids)
-    messages = record.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise ValueError(f"{where}: needs a {text_field!r} string or a non-empty 'messages' list")
-    for k, m in enumerate(messages):
-        if not (isinstance(m, dict) and m.get("role") in ROLES and isinstance(m.get("content"), str)):
-            raise ValueError(f"{where}: message {k} needs a role in {list(ROLES)} and a string content, got {m!r}")
-    if not any(m["role"] == "assistant" for m in messages):
-        raise ValueError(f"{where}: a chat needs at least one assistant message (nothing to train on)")
-    ids, mask = [], []
-    for text, trained in template.pieces(messages):
-        piece = _encode(tokenizer, text)
-        ids += piece
-        mask += [trained] * len(piece)
-    return ids, mask
+def jsonl_records(path: str):
+    """(where, record) of each non-blank line of a JSONL file; where is ``path:line``."""
+    try:
+        f = open(path, "rb")
+    except OSError as e:
+        raise DataError(f"{path}: cannot read the JSONL file: {e.strerror}") from e
+    with f:
+        for line_no, raw in enumerate(f, 1):
+            where = f"{path}:{line_no}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(f"{where}: not UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1}); "
+                                "JSONL files must be UTF-8") from e
+            if not line.strip():
+                continue
+            try:
+                yield where, json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{where}: not valid JSON: {e}") from e
 
 
 class JsonlSequences:
-    """Tokenized JSONL records, indexed like ``SyntheticSequences``."""
+    """Tokenized JSONL records, indexed like ``SyntheticSequences``.
+
+    ``records``: (where, row) pairs to tokenize instead of reading ``path`` as
+    JSONL (the HF ``datasets`` source); ``encoder``: how a row becomes tokens
+    (default: any record format, the tokenizer's chat template).
+    """
 
     def __init__(self, path: str, tokenizer, *, text_field: str = "text", seed: int = 0,
-                 min_len: int = 2, max_len: int | None = None, template: ChatTemplate = ChatTemplate()):
+                 min_len: int = 2, max_len: int | None = None, encoder: RecordEncoder | None = None,
+                 records=None):
         if max_len is not None and max_len < min_len:
             raise ValueError("max_len must be >= min_len")
         self.path, self.seed = path, seed
         self.ids: list[np.ndarray] = []
         self.mask: list[np.ndarray] = []
-        try:
-            f = open(path, "rb")
-        except OSError as e:
-            raise DataError(f"{path}: cannot read the JSONL file: {e.strerror}") from e
-        with f:
-            for line_no, raw in enumerate(f, 1):
-                where = f"{path}:{line_no}"
-                try:
-                    line = raw.decode("utf-8")
-                except UnicodeDecodeError as e:
-                    raise DataError(f"{where}: not UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1}); "
-                                    "JSONL files must be UTF-8") from e
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise DataError(f"{where}: not valid JSON: {e}") from e
-                try:
-                    ids, mask = tokenize_record(record, tokenizer, text_field, template, where)
-                except ValueError as e:
-                    raise DataError(str(e)) from e
-                if len(ids) < min_len:
-                    raise DataError(f"{where}: {len(ids)} tokens, fewer than dataloader.min_len {min_len}")
-                if max_len is not None:
-                    ids, mask = ids[:max_len], mask[:max_len]
-                self.ids.append(np.asarray(ids, dtype=np.int64))
-                self.mask.append(np.asarray(mask, dtype=bool))
+        encode = encoder or RecordEncoder(RecordReader(columns=Columns(text_field=text_field)), tokenizer)
+        for where, record in (jsonl_records(path) if records is None else records):
+            ids, mask = encode(record, where)
+            if len(ids) < min_len:
+                raise DataError(f"{where}: {len(ids)} tokens, fewer than dataloader.min_len {min_len}")
+            if max_len is not None:
+                ids, mask = ids[:max_len], mask[:max_len]
+            self.ids.append(np.asarray(ids, dtype=np.int64))
+            self.mask.append(np.asarray(mask, dtype=bool))
         if not self.ids:
             raise DataError(f"{path}: no records")
         self._lengths = np.asarray([len(x) for x in self.ids], dtype=np.int64)

@@ -79,8 +79,8 @@ def test_max_len_cuts_and_the_byte_tokenizer_also_works(tok):
 
 @pytest.mark.parametrize("line, message", [
     ("{not json", r":1: not valid JSON"),
-    ('{"body": "x"}', r":1: needs a 'text' string or a non-empty 'messages' list"),
-    ('{"messages": [{"role": "bot", "content": "x"}]}', r":1: message 0 needs a role in"),
+    ('{"body": "x"}', r":1: no recognised columns \(the row has \['body'\]\); expected 'messages' \|"),
+    ('{"messages": [{"role": "bot", "content": "x"}]}', r":1: messages\[0\] has unknown role 'bot'"),
     ('{"messages": [{"role": "user", "content": "hi"}]}', r":1: a chat needs at least one assistant message"),
 ])
 def test_bad_records_are_named_by_line(tmp_path, tok, line, message):
@@ -117,6 +117,8 @@ def test_text_job_file_selects_both():
 @pytest.mark.parametrize("kwargs, message", [
     ({"dataset": "jsonl"}, "needs dataloader.dataset_path"),
     ({"dataset": "parquet"}, "'parquet' is not one of"),
+    ({"dataset": "hf"}, "needs dataloader.dataset_path"),
+    ({"columns": {"speaker": "who"}}, r"dataloader.columns: unknown name\(s\) \['speaker'\]"),
 ])
 def test_dataloader_config_errors(kwargs, message):
     with pytest.raises(ValueError, match=message):
