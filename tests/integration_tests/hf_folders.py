@@ -11,6 +11,7 @@ import torch
 import transformers
 
 from skrull_ext import assets
+from tests.hf_tiny import perturb
 from tests.integration_tests.launch import REPO
 
 DEBUG_JOB = os.path.join(REPO, "skrull_ext", "jobs", "debug_cpu.toml")
@@ -24,22 +25,6 @@ FAMILIES = {
     # head_dim 32 != hidden / heads, as in the released Qwen3 models.
     "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM, dict(head_dim=32, tie_word_embeddings=True)),
 }
-
-
-def perturb(model: torch.nn.Module, seed: int) -> None:
-    """HF init leaves norms at 1 and biases (Qwen2's QKV bias) at 0, which
-    would hide a norm or bias loaded into the wrong place or not trained;
-    perturb every parameter."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=gen)
-            if "norm" in name:
-                p.copy_(1 + 0.1 * noise)
-            elif name.endswith("bias"):
-                p.copy_(0.1 * noise)
-            else:
-                p.add_(0.05 * noise)
 
 
 def save_tiny_model(folder: str, family: str, perturbed: bool = False) -> str:

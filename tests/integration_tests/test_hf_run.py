@@ -4,15 +4,13 @@ the Qwen2 state-dict adapter, trains one step at lr 0 under Skrull's DACP
 attention, and saves HF safetensors that are the source file, bit for bit."""
 
 import os
-import re
 
 import pytest
 import torch
 
 from skrull_ext.hf.weights import read_safetensors
-from tests.integration_tests.launch import REPO, losses, torchrun
-
-DEBUG_JOB = os.path.join(REPO, "skrull_ext", "jobs", "debug_cpu.toml")
+from tests.integration_tests.hf_folders import hf_job
+from tests.integration_tests.launch import losses, torchrun
 
 
 def _tiny_qwen2(folder: str) -> None:
@@ -28,27 +26,14 @@ def _tiny_qwen2(folder: str) -> None:
     model.save_pretrained(folder)
 
 
-def _job(tmp_path, hf_folder: str) -> str:
-    """debug_cpu.toml with [model] hf_path, lr 0, and an HF-format last save."""
-    with open(DEBUG_JOB) as f:
-        text = f.read()
-    text = re.sub(r"\[model\]\n(.+\n)+", f'[model]\nhf_path = "{hf_folder}"\n', text)
-    text = re.sub(r"\[checkpoint\]\n(.+\n)+", "[checkpoint]\nlast_save_in_hf = true\n", text)
-    text = text.replace("lr = 3e-3", "lr = 0.0")
-    # the shipped job's profile path is relative to skrull_ext/jobs/; this copy lives elsewhere
-    text = re.sub(r'cost_model = "[^"]*"', 'cost_model = "h100-assumed"', text)
-    path = tmp_path / "job.toml"
-    path.write_text(text)
-    return str(path)
-
-
 @pytest.mark.slow
 def test_hf_folder_trains_and_saves_back_unchanged(tmp_path):
     hf_folder = str(tmp_path / "tiny-qwen2")
     _tiny_qwen2(hf_folder)
     dump = str(tmp_path / "out")
+    job = hf_job(tmp_path / "job.toml", hf_folder, checkpoint="last_save_in_hf = true", edits={"lr = 3e-3": "lr = 0.0"})
     torchrun(1, "skrull_ext.train", [
-        "--config-file", _job(tmp_path, hf_folder), "--dump_folder", dump,
+        "--config-file", job, "--dump_folder", dump,
         "--training.steps", "1", "--metrics.enable_tensorboard",
     ], cwd=str(tmp_path))
 

@@ -27,6 +27,7 @@ from skrull_ext.compat.dense_attention import DenseMaskAttention
 from skrull_ext.hf.config import HFConfigError, hf_architecture, hf_dims, spec_from_hf
 from skrull_ext.hf.weights import load_hf_weights, read_safetensors, save_hf_weights
 from skrull_ext.models import QWEN2_5_FLAVORS, build_model_spec
+from tests.hf_tiny import folder_factory, perturb
 
 TOL = 1e-5
 VOCAB, BATCH, SEQ = 256, 2, 24
@@ -55,38 +56,10 @@ CASES = {
 }
 
 
-def _randomize(model: torch.nn.Module, seed: int) -> None:
-    """HF init leaves norms at 1 and biases at 0, which would hide a norm or
-    bias that is loaded into the wrong place; perturb every parameter."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=gen)
-            if "norm" in name:
-                p.copy_(1 + 0.1 * noise)
-            elif name.endswith("bias"):
-                p.copy_(0.1 * noise)
-            else:
-                p.add_(0.05 * noise)
-
-
 @pytest.fixture(scope="session")
 def hf_folder(tmp_path_factory):
     """``hf_folder(case)``: a saved tiny random model of that case (cached)."""
-    folders = {}
-
-    def make(case: str) -> str:
-        if case not in folders:
-            config_cls, model_cls, kwargs = CASES[case]
-            torch.manual_seed(0)
-            model = model_cls(config_cls(**kwargs))
-            _randomize(model, seed=1)
-            folder = str(tmp_path_factory.mktemp(case))
-            model.save_pretrained(folder)
-            folders[case] = folder
-        return folders[case]
-
-    return make
+    return folder_factory(tmp_path_factory, CASES)
 
 
 def _tokens():
@@ -176,7 +149,7 @@ def test_hf_export_round_trip(hf_folder, tmp_path, case):
     carries its own weights, not the source file's."""
     source = hf_folder(case)
     spec, model = _titan(source, "sdpa")
-    _randomize(model, seed=3)
+    perturb(model, seed=3)
     out = tmp_path / "export"
     save_hf_weights(model, spec, str(out))
     shutil.copy(os.path.join(source, "config.json"), out / "config.json")

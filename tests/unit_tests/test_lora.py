@@ -23,6 +23,7 @@ from skrull_ext.lora import LoRAConfig, with_lora
 from skrull_ext.lora.converter import DropoutLoRALinear, lora_modules
 from skrull_ext.lora.peft_io import load_hf_base, save_adapter, save_merged
 from skrull_ext.models import build_model_spec
+from tests.hf_tiny import folder_factory
 
 TOL = 1e-5
 VOCAB = 256
@@ -90,22 +91,7 @@ def test_layers_outside_the_model_are_named():
 @pytest.fixture(scope="session")
 def hf_base(tmp_path_factory):
     """``hf_base(case)``: a saved tiny random transformers model (cached)."""
-    folders = {}
-
-    def make(case: str) -> str:
-        if case not in folders:
-            config_cls, model_cls, kwargs = CASES[case]
-            torch.manual_seed(0)
-            model = model_cls(config_cls(**kwargs))
-            gen = torch.Generator().manual_seed(1)
-            with torch.no_grad():  # biases and norms away from 0 and 1
-                for name, p in model.named_parameters():
-                    p.add_(0.05 * torch.randn(p.shape, generator=gen))
-            folders[case] = str(tmp_path_factory.mktemp(case))
-            model.save_pretrained(folders[case])
-        return folders[case]
-
-    return make
+    return folder_factory(tmp_path_factory, CASES)
 
 
 def _tokens(n: int = 20, seed: int = 2) -> torch.Tensor:
