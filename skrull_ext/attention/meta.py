@@ -94,6 +94,18 @@ def zigzag_shard(x: torch.Tensor, cp_rank: int, cp_size: int, dim: int = 0) -> t
     return torch.cat([x.narrow(dim, a, c), x.narrow(dim, b, c)], dim=dim)
 
 
+def pad_and_shard(x: torch.Tensor, cp_rank: int, cp_size: int, dim: int = 0, pad_value=0) -> torch.Tensor:
+    """Rank ``cp_rank``'s zigzag shard of one sequence, padded with ``pad_value``
+    to :func:`padded_length` first."""
+    n = x.size(dim)
+    lp = padded_length(n, cp_size)
+    if lp > n:
+        shape = list(x.shape)
+        shape[dim] = lp - n
+        x = torch.cat([x, x.new_full(shape, pad_value)], dim=dim)
+    return zigzag_shard(x, cp_rank, cp_size, dim)
+
+
 def zigzag_unshard(shards: Sequence[torch.Tensor], dim: int = 0) -> torch.Tensor:
     """Inverse of :func:`zigzag_shard`: ``shards[r]`` is rank r's shard; returns the padded sequence."""
     cp_size = len(shards)
@@ -365,13 +377,7 @@ def shard_buffer(
     for s, p in zip(seqs, placement):
         if p != DISTRIBUTED:
             continue
-        n = s.size(dim)
-        lp = padded_length(n, cp_size)
-        if lp > n:
-            shape = list(s.shape)
-            shape[dim] = lp - n
-            s = torch.cat([s, s.new_full(shape, pad_value)], dim=dim)
-        dist.append(zigzag_shard(s, cp_rank, cp_size, dim))
+        dist.append(pad_and_shard(s, cp_rank, cp_size, dim, pad_value))
     if not seqs:
         raise ValueError("a micro-batch needs at least one sequence")
     parts = local + dist

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 import torch
 
-from skrull_ext.attention.meta import DacpBatchMeta, padded_length, zigzag_shard, zigzag_unshard
+from skrull_ext.attention.meta import DacpBatchMeta, pad_and_shard, padded_length, zigzag_unshard
 
 __all__ = ["build_pool_meta", "shard_pool_buffer", "unshard_pool_buffer"]
 
@@ -79,13 +79,7 @@ def shard_pool_buffer(
     for s, a, k in zip(seqs, first_rank, num_ranks):
         if k == 1 or not a <= rank < a + k:
             continue
-        n = s.size(dim)
-        lp = padded_length(n, k)
-        if lp > n:
-            shape = list(s.shape)
-            shape[dim] = lp - n
-            s = torch.cat([s, s.new_full(shape, pad_value)], dim=dim)
-        shards.append(zigzag_shard(s, rank - a, k, dim))
+        shards.append(pad_and_shard(s, rank - a, k, dim, pad_value))
     parts = local + shards
     return torch.cat(parts, dim=dim) if parts else seqs[0].narrow(dim, 0, 0)
 
