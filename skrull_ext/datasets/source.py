@@ -49,6 +49,9 @@ def _synthetic(config, tokenizer: BaseTokenizer | None) -> SyntheticSequences:
 def _records(config, tokenizer: BaseTokenizer | None, path: str, rows=None) -> JsonlSequences:
     if tokenizer is None:
         raise ValueError(f"dataloader.dataset = {config.dataset!r} needs a tokenizer")
+    if config.token_cache:  # tokenize once, memory-map (skrull_ext/datasets/token_store.py)
+        from skrull_ext.datasets.prepare import cached_sequences
+        return cached_sequences(config, tokenizer)
     return JsonlSequences(
         path,
         tokenizer,
@@ -103,6 +106,10 @@ class SourceDataLoaderBase(BaseDataLoader):
         """Clip sample lengths (an SFT max-length cut); None keeps the tail."""
         vocab_size: int | None = None
         """synthetic: token ids are drawn from [1, vocab_size); None: the tokenizer's (the model's)."""
+        token_cache: bool = False
+        """jsonl/hf: tokenize once into a memory-mapped store beside the data (docs/data.md, Prepare)."""
+        token_cache_dir: str = ""
+        """jsonl/hf: where token stores go; '' beside the data (a per-user cache if read-only)."""
         seed: int = 0
         """Draws synthetic samples; shuffles each epoch of a JSONL file."""
         global_batch_size: int = 8
