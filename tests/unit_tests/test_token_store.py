@@ -25,7 +25,8 @@ def tok():
 
 def _config(tmp_path, **kw):
     kw = {"dataset_path": FIXTURE, **kw}
-    return SourceDataLoaderBase.Config(dataset="jsonl", token_cache=True, token_cache_dir=str(tmp_path / "cache"), **kw)
+    kw.setdefault("dataset", "jsonl")
+    return SourceDataLoaderBase.Config(token_cache=True, token_cache_dir=str(tmp_path / "cache"), **kw)
 
 
 @pytest.mark.parametrize("max_len", [None, 64])
@@ -67,3 +68,16 @@ def test_multiprocess_build_equals_single(tmp_path, tok):
     for f in ("ids.bin", "mask.bin", "offsets.npy", "lengths.npy"):
         assert Path(one, f).read_bytes() == Path(two, f).read_bytes()
     assert isinstance(cached_sequences(_config(tmp_path / "a"), tok).store._ids, np.memmap)
+
+
+def test_cached_parquet_equals_uncached(tmp_path, tok, monkeypatch):
+    datasets = pytest.importorskip("datasets")
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf_cache"))
+    ds = datasets.load_dataset("json", data_files=[FIXTURE], split="train", on_mixed_types=None)
+    ds.to_parquet(str(tmp_path / "all.parquet"))
+    cfg = _config(tmp_path, dataset="hf", dataset_path=str(tmp_path / "all.parquet"))
+    cached, plain = DATASETS["hf"](cfg, tok), DATASETS["hf"](dataclasses.replace(cfg, token_cache=False), tok)
+    assert len(cached) == len(plain)
+    for i in range(len(plain)):
+        assert cached[i].input.tolist() == plain[i].input.tolist()
+        assert cached[i].labels.tolist() == plain[i].labels.tolist()
