@@ -51,7 +51,6 @@ def _jsonl(config, tokenizer: BaseTokenizer | None) -> JsonlSequences:
         text_field=config.text_field,
         seed=config.seed,
         min_len=config.min_len,
-        max_len=config.max_len,
     )
 
 
@@ -73,8 +72,11 @@ class SourceDataLoaderBase(BaseDataLoader):
         text_field: str = "text"
         """jsonl: the field holding a plain-text record (other records carry 'messages')."""
         min_len: int = 2
+        """Shorter samples are an error (jsonl, naming file:line) or drawn no shorter (synthetic)."""
         max_len: int | None = None
-        """Clip sample lengths (an SFT max-length cut); None keeps the tail."""
+        """Longest sample trained (an SFT max-length cut); None: what a CP group (or a row) holds.
+        jsonl: applied per step by skrull.overlength (error, truncate, drop), counted and reported,
+        never at load time; synthetic: lengths are drawn at most this long (nothing is cut)."""
         vocab_size: int | None = None
         """synthetic: token ids are drawn from [1, vocab_size); None: the tokenizer's (the model's)."""
         seed: int = 0

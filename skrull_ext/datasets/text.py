@@ -17,6 +17,10 @@ before any token is built) and sample ``i`` is a pure function of
 ``(seed, i)``: record ``perm_e[i % n]`` of epoch ``e = i // n``, each epoch a
 fresh seeded permutation. So a global batch is a function of its step, as
 with the synthetic source, and a resume needs only the step.
+
+Records are kept whole: ``dataloader.max_len`` is a limit the over-length
+policy applies per step (overlength.py), counted and reported with the
+record's ``file:line`` (``location``), never a silent cut at load time.
 TODO: a memory-mapped pre-tokenized format for corpora that do not fit.
 """
 
@@ -82,12 +86,12 @@ class JsonlSequences:
     """Tokenized JSONL records, indexed like ``SyntheticSequences``."""
 
     def __init__(self, path: str, tokenizer, *, text_field: str = "text", seed: int = 0,
-                 min_len: int = 2, max_len: int | None = None, template: ChatTemplate = ChatTemplate()):
-        if max_len is not None and max_len < min_len:
-            raise ValueError("max_len must be >= min_len")
+                 min_len: int = 2, template: ChatTemplate = ChatTemplate()):
         self.path, self.seed = path, seed
         self.ids: list[np.ndarray] = []
         self.mask: list[np.ndarray] = []
+        self.lines: list[int] = []
+        """1-based line of each record in the file."""
         try:
             f = open(path, "rb")
         except OSError as e:
@@ -112,8 +116,7 @@ class JsonlSequences:
                     raise DataError(str(e)) from e
                 if len(ids) < min_len:
                     raise DataError(f"{where}: {len(ids)} tokens, fewer than dataloader.min_len {min_len}")
-                if max_len is not None:
-                    ids, mask = ids[:max_len], mask[:max_len]
+                self.lines.append(line_no)
                 self.ids.append(np.asarray(ids, dtype=np.int64))
                 self.mask.append(np.asarray(mask, dtype=bool))
         if not self.ids:
@@ -137,6 +140,10 @@ class JsonlSequences:
 
     def length(self, index: int) -> int:
         return int(self._lengths[self.record(index)])
+
+    def location(self, index: int) -> str:
+        """``path:line`` of the record behind sample ``index``."""
+        return f"{self.path}:{self.lines[self.record(index)]}"
 
     @property
     def max_length(self) -> int:
