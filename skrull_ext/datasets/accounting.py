@@ -42,7 +42,11 @@ class Event:
 
     def __str__(self) -> str:
         what = f"cut {self.length} -> {self.kept} tokens" if self.kept else f"skipped ({self.length} tokens)"
-        return f"{self.where}: {what}, {self.reason} ({self.detail})"
+        return f"{self.where}: {what}, {self.reason}"
+
+    def describe(self) -> str:
+        """``str(self)`` and the detail (the limit and where it comes from)."""
+        return f"{self} ({self.detail})"
 
 
 @dataclass
@@ -106,7 +110,7 @@ class RunAccount:
         line = (f"samples read {t.read} = trained whole {t.whole} + trained cut {t.cut} + skipped {t.skipped} "
                 f"({t.skipped_overlength} over-length, {t.skipped_no_loss} with no loss tokens)")
         for kind, e in self.first.items():
-            line += f"; {kind}, first {e}"
+            line += f"; {kind}, first {e.describe()}"
         return line
 
     def state_dict(self) -> dict[str, int]:

@@ -28,7 +28,7 @@ from torchtitan.tools.logging import logger
 
 from skrull_ext import _core
 from skrull_ext.config import POLICIES
-from skrull_ext.datasets.accounting import NO_LOSS, OVERLENGTH, Event, StepAccount
+from skrull_ext.datasets.accounting import NO_LOSS, OVERLENGTH, Event, RunAccount, StepAccount
 from skrull_ext.datasets.synthetic import IGNORE_INDEX, Sample
 from skrull_ext.errors import DataError
 
@@ -125,8 +125,8 @@ def apply_limit(limit: LengthLimit, indices: list[int], samples: list[Sample], s
                 continue
             s, cut = Sample(input=s.input[: limit.tokens], labels=s.labels[: limit.tokens]), True
         if not bool((s.labels != IGNORE_INDEX).any()):
-            detail = (f"cut to {limit.tokens} tokens ({limit.source}), none of them a loss token" if cut
-                      else "the record has no loss token")
+            detail = (f"its first {limit.tokens} tokens ({limit.source}) hold none" if cut
+                      else "the record has none")
             account.record(Event(i, location(source, i), n, 0, NO_LOSS, detail))
             continue
         if cut:
@@ -138,6 +138,18 @@ def apply_limit(limit: LengthLimit, indices: list[int], samples: list[Sample], s
         keep_s.append(s)
     account.counts.check()
     return keep_i, keep_s, account
+
+
+def log_events(step: int, limit: LengthLimit, account: StepAccount, run: RunAccount) -> None:
+    """Add a step's account to the run's; one warning when it cut or skipped samples, naming each."""
+    if account.events:
+        c, t = account.counts, run.totals
+        logger.warning(
+            f"Skrull step {step}: {c.cut} cut, {c.skipped} skipped of {c.read} samples read "
+            f"(limit {limit.tokens}, {limit.source}; skrull.overlength = {limit.mode!r}): "
+            f"{'; '.join(map(str, account.events))}; run so far: {t.cut + c.cut} cut, {t.skipped + c.skipped} skipped"
+        )
+    run.add(account)
 
 
 @dataclass
@@ -156,6 +168,8 @@ class OverlengthScan:
     seconds: float = 0.0
     first_where: str = ""
     """Where the first offender comes from (``file:line`` of a JSONL record)."""
+    no_loss: int = 0
+    """Over-length sequences whose cut would hold no loss token (skipped under 'truncate')."""
 
     def message(self) -> str:
         """The first offender (its record, sample, step and length) and the limit, then the totals."""
@@ -183,6 +197,9 @@ def scan_overlength(loader, first_step: int, last_step: int) -> OverlengthScan:
     report.seconds = time.perf_counter() - start
     if report.over:
         report.first_where = location(loader.source, report.over[0][1])
+        if report.limit.mode == "truncate":
+            has_loss = getattr(loader.source, "has_loss_within", None)
+            report.no_loss = sum(not has_loss(i, report.limit.tokens) for _, i, _ in report.over) if has_loss else 0
     return report
 
 
@@ -194,6 +211,9 @@ def check_overlength(loader, first_step: int, last_step: int) -> OverlengthScan:
         raise OverlengthError(report.message())
     if report.over:
         verb = {"truncate": f"truncated to {lim.tokens} tokens", "drop": "dropped"}[lim.mode]
+        if report.no_loss:
+            verb += (f", but {report.no_loss} of them would keep no loss token (a prompt longer than the limit) "
+                     "and will be skipped")
         step, index, length = report.over[0]
         logger.warning(
             f"Skrull over-length: {len(report.over)} of {report.scanned} sequences of steps "

@@ -21,7 +21,7 @@ import torch
 from torchtitan.components.tokenizer import BaseTokenizer
 
 from skrull_ext.datasets.accounting import RunAccount
-from skrull_ext.datasets.overlength import apply_limit, length_limit
+from skrull_ext.datasets.overlength import apply_limit, length_limit, log_events
 from skrull_ext.datasets.source import SourceDataLoaderBase
 from skrull_ext.datasets.synthetic import IGNORE_INDEX
 from skrull_ext.errors import DataError
@@ -94,7 +94,7 @@ class PackedDataLoader(SourceDataLoaderBase):
         B, S = self.local_batch_size, self.seq_len
         indices, samples, account = apply_limit(self.limit, indices, [self.source[i] for i in indices],
                                                 self.source, self.step)
-        self.account.add(account)
+        log_events(self.step, self.limit, account, self.account)
         if not samples:
             raise DataError(f"step {self.step}: every sample of the global batch was skipped "
                              f"({'; '.join(map(str, account.events))})")

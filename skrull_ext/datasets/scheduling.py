@@ -21,11 +21,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from torchtitan.components.tokenizer import BaseTokenizer
-from torchtitan.tools.logging import logger
 
 from skrull_ext.datasets.accounting import RunAccount, StepAccount
 from skrull_ext.datasets.buffers import MicroBatchBuffer, pad_buffer, rank_buffer
-from skrull_ext.datasets.overlength import LengthLimit, apply_limit, scheduler_limit
+from skrull_ext.datasets.overlength import LengthLimit, apply_limit, log_events, scheduler_limit
 from skrull_ext.datasets.source import SourceDataLoaderBase
 from skrull_ext.datasets.synthetic import IGNORE_INDEX
 from skrull_ext.errors import DataError
@@ -106,8 +105,7 @@ class SkrullDataLoader(SourceDataLoaderBase):
         read = self.next_global_batch()
         indices, samples, account = apply_limit(self.limit, read, [self.source[i] for i in read],
                                                 self.source, self.step)
-        self._log_events(account)
-        self.account.add(account)
+        log_events(self.step, self.limit, account, self.account)
         if not indices:
             raise DataError(f"step {self.step}: every sample of the global batch was skipped, nothing to train "
                              f"({'; '.join(map(str, account.events))})")
@@ -134,16 +132,6 @@ class SkrullDataLoader(SourceDataLoaderBase):
             global_valid_tokens=valid, schedule_us=schedule_us, account=account,
             totals=self.account.totals.as_dict(),
         )
-
-    def _log_events(self, account: StepAccount) -> None:
-        """One warning per step that cut or skipped samples, naming each."""
-        if account.events:
-            c, t = account.counts, self.account.totals
-            logger.warning(
-                f"Skrull step {self.step}: {c.cut} cut, {c.skipped} skipped of {c.read} samples read "
-                f"({'; '.join(map(str, account.events))}); run so far: {t.cut + c.cut} cut, "
-                f"{t.skipped + c.skipped} skipped"
-            )
 
     def state_dict(self) -> dict:
         # The same on every rank (a function of the global batches), so DCP

@@ -141,6 +141,10 @@ class JsonlSequences:
     def length(self, index: int) -> int:
         return int(self._lengths[self.record(index)])
 
+    def has_loss_within(self, index: int, n: int) -> bool:
+        """Whether sample ``index`` cut to ``n`` tokens keeps a loss token (label k predicts token k + 1)."""
+        return bool(self.mask[self.record(index)][1 : n + 1].any())
+
     def location(self, index: int) -> str:
         """``path:line`` of the record behind sample ``index``."""
         return f"{self.path}:{self.lines[self.record(index)]}"
