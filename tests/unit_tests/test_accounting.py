@@ -110,6 +110,14 @@ def test_read_equals_whole_plus_cut_plus_skipped(tok, policy):
     assert f"{src.path}:" in summary
 
 
+def test_the_pre_scan_foresees_what_the_steps_do(tok):
+    loader = _loader(tok, "truncate")
+    report = check_overlength(loader, 1, 4)  # logs, does not raise
+    steps = [loader.next_step() for _ in range(4)]
+    assert len(report.over) == sum(s.account.counts.cut + s.account.counts.skipped for s in steps) == 8
+    assert report.no_loss == sum(s.account.counts.skipped_no_loss for s in steps) == 4
+
+
 def test_totals_per_step_and_across_a_resume(tok):
     loader = _loader(tok, "truncate")
     steps = [loader.next_step() for _ in range(2)]
