@@ -64,9 +64,9 @@ class LengthLimit:
         if self.from_max_len:
             return "raise dataloader.max_len, or set skrull.overlength to 'truncate' or 'drop'"
         if self.source.startswith("bucket_size"):
-            return ("raise skrull.bucket_size or parallelism.context_parallel_degree, lower dataloader.max_len, "
+            return ("raise skrull.bucket_size or parallelism.context_parallel_degree, "
                     "or set skrull.overlength to 'truncate' or 'drop'")
-        return "raise training.seq_len, lower dataloader.max_len, or set skrull.overlength to 'truncate' or 'drop'"
+        return "raise training.seq_len, or set skrull.overlength to 'truncate' or 'drop'"
 
 
 def length_limit(capacity: int, capacity_source: str, mode: str, max_len: int | None) -> LengthLimit:
