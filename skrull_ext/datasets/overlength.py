@@ -140,8 +140,12 @@ def apply_limit(limit: LengthLimit, indices: list[int], samples: list[Sample], s
     return keep_i, keep_s, account
 
 
-def log_events(step: int, limit: LengthLimit, account: StepAccount, run: RunAccount) -> None:
-    """Add a step's account to the run's; one warning when it cut or skipped samples, naming each."""
+def limit_step(limit: LengthLimit, indices: list[int], source, step: int, run: RunAccount
+               ) -> tuple[list[int], list[Sample], StepAccount]:
+    """What both dataloaders do with a step's global batch: ``apply_limit``,
+    one warning when it cut or skipped samples (naming each), the counts added
+    to the run's; a step left with nothing to train is refused."""
+    kept, samples, account = apply_limit(limit, indices, [source[i] for i in indices], source, step)
     if account.events:
         c, t = account.counts, run.totals
         logger.warning(
@@ -150,6 +154,10 @@ def log_events(step: int, limit: LengthLimit, account: StepAccount, run: RunAcco
             f"{'; '.join(map(str, account.events))}; run so far: {t.cut + c.cut} cut, {t.skipped + c.skipped} skipped"
         )
     run.add(account)
+    if not kept:
+        raise DataError(f"step {step}: every sample of the global batch was skipped, nothing to train "
+                        f"({'; '.join(map(str, account.events))})")
+    return kept, samples, account
 
 
 @dataclass

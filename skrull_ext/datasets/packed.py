@@ -21,10 +21,9 @@ import torch
 from torchtitan.components.tokenizer import BaseTokenizer
 
 from skrull_ext.datasets.accounting import RunAccount
-from skrull_ext.datasets.overlength import apply_limit, length_limit, log_events
+from skrull_ext.datasets.overlength import length_limit, limit_step
 from skrull_ext.datasets.source import SourceDataLoaderBase
 from skrull_ext.datasets.synthetic import IGNORE_INDEX
-from skrull_ext.errors import DataError
 
 
 def pack_rows(
@@ -92,12 +91,7 @@ class PackedDataLoader(SourceDataLoaderBase):
 
     def _pack(self, indices: list[int]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         B, S = self.local_batch_size, self.seq_len
-        indices, samples, account = apply_limit(self.limit, indices, [self.source[i] for i in indices],
-                                                self.source, self.step)
-        log_events(self.step, self.limit, account, self.account)
-        if not samples:
-            raise DataError(f"step {self.step}: every sample of the global batch was skipped "
-                             f"({'; '.join(map(str, account.events))})")
+        _, samples, _ = limit_step(self.limit, indices, self.source, self.step, self.account)
         rows = pack_rows([s.length for s in samples], self.dp_world_size * B, S)
         inputs = torch.zeros(B, S, dtype=torch.long)
         labels = torch.full((B, S), IGNORE_INDEX, dtype=torch.long)

@@ -24,10 +24,9 @@ from torchtitan.components.tokenizer import BaseTokenizer
 
 from skrull_ext.datasets.accounting import RunAccount, StepAccount
 from skrull_ext.datasets.buffers import MicroBatchBuffer, pad_buffer, rank_buffer
-from skrull_ext.datasets.overlength import LengthLimit, apply_limit, log_events, scheduler_limit
+from skrull_ext.datasets.overlength import LengthLimit, limit_step, scheduler_limit
 from skrull_ext.datasets.source import SourceDataLoaderBase
 from skrull_ext.datasets.synthetic import IGNORE_INDEX
-from skrull_ext.errors import DataError
 from skrull_ext.plan import DROPPED, Plan
 from skrull_ext.scheduler import Scheduler
 
@@ -103,12 +102,7 @@ class SkrullDataLoader(SourceDataLoaderBase):
 
     def next_step(self) -> SkrullStep:
         read = self.next_global_batch()
-        indices, samples, account = apply_limit(self.limit, read, [self.source[i] for i in read],
-                                                self.source, self.step)
-        log_events(self.step, self.limit, account, self.account)
-        if not indices:
-            raise DataError(f"step {self.step}: every sample of the global batch was skipped, nothing to train "
-                             f"({'; '.join(map(str, account.events))})")
+        indices, samples, account = limit_step(self.limit, read, self.source, self.step, self.account)
         start = time.perf_counter()
         plan = self.scheduler.schedule([s.length for s in samples], dp_rank=self.dp_rank)
         plan.validate()
