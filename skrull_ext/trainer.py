@@ -119,6 +119,8 @@ class SkrullTrainer(Trainer):
             check_hf_folder(ckpt.initial_load_path, config.model_spec)  # a bad folder fails before any model
         self.hf_export = HFExport.of_job(config)  # before the trainer shrinks the RoPE cache
         self.ratio_spread = RatioSpread()
+        self.stopped_step: tuple[int, int] | None = None
+        """(step, samples read) of a step stopped before its optimizer step (non-finite loss)."""
         super().__init__(config)
         vocab, model_vocab = self.tokenizer.get_vocab_size(), decoder_vocab_size(config.model_spec)
         if vocab > model_vocab:
@@ -247,6 +249,7 @@ class SkrullTrainer(Trainer):
             global_avg = float(accumulated.item())
         norm = float(grad_norm.item())
         if not (math.isfinite(global_avg) and math.isfinite(norm)):
+            self.stopped_step = (self.step, step.account.counts.read)
             raise NonFiniteLossError(
                 f"step {self.step}: loss {global_avg}, gradient norm {norm}; stopped before the optimizer step "
                 f"(the weights are those of step {self.step - 1}). Samples of the step: "
@@ -279,7 +282,10 @@ class SkrullTrainer(Trainer):
                         f"(cost model {self.config.skrull.cost_model})")
         account = getattr(getattr(self, "dataloader", None), "account", None)
         if account is not None and account.totals.read:
-            logger.info(f"Run summary: {account.summary()}")
+            stopped = ("" if self.stopped_step is None else
+                       f" (step {self.stopped_step[0]} stopped before its optimizer step: its "
+                       f"{self.stopped_step[1]} samples are counted as read but did not change the weights)")
+            logger.info(f"Run summary: {account.summary()}{stopped}")
         super().close()
 
     def _log_step(self, step, accumulated, global_avg: float, global_valid_tokens, grad_norm: float, lr_metrics,

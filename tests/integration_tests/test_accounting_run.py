@@ -61,3 +61,5 @@ def test_non_finite_loss_stops_the_step_before_the_optimizer(tmp_path):
         out[-3000:]
     assert "Samples of the step: " in out and f"({assets.text_path('tiny_sft')}:" in out
     assert stepped.read_text().split() == ["1"], "the optimizer ran after the NaN"
+    assert ("(step 2 stopped before its optimizer step: its 8 samples are counted as read but did not change "
+            "the weights)") in out
