@@ -65,7 +65,8 @@ class Counts:
 
     def check(self) -> None:
         """``read = whole + cut + skipped`` (an internal invariant)."""
-        assert self.read == self.whole + self.cut + self.skipped, self
+        if self.read != self.whole + self.cut + self.skipped:  # checked under python -O too
+            raise AssertionError(f"sample accounting broken: {self}")
 
     def add(self, other: "Counts") -> None:
         for f in fields(self):
