@@ -13,8 +13,9 @@ the sum of token losses over the number of loss tokens of the whole global
 batch, so the gradient does not depend on the schedule (docs/design/method.md, "Loss").
 
 Every Skrull step, before the optimizer touches the weights, the global loss
-and the gradient norm must be finite: otherwise the step stops with an error
-naming it and its samples (their ``file:line`` for JSONL). Both dataloaders
+and the gradient norm must be finite (under torchtitan's batching, the
+gradients: an optimizer pre-step hook): otherwise the step stops with an
+error naming it and its samples (their ``file:line`` for JSONL). Both dataloaders
 apply the length limit (``skrull.overlength``, datasets/overlength.py) and
 count every sample read; the run ends with the summary ``read = trained whole
 + trained cut + skipped`` (datasets/accounting.py).
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 from torchtitan.components.dataloader import DataloaderExhaustedError
 from torchtitan.config.override import derive
 from torchtitan.distributed import utils as dist_utils
@@ -133,6 +135,7 @@ class SkrullTrainer(Trainer):
         elif isinstance(self.dataloader, PackedDataLoader):  # torchtitan's batching: the same limit and counts
             self.dataloader.set_overlength(config.skrull.overlength)
             check_overlength(self.dataloader, first_step=1, last_step=config.training.steps)
+            self.optimizers.register_step_pre_hook(self._stop_on_non_finite_grads)
 
     # ------------------------------------------------------------------ setup
     def _init_skrull(self) -> None:
@@ -260,6 +263,24 @@ class SkrullTrainer(Trainer):
         self.lr_schedulers.step()
         if should_log:
             self._log_step(step, accumulated, global_avg, global_valid_tokens, norm, lr_metrics, measured_us)
+
+    def _stop_on_non_finite_grads(self, optimizer, args, kwargs) -> None:
+        """torchtitan's batching: torchtitan checks the loss after the optimizer
+        step, and only on logged steps; this optimizer pre-step hook stops
+        before it. torchtitan's clip_grad_norm_ scales every gradient by
+        max_norm / (global norm), so a non-finite norm leaves every rank's
+        gradients non-finite and a local check agrees on every rank without a
+        collective (one host sync per step)."""
+        local = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
+                 for m in self.model_parts for p in m.parameters() if p.grad is not None]
+        if not local or math.isfinite(float(torch.stack(torch._foreach_norm(local)).sum().item())):
+            return
+        self.stopped_step = (self.step, self.dataloader.config.global_batch_size)
+        raise NonFiniteLossError(
+            f"step {self.step}: the gradients are not finite; stopped before the optimizer step (the weights are "
+            f"those of step {self.step - 1}). Samples of the step: "
+            f"{name_samples(self.dataloader.source, self.dataloader.last_samples)}"
+        )
 
     def _synchronize(self) -> None:
         """Wait for the device's queued work. Looked up from the device at call

@@ -72,6 +72,8 @@ class PackedDataLoader(SourceDataLoaderBase):
         self.seq_len = seq_len
         self.local_batch_size = local_batch_size
         self.account = RunAccount()
+        self.last_samples: list[int] = []
+        """Source indices trained by the last batch (what a failed step names)."""
         self.set_overlength("error")
 
     def set_overlength(self, mode: str) -> None:
@@ -91,7 +93,7 @@ class PackedDataLoader(SourceDataLoaderBase):
 
     def _pack(self, indices: list[int]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         B, S = self.local_batch_size, self.seq_len
-        _, samples, _ = limit_step(self.limit, indices, self.source, self.step, self.account)
+        self.last_samples, samples, _ = limit_step(self.limit, indices, self.source, self.step, self.account)
         rows = pack_rows([s.length for s in samples], self.dp_world_size * B, S)
         inputs = torch.zeros(B, S, dtype=torch.long)
         labels = torch.full((B, S), IGNORE_INDEX, dtype=torch.long)

@@ -9,8 +9,9 @@ every rank gathers the full gradient of each parameter (FSDP shards are
 DTensors; ``full_tensor()`` is a collective, so all ranks take part) and
 rank 0 saves ``{parameter name: gradient}`` to PATH with ``torch.save``.
 With ``SKRULL_PROBE_NAN=STEP:PATH``, the model's output at training step
-STEP is made NaN, and every optimizer step is appended to PATH (one line,
-the training step), which shows whether the optimizer ran after the NaN.
+STEP is made NaN, and every optimizer step that ran is appended to PATH (one
+line, the training step, from a post-step hook), which shows whether the
+optimizer ran after the NaN.
 
 It hooks torch's global optimizer pre-step hook, the global module forward
 hook and torchtitan's Trainer constructor, so the product code carries no test switch and torchtitan's
@@ -53,7 +54,7 @@ def _install_grad_probe(step: int, path: str) -> None:
 
 def _install_nan_probe(step: int, path: str) -> None:
     from torch.nn.modules.module import register_module_forward_hook
-    from torch.optim.optimizer import register_optimizer_step_pre_hook
+    from torch.optim.optimizer import register_optimizer_step_post_hook
     from torchtitan.components.optimizer import OptimizersContainer
 
     from skrull_ext.bench.cp_probe import record_trainers
@@ -71,7 +72,7 @@ def _install_nan_probe(step: int, path: str) -> None:
                 f.write(f"{trainers[-1].step}\n")
 
     register_module_forward_hook(poison)
-    register_optimizer_step_pre_hook(stepped)
+    register_optimizer_step_post_hook(stepped)
 
 
 def main() -> None:

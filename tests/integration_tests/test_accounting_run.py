@@ -10,7 +10,8 @@ step: the counts reach TensorBoard and the console with ``read = whole + cut
 kind by ``file:line``.
 
 A NaN loss injected at a step that is not logged (probe.py) stops that step
-before the optimizer runs, naming the step and its samples' records.
+before the optimizer runs, under Skrull's and torchtitan's batching, naming
+the step and its samples' records.
 """
 
 import os
@@ -50,15 +51,17 @@ def test_counts_reach_tensorboard_console_and_summary(tmp_path):
 
 
 @pytest.mark.slow
-def test_non_finite_loss_stops_the_step_before_the_optimizer(tmp_path):
+@pytest.mark.parametrize("batching", ["skrull", "torchtitan"])
+def test_non_finite_loss_stops_the_step_before_the_optimizer(tmp_path, batching):
     stepped = tmp_path / "optimizer_steps.txt"
     proc = torchrun(1, PROBE, [
         "skrull_ext.train", *JOB, "--dump_folder", str(tmp_path / "run"), "--training.steps", str(STEPS),
         "--metrics.log_freq", "10",  # step 2 is not a logged step
+        *(["--skrull.no-enable"] if batching == "torchtitan" else []),
     ], cwd=str(tmp_path), expect_failure=True, env={"SKRULL_PROBE_NAN": f"2:{stepped}"})
     out = proc.stdout + proc.stderr
-    assert "NonFiniteLossError: step 2: loss nan, gradient norm nan; stopped before the optimizer step" in out, \
-        out[-3000:]
+    what = "loss nan, gradient norm nan" if batching == "skrull" else "the gradients are not finite"
+    assert f"NonFiniteLossError: step 2: {what}; stopped before the optimizer step" in out, out[-3000:]
     assert "Samples of the step: " in out and f"({assets.text_path('tiny_sft')}:" in out
     assert stepped.read_text().split() == ["1"], "the optimizer ran after the NaN"
     assert ("(step 2 stopped before its optimizer step: its 8 samples are counted as read but did not change "
