@@ -66,3 +66,19 @@ def test_dataloader_counts_what_the_policy_did(policy):
     fresh = _loader(policy)
     fresh.load_state_dict(loader.state_dict())
     assert fresh.step == 4 and fresh.account.totals == loader.account.totals
+
+
+def test_the_limit_is_the_batching_or_max_len_whichever_is_smaller():
+    from skrull_ext import _core
+    from skrull_ext.config import SchedulerConfig
+    from skrull_ext.datasets.overlength import scheduler_limit
+
+    group = scheduler_limit(SchedulerConfig(dp=2, cp=2, bucket_size=256, overlength="drop"), None)
+    assert (group.tokens, group.source, group.mode) == (_core.max_sequence_length(256, 2), "bucket_size 256 x cp 2",
+                                                        "drop")
+    pool = scheduler_limit(SchedulerConfig(dp=2, cp=2, bucket_size=256, policy="skrull-pool"), None)
+    assert (pool.tokens, pool.source) == (_core.max_sequence_length(256, 4), "bucket_size 256 x dp 2 x cp 2")
+    assert pool.too_long() == f"longer than the {pool.tokens} tokens the pool can hold (bucket_size 256 x dp 2 x cp 2)"
+    capped = scheduler_limit(SchedulerConfig(dp=2, cp=2, bucket_size=256), 100)
+    assert (capped.tokens, capped.source) == (100, "dataloader.max_len 100")
+    assert scheduler_limit(SchedulerConfig(dp=1, cp=2, bucket_size=256), 4096).tokens == group.tokens
