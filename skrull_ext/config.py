@@ -103,7 +103,8 @@ class SchedulingOptions:
     """One of POLICIES: skrull, skrull-fast, skrull-paper, skrull-pool, worstfit."""
     overlength: OverlengthMode = "error"
     """Sequences longer than bucket_size x cp (x dp under skrull-pool): error, truncate (to the
-    longest that fits) or drop; counts go in the plan."""
+    longest that fits) or drop. In training also those longer than dataloader.max_len; the
+    dataloader applies it before the scheduler and counts each sample (datasets/accounting.py)."""
     cpsat: bool = True
     """Allow the CP-SAT fallback (used only by policies that enable it)."""
     cpsat_margin: float = 0.10

@@ -54,7 +54,6 @@ def _records(config, tokenizer: BaseTokenizer | None, path: str, rows=None) -> J
         tokenizer,
         seed=config.seed,
         min_len=config.min_len,
-        max_len=config.max_len,
         encoder=RecordEncoder.from_config(config, tokenizer),
         records=rows,
     )
@@ -99,8 +98,11 @@ class SourceDataLoaderBase(BaseDataLoader):
         data_files: list[str] = field(default_factory=list)
         """hf: globs under dataset_path (a folder) naming the files to read; empty: the split's files."""
         min_len: int = 2
+        """Shorter samples are an error (jsonl, naming file:line) or drawn no shorter (synthetic)."""
         max_len: int | None = None
-        """Clip sample lengths (an SFT max-length cut); None keeps the tail."""
+        """Longest sample trained (an SFT max-length cut); None: what a CP group (or a row) holds.
+        jsonl: applied per step by skrull.overlength (error, truncate, drop), counted and reported,
+        never at load time; synthetic: lengths are drawn at most this long (nothing is cut)."""
         vocab_size: int | None = None
         """synthetic: token ids are drawn from [1, vocab_size); None: the tokenizer's (the model's)."""
         seed: int = 0

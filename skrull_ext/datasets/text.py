@@ -13,6 +13,10 @@ before any token is built) and sample ``i`` is a pure function of
 ``(seed, i)``: record ``perm_e[i % n]`` of epoch ``e = i // n``, each epoch a
 fresh seeded permutation. So a global batch is a function of its step, as
 with the synthetic source, and a resume needs only the step.
+
+Records are kept whole: ``dataloader.max_len`` is a limit the over-length
+policy applies per step (overlength.py), counted and reported with the
+record's ``file:line`` (``location``), never a silent cut at load time.
 TODO: a memory-mapped pre-tokenized format for corpora that do not fit.
 """
 
@@ -58,20 +62,18 @@ class JsonlSequences:
     """
 
     def __init__(self, path: str, tokenizer, *, text_field: str = "text", seed: int = 0,
-                 min_len: int = 2, max_len: int | None = None, encoder: RecordEncoder | None = None,
-                 records=None):
-        if max_len is not None and max_len < min_len:
-            raise ValueError("max_len must be >= min_len")
+                 min_len: int = 2, encoder: RecordEncoder | None = None, records=None):
         self.path, self.seed = path, seed
         self.ids: list[np.ndarray] = []
         self.mask: list[np.ndarray] = []
+        self.where: list[str] = []
+        """``file:line`` (JSONL) or ``file row N`` (HF datasets) of each record."""
         encode = encoder or RecordEncoder(RecordReader(columns=Columns(text_field=text_field)), tokenizer)
         for where, record in (jsonl_records(path) if records is None else records):
             ids, mask = encode(record, where)
             if len(ids) < min_len:
                 raise DataError(f"{where}: {len(ids)} tokens, fewer than dataloader.min_len {min_len}")
-            if max_len is not None:
-                ids, mask = ids[:max_len], mask[:max_len]
+            self.where.append(where)
             self.ids.append(np.asarray(ids, dtype=np.int64))
             self.mask.append(np.asarray(mask, dtype=bool))
         if not self.ids:
@@ -95,6 +97,14 @@ class JsonlSequences:
 
     def length(self, index: int) -> int:
         return int(self._lengths[self.record(index)])
+
+    def has_loss_within(self, index: int, n: int) -> bool:
+        """Whether sample ``index`` cut to ``n`` tokens keeps a loss token (label k predicts token k + 1)."""
+        return bool(self.mask[self.record(index)][1 : n + 1].any())
+
+    def location(self, index: int) -> str:
+        """Where the record behind sample ``index`` is: ``path:line`` or ``path row N``."""
+        return self.where[self.record(index)]
 
     @property
     def max_length(self) -> int:

@@ -70,9 +70,13 @@ def test_epochs_are_seeded_permutations(tok):
     assert [JsonlSequences(FIXTURE, tok, seed=4).record(i) for i in range(n)] != first
 
 
-def test_max_len_cuts_and_the_byte_tokenizer_also_works(tok):
-    src = JsonlSequences(FIXTURE, tok, max_len=100)
-    assert src.max_length == 100 and all(src[i].length <= 100 for i in range(len(src)))
+def test_records_are_kept_whole_and_the_byte_tokenizer_also_works(tok, records):
+    """No length limit at load time (the over-length policy applies max_len
+    per step, test_accounting.py); each sample knows its file:line."""
+    src = JsonlSequences(FIXTURE, tok)
+    assert src.max_length > 512
+    assert [src.location(i) for i in range(len(src))] == [f"{FIXTURE}:{src.record(i) + 1}" for i in range(len(src))]
+    assert len(records) == len(src)  # so record r is on line r + 1: the fixture has no blank lines
     by_bytes = JsonlSequences(FIXTURE, SyntheticTokenizer.Config(vocab_size=2048).build())
     assert by_bytes.max_length > JsonlSequences(FIXTURE, tok).max_length
 
@@ -92,18 +96,19 @@ def test_bad_records_are_named_by_line(tmp_path, tok, line, message):
 
 def test_jsonl_through_the_dataloaders(tok):
     config = SkrullDataLoader.Config(dataset="jsonl", dataset_path="tiny_sft", max_len=512, global_batch_size=8)
-    section = SkrullConfig(bucket_size=256, cost_model="h100-assumed")
+    section = SkrullConfig(bucket_size=256, cost_model="h100-assumed", overlength="truncate")
     loader = config.build(dp_world_size=1, dp_rank=0, tokenizer=tok)
     loader.attach(Scheduler(section.scheduler_config(1, 2), cost_model.preset("llama3-debug")), 0, 2)
     placements = []
     for _ in range(4):
         step = loader.next_step()
-        want = sum(int((loader.source[i].labels != IGNORE_INDEX).sum()) for i in step.samples)
+        want = sum(int((loader.source[i].labels[:512] != IGNORE_INDEX).sum()) for i in step.samples)
         assert step.global_valid_tokens == want
         placements += step.plan.cp_rank
     assert DISTRIBUTED in placements and any(r != DISTRIBUTED for r in placements)
     packed = PackedDataLoader.Config(dataset="jsonl", dataset_path="tiny_sft", max_len=512).build(
         dp_world_size=1, dp_rank=0, tokenizer=tok, seq_len=512, local_batch_size=4)
+    packed.set_overlength("truncate")
     inputs, labels = next(iter(packed))
     assert inputs["input"].shape == labels.shape == (4, 512)
 
