@@ -25,6 +25,7 @@ import types
 import typing
 from typing import Any
 
+from torchtitan.components.checkpointer import CheckpointManager
 from torchtitan.components.loss import CrossEntropyLoss
 from torchtitan.components.metrics import MetricsProcessor
 from torchtitan.components.optimizer import default_adamw, LRSchedulersContainer
@@ -197,7 +198,13 @@ def _apply(current: Any, table: dict, key: str) -> Any:
 def base_config(
     model_spec: ModelSpec, config_cls: type[Trainer.Config] = SkrullTrainer.Config
 ) -> Trainer.Config:
-    """Defaults shared by every skrull-ext job; vocab sizes follow the model."""
+    """Defaults shared by every skrull-ext job; vocab sizes follow the model.
+
+    The last checkpoint keeps the full training state (torchtitan's default
+    keeps only the model), so a finished run continues with a larger
+    ``--training.steps`` instead of failing on ``dataloader.step``; a job that
+    exports HF weights at the end sets ``last_save_model_only = true`` itself.
+    """
     vocab = decoder_vocab_size(model_spec)
     return config_cls(
         model_spec=model_spec,
@@ -213,6 +220,7 @@ def base_config(
         lr_scheduler=LRSchedulersContainer.Config(warmup_steps=2),
         training=TrainingConfig(),
         metrics=MetricsProcessor.Config(log_freq=1),
+        checkpoint=CheckpointManager.Config(last_save_model_only=False),
     )
 
 
