@@ -288,6 +288,8 @@ def load_job(path: str, *, config_cls=None, ignore: tuple[str, ...] = (),
     updates = {n: _coerce(v, root_fields[n], f"job.{n}") for n, v in job.items()}
     if isinstance(table.get("lora"), dict):
         table["lora"].setdefault("enable", True)  # a [lora] table means LoRA training
+    if isinstance(table.get("checkpoint"), dict) and table["checkpoint"].get("last_save_in_hf") is True:
+        table["checkpoint"].setdefault("last_save_model_only", True)  # a HF last save holds the model only
     for name, value in table.items():
         if not isinstance(value, dict):
             raise JobFileError(f"{name}: expected a [{name}] table, got {value!r}")
@@ -355,6 +357,11 @@ class JobConfigManager(ConfigManager):
             return super()._load_config(args)
         config = load_job(path, model_overrides=model)
         _check_flags(config, rest)
+        flags = {a[2:].split("=", 1)[0].replace("-", "_") for a in rest if a.startswith("--")}
+        if "checkpoint.last_save_in_hf" in flags and not flags & {
+                "checkpoint.last_save_model_only", "checkpoint.no_last_save_model_only"}:
+            # A HF last save holds the model only (torchtitan requires it), as when a job file sets it.
+            config.checkpoint = dataclasses.replace(config.checkpoint, last_save_model_only=True)
         return config, rest
 
     def parse_args(self, args: list[str] | None = None):

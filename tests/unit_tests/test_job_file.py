@@ -209,3 +209,26 @@ def test_pool_policy_is_refused_for_training_until_the_trainer_runs_it():
     with pytest.raises(ValueError, match=r"skrull.policy: 'skrull-pool' plans the DP x CP world as one pool, which "
                                          r"the trainer cannot run yet .* one of \['skrull', 'skrull-fast'"):
         SkrullConfig(cost_model="h100-assumed", policy="skrull-pool")
+
+
+def test_shipped_jobs_are_seeded_and_keep_a_resumable_last_checkpoint():
+    """Same command, same run; a finished run can be continued (README)."""
+    for name in sorted(os.listdir(JOBS)):
+        if not name.endswith(".toml"):
+            continue
+        text = Path(JOBS, name).read_text()
+        assert "[debug]\nseed = 0" in text, f"{name} does not seed its run"
+        assert "cpsat = true" not in text, f"{name}: the CP-SAT fallback is off by default (docs/benchmarks.md)"
+    config = load_job(DEBUG)
+    assert config.debug.seed == 0 and not config.skrull.cpsat
+    assert config.checkpoint.last_save_model_only is False  # the full state: a resume needs it
+
+
+@pytest.mark.parametrize("where", ["file", "flag"])
+def test_a_hf_last_save_keeps_the_model_only(tmp_path, where):
+    """torchtitan allows a HF last save only model-only; asking for one, in
+    the file or on the command line, gets that without a second key."""
+    body = MINIMAL + ("[checkpoint]\nlast_save_in_hf = true\n" if where == "file" else "")
+    flags = ["--checkpoint.last_save_in_hf"] if where == "flag" else []
+    config = JobConfigManager().parse_args(["--config-file", _write(tmp_path, body), *flags])
+    assert config.checkpoint.last_save_in_hf and config.checkpoint.last_save_model_only
