@@ -202,8 +202,9 @@ def base_config(
 
     The last checkpoint keeps the full training state (torchtitan's default
     keeps only the model), so a finished run continues with a larger
-    ``--training.steps`` instead of failing on ``dataloader.step``; a job that
-    exports HF weights at the end sets ``last_save_model_only = true`` itself.
+    ``--training.steps`` instead of failing on ``dataloader.step``. A job that
+    saves the last step as HF weights (``last_save_in_hf``, in the file or on
+    the command line) gets a model-only last save, which torchtitan requires.
     """
     vocab = decoder_vocab_size(model_spec)
     return config_cls(
