@@ -374,9 +374,9 @@ usage: python -m {module} --config-file JOB.toml [--SECTION.KEY VALUE ...] [--tr
        torchrun --nproc_per_node N -m {module} --config-file JOB.toml [...]
 
 JOB.toml describes the model, data, parallelism and [skrull] scheduling
-(README.md, "Job files"). Shipped jobs: skrull_ext/jobs/debug_cpu.toml (tiny
-llama3 on CPU, synthetic data), debug_cpu_text.toml (the same on a shipped
-JSONL file), qwen2_5_0_5b_gpu.toml (8 GPUs).
+(README.md, "Job files"). Shipped jobs, in skrull_ext/jobs/ (each file's
+header says what it trains and how to launch it):
+{jobs}
 
   --config-file JOB.toml    the job (required)
   --SECTION.KEY VALUE       override one key of the job file, e.g. --training.steps 3
@@ -385,6 +385,18 @@ JSONL file), qwen2_5_0_5b_gpu.toml (8 GPUs).
   --module M --config NAME  a torchtitan config-registry function instead of a job file
   --traceback               on a config error, the full traceback too (or SKRULL_TRACEBACK=1)
 """
+
+
+def _shipped_jobs() -> str:
+    """The job files shipped in skrull_ext/jobs/, wrapped for the usage text."""
+    names = sorted(n for n in os.listdir(os.path.join(os.path.dirname(__file__), "jobs")) if n.endswith(".toml"))
+    lines, line = [], " "
+    for name in names:
+        if len(line) + len(name) + 2 > 78:
+            lines.append(line.rstrip())
+            line = " "
+        line += f" {name}"
+    return "\n".join([*lines, line.rstrip()])
 
 
 def _rank() -> int:
@@ -423,7 +435,7 @@ def load_config(argv: list[str] | None = None, *, module: str = "skrull_ext.trai
     if not _has_job(argv):
         asked = any(a in ("-h", "--help") for a in argv)
         if _rank() == 0:
-            print(USAGE.format(module=module), file=sys.stdout if asked else sys.stderr, end="")
+            print(USAGE.format(module=module, jobs=_shipped_jobs()), file=sys.stdout if asked else sys.stderr, end="")
         raise SystemExit(0 if asked else 2)
     compat.apply()
     captured = io.StringIO()
