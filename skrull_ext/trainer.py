@@ -306,7 +306,9 @@ class SkrullTrainer(Trainer):
             stopped = ("" if self.stopped_step is None else
                        f" (step {self.stopped_step[0]} stopped before its optimizer step: its "
                        f"{self.stopped_step[1]} samples are counted as read but did not change the weights)")
-            logger.info(f"Run summary: {account.summary()}{stopped}")
+            source = self.dataloader.source
+            bad = f"; at load, {source.bad_summary()}" if getattr(source, "bad", None) else ""
+            logger.info(f"Run summary: {account.summary()}{bad}{stopped}")
         super().close()
 
     def _log_step(self, step, accumulated, global_avg: float, global_valid_tokens, grad_norm: float, lr_metrics,

@@ -20,6 +20,7 @@ from typing import Literal
 import numpy as np
 from torchtitan.components.dataloader import BaseDataLoader
 from torchtitan.components.tokenizer import BaseTokenizer
+from torchtitan.tools.logging import logger
 
 from skrull_ext import assets
 from skrull_ext import lengths as shipped_lengths
@@ -56,6 +57,7 @@ def _records(config, tokenizer: BaseTokenizer | None, path: str, rows=None) -> J
         min_len=config.min_len,
         encoder=RecordEncoder.from_config(config, tokenizer),
         records=rows,
+        on_bad_record=config.on_bad_record,
     )
 
 
@@ -99,6 +101,10 @@ class SourceDataLoaderBase(BaseDataLoader):
         """hf: globs under dataset_path (a folder) naming the files to read; empty: the split's files."""
         min_len: int = 2
         """Shorter samples are an error (jsonl, naming file:line) or drawn no shorter (synthetic)."""
+        on_bad_record: Literal["error", "skip"] = "error"
+        """jsonl/hf: a record that cannot be trained (not UTF-8, not JSON, no recognised columns, unknown
+        role, empty assistant turn, under min_len tokens) stops the job naming file:line or row ('error'),
+        or is skipped: counted, and the count and the first few named in one line at load ('skip')."""
         max_len: int | None = None
         """Longest sample trained (an SFT max-length cut); None: what a CP group (or a row) holds.
         jsonl: applied per step by skrull.overlength (error, truncate, drop), counted and reported,
@@ -123,6 +129,8 @@ class SourceDataLoaderBase(BaseDataLoader):
     def __init__(self, config: Config, tokenizer: BaseTokenizer | None = None):
         self.config = config
         self.source = DATASETS[config.dataset](config, tokenizer)
+        if getattr(self.source, "bad", None):
+            logger.warning(f"dataloader: {self.source.bad_summary()}")
         self.step = 0
         """Global batches consumed so far (the checkpointed state)."""
 

@@ -137,3 +137,41 @@ def test_non_utf8_is_named_by_file_and_line(tmp_path, tok):
     path.write_bytes(b'{"text": "fine"}\n{"text": "caf\xe9"}\n')
     with pytest.raises(DataError, match=r"latin1.jsonl:2: not UTF-8 \(byte 0xe9 at column 14\)"):
         JsonlSequences(str(path), tok)
+
+
+def test_bad_records_are_skipped_counted_and_named_on_request(tmp_path, tok):
+    """on_bad_record = 'skip': each class of bad record is passed over and kept
+    as its one-line reason; records in = kept + bad; the good ones are the
+    records an all-good file gives."""
+    good = ['{"text": "a plain document of some words"}',
+            '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello there"}]}']
+    bad = {
+        2: b'{"text": "caf\xe9"}',
+        3: b"{not json",
+        4: b'{"body": "x"}',
+        5: b'{"messages": [{"role": "bot", "content": "x"}]}',
+        6: b'{"messages": [{"role": "user", "content": "hi"}]}',
+        7: b'{"text": "a"}',  # one token: under min_len
+    }
+    path = tmp_path / "mixed.jsonl"
+    path.write_bytes(b"\n".join([good[0].encode(), *bad.values(), good[1].encode()]) + b"\n")
+    with pytest.raises(ValueError, match=r"mixed.jsonl:2: not UTF-8 .*on_bad_record = .skip. skips and counts"):
+        JsonlSequences(str(path), tok)  # the default stops at the first
+    src = JsonlSequences(str(path), tok, min_len=3, on_bad_record="skip")
+    assert len(src) == 2 and len(src.bad) == len(bad) == 6
+    assert [b.split(": ", 1)[0] for b in src.bad] == [f"{path}:{line}" for line in bad]
+    for reason, want in zip(src.bad, ["not UTF-8", "not valid JSON", "no recognised columns", "unknown role 'bot'",
+                                      "at least one assistant message", "fewer than dataloader.min_len 3"]):
+        assert want in reason, reason
+    assert src.where == [f"{path}:1", f"{path}:8"]
+    clean = tmp_path / "clean.jsonl"
+    clean.write_text("\n".join(good) + "\n")
+    ref = JsonlSequences(str(clean), tok, min_len=3)
+    assert all((a == b).all() for a, b in zip(src.ids, ref.ids)) and len(src.ids) == len(ref.ids)
+    assert src.bad_summary().startswith("6 of 8 records skipped as bad (dataloader.on_bad_record = 'skip'): ")
+    with pytest.raises(ValueError, match=r"dataloader.on_bad_record: 'ignore' is not 'error' or 'skip'"):
+        JsonlSequences(str(clean), tok, on_bad_record="ignore")
+    only_bad = tmp_path / "only_bad.jsonl"
+    only_bad.write_bytes(bad[3] + b"\n")
+    with pytest.raises(ValueError, match=r"only_bad.jsonl: no records left: 1 of 1 records skipped as bad"):
+        JsonlSequences(str(only_bad), tok, on_bad_record="skip")
