@@ -25,6 +25,7 @@ import types
 import typing
 from typing import Any
 
+from torchtitan.components.checkpointer import CheckpointManager
 from torchtitan.components.loss import CrossEntropyLoss
 from torchtitan.components.metrics import MetricsProcessor
 from torchtitan.components.optimizer import default_adamw, LRSchedulersContainer
@@ -197,7 +198,14 @@ def _apply(current: Any, table: dict, key: str) -> Any:
 def base_config(
     model_spec: ModelSpec, config_cls: type[Trainer.Config] = SkrullTrainer.Config
 ) -> Trainer.Config:
-    """Defaults shared by every skrull-ext job; vocab sizes follow the model."""
+    """Defaults shared by every skrull-ext job; vocab sizes follow the model.
+
+    The last checkpoint keeps the full training state (torchtitan's default
+    keeps only the model), so a finished run continues with a larger
+    ``--training.steps`` instead of failing on ``dataloader.step``. A job that
+    saves the last step as HF weights (``last_save_in_hf``, in the file or on
+    the command line) gets a model-only last save, which torchtitan requires.
+    """
     vocab = decoder_vocab_size(model_spec)
     return config_cls(
         model_spec=model_spec,
@@ -213,6 +221,7 @@ def base_config(
         lr_scheduler=LRSchedulersContainer.Config(warmup_steps=2),
         training=TrainingConfig(),
         metrics=MetricsProcessor.Config(log_freq=1),
+        checkpoint=CheckpointManager.Config(last_save_model_only=False),
     )
 
 
@@ -280,6 +289,8 @@ def load_job(path: str, *, config_cls=None, ignore: tuple[str, ...] = (),
     updates = {n: _coerce(v, root_fields[n], f"job.{n}") for n, v in job.items()}
     if isinstance(table.get("lora"), dict):
         table["lora"].setdefault("enable", True)  # a [lora] table means LoRA training
+    if isinstance(table.get("checkpoint"), dict) and table["checkpoint"].get("last_save_in_hf") is True:
+        table["checkpoint"].setdefault("last_save_model_only", True)  # a HF last save holds the model only
     for name, value in table.items():
         if not isinstance(value, dict):
             raise JobFileError(f"{name}: expected a [{name}] table, got {value!r}")
@@ -347,6 +358,11 @@ class JobConfigManager(ConfigManager):
             return super()._load_config(args)
         config = load_job(path, model_overrides=model)
         _check_flags(config, rest)
+        flags = {a[2:].split("=", 1)[0].replace("-", "_") for a in rest if a.startswith("--")}
+        if "checkpoint.last_save_in_hf" in flags and not flags & {
+                "checkpoint.last_save_model_only", "checkpoint.no_last_save_model_only"}:
+            # A HF last save holds the model only (torchtitan requires it), as when a job file sets it.
+            config.checkpoint = dataclasses.replace(config.checkpoint, last_save_model_only=True)
         return config, rest
 
     def parse_args(self, args: list[str] | None = None):
@@ -358,9 +374,9 @@ usage: python -m {module} --config-file JOB.toml [--SECTION.KEY VALUE ...] [--tr
        torchrun --nproc_per_node N -m {module} --config-file JOB.toml [...]
 
 JOB.toml describes the model, data, parallelism and [skrull] scheduling
-(README.md, "Job files"). Shipped jobs: skrull_ext/jobs/debug_cpu.toml (tiny
-llama3 on CPU, synthetic data), debug_cpu_text.toml (the same on a shipped
-JSONL file), qwen2_5_0_5b_gpu.toml (8 GPUs).
+(README.md, "Job files"). Shipped jobs, in skrull_ext/jobs/ (each file's
+header says what it trains and how to launch it):
+{jobs}
 
   --config-file JOB.toml    the job (required)
   --SECTION.KEY VALUE       override one key of the job file, e.g. --training.steps 3
@@ -369,6 +385,18 @@ JSONL file), qwen2_5_0_5b_gpu.toml (8 GPUs).
   --module M --config NAME  a torchtitan config-registry function instead of a job file
   --traceback               on a config error, the full traceback too (or SKRULL_TRACEBACK=1)
 """
+
+
+def _shipped_jobs() -> str:
+    """The job files shipped in skrull_ext/jobs/, wrapped for the usage text."""
+    names = sorted(n for n in os.listdir(os.path.join(os.path.dirname(__file__), "jobs")) if n.endswith(".toml"))
+    lines, line = [], " "
+    for name in names:
+        if len(line) + len(name) + 2 > 78:
+            lines.append(line.rstrip())
+            line = " "
+        line += f" {name}"
+    return "\n".join([*lines, line.rstrip()])
 
 
 def _rank() -> int:
@@ -407,7 +435,7 @@ def load_config(argv: list[str] | None = None, *, module: str = "skrull_ext.trai
     if not _has_job(argv):
         asked = any(a in ("-h", "--help") for a in argv)
         if _rank() == 0:
-            print(USAGE.format(module=module), file=sys.stdout if asked else sys.stderr, end="")
+            print(USAGE.format(module=module, jobs=_shipped_jobs()), file=sys.stdout if asked else sys.stderr, end="")
         raise SystemExit(0 if asked else 2)
     compat.apply()
     captured = io.StringIO()

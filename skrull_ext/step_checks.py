@@ -53,12 +53,17 @@ def step_metrics(step, attention_modules, measured_us: float) -> dict[str, float
     """Everything Skrull logs per step (TensorBoard tags ``skrull/*``).
 
     From the plan (the same on every rank): micro-batches, local share of
-    sequences and tokens, roll-backs, refine moves, CP-SAT uses, over-length
-    counts, predicted time, per-rank token and FLOP imbalance (max / mean over
-    all DP x CP ranks). From this rank: scheduling wall time, measured fwd+bwd
+    sequences and tokens, roll-backs, refine moves, CP-SAT uses, predicted
+    time, per-rank token and FLOP imbalance (max / mean over all DP x CP
+    ranks). From this rank: scheduling wall time, measured fwd+bwd
     time of the micro-batches and its ratio to the prediction (1.0 when the
     cost model describes this machine: a profile measured here, not a preset
     assuming another device), and the DACP attention counters summed over layers.
+    From the dataloader (datasets/accounting.py): samples read, trained whole,
+    cut and skipped, this step and since the run began (``samples_*``,
+    ``samples_*_total``); ``truncated`` / ``dropped`` are the over-length
+    policy's share of them (it runs before the scheduler, so the plan itself
+    never truncates or drops).
     """
     stats = DacpStats()
     for m in attention_modules:
@@ -68,7 +73,13 @@ def step_metrics(step, attention_modules, measured_us: float) -> dict[str, float
     out = {f"skrull/{k}": float(v) for k, v in summary.items()}
     out.update({k: float(v) for k, v in stats.as_dict(prefix="skrull/dacp_").items()})
     out["skrull/rank_micro_batches"] = float(len(step.plan.ranks[step.dp_rank]))
-    out.update({f"skrull/{k}_total": float(v) for k, v in step.overlength_totals.items()})
+    c, t = step.account.counts, step.totals
+    for name, now, total in (("read", c.read, t["read"]), ("whole", c.whole, t["whole"]), ("cut", c.cut, t["cut"]),
+                             ("skipped", c.skipped, t["skipped_overlength"] + t["skipped_no_loss"]),
+                             ("skipped_no_loss", c.skipped_no_loss, t["skipped_no_loss"])):
+        out[f"skrull/samples_{name}"], out[f"skrull/samples_{name}_total"] = float(now), float(total)
+    out["skrull/truncated"], out["skrull/truncated_total"] = float(c.cut), float(t["cut"])
+    out["skrull/dropped"], out["skrull/dropped_total"] = float(c.skipped_overlength), float(t["skipped_overlength"])
     out["skrull/schedule_wall_us"] = step.schedule_us
     out["skrull/measured_us"] = measured_us
     predicted = summary["predicted_us"]
@@ -117,7 +128,7 @@ def step_log_line(step: int, m: dict[str, float]) -> str:
         + f"), scheduling {m['skrull/schedule_wall_us']:.0f} us, "
         f"roll-backs {m['skrull/rollbacks']:.0f}, refine moves {m['skrull/refine_moves']:.0f}, "
         f"CP-SAT {m['skrull/cpsat_used']:.0f}, imbalance tokens {m['skrull/rank_token_imbalance']:.2f} "
-        f"FLOPs {m['skrull/rank_flop_imbalance']:.2f}"
-        + (f", truncated {m['skrull/truncated']:.0f}" if m["skrull/truncated"] else "")
-        + (f", dropped {m['skrull/dropped']:.0f}" if m["skrull/dropped"] else "")
+        f"FLOPs {m['skrull/rank_flop_imbalance']:.2f}, samples {m['skrull/samples_read']:.0f} read = "
+        f"{m['skrull/samples_whole']:.0f} whole + {m['skrull/samples_cut']:.0f} cut + "
+        f"{m['skrull/samples_skipped']:.0f} skipped"
     )

@@ -11,6 +11,14 @@ buffer to the model, attention being the DACP attention over the CP group
 (local sequences whole, distributed ones by all-gathered K/V). The loss is
 the sum of token losses over the number of loss tokens of the whole global
 batch, so the gradient does not depend on the schedule (docs/design/method.md, "Loss").
+
+Every Skrull step, before the optimizer touches the weights, the global loss
+and the gradient norm must be finite (under torchtitan's batching, the
+gradients: an optimizer pre-step hook): otherwise the step stops with an
+error naming it and its samples (their ``file:line`` for JSONL). Both dataloaders
+apply the length limit (``skrull.overlength``, datasets/overlength.py) and
+count every sample read; the run ends with the summary ``read = trained whole
++ trained cut + skipped`` (datasets/accounting.py).
 """
 
 import dataclasses
@@ -22,6 +30,7 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 from torchtitan.components.dataloader import DataloaderExhaustedError
 from torchtitan.config.override import derive
 from torchtitan.distributed import utils as dist_utils
@@ -33,7 +42,7 @@ from torchtitan.trainer import Trainer
 
 from skrull_ext import compat
 from skrull_ext.attention.install import install_dacp_attention
-from skrull_ext.datasets.overlength import check_overlength
+from skrull_ext.datasets.overlength import check_overlength, location
 from skrull_ext.datasets.packed import PackedDataLoader
 from skrull_ext.datasets.scheduling import SkrullDataLoader, SkrullStep
 from skrull_ext.hf.checks import check_hf_folder
@@ -42,7 +51,6 @@ from skrull_ext.lora import LoRAConfig, apply_lora
 from skrull_ext.lora.train import save_lora_outputs
 from skrull_ext.model_shape import job_shape
 from skrull_ext.plan_log import PlanLog
-from skrull_ext.config import POLICIES
 from skrull_ext.skrull_config import SkrullConfig
 from skrull_ext.step_checks import check_plan_digests, RatioSpread, step_log_line, step_metrics
 
@@ -61,6 +69,16 @@ def resolve_device_defaults(config) -> None:
     if config.skrull.enable and not config.training.disable_cuda_graphs:
         config.training = dataclasses.replace(config.training, disable_cuda_graphs=True)
         logger.info("Skrull: training.disable_cuda_graphs set (a CUDA graph cannot replay DACP micro-batches)")
+
+
+class NonFiniteLossError(RuntimeError):
+    """A step's loss or gradient norm is not finite; the optimizer did not step."""
+
+
+def name_samples(source, indices: list[int], most: int = 8) -> str:
+    """The samples of a step, with their records (``file:line``) where the source knows them."""
+    names = [f"{i} ({location(source, i)})" if hasattr(source, "location") else str(i) for i in indices[:most]]
+    return ", ".join(names) + (f" and {len(indices) - most} more" if len(indices) > most else "")
 
 
 class SkrullTrainer(Trainer):
@@ -103,6 +121,8 @@ class SkrullTrainer(Trainer):
             check_hf_folder(ckpt.initial_load_path, config.model_spec)  # a bad folder fails before any model
         self.hf_export = HFExport.of_job(config)  # before the trainer shrinks the RoPE cache
         self.ratio_spread = RatioSpread()
+        self.stopped_step: tuple[int, int] | None = None
+        """(step, samples read) of a step stopped before its optimizer step (non-finite loss)."""
         super().__init__(config)
         vocab, model_vocab = self.tokenizer.get_vocab_size(), decoder_vocab_size(config.model_spec)
         if vocab > model_vocab:
@@ -112,6 +132,10 @@ class SkrullTrainer(Trainer):
             )
         if config.skrull.enable:
             self._init_skrull()
+        elif isinstance(self.dataloader, PackedDataLoader):  # torchtitan's batching: the same limit and counts
+            self.dataloader.set_overlength(config.skrull.overlength)
+            check_overlength(self.dataloader, first_step=1, last_step=config.training.steps)
+            self.optimizers.register_step_pre_hook(self._stop_on_non_finite_grads)
 
     # ------------------------------------------------------------------ setup
     def _init_skrull(self) -> None:
@@ -131,13 +155,8 @@ class SkrullTrainer(Trainer):
         if skrull.plan_log:
             rank = dist.get_rank() if dist.is_initialized() else 0
             self.plan_log = PlanLog(self.config.dump_folder, rank)
-        # Before any step: an over-length sequence under 'error' fails here. A pool
-        # policy holds up to bucket_size on every rank of the world, not of one CP group.
-        ranks = dims.cp * (self.dataloader.dp_world_size if POLICIES[skrull.policy].pool else 1)
-        check_overlength(
-            self.dataloader, skrull.bucket_size, ranks, skrull.overlength,
-            first_step=1, last_step=self.config.training.steps,
-        )
+        # Before any step: an over-length sequence under 'error' fails here.
+        check_overlength(self.dataloader, first_step=1, last_step=self.config.training.steps)
         logger.info(
             f"Skrull: policy {skrull.policy}, bucket_size {skrull.bucket_size}, "
             f"DP {self.dataloader.dp_world_size} x CP {dims.cp}, cp_rank {cp_rank}, "
@@ -222,11 +241,46 @@ class SkrullTrainer(Trainer):
             pp_mesh=None,
             ep_enabled=self.parallel_dims.ep_enabled,
         )
+        # Every step, not only logged ones: the loss summed over the ranks
+        # (accumulated = this rank's loss sum / global loss tokens, so the global
+        # mean is the plain sum, as in torchtitan) and the gradient norm (already
+        # global) must be finite before the optimizer touches the weights. One
+        # scalar all-reduce and one host sync per step.
+        if self.parallel_dims.dp_cp_enabled:
+            global_avg = dist_utils.dist_sum(accumulated, self.parallel_dims.get_optional_mesh("loss"))
+        else:
+            global_avg = float(accumulated.item())
+        norm = float(grad_norm.item())
+        if not (math.isfinite(global_avg) and math.isfinite(norm)):
+            self.stopped_step = (self.step, step.account.counts.read)
+            raise NonFiniteLossError(
+                f"step {self.step}: loss {global_avg}, gradient norm {norm}; stopped before the optimizer step "
+                f"(the weights are those of step {self.step - 1}). Samples of the step: "
+                f"{name_samples(self.dataloader.source, step.samples)}"
+            )
         self.checkpointer.maybe_wait_for_staging()
         self.optimizers.step()
         self.lr_schedulers.step()
         if should_log:
-            self._log_step(step, accumulated, global_valid_tokens, grad_norm, lr_metrics, measured_us)
+            self._log_step(step, accumulated, global_avg, global_valid_tokens, norm, lr_metrics, measured_us)
+
+    def _stop_on_non_finite_grads(self, optimizer, args, kwargs) -> None:
+        """torchtitan's batching: torchtitan checks the loss after the optimizer
+        step, and only on logged steps; this optimizer pre-step hook stops
+        before it. torchtitan's clip_grad_norm_ scales every gradient by
+        max_norm / (global norm), so a non-finite norm leaves every rank's
+        gradients non-finite and a local check agrees on every rank without a
+        collective (one host sync per step)."""
+        local = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
+                 for m in self.model_parts for p in m.parameters() if p.grad is not None]
+        if not local or math.isfinite(float(torch.stack(torch._foreach_norm(local)).sum().item())):
+            return
+        self.stopped_step = (self.step, self.dataloader.config.global_batch_size)
+        raise NonFiniteLossError(
+            f"step {self.step}: the gradients are not finite; stopped before the optimizer step (the weights are "
+            f"those of step {self.step - 1}). Samples of the step: "
+            f"{name_samples(self.dataloader.source, self.dataloader.last_samples)}"
+        )
 
     def _synchronize(self) -> None:
         """Wait for the device's queued work. Looked up from the device at call
@@ -247,28 +301,30 @@ class SkrullTrainer(Trainer):
         if self.config.skrull.enable and self.ratio_spread.ratios:
             logger.info(f"Skrull: measured / predicted micro-batch time: {self.ratio_spread.line()} "
                         f"(cost model {self.config.skrull.cost_model})")
+        account = getattr(getattr(self, "dataloader", None), "account", None)
+        if account is not None and account.totals.read:
+            stopped = ("" if self.stopped_step is None else
+                       f" (step {self.stopped_step[0]} stopped before its optimizer step: its "
+                       f"{self.stopped_step[1]} samples are counted as read but did not change the weights)")
+            source = self.dataloader.source
+            bad = f"; at load, {source.bad_summary()}" if getattr(source, "bad", None) else ""
+            logger.info(f"Run summary: {account.summary()}{bad}{stopped}")
         super().close()
 
-    def _log_step(self, step, accumulated, global_valid_tokens, grad_norm, lr_metrics, measured_us) -> None:
-        # accumulated = this rank's loss sum / global loss tokens, so the global
-        # mean loss is the plain sum over all ranks (as in torchtitan).
+    def _log_step(self, step, accumulated, global_avg: float, global_valid_tokens, grad_norm: float, lr_metrics,
+                  measured_us) -> None:
         local_valid = max(step.local_valid_tokens, 1)
         local_avg = accumulated * global_valid_tokens / local_valid
         ntokens = torch.tensor(self.ntokens_seen, dtype=torch.int64, device=self.device)
         if self.parallel_dims.dp_cp_enabled:
             mesh = self.parallel_dims.get_optional_mesh("loss")
-            global_avg = dist_utils.dist_sum(accumulated, mesh)
             global_max = dist_utils.dist_max(local_avg, mesh)
             ntokens_seen = dist_utils.dist_sum(ntokens, mesh)
         else:
-            global_avg = global_max = float(accumulated.item())
+            global_max = global_avg
             ntokens_seen = self.ntokens_seen
-        if not math.isfinite(global_avg):
-            raise RuntimeError(f"Loss is not finite ({global_avg}) at step {self.step}")
         skrull = step_metrics(step, self.dacp_attention, measured_us)
         self.ratio_spread.add(skrull)
         extra = {"n_tokens_seen": ntokens_seen, **lr_metrics, **skrull}
-        self.metrics_processor.log(
-            self.step, global_avg, global_max, float(grad_norm.item()), extra_metrics=extra
-        )
+        self.metrics_processor.log(self.step, global_avg, global_max, grad_norm, extra_metrics=extra)
         logger.info(step_log_line(self.step, skrull))

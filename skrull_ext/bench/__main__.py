@@ -12,6 +12,7 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "simulate": ("skrull_ext.bench.simulate:main", "simulator: every policy vs baselines and the lower bound"),
     "latency": ("skrull_ext.bench.latency:main", "scheduler latency: C++ core vs the Python reference vs CP-SAT"),
+    "cpsat": ("skrull_ext.bench.cpsat_gain:main", "the CP-SAT fallback: predicted gain per step vs its wall time"),
     "adversarial": ("skrull_ext.bench.adversarial:main", "worst-case scheduler time on adversarial batches"),
     "cp": ("skrull_ext.bench.cp_train:main", "training: torchtitan's CP vs Skrull (K/V bytes, step time, overlap)"),
     "overlap": ("skrull_ext.bench.overlap:main", "DACP attention under torch.profiler: traces and the exchange hidden"),

@@ -92,7 +92,8 @@ def run_setting(s: Setting, args, pool: list[int]) -> dict:
                          sweep=p.dacp_search == _core.DacpSearch.SHARD_SWEEP)
             py.append((time.perf_counter_ns() - t0) / 1e3)
         facade = []
-        fb_cfg = SchedulerConfig(dp=s.dp, cp=s.cp, bucket_size=s.bucket_size, policy=policy, overlength="truncate")
+        fb_cfg = SchedulerConfig(dp=s.dp, cp=s.cp, bucket_size=s.bucket_size, policy=policy, overlength="truncate",
+                                 cpsat=True)  # the fallback on (off by default): what it costs
         sched_py = Scheduler(fb_cfg, cost)
         for b in batches[: args.facade_reps]:
             t0 = time.perf_counter_ns()

@@ -7,6 +7,11 @@ padding document (id 0, label ignored, positions restarting at 0), so it
 never touches real tokens under the document mask. This is what torchtitan's
 own trainer consumes, with one optimizer step per yielded batch: the gradient
 accumulation steps of the run must be 1.
+
+Samples longer than ``training.seq_len`` (or ``dataloader.max_len``) go
+through the same over-length policy and accounting as Skrull's loader
+(overlength.py); the policy is 'error' unless the trainer sets it
+(``set_overlength``, from ``skrull.overlength``).
 """
 
 from collections.abc import Iterator
@@ -15,6 +20,8 @@ from dataclasses import dataclass
 import torch
 from torchtitan.components.tokenizer import BaseTokenizer
 
+from skrull_ext.datasets.accounting import RunAccount
+from skrull_ext.datasets.overlength import length_limit, limit_step
 from skrull_ext.datasets.source import SourceDataLoaderBase
 from skrull_ext.datasets.synthetic import IGNORE_INDEX
 
@@ -64,6 +71,21 @@ class PackedDataLoader(SourceDataLoaderBase):
         self.dp_rank = dp_rank
         self.seq_len = seq_len
         self.local_batch_size = local_batch_size
+        self.account = RunAccount()
+        self.last_samples: list[int] = []
+        """Source indices trained by the last batch (what a failed step names)."""
+        self.set_overlength("error")
+
+    def set_overlength(self, mode: str) -> None:
+        """The over-length policy for samples longer than a row (or max_len)."""
+        self.limit = length_limit(self.seq_len, f"training.seq_len {self.seq_len}", mode, self.config.max_len)
+
+    def state_dict(self) -> dict:
+        return {"step": self.step, **self.account.state_dict()}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        super().load_state_dict(state_dict)
+        self.account.load_state_dict(state_dict)
 
     def __iter__(self) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
         while True:
@@ -71,7 +93,7 @@ class PackedDataLoader(SourceDataLoaderBase):
 
     def _pack(self, indices: list[int]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         B, S = self.local_batch_size, self.seq_len
-        samples = [self.source[i] for i in indices]
+        self.last_samples, samples, _ = limit_step(self.limit, indices, self.source, self.step, self.account)
         rows = pack_rows([s.length for s in samples], self.dp_world_size * B, S)
         inputs = torch.zeros(B, S, dtype=torch.long)
         labels = torch.full((B, S), IGNORE_INDEX, dtype=torch.long)

@@ -2,7 +2,9 @@
 per (DP rank, CP rank) per micro-batch.
 
 Every step, every rank draws the same global batch (sample
-indices are a function of the step), asks the scheduler for the plan of its
+indices are a function of the step), applies the length limit to it (the
+over-length policy and the loss-token check, overlength.py: what is cut or
+skipped is counted, accounting.py), asks the scheduler for the plan of its
 lengths (the core is deterministic, so every rank gets the same plan without
 talking) and builds its own buffers from it. A DP rank with fewer
 micro-batches than the plan's maximum gets no-op pad micro-batches, so FSDP
@@ -19,9 +21,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from torchtitan.components.tokenizer import BaseTokenizer
-from torchtitan.tools.logging import logger
 
+from skrull_ext.datasets.accounting import RunAccount, StepAccount
 from skrull_ext.datasets.buffers import MicroBatchBuffer, pad_buffer, rank_buffer
+from skrull_ext.datasets.overlength import LengthLimit, limit_step, scheduler_limit
 from skrull_ext.datasets.pool_buffers import pool_rank_buffers, pool_valid_tokens
 from skrull_ext.datasets.source import SourceDataLoaderBase
 from skrull_ext.datasets.synthetic import IGNORE_INDEX
@@ -37,7 +40,8 @@ class SkrullStep:
     step: int
     dp_rank: int
     samples: list[int]
-    """Source indices of the global batch, in plan (caller) order."""
+    """Source indices of the samples trained this step (the global batch less
+    the skipped ones), in plan (caller) order."""
     plan: Plan | PoolPlan
     micro_batches: list[MicroBatchBuffer]
     """This rank's buffers, ``plan.num_micro_batches`` of them (pads included)."""
@@ -45,8 +49,10 @@ class SkrullStep:
     """Loss tokens of the whole global batch (all DP ranks, CP ranks, micro-batches)."""
     schedule_us: float = 0.0
     """Wall time this rank spent planning the step (core, CP-SAT, checks)."""
-    overlength_totals: dict[str, int] = field(default_factory=dict)
-    """Sequences truncated / dropped since the run began (resumes included)."""
+    account: StepAccount = field(default_factory=StepAccount)
+    """Samples read, trained whole, cut, skipped this step (and why)."""
+    totals: dict[str, int] = field(default_factory=dict)
+    """The same counts since the run began (resumes included)."""
 
     @property
     def local_valid_tokens(self) -> int:
@@ -76,7 +82,8 @@ class SkrullDataLoader(SourceDataLoaderBase):
         self.dp_rank = dp_rank
         self.scheduler: Scheduler | None = None
         self.cp_rank, self.cp_size = 0, 1
-        self.overlength_totals = {"truncated": 0, "dropped": 0}
+        self.limit: LengthLimit | None = None
+        self.account = RunAccount()
 
     def attach(self, scheduler: Scheduler, cp_rank: int, cp_size: int) -> None:
         """Bind the scheduler and this rank's CP coordinates (once, after build)."""
@@ -87,6 +94,7 @@ class SkrullDataLoader(SourceDataLoaderBase):
                 f"{self.dp_world_size} x CP {cp_size}"
             )
         self.scheduler, self.cp_rank, self.cp_size = scheduler, cp_rank, cp_size
+        self.limit = scheduler_limit(c, self.config.max_len)
 
     def __iter__(self) -> Iterator[SkrullStep]:
         if self.scheduler is None:
@@ -95,19 +103,18 @@ class SkrullDataLoader(SourceDataLoaderBase):
             yield self.next_step()
 
     def next_step(self) -> SkrullStep:
-        indices = self.next_global_batch()
-        samples = [self.source[i] for i in indices]
+        read = self.next_global_batch()
+        indices, samples, account = limit_step(self.limit, read, self.source, self.step, self.account)
         start = time.perf_counter()
         plan = self.scheduler.schedule([s.length for s in samples], dp_rank=self.dp_rank)
         plan.validate()
         schedule_us = (time.perf_counter() - start) * 1e6
-        self._count_overlength(plan, indices)
         if isinstance(plan, PoolPlan):  # skrull-pool: rank sets over the world (pool_buffers.py)
             return SkrullStep(
                 step=self.step, dp_rank=self.dp_rank, samples=indices, plan=plan,
                 micro_batches=pool_rank_buffers(plan, samples, indices, self.dp_rank, self.cp_rank),
                 global_valid_tokens=pool_valid_tokens(plan, samples), schedule_us=schedule_us,
-                overlength_totals=dict(self.overlength_totals),
+                account=account, totals=self.account.totals.as_dict(),
             )
         valid = sum(
             int((s.labels[:n] != IGNORE_INDEX).sum())
@@ -125,28 +132,15 @@ class SkrullDataLoader(SourceDataLoaderBase):
             mbs.append(pad_buffer(self.cp_rank, self.cp_size))
         return SkrullStep(
             step=self.step, dp_rank=self.dp_rank, samples=indices, plan=plan, micro_batches=mbs,
-            global_valid_tokens=valid, schedule_us=schedule_us, overlength_totals=dict(self.overlength_totals),
+            global_valid_tokens=valid, schedule_us=schedule_us, account=account,
+            totals=self.account.totals.as_dict(),
         )
-
-    def _count_overlength(self, plan: Plan, indices: list[int]) -> None:
-        """Count and log what the over-length policy did to this step."""
-        for what, ks in (("truncated", plan.truncated), ("dropped", plan.dropped)):
-            if not ks:
-                continue
-            self.overlength_totals[what] += len(ks)
-            cut = ", ".join(f"sample {indices[k]}: {plan.input_lengths[k]} -> {plan.lengths[k]}" if what == "truncated"
-                            else f"sample {indices[k]}: {plan.input_lengths[k]}" for k in ks)
-            logger.warning(
-                f"Skrull step {self.step}: {what} {len(ks)} over-length sequence(s) ({cut}); "
-                f"{self.overlength_totals[what]} {what} so far"
-            )
 
     def state_dict(self) -> dict:
         # The same on every rank (a function of the global batches), so DCP
         # keeps one copy and a resume may change the DP/CP layout.
-        return {"step": self.step, **{f"overlength_{k}": v for k, v in self.overlength_totals.items()}}
+        return {"step": self.step, **self.account.state_dict()}
 
     def load_state_dict(self, state_dict: dict) -> None:
         super().load_state_dict(state_dict)
-        for k in self.overlength_totals:
-            self.overlength_totals[k] = int(state_dict.get(f"overlength_{k}", 0))
+        self.account.load_state_dict(state_dict)

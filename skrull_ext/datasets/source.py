@@ -20,6 +20,7 @@ from typing import Literal
 import numpy as np
 from torchtitan.components.dataloader import BaseDataLoader
 from torchtitan.components.tokenizer import BaseTokenizer
+from torchtitan.tools.logging import logger
 
 from skrull_ext import assets
 from skrull_ext import lengths as shipped_lengths
@@ -57,9 +58,9 @@ def _records(config, tokenizer: BaseTokenizer | None, path: str, rows=None) -> J
         tokenizer,
         seed=config.seed,
         min_len=config.min_len,
-        max_len=config.max_len,
         encoder=RecordEncoder.from_config(config, tokenizer),
         records=rows,
+        on_bad_record=config.on_bad_record,
     )
 
 
@@ -102,8 +103,15 @@ class SourceDataLoaderBase(BaseDataLoader):
         data_files: list[str] = field(default_factory=list)
         """hf: globs under dataset_path (a folder) naming the files to read; empty: the split's files."""
         min_len: int = 2
+        """Shorter samples are an error (jsonl, naming file:line) or drawn no shorter (synthetic)."""
+        on_bad_record: Literal["error", "skip"] = "error"
+        """jsonl/hf: a record that cannot be trained (not UTF-8, not JSON, no recognised columns, unknown
+        role, empty assistant turn, under min_len tokens) stops the job naming file:line or row ('error'),
+        or is skipped: counted, and the count and the first few named in one line at load ('skip')."""
         max_len: int | None = None
-        """Clip sample lengths (an SFT max-length cut); None keeps the tail."""
+        """Longest sample trained (an SFT max-length cut); None: what a CP group (or a row) holds.
+        jsonl: applied per step by skrull.overlength (error, truncate, drop), counted and reported,
+        never at load time; synthetic: lengths are drawn at most this long (nothing is cut)."""
         vocab_size: int | None = None
         """synthetic: token ids are drawn from [1, vocab_size); None: the tokenizer's (the model's)."""
         token_cache: bool = False
@@ -128,6 +136,8 @@ class SourceDataLoaderBase(BaseDataLoader):
     def __init__(self, config: Config, tokenizer: BaseTokenizer | None = None):
         self.config = config
         self.source = DATASETS[config.dataset](config, tokenizer)
+        if getattr(self.source, "bad", None):
+            logger.warning(f"dataloader: {self.source.bad_summary()}")
         self.step = 0
         """Global batches consumed so far (the checkpointed state)."""
 

@@ -13,6 +13,10 @@ before any token is built) and sample ``i`` is a pure function of
 ``(seed, i)``: record ``perm_e[i % n]`` of epoch ``e = i // n``, each epoch a
 fresh seeded permutation. So a global batch is a function of its step, as
 with the synthetic source, and a resume needs only the step.
+
+Records are kept whole: ``dataloader.max_len`` is a limit the over-length
+policy applies per step (overlength.py), counted and reported with the
+record's ``file:line`` (``location``), never a silent cut at load time.
 TODO: a memory-mapped pre-tokenized format for corpora that do not fit.
 """
 
@@ -27,8 +31,14 @@ from skrull_ext.datasets.synthetic import IGNORE_INDEX, Sample
 from skrull_ext.errors import DataError
 
 
-def jsonl_records(path: str):
-    """(where, record) of each non-blank line of a JSONL file; where is ``path:line``."""
+SKIP_HINT = " (dataloader.on_bad_record = 'skip' skips and counts such records)"
+
+
+def jsonl_records(path: str, bad: list[str] | None = None):
+    """(where, record) of each non-blank line of a JSONL file; where is ``path:line``.
+
+    A line that is not UTF-8 or not JSON raises DataError naming it, or, with
+    ``bad`` (a list), is appended there as that message and passed over."""
     try:
         f = open(path, "rb")
     except OSError as e:
@@ -39,14 +49,21 @@ def jsonl_records(path: str):
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:
-                raise DataError(f"{where}: not UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1}); "
-                                "JSONL files must be UTF-8") from e
-            if not line.strip():
-                continue
-            try:
-                yield where, json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{where}: not valid JSON: {e}") from e
+                error = DataError(f"{where}: not UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1}); "
+                                  "JSONL files must be UTF-8")
+            else:
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as e:
+                    error = DataError(f"{where}: not valid JSON: {e}")
+                else:
+                    yield where, record
+                    continue
+            if bad is None:
+                raise DataError(f"{error}{SKIP_HINT}")
+            bad.append(str(error))
 
 
 class JsonlSequences:
@@ -55,33 +72,53 @@ class JsonlSequences:
     ``records``: (where, row) pairs to tokenize instead of reading ``path`` as
     JSONL (the HF ``datasets`` source); ``encoder``: how a row becomes tokens
     (default: any record format, the tokenizer's chat template).
+    ``on_bad_record``: a record that cannot be trained (not UTF-8, not JSON,
+    no recognised columns, an unknown role, an empty assistant turn, fewer
+    than ``min_len`` tokens) raises DataError naming it ("error"), or is
+    skipped and kept in ``bad`` as that message ("skip"; ``bad_summary()``).
     """
 
     def __init__(self, path: str, tokenizer, *, text_field: str = "text", seed: int = 0,
-                 min_len: int = 2, max_len: int | None = None, encoder: RecordEncoder | None = None,
-                 records=None):
-        if max_len is not None and max_len < min_len:
-            raise ValueError("max_len must be >= min_len")
+                 min_len: int = 2, encoder: RecordEncoder | None = None, records=None,
+                 on_bad_record: str = "error"):
+        if on_bad_record not in ("error", "skip"):
+            raise ValueError(f"dataloader.on_bad_record: {on_bad_record!r} is not 'error' or 'skip'")
         self.path, self.seed = path, seed
         self.ids: list[np.ndarray] = []
         self.mask: list[np.ndarray] = []
+        self.where: list[str] = []
+        """``file:line`` (JSONL) or ``file row N`` (HF datasets) of each record."""
+        self.bad: list[str] = []
+        """Why each skipped record could not be trained, naming it (on_bad_record = 'skip')."""
+        skip = on_bad_record == "skip"
         encode = encoder or RecordEncoder(RecordReader(columns=Columns(text_field=text_field)), tokenizer)
-        for where, record in (jsonl_records(path) if records is None else records):
-            ids, mask = encode(record, where)
-            if len(ids) < min_len:
-                raise DataError(f"{where}: {len(ids)} tokens, fewer than dataloader.min_len {min_len}")
-            if max_len is not None:
-                ids, mask = ids[:max_len], mask[:max_len]
+        for where, record in (jsonl_records(path, self.bad if skip else None) if records is None else records):
+            try:
+                ids, mask = encode(record, where)
+                if len(ids) < min_len:
+                    raise DataError(f"{where}: {len(ids)} tokens, fewer than dataloader.min_len {min_len}")
+            except DataError as e:
+                if not skip:
+                    raise DataError(f"{e}{SKIP_HINT}") from e
+                self.bad.append(str(e))
+                continue
+            self.where.append(where)
             self.ids.append(np.asarray(ids, dtype=np.int64))
             self.mask.append(np.asarray(mask, dtype=bool))
         if not self.ids:
-            raise DataError(f"{path}: no records")
+            raise DataError(f"{path}: no records" + (f" left: {self.bad_summary()}" if self.bad else ""))
         self._lengths = np.asarray([len(x) for x in self.ids], dtype=np.int64)
         self._perm: tuple[int, np.ndarray] | None = None  # the last epoch's permutation
 
     def __len__(self) -> int:
         """Records in the file (one epoch)."""
         return len(self.ids)
+
+    def bad_summary(self) -> str:
+        """One line: how many records were skipped as bad, of how many read, and the first few."""
+        shown = "; ".join(self.bad[:3]) + ("; ..." if len(self.bad) > 3 else "")
+        return (f"{len(self.bad)} of {len(self.bad) + len(self.ids)} records skipped as bad "
+                f"(dataloader.on_bad_record = 'skip'): {shown}")
 
     def _epoch(self, epoch: int) -> np.ndarray:
         if self._perm is None or self._perm[0] != epoch:
@@ -95,6 +132,14 @@ class JsonlSequences:
 
     def length(self, index: int) -> int:
         return int(self._lengths[self.record(index)])
+
+    def has_loss_within(self, index: int, n: int) -> bool:
+        """Whether sample ``index`` cut to ``n`` tokens keeps a loss token (label k predicts token k + 1)."""
+        return bool(self.mask[self.record(index)][1 : n + 1].any())
+
+    def location(self, index: int) -> str:
+        """Where the record behind sample ``index`` is: ``path:line`` or ``path row N``."""
+        return self.where[self.record(index)]
 
     @property
     def max_length(self) -> int:

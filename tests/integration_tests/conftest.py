@@ -49,6 +49,11 @@ class SkrullRuns:
         "dp2cp2": (4, ["--parallelism.context_parallel_degree", "2",
                        "--parallelism.data_parallel_shard_degree", "2", "--skrull.defer_grad_sync"]),
         "cp2_worstfit": (2, ["--parallelism.context_parallel_degree", "2", "--skrull.policy", "worstfit"]),
+        # The CP-SAT fallback forced on every micro-batch (margin 0): each CP rank solves the same
+        # micro-batches in its own process. Under skrull-fast (no shard sweep) CP-SAT replaces the
+        # heuristic's placements at steps 1 and 4 of the debug data; under skrull at none.
+        "cp2_cpsat": (2, ["--parallelism.context_parallel_degree", "2", "--skrull.policy", "skrull-fast",
+                          "--skrull.cpsat", "--skrull.cpsat_margin", "0"]),
         # DACP's two parts on the varlen segment plan (its CPU reference executor), not dense masks.
         "cp2_segments": (2, ["--parallelism.context_parallel_degree", "2", "--skrull.attention_kernel", "segments"]),
         # torchtitan's activation checkpointing around blocks that hold the DACP attention.

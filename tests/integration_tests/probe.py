@@ -8,8 +8,13 @@ optimizer step of training step STEP (after accumulation and clipping),
 every rank gathers the full gradient of each parameter (FSDP shards are
 DTensors; ``full_tensor()`` is a collective, so all ranks take part) and
 rank 0 saves ``{parameter name: gradient}`` to PATH with ``torch.save``.
-It hooks torch's global optimizer pre-step hook and torchtitan's Trainer
-constructor, so the product code carries no test switch and torchtitan's
+With ``SKRULL_PROBE_NAN=STEP:PATH``, the model's output at training step
+STEP is made NaN, and every optimizer step that ran is appended to PATH (one
+line, the training step, from a post-step hook), which shows whether the
+optimizer ran after the NaN.
+
+It hooks torch's global optimizer pre-step hook, the global module forward
+hook and torchtitan's Trainer constructor, so the product code carries no test switch and torchtitan's
 own trainer can be probed the same way.
 """
 
@@ -47,6 +52,29 @@ def _install_grad_probe(step: int, path: str) -> None:
     register_optimizer_step_pre_hook(hook)
 
 
+def _install_nan_probe(step: int, path: str) -> None:
+    from torch.nn.modules.module import register_module_forward_hook
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+    from torchtitan.components.optimizer import OptimizersContainer
+
+    from skrull_ext.bench.cp_probe import record_trainers
+
+    trainers = record_trainers()
+
+    def poison(module, args, output):
+        if trainers and trainers[-1].step == step and module is trainers[-1].model_parts[0]:
+            return output * float("nan")
+        return None
+
+    def stepped(optimizer, args, kwargs):
+        if isinstance(optimizer, OptimizersContainer):
+            with open(path, "a") as f:
+                f.write(f"{trainers[-1].step}\n")
+
+    register_module_forward_hook(poison)
+    register_optimizer_step_post_hook(stepped)
+
+
 def main() -> None:
     if len(sys.argv) < 2:
         raise SystemExit("usage: python -m tests.integration_tests.probe ENTRY_MODULE [ARGS...]")
@@ -55,6 +83,10 @@ def main() -> None:
     if spec:
         step, path = spec.split(":", 1)
         _install_grad_probe(int(step), path)
+    nan = os.environ.get("SKRULL_PROBE_NAN")
+    if nan:
+        step, path = nan.split(":", 1)
+        _install_nan_probe(int(step), path)
     sys.argv = [entry, *args]
     runpy.run_module(entry, run_name="__main__", alter_sys=True)
 

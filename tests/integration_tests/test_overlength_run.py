@@ -1,14 +1,14 @@
 """Over-length sequences in a real run of the debug job (1 process, CP=1, so
 sequences above bucket_size = 256 tokens are over-length): 'error' fails at
-start-up, before the first step, naming the sample; the job's 'truncate'
-trains, and its counts reach TensorBoard and the log."""
+start-up, before the first step, naming the sample in one line; the job's
+'truncate' trains, and its counts reach TensorBoard and the log."""
 
 import os
 
 import pytest
 
 from skrull_ext.datasets.scheduling import SkrullDataLoader
-from skrull_ext.datasets.overlength import scan_overlength
+from skrull_ext.datasets.overlength import cp_limit, scan_overlength
 from tests.integration_tests.launch import REPO, scalars, torchrun
 
 JOB = ["--config-file", os.path.join(REPO, "skrull_ext", "jobs", "debug_cpu.toml")]
@@ -19,7 +19,8 @@ def _expected_over(steps: int):
     """What the pre-scan must find: the debug job's data, read in-process."""
     config = SkrullDataLoader.Config(length_scale=32.0, max_len=512, global_batch_size=8, vocab_size=2048)
     loader = config.build(dp_world_size=1, dp_rank=0)
-    return scan_overlength(loader, 256, 1, "error", 1, steps).over
+    loader.limit = cp_limit(256, 1, "error", 512)
+    return scan_overlength(loader, 1, steps).over
 
 
 @pytest.mark.slow
@@ -28,8 +29,9 @@ def test_overlength_error_fails_before_training(tmp_path):
                     cwd=str(tmp_path), expect_failure=True)
     out = proc.stdout + proc.stderr
     step, index, length = _expected_over(10)[0]
-    assert (f"OverlengthError: sample {index} (step {step}) has length {length}, longer than the 256 "
-            "tokens a CP group can hold (bucket_size 256 x cp 1)") in out, out[-3000:]
+    assert (f"error: sample {index} (step {step}) has length {length}, longer than the 256 "
+            "tokens a CP group can hold (bucket_size 256 x cp 1)") in proc.stderr, out[-3000:]
+    assert "OverlengthError" not in out  # one line, no traceback of ours
     assert "Training starts" not in out and "step:  1" not in out
 
 
@@ -46,4 +48,7 @@ def test_overlength_truncate_counts_are_logged(tmp_path):
     assert scalars(str(tmp_path), "skrull/truncated") == per_step
     assert scalars(str(tmp_path), "skrull/truncated_total") == [sum(per_step[: k + 1]) for k in range(STEPS)]
     for k, n in enumerate(per_step, 1):
-        assert (f"Skrull step {k}: truncated {n} over-length" in out) == (n > 0)
+        assert (f"Skrull step {k}: {n} cut, 0 skipped of 8 samples read" in out) == (n > 0)
+        assert f"samples 8 read = {8 - n} whole + {n} cut + 0 skipped" in out
+    assert (f"Run summary: samples read {8 * STEPS} = trained whole {8 * STEPS - sum(per_step)} + trained cut "
+            f"{sum(per_step)} + skipped 0") in out

@@ -26,6 +26,8 @@ PER_STEP = [
     "skrull/rollbacks", "skrull/refine_moves", "skrull/cpsat_used",
     "skrull/rank_token_imbalance", "skrull/rank_flop_imbalance", "skrull/dp_imbalance",
     "skrull/truncated", "skrull/dropped", "skrull/truncated_total", "skrull/dropped_total",
+    # samples read = trained whole + trained cut + skipped (datasets/accounting.py)
+    *(f"skrull/samples_{k}{t}" for k in ("read", "whole", "cut", "skipped", "skipped_no_loss") for t in ("", "_total")),
     # what the DACP attention ran on rank 0
     "skrull/dacp_local_seqs", "skrull/dacp_local_tokens", "skrull/dacp_dist_seqs",
     "skrull/dacp_dist_tokens", "skrull/dacp_fwd_bytes", "skrull/dacp_bwd_bytes",
@@ -70,6 +72,10 @@ def test_skrull_scalars_are_written_every_step(text_run):
         assert m["skrull/rank_token_imbalance"][k] >= 1 and m["skrull/rank_flop_imbalance"][k] >= 1
         assert m["skrull/schedule_wall_us"][k] >= m["skrull/scheduler_us"][k] > 0
         assert f"skrull step {k + 1}: " in text_run.output
+        assert m["skrull/samples_read"][k] == 8 == (m["skrull/samples_whole"][k] + m["skrull/samples_cut"][k]
+                                                     + m["skrull/samples_skipped"][k])
+        assert m["skrull/samples_cut"][k] == m["skrull/truncated"][k]  # the policy's share, one count
+    assert m["skrull/samples_read_total"] == [8.0 * (k + 1) for k in range(STEPS)]
     assert any(v > 0 for v in m["skrull/dacp_fwd_bytes"])  # K/V moved when sequences were distributed
 
 

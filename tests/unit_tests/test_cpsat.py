@@ -120,8 +120,8 @@ def test_fallback_for_one_dp_rank_touches_only_that_rank():
     cost = cm.preset("qwen2.5-0.5b")
     cfg = dict(dp=2, cp=4, bucket_size=16384, overlength="truncate", cpsat_margin=0.0, cpsat_deterministic_time=0.05)
     base = Scheduler(SchedulerConfig(cpsat=False, **cfg), cost).schedule(lengths)
-    full = Scheduler(SchedulerConfig(**cfg), cost).schedule(lengths)
-    one = Scheduler(SchedulerConfig(**cfg), cost).schedule(lengths, dp_rank=1)
+    full = Scheduler(SchedulerConfig(cpsat=True, **cfg), cost).schedule(lengths)
+    one = Scheduler(SchedulerConfig(cpsat=True, **cfg), cost).schedule(lengths, dp_rank=1)
     one.validate()
     assert one.refined_dp_rank == 1
     assert [mb.cp_rank for mb in one.ranks[0]] == [mb.cp_rank for mb in base.ranks[0]]

@@ -98,6 +98,8 @@ def test_launcher_usage_and_one_line_errors():
     assert "--module is required" not in bare.stderr and "Traceback" not in bare.stderr
     helped = _cli("--help")
     assert helped.returncode == 0 and helped.stdout.startswith("usage: python -m skrull_ext.train")
+    jobs = sorted(n for n in os.listdir(os.path.dirname(DEBUG)) if n.endswith(".toml"))
+    assert len(jobs) >= 7 and all(name in helped.stdout.split() for name in jobs)  # every shipped job, none stale
     bad = _cli("--config-file", DEBUG, "--training.steps", "-1")
     errors = [line for line in bad.stderr.splitlines() if line.startswith("error:")]
     assert bad.returncode == 2 and errors == ["error: training.steps = -1: must be >= 1"]

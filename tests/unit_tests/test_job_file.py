@@ -215,3 +215,26 @@ def test_pool_policy_trains():
     shape = ModelShape(layers=6, hidden=256, kv_width=256, bytes_per_elem=4)
     plan = config.build(2, 2, shape).schedule([200, 30, 20, 10])  # 200 > 64 x CP 2: over the whole world
     assert isinstance(plan, PoolPlan) and plan.truncated == [] and plan.num_ranks[0] == 4
+
+
+def test_shipped_jobs_are_seeded_and_keep_a_resumable_last_checkpoint():
+    """Same command, same run; a finished run can be continued (README)."""
+    for name in sorted(os.listdir(JOBS)):
+        if not name.endswith(".toml"):
+            continue
+        text = Path(JOBS, name).read_text()
+        assert "[debug]\nseed = 0" in text, f"{name} does not seed its run"
+        assert "cpsat = true" not in text, f"{name}: the CP-SAT fallback is off by default (docs/benchmarks.md)"
+    config = load_job(DEBUG)
+    assert config.debug.seed == 0 and not config.skrull.cpsat
+    assert config.checkpoint.last_save_model_only is False  # the full state: a resume needs it
+
+
+@pytest.mark.parametrize("where", ["file", "flag"])
+def test_a_hf_last_save_keeps_the_model_only(tmp_path, where):
+    """torchtitan allows a HF last save only model-only; asking for one, in
+    the file or on the command line, gets that without a second key."""
+    body = MINIMAL + ("[checkpoint]\nlast_save_in_hf = true\n" if where == "file" else "")
+    flags = ["--checkpoint.last_save_in_hf"] if where == "flag" else []
+    config = JobConfigManager().parse_args(["--config-file", _write(tmp_path, body), *flags])
+    assert config.checkpoint.last_save_in_hf and config.checkpoint.last_save_model_only

@@ -1,4 +1,5 @@
-"""Over-length sequences: the start-up pre-scan and the dataloader's counts."""
+"""Over-length sequences: the start-up pre-scan and the dataloader's counts
+(synthetic data; the real-text accounting is test_accounting.py)."""
 
 import pytest
 
@@ -21,22 +22,23 @@ def _loader(policy="error", cp=1, bucket=256):
 
 def test_scan_finds_exactly_the_long_samples():
     loader = _loader()
-    report = scan_overlength(loader, 256, 1, "error", 1, 10)
+    report = scan_overlength(loader, 1, 10)
     src = loader.source
     want = [(s, i, src.length(i)) for s in range(1, 11) for i in src.global_batch(s, GBS) if src.length(i) > 256]
     assert want and report.over == want and report.scanned == 10 * GBS
 
 
 def test_a_bound_that_fits_needs_no_scan():
-    report = scan_overlength(_loader(cp=2), 256, 2, "error", 1, 1000)
+    report = scan_overlength(_loader(cp=2), 1, 1000)
     assert report.bound == 512 and report.scanned == 0 and not report.over
+    assert report.limit.tokens == 512 and report.limit.source == "bucket_size 256 x cp 2"
 
 
 def test_error_fails_naming_sample_step_length_and_limit():
     loader = _loader()
-    step, index, length = scan_overlength(loader, 256, 1, "error", 1, 10).over[0]
+    step, index, length = scan_overlength(loader, 1, 10).over[0]
     with pytest.raises(OverlengthError) as e:
-        check_overlength(loader, 256, 1, "error", 1, 10)
+        check_overlength(loader, 1, 10)
     assert str(e.value).startswith(
         f"sample {index} (step {step}) has length {length}, longer than the 256 tokens a CP group "
         "can hold (bucket_size 256 x cp 1)"
@@ -47,13 +49,36 @@ def test_error_fails_naming_sample_step_length_and_limit():
 @pytest.mark.parametrize("policy", ["truncate", "drop"])
 def test_dataloader_counts_what_the_policy_did(policy):
     loader = _loader(policy)
-    report = check_overlength(loader, 256, 1, policy, 1, 4)  # logs, does not raise
-    what = "truncated" if policy == "truncate" else "dropped"
+    report = check_overlength(loader, 1, 4)  # logs, does not raise
+    what = "cut" if policy == "truncate" else "skipped_overlength"
     steps = [loader.next_step() for _ in range(4)]
-    per_step = [len(getattr(s.plan, what)) for s in steps]
+    per_step = [getattr(s.account.counts, what) for s in steps]
     assert sum(per_step) == len(report.over) > 0
-    assert [s.overlength_totals[what] for s in steps] == [sum(per_step[: k + 1]) for k in range(4)]
+    assert [s.totals[what] for s in steps] == [sum(per_step[: k + 1]) for k in range(4)]
+    for n, s in enumerate(steps, 1):
+        events = s.account.events
+        # The policy ran before the scheduler: the plan holds only what is trained, none of it too long.
+        assert not s.plan.truncated and not s.plan.dropped
+        assert max(s.plan.input_lengths) <= 256 and len(s.samples) == GBS - s.account.counts.skipped
+        assert sorted(e.index for e in events) == sorted(i for st, i, _ in report.over if st == n)
+        assert all(e.kept == (256 if policy == "truncate" else 0) for e in events)
     # The totals are checkpointed with the step.
     fresh = _loader(policy)
     fresh.load_state_dict(loader.state_dict())
-    assert fresh.step == 4 and fresh.overlength_totals == loader.overlength_totals
+    assert fresh.step == 4 and fresh.account.totals == loader.account.totals
+
+
+def test_the_limit_is_the_batching_or_max_len_whichever_is_smaller():
+    from skrull_ext import _core
+    from skrull_ext.config import SchedulerConfig
+    from skrull_ext.datasets.overlength import scheduler_limit
+
+    group = scheduler_limit(SchedulerConfig(dp=2, cp=2, bucket_size=256, overlength="drop"), None)
+    assert (group.tokens, group.source, group.mode) == (_core.max_sequence_length(256, 2), "bucket_size 256 x cp 2",
+                                                        "drop")
+    pool = scheduler_limit(SchedulerConfig(dp=2, cp=2, bucket_size=256, policy="skrull-pool"), None)
+    assert (pool.tokens, pool.source) == (_core.max_sequence_length(256, 4), "bucket_size 256 x dp 2 x cp 2")
+    assert pool.too_long() == f"longer than the {pool.tokens} tokens the pool can hold (bucket_size 256 x dp 2 x cp 2)"
+    capped = scheduler_limit(SchedulerConfig(dp=2, cp=2, bucket_size=256), 100)
+    assert (capped.tokens, capped.source) == (100, "dataloader.max_len 100")
+    assert scheduler_limit(SchedulerConfig(dp=1, cp=2, bucket_size=256), 4096).tokens == group.tokens

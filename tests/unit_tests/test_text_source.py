@@ -70,9 +70,13 @@ def test_epochs_are_seeded_permutations(tok):
     assert [JsonlSequences(FIXTURE, tok, seed=4).record(i) for i in range(n)] != first
 
 
-def test_max_len_cuts_and_the_byte_tokenizer_also_works(tok):
-    src = JsonlSequences(FIXTURE, tok, max_len=100)
-    assert src.max_length == 100 and all(src[i].length <= 100 for i in range(len(src)))
+def test_records_are_kept_whole_and_the_byte_tokenizer_also_works(tok, records):
+    """No length limit at load time (the over-length policy applies max_len
+    per step, test_accounting.py); each sample knows its file:line."""
+    src = JsonlSequences(FIXTURE, tok)
+    assert src.max_length > 512
+    assert [src.location(i) for i in range(len(src))] == [f"{FIXTURE}:{src.record(i) + 1}" for i in range(len(src))]
+    assert len(records) == len(src)  # so record r is on line r + 1: the fixture has no blank lines
     by_bytes = JsonlSequences(FIXTURE, SyntheticTokenizer.Config(vocab_size=2048).build())
     assert by_bytes.max_length > JsonlSequences(FIXTURE, tok).max_length
 
@@ -92,18 +96,19 @@ def test_bad_records_are_named_by_line(tmp_path, tok, line, message):
 
 def test_jsonl_through_the_dataloaders(tok):
     config = SkrullDataLoader.Config(dataset="jsonl", dataset_path="tiny_sft", max_len=512, global_batch_size=8)
-    section = SkrullConfig(bucket_size=256, cost_model="h100-assumed")
+    section = SkrullConfig(bucket_size=256, cost_model="h100-assumed", overlength="truncate")
     loader = config.build(dp_world_size=1, dp_rank=0, tokenizer=tok)
     loader.attach(Scheduler(section.scheduler_config(1, 2), cost_model.preset("llama3-debug")), 0, 2)
     placements = []
     for _ in range(4):
         step = loader.next_step()
-        want = sum(int((loader.source[i].labels != IGNORE_INDEX).sum()) for i in step.samples)
+        want = sum(int((loader.source[i].labels[:512] != IGNORE_INDEX).sum()) for i in step.samples)
         assert step.global_valid_tokens == want
         placements += step.plan.cp_rank
     assert DISTRIBUTED in placements and any(r != DISTRIBUTED for r in placements)
     packed = PackedDataLoader.Config(dataset="jsonl", dataset_path="tiny_sft", max_len=512).build(
         dp_world_size=1, dp_rank=0, tokenizer=tok, seq_len=512, local_batch_size=4)
+    packed.set_overlength("truncate")
     inputs, labels = next(iter(packed))
     assert inputs["input"].shape == labels.shape == (4, 512)
 
@@ -132,3 +137,41 @@ def test_non_utf8_is_named_by_file_and_line(tmp_path, tok):
     path.write_bytes(b'{"text": "fine"}\n{"text": "caf\xe9"}\n')
     with pytest.raises(DataError, match=r"latin1.jsonl:2: not UTF-8 \(byte 0xe9 at column 14\)"):
         JsonlSequences(str(path), tok)
+
+
+def test_bad_records_are_skipped_counted_and_named_on_request(tmp_path, tok):
+    """on_bad_record = 'skip': each class of bad record is passed over and kept
+    as its one-line reason; records in = kept + bad; the good ones are the
+    records an all-good file gives."""
+    good = ['{"text": "a plain document of some words"}',
+            '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello there"}]}']
+    bad = {
+        2: b'{"text": "caf\xe9"}',
+        3: b"{not json",
+        4: b'{"body": "x"}',
+        5: b'{"messages": [{"role": "bot", "content": "x"}]}',
+        6: b'{"messages": [{"role": "user", "content": "hi"}]}',
+        7: b'{"text": "a"}',  # one token: under min_len
+    }
+    path = tmp_path / "mixed.jsonl"
+    path.write_bytes(b"\n".join([good[0].encode(), *bad.values(), good[1].encode()]) + b"\n")
+    with pytest.raises(ValueError, match=r"mixed.jsonl:2: not UTF-8 .*on_bad_record = .skip. skips and counts"):
+        JsonlSequences(str(path), tok)  # the default stops at the first
+    src = JsonlSequences(str(path), tok, min_len=3, on_bad_record="skip")
+    assert len(src) == 2 and len(src.bad) == len(bad) == 6
+    assert [b.split(": ", 1)[0] for b in src.bad] == [f"{path}:{line}" for line in bad]
+    for reason, want in zip(src.bad, ["not UTF-8", "not valid JSON", "no recognised columns", "unknown role 'bot'",
+                                      "at least one assistant message", "fewer than dataloader.min_len 3"]):
+        assert want in reason, reason
+    assert src.where == [f"{path}:1", f"{path}:8"]
+    clean = tmp_path / "clean.jsonl"
+    clean.write_text("\n".join(good) + "\n")
+    ref = JsonlSequences(str(clean), tok, min_len=3)
+    assert all((a == b).all() for a, b in zip(src.ids, ref.ids)) and len(src.ids) == len(ref.ids)
+    assert src.bad_summary().startswith("6 of 8 records skipped as bad (dataloader.on_bad_record = 'skip'): ")
+    with pytest.raises(ValueError, match=r"dataloader.on_bad_record: 'ignore' is not 'error' or 'skip'"):
+        JsonlSequences(str(clean), tok, on_bad_record="ignore")
+    only_bad = tmp_path / "only_bad.jsonl"
+    only_bad.write_bytes(bad[3] + b"\n")
+    with pytest.raises(ValueError, match=r"only_bad.jsonl: no records left: 1 of 1 records skipped as bad"):
+        JsonlSequences(str(only_bad), tok, on_bad_record="skip")

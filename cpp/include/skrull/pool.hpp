@@ -196,6 +196,18 @@ inline PoolSchedule schedule_pool(const std::vector<int64_t>& input, const CostM
     detail::pool_from_skrull(s, cp, skrull_plan);
     skrull_us = skrull_plan.makespan_us;
   }
+  // Take skrull's micro-batches and times as the answer (its placements are
+  // already in skrull_plan's pool form).
+  const auto adopt_skrull_plan = [&out, &skrull_plan]() {
+    std::swap(out.micro_batches, skrull_plan.micro_batches);
+    out.group_time_us = skrull_plan.group_time_us;
+    out.makespan_us = skrull_plan.makespan_us;
+    out.slots = skrull_plan.slots;
+    out.rollbacks = skrull_plan.rollbacks;
+    out.moves = skrull_plan.moves;
+    out.widened = 0;
+    out.skrull_plan = true;
+  };
 
   // 1. Which sequences go wide, and over how many groups.
   std::vector<double> flops;
@@ -231,13 +243,7 @@ inline PoolSchedule schedule_pool(const std::vector<int64_t>& input, const CostM
     is_wide[k] = 1;
   }
   if (wide.empty() && fits_groups) {  // nothing to widen: skrull's plan as is
-    std::swap(out.micro_batches, skrull_plan.micro_batches);
-    out.group_time_us = skrull_plan.group_time_us;
-    out.makespan_us = skrull_plan.makespan_us;
-    out.slots = skrull_plan.slots;
-    out.rollbacks = skrull_plan.rollbacks;
-    out.moves = skrull_plan.moves;
-    out.skrull_plan = true;
+    adopt_skrull_plan();
     detail::pool_finish(out);
     out.elapsed_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
     return out;
@@ -346,16 +352,7 @@ inline PoolSchedule schedule_pool(const std::vector<int64_t>& input, const CostM
   out.slots = *std::max_element(next_slot.begin(), next_slot.end());
 
   // 3. Skrull's plan when it predicts no slower.
-  if (skrull_us <= out.makespan_us) {
-    std::swap(out.micro_batches, skrull_plan.micro_batches);
-    out.group_time_us = skrull_plan.group_time_us;
-    out.makespan_us = skrull_plan.makespan_us;
-    out.slots = skrull_plan.slots;
-    out.rollbacks = skrull_plan.rollbacks;
-    out.moves = skrull_plan.moves;
-    out.widened = 0;
-    out.skrull_plan = true;
-  }
+  if (skrull_us <= out.makespan_us) adopt_skrull_plan();
   detail::pool_finish(out);
   out.elapsed_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
   return out;

@@ -1,0 +1,122 @@
+"""Where every sample read went: trained whole, trained cut, or skipped.
+
+Each step's global batch is read in full; the length limit (the over-length
+policy, overlength.py) and the loss-token check then decide, per sample:
+
+- **whole**: trained as read;
+- **cut**: truncated to the limit and trained (``skrull.overlength =
+  "truncate"``);
+- **skipped**: not trained: over the limit under ``"drop"``, or left with no
+  loss token after the cut (a chat whose prompt alone passes the limit),
+  which would otherwise add zero to the loss and its normaliser.
+
+``read = whole + cut + skipped`` holds per step and per run (``check()``).
+Each cut or skip is an ``Event`` naming the sample, where it came from
+(``file:line`` for JSONL) and the reason; the dataloader logs them, the
+trainer puts the counts in the step's console line and TensorBoard
+(``skrull/samples_*``) and logs ``RunAccount.summary()`` at the end. The run
+totals are part of the dataloader's checkpointed state, so a resumed run
+reports the whole run.
+"""
+
+from dataclasses import dataclass, field, fields
+
+OVERLENGTH = "over-length"
+NO_LOSS = "no loss tokens"
+
+
+@dataclass
+class Event:
+    """One sample cut or skipped."""
+
+    index: int
+    where: str
+    """``path:line`` of a JSONL record, else ``sample N``."""
+    length: int
+    kept: int
+    """Tokens trained (0: skipped)."""
+    reason: str
+    """OVERLENGTH or NO_LOSS."""
+    detail: str
+    """The limit and where it comes from, e.g. 'limit 512, dataloader.max_len'."""
+
+    def __str__(self) -> str:
+        what = f"cut {self.length} -> {self.kept} tokens" if self.kept else f"skipped ({self.length} tokens)"
+        return f"{self.where}: {what}, {self.reason}"
+
+    def describe(self) -> str:
+        """``str(self)`` and the detail (the limit and where it comes from)."""
+        return f"{self} ({self.detail})"
+
+
+@dataclass
+class Counts:
+    """Samples read and what became of them."""
+
+    read: int = 0
+    whole: int = 0
+    cut: int = 0
+    skipped_overlength: int = 0
+    skipped_no_loss: int = 0
+
+    @property
+    def skipped(self) -> int:
+        return self.skipped_overlength + self.skipped_no_loss
+
+    def check(self) -> None:
+        """``read = whole + cut + skipped`` (an internal invariant)."""
+        if self.read != self.whole + self.cut + self.skipped:  # checked under python -O too
+            raise AssertionError(f"sample accounting broken: {self}")
+
+    def add(self, other: "Counts") -> None:
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+    def as_dict(self) -> dict[str, int]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass
+class StepAccount:
+    """What one step did with its global batch."""
+
+    counts: Counts = field(default_factory=Counts)
+    events: list[Event] = field(default_factory=list)
+
+    def record(self, event: Event) -> None:
+        self.events.append(event)
+        if event.kept:
+            self.counts.cut += 1
+        elif event.reason == OVERLENGTH:
+            self.counts.skipped_overlength += 1
+        else:
+            self.counts.skipped_no_loss += 1
+
+
+class RunAccount:
+    """Totals since the run began (resumes included) and the first event of each kind."""
+
+    def __init__(self) -> None:
+        self.totals = Counts()
+        self.first: dict[str, Event] = {}
+
+    def add(self, step: StepAccount) -> None:
+        step.counts.check()
+        self.totals.add(step.counts)
+        for e in step.events:
+            self.first.setdefault(("cut" if e.kept else "skipped") + ": " + e.reason, e)
+
+    def summary(self) -> str:
+        t = self.totals
+        line = (f"samples read {t.read} = trained whole {t.whole} + trained cut {t.cut} + skipped {t.skipped} "
+                f"({t.skipped_overlength} over-length, {t.skipped_no_loss} with no loss tokens)")
+        for kind, e in self.first.items():
+            line += f"; {kind}, first {e.describe()}"
+        return line
+
+    def state_dict(self) -> dict[str, int]:
+        return {f"samples_{k}": v for k, v in self.totals.as_dict().items()}
+
+    def load_state_dict(self, state: dict) -> None:
+        for f in fields(Counts):
+            setattr(self.totals, f.name, int(state.get(f"samples_{f.name}", 0)))

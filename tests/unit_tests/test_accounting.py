@@ -1,0 +1,185 @@
+"""Every sample read is trained whole, trained cut, or skipped, and counted.
+
+``tests/fixtures/accounting.jsonl`` holds short texts and chats, over-long
+texts and chats (cut at ``dataloader.max_len`` 64, loss tokens kept) and
+chats whose prompt alone passes 64 tokens (the cut leaves no loss token).
+The scheduling dataloader (DP 1 x CP 2, so the CP group's 512 tokens are not
+the limit) and torchtitan's batching read it under each over-length policy:
+``read = whole + cut + skipped`` must hold per step and per run, each record
+must land in the class the table below says, every cut or skip naming its
+record's ``file:line``, and nothing be trained without a loss token.
+"""
+
+import os
+
+import pytest
+
+from skrull_ext import cost_model
+from skrull_ext.datasets.accounting import NO_LOSS, OVERLENGTH
+from skrull_ext.datasets.overlength import OverlengthError, check_overlength
+from skrull_ext.datasets.packed import PackedDataLoader
+from skrull_ext.datasets.scheduling import SkrullDataLoader
+from skrull_ext.datasets.synthetic import IGNORE_INDEX
+from skrull_ext.errors import DataError
+from skrull_ext.scheduler import Scheduler
+from skrull_ext.skrull_config import SkrullConfig
+from skrull_ext.tokenizer import LocalTokenizer
+
+FIXTURE = os.path.join(os.path.dirname(__file__), "..", "fixtures", "accounting.jsonl")
+MAX_LEN = 64
+GBS = 4
+EPOCHS = 2
+# Line of the fixture -> what the policy 'truncate' makes of it at max_len 64
+# (tiny_bpe tokens: length, and where the first loss token is).
+KINDS = {
+    1: "whole",    # chat, 25 tokens
+    2: "whole",    # text, 9
+    3: "cut",      # text, 135: every token is a loss token
+    4: NO_LOSS,    # chat, 193, the reply starts at token 188
+    5: "whole",    # chat, 32
+    6: NO_LOSS,    # system + user + assistant, 184, the reply starts at token 171
+    7: "whole",    # text, 13
+    8: "cut",      # chat, 159, a long reply starting at token 23
+}
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return LocalTokenizer.Config(path="tiny_bpe").build(tokenizer_path="")
+
+
+def _loader(tok, policy, max_len=MAX_LEN, path=FIXTURE):
+    config = SkrullDataLoader.Config(dataset="jsonl", dataset_path=path, max_len=max_len, global_batch_size=GBS)
+    loader = config.build(dp_world_size=1, dp_rank=0, tokenizer=tok)
+    section = SkrullConfig(bucket_size=256, cost_model="h100-assumed", overlength=policy)
+    loader.attach(Scheduler(section.scheduler_config(1, 2), cost_model.preset("llama3-debug")), 0, 2)
+    return loader
+
+
+def _line(where: str) -> int:
+    return int(where.rsplit(":", 1)[1])
+
+
+def test_the_fixture_is_what_the_table_says(tok):
+    src = _loader(tok, "truncate").source
+    assert len(src) == len(KINDS)
+    for r in range(len(src)):
+        long, line = len(src.ids[r]) > MAX_LEN, _line(src.where[r])
+        assert long == (KINDS[line] != "whole"), line
+        if long:  # a loss token among the first MAX_LEN labels (label k predicts token k + 1) or none
+            assert bool(src.mask[r][1 : MAX_LEN + 1].any()) == (KINDS[line] == "cut"), line
+
+
+@pytest.mark.parametrize("policy", ["truncate", "drop"])
+def test_read_equals_whole_plus_cut_plus_skipped(tok, policy):
+    loader = _loader(tok, policy)
+    src = loader.source
+    steps = [loader.next_step() for _ in range(EPOCHS * len(KINDS) // GBS)]
+    seen: dict[int, list[str]] = {}
+    for step in steps:
+        c = step.account.counts
+        assert c.read == GBS == c.whole + c.cut + c.skipped
+        assert len(step.samples) == c.whole + c.cut == len(step.plan.input_lengths)
+        assert max(step.plan.input_lengths) <= MAX_LEN  # the limit is max_len, not the CP group's 512
+        cut = {e.index for e in step.account.events if e.kept}
+        for i, n in zip(step.samples, step.plan.input_lengths):  # trained: the record, or its first 64 tokens
+            assert n == (MAX_LEN if i in cut else src.length(i))
+            assert i in cut or src.length(i) <= MAX_LEN
+        # Nothing trained without a loss token; the normaliser counts what is trained.
+        want = sum(int((src[i].labels[:MAX_LEN] != IGNORE_INDEX).sum()) for i in step.samples)
+        assert step.global_valid_tokens == want > 0
+        for i in step.samples:
+            assert (src[i].labels[:MAX_LEN] != IGNORE_INDEX).any()
+        for e in step.account.events:
+            seen.setdefault(_line(e.where), []).append("cut" if e.kept else e.reason)
+            assert e.where == src.location(e.index) and os.path.samefile(e.where.rsplit(":", 1)[0], FIXTURE)
+            assert e.length == src.length(e.index) > MAX_LEN and e.kept in (0, MAX_LEN)
+    t = loader.account.totals
+    assert t.read == EPOCHS * len(KINDS) == t.whole + t.cut + t.skipped
+    whole = EPOCHS * list(KINDS.values()).count("whole")
+    if policy == "truncate":  # cut, or skipped for want of a loss token: never trained as zero
+        assert seen == {n: [k] * EPOCHS for n, k in KINDS.items() if k != "whole"}
+        assert (t.whole, t.cut, t.skipped_overlength, t.skipped_no_loss) == (whole, 4, 0, 4)
+    else:  # every over-long record is skipped as over-length
+        assert seen == {n: [OVERLENGTH] * EPOCHS for n, k in KINDS.items() if k != "whole"}
+        assert (t.whole, t.cut, t.skipped_overlength, t.skipped_no_loss) == (whole, 0, 8, 0)
+    summary = loader.account.summary()
+    assert summary.startswith(f"samples read 16 = trained whole {whole} + trained cut {t.cut} + "
+                              f"skipped {t.skipped} ({t.skipped_overlength} over-length, "
+                              f"{t.skipped_no_loss} with no loss tokens)")
+    assert f"{src.path}:" in summary
+
+
+def test_the_pre_scan_foresees_what_the_steps_do(tok):
+    loader = _loader(tok, "truncate")
+    report = check_overlength(loader, 1, 4)  # logs, does not raise
+    steps = [loader.next_step() for _ in range(4)]
+    assert len(report.over) == sum(s.account.counts.cut + s.account.counts.skipped for s in steps) == 8
+    assert report.no_loss == sum(s.account.counts.skipped_no_loss for s in steps) == 4
+
+
+def test_totals_per_step_and_across_a_resume(tok):
+    loader = _loader(tok, "truncate")
+    steps = [loader.next_step() for _ in range(2)]
+    assert steps[1].totals["read"] == 2 * GBS
+    assert steps[1].totals == {k: steps[0].account.counts.as_dict()[k] + steps[1].account.counts.as_dict()[k]
+                               for k in steps[1].totals}
+    resumed = _loader(tok, "truncate")
+    resumed.load_state_dict(loader.state_dict())
+    rest = [loader.next_step() for _ in range(2)]
+    assert [s.totals for s in rest] == [resumed.next_step().totals for _ in range(2)]
+    assert resumed.account.totals.read == 4 * GBS
+
+
+def test_error_names_the_record_and_max_len_before_training(tok):
+    loader = _loader(tok, "error")
+    src = loader.source
+    with pytest.raises(OverlengthError) as e:
+        check_overlength(loader, 1, 2)
+    step, i = min((s, i) for s in (1, 2) for i in src.global_batch(s, GBS) if src.length(i) > MAX_LEN)
+    assert str(e.value).startswith(
+        f"{src.location(i)}: sample {i} (step {step}) has length {src.length(i)}, longer than "
+        f"dataloader.max_len {MAX_LEN}; raise dataloader.max_len, or set skrull.overlength to 'truncate' or 'drop'")
+    assert isinstance(e.value, DataError)  # the launcher prints it as one line
+    with pytest.raises(OverlengthError, match=r"accounting.jsonl:\d+: sample \d+ \(step 1\)"):  # also per step
+        loader.next_step()
+
+
+def test_a_step_with_nothing_to_train_is_refused(tok, tmp_path):
+    # Lines 4 and 6 only (prompts alone pass max_len): every sample of a step is skipped.
+    with open(FIXTURE) as f:
+        lines = f.readlines()
+    path = tmp_path / "prompts.jsonl"
+    path.write_text(lines[3] + lines[5])
+    loader = _loader(tok, "truncate", path=str(path))
+    with pytest.raises(DataError, match=r"step 1: every sample of the global batch was skipped.*"
+                                        r"prompts.jsonl:\d: skipped \(\d+ tokens\), no loss tokens"):
+        loader.next_step()
+    assert loader.account.totals.skipped_no_loss == GBS
+
+
+def test_max_len_above_the_cp_group_leaves_the_cp_limit(tok):
+    loader = _loader(tok, "truncate", max_len=4096)
+    steps = [loader.next_step() for _ in range(2)]
+    assert loader.limit.tokens == 512 and loader.limit.source == "bucket_size 256 x cp 2"
+    assert sum(s.account.counts.whole for s in steps) == 2 * GBS  # the fixture's records all fit 512
+
+
+def test_torchtitan_batching_counts_the_same_way(tok):
+    config = PackedDataLoader.Config(dataset="jsonl", dataset_path=FIXTURE, max_len=MAX_LEN, global_batch_size=GBS)
+    loader = config.build(dp_world_size=1, dp_rank=0, tokenizer=tok, seq_len=128, local_batch_size=4)
+    loader.set_overlength("truncate")
+    assert loader.limit.tokens == MAX_LEN and loader.limit.source == f"dataloader.max_len {MAX_LEN}"
+    it = iter(loader)
+    for _ in range(EPOCHS * len(KINDS) // GBS):
+        _, labels = next(it)
+        assert (labels != IGNORE_INDEX).any()
+    t = loader.account.totals
+    assert (t.read, t.whole, t.cut, t.skipped_overlength, t.skipped_no_loss) == (16, 8, 4, 0, 4)
+    assert loader.state_dict()["samples_read"] == 16
+    # Under 'error' the same record is refused, naming it.
+    strict = config.build(dp_world_size=1, dp_rank=0, tokenizer=tok, seq_len=128, local_batch_size=4)
+    with pytest.raises(OverlengthError, match=r"accounting.jsonl:\d+: sample \d+ \(step \d\) has length \d+, "
+                                              r"longer than dataloader.max_len 64"):
+        for _ in range(EPOCHS * len(KINDS) // GBS):
+            next(iter(strict))

@@ -1,0 +1,23 @@
+"""``python -m skrull_ext.bench cpsat``: the table the CP-SAT default rests on.
+
+On a few of the CPU job's batches at DP=2 x CP=2 (where the fallback does
+try), the counts nest (replaced <= tried <= micro-batches), the fallback
+never makes rank 0's predicted step slower, and it took wall time exactly
+when it tried.
+"""
+
+import json
+
+from skrull_ext.bench.__main__ import main
+
+
+def test_cpsat_bench_counts_nest_and_never_lose(tmp_path, capsys):
+    out = tmp_path / "cpsat.json"
+    assert main(["cpsat", "--batches", "6", "--settings", "cpu-job-dp2cp2", "--json", str(out)]) == 0
+    assert "| cpu-job-dp2cp2 | 2 x 2, 256 |" in capsys.readouterr().out
+    (r,) = json.loads(out.read_text())["results"]
+    print(r)
+    assert 0 <= r["replaced"] <= r["tried"] <= r["micro_batches"] and r["micro_batches"] >= 6
+    assert r["tried"] > 0
+    assert r["mean_gain"] >= 0.0 and r["max_gain"] >= r["mean_gain"] and r["saved_ms_mean"] >= 0.0
+    assert r["fallback_ms_max"] > 0.0
