@@ -1,6 +1,11 @@
-"""python -m skrull_ext.data prepare JOB.toml [--workers N]: build the job's token store."""
+"""python -m skrull_ext.data prepare JOB.toml [--workers N]: build the job's token store.
+
+Ahead of torchrun, with a pool of processes (a build on first use inside a
+training job runs in one process); the job then opens the store as is.
+"""
 
 import argparse
+import os
 
 from skrull_ext.datasets.prepare import cached_sequences
 from skrull_ext.job_file import load_job
@@ -11,15 +16,19 @@ def main(argv=None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     prep = sub.add_parser("prepare", help="tokenize the job's jsonl/hf source into its memory-mapped store")
     prep.add_argument("job")
-    prep.add_argument("--workers", type=int, default=None)
+    prep.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1),
+                      help="tokenizer processes (default: the cores, at most 8)")
     args = p.parse_args(argv)
+    if args.workers < 1:
+        p.error(f"--workers {args.workers}: must be >= 1")
     config = load_job(args.job)
     if config.dataloader.dataset not in ("jsonl", "hf"):
         p.error(f"{args.job}: dataloader.dataset = {config.dataloader.dataset!r} has no text to prepare")
     tokenizer = config.tokenizer.build(tokenizer_path=config.hf_assets_path)
     seqs = cached_sequences(config.dataloader, tokenizer, workers=args.workers)
     m = seqs.store.meta
-    print(f"prepared {m['records']} records, {m['tokens']} tokens -> {seqs.store.folder}")
+    bad = f", {len(m['bad'])} skipped as bad (the first: {m['bad'][0]})" if m["bad"] else ""
+    print(f"prepared {m['records']} records, {m['tokens']} tokens{bad} -> {seqs.store.folder}")
     return 0
 
 

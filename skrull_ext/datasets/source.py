@@ -9,7 +9,7 @@ its step: the step is the whole checkpointed state.
 
 Sources are a registry (``DATASETS``): ``synthetic`` (tokens whose lengths
 follow a shipped distribution), ``jsonl`` (real text tokenized with the
-job's tokenizer) and ``hf`` (local json/parquet/arrow files or save_to_disk
+job's tokenizer, once, into a memory-mapped store: token_store.py) and ``hf`` (local json/parquet/arrow files or save_to_disk
 folders through HF ``datasets``; docs/data.md).
 """
 
@@ -26,9 +26,10 @@ from skrull_ext import assets
 from skrull_ext import lengths as shipped_lengths
 from skrull_ext.datasets.formats import FORMATS, Columns
 from skrull_ext.datasets.hf_source import hf_rows
+from skrull_ext.datasets.prepare import cached_sequences
 from skrull_ext.datasets.records import RecordEncoder
 from skrull_ext.datasets.synthetic import SyntheticSequences
-from skrull_ext.datasets.text import JsonlSequences
+from skrull_ext.datasets.text import JsonlSequences, TokenizedRecords
 
 
 def _synthetic(config, tokenizer: BaseTokenizer | None) -> SyntheticSequences:
@@ -47,11 +48,10 @@ def _synthetic(config, tokenizer: BaseTokenizer | None) -> SyntheticSequences:
     )
 
 
-def _records(config, tokenizer: BaseTokenizer | None, path: str, rows=None) -> JsonlSequences:
+def _records(config, tokenizer: BaseTokenizer | None, path: str, rows=None) -> TokenizedRecords:
     if tokenizer is None:
         raise ValueError(f"dataloader.dataset = {config.dataset!r} needs a tokenizer")
-    if config.token_cache:  # tokenize once, memory-map (skrull_ext/datasets/token_store.py)
-        from skrull_ext.datasets.prepare import cached_sequences
+    if config.token_cache:  # tokenize once, memory-map (token_store.py)
         return cached_sequences(config, tokenizer)
     return JsonlSequences(
         path,
@@ -64,11 +64,11 @@ def _records(config, tokenizer: BaseTokenizer | None, path: str, rows=None) -> J
     )
 
 
-def _jsonl(config, tokenizer: BaseTokenizer | None) -> JsonlSequences:
+def _jsonl(config, tokenizer: BaseTokenizer | None) -> TokenizedRecords:
     return _records(config, tokenizer, assets.text_path(config.dataset_path))
 
 
-def _hf(config, tokenizer: BaseTokenizer | None) -> JsonlSequences:
+def _hf(config, tokenizer: BaseTokenizer | None) -> TokenizedRecords:
     rows = hf_rows(config.dataset_path, config.split, config.data_files)
     return _records(config, tokenizer, config.dataset_path, rows)
 
@@ -114,10 +114,11 @@ class SourceDataLoaderBase(BaseDataLoader):
         never at load time; synthetic: lengths are drawn at most this long (nothing is cut)."""
         vocab_size: int | None = None
         """synthetic: token ids are drawn from [1, vocab_size); None: the tokenizer's (the model's)."""
-        token_cache: bool = False
-        """jsonl/hf: tokenize once into a memory-mapped store beside the data (docs/data.md, Prepare)."""
+        token_cache: bool = True
+        """jsonl/hf: tokenize once into a memory-mapped store (built on first use or by `python -m
+        skrull_ext.data prepare`, docs/data.md); false: tokenize into memory at every start."""
         token_cache_dir: str = ""
-        """jsonl/hf: where token stores go; '' beside the data (a per-user cache if read-only)."""
+        """jsonl/hf: where token stores go; '' .skrull_tokens/ beside the data (a per-user cache if read-only)."""
         seed: int = 0
         """Draws synthetic samples; shuffles each epoch of a JSONL file."""
         global_batch_size: int = 8

@@ -1,24 +1,29 @@
 """Tokenize once: a memory-mapped store of token ids and loss masks.
 
-A text source (``jsonl``/``hf``) otherwise tokenizes the whole corpus into
-memory on every rank at start-up. With ``[dataloader] token_cache = true``
-(or after ``python -m skrull_ext.data prepare JOB.toml``) the corpus is
-tokenized once into a store folder::
+A text source (``jsonl``/``hf``) is tokenized once into a store folder, on
+first use (``[dataloader] token_cache = true``, the default) or ahead of
+torchrun with ``python -m skrull_ext.data prepare JOB.toml``::
 
-    ids.bin      int32, all records' token ids end to end
-    mask.bin     uint8, the loss mask (1: predicted), same layout
-    offsets.npy  int64 [n + 1], record r is ids[offsets[r]:offsets[r + 1]]
-    lengths.npy  int64 [n], the unclipped lengths (what the scheduler reads)
-    meta.json    the key's inputs, n, token count; written last = the done marker
+    ids.bin            int32, all records' token ids end to end
+    mask.bin           uint8, the loss mask (1: predicted), same layout
+    offsets.npy        int64 [n + 1], record r is ids[offsets[r]:offsets[r + 1]]
+    lengths.npy        int64 [n], the lengths (what the scheduler reads)
+    where.bin          utf-8, each record's ``file:line`` / ``file row N`` end to end
+    where_offsets.npy  int64 [n + 1], the same layout for where.bin
+    meta.json          the key's inputs, n, token count, the bad records'
+                       messages; written last = the done marker
 
-Ranks load ``lengths.npy`` and memory-map ``ids.bin``/``mask.bin``: only the
-pages of samples a rank builds are ever read. ``max_len`` is applied when a
-sample is read, so changing it does not rebuild the store.
+Ranks load the two index arrays and memory-map the rest: only the pages of
+samples a rank builds (or names in a message) are ever read, so a rank's
+memory does not grow with the corpus. Lengths are whole: ``max_len`` is the
+over-length policy's, applied per step (overlength.py), so changing it does
+not rebuild the store.
 
 Key (``cache_key``): sha256 over the source files' (path, size, mtime_ns),
 the tokenizer folder's files by content, the chat template text, the options
-that change tokens (format, columns, text_field, system_prompt,
-chat_template, min_len) and ``STORE_VERSION``. Source files are keyed by
+that change tokens or which records are kept (format, columns, text_field,
+system_prompt, chat_template, min_len, on_bad_record, split, data_files) and
+``STORE_VERSION`` (raise it when tokenization or the layout changes). Source files are keyed by
 size + mtime, not content: hashing a 10-100 GB corpus would cost about as
 much as tokenizing it; every edit, copy-over or regeneration changes mtime
 (``touch`` forces a rebuild). Tokenizer files are small, so their content is
@@ -43,13 +48,12 @@ import sys
 import time
 
 import numpy as np
-import torch
 
-from skrull_ext.datasets.synthetic import IGNORE_INDEX, Sample
+from skrull_ext.datasets.text import BadRecords, TokenizedRecords, encode_record
 from skrull_ext.errors import DataError
 
-STORE_VERSION = 1
-FILES = ("ids.bin", "mask.bin", "offsets.npy", "lengths.npy")
+STORE_VERSION = 2
+FILES = ("ids.bin", "mask.bin", "offsets.npy", "lengths.npy", "where.bin", "where_offsets.npy")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
                    "tokenizer.model", "vocab.json", "merges.txt")
 
@@ -105,13 +109,16 @@ _WORKER: dict = {}
 
 
 def _encode_chunk(chunk: list) -> list:
+    """(where, ids, mask, None) per record, or (where, None, None, message) for one that cannot be trained."""
     encode, min_len = _WORKER["encode"], _WORKER["min_len"]
     out = []
     for where, row in chunk:
-        ids, mask = encode(row, where)
-        if len(ids) < min_len:
-            raise DataError(f"{where}: {len(ids)} tokens, fewer than dataloader.min_len {min_len}")
-        out.append((np.asarray(ids, dtype=np.int32), np.asarray(mask, dtype=np.uint8)))
+        try:
+            ids, mask = encode_record(encode, where, row, min_len)
+        except DataError as e:
+            out.append((where, None, None, str(e)))
+            continue
+        out.append((where, ids.astype(np.int32), mask.astype(np.uint8), None))
     return out
 
 
@@ -142,30 +149,45 @@ class _Progress:
                   + (" (done)" if final else ""), file=sys.stderr, flush=True)
 
 
-def build_store(folder: str, records, encode, *, min_len: int = 2, workers: int = 1, chunk: int = 256,
-                meta: dict | None = None, progress: bool = True) -> None:
-    """Tokenize ``records`` ((where, row) pairs) into the store ``folder`` (must not exist).
+def build_store(folder: str, records, encode, *, min_len: int = 2, on_bad: BadRecords | None = None,
+                workers: int = 1, chunk: int = 256, meta: dict | None = None, progress: bool = True) -> None:
+    """Tokenize ``records`` ((where, row) pairs) into the store ``folder``.
 
     ``workers`` > 1: a fork pool encodes chunks of ``chunk`` records; ``imap``
-    keeps the input order, so the store is byte-identical to a 1-worker build.
+    keeps the input order, so the store (bad records' messages included) is
+    byte-identical to a 1-worker build. ``on_bad``: what a record that cannot
+    be trained does (text.BadRecords; default: raise naming it).
     """
+    on_bad = on_bad or BadRecords("error")
     tmp = f"{folder}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
     lengths: list[int] = []
-    n_tokens = 0
+    where_ends: list[int] = []
+    n_tokens = n_where = 0
     bar = _Progress(os.path.basename(folder), show=progress)
+    if progress:
+        print(f"prepare: tokenizing {(meta or {}).get('path', '')} into {folder} ({workers} process"
+              f"{'es' if workers > 1 else ''})", file=sys.stderr, flush=True)
     try:
-        with open(os.path.join(tmp, "ids.bin"), "wb") as f_ids, open(os.path.join(tmp, "mask.bin"), "wb") as f_mask:
+        with open(os.path.join(tmp, "ids.bin"), "wb") as f_ids, open(os.path.join(tmp, "mask.bin"), "wb") as f_mask, \
+                open(os.path.join(tmp, "where.bin"), "wb") as f_where:
             _WORKER.update(encode=encode, min_len=min_len)
             pool = multiprocessing.get_context("fork").Pool(workers) if workers > 1 else None
             try:
                 encoded = pool.imap(_encode_chunk, _chunks(records, chunk)) if pool else \
                     map(_encode_chunk, _chunks(records, chunk))
                 for part in encoded:
-                    for ids, mask in part:
+                    for where, ids, mask, error in part:
+                        if error is not None:
+                            on_bad(DataError(error))
+                            continue
                         f_ids.write(ids.tobytes())
                         f_mask.write(mask.tobytes())
+                        where_b = where.encode("utf-8")
+                        f_where.write(where_b)
+                        n_where += len(where_b)
+                        where_ends.append(n_where)
                         lengths.append(len(ids))
                         n_tokens += len(ids)
                     bar(len(lengths), n_tokens)
@@ -174,11 +196,14 @@ def build_store(folder: str, records, encode, *, min_len: int = 2, workers: int 
                     pool.terminate()
                 _WORKER.clear()
         if not lengths:
-            raise DataError(f"{(meta or {}).get('path', folder)}: no records")
+            path = (meta or {}).get("path", folder)
+            raise DataError(f"{path}: no records" + (f" left: {len(on_bad.messages)} skipped as bad, first: "
+                                                      f"{on_bad.messages[0]}" if on_bad.messages else ""))
         lens = np.asarray(lengths, dtype=np.int64)
         np.save(os.path.join(tmp, "lengths.npy"), lens)
         np.save(os.path.join(tmp, "offsets.npy"), np.concatenate([[0], np.cumsum(lens)]).astype(np.int64))
-        info = dict(meta or {}, records=len(lengths), tokens=n_tokens,
+        np.save(os.path.join(tmp, "where_offsets.npy"), np.asarray([0, *where_ends], dtype=np.int64))
+        info = dict(meta or {}, records=len(lengths), tokens=n_tokens, bad=on_bad.messages,
                     sizes={f: os.path.getsize(os.path.join(tmp, f)) for f in FILES})
         with open(os.path.join(tmp, "meta.json"), "w") as f:  # last: its presence marks a complete store
             json.dump(info, f, indent=1, default=str)
@@ -217,8 +242,13 @@ class TokenStore:
         self.offsets = np.load(os.path.join(folder, "offsets.npy"))
         if len(self.offsets) != len(self.lengths) + 1 or int(self.offsets[-1]) != self.meta["tokens"]:
             raise DataError(f"{folder}: token store index does not match its data; delete it or run prepare again")
-        self._ids = np.memmap(os.path.join(folder, "ids.bin"), dtype=np.int32, mode="r") if self.meta["tokens"] else None
-        self._mask = np.memmap(os.path.join(folder, "mask.bin"), dtype=np.uint8, mode="r") if self.meta["tokens"] else None
+        self.where_offsets = np.load(os.path.join(folder, "where_offsets.npy"))
+        if len(self.where_offsets) != len(self.offsets):
+            raise DataError(f"{folder}: token store index does not match its data; delete it or run prepare again")
+        # A store holds at least one record of min_len >= 1 tokens, so no file is empty (memmap refuses those).
+        self._ids = np.memmap(os.path.join(folder, "ids.bin"), dtype=np.int32, mode="r")
+        self._mask = np.memmap(os.path.join(folder, "mask.bin"), dtype=np.uint8, mode="r")
+        self._where = np.memmap(os.path.join(folder, "where.bin"), dtype=np.uint8, mode="r")
 
     def __len__(self) -> int:
         return len(self.lengths)
@@ -229,9 +259,12 @@ class TokenStore:
     def mask(self, r: int) -> np.ndarray:
         return self._mask[self.offsets[r]:self.offsets[r + 1]]
 
+    def where(self, r: int) -> str:
+        return self._where[self.where_offsets[r]:self.where_offsets[r + 1]].tobytes().decode("utf-8")
 
-def ensure_store(root: str, key: str, records_fn, encode, *, min_len: int, workers: int = 1,
-                 meta: dict | None = None, progress: bool = True) -> TokenStore:
+
+def ensure_store(root: str, key: str, records_fn, encode, *, min_len: int, on_bad: BadRecords | None = None,
+                 workers: int = 1, meta: dict | None = None, progress: bool = True) -> TokenStore:
     """The store ``root/key``: opened if complete, else (re)built under an exclusive lock."""
     folder = os.path.join(root, key)
     if store_is_complete(folder):
@@ -242,55 +275,26 @@ def ensure_store(root: str, key: str, records_fn, encode, *, min_len: int, worke
         try:
             if not store_is_complete(folder):  # still missing (or partial): we build
                 shutil.rmtree(folder, ignore_errors=True)
-                build_store(folder, records_fn(), encode, min_len=min_len, workers=workers, meta=meta,
-                            progress=progress)
+                build_store(folder, records_fn(), encode, min_len=min_len, on_bad=on_bad, workers=workers,
+                            meta=meta, progress=progress)
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
     return TokenStore(folder)
 
 
-class StoreSequences:
-    """A ``TokenStore`` indexed like ``JsonlSequences``: same samples, same epochs, same ``max_len`` cut."""
+class StoreSequences(TokenizedRecords):
+    """A ``TokenStore`` indexed like ``JsonlSequences`` (same samples, epochs, locations, bad records)."""
 
-    def __init__(self, store: TokenStore, *, path: str, seed: int = 0, max_len: int | None = None):
-        self.store, self.path, self.seed, self.max_len = store, path, seed, max_len
-        lens = store.lengths
-        self._lengths = lens if max_len is None else np.minimum(lens, max_len)
-        self._perm: tuple[int, np.ndarray] | None = None
+    def __init__(self, store: TokenStore, *, path: str, seed: int = 0):
+        self.store, self.path, self.seed = store, path, seed
+        self.bad = list(store.meta.get("bad", []))
+        self._lengths = store.lengths
 
-    def __len__(self) -> int:
-        return len(self.store)
+    def ids_of(self, r: int) -> np.ndarray:
+        return self.store.ids(r)
 
-    def _epoch(self, epoch: int) -> np.ndarray:
-        if self._perm is None or self._perm[0] != epoch:
-            self._perm = (epoch, np.random.default_rng([self.seed, epoch]).permutation(len(self.store)))
-        return self._perm[1]
+    def mask_of(self, r: int) -> np.ndarray:
+        return self.store.mask(r)
 
-    def record(self, index: int) -> int:
-        epoch, pos = divmod(index, len(self.store))
-        return int(self._epoch(epoch)[pos])
-
-    def length(self, index: int) -> int:
-        return int(self._lengths[self.record(index)])
-
-    @property
-    def max_length(self) -> int:
-        return int(self._lengths.max())
-
-    def arrays(self, r: int) -> tuple[np.ndarray, np.ndarray]:
-        """Record ``r``'s (ids int64, mask bool), cut to max_len: copies of the mapped pages."""
-        n = int(self._lengths[r])
-        return (np.array(self.store.ids(r)[:n], dtype=np.int64), np.array(self.store.mask(r)[:n], dtype=bool))
-
-    def __getitem__(self, index: int) -> Sample:
-        ids_np, mask_np = self.arrays(self.record(index))
-        ids = torch.from_numpy(ids_np)
-        labels = torch.full_like(ids, IGNORE_INDEX)
-        keep = torch.from_numpy(mask_np[1:])
-        labels[:-1] = torch.where(keep, ids[1:], IGNORE_INDEX)
-        return Sample(input=ids, labels=labels)
-
-    def global_batch(self, step: int, size: int) -> list[int]:
-        if step < 1:
-            raise ValueError("steps are 1-based")
-        return list(range((step - 1) * size, step * size))
+    def where_of(self, r: int) -> str:
+        return self.store.where(r)

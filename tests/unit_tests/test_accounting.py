@@ -64,10 +64,10 @@ def test_the_fixture_is_what_the_table_says(tok):
     src = _loader(tok, "truncate").source
     assert len(src) == len(KINDS)
     for r in range(len(src)):
-        long, line = len(src.ids[r]) > MAX_LEN, _line(src.where[r])
+        long, line = len(src.ids_of(r)) > MAX_LEN, _line(src.where_of(r))
         assert long == (KINDS[line] != "whole"), line
         if long:  # a loss token among the first MAX_LEN labels (label k predicts token k + 1) or none
-            assert bool(src.mask[r][1 : MAX_LEN + 1].any()) == (KINDS[line] == "cut"), line
+            assert bool(src.mask_of(r)[1 : MAX_LEN + 1].any()) == (KINDS[line] == "cut"), line
 
 
 @pytest.mark.parametrize("policy", ["truncate", "drop"])

@@ -65,8 +65,8 @@ def _source(tok, **kwargs):
 
 def _same_samples(a, b):
     assert len(a) == len(b)
-    for x, y, mx, my in zip(a.ids, b.ids, a.mask, b.mask):
-        assert np.array_equal(x, y) and np.array_equal(mx, my)
+    for r in range(len(a)):
+        assert np.array_equal(a.ids_of(r), b.ids_of(r)) and np.array_equal(a.mask_of(r), b.mask_of(r))
 
 
 @pytest.fixture(scope="module", params=["tiny_bpe", "qwen2_5"])
@@ -84,13 +84,13 @@ def test_every_layout_gives_the_jsonl_samples(layouts, tok, layout):
     want = _source(tok, dataset="jsonl", dataset_path=FIXTURE)
     got = _source(tok, dataset="hf", dataset_path=layouts[layout])
     _same_samples(got, want)
-    assert sum(m.any() for m in got.mask) == len(got)
+    assert sum(got.mask_of(r).any() for r in range(len(got))) == len(got)
 
 
 def test_split_and_data_files_pick_the_rows(layouts, tok):
     test = _source(tok, dataset="hf", dataset_path=layouts["split_folder"], split="test")
     full = _source(tok, dataset="jsonl", dataset_path=FIXTURE)
-    assert len(test) == 5 and all(np.array_equal(test.ids[i], full.ids[i]) for i in range(5))
+    assert len(test) == 5 and all(np.array_equal(test.ids_of(i), full.ids_of(i)) for i in range(5))
     assert len(_source(tok, dataset="hf", dataset_path=layouts["save_to_disk_dict"], split="test")) == 3
     one = _source(tok, dataset="hf", dataset_path=layouts["split_folder"], data_files=["train-00001-*.parquet"])
     assert len(one) == len(full) - len(full) // 2
@@ -149,4 +149,4 @@ def test_jsonl_and_hf_read_other_formats_alike(hf_cache, tmp_path, tok):
     a = _source(tok, dataset="jsonl", dataset_path=str(path), columns=columns, system_prompt="Be brief.")
     b = _source(tok, dataset="hf", dataset_path=str(path), columns=columns, system_prompt="Be brief.")
     _same_samples(a, b)
-    assert "Be brief." in tok.decode(a.ids[0].tolist())
+    assert "Be brief." in tok.decode(a.ids_of(0).tolist())

@@ -12,7 +12,7 @@ import pytest
 from skrull_ext import assets
 from skrull_ext.datasets.prepare import cached_sequences
 from skrull_ext.datasets.source import DATASETS, SourceDataLoaderBase
-from skrull_ext.datasets.token_store import store_is_complete
+from skrull_ext.datasets.token_store import FILES, StoreSequences, store_is_complete
 from skrull_ext.tokenizer import LocalTokenizer
 
 FIXTURE = assets.text_path("tiny_sft")
@@ -29,16 +29,49 @@ def _config(tmp_path, **kw):
     return SourceDataLoaderBase.Config(token_cache=True, token_cache_dir=str(tmp_path / "cache"), **kw)
 
 
-@pytest.mark.parametrize("max_len", [None, 64])
-def test_cached_equals_uncached(tmp_path, tok, max_len):
-    cfg = _config(tmp_path, max_len=max_len)
-    cached = DATASETS["jsonl"](cfg, tok)
-    plain = DATASETS["jsonl"](dataclasses.replace(cfg, token_cache=False), tok)
+def _same_source(cached, plain):
+    """Same records, samples, lengths, locations, loss masks and bad records, through the source API."""
     assert len(cached) == len(plain) and cached.max_length == plain.max_length
-    for i in range(2 * len(plain)):
+    assert cached.bad == plain.bad and cached.bad_summary() == plain.bad_summary()
+    for i in range(2 * len(plain)):  # two epochs: the same permutations
         a, b = cached[i], plain[i]
-        assert cached.length(i) == plain.length(i)
+        assert cached.length(i) == plain.length(i) and cached.location(i) == plain.location(i)
+        assert cached.has_loss_within(i, 3) == plain.has_loss_within(i, 3)
         assert a.input.tolist() == b.input.tolist() and a.labels.tolist() == b.labels.tolist()
+
+
+def test_cached_equals_uncached(tmp_path, tok):
+    cfg = _config(tmp_path, max_len=64)
+    cached = DATASETS["jsonl"](cfg, tok)
+    assert isinstance(cached, StoreSequences)
+    _same_source(cached, DATASETS["jsonl"](dataclasses.replace(cfg, token_cache=False), tok))
+
+
+BAD_LINES = [b'{"text": "a plain document of some words"}', b'{"text": "caf\xe9"}', b"{not json",
+             b'{"body": "x"}', b'{"messages": [{"role": "bot", "content": "x"}]}',
+             b'{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello there"}]}',
+             b'{"text": "a"}']
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_bad_records_cached_as_uncached(tmp_path, tok, workers):
+    """on_bad_record through the store: 'skip' keeps the same records and the
+    same messages in file order (whatever the workers); 'error' stops with the
+    same message, and leaves no store behind."""
+    data = tmp_path / "mixed.jsonl"
+    data.write_bytes(b"\n".join(BAD_LINES) + b"\n")
+    cfg = _config(tmp_path, dataset_path=str(data), min_len=3, on_bad_record="skip")
+    cached = cached_sequences(cfg, tok, workers=workers, progress=False)
+    _same_source(cached, DATASETS["jsonl"](dataclasses.replace(cfg, token_cache=False), tok))
+    assert len(cached) == 2 and [b.split(": ", 1)[0] for b in cached.bad] == [f"{data}:{n}" for n in (2, 3, 4, 5, 7)]
+    error = dataclasses.replace(cfg, on_bad_record="error")
+    with pytest.raises(ValueError) as plain_error:
+        DATASETS["jsonl"](dataclasses.replace(error, token_cache=False), tok)
+    with pytest.raises(ValueError) as cached_error:
+        cached_sequences(error, tok, workers=workers, progress=False)
+    assert str(cached_error.value) == str(plain_error.value) and f"{data}:2: not UTF-8" in str(plain_error.value)
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir() if not p.name.endswith(".lock")) == \
+        [os.path.basename(cached.store.folder)]  # the failed build left nothing
 
 
 def test_key_changes_with_each_input_and_partial_store_rebuilt(tmp_path, tok):
@@ -47,7 +80,9 @@ def test_key_changes_with_each_input_and_partial_store_rebuilt(tmp_path, tok):
     cfg = _config(tmp_path, dataset_path=str(data))
     first = cached_sequences(cfg, tok, workers=1, progress=False).store.folder
     assert cached_sequences(cfg, tok, workers=1, progress=False).store.folder == first  # reused
-    for change in ({"system_prompt": "Be brief."}, {"min_len": 3}, {"chat_template": "chatml"}):
+    assert cached_sequences(dataclasses.replace(cfg, max_len=16), tok, progress=False).store.folder == first
+    for change in ({"system_prompt": "Be brief."}, {"min_len": 3}, {"chat_template": "chatml"},
+                   {"on_bad_record": "skip"}):
         assert cached_sequences(dataclasses.replace(cfg, **change), tok, workers=1, progress=False).store.folder != first
     st = os.stat(data)
     os.utime(data, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
@@ -65,7 +100,7 @@ def test_key_changes_with_each_input_and_partial_store_rebuilt(tmp_path, tok):
 def test_multiprocess_build_equals_single(tmp_path, tok):
     one = cached_sequences(_config(tmp_path / "a"), tok, workers=1, progress=False).store.folder
     two = cached_sequences(_config(tmp_path / "b"), tok, workers=2, progress=False).store.folder
-    for f in ("ids.bin", "mask.bin", "offsets.npy", "lengths.npy"):
+    for f in FILES:
         assert Path(one, f).read_bytes() == Path(two, f).read_bytes()
     assert isinstance(cached_sequences(_config(tmp_path / "a"), tok).store._ids, np.memmap)
 
