@@ -419,13 +419,15 @@ def _has_job(argv: list[str]) -> bool:
 
 
 def load_config(argv: list[str] | None = None, *, module: str = "skrull_ext.train",
-                world_size: int | None = None):
+                world_size: int | None = None, check: bool = True):
     """The job config of a command line, for every skrull-ext entry point
     (training, profiler, checks). Order matters: the process-wide CPU fixes
     come before parsing (torchtitan binds its device when its modules are
     first used), the config's own fixes after it. The whole config is then
     checked against this launch (``job_checks.check_job``; ``world_size``
-    overrides ``WORLD_SIZE``, e.g. for a profile of a larger job).
+    overrides ``WORLD_SIZE``, e.g. for a profile of a larger job; ``check``
+    false skips that: a tool that only reads the job's data, ahead of the
+    launch, does not know its world).
 
     Without a job (no ``--config-file``/``--module``) it prints the usage and
     exits (0 for ``--help``, else 2). Raises ``JobFileError`` for a bad key or
@@ -454,7 +456,8 @@ def load_config(argv: list[str] | None = None, *, module: str = "skrull_ext.trai
         if _rank() == 0 and not isinstance(sys.exc_info()[1], JobFileError):
             sys.stderr.write(captured.getvalue())
     compat.apply(config)
-    check_job(config, world_size)
+    if check:
+        check_job(config, world_size)
     return config
 
 

@@ -15,6 +15,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "cpsat": ("skrull_ext.bench.cpsat_gain:main", "the CP-SAT fallback: predicted gain per step vs its wall time"),
     "adversarial": ("skrull_ext.bench.adversarial:main", "worst-case scheduler time on adversarial batches"),
     "cp": ("skrull_ext.bench.cp_train:main", "training: torchtitan's CP vs Skrull (K/V bytes, step time, overlap)"),
+    "data": ("skrull_ext.bench.data:main", "data path at scale: prepare throughput, store size, rank memory at 100K/1M"),
     "overlap": ("skrull_ext.bench.overlap:main", "DACP attention under torch.profiler: traces and the exchange hidden"),
 }
 

@@ -1,27 +1,31 @@
-"""python -m skrull_ext.data prepare JOB.toml [--workers N]: build the job's token store.
+"""python -m skrull_ext.data prepare JOB.toml [--workers N] [--section.key value ...]:
+build the job's token store.
 
 Ahead of torchrun, with a pool of processes (a build on first use inside a
 training job runs in one process); the job then opens the store as is.
+Flags after the job file override its keys as they do for skrull_ext.train
+(e.g. ``--dataloader.dataset_path FILE``).
 """
 
 import argparse
 import os
 
+from skrull_ext.cli_errors import run_cli
 from skrull_ext.datasets.prepare import cached_sequences
-from skrull_ext.job_file import load_job
+from skrull_ext.job_file import load_config
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m skrull_ext.data")
     sub = p.add_subparsers(dest="cmd", required=True)
     prep = sub.add_parser("prepare", help="tokenize the job's jsonl/hf source into its memory-mapped store")
-    prep.add_argument("job")
+    prep.add_argument("job", help="the job's TOML file")
     prep.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1),
                       help="tokenizer processes (default: the cores, at most 8)")
-    args = p.parse_args(argv)
+    args, overrides = p.parse_known_args(argv)
     if args.workers < 1:
         p.error(f"--workers {args.workers}: must be >= 1")
-    config = load_job(args.job)
+    config = load_config(["--config-file", args.job, *overrides], module="skrull_ext.data prepare", check=False)
     if config.dataloader.dataset not in ("jsonl", "hf"):
         p.error(f"{args.job}: dataloader.dataset = {config.dataloader.dataset!r} has no text to prepare")
     tokenizer = config.tokenizer.build(tokenizer_path=config.hf_assets_path)
@@ -33,4 +37,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_cli(main)
