@@ -116,3 +116,23 @@ def test_cached_parquet_equals_uncached(tmp_path, tok, monkeypatch):
     for i in range(len(plain)):
         assert cached[i].input.tolist() == plain[i].input.tolist()
         assert cached[i].labels.tolist() == plain[i].labels.tolist()
+
+
+def test_prepare_command_builds_the_store_a_job_then_opens(tmp_path, tok, capsys):
+    """``python -m skrull_ext.data prepare JOB --key value``: the store the job's loader opens without building."""
+    from skrull_ext.data.__main__ import main
+
+    job = os.path.join(os.path.dirname(assets.__file__), "..", "jobs", "debug_cpu_text.toml")
+    cache = tmp_path / "cache"
+    assert main(["prepare", job, "--workers", "2", "--dataloader.token_cache_dir", str(cache)]) == 0
+    line = capsys.readouterr().out.strip()
+    records = len(DATASETS["jsonl"](dataclasses.replace(_config(tmp_path), token_cache=False), tok))
+    assert line.startswith(f"prepared {records} records")
+    folder = line.rsplit("-> ", 1)[1]
+    assert cached_sequences(_config(tmp_path), tok, progress=False).store.folder == folder
+    with pytest.raises(SystemExit) as e:
+        main(["prepare", job, "--workers", "0"])
+    assert e.value.code == 2 and "--workers 0: must be >= 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main(["prepare", job, "--dataloader.dataset", "synthetic"])
+    assert e.value.code == 2 and "dataloader.dataset = 'synthetic' has no text to prepare" in capsys.readouterr().err
