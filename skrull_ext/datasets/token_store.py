@@ -9,6 +9,7 @@ torchrun with ``python -m skrull_ext.data prepare JOB.toml``::
     offsets.npy        int64 [n + 1], record r is ids[offsets[r]:offsets[r + 1]]
     lengths.npy        int64 [n], the lengths (what the scheduler reads)
     where.bin          utf-8, each record's ``file:line`` / ``file row N`` end to end
+                       (less the source path, which the reader's own spelling replaces)
     where_offsets.npy  int64 [n + 1], the same layout for where.bin
     meta.json          the key's inputs, n, token count, the bad records'
                        messages; written last = the done marker
@@ -149,6 +150,11 @@ class _Progress:
                   + (" (done)" if final else ""), file=sys.stderr, flush=True)
 
 
+def _relative_where(where: str, prefix: str) -> str:
+    """``where`` less the source path it starts with, marked by a leading NUL (else as is)."""
+    return "\0" + where[len(prefix):] if prefix and where.startswith(prefix) else where
+
+
 def build_store(folder: str, records, encode, *, min_len: int = 2, on_bad: BadRecords | None = None,
                 workers: int = 1, chunk: int = 256, meta: dict | None = None, progress: bool = True) -> None:
     """Tokenize ``records`` ((where, row) pairs) into the store ``folder``.
@@ -159,6 +165,7 @@ def build_store(folder: str, records, encode, *, min_len: int = 2, on_bad: BadRe
     be trained does (text.BadRecords; default: raise naming it).
     """
     on_bad = on_bad or BadRecords("error")
+    prefix = (meta or {}).get("path", "")  # where strings are kept relative to it (StoreSequences.where_of)
     tmp = f"{folder}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
@@ -184,7 +191,7 @@ def build_store(folder: str, records, encode, *, min_len: int = 2, on_bad: BadRe
                             continue
                         f_ids.write(ids.tobytes())
                         f_mask.write(mask.tobytes())
-                        where_b = where.encode("utf-8")
+                        where_b = _relative_where(where, prefix).encode("utf-8")
                         f_where.write(where_b)
                         n_where += len(where_b)
                         where_ends.append(n_where)
@@ -203,7 +210,7 @@ def build_store(folder: str, records, encode, *, min_len: int = 2, on_bad: BadRe
         np.save(os.path.join(tmp, "lengths.npy"), lens)
         np.save(os.path.join(tmp, "offsets.npy"), np.concatenate([[0], np.cumsum(lens)]).astype(np.int64))
         np.save(os.path.join(tmp, "where_offsets.npy"), np.asarray([0, *where_ends], dtype=np.int64))
-        info = dict(meta or {}, records=len(lengths), tokens=n_tokens, bad=on_bad.messages,
+        info = dict(meta or {}, records=len(lengths), tokens=n_tokens, bad=[_relative_where(m, prefix) for m in on_bad.messages],
                     sizes={f: os.path.getsize(os.path.join(tmp, f)) for f in FILES})
         with open(os.path.join(tmp, "meta.json"), "w") as f:  # last: its presence marks a complete store
             json.dump(info, f, indent=1, default=str)
@@ -287,7 +294,7 @@ class StoreSequences(TokenizedRecords):
 
     def __init__(self, store: TokenStore, *, path: str, seed: int = 0):
         self.store, self.path, self.seed = store, path, seed
-        self.bad = list(store.meta.get("bad", []))
+        self.bad = [self._resolve(m) for m in store.meta.get("bad", [])]
         self._lengths = store.lengths
 
     def ids_of(self, r: int) -> np.ndarray:
@@ -297,4 +304,10 @@ class StoreSequences(TokenizedRecords):
         return self.store.mask(r)
 
     def where_of(self, r: int) -> str:
-        return self.store.where(r)
+        return self._resolve(self.store.where(r))
+
+    def _resolve(self, where: str) -> str:
+        # Kept relative to the source path (build_store): the same file spelled
+        # another way (relative, absolute, via ..) shares the store, and its
+        # messages name it as this job does.
+        return self.path + where[1:] if where.startswith("\0") else where

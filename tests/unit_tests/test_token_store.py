@@ -72,6 +72,11 @@ def test_bad_records_cached_as_uncached(tmp_path, tok, workers):
     assert str(cached_error.value) == str(plain_error.value) and f"{data}:2: not UTF-8" in str(plain_error.value)
     assert sorted(p.name for p in (tmp_path / "cache").iterdir() if not p.name.endswith(".lock")) == \
         [os.path.basename(cached.store.folder)]  # the failed build left nothing
+    # the same file spelled another way shares the store; messages name it as the job spells it
+    other = str(tmp_path / ".." / tmp_path.name / "mixed.jsonl")
+    again = cached_sequences(dataclasses.replace(cfg, dataset_path=other), tok, progress=False)
+    assert again.store.folder == cached.store.folder
+    assert again.location(0).startswith(f"{other}:") and again.bad[0].startswith(f"{other}:2: not UTF-8")
 
 
 def test_key_changes_with_each_input_and_partial_store_rebuilt(tmp_path, tok):
