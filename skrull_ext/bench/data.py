@@ -14,7 +14,9 @@ of the mix is kept, the token count scales), then
    processes): samples/s, tokens/s, the store's size beside the corpus';
 2. trains ``--steps`` steps of the shipped CPU text job on it under torchrun
    (``--nproc`` ranks, CP = nproc) and samples every rank's resident memory
-   (``/proc/PID/status``, Linux) every 50 ms: the peak per rank.
+   (``/proc/PID/status``, Linux) every 50 ms: the peak per rank; for sizes
+   up to ``--in-memory-max`` also with ``token_cache = false`` (every rank
+   tokenizes the corpus into memory, as before the store), for comparison.
 
 The store is memory-mapped, so the peak should not grow with the corpus:
 only the index arrays (24 bytes a sample) and the pages of the samples a
@@ -26,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -114,12 +117,13 @@ def _rss_and_rank(pid: int) -> tuple[int, int | None]:
     return rss, int(rank) if rank is not None and b"TORCHELASTIC_RUN_ID" in env else None
 
 
-def train(corpus: str, cache: str, nproc: int, steps: int, out: str) -> dict:
+def train(corpus: str, cache: str, nproc: int, steps: int, out: str, store: bool = True) -> list[int]:
     """Train on the corpus under torchrun; the peak resident memory of each rank."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
            "-m", "skrull_ext.train", "--config-file", JOB, "--parallelism.context_parallel_degree", str(nproc),
            "--training.steps", str(steps), "--dataloader.dataset_path", corpus,
-           "--dataloader.token_cache_dir", cache, "--dump_folder", out]
+           "--dataloader.token_cache_dir", cache, "--dump_folder", out,
+           *([] if store else ["--dataloader.no-token_cache"])]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     os.makedirs(out, exist_ok=True)
     peaks: dict[int, int] = {}
@@ -135,7 +139,7 @@ def train(corpus: str, cache: str, nproc: int, steps: int, out: str) -> dict:
         with open(os.path.join(out, "log.txt")) as f:
             tail = "".join(f.readlines()[-20:])
         raise SystemExit(f"training failed ({proc.returncode}), {out}/log.txt:\n{tail}")
-    return {"peak_rss": [peaks.get(r, 0) for r in range(nproc)]}
+    return [peaks.get(r, 0) for r in range(nproc)]
 
 
 def parse_args(argv):
@@ -146,6 +150,8 @@ def parse_args(argv):
     p.add_argument("--workers", type=int, default=2, help="prepare processes")
     p.add_argument("--nproc", type=int, default=2, help="training ranks (CP degree)")
     p.add_argument("--steps", type=int, default=4, help="training steps per corpus")
+    p.add_argument("--in-memory-max", type=int, default=100_000,
+                   help="also train with token_cache = false on corpora up to this size")
     p.add_argument("--out", default="outputs/bench_data")
     a = p.parse_args(argv)
     for key in ("workers", "nproc", "steps"):
@@ -158,13 +164,16 @@ def parse_args(argv):
 
 def table(rows: list[dict]) -> str:
     head = ("| samples | tokens | prepare s | samples/s | tokens/s | corpus MiB | store MiB | "
-            "peak RSS per rank (MiB) |\n|---:|---:|---:|---:|---:|---:|---:|---|")
+            "peak RSS per rank, store (MiB) | in memory (MiB) |\n|---:|---:|---:|---:|---:|---:|---:|---|---|")
     lines = [head]
+
+    def mib(peaks):
+        return " / ".join(f"{b / 2**20:.0f}" for b in peaks) if peaks else "-"
+
     for r in rows:
-        rss = " / ".join(f"{b / 2**20:.0f}" for b in r["peak_rss"])
         lines.append(f"| {r['records']:,} | {r['tokens']:,} | {r['seconds']:.0f} | {r['records'] / r['seconds']:,.0f} "
                      f"| {r['tokens'] / r['seconds']:,.0f} | {r['corpus_bytes'] / 2**20:.0f} | "
-                     f"{r['store_bytes'] / 2**20:.0f} | {rss} |")
+                     f"{r['store_bytes'] / 2**20:.0f} | {mib(r['peak_rss'])} | {mib(r['peak_rss_in_memory'])} |")
     return "\n".join(lines)
 
 
@@ -179,11 +188,17 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[{n:,}] generating {corpus} ...", flush=True)
             generate(corpus, n, a.lengths, a.length_scale)
         cache = os.path.join(out, f"cache_{n}")
+        shutil.rmtree(cache, ignore_errors=True)  # time a build, not an open
         print(f"[{n:,}] prepare ({a.workers} workers) ...", flush=True)
         row = prepare(corpus, cache, a.workers)
         print(f"[{n:,}] {row['records'] / row['seconds']:,.0f} samples/s; training {a.steps} steps on "
               f"{a.nproc} ranks ...", flush=True)
-        row.update(train(corpus, cache, a.nproc, a.steps, os.path.join(out, f"run_{n}")))
+        row["peak_rss"] = train(corpus, cache, a.nproc, a.steps, os.path.join(out, f"run_{n}"))
+        row["peak_rss_in_memory"] = None
+        if n <= a.in_memory_max:
+            print(f"[{n:,}] training again with token_cache = false ...", flush=True)
+            row["peak_rss_in_memory"] = train(corpus, cache, a.nproc, a.steps, os.path.join(out, f"run_{n}_mem"),
+                                              store=False)
         rows.append(row)
     md = table(rows)
     header = (f"{a.lengths} / {a.length_scale:g}, prepare with {a.workers} processes, training: "
