@@ -143,7 +143,8 @@ def train(corpus: str, cache: str, nproc: int, steps: int, out: str, store: bool
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="python -m skrull_ext.bench data", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m skrull_ext.bench data", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--sizes", type=int, nargs="+", default=[100_000, 1_000_000], help="corpus sizes (samples)")
     p.add_argument("--lengths", default="mix_sharegpt_conv95+longbench_en5", help="shipped length distribution")
     p.add_argument("--length-scale", type=float, default=32.0, help="divide drawn lengths by this")
@@ -152,7 +153,7 @@ def parse_args(argv):
     p.add_argument("--steps", type=int, default=4, help="training steps per corpus")
     p.add_argument("--in-memory-max", type=int, default=100_000,
                    help="also train with token_cache = false on corpora up to this size")
-    p.add_argument("--out", default="outputs/bench_data")
+    p.add_argument("--out", default="outputs/bench_data", help="corpora, stores, runs and the table")
     a = p.parse_args(argv)
     for key in ("workers", "nproc", "steps"):
         if getattr(a, key) < 1:

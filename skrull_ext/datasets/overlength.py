@@ -123,8 +123,8 @@ def apply_limit(limit: LengthLimit, indices: list[int], samples: list[Sample], s
             if limit.mode == "drop":
                 account.record(Event(i, where, n, 0, OVERLENGTH, f"limit {limit.tokens}, {limit.source}"))
                 continue
-            s, cut = Sample(input=s.input[: limit.tokens], labels=s.labels[: limit.tokens]), True
-        if not bool((s.labels != IGNORE_INDEX).any()):
+            s, cut = s.cut(limit.tokens), True
+        if s.loss_tokens() == 0:
             detail = (f"its first {limit.tokens} tokens ({limit.source}) hold none" if cut
                       else "the record has none")
             account.record(Event(i, location(source, i), n, 0, NO_LOSS, detail))

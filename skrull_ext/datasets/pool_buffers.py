@@ -80,7 +80,7 @@ def pool_rank_buffers(
 def pool_valid_tokens(plan: PoolPlan, samples: Sequence[Sample]) -> int:
     """Loss tokens of the sequences the plan keeps (at their planned lengths)."""
     return sum(
-        int((s.labels[:n] != IGNORE_INDEX).sum())
+        s.loss_tokens(n)
         for s, n, m in zip(samples, plan.lengths, plan.micro_batch)
         if m >= 0
     )

@@ -117,7 +117,7 @@ class SkrullDataLoader(SourceDataLoaderBase):
                 account=account, totals=self.account.totals.as_dict(),
             )
         valid = sum(
-            int((s.labels[:n] != IGNORE_INDEX).sum())
+            s.loss_tokens(n)
             for s, n, d in zip(samples, plan.lengths, plan.dp_rank)
             if d != DROPPED
         )

@@ -29,6 +29,14 @@ class Sample:
     def length(self) -> int:
         return int(self.input.numel())
 
+    def loss_tokens(self, n: int | None = None) -> int:
+        """Labels that count in the loss among the first ``n`` (all: None)."""
+        return int((self.labels[:n] != IGNORE_INDEX).sum())
+
+    def cut(self, n: int) -> "Sample":
+        """The first ``n`` tokens (an over-length cut)."""
+        return Sample(input=self.input[:n], labels=self.labels[:n])
+
 
 @dataclass(frozen=True)
 class SyntheticSequences:
