@@ -2,11 +2,13 @@
 // anywhere in the DP x CP world, as policy "skrull-pool".
 //
 // A rank set is a contiguous run of global ranks (global rank = dp_rank * cp
-// + cp_rank): one rank (local), one whole CP group (distributed, as skrull),
-// or a block of CP groups, 2^a groups aligned at a multiple of 2^a, or all
-// dp groups. Blocks of whole groups keep every wide exchange on whole nodes
-// and every narrow micro-batch exactly skrull's; sub-group sets (2 or 4 of 8
-// ranks) are left out (docs/design/algorithms.md, "skrull-pool").
+// + cp_rank): one rank (local), an aligned sub-block of one CP group (k a
+// power of two, 2 <= k < cp, at a multiple of k inside the group), one whole
+// CP group (distributed, as skrull), or a block of CP groups, 2^a groups
+// aligned at a multiple of 2^a, or all dp groups. Blocks of whole groups
+// keep every wide exchange on whole nodes; sub-group sets appear only in
+// one-group micro-batches, by step 4, where they predict the micro-batch
+// strictly faster (docs/design/algorithms.md, "skrull-pool").
 //
 // Plan, a pure function of (lengths, cost model, options):
 //  1. "Wide" sequences: longer than a CP group can hold, or whose time
@@ -23,13 +25,24 @@
 //  3. When every sequence fits a CP group, skrull's own plan (schedule()) is
 //     the other candidate, and the faster predicted plan wins, ties to
 //     skrull's: the pool plan is never predicted slower than skrull's.
+//  4. Sub-group sets, in every one-group micro-batch of the plan kept: each
+//     sequence sharded over the whole group, longest first, moves to the
+//     aligned block of k < cp ranks that fits in memory and predicts the
+//     micro-batch fastest, if strictly faster than the whole group
+//     (pool_narrow). Narrowing helps where the exchange weighs: a k-rank
+//     exchange moves less per rank, and the ranks outside the block drop
+//     it and its compute. Micro-batch times only fall, so step 3's promise
+//     holds; the slots are then re-timed.
 //
 // Time: every group runs its micro-batches in slot order; a micro-batch on
 // a block starts when all its groups are free. Its time is the overlap
 // formula over its ranks; an exchange over k ranks moves the K/V bytes
 // scaled to the ring's per-rank share, (k-1)/k, against the group's,
 // (cp-1)/cp, where the comm table was measured, and pays
-// pool_cross_group_comm when it leaves a group.
+// pool_cross_group_comm when it leaves a group. With sub-group sets a
+// rank's exchange is that of the sharded sequences it holds: per rank,
+// max(T_comm(its bytes), T_comp(local)) + T_comp(its shards), which is
+// skrull's formula when every set is the whole group.
 #pragma once
 
 #include <algorithm>
