@@ -161,41 +161,50 @@ inline void pool_finish(PoolSchedule& out) {
   }
 }
 
-// Scratch of pool_narrow, reused over a plan's micro-batches: per CP rank
-// of the group, local FLOPs, distributed FLOPs, exchange bytes (table unit)
-// and tokens of all sequences but the one being placed, and those ranks'
-// times without it.
+// Scratch of pool_narrow, reused over a plan's micro-batches. Per CP rank
+// of the group: local FLOPs, distributed FLOPs, exchange bytes (the comm
+// table's unit), tokens and the number of sharded sets holding it; the
+// time of ranks outside a candidate block (filled on demand).
 struct NarrowScratch {
   std::vector<double> local, dist, bytes, rest_us;
   std::vector<int64_t> tokens;
-  std::vector<int32_t> order, first_rank, num_ranks;
+  std::vector<int32_t> sets, order, first_rank, num_ranks;
+  std::vector<char> rest_known;
 };
 
+// Adds (sign 1) or removes (sign -1) one sharded sequence of s tokens and f
+// FLOPs on ranks [first, first + k) of the group. A rank left with no
+// sharded set gets exactly zero distributed FLOPs and bytes (no rounding
+// residue that would charge it a call's overhead).
+inline void pool_group_move(NarrowScratch& w, const CostModel& cost, int32_t cp, int64_t s, double f, int32_t first,
+                            int32_t k, int sign) {
+  const int64_t shard = shard_tokens(s, k);
+  const double share = f / k, b = pool_group_bytes(cost, s, k, cp);
+  for (int32_t j = first; j < first + k; ++j) {
+    w.sets[j] += sign;
+    w.tokens[j] += sign * shard;
+    w.dist[j] = w.sets[j] == 0 ? 0.0 : w.dist[j] + sign * share;
+    w.bytes[j] = w.sets[j] == 0 ? 0.0 : w.bytes[j] + sign * b;
+  }
+}
+
 // Per-rank sums of a one-group micro-batch, every sequence on its current
-// rank set except position `skip` (mb.seqs.size(): none).
+// rank set, added in micro-batch order.
 inline void pool_group_sums(const PoolMicroBatch& mb, const std::vector<int64_t>& lengths,
-                            const std::vector<double>& flops, const CostModel& cost, int32_t cp, size_t skip,
-                            NarrowScratch& w) {
+                            const std::vector<double>& flops, const CostModel& cost, int32_t cp, NarrowScratch& w) {
   const int32_t base = mb.first_group * cp;
   w.local.assign(cp, 0.0);
   w.dist.assign(cp, 0.0);
   w.bytes.assign(cp, 0.0);
   w.tokens.assign(cp, 0);
+  w.sets.assign(cp, 0);
   for (size_t q = 0; q < mb.seqs.size(); ++q) {
-    if (q == skip) continue;
     const int32_t seq = mb.seqs[q], k = mb.num_ranks[q], first = mb.first_rank[q] - base;
-    const int64_t s = lengths[seq];
     if (k == 1) {
       w.local[first] += flops[seq];
-      w.tokens[first] += s;
-      continue;
-    }
-    const int64_t shard = shard_tokens(s, k);
-    const double share = flops[seq] / k, b = pool_group_bytes(cost, s, k, cp);
-    for (int32_t j = first; j < first + k; ++j) {
-      w.dist[j] += share;
-      w.bytes[j] += b;
-      w.tokens[j] += shard;
+      w.tokens[first] += lengths[seq];
+    } else {
+      pool_group_move(w, cost, cp, lengths[seq], flops[seq], first, k, 1);
     }
   }
 }
@@ -212,9 +221,15 @@ inline double pool_rank_us(const CostModel& cost, double local, double dist, dou
 // over the whole group, longest first (ties by position), to the aligned
 // block of k ranks (k a power of two, 2 <= k < cp, first rank a multiple of
 // k) that keeps every rank within `bucket` and gives the lowest predicted
-// time, if that is strictly lower than the whole group's (ties: the larger
-// k, then the lowest block; else the whole group). The micro-batch is
-// re-scored and kept only if its time drops. Returns the sequences narrowed.
+// time, if that is strictly lower than the current one (ties: the whole
+// group, then the larger k, then the lowest block). The micro-batch is
+// re-scored from scratch and kept only if its time drops. Returns the
+// sequences narrowed.
+//
+// Cost: O(n + D cp log cp) comm/comp evaluations for D sharded sequences,
+// most candidates rejected without a comm look-up: a block rank whose
+// compute alone (local + its new share) reaches the best time found cannot
+// win, whatever its exchange.
 inline int32_t pool_narrow(PoolMicroBatch& mb, const std::vector<int64_t>& lengths, const std::vector<double>& flops,
                            const CostModel& cost, int32_t cp, int64_t bucket, NarrowScratch& w) {
   if (mb.groups != 1 || cp < 3) return 0;
@@ -224,35 +239,43 @@ inline int32_t pool_narrow(PoolMicroBatch& mb, const std::vector<int64_t>& lengt
   if (w.order.empty()) return 0;
   std::stable_sort(w.order.begin(), w.order.end(),
                    [&](int32_t a, int32_t b) { return lengths[mb.seqs[a]] > lengths[mb.seqs[b]]; });
-  w.first_rank = mb.first_rank;
-  w.num_ranks = mb.num_ranks;
   int32_t top = 1;
   while (top * 2 < cp) top *= 2;
   const int32_t base = mb.first_group * cp;
+  pool_group_sums(mb, lengths, flops, cost, cp, w);
+  double cur = 0.0;  // the micro-batch's time per layer as it stands
+  for (int32_t j = 0; j < cp; ++j) cur = std::max(cur, pool_rank_us(cost, w.local[j], w.dist[j], w.bytes[j]));
+  w.first_rank = mb.first_rank;
+  w.num_ranks = mb.num_ranks;
+  w.rest_us.resize(cp);
   int32_t narrowed = 0;
   for (int32_t q : w.order) {
     const int64_t s = lengths[mb.seqs[q]];
     const double f = flops[mb.seqs[q]];
-    pool_group_sums(mb, lengths, flops, cost, cp, static_cast<size_t>(q), w);
-    w.rest_us.resize(cp);
-    double best = 0.0;  // the whole group's time
-    const double whole_b = pool_group_bytes(cost, s, cp, cp);
-    for (int32_t j = 0; j < cp; ++j) {
-      w.rest_us[j] = pool_rank_us(cost, w.local[j], w.dist[j], w.bytes[j]);
-      best = std::max(best, pool_rank_us(cost, w.local[j], w.dist[j] + f / cp, w.bytes[j] + whole_b));
-    }
+    pool_group_move(w, cost, cp, s, f, 0, cp, -1);  // the rest, without it
+    w.rest_known.assign(cp, 0);
+    double best = cur;
     int32_t best_k = cp, best_first = 0;
     for (int32_t k = top; k >= 2; k /= 2) {
       const int64_t shard = shard_tokens(s, k);
       const double share = f / k, b = pool_group_bytes(cost, s, k, cp);
       for (int32_t first = 0; first + k <= cp; first += k) {
-        bool fits = true;
-        for (int32_t j = first; j < first + k; ++j) fits = fits && w.tokens[j] + shard <= bucket;
-        if (!fits) continue;
+        bool open = true;  // fits, and no block rank's compute alone reaches best
+        for (int32_t j = first; j < first + k && open; ++j)
+          open = w.tokens[j] + shard <= bucket && cost.comp_us(w.local[j]) + cost.comp_us(w.dist[j] + share) < best;
+        if (!open) continue;
         double t = 0.0;
-        for (int32_t j = 0; j < cp; ++j)
-          t = std::max(t, j >= first && j < first + k ? pool_rank_us(cost, w.local[j], w.dist[j] + share, w.bytes[j] + b)
-                                                      : w.rest_us[j]);
+        for (int32_t j = 0; j < cp && t < best; ++j) {
+          if (j >= first && j < first + k) {
+            t = std::max(t, pool_rank_us(cost, w.local[j], w.dist[j] + share, w.bytes[j] + b));
+          } else {
+            if (!w.rest_known[j]) {
+              w.rest_us[j] = pool_rank_us(cost, w.local[j], w.dist[j], w.bytes[j]);
+              w.rest_known[j] = 1;
+            }
+            t = std::max(t, w.rest_us[j]);
+          }
+        }
         if (t < best) {
           best = t;
           best_k = k;
@@ -260,14 +283,16 @@ inline int32_t pool_narrow(PoolMicroBatch& mb, const std::vector<int64_t>& lengt
         }
       }
     }
+    pool_group_move(w, cost, cp, s, f, best_first, best_k, 1);
     if (best_k != cp) {
       mb.first_rank[q] = base + best_first;
       mb.num_ranks[q] = best_k;
+      cur = best;
       ++narrowed;
     }
   }
   if (narrowed == 0) return 0;
-  pool_group_sums(mb, lengths, flops, cost, cp, mb.seqs.size(), w);
+  pool_group_sums(mb, lengths, flops, cost, cp, w);
   double t = 0.0;
   for (int32_t j = 0; j < cp; ++j) t = std::max(t, pool_rank_us(cost, w.local[j], w.dist[j], w.bytes[j]));
   t *= cost.shape.layers;
