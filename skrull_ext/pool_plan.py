@@ -69,7 +69,8 @@ class PoolMicroBatchPlan:
 
     @property
     def cp_rank(self) -> list[int]:
-        """For a one-group micro-batch: skrull's placement view (CP rank or DISTRIBUTED)."""
+        """For a one-group micro-batch: skrull's placement view (CP rank or DISTRIBUTED;
+        a sub-group set shows as DISTRIBUTED, e.g. in CP-SAT's hint)."""
         cp = self.cp_of_block
         return [DISTRIBUTED if n > 1 else r - self.first_group * cp for r, n in zip(self.first_rank, self.num_ranks)]
 
@@ -248,6 +249,8 @@ class PoolPlan:
         mb.path = path
         for k, r, n in zip(mb.seqs, mb.first_rank, mb.num_ranks):
             self.first_rank[k], self.num_ranks[k] = r, n
+        # CP-SAT places on whole groups: sub-group sets it replaced are gone.
+        self.narrowed = sum(1 for k, m in zip(self.num_ranks, self.micro_batch) if m >= 0 and 1 < k < self.cp)
         self.group_time_us, starts = self._timeline()
         for m, s in zip(self.micro_batches, starts):
             m.start_us = s

@@ -143,3 +143,29 @@ def test_no_subgroup_when_it_does_not_pay():
     assert set(plan.num_ranks) <= {1, 4}
     # And at CP 2 there is no sub-group to narrow to.
     assert plan_of(lengths_, 2, 2, 472).narrowed == 0
+
+
+def test_cpsat_keeps_a_narrowed_micro_batch_it_cannot_beat():
+    # CP-SAT places on whole groups (DACP). On the narrowed step-2 micro-batch (margin 0:
+    # always tried) it proves every whole-group placement slower than the narrowed one
+    # (its bound, recorded as the micro-batch's lower bound, is above the narrowed time),
+    # so the sub-group set stays and the plan stays consistent.
+    lengths_ = [156, 109, 335, 47, 512, 22, 390, 78]
+    cfg = SchedulerConfig(dp=1, cp=4, bucket_size=472, policy="skrull-pool", cpsat=True, cpsat_margin=0.0,
+                          overlength="error")
+    plan = Scheduler(cfg, DEBUG).schedule(lengths_)
+    check_plan(plan, lengths_, 1, 4, 472)
+    (mb,) = plan.micro_batches
+    assert mb.path == "heuristic" and plan.narrowed == 1 and mb.num_ranks == [1, 1, 1, 1, 1, 2, 4, 4]
+    assert DEBUG.micro_batch_lower_bound_us(mb.lengths, 4) < mb.time_us < mb.lower_bound_us
+
+
+def test_replacing_a_narrowed_placement_recounts():
+    # A whole-group placement swapped in (as CP-SAT would) removes the sub-group set.
+    lengths_ = [156, 109, 335, 47, 512, 22, 390, 78]
+    plan = plan_of(lengths_, 1, 4, 472)
+    (mb,) = plan.micro_batches
+    whole = _core.evaluate_placement(mb.lengths, mb.cp_rank, DEBUG, 4, 472)
+    plan.replace_placement(mb, whole, "cpsat")
+    plan.validate()
+    assert plan.narrowed == 0 and plan.num_ranks[2] == 4 and plan.makespan_us == whole.time_us
