@@ -38,7 +38,7 @@ so=$(ls "$out"/py-install/skrull_ext/_core*.so)
 # (141) and pipefail turns that into a failure.
 nm -D "$so" | grep -c __asan_init >/dev/null || { echo "$so is not built with ASan" >&2; exit 1; }
 mkdir -p "$out/stage"
-cp -r skrull_ext tests pyproject.toml "$out/stage/"
+cp -r skrull_ext tests profiles pyproject.toml "$out/stage/"  # profiles: test_pool_subgroup reads the CPU one
 find "$out/stage" \( -name '_core*.so' -o -name __pycache__ \) -prune -exec rm -rf {} +
 cp "$so" "$out/stage/skrull_ext/"
 
@@ -52,5 +52,5 @@ ASAN_OPTIONS=$ASAN_OPTIONS:detect_leaks=0 LD_PRELOAD=$preload PYTHONPATH=$PWD SK
   "$py" -m pytest -q -p no:cacheprovider \
   tests/unit_tests/test_bindings.py tests/unit_tests/test_cost_model.py tests/unit_tests/test_dacp.py \
   tests/unit_tests/test_gds.py tests/unit_tests/test_plan.py tests/unit_tests/test_properties.py \
-  tests/unit_tests/test_hardening.py tests/unit_tests/test_concurrency.py
+  tests/unit_tests/test_hardening.py tests/unit_tests/test_concurrency.py tests/unit_tests/test_pool_subgroup.py
 echo "== sanitize: green in $((SECONDS - t0)) s"

@@ -54,8 +54,10 @@ POLICIES: dict[str, Policy] = {
     # One pool (issue 18): skrull, plus sequences sharded over aligned blocks
     # of CP groups when their own group would straggle or cannot hold them
     # (up to bucket_size x dp x cp tokens); skrull's plan kept when it
-    # predicts no slower. Plans are PoolPlans (skrull_ext/pool_plan.py);
-    # measured in docs/benchmarks.md, section 10.
+    # predicts no slower; then a one-group micro-batch's sharded sequence
+    # moves to an aligned part of its group where that predicts it faster.
+    # Plans are PoolPlans (skrull_ext/pool_plan.py); measured in
+    # docs/benchmarks.md, section 10.
     "skrull-pool": Policy(
         Placement.LEAST_LOAD, Rollback.LONGEST, MicroBatchCount.PREDICTED_TIME, True, True,
         "skrull over the DP x CP world as one pool: long sequences sharded over blocks of CP groups, "

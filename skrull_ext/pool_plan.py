@@ -5,8 +5,11 @@ micro-batch sits at a *slot* on a block of CP groups (DP ranks); every rank
 of the block runs it at that slot, and a rank runs its micro-batches in slot
 order. Each sequence of a micro-batch has a *rank set*, the contiguous
 global ranks ``[first_rank, first_rank + num_ranks)`` inside the block:
-one rank (local, whole), one CP group (sharded as skrull shards), or the
-whole block of groups (sharded wider, zigzag over ``num_ranks`` ranks).
+one rank (local, whole), an aligned sub-block of one CP group (2 <= k <
+cp ranks, k a power of two, at a multiple of k inside the group: a
+one-group micro-batch's sequence narrowed where that predicts faster), one
+CP group (sharded as skrull shards), or the whole block of groups (sharded
+wider, zigzag over ``num_ranks`` ranks).
 
 A rank's buffers per slot come from ``rank_slots(rank)``. Built from the
 core's ``PoolSchedule`` (cpp/include/skrull/pool.hpp); ``validate()``
@@ -66,7 +69,8 @@ class PoolMicroBatchPlan:
 
     @property
     def cp_rank(self) -> list[int]:
-        """For a one-group micro-batch: skrull's placement view (CP rank or DISTRIBUTED)."""
+        """For a one-group micro-batch: skrull's placement view (CP rank or DISTRIBUTED;
+        a sub-group set shows as DISTRIBUTED, e.g. in CP-SAT's hint)."""
         cp = self.cp_of_block
         return [DISTRIBUTED if n > 1 else r - self.first_group * cp for r, n in zip(self.first_rank, self.num_ranks)]
 
@@ -102,8 +106,11 @@ class PoolPlan:
     widened: int
     """Sequences sharded over more than one CP group."""
     skrull_plan: bool
-    """True when the core kept skrull's plan (it predicted no slower)."""
+    """True when the core kept skrull's micro-batches (it predicted no slower); with
+    ``narrowed`` > 0 some of their sharded sequences then moved to sub-group sets."""
     scheduler_us: float
+    narrowed: int = 0
+    """Sequences sharded over a sub-block of 2 <= k < cp ranks of their CP group."""
     fallback_us: float = 0.0
     rollbacks: int = 0
     refined_dp_rank: int | None = None
@@ -125,7 +132,7 @@ class PoolPlan:
             micro_batch=list(s.micro_batch), first_rank=list(s.first_rank), num_ranks=list(s.num_ranks),
             micro_batches=mbs, slots=s.slots, group_time_us=list(s.group_time_us), makespan_us=s.makespan_us,
             dropped=list(s.dropped), truncated=list(s.truncated), widened=s.widened, skrull_plan=s.skrull_plan,
-            scheduler_us=s.elapsed_us, rollbacks=s.rollbacks,
+            scheduler_us=s.elapsed_us, narrowed=s.narrowed, rollbacks=s.rollbacks,
         )
 
     # ------------------------------------------------------------------ views
@@ -189,6 +196,7 @@ class PoolPlan:
             "local_seq_share": sum(self.num_ranks[k] == 1 for k in live) / len(live) if live else 0.0,
             "local_token_share": sum(self.lengths[k] for k in live if self.num_ranks[k] == 1) / tok if tok else 0.0,
             "widened": self.widened,
+            "narrowed": self.narrowed,
             "skrull_plan": float(self.skrull_plan),
             "rollbacks": self.rollbacks,
             "refine_moves": sum(mb.moves for mb in self.micro_batches),
@@ -216,7 +224,7 @@ class PoolPlan:
 
     def describe(self, max_seqs: int = 12) -> str:
         lines = [f"pool plan: {self.num_sequences} sequences, dp={self.dp} cp={self.cp} bucket_size={self.bucket_size}, "
-                 f"{self.slots} slots, {self.widened} widened, predicted {self.makespan_us / 1e3:.2f} ms"
+                 f"{self.slots} slots, {self.widened} widened, {self.narrowed} narrowed, predicted {self.makespan_us / 1e3:.2f} ms"
                  + (" (skrull's plan)" if self.skrull_plan else "")]
         for mb in self.micro_batches:
             seqs = [f"{k}:{s}@{r}+{n}" for k, s, r, n in zip(mb.seqs, mb.lengths, mb.first_rank, mb.num_ranks)]
@@ -241,6 +249,8 @@ class PoolPlan:
         mb.path = path
         for k, r, n in zip(mb.seqs, mb.first_rank, mb.num_ranks):
             self.first_rank[k], self.num_ranks[k] = r, n
+        # CP-SAT places on whole groups: sub-group sets it replaced are gone.
+        self.narrowed = sum(1 for k, m in zip(self.num_ranks, self.micro_batch) if m >= 0 and 1 < k < self.cp)
         self.group_time_us, starts = self._timeline()
         for m, s in zip(self.micro_batches, starts):
             m.start_us = s
@@ -263,9 +273,10 @@ class PoolPlan:
         """Raise PlanError naming the first broken invariant.
 
         Checks: every sequence not dropped is in exactly one micro-batch, the
-        per-sequence arrays agree with it; rank sets are one rank, one whole
-        CP group, or the whole block of an aligned power-of-two (or all-dp)
-        run of groups, inside the micro-batch's block; each rank's tokens
+        per-sequence arrays agree with it; rank sets are one rank, an aligned
+        power-of-two sub-block of one CP group, one whole CP group, or the
+        whole block of an aligned power-of-two (or all-dp) run of groups,
+        inside the micro-batch's block; each rank's tokens
         (local whole, sharded as a zigzag shard over its set) match and stay
         within bucket_size; a group runs at most one micro-batch per slot;
         only sequences beyond bucket_size x dp x cp are truncated or dropped;
@@ -313,9 +324,11 @@ class PoolPlan:
                     raise PlanError(f"sequence {k}: the plan's arrays disagree with {where}")
                 whole_group = c == self.cp and (r - lo) % self.cp == 0
                 whole_block = c == hi - lo and r == lo
-                if not (c == 1 or whole_group or whole_block) or not lo <= r < r + c <= hi:
-                    raise PlanError(f"{where}: sequence {k} has rank set [{r}, {r + c}), not one rank, a CP group "
-                                    f"or the block [{lo}, {hi})")
+                at = (r - lo) % self.cp  # offset inside its CP group
+                sub_group = 2 <= c < self.cp and c & (c - 1) == 0 and at % c == 0 and at + c <= self.cp
+                if not (c == 1 or sub_group or whole_group or whole_block) or not lo <= r < r + c <= hi:
+                    raise PlanError(f"{where}: sequence {k} has rank set [{r}, {r + c}), not one rank, an aligned "
+                                    f"power-of-two part of a CP group, a CP group or the block [{lo}, {hi})")
                 for i in range(r - lo, r - lo + c):
                     tokens[i] += _shard(s, c)
             if tokens != list(mb.rank_tokens):

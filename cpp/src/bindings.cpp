@@ -223,6 +223,7 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
       .def_readonly("dropped", &PoolSchedule::dropped)
       .def_readonly("truncated", &PoolSchedule::truncated)
       .def_readonly("widened", &PoolSchedule::widened)
+      .def_readonly("narrowed", &PoolSchedule::narrowed)
       .def_readonly("skrull_plan", &PoolSchedule::skrull_plan)
       .def_readonly("rollbacks", &PoolSchedule::rollbacks)
       .def_readonly("moves", &PoolSchedule::moves)

@@ -1,5 +1,6 @@
 // C++ unit tests of the core, without Python: hand-computed DACP and GDS
 // cases, errors, determinism. Run by ctest (see .ci/run).
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <stdexcept>
@@ -7,6 +8,7 @@
 #include <vector>
 
 #include "check.hpp"
+#include "skrull/pool.hpp"
 #include "skrull/scheduler.hpp"
 
 using namespace skrull;
@@ -87,11 +89,76 @@ static void test_errors() {
   CHECK((d.dropped == std::vector<int32_t>{0}) && d.dp_rank[0] == kDropped && d.dp_rank[1] == 0);
 }
 
+// pool_narrow (pool.hpp, step 4) by hand. Toy shape (kv_bytes(s) = 2 s), comm
+// table collective_us(x) = x for x >= 1, two collectives per layer.
+static CostModel comm_toy(double a_us_per_flop) {
+  CostModel c = toy();
+  c.a_us_per_flop = a_us_per_flop;
+  c.comm.bytes = {1.0, 1000.0};
+  c.comm.us = {1.0, 1000.0};
+  return c;
+}
+
+// Two 8-token sequences sharded over CP 4 (shard 2 tokens a rank), nothing local.
+static PoolMicroBatch two_sharded(const CostModel& c) {
+  PoolMicroBatch mb;
+  mb.seqs = {0, 1};
+  mb.first_rank = {0, 0};
+  mb.num_ranks = {4, 4};
+  mb.rank_tokens = {4, 4, 4, 4};
+  mb.comm_bytes = 2 * c.kv_bytes(8);
+  mb.time_us = c.comm_us(mb.comm_bytes);  // 2 x 32 = 64: no compute cost
+  return mb;
+}
+
+static void test_pool_narrow() {
+  const std::vector<int64_t> lengths = {8, 8};
+  std::vector<double> flops;
+  detail::NarrowScratch w;
+  {
+    // Exchange only: the whole group costs 2 x (16 + 16) = 64 a rank. The first
+    // sequence on ranks 0-1 moves 16 x (1/2)/(3/4) = 32/3 bytes there: 2 x (16 + 32/3)
+    // = 53.3 on ranks 0-1, 32 on ranks 2-3. The second then goes to ranks 2-3
+    // (block 0 would give 2 x (64/3) = 42.7): every rank 2 x 32/3 = 21.3.
+    const CostModel c = comm_toy(0.0);
+    detail::sequence_flops(lengths.data(), lengths.size(), c, flops);
+    PoolMicroBatch mb = two_sharded(c);
+    CHECK(detail::pool_narrow(mb, lengths, flops, c, 4, 100, w) == 2);
+    CHECK((mb.first_rank == std::vector<int32_t>{0, 2}) && (mb.num_ranks == std::vector<int32_t>{2, 2}));
+    CHECK((mb.rank_tokens == std::vector<int64_t>{4, 4, 4, 4}));  // shard of 8 over 2: 4 tokens
+    CHECK(mb.comm_bytes == 2 * c.kv_bytes(8));                    // the real bytes, unscaled
+    CHECK(std::abs(mb.time_us - 2.0 * 32.0 / 3.0) < 1e-12);
+  }
+  {
+    // Same exchange, but compute at 1 us/FLOP (flops(8) = 448): a 2-rank shard
+    // adds 112 us of compute a rank, far more than the exchange saves. Kept.
+    const CostModel c = comm_toy(1.0);
+    detail::sequence_flops(lengths.data(), lengths.size(), c, flops);
+    PoolMicroBatch mb = two_sharded(c);
+    mb.time_us = c.comm_us(mb.comm_bytes) + c.comp_us(2 * 448.0 / 4);
+    const PoolMicroBatch before = mb;
+    CHECK(detail::pool_narrow(mb, lengths, flops, c, 4, 100, w) == 0);
+    CHECK(mb.first_rank == before.first_rank && mb.num_ranks == before.num_ranks && mb.time_us == before.time_us);
+  }
+  {
+    // Memory: a 2-rank shard of 8 (4 tokens) beside the other's 2 needs 6 > bucket 5.
+    const CostModel c = comm_toy(0.0);
+    detail::sequence_flops(lengths.data(), lengths.size(), c, flops);
+    PoolMicroBatch mb = two_sharded(c);
+    CHECK(detail::pool_narrow(mb, lengths, flops, c, 4, 5, w) == 0);
+    // No sub-group below CP 3, and none in a block of groups.
+    mb = two_sharded(c);
+    mb.groups = 2;
+    CHECK(detail::pool_narrow(mb, lengths, flops, c, 4, 100, w) == 0);
+  }
+}
+
 int main() {
   test_shards();
   test_dacp_cases();
   test_schedule_cases();
   test_errors();
+  test_pool_narrow();
   if (skrull_test::failures) return skrull_test::report();
   std::printf("test_core: all checks passed\n");
   return 0;

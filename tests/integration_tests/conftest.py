@@ -19,6 +19,9 @@ CHECK_STEP = 4
 """The step whose gradients are compared: on the debug data, skrull and
 worstfit schedule it differently at CP=2, and both place some sequences
 local and some distributed."""
+POOL_SUB_STEP = 2
+"""The step of the dp1cp4_pool run with a 2-rank sharded sequence beside 4-rank
+ones; the reference saves its gradients too (test_parity_pool.py)."""
 
 
 @pytest.fixture(scope="session")
@@ -34,7 +37,8 @@ def seed(workdir) -> str:
 @pytest.fixture(scope="session")
 def reference(workdir, seed) -> Run:
     """torchtitan's own Trainer, 1 process, rows packed as torchtitan does."""
-    run = train_from_seed(workdir, "ref", 1, "torchtitan.train", TORCHTITAN, seed, STEPS, grads_at=CHECK_STEP)
+    run = train_from_seed(workdir, "ref", 1, "torchtitan.train", TORCHTITAN, seed, STEPS, grads_at=CHECK_STEP,
+                          more_grads_at=(POOL_SUB_STEP,))
     ref = run.losses
     assert len(ref) == STEPS and ref[-1] < ref[0], f"reference loss did not decrease: {ref}"
     return run
@@ -64,6 +68,13 @@ class SkrullRuns:
         "dp2cp2_pool": (4, ["--parallelism.context_parallel_degree", "2",
                             "--parallelism.data_parallel_shard_degree", "2", "--skrull.policy", "skrull-pool",
                             "--skrull.bucket_size", "128", "--skrull.overlength", "error"]),
+        # One pool at DP 1 x CP 4 with sub-group sets: priced on the h100-assumed preset (the tiny
+        # model's compute is cheap there, so its K/V exchange matters) and bucket_size 472, the
+        # planner puts step 2's 335-token sequence on ranks 2-3 beside the 390 and 512 on all 4
+        # (the measured CPU profile prices compute so high that narrowing never pays on this data).
+        "dp1cp4_pool": (4, ["--parallelism.context_parallel_degree", "4", "--skrull.policy", "skrull-pool",
+                            "--skrull.bucket_size", "472", "--skrull.cost_model", "h100-assumed",
+                            "--skrull.overlength", "error"]),
         "dp2cp2_ac_full": (4, ["--parallelism.context_parallel_degree", "2",
                                "--parallelism.data_parallel_shard_degree", "2", "--skrull.defer_grad_sync",
                                "activation-checkpoint:full"]),
@@ -80,6 +91,7 @@ class SkrullRuns:
                 # A tyro subcommand in extra (activation-checkpoint:...) must come last.
                 extra=["--skrull.plan_log", *extra], grads_at=CHECK_STEP,
                 save_every=2 if name == "cp2" else None,  # cp2's step-2 checkpoint feeds the resume test
+                more_grads_at=(POOL_SUB_STEP,) if name == "dp1cp4_pool" else (),
             )
         return self.runs[name]
 

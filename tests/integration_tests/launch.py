@@ -10,7 +10,7 @@ import glob
 import os
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 LOSS_TAG = "loss_metrics/global_avg_loss"
@@ -66,6 +66,8 @@ class Run:
     output: str
     grads: str | None
     """Path of the gradients saved at the check step (probe.py), if asked for."""
+    step_grads: dict[int, str] = field(default_factory=dict)
+    """Paths of the gradients saved at further steps (``more_grads_at``), by step."""
 
     @property
     def losses(self) -> list[float]:
@@ -87,12 +89,14 @@ def seed_checkpoint(workdir: str, config: list[str]) -> str:
 
 def train_from_seed(workdir: str, name: str, nproc: int, module: str, config: list[str],
                     seed: str | None, steps: int, extra: list[str] = (), grads_at: int | None = None,
-                    save_every: int | None = None, env: dict[str, str] | None = None) -> Run:
+                    save_every: int | None = None, env: dict[str, str] | None = None,
+                    more_grads_at: tuple[int, ...] = ()) -> Run:
     """Train ``steps`` steps from the seed checkpoint with TensorBoard on.
 
     ``seed``: None keeps the job's own initial load (a ``[model] hf_path``
     job starts from its HF folder).
     ``grads_at``: save the gradients of that step (``Run.grads``).
+    ``more_grads_at``: also save those steps' gradients (``Run.step_grads``).
     ``save_every``: also save full checkpoints every that many steps (the
     default saves nothing).
     ``env``: extra environment variables of the launch.
@@ -102,15 +106,17 @@ def train_from_seed(workdir: str, name: str, nproc: int, module: str, config: li
               if save_every else ["--checkpoint.load_only"])
     initial = ["--checkpoint.initial_load_path", seed] if seed is not None else []
     grads = os.path.join(workdir, f"{name}.grads.pt") if grads_at else None
-    env = {**(env or {}), **({"SKRULL_PROBE_GRADS": f"{grads_at}:{grads}"} if grads_at else {})}
+    step_grads = {s: os.path.join(workdir, f"{name}.grads.step{s}.pt") for s in more_grads_at}
+    specs = ([f"{grads_at}:{grads}"] if grads_at else []) + [f"{s}:{p}" for s, p in step_grads.items()]
+    env = {**(env or {}), **({"SKRULL_PROBE_GRADS": ",".join(specs)} if specs else {})}
     proc = torchrun(nproc, PROBE, [
         module, *config, "--dump_folder", dump, "--training.steps", str(steps),
         "--checkpoint.enable", *saving, *initial,
         "--metrics.enable_tensorboard", *extra,
     ], cwd=workdir, env=env)
-    if grads:
-        assert os.path.isfile(grads), f"{name}: no gradients saved at step {grads_at}"
-    return Run(dump=dump, output=proc.stdout + proc.stderr, grads=grads)
+    for s, path in ([(grads_at, grads)] if grads else []) + list(step_grads.items()):
+        assert os.path.isfile(path), f"{name}: no gradients saved at step {s}"
+    return Run(dump=dump, output=proc.stdout + proc.stderr, grads=grads, step_grads=step_grads)
 
 
 def assert_same_grads(got_path: str, ref_path: str, rtol: float, atol: float,

@@ -3,7 +3,7 @@
     torchrun ... -m tests.integration_tests.probe torchtitan.train --module ... --config ...
     torchrun ... -m tests.integration_tests.probe skrull_ext.train --config-file JOB.toml ...
 
-With ``SKRULL_PROBE_GRADS=STEP:PATH`` in the environment, right before the
+With ``SKRULL_PROBE_GRADS=STEP:PATH`` (or several, comma-separated) in the environment, right before the
 optimizer step of training step STEP (after accumulation and clipping),
 every rank gathers the full gradient of each parameter (FSDP shards are
 DTensors; ``full_tensor()`` is a collective, so all ranks take part) and
@@ -80,8 +80,8 @@ def main() -> None:
         raise SystemExit("usage: python -m tests.integration_tests.probe ENTRY_MODULE [ARGS...]")
     entry, args = sys.argv[1], sys.argv[2:]
     spec = os.environ.get("SKRULL_PROBE_GRADS")
-    if spec:
-        step, path = spec.split(":", 1)
+    for one in spec.split(",") if spec else ():
+        step, path = one.split(":", 1)
         _install_grad_probe(int(step), path)
     nan = os.environ.get("SKRULL_PROBE_NAN")
     if nan:

@@ -8,6 +8,12 @@ Losses of the 5 steps and every gradient at the check step (step 4: a
 314-token sequence over ranks 0-3, a 233-token one over ranks 0-1, the rest
 local on ranks 2 and 3) equal the reference's (tests/integration_tests/
 test_parity_skrull.py's standard), and nothing is truncated or dropped.
+
+World 4 = DP 1 x CP 4 (test_pool_parity_cp4), bucket_size 472, priced on the
+h100-assumed preset: at step 2 the planner narrows the 335-token sequence to
+ranks 2-3 (a sub-group set) beside the 390- and 512-token ones on all 4 ranks
+and five local ones; losses of the 5 steps and the gradients of steps 2 and 4
+equal the reference's.
 """
 
 import os
@@ -15,8 +21,9 @@ import os
 import pytest
 
 from skrull_ext.plan_log import read_plan_log
-from tests.integration_tests.conftest import CHECK_STEP, STEPS
-from tests.integration_tests.test_parity_skrull import _matches_reference_losses_and_grads
+from tests.integration_tests.conftest import CHECK_STEP, POOL_SUB_STEP, STEPS
+from tests.integration_tests.launch import assert_same_grads
+from tests.integration_tests.test_parity_skrull import GRAD, _matches_reference_losses_and_grads
 
 C, CP, WORLD = 128, 2, 4
 
@@ -40,3 +47,21 @@ def test_pool_parity_dp2_cp2_spanning_dp_groups(skrull_runs, reference):
     # Rank 0 holds shards of the check step's sharded sequences: its DACP exchanged K/V.
     assert run.scalars("skrull/dacp_dist_seqs")[CHECK_STEP - 1] > 0
     assert run.scalars("skrull/widened")[CHECK_STEP - 1] >= 1
+
+
+@pytest.mark.slow
+def test_pool_parity_cp4(skrull_runs, reference):
+    run = skrull_runs["dp1cp4_pool"]
+    assert "policy skrull-pool" in run.output
+    _matches_reference_losses_and_grads(run, reference)
+    # The sub-group step's gradients too (the 1-process reference saved them).
+    worst, rel = assert_same_grads(run.step_grads[POOL_SUB_STEP], reference.step_grads[POOL_SUB_STEP], **GRAD)
+    print(f"step {POOL_SUB_STEP} gradients: max abs diff {worst:.2e}, max relative norm diff {rel:.2e}")
+    assert sum(run.scalars("skrull/truncated")) == 0 and sum(run.scalars("skrull/dropped")) == 0
+    plans = read_plan_log(os.path.join(run.dump, "skrull_plans", "rank0.jsonl"))
+    p = plans[POOL_SUB_STEP]
+    sets = sorted(zip(p["lengths"], p["plan_first_rank"], p["plan_num_ranks"]))
+    # The exact plan of tests/unit_tests/test_pool_subgroup.py: 335 tokens on ranks 2-3, 390 and 512 on all 4.
+    assert sets == [(22, 3, 1), (47, 3, 1), (78, 2, 1), (109, 1, 1), (156, 0, 1), (335, 2, 2), (390, 0, 4),
+                    (512, 0, 4)], sets
+    assert run.scalars("skrull/narrowed")[POOL_SUB_STEP - 1] == 1

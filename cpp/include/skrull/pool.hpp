@@ -2,11 +2,13 @@
 // anywhere in the DP x CP world, as policy "skrull-pool".
 //
 // A rank set is a contiguous run of global ranks (global rank = dp_rank * cp
-// + cp_rank): one rank (local), one whole CP group (distributed, as skrull),
-// or a block of CP groups, 2^a groups aligned at a multiple of 2^a, or all
-// dp groups. Blocks of whole groups keep every wide exchange on whole nodes
-// and every narrow micro-batch exactly skrull's; sub-group sets (2 or 4 of 8
-// ranks) are left out (docs/design/algorithms.md, "skrull-pool").
+// + cp_rank): one rank (local), an aligned sub-block of one CP group (k a
+// power of two, 2 <= k < cp, at a multiple of k inside the group), one whole
+// CP group (distributed, as skrull), or a block of CP groups, 2^a groups
+// aligned at a multiple of 2^a, or all dp groups. Blocks of whole groups
+// keep every wide exchange on whole nodes; sub-group sets appear only in
+// one-group micro-batches, by step 4, where they predict the micro-batch
+// strictly faster (docs/design/algorithms.md, "skrull-pool").
 //
 // Plan, a pure function of (lengths, cost model, options):
 //  1. "Wide" sequences: longer than a CP group can hold, or whose time
@@ -23,13 +25,24 @@
 //  3. When every sequence fits a CP group, skrull's own plan (schedule()) is
 //     the other candidate, and the faster predicted plan wins, ties to
 //     skrull's: the pool plan is never predicted slower than skrull's.
+//  4. Sub-group sets, in every one-group micro-batch of the plan kept: each
+//     sequence sharded over the whole group, longest first, moves to the
+//     aligned block of k < cp ranks that fits in memory and predicts the
+//     micro-batch fastest, if strictly faster than the whole group
+//     (pool_narrow). Narrowing helps where the exchange weighs: a k-rank
+//     exchange moves less per rank, and the ranks outside the block drop
+//     it and its compute. Micro-batch times only fall, so step 3's promise
+//     holds; the slots are then re-timed.
 //
 // Time: every group runs its micro-batches in slot order; a micro-batch on
 // a block starts when all its groups are free. Its time is the overlap
 // formula over its ranks; an exchange over k ranks moves the K/V bytes
 // scaled to the ring's per-rank share, (k-1)/k, against the group's,
 // (cp-1)/cp, where the comm table was measured, and pays
-// pool_cross_group_comm when it leaves a group.
+// pool_cross_group_comm when it leaves a group. With sub-group sets a
+// rank's exchange is that of the sharded sequences it holds: per rank,
+// max(T_comm(its bytes), T_comp(local)) + T_comp(its shards), which is
+// skrull's formula when every set is the whole group.
 #pragma once
 
 #include <algorithm>
@@ -55,6 +68,14 @@ namespace skrull {
 
 namespace detail {
 
+// A k-rank ring exchange moves (k-1)/k of the K/V bytes per rank; the comm
+// table was measured on a CP group, (cp-1)/cp. Their ratio scales the bytes
+// of a k-rank exchange into the table's unit (1 at k == cp).
+inline double pool_ring_share(int32_t k, int32_t cp) {
+  const double ref = std::max(cp, 2);
+  return ((k - 1.0) / k) / ((ref - 1.0) / ref);
+}
+
 // Communication time of one layer for a sequence of s tokens sharded over
 // `groups` whole CP groups (k = groups * cp ranks). groups == 1 is skrull's
 // price exactly.
@@ -62,9 +83,16 @@ inline double pool_comm_us(const CostModel& cost, int64_t s, int32_t groups, int
   const int32_t k = groups * cp;
   const double bytes = cost.kv_bytes(shard_tokens(s, k) * static_cast<int64_t>(k));
   if (groups == 1) return cost.comm_us(bytes);
-  const double ref = std::max(cp, 2);
-  const double share = ((k - 1.0) / k) / ((ref - 1.0) / ref);
-  return cross * cost.comm_us(bytes * share);
+  return cross * cost.comm_us(bytes * pool_ring_share(k, cp));
+}
+
+// K/V bytes of one layer of a sequence of s tokens sharded over k ranks
+// inside one CP group, in the comm table's unit: the real bytes scaled by
+// pool_ring_share (no cross-group factor: the exchange stays in the group).
+// k == cp is skrull's figure exactly.
+inline double pool_group_bytes(const CostModel& cost, int64_t s, int32_t k, int32_t cp) {
+  const double bytes = cost.kv_bytes(shard_tokens(s, k) * static_cast<int64_t>(k));
+  return k == cp ? bytes : bytes * pool_ring_share(k, cp);
 }
 
 // A wide micro-batch: one sequence alone over k ranks.
@@ -131,6 +159,170 @@ inline void pool_finish(PoolSchedule& out) {
       out.num_ranks[mb.seqs[q]] = mb.num_ranks[q];
     }
   }
+}
+
+// Scratch of pool_narrow, reused over a plan's micro-batches. Per CP rank
+// of the group: local FLOPs, distributed FLOPs, exchange bytes (the comm
+// table's unit), tokens and the number of sharded sets holding it; the
+// time of ranks outside a candidate block (filled on demand).
+struct NarrowScratch {
+  std::vector<double> local, dist, bytes, rest_us;
+  std::vector<int64_t> tokens;
+  std::vector<int32_t> sets, order, first_rank, num_ranks;
+  std::vector<char> rest_known;
+};
+
+// Adds (sign 1) or removes (sign -1) one sharded sequence of s tokens and f
+// FLOPs on ranks [first, first + k) of the group. A rank left with no
+// sharded set gets exactly zero distributed FLOPs and bytes (no rounding
+// residue that would charge it a call's overhead).
+inline void pool_group_move(NarrowScratch& w, const CostModel& cost, int32_t cp, int64_t s, double f, int32_t first,
+                            int32_t k, int sign) {
+  const int64_t shard = shard_tokens(s, k);
+  const double share = f / k, b = pool_group_bytes(cost, s, k, cp);
+  for (int32_t j = first; j < first + k; ++j) {
+    w.sets[j] += sign;
+    w.tokens[j] += sign * shard;
+    w.dist[j] = w.sets[j] == 0 ? 0.0 : w.dist[j] + sign * share;
+    w.bytes[j] = w.sets[j] == 0 ? 0.0 : w.bytes[j] + sign * b;
+  }
+}
+
+// Per-rank sums of a one-group micro-batch, every sequence on its current
+// rank set, added in micro-batch order.
+inline void pool_group_sums(const PoolMicroBatch& mb, const std::vector<int64_t>& lengths,
+                            const std::vector<double>& flops, const CostModel& cost, int32_t cp, NarrowScratch& w) {
+  const int32_t base = mb.first_group * cp;
+  w.local.assign(cp, 0.0);
+  w.dist.assign(cp, 0.0);
+  w.bytes.assign(cp, 0.0);
+  w.tokens.assign(cp, 0);
+  w.sets.assign(cp, 0);
+  for (size_t q = 0; q < mb.seqs.size(); ++q) {
+    const int32_t seq = mb.seqs[q], k = mb.num_ranks[q], first = mb.first_rank[q] - base;
+    if (k == 1) {
+      w.local[first] += flops[seq];
+      w.tokens[first] += lengths[seq];
+    } else {
+      pool_group_move(w, cost, cp, lengths[seq], flops[seq], first, k, 1);
+    }
+  }
+}
+
+// One rank's time of one layer under the overlap formula, with its own
+// exchange: max(T_comm(its sharded sequences' bytes), T_comp(local)) +
+// T_comp(its shares of them). With every sharded sequence on the whole
+// group this is skrull's micro_batch_us per rank.
+inline double pool_rank_us(const CostModel& cost, double local, double dist, double bytes) {
+  return std::max(cost.comm_us(bytes), cost.comp_us(local)) + cost.comp_us(dist);
+}
+
+// Sub-group sets: in a one-group micro-batch, narrows each sequence sharded
+// over the whole group, longest first (ties by position), to the aligned
+// block of k ranks (k a power of two, 2 <= k < cp, first rank a multiple of
+// k) that keeps every rank within `bucket` and gives the lowest predicted
+// time, if that is strictly lower than the current one (ties: the whole
+// group, then the larger k, then the lowest block). The micro-batch is
+// re-scored from scratch and kept only if its time drops. Returns the
+// sequences narrowed.
+//
+// Cost: O(n + D cp log cp) comm/comp evaluations for D sharded sequences,
+// most candidates rejected without a comm look-up: a block rank whose
+// compute alone (local + its new share) reaches the best time found cannot
+// win, whatever its exchange.
+inline int32_t pool_narrow(PoolMicroBatch& mb, const std::vector<int64_t>& lengths, const std::vector<double>& flops,
+                           const CostModel& cost, int32_t cp, int64_t bucket, NarrowScratch& w) {
+  if (mb.groups != 1 || cp < 3) return 0;
+  w.order.clear();
+  for (size_t q = 0; q < mb.seqs.size(); ++q)
+    if (mb.num_ranks[q] == cp) w.order.push_back(static_cast<int32_t>(q));
+  if (w.order.empty()) return 0;
+  std::stable_sort(w.order.begin(), w.order.end(),
+                   [&](int32_t a, int32_t b) { return lengths[mb.seqs[a]] > lengths[mb.seqs[b]]; });
+  int32_t top = 1;
+  while (top * 2 < cp) top *= 2;
+  const int32_t base = mb.first_group * cp;
+  pool_group_sums(mb, lengths, flops, cost, cp, w);
+  double cur = 0.0;  // the micro-batch's time per layer as it stands
+  for (int32_t j = 0; j < cp; ++j) cur = std::max(cur, pool_rank_us(cost, w.local[j], w.dist[j], w.bytes[j]));
+  w.first_rank = mb.first_rank;
+  w.num_ranks = mb.num_ranks;
+  w.rest_us.resize(cp);
+  int32_t narrowed = 0;
+  for (int32_t q : w.order) {
+    const int64_t s = lengths[mb.seqs[q]];
+    const double f = flops[mb.seqs[q]];
+    pool_group_move(w, cost, cp, s, f, 0, cp, -1);  // the rest, without it
+    w.rest_known.assign(cp, 0);
+    double best = cur;
+    int32_t best_k = cp, best_first = 0;
+    for (int32_t k = top; k >= 2; k /= 2) {
+      const int64_t shard = shard_tokens(s, k);
+      const double share = f / k, b = pool_group_bytes(cost, s, k, cp);
+      for (int32_t first = 0; first + k <= cp; first += k) {
+        bool open = true;  // fits, and no block rank's compute alone reaches best
+        for (int32_t j = first; j < first + k && open; ++j)
+          open = w.tokens[j] + shard <= bucket && cost.comp_us(w.local[j]) + cost.comp_us(w.dist[j] + share) < best;
+        if (!open) continue;
+        double t = 0.0;
+        for (int32_t j = 0; j < cp && t < best; ++j) {
+          if (j >= first && j < first + k) {
+            t = std::max(t, pool_rank_us(cost, w.local[j], w.dist[j] + share, w.bytes[j] + b));
+          } else {
+            if (!w.rest_known[j]) {
+              w.rest_us[j] = pool_rank_us(cost, w.local[j], w.dist[j], w.bytes[j]);
+              w.rest_known[j] = 1;
+            }
+            t = std::max(t, w.rest_us[j]);
+          }
+        }
+        if (t < best) {
+          best = t;
+          best_k = k;
+          best_first = first;
+        }
+      }
+    }
+    pool_group_move(w, cost, cp, s, f, best_first, best_k, 1);
+    if (best_k != cp) {
+      mb.first_rank[q] = base + best_first;
+      mb.num_ranks[q] = best_k;
+      cur = best;
+      ++narrowed;
+    }
+  }
+  if (narrowed == 0) return 0;
+  pool_group_sums(mb, lengths, flops, cost, cp, w);
+  double t = 0.0;
+  for (int32_t j = 0; j < cp; ++j) t = std::max(t, pool_rank_us(cost, w.local[j], w.dist[j], w.bytes[j]));
+  t *= cost.shape.layers;
+  if (!(t < mb.time_us)) {  // rounding ate the gain: keep the micro-batch as it was
+    mb.first_rank = w.first_rank;
+    mb.num_ranks = w.num_ranks;
+    return 0;
+  }
+  double comm_bytes = 0.0;  // real K/V bytes, as skrull reports them
+  for (size_t q = 0; q < mb.seqs.size(); ++q) {
+    const int32_t k = mb.num_ranks[q];
+    if (k > 1) comm_bytes += cost.kv_bytes(shard_tokens(lengths[mb.seqs[q]], k) * static_cast<int64_t>(k));
+  }
+  mb.rank_tokens = w.tokens;
+  mb.comm_bytes = comm_bytes;
+  mb.time_us = t;
+  return narrowed;
+}
+
+// Replays the slots after micro-batch times changed: in (slot, first group)
+// order each starts when all its groups are free.
+inline void pool_retime(PoolSchedule& out) {
+  std::fill(out.group_time_us.begin(), out.group_time_us.end(), 0.0);
+  for (PoolMicroBatch& mb : out.micro_batches) {
+    const auto first = out.group_time_us.begin() + mb.first_group;
+    const double start = *std::max_element(first, first + mb.groups);
+    mb.start_us = start;
+    std::fill(first, first + mb.groups, start + mb.time_us);
+  }
+  out.makespan_us = out.group_time_us.empty() ? 0.0 : *std::max_element(out.group_time_us.begin(), out.group_time_us.end());
 }
 
 }  // namespace detail
@@ -242,10 +434,19 @@ inline PoolSchedule schedule_pool(const std::vector<int64_t>& input, const CostM
     wide.push_back({k, best, best_t});
     is_wide[k] = 1;
   }
+  // 4. Sub-group sets in the one-group micro-batches of the plan kept (see
+  // pool_narrow), then the slots replayed with the new times.
+  const auto finish = [&]() {
+    detail::NarrowScratch scratch;
+    for (PoolMicroBatch& mb : out.micro_batches)
+      out.narrowed += detail::pool_narrow(mb, out.lengths, flops, cost, cp, opt.bucket_size, scratch);
+    detail::pool_finish(out);
+    if (out.narrowed > 0) detail::pool_retime(out);
+    out.elapsed_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
+  };
   if (wide.empty() && fits_groups) {  // nothing to widen: skrull's plan as is
     adopt_skrull_plan();
-    detail::pool_finish(out);
-    out.elapsed_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
+    finish();
     return out;
   }
 
@@ -353,8 +554,7 @@ inline PoolSchedule schedule_pool(const std::vector<int64_t>& input, const CostM
 
   // 3. Skrull's plan when it predicts no slower.
   if (skrull_us <= out.makespan_us) adopt_skrull_plan();
-  detail::pool_finish(out);
-  out.elapsed_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
+  finish();
   return out;
 }
 

@@ -156,6 +156,7 @@ struct PoolSchedule {
   std::vector<int32_t> dropped;        // beyond the world: Overlength::kDrop
   std::vector<int32_t> truncated;      // beyond the world: Overlength::kTruncate
   int32_t widened = 0;                 // sequences sharded over more than one CP group
+  int32_t narrowed = 0;                // sequences sharded over 2 <= k < cp ranks of one group
   bool skrull_plan = false;            // skrull's plan, kept because it predicted no slower
   int32_t rollbacks = 0;
   int32_t moves = 0;
