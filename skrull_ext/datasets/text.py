@@ -121,9 +121,11 @@ class JsonlSequences:
                 f"(dataloader.on_bad_record = 'skip'): {shown}")
 
     def _epoch(self, epoch: int) -> np.ndarray:
-        if self._perm is None or self._perm[0] != epoch:
-            self._perm = (epoch, np.random.default_rng([self.seed, epoch]).permutation(len(self.ids)))
-        return self._perm[1]
+        perm = self._perm  # read once: the prefetch thread and the trainer's may both be here
+        if perm is None or perm[0] != epoch:
+            perm = (epoch, np.random.default_rng([self.seed, epoch]).permutation(len(self.ids)))
+            self._perm = perm
+        return perm[1]
 
     def record(self, index: int) -> int:
         """The record behind sample ``index``."""
