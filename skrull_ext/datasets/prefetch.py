@@ -29,7 +29,7 @@ it (the same object: type and message unchanged) and the thread stops.
 
 Shutdown: ``close()`` stops the thread (it finishes the step in hand, then
 exits without waiting for a free slot) and joins it; dropping the
-Prefetcher closes it, and an ``atexit`` hook closes any still open, so no
+Prefetcher stops its thread, and an ``atexit`` hook closes any still open, so no
 thread is left inside the C++ core while the interpreter shuts down. The
 thread references ``produce`` and its queue, never the Prefetcher, so an
 unreferenced Prefetcher is collected (and closed) even while it runs.
@@ -117,7 +117,9 @@ class Prefetcher(Generic[T]):
         _OPEN.discard(self)
 
     def __del__(self) -> None:
-        self._stop.set()  # no join here: __del__ may run on any thread, at any time
+        stop = getattr(self, "_stop", None)  # None: __init__ raised before making it
+        if stop is not None:
+            stop.set()  # no join here: __del__ may run on any thread, at any time
 
 
 @atexit.register
