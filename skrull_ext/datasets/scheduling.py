@@ -4,9 +4,10 @@ per (DP rank, CP rank) per micro-batch.
 Every step, every rank draws the same global batch (sample
 indices are a function of the step), applies the length limit to it (the
 over-length policy and the loss-token check, overlength.py: what is cut or
-skipped is counted, accounting.py), asks the scheduler for the plan of its
-lengths (the core is deterministic, so every rank gets the same plan without
-talking) and builds its own buffers from it. A DP rank with fewer
+skipped is counted, accounting.py) from the source's lengths and loss counts,
+asks the scheduler for the plan of its lengths (the core is deterministic, so
+every rank gets the same plan without talking) and builds its own buffers
+from it: only the samples of its own micro-batches are ever built. A DP rank with fewer
 micro-batches than the plan's maximum gets no-op pad micro-batches, so FSDP
 ranks run the same number of passes. The loss normaliser, the number of
 loss tokens of the whole global batch, is computed here from the plan: the
@@ -24,18 +25,18 @@ trainer, so a resume replays exactly the uninterrupted run.
 """
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from torchtitan.components.tokenizer import BaseTokenizer
 
 from skrull_ext.datasets.accounting import RunAccount, StepAccount
 from skrull_ext.datasets.buffers import MicroBatchBuffer, pad_buffer, rank_buffer
-from skrull_ext.datasets.overlength import LengthLimit, limit_step, scheduler_limit
-from skrull_ext.datasets.pool_buffers import pool_rank_buffers, pool_valid_tokens
+from skrull_ext.datasets.overlength import LengthLimit, cut, limit_lengths, loss_tokens, scheduler_limit
+from skrull_ext.datasets.pool_buffers import pool_rank_buffers
 from skrull_ext.datasets.prefetch import Prefetcher
 from skrull_ext.datasets.source import SourceDataLoaderBase
-from skrull_ext.datasets.synthetic import IGNORE_INDEX
+from skrull_ext.datasets.synthetic import Sample
 from skrull_ext.plan import DROPPED, Plan
 from skrull_ext.pool_plan import PoolPlan
 from skrull_ext.scheduler import Scheduler
@@ -57,6 +58,9 @@ class SkrullStep:
     """Loss tokens of the whole global batch (all DP ranks, CP ranks, micro-batches)."""
     schedule_us: float = 0.0
     """Wall time this rank spent planning the step (core, CP-SAT, checks)."""
+    build_us: float = 0.0
+    """Wall time of the whole step's build (draw, limit, plan, buffers), on
+    the prefetch thread when ``prefetch_steps`` > 0: what prefetch has to hide."""
     account: StepAccount = field(default_factory=StepAccount)
     """Samples read, trained whole, cut, skipped this step (and why)."""
     totals: dict[str, int] = field(default_factory=dict)
@@ -87,38 +91,56 @@ class StepBuilder:
     cp_size: int
 
     def __call__(self, step: int, run: RunAccount) -> SkrullStep:
+        begin = time.perf_counter()
+        out = self._build(step, run)
+        out.build_us = (time.perf_counter() - begin) * 1e6
+        return out
+
+    def _build(self, step: int, run: RunAccount) -> SkrullStep:
         read = self.source.global_batch(step, self.global_batch_size)
-        indices, samples, account = limit_step(self.limit, read, self.source, step, run)
+        indices, lengths, losses, account = limit_lengths(self.limit, read, self.source, step, run)
         start = time.perf_counter()
-        plan = self.scheduler.schedule([s.length for s in samples], dp_rank=self.dp_rank)
+        plan = self.scheduler.schedule(lengths, dp_rank=self.dp_rank)
         plan.validate()
         schedule_us = (time.perf_counter() - start) * 1e6
-        if isinstance(plan, PoolPlan):  # skrull-pool: rank sets over the world (pool_buffers.py)
-            return SkrullStep(
-                step=step, dp_rank=self.dp_rank, samples=indices, plan=plan,
-                micro_batches=pool_rank_buffers(plan, samples, indices, self.dp_rank, self.cp_rank),
-                global_valid_tokens=pool_valid_tokens(plan, samples), schedule_us=schedule_us,
-                account=account, totals=run.totals.as_dict(),
-            )
-        valid = sum(
-            int((s.labels[:n] != IGNORE_INDEX).sum())
-            for s, n, d in zip(samples, plan.lengths, plan.dp_rank)
-            if d != DROPPED
+        samples = _Samples(self.source, indices, lengths)
+        pool = isinstance(plan, PoolPlan)
+        kept = [m >= 0 for m in plan.micro_batch] if pool else [d != DROPPED for d in plan.dp_rank]
+        valid = sum(  # the planned length is the limited one (the limit runs first); anything else is recounted
+            (c if n == m else loss_tokens(self.source, i, n, self.source.length(i)))
+            for i, m, c, n, k in zip(indices, lengths, losses, plan.lengths, kept) if k
         )
-        mbs = [
-            rank_buffer(
-                [samples[k] for k in mb.seqs], mb.lengths, mb.cp_rank,
-                self.cp_rank, self.cp_size, seqs=[indices[k] for k in mb.seqs],
-            )
-            for mb in plan.micro_batches(self.dp_rank)
-        ]
-        while len(mbs) < plan.num_micro_batches:
-            mbs.append(pad_buffer(self.cp_rank, self.cp_size))
+        if pool:  # skrull-pool: rank sets over the world (pool_buffers.py)
+            mbs = pool_rank_buffers(plan, samples, indices, self.dp_rank, self.cp_rank)
+        else:
+            mbs = [
+                rank_buffer(
+                    [samples[k] for k in mb.seqs], mb.lengths, mb.cp_rank,
+                    self.cp_rank, self.cp_size, seqs=[indices[k] for k in mb.seqs],
+                )
+                for mb in plan.micro_batches(self.dp_rank)
+            ]
+            while len(mbs) < plan.num_micro_batches:
+                mbs.append(pad_buffer(self.cp_rank, self.cp_size))
         return SkrullStep(
             step=step, dp_rank=self.dp_rank, samples=indices, plan=plan, micro_batches=mbs,
             global_valid_tokens=valid, schedule_us=schedule_us, account=account,
             totals=run.totals.as_dict(),
         )
+
+
+class _Samples(Sequence):
+    """A step's kept samples, each built (and cut to its trained length) only
+    when asked for: a rank builds the samples of its own micro-batches only."""
+
+    def __init__(self, source, indices: list[int], lengths: list[int]) -> None:
+        self.source, self.indices, self.lengths = source, indices, lengths
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, k: int) -> Sample:
+        return cut(self.source[self.indices[k]], self.lengths[k])
 
 
 class _Cursor:

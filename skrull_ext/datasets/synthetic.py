@@ -67,6 +67,11 @@ class SyntheticSequences:
         """Length of sample ``index`` without building its tokens."""
         return self._draw(index)[1]
 
+    def loss_tokens(self, index: int, n: int, length: int) -> int:
+        """Loss tokens of sample ``index`` (``length`` tokens long) trained as
+        its first ``n``: every label but a whole sample's last."""
+        return n if n < length else length - 1
+
     @property
     def max_length(self) -> int:
         """The longest sample this source can produce (any index)."""

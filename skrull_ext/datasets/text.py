@@ -139,6 +139,10 @@ class JsonlSequences:
         """Whether sample ``index`` cut to ``n`` tokens keeps a loss token (label k predicts token k + 1)."""
         return bool(self.mask[self.record(index)][1 : n + 1].any())
 
+    def loss_tokens(self, index: int, n: int, length: int) -> int:
+        """Loss tokens of sample ``index`` trained as its first ``n`` tokens (``length``: its length, unused)."""
+        return int(self.mask[self.record(index)][1 : n + 1].sum())
+
     def location(self, index: int) -> str:
         """Where the record behind sample ``index`` is: ``path:line`` or ``path row N``."""
         return self.where[self.record(index)]

@@ -3,7 +3,9 @@ demand: same samples, plans, buffers and counts, in the same order; the
 checkpointed state is that of the last step handed out, however far the
 thread ran ahead; a resume mid-run replays the uninterrupted sequence; a
 build error is raised at its step, as without prefetch; the thread ends on
-close, on a drop and after an error."""
+close, on a drop and after an error. And what makes a step cheap enough to
+hide: the limit and the loss normaliser read lengths and loss counts, and a
+rank builds only its own micro-batches' samples."""
 
 import dataclasses
 import gc
@@ -17,6 +19,7 @@ import torch
 from skrull_ext import cost_model
 from skrull_ext.datasets.prefetch import Prefetcher
 from skrull_ext.datasets.scheduling import PREFETCH_MAX, SkrullDataLoader
+from skrull_ext.datasets.synthetic import IGNORE_INDEX
 from skrull_ext.errors import DataError
 from skrull_ext.scheduler import Scheduler
 from skrull_ext.skrull_config import SkrullConfig
@@ -186,3 +189,46 @@ def test_prefetcher_keeps_order_and_depth():
     assert not p.alive
     with pytest.raises(ValueError, match="depth must be >= 1, got 0"):
         Prefetcher(produce, depth=0)
+
+
+@pytest.mark.parametrize("case", ["synthetic-dp2cp2", "jsonl-truncate"])
+def test_loss_counts_without_tokens_are_the_labels(tok, case):
+    """What the limit and the loss normaliser read instead of building every sample."""
+    source = _loader(tok, case, 0).source
+    for i in range(12):
+        labels, length = source[i].labels, source.length(i)
+        assert len(labels) == length
+        for n in range(1, length + 1):  # cut to n: the first n labels (the last one predicts token n)
+            assert source.loss_tokens(i, n, length) == int((labels[:n] != IGNORE_INDEX).sum()), (i, n)
+
+
+class _Counting:
+    """The source, counting the samples built."""
+
+    def __init__(self, source) -> None:
+        self.source, self.built = source, []
+
+    def __getattr__(self, name):
+        return getattr(self.source, name)
+
+    def __getitem__(self, index):
+        self.built.append(index)
+        return self.source[index]
+
+
+def test_a_rank_builds_only_its_own_samples(tok):
+    loader = _loader(tok, "synthetic-dp2cp2", 0)
+    counting = _Counting(loader.source)
+    loader.builder = dataclasses.replace(loader.builder, source=counting)
+    step = loader.next_step()
+    mine = sorted(i for mb in step.micro_batches for i in mb.seqs)
+    assert 0 < len(mine) < 16 and sorted(counting.built) == mine
+
+
+def test_bench_datawait_runs(capsys):
+    from skrull_ext.bench.datawait import main
+
+    assert main(["--steps", "1", "--step-ms", "1", "--prefetch", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "DP 128 x CP 8, 8192 sequences per step" in out and "CP-SAT on" in out
+    assert "\n| 0 (off) | " in out and "\n| 3 | " in out
