@@ -11,7 +11,8 @@ and takes torchtitan's fault-tolerance path (resume from the folder's latest
 step; the seed path on the command line is then ignored by design).
 
 Both runs build steps ahead (``dataloader.prefetch_steps`` 2, the default):
-when step 2's checkpoint was saved the thread had built steps 3 and 4, and
+when step 2's checkpoint is saved the thread has built (or is building)
+steps 3 and 4, and
 the checkpoint holds the state after step 2 all the same.
 """
 
