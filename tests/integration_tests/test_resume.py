@@ -12,8 +12,7 @@ step; the seed path on the command line is then ignored by design).
 
 Both runs build steps ahead (``dataloader.prefetch_steps`` 2, the default):
 when step 2's checkpoint is saved the thread has built (or is building)
-steps 3 and 4, and
-the checkpoint holds the state after step 2 all the same.
+steps 3 and 4, and the checkpoint holds the state after step 2 all the same.
 """
 
 import os
