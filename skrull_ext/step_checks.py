@@ -55,7 +55,9 @@ def step_metrics(step, attention_modules, measured_us: float) -> dict[str, float
     From the plan (the same on every rank): micro-batches, local share of
     sequences and tokens, roll-backs, refine moves, CP-SAT uses, predicted
     time, per-rank token and FLOP imbalance (max / mean over all DP x CP
-    ranks). From this rank: scheduling wall time, measured fwd+bwd
+    ranks). From this rank: scheduling wall time, the step's whole build time
+    (``data_build_ms``: draw, limit, plan, buffers; on the prefetch thread
+    under ``dataloader.prefetch_steps``), measured fwd+bwd
     time of the micro-batches and its ratio to the prediction (1.0 when the
     cost model describes this machine: a profile measured here, not a preset
     assuming another device), and the DACP attention counters summed over layers.
@@ -81,6 +83,7 @@ def step_metrics(step, attention_modules, measured_us: float) -> dict[str, float
     out["skrull/truncated"], out["skrull/truncated_total"] = float(c.cut), float(t["cut"])
     out["skrull/dropped"], out["skrull/dropped_total"] = float(c.skipped_overlength), float(t["skipped_overlength"])
     out["skrull/schedule_wall_us"] = step.schedule_us
+    out["skrull/data_build_ms"] = step.build_us / 1e3
     out["skrull/measured_us"] = measured_us
     predicted = summary["predicted_us"]
     out["skrull/measured_over_predicted"] = measured_us / predicted if predicted > 0 else float("nan")
@@ -131,4 +134,5 @@ def step_log_line(step: int, m: dict[str, float]) -> str:
         f"FLOPs {m['skrull/rank_flop_imbalance']:.2f}, samples {m['skrull/samples_read']:.0f} read = "
         f"{m['skrull/samples_whole']:.0f} whole + {m['skrull/samples_cut']:.0f} cut + "
         f"{m['skrull/samples_skipped']:.0f} skipped"
+        + (f", data wait {m['skrull/data_wait_ms']:.1f} ms" if "skrull/data_wait_ms" in m else "")
     )

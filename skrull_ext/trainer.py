@@ -24,6 +24,7 @@ count every sample read; the run ends with the summary ``read = trained whole
 import dataclasses
 import math
 import os
+import statistics
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -121,6 +122,8 @@ class SkrullTrainer(Trainer):
             check_hf_folder(ckpt.initial_load_path, config.model_spec)  # a bad folder fails before any model
         self.hf_export = HFExport.of_job(config)  # before the trainer shrinks the RoPE cache
         self.ratio_spread = RatioSpread()
+        self.data_wait_ms: list[float] = []
+        """Per step, how long the training loop waited for its data (``skrull/data_wait_ms``)."""
         self.stopped_step: tuple[int, int] | None = None
         """(step, samples read) of a step stopped before its optimizer step (non-finite loss)."""
         super().__init__(config)
@@ -197,9 +200,12 @@ class SkrullTrainer(Trainer):
                 step = next(it)
             except StopIteration as ex:  # as torchtitan: the unfinished step is dropped
                 raise DataloaderExhaustedError() from ex
+            waited = time.perf_counter() - start  # ~0 when the step was built ahead (prefetch_steps)
             self.metrics_processor.ntokens_since_last_log += step.num_tokens
-            self.metrics_processor.data_loading_times.append(time.perf_counter() - start)
+            self.metrics_processor.data_loading_times.append(waited)
+            self.data_wait_ms.append(waited * 1e3)
             yield step
+            del step  # freed here, not timed as waiting: a step's plan is thousands of objects at scale
 
     def train_step(self, data_iterator: Iterator) -> None:
         if not self.config.skrull.enable:
@@ -296,6 +302,8 @@ class SkrullTrainer(Trainer):
                 part.set_requires_gradient_sync(on)
 
     def close(self) -> None:
+        if isinstance(getattr(self, "dataloader", None), SkrullDataLoader):
+            self.dataloader.close()  # stops the prefetch thread
         if self.plan_log is not None:
             self.plan_log.close()
         if self.config.skrull.enable and self.ratio_spread.ratios:
@@ -308,8 +316,19 @@ class SkrullTrainer(Trainer):
                        f"{self.stopped_step[1]} samples are counted as read but did not change the weights)")
             source = self.dataloader.source
             bad = f"; at load, {source.bad_summary()}" if getattr(source, "bad", None) else ""
-            logger.info(f"Run summary: {account.summary()}{bad}{stopped}")
+            logger.info(f"Run summary: {account.summary()}{bad}{stopped}{self._data_wait_summary()}")
         super().close()
+
+    def _data_wait_summary(self) -> str:
+        """'; data wait per step: median .. ms' over the steps trained, the
+        first (built while the loop waited, nothing ahead yet) left out when there are others."""
+        waits = self.data_wait_ms[1:] or self.data_wait_ms
+        if not waits:
+            return ""
+        k = getattr(self.dataloader.config, "prefetch_steps", 0)
+        return (f"; data wait per step: median {statistics.median(waits):.2f} ms, max {max(waits):.2f} ms over "
+                f"{len(waits)} steps{' after the first' if len(self.data_wait_ms) > 1 else ''} "
+                f"(dataloader.prefetch_steps {k}; first step {self.data_wait_ms[0]:.1f} ms)")
 
     def _log_step(self, step, accumulated, global_avg: float, global_valid_tokens, grad_norm: float, lr_metrics,
                   measured_us) -> None:
@@ -324,6 +343,7 @@ class SkrullTrainer(Trainer):
             global_max = global_avg
             ntokens_seen = self.ntokens_seen
         skrull = step_metrics(step, self.dacp_attention, measured_us)
+        skrull["skrull/data_wait_ms"] = self.data_wait_ms[-1] if self.data_wait_ms else float("nan")
         self.ratio_spread.add(skrull)
         extra = {"n_tokens_seen": ntokens_seen, **lr_metrics, **skrull}
         self.metrics_processor.log(self.step, global_avg, global_max, grad_norm, extra_metrics=extra)

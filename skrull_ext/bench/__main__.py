@@ -13,6 +13,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "simulate": ("skrull_ext.bench.simulate:main", "simulator: every policy vs baselines and the lower bound"),
     "latency": ("skrull_ext.bench.latency:main", "scheduler latency: C++ core vs the Python reference vs CP-SAT"),
     "cpsat": ("skrull_ext.bench.cpsat_gain:main", "the CP-SAT fallback: predicted gain per step vs its wall time"),
+    "datawait": ("skrull_ext.bench.datawait:main", "data wait per step at DP 128 x CP 8, prefetch off vs on"),
     "adversarial": ("skrull_ext.bench.adversarial:main", "worst-case scheduler time on adversarial batches"),
     "cp": ("skrull_ext.bench.cp_train:main", "training: torchtitan's CP vs Skrull (K/V bytes, step time, overlap)"),
     "data": ("skrull_ext.bench.data:main", "data path at scale: prepare throughput, store size, rank memory at 100K/1M"),

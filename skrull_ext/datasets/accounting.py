@@ -106,6 +106,13 @@ class RunAccount:
         for e in step.events:
             self.first.setdefault(("cut" if e.kept else "skipped") + ": " + e.reason, e)
 
+    def copy(self) -> "RunAccount":
+        """A snapshot (events are never changed once recorded, so shared)."""
+        out = RunAccount()
+        out.totals.add(self.totals)
+        out.first = dict(self.first)
+        return out
+
     def summary(self) -> str:
         t = self.totals
         line = (f"samples read {t.read} = trained whole {t.whole} + trained cut {t.cut} + skipped {t.skipped} "

@@ -5,7 +5,7 @@ what the batching holds (``bucket_size * cp`` tokens, a CP group, for Skrull;
 a ``training.seq_len`` row for torchtitan's batching) and
 ``dataloader.max_len`` when set (an SFT max-length cut). Sources never cut at
 load time (a synthetic source draws lengths at most ``max_len``, so nothing
-of it is cut). ``apply_limit`` applies ``skrull.overlength`` to each step's
+of it is cut). ``decide`` applies ``skrull.overlength`` to each step's
 global batch (error, truncate, drop), before the scheduler sees it, counts
 what it did, and skips a sample left with no loss token (a chat whose prompt
 alone passes the limit), which would otherwise be trained as zero
@@ -105,16 +105,33 @@ def _named(where: str, index: int, step: int, sep: str) -> str:
     return (f"{where}{sep}" if where and where != f"sample {index}" else "") + f"sample {index} (step {step})"
 
 
-def apply_limit(limit: LengthLimit, indices: list[int], samples: list[Sample], source, step: int
-                ) -> tuple[list[int], list[Sample], StepAccount]:
-    """One step's global batch under the limit: the samples to train (cut
-    where the policy says so, in read order) and the step's account. Raises
-    OverlengthError under 'error' (the start-up pre-scan normally finds it first)."""
+def loss_tokens(source, index: int, n: int, length: int) -> int:
+    """Loss tokens of sample ``index`` (``length`` tokens) trained as its first
+    ``n`` (label k predicts token k + 1): from the source without building
+    tokens where it can say (``source.loss_tokens``), else from its labels."""
+    counted = getattr(source, "loss_tokens", None)
+    if counted is not None:
+        return int(counted(index, n, length))
+    return int((source[index].labels[:n] != IGNORE_INDEX).sum())
+
+
+def cut(sample: Sample, n: int) -> Sample:
+    """``sample``'s first ``n`` tokens (itself when it has no more)."""
+    return sample if sample.length <= n else Sample(input=sample.input[:n], labels=sample.labels[:n])
+
+
+def decide(limit: LengthLimit, indices: list[int], lengths: list[int], losses, source, step: int
+           ) -> tuple[list[int], list[int], list[int], StepAccount]:
+    """The one decision, on lengths and loss counts only: which samples of a
+    step's global batch are trained and at what length, and the step's account.
+    ``losses(k, n)``: loss tokens of the k-th sample trained as its first n.
+    Returns the positions (in ``indices``) kept, their lengths and loss tokens.
+    Raises OverlengthError under 'error' (the start-up pre-scan normally finds it first)."""
     account = StepAccount()
     account.counts.read = len(indices)
-    keep_i, keep_s = [], []
-    for i, s in zip(indices, samples, strict=True):
-        n, cut = s.length, False
+    keep, kept_len, kept_loss = [], [], []
+    for k, (i, n) in enumerate(zip(indices, lengths, strict=True)):
+        m = n
         if n > limit.tokens:
             where = location(source, i)
             if limit.mode == "error":
@@ -123,29 +140,37 @@ def apply_limit(limit: LengthLimit, indices: list[int], samples: list[Sample], s
             if limit.mode == "drop":
                 account.record(Event(i, where, n, 0, OVERLENGTH, f"limit {limit.tokens}, {limit.source}"))
                 continue
-            s, cut = s.cut(limit.tokens), True
-        if s.loss_tokens() == 0:
-            detail = (f"its first {limit.tokens} tokens ({limit.source}) hold none" if cut
+            m = limit.tokens
+        loss = losses(k, m)
+        if not loss:
+            detail = (f"its first {limit.tokens} tokens ({limit.source}) hold none" if m < n
                       else "the record has none")
             account.record(Event(i, location(source, i), n, 0, NO_LOSS, detail))
             continue
-        if cut:
-            account.record(Event(i, location(source, i), n, s.length, OVERLENGTH,
-                                 f"limit {limit.tokens}, {limit.source}"))
+        if m < n:
+            account.record(Event(i, location(source, i), n, m, OVERLENGTH, f"limit {limit.tokens}, {limit.source}"))
         else:
             account.counts.whole += 1
-        keep_i.append(i)
-        keep_s.append(s)
+        keep.append(k)
+        kept_len.append(m)
+        kept_loss.append(loss)
     account.counts.check()
-    return keep_i, keep_s, account
+    return keep, kept_len, kept_loss, account
 
 
-def limit_step(limit: LengthLimit, indices: list[int], source, step: int, run: RunAccount
-               ) -> tuple[list[int], list[Sample], StepAccount]:
-    """What both dataloaders do with a step's global batch: ``apply_limit``,
-    one warning when it cut or skipped samples (naming each), the counts added
-    to the run's; a step left with nothing to train is refused."""
-    kept, samples, account = apply_limit(limit, indices, [source[i] for i in indices], source, step)
+def apply_limit(limit: LengthLimit, indices: list[int], samples: list[Sample], source, step: int
+                ) -> tuple[list[int], list[Sample], StepAccount]:
+    """One step's global batch under the limit, its samples built: the samples
+    to train (cut where the policy says so, in read order) and the step's account."""
+    keep, lengths, _, account = decide(
+        limit, indices, [s.length for s in samples],
+        lambda k, n: int((samples[k].labels[:n] != IGNORE_INDEX).sum()), source, step)
+    return [indices[k] for k in keep], [cut(samples[k], n) for k, n in zip(keep, lengths)], account
+
+
+def _settle(limit: LengthLimit, account: StepAccount, run: RunAccount, step: int, kept: int) -> None:
+    """One warning when the step cut or skipped samples (naming each), the
+    counts added to the run's; a step left with nothing to train is refused."""
     if account.events:
         c, t = account.counts, run.totals
         logger.warning(
@@ -157,7 +182,27 @@ def limit_step(limit: LengthLimit, indices: list[int], source, step: int, run: R
     if not kept:
         raise DataError(f"step {step}: every sample of the global batch was skipped, nothing to train "
                         f"({'; '.join(map(str, account.events))})")
+
+
+def limit_step(limit: LengthLimit, indices: list[int], source, step: int, run: RunAccount
+               ) -> tuple[list[int], list[Sample], StepAccount]:
+    """torchtitan's batching: ``apply_limit`` on the step's samples, then
+    ``_settle`` (the warning, the run's counts, an empty step refused)."""
+    kept, samples, account = apply_limit(limit, indices, [source[i] for i in indices], source, step)
+    _settle(limit, account, run, step, len(kept))
     return kept, samples, account
+
+
+def limit_lengths(limit: LengthLimit, indices: list[int], source, step: int, run: RunAccount
+                  ) -> tuple[list[int], list[int], list[int], StepAccount]:
+    """Skrull's batching: the same decision from the source's lengths and loss
+    counts, no token built (a rank builds only its own micro-batches' samples).
+    Returns the sample indices kept, their trained lengths and loss tokens, the account."""
+    lengths = [source.length(i) for i in indices]
+    keep, kept_len, kept_loss, account = decide(
+        limit, indices, lengths, lambda k, n: loss_tokens(source, indices[k], n, lengths[k]), source, step)
+    _settle(limit, account, run, step, len(keep))
+    return [indices[k] for k in keep], kept_len, kept_loss, account
 
 
 @dataclass

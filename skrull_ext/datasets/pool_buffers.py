@@ -26,7 +26,7 @@ from skrull_ext.datasets.buffers import _pad, MicroBatchBuffer, pad_buffer
 from skrull_ext.datasets.synthetic import IGNORE_INDEX, Sample
 from skrull_ext.pool_plan import PoolPlan
 
-__all__ = ["pool_buffer", "pool_rank_buffers", "pool_valid_tokens"]
+__all__ = ["pool_buffer", "pool_rank_buffers"]
 
 
 def pool_buffer(
@@ -75,12 +75,3 @@ def pool_rank_buffers(
                 rank, world, cp_rank, plan.cp, seqs=[indices[k] for k in mb.seqs],
             )
     return [by_slot[s] if s in by_slot else pad_buffer(cp_rank, plan.cp) for s in range(plan.slots)]
-
-
-def pool_valid_tokens(plan: PoolPlan, samples: Sequence[Sample]) -> int:
-    """Loss tokens of the sequences the plan keeps (at their planned lengths)."""
-    return sum(
-        s.loss_tokens(n)
-        for s, n, m in zip(samples, plan.lengths, plan.micro_batch)
-        if m >= 0
-    )

@@ -4,9 +4,10 @@ per (DP rank, CP rank) per micro-batch.
 Every step, every rank draws the same global batch (sample
 indices are a function of the step), applies the length limit to it (the
 over-length policy and the loss-token check, overlength.py: what is cut or
-skipped is counted, accounting.py), asks the scheduler for the plan of its
-lengths (the core is deterministic, so every rank gets the same plan without
-talking) and builds its own buffers from it. A DP rank with fewer
+skipped is counted, accounting.py) from the source's lengths and loss counts,
+asks the scheduler for the plan of its lengths (the core is deterministic, so
+every rank gets the same plan without talking) and builds its own buffers
+from it: only the samples of its own micro-batches are ever built. A DP rank with fewer
 micro-batches than the plan's maximum gets no-op pad micro-batches, so FSDP
 ranks run the same number of passes. The loss normaliser, the number of
 loss tokens of the whole global batch, is computed here from the plan: the
@@ -14,20 +15,28 @@ same on every rank, so no all-reduce is needed for it.
 
 torchtitan builds dataloaders before it knows the CP layout, so the trainer
 calls ``attach(scheduler, cp_rank, cp_size)`` once after construction.
+
+A step is a function of its number and of the run's counts before it
+(``StepBuilder``). With ``[dataloader] prefetch_steps`` K > 0 (the default
+2) a background thread builds steps t+1..t+K while step t trains
+(prefetch.py says why a thread suffices); the steps are the same as built on
+demand, and the checkpointed state is that of the last step handed to the
+trainer, so a resume replays exactly the uninterrupted run.
 """
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from torchtitan.components.tokenizer import BaseTokenizer
 
 from skrull_ext.datasets.accounting import RunAccount, StepAccount
 from skrull_ext.datasets.buffers import MicroBatchBuffer, pad_buffer, rank_buffer
-from skrull_ext.datasets.overlength import LengthLimit, limit_step, scheduler_limit
-from skrull_ext.datasets.pool_buffers import pool_rank_buffers, pool_valid_tokens
+from skrull_ext.datasets.overlength import LengthLimit, cut, limit_lengths, loss_tokens, scheduler_limit
+from skrull_ext.datasets.pool_buffers import pool_rank_buffers
+from skrull_ext.datasets.prefetch import Prefetcher
 from skrull_ext.datasets.source import SourceDataLoaderBase
-from skrull_ext.datasets.synthetic import IGNORE_INDEX
+from skrull_ext.datasets.synthetic import Sample
 from skrull_ext.plan import DROPPED, Plan
 from skrull_ext.pool_plan import PoolPlan
 from skrull_ext.scheduler import Scheduler
@@ -49,6 +58,9 @@ class SkrullStep:
     """Loss tokens of the whole global batch (all DP ranks, CP ranks, micro-batches)."""
     schedule_us: float = 0.0
     """Wall time this rank spent planning the step (core, CP-SAT, checks)."""
+    build_us: float = 0.0
+    """Wall time of the whole step's build (draw, limit, plan, buffers), on
+    the prefetch thread when ``prefetch_steps`` > 0: what prefetch has to hide."""
     account: StepAccount = field(default_factory=StepAccount)
     """Samples read, trained whole, cut, skipped this step (and why)."""
     totals: dict[str, int] = field(default_factory=dict)
@@ -63,10 +75,105 @@ class SkrullStep:
         return sum(mb.num_tokens for mb in self.micro_batches)
 
 
+@dataclass(frozen=True)
+class StepBuilder:
+    """One rank's step as a function of the step number and the run's account
+    so far (which it adds the step's counts to). Made by ``attach``; holds
+    what a step needs and not the dataloader, so a prefetch thread running it
+    does not keep the dataloader alive."""
+
+    source: object
+    scheduler: Scheduler
+    limit: LengthLimit
+    global_batch_size: int
+    dp_rank: int
+    cp_rank: int
+    cp_size: int
+
+    def __call__(self, step: int, run: RunAccount) -> SkrullStep:
+        begin = time.perf_counter()
+        out = self._build(step, run)
+        out.build_us = (time.perf_counter() - begin) * 1e6
+        return out
+
+    def _build(self, step: int, run: RunAccount) -> SkrullStep:
+        read = self.source.global_batch(step, self.global_batch_size)
+        indices, lengths, losses, account = limit_lengths(self.limit, read, self.source, step, run)
+        start = time.perf_counter()
+        plan = self.scheduler.schedule(lengths, dp_rank=self.dp_rank)
+        plan.validate()
+        schedule_us = (time.perf_counter() - start) * 1e6
+        samples = _Samples(self.source, indices, lengths)
+        pool = isinstance(plan, PoolPlan)
+        kept = [m >= 0 for m in plan.micro_batch] if pool else [d != DROPPED for d in plan.dp_rank]
+        valid = sum(  # the planned length is the limited one (the limit runs first); anything else is recounted
+            (c if n == m else loss_tokens(self.source, i, n, self.source.length(i)))
+            for i, m, c, n, k in zip(indices, lengths, losses, plan.lengths, kept) if k
+        )
+        if pool:  # skrull-pool: rank sets over the world (pool_buffers.py)
+            mbs = pool_rank_buffers(plan, samples, indices, self.dp_rank, self.cp_rank)
+        else:
+            mbs = [
+                rank_buffer(
+                    [samples[k] for k in mb.seqs], mb.lengths, mb.cp_rank,
+                    self.cp_rank, self.cp_size, seqs=[indices[k] for k in mb.seqs],
+                )
+                for mb in plan.micro_batches(self.dp_rank)
+            ]
+            while len(mbs) < plan.num_micro_batches:
+                mbs.append(pad_buffer(self.cp_rank, self.cp_size))
+        return SkrullStep(
+            step=step, dp_rank=self.dp_rank, samples=indices, plan=plan, micro_batches=mbs,
+            global_valid_tokens=valid, schedule_us=schedule_us, account=account,
+            totals=run.totals.as_dict(),
+        )
+
+
+class _Samples(Sequence):
+    """A step's kept samples, each built (and cut to its trained length) only
+    when asked for: a rank builds the samples of its own micro-batches only."""
+
+    def __init__(self, source, indices: list[int], lengths: list[int]) -> None:
+        self.source, self.indices, self.lengths = source, indices, lengths
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, k: int) -> Sample:
+        return cut(self.source[self.indices[k]], self.lengths[k])
+
+
+class _Cursor:
+    """Where step production stands: the last step built and the run's account
+    after it. Each call builds the next step and returns it with a snapshot of
+    that state (what the dataloader checkpoints once the step is handed out)."""
+
+    def __init__(self, build: StepBuilder, step: int, account: RunAccount) -> None:
+        self.build, self.step, self.account = build, step, account
+
+    def __call__(self) -> tuple[SkrullStep, RunAccount]:
+        self.step += 1
+        out = self.build(self.step, self.account)
+        return out, self.account.copy()
+
+
+PREFETCH_MAX = 64
+"""Most steps ``dataloader.prefetch_steps`` may build ahead (each holds one step's buffers)."""
+
+
 class SkrullDataLoader(SourceDataLoaderBase):
     @dataclass(kw_only=True, slots=True)
     class Config(SourceDataLoaderBase.Config):
-        pass
+        prefetch_steps: int = 2
+        """Steps built ahead on a background thread (draw, limit, plan, buffers) while the current one
+        trains; 0: built when the trainer asks, on its thread. Same steps either way (datasets/prefetch.py)."""
+
+        def __post_init__(self):
+            SourceDataLoaderBase.Config.__post_init__(self)
+            k = self.prefetch_steps
+            if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= PREFETCH_MAX:
+                raise ValueError(f"dataloader.prefetch_steps: {k!r} is outside 0..{PREFETCH_MAX} "
+                                 "(steps built ahead; 0 builds each step when asked)")
 
     def __init__(
         self,
@@ -84,6 +191,10 @@ class SkrullDataLoader(SourceDataLoaderBase):
         self.cp_rank, self.cp_size = 0, 1
         self.limit: LengthLimit | None = None
         self.account = RunAccount()
+        """The run's counts up to the last step handed out (checkpointed with ``step``)."""
+        self.builder: StepBuilder | None = None
+        self._cursor: _Cursor | None = None
+        self._ahead: Prefetcher | None = None
 
     def attach(self, scheduler: Scheduler, cp_rank: int, cp_size: int) -> None:
         """Bind the scheduler and this rank's CP coordinates (once, after build)."""
@@ -93,8 +204,11 @@ class SkrullDataLoader(SourceDataLoaderBase):
                 f"scheduler is for DP {c.dp} x CP {c.cp}, this rank is in DP "
                 f"{self.dp_world_size} x CP {cp_size}"
             )
+        self.close()
         self.scheduler, self.cp_rank, self.cp_size = scheduler, cp_rank, cp_size
         self.limit = scheduler_limit(c, self.config.max_len)
+        self.builder = StepBuilder(self.source, scheduler, self.limit, self.config.global_batch_size,
+                                   self.dp_rank, cp_rank, cp_size)
 
     def __iter__(self) -> Iterator[SkrullStep]:
         if self.scheduler is None:
@@ -103,44 +217,47 @@ class SkrullDataLoader(SourceDataLoaderBase):
             yield self.next_step()
 
     def next_step(self) -> SkrullStep:
-        read = self.next_global_batch()
-        indices, samples, account = limit_step(self.limit, read, self.source, self.step, self.account)
-        start = time.perf_counter()
-        plan = self.scheduler.schedule([s.length for s in samples], dp_rank=self.dp_rank)
-        plan.validate()
-        schedule_us = (time.perf_counter() - start) * 1e6
-        if isinstance(plan, PoolPlan):  # skrull-pool: rank sets over the world (pool_buffers.py)
-            return SkrullStep(
-                step=self.step, dp_rank=self.dp_rank, samples=indices, plan=plan,
-                micro_batches=pool_rank_buffers(plan, samples, indices, self.dp_rank, self.cp_rank),
-                global_valid_tokens=pool_valid_tokens(plan, samples), schedule_us=schedule_us,
-                account=account, totals=self.account.totals.as_dict(),
-            )
-        valid = sum(
-            s.loss_tokens(n)
-            for s, n, d in zip(samples, plan.lengths, plan.dp_rank)
-            if d != DROPPED
-        )
-        mbs = [
-            rank_buffer(
-                [samples[k] for k in mb.seqs], mb.lengths, mb.cp_rank,
-                self.cp_rank, self.cp_size, seqs=[indices[k] for k in mb.seqs],
-            )
-            for mb in plan.micro_batches(self.dp_rank)
-        ]
-        while len(mbs) < plan.num_micro_batches:
-            mbs.append(pad_buffer(self.cp_rank, self.cp_size))
-        return SkrullStep(
-            step=self.step, dp_rank=self.dp_rank, samples=indices, plan=plan, micro_batches=mbs,
-            global_valid_tokens=valid, schedule_us=schedule_us, account=account,
-            totals=self.account.totals.as_dict(),
-        )
+        """The step after the last one handed out. With ``prefetch_steps`` K > 0
+        the first call starts a thread building the next K steps ahead; the
+        loader's state (``step``, ``account``) moves only when a step is handed
+        out. An error building a step is raised here, at that step, with the
+        state as the synchronous path leaves it: that step counted as read
+        (its samples were drawn and counted), the next call goes on after it."""
+        if self.builder is None:
+            raise RuntimeError("SkrullDataLoader.attach() was not called (SkrullTrainer does)")
+        if self._cursor is None:
+            self._cursor = _Cursor(self.builder, self.step, self.account.copy())
+            if self.config.prefetch_steps:
+                self._ahead = Prefetcher(self._cursor, self.config.prefetch_steps,
+                                         name=f"skrull-prefetch-dp{self.dp_rank}-cp{self.cp_rank}")
+        cursor, ahead = self._cursor, self._ahead
+        try:
+            out, account = ahead.get() if ahead is not None else cursor()
+        except BaseException as e:
+            self.close()  # joins the thread: it stops at a failed step
+            if ahead is None or e is ahead.failed:  # not, e.g., Ctrl-C while waiting for the thread
+                self.step, self.account = cursor.step, cursor.account
+            raise
+        self.step, self.account = out.step, account
+        return out
+
+    def close(self) -> None:
+        """Stop building ahead (joins the prefetch thread); the next step starts it again."""
+        ahead, self._ahead, self._cursor = self._ahead, None, None
+        if ahead is not None:
+            ahead.close()
+
+    def __del__(self) -> None:
+        if getattr(self, "_ahead", None) is not None:
+            self.close()
 
     def state_dict(self) -> dict:
+        # The state after the last step handed out, not the prefetch thread's.
         # The same on every rank (a function of the global batches), so DCP
         # keeps one copy and a resume may change the DP/CP layout.
         return {"step": self.step, **self.account.state_dict()}
 
     def load_state_dict(self, state_dict: dict) -> None:
+        self.close()  # steps built ahead of the old state are thrown away
         super().load_state_dict(state_dict)
         self.account.load_state_dict(state_dict)

@@ -29,14 +29,6 @@ class Sample:
     def length(self) -> int:
         return int(self.input.numel())
 
-    def loss_tokens(self, n: int | None = None) -> int:
-        """Labels that count in the loss among the first ``n`` (all: None)."""
-        return int((self.labels[:n] != IGNORE_INDEX).sum())
-
-    def cut(self, n: int) -> "Sample":
-        """The first ``n`` tokens (an over-length cut)."""
-        return Sample(input=self.input[:n], labels=self.labels[:n])
-
 
 @dataclass(frozen=True)
 class SyntheticSequences:
@@ -74,6 +66,11 @@ class SyntheticSequences:
     def length(self, index: int) -> int:
         """Length of sample ``index`` without building its tokens."""
         return self._draw(index)[1]
+
+    def loss_tokens(self, index: int, n: int, length: int) -> int:
+        """Loss tokens of sample ``index`` (``length`` tokens long) trained as
+        its first ``n``: every label but a whole sample's last."""
+        return n if n < length else length - 1
 
     @property
     def max_length(self) -> int:

@@ -130,9 +130,11 @@ class TokenizedRecords:
                 f"(dataloader.on_bad_record = 'skip'): {shown}")
 
     def _epoch(self, epoch: int) -> np.ndarray:
-        if self._perm is None or self._perm[0] != epoch:
-            self._perm = (epoch, np.random.default_rng([self.seed, epoch]).permutation(len(self)))
-        return self._perm[1]
+        perm = self._perm  # read once: the prefetch thread and the trainer's may both be here
+        if perm is None or perm[0] != epoch:
+            perm = (epoch, np.random.default_rng([self.seed, epoch]).permutation(len(self)))
+            self._perm = perm
+        return perm[1]
 
     def record(self, index: int) -> int:
         """The record behind sample ``index``."""
@@ -146,6 +148,10 @@ class TokenizedRecords:
         """Whether sample ``index`` cut to ``n`` tokens keeps a loss token (label k predicts token k + 1)."""
         return bool(self.mask_of(self.record(index))[1 : n + 1].any())
 
+    def loss_tokens(self, index: int, n: int, length: int) -> int:
+        """Loss tokens of sample ``index`` trained as its first ``n`` tokens (``length``: its length, unused)."""
+        return int(np.count_nonzero(self.mask_of(self.record(index))[1 : n + 1]))
+
     def location(self, index: int) -> str:
         """Where the record behind sample ``index`` is: ``path:line`` or ``path row N``."""
         return self.where_of(self.record(index))
@@ -154,63 +160,19 @@ class TokenizedRecords:
     def max_length(self) -> int:
         return int(self._lengths.max())
 
-    def __getitem__(self, index: int) -> "RecordSample":
-        return RecordSample(self, self.record(index))
+    def __getitem__(self, index: int) -> Sample:
+        r = self.record(index)
+        ids = torch.from_numpy(np.asarray(self.ids_of(r), dtype=np.int64))
+        labels = torch.full_like(ids, IGNORE_INDEX)
+        keep = torch.from_numpy(np.asarray(self.mask_of(r)[1:], dtype=bool))
+        labels[:-1] = torch.where(keep, ids[1:], IGNORE_INDEX)
+        return Sample(input=ids, labels=labels)
 
     def global_batch(self, step: int, size: int) -> list[int]:
         """Sample indices of the global batch of 1-based training ``step``."""
         if step < 1:
             raise ValueError("steps are 1-based")
         return list(range((step - 1) * size, step * size))
-
-
-class RecordSample:
-    """Record ``r`` of a ``TokenizedRecords`` as a ``Sample``, built when first used.
-
-    Every rank draws the whole global batch, but builds tensors only for the
-    samples of its own micro-batches: the length, the over-length policy's
-    loss check and the global loss-token count read only the loss mask, so
-    with the token store a rank never reads the other ranks' token pages.
-    """
-
-    __slots__ = ("_source", "_r", "_n", "_sample")
-
-    def __init__(self, source: TokenizedRecords, r: int, n: int | None = None):
-        self._source, self._r, self._n, self._sample = source, r, n, None
-
-    @property
-    def length(self) -> int:
-        whole = int(self._source._lengths[self._r])
-        return whole if self._n is None else min(self._n, whole)
-
-    def loss_tokens(self, n: int | None = None) -> int:
-        """Labels that count in the loss among the first ``n`` (label k predicts token k + 1)."""
-        n = self.length if n is None else min(n, self.length)
-        return int(np.count_nonzero(self._source.mask_of(self._r)[1 : n + 1]))
-
-    def cut(self, n: int) -> "RecordSample":
-        return RecordSample(self._source, self._r, min(n, self.length))
-
-    def _build(self) -> Sample:
-        if self._sample is None:
-            # Labels of the whole record, then cut (as Sample.cut does): the
-            # last kept token keeps its label, the record's next token.
-            n = self.length
-            m = min(n + 1, int(self._source._lengths[self._r]))
-            ids = torch.from_numpy(np.array(self._source.ids_of(self._r)[:m], dtype=np.int64))
-            labels = torch.full_like(ids, IGNORE_INDEX)
-            keep = torch.from_numpy(np.array(self._source.mask_of(self._r)[1:m], dtype=bool))
-            labels[:-1] = torch.where(keep, ids[1:], IGNORE_INDEX)
-            self._sample = Sample(input=ids[:n], labels=labels[:n])
-        return self._sample
-
-    @property
-    def input(self) -> torch.Tensor:
-        return self._build().input
-
-    @property
-    def labels(self) -> torch.Tensor:
-        return self._build().labels
 
 
 class JsonlSequences(TokenizedRecords):

@@ -9,9 +9,14 @@ every 2 steps. The restarted run gets a copy of its step-2 checkpoint in its
 own checkpoint folder, exactly what a job preempted after step 2 finds there,
 and takes torchtitan's fault-tolerance path (resume from the folder's latest
 step; the seed path on the command line is then ignored by design).
+
+Both runs build steps ahead (``dataloader.prefetch_steps`` 2, the default):
+when step 2's checkpoint is saved the thread has built (or is building)
+steps 3 and 4, and the checkpoint holds the state after step 2 all the same.
 """
 
 import os
+import re
 import shutil
 
 import pytest
@@ -51,3 +56,17 @@ def test_resume_replays_the_uninterrupted_run(skrull_runs, workdir, seed):
         used = [i for s in range(1, RESUME_AT + 1) for i in a[s]["samples"]]
         used += [i for s in b for i in b[s]["samples"]]
         assert sorted(used) == list(range(len(used))), "samples repeated or lost across the resume"
+
+
+@pytest.mark.slow
+def test_the_trainer_logs_how_long_it_waited_for_data(skrull_runs):
+    """The cp2 run (default dataloader.prefetch_steps 2): per step, the time the
+    training loop waited for its step (console line and skrull/data_wait_ms)
+    and the step's build time (skrull/data_build_ms); the median in the run summary."""
+    full = skrull_runs["cp2"]
+    waits, builds = full.scalars("skrull/data_wait_ms"), full.scalars("skrull/data_build_ms")
+    assert len(waits) == len(builds) == STEPS and all(w >= 0 for w in waits) and all(b > 0 for b in builds)
+    for step in range(1, STEPS + 1):
+        assert re.search(rf"skrull step {step}: .*, data wait \d+\.\d ms\n", full.output), step
+    assert re.search(r"Run summary: .*; data wait per step: median \d+\.\d\d ms, max \d+\.\d\d ms over "
+                     rf"{STEPS - 1} steps after the first \(dataloader.prefetch_steps 2; first step", full.output)

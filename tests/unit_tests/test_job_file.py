@@ -67,6 +67,7 @@ def test_gpu_job_loads():
          r"skrull.cost_model: 'llama3-debug' is a model preset; the shape now comes from the job's \[model\]"),
         ("[dataloader]\nkind = 'hf'", r"dataloader.kind: 'hf' is not one of \['packed'"),
         ("[dataloader]\nglobal_batch_size = 0", r"dataloader.global_batch_size must be >= 1"),
+        ("[dataloader]\nkind = 'skrull'\nprefetch_steps = 65", r"dataloader.prefetch_steps: 65 is outside 0\.\.64"),
         ("[job]\ndump_folder = 3", r"job.dump_folder: expected a string, got 3"),
         ("[job]\nskrull = 3", r"unknown key\(s\) \['skrull'\] in \[job\]"),
     ],
