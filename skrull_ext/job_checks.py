@@ -90,7 +90,7 @@ def _check_parallelism(config, world: int) -> None:
                    "(processes in this launch); -1 takes the rest")
 
 
-def _check_data(config) -> None:
+def check_data(config) -> None:
     d = config.dataloader
     key = "dataloader"
     if hasattr(d, "min_len"):
@@ -140,5 +140,5 @@ def check_job(config, world_size: int | None = None, on_cpu: bool | None = None)
         on_cpu = probe()
     _check_training(config)
     _check_parallelism(config, world_size)
-    _check_data(config)
+    check_data(config)
     _check_skrull(config, on_cpu)

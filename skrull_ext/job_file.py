@@ -404,9 +404,12 @@ def _rank() -> int:
 
 
 def _unbox(text: str) -> str:
-    """The words of tyro's error box, without its frame and its pointer to --help."""
+    """The words of tyro's error box, without its frame and its pointer to --help
+    (and without what was logged before the box, e.g. torchtitan's config warnings)."""
     keep = []
-    for line in text.splitlines():
+    lines = text.splitlines()
+    box = next((k for k, line in enumerate(lines) if line.lstrip().startswith("\u256d")), 0)
+    for line in lines[box:]:
         line = line.strip().strip("\u2502\u256d\u256e\u2570\u256f\u2500 ").strip()
         if line and not line.startswith(("For full helptext", "Value error", "Parsing error")) \
                 and not line.endswith("--help"):

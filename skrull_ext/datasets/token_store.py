@@ -276,8 +276,13 @@ def ensure_store(root: str, key: str, records_fn, encode, *, min_len: int, on_ba
     folder = os.path.join(root, key)
     if store_is_complete(folder):
         return TokenStore(folder)
-    os.makedirs(root, exist_ok=True)
-    with open(os.path.join(root, f"{key}.lock"), "w") as lock:
+    try:
+        os.makedirs(root, exist_ok=True)
+        lock = open(os.path.join(root, f"{key}.lock"), "w")
+    except OSError as e:
+        raise DataError(f"dataloader.token_cache_dir: cannot write the token store under {root}: {e.strerror} "
+                        "(name a writable folder, or token_cache = false)") from e
+    with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # other ranks wait here while one builds
         try:
             if not store_is_complete(folder):  # still missing (or partial): we build

@@ -135,6 +135,11 @@ def test_prepare_command_builds_the_store_a_job_then_opens(tmp_path, tok, capsys
     assert line.startswith(f"prepared {records} records")
     folder = line.rsplit("-> ", 1)[1]
     assert cached_sequences(_config(tmp_path), tok, progress=False).store.folder == folder
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(b"\n".join(BAD_LINES) + b"\n")
+    assert main(["prepare", job, "--dataloader.dataset_path", str(bad), "--dataloader.on_bad_record", "skip",
+                 "--dataloader.token_cache_dir", str(cache)]) == 0
+    assert f", 4 skipped as bad (the first: {bad}:2: not UTF-8" in capsys.readouterr().out  # min_len 2: line 7 kept
     with pytest.raises(SystemExit) as e:
         main(["prepare", job, "--workers", "0"])
     assert e.value.code == 2 and "--workers 0: must be >= 1" in capsys.readouterr().err
