@@ -16,6 +16,12 @@ Built only from the core's cost-model functions. Two terms, the larger wins:
   ``micro_batch_lower_bound_us``).
 
 No plan can beat it under the cost model; it is not always reachable.
+
+``pool_lower_bound_us`` is the bound for plans that may shard a sequence
+over any set of ranks of the world (policy ``skrull-pool``: blocks of CP
+groups, or 2..cp-1 ranks of one group, whose exchange is cheaper than the
+group's): the work term, and the longest sequence's compute spread over all
+DP x CP ranks with no exchange. Weaker, but it holds for every pool plan.
 """
 
 from __future__ import annotations
@@ -52,3 +58,15 @@ def longest_bound_us(lengths: Sequence[int], cost: CostModel, cp: int, bucket_si
 def lower_bound_us(lengths: Sequence[int], cost: CostModel, dp: int, cp: int, bucket_size: int) -> float:
     """Lower bound on the slowest DP rank's time for this global batch."""
     return max(work_bound_us(lengths, cost, dp, cp, bucket_size), longest_bound_us(lengths, cost, cp, bucket_size))
+
+
+def pool_longest_bound_us(lengths: Sequence[int], cost: CostModel, world: int) -> float:
+    """The longest sequence alone: at best its compute over every rank of the world, no exchange."""
+    if not lengths:
+        return 0.0
+    return cost.shape.layers * cost.comp_us(cost.flops(max(lengths)) / world)
+
+
+def pool_lower_bound_us(lengths: Sequence[int], cost: CostModel, dp: int, cp: int, bucket_size: int) -> float:
+    """Lower bound on the slowest rank's time for any pool plan of this global batch (module docstring)."""
+    return max(work_bound_us(lengths, cost, dp, cp, bucket_size), pool_longest_bound_us(lengths, cost, dp * cp))

@@ -57,6 +57,9 @@ class SimPolicy:
     """Optional (global batches of the run, seed) -> new global batches, applied before planning."""
     world: bool = False
     """Sees sequences truncated only beyond what the whole DP x CP world holds (skrull-pool), not a CP group."""
+    pool: bool = False
+    """Plans rank sets over the world (skrull-pool): its gap is to ``bound.pool_lower_bound_us``, the
+    bound every pool plan obeys (the group bound assumes a sequence sharded over one whole CP group)."""
 
     @property
     def is_bound(self) -> bool:
@@ -119,9 +122,10 @@ SIM_POLICIES: dict[str, SimPolicy] = {
         SimPolicy("skrull-fast", core_policy("skrull-fast"), "skrull without the shard sweep (cheaper to schedule)"),
         SimPolicy("skrull", core_policy("skrull"), "this project's scheduler (skrull_ext.config 'skrull')"),
         SimPolicy("skrull-pool", core_policy("skrull-pool"),
-                  "skrull over the DP x CP world as one pool; truncates only beyond the world", world=True),
+                  "skrull over the DP x CP world as one pool; truncates only beyond the world", world=True,
+                  pool=True),
         SimPolicy("skrull-pool-capped", core_policy("skrull-pool"),
-                  "skrull-pool on the same inputs as the others (capped at C x CP)"),
+                  "skrull-pool on the same inputs as the others (capped at C x CP)", pool=True),
         SimPolicy("bound", bound_policy, "lower bound on the iteration time"),
         SimPolicy("sorted+skrull", core_policy("skrull"), "LongAlign regrouping, then skrull in each batch",
                   sort_window),

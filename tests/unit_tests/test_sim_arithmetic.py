@@ -95,6 +95,25 @@ def test_bound_is_below_every_policy(make_toy):
                 assert p.plan(lengths, cost, SHAPE, 0).makespan_us >= lb * (1 - 1e-12), name
 
 
+def test_pool_bound_by_hand_and_below_every_pool_plan(make_toy):
+    # The longest (6: 288 FLOPs) over all 4 ranks with no exchange: 72 (+ b), under the work term's 194.
+    assert bound.pool_longest_bound_us(LENGTHS, make_toy(), 4) == 72
+    assert bound.pool_longest_bound_us(LENGTHS, make_toy(b_us=5.0), 4) == 77
+    assert bound.pool_lower_bound_us(LENGTHS, make_toy(), 2, 2, 10) == 194
+    # One 30-token sequence (4320 FLOPs) in a world of 8: 540, below the group bound that prices
+    # it on 2 ranks with its exchange (what a pool plan need not pay).
+    assert bound.pool_lower_bound_us([30], make_toy(comm_us=5000.0), 4, 2, 16) == 540
+    # Every pool plan (blocks of groups, sub-group sets at CP 4) is at or above it, sequences up to C x W.
+    cost = make_toy(comm_us=10.0, b_us=3.0)
+    shape = Shape(dp=2, cp=4, batch_size=4, bucket_size=10)
+    rng = random.Random(2)
+    for _ in range(30):
+        lengths = [rng.randint(1, 75) for _ in range(8)]
+        lb = bound.pool_lower_bound_us(lengths, cost, shape.dp, shape.cp, shape.bucket_size)
+        for name in ("skrull-pool", "skrull-pool-capped"):
+            assert P.get(name).plan(lengths, cost, shape, 0).makespan_us >= lb * (1 - 1e-12), (name, lengths)
+
+
 def test_chunk_flops_add_up_and_chains_stay_in_order(toy):
     # Chunk i of a split sequence costs flops(end) - flops(start): the pieces sum to the whole.
     pieces = chunkflow.split_pieces([10, 3], 4)
