@@ -56,7 +56,7 @@ constexpr double kSweepBoundSlack = 1e-9;
 // Lower bound on candidate k's predicted time. With D, V the sharded
 // prefix's per-rank FLOPs and bytes, R the FLOPs of the rest and L the
 // largest local FLOPs of any rank, the time is
-//   layers * (max(comm(V'), comp(L)) + comp(D'))
+//   layers * (max(comm(V'), comp(L)) + comp(D')) + fixed
 // with D' >= D, V' >= V (the LPT fallback may shard more of the rest: each
 // FLOP moved from local to sharded lowers L by at most 1/cp of it and raises
 // D' by exactly that), so max(comm(V), comp(R / cp)) + comp(D) bounds it,
@@ -69,7 +69,7 @@ inline double sweep_bound(const CostModel& cost, int32_t cp, bool monotone, doub
   const double comm = monotone ? cost.comm_us(volume) : 0.0;
   const double local = first_local ? cost.comp_us(std::max(rest_flops / cp, first_flops))
                                    : cost.a_us_per_flop * rest_flops / cp;
-  return cost.shape.layers * (std::max(comm, local) + cost.comp_us(dist_flops));
+  return cost.shape.layers * (std::max(comm, local) + cost.comp_us(dist_flops)) + cost.micro_batch_fixed_us;
 }
 
 }  // namespace detail
@@ -109,7 +109,9 @@ inline bool dacp_sweep_into(const int64_t* lengths, const double* seq_flops, siz
       // With a non-decreasing comm table, the sharded prefix alone costs
       // comm(V) + comp(D) and only grows with k: once it reaches the
       // incumbent, no larger k can beat it.
-      if (monotone && cost.shape.layers * (cost.comm_us(volume) + cost.comp_us(dist_flops)) >= incumbent) break;
+      if (monotone &&
+          cost.shape.layers * (cost.comm_us(volume) + cost.comp_us(dist_flops)) + cost.micro_batch_fixed_us >= incumbent)
+        break;
       prefix.push_back(prefix.back() + shard);
     }
     const bool first_local = k < n && lengths[order[k]] <= bucket - prefix[k];
