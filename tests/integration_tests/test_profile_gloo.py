@@ -32,3 +32,10 @@ def test_profile_two_processes_over_gloo(tmp_path):
     cm = cost_model.load(out)
     assert cm.comm_is_monotone() and cm.collective_us(2**20) > 0
     assert d["meta"]["check"]["ok"]
+    # The per-micro-batch fixed cost: FSDP over both ranks, steps of 1, 2, 4 micro-batches.
+    mb = d["micro_batch"]
+    assert mb["counts"] == [1, 2, 4] and mb["method"].startswith("step time over micro-batch counts, FSDP x2")
+    assert mb["fixed_us"] == max(0.0, mb["slope_us"] - mb["calls_us"]) >= 0.0
+    assert mb["calls_us"] == 6 * d["compute"]["b_us"]  # debugmodel: 6 layers
+    assert len(d["meta"]["micro_batch"]["step_us"]) == 3 and all(v > 0 for v in d["meta"]["micro_batch"]["step_us"])
+    assert cm.micro_batch_fixed_us == mb["fixed_us"]
