@@ -78,7 +78,6 @@ def profile_dict(p: Profile) -> dict[str, Any]:
                    "static_bytes": mem.static.total, "margin": mem.margin, "cp": mem.cp,
                    "kv_bytes_per_token": mem.kv_bytes_per_token, "r2": mem.fit.r2,
                    "max_rel_error": mem.fit.max_rel_error, "points": len(mem.points)},
-        "meta": {**p.meta, **_raw(p)},
     }
     if p.micro_batch is not None:
         mb = p.micro_batch
@@ -87,6 +86,7 @@ def profile_dict(p: Profile) -> dict[str, Any]:
                             "counts": list(mb.counts),
                             "method": f"step time over micro-batch counts, FSDP x{mb.fsdp_degree}"
                                       f"{', deferred grad sync' if mb.defer_grad_sync else ''}"}
+    d["meta"] = {**p.meta, **_raw(p)}
     profile_file.from_dict(d, where="profile being written")  # the scheduler must accept it
     return d
 
