@@ -119,3 +119,30 @@ def test_profile_key_optional_and_round_trips(make_toy):
     d["micro_batch"] = {"fixd_us": 1.0}
     with pytest.raises(ValueError, match=r"unknown field micro_batch.fixd_us"):
         from_dict(d)
+
+
+def test_it_changes_no_placement_where_the_count_is_forced():
+    # The shipped CPU profile with the fixed cost measured on the debug job
+    # (docs/profile.md): at BucketSize 256 the micro-batch count is forced by
+    # memory, and every placement pays the fixed cost alike, so the plans stay
+    # those of fixed 0 (the shard sweep's margin is on the variable part) and
+    # each micro-batch's time grows by exactly the fixed cost, up to rounding.
+    import random
+    from pathlib import Path
+
+    shipped = Path(__file__).resolve().parents[2] / "profiles" / "cpu-debug-gloo2.toml"
+    d = dict(Profile.load(shipped).data)
+    free = from_dict(d)
+    d["micro_batch"] = {"fixed_us": 117894.0}
+    dear = from_dict(d)
+    rng = random.Random(0)
+    for dp, gbs in ((1, 8), (2, 8), (2, 32)):
+        opt = SchedulerConfig(dp=dp, cp=2, bucket_size=256, overlength="truncate").core_options()
+        for _ in range(30):
+            lengths = [min(512, max(2, int(rng.lognormvariate(3.5, 1.2)))) for _ in range(gbs)]
+            a, b = _core.schedule(lengths, free, opt), _core.schedule(lengths, dear, opt)
+            assert (list(a.dp_rank), list(a.cp_rank), list(a.micro_batch)) == \
+                (list(b.dp_rank), list(b.cp_rank), list(b.micro_batch)), lengths
+            per_rank = [sum(1 for mb in a.micro_batches if mb.dp_rank == r) for r in range(dp)]
+            for r in range(dp):
+                assert b.dp_time_us[r] == pytest.approx(a.dp_time_us[r] + 117894.0 * per_rank[r], rel=1e-12)

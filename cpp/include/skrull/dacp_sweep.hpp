@@ -199,8 +199,12 @@ inline Status dacp_for_into(const int64_t* lengths, const double* seq_flops, siz
                             opt.refine, ws, placement, rollbacks, moves) == Status::kOk;
   double comm_bytes = 0.0;
   time = ok ? score_into(lengths, seq_flops, placement, n, cost, opt.cp, ws.tokens, ws.flops, comm_bytes) : 0.0;
+  // The margin is on the part a placement changes: every placement pays the
+  // micro-batch's fixed cost, so it neither helps nor hides a gain.
+  const double fixed = cost.micro_batch_fixed_us;
   if (opt.dacp_search == DacpSearch::kShardSweep && opt.cp > 1 &&
-      (!ok || time > (1.0 + opt.sweep_margin) * cost.micro_batch_lower_bound_us(lengths, n, opt.cp, seq_flops))) {
+      (!ok ||
+       time - fixed > (1.0 + opt.sweep_margin) * (cost.micro_batch_lower_bound_us(lengths, n, opt.cp, seq_flops) - fixed))) {
     const double incumbent = ok ? time : std::numeric_limits<double>::infinity();
     if (dacp_sweep_into(lengths, seq_flops, n, cost, opt.cp, opt.bucket_size, incumbent, ws, placement, time)) {
       rollbacks = moves = 0;
