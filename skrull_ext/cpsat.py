@@ -150,6 +150,8 @@ def solve_dacp(
                 placement.append(DISTRIBUTED)
             else:
                 placement.append(next(j for j in range(cp) if solver.BooleanValue(put[k][j])))
-        objective = solver.ObjectiveValue() / _NS * layers
-    bound = max(solver.BestObjectiveBound(), 0.0) / _NS * layers if status != cp_model.INFEASIBLE else float("inf")
+        objective = solver.ObjectiveValue() / _NS * layers + cost.micro_batch_fixed_us
+    fixed = cost.micro_batch_fixed_us  # once per micro-batch, outside the model
+    bound = (max(solver.BestObjectiveBound(), 0.0) / _NS * layers + fixed
+             if status != cp_model.INFEASIBLE else float("inf"))
     return CpSatResult(placement, name, objective, bound, time.perf_counter() - start)

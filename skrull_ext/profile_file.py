@@ -7,6 +7,10 @@ and what the scheduler plans with. TOML::
     [compute]   a_us_per_flop, b_us
     [comm]      bytes = [...], us = [...]  (optional: threshold_bytes, floor_us,
                 collectives_per_layer)
+    [micro_batch] optional: fixed_us, the fixed time of one micro-batch on
+                every rank, not per layer (FSDP's parameter all-gathers and
+                gradient reduce-scatter, once per micro-batch); absent = 0.
+                Fit keys (r2, max_rel_error, points, counts, method) informational
     [memory]    optional: bucket_size, a_bytes_per_token, b_bytes,
                 c_bytes_per_token2 (a quadratic term: dense-mask attention),
                 cp and kv_bytes_per_token (the CP degree BucketSize was
@@ -44,6 +48,8 @@ _SCHEMA: dict[str, tuple[set[str], set[str] | None]] = {
     "compute": ({"a_us_per_flop", "b_us"}, {"r2", "max_rel_error", "points", "held_out_max_rel_error"}),
     "comm": ({"bytes", "us"}, {"threshold_bytes", "floor_us", "collectives_per_layer", "collective", "backend",
                                "world_size", "r2", "max_rel_error", "points"}),
+    "micro_batch": (set(), {"fixed_us", "r2", "max_rel_error", "points", "counts", "method", "slope_us",
+                            "calls_us"}),
     "memory": (set(), {"bucket_size", "a_bytes_per_token", "b_bytes", "c_bytes_per_token2", "usable_bytes",
                        "static_bytes", "margin", "r2", "max_rel_error", "points", "cp", "kv_bytes_per_token"}),
     "meta": (set(), None),  # free-form provenance
@@ -75,6 +81,7 @@ def from_dict(d: dict[str, Any], where: str = "profile") -> CostModel:
     """Cost model of a complete profile dict (with its [model] section)."""
     _check(d, where, need_model=True)
     m, c, k = d["model"], d["compute"], d["comm"]
+    mb = d.get("micro_batch", {})
     try:
         return CostModel(
             shape=ModelShape(int(m["layers"]), int(m["hidden"]), int(m["kv_width"]), int(m["bytes_per_elem"])),
@@ -87,6 +94,7 @@ def from_dict(d: dict[str, Any], where: str = "profile") -> CostModel:
                 floor_us=float(k.get("floor_us", 0.0)),
                 collectives_per_layer=float(k.get("collectives_per_layer", 2.0)),
             ),
+            micro_batch_fixed_us=float(mb.get("fixed_us", 0.0)),
         )
     except (TypeError, ValueError) as e:
         raise ValueError(f"{where}: {e}") from None
@@ -106,6 +114,8 @@ def to_dict(cm: CostModel, meta: dict[str, Any] | None = None) -> dict[str, Any]
             "collectives_per_layer": cm.comm.collectives_per_layer,
         },
     }
+    if cm.micro_batch_fixed_us:
+        out["micro_batch"] = {"fixed_us": cm.micro_batch_fixed_us}
     if meta:
         out["meta"] = dict(meta)
     return out

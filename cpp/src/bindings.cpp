@@ -115,16 +115,20 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
       .def_readwrite("collectives_per_layer", &CommModel::collectives_per_layer);
 
   py::class_<CostModel>(m, "CostModel", "Per-layer cost model of SKRULL.md (tokens, FLOPs, bytes, microseconds).")
-      .def(py::init([](const ModelShape& shape, double a_us_per_flop, double b_us, const CommModel& comm) {
-             CostModel c{shape, a_us_per_flop, b_us, comm};
+      .def(py::init([](const ModelShape& shape, double a_us_per_flop, double b_us, const CommModel& comm,
+                       double micro_batch_fixed_us) {
+             CostModel c{shape, a_us_per_flop, b_us, comm, micro_batch_fixed_us};
              c.validate();
              return c;
            }),
-           py::arg("shape"), py::arg("a_us_per_flop"), py::arg("b_us"), py::arg("comm"))
+           py::arg("shape"), py::arg("a_us_per_flop"), py::arg("b_us"), py::arg("comm"),
+           py::arg("micro_batch_fixed_us") = 0.0)
       // Copies: a CostModel is immutable once validated (build a new one).
       .def_property_readonly("shape", [](const CostModel& c) { return c.shape; })
       .def_readonly("a_us_per_flop", &CostModel::a_us_per_flop)
       .def_readonly("b_us", &CostModel::b_us)
+      .def_readonly("micro_batch_fixed_us", &CostModel::micro_batch_fixed_us,
+                    "Fixed time of one micro-batch (FSDP gathers and reduce-scatters), not per layer.")
       .def_property_readonly("comm", [](const CostModel& c) { return c.comm; })
       .def("flops", &CostModel::flops, py::arg("length"), "Forward FLOPs of one layer for one sequence.")
       .def("kv_bytes", &CostModel::kv_bytes, py::arg("length"), "K and V bytes of one layer.")

@@ -34,6 +34,7 @@ inline std::string cost_rejection(const CostModel& c) {
   if (!std::isfinite(c.comm.threshold_bytes) || c.comm.threshold_bytes < 0) return "threshold";
   if (!ok(c.comm.floor_us, 1e9)) return "floor";
   if (!ok(c.comm.collectives_per_layer, 1e3)) return "collectives_per_layer";
+  if (!ok(c.micro_batch_fixed_us, 1e9)) return "micro_batch_fixed_us";
   return "";
 }
 

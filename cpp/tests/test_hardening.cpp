@@ -41,6 +41,7 @@ static CostModel extreme() {
   c.comm.floor_us = kMaxUs;
   c.comm.threshold_bytes = 0.5;
   c.comm.collectives_per_layer = kMaxCollectivesPerLayer;
+  c.micro_batch_fixed_us = kMaxMicroBatchFixedUs;
   return c;
 }
 
@@ -97,6 +98,9 @@ static void test_bad_input_is_refused() {
     bad = c;
     bad.comm.bytes[0] = v;
     expect_sound({1, 2}, bad, opts(1, 2, 10), "bad comm bytes");
+    bad = c;
+    bad.micro_batch_fixed_us = v;
+    expect_sound({1, 2}, bad, opts(1, 2, 10), "bad micro-batch fixed cost");
   }
   CostModel bad = c;
   bad.comm.bytes[1] = bad.comm.bytes[0] + 0.5;

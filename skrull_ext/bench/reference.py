@@ -29,12 +29,14 @@ class RefCost:
     threshold: float = 0.0
     floor: float = 0.0
     per_layer: float = 2.0
+    fixed: float = 0.0  # micro_batch_fixed_us: once per micro-batch, not per layer
 
     @classmethod
     def of(cls, cm) -> RefCost:
         s, c = cm.shape, cm.comm
         return cls(s.layers, s.hidden, s.kv_width, s.bytes_per_elem, cm.a_us_per_flop, cm.b_us,
-                   list(c.bytes), list(c.us), c.threshold_bytes, c.floor_us, c.collectives_per_layer)
+                   list(c.bytes), list(c.us), c.threshold_bytes, c.floor_us, c.collectives_per_layer,
+                   cm.micro_batch_fixed_us)
 
     def flops(self, s: int) -> float:
         h, hkv, x = float(self.hidden), float(self.kv_width), float(s)
@@ -65,7 +67,7 @@ class RefCost:
         worst = 0.0
         for f in local:
             worst = max(worst, max(comm, self.comp(f)) + dist_t)
-        return self.layers * worst
+        return self.layers * worst + self.fixed
 
 
 def shard_tokens(s: int, n: int) -> int:
@@ -256,7 +258,7 @@ def dacp_sweep(lengths: list[int], cost: RefCost, n: int, bucket: int) -> RefDac
             dist += cost.flops(s) / n
             vol += cost.kv_bytes(sh * n)
             if best is not None and monotone and \
-                    cost.layers * (cost.per_layer * cost.collective(vol) + cost.comp(dist)) >= best[1]:
+                    cost.layers * (cost.per_layer * cost.collective(vol) + cost.comp(dist)) + cost.fixed >= best[1]:
                 break
         cp_rank = [DISTRIBUTED] * len(lengths)
         room = [bucket - prefix] * n
@@ -306,14 +308,16 @@ def lower_bound(lengths: list[int], cost: RefCost, n: int) -> float:
         as_local = cost.comp(f)
         as_dist = cost.per_layer * cost.collective(cost.kv_bytes(longest)) + cost.comp(f / n)
         bound = max(bound, min(as_local, as_dist))
-    return cost.layers * bound
+    return cost.layers * bound + cost.fixed
 
 
 def dacp_for(lengths: list[int], cost: RefCost, n: int, bucket: int, worst_fit: bool, longest_rollback: bool,
              sweep: bool, refine_: bool = False, sweep_margin: float = 0.01) -> RefDacp:
     """Algorithm 1 (or 4, refined), and with `sweep` also dacp_sweep, the faster kept (dacp_sweep.hpp dacp_for)."""
     r = dacp(lengths, cost, n, bucket, worst_fit, longest_rollback, refine_)
-    if sweep and n > 1 and (not r.ok or r.time_us > (1.0 + sweep_margin) * lower_bound(lengths, cost, n)):
+    # The margin is on the part a placement changes (dacp_sweep.hpp): not the fixed cost.
+    gap = (1.0 + sweep_margin) * (lower_bound(lengths, cost, n) - cost.fixed)
+    if sweep and n > 1 and (not r.ok or r.time_us - cost.fixed > gap):
         s = dacp_sweep(lengths, cost, n, bucket)
         if s.ok and (not r.ok or s.time_us < r.time_us):
             r = s
@@ -407,7 +411,7 @@ def schedule(lengths: list[int], cost: RefCost, dp: int, n: int, bucket: int, *,
                     best = cand
             if best is not None and predicted_time:
                 for m in range(len(best[1]) + 1, min(size, len(best[1]) + max_extra) + 1):
-                    if cost.layers * (cost.a * total_flops / n + m * cost.b) >= best[0]:
+                    if cost.layers * (cost.a * total_flops / n + m * cost.b) + m * cost.fixed >= best[0]:
                         break
                     cand = split(share, m)
                     if cand is not None and cand[0] < best[0]:

@@ -19,7 +19,8 @@ profile and a PNG beside it. Flags this parser does not know are the job's
 (``--parallelism.data_parallel_shard_degree 8``), as in ``skrull_ext.train``.
 Exits 1, naming the fit and its bound, when a held-out length misses by more
 than ``--max-held-out-error``, a packed (multi-document) buffer by more than
-``--max-packed-error``, or the BucketSize check fails (the file is still
+``--max-packed-error``, a step time the micro-batch line (micro_batch.py) by
+more than ``--max-micro-batch-error``, or the BucketSize check fails (the file is still
 written, to look at); 2 on a bad option or job file.
 """
 
@@ -79,6 +80,15 @@ def _parser() -> argparse.ArgumentParser:
                    help="hardware preset for [comm] when one process measures none (default: %(default)s)")
     p.add_argument("--threads", type=int, default=d.threads, help="torch threads per rank (0: torch's default; default: %(default)s)")
     p.add_argument("--no-check", action="store_true", help="skip the BucketSize memory check (default: run it)")
+    p.add_argument("--micro-batch-counts", type=ints, default=d.micro_batch_counts,
+                   help="micro-batches per step for the fixed-cost fit, the same tokens each (default: 1,2,4)")
+    p.add_argument("--micro-batch-doc", type=int, default=d.micro_batch_doc,
+                   help="tokens of each of that step's documents (default: %(default)s)")
+    p.add_argument("--micro-batch-repeats", type=int, default=d.micro_batch_repeats,
+                   help="timed rounds of those steps; the median per count is kept (default: %(default)s)")
+    p.add_argument("--max-micro-batch-error", type=float, default=0.15,
+                   help="fail (exit 1) when the step time misses the line over micro-batch counts by more than "
+                        "this fraction (default: %(default)s)")
     p.add_argument("--max-held-out-error", type=float, default=0.15,
                    help="fail (exit 1) when a held-out length misses by more than this fraction (default: %(default)s)")
     p.add_argument("--max-packed-error", type=float, default=0.15,
@@ -109,9 +119,13 @@ def _device_name(device: torch.device, world: int) -> str:
     return f"cpu: {cpu}, {os.cpu_count()} cores, {torch.get_num_threads()} torch thread(s) x {world} process(es)"
 
 
-def failures(compute, check, max_held_out: float, max_packed: float) -> list[str]:
+def failures(compute, check, max_held_out: float, max_packed: float, micro_batch=None,
+             max_micro_batch: float = 0.15) -> list[str]:
     """Why the profile cannot be trusted, one line per missed bound (empty: it can)."""
     out = []
+    if micro_batch is not None and micro_batch.fit.max_rel_error > max_micro_batch:
+        out.append(f"micro-batch fit: a step time misses the line over micro-batch counts by "
+                   f"{micro_batch.fit.max_rel_error:.1%}, more than --max-micro-batch-error {max_micro_batch:.0%}")
     if compute.held_out_max_rel_error > max_held_out:
         out.append(f"compute fit: a held-out length misses by {compute.held_out_max_rel_error:.1%}, "
                    f"more than --max-held-out-error {max_held_out:.0%}")
@@ -133,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     from skrull_ext.profile.comm import profile_comm
     from skrull_ext.profile.compute import profile_compute
     from skrull_ext.profile.memory import profile_memory
+    from skrull_ext.profile.micro_batch import profile_micro_batch
     from skrull_ext.profile.model import build_job_model
     from skrull_ext.profile.options import ProfileOptions
     from skrull_ext.profile.plot import plot
@@ -147,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
         repeats=args.repeats, layers=args.layers, clock=args.clock, memory_lengths=args.memory_lengths,
         memory_limit=args.memory_limit, margin=args.margin, world_size=args.world_size,
         comm_sizes=args.comm_sizes, comm_repeats=args.comm_repeats, threads=args.threads,
-        check=not args.no_check, seed=args.seed,
+        check=not args.no_check, seed=args.seed, micro_batch_counts=args.micro_batch_counts,
+        micro_batch_doc=args.micro_batch_doc, micro_batch_repeats=args.micro_batch_repeats,
     )
     config = load_config(["--config-file", args.config_file, *job_args], module="skrull_ext.profile",
                          world_size=opts.world_size or None)
@@ -165,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
 
     steps = (len(opts.lengths) + len(opts.held_out) + len(opts.packed or ())) * (opts.warmup + opts.repeats) \
         + len(opts.memory_lengths) \
-        + (opts.comm_warmup + opts.comm_repeats if world > 1 else 0) + int(opts.check) + 1
+        + (opts.comm_warmup + opts.comm_repeats if world > 1 else 0) + int(opts.check) + 1 \
+        + len(opts.micro_batch_counts) * (opts.warmup + opts.micro_batch_repeats)
     bar = tqdm(total=steps, desc="profile", disable=not is_main(), file=sys.stderr)
 
     def tick(what: str) -> None:
@@ -184,6 +201,8 @@ def main(argv: list[str] | None = None) -> int:
             tick(f"check {memory.bucket_size} tokens")
         check = check_bucket(jm, memory.bucket_size, memory.predicted, memory.usable - memory.static.total,
                              memory.static.optimizer_states, opts.seed) if opts.check else None
+        # Last: it wraps the model in FSDP for good.
+        micro_batch = profile_micro_batch(jm, opts, compute.fit.intercept, tick)
         bar.close()
         meta = {
             "source": "measured",
@@ -201,8 +220,9 @@ def main(argv: list[str] | None = None) -> int:
         }
         if comm is None:
             meta["comm_note"] = f"not measured (one process): [comm] is preset {args.comm_from!r}"
-        prof = Profile(jm, compute, memory, comm, args.comm_from, check, meta)
-        failed = failures(compute, check, args.max_held_out_error, args.max_packed_error)
+        prof = Profile(jm, compute, memory, comm, args.comm_from, check, meta, micro_batch)
+        failed = failures(compute, check, args.max_held_out_error, args.max_packed_error, micro_batch,
+                          args.max_micro_batch_error)
         if is_main():
             d = write(prof, args.out)
             print(report(prof))

@@ -77,6 +77,12 @@ class ProfileOptions:
     """Timed rounds; per size the median per rank, then the slowest rank, is kept."""
     threads: int = 0
     """torch intra-op threads (0: leave torch's default; torchrun sets 1 per rank)."""
+    micro_batch_counts: tuple[int, ...] = (1, 2, 4)
+    """Micro-batches per step for the fixed-cost fit (micro_batch.py): the same tokens split this many ways."""
+    micro_batch_doc: int = 32
+    """Tokens of each document of that step (max(micro_batch_counts) documents)."""
+    micro_batch_repeats: int = 11
+    """Timed rounds of those steps (after ``warmup`` untimed ones); the median per count is kept."""
     check: bool = True
     """Run a forward+backward over a buffer of BucketSize tokens and measure its memory."""
     seed: int = 0
@@ -96,7 +102,12 @@ class ProfileOptions:
         for name in ("warmup", "comm_warmup", "layers", "threads", "world_size", "memory_limit"):
             if getattr(self, name) < 0:
                 raise ValueError(f"--{name.replace('_', '-')}: must be >= 0, got {getattr(self, name)}")
-        for name in ("repeats", "comm_repeats"):
+        if len(set(self.micro_batch_counts)) < 2 or any(m < 1 for m in self.micro_batch_counts):
+            raise ValueError(f"--micro-batch-counts: need at least 2 distinct positive counts, "
+                             f"got {self.micro_batch_counts}")
+        if self.micro_batch_doc < 1:
+            raise ValueError(f"--micro-batch-doc: must be >= 1, got {self.micro_batch_doc}")
+        for name in ("repeats", "comm_repeats", "micro_batch_repeats"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')}: must be >= 1, got {getattr(self, name)}")
         if not 0 <= self.margin < 1:

@@ -26,6 +26,7 @@ from skrull_ext.profile.check import BucketCheck
 from skrull_ext.profile.comm import CommResult
 from skrull_ext.profile.compute import ComputeResult
 from skrull_ext.profile.memory import MemoryResult
+from skrull_ext.profile.micro_batch import MicroBatchResult
 from skrull_ext.profile.model import JobModel
 
 __all__ = ["Profile", "profile_dict", "report", "write"]
@@ -43,6 +44,8 @@ class Profile:
     """Hardware preset whose table fills [comm] when one process measured no collective."""
     check: BucketCheck | None
     meta: dict[str, Any]
+    micro_batch: MicroBatchResult | None = None
+    """The per-micro-batch fixed cost's fit (None: not measured, the key is left out: 0)."""
 
 
 def _comm_section(p: Profile) -> dict[str, Any]:
@@ -75,8 +78,15 @@ def profile_dict(p: Profile) -> dict[str, Any]:
                    "static_bytes": mem.static.total, "margin": mem.margin, "cp": mem.cp,
                    "kv_bytes_per_token": mem.kv_bytes_per_token, "r2": mem.fit.r2,
                    "max_rel_error": mem.fit.max_rel_error, "points": len(mem.points)},
-        "meta": {**p.meta, **_raw(p)},
     }
+    if p.micro_batch is not None:
+        mb = p.micro_batch
+        d["micro_batch"] = {"fixed_us": mb.fixed_us, "slope_us": mb.fit.slope, "calls_us": mb.calls_us,
+                            "r2": mb.fit.r2, "max_rel_error": mb.fit.max_rel_error, "points": len(mb.counts),
+                            "counts": list(mb.counts),
+                            "method": f"step time over micro-batch counts, FSDP x{mb.fsdp_degree}"
+                                      f"{', deferred grad sync' if mb.defer_grad_sync else ''}"}
+    d["meta"] = {**p.meta, **_raw(p)}
     profile_file.from_dict(d, where="profile being written")  # the scheduler must accept it
     return d
 
@@ -107,6 +117,10 @@ def _raw(p: Profile) -> dict[str, Any]:
                        "a_us_per_byte": p.comm.fit.a_us_per_byte, "b_us": p.comm.fit.b_us}
     if p.check is not None:
         raw["check"] = p.check.as_dict()
+    if p.micro_batch is not None:
+        raw["micro_batch"] = {"counts": list(p.micro_batch.counts), "step_us": p.micro_batch.us,
+                              "docs": list(p.micro_batch.docs), "intercept_us": p.micro_batch.fit.intercept,
+                              "fsdp_degree": p.micro_batch.fsdp_degree}
     return raw
 
 
@@ -159,6 +173,12 @@ def report(p: Profile) -> str:
         lines.append(f"  comm     {'+'.join(p.comm.us)} over {p.comm.backend} x{p.comm.world_size}: "
                      f"{f.floor_us:.1f} us below {f.threshold_bytes:.0f} B, else {f.a_us_per_byte * 1e6:.3g} us/MB + "
                      f"{f.b_us:.1f} us; R^2 {f.r2:.4f}, worst {f.max_rel_error:.1%}")
+    if p.micro_batch is not None:
+        mb = p.micro_batch
+        lines.append(f"  micro-b  fixed {mb.fixed_us:.4g} us per micro-batch = slope {mb.fit.slope:.4g} us - layers * b "
+                     f"{mb.calls_us:.4g} us (steps of {sum(mb.docs)} tokens in {', '.join(map(str, mb.counts))} "
+                     f"micro-batches: {', '.join(f'{u / 1e3:.1f}' for u in mb.us)} ms; FSDP x{mb.fsdp_degree}); "
+                     f"R^2 {mb.fit.r2:.4f}, worst {mb.fit.max_rel_error:.1%}")
     if p.check is not None:
         c = p.check
         lines.append(

@@ -3,13 +3,15 @@ reported as a gap to it.
 
 Built only from the core's cost-model functions. Two terms, the larger wins:
 
-- work: every micro-batch takes at least ``layers * (a * F / N + b)`` (its
-  FLOPs F spread perfectly over the N CP ranks, one call's overhead). A
+- work: every micro-batch takes at least ``layers * (a * F / N + b) + f``
+  (its FLOPs F spread perfectly over the N CP ranks, one call's overhead,
+  the micro-batch's fixed cost f = ``micro_batch_fixed_us``). A
   micro-batch holds at most ``N * BucketSize`` tokens, so the global batch
   needs M >= ceil(tokens / (N * C)) of them. The slowest DP rank takes at
-  least the average over DP ranks, ``a * F_total / (DP * N) + b * M / DP``,
-  and at least ``a * F_total / (DP * N) + b`` (a rank with work has one
-  micro-batch; with r <= DP ranks working, one has F_total / r);
+  least the average over DP ranks, ``a * F_total / (DP * N) + (b + f / layers) * M / DP``
+  (times layers), and at least ``a * F_total / (DP * N) + b`` (+ f: a rank
+  with work has one micro-batch; with r <= DP ranks working, one has
+  F_total / r);
 - longest sequence: its own micro-batch takes at least what the sequence
   alone takes, whole on one rank (only if it fits there) or sharded and
   paying its K/V exchange (needs a non-decreasing comm table, as the core's
@@ -39,7 +41,8 @@ def work_bound_us(lengths: Sequence[int], cost: CostModel, dp: int, cp: int, buc
     total_flops = sum(cost.flops(s) for s in lengths)
     min_micro_batches = math.ceil(sum(lengths) / (bucket_size * cp))
     calls = max(1.0, min_micro_batches / dp)
-    return cost.shape.layers * (cost.a_us_per_flop * total_flops / (dp * cp) + cost.b_us * calls)
+    return (cost.shape.layers * (cost.a_us_per_flop * total_flops / (dp * cp) + cost.b_us * calls)
+            + cost.micro_batch_fixed_us * calls)
 
 
 def longest_bound_us(lengths: Sequence[int], cost: CostModel, cp: int, bucket_size: int) -> float:
@@ -51,7 +54,7 @@ def longest_bound_us(lengths: Sequence[int], cost: CostModel, cp: int, bucket_si
         # Too long to stay whole on one rank: it must be sharded and pay its exchange.
         f = cost.flops(s)
         sharded = cost.comm_us(cost.kv_bytes(_core.shard_tokens(s, cp) * cp)) + cost.comp_us(f / cp)
-        bound = max(bound, cost.shape.layers * sharded)
+        bound = max(bound, cost.shape.layers * sharded + cost.micro_batch_fixed_us)
     return bound
 
 
@@ -64,7 +67,7 @@ def pool_longest_bound_us(lengths: Sequence[int], cost: CostModel, world: int) -
     """The longest sequence alone: at best its compute over every rank of the world, no exchange."""
     if not lengths:
         return 0.0
-    return cost.shape.layers * cost.comp_us(cost.flops(max(lengths)) / world)
+    return cost.shape.layers * cost.comp_us(cost.flops(max(lengths)) / world) + cost.micro_batch_fixed_us
 
 
 def pool_lower_bound_us(lengths: Sequence[int], cost: CostModel, dp: int, cp: int, bucket_size: int) -> float:

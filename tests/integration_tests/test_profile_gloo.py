@@ -19,6 +19,7 @@ def test_profile_two_processes_over_gloo(tmp_path):
         "--memory-lengths", "64,128,256,512", "--repeats", "2", "--layers", "1",
         "--comm-sizes", "4KiB:256KiB", "--comm-repeats", "3",
         "--memory-limit", "128MiB", "--max-held-out-error", "10",
+        "--micro-batch-repeats", "3", "--max-micro-batch-error", "10",  # timing noise is not the point here
     ], cwd=str(tmp_path))
     assert "gloo x2" in proc.stdout, proc.stdout
     d = tomllib.loads(out.read_text())
@@ -32,3 +33,10 @@ def test_profile_two_processes_over_gloo(tmp_path):
     cm = cost_model.load(out)
     assert cm.comm_is_monotone() and cm.collective_us(2**20) > 0
     assert d["meta"]["check"]["ok"]
+    # The per-micro-batch fixed cost: FSDP over both ranks, steps of 1, 2, 4 micro-batches.
+    mb = d["micro_batch"]
+    assert mb["counts"] == [1, 2, 4] and mb["method"].startswith("step time over micro-batch counts, FSDP x2")
+    assert mb["fixed_us"] == max(0.0, mb["slope_us"] - mb["calls_us"]) >= 0.0
+    assert mb["calls_us"] == 6 * d["compute"]["b_us"]  # debugmodel: 6 layers
+    assert len(d["meta"]["micro_batch"]["step_us"]) == 3 and all(v > 0 for v in d["meta"]["micro_batch"]["step_us"])
+    assert cm.micro_batch_fixed_us == mb["fixed_us"]

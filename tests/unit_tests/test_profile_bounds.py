@@ -25,6 +25,18 @@ def test_each_missed_bound_is_one_failure_naming_its_option():
     assert len(failures(_compute(0.2, 0.2), SimpleNamespace(ok=False), 0.15, 0.15)) == 3
 
 
+def test_micro_batch_fit_fails_past_its_bound_and_never_prices_below_zero():
+    from skrull_ext.profile.micro_batch import fixed_from_fit
+
+    mb = lambda worst: SimpleNamespace(fit=SimpleNamespace(max_rel_error=worst))  # noqa: E731
+    assert failures(_compute(0.0, 0.0), None, 0.15, 0.15, mb(0.10), 0.15) == []
+    (only,) = failures(_compute(0.0, 0.0), None, 0.15, 0.15, mb(0.22), 0.15)
+    assert "misses the line over micro-batch counts by 22.0%, more than --max-micro-batch-error 15%" in only
+    # One more micro-batch costs the slope; layers * b_us of it is priced already.
+    assert fixed_from_fit(slope_us=20_000.0, calls_us=6 * 2_000.0) == 8_000.0
+    assert fixed_from_fit(slope_us=10_000.0, calls_us=12_000.0) == 0.0
+
+
 def test_every_option_has_help_and_names_its_default():
     for action in _parser()._actions:
         if action.dest in ("help",):

@@ -33,7 +33,8 @@ def run_profiler(out: Path, *extra: str) -> subprocess.CompletedProcess:
 def produced(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     out = tmp_path_factory.mktemp("profile") / "p.toml"
     # Timing noise is not what this test is about: accept any held-out error.
-    proc = run_profiler(out, "--max-held-out-error", "10", "--max-packed-error", "10")
+    proc = run_profiler(out, "--max-held-out-error", "10", "--max-packed-error", "10",
+                        "--micro-batch-repeats", "3", "--max-micro-batch-error", "10")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return out, proc
 
@@ -53,9 +54,13 @@ def test_profile_run_end_to_end(produced):
     assert d["meta"]["check"]["ok"] and d["meta"]["check"]["tokens"] == d["memory"]["bucket_size"]
     assert d["comm"]["backend"] == "assumed:h100-assumed"  # one process measures no collective
     assert d["meta"]["attention"] == "dacp:auto"  # the debug job trains with Skrull: its attention is timed
+    # One process: no FSDP to shard over, the fixed cost is the per-call work outside the layers.
+    assert d["micro_batch"]["method"] == "step time over micro-batch counts, FSDP x1"
+    assert d["micro_batch"]["fixed_us"] == max(0.0, d["micro_batch"]["slope_us"] - d["micro_batch"]["calls_us"])
 
     cm = cost_model.load(out)  # what the [skrull] section and the scheduler read
     assert cm.shape.hidden == 256 and cm.a_us_per_flop == d["compute"]["a_us_per_flop"]
+    assert cm.micro_batch_fixed_us == d["micro_batch"]["fixed_us"]
     bucket = d["memory"]["bucket_size"]
     plan = Scheduler(SchedulerConfig(dp=1, cp=2, bucket_size=bucket), cm).schedule(
         [bucket // 4, bucket, bucket // 2, 3 * bucket // 2, 7])

@@ -25,6 +25,7 @@ constexpr int64_t kMaxWidth = int64_t{1} << 20;  // hidden, kv_width
 constexpr double kMaxUsPerFlop = 1.0;            // a_us_per_flop: 1 MFLOP/s
 constexpr double kMaxUs = 1e9;                   // b_us, comm.us, floor_us: 1000 s
 constexpr double kMaxCollectivesPerLayer = 1e3;
+constexpr double kMaxMicroBatchFixedUs = 1e9;    // micro_batch_fixed_us: 1000 s
 
 struct ModelShape {
   int32_t layers = 24;        // transformer blocks
@@ -53,6 +54,12 @@ struct CostModel {
   double a_us_per_flop = 7.5e-9;  // assumed: 3x fwd FLOPs at 400 TFLOP/s
   double b_us = 20.0;             // assumed per-call overhead
   CommModel comm;
+  // Fixed time of one micro-batch on every rank, whatever it holds (not per
+  // layer): FSDP all-gathers each unit's parameters for the forward and again
+  // for the backward, and reduce-scatters its gradients, once per
+  // micro-batch; plus the per-call work outside the layers. Measured by the
+  // profiler (docs/profile.md); 0 prices none of it (as before it existed).
+  double micro_batch_fixed_us = 0.0;
 
   // Throws std::invalid_argument naming the first bad field. Every field
   // must be finite and within the k* limits above; comm.bytes strictly
@@ -90,6 +97,9 @@ struct CostModel {
     if (!in(comm.floor_us, kMaxUs)) fail("comm.floor_us must be finite and in [0, " + num(kMaxUs) + "]");
     if (!in(comm.collectives_per_layer, kMaxCollectivesPerLayer))
       fail("comm.collectives_per_layer must be finite and in [0, " + num(kMaxCollectivesPerLayer) + "]");
+    if (!in(micro_batch_fixed_us, kMaxMicroBatchFixedUs))
+      fail("micro_batch_fixed_us must be finite and in [0, " + num(kMaxMicroBatchFixedUs) + "], got " +
+           num(micro_batch_fixed_us));
   }
 
   // Forward FLOPs of one layer for one sequence of s tokens:
@@ -127,21 +137,23 @@ struct CostModel {
   // Communication time of one layer (forward + backward collectives).
   double comm_us(double bytes) const { return comm.collectives_per_layer * collective_us(bytes); }
 
-  // SKRULL.md overlap formula, all layers:
-  //   Time_j = max(T_comm(V), T_comp(Local_j)) + T_comp(Dist);  T = max_j.
+  // SKRULL.md overlap formula, all layers, plus the micro-batch's fixed cost:
+  //   Time_j = max(T_comm(V), T_comp(Local_j)) + T_comp(Dist);
+  //   T = layers * max_j Time_j + micro_batch_fixed_us.
   // local_flops[j] is rank j's local FLOPs, dist_flops one rank's share.
   double micro_batch_us(const std::vector<double>& local_flops, double dist_flops, double comm_bytes) const {
     const double comm_t = comm_us(comm_bytes);
     const double dist_t = comp_us(dist_flops);
     double worst = 0.0;
     for (double f : local_flops) worst = std::max(worst, std::max(comm_t, comp_us(f)) + dist_t);
-    return shape.layers * worst;
+    return shape.layers * worst + micro_batch_fixed_us;
   }
 
   // A lower bound on any DACP plan's time for these lengths on n ranks:
   // the max over ranks of local+dist FLOPs is at least the average, total/n.
   // With a non-decreasing comm table, the longest sequence also bounds it:
   // whole on one rank, or sharded and paying at least its own exchange.
+  // The micro-batch's fixed cost is paid once, whatever the plan.
   // seq_flops[i] = flops(lengths[i]) when the caller has them, else null.
   double micro_batch_lower_bound_us(const int64_t* lengths, size_t count, int32_t n,
                                     const double* seq_flops = nullptr) const {
@@ -159,7 +171,7 @@ struct CostModel {
       const double as_dist = comm_us(kv_bytes(longest)) + comp_us(f / n);
       bound = std::max(bound, std::min(as_local, as_dist));
     }
-    return shape.layers * bound;
+    return shape.layers * bound + micro_batch_fixed_us;
   }
   double micro_batch_lower_bound_us(const std::vector<int64_t>& lengths, int32_t n) const {
     return micro_batch_lower_bound_us(lengths.data(), lengths.size(), n);

@@ -56,7 +56,7 @@ constexpr double kSweepBoundSlack = 1e-9;
 // Lower bound on candidate k's predicted time. With D, V the sharded
 // prefix's per-rank FLOPs and bytes, R the FLOPs of the rest and L the
 // largest local FLOPs of any rank, the time is
-//   layers * (max(comm(V'), comp(L)) + comp(D'))
+//   layers * (max(comm(V'), comp(L)) + comp(D')) + fixed
 // with D' >= D, V' >= V (the LPT fallback may shard more of the rest: each
 // FLOP moved from local to sharded lowers L by at most 1/cp of it and raises
 // D' by exactly that), so max(comm(V), comp(R / cp)) + comp(D) bounds it,
@@ -69,7 +69,7 @@ inline double sweep_bound(const CostModel& cost, int32_t cp, bool monotone, doub
   const double comm = monotone ? cost.comm_us(volume) : 0.0;
   const double local = first_local ? cost.comp_us(std::max(rest_flops / cp, first_flops))
                                    : cost.a_us_per_flop * rest_flops / cp;
-  return cost.shape.layers * (std::max(comm, local) + cost.comp_us(dist_flops));
+  return cost.shape.layers * (std::max(comm, local) + cost.comp_us(dist_flops)) + cost.micro_batch_fixed_us;
 }
 
 }  // namespace detail
@@ -109,7 +109,9 @@ inline bool dacp_sweep_into(const int64_t* lengths, const double* seq_flops, siz
       // With a non-decreasing comm table, the sharded prefix alone costs
       // comm(V) + comp(D) and only grows with k: once it reaches the
       // incumbent, no larger k can beat it.
-      if (monotone && cost.shape.layers * (cost.comm_us(volume) + cost.comp_us(dist_flops)) >= incumbent) break;
+      if (monotone &&
+          cost.shape.layers * (cost.comm_us(volume) + cost.comp_us(dist_flops)) + cost.micro_batch_fixed_us >= incumbent)
+        break;
       prefix.push_back(prefix.back() + shard);
     }
     const bool first_local = k < n && lengths[order[k]] <= bucket - prefix[k];
@@ -197,8 +199,12 @@ inline Status dacp_for_into(const int64_t* lengths, const double* seq_flops, siz
                             opt.refine, ws, placement, rollbacks, moves) == Status::kOk;
   double comm_bytes = 0.0;
   time = ok ? score_into(lengths, seq_flops, placement, n, cost, opt.cp, ws.tokens, ws.flops, comm_bytes) : 0.0;
+  // The margin is on the part a placement changes: every placement pays the
+  // micro-batch's fixed cost, so it neither helps nor hides a gain.
+  const double fixed = cost.micro_batch_fixed_us;
   if (opt.dacp_search == DacpSearch::kShardSweep && opt.cp > 1 &&
-      (!ok || time > (1.0 + opt.sweep_margin) * cost.micro_batch_lower_bound_us(lengths, n, opt.cp, seq_flops))) {
+      (!ok ||
+       time - fixed > (1.0 + opt.sweep_margin) * (cost.micro_batch_lower_bound_us(lengths, n, opt.cp, seq_flops) - fixed))) {
     const double incumbent = ok ? time : std::numeric_limits<double>::infinity();
     if (dacp_sweep_into(lengths, seq_flops, n, cost, opt.cp, opt.bucket_size, incumbent, ws, placement, time)) {
       rollbacks = moves = 0;

@@ -176,7 +176,7 @@ constexpr int32_t kLinearCounts = 8;
 // the smallest feasible count m, or (MicroBatchCount::kPredictedTime) the
 // feasible count among the smallest and the next max_extra_micro_batches
 // with the least predicted time, ties to fewer micro-batches. Counts whose
-// lower bound, layers * (a * FLOPs / cp + m * b), already reaches the best
+// lower bound, layers * (a * FLOPs / cp + m * b) + m * fixed, already reaches the best
 // time are not tried: the bound only grows with m.
 //
 // Bounded search. A single sequence per micro-batch is always feasible for
@@ -232,7 +232,8 @@ inline MicroBatchSplit split_micro_batches(const std::vector<int64_t>& lengths, 
   if (opt.micro_batch_count == MicroBatchCount::kPredictedTime) {
     const int32_t last = static_cast<int32_t>(std::min<int64_t>(n, static_cast<int64_t>(best.m) + opt.max_extra_micro_batches));
     for (int32_t m = best.m + 1; m <= last; ++m) {
-      const double bound = cost.shape.layers * (cost.a_us_per_flop * total_flops / opt.cp + m * cost.b_us);
+      const double bound = cost.shape.layers * (cost.a_us_per_flop * total_flops / opt.cp + m * cost.b_us) +
+                           m * cost.micro_batch_fixed_us;
       if (bound >= best.time_us) break;
       ++tries;
       split_strided(lengths, flops, share, m, cost, opt, ws, cand, best.time_us);

@@ -65,7 +65,7 @@ inline int32_t refine_placement(const int64_t* lengths, const double* seq_flops,
   // comm_t and dist_t are the comm and distributed compute times, which a
   // move leaves as they are (the caller computes them once per move).
   auto time_with = [&](double top, double dist_t, double comm_t) {
-    return cost.shape.layers * (std::max(comm_t, cost.comp_us(top)) + dist_t);
+    return cost.shape.layers * (std::max(comm_t, cost.comp_us(top)) + dist_t) + cost.micro_batch_fixed_us;
   };
   const int32_t max_moves = static_cast<int32_t>(std::min<size_t>(n, kMaxRefineMoves));
   while (moves < max_moves) {

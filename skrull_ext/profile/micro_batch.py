@@ -1,0 +1,138 @@
+# Copyright (c) skrull-ext contributors.
+# All rights reserved.
+#
+# This source code is licensed under the BSD-style license found in the
+# LICENSE file in the root directory of this source tree.
+
+"""The fixed cost of one micro-batch (``CostModel.micro_batch_fixed_us``).
+
+Every micro-batch pays time that no layer's FLOPs explain: FSDP all-gathers
+each unit's parameters for the forward and again for the backward, and
+reduce-scatters the gradients (unless ``[skrull] defer_grad_sync``), once per
+micro-batch whatever it holds; the embedding, the head and the loss are
+called once more. The scheduler trades micro-batches against it (GDS), so
+it is measured here, in the job's own setting: the job's model wrapped the
+way torchtitan wraps a decoder for FSDP (``apply_fsdp_to_decoder`` over all
+ranks of this launch, the job's dtypes and reshard policy), then the
+micro-batch loop the trainer runs (forward, loss, backward per micro-batch),
+timed for the same tokens split into 1, 2 and 4 micro-batches.
+
+The documents are short (``--micro-batch-doc``, 32 tokens, 4 of them): the
+step is then mostly the fixed cost, and the CPU dense-mask attention, which
+costs more for one packed buffer than for its documents apart, adds little.
+With the tokens equal, the step time's slope over the micro-batch count is
+the cost of one more micro-batch; the cost model already prices ``layers *
+b_us`` of it (one more call per layer), so
+
+    fixed = slope - layers * b_us   (clamped at 0).
+
+Short micro-batches expose FSDP's gathers that a long micro-batch's compute
+would partly hide (FSDP prefetches the next unit): the number is the fixed
+cost where it matters most, an upper estimate for long micro-batches.
+
+This runs last: it wraps the profiled model in FSDP for good.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from skrull_ext.profile.fit import PolyFit, fit_poly
+from skrull_ext.profile.model import JobModel
+from skrull_ext.profile.options import ProfileOptions
+from skrull_ext.profile.ranks import reduce_floats, time_call
+
+__all__ = ["MicroBatchResult", "fixed_from_fit", "profile_micro_batch"]
+
+
+@dataclass(frozen=True)
+class MicroBatchResult:
+    counts: tuple[int, ...]
+    """Micro-batches per step, the fit's x."""
+    us: list[float]
+    """Step time (the micro-batch loop, wall clock, median over repeats, slowest rank) per count."""
+    docs: tuple[int, ...]
+    """The step's documents (tokens), split evenly over the micro-batches."""
+    fit: PolyFit
+    """step_us = intercept + slope * count."""
+    calls_us: float
+    """What the cost model already prices per extra micro-batch: layers * b_us."""
+    fsdp_degree: int
+    """Ranks FSDP shards over here (1: no FSDP, one process)."""
+    defer_grad_sync: bool
+
+    @property
+    def fixed_us(self) -> float:
+        return fixed_from_fit(self.fit.slope, self.calls_us)
+
+
+def fixed_from_fit(slope_us: float, calls_us: float) -> float:
+    """The fixed cost of one micro-batch: the measured cost of one more, less what
+    the cost model already prices of it; never below 0 (the core's range)."""
+    return max(0.0, slope_us - calls_us)
+
+
+def _wrap_fsdp(jm: JobModel, world: int) -> None:
+    """FSDP over every rank of this launch, as torchtitan's parallelize does for a decoder."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torchtitan.config import TORCH_DTYPE_MAP
+    from torchtitan.distributed.fsdp import apply_fsdp_to_decoder
+
+    t, p = jm.config.training, jm.config.parallelism
+    mesh = init_device_mesh(jm.device.type, (world,), mesh_dim_names=("fsdp",))
+    apply_fsdp_to_decoder(jm.model, mesh, param_dtype=TORCH_DTYPE_MAP[t.mixed_precision_param],
+                          reduce_dtype=TORCH_DTYPE_MAP[t.mixed_precision_reduce], pp_enabled=False,
+                          cpu_offload=t.enable_cpu_offload, reshard_after_forward_policy=p.fsdp_reshard_after_forward)
+    if dist.get_backend() == "gloo":  # as compat's fsdp_sum_reductions does for training: gloo has no PREMUL_SUM
+        from torch.distributed.fsdp import FSDPModule
+
+        for module in jm.model.modules():
+            if isinstance(module, FSDPModule):
+                module.set_force_sum_reduction_for_comms(True)
+
+
+def profile_micro_batch(jm: JobModel, opts: ProfileOptions, b_us: float,
+                        tick: Callable[[str], None]) -> MicroBatchResult:
+    """Time the micro-batch loop at each count (round-robin over warmup + repeats
+    rounds, median per count, slowest rank; wall clock: the gathers' waits are
+    the cost) and fit the line."""
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    if world > 1:
+        _wrap_fsdp(jm, world)
+    skrull = getattr(jm.config, "skrull", None)
+    defer = bool(skrull is not None and getattr(skrull, "defer_grad_sync", False))
+    counts = tuple(opts.micro_batch_counts)
+    docs = (opts.micro_batch_doc,) * max(counts)
+    steps = {m: [jm.buffer(list(docs[j::m]), seed=opts.seed + j) for j in range(m)] for m in counts}
+
+    def run(m: int) -> None:
+        bufs = steps[m]
+        for j, buf in enumerate(bufs):
+            if defer and world > 1:
+                jm.model.set_requires_gradient_sync(j == len(bufs) - 1)
+            out = jm.model(buf["tokens"], buf["positions"], buf["attention_masks"])
+            loss, _ = jm.loss_fn(out, buf["labels"])
+            loss.backward()
+
+    def before() -> None:
+        jm.model.zero_grad(set_to_none=True)
+        if dist.is_initialized():
+            dist.barrier()  # every rank starts the step together, as in training
+
+    samples: dict[int, list[float]] = {m: [] for m in counts}
+    rounds = opts.warmup + opts.micro_batch_repeats
+    for r in range(rounds):
+        for m in counts:
+            tick(f"micro-batches x{m} ({r + 1}/{rounds})")
+            wall, _ = time_call(lambda: run(m), jm.device, before=before)  # noqa: B023
+            if r >= opts.warmup:
+                samples[m].append(wall)
+    jm.model.zero_grad(set_to_none=True)
+    us = reduce_floats([statistics.median(samples[m]) for m in counts], "max", jm.device)
+    fit = fit_poly([float(m) for m in counts], us, 1)
+    return MicroBatchResult(counts, us, docs, fit, jm.shape.layers * b_us, world, defer)
