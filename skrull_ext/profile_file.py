@@ -82,19 +82,29 @@ def from_dict(d: dict[str, Any], where: str = "profile") -> CostModel:
     _check(d, where, need_model=True)
     m, c, k = d["model"], d["compute"], d["comm"]
     mb = d.get("micro_batch", {})
+
+    def num(section: str, table: dict, key: str, kind: type = float, default: Any = None) -> Any:
+        value = table.get(key, default)
+        try:
+            if isinstance(value, list):
+                return [kind(x) for x in value]
+            return kind(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"[{section}] {key} must be a number, got {value!r}") from None
+
     try:
         return CostModel(
-            shape=ModelShape(int(m["layers"]), int(m["hidden"]), int(m["kv_width"]), int(m["bytes_per_elem"])),
-            a_us_per_flop=float(c["a_us_per_flop"]),
-            b_us=float(c["b_us"]),
+            shape=ModelShape(*(num("model", m, key, int) for key in _SHAPE_KEYS)),
+            a_us_per_flop=num("compute", c, "a_us_per_flop"),
+            b_us=num("compute", c, "b_us"),
             comm=CommModel(
-                bytes=[float(x) for x in k["bytes"]],
-                us=[float(x) for x in k["us"]],
-                threshold_bytes=float(k.get("threshold_bytes", 0.0)),
-                floor_us=float(k.get("floor_us", 0.0)),
-                collectives_per_layer=float(k.get("collectives_per_layer", 2.0)),
+                bytes=num("comm", k, "bytes"),
+                us=num("comm", k, "us"),
+                threshold_bytes=num("comm", k, "threshold_bytes", default=0.0),
+                floor_us=num("comm", k, "floor_us", default=0.0),
+                collectives_per_layer=num("comm", k, "collectives_per_layer", default=2.0),
             ),
-            micro_batch_fixed_us=float(mb.get("fixed_us", 0.0)),
+            micro_batch_fixed_us=num("micro_batch", mb, "fixed_us", default=0.0),
         )
     except (TypeError, ValueError) as e:
         raise ValueError(f"{where}: {e}") from None

@@ -52,8 +52,8 @@ def _cost(a=1e-9, b=1.0, layers=2, bytes_=(1.0, 2.0), us=(1.0, 2.0), floor=0.0, 
 @pytest.mark.parametrize(
     "kw, msg",
     [
-        ({"a": float("inf")}, r"a_us_per_flop must be finite and in \[0, 1\.0+\], got inf"),
-        ({"a": 2.0}, r"a_us_per_flop must be finite and in \[0, 1\.0+\], got 2\.0+"),
+        ({"a": float("inf")}, r"a_us_per_flop must be finite and in \[0, 1\], got inf"),
+        ({"a": 2.0}, r"a_us_per_flop must be finite and in \[0, 1\], got 2$"),
         ({"b": -1.0}, r"b_us must be finite"),
         ({"b": 1e300}, r"b_us must be finite"),
         ({"layers": 1 << 20}, r"layers must be in \[1, 65536\]"),

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdint>
 #include <limits>
 #include <stdexcept>
@@ -67,7 +68,13 @@ struct CostModel {
   void validate() const {
     auto fail = [](const std::string& what) { throw std::invalid_argument("cost model: " + what); };
     auto in = [](double v, double hi) { return std::isfinite(v) && v >= 0.0 && v <= hi; };
-    auto num = [](double v) { return std::to_string(v); };
+    // %g: 7.5e-09 and 1e+300 read as such (std::to_string prints fixed
+    // point: 0.000000 and three hundred digits).
+    auto num = [](double v) {
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "%g", v);
+      return std::string(buf);
+    };
     if (shape.layers < 1 || shape.layers > kMaxLayers)
       fail("layers must be in [1, " + std::to_string(kMaxLayers) + "], got " + std::to_string(shape.layers));
     if (shape.hidden < 1 || shape.hidden > kMaxWidth)
