@@ -33,6 +33,18 @@ def _shard(s: int, k: int) -> int:
     return s if k <= 1 else 2 * -(-s // (2 * k))
 
 
+def _rank_flops(mb: PoolMicroBatchPlan, cost: _core.CostModel) -> list[float]:
+    """Per-layer forward FLOPs of each rank of the block (the core's DacpResult
+    rule: a local sequence's on its rank, a sharded one's 1/k on each of its k)."""
+    base = mb.first_group * mb.cp_of_block
+    out = [0.0] * len(mb.rank_tokens)
+    for s, r, n in zip(mb.lengths, mb.first_rank, mb.num_ranks):
+        f = cost.flops(s) / n
+        for i in range(r - base, r - base + n):
+            out[i] += f
+    return out
+
+
 @dataclass
 class PoolMicroBatchPlan:
     """One micro-batch: a slot on the CP groups [first_group, first_group + groups)."""
@@ -116,7 +128,10 @@ class PoolPlan:
     refined_dp_rank: int | None = None
 
     @classmethod
-    def from_core(cls, s: _core.PoolSchedule, input_lengths: list[int], dp: int, cp: int, bucket_size: int) -> PoolPlan:
+    def from_core(cls, s: _core.PoolSchedule, input_lengths: list[int], dp: int, cp: int, bucket_size: int,
+                  cost: _core.CostModel | None = None) -> PoolPlan:
+        """With ``cost``, each micro-batch's ``rank_flops`` is filled as skrull's
+        DACP result fills it (a sequence's FLOPs split evenly over its rank set)."""
         lengths = list(s.lengths)
         mbs = [
             PoolMicroBatchPlan(
@@ -127,6 +142,9 @@ class PoolPlan:
             )
             for mb in s.micro_batches
         ]
+        if cost is not None:
+            for mb in mbs:
+                mb.rank_flops = _rank_flops(mb, cost)
         return cls(
             dp=dp, cp=cp, bucket_size=bucket_size, lengths=lengths, input_lengths=list(input_lengths),
             micro_batch=list(s.micro_batch), first_rank=list(s.first_rank), num_ranks=list(s.num_ranks),
@@ -210,15 +228,16 @@ class PoolPlan:
             "dp_imbalance": self.makespan_us / mean if mean > 0 else 1.0,
             "max_rank_tokens": max(rank_tokens, default=0),
             "rank_token_imbalance": _imbalance(self.rank_totals()),
-            # FLOPs per rank are known only where CP-SAT re-placed a micro-batch; NaN otherwise.
-            "rank_flop_imbalance": float("nan"),
+            # NaN only for a plan built without a cost model (from_core's ``cost``).
+            "rank_flop_imbalance": (_imbalance(self.rank_totals("rank_flops"))
+                                    if all(mb.rank_flops for mb in self.micro_batches) else float("nan")),
         }
 
-    def rank_totals(self) -> list[float]:
-        """Tokens per global rank summed over its micro-batches."""
+    def rank_totals(self, what: str = "rank_tokens") -> list[float]:
+        """Per global rank, ``what`` ('rank_tokens' or 'rank_flops') summed over its micro-batches."""
         out = [0.0] * self.world
         for mb in self.micro_batches:
-            for i, t in enumerate(mb.rank_tokens):
+            for i, t in enumerate(getattr(mb, what)):
                 out[mb.first_group * self.cp + i] += t
         return out
 

@@ -64,7 +64,7 @@ class Scheduler:
             raise ValueError(f"dp_rank must be in [0, {c.dp}), got {dp_rank!r}")
         if POLICIES[c.policy].pool:
             pool = _core.schedule_pool(lengths, self.cost_model, self._options)
-            plan = PoolPlan.from_core(pool, lengths, c.dp, c.cp, c.bucket_size)
+            plan = PoolPlan.from_core(pool, lengths, c.dp, c.cp, c.bucket_size, cost=self.cost_model)
             mbs = [mb for mb in plan.micro_batches if mb.groups == 1 and (dp_rank is None or mb.first_group == dp_rank)]
         else:
             core = _core.schedule(lengths, self.cost_model, self._options)

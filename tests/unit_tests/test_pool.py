@@ -120,6 +120,29 @@ def test_long_sequence_is_spread_over_groups_when_its_group_would_straggle():
     assert pool.makespan_us < 0.7 * skrull.makespan_us
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_rank_flops_follow_the_rank_sets(seed):
+    # Each micro-batch's per-rank FLOPs: a local sequence's on its rank, a
+    # sharded one's split over its set; a one-group micro-batch's equal what
+    # the core reports for the same placement. The step log's FLOP imbalance
+    # is then a number, not NaN.
+    dp, cp, bucket = 4, 4, 4096
+    lengths_ = batch(seed, 200, bucket, dp, cp, 0.05) + [5 * bucket, 2 * bucket]
+    plan = plan_of(lengths_, dp, cp, bucket)
+    cost = cm.preset()
+    sizes = set()
+    for mb in plan.micro_batches:
+        assert len(mb.rank_flops) == len(mb.rank_tokens)
+        assert sum(mb.rank_flops) == pytest.approx(sum(cost.flops(s) for s in mb.lengths), rel=1e-12)
+        sizes.update(mb.num_ranks)
+        if mb.groups == 1 and all(n in (1, cp) for n in mb.num_ranks):
+            core = _core.evaluate_placement(mb.lengths, mb.cp_rank, cost, cp, bucket)
+            assert mb.rank_flops == pytest.approx(list(core.rank_flops), rel=1e-12)
+    assert {1, cp} < sizes  # local, one group and wider sets all seen
+    imbalance = plan.summary()["rank_flop_imbalance"]
+    assert 1.0 <= imbalance < float("inf")
+
+
 def test_pool_options_are_checked():
     opt = SchedulerConfig(dp=2, cp=2, policy="skrull-pool").core_options()
     for name, bad in (("pool_widen", -1.0), ("pool_cross_group_comm", float("nan"))):
