@@ -51,7 +51,7 @@ POLICIES: dict[str, Policy] = {
         Placement.LEAST_LOAD, Rollback.SHORTEST, MicroBatchCount.SMALLEST_FEASIBLE, False, False,
         "paper's Algorithms 1+2, corrected roll-back, smallest feasible micro-batch count",
     ),
-    # One pool (issue 18): skrull, plus sequences sharded over aligned blocks
+    # One pool: skrull, plus sequences sharded over aligned blocks
     # of CP groups when their own group would straggle or cannot hold them
     # (up to bucket_size x dp x cp tokens); skrull's plan kept when it
     # predicts no slower; then a one-group micro-batch's sharded sequence

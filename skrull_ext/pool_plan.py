@@ -1,4 +1,4 @@
-"""The plan of one global batch under policy ``skrull-pool`` (issue 18).
+"""The plan of one global batch under policy ``skrull-pool``.
 
 The world is DP x CP ranks, global rank = dp_rank * cp + cp_rank. Each
 micro-batch sits at a *slot* on a block of CP groups (DP ranks); every rank

@@ -3,10 +3,10 @@
     python cpp/fuzz/make_seeds.py build/fuzz/corpus
 
 Real length distributions (skrull_ext/lengths) under every policy, the
-adversarial shapes of issue 7 (one giant plus thousands of tiny, all equal,
-just above BucketSize/N), a DACP roll-back that ends in a local placement,
-and a batch one over the sequence limit. tools/fuzz.sh --merge keeps the
-ones that add coverage.
+shapes of the adversarial benchmark (skrull_ext/bench/adversarial.py: one
+giant plus thousands of tiny, all equal, just above BucketSize/N), a DACP
+roll-back that ends in a local placement, and a batch one over the sequence
+limit. tools/fuzz.sh --merge keeps the ones that add coverage.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def main(out: Path) -> None:
         for i, e in enumerate([0x00, 0x10, 0x80 | 0x10, 0x05, 0x15, 0x01, 0x04]):  # placement/rollback/count/refine
             batch = [rng.choice(pool) for _ in range(rng.choice([64, 256]))]
             seeds[f"real_{name.split('.')[0][:20]}_{i}"] = schedule(4, 8, 26624, e, lengths(batch), search=i % 2)
-    # Adversarial shapes (issue 7).
+    # Adversarial shapes (skrull_ext/bench/adversarial.py).
     seeds["giant_plus_tiny"] = schedule(1, 8, 26624, 0x10, bytes([254]) + bytes([0]) + special(6) + run(30000, length(1)))
     seeds["all_equal"] = schedule(2, 8, 26624, 0x90, bytes([254]) + run(20000, length(4096)))
     seeds["just_above_bucket_over_n"] = schedule(1, 8, 26624, 0x10, bytes([254]) + run(20000, special(9)))

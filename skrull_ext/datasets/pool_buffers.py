@@ -1,4 +1,4 @@
-"""One rank's buffers for a step planned by policy ``skrull-pool`` (issue 18).
+"""One rank's buffers for a step planned by policy ``skrull-pool``.
 
 A pool plan (skrull_ext/pool_plan.py) runs each micro-batch at a *slot* on a
 block of CP groups; each sequence has a rank set of world ranks (world rank =

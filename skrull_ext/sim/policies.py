@@ -20,7 +20,7 @@ iteration time. All times come from the core's cost model.
   not), so it is compared on the average over the same samples.
 - worstfit, skrull-paper, skrull-fast, skrull: the core's policies
   (skrull_ext.config); skrull-fast is skrull without the shard sweep.
-- skrull-pool: the DP x CP world as one pool (issue 18), on sequences
+- skrull-pool: the DP x CP world as one pool, on sequences
   truncated only beyond what the world holds; skrull-pool-capped: the same
   planner on the others' inputs (capped at what a CP group holds), the
   like-for-like comparison with skrull.

@@ -1,4 +1,4 @@
-// One pool (issue 18): each sequence sharded over as many ranks as it needs,
+// One pool: each sequence sharded over as many ranks as it needs,
 // anywhere in the DP x CP world, as policy "skrull-pool".
 //
 // A rank set is a contiguous run of global ranks (global rank = dp_rank * cp
