@@ -109,10 +109,10 @@ class SchedulingOptions:
     dataloader applies it before the scheduler and counts each sample (datasets/accounting.py)."""
     cpsat: bool = False
     """Allow the CP-SAT fallback (used only by policies that enable it). Off by default:
-    measured on every shipped shape it saves under 0.05% of a step's predicted time on
-    average for over 100x that in solver wall time (``python -m skrull_ext.bench cpsat``,
-    docs/benchmarks.md "CP-SAT fallback"). A micro-batch no heuristic can place still
-    goes to CP-SAT (``Scheduler.schedule_micro_batch``)."""
+    on the shipped shapes the step time it saves is far smaller than the solver wall time
+    it costs (measured by ``python -m skrull_ext.bench cpsat``: docs/benchmarks.md, section
+    12). A micro-batch no heuristic can place still goes to CP-SAT
+    (``Scheduler.schedule_micro_batch``)."""
     cpsat_margin: float = 0.10
     """Try CP-SAT on a micro-batch predicted more than this fraction above its lower bound."""
     cpsat_deterministic_time: float = 0.005

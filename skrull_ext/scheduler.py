@@ -5,11 +5,12 @@
     plan.validate()
 
 The C++ core does the heuristics. With ``cpsat=True`` (off by default: on
-the measured shapes it gains under 0.05% of a step for >100x that in solver
-time, ``python -m skrull_ext.bench cpsat``) and a policy that allows it,
-micro-batches predicted more than ``cpsat_margin`` above their lower bound
-are re-solved exactly by CP-SAT under a deterministic limit, and the faster
-of the two placements (both scored by the C++ cost model) is kept.
+the measured shapes it saves far less step time than its solver time costs;
+``python -m skrull_ext.bench cpsat``, docs/benchmarks.md section 12) and a
+policy that allows it, micro-batches predicted more than ``cpsat_margin``
+above their lower bound are re-solved exactly by CP-SAT under a
+deterministic limit, and the faster of the two placements (both scored by
+the C++ cost model) is kept.
 """
 
 from __future__ import annotations
