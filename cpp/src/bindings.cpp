@@ -114,7 +114,7 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
       .def_readwrite("floor_us", &CommModel::floor_us)
       .def_readwrite("collectives_per_layer", &CommModel::collectives_per_layer);
 
-  py::class_<CostModel>(m, "CostModel", "Per-layer cost model of SKRULL.md (tokens, FLOPs, bytes, microseconds).")
+  py::class_<CostModel>(m, "CostModel", "Per-layer cost model of docs/design/cost_model.md (tokens, FLOPs, bytes, microseconds).")
       .def(py::init([](const ModelShape& shape, double a_us_per_flop, double b_us, const CommModel& comm,
                        double micro_batch_fixed_us) {
              CostModel c{shape, a_us_per_flop, b_us, comm, micro_batch_fixed_us};

@@ -1,6 +1,7 @@
-// Cost model of SKRULL.md: FLOPs, K/V volume, compute and communication time
-// of one layer, and the predicted time of a DACP micro-batch. It knows
-// nothing about scheduling; the scheduler takes it as a parameter.
+// Cost model (docs/design/cost_model.md): FLOPs, K/V volume, compute and
+// communication time of one layer, and the predicted time of a DACP
+// micro-batch. It knows nothing about scheduling; the scheduler takes it as a
+// parameter.
 //
 // Units: lengths in tokens, FLOPs per layer of the forward pass, bytes,
 // times in microseconds.
@@ -144,7 +145,8 @@ struct CostModel {
   // Communication time of one layer (forward + backward collectives).
   double comm_us(double bytes) const { return comm.collectives_per_layer * collective_us(bytes); }
 
-  // SKRULL.md overlap formula, all layers, plus the micro-batch's fixed cost:
+  // Overlap formula (docs/design/cost_model.md, "Time of a micro-batch"), all
+  // layers, plus the micro-batch's fixed cost:
   //   Time_j = max(T_comm(V), T_comp(Local_j)) + T_comp(Dist);
   //   T = layers * max_j Time_j + micro_batch_fixed_us.
   // local_flops[j] is rank j's local FLOPs, dist_flops one rank's share.

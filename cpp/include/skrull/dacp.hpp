@@ -1,6 +1,6 @@
-// DACP (SKRULL.md, corrected Algorithm 1, and the paper's worst-fit
-// Algorithm 4): for one micro-batch on one CP group, decide which sequences
-// stay whole on one CP rank and which are sharded over the group.
+// DACP (docs/design/algorithms.md, corrected Algorithm 1, and the paper's
+// worst-fit Algorithm 4): for one micro-batch on one CP group, decide which
+// sequences stay whole on one CP rank and which are sharded over the group.
 #pragma once
 
 #include <algorithm>

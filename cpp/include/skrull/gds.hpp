@@ -1,6 +1,6 @@
-// GDS (SKRULL.md, Algorithm 2 with its loop fixed): split a global batch
-// over DP ranks, then each rank's share into micro-batches that DACP can
-// schedule within memory.
+// GDS (docs/design/algorithms.md, Algorithm 2 with its loop fixed): split a
+// global batch over DP ranks, then each rank's share into micro-batches that
+// DACP can schedule within memory.
 #pragma once
 
 #include <algorithm>

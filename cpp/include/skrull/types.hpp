@@ -30,7 +30,7 @@ enum class Status : int32_t {
   kUnschedulable = 1,  // DACP: the micro-batch does not fit in memory
 };
 
-// DACP placement rule for a sequence (SKRULL.md, Algorithm 1 vs 4).
+// DACP placement rule for a sequence (docs/design/algorithms.md, Algorithm 1 vs 4).
 enum class Placement : int32_t {
   kLeastLoad = 0,  // Skrull: least-loaded rank, then the rank with most room
   kWorstFit = 1,   // paper's "round-robin": rank with most room only
