@@ -161,7 +161,7 @@ def decide(limit: LengthLimit, indices: list[int], lengths: list[int], losses, s
 def apply_limit(limit: LengthLimit, indices: list[int], samples: list[Sample], source, step: int
                 ) -> tuple[list[int], list[Sample], StepAccount]:
     """One step's global batch under the limit, its samples built: the samples
-    to train (cut where the policy says so, in read order) and the step's account."""
+    to train (cut where the over-length mode says so, in read order) and the step's account."""
     keep, lengths, _, account = decide(
         limit, indices, [s.length for s in samples],
         lambda k, n: int((samples[k].labels[:n] != IGNORE_INDEX).sum()), source, step)

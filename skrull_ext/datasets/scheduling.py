@@ -3,8 +3,9 @@ per (DP rank, CP rank) per micro-batch.
 
 Every step, every rank draws the same global batch (sample
 indices are a function of the step), applies the length limit to it (the
-over-length policy and the loss-token check, overlength.py: what is cut or
-skipped is counted, accounting.py) from the source's lengths and loss counts,
+over-length mode ``skrull.overlength`` and the loss-token check,
+overlength.py: what is cut or skipped is counted, accounting.py) from the
+source's lengths and loss counts,
 asks the scheduler for the plan of its lengths (the core is deterministic, so
 every rank gets the same plan without talking) and builds its own buffers
 from it: only the samples of its own micro-batches are ever built. A DP rank with fewer

@@ -16,9 +16,9 @@ torchrun with ``python -m skrull_ext.data prepare JOB.toml``::
 
 Ranks load the two index arrays and memory-map the rest: only the pages of
 samples a rank builds (or names in a message) are ever read, so a rank's
-memory does not grow with the corpus. Lengths are whole: ``max_len`` is the
-over-length policy's, applied per step (overlength.py), so changing it does
-not rebuild the store.
+memory does not grow with the corpus. Lengths are whole: ``max_len`` and the
+over-length mode (``skrull.overlength``) are applied per step (overlength.py),
+so changing them does not rebuild the store.
 
 Key (``cache_key``): sha256 over the source files' (path, size, mtime_ns),
 the tokenizer folder's files by content, the chat template text, the options

@@ -10,7 +10,7 @@ namespace skrull {
 
 // Placement value of a sequence that is sharded over the whole CP group.
 constexpr int32_t kDistributed = -1;
-// DP rank value of a sequence removed by the "drop" over-length policy.
+// DP rank value of a sequence removed by the "drop" over-length mode.
 constexpr int32_t kDropped = -1;
 
 // Accepted input ranges. Every token sum of an accepted input fits in int64
