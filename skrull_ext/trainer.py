@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
+from torch.nn.attention.flex_attention import _DEFAULT_SPARSE_BLOCK_SIZE
 from torchtitan.components.dataloader import DataloaderExhaustedError
 from torchtitan.config.override import derive
 from torchtitan.distributed import utils as dist_utils
@@ -98,6 +99,11 @@ class SkrullTrainer(Trainer):
                     "skrull.enable needs [dataloader] kind = \"skrull\" "
                     f"(got {type(self.dataloader).__qualname__})"
                 )
+            if self.skrull.enable and self.dataloader.packing != "rows":
+                raise ValueError(
+                    f"dataloader.packing = {self.dataloader.packing!r} is for torchtitan's batching "
+                    "(skrull.enable = false); Skrull's loader neither pads nor cuts samples"
+                )
             if not self.skrull.enable and isinstance(self.dataloader, SkrullDataLoader.Config):
                 # Same data, torchtitan's batching: the switch works from the CLI.
                 self.dataloader = derive(self.dataloader, PackedDataLoader.Config)
@@ -137,6 +143,9 @@ class SkrullTrainer(Trainer):
             self._init_skrull()
         elif isinstance(self.dataloader, PackedDataLoader):  # torchtitan's batching: the same limit and counts
             self.dataloader.set_overlength(config.skrull.overlength)
+            # torchtitan's CP shards a FlexAttention row in blocks of the BlockMask's size.
+            cp = self.parallel_dims.cp
+            self.dataloader.row_multiple = cp * _DEFAULT_SPARSE_BLOCK_SIZE if cp > 1 else 1
             check_overlength(self.dataloader, first_step=1, last_step=config.training.steps)
             self.optimizers.register_step_pre_hook(self._stop_on_non_finite_grads)
 

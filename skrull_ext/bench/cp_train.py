@@ -10,6 +10,10 @@ NAME=FLAGS``). The default pair:
 - ``torchtitan``: ``--skrull.no-enable``, torchtitan's trainer and batching
   (each global batch packed into ``training.seq_len`` rows, every row sharded
   over the CP group, K/V all-gathered by torchtitan's CP attention);
+- ``torchtitan-stream``: the same with ``--dataloader.packing stream``: the
+  step's samples cut into as few rows as hold them, no padding but CP's
+  block rounding (datasets/row_layout.py), the strongest baseline
+  torchtitan's CP runs on chat data;
 - ``skrull``: the job's ``[skrull]`` section: the plan and the DACP attention.
 
 Runs alternate (torchtitan, skrull, skrull, torchtitan, ...) so drift in the
@@ -18,7 +22,8 @@ bytes of the attention exchange, the time blocked on it, the local attention
 that DACP runs meanwhile and the step wall time. Reported: bytes per step
 (summed over ranks), step time per run (mean over the measured steps of
 the slowest rank's time) as min/median/max over repeats, the paired per-repeat
-ratio, and blocked/overlapped time. A script, not a test: nothing asserted.
+ratio against each baseline (every mode run with ``--skrull.no-enable``), and
+blocked/overlapped time. A script, not a test: nothing asserted.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import time
 BASELINE = "torchtitan"
 DEFAULT_VARIANTS = [
     f"{BASELINE}=--skrull.no-enable",
+    f"{BASELINE}-stream=--skrull.no-enable --dataloader.packing stream",
     "skrull=",
 ]
 DEFAULT_JOB = os.path.join(os.path.dirname(__file__), "..", "jobs", "debug_cpu.toml")
@@ -153,21 +159,28 @@ def spread(xs: list[float], scale: float = 1.0, fmt: str = "{:.1f}") -> str:
     return f"{f(statistics.median(xs))} ({f(min(xs))}-{f(max(xs))})"
 
 
-def table(results: dict[str, list[dict]]) -> str:
-    base = results[BASELINE]
+def baselines(modes: dict[str, list[str]]) -> list[str]:
+    """The modes that run torchtitan's batching: each gets a ratio column."""
+    return [m for m, flags in modes.items() if m == BASELINE or "--skrull.no-enable" in flags]
+
+
+def table(results: dict[str, list[dict]], baselines: list[str]) -> str:
+    """One row per mode; one paired step-time ratio column per baseline."""
+    base_mib = statistics.mean(b["kv_bytes"] for b in results[BASELINE]) / 2**20
     rows = [
-        "| mode | K/V MiB/step (all ranks) | vs torchtitan | mean step ms, median (min-max) over runs "
-        "| step-time ratio torchtitan/mode, per repeat | blocked on exchange ms/step | local attention ms/step "
-        "(overlaps the exchange) | local token share |",
-        "|---|---|---|---|---|---|---|---|",
+        f"| mode | K/V MiB/step (all ranks) | vs {BASELINE} | mean step ms, median (min-max) over runs | "
+        + "".join(f"step-time ratio {b}/mode, per repeat | " for b in baselines)
+        + "blocked on exchange ms/step | local attention ms/step (overlaps the exchange) | local token share |",
+        "|---|---|---|---|" + "---|" * len(baselines) + "---|---|---|",
     ]
     for mode, runs in results.items():
         mib = statistics.mean(r["kv_bytes"] for r in runs) / 2**20
-        ratio = [b["step_s"] / r["step_s"] for b, r in zip(base, runs)]
+        ratios = "".join(
+            spread([b["step_s"] / r["step_s"] for b, r in zip(results[name], runs)], fmt="{:.2f}") + " | "
+            for name in baselines)
         rows.append(
-            f"| {mode} | {mib:.2f} | {mib / (statistics.mean(b['kv_bytes'] for b in base) / 2**20):.2f}x "
-            f"| {spread([r['step_s'] for r in runs], 1e3)} | {spread(ratio, fmt='{:.2f}')} "
-            f"| {spread([r['blocked_s'] for r in runs], 1e3)} | {spread([r['overlapped_s'] for r in runs], 1e3)} "
+            f"| {mode} | {mib:.2f} | {mib / base_mib:.2f}x | {spread([r['step_s'] for r in runs], 1e3)} | {ratios}"
+            f"{spread([r['blocked_s'] for r in runs], 1e3)} | {spread([r['overlapped_s'] for r in runs], 1e3)} "
             f"| {100 * statistics.mean(r['local_token_share'] for r in runs):.0f}% |"
         )
     return "\n".join(rows)
@@ -179,11 +192,12 @@ def plot(results: dict[str, list[dict]], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 3.5))
+    fig, ax = plt.subplots(figsize=(1.3 * len(results) + 2.5, 4))
     data = [[s * 1e3 for r in runs for s in r["step_s_all"]] for runs in results.values()]
     ax.boxplot(data, tick_labels=list(results), showmeans=True)  # the mean is what the table reports
+    ax.tick_params(axis="x", labelrotation=20)
     ax.set_ylabel("step time, slowest rank (ms)")
-    ax.set_title("Training step time, every measured step of every run (triangle: mean)")
+    ax.set_title("Step time, every measured step of every run\n(box: quartiles, triangle: mean)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -201,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{i + 1}/{len(order)}] {mode} run {repeat + 1}/{a.repeats} ...", end=" ", flush=True)
         results[mode].append(summarize_run(launch(a, mode, repeat), a.warmup))
         print(f"{time.perf_counter() - t0:.0f} s (mean step {results[mode][-1]['step_s'] * 1e3:.0f} ms)", flush=True)
-    md = table(results)
+    md = table(results, baselines(a.modes))
     header = (f"{a.config_file}, {a.nproc} processes, CP={a.cp}, {a.steps} steps (first {a.warmup + 1} not timed), "
               f"{a.repeats} runs per mode, {time.perf_counter() - t_start:.0f} s in all\n\n")
     with open(os.path.join(a.out, "bench_cp.md"), "w") as f:

@@ -1,9 +1,11 @@
 """torchtitan-format batches of the sources' global batches (the baseline).
 
-Each step's global batch is packed, in caller order and without splitting a
-sequence, into ``dp_world_size * local_batch_size`` rows of ``seq_len``
-tokens; DP rank r gets rows [r*B, (r+1)*B). Free space at a row's end is a
-padding document (id 0, label ignored, positions restarting at 0), so it
+Each step's global batch is laid out in rows by ``[dataloader] packing``
+(row_layout.py: whole samples in ``local_batch_size`` rows of ``seq_len``,
+or the samples as one stream cut into as few rows as hold them); DP rank r
+gets its share of the rows. Each piece of a sample is a document (positions
+restart at 0, which is where torchtitan's document mask separates them);
+free space at a row's end is a padding document (id 0, label ignored), so it
 never touches real tokens under the document mask. This is what torchtitan's
 own trainer consumes, with one optimizer step per yielded batch: the gradient
 accumulation steps of the run must be 1.
@@ -22,32 +24,9 @@ from torchtitan.components.tokenizer import BaseTokenizer
 
 from skrull_ext.datasets.accounting import RunAccount
 from skrull_ext.datasets.overlength import length_limit, limit_step
+from skrull_ext.datasets.row_layout import PACKINGS
 from skrull_ext.datasets.source import SourceDataLoaderBase
 from skrull_ext.datasets.synthetic import IGNORE_INDEX
-
-
-def pack_rows(
-    lengths: list[int], rows: int, seq_len: int
-) -> list[list[int]]:
-    """First-fit positions of sequences into rows, in caller order.
-
-    Returns, per row, the indices (into ``lengths``) it holds. Raises
-    ValueError when the batch does not fit, naming the sizes involved.
-    """
-    free = [seq_len] * rows
-    out: list[list[int]] = [[] for _ in range(rows)]
-    for k, n in enumerate(lengths):
-        row = next((r for r in range(rows) if free[r] >= n), None)
-        if row is None:
-            raise ValueError(
-                f"global batch ({sum(lengths)} tokens, longest {max(lengths)}) "
-                f"does not fit {rows} rows of seq_len={seq_len}; raise "
-                "training.seq_len or training.local_batch_size, or lower "
-                "dataloader.max_len / global_batch_size"
-            )
-        out[row].append(k)
-        free[row] -= n
-    return out
 
 
 class PackedDataLoader(SourceDataLoaderBase):
@@ -74,6 +53,8 @@ class PackedDataLoader(SourceDataLoaderBase):
         self.account = RunAccount()
         self.last_samples: list[int] = []
         """Source indices trained by the last batch (what a failed step names)."""
+        self.row_multiple = 1
+        """Rows of the 'stream' packing are a multiple of this long (the trainer sets CP x 128)."""
         self.set_overlength("error")
 
     def set_overlength(self, mode: str) -> None:
@@ -92,19 +73,22 @@ class PackedDataLoader(SourceDataLoaderBase):
             yield self._pack(self.next_global_batch())
 
     def _pack(self, indices: list[int]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-        B, S = self.local_batch_size, self.seq_len
         self.last_samples, samples, _ = limit_step(self.limit, indices, self.source, self.step, self.account)
-        rows = pack_rows([s.length for s in samples], self.dp_world_size * B, S)
+        layout = PACKINGS[self.config.packing](
+            [s.length for s in samples], dp=self.dp_world_size, local_batch_size=self.local_batch_size,
+            seq_len=self.seq_len, multiple=self.row_multiple,
+        )
+        B, S = len(layout.rows) // self.dp_world_size, layout.row_len
         inputs = torch.zeros(B, S, dtype=torch.long)
         labels = torch.full((B, S), IGNORE_INDEX, dtype=torch.long)
         positions = torch.zeros(B, S, dtype=torch.long)
-        for b, row in enumerate(rows[self.dp_rank * B : (self.dp_rank + 1) * B]):
+        for b, row in enumerate(layout.rows[self.dp_rank * B : (self.dp_rank + 1) * B]):
             off = 0
-            for k in row:
-                s = samples[k]
-                inputs[b, off : off + s.length] = s.input
-                labels[b, off : off + s.length] = s.labels
-                positions[b, off : off + s.length] = torch.arange(s.length)
-                off += s.length
+            for k, start, end in row:
+                s, n = samples[k], end - start
+                inputs[b, off : off + n] = s.input[start:end]
+                labels[b, off : off + n] = s.labels[start:end]
+                positions[b, off : off + n] = torch.arange(n)
+                off += n
             positions[b, off:] = torch.arange(S - off)
         return {"input": inputs, "positions": positions}, labels

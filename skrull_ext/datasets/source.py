@@ -28,6 +28,7 @@ from skrull_ext.datasets.formats import FORMATS, Columns
 from skrull_ext.datasets.hf_source import hf_rows
 from skrull_ext.datasets.prepare import cached_sequences
 from skrull_ext.datasets.records import RecordEncoder
+from skrull_ext.datasets.row_layout import PACKINGS
 from skrull_ext.datasets.synthetic import SyntheticSequences
 from skrull_ext.datasets.text import JsonlSequences, TokenizedRecords
 
@@ -123,6 +124,12 @@ class SourceDataLoaderBase(BaseDataLoader):
         """Draws synthetic samples; shuffles each epoch of a JSONL file."""
         global_batch_size: int = 8
         """Sequences per optimizer step, over all DP ranks."""
+        packing: Literal[tuple(PACKINGS)] = "rows"  # pyrefly: ignore[invalid-literal]
+        """torchtitan's batching (skrull.enable = false) only: 'rows' places whole samples into
+        local_batch_size rows of seq_len (padding what is left); 'stream' cuts the step's samples,
+        concatenated, into as few rows of at most seq_len as hold them (a sample cut at a row's end
+        goes on at the next row's start as a new document; no padding but a row's rounding).
+        Skrull's loader neither pads nor cuts (datasets/row_layout.py)."""
 
         def __post_init__(self):
             if self.dataset not in DATASETS:
@@ -132,7 +139,9 @@ class SourceDataLoaderBase(BaseDataLoader):
                                  "(a file or a shipped name; for hf also a folder)")
             Columns(self.columns)  # raises naming an unknown column key
             if self.global_batch_size < 1:
-                raise ValueError("dataloader.global_batch_size must be >= 1")
+                raise ValueError(f"dataloader.global_batch_size must be >= 1, got {self.global_batch_size}")
+            if self.packing not in PACKINGS:
+                raise ValueError(f"dataloader.packing: {self.packing!r} is not one of {list(PACKINGS)}")
 
     def __init__(self, config: Config, tokenizer: BaseTokenizer | None = None):
         self.config = config

@@ -28,7 +28,10 @@ def test_summary_takes_the_slowest_rank_and_sums_bytes_after_warmup():
 def test_variants_parse_and_the_baseline_comes_first():
     a = cp_train.parse_args(["--variant", "torchtitan=--skrull.no-enable", "--variant", "fast=--a 1 --b"])
     assert a.modes == {"torchtitan": ["--skrull.no-enable"], "fast": ["--a", "1", "--b"]}
-    assert list(cp_train.parse_args([]).modes) == ["torchtitan", "skrull"]
+    default = cp_train.parse_args([]).modes
+    assert list(default) == ["torchtitan", "torchtitan-stream", "skrull"]
+    assert default["torchtitan-stream"] == ["--skrull.no-enable", "--dataloader.packing", "stream"]
+    assert cp_train.baselines(default) == ["torchtitan", "torchtitan-stream"]
     with pytest.raises(SystemExit):
         cp_train.parse_args(["--variant", "skrull="])
     with pytest.raises(SystemExit):
@@ -41,3 +44,18 @@ def test_a_probe_count_that_disagrees_with_the_attention_counters_fails():
     rec = dict(_step(1.0, 10), dacp_stats_bytes=12)
     with pytest.raises(SystemExit, match="10 K/V bytes.*counters 12"):
         cp_train.summarize_run([[rec, rec]], warmup=0)
+
+
+def test_the_table_gives_a_paired_ratio_against_each_baseline():
+    def run(step_s, mib):
+        return {"step_s": step_s, "kv_bytes": mib * 2**20, "blocked_s": 0.0, "overlapped_s": 0.0,
+                "local_token_share": 0.5}
+
+    results = {"torchtitan": [run(1.0, 48), run(1.2, 48)], "torchtitan-stream": [run(0.5, 24), run(0.8, 24)],
+               "skrull": [run(0.25, 6), run(0.4, 6)]}
+    rows = cp_train.table(results, ["torchtitan", "torchtitan-stream"]).splitlines()
+    assert "step-time ratio torchtitan/mode" in rows[0] and "step-time ratio torchtitan-stream/mode" in rows[0]
+    skrull = [c.strip() for c in rows[-1].split("|")]
+    # per repeat: 1.0/0.25 = 4, 1.2/0.4 = 3; 0.5/0.25 = 2, 0.8/0.4 = 2
+    assert skrull[1:6] == ["skrull", "6.00", "0.12x", "325.0 (250.0-400.0)", "3.50 (3.00-4.00)"]
+    assert skrull[6] == "2.00 (2.00-2.00)"
