@@ -19,6 +19,7 @@ import dataclasses
 import difflib
 import io
 import os
+import re
 import sys
 import tomllib
 import types
@@ -417,6 +418,30 @@ def _unbox(text: str) -> str:
     return " ".join(" ".join(keep).split()) or "invalid arguments"
 
 
+def _reword(message: str, argv: list[str]) -> str:
+    """tyro's sentences as the product's: the flag first, and the flags given
+    for a section whose own check failed (torchtitan's messages name neither)."""
+    m = re.fullmatch(r"Invalid choice invalid choice (\S+) for argument '(--[\w.-]+)'\. Expected one of \((.*)\)\.?",
+                     message)
+    if m:  # as a job file's value is refused
+        return f"{m[2].lstrip('-')}: {m[1]} is not one of [{m[3]}]"
+    message = message.split(" Argument helptext:")[0]
+    m = re.fullmatch(r"Error parsing --([\w.-]+): (?:invalid literal for (\w+)\(\)|could not convert string to "
+                     r"(\w+))[^:]*: (.*)", message)
+    if m:
+        kind = m[2] or m[3]
+        return f"{m[1].replace('-', '_')} must be {'an' if kind == 'int' else 'a'} {kind}, got {m[4]}"
+    m = re.fullmatch(r"Error parsing ([\w.]+): (.*)", message)
+    if m:
+        section, why = m[1], m[2]
+        if why.startswith(section + "."):  # our own checks name the key and the value
+            return why
+        given = [f"{a} {b}".strip() if not b.startswith("--") else a
+                 for a, b in zip(argv, argv[1:] + [""]) if a.startswith(f"--{section}.")]
+        return f"[{section}] {why}" + (f" (given: {', '.join(given)})" if given else "")
+    return message
+
+
 def _has_job(argv: list[str]) -> bool:
     return any(a == "--module" or a.startswith(("--module=", "--config-file", "--config_file")) for a in argv)
 
@@ -454,7 +479,7 @@ def load_config(argv: list[str] | None = None, *, module: str = "skrull_ext.trai
     except SystemExit as e:  # tyro refused a flag: its boxed message, as one line
         if e.code in (0, None):
             raise
-        raise JobFileError(f"command line: {_unbox(captured.getvalue())}") from None
+        raise JobFileError(f"command line: {_reword(_unbox(captured.getvalue()), argv)}") from None
     finally:
         if _rank() == 0 and not isinstance(sys.exc_info()[1], JobFileError):
             sys.stderr.write(captured.getvalue())
