@@ -32,7 +32,6 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
-from torch.nn.attention.flex_attention import _DEFAULT_SPARSE_BLOCK_SIZE
 from torchtitan.components.dataloader import DataloaderExhaustedError
 from torchtitan.config.override import derive
 from torchtitan.distributed import utils as dist_utils
@@ -143,9 +142,6 @@ class SkrullTrainer(Trainer):
             self._init_skrull()
         elif isinstance(self.dataloader, PackedDataLoader):  # torchtitan's batching: the same limit and counts
             self.dataloader.set_overlength(config.skrull.overlength)
-            # torchtitan's CP shards a FlexAttention row in blocks of the BlockMask's size.
-            cp = self.parallel_dims.cp
-            self.dataloader.row_multiple = cp * _DEFAULT_SPARSE_BLOCK_SIZE if cp > 1 else 1
             check_overlength(self.dataloader, first_step=1, last_step=config.training.steps)
             self.optimizers.register_step_pre_hook(self._stop_on_non_finite_grads)
 

@@ -142,6 +142,8 @@ def _install(out_dir: str):
             "dacp_stats_bytes": int(dacp["fwd_bytes"] + dacp["bwd_bytes"]) if modules else None,
             "local_tokens": dacp["local_tokens"],
             "dist_tokens": dacp["dist_tokens"],
+            # Real tokens of the step over all ranks (the loader's count, padding excluded).
+            "step_tokens": getattr(trainers[-1].dataloader, "last_tokens", None),
         })
         last[0] = t
         now.update(fwd_bytes=0, bwd_bytes=0, fwd_calls=0, bwd_calls=0, blocked_s=0.0)

@@ -10,10 +10,11 @@ NAME=FLAGS``). The default pair:
 - ``torchtitan``: ``--skrull.no-enable``, torchtitan's trainer and batching
   (each global batch packed into ``training.seq_len`` rows, every row sharded
   over the CP group, K/V all-gathered by torchtitan's CP attention);
-- ``torchtitan-stream``: the same with ``--dataloader.packing stream``: the
-  step's samples cut into as few rows as hold them, no padding but CP's
-  block rounding (datasets/row_layout.py), the strongest baseline
-  torchtitan's CP runs on chat data;
+- ``torchtitan-stream``: the same with ``--dataloader.packing stream`` and
+  one row a step: the samples as one stream cut into full rows, no padding,
+  a document-causal mask (datasets/row_layout.py), the strongest baseline
+  torchtitan's CP runs on chat data; its steps hold a row's tokens, not a
+  global batch, hence the per-token ratios;
 - ``skrull``: the job's ``[skrull]`` section: the plan and the DACP attention.
 
 Runs alternate (torchtitan, skrull, skrull, torchtitan, ...) so drift in the
@@ -22,8 +23,8 @@ bytes of the attention exchange, the time blocked on it, the local attention
 that DACP runs meanwhile and the step wall time. Reported: bytes per step
 (summed over ranks), step time per run (mean over the measured steps of
 the slowest rank's time) as min/median/max over repeats, the paired per-repeat
-ratio against each baseline (every mode run with ``--skrull.no-enable``), and
-blocked/overlapped time. A script, not a test: nothing asserted.
+ratio against each baseline (every mode run with ``--skrull.no-enable``) on
+time per real token (the loaders count them), and blocked/overlapped time. A script, not a test: nothing asserted.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ import time
 BASELINE = "torchtitan"
 DEFAULT_VARIANTS = [
     f"{BASELINE}=--skrull.no-enable",
-    f"{BASELINE}-stream=--skrull.no-enable --dataloader.packing stream",
+    f"{BASELINE}-stream=--skrull.no-enable --dataloader.packing stream --training.local_batch_size 1",
     "skrull=",
 ]
 DEFAULT_JOB = os.path.join(os.path.dirname(__file__), "..", "jobs", "debug_cpu.toml")
@@ -143,8 +144,10 @@ def summarize_run(ranks: list[list[dict]], warmup: int) -> dict:
     per_step = lambda key, agg: [agg(r[i][key] for r in ranks) for i in measured]  # noqa: E731
     wall = per_step("wall_s", max)
     tokens = per_step("local_tokens", sum), per_step("dist_tokens", sum)
+    step_tokens = [ranks[0][i].get("step_tokens") for i in measured]
     return {
         "step_s": statistics.mean(wall),
+        "tokens": statistics.mean(step_tokens) if None not in step_tokens else None,
         "step_s_all": wall,
         "kv_bytes": statistics.mean(per_step("kv_bytes", sum)),
         "blocked_s": statistics.mean(per_step("blocked_s", max)),
@@ -164,22 +167,34 @@ def baselines(modes: dict[str, list[str]]) -> list[str]:
     return [m for m, flags in modes.items() if m == BASELINE or "--skrull.no-enable" in flags]
 
 
+def per_token(run: dict) -> float:
+    """Seconds per real token of a run: modes whose steps hold different tokens
+    (the 'stream' packing trains full rows, not a global batch) compare by this."""
+    return run["step_s"] / run["tokens"] if run.get("tokens") else run["step_s"]
+
+
 def table(results: dict[str, list[dict]], baselines: list[str]) -> str:
-    """One row per mode; one paired step-time ratio column per baseline."""
+    """One row per mode; one paired ratio column per baseline, on time per real token."""
     base_mib = statistics.mean(b["kv_bytes"] for b in results[BASELINE]) / 2**20
     rows = [
-        f"| mode | K/V MiB/step (all ranks) | vs {BASELINE} | mean step ms, median (min-max) over runs | "
-        + "".join(f"step-time ratio {b}/mode, per repeat | " for b in baselines)
+        f"| mode | real tokens/step | K/V MiB/step (all ranks) | vs {BASELINE} | mean step ms, median (min-max) "
+        "over runs | ms per 1K tokens | "
+        + "".join(f"speed-up over {b} per token, per repeat | " for b in baselines)
         + "blocked on exchange ms/step | local attention ms/step (overlaps the exchange) | local token share |",
-        "|---|---|---|---|" + "---|" * len(baselines) + "---|---|---|",
+        "|---|---|---|---|---|---|" + "---|" * len(baselines) + "---|---|---|",
     ]
     for mode, runs in results.items():
         mib = statistics.mean(r["kv_bytes"] for r in runs) / 2**20
+        tokens = [r["tokens"] for r in runs if r.get("tokens")]
         ratios = "".join(
-            spread([b["step_s"] / r["step_s"] for b, r in zip(results[name], runs)], fmt="{:.2f}") + " | "
+            spread([per_token(b) / per_token(r) for b, r in zip(results[name], runs)], fmt="{:.2f}") + " | "
             for name in baselines)
         rows.append(
-            f"| {mode} | {mib:.2f} | {mib / base_mib:.2f}x | {spread([r['step_s'] for r in runs], 1e3)} | {ratios}"
+            f"| {mode} | {statistics.mean(tokens):.0f} | " if tokens else f"| {mode} | - | "
+        )
+        rows[-1] += (
+            f"{mib:.2f} | {mib / base_mib:.2f}x | {spread([r['step_s'] for r in runs], 1e3)} "
+            f"| {spread([per_token(r) for r in runs], 1e6) if tokens else '-'} | {ratios}"
             f"{spread([r['blocked_s'] for r in runs], 1e3)} | {spread([r['overlapped_s'] for r in runs], 1e3)} "
             f"| {100 * statistics.mean(r['local_token_share'] for r in runs):.0f}% |"
         )

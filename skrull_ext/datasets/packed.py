@@ -1,9 +1,9 @@
 """torchtitan-format batches of the sources' global batches (the baseline).
 
-Each step's global batch is laid out in rows by ``[dataloader] packing``
-(row_layout.py: whole samples in ``local_batch_size`` rows of ``seq_len``,
-or the samples as one stream cut into as few rows as hold them); DP rank r
-gets its share of the rows. Each piece of a sample is a document (positions
+Samples are laid out in ``dp_world_size * local_batch_size`` rows of
+``seq_len`` by ``[dataloader] packing`` (row_layout.py: each step's global
+batch as whole samples, padded; or the global batches as one stream cut
+into full rows, carried across steps); DP rank r gets rows [r*B, (r+1)*B). Each piece of a sample is a document (positions
 restart at 0, which is where torchtitan's document mask separates them);
 free space at a row's end is a padding document (id 0, label ignored), so it
 never touches real tokens under the document mask. This is what torchtitan's
@@ -24,7 +24,8 @@ from torchtitan.components.tokenizer import BaseTokenizer
 
 from skrull_ext.datasets.accounting import RunAccount
 from skrull_ext.datasets.overlength import length_limit, limit_step
-from skrull_ext.datasets.row_layout import PACKINGS
+from skrull_ext.datasets.overlength import cut
+from skrull_ext.datasets.row_layout import Piece, cut_stream, whole_rows
 from skrull_ext.datasets.source import SourceDataLoaderBase
 from skrull_ext.datasets.synthetic import IGNORE_INDEX
 
@@ -53,8 +54,10 @@ class PackedDataLoader(SourceDataLoaderBase):
         self.account = RunAccount()
         self.last_samples: list[int] = []
         """Source indices trained by the last batch (what a failed step names)."""
-        self.row_multiple = 1
-        """Rows of the 'stream' packing are a multiple of this long (the trainer sets CP x 128)."""
+        self.carry: list[Piece] = []
+        """'stream' packing: pieces (source index, first, end token) drawn but not yet trained."""
+        self.last_tokens = 0
+        """Real (not padding) tokens of the last batch over all DP ranks."""
         self.set_overlength("error")
 
     def set_overlength(self, mode: str) -> None:
@@ -62,33 +65,55 @@ class PackedDataLoader(SourceDataLoaderBase):
         self.limit = length_limit(self.seq_len, f"training.seq_len {self.seq_len}", mode, self.config.max_len)
 
     def state_dict(self) -> dict:
-        return {"step": self.step, **self.account.state_dict()}
+        return {"step": self.step, "carry": [list(p) for p in self.carry], **self.account.state_dict()}
 
     def load_state_dict(self, state_dict: dict) -> None:
         super().load_state_dict(state_dict)
         self.account.load_state_dict(state_dict)
+        self.carry = [tuple(p) for p in state_dict.get("carry", [])]
 
     def __iter__(self) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
         while True:
-            yield self._pack(self.next_global_batch())
+            yield self._pack()
 
-    def _pack(self, indices: list[int]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-        self.last_samples, samples, _ = limit_step(self.limit, indices, self.source, self.step, self.account)
-        layout = PACKINGS[self.config.packing](
-            [s.length for s in samples], dp=self.dp_world_size, local_batch_size=self.local_batch_size,
-            seq_len=self.seq_len, multiple=self.row_multiple,
-        )
-        B, S = len(layout.rows) // self.dp_world_size, layout.row_len
+    def _pack(self) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        B, S = self.local_batch_size, self.seq_len
+        rows = self.dp_world_size * B
+        if self.config.packing == "stream":
+            layout, samples = self._stream(rows, S)
+        else:
+            indices = self.next_global_batch()
+            self.last_samples, kept, _ = limit_step(self.limit, indices, self.source, self.step, self.account)
+            samples = dict(enumerate(kept))
+            layout = whole_rows([s.length for s in kept], rows, S)
+        self.last_tokens = sum(e - s for row in layout for _, s, e in row)
         inputs = torch.zeros(B, S, dtype=torch.long)
         labels = torch.full((B, S), IGNORE_INDEX, dtype=torch.long)
         positions = torch.zeros(B, S, dtype=torch.long)
-        for b, row in enumerate(layout.rows[self.dp_rank * B : (self.dp_rank + 1) * B]):
+        for b, row in enumerate(layout[self.dp_rank * B : (self.dp_rank + 1) * B]):
             off = 0
             for k, start, end in row:
-                s, n = samples[k], end - start
-                inputs[b, off : off + n] = s.input[start:end]
-                labels[b, off : off + n] = s.labels[start:end]
+                n = end - start
+                inputs[b, off : off + n] = samples[k].input[start:end]
+                labels[b, off : off + n] = samples[k].labels[start:end]
                 positions[b, off : off + n] = torch.arange(n)
                 off += n
             positions[b, off:] = torch.arange(S - off)
         return {"input": inputs, "positions": positions}, labels
+
+    def _stream(self, rows: int, S: int) -> tuple[list[list[Piece]], dict]:
+        """Full rows cut from the carried pieces and the global batches drawn
+        while they fall short (pieces keyed by source index); the rest is carried."""
+        samples = {k: cut(self.source[k], end) for k, _, end in self.carry}
+        pieces, have = list(self.carry), sum(e - s for _, s, e in self.carry)
+        self.last_samples = list(dict.fromkeys(k for k, _, _ in self.carry))
+        while have < rows * S:
+            indices = self.next_global_batch()
+            kept_idx, kept, _ = limit_step(self.limit, indices, self.source, self.step, self.account)
+            for k, s in zip(kept_idx, kept):
+                samples[k] = s
+                pieces.append((k, 0, s.length))
+                have += s.length
+            self.last_samples += kept_idx
+        layout, self.carry = cut_stream(pieces, rows, S)
+        return layout, samples

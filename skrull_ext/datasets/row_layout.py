@@ -1,45 +1,32 @@
-"""How torchtitan's batching (``skrull.enable = false``) lays a global batch
-out in rows: the registry behind ``[dataloader] packing``.
+"""How torchtitan's batching (``skrull.enable = false``) lays samples out in
+its ``[B, seq_len]`` rows: the two ``[dataloader] packing`` modes.
 
-A layout maps the step's sample lengths (caller order) to rows over all DP
-ranks, DP rank r taking an equal, contiguous share of them; each row is a
-list of pieces ``(sample, first token, end token)``. What a row does not
-fill is padding (packed.py). Pieces are separate documents under
-torchtitan's document mask (positions restart at 0 at each piece).
+A row is a list of pieces ``(sample, first token, end token)``; each piece
+is a document under torchtitan's document mask (positions restart at 0 at
+each piece) and what a row does not fill is padding (packed.py).
 
-- ``rows`` (torchtitan's default shape): ``dp * local_batch_size`` rows of
-  ``seq_len``, whole samples placed first-fit. Short chats leave most of a
-  row as padding, which CP still shards and exchanges.
-- ``stream``: the samples concatenated and cut into rows of at most
-  ``seq_len`` tokens (a multiple of ``dp`` rows), all of one length rounded
-  up to ``multiple`` (torchtitan's CP shards a FlexAttention row in blocks:
-  ``cp * 128``), the row count (up to twice the fewest) chosen for the
-  fewest positions. No padding but that rounding; a sample cut at a row's end goes on at the
-  next row's start, without the context before the cut. The strongest
-  baseline torchtitan's CP can run on chat data: same tokens per step as
-  Skrull, no padding, a document-causal mask.
+- ``rows`` (torchtitan's SFT shape): each step's global batch, whole samples
+  placed first-fit into ``dp * local_batch_size`` rows. Short chats leave
+  most of a row as padding, which CP still shards, computes and exchanges.
+- ``stream`` (torchtitan's pretraining shape): the global batches, in order,
+  as one stream of tokens cut into full rows; a sample cut at a row's end
+  goes on at the next row's start, without the context before the cut, and
+  what the step's rows do not hold is carried to the next step. No padding
+  at all and one shape for every step (torchtitan's CP compiles its block
+  mask per shape), so a step trains ``dp * local_batch_size * seq_len``
+  tokens rather than one global batch: compare it per token.
 """
 
-from collections.abc import Callable
-from dataclasses import dataclass
+PACKINGS = ("rows", "stream")
 
 Piece = tuple[int, int, int]
-"""(sample index, first token, end token) of one document in a row."""
+"""(sample, first token, end token) of one document in a row."""
 
 
-@dataclass(frozen=True)
-class RowLayout:
-    rows: list[list[Piece]]
-    """Over all DP ranks; DP rank r holds rows [r * len(rows) // dp, (r + 1) * len(rows) // dp)."""
-    row_len: int
-
-
-def whole_rows(lengths: list[int], *, dp: int, local_batch_size: int, seq_len: int, multiple: int) -> RowLayout:
-    """First-fit of whole samples into ``dp * local_batch_size`` rows of ``seq_len``.
-
-    Raises ValueError when the batch does not fit, naming the sizes involved.
-    """
-    rows = dp * local_batch_size
+def whole_rows(lengths: list[int], rows: int, seq_len: int) -> list[list[Piece]]:
+    """First-fit of whole samples (``sample`` = index into ``lengths``) into
+    ``rows`` rows of ``seq_len``. Raises ValueError naming the sizes when the
+    batch does not fit."""
     free = [seq_len] * rows
     out: list[list[Piece]] = [[] for _ in range(rows)]
     for k, n in enumerate(lengths):
@@ -53,39 +40,25 @@ def whole_rows(lengths: list[int], *, dp: int, local_batch_size: int, seq_len: i
             )
         out[row].append((k, 0, n))
         free[row] -= n
-    return RowLayout(out, seq_len)
+    return out
 
 
-def stream_rows(lengths: list[int], *, dp: int, local_batch_size: int, seq_len: int, multiple: int) -> RowLayout:
-    """The samples as one stream cut into equal rows of at most ``seq_len``
-    (``local_batch_size`` is not used: the tokens set the row count)."""
-    if seq_len % multiple:
-        raise ValueError(f"training.seq_len ({seq_len}) must be a multiple of {multiple} (CP degree x 128, the block CP shards)")
-    total = sum(lengths)
-    # The fewest positions (then the fewest rows) over row counts from the
-    # fewest that hold the stream in rows of seq_len to twice that: more rows
-    # shrink the rounding, but each row boundary may cut a sample.
-    fewest = dp * max(1, _ceil(_ceil(total, seq_len), dp))
-    rows, row_len = min(
-        ((r, max(multiple, _ceil(_ceil(total, r), multiple) * multiple)) for r in range(fewest, 2 * fewest + 1, dp)),
-        key=lambda c: (c[0] * c[1], c[0]),
-    )
+def cut_stream(pieces: list[Piece], rows: int, row_len: int) -> tuple[list[list[Piece]], list[Piece]]:
+    """The first ``rows * row_len`` tokens of a stream of pieces, cut into full
+    rows, and the pieces left over. The stream must hold that many tokens."""
     out: list[list[Piece]] = [[] for _ in range(rows)]
     r, free = 0, row_len
-    for k, n in enumerate(lengths):
-        start = 0
-        while start < n:
-            take = min(free, n - start)
+    for i, (k, start, end) in enumerate(pieces):
+        while start < end:
+            if r == rows:
+                return out, [(k, start, end)] + pieces[i + 1:]
+            take = min(free, end - start)
             out[r].append((k, start, start + take))
             start += take
             free -= take
             if free == 0:
                 r, free = r + 1, row_len
-    return RowLayout(out, row_len)
-
-
-def _ceil(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-PACKINGS: dict[str, Callable[..., RowLayout]] = {"rows": whole_rows, "stream": stream_rows}
+    if r < rows:
+        raise ValueError(f"the stream holds {sum(e - s for _, s, e in pieces)} tokens, "
+                         f"fewer than {rows} rows of {row_len}")
+    return out, []

@@ -240,6 +240,9 @@ class SkrullDataLoader(SourceDataLoaderBase):
                 self.step, self.account = cursor.step, cursor.account
             raise
         self.step, self.account = out.step, account
+        # Tokens of the step over all ranks, as the packed loader counts them (bench cp reads it).
+        dropped = set(out.plan.dropped)
+        self.last_tokens = sum(n for k, n in enumerate(out.plan.lengths) if k not in dropped)
         return out
 
     def close(self) -> None:

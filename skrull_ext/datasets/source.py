@@ -125,11 +125,11 @@ class SourceDataLoaderBase(BaseDataLoader):
         global_batch_size: int = 8
         """Sequences per optimizer step, over all DP ranks."""
         packing: Literal[tuple(PACKINGS)] = "rows"  # pyrefly: ignore[invalid-literal]
-        """torchtitan's batching (skrull.enable = false) only: 'rows' places whole samples into
-        local_batch_size rows of seq_len (padding what is left); 'stream' cuts the step's samples,
-        concatenated, into as few rows of at most seq_len as hold them (a sample cut at a row's end
-        goes on at the next row's start as a new document; no padding but a row's rounding).
-        Skrull's loader neither pads nor cuts (datasets/row_layout.py)."""
+        """torchtitan's batching (skrull.enable = false) only: 'rows' places each step's samples whole
+        in local_batch_size rows of seq_len (padding the rest); 'stream' cuts the global batches, as one
+        stream, into full rows (a sample cut at a row's end goes on in the next row, without the context
+        before the cut): no padding, but a step is a fixed number of tokens, not a global batch
+        (datasets/row_layout.py). Skrull's loader neither pads nor cuts."""
 
         def __post_init__(self):
             if self.dataset not in DATASETS:

@@ -23,6 +23,10 @@ def test_summary_takes_the_slowest_rank_and_sums_bytes_after_warmup():
     assert s["blocked_s"] == pytest.approx((0.2 + 0.4) / 3)
     assert s["overlapped_s"] == pytest.approx((0.5 + 0.3) / 3)
     assert s["local_token_share"] == 0.5
+    assert s["tokens"] is None  # no loader count recorded
+    for i, rec in enumerate(rank0):
+        rec["step_tokens"] = 100 * i
+    assert cp_train.summarize_run([rank0, rank1], warmup=1)["tokens"] == pytest.approx(300)  # rank 0's, measured steps
 
 
 def test_variants_parse_and_the_baseline_comes_first():
@@ -30,7 +34,8 @@ def test_variants_parse_and_the_baseline_comes_first():
     assert a.modes == {"torchtitan": ["--skrull.no-enable"], "fast": ["--a", "1", "--b"]}
     default = cp_train.parse_args([]).modes
     assert list(default) == ["torchtitan", "torchtitan-stream", "skrull"]
-    assert default["torchtitan-stream"] == ["--skrull.no-enable", "--dataloader.packing", "stream"]
+    assert default["torchtitan-stream"] == ["--skrull.no-enable", "--dataloader.packing", "stream",
+                                            "--training.local_batch_size", "1"]
     assert cp_train.baselines(default) == ["torchtitan", "torchtitan-stream"]
     with pytest.raises(SystemExit):
         cp_train.parse_args(["--variant", "skrull="])
@@ -46,16 +51,18 @@ def test_a_probe_count_that_disagrees_with_the_attention_counters_fails():
         cp_train.summarize_run([[rec, rec]], warmup=0)
 
 
-def test_the_table_gives_a_paired_ratio_against_each_baseline():
-    def run(step_s, mib):
+def test_the_table_gives_a_paired_per_token_ratio_against_each_baseline():
+    def run(step_s, mib, tokens):
         return {"step_s": step_s, "kv_bytes": mib * 2**20, "blocked_s": 0.0, "overlapped_s": 0.0,
-                "local_token_share": 0.5}
+                "local_token_share": 0.5, "tokens": tokens}
 
-    results = {"torchtitan": [run(1.0, 48), run(1.2, 48)], "torchtitan-stream": [run(0.5, 24), run(0.8, 24)],
-               "skrull": [run(0.25, 6), run(0.4, 6)]}
+    results = {"torchtitan": [run(1.0, 48, 600), run(1.2, 48, 600)],
+               "torchtitan-stream": [run(0.25, 24, 300), run(0.4, 24, 300)],
+               "skrull": [run(0.25, 6, 600), run(0.4, 6, 600)]}
     rows = cp_train.table(results, ["torchtitan", "torchtitan-stream"]).splitlines()
-    assert "step-time ratio torchtitan/mode" in rows[0] and "step-time ratio torchtitan-stream/mode" in rows[0]
+    assert "speed-up over torchtitan per token" in rows[0] and "speed-up over torchtitan-stream per token" in rows[0]
     skrull = [c.strip() for c in rows[-1].split("|")]
-    # per repeat: 1.0/0.25 = 4, 1.2/0.4 = 3; 0.5/0.25 = 2, 0.8/0.4 = 2
-    assert skrull[1:6] == ["skrull", "6.00", "0.12x", "325.0 (250.0-400.0)", "3.50 (3.00-4.00)"]
-    assert skrull[6] == "2.00 (2.00-2.00)"
+    # per token and repeat: torchtitan 1.0/600 and 1.2/600 against 0.25/600 and 0.4/600: 4 and 3;
+    # torchtitan-stream 0.25/300 and 0.4/300 against the same: 2 and 2
+    assert skrull[1:9] == ["skrull", "600", "6.00", "0.12x", "325.0 (250.0-400.0)", "541.7 (416.7-666.7)",
+                           "3.50 (3.00-4.00)", "2.00 (2.00-2.00)"]

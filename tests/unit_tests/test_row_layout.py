@@ -1,6 +1,6 @@
 """torchtitan's batching laid out in rows (``[dataloader] packing``): exact
 layouts on small cases, stream invariants on random ones, and the loader's
-tensors (same loss tokens as the padded rows, every piece its own document)."""
+tensors and state (every token trained once, no padding, resumable)."""
 
 import os
 
@@ -8,10 +8,10 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from torchtitan.models.common.attention import get_document_mask_mod
 
+from skrull_ext.datasets.overlength import limit_step
 from skrull_ext.datasets.packed import PackedDataLoader
-from skrull_ext.datasets.row_layout import stream_rows, whole_rows
+from skrull_ext.datasets.row_layout import cut_stream, whole_rows
 from skrull_ext.datasets.scheduling import SkrullDataLoader
 from skrull_ext.datasets.synthetic import IGNORE_INDEX
 from skrull_ext.tokenizer import LocalTokenizer
@@ -20,49 +20,31 @@ DEBUG_JOB = os.path.join(os.path.dirname(__file__), "..", "..", "skrull_ext", "j
 
 
 def test_whole_rows_first_fit():
-    layout = whole_rows([3, 5, 2], dp=1, local_batch_size=2, seq_len=8, multiple=1)
-    assert layout.row_len == 8
-    assert layout.rows == [[(0, 0, 3), (1, 0, 5)], [(2, 0, 2)]]
+    assert whole_rows([3, 5, 2], rows=2, seq_len=8) == [[(0, 0, 3), (1, 0, 5)], [(2, 0, 2)]]
     with pytest.raises(ValueError, match=r"does not fit 2 rows of seq_len=8; .*packing = 'stream'"):
-        whole_rows([7, 7, 7], dp=1, local_batch_size=2, seq_len=8, multiple=1)
+        whole_rows([7, 7, 7], rows=2, seq_len=8)
 
 
-def test_stream_rows_cut_across_samples():
-    # 10 tokens, rows of at most 8: 2 rows of 5, rounded up to 6 (multiple 2).
-    layout = stream_rows([3, 5, 2], dp=1, local_batch_size=4, seq_len=8, multiple=2)
-    assert layout.row_len == 6
-    assert layout.rows == [[(0, 0, 3), (1, 0, 3)], [(1, 3, 5), (2, 0, 2)]]
-    # 618 tokens at CP 2 (blocks of 256): 3 rows of 256 hold them in fewer
-    # positions (768) than 2 rows of 512 (1024).
-    layout = stream_rows([300, 318], dp=1, local_batch_size=4, seq_len=512, multiple=256)
-    assert layout.row_len == 256 and layout.rows == [[(0, 0, 256)], [(0, 256, 300), (1, 0, 212)], [(1, 212, 318)]]
-    # DP 2: rows come in multiples of 2; 21 tokens in 2 rows of 11 -> 12.
-    layout = stream_rows([21], dp=2, local_batch_size=1, seq_len=16, multiple=4)
-    assert layout.row_len == 12 and layout.rows == [[(0, 0, 12)], [(0, 12, 21)]]
-    # A step of nothing still gives each DP rank a (padding) row.
-    assert stream_rows([], dp=2, local_batch_size=1, seq_len=16, multiple=4).rows == [[], []]
-    with pytest.raises(ValueError, match=r"training.seq_len \(10\) must be a multiple of 4"):
-        stream_rows([3], dp=1, local_batch_size=1, seq_len=10, multiple=4)
+def test_cut_stream_fills_rows_and_carries_the_rest():
+    rows, rest = cut_stream([(7, 0, 3), (8, 0, 5), (9, 2, 4)], rows=2, row_len=4)
+    assert rows == [[(7, 0, 3), (8, 0, 1)], [(8, 1, 5)]]
+    assert rest == [(9, 2, 4)]
+    rows, rest = cut_stream([(1, 0, 8)], rows=2, row_len=4)
+    assert rows == [[(1, 0, 4)], [(1, 4, 8)]] and rest == []
+    with pytest.raises(ValueError, match="holds 7 tokens, fewer than 2 rows of 4"):
+        cut_stream([(1, 0, 7)], rows=2, row_len=4)
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.integers(1, 300), max_size=40), st.sampled_from([1, 2, 3, 4]), st.sampled_from([1, 2, 4, 8]),
-       st.sampled_from([64, 128, 512]))
-def test_stream_rows_hold_every_token_once_with_padding_under_a_rounding(lengths, dp, multiple, seq_len):
-    layout = stream_rows(lengths, dp=dp, local_batch_size=1, seq_len=seq_len, multiple=multiple)
-    rows, n = layout.rows, len(layout.rows)
-    assert n % dp == 0 and layout.row_len % multiple == 0 and layout.row_len <= seq_len
-    assert all(sum(e - s for _, s, e in row) <= layout.row_len for row in rows)
-    pieces = [p for row in rows for p in row]
-    stream = [(k, t) for k, s, e in pieces for t in range(s, e)]
-    assert stream == [(k, t) for k, length in enumerate(lengths) for t in range(length)]  # in order, once
-    total = sum(lengths)
-    fewest = dp * max(1, -(-(-(-total // seq_len)) // dp))  # rows of seq_len, a multiple of dp
-    assert fewest <= n <= 2 * fewest
-    assert n * layout.row_len - total < n * multiple or total == 0  # padding: the rounding only
-    # No row count in range has fewer positions.
-    for r in range(fewest, 2 * fewest + 1, dp):
-        assert n * layout.row_len <= r * max(multiple, -(-(-(-total // r)) // multiple) * multiple)
+@given(st.lists(st.integers(1, 300), min_size=1, max_size=40), st.integers(1, 8), st.sampled_from([16, 64, 512]))
+def test_cut_stream_keeps_every_token_once_in_order(lengths, rows, row_len):
+    pieces = [(k, 0, n) for k, n in enumerate(lengths)]
+    if sum(lengths) < rows * row_len:
+        return
+    out, rest = cut_stream(pieces, rows, row_len)
+    assert all(sum(e - s for _, s, e in row) == row_len for row in out)  # full rows
+    stream = [(k, t) for k, s, e in [p for row in out for p in row] + rest for t in range(s, e)]
+    assert stream == [(k, t) for k, n in enumerate(lengths) for t in range(n)]
 
 
 @pytest.fixture(scope="module")
@@ -70,43 +52,58 @@ def tok():
     return LocalTokenizer.Config(path="tiny_bpe").build(tokenizer_path="")
 
 
-def _batches(tok, packing, dp, steps=3):
-    out = []
-    for rank in range(dp):
-        loader = PackedDataLoader.Config(dataset="jsonl", dataset_path="tiny_sft", max_len=512, global_batch_size=8,
-                                         packing=packing).build(
-            dp_world_size=dp, dp_rank=rank, tokenizer=tok, seq_len=512, local_batch_size=4)
-        loader.set_overlength("truncate")
-        loader.row_multiple = 4
-        it = iter(loader)
-        out.append([next(it) for _ in range(steps)])
-    return out
+def _loader(tok, packing, dp=1, rank=0, B=2, S=128):
+    loader = PackedDataLoader.Config(dataset="jsonl", dataset_path="tiny_sft", max_len=128, global_batch_size=4,
+                                     packing=packing).build(
+        dp_world_size=dp, dp_rank=rank, tokenizer=tok, seq_len=S, local_batch_size=B)
+    loader.set_overlength("truncate")
+    return loader
 
 
 @pytest.mark.parametrize("dp", [1, 2])
-def test_stream_loader_trains_the_same_tokens_without_the_padding(tok, dp):
-    rows, stream = _batches(tok, "rows", dp), _batches(tok, "stream", dp)
-    for step in range(3):
-        def gathered(b):
-            return torch.cat([b[r][step][1].flatten() for r in range(dp)])
+def test_stream_trains_each_drawn_token_once_without_padding(tok, dp):
+    # The rows of every step (DP rank 0's, then rank 1's), then the carried
+    # pieces, are the global batches drawn, in order, token for token.
+    loaders = [_loader(tok, "stream", dp, r) for r in range(dp)]
+    its = [iter(x) for x in loaders]
+    got_in, got_lab = [], []
+    for _ in range(6):
+        batches = [next(it) for it in its]
+        for inputs, labels in batches:
+            assert labels.shape == (2, 128) and (inputs["positions"][:, 0] == 0).all()  # a row starts a document
+            got_in.append(inputs["input"].flatten())
+            got_lab.append(labels.flatten())
+        assert loaders[0].last_tokens == dp * 2 * 128
+        # Drawn only when the carry falls short: it never holds a whole global batch more.
+        assert sum(e - st for _, st, e in loaders[0].carry) < 4 * 128
+        assert [x.step for x in loaders] == [loaders[0].step] * dp and [x.carry for x in loaders] == [loaders[0].carry] * dp
+    ref = _loader(tok, "stream", dp)
+    want_in, want_lab = [], []
+    for _ in range(loaders[0].step):
+        kept_idx, kept, _ = limit_step(ref.limit, ref.next_global_batch(), ref.source, ref.step, ref.account)
+        want_in += [s.input for s in kept]
+        want_lab += [s.labels for s in kept]
+    carried = sum(e - st for _, st, e in loaders[0].carry)
+    want_in, want_lab = torch.cat([torch.as_tensor(x) for x in want_in]), torch.cat([torch.as_tensor(x) for x in want_lab])
+    n = len(want_in) - carried
+    assert n == 6 * dp * 2 * 128  # every position a real token
+    assert torch.equal(torch.cat(got_in), want_in[:n]) and torch.equal(torch.cat(got_lab), want_lab[:n])
 
-        assert sorted(gathered(stream)[gathered(stream) != IGNORE_INDEX].tolist()) == sorted(
-            gathered(rows)[gathered(rows) != IGNORE_INDEX].tolist())
-        real = int((torch.cat([b[step][0]["input"].flatten() for b in rows]) != 0).sum())
-        shapes = {b[step][0]["input"].shape for b in stream}
-        assert len(shapes) == 1  # every DP rank the same rows
-        (B, L), = shapes
-        assert L % 4 == 0 and L <= 512 and dp * B * L < real + dp * B * 4 + 4 * 64
-        assert dp * B * L < dp * 4 * 512  # fewer positions than the padded rows
-        for r in range(dp):
-            inputs, labels = stream[r][step]
-            pos = inputs["positions"]
-            # Each piece is a document: positions restart at 0 where it starts, so
-            # torchtitan's document mask keeps it apart from its neighbours.
-            doc = get_document_mask_mod(pos)
-            b, q, k = torch.tensor(0), torch.tensor(L - 1), torch.tensor(0)
-            assert bool(doc(b, None, k, k)) and pos[0, 0] == 0
-            assert bool(doc(b, None, q, k)) == bool((pos[0, 1:] != 0).all())
+
+def test_stream_resumes_exactly_mid_sample(tok):
+    run = _loader(tok, "stream", B=1, S=96)
+    it = iter(run)
+    for _ in range(3):
+        next(it)
+    state = run.state_dict()
+    assert state["carry"], "the third step should end inside a sample"
+    want = [next(it) for _ in range(4)]
+    again = _loader(tok, "stream", B=1, S=96)
+    again.load_state_dict(state)
+    it2 = iter(again)
+    for (a_in, a_lab), (b_in, b_lab) in zip(want, [next(it2) for _ in range(4)]):
+        assert torch.equal(a_in["input"], b_in["input"]) and torch.equal(a_lab, b_lab)
+        assert torch.equal(a_in["positions"], b_in["positions"])
 
 
 def test_packing_is_checked_and_refused_under_skrull():
