@@ -73,3 +73,34 @@ def test_shipped_job_loads(job, tiny_folders):
         # The paper's large-model setting: DP 4 x CP 8 on 32 GPUs, bf16 compute.
         assert (p.data_parallel_shard_degree, p.context_parallel_degree) == (4, 8)
         assert shape.bytes_per_elem == 2
+
+
+@pytest.mark.parametrize("job", [j for j in JOBS if _hf_path(j)], ids=os.path.basename)
+def test_gpu_job_resolves_its_cuda_only_defaults(job, tiny_folders):
+    """The reading review of what only a GPU would exercise, pinned on the
+    config a GPU job resolves to (no CPU fix applied): CUDA graphs off under
+    Skrull, no compile, no symmetric-memory FSDP or async TP, flash attention
+    (varlen) for bf16 on CUDA, the all-gather K/V exchange on NCCL (p2p only
+    on gloo, where it was measured), CP-SAT off, bf16
+    parameters as the cost model prices them (docs/gpu.md, "Defaults a GPU job
+    resolves to")."""
+    import types
+
+    import torch
+
+    from skrull_ext.attention.kernels import auto_kernel
+    from skrull_ext.attention.transport import AUTO_BY_BACKEND
+    from skrull_ext.trainer import resolve_device_defaults
+
+    prefix = next(p for p in FAMILIES if os.path.basename(job).startswith(p))
+    config = JobConfigManager().parse_args(["--config-file", job, "--model.hf_path", tiny_folders[prefix]])
+    resolve_device_defaults(config)
+    s = config.skrull
+    assert s.enable and config.training.disable_cuda_graphs
+    assert not config.compile.enable and not config.compile.enable_async_tensor_parallel
+    assert not config.parallelism.enable_fsdp_symm_mem and not config.training.enable_cpu_offload
+    assert not config.debug.batch_invariant and not s.cpsat
+    assert s.attention_kernel == "auto" and auto_kernel(types.SimpleNamespace(is_cuda=True, dtype=torch.bfloat16)) == "varlen"
+    assert s.kv_exchange == "auto" and AUTO_BY_BACKEND.get("nccl", "all_gather") == "all_gather"
+    assert config.training.mixed_precision_param == "bfloat16"
+    assert job_shape(config, 32).bytes_per_elem == 2
