@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--config-file", help="the job file that wrote the checkpoint")
     src.add_argument("--hf-path", help="the HF folder the job started from ([model] hf_path)")
-    ap.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="dtype of the saved weights")
+    ap.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="dtype of the saved weights (default float32)")
     args = ap.parse_args(argv)
     try:
         config = job_config(args.config_file, args.hf_path)

@@ -18,7 +18,7 @@ from skrull_ext.job_file import load_config
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m skrull_ext.data")
-    sub = p.add_subparsers(dest="cmd", required=True)
+    sub = p.add_subparsers(dest="cmd", required=True, help="the subcommand (one: prepare)")
     prep = sub.add_parser("prepare", help="tokenize the job's jsonl/hf source into its memory-mapped store")
     prep.add_argument("job", help="the job's TOML file")
     prep.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1),

@@ -171,10 +171,10 @@ def main(argv: list[str] | None = None) -> int:
     from skrull_ext.profile.model import build_job_model
 
     p = argparse.ArgumentParser(prog="python -m skrull_ext.profile.check", description=main.__doc__)
-    p.add_argument("--config-file", required=True)
-    p.add_argument("--profile", required=True)
-    p.add_argument("--threads", type=int, default=0)
-    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--config-file", required=True, help="the job TOML the profile was measured for")
+    p.add_argument("--profile", required=True, help="the profile TOML to check (written by skrull_ext.profile)")
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (default 0: torch's own choice)")
+    p.add_argument("--seed", type=int, default=1, help="draws the documents that fill BucketSize (default 1)")
     p.add_argument("--train", action="store_true",
                    help="measure a training run of the job (flags not listed here go to the job)")
     p.add_argument("--nproc", type=int, default=0,

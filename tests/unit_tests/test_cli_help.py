@@ -13,7 +13,14 @@ class _Stop(Exception):
     pass
 
 
-@pytest.mark.parametrize("name", sorted(COMMANDS))
+OTHER_CLIS = {  # the other user-facing argparse commands
+    "skrull_ext.profile.check": "skrull_ext.profile.check:main",
+    "skrull_ext.export": "skrull_ext.export:main",
+    "skrull_ext.data": "skrull_ext.data.__main__:main",
+}
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS) + sorted(OTHER_CLIS))
 def test_options_have_help_and_defaults(name, monkeypatch):
     parsers = []
 
@@ -22,7 +29,7 @@ def test_options_have_help_and_defaults(name, monkeypatch):
         raise _Stop
 
     monkeypatch.setattr(argparse.ArgumentParser, "parse_known_args", grab)
-    spec = COMMANDS[name][0] if isinstance(COMMANDS[name], tuple) else COMMANDS[name]
+    spec = OTHER_CLIS.get(name) or (COMMANDS[name][0] if isinstance(COMMANDS[name], tuple) else COMMANDS[name])
     module, fn = spec.split(":")
     with pytest.raises(_Stop):
         getattr(importlib.import_module(module), fn)([])
