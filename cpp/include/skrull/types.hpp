@@ -65,7 +65,7 @@ enum class Overlength : int32_t {
 struct Options {
   int32_t dp = 1;               // DP ranks
   int32_t cp = 1;               // CP ranks per group (N)
-  int64_t bucket_size = 26624;  // BucketSize C: tokens one CP rank can hold
+  int64_t bucket_size = 26624;  // BucketSize C: tokens one CP rank can hold (C++ default; Python passes its own)
   Placement placement = Placement::kLeastLoad;
   Rollback rollback = Rollback::kLongest;
   MicroBatchCount micro_batch_count = MicroBatchCount::kSmallestFeasible;
