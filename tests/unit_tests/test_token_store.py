@@ -4,6 +4,7 @@ and a multi-process build is byte-identical to a one-process build."""
 
 import dataclasses
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -12,8 +13,8 @@ import pytest
 from skrull_ext import assets
 from skrull_ext.datasets.prepare import cached_sequences
 from skrull_ext.datasets.source import DATASETS, SourceDataLoaderBase
-from skrull_ext.datasets.token_store import FILES, StoreSequences, store_is_complete
-from skrull_ext.tokenizer import LocalTokenizer
+from skrull_ext.datasets.token_store import FILES, StoreSequences, cache_key, store_is_complete
+from skrull_ext.tokenizer import LocalTokenizer, SyntheticTokenizer
 
 FIXTURE = assets.text_path("tiny_sft")
 
@@ -87,8 +88,21 @@ def test_key_changes_with_each_input_and_partial_store_rebuilt(tmp_path, tok):
     assert cached_sequences(cfg, tok, workers=1, progress=False).store.folder == first  # reused
     assert cached_sequences(dataclasses.replace(cfg, max_len=16), tok, progress=False).store.folder == first
     for change in ({"system_prompt": "Be brief."}, {"min_len": 3}, {"chat_template": "chatml"},
-                   {"on_bad_record": "skip"}):
+                   {"on_bad_record": "skip"}, {"columns": {"prompt": "question"}}):
         assert cached_sequences(dataclasses.replace(cfg, **change), tok, workers=1, progress=False).store.folder != first
+    skip = dataclasses.replace(cfg, on_bad_record="skip")  # rows of the other kinds are skipped, not fatal
+    for change in ({"format": "messages"}, {"text_field": "body"}):
+        assert (cached_sequences(dataclasses.replace(skip, **change), tok, workers=1, progress=False).store.folder
+                != cached_sequences(skip, tok, workers=1, progress=False).store.folder)
+    # Another tokenizer (the byte-level one), or the same folder with an edited file: another store.
+    by_bytes = SyntheticTokenizer.Config(vocab_size=2048).build()
+    assert cached_sequences(cfg, by_bytes, workers=1, progress=False).store.folder != first
+    edited = tmp_path / "tok"
+    shutil.copytree(tok.tokenizer_path, edited)
+    assert cache_key([str(data)], tok, None, {})[0] == cache_key([str(data)], tok, None, {})[0]
+    (edited / "tokenizer_config.json").write_text((edited / "tokenizer_config.json").read_text() + " ")
+    other = LocalTokenizer.Config(path=str(edited)).build(tokenizer_path="")
+    assert cache_key([str(data)], other, None, {})[0] != cache_key([str(data)], tok, None, {})[0]
     st = os.stat(data)
     os.utime(data, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
     assert cached_sequences(cfg, tok, workers=1, progress=False).store.folder != first
