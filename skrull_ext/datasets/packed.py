@@ -16,6 +16,7 @@ through the same over-length policy and accounting as Skrull's loader
 (``set_overlength``, from ``skrull.overlength``).
 """
 
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -65,12 +66,14 @@ class PackedDataLoader(SourceDataLoaderBase):
         self.limit = length_limit(self.seq_len, f"training.seq_len {self.seq_len}", mode, self.config.max_len)
 
     def state_dict(self) -> dict:
-        return {"step": self.step, "carry": [list(p) for p in self.carry], **self.account.state_dict()}
+        # The carry as one string: a checkpoint's keys must not depend on its length (DCP
+        # loads into the keys of a fresh loader's state_dict).
+        return {"step": self.step, "carry": json.dumps(self.carry), **self.account.state_dict()}
 
     def load_state_dict(self, state_dict: dict) -> None:
         super().load_state_dict(state_dict)
         self.account.load_state_dict(state_dict)
-        self.carry = [tuple(p) for p in state_dict.get("carry", [])]
+        self.carry = [tuple(p) for p in json.loads(state_dict.get("carry", "[]"))]
 
     def __iter__(self) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
         while True:

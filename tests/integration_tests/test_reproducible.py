@@ -84,3 +84,22 @@ def test_finished_run_continues_as_if_never_stopped(work, uninterrupted):
     want = uninterrupted.losses
     print(f"uninterrupted {want}\nfirst {N} steps, then continued to {N + M}: {got}")
     assert [x.hex() for x in got] == [x.hex() for x in want], f"{got} vs {want}"
+
+
+STREAM = ("--skrull.no-enable", "--dataloader.packing", "stream", "--training.local_batch_size", "1")
+
+
+@pytest.mark.slow
+def test_stream_packed_run_continues_mid_sample(work):
+    """torchtitan's batching with 'stream' packing carries a cut sample into the
+    next step; a run stopped there and continued equals one that never stopped
+    (the carry is in the checkpoint)."""
+    want = _train(os.path.join(work, "stream-full"), N + M, *STREAM).losses
+    dump = os.path.join(work, "stream-continued")
+    _train(dump, N, *STREAM, "--checkpoint.enable", "--lr_scheduler.total_steps", str(N + M))
+    more = _train(dump, N + M, *STREAM, "--checkpoint.enable")
+    assert f"Training starts at step {N + 1}" in more.output, more.output[-3000:]
+    got = losses_by_step(dump)
+    got = [got[step] for step in sorted(got)]
+    print(f"stream: uninterrupted {want}\ncontinued {got}")
+    assert len(got) == N + M and [x.hex() for x in got] == [x.hex() for x in want], f"{got} vs {want}"
