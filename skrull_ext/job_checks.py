@@ -52,6 +52,12 @@ def _check_training(config) -> None:
     ckpt = config.checkpoint
     if ckpt.enable and ckpt.interval < 1:
         raise _bad("checkpoint.interval", ckpt.interval, "must be >= 1 when checkpoint.enable is true")
+    if not ckpt.enable and ckpt.initial_load_path:
+        # torchtitan ignores initial_load_path without a checkpointer: the model
+        # would train from random weights (e.g. [model] hf_path beside enable = false).
+        raise _bad("checkpoint.enable", False, f"the model's weights load from checkpoint.initial_load_path "
+                   f"{ckpt.initial_load_path!r} (set by model.hf_path), which needs the checkpointer; without "
+                   "it the model would train from random weights")
 
 
 _DEGREES = (

@@ -63,6 +63,12 @@ def test_hf_path_job_keeps_its_own_checkpoint_settings(tmp_path, qwen2_folder):
     """))
     assert config.model_spec.flavor == "tiny"
     assert config.checkpoint.interval == 7 and not config.checkpoint.enable
+    # ... but a launch refuses it: without the checkpointer the folder's weights never load.
+    from skrull_ext.job_file import load_config
+
+    with pytest.raises(JobFileError, match=r"checkpoint.enable = False: the model's weights load from "
+                                           r"checkpoint.initial_load_path .* random weights"):
+        load_config(["--config-file", str(tmp_path / "job.toml")])
 
 
 @pytest.mark.parametrize(

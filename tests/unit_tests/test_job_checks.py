@@ -59,6 +59,8 @@ BAD = [
     (DEBUG, ["--skrull.max_extra_micro_batches", "-1"], 1, "skrull.max_extra_micro_batches must be in [0, 1024], got -1"),
     (DEBUG, ["--skrull.cost_model", "nosuch.toml"], 1, "skrull.cost_model: 'nosuch.toml' is neither a hardware preset"),
     (DEBUG, ["--dataloader.global_batch_size", "0"], 1, "dataloader.global_batch_size must be >= 1, got 0"),
+    (DEBUG, ["--checkpoint.initial_load_path", "/models/x"], 1,
+     "checkpoint.enable = False: the model's weights load from checkpoint.initial_load_path '/models/x'"),
 ]
 
 
