@@ -190,9 +190,7 @@ def table(results: dict[str, list[dict]], baselines: list[str]) -> str:
             spread([per_token(b) / per_token(r) for b, r in zip(results[name], runs)], fmt="{:.2f}") + " | "
             for name in baselines)
         rows.append(
-            f"| {mode} | {statistics.mean(tokens):.0f} | " if tokens else f"| {mode} | - | "
-        )
-        rows[-1] += (
+            f"| {mode} | {f'{statistics.mean(tokens):.0f}' if tokens else '-'} | "
             f"{mib:.2f} | {mib / base_mib:.2f}x | {spread([r['step_s'] for r in runs], 1e3)} "
             f"| {spread([per_token(r) for r in runs], 1e6) if tokens else '-'} | {ratios}"
             f"{spread([r['blocked_s'] for r in runs], 1e3)} | {spread([r['overlapped_s'] for r in runs], 1e3)} "
