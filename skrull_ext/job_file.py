@@ -412,8 +412,9 @@ def _unbox(text: str) -> str:
     box = next((k for k, line in enumerate(lines) if line.lstrip().startswith("\u256d")), 0)
     for line in lines[box:]:
         line = line.strip().strip("\u2502\u256d\u256e\u2570\u256f\u2500 ").strip()
-        if line and not line.startswith(("For full helptext", "Value error", "Parsing error")) \
-                and not line.endswith("--help"):
+        if line.startswith("For full helptext"):
+            break  # the pointer to --help closes the box; a long program path wraps onto lines of its own
+        if line and not line.startswith(("Value error", "Parsing error")) and not line.endswith("--help"):
             keep.append(line)
     return " ".join(" ".join(keep).split()) or "invalid arguments"
 

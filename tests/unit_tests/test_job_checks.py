@@ -115,3 +115,20 @@ def test_launcher_usage_and_one_line_errors():
     assert other_rank.returncode == 2 and "error:" not in other_rank.stderr
     debug = _cli("--config-file", DEBUG, "--training.steps", "-1", "--traceback")
     assert debug.returncode == 1 and "Traceback" in debug.stderr and "JobFileError" in debug.stderr
+
+
+def test_tyro_box_keeps_the_message_not_the_help_pointer():
+    """A long program path wraps tyro's '--help' pointer over several lines; none of it
+    reaches the one-line message (it did from a deep temporary folder)."""
+    from skrull_ext.job_file import _unbox
+
+    box = "\n".join([
+        "╭─ Value error ──────────╮",
+        "│ Error parsing checkpoint: Checkpoint interval needs to be at least 1 step. │",
+        "│ ────────────────────── │",
+        "│ For full helptext, see │",
+        "│ /tmp/tmp.FnOwivxJ3U/.venv/lib/python3.11/site-packages/pytest/__main__.py │",
+        "│ --help │",
+        "╰────────────────────────╯",
+    ])
+    assert _unbox(box) == "Error parsing checkpoint: Checkpoint interval needs to be at least 1 step."
