@@ -104,6 +104,15 @@ class Prefetcher(Generic[T]):
         self._slots.release()
         return item
 
+    def wait_ready(self, n: int, timeout: float) -> bool:
+        """Wait until ``n`` results are made and not yet taken (False on timeout,
+        or when the thread ended first). A result counts once it is on the queue,
+        after ``produce()`` returned: whatever ``produce`` changed is done by then."""
+        with self._out.not_empty:  # queue.Queue notifies it on every put
+            return self._out.not_empty.wait_for(
+                lambda: self._out._qsize() >= n or not self._thread.is_alive(), timeout
+            ) and self._out._qsize() >= n
+
     @property
     def alive(self) -> bool:
         return self._thread.is_alive()

@@ -71,13 +71,6 @@ def _same(a, b) -> None:
         assert (x.meta, x.seqs) == (y.meta, y.seqs)
 
 
-def _wait_until(cond, what: str, limit_s: float = 60.0) -> None:
-    end = time.monotonic() + limit_s
-    while not cond():
-        assert time.monotonic() < end, f"gave up waiting for {what}"
-        time.sleep(0.01)
-
-
 @pytest.mark.parametrize("case", list(CASES))
 def test_prefetched_steps_are_the_synchronous_ones(tok, case):
     sync, ahead = _loader(tok, case, 0), _loader(tok, case, 3)
@@ -94,8 +87,10 @@ def test_state_is_that_of_the_last_step_handed_out(tok):
     sync, ahead = _loader(tok, "jsonl-truncate", 0), _loader(tok, "jsonl-truncate", 3)
     for _ in range(2):
         sync.next_step(), ahead.next_step()
-    _wait_until(lambda: ahead._cursor.step == 5, "the thread to build steps 3..5")
-    assert ahead._ahead._out.qsize() == 3  # and no further: at most 3 ahead
+    # Wait on what is asserted: three steps on the queue (each put after its build
+    # returned), not the cursor, which moves when a build starts.
+    assert ahead._ahead.wait_ready(3, timeout=120), "the thread did not build steps 3..5"
+    assert ahead._cursor.step == 5 and ahead._ahead._out.qsize() == 3  # and no further: at most 3 ahead
     assert ahead.state_dict() == sync.state_dict() == {"step": 2, **sync.account.state_dict()}
     assert sync.account.totals.read == 8 and ahead._cursor.account.totals.read == 20
     assert ahead.account.summary() == sync.account.summary()  # the run summary too
@@ -181,7 +176,7 @@ def test_prefetcher_keeps_order_and_depth():
             return made[-1]
 
     p = Prefetcher(produce, depth=2)
-    _wait_until(lambda: len(made) == 2, "two results")
+    assert p.wait_ready(2, timeout=60), "two results"
     time.sleep(0.3)  # room to over-produce, if it would
     assert len(made) == 2
     assert [p.get() for _ in range(5)] == [1, 2, 3, 4, 5]
