@@ -25,6 +25,7 @@ class Policy:
     description: str
     dacp_search: DacpSearch = DacpSearch.HEURISTIC  # SHARD_SWEEP: also try sharding the k longest
     pool: bool = False  # plan the DP x CP world as one pool (cpp/include/skrull/pool.hpp); a PoolPlan
+    slot_gds: bool = True  # on a lockstep timeline, GDS balances each micro-batch slot (cpp/include/skrull/slots.hpp)
 
 
 POLICIES: dict[str, Policy] = {
@@ -50,6 +51,7 @@ POLICIES: dict[str, Policy] = {
     "skrull-paper": Policy(
         Placement.LEAST_LOAD, Rollback.SHORTEST, MicroBatchCount.SMALLEST_FEASIBLE, False, False,
         "paper's Algorithms 1+2, corrected roll-back, smallest feasible micro-batch count",
+        slot_gds=False,
     ),
     # One pool: skrull, plus sequences sharded over aligned blocks
     # of CP groups when their own group would straggle or cannot hold them
@@ -68,6 +70,7 @@ POLICIES: dict[str, Policy] = {
     "worstfit": Policy(
         Placement.WORST_FIT, Rollback.SHORTEST, MicroBatchCount.SMALLEST_FEASIBLE, False, False,
         "paper's Algorithm 4: worst-fit placement, smallest feasible micro-batch count",
+        slot_gds=False,
     ),
 }
 
@@ -139,6 +142,35 @@ class SchedulingOptions:
         return {f.name: getattr(self, f.name) for f in fields(SchedulingOptions)}
 
 
+TIMELINES: dict[str, "_core.Timeline"] = {
+    "lockstep": _core.Timeline.LOCKSTEP,
+    "free": _core.Timeline.FREE_RUNNING,
+}
+"""How the DP ranks of a step run their micro-batches (docs/design/cost_model.md, "Timelines").
+lockstep: FSDP gathers every layer's parameters per micro-batch over the whole shard mesh, so
+every rank runs micro-batch slot j at the same time (a rank with fewer runs pad passes); the
+step is the sum over slots of the slowest rank in each. free: ranks share no collective until
+the step's gradient reduction, so the step is the slowest rank's sum."""
+
+Timeline = Literal[tuple(TIMELINES)]  # pyrefly: ignore[invalid-literal]
+
+
+def job_timeline(dp_shard: int, dp_replicate: int, free_running: bool, defer_grad_sync: bool) -> str:
+    """The timeline a job executes, from its parallelism (not a flag of its own).
+
+    Free-running only where no collective spans DP ranks between the step's
+    first forward and its gradient reduction: the ``free_running`` mode (FSDP
+    parameters held unsharded for the whole step, gradients reduced once), a
+    single DP rank, or replicate-only DP (no FSDP shard mesh over DP ranks)
+    whose gradient all-reduce is deferred to the last micro-batch. Anything
+    else runs lockstep."""
+    if free_running or dp_shard * dp_replicate <= 1:
+        return "free"
+    if dp_shard == 1 and defer_grad_sync:
+        return "free"
+    return "lockstep"
+
+
 @dataclass(kw_only=True, slots=True)
 class SchedulerConfig(SchedulingOptions):
     """What the scheduler needs besides the cost model: the knobs and the job shape."""
@@ -147,10 +179,14 @@ class SchedulerConfig(SchedulingOptions):
     """Data-parallel ranks the global batch is split over."""
     cp: int = 1
     """Context-parallel ranks per group (N)."""
+    timeline: Timeline = "lockstep"
+    """The timeline the job executes (``job_timeline``): what the plan is built and timed for."""
 
     def __post_init__(self) -> None:
         _check_int("dp", self.dp, 1, _core.MAX_RANKS)
         _check_int("cp", self.cp, 1, _core.MAX_RANKS)
+        if self.timeline not in TIMELINES:
+            raise ValueError(f"timeline must be one of {sorted(TIMELINES)}, got {self.timeline!r}")
         self.check()
 
     def core_options(self) -> _core.Options:
@@ -164,6 +200,8 @@ class SchedulerConfig(SchedulingOptions):
         opt.dacp_search = policy.dacp_search
         opt.max_extra_micro_batches = self.max_extra_micro_batches
         opt.overlength = OVERLENGTH[self.overlength]
+        opt.timeline = TIMELINES[self.timeline]
+        opt.slot_gds = policy.slot_gds and self.timeline == "lockstep"
         return opt
 
     @property

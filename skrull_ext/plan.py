@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from skrull_ext import _core
 from skrull_ext._core import DISTRIBUTED
+from skrull_ext.config import TIMELINES
 
 DROPPED = _core.DROPPED
 
@@ -97,12 +98,19 @@ class Plan:
     """Wall time spent in the CP-SAT fallback."""
     rollbacks: int = 0
     dp_time_us: list[float] = field(default_factory=list)
+    """Each DP rank's micro-batches back to back."""
     makespan_us: float = 0.0
+    """Predicted step time on ``timeline`` (``step_time_us``)."""
     refined_dp_rank: int | None = None
     """When set, the CP-SAT fallback looked only at this DP rank's micro-batches."""
+    timeline: str = "lockstep"
+    """The timeline the step runs on (config.TIMELINES): lockstep slots or free-running ranks."""
+    pad_us: float = 0.0
+    """Time of a pad pass on a lockstep timeline: the cost model's micro_batch_fixed_us."""
 
     @classmethod
-    def from_core(cls, s: _core.Schedule, input_lengths: list[int], dp: int, cp: int, bucket_size: int) -> Plan:
+    def from_core(cls, s: _core.Schedule, input_lengths: list[int], dp: int, cp: int, bucket_size: int,
+                  timeline: str = "lockstep", pad_us: float = 0.0) -> Plan:
         lengths = list(s.lengths)
         ranks: list[list[MicroBatchPlan]] = [[] for _ in range(dp)]
         for mb in s.micro_batches:
@@ -120,7 +128,13 @@ class Plan:
             dp_rank=list(s.dp_rank), micro_batch=list(s.micro_batch), cp_rank=list(s.cp_rank), ranks=ranks,
             dropped=list(s.dropped), truncated=list(s.truncated), scheduler_us=s.elapsed_us,
             rollbacks=s.rollbacks, dp_time_us=list(s.dp_time_us), makespan_us=s.makespan_us,
+            timeline=timeline, pad_us=pad_us,
         )
+
+    def step_time_us(self) -> float:
+        """The step on this plan's timeline, from its micro-batch times (the core's timeline function)."""
+        return _core.step_time_us([[mb.time_us for mb in rank] for rank in self.ranks], TIMELINES[self.timeline],
+                                  self.pad_us)
 
     # ------------------------------------------------------------------ views
     def micro_batches(self, dp_rank: int) -> list[MicroBatchPlan]:
@@ -221,7 +235,7 @@ class Plan:
         for k, r in zip(mb.seqs, mb.cp_rank):
             self.cp_rank[k] = r
         self.dp_time_us[mb.dp_rank] = sum(m.time_us for m in self.ranks[mb.dp_rank])
-        self.makespan_us = max(self.dp_time_us, default=0.0)
+        self.makespan_us = self.step_time_us()
 
     # ------------------------------------------------------------- invariants
     def validate(self) -> None:
@@ -306,8 +320,16 @@ class Plan:
             want = 0 if k in dropped else 1
             if seen[k] != want:
                 raise PlanError(f"sequence {k} appears in {seen[k]} micro-batches, expected {want}")
-        if not math.isclose(self.makespan_us, max(self.dp_time_us, default=0.0), rel_tol=1e-12, abs_tol=1e-9):
-            raise PlanError(f"makespan {self.makespan_us} is not the slowest DP rank {max(self.dp_time_us, default=0.0)}")
+        # The step on its timeline, restated: lockstep, slot j lasts as long as its slowest
+        # rank (a pad pass where a rank has no j-th micro-batch); free, the slowest rank.
+        if self.timeline == "free":
+            want = max(self.dp_time_us, default=0.0)
+        else:
+            slots = max((len(r) for r in self.ranks), default=0)
+            want = sum(max(r[j].time_us if j < len(r) else self.pad_us for r in self.ranks) for j in range(slots))
+        if not math.isclose(self.makespan_us, want, rel_tol=1e-9, abs_tol=1e-6):
+            raise PlanError(f"makespan {self.makespan_us} is not the {self.timeline} step time {want} of its "
+                            "micro-batches")
 
     def digest(self) -> str:
         """Hash of everything that decides what each rank computes; equal on every rank."""

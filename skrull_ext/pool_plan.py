@@ -126,10 +126,14 @@ class PoolPlan:
     fallback_us: float = 0.0
     rollbacks: int = 0
     refined_dp_rank: int | None = None
+    timeline: str = "lockstep"
+    """The timeline the step runs on (config.TIMELINES); ``makespan_us`` and ``start_us`` are on it."""
+    pad_us: float = 0.0
+    """Time of a pad pass on a lockstep timeline (the cost model's micro_batch_fixed_us)."""
 
     @classmethod
     def from_core(cls, s: _core.PoolSchedule, input_lengths: list[int], dp: int, cp: int, bucket_size: int,
-                  cost: _core.CostModel | None = None) -> PoolPlan:
+                  cost: _core.CostModel | None = None, timeline: str = "lockstep") -> PoolPlan:
         """With ``cost``, each micro-batch's ``rank_flops`` is filled as skrull's
         DACP result fills it (a sequence's FLOPs split evenly over its rank set)."""
         lengths = list(s.lengths)
@@ -150,7 +154,8 @@ class PoolPlan:
             micro_batch=list(s.micro_batch), first_rank=list(s.first_rank), num_ranks=list(s.num_ranks),
             micro_batches=mbs, slots=s.slots, group_time_us=list(s.group_time_us), makespan_us=s.makespan_us,
             dropped=list(s.dropped), truncated=list(s.truncated), widened=s.widened, skrull_plan=s.skrull_plan,
-            scheduler_us=s.elapsed_us, narrowed=s.narrowed, rollbacks=s.rollbacks,
+            scheduler_us=s.elapsed_us, narrowed=s.narrowed, rollbacks=s.rollbacks, timeline=timeline,
+            pad_us=cost.micro_batch_fixed_us if cost is not None else 0.0,
         )
 
     # ------------------------------------------------------------------ views
@@ -270,22 +275,32 @@ class PoolPlan:
             self.first_rank[k], self.num_ranks[k] = r, n
         # CP-SAT places on whole groups: sub-group sets it replaced are gone.
         self.narrowed = sum(1 for k, m in zip(self.num_ranks, self.micro_batch) if m >= 0 and 1 < k < self.cp)
-        self.group_time_us, starts = self._timeline()
+        self.group_time_us, starts, self.makespan_us = self._timeline()
         for m, s in zip(self.micro_batches, starts):
             m.start_us = s
-        self.makespan_us = max(self.group_time_us, default=0.0)
 
-    def _timeline(self) -> tuple[list[float], list[float]]:
-        """Replays the slots: a micro-batch starts when all its groups are free."""
+    def _timeline(self) -> tuple[list[float], list[float], float]:
+        """Replays the slots: each group's free-running finish (a micro-batch starts when all its
+        groups are free), each micro-batch's start on ``timeline`` and the step on it (lockstep:
+        the sum over slots of the slowest micro-batch, a pad pass where a group idles)."""
         clock = [0.0] * self.dp
-        starts = []
-        for mb in self.micro_batches:
+        free_starts, lock_starts = [], []
+        lockstep, slot, slowest, busy = 0.0, None, 0.0, 0
+        for mb in self.micro_batches:  # by slot, then first group
+            if mb.slot != slot:
+                lockstep += max(slowest, self.pad_us) if 0 < busy < self.dp else slowest
+                slot, slowest, busy = mb.slot, 0.0, 0
+            lock_starts.append(lockstep)
+            slowest, busy = max(slowest, mb.time_us), busy + mb.groups
             block = range(mb.first_group, mb.first_group + mb.groups)
             start = max(clock[g] for g in block)
-            starts.append(start)
+            free_starts.append(start)
             for g in block:
                 clock[g] = start + mb.time_us
-        return clock, starts
+        lockstep += max(slowest, self.pad_us) if 0 < busy < self.dp else slowest
+        if self.timeline == "free":
+            return clock, free_starts, max(clock, default=0.0)
+        return clock, lock_starts, lockstep
 
     # ------------------------------------------------------------- invariants
     def validate(self) -> None:
@@ -360,15 +375,15 @@ class PoolPlan:
             want = 0 if k in dropped else 1
             if seen[k] != want:
                 raise PlanError(f"sequence {k} appears in {seen[k]} micro-batches, expected {want}")
-        clock, starts = self._timeline()
+        clock, starts, step = self._timeline()
         for m, (mb, s) in enumerate(zip(self.micro_batches, starts)):
             if not math.isclose(mb.start_us, s, rel_tol=1e-9, abs_tol=1e-6):
                 raise PlanError(f"micro-batch {m} starts at {mb.start_us}, its slots say {s}")
         for g, (a, b) in enumerate(zip(clock, self.group_time_us)):
             if not math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-6):
                 raise PlanError(f"group {g}: its micro-batches finish at {a}, the plan says {b}")
-        if not math.isclose(self.makespan_us, max(clock, default=0.0), rel_tol=1e-12, abs_tol=1e-9):
-            raise PlanError(f"makespan {self.makespan_us} is not the slowest group {max(clock, default=0.0)}")
+        if not math.isclose(self.makespan_us, step, rel_tol=1e-9, abs_tol=1e-6):
+            raise PlanError(f"makespan {self.makespan_us} is not the {self.timeline} step time {step} of its slots")
 
     def digest(self) -> str:
         """Hash of everything that decides what each rank computes; equal on every rank."""

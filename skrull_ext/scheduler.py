@@ -65,11 +65,13 @@ class Scheduler:
             raise ValueError(f"dp_rank must be in [0, {c.dp}), got {dp_rank!r}")
         if POLICIES[c.policy].pool:
             pool = _core.schedule_pool(lengths, self.cost_model, self._options)
-            plan = PoolPlan.from_core(pool, lengths, c.dp, c.cp, c.bucket_size, cost=self.cost_model)
+            plan = PoolPlan.from_core(pool, lengths, c.dp, c.cp, c.bucket_size, cost=self.cost_model,
+                                     timeline=c.timeline)
             mbs = [mb for mb in plan.micro_batches if mb.groups == 1 and (dp_rank is None or mb.first_group == dp_rank)]
         else:
             core = _core.schedule(lengths, self.cost_model, self._options)
-            plan = Plan.from_core(core, lengths, c.dp, c.cp, c.bucket_size)
+            plan = Plan.from_core(core, lengths, c.dp, c.cp, c.bucket_size, c.timeline,
+                                  self.cost_model.micro_batch_fixed_us)
             ranks = plan.ranks if dp_rank is None else [plan.ranks[dp_rank]]
             mbs = [mb for rank in ranks for mb in rank]
         plan.refined_dp_rank = dp_rank

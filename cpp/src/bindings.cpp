@@ -13,6 +13,7 @@
 #include "skrull/dacp_sweep.hpp"
 #include "skrull/pool.hpp"
 #include "skrull/scheduler.hpp"
+#include "skrull/timeline.hpp"
 #include "skrull/types.hpp"
 
 #define STRINGIFY(x) #x
@@ -72,6 +73,9 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
   py::enum_<DacpSearch>(m, "DacpSearch")
       .value("HEURISTIC", DacpSearch::kHeuristic)
       .value("SHARD_SWEEP", DacpSearch::kShardSweep);
+  py::enum_<Timeline>(m, "Timeline")
+      .value("LOCKSTEP", Timeline::kLockstep)
+      .value("FREE_RUNNING", Timeline::kFreeRunning);
   py::enum_<Overlength>(m, "Overlength")
       .value("ERROR", Overlength::kError)
       .value("TRUNCATE", Overlength::kTruncate)
@@ -161,6 +165,8 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
       .def_readwrite("refine", &Options::refine)
       .def_readwrite("sweep_margin", &Options::sweep_margin)
       .def_readwrite("overlength", &Options::overlength)
+      .def_readwrite("timeline", &Options::timeline)
+      .def_readwrite("slot_gds", &Options::slot_gds)
       .def_readwrite("pool_widen", &Options::pool_widen)
       .def_readwrite("pool_cross_group_comm", &Options::pool_cross_group_comm);
 
@@ -291,6 +297,38 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
       },
       py::arg("lengths"), py::arg("cp_rank"), py::arg("cost_model"), py::arg("cp"), py::arg("bucket_size"),
       "Scores a given placement with the cost model; UNSCHEDULABLE if a rank exceeds bucket_size.");
+
+  m.def(
+      "step_time_us",
+      [](const std::vector<std::vector<double>>& rank_us, Timeline timeline, double pad_us) {
+        for (const auto& rank : rank_us)
+          for (double t : rank)
+            if (!(t >= 0.0 && t < 1e300)) throw std::invalid_argument("micro-batch times must be finite and >= 0");
+        if (!(pad_us >= 0.0 && pad_us < 1e300)) throw std::invalid_argument("pad_us must be finite and >= 0");
+        return step_time_us(rank_us, timeline, pad_us);
+      },
+      py::arg("rank_us"), py::arg("timeline"), py::arg("pad_us"),
+      "Step time of per-DP-rank micro-batch times (rank_us[i][j]: rank i's slot j) on a timeline: lockstep, the "
+      "sum over slots of the slowest rank (pad_us where a rank has no micro-batch); free-running, the slowest "
+      "rank's sum.");
+
+  py::class_<SlotTime>(m, "SlotTime")
+      .def(py::init([](int32_t slot, int32_t first_group, int32_t groups, double time_us) {
+             return SlotTime{slot, first_group, groups, time_us};
+           }),
+           py::arg("slot"), py::arg("first_group"), py::arg("groups"), py::arg("time_us"));
+  m.def(
+      "pool_step_time_us",
+      [](const std::vector<SlotTime>& mbs, int32_t dp, Timeline timeline, double pad_us) {
+        validate_group(dp, 1);
+        for (const SlotTime& mb : mbs)
+          if (mb.slot < 0 || mb.groups < 1 || mb.first_group < 0 || mb.first_group + mb.groups > dp ||
+              !(mb.time_us >= 0.0 && mb.time_us < 1e300))
+            throw std::invalid_argument("a pool micro-batch's slot, groups or time is out of range");
+        return pool_step_time_us(mbs, dp, timeline, pad_us);
+      },
+      py::arg("micro_batches"), py::arg("dp"), py::arg("timeline"), py::arg("pad_us"),
+      "Step time of a pool plan's micro-batches (slot, first_group, groups, time_us) over dp CP groups.");
 
   m.def(
       "shard_tokens",

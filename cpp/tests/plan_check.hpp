@@ -162,7 +162,19 @@ inline std::string schedule_error(const std::vector<int64_t>& in, const Options&
   }
   for (size_t k = 0; k < k_total; ++k)
     if (seen[k] != (dropped[k] ? 0 : 1)) return "sequence " + std::to_string(k) + " placed " + std::to_string(seen[k]) + " times";
-  if (makespan != s.makespan_us) return "makespan is not the slowest DP rank";
+  if (o.timeline == Timeline::kLockstep) {
+    // Slot j lasts as long as its slowest micro-batch (a pad pass costs the
+    // fixed cost, which every micro-batch's time includes, so it never wins).
+    makespan = 0.0;
+    for (int32_t j = 0;; ++j) {
+      double slot = -1.0;
+      for (int32_t d = 0; d < o.dp; ++d)
+        if (s.dp_offsets[d] + j < s.dp_offsets[d + 1]) slot = std::max(slot, s.micro_batches[s.dp_offsets[d] + j].dacp.time_us);
+      if (slot < 0.0) break;
+      makespan += slot;
+    }
+  }
+  if (makespan != s.makespan_us) return "makespan is not the step time on the plan's timeline";
   if (rollbacks != s.rollbacks) return "roll-back total";
   if (!std::isfinite(s.elapsed_us) || s.elapsed_us < 0) return "elapsed_us";
   return "";

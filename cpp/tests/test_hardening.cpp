@@ -222,6 +222,7 @@ static uint64_t golden_digest() {
     o.refine = splitmix(seed) % 2;
     o.dacp_search = static_cast<DacpSearch>(splitmix(seed) % 2);
     o.overlength = Overlength::kTruncate;
+    o.timeline = Timeline::kFreeRunning;  // the digest predates timelines: the paper's per-rank time
     const size_t n = splitmix(seed) % 600;
     std::vector<int64_t> in(n);
     // Long-tailed: mostly short, some up to twice the group's limit.
@@ -256,12 +257,72 @@ static void test_golden_digest() {
   }
 }
 
+// Slot GDS on random long-tailed batches, both timelines: every plan valid
+// (each sequence once, memory per rank per slot, times adding up on the
+// timeline), the same bits twice, and every rank's micro-batches in slots
+// 0..k-1 (pads only after them).
+static void test_slot_gds_plans_are_valid() {
+  const CostModel c = preset();
+  uint64_t seed = 7;
+  for (int rep = 0; rep < 80; ++rep) {
+    Options o;
+    o.dp = 2 + static_cast<int32_t>(splitmix(seed) % 7);
+    o.cp = 1 << (splitmix(seed) % 4);
+    o.bucket_size = 512 + static_cast<int64_t>(splitmix(seed) % 20000);
+    o.micro_batch_count = static_cast<MicroBatchCount>(splitmix(seed) % 2);
+    o.refine = splitmix(seed) % 2;
+    o.dacp_search = static_cast<DacpSearch>(splitmix(seed) % 2);
+    o.timeline = static_cast<Timeline>(splitmix(seed) % 2);
+    o.slot_gds = true;
+    o.overlength = Overlength::kTruncate;
+    const size_t n = splitmix(seed) % 400;
+    std::vector<int64_t> in(n);
+    for (auto& s : in) {
+      const uint64_t r = splitmix(seed);
+      s = 1 + static_cast<int64_t>(r % (r % 8 == 0 ? 2 * o.bucket_size * o.cp : o.bucket_size / 4 + 1));
+    }
+    const Schedule s = schedule(in, c, o);
+    const std::string e = check::schedule_error(in, o, s);
+    if (!e.empty()) std::fprintf(stderr, "slot GDS rep %d: %s\n", rep, e.c_str());
+    CHECK(e.empty());
+    const Schedule again = schedule(in, c, o);
+    CHECK(again.micro_batch == s.micro_batch && again.dp_rank == s.dp_rank && again.makespan_us == s.makespan_us);
+  }
+}
+
+// Slot GDS on a small case, by hand: one sequence of 300 tokens and five
+// of 100 over DP 2, CP 1, bucket 300. 800 tokens need 3 micro-batches, so 2
+// slots (4 groups). LPT: {300} | {100, 100} | {100, 100} | {100}, slowest
+// first: slot 0 = {300} on rank 0 beside {100, 100} on rank 1; slot 1 =
+// {100, 100} on rank 1 (the rank with less time so far) beside {100}.
+static void test_slot_gds_small_case() {
+  const CostModel c = preset();
+  Options o;
+  o.dp = 2;
+  o.cp = 1;
+  o.bucket_size = 300;
+  o.slot_gds = true;
+  o.timeline = Timeline::kLockstep;
+  const std::vector<int64_t> in = {100, 300, 100, 100, 100, 100};
+  const Schedule s = schedule(in, c, o);
+  CHECK(check::schedule_error(in, o, s).empty());
+  CHECK(s.micro_batches.size() == 4);
+  CHECK(s.dp_rank[1] == 0 && s.micro_batch[1] == 0);
+  const auto seqs = [&s](int32_t d, int32_t j) { return s.micro_batches[s.dp_offsets[d] + j].seqs; };
+  CHECK(seqs(0, 0) == std::vector<int32_t>({1}));
+  CHECK(seqs(1, 0).size() == 2 && seqs(1, 1).size() == 2 && seqs(0, 1).size() == 1);
+  const double slot0 = s.micro_batches[0].dacp.time_us, slot1 = s.micro_batches[s.dp_offsets[1] + 1].dacp.time_us;
+  CHECK(s.makespan_us == slot0 + slot1);
+}
+
 int main() {
   test_bad_input_is_refused();
   test_lengths_at_the_boundaries();
   test_extremes_stay_finite();
   test_search_is_bounded();
   test_golden_digest();
+  test_slot_gds_plans_are_valid();
+  test_slot_gds_small_case();
   if (skrull_test::failures) return skrull_test::report();
   std::puts("test_hardening: all checks passed");
   return 0;

@@ -98,75 +98,141 @@ inline std::vector<std::vector<int32_t>> split_over_dp(const std::vector<int64_t
   return bins;
 }
 
-// One candidate split of a DP rank's (ascending) share into m micro-batches:
-// group j is share[j::m]. placement[p] places share[p].
+// How a split forms its m groups from sequences sorted ascending.
+enum class Grouping : int32_t {
+  kStrided = 0,  // group j = sorted[j::m]: pairs long with short (Algorithm 2)
+  kLpt = 1,      // longest first, each to the group with the least FLOPs that has room (slots.hpp)
+};
+
+// One candidate split of a DP rank's (ascending) share into m micro-batches.
+// Group j holds the positions members[member_start[j] .. member_start[j+1])
+// of `sorted`, ascending; placement[p] places sorted[p].
 struct MicroBatchSplit {
   bool feasible = false;
   int32_t m = 0;
-  double time_us = 0.0;
+  double time_us = 0.0;           // sum of the groups' times
+  double score_us = 0.0;          // what the count search minimises: time_us, or the slot time (unit > 1)
+  std::vector<double> group_us;   // per group (0 for an empty one)
+  std::vector<int32_t> member_start, members;
   std::vector<int32_t> placement;
   std::vector<int32_t> rollbacks;  // per group
   std::vector<int32_t> moves;      // per group
   int32_t tries = 0;               // splits split_micro_batches tried
 };
 
-// Strided split, which pairs long with short. Infeasible when a group holds
-// more than cp * bucket tokens or no DACP placement (dacp_into, and the
-// shard sweep when the options ask for it) fits it.
+namespace detail {
+
+// Groups of a split as member lists; false when kLpt finds no group with
+// room for a sequence (each group holds at most `capacity` tokens).
+inline bool form_groups(const std::vector<int64_t>& lengths, const std::vector<double>& flops,
+                        const std::vector<int32_t>& sorted, int32_t m, Grouping grouping, int64_t capacity,
+                        MicroBatchSplit& out) {
+  const size_t n = sorted.size();
+  out.member_start.assign(m + 1, 0);
+  out.members.resize(n);
+  if (grouping == Grouping::kStrided) {
+    for (int32_t j = 0, q = 0; j < m; ++j) {
+      out.member_start[j] = q;
+      for (size_t i = j; i < n; i += m) out.members[q++] = static_cast<int32_t>(i);
+    }
+    out.member_start[m] = static_cast<int32_t>(n);
+    return true;
+  }
+  // kLpt: positions longest first; ties in load go to the lower group.
+  std::vector<int32_t> group(n);
+  std::vector<double> load(m, 0.0);
+  std::vector<int64_t> room(m, capacity);
+  for (size_t q = n; q-- > 0;) {
+    const int64_t s = lengths[sorted[q]];
+    int32_t best = -1;
+    for (int32_t j = 0; j < m; ++j)
+      if (room[j] >= s && (best < 0 || load[j] < load[best])) best = j;
+    if (best < 0) return false;
+    group[q] = best;
+    room[best] -= s;
+    load[best] += flops[sorted[q]];
+  }
+  for (size_t q = 0; q < n; ++q) ++out.member_start[group[q] + 1];
+  for (int32_t j = 0; j < m; ++j) out.member_start[j + 1] += out.member_start[j];
+  std::vector<int32_t> fill(out.member_start.begin(), out.member_start.end() - 1);
+  for (size_t q = 0; q < n; ++q) out.members[fill[group[q]]++] = static_cast<int32_t>(q);
+  return true;
+}
+
+}  // namespace detail
+
+// Splits into m groups (`grouping`). Infeasible when a group holds more
+// than cp * bucket tokens or no DACP placement (dacp_into, and the shard
+// sweep when the options ask for it) fits it. An empty group (m above the
+// number of sequences) is a pad pass with no time of its own.
 //
-// `give_up_above`: a split predicted slower than this is of no use to the
-// caller, which keeps the faster one. Before placing each group the time
-// so far plus the lower bounds of the groups left is checked against it,
-// and the split is abandoned (infeasible) once that passes it: most extra
-// micro-batch counts lose, and this stops them after a few groups.
-inline void split_strided(const std::vector<int64_t>& lengths, const std::vector<double>& flops,
-                          const std::vector<int32_t>& sorted, int32_t m,
-                          const CostModel& cost, const Options& opt, Workspace& ws, MicroBatchSplit& out,
-                          double give_up_above = std::numeric_limits<double>::infinity()) {
+// `give_up_above`: a split whose groups sum to more than this is of no use
+// to the caller, which keeps a faster one. Before placing each group the
+// time so far plus the lower bounds of the groups left is checked against
+// it, and the split is abandoned (infeasible) once that passes it: most
+// extra micro-batch counts lose, and this stops them after a few groups.
+inline void split_groups(const std::vector<int64_t>& lengths, const std::vector<double>& flops,
+                         const std::vector<int32_t>& sorted, int32_t m, Grouping grouping,
+                         const CostModel& cost, const Options& opt, Workspace& ws, MicroBatchSplit& out,
+                         double give_up_above = std::numeric_limits<double>::infinity()) {
   out.feasible = false;
   out.m = m;
   out.time_us = 0.0;
+  out.group_us.assign(m, 0.0);
   out.placement.assign(sorted.size(), kDistributed);
   out.rollbacks.assign(m, 0);
   out.moves.assign(m, 0);
   const int64_t capacity = opt.bucket_size * opt.cp;
-  const size_t n = sorted.size();
+  if (!detail::form_groups(lengths, flops, sorted, m, grouping, capacity, out)) return;
+  const auto gather = [&](int32_t j) {
+    ws.lengths.clear();
+    ws.seq_flops.clear();
+    for (int32_t q = out.member_start[j]; q < out.member_start[j + 1]; ++q) {
+      ws.lengths.push_back(lengths[sorted[out.members[q]]]);
+      ws.seq_flops.push_back(flops[sorted[out.members[q]]]);
+    }
+  };
   for (int32_t j = 0; j < m; ++j) {
     int64_t tokens = 0;
-    for (size_t i = j; i < n; i += m) tokens += lengths[sorted[i]];
+    for (int32_t q = out.member_start[j]; q < out.member_start[j + 1]; ++q) tokens += lengths[sorted[out.members[q]]];
     if (tokens > capacity) return;
   }
   const bool bounded = give_up_above < std::numeric_limits<double>::infinity();
   std::vector<double>& left = ws.group_bounds;  // lower bounds of groups j..m-1
   left.assign(m + 1, 0.0);
   for (int32_t j = m; bounded && j-- > 0;) {
-    ws.lengths.clear();
-    ws.seq_flops.clear();
-    for (size_t i = j; i < n; i += m) {
-      ws.lengths.push_back(lengths[sorted[i]]);
-      ws.seq_flops.push_back(flops[sorted[i]]);
-    }
+    gather(j);
     left[j] = left[j + 1] +
               cost.micro_batch_lower_bound_us(ws.lengths.data(), ws.lengths.size(), opt.cp, ws.seq_flops.data());
   }
   for (int32_t j = 0; j < m; ++j) {
     if (bounded && out.time_us + left[j] > give_up_above * (1.0 + detail::kSweepBoundSlack)) return;
-    ws.lengths.clear();
-    ws.seq_flops.clear();
-    for (size_t i = j; i < n; i += m) {
-      ws.lengths.push_back(lengths[sorted[i]]);
-      ws.seq_flops.push_back(flops[sorted[i]]);
-    }
+    gather(j);
     const size_t g = ws.lengths.size();
+    if (g == 0) continue;
     ws.placement.resize(g);
     double time = 0.0;
     if (dacp_for_into(ws.lengths.data(), ws.seq_flops.data(), g, cost, opt, ws, ws.placement.data(),
                       out.rollbacks[j], out.moves[j], time) != Status::kOk)
       return;
     out.time_us += time;
-    for (size_t i = j, q = 0; i < n; i += m, ++q) out.placement[i] = ws.placement[q];
+    out.group_us[j] = time;
+    for (int32_t q = out.member_start[j], i = 0; q < out.member_start[j + 1]; ++q, ++i)
+      out.placement[out.members[q]] = ws.placement[i];
   }
   out.feasible = true;
+  out.score_us = out.time_us;
+}
+
+// Slot time of a split whose m = c * unit groups run as c slots of `unit`
+// micro-batches each, the slowest `unit` together (slots.hpp): the groups'
+// times sorted descending, the first of every `unit` summed. For given
+// group times no other grouping into slots is faster.
+inline double slot_score_us(std::vector<double> group_us, int32_t unit) {
+  std::sort(group_us.begin(), group_us.end(), std::greater<double>());
+  double out = 0.0;
+  for (size_t j = 0; j < group_us.size(); j += unit) out += group_us[j];
+  return out;
 }
 
 // Counts tried one by one before split_micro_batches gallops.
@@ -190,9 +256,17 @@ constexpr int32_t kLinearCounts = 8;
 // batches); else it is a feasible count just above an infeasible one.
 // (Trying every count, one giant sequence among 50,000 tiny ones, feasible
 // only at m = n, took 50,000 splits: 1.4 s.)
+//
+// `unit` > 1 (slot GDS, slots.hpp, with Grouping::kLpt): the counts are
+// multiples of unit (a count c means c * unit groups, c slots over unit DP
+// ranks, groups beyond the number of sequences empty), and a split's score
+// is its slot time (slot_score_us), which the predicted-time step
+// minimises. unit = 1 is the per-rank search above, its score the sum of
+// its groups' times.
 inline MicroBatchSplit split_micro_batches(const std::vector<int64_t>& lengths, const std::vector<double>& flops,
                                            const std::vector<int32_t>& share, const CostModel& cost,
-                                           const Options& opt, Workspace& ws) {
+                                           const Options& opt, Workspace& ws, int32_t unit = 1,
+                                           Grouping grouping = Grouping::kStrided) {
   MicroBatchSplit best, cand;
   if (share.empty()) {
     best.feasible = true;  // zero micro-batches
@@ -204,14 +278,19 @@ inline MicroBatchSplit split_micro_batches(const std::vector<int64_t>& lengths, 
     tokens += lengths[k];
     total_flops += flops[k];
   }
-  const int64_t capacity = opt.bucket_size * opt.cp;
-  const int32_t n = static_cast<int32_t>(share.size());
+  const int64_t capacity = opt.bucket_size * opt.cp * unit;
+  // Counts c: c * unit groups. The largest needed holds one sequence per group.
+  const int32_t n = static_cast<int32_t>((static_cast<int64_t>(share.size()) + unit - 1) / unit);
   const int32_t m0 = static_cast<int32_t>(std::min<int64_t>(n, std::max<int64_t>(1, (tokens + capacity - 1) / capacity)));
   int32_t tries = 0;
+  auto score = [unit](MicroBatchSplit& s) {
+    if (unit > 1) s.score_us = slot_score_us(s.group_us, unit);
+  };
   auto try_split = [&](int32_t m) {
     ++tries;
-    split_strided(lengths, flops, share, m, cost, opt, ws, cand);
+    split_groups(lengths, flops, share, m * unit, grouping, cost, opt, ws, cand);
     if (!cand.feasible) return false;
+    score(cand);
     std::swap(best, cand);
     return true;
   };
@@ -224,20 +303,26 @@ inline MicroBatchSplit split_micro_batches(const std::vector<int64_t>& lengths, 
     const int32_t hi = static_cast<int32_t>(std::min<int64_t>(n, lo + step));
     if (!try_split(hi)) lo = hi;
   }
-  while (best.m - lo > 1) {
-    const int32_t mid = lo + (best.m - lo) / 2;
+  while (best.m / unit - lo > 1) {
+    const int32_t mid = lo + (best.m / unit - lo) / 2;
     if (!try_split(mid)) lo = mid;
   }
-  // 2. kPredictedTime: the next counts, if their bound can still win.
+  // 2. kPredictedTime: the next counts, if their bound can still win. The
+  // bound is on the sum of the groups' times (non-empty groups pay b and the
+  // fixed cost each); a slot time is at least that sum over unit.
   if (opt.micro_batch_count == MicroBatchCount::kPredictedTime) {
-    const int32_t last = static_cast<int32_t>(std::min<int64_t>(n, static_cast<int64_t>(best.m) + opt.max_extra_micro_batches));
-    for (int32_t m = best.m + 1; m <= last; ++m) {
-      const double bound = cost.shape.layers * (cost.a_us_per_flop * total_flops / opt.cp + m * cost.b_us) +
-                           m * cost.micro_batch_fixed_us;
-      if (bound >= best.time_us) break;
+    const int32_t last = static_cast<int32_t>(std::min<int64_t>(n, static_cast<int64_t>(best.m / unit) + opt.max_extra_micro_batches));
+    const int64_t live = static_cast<int64_t>(share.size());
+    for (int32_t c = best.m / unit + 1; c <= last; ++c) {
+      const double groups = static_cast<double>(std::min<int64_t>(live, static_cast<int64_t>(c) * unit));
+      const double bound = (cost.shape.layers * (cost.a_us_per_flop * total_flops / opt.cp + groups * cost.b_us) +
+                            groups * cost.micro_batch_fixed_us) / unit;
+      if (bound >= best.score_us) break;
       ++tries;
-      split_strided(lengths, flops, share, m, cost, opt, ws, cand, best.time_us);
-      if (cand.feasible && cand.time_us < best.time_us) std::swap(best, cand);
+      split_groups(lengths, flops, share, c * unit, grouping, cost, opt, ws, cand, best.score_us * unit);
+      if (!cand.feasible) continue;
+      score(cand);
+      if (cand.score_us < best.score_us) std::swap(best, cand);
     }
   }
   best.tries = tries;

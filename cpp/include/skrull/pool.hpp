@@ -34,8 +34,10 @@
 //     it and its compute. Micro-batch times only fall, so step 3's promise
 //     holds; the slots are then re-timed.
 //
-// Time: every group runs its micro-batches in slot order; a micro-batch on
-// a block starts when all its groups are free. Its time is the overlap
+// Time: on the job's timeline (timeline.hpp). Free-running, every group
+// runs its micro-batches in slot order and a micro-batch on a block starts
+// when all its groups are free; lockstep, each slot lasts as long as its
+// slowest micro-batch. Its time is the overlap
 // formula over its ranks; an exchange over k ranks moves the K/V bytes
 // scaled to the ring's per-rank share, (k-1)/k, against the group's,
 // (cp-1)/cp, where the comm table was measured, and pays
@@ -60,6 +62,7 @@
 #include "skrull/cost_model.hpp"
 #include "skrull/gds.hpp"
 #include "skrull/scheduler.hpp"
+#include "skrull/timeline.hpp"
 #include "skrull/types.hpp"
 #include "skrull/validate.hpp"
 #include "skrull/workspace.hpp"
@@ -314,15 +317,16 @@ inline int32_t pool_narrow(PoolMicroBatch& mb, const std::vector<int64_t>& lengt
 
 // Replays the slots after micro-batch times changed: in (slot, first group)
 // order each starts when all its groups are free.
-inline void pool_retime(PoolSchedule& out) {
-  std::fill(out.group_time_us.begin(), out.group_time_us.end(), 0.0);
-  for (PoolMicroBatch& mb : out.micro_batches) {
-    const auto first = out.group_time_us.begin() + mb.first_group;
-    const double start = *std::max_element(first, first + mb.groups);
-    mb.start_us = start;
-    std::fill(first, first + mb.groups, start + mb.time_us);
-  }
-  out.makespan_us = out.group_time_us.empty() ? 0.0 : *std::max_element(out.group_time_us.begin(), out.group_time_us.end());
+// makespan_us is the step on the job's timeline (timeline.hpp), start_us
+// each one's start on it; group_time_us stays each group's free-running finish.
+inline void pool_retime(PoolSchedule& out, Timeline timeline, double pad_us) {
+  std::vector<SlotTime> slots;
+  slots.reserve(out.micro_batches.size());
+  for (const PoolMicroBatch& mb : out.micro_batches) slots.push_back({mb.slot, mb.first_group, mb.groups, mb.time_us});
+  std::vector<double> start;
+  out.makespan_us = pool_step_time_us(slots, static_cast<int32_t>(out.group_time_us.size()), timeline, pad_us,
+                                      &out.group_time_us, &start);
+  for (size_t m = 0; m < out.micro_batches.size(); ++m) out.micro_batches[m].start_us = start[m];
 }
 
 }  // namespace detail
@@ -441,7 +445,7 @@ inline PoolSchedule schedule_pool(const std::vector<int64_t>& input, const CostM
     for (PoolMicroBatch& mb : out.micro_batches)
       out.narrowed += detail::pool_narrow(mb, out.lengths, flops, cost, cp, opt.bucket_size, scratch);
     detail::pool_finish(out);
-    if (out.narrowed > 0) detail::pool_retime(out);
+    detail::pool_retime(out, opt.timeline, cost.micro_batch_fixed_us);
     out.elapsed_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
   };
   if (wide.empty() && fits_groups) {  // nothing to widen: skrull's plan as is
@@ -526,7 +530,8 @@ inline PoolSchedule schedule_pool(const std::vector<int64_t>& input, const CostM
       group_lengths.clear();
       group_flops.clear();
       scored.cp_rank.clear();
-      for (size_t p = j; p < sorted.size(); p += split.m) {
+      for (int32_t q = split.member_start[j]; q < split.member_start[j + 1]; ++q) {
+        const int32_t p = split.members[q];
         const int32_t k = sorted[p];
         const int32_t c = split.placement[p];
         const bool dist = c == kDistributed && cp > 1;
@@ -551,10 +556,10 @@ inline PoolSchedule schedule_pool(const std::vector<int64_t>& input, const CostM
     }
     next_slot[g] += split.m;
   }
-  out.makespan_us = *std::max_element(clock.begin(), clock.end());
   out.slots = *std::max_element(next_slot.begin(), next_slot.end());
+  detail::pool_retime(out, opt.timeline, cost.micro_batch_fixed_us);
 
-  // 3. Skrull's plan when it predicts no slower.
+  // 3. Skrull's plan when it predicts no slower (both on the job's timeline).
   if (skrull_us <= out.makespan_us) adopt_skrull_plan();
   finish();
   return out;

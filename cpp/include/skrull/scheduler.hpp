@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <numeric>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -15,6 +16,8 @@
 #include "skrull/cost_model.hpp"
 #include "skrull/dacp.hpp"
 #include "skrull/gds.hpp"
+#include "skrull/slots.hpp"
+#include "skrull/timeline.hpp"
 #include "skrull/types.hpp"
 #include "skrull/validate.hpp"
 #include "skrull/workspace.hpp"
@@ -67,51 +70,90 @@ inline Schedule schedule(const std::vector<int64_t>& input, const CostModel& cos
 
   std::vector<double> flops;  // per sequence, computed once for every step below
   detail::sequence_flops(out.lengths.data(), out.lengths.size(), cost, flops);
-  const auto shares = split_over_dp(out.lengths, flops, live, opt.dp);
   Workspace ws;
-  std::vector<int32_t> sorted;
   std::vector<int64_t> group_lengths;
   std::vector<double> group_flops;
-  out.dp_offsets.reserve(opt.dp + 1);
-  out.dp_time_us.reserve(opt.dp);
-  out.dp_offsets.push_back(0);
-  for (int32_t i = 0; i < opt.dp; ++i) {
-    detail::reverse_to_ascending(out.lengths, shares[i], sorted);
-    const MicroBatchSplit split = split_micro_batches(out.lengths, flops, sorted, cost, opt, ws);
-    if (!split.feasible)  // unreachable for lengths <= limit; kept as a guard
-      throw std::logic_error("no micro-batch split found for DP rank " + std::to_string(i));
-    double rank_time = 0.0;
-    for (int32_t j = 0; j < split.m; ++j) {
-      MicroBatch mb;
-      mb.dp_rank = i;
-      mb.index = j;
-      const size_t size = (sorted.size() - j + split.m - 1) / split.m;
-      mb.seqs.reserve(size);
-      mb.dacp.cp_rank.reserve(size);
-      group_lengths.clear();
-      group_flops.clear();
-      for (size_t p = j; p < sorted.size(); p += split.m) {
-        const int32_t k = sorted[p];
-        mb.seqs.push_back(k);
-        mb.dacp.cp_rank.push_back(split.placement[p]);
-        group_lengths.push_back(out.lengths[k]);
-        group_flops.push_back(flops[k]);
-        out.dp_rank[k] = i;
-        out.micro_batch[k] = j;
-        out.cp_rank[k] = split.placement[p];
-      }
-      mb.dacp.rollbacks = split.rollbacks[j];
-      mb.dacp.moves = split.moves[j];
-      score_placement(group_lengths.data(), group_flops.data(), group_lengths.size(), cost, opt.cp, mb.dacp);
-      rank_time += mb.dacp.time_us;
-      out.rollbacks += mb.dacp.rollbacks;
-      out.moves += mb.dacp.moves;
-      out.micro_batches.push_back(std::move(mb));
+  // Micro-batch j of DP rank i: group `g` of `split` over `sorted`.
+  const auto emit = [&](int32_t i, int32_t j, const std::vector<int32_t>& sorted, const MicroBatchSplit& split,
+                        int32_t g) {
+    MicroBatch mb;
+    mb.dp_rank = i;
+    mb.index = j;
+    const size_t size = split.member_start[g + 1] - split.member_start[g];
+    mb.seqs.reserve(size);
+    mb.dacp.cp_rank.reserve(size);
+    group_lengths.clear();
+    group_flops.clear();
+    for (int32_t q = split.member_start[g]; q < split.member_start[g + 1]; ++q) {
+      const int32_t p = split.members[q];
+      const int32_t k = sorted[p];
+      mb.seqs.push_back(k);
+      mb.dacp.cp_rank.push_back(split.placement[p]);
+      group_lengths.push_back(out.lengths[k]);
+      group_flops.push_back(flops[k]);
+      out.dp_rank[k] = i;
+      out.micro_batch[k] = j;
+      out.cp_rank[k] = split.placement[p];
     }
-    out.dp_time_us.push_back(rank_time);
-    out.makespan_us = std::max(out.makespan_us, rank_time);
-    out.dp_offsets.push_back(static_cast<int32_t>(out.micro_batches.size()));
+    mb.dacp.rollbacks = split.rollbacks[g];
+    mb.dacp.moves = split.moves[g];
+    score_placement(group_lengths.data(), group_flops.data(), group_lengths.size(), cost, opt.cp, mb.dacp);
+    out.rollbacks += mb.dacp.rollbacks;
+    out.moves += mb.dacp.moves;
+    out.micro_batches.push_back(std::move(mb));
+  };
+  out.dp_offsets.reserve(opt.dp + 1);
+  out.dp_offsets.push_back(0);
+  if (opt.slot_gds && opt.dp > 1) {
+    // Slot GDS (slots.hpp): the whole batch split into dp x c micro-batches,
+    // grouped into slots of similar time, each slot spread over the ranks.
+    std::vector<int32_t> sorted, scratch, descending = live;
+    detail::sort_descending_by_length(out.lengths, descending, scratch);
+    detail::reverse_to_ascending(out.lengths, descending, sorted);
+    const MicroBatchSplit split = split_micro_batches(out.lengths, flops, sorted, cost, opt, ws, opt.dp, Grouping::kLpt);
+    if (!split.feasible)  // unreachable for lengths <= limit; kept as a guard
+      throw std::logic_error("no slot split found for the global batch");
+    std::vector<char> empty(split.m);
+    for (int32_t g = 0; g < split.m; ++g) empty[g] = split.member_start[g] == split.member_start[g + 1];
+    std::vector<int32_t> rank, slot;
+    assign_slots(split.group_us, empty, opt.dp, rank, slot);
+    std::vector<std::vector<int32_t>> by_rank(opt.dp);  // groups of each rank, in slot order
+    std::vector<int32_t> order(split.m);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&slot](int32_t a, int32_t b) { return slot[a] < slot[b]; });
+    for (int32_t g : order)
+      if (!empty[g] && rank[g] >= 0) by_rank[rank[g]].push_back(g);
+    for (int32_t i = 0; i < opt.dp; ++i) {
+      for (size_t j = 0; j < by_rank[i].size(); ++j) {
+        // Non-empty groups fill every rank's first slots (empties sort last).
+        if (slot[by_rank[i][j]] != static_cast<int32_t>(j)) throw std::logic_error("slot GDS left a gap in a rank's slots");
+        emit(i, static_cast<int32_t>(j), sorted, split, by_rank[i][j]);
+      }
+      out.dp_offsets.push_back(static_cast<int32_t>(out.micro_batches.size()));
+    }
+  } else {
+    // Algorithm 2: LPT over DP ranks, then each rank's share split on its own.
+    const auto shares = split_over_dp(out.lengths, flops, live, opt.dp);
+    std::vector<int32_t> sorted;
+    for (int32_t i = 0; i < opt.dp; ++i) {
+      detail::reverse_to_ascending(out.lengths, shares[i], sorted);
+      const MicroBatchSplit split = split_micro_batches(out.lengths, flops, sorted, cost, opt, ws);
+      if (!split.feasible)  // unreachable for lengths <= limit; kept as a guard
+        throw std::logic_error("no micro-batch split found for DP rank " + std::to_string(i));
+      for (int32_t j = 0; j < split.m; ++j) emit(i, j, sorted, split, j);
+      out.dp_offsets.push_back(static_cast<int32_t>(out.micro_batches.size()));
+    }
   }
+  // Times: each rank's sum, and the step on the job's timeline.
+  std::vector<std::vector<double>> rank_us(opt.dp);
+  out.dp_time_us.assign(opt.dp, 0.0);
+  for (int32_t i = 0; i < opt.dp; ++i) {
+    for (int32_t q = out.dp_offsets[i]; q < out.dp_offsets[i + 1]; ++q) {
+      rank_us[i].push_back(out.micro_batches[q].dacp.time_us);
+      out.dp_time_us[i] += out.micro_batches[q].dacp.time_us;
+    }
+  }
+  out.makespan_us = step_time_us(rank_us, opt.timeline, cost.micro_batch_fixed_us);
   out.elapsed_us =
       std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
   return out;

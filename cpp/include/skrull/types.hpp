@@ -62,6 +62,12 @@ enum class Overlength : int32_t {
   kDrop = 2,
 };
 
+// The timeline the trainer executes a step on (timeline.hpp).
+enum class Timeline : int32_t {
+  kLockstep = 0,     // FSDP over the DP ranks: every rank runs slot j together; step = sum of slot maxima
+  kFreeRunning = 1,  // no collective across DP ranks until the gradient reduction: step = slowest rank's sum
+};
+
 struct Options {
   int32_t dp = 1;               // DP ranks
   int32_t cp = 1;               // CP ranks per group (N)
@@ -76,14 +82,22 @@ struct Options {
   // more than this fraction above the micro-batch's lower bound, or failed.
   double sweep_margin = 0.01;
   Overlength overlength = Overlength::kError;
+  // What the plan is timed on (makespan_us, the micro-batch count search).
+  Timeline timeline = Timeline::kLockstep;
+  // GDS over micro-batch slots (slots.hpp) instead of the paper's per-DP-rank
+  // split: for a lockstep timeline, where each slot should be balanced over
+  // the DP ranks.
+  bool slot_gds = false;
   // schedule_pool only (pool.hpp); schedule() ignores them.
   // A sequence is sharded over more than one CP group when, sharded over its
   // own group alone, it would take more than pool_widen x the ideal time of
   // a group (the global batch's work spread over every rank).
   double pool_widen = 1.0;
   // Exchange time over a rank set spanning several CP groups (across nodes)
-  // over the same bytes inside one group: an assumption, not measured.
-  double pool_cross_group_comm = 4.0;
+  // over the same bytes inside one group. Conservative default: NVLink over
+  // InfiniBand per GPU is close to 9x; a profile's [pool] cross_group_comm
+  // replaces it.
+  double pool_cross_group_comm = 9.0;
 };
 
 // DACP result for one micro-batch on one CP group.
@@ -115,8 +129,8 @@ struct Schedule {
   // micro_batches[dp_offsets[i] .. dp_offsets[i+1]).
   std::vector<MicroBatch> micro_batches;
   std::vector<int32_t> dp_offsets;
-  std::vector<double> dp_time_us;  // predicted time of each DP rank
-  double makespan_us = 0.0;        // slowest DP rank
+  std::vector<double> dp_time_us;  // predicted time of each DP rank (its micro-batches back to back)
+  double makespan_us = 0.0;        // predicted step time on opt.timeline (timeline.hpp)
   std::vector<int32_t> dropped;    // indices removed by Overlength::kDrop
   std::vector<int32_t> truncated;  // indices shortened by Overlength::kTruncate
   int32_t rollbacks = 0;
@@ -151,8 +165,8 @@ struct PoolSchedule {
   std::vector<int32_t> num_ranks;
   std::vector<PoolMicroBatch> micro_batches;  // by slot, then first group
   int32_t slots = 0;
-  std::vector<double> group_time_us;   // predicted finish of each CP group
-  double makespan_us = 0.0;
+  std::vector<double> group_time_us;   // predicted finish of each CP group, running free
+  double makespan_us = 0.0;            // predicted step time on opt.timeline (timeline.hpp)
   std::vector<int32_t> dropped;        // beyond the world: Overlength::kDrop
   std::vector<int32_t> truncated;      // beyond the world: Overlength::kTruncate
   int32_t widened = 0;                 // sequences sharded over more than one CP group

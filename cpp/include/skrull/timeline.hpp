@@ -1,0 +1,91 @@
+// Step time of a plan on the timeline the trainer executes
+// (docs/design/cost_model.md, "Timelines"). The one function the scheduler,
+// the simulator, the step log and the lower bound share.
+//
+// A plan's micro-batches stand in slots: slot j of a DP rank (CP group) is
+// its j-th micro-batch. The timelines differ in what waits for what:
+//
+//   lockstep:     FSDP gathers each layer's parameters, per micro-batch, over
+//                 the whole shard mesh (every DP and CP rank), so all ranks
+//                 run slot j together and a rank without a j-th micro-batch
+//                 runs a pad pass (pad_us, the micro-batch's fixed cost):
+//                 step = sum over slots of the slowest rank in the slot.
+//   free-running: ranks share no collective until the step's gradient
+//                 reduction: step = the slowest rank's micro-batches back to
+//                 back (the paper's timeline).
+//
+// Units: microseconds.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "skrull/types.hpp"
+
+namespace skrull {
+
+// rank_us[i][j]: time of DP rank i's j-th micro-batch. A rank with fewer
+// micro-batches than the longest list pads the missing slots (lockstep).
+inline double step_time_us(const std::vector<std::vector<double>>& rank_us, Timeline timeline, double pad_us) {
+  double out = 0.0;
+  if (timeline == Timeline::kFreeRunning) {
+    for (const auto& rank : rank_us) {
+      double sum = 0.0;
+      for (double t : rank) sum += t;
+      out = std::max(out, sum);
+    }
+    return out;
+  }
+  size_t slots = 0;
+  for (const auto& rank : rank_us) slots = std::max(slots, rank.size());
+  for (size_t j = 0; j < slots; ++j) {
+    double slot = 0.0;
+    for (const auto& rank : rank_us) slot = std::max(slot, j < rank.size() ? rank[j] : pad_us);
+    out += slot;
+  }
+  return out;
+}
+
+// A pool plan's micro-batches (pool.hpp): each on a block of `groups` CP
+// groups from `first_group`, at `slot`. Lockstep: the sum over slots of the
+// slowest micro-batch in it (pad_us where a group idles). Free-running: in
+// (slot, first group) order each starts when all its groups are free; the
+// last group to finish. start_us, when given, receives each one's start.
+struct SlotTime {
+  int32_t slot, first_group, groups;
+  double time_us;
+};
+
+inline double pool_step_time_us(const std::vector<SlotTime>& mbs, int32_t dp, Timeline timeline, double pad_us,
+                                std::vector<double>* group_free_us = nullptr, std::vector<double>* start_us = nullptr) {
+  std::vector<size_t> order(mbs.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&mbs](size_t a, size_t b) {
+    return mbs[a].slot != mbs[b].slot ? mbs[a].slot < mbs[b].slot : mbs[a].first_group < mbs[b].first_group;
+  });
+  if (start_us) start_us->assign(mbs.size(), 0.0);
+  std::vector<double> clock(dp, 0.0);
+  double lockstep = 0.0;
+  for (size_t p = 0; p < order.size();) {
+    const int32_t slot = mbs[order[p]].slot;
+    double slowest = 0.0;
+    int32_t busy = 0;
+    for (; p < order.size() && mbs[order[p]].slot == slot; ++p) {
+      const SlotTime& mb = mbs[order[p]];
+      const auto first = clock.begin() + mb.first_group;
+      const double start = *std::max_element(first, first + mb.groups);
+      if (start_us) (*start_us)[order[p]] = timeline == Timeline::kLockstep ? lockstep : start;
+      std::fill(first, first + mb.groups, start + mb.time_us);
+      slowest = std::max(slowest, mb.time_us);
+      busy += mb.groups;
+    }
+    if (busy < dp) slowest = std::max(slowest, pad_us);
+    lockstep += slowest;
+  }
+  if (group_free_us) *group_free_us = clock;
+  if (timeline == Timeline::kLockstep) return lockstep;
+  return clock.empty() ? 0.0 : *std::max_element(clock.begin(), clock.end());
+}
+
+}  // namespace skrull
