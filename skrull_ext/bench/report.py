@@ -212,7 +212,7 @@ def markdown(results: Sequence[ScenarioResult], meta: dict) -> str:
         "# Simulated iteration time by scheduling policy", "",
         f"Command: `{meta['command']}`  ",
         f"Hardware profile: {meta['profile']}; {meta['iterations']} iterations per cell, seed {meta['seed']}; "
-        f"wall time {meta['wall_s']:.0f} s.", "",
+        f"timeline {meta.get('timeline', 'free')} (docs/design/cost_model.md); wall time {meta['wall_s']:.0f} s.", "",
         "## Summary over cells (speedup = mean iteration time of the reference / policy's)", "",
         summary_markdown(results), "",
         "## Against the paper's figures (DeepSpeed figures shown on the baseline and unpacked rows)", "",

@@ -22,6 +22,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from skrull_ext import cost_model as cost_models
+from skrull_ext.config import TIMELINES
 from skrull_ext.profile_file import Profile
 from skrull_ext.sim import scenarios, simulator
 from skrull_ext.sim import policies as sim_policies
@@ -44,6 +45,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--bucket-size", type=int,
                    help="BucketSize, tokens per rank (default: the profile's [memory] bucket_size if it has one, "
                         "else the paper's 26K for 0.5B, 13K for 7B)")
+    p.add_argument("--timeline", choices=sorted(TIMELINES), default="lockstep",
+                   help="the step's timeline every plan is timed on: lockstep (FSDP over the DP ranks, what the "
+                        "shipped jobs run) or free (each DP rank back to back, the paper's) (default: %(default)s)")
     p.add_argument("--capacity", type=int, help="tokens a rank really holds, for the overflow count (default: BucketSize)")
     p.add_argument("--policies", type=_csv, default=list(sim_policies.DEFAULT),
                    help=f"comma list from {list(sim_policies.SIM_POLICIES)} (default: all but sorted+skrull)")
@@ -72,7 +76,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         profile = Profile.load(args.profile) if args.profile else cost_models.hardware()
         bucket = args.bucket_size if args.bucket_size is not None else profile.bucket_size
         cells = scenarios.grid(args.datasets or scenarios.SUITES[args.suite], args.models, dp=args.dp, cp=args.cp,
-                               batch_size=args.batch_size, bucket_size=bucket, capacity=args.capacity)
+                               batch_size=args.batch_size, bucket_size=bucket, capacity=args.capacity,
+                               timeline=args.timeline)
         for cell in cells:
             profile.cost_model(cost_models.shape(cell.model), repr(cell.model))
     except ValueError as e:
@@ -87,6 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from skrull_ext.bench import report  # after the run: keeps --help fast
 
     meta = {"command": "python -m skrull_ext.bench simulate " + shlex.join(argv), "profile": profile.label,
+            "timeline": args.timeline,
             "iterations": args.iterations, "seed": args.seed, "wall_s": time.perf_counter() - started,
             "policies": policies}
     written = report.write(results, args.out, meta)
@@ -94,7 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from skrull_ext.bench import plots
 
         written += plots.write(results, args.out, profile.label)
-    print(f"hardware profile: {profile.label}\n")  # measured file or the assumed H100
+    print(f"hardware profile: {profile.label}; timeline {args.timeline}\n")  # measured file or the assumed H100
     print(report.summary_markdown(results))
     print()
     print(report.matrix_markdown(results))

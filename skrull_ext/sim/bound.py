@@ -17,6 +17,11 @@ Built only from the core's cost-model functions. Two terms, the larger wins:
   paying its K/V exchange (needs a non-decreasing comm table, as the core's
   ``micro_batch_lower_bound_us``).
 
+On a lockstep timeline (config.TIMELINES) a third term: the longest
+sequence's slot plus the slots the tokens it cannot share its slot with
+need (``lockstep_bound_us``). Every lockstep step is at least as long as
+the same plan free-running, so the first two terms hold there too.
+
 No plan can beat it under the cost model; it is not always reachable.
 
 ``pool_lower_bound_us`` is the bound for plans that may shard a sequence
@@ -58,9 +63,45 @@ def longest_bound_us(lengths: Sequence[int], cost: CostModel, cp: int, bucket_si
     return bound
 
 
-def lower_bound_us(lengths: Sequence[int], cost: CostModel, dp: int, cp: int, bucket_size: int) -> float:
-    """Lower bound on the slowest DP rank's time for this global batch."""
-    return max(work_bound_us(lengths, cost, dp, cp, bucket_size), longest_bound_us(lengths, cost, cp, bucket_size))
+def lockstep_bound_us(lengths: Sequence[int], cost: CostModel, dp: int, cp: int, bucket_size: int) -> float:
+    """On a lockstep timeline: the longest sequence's slot, then the slots the rest needs.
+
+    The slot holding the longest sequence lasts at least as long as that
+    sequence alone (``longest_bound_us``) and holds at most dp micro-batches
+    of cp x BucketSize tokens. The R tokens beyond that run in other slots,
+    at least ceil(R / (dp cp C)) of them, each at least
+    ``layers * (a * F_slot / (dp cp) + b) + f`` (its largest micro-batch is
+    at least the mean). Their FLOPs are at least those of the shortest
+    sequences holding R tokens, the last one counted pro rata (FLOPs per
+    token grow with length, so this fractional choice is the least)."""
+    if not lengths:
+        return 0.0
+    rest = sorted(lengths)
+    rest.pop()  # the longest runs in its own slot
+    outside = sum(lengths) - dp * cp * bucket_size
+    head = longest_bound_us(lengths, cost, cp, bucket_size)
+    if outside <= 0:
+        return head
+    need, flops = outside, 0.0
+    for s in rest:
+        take = min(s, need)
+        flops += cost.flops(s) * take / s
+        need -= take
+        if need <= 0:
+            break
+    slots = math.ceil(outside / (dp * cp * bucket_size))
+    return (head + cost.shape.layers * cost.a_us_per_flop * flops / (dp * cp)
+            + slots * (cost.shape.layers * cost.b_us + cost.micro_batch_fixed_us))
+
+
+def lower_bound_us(lengths: Sequence[int], cost: CostModel, dp: int, cp: int, bucket_size: int,
+                   timeline: str = "lockstep") -> float:
+    """Lower bound on the step time of this global batch on ``timeline`` (the lockstep term
+    holds only there; a free-running step may overlap the longest sequence with other ranks' work)."""
+    out = max(work_bound_us(lengths, cost, dp, cp, bucket_size), longest_bound_us(lengths, cost, cp, bucket_size))
+    if timeline == "lockstep":
+        out = max(out, lockstep_bound_us(lengths, cost, dp, cp, bucket_size))
+    return out
 
 
 def pool_longest_bound_us(lengths: Sequence[int], cost: CostModel, world: int) -> float:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from skrull_ext import _core
 from skrull_ext._core import DISTRIBUTED, CostModel
+from skrull_ext.config import TIMELINES
 from skrull_ext.plan import MicroBatchPlan, Plan
 
 
@@ -30,12 +31,17 @@ class Shape:
     """Sequences per DP rank per global batch (the paper's BatchSize)."""
     bucket_size: int
     """BucketSize C: tokens one CP rank can hold."""
+    timeline: str = "lockstep"
+    """The timeline every policy's plan is timed on (skrull_ext.config.TIMELINES): FSDP over
+    the DP ranks runs lockstep; ``free`` is the paper's per-rank timeline."""
 
     def __post_init__(self) -> None:
         for name in ("dp", "cp", "batch_size", "bucket_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.timeline not in TIMELINES:
+            raise ValueError(f"timeline must be one of {sorted(TIMELINES)}, got {self.timeline!r}")
 
     @property
     def global_batch(self) -> int:
@@ -82,8 +88,10 @@ def micro_batch(cost: CostModel, shape: Shape, dp_rank: int, index: int, seqs: l
                           rank_tokens=list(r.rank_tokens), comm_bytes=r.comm_bytes, time_us=r.time_us, rollbacks=0)
 
 
-def build_plan(lengths: Sequence[int], ranks: list[list[MicroBatchPlan]], shape: Shape, started: float) -> Plan:
-    """Assemble a Plan from scored micro-batches (per DP rank, in execution order)."""
+def build_plan(lengths: Sequence[int], ranks: list[list[MicroBatchPlan]], shape: Shape, started: float,
+               pad_us: float = 0.0) -> Plan:
+    """Assemble a Plan from scored micro-batches (per DP rank, in execution order), timed on
+    ``shape.timeline`` (a pad pass costs ``pad_us``, the cost model's micro_batch_fixed_us)."""
     k_total = len(lengths)
     dp_rank, mb_index, cp_rank = [-1] * k_total, [-1] * k_total, [DISTRIBUTED] * k_total
     for rank in ranks:
@@ -91,12 +99,14 @@ def build_plan(lengths: Sequence[int], ranks: list[list[MicroBatchPlan]], shape:
             for k, r in zip(mb.seqs, mb.cp_rank):
                 dp_rank[k], mb_index[k], cp_rank[k] = mb.dp_rank, mb.index, r
     dp_time = [sum(mb.time_us for mb in rank) for rank in ranks]
-    return Plan(
+    plan = Plan(
         dp=shape.dp, cp=shape.cp, bucket_size=shape.bucket_size, lengths=list(lengths),
         input_lengths=list(lengths), dp_rank=dp_rank, micro_batch=mb_index, cp_rank=cp_rank, ranks=ranks,
         dropped=[], truncated=[], scheduler_us=(time.perf_counter() - started) * 1e6,
-        dp_time_us=dp_time, makespan_us=max(dp_time, default=0.0),
+        dp_time_us=dp_time, timeline=shape.timeline, pad_us=pad_us,
     )
+    plan.makespan_us = plan.step_time_us()
+    return plan
 
 
 def all_sharded_plan(lengths: Sequence[int], groups_per_rank: list[list[list[int]]], cost: CostModel, shape: Shape,
@@ -110,4 +120,4 @@ def all_sharded_plan(lengths: Sequence[int], groups_per_rank: list[list[list[int
         [micro_batch(cost, shape, d, j, g, lengths, [where] * len(g)) for j, g in enumerate(groups)]
         for d, groups in enumerate(groups_per_rank)
     ]
-    return build_plan(lengths, ranks, shape, started)
+    return build_plan(lengths, ranks, shape, started, cost.micro_batch_fixed_us)

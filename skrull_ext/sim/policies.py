@@ -96,7 +96,8 @@ def core_policy(name: str, **overrides) -> PlanFn:
     """A policy of the scheduler core (skrull_ext.config.POLICIES) behind the Scheduler facade."""
 
     def run(lengths: Sequence[int], cost: CostModel, shape: Shape, seed: int) -> Plan | PoolPlan:
-        cfg = SchedulerConfig(dp=shape.dp, cp=shape.cp, bucket_size=shape.bucket_size, policy=name, **overrides)
+        cfg = SchedulerConfig(dp=shape.dp, cp=shape.cp, bucket_size=shape.bucket_size, policy=name,
+                              timeline=shape.timeline, **overrides)
         return Scheduler(cfg, cost).schedule(lengths)
 
     return run
@@ -107,7 +108,7 @@ def chunkflow_policy(lengths: Sequence[int], cost: CostModel, shape: Shape, seed
 
 
 def bound_policy(lengths: Sequence[int], cost: CostModel, shape: Shape, seed: int) -> float:
-    return bound.lower_bound_us(lengths, cost, shape.dp, shape.cp, shape.bucket_size)
+    return bound.lower_bound_us(lengths, cost, shape.dp, shape.cp, shape.bucket_size, shape.timeline)
 
 
 SIM_POLICIES: dict[str, SimPolicy] = {

@@ -28,14 +28,14 @@ SUITES: dict[str, tuple[str, ...]] = {
 }
 
 
-def paper_shape(dataset: str, model: str) -> Shape:
+def paper_shape(dataset: str, model: str, timeline: str = "lockstep") -> Shape:
     shape = {**DEFAULT_SHAPE, **SHAPE_EXCEPTIONS.get((dataset, model), {})}
-    return Shape(bucket_size=BUCKET_SIZE.get(model, DEFAULT_BUCKET_SIZE), **shape)
+    return Shape(bucket_size=BUCKET_SIZE.get(model, DEFAULT_BUCKET_SIZE), timeline=timeline, **shape)
 
 
 def grid(dataset_names: Sequence[str], models: Sequence[str], *, dp: int | None = None, cp: int | None = None,
          batch_size: int | None = None, bucket_size: int | None = None,
-         capacity: int | None = None) -> list[Scenario]:
+         capacity: int | None = None, timeline: str = "lockstep") -> list[Scenario]:
     """Every dataset x model at the paper's shape, with any given field overriding it."""
     out = []
     for d in dataset_names:
@@ -44,6 +44,6 @@ def grid(dataset_names: Sequence[str], models: Sequence[str], *, dp: int | None 
             base = paper_shape(d, m)
             pick = lambda given, default: default if given is None else given  # noqa: E731
             shape = Shape(dp=pick(dp, base.dp), cp=pick(cp, base.cp), batch_size=pick(batch_size, base.batch_size),
-                          bucket_size=pick(bucket_size, base.bucket_size))
+                          bucket_size=pick(bucket_size, base.bucket_size), timeline=timeline)
             out.append(Scenario(d, m, shape, capacity))
     return out

@@ -115,8 +115,8 @@ def simulate(
     for i in range(iterations):
         for p in chosen:
             batch = own[p.name][i]
-            lb = (bound.pool_lower_bound_us if p.pool else bound.lower_bound_us)(
-                batch, cost, shape.dp, shape.cp, shape.bucket_size)
+            lb = (bound.pool_lower_bound_us(batch, cost, shape.dp, shape.cp, shape.bucket_size) if p.pool else
+                  bound.lower_bound_us(batch, cost, shape.dp, shape.cp, shape.bucket_size, shape.timeline))
             if p.is_bound:
                 result.per_policy[p.name].append(metrics.IterationMetrics(time_us=lb, bound_us=lb))
                 continue

@@ -22,7 +22,7 @@ def plan(toy):
         (lambda p: p.lengths.__setitem__(0, 2), r"sequence 0 length changed from 1 to 2"),
         (lambda p: p.dropped.clear(), r"sequence 6 has length 30 > limit 20"),
         (lambda p: p.ranks[1][0].rank_tokens.__setitem__(0, 0), r"rank tokens \[0, .*\] but placement gives"),
-        (lambda p: setattr(p, "makespan_us", 0.0), r"makespan 0.0 is not the slowest DP rank"),
+        (lambda p: setattr(p, "makespan_us", 0.0), r"makespan 0.0 is not the lockstep step time"),
         (lambda p: p.dp_time_us.__setitem__(0, 1.0), r"DP rank 0: micro-batch times sum to"),
         (lambda p: setattr(p, "bucket_size", 5), r"holds \d+ tokens > bucket_size 5|length .* > limit"),
     ],

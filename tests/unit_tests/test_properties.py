@@ -57,7 +57,8 @@ def test_core_equals_python_reference(shape):
     lengths_ = batch(seed, k, bucket, cp)
     cost = cm.preset()
     p = POLICIES[policy]
-    cfg = SchedulerConfig(dp=dp, cp=cp, bucket_size=bucket, policy=policy, cpsat=False)
+    # The reference restates the per-rank GDS (Algorithm 2): the free-running timeline's.
+    cfg = SchedulerConfig(dp=dp, cp=cp, bucket_size=bucket, policy=policy, cpsat=False, timeline="free")
     plan = Scheduler(cfg, cost).schedule(lengths_)
     want = ref.schedule(
         lengths_, ref.RefCost.of(cost), dp, cp, bucket,
@@ -103,7 +104,7 @@ def test_predicted_time_policy_never_slower_than_smallest_feasible(policy):
     for seed in range(20):
         b = batch(seed, 256, 26624, 8)
         paper = Scheduler(SchedulerConfig(dp=4, cp=8, policy="skrull-paper"), cost).schedule(b)
-        ours = Scheduler(SchedulerConfig(dp=4, cp=8, policy="skrull", cpsat=False), cost).schedule(b)
+        ours = Scheduler(SchedulerConfig(dp=4, cp=8, policy="skrull", cpsat=False, timeline="free"), cost).schedule(b)
         # Same DP split; per rank the search includes the paper's count (with a
         # different roll-back rule, so compare against the reference with ours).
         want = ref.schedule(b, ref.RefCost.of(cost), 4, 8, 26624, longest_rollback=True, predicted_time=False)
@@ -142,7 +143,8 @@ def test_skrull_equals_reference_at_the_paper_shape(dataset):
     pool = lengths.load(dataset)
     cost = cm.preset("qwen2.5-0.5b")
     limit = _core.max_sequence_length(26624, 8)
-    sched = Scheduler(SchedulerConfig(dp=4, cp=8, bucket_size=26624, policy="skrull", cpsat=False), cost)
+    sched = Scheduler(SchedulerConfig(dp=4, cp=8, bucket_size=26624, policy="skrull", cpsat=False, timeline="free"),
+                      cost)
     rng = random.Random(7)
     for _ in range(8):
         b = [min(limit, rng.choice(pool)) for _ in range(256)]
