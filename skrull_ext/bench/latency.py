@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 from tqdm import tqdm
 
 from skrull_ext import POLICIES, Scheduler, SchedulerConfig, _core, lengths
+from skrull_ext.config import TIMELINES
 from skrull_ext import cost_model as cost_models
 from skrull_ext.bench import reference as ref
 from skrull_ext.cpsat import solve_dacp
@@ -65,8 +66,9 @@ def run_setting(s: Setting, args, pool: list[int]) -> dict:
     k = s.dp * s.per_dp
     batches = [draw(pool, k, rng) for _ in range(args.reps)]
     out: dict = {"setting": asdict(s), "sequences": k, "policies": {}}
-    for policy in args.policies:
-        cfg = SchedulerConfig(dp=s.dp, cp=s.cp, bucket_size=s.bucket_size, policy=policy, overlength="truncate")
+    for policy, timeline in [(p, t) for p in args.policies for t in args.timelines]:
+        cfg = SchedulerConfig(dp=s.dp, cp=s.cp, bucket_size=s.bucket_size, policy=policy, overlength="truncate",
+                              timeline=timeline)
         opts = cfg.core_options()
         p = POLICIES[policy]
         core = _core.schedule_pool if p.pool else _core.schedule
@@ -81,7 +83,7 @@ def run_setting(s: Setting, args, pool: list[int]) -> dict:
             inner.append(sched.elapsed_us)
         py_reps = max(1, min(args.reps, args.python_reps if s.name == "paper" else max(1, args.python_reps // 10)))
         py = []
-        if p.pool:  # no Python reference of the pool planner
+        if p.pool or opts.slot_gds:  # the Python reference restates the per-rank GDS only
             py_reps = 0
         for b in tqdm(batches[:py_reps], desc=f"{s.name}/{policy} Python", leave=False):
             t0 = time.perf_counter_ns()
@@ -93,13 +95,13 @@ def run_setting(s: Setting, args, pool: list[int]) -> dict:
             py.append((time.perf_counter_ns() - t0) / 1e3)
         facade = []
         fb_cfg = SchedulerConfig(dp=s.dp, cp=s.cp, bucket_size=s.bucket_size, policy=policy, overlength="truncate",
-                                 cpsat=True)  # the fallback on (off by default): what it costs
+                                 cpsat=True, timeline=timeline)  # the fallback on (off by default): what it costs
         sched_py = Scheduler(fb_cfg, cost)
         for b in batches[: args.facade_reps]:
             t0 = time.perf_counter_ns()
             sched_py.schedule(b)
             facade.append((time.perf_counter_ns() - t0) / 1e3)
-        out["policies"][policy] = {
+        out["policies"][f"{policy} ({timeline})"] = {
             "cpp_wall_us": {"p50": pct(wall, 50), "p99": pct(wall, 99), "max": max(wall), "n": len(wall)},
             "cpp_core_us": {"p50": pct(inner, 50), "p99": pct(inner, 99), "max": max(inner)},
             "python_ref_us": {"p50": pct(py, 50) if py else None, "p99": pct(py, 99) if py else None, "n": len(py)},
@@ -172,6 +174,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="job shapes (DP x CP, batch) to time")
     ap.add_argument("--policies", nargs="+", default=["skrull", "skrull-paper"], choices=sorted(POLICIES),
                     help="scheduling policies to time")
+    ap.add_argument("--timelines", nargs="+", default=["lockstep", "free"], choices=sorted(TIMELINES),
+                    help="timelines to plan for: lockstep uses the slot GDS where the policy has it, free the "
+                         "per-rank GDS (the Python reference's)")
     ap.add_argument("--reps", type=int, default=200, help="global batches timed per setting and policy")
     ap.add_argument("--python-reps", type=int, default=30, help="batches for the Python reference (a tenth at 'large')")
     ap.add_argument("--facade-reps", type=int, default=10, help="batches through the full Scheduler (CP-SAT fallback on)")

@@ -138,19 +138,38 @@ inline bool form_groups(const std::vector<int64_t>& lengths, const std::vector<d
     out.member_start[m] = static_cast<int32_t>(n);
     return true;
   }
-  // kLpt: positions longest first; ties in load go to the lower group.
+  // kLpt: positions longest first, each to the least-loaded group with room
+  // (ties to the lower group): a min-heap on (load, group); groups without
+  // room for this sequence are set aside and pushed back after it. Longest
+  // first, the least-loaded group almost always has room, so O(n log m).
   std::vector<int32_t> group(n);
-  std::vector<double> load(m, 0.0);
   std::vector<int64_t> room(m, capacity);
+  using Entry = std::pair<double, int32_t>;
+  std::vector<Entry> heap;
+  heap.reserve(m);
+  for (int32_t j = 0; j < m; ++j) heap.emplace_back(0.0, j);  // already a min-heap
+  std::vector<Entry> aside;
+  const auto later = std::greater<Entry>();
   for (size_t q = n; q-- > 0;) {
     const int64_t s = lengths[sorted[q]];
-    int32_t best = -1;
-    for (int32_t j = 0; j < m; ++j)
-      if (room[j] >= s && (best < 0 || load[j] < load[best])) best = j;
-    if (best < 0) return false;
+    while (!heap.empty() && room[heap.front().second] < s) {
+      std::pop_heap(heap.begin(), heap.end(), later);
+      aside.push_back(heap.back());
+      heap.pop_back();
+    }
+    if (heap.empty()) return false;
+    std::pop_heap(heap.begin(), heap.end(), later);
+    auto [load, best] = heap.back();
+    heap.pop_back();
     group[q] = best;
     room[best] -= s;
-    load[best] += flops[sorted[q]];
+    heap.emplace_back(load + flops[sorted[q]], best);
+    std::push_heap(heap.begin(), heap.end(), later);
+    for (const Entry& e : aside) {
+      heap.push_back(e);
+      std::push_heap(heap.begin(), heap.end(), later);
+    }
+    aside.clear();
   }
   for (size_t q = 0; q < n; ++q) ++out.member_start[group[q] + 1];
   for (int32_t j = 0; j < m; ++j) out.member_start[j + 1] += out.member_start[j];
