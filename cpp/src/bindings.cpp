@@ -107,16 +107,19 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
 
   py::class_<CommModel>(m, "CommModel")
       .def(py::init([](std::vector<double> bytes, std::vector<double> us, double threshold_bytes, double floor_us,
-                       double collectives_per_layer) {
-             return CommModel{std::move(bytes), std::move(us), threshold_bytes, floor_us, collectives_per_layer};
+                       double collectives_per_layer, double cross_group_factor) {
+             return CommModel{std::move(bytes), std::move(us), threshold_bytes, floor_us, collectives_per_layer,
+                              cross_group_factor};
            }),
            py::arg("bytes"), py::arg("us"), py::arg("threshold_bytes") = 0.0, py::arg("floor_us") = 0.0,
-           py::arg("collectives_per_layer") = 2.0)
+           py::arg("collectives_per_layer") = 2.0, py::arg("cross_group_factor") = 9.0)
       .def_readwrite("bytes", &CommModel::bytes)
       .def_readwrite("us", &CommModel::us)
       .def_readwrite("threshold_bytes", &CommModel::threshold_bytes)
       .def_readwrite("floor_us", &CommModel::floor_us)
-      .def_readwrite("collectives_per_layer", &CommModel::collectives_per_layer);
+      .def_readwrite("collectives_per_layer", &CommModel::collectives_per_layer)
+      .def_readwrite("cross_group_factor", &CommModel::cross_group_factor,
+                     "Exchange time across CP groups over the same bytes inside one (skrull-pool's wide sets).");
 
   py::class_<CostModel>(m, "CostModel", "Per-layer cost model of docs/design/cost_model.md (tokens, FLOPs, bytes, microseconds).")
       .def(py::init([](const ModelShape& shape, double a_us_per_flop, double b_us, const CommModel& comm,
@@ -167,8 +170,7 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
       .def_readwrite("overlength", &Options::overlength)
       .def_readwrite("timeline", &Options::timeline)
       .def_readwrite("slot_gds", &Options::slot_gds)
-      .def_readwrite("pool_widen", &Options::pool_widen)
-      .def_readwrite("pool_cross_group_comm", &Options::pool_cross_group_comm);
+      .def_readwrite("pool_widen", &Options::pool_widen);
 
   py::class_<DacpResult>(m, "DacpResult")
       .def_readonly("status", &DacpResult::status)

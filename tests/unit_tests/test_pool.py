@@ -145,9 +145,13 @@ def test_rank_flops_follow_the_rank_sets(seed):
 
 def test_pool_options_are_checked():
     opt = SchedulerConfig(dp=2, cp=2, policy="skrull-pool").core_options()
-    for name, bad in (("pool_widen", -1.0), ("pool_cross_group_comm", float("nan"))):
-        o = SchedulerConfig(dp=2, cp=2, policy="skrull-pool").core_options()
-        setattr(o, name, bad)
-        with pytest.raises(ValueError, match=name):
-            _core.schedule_pool([10, 20], cm.preset(), o)
+    o = SchedulerConfig(dp=2, cp=2, policy="skrull-pool").core_options()
+    o.pool_widen = -1.0
+    with pytest.raises(ValueError, match="pool_widen"):
+        _core.schedule_pool([10, 20], cm.preset(), o)
+    c = cm.preset()
+    for bad in (float("nan"), 0.5, 2e3):  # the exchange across groups is never cheaper than within one
+        with pytest.raises(ValueError, match=r"comm\.cross_group_factor must be finite and in \[1, 1000\], got"):
+            _core.CostModel(c.shape, c.a_us_per_flop, c.b_us,
+                            _core.CommModel(c.comm.bytes, c.comm.us, cross_group_factor=bad))
     assert _core.schedule_pool([], cm.preset(), opt).micro_batches == []

@@ -47,6 +47,11 @@ struct CommModel {
   // Collectives per layer on the distributed path: the forward all-gather of
   // K/V and the backward reduce-scatter of their gradients.
   double collectives_per_layer = 2.0;
+  // Exchange time over a rank set spanning several CP groups (across nodes,
+  // skrull-pool) over the same bytes inside one group (where the table was
+  // measured). Conservative default: NVLink over InfiniBand per GPU is close
+  // to 9x; a profile's [comm] cross_group_factor replaces it.
+  double cross_group_factor = 9.0;
 };
 
 struct CostModel {
@@ -105,6 +110,8 @@ struct CostModel {
     if (!std::isfinite(comm.threshold_bytes) || comm.threshold_bytes < 0)
       fail("comm.threshold_bytes must be finite and >= 0");
     if (!in(comm.floor_us, kMaxUs)) fail("comm.floor_us must be finite and in [0, " + num(kMaxUs) + "]");
+    if (!(std::isfinite(comm.cross_group_factor) && comm.cross_group_factor >= 1.0 && comm.cross_group_factor <= 1e3))
+      fail("comm.cross_group_factor must be finite and in [1, 1000], got " + num(comm.cross_group_factor));
     if (!in(comm.collectives_per_layer, kMaxCollectivesPerLayer))
       fail("comm.collectives_per_layer must be finite and in [0, " + num(kMaxCollectivesPerLayer) + "]");
     if (!in(micro_batch_fixed_us, kMaxMicroBatchFixedUs))

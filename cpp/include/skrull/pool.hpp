@@ -41,7 +41,7 @@
 // formula over its ranks; an exchange over k ranks moves the K/V bytes
 // scaled to the ring's per-rank share, (k-1)/k, against the group's,
 // (cp-1)/cp, where the comm table was measured, and pays
-// pool_cross_group_comm when it leaves a group. With sub-group sets a
+// the cost model's comm.cross_group_factor when it leaves a group. With sub-group sets a
 // rank's exchange is that of the sharded sequences it holds: per rank,
 // max(T_comm(its bytes), T_comp(local)) + T_comp(its shards), which is
 // skrull's formula when every set is the whole group.
@@ -422,12 +422,12 @@ inline PoolSchedule schedule_pool(const std::vector<int64_t>& input, const CostM
     if (spans.empty()) break;
     const int64_t s = out.lengths[k];
     const bool must = s > group_limit;
-    if (!must && !(detail::pool_wide_us(cost, s, flops[k], 1, cp, opt.pool_cross_group_comm) > target)) continue;
+    if (!must && !(detail::pool_wide_us(cost, s, flops[k], 1, cp, cost.comm.cross_group_factor) > target)) continue;
     int32_t best = 0;
     double best_t = std::numeric_limits<double>::infinity();
     for (int32_t g : spans) {
       if (shard_tokens(s, g * cp) > opt.bucket_size) continue;
-      const double t = detail::pool_wide_us(cost, s, flops[k], g, cp, opt.pool_cross_group_comm);
+      const double t = detail::pool_wide_us(cost, s, flops[k], g, cp, cost.comm.cross_group_factor);
       if (t < best_t) {
         best = g;
         best_t = t;

@@ -93,11 +93,6 @@ struct Options {
   // own group alone, it would take more than pool_widen x the ideal time of
   // a group (the global batch's work spread over every rank).
   double pool_widen = 1.0;
-  // Exchange time over a rank set spanning several CP groups (across nodes)
-  // over the same bytes inside one group. Conservative default: NVLink over
-  // InfiniBand per GPU is close to 9x; a profile's [pool] cross_group_comm
-  // replaces it.
-  double pool_cross_group_comm = 9.0;
 };
 
 // DACP result for one micro-batch on one CP group.

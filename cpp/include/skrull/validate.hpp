@@ -52,8 +52,8 @@ inline void validate_options(const Options& opt) {
   if (ovl < 0 || ovl > 2) detail::fail("unknown overlength " + std::to_string(ovl));
   if (!(opt.pool_widen >= 0.0 && opt.pool_widen <= 1e6))
     detail::fail("pool_widen must be in [0, 1e6], got " + std::to_string(opt.pool_widen));
-  if (!(opt.pool_cross_group_comm >= 0.0 && opt.pool_cross_group_comm <= 1e3))
-    detail::fail("pool_cross_group_comm must be in [0, 1000], got " + std::to_string(opt.pool_cross_group_comm));
+  const int32_t timeline = static_cast<int32_t>(opt.timeline);
+  if (timeline < 0 || timeline > 1) detail::fail("unknown timeline " + std::to_string(timeline));
 }
 
 // At most kMaxSequences lengths, each in [1, kMaxLength]. `what` names the
