@@ -53,6 +53,14 @@ POLICIES: dict[str, Policy] = {
         "paper's Algorithms 1+2, corrected roll-back, smallest feasible micro-batch count",
         slot_gds=False,
     ),
+    # skrull's placement with the paper's per-rank GDS on every timeline: what
+    # skrull planned before the slot GDS, kept to measure what the slots buy on
+    # a lockstep job (docs/benchmarks.md; python -m skrull_ext.bench cp).
+    "skrull-per-rank": Policy(
+        Placement.LEAST_LOAD, Rollback.LONGEST, MicroBatchCount.PREDICTED_TIME, True, True,
+        "skrull with the per-rank GDS (each DP rank's share split on its own), whatever the job's timeline",
+        DacpSearch.SHARD_SWEEP, slot_gds=False,
+    ),
     # One pool: skrull, plus sequences sharded over aligned blocks
     # of CP groups when their own group would straggle or cannot hold them
     # (up to bucket_size x dp x cp tokens); skrull's plan kept when it

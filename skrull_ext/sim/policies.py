@@ -18,8 +18,10 @@ iteration time. All times come from the core's cost model.
   consecutive global batches, shuffle their order; then each runs like
   baseline. It changes which samples share an optimizer step (Skrull does
   not), so it is compared on the average over the same samples.
-- worstfit, skrull-paper, skrull-fast, skrull: the core's policies
-  (skrull_ext.config); skrull-fast is skrull without the shard sweep.
+- worstfit, skrull-paper, skrull-fast, skrull, skrull-per-rank: the core's
+  policies (skrull_ext.config); skrull-fast is skrull without the shard
+  sweep, skrull-per-rank is skrull with the per-rank GDS on every timeline
+  (what the slot GDS replaced on lockstep jobs).
 - skrull-pool: the DP x CP world as one pool, on sequences
   truncated only beyond what the world holds; skrull-pool-capped: the same
   planner on the others' inputs (capped at what a CP group holds), the
@@ -122,6 +124,8 @@ SIM_POLICIES: dict[str, SimPolicy] = {
         SimPolicy("skrull-paper", core_policy("skrull-paper"), "paper's Algorithms 1+2, roll-back corrected"),
         SimPolicy("skrull-fast", core_policy("skrull-fast"), "skrull without the shard sweep (cheaper to schedule)"),
         SimPolicy("skrull", core_policy("skrull"), "this project's scheduler (skrull_ext.config 'skrull')"),
+        SimPolicy("skrull-per-rank", core_policy("skrull-per-rank"),
+                  "skrull with the per-rank GDS on every timeline (before the slot GDS)"),
         SimPolicy("skrull-pool", core_policy("skrull-pool"),
                   "skrull over the DP x CP world as one pool; truncates only beyond the world", world=True,
                   pool=True),

@@ -34,7 +34,7 @@ BAD = [
     (DEBUG, ["--metrics.log_freq", "0"], 1, "metrics.log_freq = 0: must be >= 1"),
     (DEBUG, ["--checkpoint.enable", "--checkpoint.interval", "0"], 1, "[checkpoint] Checkpoint interval needs to be at least 1 step. (given: --checkpoint.enable, --checkpoint.interval 0)"),
     (DEBUG, ["--skrull.policy", "fifo"], 1,
-     "skrull.policy: 'fifo' is not one of ['skrull', 'skrull-fast', 'skrull-paper', 'skrull-pool', 'worstfit']"),
+     "skrull.policy: 'fifo' is not one of ['skrull', 'skrull-fast', 'skrull-paper', 'skrull-per-rank', 'skrull-pool', 'worstfit']"),
     (DEBUG, ["--training.stepz", "3"], 1, "unknown flag --training.stepz: [training] has no key 'stepz'; did you mean 'steps'?"),
     (DEBUG, ["--training.steps", "ten"], 1, "training.steps must be an int, got 'ten'"),
     (DEBUG, ["--training.seq_len", "1.5"], 1, "training.seq_len must be an int, got '1.5'"),

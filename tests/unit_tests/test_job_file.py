@@ -54,7 +54,7 @@ def test_gpu_job_loads():
         ("[trainig]\nsteps = 3", r"unknown key\(s\) \['trainig'\] in the job file; allowed: .*'training'"),
         ("[training]\nsteps = 'ten'", r"training.steps: expected an integer, got 'ten'"),
         ("[training]\ndtype = 'float16'", r"training.dtype: 'float16' is not one of \['bfloat16', 'float32'\]"),
-        ("[skrull]\npolicy = 'fifo'", r"skrull.policy: 'fifo' is not one of \['skrull', 'skrull-fast', 'skrull-paper', 'skrull-pool', 'worstfit'\]"),
+        ("[skrull]\npolicy = 'fifo'", r"skrull.policy: 'fifo' is not one of \['skrull', 'skrull-fast', 'skrull-paper', 'skrull-per-rank', 'skrull-pool', 'worstfit'\]"),
         ("[skrull]\noverlength = 'wrap'", r"skrull.overlength: 'wrap' is not one of \['error', 'truncate', 'drop'\]"),
         ("[skrull]\nkv_exchange = 'ring'", r"skrull.kv_exchange: 'ring' is not one of \['auto', 'all_gather', 'p2p'\]"),
         ("[skrull]\nattention_kernel = 'flex'",
