@@ -131,10 +131,11 @@ class Plan:
             timeline=timeline, pad_us=pad_us,
         )
 
-    def step_time_us(self) -> float:
-        """The step on this plan's timeline, from its micro-batch times (the core's timeline function)."""
-        return _core.step_time_us([[mb.time_us for mb in rank] for rank in self.ranks], TIMELINES[self.timeline],
-                                  self.pad_us)
+    def step_time_us(self, timeline: str | None = None) -> float:
+        """The step on ``timeline`` (default: the plan's own), from its micro-batch times (the core's
+        timeline function)."""
+        return _core.step_time_us([[mb.time_us for mb in rank] for rank in self.ranks],
+                                  TIMELINES[timeline or self.timeline], self.pad_us)
 
     # ------------------------------------------------------------------ views
     def micro_batches(self, dp_rank: int) -> list[MicroBatchPlan]:
@@ -180,6 +181,7 @@ class Plan:
             "scheduler_us": self.scheduler_us,
             "fallback_us": self.fallback_us,
             "predicted_us": self.makespan_us,
+            **{f"predicted_{t}_us": self.step_time_us(t) for t in TIMELINES},
             "dp_imbalance": self.makespan_us / mean_dp if mean_dp > 0 else 1.0,
             "max_rank_tokens": max(rank_tokens, default=0),
             "rank_token_imbalance": _imbalance(self.rank_totals("rank_tokens")),

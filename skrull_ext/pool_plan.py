@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 from skrull_ext import _core
 from skrull_ext._core import DISTRIBUTED
+from skrull_ext.config import TIMELINES
 from skrull_ext.plan import PlanError, _imbalance
 
 
@@ -230,6 +231,7 @@ class PoolPlan:
             "scheduler_us": self.scheduler_us,
             "fallback_us": self.fallback_us,
             "predicted_us": self.makespan_us,
+            **{f"predicted_{t}_us": self.step_time_us(t) for t in TIMELINES},
             "dp_imbalance": self.makespan_us / mean if mean > 0 else 1.0,
             "max_rank_tokens": max(rank_tokens, default=0),
             "rank_token_imbalance": _imbalance(self.rank_totals()),
@@ -278,6 +280,11 @@ class PoolPlan:
         self.group_time_us, starts, self.makespan_us = self._timeline()
         for m, s in zip(self.micro_batches, starts):
             m.start_us = s
+
+    def step_time_us(self, timeline: str | None = None) -> float:
+        """The step on ``timeline`` (default: the plan's own), from its slots (the core's timeline function)."""
+        mbs = [_core.SlotTime(mb.slot, mb.first_group, mb.groups, mb.time_us) for mb in self.micro_batches]
+        return _core.pool_step_time_us(mbs, self.dp, TIMELINES[timeline or self.timeline], self.pad_us)
 
     def _timeline(self) -> tuple[list[float], list[float], float]:
         """Replays the slots: each group's free-running finish (a micro-batch starts when all its
