@@ -130,6 +130,10 @@ def _check_skrull(config, on_cpu: bool) -> None:
     if skrull.attention_kernel == "varlen" and on_cpu:
         raise _bad("skrull.attention_kernel", "varlen",
                    "flash attention needs a CUDA device (this machine has none); use 'auto', 'dense' or 'segments'")
+    try:  # again here: a CLI flag may have been set after the section's own check ran
+        skrull.check_free_running()
+    except ValueError as e:
+        raise JobFileError(str(e)) from None
 
 
 def check_job(config, world_size: int | None = None, on_cpu: bool | None = None) -> None:

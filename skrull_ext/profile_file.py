@@ -6,7 +6,9 @@ and what the scheduler plans with. TOML::
     [model]     layers, hidden, kv_width, bytes_per_elem (and an optional name)
     [compute]   a_us_per_flop, b_us
     [comm]      bytes = [...], us = [...]  (optional: threshold_bytes, floor_us,
-                collectives_per_layer)
+                collectives_per_layer, cross_group_factor: the exchange time
+                across CP groups over the same bytes within one, skrull-pool's
+                wide sets; absent = 9, NVLink over InfiniBand per GPU)
     [micro_batch] optional: fixed_us, the fixed time of one micro-batch on
                 every rank, not per layer (FSDP's parameter all-gathers and
                 gradient reduce-scatter, once per micro-batch); absent = 0.
@@ -14,7 +16,10 @@ and what the scheduler plans with. TOML::
     [memory]    optional: bucket_size, a_bytes_per_token, b_bytes,
                 c_bytes_per_token2 (a quadratic term: dense-mask attention),
                 cp and kv_bytes_per_token (the CP degree BucketSize was
-                derived for, and the gathered K/V a sharded token keeps)
+                derived for, and the gathered K/V a sharded token keeps),
+                usable_bytes, static_bytes, margin, free_running_bytes (the
+                unsharded parameters and gradients of ``[skrull]
+                free_running`` included in static_bytes; absent = 0)
     [meta]      optional: source ("assumed" | "measured"), device, date, ...
 
 A *hardware* profile (the assumed H100 shipped in ``hardware/``) leaves out
@@ -40,21 +45,28 @@ from typing import Any
 from skrull_ext import _core
 from skrull_ext._core import CommModel, CostModel, ModelShape
 
-__all__ = ["Profile", "ProfileMemory", "derive_bucket_size", "from_dict", "per_rank_coefficients", "to_dict"]
+__all__ = ["Profile", "ProfileMemory", "derive_bucket_size", "free_running_bytes", "from_dict", "per_rank_coefficients",
+           "to_dict"]
 
 _SCHEMA: dict[str, tuple[set[str], set[str] | None]] = {
     # section: (required keys, optional keys; None: free-form)
     "model": ({"layers", "hidden", "kv_width", "bytes_per_elem"}, {"name"}),
     "compute": ({"a_us_per_flop", "b_us"}, {"r2", "max_rel_error", "points", "held_out_max_rel_error"}),
-    "comm": ({"bytes", "us"}, {"threshold_bytes", "floor_us", "collectives_per_layer", "collective", "backend",
+    "comm": ({"bytes", "us"}, {"threshold_bytes", "floor_us", "collectives_per_layer", "cross_group_factor",
+                               "collective", "backend",
                                "world_size", "r2", "max_rel_error", "points"}),
     "micro_batch": (set(), {"fixed_us", "r2", "max_rel_error", "points", "counts", "method", "slope_us",
                             "calls_us"}),
     "memory": (set(), {"bucket_size", "a_bytes_per_token", "b_bytes", "c_bytes_per_token2", "usable_bytes",
-                       "static_bytes", "margin", "r2", "max_rel_error", "points", "cp", "kv_bytes_per_token"}),
+                       "static_bytes", "margin", "r2", "max_rel_error", "points", "cp", "kv_bytes_per_token",
+                       "free_running_bytes"}),
     "meta": (set(), None),  # free-form provenance
 }
 _REQUIRED_SECTIONS = ("compute", "comm")
+CROSS_GROUP_FACTOR = 9.0
+"""[comm] cross_group_factor when a profile has none: conservative. NVLink (900 GB/s a GPU) over
+one InfiniBand NIC a GPU (400 Gb/s, 50 GB/s) is 18x in bandwidth and less where latency
+dominates; 9 prices a cross-node exchange until a multi-node profile measures it."""
 _SHAPE_KEYS = ("layers", "hidden", "kv_width", "bytes_per_elem")
 
 
@@ -103,6 +115,7 @@ def from_dict(d: dict[str, Any], where: str = "profile") -> CostModel:
                 threshold_bytes=num("comm", k, "threshold_bytes", default=0.0),
                 floor_us=num("comm", k, "floor_us", default=0.0),
                 collectives_per_layer=num("comm", k, "collectives_per_layer", default=2.0),
+                cross_group_factor=num("comm", k, "cross_group_factor", default=CROSS_GROUP_FACTOR),
             ),
             micro_batch_fixed_us=num("micro_batch", mb, "fixed_us", default=0.0),
         )
@@ -122,6 +135,7 @@ def to_dict(cm: CostModel, meta: dict[str, Any] | None = None) -> dict[str, Any]
             "threshold_bytes": cm.comm.threshold_bytes,
             "floor_us": cm.comm.floor_us,
             "collectives_per_layer": cm.comm.collectives_per_layer,
+            "cross_group_factor": cm.comm.cross_group_factor,
         },
     }
     if cm.micro_batch_fixed_us:
@@ -178,6 +192,17 @@ def derive_bucket_size(usable_bytes: float, static_bytes: float, a_bytes_per_tok
     return min(int(tokens), _core.MAX_BUCKET_SIZE)
 
 
+def free_running_bytes(params: int, trainable: int, param_bytes: int, grad_bytes: int, model_shards: int = 1) -> float:
+    """What ``[skrull] free_running`` adds to a rank's static memory: every parameter
+    unsharded (``param_bytes`` each: FSDP's mixed_precision_param) and every trainable
+    parameter's unsharded gradient (``grad_bytes``: FSDP accumulates an unsynchronised
+    gradient in its reduce dtype, float32 in torchtitan 0.3.0, when that is wider than the
+    parameter's), held from the step's first forward to its last backward. A frozen
+    parameter (a LoRA base) has no gradient. ``model_shards``: TP x PP, which FSDP does not
+    unshard. The sharded parameters, gradients and optimizer state stay as they are."""
+    return (params * param_bytes + trainable * grad_bytes) / model_shards
+
+
 @dataclass(frozen=True)
 class ProfileMemory:
     """A profile file's [memory] section: what it predicts for one rank."""
@@ -194,6 +219,9 @@ class ProfileMemory:
     """The CP degree BucketSize was derived for (older profiles: 1)."""
     kv: float = 0.0
     """K/V bytes per token a shard keeps from each other CP rank."""
+    free_running: float = 0.0
+    """Unsharded parameters and gradients (``free_running_bytes``) included in ``static``:
+    the profile was measured for a free-running job (0: it was not)."""
 
     @classmethod
     def of(cls, profile: dict) -> ProfileMemory:
@@ -205,7 +233,7 @@ class ProfileMemory:
                 raise ValueError(f"profile: missing field memory.{key} (needed to check BucketSize)")
         return cls(int(m["bucket_size"]), m["a_bytes_per_token"], m["b_bytes"], m.get("c_bytes_per_token2", 0.0),
                    m["usable_bytes"], m["static_bytes"], m.get("margin", 0.0), int(m.get("cp", 1)),
-                   m.get("kv_bytes_per_token", 0.0))
+                   m.get("kv_bytes_per_token", 0.0), m.get("free_running_bytes", 0.0))
 
     def activation(self, tokens: int) -> float:
         """The fit: activation bytes of a buffer of ``tokens`` whole sequences."""
@@ -221,6 +249,11 @@ class ProfileMemory:
         """All a rank holding ``tokens`` may use: static account + activation fit
         grown by the margin BucketSize was derived with (<= usable up to BucketSize)."""
         return self.static + self.activation_any(tokens) / (1.0 - self.margin)
+
+    def free_running_need(self, unsharded: float, tokens: int) -> float:
+        """All a free-running rank holding ``tokens`` may use: ``budget`` with the static
+        account's own free-running share (if any) replaced by ``unsharded`` bytes."""
+        return self.budget(tokens) - self.free_running + unsharded
 
 
 # --------------------------------------------------------------------------

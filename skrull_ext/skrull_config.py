@@ -58,6 +58,15 @@ class SkrullConfig(SchedulingOptions):
     step; costs one unsharded gradient per rank held between micro-batches (4 bytes x parameters
     in float32). Same gradient up to float summation order."""
 
+    free_running: bool = False
+    """Hold FSDP parameters unsharded for the whole step: no reshard after forward or backward
+    until the rank's last micro-batch, gradients reduce-scattered once, after it. DP ranks then
+    run their own micro-batch counts, with no pad passes and no per-micro-batch parameter
+    collectives (the plan is timed on the free-running timeline, config.job_timeline). Costs
+    the unsharded parameters and gradients on every rank (mixed_precision_param bytes per
+    parameter + float32 bytes per trainable one), checked against a measured profile's [memory]
+    when the trainer starts. Not with policy skrull-pool."""
+
     kv_exchange: KVExchange = "auto"
     """How DACP moves the distributed sequences' K/V over the CP group: one all-gather
     (reduce-scatter backward), point-to-point sends ("p2p"), or "auto": by the group's
@@ -102,6 +111,20 @@ class SkrullConfig(SchedulingOptions):
             self.check()
         except ValueError as e:
             raise ValueError(f"skrull.{e}") from None
+        self.check_free_running()
+
+    def check_free_running(self) -> None:
+        """``free_running`` with a policy that cannot run it: a ValueError naming both keys.
+        skrull-pool shards a sequence over ranks of several DP groups, whose K/V exchange would
+        then meet ranks at different passes: one still in its first pass (FSDP's per-layer
+        all-gathers over the whole shard mesh) waits for a peer whose first pass is that
+        exchange, which waits for the same all-gather: a deadlock."""
+        if self.free_running and self.policy == "skrull-pool":
+            raise ValueError(
+                "skrull.free_running = true does not run with skrull.policy = 'skrull-pool' (its micro-batches "
+                "exchange K/V across DP groups, which free-running ranks reach at different passes); use policy "
+                "skrull or turn free_running off"
+            )
 
     def _measured(self) -> Profile | None:
         """The profile file ``cost_model`` names (None for a hardware preset), read once.
@@ -135,9 +158,41 @@ class SkrullConfig(SchedulingOptions):
                 f"runs cp {cp} (bucket_size {self.bucket_size}). Re-profile with the job's parallelism, or a rank "
                 f"holding shards may use more memory than the profile predicts")
 
-    def scheduler_config(self, dp: int, cp: int) -> SchedulerConfig:
-        """The core's config for a DP x CP job."""
-        return SchedulerConfig(dp=dp, cp=cp, **self.options())
+    def check_free_running_memory(self, unsharded_bytes: float) -> str | None:
+        """With ``free_running``, whether a rank holds the unsharded parameters and gradients
+        (``unsharded_bytes``, profile_file.free_running_bytes) beside the static account and
+        activations of ``bucket_size`` tokens, as the measured profile ``cost_model`` accounts
+        them (``ProfileMemory.free_running_need``: the margin BucketSize was derived with
+        included; a profile measured for a free-running job has its share replaced). Raises
+        ValueError (one line: the bytes needed and available) when they do not fit; returns a
+        warning line when the profile holds no memory figures to check with; else None."""
+        if not self.free_running:
+            return None
+        profile = self._measured()
+        if profile is None:
+            return (f"skrull.free_running: memory not checked: skrull.cost_model {self.cost_model!r} is a hardware "
+                    f"preset with no measured [memory] (name a profile file: python -m skrull_ext.profile)")
+        try:
+            mem = profile.memory()
+        except ValueError as e:
+            return f"skrull.free_running: memory not checked: {e}"
+        need = mem.free_running_need(unsharded_bytes, self.bucket_size)
+        if need <= mem.usable:
+            return None
+        mib = 2.0 ** 20
+        activations = need - (mem.static - mem.free_running) - unsharded_bytes
+        raise ValueError(
+            f"skrull.free_running = true needs {need:.0f} B ({need / mib:.1f} MiB) per rank: static "
+            f"{(mem.static - mem.free_running) / mib:.1f} MiB + unsharded parameters and gradients "
+            f"{unsharded_bytes / mib:.1f} MiB + activations of bucket_size {self.bucket_size} tokens "
+            f"{activations / mib:.1f} MiB (margin {mem.margin:.0%}), but the profile {self.cost_model!r} has "
+            f"{mem.usable:.0f} B ({mem.usable / mib:.1f} MiB) usable; turn it off, lower skrull.bucket_size, "
+            f"or re-profile the job with --skrull.free_running (its BucketSize then leaves the room)"
+        )
+
+    def scheduler_config(self, dp: int, cp: int, timeline: str = "lockstep") -> SchedulerConfig:
+        """The core's config for a DP x CP job running ``timeline`` (config.job_timeline)."""
+        return SchedulerConfig(dp=dp, cp=cp, timeline=timeline, **self.options())
 
     def build_cost_model(self, shape: ModelShape, model_name: str = "the job's model"):
         """``skrull_ext._core.CostModel`` of ``shape`` (the job's model, called
@@ -153,11 +208,13 @@ class SkrullConfig(SchedulingOptions):
         """Fail (ValueError naming both shapes) when ``cost_model`` cannot price ``shape``."""
         self.build_cost_model(shape, model_name)
 
-    def build(self, dp: int, cp: int, shape: ModelShape, model_name: str = "the job's model"):
-        """The Scheduler of a DP x CP job: these knobs, the job's model shape on this hardware."""
+    def build(self, dp: int, cp: int, shape: ModelShape, model_name: str = "the job's model",
+              timeline: str = "lockstep"):
+        """The Scheduler of a DP x CP job running ``timeline``: these knobs, the job's model
+        shape on this hardware."""
         from skrull_ext.scheduler import Scheduler  # CP-SAT (ortools) only when a scheduler is built
 
-        return Scheduler(self.scheduler_config(dp, cp), self.build_cost_model(shape, model_name))
+        return Scheduler(self.scheduler_config(dp, cp, timeline), self.build_cost_model(shape, model_name))
 
     def to_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.init}

@@ -6,7 +6,9 @@ torchtitan's own trainer: same batching, same loss, same step.
 
 With it on, each step is one ``SkrullStep`` from ``SkrullDataLoader``: the
 gradient is accumulated over the plan's micro-batches (as many as the
-slowest DP rank has; others run no-op pads), each CP rank feeding its own
+slowest DP rank has; others run no-op pads; under ``skrull.free_running``
+each DP rank runs its own, FSDP parameters held unsharded for the step:
+free_running.py), each CP rank feeding its own
 buffer to the model, attention being the DACP attention over the CP group
 (local sequences whole, distributed ones by all-gathered K/V). The loss is
 the sum of token losses over the number of loss tokens of the whole global
@@ -43,15 +45,19 @@ from torchtitan.trainer import Trainer
 
 from skrull_ext import compat
 from skrull_ext.attention.install import install_dacp_attention
+from skrull_ext.config import job_timeline
 from skrull_ext.datasets.overlength import check_overlength, location
 from skrull_ext.datasets.packed import PackedDataLoader
 from skrull_ext.datasets.scheduling import SkrullDataLoader, SkrullStep
+from skrull_ext.errors import JobFileError
+from skrull_ext.free_running import FreeRunningFSDP
 from skrull_ext.hf.checks import check_hf_folder
 from skrull_ext.hf.export import HFExport
 from skrull_ext.lora import LoRAConfig, apply_lora
 from skrull_ext.lora.train import save_lora_outputs
-from skrull_ext.model_shape import job_shape
+from skrull_ext.model_shape import DTYPES, job_shape
 from skrull_ext.plan_log import PlanLog
+from skrull_ext.profile_file import free_running_bytes
 from skrull_ext.skrull_config import SkrullConfig
 from skrull_ext.step_checks import check_plan_digests, RatioSpread, step_log_line, step_metrics
 
@@ -119,6 +125,8 @@ class SkrullTrainer(Trainer):
         resolve_device_defaults(config)
         apply_lora(config)  # before torchtitan builds config.model_spec.model
         self.plan_log: PlanLog | None = None
+        self.free_running: FreeRunningFSDP | None = None
+        """The step's FSDP switches under ``skrull.free_running`` (free_running.py)."""
         if config.skrull.enable:  # a profile of another model fails here, before any model is built
             self.model_shape = job_shape(config, int(os.environ.get("WORLD_SIZE", "1")))
             config.skrull.check_shape(self.model_shape, self._model_name(config))
@@ -158,8 +166,13 @@ class SkrullTrainer(Trainer):
         skrull = self.config.skrull
         if (warning := skrull.profile_cp_warning(dims.cp)) is not None:
             logger.warning(warning)
-        scheduler = skrull.build(self.dataloader.dp_world_size, dims.cp, self.model_shape, self._model_name(self.config))
-        self.dataloader.attach(scheduler, cp_rank, dims.cp)
+        self.free_running = FreeRunningFSDP(self.model_parts) if skrull.free_running else None
+        if self.free_running is not None:
+            self._check_free_running_memory()
+        timeline = job_timeline(dims.dp_shard, dims.dp_replicate, skrull.free_running, skrull.defer_grad_sync)
+        scheduler = skrull.build(self.dataloader.dp_world_size, dims.cp, self.model_shape,
+                                 self._model_name(self.config), timeline=timeline)
+        self.dataloader.attach(scheduler, cp_rank, dims.cp, free_running=skrull.free_running)
         if skrull.plan_log:
             rank = dist.get_rank() if dist.is_initialized() else 0
             self.plan_log = PlanLog(self.config.dump_folder, rank)
@@ -168,8 +181,34 @@ class SkrullTrainer(Trainer):
         logger.info(
             f"Skrull: policy {skrull.policy}, bucket_size {skrull.bucket_size}, "
             f"DP {self.dataloader.dp_world_size} x CP {dims.cp}, cp_rank {cp_rank}, "
-            f"attention kernel {skrull.attention_kernel}"
+            f"attention kernel {skrull.attention_kernel}, timeline {timeline}"
+            + (" (free_running: FSDP parameters unsharded for each step, no pad passes)" if skrull.free_running else "")
         )
+
+    def _check_free_running_memory(self) -> None:
+        """Free-running holds every parameter and trainable gradient unsharded: refuse
+        (ValueError, one line) when the measured profile's memory cannot hold them beside
+        the static account and BucketSize tokens of activations; warn once when it has no
+        figures to check with. Counted from the built model: the unsharded parameters in
+        FSDP's mixed_precision_param, the gradients of trainable ones (not a LoRA base) in
+        the wider of that and its reduce dtype (FSDP accumulates unsynchronised gradients there)."""
+        if not self.free_running:  # no FSDP unit: nothing is sharded, nothing to hold
+            return
+        params = [p for m in self.model_parts for p in m.parameters()]
+        training = self.config.training
+        param_bytes = DTYPES[training.mixed_precision_param].itemsize
+        grad_bytes = max(param_bytes, DTYPES[training.mixed_precision_reduce].itemsize)
+        unsharded = free_running_bytes(sum(p.numel() for p in params),  # DTensor: the whole parameter
+                                       sum(p.numel() for p in params if p.requires_grad), param_bytes, grad_bytes)
+        try:
+            warning = self.config.skrull.check_free_running_memory(unsharded)
+        except ValueError as e:  # the launcher prints it as one line (cli_errors)
+            raise JobFileError(str(e)) from None
+        if warning is not None:
+            logger.warning(warning)
+        else:
+            logger.info(f"Skrull: free_running holds {unsharded / 2**20:.1f} MiB of unsharded parameters and "
+                        f"gradients per rank (fits the profile's usable memory)")
 
     def train(self) -> None:
         """torchtitan's loop; then the LoRA outputs ([lora] save_adapter/save_merged),
@@ -232,8 +271,14 @@ class SkrullTrainer(Trainer):
             self._synchronize()
         start = time.perf_counter()
         last = len(step.micro_batches) - 1
+        free = self.free_running
+        if free is not None:  # this rank's own micro-batches (>= 1), parameters unsharded throughout
+            free.begin()
         for j, mb in enumerate(step.micro_batches):
-            if self.config.skrull.defer_grad_sync:
+            if free is not None:
+                if j == last:
+                    free.last()  # its backward reduce-scatters the gradients and reshards
+            elif self.config.skrull.defer_grad_sync:
                 self._set_grad_sync(j == last)
             with record_function(f"skrull/micro_batch_{j}"):
                 extra = {"positions": mb.positions.to(self.device), "attention_masks": mb.meta}
@@ -241,6 +286,8 @@ class SkrullTrainer(Trainer):
                 self.ntokens_seen += labels.numel()
                 loss = self.fwd_bwd_fn(mb.input.to(self.device), labels, global_valid_tokens, extra)
                 accumulated += loss.detach()
+        if free is not None:
+            free.end()  # every unit resharded before the optimizer: no stale copy in the next step
         if should_log:
             self._synchronize()
         measured_us = (time.perf_counter() - start) * 1e6

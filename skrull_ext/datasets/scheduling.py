@@ -10,9 +10,12 @@ asks the scheduler for the plan of its lengths (the core is deterministic, so
 every rank gets the same plan without talking) and builds its own buffers
 from it: only the samples of its own micro-batches are ever built. A DP rank with fewer
 micro-batches than the plan's maximum gets no-op pad micro-batches, so FSDP
-ranks run the same number of passes. The loss normaliser, the number of
-loss tokens of the whole global batch, is computed here from the plan: the
-same on every rank, so no all-reduce is needed for it.
+ranks run the same number of passes; under ``[skrull] free_running`` (FSDP
+parameters held unsharded for the step, no per-pass collective across DP
+ranks) it runs its own micro-batches only, and one pad where it has none.
+The loss normaliser, the number of loss tokens of the whole global batch, is
+computed here from the plan: the same on every rank, so no all-reduce is
+needed for it.
 
 torchtitan builds dataloaders before it knows the CP layout, so the trainer
 calls ``attach(scheduler, cp_rank, cp_size)`` once after construction.
@@ -31,6 +34,7 @@ from dataclasses import dataclass, field
 
 from torchtitan.components.tokenizer import BaseTokenizer
 
+from skrull_ext.config import POLICIES
 from skrull_ext.datasets.accounting import RunAccount, StepAccount
 from skrull_ext.datasets.buffers import MicroBatchBuffer, pad_buffer, rank_buffer
 from skrull_ext.datasets.overlength import LengthLimit, cut, limit_lengths, loss_tokens, scheduler_limit
@@ -54,7 +58,8 @@ class SkrullStep:
     the skipped ones), in plan (caller) order."""
     plan: Plan | PoolPlan
     micro_batches: list[MicroBatchBuffer]
-    """This rank's buffers, ``plan.num_micro_batches`` of them (pads included)."""
+    """This rank's buffers: ``plan.num_micro_batches`` of them (pads included), or under
+    free-running its own micro-batches only (one pad if it has none)."""
     global_valid_tokens: int
     """Loss tokens of the whole global batch (all DP ranks, CP ranks, micro-batches)."""
     schedule_us: float = 0.0
@@ -90,6 +95,15 @@ class StepBuilder:
     dp_rank: int
     cp_rank: int
     cp_size: int
+    free_running: bool = False
+    """Build only this rank's own micro-batches (one pad pass if it has none): the
+    trainer's free-running mode, where DP ranks share no collective per pass. Off: pad
+    to the plan's micro-batch count, so every rank runs as many FSDP passes."""
+
+    def __post_init__(self) -> None:
+        if self.free_running and POLICIES[self.scheduler.config.policy].pool:
+            raise ValueError("skrull.free_running = true does not run with skrull.policy = 'skrull-pool' "
+                             "(SkrullConfig.check_free_running says why)")
 
     def __call__(self, step: int, run: RunAccount) -> SkrullStep:
         begin = time.perf_counter()
@@ -121,7 +135,9 @@ class StepBuilder:
                 )
                 for mb in plan.micro_batches(self.dp_rank)
             ]
-            while len(mbs) < plan.num_micro_batches:
+            # Lockstep: pads to the plan's count. Free-running: at least one pass, so this rank
+            # takes part in FSDP's first all-gathers and its one gradient reduce-scatter.
+            while len(mbs) < (1 if self.free_running else plan.num_micro_batches):
                 mbs.append(pad_buffer(self.cp_rank, self.cp_size))
         return SkrullStep(
             step=step, dp_rank=self.dp_rank, samples=indices, plan=plan, micro_batches=mbs,
@@ -197,8 +213,9 @@ class SkrullDataLoader(SourceDataLoaderBase):
         self._cursor: _Cursor | None = None
         self._ahead: Prefetcher | None = None
 
-    def attach(self, scheduler: Scheduler, cp_rank: int, cp_size: int) -> None:
-        """Bind the scheduler and this rank's CP coordinates (once, after build)."""
+    def attach(self, scheduler: Scheduler, cp_rank: int, cp_size: int, free_running: bool = False) -> None:
+        """Bind the scheduler and this rank's CP coordinates (once, after build).
+        ``free_running``: build only this rank's own micro-batches (StepBuilder)."""
         c = scheduler.config
         if (c.dp, c.cp) != (self.dp_world_size, cp_size):
             raise ValueError(
@@ -209,7 +226,7 @@ class SkrullDataLoader(SourceDataLoaderBase):
         self.scheduler, self.cp_rank, self.cp_size = scheduler, cp_rank, cp_size
         self.limit = scheduler_limit(c, self.config.max_len)
         self.builder = StepBuilder(self.source, scheduler, self.limit, self.config.global_batch_size,
-                                   self.dp_rank, cp_rank, cp_size)
+                                   self.dp_rank, cp_rank, cp_size, free_running)
 
     def __iter__(self) -> Iterator[SkrullStep]:
         if self.scheduler is None:

@@ -53,7 +53,7 @@ from typing import Any
 
 import torch
 
-from skrull_ext.profile_file import derive_bucket_size
+from skrull_ext.profile_file import derive_bucket_size, free_running_bytes
 from skrull_ext.profile.fit import PolyFit, fit_poly
 from skrull_ext.profile.model import DTYPES, JobModel, fsdp_degree
 from skrull_ext.profile.options import ProfileOptions
@@ -274,10 +274,13 @@ class StaticMemory:
     fsdp_degree: int
     tp_degree: int
     optimizer_states: int
+    free_running: float = 0.0
+    """``[skrull] free_running``: every parameter and trainable gradient held unsharded
+    for the whole step (profile_file.free_running_bytes); 0 when the job does not run it."""
 
     @property
     def total(self) -> float:
-        return self.params + self.grads + self.optimizer + self.fsdp_buffers
+        return self.params + self.grads + self.optimizer + self.fsdp_buffers + self.free_running
 
 
 def _unit_params(model: torch.nn.Module, trainable: bool = False) -> int:
@@ -295,7 +298,9 @@ def _unit_params(model: torch.nn.Module, trainable: bool = False) -> int:
 
 def static_memory(jm: JobModel, world_size: int) -> StaticMemory:
     """Per-rank bytes of parameters, gradients and optimizer state under the
-    job's FSDP (dp_shard x cp) and TP sharding, plus FSDP's unsharded buffers."""
+    job's FSDP (dp_shard x cp) and TP sharding, plus FSDP's unsharded buffers,
+    plus, when the job has ``[skrull] free_running``, the unsharded parameters and
+    gradients it holds all step."""
     cfg = jm.config
     names = {g.optimizer_name for g in cfg.optimizer.param_groups}
     unknown = names - OPTIMIZER_STATES.keys()
@@ -311,12 +316,19 @@ def static_memory(jm: JobModel, world_size: int) -> StaticMemory:
     shard = fsdp * tp * pp
     elem = DTYPES[cfg.training.dtype].itemsize
     buffers = 0.0
+    mp = DTYPES[cfg.training.mixed_precision_param].itemsize
+    skrull = getattr(cfg, "skrull", None)
+    free = bool(skrull is not None and skrull.enable and getattr(skrull, "free_running", False))
     if fsdp > 1:
-        mp = DTYPES[cfg.training.mixed_precision_param].itemsize
         # current + prefetched unit, parameters and their gradients before reduce-scatter
         buffers = 2 * (_unit_params(jm.model) + _unit_params(jm.model, trainable=True)) * mp / tp
-        if cfg.parallelism.fsdp_reshard_after_forward == "never":
+        if cfg.parallelism.fsdp_reshard_after_forward == "never" and not free:  # free: counted below
             buffers += n_params * mp / (tp * pp)
+    # Free-running: every unit's parameters and accumulated gradients unsharded all step
+    # (in FSDP's reduce dtype where wider). Counted whatever the FSDP degree: FSDP's
+    # unsharded copies exist under HSDP with dp_shard 1 too (an overcount at one rank).
+    grad_elem = max(mp, DTYPES[getattr(cfg.training, "mixed_precision_reduce", "float32")].itemsize)
+    unsharded = free_running_bytes(n_params, n_trainable, mp, grad_elem, tp * pp) if free else 0.0
     return StaticMemory(
         params=n_params * elem / shard,
         grads=n_trainable * elem / shard,
@@ -325,6 +337,7 @@ def static_memory(jm: JobModel, world_size: int) -> StaticMemory:
         fsdp_degree=fsdp,
         tp_degree=tp,
         optimizer_states=states,
+        free_running=unsharded,
     )
 
 

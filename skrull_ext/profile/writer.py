@@ -76,7 +76,9 @@ def profile_dict(p: Profile) -> dict[str, Any]:
         "memory": {"bucket_size": mem.bucket_size, "a_bytes_per_token": mem.fit.slope, "b_bytes": mem.fit.intercept,
                    "c_bytes_per_token2": mem.fit.quadratic, "usable_bytes": mem.usable,
                    "static_bytes": mem.static.total, "margin": mem.margin, "cp": mem.cp,
-                   "kv_bytes_per_token": mem.kv_bytes_per_token, "r2": mem.fit.r2,
+                   "kv_bytes_per_token": mem.kv_bytes_per_token,
+                   **({"free_running_bytes": mem.static.free_running} if mem.static.free_running else {}),
+                   "r2": mem.fit.r2,
                    "max_rel_error": mem.fit.max_rel_error, "points": len(mem.points)},
     }
     if p.micro_batch is not None:
@@ -161,7 +163,9 @@ def report(p: Profile) -> str:
         f" R^2 {mem.fit.r2:.5f}, worst {mem.fit.max_rel_error:.1%}; at {top.tokens} tokens saved "
         f"{_mib(top.saved)} + backward transient {_mib(top.peak - top.saved)}",
         f"  static   {_mib(mem.static.total)} (params {_mib(mem.static.params)}, grads {_mib(mem.static.grads)}, "
-        f"optimizer {_mib(mem.static.optimizer)}, FSDP buffers {_mib(mem.static.fsdp_buffers)}; "
+        f"optimizer {_mib(mem.static.optimizer)}, FSDP buffers {_mib(mem.static.fsdp_buffers)}"
+        + (f", free-running unsharded params + grads {_mib(mem.static.free_running)}" if mem.static.free_running
+           else "") + "; "
         f"FSDP degree {mem.static.fsdp_degree})",
         f"  bucket   BucketSize {mem.bucket_size} tokens from {_mib(mem.usable)} usable, margin {mem.margin:.0%}, "
         f"for cp {mem.cp}",

@@ -21,7 +21,9 @@ worstfit schedule it differently at CP=2, and both place some sequences
 local and some distributed."""
 POOL_SUB_STEP = 2
 """The step of the dp1cp4_pool run with a 2-rank sharded sequence beside 4-rank
-ones; the reference saves its gradients too (test_parity_pool.py)."""
+ones; the reference saves its gradients too (test_parity_pool.py). Also the
+step where the dp2cp2_free run's DP ranks run unequal micro-batch counts
+(test_free_running.py)."""
 
 
 @pytest.fixture(scope="session")
@@ -75,6 +77,10 @@ class SkrullRuns:
         "dp1cp4_pool": (4, ["--parallelism.context_parallel_degree", "4", "--skrull.policy", "skrull-pool",
                             "--skrull.bucket_size", "472", "--skrull.cost_model", "h100-assumed",
                             "--skrull.overlength", "error"]),
+        # Free-running (issue 23): FSDP parameters unsharded for each step, each DP rank running
+        # only its own micro-batches (the debug data gives the DP ranks unequal counts at step 2).
+        "dp2cp2_free": (4, ["--parallelism.context_parallel_degree", "2",
+                            "--parallelism.data_parallel_shard_degree", "2", "--skrull.free_running"]),
         "dp2cp2_ac_full": (4, ["--parallelism.context_parallel_degree", "2",
                                "--parallelism.data_parallel_shard_degree", "2", "--skrull.defer_grad_sync",
                                "activation-checkpoint:full"]),
@@ -91,9 +97,14 @@ class SkrullRuns:
                 # A tyro subcommand in extra (activation-checkpoint:...) must come last.
                 extra=["--skrull.plan_log", *extra], grads_at=CHECK_STEP,
                 save_every=2 if name == "cp2" else None,  # cp2's step-2 checkpoint feeds the resume test
-                more_grads_at=(POOL_SUB_STEP,) if name == "dp1cp4_pool" else (),
+                more_grads_at=(POOL_SUB_STEP,) if name in ("dp1cp4_pool", "dp2cp2_free") else (),
+                env={"SKRULL_PROBE_PASSES": self.passes_folder(name)},
             )
         return self.runs[name]
+
+    def passes_folder(self, name: str) -> str:
+        """Where run ``name``'s ranks count their forward passes per step (probe.py)."""
+        return os.path.join(self.workdir, f"{name}.passes")
 
 
 @pytest.fixture(scope="session")

@@ -12,6 +12,10 @@ With ``SKRULL_PROBE_NAN=STEP:PATH``, the model's output at training step
 STEP is made NaN, and every optimizer step that ran is appended to PATH (one
 line, the training step, from a post-step hook), which shows whether the
 optimizer ran after the NaN.
+With ``SKRULL_PROBE_PASSES=DIR``, each rank counts the forward passes of
+its model (calls of its first model part) in every training step and
+appends ``{"step": S, "passes": N}`` to ``DIR/passes.rank<R>.jsonl`` right
+before that step's optimizer step: what the trainer really ran, pads included.
 
 It hooks torch's global optimizer pre-step hook, the global module forward
 hook and torchtitan's Trainer constructor, so the product code carries no test switch and torchtitan's
@@ -75,6 +79,36 @@ def _install_nan_probe(step: int, path: str) -> None:
     register_optimizer_step_post_hook(stepped)
 
 
+def _install_pass_probe(folder: str) -> None:
+    import json
+
+    from torch.nn.modules.module import register_module_forward_hook
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+    from torchtitan.components.optimizer import OptimizersContainer
+
+    from skrull_ext.bench.cp_probe import record_trainers
+
+    trainers = record_trainers()
+    passes: dict[int, int] = {}
+
+    def count(module, args, output):
+        if trainers and module is trainers[-1].model_parts[0]:
+            passes[trainers[-1].step] = passes.get(trainers[-1].step, 0) + 1
+        return None
+
+    def stepped(optimizer, args, kwargs):
+        if not isinstance(optimizer, OptimizersContainer):
+            return
+        step = trainers[-1].step
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, f"passes.rank{rank}.jsonl"), "a") as f:
+            f.write(json.dumps({"step": step, "passes": passes.pop(step, 0)}) + "\n")
+
+    register_module_forward_hook(count)
+    register_optimizer_step_pre_hook(stepped)
+
+
 def main() -> None:
     if len(sys.argv) < 2:
         raise SystemExit("usage: python -m tests.integration_tests.probe ENTRY_MODULE [ARGS...]")
@@ -87,6 +121,9 @@ def main() -> None:
     if nan:
         step, path = nan.split(":", 1)
         _install_nan_probe(int(step), path)
+    passes = os.environ.get("SKRULL_PROBE_PASSES")
+    if passes:
+        _install_pass_probe(passes)
     sys.argv = [entry, *args]
     runpy.run_module(entry, run_name="__main__", alter_sys=True)
 

@@ -1,0 +1,94 @@
+"""Free-running steps (``[skrull] free_running``, issue 23 item 3) on real gloo processes.
+
+DP 2 x CP 2 (4 processes), the debug job from the shared seed checkpoint:
+FSDP keeps each step's parameters unsharded from the rank's first forward to
+its last backward, gradients are reduce-scattered once, and each DP rank runs
+only its own micro-batches. The debug data gives the two DP ranks unequal
+micro-batch counts at some step (read from the plan log); the losses and the
+check step's gradients must still equal torchtitan's 1-process reference (the
+parity standard of test_parity_skrull.py), over 5 steps, so no step used a
+stale unsharded parameter after the previous optimizer step.
+
+Every rank counts its model's forward passes per step (probe.py,
+``SKRULL_PROBE_PASSES``): free-running, a rank runs exactly its DP rank's own
+micro-batches (one pad where it has none); the lockstep run of the same job
+(``dp2cp2``) runs the plan's count on every rank, pads included.
+"""
+
+import json
+import os
+
+import pytest
+
+from skrull_ext.plan_log import read_plan_log
+from tests.integration_tests.conftest import CHECK_STEP, POOL_SUB_STEP, STEPS
+from tests.integration_tests.launch import assert_same_grads
+from tests.integration_tests.test_parity_skrull import _matches_reference, GRAD
+
+WORLD, CP = 4, 2
+
+
+def _own_counts(record: dict) -> dict[int, int]:
+    """Micro-batches of each DP rank in one step's plan (plan_log record)."""
+    counts: dict[int, set[int]] = {}
+    for d, m in zip(record["plan_dp_rank"], record["plan_micro_batch"]):
+        if d >= 0:  # a dropped sequence has no DP rank
+            counts.setdefault(d, set()).add(m)
+    return {d: len(ms) for d, ms in counts.items()}
+
+
+def _passes(skrull_runs, name: str) -> dict[int, dict[int, int]]:
+    """Forward passes per world rank per step."""
+    out = {}
+    for rank in range(WORLD):
+        with open(os.path.join(skrull_runs.passes_folder(name), f"passes.rank{rank}.jsonl")) as f:
+            out[rank] = {r["step"]: r["passes"] for r in map(json.loads, f)}
+    return out
+
+
+def _plans(run) -> dict[int, dict[int, dict]]:
+    return {rank: read_plan_log(os.path.join(run.dump, "skrull_plans", f"rank{rank}.jsonl")) for rank in range(WORLD)}
+
+
+@pytest.mark.slow
+def test_free_running_parity_dp2_cp2_unequal_micro_batch_counts(skrull_runs, reference):
+    run = skrull_runs["dp2cp2_free"]
+    assert "timeline free" in run.output, "the trainer did not plan for the free-running timeline"
+    assert "Skrull: free_running holds" in run.output, "the memory check against the profile did not run"
+    plans, passes = _plans(run), _passes(skrull_runs, "dp2cp2_free")
+    counts = {s: _own_counts(plans[0][s]) for s in range(1, STEPS + 1)}
+    print(f"own micro-batches per DP rank by step: {counts}\nforward passes per world rank: {passes}")
+    unequal = [s for s, c in counts.items() if c.get(0, 0) != c.get(1, 0)]
+    assert unequal, f"no step gives the DP ranks unequal micro-batch counts: {counts}"
+    for rank in range(WORLD):
+        for s in range(1, STEPS + 1):
+            d = plans[rank][s]["dp_rank"]
+            assert d == rank // CP
+            assert passes[rank][s] == max(1, counts[s].get(d, 0)), (rank, s, passes[rank][s], counts[s])
+    s = unequal[0]
+    assert passes[0][s] != passes[WORLD - 1][s], "the DP ranks ran as many passes at an unequal step"
+    _matches_reference(run, reference)  # the 5 losses, and the gradients of CHECK_STEP
+    # The gradients of a step whose DP ranks accumulated unequal micro-batch counts before the one reduce-scatter.
+    assert POOL_SUB_STEP in unequal, f"step {POOL_SUB_STEP} (its gradients saved) has equal counts: {counts}"
+    worst, rel = assert_same_grads(run.step_grads[POOL_SUB_STEP], reference.step_grads[POOL_SUB_STEP], **GRAD)
+    print(f"step {POOL_SUB_STEP} (DP ranks {counts[POOL_SUB_STEP]} micro-batches) gradients vs torchtitan: "
+          f"max |diff| {worst:.3g}, relative norm {rel:.3g}; check step {CHECK_STEP}: {counts[CHECK_STEP]}")
+
+
+@pytest.mark.slow
+def test_lockstep_runs_the_plans_count_on_every_rank(skrull_runs):
+    """Without free_running (the ``dp2cp2`` job, FSDP over DP x CP: lockstep) every rank
+    runs the plan's micro-batch count, a DP rank with fewer running pad passes (the
+    loader's side of it, with plans that give the ranks unequal counts, is
+    tests/unit_tests/test_free_running.py; the lockstep planner may equalise the counts
+    of this data, so pads need not occur here)."""
+    run = skrull_runs["dp2cp2"]
+    assert "timeline lockstep" in run.output
+    plans, passes = _plans(run), _passes(skrull_runs, "dp2cp2")
+    padded = 0
+    for rank in range(WORLD):
+        for s in range(1, STEPS + 1):
+            record = plans[rank][s]
+            assert passes[rank][s] == record["micro_batches"], (rank, s, passes[rank][s], record["micro_batches"])
+            padded += record["micro_batches"] - _own_counts(record).get(record["dp_rank"], 0)
+    print(f"forward passes per world rank: {passes}; pad passes in all: {padded}")

@@ -1,0 +1,357 @@
+"""``[skrull] free_running`` (issue 23, item 3): its dataloader, config and memory checks,
+and the FSDP switches on real gloo processes whose ranks run different micro-batch counts.
+
+The whole-job parity (DP 2 x CP 2, the debug model, against torchtitan's 1-process
+reference) is tests/integration_tests/test_free_running.py.
+"""
+
+import math
+import os
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+from skrull_ext import cost_model
+from skrull_ext.datasets.scheduling import SkrullDataLoader, StepBuilder
+from skrull_ext.errors import JobFileError
+from skrull_ext.profile_file import free_running_bytes, ProfileMemory
+from skrull_ext.scheduler import Scheduler
+from skrull_ext.skrull_config import SkrullConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+DEBUG = str(ROOT / "skrull_ext" / "jobs" / "debug_cpu.toml")
+CPU_PROFILE = str(ROOT / "profiles" / "cpu-debug-gloo2.toml")
+
+
+# ---------------------------------------------------------------- dataloader
+
+
+def _grid(dp: int, cp: int, free_running: bool, global_batch: int = 16, bucket: int = 256):
+    """Loaders of every (DP, CP) rank; the plans are made for the free-running timeline
+    either way, so the two modes differ only in what the loader builds of the same plan."""
+    section = SkrullConfig(bucket_size=bucket, cost_model="h100-assumed")
+    config = SkrullDataLoader.Config(length_scale=32.0, max_len=512, global_batch_size=global_batch,
+                                     vocab_size=2048, prefetch_steps=0)
+    grid = {}
+    for d in range(dp):
+        for c in range(cp):
+            loader = config.build(dp_world_size=dp, dp_rank=d)
+            loader.attach(Scheduler(section.scheduler_config(dp, cp, "free"), cost_model.preset("llama3-debug")),
+                          c, cp, free_running=free_running)
+            grid[d, c] = loader
+    return grid
+
+
+def _steps(grid, n: int):
+    return [{key: loader.next_step() for key, loader in grid.items()} for _ in range(n)]
+
+
+def test_free_running_builds_only_the_ranks_own_micro_batches():
+    """Free-running: each rank's step holds its DP rank's own micro-batches, no pads, the
+    same buffers as the padded step's first ones; without the flag the loader pads every
+    rank to the plan's count. Some step of the data gives the DP ranks unequal counts."""
+    free, lock = _steps(_grid(2, 2, True), 4), _steps(_grid(2, 2, False), 4)
+    unequal = 0
+    for f_step, l_step in zip(free, lock):
+        plan = f_step[0, 0].plan
+        own = {d: len(plan.micro_batches(d)) for d in range(2)}
+        unequal += own[0] != own[1]
+        for (d, c), step in f_step.items():
+            assert len(step.micro_batches) == own[d] >= 1
+            padded = l_step[d, c].micro_batches
+            assert len(padded) == plan.num_micro_batches
+            assert all(p.valid_labels == 0 and p.num_tokens == 1 for p in padded[own[d]:])
+            for a, b in zip(step.micro_batches, padded):  # the same buffers
+                assert torch.equal(a.input, b.input) and torch.equal(a.labels, b.labels)
+            assert step.local_valid_tokens == l_step[d, c].local_valid_tokens
+            assert step.global_valid_tokens == l_step[d, c].global_valid_tokens
+    assert unequal, "no step of the data gives the DP ranks unequal micro-batch counts"
+
+
+def test_free_running_rank_without_micro_batches_runs_one_pad():
+    """One sequence per global batch over DP 2: one DP rank has no micro-batch, and runs
+    exactly one pad pass (FSDP's first all-gathers and last reduce-scatter need it)."""
+    grid = _grid(2, 1, True, global_batch=1)
+    step = _steps(grid, 1)[0]
+    plan = step[0, 0].plan
+    idle = [d for d in range(2) if not plan.micro_batches(d)]
+    assert idle, "both DP ranks got a micro-batch out of one sequence"
+    for d in idle:
+        mbs = step[d, 0].micro_batches
+        assert len(mbs) == 1 and mbs[0].valid_labels == 0 and mbs[0].num_tokens == 1
+
+
+def test_step_builder_refuses_pool_plans():
+    section = SkrullConfig(bucket_size=128, cost_model="h100-assumed", policy="skrull-pool")
+    scheduler = Scheduler(section.scheduler_config(2, 2), cost_model.preset("llama3-debug"))
+    with pytest.raises(ValueError, match="skrull.free_running = true does not run with skrull.policy = 'skrull-pool'"):
+        StepBuilder(None, scheduler, None, 8, 0, 0, 2, free_running=True)
+
+
+# ---------------------------------------------------------------- config
+
+
+def test_free_running_refuses_skrull_pool():
+    with pytest.raises(ValueError) as info:
+        SkrullConfig(policy="skrull-pool", free_running=True, cost_model="h100-assumed")
+    text = str(info.value)
+    assert "skrull.free_running" in text and "skrull.policy = 'skrull-pool'" in text and "\n" not in text
+    SkrullConfig(policy="skrull", free_running=True, cost_model="h100-assumed")  # fine
+
+
+def test_free_running_with_pool_fails_at_config_time_from_flags(monkeypatch):
+    from skrull_ext.job_file import load_config
+
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    with pytest.raises(JobFileError) as info:
+        load_config(["--config-file", DEBUG, "--parallelism.context_parallel_degree", "2",
+                     "--skrull.policy", "skrull-pool", "--skrull.free_running"])
+    text = str(info.value)
+    assert "skrull.free_running = true" in text and "skrull-pool" in text and "\n" not in text
+
+
+def _profile(tmp_path, **memory) -> str:
+    """A copy of the shipped CPU profile with its [memory] figures replaced."""
+    import tomllib
+
+    import tomli_w
+
+    data = tomllib.loads(Path(CPU_PROFILE).read_text())
+    data["memory"] = {**data["memory"], **memory}
+    for key in [k for k, v in memory.items() if v is None]:
+        del data["memory"][key]
+    path = tmp_path / "profile.toml"
+    path.write_text(tomli_w.dumps(data))
+    return str(path)
+
+
+def test_free_running_memory_check_refuses_naming_the_bytes(tmp_path):
+    # 6.2M parameters in float32, all trainable: 2 x 4 B x 6.2M ~ 50 MB unsharded.
+    unsharded = free_running_bytes(6_200_000, 6_200_000, 4, 4)
+    assert unsharded == 2 * 4 * 6_200_000
+    path = _profile(tmp_path, usable_bytes=128 * 2**20, static_bytes=40 * 2**20, margin=0.1,
+                    a_bytes_per_token=40_000.0, b_bytes=0.0, c_bytes_per_token2=0.0)
+    section = SkrullConfig(cost_model=path, bucket_size=1000, free_running=True)
+    mem = ProfileMemory.of(section._measured().data)
+    need = mem.static + unsharded + 1000 * 40_000.0 / 0.9
+    assert need > mem.usable
+    with pytest.raises(ValueError) as info:
+        section.check_free_running_memory(unsharded)
+    text = str(info.value)
+    print(text)
+    assert "\n" not in text and "skrull.free_running = true" in text
+    assert f"needs {need:.0f} B" in text and f"{mem.usable:.0f} B" in text and "usable" in text
+    # The same job with a smaller bucket fits (and without free_running nothing is checked).
+    fits = SkrullConfig(cost_model=path, bucket_size=100, free_running=True)
+    assert fits.check_free_running_memory(unsharded) is None
+    assert SkrullConfig(cost_model=path, bucket_size=1000).check_free_running_memory(unsharded) is None
+
+
+def test_free_running_memory_check_uses_a_free_running_profile_once(tmp_path):
+    """A profile measured for a free-running job has the unsharded bytes in its static
+    account (free_running_bytes): they are replaced by the job's, not counted twice."""
+    unsharded = 50.0 * 2**20
+    common = dict(usable_bytes=200 * 2**20, margin=0.0, a_bytes_per_token=1000.0, b_bytes=0.0,
+                  c_bytes_per_token2=0.0)
+    plain = _profile(tmp_path, static_bytes=100 * 2**20, **common)
+    assert SkrullConfig(cost_model=plain, bucket_size=40_000, free_running=True
+                        ).check_free_running_memory(unsharded) is None  # 100 + 50 + 38.1 MiB <= 200
+    measured = _profile(tmp_path, static_bytes=150 * 2**20, free_running_bytes=unsharded, **common)
+    assert SkrullConfig(cost_model=measured, bucket_size=40_000, free_running=True
+                        ).check_free_running_memory(unsharded) is None
+    with pytest.raises(ValueError, match="needs"):
+        SkrullConfig(cost_model=measured, bucket_size=60_000, free_running=True).check_free_running_memory(unsharded)
+
+
+def test_free_running_memory_check_warns_without_figures(tmp_path):
+    warning = SkrullConfig(cost_model="h100-assumed", free_running=True).check_free_running_memory(1e9)
+    assert warning is not None and "not checked" in warning and "\n" not in warning
+    path = _profile(tmp_path, usable_bytes=None, static_bytes=None)
+    warning = SkrullConfig(cost_model=path, free_running=True).check_free_running_memory(1e9)
+    assert warning is not None and "memory.usable_bytes" in warning
+
+
+# ---------------------------------------------------------------- profiler account
+
+
+class _Tiny(nn.Module):
+    def __init__(self, frozen: bool) -> None:
+        super().__init__()
+        self.layers = nn.ModuleDict({"0": nn.Linear(10, 10), "1": nn.Linear(10, 10)})
+        self.tok_embeddings = nn.Embedding(20, 10)
+        if frozen:  # a LoRA-like base: only layer 1 trains
+            for p in [*self.layers["0"].parameters(), *self.tok_embeddings.parameters()]:
+                p.requires_grad_(False)
+
+
+@pytest.mark.parametrize("frozen", [False, True])
+@pytest.mark.parametrize("param_dtype", ["float32", "bfloat16"])
+def test_profiler_static_account_of_free_running(frozen, param_dtype):
+    from skrull_ext.job_file import load_job
+    from skrull_ext.profile.memory import static_memory
+
+    config = load_job(DEBUG)
+    config.training.mixed_precision_param = param_dtype
+    model = _Tiny(frozen)
+    n = sum(p.numel() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    assert (n, trainable) == (420, 110 if frozen else 420)
+    jm = SimpleNamespace(config=config, model=model)
+    off = static_memory(jm, 4)
+    config.skrull.free_running = True
+    on = static_memory(jm, 4)
+    mp_bytes = 2 if param_dtype == "bfloat16" else 4
+    assert off.free_running == 0
+    assert on.free_running == n * mp_bytes + trainable * 4  # gradients accumulate in float32
+    assert math.isclose(on.total - off.total, on.free_running)
+
+
+# ---------------------------------------------------------------- FSDP on gloo
+
+MICRO_BATCHES = {0: 3, 1: 1}
+"""Rank 0 runs 3 micro-batches a step, rank 1 one: no pads."""
+
+
+class _Net(nn.Module):
+    """Three blocks and a head, the same weights in every process."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.layers = nn.ModuleDict({str(i): nn.Sequential(nn.Linear(8, 8), nn.Tanh()) for i in range(3)})
+        self.head = nn.Linear(8, 1)
+
+    def forward(self, x):
+        for block in self.layers.values():
+            x = block(x)
+        return self.head(x)
+
+
+def _data(step: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(100 + step)
+    return [torch.randn(2 + j, 8, generator=g) for j in range(sum(MICRO_BATCHES.values()))]
+
+
+def _loss(out: torch.Tensor, total: int) -> torch.Tensor:
+    return out.pow(2).sum() / total
+
+
+def _fsdp_worker(rank: int, world: int, store: str, out: str) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from skrull_ext.free_running import FreeRunningFSDP
+
+    torch.set_num_threads(1)
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    try:
+        calls = {"all_gather": 0, "reduce_scatter": 0}
+        for name in calls:
+            real = getattr(dist, f"{name}_single")
+
+            def counted(*a, _real=real, _name=name, **k):
+                calls[_name] += 1
+                return _real(*a, **k)
+
+            setattr(dist, f"{name}_single", counted)
+        mesh = init_device_mesh("cpu", (world,))
+        model = _Net()
+        for block in model.layers.values():  # as torchtitan: blocks reshard after forward, the root does not
+            fully_shard(block, mesh=mesh, reshard_after_forward=True)
+        fully_shard(model, mesh=mesh, reshard_after_forward=False)
+        opt = torch.optim.SGD(model.parameters(), lr=0.5)
+        free = FreeRunningFSDP([model])
+        first = sum(MICRO_BATCHES[r] for r in range(rank))
+        record = []
+        for step in range(2):
+            data = _data(step)
+            total = sum(x.shape[0] for x in data)
+            mine = data[first:first + MICRO_BATCHES[rank]]
+            before = dict(calls)
+            free.begin()
+            for j, x in enumerate(mine):
+                if j == len(mine) - 1:
+                    free.last()
+                # FSDP averages gradients over the ranks; x world makes it the sum.
+                (_loss(model(x), total) * world).backward()
+            free.end()
+            unsharded_after = free.unsharded()
+            grads = {n: p.grad.full_tensor().clone() for n, p in model.named_parameters()}
+            record.append({"grads": grads, "unsharded": unsharded_after,
+                           "calls": {k: calls[k] - before[k] for k in calls}})
+            opt.step()
+            opt.zero_grad()
+        # Forward resharding restored: torchtitan's blocks reshard after a (validation) forward.
+        with torch.no_grad():
+            model(_data(9)[0])
+        record.append({"after_eval": free.unsharded()})
+        torch.save(record, Path(out) / f"rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def _reference() -> list[dict[str, torch.Tensor]]:
+    model = _Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    grads = []
+    for step in range(2):
+        data = _data(step)
+        total = sum(x.shape[0] for x in data)
+        for x in data:
+            _loss(model(x), total).backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+        opt.step()
+        opt.zero_grad()
+    return grads
+
+
+@pytest.mark.slow
+def test_fsdp_free_running_unequal_micro_batches_gloo(tmp_path):
+    """Two gloo ranks running 3 and 1 micro-batches per step under FreeRunningFSDP: the
+    gradients of both steps equal one process's over all 4 (the second step's forward
+    used the parameters the optimizer updated: nothing stale), every rank issues one
+    all-gather and one reduce-scatter per FSDP unit per step whatever its micro-batch
+    count, and every unit is resharded after the step and after a no-grad forward."""
+    mp.start_processes(_fsdp_worker, args=(2, str(tmp_path / "store"), str(tmp_path)), nprocs=2,
+                       start_method="spawn")
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    reference = _reference()
+    units = 4  # 3 blocks + the root (the head)
+    for step in range(2):
+        for r in range(2):
+            got = ranks[r][step]
+            print(f"step {step + 1}, rank {r} ({MICRO_BATCHES[r]} micro-batches): collectives {got['calls']}")
+            assert got["calls"] == {"all_gather": units, "reduce_scatter": units}
+            assert got["unsharded"] == []
+            for name, ref in reference[step].items():
+                torch.testing.assert_close(got["grads"][name], ref, rtol=1e-5, atol=1e-7)
+    assert ranks[0][2]["after_eval"] == ranks[1][2]["after_eval"] == ["FSDP_Net"]  # only the root keeps its own
+
+
+@pytest.mark.slow
+def test_trainer_refuses_free_running_that_does_not_fit(tmp_path):
+    """The debug job with bucket_size 0 takes the shipped profile's BucketSize (3268),
+    derived without free-running's unsharded copies: the trainer refuses at start, one
+    line naming the key, the bytes needed and available, exit status 2."""
+    import subprocess
+    import sys
+
+    launcher = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    env = {k: v for k, v in os.environ.items() if k not in launcher}  # earlier tests may leave some set
+    env.update(PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
+               OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-m", "skrull_ext.train", "--config-file", DEBUG, "--training.steps", "1",
+                           "--skrull.free_running", "--skrull.bucket_size", "0", "--dump_folder", str(tmp_path)],
+                          capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 2 and len(errors) == 1, proc.stderr[-3000:]
+    print(errors[0])
+    assert "error: skrull.free_running = true needs " in errors[0] and "usable" in errors[0]
+    assert "bucket_size 3268 tokens" in errors[0] and "(1024.0 MiB) usable" in errors[0]
+    assert "Traceback" not in proc.stderr
