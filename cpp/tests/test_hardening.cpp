@@ -207,6 +207,16 @@ static uint64_t splitmix(uint64_t& s) {
   return z ^ (z >> 31);
 }
 
+// n lengths, long-tailed: mostly short, some up to twice the group's limit.
+static std::vector<int64_t> long_tailed(uint64_t& seed, size_t n, const Options& o) {
+  std::vector<int64_t> in(n);
+  for (auto& s : in) {
+    const uint64_t r = splitmix(seed);
+    s = 1 + static_cast<int64_t>(r % (r % 8 == 0 ? 2 * o.bucket_size * o.cp : o.bucket_size / 4 + 1));
+  }
+  return in;
+}
+
 static uint64_t golden_digest() {
   const CostModel c = preset();
   Digest d;
@@ -223,13 +233,7 @@ static uint64_t golden_digest() {
     o.dacp_search = static_cast<DacpSearch>(splitmix(seed) % 2);
     o.overlength = Overlength::kTruncate;
     o.timeline = Timeline::kFreeRunning;  // the digest predates timelines: the paper's per-rank time
-    const size_t n = splitmix(seed) % 600;
-    std::vector<int64_t> in(n);
-    // Long-tailed: mostly short, some up to twice the group's limit.
-    for (auto& s : in) {
-      const uint64_t r = splitmix(seed);
-      s = 1 + static_cast<int64_t>(r % (r % 8 == 0 ? 2 * o.bucket_size * o.cp : o.bucket_size / 4 + 1));
-    }
+    const std::vector<int64_t> in = long_tailed(seed, splitmix(seed) % 600, o);
     const Schedule s = schedule(in, c, o);
     CHECK(check::schedule_error(in, o, s).empty());
     d.add(s.lengths), d.add(s.dp_rank), d.add(s.micro_batch), d.add(s.cp_rank), d.add(s.dp_offsets);
@@ -275,12 +279,7 @@ static void test_slot_gds_plans_are_valid() {
     o.timeline = static_cast<Timeline>(splitmix(seed) % 2);
     o.slot_gds = true;
     o.overlength = Overlength::kTruncate;
-    const size_t n = splitmix(seed) % 400;
-    std::vector<int64_t> in(n);
-    for (auto& s : in) {
-      const uint64_t r = splitmix(seed);
-      s = 1 + static_cast<int64_t>(r % (r % 8 == 0 ? 2 * o.bucket_size * o.cp : o.bucket_size / 4 + 1));
-    }
+    const std::vector<int64_t> in = long_tailed(seed, splitmix(seed) % 400, o);
     const Schedule s = schedule(in, c, o);
     const std::string e = check::schedule_error(in, o, s);
     if (!e.empty()) std::fprintf(stderr, "slot GDS rep %d: %s\n", rep, e.c_str());
