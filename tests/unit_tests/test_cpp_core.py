@@ -10,6 +10,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("cmake") is None, reason="cmake not installed")
 def test_cpp_unit_tests(tmp_path):
     build = tmp_path / "build"

@@ -79,6 +79,7 @@ def results(tmp_path_factory):
     return get
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "cp_size, idx",
     [(n, i) for n, cs in CASES.items() for i in range(len(cs))],
@@ -102,6 +103,7 @@ def test_matches_single_process(results, cp_size, idx):
         assert s.fwd_bytes == s.bwd_bytes == expected
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cp_size", [2, 4])
 def test_backward_overlaps_local_part(results, cp_size):
     """The reduce-scatter of dK/dV is issued before the local part's backward and

@@ -167,6 +167,7 @@ def results(tmp_path_factory) -> list[list[dict]]:
     return [[per_rank[r][i] for r in range(WORLD)] for i in range(len(CASES))]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("idx", range(len(CASES)), ids=[c.name for c in CASES])
 def test_pool_attention_matches_single_process(results, idx):
     case, ranks = CASES[idx], results[idx]
@@ -197,6 +198,7 @@ def test_pool_attention_matches_single_process(results, idx):
         assert s.replays == (1 if case.checkpoint and held else 0), f"rank {r}"
 
 
+@pytest.mark.slow
 def test_backward_overlaps_local_part(results):
     """As over a CP group: the rank-set exchange of dK/dV is issued before the local
     part's backward and waited on after it (order of autograd nodes, not timing)."""

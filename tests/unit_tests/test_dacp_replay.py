@@ -136,6 +136,7 @@ def _same(got: dict, ref: dict) -> None:
         torch.testing.assert_close(got["grads"][name], g, **tol, msg=lambda m, n=name: f"{n}: {m}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scenario", ["one", "two_micro_batches"])
 @pytest.mark.parametrize("ac", ["full", "selective"])
 def test_parity_recompute_reuses_the_exchange(results, scenario, ac):
@@ -151,6 +152,7 @@ def test_parity_recompute_reuses_the_exchange(results, scenario, ac):
         assert got["kept"] == plain["kept"] == 0, "kept K/V outlived backward"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ac", ["full", "selective"])
 def test_parity_same_meta_twice_gathers_again(results, ac):
     """Two forwards with one meta object before backward: which recomputation

@@ -99,6 +99,7 @@ def _cli(*args, env=None):
                           env=env, timeout=300)
 
 
+@pytest.mark.slow
 def test_launcher_usage_and_one_line_errors():
     bare = _cli()
     assert bare.returncode == 2 and "usage: python -m skrull_ext.train --config-file JOB.toml" in bare.stderr

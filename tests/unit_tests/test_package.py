@@ -102,6 +102,7 @@ sys.meta_path.insert(0, Block())
 """
 
 
+@pytest.mark.slow
 def test_attention_imports_without_ortools_or_the_core():
     proc = _run(BLOCK + "import skrull_ext.attention, skrull_ext\n"
                 "assert 'skrull_ext._core' not in sys.modules and 'ortools' not in sys.modules\n"
@@ -110,6 +111,7 @@ def test_attention_imports_without_ortools_or_the_core():
     assert "lazy: skrull_ext._core is blocked" in proc.stdout  # the blocker works: names load on use
 
 
+@pytest.mark.slow
 def test_training_path_does_not_import_research_tools():
     proc = _run("import sys, skrull_ext.train, skrull_ext.config_registry\n"
                 "bad = sorted(m for m in sys.modules if m.split('.')[:2] in (['skrull_ext', 'bench'], "

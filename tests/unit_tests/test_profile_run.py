@@ -39,6 +39,7 @@ def produced(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     return out, proc
 
 
+@pytest.mark.slow
 def test_profile_run_end_to_end(produced):
     out, proc = produced
     assert "BucketSize" in proc.stdout and "-> OK" in proc.stdout
@@ -76,6 +77,7 @@ def test_profile_run_end_to_end(produced):
         ("comm", None, r"missing section \[comm\]"),
     ],
 )
+@pytest.mark.slow
 def test_partial_profile_rejected_naming_the_field(produced, tmp_path, section, key, msg):
     d = tomllib.loads(produced[0].read_text())
     bad = copy.deepcopy(d)
@@ -89,6 +91,7 @@ def test_partial_profile_rejected_naming_the_field(produced, tmp_path, section, 
         cost_model.load(path)
 
 
+@pytest.mark.slow
 def test_bad_values_rejected(produced, tmp_path):
     d = tomllib.loads(produced[0].read_text())
     d["compute"]["b_us"] = -5.0
