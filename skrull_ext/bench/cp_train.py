@@ -189,9 +189,10 @@ def table(results: dict[str, list[dict]], baselines: list[str]) -> str:
         ratios = "".join(
             spread([per_token(b) / per_token(r) for b, r in zip(results[name], runs)], fmt="{:.2f}") + " | "
             for name in baselines)
+        vs_base = f"{mib / base_mib:.2f}x" if base_mib else "-"  # no K/V moved by the baseline (CP 1)
         rows.append(
             f"| {mode} | {f'{statistics.mean(tokens):.0f}' if tokens else '-'} | "
-            f"{mib:.2f} | {mib / base_mib:.2f}x | {spread([r['step_s'] for r in runs], 1e3)} "
+            f"{mib:.2f} | {vs_base} | {spread([r['step_s'] for r in runs], 1e3)} "
             f"| {spread([per_token(r) for r in runs], 1e6) if tokens else '-'} | {ratios}"
             f"{spread([r['blocked_s'] for r in runs], 1e3)} | {spread([r['overlapped_s'] for r in runs], 1e3)} "
             f"| {100 * statistics.mean(r['local_token_share'] for r in runs):.0f}% |"
@@ -229,7 +230,8 @@ def main(argv: list[str] | None = None) -> int:
         results[mode].append(summarize_run(launch(a, mode, repeat), a.warmup))
         print(f"{time.perf_counter() - t0:.0f} s (mean step {results[mode][-1]['step_s'] * 1e3:.0f} ms)", flush=True)
     md = table(results, baselines(a.modes))
-    header = (f"{a.config_file}, {a.nproc} processes, CP={a.cp}, {a.steps} steps (first {a.warmup + 1} not timed), "
+    header = (f"{a.config_file}, {a.nproc} processes, DP={a.nproc // a.cp} x CP={a.cp}, {a.steps} steps "
+              f"(first {a.warmup + 1} not timed), "
               f"{a.repeats} runs per mode, {time.perf_counter() - t_start:.0f} s in all\n\n")
     with open(os.path.join(a.out, "bench_cp.md"), "w") as f:
         f.write(header + md + "\n")

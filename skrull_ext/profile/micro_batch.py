@@ -30,6 +30,15 @@ Short micro-batches expose FSDP's gathers that a long micro-batch's compute
 would partly hide (FSDP prefetches the next unit): the number is the fixed
 cost where it matters most, an upper estimate for long micro-batches.
 
+The step is timed on the wall clock: most of the fixed cost is time a rank
+sleeps in FSDP's collectives, which no CPU clock counts (on the idle 2-core
+box, 2026-11-26: 122 ms a micro-batch on the wall clock, about 90 ms on the
+process CPU clock). So it must be measured on a quiet host: on a shared one
+the wall clock also counts the time other processes held the cores (the
+same command at a load average of 2.4-4.9 gave 215 ms). The process CPU
+time of the same steps is kept beside it (``cpu_us``); the report prints
+the ratio, about 1.3 on the idle box, higher under other load.
+
 This runs last: it wraps the profiled model in FSDP for good.
 """
 
@@ -65,6 +74,9 @@ class MicroBatchResult:
     fsdp_degree: int
     """Ranks FSDP shards over here (1: no FSDP, one process)."""
     defer_grad_sync: bool
+    cpu_us: tuple[float, ...] = ()
+    """The same steps on the process CPU clock (median, slowest rank): it leaves out the
+    collectives' waits, so it is below ``us`` even on an idle host; far below, other load."""
 
     @property
     def fixed_us(self) -> float:
@@ -100,7 +112,7 @@ def profile_micro_batch(jm: JobModel, opts: ProfileOptions, b_us: float,
                         tick: Callable[[str], None]) -> MicroBatchResult:
     """Time the micro-batch loop at each count (round-robin over warmup + repeats
     rounds, median per count, slowest rank; wall clock: the gathers' waits are
-    the cost) and fit the line."""
+    the cost; the process CPU time kept beside it) and fit the line."""
     world = dist.get_world_size() if dist.is_initialized() else 1
     if world > 1:
         _wrap_fsdp(jm, world)
@@ -124,15 +136,18 @@ def profile_micro_batch(jm: JobModel, opts: ProfileOptions, b_us: float,
         if dist.is_initialized():
             dist.barrier()  # every rank starts the step together, as in training
 
-    samples: dict[int, list[float]] = {m: [] for m in counts}
+    walls: dict[int, list[float]] = {m: [] for m in counts}
+    cpus: dict[int, list[float]] = {m: [] for m in counts}
     rounds = opts.warmup + opts.micro_batch_repeats
     for r in range(rounds):
         for m in counts:
             tick(f"micro-batches x{m} ({r + 1}/{rounds})")
-            wall, _ = time_call(lambda: run(m), jm.device, before=before)  # noqa: B023
+            wall, cpu = time_call(lambda: run(m), jm.device, before=before)  # noqa: B023
             if r >= opts.warmup:
-                samples[m].append(wall)
+                walls[m].append(wall)
+                cpus[m].append(cpu)
     jm.model.zero_grad(set_to_none=True)
-    us = reduce_floats([statistics.median(samples[m]) for m in counts], "max", jm.device)
+    us = reduce_floats([statistics.median(walls[m]) for m in counts], "max", jm.device)
+    cpu_us = reduce_floats([statistics.median(cpus[m]) for m in counts], "max", jm.device)
     fit = fit_poly([float(m) for m in counts], us, 1)
-    return MicroBatchResult(counts, us, docs, fit, jm.shape.layers * b_us, world, defer)
+    return MicroBatchResult(counts, us, docs, fit, jm.shape.layers * b_us, world, defer, tuple(cpu_us))

@@ -15,6 +15,7 @@ would reject is never produced.
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -122,7 +123,8 @@ def _raw(p: Profile) -> dict[str, Any]:
     if p.micro_batch is not None:
         raw["micro_batch"] = {"counts": list(p.micro_batch.counts), "step_us": p.micro_batch.us,
                               "docs": list(p.micro_batch.docs), "intercept_us": p.micro_batch.fit.intercept,
-                              "fsdp_degree": p.micro_batch.fsdp_degree}
+                              "fsdp_degree": p.micro_batch.fsdp_degree, "clock": "wall",
+                              "cpu_step_us": list(p.micro_batch.cpu_us)}
     return raw
 
 
@@ -153,7 +155,8 @@ def report(p: Profile) -> str:
         f"  compute  T = {cp.fit.slope:.4g} us/FLOP * F + {cp.fit.intercept:.4g} us per layer ({cp.clock} clock) "
         f"({3 / cp.fit.slope / 1e3:.1f} GFLOP/s at 3x forward), R^2 {cp.fit.r2:.4f}, "
         f"worst fit error {cp.fit.max_rel_error:.1%}",
-        *([f"  clock    process CPU time; wall time was {_wall_ratio(cp):.2f}x it (median): other load on the host"]
+        *([f"  clock    process CPU time; wall time was {_wall_ratio(cp):.2f}x it (median)"
+           + (": other load on the host" if _wall_ratio(cp) > 1.1 else "")]
           if cp.clock == "cpu" else []),
         "  held-out " + ", ".join(f"{t.tokens}: {cp.rel_error(t):+.1%}" for t in cp.held_out)
         + f"  (worst {cp.held_out_max_rel_error:.1%})",
@@ -181,8 +184,12 @@ def report(p: Profile) -> str:
         mb = p.micro_batch
         lines.append(f"  micro-b  fixed {mb.fixed_us:.4g} us per micro-batch = slope {mb.fit.slope:.4g} us - layers * b "
                      f"{mb.calls_us:.4g} us (steps of {sum(mb.docs)} tokens in {', '.join(map(str, mb.counts))} "
-                     f"micro-batches: {', '.join(f'{u / 1e3:.1f}' for u in mb.us)} ms; FSDP x{mb.fsdp_degree}); "
-                     f"R^2 {mb.fit.r2:.4f}, worst {mb.fit.max_rel_error:.1%}")
+                     f"micro-batches: {', '.join(f'{u / 1e3:.1f}' for u in mb.us)} ms wall; FSDP x{mb.fsdp_degree}); "
+                     f"R^2 {mb.fit.r2:.4f}, worst {mb.fit.max_rel_error:.1%}"
+                     + (f"; process CPU {', '.join(f'{u / 1e3:.1f}' for u in mb.cpu_us)} ms, wall/CPU "
+                        f"x{statistics.median(w / c for w, c in zip(mb.us, mb.cpu_us) if c > 0):.2f} (about 1.3 on an "
+                        "idle host: the collectives' waits; higher: other load inflated the fixed cost)"
+                        if mb.cpu_us and any(c > 0 for c in mb.cpu_us) else ""))
     if p.check is not None:
         c = p.check
         lines.append(

@@ -13,7 +13,14 @@ import pytest
 from tests.integration_tests.launch import REPO, Run, seed_checkpoint, train_from_seed
 
 TORCHTITAN = ["--module", "skrull_ext", "--config", "llama3_debugmodel_cpu"]
-SKRULL = ["--config-file", os.path.join(REPO, "skrull_ext", "jobs", "debug_cpu.toml")]
+PLAN_PROFILE = os.path.join(REPO, "tests", "integration_tests", "cpu-debug-gloo2-2026-11-22.toml")
+"""The cost model the parity runs plan with: the debug job's CPU profile as measured on
+2026-11-22 (no fixed cost of a micro-batch), frozen here so that the plan shapes the tests
+rest on (CHECK_STEP mixes local and distributed sequences, POOL_SUB_STEP gives the DP ranks
+unequal counts, CP-SAT replaces placements) do not move when profiles/cpu-debug-gloo2.toml is
+re-measured. Runs that name their own cost model (dp1cp4_pool) override it."""
+SKRULL = ["--config-file", os.path.join(REPO, "skrull_ext", "jobs", "debug_cpu.toml"),
+          "--skrull.cost_model", PLAN_PROFILE]
 STEPS = 5
 CHECK_STEP = 4
 """The step whose gradients are compared: on the debug data, skrull and

@@ -18,11 +18,10 @@ import pytest
 from skrull_ext import Scheduler, SchedulerConfig
 from skrull_ext import cost_model as cost_models
 from skrull_ext.plan_log import read_plan_log
-from tests.integration_tests.conftest import STEPS
-from tests.integration_tests.launch import REPO
+from tests.integration_tests.conftest import PLAN_PROFILE, STEPS
 from tests.integration_tests.test_parity_skrull import _matches_reference
 
-PROFILE = os.path.join(REPO, "profiles", "cpu-debug-gloo2.toml")  # debug_cpu.toml's cost model
+PROFILE = PLAN_PROFILE  # the cost model the runs plan with (conftest.py)
 
 
 def _plans(run, rank: int) -> dict:

@@ -66,3 +66,13 @@ def test_the_table_gives_a_paired_per_token_ratio_against_each_baseline():
     # torchtitan-stream 0.25/300 and 0.4/300 against the same: 2 and 2
     assert skrull[1:9] == ["skrull", "600", "6.00", "0.12x", "325.0 (250.0-400.0)", "541.7 (416.7-666.7)",
                            "3.50 (3.00-4.00)", "2.00 (2.00-2.00)"]
+
+
+def test_the_table_holds_a_run_without_a_kv_exchange():
+    # DP 2 x CP 1: no CP group, no K/V moved by any mode; the ratio column reads '-'.
+    run = lambda s: {"step_s": s, "kv_bytes": 0.0, "blocked_s": 0.0, "overlapped_s": 0.0,  # noqa: E731
+                     "local_token_share": 1.0, "tokens": 600}
+    rows = cp_train.table({"torchtitan": [run(1.0)], "skrull": [run(0.5)]}, ["torchtitan"]).splitlines()
+    skrull = [c.strip() for c in rows[-1].split("|")]
+    assert skrull[1:8] == ["skrull", "600", "0.00", "-", "500.0 (500.0-500.0)", "833.3 (833.3-833.3)",
+                           "2.00 (2.00-2.00)"]

@@ -15,7 +15,7 @@ MEASURED = os.path.join(REPO, "profiles", "cpu-debug-gloo2.toml")
 
 
 @pytest.mark.parametrize("given, label, bucket", [
-    (["--profile", MEASURED], "measured: cpu-debug-gloo2.toml", 3268),  # the profile's [memory] bucket_size
+    (["--profile", MEASURED], "measured: cpu-debug-gloo2.toml", 3644),  # the profile's [memory] bucket_size
     ([], "assumed: h100_assumed.toml", 26 * 1024),  # the paper's default BucketSize
 ])
 def test_simulate_names_its_profile(tmp_path, capsys, given, label, bucket):

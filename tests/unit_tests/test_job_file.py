@@ -129,7 +129,7 @@ PROFILE = os.path.join(os.path.dirname(__file__), "..", "..", "profiles", "cpu-d
 def test_bucket_size_zero_takes_the_profiles_measured_value():
     config = JobConfigManager().parse_args(
         ["--config-file", DEBUG, "--skrull.cost_model", PROFILE, "--skrull.bucket_size", "0"])
-    assert config.skrull.bucket_size == 3268  # profiles/cpu-debug-gloo2.toml [memory] bucket_size
+    assert config.skrull.bucket_size == 3644  # profiles/cpu-debug-gloo2.toml [memory] bucket_size
 
 
 def test_bucket_size_zero_needs_a_profile_with_memory(tmp_path):
@@ -147,9 +147,9 @@ def test_bucket_size_zero_needs_a_profile_with_memory(tmp_path):
 def test_a_job_at_another_cp_than_its_profile_is_warned():
     from skrull_ext.skrull_config import SkrullConfig
 
-    cp1 = SkrullConfig(cost_model=PROFILE, bucket_size=0)  # profiled at cp 1 (no [memory] cp key)
+    cp1 = SkrullConfig(cost_model=PROFILE, bucket_size=0)  # profiled at cp 1 ([memory] cp = 1)
     assert cp1.profile_cp_warning(1) is None
-    assert "derived its BucketSize for cp 1; this job runs cp 2 (bucket_size 3268)" in cp1.profile_cp_warning(2)
+    assert "derived its BucketSize for cp 1; this job runs cp 2 (bucket_size 3644)" in cp1.profile_cp_warning(2)
     cp2 = SkrullConfig(cost_model=PROFILE.replace("gloo2.toml", "gloo2-cp2.toml"), bucket_size=0)
     assert cp2.bucket_size == 2645 and cp2.profile_cp_warning(2) is None
     assert "for cp 2; this job runs cp 1" in cp2.profile_cp_warning(1)
@@ -197,7 +197,7 @@ def test_cli_profile_reaches_the_scheduler():
     (tyro sets fields on built configs; the section's profile cache must follow)."""
     config = JobConfigManager().parse_args(["--config-file", DEBUG, "--skrull.cost_model", PROFILE,
                                             "--skrull.bucket_size", "0"])
-    assert config.skrull.bucket_size == 3268
+    assert config.skrull.bucket_size == 3644
     from skrull_ext.profile_file import Profile
 
     profile = Profile.load(PROFILE).cost_model()
