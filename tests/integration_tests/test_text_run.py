@@ -11,6 +11,7 @@ import os
 
 import pytest
 
+from tests.integration_tests.conftest import PLAN_PROFILE
 from tests.integration_tests.launch import REPO, Run, torchrun
 
 JOB = os.path.join(REPO, "skrull_ext", "jobs", "debug_cpu_text.toml")
@@ -41,6 +42,8 @@ def text_run(tmp_path_factory) -> Run:
     proc = torchrun(2, "skrull_ext.train", [
         "--config-file", JOB, "--dump_folder", dump, "--training.steps", str(STEPS),
         "--parallelism.context_parallel_degree", "2", "--metrics.enable_tensorboard",
+        # the plans the trace check rests on (step 4 runs both DACP parts on rank 0): conftest.py
+        "--skrull.cost_model", PLAN_PROFILE,
         "--profiler.enable_profiling", "--profiler.profile_freq", str(STEPS),
         "--profiler.profiler_warmup", "1", "--profiler.profiler_active", "1",
     ], cwd=work)
