@@ -22,6 +22,7 @@ passed=0
 for i in $(seq "$runs"); do
   if "$@" >"/tmp/under_load.$$.log" 2>&1; then
     passed=$((passed + 1))
+    echo "run $i passed ($(tail -n 1 "/tmp/under_load.$$.log"))"
   else
     echo "run $i failed (log: /tmp/under_load.$$.log):"
     tail -30 "/tmp/under_load.$$.log"
