@@ -52,7 +52,9 @@ class MicroBatchPlan:
     heuristic_time_us: float | None = None
     """Predicted time of the heuristic's placement, kept when CP-SAT replaced it."""
     lower_bound_us: float | None = None
-    """Lower bound on this micro-batch's time, when the fallback computed one."""
+    """Lower bound on this micro-batch's time: the cost model's ``micro_batch_lower_bound_us``, set by
+    ``Scheduler.schedule`` for the micro-batches it refines (all, or ``dp_rank``'s), raised to CP-SAT's
+    proven bound where the fallback ran; None for a plan made without a Scheduler (``from_core``)."""
     rank_flops: list[float] = field(default_factory=list)
     """Attention + linear FLOPs per CP rank (local sequences whole, distributed ones 1/N each)."""
 

@@ -75,6 +75,8 @@ class Scheduler:
             ranks = plan.ranks if dp_rank is None else [plan.ranks[dp_rank]]
             mbs = [mb for rank in ranks for mb in rank]
         plan.refined_dp_rank = dp_rank
+        for mb in mbs:  # every micro-batch's gap to its bound (skrull/mean_bound_gap); CP-SAT may raise it
+            mb.lower_bound_us = self.cost_model.micro_batch_lower_bound_us(mb.lengths, c.cp)
         if c.uses_cpsat:
             start = time.perf_counter()
             for mb in mbs:

@@ -55,7 +55,9 @@ def step_metrics(step, attention_modules, measured_us: float) -> dict[str, float
     From the plan (the same on every rank): micro-batches, local share of
     sequences and tokens, roll-backs, refine moves, CP-SAT uses, predicted
     time, per-rank token and FLOP imbalance (max / mean over all DP x CP
-    ranks). From this rank: scheduling wall time, the step's whole build time
+    ranks). ``mean_bound_gap``: the mean of (predicted / lower bound - 1) over
+    the micro-batches the scheduler refined, this DP rank's (scheduler.py).
+    From this rank: scheduling wall time, the step's whole build time
     (``data_build_ms``: draw, limit, plan, buffers; on the prefetch thread
     under ``dataloader.prefetch_steps``), measured fwd+bwd
     time of the micro-batches and its ratio to the prediction (1.0 when the
