@@ -136,6 +136,33 @@ def _check_skrull(config, on_cpu: bool) -> None:
         raise JobFileError(str(e)) from None
 
 
+def _check_profiler(config, on_cpu: bool) -> None:
+    """What torchtitan's profiler asserts only once the model is built: a cycle of
+    ``profile_freq`` steps holds the warmup and active steps (torch.profiler's
+    wait = profile_freq - warmup - active), and memory snapshots need CUDA."""
+    p = getattr(config, "profiler", None)
+    if p is None:
+        return
+    if p.enable_profiling:
+        if p.profiler_active < 1:
+            raise _bad("profiler.profiler_active", p.profiler_active, "must be >= 1")
+        if p.profiler_warmup < 0:
+            raise _bad("profiler.profiler_warmup", p.profiler_warmup, "must be >= 0")
+        cycle = p.profiler_warmup + p.profiler_active
+        if p.profile_freq < cycle:
+            raise _bad("profiler.profile_freq", p.profile_freq,
+                       f"must be >= profiler.profiler_warmup + profiler.profiler_active = {p.profiler_warmup} + "
+                       f"{p.profiler_active} = {cycle} (each profiling cycle waits, warms up, then records)")
+    if p.enable_memory_snapshot:
+        if on_cpu:
+            raise _bad("profiler.enable_memory_snapshot", True, "memory snapshots need a CUDA device (this "
+                                                                 "machine has none)")
+        freq = p.profile_freq if p.memory_snapshot_freq is None else p.memory_snapshot_freq
+        if freq < 1:
+            key = "profiler.profile_freq" if p.memory_snapshot_freq is None else "profiler.memory_snapshot_freq"
+            raise _bad(key, freq, "must be >= 1 (steps between memory snapshots)")
+
+
 def check_job(config, world_size: int | None = None, on_cpu: bool | None = None) -> None:
     """Raise JobFileError naming the first key of ``config`` that cannot run here.
 
@@ -152,3 +179,4 @@ def check_job(config, world_size: int | None = None, on_cpu: bool | None = None)
     _check_parallelism(config, world_size)
     check_data(config)
     _check_skrull(config, on_cpu)
+    _check_profiler(config, on_cpu)
