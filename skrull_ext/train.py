@@ -8,7 +8,9 @@
 CLI flags (torchtitan's ``--section.field value``, plus ``--skrull.*``)
 override the job file. ``--module/--config`` work as in torchtitan.train.
 This mirrors torchtitan/train.py's main(); only the config manager differs,
-and a config or data error is one line from rank 0 (``cli_errors``).
+a config or data error is one line from rank 0 (``cli_errors``), and the
+log lines come from rank 0 (``LOG_RANK=0,1`` or ``all`` for more; other
+ranks print their errors: ``compat/logs.py``).
 """
 
 import os
@@ -18,11 +20,13 @@ import torch
 from torchtitan.tools.logging import init_logger, logger
 
 from skrull_ext.cli_errors import run_cli
+from skrull_ext.compat import logs
 from skrull_ext.job_file import load_config
 
 
 def main(argv: list[str] | None = None) -> None:
     init_logger()
+    logs.install()  # rank 0's lines only (LOG_RANK), without torchtitan's default-value warning
     config = load_config(sys.argv[1:] if argv is None else argv)
 
     trainer = None

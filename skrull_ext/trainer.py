@@ -45,6 +45,8 @@ from torchtitan.trainer import Trainer
 
 from skrull_ext import compat
 from skrull_ext.attention.install import install_dacp_attention
+from skrull_ext.compat import logs
+from skrull_ext.compat.metrics import use_run_metrics
 from skrull_ext.config import job_timeline
 from skrull_ext.datasets.overlength import check_overlength, location
 from skrull_ext.datasets.packed import PackedDataLoader
@@ -122,6 +124,8 @@ class SkrullTrainer(Trainer):
 
     def __init__(self, config: Config):
         compat.apply(config)
+        logs.install()  # rank 0's lines only; skrull_ext.train installs it sooner
+        use_run_metrics(config)  # a TensorBoard folder per run; no MFU on CPU
         resolve_device_defaults(config)
         apply_lora(config)  # before torchtitan builds config.model_spec.model
         self.plan_log: PlanLog | None = None

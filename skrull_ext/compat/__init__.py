@@ -2,8 +2,9 @@
 
 Every change skrull-ext makes to torchtitan's behaviour lives in this
 package: this module (the fixes, applied through ``apply``), ``overrides``
-(torchtitan ``@override`` factories) and ``dense_attention`` (exact CPU
-attention for torchtitan's FlexAttention config). torchtitan's files are
+(torchtitan ``@override`` factories), ``dense_attention`` (exact CPU
+attention for torchtitan's FlexAttention config), ``metrics`` (a TensorBoard
+folder per run, no MFU on CPU) and ``logs`` (what torchtitan logs, once). torchtitan's files are
 never edited or monkeypatched elsewhere.
 
 torchtitan 0.3.0 assumes an accelerator. Every workaround skrull-ext needs to
@@ -51,11 +52,26 @@ class Fix:
 # Process-wide fixes
 
 
+def _peak_rss_bytes() -> int | None:
+    """This process's peak resident memory (Linux ``VmHWM``), None where unknown."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 class _CpuDeviceModule(types.ModuleType):
     """``torch.cpu`` plus the memory/introspection calls torchtitan makes on
     its ``device_module`` (``components/metrics.py`` DeviceMemoryMonitor,
-    ``distributed/utils.py`` set_pg_timeouts). CPU has no caching allocator,
-    so memory stats are reported as unknown (-1 after torchtitan's defaults).
+    ``distributed/utils.py`` set_pg_timeouts). CPU has no caching allocator:
+    the memory figures are the process's peak resident memory (``VmHWM``, reset
+    between logged steps through ``/proc/self/clear_refs`` where the kernel
+    allows), so a step line shows what the process held, not torchtitan's
+    ``-1`` for unknown (``memory: -0.00GiB``).
     """
 
     def __init__(self):
@@ -89,11 +105,19 @@ class _CpuDeviceModule(types.ModuleType):
 
     @staticmethod
     def memory_stats(device=None) -> dict:
-        return {}
+        peak = _peak_rss_bytes()
+        if peak is None:
+            return {}
+        return {"active_bytes.all.peak": peak, "reserved_bytes.all.peak": peak,
+                "num_alloc_retries": 0, "num_ooms": 0}
 
     @staticmethod
     def reset_peak_memory_stats(device=None) -> None:
-        pass
+        try:  # "5" resets VmHWM to the current resident size (Linux >= 4.0); nothing else
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+        except OSError:
+            pass  # the peak then runs from the process start
 
     @staticmethod
     def empty_cache() -> None:
@@ -122,6 +146,12 @@ def _device_probe_to_cpu() -> None:
             mod.device_type = "cpu"
         if hasattr(mod, "device_module"):
             mod.device_module = cpu_module
+
+
+def _no_peak_flops() -> None:
+    import torchtitan.tools.utils as utils
+
+    utils.get_peak_flops = lambda device_name: float("nan")
 
 
 def _alias_set_timeout() -> None:
@@ -191,6 +221,16 @@ FIXES: tuple[Fix, ...] = (
         ),
         applies=on_cpu,
         apply=_device_probe_to_cpu,
+    ),
+    Fix(
+        name="no_peak_flops_on_cpu",
+        why=(
+            "torchtitan 0.3.0 tools/utils.get_peak_flops runs lspci, warns twice and "
+            "falls back to an A100's peak for an unknown device, so a CPU run logged "
+            "an A100 MFU; a CPU has no such figure: NaN, and compat.metrics logs no MFU"
+        ),
+        applies=on_cpu,
+        apply=_no_peak_flops,
     ),
     Fix(
         name="dist_set_timeout_alias",

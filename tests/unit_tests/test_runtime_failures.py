@@ -50,3 +50,62 @@ def test_a_profiler_cycle_that_fits_passes(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "1")
     load_config(["--config-file", DEBUG, "--profiler.enable_profiling", "--profiler.profile_freq", "2",
                  "--profiler.profiler_warmup", "1"])
+
+
+def test_each_run_gets_its_own_tensorboard_folder(tmp_path):
+    """torchtitan named it by the minute: a run and its continuation shared one."""
+    from datetime import datetime
+
+    from skrull_ext.compat.metrics import claim_run_folder
+
+    now = datetime(2026, 11, 26, 14, 30, 5)
+    names = [os.path.basename(claim_run_folder(str(tmp_path), now)) for _ in range(3)]
+    later = os.path.basename(claim_run_folder(str(tmp_path), datetime(2026, 11, 26, 14, 30, 6)))
+    assert names == ["20261126-143005", "20261126-143005-1", "20261126-143005-2"]
+    assert sorted([*names, later, "20261126-1429"]) == ["20261126-1429", *names, later]  # start order
+
+
+def test_cpu_memory_is_the_process_peak_not_minus_one():
+    from skrull_ext.compat import _CpuDeviceModule
+
+    cpu = _CpuDeviceModule()
+    cpu.reset_peak_memory_stats()
+    stats = cpu.memory_stats()
+    if not stats:
+        pytest.skip("no /proc/self/status here")
+    assert stats["reserved_bytes.all.peak"] > 0 and stats["num_ooms"] == 0
+
+
+def test_no_peak_flops_on_cpu():
+    from skrull_ext import compat
+
+    if not compat.on_cpu():
+        pytest.skip("CPU only")
+    compat.apply()
+    from torchtitan.tools import utils
+
+    assert math.isnan(utils.get_peak_flops("x86_64"))
+
+
+def _record(level, msg):
+    import logging
+
+    return logging.LogRecord("root", level, __file__, 1, msg, None, None)
+
+
+def test_logs_come_from_rank_0_and_other_ranks_keep_their_errors():
+    import logging
+
+    from skrull_ext.compat.logs import RankFilter, shown_ranks
+
+    assert shown_ranks(None) == {0} and shown_ranks("0,1") == {0, 1} and shown_ranks("all") is None
+    zero, one, every = RankFilter(0, {0}), RankFilter(1, {0}), RankFilter(1, None)
+    info = "Training starts at step 1"
+    assert zero.filter(_record(logging.INFO, info)) and every.filter(_record(logging.INFO, info))
+    assert not one.filter(_record(logging.INFO, info)) and not one.filter(_record(logging.WARNING, info))
+    err = _record(logging.ERROR, "boom")
+    assert one.filter(err) and err.getMessage() == "[rank 1] boom"
+    noise = "initial_load_model_only=True has no effect without an initial_load_path."
+    assert not zero.filter(_record(logging.WARNING, noise))
+    assert not zero.filter(_record(logging.WARNING, "HF assets path  does not exist!"))
+    assert zero.filter(_record(logging.WARNING, "HF assets path /models/x does not exist!"))
