@@ -59,6 +59,7 @@ from skrull_ext.lora import LoRAConfig, apply_lora
 from skrull_ext.lora.train import save_lora_outputs
 from skrull_ext.model_shape import DTYPES, job_shape
 from skrull_ext.plan_log import PlanLog
+from skrull_ext.resume_checks import check_continue
 from skrull_ext.profile_file import free_running_bytes
 from skrull_ext.skrull_config import SkrullConfig
 from skrull_ext.step_checks import check_plan_digests, RatioSpread, step_log_line, step_metrics
@@ -137,6 +138,7 @@ class SkrullTrainer(Trainer):
         ckpt = config.checkpoint
         if ckpt.enable and ckpt.initial_load_in_hf and ckpt.initial_load_path:
             check_hf_folder(ckpt.initial_load_path, config.model_spec)  # a bad folder fails before any model
+        check_continue(config)  # a HF last save cannot continue a run: one line naming checkpoint.load_step
         self.hf_export = HFExport.of_job(config)  # before the trainer shrinks the RoPE cache
         self.ratio_spread = RatioSpread()
         self.data_wait_ms: list[float] = []

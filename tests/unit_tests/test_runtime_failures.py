@@ -109,3 +109,41 @@ def test_logs_come_from_rank_0_and_other_ranks_keep_their_errors():
     assert not zero.filter(_record(logging.WARNING, noise))
     assert not zero.filter(_record(logging.WARNING, "HF assets path  does not exist!"))
     assert zero.filter(_record(logging.WARNING, "HF assets path /models/x does not exist!"))
+
+
+def _checkpoints(tmp_path, full=(), hf=()):
+    from types import SimpleNamespace
+
+    for step in full:
+        (tmp_path / "checkpoint" / f"step-{step}").mkdir(parents=True)
+        (tmp_path / "checkpoint" / f"step-{step}" / ".metadata").write_text("")
+    for step in hf:
+        (tmp_path / "checkpoint" / f"step-{step}").mkdir(parents=True)
+        (tmp_path / "checkpoint" / f"step-{step}" / "model.safetensors.index.json").write_text("{}")
+    return lambda load_step=-1: SimpleNamespace(dump_folder=str(tmp_path), checkpoint=SimpleNamespace(
+        enable=True, create_seed_checkpoint=False, folder="checkpoint", load_step=load_step))
+
+
+def test_continuing_from_a_hf_last_save_names_the_full_checkpoint(tmp_path):
+    """It failed with ~300 lines (step-N/.metadata not found) on every rank."""
+    from skrull_ext.resume_checks import check_continue
+
+    config = _checkpoints(tmp_path, full=(2, 4), hf=(6,))
+    with pytest.raises(JobFileError) as info:
+        check_continue(config())
+    text = str(info.value)
+    assert "checkpoint/step-6 is the HF model folder" in text and text.endswith("--checkpoint.load_step 4")
+    check_continue(config(4))  # the full one continues
+    with pytest.raises(JobFileError, match=r"checkpoint.load_step = 5: there is no .*step-5 \(full checkpoints: "
+                                           r"\[2, 4\]\)"):
+        check_continue(config(5))
+
+
+def test_a_hf_last_save_without_full_checkpoints_says_how_to_start_from_it(tmp_path):
+    from skrull_ext.resume_checks import check_continue
+
+    config = _checkpoints(tmp_path, hf=(3,))
+    with pytest.raises(JobFileError, match="no full checkpoint to continue from .* --checkpoint.initial_load_path "
+                                           ".*step-3 --checkpoint.initial_load_in_hf"):
+        check_continue(config())
+    check_continue(_checkpoints(tmp_path / "fresh")())  # nothing saved: a fresh start

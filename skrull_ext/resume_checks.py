@@ -1,0 +1,72 @@
+"""Which checkpoint a run continues from, checked before any model is built.
+
+torchtitan 0.3.0 continues a run from the newest ``step-N`` under
+``<dump_folder>/<checkpoint.folder>`` (or ``checkpoint.load_step``), and
+counts a HF model folder (``model.safetensors.index.json``) as one. But the
+last save of a ``last_save_in_hf`` job is model weights only: loading it as a
+training state fails deep in DCP (``step-N/.metadata`` not found, a
+traceback per rank). ``check_continue`` says so in one line naming
+``--checkpoint.load_step`` and the last full checkpoint to give it, or, when
+there is none, how to start from the HF folder instead; and a ``load_step``
+with no ``step-N`` folder names the steps there are.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from skrull_ext.errors import JobFileError
+
+__all__ = ["check_continue", "saved_steps"]
+
+
+def saved_steps(folder: str) -> tuple[list[int], list[int]]:
+    """(full checkpoint steps, HF model folder steps) under ``folder``, ascending;
+    as torchtitan's ``_find_load_step`` counts them (``.metadata`` or a HF index)."""
+    full, hf = [], []
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return full, hf
+    for name in names:
+        m = re.fullmatch(r"step-(\d+)", name)
+        if not m:
+            continue
+        path = os.path.join(folder, name)
+        if os.path.isfile(os.path.join(path, ".metadata")):
+            full.append(int(m.group(1)))
+        elif os.path.isfile(os.path.join(path, "model.safetensors.index.json")):
+            hf.append(int(m.group(1)))
+    return sorted(full), sorted(hf)
+
+
+def check_continue(config) -> None:
+    """Raise JobFileError when the checkpoint this run would load cannot continue it."""
+    ckpt = config.checkpoint
+    if not ckpt.enable or ckpt.create_seed_checkpoint or "://" in ckpt.folder:
+        return
+    folder = os.path.join(config.dump_folder, ckpt.folder)
+    full, hf = saved_steps(folder)
+    if ckpt.load_step == -1:
+        step = max(full + hf, default=-1)
+        if step not in hf:
+            return
+        given = "the newest checkpoint (checkpoint.load_step = -1)"
+    else:
+        step = ckpt.load_step
+        if step in full:
+            return
+        if step not in hf:
+            raise JobFileError(f"checkpoint.load_step = {step}: there is no {folder}/step-{step} "
+                               f"(full checkpoints: {full or 'none'})")
+        given = f"checkpoint.load_step = {step}"
+    earlier = [s for s in full if s < step]
+    if earlier:
+        how = f"continue from the last full checkpoint with --checkpoint.load_step {earlier[-1]}"
+    else:
+        how = (f"there is no full checkpoint to continue from ([checkpoint] interval saves them); to train "
+               f"it further, start a new run in another dump_folder with --checkpoint.initial_load_path "
+               f"{os.path.abspath(os.path.join(folder, f'step-{step}'))} --checkpoint.initial_load_in_hf")
+    raise JobFileError(f"{given}: {folder}/step-{step} is the HF model folder a run saved last "
+                       f"(checkpoint.last_save_in_hf), model weights only, no training state; {how}")
