@@ -11,7 +11,13 @@
   is all ``train``), and ``split`` picks one.
 
 Files are read one at a time, in sorted order, so a bad row is named by its
-file and its 0-based row in that file. Rows then go through the same
+file and its 0-based row in that file. Bad bytes are named as the JSONL
+source names them: a json file is checked for UTF-8 line by line before
+``datasets`` parses it (``FILE:LINE``, 1-based), a string column of a
+parquet/arrow file that is not UTF-8 is named by its row and column. An
+empty file (0 bytes, or a json file of blank lines) is an error naming it:
+it is usually a failed download or copy, not a shard meant to hold nothing.
+Rows then go through the same
 ``RecordEncoder`` as JSONL lines (skrull_ext/datasets/records.py): a
 parquet file and a JSONL file of the same records give the same samples.
 Hub names are not fetched: download the files first.
@@ -30,6 +36,61 @@ BUILDER_OPTIONS = {"json": {"on_mixed_types": None}}
 mixed-type probe raises KeyError on such files, and its fallback would turn
 a column of mixed types into JSON strings. Off: missing keys read as null,
 and a column of mixed types fails naming the file."""
+
+
+def _check_json_bytes(path: str) -> None:
+    """DataError naming ``path:line`` of the first line that is not UTF-8, or the
+    file when it holds no line but blanks. ``datasets`` reports either far from
+    the bytes (a pyarrow error deep in its builder, or at the first row read)."""
+    blank = True
+    with open(path, "rb") as f:
+        for line_no, raw in enumerate(f, 1):
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(f"{path}:{line_no}: not UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1}); "
+                                "json files must be UTF-8") from None
+            blank = blank and not text.strip()
+    if blank:
+        raise DataError(f"{path}: empty (no rows); remove it, or name the other files with dataloader.data_files")
+
+
+def _first_line(e: BaseException) -> str:
+    return next((line for line in str(e).splitlines() if line.strip()), type(e).__name__)
+
+
+def _load(datasets, path: str):
+    """One file as a ``datasets.Dataset``; DataError naming it when it cannot be read."""
+    builder = _builder(path)
+    if os.path.getsize(path) == 0:
+        raise DataError(f"{path}: empty (0 bytes); remove it, or name the other files with dataloader.data_files")
+    if builder == "json":
+        _check_json_bytes(path)
+    try:
+        return datasets.load_dataset(builder, data_files=[path], split="train", **BUILDER_OPTIONS.get(builder, {}))
+    except Exception as e:  # datasets raises many types for an unreadable file
+        chain = [e]
+        while chain[-1].__cause__ is not None or chain[-1].__context__ is not None:
+            chain.append(chain[-1].__cause__ or chain[-1].__context__)
+        # pyarrow's message names the column and row; datasets wraps it (and a pandas retry) around it
+        root = next((x for x in chain if type(x).__module__.startswith("pyarrow")), chain[-1])
+        raise DataError(f"{path}: datasets cannot read it: {type(root).__name__}: {_first_line(root)}") from e
+
+
+def _bad_row(ds, start: int, where: str) -> DataError:
+    """The error of the first row from ``start`` whose strings are not UTF-8.
+
+    ``datasets`` decodes rows a batch at a time, so the row that failed is
+    found again one row and one column at a time, still as Arrow data."""
+    table = ds.with_format("arrow")
+    for i in range(start, len(ds)):
+        row = table[i:i + 1]
+        for name in row.column_names:
+            try:
+                row.column(name).to_pylist()
+            except UnicodeDecodeError as e:
+                return DataError(f"{where} row {i}: column {name!r} is not UTF-8 ({e.reason} at byte {e.start})")
+    return DataError(f"{where} row {start}: cannot be read as Python values")
 
 
 def _is_saved(folder: str) -> bool:
@@ -88,23 +149,23 @@ def hf_rows(path: str, split: str = "train", patterns: list[str] | tuple = ()):
             if split not in ds:
                 raise DataError(f"dataloader.split: {split!r} is not in {path} (splits: {sorted(ds)})")
             ds = ds[split]
-        for i, row in enumerate(ds):
-            yield f"{path} row {i}", row
+        yield from _rows(ds, path)
         return
     files = data_files(path, split, patterns)
     builders = {_builder(f) for f in files}
     if len(builders) > 1:
         raise DataError(f"{path}: mixed file types {sorted(builders)} in one split; name one with dataloader.data_files")
     for f in files:
-        try:
-            builder = _builder(f)
-            ds = datasets.load_dataset(builder, data_files=[f], split="train", **BUILDER_OPTIONS.get(builder, {}))
-        except Exception as e:  # datasets raises many types for an unreadable file
-            chain = [e]
-            while chain[-1].__cause__ is not None or chain[-1].__context__ is not None:
-                chain.append(chain[-1].__cause__ or chain[-1].__context__)
-            # pyarrow's message names the column and row; datasets wraps it (and a pandas retry) around it
-            root = next((x for x in chain if type(x).__module__.startswith("pyarrow")), chain[-1])
-            raise DataError(f"{f}: datasets cannot read it: {type(root).__name__}: {str(root).splitlines()[0]}") from e
-        for i, row in enumerate(ds):
-            yield f"{f} row {i}", row
+        yield from _rows(_load(datasets, f), f)
+
+
+def _rows(ds, where: str):
+    """(``where row N``, row) of every row of ``ds``; a row whose bytes are not
+    UTF-8 raises DataError naming it instead of a pyarrow traceback."""
+    i = 0
+    try:
+        for row in ds:
+            yield f"{where} row {i}", row
+            i += 1
+    except UnicodeDecodeError:
+        raise _bad_row(ds, i, where) from None
