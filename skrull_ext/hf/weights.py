@@ -14,14 +14,18 @@ import torch
 from safetensors.torch import load_file, save_file
 from torchtitan.protocols.model_spec import ModelSpec
 
+from skrull_ext.hf.safetensors_file import read_header
+
 
 def read_safetensors(folder: str) -> dict[str, torch.Tensor]:
-    """Every tensor of every ``*.safetensors`` file in ``folder`` (HF keys)."""
+    """Every tensor of every ``*.safetensors`` file in ``folder`` (HF keys);
+    a cut or malformed file is a DataError naming it (``read_header``)."""
     files = sorted(glob.glob(os.path.join(folder, "*.safetensors")))
     if not files:
         raise FileNotFoundError(f"{folder}: no *.safetensors files")
     tensors: dict[str, torch.Tensor] = {}
     for path in files:
+        read_header(path)
         tensors.update(load_file(path))
     return tensors
 
