@@ -21,9 +21,10 @@ from typing import Any
 from torchtitan.protocols.model_spec import ModelSpec
 
 from skrull_ext.decoders import DecoderDims, LlamaRopeScaling, decoder_spec
+from skrull_ext.errors import UserError
 
 
-class HFConfigError(ValueError):
+class HFConfigError(UserError):
     """config.json describes a model skrull-ext cannot build exactly."""
 
 
@@ -71,11 +72,30 @@ def _refuse(cfg: dict, **unsupported: Any) -> None:
 
 
 def _full_attention_only(cfg: dict) -> None:
-    """Qwen2/Qwen3 configs may switch layers to sliding-window attention."""
-    _refuse(cfg, use_sliding_window=False)
-    kinds = set(cfg.get("layer_types") or ["full_attention"])
-    if kinds != {"full_attention"}:
-        raise HFConfigError(f"layer_types {sorted(kinds)} is not supported (only full_attention)")
+    """Qwen2/Qwen3 configs may switch layers to sliding-window attention.
+
+    Refused only where transformers' model would really use a window: its
+    config gives layer ``i`` a window when ``use_sliding_window`` is set,
+    ``sliding_window`` is not null and ``i >= max_window_layers`` (or
+    ``layer_types`` says ``sliding_attention``). ``use_sliding_window: true``
+    with ``max_window_layers >= num_hidden_layers`` (shipped by some Qwen2
+    exports) is all full attention there, and here."""
+    window = cfg.get("sliding_window", 4096) if cfg.get("use_sliding_window", False) else None
+    types = cfg.get("layer_types")
+    if types is None:
+        first = cfg.get("max_window_layers", 28)
+        types = ["sliding_attention" if window is not None and i >= first else "full_attention"
+                 for i in range(cfg["num_hidden_layers"])]
+    unknown = sorted(set(types) - {"full_attention", "sliding_attention"})
+    if unknown:
+        raise HFConfigError(f"layer_types {unknown} is not supported (only full_attention)")
+    sliding = [i for i, t in enumerate(types) if t == "sliding_attention"]
+    if sliding and window is not None:
+        how = "layer_types" if cfg.get("layer_types") is not None else (
+            f"use_sliding_window = true with max_window_layers = {cfg.get('max_window_layers', 28)}")
+        which = f"{sliding[0]}-{sliding[-1]}" if sliding == list(range(sliding[0], sliding[-1] + 1)) else sliding
+        raise HFConfigError(f"{how} gives layers {which} of {len(types)} sliding-window "
+                            f"attention (window {window}), which is not supported (only full attention)")
 
 
 def _check_llama(cfg: dict) -> None:

@@ -215,7 +215,12 @@ def test_unsupported_architecture_is_named(tmp_path):
 @pytest.mark.parametrize(
     "change, message",
     [
-        ({"use_sliding_window": True}, r"use_sliding_window = True is not supported"),
+        # max_window_layers 24 = num_hidden_layers: no layer slides (accepted, test_bad_inputs.py); 20 does
+        ({"use_sliding_window": True, "max_window_layers": 20},
+         r"use_sliding_window = true with max_window_layers = 20 gives layers 20-23 of 24 sliding-window "
+         r"attention \(window 32768\), which is not supported"),
+        ({"layer_types": ["full_attention"] * 23 + ["chunked_attention"]},
+         r"layer_types \['chunked_attention'\] is not supported"),
         ({"hidden_act": "gelu"}, r"hidden_act = 'gelu' is not supported \(only 'silu'\)"),
         ({"rope_scaling": {"type": "yarn", "factor": 4.0}}, r"rope type 'yarn' is not supported"),
         ({"num_hidden_layers": None}, r"missing 'num_hidden_layers'|num_hidden_layers"),
