@@ -1,13 +1,16 @@
 """Entry point: ``python -m skrull_ext.bench <command> [options]`` (alias ``skrull-bench``).
 
 Commands are a registry of "module:function" targets, imported only when
-chosen, so one command's dependencies never slow or break another.
+chosen, so one command's dependencies never slow or break another. A user
+error (a bad input file) is one line and exit status 2 (``cli_errors``).
 """
 
 from __future__ import annotations
 
 import importlib
 import sys
+
+from skrull_ext.cli_errors import run_cli
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "simulate": ("skrull_ext.bench.simulate:main", "simulator: every policy vs baselines and the lower bound"),
@@ -36,4 +39,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_cli(main)

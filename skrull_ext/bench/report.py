@@ -207,12 +207,30 @@ def detail_markdown(results: Sequence[ScenarioResult]) -> str:
     return "\n".join(lines)
 
 
+def truncation_warning(results: Sequence[ScenarioResult]) -> str:
+    """One line naming every cell that cut sequences to what a CP group holds, or ''.
+
+    A table column is easy to miss, and the cut changes what is compared:
+    every policy but the pool ones plans the cut batches, so a cell with many
+    cuts times a different (shorter) dataset than the one named."""
+    cut = [r for r in results if r.truncated]
+    if not cut:
+        return ""
+    cells = "; ".join(f"{_cell(r)}: {r.truncated:,} of {r.sequences:,} sequences ({r.truncated / r.sequences:.1%}) "
+                      f"cut to {r.scenario.shape.max_length:,} tokens" for r in cut)
+    return (f"warning: sequences longer than a CP group holds (bucket size x CP) were cut in {len(cut)} of "
+            f"{len(results)} cells: {cells}. Every policy but the pool ones planned the cut batches, so those "
+            "cells' speed-ups describe the cut data, not the dataset: raise --bucket-size or --cp")
+
+
 def markdown(results: Sequence[ScenarioResult], meta: dict) -> str:
+    warning = truncation_warning(results)
     return "\n".join([
         "# Simulated iteration time by scheduling policy", "",
         f"Command: `{meta['command']}`  ",
         f"Hardware profile: {meta['profile']}; {meta['iterations']} iterations per cell, seed {meta['seed']}; "
         f"timeline {meta.get('timeline', 'free')} (docs/design/cost_model.md); wall time {meta['wall_s']:.0f} s.", "",
+        *([f"**{warning}**", ""] if warning else []),
         "## Summary over cells (speedup = mean iteration time of the reference / policy's)", "",
         summary_markdown(results), "",
         "## Against the paper's figures (DeepSpeed figures shown on the baseline and unpacked rows)", "",

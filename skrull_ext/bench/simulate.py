@@ -3,11 +3,14 @@
     python -m skrull_ext.bench simulate                         # paper + real suites, both models
     python -m skrull_ext.bench simulate --suite paper --iterations 100
     python -m skrull_ext.bench simulate --datasets chatqa2 --models qwen2.5-7b --dp 2 --cp 16 --batch-size 40
+    python -m skrull_ext.bench simulate --lengths my_data.lengths.txt     # your own lengths, one per line
 
 Writes results.md, results.json, speedup.png and iteration_time.png to
 --out and prints the summary tables. baseline and bound always run: every
 speedup and gap is relative to them. Defaults finish in well under two
-minutes on two cores.
+minutes on two cores. Sequences longer than a CP group holds are cut
+before planning; a run that cut any prints a warning line naming the cells
+and counts above the tables (and in results.md).
 """
 
 from __future__ import annotations
@@ -22,7 +25,9 @@ from pathlib import Path
 from tqdm import tqdm
 
 from skrull_ext import cost_model as cost_models
+from skrull_ext import lengths as length_files
 from skrull_ext.config import TIMELINES
+from skrull_ext.errors import DataError
 from skrull_ext.profile_file import Profile
 from skrull_ext.sim import scenarios, simulator
 from skrull_ext.sim import policies as sim_policies
@@ -38,6 +43,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--suite", choices=sorted(scenarios.SUITES), default="all",
                    help="dataset set: the paper's Table 1 distributions, the real files, or both (default all)")
     p.add_argument("--datasets", type=_csv, help="comma list overriding --suite (see skrull_ext.sim.datasets)")
+    p.add_argument("--lengths", action="append", metavar="FILE",
+                   help="a lengths file of your own (one positive integer per line, the format and reader of "
+                        "[dataloader] lengths); repeatable; replaces --suite, adds to --datasets")
     p.add_argument("--models", type=_csv, default=list(scenarios.MODELS), help="comma list of model presets (default: %(default)s)")
     p.add_argument("--dp", type=int, help="DP ranks (default: the paper's setting per cell)")
     p.add_argument("--cp", type=int, help="CP ranks per group (default: the paper's setting per cell)")
@@ -70,16 +78,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             policies.insert(0 if must == "baseline" else len(policies), must)
     if args.iterations < 1:
         cli.error(f"--iterations must be >= 1, got {args.iterations}")
+    for path in args.lengths or ():
+        length_files.load(path, "--lengths")  # a bad file: DataError, one line naming file:line (run_cli)
     try:  # bad names and values become usage errors, not tracebacks
+        names = [*(args.datasets or ([] if args.lengths else scenarios.SUITES[args.suite])), *(args.lengths or ())]
         for p in policies:
             sim_policies.get(p)
         profile = Profile.load(args.profile) if args.profile else cost_models.hardware()
         bucket = args.bucket_size if args.bucket_size is not None else profile.bucket_size
-        cells = scenarios.grid(args.datasets or scenarios.SUITES[args.suite], args.models, dp=args.dp, cp=args.cp,
+        cells = scenarios.grid(names, args.models, dp=args.dp, cp=args.cp,
                                batch_size=args.batch_size, bucket_size=bucket, capacity=args.capacity,
                                timeline=args.timeline)
         for cell in cells:
             profile.cost_model(cost_models.shape(cell.model), repr(cell.model))
+    except DataError:  # a --datasets entry that is a bad lengths file: one line too
+        raise
     except ValueError as e:
         cli.error(str(e))
     started = time.perf_counter()
@@ -101,6 +114,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         written += plots.write(results, args.out, profile.label)
     print(f"hardware profile: {profile.label}; timeline {args.timeline}\n")  # measured file or the assumed H100
+    if warning := report.truncation_warning(results):
+        print(warning + "\n")
     print(report.summary_markdown(results))
     print()
     print(report.matrix_markdown(results))

@@ -40,7 +40,7 @@ def _synthetic(config, tokenizer: BaseTokenizer | None) -> SyntheticSequences:
             raise ValueError("dataloader.vocab_size is unset and there is no tokenizer")
         vocab = tokenizer.get_vocab_size()
     return SyntheticSequences(
-        lengths=np.asarray(shipped_lengths.load(config.lengths), dtype=np.int64),
+        lengths=np.asarray(shipped_lengths.load(config.lengths, "dataloader.lengths"), dtype=np.int64),
         vocab_size=vocab,
         seed=config.seed,
         length_scale=config.length_scale,

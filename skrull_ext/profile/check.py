@@ -59,7 +59,7 @@ def fill_bucket(jm: JobModel, tokens: int, seed: int = 0) -> list[int]:
         from skrull_ext import lengths as shipped_lengths
         from skrull_ext.datasets.synthetic import SyntheticSequences
 
-        src = SyntheticSequences(lengths=np.asarray(shipped_lengths.load(dl.lengths), dtype=np.int64), vocab_size=max(3, jm.vocab_size), seed=seed,
+        src = SyntheticSequences(lengths=np.asarray(shipped_lengths.load(dl.lengths, "dataloader.lengths"), dtype=np.int64), vocab_size=max(3, jm.vocab_size), seed=seed,
                                  length_scale=dl.length_scale, min_len=dl.min_len, max_len=dl.max_len)
         draw = src.length
     else:  # no length distribution in the job: a fixed mix of short and long

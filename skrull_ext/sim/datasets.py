@@ -7,6 +7,10 @@ Two kinds, one registry (``DATASETS``: name -> Dataset):
 - samplers for the three distributions of the paper's Table 1 (Wikipedia,
   LMsysChat1M, ChatQA2-Long-SFT), rebuilt from their cumulative shares.
 
+``get`` also takes the path of a user's own lengths file (``bench simulate
+--lengths FILE``), in the shipped files' format and read by the same reader
+as ``dataloader.lengths`` (skrull_ext/lengths), replayed like a shipped one.
+
 How a paper sampler draws a length: pick a bin with the published share,
 then a length log-uniformly inside it. Bin edges are 1K = 1024 tokens, 4K,
 8K, 32K and 128K; the first bin starts at ``MIN_LENGTH`` (32 tokens, a short
@@ -19,6 +23,7 @@ shape inside a bin is an assumption; the shares themselves are reproduced
 from __future__ import annotations
 
 import math
+import os
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -79,7 +84,7 @@ class Dataset:
 
     name: str
     kind: str
-    """'paper' (sampled from Table 1) or 'real' (a shipped length file)."""
+    """'paper' (sampled from Table 1), 'real' (a shipped length file) or 'file' (the user's own)."""
     stream: Callable[[int, int], list[int]]
     """(n, seed) -> the first n lengths of the stream."""
 
@@ -114,6 +119,12 @@ REAL_DEFAULT = (
 
 
 def get(name: str) -> Dataset:
-    if name not in DATASETS:
-        raise ValueError(f"unknown dataset {name!r}; choose one of {sorted(DATASETS)}")
-    return DATASETS[name]
+    """The named dataset, or the lengths file at path ``name`` (read and checked now:
+    a bad file is a DataError naming file:line before any cell runs)."""
+    if name in DATASETS:
+        return DATASETS[name]
+    if os.path.isfile(name):
+        length_files.load(name, "--lengths")
+        return Dataset(name, "file", _file_stream(name))
+    raise ValueError(f"unknown dataset {name!r}; choose one of {sorted(DATASETS)}, or the path of a lengths "
+                     "file (--lengths FILE)")
