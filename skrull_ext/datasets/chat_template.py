@@ -26,7 +26,11 @@ raises DataError.
 
 Tokenizers without a chat template (the shipped tiny BPE, a base model's)
 use ``ChatMLPieces``: ``<|im_start|>ROLE\\nCONTENT<|im_end|>\\n`` per message,
-pieces encoded separately so the mask falls on token boundaries.
+pieces encoded separately so the mask falls on token boundaries. That is a
+choice the user did not make (a base model has never seen those markers),
+so the first chat it encodes logs it once per process, naming the record and
+the tokenizer; ``dataloader.chat_template = "chatml"`` chooses it and says
+nothing.
 """
 
 import json
@@ -37,6 +41,7 @@ import jinja2
 import jinja2.ext
 import jinja2.sandbox
 import numpy as np
+from torchtitan.tools.logging import logger
 
 from skrull_ext.errors import DataError
 
@@ -128,8 +133,9 @@ class ChatMLPieces:
 
     start, end = "<|im_start|>", "<|im_end|>"
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer, chosen: bool = True):
         self.tokenizer = tokenizer
+        self.chosen = chosen  # False: the fallback for a tokenizer without a template, logged at the first chat
 
     def pieces(self, turns: list[dict]) -> list[tuple[str, bool]]:
         """(text, is_loss) pieces of a chat, in order."""
@@ -140,6 +146,8 @@ class ChatMLPieces:
         return out
 
     def encode(self, turns: list[dict], where: str) -> tuple[list[int], list[bool]]:
+        if not self.chosen:
+            self._say_fallback(where)
         bos = _family_bos(self.tokenizer)
         ids, mask = ([bos], [False]) if bos is not None else ([], [])
         for text, trained in self.pieces(turns):
@@ -147,6 +155,21 @@ class ChatMLPieces:
             ids += piece
             mask += [trained] * len(piece)
         return ids, mask
+
+
+    def _say_fallback(self, where: str) -> None:
+        folder = getattr(self.tokenizer, "tokenizer_path", None) or type(self.tokenizer).__name__
+        if folder in _FALLBACK_SAID:
+            return
+        _FALLBACK_SAID.add(folder)
+        logger.warning(f"{where}: the tokenizer ({folder}) has no chat template (tokenizer_config.json "
+                       "chat_template or chat_template.jinja), so chats are rendered as ChatML "
+                       "(<|im_start|>role ... <|im_end|>) (logged once; dataloader.chat_template = 'chatml' "
+                       "chooses it, a .jinja file another template)")
+
+
+_FALLBACK_SAID: set[str] = set()
+"""Tokenizers whose ChatML fallback was already logged (ChatMLPieces._say_fallback)."""
 
 
 class JinjaChat:
@@ -249,4 +272,4 @@ def chat_encoder(tokenizer, override: str = ""):
     if override == "chatml":
         return ChatMLPieces(tokenizer)
     text = template_text(tokenizer, override)
-    return JinjaChat(text, tokenizer) if text else ChatMLPieces(tokenizer)
+    return JinjaChat(text, tokenizer) if text else ChatMLPieces(tokenizer, chosen=False)

@@ -16,6 +16,12 @@ that normal form.
 ``[dataloader] format = "auto"`` takes, per row, the first format in this
 order whose required columns the row has (a null counts as absent, as in a
 parquet row that lacks a key); a named format reads every row that way.
+A row that fits several formats is read as the first: a chat beside a
+``text`` column (many HF SFT sets ship the chat pre-rendered as ``text``)
+trains on the chat, with the loss on the assistant's turns, and ignores
+the text. That is what an SFT user expects, so it is not refused, but it is
+logged once per process with the first such row's file:line and the ignored
+columns (``format = "text"`` trains on the text instead).
 ``[dataloader] columns`` renames the canonical column and key names above
 (``columns = { prompt = "question", response = "answer" }``). Rows that fit
 no format, or hold an unknown role or an empty assistant turn, raise
@@ -24,6 +30,8 @@ no format, or hold an unknown role or an empty assistant turn, raise
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+
+from torchtitan.tools.logging import logger
 
 from skrull_ext.errors import DataError
 
@@ -166,6 +174,10 @@ def _check_chat(turns: list[dict], where: str) -> list[dict]:
     return turns
 
 
+_SAID: set[tuple[str, ...]] = set()
+"""Sets of formats one row fitted that were already logged (RecordReader._say_ignored)."""
+
+
 @dataclass(frozen=True)
 class RecordReader:
     """Reads rows in one format (or ``auto``) into ``Normal`` records."""
@@ -187,13 +199,26 @@ class RecordReader:
                 raise DataError(f"{where}: dataloader.format {self.format!r} needs column(s) {missing}, "
                                 f"the row has {sorted(k for k, v in row.items() if v is not None)}")
             return fmt
-        for fmt in FORMATS.values():
-            if all(self.columns.get(row, c) is not None for c in fmt.needs):
-                return fmt
+        fits = [name for name, fmt in FORMATS.items() if all(self.columns.get(row, c) is not None for c in fmt.needs)]
+        if fits:
+            if len(fits) > 1:
+                self._say_ignored(fits, where)
+            return FORMATS[fits[0]]
         wanted = " | ".join("+".join(repr(self.columns[c]) for c in f.needs) for f in FORMATS.values())
         raise DataError(f"{where}: no recognised columns (the row has "
                         f"{sorted(k for k, v in row.items() if v is not None)}); expected {wanted} "
                         "(dataloader.columns renames them)")
+
+    def _say_ignored(self, fits: list[str], where: str) -> None:
+        """Log, once per process and set of formats, that a row fitting several is read as the first."""
+        if tuple(fits) in _SAID:
+            return
+        _SAID.add(tuple(fits))
+        used = set(FORMATS[fits[0]].needs)
+        ignored = sorted({self.columns[c] for f in fits[1:] for c in FORMATS[f].needs if c not in used})
+        logger.warning(f"{where}: the row fits dataloader.format {fits[0]!r} and {fits[1:]}; format = 'auto' reads "
+                       f"it, and every such row, as {fits[0]!r} and ignores column(s) {ignored} (logged once; "
+                       f"dataloader.format = {fits[1]!r} reads them that way instead)")
 
     def __call__(self, row, where: str) -> Normal:
         if not isinstance(row, Mapping):
