@@ -11,7 +11,9 @@ peft's LoRA on a linear W (out x in) adds ``scaling * lora_B @ lora_A`` with
 adapters carry over once they are in HF's layout:
 
 - names: the model's own state-dict adapter (``spec.state_dict_adapter``)
-  maps torchtitan FQNs to HF keys, as for the base weights;
+  maps torchtitan FQNs to HF keys, as for the base weights, once the
+  wrappers the parallelize step put around blocks (activation checkpointing,
+  compile, FSDP1) are out of the module names (``skrull_ext.fqn``);
 - rows: HF's layout of an output row can differ (llama3 permutes q/k rows for
   its RoPE; the fused ``wqkv`` interleaves q, k, v per KV group). ``lora_B``
   is out x r, so it is laid out as a weight would be: padded with zero
@@ -39,6 +41,7 @@ from torch.distributed.tensor import DTensor
 from torchtitan.models.common.attention import FusedQKVLinear
 from torchtitan.protocols.model_spec import ModelSpec
 
+from skrull_ext.fqn import plain_fqn
 from skrull_ext.lora.config import LoRAConfig
 from skrull_ext.lora.converter import lora_modules
 
@@ -58,21 +61,23 @@ def _full(t: torch.Tensor) -> torch.Tensor:
 def hf_rows(model: torch.nn.Module, spec: ModelSpec, fqn: str, rows: torch.Tensor) -> dict[str, torch.Tensor]:
     """``rows`` (one per output row of the linear ``fqn``, up to its in_features
     columns) in HF's layout: {HF weight key: rows} (one key, or three for a
-    fused wqkv)."""
+    fused wqkv). ``fqn`` is the module's name in ``model`` as it runs, with any
+    activation-checkpoint, compile or FSDP1 wrapper segment: they are dropped
+    (``plain_fqn``) before the name meets the state-dict adapter."""
     weight = model.get_submodule(fqn).weight
     out, cols = weight.shape[0], rows.shape[1]
     if rows.shape[0] != out or cols > weight.shape[1]:
         raise ValueError(f"{fqn}: rows of shape {tuple(rows.shape)} do not fit its weight {tuple(weight.shape)}")
     padded = rows.new_zeros(out, weight.shape[1])
     padded[:, :cols] = rows
-    state = {f"{fqn}.weight": padded}
-    parent_fqn = fqn.rsplit(".", 1)[0]
-    parent = model.get_submodule(parent_fqn)
+    name = plain_fqn(fqn)  # the state-dict name: no activation-checkpoint / compile / FSDP1 wrapper segment
+    state = {f"{name}.weight": padded}
+    parent = model.get_submodule(fqn.rsplit(".", 1)[0])
     if isinstance(parent, FusedQKVLinear):
-        FusedQKVLinear._split_qkv_on_save(parent, state, f"{parent_fqn}.", None)
+        FusedQKVLinear._split_qkv_on_save(parent, state, f"{name.rsplit('.', 1)[0]}.", None)
     hf = spec.state_dict_adapter(spec.model, None).to_hf(state)
     if not hf:
-        raise ValueError(f"{fqn}: the {spec.name} state-dict adapter has no HF name for it")
+        raise ValueError(f"{name}: the {spec.name} state-dict adapter has no HF name for it")
     return {k: v[:, :cols].contiguous() for k, v in hf.items()}
 
 
@@ -125,7 +130,7 @@ def save_adapter(model: torch.nn.Module, spec: ModelSpec, lora: LoRAConfig, fold
 def merged_hf_state_dict(model: torch.nn.Module, spec: ModelSpec) -> dict[str, torch.Tensor]:
     """The HF state dict of the base model with every adapter folded in
     (W + scaling * B @ A, in float32 then cast to the weight's dtype)."""
-    base = {k: _full(v) for k, v in model.state_dict().items()}
+    base = {plain_fqn(k): _full(v) for k, v in model.state_dict().items()}
     hf = {k: v.contiguous() for k, v in spec.state_dict_adapter(spec.model, None).to_hf(base).items()}
     for fqn, m in lora_modules(model).items():
         a, b = _full(m.lora_a.weight).float(), _full(m.lora_b.weight).float()

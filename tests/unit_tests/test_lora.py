@@ -17,11 +17,12 @@ import torch
 import transformers
 from torchtitan.models.common import ScaledDotProductAttention
 
+from skrull_ext.fqn import plain_fqn
 from skrull_ext.hf.config import spec_from_hf
 from skrull_ext.job_file import JobFileError, load_job
 from skrull_ext.lora import LoRAConfig, with_lora
 from skrull_ext.lora.converter import DropoutLoRALinear, lora_modules
-from skrull_ext.lora.peft_io import load_hf_base, save_adapter, save_merged
+from skrull_ext.lora.peft_io import adapter_tensors, load_hf_base, merged_hf_state_dict, save_adapter, save_merged
 from skrull_ext.models import build_model_spec
 from tests.hf_tiny import folder_factory
 
@@ -162,3 +163,38 @@ def test_lora_adapter_loads_in_peft_and_merged_model_matches(hf_base, tmp_path, 
     diff = (ours - folded).abs().max().item()
     print(f"{case}: merged vs torchtitan max |logit diff| {diff:.3g}")
     assert diff <= TOL
+
+
+class _FSDP1Like(torch.nn.Module):
+    """Holds its module where FSDP1's FullyShardedDataParallel does (no process group needed)."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        super().__init__()
+        self._fsdp_wrapped_module = module
+
+
+def test_wrapper_segments_leave_module_names():
+    assert plain_fqn("layers.0._orig_mod._checkpoint_wrapped_module.attention.wo") == "layers.0.attention.wo"
+    assert plain_fqn("layers.3._fsdp_wrapped_module.feed_forward.w1.bias") == "layers.3.feed_forward.w1.bias"
+    assert plain_fqn("layers.1") == plain_fqn("layers.1._checkpoint_wrapped_module") == "layers.1"
+
+
+def test_adapter_and_merged_model_of_wrapped_blocks_are_the_unwrapped_ones(hf_base):
+    """Activation checkpointing, torch.compile and FSDP1 each wrap a block and add a
+    segment to its module names (torchtitan's parallelize step does this after the
+    model is built); the adapter and the merged model written must not change."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    spec, model = _trained_titan(hf_base("llama3"), LoRAConfig(enable=True, rank=4, alpha=8.0), steps=1)
+    adapter, merged = adapter_tensors(model, spec), merged_hf_state_dict(model, spec)
+    layers = model.layers
+    wrapped = {"0": checkpoint_wrapper(layers["0"]), "1": torch.compile(layers["1"]),  # compiled lazily: never run here
+               "2": checkpoint_wrapper(_FSDP1Like(layers["2"]))}
+    for name, block in wrapped.items():
+        layers.register_module(name, block)
+    names = set(lora_modules(model))
+    assert {n.split(".")[2] for n in names} == {"_checkpoint_wrapped_module", "_orig_mod"}
+    assert any("._fsdp_wrapped_module." in n for n in names)
+    for got, want in ((adapter_tensors(model, spec), adapter), (merged_hf_state_dict(model, spec), merged)):
+        assert got.keys() == want.keys()
+        assert all(torch.equal(got[k], want[k]) for k in want)
