@@ -140,6 +140,7 @@ class SkrullTrainer(Trainer):
             check_hf_folder(ckpt.initial_load_path, config.model_spec)  # a bad folder fails before any model
         check_continue(config)  # a HF last save cannot continue a run: one line naming checkpoint.load_step
         self.hf_export = HFExport.of_job(config)  # before the trainer shrinks the RoPE cache
+        """What the HF folders the run writes when it ends carry besides weights (None: it writes none)."""
         self.ratio_spread = RatioSpread()
         self.data_wait_ms: list[float] = []
         """Per step, how long the training loop waited for its data (``skrull/data_wait_ms``)."""
@@ -220,14 +221,17 @@ class SkrullTrainer(Trainer):
         """torchtitan's loop; then the LoRA outputs ([lora] save_adapter/save_merged),
         and, when the last checkpoint was saved in HF format (``last_save_in_hf``),
         config.json and tokenizer files beside its weights, so the folder is one
-        ``from_pretrained`` loads (skrull_ext/hf/export.py)."""
+        ``from_pretrained`` loads (skrull_ext/hf/export.py). In a LoRA run that
+        folder's weights are the merged model's (skrull_ext/lora/train.py)."""
         super().train()
-        save_lora_outputs(self)
         ckpt = self.config.checkpoint
-        if self.hf_export is None or self.step != self.config.training.steps or ckpt.load_only:
+        last_hf = (ckpt.enable and ckpt.last_save_in_hf and not ckpt.load_only
+                   and self.step == self.config.training.steps)
+        folder = os.path.join(self.checkpointer.folder, f"step-{self.step}") if last_hf else None
+        save_lora_outputs(self, folder)
+        if folder is None:
             return
         if not dist.is_initialized() or dist.get_rank() == 0:
-            folder = os.path.join(self.checkpointer.folder, f"step-{self.step}")
             self.hf_export.finish(folder, ckpt.export_dtype)
             logger.info(f"HF model folder (weights, config.json, tokenizer): {folder}")
         if dist.is_initialized():

@@ -12,7 +12,11 @@ decided when the job starts:
   token ids), with its dtype set to the one the weights were written in;
   otherwise one written from the model spec (``hf_config_json``).
 - the tokenizer files of the job's tokenizer folder (none for the synthetic
-  tokenizer), and the source folder's generation_config.json.
+  tokenizer), its chat template among them, and the source folder's
+  generation_config.json.
+
+Every HF folder the product writes goes through here (the last checkpoint,
+the export, a LoRA run's merged folder), so all carry the same files.
 """
 
 from __future__ import annotations
@@ -22,10 +26,13 @@ import os
 import shutil
 from dataclasses import dataclass
 
+import torch
+from safetensors.torch import save_file
 from torchtitan.components.tokenizer import HuggingFaceTokenizer
 
 from skrull_ext import assets
 from skrull_ext.hf.config import hf_config_json, read_hf_config, spec_dims
+from skrull_ext.model_shape import DTYPES
 
 TOKENIZER_FILES = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
@@ -58,10 +65,27 @@ class HFExport:
         return cls(config_json, _tokenizer_dir(config), source)
 
     @classmethod
+    def of_folder(cls, folder: str) -> HFExport:
+        """What a HF folder of a model made from the one in ``folder`` carries: its
+        config.json, tokenizer files (when it has a tokenizer.json) and generation config."""
+        tokenizer = folder if os.path.isfile(os.path.join(folder, "tokenizer.json")) else None
+        return cls(read_hf_config(folder), tokenizer, folder)
+
+    @classmethod
     def of_job(cls, config) -> HFExport | None:
-        """``for_job`` when the job saves its last checkpoint in HF format, else None."""
-        ckpt = config.checkpoint
-        return cls.for_job(config) if ckpt.enable and ckpt.last_save_in_hf else None
+        """``for_job`` when the job writes a HF folder when it ends (its last checkpoint
+        in HF format, or a LoRA run's merged model), else None."""
+        ckpt, lora = config.checkpoint, getattr(config, "lora", None)
+        last_save = ckpt.enable and ckpt.last_save_in_hf
+        merged = lora is not None and lora.enable and lora.save_merged
+        return cls.for_job(config) if last_save or merged else None
+
+    def write(self, folder: str, tensors: dict[str, torch.Tensor], dtype: str) -> None:
+        """Write ``tensors`` (HF keys) as ``folder``/model.safetensors in ``dtype``, then ``finish``."""
+        os.makedirs(folder, exist_ok=True)
+        save_file({k: v.to(DTYPES[dtype]).contiguous() for k, v in tensors.items()},
+                  os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
+        self.finish(folder, dtype)
 
     def finish(self, folder: str, dtype: str) -> None:
         """Write config.json (weights in ``dtype``) and copy the tokenizer files into ``folder``."""

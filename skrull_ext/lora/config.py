@@ -60,7 +60,8 @@ class LoRAConfig:
     """After training, write the adapter as a peft folder to <dump_folder>/lora_adapter."""
 
     save_merged: bool = False
-    """After training, also write the merged model as a HF folder to <dump_folder>/lora_merged."""
+    """After training, also write the merged model as a HF folder to <dump_folder>/lora_merged
+    (config.json, tokenizer files and chat template too; weights in checkpoint.export_dtype)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank <= 0:

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 
 import torch
 from safetensors.torch import save_file
@@ -42,15 +41,12 @@ from torchtitan.models.common.attention import FusedQKVLinear
 from torchtitan.protocols.model_spec import ModelSpec
 
 from skrull_ext.fqn import plain_fqn
+from skrull_ext.hf.export import HFExport
 from skrull_ext.lora.config import LoRAConfig
 from skrull_ext.lora.converter import lora_modules
 
 PEFT_PREFIX = "base_model.model."
 """peft's key prefix for a PeftModelForCausalLM (LoraModel wrapping the HF model)."""
-
-HF_FOLDER_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-                   "special_tokens_map.json", "vocab.json", "merges.txt", "tokenizer.model")
-"""What a merged folder copies from the base model's folder besides the weights."""
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:
@@ -127,31 +123,37 @@ def save_adapter(model: torch.nn.Module, spec: ModelSpec, lora: LoRAConfig, fold
         json.dump(adapter_config(lora, base_model_name_or_path), f, indent=2)
 
 
-def merged_hf_state_dict(model: torch.nn.Module, spec: ModelSpec) -> dict[str, torch.Tensor]:
+def merged_hf_state_dict(model: torch.nn.Module, spec: ModelSpec, keep: bool = True) -> dict[str, torch.Tensor]:
     """The HF state dict of the base model with every adapter folded in
-    (W + scaling * B @ A, in float32 then cast to the weight's dtype)."""
-    base = {plain_fqn(k): _full(v) for k, v in model.state_dict().items()}
+    (W + scaling * B @ A, in float32 then cast to the weight's dtype).
+
+    ``keep=False`` (the ranks that do not write): take part in the gathers and
+    return {}, so only the writing rank holds the whole model in host memory."""
+    base = {}
+    for k, v in model.state_dict().items():
+        full = _full(v)  # a collective for a sharded (DTensor) weight: every rank, one tensor at a time
+        if keep:
+            base[plain_fqn(k)] = full
+    adapters = {fqn: (_full(m.lora_a.weight).float(), _full(m.lora_b.weight).float(), m._lora_scaling)
+                for fqn, m in lora_modules(model).items()}
+    if not keep:
+        return {}
     hf = {k: v.contiguous() for k, v in spec.state_dict_adapter(spec.model, None).to_hf(base).items()}
-    for fqn, m in lora_modules(model).items():
-        a, b = _full(m.lora_a.weight).float(), _full(m.lora_b.weight).float()
-        for key, delta in hf_rows(model, spec, fqn, m._lora_scaling * (b @ a)).items():
+    for fqn, (a, b, scaling) in adapters.items():
+        for key, delta in hf_rows(model, spec, fqn, scaling * (b @ a)).items():
             hf[key] = (hf[key].float() + delta).to(hf[key].dtype)
     return hf
 
 
-def save_merged(model: torch.nn.Module, spec: ModelSpec, folder: str, source: str | None = None,
-                write: bool = True) -> None:
-    """Write the merged model's ``model.safetensors`` to ``folder``, with
-    config.json and tokenizer files copied from ``source`` (the HF folder the
-    base came from; without one, only the weights are written)."""
-    tensors = merged_hf_state_dict(model, spec)
-    if not write:
-        return
-    os.makedirs(folder, exist_ok=True)
-    save_file(tensors, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
-    for name in HF_FOLDER_FILES if source else ():
-        if os.path.isfile(os.path.join(source, name)):
-            shutil.copy(os.path.join(source, name), os.path.join(folder, name))
+def save_merged(model: torch.nn.Module, spec: ModelSpec, folder: str, files: HFExport, dtype: str = "float32",
+                write: bool = True) -> dict[str, torch.Tensor]:
+    """Write the merged model to ``folder`` as a complete HF folder: model.safetensors
+    in ``dtype``, and ``files``' config.json, tokenizer files and chat template.
+    Returns the merged tensors (HF keys; {} where ``write`` is False)."""
+    tensors = merged_hf_state_dict(model, spec, keep=write)
+    if write:
+        files.write(folder, tensors, dtype)
+    return tensors
 
 
 def load_hf_base(model: torch.nn.Module, spec: ModelSpec, folder: str) -> None:

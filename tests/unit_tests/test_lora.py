@@ -19,6 +19,7 @@ from torchtitan.models.common import ScaledDotProductAttention
 
 from skrull_ext.fqn import plain_fqn
 from skrull_ext.hf.config import spec_from_hf
+from skrull_ext.hf.export import HFExport
 from skrull_ext.job_file import JobFileError, load_job
 from skrull_ext.lora import LoRAConfig, with_lora
 from skrull_ext.lora.converter import DropoutLoRALinear, lora_modules
@@ -156,7 +157,7 @@ def test_lora_adapter_loads_in_peft_and_merged_model_matches(hf_base, tmp_path, 
     assert (theirs - plain).abs().max() > 100 * TOL, "the adapter does not change the logits"
     assert diff <= TOL
 
-    save_merged(model, spec, str(tmp_path / "merged"), source=folder)
+    save_merged(model, spec, str(tmp_path / "merged"), HFExport.of_folder(folder))
     merged = model_cls.from_pretrained(str(tmp_path / "merged"), attn_implementation="eager", dtype=torch.float32)
     with torch.no_grad():
         folded = merged.eval()(tokens).logits
