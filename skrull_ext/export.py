@@ -14,9 +14,17 @@ final checkpoint of a job with ``[checkpoint] last_save_in_hf = true`` is
 such a folder already.
 
 Only the model's tensors are read (not the optimizer's), into plain CPU
-tensors: no process group and no model are built. Before anything is read,
-the checkpoint's index is compared with the model: a missing tensor or a
-shape that differs fails naming the checkpoint, the tensor and the model.
+tensors: no process group is made. Before anything is read, the
+checkpoint's index is compared with the model: a missing tensor or a shape
+that differs fails naming the checkpoint, the tensor and the model.
+
+A LoRA job's checkpoint (``--config-file`` of a job with ``[lora]``) holds
+the frozen base and the trained adapters; the folder written is the merged,
+trained model (W + alpha / r * B @ A, skrull_ext/lora/peft_io.py), as the
+run's own ``lora_merged`` folder. The adapters' scale is in the job file, not
+in the checkpoint, so a checkpoint holding adapters exported with
+``--hf-path`` (or with a job file without ``[lora]``) is refused rather than
+written without them.
 """
 
 from __future__ import annotations
@@ -28,7 +36,6 @@ import warnings
 
 import torch
 import torch.distributed.checkpoint as dcp
-from safetensors.torch import save_file
 from torch.distributed.checkpoint import FileSystemReader
 
 from skrull_ext.model_shape import DTYPES
@@ -50,6 +57,14 @@ def _model_tensors(checkpoint_dir: str, spec) -> dict[str, torch.Tensor]:
     with torch.device("meta"):
         expected = spec.model.build().state_dict()
     model = f"{spec.name}/{spec.flavor}"
+    adapters = [name for name in stored if _is_adapter(name) and name not in expected]
+    if adapters:
+        more = f" and {len(adapters) - 1} more" if len(adapters) > 1 else ""
+        raise ExportError(
+            f"{checkpoint_dir}: holds LoRA adapters ({adapters[0]!r}{more}), but the model "
+            f"named ({model}, no [lora]) has none; export it with --config-file JOB, the [lora] job that trained it "
+            "(its lora.alpha scales the adapters), or use that run's lora_merged or lora_adapter folder"
+        )
     tensors = {}
     for name, meta_tensor in expected.items():
         if name not in stored:
@@ -66,6 +81,23 @@ def _model_tensors(checkpoint_dir: str, spec) -> dict[str, torch.Tensor]:
     return tensors
 
 
+def _is_adapter(name: str) -> bool:
+    """A LoRA adapter weight of the model (not its optimizer state, ``optimizer.state.<fqn>.exp_avg``)."""
+    return name.endswith((".lora_a.weight", ".lora_b.weight")) and not name.startswith("optimizer.")
+
+
+def _hf_tensors(tensors: dict[str, torch.Tensor], spec) -> dict[str, torch.Tensor]:
+    """The HF state dict of the model's tensors; a LoRA model's adapters folded in."""
+    if getattr(spec, "lora", None) is None:
+        return spec.state_dict_adapter(spec.model, None).to_hf(tensors)
+    from skrull_ext.lora.peft_io import merged_hf_state_dict
+
+    with torch.device("meta"):
+        model = spec.model.build()
+    model.load_state_dict(tensors, assign=True)  # the loaded tensors become the parameters: no copy
+    return merged_hf_state_dict(model, spec)
+
+
 def load_single_process(state_dict: dict, checkpoint_dir: str) -> None:
     """``dcp.load`` in one process without a process group (its warning that it
     assumes so is the intent here)."""
@@ -78,14 +110,13 @@ def export(checkpoint_dir: str, out_dir: str, config, dtype: str = "float32") ->
     """Write the HF folder of ``checkpoint_dir`` (a step of ``config``'s job) to
     ``out_dir``; returns ``out_dir``."""
     from skrull_ext.hf.export import HFExport
+    from skrull_ext.lora import apply_lora
 
+    apply_lora(config)  # a [lora] job's model has the adapters its checkpoint holds
     spec = config.model_spec
-    state_dict = _model_tensors(checkpoint_dir, spec)
-    hf = spec.state_dict_adapter(spec.model, None).to_hf(state_dict)
-    os.makedirs(out_dir, exist_ok=True)
-    save_file({k: v.to(DTYPES[dtype]).contiguous() for k, v in hf.items()},
-              os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
-    HFExport.for_job(config).finish(out_dir, dtype)
+    files = HFExport.for_job(config)
+    hf = _hf_tensors(_model_tensors(checkpoint_dir, spec), spec)
+    files.write(out_dir, hf, dtype)
     return out_dir
 
 
@@ -116,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"wrote {out} (model.safetensors, config.json, tokenizer files)")
+    merged = " (the LoRA adapters merged into the base)" if getattr(config.model_spec, "lora", None) else ""
+    print(f"wrote {out}: model.safetensors{merged}, config.json, tokenizer files")
     return 0
 
 

@@ -67,3 +67,34 @@ def test_export_refuses_a_checkpoint_of_another_model(tmp_path, capsys):
     assert "step-1: tensor 'tok_embeddings.weight' has shape [256, 64], but qwen2_5/wider has [256, 128]" \
         in capsys.readouterr().err
     assert main([ckpt, out, "--hf-path", small]) == 0 and os.path.isfile(os.path.join(out, "config.json"))
+
+
+def test_export_refuses_lora_adapters_it_cannot_scale(tmp_path, capsys):
+    """A LoRA run's checkpoint holds the base and the adapters; named by the HF
+    folder alone (no [lora]: no alpha), the export fails in one line naming
+    --config-file rather than writing the untrained base."""
+    import warnings
+
+    import torch
+    import torch.distributed.checkpoint as dcp
+    import transformers
+
+    src = tmp_path / "src"
+    transformers.Qwen2Config(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                             num_attention_heads=4, num_key_value_heads=2).save_pretrained(src)
+    with torch.device("meta"):
+        shapes = {k: v.shape for k, v in build_model_spec(hf_path=str(src)).model.build().state_dict().items()}
+    state = {k: torch.zeros(shape) for k, shape in shapes.items()}
+    state["layers.0.attention.wo.lora_a.weight"] = torch.zeros(4, 64)
+    state["optimizer.state.layers.0.attention.wo.lora_a.weight.exp_avg"] = torch.zeros(4, 64)
+    ckpt, out = str(tmp_path / "step-1"), str(tmp_path / "out")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save(state, checkpoint_id=ckpt, no_dist=True)
+    assert main([ckpt, out, "--hf-path", str(src)]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert errors == [f"error: {ckpt}: holds LoRA adapters ('layers.0.attention.wo.lora_a.weight'), but the "
+                      "model named (qwen2_5/src, no [lora]) has none; export it with --config-file JOB, the [lora] job "
+                      "that trained it (its lora.alpha scales the adapters), or use that run's lora_merged or "
+                      "lora_adapter folder"]
+    assert not os.path.exists(out)
