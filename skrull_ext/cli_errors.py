@@ -6,19 +6,43 @@ process exits 2: no traceback, and not once per rank under torchrun. Any
 other exception is a bug and keeps its traceback. ``--traceback`` on the
 command line (or ``SKRULL_TRACEBACK=1``) shows the traceback of a user error
 too.
+
+Under torchrun, torchtitan's ``Trainer.__init__``/``train`` are wrapped in
+torchelastic's ``@record``, which writes the exception's traceback to the
+worker's error file (``TORCHELASTIC_ERROR_FILE``) before the exception
+reaches us; torchrun then prints that file in its failure summary. A user
+error rewrites the file with the one-line message (``record_error_line``),
+so the summary says what went wrong instead of where in torchtitan it was
+raised.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+import time
 from collections.abc import Callable
 
 from skrull_ext.errors import UserError
 
-__all__ = ["TRACEBACK_FLAG", "run_cli"]
+__all__ = ["TRACEBACK_FLAG", "record_error_line", "run_cli"]
 
 TRACEBACK_FLAG = "--traceback"
+
+
+def record_error_line(message: str) -> None:
+    """Write ``message`` as this worker's torchelastic error file (no traceback);
+    a no-op outside torchrun. The format is torchelastic's plain-message one
+    (``ProcessFailure`` shows a str ``message`` as is)."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    try:
+        with open(path, "w") as f:
+            json.dump({"message": message, "timestamp": str(int(time.time()))}, f)
+    except OSError:
+        pass  # the summary falls back to torchrun's own line; the message was printed
 
 
 def run_cli(main: Callable[[list[str]], int | None], argv: list[str] | None = None) -> None:
@@ -31,7 +55,9 @@ def run_cli(main: Callable[[list[str]], int | None], argv: list[str] | None = No
     except UserError as e:
         if debug:
             raise
+        line = " ".join(str(e).split())
+        record_error_line(line)
         if int(os.environ.get("RANK", "0")) == 0:
-            print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+            print(f"error: {line}", file=sys.stderr)
         sys.exit(2)
     sys.exit(rc or 0)
