@@ -63,6 +63,7 @@ from skrull_ext.resume_checks import check_continue
 from skrull_ext.profile_file import free_running_bytes
 from skrull_ext.skrull_config import SkrullConfig
 from skrull_ext.step_checks import check_plan_digests, RatioSpread, step_log_line, step_metrics
+from skrull_ext.watchdog import SkrullComm, start_heartbeat
 
 
 def resolve_device_defaults(config) -> None:
@@ -99,6 +100,9 @@ class SkrullTrainer(Trainer):
 
         lora: LoRAConfig = field(default_factory=LoRAConfig)
         """LoRA adapters on a frozen base model (skrull_ext/lora, docs/lora.md)."""
+
+        comm: SkrullComm = field(default_factory=SkrullComm)
+        """torchtitan's [comm] plus heartbeat_timeout_seconds (the stopped-rank watch, watchdog.py)."""
 
         def __post_init__(self):
             Trainer.Config.__post_init__(self)
@@ -218,6 +222,23 @@ class SkrullTrainer(Trainer):
                         f"gradients per rank (fits the profile's usable memory)")
 
     def train(self) -> None:
+        """``_train`` with the stopped-rank watch on (``[comm] heartbeat_timeout_seconds``,
+        watchdog.py): a rank that stops answering ends the job in one line naming it. A
+        collective that timed out first (train_timeout_seconds) is followed by the ranks
+        whose heartbeat had stopped."""
+        heartbeat = start_heartbeat(getattr(self.config.comm, "heartbeat_timeout_seconds", 0.0),
+                                    lambda: self.step)
+        try:
+            self._train()
+        except Exception:
+            for rank, step, age in heartbeat.silent() if heartbeat is not None else ():
+                logger.error(f"rank {rank} has not answered for {age:.1f} s (its last heartbeat at step {step})")
+            raise
+        finally:
+            if heartbeat is not None:
+                heartbeat.stop()
+
+    def _train(self) -> None:
         """torchtitan's loop; then the LoRA outputs ([lora] save_adapter/save_merged),
         and, when the last checkpoint was saved in HF format (``last_save_in_hf``),
         config.json and tokenizer files beside its weights, so the folder is one

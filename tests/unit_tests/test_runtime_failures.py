@@ -147,3 +147,60 @@ def test_a_hf_last_save_without_full_checkpoints_says_how_to_start_from_it(tmp_p
                                            ".*step-3 --checkpoint.initial_load_in_hf"):
         check_continue(config())
     check_continue(_checkpoints(tmp_path / "fresh")())  # nothing saved: a fresh start
+
+
+def _stores(n):
+    import socket
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)
+    clients = [dist.PrefixStore("hb/", dist.TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False,
+                                                     timeout=timedelta(seconds=1))) for _ in range(n)]
+    return server, clients
+
+
+def _wait(cond, seconds):
+    import time
+
+    end = time.monotonic() + seconds
+    while not cond() and time.monotonic() < end:
+        time.sleep(0.05)
+    return cond()
+
+
+def test_a_rank_whose_heartbeat_stops_is_named_once():
+    """Rank 1's thread stops (as a SIGSTOPped process's would): rank 0 names it and its
+    step within the timeout; rank 2, which finished (done), is not taken for stopped."""
+    import time
+
+    from skrull_ext.watchdog import Heartbeat
+
+    server, (s0, s1, s2) = _stores(3)
+    said = []
+    beats = [Heartbeat(s, r, 3, 1.0, lambda r=r: 7 + r, on_stale=said.append, interval_s=0.05, kill_stopped=False)
+             for r, s in enumerate((s0, s1, s2))]
+    for b in beats:
+        b.start()
+    time.sleep(0.3)
+    beats[2].stop()
+    beats[1]._stop.set()
+    beats[1]._thread.join()
+    start = time.monotonic()
+    assert _wait(lambda: said, 5), "rank 0 never reported"
+    assert 0.9 <= time.monotonic() - start < 3
+    assert said == ["rank 1 stopped answering at step 8 (no heartbeat for 1.0 s; comm.heartbeat_timeout_seconds = 1)"]
+    assert beats[0].silent()[0][:2] == (1, 8)
+    beats[0].stop()
+
+
+def test_the_heartbeat_timeout_is_checked():
+    from skrull_ext.watchdog import SkrullComm
+
+    assert SkrullComm().heartbeat_timeout_seconds == 30 and SkrullComm(heartbeat_timeout_seconds=0)
+    with pytest.raises(ValueError, match="comm.heartbeat_timeout_seconds must be 0 \\(off\\) or >= 1, got 0.5"):
+        SkrullComm(heartbeat_timeout_seconds=0.5)
