@@ -10,22 +10,19 @@ A ``kind`` key switches a section's class where several exist (see
 ``SECTION_KINDS``). Every key and value is checked against the dataclass
 annotations before anything is built, and errors name the dotted key and
 what it allows. ``load_job`` starts from ``base_config``;
-CLI flags are applied afterwards by ``JobConfigManager`` (tyro), so they
-override the file.
+CLI flags are applied afterwards by ``JobConfigManager``, through the same
+code (skrull_ext/job_flags.py), so they override the file.
 """
 
-import contextlib
 import dataclasses
-import difflib
-import io
 import os
-import re
 import sys
 import tomllib
 import types
 import typing
 from typing import Any
 
+import tyro
 from torchtitan.components.checkpointer import CheckpointManager
 from torchtitan.components.loss import CrossEntropyLoss
 from torchtitan.components.metrics import MetricsProcessor
@@ -40,6 +37,7 @@ from torchtitan.trainer import Trainer
 from skrull_ext import compat
 from skrull_ext.errors import JobFileError
 from skrull_ext.job_checks import check_job
+from skrull_ext.job_flags import Flag, flag_tables
 from skrull_ext.datasets.packed import PackedDataLoader
 from skrull_ext.datasets.scheduling import SkrullDataLoader
 from skrull_ext.hf.job import hf_job_defaults
@@ -72,6 +70,8 @@ def _type_name(tp: Any) -> str:
 
 def _coerce(value: Any, tp: Any, key: str) -> Any:
     """Check a TOML value against annotation ``tp``; return it converted."""
+    if isinstance(value, Flag):
+        value = value.read(tp, key)
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if tp is Any:
         return value
@@ -82,6 +82,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             raise JobFileError(f"{key}: {value!r} is not one of {list(args)}")
         return value
     if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:  # a flag's "none"
+            return None
         errors = []
         for member in args:
             if member is type(None):
@@ -181,6 +183,7 @@ def _apply(current: Any, table: dict, key: str) -> Any:
     if "kind" in table:
         kinds = SECTION_KINDS.get(key.rsplit(".", 1)[-1])
         kind = table.pop("kind")
+        kind = kind.read(str, f"{key}.kind") if isinstance(kind, Flag) else kind
         if kinds is None:
             raise JobFileError(f"{key}.kind: [{key}] has no kinds to choose from")
         if kind not in kinds:
@@ -276,53 +279,65 @@ def load_job(path: str, *, config_cls=None, ignore: tuple[str, ...] = (),
     if "hf_path" in model:
         config = hf_job_defaults(config, model["hf_path"])
 
-    root_fields = _settable_fields(config_cls)
+    job = table.pop("job", {})
+    _check_keys(job, _sections_and_scalars(config)[1], "job")
+    return apply_tables(config, {**table, **job}, where="job")
+
+
+def _sections_and_scalars(config: Any) -> tuple[set[str], set[str]]:
+    """The root fields set by a table (``[training]``) and those set by a value (``[job]``)."""
+    root_fields = _settable_fields(type(config))
     sections = {
         n
         for n in root_fields
         if n != "model_spec"
         and (dataclasses.is_dataclass(getattr(config, n)) or n in SECTION_KINDS)
     }
-    scalars = set(root_fields) - sections - {"model_spec"}
-    job = table.pop("job", {})
-    _check_keys(job, scalars, "job")
-    _check_keys(table, sections | {"job", "model"}, "")
-    updates = {n: _coerce(v, root_fields[n], f"job.{n}") for n, v in job.items()}
-    if isinstance(table.get("lora"), dict):
-        table["lora"].setdefault("enable", True)  # a [lora] table means LoRA training
-    if isinstance(table.get("checkpoint"), dict) and table["checkpoint"].get("last_save_in_hf") is True:
-        table["checkpoint"].setdefault("last_save_model_only", True)  # a HF last save holds the model only
+    return sections, set(root_fields) - sections - {"model_spec"}
+
+
+def _is_true(value: Any) -> bool:
+    try:
+        return (value.read(bool, "") if isinstance(value, Flag) else value) is True
+    except JobFileError:
+        return False
+
+
+def apply_tables(config: Any, table: dict, *, where: str, given: dict[str, list[str]] | None = None) -> Any:
+    """``config`` with a job file's tables (or the flags read as tables, see
+    job_flags) applied: one validated copy. Root scalars sit beside the tables
+    (a job file's ``[job]``). What one key implies for another is set here
+    once for both: a ``[lora]`` table means LoRA training; a HF last save
+    holds the model only (torchtitan requires it). ``given``: per section, the
+    flags that set it, named when the section's own check refuses them."""
+    sections, scalars = _sections_and_scalars(config)
+    root_fields = _settable_fields(type(config))
+    _check_keys(table, sections | scalars, "")
+    updates = {}
     for name, value in table.items():
+        if name in scalars:
+            updates[name] = _coerce(value, root_fields[name], f"{where}.{name}" if where == "job" else name)
+            continue
         if not isinstance(value, dict):
             raise JobFileError(f"{name}: expected a [{name}] table, got {value!r}")
+        value = dict(value)
+        if name == "lora":
+            value.setdefault("enable", True)
+        if name == "checkpoint" and _is_true(value.get("last_save_in_hf")):
+            value.setdefault("last_save_model_only", True)
         current = getattr(config, name)
         if current is None:  # e.g. activation_checkpoint disabled in the base
             if "kind" not in value:
                 raise JobFileError(f"[{name}] is off in the base config; set its kind")
             current = next(c for c in SECTION_KINDS[name].values() if c is not None)()
-        updates[name] = _apply(current, value, name)
+        try:
+            updates[name] = _apply(current, value, name)
+        except JobFileError as e:
+            flags = (given or {}).get(name)
+            if flags and str(e).startswith("["):  # the section's own check: it cannot name the flags
+                raise JobFileError(f"{e} (given: {', '.join(flags)})") from e
+            raise
     return _validated(lambda: dataclasses.replace(config, **updates), "job")
-
-
-def _check_flags(config: Any, args: list[str]) -> None:
-    """Every ``--a.b.c`` flag names a field of ``config`` (tyro's own message for
-    an unknown flag is about dict types, not the flag)."""
-    for arg in args:
-        if not arg.startswith("--") or arg == "--help":
-            continue
-        parts = arg[2:].split("=", 1)[0].replace("-", "_").split(".")
-        obj, where = config, ""
-        for i, part in enumerate(parts):
-            if not dataclasses.is_dataclass(obj):
-                break  # a dict or a kind chosen at parse time: tyro checks it
-            names = {f.name for f in dataclasses.fields(obj) if f.init}
-            last = i == len(parts) - 1
-            if part not in names and not (last and part.startswith("no_") and part[3:] in names):
-                section = f"[{where}]" if where else "the top level"
-                near = difflib.get_close_matches(part, names, n=1)
-                hint = f"; did you mean {near[0]!r}?" if near else ""
-                raise JobFileError(f"unknown flag {arg.split('=', 1)[0]}: {section} has no key {part!r}{hint}")
-            obj, where = getattr(obj, part, None), ".".join(parts[: i + 1])
 
 
 class JobConfigManager(ConfigManager):
@@ -357,17 +372,19 @@ class JobConfigManager(ConfigManager):
             if model:
                 raise ValueError(f"--model.{next(iter(model))} needs --config-file (it sets the job file's [model])")
             return super()._load_config(args)
-        config = load_job(path, model_overrides=model)
-        _check_flags(config, rest)
-        flags = {a[2:].split("=", 1)[0].replace("-", "_") for a in rest if a.startswith("--")}
-        if "checkpoint.last_save_in_hf" in flags and not flags & {
-                "checkpoint.last_save_model_only", "checkpoint.no_last_save_model_only"}:
-            # A HF last save holds the model only (torchtitan requires it), as when a job file sets it.
-            config.checkpoint = dataclasses.replace(config.checkpoint, last_save_model_only=True)
-        return config, rest
+        return load_job(path, model_overrides=model), rest
 
     def parse_args(self, args: list[str] | None = None):
-        return super().parse_args(sys.argv[1:] if args is None else args)
+        """The job with its flags applied (job_flags); ``--help`` prints tyro's
+        listing of every key and exits."""
+        args = sys.argv[1:] if args is None else args
+        config, rest = self._load_config(args)
+        if any(a in ("-h", "--help") for a in rest):
+            return tyro.cli(type(config), args=rest, default=config, registry=custom_registry)
+        tables, given = flag_tables(config, rest, SECTION_KINDS)
+        self.config = apply_tables(config, tables, where="", given=given)
+        self._validate_config()
+        return self.config
 
 
 USAGE = """\
@@ -404,45 +421,6 @@ def _rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
-def _unbox(text: str) -> str:
-    """The words of tyro's error box, without its frame and its pointer to --help
-    (and without what was logged before the box, e.g. torchtitan's config warnings)."""
-    keep = []
-    lines = text.splitlines()
-    box = next((k for k, line in enumerate(lines) if line.lstrip().startswith("\u256d")), 0)
-    for line in lines[box:]:
-        line = line.strip().strip("\u2502\u256d\u256e\u2570\u256f\u2500 ").strip()
-        if line.startswith("For full helptext"):
-            break  # the pointer to --help closes the box; a long program path wraps onto lines of its own
-        if line and not line.startswith(("Value error", "Parsing error")) and not line.endswith("--help"):
-            keep.append(line)
-    return " ".join(" ".join(keep).split()) or "invalid arguments"
-
-
-def _reword(message: str, argv: list[str]) -> str:
-    """tyro's sentences as the product's: the flag first, and the flags given
-    for a section whose own check failed (torchtitan's messages name neither)."""
-    m = re.fullmatch(r"Invalid choice invalid choice (\S+) for argument '(--[\w.-]+)'\. Expected one of \((.*)\)\.?",
-                     message)
-    if m:  # as a job file's value is refused
-        return f"{m[2].lstrip('-')}: {m[1]} is not one of [{m[3]}]"
-    message = message.split(" Argument helptext:")[0]
-    m = re.fullmatch(r"Error parsing --([\w.-]+): (?:invalid literal for (\w+)\(\)|could not convert string to "
-                     r"(\w+))[^:]*: (.*)", message)
-    if m:
-        kind = m[2] or m[3]
-        return f"{m[1].replace('-', '_')} must be {'an' if kind == 'int' else 'a'} {kind}, got {m[4]}"
-    m = re.fullmatch(r"Error parsing ([\w.]+): (.*)", message)
-    if m:
-        section, why = m[1], m[2]
-        if why.startswith(section + "."):  # our own checks name the key and the value
-            return why
-        given = [f"{a} {b}".strip() if not b.startswith("--") else a
-                 for a, b in zip(argv, argv[1:] + [""]) if a.startswith(f"--{section}.")]
-        return f"[{section}] {why}" + (f" (given: {', '.join(given)})" if given else "")
-    return message
-
-
 def _has_job(argv: list[str]) -> bool:
     return any(a == "--module" or a.startswith(("--module=", "--config-file", "--config_file")) for a in argv)
 
@@ -460,7 +438,7 @@ def load_config(argv: list[str] | None = None, *, module: str = "skrull_ext.trai
 
     Without a job (no ``--config-file``/``--module``) it prints the usage and
     exits (0 for ``--help``, else 2). Raises ``JobFileError`` for a bad key or
-    value, whether from the file or a flag; only rank 0 prints tyro's errors.
+    value, whether from the file or a flag.
     """
     argv = sys.argv[1:] if argv is None else argv
     if not _has_job(argv):
@@ -469,21 +447,12 @@ def load_config(argv: list[str] | None = None, *, module: str = "skrull_ext.trai
             print(USAGE.format(module=module, jobs=_shipped_jobs()), file=sys.stdout if asked else sys.stderr, end="")
         raise SystemExit(0 if asked else 2)
     compat.apply()
-    captured = io.StringIO()
     try:
-        with contextlib.redirect_stderr(captured):
-            config = JobConfigManager().parse_args(argv)
+        config = JobConfigManager().parse_args(argv)
     except JobFileError:
         raise
-    except (ValueError, TypeError) as e:  # a __post_init__ check reached through a flag
+    except (ValueError, TypeError) as e:  # a __post_init__ check, or torchtitan's --module/--config
         raise JobFileError(str(e)) from e
-    except SystemExit as e:  # tyro refused a flag: its boxed message, as one line
-        if e.code in (0, None):
-            raise
-        raise JobFileError(f"command line: {_reword(_unbox(captured.getvalue()), argv)}") from None
-    finally:
-        if _rank() == 0 and not isinstance(sys.exc_info()[1], JobFileError):
-            sys.stderr.write(captured.getvalue())
     compat.apply(config)
     if check:
         check_job(config, world_size)

@@ -104,9 +104,8 @@ class MeteredTrainer(SkrullTrainer):
 
 
 def job_argv(profile: str, job_args: list[str]) -> list[str]:
-    """The job's command line planned by ``profile``: its cost model and BucketSize.
-    Put first, because options after a subcommand token (``activation-checkpoint:full``)
-    belong to that subcommand."""
+    """The job's command line planned by ``profile``: its cost model and BucketSize
+    (put first, so that the job's own flags, which come later, override them)."""
     return ["--skrull.cost_model", profile, "--skrull.bucket_size", "0", *job_args]
 
 

@@ -70,8 +70,8 @@ class SkrullRuns:
         # DACP's two parts on the varlen segment plan (its CPU reference executor), not dense masks.
         "cp2_segments": (2, ["--parallelism.context_parallel_degree", "2", "--skrull.attention_kernel", "segments"]),
         # torchtitan's activation checkpointing around blocks that hold the DACP attention.
-        "cp2_ac_full": (2, ["--parallelism.context_parallel_degree", "2", "activation-checkpoint:full"]),
-        "cp2_ac_selective": (2, ["--parallelism.context_parallel_degree", "2", "activation-checkpoint:selective"]),
+        "cp2_ac_full": (2, ["--parallelism.context_parallel_degree", "2", "--activation_checkpoint.kind", "full"]),
+        "cp2_ac_selective": (2, ["--parallelism.context_parallel_degree", "2", "--activation_checkpoint.kind", "selective"]),
         # One pool over DP 2 x CP 2 (issue 18): bucket_size 128, so the debug data's sequences of
         # 257..512 tokens (over C x CP = 256) are sharded over all 4 ranks, across both DP groups.
         "dp2cp2_pool": (4, ["--parallelism.context_parallel_degree", "2",
@@ -90,7 +90,7 @@ class SkrullRuns:
                             "--parallelism.data_parallel_shard_degree", "2", "--skrull.free_running"]),
         "dp2cp2_ac_full": (4, ["--parallelism.context_parallel_degree", "2",
                                "--parallelism.data_parallel_shard_degree", "2", "--skrull.defer_grad_sync",
-                               "activation-checkpoint:full"]),
+                               "--activation_checkpoint.kind", "full"]),
     }
 
     def __init__(self, workdir: str, seed: str):
@@ -101,7 +101,6 @@ class SkrullRuns:
             nproc, extra = self.SHAPES[name]
             self.runs[name] = train_from_seed(
                 self.workdir, name, nproc, "skrull_ext.train", SKRULL, self.seed, STEPS,
-                # A tyro subcommand in extra (activation-checkpoint:...) must come last.
                 extra=["--skrull.plan_log", *extra], grads_at=CHECK_STEP,
                 save_every=2 if name == "cp2" else None,  # cp2's step-2 checkpoint feeds the resume test
                 more_grads_at=(POOL_SUB_STEP,) if name in ("dp1cp4_pool", "dp2cp2_free") else (),

@@ -45,9 +45,9 @@ def test_missing_memory_field_is_named():
         ProfileMemory.of({})
 
 
-def test_the_profile_plans_a_job_with_a_subcommand():
-    """``activation-checkpoint:full`` at the end of the command line takes every
-    option after it: the profile's own must come before it, or the run fails to parse."""
+def test_the_profile_plans_a_job_with_its_own_flags():
+    """The profile's cost model and BucketSize reach a job whose flags switch its
+    activation checkpointing on."""
     import os
 
     from skrull_ext.job_file import JobConfigManager
@@ -55,7 +55,7 @@ def test_the_profile_plans_a_job_with_a_subcommand():
 
     repo = os.path.join(os.path.dirname(__file__), "..", "..")
     profile = os.path.join(repo, "profiles", "cpu-debug-gloo2-cp2.toml")
-    job = ["--config-file", os.path.join(repo, "skrull_ext", "jobs", "debug_cpu.toml"), "activation-checkpoint:full"]
+    job = ["--config-file", os.path.join(repo, "skrull_ext", "jobs", "debug_cpu.toml"), "--activation_checkpoint.kind", "full"]
     config = JobConfigManager().parse_args(job_argv(profile, job))
     assert config.skrull.cost_model == profile and config.skrull.bucket_size == 2645
     assert type(config.activation_checkpoint).__qualname__ == "FullAC.Config"
