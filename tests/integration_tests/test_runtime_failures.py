@@ -43,6 +43,21 @@ def test_a_data_error_under_torchrun_is_one_line(tmp_path):
     assert "skrull_ext" not in launcher.split("ChildFailedError")[0], launcher[:2000]  # only torchrun's frames
 
 
+@pytest.mark.slow
+def test_skrull_ext_launch_ends_a_user_error_in_the_one_line(tmp_path):
+    """The same error through ``python -m skrull_ext.launch`` (torchrun's arguments): the
+    line, exit status 2, no traceback at all (torchrun's launcher prints its own)."""
+    data = tmp_path / "bad.jsonl"
+    data.write_text('{"text": "a good record, long enough to train on"}\n{"text": oops\n')
+    cmd = [sys.executable, "-m", "skrull_ext.launch", "--standalone", "--nproc_per_node=2", "-m", "skrull_ext.train",
+           "--config-file", TEXT_JOB, "--dump_folder", str(tmp_path / "run"),
+           "--parallelism.context_parallel_degree", "2", "--dataloader.dataset_path", str(data)]
+    proc = subprocess.run(cmd, cwd=str(tmp_path), env=_env(), capture_output=True, text=True, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2 and len(_error_lines(out)) == 1, out[-4000:]
+    assert "Traceback" not in out and "ChildFailedError" not in out, out[-4000:]
+
+
 def _worker(parent: int, rank: int) -> int | None:
     """The pid of torchrun ``parent``'s worker of global ``rank`` (Linux /proc)."""
     for pid in os.listdir("/proc"):

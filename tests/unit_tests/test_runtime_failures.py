@@ -204,3 +204,18 @@ def test_the_heartbeat_timeout_is_checked():
     assert SkrullComm().heartbeat_timeout_seconds == 30 and SkrullComm(heartbeat_timeout_seconds=0)
     with pytest.raises(ValueError, match="comm.heartbeat_timeout_seconds must be 0 \\(off\\) or >= 1, got 0.5"):
         SkrullComm(heartbeat_timeout_seconds=0.5)
+
+
+@pytest.mark.parametrize("exitcode, rc", [(2, 2), (1, 1), (-9, 1)])
+def test_launch_adds_nothing_to_a_user_error_and_the_summary_to_others(exitcode, rc, monkeypatch, capsys):
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    from skrull_ext import launch
+
+    def failing(args):
+        raise ChildFailedError("skrull_ext.train", {0: ProcessFailure(0, 123, exitcode, "/nonexistent/error.json")})
+
+    monkeypatch.setattr(launch, "run", failing)
+    assert launch.main(["--standalone", "--nproc_per_node", "1", "-m", "skrull_ext.train"]) == rc
+    err = capsys.readouterr().err
+    assert ("skrull_ext.train FAILED" in err) == (rc == 1) and "Traceback" not in err

@@ -1,0 +1,50 @@
+"""torchrun, whose failure ends in the workers' one line instead of a traceback.
+
+    python -m skrull_ext.launch --standalone --nproc_per_node 2 \\
+        -m skrull_ext.train --config-file skrull_ext/jobs/debug_cpu.toml \\
+        --parallelism.context_parallel_degree 2
+
+The arguments are torchrun's. Why not torchrun itself: when a worker exits
+non-zero, torchrun's launcher raises ``ChildFailedError`` out of its
+``main``, so Python prints the launcher's own traceback (torchrun's frames,
+never the job's) and then the failure summary, after the one line rank 0
+printed for a user error (``cli_errors``). This runs torchrun's ``run`` and,
+on ``ChildFailedError``:
+
+- the first failed worker exited 2 (a user error; its line is printed and is
+  its error file's message): exit 2, adding nothing;
+- any other failure: print torchrun's summary (each failed rank, its exit
+  code or signal and its error file's message or traceback) without the
+  launcher's frames, and exit 1.
+
+Everything else (rendezvous, restarts, log lines) is torchrun's.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.run import parse_args, run
+
+__all__ = ["USER_ERROR_EXIT", "main"]
+
+USER_ERROR_EXIT = 2
+"""The exit status of a worker that printed a user error (cli_errors.run_cli)."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        run(args)
+    except ChildFailedError as e:
+        _, first = e.get_first_failure()
+        if first.exitcode == USER_ERROR_EXIT:
+            return USER_ERROR_EXIT
+        print(str(e).strip("\n"), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
