@@ -50,6 +50,7 @@ def _check_training(config) -> None:
                                          and lr_value >= 0):
             raise _bad(f"optimizer.param_groups[{i}].optimizer_kwargs.lr", lr_value, "must be a finite number >= 0")
     ckpt = config.checkpoint
+    _check_checkpoint_off(ckpt)
     if ckpt.enable and ckpt.interval < 1:
         raise _bad("checkpoint.interval", ckpt.interval, "must be >= 1 when checkpoint.enable is true")
     if not ckpt.enable and ckpt.initial_load_path:
@@ -58,6 +59,23 @@ def _check_training(config) -> None:
         raise _bad("checkpoint.enable", False, f"the model's weights load from checkpoint.initial_load_path "
                    f"{ckpt.initial_load_path!r} (set by model.hf_path), which needs the checkpointer; without "
                    "it the model would train from random weights")
+
+
+_SAVE_KEYS = ("interval", "last_save_in_hf", "folder", "keep_latest_k", "export_dtype", "async_mode",
+              "enable_first_step_checkpoint", "create_seed_checkpoint", "load_step")
+"""[checkpoint] keys that act only through the checkpointer (``enable``)."""
+
+
+def _check_checkpoint_off(ckpt) -> None:
+    """A job that sets how to save but not ``enable`` trained and saved nothing,
+    without a word (torchtitan builds no checkpointer): refuse it, naming the keys."""
+    if ckpt.enable:
+        return
+    default = type(ckpt)()
+    set_keys = [f"{k} = {getattr(ckpt, k)!r}" for k in _SAVE_KEYS if getattr(ckpt, k) != getattr(default, k)]
+    if set_keys:
+        raise _bad("checkpoint.enable", False, f"[checkpoint] sets {', '.join(set_keys)}, which only act when the "
+                   "checkpointer runs: nothing would be saved; set checkpoint.enable = true (or remove them)")
 
 
 _DEGREES = (
@@ -118,6 +136,10 @@ def check_data(config) -> None:
     if getattr(d, "dataset", None) == "hf" and not os.path.exists(d.dataset_path):
         raise _bad(f"{key}.dataset_path", d.dataset_path, "is not a local file or folder (json/jsonl/parquet/arrow "
                                                            "files or a save_to_disk folder; docs/data.md)")
+    if getattr(d, "lengths", None):  # read now: a bad file fails before the model is built, not after
+        from skrull_ext import lengths
+
+        lengths.load(d.lengths, f"{key}.lengths")
     template = getattr(d, "chat_template", "")
     if template and template != "chatml" and not os.path.isfile(template):
         raise _bad(f"{key}.chat_template", template, "is neither 'chatml' nor an existing .jinja file")

@@ -167,8 +167,8 @@ def _validated(make, key: str):
         return make()
     except JobFileError:
         raise
-    except (ValueError, TypeError) as e:
-        raise JobFileError(f"[{key}]: {e}") from e
+    except (ValueError, TypeError) as e:  # the section's own check; ours name the key already
+        raise JobFileError(str(e) if str(e).startswith(f"{key}.") else f"[{key}]: {e}") from e
 
 
 def _build(cls: type, table: dict, key: str) -> Any:

@@ -15,6 +15,7 @@ import struct
 import torch.distributed as dist
 
 from skrull_ext.attention import DacpStats
+from skrull_ext.datasets.accounting import sample_metrics
 
 
 class PlanMismatchError(RuntimeError):
@@ -77,13 +78,7 @@ def step_metrics(step, attention_modules, measured_us: float) -> dict[str, float
     out = {f"skrull/{k}": float(v) for k, v in summary.items()}
     out.update({k: float(v) for k, v in stats.as_dict(prefix="skrull/dacp_").items()})
     out["skrull/rank_micro_batches"] = float(len(step.plan.ranks[step.dp_rank]))
-    c, t = step.account.counts, step.totals
-    for name, now, total in (("read", c.read, t["read"]), ("whole", c.whole, t["whole"]), ("cut", c.cut, t["cut"]),
-                             ("skipped", c.skipped, t["skipped_overlength"] + t["skipped_no_loss"]),
-                             ("skipped_no_loss", c.skipped_no_loss, t["skipped_no_loss"])):
-        out[f"skrull/samples_{name}"], out[f"skrull/samples_{name}_total"] = float(now), float(total)
-    out["skrull/truncated"], out["skrull/truncated_total"] = float(c.cut), float(t["cut"])
-    out["skrull/dropped"], out["skrull/dropped_total"] = float(c.skipped_overlength), float(t["skipped_overlength"])
+    out.update(sample_metrics(step.account.counts, step.totals))
     out["skrull/schedule_wall_us"] = step.schedule_us
     out["skrull/data_build_ms"] = step.build_us / 1e3
     out["skrull/measured_us"] = measured_us

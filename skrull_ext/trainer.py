@@ -48,6 +48,7 @@ from skrull_ext.attention.install import install_dacp_attention
 from skrull_ext.compat import logs
 from skrull_ext.compat.metrics import use_run_metrics
 from skrull_ext.config import job_timeline
+from skrull_ext.datasets.accounting import sample_metrics
 from skrull_ext.datasets.overlength import check_overlength, location
 from skrull_ext.datasets.packed import PackedDataLoader
 from skrull_ext.datasets.scheduling import SkrullDataLoader, SkrullStep
@@ -162,9 +163,23 @@ class SkrullTrainer(Trainer):
         elif isinstance(self.dataloader, PackedDataLoader):  # torchtitan's batching: the same limit and counts
             self.dataloader.set_overlength(config.skrull.overlength)
             check_overlength(self.dataloader, first_step=1, last_step=config.training.steps)
+            self.dataloader.check_rows(first_step=1, last_step=config.training.steps)
             self.optimizers.register_step_pre_hook(self._stop_on_non_finite_grads)
+            self._log_samples_with_torchtitans_metrics()
 
     # ------------------------------------------------------------------ setup
+    def _log_samples_with_torchtitans_metrics(self) -> None:
+        """Under torchtitan's batching its own train_step logs the step: add the
+        same ``skrull/samples_*`` tags Skrull's steps log, so the accounting
+        reads the same in TensorBoard under both batchings."""
+        log, loader = self.metrics_processor.log, self.dataloader
+
+        def log_with_samples(step, *args, extra_metrics=None, **kwargs):
+            samples = sample_metrics(loader.last_counts, loader.account.totals.as_dict())
+            return log(step, *args, extra_metrics={**(extra_metrics or {}), **samples}, **kwargs)
+
+        self.metrics_processor.log = log_with_samples
+
     def _init_skrull(self) -> None:
         dims = self.parallel_dims
         cp_group = dims.get_mesh("cp").get_group() if dims.cp_enabled else None

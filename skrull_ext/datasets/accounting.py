@@ -93,6 +93,22 @@ class StepAccount:
             self.counts.skipped_no_loss += 1
 
 
+def sample_metrics(counts: Counts, totals: dict[str, int]) -> dict[str, float]:
+    """TensorBoard's ``skrull/samples_*`` of one step (``counts``) and the run
+    (``totals``: ``Counts.as_dict()``), the same tags under both batchings;
+    ``truncated`` / ``dropped`` are the over-length policy's share of them."""
+    out = {}
+    for name, now, total in (("read", counts.read, totals["read"]), ("whole", counts.whole, totals["whole"]),
+                             ("cut", counts.cut, totals["cut"]),
+                             ("skipped", counts.skipped, totals["skipped_overlength"] + totals["skipped_no_loss"]),
+                             ("skipped_no_loss", counts.skipped_no_loss, totals["skipped_no_loss"])):
+        out[f"skrull/samples_{name}"], out[f"skrull/samples_{name}_total"] = float(now), float(total)
+    out["skrull/truncated"], out["skrull/truncated_total"] = float(counts.cut), float(totals["cut"])
+    out["skrull/dropped"], out["skrull/dropped_total"] = float(counts.skipped_overlength), \
+        float(totals["skipped_overlength"])
+    return out
+
+
 class RunAccount:
     """Totals since the run began (resumes included) and the first event of each kind."""
 

@@ -23,12 +23,13 @@ from dataclasses import dataclass
 import torch
 from torchtitan.components.tokenizer import BaseTokenizer
 
-from skrull_ext.datasets.accounting import RunAccount
+from skrull_ext.datasets.accounting import Counts, RunAccount
 from skrull_ext.datasets.overlength import length_limit, limit_step
 from skrull_ext.datasets.overlength import cut
 from skrull_ext.datasets.row_layout import Piece, cut_stream, whole_rows
 from skrull_ext.datasets.source import SourceDataLoaderBase
 from skrull_ext.datasets.synthetic import IGNORE_INDEX
+from skrull_ext.errors import DataError
 
 
 class PackedDataLoader(SourceDataLoaderBase):
@@ -59,11 +60,29 @@ class PackedDataLoader(SourceDataLoaderBase):
         """'stream' packing: pieces (source index, first, end token) drawn but not yet trained."""
         self.last_tokens = 0
         """Real (not padding) tokens of the last batch over all DP ranks."""
+        self.last_counts = Counts()
+        """What the last batch did with the samples it read (``skrull/samples_*``)."""
         self.set_overlength("error")
 
     def set_overlength(self, mode: str) -> None:
         """The over-length policy for samples longer than a row (or max_len)."""
         self.limit = length_limit(self.seq_len, f"training.seq_len {self.seq_len}", mode, self.config.max_len)
+
+    def check_rows(self, first_step: int, last_step: int) -> None:
+        """Under 'rows' packing, refuse before step 1 a run in which some step's
+        global batch (after the over-length limit) does not fit its rows, naming
+        the step: found while training, it stopped the run after steps had
+        trained. The same first-fit as ``_pack``, on lengths only."""
+        if self.config.packing != "rows":
+            return
+        lim = self.limit
+        for step in range(first_step, last_step + 1):
+            lengths = [min(n, lim.tokens) for _, n in self.step_lengths(step)
+                       if not (n > lim.tokens and lim.mode == "drop")]
+            try:
+                whole_rows(lengths, self.dp_world_size * self.local_batch_size, self.seq_len)
+            except ValueError as e:
+                raise DataError(f"step {step} of {last_step}: {e}") from None
 
     def state_dict(self) -> dict:
         # The carry as one string: a checkpoint's keys must not depend on its length (DCP
@@ -86,7 +105,8 @@ class PackedDataLoader(SourceDataLoaderBase):
             layout, samples = self._stream(rows, S)
         else:
             indices = self.next_global_batch()
-            self.last_samples, kept, _ = limit_step(self.limit, indices, self.source, self.step, self.account)
+            self.last_samples, kept, account = limit_step(self.limit, indices, self.source, self.step, self.account)
+            self.last_counts = account.counts
             samples = dict(enumerate(kept))
             layout = whole_rows([s.length for s in kept], rows, S)
         self.last_tokens = sum(e - s for row in layout for _, s, e in row)
@@ -110,9 +130,11 @@ class PackedDataLoader(SourceDataLoaderBase):
         samples = {k: cut(self.source[k], end) for k, _, end in self.carry}
         pieces, have = list(self.carry), sum(e - s for _, s, e in self.carry)
         self.last_samples = list(dict.fromkeys(k for k, _, _ in self.carry))
+        self.last_counts = Counts()
         while have < rows * S:
             indices = self.next_global_batch()
-            kept_idx, kept, _ = limit_step(self.limit, indices, self.source, self.step, self.account)
+            kept_idx, kept, account = limit_step(self.limit, indices, self.source, self.step, self.account)
+            self.last_counts.add(account.counts)
             for k, s in zip(kept_idx, kept):
                 samples[k] = s
                 pieces.append((k, 0, s.length))

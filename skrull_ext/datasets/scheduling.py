@@ -28,6 +28,7 @@ demand, and the checkpointed state is that of the last step handed to the
 trainer, so a resume replays exactly the uninterrupted run.
 """
 
+import json
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -42,6 +43,7 @@ from skrull_ext.datasets.pool_buffers import pool_rank_buffers
 from skrull_ext.datasets.prefetch import Prefetcher
 from skrull_ext.datasets.source import SourceDataLoaderBase
 from skrull_ext.datasets.synthetic import Sample
+from skrull_ext.errors import DataError
 from skrull_ext.plan import DROPPED, Plan
 from skrull_ext.pool_plan import PoolPlan
 from skrull_ext.scheduler import Scheduler
@@ -275,10 +277,21 @@ class SkrullDataLoader(SourceDataLoaderBase):
     def state_dict(self) -> dict:
         # The state after the last step handed out, not the prefetch thread's.
         # The same on every rank (a function of the global batches), so DCP
-        # keeps one copy and a resume may change the DP/CP layout.
-        return {"step": self.step, **self.account.state_dict()}
+        # keeps one copy and a resume may change the DP/CP layout. The keys are
+        # those of torchtitan's batching (packed.py), whose 'stream' packing
+        # carries pieces of sequences into the next step; Skrull never does, so
+        # either batching continues the other's checkpoint (DCP loads the keys
+        # of the fresh loader: a key one side lacked failed the resume).
+        return {"step": self.step, "carry": "[]", **self.account.state_dict()}
 
     def load_state_dict(self, state_dict: dict) -> None:
+        carry = json.loads(state_dict.get("carry", "[]"))
+        if carry:
+            raise DataError(
+                f"the checkpoint of step {state_dict.get('step')} was packed as a stream (torchtitan's batching, "
+                f"dataloader.packing = 'stream') and carries {len(carry)} piece(s) of sequences into the next step, "
+                "which Skrull batching cannot continue; continue it with --skrull.no-enable --dataloader.packing "
+                "stream")
         self.close()  # steps built ahead of the old state are thrown away
         super().load_state_dict(state_dict)
         self.account.load_state_dict(state_dict)

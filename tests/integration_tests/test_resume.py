@@ -70,3 +70,22 @@ def test_the_trainer_logs_how_long_it_waited_for_data(skrull_runs):
         assert re.search(rf"skrull step {step}: .*, data wait \d+\.\d ms\n", full.output), step
     assert re.search(r"Run summary: .*; data wait per step: median \d+\.\d\d ms, max \d+\.\d\d ms over "
                      rf"{STEPS - 1} steps after the first \(dataloader.prefetch_steps 2; first step", full.output)
+
+
+@pytest.mark.slow
+def test_a_skrull_checkpoint_continues_under_torchtitans_batching(skrull_runs, workdir, seed):
+    """The cp2 run's step-2 checkpoint continued with ``--skrull.no-enable``:
+    the same samples and nearly the same losses (both batchings train the same
+    global batches; the parity tests hold each to the 1-process reference).
+    Was: 'Missing key in checkpoint state_dict: dataloader.carry'."""
+    full = skrull_runs["cp2"]
+    ckpt = os.path.join(full.dump, "checkpoint", f"step-{RESUME_AT}")
+    dump = os.path.join(workdir, "cp2_resumed_torchtitan_batching")
+    shutil.copytree(ckpt, os.path.join(dump, "checkpoint", f"step-{RESUME_AT}"))
+    nproc, extra = SkrullRuns.SHAPES["cp2"]
+    resumed = train_from_seed(workdir, "cp2_resumed_torchtitan_batching", nproc, "skrull_ext.train", SKRULL, seed,
+                              STEPS, extra=[*extra, "--skrull.no-enable"])
+    assert f"Training starts at step {RESUME_AT + 1}" in resumed.output
+    got, want = resumed.losses, full.losses[RESUME_AT:]
+    print(f"Skrull batching steps {RESUME_AT + 1}..{STEPS}: {want}\ntorchtitan's batching after the resume: {got}")
+    assert len(got) == STEPS - RESUME_AT and max(abs(a - b) for a, b in zip(got, want)) < 1e-4, f"{got} vs {want}"
