@@ -168,6 +168,37 @@ class ChatMLPieces:
                        "chooses it, a .jinja file another template)")
 
 
+CHATML_JINJA = (
+    "{% if bos_token %}{{ bos_token }}{% endif %}{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+"""``ChatMLPieces`` as a chat template (the same ids, test_chat_template.py), for
+the HF folders of a run that trained on it: served, the model sees its markers."""
+
+
+def trained_template(tokenizer_dir: str | None, override: str, dataset: str, fmt: str) -> str | None:
+    """The chat template a job's chats were rendered with when it is not the
+    tokenizer folder's own (which the folder's files carry): the ``override``
+    .jinja file's text, or ChatML when chosen (``"chatml"``) or fallen back to
+    (a tokenizer without a template, on data that may hold chats). None: the
+    tokenizer's own, or no chats."""
+    if override == "chatml":
+        return CHATML_JINJA
+    if override:
+        with open(override, encoding="utf-8") as f:
+            return f.read()
+    if tokenizer_dir is None or dataset == "synthetic" or fmt == "text":
+        return None
+    has_own = os.path.isfile(os.path.join(tokenizer_dir, "chat_template.jinja"))
+    try:
+        with open(os.path.join(tokenizer_dir, "tokenizer_config.json"), encoding="utf-8") as f:
+            has_own = has_own or bool(json.load(f).get("chat_template"))
+    except (OSError, ValueError):
+        pass
+    return None if has_own else CHATML_JINJA
+
+
 _FALLBACK_SAID: set[str] = set()
 """Tokenizers whose ChatML fallback was already logged (ChatMLPieces._say_fallback)."""
 

@@ -13,7 +13,11 @@ decided when the job starts:
   otherwise one written from the model spec (``hf_config_json``).
 - the tokenizer files of the job's tokenizer folder (none for the synthetic
   tokenizer), its chat template among them, and the source folder's
-  generation_config.json.
+  generation_config.json;
+- the chat template the run trained with when it is not the tokenizer's own
+  (``dataloader.chat_template``, or the ChatML fallback), as
+  chat_template.jinja: served with another template, the model would meet
+  markers it was not fine-tuned on.
 
 Every HF folder the product writes goes through here (the last checkpoint,
 the export, a LoRA run's merged folder), so all carry the same files.
@@ -31,6 +35,7 @@ from safetensors.torch import save_file
 from torchtitan.components.tokenizer import HuggingFaceTokenizer
 
 from skrull_ext import assets
+from skrull_ext.datasets.chat_template import trained_template
 from skrull_ext.hf.config import hf_config_json, read_hf_config, spec_dims
 from skrull_ext.model_shape import DTYPES
 
@@ -51,6 +56,8 @@ class HFExport:
     """Folder whose TOKENIZER_FILES are copied, or None."""
     source_dir: str | None = None
     """The HF folder the job started from, or None."""
+    chat_template: str | None = None
+    """The template the run trained with when not the tokenizer's own (chat_template.jinja), or None."""
 
     @classmethod
     def for_job(cls, config) -> HFExport:
@@ -62,7 +69,11 @@ class HFExport:
             source = None
             spec = config.model_spec
             config_json = hf_config_json(spec.name, spec_dims(spec.model))
-        return cls(config_json, _tokenizer_dir(config), source)
+        tokenizer = _tokenizer_dir(config)
+        data = config.dataloader
+        template = trained_template(tokenizer, getattr(data, "chat_template", ""), getattr(data, "dataset", ""),
+                                    getattr(data, "format", "auto"))
+        return cls(config_json, tokenizer, source, template)
 
     @classmethod
     def of_folder(cls, folder: str) -> HFExport:
@@ -100,6 +111,9 @@ class HFExport:
                 path = os.path.join(src_dir, name)
                 if os.path.isfile(path):
                     shutil.copyfile(path, os.path.join(folder, name))
+        if self.chat_template is not None:
+            with open(os.path.join(folder, "chat_template.jinja"), "w", encoding="utf-8") as f:
+                f.write(self.chat_template)
 
 
 def _tokenizer_dir(config) -> str | None:

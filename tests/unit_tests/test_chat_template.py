@@ -176,3 +176,31 @@ def test_chat_template_jinja_file_beside_the_tokenizer_wins(tmp_path):
     ours = LocalTokenizer.Config(path=folder).build(tokenizer_path="")
     ids, _ = chat_encoder(ours).encode(CHATS["one_turn"], "row")
     assert "<think>" in ours.decode(ids, skip_special_tokens=False)  # Qwen3's empty think block
+
+
+@pytest.mark.parametrize("name", ["qwen2_5", "llama3_1"])
+@pytest.mark.parametrize("chat", sorted(CHATS))
+def test_the_chatml_fallback_written_beside_the_weights_gives_the_trained_ids(tmp_path, name, chat):
+    """A run that trained on the ChatML fallback writes CHATML_JINJA into its HF
+    folders; served through transformers it must give the ids the run trained on."""
+    from skrull_ext.datasets.chat_template import CHATML_JINJA, trained_template
+
+    folder = write_family(str(tmp_path / name), name, with_template=False)
+    assert trained_template(folder, "", "jsonl", "auto") == CHATML_JINJA
+    assert trained_template(folder, "", "jsonl", "text") is None
+    ours = LocalTokenizer.Config(path=folder).build(tokenizer_path="")
+    ids, _ = chat_encoder(ours).encode(CHATS[chat], "row")
+    served = transformers.AutoTokenizer.from_pretrained(folder).apply_chat_template(
+        CHATS[chat], chat_template=CHATML_JINJA, tokenize=True, return_dict=True)["input_ids"]
+    assert list(served) == ids
+
+
+def test_a_tokenizer_with_its_own_template_needs_none_written(family, tmp_path):
+    from skrull_ext.datasets.chat_template import CHATML_JINJA, trained_template
+
+    _, ours, _ = family
+    assert trained_template(ours.tokenizer_path, "", "jsonl", "auto") is None
+    assert trained_template(ours.tokenizer_path, "chatml", "jsonl", "auto") == CHATML_JINJA
+    path = tmp_path / "t.jinja"
+    path.write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
+    assert trained_template(ours.tokenizer_path, str(path), "jsonl", "auto") == path.read_text()
