@@ -38,5 +38,10 @@ def main(argv: list[str] | None = None) -> int:
     return getattr(importlib.import_module(module), func)(argv[1:]) or 0
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """The console script: a user error as one line, exit 2 (as ``python -m``)."""
     run_cli(main)
+
+
+if __name__ == "__main__":
+    cli()

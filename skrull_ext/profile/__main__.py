@@ -9,5 +9,10 @@
 from skrull_ext.cli_errors import run_cli
 from skrull_ext.profile.cli import main
 
-if __name__ == "__main__":
+def cli() -> None:
+    """The console script: a user error as one line, exit 2 (as ``python -m``)."""
     run_cli(main)
+
+
+if __name__ == "__main__":
+    cli()
