@@ -50,7 +50,6 @@ def _check_training(config) -> None:
                                          and lr_value >= 0):
             raise _bad(f"optimizer.param_groups[{i}].optimizer_kwargs.lr", lr_value, "must be a finite number >= 0")
     ckpt = config.checkpoint
-    _check_checkpoint_off(ckpt)
     if ckpt.enable and ckpt.interval < 1:
         raise _bad("checkpoint.interval", ckpt.interval, "must be >= 1 when checkpoint.enable is true")
     if not ckpt.enable and ckpt.initial_load_path:
@@ -59,6 +58,7 @@ def _check_training(config) -> None:
         raise _bad("checkpoint.enable", False, f"the model's weights load from checkpoint.initial_load_path "
                    f"{ckpt.initial_load_path!r} (set by model.hf_path), which needs the checkpointer; without "
                    "it the model would train from random weights")
+    _check_checkpoint_off(ckpt)
 
 
 _SAVE_KEYS = ("interval", "last_save_in_hf", "folder", "keep_latest_k", "export_dtype", "async_mode",
