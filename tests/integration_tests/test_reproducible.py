@@ -36,7 +36,7 @@ def _train(dump: str, steps: int, *extra: str) -> Run:
 
 def losses_by_step(dump: str) -> dict[int, float]:
     """Every loss logged under ``dump``, by step, over all its TensorBoard runs
-    (two launches in the same minute share one run folder)."""
+    (one folder per launch)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     out: dict[int, float] = {}
