@@ -299,6 +299,10 @@ _applied_process_fixes: set[str] = set()
 _patched_configs: set[int] = set()
 
 
+_said: set[str] = set()
+"""Fixes already named in the log (once per process)."""
+
+
 def apply(config=None, *, skip: Collection[str] = ()) -> list[str]:
     """Apply every fix whose predicate holds; return their names.
 
@@ -326,6 +330,8 @@ def apply(config=None, *, skip: Collection[str] = ()) -> list[str]:
         applied.append(fix.name)
     if config is not None:
         _patched_configs.add(id(config))
-    if applied:
-        logger.info(f"[skrull compat] applied: {', '.join(applied)}")
+    said = [name for name in applied if name not in _said]  # config fixes apply to each config copy
+    _said.update(said)
+    if said:
+        logger.info(f"[skrull compat] applied: {', '.join(said)}")
     return applied

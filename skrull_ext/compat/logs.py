@@ -16,7 +16,12 @@ default, and again for every copy of the config (a ``[model] hf_path`` job
 built its config several times, warning each time, and its weights did
 load). Its ``ConfigManager`` warns "HF assets path  does not exist!" for
 the empty path skrull-ext's jobs set (``job_file.base_config``; a ``[model]
-hf_path`` job names its folder). Both dropped.
+hf_path`` job names its folder). Both dropped. On CPU (no accelerator to
+rate) its "Peak FLOPS used for computing MFU: nan" is dropped too (the step
+line says ``mfu: N/A``), and torch's warnings that DTensor random ops and
+``manual_seed`` "may not have complete support on cpu device mesh": the CPU
+runs draw their init bit for bit alike (test_reproducible.py), and LoRA's
+adapters draw from their own generator (lora/converter.py).
 
 ``install()`` is idempotent; ``skrull_ext.train`` calls it after
 ``init_logger`` and ``SkrullTrainer`` again (for ``torchtitan.train``).
@@ -26,13 +31,14 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 
 from torchtitan.tools.logging import logger
 
 __all__ = ["NOISE", "RankFilter", "install", "shown_ranks"]
 
 NOISE = ("initial_load_model_only=True has no effect without an initial_load_path",
-         "HF assets path  does not exist!")
+         "HF assets path  does not exist!", "Peak FLOPS used for computing MFU: nan")
 """Starts of torchtitan messages that never describe the run (see the module docstring)."""
 
 
@@ -74,6 +80,8 @@ def install() -> None:
     rank = int(os.environ.get("RANK", "0"))
     rank_filter = RankFilter(rank, shown_ranks(os.environ.get("LOG_RANK")))
     logger.addFilter(rank_filter)
+    warnings.filterwarnings("ignore", message=r"DTensor (random operators|manual_seed\(\)) may not have complete "
+                                              r"support on cpu device mesh")
     if rank_filter.quiet:  # Python warnings too (torch's DTensor ones are the same on every rank)
         logging.captureWarnings(True)
         logging.getLogger("py.warnings").addFilter(rank_filter)
