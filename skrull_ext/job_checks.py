@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import os
+import types
 
 from skrull_ext.errors import JobFileError
 
@@ -114,9 +115,9 @@ def _check_parallelism(config, world: int) -> None:
                    "(processes in this launch); -1 takes the rest")
 
 
-def check_data(config) -> None:
+def check_data(config, key: str = "dataloader") -> None:
+    """``key``: the section the data keys are named under ([validation] for the held-out set)."""
     d = config.dataloader
-    key = "dataloader"
     if hasattr(d, "min_len"):
         if d.min_len < 1:
             raise _bad(f"{key}.min_len", d.min_len, "must be >= 1")
@@ -143,6 +144,31 @@ def check_data(config) -> None:
     template = getattr(d, "chat_template", "")
     if template and template != "chatml" and not os.path.isfile(template):
         raise _bad(f"{key}.chat_template", template, "is neither 'chatml' nor an existing .jinja file")
+
+
+def _check_validation(config) -> None:
+    """torchtitan's ``[validator]`` feeds rows and masks the DACP attention cannot
+    take: a Skrull job reads ``[validation]`` (validation.py), which only Skrull runs."""
+    skrull, validation = getattr(config, "skrull", None), getattr(config, "validation", None)
+    validator = getattr(config, "validator", None)
+    on = skrull is not None and skrull.enable
+    if on and validator is not None and validator.enable:
+        raise _bad("validator.enable", True, "torchtitan's validator feeds batches the DACP attention cannot take; "
+                   "a Skrull job sets [validation] enable = true and dataset_path (docs/data.md, \"Validation\")")
+    if validation is None or not validation.enable:
+        return
+    if not on:
+        raise _bad("validation.enable", True, "needs skrull.enable = true (its batches are planned by Skrull; "
+                   "torchtitan's batching has torchtitan's [validator])")
+    kind = validation.dataset or config.dataloader.dataset
+    if kind == "synthetic":
+        if not validation.samples:
+            raise _bad("validation.samples", 0, "a synthetic held-out set needs a sample count")
+        return
+    if not validation.dataset_path:
+        raise _bad("validation.dataset_path", "", f"the held-out data ({kind}: a file, or for hf a folder and "
+                   "validation.split) is required")
+    check_data(types.SimpleNamespace(dataloader=validation.source_config(config.dataloader)), key="validation")
 
 
 def _check_skrull(config, on_cpu: bool) -> None:
@@ -200,5 +226,6 @@ def check_job(config, world_size: int | None = None, on_cpu: bool | None = None)
     _check_training(config)
     _check_parallelism(config, world_size)
     check_data(config)
+    _check_validation(config)
     _check_skrull(config, on_cpu)
     _check_profiler(config, on_cpu)

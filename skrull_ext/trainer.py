@@ -64,6 +64,7 @@ from skrull_ext.resume_checks import check_continue
 from skrull_ext.profile_file import free_running_bytes
 from skrull_ext.skrull_config import SkrullConfig
 from skrull_ext.step_checks import check_plan_digests, RatioSpread, step_log_line, step_metrics
+from skrull_ext.validation import Validation, ValidationConfig
 from skrull_ext.watchdog import SkrullComm, start_heartbeat
 
 
@@ -105,6 +106,9 @@ class SkrullTrainer(Trainer):
         comm: SkrullComm = field(default_factory=SkrullComm)
         """torchtitan's [comm] plus heartbeat_timeout_seconds (the stopped-rank watch, watchdog.py)."""
 
+        validation: ValidationConfig = field(default_factory=ValidationConfig)
+        """A held-out set's loss every N steps and at the end, batched by Skrull (validation.py)."""
+
         def __post_init__(self):
             Trainer.Config.__post_init__(self)
             if self.skrull.enable and not isinstance(self.dataloader, SkrullDataLoader.Config):
@@ -135,6 +139,8 @@ class SkrullTrainer(Trainer):
         resolve_device_defaults(config)
         apply_lora(config)  # before torchtitan builds config.model_spec.model
         self.plan_log: PlanLog | None = None
+        self.validation: Validation | None = None
+        """The held-out set's loss ([validation], validation.py); None when off."""
         self.free_running: FreeRunningFSDP | None = None
         """The step's FSDP switches under ``skrull.free_running`` (free_running.py)."""
         if config.skrull.enable:  # a profile of another model fails here, before any model is built
@@ -204,6 +210,10 @@ class SkrullTrainer(Trainer):
             self.plan_log = PlanLog(self.config.dump_folder, rank)
         # Before any step: an over-length sequence under 'error' fails here.
         check_overlength(self.dataloader, first_step=1, last_step=self.config.training.steps)
+        self.validation = (Validation(self.config.validation, self.dataloader, self.tokenizer)
+                           if self.config.validation.enable else None)
+        if self.validation is not None:
+            self.validation.check()  # a held-out sample over the limit under 'error' fails here
         logger.info(
             f"Skrull: policy {skrull.policy}, bucket_size {skrull.bucket_size}, "
             f"DP {self.dataloader.dp_world_size} x CP {dims.cp}, cp_rank {cp_rank}, "
@@ -367,6 +377,8 @@ class SkrullTrainer(Trainer):
         self.lr_schedulers.step()
         if should_log:
             self._log_step(step, accumulated, global_avg, global_valid_tokens, norm, lr_metrics, measured_us)
+        if self.validation is not None and self.config.validation.due(self.step, self.config.training.steps):
+            self.validation.run(self, self.step)  # forward only: no weight, RNG or counter changes
 
     def _stop_on_non_finite_grads(self, optimizer, args, kwargs) -> None:
         """torchtitan's batching: torchtitan checks the loss after the optimizer

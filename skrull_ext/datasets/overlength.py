@@ -168,10 +168,11 @@ def apply_limit(limit: LengthLimit, indices: list[int], samples: list[Sample], s
     return [indices[k] for k in keep], [cut(samples[k], n) for k, n in zip(keep, lengths)], account
 
 
-def _settle(limit: LengthLimit, account: StepAccount, run: RunAccount, step: int, kept: int) -> None:
+def _settle(limit: LengthLimit, account: StepAccount, run: RunAccount, step: int, kept: int,
+            warn: bool = True) -> None:
     """One warning when the step cut or skipped samples (naming each), the
     counts added to the run's; a step left with nothing to train is refused."""
-    if account.events:
+    if account.events and warn:
         c, t = account.counts, run.totals
         logger.warning(
             f"Skrull step {step}: {c.cut} cut, {c.skipped} skipped of {c.read} samples read "
@@ -193,15 +194,16 @@ def limit_step(limit: LengthLimit, indices: list[int], source, step: int, run: R
     return kept, samples, account
 
 
-def limit_lengths(limit: LengthLimit, indices: list[int], source, step: int, run: RunAccount
+def limit_lengths(limit: LengthLimit, indices: list[int], source, step: int, run: RunAccount, warn: bool = True
                   ) -> tuple[list[int], list[int], list[int], StepAccount]:
     """Skrull's batching: the same decision from the source's lengths and loss
     counts, no token built (a rank builds only its own micro-batches' samples).
-    Returns the sample indices kept, their trained lengths and loss tokens, the account."""
+    Returns the sample indices kept, their trained lengths and loss tokens, the account.
+    ``warn``: log the step's cuts and skips (validation passes count them in their own line)."""
     lengths = [source.length(i) for i in indices]
     keep, kept_len, kept_loss, account = decide(
         limit, indices, lengths, lambda k, n: loss_tokens(source, indices[k], n, lengths[k]), source, step)
-    _settle(limit, account, run, step, len(keep))
+    _settle(limit, account, run, step, len(keep), warn)
     return [indices[k] for k in keep], kept_len, kept_loss, account
 
 

@@ -101,6 +101,8 @@ class StepBuilder:
     """Build only this rank's own micro-batches (one pad pass if it has none): the
     trainer's free-running mode, where DP ranks share no collective per pass. Off: pad
     to the plan's micro-batch count, so every rank runs as many FSDP passes."""
+    warn: bool = True
+    """Log each step's cuts and skips (a validation pass counts them in its own line)."""
 
     def __post_init__(self) -> None:
         if self.free_running and POLICIES[self.scheduler.config.policy].pool:
@@ -115,7 +117,7 @@ class StepBuilder:
 
     def _build(self, step: int, run: RunAccount) -> SkrullStep:
         read = self.source.global_batch(step, self.global_batch_size)
-        indices, lengths, losses, account = limit_lengths(self.limit, read, self.source, step, run)
+        indices, lengths, losses, account = limit_lengths(self.limit, read, self.source, step, run, self.warn)
         start = time.perf_counter()
         plan = self.scheduler.schedule(lengths, dp_rank=self.dp_rank)
         plan.validate()
