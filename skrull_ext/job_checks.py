@@ -137,6 +137,17 @@ def check_data(config, key: str = "dataloader") -> None:
     if getattr(d, "dataset", None) == "hf" and not os.path.exists(d.dataset_path):
         raise _bad(f"{key}.dataset_path", d.dataset_path, "is not a local file or folder (json/jsonl/parquet/arrow "
                                                            "files or a save_to_disk folder; docs/data.md)")
+    for i, s in enumerate(getattr(d, "sources", None) or ()):  # a mixture's sources ([[dataloader.sources]])
+        if s.dataset == "jsonl":
+            from skrull_ext import assets
+
+            try:
+                assets.text_path(s.path)
+            except ValueError as e:
+                raise _bad(f"{key}.sources[{i}].path", s.path, str(e).split(" is ", 1)[-1]) from None
+        elif not os.path.exists(s.path):
+            raise _bad(f"{key}.sources[{i}].path", s.path, "is not a local file or folder (json/jsonl/parquet/arrow "
+                                                           "files or a save_to_disk folder; docs/data.md)")
     if getattr(d, "lengths", None):  # read now: a bad file fails before the model is built, not after
         from skrull_ext import lengths
 
@@ -160,7 +171,7 @@ def _check_validation(config) -> None:
     if not on:
         raise _bad("validation.enable", True, "needs skrull.enable = true (its batches are planned by Skrull; "
                    "torchtitan's batching has torchtitan's [validator])")
-    kind = validation.dataset or config.dataloader.dataset
+    kind = validation.kind(config.dataloader)
     if kind == "synthetic":
         if not validation.samples:
             raise _bad("validation.samples", 0, "a synthetic held-out set needs a sample count")

@@ -15,7 +15,7 @@ import struct
 import torch.distributed as dist
 
 from skrull_ext.attention import DacpStats
-from skrull_ext.datasets.accounting import sample_metrics
+from skrull_ext.datasets.accounting import sample_metrics, source_metrics
 
 
 class PlanMismatchError(RuntimeError):
@@ -79,6 +79,7 @@ def step_metrics(step, attention_modules, measured_us: float) -> dict[str, float
     out.update({k: float(v) for k, v in stats.as_dict(prefix="skrull/dacp_").items()})
     out["skrull/rank_micro_batches"] = float(len(step.plan.ranks[step.dp_rank]))
     out.update(sample_metrics(step.account.counts, step.totals))
+    out.update(source_metrics(step.account.by_source, step.source_totals))
     out["skrull/schedule_wall_us"] = step.schedule_us
     out["skrull/data_build_ms"] = step.build_us / 1e3
     out["skrull/measured_us"] = measured_us

@@ -58,8 +58,8 @@ BEST_FOLDER = "best_validation"
 class ValidationConfig:
     enable: bool = False
     """Evaluate the loss of a held-out set every ``freq`` steps and at the last step (Skrull jobs)."""
-    dataset: Literal[("", *DATASETS)] = ""  # pyrefly: ignore[invalid-literal]
-    """The held-out data's kind (jsonl, hf, synthetic); '': the training data's (dataloader.dataset)."""
+    dataset: Literal[("", "jsonl", "hf", "synthetic")] = ""  # pyrefly: ignore[invalid-literal]
+    """The held-out data's kind (jsonl, hf, synthetic); '': the training data's (jsonl for a mixture)."""
     dataset_path: str = ""
     """The held-out file (a shipped name, a file, or for hf a folder); read with the training data's
     options (format, columns, chat_template, ...) unless ``format`` says otherwise."""
@@ -87,10 +87,13 @@ class ValidationConfig:
         """Whether ``step`` is evaluated: every ``freq`` steps and the last."""
         return self.enable and (step == last_step or (self.freq > 0 and step % self.freq == 0))
 
+    def kind(self, dataloader) -> str:
+        """The held-out data's dataset kind: ``dataset``, else the training data's (jsonl for a mixture)."""
+        return self.dataset or ("jsonl" if dataloader.dataset == "mixture" else dataloader.dataset)
+
     def source_config(self, dataloader):
         """The training dataloader's config pointed at the held-out data."""
-        changes = {"dataset": self.dataset or dataloader.dataset, "dataset_path": self.dataset_path,
-                   "split": self.split}
+        changes = {"dataset": self.kind(dataloader), "dataset_path": self.dataset_path, "split": self.split}
         if self.format:
             changes["format"] = self.format
         if hasattr(dataloader, "sources"):  # a mixture's sources are training data only

@@ -12,6 +12,7 @@ import os
 
 from skrull_ext.cli_errors import run_cli
 from skrull_ext.datasets.prepare import cached_sequences
+from skrull_ext.datasets.source import mixture_configs
 from skrull_ext.job_checks import check_data
 from skrull_ext.job_file import load_config
 
@@ -28,13 +29,18 @@ def main(argv=None) -> int:
         p.error(f"--workers {args.workers}: must be >= 1")
     config = load_config(["--config-file", args.job, *overrides], module="skrull_ext.data prepare", check=False)
     check_data(config)  # the launch checks (world size, device) wait for torchrun; the data's are ours
-    if config.dataloader.dataset not in ("jsonl", "hf"):
-        p.error(f"{args.job}: dataloader.dataset = {config.dataloader.dataset!r} has no text to prepare")
+    data = config.dataloader
+    if data.dataset not in ("jsonl", "hf", "mixture"):
+        p.error(f"{args.job}: dataloader.dataset = {data.dataset!r} has no text to prepare")
     tokenizer = config.tokenizer.build(tokenizer_path=config.hf_assets_path)
-    seqs = cached_sequences(config.dataloader, tokenizer, workers=args.workers)
-    m = seqs.store.meta
-    bad = f", {len(seqs.bad)} skipped as bad (the first: {seqs.bad[0]})" if seqs.bad else ""
-    print(f"prepared {m['records']} records, {m['tokens']} tokens{bad} -> {seqs.store.folder}")
+    # A mixture: each source into its own store, once (a store shared by two jobs is built once too).
+    named = ([(e.display_name() + ": ", c) for e, c in mixture_configs(data)] if data.dataset == "mixture"
+             else [("", data)])
+    for name, source in named:
+        seqs = cached_sequences(source, tokenizer, workers=args.workers)
+        m = seqs.store.meta
+        bad = f", {len(seqs.bad)} skipped as bad (the first: {seqs.bad[0]})" if seqs.bad else ""
+        print(f"{name}prepared {m['records']} records, {m['tokens']} tokens{bad} -> {seqs.store.folder}")
     return 0
 
 

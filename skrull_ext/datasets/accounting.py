@@ -17,6 +17,11 @@ trainer puts the counts in the step's console line and TensorBoard
 (``skrull/samples_*``) and logs ``RunAccount.summary()`` at the end. The run
 totals are part of the dataloader's checkpointed state, so a resumed run
 reports the whole run.
+
+A mixture of sources (mixture.py) is also counted per source: each step's
+``by_source`` and the run's, ``read = whole + cut + skipped`` for each, in
+the summary, TensorBoard (``skrull/source/<name>/samples_*``) and the
+checkpointed state.
 """
 
 from dataclasses import dataclass, field, fields
@@ -82,6 +87,8 @@ class StepAccount:
 
     counts: Counts = field(default_factory=Counts)
     events: list[Event] = field(default_factory=list)
+    by_source: dict[str, Counts] = field(default_factory=dict)
+    """The same counts per source of a mixture (empty for one source)."""
 
     def record(self, event: Event) -> None:
         self.events.append(event)
@@ -91,6 +98,38 @@ class StepAccount:
             self.counts.skipped_overlength += 1
         else:
             self.counts.skipped_no_loss += 1
+
+
+def count_by_source(indices: list[int], account: StepAccount, name_of) -> dict[str, Counts]:
+    """``account``'s counts split by the source (``name_of(index)``) of each sample read."""
+    events = {e.index: e for e in account.events}
+    out: dict[str, Counts] = {}
+    for i in indices:
+        c = out.setdefault(name_of(i), Counts())
+        c.read += 1
+        e = events.get(i)
+        if e is None:
+            c.whole += 1
+        elif e.kept:
+            c.cut += 1
+        elif e.reason == OVERLENGTH:
+            c.skipped_overlength += 1
+        else:
+            c.skipped_no_loss += 1
+    return out
+
+
+def source_metrics(step: dict[str, Counts], totals: dict[str, dict[str, int]]) -> dict[str, float]:
+    """TensorBoard's ``skrull/source/<name>/samples_*`` (this step) and ``..._total`` (the run), per source."""
+    out = {}
+    for name, total in totals.items():
+        now = step.get(name, Counts())
+        for what, a, b in (("read", now.read, total["read"]), ("whole", now.whole, total["whole"]),
+                           ("cut", now.cut, total["cut"]),
+                           ("skipped", now.skipped, total["skipped_overlength"] + total["skipped_no_loss"])):
+            out[f"skrull/source/{name}/samples_{what}"] = float(a)
+            out[f"skrull/source/{name}/samples_{what}_total"] = float(b)
+    return out
 
 
 def sample_metrics(counts: Counts, totals: dict[str, int]) -> dict[str, float]:
@@ -112,20 +151,27 @@ def sample_metrics(counts: Counts, totals: dict[str, int]) -> dict[str, float]:
 class RunAccount:
     """Totals since the run began (resumes included) and the first event of each kind."""
 
-    def __init__(self) -> None:
+    def __init__(self, sources: tuple[str, ...] | list[str] = ()) -> None:
         self.totals = Counts()
         self.first: dict[str, Event] = {}
+        self.by_source: dict[str, Counts] = {name: Counts() for name in sources}
+        """Totals per source of a mixture (named up front: they are checkpointed keys)."""
 
     def add(self, step: StepAccount) -> None:
         step.counts.check()
         self.totals.add(step.counts)
+        for name, c in step.by_source.items():
+            c.check()
+            self.by_source.setdefault(name, Counts()).add(c)
         for e in step.events:
             self.first.setdefault(("cut" if e.kept else "skipped") + ": " + e.reason, e)
 
     def copy(self) -> "RunAccount":
         """A snapshot (events are never changed once recorded, so shared)."""
-        out = RunAccount()
+        out = RunAccount(list(self.by_source))
         out.totals.add(self.totals)
+        for name, c in self.by_source.items():
+            out.by_source[name].add(c)
         out.first = dict(self.first)
         return out
 
@@ -135,11 +181,20 @@ class RunAccount:
                 f"({t.skipped_overlength} over-length, {t.skipped_no_loss} with no loss tokens)")
         for kind, e in self.first.items():
             line += f"; {kind}, first {e.describe()}"
+        if self.by_source:
+            line += "; per source: " + ", ".join(
+                f"{name} read {c.read} = {c.whole} whole + {c.cut} cut + {c.skipped} skipped"
+                for name, c in self.by_source.items())
         return line
 
     def state_dict(self) -> dict[str, int]:
-        return {f"samples_{k}": v for k, v in self.totals.as_dict().items()}
+        out = {f"samples_{k}": v for k, v in self.totals.as_dict().items()}
+        for name, c in self.by_source.items():
+            out.update({f"source_{name}_samples_{k}": v for k, v in c.as_dict().items()})
+        return out
 
     def load_state_dict(self, state: dict) -> None:
         for f in fields(Counts):
             setattr(self.totals, f.name, int(state.get(f"samples_{f.name}", 0)))
+            for name, c in self.by_source.items():
+                setattr(c, f.name, int(state.get(f"source_{name}_samples_{f.name}", 0)))

@@ -28,7 +28,7 @@ from torchtitan.tools.logging import logger
 
 from skrull_ext import _core
 from skrull_ext.config import POLICIES
-from skrull_ext.datasets.accounting import NO_LOSS, OVERLENGTH, Event, RunAccount, StepAccount
+from skrull_ext.datasets.accounting import NO_LOSS, OVERLENGTH, Event, RunAccount, StepAccount, count_by_source
 from skrull_ext.datasets.synthetic import IGNORE_INDEX, Sample
 from skrull_ext.errors import DataError
 
@@ -155,6 +155,8 @@ def decide(limit: LengthLimit, indices: list[int], lengths: list[int], losses, s
         kept_len.append(m)
         kept_loss.append(loss)
     account.counts.check()
+    if (name_of := getattr(source, "source_name", None)) is not None:  # a mixture: counted per source too
+        account.by_source = count_by_source(indices, account, name_of)
     return keep, kept_len, kept_loss, account
 
 

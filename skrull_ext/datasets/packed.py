@@ -53,7 +53,7 @@ class PackedDataLoader(SourceDataLoaderBase):
         self.dp_rank = dp_rank
         self.seq_len = seq_len
         self.local_batch_size = local_batch_size
-        self.account = RunAccount()
+        self.account = RunAccount(getattr(self.source, "names", ()))  # per source for a mixture
         self.last_samples: list[int] = []
         """Source indices trained by the last batch (what a failed step names)."""
         self.carry: list[Piece] = []

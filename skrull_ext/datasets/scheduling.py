@@ -73,6 +73,8 @@ class SkrullStep:
     """Samples read, trained whole, cut, skipped this step (and why)."""
     totals: dict[str, int] = field(default_factory=dict)
     """The same counts since the run began (resumes included)."""
+    source_totals: dict[str, dict[str, int]] = field(default_factory=dict)
+    """A mixture's run counts per source (``totals`` by source)."""
 
     @property
     def local_valid_tokens(self) -> int:
@@ -146,7 +148,7 @@ class StepBuilder:
         return SkrullStep(
             step=step, dp_rank=self.dp_rank, samples=indices, plan=plan, micro_batches=mbs,
             global_valid_tokens=valid, schedule_us=schedule_us, account=account,
-            totals=run.totals.as_dict(),
+            totals=run.totals.as_dict(), source_totals={n: c.as_dict() for n, c in run.by_source.items()},
         )
 
 
@@ -211,8 +213,8 @@ class SkrullDataLoader(SourceDataLoaderBase):
         self.scheduler: Scheduler | None = None
         self.cp_rank, self.cp_size = 0, 1
         self.limit: LengthLimit | None = None
-        self.account = RunAccount()
-        """The run's counts up to the last step handed out (checkpointed with ``step``)."""
+        self.account = RunAccount(getattr(self.source, "names", ()))
+        """The run's counts up to the last step handed out (checkpointed with ``step``; per source for a mixture)."""
         self.builder: StepBuilder | None = None
         self._cursor: _Cursor | None = None
         self._ahead: Prefetcher | None = None

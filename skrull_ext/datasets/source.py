@@ -13,6 +13,7 @@ job's tokenizer, once, into a memory-mapped store: token_store.py) and ``hf`` (l
 folders through HF ``datasets``; docs/data.md).
 """
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
@@ -26,6 +27,7 @@ from skrull_ext import assets
 from skrull_ext import lengths as shipped_lengths
 from skrull_ext.datasets.formats import FORMATS, Columns
 from skrull_ext.datasets.hf_source import hf_rows
+from skrull_ext.datasets.mixture import MixSource, MixtureSequences, check_sources
 from skrull_ext.datasets.prepare import cached_sequences
 from skrull_ext.datasets.records import RecordEncoder
 from skrull_ext.datasets.row_layout import PACKINGS
@@ -74,7 +76,26 @@ def _hf(config, tokenizer: BaseTokenizer | None) -> TokenizedRecords:
     return _records(config, tokenizer, config.dataset_path, rows)
 
 
-DATASETS: dict[str, Callable] = {"synthetic": _synthetic, "jsonl": _jsonl, "hf": _hf}
+def mixture_configs(config) -> list:
+    """(entry, the dataloader's config pointed at it) per ``[[dataloader.sources]]`` entry:
+    the source reads its own path with the dataloader's options (its format and split
+    where it names them) and shuffles with ``seed + its position``."""
+    return [(s, dataclasses.replace(config, dataset=s.dataset, dataset_path=s.path, format=s.format or config.format,
+                                    split=s.split or config.split, seed=config.seed + k, sources=[]))
+            for k, s in enumerate(config.sources)]
+
+
+def _mixture(config, tokenizer: BaseTokenizer | None) -> MixtureSequences:
+    children, caps = [], []
+    for entry, child_config in mixture_configs(config):
+        child = DATASETS[entry.dataset](child_config, tokenizer)
+        children.append(child)
+        caps.append(None if entry.epochs is None else max(1, int(entry.epochs * len(child))))
+    return MixtureSequences([e.display_name() for e in config.sources], children,
+                            [e.weight for e in config.sources], caps, seed=config.seed)
+
+
+DATASETS: dict[str, Callable] = {"synthetic": _synthetic, "jsonl": _jsonl, "hf": _hf, "mixture": _mixture}
 """Source builders by ``dataloader.dataset``: ``(config, tokenizer) -> source``."""
 
 
@@ -84,7 +105,10 @@ class SourceDataLoaderBase(BaseDataLoader):
     @dataclass(kw_only=True, slots=True)
     class Config(BaseDataLoader.Config):
         dataset: Literal[tuple(DATASETS)] = "synthetic"  # pyrefly: ignore[invalid-literal]
-        """Where samples come from: synthetic tokens, a JSONL file or HF datasets files (dataset_path)."""
+        """Where samples come from: synthetic tokens, a JSONL file or HF datasets files (dataset_path), or a
+        weighted mixture of several (``mixture``: [[dataloader.sources]], datasets/mixture.py)."""
+        sources: list[MixSource] = field(default_factory=list)
+        """mixture: the sources, each with its path, weight and optional name, dataset, format, split, epochs."""
         lengths: str = "sharegpt_v3_conversations.qwen"
         """synthetic: a shipped length distribution (skrull_ext/lengths, README there) or a file path."""
         length_scale: float = 1.0
@@ -137,6 +161,11 @@ class SourceDataLoaderBase(BaseDataLoader):
             if self.dataset in ("jsonl", "hf") and not self.dataset_path:
                 raise ValueError(f"dataloader.dataset = {self.dataset!r} needs dataloader.dataset_path "
                                  "(a file or a shipped name; for hf also a folder)")
+            if self.dataset == "mixture":
+                check_sources(self.sources)
+            elif self.sources:
+                raise ValueError(f"dataloader.sources: set, but dataloader.dataset = {self.dataset!r}; a mixture "
+                                 "sets dataset = \"mixture\"")
             Columns(self.columns)  # raises naming an unknown column key
             if self.global_batch_size < 1:
                 raise ValueError(f"dataloader.global_batch_size must be >= 1, got {self.global_batch_size}")
