@@ -97,7 +97,9 @@ def test_validation_loss_matches_reference(runs):
         got = logged[step // 2 - 1]
         print(f"validation loss at step {step}: logged {got:.7f}, reference {want:.7f} (diff {abs(got - want):.3g})")
         assert abs(got - want) <= TOL
-    assert f"validation step {STEPS}: loss" in run.output
+    lines = [line.split(" - ")[-1] for line in run.output.splitlines() if "INFO - validation step" in line]
+    print("\n".join(lines))
+    assert len(lines) == 2 and lines[-1].startswith(f"validation step {STEPS}: loss")
 
 
 @pytest.mark.slow
