@@ -283,31 +283,17 @@ class PoolPlan:
 
     def step_time_us(self, timeline: str | None = None) -> float:
         """The step on ``timeline`` (default: the plan's own), from its slots (the core's timeline function)."""
-        mbs = [_core.SlotTime(mb.slot, mb.first_group, mb.groups, mb.time_us) for mb in self.micro_batches]
-        return _core.pool_step_time_us(mbs, self.dp, TIMELINES[timeline or self.timeline], self.pad_us)
+        return _core.pool_step_time_us(self._slot_times(), self.dp, TIMELINES[timeline or self.timeline], self.pad_us)
+
+    def _slot_times(self) -> list[_core.SlotTime]:
+        return [_core.SlotTime(mb.slot, mb.first_group, mb.groups, mb.time_us) for mb in self.micro_batches]
 
     def _timeline(self) -> tuple[list[float], list[float], float]:
-        """Replays the slots: each group's free-running finish (a micro-batch starts when all its
-        groups are free), each micro-batch's start on ``timeline`` and the step on it (lockstep:
-        the sum over slots of the slowest micro-batch, a pad pass where a group idles)."""
-        clock = [0.0] * self.dp
-        free_starts, lock_starts = [], []
-        lockstep, slot, slowest, busy = 0.0, None, 0.0, 0
-        for mb in self.micro_batches:  # by slot, then first group
-            if mb.slot != slot:
-                lockstep += max(slowest, self.pad_us) if 0 < busy < self.dp else slowest
-                slot, slowest, busy = mb.slot, 0.0, 0
-            lock_starts.append(lockstep)
-            slowest, busy = max(slowest, mb.time_us), busy + mb.groups
-            block = range(mb.first_group, mb.first_group + mb.groups)
-            start = max(clock[g] for g in block)
-            free_starts.append(start)
-            for g in block:
-                clock[g] = start + mb.time_us
-        lockstep += max(slowest, self.pad_us) if 0 < busy < self.dp else slowest
-        if self.timeline == "free":
-            return clock, free_starts, max(clock, default=0.0)
-        return clock, lock_starts, lockstep
+        """The core's replay of the slots (timeline.hpp): each group's free-running finish,
+        each micro-batch's start on the plan's timeline, and the step on it."""
+        step, group_free, starts = _core.pool_timeline(self._slot_times(), self.dp, TIMELINES[self.timeline],
+                                                       self.pad_us)
+        return group_free, starts, step
 
     # ------------------------------------------------------------- invariants
     def validate(self) -> None:

@@ -59,6 +59,15 @@ struct type_caster<skrull_py::Lengths> {
 };
 }  // namespace pybind11::detail
 
+// A pool plan's micro-batches as the timeline functions take them: in range and finite.
+static void check_slot_times(const std::vector<SlotTime>& mbs, int32_t dp) {
+  validate_group(dp, 1);
+  for (const SlotTime& mb : mbs)
+    if (mb.slot < 0 || mb.groups < 1 || mb.first_group < 0 || mb.first_group + mb.groups > dp ||
+        !(mb.time_us >= 0.0 && mb.time_us < 1e300))
+      throw std::invalid_argument("a pool micro-batch's slot, groups or time is out of range");
+}
+
 PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
   m.doc() = "Skrull scheduler core: cost model, DACP and GDS (C++).";
 
@@ -322,15 +331,22 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
   m.def(
       "pool_step_time_us",
       [](const std::vector<SlotTime>& mbs, int32_t dp, Timeline timeline, double pad_us) {
-        validate_group(dp, 1);
-        for (const SlotTime& mb : mbs)
-          if (mb.slot < 0 || mb.groups < 1 || mb.first_group < 0 || mb.first_group + mb.groups > dp ||
-              !(mb.time_us >= 0.0 && mb.time_us < 1e300))
-            throw std::invalid_argument("a pool micro-batch's slot, groups or time is out of range");
+        check_slot_times(mbs, dp);
         return pool_step_time_us(mbs, dp, timeline, pad_us);
       },
       py::arg("micro_batches"), py::arg("dp"), py::arg("timeline"), py::arg("pad_us"),
       "Step time of a pool plan's micro-batches (slot, first_group, groups, time_us) over dp CP groups.");
+  m.def(
+      "pool_timeline",
+      [](const std::vector<SlotTime>& mbs, int32_t dp, Timeline timeline, double pad_us) {
+        check_slot_times(mbs, dp);
+        std::vector<double> group_free_us, start_us;
+        const double step = pool_step_time_us(mbs, dp, timeline, pad_us, &group_free_us, &start_us);
+        return py::make_tuple(step, group_free_us, start_us);
+      },
+      py::arg("micro_batches"), py::arg("dp"), py::arg("timeline"), py::arg("pad_us"),
+      "pool_step_time_us with what it replays: (step_us, each group's free-running finish, each micro-batch's "
+      "start on the timeline).");
 
   m.def(
       "shard_tokens",
