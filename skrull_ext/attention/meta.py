@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
+from torch._opaque_base import OpaqueBase
 
 from skrull_ext.attention.segments import build_segment_plan, SegmentPlan
 
@@ -134,7 +135,7 @@ def document_causal_mask(
 
 
 @dataclass(frozen=True)
-class DacpBatchMeta:
+class DacpBatchMeta(OpaqueBase):
     """One rank's view of one DACP micro-batch (see docs/design/buffer_layout.md).
 
     ``cp_rank`` and ``cp_size`` are this rank and the size of the group the
@@ -145,6 +146,10 @@ class DacpBatchMeta:
     rank of the group; ``local_lens`` is this rank's own. Masks and segment
     plans (segments.py) are built on first use per device and cached here,
     because every attention layer of the micro-batch shares them.
+
+    Under torch.compile it is an opaque object of the DACP custom op
+    (compiled.py: hence ``OpaqueBase``), which keeps each layer's autograd
+    tape here until that layer's backward.
     """
 
     cp_rank: int

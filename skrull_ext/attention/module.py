@@ -16,6 +16,10 @@ Each instance is one layer and keeps that layer's gathered K/V for
 activation checkpointing (replay.py), so a recomputation under torchtitan's
 full or selective AC does not gather again.
 
+Under ``torch.compile`` (torchtitan's per-block ``fullgraph=True``) the
+call is the opaque custom op of compiled.py, which runs :meth:`attend`, this
+same eager code, at run time.
+
 Wiring it into a model (Config/build, the CP group from the device mesh,
 replacing torchtitan's CP wrapper) belongs to the torchtitan integration.
 """
@@ -24,6 +28,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from skrull_ext.attention.compiled import dacp_attention_op, DacpLayer
 from skrull_ext.attention.dacp import dacp_attention
 from skrull_ext.attention.kernels import AUTO, KERNELS, Kernel, check_kernel, resolve_kernel
 from skrull_ext.attention.meta import DacpBatchMeta
@@ -58,6 +63,8 @@ class DacpAttention(nn.Module):
         self._transport: Transport | str = exchange if group is None else resolve_transport(exchange, group)
         self.stats = stats if stats is not None else DacpStats()
         self.replay = KVReplay()
+        self.layer = DacpLayer(self)
+        """This layer as the compiled op's opaque argument (compiled.py)."""
 
     def forward(
         self,
@@ -74,15 +81,23 @@ class DacpAttention(nn.Module):
             raise TypeError(
                 f"DacpAttention needs attention_masks to be a DacpBatchMeta, got {type(attention_masks)}"
             )
+        if torch.compiler.is_compiling():
+            return dacp_attention_op(q_BLNH, k_BLNH, v_BLNH, attention_masks, self.layer, scale)
+        return self.attend(q_BLNH, k_BLNH, v_BLNH, attention_masks, scale)
+
+    def attend(self, q_BLNH: torch.Tensor, k_BLNH: torch.Tensor, v_BLNH: torch.Tensor,
+               meta: DacpBatchMeta, scale: float | None) -> torch.Tensor:
+        """The eager DACP call, (B, L, N, H) in and out: what ``forward`` runs
+        outside torch.compile and the compiled op runs inside."""
         if self._kernel is None:
             self._kernel = resolve_kernel(AUTO, q_BLNH)
         out_BNLH = dacp_attention(
             q_BLNH.transpose(1, 2),
             k_BLNH.transpose(1, 2),
             v_BLNH.transpose(1, 2),
-            attention_masks,
+            meta,
             # skrull-pool's metas name world ranks: their exchange is over the world group.
-            self.group if attention_masks.dist_sets is None else None,
+            self.group if meta.dist_sets is None else None,
             scale=scale,
             stats=self.stats,
             replay=self.replay,

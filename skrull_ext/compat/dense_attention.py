@@ -27,15 +27,24 @@ def dense_mask(block_mask: BlockMask, device: torch.device) -> torch.Tensor:
 
     Every layer gets the same BlockMask object in one forward, so the last
     one is cached (by identity) instead of being re-evaluated per layer.
+    Not under torch.compile: traced through this module-level cache, a
+    compiled block went on attending with the first step's documents; there
+    the mask is evaluated inside the graph, per layer.
     """
     global _last
+    if torch.compiler.is_compiling():
+        return _evaluate(block_mask, device)
     if _last[0] is block_mask:
         return _last[1]
-    q_len, kv_len = block_mask.seq_lengths
-    batch = block_mask.kv_num_blocks.shape[0]
-    mask = create_mask(block_mask.mask_mod, batch, 1, q_len, kv_len, device=device)
+    mask = _evaluate(block_mask, device)
     _last = (block_mask, mask)
     return mask
+
+
+def _evaluate(block_mask: BlockMask, device: torch.device) -> torch.Tensor:
+    q_len, kv_len = block_mask.seq_lengths
+    batch = block_mask.kv_num_blocks.shape[0]
+    return create_mask(block_mask.mask_mod, batch, 1, q_len, kv_len, device=device)
 
 
 class DenseMaskAttention(FlexAttention):

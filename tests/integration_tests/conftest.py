@@ -91,6 +91,11 @@ class SkrullRuns:
         "dp2cp2_ac_full": (4, ["--parallelism.context_parallel_degree", "2",
                                "--parallelism.data_parallel_shard_degree", "2", "--skrull.defer_grad_sync",
                                "--activation_checkpoint.kind", "full"]),
+        # torchtitan's per-block torch.compile (inductor, fullgraph) around the DACP custom op
+        # (attention/compiled.py), without and with full AC (test_compile.py).
+        "cp2_compile": (2, ["--parallelism.context_parallel_degree", "2", "--compile.enable"]),
+        "cp2_compile_ac_full": (2, ["--parallelism.context_parallel_degree", "2", "--compile.enable",
+                                    "--activation_checkpoint.kind", "full"]),
     }
 
     def __init__(self, workdir: str, seed: str):
