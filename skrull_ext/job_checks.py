@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import types
 
 from skrull_ext.errors import JobFileError
@@ -195,6 +196,75 @@ def _check_skrull(config, on_cpu: bool) -> None:
         raise JobFileError(str(e)) from None
 
 
+def _cxx_found() -> bool:
+    """Whether inductor's CPU code generation finds its C++ compiler (``CXX``,
+    else g++: torch._inductor.config.cpp.cxx), or may install one itself."""
+    if os.environ.get("TORCH_INDUCTOR_INSTALL_GXX"):
+        return True
+    return shutil.which(os.environ.get("CXX", "g++")) is not None
+
+
+def _check_compile(config, on_cpu: bool, cxx_found=_cxx_found) -> None:
+    """What stops a compiled job at its first step, with a traceback per rank:
+    a backend torch does not know, a CUDA-graph backend under Skrull (it
+    cannot replay DACP micro-batches, as training.disable_cuda_graphs says),
+    inductor on CPU without a C++ compiler. DACP attention itself compiles
+    (attention/compiled.py)."""
+    c = getattr(config, "compile", None)
+    if c is None or not c.enable or not set(c.components) & {"model", "loss"}:
+        return
+    import torch._dynamo
+
+    if c.backend not in torch._dynamo.list_backends(exclude_tags=()):
+        shown = ", ".join([*torch._dynamo.list_backends(), "aot_eager", "eager"])
+        raise _bad("compile.backend", c.backend, f"is not a torch.compile backend (torch._dynamo.list_backends(): "
+                                                 f"{shown}; debug backends too)")
+    skrull = getattr(config, "skrull", None)
+    if c.backend == "cudagraphs" and skrull is not None and skrull.enable:
+        raise _bad("compile.backend", c.backend, "a CUDA graph cannot replay DACP micro-batches (a new buffer "
+                   "length and host-side plan each call); use 'inductor'")
+    if c.backend == "inductor" and on_cpu and not cxx_found():
+        raise _bad("compile.enable", True, f"inductor compiles C++ on CPU and found no compiler "
+                   f"({os.environ.get('CXX', 'g++')}: set CXX, install g++, or set compile.enable = false)")
+
+
+def _quantized_linear(model_config) -> tuple[str, str] | None:
+    """(key, class) of the first layer a torchtitan quantization converter
+    (float8, MX, NVFP4) swapped into ``model_config``; None when there is none."""
+    from torchtitan.components.quantization import float8, mx, nvfp4
+    from torchtitan.components.quantization.utils import has_quantization
+    from torchtitan.models.common.linear import Linear
+
+    if model_config is None:
+        return None
+    quantized = tuple(cls.Config for cls in (float8.Float8Linear, mx.MXFP8Linear, nvfp4.NVFP4Linear)
+                      if cls is not None)  # None: torchao is not installed
+    for fqn, linear, _, _ in model_config.traverse(Linear.Config):
+        if quantized and isinstance(linear, quantized):
+            return f"model_spec.model.{fqn}", type(linear).__qualname__.removesuffix(".Config")
+    if has_quantization(model_config):  # MoE experts
+        return "model_spec.model", "quantized grouped experts"
+    return None
+
+
+def _check_quantization(config) -> None:
+    """torchtitan's float8 converter (and its MX/NVFP4 siblings) swaps Linear
+    layers when a config-registry function builds the model spec
+    (``model_registry(..., converters=[Float8LinearConverter.Config()])``), out
+    of reach of a job file. A Skrull job that carries one is refused: it was
+    never run, not silently trained as if it had been."""
+    skrull, spec = getattr(config, "skrull", None), getattr(config, "model_spec", None)
+    if skrull is None or not skrull.enable or spec is None:
+        return
+    found = _quantized_linear(getattr(spec, "model", None))
+    if found is not None:
+        raise _bad(*found, "quantized linears (torchtitan's Float8LinearConverter, MX, NVFP4 converters) are not "
+                   "supported with skrull.enable yet: never run with Skrull (float8 matmuls need an SM89+ GPU, "
+                   "their CPU emulation torchao, which this project does not install) and Skrull's cost model "
+                   "times bf16/fp32 matmuls; build the model spec without the converter, or set "
+                   "skrull.enable = false (torchtitan's own batching)")
+
+
 def _check_profiler(config, on_cpu: bool) -> None:
     """What torchtitan's profiler asserts only once the model is built: a cycle of
     ``profile_freq`` steps holds the warmup and active steps (torch.profiler's
@@ -239,4 +309,6 @@ def check_job(config, world_size: int | None = None, on_cpu: bool | None = None)
     check_data(config)
     _check_validation(config)
     _check_skrull(config, on_cpu)
+    _check_compile(config, on_cpu)
+    _check_quantization(config)
     _check_profiler(config, on_cpu)
