@@ -96,6 +96,14 @@ class SkrullRuns:
         "cp2_compile": (2, ["--parallelism.context_parallel_degree", "2", "--compile.enable"]),
         "cp2_compile_ac_full": (2, ["--parallelism.context_parallel_degree", "2", "--compile.enable",
                                     "--activation_checkpoint.kind", "full"]),
+        # FSDP's bf16 parameters, the GPU jobs' setting (test_bf16_parity.py). The frozen CPU profile
+        # is float32-shaped (a profile prices one dtype), so these plan with the h100-assumed preset,
+        # which takes its shape from the job.
+        "cp2_bf16": (2, ["--parallelism.context_parallel_degree", "2",
+                         "--training.mixed_precision_param", "bfloat16", "--skrull.cost_model", "h100-assumed"]),
+        "dp2cp2_bf16": (4, ["--parallelism.context_parallel_degree", "2",
+                            "--parallelism.data_parallel_shard_degree", "2", "--skrull.defer_grad_sync",
+                            "--training.mixed_precision_param", "bfloat16", "--skrull.cost_model", "h100-assumed"]),
     }
 
     def __init__(self, workdir: str, seed: str):
