@@ -64,7 +64,8 @@ def _run(model, lens, grad=True):
 
 @pytest.fixture(scope="module")
 def runs():
-    torch._dynamo.reset()
+    torch._dynamo.reset()  # dynamo's caches and its graph counter are process-wide: another
+    torch._dynamo.utils.counters.clear()  # test's compile before this one must not count here
     eager, compiled = _model(), _model()
     for block in compiled:
         block.compile(backend="aot_eager", fullgraph=True)
