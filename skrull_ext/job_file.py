@@ -279,8 +279,10 @@ def load_job(path: str, *, config_cls=None, ignore: tuple[str, ...] = (),
     if "hf_path" in model:
         config = hf_job_defaults(config, model["hf_path"])
 
+    sections, scalars = _sections_and_scalars(config)
     job = table.pop("job", {})
-    _check_keys(job, _sections_and_scalars(config)[1], "job")
+    _check_keys(job, scalars, "job")
+    _check_keys(table, sections | {"job", "model"}, "")  # root scalars live in [job] only
     return apply_tables(config, {**table, **job}, where="job")
 
 
@@ -316,7 +318,7 @@ def apply_tables(config: Any, table: dict, *, where: str, given: dict[str, list[
     updates = {}
     for name, value in table.items():
         if name in scalars:
-            updates[name] = _coerce(value, root_fields[name], f"{where}.{name}" if where == "job" else name)
+            updates[name] = _coerce(value, root_fields[name], f"{where}.{name}" if where else name)
             continue
         if not isinstance(value, dict):
             raise JobFileError(f"{name}: expected a [{name}] table, got {value!r}")

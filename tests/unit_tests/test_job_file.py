@@ -85,6 +85,8 @@ def test_bad_values_name_the_key(tmp_path, body, message):
         ('[model]\nname = "llama3"', r"model.flavor: required"),
         ('[model]\nname = "llama3"\nflavor = "debugmodel"\nsize = 1', r"unknown key\(s\) \['size'\] in \[model\]"),
         ("[training\n", r"not valid TOML"),
+        ('dump_folder = "x"\n[model]\nname = "llama3"\nflavor = "debugmodel"',
+         r"unknown key\(s\) \['dump_folder'\] in the job file"),  # root fields go in [job]
     ],
 )
 def test_bad_model_or_syntax(tmp_path, body, message):
