@@ -16,13 +16,13 @@ _LAZY = {
     "DISTRIBUTED": "skrull_ext._core",
     "CostModel": "skrull_ext._core",
     "__version__": "skrull_ext._core",
-    "POLICIES": "skrull_ext.config",
-    "SchedulerConfig": "skrull_ext.config",
-    "DROPPED": "skrull_ext.plan",
-    "MicroBatchPlan": "skrull_ext.plan",
-    "Plan": "skrull_ext.plan",
-    "PlanError": "skrull_ext.plan",
-    "Scheduler": "skrull_ext.scheduler",
+    "POLICIES": "skrull_ext.scheduler.config",
+    "SchedulerConfig": "skrull_ext.scheduler.config",
+    "DROPPED": "skrull_ext.scheduler.plan",
+    "MicroBatchPlan": "skrull_ext.scheduler.plan",
+    "Plan": "skrull_ext.scheduler.plan",
+    "PlanError": "skrull_ext.scheduler.plan",
+    "Scheduler": "skrull_ext.scheduler.facade",
 }
 
 __all__ = sorted(_LAZY)

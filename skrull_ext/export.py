@@ -8,7 +8,7 @@
 interval``); the job file, or the HF folder the job started from, says which
 model it holds. ``OUT_DIR`` gets ``model.safetensors`` (HF key names and
 layouts, through the model spec's state-dict adapter), config.json and the
-tokenizer files (skrull_ext/hf/export.py), which is what
+tokenizer files (skrull_ext/hf/folder.py), which is what
 ``transformers.AutoModelForCausalLM.from_pretrained(OUT_DIR)`` loads. The
 final checkpoint of a job with ``[checkpoint] last_save_in_hf = true`` is
 such a folder already.
@@ -38,7 +38,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
 
-from skrull_ext.model_shape import DTYPES
+from skrull_ext.scheduler.model_shape import DTYPES
 
 
 class ExportError(ValueError):
@@ -109,7 +109,7 @@ def load_single_process(state_dict: dict, checkpoint_dir: str) -> None:
 def export(checkpoint_dir: str, out_dir: str, config, dtype: str = "float32") -> str:
     """Write the HF folder of ``checkpoint_dir`` (a step of ``config``'s job) to
     ``out_dir``; returns ``out_dir``."""
-    from skrull_ext.hf.export import HFExport
+    from skrull_ext.hf.folder import HFExport
     from skrull_ext.lora import apply_lora
 
     apply_lora(config)  # a [lora] job's model has the adapters its checkpoint holds
@@ -122,12 +122,12 @@ def export(checkpoint_dir: str, out_dir: str, config, dtype: str = "float32") ->
 
 def job_config(config_file: str | None, hf_path: str | None):
     """The job config that names the checkpoint's model."""
-    from skrull_ext.job_file import base_config, load_job
+    from skrull_ext.train.job_file import base_config, load_job
 
     if config_file is not None:
         return load_job(config_file)
     from skrull_ext.hf.job import hf_job_defaults
-    from skrull_ext.models import build_model_spec
+    from skrull_ext.models.registry import build_model_spec
 
     return hf_job_defaults(base_config(build_model_spec(hf_path=hf_path)), hf_path)
 

@@ -3,7 +3,7 @@
     PYTHONPATH=. python tools/ablate_skrull.py [--iterations 30]
 
 Each variant is 'skrull' with one knob set back to the paper's choice
-(skrull_ext.config.POLICIES, registered here in this process only), run on
+(skrull_ext.scheduler.config.POLICIES, registered here in this process only), run on
 the default benchmark cells (paper and real suites, paper shapes, assumed
 H100). Prints a markdown table: mean iteration time of each variant over
 skrull's (1.000 = no effect, above = skrull's knob helps), skrull's gap to
@@ -19,10 +19,11 @@ import sys
 import time
 from dataclasses import replace
 
-from skrull_ext import _core, config
-from skrull_ext import cost_model as cost_models
-from skrull_ext.sim import scenarios, simulator
+from skrull_ext import _core
+from skrull_ext.scheduler import config
+from skrull_ext.scheduler import cost_model as cost_models
 from skrull_ext.sim import policies as sim_policies
+from skrull_ext.sim import scenarios, simulator
 
 BASE = config.POLICIES["skrull"]
 VARIANTS = {

@@ -29,7 +29,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from skrull_ext import cost_model as cost_models
+from skrull_ext.scheduler import cost_model as cost_models
 from skrull_ext.sim import bound, simulator
 from skrull_ext.sim.packing import Shape
 

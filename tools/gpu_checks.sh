@@ -87,7 +87,7 @@ pack
 
 # 4. Profiled overlap: a Qwen2.5-0.5B attention shape (14 heads over 2 K/V heads of 64); a micro-batch of
 #    two long sequences (16K, 8K: distributed) and 40 long-tail short ones (local), ~45K tokens.
-short=$("$py" -c "from skrull_ext.attention.bench import long_tail_lengths; print(*long_tail_lengths(40, 1))")
+short=$("$py" -c "from skrull_ext.bench.attention import long_tail_lengths; print(*long_tail_lengths(40, 1))")
 for cp in 2 4; do
   for kernel in auto dense; do
     timeout 75 "$py" -m skrull_ext.bench overlap --device cuda --cp "$cp" --kernel "$kernel" \

@@ -1,8 +1,13 @@
 """skrull vs skrull-pool core latency, interleaved per batch (the two alternate first), so machine load
 hits both alike: PYTHONPATH=. python tools/pool_latency.py (docs/latency.md, "skrull-pool")."""
-import random, time, statistics, sys
-from skrull_ext import _core, SchedulerConfig, lengths
-from skrull_ext import cost_model as cm
+import random
+import statistics
+import sys
+import time
+
+from skrull_ext import SchedulerConfig, _core, lengths
+from skrull_ext.scheduler import cost_model as cm
+
 cost = cm.preset()
 pool = lengths.load("mix_sharegpt_conv95+longbench_en5")
 for name, dp, reps in (("paper", 4, 200), ("large", 128, 40)):

@@ -47,7 +47,7 @@ def read_run(folder: str) -> dict[int, dict[str, list[float]]]:
 
 def quantiles(xs: list[float]) -> tuple[float, float, float]:
     r = sorted(xs)
-    q = lambda f: r[min(len(r) - 1, int(f * len(r)))]  # noqa: E731  (as skrull_ext.step_checks.RatioSpread)
+    q = lambda f: r[min(len(r) - 1, int(f * len(r)))]  # noqa: E731  (as skrull_ext.train.step_checks.RatioSpread)
     return statistics.median(r), q(0.1), q(0.9)
 
 

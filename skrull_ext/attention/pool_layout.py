@@ -6,7 +6,7 @@
 
 """A rank's DACP buffer and meta for a skrull-pool micro-batch.
 
-A pool micro-batch (skrull_ext/pool_plan.py) gives each sequence a rank set
+A pool micro-batch (skrull_ext/scheduler/pool_plan.py) gives each sequence a rank set
 of world ranks, ``[first_rank, first_rank + num_ranks)``: one rank (local,
 whole) or k >= 2 ranks (sharded). The buffer layout is the CP-group one
 (meta.py, docs/design/buffer_layout.md) with k in place of the CP size per

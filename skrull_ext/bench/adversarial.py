@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from skrull_ext import POLICIES, SchedulerConfig, _core
-from skrull_ext import cost_model as cost_models
+from skrull_ext.scheduler import cost_model as cost_models
 
 C = 26624  # BucketSize of Qwen2.5-0.5B in the paper
 

@@ -102,7 +102,7 @@ def launch(a: argparse.Namespace, mode: str, repeat: int) -> list[list[dict]]:
             return ranks
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={a.nproc}",
-        "-m", "skrull_ext.bench.cp_probe", "skrull_ext.train", "--config-file", os.path.abspath(a.config_file),
+        "-m", "torchtitan_patches.cp_probe", "skrull_ext.train", "--config-file", os.path.abspath(a.config_file),
         "--parallelism.context_parallel_degree", str(a.cp), "--training.steps", str(a.steps),
         "--dump_folder", run_dir, *a.modes[mode], *a.extra,
     ]

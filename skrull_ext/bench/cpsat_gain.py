@@ -25,7 +25,7 @@ import statistics
 from dataclasses import asdict, dataclass
 
 from skrull_ext import Scheduler, SchedulerConfig, lengths
-from skrull_ext import cost_model as cost_models
+from skrull_ext.scheduler import cost_model as cost_models
 
 CPU_PROFILE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                            "profiles", "cpu-debug-gloo2.toml")

@@ -23,10 +23,10 @@ from dataclasses import asdict, dataclass
 from tqdm import tqdm
 
 from skrull_ext import POLICIES, Scheduler, SchedulerConfig, _core, lengths
-from skrull_ext.config import TIMELINES
-from skrull_ext import cost_model as cost_models
 from skrull_ext.bench import reference as ref
-from skrull_ext.cpsat import solve_dacp
+from skrull_ext.scheduler import cost_model as cost_models
+from skrull_ext.scheduler.config import TIMELINES
+from skrull_ext.scheduler.cpsat import solve_dacp
 
 
 @dataclass(frozen=True)

@@ -38,10 +38,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from torch.profiler import profile, ProfilerActivity, record_function
+from torch.profiler import ProfilerActivity, profile, record_function
 
-from skrull_ext.attention import build_meta, dacp_attention, DacpStats, DISTRIBUTED, KERNEL_CHOICES, TRANSPORTS
-from skrull_ext.attention.bench import add_micro_batch_args, backend_for, dacp_placement, long_tail_lengths
+from skrull_ext.attention import DISTRIBUTED, KERNEL_CHOICES, TRANSPORTS, DacpStats, build_meta, dacp_attention
+from skrull_ext.bench.attention import add_micro_batch_args, backend_for, dacp_placement, long_tail_lengths
 from skrull_ext.bench.trace_overlap import analyze, load_events
 
 __all__ = ["main"]

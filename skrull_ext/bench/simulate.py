@@ -24,13 +24,13 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from skrull_ext import cost_model as cost_models
 from skrull_ext import lengths as length_files
-from skrull_ext.config import TIMELINES
 from skrull_ext.errors import DataError
-from skrull_ext.profile_file import Profile
-from skrull_ext.sim import scenarios, simulator
+from skrull_ext.scheduler import cost_model as cost_models
+from skrull_ext.scheduler.config import TIMELINES
+from skrull_ext.scheduler.profile_file import Profile
 from skrull_ext.sim import policies as sim_policies
+from skrull_ext.sim import scenarios, simulator
 
 
 def _csv(s: str) -> list[str]:

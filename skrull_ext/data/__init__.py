@@ -1,1 +1,6 @@
-"""``python -m skrull_ext.data prepare JOB.toml``: tokenize a job's text source once (docs/data.md)."""
+"""Data for skrull-ext runs: the sources (synthetic tokens following a shipped
+length distribution, JSONL and HF text through the token store, mixtures),
+the tokenizers, the per-rank buffers and the dataloaders that feed torchtitan.
+
+``python -m skrull_ext.data prepare JOB.toml`` tokenizes a job's text source
+once, ahead of torchrun (``__main__``; docs/data.md)."""

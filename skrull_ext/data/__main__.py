@@ -11,10 +11,10 @@ import argparse
 import os
 
 from skrull_ext.cli_errors import run_cli
-from skrull_ext.datasets.prepare import cached_sequences
-from skrull_ext.datasets.source import mixture_configs
-from skrull_ext.job_checks import check_data
-from skrull_ext.job_file import load_config
+from skrull_ext.data.prepare import cached_sequences
+from skrull_ext.data.source import mixture_configs
+from skrull_ext.train.job_checks import check_data
+from skrull_ext.train.job_file import load_config
 
 
 def main(argv=None) -> int:

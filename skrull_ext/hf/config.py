@@ -3,7 +3,7 @@
 A pretrained model arrives as a HF folder: ``config.json``, ``*.safetensors``
 and tokenizer files. Its ``architectures`` entry names the model class that
 wrote it; ``HF_ARCHITECTURES`` maps each supported class to a skrull family
-(``skrull_ext.decoders``) and to the config.json options that family cannot
+(``skrull_ext.models.decoders``) and to the config.json options that family cannot
 represent, which are refused here, before any training starts, rather than
 silently giving a different model. Weights are loaded separately
 (``skrull_ext.hf.weights``), through the spec's state-dict adapter.
@@ -20,8 +20,8 @@ from typing import Any
 
 from torchtitan.protocols.model_spec import ModelSpec
 
-from skrull_ext.decoders import DecoderDims, LlamaRopeScaling, decoder_spec
 from skrull_ext.errors import UserError
+from skrull_ext.models.decoders import DecoderDims, LlamaRopeScaling, decoder_spec
 
 
 class HFConfigError(UserError):
@@ -110,7 +110,7 @@ def _check_qwen3(cfg: dict) -> None:
 @dataclass(frozen=True)
 class HFArchitecture:
     family: str
-    """skrull_ext.decoders family name."""
+    """skrull_ext.models.decoders family name."""
     model_type: str
     """config.json ``model_type``; identifies folders that omit ``architectures``."""
     check: Callable[[dict], None]

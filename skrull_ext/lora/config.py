@@ -9,7 +9,7 @@
 Users name target modules as peft and HF do (``q_proj`` ... ``down_proj``),
 because the adapter they get back is a peft folder with those names. The
 torchtitan decoders skrull-ext trains (llama3, qwen2_5, qwen3; see
-``skrull_ext.decoders``) fuse q, k and v into one ``wqkv`` linear, so one
+``skrull_ext.models.decoders``) fuse q, k and v into one ``wqkv`` linear, so one
 LoRA pair on ``wqkv`` serves all three: q, k and v are targeted together or
 not at all. That pair exports exactly to peft's three (one shared
 ``lora_A``, ``lora_B`` split by rows; ``skrull_ext.lora.peft_io``).

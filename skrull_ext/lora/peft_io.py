@@ -13,7 +13,7 @@ adapters carry over once they are in HF's layout:
 - names: the model's own state-dict adapter (``spec.state_dict_adapter``)
   maps torchtitan FQNs to HF keys, as for the base weights, once the
   wrappers the parallelize step put around blocks (activation checkpointing,
-  compile, FSDP1) are out of the module names (``skrull_ext.fqn``);
+  compile, FSDP1) are out of the module names (``skrull_ext.models.fqn``);
 - rows: HF's layout of an output row can differ (llama3 permutes q/k rows for
   its RoPE; the fused ``wqkv`` interleaves q, k, v per KV group). ``lora_B``
   is out x r, so it is laid out as a weight would be: padded with zero
@@ -40,10 +40,10 @@ from torch.distributed.tensor import DTensor
 from torchtitan.models.common.attention import FusedQKVLinear
 from torchtitan.protocols.model_spec import ModelSpec
 
-from skrull_ext.fqn import plain_fqn
-from skrull_ext.hf.export import HFExport
+from skrull_ext.hf.folder import HFExport
 from skrull_ext.lora.config import LoRAConfig
 from skrull_ext.lora.converter import lora_modules
+from skrull_ext.models.fqn import plain_fqn
 
 PEFT_PREFIX = "base_model.model."
 """peft's key prefix for a PeftModelForCausalLM (LoraModel wrapping the HF model)."""

@@ -41,11 +41,10 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from skrull_ext.profile_file import Profile, ProfileMemory
-from skrull_ext.profile.memory import (OPTIMIZER_STATES, PEAK_METERS, local_bytes, measure_step,
-                                       optimizer_state_tensors)
+from skrull_ext.profile.memory import OPTIMIZER_STATES, PEAK_METERS, local_bytes, measure_step, optimizer_state_tensors
 from skrull_ext.profile.model import DTYPES, JobModel
 from skrull_ext.profile.ranks import reduce_floats
+from skrull_ext.scheduler.profile_file import Profile, ProfileMemory
 
 __all__ = ["BucketCheck", "check_bucket", "check_profile", "fill_bucket"]
 
@@ -57,7 +56,7 @@ def fill_bucket(jm: JobModel, tokens: int, seed: int = 0) -> list[int]:
         import numpy as np
 
         from skrull_ext import lengths as shipped_lengths
-        from skrull_ext.datasets.synthetic import SyntheticSequences
+        from skrull_ext.data.synthetic import SyntheticSequences
 
         src = SyntheticSequences(lengths=np.asarray(shipped_lengths.load(dl.lengths, "dataloader.lengths"), dtype=np.int64), vocab_size=max(3, jm.vocab_size), seed=seed,
                                  length_scale=dl.length_scale, min_len=dl.min_len, max_len=dl.max_len)
@@ -167,8 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
     import sys
 
-    from skrull_ext.job_file import load_config
     from skrull_ext.profile.model import build_job_model
+    from skrull_ext.train.job_file import load_config
 
     p = argparse.ArgumentParser(prog="python -m skrull_ext.profile.check", description=main.__doc__)
     p.add_argument("--config-file", required=True, help="the job TOML the profile was measured for")

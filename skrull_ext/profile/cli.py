@@ -142,7 +142,6 @@ def main(argv: list[str] | None = None) -> int:
     import torchtitan
     from tqdm import tqdm
 
-    from skrull_ext.job_file import load_config
     from skrull_ext.profile.check import check_bucket
     from skrull_ext.profile.comm import profile_comm
     from skrull_ext.profile.compute import profile_compute
@@ -153,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     from skrull_ext.profile.plot import plot
     from skrull_ext.profile.ranks import is_main
     from skrull_ext.profile.writer import Profile, report, write
+    from skrull_ext.train.job_file import load_config
 
     t0 = time.perf_counter()
     argv = sys.argv[1:] if argv is None else argv

@@ -53,11 +53,11 @@ from typing import Any
 
 import torch
 
-from skrull_ext.profile_file import derive_bucket_size, free_running_bytes
 from skrull_ext.profile.fit import PolyFit, fit_poly
 from skrull_ext.profile.model import DTYPES, JobModel, fsdp_degree
 from skrull_ext.profile.options import ProfileOptions
 from skrull_ext.profile.ranks import reduce_floats, sync
+from skrull_ext.scheduler.profile_file import derive_bucket_size, free_running_bytes
 
 __all__ = ["MemoryPoint", "MemoryResult", "StaticMemory", "local_bytes", "measure_step", "optimizer_state_tensors",
            "profile_memory", "static_memory"]

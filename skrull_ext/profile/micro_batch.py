@@ -100,7 +100,7 @@ def _wrap_fsdp(jm: JobModel, world: int) -> None:
     apply_fsdp_to_decoder(jm.model, mesh, param_dtype=TORCH_DTYPE_MAP[t.mixed_precision_param],
                           reduce_dtype=TORCH_DTYPE_MAP[t.mixed_precision_reduce], pp_enabled=False,
                           cpu_offload=t.enable_cpu_offload, reshard_after_forward_policy=p.fsdp_reshard_after_forward)
-    if dist.get_backend() == "gloo":  # as compat's fsdp_sum_reductions does for training: gloo has no PREMUL_SUM
+    if dist.get_backend() == "gloo":  # as torchtitan_patches' fsdp_sum_reductions does for training: gloo has no PREMUL_SUM
         from torch.distributed.fsdp import FSDPModule
 
         for module in jm.model.modules():

@@ -9,7 +9,7 @@
 The profiler must time the layers the job trains, not a stand-in: this
 follows ``torchtitan.trainer.Trainer.__init__`` (0.3.0) for one rank without
 parallelism: ``update_from_config``, the config's ``--override.imports``
-(on CPU, compat's dense-mask attention), ``build()`` under the compute
+(on CPU, torchtitan_patches' dense-mask attention), ``build()`` under the compute
 dtype, ``init_states``, then the job's activation checkpointing and
 per-block ``torch.compile``, and, when the job trains with Skrull, the DACP
 attention it will run (``[skrull] attention_kernel``; CP 1, every document
@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from skrull_ext._core import ModelShape
-from skrull_ext.model_shape import DTYPES, compute_dtype, fsdp_degree, spec_shape
+from skrull_ext.scheduler.model_shape import DTYPES, compute_dtype, fsdp_degree, spec_shape
 
 __all__ = ["DTYPES", "JobModel", "build_job_model", "compute_dtype", "fsdp_degree"]
 
@@ -115,7 +115,7 @@ def build_job_model(config: Any, device: torch.device, max_len: int, world_size:
     skrull = getattr(config, "skrull", None)
     dacp = skrull is not None and skrull.enable
     if dacp:  # after AC and compile, as SkrullTrainer does after torchtitan's parallelize
-        from skrull_ext.attention.install import install_dacp_attention
+        from torchtitan_patches.dacp_attention import install_dacp_attention
 
         install_dacp_attention([model], None, kernel=skrull.attention_kernel, exchange=skrull.kv_exchange)
 

@@ -15,9 +15,10 @@ a committed profile can be re-plotted without rerunning anything:
 from __future__ import annotations
 
 import sys
-import tomllib
 from pathlib import Path
 from typing import Any
+
+import tomllib
 
 __all__ = ["plot"]
 
@@ -45,8 +46,8 @@ def plot(d: dict[str, Any], path: str | Path) -> None:
     gf = [x / 1e9 for x in raw_c.get("flops", [])]
     ax.plot(gf, [y / 1e3 for y in raw_c.get("us", [])], "o", label="fit points")
     if raw_c.get("held_out_lengths"):
-        from skrull_ext.profile.compute import flops_of  # the scheduler's FLOPs of each length
         from skrull_ext._core import ModelShape
+        from skrull_ext.profile.compute import flops_of  # the scheduler's FLOPs of each length
 
         m = d["model"]
         shape = ModelShape(m["layers"], m["hidden"], m["kv_width"], m["bytes_per_elem"])
@@ -99,7 +100,7 @@ def plot(d: dict[str, Any], path: str | Path) -> None:
         for key in (k for k, v in raw_k.items()  # each direction of the exchange, timed per size
                     if k.endswith("_us") and isinstance(v, list) and len(v) == len(raw_k["sizes"])):
             ax.loglog(raw_k["sizes"], raw_k[key], "o", mfc="none", label=key.removesuffix("_us"))
-    from skrull_ext import profile_file
+    from skrull_ext.scheduler import profile_file
 
     cm = profile_file.from_dict(d)
     sizes = raw_k["sizes"] if raw_k else k["bytes"]

@@ -44,11 +44,11 @@ from dataclasses import asdict
 
 import torch.distributed as dist
 
-from skrull_ext.job_file import load_config
 from skrull_ext.profile.memory import PROCESS_METERS, local_bytes, optimizer_state_tensors
 from skrull_ext.profile.train_report import StepMemory, format_report, report
-from skrull_ext.profile_file import Profile
-from skrull_ext.trainer import SkrullTrainer
+from skrull_ext.scheduler.profile_file import Profile
+from skrull_ext.train.job_file import load_config
+from skrull_ext.train.trainer import SkrullTrainer
 
 __all__ = ["MeteredTrainer", "main"]
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from skrull_ext.profile_file import ProfileMemory
+from skrull_ext.scheduler.profile_file import ProfileMemory
 
 __all__ = ["RankVerdict", "StepMemory", "format_report", "report"]
 

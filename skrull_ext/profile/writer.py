@@ -6,7 +6,7 @@
 
 """The profile file and the console report.
 
-The file is the TOML ``skrull_ext.profile_file`` reads (sections and keys
+The file is the TOML ``skrull_ext.scheduler.profile_file`` reads (sections and keys
 in its docstring); the raw measurements go under ``[meta.*]`` so a plot or a
 re-fit never needs a rerun. ``profile_dict`` round-trips its result through
 ``profile_file.from_dict`` before anything is written, so a file the scheduler
@@ -22,13 +22,13 @@ from typing import Any
 
 import tomli_w
 
-from skrull_ext import cost_model, profile_file
 from skrull_ext.profile.check import BucketCheck
 from skrull_ext.profile.comm import CommResult
 from skrull_ext.profile.compute import ComputeResult
 from skrull_ext.profile.memory import MemoryResult
 from skrull_ext.profile.micro_batch import MicroBatchResult
 from skrull_ext.profile.model import JobModel
+from skrull_ext.scheduler import cost_model, profile_file
 
 __all__ = ["Profile", "profile_dict", "report", "write"]
 

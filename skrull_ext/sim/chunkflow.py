@@ -29,7 +29,7 @@ from collections.abc import Sequence
 
 from skrull_ext import _core
 from skrull_ext._core import DISTRIBUTED, CostModel
-from skrull_ext.plan import MicroBatchPlan, Plan
+from skrull_ext.scheduler.plan import MicroBatchPlan, Plan
 from skrull_ext.sim.packing import Shape, build_plan, sharded_tokens
 
 

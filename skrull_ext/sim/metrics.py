@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from skrull_ext._core import CostModel
-from skrull_ext.plan import Plan
-from skrull_ext.pool_plan import PoolPlan
+from skrull_ext.scheduler.plan import Plan
+from skrull_ext.scheduler.pool_plan import PoolPlan
 
 
 @dataclass

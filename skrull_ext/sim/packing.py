@@ -1,7 +1,7 @@
 """Plans for the policies the core does not make: grouping helpers and a
 Plan builder that scores every micro-batch with the core's cost model.
 
-Every policy of the simulator ends in a ``skrull_ext.plan.Plan`` so the same
+Every policy of the simulator ends in a ``skrull_ext.scheduler.plan.Plan`` so the same
 ``Plan.validate()`` and the same metrics apply to all of them; the times in
 it come from ``_core.evaluate_placement`` (or, for chunks, the core's
 ``micro_batch_us``), never from a second cost model.
@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 from skrull_ext import _core
 from skrull_ext._core import DISTRIBUTED, CostModel
-from skrull_ext.config import TIMELINES
-from skrull_ext.plan import MicroBatchPlan, Plan
+from skrull_ext.scheduler.config import TIMELINES
+from skrull_ext.scheduler.plan import MicroBatchPlan, Plan
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,7 @@ class Shape:
     bucket_size: int
     """BucketSize C: tokens one CP rank can hold."""
     timeline: str = "lockstep"
-    """The timeline every policy's plan is timed on (skrull_ext.config.TIMELINES): FSDP over
+    """The timeline every policy's plan is timed on (skrull_ext.scheduler.config.TIMELINES): FSDP over
     the DP ranks runs lockstep; ``free`` is the paper's per-rank timeline."""
 
     def __post_init__(self) -> None:

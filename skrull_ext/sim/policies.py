@@ -19,7 +19,7 @@ iteration time. All times come from the core's cost model.
   baseline. It changes which samples share an optimizer step (Skrull does
   not), so it is compared on the average over the same samples.
 - worstfit, skrull-paper, skrull-fast, skrull, skrull-per-rank: the core's
-  policies (skrull_ext.config); skrull-fast is skrull without the shard
+  policies (skrull_ext.scheduler.config); skrull-fast is skrull without the shard
   sweep, skrull-per-rank is skrull with the per-rank GDS on every timeline
   (what the slot GDS replaced on lockstep jobs).
 - skrull-pool: the DP x CP world as one pool, on sequences
@@ -40,8 +40,8 @@ from dataclasses import dataclass
 
 from skrull_ext import Scheduler, SchedulerConfig
 from skrull_ext._core import CostModel
-from skrull_ext.plan import Plan
-from skrull_ext.pool_plan import PoolPlan
+from skrull_ext.scheduler.plan import Plan
+from skrull_ext.scheduler.pool_plan import PoolPlan
 from skrull_ext.sim import bound, chunkflow
 from skrull_ext.sim.packing import Shape, all_sharded_plan, pack_sharded
 
@@ -95,7 +95,7 @@ def sort_window(batches: list[list[int]], seed: int) -> list[list[int]]:
 
 
 def core_policy(name: str, **overrides) -> PlanFn:
-    """A policy of the scheduler core (skrull_ext.config.POLICIES) behind the Scheduler facade."""
+    """A policy of the scheduler core (skrull_ext.scheduler.config.POLICIES) behind the Scheduler facade."""
 
     def run(lengths: Sequence[int], cost: CostModel, shape: Shape, seed: int) -> Plan | PoolPlan:
         cfg = SchedulerConfig(dp=shape.dp, cp=shape.cp, bucket_size=shape.bucket_size, policy=name,
@@ -123,7 +123,7 @@ SIM_POLICIES: dict[str, SimPolicy] = {
         SimPolicy("chunkflow", chunkflow_policy, "ChunkFlow-style fixed-size chunks, sharded, LPT over DP"),
         SimPolicy("skrull-paper", core_policy("skrull-paper"), "paper's Algorithms 1+2, roll-back corrected"),
         SimPolicy("skrull-fast", core_policy("skrull-fast"), "skrull without the shard sweep (cheaper to schedule)"),
-        SimPolicy("skrull", core_policy("skrull"), "this project's scheduler (skrull_ext.config 'skrull')"),
+        SimPolicy("skrull", core_policy("skrull"), "this project's scheduler (skrull_ext.scheduler.config 'skrull')"),
         SimPolicy("skrull-per-rank", core_policy("skrull-per-rank"),
                   "skrull with the per-rank GDS on every timeline (before the slot GDS)"),
         SimPolicy("skrull-pool", core_policy("skrull-pool"),

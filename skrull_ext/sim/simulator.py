@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 
 from skrull_ext import _core
 from skrull_ext._core import CostModel
-from skrull_ext import cost_model as cost_models
-from skrull_ext.profile_file import Profile
+from skrull_ext.scheduler import cost_model as cost_models
+from skrull_ext.scheduler.profile_file import Profile
 from skrull_ext.sim import bound, datasets, metrics
 from skrull_ext.sim import policies as sim_policies
 from skrull_ext.sim.packing import Shape

@@ -12,7 +12,7 @@ import pytest
 
 from tests.integration_tests.launch import REPO, Run, seed_checkpoint, train_from_seed
 
-TORCHTITAN = ["--module", "skrull_ext", "--config", "llama3_debugmodel_cpu"]
+TORCHTITAN = ["--module", "skrull_ext.train", "--config", "llama3_debugmodel_cpu"]
 PLAN_PROFILE = os.path.join(REPO, "tests", "integration_tests", "cpu-debug-gloo2-2026-11-22.toml")
 """The cost model the parity runs plan with: the debug job's CPU profile as measured on
 2026-11-22 (no fixed cost of a micro-batch), frozen here so that the plan shapes the tests

@@ -34,7 +34,7 @@ def _install_grad_probe(step: int, path: str) -> None:
     from torch.optim.optimizer import register_optimizer_step_pre_hook
     from torchtitan.components.optimizer import OptimizersContainer
 
-    from skrull_ext.bench.cp_probe import record_trainers
+    from torchtitan_patches.cp_probe import record_trainers
 
     trainers = record_trainers()
 
@@ -61,7 +61,7 @@ def _install_nan_probe(step: int, path: str) -> None:
     from torch.optim.optimizer import register_optimizer_step_post_hook
     from torchtitan.components.optimizer import OptimizersContainer
 
-    from skrull_ext.bench.cp_probe import record_trainers
+    from torchtitan_patches.cp_probe import record_trainers
 
     trainers = record_trainers()
 
@@ -86,7 +86,7 @@ def _install_pass_probe(folder: str) -> None:
     from torch.optim.optimizer import register_optimizer_step_pre_hook
     from torchtitan.components.optimizer import OptimizersContainer
 
-    from skrull_ext.bench.cp_probe import record_trainers
+    from torchtitan_patches.cp_probe import record_trainers
 
     trainers = record_trainers()
     passes: dict[int, int] = {}

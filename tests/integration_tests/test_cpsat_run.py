@@ -16,8 +16,8 @@ import os
 import pytest
 
 from skrull_ext import Scheduler, SchedulerConfig
-from skrull_ext import cost_model as cost_models
-from skrull_ext.plan_log import read_plan_log
+from skrull_ext.scheduler import cost_model as cost_models
+from skrull_ext.train.plan_log import read_plan_log
 from tests.integration_tests.conftest import PLAN_PROFILE, STEPS
 from tests.integration_tests.test_parity_skrull import _matches_reference
 

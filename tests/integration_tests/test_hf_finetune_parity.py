@@ -13,7 +13,7 @@ that folder (``[model] hf_path``, float32, the debug job's synthetic data):
   through ``AutoModelForCausalLM`` with ``labels`` and
   ``num_items_in_batch`` = the loss tokens of the whole global batch, the
   normalisation the product uses (sum of token losses over the global
-  batch's loss tokens, skrull_ext/trainer.py);
+  batch's loss tokens, skrull_ext/train/trainer.py);
 - torchtitan's own Trainer in 1 process on the same job (rows packed as
   torchtitan does, ``torchtitan_job.py``) logs the same two losses, and at
   step 2, after one optimizer step, every parameter's gradient agrees with
@@ -42,10 +42,10 @@ import pytest
 import torch
 import transformers
 
-from skrull_ext.datasets.source import DATASETS
-from skrull_ext.datasets.synthetic import IGNORE_INDEX
-from skrull_ext.job_file import load_job
-from skrull_ext.plan_log import read_plan_log
+from skrull_ext.data.source import DATASETS
+from skrull_ext.data.synthetic import IGNORE_INDEX
+from skrull_ext.train.job_file import load_job
+from skrull_ext.train.plan_log import read_plan_log
 from tests.integration_tests.hf_folders import VOCAB, hf_job, save_tiny_model
 from tests.integration_tests.launch import assert_same_grads, train_from_seed
 from tests.integration_tests.test_parity_skrull import GRAD

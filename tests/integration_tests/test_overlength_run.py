@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from skrull_ext.datasets.scheduling import SkrullDataLoader
-from skrull_ext.datasets.overlength import cp_limit, scan_overlength
+from skrull_ext.data.overlength import cp_limit, scan_overlength
+from skrull_ext.data.scheduling import SkrullDataLoader
 from tests.integration_tests.launch import REPO, scalars, torchrun
 
 JOB = ["--config-file", os.path.join(REPO, "skrull_ext", "jobs", "debug_cpu.toml")]

@@ -20,7 +20,7 @@ import os
 
 import pytest
 
-from skrull_ext.plan_log import read_plan_log
+from skrull_ext.train.plan_log import read_plan_log
 from tests.integration_tests.conftest import CHECK_STEP, POOL_SUB_STEP, STEPS
 from tests.integration_tests.launch import assert_same_grads
 from tests.integration_tests.test_parity_skrull import GRAD, _matches_reference_losses_and_grads

@@ -24,7 +24,7 @@ digests, same samples), and give the same gradients.
 
 import pytest
 
-from skrull_ext.plan_log import read_plan_log
+from skrull_ext.train.plan_log import read_plan_log
 from tests.integration_tests.conftest import CHECK_STEP, STEPS
 from tests.integration_tests.launch import assert_same_grads
 

@@ -1,4 +1,4 @@
-"""torchtitan's own training on CPU through skrull_ext.compat: a 1-process run
+"""torchtitan's own training on CPU through torchtitan_patches: a 1-process run
 and a CP=2 run (2 processes, gloo) from one seed checkpoint, float32, same
 batches, give the same losses for 5 steps, and the loss goes down. This is
 what proves the compat layer exact (issue 4); Skrull's own runs are held

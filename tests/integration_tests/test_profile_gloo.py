@@ -2,12 +2,11 @@
 collectives are timed across the group and land in [comm] as a table the
 scheduler reads; compute and memory are measured on both ranks."""
 
+import pytest
 import tomllib
 
-import pytest
+from skrull_ext.scheduler import cost_model
 from tests.integration_tests.launch import REPO, torchrun
-
-from skrull_ext import cost_model
 
 
 @pytest.mark.slow

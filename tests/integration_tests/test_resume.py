@@ -21,7 +21,7 @@ import shutil
 
 import pytest
 
-from skrull_ext.plan_log import read_plan_log
+from skrull_ext.train.plan_log import read_plan_log
 from tests.integration_tests.conftest import SKRULL, STEPS, SkrullRuns
 from tests.integration_tests.launch import train_from_seed
 

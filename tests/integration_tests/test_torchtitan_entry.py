@@ -1,4 +1,4 @@
-"""The documented torchtitan path, ``torchtitan.train --module skrull_ext
+"""The documented torchtitan path, ``torchtitan.train --module skrull_ext.train
 --config ...``, trains on CPU: the config registry applies the CPU fixes
 and nothing in skrull_ext binds torch.cuda at import (issue 16)."""
 
@@ -11,7 +11,7 @@ from tests.integration_tests.launch import losses, torchrun
 def test_torchtitan_train_module_path_trains_two_steps(tmp_path):
     dump = str(tmp_path / "run")
     proc = torchrun(2, "torchtitan.train", [
-        "--module", "skrull_ext", "--config", "skrull_llama3_debugmodel", "--dump_folder", dump,
+        "--module", "skrull_ext.train", "--config", "skrull_llama3_debugmodel", "--dump_folder", dump,
         "--training.steps", "2", "--parallelism.context_parallel_degree", "2", "--metrics.enable_tensorboard",
     ], cwd=str(tmp_path))
     assert "skrull step 2:" in proc.stdout + proc.stderr

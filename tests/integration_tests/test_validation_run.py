@@ -23,9 +23,9 @@ import os
 import pytest
 import torch
 
-from skrull_ext.datasets.source import DATASETS
-from skrull_ext.job_file import load_job
-from skrull_ext.validation import BEST_FOLDER
+from skrull_ext.data.source import DATASETS
+from skrull_ext.train.job_file import load_job
+from skrull_ext.train.validation import BEST_FOLDER
 from tests.integration_tests.launch import REPO, Run, torchrun
 
 JOB = os.path.join(REPO, "skrull_ext", "jobs", "debug_cpu_text.toml")

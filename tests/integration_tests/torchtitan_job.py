@@ -4,7 +4,7 @@
         --module tests.integration_tests.torchtitan_job --config job_file_torchtitan
 
 The reference a Skrull run of the same job file is compared with, as
-``skrull_ext.config_registry.llama3_debugmodel_cpu`` is for the shipped
+``skrull_ext.train.config_registry.llama3_debugmodel_cpu`` is for the shipped
 debug job: no ``[skrull]`` section, the same data packed into torchtitan's
 rows, torchtitan's Trainer and train step. A ``[model] hf_path`` job starts
 from its HF folder as the Skrull run does (skrull_ext/hf/job.py). The job
@@ -17,9 +17,9 @@ import os
 from torchtitan.config.override import derive
 from torchtitan.trainer import Trainer
 
-from skrull_ext import compat
-from skrull_ext.datasets.packed import PackedDataLoader
-from skrull_ext.job_file import load_job
+import torchtitan_patches
+from skrull_ext.data.packed import PackedDataLoader
+from skrull_ext.train.job_file import load_job
 
 JOB_ENV = "SKRULL_TEST_JOB"
 
@@ -27,5 +27,5 @@ JOB_ENV = "SKRULL_TEST_JOB"
 def job_file_torchtitan() -> Trainer.Config:
     config = load_job(os.environ[JOB_ENV], config_cls=Trainer.Config, ignore=("skrull",))
     config.dataloader = derive(config.dataloader, PackedDataLoader.Config)
-    compat.apply(config)  # torchtitan's Trainer has no other hook for the CPU fixes
+    torchtitan_patches.apply(config)  # torchtitan's Trainer has no other hook for the CPU fixes
     return config

@@ -29,16 +29,16 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 from skrull_ext.attention import (
+    DISTRIBUTED,
+    DacpStats,
     build_meta,
     dacp_attention,
-    DacpStats,
-    DISTRIBUTED,
     padded_length,
     resolve_transport,
     shard_buffer,
     unshard_buffer,
 )
-from skrull_ext.attention.bench import backend_for
+from skrull_ext.bench.attention import backend_for
 
 
 @dataclass

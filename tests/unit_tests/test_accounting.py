@@ -14,16 +14,15 @@ import os
 
 import pytest
 
-from skrull_ext import cost_model
-from skrull_ext.datasets.accounting import NO_LOSS, OVERLENGTH
-from skrull_ext.datasets.overlength import OverlengthError, check_overlength
-from skrull_ext.datasets.packed import PackedDataLoader
-from skrull_ext.datasets.scheduling import SkrullDataLoader
-from skrull_ext.datasets.synthetic import IGNORE_INDEX
+from skrull_ext.data.accounting import NO_LOSS, OVERLENGTH
+from skrull_ext.data.overlength import OverlengthError, check_overlength
+from skrull_ext.data.packed import PackedDataLoader
+from skrull_ext.data.scheduling import SkrullDataLoader
+from skrull_ext.data.synthetic import IGNORE_INDEX
+from skrull_ext.data.tokenizer import LocalTokenizer
 from skrull_ext.errors import DataError
-from skrull_ext.scheduler import Scheduler
-from skrull_ext.skrull_config import SkrullConfig
-from skrull_ext.tokenizer import LocalTokenizer
+from skrull_ext.scheduler import Scheduler, cost_model
+from skrull_ext.train.skrull_config import SkrullConfig
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "..", "fixtures", "accounting.jsonl")
 MAX_LEN = 64

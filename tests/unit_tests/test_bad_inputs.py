@@ -22,16 +22,16 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from skrull_ext import lengths
-from skrull_ext.datasets import chat_template, formats
-from skrull_ext.datasets.formats import RecordReader
-from skrull_ext.datasets.hf_source import hf_rows
-from skrull_ext.datasets.records import RecordEncoder
+from skrull_ext.data import chat_template, formats
+from skrull_ext.data.formats import RecordReader
+from skrull_ext.data.hf_source import hf_rows
+from skrull_ext.data.records import RecordEncoder
+from skrull_ext.data.tokenizer import LocalTokenizer
 from skrull_ext.errors import UserError
 from skrull_ext.hf.checks import check_hf_folder
 from skrull_ext.hf.safetensors_file import read_header
 from skrull_ext.hf.weights import load_hf_weights, read_safetensors
-from skrull_ext.models import build_model_spec
-from skrull_ext.tokenizer import LocalTokenizer
+from skrull_ext.models.registry import build_model_spec
 from tests.hf_tiny import perturb
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")

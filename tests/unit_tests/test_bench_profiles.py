@@ -64,7 +64,7 @@ def _simulate_cell(tmp_path, name: str, *extra: str) -> dict:
 def test_simulate_reads_a_lora_profile_and_plans_with_its_larger_bucket(tmp_path, capsys):
     """The LoRA profile (frozen base: no gradients or optimizer state for it) is read like
     any other; its BucketSize is the file's and larger than full fine-tuning's."""
-    from skrull_ext.profile_file import Profile
+    from skrull_ext.scheduler.profile_file import Profile
 
     buckets, cells = {}, {}
     for name in ("cpu-debug-1proc", "cpu-debug-lora-1proc"):

@@ -4,7 +4,7 @@ import pytest
 
 import skrull_ext
 from skrull_ext import _core
-from skrull_ext import cost_model as cm
+from skrull_ext.scheduler import cost_model as cm
 
 
 def test_version_and_constants():

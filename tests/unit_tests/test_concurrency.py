@@ -8,7 +8,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from skrull_ext import POLICIES, Scheduler, SchedulerConfig, _core
-from skrull_ext import cost_model as cm
+from skrull_ext.scheduler import cost_model as cm
 
 THREADS = 16
 

@@ -4,9 +4,9 @@ import math
 
 import pytest
 
-from skrull_ext import cost_model as cm
-from skrull_ext import profile_file
 from skrull_ext._core import CommModel, CostModel, ModelShape
+from skrull_ext.scheduler import cost_model as cm
+from skrull_ext.scheduler import profile_file
 
 
 def test_flops_formula_and_crossover():
@@ -103,7 +103,7 @@ def test_bucket_size_from_memory():
 
 
 def test_profile_file_errors_name_the_file(tmp_path):
-    from skrull_ext.profile_file import Profile
+    from skrull_ext.scheduler.profile_file import Profile
 
     with pytest.raises(ValueError, match=r"profile '.*nope.toml' is not a file"):
         Profile.load(tmp_path / "nope.toml")

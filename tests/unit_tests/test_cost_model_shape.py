@@ -7,9 +7,9 @@ import os
 import pytest
 
 from skrull_ext._core import ModelShape
-from skrull_ext.job_file import JobConfigManager
-from skrull_ext.model_shape import job_shape
-from skrull_ext.trainer import SkrullTrainer
+from skrull_ext.scheduler.model_shape import job_shape
+from skrull_ext.train.job_file import JobConfigManager
+from skrull_ext.train.trainer import SkrullTrainer
 
 REPO = os.path.join(os.path.dirname(__file__), "..", "..")
 DEBUG = os.path.join(REPO, "skrull_ext", "jobs", "debug_cpu.toml")

@@ -7,8 +7,8 @@ import random
 import pytest
 
 from skrull_ext import Scheduler, SchedulerConfig, _core
-from skrull_ext import cost_model as cm
-from skrull_ext.cpsat import solve_dacp
+from skrull_ext.scheduler import cost_model as cm
+from skrull_ext.scheduler.cpsat import solve_dacp
 
 D = _core.DISTRIBUTED
 

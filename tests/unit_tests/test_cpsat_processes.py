@@ -25,7 +25,7 @@ PROFILE = os.path.join(os.path.dirname(__file__), "..", "..", "profiles", "cpu-d
 SCRIPT = r"""
 import json, math, random, sys
 from skrull_ext import Scheduler, SchedulerConfig, lengths
-from skrull_ext import cost_model as cm
+from skrull_ext.scheduler import cost_model as cm
 
 pool = [min(512, max(1, math.ceil(s / 32))) for s in lengths.load("sharegpt_v3_conversations.qwen")]
 cost = cm.load(sys.argv[1])

@@ -17,16 +17,16 @@ from dataclasses import replace
 
 import pytest
 import torch
-from tests.unit_tests.dacp_multiproc import Case, compare, random_case, rank_step, run_multiproc
 
 from skrull_ext.attention import (
-    build_meta,
-    dacp_attention,
+    DISTRIBUTED,
     DacpAttention,
     DacpStats,
-    DISTRIBUTED,
     SideStream,
+    build_meta,
+    dacp_attention,
 )
+from tests.unit_tests.dacp_multiproc import Case, compare, random_case, rank_step, run_multiproc
 
 D = DISTRIBUTED
 
@@ -184,7 +184,7 @@ def test_cp1_cuda_side_stream(dtype):
 
 # ---- CUDA: a real CP group on the GPU (not run in a CPU-only session) --------
 # NCCL when every rank has a GPU, else gloo staging CUDA tensors through host
-# memory (skrull_ext.attention.bench.backend_for): with one GPU, CP 2 and 4 still run
+# memory (skrull_ext.bench.attention.backend_for): with one GPU, CP 2 and 4 still run
 # real processes, the side stream and an asynchronous exchange in flight.
 
 

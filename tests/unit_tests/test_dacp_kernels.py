@@ -25,21 +25,22 @@ import sys
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
-from tests.unit_tests.dacp_multiproc import Case, compare, global_inputs, rank_step, reference
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from skrull_ext.attention import (
+    DISTRIBUTED,
+    DacpAttention,
     build_meta,
     build_segment_plan,
     dacp_attention,
-    DacpAttention,
-    DISTRIBUTED,
+    kernels,
     shard_buffer,
     unshard_buffer,
 )
-from skrull_ext.attention import kernels
-from skrull_ext.attention.kernels import auto_kernel, KERNEL_CHOICES, KERNELS, resolve_kernel
-from skrull_ext.skrull_config import SkrullConfig
+from skrull_ext.attention.kernels import KERNEL_CHOICES, KERNELS, auto_kernel, resolve_kernel
+from skrull_ext.train.skrull_config import SkrullConfig
+from tests.unit_tests.dacp_multiproc import Case, compare, global_inputs, rank_step, reference
 
 D = DISTRIBUTED
 PARTS = ("local", "dist")

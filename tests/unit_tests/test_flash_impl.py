@@ -16,7 +16,7 @@ import pytest
 import torch.nn.attention
 from torchtitan.models.llama3 import model_registry
 
-from skrull_ext.attention import install as install
+from torchtitan_patches import dacp_attention as install
 
 
 @pytest.fixture

@@ -16,12 +16,11 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from skrull_ext import cost_model
-from skrull_ext.datasets.scheduling import SkrullDataLoader, StepBuilder
+from skrull_ext.data.scheduling import SkrullDataLoader, StepBuilder
 from skrull_ext.errors import JobFileError
-from skrull_ext.profile_file import free_running_bytes, ProfileMemory
-from skrull_ext.scheduler import Scheduler
-from skrull_ext.skrull_config import SkrullConfig
+from skrull_ext.scheduler import Scheduler, cost_model
+from skrull_ext.scheduler.profile_file import ProfileMemory, free_running_bytes
+from skrull_ext.train.skrull_config import SkrullConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 DEBUG = str(ROOT / "skrull_ext" / "jobs" / "debug_cpu.toml")
@@ -105,7 +104,7 @@ def test_free_running_refuses_skrull_pool():
 
 
 def test_free_running_with_pool_fails_at_config_time_from_flags(monkeypatch):
-    from skrull_ext.job_file import load_config
+    from skrull_ext.train.job_file import load_config
 
     monkeypatch.setenv("WORLD_SIZE", "4")
     with pytest.raises(JobFileError) as info:
@@ -117,9 +116,8 @@ def test_free_running_with_pool_fails_at_config_time_from_flags(monkeypatch):
 
 def _profile(tmp_path, **memory) -> str:
     """A copy of the shipped CPU profile with its [memory] figures replaced."""
-    import tomllib
-
     import tomli_w
+    import tomllib
 
     data = tomllib.loads(Path(CPU_PROFILE).read_text())
     data["memory"] = {**data["memory"], **memory}
@@ -192,8 +190,8 @@ class _Tiny(nn.Module):
 @pytest.mark.parametrize("frozen", [False, True])
 @pytest.mark.parametrize("param_dtype", ["float32", "bfloat16"])
 def test_profiler_static_account_of_free_running(frozen, param_dtype):
-    from skrull_ext.job_file import load_job
     from skrull_ext.profile.memory import static_memory
+    from skrull_ext.train.job_file import load_job
 
     config = load_job(DEBUG)
     config.training.mixed_precision_param = param_dtype
@@ -245,7 +243,7 @@ def _fsdp_worker(rank: int, world: int, store: str, out: str) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    from skrull_ext.free_running import FreeRunningFSDP
+    from skrull_ext.train.free_running import FreeRunningFSDP
 
     torch.set_num_threads(1)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")

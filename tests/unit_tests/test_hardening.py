@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from skrull_ext import POLICIES, Scheduler, SchedulerConfig, _core
-from skrull_ext import cost_model as cm
 from skrull_ext.bench import reference as ref
+from skrull_ext.scheduler import cost_model as cm
 
 EXAMPLES = int(os.environ.get("SKRULL_HARDENING_EXAMPLES", "150"))
 

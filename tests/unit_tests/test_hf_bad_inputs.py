@@ -16,8 +16,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from skrull_ext.hf.checks import HFWeightsError
-from skrull_ext.job_file import JobConfigManager, JobFileError
-from skrull_ext.trainer import SkrullTrainer
+from skrull_ext.train.job_file import JobConfigManager, JobFileError
+from skrull_ext.train.trainer import SkrullTrainer
 
 DEBUG = os.path.join(os.path.dirname(__file__), "..", "..", "skrull_ext", "jobs", "debug_cpu.toml")
 
@@ -112,6 +112,6 @@ def test_folder_without_weights(tmp_path, good_folder):
 
 def test_the_good_folder_passes(good_folder):
     from skrull_ext.hf.checks import check_hf_folder
-    from skrull_ext.models import build_model_spec
+    from skrull_ext.models.registry import build_model_spec
 
     check_hf_folder(good_folder, build_model_spec(hf_path=good_folder))

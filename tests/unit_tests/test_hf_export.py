@@ -7,7 +7,7 @@ import pytest
 
 from skrull_ext.export import main
 from skrull_ext.hf.config import hf_architecture, hf_config_json, hf_dims, spec_dims
-from skrull_ext.models import build_model_spec
+from skrull_ext.models.registry import build_model_spec
 
 
 @pytest.mark.parametrize("name, flavor", [("llama3", "debugmodel"), ("qwen3", "0.6B"), ("qwen2_5", "0.5B")])
@@ -39,10 +39,11 @@ def test_export_refuses_what_is_not_a_checkpoint_of_the_model(tmp_path, capsys):
 def test_export_refuses_a_checkpoint_of_another_model(tmp_path, capsys):
     """A DCP checkpoint of a 2-layer model asked for as a 3-layer one, and
     with a different width: each fails naming the tensor and the model."""
+    import warnings
+
     import torch
     import torch.distributed.checkpoint as dcp
     import transformers
-    import warnings
 
     def folder(name, **kw):
         path = tmp_path / name

@@ -14,8 +14,8 @@ import shutil
 import pytest
 import torch
 import transformers
-from torchtitan.config.override import derive
 from torch.nn.attention.flex_attention import and_masks, create_block_mask
+from torchtitan.config.override import derive
 from torchtitan.models.common import (
     FlexAttention,
     ScaledDotProductAttention,
@@ -23,11 +23,11 @@ from torchtitan.models.common import (
     get_efficient_causal_mask_mod_for_packed_document,
 )
 
-from skrull_ext.compat.dense_attention import DenseMaskAttention
 from skrull_ext.hf.config import HFConfigError, hf_architecture, hf_dims, spec_from_hf
 from skrull_ext.hf.weights import load_hf_weights, read_safetensors, save_hf_weights
-from skrull_ext.models import QWEN2_5_FLAVORS, build_model_spec
+from skrull_ext.models.registry import QWEN2_5_FLAVORS, build_model_spec
 from tests.hf_tiny import folder_factory, perturb
+from torchtitan_patches.dense_attention import DenseMaskAttention
 
 TOL = 1e-5
 VOCAB, BATCH, SEQ = 256, 2, 24

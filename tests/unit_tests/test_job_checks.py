@@ -8,8 +8,8 @@ import sys
 import pytest
 
 from skrull_ext.errors import JobFileError
-from skrull_ext.job_checks import check_job
-from skrull_ext.job_file import load_config, load_job
+from skrull_ext.train.job_checks import check_job
+from skrull_ext.train.job_file import load_config, load_job
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 DEBUG = os.path.join(ROOT, "skrull_ext", "jobs", "debug_cpu.toml")

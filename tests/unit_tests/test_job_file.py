@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from skrull_ext.job_file import JobConfigManager, JobFileError, load_job
-from skrull_ext.datasets.packed import PackedDataLoader
-from skrull_ext.datasets.scheduling import SkrullDataLoader
-from skrull_ext.trainer import SkrullTrainer, resolve_device_defaults
+from skrull_ext.data.packed import PackedDataLoader
+from skrull_ext.data.scheduling import SkrullDataLoader
+from skrull_ext.train.job_file import JobConfigManager, JobFileError, load_job
+from skrull_ext.train.trainer import SkrullTrainer, resolve_device_defaults
 
 JOBS = os.path.join(os.path.dirname(__file__), "..", "..", "skrull_ext", "jobs")
 DEBUG = os.path.join(JOBS, "debug_cpu.toml")
@@ -113,7 +113,7 @@ def test_torchtitan_module_config_form():
     from torchtitan.config import ConfigManager
 
     config = ConfigManager().parse_args(
-        ["--module", "skrull_ext", "--config", "skrull_llama3_debugmodel", "--skrull.bucket_size", "128"]
+        ["--module", "skrull_ext.train", "--config", "skrull_llama3_debugmodel", "--skrull.bucket_size", "128"]
     )
     assert isinstance(config, SkrullTrainer.Config) and config.skrull.bucket_size == 128
 
@@ -134,7 +134,7 @@ def test_bucket_size_zero_takes_the_profiles_measured_value():
 
 
 def test_bucket_size_zero_needs_a_profile_with_memory(tmp_path):
-    from skrull_ext.skrull_config import SkrullConfig
+    from skrull_ext.train.skrull_config import SkrullConfig
 
     with pytest.raises(ValueError, match="the hardware preset 'h100-assumed'"):
         SkrullConfig(cost_model="h100-assumed", bucket_size=0)
@@ -146,7 +146,7 @@ def test_bucket_size_zero_needs_a_profile_with_memory(tmp_path):
 
 
 def test_a_job_at_another_cp_than_its_profile_is_warned():
-    from skrull_ext.skrull_config import SkrullConfig
+    from skrull_ext.train.skrull_config import SkrullConfig
 
     cp1 = SkrullConfig(cost_model=PROFILE, bucket_size=0)  # profiled at cp 1 ([memory] cp = 1)
     assert cp1.profile_cp_warning(1) is None
@@ -163,8 +163,8 @@ def test_skrull_section_and_scheduler_share_one_set_of_knobs():
     from dataclasses import fields
 
     from skrull_ext._core import ModelShape
-    from skrull_ext.config import SchedulerConfig, SchedulingOptions
-    from skrull_ext.skrull_config import SkrullConfig
+    from skrull_ext.scheduler.config import SchedulerConfig, SchedulingOptions
+    from skrull_ext.train.skrull_config import SkrullConfig
 
     knobs = {f.name for f in fields(SchedulingOptions)}
     section = SkrullConfig(cost_model="h100-assumed")
@@ -199,7 +199,7 @@ def test_cli_profile_reaches_the_scheduler():
     config = JobConfigManager().parse_args(["--config-file", DEBUG, "--skrull.cost_model", PROFILE,
                                             "--skrull.bucket_size", "0"])
     assert config.skrull.bucket_size == 3644
-    from skrull_ext.profile_file import Profile
+    from skrull_ext.scheduler.profile_file import Profile
 
     profile = Profile.load(PROFILE).cost_model()
     assert config.skrull.build(dp=1, cp=2, shape=profile.shape).cost_model.a_us_per_flop == profile.a_us_per_flop
@@ -210,8 +210,8 @@ def test_pool_policy_trains():
     attention, pool buffers; parity in tests/integration_tests/test_parity_pool.py):
     its config builds a scheduler whose plans are PoolPlans."""
     from skrull_ext._core import ModelShape
-    from skrull_ext.pool_plan import PoolPlan
-    from skrull_ext.skrull_config import SkrullConfig
+    from skrull_ext.scheduler.pool_plan import PoolPlan
+    from skrull_ext.train.skrull_config import SkrullConfig
 
     config = SkrullConfig(cost_model="h100-assumed", policy="skrull-pool", bucket_size=64)
     shape = ModelShape(layers=6, hidden=256, kv_width=256, bytes_per_elem=4)
@@ -305,6 +305,6 @@ def test_flags_imply_what_job_file_keys_imply(tmp_path):
 
 def test_module_config_form_reads_flags_the_same_way():
     config = JobConfigManager().parse_args(
-        ["--module", "skrull_ext", "--config", "skrull_llama3_debugmodel", "--skrull.bucket_size", "128",
+        ["--module", "skrull_ext.train", "--config", "skrull_llama3_debugmodel", "--skrull.bucket_size", "128",
          "--metrics.enable_tensorboard", "false"])
     assert config.skrull.bucket_size == 128 and config.metrics.enable_tensorboard is False

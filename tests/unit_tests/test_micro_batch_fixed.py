@@ -14,7 +14,7 @@ import pytest
 from skrull_ext import DISTRIBUTED as D
 from skrull_ext import Scheduler, SchedulerConfig, _core
 from skrull_ext.bench import reference
-from skrull_ext.profile_file import Profile, from_dict, to_dict
+from skrull_ext.scheduler.profile_file import Profile, from_dict, to_dict
 from skrull_ext.sim import bound
 
 LENGTHS = [6, 6, 7]

@@ -3,11 +3,10 @@
 
 import pytest
 
-from skrull_ext import cost_model
-from skrull_ext.datasets.overlength import OverlengthError, check_overlength, scan_overlength
-from skrull_ext.datasets.scheduling import SkrullDataLoader
-from skrull_ext.scheduler import Scheduler
-from skrull_ext.skrull_config import SkrullConfig
+from skrull_ext.data.overlength import OverlengthError, check_overlength, scan_overlength
+from skrull_ext.data.scheduling import SkrullDataLoader
+from skrull_ext.scheduler import Scheduler, cost_model
+from skrull_ext.train.skrull_config import SkrullConfig
 
 GBS = 8
 
@@ -70,8 +69,8 @@ def test_dataloader_counts_what_the_policy_did(policy):
 
 def test_the_limit_is_the_batching_or_max_len_whichever_is_smaller():
     from skrull_ext import _core
-    from skrull_ext.config import SchedulerConfig
-    from skrull_ext.datasets.overlength import scheduler_limit
+    from skrull_ext.data.overlength import scheduler_limit
+    from skrull_ext.scheduler.config import SchedulerConfig
 
     group = scheduler_limit(SchedulerConfig(dp=2, cp=2, bucket_size=256, overlength="drop"), None)
     assert (group.tokens, group.source, group.mode) == (_core.max_sequence_length(256, 2), "bucket_size 256 x cp 2",

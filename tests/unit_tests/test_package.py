@@ -1,5 +1,7 @@
-"""The package's shape: no import cycles, parts that import alone, and the
-training path apart from the research tools (issue 16)."""
+"""The package's shape (issues 16 and 26): rooms at the package root, no
+import cycles, no module over 500 lines, torchtitan changed only in
+torchtitan_patches, parts that import alone, and the training path apart
+from the research tools."""
 
 import ast
 import os
@@ -11,6 +13,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PKG = ROOT / "skrull_ext"
+PATCHES = ROOT / "torchtitan_patches"
+PACKAGES = (PKG, PATCHES)
 
 
 def _module_name(path: Path) -> str:
@@ -23,7 +27,7 @@ def _module_name(path: Path) -> str:
 def import_graph() -> dict[str, set[str]]:
     """Module -> skrull_ext modules it imports, anywhere in its source (a
     function-level import closes a cycle as surely as a top-level one)."""
-    modules = {_module_name(p): p for p in PKG.rglob("*.py")}
+    modules = {_module_name(p): p for pkg in PACKAGES for p in pkg.rglob("*.py")}
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
         package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
@@ -78,8 +82,87 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_no_import_cycles():
     graph = import_graph()
-    assert "skrull_ext.job_file" in graph and graph["skrull_ext.config_registry"]  # the walk sees the package
+    assert "skrull_ext.train.job_file" in graph and graph["skrull_ext.train.config_registry"]  # the walk sees the package
+    assert "torchtitan_patches" in graph["skrull_ext.train.job_file"]  # and the patches
     assert cycles(graph) == []
+
+
+ROOMS = {
+    # the scheduler and the torchtitan integration, each in its room
+    "scheduler", "train",
+    # the parts they use
+    "attention", "data", "models", "hf", "lora",
+    # the research and measurement tools, never imported by training
+    "bench", "profile", "sim",
+    # shipped files
+    "assets", "jobs", "lengths",
+}
+ROOT_MODULES = {
+    "__init__.py", "_core.pyi",
+    "errors.py", "cli_errors.py",  # every command line's one-line errors
+    "export.py", "launch.py",  # python -m skrull_ext.export / .launch
+}
+
+
+def test_the_package_root_is_rooms():
+    """A reader of skrull_ext/ meets the rooms and the entry points, not
+    loose modules: a new module goes into the room of its concern."""
+    entries = {p.name for p in PKG.iterdir() if p.name != "__pycache__" and not p.name.startswith("_core.")}
+    entries |= {"_core.pyi"} & {p.name for p in PKG.iterdir()}
+    dirs = {p.name for p in PKG.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert dirs == ROOMS
+    assert entries - dirs == ROOT_MODULES
+
+
+@pytest.mark.parametrize("pkg", PACKAGES, ids=lambda p: p.name)
+def test_no_module_over_500_lines(pkg):
+    long = {str(p.relative_to(ROOT)): n for p in pkg.rglob("*.py") if (n := len(p.read_text().splitlines())) > 500}
+    assert long == {}
+
+
+def _torchtitan_names(tree: ast.AST) -> set[str]:
+    """Names a module binds to torchtitan modules or their members."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names if a.name.startswith("torchtitan.")
+                      or a.name == "torchtitan"}
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "torchtitan":
+            names |= {a.asname or a.name for a in node.names}
+    return names
+
+
+def _root(node: ast.AST) -> str | None:
+    while isinstance(node, ast.Attribute):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def torchtitan_patches_outside(pkg: Path) -> list[str]:
+    """Every place under ``pkg`` that assigns into something imported from
+    torchtitan (``mod.attr = ...``, ``setattr(mod, ...)``): a change of
+    torchtitan's behaviour, which belongs in torchtitan_patches."""
+    found = []
+    for path in pkg.rglob("*.py"):
+        tree = ast.parse(path.read_text(), str(path))
+        titan = _torchtitan_names(tree)
+        for node in ast.walk(tree):
+            targets = []
+            if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                targets = [t for t in targets if isinstance(t, ast.Attribute)]
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr" and node.args:
+                targets = [node.args[0]]
+            found += [f"{path.relative_to(pkg.parent)}:{node.lineno}" for t in targets if _root(t) in titan]
+    return found
+
+
+def test_torchtitan_is_changed_only_in_torchtitan_patches(tmp_path):
+    assert torchtitan_patches_outside(PKG) == []
+    assert torchtitan_patches_outside(PATCHES)  # the finder sees the patches that do exist
+    bad = tmp_path / "bad.py"
+    bad.write_text("from torchtitan.tools import utils\nutils.device_type = 'cpu'\n")
+    assert torchtitan_patches_outside(tmp_path) == [f"{tmp_path.name}/bad.py:2"]
 
 
 def test_the_cycle_finder_finds_cycles():
@@ -113,7 +196,7 @@ def test_attention_imports_without_ortools_or_the_core():
 
 @pytest.mark.slow
 def test_training_path_does_not_import_research_tools():
-    proc = _run("import sys, skrull_ext.train, skrull_ext.config_registry\n"
+    proc = _run("import sys, skrull_ext.train.__main__, skrull_ext.train.config_registry\n"
                 "bad = sorted(m for m in sys.modules if m.split('.')[:2] in (['skrull_ext', 'bench'], "
                 "['skrull_ext', 'sim'], ['skrull_ext', 'profile']))\n"
                 "print(bad)\nassert not bad, bad\n")

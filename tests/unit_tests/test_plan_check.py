@@ -7,10 +7,9 @@ import pytest
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from skrull_ext import cost_model
-from skrull_ext.scheduler import Scheduler
-from skrull_ext.skrull_config import SkrullConfig
-from skrull_ext.step_checks import check_plan_digests, gds_digest, PlanMismatchError
+from skrull_ext.scheduler import Scheduler, cost_model
+from skrull_ext.train.skrull_config import SkrullConfig
+from skrull_ext.train.step_checks import PlanMismatchError, check_plan_digests, gds_digest
 
 LENGTHS = [300, 20, 40, 500, 60, 80, 10, 200]
 

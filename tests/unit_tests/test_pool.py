@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from skrull_ext import Scheduler, SchedulerConfig, _core, lengths
-from skrull_ext import cost_model as cm
-from skrull_ext.pool_plan import PoolPlan
+from skrull_ext.scheduler import cost_model as cm
+from skrull_ext.scheduler.pool_plan import PoolPlan
 
 REAL = lengths.load("mix_sharegpt_conv95+longbench_en5")
 

@@ -5,13 +5,12 @@ labels and true positions, sequences longer than bucket_size x CP included."""
 
 import torch
 
-from skrull_ext import cost_model
 from skrull_ext.attention import unshard_pool_buffer
-from skrull_ext.datasets.scheduling import SkrullDataLoader
-from skrull_ext.datasets.synthetic import IGNORE_INDEX
-from skrull_ext.pool_plan import PoolPlan
-from skrull_ext.scheduler import Scheduler
-from skrull_ext.skrull_config import SkrullConfig
+from skrull_ext.data.scheduling import SkrullDataLoader
+from skrull_ext.data.synthetic import IGNORE_INDEX
+from skrull_ext.scheduler import Scheduler, cost_model
+from skrull_ext.scheduler.pool_plan import PoolPlan
+from skrull_ext.train.skrull_config import SkrullConfig
 
 DP, CP, BUCKET, BATCH = 2, 2, 128, 16
 

@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from skrull_ext import Scheduler, SchedulerConfig, _core
-from skrull_ext import cost_model as cm
-from skrull_ext.pool_plan import PoolPlan
+from skrull_ext.scheduler import cost_model as cm
+from skrull_ext.scheduler.pool_plan import PoolPlan
 
 DEBUG = cm.preset("llama3-debug", "h100-assumed")
 

@@ -6,13 +6,14 @@ import copy
 import os
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
 import tomli_w
+import tomllib
 
-from skrull_ext import Scheduler, SchedulerConfig, cost_model
+from skrull_ext import Scheduler, SchedulerConfig
+from skrull_ext.scheduler import cost_model
 
 REPO = Path(__file__).resolve().parents[2]
 JOB = REPO / "skrull_ext" / "jobs" / "debug_cpu.toml"
@@ -124,15 +125,15 @@ def test_profiled_model_runs_the_jobs_attention(skrull):
     import torch
     from torchtitan.models.common.attention import GQAttention
 
-    from skrull_ext import compat
+    import torchtitan_patches
     from skrull_ext.attention import DacpAttention, DacpBatchMeta
-    from skrull_ext.job_file import JobConfigManager
     from skrull_ext.profile.model import build_job_model
+    from skrull_ext.train.job_file import JobConfigManager
 
-    compat.apply()
+    torchtitan_patches.apply()
     argv = ["--config-file", str(JOB), *([] if skrull else ["--skrull.no-enable"])]
     config = JobConfigManager().parse_args(argv)
-    compat.apply(config)
+    torchtitan_patches.apply(config)
     jm = build_job_model(config, torch.device("cpu"), 64, 1)
     inner = {type(m.inner_attention) for m in jm.model.modules() if isinstance(m, GQAttention)}
     assert (inner == {DacpAttention}) == skrull and jm.dacp == skrull

@@ -4,8 +4,8 @@ a step over its own budget fails its rank, a missing field is named."""
 
 import pytest
 
-from skrull_ext.profile_file import ProfileMemory
 from skrull_ext.profile.train_report import StepMemory, format_report, report
+from skrull_ext.scheduler.profile_file import ProfileMemory
 
 MIB = 2**20
 PROFILE = {"memory": {"bucket_size": 1000, "a_bytes_per_token": 1000.0, "b_bytes": 0.0, "c_bytes_per_token2": 1.0,
@@ -50,8 +50,8 @@ def test_the_profile_plans_a_job_with_its_own_flags():
     activation checkpointing on."""
     import os
 
-    from skrull_ext.job_file import JobConfigManager
     from skrull_ext.profile.train_check import job_argv
+    from skrull_ext.train.job_file import JobConfigManager
 
     repo = os.path.join(os.path.dirname(__file__), "..", "..")
     profile = os.path.join(repo, "profiles", "cpu-debug-gloo2-cp2.toml")

@@ -11,8 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from skrull_ext import POLICIES, Scheduler, SchedulerConfig, _core, lengths
-from skrull_ext import cost_model as cm
 from skrull_ext.bench import reference as ref
+from skrull_ext.scheduler import cost_model as cm
 
 REAL = lengths.load("mix_sharegpt_conv95+longbench_en5")
 

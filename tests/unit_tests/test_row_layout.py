@@ -9,12 +9,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from skrull_ext.datasets.overlength import limit_step
-from skrull_ext.datasets.packed import PackedDataLoader
-from skrull_ext.datasets.row_layout import cut_stream, whole_rows
-from skrull_ext.datasets.scheduling import SkrullDataLoader
-from skrull_ext.datasets.synthetic import IGNORE_INDEX
-from skrull_ext.tokenizer import LocalTokenizer
+from skrull_ext.data.overlength import limit_step
+from skrull_ext.data.packed import PackedDataLoader
+from skrull_ext.data.row_layout import cut_stream, whole_rows
+from skrull_ext.data.scheduling import SkrullDataLoader
+from skrull_ext.data.synthetic import IGNORE_INDEX
+from skrull_ext.data.tokenizer import LocalTokenizer
 
 DEBUG_JOB = os.path.join(os.path.dirname(__file__), "..", "..", "skrull_ext", "jobs", "debug_cpu.toml")
 
@@ -109,8 +109,8 @@ def test_stream_resumes_exactly_mid_sample(tok):
 def test_packing_is_checked_and_refused_under_skrull():
     with pytest.raises(ValueError, match=r"dataloader.packing: 'dense' is not one of \['rows', 'stream'\]"):
         PackedDataLoader.Config(packing="dense")
-    from skrull_ext.job_file import load_config
-    from skrull_ext.trainer import SkrullTrainer
+    from skrull_ext.train.job_file import load_config
+    from skrull_ext.train.trainer import SkrullTrainer
 
     job = ["--config-file", DEBUG_JOB, "--dataloader.packing", "stream"]
     with pytest.raises(ValueError, match=r"dataloader.packing = 'stream' is for torchtitan's batching"):

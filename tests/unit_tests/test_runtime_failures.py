@@ -7,11 +7,11 @@ import os
 
 import pytest
 
-from skrull_ext import cost_model, lengths
-from skrull_ext.config import SchedulerConfig
+from skrull_ext import lengths
 from skrull_ext.errors import JobFileError
-from skrull_ext.job_file import load_config
-from skrull_ext.scheduler import Scheduler
+from skrull_ext.scheduler import Scheduler, cost_model
+from skrull_ext.scheduler.config import SchedulerConfig
+from skrull_ext.train.job_file import load_config
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 DEBUG = os.path.join(ROOT, "skrull_ext", "jobs", "debug_cpu.toml")
@@ -56,7 +56,7 @@ def test_each_run_gets_its_own_tensorboard_folder(tmp_path):
     """torchtitan named it by the minute: a run and its continuation shared one."""
     from datetime import datetime
 
-    from skrull_ext.compat.metrics import claim_run_folder
+    from torchtitan_patches.metrics import claim_run_folder
 
     now = datetime(2026, 11, 26, 14, 30, 5)
     names = [os.path.basename(claim_run_folder(str(tmp_path), now)) for _ in range(3)]
@@ -66,7 +66,7 @@ def test_each_run_gets_its_own_tensorboard_folder(tmp_path):
 
 
 def test_cpu_memory_is_the_process_peak_not_minus_one():
-    from skrull_ext.compat import _CpuDeviceModule
+    from torchtitan_patches import _CpuDeviceModule
 
     cpu = _CpuDeviceModule()
     cpu.reset_peak_memory_stats()
@@ -77,11 +77,11 @@ def test_cpu_memory_is_the_process_peak_not_minus_one():
 
 
 def test_no_peak_flops_on_cpu():
-    from skrull_ext import compat
+    import torchtitan_patches
 
-    if not compat.on_cpu():
+    if not torchtitan_patches.on_cpu():
         pytest.skip("CPU only")
-    compat.apply()
+    torchtitan_patches.apply()
     from torchtitan.tools import utils
 
     assert math.isnan(utils.get_peak_flops("x86_64"))
@@ -96,7 +96,7 @@ def _record(level, msg):
 def test_logs_come_from_rank_0_and_other_ranks_keep_their_errors():
     import logging
 
-    from skrull_ext.compat.logs import RankFilter, shown_ranks
+    from torchtitan_patches.logs import RankFilter, shown_ranks
 
     assert shown_ranks(None) == {0} and shown_ranks("0,1") == {0, 1} and shown_ranks("all") is None
     zero, one, every = RankFilter(0, {0}), RankFilter(1, {0}), RankFilter(1, None)
@@ -126,7 +126,7 @@ def _checkpoints(tmp_path, full=(), hf=()):
 
 def test_continuing_from_a_hf_last_save_names_the_full_checkpoint(tmp_path):
     """It failed with ~300 lines (step-N/.metadata not found) on every rank."""
-    from skrull_ext.resume_checks import check_continue
+    from skrull_ext.train.resume_checks import check_continue
 
     config = _checkpoints(tmp_path, full=(2, 4), hf=(6,))
     with pytest.raises(JobFileError) as info:
@@ -140,7 +140,7 @@ def test_continuing_from_a_hf_last_save_names_the_full_checkpoint(tmp_path):
 
 
 def test_a_hf_last_save_without_full_checkpoints_says_how_to_start_from_it(tmp_path):
-    from skrull_ext.resume_checks import check_continue
+    from skrull_ext.train.resume_checks import check_continue
 
     config = _checkpoints(tmp_path, hf=(3,))
     with pytest.raises(JobFileError, match="no full checkpoint to continue from .* --checkpoint.initial_load_path "
@@ -178,7 +178,7 @@ def test_a_rank_whose_heartbeat_stops_is_named_once():
     step within the timeout; rank 2, which finished (done), is not taken for stopped."""
     import time
 
-    from skrull_ext.watchdog import Heartbeat
+    from skrull_ext.train.watchdog import Heartbeat
 
     server, (s0, s1, s2) = _stores(3)
     said = []
@@ -199,7 +199,7 @@ def test_a_rank_whose_heartbeat_stops_is_named_once():
 
 
 def test_the_heartbeat_timeout_is_checked():
-    from skrull_ext.watchdog import SkrullComm
+    from skrull_ext.train.watchdog import SkrullComm
 
     assert SkrullComm().heartbeat_timeout_seconds == 30 and SkrullComm(heartbeat_timeout_seconds=0)
     with pytest.raises(ValueError, match="comm.heartbeat_timeout_seconds must be 0 \\(off\\) or >= 1, got 0.5"):

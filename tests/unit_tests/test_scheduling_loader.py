@@ -4,13 +4,12 @@ are exactly the global batch, each sequence once, in the agreed layout."""
 import pytest
 import torch
 
-from skrull_ext import cost_model
 from skrull_ext.attention.meta import DISTRIBUTED, unshard_buffer
-from skrull_ext.datasets.buffers import pad_buffer, rank_buffer
-from skrull_ext.datasets.scheduling import SkrullDataLoader
-from skrull_ext.datasets.synthetic import IGNORE_INDEX
-from skrull_ext.scheduler import Scheduler
-from skrull_ext.skrull_config import SkrullConfig
+from skrull_ext.data.buffers import pad_buffer, rank_buffer
+from skrull_ext.data.scheduling import SkrullDataLoader
+from skrull_ext.data.synthetic import IGNORE_INDEX
+from skrull_ext.scheduler import Scheduler, cost_model
+from skrull_ext.train.skrull_config import SkrullConfig
 
 
 def _loaders(dp: int, cp: int, bucket: int = 256, policy: str = "skrull"):

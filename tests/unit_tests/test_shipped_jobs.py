@@ -9,15 +9,15 @@ weights).
 import glob
 import os
 import shutil
-import tomllib
 
 import pytest
+import tomllib
 import transformers
 
 from skrull_ext import assets
-from skrull_ext.job_file import JobConfigManager
-from skrull_ext.model_shape import job_shape
-from skrull_ext.tokenizer import LocalTokenizer
+from skrull_ext.data.tokenizer import LocalTokenizer
+from skrull_ext.scheduler.model_shape import job_shape
+from skrull_ext.train.job_file import JobConfigManager
 
 JOBS = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "..", "..", "skrull_ext", "jobs", "*.toml")))
 _DIMS = dict(vocab_size=2048, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
@@ -90,7 +90,7 @@ def test_gpu_job_resolves_its_cuda_only_defaults(job, tiny_folders):
 
     from skrull_ext.attention.kernels import auto_kernel
     from skrull_ext.attention.transport import AUTO_BY_BACKEND
-    from skrull_ext.trainer import resolve_device_defaults
+    from skrull_ext.train.trainer import resolve_device_defaults
 
     prefix = next(p for p in FAMILIES if os.path.basename(job).startswith(p))
     config = JobConfigManager().parse_args(["--config-file", job, "--model.hf_path", tiny_folders[prefix]])

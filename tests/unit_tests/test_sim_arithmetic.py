@@ -10,7 +10,7 @@ import random
 import pytest
 
 from skrull_ext import DISTRIBUTED as D
-from skrull_ext.profile_file import Profile
+from skrull_ext.scheduler.profile_file import Profile
 from skrull_ext.sim import bound, chunkflow, datasets, metrics, simulator
 from skrull_ext.sim import policies as P
 from skrull_ext.sim.packing import Shape
@@ -164,7 +164,7 @@ def test_paper_samplers_reproduce_table_1():
 
 
 def test_default_profile_is_the_assumed_preset():
-    from skrull_ext import cost_model as cm
+    from skrull_ext.scheduler import cost_model as cm
 
     prof = cm.hardware()
     assert prof.label == "assumed: h100_assumed.toml"
@@ -176,7 +176,7 @@ def test_default_profile_is_the_assumed_preset():
 
 
 def test_profile_with_another_model_is_refused():
-    from skrull_ext import cost_model as cm
+    from skrull_ext.scheduler import cost_model as cm
 
     data = dict(cm.hardware().data, model={"layers": 24, "hidden": 896, "kv_width": 128, "bytes_per_elem": 2})
     prof = Profile(data, "measured.toml")

@@ -6,7 +6,7 @@ import pytest
 
 from skrull_ext.bench import __main__ as bench
 from skrull_ext.bench import simulate
-from skrull_ext import cost_model
+from skrull_ext.scheduler import cost_model
 
 
 def test_simulate_writes_table_json_and_plots(tmp_path, capsys):

@@ -2,7 +2,7 @@
 
 import pytest
 
-from skrull_ext import cost_model
+from skrull_ext.scheduler import cost_model
 from skrull_ext.sim import chunkflow, simulator
 from skrull_ext.sim import policies as P
 from skrull_ext.sim.packing import Shape

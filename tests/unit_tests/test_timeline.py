@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from skrull_ext import Scheduler, SchedulerConfig, _core, lengths
-from skrull_ext import cost_model as cm
-from skrull_ext.config import TIMELINES, job_timeline
+from skrull_ext.scheduler import cost_model as cm
+from skrull_ext.scheduler.config import TIMELINES, job_timeline
 from skrull_ext.sim import bound
 
 REAL = lengths.load("mix_sharegpt_conv95+longbench_en5")

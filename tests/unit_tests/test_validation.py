@@ -1,4 +1,4 @@
-"""[validation] (skrull_ext/validation.py): when a step is evaluated, how the held-out
+"""[validation] (skrull_ext/train/validation.py): when a step is evaluated, how the held-out
 set is batched, and the job checks that refuse a validation that cannot run, each one
 line naming the key. The 2-process runs are tests/integration_tests/test_validation_run.py."""
 
@@ -7,8 +7,8 @@ import os
 import pytest
 
 from skrull_ext.errors import JobFileError
-from skrull_ext.job_file import load_config
-from skrull_ext.validation import HeldOut, ValidationConfig
+from skrull_ext.train.job_file import load_config
+from skrull_ext.train.validation import HeldOut, ValidationConfig
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 DEBUG = os.path.join(ROOT, "skrull_ext", "jobs", "debug_cpu.toml")

@@ -1,0 +1,94 @@
+"""One CP rank's token buffer for one micro-batch, in the agreed layout.
+
+    buffer = [local sequences of this rank, whole, in .seqs order]
+           + [for each distributed sequence, in .seqs order: its zigzag shard]
+
+(docs/design/buffer_layout.md). Distributed sequences are padded to Lp, a
+multiple of 2N, with id 0, label IGNORE_INDEX and positions continuing
+L, L+1, ...; positions restart at 0 per sequence, so RoPE and the masks see
+true positions. A rank that would hold nothing (every sequence local
+elsewhere, or a DP rank with fewer micro-batches than the slowest one) gets
+one ignored pad token instead: every rank then runs the same number of
+forward/backward passes (FSDP's collectives need that) and the pad token
+adds nothing to loss or gradients.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from skrull_ext.attention.meta import (
+    DISTRIBUTED,
+    DacpBatchMeta,
+    build_meta,
+    padded_length,
+    shard_buffer,
+)
+from skrull_ext.data.synthetic import IGNORE_INDEX, Sample
+
+
+@dataclass
+class MicroBatchBuffer:
+    """What one (DP rank, CP rank) feeds the model for one micro-batch."""
+
+    input: torch.Tensor  # int64 [1, T]
+    labels: torch.Tensor  # int64 [1, T]
+    positions: torch.Tensor  # int64 [1, T]
+    meta: DacpBatchMeta
+    seqs: list[int]
+    """Global indices of the micro-batch's sequences (all CP ranks), buffer order."""
+
+    @property
+    def num_tokens(self) -> int:
+        return self.input.size(1)
+
+    @property
+    def valid_labels(self) -> int:
+        return int((self.labels != IGNORE_INDEX).sum())
+
+
+def _pad(t: torch.Tensor, n: int, value: int) -> torch.Tensor:
+    return torch.cat([t, t.new_full((n - t.numel(),), value)]) if n > t.numel() else t
+
+
+def rank_buffer(
+    samples: Sequence[Sample],
+    lengths: Sequence[int],
+    placement: Sequence[int],
+    cp_rank: int,
+    cp_size: int,
+    seqs: Sequence[int] = (),
+) -> MicroBatchBuffer:
+    """Rank ``cp_rank``'s buffer of a micro-batch.
+
+    Args:
+        samples: the micro-batch's samples in buffer (``.seqs``) order.
+        lengths: effective lengths (a truncated sample is cut to its length).
+        placement: per sample, the CP rank holding it whole, or DISTRIBUTED.
+    """
+    if not samples:
+        raise ValueError("a micro-batch needs at least one sequence")
+    inputs, labels, positions = [], [], []
+    for s, n, p in zip(samples, lengths, placement, strict=True):
+        lp = padded_length(n, cp_size) if p == DISTRIBUTED else n
+        inputs.append(_pad(s.input[:n], lp, 0))
+        labels.append(_pad(s.labels[:n], lp, IGNORE_INDEX))
+        positions.append(torch.arange(lp))
+    parts = [shard_buffer(x, placement, cp_rank, cp_size) for x in (inputs, labels, positions)]
+    meta = build_meta(lengths, placement, cp_rank, cp_size)
+    if meta.num_tokens == 0:
+        return pad_buffer(cp_rank, cp_size, seqs)
+    return MicroBatchBuffer(*(t.unsqueeze(0) for t in parts), meta=meta, seqs=list(seqs))
+
+
+def pad_buffer(cp_rank: int, cp_size: int, seqs: Sequence[int] = ()) -> MicroBatchBuffer:
+    """One ignored pad token, local: a no-op micro-batch for this rank."""
+    one = torch.zeros(1, 1, dtype=torch.long)
+    return MicroBatchBuffer(
+        input=one,
+        labels=torch.full_like(one, IGNORE_INDEX),
+        positions=one.clone(),
+        meta=DacpBatchMeta(cp_rank=cp_rank, cp_size=cp_size, local_lens=[1], dist_lens=[]),
+        seqs=list(seqs),
+    )

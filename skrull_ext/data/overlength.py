@@ -1,0 +1,285 @@
+"""Length limits: the one place a sample is cut or dropped for its length.
+
+A sample is over-length when it is longer than the limit: the smaller of
+what the batching holds (``bucket_size * cp`` tokens, a CP group, for Skrull;
+a ``training.seq_len`` row for torchtitan's batching) and
+``dataloader.max_len`` when set (an SFT max-length cut). Sources never cut at
+load time (a synthetic source draws lengths at most ``max_len``, so nothing
+of it is cut). ``decide`` applies ``skrull.overlength`` to each step's
+global batch (error, truncate, drop), before the scheduler sees it, counts
+what it did, and skips a sample left with no loss token (a chat whose prompt
+alone passes the limit), which would otherwise be trained as zero
+(accounting.py).
+
+An ``error`` found at step 700 wastes the run up to there. So at start-up
+the trainer asks the data source for its length bound and, only when the
+bound exceeds the limit, pre-scans the lengths of every global batch the run
+will draw (sources give lengths without building tokens). ``error`` then
+fails before training, naming the record (``file:line`` for JSONL), the
+sample, its step, its length and the limit; ``truncate`` and ``drop`` log how
+many sequences they will cut, and the dataloader logs and counts each one as
+it happens.
+"""
+
+import time
+from dataclasses import dataclass, field
+
+from torchtitan.tools.logging import logger
+
+from skrull_ext import _core
+from skrull_ext.data.accounting import NO_LOSS, OVERLENGTH, Event, RunAccount, StepAccount, count_by_source
+from skrull_ext.data.synthetic import IGNORE_INDEX, Sample
+from skrull_ext.errors import DataError
+from skrull_ext.scheduler.config import POLICIES
+
+
+class OverlengthError(DataError):
+    """A sample of the run is longer than the limit, under overlength = 'error'."""
+
+
+@dataclass(frozen=True)
+class LengthLimit:
+    """The longest sample a run trains, why, and what happens to longer ones."""
+
+    tokens: int
+    source: str
+    """'bucket_size B x cp N' (a CP group), 'training.seq_len S' (a row) or 'dataloader.max_len M'."""
+    mode: str
+    """skrull.overlength: error, truncate or drop."""
+
+    @property
+    def from_max_len(self) -> bool:
+        return self.source.startswith("dataloader.max_len")
+
+    def too_long(self) -> str:
+        """Why a longer sample is refused, in the core scheduler's words for the CP limit."""
+        if self.from_max_len:
+            return f"longer than {self.source}"
+        if self.source.startswith("bucket_size"):
+            what = "the pool" if " x dp " in self.source else "a CP group"
+            return f"longer than the {self.tokens} tokens {what} can hold ({self.source})"
+        return f"longer than a row ({self.source})"
+
+    def fix(self) -> str:
+        if self.from_max_len:
+            return "raise dataloader.max_len, or set skrull.overlength to 'truncate' or 'drop'"
+        if self.source.startswith("bucket_size"):
+            return ("raise skrull.bucket_size or parallelism.context_parallel_degree, "
+                    "or set skrull.overlength to 'truncate' or 'drop'")
+        return "raise training.seq_len, or set skrull.overlength to 'truncate' or 'drop'"
+
+
+def length_limit(capacity: int, capacity_source: str, mode: str, max_len: int | None) -> LengthLimit:
+    """The smaller of what the batching holds and ``dataloader.max_len``."""
+    if max_len is not None and max_len < capacity:
+        return LengthLimit(max_len, f"dataloader.max_len {max_len}", mode)
+    return LengthLimit(capacity, capacity_source, mode)
+
+
+def cp_limit(bucket_size: int, cp: int, mode: str, max_len: int | None, dp: int = 1,
+             pool: bool = False) -> LengthLimit:
+    """A Skrull run's limit: what a CP group holds (``bucket_size x cp``; under
+    a pool policy the DP x CP world, ``bucket_size x dp x cp``), or
+    ``dataloader.max_len`` when smaller."""
+    if pool:
+        return length_limit(_core.max_sequence_length(bucket_size, dp * cp),
+                            f"bucket_size {bucket_size} x dp {dp} x cp {cp}", mode, max_len)
+    return length_limit(_core.max_sequence_length(bucket_size, cp), f"bucket_size {bucket_size} x cp {cp}",
+                        mode, max_len)
+
+
+def scheduler_limit(config, max_len: int | None) -> LengthLimit:
+    """The limit of a ``SchedulerConfig`` (its policy, bucket size, DP x CP and over-length mode)."""
+    return cp_limit(config.bucket_size, config.cp, config.overlength, max_len, config.dp,
+                    POLICIES[config.policy].pool)
+
+
+def location(source, index: int) -> str:
+    """``file:line`` of the record behind sample ``index``, else ``sample N``."""
+    where = getattr(source, "location", None)
+    return where(index) if where is not None else f"sample {index}"
+
+
+def _named(where: str, index: int, step: int, sep: str) -> str:
+    """``file:line: sample I (step S)``, or ``sample I (step S)`` when the source has no records."""
+    return (f"{where}{sep}" if where and where != f"sample {index}" else "") + f"sample {index} (step {step})"
+
+
+def loss_tokens(source, index: int, n: int, length: int) -> int:
+    """Loss tokens of sample ``index`` (``length`` tokens) trained as its first
+    ``n`` (label k predicts token k + 1): from the source without building
+    tokens where it can say (``source.loss_tokens``), else from its labels."""
+    counted = getattr(source, "loss_tokens", None)
+    if counted is not None:
+        return int(counted(index, n, length))
+    return int((source[index].labels[:n] != IGNORE_INDEX).sum())
+
+
+def cut(sample: Sample, n: int) -> Sample:
+    """``sample``'s first ``n`` tokens (itself when it has no more)."""
+    return sample if sample.length <= n else Sample(input=sample.input[:n], labels=sample.labels[:n])
+
+
+def decide(limit: LengthLimit, indices: list[int], lengths: list[int], losses, source, step: int
+           ) -> tuple[list[int], list[int], list[int], StepAccount]:
+    """The one decision, on lengths and loss counts only: which samples of a
+    step's global batch are trained and at what length, and the step's account.
+    ``losses(k, n)``: loss tokens of the k-th sample trained as its first n.
+    Returns the positions (in ``indices``) kept, their lengths and loss tokens.
+    Raises OverlengthError under 'error' (the start-up pre-scan normally finds it first)."""
+    account = StepAccount()
+    account.counts.read = len(indices)
+    keep, kept_len, kept_loss = [], [], []
+    for k, (i, n) in enumerate(zip(indices, lengths, strict=True)):
+        m = n
+        if n > limit.tokens:
+            where = location(source, i)
+            if limit.mode == "error":
+                raise OverlengthError(f"{_named(where, i, step, ': ')} has length {n}, {limit.too_long()}; "
+                                      + limit.fix())
+            if limit.mode == "drop":
+                account.record(Event(i, where, n, 0, OVERLENGTH, f"limit {limit.tokens}, {limit.source}"))
+                continue
+            m = limit.tokens
+        loss = losses(k, m)
+        if not loss:
+            detail = (f"its first {limit.tokens} tokens ({limit.source}) hold none" if m < n
+                      else "the record has none")
+            account.record(Event(i, location(source, i), n, 0, NO_LOSS, detail))
+            continue
+        if m < n:
+            account.record(Event(i, location(source, i), n, m, OVERLENGTH, f"limit {limit.tokens}, {limit.source}"))
+        else:
+            account.counts.whole += 1
+        keep.append(k)
+        kept_len.append(m)
+        kept_loss.append(loss)
+    account.counts.check()
+    if (name_of := getattr(source, "source_name", None)) is not None:  # a mixture: counted per source too
+        account.by_source = count_by_source(indices, account, name_of)
+    return keep, kept_len, kept_loss, account
+
+
+def apply_limit(limit: LengthLimit, indices: list[int], samples: list[Sample], source, step: int
+                ) -> tuple[list[int], list[Sample], StepAccount]:
+    """One step's global batch under the limit, its samples built: the samples
+    to train (cut where the over-length mode says so, in read order) and the step's account."""
+    keep, lengths, _, account = decide(
+        limit, indices, [s.length for s in samples],
+        lambda k, n: int((samples[k].labels[:n] != IGNORE_INDEX).sum()), source, step)
+    return [indices[k] for k in keep], [cut(samples[k], n) for k, n in zip(keep, lengths)], account
+
+
+def _settle(limit: LengthLimit, account: StepAccount, run: RunAccount, step: int, kept: int,
+            warn: bool = True) -> None:
+    """One warning when the step cut or skipped samples (naming each), the
+    counts added to the run's; a step left with nothing to train is refused."""
+    if account.events and warn:
+        c, t = account.counts, run.totals
+        logger.warning(
+            f"Skrull step {step}: {c.cut} cut, {c.skipped} skipped of {c.read} samples read "
+            f"(limit {limit.tokens}, {limit.source}; skrull.overlength = {limit.mode!r}): "
+            f"{'; '.join(map(str, account.events))}; run so far: {t.cut + c.cut} cut, {t.skipped + c.skipped} skipped"
+        )
+    run.add(account)
+    if not kept:
+        raise DataError(f"step {step}: every sample of the global batch was skipped, nothing to train "
+                        f"({'; '.join(map(str, account.events))})")
+
+
+def limit_step(limit: LengthLimit, indices: list[int], source, step: int, run: RunAccount
+               ) -> tuple[list[int], list[Sample], StepAccount]:
+    """torchtitan's batching: ``apply_limit`` on the step's samples, then
+    ``_settle`` (the warning, the run's counts, an empty step refused)."""
+    kept, samples, account = apply_limit(limit, indices, [source[i] for i in indices], source, step)
+    _settle(limit, account, run, step, len(kept))
+    return kept, samples, account
+
+
+def limit_lengths(limit: LengthLimit, indices: list[int], source, step: int, run: RunAccount, warn: bool = True
+                  ) -> tuple[list[int], list[int], list[int], StepAccount]:
+    """Skrull's batching: the same decision from the source's lengths and loss
+    counts, no token built (a rank builds only its own micro-batches' samples).
+    Returns the sample indices kept, their trained lengths and loss tokens, the account.
+    ``warn``: log the step's cuts and skips (validation passes count them in their own line)."""
+    lengths = [source.length(i) for i in indices]
+    keep, kept_len, kept_loss, account = decide(
+        limit, indices, lengths, lambda k, n: loss_tokens(source, indices[k], n, lengths[k]), source, step)
+    _settle(limit, account, run, step, len(keep), warn)
+    return [indices[k] for k in keep], kept_len, kept_loss, account
+
+
+@dataclass
+class OverlengthScan:
+    """What the pre-scan found for one run."""
+
+    limit: LengthLimit
+    first_step: int
+    last_step: int
+    bound: int | None
+    """The source's length bound (None: unknown)."""
+    scanned: int = 0
+    """Sequences whose length was read (0 when the bound already fits)."""
+    over: list[tuple[int, int, int]] = field(default_factory=list)
+    """(step, sample index, length) of every over-length sequence."""
+    seconds: float = 0.0
+    first_where: str = ""
+    """Where the first offender comes from (``file:line`` of a JSONL record)."""
+    no_loss: int = 0
+    """Over-length sequences whose cut would hold no loss token (skipped under 'truncate')."""
+
+    def message(self) -> str:
+        """The first offender (its record, sample, step and length) and the limit, then the totals."""
+        step, index, length = self.over[0]
+        return (
+            f"{_named(self.first_where, index, step, ': ')} has length {length}, {self.limit.too_long()}; "
+            f"{self.limit.fix()} ({len(self.over)} of {self.scanned} sequences of steps "
+            f"{self.first_step}..{self.last_step} are over-length)"
+        )
+
+
+def scan_overlength(loader, first_step: int, last_step: int) -> OverlengthScan:
+    """Lengths of steps ``first_step..last_step`` (1-based, inclusive) against ``loader.limit``.
+
+    ``loader`` provides ``limit``, ``length_bound()``, ``step_lengths(step)`` and ``source``.
+    """
+    start = time.perf_counter()
+    report = OverlengthScan(loader.limit, first_step, last_step, loader.length_bound())
+    if report.bound is None or report.bound > report.limit.tokens:
+        for step in range(first_step, last_step + 1):
+            for index, length in loader.step_lengths(step):
+                report.scanned += 1
+                if length > report.limit.tokens:
+                    report.over.append((step, index, length))
+    report.seconds = time.perf_counter() - start
+    if report.over:
+        report.first_where = location(loader.source, report.over[0][1])
+        if report.limit.mode == "truncate":
+            has_loss = getattr(loader.source, "has_loss_within", None)
+            report.no_loss = sum(not has_loss(i, report.limit.tokens) for _, i, _ in report.over) if has_loss else 0
+    return report
+
+
+def check_overlength(loader, first_step: int, last_step: int) -> OverlengthScan:
+    """Pre-scan, raise :class:`OverlengthError` under 'error', log the counts otherwise."""
+    report = scan_overlength(loader, first_step, last_step)
+    lim = report.limit
+    if report.over and lim.mode == "error":
+        raise OverlengthError(report.message())
+    if report.over:
+        verb = {"truncate": f"truncated to {lim.tokens} tokens", "drop": "dropped"}[lim.mode]
+        if report.no_loss:
+            verb += (f", but {report.no_loss} of them would keep no loss token (a prompt longer than the limit) "
+                     "and will be skipped")
+        step, index, length = report.over[0]
+        logger.warning(
+            f"Skrull over-length: {len(report.over)} of {report.scanned} sequences of steps "
+            f"{first_step}..{last_step} are longer than {lim.tokens} tokens ({lim.source}) and will be "
+            f"{verb} (skrull.overlength = {lim.mode!r}); first: {_named(report.first_where, index, step, ', ')}, "
+            f"length {length}"
+        )
+    else:
+        how = "by the source's bound" if report.scanned == 0 else f"scanned {report.scanned} in {report.seconds:.2f}s"
+        logger.info(f"Skrull over-length: none in steps {first_step}..{last_step} "
+                    f"(limit {lim.tokens}, {lim.source}; {how})")
+    return report

@@ -1,0 +1,143 @@
+"""torchtitan-format batches of the sources' global batches (the baseline).
+
+Samples are laid out in ``dp_world_size * local_batch_size`` rows of
+``seq_len`` by ``[dataloader] packing`` (row_layout.py: each step's global
+batch as whole samples, padded; or the global batches as one stream cut
+into full rows, carried across steps); DP rank r gets rows [r*B, (r+1)*B). Each piece of a sample is a document (positions
+restart at 0, which is where torchtitan's document mask separates them);
+free space at a row's end is a padding document (id 0, label ignored), so it
+never touches real tokens under the document mask. This is what torchtitan's
+own trainer consumes, with one optimizer step per yielded batch: the gradient
+accumulation steps of the run must be 1.
+
+Samples longer than ``training.seq_len`` (or ``dataloader.max_len``) go
+through the same over-length policy and accounting as Skrull's loader
+(overlength.py); the policy is 'error' unless the trainer sets it
+(``set_overlength``, from ``skrull.overlength``).
+"""
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from torchtitan.components.tokenizer import BaseTokenizer
+
+from skrull_ext.data.accounting import Counts, RunAccount
+from skrull_ext.data.overlength import cut, length_limit, limit_step
+from skrull_ext.data.row_layout import Piece, cut_stream, whole_rows
+from skrull_ext.data.source import SourceDataLoaderBase
+from skrull_ext.data.synthetic import IGNORE_INDEX
+from skrull_ext.errors import DataError
+
+
+class PackedDataLoader(SourceDataLoaderBase):
+    @dataclass(kw_only=True, slots=True)
+    class Config(SourceDataLoaderBase.Config):
+        pass
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        dp_world_size: int,
+        dp_rank: int,
+        tokenizer: BaseTokenizer | None = None,
+        seq_len: int,
+        local_batch_size: int,
+        **kwargs,
+    ):
+        super().__init__(config, tokenizer)
+        self.dp_world_size = dp_world_size
+        self.dp_rank = dp_rank
+        self.seq_len = seq_len
+        self.local_batch_size = local_batch_size
+        self.account = RunAccount(getattr(self.source, "names", ()))  # per source for a mixture
+        self.last_samples: list[int] = []
+        """Source indices trained by the last batch (what a failed step names)."""
+        self.carry: list[Piece] = []
+        """'stream' packing: pieces (source index, first, end token) drawn but not yet trained."""
+        self.last_tokens = 0
+        """Real (not padding) tokens of the last batch over all DP ranks."""
+        self.last_counts = Counts()
+        """What the last batch did with the samples it read (``skrull/samples_*``)."""
+        self.set_overlength("error")
+
+    def set_overlength(self, mode: str) -> None:
+        """The over-length policy for samples longer than a row (or max_len)."""
+        self.limit = length_limit(self.seq_len, f"training.seq_len {self.seq_len}", mode, self.config.max_len)
+
+    def check_rows(self, first_step: int, last_step: int) -> None:
+        """Under 'rows' packing, refuse before step 1 a run in which some step's
+        global batch (after the over-length limit) does not fit its rows, naming
+        the step: found while training, it stopped the run after steps had
+        trained. The same first-fit as ``_pack``, on lengths only."""
+        if self.config.packing != "rows":
+            return
+        lim = self.limit
+        for step in range(first_step, last_step + 1):
+            lengths = [min(n, lim.tokens) for _, n in self.step_lengths(step)
+                       if not (n > lim.tokens and lim.mode == "drop")]
+            try:
+                whole_rows(lengths, self.dp_world_size * self.local_batch_size, self.seq_len)
+            except ValueError as e:
+                raise DataError(f"step {step} of {last_step}: {e}") from None
+
+    def state_dict(self) -> dict:
+        # The carry as one string: a checkpoint's keys must not depend on its length (DCP
+        # loads into the keys of a fresh loader's state_dict).
+        return {"step": self.step, "carry": json.dumps(self.carry), **self.account.state_dict()}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        super().load_state_dict(state_dict)
+        self.account.load_state_dict(state_dict)
+        self.carry = [tuple(p) for p in json.loads(state_dict.get("carry", "[]"))]
+
+    def __iter__(self) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
+        while True:
+            yield self._pack()
+
+    def _pack(self) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        B, S = self.local_batch_size, self.seq_len
+        rows = self.dp_world_size * B
+        if self.config.packing == "stream":
+            layout, samples = self._stream(rows, S)
+        else:
+            indices = self.next_global_batch()
+            self.last_samples, kept, account = limit_step(self.limit, indices, self.source, self.step, self.account)
+            self.last_counts = account.counts
+            samples = dict(enumerate(kept))
+            layout = whole_rows([s.length for s in kept], rows, S)
+        self.last_tokens = sum(e - s for row in layout for _, s, e in row)
+        inputs = torch.zeros(B, S, dtype=torch.long)
+        labels = torch.full((B, S), IGNORE_INDEX, dtype=torch.long)
+        positions = torch.zeros(B, S, dtype=torch.long)
+        for b, row in enumerate(layout[self.dp_rank * B : (self.dp_rank + 1) * B]):
+            off = 0
+            for k, start, end in row:
+                n = end - start
+                inputs[b, off : off + n] = samples[k].input[start:end]
+                labels[b, off : off + n] = samples[k].labels[start:end]
+                positions[b, off : off + n] = torch.arange(n)
+                off += n
+            positions[b, off:] = torch.arange(S - off)
+        return {"input": inputs, "positions": positions}, labels
+
+    def _stream(self, rows: int, S: int) -> tuple[list[list[Piece]], dict]:
+        """Full rows cut from the carried pieces and the global batches drawn
+        while they fall short (pieces keyed by source index); the rest is carried."""
+        samples = {k: cut(self.source[k], end) for k, _, end in self.carry}
+        pieces, have = list(self.carry), sum(e - s for _, s, e in self.carry)
+        self.last_samples = list(dict.fromkeys(k for k, _, _ in self.carry))
+        self.last_counts = Counts()
+        while have < rows * S:
+            indices = self.next_global_batch()
+            kept_idx, kept, account = limit_step(self.limit, indices, self.source, self.step, self.account)
+            self.last_counts.add(account.counts)
+            for k, s in zip(kept_idx, kept):
+                samples[k] = s
+                pieces.append((k, 0, s.length))
+                have += s.length
+            self.last_samples += kept_idx
+        layout, self.carry = cut_stream(pieces, rows, S)
+        return layout, samples

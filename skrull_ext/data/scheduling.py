@@ -1,0 +1,301 @@
+"""The Skrull scheduling dataloader: one plan per global batch, one buffer
+per (DP rank, CP rank) per micro-batch.
+
+Every step, every rank draws the same global batch (sample
+indices are a function of the step), applies the length limit to it (the
+over-length mode ``skrull.overlength`` and the loss-token check,
+overlength.py: what is cut or skipped is counted, accounting.py) from the
+source's lengths and loss counts,
+asks the scheduler for the plan of its lengths (the core is deterministic, so
+every rank gets the same plan without talking) and builds its own buffers
+from it: only the samples of its own micro-batches are ever built. A DP rank with fewer
+micro-batches than the plan's maximum gets no-op pad micro-batches, so FSDP
+ranks run the same number of passes; under ``[skrull] free_running`` (FSDP
+parameters held unsharded for the step, no per-pass collective across DP
+ranks) it runs its own micro-batches only, and one pad where it has none.
+The loss normaliser, the number of loss tokens of the whole global batch, is
+computed here from the plan: the same on every rank, so no all-reduce is
+needed for it.
+
+torchtitan builds dataloaders before it knows the CP layout, so the trainer
+calls ``attach(scheduler, cp_rank, cp_size)`` once after construction.
+
+A step is a function of its number and of the run's counts before it
+(``StepBuilder``). With ``[dataloader] prefetch_steps`` K > 0 (the default
+2) a background thread builds steps t+1..t+K while step t trains
+(prefetch.py says why a thread suffices); the steps are the same as built on
+demand, and the checkpointed state is that of the last step handed to the
+trainer, so a resume replays exactly the uninterrupted run.
+"""
+
+import json
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+from torchtitan.components.tokenizer import BaseTokenizer
+
+from skrull_ext.data.accounting import RunAccount, StepAccount
+from skrull_ext.data.buffers import MicroBatchBuffer, pad_buffer, rank_buffer
+from skrull_ext.data.overlength import LengthLimit, cut, limit_lengths, loss_tokens, scheduler_limit
+from skrull_ext.data.pool_buffers import pool_rank_buffers
+from skrull_ext.data.prefetch import Prefetcher
+from skrull_ext.data.source import SourceDataLoaderBase
+from skrull_ext.data.synthetic import Sample
+from skrull_ext.errors import DataError
+from skrull_ext.scheduler import Scheduler
+from skrull_ext.scheduler.config import POLICIES
+from skrull_ext.scheduler.plan import DROPPED, Plan
+from skrull_ext.scheduler.pool_plan import PoolPlan
+
+
+@dataclass
+class SkrullStep:
+    """Everything one rank needs for one optimizer step."""
+
+    step: int
+    dp_rank: int
+    samples: list[int]
+    """Source indices of the samples trained this step (the global batch less
+    the skipped ones), in plan (caller) order."""
+    plan: Plan | PoolPlan
+    micro_batches: list[MicroBatchBuffer]
+    """This rank's buffers: ``plan.num_micro_batches`` of them (pads included), or under
+    free-running its own micro-batches only (one pad if it has none)."""
+    global_valid_tokens: int
+    """Loss tokens of the whole global batch (all DP ranks, CP ranks, micro-batches)."""
+    schedule_us: float = 0.0
+    """Wall time this rank spent planning the step (core, CP-SAT, checks)."""
+    build_us: float = 0.0
+    """Wall time of the whole step's build (draw, limit, plan, buffers), on
+    the prefetch thread when ``prefetch_steps`` > 0: what prefetch has to hide."""
+    account: StepAccount = field(default_factory=StepAccount)
+    """Samples read, trained whole, cut, skipped this step (and why)."""
+    totals: dict[str, int] = field(default_factory=dict)
+    """The same counts since the run began (resumes included)."""
+    source_totals: dict[str, dict[str, int]] = field(default_factory=dict)
+    """A mixture's run counts per source (``totals`` by source)."""
+
+    @property
+    def local_valid_tokens(self) -> int:
+        return sum(mb.valid_labels for mb in self.micro_batches)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(mb.num_tokens for mb in self.micro_batches)
+
+
+@dataclass(frozen=True)
+class StepBuilder:
+    """One rank's step as a function of the step number and the run's account
+    so far (which it adds the step's counts to). Made by ``attach``; holds
+    what a step needs and not the dataloader, so a prefetch thread running it
+    does not keep the dataloader alive."""
+
+    source: object
+    scheduler: Scheduler
+    limit: LengthLimit
+    global_batch_size: int
+    dp_rank: int
+    cp_rank: int
+    cp_size: int
+    free_running: bool = False
+    """Build only this rank's own micro-batches (one pad pass if it has none): the
+    trainer's free-running mode, where DP ranks share no collective per pass. Off: pad
+    to the plan's micro-batch count, so every rank runs as many FSDP passes."""
+    warn: bool = True
+    """Log each step's cuts and skips (a validation pass counts them in its own line)."""
+
+    def __post_init__(self) -> None:
+        if self.free_running and POLICIES[self.scheduler.config.policy].pool:
+            raise ValueError("skrull.free_running = true does not run with skrull.policy = 'skrull-pool' "
+                             "(SkrullConfig.check_free_running says why)")
+
+    def __call__(self, step: int, run: RunAccount) -> SkrullStep:
+        begin = time.perf_counter()
+        out = self._build(step, run)
+        out.build_us = (time.perf_counter() - begin) * 1e6
+        return out
+
+    def _build(self, step: int, run: RunAccount) -> SkrullStep:
+        read = self.source.global_batch(step, self.global_batch_size)
+        indices, lengths, losses, account = limit_lengths(self.limit, read, self.source, step, run, self.warn)
+        start = time.perf_counter()
+        plan = self.scheduler.schedule(lengths, dp_rank=self.dp_rank)
+        plan.validate()
+        schedule_us = (time.perf_counter() - start) * 1e6
+        samples = _Samples(self.source, indices, lengths)
+        pool = isinstance(plan, PoolPlan)
+        kept = [m >= 0 for m in plan.micro_batch] if pool else [d != DROPPED for d in plan.dp_rank]
+        valid = sum(  # the planned length is the limited one (the limit runs first); anything else is recounted
+            (c if n == m else loss_tokens(self.source, i, n, self.source.length(i)))
+            for i, m, c, n, k in zip(indices, lengths, losses, plan.lengths, kept) if k
+        )
+        if pool:  # skrull-pool: rank sets over the world (pool_buffers.py)
+            mbs = pool_rank_buffers(plan, samples, indices, self.dp_rank, self.cp_rank)
+        else:
+            mbs = [
+                rank_buffer(
+                    [samples[k] for k in mb.seqs], mb.lengths, mb.cp_rank,
+                    self.cp_rank, self.cp_size, seqs=[indices[k] for k in mb.seqs],
+                )
+                for mb in plan.micro_batches(self.dp_rank)
+            ]
+            # Lockstep: pads to the plan's count. Free-running: at least one pass, so this rank
+            # takes part in FSDP's first all-gathers and its one gradient reduce-scatter.
+            while len(mbs) < (1 if self.free_running else plan.num_micro_batches):
+                mbs.append(pad_buffer(self.cp_rank, self.cp_size))
+        return SkrullStep(
+            step=step, dp_rank=self.dp_rank, samples=indices, plan=plan, micro_batches=mbs,
+            global_valid_tokens=valid, schedule_us=schedule_us, account=account,
+            totals=run.totals.as_dict(), source_totals={n: c.as_dict() for n, c in run.by_source.items()},
+        )
+
+
+class _Samples(Sequence):
+    """A step's kept samples, each built (and cut to its trained length) only
+    when asked for: a rank builds the samples of its own micro-batches only."""
+
+    def __init__(self, source, indices: list[int], lengths: list[int]) -> None:
+        self.source, self.indices, self.lengths = source, indices, lengths
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, k: int) -> Sample:
+        return cut(self.source[self.indices[k]], self.lengths[k])
+
+
+class _Cursor:
+    """Where step production stands: the last step built and the run's account
+    after it. Each call builds the next step and returns it with a snapshot of
+    that state (what the dataloader checkpoints once the step is handed out)."""
+
+    def __init__(self, build: StepBuilder, step: int, account: RunAccount) -> None:
+        self.build, self.step, self.account = build, step, account
+
+    def __call__(self) -> tuple[SkrullStep, RunAccount]:
+        self.step += 1
+        out = self.build(self.step, self.account)
+        return out, self.account.copy()
+
+
+PREFETCH_MAX = 64
+"""Most steps ``dataloader.prefetch_steps`` may build ahead (each holds one step's buffers)."""
+
+
+class SkrullDataLoader(SourceDataLoaderBase):
+    @dataclass(kw_only=True, slots=True)
+    class Config(SourceDataLoaderBase.Config):
+        prefetch_steps: int = 2
+        """Steps built ahead on a background thread (draw, limit, plan, buffers) while the current one
+        trains; 0: built when the trainer asks, on its thread. Same steps either way (datasets/prefetch.py)."""
+
+        def __post_init__(self):
+            SourceDataLoaderBase.Config.__post_init__(self)
+            k = self.prefetch_steps
+            if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= PREFETCH_MAX:
+                raise ValueError(f"dataloader.prefetch_steps: {k!r} is outside 0..{PREFETCH_MAX} "
+                                 "(steps built ahead; 0 builds each step when asked)")
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        dp_world_size: int,
+        dp_rank: int,
+        tokenizer: BaseTokenizer | None = None,
+        **kwargs,
+    ):
+        super().__init__(config, tokenizer)
+        self.dp_world_size = dp_world_size
+        self.dp_rank = dp_rank
+        self.scheduler: Scheduler | None = None
+        self.cp_rank, self.cp_size = 0, 1
+        self.limit: LengthLimit | None = None
+        self.account = RunAccount(getattr(self.source, "names", ()))
+        """The run's counts up to the last step handed out (checkpointed with ``step``; per source for a mixture)."""
+        self.builder: StepBuilder | None = None
+        self._cursor: _Cursor | None = None
+        self._ahead: Prefetcher | None = None
+
+    def attach(self, scheduler: Scheduler, cp_rank: int, cp_size: int, free_running: bool = False) -> None:
+        """Bind the scheduler and this rank's CP coordinates (once, after build).
+        ``free_running``: build only this rank's own micro-batches (StepBuilder)."""
+        c = scheduler.config
+        if (c.dp, c.cp) != (self.dp_world_size, cp_size):
+            raise ValueError(
+                f"scheduler is for DP {c.dp} x CP {c.cp}, this rank is in DP "
+                f"{self.dp_world_size} x CP {cp_size}"
+            )
+        self.close()
+        self.scheduler, self.cp_rank, self.cp_size = scheduler, cp_rank, cp_size
+        self.limit = scheduler_limit(c, self.config.max_len)
+        self.builder = StepBuilder(self.source, scheduler, self.limit, self.config.global_batch_size,
+                                   self.dp_rank, cp_rank, cp_size, free_running)
+
+    def __iter__(self) -> Iterator[SkrullStep]:
+        if self.scheduler is None:
+            raise RuntimeError("SkrullDataLoader.attach() was not called (SkrullTrainer does)")
+        while True:
+            yield self.next_step()
+
+    def next_step(self) -> SkrullStep:
+        """The step after the last one handed out. With ``prefetch_steps`` K > 0
+        the first call starts a thread building the next K steps ahead; the
+        loader's state (``step``, ``account``) moves only when a step is handed
+        out. An error building a step is raised here, at that step, with the
+        state as the synchronous path leaves it: that step counted as read
+        (its samples were drawn and counted), the next call goes on after it."""
+        if self.builder is None:
+            raise RuntimeError("SkrullDataLoader.attach() was not called (SkrullTrainer does)")
+        if self._cursor is None:
+            self._cursor = _Cursor(self.builder, self.step, self.account.copy())
+            if self.config.prefetch_steps:
+                self._ahead = Prefetcher(self._cursor, self.config.prefetch_steps,
+                                         name=f"skrull-prefetch-dp{self.dp_rank}-cp{self.cp_rank}")
+        cursor, ahead = self._cursor, self._ahead
+        try:
+            out, account = ahead.get() if ahead is not None else cursor()
+        except BaseException as e:
+            self.close()  # joins the thread: it stops at a failed step
+            if ahead is None or e is ahead.failed:  # not, e.g., Ctrl-C while waiting for the thread
+                self.step, self.account = cursor.step, cursor.account
+            raise
+        self.step, self.account = out.step, account
+        # Tokens of the step over all ranks, as the packed loader counts them (bench cp reads it).
+        dropped = set(out.plan.dropped)
+        self.last_tokens = sum(n for k, n in enumerate(out.plan.lengths) if k not in dropped)
+        return out
+
+    def close(self) -> None:
+        """Stop building ahead (joins the prefetch thread); the next step starts it again."""
+        ahead, self._ahead, self._cursor = self._ahead, None, None
+        if ahead is not None:
+            ahead.close()
+
+    def __del__(self) -> None:
+        if getattr(self, "_ahead", None) is not None:
+            self.close()
+
+    def state_dict(self) -> dict:
+        # The state after the last step handed out, not the prefetch thread's.
+        # The same on every rank (a function of the global batches), so DCP
+        # keeps one copy and a resume may change the DP/CP layout. The keys are
+        # those of torchtitan's batching (packed.py), whose 'stream' packing
+        # carries pieces of sequences into the next step; Skrull never does, so
+        # either batching continues the other's checkpoint (DCP loads the keys
+        # of the fresh loader: a key one side lacked failed the resume).
+        return {"step": self.step, "carry": "[]", **self.account.state_dict()}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        carry = json.loads(state_dict.get("carry", "[]"))
+        if carry:
+            raise DataError(
+                f"the checkpoint of step {state_dict.get('step')} was packed as a stream (torchtitan's batching, "
+                f"dataloader.packing = 'stream') and carries {len(carry)} piece(s) of sequences into the next step, "
+                "which Skrull batching cannot continue; continue it with --skrull.no-enable --dataloader.packing "
+                "stream")
+        self.close()  # steps built ahead of the old state are thrown away
+        super().load_state_dict(state_dict)
+        self.account.load_state_dict(state_dict)

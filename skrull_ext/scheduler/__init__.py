@@ -1,0 +1,26 @@
+"""The scheduler: what each rank runs in a global batch, decided alike on every rank.
+
+- ``config``: the scheduling knobs (``SchedulingOptions``), ``SchedulerConfig`` and the policies;
+- ``cost_model``, ``profile_file``, ``model_shape``: what a micro-batch costs (named presets,
+  measured profile files, the shape of the job's model), and ``hardware/`` the assumed H100;
+- ``facade``: ``Scheduler``, the C++ core (``skrull_ext._core``) plus the CP-SAT fallback (``cpsat``);
+- ``plan``, ``pool_plan``: the plans it returns, with their checks and summaries.
+
+Nothing here imports torch: the plan is a pure function of the lengths, the
+cost model and the options. ``Scheduler`` loads on first use (PEP 562), so
+``skrull_ext.scheduler.config`` needs neither the core nor ortools.
+"""
+
+import importlib
+
+_LAZY = {"Scheduler": "skrull_ext.scheduler.facade"}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'skrull_ext.scheduler' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value
+    return value

@@ -1,0 +1,219 @@
+"""Scheduler configuration: the knobs that shape a plan.
+
+Policies are a registry (name -> core options), not an if-chain: a new policy
+is one entry in ``POLICIES``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Literal
+
+from skrull_ext import _core
+from skrull_ext._core import DacpSearch, MicroBatchCount, Overlength, Placement, Rollback
+
+
+@dataclass(frozen=True)
+class Policy:
+    """How the core places sequences and picks micro-batch counts."""
+
+    placement: Placement
+    rollback: Rollback
+    micro_batch_count: MicroBatchCount
+    refine: bool  # time-driven local search after DACP (cpp/include/skrull/refine.hpp)
+    fallback: bool  # CP-SAT may replace a micro-batch's placement
+    description: str
+    dacp_search: DacpSearch = DacpSearch.HEURISTIC  # SHARD_SWEEP: also try sharding the k longest
+    pool: bool = False  # plan the DP x CP world as one pool (cpp/include/skrull/pool.hpp); a PoolPlan
+    slot_gds: bool = True  # on a lockstep timeline, GDS balances each micro-batch slot (cpp/include/skrull/slots.hpp)
+
+
+POLICIES: dict[str, Policy] = {
+    # This project's best: Algorithm 1 with longest-first roll-back plus a
+    # time-driven refinement, or the shard sweep, whichever predicts faster;
+    # the micro-batch count chosen by predicted time; CP-SAT where it pays.
+    "skrull": Policy(
+        Placement.LEAST_LOAD, Rollback.LONGEST, MicroBatchCount.PREDICTED_TIME, True, True,
+        "least-load DACP + refinement or shard sweep, longest-first roll-back, micro-batch count by predicted "
+        "time, CP-SAT fallback",
+        DacpSearch.SHARD_SWEEP,
+    ),
+    # The same without the shard sweep: Algorithm 1 + refinement only. Less
+    # core time (docs/latency.md), slower simulated iterations, and with the
+    # CP-SAT fallback on more scheduling time than skrull: measured in
+    # docs/benchmarks.md, section 3.
+    "skrull-fast": Policy(
+        Placement.LEAST_LOAD, Rollback.LONGEST, MicroBatchCount.PREDICTED_TIME, True, True,
+        "least-load DACP + refinement, longest-first roll-back, micro-batch count by predicted time, "
+        "CP-SAT fallback",
+    ),
+    # Algorithms 1 + 2 as published, with the roll-back's accounting fixed.
+    "skrull-paper": Policy(
+        Placement.LEAST_LOAD, Rollback.SHORTEST, MicroBatchCount.SMALLEST_FEASIBLE, False, False,
+        "paper's Algorithms 1+2, corrected roll-back, smallest feasible micro-batch count",
+        slot_gds=False,
+    ),
+    # skrull's placement with the paper's per-rank GDS on every timeline: what
+    # skrull planned before the slot GDS, kept to measure what the slots buy on
+    # a lockstep job (docs/benchmarks.md; python -m skrull_ext.bench cp).
+    "skrull-per-rank": Policy(
+        Placement.LEAST_LOAD, Rollback.LONGEST, MicroBatchCount.PREDICTED_TIME, True, True,
+        "skrull with the per-rank GDS (each DP rank's share split on its own), whatever the job's timeline",
+        DacpSearch.SHARD_SWEEP, slot_gds=False,
+    ),
+    # One pool: skrull, plus sequences sharded over aligned blocks
+    # of CP groups when their own group would straggle or cannot hold them
+    # (up to bucket_size x dp x cp tokens); skrull's plan kept when it
+    # predicts no slower; then a one-group micro-batch's sharded sequence
+    # moves to an aligned part of its group where that predicts it faster.
+    # Plans are PoolPlans (skrull_ext/scheduler/pool_plan.py); measured in
+    # docs/benchmarks.md, section 10.
+    "skrull-pool": Policy(
+        Placement.LEAST_LOAD, Rollback.LONGEST, MicroBatchCount.PREDICTED_TIME, True, True,
+        "skrull over the DP x CP world as one pool: long sequences sharded over blocks of CP groups, "
+        "skrull's plan where it predicts no slower",
+        DacpSearch.SHARD_SWEEP, pool=True,
+    ),
+    # The paper's "round-robin" (Algorithm 4), really worst-fit.
+    "worstfit": Policy(
+        Placement.WORST_FIT, Rollback.SHORTEST, MicroBatchCount.SMALLEST_FEASIBLE, False, False,
+        "paper's Algorithm 4: worst-fit placement, smallest feasible micro-batch count",
+        slot_gds=False,
+    ),
+}
+
+OVERLENGTH: dict[str, Overlength] = {
+    "error": Overlength.ERROR,
+    "truncate": Overlength.TRUNCATE,
+    "drop": Overlength.DROP,
+}
+
+
+def _check_range(name: str, value, lo, hi) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not lo <= value <= hi:
+        raise ValueError(f"{name} must be in [{lo}, {hi}], got {value!r}")
+
+
+def _check_int(name: str, value, lo: int, hi: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an integer in [{lo}, {hi}], got {value!r}")
+    _check_range(name, value, lo, hi)
+
+
+PolicyName = Literal[tuple(POLICIES)]  # pyrefly: ignore[invalid-literal]
+OverlengthMode = Literal[tuple(OVERLENGTH)]  # pyrefly: ignore[invalid-literal]
+
+
+@dataclass(kw_only=True, slots=True)
+class SchedulingOptions:
+    """The knobs that shape a plan, whatever the job shape: shared by
+    ``SchedulerConfig`` (the core's config) and the job file's ``[skrull]``
+    section (``skrull_ext.train.skrull_config.SkrullConfig``), declared once here."""
+
+    bucket_size: int = 26624
+    """BucketSize C: tokens one CP rank can hold (from the profiler; the paper's 26K for 0.5B)."""
+    policy: PolicyName = "skrull"
+    """One of POLICIES: skrull, skrull-fast, skrull-paper, skrull-pool, worstfit."""
+    overlength: OverlengthMode = "error"
+    """Sequences longer than bucket_size x cp (x dp under skrull-pool): error, truncate (to the
+    longest that fits) or drop. In training also those longer than dataloader.max_len; the
+    dataloader applies it before the scheduler and counts each sample (datasets/accounting.py)."""
+    cpsat: bool = False
+    """Allow the CP-SAT fallback (used only by policies that enable it). Off by default:
+    on the shipped shapes the step time it saves is far smaller than the solver wall time
+    it costs (measured by ``python -m skrull_ext.bench cpsat``: docs/benchmarks.md, section
+    12). A micro-batch no heuristic can place still goes to CP-SAT
+    (``Scheduler.schedule_micro_batch``)."""
+    cpsat_margin: float = 0.10
+    """Try CP-SAT on a micro-batch predicted more than this fraction above its lower bound."""
+    cpsat_deterministic_time: float = 0.005
+    """CP-SAT limit in deterministic seconds (not wall time, so every rank gets the same answer)."""
+    max_extra_micro_batches: int = 1
+    """How many micro-batch counts above the smallest feasible one 'skrull' compares
+    (docs/benchmarks.md measures what more would buy)."""
+
+    def check(self) -> None:
+        """Raise ValueError naming the first bad value and its limit."""
+        _check_int("bucket_size", self.bucket_size, 1, _core.MAX_BUCKET_SIZE)
+        if self.policy not in POLICIES:
+            raise ValueError(f"policy must be one of {sorted(POLICIES)}, got {self.policy!r}")
+        if self.overlength not in OVERLENGTH:
+            raise ValueError(f"overlength must be one of {sorted(OVERLENGTH)}, got {self.overlength!r}")
+        if not isinstance(self.cpsat, bool):
+            raise ValueError(f"cpsat must be true or false, got {self.cpsat!r}")
+        _check_range("cpsat_margin", self.cpsat_margin, 0.0, 100.0)
+        _check_range("cpsat_deterministic_time", self.cpsat_deterministic_time, 0.0, 3600.0)
+        _check_int("max_extra_micro_batches", self.max_extra_micro_batches, 0, 1024)
+
+    def options(self) -> dict:
+        """The knobs as keyword arguments (for SchedulerConfig)."""
+        return {f.name: getattr(self, f.name) for f in fields(SchedulingOptions)}
+
+
+TIMELINES: dict[str, "_core.Timeline"] = {
+    "lockstep": _core.Timeline.LOCKSTEP,
+    "free": _core.Timeline.FREE_RUNNING,
+}
+"""How the DP ranks of a step run their micro-batches (docs/design/cost_model.md, "Timelines").
+lockstep: FSDP gathers every layer's parameters per micro-batch over the whole shard mesh, so
+every rank runs micro-batch slot j at the same time (a rank with fewer runs pad passes); the
+step is the sum over slots of the slowest rank in each. free: ranks share no collective until
+the step's gradient reduction, so the step is the slowest rank's sum."""
+
+Timeline = Literal[tuple(TIMELINES)]  # pyrefly: ignore[invalid-literal]
+
+
+def job_timeline(dp_shard: int, dp_replicate: int, free_running: bool, defer_grad_sync: bool) -> str:
+    """The timeline a job executes, from its parallelism (not a flag of its own).
+
+    Free-running only where no collective spans DP ranks between the step's
+    first forward and its gradient reduction: the ``free_running`` mode (FSDP
+    parameters held unsharded for the whole step, gradients reduced once), a
+    single DP rank, or replicate-only DP (no FSDP shard mesh over DP ranks)
+    whose gradient all-reduce is deferred to the last micro-batch. Anything
+    else runs lockstep."""
+    if free_running or dp_shard * dp_replicate <= 1:
+        return "free"
+    if dp_shard == 1 and defer_grad_sync:
+        return "free"
+    return "lockstep"
+
+
+@dataclass(kw_only=True, slots=True)
+class SchedulerConfig(SchedulingOptions):
+    """What the scheduler needs besides the cost model: the knobs and the job shape."""
+
+    dp: int = 1
+    """Data-parallel ranks the global batch is split over."""
+    cp: int = 1
+    """Context-parallel ranks per group (N)."""
+    timeline: Timeline = "lockstep"
+    """The timeline the job executes (``job_timeline``): what the plan is built and timed for."""
+
+    def __post_init__(self) -> None:
+        _check_int("dp", self.dp, 1, _core.MAX_RANKS)
+        _check_int("cp", self.cp, 1, _core.MAX_RANKS)
+        if self.timeline not in TIMELINES:
+            raise ValueError(f"timeline must be one of {sorted(TIMELINES)}, got {self.timeline!r}")
+        self.check()
+
+    def core_options(self) -> _core.Options:
+        policy = POLICIES[self.policy]
+        opt = _core.Options()
+        opt.dp, opt.cp, opt.bucket_size = self.dp, self.cp, self.bucket_size
+        opt.placement = policy.placement
+        opt.rollback = policy.rollback
+        opt.micro_batch_count = policy.micro_batch_count
+        opt.refine = policy.refine
+        opt.dacp_search = policy.dacp_search
+        opt.max_extra_micro_batches = self.max_extra_micro_batches
+        opt.overlength = OVERLENGTH[self.overlength]
+        opt.timeline = TIMELINES[self.timeline]
+        opt.slot_gds = policy.slot_gds and self.timeline == "lockstep"
+        return opt
+
+    @property
+    def uses_cpsat(self) -> bool:
+        """The one CP-SAT switch: enabled, the policy has a fallback, and there
+        is a placement to choose (cp > 1)."""
+        return self.cpsat and POLICIES[self.policy].fallback and self.cp > 1

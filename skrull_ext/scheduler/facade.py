@@ -1,0 +1,131 @@
+"""The scheduler facade: one call per global batch, same plan on every rank.
+
+    sched = Scheduler(SchedulerConfig(dp=4, cp=8, bucket_size=26624), cost_model.preset("qwen2.5-0.5b"))
+    plan = sched.schedule(lengths)        # GDS + DACP in C++ (+ CP-SAT with cpsat=True)
+    plan.validate()
+
+The C++ core does the heuristics. With ``cpsat=True`` (off by default: on
+the measured shapes it saves far less step time than its solver time costs;
+``python -m skrull_ext.bench cpsat``, docs/benchmarks.md section 12) and a
+policy that allows it, micro-batches predicted more than ``cpsat_margin``
+above their lower bound are re-solved exactly by CP-SAT under a
+deterministic limit, and the faster of the two placements (both scored by
+the C++ cost model) is kept.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from skrull_ext import _core
+from skrull_ext._core import CostModel
+from skrull_ext.scheduler import cost_model as cost_models
+from skrull_ext.scheduler.config import POLICIES, SchedulerConfig
+from skrull_ext.scheduler.cpsat import CpSatResult, solve_dacp
+from skrull_ext.scheduler.plan import MicroBatchPlan, Plan
+from skrull_ext.scheduler.pool_plan import PoolMicroBatchPlan, PoolPlan
+
+
+def _as_lengths(lengths: Sequence[int]) -> list[int]:
+    out = []
+    for k, s in enumerate(lengths):
+        if isinstance(s, bool) or not isinstance(s, int) and not hasattr(s, "__index__"):
+            raise ValueError(f"sequence {k} has length {s!r}, which is not an integer")
+        s = int(s)
+        if not 1 <= s <= _core.MAX_LENGTH:  # also keeps it in int64 for the binding (else TypeError)
+            raise ValueError(f"sequence {k} has length {s}, outside [1, {_core.MAX_LENGTH}]")
+        out.append(s)
+    return out
+
+
+class Scheduler:
+    """Plans global batches for one job shape (DP x CP, BucketSize, policy)."""
+
+    def __init__(self, config: SchedulerConfig, cost_model: CostModel | None = None) -> None:
+        self.config = config
+        self.cost_model = cost_model if cost_model is not None else cost_models.preset()
+        self._options = config.core_options()
+
+    def schedule(self, lengths: Sequence[int], dp_rank: int | None = None) -> Plan | PoolPlan:
+        """Plan one global batch (lengths in dataset order). Empty batch -> empty plan.
+
+        With ``dp_rank`` set, the CP-SAT fallback refines only that DP rank's
+        micro-batches: a training rank needs exact placements for its own
+        micro-batches only, and every rank of its CP group asks for the same
+        ones, so they still agree without talking. Other DP ranks keep the
+        heuristic's placements (``plan.refined_dp_rank`` records this).
+
+        Under a pool policy (``skrull-pool``) the plan is a ``PoolPlan``; CP-SAT
+        refines only its one-group micro-batches (those of ``dp_rank``'s group).
+        """
+        lengths = _as_lengths(lengths)
+        c = self.config
+        if dp_rank is not None and not (isinstance(dp_rank, int) and 0 <= dp_rank < c.dp):
+            raise ValueError(f"dp_rank must be in [0, {c.dp}), got {dp_rank!r}")
+        if POLICIES[c.policy].pool:
+            pool = _core.schedule_pool(lengths, self.cost_model, self._options)
+            plan = PoolPlan.from_core(pool, lengths, c.dp, c.cp, c.bucket_size, cost=self.cost_model,
+                                     timeline=c.timeline)
+            mbs = [mb for mb in plan.micro_batches if mb.groups == 1 and (dp_rank is None or mb.first_group == dp_rank)]
+        else:
+            core = _core.schedule(lengths, self.cost_model, self._options)
+            plan = Plan.from_core(core, lengths, c.dp, c.cp, c.bucket_size, c.timeline,
+                                  self.cost_model.micro_batch_fixed_us)
+            ranks = plan.ranks if dp_rank is None else [plan.ranks[dp_rank]]
+            mbs = [mb for rank in ranks for mb in rank]
+        plan.refined_dp_rank = dp_rank
+        for mb in mbs:  # every micro-batch's gap to its bound (skrull/mean_bound_gap); CP-SAT may raise it
+            mb.lower_bound_us = self.cost_model.micro_batch_lower_bound_us(mb.lengths, c.cp)
+        if c.uses_cpsat:
+            start = time.perf_counter()
+            for mb in mbs:
+                self._maybe_improve(plan, mb)
+            plan.fallback_us = (time.perf_counter() - start) * 1e6
+        return plan
+
+    def _worth_cpsat(self, time_us: float, lower_bound_us: float) -> bool:
+        """The one CP-SAT decision (with ``config.uses_cpsat``): a placement
+        predicted more than ``cpsat_margin`` above its lower bound."""
+        return time_us > (1.0 + self.config.cpsat_margin) * lower_bound_us
+
+    def _maybe_improve(self, plan: Plan | PoolPlan, mb: MicroBatchPlan | PoolMicroBatchPlan) -> CpSatResult | None:
+        c = self.config
+        mb.lower_bound_us = self.cost_model.micro_batch_lower_bound_us(mb.lengths, c.cp)
+        if not self._worth_cpsat(mb.time_us, mb.lower_bound_us):
+            return None
+        res = solve_dacp(mb.lengths, self.cost_model, c.cp, c.bucket_size, c.cpsat_deterministic_time, hint=mb.cp_rank)
+        mb.lower_bound_us = max(mb.lower_bound_us, res.bound_us)
+        if res.cp_rank is None:
+            return res
+        scored = _core.evaluate_placement(mb.lengths, res.cp_rank, self.cost_model, c.cp, c.bucket_size)
+        if scored.status == _core.Status.OK and scored.time_us < mb.time_us:
+            plan.replace_placement(mb, scored, "cpsat")
+        return res
+
+    def schedule_micro_batch(self, lengths: Sequence[int]) -> tuple[_core.DacpResult, str]:
+        """DACP for one micro-batch: the heuristic, then CP-SAT if the heuristic
+        cannot place it or (policy permitting) predicts far above the bound.
+
+        Returns the result and which path produced it ('heuristic' or 'cpsat').
+        Raises ValueError when no placement fits in memory.
+        """
+        lengths = _as_lengths(lengths)
+        c = self.config
+        r = _core.dacp_for(lengths, self.cost_model, self._options)
+        ok = r.status == _core.Status.OK
+        if ok and not (c.uses_cpsat and
+                       self._worth_cpsat(r.time_us, self.cost_model.micro_batch_lower_bound_us(lengths, c.cp))):
+            return r, "heuristic"
+        res = solve_dacp(lengths, self.cost_model, c.cp, c.bucket_size, c.cpsat_deterministic_time,
+                         hint=list(r.cp_rank) if ok else None)
+        if res.cp_rank is not None:
+            scored = _core.evaluate_placement(lengths, res.cp_rank, self.cost_model, c.cp, c.bucket_size)
+            if scored.status == _core.Status.OK and (not ok or scored.time_us < r.time_us):
+                return scored, "cpsat"
+        if ok:
+            return r, "heuristic"
+        raise ValueError(
+            f"micro-batch of {len(lengths)} sequences ({sum(lengths)} tokens) does not fit {c.cp} CP ranks x "
+            f"{c.bucket_size} tokens (CP-SAT: {res.status})"
+        )

@@ -1,0 +1,336 @@
+"""Profile files: the one place that reads, checks and interprets them.
+
+A profile file is what the offline profiler (skrull_ext/profile) measures
+and what the scheduler plans with. TOML::
+
+    [model]     layers, hidden, kv_width, bytes_per_elem (and an optional name)
+    [compute]   a_us_per_flop, b_us
+    [comm]      bytes = [...], us = [...]  (optional: threshold_bytes, floor_us,
+                collectives_per_layer, cross_group_factor: the exchange time
+                across CP groups over the same bytes within one, skrull-pool's
+                wide sets; absent = 9, NVLink over InfiniBand per GPU)
+    [micro_batch] optional: fixed_us, the fixed time of one micro-batch on
+                every rank, not per layer (FSDP's parameter all-gathers and
+                gradient reduce-scatter, once per micro-batch); absent = 0.
+                Fit keys (r2, max_rel_error, points, counts, method) informational
+    [memory]    optional: bucket_size, a_bytes_per_token, b_bytes,
+                c_bytes_per_token2 (a quadratic term: dense-mask attention),
+                cp and kv_bytes_per_token (the CP degree BucketSize was
+                derived for, and the gathered K/V a sharded token keeps),
+                usable_bytes, static_bytes, margin, free_running_bytes (the
+                unsharded parameters and gradients of ``[skrull]
+                free_running`` included in static_bytes; absent = 0)
+    [meta]      optional: source ("assumed" | "measured"), device, date, ...
+
+A *hardware* profile (the assumed H100 shipped in ``hardware/``) leaves out
+[model]: the model shape is supplied by the caller, so one hardware file
+serves every model. A measured profile carries its own [model] and prices
+that shape only; asking it for another shape is an error naming both.
+
+Fit-quality keys (r2, max_rel_error, points, held_out_max_rel_error) are
+informational. Unknown sections or keys and missing required keys are
+errors that name them. Besides the cost model, a profile gives the memory
+model of one rank (``ProfileMemory``) and BucketSize, derived by
+``derive_bucket_size`` (docs/design/cost_model.md).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import tomllib
+
+from skrull_ext import _core
+from skrull_ext._core import CommModel, CostModel, ModelShape
+
+__all__ = ["Profile", "ProfileMemory", "derive_bucket_size", "free_running_bytes", "from_dict", "per_rank_coefficients",
+           "to_dict"]
+
+_SCHEMA: dict[str, tuple[set[str], set[str] | None]] = {
+    # section: (required keys, optional keys; None: free-form)
+    "model": ({"layers", "hidden", "kv_width", "bytes_per_elem"}, {"name"}),
+    "compute": ({"a_us_per_flop", "b_us"}, {"r2", "max_rel_error", "points", "held_out_max_rel_error"}),
+    "comm": ({"bytes", "us"}, {"threshold_bytes", "floor_us", "collectives_per_layer", "cross_group_factor",
+                               "collective", "backend",
+                               "world_size", "r2", "max_rel_error", "points"}),
+    "micro_batch": (set(), {"fixed_us", "r2", "max_rel_error", "points", "counts", "method", "slope_us",
+                            "calls_us"}),
+    "memory": (set(), {"bucket_size", "a_bytes_per_token", "b_bytes", "c_bytes_per_token2", "usable_bytes",
+                       "static_bytes", "margin", "r2", "max_rel_error", "points", "cp", "kv_bytes_per_token",
+                       "free_running_bytes"}),
+    "meta": (set(), None),  # free-form provenance
+}
+_REQUIRED_SECTIONS = ("compute", "comm")
+CROSS_GROUP_FACTOR = 9.0
+"""[comm] cross_group_factor when a profile has none: conservative. NVLink (900 GB/s a GPU) over
+one InfiniBand NIC a GPU (400 Gb/s, 50 GB/s) is 18x in bandwidth and less where latency
+dominates; 9 prices a cross-node exchange until a multi-node profile measures it."""
+_SHAPE_KEYS = ("layers", "hidden", "kv_width", "bytes_per_elem")
+
+
+def _check(d: dict[str, Any], where: str, need_model: bool) -> None:
+    for section in d:
+        if section not in _SCHEMA:
+            raise ValueError(f"{where}: unknown section [{section}]; allowed: {sorted(_SCHEMA)}")
+    for section in (*_REQUIRED_SECTIONS, *(("model",) if need_model else ())):
+        if section not in d:
+            raise ValueError(f"{where}: missing section [{section}]")
+    for section, body in d.items():
+        required, optional = _SCHEMA[section]
+        if not isinstance(body, dict):
+            raise ValueError(f"{where}: [{section}] must be a table")
+        for key in sorted(required - body.keys()):
+            raise ValueError(f"{where}: missing field {section}.{key}")
+        if optional is not None:
+            for key in body:
+                if key not in required | optional:
+                    raise ValueError(f"{where}: unknown field {section}.{key}; allowed: {sorted(required | optional)}")
+
+
+def from_dict(d: dict[str, Any], where: str = "profile") -> CostModel:
+    """Cost model of a complete profile dict (with its [model] section)."""
+    _check(d, where, need_model=True)
+    m, c, k = d["model"], d["compute"], d["comm"]
+    mb = d.get("micro_batch", {})
+
+    def num(section: str, table: dict, key: str, kind: type = float, default: Any = None) -> Any:
+        value = table.get(key, default)
+        try:
+            if isinstance(value, list):
+                return [kind(x) for x in value]
+            return kind(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"[{section}] {key} must be a number, got {value!r}") from None
+
+    try:
+        return CostModel(
+            shape=ModelShape(*(num("model", m, key, int) for key in _SHAPE_KEYS)),
+            a_us_per_flop=num("compute", c, "a_us_per_flop"),
+            b_us=num("compute", c, "b_us"),
+            comm=CommModel(
+                bytes=num("comm", k, "bytes"),
+                us=num("comm", k, "us"),
+                threshold_bytes=num("comm", k, "threshold_bytes", default=0.0),
+                floor_us=num("comm", k, "floor_us", default=0.0),
+                collectives_per_layer=num("comm", k, "collectives_per_layer", default=2.0),
+                cross_group_factor=num("comm", k, "cross_group_factor", default=CROSS_GROUP_FACTOR),
+            ),
+            micro_batch_fixed_us=num("micro_batch", mb, "fixed_us", default=0.0),
+        )
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{where}: {e}") from None
+
+
+def to_dict(cm: CostModel, meta: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Profile dict of a cost model (inverse of from_dict)."""
+    s = cm.shape
+    out: dict[str, Any] = {
+        "model": {"layers": s.layers, "hidden": s.hidden, "kv_width": s.kv_width, "bytes_per_elem": s.bytes_per_elem},
+        "compute": {"a_us_per_flop": cm.a_us_per_flop, "b_us": cm.b_us},
+        "comm": {
+            "bytes": list(cm.comm.bytes),
+            "us": list(cm.comm.us),
+            "threshold_bytes": cm.comm.threshold_bytes,
+            "floor_us": cm.comm.floor_us,
+            "collectives_per_layer": cm.comm.collectives_per_layer,
+            "cross_group_factor": cm.comm.cross_group_factor,
+        },
+    }
+    if cm.micro_batch_fixed_us:
+        out["micro_batch"] = {"fixed_us": cm.micro_batch_fixed_us}
+    if meta:
+        out["meta"] = dict(meta)
+    return out
+
+
+# --------------------------------------------------------------------------
+# Memory: one rank's activation model and BucketSize
+
+
+def per_rank_coefficients(a_bytes_per_token: float, c_bytes_per_token2: float, cp: int = 1,
+                          kv_bytes_per_token: float = 0.0) -> tuple[float, float]:
+    """(a', c') of a rank of the cp group holding tokens whole or as shards: a shard
+    also keeps the K/V gathered from the other cp - 1 ranks and (dense CPU mask)
+    attends cp times as many keys, so a' = a + (cp - 1) * kv and c' = c * cp."""
+    return a_bytes_per_token + (cp - 1) * kv_bytes_per_token, c_bytes_per_token2 * cp
+
+
+def derive_bucket_size(usable_bytes: float, static_bytes: float, a_bytes_per_token: float, b_bytes: float = 0.0,
+                       margin: float = 0.05, c_bytes_per_token2: float = 0.0, cp: int = 1,
+                       kv_bytes_per_token: float = 0.0) -> int:
+    """BucketSize C: tokens one rank holds, the largest C with
+    a'*C + c'*C^2 <= (usable - static - b) * (1 - margin).
+
+    a and c are measured on whole sequences. With cp > 1 a rank may hold C
+    tokens that are all shards of distributed sequences (DACP), and that
+    costs more than C whole tokens: it keeps the K/V gathered from the other
+    cp - 1 ranks (kv_bytes_per_token each: K and V of every layer), and its
+    attention spans cp times as many keys as queries (the dense CPU mask's
+    quadratic term). So a' = a + (cp - 1) * kv_bytes_per_token and
+    c' = c * cp, the worst case, which a rank of whole sequences only
+    undershoots (measured in docs/profile.md, "BucketSize in training")."""
+    if not isinstance(cp, int) or cp < 1:
+        raise ValueError(f"cp must be an integer >= 1, got {cp!r}")
+    if kv_bytes_per_token < 0 or not math.isfinite(kv_bytes_per_token):
+        raise ValueError(f"kv_bytes_per_token must be finite and >= 0, got {kv_bytes_per_token}")
+    if a_bytes_per_token <= 0 or not math.isfinite(a_bytes_per_token):
+        raise ValueError(f"a_bytes_per_token must be finite and > 0, got {a_bytes_per_token}")
+    if c_bytes_per_token2 < 0 or not math.isfinite(c_bytes_per_token2):
+        raise ValueError(f"c_bytes_per_token2 must be finite and >= 0, got {c_bytes_per_token2}")
+    if not 0 <= margin < 1:
+        raise ValueError(f"margin must be in [0, 1), got {margin}")
+    free = (usable_bytes - static_bytes - b_bytes) * (1.0 - margin)
+    if free < a_bytes_per_token + c_bytes_per_token2:
+        raise ValueError(
+            f"no room for activations: usable {usable_bytes:.3e} B - static {static_bytes:.3e} B - "
+            f"fixed {b_bytes:.3e} B leaves less than one token ({a_bytes_per_token:.3e} B)"
+        )
+    a, c = per_rank_coefficients(a_bytes_per_token, c_bytes_per_token2, cp, kv_bytes_per_token)
+    tokens = free / a if c == 0 else 2.0 * free / (a + math.sqrt(a * a + 4.0 * c * free))
+    return min(int(tokens), _core.MAX_BUCKET_SIZE)
+
+
+def free_running_bytes(params: int, trainable: int, param_bytes: int, grad_bytes: int, model_shards: int = 1) -> float:
+    """What ``[skrull] free_running`` adds to a rank's static memory: every parameter
+    unsharded (``param_bytes`` each: FSDP's mixed_precision_param) and every trainable
+    parameter's unsharded gradient (``grad_bytes``: FSDP accumulates an unsynchronised
+    gradient in its reduce dtype, float32 in torchtitan 0.3.0, when that is wider than the
+    parameter's), held from the step's first forward to its last backward. A frozen
+    parameter (a LoRA base) has no gradient. ``model_shards``: TP x PP, which FSDP does not
+    unshard. The sharded parameters, gradients and optimizer state stay as they are."""
+    return (params * param_bytes + trainable * grad_bytes) / model_shards
+
+
+@dataclass(frozen=True)
+class ProfileMemory:
+    """A profile file's [memory] section: what it predicts for one rank."""
+
+    bucket_size: int
+    a: float
+    b: float
+    c: float
+    usable: float
+    static: float
+    """The static account (parameters, gradients, optimizer state, FSDP buffers)."""
+    margin: float
+    cp: int = 1
+    """The CP degree BucketSize was derived for (older profiles: 1)."""
+    kv: float = 0.0
+    """K/V bytes per token a shard keeps from each other CP rank."""
+    free_running: float = 0.0
+    """Unsharded parameters and gradients (``free_running_bytes``) included in ``static``:
+    the profile was measured for a free-running job (0: it was not)."""
+
+    @classmethod
+    def of(cls, profile: dict) -> ProfileMemory:
+        m = profile.get("memory")
+        if m is None:
+            raise ValueError("profile: missing section [memory] (needed to check BucketSize)")
+        for key in ("bucket_size", "a_bytes_per_token", "b_bytes", "usable_bytes", "static_bytes"):
+            if key not in m:
+                raise ValueError(f"profile: missing field memory.{key} (needed to check BucketSize)")
+        return cls(int(m["bucket_size"]), m["a_bytes_per_token"], m["b_bytes"], m.get("c_bytes_per_token2", 0.0),
+                   m["usable_bytes"], m["static_bytes"], m.get("margin", 0.0), int(m.get("cp", 1)),
+                   m.get("kv_bytes_per_token", 0.0), m.get("free_running_bytes", 0.0))
+
+    def activation(self, tokens: int) -> float:
+        """The fit: activation bytes of a buffer of ``tokens`` whole sequences."""
+        return self.b + self.a * tokens + self.c * tokens * tokens
+
+    def activation_any(self, tokens: int) -> float:
+        """Activation bytes of ``tokens`` on a rank of the cp group, whole or
+        shards (the worst case derive_bucket_size derives BucketSize for)."""
+        a, c = per_rank_coefficients(self.a, self.c, self.cp, self.kv)
+        return self.b + a * tokens + c * tokens * tokens
+
+    def budget(self, tokens: int) -> float:
+        """All a rank holding ``tokens`` may use: static account + activation fit
+        grown by the margin BucketSize was derived with (<= usable up to BucketSize)."""
+        return self.static + self.activation_any(tokens) / (1.0 - self.margin)
+
+    def free_running_need(self, unsharded: float, tokens: int) -> float:
+        """All a free-running rank holding ``tokens`` may use: ``budget`` with the static
+        account's own free-running share (if any) replaced by ``unsharded`` bytes."""
+        return self.budget(tokens) - self.free_running + unsharded
+
+
+# --------------------------------------------------------------------------
+# The file
+
+
+@dataclass(frozen=True)
+class Profile:
+    """One profile file, read and checked once; everything else is derived from it."""
+
+    data: dict[str, Any]
+    path: str = "profile"
+
+    def __post_init__(self) -> None:
+        _check(self.data, self.path, need_model=False)
+
+    @classmethod
+    def load(cls, path: str | Path) -> Profile:
+        path = Path(path)
+        if not path.is_file():
+            raise ValueError(f"profile {str(path)!r} is not a file")
+        try:
+            with path.open("rb") as f:
+                data = tomllib.load(f)
+        except tomllib.TOMLDecodeError as e:
+            raise ValueError(f"{path}: not valid TOML: {e}") from None
+        return cls(data, str(path))
+
+    @property
+    def has_model(self) -> bool:
+        return "model" in self.data
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        return self.data.get("meta", {})
+
+    @property
+    def label(self) -> str:
+        """Short provenance for tables and plots, e.g. 'assumed: h100_assumed.toml'."""
+        return f"{self.meta.get('source', 'unknown source')}: {Path(self.path).name}"
+
+    def cost_model(self, shape: ModelShape | None = None, name: str = "the model priced") -> CostModel:
+        """The core's cost model. ``shape`` (called ``name`` in errors): the model
+        to price; a hardware profile (no [model]) needs it, a measured one
+        accepts only its own."""
+        d = dict(self.data)
+        if shape is not None:
+            want = {k: getattr(shape, k) for k in _SHAPE_KEYS}
+            if self.has_model:
+                got = {k: d["model"].get(k) for k in _SHAPE_KEYS}
+                if got != want:
+                    raise ValueError(f"{self.path}: its [model] {got} is not the shape of {name} {want}")
+            else:
+                d["model"] = want
+        elif not self.has_model:
+            raise ValueError(f"{self.path}: a hardware profile (no [model]) needs the model shape to price")
+        return from_dict(d, where=self.path)
+
+    @property
+    def bucket_size(self) -> int | None:
+        """BucketSize from [memory] (a measured profile has one), else None."""
+        value = self.data.get("memory", {}).get("bucket_size")
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{self.path}: memory.bucket_size must be a positive integer, got {value!r}")
+        return value
+
+    @property
+    def cp(self) -> int:
+        """The CP degree its BucketSize was derived for (1 if it does not say)."""
+        return int(self.data.get("memory", {}).get("cp", 1))
+
+    def memory(self) -> ProfileMemory:
+        """Its [memory] model (an error naming the missing key if incomplete)."""
+        try:
+            return ProfileMemory.of(self.data)
+        except ValueError as e:
+            raise ValueError(f"{self.path}: {str(e).removeprefix('profile: ')}") from None

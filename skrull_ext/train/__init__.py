@@ -1,0 +1,12 @@
+"""The torchtitan integration: ``python -m skrull_ext.train`` and what it is made of.
+
+- ``__main__``: the entry point (torchtitan's ``train.py`` with skrull-ext's config manager);
+- ``job_file``, ``job_flags``, ``skrull_config``, ``config_registry``: a job TOML and its
+  ``--section.key`` flags into a torchtitan ``Trainer.Config`` (``[skrull]`` is ``SkrullConfig``),
+  and the named configs for torchtitan's own ``--module skrull_ext.train --config NAME``;
+- ``job_checks``, ``resume_checks``: a whole job checked before any model is built;
+- ``trainer``: ``SkrullTrainer``, torchtitan's Trainer fed by the scheduling dataloader;
+  ``free_running``, ``validation``, ``watchdog``, ``step_checks``, ``plan_log``: its parts.
+
+torchtitan's own behaviour is changed only in the top-level ``torchtitan_patches``.
+"""

@@ -1,0 +1,55 @@
+"""Entry point: train a skrull-ext job.
+
+    python -m skrull_ext.train --config-file skrull_ext/jobs/debug_cpu.toml
+    torchrun --nproc_per_node 4 -m skrull_ext.train \\
+        --config-file skrull_ext/jobs/debug_cpu.toml \\
+        --parallelism.data_parallel_shard_degree 2 --parallelism.context_parallel_degree 2
+
+CLI flags (torchtitan's ``--section.field value``, plus ``--skrull.*``)
+override the job file. ``--module/--config`` work as in torchtitan.train.
+This mirrors torchtitan/train.py's main(); only the config manager differs,
+a config or data error is one line from rank 0 (``cli_errors``), and the
+log lines come from rank 0 (``LOG_RANK=0,1`` or ``all`` for more; other
+ranks print their errors: ``torchtitan_patches/logs.py``).
+"""
+
+import os
+import sys
+
+import torch
+from torchtitan.tools.logging import init_logger, logger
+
+from skrull_ext.cli_errors import run_cli
+from skrull_ext.train.job_file import load_config
+from torchtitan_patches import logs
+
+
+def main(argv: list[str] | None = None) -> None:
+    init_logger()
+    logs.install()  # rank 0's lines only (LOG_RANK), without torchtitan's default-value warning
+    config = load_config(sys.argv[1:] if argv is None else argv)
+
+    trainer = None
+    try:
+        trainer = config.build()
+        if config.checkpoint.create_seed_checkpoint:
+            if int(os.environ["WORLD_SIZE"]) != 1:
+                raise ValueError("create the seed checkpoint with a single process")
+            if not config.checkpoint.enable:
+                raise ValueError("--checkpoint.create_seed_checkpoint needs --checkpoint.enable")
+            trainer.checkpointer.save(curr_step=0, last_step=True)
+            logger.info("Created seed checkpoint")
+        else:
+            trainer.train()
+    except Exception:
+        if trainer:
+            trainer.close()
+        raise
+    else:
+        trainer.close()
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    run_cli(main)

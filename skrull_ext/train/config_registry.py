@@ -1,0 +1,47 @@
+"""Named configs of skrull-ext, for torchtitan's ``--module/--config`` launcher.
+
+    python -m torchtitan.train --module skrull_ext.train --config skrull_llama3_debugmodel
+    torchrun --nproc_per_node 2 -m torchtitan.train --module skrull_ext.train \\
+        --config skrull_llama3_debugmodel --parallelism.context_parallel_degree 2
+
+Each function reads a shipped job file (skrull_ext/jobs/*.toml), so the TOML
+and the ``--config`` forms describe the same job. ``job_file.base_config`` holds
+the defaults every job file starts from.
+"""
+
+import os
+
+from torchtitan.config.override import derive
+from torchtitan.trainer import Trainer
+
+import torchtitan_patches
+from skrull_ext.data.packed import PackedDataLoader
+from skrull_ext.train.job_file import JOBS_DIR, load_job
+from skrull_ext.train.trainer import SkrullTrainer
+
+
+def _job(name: str, config_cls: type[Trainer.Config] = SkrullTrainer.Config, **kwargs):
+    """Load a shipped job file. Also applies the CPU fixes: torchtitan.train
+    calls the registry function before it builds anything, and a plain
+    torchtitan Trainer has no other hook to apply them from."""
+    config = load_job(os.path.join(JOBS_DIR, name), config_cls=config_cls, **kwargs)
+    torchtitan_patches.apply(config)
+    return config
+
+
+def skrull_llama3_debugmodel() -> SkrullTrainer.Config:
+    """The embedded default: jobs/debug_cpu.toml."""
+    return _job("debug_cpu.toml")
+
+
+def llama3_debugmodel_cpu() -> Trainer.Config:
+    """jobs/debug_cpu.toml as torchtitan's own Trainer (no [skrull] section):
+    the baseline Skrull runs are compared with."""
+    config = _job("debug_cpu.toml", config_cls=Trainer.Config, ignore=("skrull",))
+    config.dataloader = derive(config.dataloader, PackedDataLoader.Config)
+    return config
+
+
+def skrull_qwen2_5_0_5b() -> SkrullTrainer.Config:
+    """jobs/qwen2_5_0_5b_gpu.toml: the paper's small model on one GPU node."""
+    return _job("qwen2_5_0_5b_gpu.toml")

@@ -1,0 +1,220 @@
+"""``SkrullConfig``: the ``[skrull]`` section of a job, and what it builds.
+
+The scheduling knobs are ``skrull_ext.scheduler.config.SchedulingOptions``, inherited,
+so a knob and its default are declared once for the core and the job file.
+This adds what only training needs: the on/off switch, the cost model, the
+DACP attention's kernel and K/V transport, and debug switches. DP and CP
+sizes come from ``[parallelism]``: ``build(dp, cp)`` makes the Scheduler in
+torchtitan's Config/build style.
+
+Values are checked when the config is made, so a bad TOML or CLI value fails
+before any process group or model is built, naming the key and what it
+allows. A profile file named by ``cost_model`` is read once, there.
+
+``cost_model`` names the *hardware* only. The model shape it prices is the
+model the job trains (``skrull_ext.scheduler.model_shape.job_shape``: layers, hidden,
+K/V width, compute dtype), passed to ``build``; a measured profile carries
+its own ``[model]``, which must be that shape (``check_shape``, called when
+the trainer starts, before the model is built).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Literal
+
+from skrull_ext._core import ModelShape
+from skrull_ext.attention.kernels import KERNEL_CHOICES
+from skrull_ext.attention.transport import TRANSPORT_CHOICES
+from skrull_ext.scheduler import cost_model as cost_models
+from skrull_ext.scheduler.config import POLICIES, SchedulerConfig, SchedulingOptions
+from skrull_ext.scheduler.profile_file import Profile
+
+KVExchange = Literal[TRANSPORT_CHOICES]  # pyrefly: ignore[invalid-literal]
+AttentionKernel = Literal[KERNEL_CHOICES]  # pyrefly: ignore[invalid-literal]
+
+
+@dataclass(kw_only=True, slots=True)
+class SkrullConfig(SchedulingOptions):
+    enable: bool = True
+    """Schedule global batches with Skrull; False runs torchtitan's own batching."""
+
+    cost_model: str = "h100-assumed"
+    """The hardware the scheduler prices the job's model on: a hardware preset of
+    skrull_ext.scheduler.cost_model (HARDWARE_PRESETS) or a profile TOML path (measured for this
+    model; its [model] must be the job's shape). ``bucket_size = 0`` takes BucketSize from
+    the profile's ``[memory] bucket_size`` (what the offline profiler measured)."""
+
+    check_plan_hash: bool = False
+    """Debug: compare every rank's plan digest each step and fail loudly on a mismatch."""
+
+    plan_log: bool = False
+    """Append each step's plan and buffer digests to <dump_folder>/skrull_plans/rank<R>.jsonl."""
+
+    defer_grad_sync: bool = False
+    """Reduce-scatter FSDP gradients once per step, after the last micro-batch, instead of after
+    every micro-batch (torchtitan's behaviour). Saves (micro-batches - 1) gradient collectives per
+    step; costs one unsharded gradient per rank held between micro-batches (4 bytes x parameters
+    in float32). Same gradient up to float summation order."""
+
+    free_running: bool = False
+    """Hold FSDP parameters unsharded for the whole step: no reshard after forward or backward
+    until the rank's last micro-batch, gradients reduce-scattered once, after it. DP ranks then
+    run their own micro-batch counts, with no pad passes and no per-micro-batch parameter
+    collectives (the plan is timed on the free-running timeline, config.job_timeline). Costs
+    the unsharded parameters and gradients on every rank (mixed_precision_param bytes per
+    parameter + float32 bytes per trainable one), checked against a measured profile's [memory]
+    when the trainer starts. Not with policy skrull-pool."""
+
+    kv_exchange: KVExchange = "auto"
+    """How DACP moves the distributed sequences' K/V over the CP group: one all-gather
+    (reduce-scatter backward), point-to-point sends ("p2p"), or "auto": by the group's
+    backend (skrull_ext.attention.transport.AUTO_BY_BACKEND; measured in docs/benchmarks.md)."""
+
+    attention_kernel: AttentionKernel = "auto"
+    """Inner attention of DACP's local and distributed parts (skrull_ext.attention.kernels):
+    "auto" (varlen for bf16/fp16 on CUDA, else dense), "dense" (SDPA with dense masks),
+    "varlen" (flash attention over the segment plan; CUDA bf16/fp16) or "segments" (the
+    plan's slow CPU reference executor)."""
+
+    _profile: Profile | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.cost_model in cost_models.HARDWARE_PRESETS:
+            self._profile = None
+        elif self.cost_model in cost_models.MODEL_PRESETS:
+            raise ValueError(
+                f"skrull.cost_model: {self.cost_model!r} is a model preset; the shape now comes from the job's "
+                f"[model], so name the hardware instead: a preset {sorted(cost_models.HARDWARE_PRESETS)} "
+                f"or a profile file"
+            )
+        elif Path(self.cost_model).is_file():
+            try:
+                self._profile = Profile.load(self.cost_model)
+            except ValueError as e:
+                raise ValueError(f"skrull.cost_model: {e}") from None
+        else:
+            raise ValueError(
+                f"skrull.cost_model: {self.cost_model!r} is neither a hardware preset "
+                f"{sorted(cost_models.HARDWARE_PRESETS)} nor a profile file"
+            )
+        if self.bucket_size == 0:
+            self.bucket_size = self._profile_bucket_size()
+        if self.attention_kernel not in KERNEL_CHOICES:
+            raise ValueError(
+                f"skrull.attention_kernel: {self.attention_kernel!r} is not one of {list(KERNEL_CHOICES)}"
+            )
+        if self.kv_exchange not in TRANSPORT_CHOICES:
+            raise ValueError(f"skrull.kv_exchange: {self.kv_exchange!r} is not one of {list(TRANSPORT_CHOICES)}")
+        try:
+            self.check()
+        except ValueError as e:
+            raise ValueError(f"skrull.{e}") from None
+        self.check_free_running()
+
+    def check_free_running(self) -> None:
+        """``free_running`` with a policy that cannot run it: a ValueError naming both keys.
+        skrull-pool shards a sequence over ranks of several DP groups, whose K/V exchange would
+        then meet ranks at different passes: one still in its first pass (FSDP's per-layer
+        all-gathers over the whole shard mesh) waits for a peer whose first pass is that
+        exchange, which waits for the same all-gather: a deadlock."""
+        if self.free_running and POLICIES[self.policy].pool:
+            raise ValueError(
+                "skrull.free_running = true does not run with skrull.policy = 'skrull-pool' (its micro-batches "
+                "exchange K/V across DP groups, which free-running ranks reach at different passes); use policy "
+                "skrull or turn free_running off"
+            )
+
+    def _measured(self) -> Profile | None:
+        """The profile file ``cost_model`` names (None for a hardware preset), read once.
+        Re-read when ``cost_model`` was set after the config was made (tyro sets CLI
+        values on the parsed object, so ``__post_init__`` may have seen the file's value)."""
+        if self.cost_model in cost_models.HARDWARE_PRESETS:
+            return None
+        if self._profile is None or self._profile.path != str(Path(self.cost_model)):
+            self._profile = Profile.load(self.cost_model)
+        return self._profile
+
+    def _profile_bucket_size(self) -> int:
+        if self._profile is None:
+            raise ValueError(
+                f"skrull.bucket_size = 0 takes BucketSize from a profile file, but skrull.cost_model is "
+                f"the hardware preset {self.cost_model!r}; name a profile (python -m skrull_ext.profile writes one)"
+            )
+        value = self._profile.bucket_size
+        if value is None:
+            raise ValueError(f"skrull.bucket_size = 0: the profile {self.cost_model!r} has no [memory] bucket_size")
+        return value
+
+    def profile_cp_warning(self, cp: int) -> str | None:
+        """A warning when this job's CP degree is not the one its profile's
+        BucketSize was derived for (a shard costs more memory than a whole
+        token: profile_file.derive_bucket_size), else None."""
+        profile = self._measured()
+        if profile is None or profile.cp == cp:
+            return None
+        return (f"skrull: the profile {self.cost_model!r} derived its BucketSize for cp {profile.cp}; this job "
+                f"runs cp {cp} (bucket_size {self.bucket_size}). Re-profile with the job's parallelism, or a rank "
+                f"holding shards may use more memory than the profile predicts")
+
+    def check_free_running_memory(self, unsharded_bytes: float) -> str | None:
+        """With ``free_running``, whether a rank holds the unsharded parameters and gradients
+        (``unsharded_bytes``, profile_file.free_running_bytes) beside the static account and
+        activations of ``bucket_size`` tokens, as the measured profile ``cost_model`` accounts
+        them (``ProfileMemory.free_running_need``: the margin BucketSize was derived with
+        included; a profile measured for a free-running job has its share replaced). Raises
+        ValueError (one line: the bytes needed and available) when they do not fit; returns a
+        warning line when the profile holds no memory figures to check with; else None."""
+        if not self.free_running:
+            return None
+        profile = self._measured()
+        if profile is None:
+            return (f"skrull.free_running: memory not checked: skrull.cost_model {self.cost_model!r} is a hardware "
+                    f"preset with no measured [memory] (name a profile file: python -m skrull_ext.profile)")
+        try:
+            mem = profile.memory()
+        except ValueError as e:
+            return f"skrull.free_running: memory not checked: {e}"
+        need = mem.free_running_need(unsharded_bytes, self.bucket_size)
+        if need <= mem.usable:
+            return None
+        mib = 2.0 ** 20
+        activations = need - (mem.static - mem.free_running) - unsharded_bytes
+        raise ValueError(
+            f"skrull.free_running = true needs {need:.0f} B ({need / mib:.1f} MiB) per rank: static "
+            f"{(mem.static - mem.free_running) / mib:.1f} MiB + unsharded parameters and gradients "
+            f"{unsharded_bytes / mib:.1f} MiB + activations of bucket_size {self.bucket_size} tokens "
+            f"{activations / mib:.1f} MiB (margin {mem.margin:.0%}), but the profile {self.cost_model!r} has "
+            f"{mem.usable:.0f} B ({mem.usable / mib:.1f} MiB) usable; turn it off, lower skrull.bucket_size, "
+            f"or re-profile the job with --skrull.free_running (its BucketSize then leaves the room)"
+        )
+
+    def scheduler_config(self, dp: int, cp: int, timeline: str = "lockstep") -> SchedulerConfig:
+        """The core's config for a DP x CP job running ``timeline`` (config.job_timeline)."""
+        return SchedulerConfig(dp=dp, cp=cp, timeline=timeline, **self.options())
+
+    def build_cost_model(self, shape: ModelShape, model_name: str = "the job's model"):
+        """``skrull_ext._core.CostModel`` of ``shape`` (the job's model, called
+        ``model_name`` in errors) on the hardware ``cost_model`` names. A measured
+        profile whose [model] is another shape raises ValueError naming both."""
+        try:
+            profile = self._measured() or cost_models.hardware(self.cost_model)
+            return profile.cost_model(shape, model_name)
+        except ValueError as e:
+            raise ValueError(f"skrull.cost_model: {e}") from None
+
+    def check_shape(self, shape: ModelShape, model_name: str = "the job's model") -> None:
+        """Fail (ValueError naming both shapes) when ``cost_model`` cannot price ``shape``."""
+        self.build_cost_model(shape, model_name)
+
+    def build(self, dp: int, cp: int, shape: ModelShape, model_name: str = "the job's model",
+              timeline: str = "lockstep"):
+        """The Scheduler of a DP x CP job running ``timeline``: these knobs, the job's model
+        shape on this hardware."""
+        from skrull_ext.scheduler import Scheduler  # CP-SAT (ortools) only when a scheduler is built
+
+        return Scheduler(self.scheduler_config(dp, cp, timeline), self.build_cost_model(shape, model_name))
+
+    def to_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.init}

@@ -1,0 +1,136 @@
+"""Per-step cross-rank plan check and the Skrull metrics logged each step.
+
+Every rank computes the plan of the same global batch on its own. With the
+CP-SAT fallback refining only the caller's DP rank, plans may legitimately
+differ in *other* DP ranks' placements, so the check is two-level: the GDS
+decisions (which sequence goes to which DP rank and micro-batch) must agree
+on every rank, the full plan digest within each DP rank's CP group.
+"""
+
+import hashlib
+import math
+import statistics
+import struct
+
+import torch.distributed as dist
+
+from skrull_ext.attention import DacpStats
+from skrull_ext.data.accounting import sample_metrics, source_metrics
+
+
+class PlanMismatchError(RuntimeError):
+    """Ranks computed different plans for the same global batch."""
+
+
+def gds_digest(plan) -> str:
+    """Hash of lengths, DP ranks and micro-batches (not CP placements). A pool plan
+    (no DP rank per sequence) hashes each micro-batch's slot and block of groups instead."""
+    h = hashlib.sha256()
+    if hasattr(plan, "dp_rank"):
+        arrays = (plan.lengths, plan.dp_rank, plan.micro_batch)
+    else:
+        blocks = [x for mb in plan.micro_batches for x in (mb.slot, mb.first_group, mb.groups)]
+        arrays = (plan.lengths, plan.micro_batch, blocks)
+    for arr in arrays:
+        h.update(struct.pack(f"<{len(arr)}q", *arr))
+    return h.hexdigest()
+
+
+def check_plan_digests(plan, dp_rank: int) -> None:
+    """All-gather (dp_rank, GDS digest, plan digest) over the world; raise on mismatch."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return
+    mine = (dp_rank, gds_digest(plan), plan.digest())
+    every: list = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    if len({g for _, g, _ in every}) > 1:
+        raise PlanMismatchError(f"GDS plans differ across ranks (rank: dp, gds, plan): {every}")
+    for d in {d for d, _, _ in every}:
+        if len({p for dd, _, p in every if dd == d}) > 1:
+            raise PlanMismatchError(f"plans differ within DP rank {d}'s CP group: {every}")
+
+
+def step_metrics(step, attention_modules, measured_us: float) -> dict[str, float]:
+    """Everything Skrull logs per step (TensorBoard tags ``skrull/*``).
+
+    From the plan (the same on every rank): micro-batches, local share of
+    sequences and tokens, roll-backs, refine moves, CP-SAT uses, predicted
+    time, per-rank token and FLOP imbalance (max / mean over all DP x CP
+    ranks). ``mean_bound_gap``: the mean of (predicted / lower bound - 1) over
+    the micro-batches the scheduler refined, this DP rank's (scheduler.py).
+    From this rank: scheduling wall time, the step's whole build time
+    (``data_build_ms``: draw, limit, plan, buffers; on the prefetch thread
+    under ``dataloader.prefetch_steps``), measured fwd+bwd
+    time of the micro-batches and its ratio to the prediction (1.0 when the
+    cost model describes this machine: a profile measured here, not a preset
+    assuming another device), and the DACP attention counters summed over layers.
+    From the dataloader (datasets/accounting.py): samples read, trained whole,
+    cut and skipped, this step and since the run began (``samples_*``,
+    ``samples_*_total``); ``truncated`` / ``dropped`` are the over-length
+    policy's share of them (it runs before the scheduler, so the plan itself
+    never truncates or drops).
+    """
+    stats = DacpStats()
+    for m in attention_modules:
+        for name, value in m.stats.as_dict(prefix="").items():
+            setattr(stats, name, getattr(stats, name) + value)
+    summary = step.plan.summary()
+    out = {f"skrull/{k}": float(v) for k, v in summary.items()}
+    out.update({k: float(v) for k, v in stats.as_dict(prefix="skrull/dacp_").items()})
+    out["skrull/rank_micro_batches"] = float(len(step.plan.ranks[step.dp_rank]))
+    out.update(sample_metrics(step.account.counts, step.totals))
+    out.update(source_metrics(step.account.by_source, step.source_totals))
+    out["skrull/schedule_wall_us"] = step.schedule_us
+    out["skrull/data_build_ms"] = step.build_us / 1e3
+    out["skrull/measured_us"] = measured_us
+    predicted = summary["predicted_us"]
+    out["skrull/measured_over_predicted"] = measured_us / predicted if predicted > 0 else float("nan")
+    return out
+
+
+class RatioSpread:
+    """The measured/predicted ratios of the steps logged so far: median and
+    10th-90th percentile (``skrull/measured_over_predicted_{median,p10,p90}``),
+    so one noisy step is read against the run's spread."""
+
+    def __init__(self) -> None:
+        self.ratios: list[float] = []
+
+    def add(self, metrics: dict[str, float]) -> None:
+        r = metrics["skrull/measured_over_predicted"]
+        if math.isfinite(r):
+            self.ratios.append(r)
+        metrics.update({f"skrull/measured_over_predicted_{k}": v for k, v in self.summary().items()})
+
+    def summary(self) -> dict[str, float]:
+        if not self.ratios:
+            return {"median": math.nan, "p10": math.nan, "p90": math.nan, "steps": 0.0}
+        r = sorted(self.ratios)
+        q = (lambda f: r[min(len(r) - 1, int(f * len(r)))])  # noqa: E731
+        return {"median": statistics.median(r), "p10": q(0.1), "p90": q(0.9), "steps": float(len(r))}
+
+    def line(self) -> str:
+        s = self.summary()
+        if not s["steps"]:
+            return "no step measured"
+        return f"median x{s['median']:.2f}, p10-p90 x{s['p10']:.2f}-{s['p90']:.2f} over {s['steps']:.0f} steps"
+
+
+def step_log_line(step: int, m: dict[str, float]) -> str:
+    """The one console line Skrull adds per logged step."""
+    return (
+        f"skrull step {step}: {m['skrull/micro_batches']:.0f} micro-batches, local "
+        f"{100 * m['skrull/local_seq_share']:.0f}% of seqs / {100 * m['skrull/local_token_share']:.0f}% of tokens, "
+        f"predicted {m['skrull/predicted_us'] / 1e3:.2f} ms, measured {m['skrull/measured_us'] / 1e3:.1f} ms "
+        f"(x{m['skrull/measured_over_predicted']:.2f}"
+        + (f"; median x{m['skrull/measured_over_predicted_median']:.2f}, p10-p90 "
+           f"x{m['skrull/measured_over_predicted_p10']:.2f}-{m['skrull/measured_over_predicted_p90']:.2f}"
+           if m.get("skrull/measured_over_predicted_steps", 0) > 1 else "")
+        + f"), scheduling {m['skrull/schedule_wall_us']:.0f} us, "
+        f"roll-backs {m['skrull/rollbacks']:.0f}, refine moves {m['skrull/refine_moves']:.0f}, "
+        f"CP-SAT {m['skrull/cpsat_used']:.0f}, imbalance tokens {m['skrull/rank_token_imbalance']:.2f} "
+        f"FLOPs {m['skrull/rank_flop_imbalance']:.2f}, samples {m['skrull/samples_read']:.0f} read = "
+        f"{m['skrull/samples_whole']:.0f} whole + {m['skrull/samples_cut']:.0f} cut + "
+        f"{m['skrull/samples_skipped']:.0f} skipped"
+        + (f", data wait {m['skrull/data_wait_ms']:.1f} ms" if "skrull/data_wait_ms" in m else "")
+    )

@@ -1,0 +1,460 @@
+"""SkrullTrainer: torchtitan's Trainer with a ``[skrull]`` config section.
+
+The CPU compatibility fixes (``torchtitan_patches``) are applied first thing,
+so every way of launching gets them. With ``skrull.enable = false`` this is
+torchtitan's own trainer: same batching, same loss, same step.
+
+With it on, each step is one ``SkrullStep`` from ``SkrullDataLoader``: the
+gradient is accumulated over the plan's micro-batches (as many as the
+slowest DP rank has; others run no-op pads; under ``skrull.free_running``
+each DP rank runs its own, FSDP parameters held unsharded for the step:
+free_running.py), each CP rank feeding its own
+buffer to the model, attention being the DACP attention over the CP group
+(local sequences whole, distributed ones by all-gathered K/V). The loss is
+the sum of token losses over the number of loss tokens of the whole global
+batch, so the gradient does not depend on the schedule (docs/design/method.md, "Loss").
+
+Every Skrull step, before the optimizer touches the weights, the global loss
+and the gradient norm must be finite (under torchtitan's batching, the
+gradients: an optimizer pre-step hook): otherwise the step stops with an
+error naming it and its samples (their ``file:line`` for JSONL). Both dataloaders
+apply the length limit (``skrull.overlength``, datasets/overlength.py) and
+count every sample read; the run ends with the summary ``read = trained whole
++ trained cut + skipped`` (datasets/accounting.py).
+"""
+
+import dataclasses
+import math
+import os
+import statistics
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
+from torch.profiler import record_function
+from torchtitan.components.dataloader import DataloaderExhaustedError
+from torchtitan.config.override import derive
+from torchtitan.distributed import utils as dist_utils
+from torchtitan.models.common.config_utils import decoder_vocab_size
+from torchtitan.tools.logging import logger
+from torchtitan.trainer import Trainer
+
+import torchtitan_patches
+from skrull_ext.data.accounting import sample_metrics
+from skrull_ext.data.overlength import check_overlength, location
+from skrull_ext.data.packed import PackedDataLoader
+from skrull_ext.data.scheduling import SkrullDataLoader, SkrullStep
+from skrull_ext.errors import JobFileError
+from skrull_ext.hf.checks import check_hf_folder
+from skrull_ext.hf.folder import HFExport
+from skrull_ext.lora import LoRAConfig, apply_lora
+from skrull_ext.lora.train import save_lora_outputs
+from skrull_ext.scheduler.config import job_timeline
+from skrull_ext.scheduler.model_shape import DTYPES, job_shape
+from skrull_ext.scheduler.profile_file import free_running_bytes
+from skrull_ext.train.free_running import FreeRunningFSDP
+from skrull_ext.train.plan_log import PlanLog
+from skrull_ext.train.resume_checks import check_continue
+from skrull_ext.train.skrull_config import SkrullConfig
+from skrull_ext.train.step_checks import RatioSpread, check_plan_digests, step_log_line, step_metrics
+from skrull_ext.train.validation import Validation, ValidationConfig
+from skrull_ext.train.watchdog import SkrullComm, start_heartbeat
+from torchtitan_patches import logs
+from torchtitan_patches.dacp_attention import install_dacp_attention
+from torchtitan_patches.metrics import use_run_metrics
+
+
+def resolve_device_defaults(config) -> None:
+    """Set the torchtitan defaults a Skrull run cannot keep on any device, when
+    the trainer is built (the config is final then; a job file or flag that
+    turns Skrull off later would otherwise inherit them).
+
+    CUDA graphs: torchtitan 0.3.0 captures fwd+bwd in one CUDA graph by default
+    (``training.disable_cuda_graphs`` false) and replays it on every call. A
+    Skrull step calls it once per micro-batch with a new buffer length, a new
+    DacpBatchMeta (host-side plans) and DACP's collectives on a side stream,
+    which a static graph cannot replay, so graphs are off while Skrull is on.
+    """
+    if config.skrull.enable and not config.training.disable_cuda_graphs:
+        config.training = dataclasses.replace(config.training, disable_cuda_graphs=True)
+        logger.info("Skrull: training.disable_cuda_graphs set (a CUDA graph cannot replay DACP micro-batches)")
+
+
+class NonFiniteLossError(RuntimeError):
+    """A step's loss or gradient norm is not finite; the optimizer did not step."""
+
+
+def name_samples(source, indices: list[int], most: int = 8) -> str:
+    """The samples of a step, with their records (``file:line``) where the source knows them."""
+    names = [f"{i} ({location(source, i)})" if hasattr(source, "location") else str(i) for i in indices[:most]]
+    return ", ".join(names) + (f" and {len(indices) - most} more" if len(indices) > most else "")
+
+
+class SkrullTrainer(Trainer):
+    @dataclass(kw_only=True, slots=True)
+    class Config(Trainer.Config):
+        skrull: SkrullConfig = field(default_factory=SkrullConfig)
+        """How Skrull schedules each global batch (see skrull_config.py)."""
+
+        lora: LoRAConfig = field(default_factory=LoRAConfig)
+        """LoRA adapters on a frozen base model (skrull_ext/lora, docs/lora.md)."""
+
+        comm: SkrullComm = field(default_factory=SkrullComm)
+        """torchtitan's [comm] plus heartbeat_timeout_seconds (the stopped-rank watch, watchdog.py)."""
+
+        validation: ValidationConfig = field(default_factory=ValidationConfig)
+        """A held-out set's loss every N steps and at the end, batched by Skrull (validation.py)."""
+
+        def __post_init__(self):
+            Trainer.Config.__post_init__(self)
+            if self.skrull.enable and not isinstance(self.dataloader, SkrullDataLoader.Config):
+                raise ValueError(
+                    "skrull.enable needs [dataloader] kind = \"skrull\" "
+                    f"(got {type(self.dataloader).__qualname__})"
+                )
+            if self.skrull.enable and self.dataloader.packing != "rows":
+                raise ValueError(
+                    f"dataloader.packing = {self.dataloader.packing!r} is for torchtitan's batching "
+                    "(skrull.enable = false); Skrull's loader neither pads nor cuts samples"
+                )
+            if not self.skrull.enable and isinstance(self.dataloader, SkrullDataLoader.Config):
+                # Same data, torchtitan's batching: the switch works from the CLI.
+                self.dataloader = derive(self.dataloader, PackedDataLoader.Config)
+            p = self.parallelism
+            if self.skrull.enable and (
+                p.pipeline_parallel_degree > 1 or p.tensor_parallel_degree > 1
+            ):
+                raise ValueError("skrull.enable supports DP (FSDP/HSDP) x CP only, not PP or TP yet")
+
+    config: Config
+
+    def __init__(self, config: Config):
+        torchtitan_patches.apply(config)
+        logs.install()  # rank 0's lines only; skrull_ext.train installs it sooner
+        use_run_metrics(config)  # a TensorBoard folder per run; no MFU on CPU
+        resolve_device_defaults(config)
+        apply_lora(config)  # before torchtitan builds config.model_spec.model
+        self.plan_log: PlanLog | None = None
+        self.validation: Validation | None = None
+        """The held-out set's loss ([validation], validation.py); None when off."""
+        self.free_running: FreeRunningFSDP | None = None
+        """The step's FSDP switches under ``skrull.free_running`` (free_running.py)."""
+        if config.skrull.enable:  # a profile of another model fails here, before any model is built
+            self.model_shape = job_shape(config, int(os.environ.get("WORLD_SIZE", "1")))
+            config.skrull.check_shape(self.model_shape, self._model_name(config))
+        ckpt = config.checkpoint
+        if ckpt.enable and ckpt.initial_load_in_hf and ckpt.initial_load_path:
+            check_hf_folder(ckpt.initial_load_path, config.model_spec)  # a bad folder fails before any model
+        check_continue(config)  # a HF last save cannot continue a run: one line naming checkpoint.load_step
+        self.hf_export = HFExport.of_job(config)  # before the trainer shrinks the RoPE cache
+        """What the HF folders the run writes when it ends carry besides weights (None: it writes none)."""
+        self.ratio_spread = RatioSpread()
+        self.data_wait_ms: list[float] = []
+        """Per step, how long the training loop waited for its data (``skrull/data_wait_ms``)."""
+        self.stopped_step: tuple[int, int] | None = None
+        """(step, samples read) of a step stopped before its optimizer step (non-finite loss)."""
+        super().__init__(config)
+        vocab, model_vocab = self.tokenizer.get_vocab_size(), decoder_vocab_size(config.model_spec)
+        if vocab > model_vocab:
+            raise ValueError(
+                f"the tokenizer's vocabulary ({vocab}) is larger than the model's ({model_vocab}): "
+                "token ids would index past the embedding"
+            )
+        if config.skrull.enable:
+            self._init_skrull()
+        elif isinstance(self.dataloader, PackedDataLoader):  # torchtitan's batching: the same limit and counts
+            self.dataloader.set_overlength(config.skrull.overlength)
+            check_overlength(self.dataloader, first_step=1, last_step=config.training.steps)
+            self.dataloader.check_rows(first_step=1, last_step=config.training.steps)
+            self.optimizers.register_step_pre_hook(self._stop_on_non_finite_grads)
+            self._log_samples_with_torchtitans_metrics()
+
+    # ------------------------------------------------------------------ setup
+    def _log_samples_with_torchtitans_metrics(self) -> None:
+        """Under torchtitan's batching its own train_step logs the step: add the
+        same ``skrull/samples_*`` tags Skrull's steps log, so the accounting
+        reads the same in TensorBoard under both batchings."""
+        log, loader = self.metrics_processor.log, self.dataloader
+
+        def log_with_samples(step, *args, extra_metrics=None, **kwargs):
+            samples = sample_metrics(loader.last_counts, loader.account.totals.as_dict())
+            return log(step, *args, extra_metrics={**(extra_metrics or {}), **samples}, **kwargs)
+
+        self.metrics_processor.log = log_with_samples
+
+    def _init_skrull(self) -> None:
+        dims = self.parallel_dims
+        cp_group = dims.get_mesh("cp").get_group() if dims.cp_enabled else None
+        cp_rank = dist.get_rank(cp_group) if cp_group is not None else 0
+        self.dacp_attention = install_dacp_attention(
+            self.model_parts, cp_group, kernel=self.config.skrull.attention_kernel,
+            exchange=self.config.skrull.kv_exchange,
+        )
+        assert isinstance(self.dataloader, SkrullDataLoader)
+        skrull = self.config.skrull
+        if (warning := skrull.profile_cp_warning(dims.cp)) is not None:
+            logger.warning(warning)
+        self.free_running = FreeRunningFSDP(self.model_parts) if skrull.free_running else None
+        if self.free_running is not None:
+            self._check_free_running_memory()
+        timeline = job_timeline(dims.dp_shard, dims.dp_replicate, skrull.free_running, skrull.defer_grad_sync)
+        scheduler = skrull.build(self.dataloader.dp_world_size, dims.cp, self.model_shape,
+                                 self._model_name(self.config), timeline=timeline)
+        self.dataloader.attach(scheduler, cp_rank, dims.cp, free_running=skrull.free_running)
+        if skrull.plan_log:
+            rank = dist.get_rank() if dist.is_initialized() else 0
+            self.plan_log = PlanLog(self.config.dump_folder, rank)
+        # Before any step: an over-length sequence under 'error' fails here.
+        check_overlength(self.dataloader, first_step=1, last_step=self.config.training.steps)
+        self.validation = (Validation(self.config.validation, self.dataloader, self.tokenizer)
+                           if self.config.validation.enable else None)
+        if self.validation is not None:
+            self.validation.check()  # a held-out sample over the limit under 'error' fails here
+        logger.info(
+            f"Skrull: policy {skrull.policy}, bucket_size {skrull.bucket_size}, "
+            f"DP {self.dataloader.dp_world_size} x CP {dims.cp}, cp_rank {cp_rank}, "
+            f"attention kernel {skrull.attention_kernel}, timeline {timeline}"
+            + (" (free_running: FSDP parameters unsharded for each step, no pad passes)" if skrull.free_running else "")
+        )
+
+    def _check_free_running_memory(self) -> None:
+        """Free-running holds every parameter and trainable gradient unsharded: refuse
+        (ValueError, one line) when the measured profile's memory cannot hold them beside
+        the static account and BucketSize tokens of activations; warn once when it has no
+        figures to check with. Counted from the built model: the unsharded parameters in
+        FSDP's mixed_precision_param, the gradients of trainable ones (not a LoRA base) in
+        the wider of that and its reduce dtype (FSDP accumulates unsynchronised gradients there)."""
+        if not self.free_running:  # no FSDP unit: nothing is sharded, nothing to hold
+            return
+        params = [p for m in self.model_parts for p in m.parameters()]
+        training = self.config.training
+        param_bytes = DTYPES[training.mixed_precision_param].itemsize
+        grad_bytes = max(param_bytes, DTYPES[training.mixed_precision_reduce].itemsize)
+        unsharded = free_running_bytes(sum(p.numel() for p in params),  # DTensor: the whole parameter
+                                       sum(p.numel() for p in params if p.requires_grad), param_bytes, grad_bytes)
+        try:
+            warning = self.config.skrull.check_free_running_memory(unsharded)
+        except ValueError as e:  # the launcher prints it as one line (cli_errors)
+            raise JobFileError(str(e)) from None
+        if warning is not None:
+            logger.warning(warning)
+        else:
+            logger.info(f"Skrull: free_running holds {unsharded / 2**20:.1f} MiB of unsharded parameters and "
+                        f"gradients per rank (fits the profile's usable memory)")
+
+    def train(self) -> None:
+        """``_train`` with the stopped-rank watch on (``[comm] heartbeat_timeout_seconds``,
+        watchdog.py): a rank that stops answering ends the job in one line naming it. A
+        collective that timed out first (train_timeout_seconds) is followed by the ranks
+        whose heartbeat had stopped."""
+        heartbeat = start_heartbeat(getattr(self.config.comm, "heartbeat_timeout_seconds", 0.0),
+                                    lambda: self.step)
+        try:
+            self._train()
+        except Exception:
+            for rank, step, age in heartbeat.silent() if heartbeat is not None else ():
+                logger.error(f"rank {rank} has not answered for {age:.1f} s (its last heartbeat at step {step})")
+            raise
+        finally:
+            if heartbeat is not None:
+                heartbeat.stop()
+
+    def _train(self) -> None:
+        """torchtitan's loop; then the LoRA outputs ([lora] save_adapter/save_merged),
+        and, when the last checkpoint was saved in HF format (``last_save_in_hf``),
+        config.json and tokenizer files beside its weights, so the folder is one
+        ``from_pretrained`` loads (skrull_ext/hf/folder.py). In a LoRA run that
+        folder's weights are the merged model's (skrull_ext/lora/train.py)."""
+        super().train()
+        ckpt = self.config.checkpoint
+        last_hf = (ckpt.enable and ckpt.last_save_in_hf and not ckpt.load_only
+                   and self.step == self.config.training.steps)
+        folder = os.path.join(self.checkpointer.folder, f"step-{self.step}") if last_hf else None
+        save_lora_outputs(self, folder)
+        if folder is None:
+            return
+        if not dist.is_initialized() or dist.get_rank() == 0:
+            self.hf_export.finish(folder, ckpt.export_dtype)
+            logger.info(f"HF model folder (weights, config.json, tokenizer): {folder}")
+        if dist.is_initialized():
+            dist.barrier()
+
+    @staticmethod
+    def _model_name(config) -> str:
+        spec = config.model_spec
+        return f"{spec.name}/{spec.flavor}"
+
+    # ------------------------------------------------------------------ steps
+    def batch_generator(self, data_iterable: Iterable) -> Iterator:
+        if not self.config.skrull.enable:
+            yield from super().batch_generator(data_iterable)
+            return
+        it = iter(data_iterable)
+        while True:
+            start = time.perf_counter()
+            try:
+                step = next(it)
+            except StopIteration as ex:  # as torchtitan: the unfinished step is dropped
+                raise DataloaderExhaustedError() from ex
+            waited = time.perf_counter() - start  # ~0 when the step was built ahead (prefetch_steps)
+            self.metrics_processor.ntokens_since_last_log += step.num_tokens
+            self.metrics_processor.data_loading_times.append(waited)
+            self.data_wait_ms.append(waited * 1e3)
+            yield step
+            del step  # freed here, not timed as waiting: a step's plan is thousands of objects at scale
+
+    def train_step(self, data_iterator: Iterator) -> None:
+        if not self.config.skrull.enable:
+            return super().train_step(data_iterator)
+        step: SkrullStep = next(data_iterator)
+        self.optimizers.zero_grad(set_to_none=self.config.training.disable_cuda_graphs)
+        lr_metrics = self.lr_schedulers.get_metrics()
+        should_log = self.metrics_processor.should_log(self.step)
+        if self.config.skrull.check_plan_hash:
+            check_plan_digests(step.plan, self.dataloader.dp_rank)
+        if self.plan_log is not None:
+            self.plan_log.write(step)
+        for m in self.dacp_attention:
+            m.stats.reset()
+
+        global_valid_tokens = torch.tensor(step.global_valid_tokens, device=self.device)
+        accumulated = torch.zeros((), device=self.device)
+        if should_log:  # time what the cost model predicts: the micro-batches' fwd + bwd
+            self._synchronize()
+        start = time.perf_counter()
+        last = len(step.micro_batches) - 1
+        free = self.free_running
+        if free is not None:  # this rank's own micro-batches (>= 1), parameters unsharded throughout
+            free.begin()
+        for j, mb in enumerate(step.micro_batches):
+            if free is not None:
+                if j == last:
+                    free.last()  # its backward reduce-scatters the gradients and reshards
+            elif self.config.skrull.defer_grad_sync:
+                self._set_grad_sync(j == last)
+            with record_function(f"skrull/micro_batch_{j}"):
+                extra = {"positions": mb.positions.to(self.device), "attention_masks": mb.meta}
+                labels = mb.labels.to(self.device)
+                self.ntokens_seen += labels.numel()
+                loss = self.fwd_bwd_fn(mb.input.to(self.device), labels, global_valid_tokens, extra)
+                accumulated += loss.detach()
+        if free is not None:
+            free.end()  # every unit resharded before the optimizer: no stale copy in the next step
+        if should_log:
+            self._synchronize()
+        measured_us = (time.perf_counter() - start) * 1e6
+
+        grad_norm = dist_utils.clip_grad_norm_(
+            [p for m in self.model_parts for p in m.parameters()],
+            self.config.training.max_norm,
+            foreach=True,
+            pp_mesh=None,
+            ep_enabled=self.parallel_dims.ep_enabled,
+        )
+        # Every step, not only logged ones: the loss summed over the ranks
+        # (accumulated = this rank's loss sum / global loss tokens, so the global
+        # mean is the plain sum, as in torchtitan) and the gradient norm (already
+        # global) must be finite before the optimizer touches the weights. One
+        # scalar all-reduce and one host sync per step.
+        if self.parallel_dims.dp_cp_enabled:
+            global_avg = dist_utils.dist_sum(accumulated, self.parallel_dims.get_optional_mesh("loss"))
+        else:
+            global_avg = float(accumulated.item())
+        norm = float(grad_norm.item())
+        if not (math.isfinite(global_avg) and math.isfinite(norm)):
+            self.stopped_step = (self.step, step.account.counts.read)
+            raise NonFiniteLossError(
+                f"step {self.step}: loss {global_avg}, gradient norm {norm}; stopped before the optimizer step "
+                f"(the weights are those of step {self.step - 1}). Samples of the step: "
+                f"{name_samples(self.dataloader.source, step.samples)}"
+            )
+        self.checkpointer.maybe_wait_for_staging()
+        self.optimizers.step()
+        self.lr_schedulers.step()
+        if should_log:
+            self._log_step(step, accumulated, global_avg, global_valid_tokens, norm, lr_metrics, measured_us)
+        if self.validation is not None and self.config.validation.due(self.step, self.config.training.steps):
+            self.validation.run(self, self.step)  # forward only: no weight, RNG or counter changes
+
+    def _stop_on_non_finite_grads(self, optimizer, args, kwargs) -> None:
+        """torchtitan's batching: torchtitan checks the loss after the optimizer
+        step, and only on logged steps; this optimizer pre-step hook stops
+        before it. torchtitan's clip_grad_norm_ scales every gradient by
+        max_norm / (global norm), so a non-finite norm leaves every rank's
+        gradients non-finite and a local check agrees on every rank without a
+        collective (one host sync per step)."""
+        local = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
+                 for m in self.model_parts for p in m.parameters() if p.grad is not None]
+        if not local or math.isfinite(float(torch.stack(torch._foreach_norm(local)).sum().item())):
+            return
+        self.stopped_step = (self.step, self.dataloader.config.global_batch_size)
+        raise NonFiniteLossError(
+            f"step {self.step}: the gradients are not finite; stopped before the optimizer step (the weights are "
+            f"those of step {self.step - 1}). Samples of the step: "
+            f"{name_samples(self.dataloader.source, self.dataloader.last_samples)}"
+        )
+
+    def _synchronize(self) -> None:
+        """Wait for the device's queued work. Looked up from the device at call
+        time: a module-level ``device_module`` binds torch.cuda when imported
+        before the CPU fixes, and torch.cuda.synchronize fails on CPU."""
+        if self.device.type != "cpu":
+            torch.get_device_module(self.device.type).synchronize()
+
+    def _set_grad_sync(self, on: bool) -> None:
+        """FSDP reduce-scatters gradients only where ``on`` (the step's last micro-batch)."""
+        for part in self.model_parts:
+            if isinstance(part, FSDPModule):
+                part.set_requires_gradient_sync(on)
+
+    def close(self) -> None:
+        if isinstance(getattr(self, "dataloader", None), SkrullDataLoader):
+            self.dataloader.close()  # stops the prefetch thread
+        if self.plan_log is not None:
+            self.plan_log.close()
+        if self.config.skrull.enable and self.ratio_spread.ratios:
+            logger.info(f"Skrull: measured / predicted micro-batch time: {self.ratio_spread.line()} "
+                        f"(cost model {self.config.skrull.cost_model})")
+        account = getattr(getattr(self, "dataloader", None), "account", None)
+        if account is not None and account.totals.read:
+            stopped = ("" if self.stopped_step is None else
+                       f" (step {self.stopped_step[0]} stopped before its optimizer step: its "
+                       f"{self.stopped_step[1]} samples are counted as read but did not change the weights)")
+            source = self.dataloader.source
+            bad = f"; at load, {source.bad_summary()}" if getattr(source, "bad", None) else ""
+            logger.info(f"Run summary: {account.summary()}{bad}{stopped}{self._data_wait_summary()}")
+        super().close()
+
+    def _data_wait_summary(self) -> str:
+        """'; data wait per step: median .. ms' over the steps trained, the
+        first (built while the loop waited, nothing ahead yet) left out when there are others."""
+        waits = self.data_wait_ms[1:] or self.data_wait_ms
+        if not waits:
+            return ""
+        k = getattr(self.dataloader.config, "prefetch_steps", 0)
+        return (f"; data wait per step: median {statistics.median(waits):.2f} ms, max {max(waits):.2f} ms over "
+                f"{len(waits)} steps{' after the first' if len(self.data_wait_ms) > 1 else ''} "
+                f"(dataloader.prefetch_steps {k}; first step {self.data_wait_ms[0]:.1f} ms)")
+
+    def _log_step(self, step, accumulated, global_avg: float, global_valid_tokens, grad_norm: float, lr_metrics,
+                  measured_us) -> None:
+        local_valid = max(step.local_valid_tokens, 1)
+        local_avg = accumulated * global_valid_tokens / local_valid
+        ntokens = torch.tensor(self.ntokens_seen, dtype=torch.int64, device=self.device)
+        if self.parallel_dims.dp_cp_enabled:
+            mesh = self.parallel_dims.get_optional_mesh("loss")
+            global_max = dist_utils.dist_max(local_avg, mesh)
+            ntokens_seen = dist_utils.dist_sum(ntokens, mesh)
+        else:
+            global_max = global_avg
+            ntokens_seen = self.ntokens_seen
+        skrull = step_metrics(step, self.dacp_attention, measured_us)
+        skrull["skrull/data_wait_ms"] = self.data_wait_ms[-1] if self.data_wait_ms else float("nan")
+        self.ratio_spread.add(skrull)
+        extra = {"n_tokens_seen": ntokens_seen, **lr_metrics, **skrull}
+        self.metrics_processor.log(self.step, global_avg, global_max, grad_norm, extra_metrics=extra)
+        logger.info(step_log_line(self.step, skrull))

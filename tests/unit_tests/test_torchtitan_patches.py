@@ -1,0 +1,71 @@
+"""torchtitan_patches: which fixes apply here, idempotence, and the CPU
+attention fallback being the same attention as FlexAttention's forward."""
+
+import pytest
+import torch
+from torch.nn.attention.flex_attention import and_masks, create_block_mask, flex_attention
+from torchtitan.models.common.attention import (
+    get_causal_mask_mod,
+    get_efficient_causal_mask_mod_for_packed_document,
+)
+
+import torchtitan_patches
+from torchtitan_patches.dense_attention import DenseMaskAttention
+
+cpu_only = pytest.mark.skipif(not torchtitan_patches.on_cpu(), reason="CPU-only fixes")
+
+
+def _config():
+    """The debug job without the fixes (the registry functions apply them)."""
+    from skrull_ext.train.config_registry import JOBS_DIR
+    from skrull_ext.train.job_file import load_job
+
+    return load_job(f"{JOBS_DIR}/debug_cpu.toml")
+
+
+@cpu_only
+def test_apply_on_cpu_patches_config_once():
+    config = _config()
+    applied = torchtitan_patches.apply(config)
+    assert {"spmd_backend_partial_dtensor", "fsdp_sum_reductions",
+            "dense_mask_attention", "no_cuda_graphs"} <= set(applied)
+    assert config.parallelism.spmd_backend == "partial_dtensor"
+    assert "torchtitan_patches.overrides.cpu_dense_mask_attention" in config.override.imports
+    assert config.model_spec.parallelize_fn._skrull_sum_reductions
+    assert torchtitan_patches.apply(config) == []  # idempotent
+
+
+@cpu_only
+def test_device_probe_points_at_cpu():
+    torchtitan_patches.apply()
+    from torchtitan.distributed import utils as dist_utils
+    from torchtitan.tools import utils
+
+    assert utils.device_type == "cpu" and dist_utils.device_type == "cpu"
+    assert utils.device_module.current_device() == 0
+    assert hasattr(torch.distributed, "set_timeout")
+
+
+def test_unknown_skip_is_an_error():
+    with pytest.raises(ValueError, match="unknown torchtitan_patches fixes"):
+        torchtitan_patches.apply(skip=["nope"])
+
+
+def test_every_fix_says_why():
+    for fix in torchtitan_patches.FIXES:
+        assert len(fix.why) > 40, fix.name
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+def test_dense_mask_attention_matches_flex_forward():
+    torch.manual_seed(0)
+    positions = torch.cat([torch.arange(100), torch.arange(28), torch.arange(128)])[None]
+    mask_mod = and_masks(
+        get_causal_mask_mod(), get_efficient_causal_mask_mod_for_packed_document(positions)
+    )
+    block_mask = create_block_mask(mask_mod, 1, None, 256, 256, device="cpu")
+    q, k, v = (torch.randn(1, 256, 4, 16) for _ in range(3))
+    out = DenseMaskAttention(DenseMaskAttention.Config())(q, k, v, attention_masks=block_mask)
+    with torch.no_grad():
+        ref = flex_attention(*(t.transpose(1, 2) for t in (q, k, v)), block_mask=block_mask)
+    torch.testing.assert_close(out, ref.transpose(1, 2), rtol=1e-5, atol=1e-5)

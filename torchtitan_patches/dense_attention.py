@@ -1,0 +1,83 @@
+"""Exact attention for CPU: SDPA with a dense boolean mask.
+
+torch 2.13 runs FlexAttention forward on CPU but not its backward, and has
+no CPU varlen kernel. ``DenseMaskAttention`` is a ``FlexAttention`` subclass
+(so torchtitan still builds BlockMasks for it, and its CP wrapper still
+all-gathers K/V for it) whose forward evaluates the BlockMask's ``mask_mod``
+densely and calls ``F.scaled_dot_product_attention``. The mask_mod already
+encodes causality, document boundaries and, under CP, the local-to-global
+query index map, so the result is the same attention. Memory is O(Lq * Lkv)
+per batch row: meant for debug sizes.
+"""
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention.flex_attention import BlockMask, create_mask
+from torchtitan.models.common.attention import FlexAttention
+
+_last: tuple[BlockMask | None, torch.Tensor | None] = (None, None)
+
+
+def dense_mask(block_mask: BlockMask, device: torch.device) -> torch.Tensor:
+    """Boolean [B, 1, Lq, Lkv] mask equal to ``block_mask``'s mask_mod.
+
+    Every layer gets the same BlockMask object in one forward, so the last
+    one is cached (by identity) instead of being re-evaluated per layer.
+    Not under torch.compile: traced through this module-level cache, a
+    compiled block went on attending with the first step's documents; there
+    the mask is evaluated inside the graph, per layer.
+    """
+    global _last
+    if torch.compiler.is_compiling():
+        return _evaluate(block_mask, device)
+    if _last[0] is block_mask:
+        return _last[1]
+    mask = _evaluate(block_mask, device)
+    _last = (block_mask, mask)
+    return mask
+
+
+def _evaluate(block_mask: BlockMask, device: torch.device) -> torch.Tensor:
+    q_len, kv_len = block_mask.seq_lengths
+    batch = block_mask.kv_num_blocks.shape[0]
+    return create_mask(block_mask.mask_mod, batch, 1, q_len, kv_len, device=device)
+
+
+class DenseMaskAttention(FlexAttention):
+    @dataclass(kw_only=True, slots=True)
+    class Config(FlexAttention.Config):
+        pass
+
+    def forward(
+        self,
+        q_BLNH: torch.Tensor,
+        k_BLNH: torch.Tensor,
+        v_BLNH: torch.Tensor,
+        *,
+        attention_masks: BlockMask,
+        score_mod=None,
+        scale: float | None = None,
+        enable_gqa: bool = False,
+        out_transform=None,
+        **kwargs,
+    ) -> torch.Tensor:
+        if score_mod is not None or out_transform is not None:
+            raise NotImplementedError(
+                "DenseMaskAttention supports neither score_mod nor out_transform"
+            )
+        if not isinstance(attention_masks, BlockMask):
+            raise TypeError(
+                f"attention_masks must be a BlockMask, got {type(attention_masks)}"
+            )
+        mask = dense_mask(attention_masks, q_BLNH.device)
+        out_BNLH = F.scaled_dot_product_attention(
+            q_BLNH.transpose(1, 2),
+            k_BLNH.transpose(1, 2),
+            v_BLNH.transpose(1, 2),
+            attn_mask=mask,
+            scale=scale,
+            enable_gqa=enable_gqa,
+        )
+        return out_BNLH.transpose(1, 2)
