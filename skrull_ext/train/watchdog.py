@@ -85,8 +85,11 @@ class Heartbeat:
 
     def __init__(self, store: dist.Store, rank: int, world_size: int, timeout_s: float,
                  step: Callable[[], int], on_stale: Callable[[str], None] | None = None,
-                 interval_s: float | None = None, kill_stopped: bool = True):
+                 interval_s: float | None = None, kill_stopped: bool = True,
+                 clock: Callable[[], float] = time.monotonic):
         self.store, self.rank, self.timeout_s, self.step = store, rank, timeout_s, step
+        self.clock = clock
+        """Seconds, monotonic: every staleness is measured on it (a test drives ``_tick`` on its own clock)."""
         self.kill_stopped = kill_stopped
         """Whether the reporter SIGKILLs a stopped rank on its host (see the module docstring)."""
         self.interval_s = interval_s if interval_s is not None else min(1.0, timeout_s / 10)
@@ -95,7 +98,7 @@ class Heartbeat:
         self._beat = 0
         self._seen: dict[int, tuple[str | None, float]] = {}
         """Per watched rank: its last stamp and when (our clock) it changed."""
-        self._store_ok_at = time.monotonic()
+        self._store_ok_at = self.clock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="skrull-heartbeat", daemon=True)
 
@@ -108,7 +111,8 @@ class Heartbeat:
     def stop(self) -> None:
         """Stop beating and watching; tell the watchers this rank is done."""
         self._stop.set()
-        self._thread.join(timeout=self.timeout_s)
+        if self._thread.ident is not None:  # started
+            self._thread.join(timeout=self.timeout_s)
         try:
             self.store.set(str(self.rank), DONE)
         except Exception:  # noqa: BLE001 - the store may be gone at the end of a job
@@ -117,7 +121,7 @@ class Heartbeat:
     def silent(self) -> list[tuple[int, int, float]]:
         """(rank, last step, seconds since its stamp changed) of watched ranks silent for
         more than three beats, oldest first: who a collective that timed out waited for."""
-        now = time.monotonic()
+        now = self.clock()
         out = [(r, _step(v), now - t) for r, (v, t) in self._seen.items()
                if v != DONE and now - t > 3 * self.interval_s]
         return sorted(out, key=lambda x: -x[2])
@@ -127,7 +131,7 @@ class Heartbeat:
             self._tick()
 
     def _tick(self) -> None:
-        now = time.monotonic()
+        now = self.clock()
         try:
             self._beat += 1
             self.store.set(str(self.rank), f"{self._beat} {int(self.step())}")

@@ -174,28 +174,32 @@ def _wait(cond, seconds):
 
 
 def test_a_rank_whose_heartbeat_stops_is_named_once():
-    """Rank 1's thread stops (as a SIGSTOPped process's would): rank 0 names it and its
-    step within the timeout; rank 2, which finished (done), is not taken for stopped."""
-    import time
-
+    """Rank 1 stops beating (as a SIGSTOPped process would): rank 0 names it and its
+    step once its silence reaches the timeout, not a beat sooner; rank 2, which
+    finished (done), is not taken for stopped. The beats are ticked by hand on a
+    clock of the test's own (milliseconds), so a loaded machine changes nothing."""
     from skrull_ext.train.watchdog import Heartbeat
 
-    server, (s0, s1, s2) = _stores(3)
+    now_ms = [0]
+    server, stores = _stores(3)
     said = []
-    beats = [Heartbeat(s, r, 3, 1.0, lambda r=r: 7 + r, on_stale=said.append, interval_s=0.05, kill_stopped=False)
-             for r, s in enumerate((s0, s1, s2))]
-    for b in beats:
-        b.start()
-    time.sleep(0.3)
-    beats[2].stop()
-    beats[1]._stop.set()
-    beats[1]._thread.join()
-    start = time.monotonic()
-    assert _wait(lambda: said, 5), "rank 0 never reported"
-    assert 0.9 <= time.monotonic() - start < 3
+    beats = [Heartbeat(s, r, 3, 1.0, lambda r=r: 7 + r, on_stale=said.append, interval_s=0.05, kill_stopped=False,
+                       clock=lambda: now_ms[0] / 1000) for r, s in enumerate(stores)]
+
+    def tick(ranks, until_ms):
+        while now_ms[0] < until_ms and not said:
+            now_ms[0] += 50
+            for r in sorted(ranks, reverse=True):  # the watcher (rank 0) last: it sees this tick's stamps
+                beats[r]._tick()
+
+    tick((0, 1, 2), 300)  # everyone beats; rank 0 last saw rank 1's stamp change at 300 ms
+    beats[2].stop()  # done: never reported
+    tick((0,), 1250)  # rank 1 silent for 950 ms: not yet
+    assert said == [] and beats[0].silent()[0][:2] == (1, 8)
+    tick((0,), 1300)  # 1000 ms: the timeout
     assert said == ["rank 1 stopped answering at step 8 (no heartbeat for 1.0 s; comm.heartbeat_timeout_seconds = 1)"]
-    assert beats[0].silent()[0][:2] == (1, 8)
-    beats[0].stop()
+    tick((0,), 3000)
+    assert len(said) == 1  # once
 
 
 def test_the_heartbeat_timeout_is_checked():

@@ -54,7 +54,7 @@ BAD_LINES = [b'{"text": "a plain document of some words"}', b'{"text": "caf\xe9"
              b'{"text": "a"}']
 
 
-@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("workers", [1, pytest.param(2, marks=pytest.mark.slow)])  # 2: a pool of processes
 def test_bad_records_cached_as_uncached(tmp_path, tok, workers):
     """on_bad_record through the store: 'skip' keeps the same records and the
     same messages in file order (whatever the workers); 'error' stops with the
@@ -116,6 +116,7 @@ def test_key_changes_with_each_input_and_partial_store_rebuilt(tmp_path, tok):
     assert Path(again.store.folder, "ids.bin").read_bytes() == good
 
 
+@pytest.mark.slow  # a pool of tokenizer processes
 def test_multiprocess_build_equals_single(tmp_path, tok):
     one = cached_sequences(_config(tmp_path / "a"), tok, workers=1, progress=False).store.folder
     two = cached_sequences(_config(tmp_path / "b"), tok, workers=2, progress=False).store.folder
@@ -137,6 +138,7 @@ def test_cached_parquet_equals_uncached(tmp_path, tok, monkeypatch):
         assert cached[i].labels.tolist() == plain[i].labels.tolist()
 
 
+@pytest.mark.slow  # --workers 2: a pool of processes
 def test_prepare_command_builds_the_store_a_job_then_opens(tmp_path, tok, capsys):
     """``python -m skrull_ext.data prepare JOB --key value``: the store the job's loader opens without building."""
     from skrull_ext.data.__main__ import main

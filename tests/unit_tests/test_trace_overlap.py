@@ -75,6 +75,7 @@ def test_gpu_trace_reads_the_kernels_launched_in_the_window():
     assert o.exchange_kinds == ("ncclDevKernel_AllGather_RING_LL",)
 
 
+@pytest.mark.slow  # spawns two processes
 def test_profiled_run_over_gloo(tmp_path, capsys):
     """Two real ranks, one layer, one step: each trace holds the local ranges on
     the main thread and gloo's ranges on its worker threads, and the table says so."""
