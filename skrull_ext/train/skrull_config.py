@@ -119,7 +119,7 @@ class SkrullConfig(SchedulingOptions):
         then meet ranks at different passes: one still in its first pass (FSDP's per-layer
         all-gathers over the whole shard mesh) waits for a peer whose first pass is that
         exchange, which waits for the same all-gather: a deadlock."""
-        if self.free_running and POLICIES[self.policy].pool:
+        if self.free_running and self.policy_spec.pool:
             raise ValueError(
                 "skrull.free_running = true does not run with skrull.policy = 'skrull-pool' (its micro-batches "
                 "exchange K/V across DP groups, which free-running ranks reach at different passes); use policy "
