@@ -133,8 +133,8 @@ def check_bucket_size(value, from_profile: bool) -> None:
     if from_profile and value == FROM_PROFILE:
         return
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= _core.MAX_BUCKET_SIZE:
-        also = f' or "{FROM_PROFILE}" (the profile\'s measured BucketSize)' if from_profile else ""
-        raise ValueError(f"bucket_size must be an integer in [1, {_core.MAX_BUCKET_SIZE}]{also}, got {value!r}")
+        also = f' or "{FROM_PROFILE}" (the measured profile\'s BucketSize)' if from_profile else ""
+        raise ValueError(f"bucket_size must be in [1, {_core.MAX_BUCKET_SIZE}]{also}, got {value!r}")
 
 
 @dataclass(kw_only=True, slots=True)
