@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import ClassVar, Literal
 
 from skrull_ext._core import ModelShape
-from skrull_ext.attention.kernels import KERNEL_CHOICES
-from skrull_ext.attention.transport import TRANSPORT_CHOICES
+from skrull_ext.attention.kernels import KERNEL_CHOICES, check_kernel
+from skrull_ext.attention.transport import TRANSPORT_CHOICES, check_exchange
 from skrull_ext.scheduler import cost_model as cost_models
 from skrull_ext.scheduler.config import FROM_PROFILE, SchedulerConfig, SchedulingOptions
 from skrull_ext.scheduler.profile_file import Profile
@@ -101,13 +101,9 @@ class SkrullConfig(SchedulingOptions):
                 f"skrull.cost_model: {self.cost_model!r} is neither a hardware preset "
                 f"{sorted(cost_models.HARDWARE_PRESETS)} nor a profile file"
             )
-        if self.attention_kernel not in KERNEL_CHOICES:
-            raise ValueError(
-                f"skrull.attention_kernel: {self.attention_kernel!r} is not one of {list(KERNEL_CHOICES)}"
-            )
-        if self.kv_exchange not in TRANSPORT_CHOICES:
-            raise ValueError(f"skrull.kv_exchange: {self.kv_exchange!r} is not one of {list(TRANSPORT_CHOICES)}")
         try:
+            check_kernel(self.attention_kernel)  # the attention's own checks, named as [skrull] keys
+            check_exchange(self.kv_exchange)
             self.check()
         except ValueError as e:
             raise ValueError(f"skrull.{e}") from None
