@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     names = []
     for label, policy in VARIANTS.items():
         name = "ablate:" + label
-        config.POLICIES[name] = policy
+        config.POLICIES[name] = replace(policy, name=name)
         sim_policies.SIM_POLICIES[name] = sim_policies.SimPolicy(name, sim_policies.core_policy(name), label)
         names.append(name)
     run = ["skrull", *names, "skrull-paper", "bound"]

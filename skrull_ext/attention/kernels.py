@@ -205,9 +205,10 @@ def auto_kernel(q: torch.Tensor) -> str:
 
 
 def check_kernel(name: str) -> str:
-    """``name`` if it is one of KERNEL_CHOICES, else a ValueError naming the choices."""
+    """``name`` if it is one of KERNEL_CHOICES, else a ValueError naming the key and the choices:
+    the one check of a kernel name (``[skrull] attention_kernel``, DacpAttention, dacp_attention)."""
     if name not in KERNEL_CHOICES:
-        raise ValueError(f"attention kernel must be one of {list(KERNEL_CHOICES)}, got {name!r}")
+        raise ValueError(f"attention_kernel: {name!r} is not one of {list(KERNEL_CHOICES)}")
     return name
 
 

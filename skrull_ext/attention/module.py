@@ -34,7 +34,7 @@ from skrull_ext.attention.kernels import AUTO, KERNELS, Kernel, check_kernel, re
 from skrull_ext.attention.meta import DacpBatchMeta
 from skrull_ext.attention.replay import KVReplay
 from skrull_ext.attention.stats import DacpStats
-from skrull_ext.attention.transport import TRANSPORT_CHOICES, Transport, resolve_transport
+from skrull_ext.attention.transport import Transport, check_exchange, resolve_transport
 
 __all__ = ["DacpAttention"]
 
@@ -53,9 +53,7 @@ class DacpAttention(nn.Module):
         self.group = group
         self.kernel = check_kernel(kernel)  # a bad name fails here, not at the first step
         """Inner attention kernel, a name of kernels.KERNELS or ``auto`` (from the first call's q)."""
-        if exchange not in TRANSPORT_CHOICES:
-            raise ValueError(f"exchange: {exchange!r} is not one of {list(TRANSPORT_CHOICES)}")
-        self.exchange = exchange
+        self.exchange = check_exchange(exchange)
         """How K/V travel, a name of transport.TRANSPORTS or ``auto`` (by the group's backend)."""
         # Resolved once: the transport from the group now, ``auto``'s kernel at
         # the first call (it depends on the device and dtype of q).

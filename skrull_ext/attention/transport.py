@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-__all__ = ["AUTO_BY_BACKEND", "resolve_transport", "Transport", "TRANSPORTS"]
+__all__ = ["AUTO_BY_BACKEND", "TRANSPORT_CHOICES", "TRANSPORTS", "Transport", "check_exchange", "resolve_transport"]
 
 # torch >= 2.12 renamed the tensor-in/tensor-out collectives; fall back for older.
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -122,10 +122,16 @@ AUTO_BY_BACKEND: dict[str, str] = {"gloo": "p2p"}
 """``auto`` on these backends; any other (NCCL) takes ``all_gather``."""
 
 
+def check_exchange(name: str) -> str:
+    """``name`` if it is one of TRANSPORT_CHOICES, else a ValueError naming the key and the choices:
+    the one check of a K/V exchange name (``[skrull] kv_exchange``, DacpAttention, resolve_transport)."""
+    if name not in TRANSPORT_CHOICES:
+        raise ValueError(f"kv_exchange: {name!r} is not one of {list(TRANSPORT_CHOICES)}")
+    return name
+
+
 def resolve_transport(name: str, group: dist.ProcessGroup | None) -> Transport:
     """The transport ``name`` names; ``auto``: by ``group``'s backend."""
-    if name == "auto":
+    if check_exchange(name) == "auto":
         name = AUTO_BY_BACKEND.get(str(dist.get_backend(group)), "all_gather")
-    if name not in TRANSPORTS:
-        raise ValueError(f"kv_exchange: {name!r} is not one of {list(TRANSPORT_CHOICES)}")
     return TRANSPORTS[name]

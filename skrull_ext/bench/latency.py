@@ -70,7 +70,7 @@ def run_setting(s: Setting, args, pool: list[int]) -> dict:
         cfg = SchedulerConfig(dp=s.dp, cp=s.cp, bucket_size=s.bucket_size, policy=policy, overlength="truncate",
                               timeline=timeline)
         opts = cfg.core_options()
-        p = POLICIES[policy]
+        p = cfg.policy_spec
         core = _core.schedule_pool if p.pool else _core.schedule
         rcost = ref.RefCost.of(cost)
         for b in batches[:3]:  # warm-up

@@ -23,14 +23,14 @@ it happens.
 
 import time
 from dataclasses import dataclass, field
+from typing import Literal
 
 from torchtitan.tools.logging import logger
 
-from skrull_ext import _core
 from skrull_ext.data.accounting import NO_LOSS, OVERLENGTH, Event, RunAccount, StepAccount, count_by_source
 from skrull_ext.data.synthetic import IGNORE_INDEX, Sample
 from skrull_ext.errors import DataError
-from skrull_ext.scheduler.config import POLICIES
+from skrull_ext.scheduler.capacity import Capacity
 
 
 class OverlengthError(DataError):
@@ -39,59 +39,64 @@ class OverlengthError(DataError):
 
 @dataclass(frozen=True)
 class LengthLimit:
-    """The longest sample a run trains, why, and what happens to longer ones."""
+    """The longest sample a run trains, what sets it, and what happens to longer ones.
+    Data, not a label: messages are written from these fields, never parsed back."""
 
     tokens: int
-    source: str
-    """'bucket_size B x cp N' (a CP group), 'training.seq_len S' (a row) or 'dataloader.max_len M'."""
     mode: str
     """skrull.overlength: error, truncate or drop."""
+    by: Literal["capacity", "row", "max_len"]
+    """What sets ``tokens``: what Skrull's ranks hold (``capacity``), a ``training.seq_len`` row
+    of torchtitan's batching, or ``dataloader.max_len``."""
+    capacity: Capacity | None = None
+    """Under ``by == "capacity"``: the job's ranks (``tokens`` is ``capacity.limit``)."""
 
     @property
-    def from_max_len(self) -> bool:
-        return self.source.startswith("dataloader.max_len")
+    def source(self) -> str:
+        """Where ``tokens`` comes from, in the job's keys: 'bucket_size B x cp N' (a CP group; 'x dp D'
+        too for the pool), 'training.seq_len S' (a row) or 'dataloader.max_len M'."""
+        if self.by == "capacity":
+            return self.capacity.label
+        return f"{'training.seq_len' if self.by == 'row' else 'dataloader.max_len'} {self.tokens}"
 
     def too_long(self) -> str:
         """Why a longer sample is refused, in the core scheduler's words for the CP limit."""
-        if self.from_max_len:
+        if self.by == "max_len":
             return f"longer than {self.source}"
-        if self.source.startswith("bucket_size"):
-            what = "the pool" if " x dp " in self.source else "a CP group"
-            return f"longer than the {self.tokens} tokens {what} can hold ({self.source})"
+        if self.by == "capacity":
+            return f"longer than the {self.tokens} tokens {self.capacity.holder} can hold ({self.source})"
         return f"longer than a row ({self.source})"
 
     def fix(self) -> str:
-        if self.from_max_len:
+        if self.by == "max_len":
             return "raise dataloader.max_len, or set skrull.overlength to 'truncate' or 'drop'"
-        if self.source.startswith("bucket_size"):
+        if self.by == "capacity":
             return ("raise skrull.bucket_size or parallelism.context_parallel_degree, "
                     "or set skrull.overlength to 'truncate' or 'drop'")
         return "raise training.seq_len, or set skrull.overlength to 'truncate' or 'drop'"
 
 
-def length_limit(capacity: int, capacity_source: str, mode: str, max_len: int | None) -> LengthLimit:
-    """The smaller of what the batching holds and ``dataloader.max_len``."""
-    if max_len is not None and max_len < capacity:
-        return LengthLimit(max_len, f"dataloader.max_len {max_len}", mode)
-    return LengthLimit(capacity, capacity_source, mode)
+def _capped(limit: LengthLimit, max_len: int | None) -> LengthLimit:
+    """``limit``, or ``dataloader.max_len`` when that is smaller."""
+    if max_len is not None and max_len < limit.tokens:
+        return LengthLimit(max_len, limit.mode, "max_len")
+    return limit
 
 
-def cp_limit(bucket_size: int, cp: int, mode: str, max_len: int | None, dp: int = 1,
-             pool: bool = False) -> LengthLimit:
-    """A Skrull run's limit: what a CP group holds (``bucket_size x cp``; under
-    a pool policy the DP x CP world, ``bucket_size x dp x cp``), or
-    ``dataloader.max_len`` when smaller."""
-    if pool:
-        return length_limit(_core.max_sequence_length(bucket_size, dp * cp),
-                            f"bucket_size {bucket_size} x dp {dp} x cp {cp}", mode, max_len)
-    return length_limit(_core.max_sequence_length(bucket_size, cp), f"bucket_size {bucket_size} x cp {cp}",
-                        mode, max_len)
+def row_limit(seq_len: int, mode: str, max_len: int | None) -> LengthLimit:
+    """torchtitan's batching: a ``training.seq_len`` row, or ``dataloader.max_len`` when smaller."""
+    return _capped(LengthLimit(seq_len, mode, "row"), max_len)
+
+
+def capacity_limit(capacity: Capacity, mode: str, max_len: int | None) -> LengthLimit:
+    """A Skrull run's limit: what its ranks hold (``capacity.limit``: a CP group, or the
+    DP x CP world under a pool policy), or ``dataloader.max_len`` when smaller."""
+    return _capped(LengthLimit(capacity.limit, mode, "capacity", capacity), max_len)
 
 
 def scheduler_limit(config, max_len: int | None) -> LengthLimit:
-    """The limit of a ``SchedulerConfig`` (its policy, bucket size, DP x CP and over-length mode)."""
-    return cp_limit(config.bucket_size, config.cp, config.overlength, max_len, config.dp,
-                    POLICIES[config.policy].pool)
+    """The limit of a ``SchedulerConfig`` (its capacity and over-length mode)."""
+    return capacity_limit(config.capacity, config.overlength, max_len)
 
 
 def location(source, index: int) -> str:

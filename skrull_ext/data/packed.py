@@ -24,7 +24,7 @@ import torch
 from torchtitan.components.tokenizer import BaseTokenizer
 
 from skrull_ext.data.accounting import Counts, RunAccount
-from skrull_ext.data.overlength import cut, length_limit, limit_step
+from skrull_ext.data.overlength import cut, limit_step, row_limit
 from skrull_ext.data.row_layout import Piece, cut_stream, whole_rows
 from skrull_ext.data.source import SourceDataLoaderBase
 from skrull_ext.data.synthetic import IGNORE_INDEX
@@ -65,7 +65,7 @@ class PackedDataLoader(SourceDataLoaderBase):
 
     def set_overlength(self, mode: str) -> None:
         """The over-length policy for samples longer than a row (or max_len)."""
-        self.limit = length_limit(self.seq_len, f"training.seq_len {self.seq_len}", mode, self.config.max_len)
+        self.limit = row_limit(self.seq_len, mode, self.config.max_len)
 
     def check_rows(self, first_step: int, last_step: int) -> None:
         """Under 'rows' packing, refuse before step 1 a run in which some step's

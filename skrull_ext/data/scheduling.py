@@ -44,7 +44,6 @@ from skrull_ext.data.source import SourceDataLoaderBase
 from skrull_ext.data.synthetic import Sample
 from skrull_ext.errors import DataError
 from skrull_ext.scheduler import Scheduler
-from skrull_ext.scheduler.config import POLICIES
 from skrull_ext.scheduler.plan import DROPPED, Plan
 from skrull_ext.scheduler.pool_plan import PoolPlan
 
@@ -107,7 +106,7 @@ class StepBuilder:
     """Log each step's cuts and skips (a validation pass counts them in its own line)."""
 
     def __post_init__(self) -> None:
-        if self.free_running and POLICIES[self.scheduler.config.policy].pool:
+        if self.free_running and self.scheduler.config.policy_spec.pool:
             raise ValueError("skrull.free_running = true does not run with skrull.policy = 'skrull-pool' "
                              "(SkrullConfig.check_free_running says why)")
 

@@ -9,7 +9,7 @@
 check.py fills one buffer inside the profiler's own process. This runs the
 job itself (SkrullTrainer under torchrun: FSDP, DACP attention over the CP
 group, the job's optimizer and data) with ``[skrull] cost_model`` = the
-profile and ``bucket_size = 0`` (the profile's BucketSize), and wraps each
+profile and ``bucket_size = "profile"`` (the profile's BucketSize), and wraps each
 training step in a process meter (``memory.PROCESS_METERS``: on CPU the
 VmHWM reset through /proc/self/clear_refs, on CUDA the allocator peak).
 Per step and rank:
@@ -106,7 +106,7 @@ class MeteredTrainer(SkrullTrainer):
 def job_argv(profile: str, job_args: list[str]) -> list[str]:
     """The job's command line planned by ``profile``: its cost model and BucketSize
     (put first, so that the job's own flags, which come later, override them)."""
-    return ["--skrull.cost_model", profile, "--skrull.bucket_size", "0", *job_args]
+    return ["--skrull.cost_model", profile, "--skrull.bucket_size", "profile", *job_args]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,6 +1,7 @@
 """The scheduler: what each rank runs in a global batch, decided alike on every rank.
 
 - ``config``: the scheduling knobs (``SchedulingOptions``), ``SchedulerConfig`` and the policies;
+- ``capacity``: what a job's ranks hold, and the longest sequence a plan trains whole;
 - ``cost_model``, ``profile_file``, ``model_shape``: what a micro-batch costs (named presets,
   measured profile files, the shape of the job's model), and ``hardware/`` the assumed H100;
 - ``facade``: ``Scheduler``, the C++ core (``skrull_ext._core``) plus the CP-SAT fallback (``cpsat``);

@@ -1,22 +1,29 @@
 """Scheduler configuration: the knobs that shape a plan.
 
 Policies are a registry (name -> core options), not an if-chain: a new policy
-is one entry in ``POLICIES``.
+is one entry in ``POLICIES``. A config resolves its policy name once, when it
+is made (``SchedulingOptions.policy_spec``); everything downstream reads that
+``Policy``, never the registry again. Each knob's default is written here
+once (the C++ ``Options`` defaults serve C++ callers only; ``core_options``
+sets every field declared here).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from typing import Literal
+from dataclasses import dataclass, field, fields
+from typing import ClassVar, Literal
 
 from skrull_ext import _core
 from skrull_ext._core import DacpSearch, MicroBatchCount, Overlength, Placement, Rollback
+from skrull_ext.scheduler.capacity import Capacity
 
 
 @dataclass(frozen=True)
 class Policy:
     """How the core places sequences and picks micro-batch counts."""
 
+    name: str
+    """Its key in POLICIES (what ``[skrull] policy`` names)."""
     placement: Placement
     rollback: Rollback
     micro_batch_count: MicroBatchCount
@@ -28,12 +35,12 @@ class Policy:
     slot_gds: bool = True  # on a lockstep timeline, GDS balances each micro-batch slot (cpp/include/skrull/slots.hpp)
 
 
-POLICIES: dict[str, Policy] = {
+POLICIES: dict[str, Policy] = {p.name: p for p in (
     # This project's best: Algorithm 1 with longest-first roll-back plus a
     # time-driven refinement, or the shard sweep, whichever predicts faster;
     # the micro-batch count chosen by predicted time; CP-SAT where it pays.
-    "skrull": Policy(
-        Placement.LEAST_LOAD, Rollback.LONGEST, MicroBatchCount.PREDICTED_TIME, True, True,
+    Policy(
+        "skrull", Placement.LEAST_LOAD, Rollback.LONGEST, MicroBatchCount.PREDICTED_TIME, True, True,
         "least-load DACP + refinement or shard sweep, longest-first roll-back, micro-batch count by predicted "
         "time, CP-SAT fallback",
         DacpSearch.SHARD_SWEEP,
@@ -42,22 +49,22 @@ POLICIES: dict[str, Policy] = {
     # core time (docs/latency.md), slower simulated iterations, and with the
     # CP-SAT fallback on more scheduling time than skrull: measured in
     # docs/benchmarks.md, section 3.
-    "skrull-fast": Policy(
-        Placement.LEAST_LOAD, Rollback.LONGEST, MicroBatchCount.PREDICTED_TIME, True, True,
+    Policy(
+        "skrull-fast", Placement.LEAST_LOAD, Rollback.LONGEST, MicroBatchCount.PREDICTED_TIME, True, True,
         "least-load DACP + refinement, longest-first roll-back, micro-batch count by predicted time, "
         "CP-SAT fallback",
     ),
     # Algorithms 1 + 2 as published, with the roll-back's accounting fixed.
-    "skrull-paper": Policy(
-        Placement.LEAST_LOAD, Rollback.SHORTEST, MicroBatchCount.SMALLEST_FEASIBLE, False, False,
+    Policy(
+        "skrull-paper", Placement.LEAST_LOAD, Rollback.SHORTEST, MicroBatchCount.SMALLEST_FEASIBLE, False, False,
         "paper's Algorithms 1+2, corrected roll-back, smallest feasible micro-batch count",
         slot_gds=False,
     ),
     # skrull's placement with the paper's per-rank GDS on every timeline: what
     # skrull planned before the slot GDS, kept to measure what the slots buy on
     # a lockstep job (docs/benchmarks.md; python -m skrull_ext.bench cp).
-    "skrull-per-rank": Policy(
-        Placement.LEAST_LOAD, Rollback.LONGEST, MicroBatchCount.PREDICTED_TIME, True, True,
+    Policy(
+        "skrull-per-rank", Placement.LEAST_LOAD, Rollback.LONGEST, MicroBatchCount.PREDICTED_TIME, True, True,
         "skrull with the per-rank GDS (each DP rank's share split on its own), whatever the job's timeline",
         DacpSearch.SHARD_SWEEP, slot_gds=False,
     ),
@@ -68,19 +75,28 @@ POLICIES: dict[str, Policy] = {
     # moves to an aligned part of its group where that predicts it faster.
     # Plans are PoolPlans (skrull_ext/scheduler/pool_plan.py); measured in
     # docs/benchmarks.md, section 10.
-    "skrull-pool": Policy(
-        Placement.LEAST_LOAD, Rollback.LONGEST, MicroBatchCount.PREDICTED_TIME, True, True,
+    Policy(
+        "skrull-pool", Placement.LEAST_LOAD, Rollback.LONGEST, MicroBatchCount.PREDICTED_TIME, True, True,
         "skrull over the DP x CP world as one pool: long sequences sharded over blocks of CP groups, "
         "skrull's plan where it predicts no slower",
         DacpSearch.SHARD_SWEEP, pool=True,
     ),
     # The paper's "round-robin" (Algorithm 4), really worst-fit.
-    "worstfit": Policy(
-        Placement.WORST_FIT, Rollback.SHORTEST, MicroBatchCount.SMALLEST_FEASIBLE, False, False,
+    Policy(
+        "worstfit", Placement.WORST_FIT, Rollback.SHORTEST, MicroBatchCount.SMALLEST_FEASIBLE, False, False,
         "paper's Algorithm 4: worst-fit placement, smallest feasible micro-batch count",
         slot_gds=False,
     ),
-}
+)}
+
+
+def resolve_policy(name: str) -> Policy:
+    """The Policy called ``name``: the one lookup of a policy name (ValueError naming the choices)."""
+    policy = POLICIES.get(name) if isinstance(name, str) else None
+    if policy is None:
+        raise ValueError(f"policy must be one of {sorted(POLICIES)}, got {name!r}")
+    return policy
+
 
 OVERLENGTH: dict[str, Overlength] = {
     "error": Overlength.ERROR,
@@ -103,6 +119,23 @@ def _check_int(name: str, value, lo: int, hi: int) -> None:
 PolicyName = Literal[tuple(POLICIES)]  # pyrefly: ignore[invalid-literal]
 OverlengthMode = Literal[tuple(OVERLENGTH)]  # pyrefly: ignore[invalid-literal]
 
+FROM_PROFILE = "profile"
+"""``bucket_size = "profile"``: BucketSize is the measured profile's ``[memory] bucket_size``
+(a job's ``[skrull]`` section resolves it: ``SkrullConfig.resolved_bucket_size``)."""
+
+BucketSize = int | Literal["profile"]
+
+
+def check_bucket_size(value, from_profile: bool) -> None:
+    """The one check of ``bucket_size`` (the core's guard is validate.hpp): an integer in
+    [1, MAX_BUCKET_SIZE], or ``"profile"`` where ``from_profile`` (a config that names a
+    profile can resolve it). Raises ValueError naming the key, the value and the limit."""
+    if from_profile and value == FROM_PROFILE:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= _core.MAX_BUCKET_SIZE:
+        also = f' or "{FROM_PROFILE}" (the measured profile\'s BucketSize)' if from_profile else ""
+        raise ValueError(f"bucket_size must be in [1, {_core.MAX_BUCKET_SIZE}]{also}, got {value!r}")
+
 
 @dataclass(kw_only=True, slots=True)
 class SchedulingOptions:
@@ -110,14 +143,16 @@ class SchedulingOptions:
     ``SchedulerConfig`` (the core's config) and the job file's ``[skrull]``
     section (``skrull_ext.train.skrull_config.SkrullConfig``), declared once here."""
 
-    bucket_size: int = 26624
-    """BucketSize C: tokens one CP rank can hold (from the profiler; the paper's 26K for 0.5B)."""
+    bucket_size: BucketSize = 26624
+    """BucketSize C: tokens one CP rank can hold (from the profiler; the paper's 26K for 0.5B).
+    In a job's [skrull] section, "profile" takes the measured profile's [memory] bucket_size;
+    a SchedulerConfig holds the integer."""
     policy: PolicyName = "skrull"
-    """One of POLICIES: skrull, skrull-fast, skrull-paper, skrull-pool, worstfit."""
+    """One of POLICIES: skrull, skrull-fast, skrull-paper, skrull-per-rank, skrull-pool, worstfit."""
     overlength: OverlengthMode = "error"
     """Sequences longer than bucket_size x cp (x dp under skrull-pool): error, truncate (to the
     longest that fits) or drop. In training also those longer than dataloader.max_len; the
-    dataloader applies it before the scheduler and counts each sample (datasets/accounting.py)."""
+    dataloader applies it before the scheduler and counts each sample (data/accounting.py)."""
     cpsat: bool = False
     """Allow the CP-SAT fallback (used only by policies that enable it). Off by default:
     on the shipped shapes the step time it saves is far smaller than the solver wall time
@@ -131,12 +166,16 @@ class SchedulingOptions:
     max_extra_micro_batches: int = 1
     """How many micro-batch counts above the smallest feasible one 'skrull' compares
     (docs/benchmarks.md measures what more would buy)."""
+    policy_spec: Policy = field(init=False, repr=False, compare=False)
+    """``policy`` resolved (``resolve_policy``), once, by ``check`` when the config is made."""
+
+    BUCKET_FROM_PROFILE: ClassVar[bool] = False
+    """Whether ``bucket_size = "profile"`` is accepted (a config that names a profile)."""
 
     def check(self) -> None:
-        """Raise ValueError naming the first bad value and its limit."""
-        _check_int("bucket_size", self.bucket_size, 1, _core.MAX_BUCKET_SIZE)
-        if self.policy not in POLICIES:
-            raise ValueError(f"policy must be one of {sorted(POLICIES)}, got {self.policy!r}")
+        """Raise ValueError naming the first bad value and its limit; resolve ``policy``."""
+        check_bucket_size(self.bucket_size, self.BUCKET_FROM_PROFILE)
+        self.policy_spec = resolve_policy(self.policy)
         if self.overlength not in OVERLENGTH:
             raise ValueError(f"overlength must be one of {sorted(OVERLENGTH)}, got {self.overlength!r}")
         if not isinstance(self.cpsat, bool):
@@ -146,8 +185,8 @@ class SchedulingOptions:
         _check_int("max_extra_micro_batches", self.max_extra_micro_batches, 0, 1024)
 
     def options(self) -> dict:
-        """The knobs as keyword arguments (for SchedulerConfig)."""
-        return {f.name: getattr(self, f.name) for f in fields(SchedulingOptions)}
+        """The knobs as keyword arguments (for SchedulerConfig), as written."""
+        return {f.name: getattr(self, f.name) for f in fields(SchedulingOptions) if f.init}
 
 
 TIMELINES: dict[str, "_core.Timeline"] = {
@@ -197,8 +236,15 @@ class SchedulerConfig(SchedulingOptions):
             raise ValueError(f"timeline must be one of {sorted(TIMELINES)}, got {self.timeline!r}")
         self.check()
 
+    @property
+    def capacity(self) -> Capacity:
+        """What the job's ranks hold under this policy, and the longest sequence it trains whole."""
+        return Capacity(self.bucket_size, self.cp, self.dp, self.policy_spec.pool)
+
     def core_options(self) -> _core.Options:
-        policy = POLICIES[self.policy]
+        """The core's Options from these knobs: every field Python declares is set here (the
+        C++ defaults serve C++ callers); sweep_margin and pool_widen keep the core's own."""
+        policy = self.policy_spec
         opt = _core.Options()
         opt.dp, opt.cp, opt.bucket_size = self.dp, self.cp, self.bucket_size
         opt.placement = policy.placement
@@ -216,4 +262,4 @@ class SchedulerConfig(SchedulingOptions):
     def uses_cpsat(self) -> bool:
         """The one CP-SAT switch: enabled, the policy has a fallback, and there
         is a placement to choose (cp > 1)."""
-        return self.cpsat and POLICIES[self.policy].fallback and self.cp > 1
+        return self.cpsat and self.policy_spec.fallback and self.cp > 1

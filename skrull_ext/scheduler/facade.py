@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from skrull_ext import _core
 from skrull_ext._core import CostModel
 from skrull_ext.scheduler import cost_model as cost_models
-from skrull_ext.scheduler.config import POLICIES, SchedulerConfig
+from skrull_ext.scheduler.config import SchedulerConfig
 from skrull_ext.scheduler.cpsat import CpSatResult, solve_dacp
 from skrull_ext.scheduler.plan import MicroBatchPlan, Plan
 from skrull_ext.scheduler.pool_plan import PoolMicroBatchPlan, PoolPlan
@@ -63,7 +63,7 @@ class Scheduler:
         c = self.config
         if dp_rank is not None and not (isinstance(dp_rank, int) and 0 <= dp_rank < c.dp):
             raise ValueError(f"dp_rank must be in [0, {c.dp}), got {dp_rank!r}")
-        if POLICIES[c.policy].pool:
+        if c.policy_spec.pool:
             pool = _core.schedule_pool(lengths, self.cost_model, self._options)
             plan = PoolPlan.from_core(pool, lengths, c.dp, c.cp, c.bucket_size, cost=self.cost_model,
                                      timeline=c.timeline)

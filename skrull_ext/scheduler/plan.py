@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from skrull_ext import _core
 from skrull_ext._core import DISTRIBUTED
+from skrull_ext.scheduler.capacity import Capacity
 from skrull_ext.scheduler.config import TIMELINES
 
 DROPPED = _core.DROPPED
@@ -257,7 +258,7 @@ class Plan:
                 raise PlanError(f"plan.{name} has {len(getattr(self, name))} entries for {k_total} sequences")
         if len(self.ranks) != self.dp:
             raise PlanError(f"plan has {len(self.ranks)} DP ranks, expected {self.dp}")
-        limit = _core.max_sequence_length(self.bucket_size, self.cp)
+        limit = Capacity(self.bucket_size, self.cp, self.dp).limit
         dropped = set(self.dropped)
         truncated = set(self.truncated)
         if len(dropped) != len(self.dropped) or len(truncated) != len(self.truncated):

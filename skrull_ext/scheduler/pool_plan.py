@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 from skrull_ext import _core
 from skrull_ext._core import DISTRIBUTED
+from skrull_ext.scheduler.capacity import Capacity
 from skrull_ext.scheduler.config import TIMELINES
 from skrull_ext.scheduler.plan import PlanError, _imbalance
 
@@ -313,7 +314,7 @@ class PoolPlan:
         for name in ("lengths", "micro_batch", "first_rank", "num_ranks"):
             if len(getattr(self, name)) != n:
                 raise PlanError(f"plan.{name} has {len(getattr(self, name))} entries for {n} sequences")
-        limit = _core.max_sequence_length(self.bucket_size, self.world)
+        limit = Capacity(self.bucket_size, self.cp, self.dp, pool=True).limit
         dropped, truncated = set(self.dropped), set(self.truncated)
         for k in range(n):
             s_in, s = self.input_lengths[k], self.lengths[k]

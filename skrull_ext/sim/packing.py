@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from skrull_ext import _core
 from skrull_ext._core import DISTRIBUTED, CostModel
+from skrull_ext.scheduler.capacity import Capacity
 from skrull_ext.scheduler.config import TIMELINES
 from skrull_ext.scheduler.plan import MicroBatchPlan, Plan
 
@@ -47,10 +48,14 @@ class Shape:
     def global_batch(self) -> int:
         return self.dp * self.batch_size
 
+    def capacity(self, pool: bool = False) -> Capacity:
+        """What the shape's ranks hold (``pool``: a sequence may span the DP x CP world)."""
+        return Capacity(self.bucket_size, self.cp, self.dp, pool)
+
     @property
     def max_length(self) -> int:
         """Longest sequence one CP group can hold; longer ones are truncated before any policy runs."""
-        return _core.max_sequence_length(self.bucket_size, self.cp)
+        return self.capacity().limit
 
 
 def sharded_tokens(s: int, cp: int) -> int:

@@ -1,4 +1,7 @@
-"""The simulator's policies, one registry: name -> SimPolicy.
+"""The simulator's policies: name -> SimPolicy. The scheduler's own policies
+come from its registry (``POLICIES``: ``SCHEDULER`` here); the others are
+labelled sets of their own: ``BASELINES`` (what others run) and ``VARIANTS``
+(a scheduler policy on other inputs, and the bound).
 
 Each policy turns one global batch (lengths in dataset order) into a
 ``Plan`` (so ``Plan.validate()`` and the same metrics apply to all of
@@ -18,14 +21,12 @@ iteration time. All times come from the core's cost model.
   consecutive global batches, shuffle their order; then each runs like
   baseline. It changes which samples share an optimizer step (Skrull does
   not), so it is compared on the average over the same samples.
-- worstfit, skrull-paper, skrull-fast, skrull, skrull-per-rank: the core's
-  policies (skrull_ext.scheduler.config); skrull-fast is skrull without the shard
-  sweep, skrull-per-rank is skrull with the per-rank GDS on every timeline
-  (what the slot GDS replaced on lockstep jobs).
-- skrull-pool: the DP x CP world as one pool, on sequences
-  truncated only beyond what the world holds; skrull-pool-capped: the same
-  planner on the others' inputs (capped at what a CP group holds), the
-  like-for-like comparison with skrull.
+- every policy of skrull_ext.scheduler.config.POLICIES (skrull, skrull-fast,
+  skrull-paper, skrull-per-rank, skrull-pool, worstfit), described there; a
+  pool policy (skrull-pool) runs on sequences truncated only beyond what the
+  DP x CP world holds; skrull-pool-capped: the same planner on the others'
+  inputs (capped at what a CP group holds), the like-for-like comparison
+  with skrull.
 - chunkflow: fixed-size chunks (skrull_ext/sim/chunkflow.py).
 - bound: skrull_ext/sim/bound.py.
 - sorted+skrull (not run by default): sorted's regrouping, then skrull.
@@ -40,6 +41,7 @@ from dataclasses import dataclass
 
 from skrull_ext import Scheduler, SchedulerConfig
 from skrull_ext._core import CostModel
+from skrull_ext.scheduler.config import POLICIES
 from skrull_ext.scheduler.plan import Plan
 from skrull_ext.scheduler.pool_plan import PoolPlan
 from skrull_ext.sim import bound, chunkflow
@@ -113,32 +115,40 @@ def bound_policy(lengths: Sequence[int], cost: CostModel, shape: Shape, seed: in
     return bound.lower_bound_us(lengths, cost, shape.dp, shape.cp, shape.bucket_size, shape.timeline)
 
 
-SIM_POLICIES: dict[str, SimPolicy] = {
+BASELINES: dict[str, SimPolicy] = {
     p.name: p
     for p in (
         SimPolicy("baseline", baseline, "arrival order, packed to the token budget, every sequence sharded"),
         SimPolicy("unpacked", unpacked, "one sequence per micro-batch, sharded (DeepSpeed micro-batch size 1)"),
         SimPolicy("sorted", baseline, "LongAlign sorted batching across the run, then as baseline", sort_window),
-        SimPolicy("worstfit", core_policy("worstfit"), "paper's Algorithm 4 (worst-fit DACP) + Algorithm 2"),
         SimPolicy("chunkflow", chunkflow_policy, "ChunkFlow-style fixed-size chunks, sharded, LPT over DP"),
-        SimPolicy("skrull-paper", core_policy("skrull-paper"), "paper's Algorithms 1+2, roll-back corrected"),
-        SimPolicy("skrull-fast", core_policy("skrull-fast"), "skrull without the shard sweep (cheaper to schedule)"),
-        SimPolicy("skrull", core_policy("skrull"), "this project's scheduler (skrull_ext.scheduler.config 'skrull')"),
-        SimPolicy("skrull-per-rank", core_policy("skrull-per-rank"),
-                  "skrull with the per-rank GDS on every timeline (before the slot GDS)"),
-        SimPolicy("skrull-pool", core_policy("skrull-pool"),
-                  "skrull over the DP x CP world as one pool; truncates only beyond the world", world=True,
-                  pool=True),
-        SimPolicy("skrull-pool-capped", core_policy("skrull-pool"),
-                  "skrull-pool on the same inputs as the others (capped at C x CP)", pool=True),
-        SimPolicy("bound", bound_policy, "lower bound on the iteration time"),
-        SimPolicy("sorted+skrull", core_policy("skrull"), "LongAlign regrouping, then skrull in each batch",
-                  sort_window),
     )
 }
+"""What others run, not policies of the scheduler."""
+
+SCHEDULER: dict[str, SimPolicy] = {
+    name: SimPolicy(name, core_policy(name), p.description, world=p.pool, pool=p.pool)
+    for name, p in POLICIES.items()
+}
+"""Every policy of the scheduler (skrull_ext.scheduler.config.POLICIES), as trained; a pool policy
+sees sequences truncated only beyond what the DP x CP world holds."""
+
+VARIANTS: dict[str, SimPolicy] = {
+    p.name: p
+    for p in (
+        SimPolicy("skrull-pool-capped", core_policy("skrull-pool"),
+                  "skrull-pool on the same inputs as the others (capped at C x CP)", pool=True),
+        SimPolicy("sorted+skrull", core_policy("skrull"), "LongAlign regrouping, then skrull in each batch",
+                  sort_window),
+        SimPolicy("bound", bound_policy, "lower bound on the iteration time"),
+    )
+}
+"""A scheduler policy on other inputs, and the bound."""
+
+SIM_POLICIES: dict[str, SimPolicy] = {**BASELINES, **SCHEDULER, **VARIANTS}
 
 DEFAULT = [name for name in SIM_POLICIES if name != "sorted+skrull"]
-"""What the benchmark runs unless told: the issue's seven plus unpacked and skrull-fast."""
+"""What the benchmark runs unless told: every policy but sorted+skrull."""
 
 
 def get(name: str) -> SimPolicy:

@@ -104,7 +104,7 @@ def simulate(
     world_batches, world_truncated = batches, truncated
     if any(p.world for p in chosen):
         world_batches, world_truncated = global_batches(
-            scenario.dataset, shape, iterations, seed, _core.max_sequence_length(shape.bucket_size, shape.dp * shape.cp))
+            scenario.dataset, shape, iterations, seed, shape.capacity(pool=True).limit)
     own = {}
     for p in chosen:
         mine = world_batches if p.world else batches

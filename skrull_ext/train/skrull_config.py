@@ -22,13 +22,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 from skrull_ext._core import ModelShape
-from skrull_ext.attention.kernels import KERNEL_CHOICES
-from skrull_ext.attention.transport import TRANSPORT_CHOICES
+from skrull_ext.attention.kernels import KERNEL_CHOICES, check_kernel
+from skrull_ext.attention.transport import TRANSPORT_CHOICES, check_exchange
 from skrull_ext.scheduler import cost_model as cost_models
-from skrull_ext.scheduler.config import POLICIES, SchedulerConfig, SchedulingOptions
+from skrull_ext.scheduler.config import FROM_PROFILE, SchedulerConfig, SchedulingOptions
 from skrull_ext.scheduler.profile_file import Profile
 
 KVExchange = Literal[TRANSPORT_CHOICES]  # pyrefly: ignore[invalid-literal]
@@ -43,8 +43,8 @@ class SkrullConfig(SchedulingOptions):
     cost_model: str = "h100-assumed"
     """The hardware the scheduler prices the job's model on: a hardware preset of
     skrull_ext.scheduler.cost_model (HARDWARE_PRESETS) or a profile TOML path (measured for this
-    model; its [model] must be the job's shape). ``bucket_size = 0`` takes BucketSize from
-    the profile's ``[memory] bucket_size`` (what the offline profiler measured)."""
+    model; its [model] must be the job's shape). ``bucket_size = "profile"`` takes BucketSize
+    from the profile's ``[memory] bucket_size`` (what the offline profiler measured)."""
 
     check_plan_hash: bool = False
     """Debug: compare every rank's plan digest each step and fail loudly on a mismatch."""
@@ -80,6 +80,8 @@ class SkrullConfig(SchedulingOptions):
 
     _profile: Profile | None = field(default=None, init=False, repr=False, compare=False)
 
+    BUCKET_FROM_PROFILE: ClassVar[bool] = True  # bucket_size = "profile": resolved_bucket_size()
+
     def __post_init__(self) -> None:
         if self.cost_model in cost_models.HARDWARE_PRESETS:
             self._profile = None
@@ -99,18 +101,13 @@ class SkrullConfig(SchedulingOptions):
                 f"skrull.cost_model: {self.cost_model!r} is neither a hardware preset "
                 f"{sorted(cost_models.HARDWARE_PRESETS)} nor a profile file"
             )
-        if self.bucket_size == 0:
-            self.bucket_size = self._profile_bucket_size()
-        if self.attention_kernel not in KERNEL_CHOICES:
-            raise ValueError(
-                f"skrull.attention_kernel: {self.attention_kernel!r} is not one of {list(KERNEL_CHOICES)}"
-            )
-        if self.kv_exchange not in TRANSPORT_CHOICES:
-            raise ValueError(f"skrull.kv_exchange: {self.kv_exchange!r} is not one of {list(TRANSPORT_CHOICES)}")
         try:
+            check_kernel(self.attention_kernel)  # the attention's own checks, named as [skrull] keys
+            check_exchange(self.kv_exchange)
             self.check()
         except ValueError as e:
             raise ValueError(f"skrull.{e}") from None
+        self.resolved_bucket_size()  # "profile" with no profile, or one without the value, fails here
         self.check_free_running()
 
     def check_free_running(self) -> None:
@@ -119,7 +116,7 @@ class SkrullConfig(SchedulingOptions):
         then meet ranks at different passes: one still in its first pass (FSDP's per-layer
         all-gathers over the whole shard mesh) waits for a peer whose first pass is that
         exchange, which waits for the same all-gather: a deadlock."""
-        if self.free_running and POLICIES[self.policy].pool:
+        if self.free_running and self.policy_spec.pool:
             raise ValueError(
                 "skrull.free_running = true does not run with skrull.policy = 'skrull-pool' (its micro-batches "
                 "exchange K/V across DP groups, which free-running ranks reach at different passes); use policy "
@@ -136,15 +133,22 @@ class SkrullConfig(SchedulingOptions):
             self._profile = Profile.load(self.cost_model)
         return self._profile
 
-    def _profile_bucket_size(self) -> int:
-        if self._profile is None:
+    def resolved_bucket_size(self) -> int:
+        """BucketSize in tokens: ``bucket_size`` as written, or under ``"profile"`` the measured
+        profile's ``[memory] bucket_size``. The field keeps what the user wrote; the built
+        SchedulerConfig holds this integer."""
+        if self.bucket_size != FROM_PROFILE:
+            return self.bucket_size
+        profile = self._measured()
+        if profile is None:
             raise ValueError(
-                f"skrull.bucket_size = 0 takes BucketSize from a profile file, but skrull.cost_model is "
-                f"the hardware preset {self.cost_model!r}; name a profile (python -m skrull_ext.profile writes one)"
+                f"skrull.bucket_size = {FROM_PROFILE!r} takes BucketSize from a profile file, but skrull.cost_model "
+                f"is the hardware preset {self.cost_model!r}; name a profile (python -m skrull_ext.profile writes one)"
             )
-        value = self._profile.bucket_size
+        value = profile.bucket_size
         if value is None:
-            raise ValueError(f"skrull.bucket_size = 0: the profile {self.cost_model!r} has no [memory] bucket_size")
+            raise ValueError(f"skrull.bucket_size = {FROM_PROFILE!r}: the profile {self.cost_model!r} has no "
+                             f"[memory] bucket_size")
         return value
 
     def profile_cp_warning(self, cp: int) -> str | None:
@@ -155,8 +159,8 @@ class SkrullConfig(SchedulingOptions):
         if profile is None or profile.cp == cp:
             return None
         return (f"skrull: the profile {self.cost_model!r} derived its BucketSize for cp {profile.cp}; this job "
-                f"runs cp {cp} (bucket_size {self.bucket_size}). Re-profile with the job's parallelism, or a rank "
-                f"holding shards may use more memory than the profile predicts")
+                f"runs cp {cp} (bucket_size {self.resolved_bucket_size()}). Re-profile with the job's parallelism, "
+                f"or a rank holding shards may use more memory than the profile predicts")
 
     def check_free_running_memory(self, unsharded_bytes: float) -> str | None:
         """With ``free_running``, whether a rank holds the unsharded parameters and gradients
@@ -176,7 +180,8 @@ class SkrullConfig(SchedulingOptions):
             mem = profile.memory()
         except ValueError as e:
             return f"skrull.free_running: memory not checked: {e}"
-        need = mem.free_running_need(unsharded_bytes, self.bucket_size)
+        bucket = self.resolved_bucket_size()
+        need = mem.free_running_need(unsharded_bytes, bucket)
         if need <= mem.usable:
             return None
         mib = 2.0 ** 20
@@ -184,7 +189,7 @@ class SkrullConfig(SchedulingOptions):
         raise ValueError(
             f"skrull.free_running = true needs {need:.0f} B ({need / mib:.1f} MiB) per rank: static "
             f"{(mem.static - mem.free_running) / mib:.1f} MiB + unsharded parameters and gradients "
-            f"{unsharded_bytes / mib:.1f} MiB + activations of bucket_size {self.bucket_size} tokens "
+            f"{unsharded_bytes / mib:.1f} MiB + activations of bucket_size {bucket} tokens "
             f"{activations / mib:.1f} MiB (margin {mem.margin:.0%}), but the profile {self.cost_model!r} has "
             f"{mem.usable:.0f} B ({mem.usable / mib:.1f} MiB) usable; turn it off, lower skrull.bucket_size, "
             f"or re-profile the job with --skrull.free_running (its BucketSize then leaves the room)"
@@ -192,7 +197,8 @@ class SkrullConfig(SchedulingOptions):
 
     def scheduler_config(self, dp: int, cp: int, timeline: str = "lockstep") -> SchedulerConfig:
         """The core's config for a DP x CP job running ``timeline`` (config.job_timeline)."""
-        return SchedulerConfig(dp=dp, cp=cp, timeline=timeline, **self.options())
+        knobs = {**self.options(), "bucket_size": self.resolved_bucket_size()}
+        return SchedulerConfig(dp=dp, cp=cp, timeline=timeline, **knobs)
 
     def build_cost_model(self, shape: ModelShape, model_name: str = "the job's model"):
         """``skrull_ext._core.CostModel`` of ``shape`` (the job's model, called

@@ -53,7 +53,7 @@ from skrull_ext.hf.checks import check_hf_folder
 from skrull_ext.hf.folder import HFExport
 from skrull_ext.lora import LoRAConfig, apply_lora
 from skrull_ext.lora.train import save_lora_outputs
-from skrull_ext.scheduler.config import job_timeline
+from skrull_ext.scheduler.config import FROM_PROFILE, job_timeline
 from skrull_ext.scheduler.model_shape import DTYPES, job_shape
 from skrull_ext.scheduler.profile_file import free_running_bytes
 from skrull_ext.train.free_running import FreeRunningFSDP
@@ -215,7 +215,8 @@ class SkrullTrainer(Trainer):
         if self.validation is not None:
             self.validation.check()  # a held-out sample over the limit under 'error' fails here
         logger.info(
-            f"Skrull: policy {skrull.policy}, bucket_size {skrull.bucket_size}, "
+            f"Skrull: policy {skrull.policy}, bucket_size {scheduler.config.bucket_size}"
+            + (" (the profile's)" if skrull.bucket_size == FROM_PROFILE else "") + ", "
             f"DP {self.dataloader.dp_world_size} x CP {dims.cp}, cp_rank {cp_rank}, "
             f"attention kernel {skrull.attention_kernel}, timeline {timeline}"
             + (" (free_running: FSDP parameters unsharded for each step, no pad passes)" if skrull.free_running else "")

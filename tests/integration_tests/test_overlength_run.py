@@ -7,8 +7,9 @@ import os
 
 import pytest
 
-from skrull_ext.data.overlength import cp_limit, scan_overlength
+from skrull_ext.data.overlength import capacity_limit, scan_overlength
 from skrull_ext.data.scheduling import SkrullDataLoader
+from skrull_ext.scheduler.capacity import Capacity
 from tests.integration_tests.launch import REPO, scalars, torchrun
 
 JOB = ["--config-file", os.path.join(REPO, "skrull_ext", "jobs", "debug_cpu.toml")]
@@ -19,7 +20,7 @@ def _expected_over(steps: int):
     """What the pre-scan must find: the debug job's data, read in-process."""
     config = SkrullDataLoader.Config(length_scale=32.0, max_len=512, global_batch_size=8, vocab_size=2048)
     loader = config.build(dp_world_size=1, dp_rank=0)
-    loader.limit = cp_limit(256, 1, "error", 512)
+    loader.limit = capacity_limit(Capacity(256, cp=1), "error", 512)
     return scan_overlength(loader, 1, steps).over
 
 

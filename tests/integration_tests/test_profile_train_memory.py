@@ -1,6 +1,6 @@
 """The CPU profiles' BucketSize in real training runs (torchrun x2, gloo):
 ``skrull_ext.profile.train_check`` trains the debug job with a profile's
-cost model and ``bucket_size = 0`` on data whose plans fill ranks to
+cost model and ``bucket_size = "profile"`` on data whose plans fill ranks to
 BucketSize, meters every step on every rank, and exits 1 if a rank's peak
 exceeds what the profile predicts for the tokens it held.
 

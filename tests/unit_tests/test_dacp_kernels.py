@@ -258,10 +258,15 @@ def test_auto_is_dense_on_cpu_and_dense_is_unchanged():
 def test_bad_kernel_names_the_choices():
     m = build_meta([5], [0], 0, 1)
     q = torch.randn(2, 5, 8)
-    with pytest.raises(ValueError, match=r"one of \['auto', 'dense', 'segments', 'varlen'\], got 'flex'"):
+    with pytest.raises(ValueError, match=r"^attention_kernel: 'flex' is not one of \['auto', 'dense', 'segments', "
+                                         r"'varlen'\]$"):
         dacp_attention(q, q, q, m, kernel="flex")
-    with pytest.raises(ValueError, match="got 'flex'"):
+    with pytest.raises(ValueError, match=r"^attention_kernel: 'flex' is not one of "):
         DacpAttention(kernel="flex")
+    with pytest.raises(ValueError, match=r"^kv_exchange: 'ring' is not one of \['auto', 'all_gather', 'p2p'\]$"):
+        DacpAttention(exchange="ring")
+    with pytest.raises(ValueError, match=r"^skrull.kv_exchange: 'ring' is not one of \['auto', 'all_gather', 'p2p'\]$"):
+        SkrullConfig(cost_model="h100-assumed", kv_exchange="ring")
     with pytest.raises(ValueError, match=r"skrull.attention_kernel: 'flex' is not one of \['auto', 'dense'"):
         SkrullConfig(cost_model="h100-assumed", attention_kernel="flex")
     assert SkrullConfig(cost_model="h100-assumed").attention_kernel == "auto"

@@ -334,7 +334,7 @@ def test_fsdp_free_running_unequal_micro_batches_gloo(tmp_path):
 
 @pytest.mark.slow
 def test_trainer_refuses_free_running_that_does_not_fit(tmp_path):
-    """The debug job with bucket_size 0 takes the shipped profile's BucketSize (3644),
+    """The debug job with bucket_size "profile" takes the shipped profile's BucketSize (3644),
     derived without free-running's unsharded copies: the trainer refuses at start, one
     line naming the key, the bytes needed and available, exit status 2."""
     import subprocess
@@ -345,7 +345,7 @@ def test_trainer_refuses_free_running_that_does_not_fit(tmp_path):
     env.update(PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
                OMP_NUM_THREADS="1")
     proc = subprocess.run([sys.executable, "-m", "skrull_ext.train", "--config-file", DEBUG, "--training.steps", "1",
-                           "--skrull.free_running", "--skrull.bucket_size", "0", "--dump_folder", str(tmp_path)],
+                           "--skrull.free_running", "--skrull.bucket_size", "profile", "--dump_folder", str(tmp_path)],
                           capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert proc.returncode == 2 and len(errors) == 1, proc.stderr[-3000:]

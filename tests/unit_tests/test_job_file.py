@@ -61,7 +61,12 @@ def test_gpu_job_loads():
          r"skrull.attention_kernel: 'flex' is not one of \['auto', 'dense', 'segments', 'varlen'\]"),
         ("[skrull]\nenable = true\n[dataloader]\nkind = 'packed'", r"skrull.enable needs \[dataloader\] kind = \"skrull\""),
         ("[skrull]\nbucket_size = -1", r"skrull.bucket_size must be in \[1, "),
-        ("[skrull]\nbucket_size = 0", r"skrull.bucket_size = 0 takes BucketSize from a profile file"),
+        ("[skrull]\nbucket_size = 0",
+         r'^skrull.bucket_size must be in \[1, 68719476736\] or "profile" \(the measured profile\'s BucketSize\), got 0$'),
+        ("[skrull]\nbucket_size = 'profile'", r"^skrull.bucket_size = 'profile' takes BucketSize from a profile file, "
+         r"but skrull.cost_model is the hardware preset 'h100-assumed'"),
+        ("[skrull]\nbucket_size = 'measured'", r"^skrull.bucket_size: 'measured' matches none of: expected an integer, "
+         r"got 'measured'; 'measured' is not one of \['profile'\]$"),
         ("[skrull]\ncost_model = 'h200'", r"skrull.cost_model: 'h200' is neither a hardware preset \['h100-assumed'\] nor a profile file"),
         ("[skrull]\ncost_model = 'llama3-debug'",
          r"skrull.cost_model: 'llama3-debug' is a model preset; the shape now comes from the job's \[model\]"),
@@ -127,32 +132,47 @@ def test_skrull_off_uses_torchtitan_batching_of_the_same_data():
 PROFILE = os.path.join(os.path.dirname(__file__), "..", "..", "profiles", "cpu-debug-gloo2.toml")
 
 
-def test_bucket_size_zero_takes_the_profiles_measured_value():
+def test_bucket_size_profile_takes_the_profiles_measured_value():
+    """The section keeps what the user wrote; the built SchedulerConfig holds the integer."""
     config = JobConfigManager().parse_args(
-        ["--config-file", DEBUG, "--skrull.cost_model", PROFILE, "--skrull.bucket_size", "0"])
-    assert config.skrull.bucket_size == 3644  # profiles/cpu-debug-gloo2.toml [memory] bucket_size
+        ["--config-file", DEBUG, "--skrull.cost_model", PROFILE, "--skrull.bucket_size", "profile"])
+    assert config.skrull.bucket_size == "profile"
+    assert config.skrull.resolved_bucket_size() == 3644  # profiles/cpu-debug-gloo2.toml [memory] bucket_size
+    assert config.skrull.scheduler_config(dp=1, cp=2).bucket_size == 3644
+    written = JobConfigManager().parse_args(["--config-file", DEBUG, "--skrull.bucket_size", "300"])
+    assert written.skrull.bucket_size == written.skrull.resolved_bucket_size() == 300
 
 
-def test_bucket_size_zero_needs_a_profile_with_memory(tmp_path):
+def test_bucket_size_zero_is_refused_in_one_line_naming_profile():
+    with pytest.raises(JobFileError) as e:
+        JobConfigManager().parse_args(["--config-file", DEBUG, "--skrull.bucket_size", "0"])
+    assert str(e.value) == ('skrull.bucket_size must be in [1, 68719476736] or "profile" (the measured profile\'s '
+                            'BucketSize), got 0')
+
+
+def test_bucket_size_profile_needs_a_profile_with_memory(tmp_path):
+    from skrull_ext.scheduler.config import SchedulerConfig
     from skrull_ext.train.skrull_config import SkrullConfig
 
     with pytest.raises(ValueError, match="the hardware preset 'h100-assumed'"):
-        SkrullConfig(cost_model="h100-assumed", bucket_size=0)
+        SkrullConfig(cost_model="h100-assumed", bucket_size="profile")
     no_memory = tmp_path / "p.toml"
     with open(PROFILE) as f:
         no_memory.write_text("".join(line for line in f if "bucket_size" not in line))
     with pytest.raises(ValueError, match="has no \\[memory\\] bucket_size"):
-        SkrullConfig(cost_model=str(no_memory), bucket_size=0)
+        SkrullConfig(cost_model=str(no_memory), bucket_size="profile")
+    with pytest.raises(ValueError, match=r"^bucket_size must be in \[1, 68719476736\], got 'profile'$"):
+        SchedulerConfig(bucket_size="profile")  # the core's config holds the resolved integer
 
 
 def test_a_job_at_another_cp_than_its_profile_is_warned():
     from skrull_ext.train.skrull_config import SkrullConfig
 
-    cp1 = SkrullConfig(cost_model=PROFILE, bucket_size=0)  # profiled at cp 1 ([memory] cp = 1)
+    cp1 = SkrullConfig(cost_model=PROFILE, bucket_size="profile")  # profiled at cp 1 ([memory] cp = 1)
     assert cp1.profile_cp_warning(1) is None
     assert "derived its BucketSize for cp 1; this job runs cp 2 (bucket_size 3644)" in cp1.profile_cp_warning(2)
-    cp2 = SkrullConfig(cost_model=PROFILE.replace("gloo2.toml", "gloo2-cp2.toml"), bucket_size=0)
-    assert cp2.bucket_size == 2645 and cp2.profile_cp_warning(2) is None
+    cp2 = SkrullConfig(cost_model=PROFILE.replace("gloo2.toml", "gloo2-cp2.toml"), bucket_size="profile")
+    assert cp2.resolved_bucket_size() == 2645 and cp2.profile_cp_warning(2) is None
     assert "for cp 2; this job runs cp 1" in cp2.profile_cp_warning(1)
     assert SkrullConfig(cost_model="h100-assumed").profile_cp_warning(4) is None  # presets: no profile
 
@@ -197,8 +217,8 @@ def test_cli_profile_reaches_the_scheduler():
     """A profile named on the command line is the one the scheduler plans with
     (tyro sets fields on built configs; the section's profile cache must follow)."""
     config = JobConfigManager().parse_args(["--config-file", DEBUG, "--skrull.cost_model", PROFILE,
-                                            "--skrull.bucket_size", "0"])
-    assert config.skrull.bucket_size == 3644
+                                            "--skrull.bucket_size", "profile"])
+    assert config.skrull.resolved_bucket_size() == 3644
     from skrull_ext.scheduler.profile_file import Profile
 
     profile = Profile.load(PROFILE).cost_model()

@@ -100,7 +100,7 @@ def test_mixture_spent_sources_fail_the_step_naming_training_steps():
 
 def test_mixture_accounting_per_source_adds_up_and_round_trips():
     mix = MixtureSequences(["a", "b"], [Records(30), Records(30)], [3, 1], [None, None], seed=0)
-    limit = LengthLimit(100, "dataloader.max_len 100", "truncate")
+    limit = LengthLimit(100, "truncate", "max_len")
     run = RunAccount(mix.names)
     for step in range(1, 11):
         limit_lengths(limit, mix.global_batch(step, 8), mix, step, run, warn=False)

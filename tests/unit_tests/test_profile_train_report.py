@@ -57,5 +57,6 @@ def test_the_profile_plans_a_job_with_its_own_flags():
     profile = os.path.join(repo, "profiles", "cpu-debug-gloo2-cp2.toml")
     job = ["--config-file", os.path.join(repo, "skrull_ext", "jobs", "debug_cpu.toml"), "--activation_checkpoint.kind", "full"]
     config = JobConfigManager().parse_args(job_argv(profile, job))
-    assert config.skrull.cost_model == profile and config.skrull.bucket_size == 2645
+    assert config.skrull.cost_model == profile and config.skrull.bucket_size == "profile"
+    assert config.skrull.scheduler_config(dp=1, cp=2).bucket_size == 2645
     assert type(config.activation_checkpoint).__qualname__ == "FullAC.Config"

@@ -194,7 +194,7 @@ def test_the_length_limit_reads_no_tokens(tok):
 
     src = Counting(FIXTURE, tok)
     indices = list(range(len(src)))
-    limit = LengthLimit(tokens=40, mode="truncate", source="dataloader.max_len 40")
+    limit = LengthLimit(tokens=40, mode="truncate", by="max_len")
     kept, lengths, losses, account = limit_lengths(limit, indices, src, 1, RunAccount())
     assert Counting.reads == 0 and account.counts.cut > 0
     built_kept, samples, _ = apply_limit(limit, indices, [src[i] for i in indices], src, 1)

@@ -68,10 +68,15 @@ enum class Timeline : int32_t {
   kFreeRunning = 1,  // no collective across DP ranks until the gradient reduction: step = slowest rank's sum
 };
 
+// The defaults below serve C++ callers (tests, the fuzzer). The knobs'
+// defaults live once, in Python (skrull_ext/scheduler/config.py,
+// SchedulingOptions): SchedulerConfig.core_options sets every field declared
+// there, so these never decide a Python run; only sweep_margin and
+// pool_widen are the core's own.
 struct Options {
   int32_t dp = 1;               // DP ranks
   int32_t cp = 1;               // CP ranks per group (N)
-  int64_t bucket_size = 26624;  // BucketSize C: tokens one CP rank can hold (C++ default; Python passes its own)
+  int64_t bucket_size = 26624;  // BucketSize C: tokens one CP rank can hold
   Placement placement = Placement::kLeastLoad;
   Rollback rollback = Rollback::kLongest;
   MicroBatchCount micro_batch_count = MicroBatchCount::kSmallestFeasible;
