@@ -1,0 +1,42 @@
+"""tools/gpu_checks.sh --dry-run: the GPU machine's command, run here on CPU.
+
+GPU time is rare (a lent machine, about 15 minutes, no network), so the
+command must work the first time it meets a GPU. Its dry run goes through
+the same stages at toy sizes: the machine record, the core, the CUDA test
+cases collected (they skip here), and the profiled overlap runs on CPU.
+A stage that breaks shows here as a summary line that is not a pass.
+"""
+
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_gpu_checks_dry_run_passes_every_stage(tmp_path):
+    out = tmp_path / "gpu"
+    env = dict(os.environ, OUT=str(out), PYTHON=sys.executable)
+    proc = subprocess.run(["bash", "tools/gpu_checks.sh", "--dry-run"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=600)
+    summary = (out / "summary.txt").read_text()
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = summary.splitlines()
+    assert lines[0].startswith("torch ") and "devices 0" in lines[0]  # the machine record
+    assert any(line.startswith("core: installed ") for line in lines), summary
+    pytest_line = next(line for line in lines if line.startswith("pytest ("))
+    assert pytest_line.startswith("pytest (rc 0)") and "skipped" in pytest_line, summary
+    cases = [line.split() for line in lines if line.startswith("  ")]
+    assert cases and all(state == "skipped" for state, *_ in cases), summary  # every CUDA case collected, none ran
+    for kernel in ("auto", "dense"):
+        assert f"overlap cp 2 kernel {kernel} (rc 0)" in summary, summary
+    with tarfile.open(out / "gpu_checks.tar.gz") as tar:
+        names = set(tar.getnames())
+    for name in ("logs/env.txt", "logs/pytest_cuda.xml", "overlap_cp2_auto/overlap.json",
+                 "overlap_cp2_dense/rank1.trace.json.gz"):
+        assert f"./{name}" in names, sorted(names)
