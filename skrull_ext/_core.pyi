@@ -42,7 +42,8 @@ class ModelShape:
     hidden: int
     kv_width: int
     bytes_per_elem: int
-    def __init__(self, layers: int, hidden: int, kv_width: int, bytes_per_elem: int = 2) -> None: ...
+    tp: int
+    def __init__(self, layers: int, hidden: int, kv_width: int, bytes_per_elem: int = 2, tp: int = 1) -> None: ...
 
 class CommModel:
     bytes: list[float]

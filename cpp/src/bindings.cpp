@@ -99,18 +99,20 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
   m.attr("MAX_RANKS") = kMaxRanks;
 
   py::class_<ModelShape>(m, "ModelShape")
-      .def(py::init([](int32_t layers, int64_t hidden, int64_t kv_width, int32_t bytes_per_elem) {
-             return ModelShape{layers, hidden, kv_width, bytes_per_elem};
+      .def(py::init([](int32_t layers, int64_t hidden, int64_t kv_width, int32_t bytes_per_elem, int32_t tp) {
+             return ModelShape{layers, hidden, kv_width, bytes_per_elem, tp};
            }),
-           py::arg("layers"), py::arg("hidden"), py::arg("kv_width"), py::arg("bytes_per_elem") = 2)
+           py::arg("layers"), py::arg("hidden"), py::arg("kv_width"), py::arg("bytes_per_elem") = 2,
+           py::arg("tp") = 1)
       .def_readwrite("layers", &ModelShape::layers)
       .def_readwrite("hidden", &ModelShape::hidden)
       .def_readwrite("kv_width", &ModelShape::kv_width)
       .def_readwrite("bytes_per_elem", &ModelShape::bytes_per_elem)
+      .def_readwrite("tp", &ModelShape::tp)
       .def("__repr__", [](const ModelShape& s) {
         std::ostringstream os;
         os << "ModelShape(layers=" << s.layers << ", hidden=" << s.hidden << ", kv_width=" << s.kv_width
-           << ", bytes_per_elem=" << s.bytes_per_elem << ")";
+           << ", bytes_per_elem=" << s.bytes_per_elem << (s.tp != 1 ? ", tp=" + std::to_string(s.tp) : "") << ")";
         return os.str();
       });
 

@@ -20,6 +20,12 @@ Under ``torch.compile`` (torchtitan's per-block ``fullgraph=True``) the
 call is the opaque custom op of compiled.py, which runs :meth:`attend`, this
 same eager code, at run time.
 
+Under tensor parallelism q, k and v arrive as DTensors whose heads (dim 2)
+are sharded over the TP mesh: the call runs on this rank's heads, exchanging
+their K/V over ``group`` (the CP group of this TP rank), and returns a DTensor
+of the same placements, as torchtitan's ``local_map`` around its own inner
+attention does (skrull_ext/train/tensor_parallel.py).
+
 Wiring it into a model (Config/build, the CP group from the device mesh,
 replacing torchtitan's CP wrapper) belongs to the torchtitan integration.
 """
@@ -27,6 +33,7 @@ replacing torchtitan's CP wrapper) belongs to the torchtitan integration.
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from skrull_ext.attention.compiled import dacp_attention_op, DacpLayer
 from skrull_ext.attention.dacp import dacp_attention
@@ -79,9 +86,19 @@ class DacpAttention(nn.Module):
             raise TypeError(
                 f"DacpAttention needs attention_masks to be a DacpBatchMeta, got {type(attention_masks)}"
             )
+        if isinstance(q_BLNH, DTensor):  # TP: this rank's heads, back as the same placements
+            placements = q_BLNH.placements
+            if k_BLNH.placements != placements or v_BLNH.placements != placements:
+                raise TypeError(f"DacpAttention: q, k, v placements differ ({placements}, "
+                                f"{k_BLNH.placements}, {v_BLNH.placements})")
+            out = self._local(q_BLNH.to_local(), k_BLNH.to_local(), v_BLNH.to_local(), attention_masks, scale)
+            return DTensor.from_local(out, q_BLNH.device_mesh, placements, run_check=False)
+        return self._local(q_BLNH, k_BLNH, v_BLNH, attention_masks, scale)
+
+    def _local(self, q_BLNH, k_BLNH, v_BLNH, meta: DacpBatchMeta, scale: float | None) -> torch.Tensor:
         if torch.compiler.is_compiling():
-            return dacp_attention_op(q_BLNH, k_BLNH, v_BLNH, attention_masks, self.layer, scale)
-        return self.attend(q_BLNH, k_BLNH, v_BLNH, attention_masks, scale)
+            return dacp_attention_op(q_BLNH, k_BLNH, v_BLNH, meta, self.layer, scale)
+        return self.attend(q_BLNH, k_BLNH, v_BLNH, meta, scale)
 
     def attend(self, q_BLNH: torch.Tensor, k_BLNH: torch.Tensor, v_BLNH: torch.Tensor,
                meta: DacpBatchMeta, scale: float | None) -> torch.Tensor:

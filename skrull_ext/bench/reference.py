@@ -30,20 +30,21 @@ class RefCost:
     floor: float = 0.0
     per_layer: float = 2.0
     fixed: float = 0.0  # micro_batch_fixed_us: once per micro-batch, not per layer
+    tp: int = 1  # ModelShape.tp: FLOPs and K/V bytes are one TP rank's share
 
     @classmethod
     def of(cls, cm) -> RefCost:
         s, c = cm.shape, cm.comm
         return cls(s.layers, s.hidden, s.kv_width, s.bytes_per_elem, cm.a_us_per_flop, cm.b_us,
                    list(c.bytes), list(c.us), c.threshold_bytes, c.floor_us, c.collectives_per_layer,
-                   cm.micro_batch_fixed_us)
+                   cm.micro_batch_fixed_us, s.tp)
 
     def flops(self, s: int) -> float:
         h, hkv, x = float(self.hidden), float(self.kv_width), float(s)
-        return 20.0 * h * h * x + 4.0 * h * hkv * x + 4.0 * h * x * x
+        return (20.0 * h * h * x + 4.0 * h * hkv * x + 4.0 * h * x * x) / self.tp
 
     def kv_bytes(self, s: int) -> float:
-        return 2.0 * float(s) * float(self.kv_width) * self.bytes_per_elem
+        return 2.0 * float(s) * float(self.kv_width) * self.bytes_per_elem / self.tp
 
     def comp(self, f: float) -> float:
         return self.a * f + self.b if f > 0.0 else 0.0

@@ -57,12 +57,16 @@ def kv_width(attn: Any, dim: int) -> int:
     return dim  # MHA without an explicit head_dim: h_kv = h
 
 
-def spec_shape(model_config: Any, dtype: torch.dtype) -> ModelShape:
-    """Shape of a decoder config (a ModelSpec's ``model``) computing in ``dtype``."""
+def spec_shape(model_config: Any, dtype: torch.dtype, tp: int = 1) -> ModelShape:
+    """Shape of a decoder config (a ModelSpec's ``model``) computing in ``dtype``,
+    its heads and columns split over ``tp`` ranks (the cost model prices one rank's share)."""
     dim = int(model_config.dim)
-    return ModelShape(len(model_config.layers), dim, kv_width(model_config.first_attention, dim), dtype.itemsize)
+    return ModelShape(len(model_config.layers), dim, kv_width(model_config.first_attention, dim), dtype.itemsize,
+                      tp=tp)
 
 
 def job_shape(config: Any, world_size: int) -> ModelShape:
-    """Shape of the model a job trains on ``world_size`` ranks."""
-    return spec_shape(config.model_spec.model, compute_dtype(config, world_size))
+    """Shape of the model a job trains on ``world_size`` ranks, as one rank of its
+    TP group computes it (``parallelism.tensor_parallel_degree``)."""
+    return spec_shape(config.model_spec.model, compute_dtype(config, world_size),
+                      config.parallelism.tensor_parallel_degree)

@@ -90,8 +90,9 @@ def _check(d: dict[str, Any], where: str, need_model: bool) -> None:
                     raise ValueError(f"{where}: unknown field {section}.{key}; allowed: {sorted(required | optional)}")
 
 
-def from_dict(d: dict[str, Any], where: str = "profile") -> CostModel:
-    """Cost model of a complete profile dict (with its [model] section)."""
+def from_dict(d: dict[str, Any], where: str = "profile", tp: int = 1) -> CostModel:
+    """Cost model of a complete profile dict (with its [model] section), pricing one
+    rank of a TP group of ``tp`` (the job's degree, not the profile's: ``ModelShape.tp``)."""
     _check(d, where, need_model=True)
     m, c, k = d["model"], d["compute"], d["comm"]
     mb = d.get("micro_batch", {})
@@ -107,7 +108,7 @@ def from_dict(d: dict[str, Any], where: str = "profile") -> CostModel:
 
     try:
         return CostModel(
-            shape=ModelShape(*(num("model", m, key, int) for key in _SHAPE_KEYS)),
+            shape=ModelShape(*(num("model", m, key, int) for key in _SHAPE_KEYS), tp=tp),
             a_us_per_flop=num("compute", c, "a_us_per_flop"),
             b_us=num("compute", c, "b_us"),
             comm=CommModel(
@@ -311,7 +312,7 @@ class Profile:
                 d["model"] = want
         elif not self.has_model:
             raise ValueError(f"{self.path}: a hardware profile (no [model]) needs the model shape to price")
-        return from_dict(d, where=self.path)
+        return from_dict(d, where=self.path, tp=1 if shape is None else shape.tp)
 
     @property
     def bucket_size(self) -> int | None:

@@ -5,6 +5,7 @@
   ``--section.key`` flags into a torchtitan ``Trainer.Config`` (``[skrull]`` is ``SkrullConfig``),
   and the named configs for torchtitan's own ``--module skrull_ext.train --config NAME``;
 - ``job_checks``, ``resume_checks``: a whole job checked before any model is built;
+  ``tensor_parallel``: how TP composes with DACP, and the parallelism Skrull refuses (PP);
 - ``trainer``: ``SkrullTrainer``, torchtitan's Trainer fed by the scheduling dataloader;
   ``free_running``, ``validation``, ``watchdog``, ``step_checks``, ``plan_log``: its parts.
 

@@ -20,6 +20,7 @@ import shutil
 import types
 
 from skrull_ext.errors import JobFileError
+from skrull_ext.train.tensor_parallel import check_skrull_parallelism
 
 __all__ = ["check_job"]
 
@@ -194,6 +195,7 @@ def _check_skrull(config, on_cpu: bool) -> None:
         skrull.check_free_running()
     except ValueError as e:
         raise JobFileError(str(e)) from None
+    check_skrull_parallelism(config, on_cpu)  # PP refused, TP's limits (tensor_parallel.py)
 
 
 def _cxx_found() -> bool:

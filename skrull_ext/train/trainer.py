@@ -61,6 +61,7 @@ from skrull_ext.train.plan_log import PlanLog
 from skrull_ext.train.resume_checks import check_continue
 from skrull_ext.train.skrull_config import SkrullConfig
 from skrull_ext.train.step_checks import RatioSpread, check_plan_digests, step_log_line, step_metrics
+from skrull_ext.train.tensor_parallel import pp_refusal
 from skrull_ext.train.validation import Validation, ValidationConfig
 from skrull_ext.train.watchdog import SkrullComm, start_heartbeat
 from torchtitan_patches import logs
@@ -124,11 +125,8 @@ class SkrullTrainer(Trainer):
             if not self.skrull.enable and isinstance(self.dataloader, SkrullDataLoader.Config):
                 # Same data, torchtitan's batching: the switch works from the CLI.
                 self.dataloader = derive(self.dataloader, PackedDataLoader.Config)
-            p = self.parallelism
-            if self.skrull.enable and (
-                p.pipeline_parallel_degree > 1 or p.tensor_parallel_degree > 1
-            ):
-                raise ValueError("skrull.enable supports DP (FSDP/HSDP) x CP only, not PP or TP yet")
+            if self.skrull.enable and self.parallelism.pipeline_parallel_degree > 1:
+                raise ValueError(pp_refusal(self.parallelism.pipeline_parallel_degree))
 
     config: Config
 
@@ -217,7 +215,7 @@ class SkrullTrainer(Trainer):
         logger.info(
             f"Skrull: policy {skrull.policy}, bucket_size {scheduler.config.bucket_size}"
             + (" (the profile's)" if skrull.bucket_size == FROM_PROFILE else "") + ", "
-            f"DP {self.dataloader.dp_world_size} x CP {dims.cp}, cp_rank {cp_rank}, "
+            f"DP {self.dataloader.dp_world_size} x CP {dims.cp} x TP {dims.tp}, cp_rank {cp_rank}, "
             f"attention kernel {skrull.attention_kernel}, timeline {timeline}"
             + (" (free_running: FSDP parameters unsharded for each step, no pad passes)" if skrull.free_running else "")
         )

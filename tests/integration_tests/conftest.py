@@ -96,6 +96,12 @@ class SkrullRuns:
         "cp2_compile": (2, ["--parallelism.context_parallel_degree", "2", "--compile.enable"]),
         "cp2_compile_ac_full": (2, ["--parallelism.context_parallel_degree", "2", "--compile.enable",
                                     "--activation_checkpoint.kind", "full"]),
+        # torchtitan's tensor parallelism (its llama3 plan: heads and MLP columns split, sequence
+        # parallel norms, vocab-sharded logits) under DACP, with CP and with FSDP (test_parity_tp.py).
+        "tp2cp2": (4, ["--parallelism.context_parallel_degree", "2", "--parallelism.tensor_parallel_degree", "2"]),
+        # Without CP a rank holds every sequence whole: bucket_size 512, the debug data's longest.
+        "dp2tp2": (4, ["--parallelism.data_parallel_shard_degree", "2", "--parallelism.tensor_parallel_degree", "2",
+                       "--skrull.defer_grad_sync", "--skrull.bucket_size", "512"]),
         # FSDP's bf16 parameters, the GPU jobs' setting (test_bf16_parity.py). The frozen CPU profile
         # is float32-shaped (a profile prices one dtype), so these plan with the h100-assumed preset,
         # which takes its shape from the job.

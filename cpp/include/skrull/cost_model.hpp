@@ -28,12 +28,18 @@ constexpr double kMaxUsPerFlop = 1.0;            // a_us_per_flop: 1 MFLOP/s
 constexpr double kMaxUs = 1e9;                   // b_us, comm.us, floor_us: 1000 s
 constexpr double kMaxCollectivesPerLayer = 1e3;
 constexpr double kMaxMicroBatchFixedUs = 1e9;    // micro_batch_fixed_us: 1000 s
+constexpr int32_t kMaxTensorParallel = 1 << 10;   // tp
 
 struct ModelShape {
   int32_t layers = 24;        // transformer blocks
   int64_t hidden = 896;       // h
   int64_t kv_width = 128;     // h_kv = kv_heads * head_dim
   int32_t bytes_per_elem = 2; // bf16
+  // Tensor-parallel degree: each rank holds n_heads / tp attention heads
+  // (kv_width / tp of K/V) and 1 / tp of every projection and MLP column, so
+  // a rank's FLOPs and the K/V bytes it exchanges over its CP group are the
+  // layer's divided by tp. 1: no TP.
+  int32_t tp = 1;
 };
 
 // Piecewise-linear latency of one collective by message size. Below
@@ -91,6 +97,8 @@ struct CostModel {
       fail("kv_width must be in [1, " + std::to_string(kMaxWidth) + "], got " + std::to_string(shape.kv_width));
     if (shape.bytes_per_elem < 1 || shape.bytes_per_elem > 16)
       fail("bytes_per_elem must be in [1, 16], got " + std::to_string(shape.bytes_per_elem));
+    if (shape.tp < 1 || shape.tp > kMaxTensorParallel)
+      fail("tp must be in [1, " + std::to_string(kMaxTensorParallel) + "], got " + std::to_string(shape.tp));
     if (!in(a_us_per_flop, kMaxUsPerFlop))
       fail("a_us_per_flop must be finite and in [0, " + num(kMaxUsPerFlop) + "], got " + num(a_us_per_flop));
     if (!in(b_us, kMaxUs)) fail("b_us must be finite and in [0, " + num(kMaxUs) + "], got " + num(b_us));
@@ -119,19 +127,21 @@ struct CostModel {
            num(micro_batch_fixed_us));
   }
 
-  // Forward FLOPs of one layer for one sequence of s tokens:
-  // 20 h^2 s + 4 h h_kv s + 4 h s^2 (projections + MLP, K/V, attention).
+  // Forward FLOPs of one layer for one sequence of s tokens on one rank of
+  // its TP group: (20 h^2 s + 4 h h_kv s + 4 h s^2) / tp (projections + MLP,
+  // K/V, attention; TP splits each term's heads or columns evenly).
   double flops(int64_t s) const {
     const double h = static_cast<double>(shape.hidden);
     const double hkv = static_cast<double>(shape.kv_width);
     const double x = static_cast<double>(s);
-    return 20.0 * h * h * x + 4.0 * h * hkv * x + 4.0 * h * x * x;
+    return (20.0 * h * h * x + 4.0 * h * hkv * x + 4.0 * h * x * x) / shape.tp;
   }
 
-  // K and V bytes of one layer for s tokens. A double: summed over a
+  // K and V bytes of one layer for s tokens, as one rank of its TP group
+  // holds and exchanges them (its kv_width / tp). A double: summed over a
   // micro-batch at the accepted extremes it would overflow int64.
   double kv_bytes(int64_t s) const {
-    return 2.0 * static_cast<double>(s) * static_cast<double>(shape.kv_width) * shape.bytes_per_elem;
+    return 2.0 * static_cast<double>(s) * static_cast<double>(shape.kv_width) * shape.bytes_per_elem / shape.tp;
   }
 
   // Forward+backward time of F forward FLOPs of one layer.

@@ -1,0 +1,52 @@
+"""Skrull under torchtitan's tensor parallelism matches torchtitan's 1-process training.
+
+From the shared seed checkpoint, float32, gloo, 4 processes each: TP 2 x CP 2
+(DACP exchanging each TP rank's own heads' K/V over its CP group) and DP 2 x
+TP 2 (FSDP over the DP ranks, every sequence local), against the same
+1-process reference and to the same standard as test_parity_skrull.py: the 5
+losses within 1e-4 and every parameter's gradient at the check step within
+GRAD. torchtitan's TP plan splits the attention heads and MLP columns, runs
+sequence-parallel norms and vocab-sharded logits (skrull_ext/train/tensor_parallel.py).
+"""
+
+import pytest
+
+from tests.integration_tests.conftest import CHECK_STEP
+from tests.integration_tests.test_parity_skrull import _matches_reference_losses_and_grads
+
+HEAD_DIM, KV_HEADS, ELEM = 16, 16, 4
+"""The debug model's K/V: 16 heads of 16 float32 values (MHA, dim 256)."""
+
+
+def _kv_bytes_per_dist_token(run) -> list[float]:
+    """Rank 0's K/V bytes sent per distributed token, per step (over all layers' calls)."""
+    sent, tokens = run.scalars("skrull/dacp_fwd_bytes"), run.scalars("skrull/dacp_dist_tokens")
+    return [b / t for b, t in zip(sent, tokens) if t]
+
+
+@pytest.mark.slow
+def test_tp_parity_tp2_cp2(skrull_runs, reference):
+    """Losses and gradients as the reference; local and distributed sequences at the
+    check step; each TP rank gathers only its own 8 of the 16 K/V heads over its CP
+    group: (cp - 1) x K and V x 8 heads x 16 x 4 bytes per distributed token."""
+    run = skrull_runs["tp2cp2"]
+    assert "DP 1 x CP 2 x TP 2" in run.output
+    _matches_reference_losses_and_grads(run, reference)
+    assert sum(run.scalars("skrull/truncated")) == sum(run.scalars("skrull/dropped")) == 0
+    k = CHECK_STEP - 1  # the TP-priced plan (FLOPs and K/V bytes halved) mixes local and distributed there
+    assert run.scalars("skrull/dacp_local_seqs")[k] > 0 and run.scalars("skrull/dacp_dist_seqs")[k] > 0
+    per_token = _kv_bytes_per_dist_token(run)
+    print(f"K/V bytes sent per distributed token, rank 0, per step: {per_token}")
+    assert per_token and all(b == (2 - 1) * 2 * (KV_HEADS // 2) * HEAD_DIM * ELEM for b in per_token), per_token
+
+
+@pytest.mark.slow
+def test_tp_parity_dp2_tp2(skrull_runs, reference):
+    """FSDP over 2 DP ranks x TP 2 (no CP: every sequence whole on its rank, bucket_size
+    512 so that none is cut), gradients reduce-scattered once per step as in
+    test_parity_skrull's dp2cp2."""
+    run = skrull_runs["dp2tp2"]
+    assert "DP 2 x CP 1 x TP 2" in run.output
+    _matches_reference_losses_and_grads(run, reference)
+    assert sum(run.scalars("skrull/truncated")) == sum(run.scalars("skrull/dropped")) == 0
+    assert sum(run.scalars("skrull/dacp_fwd_bytes")) == 0
