@@ -41,6 +41,7 @@ from torch.profiler import record_function
 from torchtitan.components.dataloader import DataloaderExhaustedError
 from torchtitan.config.override import derive
 from torchtitan.distributed import utils as dist_utils
+from torchtitan.observability import structured_logger as sl
 from torchtitan.tools.logging import logger
 from torchtitan.trainer import Trainer
 
@@ -140,7 +141,8 @@ class SkrullTrainer(JobTrainer):
             ``--skrull.no-enable``, torchtitan's ``--module/--config``)."""
             if kwargs:
                 raise ValueError(f"a trainer takes no build() arguments, got {sorted(kwargs)}")
-            return self.trainer_class(config=dataclasses.replace(self))
+            with sl.log_trace_span(f"{type(self).__qualname__}.build"):
+                return self.trainer_class(config=dataclasses.replace(self))
 
     config: Config
 
