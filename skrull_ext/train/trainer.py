@@ -106,6 +106,23 @@ class SkrullTrainer(JobTrainer):
         validation: ValidationConfig = field(default_factory=ValidationConfig)
         """A held-out set's loss every N steps and at the end, batched by Skrull (validation.py)."""
 
+        @property
+        def trainer_class(self) -> type[JobTrainer]:
+            """The trainer this job runs, resolved from ``skrull.enable`` here only
+            (as ``__post_init__`` resolves the dataloader): this class's owner
+            (SkrullTrainer) with Skrull on, else PackedTrainer, torchtitan's batching."""
+            return self._owner if self.skrull.enable else PackedTrainer
+
+        def build(self, **kwargs) -> JobTrainer:
+            """torchtitan's ``Configurable.Config.build()`` (the trainer gets a copy),
+            building ``trainer_class`` rather than always the owner: the choice
+            follows the final config, whichever launcher parsed it (a job file,
+            ``--skrull.no-enable``, torchtitan's ``--module/--config``)."""
+            if kwargs:
+                raise ValueError(f"a trainer takes no build() arguments, got {sorted(kwargs)}")
+            with sl.log_trace_span(f"{type(self).__qualname__}.build"):
+                return self.trainer_class(config=dataclasses.replace(self))
+
         def __post_init__(self):
             Trainer.Config.__post_init__(self)
             if self.skrull.enable and not isinstance(self.dataloader, SkrullDataLoader.Config):
@@ -126,23 +143,6 @@ class SkrullTrainer(JobTrainer):
                 p.pipeline_parallel_degree > 1 or p.tensor_parallel_degree > 1
             ):
                 raise ValueError("skrull.enable supports DP (FSDP/HSDP) x CP only, not PP or TP yet")
-
-        @property
-        def trainer_class(self) -> type[JobTrainer]:
-            """The trainer this job runs, resolved from ``skrull.enable`` here only
-            (as ``__post_init__`` resolves the dataloader): this class's owner
-            (SkrullTrainer) with Skrull on, else PackedTrainer, torchtitan's batching."""
-            return self._owner if self.skrull.enable else PackedTrainer
-
-        def build(self, **kwargs) -> JobTrainer:
-            """torchtitan's ``Configurable.Config.build()`` (the trainer gets a copy),
-            building ``trainer_class`` rather than always the owner: the choice
-            follows the final config, whichever launcher parsed it (a job file,
-            ``--skrull.no-enable``, torchtitan's ``--module/--config``)."""
-            if kwargs:
-                raise ValueError(f"a trainer takes no build() arguments, got {sorted(kwargs)}")
-            with sl.log_trace_span(f"{type(self).__qualname__}.build"):
-                return self.trainer_class(config=dataclasses.replace(self))
 
     config: Config
 
