@@ -14,9 +14,20 @@ assigns into torchtitan (``tests/unit_tests/test_package.py``).
 torchtitan 0.3.0 assumes an accelerator. Every workaround skrull-ext needs to
 train on CPU lives here, each as one entry of ``FIXES`` with a predicate
 saying when it applies, so on a CUDA machine ``apply()`` changes nothing.
-Nothing is patched at import time: call ``apply()`` (process-wide fixes)
-before building the Trainer, and ``apply(config)`` to also adjust a
-``Trainer.Config`` (``SkrullTrainer`` and ``skrull_ext.train`` do both).
+Nothing is patched at import time: ``apply(config)`` applies the
+process-wide fixes and adjusts a ``Trainer.Config``, before the Trainer is
+built. It is called from one place per kind of entry:
+
+- ``skrull_ext.train.job_file.load_config``: skrull-ext's command lines
+  (``python -m skrull_ext.train``, the profiler, the checks), before the job
+  is checked or anything is built;
+- ``skrull_ext.train.job_trainer.JobTrainer.__init__``: every skrull-ext
+  trainer, whatever made its config (torchtitan's ``--module skrull_ext.train
+  --config NAME`` launcher, a test building a ``SkrullTrainer`` in Python);
+- ``skrull_ext.train.config_registry.llama3_debugmodel_cpu``: torchtitan's
+  own Trainer, which has no hook of its own.
+
+A config given twice (the trainer's copy of one load_config fixed) gets the same values.
 
 Checked against torch 2.13.0+cpu, torchtitan 0.3.0, triton 3.7.1. Not a fix
 but a pin: torchtitan 0.3.0 imports triton unconditionally (via

@@ -24,7 +24,7 @@ runs draw their init bit for bit alike (test_reproducible.py), and LoRA's
 adapters draw from their own generator (lora/converter.py).
 
 ``install()`` is idempotent; ``skrull_ext.train`` calls it after
-``init_logger`` and ``SkrullTrainer`` again (for ``torchtitan.train``).
+``init_logger`` and ``JobTrainer`` again (for ``torchtitan.train``).
 """
 
 from __future__ import annotations

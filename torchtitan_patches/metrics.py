@@ -15,7 +15,7 @@ logs none (``mfu: N/A``, no ``mfu(%)`` tag), as torchtitan does under
 quantization. The CPU memory figures come from ``torchtitan_patches``'s CPU
 device module (the process's peak resident memory).
 
-Installed by ``use_run_metrics(config)`` (SkrullTrainer calls it beside
+Installed by ``use_run_metrics(config)`` (JobTrainer calls it beside
 ``torchtitan_patches.apply``); the rest of the processor is torchtitan's.
 """
 

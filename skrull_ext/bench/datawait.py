@@ -88,8 +88,8 @@ def run_mode(args, prefetch: int) -> dict:
 
 
 def render(results: list[dict], step_ms: float) -> str:
-    rows = [f"| prefetch_steps | wait mean | wait p50 | wait max | wait mean / T | wait max / T | "
-            f"data path per step, mean / max | of which CP-SAT, mean / max | first step (wait) |",
+    rows = ["| prefetch_steps | wait mean | wait p50 | wait max | wait mean / T | wait max / T | "
+            "data path per step, mean / max | of which CP-SAT, mean / max | first step (wait) |",
             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         w, p, b, c = r["wait_ms"], r["wait_pct_of_step"], r["build_ms"], r["cpsat_ms"]

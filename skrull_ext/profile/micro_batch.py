@@ -48,7 +48,6 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import torch
 import torch.distributed as dist
 
 from skrull_ext.profile.fit import PolyFit, fit_poly

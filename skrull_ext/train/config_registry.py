@@ -21,12 +21,9 @@ from skrull_ext.train.trainer import SkrullTrainer
 
 
 def _job(name: str, config_cls: type[Trainer.Config] = SkrullTrainer.Config, **kwargs):
-    """Load a shipped job file. Also applies the CPU fixes: torchtitan.train
-    calls the registry function before it builds anything, and a plain
-    torchtitan Trainer has no other hook to apply them from."""
-    config = load_job(os.path.join(JOBS_DIR, name), config_cls=config_cls, **kwargs)
-    torchtitan_patches.apply(config)
-    return config
+    """Load a shipped job file. The trainer it builds applies the CPU fixes
+    (torchtitan_patches) when torchtitan's launcher builds it."""
+    return load_job(os.path.join(JOBS_DIR, name), config_cls=config_cls, **kwargs)
 
 
 def skrull_llama3_debugmodel() -> SkrullTrainer.Config:
@@ -39,6 +36,9 @@ def llama3_debugmodel_cpu() -> Trainer.Config:
     the baseline Skrull runs are compared with."""
     config = _job("debug_cpu.toml", config_cls=Trainer.Config, ignore=("skrull",))
     config.dataloader = derive(config.dataloader, PackedDataLoader.Config)
+    # torchtitan.train calls this function before it builds anything, and its
+    # own Trainer has no other hook for the CPU fixes.
+    torchtitan_patches.apply(config)
     return config
 
 

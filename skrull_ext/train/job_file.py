@@ -433,9 +433,9 @@ def _has_job(argv: list[str]) -> bool:
 def load_config(argv: list[str] | None = None, *, module: str = "skrull_ext.train",
                 world_size: int | None = None, check: bool = True):
     """The job config of a command line, for every skrull-ext entry point
-    (training, profiler, checks). Order matters: the process-wide CPU fixes
-    come before parsing (torchtitan binds its device when its modules are
-    first used), the config's own fixes after it. The whole config is then
+    (training, profiler, checks), with the CPU fixes applied
+    (``torchtitan_patches.apply``: this is where a command line gets them,
+    before ``check_job`` and whatever the tool builds). The whole config is then
     checked against this launch (``job_checks.check_job``; ``world_size``
     overrides ``WORLD_SIZE``, e.g. for a profile of a larger job; ``check``
     false skips that: a tool that only reads the job's data, ahead of the
@@ -451,7 +451,6 @@ def load_config(argv: list[str] | None = None, *, module: str = "skrull_ext.trai
         if _rank() == 0:
             print(USAGE.format(module=module, jobs=_shipped_jobs()), file=sys.stdout if asked else sys.stderr, end="")
         raise SystemExit(0 if asked else 2)
-    torchtitan_patches.apply()
     try:
         config = JobConfigManager().parse_args(argv)
     except JobFileError:

@@ -1,26 +1,29 @@
-"""SkrullTrainer: torchtitan's Trainer with a ``[skrull]`` config section.
+"""SkrullTrainer and every job's config (``SkrullTrainer.Config``).
 
-The CPU compatibility fixes (``torchtitan_patches``) are applied first thing,
-so every way of launching gets them. With ``skrull.enable = false`` this is
-torchtitan's own trainer: same batching, same loss, same step.
+The config holds torchtitan's sections plus ``[skrull]``, ``[lora]``,
+``[validation]`` and the heartbeat of ``[comm]``, and chooses the trainer:
+``config.build()`` builds ``SkrullTrainer`` with ``skrull.enable``, else
+``PackedTrainer`` (packed_trainer.py: torchtitan's own batching, loss and
+step on the same data). What both share is ``JobTrainer`` (job_trainer.py).
 
-With it on, each step is one ``SkrullStep`` from ``SkrullDataLoader``: the
-gradient is accumulated over the plan's micro-batches (as many as the
-slowest DP rank has; others run no-op pads; under ``skrull.free_running``
-each DP rank runs its own, FSDP parameters held unsharded for the step:
-free_running.py), each CP rank feeding its own
-buffer to the model, attention being the DACP attention over the CP group
-(local sequences whole, distributed ones by all-gathered K/V). The loss is
-the sum of token losses over the number of loss tokens of the whole global
-batch, so the gradient does not depend on the schedule (docs/design/method.md, "Loss").
+SkrullTrainer replaces torchtitan's batch loop, nothing else: each step is
+one ``SkrullStep`` from ``SkrullDataLoader``, the gradient accumulated over
+the plan's micro-batches (as many as the slowest DP rank has; others run
+no-op pads; under ``skrull.free_running`` each DP rank runs its own, FSDP
+parameters held unsharded for the step: free_running.py), each CP rank
+feeding its own buffer to the model, attention being the DACP attention over
+the CP group (local sequences whole, distributed ones by all-gathered K/V).
+The loss is the sum of token losses over the number of loss tokens of the
+whole global batch, so the gradient does not depend on the schedule
+(docs/design/method.md, "Loss").
 
-Every Skrull step, before the optimizer touches the weights, the global loss
-and the gradient norm must be finite (under torchtitan's batching, the
-gradients: an optimizer pre-step hook): otherwise the step stops with an
-error naming it and its samples (their ``file:line`` for JSONL). Both dataloaders
-apply the length limit (``skrull.overlength``, datasets/overlength.py) and
-count every sample read; the run ends with the summary ``read = trained whole
-+ trained cut + skipped`` (datasets/accounting.py).
+Every step, before the optimizer touches the weights, the global loss and
+the gradient norm must be finite, otherwise the step stops with an error
+naming it and its samples (their ``file:line`` for JSONL); PackedTrainer
+checks the gradients the same way. Both dataloaders apply the length limit
+(``skrull.overlength``, data/overlength.py) and count every sample read; the
+run ends with the summary ``read = trained whole + trained cut + skipped``
+(data/accounting.py).
 """
 
 import dataclasses
@@ -34,39 +37,32 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
-from torch.distributed.tensor import DTensor
 from torch.profiler import record_function
 from torchtitan.components.dataloader import DataloaderExhaustedError
 from torchtitan.config.override import derive
 from torchtitan.distributed import utils as dist_utils
-from torchtitan.models.common.config_utils import decoder_vocab_size
+from torchtitan.observability import structured_logger as sl
 from torchtitan.tools.logging import logger
 from torchtitan.trainer import Trainer
 
-import torchtitan_patches
-from skrull_ext.data.accounting import sample_metrics
-from skrull_ext.data.overlength import check_overlength, location
+from skrull_ext.data.overlength import check_overlength
 from skrull_ext.data.packed import PackedDataLoader
 from skrull_ext.data.scheduling import SkrullDataLoader, SkrullStep
 from skrull_ext.errors import JobFileError
-from skrull_ext.hf.checks import check_hf_folder
-from skrull_ext.hf.folder import HFExport
-from skrull_ext.lora import LoRAConfig, apply_lora
-from skrull_ext.lora.train import save_lora_outputs
+from skrull_ext.lora import LoRAConfig
 from skrull_ext.scheduler.config import FROM_PROFILE, job_timeline
 from skrull_ext.scheduler.model_shape import DTYPES, job_shape
 from skrull_ext.scheduler.profile_file import free_running_bytes
 from skrull_ext.train.free_running import FreeRunningFSDP
+from skrull_ext.train.job_trainer import JobTrainer, NonFiniteLossError, name_samples
+from skrull_ext.train.packed_trainer import PackedTrainer
 from skrull_ext.train.plan_log import PlanLog
-from skrull_ext.train.resume_checks import check_continue
 from skrull_ext.train.skrull_config import SkrullConfig
 from skrull_ext.train.step_checks import RatioSpread, check_plan_digests, step_log_line, step_metrics
 from skrull_ext.train.tensor_parallel import pp_refusal
 from skrull_ext.train.validation import Validation, ValidationConfig
-from skrull_ext.train.watchdog import SkrullComm, start_heartbeat
-from torchtitan_patches import logs
+from skrull_ext.train.watchdog import SkrullComm
 from torchtitan_patches.dacp_attention import install_dacp_attention
-from torchtitan_patches.metrics import use_run_metrics
 
 
 def resolve_device_defaults(config) -> None:
@@ -85,19 +81,15 @@ def resolve_device_defaults(config) -> None:
         logger.info("Skrull: training.disable_cuda_graphs set (a CUDA graph cannot replay DACP micro-batches)")
 
 
-class NonFiniteLossError(RuntimeError):
-    """A step's loss or gradient norm is not finite; the optimizer did not step."""
+class SkrullTrainer(JobTrainer):
+    """JobTrainer fed whole Skrull steps: its own batch_generator and the
+    micro-batch loop of train_step (the scheduler and the DACP attention set up
+    after torchtitan's model)."""
 
-
-def name_samples(source, indices: list[int], most: int = 8) -> str:
-    """The samples of a step, with their records (``file:line``) where the source knows them."""
-    names = [f"{i} ({location(source, i)})" if hasattr(source, "location") else str(i) for i in indices[:most]]
-    return ", ".join(names) + (f" and {len(indices) - most} more" if len(indices) > most else "")
-
-
-class SkrullTrainer(Trainer):
     @dataclass(kw_only=True, slots=True)
     class Config(Trainer.Config):
+        """Every skrull-ext job's config, Skrull on or off (``trainer_class``)."""
+
         skrull: SkrullConfig = field(default_factory=SkrullConfig)
         """How Skrull schedules each global batch (see skrull_config.py)."""
 
@@ -109,6 +101,23 @@ class SkrullTrainer(Trainer):
 
         validation: ValidationConfig = field(default_factory=ValidationConfig)
         """A held-out set's loss every N steps and at the end, batched by Skrull (validation.py)."""
+
+        @property
+        def trainer_class(self) -> type[JobTrainer]:
+            """The trainer this job runs, resolved from ``skrull.enable`` here only
+            (as ``__post_init__`` resolves the dataloader): this class's owner
+            (SkrullTrainer) with Skrull on, else PackedTrainer, torchtitan's batching."""
+            return self._owner if self.skrull.enable else PackedTrainer
+
+        def build(self, **kwargs) -> JobTrainer:
+            """torchtitan's ``Configurable.Config.build()`` (the trainer gets a copy),
+            building ``trainer_class`` rather than always the owner: the choice
+            follows the final config, whichever launcher parsed it (a job file,
+            ``--skrull.no-enable``, torchtitan's ``--module/--config``)."""
+            if kwargs:
+                raise ValueError(f"a trainer takes no build() arguments, got {sorted(kwargs)}")
+            with sl.log_trace_span(f"{type(self).__qualname__}.build"):
+                return self.trainer_class(config=dataclasses.replace(self))
 
         def __post_init__(self):
             Trainer.Config.__post_init__(self)
@@ -131,58 +140,24 @@ class SkrullTrainer(Trainer):
     config: Config
 
     def __init__(self, config: Config):
-        torchtitan_patches.apply(config)
-        logs.install()  # rank 0's lines only; skrull_ext.train installs it sooner
-        use_run_metrics(config)  # a TensorBoard folder per run; no MFU on CPU
-        resolve_device_defaults(config)
-        apply_lora(config)  # before torchtitan builds config.model_spec.model
         self.plan_log: PlanLog | None = None
         self.validation: Validation | None = None
         """The held-out set's loss ([validation], validation.py); None when off."""
         self.free_running: FreeRunningFSDP | None = None
         """The step's FSDP switches under ``skrull.free_running`` (free_running.py)."""
-        if config.skrull.enable:  # a profile of another model fails here, before any model is built
-            self.model_shape = job_shape(config, int(os.environ.get("WORLD_SIZE", "1")))
-            config.skrull.check_shape(self.model_shape, self._model_name(config))
-        ckpt = config.checkpoint
-        if ckpt.enable and ckpt.initial_load_in_hf and ckpt.initial_load_path:
-            check_hf_folder(ckpt.initial_load_path, config.model_spec)  # a bad folder fails before any model
-        check_continue(config)  # a HF last save cannot continue a run: one line naming checkpoint.load_step
-        self.hf_export = HFExport.of_job(config)  # before the trainer shrinks the RoPE cache
-        """What the HF folders the run writes when it ends carry besides weights (None: it writes none)."""
         self.ratio_spread = RatioSpread()
         self.data_wait_ms: list[float] = []
         """Per step, how long the training loop waited for its data (``skrull/data_wait_ms``)."""
-        self.stopped_step: tuple[int, int] | None = None
-        """(step, samples read) of a step stopped before its optimizer step (non-finite loss)."""
         super().__init__(config)
-        vocab, model_vocab = self.tokenizer.get_vocab_size(), decoder_vocab_size(config.model_spec)
-        if vocab > model_vocab:
-            raise ValueError(
-                f"the tokenizer's vocabulary ({vocab}) is larger than the model's ({model_vocab}): "
-                "token ids would index past the embedding"
-            )
-        if config.skrull.enable:
-            self._init_skrull()
-        elif isinstance(self.dataloader, PackedDataLoader):  # torchtitan's batching: the same limit and counts
-            self.dataloader.set_overlength(config.skrull.overlength)
-            check_overlength(self.dataloader, first_step=1, last_step=config.training.steps)
-            self.dataloader.check_rows(first_step=1, last_step=config.training.steps)
-            self.optimizers.register_step_pre_hook(self._stop_on_non_finite_grads)
-            self._log_samples_with_torchtitans_metrics()
+        self._init_skrull()
 
     # ------------------------------------------------------------------ setup
-    def _log_samples_with_torchtitans_metrics(self) -> None:
-        """Under torchtitan's batching its own train_step logs the step: add the
-        same ``skrull/samples_*`` tags Skrull's steps log, so the accounting
-        reads the same in TensorBoard under both batchings."""
-        log, loader = self.metrics_processor.log, self.dataloader
-
-        def log_with_samples(step, *args, extra_metrics=None, **kwargs):
-            samples = sample_metrics(loader.last_counts, loader.account.totals.as_dict())
-            return log(step, *args, extra_metrics={**(extra_metrics or {}), **samples}, **kwargs)
-
-        self.metrics_processor.log = log_with_samples
+    def _before_model(self, config: Config) -> None:
+        """The device defaults Skrull cannot keep, and the cost model's shape: a
+        profile of another model fails here, before any model is built."""
+        resolve_device_defaults(config)
+        self.model_shape = job_shape(config, int(os.environ.get("WORLD_SIZE", "1")))
+        config.skrull.check_shape(self.model_shape, self._model_name(config))
 
     def _init_skrull(self) -> None:
         dims = self.parallel_dims
@@ -245,53 +220,16 @@ class SkrullTrainer(Trainer):
             logger.info(f"Skrull: free_running holds {unsharded / 2**20:.1f} MiB of unsharded parameters and "
                         f"gradients per rank (fits the profile's usable memory)")
 
-    def train(self) -> None:
-        """``_train`` with the stopped-rank watch on (``[comm] heartbeat_timeout_seconds``,
-        watchdog.py): a rank that stops answering ends the job in one line naming it. A
-        collective that timed out first (train_timeout_seconds) is followed by the ranks
-        whose heartbeat had stopped."""
-        heartbeat = start_heartbeat(getattr(self.config.comm, "heartbeat_timeout_seconds", 0.0),
-                                    lambda: self.step)
-        try:
-            self._train()
-        except Exception:
-            for rank, step, age in heartbeat.silent() if heartbeat is not None else ():
-                logger.error(f"rank {rank} has not answered for {age:.1f} s (its last heartbeat at step {step})")
-            raise
-        finally:
-            if heartbeat is not None:
-                heartbeat.stop()
-
-    def _train(self) -> None:
-        """torchtitan's loop; then the LoRA outputs ([lora] save_adapter/save_merged),
-        and, when the last checkpoint was saved in HF format (``last_save_in_hf``),
-        config.json and tokenizer files beside its weights, so the folder is one
-        ``from_pretrained`` loads (skrull_ext/hf/folder.py). In a LoRA run that
-        folder's weights are the merged model's (skrull_ext/lora/train.py)."""
-        super().train()
-        ckpt = self.config.checkpoint
-        last_hf = (ckpt.enable and ckpt.last_save_in_hf and not ckpt.load_only
-                   and self.step == self.config.training.steps)
-        folder = os.path.join(self.checkpointer.folder, f"step-{self.step}") if last_hf else None
-        save_lora_outputs(self, folder)
-        if folder is None:
-            return
-        if not dist.is_initialized() or dist.get_rank() == 0:
-            self.hf_export.finish(folder, ckpt.export_dtype)
-            logger.info(f"HF model folder (weights, config.json, tokenizer): {folder}")
-        if dist.is_initialized():
-            dist.barrier()
-
     @staticmethod
     def _model_name(config) -> str:
         spec = config.model_spec
         return f"{spec.name}/{spec.flavor}"
 
     # ------------------------------------------------------------------ steps
-    def batch_generator(self, data_iterable: Iterable) -> Iterator:
-        if not self.config.skrull.enable:
-            yield from super().batch_generator(data_iterable)
-            return
+    def batch_generator(self, data_iterable: Iterable) -> Iterator[SkrullStep]:
+        """torchtitan's batch_generator for whole steps: one ``SkrullStep`` per
+        optimizer step (its micro-batches, their plan and counts), the time the
+        loop waited for it kept per step (``skrull/data_wait_ms``)."""
         it = iter(data_iterable)
         while True:
             start = time.perf_counter()
@@ -306,21 +244,59 @@ class SkrullTrainer(Trainer):
             yield step
             del step  # freed here, not timed as waiting: a step's plan is thousands of objects at scale
 
-    def train_step(self, data_iterator: Iterator) -> None:
-        if not self.config.skrull.enable:
-            return super().train_step(data_iterator)
-        step: SkrullStep = next(data_iterator)
+    def train_step(self, data_iterator: Iterator[SkrullStep]) -> None:
+        """One optimizer step over one ``SkrullStep``: the plan's micro-batches
+        (``_micro_batches``) in place of torchtitan's batch loop.
+
+        The rest mirrors torchtitan 0.3.0's ``Trainer.train_step``, in its order:
+        its first three lines (zero_grad, the learning rates, should_log), its
+        "optim" span (clip_grad_norm_, maybe_wait_for_staging, optimizers.step,
+        lr_schedulers.step) and its logged loss reductions (``_log_step``).
+        torchtitan offers no hook to reuse it around a different batch loop: its
+        train_step pulls ``gradient_accumulation_steps`` fixed-shape batches and
+        all-reduces their label counts inline, where a Skrull step is one plan
+        whose micro-batch count varies by step and whose global loss-token count
+        the plan already holds; and it checks the loss after the optimizer step,
+        on logged steps only, where a Skrull step stops before it, every step
+        (``_check_finite``).
+        """
+        step = next(data_iterator)
         self.optimizers.zero_grad(set_to_none=self.config.training.disable_cuda_graphs)
         lr_metrics = self.lr_schedulers.get_metrics()
         should_log = self.metrics_processor.should_log(self.step)
+        global_valid_tokens = torch.tensor(step.global_valid_tokens, device=self.device)
+        accumulated, measured_us = self._micro_batches(step, global_valid_tokens, should_log)
+        grad_norm = dist_utils.clip_grad_norm_(
+            [p for m in self.model_parts for p in m.parameters()],
+            self.config.training.max_norm,
+            foreach=True,
+            pp_mesh=None,
+            ep_enabled=self.parallel_dims.ep_enabled,
+        )
+        global_avg, norm = self._check_finite(step, accumulated, grad_norm)
+        self.checkpointer.maybe_wait_for_staging()
+        self.optimizers.step()
+        self.lr_schedulers.step()
+        if should_log:
+            self._log_step(step, accumulated, global_avg, global_valid_tokens, norm, lr_metrics, measured_us)
+        if self.validation is not None and self.config.validation.due(self.step, self.config.training.steps):
+            self.validation.run(self, self.step)  # forward only: no weight, RNG or counter changes
+
+    def _micro_batches(self, step: SkrullStep, global_valid_tokens: torch.Tensor,
+                       should_log: bool) -> tuple[torch.Tensor, float]:
+        """Forward and backward over this rank's micro-batches of the step, each CP
+        rank feeding its own buffer (DACP attention over the CP group), the
+        gradient accumulated. Returns this rank's loss sum / global loss tokens and,
+        on logged steps, the loop's time in microseconds (what the cost model
+        predicts). Under ``skrull.free_running`` FSDP parameters stay unsharded
+        throughout; under ``skrull.defer_grad_sync`` gradients are reduced once,
+        by the last micro-batch's backward."""
         if self.config.skrull.check_plan_hash:
             check_plan_digests(step.plan, self.dataloader.dp_rank)
         if self.plan_log is not None:
             self.plan_log.write(step)
         for m in self.dacp_attention:
             m.stats.reset()
-
-        global_valid_tokens = torch.tensor(step.global_valid_tokens, device=self.device)
         accumulated = torch.zeros((), device=self.device)
         if should_log:  # time what the cost model predicts: the micro-batches' fwd + bwd
             self._synchronize()
@@ -345,20 +321,17 @@ class SkrullTrainer(Trainer):
             free.end()  # every unit resharded before the optimizer: no stale copy in the next step
         if should_log:
             self._synchronize()
-        measured_us = (time.perf_counter() - start) * 1e6
+        return accumulated, (time.perf_counter() - start) * 1e6
 
-        grad_norm = dist_utils.clip_grad_norm_(
-            [p for m in self.model_parts for p in m.parameters()],
-            self.config.training.max_norm,
-            foreach=True,
-            pp_mesh=None,
-            ep_enabled=self.parallel_dims.ep_enabled,
-        )
-        # Every step, not only logged ones: the loss summed over the ranks
-        # (accumulated = this rank's loss sum / global loss tokens, so the global
-        # mean is the plain sum, as in torchtitan) and the gradient norm (already
-        # global) must be finite before the optimizer touches the weights. One
-        # scalar all-reduce and one host sync per step.
+    def _check_finite(self, step: SkrullStep, accumulated: torch.Tensor,
+                      grad_norm: torch.Tensor) -> tuple[float, float]:
+        """(global mean loss, gradient norm), both finite, or NonFiniteLossError.
+
+        Every step, not only logged ones: the loss summed over the ranks
+        (accumulated = this rank's loss sum / global loss tokens, so the global
+        mean is the plain sum, as in torchtitan) and the gradient norm (already
+        global) must be finite before the optimizer touches the weights. One
+        scalar all-reduce and one host sync per step."""
         if self.parallel_dims.dp_cp_enabled:
             global_avg = dist_utils.dist_sum(accumulated, self.parallel_dims.get_optional_mesh("loss"))
         else:
@@ -371,31 +344,7 @@ class SkrullTrainer(Trainer):
                 f"(the weights are those of step {self.step - 1}). Samples of the step: "
                 f"{name_samples(self.dataloader.source, step.samples)}"
             )
-        self.checkpointer.maybe_wait_for_staging()
-        self.optimizers.step()
-        self.lr_schedulers.step()
-        if should_log:
-            self._log_step(step, accumulated, global_avg, global_valid_tokens, norm, lr_metrics, measured_us)
-        if self.validation is not None and self.config.validation.due(self.step, self.config.training.steps):
-            self.validation.run(self, self.step)  # forward only: no weight, RNG or counter changes
-
-    def _stop_on_non_finite_grads(self, optimizer, args, kwargs) -> None:
-        """torchtitan's batching: torchtitan checks the loss after the optimizer
-        step, and only on logged steps; this optimizer pre-step hook stops
-        before it. torchtitan's clip_grad_norm_ scales every gradient by
-        max_norm / (global norm), so a non-finite norm leaves every rank's
-        gradients non-finite and a local check agrees on every rank without a
-        collective (one host sync per step)."""
-        local = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
-                 for m in self.model_parts for p in m.parameters() if p.grad is not None]
-        if not local or math.isfinite(float(torch.stack(torch._foreach_norm(local)).sum().item())):
-            return
-        self.stopped_step = (self.step, self.dataloader.config.global_batch_size)
-        raise NonFiniteLossError(
-            f"step {self.step}: the gradients are not finite; stopped before the optimizer step (the weights are "
-            f"those of step {self.step - 1}). Samples of the step: "
-            f"{name_samples(self.dataloader.source, self.dataloader.last_samples)}"
-        )
+        return global_avg, norm
 
     def _synchronize(self) -> None:
         """Wait for the device's queued work. Looked up from the device at call
@@ -411,22 +360,19 @@ class SkrullTrainer(Trainer):
                 part.set_requires_gradient_sync(on)
 
     def close(self) -> None:
+        """The prefetch thread and plan log stopped, the measured / predicted
+        time ratios logged; then the run summary (JobTrainer.close)."""
         if isinstance(getattr(self, "dataloader", None), SkrullDataLoader):
             self.dataloader.close()  # stops the prefetch thread
         if self.plan_log is not None:
             self.plan_log.close()
-        if self.config.skrull.enable and self.ratio_spread.ratios:
+        if self.ratio_spread.ratios:
             logger.info(f"Skrull: measured / predicted micro-batch time: {self.ratio_spread.line()} "
                         f"(cost model {self.config.skrull.cost_model})")
-        account = getattr(getattr(self, "dataloader", None), "account", None)
-        if account is not None and account.totals.read:
-            stopped = ("" if self.stopped_step is None else
-                       f" (step {self.stopped_step[0]} stopped before its optimizer step: its "
-                       f"{self.stopped_step[1]} samples are counted as read but did not change the weights)")
-            source = self.dataloader.source
-            bad = f"; at load, {source.bad_summary()}" if getattr(source, "bad", None) else ""
-            logger.info(f"Run summary: {account.summary()}{bad}{stopped}{self._data_wait_summary()}")
         super().close()
+
+    def _summary_tail(self) -> str:
+        return self._data_wait_summary()
 
     def _data_wait_summary(self) -> str:
         """'; data wait per step: median .. ms' over the steps trained, the

@@ -31,7 +31,7 @@ host is killed by its own torchrun, up to 30 s later.
 
 The stamps are compared on the watcher's own clock (a stamp that changed is
 alive), so hosts' clocks need not agree. Only the first reporter prints (a
-counter in the store). Runs from ``SkrullTrainer.train`` (checkpoint load,
+counter in the store). Runs from ``JobTrainer.train`` (checkpoint load,
 steps, saves, HF export) and writes ``done`` when the rank leaves it, so a
 rank that finished first is not taken for a stopped one.
 """

@@ -1,5 +1,5 @@
 """The documented torchtitan path, ``torchtitan.train --module skrull_ext.train
---config ...``, trains on CPU: the config registry applies the CPU fixes
+--config ...``, trains on CPU: the trainer applies the CPU fixes
 and nothing in skrull_ext binds torch.cuda at import (issue 16)."""
 
 import pytest

@@ -9,8 +9,6 @@ give the torchtitan model's float32 logits (1e-5).
 """
 
 import json
-import os
-import shutil
 
 import pytest
 import torch

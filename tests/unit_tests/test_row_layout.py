@@ -13,7 +13,6 @@ from skrull_ext.data.overlength import limit_step
 from skrull_ext.data.packed import PackedDataLoader
 from skrull_ext.data.row_layout import cut_stream, whole_rows
 from skrull_ext.data.scheduling import SkrullDataLoader
-from skrull_ext.data.synthetic import IGNORE_INDEX
 from skrull_ext.data.tokenizer import LocalTokenizer
 
 DEBUG_JOB = os.path.join(os.path.dirname(__file__), "..", "..", "skrull_ext", "jobs", "debug_cpu.toml")

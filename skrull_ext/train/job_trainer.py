@@ -1,0 +1,133 @@
+"""JobTrainer: what every skrull-ext job's trainer does, whichever batching.
+
+torchtitan's Trainer plus, around it: the CPU fixes (``torchtitan_patches``),
+rank 0's log lines, a TensorBoard folder per run, LoRA, the HF folder checks
+before any model is built and the HF/LoRA outputs after the last step, the
+stopped-rank watch, and the run summary ``read = trained whole + trained cut
++ skipped`` (data/accounting.py). The batching is a subclass:
+``PackedTrainer`` (packed_trainer.py, torchtitan's own batching and step) or
+``SkrullTrainer`` (trainer.py, the Skrull plan's micro-batches). Which one a
+job runs is the config's choice (``SkrullTrainer.Config.trainer_class``), so
+neither branches on ``skrull.enable``.
+"""
+
+import os
+
+import torch.distributed as dist
+from torchtitan.models.common.config_utils import decoder_vocab_size
+from torchtitan.tools.logging import logger
+from torchtitan.trainer import Trainer
+
+import torchtitan_patches
+from skrull_ext.data.overlength import location
+from skrull_ext.hf.checks import check_hf_folder
+from skrull_ext.hf.folder import HFExport
+from skrull_ext.lora import apply_lora
+from skrull_ext.lora.train import save_lora_outputs
+from skrull_ext.train.resume_checks import check_continue
+from skrull_ext.train.watchdog import start_heartbeat
+from torchtitan_patches import logs
+from torchtitan_patches.metrics import use_run_metrics
+
+
+class NonFiniteLossError(RuntimeError):
+    """A step's loss or gradient norm is not finite; the optimizer did not step."""
+
+
+def name_samples(source, indices: list[int], most: int = 8) -> str:
+    """The samples of a step, with their records (``file:line``) where the source knows them."""
+    names = [f"{i} ({location(source, i)})" if hasattr(source, "location") else str(i) for i in indices[:most]]
+    return ", ".join(names) + (f" and {len(indices) - most} more" if len(indices) > most else "")
+
+
+class JobTrainer(Trainer):
+    """The shared base of the two batchings. Its config is ``SkrullTrainer.Config``
+    (trainer.py, every job's config), whose ``build()`` builds the subclass the
+    config names; a subclass built directly for a config that names the other
+    one is refused before anything is built."""
+
+    def __init__(self, config):
+        if not isinstance(self, config.trainer_class):
+            raise TypeError(
+                f"{type(self).__name__} cannot run a job with skrull.enable = {config.skrull.enable}: "
+                f"that job's trainer is {config.trainer_class.__name__} (config.build() builds it)"
+            )
+        # The CPU fixes for every trainer, however its config was made (torchtitan's
+        # launcher, a test building one in Python); torchtitan_patches says which entry applies them.
+        torchtitan_patches.apply(config)
+        logs.install()  # rank 0's lines only; skrull_ext.train installs it sooner
+        use_run_metrics(config)  # a TensorBoard folder per run; no MFU on CPU
+        apply_lora(config)  # before torchtitan builds config.model_spec.model
+        self._before_model(config)
+        ckpt = config.checkpoint
+        if ckpt.enable and ckpt.initial_load_in_hf and ckpt.initial_load_path:
+            check_hf_folder(ckpt.initial_load_path, config.model_spec)  # a bad folder fails before any model
+        check_continue(config)  # a HF last save cannot continue a run: one line naming checkpoint.load_step
+        self.hf_export = HFExport.of_job(config)  # before the trainer shrinks the RoPE cache
+        """What the HF folders the run writes when it ends carry besides weights (None: it writes none)."""
+        self.stopped_step: tuple[int, int] | None = None
+        """(step, samples read) of a step stopped before its optimizer step (non-finite loss)."""
+        super().__init__(config)
+        vocab, model_vocab = self.tokenizer.get_vocab_size(), decoder_vocab_size(config.model_spec)
+        if vocab > model_vocab:
+            raise ValueError(
+                f"the tokenizer's vocabulary ({vocab}) is larger than the model's ({model_vocab}): "
+                "token ids would index past the embedding"
+            )
+
+    def _before_model(self, config) -> None:
+        """What the batching resolves and checks on the config before torchtitan
+        builds anything (after LoRA, before the HF folder checks); nothing here."""
+
+    def train(self) -> None:
+        """``_train`` with the stopped-rank watch on (``[comm] heartbeat_timeout_seconds``,
+        watchdog.py): a rank that stops answering ends the job in one line naming it. A
+        collective that timed out first (train_timeout_seconds) is followed by the ranks
+        whose heartbeat had stopped."""
+        heartbeat = start_heartbeat(getattr(self.config.comm, "heartbeat_timeout_seconds", 0.0),
+                                    lambda: self.step)
+        try:
+            self._train()
+        except Exception:
+            for rank, step, age in heartbeat.silent() if heartbeat is not None else ():
+                logger.error(f"rank {rank} has not answered for {age:.1f} s (its last heartbeat at step {step})")
+            raise
+        finally:
+            if heartbeat is not None:
+                heartbeat.stop()
+
+    def _train(self) -> None:
+        """torchtitan's loop; then the LoRA outputs ([lora] save_adapter/save_merged),
+        and, when the last checkpoint was saved in HF format (``last_save_in_hf``),
+        config.json and tokenizer files beside its weights, so the folder is one
+        ``from_pretrained`` loads (skrull_ext/hf/folder.py). In a LoRA run that
+        folder's weights are the merged model's (skrull_ext/lora/train.py)."""
+        super().train()
+        ckpt = self.config.checkpoint
+        last_hf = (ckpt.enable and ckpt.last_save_in_hf and not ckpt.load_only
+                   and self.step == self.config.training.steps)
+        folder = os.path.join(self.checkpointer.folder, f"step-{self.step}") if last_hf else None
+        save_lora_outputs(self, folder)
+        if folder is None:
+            return
+        if not dist.is_initialized() or dist.get_rank() == 0:
+            self.hf_export.finish(folder, ckpt.export_dtype)
+            logger.info(f"HF model folder (weights, config.json, tokenizer): {folder}")
+        if dist.is_initialized():
+            dist.barrier()
+
+    def close(self) -> None:
+        """The run summary (every sample read, where it went), then torchtitan's close."""
+        account = getattr(getattr(self, "dataloader", None), "account", None)
+        if account is not None and account.totals.read:
+            stopped = ("" if self.stopped_step is None else
+                       f" (step {self.stopped_step[0]} stopped before its optimizer step: its "
+                       f"{self.stopped_step[1]} samples are counted as read but did not change the weights)")
+            source = self.dataloader.source
+            bad = f"; at load, {source.bad_summary()}" if getattr(source, "bad", None) else ""
+            logger.info(f"Run summary: {account.summary()}{bad}{stopped}{self._summary_tail()}")
+        super().close()
+
+    def _summary_tail(self) -> str:
+        """What the batching adds to the run summary line; nothing here."""
+        return ""
