@@ -24,6 +24,13 @@ from skrull_ext import _core
 from skrull_ext._core import DISTRIBUTED, CostModel
 
 _NS = 1000.0  # integer time unit: nanoseconds
+MAX_PLACEMENT_VARS = 1 << 16
+"""The largest model CP-SAT is given: sequences x CP ranks placement variables.
+The deterministic limit bounds the search, not building the model and loading
+it into the solver, which grow with its size: a micro-batch of 60 sequences
+on 65,536 CP ranks (3.9M variables) held one call for over 10 minutes (found
+by test_hardening's facade property test under load). Beyond this size the
+heuristic's placement stands (status ``TOO_LARGE``)."""
 
 
 @dataclass
@@ -31,7 +38,8 @@ class CpSatResult:
     cp_rank: list[int] | None
     """Placement in the input's order, or None when no solution was found."""
     status: str
-    """OPTIMAL, FEASIBLE, INFEASIBLE, UNKNOWN or MODEL_INVALID."""
+    """OPTIMAL, FEASIBLE, INFEASIBLE, UNKNOWN, MODEL_INVALID, or TOO_LARGE (not solved:
+    more than MAX_PLACEMENT_VARS placement variables)."""
     objective_us: float | None
     """Model objective (all layers), before re-scoring with the cost model."""
     bound_us: float
@@ -68,6 +76,8 @@ def solve_dacp(
     """Minimise the predicted time of one micro-batch exactly (within the limit)."""
     start = time.perf_counter()
     n = len(lengths)
+    if n * cp > MAX_PLACEMENT_VARS:
+        return CpSatResult(None, "TOO_LARGE", None, 0.0, time.perf_counter() - start)
     layers = cost.shape.layers
     m = cp_model.CpModel()
     # --- data

@@ -59,6 +59,29 @@ def test_cpsat_proves_padding_infeasibility(toy):
     assert res.status == "INFEASIBLE" and res.cp_rank is None
 
 
+def test_a_model_too_large_is_not_built_and_the_heuristic_stands(monkeypatch):
+    # Found under load: 60 sequences on 65,536 CP ranks (3.9M placement variables) held
+    # the facade's property test in the solver for over 10 minutes, whatever the
+    # deterministic limit. Over MAX_PLACEMENT_VARS the solver is never called.
+    from ortools.sat.python import cp_model
+
+    from skrull_ext.scheduler.cpsat import MAX_PLACEMENT_VARS
+
+    cost = cm.preset("qwen2.5-0.5b")
+    calls = []
+    monkeypatch.setattr(cp_model.CpSolver, "solve", lambda self, *a, **k: calls.append(1))
+    res = solve_dacp([100, 100], cost, MAX_PLACEMENT_VARS // 2 + 1, 26624)
+    assert (res.status, res.cp_rank, res.bound_us) == ("TOO_LARGE", None, 0.0)
+    lengths = [5000] * 20 + [400_000]  # 21 sequences x 4096 ranks > MAX_PLACEMENT_VARS
+    plan = Scheduler(SchedulerConfig(dp=1, cp=4096, bucket_size=26624, cpsat=True, cpsat_margin=0.0), cost).schedule(
+        lengths)
+    want = Scheduler(SchedulerConfig(dp=1, cp=4096, bucket_size=26624, cpsat=False), cost).schedule(lengths)
+    plan.validate()
+    (mb,) = plan.micro_batches(0)
+    assert mb.time_us > mb.lower_bound_us  # the fallback would have been tried
+    assert calls == [] and plan.cp_rank == want.cp_rank
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_fallback_never_slower_than_heuristic(seed):
     rng = random.Random(seed)
