@@ -160,17 +160,8 @@ def _stores(n):
         port = s.getsockname()[1]
     server = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)
     clients = [dist.PrefixStore("hb/", dist.TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False,
-                                                     timeout=timedelta(seconds=1))) for _ in range(n)]
+                                                     timeout=timedelta(seconds=60))) for _ in range(n)]
     return server, clients
-
-
-def _wait(cond, seconds):
-    import time
-
-    end = time.monotonic() + seconds
-    while not cond() and time.monotonic() < end:
-        time.sleep(0.05)
-    return cond()
 
 
 def test_a_rank_whose_heartbeat_stops_is_named_once():
