@@ -107,11 +107,12 @@ pack
 # 4. Profiled overlap: a Qwen2.5-0.5B attention shape (14 heads over 2 K/V heads of 64); a micro-batch of
 #    two long sequences (16K, 8K: distributed) and 40 long-tail short ones (local), ~45K tokens.
 #    The dry run: CP 2 only, on CPU, 2 layers; a 512 and a 256 (distributed) and 8 short ones (local).
-short=$("$py" -c "from skrull_ext.bench.attention import long_tail_lengths; print(*long_tail_lengths(40, 1))")
-device=cuda cps="2 4" shape=(--layers 6 --lengths 16384 8192 $short --local-max 4096 --steps 3)
 if [ "$dry" = 1 ]; then
   device=cpu cps=2
   shape=(--layers 2 --lengths 512 256 40 60 20 90 30 70 50 80 --local-max 200 --steps 1 --warmup 1)
+else
+  short=$("$py" -c "from skrull_ext.bench.attention import long_tail_lengths; print(*long_tail_lengths(40, 1))")
+  device=cuda cps="2 4" shape=(--layers 6 --lengths 16384 8192 $short --local-max 4096 --steps 3)
 fi
 for cp in $cps; do
   for kernel in auto dense; do

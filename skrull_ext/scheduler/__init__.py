@@ -9,7 +9,7 @@
 
 Nothing here imports torch: the plan is a pure function of the lengths, the
 cost model and the options. ``Scheduler`` loads on first use (PEP 562), so
-``skrull_ext.scheduler.config`` needs neither the core nor ortools.
+``skrull_ext.scheduler.config`` or ``cost_model`` does not import ortools (the CP-SAT fallback's).
 """
 
 import importlib
