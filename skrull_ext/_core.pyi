@@ -115,7 +115,41 @@ class Schedule:
     moves: int
     elapsed_us: float
 
+class PlanMicroBatch:
+    slot: int
+    first_group: int
+    groups: int
+    seqs: list[int]
+    first_rank: list[int]
+    num_ranks: list[int]
+    rank_tokens: list[int]
+    comm_bytes: float
+    start_us: float
+    time_us: float
+    rollbacks: int
+    moves: int
+
+class Plan:
+    lengths: list[int]
+    micro_batch: list[int]
+    first_rank: list[int]
+    num_ranks: list[int]
+    micro_batches: list[PlanMicroBatch]
+    slots: int
+    group_time_us: list[float]
+    makespan_us: float
+    dropped: list[int]
+    truncated: list[int]
+    widened: int
+    narrowed: int
+    skrull_plan: bool
+    rollbacks: int
+    moves: int
+    elapsed_us: float
+
 def schedule(lengths: Sequence[int], cost_model: CostModel, options: Options) -> Schedule: ...
+def schedule_pool(lengths: Sequence[int], cost_model: CostModel, options: Options) -> Plan: ...
+def to_plan(schedule: Schedule, cp: int, timeline: Timeline, pad_us: float) -> Plan: ...
 def dacp(lengths: Sequence[int], cost_model: CostModel, cp: int, bucket_size: int,
          placement: Placement = ..., rollback: Rollback = ..., refine: bool = False) -> DacpResult: ...
 def dacp_sweep(lengths: Sequence[int], cost_model: CostModel, cp: int, bucket_size: int) -> DacpResult: ...
@@ -133,6 +167,6 @@ class SlotTime:
     def __init__(self, slot: int, first_group: int, groups: int, time_us: float) -> None: ...
 
 def step_time_us(rank_us: Sequence[Sequence[float]], timeline: Timeline, pad_us: float) -> float: ...
-def pool_step_time_us(micro_batches: Sequence[SlotTime], dp: int, timeline: Timeline, pad_us: float) -> float: ...
-def pool_timeline(micro_batches: Sequence[SlotTime], dp: int, timeline: Timeline,
+def plan_step_time_us(micro_batches: Sequence[SlotTime], dp: int, timeline: Timeline, pad_us: float) -> float: ...
+def plan_timeline(micro_batches: Sequence[SlotTime], dp: int, timeline: Timeline,
                   pad_us: float) -> tuple[float, list[float], list[float]]: ...

@@ -6,11 +6,14 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cmath>
 #include <sstream>
+#include <string>
 
 #include "skrull/cost_model.hpp"
 #include "skrull/dacp.hpp"
 #include "skrull/dacp_sweep.hpp"
+#include "skrull/plan.hpp"
 #include "skrull/pool.hpp"
 #include "skrull/scheduler.hpp"
 #include "skrull/timeline.hpp"
@@ -220,37 +223,37 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
       .def_readonly("moves", &Schedule::moves)
       .def_readonly("elapsed_us", &Schedule::elapsed_us);
 
-  py::class_<PoolMicroBatch>(m, "PoolMicroBatch")
-      .def_readonly("slot", &PoolMicroBatch::slot)
-      .def_readonly("first_group", &PoolMicroBatch::first_group)
-      .def_readonly("groups", &PoolMicroBatch::groups)
-      .def_readonly("seqs", &PoolMicroBatch::seqs)
-      .def_readonly("first_rank", &PoolMicroBatch::first_rank)
-      .def_readonly("num_ranks", &PoolMicroBatch::num_ranks)
-      .def_readonly("rank_tokens", &PoolMicroBatch::rank_tokens)
-      .def_readonly("comm_bytes", &PoolMicroBatch::comm_bytes)
-      .def_readonly("start_us", &PoolMicroBatch::start_us)
-      .def_readonly("time_us", &PoolMicroBatch::time_us)
-      .def_readonly("rollbacks", &PoolMicroBatch::rollbacks)
-      .def_readonly("moves", &PoolMicroBatch::moves);
+  py::class_<PlanMicroBatch>(m, "PlanMicroBatch")
+      .def_readonly("slot", &PlanMicroBatch::slot)
+      .def_readonly("first_group", &PlanMicroBatch::first_group)
+      .def_readonly("groups", &PlanMicroBatch::groups)
+      .def_readonly("seqs", &PlanMicroBatch::seqs)
+      .def_readonly("first_rank", &PlanMicroBatch::first_rank)
+      .def_readonly("num_ranks", &PlanMicroBatch::num_ranks)
+      .def_readonly("rank_tokens", &PlanMicroBatch::rank_tokens)
+      .def_readonly("comm_bytes", &PlanMicroBatch::comm_bytes)
+      .def_readonly("start_us", &PlanMicroBatch::start_us)
+      .def_readonly("time_us", &PlanMicroBatch::time_us)
+      .def_readonly("rollbacks", &PlanMicroBatch::rollbacks)
+      .def_readonly("moves", &PlanMicroBatch::moves);
 
-  py::class_<PoolSchedule>(m, "PoolSchedule")
-      .def_readonly("lengths", &PoolSchedule::lengths)
-      .def_readonly("micro_batch", &PoolSchedule::micro_batch)
-      .def_readonly("first_rank", &PoolSchedule::first_rank)
-      .def_readonly("num_ranks", &PoolSchedule::num_ranks)
-      .def_readonly("micro_batches", &PoolSchedule::micro_batches)
-      .def_readonly("slots", &PoolSchedule::slots)
-      .def_readonly("group_time_us", &PoolSchedule::group_time_us)
-      .def_readonly("makespan_us", &PoolSchedule::makespan_us)
-      .def_readonly("dropped", &PoolSchedule::dropped)
-      .def_readonly("truncated", &PoolSchedule::truncated)
-      .def_readonly("widened", &PoolSchedule::widened)
-      .def_readonly("narrowed", &PoolSchedule::narrowed)
-      .def_readonly("skrull_plan", &PoolSchedule::skrull_plan)
-      .def_readonly("rollbacks", &PoolSchedule::rollbacks)
-      .def_readonly("moves", &PoolSchedule::moves)
-      .def_readonly("elapsed_us", &PoolSchedule::elapsed_us);
+  py::class_<Plan>(m, "Plan")
+      .def_readonly("lengths", &Plan::lengths)
+      .def_readonly("micro_batch", &Plan::micro_batch)
+      .def_readonly("first_rank", &Plan::first_rank)
+      .def_readonly("num_ranks", &Plan::num_ranks)
+      .def_readonly("micro_batches", &Plan::micro_batches)
+      .def_readonly("slots", &Plan::slots)
+      .def_readonly("group_time_us", &Plan::group_time_us)
+      .def_readonly("makespan_us", &Plan::makespan_us)
+      .def_readonly("dropped", &Plan::dropped)
+      .def_readonly("truncated", &Plan::truncated)
+      .def_readonly("widened", &Plan::widened)
+      .def_readonly("narrowed", &Plan::narrowed)
+      .def_readonly("skrull_plan", &Plan::skrull_plan)
+      .def_readonly("rollbacks", &Plan::rollbacks)
+      .def_readonly("moves", &Plan::moves)
+      .def_readonly("elapsed_us", &Plan::elapsed_us);
 
   m.def(
       "schedule_pool",
@@ -261,6 +264,21 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
       py::arg("lengths"), py::arg("cost_model"), py::arg("options"),
       "Plans one global batch over the dp x cp world as one pool (policy 'skrull-pool'): sequences sharded over "
       "the ranks they need, up to bucket_size x dp x cp tokens. Pure function of its inputs.");
+
+  m.def(
+      "to_plan",
+      [](const Schedule& s, int32_t cp, Timeline timeline, double pad_us) {
+        validate_group(cp, 1);
+        for (const MicroBatch& mb : s.micro_batches)
+          if (mb.dacp.rank_tokens.size() != static_cast<size_t>(cp))
+            throw std::invalid_argument("to_plan: a micro-batch of the schedule has " +
+                                        std::to_string(mb.dacp.rank_tokens.size()) + " CP ranks, cp is " + std::to_string(cp));
+        if (!(std::isfinite(pad_us) && pad_us >= 0.0)) throw std::invalid_argument("to_plan: pad_us must be finite and >= 0");
+        return to_plan(s, cp, timeline, pad_us);
+      },
+      py::arg("schedule"), py::arg("cp"), py::arg("timeline"), py::arg("pad_us"),
+      "Skrull's schedule (per DP rank) as the one plan type: micro-batch j of DP rank i at slot j on group i, "
+      "a local sequence on one rank, a distributed one on the whole group; timed on `timeline`.");
 
   m.def(
       "schedule",
@@ -331,23 +349,23 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
            }),
            py::arg("slot"), py::arg("first_group"), py::arg("groups"), py::arg("time_us"));
   m.def(
-      "pool_step_time_us",
+      "plan_step_time_us",
       [](const std::vector<SlotTime>& mbs, int32_t dp, Timeline timeline, double pad_us) {
         check_slot_times(mbs, dp);
-        return pool_step_time_us(mbs, dp, timeline, pad_us);
+        return plan_step_time_us(mbs, dp, timeline, pad_us);
       },
       py::arg("micro_batches"), py::arg("dp"), py::arg("timeline"), py::arg("pad_us"),
-      "Step time of a pool plan's micro-batches (slot, first_group, groups, time_us) over dp CP groups.");
+      "Step time of a plan's micro-batches (slot, first_group, groups, time_us) over dp CP groups.");
   m.def(
-      "pool_timeline",
+      "plan_timeline",
       [](const std::vector<SlotTime>& mbs, int32_t dp, Timeline timeline, double pad_us) {
         check_slot_times(mbs, dp);
         std::vector<double> group_free_us, start_us;
-        const double step = pool_step_time_us(mbs, dp, timeline, pad_us, &group_free_us, &start_us);
+        const double step = plan_step_time_us(mbs, dp, timeline, pad_us, &group_free_us, &start_us);
         return py::make_tuple(step, group_free_us, start_us);
       },
       py::arg("micro_batches"), py::arg("dp"), py::arg("timeline"), py::arg("pad_us"),
-      "pool_step_time_us with what it replays: (step_us, each group's free-running finish, each micro-batch's "
+      "plan_step_time_us with what it replays: (step_us, each group's free-running finish, each micro-batch's "
       "start on the timeline).");
 
   m.def(

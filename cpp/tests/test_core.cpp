@@ -1,5 +1,6 @@
 // C++ unit tests of the core, without Python: hand-computed DACP and GDS
 // cases, errors, determinism. Run by ctest (see .ci/run).
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -8,6 +9,7 @@
 #include <vector>
 
 #include "check.hpp"
+#include "skrull/plan.hpp"
 #include "skrull/pool.hpp"
 #include "skrull/scheduler.hpp"
 
@@ -66,6 +68,46 @@ static void test_schedule_cases() {
   CHECK(again.cp_rank == s.cp_rank && again.makespan_us == s.makespan_us);
 }
 
+// to_plan: every sequence keeps its DP rank (as the group), micro-batch
+// (as the slot) and placement (one rank, or the whole group), and the step
+// time is the Schedule's on both timelines.
+static void check_to_plan(const Schedule& s, int32_t cp, Timeline timeline) {
+  const Plan p = to_plan(s, cp, timeline, 0.5);
+  CHECK(p.skrull_plan && p.widened == 0 && p.narrowed == 0 && p.lengths == s.lengths);
+  CHECK(p.micro_batches.size() == s.micro_batches.size());
+  for (size_t k = 0; k < s.lengths.size(); ++k) {
+    const PlanMicroBatch& mb = p.micro_batches[p.micro_batch[k]];
+    const bool dist = s.cp_rank[k] == kDistributed;
+    CHECK(mb.first_group == s.dp_rank[k] && mb.groups == 1 && mb.slot == s.micro_batch[k]);
+    CHECK(p.first_rank[k] == s.dp_rank[k] * cp + (dist ? 0 : s.cp_rank[k]));
+    CHECK(p.num_ranks[k] == (dist ? cp : 1));
+  }
+  std::vector<std::vector<double>> rank_us(s.dp_time_us.size());
+  for (const MicroBatch& mb : s.micro_batches) rank_us[mb.dp_rank].push_back(mb.dacp.time_us);
+  CHECK(p.makespan_us == step_time_us(rank_us, timeline, 0.5));
+  CHECK(p.group_time_us == s.dp_time_us);
+}
+
+static void test_to_plan() {
+  const CostModel c = toy();
+  Options o;
+  o.dp = 2;
+  o.cp = 2;
+  o.bucket_size = 10;
+  const Schedule s = schedule({1, 2, 3, 4, 5, 6}, c, o);
+  const Plan p = to_plan(s, 2, Timeline::kLockstep, 0.0);
+  CHECK((p.first_rank == std::vector<int32_t>{0, 2, 1, 3, 2, 0}));
+  CHECK((p.micro_batch == std::vector<int32_t>{0, 1, 0, 1, 1, 0}));
+  CHECK(p.slots == 1);
+  o.bucket_size = 6;  // the 9 and the 8 are sharded over their group, several micro-batches a rank
+  const Schedule d = schedule({9, 1, 8, 2, 3, 1, 1}, c, o);
+  CHECK(d.micro_batches.size() > 2 && std::count(d.cp_rank.begin(), d.cp_rank.end(), kDistributed) >= 2);
+  for (Timeline t : {Timeline::kLockstep, Timeline::kFreeRunning}) {
+    check_to_plan(s, 2, t);
+    check_to_plan(d, 2, t);
+  }
+}
+
 static void test_errors() {
   const CostModel c = toy();
   auto throws = [&](std::vector<int64_t> lengths, Options o, const std::string& needle) {
@@ -100,8 +142,8 @@ static CostModel comm_toy(double a_us_per_flop) {
 }
 
 // Two 8-token sequences sharded over CP 4 (shard 2 tokens a rank), nothing local.
-static PoolMicroBatch two_sharded(const CostModel& c) {
-  PoolMicroBatch mb;
+static PlanMicroBatch two_sharded(const CostModel& c) {
+  PlanMicroBatch mb;
   mb.seqs = {0, 1};
   mb.first_rank = {0, 0};
   mb.num_ranks = {4, 4};
@@ -122,7 +164,7 @@ static void test_pool_narrow() {
     // (block 0 would give 2 x (64/3) = 42.7): every rank 2 x 32/3 = 21.3.
     const CostModel c = comm_toy(0.0);
     detail::sequence_flops(lengths.data(), lengths.size(), c, flops);
-    PoolMicroBatch mb = two_sharded(c);
+    PlanMicroBatch mb = two_sharded(c);
     CHECK(detail::pool_narrow(mb, lengths, flops, c, 4, 100, w) == 2);
     CHECK((mb.first_rank == std::vector<int32_t>{0, 2}) && (mb.num_ranks == std::vector<int32_t>{2, 2}));
     CHECK((mb.rank_tokens == std::vector<int64_t>{4, 4, 4, 4}));  // shard of 8 over 2: 4 tokens
@@ -134,9 +176,9 @@ static void test_pool_narrow() {
     // adds 112 us of compute a rank, far more than the exchange saves. Kept.
     const CostModel c = comm_toy(1.0);
     detail::sequence_flops(lengths.data(), lengths.size(), c, flops);
-    PoolMicroBatch mb = two_sharded(c);
+    PlanMicroBatch mb = two_sharded(c);
     mb.time_us = c.comm_us(mb.comm_bytes) + c.comp_us(2 * 448.0 / 4);
-    const PoolMicroBatch before = mb;
+    const PlanMicroBatch before = mb;
     CHECK(detail::pool_narrow(mb, lengths, flops, c, 4, 100, w) == 0);
     CHECK(mb.first_rank == before.first_rank && mb.num_ranks == before.num_ranks && mb.time_us == before.time_us);
   }
@@ -144,7 +186,7 @@ static void test_pool_narrow() {
     // Memory: a 2-rank shard of 8 (4 tokens) beside the other's 2 needs 6 > bucket 5.
     const CostModel c = comm_toy(0.0);
     detail::sequence_flops(lengths.data(), lengths.size(), c, flops);
-    PoolMicroBatch mb = two_sharded(c);
+    PlanMicroBatch mb = two_sharded(c);
     CHECK(detail::pool_narrow(mb, lengths, flops, c, 4, 5, w) == 0);
     // No sub-group below CP 3, and none in a block of groups.
     mb = two_sharded(c);
@@ -157,6 +199,7 @@ int main() {
   test_shards();
   test_dacp_cases();
   test_schedule_cases();
+  test_to_plan();
   test_errors();
   test_pool_narrow();
   if (skrull_test::failures) return skrull_test::report();

@@ -24,7 +24,7 @@ from skrull_ext.attention.meta import (
     zigzag_unshard,
 )
 from skrull_ext.attention.module import DacpAttention
-from skrull_ext.attention.pool_layout import build_pool_meta, shard_pool_buffer, unshard_pool_buffer
+from skrull_ext.attention.rank_sets import build_set_meta, shard_set_buffer, unshard_set_buffer
 from skrull_ext.attention.replay import in_backward, KVReplay
 from skrull_ext.attention.segments import build_segment_plan, SegmentPlan
 from skrull_ext.attention.stats import DacpStats
@@ -45,7 +45,7 @@ __all__ = [
     "TRANSPORTS",
     "Transport",
     "build_meta",
-    "build_pool_meta",
+    "build_set_meta",
     "build_segment_plan",
     "dacp_attention",
     "in_backward",
@@ -53,11 +53,11 @@ __all__ = [
     "padded_length",
     "resolve_transport",
     "shard_buffer",
-    "shard_pool_buffer",
+    "shard_set_buffer",
     "side_stream_for",
     "start_exchange",
     "unshard_buffer",
-    "unshard_pool_buffer",
+    "unshard_set_buffer",
     "wait_exchange",
     "zigzag_positions",
     "zigzag_shard",

@@ -21,7 +21,7 @@ Under policy ``skrull-pool`` a distributed sequence is sharded over its own
 *rank set* (``DacpBatchMeta.dist_sets``: first rank and count k, ranks of the
 world) instead of the whole CP group; it is then padded to a multiple of 2k
 and zigzag-cut over those k ranks, and a rank's buffer holds the shards of the
-sequences whose set contains it (pool_layout.py builds such buffers). The
+sequences whose set contains it (rank_sets.py builds such buffers). The
 CP-group layout above is the case where every set is the whole group.
 
 Everything here is plain data and index arithmetic; the masks that the

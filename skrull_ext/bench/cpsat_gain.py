@@ -91,7 +91,7 @@ def run_setting(s: Setting, batches: int, seed: int) -> dict:
     for _ in range(batches):
         batch = [rng.choice(pool) for _ in range(s.dp * s.per_dp)]
         p, q = on.schedule(batch, dp_rank=0), off.schedule(batch, dp_rank=0)
-        mine = p.micro_batches(0)
+        mine = p.group_micro_batches(0)
         micro_batches += len(mine)
         replaced += sum(1 for mb in mine if mb.path == "cpsat")
         heuristic, refined = q.dp_time_us[0], p.dp_time_us[0]

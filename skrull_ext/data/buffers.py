@@ -1,10 +1,11 @@
-"""One CP rank's token buffer for one micro-batch, in the agreed layout.
+"""One rank's token buffer for one micro-batch, in the agreed layout.
 
     buffer = [local sequences of this rank, whole, in .seqs order]
-           + [for each distributed sequence, in .seqs order: its zigzag shard]
+           + [for each sharded sequence whose rank set holds it, in .seqs order: its zigzag shard]
 
-(docs/design/buffer_layout.md). Distributed sequences are padded to Lp, a
-multiple of 2N, with id 0, label IGNORE_INDEX and positions continuing
+(docs/design/buffer_layout.md, attention/rank_sets.py). A sequence sharded
+over k ranks is padded to Lp, a multiple of 2k, with id 0, label
+IGNORE_INDEX and positions continuing
 L, L+1, ...; positions restart at 0 per sequence, so RoPE and the masks see
 true positions. A rank that would hold nothing (every sequence local
 elsewhere, or a DP rank with fewer micro-batches than the slowest one) gets
@@ -18,13 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
-from skrull_ext.attention.meta import (
-    DISTRIBUTED,
-    DacpBatchMeta,
-    build_meta,
-    padded_length,
-    shard_buffer,
-)
+from skrull_ext.attention.meta import DacpBatchMeta, padded_length
+from skrull_ext.attention.rank_sets import build_set_meta, shard_set_buffer
 from skrull_ext.data.synthetic import IGNORE_INDEX, Sample
 
 
@@ -52,33 +48,41 @@ def _pad(t: torch.Tensor, n: int, value: int) -> torch.Tensor:
     return torch.cat([t, t.new_full((n - t.numel(),), value)]) if n > t.numel() else t
 
 
-def rank_buffer(
+def set_buffer(
     samples: Sequence[Sample],
     lengths: Sequence[int],
-    placement: Sequence[int],
-    cp_rank: int,
-    cp_size: int,
+    first_rank: Sequence[int],
+    num_ranks: Sequence[int],
+    rank: int,
+    world: int,
+    group: bool = False,
     seqs: Sequence[int] = (),
+    cp_coords: tuple[int, int] | None = None,
 ) -> MicroBatchBuffer:
-    """Rank ``cp_rank``'s buffer of a micro-batch.
+    """Rank ``rank``'s buffer of one micro-batch.
 
     Args:
         samples: the micro-batch's samples in buffer (``.seqs``) order.
         lengths: effective lengths (a truncated sample is cut to its length).
-        placement: per sample, the CP rank holding it whole, or DISTRIBUTED.
+        first_rank, num_ranks: each sample's rank set, ranks of [0, world).
+        group: [0, world) is this rank's CP group and every sharded set is all of
+            it (rank_sets.build_set_meta): the exchange takes the group's transport.
+        seqs: the samples' global indices, kept on the buffer.
+        cp_coords: (CP rank, CP size) of this rank, for the pad buffer it gets when it
+            holds nothing of the micro-batch; default (rank, world), right when ``group``.
     """
     if not samples:
         raise ValueError("a micro-batch needs at least one sequence")
     inputs, labels, positions = [], [], []
-    for s, n, p in zip(samples, lengths, placement, strict=True):
-        lp = padded_length(n, cp_size) if p == DISTRIBUTED else n
+    for s, n, k in zip(samples, lengths, num_ranks, strict=True):
+        lp = padded_length(n, k) if k > 1 else n
         inputs.append(_pad(s.input[:n], lp, 0))
         labels.append(_pad(s.labels[:n], lp, IGNORE_INDEX))
         positions.append(torch.arange(lp))
-    parts = [shard_buffer(x, placement, cp_rank, cp_size) for x in (inputs, labels, positions)]
-    meta = build_meta(lengths, placement, cp_rank, cp_size)
+    parts = [shard_set_buffer(x, first_rank, num_ranks, rank, world) for x in (inputs, labels, positions)]
+    meta = build_set_meta(lengths, first_rank, num_ranks, rank, world, group=group)
     if meta.num_tokens == 0:
-        return pad_buffer(cp_rank, cp_size, seqs)
+        return pad_buffer(*(cp_coords or (rank, world)), seqs)
     return MicroBatchBuffer(*(t.unsqueeze(0) for t in parts), meta=meta, seqs=list(seqs))
 
 

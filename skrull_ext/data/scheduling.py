@@ -36,16 +36,15 @@ from dataclasses import dataclass, field
 from torchtitan.components.tokenizer import BaseTokenizer
 
 from skrull_ext.data.accounting import RunAccount, StepAccount
-from skrull_ext.data.buffers import MicroBatchBuffer, pad_buffer, rank_buffer
+from skrull_ext.data.buffers import MicroBatchBuffer
 from skrull_ext.data.overlength import LengthLimit, cut, limit_lengths, loss_tokens, scheduler_limit
-from skrull_ext.data.pool_buffers import pool_rank_buffers
+from skrull_ext.data.plan_buffers import rank_buffers
 from skrull_ext.data.prefetch import Prefetcher
 from skrull_ext.data.source import SourceDataLoaderBase
 from skrull_ext.data.synthetic import Sample
 from skrull_ext.errors import DataError
 from skrull_ext.scheduler import Scheduler
-from skrull_ext.scheduler.plan import DROPPED, Plan
-from skrull_ext.scheduler.pool_plan import PoolPlan
+from skrull_ext.scheduler.plan import Plan
 
 
 @dataclass
@@ -57,7 +56,7 @@ class SkrullStep:
     samples: list[int]
     """Source indices of the samples trained this step (the global batch less
     the skipped ones), in plan (caller) order."""
-    plan: Plan | PoolPlan
+    plan: Plan
     micro_batches: list[MicroBatchBuffer]
     """This rank's buffers: ``plan.num_micro_batches`` of them (pads included), or under
     free-running its own micro-batches only (one pad if it has none)."""
@@ -124,26 +123,12 @@ class StepBuilder:
         plan.validate()
         schedule_us = (time.perf_counter() - start) * 1e6
         samples = _Samples(self.source, indices, lengths)
-        pool = isinstance(plan, PoolPlan)
-        kept = [m >= 0 for m in plan.micro_batch] if pool else [d != DROPPED for d in plan.dp_rank]
+        kept = [m >= 0 for m in plan.micro_batch]
         valid = sum(  # the planned length is the limited one (the limit runs first); anything else is recounted
             (c if n == m else loss_tokens(self.source, i, n, self.source.length(i)))
             for i, m, c, n, k in zip(indices, lengths, losses, plan.lengths, kept) if k
         )
-        if pool:  # skrull-pool: rank sets over the world (pool_buffers.py)
-            mbs = pool_rank_buffers(plan, samples, indices, self.dp_rank, self.cp_rank)
-        else:
-            mbs = [
-                rank_buffer(
-                    [samples[k] for k in mb.seqs], mb.lengths, mb.cp_rank,
-                    self.cp_rank, self.cp_size, seqs=[indices[k] for k in mb.seqs],
-                )
-                for mb in plan.micro_batches(self.dp_rank)
-            ]
-            # Lockstep: pads to the plan's count. Free-running: at least one pass, so this rank
-            # takes part in FSDP's first all-gathers and its one gradient reduce-scatter.
-            while len(mbs) < (1 if self.free_running else plan.num_micro_batches):
-                mbs.append(pad_buffer(self.cp_rank, self.cp_size))
+        mbs = rank_buffers(plan, samples, indices, self.dp_rank, self.cp_rank, self.free_running)
         return SkrullStep(
             step=step, dp_rank=self.dp_rank, samples=indices, plan=plan, micro_batches=mbs,
             global_valid_tokens=valid, schedule_us=schedule_us, account=account,

@@ -5,7 +5,8 @@
 - ``cost_model``, ``profile_file``, ``model_shape``: what a micro-batch costs (named presets,
   measured profile files, the shape of the job's model), and ``hardware/`` the assumed H100;
 - ``facade``: ``Scheduler``, the C++ core (``skrull_ext._core``) plus the CP-SAT fallback (``cpsat``);
-- ``plan``, ``pool_plan``: the plans it returns, with their checks and summaries.
+- ``plan``: the one plan type it returns (slots x rank sets), with its summaries; ``plan_check`` its
+  invariants.
 
 Nothing here imports torch: the plan is a pure function of the lengths, the
 cost model and the options. ``Scheduler`` loads on first use (PEP 562), so

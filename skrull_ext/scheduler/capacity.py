@@ -2,7 +2,7 @@
 
 One object instead of (bucket_size, cp, dp, pool) passed around loose: the
 over-length limit of a Skrull run (``data/overlength.py``), the plans' own
-checks (``plan.py``, ``pool_plan.py``) and the simulator read it here. The
+check (``plan_check.py``) and the simulator read it here. The
 arithmetic is the core's (``_core.max_sequence_length``, cost_model.hpp);
 the ranks are those the core's entry point shards a sequence over:
 ``schedule`` its CP group, ``schedule_pool`` the DP x CP world.

@@ -31,7 +31,7 @@ class Policy:
     fallback: bool  # CP-SAT may replace a micro-batch's placement
     description: str
     dacp_search: DacpSearch = DacpSearch.HEURISTIC  # SHARD_SWEEP: also try sharding the k longest
-    pool: bool = False  # plan the DP x CP world as one pool (cpp/include/skrull/pool.hpp); a PoolPlan
+    pool: bool = False  # plan the DP x CP world as one pool (cpp/include/skrull/pool.hpp)
     slot_gds: bool = True  # on a lockstep timeline, GDS balances each micro-batch slot (cpp/include/skrull/slots.hpp)
 
 
@@ -73,8 +73,7 @@ POLICIES: dict[str, Policy] = {p.name: p for p in (
     # (up to bucket_size x dp x cp tokens); skrull's plan kept when it
     # predicts no slower; then a one-group micro-batch's sharded sequence
     # moves to an aligned part of its group where that predicts it faster.
-    # Plans are PoolPlans (skrull_ext/scheduler/pool_plan.py); measured in
-    # docs/benchmarks.md, section 10.
+    # Measured in docs/benchmarks.md, section 10.
     Policy(
         "skrull-pool", Placement.LEAST_LOAD, Rollback.LONGEST, MicroBatchCount.PREDICTED_TIME, True, True,
         "skrull over the DP x CP world as one pool: long sequences sharded over blocks of CP groups, "

@@ -21,10 +21,9 @@ from collections.abc import Sequence
 from skrull_ext import _core
 from skrull_ext._core import CostModel
 from skrull_ext.scheduler import cost_model as cost_models
-from skrull_ext.scheduler.config import SchedulerConfig
+from skrull_ext.scheduler.config import TIMELINES, SchedulerConfig
 from skrull_ext.scheduler.cpsat import CpSatResult, solve_dacp
 from skrull_ext.scheduler.plan import MicroBatchPlan, Plan
-from skrull_ext.scheduler.pool_plan import PoolMicroBatchPlan, PoolPlan
 
 
 def _as_lengths(lengths: Sequence[int]) -> list[int]:
@@ -47,33 +46,29 @@ class Scheduler:
         self.cost_model = cost_model if cost_model is not None else cost_models.preset()
         self._options = config.core_options()
 
-    def schedule(self, lengths: Sequence[int], dp_rank: int | None = None) -> Plan | PoolPlan:
+    def schedule(self, lengths: Sequence[int], dp_rank: int | None = None) -> Plan:
         """Plan one global batch (lengths in dataset order). Empty batch -> empty plan.
 
         With ``dp_rank`` set, the CP-SAT fallback refines only that DP rank's
         micro-batches: a training rank needs exact placements for its own
         micro-batches only, and every rank of its CP group asks for the same
         ones, so they still agree without talking. Other DP ranks keep the
-        heuristic's placements (``plan.refined_dp_rank`` records this).
-
-        Under a pool policy (``skrull-pool``) the plan is a ``PoolPlan``; CP-SAT
-        refines only its one-group micro-batches (those of ``dp_rank``'s group).
+        heuristic's placements (``plan.refined_dp_rank`` records this). CP-SAT
+        places on one CP group, so it refines one-group micro-batches only
+        (under ``skrull-pool`` a wide one keeps the core's sets).
         """
         lengths = _as_lengths(lengths)
         c = self.config
         if dp_rank is not None and not (isinstance(dp_rank, int) and 0 <= dp_rank < c.dp):
             raise ValueError(f"dp_rank must be in [0, {c.dp}), got {dp_rank!r}")
         if c.policy_spec.pool:
-            pool = _core.schedule_pool(lengths, self.cost_model, self._options)
-            plan = PoolPlan.from_core(pool, lengths, c.dp, c.cp, c.bucket_size, cost=self.cost_model,
-                                     timeline=c.timeline)
-            mbs = [mb for mb in plan.micro_batches if mb.groups == 1 and (dp_rank is None or mb.first_group == dp_rank)]
+            core = _core.schedule_pool(lengths, self.cost_model, self._options)
         else:
-            core = _core.schedule(lengths, self.cost_model, self._options)
-            plan = Plan.from_core(core, lengths, c.dp, c.cp, c.bucket_size, c.timeline,
-                                  self.cost_model.micro_batch_fixed_us)
-            ranks = plan.ranks if dp_rank is None else [plan.ranks[dp_rank]]
-            mbs = [mb for rank in ranks for mb in rank]
+            core = _core.to_plan(_core.schedule(lengths, self.cost_model, self._options), c.cp,
+                                 TIMELINES[c.timeline], self.cost_model.micro_batch_fixed_us)
+        plan = Plan.from_core(core, lengths, c.dp, c.cp, c.bucket_size, cost=self.cost_model, timeline=c.timeline,
+                              pool=c.policy_spec.pool)
+        mbs = [mb for mb in plan.micro_batches if mb.groups == 1 and (dp_rank is None or mb.first_group == dp_rank)]
         plan.refined_dp_rank = dp_rank
         for mb in mbs:  # every micro-batch's gap to its bound (skrull/mean_bound_gap); CP-SAT may raise it
             mb.lower_bound_us = self.cost_model.micro_batch_lower_bound_us(mb.lengths, c.cp)
@@ -89,7 +84,7 @@ class Scheduler:
         predicted more than ``cpsat_margin`` above its lower bound."""
         return time_us > (1.0 + self.config.cpsat_margin) * lower_bound_us
 
-    def _maybe_improve(self, plan: Plan | PoolPlan, mb: MicroBatchPlan | PoolMicroBatchPlan) -> CpSatResult | None:
+    def _maybe_improve(self, plan: Plan, mb: MicroBatchPlan) -> CpSatResult | None:
         c = self.config
         mb.lower_bound_us = self.cost_model.micro_batch_lower_bound_us(mb.lengths, c.cp)
         if not self._worth_cpsat(mb.time_us, mb.lower_bound_us):

@@ -1,27 +1,40 @@
-"""The plan of one global batch, as users and the dataloader see it.
+"""The plan of one global batch: the one plan type, as users, the dataloader
+and the simulator see it.
 
-Built from the core's ``Schedule``; the CP-SAT fallback may replace a
+The world is DP x CP ranks, global rank = dp_rank * cp + cp_rank (torchtitan's
+mesh order, CP innermost). Each micro-batch sits at a *slot* on a block of CP
+groups (DP ranks); every rank of the block runs it at that slot, and a rank
+runs its micro-batches in slot order. Each sequence of a micro-batch has a
+*rank set*, the contiguous global ranks ``[first_rank, first_rank +
+num_ranks)`` inside the block: one rank (local, whole), or k >= 2 ranks
+(sharded, zigzag over the k).
+
+Policy ``skrull``'s plans are the one-group case: micro-batch j of DP rank i
+is slot j on group i alone, and each set is one rank or the whole group (the
+core's ``to_plan``). ``skrull-pool`` (``pool=True``) also has sub-group sets
+of one group and sets over an aligned block of several groups
+(cpp/include/skrull/pool.hpp).
+
+Built from the core's ``Plan``; the CP-SAT fallback may replace a one-group
 micro-batch's placement afterwards (``replace_placement``). ``validate()``
-re-checks every invariant with plain arithmetic, independent of the core.
+re-checks coverage, rank sets and memory with plain arithmetic, and the
+times with the core's slot replay.
 """
 
 from __future__ import annotations
 
 import hashlib
-import math
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from skrull_ext import _core
 from skrull_ext._core import DISTRIBUTED
 from skrull_ext.scheduler.capacity import Capacity
 from skrull_ext.scheduler.config import TIMELINES
+from skrull_ext.scheduler.plan_check import PlanError, check_plan
 
 DROPPED = _core.DROPPED
-
-
-class PlanError(ValueError):
-    """A plan breaks one of its invariants."""
 
 
 def _imbalance(values: list[float]) -> float:
@@ -32,20 +45,26 @@ def _imbalance(values: list[float]) -> float:
 
 @dataclass
 class MicroBatchPlan:
-    """One micro-batch of one DP rank on its CP group."""
+    """One micro-batch: a slot on the CP groups [first_group, first_group + groups)."""
 
-    dp_rank: int
-    index: int
+    slot: int
+    first_group: int
+    groups: int
     seqs: list[int]
     """Global indices of the sequences, in buffer order."""
     lengths: list[int]
     """Effective lengths, parallel to seqs."""
-    cp_rank: list[int]
-    """Placement parallel to seqs: a CP rank, or DISTRIBUTED (-1)."""
+    first_rank: list[int]
+    """Per sequence: the first global rank of its rank set."""
+    num_ranks: list[int]
+    """Per sequence: ranks in its set (1 = local)."""
     rank_tokens: list[int]
+    """Tokens per rank of the block, in global rank order."""
     comm_bytes: float
     time_us: float
-    rollbacks: int
+    start_us: float = 0.0
+    """Predicted start on the plan's timeline."""
+    rollbacks: int = 0
     moves: int = 0
     """Refinement moves after DACP (policy 'skrull')."""
     path: str = "heuristic"
@@ -54,18 +73,59 @@ class MicroBatchPlan:
     """Predicted time of the heuristic's placement, kept when CP-SAT replaced it."""
     lower_bound_us: float | None = None
     """Lower bound on this micro-batch's time: the cost model's ``micro_batch_lower_bound_us``, set by
-    ``Scheduler.schedule`` for the micro-batches it refines (all, or ``dp_rank``'s), raised to CP-SAT's
-    proven bound where the fallback ran; None for a plan made without a Scheduler (``from_core``)."""
+    ``Scheduler.schedule`` for the one-group micro-batches it refines (all, or ``dp_rank``'s), raised to
+    CP-SAT's proven bound where the fallback ran; None for a plan made without a Scheduler."""
     rank_flops: list[float] = field(default_factory=list)
-    """Attention + linear FLOPs per CP rank (local sequences whole, distributed ones 1/N each)."""
+    """Attention + linear FLOPs per rank of the block (a sequence's split evenly over its set)."""
+
+    @classmethod
+    def placed(cls, group: int, slot: int, seqs: Sequence[int], lengths: Sequence[int], cp_rank: Sequence[int],
+               cp: int, scored: _core.DacpResult, time_us: float | None = None) -> MicroBatchPlan:
+        """A one-group micro-batch from a DACP placement (per sequence a CP rank, or DISTRIBUTED
+        over the whole group) and the core's scoring of it; ``time_us`` overrides the score's."""
+        base = group * cp
+        return cls(
+            slot=slot, first_group=group, groups=1, seqs=list(seqs), lengths=list(lengths),
+            first_rank=[base if r == DISTRIBUTED else base + r for r in cp_rank],
+            num_ranks=[cp if r == DISTRIBUTED else 1 for r in cp_rank],
+            rank_tokens=list(scored.rank_tokens), comm_bytes=scored.comm_bytes,
+            time_us=scored.time_us if time_us is None else time_us, rollbacks=scored.rollbacks,
+            moves=scored.moves, rank_flops=list(scored.rank_flops),
+        )
+
+    @property
+    def cp_of_block(self) -> int:
+        return len(self.rank_tokens) // self.groups
+
+    @property
+    def block(self) -> range:
+        """Global ranks that run this micro-batch."""
+        return range(self.first_group * self.cp_of_block, (self.first_group + self.groups) * self.cp_of_block)
+
+    @property
+    def dp_rank(self) -> int:
+        """The DP rank (CP group) that runs it, for a one-group micro-batch (the first, for a block)."""
+        return self.first_group
+
+    @property
+    def index(self) -> int:
+        """Its slot: under skrull, its position in its DP rank's micro-batches."""
+        return self.slot
+
+    @property
+    def cp_rank(self) -> list[int]:
+        """For a one-group micro-batch: the DACP placement view (CP rank or DISTRIBUTED; a
+        sub-group set shows as DISTRIBUTED, e.g. in CP-SAT's hint)."""
+        cp = self.cp_of_block
+        return [DISTRIBUTED if n > 1 else r - self.first_group * cp for r, n in zip(self.first_rank, self.num_ranks)]
 
     @property
     def num_local(self) -> int:
-        return sum(1 for r in self.cp_rank if r != DISTRIBUTED)
+        return sum(1 for n in self.num_ranks if n == 1)
 
     @property
     def local_tokens(self) -> int:
-        return sum(s for s, r in zip(self.lengths, self.cp_rank) if r != DISTRIBUTED)
+        return sum(s for s, n in zip(self.lengths, self.num_ranks) if n == 1)
 
     @property
     def tokens(self) -> int:
@@ -73,15 +133,27 @@ class MicroBatchPlan:
 
     @property
     def bound_gap(self) -> float | None:
-        """Predicted time over the lower bound, minus one (None until the fallback computed a bound)."""
+        """Predicted time over the lower bound, minus one (None until a bound is set)."""
         if self.lower_bound_us is None or self.lower_bound_us <= 0:
             return None
         return self.time_us / self.lower_bound_us - 1.0
 
 
+def _rank_flops(mb: MicroBatchPlan, cost: _core.CostModel) -> list[float]:
+    """Per-layer forward FLOPs of each rank of the block (the core's DacpResult
+    rule: a local sequence's on its rank, a sharded one's 1/k on each of its k)."""
+    base = mb.first_group * mb.cp_of_block
+    out = [0.0] * len(mb.rank_tokens)
+    for s, r, n in zip(mb.lengths, mb.first_rank, mb.num_ranks):
+        f = cost.flops(s) / n
+        for i in range(r - base, r - base + n):
+            out[i] += f
+    return out
+
+
 @dataclass
 class Plan:
-    """Every sequence's DP rank, micro-batch and CP placement for one step."""
+    """Every sequence's micro-batch and rank set for one step."""
 
     dp: int
     cp: int
@@ -89,95 +161,179 @@ class Plan:
     lengths: list[int]
     """Effective lengths in the caller's order (truncated ones shortened)."""
     input_lengths: list[int]
-    dp_rank: list[int]
     micro_batch: list[int]
-    cp_rank: list[int]
-    ranks: list[list[MicroBatchPlan]]
+    """Per sequence: index into micro_batches, -1 if dropped."""
+    first_rank: list[int]
+    num_ranks: list[int]
+    """Per sequence: its rank set (0, 0 if dropped)."""
+    micro_batches: list[MicroBatchPlan]
+    """By slot, then first group."""
+    slots: int
+    group_time_us: list[float]
+    """Each CP group's micro-batches back to back (its free-running finish)."""
+    makespan_us: float
+    """Predicted step time on ``timeline``."""
     dropped: list[int]
     truncated: list[int]
     scheduler_us: float
     """Wall time of the C++ scheduler call (its own clock)."""
+    pool: bool = False
+    """Rank sets may leave their CP group (policy skrull-pool): the length limit is then the world's."""
+    widened: int = 0
+    """Sequences sharded over more than one CP group."""
+    narrowed: int = 0
+    """Sequences sharded over a sub-block of 2 <= k < cp ranks of their CP group."""
+    skrull_plan: bool = True
+    """skrull's own micro-batches (under skrull-pool: kept because they predicted no slower; with
+    ``narrowed`` > 0 some of their sharded sequences then moved to sub-group sets)."""
     fallback_us: float = 0.0
     """Wall time spent in the CP-SAT fallback."""
     rollbacks: int = 0
-    dp_time_us: list[float] = field(default_factory=list)
-    """Each DP rank's micro-batches back to back."""
-    makespan_us: float = 0.0
-    """Predicted step time on ``timeline`` (``step_time_us``)."""
     refined_dp_rank: int | None = None
     """When set, the CP-SAT fallback looked only at this DP rank's micro-batches."""
     timeline: str = "lockstep"
-    """The timeline the step runs on (config.TIMELINES): lockstep slots or free-running ranks."""
+    """The timeline the step runs on (config.TIMELINES): lockstep slots or free-running groups."""
     pad_us: float = 0.0
     """Time of a pad pass on a lockstep timeline: the cost model's micro_batch_fixed_us."""
 
     @classmethod
-    def from_core(cls, s: _core.Schedule, input_lengths: list[int], dp: int, cp: int, bucket_size: int,
-                  timeline: str = "lockstep", pad_us: float = 0.0) -> Plan:
+    def from_core(cls, s: _core.Plan, input_lengths: Sequence[int], dp: int, cp: int, bucket_size: int,
+                  cost: _core.CostModel | None = None, timeline: str = "lockstep", pool: bool = False) -> Plan:
+        """With ``cost``, each micro-batch's ``rank_flops`` is filled and a pad pass costs
+        ``cost.micro_batch_fixed_us``."""
         lengths = list(s.lengths)
-        ranks: list[list[MicroBatchPlan]] = [[] for _ in range(dp)]
-        for mb in s.micro_batches:
-            d = mb.dacp
-            seqs = list(mb.seqs)
-            ranks[mb.dp_rank].append(
-                MicroBatchPlan(
-                    dp_rank=mb.dp_rank, index=mb.index, seqs=seqs, lengths=[lengths[k] for k in seqs],
-                    cp_rank=list(d.cp_rank), rank_tokens=list(d.rank_tokens), comm_bytes=d.comm_bytes,
-                    time_us=d.time_us, rollbacks=d.rollbacks, moves=d.moves, rank_flops=list(d.rank_flops),
-                )
+        mbs = [
+            MicroBatchPlan(
+                slot=mb.slot, first_group=mb.first_group, groups=mb.groups, seqs=list(mb.seqs),
+                lengths=[lengths[k] for k in mb.seqs], first_rank=list(mb.first_rank), num_ranks=list(mb.num_ranks),
+                rank_tokens=list(mb.rank_tokens), comm_bytes=mb.comm_bytes, start_us=mb.start_us, time_us=mb.time_us,
+                rollbacks=mb.rollbacks, moves=mb.moves,
             )
+            for mb in s.micro_batches
+        ]
+        if cost is not None:
+            for mb in mbs:
+                mb.rank_flops = _rank_flops(mb, cost)
         return cls(
             dp=dp, cp=cp, bucket_size=bucket_size, lengths=lengths, input_lengths=list(input_lengths),
-            dp_rank=list(s.dp_rank), micro_batch=list(s.micro_batch), cp_rank=list(s.cp_rank), ranks=ranks,
-            dropped=list(s.dropped), truncated=list(s.truncated), scheduler_us=s.elapsed_us,
-            rollbacks=s.rollbacks, dp_time_us=list(s.dp_time_us), makespan_us=s.makespan_us,
-            timeline=timeline, pad_us=pad_us,
+            micro_batch=list(s.micro_batch), first_rank=list(s.first_rank), num_ranks=list(s.num_ranks),
+            micro_batches=mbs, slots=s.slots, group_time_us=list(s.group_time_us), makespan_us=s.makespan_us,
+            dropped=list(s.dropped), truncated=list(s.truncated), scheduler_us=s.elapsed_us, pool=pool,
+            widened=s.widened, narrowed=s.narrowed, skrull_plan=s.skrull_plan, rollbacks=s.rollbacks,
+            timeline=timeline, pad_us=cost.micro_batch_fixed_us if cost is not None else 0.0,
         )
 
-    def step_time_us(self, timeline: str | None = None) -> float:
-        """The step on ``timeline`` (default: the plan's own), from its micro-batch times (the core's
-        timeline function)."""
-        return _core.step_time_us([[mb.time_us for mb in rank] for rank in self.ranks],
-                                  TIMELINES[timeline or self.timeline], self.pad_us)
+    @classmethod
+    def from_groups(cls, lengths: Sequence[int], groups: list[list[MicroBatchPlan]], dp: int, cp: int,
+                    bucket_size: int, scheduler_us: float, timeline: str = "lockstep", pad_us: float = 0.0) -> Plan:
+        """A plan of one-group micro-batches listed per CP group in slot order (the simulator's
+        baselines), nothing dropped or truncated; timed by the core's slot replay."""
+        n = len(lengths)
+        mbs = sorted((mb for g in groups for mb in g), key=lambda mb: (mb.slot, mb.first_group))
+        plan = cls(
+            dp=dp, cp=cp, bucket_size=bucket_size, lengths=list(lengths), input_lengths=list(lengths),
+            micro_batch=[-1] * n, first_rank=[0] * n, num_ranks=[0] * n, micro_batches=mbs,
+            slots=max((mb.slot + 1 for mb in mbs), default=0), group_time_us=[0.0] * dp, makespan_us=0.0,
+            dropped=[], truncated=[], scheduler_us=scheduler_us, timeline=timeline, pad_us=pad_us,
+        )
+        for m, mb in enumerate(mbs):
+            for k, r, c in zip(mb.seqs, mb.first_rank, mb.num_ranks):
+                plan.micro_batch[k], plan.first_rank[k], plan.num_ranks[k] = m, r, c
+        plan.retime()
+        return plan
 
     # ------------------------------------------------------------------ views
-    def micro_batches(self, dp_rank: int) -> list[MicroBatchPlan]:
-        """Micro-batches of one DP rank, in execution order."""
+    @property
+    def world(self) -> int:
+        return self.dp * self.cp
+
+    @property
+    def dp_time_us(self) -> list[float]:
+        """Each CP group's (DP rank's) micro-batches back to back."""
+        return self.group_time_us
+
+    @property
+    def dp_rank(self) -> list[int]:
+        """Per sequence: the CP group holding (the first rank of) its set, or DROPPED."""
+        return [r // self.cp if m >= 0 else DROPPED for r, m in zip(self.first_rank, self.micro_batch)]
+
+    @property
+    def cp_rank(self) -> list[int]:
+        """Per sequence: its CP rank when local, else DISTRIBUTED (also for a dropped one)."""
+        return [r % self.cp if c == 1 else DISTRIBUTED for r, c in zip(self.first_rank, self.num_ranks)]
+
+    @property
+    def slot(self) -> list[int]:
+        """Per sequence: the slot of its micro-batch (under skrull, its index within its DP
+        rank's micro-batches), -1 if dropped."""
+        return [self.micro_batches[m].slot if m >= 0 else -1 for m in self.micro_batch]
+
+    @property
+    def ranks(self) -> list[list[MicroBatchPlan]]:
+        """Per CP group (DP rank), the micro-batches it runs in slot order; a wide
+        micro-batch appears in every group it spans."""
+        out: list[list[MicroBatchPlan]] = [[] for _ in range(self.dp)]
+        for mb in self.micro_batches:
+            for g in range(mb.first_group, mb.first_group + mb.groups):
+                out[g].append(mb)
+        return out
+
+    def group_micro_batches(self, dp_rank: int) -> list[MicroBatchPlan]:
+        """Micro-batches one CP group (DP rank) runs, in slot order."""
         if not 0 <= dp_rank < self.dp:
             raise ValueError(f"dp_rank must be in [0, {self.dp}), got {dp_rank}")
-        return self.ranks[dp_rank]
+        return [mb for mb in self.micro_batches if mb.first_group <= dp_rank < mb.first_group + mb.groups]
 
     def all_micro_batches(self) -> list[MicroBatchPlan]:
-        return [mb for rank in self.ranks for mb in rank]
+        return list(self.micro_batches)
+
+    def rank_slots(self, rank: int) -> list[tuple[int, int, list[tuple[int, int, int]]]]:
+        """What one global rank runs: per slot it takes part in, (slot, micro-batch
+        index, [(sequence, first_rank, num_ranks) for each sequence it holds all or
+        a shard of]), in slot order. Its buffer per slot: local sequences whole,
+        and its zigzag shard of each sharded one (position rank - first_rank)."""
+        if not 0 <= rank < self.world:
+            raise ValueError(f"rank must be in [0, {self.world}), got {rank}")
+        out = []
+        for m, mb in enumerate(self.micro_batches):
+            if rank in mb.block:
+                out.append((mb.slot, m, [(k, r, n) for k, r, n in zip(mb.seqs, mb.first_rank, mb.num_ranks)
+                                         if r <= rank < r + n]))
+        return out
 
     @property
     def num_micro_batches(self) -> int:
-        """Most micro-batches of any DP rank (FSDP ranks must step together)."""
-        return max((len(r) for r in self.ranks), default=0)
+        """Slots: every rank steps through them together on a lockstep timeline (pads where it idles)."""
+        return self.slots
 
     @property
     def num_sequences(self) -> int:
         return len(self.lengths)
 
+    @property
+    def limit(self) -> int:
+        """The longest sequence the plan's ranks may hold: a CP group's, or under skrull-pool the world's."""
+        return Capacity(self.bucket_size, self.cp, self.dp, pool=self.pool).limit
+
     def summary(self) -> dict[str, float]:
         """Per-step figures for logging: what ran local, what was sharded, balance."""
-        mbs = self.all_micro_batches()
-        live = [k for k in range(len(self.lengths)) if self.dp_rank[k] != DROPPED]
-        n_local = sum(mb.num_local for mb in mbs)
+        live = [k for k in range(len(self.lengths)) if self.micro_batch[k] >= 0]
         tok = sum(self.lengths[k] for k in live)
-        tok_local = sum(mb.local_tokens for mb in mbs)
-        rank_tokens = [t for mb in mbs for t in mb.rank_tokens]
-        mean_dp = sum(self.dp_time_us) / len(self.dp_time_us) if self.dp_time_us else 0.0
-        gaps = [g for g in (mb.bound_gap for mb in mbs) if g is not None]
+        mean = sum(self.group_time_us) / len(self.group_time_us) if self.group_time_us else 0.0
+        rank_tokens = [t for mb in self.micro_batches for t in mb.rank_tokens]
+        gaps = [g for g in (mb.bound_gap for mb in self.micro_batches) if g is not None]
         return {
             "sequences": len(live),
-            "micro_batches": len(mbs),
-            "max_micro_batches": self.num_micro_batches,
-            "local_seq_share": n_local / len(live) if live else 0.0,
-            "local_token_share": tok_local / tok if tok else 0.0,
+            "micro_batches": len(self.micro_batches),
+            "max_micro_batches": self.slots,
+            "local_seq_share": sum(self.num_ranks[k] == 1 for k in live) / len(live) if live else 0.0,
+            "local_token_share": sum(self.lengths[k] for k in live if self.num_ranks[k] == 1) / tok if tok else 0.0,
+            "widened": self.widened,
+            "narrowed": self.narrowed,
+            "skrull_plan": float(self.skrull_plan),
             "rollbacks": self.rollbacks,
-            "refine_moves": sum(mb.moves for mb in mbs),
-            "cpsat_used": sum(1 for mb in mbs if mb.path == "cpsat"),
+            "refine_moves": sum(mb.moves for mb in self.micro_batches),
+            "cpsat_used": sum(1 for mb in self.micro_batches if mb.path == "cpsat"),
             "mean_bound_gap": sum(gaps) / len(gaps) if gaps else float("nan"),
             "dropped": len(self.dropped),
             "truncated": len(self.truncated),
@@ -185,163 +341,106 @@ class Plan:
             "fallback_us": self.fallback_us,
             "predicted_us": self.makespan_us,
             **{f"predicted_{t}_us": self.step_time_us(t) for t in TIMELINES},
-            "dp_imbalance": self.makespan_us / mean_dp if mean_dp > 0 else 1.0,
+            "dp_imbalance": self.makespan_us / mean if mean > 0 else 1.0,
             "max_rank_tokens": max(rank_tokens, default=0),
-            "rank_token_imbalance": _imbalance(self.rank_totals("rank_tokens")),
-            "rank_flop_imbalance": _imbalance(self.rank_totals("rank_flops")),
+            "rank_token_imbalance": _imbalance(self.rank_totals()),
+            # NaN only for a plan built without a cost model (from_core's ``cost``).
+            "rank_flop_imbalance": (_imbalance(self.rank_totals("rank_flops"))
+                                    if all(mb.rank_flops for mb in self.micro_batches) else float("nan")),
         }
 
-    def rank_totals(self, what: str) -> list[float]:
-        """Per (DP rank, CP rank), ``what`` ('rank_tokens' or 'rank_flops') summed
-        over its micro-batches; DP-major."""
-        out = []
-        for rank in self.ranks:
-            totals = [0.0] * self.cp
-            for mb in rank:
-                for c, v in enumerate(getattr(mb, what)):
-                    totals[c] += v
-            out += totals
+    def rank_totals(self, what: str = "rank_tokens") -> list[float]:
+        """Per global rank (DP-major), ``what`` ('rank_tokens' or 'rank_flops') summed over its micro-batches."""
+        out = [0.0] * self.world
+        for mb in self.micro_batches:
+            for i, t in enumerate(getattr(mb, what)):
+                out[mb.first_group * self.cp + i] += t
         return out
 
     def describe(self, max_seqs: int = 12) -> str:
-        """A readable listing: per DP rank and micro-batch, each sequence's index,
-        length and placement ('D' = distributed), tokens per CP rank, predicted time."""
+        """A readable listing: per CP group and slot, each sequence's index, length and set
+        (its CP rank when local, 'D' for the whole group, 'r+k' for the k global ranks from r),
+        tokens per rank, predicted time."""
         lines = [
             f"plan: {self.num_sequences} sequences, dp={self.dp} cp={self.cp} bucket_size={self.bucket_size}, "
-            f"predicted {self.makespan_us / 1e3:.2f} ms, scheduled in {self.scheduler_us:.0f} us"
+            f"{self.slots} slots, predicted {self.makespan_us / 1e3:.2f} ms, scheduled in {self.scheduler_us:.0f} us"
             + (f" (+{self.fallback_us / 1e3:.1f} ms CP-SAT)" if self.fallback_us else "")
+            + (f"; {self.widened} widened, {self.narrowed} narrowed" if self.pool else "")
         ]
         if self.dropped or self.truncated:
             lines.append(f"  over-length: {len(self.dropped)} dropped {self.dropped}, "
                          f"{len(self.truncated)} truncated {self.truncated}")
-        for d, rank in enumerate(self.ranks):
-            lines.append(f"  DP {d}: {len(rank)} micro-batches, {self.dp_time_us[d] / 1e3:.2f} ms")
-            for mb in rank:
-                seqs = [f"{k}:{s}@{'D' if r == DISTRIBUTED else r}" for k, s, r in zip(mb.seqs, mb.lengths, mb.cp_rank)]
+
+        def where(r: int, n: int, mb: MicroBatchPlan) -> str:
+            if n == 1:
+                return str(r % self.cp)
+            return "D" if n == self.cp and mb.groups == 1 and r % self.cp == 0 else f"{r}+{n}"
+
+        for d, group in enumerate(self.ranks):
+            lines.append(f"  DP {d}: {len(group)} micro-batches, {self.group_time_us[d] / 1e3:.2f} ms")
+            for mb in group:
+                seqs = [f"{k}:{s}@{where(r, n, mb)}" for k, s, r, n in zip(mb.seqs, mb.lengths, mb.first_rank,
+                                                                          mb.num_ranks)]
                 more = f" ... (+{len(seqs) - max_seqs})" if len(seqs) > max_seqs else ""
-                lines.append(
-                    f"    mb {mb.index} [{mb.path}] {mb.time_us / 1e3:.2f} ms, tokens/CP rank {list(mb.rank_tokens)}: "
-                    + " ".join(seqs[:max_seqs]) + more
-                )
+                span = f" groups {mb.first_group}..{mb.first_group + mb.groups - 1}" if mb.groups > 1 else ""
+                lines.append(f"    slot {mb.slot}{span} [{mb.path}] {mb.time_us / 1e3:.2f} ms, tokens/rank "
+                             f"{list(mb.rank_tokens)}: " + " ".join(seqs[:max_seqs]) + more)
         return "\n".join(lines)
 
     # ---------------------------------------------------------------- updates
     def replace_placement(self, mb: MicroBatchPlan, result: _core.DacpResult, path: str) -> None:
-        """Swap in another placement of the same micro-batch (e.g. CP-SAT's)."""
-        if len(result.cp_rank) != len(mb.seqs):
-            raise PlanError(f"placement has {len(result.cp_rank)} entries for {len(mb.seqs)} sequences")
+        """Swap in another DACP placement of a one-group micro-batch (e.g. CP-SAT's) and re-time the plan."""
+        if mb.groups != 1 or len(result.cp_rank) != len(mb.seqs):
+            raise PlanError("replace_placement takes a one-group micro-batch and one placement per sequence")
+        base = mb.first_group * self.cp
         mb.heuristic_time_us = mb.time_us if mb.heuristic_time_us is None else mb.heuristic_time_us
-        mb.cp_rank = list(result.cp_rank)
+        mb.first_rank = [base if r == DISTRIBUTED else base + r for r in result.cp_rank]
+        mb.num_ranks = [self.cp if r == DISTRIBUTED and self.cp > 1 else 1 for r in result.cp_rank]
         mb.rank_tokens = list(result.rank_tokens)
         mb.rank_flops = list(result.rank_flops)
         mb.comm_bytes = result.comm_bytes
         mb.time_us = result.time_us
         mb.path = path
-        for k, r in zip(mb.seqs, mb.cp_rank):
-            self.cp_rank[k] = r
-        self.dp_time_us[mb.dp_rank] = sum(m.time_us for m in self.ranks[mb.dp_rank])
-        self.makespan_us = self.step_time_us()
+        for k, r, n in zip(mb.seqs, mb.first_rank, mb.num_ranks):
+            self.first_rank[k], self.num_ranks[k] = r, n
+        # CP-SAT places on whole groups: sub-group sets it replaced are gone.
+        self.narrowed = sum(1 for k, m in zip(self.num_ranks, self.micro_batch) if m >= 0 and 1 < k < self.cp)
+        self.retime()
+
+    def retime(self) -> None:
+        """Each group's finish, each micro-batch's start and the step, from the micro-batch times."""
+        self.group_time_us, starts, self.makespan_us = self._timeline()
+        for m, s in zip(self.micro_batches, starts):
+            m.start_us = s
+
+    def step_time_us(self, timeline: str | None = None) -> float:
+        """The step on ``timeline`` (default: the plan's own), from its slots (the core's timeline function)."""
+        return _core.plan_step_time_us(self._slot_times(), self.dp, TIMELINES[timeline or self.timeline], self.pad_us)
+
+    def _slot_times(self) -> list[_core.SlotTime]:
+        return [_core.SlotTime(mb.slot, mb.first_group, mb.groups, mb.time_us) for mb in self.micro_batches]
+
+    def _timeline(self) -> tuple[list[float], list[float], float]:
+        """The core's replay of the slots (timeline.hpp): each group's free-running finish,
+        each micro-batch's start on the plan's timeline, and the step on it."""
+        step, group_free, starts = _core.plan_timeline(self._slot_times(), self.dp, TIMELINES[self.timeline],
+                                                       self.pad_us)
+        return group_free, starts, step
 
     # ------------------------------------------------------------- invariants
     def validate(self) -> None:
-        """Raise PlanError naming the first broken invariant.
-
-        Checks: per-sequence arrays agree with the micro-batches; every
-        sequence not dropped sits in exactly one micro-batch of its DP rank;
-        placements are DISTRIBUTED or a CP rank; each rank's tokens (local
-        whole, distributed as a zigzag shard) recomputed here match and stay
-        within bucket_size; over-length handling is complete; times add up.
-        """
-        k_total = len(self.input_lengths)
-        for name in ("lengths", "dp_rank", "micro_batch", "cp_rank"):
-            if len(getattr(self, name)) != k_total:
-                raise PlanError(f"plan.{name} has {len(getattr(self, name))} entries for {k_total} sequences")
-        if len(self.ranks) != self.dp:
-            raise PlanError(f"plan has {len(self.ranks)} DP ranks, expected {self.dp}")
-        limit = Capacity(self.bucket_size, self.cp, self.dp).limit
-        dropped = set(self.dropped)
-        truncated = set(self.truncated)
-        if len(dropped) != len(self.dropped) or len(truncated) != len(self.truncated):
-            raise PlanError("dropped or truncated lists repeat an index")
-        for k in range(k_total):
-            s_in, s = self.input_lengths[k], self.lengths[k]
-            if k in dropped:
-                if self.dp_rank[k] != DROPPED:
-                    raise PlanError(f"sequence {k} is listed as dropped but placed on DP rank {self.dp_rank[k]}")
-                if s_in <= limit:
-                    raise PlanError(f"sequence {k} (length {s_in}) was dropped though it fits (limit {limit})")
-                continue
-            if k in truncated:
-                if not (s_in > limit and s == limit):
-                    raise PlanError(f"sequence {k} truncated from {s_in} to {s}, expected to the limit {limit}")
-            elif s != s_in:
-                raise PlanError(f"sequence {k} length changed from {s_in} to {s} without truncation")
-            if s > limit:
-                raise PlanError(f"sequence {k} has length {s} > limit {limit}")
-            if not 0 <= self.dp_rank[k] < self.dp:
-                raise PlanError(f"sequence {k} has DP rank {self.dp_rank[k]}, outside [0, {self.dp})")
-            if not (self.cp_rank[k] == DISTRIBUTED or 0 <= self.cp_rank[k] < self.cp):
-                raise PlanError(f"sequence {k} has CP rank {self.cp_rank[k]}, neither DISTRIBUTED nor in [0, {self.cp})")
-        seen = [0] * k_total
-        for d, rank in enumerate(self.ranks):
-            total = 0.0
-            for j, mb in enumerate(rank):
-                where = f"DP rank {d} micro-batch {j}"
-                if mb.dp_rank != d or mb.index != j:
-                    raise PlanError(f"{where} is labelled DP rank {mb.dp_rank} micro-batch {mb.index}")
-                if not mb.seqs:
-                    raise PlanError(f"{where} is empty")
-                if not (len(mb.seqs) == len(mb.cp_rank) == len(mb.lengths)):
-                    raise PlanError(f"{where}: seqs, lengths and cp_rank differ in length")
-                tokens = [0] * self.cp
-                for k, s, r in zip(mb.seqs, mb.lengths, mb.cp_rank):
-                    if not 0 <= k < k_total:
-                        raise PlanError(f"{where} holds sequence {k}, outside [0, {k_total})")
-                    seen[k] += 1
-                    if self.dp_rank[k] != d or self.micro_batch[k] != j or self.cp_rank[k] != r:
-                        raise PlanError(
-                            f"sequence {k}: arrays say DP {self.dp_rank[k]} micro-batch {self.micro_batch[k]} "
-                            f"CP {self.cp_rank[k]}, {where} says CP {r}"
-                        )
-                    if s != self.lengths[k]:
-                        raise PlanError(f"{where}: sequence {k} has length {s}, plan.lengths says {self.lengths[k]}")
-                    if r == DISTRIBUTED:
-                        shard = s if self.cp == 1 else 2 * -(-s // (2 * self.cp))
-                        for c in range(self.cp):
-                            tokens[c] += shard
-                    else:
-                        tokens[r] += s
-                if tokens != list(mb.rank_tokens):
-                    raise PlanError(f"{where}: rank tokens {list(mb.rank_tokens)} but placement gives {tokens}")
-                for c, t in enumerate(tokens):
-                    if t > self.bucket_size:
-                        raise PlanError(f"{where}: CP rank {c} holds {t} tokens > bucket_size {self.bucket_size}")
-                if not (math.isfinite(mb.time_us) and mb.time_us >= 0):
-                    raise PlanError(f"{where}: predicted time {mb.time_us} is not a finite non-negative number")
-                total += mb.time_us
-            if not math.isclose(total, self.dp_time_us[d], rel_tol=1e-9, abs_tol=1e-6):
-                raise PlanError(f"DP rank {d}: micro-batch times sum to {total}, plan says {self.dp_time_us[d]}")
-        for k in range(k_total):
-            want = 0 if k in dropped else 1
-            if seen[k] != want:
-                raise PlanError(f"sequence {k} appears in {seen[k]} micro-batches, expected {want}")
-        # The step on its timeline, restated: lockstep, slot j lasts as long as its slowest
-        # rank (a pad pass where a rank has no j-th micro-batch); free, the slowest rank.
-        if self.timeline == "free":
-            want = max(self.dp_time_us, default=0.0)
-        else:
-            slots = max((len(r) for r in self.ranks), default=0)
-            want = sum(max(r[j].time_us if j < len(r) else self.pad_us for r in self.ranks) for j in range(slots))
-        if not math.isclose(self.makespan_us, want, rel_tol=1e-9, abs_tol=1e-6):
-            raise PlanError(f"makespan {self.makespan_us} is not the {self.timeline} step time {want} of its "
-                            "micro-batches")
+        """Raise PlanError naming the first broken invariant (plan_check.py lists them)."""
+        check_plan(self)
 
     def digest(self) -> str:
         """Hash of everything that decides what each rank computes; equal on every rank."""
         h = hashlib.sha256()
         h.update(struct.pack("<3q", self.dp, self.cp, self.bucket_size))
-        for arr in (self.lengths, self.dp_rank, self.micro_batch, self.cp_rank):
+        for arr in (self.lengths, self.micro_batch, self.first_rank, self.num_ranks):
             h.update(struct.pack(f"<{len(arr)}q", *arr))
-        for mb in self.all_micro_batches():
-            h.update(struct.pack(f"<2q{len(mb.seqs)}q", mb.dp_rank, mb.index, *mb.seqs))
+        for mb in self.micro_batches:
+            h.update(struct.pack(f"<3q{len(mb.seqs)}q", mb.slot, mb.first_group, mb.groups, *mb.seqs))
         return h.hexdigest()
+
+
+__all__ = ["DROPPED", "MicroBatchPlan", "Plan", "PlanError"]

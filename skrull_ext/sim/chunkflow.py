@@ -53,9 +53,7 @@ def _chunk_micro_batch(cost: CostModel, shape: Shape, pieces: list[tuple[int, in
         time_us = cost.micro_batch_us([0.0] * shape.cp, flops / shape.cp, scored.comm_bytes)
     else:
         time_us = cost.micro_batch_us([flops], 0.0, 0.0)
-    return MicroBatchPlan(dp_rank=d, index=j, seqs=list(ids), lengths=lens, cp_rank=[where] * len(ids),
-                          rank_tokens=list(scored.rank_tokens), comm_bytes=scored.comm_bytes, time_us=time_us,
-                          rollbacks=0)
+    return MicroBatchPlan.placed(d, j, ids, lens, [where] * len(ids), shape.cp, scored, time_us=time_us)
 
 
 CHUNK_HALVINGS = 5

@@ -6,7 +6,6 @@ from dataclasses import asdict, dataclass
 
 from skrull_ext._core import CostModel
 from skrull_ext.scheduler.plan import Plan
-from skrull_ext.scheduler.pool_plan import PoolPlan
 
 
 @dataclass
@@ -46,38 +45,9 @@ def _local_share(micro_batches) -> float:
     return local / seqs if seqs else 0.0
 
 
-def of_plan(plan: Plan | PoolPlan, cost: CostModel, capacity: int, bound_us: float) -> IterationMetrics:
-    """Figures of one plan; `capacity` is the tokens a rank really holds (BucketSize unless told)."""
-    if isinstance(plan, PoolPlan):
-        return _of_pool_plan(plan, cost, capacity, bound_us)
-    peaks = []
-    comm = 0.0
-    overflow = 0
-    per_layer = cost.comm.collectives_per_layer * cost.shape.layers
-    for rank in plan.ranks:
-        rank_peak = [0] * plan.cp
-        for mb in rank:
-            for c, t in enumerate(mb.rank_tokens):
-                rank_peak[c] = max(rank_peak[c], t)
-            comm += mb.comm_bytes * per_layer
-            overflow += max(mb.rank_tokens, default=0) > capacity
-        peaks.extend(rank_peak)
-    return IterationMetrics(
-        time_us=plan.makespan_us,
-        bound_us=bound_us,
-        peak_tokens=max(peaks, default=0),
-        mean_peak_tokens=sum(peaks) / len(peaks) if peaks else 0.0,
-        comm_bytes=comm,
-        overflow=overflow,
-        micro_batches=plan.num_micro_batches,
-        dp_imbalance=plan.summary()["dp_imbalance"],
-        scheduler_us=plan.scheduler_us + plan.fallback_us,
-        local_share=_local_share(mb for rank in plan.ranks for mb in rank),
-    )
-
-
-def _of_pool_plan(plan: PoolPlan, cost: CostModel, capacity: int, bound_us: float) -> IterationMetrics:
-    """The same figures for a pool plan: peaks per global rank, a wide micro-batch counted once."""
+def of_plan(plan: Plan, cost: CostModel, capacity: int, bound_us: float) -> IterationMetrics:
+    """Figures of one plan; `capacity` is the tokens a rank really holds (BucketSize unless told).
+    Peaks are per global rank; a micro-batch over several CP groups counts once."""
     peaks = [0] * plan.world
     per_layer = cost.comm.collectives_per_layer * cost.shape.layers
     for mb in plan.micro_batches:

@@ -86,32 +86,18 @@ def pack_sharded(lengths: Sequence[int], order: Sequence[int], shape: Shape) -> 
 
 def micro_batch(cost: CostModel, shape: Shape, dp_rank: int, index: int, seqs: list[int], lengths: Sequence[int],
                 cp_rank: list[int]) -> MicroBatchPlan:
-    """One micro-batch scored by the core (tokens, bytes, predicted time)."""
+    """One micro-batch scored by the core (tokens, bytes, predicted time): slot ``index`` on DP rank ``dp_rank``."""
     lens = [lengths[k] for k in seqs]
     r = _core.evaluate_placement(lens, cp_rank, cost, shape.cp, shape.bucket_size)
-    return MicroBatchPlan(dp_rank=dp_rank, index=index, seqs=list(seqs), lengths=lens, cp_rank=list(cp_rank),
-                          rank_tokens=list(r.rank_tokens), comm_bytes=r.comm_bytes, time_us=r.time_us, rollbacks=0)
+    return MicroBatchPlan.placed(dp_rank, index, seqs, lens, cp_rank, shape.cp, r)
 
 
 def build_plan(lengths: Sequence[int], ranks: list[list[MicroBatchPlan]], shape: Shape, started: float,
                pad_us: float = 0.0) -> Plan:
     """Assemble a Plan from scored micro-batches (per DP rank, in execution order), timed on
     ``shape.timeline`` (a pad pass costs ``pad_us``, the cost model's micro_batch_fixed_us)."""
-    k_total = len(lengths)
-    dp_rank, mb_index, cp_rank = [-1] * k_total, [-1] * k_total, [DISTRIBUTED] * k_total
-    for rank in ranks:
-        for mb in rank:
-            for k, r in zip(mb.seqs, mb.cp_rank):
-                dp_rank[k], mb_index[k], cp_rank[k] = mb.dp_rank, mb.index, r
-    dp_time = [sum(mb.time_us for mb in rank) for rank in ranks]
-    plan = Plan(
-        dp=shape.dp, cp=shape.cp, bucket_size=shape.bucket_size, lengths=list(lengths),
-        input_lengths=list(lengths), dp_rank=dp_rank, micro_batch=mb_index, cp_rank=cp_rank, ranks=ranks,
-        dropped=[], truncated=[], scheduler_us=(time.perf_counter() - started) * 1e6,
-        dp_time_us=dp_time, timeline=shape.timeline, pad_us=pad_us,
-    )
-    plan.makespan_us = plan.step_time_us()
-    return plan
+    return Plan.from_groups(lengths, ranks, shape.dp, shape.cp, shape.bucket_size,
+                            (time.perf_counter() - started) * 1e6, shape.timeline, pad_us)
 
 
 def all_sharded_plan(lengths: Sequence[int], groups_per_rank: list[list[list[int]]], cost: CostModel, shape: Shape,

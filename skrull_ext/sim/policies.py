@@ -43,7 +43,6 @@ from skrull_ext import Scheduler, SchedulerConfig
 from skrull_ext._core import CostModel
 from skrull_ext.scheduler.config import POLICIES
 from skrull_ext.scheduler.plan import Plan
-from skrull_ext.scheduler.pool_plan import PoolPlan
 from skrull_ext.sim import bound, chunkflow
 from skrull_ext.sim.packing import Shape, all_sharded_plan, pack_sharded
 
@@ -99,7 +98,7 @@ def sort_window(batches: list[list[int]], seed: int) -> list[list[int]]:
 def core_policy(name: str, **overrides) -> PlanFn:
     """A policy of the scheduler core (skrull_ext.scheduler.config.POLICIES) behind the Scheduler facade."""
 
-    def run(lengths: Sequence[int], cost: CostModel, shape: Shape, seed: int) -> Plan | PoolPlan:
+    def run(lengths: Sequence[int], cost: CostModel, shape: Shape, seed: int) -> Plan:
         cfg = SchedulerConfig(dp=shape.dp, cp=shape.cp, bucket_size=shape.bucket_size, policy=name,
                               timeline=shape.timeline, **overrides)
         return Scheduler(cfg, cost).schedule(lengths)

@@ -37,9 +37,11 @@ def step_record(step) -> dict:
         "dp_rank": step.dp_rank,
         "samples": list(step.samples),
         "lengths": list(plan.input_lengths),
-        # skrull-pool's plans (pool_plan.py) place sequences on rank sets, not (DP, CP) ranks.
-        **({"plan_dp_rank": list(plan.dp_rank), "plan_cp_rank": list(plan.cp_rank)} if hasattr(plan, "dp_rank")
-           else {"plan_first_rank": list(plan.first_rank), "plan_num_ranks": list(plan.num_ranks)}),
+        # Each sequence's rank set, and its (DP rank, CP rank or -1 sharded) view (scheduler/plan.py).
+        "plan_first_rank": list(plan.first_rank),
+        "plan_num_ranks": list(plan.num_ranks),
+        "plan_dp_rank": list(plan.dp_rank),
+        "plan_cp_rank": list(plan.cp_rank),
         "plan_micro_batch": list(plan.micro_batch),
         "micro_batches": plan.num_micro_batches,
         "plan_digest": plan.digest(),

@@ -23,15 +23,11 @@ class PlanMismatchError(RuntimeError):
 
 
 def gds_digest(plan) -> str:
-    """Hash of lengths, DP ranks and micro-batches (not CP placements). A pool plan
-    (no DP rank per sequence) hashes each micro-batch's slot and block of groups instead."""
+    """Hash of lengths and micro-batches, each with its slot and block of CP groups
+    (GDS's split over DP ranks and micro-batches), not the rank sets inside a block."""
     h = hashlib.sha256()
-    if hasattr(plan, "dp_rank"):
-        arrays = (plan.lengths, plan.dp_rank, plan.micro_batch)
-    else:
-        blocks = [x for mb in plan.micro_batches for x in (mb.slot, mb.first_group, mb.groups)]
-        arrays = (plan.lengths, plan.micro_batch, blocks)
-    for arr in arrays:
+    blocks = [x for mb in plan.micro_batches for x in (mb.slot, mb.first_group, mb.groups)]
+    for arr in (plan.lengths, plan.micro_batch, blocks):
         h.update(struct.pack(f"<{len(arr)}q", *arr))
     return h.hexdigest()
 

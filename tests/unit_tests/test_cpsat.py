@@ -77,7 +77,7 @@ def test_a_model_too_large_is_not_built_and_the_heuristic_stands(monkeypatch):
         lengths)
     want = Scheduler(SchedulerConfig(dp=1, cp=4096, bucket_size=26624, cpsat=False), cost).schedule(lengths)
     plan.validate()
-    (mb,) = plan.micro_batches(0)
+    (mb,) = plan.group_micro_batches(0)
     assert mb.time_us > mb.lower_bound_us  # the fallback would have been tried
     assert calls == [] and plan.cp_rank == want.cp_rank
 

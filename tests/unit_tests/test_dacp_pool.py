@@ -11,9 +11,9 @@ One spawn of 4 gloo processes, read as DP 2 x CP 2 (world rank = dp * 2 +
 cp: DP groups {0, 1} and {2, 3}), runs every case over the world group. Each
 sequence has a rank set [first, first + k): k = 1 is local, k >= 2 sharded
 zigzag over those k ranks, e.g. [1, 3) spans both DP groups. Every rank cuts
-its buffer with ``shard_pool_buffer`` (random pad values, so a leak would
+its buffer with ``shard_set_buffer`` (random pad values, so a leak would
 show), runs forward and backward, and the parent reassembles outputs and
-dq/dk/dv with ``unshard_pool_buffer`` and compares each sequence with causal
+dq/dk/dv with ``unshard_set_buffer`` and compares each sequence with causal
 attention over that sequence alone (dacp_multiproc.reference); padding must
 get exactly zero gradient.
 """
@@ -32,14 +32,14 @@ from tests.unit_tests.dacp_multiproc import _backward_order, reference, TOLERANC
 
 from skrull_ext.attention import (
     build_meta,
-    build_pool_meta,
+    build_set_meta,
     dacp_attention,
     DacpBatchMeta,
     DacpStats,
     DISTRIBUTED,
     padded_length,
-    shard_pool_buffer,
-    unshard_pool_buffer,
+    shard_set_buffer,
+    unshard_set_buffer,
 )
 from skrull_ext.attention.routes import routes_for
 
@@ -120,10 +120,10 @@ def global_inputs(case: PoolCase) -> list[dict[str, torch.Tensor]]:
 
 def rank_step(case: PoolCase, rank: int) -> dict:
     seqs = global_inputs(case)
-    meta = build_pool_meta(case.lengths, case.first, case.num, rank, WORLD)
+    meta = build_set_meta(case.lengths, case.first, case.num, rank, WORLD)
 
     def buf(x):
-        return shard_pool_buffer([s[x] for s in seqs], case.first, case.num, rank, WORLD, dim=1)
+        return shard_set_buffer([s[x] for s in seqs], case.first, case.num, rank, WORLD, dim=1)
 
     q, k, v = (buf(x).requires_grad_() for x in "qkv")
     stats = DacpStats()
@@ -177,7 +177,7 @@ def test_pool_attention_matches_single_process(results, idx):
     for key in ("out", "dq", "dk", "dv"):
         bufs = [r[key] if r[key] is not None else torch.zeros(case.heads if key in ("out", "dq") else case.kv_heads,
                                                                0, case.head_dim, dtype=case.dtype) for r in ranks]
-        got = unshard_pool_buffer(bufs, padded, case.first, case.num, dim=1)
+        got = unshard_set_buffer(bufs, padded, case.first, case.num, dim=1)
         for i, (n, g) in enumerate(zip(case.lengths, got)):
             torch.testing.assert_close(g[:, :n], ref[i][key], **TOLERANCE[case.dtype],
                                        msg=lambda m: f"{key} seq {i}: {m}")
@@ -216,7 +216,7 @@ def test_whole_world_sets_describe_the_cp_layout():
     first = [0 if p == DISTRIBUTED else p for p in placement]
     num = [WORLD if p == DISTRIBUTED else 1 for p in placement]
     for r in range(WORLD):
-        pool, cp = build_pool_meta(lengths, first, num, r, WORLD), build_meta(lengths, placement, r, WORLD)
+        pool, cp = build_set_meta(lengths, first, num, r, WORLD), build_meta(lengths, placement, r, WORLD)
         assert (pool.local_lens, pool.dist_lens, pool.shard_lens) == (cp.local_lens, cp.dist_lens, cp.shard_lens)
         assert pool.peers == list(range(WORLD))
         for a, b in zip(pool.gathered_doc_positions(), cp.gathered_doc_positions()):
@@ -227,13 +227,13 @@ def test_whole_world_sets_describe_the_cp_layout():
 def test_pool_meta_rank_sets():
     """Rank 1 of the overlapping case: which sequences it holds, its peers and what it shares with each."""
     case = CASES[1]
-    meta = build_pool_meta(case.lengths, case.first, case.num, 1, WORLD)
+    meta = build_set_meta(case.lengths, case.first, case.num, 1, WORLD)
     assert meta.local_lens == [] and meta.dist_sets == [(0, 2), (1, 2), (2, 2), (0, 4)]
     assert meta.held() == [0, 1, 3] and meta.peers == [0, 1, 2, 3]
     assert [meta.shared_with(p) for p in range(WORLD)] == [[0, 3], [0, 1, 3], [1, 3], [3]]
     assert meta.dist_lens == [12, 20, 12, 32] and meta.shard_lens == [12 // 2, 20 // 2, 32 // 4]
     with pytest.raises(ValueError, match=r"rank set \[3, 5\) is not a non-empty range of \[0, 4\)"):
-        build_pool_meta([4, 4], [0, 3], [2, 2], 0, WORLD)
+        build_set_meta([4, 4], [0, 3], [2, 2], 0, WORLD)
     with pytest.raises(ValueError, match=r"rank set \[3, 5\) must hold 2 or more ranks of \[0, 4\)"):
         DacpBatchMeta(0, WORLD, [], [8], dist_sets=[(3, 2)])
     with pytest.raises(ValueError, match="dist length 6 over 2 ranks must be a multiple of 4"):
@@ -260,7 +260,7 @@ def test_rank_set_routes_agree_and_gather_every_position_once(mb):
     its local sequences plus its shards (the sum over ranks: every padded token once)."""
     world, lengths, sets = mb
     first, num = [a for a, _ in sets], [k for _, k in sets]
-    metas = [build_pool_meta(lengths, first, num, r, world) for r in range(world)]
+    metas = [build_set_meta(lengths, first, num, r, world) for r in range(world)]
     routes = [routes_for(m) for m in metas]
     for r, (m, rt) in enumerate(zip(metas, routes)):
         assert list(rt.peers) == m.peers and (not m.held() or r in rt.peers)

@@ -58,7 +58,7 @@ def test_free_running_builds_only_the_ranks_own_micro_batches():
     unequal = 0
     for f_step, l_step in zip(free, lock):
         plan = f_step[0, 0].plan
-        own = {d: len(plan.micro_batches(d)) for d in range(2)}
+        own = {d: len(plan.group_micro_batches(d)) for d in range(2)}
         unequal += own[0] != own[1]
         for (d, c), step in f_step.items():
             assert len(step.micro_batches) == own[d] >= 1
@@ -78,7 +78,7 @@ def test_free_running_rank_without_micro_batches_runs_one_pad():
     grid = _grid(2, 1, True, global_batch=1)
     step = _steps(grid, 1)[0]
     plan = step[0, 0].plan
-    idle = [d for d in range(2) if not plan.micro_batches(d)]
+    idle = [d for d in range(2) if not plan.group_micro_batches(d)]
     assert idle, "both DP ranks got a micro-batch out of one sequence"
     for d in idle:
         mbs = step[d, 0].micro_batches

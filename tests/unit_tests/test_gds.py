@@ -12,10 +12,10 @@ def test_lpt_split_over_dp(toy):
     plan = Scheduler(SchedulerConfig(dp=2, cp=2, bucket_size=10, policy="skrull-paper"), toy).schedule([1, 2, 3, 4, 5, 6])
     plan.validate()
     assert plan.dp_rank == [0, 1, 0, 1, 1, 0]
-    assert plan.micro_batch == [0] * 6
+    assert plan.slot == [0] * 6
     # d0 group [1, 3, 6]: 1->r0, 3->r1, 6->r0; d1 group [2, 4, 5]: 2->r0, 4->r1, 5->r0.
     assert plan.cp_rank == [0, 0, 1, 1, 0, 0]
-    assert [mb.seqs for mb in plan.micro_batches(0)] == [[0, 2, 5]]
+    assert [mb.seqs for mb in plan.group_micro_batches(0)] == [[0, 2, 5]]
 
 
 def test_smallest_feasible_micro_batch_count(toy):
@@ -23,8 +23,8 @@ def test_smallest_feasible_micro_batch_count(toy):
     # strided groups [1, 4], [2], [3].
     plan = Scheduler(SchedulerConfig(dp=1, cp=1, bucket_size=5, policy="skrull-paper"), toy).schedule([1, 2, 3, 4])
     plan.validate()
-    assert plan.micro_batch == [0, 1, 2, 0]
-    assert [mb.seqs for mb in plan.micro_batches(0)] == [[0, 3], [1], [2]]
+    assert plan.slot == plan.micro_batch == [0, 1, 2, 0]
+    assert [mb.seqs for mb in plan.group_micro_batches(0)] == [[0, 3], [1], [2]]
     assert plan.num_micro_batches == 3
 
 
@@ -68,7 +68,7 @@ def test_empty_batch_is_an_empty_plan(toy):
 def test_more_dp_ranks_than_sequences(toy):
     plan = Scheduler(SchedulerConfig(dp=4, cp=2, bucket_size=10), toy).schedule([3, 4])
     plan.validate()
-    assert sorted(len(plan.micro_batches(d)) for d in range(4)) == [0, 0, 1, 1]
+    assert sorted(len(plan.group_micro_batches(d)) for d in range(4)) == [0, 0, 1, 1]
 
 
 @pytest.mark.parametrize(

@@ -228,15 +228,15 @@ def test_cli_profile_reaches_the_scheduler():
 def test_pool_policy_trains():
     """skrull-pool is a training policy now (the trainer runs pool plans: rank-set DACP
     attention, pool buffers; parity in tests/integration_tests/test_parity_pool.py):
-    its config builds a scheduler whose plans are PoolPlans."""
+    its config builds a scheduler whose plans are Plans."""
     from skrull_ext._core import ModelShape
-    from skrull_ext.scheduler.pool_plan import PoolPlan
+    from skrull_ext.scheduler.plan import Plan
     from skrull_ext.train.skrull_config import SkrullConfig
 
     config = SkrullConfig(cost_model="h100-assumed", policy="skrull-pool", bucket_size=64)
     shape = ModelShape(layers=6, hidden=256, kv_width=256, bytes_per_elem=4)
     plan = config.build(2, 2, shape).schedule([200, 30, 20, 10])  # 200 > 64 x CP 2: over the whole world
-    assert isinstance(plan, PoolPlan) and plan.truncated == [] and plan.num_ranks[0] == 4
+    assert isinstance(plan, Plan) and plan.truncated == [] and plan.num_ranks[0] == 4
 
 
 def test_shipped_jobs_are_seeded_and_keep_a_resumable_last_checkpoint():

@@ -51,16 +51,16 @@ def test_gds_prefers_fewer_micro_batches_when_it_is_large(make_toy):
     # With fixed f: 1183 + f against 654 + 2 f; two win below f = 529.
     free = _plan(make_toy(comm_us=1000.0, b_us=1.0))
     assert free.num_micro_batches == 2 and D not in free.cp_rank
-    assert [mb.time_us for mb in free.micro_batches(0)] == [365.0, 289.0]
+    assert [mb.time_us for mb in free.group_micro_batches(0)] == [365.0, 289.0]
 
     cheap = _plan(make_toy(comm_us=1000.0, b_us=1.0, fixed_us=500.0))
-    assert [mb.seqs for mb in cheap.micro_batches(0)] == [[0, 2], [1]]
-    assert [mb.time_us for mb in cheap.micro_batches(0)] == [865.0, 789.0]
+    assert [mb.seqs for mb in cheap.group_micro_batches(0)] == [[0, 2], [1]]
+    assert [mb.time_us for mb in cheap.group_micro_batches(0)] == [865.0, 789.0]
     assert cheap.makespan_us == 654 + 2 * 500
 
     dear = _plan(make_toy(comm_us=1000.0, b_us=1.0, fixed_us=1000.0))
     assert dear.num_micro_batches == 1
-    assert [mb.seqs for mb in dear.micro_batches(0)] == [[0, 1, 2]]
+    assert [mb.seqs for mb in dear.group_micro_batches(0)] == [[0, 1, 2]]
     assert dear.cp_rank == [0, 1, D]
     assert dear.makespan_us == 1183 + 1000
 

@@ -17,14 +17,17 @@ def plan(toy):
 @pytest.mark.parametrize(
     "corrupt, msg",
     [
-        (lambda p: p.ranks[0][0].seqs.append(p.ranks[0][0].seqs[0]), r"seqs, lengths and cp_rank differ|appears in 2"),
-        (lambda p: p.cp_rank.__setitem__(0, 5), r"sequence 0 has CP rank 5"),
+        (lambda p: p.ranks[0][0].seqs.append(p.ranks[0][0].seqs[0]), r"per-sequence lists differ|appears in 2"),
+        (lambda p: p.first_rank.__setitem__(0, 5), r"sequence 0: the plan's arrays say micro-batch \d+ ranks \[5,"),
         (lambda p: p.lengths.__setitem__(0, 2), r"sequence 0 length changed from 1 to 2"),
         (lambda p: p.dropped.clear(), r"sequence 6 has length 30 > limit 20"),
-        (lambda p: p.ranks[1][0].rank_tokens.__setitem__(0, 0), r"rank tokens \[0, .*\] but placement gives"),
+        (lambda p: p.ranks[1][0].rank_tokens.__setitem__(0, 0), r"rank tokens \[0, .*\] but its rank sets give"),
         (lambda p: setattr(p, "makespan_us", 0.0), r"makespan 0.0 is not the lockstep step time"),
-        (lambda p: p.dp_time_us.__setitem__(0, 1.0), r"DP rank 0: micro-batch times sum to"),
+        (lambda p: p.dp_time_us.__setitem__(0, 1.0), r"DP rank 0: its micro-batches finish at"),
         (lambda p: setattr(p, "bucket_size", 5), r"holds \d+ tokens > bucket_size 5|length .* > limit"),
+        (lambda p: setattr(p.ranks[0][0], "groups", 2), r"spans 2 CP groups; only skrull-pool plans may"),
+        (lambda p: p.ranks[0][0].num_ranks.__setitem__(0, 1 if p.ranks[0][0].num_ranks[0] == 2 else 2),
+         r"arrays say|not one rank or the whole CP group"),
     ],
 )
 def test_validate_names_the_broken_invariant(plan, corrupt, msg):
@@ -36,14 +39,13 @@ def test_validate_names_the_broken_invariant(plan, corrupt, msg):
 
 def test_moving_a_sequence_breaks_the_arrays(plan):
     bad = copy.deepcopy(plan)
-    mb = bad.ranks[0][0]
-    k = mb.seqs.pop()
-    mb.lengths.pop()
-    mb.cp_rank.pop()
-    bad.ranks[1][0].seqs.append(k)
-    bad.ranks[1][0].lengths.append(bad.lengths[k])
-    bad.ranks[1][0].cp_rank.append(bad.cp_rank[k])
-    with pytest.raises(PlanError, match=rf"sequence {k}: arrays say DP 0|rank tokens .* but placement gives"):
+    src, dst = bad.ranks[0][0], bad.ranks[1][0]
+    k, s, r, n = src.seqs.pop(), src.lengths.pop(), src.first_rank.pop(), src.num_ranks.pop()
+    dst.seqs.append(k)
+    dst.lengths.append(s)
+    dst.first_rank.append(r + bad.cp)  # the same CP rank (or the whole group) of DP rank 1
+    dst.num_ranks.append(n)
+    with pytest.raises(PlanError, match=rf"sequence {k}: the plan's arrays say|rank tokens .* but its rank sets give"):
         bad.validate()
 
 
@@ -51,8 +53,18 @@ def test_digest_changes_with_placement(plan):
     d = plan.digest()
     assert d == copy.deepcopy(plan).digest()
     moved = copy.deepcopy(plan)
-    moved.cp_rank[0] = 1 - moved.cp_rank[0] if moved.cp_rank[0] >= 0 else 0
+    moved.first_rank[0] += 1
     assert moved.digest() != d
+
+
+def test_skrull_plan_views(plan):
+    """A skrull plan is the one-group case: every micro-batch on one group, each set one rank
+    or the whole group, and the (DP rank, slot, CP rank) views agree with the micro-batches."""
+    for mb in plan.micro_batches:
+        assert mb.groups == 1 and all(n in (1, plan.cp) for n in mb.num_ranks)
+        for k, c in zip(mb.seqs, mb.cp_rank):
+            assert (plan.dp_rank[k], plan.slot[k], plan.cp_rank[k]) == (mb.dp_rank, mb.index, c)
+    assert [plan.dp_rank[6], plan.slot[6], plan.micro_batch[6]] == [-1, -1, -1]  # dropped
 
 
 def test_summary_counts(plan):

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from skrull_ext import Scheduler, SchedulerConfig, _core, lengths
 from skrull_ext.scheduler import cost_model as cm
-from skrull_ext.scheduler.pool_plan import PoolPlan
+from skrull_ext.scheduler.plan import Plan
 
 REAL = lengths.load("mix_sharegpt_conv95+longbench_en5")
 
@@ -55,7 +55,7 @@ def test_pool_plan_covers_every_sequence_once_within_memory(shape):
     seed, k, cp, dp, bucket, long_share = shape
     lengths_ = batch(seed, k, bucket, dp, cp, long_share)
     plan = plan_of(lengths_, dp, cp, bucket)
-    assert isinstance(plan, PoolPlan)
+    assert isinstance(plan, Plan)
     plan.validate()
     assert not plan.truncated and not plan.dropped  # the world holds every one of them
     assert plan.lengths == lengths_

@@ -1,15 +1,15 @@
 """The scheduling dataloader under policy skrull-pool: every rank of DP 2 x CP 2
 gets one buffer per plan slot, and the buffers of each micro-batch put back
-together (unshard_pool_buffer) give the global batch's samples, tokens,
+together (unshard_set_buffer) give the global batch's samples, tokens,
 labels and true positions, sequences longer than bucket_size x CP included."""
 
 import torch
 
-from skrull_ext.attention import unshard_pool_buffer
+from skrull_ext.attention import unshard_set_buffer
 from skrull_ext.data.scheduling import SkrullDataLoader
 from skrull_ext.data.synthetic import IGNORE_INDEX
 from skrull_ext.scheduler import Scheduler, cost_model
-from skrull_ext.scheduler.pool_plan import PoolPlan
+from skrull_ext.scheduler.plan import Plan
 from skrull_ext.train.skrull_config import SkrullConfig
 
 DP, CP, BUCKET, BATCH = 2, 2, 128, 16
@@ -33,7 +33,7 @@ def test_pool_buffers_reassemble_the_global_batch():
     for _ in range(4):
         steps = {r: loader.next_step() for r, loader in grid.items()}
         plan, source = steps[0].plan, grid[0].source
-        assert isinstance(plan, PoolPlan) and plan.truncated == [] and plan.dropped == []
+        assert isinstance(plan, Plan) and plan.truncated == [] and plan.dropped == []
         indices = source.global_batch(steps[0].step, BATCH)
         assert all(len(s.micro_batches) == plan.slots for s in steps.values())
         seen = []
@@ -47,7 +47,7 @@ def test_pool_buffers_reassemble_the_global_batch():
                     return getattr(b, name)[0]
                 return torch.zeros(0, dtype=torch.long)
             for name in ("input", "labels", "positions"):
-                back = unshard_pool_buffer([field(name, r) for r in range(DP * CP)], mb.lengths, mb.first_rank,
+                back = unshard_set_buffer([field(name, r) for r in range(DP * CP)], mb.lengths, mb.first_rank,
                                            mb.num_ranks)
                 for k, got in zip(mb.seqs, back):
                     want = torch.arange(len(got)) if name == "positions" else getattr(source[indices[k]], name)

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from skrull_ext import Scheduler, SchedulerConfig, _core
 from skrull_ext.scheduler import cost_model as cm
-from skrull_ext.scheduler.pool_plan import PoolPlan
+from skrull_ext.scheduler.plan import Plan
 
 DEBUG = cm.preset("llama3-debug", "h100-assumed")
 
@@ -48,7 +48,7 @@ def oracle_time_us(mb, cost, cp: int) -> float:
     return cost.shape.layers * max(per_rank)
 
 
-def check_plan(plan: PoolPlan, lengths_: list[int], dp: int, cp: int, bucket: int) -> None:
+def check_plan(plan: Plan, lengths_: list[int], dp: int, cp: int, bucket: int) -> None:
     """Every sequence once, no rank over C in any slot, sub-group sets aligned inside a
     group, each narrowed micro-batch timed by the per-rank formula."""
     plan.validate()

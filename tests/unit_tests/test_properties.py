@@ -69,7 +69,7 @@ def test_core_equals_python_reference(shape):
         sweep=p.dacp_search == _core.DacpSearch.SHARD_SWEEP,
     )
     assert plan.dp_rank == want.dp_rank
-    assert plan.micro_batch == want.micro_batch
+    assert plan.slot == want.micro_batch
     assert plan.cp_rank == want.cp_rank
     assert [[mb.seqs for mb in r] for r in plan.ranks] == want.groups
     assert plan.dp_time_us == want.dp_time_us  # same operations, same order: bitwise
@@ -152,5 +152,5 @@ def test_skrull_equals_reference_at_the_paper_shape(dataset):
         want = ref.schedule(b, ref.RefCost.of(cost), 4, 8, 26624, longest_rollback=True, predicted_time=True,
                             refine_=True, sweep=True)
         assert plan.cp_rank == want.cp_rank
-        assert plan.micro_batch == want.micro_batch
+        assert plan.slot == want.micro_batch
         assert plan.dp_time_us == want.dp_time_us

@@ -4,8 +4,8 @@ are exactly the global batch, each sequence once, in the agreed layout."""
 import pytest
 import torch
 
-from skrull_ext.attention.meta import DISTRIBUTED, unshard_buffer
-from skrull_ext.data.buffers import pad_buffer, rank_buffer
+from skrull_ext.attention.meta import unshard_buffer
+from skrull_ext.data.buffers import pad_buffer, set_buffer
 from skrull_ext.data.scheduling import SkrullDataLoader
 from skrull_ext.data.synthetic import IGNORE_INDEX
 from skrull_ext.scheduler import Scheduler, cost_model
@@ -37,9 +37,10 @@ def test_buffers_reassemble_the_global_batch(dp, cp, policy):
         for d in range(dp):
             n_mb = plan.num_micro_batches
             assert all(len(steps[d, c].micro_batches) == n_mb for c in range(cp))
-            for j, mb_plan in enumerate(plan.micro_batches(d)):
+            for j, mb_plan in enumerate(plan.group_micro_batches(d)):
                 bufs = [steps[d, c].micro_batches[j] for c in range(cp)]
                 assert all(b.meta.dist_lens == bufs[0].meta.dist_lens for b in bufs)
+                assert all(b.meta.dist_sets is None for b in bufs)  # the CP group's own exchange
                 for field in ("input", "labels"):
                     back = unshard_buffer([getattr(b, field)[0] for b in bufs], mb_plan.lengths, mb_plan.cp_rank)
                     for k, got in zip(mb_plan.seqs, back):
@@ -48,7 +49,7 @@ def test_buffers_reassemble_the_global_batch(dp, cp, policy):
                 back = unshard_buffer([b.positions[0] for b in bufs], mb_plan.lengths, mb_plan.cp_rank)
                 assert all(torch.equal(p, torch.arange(len(p))) for p in back)  # true positions
                 seen += mb_plan.seqs
-            for j in range(len(plan.micro_batches(d)), plan.num_micro_batches):
+            for j in range(len(plan.group_micro_batches(d)), plan.num_micro_batches):
                 assert all(steps[d, c].micro_batches[j].valid_labels == 0 for c in range(cp))
         assert sorted(seen) == list(range(16))
         total = sum(int((source[i].labels != IGNORE_INDEX).sum()) for i in indices)
@@ -59,8 +60,12 @@ def test_buffers_reassemble_the_global_batch(dp, cp, policy):
 def test_rank_holding_nothing_gets_an_ignored_pad():
     grid = _loaders(1, 2)
     sample = grid[0, 0].source[0]
-    buf = rank_buffer([sample], [sample.length], [0], cp_rank=1, cp_size=2)
+    buf = set_buffer([sample], [sample.length], [0], [1], rank=1, world=2, group=True)
     assert buf.num_tokens == 1 and buf.valid_labels == 0 and buf.meta.local_lens == [1]
+    assert (buf.meta.cp_rank, buf.meta.cp_size) == (1, 2)
+    # In world ranks, the pad takes this rank's CP coordinates (its group's exchange checks them).
+    buf = set_buffer([sample], [sample.length], [0], [2], rank=3, world=4, cp_coords=(1, 2))
+    assert buf.num_tokens == 1 and (buf.meta.cp_rank, buf.meta.cp_size) == (1, 2)
     assert pad_buffer(0, 2).meta.dist_lens == []
 
 
@@ -68,8 +73,9 @@ def test_distributed_sequences_are_padded_in_the_agreed_way():
     grid = _loaders(1, 2)
     sample = grid[0, 0].source[1]  # 72 tokens -> Lp = 72 (multiple of 4); use an odd cut
     n = 70
-    bufs = [rank_buffer([sample], [n], [DISTRIBUTED], r, 2) for r in range(2)]
+    bufs = [set_buffer([sample], [n], [0], [2], r, 2, group=True) for r in range(2)]
     assert [b.meta.dist_lens for b in bufs] == [[72], [72]]
+    assert all(b.meta.dist_sets is None for b in bufs)  # the CP group's own exchange
     positions = torch.cat([b.positions[0] for b in bufs]).sort().values
     assert positions.tolist() == list(range(72))
     pad = torch.cat([b.labels[0][b.positions[0] >= n] for b in bufs])

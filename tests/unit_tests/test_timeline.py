@@ -70,7 +70,7 @@ def test_pool_plan_is_timed_by_its_slots(seed, k, cp, dp, bucket, timeline):
     plan = Scheduler(cfg, cost).schedule(lengths_)
     plan.validate()  # restates both timelines in Python
     mbs = [_core.SlotTime(mb.slot, mb.first_group, mb.groups, mb.time_us) for mb in plan.micro_batches]
-    assert plan.makespan_us == _core.pool_step_time_us(mbs, dp, TIMELINES[timeline], cost.micro_batch_fixed_us)
+    assert plan.makespan_us == _core.plan_step_time_us(mbs, dp, TIMELINES[timeline], cost.micro_batch_fixed_us)
     if timeline == "lockstep":
         per_slot: dict[int, float] = {}
         for mb in plan.micro_batches:

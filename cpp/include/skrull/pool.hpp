@@ -61,6 +61,7 @@
 
 #include "skrull/cost_model.hpp"
 #include "skrull/gds.hpp"
+#include "skrull/plan.hpp"
 #include "skrull/scheduler.hpp"
 #include "skrull/timeline.hpp"
 #include "skrull/types.hpp"
@@ -111,59 +112,6 @@ inline std::vector<int32_t> pool_spans(int32_t dp) {
   return out;
 }
 
-// Skrull's plan in the pool's form: micro-batch j of DP rank i is slot j on
-// group i alone; same times, summed in the same order.
-inline void pool_from_skrull(const Schedule& s, int32_t cp, PoolSchedule& out) {
-  const int32_t dp = static_cast<int32_t>(s.dp_time_us.size());
-  out.micro_batches.clear();
-  out.micro_batches.reserve(s.micro_batches.size());
-  out.group_time_us.assign(dp, 0.0);
-  out.slots = 0;
-  for (const MicroBatch& mb : s.micro_batches) {
-    PoolMicroBatch p;
-    p.slot = mb.index;
-    p.first_group = mb.dp_rank;
-    p.seqs = mb.seqs;
-    p.first_rank.resize(mb.seqs.size());
-    p.num_ranks.resize(mb.seqs.size());
-    for (size_t q = 0; q < mb.seqs.size(); ++q) {
-      const int32_t c = mb.dacp.cp_rank[q];
-      const bool dist = c == kDistributed;
-      p.first_rank[q] = mb.dp_rank * cp + (dist ? 0 : c);
-      p.num_ranks[q] = dist ? cp : 1;
-    }
-    p.rank_tokens = mb.dacp.rank_tokens;
-    p.comm_bytes = mb.dacp.comm_bytes;
-    p.time_us = mb.dacp.time_us;
-    p.start_us = out.group_time_us[mb.dp_rank];
-    out.group_time_us[mb.dp_rank] += mb.dacp.time_us;
-    p.rollbacks = mb.dacp.rollbacks;
-    p.moves = mb.dacp.moves;
-    out.slots = std::max(out.slots, mb.index + 1);
-    out.micro_batches.push_back(std::move(p));
-  }
-  out.makespan_us = s.makespan_us;
-  out.rollbacks = s.rollbacks;
-  out.moves = s.moves;
-  out.widened = 0;
-}
-
-// Orders micro-batches by (slot, first group) and indexes sequences by them.
-inline void pool_finish(PoolSchedule& out) {
-  std::stable_sort(out.micro_batches.begin(), out.micro_batches.end(),
-                   [](const PoolMicroBatch& a, const PoolMicroBatch& b) {
-                     return a.slot != b.slot ? a.slot < b.slot : a.first_group < b.first_group;
-                   });
-  for (size_t m = 0; m < out.micro_batches.size(); ++m) {
-    const PoolMicroBatch& mb = out.micro_batches[m];
-    for (size_t q = 0; q < mb.seqs.size(); ++q) {
-      out.micro_batch[mb.seqs[q]] = static_cast<int32_t>(m);
-      out.first_rank[mb.seqs[q]] = mb.first_rank[q];
-      out.num_ranks[mb.seqs[q]] = mb.num_ranks[q];
-    }
-  }
-}
-
 // Scratch of pool_narrow, reused over a plan's micro-batches. Per CP rank
 // of the group: local FLOPs, distributed FLOPs, exchange bytes (the comm
 // table's unit), tokens and the number of sharded sets holding it; the
@@ -193,7 +141,7 @@ inline void pool_group_move(NarrowScratch& w, const CostModel& cost, int32_t cp,
 
 // Per-rank sums of a one-group micro-batch, every sequence on its current
 // rank set, added in micro-batch order.
-inline void pool_group_sums(const PoolMicroBatch& mb, const std::vector<int64_t>& lengths,
+inline void pool_group_sums(const PlanMicroBatch& mb, const std::vector<int64_t>& lengths,
                             const std::vector<double>& flops, const CostModel& cost, int32_t cp, NarrowScratch& w) {
   const int32_t base = mb.first_group * cp;
   w.local.assign(cp, 0.0);
@@ -233,7 +181,7 @@ inline double pool_rank_us(const CostModel& cost, double local, double dist, dou
 // most candidates rejected without a comm look-up: a block rank whose
 // compute alone (local + its new share) reaches the best time found cannot
 // win, whatever its exchange.
-inline int32_t pool_narrow(PoolMicroBatch& mb, const std::vector<int64_t>& lengths, const std::vector<double>& flops,
+inline int32_t pool_narrow(PlanMicroBatch& mb, const std::vector<int64_t>& lengths, const std::vector<double>& flops,
                            const CostModel& cost, int32_t cp, int64_t bucket, NarrowScratch& w) {
   if (mb.groups != 1 || cp < 3) return 0;
   w.order.clear();
@@ -315,27 +263,13 @@ inline int32_t pool_narrow(PoolMicroBatch& mb, const std::vector<int64_t>& lengt
   return narrowed;
 }
 
-// Replays the slots after micro-batch times changed: in (slot, first group)
-// order each starts when all its groups are free.
-// makespan_us is the step on the job's timeline (timeline.hpp), start_us
-// each one's start on it; group_time_us stays each group's free-running finish.
-inline void pool_retime(PoolSchedule& out, Timeline timeline, double pad_us) {
-  std::vector<SlotTime> slots;
-  slots.reserve(out.micro_batches.size());
-  for (const PoolMicroBatch& mb : out.micro_batches) slots.push_back({mb.slot, mb.first_group, mb.groups, mb.time_us});
-  std::vector<double> start;
-  out.makespan_us = pool_step_time_us(slots, static_cast<int32_t>(out.group_time_us.size()), timeline, pad_us,
-                                      &out.group_time_us, &start);
-  for (size_t m = 0; m < out.micro_batches.size(); ++m) out.micro_batches[m].start_us = start[m];
-}
-
 }  // namespace detail
 
 // Plans one global batch over the dp x cp world as one pool (see the top of
 // this file). Sequences up to max_sequence_length(bucket_size, dp * cp) are
 // planned whole; only longer ones meet opt.overlength. Throws
 // std::invalid_argument as schedule() does.
-inline PoolSchedule schedule_pool(const std::vector<int64_t>& input, const CostModel& cost, const Options& opt) {
+inline Plan schedule_pool(const std::vector<int64_t>& input, const CostModel& cost, const Options& opt) {
   const auto start = std::chrono::steady_clock::now();
   validate_options(opt);
   cost.validate();
@@ -348,7 +282,7 @@ inline PoolSchedule schedule_pool(const std::vector<int64_t>& input, const CostM
   const int32_t dp = opt.dp, cp = opt.cp;
   const int64_t group_limit = max_sequence_length(opt.bucket_size, cp);
   const int64_t limit = max_sequence_length(opt.bucket_size, world);
-  PoolSchedule out;
+  Plan out;
   const int32_t n = static_cast<int32_t>(input.size());
   out.lengths = input;
   out.micro_batch.assign(n, -1);
@@ -379,7 +313,7 @@ inline PoolSchedule schedule_pool(const std::vector<int64_t>& input, const CostM
   }
 
   // Skrull's plan, the candidate to beat, when every sequence fits a group.
-  PoolSchedule skrull_plan;
+  Plan skrull_plan;
   double skrull_us = std::numeric_limits<double>::infinity();
   if (fits_groups) {
     std::vector<int64_t> kept(live.size());
@@ -389,7 +323,7 @@ inline PoolSchedule schedule_pool(const std::vector<int64_t>& input, const CostM
     Schedule s = schedule(kept, cost, sk);
     for (MicroBatch& mb : s.micro_batches)
       for (int32_t& k : mb.seqs) k = live[k];  // back to the caller's indices
-    detail::pool_from_skrull(s, cp, skrull_plan);
+    detail::plan_from_schedule(s, cp, skrull_plan);
     skrull_us = skrull_plan.makespan_us;
   }
   // Take skrull's micro-batches and times as the answer (its placements are
@@ -442,10 +376,10 @@ inline PoolSchedule schedule_pool(const std::vector<int64_t>& input, const CostM
   // pool_narrow), then the slots replayed with the new times.
   const auto finish = [&]() {
     detail::NarrowScratch scratch;
-    for (PoolMicroBatch& mb : out.micro_batches)
+    for (PlanMicroBatch& mb : out.micro_batches)
       out.narrowed += detail::pool_narrow(mb, out.lengths, flops, cost, cp, opt.bucket_size, scratch);
-    detail::pool_finish(out);
-    detail::pool_retime(out, opt.timeline, cost.micro_batch_fixed_us);
+    detail::index_plan(out);
+    detail::retime_plan(out, opt.timeline, cost.micro_batch_fixed_us);
     out.elapsed_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
   };
   if (wide.empty() && fits_groups) {  // nothing to widen: skrull's plan as is
@@ -470,7 +404,7 @@ inline PoolSchedule schedule_pool(const std::vector<int64_t>& input, const CostM
         first = b;
       }
     }
-    PoolMicroBatch mb;
+    PlanMicroBatch mb;
     mb.first_group = first;
     mb.groups = w.groups;
     mb.slot = *std::max_element(next_slot.begin() + first, next_slot.begin() + first + w.groups);
@@ -524,7 +458,7 @@ inline PoolSchedule schedule_pool(const std::vector<int64_t>& input, const CostM
     const MicroBatchSplit split = split_micro_batches(out.lengths, flops, sorted, cost, opt, ws);
     if (!split.feasible) throw std::logic_error("no micro-batch split found for group " + std::to_string(g));
     for (int32_t j = 0; j < split.m; ++j) {
-      PoolMicroBatch mb;
+      PlanMicroBatch mb;
       mb.first_group = g;
       mb.slot = next_slot[g] + j;
       group_lengths.clear();
@@ -557,7 +491,7 @@ inline PoolSchedule schedule_pool(const std::vector<int64_t>& input, const CostM
     next_slot[g] += split.m;
   }
   out.slots = *std::max_element(next_slot.begin(), next_slot.end());
-  detail::pool_retime(out, opt.timeline, cost.micro_batch_fixed_us);
+  detail::retime_plan(out, opt.timeline, cost.micro_batch_fixed_us);
 
   // 3. Skrull's plan when it predicts no slower (both on the job's timeline).
   if (skrull_us <= out.makespan_us) adopt_skrull_plan();

@@ -57,7 +57,7 @@ struct SlotTime {
   double time_us;
 };
 
-inline double pool_step_time_us(const std::vector<SlotTime>& mbs, int32_t dp, Timeline timeline, double pad_us,
+inline double plan_step_time_us(const std::vector<SlotTime>& mbs, int32_t dp, Timeline timeline, double pad_us,
                                 std::vector<double>* group_free_us = nullptr, std::vector<double>* start_us = nullptr) {
   std::vector<size_t> order(mbs.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;

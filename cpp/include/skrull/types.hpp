@@ -1,5 +1,5 @@
 // Plain data in and out of the scheduler core: options, per-micro-batch
-// results and the whole-global-batch Schedule. No behaviour lives here.
+// results, GDS's Schedule and the one plan type, Plan. No behaviour lives here.
 #pragma once
 
 #include <cstdint>
@@ -119,6 +119,9 @@ struct MicroBatch {
   DacpResult dacp;               // dacp.cp_rank[i] places seqs[i]
 };
 
+// GDS + DACP's answer in the paper's form: per DP rank, its micro-batches
+// back to back. What a job runs is a Plan (below); to_plan() (plan.hpp)
+// turns a Schedule into its one-group case.
 struct Schedule {
   // Per sequence of the global batch, in the caller's order.
   std::vector<int64_t> lengths;      // effective (after truncation)
@@ -138,11 +141,12 @@ struct Schedule {
   double elapsed_us = 0.0;         // wall time of the scheduler call
 };
 
-// One micro-batch of a pool plan (pool.hpp): a slot on a block of CP groups.
+// One micro-batch of a plan: a slot on a block of CP groups (one group
+// under skrull; several for a skrull-pool sequence sharded wide).
 // Every rank of the block runs it at its slot; each sequence's rank set is
 // the contiguous global ranks [first_rank, first_rank + num_ranks), inside
 // the block (global rank = dp_rank * cp + cp_rank). num_ranks 1 = local.
-struct PoolMicroBatch {
+struct PlanMicroBatch {
   int32_t slot = 0;
   int32_t first_group = 0;             // CP groups (DP ranks) [first_group, first_group + groups)
   int32_t groups = 1;
@@ -157,18 +161,20 @@ struct PoolMicroBatch {
   int32_t moves = 0;
 };
 
-struct PoolSchedule {
+// The one plan type: what every rank runs at each slot of a step. Built by
+// schedule_pool (pool.hpp) and, from skrull's Schedule, by to_plan (plan.hpp).
+struct Plan {
   // Per sequence of the global batch, in the caller's order.
   std::vector<int64_t> lengths;        // effective (after truncation)
   std::vector<int32_t> micro_batch;    // index into micro_batches, -1 if dropped
   std::vector<int32_t> first_rank;     // its rank set (0, 0 if dropped)
   std::vector<int32_t> num_ranks;
-  std::vector<PoolMicroBatch> micro_batches;  // by slot, then first group
+  std::vector<PlanMicroBatch> micro_batches;  // by slot, then first group
   int32_t slots = 0;
   std::vector<double> group_time_us;   // predicted finish of each CP group, running free
   double makespan_us = 0.0;            // predicted step time on opt.timeline (timeline.hpp)
-  std::vector<int32_t> dropped;        // beyond the world: Overlength::kDrop
-  std::vector<int32_t> truncated;      // beyond the world: Overlength::kTruncate
+  std::vector<int32_t> dropped;        // removed by Overlength::kDrop
+  std::vector<int32_t> truncated;      // shortened by Overlength::kTruncate
   int32_t widened = 0;                 // sequences sharded over more than one CP group
   int32_t narrowed = 0;                // sequences sharded over 2 <= k < cp ranks of one group
   bool skrull_plan = false;            // skrull's plan, kept because it predicted no slower
