@@ -82,3 +82,17 @@ def test_describe_lists_every_micro_batch(plan):
         for mb in rank:
             k, s, r = mb.seqs[0], mb.lengths[0], mb.cp_rank[0]
             assert f"{k}:{s}@{'D' if r == -1 else r}" in text
+
+
+def test_to_plan_refuses_a_schedule_of_another_cp_size(toy):
+    from skrull_ext import _core
+
+    opts = _core.Options()
+    opts.dp, opts.cp, opts.bucket_size = 2, 2, 10
+    s = _core.schedule([1, 2, 3, 4, 5, 6], toy, opts)
+    with pytest.raises(ValueError, match="^to_plan: a micro-batch of the schedule has 2 CP ranks, cp is 3$"):
+        _core.to_plan(s, 3, _core.Timeline.LOCKSTEP, 0.0)
+    with pytest.raises(ValueError, match="^to_plan: pad_us must be finite and >= 0$"):
+        _core.to_plan(s, 2, _core.Timeline.LOCKSTEP, float("nan"))
+    p = _core.to_plan(s, 2, _core.Timeline.LOCKSTEP, 0.0)
+    assert (list(p.first_rank), list(p.num_ranks), p.slots, p.skrull_plan) == ([0, 2, 1, 3, 2, 0], [1] * 6, 1, True)
