@@ -123,6 +123,7 @@ class PlanMicroBatch:
     first_rank: list[int]
     num_ranks: list[int]
     rank_tokens: list[int]
+    rank_flops: list[float]
     comm_bytes: float
     start_us: float
     time_us: float

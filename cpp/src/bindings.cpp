@@ -231,6 +231,7 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
       .def_readonly("first_rank", &PlanMicroBatch::first_rank)
       .def_readonly("num_ranks", &PlanMicroBatch::num_ranks)
       .def_readonly("rank_tokens", &PlanMicroBatch::rank_tokens)
+      .def_readonly("rank_flops", &PlanMicroBatch::rank_flops)
       .def_readonly("comm_bytes", &PlanMicroBatch::comm_bytes)
       .def_readonly("start_us", &PlanMicroBatch::start_us)
       .def_readonly("time_us", &PlanMicroBatch::time_us)

@@ -82,6 +82,10 @@ static void check_to_plan(const Schedule& s, int32_t cp, Timeline timeline) {
     CHECK(p.first_rank[k] == s.dp_rank[k] * cp + (dist ? 0 : s.cp_rank[k]));
     CHECK(p.num_ranks[k] == (dist ? cp : 1));
   }
+  for (const MicroBatch& mb : s.micro_batches) {
+    const PlanMicroBatch& q = p.micro_batches[p.micro_batch[mb.seqs[0]]];
+    CHECK(q.rank_tokens == mb.dacp.rank_tokens && q.rank_flops == mb.dacp.rank_flops && q.time_us == mb.dacp.time_us);
+  }
   std::vector<std::vector<double>> rank_us(s.dp_time_us.size());
   for (const MicroBatch& mb : s.micro_batches) rank_us[mb.dp_rank].push_back(mb.dacp.time_us);
   CHECK(p.makespan_us == step_time_us(rank_us, timeline, 0.5));

@@ -96,7 +96,6 @@ class StepBuilder:
     global_batch_size: int
     dp_rank: int
     cp_rank: int
-    cp_size: int
     free_running: bool = False
     """Build only this rank's own micro-batches (one pad pass if it has none): the
     trainer's free-running mode, where DP ranks share no collective per pass. Off: pad
@@ -216,7 +215,7 @@ class SkrullDataLoader(SourceDataLoaderBase):
         self.scheduler, self.cp_rank, self.cp_size = scheduler, cp_rank, cp_size
         self.limit = scheduler_limit(c, self.config.max_len)
         self.builder = StepBuilder(self.source, scheduler, self.limit, self.config.global_batch_size,
-                                   self.dp_rank, cp_rank, cp_size, free_running)
+                                   self.dp_rank, cp_rank, free_running)
 
     def __iter__(self) -> Iterator[SkrullStep]:
         if self.scheduler is None:

@@ -43,6 +43,14 @@ def _imbalance(values: list[float]) -> float:
     return max(values) / mean if mean > 0 else 1.0
 
 
+def placement_sets(cp_rank: Sequence[int], group: int, cp: int) -> tuple[list[int], list[int]]:
+    """A DACP placement on CP group ``group`` as rank sets (first ranks, sizes): a CP rank is
+    that one global rank, DISTRIBUTED the whole group (the core's to_plan rule)."""
+    base = group * cp
+    return ([base if r == DISTRIBUTED else base + r for r in cp_rank],
+            [cp if r == DISTRIBUTED else 1 for r in cp_rank])
+
+
 @dataclass
 class MicroBatchPlan:
     """One micro-batch: a slot on the CP groups [first_group, first_group + groups)."""
@@ -83,11 +91,10 @@ class MicroBatchPlan:
                cp: int, scored: _core.DacpResult, time_us: float | None = None) -> MicroBatchPlan:
         """A one-group micro-batch from a DACP placement (per sequence a CP rank, or DISTRIBUTED
         over the whole group) and the core's scoring of it; ``time_us`` overrides the score's."""
-        base = group * cp
+        first_rank, num_ranks = placement_sets(cp_rank, group, cp)
         return cls(
             slot=slot, first_group=group, groups=1, seqs=list(seqs), lengths=list(lengths),
-            first_rank=[base if r == DISTRIBUTED else base + r for r in cp_rank],
-            num_ranks=[cp if r == DISTRIBUTED else 1 for r in cp_rank],
+            first_rank=first_rank, num_ranks=num_ranks,
             rank_tokens=list(scored.rank_tokens), comm_bytes=scored.comm_bytes,
             time_us=scored.time_us if time_us is None else time_us, rollbacks=scored.rollbacks,
             moves=scored.moves, rank_flops=list(scored.rank_flops),
@@ -139,18 +146,6 @@ class MicroBatchPlan:
         return self.time_us / self.lower_bound_us - 1.0
 
 
-def _rank_flops(mb: MicroBatchPlan, cost: _core.CostModel) -> list[float]:
-    """Per-layer forward FLOPs of each rank of the block (the core's DacpResult
-    rule: a local sequence's on its rank, a sharded one's 1/k on each of its k)."""
-    base = mb.first_group * mb.cp_of_block
-    out = [0.0] * len(mb.rank_tokens)
-    for s, r, n in zip(mb.lengths, mb.first_rank, mb.num_ranks):
-        f = cost.flops(s) / n
-        for i in range(r - base, r - base + n):
-            out[i] += f
-    return out
-
-
 @dataclass
 class Plan:
     """Every sequence's micro-batch and rank set for one step."""
@@ -199,21 +194,17 @@ class Plan:
     @classmethod
     def from_core(cls, s: _core.Plan, input_lengths: Sequence[int], dp: int, cp: int, bucket_size: int,
                   cost: _core.CostModel | None = None, timeline: str = "lockstep", pool: bool = False) -> Plan:
-        """With ``cost``, each micro-batch's ``rank_flops`` is filled and a pad pass costs
-        ``cost.micro_batch_fixed_us``."""
+        """With ``cost``, a pad pass costs ``cost.micro_batch_fixed_us``."""
         lengths = list(s.lengths)
         mbs = [
             MicroBatchPlan(
                 slot=mb.slot, first_group=mb.first_group, groups=mb.groups, seqs=list(mb.seqs),
                 lengths=[lengths[k] for k in mb.seqs], first_rank=list(mb.first_rank), num_ranks=list(mb.num_ranks),
-                rank_tokens=list(mb.rank_tokens), comm_bytes=mb.comm_bytes, start_us=mb.start_us, time_us=mb.time_us,
-                rollbacks=mb.rollbacks, moves=mb.moves,
+                rank_tokens=list(mb.rank_tokens), rank_flops=list(mb.rank_flops), comm_bytes=mb.comm_bytes,
+                start_us=mb.start_us, time_us=mb.time_us, rollbacks=mb.rollbacks, moves=mb.moves,
             )
             for mb in s.micro_batches
         ]
-        if cost is not None:
-            for mb in mbs:
-                mb.rank_flops = _rank_flops(mb, cost)
         return cls(
             dp=dp, cp=cp, bucket_size=bucket_size, lengths=lengths, input_lengths=list(input_lengths),
             micro_batch=list(s.micro_batch), first_rank=list(s.first_rank), num_ranks=list(s.num_ranks),
@@ -344,7 +335,7 @@ class Plan:
             "dp_imbalance": self.makespan_us / mean if mean > 0 else 1.0,
             "max_rank_tokens": max(rank_tokens, default=0),
             "rank_token_imbalance": _imbalance(self.rank_totals()),
-            # NaN only for a plan built without a cost model (from_core's ``cost``).
+            # NaN only for micro-batches built by hand without per-rank FLOPs.
             "rank_flop_imbalance": (_imbalance(self.rank_totals("rank_flops"))
                                     if all(mb.rank_flops for mb in self.micro_batches) else float("nan")),
         }
@@ -392,10 +383,8 @@ class Plan:
         """Swap in another DACP placement of a one-group micro-batch (e.g. CP-SAT's) and re-time the plan."""
         if mb.groups != 1 or len(result.cp_rank) != len(mb.seqs):
             raise PlanError("replace_placement takes a one-group micro-batch and one placement per sequence")
-        base = mb.first_group * self.cp
         mb.heuristic_time_us = mb.time_us if mb.heuristic_time_us is None else mb.heuristic_time_us
-        mb.first_rank = [base if r == DISTRIBUTED else base + r for r in result.cp_rank]
-        mb.num_ranks = [self.cp if r == DISTRIBUTED and self.cp > 1 else 1 for r in result.cp_rank]
+        mb.first_rank, mb.num_ranks = placement_sets(result.cp_rank, mb.first_group, self.cp)
         mb.rank_tokens = list(result.rank_tokens)
         mb.rank_flops = list(result.rank_flops)
         mb.comm_bytes = result.comm_bytes

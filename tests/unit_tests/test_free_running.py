@@ -89,7 +89,7 @@ def test_step_builder_refuses_pool_plans():
     section = SkrullConfig(bucket_size=128, cost_model="h100-assumed", policy="skrull-pool")
     scheduler = Scheduler(section.scheduler_config(2, 2), cost_model.preset("llama3-debug"))
     with pytest.raises(ValueError, match="skrull.free_running = true does not run with skrull.policy = 'skrull-pool'"):
-        StepBuilder(None, scheduler, None, 8, 0, 0, 2, free_running=True)
+        StepBuilder(None, scheduler, None, 8, 0, 0, free_running=True)
 
 
 # ---------------------------------------------------------------- config

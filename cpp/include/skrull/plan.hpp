@@ -42,6 +42,7 @@ inline void plan_from_schedule(const Schedule& s, int32_t cp, Plan& out) {
       p.num_ranks[q] = dist ? cp : 1;
     }
     p.rank_tokens = mb.dacp.rank_tokens;
+    p.rank_flops = mb.dacp.rank_flops;
     p.comm_bytes = mb.dacp.comm_bytes;
     p.time_us = mb.dacp.time_us;
     p.start_us = out.group_time_us[mb.dp_rank];

@@ -258,6 +258,8 @@ inline int32_t pool_narrow(PlanMicroBatch& mb, const std::vector<int64_t>& lengt
     if (k > 1) comm_bytes += cost.kv_bytes(shard_tokens(lengths[mb.seqs[q]], k) * static_cast<int64_t>(k));
   }
   mb.rank_tokens = w.tokens;
+  mb.rank_flops.resize(cp);
+  for (int32_t j = 0; j < cp; ++j) mb.rank_flops[j] = w.local[j] + w.dist[j];
   mb.comm_bytes = comm_bytes;
   mb.time_us = t;
   return narrowed;
@@ -413,6 +415,7 @@ inline Plan schedule_pool(const std::vector<int64_t>& input, const CostModel& co
     mb.first_rank = {first * cp};
     mb.num_ranks = {k};
     mb.rank_tokens.assign(k, shard_tokens(out.lengths[w.seq], k));
+    mb.rank_flops.assign(k, flops[w.seq] / k);
     mb.comm_bytes = cost.kv_bytes(shard_tokens(out.lengths[w.seq], k) * static_cast<int64_t>(k));
     mb.start_us = ready;
     // Its own micro-batch: it pays the fixed cost too (the choice of span
@@ -478,6 +481,7 @@ inline Plan schedule_pool(const std::vector<int64_t>& input, const CostModel& co
       }
       score_placement(group_lengths.data(), group_flops.data(), group_lengths.size(), cost, cp, scored);
       mb.rank_tokens = scored.rank_tokens;
+      mb.rank_flops = scored.rank_flops;
       mb.comm_bytes = scored.comm_bytes;
       mb.time_us = scored.time_us;
       mb.start_us = clock[g];

@@ -154,6 +154,7 @@ struct PlanMicroBatch {
   std::vector<int32_t> first_rank;     // per sequence
   std::vector<int32_t> num_ranks;      // per sequence
   std::vector<int64_t> rank_tokens;    // per rank of the block, block order
+  std::vector<double> rank_flops;      // per rank of the block: per-layer forward FLOPs (a sequence's split over its set)
   double comm_bytes = 0.0;             // K/V bytes gathered per layer, all its sharded sequences
   double start_us = 0.0;               // predicted start (all its groups free)
   double time_us = 0.0;                // predicted fwd+bwd time, all layers
