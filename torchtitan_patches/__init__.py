@@ -29,7 +29,14 @@ built. It is called from one place per kind of entry:
 
 A config given twice (the trainer's copy of one load_config fixed) gets the same values.
 
-Checked against torch 2.13.0+cpu, torchtitan 0.3.0, triton 3.7.1. Not a fix
+``compat`` is the other half: torchtitan 0.3.0 on torch 2.11-2.15, one shim
+per feature an older torch lacks; ``apply`` installs them, and every entry
+point installs the import-time ones before torchtitan is imported. This
+module imports no torchtitan at import time, so the ``.pth`` hook can import
+``compat`` before torchtitan.
+
+Checked against torch 2.13.0+cpu and 2.11.0+cu130 (on CPU and an H200),
+torchtitan 0.3.0, triton 3.7.1 and 3.6.0. Not a fix
 but a pin: torchtitan 0.3.0 imports triton unconditionally (via
 ``models.common.token_dispatcher`` -> ``distributed.minimal_async_ep.kernels``),
 so ``triton==3.7.1`` must be installed even on CPU; it imports fine there.
@@ -44,8 +51,8 @@ from collections.abc import Callable, Collection
 from typing import Any
 
 import torch
-import torch.distributed as dist
-from torchtitan.tools.logging import logger
+
+from torchtitan_patches import compat
 
 
 def on_cpu() -> bool:
@@ -168,13 +175,6 @@ def _no_peak_flops() -> None:
     utils.get_peak_flops = lambda device_name: float("nan")
 
 
-def _alias_set_timeout() -> None:
-    def set_timeout(timeout, group=None) -> None:
-        dist.distributed_c10d._set_pg_timeout(timeout, group)
-
-    dist.set_timeout = set_timeout
-
-
 def _launcher_env_for_one_process() -> None:
     import socket
 
@@ -247,16 +247,6 @@ FIXES: tuple[Fix, ...] = (
         apply=_no_peak_flops,
     ),
     Fix(
-        name="dist_set_timeout_alias",
-        why=(
-            "torchtitan 0.3.0 distributed/utils.set_pg_timeouts calls "
-            "torch.distributed.set_timeout, which torch 2.13 does not export; "
-            "the private _set_pg_timeout(timeout, group) has that signature"
-        ),
-        applies=lambda: not hasattr(dist, "set_timeout"),
-        apply=_alias_set_timeout,
-    ),
-    Fix(
         name="one_process_launcher_env",
         why=(
             "torchtitan 0.3.0 reads LOCAL_RANK/RANK/WORLD_SIZE/MASTER_* that only "
@@ -310,7 +300,9 @@ FIXES: tuple[Fix, ...] = (
 )
 
 _applied_process_fixes: set[str] = set()
-_patched_configs: set[int] = set()
+_patched_configs: dict[int, Any] = {}
+"""id -> the config itself: held so that its id is not reused by a later
+config (one whose fixes would then be skipped); configs are small, a process makes few."""
 
 
 _said: set[str] = set()
@@ -328,7 +320,9 @@ def apply(config=None, *, skip: Collection[str] = ()) -> list[str]:
     unknown = set(skip) - {f.name for f in FIXES}
     if unknown:
         raise ValueError(f"unknown torchtitan_patches fixes {sorted(unknown)}; known: {[f.name for f in FIXES]}")
-    applied = []
+    from torchtitan.tools.logging import logger  # not at import: compat must come first
+
+    applied = [f"compat:{name}" for name in compat.install()]
     for fix in FIXES:
         if fix.name in skip or not fix.applies():
             continue
@@ -343,8 +337,10 @@ def apply(config=None, *, skip: Collection[str] = ()) -> list[str]:
             continue
         applied.append(fix.name)
     if config is not None:
-        _patched_configs.add(id(config))
-    said = [name for name in applied if name not in _said]  # config fixes apply to each config copy
+        compat.check_config(config)  # after the fixes: on CPU they choose the backend
+        _patched_configs[id(config)] = config
+    shims = [f"compat:{name}" for name in compat.active()]  # the import-time ones came before this call
+    said = [name for name in dict.fromkeys(shims + applied) if name not in _said]  # config fixes apply to each config copy
     _said.update(said)
     if said:
         logger.info(f"[torchtitan_patches] applied: {', '.join(said)}")

@@ -29,7 +29,7 @@ def activate_flash_attention_impl() -> str | None:
 
     impl = get_cuda_flash_attention_impl()
     if impl is not None and current_flash_attention_impl() != impl:
-        activate(impl)
+        activate(impl)  # an implementation whose package is absent is never chosen (compat.py)
         logger.info(f"DACP attention: flash attention implementation {impl} activated for the varlen kernel")
     return current_flash_attention_impl()
 

@@ -17,11 +17,16 @@ import os
 import sys
 
 import torch
-from torchtitan.tools.logging import init_logger, logger
 
-from skrull_ext.cli_errors import run_cli
-from skrull_ext.train.job_file import load_config
-from torchtitan_patches import logs
+from torchtitan_patches import compat
+
+compat.install_import_shims()  # before torchtitan is imported (torch 2.11-2.12)
+
+from torchtitan.tools.logging import init_logger, logger  # noqa: E402
+
+from skrull_ext.cli_errors import run_cli  # noqa: E402
+from skrull_ext.train.job_file import load_config  # noqa: E402
+from torchtitan_patches import logs  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -457,7 +457,10 @@ def load_config(argv: list[str] | None = None, *, module: str = "skrull_ext.trai
         raise
     except (ValueError, TypeError) as e:  # a __post_init__ check, or torchtitan's --module/--config
         raise JobFileError(str(e)) from e
-    torchtitan_patches.apply(config)
+    try:
+        torchtitan_patches.apply(config)
+    except ValueError as e:  # a setting this torch cannot run (compat.check_config)
+        raise JobFileError(str(e)) from e
     if check:
         check_job(config, world_size)
     return config

@@ -69,3 +69,15 @@ def test_dense_mask_attention_matches_flex_forward():
     with torch.no_grad():
         ref = flex_attention(*(t.transpose(1, 2) for t in (q, k, v)), block_mask=block_mask)
     torch.testing.assert_close(out, ref.transpose(1, 2), rtol=1e-5, atol=1e-5)
+
+
+@cpu_only
+def test_a_new_config_gets_the_fixes_when_an_old_one_is_gone():
+    # apply() remembers the configs it fixed by id; a freed config's id, reused by
+    # the next one, once made apply skip that one's fixes (on torch 2.11 then
+    # compat.check_config refused its spmd_types backend)
+    for _ in range(12):
+        config = _config()
+        torchtitan_patches.apply(config)
+        assert config.parallelism.spmd_backend == "partial_dtensor"
+        del config
