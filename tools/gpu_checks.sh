@@ -14,7 +14,13 @@
 #       packs everything into $OUT/gpu_checks.tar.gz (the device tool returns 8
 #       files at most) next to summary.txt.
 #
-#   anywhere:            bash tools/gpu_checks.sh --dry-run
+#   there, trainer only: bash tools/gpu_checks.sh --skip-attention   (stages 3-4 left out)
+#       then 5. the offline profiler on the GPU for the Qwen2.5-0.5B shape
+#       (profiles/<gpu>-qwen2.5-0.5b.toml), 6. the trainer on one GPU in three
+#       modes (torchtitan's padded batching, torchtitan-stream, skrull with that
+#       profile), bf16, compile on, and 7. their table (bench train-report).
+#
+#   anywhere:            bash tools/gpu_checks.sh --dry-run [--skip-attention]
 #       the same stages on CPU at toy sizes, with the installed core (no build):
 #       the CUDA test cases collected (they skip) and the overlap runs on
 #       --device cpu. CI runs it (tests/integration_tests/test_gpu_checks_dry_run.py)
@@ -25,16 +31,23 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 py=${PYTHON:-python3}
 CARRY_LIMIT_MIB=64  # what the device tool carries to the GPU machine
-dry=0
-[ "${1:-}" = "--dry-run" ] && dry=1
+dry=0 attention=1
+for arg in "$@"; do
+  case "$arg" in
+    --dry-run) dry=1 ;;
+    --skip-attention) attention=0 ;;
+  esac
+done
+# ortools and the build tools; then torchtitan 0.3.0 and what it needs beyond the image (the trainer).
 WHEELS=(ortools==9.15.6755 immutabledict==4.3.1 protobuf==6.33.6 pybind11==3.0.1 scikit-build-core==0.11.6
-        tomli-w==1.2.0)
+        tomli-w==1.2.0 torchtitan==0.3.0 datasets==4.7.0 tyro==1.0.17 multiprocess==0.70.18 spmd_types==0.2.3
+        dill==0.4.0 torchdata==0.11.0 typeguard==4.6.1 docstring-parser==0.18.0 torch_checkpointing==0.1.1)
 
 if [ "${1:-}" = "--fetch" ]; then
   rm -rf .whl && mkdir -p .whl
   for platform in manylinux_2_27_x86_64 manylinux_2_17_x86_64; do
     "$py" -m pip download -q --no-deps --only-binary=:all: --python-version "${PYVER:-3.12}" --implementation cp \
-      --platform "$platform" --platform manylinux2014_x86_64 -d .whl "${WHEELS[@]}" && break
+      --platform "$platform" --platform manylinux2014_x86_64 --platform any -d .whl "${WHEELS[@]}" && break
   done
   ls -la .whl
   kib=$(du -sk .whl | cut -f1)
@@ -81,11 +94,16 @@ if [ "$dry" = 1 ]; then  # the installed core, as CI built it
     && say "core: $(tail -1 "$log/build.txt")" || { say "core import FAILED"; tail -20 "$log/build.txt"; }
 else
   export PYTHONPATH=$PWD:${PYTHONPATH:-}
+  # The .pth hook of torchtitan_patches/compat.py, as an install would place it (torchtitan.train's entry).
+  site=$("$py" -c "import site; print(site.getsitepackages()[0])")
+  cp torchtitan_patches/site/skrull_ext_compat.pth torchtitan_patches/site/_skrull_ext_compat.py "$site"/ 2>/dev/null \
+    || say "compat hook not installed in $site"
   PYTHON=$py bash tools/build_inplace.sh >"$log/build.txt" 2>&1 && say "core: $(tail -1 "$log/build.txt")" \
     || { say "core build FAILED"; tail -20 "$log/build.txt"; }
 fi
 pack
 
+if [ "$attention" = 1 ]; then
 # 3. The attention tests: every CPU case too (they must hold on this torch), the CUDA ones are the point.
 export PYTHONUNBUFFERED=1
 select=()
@@ -125,4 +143,73 @@ for cp in $cps; do
 done
 
 cp "$work"/overlap_cp2_auto/overlap.png "$out"/overlap_cp2_auto.png 2>/dev/null
+fi
+
+
+# 5. The offline profiler for the trainer's model (Qwen2.5-0.5B's shape, random init; the dry run: the debug job).
+#    One GPU: no K/V exchange to time (the comm table stays the h100-assumed preset, labelled so).
+if [ "$dry" = 1 ]; then
+  job=skrull_ext/jobs/debug_cpu.toml gpu=cpu
+  one=(--parallelism.data_parallel_shard_degree 1 --parallelism.context_parallel_degree 1)
+  # toy sizes on shared cores: the stage must run; the fit's quality is the GPU run's to judge
+  prof=(--lengths 256,384,512 --held-out 448 --memory-lengths 256,512 --repeats 2 --micro-batch-repeats 1 --no-check
+        --max-held-out-error 10 --max-micro-batch-error 10 --max-packed-error 10)
+  train=(--training.steps 5 --dataloader.global_batch_size 8 --skrull.bucket_size 512 --metrics.enable_tensorboard)
+  warm=2 limit=240
+else
+  job=skrull_ext/jobs/qwen2_5_0_5b_gpu.toml
+  gpu=$("$py" -c "import torch; print(torch.cuda.get_device_name(0).split()[-1].split('-')[0].lower())" 2>/dev/null || echo gpu)
+  one=(--parallelism.data_parallel_shard_degree 1 --parallelism.context_parallel_degree 1
+       --dataloader.lengths mix_sharegpt_conv95+longbench_en5 --dataloader.max_len 16384 --training.seq_len 16384)
+  # The derived memory ladder ran out of the H200's 140 GB on 2026-11-27: lengths up to the job's 16K only.
+  prof=(--lengths 2048,4096,8192,16384 --held-out 12288 --memory-lengths 2048,4096,8192,16384
+        --repeats 3 --micro-batch-repeats 2 --no-check)
+  # compile off and torchtitan's modes on varlen: on the first GPU run (2026-11-27) torchtitan's flex path was
+  # still compiling its block mask (inductor, triton) after 48 s and logged no step in 80-120 s, with or without
+  # --compile.enable; skrull trained its 34 steps in the same limit. GPU_COMPILE=1 puts compile back.
+  train=(--training.steps 34 --dataloader.global_batch_size 8 --skrull.bucket_size 16384
+         --checkpoint.no-enable --metrics.log_freq 1 --metrics.enable_tensorboard --lr_scheduler.warmup_steps 2)
+  [ "${GPU_COMPILE:-0}" = 1 ] && train+=(--compile.enable)
+  warm=4 limit=${TRAIN_LIMIT:-100} tt_attn="--model.attn_backend varlen"
+fi
+profile=$work/profile/$gpu-qwen2.5-0.5b.toml
+mkdir -p "$work/profile"
+timeout "${PROFILE_LIMIT:-90}" "$py" -m skrull_ext.profile --config-file "$job" "${one[@]}" "${prof[@]}" --out "$profile" \
+  >"$log/profile.txt" 2>&1
+rc=$?
+if [ -f "$profile" ]; then
+  cp "$profile" "${profile%.toml}.png" "$out"/ 2>/dev/null
+  say "profile (rc $rc): $(grep -E '^(a_us_per_flop|b_us|bucket_size|a_bytes_per_token|static_bytes) ' "$profile" | tr '\n' ' ')"
+  cost=(--skrull.cost_model "$profile")
+else
+  say "profile FAILED (rc $rc): $(tail -1 "$log/profile.txt")"; cost=()
+fi
+pack
+
+# 6. The trainer on one GPU, three modes on the same data (each its own process and time limit, so one
+#    failure leaves the others' figures): the probe of `bench cp` records step times and real tokens.
+declare -A modes=(
+  [torchtitan]="--skrull.no-enable --training.local_batch_size 4 ${tt_attn:-}"
+  [torchtitan-stream]="--skrull.no-enable --dataloader.packing stream --training.local_batch_size 1 ${tt_attn:-}"
+  [skrull]="${cost[*]}"
+)
+for mode in skrull torchtitan-stream torchtitan; do
+  run=$work/train/runs/${mode}_0
+  mkdir -p "$run"
+  # shellcheck disable=SC2086
+  SKRULL_BENCH_PROBE_OUT=$run/probe timeout "$limit" "$py" -m torch.distributed.run --standalone --nproc_per_node 1 \
+    -m torchtitan_patches.cp_probe skrull_ext.train --config-file "$job" "${one[@]}" "${train[@]}" \
+    --dump_folder "$run" ${modes[$mode]} >"$run/log.txt" 2>&1
+  rc=$?
+  say "train $mode (rc $rc): $(grep -a 'grad_norm' "$run/log.txt" | tail -1 | sed 's/\x1b\[[0-9;]*m//g' | sed 's/.*step:/step:/')"
+  [ "$rc" = 0 ] || grep -a -E 'Error|error' "$run/log.txt" | tail -3 | tee -a "$summary"
+  pack
+done
+
+# 7. The table: real tokens/s, MFU, peak memory; Skrull's measured/predicted step and memory.
+"$py" -m skrull_ext.bench train-report "$work/train" --warmup "$warm" \
+  ${cost[1]:+--profile "${cost[1]}"} >"$log/train_report.txt" 2>&1
+say "train-report (rc $?):"; tee -a "$summary" <"$log/train_report.txt"
+cp "$work/train/train_report.md" "$work/train/train_report.json" "$out"/ 2>/dev/null
+pack
 say "packed: $(du -h "$out/gpu_checks.tar.gz" | cut -f1) in $out/gpu_checks.tar.gz"

@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "adversarial": ("skrull_ext.bench.adversarial:main", "worst-case scheduler time on adversarial batches"),
     "cp": ("skrull_ext.bench.cp_train:main", "training: torchtitan's CP vs Skrull (K/V bytes, step time, overlap)"),
     "data": ("skrull_ext.bench.data:main", "data path at scale: prepare throughput, store size, rank memory at 100K/1M"),
+    "train-report": ("skrull_ext.bench.train_report:main", "a `bench cp` run's table: tokens/s, MFU, memory, predicted"),
     "overlap": ("skrull_ext.bench.overlap:main", "DACP attention under torch.profiler: traces and the exchange hidden"),
 }
 

@@ -3,7 +3,8 @@
 GPU time is rare (a lent machine, about 15 minutes, no network), so the
 command must work the first time it meets a GPU. Its dry run goes through
 the same stages at toy sizes: the machine record, the core, the CUDA test
-cases collected (they skip here), and the profiled overlap runs on CPU.
+cases collected (they skip here), the profiled overlap runs on CPU, the
+offline profiler, the trainer in its three modes (1 process) and their table.
 A stage that breaks shows here as a summary line that is not a pass.
 """
 
@@ -35,8 +36,16 @@ def test_gpu_checks_dry_run_passes_every_stage(tmp_path):
     assert cases and all(state == "skipped" for state, *_ in cases), summary  # every CUDA case collected, none ran
     for kernel in ("auto", "dense"):
         assert f"overlap cp 2 kernel {kernel} (rc 0)" in summary, summary
+    assert any(line.startswith("profile (rc 0): a_us_per_flop = ") for line in lines), summary
+    for mode in ("skrull", "torchtitan-stream", "torchtitan"):
+        assert any(line.startswith(f"train {mode} (rc 0): step:  5 ") for line in lines), summary
+    rows = [line.split("|")[1:-1] for line in lines if line.startswith("| ") and "real tokens/s" not in line]
+    assert sorted(r[0].strip() for r in rows) == ["skrull", "torchtitan", "torchtitan-stream"], summary
+    assert all(r[-1].strip() == "yes" for r in rows), summary  # losses finite
+    assert all(r[1].strip() != "-" for r in rows), summary  # real tokens/s measured
     with tarfile.open(out / "gpu_checks.tar.gz") as tar:
         names = set(tar.getnames())
     for name in ("logs/env.txt", "logs/pytest_cuda.xml", "overlap_cp2_auto/overlap.json",
-                 "overlap_cp2_dense/rank1.trace.json.gz"):
+                 "overlap_cp2_dense/rank1.trace.json.gz", "logs/profile.txt", "train/train_report.json",
+                 "train/runs/skrull_0/log.txt"):
         assert f"./{name}" in names, sorted(names)

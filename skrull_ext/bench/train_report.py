@@ -1,0 +1,130 @@
+"""One table of a ``bench cp`` run's modes: what each trained per second,
+at what MFU and memory, and, for Skrull, how the cost model's step time and
+the profile's memory account compare with the measurement.
+
+    python -m skrull_ext.bench train-report outputs/bench_cp [--profile P.toml] [--warmup 8]
+
+Reads what the runs already wrote (no process is started): the probe's per
+step wall time and real tokens (``torchtitan_patches/cp_probe.py``; padding
+excluded, so padded batching is charged for its pad tokens) and rank 0's
+TensorBoard scalars: torchtitan's loss, ``mfu(%)`` (its FLOPs per *input*
+token, pads included: an upper bound for padded batching) and
+``memory/max_reserved(GiB)`` / ``max_active`` (the step's peak, reset each
+logged step), and Skrull's ``skrull/predicted_us``, ``skrull/measured_us``
+and ``skrull/max_rank_tokens``. The predicted memory of a Skrull step is the
+profile's static account plus its activation fit at the step's largest
+micro-batch (``ProfileMemory``; no margin). Steps up to ``--warmup`` (compile,
+allocator growth) are left out. Written beside the runs: ``train_report.md``
+and ``train_report.json``. A script, not a test: nothing asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import math
+import os
+import statistics
+
+GIB = 2**30
+
+
+def scalars(run_dir: str) -> dict[str, dict[int, float]]:
+    """Every scalar tag of rank 0's newest TensorBoard run: tag -> step -> value."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    runs = sorted(glob.glob(os.path.join(run_dir, "tb", "*")))
+    if not runs:
+        return {}
+    acc = EventAccumulator(runs[-1], size_guidance={"scalars": 0})
+    acc.Reload()
+    return {tag: {e.step: e.value for e in acc.Scalars(tag)} for tag in acc.Tags()["scalars"]}
+
+
+def probe_steps(run_dir: str) -> list[dict]:
+    path = os.path.join(run_dir, "probe", "rank0.json")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return json.load(f)
+
+
+def median(xs: list[float]) -> float:
+    xs = [x for x in xs if x is not None and math.isfinite(x)]
+    return statistics.median(xs) if xs else math.nan
+
+
+def summarize_mode(run_dir: str, warmup: int, memory=None) -> dict:
+    """The figures of one mode's run (NaN where the run did not log them)."""
+    tags = scalars(run_dir)
+    steps = probe_steps(run_dir)
+    kept = [s for s in steps if s["step"] > warmup and s.get("wall_s")]
+    wall = sum(s["wall_s"] for s in kept)
+    tokens = sum(s.get("step_tokens") or 0 for s in kept)
+    losses = list(tags.get("loss_metrics/global_avg_loss", {}).values())
+    after = lambda tag: [v for k, v in tags.get(tag, {}).items() if k > warmup]  # noqa: E731
+    out = {
+        "steps": len(steps), "measured_steps": len(kept),
+        "real_tokens_per_s": tokens / wall if wall > 0 else math.nan,
+        "step_ms": 1e3 * statistics.mean(s["wall_s"] for s in kept) if kept else math.nan,
+        "mfu_pct": median(after("mfu(%)")),
+        "peak_reserved_gib": max(after("memory/max_reserved(GiB)"), default=math.nan),
+        "peak_active_gib": max(after("memory/max_active(GiB)"), default=math.nan),
+        "losses_finite": bool(losses) and all(math.isfinite(x) for x in losses),
+        "first_loss": losses[0] if losses else math.nan, "last_loss": losses[-1] if losses else math.nan,
+    }
+    predicted, measured = tags.get("skrull/predicted_us", {}), tags.get("skrull/measured_us", {})
+    if predicted:
+        ratios = [measured[k] / predicted[k] for k in predicted if k > warmup and k in measured and predicted[k] > 0]
+        out["measured_over_predicted"] = median(ratios)
+        out["predicted_step_ms"] = median([predicted[k] / 1e3 for k in predicted if k > warmup])
+    tokens_by_step = tags.get("skrull/max_rank_tokens", {})
+    active = tags.get("memory/max_active(GiB)", {})
+    if memory is not None and tokens_by_step:
+        pairs = [(active[k] * GIB, memory.static + memory.activation_any(int(t)))
+                 for k, t in tokens_by_step.items() if k > warmup and k in active]
+        out["memory_over_predicted"] = median([m / p for m, p in pairs if p > 0])
+        out["memory_over_predicted_max"] = max((m / p for m, p in pairs if p > 0), default=math.nan)
+    return out
+
+
+def table(results: dict[str, dict]) -> str:
+    def f(x, fmt):
+        return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else fmt.format(x)
+
+    rows = ["| mode | real tokens/s | mean step ms | MFU % (torchtitan's) | peak reserved GiB | peak active GiB "
+            "| measured / predicted step | measured / predicted memory (median, max) | losses finite |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    for mode, r in results.items():
+        rows.append(
+            f"| {mode} | {f(r['real_tokens_per_s'], '{:,.0f}')} | {f(r['step_ms'], '{:.1f}')} | "
+            f"{f(r['mfu_pct'], '{:.1f}')} | {f(r['peak_reserved_gib'], '{:.2f}')} | {f(r['peak_active_gib'], '{:.2f}')} | "
+            f"{f(r.get('measured_over_predicted'), 'x{:.2f}')} | "
+            f"{f(r.get('memory_over_predicted'), 'x{:.2f}')}, {f(r.get('memory_over_predicted_max'), 'x{:.2f}')} | "
+            f"{'yes' if r['losses_finite'] else 'NO'} |")
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m skrull_ext.bench train-report", description=__doc__.split("\n\n")[0])
+    p.add_argument("out", help="a `bench cp` output folder (its runs/<mode>_<repeat>/)")
+    p.add_argument("--profile", default=None, help="the profile TOML Skrull ran with (its [memory] predicts memory)")
+    p.add_argument("--warmup", type=int, default=2, help="steps left out (default 2)")
+    a = p.parse_args(argv)
+    memory = None
+    if a.profile:
+        from skrull_ext.scheduler.profile_file import Profile
+
+        memory = Profile.load(a.profile).memory()
+    run_dirs = sorted(glob.glob(os.path.join(a.out, "runs", "*_0")))
+    if not run_dirs:
+        raise SystemExit(f"train-report: no runs under {a.out}/runs (expected <mode>_0 folders from `bench cp`)")
+    results = {os.path.basename(d)[:-2]: summarize_mode(d, a.warmup, memory) for d in run_dirs}
+    text = table(results)
+    print(text)
+    with open(os.path.join(a.out, "train_report.md"), "w") as f:
+        f.write(text + "\n")
+    with open(os.path.join(a.out, "train_report.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    return 0
