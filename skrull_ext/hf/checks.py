@@ -28,7 +28,7 @@ from torchtitan.protocols.model_spec import ModelSpec
 from torchtitan.tools.logging import logger
 
 from skrull_ext.errors import UserError
-from skrull_ext.hf.config import HFConfigError, read_hf_config
+from skrull_ext.models.hf_config import HFConfigError, read_hf_config
 from skrull_ext.hf.safetensors_file import read_header
 
 _SAFETENSORS_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "F64": torch.float64}

@@ -3,7 +3,7 @@
 torchtitan 0.3.0's registries only build their named flavors, and its
 per-family layer builders are private with some sizes fixed (Qwen3's RMSNorm
 eps, Llama3's head_dim). A pretrained checkpoint brings its own sizes
-(``skrull_ext.hf.config`` reads them from config.json), and the qwen2_5
+(``skrull_ext.models.hf_config`` reads them from config.json), and the qwen2_5
 flavors need the Qwen2 attention torchtitan lacks, so the three families are
 built here from one plain ``DecoderDims`` with torchtitan's public pieces:
 ``make_gqa_config`` (so attention is torchtitan's ``GQAttention``, whose
@@ -41,7 +41,7 @@ from torchtitan.models.qwen3.model import Qwen3TransformerBlock
 from torchtitan.models.qwen3.state_dict_adapter import Qwen3StateDictAdapter
 from torchtitan.protocols.model_spec import ModelSpec
 
-from skrull_ext.hf.qwen2_adapter import Qwen2StateDictAdapter
+from skrull_ext.models.qwen2_adapter import Qwen2StateDictAdapter
 
 
 @dataclass(frozen=True)

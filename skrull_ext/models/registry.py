@@ -12,6 +12,7 @@ from torchtitan.models import llama3, qwen3
 from torchtitan.protocols.model_spec import ModelSpec
 
 from skrull_ext.models.decoders import DecoderDims, decoder_spec
+from skrull_ext.models.hf_config import spec_from_hf
 
 
 @dataclass(frozen=True)
@@ -78,8 +79,6 @@ def build_model_spec(
 def _spec_from_folder(
     hf_path: str, name: str | None, flavor: str | None, attn_backend: str
 ) -> ModelSpec:
-    from skrull_ext.hf.config import spec_from_hf
-
     if not isinstance(hf_path, str):
         raise ValueError(f"model.hf_path: expected a folder path string, got {hf_path!r}")
     spec = spec_from_hf(hf_path, attn_backend=attn_backend)

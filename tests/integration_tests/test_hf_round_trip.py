@@ -76,7 +76,7 @@ def _titan_model(folder: str):
     """The torchtitan model of a HF folder's config.json, causal SDPA attention, float32."""
     from torchtitan.models.common import ScaledDotProductAttention
 
-    from skrull_ext.hf.config import spec_from_hf
+    from skrull_ext.models.hf_config import spec_from_hf
 
     spec = spec_from_hf(folder)
     for layer in spec.model.layers:

@@ -6,7 +6,7 @@ import os
 import pytest
 
 from skrull_ext.export import main
-from skrull_ext.hf.config import hf_architecture, hf_config_json, hf_dims, spec_dims
+from skrull_ext.models.hf_config import hf_architecture, hf_config_json, hf_dims, spec_dims
 from skrull_ext.models.registry import build_model_spec
 
 

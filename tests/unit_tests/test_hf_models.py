@@ -23,7 +23,7 @@ from torchtitan.models.common import (
     get_efficient_causal_mask_mod_for_packed_document,
 )
 
-from skrull_ext.hf.config import HFConfigError, hf_architecture, hf_dims, spec_from_hf
+from skrull_ext.models.hf_config import HFConfigError, hf_architecture, hf_dims, spec_from_hf
 from skrull_ext.hf.weights import load_hf_weights, read_safetensors, save_hf_weights
 from skrull_ext.models.registry import QWEN2_5_FLAVORS, build_model_spec
 from tests.hf_tiny import folder_factory, perturb

@@ -15,7 +15,7 @@ import torch
 import transformers
 from torchtitan.models.common import ScaledDotProductAttention
 
-from skrull_ext.hf.config import spec_from_hf
+from skrull_ext.models.hf_config import spec_from_hf
 from skrull_ext.hf.folder import HFExport
 from skrull_ext.lora import LoRAConfig, with_lora
 from skrull_ext.lora.converter import DropoutLoRALinear, lora_modules
