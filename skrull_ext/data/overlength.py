@@ -19,6 +19,14 @@ fails before training, naming the record (``file:line`` for JSONL), the
 sample, its step, its length and the limit; ``truncate`` and ``drop`` log how
 many sequences they will cut, and the dataloader logs and counts each one as
 it happens.
+
+A BucketSize too small for the data is refused there too (``stub_refusal``):
+when the limit is what Skrull's ranks hold and ``truncate`` or ``drop`` would
+cut or drop more than half of the sequences the run reads, the run would
+train on stubs (``--skrull.bucket_size 10`` cut 16 of 16 and trained). The
+bound follows from the data, not a fixed number of tokens: the message names
+the counts and the smallest ``bucket_size`` that keeps at least half whole.
+A ``dataloader.max_len`` below that is the user's own cut and is kept.
 """
 
 import time
@@ -265,12 +273,44 @@ def scan_overlength(loader, first_step: int, last_step: int) -> OverlengthScan:
     return report
 
 
+def _bucket_keeping(capacity: Capacity, tokens: int) -> int:
+    """The smallest bucket_size whose ranks (``capacity``'s CP group, or pool) hold ``tokens`` whole."""
+    bucket = max(1, -(-tokens // capacity.ranks))
+    while Capacity(bucket, capacity.cp, capacity.dp, capacity.pool).limit < tokens:
+        bucket += 1
+    return bucket
+
+
+def stub_refusal(report: OverlengthScan) -> str | None:
+    """Why a run is refused for cutting most of its data (None: it is not).
+
+    The rule: under ``truncate`` or ``drop``, when the limit is what Skrull's ranks
+    hold (``skrull.bucket_size`` x the ranks a sequence spans) and more than half of
+    the sequences the pre-scan read are longer, the run is refused, naming the counts
+    and the smallest bucket_size with which at most half would be."""
+    lim = report.limit
+    if lim.by != "capacity" or lim.mode == "error" or 2 * len(report.over) <= report.scanned:
+        return None
+    allowed = report.scanned // 2  # at most this many may stay longer than the limit
+    need = sorted((n for _, _, n in report.over), reverse=True)[allowed]
+    verb = "cut" if lim.mode == "truncate" else "drop"
+    return (f"skrull.bucket_size = {lim.capacity.bucket_size} would {verb} {len(report.over)} of the "
+            f"{report.scanned} sequences of steps {report.first_step}..{report.last_step} (longer than "
+            f"{lim.tokens} tokens, {lim.source}; skrull.overlength = {lim.mode!r}): the run would train on stubs. "
+            f"A Skrull run refuses a BucketSize that {verb}s more than half of its sequences; bucket_size "
+            f"{_bucket_keeping(lim.capacity, need)} keeps at least half whole (or raise "
+            f"parallelism.context_parallel_degree, or cut on purpose with dataloader.max_len)")
+
+
 def check_overlength(loader, first_step: int, last_step: int) -> OverlengthScan:
-    """Pre-scan, raise :class:`OverlengthError` under 'error', log the counts otherwise."""
+    """Pre-scan, raise :class:`OverlengthError` under 'error' or when most sequences would be
+    cut (``stub_refusal``), log the counts otherwise."""
     report = scan_overlength(loader, first_step, last_step)
     lim = report.limit
     if report.over and lim.mode == "error":
         raise OverlengthError(report.message())
+    if (refusal := stub_refusal(report)) is not None:
+        raise OverlengthError(refusal)
     if report.over:
         verb = {"truncate": f"truncated to {lim.tokens} tokens", "drop": "dropped"}[lim.mode]
         if report.no_loss:

@@ -81,3 +81,42 @@ def test_the_limit_is_the_batching_or_max_len_whichever_is_smaller():
     capped = scheduler_limit(SchedulerConfig(dp=2, cp=2, bucket_size=256), 100)
     assert (capped.tokens, capped.source) == (100, "dataloader.max_len 100")
     assert scheduler_limit(SchedulerConfig(dp=1, cp=2, bucket_size=256), 4096).tokens == group.tokens
+
+
+@pytest.mark.parametrize("policy, verb", [("truncate", "cut"), ("drop", "drop")])
+def test_a_bucket_size_that_cuts_most_sequences_is_refused(policy, verb):
+    """--skrull.bucket_size 10 cut 16 of 16 samples and trained on stubs: refused at the
+    pre-scan, naming the counts and the smallest bucket_size keeping half whole."""
+    loader = _loader(policy, bucket=10)
+    report = scan_overlength(loader, 1, 2)
+    assert len(report.over) == report.scanned == 2 * GBS
+    with pytest.raises(OverlengthError) as e:
+        check_overlength(loader, 1, 2)
+    message = str(e.value)
+    assert message.startswith(
+        f"skrull.bucket_size = 10 would {verb} 16 of the 16 sequences of steps 1..2 (longer than 10 tokens, "
+        f"bucket_size 10 x cp 1; skrull.overlength = {policy!r}): the run would train on stubs. A Skrull run "
+        f"refuses a BucketSize that {verb}s more than half of its sequences; bucket_size ")
+    assert "\n" not in message
+    keeps = int(message.split("; bucket_size ")[1].split()[0])
+    # The suggestion holds: with it at most half are over-length, with one token less more than half.
+    for bucket, refused in ((keeps, False), (keeps - 1, True)):
+        scan = scan_overlength(_loader(policy, bucket=bucket), 1, 2)
+        assert (2 * len(scan.over) > scan.scanned) == refused, (bucket, len(scan.over))
+    check_overlength(_loader(policy, bucket=keeps), 1, 2)  # logs the cuts, does not raise
+
+
+def test_the_stub_rule_counts_ranks_and_leaves_max_len_and_error_alone():
+    from skrull_ext.data.overlength import OverlengthScan, capacity_limit, stub_refusal
+    from skrull_ext.scheduler.capacity import Capacity
+
+    over = [(1, i, 100 + i) for i in range(5)]
+    pool = OverlengthScan(capacity_limit(Capacity(10, cp=2, dp=2, pool=True), "truncate", None), 1, 1, None, 8, over)
+    message = stub_refusal(pool)
+    assert "would cut 5 of the 8 sequences of steps 1..1 (longer than 40 tokens, bucket_size 10 x dp 2 x cp 2;" in message
+    assert "bucket_size 26 keeps at least half whole" in message  # 4 ranks x 26 hold 104 >= 100; x 25: 96
+    assert stub_refusal(OverlengthScan(pool.limit, 1, 1, None, 10, over)) is None  # exactly half: trained
+    max_len = capacity_limit(Capacity(1000), "truncate", 10)  # the user's own SFT cut
+    assert stub_refusal(OverlengthScan(max_len, 1, 1, None, 8, over)) is None
+    error = capacity_limit(Capacity(10), "error", None)  # 'error' names the first offender instead
+    assert stub_refusal(OverlengthScan(error, 1, 1, None, 8, over)) is None

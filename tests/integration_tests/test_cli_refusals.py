@@ -1,0 +1,46 @@
+"""A refused run, as a user types it: ``python -m skrull_ext.train`` exits 2 with one
+``error:`` line on stderr, no traceback, and writes no file where it would have run
+(issue 38's replays; the messages themselves are pinned by the unit tests)."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.integration_tests.launch import REPO, _env
+
+DEBUG = os.path.join(REPO, "skrull_ext", "jobs", "debug_cpu.toml")
+
+
+def train(*args: str, cwd) -> subprocess.CompletedProcess:
+    """``python -m skrull_ext.train ARGS`` in ``cwd``, one process."""
+    return subprocess.run([sys.executable, "-m", "skrull_ext.train", *args], cwd=cwd, env=_env(),
+                          capture_output=True, text=True, timeout=600)
+
+
+def one_line_error(proc: subprocess.CompletedProcess) -> str:
+    """The single ``error:`` line of a refused run (exit status 2, no traceback)."""
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr + proc.stdout, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, proc.stderr[-3000:]
+    return errors[0]
+
+
+def files_under(folder) -> list[str]:
+    """Every file under ``folder`` (empty folders are not files: torchtitan's process
+    group set-up makes ``comm_traces/`` before any model is built)."""
+    return [os.path.join(d, f) for d, _, names in os.walk(folder) for f in names]
+
+
+@pytest.mark.slow
+def test_a_bucket_size_that_cuts_most_samples_is_refused(tmp_path):
+    dump = tmp_path / "out"
+    proc = train("--config-file", DEBUG, "--skrull.bucket_size", "10", "--training.steps", "2",
+                 "--dump_folder", str(dump), cwd=tmp_path)
+    error = one_line_error(proc)
+    assert error.startswith("error: skrull.bucket_size = 10 would cut 16 of the 16 sequences of steps 1..2"), error
+    assert "keeps at least half whole" in error
+    assert "step:  1" not in proc.stdout + proc.stderr
+    assert files_under(dump) == []
