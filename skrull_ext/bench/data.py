@@ -10,7 +10,7 @@ distribution with the long tail of real SFT data (``--lengths``, divided by
 ``--length-scale`` so 1M samples fit this machine's disk and time: the shape
 of the mix is kept, the token count scales), then
 
-1. prepares its token store (``skrull_ext.data prepare`` with ``--workers``
+1. prepares its token store (``skrull_ext.prepare`` with ``--workers``
    processes): samples/s, tokens/s, the store's size beside the corpus';
 2. trains ``--steps`` steps of the shipped CPU text job on it under torchrun
    (``--nproc`` ranks, CP = nproc) and samples every rank's resident memory
@@ -71,8 +71,8 @@ def folder_bytes(folder: str) -> int:
 
 
 def prepare(corpus: str, cache: str, workers: int) -> dict:
-    """Run ``skrull_ext.data prepare`` in a fresh process; its wall time and the store it wrote."""
-    cmd = [sys.executable, "-m", "skrull_ext.data", "prepare", JOB, "--workers", str(workers),
+    """Run ``skrull_ext.prepare`` in a fresh process; its wall time and the store it wrote."""
+    cmd = [sys.executable, "-m", "skrull_ext.prepare", JOB, "--workers", str(workers),
            "--dataloader.dataset_path", corpus, "--dataloader.token_cache_dir", cache]
     start = time.perf_counter()
     out = subprocess.run(cmd, capture_output=True, text=True)

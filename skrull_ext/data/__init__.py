@@ -2,5 +2,6 @@
 length distribution, JSONL and HF text through the token store, mixtures),
 the tokenizers, the per-rank buffers and the dataloaders that feed torchtitan.
 
-``python -m skrull_ext.data prepare JOB.toml`` tokenizes a job's text source
-once, ahead of torchrun (``__main__``; docs/data.md)."""
+``python -m skrull_ext.prepare JOB.toml`` (skrull_ext/prepare.py, at the
+package root: it reads a whole job) tokenizes a job's text source once, ahead
+of torchrun (docs/data.md)."""

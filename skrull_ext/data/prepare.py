@@ -2,7 +2,7 @@
 
 ``cached_sequences`` is the one hook the text sources call when
 ``[dataloader] token_cache = true`` (the default); ``python -m
-skrull_ext.data prepare JOB.toml`` calls it ahead of torchrun with a pool of
+skrull_ext.prepare JOB.toml`` calls it ahead of torchrun with a pool of
 processes (docs/data.md, "Prepare"). A build on first use inside a training
 job uses one process: forking a process that already runs torch and its
 collectives' threads is not safe.

@@ -141,7 +141,7 @@ class SourceDataLoaderBase(BaseDataLoader):
         """synthetic: token ids are drawn from [1, vocab_size); None: the tokenizer's (the model's)."""
         token_cache: bool = True
         """jsonl/hf: tokenize once into a memory-mapped store (built on first use or by `python -m
-        skrull_ext.data prepare`, docs/data.md); false: tokenize into memory at every start."""
+        skrull_ext.prepare`, docs/data.md); false: tokenize into memory at every start."""
         token_cache_dir: str = ""
         """jsonl/hf: where token stores go; '' .skrull_tokens/ beside the data (a per-user cache if read-only)."""
         seed: int = 0

@@ -2,7 +2,7 @@
 
 A text source (``jsonl``/``hf``) is tokenized once into a store folder, on
 first use (``[dataloader] token_cache = true``, the default) or ahead of
-torchrun with ``python -m skrull_ext.data prepare JOB.toml``::
+torchrun with ``python -m skrull_ext.prepare JOB.toml``::
 
     ids.bin            int32, all records' token ids end to end
     mask.bin           uint8, the loss mask (1: predicted), same layout

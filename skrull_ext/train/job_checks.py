@@ -17,8 +17,8 @@ from __future__ import annotations
 import math
 import os
 import shutil
-import types
 
+from skrull_ext.data.checks import check_data
 from skrull_ext.errors import JobFileError
 from skrull_ext.train.tensor_parallel import check_skrull_parallelism
 
@@ -117,48 +117,6 @@ def _check_parallelism(config, world: int) -> None:
                    "(processes in this launch); -1 takes the rest")
 
 
-def check_data(config, key: str = "dataloader") -> None:
-    """``key``: the section the data keys are named under ([validation] for the held-out set)."""
-    d = config.dataloader
-    if hasattr(d, "min_len"):
-        if d.min_len < 1:
-            raise _bad(f"{key}.min_len", d.min_len, "must be >= 1")
-        if d.max_len is not None and d.max_len < d.min_len:
-            raise _bad(f"{key}.max_len", d.max_len, f"must be >= dataloader.min_len ({d.min_len})")
-    if getattr(d, "length_scale", 1.0) <= 0 or not math.isfinite(getattr(d, "length_scale", 1.0)):
-        raise _bad(f"{key}.length_scale", d.length_scale, "must be a finite number > 0")
-    if getattr(d, "vocab_size", None) is not None and d.vocab_size < 2:
-        raise _bad(f"{key}.vocab_size", d.vocab_size, "must be >= 2 (ids are drawn from [1, vocab_size))")
-    if getattr(d, "dataset", None) == "jsonl":
-        from skrull_ext import assets
-
-        try:
-            assets.text_path(d.dataset_path)
-        except ValueError as e:
-            raise _bad(f"{key}.dataset_path", d.dataset_path, str(e).split(" is ", 1)[-1]) from None
-    if getattr(d, "dataset", None) == "hf" and not os.path.exists(d.dataset_path):
-        raise _bad(f"{key}.dataset_path", d.dataset_path, "is not a local file or folder (json/jsonl/parquet/arrow "
-                                                           "files or a save_to_disk folder; docs/data.md)")
-    for i, s in enumerate(getattr(d, "sources", None) or ()):  # a mixture's sources ([[dataloader.sources]])
-        if s.dataset == "jsonl":
-            from skrull_ext import assets
-
-            try:
-                assets.text_path(s.path)
-            except ValueError as e:
-                raise _bad(f"{key}.sources[{i}].path", s.path, str(e).split(" is ", 1)[-1]) from None
-        elif not os.path.exists(s.path):
-            raise _bad(f"{key}.sources[{i}].path", s.path, "is not a local file or folder (json/jsonl/parquet/arrow "
-                                                           "files or a save_to_disk folder; docs/data.md)")
-    if getattr(d, "lengths", None):  # read now: a bad file fails before the model is built, not after
-        from skrull_ext import lengths
-
-        lengths.load(d.lengths, f"{key}.lengths")
-    template = getattr(d, "chat_template", "")
-    if template and template != "chatml" and not os.path.isfile(template):
-        raise _bad(f"{key}.chat_template", template, "is neither 'chatml' nor an existing .jinja file")
-
-
 def _check_validation(config) -> None:
     """torchtitan's ``[validator]`` feeds rows and masks the DACP attention cannot
     take: a Skrull job reads ``[validation]`` (validation.py), which only Skrull runs."""
@@ -181,7 +139,7 @@ def _check_validation(config) -> None:
     if not validation.dataset_path:
         raise _bad("validation.dataset_path", "", f"the held-out data ({kind}: a file, or for hf a folder and "
                    "validation.split) is required")
-    check_data(types.SimpleNamespace(dataloader=validation.source_config(config.dataloader)), key="validation")
+    check_data(validation.source_config(config.dataloader), key="validation")
 
 
 def _check_skrull(config, on_cpu: bool) -> None:
@@ -308,7 +266,7 @@ def check_job(config, world_size: int | None = None, on_cpu: bool | None = None)
         on_cpu = probe()
     _check_training(config)
     _check_parallelism(config, world_size)
-    check_data(config)
+    check_data(config.dataloader)
     _check_validation(config)
     _check_skrull(config, on_cpu)
     _check_compile(config, on_cpu)

@@ -16,7 +16,7 @@ class _Stop(Exception):
 OTHER_CLIS = {  # the other user-facing argparse commands
     "skrull_ext.profile.check": "skrull_ext.profile.check:main",
     "skrull_ext.export": "skrull_ext.export:main",
-    "skrull_ext.data": "skrull_ext.data.__main__:main",
+    "skrull_ext.prepare": "skrull_ext.prepare:main",
 }
 
 

@@ -150,14 +150,14 @@ def test_mixture_bad_sources_are_one_line_naming_the_key(tmp_path, monkeypatch, 
 
 
 def test_mixture_prepare_builds_each_source_store_once(tmp_path, monkeypatch, capsys):
-    """python -m skrull_ext.data prepare on a mixture job: one store per source; a second
+    """python -m skrull_ext.prepare on a mixture job: one store per source; a second
     prepare (or the training job) opens them as they are."""
-    from skrull_ext.data.__main__ import main
+    from skrull_ext.prepare import main
 
     monkeypatch.setenv("WORLD_SIZE", "1")
     job = _job(tmp_path, '[[dataloader.sources]]\npath = "tiny_sft"\nweight = 3\n'
                          f'[[dataloader.sources]]\nname = "notes"\npath = "{ROOT}/tests/fixtures/accounting.jsonl"\n')
-    flags = ["prepare", job, "--workers", "1", "--dataloader.token_cache_dir", str(tmp_path / "stores")]
+    flags = [job, "--workers", "1", "--dataloader.token_cache_dir", str(tmp_path / "stores")]
     assert main(flags) == 0
     first = capsys.readouterr().out.splitlines()
     assert [line.split(":")[0] for line in first] == ["tiny_sft", "notes"]

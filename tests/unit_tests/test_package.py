@@ -1,9 +1,15 @@
-"""The package's shape (issues 16 and 26): rooms at the package root, no
-import cycles, no module over 500 lines, torchtitan changed only in
-torchtitan_patches, parts that import alone, and the training path apart
-from the research tools."""
+"""The package's shape (issues 16, 26 and 37): rooms at the package root on
+floors, no import from a lower floor up to a higher one, no import cycles,
+the product never importing the research tools, no module over 500 lines,
+torchtitan changed only in torchtitan_patches, and parts that import alone.
+
+An import is any way a module names another of ours: ``import``/``from``
+at the top or inside a function (a late import ties two rooms as surely as
+a top-level one, it only hides the tie), or a string that is a module's
+name (a PEP 562 lazy map, ``importlib.import_module``, ``python -m``)."""
 
 import ast
+import functools
 import os
 import subprocess
 import sys
@@ -17,17 +23,27 @@ PATCHES = ROOT / "torchtitan_patches"
 PACKAGES = (PKG, PATCHES)
 
 
-def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+def _module_name(path: Path, root: Path = ROOT) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
 
 
-def import_graph() -> dict[str, set[str]]:
-    """Module -> skrull_ext modules it imports, anywhere in its source (a
-    function-level import closes a cycle as surely as a top-level one)."""
-    modules = {_module_name(p): p for pkg in PACKAGES for p in pkg.rglob("*.py")}
+def _named_module(value: str, modules) -> str | None:
+    """The module a string names (``"skrull_ext.x"`` or ``"skrull_ext.x:main"``), else None.
+    A bare package name is not one: ``"skrull_ext"`` is as often a folder's name."""
+    name = value.split(":", 1)[0]
+    return name if "." in name and name in modules else None
+
+
+def import_graph(packages=PACKAGES, root: Path = ROOT) -> dict[str, set[str]]:
+    """Module -> our modules it imports, anywhere in its source (a
+    function-level import closes a cycle as surely as a top-level one), or
+    names by a string (a lazy import). ``skrull_ext._core``, the compiled
+    core, is a module here too (its stub ``_core.pyi``)."""
+    modules = {_module_name(p, root): p for pkg in packages for p in pkg.rglob("*.py")}
+    modules |= {_module_name(p, root): p for pkg in packages for p in pkg.glob("_core.pyi")}
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
         package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
@@ -41,11 +57,19 @@ def import_graph() -> dict[str, set[str]]:
                     base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
                 # `from pkg import mod` imports the module mod; `from mod import name`, mod
                 targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                targets = [_named_module(node.value, modules)]
             else:
                 continue
             edges |= {t for t in targets if t in modules and t != name}
         graph[name] = edges
     return graph
+
+
+@functools.cache
+def _graph() -> dict[str, set[str]]:
+    """This checkout's graph, read once for the tests below (they do not change it)."""
+    return import_graph()
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -81,7 +105,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def test_no_import_cycles():
-    graph = import_graph()
+    graph = _graph()
     assert "skrull_ext.train.job_file" in graph and graph["skrull_ext.train.config_registry"]  # the walk sees the package
     assert "torchtitan_patches" in graph["skrull_ext.train.job_file"]  # and the patches
     assert cycles(graph) == []
@@ -100,8 +124,46 @@ ROOMS = {
 ROOT_MODULES = {
     "__init__.py", "_core.pyi",
     "errors.py", "cli_errors.py",  # every command line's one-line errors
-    "export.py", "launch.py",  # python -m skrull_ext.export / .launch
+    "export.py", "launch.py", "prepare.py",  # python -m skrull_ext.export / .launch / .prepare
 }
+TOOLS = {"bench", "profile", "sim"}
+"""The research and measurement rooms: no module of the product imports them."""
+FLOORS = (
+    {"_core", "errors", "assets"},  # the compiled core, the one-line error types, shipped files
+    {"scheduler", "lengths", "attention", "models", "cli_errors"},  # parts that need no other room
+    {"data", "__init__", "torchtitan_patches"},  # what feeds a step; the package's lazy names; torchtitan's fixes
+    {"hf"},  # HF folders: a model's tokenizer, weights and files
+    {"lora"},  # adapters over a model and its HF folder
+    {"train"},  # the torchtitan integration: a job file read, checked and trained
+    {"export", "prepare", "launch"},  # command lines that span rooms (a whole job, a checkpoint)
+    {"sim", "profile"},  # the research and measurement tools
+    {"bench"},  # the benchmarks, over the simulator and the trainer
+)
+"""The rooms (a room of the package, a module at its root, or torchtitan_patches),
+lowest floor first. A module imports its own room or a room on a floor
+below it, never one on its own floor or above: the arrows point down."""
+
+
+def room(module: str) -> str:
+    """The room of a module: its folder under skrull_ext, its own name at the
+    package root (``__init__`` for the package's names), or torchtitan_patches."""
+    parts = module.split(".")
+    if parts[0] != "skrull_ext":
+        return parts[0]
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def upward_imports(graph: dict[str, set[str]], floors=FLOORS) -> list[str]:
+    """Every import of a room on the importer's floor or above it."""
+    floor = {r: i for i, rooms in enumerate(floors) for r in rooms}
+    return sorted(f"{m} -> {t} (floor {floor[room(m)]} -> {floor[room(t)]})" for m, targets in graph.items()
+                  for t in targets if room(m) != room(t) and floor[room(t)] >= floor[room(m)])
+
+
+def tool_imports(graph: dict[str, set[str]], tools=TOOLS) -> list[str]:
+    """Every import of a research tool by a module of the product."""
+    return sorted(f"{m} -> {t}" for m, targets in graph.items() if room(m) not in tools
+                  for t in targets if room(t) in tools)
 
 
 def test_the_package_root_is_rooms():
@@ -163,6 +225,48 @@ def test_torchtitan_is_changed_only_in_torchtitan_patches(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("from torchtitan.tools import utils\nutils.device_type = 'cpu'\n")
     assert torchtitan_patches_outside(tmp_path) == [f"{tmp_path.name}/bad.py:2"]
+
+
+def test_every_room_is_on_one_floor():
+    placed = [r for rooms in FLOORS for r in rooms]
+    assert len(placed) == len(set(placed))
+    assert {room(m) for m in _graph()} == set(placed)  # a new room gets a floor
+
+
+def test_no_import_goes_up_a_floor():
+    graph = _graph()
+    assert "skrull_ext.models.hf_config" in graph["skrull_ext.models.registry"]  # sees top-level imports
+    assert "skrull_ext.assets" in graph["skrull_ext.data.checks"]  # and late ones
+    assert "skrull_ext.scheduler.facade" in graph["skrull_ext"]  # and lazy ones, by name
+    assert upward_imports(graph) == []
+
+
+def test_the_product_never_imports_the_research_tools():
+    graph = _graph()
+    assert "sim" in {room(t) for m in graph if room(m) == "bench" for t in graph[m]}  # the walk sees tools
+    assert tool_imports(graph) == []
+
+
+def test_the_floor_check_finds_upward_and_late_imports(tmp_path):
+    pkg = tmp_path / "skrull_ext"
+    for folder, source in {
+        "low": "def f():\n    from skrull_ext.high import g\n",  # late, and up a floor
+        "mid": "import importlib\nLAZY = {'x': 'skrull_ext.bench.run'}\n",  # by name, a tool
+        "high": "from skrull_ext.low import f\n",  # down: fine
+        "bench": "from ..mid import LAZY\n",  # relative, down: fine
+    }.items():
+        (pkg / folder).mkdir(parents=True)
+        (pkg / folder / "__init__.py").write_text("")
+        (pkg / folder / ("run.py" if folder == "bench" else "m.py")).write_text(source)
+    (pkg / "__init__.py").write_text("")
+    graph = import_graph(packages=(pkg,), root=tmp_path)
+    floors = ({"__init__"}, {"low"}, {"mid"}, {"high"}, {"bench"})
+    assert upward_imports(graph, floors) == ["skrull_ext.low.m -> skrull_ext.high (floor 1 -> 3)",
+                                             "skrull_ext.mid.m -> skrull_ext.bench.run (floor 2 -> 4)"]
+    assert tool_imports(graph, {"bench"}) == ["skrull_ext.mid.m -> skrull_ext.bench.run"]
+    sideways = ({"__init__"}, {"low", "high"}, {"mid"}, {"bench"})  # two rooms on one floor may not meet
+    assert upward_imports(graph, sideways)[:2] == ["skrull_ext.high.m -> skrull_ext.low (floor 1 -> 1)",
+                                                   "skrull_ext.low.m -> skrull_ext.high (floor 1 -> 1)"]
 
 
 def test_the_cycle_finder_finds_cycles():

@@ -140,12 +140,12 @@ def test_cached_parquet_equals_uncached(tmp_path, tok, monkeypatch):
 
 @pytest.mark.slow  # --workers 2: a pool of processes
 def test_prepare_command_builds_the_store_a_job_then_opens(tmp_path, tok, capsys):
-    """``python -m skrull_ext.data prepare JOB --key value``: the store the job's loader opens without building."""
-    from skrull_ext.data.__main__ import main
+    """``python -m skrull_ext.prepare JOB --key value``: the store the job's loader opens without building."""
+    from skrull_ext.prepare import main
 
     job = os.path.join(os.path.dirname(assets.__file__), "..", "jobs", "debug_cpu_text.toml")
     cache = tmp_path / "cache"
-    assert main(["prepare", job, "--workers", "2", "--dataloader.token_cache_dir", str(cache)]) == 0
+    assert main([job, "--workers", "2", "--dataloader.token_cache_dir", str(cache)]) == 0
     line = capsys.readouterr().out.strip()
     records = len(DATASETS["jsonl"](dataclasses.replace(_config(tmp_path), token_cache=False), tok))
     assert line.startswith(f"prepared {records} records")
@@ -153,12 +153,12 @@ def test_prepare_command_builds_the_store_a_job_then_opens(tmp_path, tok, capsys
     assert cached_sequences(_config(tmp_path), tok, progress=False).store.folder == folder
     bad = tmp_path / "bad.jsonl"
     bad.write_bytes(b"\n".join(BAD_LINES) + b"\n")
-    assert main(["prepare", job, "--dataloader.dataset_path", str(bad), "--dataloader.on_bad_record", "skip",
+    assert main([job, "--dataloader.dataset_path", str(bad), "--dataloader.on_bad_record", "skip",
                  "--dataloader.token_cache_dir", str(cache)]) == 0
     assert f", 4 skipped as bad (the first: {bad}:2: not UTF-8" in capsys.readouterr().out  # min_len 2: line 7 kept
     with pytest.raises(SystemExit) as e:
-        main(["prepare", job, "--workers", "0"])
+        main([job, "--workers", "0"])
     assert e.value.code == 2 and "--workers 0: must be >= 1" in capsys.readouterr().err
     with pytest.raises(SystemExit) as e:
-        main(["prepare", job, "--dataloader.dataset", "synthetic"])
+        main([job, "--dataloader.dataset", "synthetic"])
     assert e.value.code == 2 and "dataloader.dataset = 'synthetic' has no text to prepare" in capsys.readouterr().err
