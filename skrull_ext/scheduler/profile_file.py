@@ -329,6 +329,20 @@ class Profile:
         """The CP degree its BucketSize was derived for (1 if it does not say)."""
         return int(self.data.get("memory", {}).get("cp", 1))
 
+    def failed_check(self) -> str | None:
+        """What the profiler's own BucketSize check found, when it failed (``[meta.check]
+        ok = false``: a buffer of BucketSize tokens measured over the budget, or over the
+        fit), in one clause; None when it passed or was not run. The profiler still writes
+        such a file, to look at, so whoever takes BucketSize from it must ask."""
+        check = self.meta.get("check")
+        if not isinstance(check, dict) or check.get("ok", True) is not False:
+            return None
+        mib = lambda key: f"{float(check.get(key, float('nan'))) / 2**20:.1f} MiB"  # noqa: E731
+        budget = f" against an activation budget of {mib('activation_budget')}" if check.get("fits") is False else ""
+        fit = f" (the memory fit predicted {mib('predicted_activation')})" if check.get("fit_holds") is False else ""
+        return (f"[meta.check] ok = false: a buffer of its BucketSize, {check.get('tokens', '?')} tokens, peaked at "
+                f"{mib('measured_peak')}{budget}{fit}")
+
     def memory(self) -> ProfileMemory:
         """Its [memory] model (an error naming the missing key if incomplete)."""
         try:

@@ -149,6 +149,10 @@ class SkrullConfig(SchedulingOptions):
         if value is None:
             raise ValueError(f"skrull.bucket_size = {FROM_PROFILE!r}: the profile {self.cost_model!r} has no "
                              f"[memory] bucket_size")
+        if (failed := profile.failed_check()) is not None:  # on a GPU: out of memory at the fullest step
+            raise ValueError(f"skrull.bucket_size = {FROM_PROFILE!r}: the profile {self.cost_model!r} failed its own "
+                             f"memory check ({failed}); re-profile with a lower --memory-limit (or a larger "
+                             f"--margin), or name skrull.bucket_size explicitly")
         return value
 
     def profile_cp_warning(self, cp: int) -> str | None:

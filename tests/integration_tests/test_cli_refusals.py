@@ -44,3 +44,17 @@ def test_a_bucket_size_that_cuts_most_samples_is_refused(tmp_path):
     assert "keeps at least half whole" in error
     assert "step:  1" not in proc.stdout + proc.stderr
     assert files_under(dump) == []
+
+
+@pytest.mark.slow
+def test_a_profile_that_failed_its_check_gives_no_bucket_size(tmp_path):
+    from tests.unit_tests.test_job_file import _failed_profile
+
+    failed = _failed_profile(tmp_path)
+    dump = tmp_path / "out"
+    proc = train("--config-file", DEBUG, "--skrull.cost_model", failed, "--skrull.bucket_size", "profile",
+                 "--dump_folder", str(dump), cwd=tmp_path)
+    assert one_line_error(proc).startswith(
+        f"error: skrull.bucket_size = 'profile': the profile {failed!r} failed its own memory check ([meta.check] "
+        "ok = false: a buffer of its BucketSize, 4997 tokens, peaked at 1414.2 MiB against an activation budget")
+    assert not dump.exists()

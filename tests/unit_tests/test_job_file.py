@@ -165,6 +165,36 @@ def test_bucket_size_profile_needs_a_profile_with_memory(tmp_path):
         SchedulerConfig(bucket_size="profile")  # the core's config holds the resolved integer
 
 
+def _failed_profile(tmp_path) -> str:
+    """The shipped CPU profile as the profiler writes one whose BucketSize check failed
+    (issue 38: 4997 tokens peaked at 1414 MiB against a 930 MiB budget, used silently)."""
+    import tomli_w
+    import tomllib
+
+    with open(PROFILE, "rb") as f:
+        data = tomllib.load(f)
+    data["meta"]["check"].update(tokens=4997, measured_peak=1482874749.0, activation_budget=975122432.0,
+                                 predicted_activation=926118788.0, fit_holds=False, fits=False, ok=False)
+    failed = tmp_path / "p1.toml"
+    failed.write_text(tomli_w.dumps(data))
+    return str(failed)
+
+
+def test_bucket_size_profile_refuses_a_profile_that_failed_its_check(tmp_path):
+    failed = _failed_profile(tmp_path)
+    with pytest.raises(JobFileError) as e:
+        JobConfigManager().parse_args(
+            ["--config-file", DEBUG, "--skrull.cost_model", failed, "--skrull.bucket_size", "profile"])
+    assert str(e.value) == (
+        f"skrull.bucket_size = 'profile': the profile {failed!r} failed its own memory check ([meta.check] ok = "
+        "false: a buffer of its BucketSize, 4997 tokens, peaked at 1414.2 MiB against an activation budget of "
+        "929.9 MiB (the memory fit predicted 883.2 MiB)); re-profile with a lower --memory-limit (or a larger "
+        "--margin), or name skrull.bucket_size explicitly")
+    # Its cost model still prices steps: only BucketSize taken from it is refused.
+    named = JobConfigManager().parse_args(["--config-file", DEBUG, "--skrull.cost_model", failed])
+    assert named.skrull.resolved_bucket_size() == 256
+
+
 def test_a_job_at_another_cp_than_its_profile_is_warned():
     from skrull_ext.train.skrull_config import SkrullConfig
 
