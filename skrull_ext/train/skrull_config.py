@@ -156,11 +156,12 @@ class SkrullConfig(SchedulingOptions):
         return value
 
     def profile_cp_warning(self, cp: int) -> str | None:
-        """A warning when this job's CP degree is not the one its profile's
-        BucketSize was derived for (a shard costs more memory than a whole
-        token: profile_file.derive_bucket_size), else None."""
+        """A warning when this job takes BucketSize from its profile (``bucket_size =
+        "profile"``) at another CP degree than the one it was derived for (a shard
+        costs more memory than a whole token: profile_file.derive_bucket_size), else
+        None. A bucket_size the job names is its own: the profile then only prices time."""
         profile = self._measured()
-        if profile is None or profile.cp == cp:
+        if profile is None or profile.cp == cp or self.bucket_size != FROM_PROFILE:
             return None
         return (f"skrull: the profile {self.cost_model!r} derived its BucketSize for cp {profile.cp}; this job "
                 f"runs cp {cp} (bucket_size {self.resolved_bucket_size()}). Re-profile with the job's parallelism, "

@@ -205,6 +205,8 @@ def test_a_job_at_another_cp_than_its_profile_is_warned():
     assert cp2.resolved_bucket_size() == 2645 and cp2.profile_cp_warning(2) is None
     assert "for cp 2; this job runs cp 1" in cp2.profile_cp_warning(1)
     assert SkrullConfig(cost_model="h100-assumed").profile_cp_warning(4) is None  # presets: no profile
+    # A BucketSize the job names is not the profile's: the README's CP 2 command gets no warning.
+    assert SkrullConfig(cost_model=PROFILE, bucket_size=256).profile_cp_warning(2) is None
 
 
 def test_skrull_section_and_scheduler_share_one_set_of_knobs():
