@@ -54,6 +54,7 @@ from torchtitan.config.configs import CommConfig
 from torchtitan.tools.logging import logger
 
 from skrull_ext.cli_errors import record_error_line
+from skrull_ext.train.launcher_watch import launcher_gone
 
 __all__ = ["Heartbeat", "SkrullComm", "start_heartbeat"]
 
@@ -113,6 +114,8 @@ class Heartbeat:
         self._stop.set()
         if self._thread.ident is not None:  # started
             self._thread.join(timeout=self.timeout_s)
+        if launcher_gone():
+            return
         try:
             self.store.set(str(self.rank), DONE)
         except Exception:  # noqa: BLE001 - the store may be gone at the end of a job
@@ -131,6 +134,8 @@ class Heartbeat:
             self._tick()
 
     def _tick(self) -> None:
+        if launcher_gone():  # the store died with torchrun; launcher_watch.py ends this process
+            return
         now = self.clock()
         try:
             self._beat += 1
