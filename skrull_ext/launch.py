@@ -17,6 +17,11 @@ on ``ChildFailedError``:
   code or signal and its error file's message or traceback) without the
   launcher's frames, and exit 1.
 
+And when torchrun itself gets a signal (Ctrl-C, ``kill``), it stops the
+workers (each worker's last line says where the run stopped:
+skrull_ext/train/interrupt.py) and raises ``SignalException`` out of its
+``main``; this exits 128 + the signal's number without that traceback.
+
 Everything else (rendezvous, restarts, log lines) is torchrun's.
 """
 
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import sys
 
+from torch.distributed.elastic.multiprocessing import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import parse_args, run
 
@@ -43,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
             return USER_ERROR_EXIT
         print(str(e).strip("\n"), file=sys.stderr)
         return 1
+    except SignalException as e:
+        return 128 + int(e.sigval)
     return 0
 
 

@@ -8,7 +8,8 @@
 CLI flags (torchtitan's ``--section.field value``, plus ``--skrull.*``)
 override the job file. ``--module/--config`` work as in torchtitan.train.
 This mirrors torchtitan/train.py's main(); only the config manager differs,
-a config or data error is one line from rank 0 (``cli_errors``), and the
+a config or data error is one line from rank 0 (``cli_errors``), Ctrl-C
+ends in one line saying where the run stopped (``interrupt``), and the
 log lines come from rank 0 (``LOG_RANK=0,1`` or ``all`` for more; other
 ranks print their errors: ``torchtitan_patches/logs.py``).
 """
@@ -25,6 +26,7 @@ compat.install_import_shims()  # before torchtitan is imported (torch 2.11-2.12)
 from torchtitan.tools.logging import init_logger, logger  # noqa: E402
 
 from skrull_ext.cli_errors import run_cli  # noqa: E402
+from skrull_ext.train import interrupt  # noqa: E402
 from skrull_ext.train.job_file import load_config  # noqa: E402
 from torchtitan_patches import logs  # noqa: E402
 
@@ -57,4 +59,5 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    interrupt.install()  # Ctrl-C: one line saying where the run stopped, no traceback
     run_cli(main)

@@ -1,10 +1,12 @@
 """JobTrainer: what every skrull-ext job's trainer does, whichever batching.
 
-torchtitan's Trainer plus, around it: the CPU fixes (``torchtitan_patches``),
-rank 0's log lines, a TensorBoard folder per run, LoRA, the HF folder checks
-before any model is built and the HF/LoRA outputs after the last step, the
-stopped-rank watch, and the run summary ``read = trained whole + trained cut
-+ skipped`` (data/accounting.py). The batching is a subclass:
+torchtitan's Trainer plus, around it: the dump folder's lock (run_lock.py),
+the launcher watch and the Ctrl-C line (launcher_watch.py, interrupt.py),
+the CPU fixes (``torchtitan_patches``), rank 0's log lines, a TensorBoard
+folder per run, LoRA, the HF folder checks before any model is built and the
+HF/LoRA outputs after the last step, the stopped-rank watch, and the run
+summary ``read = trained whole + trained cut + skipped``
+(data/accounting.py). The batching is a subclass:
 ``PackedTrainer`` (packed_trainer.py, torchtitan's own batching and step) or
 ``SkrullTrainer`` (trainer.py, the Skrull plan's micro-batches). Which one a
 job runs is the config's choice (``SkrullTrainer.Config.trainer_class``), so
@@ -24,7 +26,9 @@ from skrull_ext.hf.checks import check_hf_folder
 from skrull_ext.hf.folder import HFExport
 from skrull_ext.lora import apply_lora
 from skrull_ext.lora.train import save_lora_outputs
+from skrull_ext.train import interrupt, launcher_watch, stop_line
 from skrull_ext.train.resume_checks import check_continue
+from skrull_ext.train.run_lock import claim_dump_folder
 from skrull_ext.train.watchdog import start_heartbeat
 from torchtitan_patches import logs
 from torchtitan_patches.metrics import use_run_metrics
@@ -52,6 +56,12 @@ class JobTrainer(Trainer):
                 f"{type(self).__name__} cannot run a job with skrull.enable = {config.skrull.enable}: "
                 f"that job's trainer is {config.trainer_class.__name__} (config.build() builds it)"
             )
+        # Before anything is written: rank 0 owns the dump folder or the run stops here, in one line
+        # (the other ranks wait for it in init_process_group, which a refused rank 0 never joins).
+        self.run_lock = claim_dump_folder(config.dump_folder, int(os.environ.get("RANK", "0")))
+        stop_line.track(self, config)
+        if launcher_watch.start_launcher_watch() is not None:  # under torchrun
+            interrupt.install()
         # The CPU fixes for every trainer, however its config was made (torchtitan's
         # launcher, a test building one in Python); torchtitan_patches says which entry applies them.
         torchtitan_patches.apply(config)
@@ -89,6 +99,9 @@ class JobTrainer(Trainer):
         try:
             self._train()
         except Exception:
+            watch = launcher_watch.current()
+            if watch is not None and watch.orphaned():  # a peer left because the launcher died
+                launcher_watch.end_orphan(watch.launcher_pid)
             for rank, step, age in heartbeat.silent() if heartbeat is not None else ():
                 logger.error(f"rank {rank} has not answered for {age:.1f} s (its last heartbeat at step {step})")
             raise
@@ -127,6 +140,9 @@ class JobTrainer(Trainer):
             bad = f"; at load, {source.bad_summary()}" if getattr(source, "bad", None) else ""
             logger.info(f"Run summary: {account.summary()}{bad}{stopped}{self._summary_tail()}")
         super().close()
+        if getattr(self, "run_lock", None) is not None:
+            self.run_lock.release()
+            self.run_lock = None
 
     def _summary_tail(self) -> str:
         """What the batching adds to the run summary line; nothing here."""
