@@ -4,8 +4,8 @@ The scheduling knobs are ``skrull_ext.scheduler.config.SchedulingOptions``, inhe
 so a knob and its default are declared once for the core and the job file.
 This adds what only training needs: the on/off switch, the cost model, the
 DACP attention's kernel and K/V transport, and debug switches. DP and CP
-sizes come from ``[parallelism]``: ``build(dp, cp)`` makes the Scheduler in
-torchtitan's Config/build style.
+sizes come from ``[parallelism]``: ``build(dp, cp, shape, ...)`` makes the
+Scheduler in torchtitan's Config/build style.
 
 Values are checked when the config is made, so a bad TOML or CLI value fails
 before any process group or model is built, naming the key and what it

@@ -249,9 +249,10 @@ class SkrullTrainer(JobTrainer):
         (``_micro_batches``) in place of torchtitan's batch loop.
 
         The rest mirrors torchtitan 0.3.0's ``Trainer.train_step``, in its order:
-        its first three lines (zero_grad, the learning rates, should_log), its
-        "optim" span (clip_grad_norm_, maybe_wait_for_staging, optimizers.step,
-        lr_schedulers.step) and its logged loss reductions (``_log_step``).
+        its first three lines (zero_grad, the learning rates, should_log), the
+        optimizer update (clip_grad_norm_, maybe_wait_for_staging, optimizers.step,
+        lr_schedulers.step; torchtitan wraps these in an "optim" trace span, this
+        step does not) and its logged loss reductions (``_log_step``).
         torchtitan offers no hook to reuse it around a different batch loop: its
         train_step pulls ``gradient_accumulation_steps`` fixed-shape batches and
         all-reduces their label counts inline, where a Skrull step is one plan
