@@ -239,7 +239,7 @@ SHIMS: tuple[Shim, ...] = (
                 "flash_attn.cute.interface), activated on Hopper/Blackwell by torchtitan "
                 "models/common/attention.py:128-130 (VarlenAttention) and DACP's varlen kernel; without it "
                 "torch's default flash attention (FA2) runs, as on older GPUs",
-        serves="any torch without the separate package (the GPU image: torch 2.11, no FA3; H200 run 2026-11-27)",
+        serves="any torch without the separate package (the GPU image of docs/gpu.md: torch 2.11, no FA3)",
         missing=_flash_module_missing,
         install=_install_flash_impl,
     ),

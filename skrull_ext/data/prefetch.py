@@ -9,8 +9,8 @@ while step t trains (``[dataloader] prefetch_steps`` = K).
 Why a thread and not a process: the costly parts of a step do not hold the
 GIL. The scheduler's C++ core releases it for the whole plan
 (cpp/src/bindings.cpp), and so does the CP-SAT fallback inside or-tools'
-``Solve``: measured here, a Python thread spinning beside a CP-SAT solve
-kept 0.83 of the rate it has alone. What is left in Python (drawing the
+``Solve`` (a Python thread beside a solve keeps most of its rate: docs/data.md,
+"Why a thread, not a process"). What is left in Python (drawing the
 batch, building the buffers' tensors) is a few ms against a step of
 hundreds, and the training loop itself waits on the device most of the time,
 with the GIL released. A process would add pickling every step's tensors

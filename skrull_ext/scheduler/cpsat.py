@@ -27,11 +27,9 @@ _NS = 1000.0  # integer time unit: nanoseconds
 MAX_PLACEMENT_VARS = 1 << 12
 """The largest model CP-SAT is given: sequences x CP ranks placement variables.
 The deterministic limit bounds the search, not building the model and loading
-it into the solver, which grow linearly with its size: one sequence on 4,096 /
-16,384 / 65,536 CP ranks took 0.16 / 0.70 / 3.0 s on the 2-core machine at a
-0.001 s limit, and far longer under the sanitizers (a facade property test
-held a CI run's sanitizer stage for over 8 minutes at 65,536), where the
-fallback exists to save microseconds. Beyond this size the heuristic's
+it into the solver, which grow linearly with its size, to seconds at 65,536
+variables and far longer under the sanitizers (timed in docs/reliability.md),
+where the fallback exists to save microseconds. Beyond this size the heuristic's
 placement stands (status ``TOO_LARGE``); it still admits 512 sequences on a
 CP group of 8."""
 

@@ -24,7 +24,7 @@ torchrun's SIGKILL 30 s later (torch 2.13's agent does not pass
 silent rank itself when it runs on the same host and is stopped (state T,
 checked against the pid and start time the rank published). The bound, one
 host: the job is over about ``heartbeat_timeout_seconds + interval_s`` after
-the rank stopped (31 s by default; was 132 s, unnamed); a rank on another
+the rank stopped (31 s by default); a rank on another
 host is killed by its own torchrun, up to 30 s later.
 ``heartbeat_timeout_seconds = 0`` turns the watch off; keep it below
 ``train_timeout_seconds``, which otherwise fires first, unnamed.
