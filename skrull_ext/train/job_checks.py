@@ -156,6 +156,23 @@ def _check_skrull(config, on_cpu: bool) -> None:
     check_skrull_parallelism(config, on_cpu)  # PP refused, TP's limits (tensor_parallel.py)
 
 
+def _check_cost_model(config, world: int) -> None:
+    """The cost model prices the job's model: a measured profile of another shape (a
+    shipped CPU job pointed at a HF folder) is refused here, before any process group,
+    in one line naming both shapes and ``--skrull.cost_model`` (it was a ValueError
+    traceback per rank when the trainer started)."""
+    skrull = getattr(config, "skrull", None)
+    if skrull is None or not skrull.enable or config.model_spec is None:
+        return
+    from skrull_ext.scheduler.model_shape import job_shape
+
+    spec = config.model_spec
+    try:
+        skrull.check_shape(job_shape(config, world), f"{spec.name}/{spec.flavor}")
+    except ValueError as e:
+        raise JobFileError(str(e)) from None
+
+
 def _cxx_found() -> bool:
     """Whether inductor's CPU code generation finds its C++ compiler (``CXX``,
     else g++: torch._inductor.config.cpp.cxx), or may install one itself."""
@@ -269,6 +286,7 @@ def check_job(config, world_size: int | None = None, on_cpu: bool | None = None)
     check_data(config.dataloader)
     _check_validation(config)
     _check_skrull(config, on_cpu)
+    _check_cost_model(config, world_size)
     _check_compile(config, on_cpu)
     _check_quantization(config)
     _check_profiler(config, on_cpu)

@@ -216,8 +216,15 @@ class SkrullConfig(SchedulingOptions):
             raise ValueError(f"skrull.cost_model: {e}") from None
 
     def check_shape(self, shape: ModelShape, model_name: str = "the job's model") -> None:
-        """Fail (ValueError naming both shapes) when ``cost_model`` cannot price ``shape``."""
-        self.build_cost_model(shape, model_name)
+        """Fail (ValueError naming both shapes and what to name instead) when ``cost_model``
+        cannot price ``shape``: a shipped job's CPU profile is of the debug model, so the
+        same job pointed at a HF folder (``--model.hf_path``) needs another."""
+        try:
+            self.build_cost_model(shape, model_name)
+        except ValueError as e:
+            raise ValueError(f"{e}; set --skrull.cost_model to a hardware preset {sorted(cost_models.HARDWARE_PRESETS)} "
+                             f"or a profile of this model (python -m skrull_ext.profile --config-file JOB.toml "
+                             f"[--model.hf_path DIR] --out P.toml)") from None
 
     def build(self, dp: int, cp: int, shape: ModelShape, model_name: str = "the job's model",
               timeline: str = "lockstep"):

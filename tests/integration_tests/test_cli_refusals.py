@@ -58,3 +58,19 @@ def test_a_profile_that_failed_its_check_gives_no_bucket_size(tmp_path):
         f"error: skrull.bucket_size = 'profile': the profile {failed!r} failed its own memory check ([meta.check] "
         "ok = false: a buffer of its BucketSize, 4997 tokens, peaked at 1414.2 MiB against an activation budget")
     assert not dump.exists()
+
+
+@pytest.mark.slow
+def test_a_shipped_cpu_job_on_a_hf_folder_names_the_cost_model(tmp_path):
+    from tests.integration_tests.hf_folders import save_tiny_model
+
+    folder = save_tiny_model(str(tmp_path / "qwen"), "qwen2_5")
+    dump = tmp_path / "out"
+    proc = train("--config-file", os.path.join(REPO, "skrull_ext", "jobs", "debug_cpu_text.toml"),
+                 "--model.hf_path", folder, "--checkpoint.enable", "--training.steps", "1",
+                 "--dump_folder", str(dump), cwd=tmp_path)
+    error = one_line_error(proc)
+    assert "cpu-debug-gloo2.toml: its [model] {'layers': 6, 'hidden': 256, 'kv_width': 256, " in error, error
+    assert error.endswith("set --skrull.cost_model to a hardware preset ['h100-assumed'] or a profile of this model "
+                          "(python -m skrull_ext.profile --config-file JOB.toml [--model.hf_path DIR] --out P.toml)")
+    assert not dump.exists()

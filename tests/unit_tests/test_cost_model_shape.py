@@ -49,6 +49,24 @@ def test_a_profile_of_another_model_fails_at_trainer_start_naming_both_shapes():
         SkrullTrainer(config)
 
 
+def test_a_profile_of_another_model_is_refused_at_config_time_naming_the_flag():
+    """A shipped CPU job pointed at another model (issue 38: --model.hf_path DIR with
+    debug_cpu_text.toml gave a ValueError traceback per rank): one line, before any
+    process group, naming both shapes and --skrull.cost_model."""
+    from skrull_ext.train.job_file import JobFileError, load_config
+
+    with pytest.raises(JobFileError) as e:
+        load_config(["--config-file", DEBUG, "--model.name", "qwen2_5", "--model.flavor", "debugmodel"])
+    message = str(e.value)
+    assert message.startswith("skrull.cost_model: ") and "\n" not in message
+    assert message.endswith(
+        "is not the shape of qwen2_5/debugmodel {'layers': 4, 'hidden': 256, 'kv_width': 64, 'bytes_per_elem': 4}; "
+        "set --skrull.cost_model to a hardware preset ['h100-assumed'] or a profile of this model (python -m "
+        "skrull_ext.profile --config-file JOB.toml [--model.hf_path DIR] --out P.toml)")
+    load_config(["--config-file", DEBUG, "--model.name", "qwen2_5", "--model.flavor", "debugmodel",
+                 "--skrull.cost_model", "h100-assumed"])  # a preset prices any shape
+
+
 def test_model_option_needs_a_job_file():
     with pytest.raises(ValueError, match=r"--model.hf_path needs --config-file"):
         JobConfigManager().parse_args(["--model.hf_path", "/x"])
