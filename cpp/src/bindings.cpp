@@ -137,19 +137,21 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
 
   py::class_<CostModel>(m, "CostModel", "Per-layer cost model of docs/design/cost_model.md (tokens, FLOPs, bytes, microseconds).")
       .def(py::init([](const ModelShape& shape, double a_us_per_flop, double b_us, const CommModel& comm,
-                       double micro_batch_fixed_us) {
-             CostModel c{shape, a_us_per_flop, b_us, comm, micro_batch_fixed_us};
+                       double micro_batch_fixed_us, double step_fixed_us) {
+             CostModel c{shape, a_us_per_flop, b_us, comm, micro_batch_fixed_us, step_fixed_us};
              c.validate();
              return c;
            }),
            py::arg("shape"), py::arg("a_us_per_flop"), py::arg("b_us"), py::arg("comm"),
-           py::arg("micro_batch_fixed_us") = 0.0)
+           py::arg("micro_batch_fixed_us") = 0.0, py::arg("step_fixed_us") = 0.0)
       // Copies: a CostModel is immutable once validated (build a new one).
       .def_property_readonly("shape", [](const CostModel& c) { return c.shape; })
       .def_readonly("a_us_per_flop", &CostModel::a_us_per_flop)
       .def_readonly("b_us", &CostModel::b_us)
       .def_readonly("micro_batch_fixed_us", &CostModel::micro_batch_fixed_us,
                     "Fixed time of one micro-batch (FSDP gathers and reduce-scatters), not per layer.")
+      .def_readonly("step_fixed_us", &CostModel::step_fixed_us,
+                    "Fixed time of one step, paid once (free-running: the first gathers and the one reduction).")
       .def_property_readonly("comm", [](const CostModel& c) { return c.comm; })
       .def("flops", &CostModel::flops, py::arg("length"), "Forward FLOPs of one layer for one sequence.")
       .def("kv_bytes", &CostModel::kv_bytes, py::arg("length"), "K and V bytes of one layer.")
@@ -268,16 +270,17 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
 
   m.def(
       "to_plan",
-      [](const Schedule& s, int32_t cp, Timeline timeline, double pad_us) {
+      [](const Schedule& s, int32_t cp, Timeline timeline, double pad_us, double step_us) {
         validate_group(cp, 1);
         for (const MicroBatch& mb : s.micro_batches)
           if (mb.dacp.rank_tokens.size() != static_cast<size_t>(cp))
             throw std::invalid_argument("to_plan: a micro-batch of the schedule has " +
                                         std::to_string(mb.dacp.rank_tokens.size()) + " CP ranks, cp is " + std::to_string(cp));
         if (!(std::isfinite(pad_us) && pad_us >= 0.0)) throw std::invalid_argument("to_plan: pad_us must be finite and >= 0");
-        return to_plan(s, cp, timeline, pad_us);
+        if (!(std::isfinite(step_us) && step_us >= 0.0)) throw std::invalid_argument("to_plan: step_us must be finite and >= 0");
+        return to_plan(s, cp, timeline, pad_us, step_us);
       },
-      py::arg("schedule"), py::arg("cp"), py::arg("timeline"), py::arg("pad_us"),
+      py::arg("schedule"), py::arg("cp"), py::arg("timeline"), py::arg("pad_us"), py::arg("step_us") = 0.0,
       "Skrull's schedule (per DP rank) as the one plan type: micro-batch j of DP rank i at slot j on group i, "
       "a local sequence on one rank, a distributed one on the whole group; timed on `timeline`.");
 
@@ -332,14 +335,15 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
 
   m.def(
       "step_time_us",
-      [](const std::vector<std::vector<double>>& rank_us, Timeline timeline, double pad_us) {
+      [](const std::vector<std::vector<double>>& rank_us, Timeline timeline, double pad_us, double step_us) {
         for (const auto& rank : rank_us)
           for (double t : rank)
             if (!(t >= 0.0 && t < 1e300)) throw std::invalid_argument("micro-batch times must be finite and >= 0");
         if (!(pad_us >= 0.0 && pad_us < 1e300)) throw std::invalid_argument("pad_us must be finite and >= 0");
-        return step_time_us(rank_us, timeline, pad_us);
+        if (!(step_us >= 0.0 && step_us < 1e300)) throw std::invalid_argument("step_us must be finite and >= 0");
+        return step_time_us(rank_us, timeline, pad_us, step_us);
       },
-      py::arg("rank_us"), py::arg("timeline"), py::arg("pad_us"),
+      py::arg("rank_us"), py::arg("timeline"), py::arg("pad_us"), py::arg("step_us") = 0.0,
       "Step time of per-DP-rank micro-batch times (rank_us[i][j]: rank i's slot j) on a timeline: lockstep, the "
       "sum over slots of the slowest rank (pad_us where a rank has no micro-batch); free-running, the slowest "
       "rank's sum.");
@@ -351,21 +355,23 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
            py::arg("slot"), py::arg("first_group"), py::arg("groups"), py::arg("time_us"));
   m.def(
       "plan_step_time_us",
-      [](const std::vector<SlotTime>& mbs, int32_t dp, Timeline timeline, double pad_us) {
+      [](const std::vector<SlotTime>& mbs, int32_t dp, Timeline timeline, double pad_us, double step_us) {
         check_slot_times(mbs, dp);
-        return plan_step_time_us(mbs, dp, timeline, pad_us);
+        if (!(std::isfinite(step_us) && step_us >= 0.0)) throw std::invalid_argument("step_us must be finite and >= 0");
+        return plan_step_time_us(mbs, dp, timeline, pad_us, nullptr, nullptr, step_us);
       },
-      py::arg("micro_batches"), py::arg("dp"), py::arg("timeline"), py::arg("pad_us"),
+      py::arg("micro_batches"), py::arg("dp"), py::arg("timeline"), py::arg("pad_us"), py::arg("step_us") = 0.0,
       "Step time of a plan's micro-batches (slot, first_group, groups, time_us) over dp CP groups.");
   m.def(
       "plan_timeline",
-      [](const std::vector<SlotTime>& mbs, int32_t dp, Timeline timeline, double pad_us) {
+      [](const std::vector<SlotTime>& mbs, int32_t dp, Timeline timeline, double pad_us, double step_us) {
         check_slot_times(mbs, dp);
+        if (!(std::isfinite(step_us) && step_us >= 0.0)) throw std::invalid_argument("step_us must be finite and >= 0");
         std::vector<double> group_free_us, start_us;
-        const double step = plan_step_time_us(mbs, dp, timeline, pad_us, &group_free_us, &start_us);
+        const double step = plan_step_time_us(mbs, dp, timeline, pad_us, &group_free_us, &start_us, step_us);
         return py::make_tuple(step, group_free_us, start_us);
       },
-      py::arg("micro_batches"), py::arg("dp"), py::arg("timeline"), py::arg("pad_us"),
+      py::arg("micro_batches"), py::arg("dp"), py::arg("timeline"), py::arg("pad_us"), py::arg("step_us") = 0.0,
       "plan_step_time_us with what it replays: (step_us, each group's free-running finish, each micro-batch's "
       "start on the timeline).");
 

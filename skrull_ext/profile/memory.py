@@ -299,8 +299,9 @@ def _unit_params(model: torch.nn.Module, trainable: bool = False) -> int:
 def static_memory(jm: JobModel, world_size: int) -> StaticMemory:
     """Per-rank bytes of parameters, gradients and optimizer state under the
     job's FSDP (dp_shard x cp) and TP sharding, plus FSDP's unsharded buffers,
-    plus, when the job has ``[skrull] free_running``, the unsharded parameters and
-    gradients it holds all step."""
+    plus, when the job has ``[skrull] free_running = true``, the unsharded parameters and
+    gradients it holds all step (under "auto" the profile keeps lockstep's account, and
+    the trainer adds them when it weighs free-running: train/execution.py)."""
     cfg = jm.config
     names = {g.optimizer_name for g in cfg.optimizer.param_groups}
     unknown = names - OPTIMIZER_STATES.keys()
@@ -318,7 +319,7 @@ def static_memory(jm: JobModel, world_size: int) -> StaticMemory:
     buffers = 0.0
     mp = DTYPES[cfg.training.mixed_precision_param].itemsize
     skrull = getattr(cfg, "skrull", None)
-    free = bool(skrull is not None and skrull.enable and getattr(skrull, "free_running", False))
+    free = bool(skrull is not None and skrull.enable and getattr(skrull, "free_running", False) is True)
     if fsdp > 1:
         # current + prefetched unit, parameters and their gradients before reduce-scatter
         buffers = 2 * (_unit_params(jm.model) + _unit_params(jm.model, trainable=True)) * mp / tp

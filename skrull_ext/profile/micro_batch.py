@@ -39,6 +39,17 @@ same command at a load average of 2.4-4.9 gave 215 ms). The process CPU
 time of the same steps is kept beside it (``cpu_us``); the report prints
 the ratio, about 1.3 on the idle box, higher under other load.
 
+Free-running execution (``[skrull] free_running``: train/free_running.py)
+pays FSDP's gathers once per step and reduces the gradients once, so the
+same loop is timed a second time, free-running, interleaved with the
+lockstep one (same rounds, same tokens): its slope, less ``layers * b_us``,
+is the cost of one more micro-batch there
+(``[micro_batch] free_running_fixed_us``), and its intercept above the
+lockstep loop's is what the step pays once (``free_running_step_us``: the
+first micro-batch's gathers and the gradient reduction, which no further
+micro-batch pays). With one process there is no FSDP unit and nothing to
+hold: only the lockstep loop is timed.
+
 This runs last: it wraps the profiled model in FSDP for good.
 """
 
@@ -54,6 +65,7 @@ from skrull_ext.profile.fit import PolyFit, fit_poly
 from skrull_ext.profile.model import JobModel
 from skrull_ext.profile.options import ProfileOptions
 from skrull_ext.profile.ranks import reduce_floats, time_call
+from skrull_ext.train.free_running import FreeRunningFSDP
 
 __all__ = ["MicroBatchResult", "fixed_from_fit", "profile_micro_batch"]
 
@@ -76,10 +88,24 @@ class MicroBatchResult:
     cpu_us: tuple[float, ...] = ()
     """The same steps on the process CPU clock (median, slowest rank): it leaves out the
     collectives' waits, so it is below ``us`` even on an idle host; far below, other load."""
+    free_us: tuple[float, ...] = ()
+    """The same steps run free-running (wall clock, median, slowest rank); empty with no FSDP."""
+    free_fit: PolyFit | None = None
+    """free step_us = intercept + slope * count; None with no FSDP."""
 
     @property
     def fixed_us(self) -> float:
         return fixed_from_fit(self.fit.slope, self.calls_us)
+
+    @property
+    def free_running_fixed_us(self) -> float | None:
+        """Cost of one more micro-batch in a free-running step, less what the cost model prices."""
+        return None if self.free_fit is None else fixed_from_fit(self.free_fit.slope, self.calls_us)
+
+    @property
+    def free_running_step_us(self) -> float | None:
+        """What a free-running step pays once: its intercept above the lockstep loop's (>= 0)."""
+        return None if self.free_fit is None else max(0.0, self.free_fit.intercept - self.fit.intercept)
 
 
 def fixed_from_fit(slope_us: float, calls_us: float) -> float:
@@ -121,14 +147,23 @@ def profile_micro_batch(jm: JobModel, opts: ProfileOptions, b_us: float,
     docs = (opts.micro_batch_doc,) * max(counts)
     steps = {m: [jm.buffer(list(docs[j::m]), seed=opts.seed + j) for j in range(m)] for m in counts}
 
-    def run(m: int) -> None:
+    free = FreeRunningFSDP([jm.model]) if world > 1 else None
+
+    def run(m: int, free_running: bool = False) -> None:
         bufs = steps[m]
+        if free_running:
+            free.begin()
         for j, buf in enumerate(bufs):
-            if defer and world > 1:
+            if free_running:
+                if j == len(bufs) - 1:
+                    free.last()
+            elif defer and world > 1:
                 jm.model.set_requires_gradient_sync(j == len(bufs) - 1)
             out = jm.model(buf["tokens"], buf["positions"], buf["attention_masks"])
             loss, _ = jm.loss_fn(out, buf["labels"])
             loss.backward()
+        if free_running:
+            free.end()
 
     def before() -> None:
         jm.model.zero_grad(set_to_none=True)
@@ -137,16 +172,26 @@ def profile_micro_batch(jm: JobModel, opts: ProfileOptions, b_us: float,
 
     walls: dict[int, list[float]] = {m: [] for m in counts}
     cpus: dict[int, list[float]] = {m: [] for m in counts}
+    frees: dict[int, list[float]] = {m: [] for m in counts}
     rounds = opts.warmup + opts.micro_batch_repeats
     for r in range(rounds):
         for m in counts:
             tick(f"micro-batches x{m} ({r + 1}/{rounds})")
             wall, cpu = time_call(lambda: run(m), jm.device, before=before)  # noqa: B023
+            if free:
+                free_wall, _ = time_call(lambda: run(m, True), jm.device, before=before)  # noqa: B023
             if r >= opts.warmup:
                 walls[m].append(wall)
                 cpus[m].append(cpu)
+                if free:
+                    frees[m].append(free_wall)
     jm.model.zero_grad(set_to_none=True)
     us = reduce_floats([statistics.median(walls[m]) for m in counts], "max", jm.device)
     cpu_us = reduce_floats([statistics.median(cpus[m]) for m in counts], "max", jm.device)
     fit = fit_poly([float(m) for m in counts], us, 1)
-    return MicroBatchResult(counts, us, docs, fit, jm.shape.layers * b_us, world, defer, tuple(cpu_us))
+    free_us, free_fit = (), None
+    if free:
+        free_us = tuple(reduce_floats([statistics.median(frees[m]) for m in counts], "max", jm.device))
+        free_fit = fit_poly([float(m) for m in counts], list(free_us), 1)
+    return MicroBatchResult(counts, us, docs, fit, jm.shape.layers * b_us, world, defer, tuple(cpu_us),
+                            free_us, free_fit)

@@ -89,6 +89,11 @@ def profile_dict(p: Profile) -> dict[str, Any]:
                             "counts": list(mb.counts),
                             "method": f"step time over micro-batch counts, FSDP x{mb.fsdp_degree}"
                                       f"{', deferred grad sync' if mb.defer_grad_sync else ''}"}
+        if mb.free_fit is not None:
+            d["micro_batch"].update({"free_running_fixed_us": mb.free_running_fixed_us,
+                                     "free_running_step_us": mb.free_running_step_us,
+                                     "free_running_r2": mb.free_fit.r2,
+                                     "free_running_max_rel_error": mb.free_fit.max_rel_error})
     d["meta"] = {**p.meta, **_raw(p)}
     profile_file.from_dict(d, where="profile being written")  # the scheduler must accept it
     return d
@@ -124,7 +129,10 @@ def _raw(p: Profile) -> dict[str, Any]:
         raw["micro_batch"] = {"counts": list(p.micro_batch.counts), "step_us": p.micro_batch.us,
                               "docs": list(p.micro_batch.docs), "intercept_us": p.micro_batch.fit.intercept,
                               "fsdp_degree": p.micro_batch.fsdp_degree, "clock": "wall",
-                              "cpu_step_us": list(p.micro_batch.cpu_us)}
+                              "cpu_step_us": list(p.micro_batch.cpu_us),
+                              **({"free_running_step_us": list(p.micro_batch.free_us),
+                                  "free_running_intercept_us": p.micro_batch.free_fit.intercept}
+                                 if p.micro_batch.free_fit is not None else {})}
     return raw
 
 
@@ -190,6 +198,10 @@ def report(p: Profile) -> str:
                         f"x{statistics.median(w / c for w, c in zip(mb.us, mb.cpu_us) if c > 0):.2f} (about 1.3 on an "
                         "idle host: the collectives' waits; higher: other load inflated the fixed cost)"
                         if mb.cpu_us and any(c > 0 for c in mb.cpu_us) else ""))
+        if mb.free_fit is not None:
+            lines.append(f"  free-run fixed {mb.free_running_fixed_us:.4g} us per micro-batch + {mb.free_running_step_us:.4g} "
+                         f"us per step (the same steps free-running: {', '.join(f'{u / 1e3:.1f}' for u in mb.free_us)} "
+                         f"ms wall); R^2 {mb.free_fit.r2:.4f}, worst {mb.free_fit.max_rel_error:.1%}")
     if p.check is not None:
         c = p.check
         lines.append(

@@ -65,7 +65,8 @@ class Scheduler:
             core = _core.schedule_pool(lengths, self.cost_model, self._options)
         else:
             core = _core.to_plan(_core.schedule(lengths, self.cost_model, self._options), c.cp,
-                                 TIMELINES[c.timeline], self.cost_model.micro_batch_fixed_us)
+                                 TIMELINES[c.timeline], self.cost_model.micro_batch_fixed_us,
+                                 self.cost_model.step_fixed_us)
         plan = Plan.from_core(core, lengths, c.dp, c.cp, c.bucket_size, cost=self.cost_model, timeline=c.timeline,
                               pool=c.policy_spec.pool)
         mbs = [mb for mb in plan.micro_batches if mb.groups == 1 and (dp_rank is None or mb.first_group == dp_rank)]

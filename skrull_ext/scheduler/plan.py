@@ -190,11 +190,13 @@ class Plan:
     """The timeline the step runs on (config.TIMELINES): lockstep slots or free-running groups."""
     pad_us: float = 0.0
     """Time of a pad pass on a lockstep timeline: the cost model's micro_batch_fixed_us."""
+    step_us: float = 0.0
+    """Time the step pays once whatever its micro-batches: the cost model's step_fixed_us."""
 
     @classmethod
     def from_core(cls, s: _core.Plan, input_lengths: Sequence[int], dp: int, cp: int, bucket_size: int,
                   cost: _core.CostModel | None = None, timeline: str = "lockstep", pool: bool = False) -> Plan:
-        """With ``cost``, a pad pass costs ``cost.micro_batch_fixed_us``."""
+        """With ``cost``, a pad pass costs ``cost.micro_batch_fixed_us`` and the step ``cost.step_fixed_us``."""
         lengths = list(s.lengths)
         mbs = [
             MicroBatchPlan(
@@ -212,6 +214,7 @@ class Plan:
             dropped=list(s.dropped), truncated=list(s.truncated), scheduler_us=s.elapsed_us, pool=pool,
             widened=s.widened, narrowed=s.narrowed, skrull_plan=s.skrull_plan, rollbacks=s.rollbacks,
             timeline=timeline, pad_us=cost.micro_batch_fixed_us if cost is not None else 0.0,
+            step_us=cost.step_fixed_us if cost is not None else 0.0,
         )
 
     @classmethod
@@ -404,7 +407,8 @@ class Plan:
 
     def step_time_us(self, timeline: str | None = None) -> float:
         """The step on ``timeline`` (default: the plan's own), from its slots (the core's timeline function)."""
-        return _core.plan_step_time_us(self._slot_times(), self.dp, TIMELINES[timeline or self.timeline], self.pad_us)
+        return _core.plan_step_time_us(self._slot_times(), self.dp, TIMELINES[timeline or self.timeline], self.pad_us,
+                                         self.step_us)
 
     def _slot_times(self) -> list[_core.SlotTime]:
         return [_core.SlotTime(mb.slot, mb.first_group, mb.groups, mb.time_us) for mb in self.micro_batches]
@@ -413,7 +417,7 @@ class Plan:
         """The core's replay of the slots (timeline.hpp): each group's free-running finish,
         each micro-batch's start on the plan's timeline, and the step on it."""
         step, group_free, starts = _core.plan_timeline(self._slot_times(), self.dp, TIMELINES[self.timeline],
-                                                       self.pad_us)
+                                                       self.pad_us, self.step_us)
         return group_free, starts, step
 
     # ------------------------------------------------------------- invariants

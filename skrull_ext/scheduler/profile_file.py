@@ -12,6 +12,11 @@ and what the scheduler plans with. TOML::
     [micro_batch] optional: fixed_us, the fixed time of one micro-batch on
                 every rank, not per layer (FSDP's parameter all-gathers and
                 gradient reduce-scatter, once per micro-batch); absent = 0.
+                free_running_fixed_us and free_running_step_us: the same
+                loop run free-running (``[skrull] free_running``: parameters
+                gathered once, gradients reduced once), its cost per
+                micro-batch and the cost the step pays once; absent = priced
+                as lockstep (fixed_us per micro-batch, nothing per step).
                 Fit keys (r2, max_rel_error, points, counts, method) informational
     [memory]    optional: bucket_size, a_bytes_per_token, b_bytes,
                 c_bytes_per_token2 (a quadratic term: dense-mask attention),
@@ -57,7 +62,8 @@ _SCHEMA: dict[str, tuple[set[str], set[str] | None]] = {
                                "collective", "backend",
                                "world_size", "r2", "max_rel_error", "points"}),
     "micro_batch": (set(), {"fixed_us", "r2", "max_rel_error", "points", "counts", "method", "slope_us",
-                            "calls_us"}),
+                            "calls_us", "free_running_fixed_us", "free_running_step_us", "free_running_r2",
+                            "free_running_max_rel_error"}),
     "memory": (set(), {"bucket_size", "a_bytes_per_token", "b_bytes", "c_bytes_per_token2", "usable_bytes",
                        "static_bytes", "margin", "r2", "max_rel_error", "points", "cp", "kv_bytes_per_token",
                        "free_running_bytes"}),
@@ -90,9 +96,12 @@ def _check(d: dict[str, Any], where: str, need_model: bool) -> None:
                     raise ValueError(f"{where}: unknown field {section}.{key}; allowed: {sorted(required | optional)}")
 
 
-def from_dict(d: dict[str, Any], where: str = "profile", tp: int = 1) -> CostModel:
+def from_dict(d: dict[str, Any], where: str = "profile", tp: int = 1, free_running: bool = False) -> CostModel:
     """Cost model of a complete profile dict (with its [model] section), pricing one
-    rank of a TP group of ``tp`` (the job's degree, not the profile's: ``ModelShape.tp``)."""
+    rank of a TP group of ``tp`` (the job's degree, not the profile's: ``ModelShape.tp``),
+    for the execution the job runs: ``free_running`` prices a micro-batch at
+    ``[micro_batch] free_running_fixed_us`` and the step once at ``free_running_step_us``
+    (as lockstep where the profile did not measure them)."""
     _check(d, where, need_model=True)
     m, c, k = d["model"], d["compute"], d["comm"]
     mb = d.get("micro_batch", {})
@@ -119,10 +128,22 @@ def from_dict(d: dict[str, Any], where: str = "profile", tp: int = 1) -> CostMod
                 collectives_per_layer=num("comm", k, "collectives_per_layer", default=2.0),
                 cross_group_factor=num("comm", k, "cross_group_factor", default=CROSS_GROUP_FACTOR),
             ),
-            micro_batch_fixed_us=num("micro_batch", mb, "fixed_us", default=0.0),
+            **fixed_costs(mb, free_running, num),
         )
     except (TypeError, ValueError) as e:
         raise ValueError(f"{where}: {e}") from None
+
+
+def fixed_costs(mb: dict[str, Any], free_running: bool, num=None) -> dict[str, float]:
+    """The cost model's fixed costs from a profile's ``[micro_batch]``: per micro-batch and
+    per step, for lockstep execution or (``free_running``) free-running execution."""
+    if num is None:
+        num = lambda section, table, key, default=None: float(table.get(key, default))  # noqa: E731
+    lockstep = num("micro_batch", mb, "fixed_us", default=0.0)
+    if not free_running or "free_running_fixed_us" not in mb:
+        return {"micro_batch_fixed_us": lockstep, "step_fixed_us": 0.0}
+    return {"micro_batch_fixed_us": num("micro_batch", mb, "free_running_fixed_us"),
+            "step_fixed_us": num("micro_batch", mb, "free_running_step_us", default=0.0)}
 
 
 def to_dict(cm: CostModel, meta: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -257,6 +278,15 @@ class ProfileMemory:
         account's own free-running share (if any) replaced by ``unsharded`` bytes."""
         return self.budget(tokens) - self.free_running + unsharded
 
+    def free_running_bucket_size(self, unsharded: float) -> int:
+        """The largest BucketSize whose ``free_running_need`` fits ``usable`` (0: none does):
+        ``derive_bucket_size`` with the unsharded parameters and gradients in the static account."""
+        try:
+            return derive_bucket_size(self.usable, self.static - self.free_running + unsharded, self.a, self.b,
+                                      self.margin, self.c, self.cp, self.kv)
+        except ValueError:
+            return 0
+
 
 # --------------------------------------------------------------------------
 # The file
@@ -297,10 +327,12 @@ class Profile:
         """Short provenance for tables and plots, e.g. 'assumed: h100_assumed.toml'."""
         return f"{self.meta.get('source', 'unknown source')}: {Path(self.path).name}"
 
-    def cost_model(self, shape: ModelShape | None = None, name: str = "the model priced") -> CostModel:
+    def cost_model(self, shape: ModelShape | None = None, name: str = "the model priced",
+                   free_running: bool = False) -> CostModel:
         """The core's cost model. ``shape`` (called ``name`` in errors): the model
         to price; a hardware profile (no [model]) needs it, a measured one
-        accepts only its own."""
+        accepts only its own. ``free_running``: priced for free-running execution
+        (``from_dict``)."""
         d = dict(self.data)
         if shape is not None:
             want = {k: getattr(shape, k) for k in _SHAPE_KEYS}
@@ -312,7 +344,12 @@ class Profile:
                 d["model"] = want
         elif not self.has_model:
             raise ValueError(f"{self.path}: a hardware profile (no [model]) needs the model shape to price")
-        return from_dict(d, where=self.path, tp=1 if shape is None else shape.tp)
+        return from_dict(d, where=self.path, tp=1 if shape is None else shape.tp, free_running=free_running)
+
+    @property
+    def prices_free_running(self) -> bool:
+        """Whether the profile measured the free-running loop's fixed costs."""
+        return "free_running_fixed_us" in self.data.get("micro_batch", {})
 
     @property
     def bucket_size(self) -> int | None:

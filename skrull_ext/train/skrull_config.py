@@ -31,6 +31,7 @@ from skrull_ext.scheduler import cost_model as cost_models
 from skrull_ext.scheduler.config import FROM_PROFILE, SchedulerConfig, SchedulingOptions
 from skrull_ext.scheduler.profile_file import Profile
 
+FreeRunning = bool | Literal["auto"]
 KVExchange = Literal[TRANSPORT_CHOICES]  # pyrefly: ignore[invalid-literal]
 AttentionKernel = Literal[KERNEL_CHOICES]  # pyrefly: ignore[invalid-literal]
 
@@ -58,14 +59,15 @@ class SkrullConfig(SchedulingOptions):
     step; costs one unsharded gradient per rank held between micro-batches (4 bytes x parameters
     in float32). Same gradient up to float summation order."""
 
-    free_running: bool = False
+    free_running: FreeRunning = "auto"
     """Hold FSDP parameters unsharded for the whole step: no reshard after forward or backward
     until the rank's last micro-batch, gradients reduce-scattered once, after it. DP ranks then
     run their own micro-batch counts, with no pad passes and no per-micro-batch parameter
     collectives (the plan is timed on the free-running timeline, config.job_timeline). Costs
     the unsharded parameters and gradients on every rank (mixed_precision_param bytes per
-    parameter + float32 bytes per trainable one), checked against a measured profile's [memory]
-    when the trainer starts. Not with policy skrull-pool."""
+    parameter + float32 bytes per trainable one). "auto": whenever a measured profile's [memory]
+    says they fit (train/execution.py, which logs the choice and its numbers); true: always,
+    refused when they do not fit; false: never. Not with policy skrull-pool."""
 
     kv_exchange: KVExchange = "auto"
     """How DACP moves the distributed sequences' K/V over the CP group: one all-gather
@@ -116,14 +118,16 @@ class SkrullConfig(SchedulingOptions):
         then meet ranks at different passes: one still in its first pass (FSDP's per-layer
         all-gathers over the whole shard mesh) waits for a peer whose first pass is that
         exchange, which waits for the same all-gather: a deadlock."""
-        if self.free_running and self.policy_spec.pool:
+        if self.free_running not in (True, False, "auto"):
+            raise ValueError(f"skrull.free_running must be true, false or 'auto', got {self.free_running!r}")
+        if self.free_running is True and self.policy_spec.pool:
             raise ValueError(
                 "skrull.free_running = true does not run with skrull.policy = 'skrull-pool' (its micro-batches "
                 "exchange K/V across DP groups, which free-running ranks reach at different passes); use policy "
                 "skrull or turn free_running off"
             )
 
-    def _measured(self) -> Profile | None:
+    def measured_profile(self) -> Profile | None:
         """The profile file ``cost_model`` names (None for a hardware preset), read once.
         Re-read when ``cost_model`` was set after the config was made (tyro sets CLI
         values on the parsed object, so ``__post_init__`` may have seen the file's value)."""
@@ -139,7 +143,7 @@ class SkrullConfig(SchedulingOptions):
         SchedulerConfig holds this integer."""
         if self.bucket_size != FROM_PROFILE:
             return self.bucket_size
-        profile = self._measured()
+        profile = self.measured_profile()
         if profile is None:
             raise ValueError(
                 f"skrull.bucket_size = {FROM_PROFILE!r} takes BucketSize from a profile file, but skrull.cost_model "
@@ -160,58 +164,28 @@ class SkrullConfig(SchedulingOptions):
         "profile"``) at another CP degree than the one it was derived for (a shard
         costs more memory than a whole token: profile_file.derive_bucket_size), else
         None. A bucket_size the job names is its own: the profile then only prices time."""
-        profile = self._measured()
+        profile = self.measured_profile()
         if profile is None or profile.cp == cp or self.bucket_size != FROM_PROFILE:
             return None
         return (f"skrull: the profile {self.cost_model!r} derived its BucketSize for cp {profile.cp}; this job "
                 f"runs cp {cp} (bucket_size {self.resolved_bucket_size()}). Re-profile with the job's parallelism, "
                 f"or a rank holding shards may use more memory than the profile predicts")
 
-    def check_free_running_memory(self, unsharded_bytes: float) -> str | None:
-        """With ``free_running``, whether a rank holds the unsharded parameters and gradients
-        (``unsharded_bytes``, profile_file.free_running_bytes) beside the static account and
-        activations of ``bucket_size`` tokens, as the measured profile ``cost_model`` accounts
-        them (``ProfileMemory.free_running_need``: the margin BucketSize was derived with
-        included; a profile measured for a free-running job has its share replaced). Raises
-        ValueError (one line: the bytes needed and available) when they do not fit; returns a
-        warning line when the profile holds no memory figures to check with; else None."""
-        if not self.free_running:
-            return None
-        profile = self._measured()
-        if profile is None:
-            return (f"skrull.free_running: memory not checked: skrull.cost_model {self.cost_model!r} is a hardware "
-                    f"preset with no measured [memory] (name a profile file: python -m skrull_ext.profile)")
-        try:
-            mem = profile.memory()
-        except ValueError as e:
-            return f"skrull.free_running: memory not checked: {e}"
-        bucket = self.resolved_bucket_size()
-        need = mem.free_running_need(unsharded_bytes, bucket)
-        if need <= mem.usable:
-            return None
-        mib = 2.0 ** 20
-        activations = need - (mem.static - mem.free_running) - unsharded_bytes
-        raise ValueError(
-            f"skrull.free_running = true needs {need:.0f} B ({need / mib:.1f} MiB) per rank: static "
-            f"{(mem.static - mem.free_running) / mib:.1f} MiB + unsharded parameters and gradients "
-            f"{unsharded_bytes / mib:.1f} MiB + activations of bucket_size {bucket} tokens "
-            f"{activations / mib:.1f} MiB (margin {mem.margin:.0%}), but the profile {self.cost_model!r} has "
-            f"{mem.usable:.0f} B ({mem.usable / mib:.1f} MiB) usable; turn it off, lower skrull.bucket_size, "
-            f"or re-profile the job with --skrull.free_running (its BucketSize then leaves the room)"
-        )
-
-    def scheduler_config(self, dp: int, cp: int, timeline: str = "lockstep") -> SchedulerConfig:
-        """The core's config for a DP x CP job running ``timeline`` (config.job_timeline)."""
-        knobs = {**self.options(), "bucket_size": self.resolved_bucket_size()}
+    def scheduler_config(self, dp: int, cp: int, timeline: str = "lockstep",
+                         bucket_size: int | None = None) -> SchedulerConfig:
+        """The core's config for a DP x CP job running ``timeline`` (config.job_timeline), at
+        ``bucket_size`` (default: ``resolved_bucket_size``; train/execution.py may choose another)."""
+        knobs = {**self.options(), "bucket_size": bucket_size or self.resolved_bucket_size()}
         return SchedulerConfig(dp=dp, cp=cp, timeline=timeline, **knobs)
 
-    def build_cost_model(self, shape: ModelShape, model_name: str = "the job's model"):
+    def build_cost_model(self, shape: ModelShape, model_name: str = "the job's model", free_running: bool = False):
         """``skrull_ext._core.CostModel`` of ``shape`` (the job's model, called
-        ``model_name`` in errors) on the hardware ``cost_model`` names. A measured
+        ``model_name`` in errors) on the hardware ``cost_model`` names, priced for the
+        execution the job runs (``free_running``: Profile.cost_model). A measured
         profile whose [model] is another shape raises ValueError naming both."""
         try:
-            profile = self._measured() or cost_models.hardware(self.cost_model)
-            return profile.cost_model(shape, model_name)
+            profile = self.measured_profile() or cost_models.hardware(self.cost_model)
+            return profile.cost_model(shape, model_name, free_running=free_running)
         except ValueError as e:
             raise ValueError(f"skrull.cost_model: {e}") from None
 
@@ -227,12 +201,14 @@ class SkrullConfig(SchedulingOptions):
                              f"[--model.hf_path DIR] --out P.toml)") from None
 
     def build(self, dp: int, cp: int, shape: ModelShape, model_name: str = "the job's model",
-              timeline: str = "lockstep"):
+              timeline: str = "lockstep", free_running: bool = False, bucket_size: int | None = None):
         """The Scheduler of a DP x CP job running ``timeline``: these knobs, the job's model
-        shape on this hardware."""
+        shape on this hardware, priced for its execution (``free_running``) at ``bucket_size``
+        (default: ``resolved_bucket_size``)."""
         from skrull_ext.scheduler import Scheduler  # CP-SAT (ortools) only when a scheduler is built
 
-        return Scheduler(self.scheduler_config(dp, cp, timeline), self.build_cost_model(shape, model_name))
+        return Scheduler(self.scheduler_config(dp, cp, timeline, bucket_size),
+                         self.build_cost_model(shape, model_name, free_running))
 
     def to_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.init}

@@ -11,6 +11,7 @@ import hashlib
 import math
 import statistics
 import struct
+from typing import ClassVar
 
 import torch.distributed as dist
 
@@ -91,6 +92,7 @@ class RatioSpread:
 
     def __init__(self) -> None:
         self.ratios: list[float] = []
+        self._drift_checked = False
 
     def add(self, metrics: dict[str, float]) -> None:
         r = metrics["skrull/measured_over_predicted"]
@@ -104,6 +106,29 @@ class RatioSpread:
         r = sorted(self.ratios)
         q = (lambda f: r[min(len(r) - 1, int(f * len(r)))])  # noqa: E731
         return {"median": statistics.median(r), "p10": q(0.1), "p90": q(0.9), "steps": float(len(r))}
+
+    DRIFT_STEPS: ClassVar[int] = 5
+    """Logged steps the drift check waits for (the first step's warm-up is among them)."""
+    DRIFT_LIMIT: ClassVar[float] = 1.5
+    """A median measured/predicted beyond this factor, either way, is a profile of another machine."""
+
+    def drift_warning(self, cost_model: str, world_size: int) -> str | None:
+        """Once, when ``DRIFT_STEPS`` steps are logged: a warning line if their median
+        measured/predicted is beyond ``DRIFT_LIMIT`` either way, naming the cost model and the
+        command that measures this machine (a profile describes the machine it was measured
+        on: another host, other load, another torch). None otherwise, and on every later call."""
+        if self._drift_checked or len(self.ratios) < self.DRIFT_STEPS:
+            return None
+        self._drift_checked = True
+        median = statistics.median(self.ratios)
+        if 1.0 / self.DRIFT_LIMIT <= median <= self.DRIFT_LIMIT:
+            return None
+        launcher = (f"torchrun --standalone --nproc_per_node {world_size} -m skrull_ext.profile" if world_size > 1
+                    else "python -m skrull_ext.profile")
+        return (f"skrull: measured/predicted step time is x{median:.2f} (median of the first {len(self.ratios)} "
+                f"steps, beyond x{self.DRIFT_LIMIT:g} either way): the cost model {cost_model!r} does not describe "
+                f"this machine, so the plans are priced wrong; measure it here: {launcher} --config-file <this "
+                f"job's file> --out <profile.toml> (docs/profile.md), then --skrull.cost_model <profile.toml>")
 
     def line(self) -> str:
         s = self.summary()

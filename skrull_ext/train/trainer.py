@@ -53,6 +53,7 @@ from skrull_ext.lora import LoRAConfig
 from skrull_ext.scheduler.config import FROM_PROFILE, job_timeline
 from skrull_ext.scheduler.model_shape import DTYPES, job_shape
 from skrull_ext.scheduler.profile_file import free_running_bytes
+from skrull_ext.train.execution import AUTO, PREDICT_STEPS, Execution, choose_execution
 from skrull_ext.train.free_running import FreeRunningFSDP
 from skrull_ext.train.job_trainer import JobTrainer, NonFiniteLossError, name_samples
 from skrull_ext.train.packed_trainer import PackedTrainer
@@ -171,13 +172,14 @@ class SkrullTrainer(JobTrainer):
         skrull = self.config.skrull
         if (warning := skrull.profile_cp_warning(dims.cp)) is not None:
             logger.warning(warning)
-        self.free_running = FreeRunningFSDP(self.model_parts) if skrull.free_running else None
-        if self.free_running is not None:
-            self._check_free_running_memory()
-        timeline = job_timeline(dims.dp_shard, dims.dp_replicate, skrull.free_running, skrull.defer_grad_sync)
+        execution = self._choose_execution(dims)
+        logger.info(f"Skrull execution: {execution.reason}")
+        self.free_running = FreeRunningFSDP(self.model_parts) if execution.free_running else None
+        timeline = job_timeline(dims.dp_shard, dims.dp_replicate, execution.free_running, skrull.defer_grad_sync)
         scheduler = skrull.build(self.dataloader.dp_world_size, dims.cp, self.model_shape,
-                                 self._model_name(self.config), timeline=timeline)
-        self.dataloader.attach(scheduler, cp_rank, dims.cp, free_running=skrull.free_running)
+                                 self._model_name(self.config), timeline=timeline,
+                                 free_running=execution.free_running, bucket_size=execution.bucket_size)
+        self.dataloader.attach(scheduler, cp_rank, dims.cp, free_running=execution.free_running)
         if skrull.plan_log:
             rank = dist.get_rank() if dist.is_initialized() else 0
             self.plan_log = PlanLog(self.config.dump_folder, rank)
@@ -192,33 +194,33 @@ class SkrullTrainer(JobTrainer):
             + (" (the profile's)" if skrull.bucket_size == FROM_PROFILE else "") + ", "
             f"DP {self.dataloader.dp_world_size} x CP {dims.cp} x TP {dims.tp}, cp_rank {cp_rank}, "
             f"attention kernel {skrull.attention_kernel}, timeline {timeline}"
-            + (" (free_running: FSDP parameters unsharded for each step, no pad passes)" if skrull.free_running else "")
+            + (" (free_running: FSDP parameters unsharded for each step, no pad passes)" if execution.free_running
+               else "")
         )
 
-    def _check_free_running_memory(self) -> None:
-        """Free-running holds every parameter and trainable gradient unsharded: refuse
-        (ValueError, one line) when the measured profile's memory cannot hold them beside
-        the static account and BucketSize tokens of activations; warn once when it has no
-        figures to check with. Counted from the built model: the unsharded parameters in
-        FSDP's mixed_precision_param, the gradients of trainable ones (not a LoRA base) in
-        the wider of that and its reduce dtype (FSDP accumulates unsynchronised gradients there)."""
-        if not self.free_running:  # no FSDP unit: nothing is sharded, nothing to hold
-            return
-        params = [p for m in self.model_parts for p in m.parameters()]
-        training = self.config.training
-        param_bytes = DTYPES[training.mixed_precision_param].itemsize
-        grad_bytes = max(param_bytes, DTYPES[training.mixed_precision_reduce].itemsize)
-        unsharded = free_running_bytes(sum(p.numel() for p in params),  # DTensor: the whole parameter
-                                       sum(p.numel() for p in params if p.requires_grad), param_bytes, grad_bytes)
+    def _choose_execution(self, dims) -> Execution:
+        """Free-running or lockstep (train/execution.py). What free-running would hold is
+        counted from the built model: the unsharded parameters in FSDP's mixed_precision_param,
+        the gradients of trainable ones (not a LoRA base) in the wider of that and its reduce
+        dtype (FSDP accumulates unsynchronised gradients there). A refusal is one line."""
+        skrull = self.config.skrull
+        unsharded = None
+        if FreeRunningFSDP(self.model_parts):  # some FSDP unit: something to hold unsharded
+            params = [p for m in self.model_parts for p in m.parameters()]
+            training = self.config.training
+            param_bytes = DTYPES[training.mixed_precision_param].itemsize
+            grad_bytes = max(param_bytes, DTYPES[training.mixed_precision_reduce].itemsize)
+            unsharded = free_running_bytes(sum(p.numel() for p in params),  # DTensor: the whole parameter
+                                           sum(p.numel() for p in params if p.requires_grad), param_bytes, grad_bytes)
+        last = min(self.config.training.steps, PREDICT_STEPS)
+        steps = ([[n for _, n in self.dataloader.step_lengths(k)] for k in range(1, last + 1)]
+                 if skrull.free_running == AUTO and skrull.bucket_size == FROM_PROFILE else [])
         try:
-            warning = self.config.skrull.check_free_running_memory(unsharded)
+            return choose_execution(skrull, unsharded=unsharded, dp=self.dataloader.dp_world_size, cp=dims.cp,
+                                    dp_shard=dims.dp_shard, dp_replicate=dims.dp_replicate, shape=self.model_shape,
+                                    model_name=self._model_name(self.config), steps=steps)
         except ValueError as e:  # the launcher prints it as one line (cli_errors)
             raise JobFileError(str(e)) from None
-        if warning is not None:
-            logger.warning(warning)
-        else:
-            logger.info(f"Skrull: free_running holds {unsharded / 2**20:.1f} MiB of unsharded parameters and "
-                        f"gradients per rank (fits the profile's usable memory)")
 
     @staticmethod
     def _model_name(config) -> str:
@@ -401,6 +403,9 @@ class SkrullTrainer(JobTrainer):
         skrull = step_metrics(step, self.dacp_attention, measured_us)
         skrull["skrull/data_wait_ms"] = self.data_wait_ms[-1] if self.data_wait_ms else float("nan")
         self.ratio_spread.add(skrull)
+        if (drift := self.ratio_spread.drift_warning(self.config.skrull.cost_model,
+                                                     int(os.environ.get("WORLD_SIZE", "1")))) is not None:
+            logger.warning(drift)
         extra = {"n_tokens_seen": ntokens_seen, **lr_metrics, **skrull}
         self.metrics_processor.log(self.step, global_avg, global_max, grad_norm, extra_metrics=extra)
         logger.info(step_log_line(self.step, skrull))

@@ -75,6 +75,13 @@ struct CostModel {
   // micro-batch; plus the per-call work outside the layers. Measured by the
   // profiler (docs/profile.md); 0 prices none of it (as before it existed).
   double micro_batch_fixed_us = 0.0;
+  // Fixed time of one step, paid once whatever its micro-batches: under
+  // free-running execution (FSDP parameters held unsharded for the step) the
+  // first micro-batch's parameter all-gathers and the one gradient
+  // reduce-scatter, which micro_batch_fixed_us then leaves out. A step of m
+  // micro-batches pays step_fixed_us + m * micro_batch_fixed_us. 0 under
+  // lockstep execution (every micro-batch pays its own gathers).
+  double step_fixed_us = 0.0;
 
   // Throws std::invalid_argument naming the first bad field. Every field
   // must be finite and within the k* limits above; comm.bytes strictly
@@ -125,6 +132,8 @@ struct CostModel {
     if (!in(micro_batch_fixed_us, kMaxMicroBatchFixedUs))
       fail("micro_batch_fixed_us must be finite and in [0, " + num(kMaxMicroBatchFixedUs) + "], got " +
            num(micro_batch_fixed_us));
+    if (!in(step_fixed_us, kMaxMicroBatchFixedUs))
+      fail("step_fixed_us must be finite and in [0, " + num(kMaxMicroBatchFixedUs) + "], got " + num(step_fixed_us));
   }
 
   // Forward FLOPs of one layer for one sequence of s tokens on one rank of

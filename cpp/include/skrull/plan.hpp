@@ -79,22 +79,24 @@ inline void index_plan(Plan& out) {
 // order each starts when all its groups are free.
 // makespan_us is the step on the job's timeline (timeline.hpp), start_us
 // each one's start on it; group_time_us stays each group's free-running finish.
-inline void retime_plan(Plan& out, Timeline timeline, double pad_us) {
+// step_us: CostModel::step_fixed_us, added once to makespan_us.
+inline void retime_plan(Plan& out, Timeline timeline, double pad_us, double step_us = 0.0) {
   std::vector<SlotTime> slots;
   slots.reserve(out.micro_batches.size());
   for (const PlanMicroBatch& mb : out.micro_batches) slots.push_back({mb.slot, mb.first_group, mb.groups, mb.time_us});
   std::vector<double> start;
   out.makespan_us = plan_step_time_us(slots, static_cast<int32_t>(out.group_time_us.size()), timeline, pad_us,
-                                      &out.group_time_us, &start);
+                                      &out.group_time_us, &start, step_us);
   for (size_t m = 0; m < out.micro_batches.size(); ++m) out.micro_batches[m].start_us = start[m];
 }
 
 }  // namespace detail
 
 // Skrull's Schedule as a Plan on a CP size of `cp`, timed on `timeline` (a
-// pad pass costs pad_us): the same micro-batches, placements, times and
-// step time; skrull_plan is set, nothing is widened or narrowed.
-inline Plan to_plan(const Schedule& s, int32_t cp, Timeline timeline, double pad_us) {
+// pad pass costs pad_us, a step step_us once): the same micro-batches,
+// placements, times and step time; skrull_plan is set, nothing is widened or
+// narrowed.
+inline Plan to_plan(const Schedule& s, int32_t cp, Timeline timeline, double pad_us, double step_us = 0.0) {
   Plan out;
   const size_t n = s.lengths.size();
   out.lengths = s.lengths;
@@ -103,7 +105,7 @@ inline Plan to_plan(const Schedule& s, int32_t cp, Timeline timeline, double pad
   out.num_ranks.assign(n, 0);
   detail::plan_from_schedule(s, cp, out);
   detail::index_plan(out);
-  detail::retime_plan(out, timeline, pad_us);
+  detail::retime_plan(out, timeline, pad_us, step_us);
   out.dropped = s.dropped;
   out.truncated = s.truncated;
   out.skrull_plan = true;

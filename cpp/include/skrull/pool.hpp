@@ -381,7 +381,7 @@ inline Plan schedule_pool(const std::vector<int64_t>& input, const CostModel& co
     for (PlanMicroBatch& mb : out.micro_batches)
       out.narrowed += detail::pool_narrow(mb, out.lengths, flops, cost, cp, opt.bucket_size, scratch);
     detail::index_plan(out);
-    detail::retime_plan(out, opt.timeline, cost.micro_batch_fixed_us);
+    detail::retime_plan(out, opt.timeline, cost.micro_batch_fixed_us, cost.step_fixed_us);
     out.elapsed_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
   };
   if (wide.empty() && fits_groups) {  // nothing to widen: skrull's plan as is
@@ -495,7 +495,7 @@ inline Plan schedule_pool(const std::vector<int64_t>& input, const CostModel& co
     next_slot[g] += split.m;
   }
   out.slots = *std::max_element(next_slot.begin(), next_slot.end());
-  detail::retime_plan(out, opt.timeline, cost.micro_batch_fixed_us);
+  detail::retime_plan(out, opt.timeline, cost.micro_batch_fixed_us, cost.step_fixed_us);
 
   // 3. Skrull's plan when it predicts no slower (both on the job's timeline).
   if (skrull_us <= out.makespan_us) adopt_skrull_plan();

@@ -110,13 +110,29 @@ inline Schedule schedule(const std::vector<int64_t>& input, const CostModel& cos
     std::vector<int32_t> sorted, scratch, descending = live;
     detail::sort_descending_by_length(out.lengths, descending, scratch);
     detail::reverse_to_ascending(out.lengths, descending, sorted);
-    const MicroBatchSplit split = split_micro_batches(out.lengths, flops, sorted, cost, opt, ws, opt.dp, Grouping::kLpt);
+    MicroBatchSplit split = split_micro_batches(out.lengths, flops, sorted, cost, opt, ws, opt.dp, Grouping::kLpt);
     if (!split.feasible)  // unreachable for lengths <= limit; kept as a guard
       throw std::logic_error("no slot split found for the global batch");
+    // The leader slot (slots.hpp, step 4): the longest sequence's slot filled
+    // to its time, the rest split after it; kept when its slot time is lower.
+    MicroBatchSplit head;
+    std::vector<int32_t> rest;
+    const std::vector<int32_t>* split_of = &sorted;  // what `split`'s positions index
+    bool lead = false;
+    if (leader_slot_worth_trying(split.group_us, opt.dp) &&
+        leader_slot(out.lengths, flops, sorted, cost, opt, ws, head, rest)) {
+      MicroBatchSplit tail = split_micro_batches(out.lengths, flops, rest, cost, opt, ws, opt.dp, Grouping::kLpt);
+      if (tail.feasible && head.score_us + tail.score_us < split.score_us) {
+        std::swap(split, tail);
+        split_of = &rest;
+        lead = true;
+      }
+    }
+    const int32_t first = lead ? 1 : 0;  // slot of the split's first run
     std::vector<char> empty(split.m);
     for (int32_t g = 0; g < split.m; ++g) empty[g] = split.member_start[g] == split.member_start[g + 1];
     std::vector<int32_t> rank, slot;
-    assign_slots(split.group_us, empty, opt.dp, rank, slot);
+    assign_slots(split.group_us, empty, opt.dp, rank, slot, lead ? head.group_us : std::vector<double>());
     std::vector<std::vector<int32_t>> by_rank(opt.dp);  // groups of each rank, in slot order
     std::vector<int32_t> order(split.m);
     std::iota(order.begin(), order.end(), 0);
@@ -124,10 +140,11 @@ inline Schedule schedule(const std::vector<int64_t>& input, const CostModel& cos
     for (int32_t g : order)
       if (!empty[g] && rank[g] >= 0) by_rank[rank[g]].push_back(g);
     for (int32_t i = 0; i < opt.dp; ++i) {
+      if (lead) emit(i, 0, sorted, head, i);  // group i of the leader slot on rank i
       for (size_t j = 0; j < by_rank[i].size(); ++j) {
         // Non-empty groups fill every rank's first slots (empties sort last).
         if (slot[by_rank[i][j]] != static_cast<int32_t>(j)) throw std::logic_error("slot GDS left a gap in a rank's slots");
-        emit(i, static_cast<int32_t>(j), sorted, split, by_rank[i][j]);
+        emit(i, first + static_cast<int32_t>(j), *split_of, split, by_rank[i][j]);
       }
       out.dp_offsets.push_back(static_cast<int32_t>(out.micro_batches.size()));
     }
@@ -153,7 +170,7 @@ inline Schedule schedule(const std::vector<int64_t>& input, const CostModel& cos
       out.dp_time_us[i] += out.micro_batches[q].dacp.time_us;
     }
   }
-  out.makespan_us = step_time_us(rank_us, opt.timeline, cost.micro_batch_fixed_us);
+  out.makespan_us = step_time_us(rank_us, opt.timeline, cost.micro_batch_fixed_us, cost.step_fixed_us);
   out.elapsed_us =
       std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
   return out;

@@ -14,6 +14,9 @@
 //                 reduction: step = the slowest rank's micro-batches back to
 //                 back (the paper's timeline).
 //
+// Both add step_us once (CostModel::step_fixed_us: what a step pays whatever
+// its micro-batches) to a step that runs any micro-batch.
+//
 // Units: microseconds.
 #pragma once
 
@@ -27,24 +30,26 @@ namespace skrull {
 
 // rank_us[i][j]: time of DP rank i's j-th micro-batch. A rank with fewer
 // micro-batches than the longest list pads the missing slots (lockstep).
-inline double step_time_us(const std::vector<std::vector<double>>& rank_us, Timeline timeline, double pad_us) {
+inline double step_time_us(const std::vector<std::vector<double>>& rank_us, Timeline timeline, double pad_us,
+                           double step_us = 0.0) {
   double out = 0.0;
+  size_t slots = 0;
+  for (const auto& rank : rank_us) slots = std::max(slots, rank.size());
+  if (slots == 0) return 0.0;
   if (timeline == Timeline::kFreeRunning) {
     for (const auto& rank : rank_us) {
       double sum = 0.0;
       for (double t : rank) sum += t;
       out = std::max(out, sum);
     }
-    return out;
+    return out + step_us;
   }
-  size_t slots = 0;
-  for (const auto& rank : rank_us) slots = std::max(slots, rank.size());
   for (size_t j = 0; j < slots; ++j) {
     double slot = 0.0;
     for (const auto& rank : rank_us) slot = std::max(slot, j < rank.size() ? rank[j] : pad_us);
     out += slot;
   }
-  return out;
+  return out + step_us;
 }
 
 // A pool plan's micro-batches (pool.hpp): each on a block of `groups` CP
@@ -58,7 +63,8 @@ struct SlotTime {
 };
 
 inline double plan_step_time_us(const std::vector<SlotTime>& mbs, int32_t dp, Timeline timeline, double pad_us,
-                                std::vector<double>* group_free_us = nullptr, std::vector<double>* start_us = nullptr) {
+                                std::vector<double>* group_free_us = nullptr, std::vector<double>* start_us = nullptr,
+                                double step_us = 0.0) {
   std::vector<size_t> order(mbs.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::stable_sort(order.begin(), order.end(), [&mbs](size_t a, size_t b) {
@@ -84,8 +90,9 @@ inline double plan_step_time_us(const std::vector<SlotTime>& mbs, int32_t dp, Ti
     lockstep += slowest;
   }
   if (group_free_us) *group_free_us = clock;
-  if (timeline == Timeline::kLockstep) return lockstep;
-  return clock.empty() ? 0.0 : *std::max_element(clock.begin(), clock.end());
+  const double once = mbs.empty() ? 0.0 : step_us;
+  if (timeline == Timeline::kLockstep) return lockstep + once;
+  return (clock.empty() ? 0.0 : *std::max_element(clock.begin(), clock.end())) + once;
 }
 
 }  // namespace skrull

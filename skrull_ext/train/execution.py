@@ -1,0 +1,142 @@
+"""Lockstep or free-running: how a Skrull job's ranks run a step, chosen once at start-up.
+
+``[skrull] free_running`` is ``"auto"`` (the default), ``true`` or ``false``.
+Free-running execution (free_running.py) gathers the FSDP parameters once
+per step and reduces the gradients once, where lockstep execution pays both
+per micro-batch and makes DP ranks run pad passes; it costs the unsharded
+parameters and gradients on every rank for the whole step. So:
+
+- ``true``: free-running; refused (one line: the bytes needed and usable)
+  when the measured profile's memory account says it does not fit.
+- ``false``: lockstep.
+- ``"auto"``: free-running whenever the account says it fits at the job's
+  BucketSize, lockstep otherwise. Under ``bucket_size = "profile"`` the two
+  choices are made together: lockstep keeps the profile's BucketSize, and
+  free-running the largest BucketSize that leaves room for the unsharded
+  copy; when that is smaller, the first global batches of the job are
+  planned both ways and the faster predicted step wins. Lockstep where
+  nothing can be checked (a hardware preset: no measured [memory]) and
+  under skrull-pool (its micro-batches exchange K/V across DP groups, which
+  free-running ranks reach at different passes).
+
+The choice is logged with its numbers (``Execution.reason``). Each
+execution is priced as it runs (``Profile.cost_model(free_running=...)``:
+the profile's free-running fixed costs per step and per micro-batch).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from skrull_ext._core import ModelShape
+from skrull_ext.scheduler.config import FROM_PROFILE, job_timeline
+
+__all__ = ["AUTO", "Execution", "choose_execution", "PREDICT_STEPS"]
+
+AUTO = "auto"
+PREDICT_STEPS = 8
+"""Global batches planned both ways when auto weighs a smaller free-running BucketSize."""
+_MIB = 2.0**20
+
+
+@dataclass(frozen=True)
+class Execution:
+    """The resolved execution: free-running or not, at which BucketSize, and why."""
+
+    free_running: bool
+    bucket_size: int
+    reason: str
+
+
+def _fits(mem, unsharded: float, bucket: int) -> tuple[bool, str]:
+    need = mem.free_running_need(unsharded, bucket)
+    text = (f"needs {need / _MIB:.1f} MiB per rank (unsharded parameters and gradients {unsharded / _MIB:.1f} MiB "
+            f"+ static and activations of bucket_size {bucket}), usable {mem.usable / _MIB:.1f} MiB")
+    return need <= mem.usable, text
+
+
+def _refuse(skrull, text: str) -> ValueError:
+    return ValueError(f"skrull.free_running = true {text} (profile {skrull.cost_model!r}); turn it off, lower "
+                      "skrull.bucket_size, or re-profile the job with --skrull.free_running (its BucketSize then "
+                      "leaves the room)")
+
+
+def predicted_step_us(skrull, dp: int, cp: int, shape: ModelShape, model_name: str, steps: Sequence[Sequence[int]],
+                      dp_shard: int, dp_replicate: int, free_running: bool, bucket: int) -> float | None:
+    """Mean predicted step time of ``steps`` (global batches' lengths) planned and priced for
+    one execution; None when BucketSize ``bucket`` cannot hold a sequence of them whole or sharded."""
+    from skrull_ext._core import max_sequence_length
+
+    limit = max_sequence_length(bucket, cp)
+    if not steps or any(s > limit for step in steps for s in step):
+        return None
+    timeline = job_timeline(dp_shard, dp_replicate, free_running, skrull.defer_grad_sync)
+    scheduler = skrull.build(dp, cp, shape, model_name, timeline=timeline, free_running=free_running,
+                             bucket_size=bucket)
+    return sum(scheduler.schedule(list(step)).makespan_us for step in steps) / len(steps)
+
+
+def choose_execution(skrull, *, unsharded: float | None, dp: int, cp: int, dp_shard: int, dp_replicate: int,
+                     shape: ModelShape, model_name: str, steps: Sequence[Sequence[int]] = ()) -> Execution:
+    """The execution of a Skrull job (module docstring). ``unsharded``: the bytes free-running
+    would hold per rank (profile_file.free_running_bytes), None when nothing is sharded (no
+    FSDP unit: nothing to hold, nothing to choose). ``steps``: the first global batches'
+    lengths, planned both ways when auto weighs BucketSize against execution.
+    Raises ValueError (one line) when ``free_running = true`` does not fit."""
+    mode = skrull.free_running
+    bucket = skrull.resolved_bucket_size()
+    if mode is False:
+        return Execution(False, bucket, "skrull.free_running = false: lockstep (parameters gathered per micro-batch)")
+    if unsharded is None:
+        return Execution(False, bucket, f"skrull.free_running = {mode!r}: nothing is sharded (no FSDP unit), "
+                                        "so there is nothing to hold unsharded")
+    if mode is True and skrull.policy_spec.pool:  # SkrullConfig.check_free_running refused it earlier
+        raise ValueError("skrull.free_running = true does not run with skrull.policy = 'skrull-pool'")
+    if skrull.policy_spec.pool:
+        return Execution(False, bucket, "skrull.free_running = 'auto': lockstep, because skrull-pool's "
+                                        "micro-batches exchange K/V across DP groups")
+    profile = skrull.measured_profile()
+    mem, why = None, ""
+    if profile is None:
+        why = f"skrull.cost_model {skrull.cost_model!r} is a hardware preset with no measured [memory]"
+    else:
+        try:
+            mem = profile.memory()
+        except ValueError as e:
+            why = str(e)
+    if mem is None:
+        if mode is True:
+            return Execution(True, bucket, f"skrull.free_running = true: memory not checked: {why} "
+                                           "(name a profile file: python -m skrull_ext.profile)")
+        return Execution(False, bucket, f"skrull.free_running = 'auto': lockstep, because its memory cannot be "
+                                        f"checked: {why} (name a profile file: python -m skrull_ext.profile)")
+    fits, text = _fits(mem, unsharded, bucket)
+    if mode is True:
+        if not fits:
+            raise _refuse(skrull, text)
+        return Execution(True, bucket, f"skrull.free_running = true: free-running; it {text}")
+    if fits:
+        return Execution(True, bucket, f"skrull.free_running = 'auto': free-running, because it fits: it {text}")
+    if skrull.bucket_size != FROM_PROFILE:
+        return Execution(False, bucket, f"skrull.free_running = 'auto': lockstep, because free-running {text} "
+                                        f"(a smaller skrull.bucket_size may let it fit)")
+    smaller = mem.free_running_bucket_size(unsharded)
+    lock_us = predicted_step_us(skrull, dp, cp, shape, model_name, steps, dp_shard, dp_replicate, False, bucket)
+    free_us = (predicted_step_us(skrull, dp, cp, shape, model_name, steps, dp_shard, dp_replicate, True, smaller)
+               if smaller >= 1 else None)
+    head = (f"skrull.free_running = 'auto' with bucket_size = 'profile': free-running {text}; it fits "
+            f"at bucket_size {smaller}")
+    if free_us is None or lock_us is None:
+        if free_us is None:
+            return Execution(False, bucket, f"{head}, which cannot hold the first global batches' longest "
+                                            f"sequence whole or sharded: lockstep at bucket_size {bucket}")
+        return Execution(True, smaller, f"{head}: free-running there (lockstep at {bucket} was not predicted)")
+    over = len(steps)
+    if free_us < lock_us:
+        return Execution(True, smaller, f"{head}: free-running there, predicted {free_us / 1e3:.2f} ms a step "
+                                        f"against lockstep's {lock_us / 1e3:.2f} ms at {bucket} (mean of the first "
+                                        f"{over} global batches)")
+    return Execution(False, bucket, f"{head}; lockstep at {bucket}, predicted {lock_us / 1e3:.2f} ms a step against "
+                                    f"free-running's {free_us / 1e3:.2f} ms there (mean of the first {over} global "
+                                    "batches)")
