@@ -55,6 +55,7 @@ from torchtitan.tools.logging import logger
 
 from skrull_ext.cli_errors import record_error_line
 from skrull_ext.train.launcher_watch import launcher_gone
+from skrull_ext.train.run_lock import release_all
 
 __all__ = ["Heartbeat", "SkrullComm", "start_heartbeat"]
 
@@ -219,6 +220,7 @@ def end_job(message: str) -> None:
         print(f"error: {message}; ending the job", file=sys.stderr, flush=True)
         record_error_line(message)
     sys.stdout.flush()
+    release_all()  # the dump folder's lock: the next run finds the folder free (run_lock.py)
     os._exit(1)
 
 
