@@ -60,7 +60,8 @@ def _check_training(config) -> None:
         # would train from random weights (e.g. [model] hf_path beside enable = false).
         raise _bad("checkpoint.enable", False, f"the model's weights load from checkpoint.initial_load_path "
                    f"{ckpt.initial_load_path!r} (set by model.hf_path), which needs the checkpointer; without "
-                   "it the model would train from random weights")
+                   "it the model would train from random weights; add --checkpoint.enable (or [checkpoint] "
+                   "enable = true)")
     _check_checkpoint_off(ckpt)
 
 
@@ -78,7 +79,8 @@ def _check_checkpoint_off(ckpt) -> None:
     set_keys = [f"{k} = {getattr(ckpt, k)!r}" for k in _SAVE_KEYS if getattr(ckpt, k) != getattr(default, k)]
     if set_keys:
         raise _bad("checkpoint.enable", False, f"[checkpoint] sets {', '.join(set_keys)}, which only act when the "
-                   "checkpointer runs: nothing would be saved; set checkpoint.enable = true (or remove them)")
+                   "checkpointer runs: nothing would be saved; add --checkpoint.enable (or [checkpoint] "
+                   "enable = true), or remove them")
 
 
 _DEGREES = (

@@ -15,6 +15,7 @@ code (skrull_ext/train/job_flags.py), so they override the file.
 """
 
 import dataclasses
+import difflib
 import os
 import sys
 import types
@@ -143,11 +144,16 @@ def _settable_fields(cls: type) -> dict[str, Any]:
 
 
 def _check_keys(table: dict, allowed, key: str) -> None:
+    """Refuse keys ``table`` has that ``allowed`` lacks, naming the closest allowed one
+    for each typo (``[skrul]``: did you mean 'skrull'?), as the flags do (job_flags)."""
     unknown = sorted(set(table) - set(allowed))
     if unknown:
         where = f"[{key}]" if key else "the job file"
+        near = {k: m[0] for k in unknown if (m := difflib.get_close_matches(k, [str(a) for a in allowed], n=1))}
+        guesses = [repr(m) if len(unknown) == 1 else f"{m!r} for {k!r}" for k, m in near.items()]
+        hint = f" (did you mean {', '.join(guesses)}?)" if guesses else ""
         raise JobFileError(
-            f"unknown key(s) {unknown} in {where}; allowed: {sorted(allowed)}"
+            f"unknown key(s) {unknown} in {where}{hint}; allowed: {sorted(allowed)}"
         )
 
 

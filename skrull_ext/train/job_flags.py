@@ -15,7 +15,7 @@ Forms: ``--a.b VALUE``, ``--a.b=VALUE``, ``--a.b V1 V2`` or ``--a.b V1,V2``
 for a list, ``--a.b K1 V1 K2 V2`` for a table of values, a bare ``--a.flag`` for true and ``--a.no-flag`` (or
 ``--a.no_flag``) for false; ``-`` and ``_`` are the same in names. A name
 without a dot sets a root field (``--dump-folder DIR``, a job file's
-``[job]``).
+``[job]``; ``--job.dump_folder DIR``, as the file spells it, works too).
 """
 
 from __future__ import annotations
@@ -152,6 +152,8 @@ def flag_tables(config: Any, args: list[str], kinds: dict[str, dict[str, Any]]) 
     given: dict[str, list[str]] = {}
     for flag, name, words in _split(args, kinds):
         parts = name.split(".")
+        if len(parts) == 2 and parts[0] == "job" and "job" not in _field_names(config):
+            parts = parts[1:]  # a job file's [job] table holds the root keys: --job.dump_folder is --dump_folder
         value: Any = Flag(flag, words)
         if not _check_name(config, flag, parts, kinds):
             if words:

@@ -43,7 +43,8 @@ def test_saving_keys_without_the_checkpointer_are_refused(tmp_path):
         load_config(["--config-file", job])
     assert str(info.value) == (
         "checkpoint.enable = False: [checkpoint] sets interval = 10, last_save_in_hf = True, which only act when "
-        "the checkpointer runs: nothing would be saved; set checkpoint.enable = true (or remove them)")
+        "the checkpointer runs: nothing would be saved; add --checkpoint.enable (or [checkpoint] enable = true), "
+        "or remove them")
     config = load_config(["--config-file", job, "--checkpoint.enable"])
     assert config.checkpoint.enable and config.checkpoint.last_save_model_only
 

@@ -67,7 +67,8 @@ def test_hf_path_job_keeps_its_own_checkpoint_settings(tmp_path, qwen2_folder):
     from skrull_ext.train.job_file import load_config
 
     with pytest.raises(JobFileError, match=r"checkpoint.enable = False: the model's weights load from "
-                                           r"checkpoint.initial_load_path .* random weights"):
+                                           r"checkpoint.initial_load_path .* random weights; add "
+                                           r"--checkpoint.enable \(or \[checkpoint\] enable = true\)$"):
         load_config(["--config-file", str(tmp_path / "job.toml")])
 
 

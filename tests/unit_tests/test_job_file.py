@@ -50,8 +50,13 @@ def test_gpu_job_loads():
 @pytest.mark.parametrize(
     "body, message",
     [
-        ("[training]\nstepz = 3", r"unknown key\(s\) \['stepz'\] in \[training\]; allowed: .*'steps'"),
-        ("[trainig]\nsteps = 3", r"unknown key\(s\) \['trainig'\] in the job file; allowed: .*'training'"),
+        ("[training]\nstepz = 3",
+         r"unknown key\(s\) \['stepz'\] in \[training\] \(did you mean 'steps'\?\); allowed: .*'steps'"),
+        ("[trainig]\nsteps = 3",
+         r"unknown key\(s\) \['trainig'\] in the job file \(did you mean 'training'\?\); allowed: .*'training'"),
+        ("[skrul]\nenable = true", r"unknown key\(s\) \['skrul'\] in the job file \(did you mean 'skrull'\?\)"),
+        ("[training]\nstepz = 3\nseqlen = 9", r"\['seqlen', 'stepz'\] in \[training\] \(did you mean 'seq_len' for "
+         r"'seqlen', 'steps' for 'stepz'\?\)"),
         ("[training]\nsteps = 'ten'", r"training.steps: expected an integer, got 'ten'"),
         ("[training]\ndtype = 'float16'", r"training.dtype: 'float16' is not one of \['bfloat16', 'float32'\]"),
         ("[skrull]\npolicy = 'fifo'", r"skrull.policy: 'fifo' is not one of \['skrull', 'skrull-fast', 'skrull-paper', 'skrull-per-rank', 'skrull-pool', 'worstfit'\]"),
@@ -80,6 +85,14 @@ def test_gpu_job_loads():
 def test_bad_values_name_the_key(tmp_path, body, message):
     with pytest.raises(JobFileError, match=message):
         load_job(_write(tmp_path, MINIMAL + body))
+
+
+def test_job_section_flags_set_root_keys():
+    """A job file's [job] table holds root keys: the flag may be spelt as the file spells it."""
+    for flag in (["--job.dump_folder", "out/a"], ["--job.dump-folder=out/a"], ["--dump_folder", "out/a"]):
+        assert JobConfigManager().parse_args(["--config-file", DEBUG, *flag]).dump_folder == "out/a"
+    with pytest.raises(JobFileError, match=r"unknown flag --job.dumpfolder: .*did you mean 'dump_folder'\?"):
+        JobConfigManager().parse_args(["--config-file", DEBUG, "--job.dumpfolder", "out/a"])
 
 
 @pytest.mark.parametrize(
