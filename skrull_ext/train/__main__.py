@@ -17,7 +17,12 @@ ranks print their errors: ``torchtitan_patches/logs.py``).
 import os
 import sys
 
-import torch
+from skrull_ext.train.usage import exit_without_job
+
+if __name__ == "__main__":
+    exit_without_job(sys.argv[1:])  # --help or no job: the usage before torch is imported (seconds)
+
+import torch  # noqa: E402
 
 from torchtitan_patches import compat
 

@@ -45,9 +45,8 @@ from skrull_ext.models.registry import build_model_spec
 from skrull_ext.train.job_checks import check_job
 from skrull_ext.train.job_flags import Flag, flag_tables
 from skrull_ext.train.trainer import SkrullTrainer
+from skrull_ext.train.usage import JOBS_DIR, USAGE, exit_without_job
 
-JOBS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "jobs")
-"""The shipped job files (``skrull_ext/jobs``)."""
 
 SECTION_KINDS: dict[str, dict[str, Any]] = {
     "dataloader": {"packed": PackedDataLoader.Config, "skrull": SkrullDataLoader.Config},
@@ -398,44 +397,6 @@ class JobConfigManager(ConfigManager):
         return self.config
 
 
-USAGE = """\
-usage: python -m {module} --config-file JOB.toml [--SECTION.KEY VALUE ...] [--traceback]
-       torchrun --nproc_per_node N -m {module} --config-file JOB.toml [...]
-
-JOB.toml describes the model, data, parallelism and [skrull] scheduling
-(README.md, "Job files"). Shipped jobs, in skrull_ext/jobs/ (each file's
-header says what it trains and how to launch it):
-{jobs}
-
-  --config-file JOB.toml    the job (required)
-  --SECTION.KEY VALUE       override one key of the job file, e.g. --training.steps 3
-  --config-file JOB.toml --help
-                            every key with its default and help
-  --module M --config NAME  a torchtitan config-registry function instead of a job file
-  --traceback               on a config error, the full traceback too (or SKRULL_TRACEBACK=1)
-"""
-
-
-def _shipped_jobs() -> str:
-    """The job files shipped in skrull_ext/jobs/, wrapped for the usage text."""
-    names = sorted(n for n in os.listdir(JOBS_DIR) if n.endswith(".toml"))
-    lines, line = [], " "
-    for name in names:
-        if len(line) + len(name) + 2 > 78:
-            lines.append(line.rstrip())
-            line = " "
-        line += f" {name}"
-    return "\n".join([*lines, line.rstrip()])
-
-
-def _rank() -> int:
-    return int(os.environ.get("RANK", "0"))
-
-
-def _has_job(argv: list[str]) -> bool:
-    return any(a == "--module" or a.startswith(("--module=", "--config-file", "--config_file")) for a in argv)
-
-
 def load_config(argv: list[str] | None = None, *, module: str = "skrull_ext.train",
                 world_size: int | None = None, check: bool = True):
     """The job config of a command line, for every skrull-ext entry point
@@ -452,11 +413,7 @@ def load_config(argv: list[str] | None = None, *, module: str = "skrull_ext.trai
     value, whether from the file or a flag.
     """
     argv = sys.argv[1:] if argv is None else argv
-    if not _has_job(argv):
-        asked = any(a in ("-h", "--help") for a in argv)
-        if _rank() == 0:
-            print(USAGE.format(module=module, jobs=_shipped_jobs()), file=sys.stdout if asked else sys.stderr, end="")
-        raise SystemExit(0 if asked else 2)
+    exit_without_job(argv, module)
     try:
         config = JobConfigManager().parse_args(argv)
     except JobFileError:

@@ -4,6 +4,7 @@ as one line naming the key and the value; and the launcher's usage."""
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -104,8 +105,17 @@ def test_launcher_usage_and_one_line_errors():
     bare = _cli()
     assert bare.returncode == 2 and "usage: python -m skrull_ext.train --config-file JOB.toml" in bare.stderr
     assert "--module is required" not in bare.stderr and "Traceback" not in bare.stderr
+    assert [line for line in bare.stderr.splitlines() if line.startswith("error:")] == [
+        "error: no job given: name one with --config-file JOB.toml (e.g. skrull_ext/jobs/debug_cpu.toml)"]
+    assert bare.stderr.rstrip().splitlines()[-1].startswith("error:")  # the last line says what is wrong
+    start = time.perf_counter()
     helped = _cli("--help")
+    took = time.perf_counter() - start
     assert helped.returncode == 0 and helped.stdout.startswith("usage: python -m skrull_ext.train")
+    assert took < 5, f"--help took {took:.1f} s (it imports no torch: train/usage.py)"
+    cited = helped.stdout.replace("\n", " ").split('(README.md, "')[1].split('"')[0]
+    with open(os.path.join(ROOT, "README.md")) as f:
+        assert f"\n## {cited}\n" in f.read(), f"the usage cites README section {cited!r}, which is not there"
     jobs = sorted(n for n in os.listdir(os.path.dirname(DEBUG)) if n.endswith(".toml"))
     assert len(jobs) >= 7 and all(name in helped.stdout.split() for name in jobs)  # every shipped job, none stale
     bad = _cli("--config-file", DEBUG, "--training.steps", "-1")

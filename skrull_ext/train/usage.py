@@ -1,0 +1,70 @@
+"""The usage of every entry point that takes a job (``skrull_ext.train``, the profiler's
+``load_config``): what a command line without one prints, and its exit status.
+
+It imports nothing but ``os`` and ``sys``: ``python -m skrull_ext.train --help`` (or
+no arguments) is answered before torch and torchtitan are imported, which take seconds
+(``__main__`` asks here first). A command line without a job prints the usage and exits
+0 for ``--help``, else 2 with an ``error:`` line after it, as every other refusal ends.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+__all__ = ["JOBS_DIR", "USAGE", "exit_without_job", "has_job", "shipped_jobs"]
+
+JOBS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "jobs")
+"""The shipped job files (``skrull_ext/jobs``)."""
+
+USAGE = """\
+usage: python -m {module} --config-file JOB.toml [--SECTION.KEY VALUE ...] [--traceback]
+       torchrun --nproc_per_node N -m {module} --config-file JOB.toml [...]
+
+JOB.toml describes the model, data, parallelism and [skrull] scheduling
+(README.md, "Training with Skrull"). Shipped jobs, in skrull_ext/jobs/ (each
+file's header says what it trains and how to launch it):
+{jobs}
+
+  --config-file JOB.toml    the job (required)
+  --SECTION.KEY VALUE       override one key of the job file, e.g. --training.steps 3
+  --config-file JOB.toml --help
+                            every key with its default and help
+  --module M --config NAME  a torchtitan config-registry function instead of a job file
+  --traceback               on a config error, the full traceback too (or SKRULL_TRACEBACK=1)
+"""
+
+NO_JOB = "no job given: name one with --config-file JOB.toml (e.g. skrull_ext/jobs/debug_cpu.toml)"
+"""The ``error:`` line after the usage when a command line names no job."""
+
+
+def shipped_jobs() -> str:
+    """The job files shipped in skrull_ext/jobs/, wrapped for the usage text."""
+    names = sorted(n for n in os.listdir(JOBS_DIR) if n.endswith(".toml"))
+    lines, line = [], " "
+    for name in names:
+        if len(line) + len(name) + 2 > 78:
+            lines.append(line.rstrip())
+            line = " "
+        line += f" {name}"
+    return "\n".join([*lines, line.rstrip()])
+
+
+def has_job(argv: list[str]) -> bool:
+    """Whether the command line names a job (a job file, or torchtitan's ``--module``)."""
+    return any(a == "--module" or a.startswith(("--module=", "--config-file", "--config_file")) for a in argv)
+
+
+def exit_without_job(argv: list[str], module: str = "skrull_ext.train") -> None:
+    """Return when ``argv`` names a job; else print the usage (rank 0 only) and exit:
+    0 to stdout for ``-h``/``--help``, else 2 to stderr, ending in one ``error:`` line."""
+    if has_job(argv):
+        return
+    asked = any(a in ("-h", "--help") for a in argv)
+    if int(os.environ.get("RANK", "0")) == 0:
+        text = USAGE.format(module=module, jobs=shipped_jobs())
+        if asked:
+            print(text, end="")
+        else:
+            print(f"{text}\nerror: {NO_JOB}", file=sys.stderr)
+    raise SystemExit(0 if asked else 2)
