@@ -178,11 +178,15 @@ def take(folder: str) -> RunLock:
     if key in _held:
         _held[key].count += 1
         return _held[key]
-    os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, LOCK_NAME)
     taken_over = None
     for _ in range(5):  # each retry follows a file that was replaced or removed under us
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            os.makedirs(folder, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as e:
+            raise UserError(f"dump_folder = {folder}: cannot create {path} ({e.strerror}); "
+                            "give the run a folder it can write") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:

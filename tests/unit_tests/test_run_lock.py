@@ -63,7 +63,7 @@ def test_a_free_folder_is_taken_and_released(tmp_path):
 
 def test_the_same_process_reuses_its_lock(tmp_path):
     first = take(str(tmp_path))
-    second = take(str(tmp_path / "." ))  # another spelling of the folder
+    second = take(str(tmp_path / "."))  # another spelling of the folder
     assert second is first and first.count == 2
     second.release()
     assert os.path.exists(os.path.join(tmp_path, LOCK_NAME))  # still held once
@@ -141,3 +141,11 @@ def test_another_hosts_run_holds_while_its_heartbeat_is_fresh(tmp_path):
     finally:
         os.close(fd)
     assert f"its heartbeat is {STALE_S + 5:.0f} s old (> {STALE_S:g} s)" in lock.taken_over
+
+
+def test_a_folder_it_cannot_write_is_one_line(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    with pytest.raises(UserError, match=rf"^dump_folder = {blocker}/run: cannot create {blocker}/run/{LOCK_NAME} "
+                                        r"\(Not a directory\); give the run a folder it can write$"):
+        take(str(blocker / "run"))

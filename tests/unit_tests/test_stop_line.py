@@ -49,7 +49,8 @@ def test_the_line_names_the_step_and_the_last_complete_checkpoint(tmp_path):
     assert stop_line.stop_message("interrupted (SIGINT)") == (
         f"interrupted (SIGINT) at step 3; stopping (last checkpoint: step-2 in {tmp_path}/checkpoint)")
     trainer.step = 0
-    assert stop_line.stop_message("x") == f"x before its first step; stopping (last checkpoint: step-2 in {tmp_path}/checkpoint)"
+    assert stop_line.stop_message("x") == (
+        f"x before its first step; stopping (last checkpoint: step-2 in {tmp_path}/checkpoint)")
     starting = _Trainer()
     stop_line.track(starting, _config(tmp_path, enable=False))
     assert stop_line.stop_message("x") == "x while starting; stopping (no checkpoint: checkpoint.enable is off)"
