@@ -15,7 +15,15 @@ NAME=FLAGS``). The default pair:
   a document-causal mask (datasets/row_layout.py), the strongest baseline
   torchtitan's CP runs on chat data; its steps hold a row's tokens, not a
   global batch, hence the per-token ratios;
-- ``skrull``: the job's ``[skrull]`` section: the plan and the DACP attention.
+- ``skrull``: the job's ``[skrull]`` section as written, the default
+  configuration (``free_running = "auto"``: free-running where the profile's
+  memory account allows): the plan and the DACP attention;
+- ``skrull-lockstep``: the same with ``--skrull.no-free_running``: FSDP's
+  gathers per micro-batch, the execution the default chose against.
+
+At CP 1 a stream row holds ``training.seq_len`` tokens a rank and Skrull
+``bucket_size``: add ``--variant skrull-eqmem=--skrull.bucket_size N`` with
+N = seq_len / CP to compare at equal activation memory (docs/benchmarks.md).
 
 Runs alternate (torchtitan, skrull, skrull, torchtitan, ...) so drift in the
 machine's load hits both. ``cp_probe`` measures per step and rank the K/V
@@ -42,6 +50,7 @@ DEFAULT_VARIANTS = [
     f"{BASELINE}=--skrull.no-enable",
     f"{BASELINE}-stream=--skrull.no-enable --dataloader.packing stream --training.local_batch_size 1",
     "skrull=",
+    "skrull-lockstep=--skrull.no-free_running",
 ]
 DEFAULT_JOB = os.path.join(os.path.dirname(__file__), "..", "jobs", "debug_cpu.toml")
 

@@ -31,13 +31,12 @@ would partly hide (FSDP prefetches the next unit): the number is the fixed
 cost where it matters most, an upper estimate for long micro-batches.
 
 The step is timed on the wall clock: most of the fixed cost is time a rank
-sleeps in FSDP's collectives, which no CPU clock counts (on the idle 2-core
-box, 2026-11-26: 122 ms a micro-batch on the wall clock, about 90 ms on the
-process CPU clock). So it must be measured on a quiet host: on a shared one
-the wall clock also counts the time other processes held the cores (the
-same command at a load average of 2.4-4.9 gave 215 ms). The process CPU
-time of the same steps is kept beside it (``cpu_us``); the report prints
-the ratio, about 1.3 on the idle box, higher under other load.
+sleeps in FSDP's collectives, which no CPU clock counts. So it must be
+measured on a quiet host: on a shared one the wall clock also counts the
+time other processes held the cores. The process CPU time of the same
+steps is kept beside it (``cpu_us``); the report prints the wall/CPU ratio,
+which other load raises (the figures: docs/profile.md, "The fixed cost of a
+micro-batch").
 
 Free-running execution (``[skrull] free_running``: train/free_running.py)
 pays FSDP's gathers once per step and reduces the gradients once, so the
