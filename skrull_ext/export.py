@@ -106,9 +106,9 @@ def load_single_process(state_dict: dict, checkpoint_dir: str) -> None:
         dcp.load(state_dict, checkpoint_id=checkpoint_dir, no_dist=True)
 
 
-def export(checkpoint_dir: str, out_dir: str, config, dtype: str = "float32") -> str:
+def export(checkpoint_dir: str, out_dir: str, config, dtype: str = "float32") -> list[str]:
     """Write the HF folder of ``checkpoint_dir`` (a step of ``config``'s job) to
-    ``out_dir``; returns ``out_dir``."""
+    ``out_dir``; returns the names of the files written."""
     from skrull_ext.hf.folder import HFExport
     from skrull_ext.lora import apply_lora
 
@@ -116,8 +116,7 @@ def export(checkpoint_dir: str, out_dir: str, config, dtype: str = "float32") ->
     spec = config.model_spec
     files = HFExport.for_job(config)
     hf = _hf_tensors(_model_tensors(checkpoint_dir, spec), spec)
-    files.write(out_dir, hf, dtype)
-    return out_dir
+    return files.write(out_dir, hf, dtype)
 
 
 def job_config(config_file: str | None, hf_path: str | None):
@@ -133,6 +132,8 @@ def job_config(config_file: str | None, hf_path: str | None):
 
 
 def main(argv: list[str] | None = None) -> int:
+    from skrull_ext.hf.folder import files_said
+
     ap = argparse.ArgumentParser(prog="python -m skrull_ext.export", description=__doc__.split("\n\n")[0])
     ap.add_argument("checkpoint_dir", help="a DCP checkpoint step folder, e.g. outputs/job/checkpoint/step-500")
     ap.add_argument("out_dir", help="the HF folder to write")
@@ -143,12 +144,12 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         config = job_config(args.config_file, args.hf_path)
-        out = export(args.checkpoint_dir, args.out_dir, config, args.dtype)
+        written = export(args.checkpoint_dir, args.out_dir, config, args.dtype)
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     merged = " (the LoRA adapters merged into the base)" if getattr(config.model_spec, "lora", None) else ""
-    print(f"wrote {out}: model.safetensors{merged}, config.json, tokenizer files")
+    print(f"wrote {args.out_dir}: {files_said(written).replace('model.safetensors', 'model.safetensors' + merged, 1)}")
     return 0
 
 

@@ -91,15 +91,19 @@ class HFExport:
         merged = lora is not None and lora.enable and lora.save_merged
         return cls.for_job(config) if last_save or merged else None
 
-    def write(self, folder: str, tensors: dict[str, torch.Tensor], dtype: str) -> None:
-        """Write ``tensors`` (HF keys) as ``folder``/model.safetensors in ``dtype``, then ``finish``."""
+    def write(self, folder: str, tensors: dict[str, torch.Tensor], dtype: str) -> list[str]:
+        """Write ``tensors`` (HF keys) as ``folder``/model.safetensors in ``dtype``, then ``finish``;
+        returns the names of the files written."""
         os.makedirs(folder, exist_ok=True)
         save_file({k: v.to(DTYPES[dtype]).contiguous() for k, v in tensors.items()},
                   os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
-        self.finish(folder, dtype)
+        return ["model.safetensors", *self.finish(folder, dtype)]
 
-    def finish(self, folder: str, dtype: str) -> None:
-        """Write config.json (weights in ``dtype``) and copy the tokenizer files into ``folder``."""
+    def finish(self, folder: str, dtype: str) -> list[str]:
+        """Write config.json (weights in ``dtype``) and copy the tokenizer files into ``folder``;
+        returns the names of the files written, so what is reported is what was written (a
+        synthetic tokenizer has no files to copy)."""
+        written = ["config.json"]
         cfg = dict(self.config_json)
         cfg["torch_dtype"] = dtype
         cfg.pop("dtype", None)  # transformers 5's name for it; one key, read by 4 and 5
@@ -111,9 +115,23 @@ class HFExport:
                 path = os.path.join(src_dir, name)
                 if os.path.isfile(path):
                     shutil.copyfile(path, os.path.join(folder, name))
+                    written.append(name)
         if self.chat_template is not None:
             with open(os.path.join(folder, "chat_template.jinja"), "w", encoding="utf-8") as f:
                 f.write(self.chat_template)
+            written.append("chat_template.jinja")
+        return list(dict.fromkeys(written))
+
+
+def files_said(names: list[str]) -> str:
+    """``names`` of a written HF folder, in words for a log line: the tokenizer files
+    counted as such, or said to be absent (a synthetic tokenizer has none)."""
+    tokenizer = [n for n in names if n in TOKENIZER_FILES]
+    rest = [n for n in names if n not in TOKENIZER_FILES]
+    said = ", ".join(rest)
+    if tokenizer:
+        return f"{said}, tokenizer files ({', '.join(tokenizer)})"
+    return f"{said}; no tokenizer files (the job's tokenizer has none: a synthetic one, or a folder without tokenizer.json)"
 
 
 def _tokenizer_dir(config) -> str | None:

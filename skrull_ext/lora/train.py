@@ -31,6 +31,7 @@ import shutil
 import torch.distributed as dist
 from torchtitan.tools.logging import logger
 
+from skrull_ext.hf.folder import files_said
 from skrull_ext.lora.peft_io import merged_hf_state_dict, save_adapter
 
 TORCHTITAN_HF_WEIGHTS = ("model-*-of-*.safetensors", "model.safetensors.index.json", "sharded")
@@ -63,8 +64,8 @@ def save_lora_outputs(trainer, last_hf_folder: str | None = None) -> None:
     dtype = config.checkpoint.export_dtype
     if lora.save_merged:
         folder = os.path.join(config.dump_folder, "lora_merged")
-        trainer.hf_export.write(folder, merged, dtype)
-        logger.info(f"LoRA: merged model written to {folder} (HF folder: weights in {dtype}, config.json, tokenizer)")
+        written = trainer.hf_export.write(folder, merged, dtype)
+        logger.info(f"LoRA: merged model written to {folder} (HF folder, weights in {dtype}: {files_said(written)})")
     if last_hf_folder:
         drop_torchtitan_hf_weights(last_hf_folder)
         trainer.hf_export.write(last_hf_folder, merged, dtype)

@@ -23,7 +23,7 @@ from torchtitan.trainer import Trainer
 import torchtitan_patches
 from skrull_ext.data.overlength import location
 from skrull_ext.hf.checks import check_hf_folder
-from skrull_ext.hf.folder import HFExport
+from skrull_ext.hf.folder import HFExport, files_said
 from skrull_ext.lora import apply_lora
 from skrull_ext.lora.train import save_lora_outputs
 from skrull_ext.train import interrupt, launcher_watch, stop_line
@@ -124,8 +124,8 @@ class JobTrainer(Trainer):
         if folder is None:
             return
         if not dist.is_initialized() or dist.get_rank() == 0:
-            self.hf_export.finish(folder, ckpt.export_dtype)
-            logger.info(f"HF model folder (weights, config.json, tokenizer): {folder}")
+            written = self.hf_export.finish(folder, ckpt.export_dtype)
+            logger.info(f"HF model folder {folder}: the weights, {files_said(written)}")
         if dist.is_initialized():
             dist.barrier()
 

@@ -68,6 +68,20 @@ def test_export_refuses_a_checkpoint_of_another_model(tmp_path, capsys):
     assert "step-1: tensor 'tok_embeddings.weight' has shape [256, 64], but qwen2_5/wider has [256, 128]" \
         in capsys.readouterr().err
     assert main([ckpt, out, "--hf-path", small]) == 0 and os.path.isfile(os.path.join(out, "config.json"))
+    # What it says it wrote is what it wrote: this folder has no tokenizer (it said "tokenizer files").
+    said = capsys.readouterr().out.strip()
+    assert said == (f"wrote {out}: model.safetensors, config.json; no tokenizer files (the "
+                    "job's tokenizer has none: a synthetic one, or a folder without tokenizer.json)")
+    assert not any(name.startswith("tokenizer") for name in os.listdir(out))
+    import shutil
+
+    from skrull_ext import assets
+
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(os.path.join(assets.tokenizer_path("tiny_bpe"), name), small)
+    assert main([ckpt, str(tmp_path / "out2"), "--hf-path", small]) == 0
+    assert capsys.readouterr().out.strip().endswith(
+        "model.safetensors, config.json, tokenizer files (tokenizer.json, tokenizer_config.json)")
 
 
 def test_export_refuses_lora_adapters_it_cannot_scale(tmp_path, capsys):
