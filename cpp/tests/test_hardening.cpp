@@ -291,9 +291,12 @@ static void test_slot_gds_plans_are_valid() {
 
 // Slot GDS on a small case, by hand: one sequence of 300 tokens and five
 // of 100 over DP 2, CP 1, bucket 300. 800 tokens need 3 micro-batches, so 2
-// slots (4 groups). LPT: {300} | {100, 100} | {100, 100} | {100}, slowest
-// first: slot 0 = {300} on rank 0 beside {100, 100} on rank 1; slot 1 =
-// {100, 100} on rank 1 (the rank with less time so far) beside {100}.
+// slots (4 groups). The plain split, LPT: {300} | {100, 100} | {100, 100} |
+// {100}, slowest first: slot 0 = {300} beside {100, 100}, slot 1 = {100,
+// 100} beside {100}; step T(300) + T(200). The leader slot fills the slot of
+// {300} to its time: {100, 100, 100} on rank 1 (300 tokens, fewer FLOPs
+// than one sequence of 300), leaving {100} | {100} for slot 1; step T(300) +
+// T(100), which wins.
 static void test_slot_gds_small_case() {
   const CostModel c = preset();
   Options o;
@@ -309,9 +312,50 @@ static void test_slot_gds_small_case() {
   CHECK(s.dp_rank[1] == 0 && s.micro_batch[1] == 0);
   const auto seqs = [&s](int32_t d, int32_t j) { return s.micro_batches[s.dp_offsets[d] + j].seqs; };
   CHECK(seqs(0, 0) == std::vector<int32_t>({1}));
-  CHECK(seqs(1, 0).size() == 2 && seqs(1, 1).size() == 2 && seqs(0, 1).size() == 1);
-  const double slot0 = s.micro_batches[0].dacp.time_us, slot1 = s.micro_batches[s.dp_offsets[1] + 1].dacp.time_us;
-  CHECK(s.makespan_us == slot0 + slot1);
+  CHECK(seqs(1, 0).size() == 3 && seqs(0, 1).size() == 1 && seqs(1, 1).size() == 1);
+  const double t300 = dacp({300}, c, 1, 300, Placement::kLeastLoad, Rollback::kLongest).time_us;
+  const double t100 = dacp({100}, c, 1, 300, Placement::kLeastLoad, Rollback::kLongest).time_us;
+  CHECK(s.makespan_us == t300 + t100);
+}
+
+// The leader slot on the case it is for: one sequence that fills its CP
+// group's memory beside many short ones (DP 4, CP 8, the 7B shape's
+// BucketSize). The plain split gives the long sequence's slot-mates an
+// average share; the leader slot fills them to its time, so the step is
+// shorter than the plain split's slot time (split_micro_batches with unit
+// dp, as schedule() makes it before trying the leader slot).
+static void test_leader_slot_beats_the_plain_split() {
+  CostModel c = preset();
+  c.shape.layers = 28;
+  c.shape.hidden = 3584;
+  c.shape.kv_width = 512;
+  Options o;
+  o.dp = 4;
+  o.cp = 8;
+  o.bucket_size = 13312;
+  o.slot_gds = true;
+  o.timeline = Timeline::kLockstep;
+  o.dacp_search = DacpSearch::kShardSweep;
+  o.refine = true;
+  o.micro_batch_count = MicroBatchCount::kPredictedTime;
+  uint64_t seed = 11;
+  std::vector<int64_t> in = {max_sequence_length(o.bucket_size, o.cp)};
+  for (int k = 0; k < 255; ++k) in.push_back(200 + static_cast<int64_t>(splitmix(seed) % 6000));
+  const Schedule s = schedule(in, c, o);
+  CHECK(check::schedule_error(in, o, s).empty());
+  std::vector<int32_t> sorted(in.size());
+  std::iota(sorted.begin(), sorted.end(), 0);
+  std::stable_sort(sorted.begin(), sorted.end(), [&in](int32_t a, int32_t b) { return in[a] < in[b]; });
+  std::vector<double> flops;
+  detail::sequence_flops(in.data(), in.size(), c, flops);
+  Workspace ws;
+  const MicroBatchSplit plain = split_micro_batches(in, flops, sorted, c, o, ws, o.dp, Grouping::kLpt);
+  CHECK(plain.feasible);
+  CHECK_MSG(s.makespan_us < 0.98 * plain.score_us,
+            std::to_string(s.makespan_us) + " not below 0.98 x " + std::to_string(plain.score_us));
+  // The long sequence alone sets slot 0, on rank 0; every rank has a slot-0 micro-batch.
+  CHECK(s.dp_rank[0] == 0 && s.micro_batch[0] == 0);
+  for (int32_t i = 0; i < o.dp; ++i) CHECK(s.dp_offsets[i + 1] > s.dp_offsets[i]);
 }
 
 int main() {
@@ -322,6 +366,7 @@ int main() {
   test_golden_digest();
   test_slot_gds_plans_are_valid();
   test_slot_gds_small_case();
+  test_leader_slot_beats_the_plain_split();
   if (skrull_test::failures) return skrull_test::report();
   std::puts("test_hardening: all checks passed");
   return 0;
