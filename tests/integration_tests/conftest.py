@@ -58,9 +58,11 @@ class SkrullRuns:
 
     SHAPES = {
         "cp2": (2, ["--parallelism.context_parallel_degree", "2"]),
-        # Also reduce-scatters gradients once per step (cp2 does it per micro-batch).
+        # Lockstep (free_running off: the default "auto" runs these jobs free-running), and
+        # gradients reduce-scattered once per step (cp2 runs free-running, the default).
         "dp2cp2": (4, ["--parallelism.context_parallel_degree", "2",
-                       "--parallelism.data_parallel_shard_degree", "2", "--skrull.defer_grad_sync"]),
+                       "--parallelism.data_parallel_shard_degree", "2", "--skrull.defer_grad_sync",
+                       "--skrull.no-free_running"]),
         "cp2_worstfit": (2, ["--parallelism.context_parallel_degree", "2", "--skrull.policy", "worstfit"]),
         # The CP-SAT fallback forced on every micro-batch (margin 0): each CP rank solves the same
         # micro-batches in its own process. Under skrull-fast (no shard sweep) CP-SAT replaces the
@@ -90,7 +92,7 @@ class SkrullRuns:
                             "--parallelism.data_parallel_shard_degree", "2", "--skrull.free_running"]),
         "dp2cp2_ac_full": (4, ["--parallelism.context_parallel_degree", "2",
                                "--parallelism.data_parallel_shard_degree", "2", "--skrull.defer_grad_sync",
-                               "--activation_checkpoint.kind", "full"]),
+                               "--skrull.no-free_running", "--activation_checkpoint.kind", "full"]),
         # torchtitan's per-block torch.compile (inductor, fullgraph) around the DACP custom op
         # (attention/compiled.py), without and with full AC (test_compile.py).
         "cp2_compile": (2, ["--parallelism.context_parallel_degree", "2", "--compile.enable"]),
