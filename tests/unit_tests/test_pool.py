@@ -89,6 +89,43 @@ def test_pool_never_predicted_slower_than_skrull(shape):
             assert any(a < b for a, b in zip(pool.group_time_us, skrull.dp_time_us))
 
 
+def priced(model: str, cross: float, b_us: float, fixed_us: float, step_us: float) -> _core.CostModel:
+    """The preset's model with another cross-group factor, per-call overhead and fixed costs."""
+    base = cm.preset(model)
+    comm = base.comm
+    comm.cross_group_factor = cross
+    return _core.CostModel(base.shape, base.a_us_per_flop, b_us, comm, fixed_us, step_us)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(shapes.filter(lambda s: s[1] <= 300),
+       st.sampled_from(["lockstep", "free"]),
+       st.sampled_from(["qwen2.5-0.5b", "qwen2.5-7b", "llama3-debug"]),
+       st.sampled_from([1.0, 2.0, 9.0, 40.0]),  # cross-group factor
+       st.sampled_from([0.0, 30.0, 300.0]),  # b_us
+       st.sampled_from([0.0, 0.0, 200.0, 20000.0]),  # micro_batch_fixed_us
+       st.sampled_from([0.0, 5000.0]))  # step_fixed_us
+def test_pool_step_never_longer_than_skrulls_on_either_timeline(shape, timeline, model, cross, b_us, fixed_us,
+                                                                  step_us):
+    """Issue 36 item 4: on the timeline the job runs, at the cross-group factor it is given, the pool's
+    step is never longer than skrull's; it departs from skrull's plan (its own plan, or sub-group sets)
+    only for a step shorter by more than 1%, never for a faster micro-batch the step does not need."""
+    seed, k, cp, dp, bucket, _ = shape
+    lengths_ = batch(seed, k, bucket, dp, cp, 0.0)  # skrull holds them all too
+    cost = priced(model, cross, b_us, fixed_us, step_us)
+    make = lambda policy: Scheduler(SchedulerConfig(dp=dp, cp=cp, bucket_size=bucket, policy=policy,  # noqa: E731
+                                                    timeline=timeline), cost).schedule(lengths_)
+    pool, skrull = make("skrull-pool"), make("skrull")
+    assert pool.makespan_us <= skrull.makespan_us
+    assert pool.step_time_us(timeline) == pytest.approx(pool.makespan_us, rel=1e-12, abs=1e-9)
+    if not pool.skrull_plan or pool.narrowed:  # a departure: kept for a step shorter by > kPoolMinGain (pool.hpp)
+        assert pool.makespan_us < (1 - 0.01) * skrull.makespan_us
+    else:  # skrull's plan as it is
+        assert pool.makespan_us == skrull.makespan_us
+        assert [(mb.slot, mb.first_group, mb.seqs, mb.num_ranks) for mb in pool.micro_batches] == [
+            (mb.slot, mb.first_group, mb.seqs, mb.num_ranks) for mb in skrull.micro_batches]
+
+
 @pytest.mark.parametrize("dp,cp,bucket", [(4, 8, 26624), (3, 4, 1000), (16, 2, 4096)])
 def test_sequence_between_group_and_world_limit_is_planned_whole(dp, cp, bucket):
     group = _core.max_sequence_length(bucket, cp)

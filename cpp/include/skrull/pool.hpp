@@ -23,16 +23,21 @@
 //     group's share is split into micro-batches by skrull's GDS + DACP
 //     (split_micro_batches, the same options).
 //  3. When every sequence fits a CP group, skrull's own plan (schedule()) is
-//     the other candidate, and the faster predicted plan wins, ties to
-//     skrull's: the pool plan is never predicted slower than skrull's.
+//     the other candidate, and it wins unless the pool's predicts the step
+//     shorter by more than kPoolMinGain: the pool plan is never predicted
+//     slower than skrull's.
 //  4. Sub-group sets, in every one-group micro-batch of the plan kept: each
 //     sequence sharded over the whole group, longest first, moves to the
 //     aligned block of k < cp ranks that fits in memory and predicts the
 //     micro-batch fastest, if strictly faster than the whole group
 //     (pool_narrow). Narrowing helps where the exchange weighs: a k-rank
 //     exchange moves less per rank, and the ranks outside the block drop
-//     it and its compute. Micro-batch times only fall, so step 3's promise
-//     holds; the slots are then re-timed.
+//     it and its compute. Kept only where the step needs it: the narrowed
+//     plan only if its step is strictly shorter, then each micro-batch set
+//     back whose narrowing the step does not need (narrow_for_the_step). A
+//     faster micro-batch off the step's critical path is no gain, and its
+//     price rests on assumptions a different model may not share; so step
+//     3's promise holds per step, never per micro-batch.
 //
 // Time: on the job's timeline (timeline.hpp). Free-running, every group
 // runs its micro-batches in slot order and a micro-batch on a block starts
@@ -69,6 +74,15 @@
 #include "skrull/workspace.hpp"
 
 namespace skrull {
+
+// A departure from skrull's plan (the pool's own plan in step 3, sub-group
+// sets in step 4) is kept only when it predicts the step shorter by more
+// than this fraction of it. Smaller gains are within what the pool's own
+// pricing assumptions (a narrower ring's share of the bytes, the cross-group
+// factor) can get wrong: scored on a model with other coefficients, plans
+// that gained 0.03-0.2% here came out up to 0.3% slower than skrull's
+// (docs/design/cost_model.md, "skrull-pool against skrull").
+constexpr double kPoolMinGain = 0.01;
 
 namespace detail {
 
@@ -265,6 +279,63 @@ inline int32_t pool_narrow(PlanMicroBatch& mb, const std::vector<int64_t>& lengt
   return narrowed;
 }
 
+// Most narrowed micro-batches narrow_for_the_step tries to set back one by
+// one (each try replays the slots, O(M log M) for M micro-batches); beyond
+// it the others stay narrowed. Real plans narrow a few.
+constexpr size_t kMaxNarrowRevertTries = 256;
+
+// Step 4 at the level of the step: narrows every one-group micro-batch
+// (pool_narrow), keeps the result only if the step on the job's timeline
+// gets shorter by more than kPoolMinGain, and then sets back, one at a time
+// in plan order, each narrowed micro-batch whose own narrowing the step
+// does not need (the step is no longer without it). A micro-batch faster off the critical path
+// (a slot's non-slowest on lockstep, a group with slack free-running) buys
+// nothing, and a narrower set is priced by assumption (the ring share, the
+// table measured on whole groups): kept only for a shorter step, it cannot
+// make the step longer under the model than the plan it came from, and it
+// leaves skrull's placements where they do not pay. Expects `out` indexed
+// and timed; leaves it timed. Returns the sequences left narrowed.
+inline int32_t narrow_for_the_step(Plan& out, const std::vector<double>& flops, const CostModel& cost,
+                                   const Options& opt) {
+  const auto retime = [&]() { retime_plan(out, opt.timeline, cost.micro_batch_fixed_us, cost.step_fixed_us); };
+  const double before = out.makespan_us;
+  NarrowScratch scratch;
+  std::vector<size_t> changed;
+  std::vector<int32_t> count;
+  std::vector<PlanMicroBatch> was;
+  PlanMicroBatch copy;
+  for (size_t m = 0; m < out.micro_batches.size(); ++m) {
+    PlanMicroBatch& mb = out.micro_batches[m];
+    if (mb.groups != 1 || opt.cp < 3) continue;
+    copy = mb;
+    const int32_t k = pool_narrow(mb, out.lengths, flops, cost, opt.cp, opt.bucket_size, scratch);
+    if (k == 0) continue;
+    changed.push_back(m);
+    count.push_back(k);
+    was.push_back(std::move(copy));
+  }
+  if (changed.empty()) return 0;
+  retime();
+  if (!(out.makespan_us < before * (1.0 - kPoolMinGain))) {  // no shorter step: every micro-batch as it was
+    for (size_t i = 0; i < changed.size(); ++i) std::swap(out.micro_batches[changed[i]], was[i]);
+    retime();
+    return 0;
+  }
+  int32_t narrowed = 0;
+  for (size_t i = 0; i < changed.size(); ++i) {
+    double now = out.makespan_us;
+    if (i < kMaxNarrowRevertTries) {
+      std::swap(out.micro_batches[changed[i]], was[i]);  // as it was
+      retime();
+      if (out.makespan_us <= now) continue;  // the step does not need it
+      std::swap(out.micro_batches[changed[i]], was[i]);  // narrowed again
+      retime();
+    }
+    narrowed += count[i];
+  }
+  return narrowed;
+}
+
 }  // namespace detail
 
 // Plans one global batch over the dp x cp world as one pool (see the top of
@@ -375,13 +446,12 @@ inline Plan schedule_pool(const std::vector<int64_t>& input, const CostModel& co
     is_wide[k] = 1;
   }
   // 4. Sub-group sets in the one-group micro-batches of the plan kept (see
-  // pool_narrow), then the slots replayed with the new times.
+  // pool_narrow), kept only where they shorten the step (narrow_for_the_step).
   const auto finish = [&]() {
-    detail::NarrowScratch scratch;
-    for (PlanMicroBatch& mb : out.micro_batches)
-      out.narrowed += detail::pool_narrow(mb, out.lengths, flops, cost, cp, opt.bucket_size, scratch);
     detail::index_plan(out);
     detail::retime_plan(out, opt.timeline, cost.micro_batch_fixed_us, cost.step_fixed_us);
+    out.narrowed = detail::narrow_for_the_step(out, flops, cost, opt);
+    detail::index_plan(out);
     out.elapsed_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
   };
   if (wide.empty() && fits_groups) {  // nothing to widen: skrull's plan as is
@@ -497,8 +567,9 @@ inline Plan schedule_pool(const std::vector<int64_t>& input, const CostModel& co
   out.slots = *std::max_element(next_slot.begin(), next_slot.end());
   detail::retime_plan(out, opt.timeline, cost.micro_batch_fixed_us, cost.step_fixed_us);
 
-  // 3. Skrull's plan when it predicts no slower (both on the job's timeline).
-  if (skrull_us <= out.makespan_us) adopt_skrull_plan();
+  // 3. Skrull's plan unless the pool's predicts a step shorter by more than
+  // kPoolMinGain (both on the job's timeline).
+  if (!(out.makespan_us < skrull_us * (1.0 - kPoolMinGain))) adopt_skrull_plan();
   finish();
   return out;
 }
