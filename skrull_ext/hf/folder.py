@@ -61,7 +61,10 @@ class HFExport:
 
     @classmethod
     def for_job(cls, config) -> HFExport:
-        """What a job's HF folders carry besides the weights (any job)."""
+        """What a job's HF folders carry besides the weights (any job). Call it before
+        torchtitan's trainer is built: it shrinks the RoPE cache (``max_seq_len``) to
+        ``training.seq_len``, and a config.json written from the shrunk spec says
+        ``max_position_embeddings`` 512 beside a rope_scaling of 8192 (transformers warns)."""
         source = config.hf_assets_path or None
         if source and os.path.isfile(os.path.join(source, "config.json")):
             config_json = read_hf_config(source)
@@ -82,14 +85,12 @@ class HFExport:
         tokenizer = folder if os.path.isfile(os.path.join(folder, "tokenizer.json")) else None
         return cls(read_hf_config(folder), tokenizer, folder)
 
-    @classmethod
-    def of_job(cls, config) -> HFExport | None:
-        """``for_job`` when the job writes a HF folder when it ends (its last checkpoint
-        in HF format, or a LoRA run's merged model), else None."""
+    @staticmethod
+    def written_at_end(config) -> bool:
+        """Whether the job writes a HF folder when it ends (its last checkpoint in HF
+        format, or a LoRA run's merged model)."""
         ckpt, lora = config.checkpoint, getattr(config, "lora", None)
-        last_save = ckpt.enable and ckpt.last_save_in_hf
-        merged = lora is not None and lora.enable and lora.save_merged
-        return cls.for_job(config) if last_save or merged else None
+        return (ckpt.enable and ckpt.last_save_in_hf) or (lora is not None and lora.enable and lora.save_merged)
 
     def write(self, folder: str, tensors: dict[str, torch.Tensor], dtype: str) -> list[str]:
         """Write ``tensors`` (HF keys) as ``folder``/model.safetensors in ``dtype``, then ``finish``;

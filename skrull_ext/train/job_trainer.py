@@ -73,8 +73,10 @@ class JobTrainer(Trainer):
         if ckpt.enable and ckpt.initial_load_in_hf and ckpt.initial_load_path:
             check_hf_folder(ckpt.initial_load_path, config.model_spec)  # a bad folder fails before any model
         check_continue(config)  # a HF last save cannot continue a run: one line naming checkpoint.load_step
-        self.hf_export = HFExport.of_job(config)  # before the trainer shrinks the RoPE cache
-        """What the HF folders the run writes when it ends carry besides weights (None: it writes none)."""
+        self.hf_files = HFExport.for_job(config)  # before the trainer shrinks the RoPE cache
+        """What any HF folder the run writes carries besides weights (validation's best model too)."""
+        self.hf_export = self.hf_files if HFExport.written_at_end(config) else None
+        """``hf_files`` when the run writes a HF folder when it ends (None: it writes none)."""
         self.stopped_step: tuple[int, int] | None = None
         """(step, samples read) of a step stopped before its optimizer step (non-finite loss)."""
         super().__init__(config)

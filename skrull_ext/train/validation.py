@@ -221,8 +221,9 @@ class Validation:
         fresh = folder + ".tmp"
         if write:
             shutil.rmtree(fresh, ignore_errors=True)
-        save_merged(trainer.model_parts[0], config.model_spec, fresh, HFExport.for_job(config),
-                    config.checkpoint.export_dtype, write=write)
+        files = getattr(trainer, "hf_files", None) or HFExport.for_job(config)  # made before the RoPE cache shrank
+        save_merged(trainer.model_parts[0], config.model_spec, fresh, files, config.checkpoint.export_dtype,
+                    write=write)
         if write:
             with open(os.path.join(fresh, "validation.json"), "w") as f:
                 f.write(f'{{"step": {r.step}, "loss": {r.loss!r}, "loss_tokens": {r.loss_tokens}}}\n')

@@ -97,6 +97,14 @@ def test_validation_loss_matches_reference(runs):
         got = logged[step // 2 - 1]
         print(f"validation loss at step {step}: logged {got:.7f}, reference {want:.7f} (diff {abs(got - want):.3g})")
         assert abs(got - want) <= TOL
+    # The best folder's config.json is the model's (context 131072 beside rope_scaling's 8192), as the last
+    # save's: it was written from the spec after torchtitan shrank the RoPE cache to 512, and transformers warned.
+    configs = []
+    for folder in (best, os.path.join(run.dump, "checkpoint", f"step-{STEPS}")):
+        with open(os.path.join(folder, "config.json")) as f:
+            configs.append(json.load(f))
+    assert configs[0]["max_position_embeddings"] == configs[1]["max_position_embeddings"] == 131072
+    assert configs[0] == configs[1]
     lines = [line.split(" - ")[-1] for line in run.output.splitlines() if "INFO - validation step" in line]
     print("\n".join(lines))
     assert len(lines) == 2 and lines[-1].startswith(f"validation step {STEPS}: loss")
