@@ -133,7 +133,9 @@ def job_config(config_file: str | None, hf_path: str | None):
 
 def main(argv: list[str] | None = None) -> int:
     from skrull_ext.hf.folder import files_said
+    from torchtitan_patches import logs
 
+    logs.install()  # without torchtitan's warnings about its own defaults (initial_load_model_only, ...)
     ap = argparse.ArgumentParser(prog="python -m skrull_ext.export", description=__doc__.split("\n\n")[0])
     ap.add_argument("checkpoint_dir", help="a DCP checkpoint step folder, e.g. outputs/job/checkpoint/step-500")
     ap.add_argument("out_dir", help="the HF folder to write")

@@ -168,7 +168,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from skrull_ext.profile.model import build_job_model
     from skrull_ext.train.job_file import load_config
+    from torchtitan_patches import logs
 
+    logs.install()  # without torchtitan's warnings about its own defaults
     p = argparse.ArgumentParser(prog="python -m skrull_ext.profile.check", description=main.__doc__)
     p.add_argument("--config-file", required=True, help="the job TOML the profile was measured for")
     p.add_argument("--profile", required=True, help="the profile TOML to check (written by skrull_ext.profile)")

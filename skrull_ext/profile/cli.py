@@ -134,7 +134,9 @@ def failures(compute, check, max_held_out: float, max_packed: float, micro_batch
                    f"--max-packed-error {max_packed:.0%} (the scheduler predicts a micro-batch as the sum of "
                    "its documents)")
     if check is not None and not check.ok:
-        out.append("BucketSize check: a buffer of BucketSize tokens used more memory than the budget")
+        out.append("BucketSize check: a buffer of BucketSize tokens used more memory than the budget; a job "
+                   "refuses to take bucket_size = 'profile' from this file (re-profile with a lower --memory-limit "
+                   "or a larger --margin)")
     return out
 
 
@@ -153,7 +155,9 @@ def main(argv: list[str] | None = None) -> int:
     from skrull_ext.profile.ranks import is_main
     from skrull_ext.profile.writer import Profile, report, write
     from skrull_ext.train.job_file import load_config
+    from torchtitan_patches import logs
 
+    logs.install()  # torchtitan's warnings about its own defaults (HF assets path, initial_load_model_only) dropped
     t0 = time.perf_counter()
     argv = sys.argv[1:] if argv is None else argv
     args, job_args = _parser().parse_known_args(argv)
