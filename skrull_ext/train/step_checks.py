@@ -137,10 +137,20 @@ class RatioSpread:
         return f"median x{s['median']:.2f}, p10-p90 x{s['p10']:.2f}-{s['p90']:.2f} over {s['steps']:.0f} steps"
 
 
+def micro_batches_said(m: dict[str, float]) -> str:
+    """The step's micro-batches, saying whose: the plan's over all DP ranks, this DP
+    rank's and the busiest one's (a DP rank runs its own; the others pad to the
+    busiest, unless free-running)."""
+    total, mine, most = (int(m[f"skrull/{k}"]) for k in ("micro_batches", "rank_micro_batches", "max_micro_batches"))
+    if total == mine:
+        return f"{total} micro-batches (all on this DP rank)"
+    return f"{total} micro-batches over all DP ranks ({mine} on this one, {most} on the busiest)"
+
+
 def step_log_line(step: int, m: dict[str, float]) -> str:
     """The one console line Skrull adds per logged step."""
     return (
-        f"skrull step {step}: {m['skrull/micro_batches']:.0f} micro-batches, local "
+        f"skrull step {step}: {micro_batches_said(m)}, local "
         f"{100 * m['skrull/local_seq_share']:.0f}% of seqs / {100 * m['skrull/local_token_share']:.0f}% of tokens, "
         f"predicted {m['skrull/predicted_us'] / 1e3:.2f} ms, measured {m['skrull/measured_us'] / 1e3:.1f} ms "
         f"(x{m['skrull/measured_over_predicted']:.2f}"

@@ -58,3 +58,19 @@ def test_gds_digest_ignores_cp_placement_only():
     assert gds_digest(a) == gds_digest(b) and a.digest() == b.digest()
     b.first_rank[0] += 1  # another rank set, same micro-batch
     assert gds_digest(a) == gds_digest(b) and a.digest() != b.digest()
+
+
+def test_the_step_line_says_whose_micro_batches_it_counts():
+    """The step line said "N micro-batches" without saying per rank or in all."""
+    from skrull_ext.train.step_checks import micro_batches_said
+
+    def said(total, mine, most):
+        return micro_batches_said({"skrull/micro_batches": total, "skrull/rank_micro_batches": mine,
+                                   "skrull/max_micro_batches": most})
+
+    assert said(8, 8, 8) == "8 micro-batches (all on this DP rank)"
+    assert said(9, 4, 5) == "9 micro-batches over all DP ranks (4 on this one, 5 on the busiest)"
+    s = Scheduler(SkrullConfig(bucket_size=256, cost_model="h100-assumed").scheduler_config(2, 1),
+                  cost_model.preset("llama3-debug"))
+    summary = s.schedule([200, 180, 150, 120, 90, 60, 40, 30]).summary()
+    assert summary["micro_batches"] >= summary["max_micro_batches"] >= 1  # in all, and the busiest DP rank's
