@@ -119,7 +119,7 @@ inline Schedule schedule(const std::vector<int64_t>& input, const CostModel& cos
     std::vector<int32_t> rest;
     const std::vector<int32_t>* split_of = &sorted;  // what `split`'s positions index
     bool lead = false;
-    if (leader_slot_worth_trying(split.group_us, opt.dp) &&
+    if (leader_slot_worth_trying(split.group_us, opt.dp, cost.micro_batch_fixed_us) &&
         leader_slot(out.lengths, flops, sorted, cost, opt, ws, head, rest) &&
         head.score_us + slots_lower_bound_us(out.lengths, flops, rest, cost, opt) < split.score_us) {
       MicroBatchSplit tail = split_micro_batches(out.lengths, flops, rest, cost, opt, ws, opt.dp, Grouping::kLpt);

@@ -103,14 +103,16 @@ constexpr int32_t kLeaderSlotTries = 2;
 
 // Whether the leader slot can pay against a plain split: its first slot's
 // groups (the dp slowest) must leave room under the slowest, on average more
-// than kLeaderSlotSlack of it, and the split must have a later slot.
+// than kLeaderSlotSlack of its variable part (its time less the fixed cost
+// every micro-batch pays, `fixed_us`, so that cost does not decide), and the
+// split must have a later slot.
 constexpr double kLeaderSlotSlack = 0.05;
-inline bool leader_slot_worth_trying(std::vector<double> group_us, int32_t dp) {
+inline bool leader_slot_worth_trying(std::vector<double> group_us, int32_t dp, double fixed_us) {
   if (static_cast<int64_t>(group_us.size()) <= dp) return false;
   std::partial_sort(group_us.begin(), group_us.begin() + dp, group_us.end(), std::greater<double>());
   double idle = 0.0;
   for (int32_t i = 1; i < dp; ++i) idle += group_us[0] - group_us[i];
-  return idle > kLeaderSlotSlack * group_us[0] * (dp - 1);
+  return idle > kLeaderSlotSlack * std::max(0.0, group_us[0] - fixed_us) * (dp - 1);
 }
 
 // A lower bound on the slot time of any slot split of `seqs` over dp x cp
