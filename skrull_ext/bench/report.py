@@ -3,7 +3,11 @@
 Speedup is the paper's figure: mean iteration time of the reference policy
 over the policy's, per dataset x model cell; "average" is the arithmetic
 mean over cells, "peak" the largest. Gap to bound is the mean over
-iterations of time / bound - 1.
+iterations of time / bound - 1, every policy against the bound of the job's
+global batch (``ScenarioResult.gap_to_bound``): the classic bound, and on a
+lockstep timeline the lockstep-aware one too (skrull_ext/sim/bound.py).
+``winner_line`` names the fastest policy a job can run; ``legend`` says
+what each row and column is.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
+from skrull_ext.scheduler.config import POLICIES
+from skrull_ext.sim.policies import SIM_POLICIES
 from skrull_ext.sim.simulator import ScenarioResult
 
 REFERENCES = ("baseline", "sorted", "unpacked")
@@ -38,6 +44,16 @@ def policies_of(results: Sequence[ScenarioResult]) -> list[str]:
     return [p for p in results[0].per_policy if p != "bound"] if results else []
 
 
+def runnable(policy: str) -> bool:
+    """Whether a job can pick it: a ``[skrull] policy`` (the scheduler's POLICIES). The others are
+    references (what torchtitan, DeepSpeed, LongAlign or ChunkFlow users run) or variants."""
+    return policy in POLICIES
+
+
+def _lockstep(results: Sequence[ScenarioResult]) -> bool:
+    return bool(results) and results[0].scenario.shape.timeline == "lockstep"
+
+
 def cell_rows(results: Sequence[ScenarioResult]) -> list[dict]:
     """One row per (cell, policy) with every per-cell figure."""
     rows = []
@@ -54,6 +70,7 @@ def cell_rows(results: Sequence[ScenarioResult]) -> list[dict]:
             if p != "bound":
                 row.update({
                     "gap_to_bound": r.gap_to_bound(p),
+                    "gap_to_classic_bound": r.gap_to_bound(p, classic=True),
                     "peak_tokens": max(m.peak_tokens for m in ms),
                     "mean_peak_share": statistics.fmean(m.mean_peak_tokens for m in ms) / bucket,
                     "comm_gb_per_iter": statistics.fmean(m.comm_bytes for m in ms) / 1e9,
@@ -77,6 +94,9 @@ def summary(results: Sequence[ScenarioResult]) -> dict:
     models = sorted({r.scenario.model for r in results})
     for p in policies_of(results):
         s: dict = {"gap_to_bound": statistics.fmean(r.gap_to_bound(p) for r in results),
+                   "gap_to_classic_bound": statistics.fmean(r.gap_to_bound(p, classic=True) for r in results),
+                   "worst_gap_to_classic_bound": max(r.gap_to_bound(p, classic=True) for r in results),
+                   "runnable": runnable(p),
                    "overflow_micro_batches": sum(m.overflow for r in results for m in r.per_policy[p]),
                    "scheduler_ms": statistics.fmean(m.scheduler_us for r in results for m in r.per_policy[p]) / 1e3}
         for ref in REFERENCES:
@@ -108,15 +128,18 @@ def summary_markdown(results: Sequence[ScenarioResult]) -> str:
     s = summary(results)
     models = sorted({r.scenario.model for r in results})
     refs = [ref for ref in REFERENCES if results and ref in results[0].per_policy]
-    head = ["policy", "vs baseline avg", "peak", *[f"{m} avg" for m in models],
-            *[f"vs {ref} avg" for ref in refs if ref != "baseline"], "gap to bound", "overflow mbs", "sched ms"]
+    lockstep = _lockstep(results)
+    head = ["policy", "job can run", "vs baseline avg", "peak", *[f"{m} avg" for m in models],
+            *[f"vs {ref} avg" for ref in refs if ref != "baseline"], "gap to classic bound",
+            *(["gap to lockstep-aware bound"] if lockstep else []), "overflow mbs", "sched ms"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for p, v in s["policies"].items():
         b = v.get("vs_baseline", {})
-        cells = [p, _fmt(b.get("average"), ".2f") + "x", _fmt(b.get("peak"), ".2f") + "x",
-                 *[_fmt(b.get(m), ".2f") + "x" for m in models],
+        cells = [p, "yes" if v["runnable"] else "no", _fmt(b.get("average"), ".2f") + "x",
+                 _fmt(b.get("peak"), ".2f") + "x", *[_fmt(b.get(m), ".2f") + "x" for m in models],
                  *[_fmt(v.get(f"vs_{ref}", {}).get("average"), ".2f") + "x" for ref in refs if ref != "baseline"],
-                 f"{100 * v['gap_to_bound']:.1f}%", str(v["overflow_micro_batches"]), f"{v['scheduler_ms']:.1f}"]
+                 f"{100 * v['gap_to_classic_bound']:.1f}%", *([f"{100 * v['gap_to_bound']:.1f}%"] if lockstep else []),
+                 str(v["overflow_micro_batches"]), f"{v['scheduler_ms']:.1f}"]
         lines.append("| " + " | ".join(cells) + " |")
     if s["skrull_vs_paper"]:
         lines += ["", "| cell | shape | skrull-paper ms | skrull ms | skrull speedup |", "|---|---|---|---|---|"]
@@ -148,13 +171,20 @@ def paper_markdown(results: Sequence[ScenarioResult]) -> str:
 
 
 def matrix_markdown(results: Sequence[ScenarioResult]) -> str:
-    """Cells x policies: speedup over baseline, and skrull's gap to the bound."""
+    """Cells x policies: speedup over baseline; both bounds (mean ms) and skrull's gap to each."""
     pols = policies_of(results)
-    head = ["cell", "shape", "truncated", *pols, "skrull gap"]
+    lockstep = _lockstep(results)
+    head = ["cell", "shape", "truncated", *pols, "classic bound ms",
+            *(["lockstep-aware bound ms"] if lockstep else []), "skrull gap (classic)",
+            *(["skrull gap (lockstep-aware)"] if lockstep else [])]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
-        gap = f"{100 * r.gap_to_bound('skrull'):.1f}%" if "skrull" in r.per_policy else "-"
-        cells = [_cell(r), _shape(r), str(r.truncated), *[f"{r.speedup(p, 'baseline'):.2f}x" for p in pols], gap]
+        has = "skrull" in r.per_policy
+        cells = [_cell(r), _shape(r), str(r.truncated), *[f"{r.speedup(p, 'baseline'):.2f}x" for p in pols],
+                 f"{statistics.fmean(r.classic_bounds_us) / 1e3:.1f}",
+                 *([f"{statistics.fmean(r.bounds_us) / 1e3:.1f}"] if lockstep else []),
+                 f"{100 * r.gap_to_bound('skrull', classic=True):.1f}%" if has else "-",
+                 *([f"{100 * r.gap_to_bound('skrull'):.1f}%" if has else "-"] if lockstep else [])]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -182,10 +212,10 @@ def pool_markdown(results: Sequence[ScenarioResult]) -> str:
         if "skrull-pool-capped" in have:
             sp.append(r.speedup("skrull-pool-capped", "skrull"))
             cells += [f"{r.mean_time_us('skrull-pool-capped') / 1e3:.1f}", f"{sp[-1]:.3f}x",
-                      f"{100 * r.gap_to_bound('skrull-pool-capped'):.1f}%"]
+                      f"{100 * r.gap_to_own_bound('skrull-pool-capped'):.1f}%"]
         if "skrull-pool" in have:
             cells += [f"{r.mean_time_us('skrull-pool') / 1e3:.1f}", str(r.truncated_by_policy.get("skrull-pool", 0)),
-                      f"{100 * r.gap_to_bound('skrull-pool'):.1f}%"]
+                      f"{100 * r.gap_to_own_bound('skrull-pool'):.1f}%"]
         lines.append("| " + " | ".join(cells) + " |")
     if sp:
         lines.append(f"| **speedup over skrull, like for like** | | | | | **average {statistics.fmean(sp):.3f}x, "
@@ -196,7 +226,8 @@ def pool_markdown(results: Sequence[ScenarioResult]) -> str:
 def detail_markdown(results: Sequence[ScenarioResult]) -> str:
     cols = [("dataset", "dataset", "s"), ("model", "model", "s"), ("shape", "DPxCPxBS, C", "s"),
             ("policy", "policy", "s"), ("mean_ms", "mean ms", ".1f"), ("p95_ms", "p95 ms", ".1f"),
-            ("speedup_vs_baseline", "vs baseline", ".2f"), ("gap_to_bound", "gap to bound", ".1%"),
+            ("speedup_vs_baseline", "vs baseline", ".2f"), ("gap_to_classic_bound", "gap to classic bound", ".1%"),
+            ("gap_to_bound", "gap to timeline's bound", ".1%"),
             ("peak_tokens", "peak tokens", "d"), ("mean_peak_share", "mean peak / C", ".0%"),
             ("comm_gb_per_iter", "comm GB/iter", ".2f"), ("local_share", "local seqs", ".0%"),
             ("overflow_micro_batches", "overflow mbs", "d"), ("max_micro_batches", "max mbs", "d"), ("dp_imbalance", "DP imbalance", ".3f"),
@@ -205,6 +236,69 @@ def detail_markdown(results: Sequence[ScenarioResult]) -> str:
     for row in cell_rows(results):
         lines.append("| " + " | ".join(_fmt(row.get(k), f) if k in row else "-" for k, _, f in cols) + " |")
     return "\n".join(lines)
+
+
+NOT_A_JOB_POLICY: dict[str, str] = {
+    "sorted": "it regroups samples across steps (LongAlign), so each optimizer step trains other samples than the "
+              "job's; no [skrull] policy changes what a step trains",
+    "sorted+skrull": "it regroups samples across steps as sorted does, then plans each with skrull",
+    "skrull-pool-capped": "skrull-pool on the sequences cut at C x CP, the like-for-like comparison with skrull; "
+                          "a job gets it from skrull-pool where no sequence is longer than C x CP",
+    "chunkflow": "ChunkFlow's chunked execution, which the trainer does not implement",
+}
+"""Why a row that is not a [skrull] policy is in the table (the others: what torchtitan or DeepSpeed run)."""
+
+
+def _not_a_policy(p: str) -> str:
+    return NOT_A_JOB_POLICY.get(p, "a reference: what torchtitan or DeepSpeed users run")
+
+
+def winner_line(results: Sequence[ScenarioResult]) -> str:
+    """One line: the fastest policy a job can run (highest average speed-up over baseline), where it
+    wins, and why any faster row is not one a job can pick."""
+    s = summary(results)["policies"]
+    speed = {p: v["vs_baseline"]["average"] for p, v in s.items() if "vs_baseline" in v}
+    mine = [p for p in speed if runnable(p)]
+    if not mine:
+        return ""
+    best = max(mine, key=lambda p: (speed[p], p == "skrull"))
+    wins = sum(1 for r in results if min(mine, key=r.mean_time_us) == best)
+    line = (f"fastest policy a job can run: {best}, {speed[best]:.2f}x the baseline on average (the fastest "
+            f"[skrull] policy in {wins} of {len(results)} cells; [skrull] policy = \"{best}\", "
+            f"{results[0].scenario.shape.timeline} timeline)")
+    cut = sum(r.truncated for r in results)
+    if SIM_POLICIES[best].world and cut:
+        line += f"; it trains whole the {cut:,} sequences the other rows cut at C x CP"
+    faster = sorted((p for p in speed if not runnable(p) and speed[p] > speed[best]), key=lambda p: -speed[p])
+    if faster:
+        line += ". Faster, but not a policy a job can pick: " + "; ".join(
+            f"{p} ({speed[p]:.2f}x): {_not_a_policy(p)}" for p in faster)
+    return line + "."
+
+
+def legend(results: Sequence[ScenarioResult]) -> str:
+    """What the rows and columns of the tables are."""
+    lockstep = _lockstep(results)
+    rows = []
+    for p in policies_of(results):
+        how = f'[skrull] policy = "{p}"' if runnable(p) else f"not a [skrull] policy: {_not_a_policy(p)}"
+        rows.append(f"- {p}: {SIM_POLICIES[p].description} ({how})")
+    cols = [
+        "- job can run: whether [skrull] policy can name it",
+        "- vs X avg / peak: mean iteration time of X over the policy's, per cell; average (peak) over cells",
+        "- gap to classic bound: mean over iterations of time / bound - 1, against the larger of all work spread "
+        "over DP x CP ranks and the longest sequence alone, for the job's global batch (a policy that regroups "
+        "samples across steps: its mean time over the mean bound); below 0 where a policy does what the bound "
+        "rules out (sorted's regrouping, skrull-pool's sets over several CP groups)",
+        *(["- gap to lockstep-aware bound: the same against the larger of the classic bound and the longest "
+           "sequence's slot plus the slots the tokens that slot cannot hold need (skrull_ext/sim/bound.py): what "
+           "any lockstep plan of the job's batch pays"] if lockstep else []),
+        "- classic / lockstep-aware bound ms (per cell): each bound of the job's global batches, mean over "
+        "iterations; skrull gap (...): skrull's gap to each",
+        "- overflow mbs: micro-batches over the capacity (--capacity, default BucketSize)",
+        "- sched ms: the planner's wall time per iteration",
+    ]
+    return "\n".join(["Rows:", *rows, "Columns:", *cols])
 
 
 def truncation_warning(results: Sequence[ScenarioResult]) -> str:
@@ -232,7 +326,9 @@ def markdown(results: Sequence[ScenarioResult], meta: dict) -> str:
         f"timeline {meta.get('timeline', 'free')} (docs/design/cost_model.md); wall time {meta['wall_s']:.0f} s.", "",
         *([f"**{warning}**", ""] if warning else []),
         "## Summary over cells (speedup = mean iteration time of the reference / policy's)", "",
+        winner_line(results), "",
         summary_markdown(results), "",
+        legend(results), "",
         "## Against the paper's figures (DeepSpeed figures shown on the baseline and unpacked rows)", "",
         paper_markdown(results), "",
         "## Speedup over baseline per cell", "", matrix_markdown(results), "",

@@ -6,8 +6,13 @@
     python -m skrull_ext.bench simulate --lengths my_data.lengths.txt     # your own lengths, one per line
 
 Writes results.md, results.json, speedup.png and iteration_time.png to
---out and prints the summary tables. baseline and bound always run: every
-speedup and gap is relative to them. Defaults finish in well under two
+--out and prints one line naming the fastest policy a job can run, the
+summary tables and a legend of their rows and columns. baseline and bound
+always run: every speedup and gap is relative to them. Gaps are to two
+bounds of the job's global batches: the classic one (all work spread over
+the world, or the longest sequence alone) and, on lockstep, the
+lockstep-aware one (the longest sequence's slot, then the slots the rest
+needs); skrull_ext/sim/bound.py. Defaults finish in well under two
 minutes on two cores. Sequences longer than a CP group holds are cut
 before planning; a run that cut any prints a warning line naming the cells
 and counts above the tables (and in results.md).
@@ -116,10 +121,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"hardware profile: {profile.label}; timeline {args.timeline}\n")  # measured file or the assumed H100
     if warning := report.truncation_warning(results):
         print(warning + "\n")
+    if winner := report.winner_line(results):
+        print(winner + "\n")
     print(report.summary_markdown(results))
     print()
     print(report.matrix_markdown(results))
     if pool := report.pool_markdown(results):
         print("\n" + pool)
+    print("\n" + report.legend(results))
     print(f"\nwrote {', '.join(str(p) for p in written)} ({meta['wall_s']:.0f} s)")
     return 0

@@ -17,10 +17,20 @@ Built only from the core's cost-model functions. Two terms, the larger wins:
   paying its K/V exchange (needs a non-decreasing comm table, as the core's
   ``micro_batch_lower_bound_us``).
 
-On a lockstep timeline (config.TIMELINES) a third term: the longest
-sequence's slot plus the slots the tokens it cannot share its slot with
-need (``lockstep_bound_us``). Every lockstep step is at least as long as
-the same plan free-running, so the first two terms hold there too.
+The larger of the two is the **classic bound** (``classic_bound_us``): it
+holds on every timeline. On a lockstep timeline (config.TIMELINES) a third
+term, the **lockstep-aware bound** (``lockstep_bound_us``): the longest
+sequence's slot, then the slots the tokens that slot cannot hold need
+(at least the issue-36 definition: the longest sequence's slot time plus
+the linear cost, spread over the world, of the tokens one slot of C per
+rank cannot hold; this one also counts those tokens' attention, pro rata,
+and each further slot's call overhead). Every lockstep step is at least as
+long as the same plan free-running, so the classic terms hold there too.
+``lower_bound_us`` is the largest that holds on the timeline; ``bench
+simulate`` prints the gap to both (docs/benchmarks.md, section 4).
+
+Every term adds the cost model's ``step_fixed_us``: a step pays it once,
+whatever its plan (0 on the assumed H100 and under lockstep execution).
 
 No plan can beat it under the cost model; it is not always reachable.
 
@@ -47,7 +57,7 @@ def work_bound_us(lengths: Sequence[int], cost: CostModel, dp: int, cp: int, buc
     min_micro_batches = math.ceil(sum(lengths) / (bucket_size * cp))
     calls = max(1.0, min_micro_batches / dp)
     return (cost.shape.layers * (cost.a_us_per_flop * total_flops / (dp * cp) + cost.b_us * calls)
-            + cost.micro_batch_fixed_us * calls)
+            + cost.micro_batch_fixed_us * calls + cost.step_fixed_us)
 
 
 def longest_bound_us(lengths: Sequence[int], cost: CostModel, cp: int, bucket_size: int) -> float:
@@ -60,7 +70,12 @@ def longest_bound_us(lengths: Sequence[int], cost: CostModel, cp: int, bucket_si
         f = cost.flops(s)
         sharded = cost.comm_us(cost.kv_bytes(_core.shard_tokens(s, cp) * cp)) + cost.comp_us(f / cp)
         bound = max(bound, cost.shape.layers * sharded + cost.micro_batch_fixed_us)
-    return bound
+    return bound + cost.step_fixed_us
+
+
+def classic_bound_us(lengths: Sequence[int], cost: CostModel, dp: int, cp: int, bucket_size: int) -> float:
+    """The classic bound: all work spread over the world, or the longest sequence alone (either timeline)."""
+    return max(work_bound_us(lengths, cost, dp, cp, bucket_size), longest_bound_us(lengths, cost, cp, bucket_size))
 
 
 def lockstep_bound_us(lengths: Sequence[int], cost: CostModel, dp: int, cp: int, bucket_size: int) -> float:
@@ -96,9 +111,10 @@ def lockstep_bound_us(lengths: Sequence[int], cost: CostModel, dp: int, cp: int,
 
 def lower_bound_us(lengths: Sequence[int], cost: CostModel, dp: int, cp: int, bucket_size: int,
                    timeline: str = "lockstep") -> float:
-    """Lower bound on the step time of this global batch on ``timeline`` (the lockstep term
-    holds only there; a free-running step may overlap the longest sequence with other ranks' work)."""
-    out = max(work_bound_us(lengths, cost, dp, cp, bucket_size), longest_bound_us(lengths, cost, cp, bucket_size))
+    """Lower bound on the step time of this global batch on ``timeline``: the classic bound, and
+    on lockstep the lockstep-aware one (it holds only there; a free-running step may overlap
+    the longest sequence with other ranks' work)."""
+    out = classic_bound_us(lengths, cost, dp, cp, bucket_size)
     if timeline == "lockstep":
         out = max(out, lockstep_bound_us(lengths, cost, dp, cp, bucket_size))
     return out
@@ -108,7 +124,8 @@ def pool_longest_bound_us(lengths: Sequence[int], cost: CostModel, world: int) -
     """The longest sequence alone: at best its compute over every rank of the world, no exchange."""
     if not lengths:
         return 0.0
-    return cost.shape.layers * cost.comp_us(cost.flops(max(lengths)) / world) + cost.micro_batch_fixed_us
+    return (cost.shape.layers * cost.comp_us(cost.flops(max(lengths)) / world) + cost.micro_batch_fixed_us
+            + cost.step_fixed_us)
 
 
 def pool_lower_bound_us(lengths: Sequence[int], cost: CostModel, dp: int, cp: int, bucket_size: int) -> float:

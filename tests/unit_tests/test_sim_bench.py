@@ -15,7 +15,7 @@ def test_simulate_writes_table_json_and_plots(tmp_path, capsys):
                         "--policies", "skrull-paper,skrull,sorted", "--out", str(out), "--quiet"])
     assert rc == 0
     printed = capsys.readouterr().out
-    assert "| policy | vs baseline avg |" in printed and "| chatqa2 / qwen2.5-0.5b |" in printed
+    assert "| policy | job can run | vs baseline avg |" in printed and "| chatqa2 / qwen2.5-0.5b |" in printed
     md = (out / "results.md").read_text()
     assert "Command: `python -m skrull_ext.bench simulate --datasets wikipedia,chatqa2" in md
     assert "assumed: h100_assumed.toml" in md and "## Every cell and policy" in md
@@ -26,6 +26,34 @@ def test_simulate_writes_table_json_and_plots(tmp_path, capsys):
     assert data["summary"]["skrull_vs_paper_min"] >= 1.0
     for png in ("speedup.png", "iteration_time.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_lengths_run_names_the_fastest_job_policy_and_explains_the_rows(tmp_path, capsys):
+    """Issue 38 item 6: a --lengths run says which policy a job should pick, why a faster row
+    (sorted) is not one, and what the rows and columns are; its gaps read with its speed-ups
+    (every policy against the bound of the job's batches: sorted, faster, has the lower gap)."""
+    from pathlib import Path
+
+    import skrull_ext.lengths
+
+    file = Path(skrull_ext.lengths.__file__).parent / "sharegpt_v3_conversations.qwen.lengths.txt"
+    out = tmp_path / "sim"
+    rc = simulate.main(["--lengths", str(file), "--models",
+                        "qwen2.5-0.5b", "--iterations", "20", "--policies", "sorted,skrull,skrull-paper", "--out",
+                        str(out), "--no-plots", "--quiet"])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    (winner,) = [line for line in printed.splitlines() if line.startswith("fastest policy a job can run:")]
+    assert winner.startswith('fastest policy a job can run: skrull, ') and '[skrull] policy = "skrull"' in winner
+    assert "not a policy a job can pick: sorted (" in winner and "regroups samples across steps" in winner
+    assert "Rows:" in printed and "- sorted: LongAlign" in printed and "Columns:" in printed
+    assert "gap to classic bound" in printed and "gap to lockstep-aware bound" in printed
+    data = json.loads((out / "results.json").read_text())
+    cells = {c["policy"]: c for c in data["cells"]}
+    assert cells["sorted"]["speedup_vs_baseline"] > cells["skrull"]["speedup_vs_baseline"]
+    assert cells["sorted"]["gap_to_bound"] < cells["skrull"]["gap_to_bound"]
+    assert cells["sorted"]["gap_to_classic_bound"] < cells["skrull"]["gap_to_classic_bound"]
+    assert winner in (out / "results.md").read_text()
 
 
 def test_shape_options_override_the_paper_settings(tmp_path):
