@@ -16,7 +16,10 @@ default, and again for every copy of the config (a ``[model] hf_path`` job
 built its config several times, warning each time, and its weights did
 load). Its ``ConfigManager`` warns "HF assets path  does not exist!" for
 the empty path skrull-ext's jobs set (``job_file.base_config``; a ``[model]
-hf_path`` job names its folder). Both dropped. On CPU (no accelerator to
+hf_path`` job names its folder). Under torchrun, which always sets
+``TORCH_NCCL_ASYNC_ERROR_HANDLING=1``, its process-group set-up warns on every
+launch that it overrides that to 3 (what it always does, for its flight
+recorder). All three dropped. On CPU (no accelerator to
 rate) its "Peak FLOPS used for computing MFU: nan" is dropped too (the step
 line says ``mfu: N/A``), and torch's warnings that DTensor random ops and
 ``manual_seed`` "may not have complete support on cpu device mesh": the CPU
@@ -38,7 +41,8 @@ from torchtitan.tools.logging import logger
 __all__ = ["NOISE", "RankFilter", "install", "shown_ranks"]
 
 NOISE = ("initial_load_model_only=True has no effect without an initial_load_path",
-         "HF assets path  does not exist!", "Peak FLOPS used for computing MFU: nan")
+         "HF assets path  does not exist!", "Peak FLOPS used for computing MFU: nan",
+         "ENV[TORCH_NCCL_ASYNC_ERROR_HANDLING] = 1 will be overridden to 3")
 """Starts of torchtitan messages that never describe the run (see the module docstring)."""
 
 

@@ -109,6 +109,10 @@ def test_logs_come_from_rank_0_and_other_ranks_keep_their_errors():
     assert not zero.filter(_record(logging.WARNING, noise))
     assert not zero.filter(_record(logging.WARNING, "HF assets path  does not exist!"))
     assert zero.filter(_record(logging.WARNING, "HF assets path /models/x does not exist!"))
+    # torchrun always sets it to 1, torchtitan always to 3: a warning on every launch of the README's command.
+    nccl = "ENV[TORCH_NCCL_ASYNC_ERROR_HANDLING] = 1 will be overridden to 3 based on job config"
+    assert not zero.filter(_record(logging.WARNING, nccl))
+    assert zero.filter(_record(logging.WARNING, "ENV[TORCH_NCCL_TRACE_BUFFER_SIZE] = 0 will be overridden to 20000"))
 
 
 def _checkpoints(tmp_path, full=(), hf=()):
