@@ -132,7 +132,8 @@ def files_said(names: list[str]) -> str:
     said = ", ".join(rest)
     if tokenizer:
         return f"{said}, tokenizer files ({', '.join(tokenizer)})"
-    return f"{said}; no tokenizer files (the job's tokenizer has none: a synthetic one, or a folder without tokenizer.json)"
+    return (f"{said}; no tokenizer files (the job's tokenizer has none: a synthetic one, or a folder without "
+            "tokenizer.json)")
 
 
 def _tokenizer_dir(config) -> str | None:

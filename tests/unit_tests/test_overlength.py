@@ -113,7 +113,8 @@ def test_the_stub_rule_counts_ranks_and_leaves_max_len_and_error_alone():
     over = [(1, i, 100 + i) for i in range(5)]
     pool = OverlengthScan(capacity_limit(Capacity(10, cp=2, dp=2, pool=True), "truncate", None), 1, 1, None, 8, over)
     message = stub_refusal(pool)
-    assert "would cut 5 of the 8 sequences of steps 1..1 (longer than 40 tokens, bucket_size 10 x dp 2 x cp 2;" in message
+    assert ("would cut 5 of the 8 sequences of steps 1..1 (longer than 40 tokens, bucket_size 10 x dp 2 x cp 2;"
+            in message)
     assert "bucket_size 26 keeps at least half whole" in message  # 4 ranks x 26 hold 104 >= 100; x 25: 96
     assert stub_refusal(OverlengthScan(pool.limit, 1, 1, None, 10, over)) is None  # exactly half: trained
     max_len = capacity_limit(Capacity(1000), "truncate", 10)  # the user's own SFT cut
