@@ -22,7 +22,7 @@ _LAZY = {
     "MicroBatchPlan": "skrull_ext.scheduler.plan",
     "Plan": "skrull_ext.scheduler.plan",
     "PlanError": "skrull_ext.scheduler.plan",
-    "Scheduler": "skrull_ext.scheduler.facade",
+    "Scheduler": "skrull_ext.scheduler.scheduler",
 }
 
 __all__ = sorted(_LAZY)

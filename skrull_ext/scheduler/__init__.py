@@ -4,7 +4,7 @@
 - ``capacity``: what a job's ranks hold, and the longest sequence a plan trains whole;
 - ``cost_model``, ``profile_file``, ``model_shape``: what a micro-batch costs (named presets,
   measured profile files, the shape of the job's model), and ``hardware/`` the assumed H100;
-- ``facade``: ``Scheduler``, the C++ core (``skrull_ext._core``) plus the CP-SAT fallback (``cpsat``);
+- ``scheduler``: ``Scheduler``, the C++ core (``skrull_ext._core``) plus the CP-SAT fallback (``cpsat``);
 - ``plan``: the one plan type it returns (slots x rank sets), with its summaries; ``plan_check`` its
   invariants.
 
@@ -15,7 +15,7 @@ cost model and the options. ``Scheduler`` loads on first use (PEP 562), so
 
 import importlib
 
-_LAZY = {"Scheduler": "skrull_ext.scheduler.facade"}
+_LAZY = {"Scheduler": "skrull_ext.scheduler.scheduler"}
 
 __all__ = sorted(_LAZY)
 

@@ -6,8 +6,8 @@
   and the named configs for torchtitan's own ``--module skrull_ext.train --config NAME``;
 - ``job_checks``, ``resume_checks``: a whole job checked before any model is built;
   ``tensor_parallel``: how TP composes with DACP, and the parallelism Skrull refuses (PP);
-- ``trainer``: every job's config (``SkrullTrainer.Config``, whose ``build()`` picks the
-  trainer by ``skrull.enable``) and ``SkrullTrainer``, torchtitan's Trainer fed by the
+- ``job_config``: every job's config (``JobConfig``, whose ``build()`` picks the trainer by
+  ``skrull.enable``); ``trainer``: ``SkrullTrainer``, torchtitan's Trainer fed by the
   scheduling dataloader; ``packed_trainer``: ``PackedTrainer``, torchtitan's own batching
   for ``skrull.enable = false``; ``job_trainer``: ``JobTrainer``, what both share;
   ``free_running``, ``validation``, ``watchdog``, ``step_checks``, ``plan_log``: their parts.

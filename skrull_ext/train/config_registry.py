@@ -17,16 +17,16 @@ from torchtitan.trainer import Trainer
 import torchtitan_patches
 from skrull_ext.data.packed import PackedDataLoader
 from skrull_ext.train.job_file import JOBS_DIR, load_job
-from skrull_ext.train.trainer import SkrullTrainer
+from skrull_ext.train.trainer import JobConfig  # importing trainer.py wires JobConfig.build() to SkrullTrainer
 
 
-def _job(name: str, config_cls: type[Trainer.Config] = SkrullTrainer.Config, **kwargs):
+def _job(name: str, config_cls: type[Trainer.Config] = JobConfig, **kwargs):
     """Load a shipped job file. The trainer it builds applies the CPU fixes
     (torchtitan_patches) when torchtitan's launcher builds it."""
     return load_job(os.path.join(JOBS_DIR, name), config_cls=config_cls, **kwargs)
 
 
-def skrull_llama3_debugmodel() -> SkrullTrainer.Config:
+def skrull_llama3_debugmodel() -> JobConfig:
     """The embedded default: jobs/debug_cpu.toml."""
     return _job("debug_cpu.toml")
 
@@ -42,6 +42,6 @@ def llama3_debugmodel_cpu() -> Trainer.Config:
     return config
 
 
-def skrull_qwen2_5_0_5b() -> SkrullTrainer.Config:
+def skrull_qwen2_5_0_5b() -> JobConfig:
     """jobs/qwen2_5_0_5b_gpu.toml: the paper's small model on one GPU node."""
     return _job("qwen2_5_0_5b_gpu.toml")

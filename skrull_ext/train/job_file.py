@@ -44,7 +44,7 @@ from skrull_ext.hf.job import hf_job_defaults
 from skrull_ext.models.registry import build_model_spec
 from skrull_ext.train.job_checks import check_job
 from skrull_ext.train.job_flags import Flag, flag_tables
-from skrull_ext.train.trainer import SkrullTrainer
+from skrull_ext.train.trainer import JobConfig  # importing trainer.py wires JobConfig.build() to SkrullTrainer
 from skrull_ext.train.usage import JOBS_DIR, USAGE, exit_without_job
 
 
@@ -208,7 +208,7 @@ def _apply(current: Any, table: dict, key: str) -> Any:
 
 
 def base_config(
-    model_spec: ModelSpec, config_cls: type[Trainer.Config] = SkrullTrainer.Config
+    model_spec: ModelSpec, config_cls: type[Trainer.Config] = JobConfig
 ) -> Trainer.Config:
     """Defaults shared by every skrull-ext job; vocab sizes follow the model.
 
@@ -226,7 +226,7 @@ def base_config(
         loss=CrossEntropyLoss.Config(global_vocab_size=vocab),
         dataloader=(
             SkrullDataLoader.Config()
-            if issubclass(config_cls, SkrullTrainer.Config)
+            if issubclass(config_cls, JobConfig)
             else PackedDataLoader.Config()
         ),
         optimizer=default_adamw(lr=8e-4),
@@ -252,11 +252,11 @@ def _resolve_profile_path(table: dict, job_path: str) -> None:
 
 def load_job(path: str, *, config_cls=None, ignore: tuple[str, ...] = (),
              model_overrides: dict | None = None):
-    """Read a TOML job file into a ``config_cls`` instance (SkrullTrainer.Config
+    """Read a TOML job file into a ``config_cls`` instance (JobConfig
     by default), starting from ``base_config``. Sections named in ``ignore``
     are skipped. ``model_overrides``: ``[model]`` keys that replace the file's (the CLI's
     ``--model.hf_path DIR``; a replaced hf_path drops the file's name/flavor)."""
-    config_cls = config_cls or SkrullTrainer.Config
+    config_cls = config_cls or JobConfig
     try:
         with open(path, "rb") as f:
             table = tomllib.load(f)

@@ -9,7 +9,7 @@ summary ``read = trained whole + trained cut + skipped``
 (data/accounting.py). The batching is a subclass:
 ``PackedTrainer`` (packed_trainer.py, torchtitan's own batching and step) or
 ``SkrullTrainer`` (trainer.py, the Skrull plan's micro-batches). Which one a
-job runs is the config's choice (``SkrullTrainer.Config.trainer_class``), so
+job runs is the config's choice (``JobConfig.trainer_class``, job_config.py), so
 neither branches on ``skrull.enable``.
 """
 
@@ -45,8 +45,8 @@ def name_samples(source, indices: list[int], most: int = 8) -> str:
 
 
 class JobTrainer(Trainer):
-    """The shared base of the two batchings. Its config is ``SkrullTrainer.Config``
-    (trainer.py, every job's config), whose ``build()`` builds the subclass the
+    """The shared base of the two batchings. Its config is ``JobConfig``
+    (job_config.py, every job's config), whose ``build()`` builds the subclass the
     config names; a subclass built directly for a config that names the other
     one is refused before anything is built."""
 

@@ -1,6 +1,6 @@
 """PackedTrainer: torchtitan's own batching and train_step, for ``skrull.enable = false``.
 
-The job's config builds it when Skrull is off (``SkrullTrainer.Config.trainer_class``):
+The job's config builds it when Skrull is off (``JobConfig.trainer_class``, job_config.py):
 the same data, through ``PackedDataLoader`` (fixed-shape rows, torchtitan's
 gradient accumulation), torchtitan's loss and step, unchanged. What it adds is
 what makes the two batchings comparable: the same length limit and sample

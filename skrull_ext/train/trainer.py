@@ -1,9 +1,8 @@
-"""SkrullTrainer and every job's config (``SkrullTrainer.Config``).
+"""SkrullTrainer: torchtitan's Trainer fed whole Skrull steps.
 
-The config holds torchtitan's sections plus ``[skrull]``, ``[lora]``,
-``[validation]`` and the heartbeat of ``[comm]``, and chooses the trainer:
-``config.build()`` builds ``SkrullTrainer`` with ``skrull.enable``, else
-``PackedTrainer`` (packed_trainer.py: torchtitan's own batching, loss and
+Every job's config is ``JobConfig`` (job_config.py; this class holds it as
+``Config``), whose ``build()`` builds ``SkrullTrainer`` with ``skrull.enable``,
+else ``PackedTrainer`` (packed_trainer.py: torchtitan's own batching, loss and
 step on the same data). What both share is ``JobTrainer`` (job_trainer.py).
 
 SkrullTrainer replaces torchtitan's batch loop, nothing else: each step is
@@ -32,37 +31,28 @@ import os
 import statistics
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 from torch.profiler import record_function
 from torchtitan.components.dataloader import DataloaderExhaustedError
-from torchtitan.config.override import derive
 from torchtitan.distributed import utils as dist_utils
-from torchtitan.observability import structured_logger as sl
 from torchtitan.tools.logging import logger
-from torchtitan.trainer import Trainer
 
 from skrull_ext.data.overlength import check_overlength
-from skrull_ext.data.packed import PackedDataLoader
 from skrull_ext.data.scheduling import SkrullDataLoader, SkrullStep
 from skrull_ext.errors import JobFileError
-from skrull_ext.lora import LoRAConfig
 from skrull_ext.scheduler.config import FROM_PROFILE, job_timeline
 from skrull_ext.scheduler.model_shape import DTYPES, job_shape
 from skrull_ext.scheduler.profile_file import free_running_bytes
 from skrull_ext.train.execution import AUTO, PREDICT_STEPS, Execution, choose_execution
 from skrull_ext.train.free_running import FreeRunningFSDP
+from skrull_ext.train.job_config import JobConfig
 from skrull_ext.train.job_trainer import JobTrainer, NonFiniteLossError, name_samples
-from skrull_ext.train.packed_trainer import PackedTrainer
 from skrull_ext.train.plan_log import PlanLog
-from skrull_ext.train.skrull_config import SkrullConfig
 from skrull_ext.train.step_checks import RatioSpread, check_plan_digests, step_log_line, step_metrics
-from skrull_ext.train.tensor_parallel import pp_refusal
-from skrull_ext.train.validation import Validation, ValidationConfig
-from skrull_ext.train.watchdog import SkrullComm
+from skrull_ext.train.validation import Validation
 from torchtitan_patches.dacp_attention import install_dacp_attention
 
 
@@ -87,56 +77,9 @@ class SkrullTrainer(JobTrainer):
     micro-batch loop of train_step (the scheduler and the DACP attention set up
     after torchtitan's model)."""
 
-    @dataclass(kw_only=True, slots=True)
-    class Config(Trainer.Config):
-        """Every skrull-ext job's config, Skrull on or off (``trainer_class``)."""
-
-        skrull: SkrullConfig = field(default_factory=SkrullConfig)
-        """How Skrull schedules each global batch (see skrull_config.py)."""
-
-        lora: LoRAConfig = field(default_factory=LoRAConfig)
-        """LoRA adapters on a frozen base model (skrull_ext/lora, docs/lora.md)."""
-
-        comm: SkrullComm = field(default_factory=SkrullComm)
-        """torchtitan's [comm] plus heartbeat_timeout_seconds (the stopped-rank watch, watchdog.py)."""
-
-        validation: ValidationConfig = field(default_factory=ValidationConfig)
-        """A held-out set's loss every N steps and at the end, batched by Skrull (validation.py)."""
-
-        @property
-        def trainer_class(self) -> type[JobTrainer]:
-            """The trainer this job runs, resolved from ``skrull.enable`` here only
-            (as ``__post_init__`` resolves the dataloader): this class's owner
-            (SkrullTrainer) with Skrull on, else PackedTrainer, torchtitan's batching."""
-            return self._owner if self.skrull.enable else PackedTrainer
-
-        def build(self, **kwargs) -> JobTrainer:
-            """torchtitan's ``Configurable.Config.build()`` (the trainer gets a copy),
-            building ``trainer_class`` rather than always the owner: the choice
-            follows the final config, whichever launcher parsed it (a job file,
-            ``--skrull.no-enable``, torchtitan's ``--module/--config``)."""
-            if kwargs:
-                raise ValueError(f"a trainer takes no build() arguments, got {sorted(kwargs)}")
-            with sl.log_trace_span(f"{type(self).__qualname__}.build"):
-                return self.trainer_class(config=dataclasses.replace(self))
-
-        def __post_init__(self):
-            Trainer.Config.__post_init__(self)
-            if self.skrull.enable and not isinstance(self.dataloader, SkrullDataLoader.Config):
-                raise ValueError(
-                    "skrull.enable needs [dataloader] kind = \"skrull\" "
-                    f"(got {type(self.dataloader).__qualname__})"
-                )
-            if self.skrull.enable and self.dataloader.packing != "rows":
-                raise ValueError(
-                    f"dataloader.packing = {self.dataloader.packing!r} is for torchtitan's batching "
-                    "(skrull.enable = false); Skrull's loader neither pads nor cuts samples"
-                )
-            if not self.skrull.enable and isinstance(self.dataloader, SkrullDataLoader.Config):
-                # Same data, torchtitan's batching: the switch works from the CLI.
-                self.dataloader = derive(self.dataloader, PackedDataLoader.Config)
-            if self.skrull.enable and self.parallelism.pipeline_parallel_degree > 1:
-                raise ValueError(pp_refusal(self.parallelism.pipeline_parallel_degree))
+    Config = JobConfig
+    """Every job's config (job_config.py); torchtitan's Configurable wires its ``build()`` to
+    the class that holds it as ``Config``, this one (``JobConfig.trainer_class``)."""
 
     config: Config
 

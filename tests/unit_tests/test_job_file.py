@@ -9,7 +9,7 @@ import pytest
 from skrull_ext.data.packed import PackedDataLoader
 from skrull_ext.data.scheduling import SkrullDataLoader
 from skrull_ext.train.job_file import JobConfigManager, JobFileError, load_job
-from skrull_ext.train.trainer import SkrullTrainer, resolve_device_defaults
+from skrull_ext.train.trainer import JobConfig, resolve_device_defaults
 
 JOBS = os.path.join(os.path.dirname(__file__), "..", "..", "skrull_ext", "jobs")
 DEBUG = os.path.join(JOBS, "debug_cpu.toml")
@@ -30,7 +30,7 @@ flavor = "debugmodel"
 
 def test_debug_job_loads():
     config = load_job(DEBUG)
-    assert isinstance(config, SkrullTrainer.Config)
+    assert isinstance(config, JobConfig)
     assert config.model_spec.name == "llama3" and config.model_spec.flavor == "debugmodel"
     assert config.training.seq_len == 512 and config.training.dtype == "float32"
     assert config.dataloader.length_scale == 32.0 and config.dataloader.max_len == 512
@@ -133,7 +133,7 @@ def test_torchtitan_module_config_form():
     config = ConfigManager().parse_args(
         ["--module", "skrull_ext.train", "--config", "skrull_llama3_debugmodel", "--skrull.bucket_size", "128"]
     )
-    assert isinstance(config, SkrullTrainer.Config) and config.skrull.bucket_size == 128
+    assert isinstance(config, JobConfig) and config.skrull.bucket_size == 128
 
 
 def test_skrull_off_uses_torchtitan_batching_of_the_same_data():

@@ -237,7 +237,7 @@ def test_no_import_goes_up_a_floor():
     graph = _graph()
     assert "skrull_ext.models.hf_config" in graph["skrull_ext.models.registry"]  # sees top-level imports
     assert "skrull_ext.assets" in graph["skrull_ext.data.checks"]  # and late ones
-    assert "skrull_ext.scheduler.facade" in graph["skrull_ext"]  # and lazy ones, by name
+    assert "skrull_ext.scheduler.scheduler" in graph["skrull_ext"]  # and lazy ones, by name
     assert upward_imports(graph) == []
 
 

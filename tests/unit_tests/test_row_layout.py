@@ -109,12 +109,12 @@ def test_packing_is_checked_and_refused_under_skrull():
     with pytest.raises(ValueError, match=r"dataloader.packing: 'dense' is not one of \['rows', 'stream'\]"):
         PackedDataLoader.Config(packing="dense")
     from skrull_ext.train.job_file import load_config
-    from skrull_ext.train.trainer import SkrullTrainer
+    from skrull_ext.train.trainer import JobConfig, SkrullTrainer
 
     job = ["--config-file", DEBUG_JOB, "--dataloader.packing", "stream"]
     with pytest.raises(ValueError, match=r"dataloader.packing = 'stream' is for torchtitan's batching"):
         load_config(job, check=False)
     config = load_config(job + ["--skrull.no-enable"], check=False)
-    assert isinstance(config, SkrullTrainer.Config) and isinstance(config.dataloader, PackedDataLoader.Config)
+    assert isinstance(config, JobConfig) and isinstance(config.dataloader, PackedDataLoader.Config)
     assert config.dataloader.packing == "stream"
     assert SkrullDataLoader.Config().packing == "rows"

@@ -13,12 +13,12 @@ from skrull_ext.errors import JobFileError
 from skrull_ext.train.job_file import JobConfigManager
 from skrull_ext.train.job_trainer import JobTrainer
 from skrull_ext.train.packed_trainer import PackedTrainer
-from skrull_ext.train.trainer import SkrullTrainer
+from skrull_ext.train.trainer import JobConfig, SkrullTrainer
 
 DEBUG = os.path.join(os.path.dirname(__file__), "..", "..", "skrull_ext", "jobs", "debug_cpu.toml")
 
 
-def _config(*flags: str) -> SkrullTrainer.Config:
+def _config(*flags: str) -> JobConfig:
     return JobConfigManager().parse_args(["--config-file", DEBUG, *flags])
 
 
@@ -26,7 +26,7 @@ def test_skrull_enable_names_the_trainer():
     on, off = _config(), _config("--skrull.no-enable")
     assert on.trainer_class is SkrullTrainer
     # the same config class either way (a Skrull checkpoint continues under --skrull.no-enable)
-    assert isinstance(off, SkrullTrainer.Config) and off.trainer_class is PackedTrainer
+    assert isinstance(off, JobConfig) and off.trainer_class is PackedTrainer
     assert isinstance(off.dataloader, PackedDataLoader.Config)
 
 

@@ -1,4 +1,4 @@
-"""The scheduler facade: one call per global batch, same plan on every rank.
+"""``Scheduler``: one call per global batch, same plan on every rank.
 
     sched = Scheduler(SchedulerConfig(dp=4, cp=8, bucket_size=26624), cost_model.preset("qwen2.5-0.5b"))
     plan = sched.schedule(lengths)        # GDS + DACP in C++ (+ CP-SAT with cpsat=True)
