@@ -364,9 +364,24 @@ def schedule(lengths: list[int], cost: RefCost, dp: int, n: int, bucket: int, *,
         load[t] += cost.flops(eff[k])
     cap = bucket * n
 
-    def split(share: list[int], m: int):
-        groups = [share[j::m] for j in range(m)]
-        if not all(sum(eff[k] for k in g) <= cap for g in groups):
+    def lpt_groups(share: list[int], m: int) -> list[list[int]] | None:
+        """gds.hpp form_groups, Grouping::kLpt: longest first, each to the group with the least FLOPs
+        that has room (ties to the lower group); members in share order."""
+        load, room, where = [0.0] * m, [cap] * m, [0] * len(share)
+        for q in range(len(share) - 1, -1, -1):
+            s = eff[share[q]]
+            fits = [j for j in range(m) if room[j] >= s]
+            if not fits:
+                return None
+            j = min(fits, key=lambda j: (load[j], j))
+            where[q] = j
+            room[j] -= s
+            load[j] += cost.flops(s)
+        return [[k for q, k in enumerate(share) if where[q] == j] for j in range(m)]
+
+    def split(share: list[int], m: int, lpt: bool = False):
+        groups = lpt_groups(share, m) if lpt else [share[j::m] for j in range(m)]
+        if groups is None or not all(sum(eff[k] for k in g) <= cap for g in groups):
             return None
         res = []
         for g in groups:
@@ -379,8 +394,8 @@ def schedule(lengths: list[int], cost: RefCost, dp: int, n: int, bucket: int, *,
             t += r.time_us
         return (t, groups, res)
 
-    for d in range(dp):
-        share = sorted(bins[d], key=lambda i: (eff[i], i))
+    def search(share: list[int], lpt: bool):
+        """gds.hpp split_micro_batches with unit 1: the first feasible count, then the extra ones."""
         best = None
         if share:
             size = len(share)
@@ -392,20 +407,20 @@ def schedule(lengths: list[int], cost: RefCost, dp: int, n: int, bucket: int, *,
             # steps up to len(share) (always feasible), then bisection.
             lo, m = m0 - 1, m0
             while m <= size and m < m0 + LINEAR_COUNTS:
-                best = split(share, m)
+                best = split(share, m, lpt)
                 if best is not None:
                     break
                 lo, m = m, m + 1
             step = 2
             while best is None and lo < size:
                 hi = min(size, lo + step)
-                best = split(share, hi)
+                best = split(share, hi, lpt)
                 if best is None:
                     lo = hi
                 step *= 2
             while best is not None and len(best[1]) - lo > 1:
                 mid = lo + (len(best[1]) - lo) // 2
-                cand = split(share, mid)
+                cand = split(share, mid, lpt)
                 if cand is None:
                     lo = mid
                 else:
@@ -414,9 +429,21 @@ def schedule(lengths: list[int], cost: RefCost, dp: int, n: int, bucket: int, *,
                 for m in range(len(best[1]) + 1, min(size, len(best[1]) + max_extra) + 1):
                     if cost.layers * (cost.a * total_flops / n + m * cost.b) + m * cost.fixed >= best[0]:
                         break
-                    cand = split(share, m)
+                    cand = split(share, m, lpt)
                     if cand is not None and cand[0] < best[0]:
                         best = cand
+        return best
+
+    for d in range(dp):
+        share = sorted(bins[d], key=lambda i: (eff[i], i))
+        best = search(share, False)
+        # scheduler.hpp split_share: LPT groups too where the strided count is far above the token bound.
+        if best is not None and predicted_time:
+            bound = -(-sum(eff[k] for k in share) // cap)
+            if len(best[1]) > bound + max_extra + 1:
+                cand = search(share, True)
+                if cand is not None and cand[0] < best[0]:
+                    best = cand
         t, groups, res = best if best is not None else (0.0, [], [])
         out.groups.append(groups)
         out.dp_time_us.append(t)

@@ -90,3 +90,26 @@ def test_config_errors_name_the_field(kw, msg):
 def test_facade_rejects_non_integer_lengths(toy):
     with pytest.raises(ValueError, match=r"sequence 1 has length 2.5, which is not an integer"):
         Scheduler(SchedulerConfig(), toy).schedule([1, 2.5])
+
+
+def test_a_sequence_that_fills_a_micro_batch_does_not_split_the_rest_one_by_one():
+    # Per-rank GDS (free-running). Strided groups pair long with short, so a sequence of
+    # C x CP tokens shares no micro-batch until every sequence has its own: 1 + 40 micro-batches,
+    # each short one paying a call. With the count that far above the token bound (2), LPT groups
+    # are tried too (scheduler.hpp split_share): the long one alone, the 40 short ones packed.
+    # The Python reference restates it (plans equal, bit for bit).
+    from skrull_ext.bench import reference as ref
+    from skrull_ext.scheduler import cost_model as cm
+
+    cost = cm.preset("qwen2.5-7b")
+    lengths = [13312 * 8] + [500 + 37 * k for k in range(40)]
+    cfg = SchedulerConfig(dp=1, cp=8, bucket_size=13312, policy="skrull", timeline="free")
+    plan = Scheduler(cfg, cost).schedule(lengths)
+    plan.validate()
+    assert plan.num_micro_batches == 2
+    assert [mb.seqs for mb in plan.group_micro_batches(0)] == [[0], list(range(1, 41))]  # the long one alone
+    want = ref.schedule(lengths, ref.RefCost.of(cost), 1, 8, 13312, predicted_time=True, refine_=True, sweep=True)
+    assert [[mb.seqs for mb in r] for r in plan.ranks] == want.groups and plan.dp_time_us == want.dp_time_us
+    paper = Scheduler(SchedulerConfig(dp=1, cp=8, bucket_size=13312, policy="skrull-paper", timeline="free"),
+                      cost).schedule(lengths)
+    assert paper.num_micro_batches == 41 and plan.makespan_us < paper.makespan_us

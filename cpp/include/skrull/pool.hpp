@@ -21,7 +21,7 @@
 //     first.
 //  2. The rest go over the groups by LPT on top of the wide work, and each
 //     group's share is split into micro-batches by skrull's GDS + DACP
-//     (split_micro_batches, the same options).
+//     (detail::split_share, the same options).
 //  3. When every sequence fits a CP group, skrull's own plan (schedule()) is
 //     the other candidate, and it wins unless the pool's predicts the step
 //     shorter by more than kPoolMinGain: the pool plan is never predicted
@@ -528,7 +528,7 @@ inline Plan schedule_pool(const std::vector<int64_t>& input, const CostModel& co
   DacpResult scored;
   for (int32_t g = 0; g < dp; ++g) {
     detail::reverse_to_ascending(out.lengths, shares[g], sorted);
-    const MicroBatchSplit split = split_micro_batches(out.lengths, flops, sorted, cost, opt, ws);
+    const MicroBatchSplit split = detail::split_share(out.lengths, flops, sorted, cost, opt, ws);
     if (!split.feasible) throw std::logic_error("no micro-batch split found for group " + std::to_string(g));
     for (int32_t j = 0; j < split.m; ++j) {
       PlanMicroBatch mb;

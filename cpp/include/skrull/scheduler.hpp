@@ -24,6 +24,35 @@
 
 namespace skrull {
 
+namespace detail {
+
+// One DP rank's share (ascending) split into micro-batches (Algorithm 2's
+// strided groups); with MicroBatchCount::kPredictedTime also by LPT groups
+// (slots.hpp's grouping) where the strided count is far above the token
+// bound, the faster predicted one kept (ties to strided). Strided groups
+// pair long with short, so a sequence that fills a micro-batch alone (one
+// at C x CP) makes every count infeasible until each sequence has a
+// micro-batch of its own: the share's short sequences then pay a call and a
+// fixed cost each, where LPT groups give the long one its micro-batch and
+// pack the rest. Far above: more than max_extra_micro_batches + 1 counts
+// over ceil(tokens / (cp C)).
+inline MicroBatchSplit split_share(const std::vector<int64_t>& lengths, const std::vector<double>& flops,
+                                   const std::vector<int32_t>& share, const CostModel& cost, const Options& opt,
+                                   Workspace& ws) {
+  MicroBatchSplit split = split_micro_batches(lengths, flops, share, cost, opt, ws);
+  if (opt.micro_batch_count != MicroBatchCount::kPredictedTime || !split.feasible) return split;
+  int64_t tokens = 0;
+  for (int32_t k : share) tokens += lengths[k];
+  const int64_t capacity = opt.bucket_size * opt.cp;
+  const int64_t token_bound = (tokens + capacity - 1) / capacity;
+  if (split.m <= token_bound + opt.max_extra_micro_batches + 1) return split;
+  MicroBatchSplit lpt = split_micro_batches(lengths, flops, share, cost, opt, ws, 1, Grouping::kLpt);
+  if (lpt.feasible && lpt.score_us < split.score_us) return lpt;
+  return split;
+}
+
+}  // namespace detail
+
 // Schedules one global batch (lengths in the caller's order) over dp x cp
 // ranks. Empty batch -> empty plan (no micro-batches). Throws
 // std::invalid_argument for bad options, a cost model it cannot use, a
@@ -155,7 +184,7 @@ inline Schedule schedule(const std::vector<int64_t>& input, const CostModel& cos
     std::vector<int32_t> sorted;
     for (int32_t i = 0; i < opt.dp; ++i) {
       detail::reverse_to_ascending(out.lengths, shares[i], sorted);
-      const MicroBatchSplit split = split_micro_batches(out.lengths, flops, sorted, cost, opt, ws);
+      const MicroBatchSplit split = detail::split_share(out.lengths, flops, sorted, cost, opt, ws);
       if (!split.feasible)  // unreachable for lengths <= limit; kept as a guard
         throw std::logic_error("no micro-batch split found for DP rank " + std::to_string(i));
       for (int32_t j = 0; j < split.m; ++j) emit(i, j, sorted, split, j);
