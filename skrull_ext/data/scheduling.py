@@ -58,7 +58,7 @@ class SkrullStep:
     the skipped ones), in plan (caller) order."""
     plan: Plan
     micro_batches: list[MicroBatchBuffer]
-    """This rank's buffers: ``plan.num_micro_batches`` of them (pads included), or under
+    """This rank's buffers: ``plan.slots`` of them (pads included), or under
     free-running its own micro-batches only (one pad if it has none)."""
     global_valid_tokens: int
     """Loss tokens of the whole global batch (all DP ranks, CP ranks, micro-batches)."""

@@ -110,16 +110,6 @@ class MicroBatchPlan:
         return range(self.first_group * self.cp_of_block, (self.first_group + self.groups) * self.cp_of_block)
 
     @property
-    def dp_rank(self) -> int:
-        """The DP rank (CP group) that runs it, for a one-group micro-batch (the first, for a block)."""
-        return self.first_group
-
-    @property
-    def index(self) -> int:
-        """Its slot: under skrull, its position in its DP rank's micro-batches."""
-        return self.slot
-
-    @property
     def cp_rank(self) -> list[int]:
         """For a one-group micro-batch: the DACP placement view (CP rank or DISTRIBUTED; a
         sub-group set shows as DISTRIBUTED, e.g. in CP-SAT's hint)."""
@@ -196,7 +186,13 @@ class Plan:
     @classmethod
     def from_core(cls, s: _core.Plan, input_lengths: Sequence[int], dp: int, cp: int, bucket_size: int,
                   cost: _core.CostModel | None = None, timeline: str = "lockstep", pool: bool = False) -> Plan:
-        """With ``cost``, a pad pass costs ``cost.micro_batch_fixed_us`` and the step ``cost.step_fixed_us``."""
+        """The core's plan (``_core.to_plan`` or ``_core.schedule_pool``, the same type for every
+        policy) as this type: each micro-batch in one comprehension over the core's, the rest
+        as it comes. Plain dataclasses rather than a view over the core object, because a plan
+        is changed after the core: CP-SAT swaps a micro-batch's placement (``replace_placement``)
+        and the simulator builds plans with no core object at all (``from_groups``); a view
+        would need an override for each such field. With ``cost``, a pad pass costs
+        ``cost.micro_batch_fixed_us`` and the step ``cost.step_fixed_us``."""
         lengths = list(s.lengths)
         mbs = [
             MicroBatchPlan(
@@ -242,11 +238,6 @@ class Plan:
         return self.dp * self.cp
 
     @property
-    def dp_time_us(self) -> list[float]:
-        """Each CP group's (DP rank's) micro-batches back to back."""
-        return self.group_time_us
-
-    @property
     def dp_rank(self) -> list[int]:
         """Per sequence: the CP group holding (the first rank of) its set, or DROPPED."""
         return [r // self.cp if m >= 0 else DROPPED for r, m in zip(self.first_rank, self.micro_batch)]
@@ -272,14 +263,17 @@ class Plan:
                 out[g].append(mb)
         return out
 
+    @property
+    def dp_time_us(self) -> list[float]:
+        """Old name of ``group_time_us``, left only for tests/unit_tests/test_gds.py, which
+        another change in progress edits; goes when that file moves to ``group_time_us``."""
+        return self.group_time_us
+
     def group_micro_batches(self, dp_rank: int) -> list[MicroBatchPlan]:
         """Micro-batches one CP group (DP rank) runs, in slot order."""
         if not 0 <= dp_rank < self.dp:
             raise ValueError(f"dp_rank must be in [0, {self.dp}), got {dp_rank}")
         return [mb for mb in self.micro_batches if mb.first_group <= dp_rank < mb.first_group + mb.groups]
-
-    def all_micro_batches(self) -> list[MicroBatchPlan]:
-        return list(self.micro_batches)
 
     def rank_slots(self, rank: int) -> list[tuple[int, int, list[tuple[int, int, int]]]]:
         """What one global rank runs: per slot it takes part in, (slot, micro-batch
@@ -297,7 +291,7 @@ class Plan:
 
     @property
     def num_micro_batches(self) -> int:
-        """Slots: every rank steps through them together on a lockstep timeline (pads where it idles)."""
+        """Old name of ``slots``, left only for tests/unit_tests/test_gds.py (see ``dp_time_us``)."""
         return self.slots
 
     @property

@@ -61,7 +61,7 @@ def of_plan(plan: Plan, cost: CostModel, capacity: int, bound_us: float) -> Iter
         mean_peak_tokens=sum(peaks) / len(peaks) if peaks else 0.0,
         comm_bytes=sum(mb.comm_bytes for mb in plan.micro_batches) * per_layer,
         overflow=sum(max(mb.rank_tokens, default=0) > capacity for mb in plan.micro_batches),
-        micro_batches=plan.num_micro_batches,
+        micro_batches=plan.slots,
         dp_imbalance=plan.summary()["dp_imbalance"],
         scheduler_us=plan.scheduler_us + plan.fallback_us,
         local_share=_local_share(plan.micro_batches),

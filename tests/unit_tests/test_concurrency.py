@@ -27,7 +27,7 @@ def _cases(n: int, seed: int = 7):
 
 
 def _fingerprint(plan):
-    return (plan.digest(), plan.dp_time_us, [mb.rank_tokens for mb in plan.all_micro_batches()])
+    return (plan.digest(), plan.group_time_us, [mb.rank_tokens for mb in plan.micro_batches])
 
 
 def test_many_threads_get_the_single_threaded_plans():

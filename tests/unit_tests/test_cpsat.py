@@ -93,7 +93,7 @@ def test_fallback_never_slower_than_heuristic(seed):
                                    cpsat_deterministic_time=0.05, overlength="truncate"), cost)
     p0, p1 = base.schedule(lengths), fb.schedule(lengths)
     p1.validate()
-    for a, b in zip(p0.all_micro_batches(), p1.all_micro_batches()):
+    for a, b in zip(p0.micro_batches, p1.micro_batches):
         assert b.seqs == a.seqs
         assert b.time_us <= a.time_us
         if b.path == "cpsat":

@@ -39,8 +39,8 @@ for seed in range(12):
         plan = sched.schedule(batch, dp_rank=dp_rank)
         plan.validate()
         out.append({"digest": plan.digest(), "cp_rank": plan.cp_rank,
-                    "paths": [mb.path for mb in plan.all_micro_batches()],
-                    "times": [mb.time_us.hex() for mb in plan.all_micro_batches()]})
+                    "paths": [mb.path for mb in plan.micro_batches],
+                    "times": [mb.time_us.hex() for mb in plan.micro_batches]})
 print(json.dumps(out))
 """
 

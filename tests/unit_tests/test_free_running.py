@@ -63,7 +63,7 @@ def test_free_running_builds_only_the_ranks_own_micro_batches():
         for (d, c), step in f_step.items():
             assert len(step.micro_batches) == own[d] >= 1
             padded = l_step[d, c].micro_batches
-            assert len(padded) == plan.num_micro_batches
+            assert len(padded) == plan.slots
             assert all(p.valid_labels == 0 and p.num_tokens == 1 for p in padded[own[d]:])
             for a, b in zip(step.micro_batches, padded):  # the same buffers
                 assert torch.equal(a.input, b.input) and torch.equal(a.labels, b.labels)

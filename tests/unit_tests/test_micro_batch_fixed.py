@@ -50,7 +50,7 @@ def test_gds_prefers_fewer_micro_batches_when_it_is_large(make_toy):
     # Two ([6, 7] and [6], all whole): comp(364) + comp(288) = 365 + 289 = 654.
     # With fixed f: 1183 + f against 654 + 2 f; two win below f = 529.
     free = _plan(make_toy(comm_us=1000.0, b_us=1.0))
-    assert free.num_micro_batches == 2 and D not in free.cp_rank
+    assert free.slots == 2 and D not in free.cp_rank
     assert [mb.time_us for mb in free.group_micro_batches(0)] == [365.0, 289.0]
 
     cheap = _plan(make_toy(comm_us=1000.0, b_us=1.0, fixed_us=500.0))
@@ -59,7 +59,7 @@ def test_gds_prefers_fewer_micro_batches_when_it_is_large(make_toy):
     assert cheap.makespan_us == 654 + 2 * 500
 
     dear = _plan(make_toy(comm_us=1000.0, b_us=1.0, fixed_us=1000.0))
-    assert dear.num_micro_batches == 1
+    assert dear.slots == 1
     assert [mb.seqs for mb in dear.group_micro_batches(0)] == [[0, 1, 2]]
     assert dear.cp_rank == [0, 1, D]
     assert dear.makespan_us == 1183 + 1000
@@ -98,9 +98,9 @@ def test_pool_micro_batches_pay_it(make_toy):
     cfg = SchedulerConfig(dp=2, cp=2, bucket_size=10, policy="skrull-pool", cpsat=False)
     free = Scheduler(cfg, make_toy(comm_us=10.0, b_us=1.0)).schedule(lengths)
     dear = Scheduler(cfg, make_toy(comm_us=10.0, b_us=1.0, fixed_us=100.0)).schedule(lengths)
-    assert [mb.seqs for mb in dear.all_micro_batches()] == [[0], [3], [1, 2]]
-    assert [mb.seqs for mb in free.all_micro_batches()] == [[0], [3], [1, 2]]
-    assert [mb.time_us - 100.0 for mb in dear.all_micro_batches()] == [mb.time_us for mb in free.all_micro_batches()]
+    assert [mb.seqs for mb in dear.micro_batches] == [[0], [3], [1, 2]]
+    assert [mb.seqs for mb in free.micro_batches] == [[0], [3], [1, 2]]
+    assert [mb.time_us - 100.0 for mb in dear.micro_batches] == [mb.time_us for mb in free.micro_batches]
     assert dear.makespan_us == free.makespan_us + 2 * 100.0
 
 

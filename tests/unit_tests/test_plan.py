@@ -23,7 +23,7 @@ def plan(toy):
         (lambda p: p.dropped.clear(), r"sequence 6 has length 30 > limit 20"),
         (lambda p: p.ranks[1][0].rank_tokens.__setitem__(0, 0), r"rank tokens \[0, .*\] but its rank sets give"),
         (lambda p: setattr(p, "makespan_us", 0.0), r"makespan 0.0 is not the lockstep step time"),
-        (lambda p: p.dp_time_us.__setitem__(0, 1.0), r"DP rank 0: its micro-batches finish at"),
+        (lambda p: p.group_time_us.__setitem__(0, 1.0), r"DP rank 0: its micro-batches finish at"),
         (lambda p: setattr(p, "bucket_size", 5), r"holds \d+ tokens > bucket_size 5|length .* > limit"),
         (lambda p: setattr(p.ranks[0][0], "groups", 2), r"spans 2 CP groups; only skrull-pool plans may"),
         (lambda p: p.ranks[0][0].num_ranks.__setitem__(0, 1 if p.ranks[0][0].num_ranks[0] == 2 else 2),
@@ -63,7 +63,7 @@ def test_skrull_plan_views(plan):
     for mb in plan.micro_batches:
         assert mb.groups == 1 and all(n in (1, plan.cp) for n in mb.num_ranks)
         for k, c in zip(mb.seqs, mb.cp_rank):
-            assert (plan.dp_rank[k], plan.slot[k], plan.cp_rank[k]) == (mb.dp_rank, mb.index, c)
+            assert (plan.dp_rank[k], plan.slot[k], plan.cp_rank[k]) == (mb.first_group, mb.slot, c)
     assert [plan.dp_rank[6], plan.slot[6], plan.micro_batch[6]] == [-1, -1, -1]  # dropped
 
 
@@ -71,7 +71,7 @@ def test_summary_counts(plan):
     s = plan.summary()
     assert s["sequences"] == 6 and s["dropped"] == 1
     assert 0.0 <= s["local_seq_share"] <= 1.0
-    assert s["micro_batches"] == len(plan.all_micro_batches())
+    assert s["micro_batches"] == len(plan.micro_batches)
 
 
 def test_describe_lists_every_micro_batch(plan):

@@ -81,12 +81,12 @@ def test_pool_never_predicted_slower_than_skrull(shape):
     assert pool.makespan_us <= skrull.makespan_us
     if pool.skrull_plan:  # kept skrull's micro-batches
         assert sorted(map(sorted, (mb.seqs for mb in pool.micro_batches))) == sorted(
-            map(sorted, (mb.seqs for mb in skrull.all_micro_batches())))
+            map(sorted, (mb.seqs for mb in skrull.micro_batches)))
         if not pool.narrowed:  # and its placements: bit for bit
-            assert pool.group_time_us == skrull.dp_time_us
+            assert pool.group_time_us == skrull.group_time_us
         else:  # some sharded sequences narrowed to sub-group sets: each group no slower
-            assert all(a <= b for a, b in zip(pool.group_time_us, skrull.dp_time_us))
-            assert any(a < b for a, b in zip(pool.group_time_us, skrull.dp_time_us))
+            assert all(a <= b for a, b in zip(pool.group_time_us, skrull.group_time_us))
+            assert any(a < b for a, b in zip(pool.group_time_us, skrull.group_time_us))
 
 
 def priced(model: str, cross: float, b_us: float, fixed_us: float, step_us: float) -> _core.CostModel:

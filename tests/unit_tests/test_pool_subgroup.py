@@ -123,7 +123,7 @@ def test_two_rank_set_beside_four_rank_sets_at_dp1_cp4():
     # rank 2: 78 + 335/2 -> 168 + 390/4 -> 98 + 512/4 = 128: exactly the bucket.
     assert mb.rank_tokens == [382, 335, 472, 463]
     assert mb.comm_bytes == sum(DEBUG.kv_bytes(shard(s, k) * k) for s, k in ((335, 2), (390, 4), (512, 4)))
-    (sk,) = skrull.all_micro_batches()
+    (sk,) = skrull.micro_batches
     assert [sk.cp_rank[sk.seqs.index(q)] for q in mb.seqs] == [3, 3, 2, 1, 0, _core.DISTRIBUTED,
                                                                _core.DISTRIBUTED, _core.DISTRIBUTED]
     assert mb.time_us == oracle_time_us(mb, DEBUG, 4) < sk.time_us
@@ -139,7 +139,7 @@ def test_no_subgroup_when_it_does_not_pay():
     lengths_ = [156, 109, 335, 47, 512, 22, 390, 78]
     plan = plan_of(lengths_, 1, 4, 472, cost=cpu)
     skrull = plan_of(lengths_, 1, 4, 472, policy="skrull", cost=cpu)
-    assert plan.narrowed == 0 and plan.skrull_plan and plan.group_time_us == skrull.dp_time_us
+    assert plan.narrowed == 0 and plan.skrull_plan and plan.group_time_us == skrull.group_time_us
     assert set(plan.num_ranks) <= {1, 4}
     # And at CP 2 there is no sub-group to narrow to.
     assert plan_of(lengths_, 2, 2, 472).narrowed == 0

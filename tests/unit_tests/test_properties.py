@@ -44,7 +44,7 @@ def test_every_plan_is_valid_and_deterministic(shape):
     plan = sched.schedule(lengths_)
     plan.validate()  # each sequence exactly once, rank tokens <= bucket, arrays consistent
     assert sorted(k for r in plan.ranks for mb in r for k in mb.seqs) == list(range(k))
-    for mb in plan.all_micro_batches():
+    for mb in plan.micro_batches:
         assert max(mb.rank_tokens) <= bucket
     again = Scheduler(SchedulerConfig(dp=dp, cp=cp, bucket_size=bucket, policy=policy, cpsat=False), cm.preset())
     assert again.schedule(list(lengths_)).digest() == plan.digest()
@@ -72,7 +72,7 @@ def test_core_equals_python_reference(shape):
     assert plan.slot == want.micro_batch
     assert plan.cp_rank == want.cp_rank
     assert [[mb.seqs for mb in r] for r in plan.ranks] == want.groups
-    assert plan.dp_time_us == want.dp_time_us  # same operations, same order: bitwise
+    assert plan.group_time_us == want.dp_time_us  # same operations, same order: bitwise
 
 
 @settings(max_examples=60, deadline=None)
@@ -109,7 +109,7 @@ def test_predicted_time_policy_never_slower_than_smallest_feasible(policy):
         # different roll-back rule, so compare against the reference with ours).
         want = ref.schedule(b, ref.RefCost.of(cost), 4, 8, 26624, longest_rollback=True, predicted_time=False)
         for d in range(4):
-            assert ours.dp_time_us[d] <= want.dp_time_us[d]
+            assert ours.group_time_us[d] <= want.dp_time_us[d]
         assert paper.makespan_us > 0
 
 
@@ -153,4 +153,4 @@ def test_skrull_equals_reference_at_the_paper_shape(dataset):
                             refine_=True, sweep=True)
         assert plan.cp_rank == want.cp_rank
         assert plan.slot == want.micro_batch
-        assert plan.dp_time_us == want.dp_time_us
+        assert plan.group_time_us == want.dp_time_us

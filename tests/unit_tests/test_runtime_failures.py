@@ -26,7 +26,7 @@ def test_mean_bound_gap_is_defined_without_cpsat(cpsat):
     gap = plan.summary()["mean_bound_gap"]
     assert math.isfinite(gap) and gap >= -1e-6
     assert all(mb.lower_bound_us is not None and mb.lower_bound_us <= mb.time_us * (1 + 1e-6)
-               for mb in plan.all_micro_batches())
+               for mb in plan.micro_batches)
 
 
 PROFILER = [

@@ -35,7 +35,7 @@ def test_buffers_reassemble_the_global_batch(dp, cp, policy):
         indices = source.global_batch(any_step.step, 16)
         seen = []
         for d in range(dp):
-            n_mb = plan.num_micro_batches
+            n_mb = plan.slots
             assert all(len(steps[d, c].micro_batches) == n_mb for c in range(cp))
             for j, mb_plan in enumerate(plan.group_micro_batches(d)):
                 bufs = [steps[d, c].micro_batches[j] for c in range(cp)]
@@ -49,7 +49,7 @@ def test_buffers_reassemble_the_global_batch(dp, cp, policy):
                 back = unshard_buffer([b.positions[0] for b in bufs], mb_plan.lengths, mb_plan.cp_rank)
                 assert all(torch.equal(p, torch.arange(len(p))) for p in back)  # true positions
                 seen += mb_plan.seqs
-            for j in range(len(plan.group_micro_batches(d)), plan.num_micro_batches):
+            for j in range(len(plan.group_micro_batches(d)), plan.slots):
                 assert all(steps[d, c].micro_batches[j].valid_labels == 0 for c in range(cp))
         assert sorted(seen) == list(range(16))
         total = sum(int((source[i].labels != IGNORE_INDEX).sum()) for i in indices)

@@ -28,7 +28,7 @@ def test_baseline_by_hand(make_toy):
     assert [[mb.seqs for mb in r] for r in plan.ranks] == [[[0, 2]], [[1, 3]]]
     assert set(plan.cp_rank) == {D}
     # rank 0: comm 10 + (160 + 108) / 2 = 144; rank 1: 10 + (288 + 220) / 2 = 264.
-    assert plan.dp_time_us == [144.0, 264.0]
+    assert plan.group_time_us == [144.0, 264.0]
     m = metrics.of_plan(plan, cost, capacity=10, bound_us=194.0)
     assert m.time_us == 264.0
     assert m.peak_tokens == 8 and m.mean_peak_tokens == (4 + 4 + 8 + 8) / 4
@@ -42,7 +42,7 @@ def test_local_share_counts_sequences_kept_whole(make_toy):
     cost = make_toy(comm_us=1000.0)
     plan = P.get("skrull").plan(LENGTHS, cost, SHAPE, 0)
     plan.validate()
-    mbs = plan.all_micro_batches()
+    mbs = plan.micro_batches
     local = sum(1 for mb in mbs for r in mb.cp_rank if r != D)
     assert local > 0  # an expensive exchange: skrull keeps some whole
     assert metrics.of_plan(plan, cost, capacity=10, bound_us=1.0).local_share == local / len(LENGTHS)
@@ -68,7 +68,7 @@ def test_cp1_baseline_exchanges_nothing(make_toy):
     cost = make_toy(comm_us=10.0)
     plan = P.get("baseline").plan(LENGTHS, cost, Shape(dp=1, cp=1, batch_size=4, bucket_size=18), 0)
     plan.validate()
-    assert plan.makespan_us == 160 + 288 + 108 + 220 and plan.all_micro_batches()[0].comm_bytes == 0
+    assert plan.makespan_us == 160 + 288 + 108 + 220 and plan.micro_batches[0].comm_bytes == 0
 
 
 def test_bound_by_hand(make_toy):

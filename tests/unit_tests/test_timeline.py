@@ -51,7 +51,7 @@ def test_lockstep_plan_covers_fits_and_is_timed_by_its_slots(seed, k, cp, dp, bu
     assert sorted(s for r in plan.ranks for mb in r for s in mb.seqs) == list(range(k))  # each once
     for rank in plan.ranks:
         for slot, mb in enumerate(rank):
-            assert mb.index == slot and max(mb.rank_tokens) <= bucket  # memory, every rank, every slot
+            assert mb.slot == slot and max(mb.rank_tokens) <= bucket  # memory, every rank, every slot
     rank_times = [[mb.time_us for mb in r] for r in plan.ranks]
     assert plan.makespan_us == pytest.approx(lockstep_us(rank_times, fixed_us), rel=1e-12, abs=1e-9)
     # Never shorter than the free-running step of the same micro-batches, nor than the bound.
