@@ -25,7 +25,7 @@ def test_smallest_feasible_micro_batch_count(toy):
     plan.validate()
     assert plan.slot == plan.micro_batch == [0, 1, 2, 0]
     assert [mb.seqs for mb in plan.group_micro_batches(0)] == [[0, 3], [1], [2]]
-    assert plan.num_micro_batches == 3
+    assert plan.slots == 3
 
 
 def test_predicted_time_may_pick_more_micro_batches(make_toy):
@@ -37,8 +37,8 @@ def test_predicted_time_may_pick_more_micro_batches(make_toy):
     ours = Scheduler(SchedulerConfig(dp=1, cp=2, bucket_size=10, policy="skrull", cpsat=False), cost).schedule(lengths)
     paper.validate()
     ours.validate()
-    assert paper.num_micro_batches == 1 and paper.cp_rank.count(D) == 1
-    assert ours.num_micro_batches == 2 and D not in ours.cp_rank
+    assert paper.slots == 1 and paper.cp_rank.count(D) == 1
+    assert ours.slots == 2 and D not in ours.cp_rank
     assert ours.makespan_us < paper.makespan_us
 
 
@@ -62,7 +62,7 @@ def test_overlength_policies(toy, policy):
 def test_empty_batch_is_an_empty_plan(toy):
     plan = Scheduler(SchedulerConfig(dp=2, cp=2, bucket_size=10), toy).schedule([])
     plan.validate()
-    assert plan.num_micro_batches == 0 and plan.makespan_us == 0.0
+    assert plan.slots == 0 and plan.makespan_us == 0.0
 
 
 def test_more_dp_ranks_than_sequences(toy):
@@ -106,10 +106,10 @@ def test_a_sequence_that_fills_a_micro_batch_does_not_split_the_rest_one_by_one(
     cfg = SchedulerConfig(dp=1, cp=8, bucket_size=13312, policy="skrull", timeline="free")
     plan = Scheduler(cfg, cost).schedule(lengths)
     plan.validate()
-    assert plan.num_micro_batches == 2
+    assert plan.slots == 2
     assert [mb.seqs for mb in plan.group_micro_batches(0)] == [[0], list(range(1, 41))]  # the long one alone
     want = ref.schedule(lengths, ref.RefCost.of(cost), 1, 8, 13312, predicted_time=True, refine_=True, sweep=True)
-    assert [[mb.seqs for mb in r] for r in plan.ranks] == want.groups and plan.dp_time_us == want.dp_time_us
+    assert [[mb.seqs for mb in r] for r in plan.ranks] == want.groups and plan.group_time_us == want.dp_time_us
     paper = Scheduler(SchedulerConfig(dp=1, cp=8, bucket_size=13312, policy="skrull-paper", timeline="free"),
                       cost).schedule(lengths)
-    assert paper.num_micro_batches == 41 and plan.makespan_us < paper.makespan_us
+    assert paper.slots == 41 and plan.makespan_us < paper.makespan_us
