@@ -94,7 +94,7 @@ def run_setting(s: Setting, batches: int, seed: int) -> dict:
         mine = p.group_micro_batches(0)
         micro_batches += len(mine)
         replaced += sum(1 for mb in mine if mb.path == "cpsat")
-        heuristic, refined = q.dp_time_us[0], p.dp_time_us[0]
+        heuristic, refined = q.group_time_us[0], p.group_time_us[0]
         gains.append(1.0 - refined / heuristic if heuristic > 0 else 0.0)
         saved_ms.append((heuristic - refined) / 1e3)
         step_ms.append(heuristic / 1e3)

@@ -124,9 +124,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.step_ms <= 0:
         ap.error(f"--step-ms must be > 0, got {args.step_ms}")
     results = [run_mode(args, 0), run_mode(args, args.prefetch)]
-    cfg = build_loader(args, 0).scheduler.config
+    cfg = build_loader(args, 0).scheduler.job
     print(f"rank (dp 0, cp 0) of DP {SHAPE.dp} x CP {SHAPE.cp}, {SHAPE.dp * SHAPE.per_dp} sequences per step "
-          f"({args.dataset}), bucket {SHAPE.bucket_size}, policy {cfg.policy}, CP-SAT "
+          f"({args.dataset}), bucket {SHAPE.bucket_size}, policy {cfg.policy.name}, CP-SAT "
           f"{'on' if cfg.uses_cpsat else 'off'} (margin {cfg.cpsat_margin:g}, limit {cfg.cpsat_deterministic_time:g} "
           f"deterministic s; {statistics.mean(r['cpsat_replaced_per_step'] for r in results):.1f} of the rank's "
           f"micro-batches replaced per step), cost model: {cost_model_of(args)[1]}; step T = {args.step_ms:g} ms, "

@@ -106,7 +106,7 @@ def run_setting(s: Setting, args, pool: list[int]) -> dict:
             "cpp_core_us": {"p50": pct(inner, 50), "p99": pct(inner, 99), "max": max(inner)},
             "python_ref_us": {"p50": pct(py, 50) if py else None, "p99": pct(py, 99) if py else None, "n": len(py)},
             "facade_us": {"p50": pct(facade, 50), "max": max(facade), "n": len(facade),
-                          "cpsat": fb_cfg.uses_cpsat},
+                          "cpsat": sched_py.job.uses_cpsat},
             "speedup_p50": pct(py, 50) / pct(wall, 50) if py else None,
         }
     # CP-SAT exact solve of the same batches' micro-batches, for scale.

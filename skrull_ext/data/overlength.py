@@ -102,9 +102,9 @@ def capacity_limit(capacity: Capacity, mode: str, max_len: int | None) -> Length
     return _capped(LengthLimit(capacity.limit, mode, "capacity", capacity), max_len)
 
 
-def scheduler_limit(config, max_len: int | None) -> LengthLimit:
-    """The limit of a ``SchedulerConfig`` (its capacity and over-length mode)."""
-    return capacity_limit(config.capacity, config.overlength, max_len)
+def scheduler_limit(job, max_len: int | None) -> LengthLimit:
+    """The limit of a resolved job (``SchedulerJob``: its capacity and over-length mode)."""
+    return capacity_limit(job.capacity, job.overlength, max_len)
 
 
 def location(source, index: int) -> str:

@@ -18,7 +18,8 @@ computed here from the plan: the same on every rank, so no all-reduce is
 needed for it.
 
 torchtitan builds dataloaders before it knows the CP layout, so the trainer
-calls ``attach(scheduler, cp_rank, cp_size)`` once after construction.
+calls ``attach(scheduler, cp_rank, cp_size)`` once after construction; the
+scheduler's resolved job (``scheduler.job``) says how the job executes.
 
 A step is a function of its number and of the run's counts before it
 (``StepBuilder``). With ``[dataloader] prefetch_steps`` K > 0 (the default
@@ -96,17 +97,18 @@ class StepBuilder:
     global_batch_size: int
     dp_rank: int
     cp_rank: int
-    free_running: bool = False
-    """Build only this rank's own micro-batches (one pad pass if it has none): the
-    trainer's free-running mode, where DP ranks share no collective per pass. Off: pad
-    to the plan's micro-batch count, so every rank runs as many FSDP passes."""
+    lockstep_passes: bool = False
+    """Pad to the plan's slots even when the job runs free (validation's forward passes)."""
     warn: bool = True
     """Log each step's cuts and skips (a validation pass counts them in its own line)."""
 
-    def __post_init__(self) -> None:
-        if self.free_running and self.scheduler.config.policy_spec.pool:
-            raise ValueError("skrull.free_running = true does not run with skrull.policy = 'skrull-pool' "
-                             "(SkrullConfig.check_free_running says why)")
+    @property
+    def own_only(self) -> bool:
+        """Build only this rank's own micro-batches (one pad pass if it has none): the job's
+        free-running execution (``scheduler.job.free_running``), where DP ranks share no
+        collective per pass. Otherwise pad to the plan's slots, so every rank runs as many
+        FSDP passes."""
+        return self.scheduler.job.free_running and not self.lockstep_passes
 
     def __call__(self, step: int, run: RunAccount) -> SkrullStep:
         begin = time.perf_counter()
@@ -127,7 +129,7 @@ class StepBuilder:
             (c if n == m else loss_tokens(self.source, i, n, self.source.length(i)))
             for i, m, c, n, k in zip(indices, lengths, losses, plan.lengths, kept) if k
         )
-        mbs = rank_buffers(plan, samples, indices, self.dp_rank, self.cp_rank, self.free_running)
+        mbs = rank_buffers(plan, samples, indices, self.dp_rank, self.cp_rank, self.own_only)
         return SkrullStep(
             step=step, dp_rank=self.dp_rank, samples=indices, plan=plan, micro_batches=mbs,
             global_valid_tokens=valid, schedule_us=schedule_us, account=account,
@@ -202,10 +204,10 @@ class SkrullDataLoader(SourceDataLoaderBase):
         self._cursor: _Cursor | None = None
         self._ahead: Prefetcher | None = None
 
-    def attach(self, scheduler: Scheduler, cp_rank: int, cp_size: int, free_running: bool = False) -> None:
-        """Bind the scheduler and this rank's CP coordinates (once, after build).
-        ``free_running``: build only this rank's own micro-batches (StepBuilder)."""
-        c = scheduler.config
+    def attach(self, scheduler: Scheduler, cp_rank: int, cp_size: int) -> None:
+        """Bind the scheduler and this rank's CP coordinates (once, after build); how the
+        job executes is the scheduler's resolved job's (``scheduler.job``)."""
+        c = scheduler.job
         if (c.dp, c.cp) != (self.dp_world_size, cp_size):
             raise ValueError(
                 f"scheduler is for DP {c.dp} x CP {c.cp}, this rank is in DP "
@@ -215,7 +217,7 @@ class SkrullDataLoader(SourceDataLoaderBase):
         self.scheduler, self.cp_rank, self.cp_size = scheduler, cp_rank, cp_size
         self.limit = scheduler_limit(c, self.config.max_len)
         self.builder = StepBuilder(self.source, scheduler, self.limit, self.config.global_batch_size,
-                                   self.dp_rank, cp_rank, free_running)
+                                   self.dp_rank, cp_rank)
 
     def __iter__(self) -> Iterator[SkrullStep]:
         if self.scheduler is None:

@@ -1,6 +1,9 @@
 """The scheduler: what each rank runs in a global batch, decided alike on every rank.
 
-- ``config``: the scheduling knobs (``SchedulingOptions``), ``SchedulerConfig`` and the policies;
+- ``config``: the scheduling knobs (``SchedulingOptions``, checked once), ``SchedulerConfig`` (the same
+  as plain values, for library users), the policies and the timelines;
+- ``job``: ``SchedulerJob``, a job's scheduling resolved once (BucketSize, Policy, timeline, execution,
+  capacity, cost model, the core's options): what the Scheduler, its plans and the dataloader read;
 - ``capacity``: what a job's ranks hold, and the longest sequence a plan trains whole;
 - ``cost_model``, ``profile_file``, ``model_shape``: what a micro-batch costs (named presets,
   measured profile files, the shape of the job's model), and ``hardware/`` the assumed H100;

@@ -15,7 +15,6 @@ from typing import ClassVar, Literal
 
 from skrull_ext import _core
 from skrull_ext._core import DacpSearch, MicroBatchCount, Overlength, Placement, Rollback
-from skrull_ext.scheduler.capacity import Capacity
 
 
 @dataclass(frozen=True)
@@ -109,7 +108,7 @@ def _check_range(name: str, value, lo, hi) -> None:
         raise ValueError(f"{name} must be in [{lo}, {hi}], got {value!r}")
 
 
-def _check_int(name: str, value, lo: int, hi: int) -> None:
+def check_int(name: str, value, lo: int, hi: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"{name} must be an integer in [{lo}, {hi}], got {value!r}")
     _check_range(name, value, lo, hi)
@@ -181,27 +180,44 @@ class SchedulingOptions:
             raise ValueError(f"cpsat must be true or false, got {self.cpsat!r}")
         _check_range("cpsat_margin", self.cpsat_margin, 0.0, 100.0)
         _check_range("cpsat_deterministic_time", self.cpsat_deterministic_time, 0.0, 3600.0)
-        _check_int("max_extra_micro_batches", self.max_extra_micro_batches, 0, 1024)
+        check_int("max_extra_micro_batches", self.max_extra_micro_batches, 0, 1024)
 
     def options(self) -> dict:
         """The knobs as keyword arguments (for SchedulerConfig), as written."""
         return {f.name: getattr(self, f.name) for f in fields(SchedulingOptions) if f.init}
 
 
-TIMELINES: dict[str, "_core.Timeline"] = {
+TIMELINES: dict[str, _core.Timeline] = {
     "lockstep": _core.Timeline.LOCKSTEP,
     "free": _core.Timeline.FREE_RUNNING,
 }
-"""How the DP ranks of a step run their micro-batches (docs/design/cost_model.md, "Timelines").
-lockstep: FSDP gathers every layer's parameters per micro-batch over the whole shard mesh, so
-every rank runs micro-batch slot j at the same time (a rank with fewer runs pad passes); the
-step is the sum over slots of the slowest rank in each. free: ranks share no collective until
-the step's gradient reduction, so the step is the slowest rank's sum."""
+"""How the DP ranks of a step run their micro-batches (docs/design/cost_model.md, "Timelines"),
+by the names a human writes. lockstep: FSDP gathers every layer's parameters per micro-batch over
+the whole shard mesh, so every rank runs micro-batch slot j at the same time (a rank with fewer
+runs pad passes); the step is the sum over slots of the slowest rank in each. free: ranks share
+no collective until the step's gradient reduction, so the step is the slowest rank's sum.
+Everything past ``timeline_of`` holds the core's enum."""
 
-Timeline = Literal[tuple(TIMELINES)]  # pyrefly: ignore[invalid-literal]
+TimelineName = Literal[tuple(TIMELINES)]  # pyrefly: ignore[invalid-literal]
 
 
-def job_timeline(dp_shard: int, dp_replicate: int, free_running: bool, defer_grad_sync: bool) -> str:
+def timeline_of(value: str | _core.Timeline) -> _core.Timeline:
+    """The one conversion of a timeline's name ("lockstep", "free") to the core's enum (an enum
+    passes through); ValueError naming the choices."""
+    if isinstance(value, _core.Timeline):
+        return value
+    timeline = TIMELINES.get(value) if isinstance(value, str) else None
+    if timeline is None:
+        raise ValueError(f"timeline must be one of {sorted(TIMELINES)}, got {value!r}")
+    return timeline
+
+
+def timeline_name(timeline: _core.Timeline) -> str:
+    """The name a human writes for ``timeline`` (logs, reports)."""
+    return next(k for k, v in TIMELINES.items() if v == timeline)
+
+
+def job_timeline(dp_shard: int, dp_replicate: int, free_running: bool, defer_grad_sync: bool) -> _core.Timeline:
     """The timeline a job executes, from its parallelism (not a flag of its own).
 
     Free-running only where no collective spans DP ranks between the step's
@@ -211,54 +227,54 @@ def job_timeline(dp_shard: int, dp_replicate: int, free_running: bool, defer_gra
     whose gradient all-reduce is deferred to the last micro-batch. Anything
     else runs lockstep."""
     if free_running or dp_shard * dp_replicate <= 1:
-        return "free"
+        return _core.Timeline.FREE_RUNNING
     if dp_shard == 1 and defer_grad_sync:
-        return "free"
-    return "lockstep"
+        return _core.Timeline.FREE_RUNNING
+    return _core.Timeline.LOCKSTEP
+
+
+def core_options(dp: int, cp: int, bucket_size: int, policy: Policy, timeline: _core.Timeline, overlength: str,
+                 max_extra_micro_batches: int) -> _core.Options:
+    """The core's Options: every field Python declares is set here (the C++ defaults serve C++
+    callers); sweep_margin and pool_widen keep the core's own. The slot GDS runs on a lockstep
+    timeline only (what follows from the timeline, decided here)."""
+    opt = _core.Options()
+    opt.dp, opt.cp, opt.bucket_size = dp, cp, bucket_size
+    opt.placement = policy.placement
+    opt.rollback = policy.rollback
+    opt.micro_batch_count = policy.micro_batch_count
+    opt.refine = policy.refine
+    opt.dacp_search = policy.dacp_search
+    opt.max_extra_micro_batches = max_extra_micro_batches
+    opt.overlength = OVERLENGTH[overlength]
+    opt.timeline = timeline
+    opt.slot_gds = policy.slot_gds and timeline == _core.Timeline.LOCKSTEP
+    return opt
 
 
 @dataclass(kw_only=True, slots=True)
 class SchedulerConfig(SchedulingOptions):
-    """What the scheduler needs besides the cost model: the knobs and the job shape."""
+    """A scheduler built from plain values, for library users, the simulator and tests: the
+    knobs, the job shape and the timeline by name. Checked as a job's [skrull] section is
+    (``SchedulingOptions.check``, the one check of the knobs); ``Scheduler(config, cost_model)``
+    resolves it into the ``SchedulerJob`` it runs on (job.py), which checks the dims."""
 
     dp: int = 1
     """Data-parallel ranks the global batch is split over."""
     cp: int = 1
     """Context-parallel ranks per group (N)."""
-    timeline: Timeline = "lockstep"
-    """The timeline the job executes (``job_timeline``): what the plan is built and timed for."""
+    timeline: TimelineName = "lockstep"
+    """The timeline the job executes, by name (``timeline_of``)."""
 
     def __post_init__(self) -> None:
-        _check_int("dp", self.dp, 1, _core.MAX_RANKS)
-        _check_int("cp", self.cp, 1, _core.MAX_RANKS)
-        if self.timeline not in TIMELINES:
-            raise ValueError(f"timeline must be one of {sorted(TIMELINES)}, got {self.timeline!r}")
+        # The dims' one Python check: a job's come from torchtitan's ParallelDims, and the
+        # core's validate.hpp guards a SchedulerJob made by hand.
+        check_int("dp", self.dp, 1, _core.MAX_RANKS)
+        check_int("cp", self.cp, 1, _core.MAX_RANKS)
         self.check()
-
-    @property
-    def capacity(self) -> Capacity:
-        """What the job's ranks hold under this policy, and the longest sequence it trains whole."""
-        return Capacity(self.bucket_size, self.cp, self.dp, self.policy_spec.pool)
+        timeline_of(self.timeline)  # a bad name fails here, naming the choices
 
     def core_options(self) -> _core.Options:
-        """The core's Options from these knobs: every field Python declares is set here (the
-        C++ defaults serve C++ callers); sweep_margin and pool_widen keep the core's own."""
-        policy = self.policy_spec
-        opt = _core.Options()
-        opt.dp, opt.cp, opt.bucket_size = self.dp, self.cp, self.bucket_size
-        opt.placement = policy.placement
-        opt.rollback = policy.rollback
-        opt.micro_batch_count = policy.micro_batch_count
-        opt.refine = policy.refine
-        opt.dacp_search = policy.dacp_search
-        opt.max_extra_micro_batches = self.max_extra_micro_batches
-        opt.overlength = OVERLENGTH[self.overlength]
-        opt.timeline = TIMELINES[self.timeline]
-        opt.slot_gds = policy.slot_gds and self.timeline == "lockstep"
-        return opt
-
-    @property
-    def uses_cpsat(self) -> bool:
-        """The one CP-SAT switch: enabled, the policy has a fallback, and there
-        is a placement to choose (cp > 1)."""
-        return self.cpsat and self.policy_spec.fallback and self.cp > 1
+        """The core's Options for these values (``core_options``), for a caller of the core itself."""
+        return core_options(self.dp, self.cp, self.bucket_size, self.policy_spec, timeline_of(self.timeline),
+                            self.overlength, self.max_extra_micro_batches)

@@ -27,12 +27,16 @@ import hashlib
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from skrull_ext import _core
 from skrull_ext._core import DISTRIBUTED
 from skrull_ext.scheduler.capacity import Capacity
-from skrull_ext.scheduler.config import TIMELINES
+from skrull_ext.scheduler.config import TIMELINES, timeline_of
 from skrull_ext.scheduler.plan_check import PlanError, check_plan
+
+if TYPE_CHECKING:
+    from skrull_ext.scheduler.job import SchedulerJob
 
 DROPPED = _core.DROPPED
 
@@ -176,23 +180,23 @@ class Plan:
     rollbacks: int = 0
     refined_dp_rank: int | None = None
     """When set, the CP-SAT fallback looked only at this DP rank's micro-batches."""
-    timeline: str = "lockstep"
-    """The timeline the step runs on (config.TIMELINES): lockstep slots or free-running groups."""
+    timeline: _core.Timeline = _core.Timeline.LOCKSTEP
+    """The timeline the step runs on (the job's): lockstep slots or free-running groups."""
     pad_us: float = 0.0
     """Time of a pad pass on a lockstep timeline: the cost model's micro_batch_fixed_us."""
     step_us: float = 0.0
     """Time the step pays once whatever its micro-batches: the cost model's step_fixed_us."""
 
     @classmethod
-    def from_core(cls, s: _core.Plan, input_lengths: Sequence[int], dp: int, cp: int, bucket_size: int,
-                  cost: _core.CostModel | None = None, timeline: str = "lockstep", pool: bool = False) -> Plan:
+    def from_core(cls, s: _core.Plan, input_lengths: Sequence[int], job: SchedulerJob) -> Plan:
         """The core's plan (``_core.to_plan`` or ``_core.schedule_pool``, the same type for every
         policy) as this type: each micro-batch in one comprehension over the core's, the rest
         as it comes. Plain dataclasses rather than a view over the core object, because a plan
         is changed after the core: CP-SAT swaps a micro-batch's placement (``replace_placement``)
         and the simulator builds plans with no core object at all (``from_groups``); a view
-        would need an override for each such field. With ``cost``, a pad pass costs
-        ``cost.micro_batch_fixed_us`` and the step ``cost.step_fixed_us``."""
+        would need an override for each such field. The shape, timeline and costs are ``job``'s
+        (the resolved job the Scheduler ran): a pad pass costs its cost model's
+        ``micro_batch_fixed_us``, the step its ``step_fixed_us``."""
         lengths = list(s.lengths)
         mbs = [
             MicroBatchPlan(
@@ -204,27 +208,28 @@ class Plan:
             for mb in s.micro_batches
         ]
         return cls(
-            dp=dp, cp=cp, bucket_size=bucket_size, lengths=lengths, input_lengths=list(input_lengths),
+            dp=job.dp, cp=job.cp, bucket_size=job.bucket_size, lengths=lengths, input_lengths=list(input_lengths),
             micro_batch=list(s.micro_batch), first_rank=list(s.first_rank), num_ranks=list(s.num_ranks),
             micro_batches=mbs, slots=s.slots, group_time_us=list(s.group_time_us), makespan_us=s.makespan_us,
-            dropped=list(s.dropped), truncated=list(s.truncated), scheduler_us=s.elapsed_us, pool=pool,
+            dropped=list(s.dropped), truncated=list(s.truncated), scheduler_us=s.elapsed_us, pool=job.policy.pool,
             widened=s.widened, narrowed=s.narrowed, skrull_plan=s.skrull_plan, rollbacks=s.rollbacks,
-            timeline=timeline, pad_us=cost.micro_batch_fixed_us if cost is not None else 0.0,
-            step_us=cost.step_fixed_us if cost is not None else 0.0,
+            timeline=job.timeline, pad_us=job.cost_model.micro_batch_fixed_us, step_us=job.cost_model.step_fixed_us,
         )
 
     @classmethod
     def from_groups(cls, lengths: Sequence[int], groups: list[list[MicroBatchPlan]], dp: int, cp: int,
-                    bucket_size: int, scheduler_us: float, timeline: str = "lockstep", pad_us: float = 0.0) -> Plan:
+                    bucket_size: int, scheduler_us: float, timeline: str | _core.Timeline = "lockstep",
+                    pad_us: float = 0.0) -> Plan:
         """A plan of one-group micro-batches listed per CP group in slot order (the simulator's
-        baselines), nothing dropped or truncated; timed by the core's slot replay."""
+        baselines), nothing dropped or truncated; timed by the core's slot replay on ``timeline``
+        (by name or the core's enum)."""
         n = len(lengths)
         mbs = sorted((mb for g in groups for mb in g), key=lambda mb: (mb.slot, mb.first_group))
         plan = cls(
             dp=dp, cp=cp, bucket_size=bucket_size, lengths=list(lengths), input_lengths=list(lengths),
             micro_batch=[-1] * n, first_rank=[0] * n, num_ranks=[0] * n, micro_batches=mbs,
             slots=max((mb.slot + 1 for mb in mbs), default=0), group_time_us=[0.0] * dp, makespan_us=0.0,
-            dropped=[], truncated=[], scheduler_us=scheduler_us, timeline=timeline, pad_us=pad_us,
+            dropped=[], truncated=[], scheduler_us=scheduler_us, timeline=timeline_of(timeline), pad_us=pad_us,
         )
         for m, mb in enumerate(mbs):
             for k, r, c in zip(mb.seqs, mb.first_rank, mb.num_ranks):
@@ -263,12 +268,6 @@ class Plan:
                 out[g].append(mb)
         return out
 
-    @property
-    def dp_time_us(self) -> list[float]:
-        """Old name of ``group_time_us``, left only for tests/unit_tests/test_gds.py, which
-        another change in progress edits; goes when that file moves to ``group_time_us``."""
-        return self.group_time_us
-
     def group_micro_batches(self, dp_rank: int) -> list[MicroBatchPlan]:
         """Micro-batches one CP group (DP rank) runs, in slot order."""
         if not 0 <= dp_rank < self.dp:
@@ -288,11 +287,6 @@ class Plan:
                 out.append((mb.slot, m, [(k, r, n) for k, r, n in zip(mb.seqs, mb.first_rank, mb.num_ranks)
                                          if r <= rank < r + n]))
         return out
-
-    @property
-    def num_micro_batches(self) -> int:
-        """Old name of ``slots``, left only for tests/unit_tests/test_gds.py (see ``dp_time_us``)."""
-        return self.slots
 
     @property
     def num_sequences(self) -> int:
@@ -328,7 +322,7 @@ class Plan:
             "scheduler_us": self.scheduler_us,
             "fallback_us": self.fallback_us,
             "predicted_us": self.makespan_us,
-            **{f"predicted_{t}_us": self.step_time_us(t) for t in TIMELINES},
+            **{f"predicted_{name}_us": self.step_time_us(t) for name, t in TIMELINES.items()},
             "dp_imbalance": self.makespan_us / mean if mean > 0 else 1.0,
             "max_rank_tokens": max(rank_tokens, default=0),
             "rank_token_imbalance": _imbalance(self.rank_totals()),
@@ -399,10 +393,10 @@ class Plan:
         for m, s in zip(self.micro_batches, starts):
             m.start_us = s
 
-    def step_time_us(self, timeline: str | None = None) -> float:
+    def step_time_us(self, timeline: _core.Timeline | None = None) -> float:
         """The step on ``timeline`` (default: the plan's own), from its slots (the core's timeline function)."""
-        return _core.plan_step_time_us(self._slot_times(), self.dp, TIMELINES[timeline or self.timeline], self.pad_us,
-                                         self.step_us)
+        return _core.plan_step_time_us(self._slot_times(), self.dp, self.timeline if timeline is None else timeline,
+                                       self.pad_us, self.step_us)
 
     def _slot_times(self) -> list[_core.SlotTime]:
         return [_core.SlotTime(mb.slot, mb.first_group, mb.groups, mb.time_us) for mb in self.micro_batches]
@@ -410,8 +404,8 @@ class Plan:
     def _timeline(self) -> tuple[list[float], list[float], float]:
         """The core's replay of the slots (timeline.hpp): each group's free-running finish,
         each micro-batch's start on the plan's timeline, and the step on it."""
-        step, group_free, starts = _core.plan_timeline(self._slot_times(), self.dp, TIMELINES[self.timeline],
-                                                       self.pad_us, self.step_us)
+        step, group_free, starts = _core.plan_timeline(self._slot_times(), self.dp, self.timeline, self.pad_us,
+                                                       self.step_us)
         return group_free, starts, step
 
     # ------------------------------------------------------------- invariants

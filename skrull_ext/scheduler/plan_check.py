@@ -56,7 +56,8 @@ def check_plan(plan) -> None:
         if not math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-6):
             raise PlanError(f"DP rank {g}: its micro-batches finish at {a}, the plan says {b}")
     if not math.isclose(plan.makespan_us, step, rel_tol=1e-9, abs_tol=1e-6):
-        raise PlanError(f"makespan {plan.makespan_us} is not the {plan.timeline} step time {step} of its slots")
+        raise PlanError(f"makespan {plan.makespan_us} is not the {plan.timeline.name.lower()} step time {step} "
+                        "of its slots")
 
 
 def _check_lengths(plan, n: int) -> None:

@@ -21,8 +21,9 @@ from collections.abc import Sequence
 from skrull_ext import _core
 from skrull_ext._core import CostModel
 from skrull_ext.scheduler import cost_model as cost_models
-from skrull_ext.scheduler.config import TIMELINES, SchedulerConfig
+from skrull_ext.scheduler.config import SchedulerConfig, timeline_of
 from skrull_ext.scheduler.cpsat import CpSatResult, solve_dacp
+from skrull_ext.scheduler.job import SchedulerJob
 from skrull_ext.scheduler.plan import MicroBatchPlan, Plan
 
 
@@ -39,12 +40,24 @@ def _as_lengths(lengths: Sequence[int]) -> list[int]:
 
 
 class Scheduler:
-    """Plans global batches for one job shape (DP x CP, BucketSize, policy)."""
+    """Plans global batches for one resolved job (``SchedulerJob``: DP x CP, BucketSize,
+    policy, timeline, cost model, the core's options)."""
 
-    def __init__(self, config: SchedulerConfig, cost_model: CostModel | None = None) -> None:
-        self.config = config
-        self.cost_model = cost_model if cost_model is not None else cost_models.preset()
-        self._options = config.core_options()
+    def __init__(self, job: SchedulerJob | SchedulerConfig, cost_model: CostModel | None = None) -> None:
+        """``job``: the job's resolved scheduling; or, for library users and tests, a
+        ``SchedulerConfig`` of plain values resolved here on ``cost_model`` (default: the
+        default preset)."""
+        if isinstance(job, SchedulerConfig):
+            job = SchedulerJob.of(job, dp=job.dp, cp=job.cp, timeline=timeline_of(job.timeline),
+                                  cost_model=cost_model if cost_model is not None else cost_models.preset(),
+                                  bucket_size=job.bucket_size)
+        elif cost_model is not None:
+            raise ValueError("a SchedulerJob holds its cost model; pass cost_model with a SchedulerConfig only")
+        self.job = job
+
+    @property
+    def cost_model(self) -> CostModel:
+        return self.job.cost_model
 
     def schedule(self, lengths: Sequence[int], dp_rank: int | None = None) -> Plan:
         """Plan one global batch (lengths in dataset order). Empty batch -> empty plan.
@@ -58,17 +71,15 @@ class Scheduler:
         (under ``skrull-pool`` a wide one keeps the core's sets).
         """
         lengths = _as_lengths(lengths)
-        c = self.config
+        c = self.job
         if dp_rank is not None and not (isinstance(dp_rank, int) and 0 <= dp_rank < c.dp):
             raise ValueError(f"dp_rank must be in [0, {c.dp}), got {dp_rank!r}")
-        if c.policy_spec.pool:
-            core = _core.schedule_pool(lengths, self.cost_model, self._options)
+        if c.policy.pool:
+            core = _core.schedule_pool(lengths, c.cost_model, c.options)
         else:
-            core = _core.to_plan(_core.schedule(lengths, self.cost_model, self._options), c.cp,
-                                 TIMELINES[c.timeline], self.cost_model.micro_batch_fixed_us,
-                                 self.cost_model.step_fixed_us)
-        plan = Plan.from_core(core, lengths, c.dp, c.cp, c.bucket_size, cost=self.cost_model, timeline=c.timeline,
-                              pool=c.policy_spec.pool)
+            core = _core.to_plan(_core.schedule(lengths, c.cost_model, c.options), c.cp, c.timeline,
+                                 c.cost_model.micro_batch_fixed_us, c.cost_model.step_fixed_us)
+        plan = Plan.from_core(core, lengths, c)
         mbs = [mb for mb in plan.micro_batches if mb.groups == 1 and (dp_rank is None or mb.first_group == dp_rank)]
         plan.refined_dp_rank = dp_rank
         for mb in mbs:  # every micro-batch's gap to its bound (skrull/mean_bound_gap); CP-SAT may raise it
@@ -81,12 +92,12 @@ class Scheduler:
         return plan
 
     def _worth_cpsat(self, time_us: float, lower_bound_us: float) -> bool:
-        """The one CP-SAT decision (with ``config.uses_cpsat``): a placement
+        """The one CP-SAT decision (with ``job.uses_cpsat``): a placement
         predicted more than ``cpsat_margin`` above its lower bound."""
-        return time_us > (1.0 + self.config.cpsat_margin) * lower_bound_us
+        return time_us > (1.0 + self.job.cpsat_margin) * lower_bound_us
 
     def _maybe_improve(self, plan: Plan, mb: MicroBatchPlan) -> CpSatResult | None:
-        c = self.config
+        c = self.job
         mb.lower_bound_us = self.cost_model.micro_batch_lower_bound_us(mb.lengths, c.cp)
         if not self._worth_cpsat(mb.time_us, mb.lower_bound_us):
             return None
@@ -107,8 +118,8 @@ class Scheduler:
         Raises ValueError when no placement fits in memory.
         """
         lengths = _as_lengths(lengths)
-        c = self.config
-        r = _core.dacp_for(lengths, self.cost_model, self._options)
+        c = self.job
+        r = _core.dacp_for(lengths, self.cost_model, c.options)
         ok = r.status == _core.Status.OK
         if ok and not (c.uses_cpsat and
                        self._worth_cpsat(r.time_us, self.cost_model.micro_batch_lower_bound_us(lengths, c.cp))):

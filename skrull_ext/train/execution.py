@@ -91,8 +91,7 @@ def choose_execution(skrull, *, unsharded: float | None, dp: int, cp: int, dp_sh
     if unsharded is None:
         return Execution(False, bucket, f"skrull.free_running = {mode!r}: nothing is sharded (no FSDP unit), "
                                         "so there is nothing to hold unsharded")
-    if mode is True and skrull.policy_spec.pool:  # SkrullConfig.check_free_running refused it earlier
-        raise ValueError("skrull.free_running = true does not run with skrull.policy = 'skrull-pool'")
+    assert not (mode is True and skrull.policy_spec.pool), "SkrullConfig.check_free_running refuses it"
     if skrull.policy_spec.pool:
         return Execution(False, bucket, "skrull.free_running = 'auto': lockstep, because skrull-pool's "
                                         "micro-batches exchange K/V across DP groups")

@@ -43,7 +43,7 @@ def step_record(step) -> dict:
         "plan_dp_rank": list(plan.dp_rank),
         "plan_cp_rank": list(plan.cp_rank),
         "plan_micro_batch": list(plan.micro_batch),
-        "micro_batches": plan.num_micro_batches,
+        "micro_batches": plan.slots,
         "plan_digest": plan.digest(),
         "gds_digest": gds_digest(plan),
         "buffers_digest": buffers_digest(step.micro_batches),

@@ -4,8 +4,9 @@ The scheduling knobs are ``skrull_ext.scheduler.config.SchedulingOptions``, inhe
 so a knob and its default are declared once for the core and the job file.
 This adds what only training needs: the on/off switch, the cost model, the
 DACP attention's kernel and K/V transport, and debug switches. DP and CP
-sizes come from ``[parallelism]``: ``build(dp, cp, shape, ...)`` makes the
-Scheduler in torchtitan's Config/build style.
+sizes come from ``[parallelism]``: ``resolve(dp, cp, shape, model_name, timeline,
+free_running, bucket_size)`` makes the job's one resolved ``SchedulerJob``
+(scheduler/job.py), and ``build`` (same arguments) the Scheduler on it.
 
 Values are checked when the config is made, so a bad TOML or CLI value fails
 before any process group or model is built, naming the key and what it
@@ -24,11 +25,12 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import ClassVar, Literal
 
-from skrull_ext._core import ModelShape
+from skrull_ext._core import ModelShape, Timeline
 from skrull_ext.attention.kernels import KERNEL_CHOICES, check_kernel
 from skrull_ext.attention.transport import TRANSPORT_CHOICES, check_exchange
 from skrull_ext.scheduler import cost_model as cost_models
 from skrull_ext.scheduler.config import FROM_PROFILE, SchedulerConfig, SchedulingOptions
+from skrull_ext.scheduler.job import SchedulerJob
 from skrull_ext.scheduler.profile_file import Profile
 
 FreeRunning = bool | Literal["auto"]
@@ -173,10 +175,22 @@ class SkrullConfig(SchedulingOptions):
 
     def scheduler_config(self, dp: int, cp: int, timeline: str = "lockstep",
                          bucket_size: int | None = None) -> SchedulerConfig:
-        """The core's config for a DP x CP job running ``timeline`` (config.job_timeline), at
-        ``bucket_size`` (default: ``resolved_bucket_size``; train/execution.py may choose another)."""
+        """These knobs as plain values for a DP x CP job on ``timeline`` (by name), at
+        ``bucket_size`` (default: ``resolved_bucket_size``): for tests and tools that pick
+        their own cost model (``Scheduler(config, cost_model)``). A job resolves ``resolve``."""
         knobs = {**self.options(), "bucket_size": bucket_size or self.resolved_bucket_size()}
         return SchedulerConfig(dp=dp, cp=cp, timeline=timeline, **knobs)
+
+    def resolve(self, dp: int, cp: int, shape: ModelShape, model_name: str = "the job's model",
+                timeline: Timeline = Timeline.LOCKSTEP, free_running: bool = False,
+                bucket_size: int | None = None) -> SchedulerJob:
+        """This section resolved for a DP x CP job (the one door from the job file to the
+        scheduler): BucketSize as an integer (``bucket_size``, train/execution.py's choice, or
+        ``resolved_bucket_size``), the Policy, the job's ``timeline`` (config.job_timeline), its
+        execution (``free_running``), and ``shape`` priced on this hardware for that execution."""
+        return SchedulerJob.of(self, dp=dp, cp=cp, timeline=timeline, free_running=free_running,
+                               cost_model=self.build_cost_model(shape, model_name, free_running),
+                               bucket_size=bucket_size or self.resolved_bucket_size())
 
     def build_cost_model(self, shape: ModelShape, model_name: str = "the job's model", free_running: bool = False):
         """``skrull_ext._core.CostModel`` of ``shape`` (the job's model, called
@@ -201,14 +215,11 @@ class SkrullConfig(SchedulingOptions):
                              f"[--model.hf_path DIR] --out P.toml)") from None
 
     def build(self, dp: int, cp: int, shape: ModelShape, model_name: str = "the job's model",
-              timeline: str = "lockstep", free_running: bool = False, bucket_size: int | None = None):
-        """The Scheduler of a DP x CP job running ``timeline``: these knobs, the job's model
-        shape on this hardware, priced for its execution (``free_running``) at ``bucket_size``
-        (default: ``resolved_bucket_size``)."""
+              timeline: Timeline = Timeline.LOCKSTEP, free_running: bool = False, bucket_size: int | None = None):
+        """The Scheduler of ``resolve``'s job (same arguments)."""
         from skrull_ext.scheduler import Scheduler  # CP-SAT (ortools) only when a scheduler is built
 
-        return Scheduler(self.scheduler_config(dp, cp, timeline, bucket_size),
-                         self.build_cost_model(shape, model_name, free_running))
+        return Scheduler(self.resolve(dp, cp, shape, model_name, timeline, free_running, bucket_size))
 
     def to_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.init}

@@ -43,7 +43,8 @@ from torchtitan.tools.logging import logger
 from skrull_ext.data.overlength import check_overlength
 from skrull_ext.data.scheduling import SkrullDataLoader, SkrullStep
 from skrull_ext.errors import JobFileError
-from skrull_ext.scheduler.config import FROM_PROFILE, job_timeline
+from skrull_ext.scheduler import Scheduler
+from skrull_ext.scheduler.config import FROM_PROFILE, job_timeline, timeline_name
 from skrull_ext.scheduler.model_shape import DTYPES, job_shape
 from skrull_ext.scheduler.profile_file import free_running_bytes
 from skrull_ext.train.execution import AUTO, PREDICT_STEPS, Execution, choose_execution
@@ -119,10 +120,12 @@ class SkrullTrainer(JobTrainer):
         logger.info(f"Skrull execution: {execution.reason}")
         self.free_running = FreeRunningFSDP(self.model_parts) if execution.free_running else None
         timeline = job_timeline(dims.dp_shard, dims.dp_replicate, execution.free_running, skrull.defer_grad_sync)
-        scheduler = skrull.build(self.dataloader.dp_world_size, dims.cp, self.model_shape,
-                                 self._model_name(self.config), timeline=timeline,
-                                 free_running=execution.free_running, bucket_size=execution.bucket_size)
-        self.dataloader.attach(scheduler, cp_rank, dims.cp, free_running=execution.free_running)
+        self.skrull_job = skrull.resolve(self.dataloader.dp_world_size, dims.cp, self.model_shape,
+                                         self._model_name(self.config), timeline=timeline,
+                                         free_running=execution.free_running, bucket_size=execution.bucket_size)
+        """The job's scheduling, resolved once: the Scheduler, its plans and the step builder read it."""
+        self.scheduler = Scheduler(self.skrull_job)
+        self.dataloader.attach(self.scheduler, cp_rank, dims.cp)
         if skrull.plan_log:
             rank = dist.get_rank() if dist.is_initialized() else 0
             self.plan_log = PlanLog(self.config.dump_folder, rank)
@@ -133,10 +136,10 @@ class SkrullTrainer(JobTrainer):
         if self.validation is not None:
             self.validation.check()  # a held-out sample over the limit under 'error' fails here
         logger.info(
-            f"Skrull: policy {skrull.policy}, bucket_size {scheduler.config.bucket_size}"
+            f"Skrull: policy {skrull.policy}, bucket_size {self.skrull_job.bucket_size}"
             + (" (the profile's)" if skrull.bucket_size == FROM_PROFILE else "") + ", "
             f"DP {self.dataloader.dp_world_size} x CP {dims.cp} x TP {dims.tp}, cp_rank {cp_rank}, "
-            f"attention kernel {skrull.attention_kernel}, timeline {timeline}"
+            f"attention kernel {skrull.attention_kernel}, timeline {timeline_name(timeline)}"
             + (" (free_running: FSDP parameters unsharded for each step, no pad passes)" if execution.free_running
                else "")
         )

@@ -16,9 +16,11 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from skrull_ext.data.scheduling import SkrullDataLoader, StepBuilder
+from skrull_ext import _core
+from skrull_ext.data.scheduling import SkrullDataLoader
 from skrull_ext.errors import JobFileError
 from skrull_ext.scheduler import Scheduler, cost_model
+from skrull_ext.scheduler.job import SchedulerJob
 from skrull_ext.scheduler.profile_file import ProfileMemory, free_running_bytes
 from skrull_ext.train.skrull_config import SkrullConfig
 
@@ -40,8 +42,9 @@ def _grid(dp: int, cp: int, free_running: bool, global_batch: int = 16, bucket: 
     for d in range(dp):
         for c in range(cp):
             loader = config.build(dp_world_size=dp, dp_rank=d)
-            loader.attach(Scheduler(section.scheduler_config(dp, cp, "free"), cost_model.preset("llama3-debug")),
-                          c, cp, free_running=free_running)
+            job = SchedulerJob.of(section, dp=dp, cp=cp, timeline=_core.Timeline.FREE_RUNNING, bucket_size=bucket,
+                                  cost_model=cost_model.preset("llama3-debug"), free_running=free_running)
+            loader.attach(Scheduler(job), c, cp)
             grid[d, c] = loader
     return grid
 
@@ -83,13 +86,6 @@ def test_free_running_rank_without_micro_batches_runs_one_pad():
     for d in idle:
         mbs = step[d, 0].micro_batches
         assert len(mbs) == 1 and mbs[0].valid_labels == 0 and mbs[0].num_tokens == 1
-
-
-def test_step_builder_refuses_pool_plans():
-    section = SkrullConfig(bucket_size=128, cost_model="h100-assumed", policy="skrull-pool")
-    scheduler = Scheduler(section.scheduler_config(2, 2), cost_model.preset("llama3-debug"))
-    with pytest.raises(ValueError, match="skrull.free_running = true does not run with skrull.policy = 'skrull-pool'"):
-        StepBuilder(None, scheduler, None, 8, 0, 0, free_running=True)
 
 
 # ---------------------------------------------------------------- config

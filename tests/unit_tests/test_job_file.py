@@ -237,7 +237,7 @@ def test_skrull_section_and_scheduler_share_one_set_of_knobs():
     assert section.options() == SchedulerConfig().options()
     shape = ModelShape(layers=6, hidden=256, kv_width=256, bytes_per_elem=4)
     sched = SkrullConfig(cost_model="h100-assumed", policy="worstfit", bucket_size=512).build(2, 4, shape)
-    assert (sched.config.dp, sched.config.cp, sched.config.policy, sched.config.bucket_size) == (2, 4, "worstfit", 512)
+    assert (sched.job.dp, sched.job.cp, sched.job.policy.name, sched.job.bucket_size) == (2, 4, "worstfit", 512)
     assert sched.cost_model.shape.hidden == 256  # the shape given, priced on the assumed H100
 
 

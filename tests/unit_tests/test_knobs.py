@@ -8,6 +8,7 @@ import pytest
 
 from skrull_ext import _core
 from skrull_ext.data.overlength import LengthLimit, capacity_limit, row_limit, scheduler_limit
+from skrull_ext.scheduler import Scheduler
 from skrull_ext.scheduler.capacity import Capacity
 from skrull_ext.scheduler.config import POLICIES, SchedulerConfig, SchedulingOptions, resolve_policy
 from skrull_ext.sim import policies as sim_policies
@@ -49,12 +50,13 @@ def test_capacity_gives_the_limit_of_a_group_or_the_pool():
     assert (pool.ranks, pool.limit, pool.group_limit, pool.label, pool.holder) == (
         4, 1024, 512, "bucket_size 256 x dp 2 x cp 2", "the pool")
     assert Capacity(bucket_size=11, cp=4).limit == 40  # zigzag shards: 2 x 4 x floor(11 / 2)
-    assert SchedulerConfig(dp=2, cp=2, bucket_size=256, policy="skrull-pool").capacity == pool
-    assert SchedulerConfig(dp=2, cp=2, bucket_size=256, policy="skrull").capacity == group
+    assert Scheduler(SchedulerConfig(dp=2, cp=2, bucket_size=256, policy="skrull-pool")).job.capacity == pool
+    assert Scheduler(SchedulerConfig(dp=2, cp=2, bucket_size=256, policy="skrull")).job.capacity == group
 
 
 def test_the_length_limit_is_data_and_its_messages_come_from_it():
-    pool = scheduler_limit(SchedulerConfig(dp=2, cp=2, bucket_size=256, policy="skrull-pool", overlength="drop"), None)
+    job = Scheduler(SchedulerConfig(dp=2, cp=2, bucket_size=256, policy="skrull-pool", overlength="drop")).job
+    pool = scheduler_limit(job, None)
     assert pool == LengthLimit(1024, "drop", "capacity", Capacity(256, 2, 2, True))
     assert pool.too_long() == "longer than the 1024 tokens the pool can hold (bucket_size 256 x dp 2 x cp 2)"
     assert pool.fix().startswith("raise skrull.bucket_size or parallelism.context_parallel_degree")

@@ -70,17 +70,18 @@ def test_dataloader_counts_what_the_policy_did(policy):
 def test_the_limit_is_the_batching_or_max_len_whichever_is_smaller():
     from skrull_ext import _core
     from skrull_ext.data.overlength import scheduler_limit
+    from skrull_ext.scheduler import Scheduler
     from skrull_ext.scheduler.config import SchedulerConfig
 
-    group = scheduler_limit(SchedulerConfig(dp=2, cp=2, bucket_size=256, overlength="drop"), None)
+    group = scheduler_limit(Scheduler(SchedulerConfig(dp=2, cp=2, bucket_size=256, overlength="drop")).job, None)
     assert (group.tokens, group.source, group.mode) == (_core.max_sequence_length(256, 2), "bucket_size 256 x cp 2",
                                                         "drop")
-    pool = scheduler_limit(SchedulerConfig(dp=2, cp=2, bucket_size=256, policy="skrull-pool"), None)
+    pool = scheduler_limit(Scheduler(SchedulerConfig(dp=2, cp=2, bucket_size=256, policy="skrull-pool")).job, None)
     assert (pool.tokens, pool.source) == (_core.max_sequence_length(256, 4), "bucket_size 256 x dp 2 x cp 2")
     assert pool.too_long() == f"longer than the {pool.tokens} tokens the pool can hold (bucket_size 256 x dp 2 x cp 2)"
-    capped = scheduler_limit(SchedulerConfig(dp=2, cp=2, bucket_size=256), 100)
+    capped = scheduler_limit(Scheduler(SchedulerConfig(dp=2, cp=2, bucket_size=256)).job, 100)
     assert (capped.tokens, capped.source) == (100, "dataloader.max_len 100")
-    assert scheduler_limit(SchedulerConfig(dp=1, cp=2, bucket_size=256), 4096).tokens == group.tokens
+    assert scheduler_limit(Scheduler(SchedulerConfig(dp=1, cp=2, bucket_size=256)).job, 4096).tokens == group.tokens
 
 
 @pytest.mark.parametrize("policy, verb", [("truncate", "cut"), ("drop", "drop")])

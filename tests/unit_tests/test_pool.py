@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from skrull_ext import Scheduler, SchedulerConfig, _core, lengths
 from skrull_ext.scheduler import cost_model as cm
+from skrull_ext.scheduler.config import TIMELINES
 from skrull_ext.scheduler.plan import Plan
 
 REAL = lengths.load("mix_sharegpt_conv95+longbench_en5")
@@ -117,7 +118,7 @@ def test_pool_step_never_longer_than_skrulls_on_either_timeline(shape, timeline,
                                                     timeline=timeline), cost).schedule(lengths_)
     pool, skrull = make("skrull-pool"), make("skrull")
     assert pool.makespan_us <= skrull.makespan_us
-    assert pool.step_time_us(timeline) == pytest.approx(pool.makespan_us, rel=1e-12, abs=1e-9)
+    assert pool.step_time_us(TIMELINES[timeline]) == pytest.approx(pool.makespan_us, rel=1e-12, abs=1e-9)
     if not pool.skrull_plan or pool.narrowed:  # a departure: kept for a step shorter by > kPoolMinGain (pool.hpp)
         assert pool.makespan_us < (1 - 0.01) * skrull.makespan_us
     else:  # skrull's plan as it is

@@ -47,7 +47,7 @@ def test_lockstep_plan_covers_fits_and_is_timed_by_its_slots(seed, k, cp, dp, bu
     plan = Scheduler(SchedulerConfig(dp=dp, cp=cp, bucket_size=bucket, policy=policy, cpsat=False), cost).schedule(
         lengths_)
     plan.validate()
-    assert plan.timeline == "lockstep" and plan.pad_us == fixed_us
+    assert plan.timeline == _core.Timeline.LOCKSTEP and plan.pad_us == fixed_us
     assert sorted(s for r in plan.ranks for mb in r for s in mb.seqs) == list(range(k))  # each once
     for rank in plan.ranks:
         for slot, mb in enumerate(rank):
@@ -114,7 +114,7 @@ def test_slot_gds_beats_the_per_rank_plan_on_a_lockstep_step():
     (2, 2, False, True, "lockstep"),    # HSDP: the shard mesh spans DP ranks
 ])
 def test_job_timeline_follows_the_parallelism(dp_shard, dp_replicate, free_running, defer, want):
-    assert job_timeline(dp_shard, dp_replicate, free_running, defer) == want
+    assert job_timeline(dp_shard, dp_replicate, free_running, defer) == TIMELINES[want]
 
 
 def test_bad_timeline_is_named():

@@ -65,3 +65,34 @@ def test_build_constructs_the_trainer_the_config_names(tmp_path, flags, built, n
         config.build()
     frames = [entry.frame.code.raw.co_qualname for entry in e.traceback]
     assert built in frames and not_built not in frames and "JobTrainer.__init__" in frames
+
+
+def test_trainer_step_builder_and_scheduler_share_one_resolved_job(monkeypatch, tmp_path):
+    """Issue 37's bar: the job's [skrull] section is resolved once (SkrullConfig.resolve) into
+    one SchedulerJob, and the trainer, the Scheduler and the dataloader's step builder (training
+    and validation) hold that same object; the plans are made on its timeline. The setup runs
+    on a stand-in trainer (one CPU rank, no model: the DACP attention's install is skipped)."""
+    from types import SimpleNamespace
+
+    from skrull_ext.scheduler.job import SchedulerJob
+    from skrull_ext.scheduler.model_shape import job_shape
+    from skrull_ext.train import trainer as trainer_module
+
+    config = _config("--dump_folder", str(tmp_path), "--validation.enable", "--validation.samples", "8")
+    monkeypatch.setattr(trainer_module, "install_dacp_attention", lambda *args, **kwargs: [])
+    trainer = SkrullTrainer.__new__(SkrullTrainer)  # no process group, no model
+    trainer.config, trainer.model_parts = config, []
+    trainer.tokenizer = config.tokenizer.build(tokenizer_path=config.hf_assets_path)
+    trainer.plan_log = trainer.validation = trainer.free_running = None
+    trainer.parallel_dims = SimpleNamespace(cp_enabled=False, cp=1, tp=1, dp_shard=1, dp_replicate=1)
+    trainer.dataloader = config.dataloader.build(dp_world_size=1, dp_rank=0, tokenizer=trainer.tokenizer)
+    trainer.model_shape = job_shape(config, 1)
+    trainer._init_skrull()
+
+    job = trainer.skrull_job
+    assert isinstance(job, SchedulerJob) and job.policy.name == config.skrull.policy
+    assert trainer.scheduler.job is job
+    assert trainer.dataloader.scheduler.job is job and trainer.dataloader.builder.scheduler.job is job
+    assert trainer.validation.build.scheduler.job is job
+    assert trainer.dataloader.next_step().plan.timeline == job.timeline
+    trainer.dataloader.close()
