@@ -354,36 +354,21 @@ inline Plan schedule_pool(const std::vector<int64_t>& input, const CostModel& co
                                 std::to_string(kMaxSequenceRanks) + " (the pool plan would not fit in memory)");
   const int32_t dp = opt.dp, cp = opt.cp;
   const int64_t group_limit = max_sequence_length(opt.bucket_size, cp);
-  const int64_t limit = max_sequence_length(opt.bucket_size, world);
   Plan out;
   const int32_t n = static_cast<int32_t>(input.size());
-  out.lengths = input;
+  LengthCut cut = cut_overlength(input, opt, {world, "the world", "bucket_size " + std::to_string(opt.bucket_size) +
+                                              " x dp " + std::to_string(dp) + " x cp " + std::to_string(cp),
+                                              "bucket_size"});
+  out.lengths = std::move(cut.lengths);
+  out.dropped = std::move(cut.dropped);
+  out.truncated = std::move(cut.truncated);
+  const std::vector<int32_t> live = std::move(cut.live);
   out.micro_batch.assign(n, -1);
   out.first_rank.assign(n, 0);
   out.num_ranks.assign(n, 0);
   out.group_time_us.assign(dp, 0.0);
-  std::vector<int32_t> live;
-  live.reserve(n);
   bool fits_groups = true;
-  for (int32_t k = 0; k < n; ++k) {
-    const int64_t s = input[k];
-    if (s > limit) {
-      if (opt.overlength == Overlength::kError)
-        throw std::invalid_argument("sequence " + std::to_string(k) + " has length " + std::to_string(s) +
-                                    ", longer than the " + std::to_string(limit) +
-                                    " tokens the world can hold (bucket_size " + std::to_string(opt.bucket_size) +
-                                    " x dp " + std::to_string(dp) + " x cp " + std::to_string(cp) +
-                                    "); raise bucket_size, or set overlength to 'truncate' or 'drop'");
-      if (opt.overlength == Overlength::kDrop) {
-        out.dropped.push_back(k);
-        continue;
-      }
-      out.lengths[k] = limit;
-      out.truncated.push_back(k);
-    }
-    fits_groups = fits_groups && out.lengths[k] <= group_limit;
-    live.push_back(k);
-  }
+  for (int32_t k : live) fits_groups = fits_groups && out.lengths[k] <= group_limit;
 
   // Skrull's plan, the candidate to beat, when every sequence fits a group.
   Plan skrull_plan;

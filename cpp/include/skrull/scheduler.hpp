@@ -11,11 +11,13 @@
 #include <numeric>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "skrull/cost_model.hpp"
 #include "skrull/dacp.hpp"
 #include "skrull/gds.hpp"
+#include "skrull/overlength.hpp"
 #include "skrull/slots.hpp"
 #include "skrull/timeline.hpp"
 #include "skrull/types.hpp"
@@ -71,31 +73,15 @@ inline Schedule schedule(const std::vector<int64_t>& input, const CostModel& cos
 
   Schedule out;
   const int32_t k_total = static_cast<int32_t>(input.size());
-  const int64_t limit = max_sequence_length(opt.bucket_size, opt.cp);
-  out.lengths = input;
+  LengthCut cut = cut_overlength(input, opt, {opt.cp, "a CP group", "bucket_size " + std::to_string(opt.bucket_size) +
+                                              " x cp " + std::to_string(opt.cp), "bucket_size or cp"});
+  out.lengths = std::move(cut.lengths);
+  out.dropped = std::move(cut.dropped);
+  out.truncated = std::move(cut.truncated);
+  const std::vector<int32_t> live = std::move(cut.live);
   out.dp_rank.assign(k_total, kDropped);
   out.micro_batch.assign(k_total, -1);
   out.cp_rank.assign(k_total, kDistributed);
-  std::vector<int32_t> live;
-  live.reserve(k_total);
-  for (int32_t k = 0; k < k_total; ++k) {
-    const int64_t s = input[k];
-    if (s > limit) {
-      if (opt.overlength == Overlength::kError)
-        throw std::invalid_argument("sequence " + std::to_string(k) + " has length " + std::to_string(s) +
-                                    ", longer than the " + std::to_string(limit) +
-                                    " tokens a CP group can hold (bucket_size " + std::to_string(opt.bucket_size) +
-                                    " x cp " + std::to_string(opt.cp) +
-                                    "); raise bucket_size or cp, or set overlength to 'truncate' or 'drop'");
-      if (opt.overlength == Overlength::kDrop) {
-        out.dropped.push_back(k);
-        continue;
-      }
-      out.lengths[k] = limit;
-      out.truncated.push_back(k);
-    }
-    live.push_back(k);
-  }
 
   std::vector<double> flops;  // per sequence, computed once for every step below
   detail::sequence_flops(out.lengths.data(), out.lengths.size(), cost, flops);
