@@ -67,6 +67,15 @@ class LengthLimit:
             return self.capacity.label
         return f"{'training.seq_len' if self.by == 'row' else 'dataloader.max_len'} {self.tokens}"
 
+    def kept_length(self, n: int) -> int | None:
+        """The over-length rule on one length, the one place Python applies it (the core's twin
+        is cpp/include/skrull/overlength.hpp): ``n`` within ``tokens``; beyond it ``tokens``
+        under 'truncate', and None under 'drop' and 'error' (not trained; ``decide`` raises
+        for 'error', naming the sample)."""
+        if n <= self.tokens:
+            return n
+        return self.tokens if self.mode == "truncate" else None
+
     def too_long(self) -> str:
         """Why a longer sample is refused, in the core scheduler's words for the CP limit."""
         if self.by == "max_len":
@@ -144,16 +153,14 @@ def decide(limit: LengthLimit, indices: list[int], lengths: list[int], losses, s
     account.counts.read = len(indices)
     keep, kept_len, kept_loss = [], [], []
     for k, (i, n) in enumerate(zip(indices, lengths, strict=True)):
-        m = n
-        if n > limit.tokens:
+        m = limit.kept_length(n)
+        if m is None:
             where = location(source, i)
             if limit.mode == "error":
                 raise OverlengthError(f"{_named(where, i, step, ': ')} has length {n}, {limit.too_long()}; "
                                       + limit.fix())
-            if limit.mode == "drop":
-                account.record(Event(i, where, n, 0, OVERLENGTH, f"limit {limit.tokens}, {limit.source}"))
-                continue
-            m = limit.tokens
+            account.record(Event(i, where, n, 0, OVERLENGTH, f"limit {limit.tokens}, {limit.source}"))
+            continue
         loss = losses(k, m)
         if not loss:
             detail = (f"its first {limit.tokens} tokens ({limit.source}) hold none" if m < n

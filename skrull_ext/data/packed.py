@@ -76,8 +76,7 @@ class PackedDataLoader(SourceDataLoaderBase):
             return
         lim = self.limit
         for step in range(first_step, last_step + 1):
-            lengths = [min(n, lim.tokens) for _, n in self.step_lengths(step)
-                       if not (n > lim.tokens and lim.mode == "drop")]
+            lengths = [m for _, n in self.step_lengths(step) if (m := lim.kept_length(n)) is not None]
             try:
                 whole_rows(lengths, self.dp_world_size * self.local_batch_size, self.seq_len)
             except ValueError as e:

@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from skrull_ext._core import ModelShape
+from skrull_ext.scheduler.capacity import Capacity
 from skrull_ext.scheduler.config import FROM_PROFILE, job_timeline
 
 __all__ = ["AUTO", "Execution", "choose_execution", "PREDICT_STEPS"]
@@ -66,9 +67,7 @@ def predicted_step_us(skrull, dp: int, cp: int, shape: ModelShape, model_name: s
                       dp_shard: int, dp_replicate: int, free_running: bool, bucket: int) -> float | None:
     """Mean predicted step time of ``steps`` (global batches' lengths) planned and priced for
     one execution; None when BucketSize ``bucket`` cannot hold a sequence of them whole or sharded."""
-    from skrull_ext._core import max_sequence_length
-
-    limit = max_sequence_length(bucket, cp)
+    limit = Capacity(bucket, cp).limit  # free-running or not, a CP group holds a sequence (never the pool)
     if not steps or any(s > limit for step in steps for s in step):
         return None
     timeline = job_timeline(dp_shard, dp_replicate, free_running, skrull.defer_grad_sync)
