@@ -151,8 +151,9 @@ def _check_skrull(config, on_cpu: bool) -> None:
     if skrull.attention_kernel == "varlen" and on_cpu:
         raise _bad("skrull.attention_kernel", "varlen",
                    "flash attention needs a CUDA device (this machine has none); use 'auto', 'dense' or 'segments'")
-    try:  # again here: a CLI flag may have been set after the section's own check ran
-        skrull.check_free_running()
+    try:
+        skrull.check_free_running()  # again here: a CLI flag may have been set after the section's own check ran
+        skrull.resolved_bucket_size()  # the profile's first read: not a profile, or "profile" it cannot give
     except ValueError as e:
         raise JobFileError(str(e)) from None
     check_skrull_parallelism(config, on_cpu)  # PP refused, TP's limits (tensor_parallel.py)

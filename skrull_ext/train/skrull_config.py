@@ -10,7 +10,10 @@ free_running, bucket_size)`` makes the job's one resolved ``SchedulerJob``
 
 Values are checked when the config is made, so a bad TOML or CLI value fails
 before any process group or model is built, naming the key and what it
-allows. A profile file named by ``cost_model`` is read once, there.
+allows. The section is plain values: a profile file named by ``cost_model`` is
+read once, on first use (``measured_profile``; the job checks ask first), and
+what needs it (BucketSize under ``"profile"``, the cost model) is resolved
+into the job's ``SchedulerJob`` by ``resolve``.
 
 ``cost_model`` names the *hardware* only. The model shape it prices is the
 model the job trains (``skrull_ext.scheduler.model_shape.job_shape``: layers, hidden,
@@ -87,20 +90,17 @@ class SkrullConfig(SchedulingOptions):
     BUCKET_FROM_PROFILE: ClassVar[bool] = True  # bucket_size = "profile": resolved_bucket_size()
 
     def __post_init__(self) -> None:
+        # Plain values only: no file is read here (a job file's flags make a new section per
+        # change). The profile is read once, when first needed (``measured_profile``).
         if self.cost_model in cost_models.HARDWARE_PRESETS:
-            self._profile = None
+            pass
         elif self.cost_model in cost_models.MODEL_PRESETS:
             raise ValueError(
                 f"skrull.cost_model: {self.cost_model!r} is a model preset; the shape now comes from the job's "
                 f"[model], so name the hardware instead: a preset {sorted(cost_models.HARDWARE_PRESETS)} "
                 f"or a profile file"
             )
-        elif Path(self.cost_model).is_file():
-            try:
-                self._profile = Profile.load(self.cost_model)
-            except ValueError as e:
-                raise ValueError(f"skrull.cost_model: {e}") from None
-        else:
+        elif not Path(self.cost_model).is_file():
             raise ValueError(
                 f"skrull.cost_model: {self.cost_model!r} is neither a hardware preset "
                 f"{sorted(cost_models.HARDWARE_PRESETS)} nor a profile file"
@@ -111,7 +111,10 @@ class SkrullConfig(SchedulingOptions):
             self.check()
         except ValueError as e:
             raise ValueError(f"skrull.{e}") from None
-        self.resolved_bucket_size()  # "profile" with no profile, or one without the value, fails here
+        if self.bucket_size == FROM_PROFILE and self.cost_model in cost_models.HARDWARE_PRESETS:
+            raise ValueError(
+                f"skrull.bucket_size = {FROM_PROFILE!r} takes BucketSize from a profile file, but skrull.cost_model "
+                f"is the hardware preset {self.cost_model!r}; name a profile (python -m skrull_ext.profile writes one)")
         self.check_free_running()
 
     def check_free_running(self) -> None:
@@ -130,13 +133,17 @@ class SkrullConfig(SchedulingOptions):
             )
 
     def measured_profile(self) -> Profile | None:
-        """The profile file ``cost_model`` names (None for a hardware preset), read once.
-        Re-read when ``cost_model`` was set after the config was made (tyro sets CLI
-        values on the parsed object, so ``__post_init__`` may have seen the file's value)."""
+        """The profile file ``cost_model`` names (None for a hardware preset): the one read of it,
+        on first use (``job_checks`` asks first, before any model is built), kept for the path
+        it was read from (tyro, torchtitan's launcher, may set ``cost_model`` on a made
+        section). A file that is not a profile raises ValueError naming ``skrull.cost_model``."""
         if self.cost_model in cost_models.HARDWARE_PRESETS:
             return None
         if self._profile is None or self._profile.path != str(Path(self.cost_model)):
-            self._profile = Profile.load(self.cost_model)
+            try:
+                self._profile = Profile.load(self.cost_model)
+            except ValueError as e:
+                raise ValueError(f"skrull.cost_model: {e}") from None
         return self._profile
 
     def resolved_bucket_size(self) -> int:
@@ -146,11 +153,7 @@ class SkrullConfig(SchedulingOptions):
         if self.bucket_size != FROM_PROFILE:
             return self.bucket_size
         profile = self.measured_profile()
-        if profile is None:
-            raise ValueError(
-                f"skrull.bucket_size = {FROM_PROFILE!r} takes BucketSize from a profile file, but skrull.cost_model "
-                f"is the hardware preset {self.cost_model!r}; name a profile (python -m skrull_ext.profile writes one)"
-            )
+        assert profile is not None, "__post_init__ refuses bucket_size = 'profile' with a hardware preset"
         value = profile.bucket_size
         if value is None:
             raise ValueError(f"skrull.bucket_size = {FROM_PROFILE!r}: the profile {self.cost_model!r} has no "

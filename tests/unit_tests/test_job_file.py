@@ -8,6 +8,7 @@ import pytest
 
 from skrull_ext.data.packed import PackedDataLoader
 from skrull_ext.data.scheduling import SkrullDataLoader
+from skrull_ext.train.job_checks import check_job
 from skrull_ext.train.job_file import JobConfigManager, JobFileError, load_job
 from skrull_ext.train.trainer import JobConfig, resolve_device_defaults
 
@@ -172,8 +173,9 @@ def test_bucket_size_profile_needs_a_profile_with_memory(tmp_path):
     no_memory = tmp_path / "p.toml"
     with open(PROFILE) as f:
         no_memory.write_text("".join(line for line in f if "bucket_size" not in line))
+    section = SkrullConfig(cost_model=str(no_memory), bucket_size="profile")  # plain values: no file read yet
     with pytest.raises(ValueError, match="has no \\[memory\\] bucket_size"):
-        SkrullConfig(cost_model=str(no_memory), bucket_size="profile")
+        section.resolved_bucket_size()
     with pytest.raises(ValueError, match=r"^bucket_size must be in \[1, 68719476736\], got 'profile'$"):
         SchedulerConfig(bucket_size="profile")  # the core's config holds the resolved integer
 
@@ -195,9 +197,10 @@ def _failed_profile(tmp_path) -> str:
 
 def test_bucket_size_profile_refuses_a_profile_that_failed_its_check(tmp_path):
     failed = _failed_profile(tmp_path)
+    config = JobConfigManager().parse_args(
+        ["--config-file", DEBUG, "--skrull.cost_model", failed, "--skrull.bucket_size", "profile"])
     with pytest.raises(JobFileError) as e:
-        JobConfigManager().parse_args(
-            ["--config-file", DEBUG, "--skrull.cost_model", failed, "--skrull.bucket_size", "profile"])
+        check_job(config, 1, on_cpu=True)  # the profile is read once, here, before any model is built
     assert str(e.value) == (
         f"skrull.bucket_size = 'profile': the profile {failed!r} failed its own memory check ([meta.check] ok = "
         "false: a buffer of its BucketSize, 4997 tokens, peaked at 1414.2 MiB against an activation budget of "
