@@ -23,6 +23,7 @@ _LAZY = {
     "Plan": "skrull_ext.scheduler.plan",
     "PlanError": "skrull_ext.scheduler.plan",
     "Scheduler": "skrull_ext.scheduler.scheduler",
+    "SchedulerJob": "skrull_ext.scheduler.job",
 }
 
 __all__ = sorted(_LAZY)

@@ -57,9 +57,7 @@ def check_skrull_parallelism(config, on_cpu: bool) -> None:
         raise JobFileError(pp_refusal(p.pipeline_parallel_degree))
     if p.tensor_parallel_degree <= 1:
         return
-    from skrull_ext.scheduler.config import POLICIES
-
-    if POLICIES[skrull.policy].pool:
+    if skrull.policy_spec.pool:  # the section's Policy, resolved once when it was made
         raise JobFileError(
             f"skrull.policy = {skrull.policy!r}: skrull-pool does not run with parallelism.tensor_parallel_degree = "
             f"{p.tensor_parallel_degree} (its K/V exchange sets name world ranks, so only one TP rank's heads "
