@@ -283,6 +283,21 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
       py::arg("schedule"), py::arg("cp"), py::arg("timeline"), py::arg("pad_us"), py::arg("step_us") = 0.0,
       "Skrull's schedule (per DP rank) as the one plan type: micro-batch j of DP rank i at slot j on group i, "
       "a local sequence on one rank, a distributed one on the whole group; timed on `timeline`.");
+  m.def(
+      "to_plan",
+      [](const Schedule& s, const CostModel& cost, const Options& opt) {
+        validate_options(opt);
+        for (const MicroBatch& mb : s.micro_batches)
+          if (mb.dacp.rank_tokens.size() != static_cast<size_t>(opt.cp))
+            throw std::invalid_argument("to_plan: a micro-batch of the schedule has " +
+                                        std::to_string(mb.dacp.rank_tokens.size()) + " CP ranks, cp is " +
+                                        std::to_string(opt.cp));
+        return to_plan(s, opt.cp, opt.timeline, cost.micro_batch_fixed_us, cost.step_fixed_us);
+      },
+      py::arg("schedule"), py::arg("cost_model"), py::arg("options"),
+      "The schedule that schedule(lengths, cost_model, options) returned as the one plan type, as "
+      "schedule_pool returns it: cp and the timeline from `options`, a pad pass and the step's fixed cost from "
+      "`cost_model`.");
 
   m.def(
       "schedule",

@@ -77,8 +77,7 @@ class Scheduler:
         if c.policy.pool:
             core = _core.schedule_pool(lengths, c.cost_model, c.options)
         else:
-            core = _core.to_plan(_core.schedule(lengths, c.cost_model, c.options), c.cp, c.timeline,
-                                 c.cost_model.micro_batch_fixed_us, c.cost_model.step_fixed_us)
+            core = _core.to_plan(_core.schedule(lengths, c.cost_model, c.options), c.cost_model, c.options)
         plan = Plan.from_core(core, lengths, c)
         mbs = [mb for mb in plan.micro_batches if mb.groups == 1 and (dp_rank is None or mb.first_group == dp_rank)]
         plan.refined_dp_rank = dp_rank

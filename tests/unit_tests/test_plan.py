@@ -96,3 +96,20 @@ def test_to_plan_refuses_a_schedule_of_another_cp_size(toy):
         _core.to_plan(s, 2, _core.Timeline.LOCKSTEP, float("nan"))
     p = _core.to_plan(s, 2, _core.Timeline.LOCKSTEP, 0.0)
     assert (list(p.first_rank), list(p.num_ranks), p.slots, p.skrull_plan) == ([0, 2, 1, 3, 2, 0], [1] * 6, 1, True)
+
+
+def test_to_plan_reads_cp_timeline_and_costs_from_the_options_and_cost_model(toy):
+    """The Scheduler passes the job's options and cost model, as to schedule_pool, not cp and
+    the timeline again: the same plan as naming each, and the options' cp checked alike."""
+    from skrull_ext import _core
+
+    opts = _core.Options()
+    opts.dp, opts.cp, opts.bucket_size, opts.timeline = 2, 2, 10, _core.Timeline.FREE_RUNNING
+    s = _core.schedule([1, 2, 3, 4, 5, 6], toy, opts)
+    a = _core.to_plan(s, toy, opts)
+    b = _core.to_plan(s, 2, _core.Timeline.FREE_RUNNING, toy.micro_batch_fixed_us, toy.step_fixed_us)
+    assert (list(a.first_rank), list(a.group_time_us), a.makespan_us) == (
+        list(b.first_rank), list(b.group_time_us), b.makespan_us)
+    opts.cp = 3
+    with pytest.raises(ValueError, match="^to_plan: a micro-batch of the schedule has 2 CP ranks, cp is 3$"):
+        _core.to_plan(s, toy, opts)
