@@ -43,3 +43,18 @@ def test_options_have_help_and_defaults(name, monkeypatch):
         assert not has_default or shows_defaults or "default" in action.help, f"{name} {action.option_strings}"
         assert "issue" not in action.help.lower()
     assert "issue" not in (parser.description or "").lower()
+
+
+@pytest.mark.slow
+def test_the_moved_prepare_command_says_where_it_went():
+    """``python -m skrull_ext.data prepare`` (the command before it moved to the package
+    root) ends in one error line naming the new command with the same arguments, rc 2."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "skrull_ext.data", "prepare", "job.toml", "--workers", "2"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.splitlines() == [
+        "error: the store is built by 'python -m skrull_ext.prepare job.toml --workers 2' "
+        "(python -m skrull_ext.data prepare moved there)"]
