@@ -104,9 +104,14 @@ class MeteredTrainer(SkrullTrainer):
 
 
 def job_argv(profile: str, job_args: list[str]) -> list[str]:
-    """The job's command line planned by ``profile``: its cost model and BucketSize
-    (put first, so that the job's own flags, which come later, override them)."""
-    return ["--skrull.cost_model", profile, "--skrull.bucket_size", "profile", *job_args]
+    """The job's command line planned by ``profile``: its cost model and BucketSize, in
+    lockstep execution (put first, so that the job's own flags, which come later, override
+    them). Lockstep: the profile's BucketSize is derived for it (a profile made with
+    ``--skrull.free_running true`` leaves the room, and that flag checks it); under the
+    default "auto" the trainer may pick free-running at a smaller BucketSize
+    (train/execution.py), which would not check the profile's."""
+    return ["--skrull.cost_model", profile, "--skrull.bucket_size", "profile", "--skrull.free_running", "false",
+            *job_args]
 
 
 def main(argv: list[str] | None = None) -> int:
