@@ -347,11 +347,6 @@ class Profile:
         return from_dict(d, where=self.path, tp=1 if shape is None else shape.tp, free_running=free_running)
 
     @property
-    def prices_free_running(self) -> bool:
-        """Whether the profile measured the free-running loop's fixed costs."""
-        return "free_running_fixed_us" in self.data.get("micro_batch", {})
-
-    @property
     def bucket_size(self) -> int | None:
         """BucketSize from [memory] (a measured profile has one), else None."""
         value = self.data.get("memory", {}).get("bucket_size")

@@ -116,9 +116,10 @@ class SkrullTrainer(JobTrainer):
         skrull = self.config.skrull
         if (warning := skrull.profile_cp_warning(dims.cp)) is not None:
             logger.warning(warning)
-        execution = self._choose_execution(dims)
+        switches = FreeRunningFSDP(self.model_parts)
+        execution = self._choose_execution(dims, switches)
         logger.info(f"Skrull execution: {execution.reason}")
-        self.free_running = FreeRunningFSDP(self.model_parts) if execution.free_running else None
+        self.free_running = switches if execution.free_running else None
         timeline = job_timeline(dims.dp_shard, dims.dp_replicate, execution.free_running, skrull.defer_grad_sync)
         self.skrull_job = skrull.resolve(self.dataloader.dp_world_size, dims.cp, self.model_shape,
                                          self._model_name(self.config), timeline=timeline,
@@ -144,14 +145,15 @@ class SkrullTrainer(JobTrainer):
                else "")
         )
 
-    def _choose_execution(self, dims) -> Execution:
-        """Free-running or lockstep (train/execution.py). What free-running would hold is
+    def _choose_execution(self, dims, switches: FreeRunningFSDP) -> Execution:
+        """Free-running or lockstep (train/execution.py), ``switches`` the model's FSDP units
+        (none: nothing to hold). What free-running would hold is
         counted from the built model: the unsharded parameters in FSDP's mixed_precision_param,
         the gradients of trainable ones (not a LoRA base) in the wider of that and its reduce
         dtype (FSDP accumulates unsynchronised gradients there). A refusal is one line."""
         skrull = self.config.skrull
         unsharded = None
-        if FreeRunningFSDP(self.model_parts):  # some FSDP unit: something to hold unsharded
+        if switches:  # some FSDP unit: something to hold unsharded
             params = [p for m in self.model_parts for p in m.parameters()]
             training = self.config.training
             param_bytes = DTYPES[training.mixed_precision_param].itemsize
