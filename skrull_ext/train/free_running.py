@@ -38,6 +38,17 @@ from torch.distributed.fsdp import FSDPModule
 __all__ = ["FreeRunningFSDP"]
 
 
+def _param_groups(unit: FSDPModule) -> list:
+    """The unit's FSDP parameter groups: a list on torch >= 2.13 (``_fsdp_param_groups``),
+    at most one on torch 2.11-2.12 (``_fsdp_param_group``, None for a unit without
+    parameters). Gated on the attribute, not the version."""
+    state = unit._get_fsdp_state()
+    if hasattr(state, "_fsdp_param_groups"):
+        return list(state._fsdp_param_groups)
+    group = state._fsdp_param_group
+    return [] if group is None else [group]
+
+
 class FreeRunningFSDP:
     """Switches the FSDP units of ``model_parts`` for one free-running step:
     ``begin()`` before the first micro-batch, ``last()`` before the rank's last
@@ -53,7 +64,7 @@ class FreeRunningFSDP:
                 if isinstance(m, FSDPModule) and id(m) not in seen:
                     seen.add(id(m))
                     self.units.append(m)
-        self._saved: list[tuple[object, bool | None, list[object]]] | None = None
+        self._saved: list[tuple[object, bool | None, list, list[object]]] | None = None
 
     def __bool__(self) -> bool:
         return bool(self.units)
@@ -68,9 +79,9 @@ class FreeRunningFSDP:
             root._get_fsdp_state()._lazy_init()
         self._saved = []
         for unit in self.units:
-            state = unit._get_fsdp_state()
-            self._saved.append((state, state._auto_reshard_after_forward,
-                                [g.post_forward_mesh_info for g in state._fsdp_param_groups]))
+            state, groups = unit._get_fsdp_state(), _param_groups(unit)
+            self._saved.append((state, state._auto_reshard_after_forward, groups,
+                                [g.post_forward_mesh_info for g in groups]))
         for unit in self.units:
             unit.set_reshard_after_forward(False, recurse=False)
             unit.set_reshard_after_backward(False, recurse=False)
@@ -87,16 +98,16 @@ class FreeRunningFSDP:
         """After the last backward: torchtitan's reshard-after-forward settings back, and
         every unit must be resharded (RuntimeError naming the first that is not)."""
         if self._saved is not None:
-            for state, auto, infos in self._saved:
+            for state, auto, groups, infos in self._saved:
                 state._auto_reshard_after_forward = auto
-                for group, info in zip(state._fsdp_param_groups, infos, strict=True):
+                for group, info in zip(groups, infos, strict=True):
                     group.post_forward_mesh_info = info
             self._saved = None
         for unit in self.units:
             unit.set_requires_gradient_sync(True, recurse=False)
             unit.set_reshard_after_backward(True, recurse=False)
         for unit in self.units:
-            for group in unit._get_fsdp_state()._fsdp_param_groups:
+            for group in _param_groups(unit):
                 if not group.is_sharded:
                     raise RuntimeError(
                         f"free-running step: FSDP unit {type(unit).__name__} "
@@ -107,4 +118,4 @@ class FreeRunningFSDP:
     def unsharded(self) -> list[str]:
         """Units whose parameters are unsharded now (for tests and checks)."""
         return [type(u).__name__ for u in self.units
-                for g in u._get_fsdp_state()._fsdp_param_groups if not g.is_sharded]
+                for g in _param_groups(u) if not g.is_sharded]

@@ -303,3 +303,22 @@ def test_trainer_refuses_free_running_that_does_not_fit(tmp_path):
     assert "error: skrull.free_running = true needs " in errors[0] and "usable" in errors[0]
     assert "bucket_size 3644)" in errors[0] and "usable 1024.0 MiB" in errors[0]
     assert "Traceback" not in proc.stderr
+
+
+def test_param_groups_on_both_fsdp_state_layouts():
+    """torch >= 2.13 keeps a unit's groups in ``_fsdp_param_groups``; torch 2.11-2.12 keeps at
+    most one in ``_fsdp_param_group`` (the README's job died on 2.11 with AttributeError)."""
+    from skrull_ext.train.free_running import _param_groups
+
+    a, b = object(), object()
+
+    class Unit:
+        def __init__(self, state):
+            self.state = state
+
+        def _get_fsdp_state(self):
+            return self.state
+
+    assert _param_groups(Unit(SimpleNamespace(_fsdp_param_groups=[a, b]))) == [a, b]
+    assert _param_groups(Unit(SimpleNamespace(_fsdp_param_group=a))) == [a]
+    assert _param_groups(Unit(SimpleNamespace(_fsdp_param_group=None))) == []
