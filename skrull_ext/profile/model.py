@@ -96,7 +96,7 @@ def build_job_model(config: Any, device: torch.device, max_len: int, world_size:
         apply_overrides(config.override, config)
     dist_utils.set_spmd_backend(config.parallelism.spmd_backend)
 
-    dtype = compute_dtype(config, world_size)
+    dtype = compute_dtype(config)
     with torch.device(device):
         prev = torch.get_default_dtype()
         torch.set_default_dtype(dtype)

@@ -37,12 +37,11 @@ def fsdp_degree(config: Any, world_size: int) -> int:
     return max(1, shard * p.context_parallel_degree)
 
 
-def compute_dtype(config: Any, world_size: int) -> torch.dtype:
-    """Dtype of activations: FSDP mixed precision casts parameters to
-    ``mixed_precision_param`` when it shards (dp_shard x cp > 1); otherwise
-    torchtitan 0.3.0 computes in ``training.dtype``."""
-    name = config.training.mixed_precision_param if fsdp_degree(config, world_size) > 1 else config.training.dtype
-    return DTYPES[name]
+def compute_dtype(config: Any) -> torch.dtype:
+    """Dtype of activations: ``mixed_precision_param``. torchtitan 0.3.0's
+    decoders (llama3, qwen3) apply FSDP2 at every degree, 1 included, for its
+    MixedPrecisionPolicy, so one GPU computes in it too."""
+    return DTYPES[config.training.mixed_precision_param]
 
 
 def kv_width(attn: Any, dim: int) -> int:
@@ -65,8 +64,7 @@ def spec_shape(model_config: Any, dtype: torch.dtype, tp: int = 1) -> ModelShape
                       tp=tp)
 
 
-def job_shape(config: Any, world_size: int) -> ModelShape:
-    """Shape of the model a job trains on ``world_size`` ranks, as one rank of its
-    TP group computes it (``parallelism.tensor_parallel_degree``)."""
-    return spec_shape(config.model_spec.model, compute_dtype(config, world_size),
-                      config.parallelism.tensor_parallel_degree)
+def job_shape(config: Any) -> ModelShape:
+    """Shape of the model a job trains, as one rank of its TP group computes it
+    (``parallelism.tensor_parallel_degree``)."""
+    return spec_shape(config.model_spec.model, compute_dtype(config), config.parallelism.tensor_parallel_degree)

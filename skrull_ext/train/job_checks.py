@@ -171,7 +171,7 @@ def _check_cost_model(config, world: int) -> None:
 
     spec = config.model_spec
     try:
-        skrull.check_shape(job_shape(config, world), f"{spec.name}/{spec.flavor}")
+        skrull.check_shape(job_shape(config), f"{spec.name}/{spec.flavor}")
     except ValueError as e:
         raise JobFileError(str(e)) from None
 

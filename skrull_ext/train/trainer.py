@@ -101,7 +101,7 @@ class SkrullTrainer(JobTrainer):
         """The device defaults Skrull cannot keep, and the cost model's shape: a
         profile of another model fails here, before any model is built."""
         resolve_device_defaults(config)
-        self.model_shape = job_shape(config, int(os.environ.get("WORLD_SIZE", "1")))
+        self.model_shape = job_shape(config)
         config.skrull.check_shape(self.model_shape, self._model_name(config))
 
     def _init_skrull(self) -> None:

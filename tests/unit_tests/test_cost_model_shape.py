@@ -23,17 +23,22 @@ def _shape(s: ModelShape) -> tuple:
 
 def test_shape_follows_the_job_model_and_dtype():
     debug = JobConfigManager().parse_args(["--config-file", DEBUG])
-    assert _shape(job_shape(debug, 2)) == (6, 256, 256, 4)  # llama3 debugmodel (MHA), float32
+    assert _shape(job_shape(debug)) == (6, 256, 256, 4)  # llama3 debugmodel (MHA), float32
     gpu = JobConfigManager().parse_args(["--config-file", GPU])
-    # Qwen2.5-0.5B: 24 layers, 896 wide, 2 KV heads x 64; FSDP over 8 ranks computes in bf16.
-    assert _shape(job_shape(gpu, 8)) == (24, 896, 128, 2)
-    scheduler = gpu.skrull.build(2, 4, job_shape(gpu, 8))
+    # Qwen2.5-0.5B: 24 layers, 896 wide, 2 KV heads x 64; FSDP computes in bf16.
+    assert _shape(job_shape(gpu)) == (24, 896, 128, 2)
+    # One GPU too: torchtitan applies FSDP's mixed precision at shard degree 1 (the 2026-11-27
+    # H100 profiler priced float32 there, chose the dense kernel and ran out of memory at 8K).
+    one = JobConfigManager().parse_args(["--config-file", GPU, "--parallelism.data_parallel_shard_degree", "1",
+                                         "--parallelism.context_parallel_degree", "1"])
+    assert _shape(job_shape(one)) == (24, 896, 128, 2)
+    scheduler = gpu.skrull.build(2, 4, job_shape(gpu))
     assert _shape(scheduler.cost_model.shape) == (24, 896, 128, 2)
 
 
 def test_a_profile_of_the_job_model_is_accepted():
     config = JobConfigManager().parse_args(["--config-file", DEBUG, "--skrull.cost_model", PROFILE])
-    config.skrull.check_shape(job_shape(config, 2))
+    config.skrull.check_shape(job_shape(config))
 
 
 def test_a_profile_of_another_model_fails_at_trainer_start_naming_both_shapes():
@@ -70,3 +75,15 @@ def test_a_profile_of_another_model_is_refused_at_config_time_naming_the_flag():
 def test_model_option_needs_a_job_file():
     with pytest.raises(ValueError, match=r"--model.hf_path needs --config-file"):
         JobConfigManager().parse_args(["--model.hf_path", "/x"])
+
+
+def test_the_measured_gpu_profile_prices_the_gpu_job_on_one_gpu():
+    # profiles/h100-qwen2.5-0.5b.toml: measured by tools/gpu_checks.sh on an H100 (2026-11-27), one process.
+    h100 = os.path.join(REPO, "profiles", "h100-qwen2.5-0.5b.toml")
+    config = JobConfigManager().parse_args([
+        "--config-file", GPU, "--parallelism.data_parallel_shard_degree", "1",
+        "--parallelism.context_parallel_degree", "1", "--skrull.cost_model", h100])
+    config.skrull.check_shape(job_shape(config))
+    cost = config.skrull.build(1, 1, job_shape(config)).cost_model
+    # Host-bound eager layers: about 12.7 ms of each layer's forward+backward is fixed.
+    assert 12_000 < cost.b_us < 13_500

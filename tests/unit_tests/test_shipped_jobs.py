@@ -61,7 +61,7 @@ def test_shipped_job_loads(job, tiny_folders):
     config = JobConfigManager().parse_args(args)
     p = config.parallelism
     world = max(p.data_parallel_shard_degree, 1) * p.context_parallel_degree
-    shape = job_shape(config, world)
+    shape = job_shape(config)
     assert shape.layers == len(config.model_spec.model.layers)
     config.skrull.check_shape(shape)
     if fine_tune:
@@ -103,4 +103,4 @@ def test_gpu_job_resolves_its_cuda_only_defaults(job, tiny_folders):
     assert s.attention_kernel == "auto" and auto_kernel(types.SimpleNamespace(is_cuda=True, dtype=torch.bfloat16)) == "varlen"
     assert s.kv_exchange == "auto" and AUTO_BY_BACKEND.get("nccl", "all_gather") == "all_gather"
     assert config.training.mixed_precision_param == "bfloat16"
-    assert job_shape(config, 32).bytes_per_elem == 2
+    assert job_shape(config).bytes_per_elem == 2

@@ -86,7 +86,7 @@ def test_trainer_step_builder_and_scheduler_share_one_resolved_job(monkeypatch, 
     trainer.plan_log = trainer.validation = trainer.free_running = None
     trainer.parallel_dims = SimpleNamespace(cp_enabled=False, cp=1, tp=1, dp_shard=1, dp_replicate=1)
     trainer.dataloader = config.dataloader.build(dp_world_size=1, dp_rank=0, tokenizer=trainer.tokenizer)
-    trainer.model_shape = job_shape(config, 1)
+    trainer.model_shape = job_shape(config)
     trainer._init_skrull()
 
     job = trainer.skrull_job
