@@ -155,22 +155,28 @@ if [ "$dry" = 1 ]; then
   prof=(--lengths 256,384,512 --held-out 448 --memory-lengths 256,512 --repeats 2 --micro-batch-repeats 1 --no-check
         --max-held-out-error 10 --max-micro-batch-error 10 --max-packed-error 10)
   train=(--training.steps 5 --dataloader.global_batch_size 8 --skrull.bucket_size 512 --metrics.enable_tensorboard)
-  warm=2 limit=240
+  warm=2 limit=240 rows=4
 else
   job=skrull_ext/jobs/qwen2_5_0_5b_gpu.toml
-  gpu=$("$py" -c "import torch; print(torch.cuda.get_device_name(0).split()[-1].split('-')[0].lower())" 2>/dev/null || echo gpu)
+  # "NVIDIA H100 80GB HBM3" -> h100 (the first word shaped like a model number)
+  gpu=$("$py" -c "import re, torch; print(next(w for w in torch.cuda.get_device_name(0).split()
+        if re.fullmatch(r'[A-Z]+[0-9]+[A-Za-z]*', w)).lower())" 2>/dev/null || echo gpu)
   one=(--parallelism.data_parallel_shard_degree 1 --parallelism.context_parallel_degree 1
        --dataloader.lengths mix_sharegpt_conv95+longbench_en5 --dataloader.max_len 16384 --training.seq_len 16384)
   # The derived memory ladder ran out of the H200's 140 GB on 2026-11-27: lengths up to the job's 16K only.
   prof=(--lengths 2048,4096,8192,16384 --held-out 12288 --memory-lengths 2048,4096,8192,16384
         --repeats 3 --micro-batch-repeats 2 --no-check)
-  # compile off and torchtitan's modes on varlen: on the first GPU run (2026-11-27) torchtitan's flex path was
-  # still compiling its block mask (inductor, triton) after 48 s and logged no step in 80-120 s, with or without
-  # --compile.enable; skrull trained its 34 steps in the same limit. GPU_COMPILE=1 puts compile back.
   train=(--training.steps 34 --dataloader.global_batch_size 8 --skrull.bucket_size 16384
          --checkpoint.no-enable --metrics.log_freq 1 --metrics.enable_tensorboard --lr_scheduler.warmup_steps 2)
-  [ "${GPU_COMPILE:-0}" = 1 ] && train+=(--compile.enable)
-  warm=4 limit=${TRAIN_LIMIT:-100} tt_attn="--model.attn_backend varlen"
+  # Compile on (GPU_COMPILE=0: off), the profile too, so that it prices what trains: eager, a 0.5B layer's
+  # forward+backward took 12-14 ms from 2K to 16K tokens on the H100 (2026-11-27: host-bound, kernel
+  # launches and selective AC's dispatch mode), so an eager profile misprices a compiled run (x0.69).
+  if [ "${GPU_COMPILE:-1}" = 1 ]; then train+=(--compile.enable); prof+=(--compile.enable); fi
+  # torchtitan's modes: varlen (its flex path spent 80-120 s compiling the block mask on 2026-11-27), without
+  # its CUDA graph of forward+backward (on by default on CUDA, it refuses cu_seqlens of a new shape at step 2);
+  # padded rows of 16K: 4 rows (37 GiB of float32 logits) ran out of the H100's memory, 3 where it is < 100 GiB.
+  rows=$("$py" -c "import torch; print(4 if torch.cuda.get_device_properties(0).total_memory > 100 * 2**30 else 3)")
+  warm=4 limit=${TRAIN_LIMIT:-100} tt_attn="--model.attn_backend varlen --training.disable_cuda_graphs"
 fi
 profile=$work/profile/$gpu-qwen2.5-0.5b.toml
 mkdir -p "$work/profile"
@@ -189,11 +195,16 @@ pack
 # 6. The trainer on one GPU, three modes on the same data (each its own process and time limit, so one
 #    failure leaves the others' figures): the probe of `bench cp` records step times and real tokens.
 declare -A modes=(
-  [torchtitan]="--skrull.no-enable --training.local_batch_size 4 ${tt_attn:-}"
+  [torchtitan]="--skrull.no-enable --training.local_batch_size $rows ${tt_attn:-}"
   [torchtitan-stream]="--skrull.no-enable --dataloader.packing stream --training.local_batch_size 1 ${tt_attn:-}"
   [skrull]="${cost[*]}"
+  [skrull-bucket-profile]="${cost[*]} --skrull.bucket_size profile"
 )
-for mode in skrull torchtitan-stream torchtitan; do
+# skrull at the stream's row length (16K), torchtitan's two, then skrull at the BucketSize the profile's memory
+# gives (what `bucket_size = "profile"` runs; the dry run's toy profile has none).
+order=(skrull torchtitan-stream torchtitan)
+[ "$dry" = 1 ] || [ -z "${cost[*]}" ] || order+=(skrull-bucket-profile)
+for mode in "${order[@]}"; do
   run=$work/train/runs/${mode}_0
   mkdir -p "$run"
   # shellcheck disable=SC2086

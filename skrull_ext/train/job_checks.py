@@ -159,7 +159,7 @@ def _check_skrull(config, on_cpu: bool) -> None:
     check_skrull_parallelism(config, on_cpu)  # PP refused, TP's limits (tensor_parallel.py)
 
 
-def _check_cost_model(config, world: int) -> None:
+def _check_cost_model(config) -> None:
     """The cost model prices the job's model: a measured profile of another shape (a
     shipped CPU job pointed at a HF folder) is refused here, before any process group,
     in one line naming both shapes and ``--skrull.cost_model`` (it was a ValueError
@@ -289,7 +289,7 @@ def check_job(config, world_size: int | None = None, on_cpu: bool | None = None)
     check_data(config.dataloader)
     _check_validation(config)
     _check_skrull(config, on_cpu)
-    _check_cost_model(config, world_size)
+    _check_cost_model(config)
     _check_compile(config, on_cpu)
     _check_quantization(config)
     _check_profiler(config, on_cpu)
