@@ -150,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     from skrull_ext.profile.memory import profile_memory
     from skrull_ext.profile.micro_batch import profile_micro_batch
     from skrull_ext.profile.model import build_job_model
+    from skrull_ext.scheduler.model_shape import model_compiled
     from skrull_ext.profile.options import ProfileOptions
     from skrull_ext.profile.plot import plot
     from skrull_ext.profile.ranks import is_main
@@ -221,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
             "threads": torch.get_num_threads(),
             "elapsed_s": time.perf_counter() - t0,
             "attention": f"dacp:{config.skrull.attention_kernel}" if jm.dacp else "torchtitan",
+            "compile": model_compiled(config),
         }
         if comm is None:
             meta["comm_note"] = f"not measured (one process): [comm] is preset {args.comm_from!r}"

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from skrull_ext._core import ModelShape
-from skrull_ext.scheduler.model_shape import DTYPES, compute_dtype, fsdp_degree, spec_shape
+from skrull_ext.scheduler.model_shape import DTYPES, compute_dtype, fsdp_degree, model_compiled, spec_shape
 
 __all__ = ["DTYPES", "JobModel", "build_job_model", "compute_dtype", "fsdp_degree"]
 
@@ -108,7 +108,7 @@ def build_job_model(config: Any, device: torch.device, max_len: int, world_size:
     model.to(device)
     if config.activation_checkpoint is not None:
         config.activation_checkpoint.build(dump_folder=config.dump_folder).apply(model)
-    if config.compile.enable and "model" in config.compile.components:
+    if model_compiled(config):
         for block in model.layers.values():
             block.compile(backend=config.compile.backend, fullgraph=True)
 

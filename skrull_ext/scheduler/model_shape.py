@@ -18,7 +18,7 @@ import torch
 
 from skrull_ext._core import ModelShape
 
-__all__ = ["DTYPES", "compute_dtype", "fsdp_degree", "job_shape", "kv_width", "spec_shape"]
+__all__ = ["DTYPES", "compute_dtype", "fsdp_degree", "job_shape", "kv_width", "model_compiled", "spec_shape"]
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -42,6 +42,12 @@ def compute_dtype(config: Any) -> torch.dtype:
     decoders (llama3, qwen3) apply FSDP2 at every degree, 1 included, for its
     MixedPrecisionPolicy, so one GPU computes in it too."""
     return DTYPES[config.training.mixed_precision_param]
+
+
+def model_compiled(config: Any) -> bool:
+    """Whether torchtitan compiles the job's transformer blocks (a profile records it:
+    compile changes a layer's time and memory)."""
+    return bool(config.compile.enable and "model" in config.compile.components)
 
 
 def kv_width(attn: Any, dim: int) -> int:

@@ -45,7 +45,7 @@ from skrull_ext.data.scheduling import SkrullDataLoader, SkrullStep
 from skrull_ext.errors import JobFileError
 from skrull_ext.scheduler import Scheduler
 from skrull_ext.scheduler.config import FROM_PROFILE, job_timeline, timeline_name
-from skrull_ext.scheduler.model_shape import DTYPES, job_shape
+from skrull_ext.scheduler.model_shape import DTYPES, job_shape, model_compiled
 from skrull_ext.scheduler.profile_file import free_running_bytes
 from skrull_ext.train.execution import AUTO, PREDICT_STEPS, Execution, choose_execution
 from skrull_ext.train.free_running import FreeRunningFSDP
@@ -115,6 +115,8 @@ class SkrullTrainer(JobTrainer):
         assert isinstance(self.dataloader, SkrullDataLoader)
         skrull = self.config.skrull
         if (warning := skrull.profile_cp_warning(dims.cp)) is not None:
+            logger.warning(warning)
+        if (warning := skrull.profile_compile_warning(model_compiled(self.config))) is not None:
             logger.warning(warning)
         switches = FreeRunningFSDP(self.model_parts)
         execution = self._choose_execution(dims, switches)

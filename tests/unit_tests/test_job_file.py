@@ -376,3 +376,19 @@ def test_module_config_form_reads_flags_the_same_way():
         ["--module", "skrull_ext.train", "--config", "skrull_llama3_debugmodel", "--skrull.bucket_size", "128",
          "--metrics.enable_tensorboard", "false"])
     assert config.skrull.bucket_size == 128 and config.metrics.enable_tensorboard is False
+
+
+def test_a_job_compiled_otherwise_than_its_profile_is_warned(tmp_path):
+    from skrull_ext.train.skrull_config import SkrullConfig
+
+    text = Path(PROFILE).read_text()
+    eager = tmp_path / "eager.toml"
+    eager.write_text(text.replace("[meta]\n", "[meta]\ncompile = false\n", 1))
+    warning = SkrullConfig(cost_model=str(eager)).profile_compile_warning(True)
+    assert warning == (f"skrull: the profile {str(eager)!r} timed the model eager; this job runs it compiled "
+                       "(compile.enable = true): predicted step times and memory will be off. Re-profile with "
+                       "the job's compile setting")
+    assert SkrullConfig(cost_model=str(eager)).profile_compile_warning(False) is None
+    # A profile written before [meta] compile existed says nothing either way; presets are not profiles.
+    assert SkrullConfig(cost_model=PROFILE).profile_compile_warning(True) is None
+    assert SkrullConfig(cost_model="h100-assumed").profile_compile_warning(True) is None

@@ -3,6 +3,7 @@ agreement with the scheduler's own evaluation of the written table, and the
 BucketSize arithmetic with a quadratic memory term."""
 
 import math
+import os
 
 import pytest
 import torch
@@ -179,3 +180,24 @@ def test_comm_table_never_falls_below_the_floor_at_the_crossing():
     xs, us = fit.table([cross * 2, cross * 4])
     cm = CostModel(ModelShape(1, 1, 1, 1), 1.0, 0.0, CommModel(xs, us, cross, floor, 2.0))
     assert us[0] == floor and cm.comm_is_monotone()
+
+
+def _ladder(path):
+    import tomllib
+    from types import SimpleNamespace
+
+    with open(path, "rb") as f:
+        d = tomllib.load(f)["meta"]["compute"]
+    return SimpleNamespace(points=[SimpleNamespace(flops=f, us=u, tokens=t)
+                                   for f, u, t in zip(d["flops"], d["us"], d["lengths"])])
+
+
+def test_a_flat_ladder_is_reported_host_bound():
+    from skrull_ext.profile.writer import host_bound_note
+
+    profiles = os.path.join(os.path.dirname(__file__), "..", "..", "profiles")
+    # The H100's eager ladder: 12.1-14.3 ms a layer for x25 the FLOPs.
+    note = host_bound_note(_ladder(os.path.join(profiles, "h100-qwen2.5-0.5b.toml")))
+    assert note is not None and "12.1-14.3 ms from 2048 to 16384 tokens (x25 the FLOPs): host-bound" in note
+    # The CPU's ladder grows with the work: no note.
+    assert host_bound_note(_ladder(os.path.join(profiles, "cpu-debug-gloo2.toml"))) is None

@@ -56,6 +56,7 @@ def test_profile_run_end_to_end(produced):
     assert d["meta"]["check"]["ok"] and d["meta"]["check"]["tokens"] == d["memory"]["bucket_size"]
     assert d["comm"]["backend"] == "assumed:h100-assumed"  # one process measures no collective
     assert d["meta"]["attention"] == "dacp:auto"  # the debug job trains with Skrull: its attention is timed
+    assert d["meta"]["compile"] is False  # the trainer warns when a job compiles otherwise
     # One process: no FSDP to shard over, the fixed cost is the per-call work outside the layers.
     assert d["micro_batch"]["method"] == "step time over micro-batch counts, FSDP x1"
     assert d["micro_batch"]["fixed_us"] == max(0.0, d["micro_batch"]["slope_us"] - d["micro_batch"]["calls_us"])
