@@ -200,14 +200,18 @@ def _fsdp_worker(rank: int, world: int, store: str, out: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     try:
         calls = {"all_gather": 0, "reduce_scatter": 0}
-        for name in calls:
-            real = getattr(dist, f"{name}_single")
+        # FSDP2's collectives by name: torch 2.13 calls dist.*_single, 2.11 all_gather_into_tensor and
+        # reduce_scatter_tensor (whichever this torch has and FSDP calls is counted).
+        for name, spellings in {"all_gather": ("all_gather_single", "all_gather_into_tensor"),
+                                "reduce_scatter": ("reduce_scatter_single", "reduce_scatter_tensor")}.items():
+            attr = next(a for a in spellings if hasattr(dist, a))
+            real = getattr(dist, attr)
 
             def counted(*a, _real=real, _name=name, **k):
                 calls[_name] += 1
                 return _real(*a, **k)
 
-            setattr(dist, f"{name}_single", counted)
+            setattr(dist, attr, counted)
         mesh = init_device_mesh("cpu", (world,))
         model = _Net()
         for block in model.layers.values():  # as torchtitan: blocks reshard after forward, the root does not
