@@ -1,4 +1,14 @@
-"""Import torchtitan once with third-party import-time warnings silenced.
+"""Suite-wide settings: how many xdist workers, launcher variables kept out of
+tests, and torchtitan imported once with import-time warnings silenced.
+
+Workers (``-n auto`` in pyproject): one per core, at most 4. Most slow tests
+launch 2-4 ranks, each mostly importing torch and torchtitan or waiting on
+its peers, so two tests at once keep both cores of a CI box busy (the suite
+took 27 min instead of 34); more would only multiply the ranks on the cores.
+Each worker builds the session fixtures it needs (``--dist loadfile`` keeps a
+file's tests, and the runs they share, on one worker).
+
+Import torchtitan once with third-party import-time warnings silenced.
 
 pyproject turns warnings into errors. torch 2.13 warns on its own import
 paths that torchtitan 0.3.0 pulls in (``torch.jit.script_method`` is
@@ -7,7 +17,31 @@ test module importing torchtitan. Only these import-time warnings are
 silenced; warnings raised while a test runs still fail it.
 """
 
+import os
 import warnings
+
+import pytest
+
+LAUNCHER_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
+                "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
+"""What torchrun sets for its workers: a test that leaves one set in the test process makes a
+later test's one-process ``python -m skrull_ext.train`` think it was launched by torchrun."""
+
+
+def pytest_xdist_auto_num_workers(config) -> int:
+    return max(1, min(os.cpu_count() or 1, 4))
+
+
+@pytest.fixture(autouse=True)
+def _launcher_env_restored():
+    saved = {k: os.environ.get(k) for k in LAUNCHER_ENV}
+    yield
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)

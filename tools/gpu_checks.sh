@@ -126,14 +126,14 @@ pack
 #    two long sequences (16K, 8K: distributed) and 40 long-tail short ones (local), ~45K tokens.
 #    The dry run: CP 2 only, on CPU, 2 layers; a 512 and a 256 (distributed) and 8 short ones (local).
 if [ "$dry" = 1 ]; then
-  device=cpu cps=2
+  device=cpu cps=2 kernels=auto  # auto is dense on CPU: one run covers both
   shape=(--layers 2 --lengths 512 256 40 60 20 90 30 70 50 80 --local-max 200 --steps 1 --warmup 1)
 else
   short=$("$py" -c "from skrull_ext.bench.attention import long_tail_lengths; print(*long_tail_lengths(40, 1))")
-  device=cuda cps="2 4" shape=(--layers 6 --lengths 16384 8192 $short --local-max 4096 --steps 3)
+  device=cuda cps="2 4" kernels="auto dense" shape=(--layers 6 --lengths 16384 8192 $short --local-max 4096 --steps 3)
 fi
 for cp in $cps; do
-  for kernel in auto dense; do
+  for kernel in $kernels; do
     timeout 75 "$py" -m skrull_ext.bench overlap --device "$device" --cp "$cp" --kernel "$kernel" \
       --heads 14 --kv-heads 2 --head-dim 64 "${shape[@]}" \
       --out "$work/overlap_cp${cp}_${kernel}" >"$log/overlap_cp${cp}_${kernel}.txt" 2>&1

@@ -59,6 +59,16 @@ class JobTrainer(Trainer):
         # Before anything is written: rank 0 owns the dump folder or the run stops here, in one line
         # (the other ranks wait for it in init_process_group, which a refused rank 0 never joins).
         self.run_lock = claim_dump_folder(config.dump_folder, int(os.environ.get("RANK", "0")))
+        try:
+            self._build(config)
+        except BaseException:  # a trainer that was not built holds no folder (a retry in the same process)
+            if self.run_lock is not None:
+                self.run_lock.release()
+                self.run_lock = None
+            raise
+
+    def _build(self, config) -> None:
+        """Everything after the dump folder's lock: the checks and torchtitan's Trainer."""
         stop_line.track(self, config)
         if launcher_watch.start_launcher_watch() is not None:  # under torchrun
             interrupt.install()

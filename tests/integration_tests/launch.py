@@ -18,7 +18,11 @@ PROBE = "tests.integration_tests.probe"
 
 
 def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = dict(os.environ)
+    """This process's environment for a launched job, without torchrun's variables
+    (tests/conftest.LAUNCHER_ENV): the job is launched here, by torchrun or as one process."""
+    from tests.conftest import LAUNCHER_ENV
+
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_ENV}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH")) if p)
     env.setdefault("OMP_NUM_THREADS", "1")
     env.update(extra or {})

@@ -41,10 +41,10 @@ def test_a_profile_of_the_job_model_is_accepted():
     config.skrull.check_shape(job_shape(config))
 
 
-def test_a_profile_of_another_model_fails_at_trainer_start_naming_both_shapes():
+def test_a_profile_of_another_model_fails_at_trainer_start_naming_both_shapes(tmp_path):
     config = JobConfigManager().parse_args([
         "--config-file", DEBUG, "--skrull.cost_model", PROFILE,
-        "--model.name", "qwen2_5", "--model.flavor", "debugmodel",
+        "--model.name", "qwen2_5", "--model.flavor", "debugmodel", "--dump_folder", str(tmp_path),
     ])
     with pytest.raises(ValueError, match=(
         r"skrull.cost_model: .*cpu-debug-gloo2.toml: its \[model\] \{'layers': 6, 'hidden': 256, "
@@ -52,6 +52,8 @@ def test_a_profile_of_another_model_fails_at_trainer_start_naming_both_shapes():
         r"\{'layers': 4, 'hidden': 256, 'kv_width': 64, 'bytes_per_elem': 4\}"
     )):
         SkrullTrainer(config)
+    # A trainer that failed to build holds no lock on its dump folder: the same process may retry.
+    assert not (tmp_path / ".skrull_run.lock").exists()
 
 
 def test_a_profile_of_another_model_is_refused_at_config_time_naming_the_flag():

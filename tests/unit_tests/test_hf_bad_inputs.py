@@ -49,6 +49,7 @@ def _start(folder: str):
     config = JobConfigManager().parse_args([
         "--config-file", DEBUG, "--model.hf_path", folder, "--checkpoint.enable",
         "--skrull.cost_model", "h100-assumed",  # the shipped job's profile is of another model
+        "--dump_folder", folder + ".out",  # its own: another xdist worker may be building a trainer
     ])
     return SkrullTrainer(config)
 
