@@ -24,7 +24,7 @@ def main() -> None:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cuda":
         torch.cuda.set_device(0)
-    jm = build_job_model(config, device, config.model_spec.model.max_seq_len, 1)
+    jm = build_job_model(config, device, config.model_spec.model.max_seq_len)
     print("dtype", jm.dtype, "dacp", jm.dacp, "device", device)
     for docs, layers in (((128,), 1), ((16384,), 1)) if quick else (((128,), 1), ((128,), 0), ((8192,), 1),
                                                                         ((2048,) * 4, 1)):

@@ -188,8 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-    jm = build_job_model(config, device, config.model_spec.model.max_seq_len,
-                         int(profile.get("meta", {}).get("job_world_size", 1)))
+    jm = build_job_model(config, device, config.model_spec.model.max_seq_len)
     c = check_profile(jm, profile, args.seed)
     target = profile.get("meta", {}).get("memory", {}).get("fit_target", "peak")
     mib = lambda v: f"{v / 2**20:.1f} MiB"  # noqa: E731

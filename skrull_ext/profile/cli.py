@@ -150,11 +150,11 @@ def main(argv: list[str] | None = None) -> int:
     from skrull_ext.profile.memory import profile_memory
     from skrull_ext.profile.micro_batch import profile_micro_batch
     from skrull_ext.profile.model import build_job_model
-    from skrull_ext.scheduler.model_shape import model_compiled
     from skrull_ext.profile.options import ProfileOptions
     from skrull_ext.profile.plot import plot
     from skrull_ext.profile.ranks import is_main
     from skrull_ext.profile.writer import Profile, report, write
+    from skrull_ext.scheduler.model_shape import model_compiled
     from skrull_ext.train.job_file import load_config
     from torchtitan_patches import logs
 
@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         tick("build model")
         # RoPE cache for the model's whole context: the check's BucketSize is not known yet.
-        jm = build_job_model(config, device, config.model_spec.model.max_seq_len, target_world)
+        jm = build_job_model(config, device, config.model_spec.model.max_seq_len)
         compute = profile_compute(jm, opts, tick)
         memory = profile_memory(jm, opts, target_world, tick)
         exchange = config.skrull.kv_exchange if hasattr(config, "skrull") else "auto"

@@ -75,7 +75,7 @@ class JobModel:
         return {"tokens": tokens, "labels": labels, "positions": positions, "attention_masks": masks}
 
 
-def build_job_model(config: Any, device: torch.device, max_len: int, world_size: int) -> JobModel:
+def build_job_model(config: Any, device: torch.device, max_len: int) -> JobModel:
     """Build ``config.model_spec``'s model on ``device`` for buffers up to
     ``max_len`` tokens (its RoPE cache is sized from ``training.seq_len``)."""
     from torchtitan.config.override import apply_overrides

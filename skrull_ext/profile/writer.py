@@ -161,13 +161,14 @@ def host_bound_note(cp) -> str | None:
     not the device, and the fitted slope means little. Seen on one H100, eager
     Qwen2.5-0.5B: 12.1-14.3 ms a layer from 2,048 to 16,384 tokens."""
     pts = sorted(cp.points, key=lambda t: t.flops)
-    if len(pts) < 2 or pts[0].flops <= 0 or min(t.us for t in pts) <= 0:
+    if len(pts) < 2 or pts[0].flops <= 0:
         return None
-    grow, work = max(t.us for t in pts) / min(t.us for t in pts), pts[-1].flops / pts[0].flops
-    if grow > 1.5 or work < 4:
+    lo, hi = min(t.us for t in pts), max(t.us for t in pts)
+    work = pts[-1].flops / pts[0].flops
+    if lo <= 0 or hi / lo > 1.5 or work < 4:
         return None
-    return (f"  note     a layer took {min(t.us for t in pts) / 1e3:.1f}-{max(t.us for t in pts) / 1e3:.1f} ms "
-            f"from {pts[0].tokens} to {pts[-1].tokens} tokens (x{work:.0f} the FLOPs): host-bound (kernel launches, "
+    return (f"  note     a layer took {lo / 1e3:.1f}-{hi / 1e3:.1f} ms from {pts[0].tokens} to {pts[-1].tokens} "
+            f"tokens (x{work:.0f} the FLOPs): host-bound (kernel launches, "
             "Python dispatch), so the intercept is a fixed cost of every layer and the slope means little; "
             "compiling the model (--compile.enable, also in the job) removes most of it")
 

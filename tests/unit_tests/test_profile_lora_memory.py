@@ -23,7 +23,7 @@ LENGTHS = (64, 128, 256, 512)
 def _memory(job: str):
     torch.manual_seed(0)
     config = load_config(["--config-file", os.path.join(JOBS, job)], module="skrull_ext.profile", world_size=2)
-    jm = build_job_model(config, torch.device("cpu"), max(LENGTHS), 2)
+    jm = build_job_model(config, torch.device("cpu"), max(LENGTHS))
     opts = ProfileOptions(memory_lengths=LENGTHS, memory_limit=256 * 2**20, world_size=2)
     largest = max(p.numel() * p.element_size() for p in jm.model.parameters())
     return profile_memory(jm, opts, 2, lambda _: None), largest

@@ -135,7 +135,7 @@ def test_profiled_model_runs_the_jobs_attention(skrull):
     argv = ["--config-file", str(JOB), *([] if skrull else ["--skrull.no-enable"])]
     config = JobConfigManager().parse_args(argv)
     torchtitan_patches.apply(config)
-    jm = build_job_model(config, torch.device("cpu"), 64, 1)
+    jm = build_job_model(config, torch.device("cpu"), 64)
     inner = {type(m.inner_attention) for m in jm.model.modules() if isinstance(m, GQAttention)}
     assert (inner == {DacpAttention}) == skrull and jm.dacp == skrull
     if skrull:  # (torchtitan's own masks are its business, and compile under pytest's warning filters)
