@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from skrull_ext._core import CommModel, CostModel
-from skrull_ext.profile.fit import PolyFit, fit_poly
+from skrull_ext.profile.fit import PolyFit, fit_line_nonneg
 from skrull_ext.profile.model import JobModel
 from skrull_ext.profile.options import ProfileOptions
 from skrull_ext.profile.ranks import pick_clock, reduce_floats, time_call
@@ -58,8 +58,9 @@ class ComputeResult:
     layers_timed: int
     clock: str
     """'wall' or 'cpu' (process time; see ranks.time_call)."""
-    through_origin: bool
-    """True when the free fit's intercept came out negative and was pinned to 0."""
+    pinned: str
+    """"intercept" or "slope" when the free fit's one came out negative and was
+    pinned to 0 (profile.fit.fit_line_nonneg); "" otherwise."""
 
     def rel_error(self, t: Timing) -> float:
         return (self.fit(t.flops) - t.us) / t.us
@@ -147,8 +148,5 @@ def profile_compute(jm: JobModel, opts: ProfileOptions, tick: Callable[[str], No
     n, h = len(opts.lengths), len(opts.held_out)
     points, held_out, packed = timings[:n], timings[n:n + h], timings[n + h:]
     x, y = [t.flops for t in points], [t.us for t in points]
-    fit = fit_poly(x, y, 1)
-    through_origin = fit.intercept < 0  # the scheduler's model needs b >= 0
-    if through_origin:
-        fit = fit_poly(x, y, 1, intercept=False)
-    return ComputeResult(fit, points, held_out, packed, opts.layers or len(jm.layers), clock, through_origin)
+    fit, pinned = fit_line_nonneg(x, y)
+    return ComputeResult(fit, points, held_out, packed, opts.layers or len(jm.layers), clock, pinned)

@@ -101,18 +101,34 @@ class PolyFit:
 
 
 def fit_poly(x: Sequence[float], y: Sequence[float], degree: int = 1, intercept: bool = True) -> PolyFit:
-    """Relative least-squares polynomial of ``degree`` (1 or 2) through (x, y);
-    ``intercept=False`` pins coef[0] to 0 (a fit through the origin)."""
-    if degree not in (1, 2):
-        raise ValueError(f"degree must be 1 or 2, got {degree}")
-    _check_points(x, y, degree + int(intercept))
+    """Relative least-squares polynomial of ``degree`` (1 or 2; 0: a constant)
+    through (x, y); ``intercept=False`` pins coef[0] to 0 (a fit through the origin)."""
+    if degree not in (0, 1, 2) or (degree == 0 and not intercept):
+        raise ValueError(f"degree must be 1 or 2 (0 with an intercept), got {degree}")
+    _check_points(x, y, max(1, degree + int(intercept)))
     cols = ([[1.0] * len(x)] if intercept else []) + [[float(v) ** k for v in x] for k in range(1, degree + 1)]
     coef = tuple(_weighted_lstsq(cols, y, [1.0 / v**2 for v in y]))
     if not intercept:
         coef = (0.0, *coef)
+    coef = coef + (0.0,) * (2 - len(coef))  # a constant has slope 0
     fit = PolyFit(coef, 0.0, 0.0)
     r2, worst = quality(y, [fit(v) for v in x])
     return PolyFit(coef, r2, worst)
+
+
+def fit_line_nonneg(x: Sequence[float], y: Sequence[float]) -> tuple[PolyFit, str]:
+    """The relative least-squares line y = a x + b with a, b >= 0 (the
+    scheduler's cost model refuses either below 0), and which one was pinned:
+    "" (the free fit), "intercept" (through the origin) or "slope" (a
+    constant: the time did not grow with the work, as on a host-bound device
+    or a loaded CPU running a tiny model). With y > 0 at most one of the two
+    can come out negative, and the best fit then lies on that bound."""
+    fit = fit_poly(x, y, 1)
+    if fit.intercept < 0:
+        return fit_poly(x, y, 1, intercept=False), "intercept"
+    if fit.slope < 0:
+        return fit_poly(x, y, 0), "slope"
+    return fit, ""
 
 
 @dataclass(frozen=True)

@@ -103,7 +103,7 @@ def _raw(p: Profile) -> dict[str, Any]:
     cp, mem = p.compute, p.memory
     raw: dict[str, Any] = {
         "compute": {
-            "layers_timed": cp.layers_timed, "clock": cp.clock, "through_origin": cp.through_origin,
+            "layers_timed": cp.layers_timed, "clock": cp.clock, "pinned": cp.pinned or "none",
             "lengths": [t.tokens for t in cp.points], "flops": [t.flops for t in cp.points],
             "us": [t.us for t in cp.points], "wall_us": [t.wall_us for t in cp.points],
             "held_out_lengths": [t.tokens for t in cp.held_out], "held_out_us": [t.us for t in cp.held_out],
@@ -179,8 +179,11 @@ def report(p: Profile) -> str:
     lines = [
         f"profile of {p.jm.name} on {p.meta['device']} ({p.meta['elapsed_s']:.0f} s)",
         f"  compute  T = {cp.fit.slope:.4g} us/FLOP * F + {cp.fit.intercept:.4g} us per layer ({cp.clock} clock) "
-        f"({3 / cp.fit.slope / 1e3:.1f} GFLOP/s at 3x forward), R^2 {cp.fit.r2:.4f}, "
-        f"worst fit error {cp.fit.max_rel_error:.1%}",
+        + (f"({3 / cp.fit.slope / 1e3:.1f} GFLOP/s at 3x forward), " if cp.fit.slope > 0 else "")
+        + f"R^2 {cp.fit.r2:.4f}, worst fit error {cp.fit.max_rel_error:.1%}",
+        *([f"  note     the free fit's {cp.pinned} came out negative and is pinned to 0 (the scheduler needs both "
+           ">= 0)" + ("; the layer time did not grow with its FLOPs" if cp.pinned == "slope" else "")]
+          if cp.pinned else []),
         *([note] if (note := host_bound_note(cp)) else []),
         *([f"  clock    process CPU time; wall time was {_wall_ratio(cp):.2f}x it (median)"
            + (": other load on the host" if _wall_ratio(cp) > 1.1 else "")]

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from skrull_ext._core import CommModel, CostModel, ModelShape
-from skrull_ext.profile.fit import fit_piecewise, fit_poly, quality
+from skrull_ext.profile.fit import fit_line_nonneg, fit_piecewise, fit_poly, quality
 from skrull_ext.profile.memory import CpuTensorPeak, fit_memory
 from skrull_ext.profile.options import ProfileOptions, parse_bytes, parse_ints
 from skrull_ext.scheduler.profile_file import derive_bucket_size
@@ -41,6 +41,19 @@ def test_through_origin_and_relative_weighting():
     # Relative weights: a 10% miss on the smallest point counts as much as on the largest.
     noisy = fit_poly(x, [2.2, 20.0, 200.0], 1)
     assert noisy.max_rel_error < 0.1
+
+
+def test_line_nonneg_pins_whichever_coefficient_comes_out_negative():
+    x = [1.0, 2.0, 4.0, 8.0]
+    free, pinned = fit_line_nonneg(x, [3.0 + 2.0 * v for v in x])
+    assert pinned == "" and close(free.slope, 2.0) and close(free.intercept, 3.0)
+    # Time that falls as the work grows (a loaded CPU timing a tiny model): a
+    # constant, the relative least-squares one: sum(1/y) / sum(1/y^2).
+    flat, pinned = fit_line_nonneg([1.0, 4.0], [12.0, 6.0])
+    assert pinned == "slope" and flat.slope == 0.0 and close(flat.intercept, 0.25 / (5 / 144))
+    # Faster than proportional growth: through the origin.
+    origin, pinned = fit_line_nonneg(x, [2.0 * v - 0.5 for v in x])
+    assert pinned == "intercept" and origin.intercept == 0.0 and origin.slope > 0
 
 
 def test_fit_memory_picks_the_model_the_points_need():
