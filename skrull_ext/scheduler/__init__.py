@@ -12,8 +12,8 @@
   invariants.
 
 Nothing here imports torch: the plan is a pure function of the lengths, the
-cost model and the options. ``Scheduler`` loads on first use (PEP 562), so
-``skrull_ext.scheduler.config`` or ``cost_model`` does not import ortools (the CP-SAT fallback's).
+cost model and the options. ``Scheduler`` loads on first use (PEP 562), and
+ortools only when CP-SAT first solves (a job without ``cpsat`` never imports it).
 """
 
 import importlib

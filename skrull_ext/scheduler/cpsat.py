@@ -18,8 +18,6 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from ortools.sat.python import cp_model
-
 from skrull_ext import _core
 from skrull_ext._core import DISTRIBUTED, CostModel
 
@@ -80,6 +78,8 @@ def solve_dacp(
     if n * cp > MAX_PLACEMENT_VARS:
         return CpSatResult(None, "TOO_LARGE", None, 0.0, time.perf_counter() - start)
     layers = cost.shape.layers
+    from ortools.sat.python import cp_model  # here: a job without CP-SAT never imports ortools (0.4 s a rank)
+
     m = cp_model.CpModel()
     # --- data
     flops = [cost.flops(s) for s in lengths]

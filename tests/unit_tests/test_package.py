@@ -299,6 +299,23 @@ def test_attention_imports_without_ortools_or_the_core():
 
 
 @pytest.mark.slow
+def test_ortools_loads_only_when_cpsat_solves():
+    """Every rank of a job builds a Scheduler; ortools (0.4 s to import) is the
+    CP-SAT fallback's alone."""
+    code = (BLOCK.replace('or name == "skrull_ext._core"', "")
+            + "from skrull_ext import Scheduler, SchedulerConfig\n"
+            "from skrull_ext.scheduler import cost_model as cm\n"
+            "batch = [300, 20, 40, 900, 15, 60, 33, 700]\n"
+            "cfg = dict(dp=1, cp=2, bucket_size=512, cpsat_margin=0.0)\n"
+            "Scheduler(SchedulerConfig(cpsat=False, **cfg), cm.preset()).schedule(batch)\n"
+            "print('heuristic ok')\n"
+            "Scheduler(SchedulerConfig(cpsat=True, **cfg), cm.preset()).schedule(batch)\n")
+    proc = _run(code)
+    assert "heuristic ok" in proc.stdout, proc.stderr[-3000:]
+    assert proc.returncode != 0 and "ortools is blocked" in proc.stderr, proc.stderr[-3000:]
+
+
+@pytest.mark.slow
 def test_training_path_does_not_import_research_tools():
     proc = _run("import sys, skrull_ext.train.__main__, skrull_ext.train.config_registry\n"
                 "bad = sorted(m for m in sys.modules if m.split('.')[:2] in (['skrull_ext', 'bench'], "
