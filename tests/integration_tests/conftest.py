@@ -1,9 +1,9 @@
 """Shared integration fixtures: one seed checkpoint and one torchtitan
 1-process reference run per session, which every parity test compares with.
 
-Each launch costs tens of seconds on a small CPU machine (mostly imports),
-so runs are built once, on first use, and shared between the checks that
-read them.
+Each launch trains for seconds even with its ranks forked from a warm
+process (forked.py), so runs are built once, on first use, and shared
+between the checks that read them.
 """
 
 import os

@@ -30,9 +30,23 @@ def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def torchrun(nproc: int, module: str, args: list[str], cwd: str, timeout: int = 600,
-             expect_failure: bool = False, env: dict[str, str] | None = None):
+             expect_failure: bool = False, env: dict[str, str] | None = None, real: bool | None = None):
     """Run ``torchrun -m module args`` with ``nproc`` ranks; raise with the log tail
-    if it fails (or, with ``expect_failure``, if it succeeds)."""
+    if it fails (or, with ``expect_failure``, if it succeeds).
+
+    ``real``: through the torchrun CLI (``python -m torch.distributed.run
+    --standalone``); by default only where a failure is expected, whose output
+    torchrun's failure summary shapes. Otherwise the ranks are forks of a warm
+    process with torchrun's environment (forked.py): the same job, without
+    importing torch and torchtitan again in every rank."""
+    if not (expect_failure if real is None else real):
+        from tests.integration_tests import forked
+
+        rc, out = forked.launch(nproc, module, args, cwd, _env(env), timeout)
+        proc = subprocess.CompletedProcess([f"forked x{nproc}", module, *args], rc, out, "")
+        if rc != 0:
+            raise AssertionError(f"{' '.join(proc.args)} exited {rc}:\n{out[-12000:]}")
+        return proc
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc_per_node={nproc}", "-m", module, *args]
     proc = subprocess.run(cmd, cwd=cwd, env=_env(env), capture_output=True, text=True,
