@@ -88,7 +88,17 @@ def launch(nproc: int, module: str, args: list[str], cwd: str, env: dict[str, st
            timeout: float) -> tuple[int, str]:
     """Run ``module args`` on ``nproc`` forked ranks; (exit status, output of
     every rank, rank 0 first). The status is the first failing rank's, or
-    124 on timeout (every rank then killed)."""
+    124 on timeout (every rank then killed). A store port taken between its
+    pick and rank 0's bind (another test process launching) is retried once
+    on a new port."""
+    rc, out = _launch(nproc, module, args, cwd, env, timeout)
+    if rc != 0 and "EADDRINUSE" in out:
+        rc, out = _launch(nproc, module, args, cwd, env, timeout)
+    return rc, out
+
+
+def _launch(nproc: int, module: str, args: list[str], cwd: str, env: dict[str, str],
+            timeout: float) -> tuple[int, str]:
     ctx = _context()
     port, run_id = _free_port(), uuid.uuid4().hex[:8]
     logs = [os.path.join(cwd, f".forked-{run_id}-rank{r}.log") for r in range(nproc)]
