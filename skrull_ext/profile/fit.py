@@ -105,7 +105,7 @@ def fit_poly(x: Sequence[float], y: Sequence[float], degree: int = 1, intercept:
     through (x, y); ``intercept=False`` pins coef[0] to 0 (a fit through the origin)."""
     if degree not in (0, 1, 2) or (degree == 0 and not intercept):
         raise ValueError(f"degree must be 1 or 2 (0 with an intercept), got {degree}")
-    _check_points(x, y, max(1, degree + int(intercept)))
+    _check_points(x, y, degree + int(intercept))
     cols = ([[1.0] * len(x)] if intercept else []) + [[float(v) ** k for v in x] for k in range(1, degree + 1)]
     coef = tuple(_weighted_lstsq(cols, y, [1.0 / v**2 for v in y]))
     if not intercept:

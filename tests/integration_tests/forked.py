@@ -25,10 +25,11 @@ import multiprocessing
 import os
 import runpy
 import signal
-import socket
 import sys
 import time
 import uuid
+
+from tests.integration_tests.launch import _env, free_port
 
 PRELOAD = ["torch", "skrull_ext.train.trainer", "torchtitan.train", "tests.integration_tests.probe",
            "skrull_ext.profile.train_check"]
@@ -46,8 +47,6 @@ def _context():
     if _ctx is None:
         from multiprocessing import forkserver
 
-        from tests.integration_tests.launch import _env
-
         ctx = multiprocessing.get_context("forkserver")
         ctx.set_forkserver_preload(PRELOAD)
         saved = dict(os.environ)
@@ -60,12 +59,6 @@ def _context():
             os.environ.update(saved)
         _ctx = ctx
     return _ctx
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _rank_main(env: dict[str, str], cwd: str, log: str, module: str, args: list[str]) -> None:
@@ -100,7 +93,7 @@ def launch(nproc: int, module: str, args: list[str], cwd: str, env: dict[str, st
 def _launch(nproc: int, module: str, args: list[str], cwd: str, env: dict[str, str],
             timeout: float) -> tuple[int, str]:
     ctx = _context()
-    port, run_id = _free_port(), uuid.uuid4().hex[:8]
+    port, run_id = free_port(), uuid.uuid4().hex[:8]
     logs = [os.path.join(cwd, f".forked-{run_id}-rank{r}.log") for r in range(nproc)]
     procs = []
     for r in range(nproc):

@@ -8,6 +8,7 @@ reads scalars back from the TensorBoard events, which keep float32 precision
 
 import glob
 import os
+import socket
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -39,23 +40,28 @@ def torchrun(nproc: int, module: str, args: list[str], cwd: str, timeout: int = 
     torchrun's failure summary shapes. Otherwise the ranks are forks of a warm
     process with torchrun's environment (forked.py): the same job, without
     importing torch and torchtitan again in every rank."""
-    if not (expect_failure if real is None else real):
+    if expect_failure if real is None else real:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               f"--nproc_per_node={nproc}", "-m", module, *args]
+        proc = subprocess.run(cmd, cwd=cwd, env=_env(env), capture_output=True, text=True,
+                              timeout=timeout)
+    else:
         from tests.integration_tests import forked
 
         rc, out = forked.launch(nproc, module, args, cwd, _env(env), timeout)
-        proc = subprocess.CompletedProcess([f"forked x{nproc}", module, *args], rc, out, "")
-        if rc != 0:
-            raise AssertionError(f"{' '.join(proc.args)} exited {rc}:\n{out[-12000:]}")
-        return proc
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc_per_node={nproc}", "-m", module, *args]
-    proc = subprocess.run(cmd, cwd=cwd, env=_env(env), capture_output=True, text=True,
-                          timeout=timeout)
+        proc = subprocess.CompletedProcess([f"forked x{nproc}", "-m", module, *args], rc, out, "")
     if (proc.returncode != 0) != expect_failure:
         raise AssertionError(
-            f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
+            f"{' '.join(proc.args)} exited {proc.returncode}:\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
         )
     return proc
+
+
+def free_port() -> int:
+    """A free TCP port on loopback (for a store; another process may take it before it is bound)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def scalars(dump_folder: str, tag: str) -> list[float]:

@@ -1,7 +1,6 @@
 """check_plan_digests fails loudly on every rank when ranks disagree (gloo, 2 processes)."""
 
 import os
-import socket
 
 import pytest
 import torch.distributed as dist
@@ -10,6 +9,7 @@ import torch.multiprocessing as mp
 from skrull_ext.scheduler import Scheduler, cost_model
 from skrull_ext.train.skrull_config import SkrullConfig
 from skrull_ext.train.step_checks import PlanMismatchError, check_plan_digests, gds_digest
+from tests.integration_tests.launch import free_port
 
 LENGTHS = [300, 20, 40, 500, 60, 80, 10, 200]
 
@@ -35,17 +35,11 @@ def _worker(rank: int, port: int, tamper: bool, out: str) -> None:
     dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("tamper", [False, True])
 def test_plan_digests_across_ranks(tmp_path, tamper):
     out = str(tmp_path / "result")
-    mp.spawn(_worker, args=(_free_port(), tamper, out), nprocs=2)
+    mp.spawn(_worker, args=(free_port(), tamper, out), nprocs=2)
     results = [(tmp_path / f"result.{r}").read_text() for r in range(2)]
     if tamper:
         assert all(r.startswith("mismatch: GDS plans differ") for r in results), results

@@ -12,6 +12,7 @@ from skrull_ext.errors import JobFileError
 from skrull_ext.scheduler import Scheduler, cost_model
 from skrull_ext.scheduler.config import SchedulerConfig
 from skrull_ext.train.job_file import load_config
+from tests.integration_tests.launch import free_port
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 DEBUG = os.path.join(ROOT, "skrull_ext", "jobs", "debug_cpu.toml")
@@ -154,14 +155,11 @@ def test_a_hf_last_save_without_full_checkpoints_says_how_to_start_from_it(tmp_p
 
 
 def _stores(n):
-    import socket
     from datetime import timedelta
 
     import torch.distributed as dist
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     server = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)
     clients = [dist.PrefixStore("hb/", dist.TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False,
                                                      timeout=timedelta(seconds=60))) for _ in range(n)]
