@@ -128,7 +128,10 @@ def build_job_model(config: Any, device: torch.device, max_len: int) -> JobModel
         name=f"{spec.name}/{spec.flavor}",
         device=device,
         dtype=dtype,
-        loss_fn=config.loss.build(),
+        # compiled where the trainer compiles it (torchtitan's compile.components holds "loss"):
+        # an eager loss materialises float32 logits and their gradient, 20 GB at 16K tokens of a
+        # 152K vocabulary, which a compiled run never holds (GPU run 3, docs/results/gpu.md).
+        loss_fn=config.loss.build(compile_config=config.compile),
         vocab_size=decoder_vocab_size(spec),
         max_len=config.training.seq_len,
         dacp=dacp,

@@ -144,3 +144,25 @@ def test_profiled_model_runs_the_jobs_attention(skrull):
         assert isinstance(meta, DacpBatchMeta) and meta.local_lens == [5, 9, 3] and not meta.dist_lens
         out = jm.model(buf["tokens"], attention_masks=meta, positions=buf["positions"])
         assert out.shape[:2] == (1, 17)
+
+
+@pytest.mark.parametrize("compile_on", [True, False])
+def test_profiled_loss_compiled_as_the_trainer_compiles_it(compile_on):
+    """The profile's loss is the trainer's: torchtitan compiles it when ``compile.enable``
+    and "loss" is in ``compile.components``. An eager loss in a compiled job's profile
+    held float32 logits and their gradient the trainer never holds: the H200 profile's
+    memory came out twice the trainer's (GPU run 3, docs/results/gpu.md)."""
+    import torch
+
+    import torchtitan_patches
+    from skrull_ext.profile.model import build_job_model
+    from skrull_ext.train.job_file import JobConfigManager
+
+    torchtitan_patches.apply()
+    argv = ["--config-file", str(JOB), *(["--compile.enable"] if compile_on else [])]
+    config = JobConfigManager().parse_args(argv)
+    torchtitan_patches.apply(config)
+    jm = build_job_model(config, torch.device("cpu"), 64)
+    compiled = isinstance(jm.loss_fn.fn, torch._dynamo.eval_frame.OptimizedModule) or hasattr(
+        jm.loss_fn.fn, "_torchdynamo_orig_callable")
+    assert compiled == compile_on
