@@ -202,18 +202,22 @@ declare -A modes=(
 )
 # skrull at the stream's row length (16K), torchtitan's two, then skrull at the BucketSize the profile's memory
 # gives (what `bucket_size = "profile"` runs; the dry run's toy profile has none).
-order=(skrull torchtitan-stream torchtitan)
-[ "$dry" = 1 ] || [ -z "${cost[*]}" ] || order+=(skrull-bucket-profile)
+# MODES: a subset, in order (a rerun of what a fix touched; default all).
+order=(${MODES:-skrull torchtitan-stream torchtitan})
+[ "$dry" = 1 ] || [ -z "${cost[*]}" ] || [ -n "${MODES:-}" ] || order+=(skrull-bucket-profile)
 for mode in "${order[@]}"; do
   run=$work/train/runs/${mode}_0
   mkdir -p "$run"
   # shellcheck disable=SC2086
-  SKRULL_BENCH_PROBE_OUT=$run/probe timeout "$limit" "$py" -m torch.distributed.run --standalone --nproc_per_node 1 \
+  # TORCH_LOGS=recompiles: each new compiled graph and the guard that failed (run 3 lost 6.6 s to one at step 28)
+  TORCH_LOGS=recompiles SKRULL_BENCH_PROBE_OUT=$run/probe timeout "$limit" "$py" -m torch.distributed.run --standalone --nproc_per_node 1 \
     -m torchtitan_patches.cp_probe skrull_ext.train --config-file "$job" "${one[@]}" "${train[@]}" \
     --dump_folder "$run" ${modes[$mode]} >"$run/log.txt" 2>&1
   rc=$?
   say "train $mode (rc $rc): $(grep -a 'grad_norm' "$run/log.txt" | tail -1 | sed 's/\x1b\[[0-9;]*m//g' | sed 's/.*step:/step:/')"
   [ "$rc" = 0 ] || grep -a -E 'Error|error' "$run/log.txt" | tail -3 | tee -a "$summary"
+  say "  recompiles: $(grep -a -c 'Recompiling function' "$run/log.txt"); guards: $(grep -a -A2 'Recompiling function' \
+    "$run/log.txt" | grep -a -oE '\- [0-9]+/[0-9]+: .*' | sort | uniq -c | sort -rn | head -3 | tr '\n' ';')"
   pack
 done
 
@@ -223,4 +227,16 @@ done
 say "train-report (rc $?):"; tee -a "$summary" <"$log/train_report.txt"
 cp "$work/train/train_report.md" "$work/train/train_report.json" "$out"/ 2>/dev/null
 pack
+# 8. LAYER_PROFILE=1: where one compiled block's time goes at 128 and 16,384 tokens, DACP attention against
+#    torchtitan's varlen (tools/gpu_layer_profile.py; cProfile and torch.profiler tables for DACP's).
+if [ "${LAYER_PROFILE:-0}" = 1 ]; then
+  lp=(--config-file "$job" "${one[@]}")
+  [ "${GPU_COMPILE:-1}" = 1 ] && lp+=(--compile.enable)
+  timeout 60 "$py" tools/gpu_layer_profile.py "${lp[@]}" >"$log/layer_profile_dacp.txt" 2>&1
+  say "layer profile dacp (rc $?): $(grep -a '^docs' "$log/layer_profile_dacp.txt" | tr '\n' ';')"
+  timeout 40 "$py" tools/gpu_layer_profile.py --quick "${lp[@]}" --skrull.no-enable ${tt_attn:-} \
+    >"$log/layer_profile_torchtitan.txt" 2>&1
+  say "layer profile torchtitan (rc $?): $(grep -a '^docs' "$log/layer_profile_torchtitan.txt" | tr '\n' ';')"
+  pack
+fi
 say "packed: $(du -h "$out/gpu_checks.tar.gz" | cut -f1) in $out/gpu_checks.tar.gz"

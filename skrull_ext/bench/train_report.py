@@ -14,8 +14,13 @@ logged step), and Skrull's ``skrull/predicted_us``, ``skrull/measured_us``
 and ``skrull/max_rank_tokens``. The predicted memory of a Skrull step is the
 profile's static account plus its activation fit at the step's largest
 micro-batch (``ProfileMemory``; no margin). Steps up to ``--warmup`` (compile,
-allocator growth) are left out. Written beside the runs: ``train_report.md``
-and ``train_report.json``. A script, not a test: nothing asserted.
+allocator growth) are left out. A kept step over ``SLOW`` times the mode's
+median step is named, and the mode's real tokens/s is also given without
+those steps: a recompile (a new shape class of a dynamic-shape graph) costs
+seconds once, 6.6 s of one 34-step H200 run (docs/results/gpu.md), which a
+short run's mean cannot tell from a slower mode. Written beside the runs:
+``train_report.md`` and ``train_report.json``. A script, not a test: nothing
+asserted.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ import os
 import statistics
 
 GIB = 2**30
+SLOW = 5.0
+"""A kept step longer than this many times the mode's median step is named as slow."""
 
 
 def scalars(run_dir: str) -> dict[str, dict[int, float]]:
@@ -55,19 +62,28 @@ def median(xs: list[float]) -> float:
     return statistics.median(xs) if xs else math.nan
 
 
+def tokens_per_s(steps: list[dict]) -> float:
+    wall = sum(s["wall_s"] for s in steps)
+    return sum(s.get("step_tokens") or 0 for s in steps) / wall if wall > 0 else math.nan
+
+
 def summarize_mode(run_dir: str, warmup: int, memory=None) -> dict:
     """The figures of one mode's run (NaN where the run did not log them)."""
     tags = scalars(run_dir)
     steps = probe_steps(run_dir)
     kept = [s for s in steps if s["step"] > warmup and s.get("wall_s")]
-    wall = sum(s["wall_s"] for s in kept)
-    tokens = sum(s.get("step_tokens") or 0 for s in kept)
+    typical = median([s["wall_s"] for s in kept])
+    slow = [s for s in kept if s["wall_s"] > SLOW * typical]
     losses = list(tags.get("loss_metrics/global_avg_loss", {}).values())
     after = lambda tag: [v for k, v in tags.get(tag, {}).items() if k > warmup]  # noqa: E731
     out = {
         "steps": len(steps), "measured_steps": len(kept),
-        "real_tokens_per_s": tokens / wall if wall > 0 else math.nan,
+        "real_tokens_per_s": tokens_per_s(kept),
         "step_ms": 1e3 * statistics.mean(s["wall_s"] for s in kept) if kept else math.nan,
+        "median_step_ms": 1e3 * typical,
+        "slow_steps": [s["step"] for s in slow],
+        "slow_steps_ms": [1e3 * s["wall_s"] for s in slow],
+        "real_tokens_per_s_without_slow": tokens_per_s([s for s in kept if s not in slow]),
         "mfu_pct": median(after("mfu(%)")),
         "peak_reserved_gib": max(after("memory/max_reserved(GiB)"), default=math.nan),
         "peak_active_gib": max(after("memory/max_active(GiB)"), default=math.nan),
@@ -93,12 +109,21 @@ def table(results: dict[str, dict]) -> str:
     def f(x, fmt):
         return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else fmt.format(x)
 
-    rows = ["| mode | real tokens/s | mean step ms | MFU % (torchtitan's) | peak reserved GiB | peak active GiB "
+    def slow(r):
+        if not r.get("slow_steps"):
+            return "-"
+        named = ", ".join(f"{k} ({ms:,.0f} ms)" for k, ms in zip(r["slow_steps"], r["slow_steps_ms"]))
+        return f"{named}: {r['real_tokens_per_s_without_slow']:,.0f} without"
+
+    rows = ["| mode | real tokens/s | mean step ms | median step ms "
+            f"| steps over {SLOW:g}x the median: real tokens/s without them "
+            "| MFU % (torchtitan's) | peak reserved GiB | peak active GiB "
             "| measured / predicted step | measured / predicted memory (median, max) | losses finite |",
-            "|---|---|---|---|---|---|---|---|---|"]
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
     for mode, r in results.items():
         rows.append(
             f"| {mode} | {f(r['real_tokens_per_s'], '{:,.0f}')} | {f(r['step_ms'], '{:.1f}')} | "
+            f"{f(r.get('median_step_ms'), '{:.1f}')} | {slow(r)} | "
             f"{f(r['mfu_pct'], '{:.1f}')} | {f(r['peak_reserved_gib'], '{:.2f}')} | {f(r['peak_active_gib'], '{:.2f}')} | "
             f"{f(r.get('measured_over_predicted'), 'x{:.2f}')} | "
             f"{f(r.get('memory_over_predicted'), 'x{:.2f}')}, {f(r.get('memory_over_predicted_max'), 'x{:.2f}')} | "
