@@ -110,7 +110,8 @@ select=()
 [ "$dry" = 1 ] && select=(-k cuda)  # CI runs the CPU cases already: here only that the CUDA ones collect
 timeout 200 "$py" -m pytest -p no:cacheprovider -o addopts="-ra" -W ignore::DeprecationWarning -W ignore::FutureWarning \
   --junitxml="$log/pytest_cuda.xml" "${select[@]}" tests/unit_tests/test_dacp_attention.py \
-  tests/unit_tests/test_dacp_kernels.py tests/unit_tests/test_trace_overlap.py >"$log/pytest_cuda.txt" 2>&1
+  tests/unit_tests/test_dacp_kernels.py tests/unit_tests/test_dacp_local_only.py tests/unit_tests/test_trace_overlap.py \
+  >"$log/pytest_cuda.txt" 2>&1
 say "pytest (rc $?): $(tail -1 "$log/pytest_cuda.txt")"
 "$py" - "$log/pytest_cuda.xml" <<'EOF' >>"$summary" 2>/dev/null
 import sys, xml.etree.ElementTree as ET

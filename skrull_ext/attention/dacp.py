@@ -59,7 +59,7 @@ from skrull_ext.attention.stats import DacpStats
 from skrull_ext.attention.stream import SideStream, side_stream_for
 from skrull_ext.attention.transport import Transport, resolve_transport
 
-__all__ = ["dacp_attention"]
+__all__ = ["count_call", "dacp_attention"]
 
 
 def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: DacpBatchMeta, group) -> None:
@@ -82,8 +82,10 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: DacpBatchMet
             )
 
 
-def _count(stats: DacpStats, meta: DacpBatchMeta) -> None:
-    if in_backward():  # activation checkpointing re-running this layer
+def count_call(stats: DacpStats, meta: DacpBatchMeta, recompute: bool) -> None:
+    """One layer's attention call over ``meta``: a forward, or activation
+    checkpointing re-running it (``recompute``: inside backward)."""
+    if recompute:
         stats.recomputes += 1
         return
     stats.calls += 1
@@ -192,5 +194,5 @@ def dacp_attention(
         out = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
 
     if stats is not None:
-        _count(stats, meta)
+        count_call(stats, meta, in_backward())
     return out.unsqueeze(0) if batched else out

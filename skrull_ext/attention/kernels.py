@@ -52,7 +52,8 @@ import torch.nn.functional as F
 from skrull_ext.attention.meta import DacpBatchMeta
 from skrull_ext.attention.segments import SegmentPlan
 
-__all__ = ["AUTO", "KERNELS", "Kernel", "KERNEL_CHOICES", "auto_kernel", "check_kernel", "resolve_kernel"]
+__all__ = ["AUTO", "KERNELS", "Kernel", "KERNEL_CHOICES", "auto_kernel", "auto_kernel_for", "check_kernel",
+           "resolve_kernel", "varlen_call"]
 
 AUTO = "auto"
 PARTS = ("local", "dist")
@@ -136,10 +137,10 @@ def _batch_invariant_mode() -> bool:
     return utils is not None and utils.is_in_batch_invariant_mode()
 
 
-def _varlen_kwargs(q: torch.Tensor, k: torch.Tensor, accepted: Collection[str]) -> dict:
+def _varlen_kwargs(gqa: bool, accepted: Collection[str]) -> dict:
     """As torchtitan 0.3.0's VarlenAttention: num_splits=1 where FA2's automatic
     split-KV is unreliable or batch invariance is asked for (not on ROCm, which
-    rejects it); enable_gqa when K/V have fewer heads. Only the keywords in
+    rejects it); enable_gqa when K/V have fewer heads (``gqa``). Only the keywords in
     ``accepted`` (varlen_attn's parameters) are passed: torch 2.11's varlen_attn
     has neither (GQA then goes to flash attention's native MQA/GQA support, and
     num_splits is chosen by the kernel)."""
@@ -148,9 +149,22 @@ def _varlen_kwargs(q: torch.Tensor, k: torch.Tensor, accepted: Collection[str]) 
     kwargs: dict[str, Any] = {}
     if (current_flash_attention_impl() in (None, "FA2") or _batch_invariant_mode()) and torch.version.hip is None:
         kwargs["num_splits"] = 1
-    if q.size(0) != k.size(0):
+    if gqa:
         kwargs["enable_gqa"] = True
     return {key: value for key, value in kwargs.items() if key in accepted}
+
+
+def varlen_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seq_q: torch.Tensor, cu_seq_k: torch.Tensor,
+                max_q: int, max_k: int, scale: float | None, kwargs: dict) -> torch.Tensor:
+    """varlen_attn over [H, T, D] tensors, causal (bottom-right), back as [H, Tq, D]:
+    the one call of both the eager kernel and the traced all-local path (local_only.py)."""
+    from torch.nn.attention.varlen import varlen_attn
+
+    if not q.is_cuda or q.dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"the varlen kernel needs bf16/fp16 CUDA tensors, got {q.dtype} on {q.device}")
+    out = varlen_attn(q.transpose(0, 1).contiguous(), k.transpose(0, 1).contiguous(), v.transpose(0, 1).contiguous(),
+                      cu_seq_q, cu_seq_k, max_q, max_k, scale=scale, window_size=(-1, 0), **kwargs)
+    return out.transpose(0, 1)
 
 
 @functools.cache
@@ -169,26 +183,10 @@ def run_varlen(
     varlen_attn takes [T, H, D]; window_size (-1, 0) is causal, which flash
     attention aligns bottom-right when a segment has more keys than queries.
     """
-    from torch.nn.attention.varlen import varlen_attn
-
-    if not q.is_cuda or q.dtype not in (torch.bfloat16, torch.float16):
-        raise ValueError(f"the varlen kernel needs bf16/fp16 CUDA tensors, got {q.dtype} on {q.device}")
-    q_t, k_t, v_t = (x.transpose(0, 1) for x in (q, k, v))
     if plan.key_index is not None:
-        k_t, v_t = k_t.index_select(0, plan.key_index), v_t.index_select(0, plan.key_index)
-    out = varlen_attn(
-        q_t.contiguous(),
-        k_t.contiguous(),
-        v_t.contiguous(),
-        plan.cu_seq_q,
-        plan.cu_seq_k,
-        plan.max_q,
-        plan.max_k,
-        scale=scale,
-        window_size=(-1, 0),
-        **_varlen_kwargs(q, k, _varlen_keywords()),
-    )
-    return out.transpose(0, 1)
+        k, v = k.index_select(1, plan.key_index), v.index_select(1, plan.key_index)
+    return varlen_call(q, k, v, plan.cu_seq_q, plan.cu_seq_k, plan.max_q, plan.max_k, scale,
+                       _varlen_kwargs(q.size(0) != k.size(0), _varlen_keywords()))
 
 
 SEGMENTS = Kernel(name="segments", prepare=_prepare_plan, run=run_segments, tensors=lambda p: p.tensors)
@@ -201,7 +199,12 @@ KERNEL_CHOICES = (AUTO, *KERNELS)
 
 def auto_kernel(q: torch.Tensor) -> str:
     """``varlen`` where flash attention runs (CUDA, bf16/fp16), else ``dense``."""
-    return "varlen" if q.is_cuda and q.dtype in (torch.bfloat16, torch.float16) else "dense"
+    return auto_kernel_for(q.device, q.dtype)
+
+
+def auto_kernel_for(device: torch.device, dtype: torch.dtype) -> str:
+    """``auto_kernel`` before any q exists: by the device and the compute dtype."""
+    return "varlen" if torch.device(device).type == "cuda" and dtype in (torch.bfloat16, torch.float16) else "dense"
 
 
 def check_kernel(name: str) -> str:

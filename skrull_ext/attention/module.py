@@ -18,7 +18,9 @@ full or selective AC does not gather again.
 
 Under ``torch.compile`` (torchtitan's per-block ``fullgraph=True``) the
 call is the opaque custom op of compiled.py, which runs :meth:`attend`, this
-same eager code, at run time.
+same eager code, at run time; a micro-batch with no distributed sequence
+arrives instead as a :class:`LocalOnlyBatch`, whose kernel call is traced
+into the block (local_only.py).
 
 Under tensor parallelism q, k and v arrive as DTensors whose heads (dim 2)
 are sharded over the TP mesh: the call runs on this rank's heads, exchanging
@@ -38,6 +40,7 @@ from torch.distributed.tensor import DTensor
 from skrull_ext.attention.compiled import dacp_attention_op, DacpLayer
 from skrull_ext.attention.dacp import dacp_attention
 from skrull_ext.attention.kernels import AUTO, KERNELS, Kernel, check_kernel, resolve_kernel
+from skrull_ext.attention.local_only import LocalOnlyBatch
 from skrull_ext.attention.meta import DacpBatchMeta
 from skrull_ext.attention.replay import KVReplay
 from skrull_ext.attention.stats import DacpStats
@@ -82,9 +85,12 @@ class DacpAttention(nn.Module):
         enable_gqa: bool = False,  # implied by the head counts; kept for the call signature
         **kwargs,
     ) -> torch.Tensor:
-        if not isinstance(attention_masks, DacpBatchMeta):
+        # Two checks, not one with a tuple: under compile the meta is an opaque object, which
+        # dynamo matches against its own registered class only.
+        if not isinstance(attention_masks, LocalOnlyBatch) and not isinstance(attention_masks, DacpBatchMeta):
             raise TypeError(
-                f"DacpAttention needs attention_masks to be a DacpBatchMeta, got {type(attention_masks)}"
+                f"DacpAttention needs attention_masks to be a DacpBatchMeta or LocalOnlyBatch, got "
+                f"{type(attention_masks)}"
             )
         if isinstance(q_BLNH, DTensor):  # TP: this rank's heads, back as the same placements
             placements = q_BLNH.placements
@@ -95,7 +101,10 @@ class DacpAttention(nn.Module):
             return DTensor.from_local(out, q_BLNH.device_mesh, placements, run_check=False)
         return self._local(q_BLNH, k_BLNH, v_BLNH, attention_masks, scale)
 
-    def _local(self, q_BLNH, k_BLNH, v_BLNH, meta: DacpBatchMeta, scale: float | None) -> torch.Tensor:
+    def _local(self, q_BLNH, k_BLNH, v_BLNH, meta: DacpBatchMeta | LocalOnlyBatch,
+               scale: float | None) -> torch.Tensor:
+        if isinstance(meta, LocalOnlyBatch):  # all local, compiled: the kernel traced in (local_only.py)
+            return meta.attend(q_BLNH, k_BLNH, v_BLNH, scale)
         if torch.compiler.is_compiling():
             return dacp_attention_op(q_BLNH, k_BLNH, v_BLNH, meta, self.layer, scale)
         return self.attend(q_BLNH, k_BLNH, v_BLNH, meta, scale)

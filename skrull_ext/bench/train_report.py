@@ -13,7 +13,10 @@ token, pads included: an upper bound for padded batching) and
 logged step), and Skrull's ``skrull/predicted_us``, ``skrull/measured_us``
 and ``skrull/max_rank_tokens``. The predicted memory of a Skrull step is the
 profile's static account plus its activation fit at the step's largest
-micro-batch (``ProfileMemory``; no margin). Steps up to ``--warmup`` (compile,
+micro-batch (``ProfileMemory``; no margin), plus what free-running holds
+(``skrull/free_running_bytes``: the unsharded parameters and gradients the
+trainer budgets; without it, steps of two or more micro-batches measured up
+to x1.12 on an H200). Steps up to ``--warmup`` (compile,
 allocator growth) are left out. A kept step over ``SLOW`` times the mode's
 median step is named, and the mode's real tokens/s is also given without
 those steps: a recompile (a new shape class of a dynamic-shape graph) costs
@@ -97,8 +100,9 @@ def summarize_mode(run_dir: str, warmup: int, memory=None) -> dict:
         out["predicted_step_ms"] = median([predicted[k] / 1e3 for k in predicted if k > warmup])
     tokens_by_step = tags.get("skrull/max_rank_tokens", {})
     active = tags.get("memory/max_active(GiB)", {})
+    held = tags.get("skrull/free_running_bytes", {})  # free-running's unsharded parameters and gradients
     if memory is not None and tokens_by_step:
-        pairs = [(active[k] * GIB, memory.static + memory.activation_any(int(t)))
+        pairs = [(active[k] * GIB, memory.static + memory.activation_any(int(t)) + held.get(k, 0.0))
                  for k, t in tokens_by_step.items() if k > warmup and k in active]
         out["memory_over_predicted"] = median([m / p for m, p in pairs if p > 0])
         out["memory_over_predicted_max"] = max((m / p for m, p in pairs if p > 0), default=math.nan)

@@ -64,10 +64,13 @@ class JobModel:
         tokens = torch.randint(1, self.vocab_size, (1, n), generator=g).to(self.device)
         labels = torch.randint(1, self.vocab_size, (1, n), generator=g).to(self.device)
         positions = torch.cat([torch.arange(s) for s in doc_lengths]).unsqueeze(0).to(self.device)
-        if self.dacp:
+        if self.dacp:  # as the trainer hands them to the blocks (compiled: traced when all local)
             from skrull_ext.attention import build_meta
+            from skrull_ext.attention.local_only import attention_input, local_only_kernel
 
-            masks = build_meta(doc_lengths, [0] * len(doc_lengths), 0, 1)
+            skrull = self.config.skrull
+            kernel = local_only_kernel(skrull.attention_kernel, model_compiled(self.config), self.device, self.dtype)
+            masks = attention_input(build_meta(doc_lengths, [0] * len(doc_lengths), 0, 1), kernel, self.device)
         elif hasattr(self.model, "get_attention_masks"):
             masks = self.model.get_attention_masks(positions=positions)
         else:

@@ -37,15 +37,17 @@ import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 from torch.profiler import record_function
 from torchtitan.components.dataloader import DataloaderExhaustedError
+from torchtitan.distributed.activation_checkpoint import FullAC
 from torchtitan.distributed import utils as dist_utils
 from torchtitan.tools.logging import logger
 
+from skrull_ext.attention.local_only import attention_input, local_only_kernel
 from skrull_ext.data.overlength import check_overlength
 from skrull_ext.data.scheduling import SkrullDataLoader, SkrullStep
 from skrull_ext.errors import JobFileError
 from skrull_ext.scheduler import Scheduler
 from skrull_ext.scheduler.config import FROM_PROFILE, job_timeline, timeline_name
-from skrull_ext.scheduler.model_shape import DTYPES, job_shape, model_compiled
+from skrull_ext.scheduler.model_shape import compute_dtype, DTYPES, job_shape, model_compiled
 from skrull_ext.scheduler.profile_file import free_running_bytes
 from skrull_ext.train.execution import AUTO, PREDICT_STEPS, Execution, choose_execution
 from skrull_ext.train.free_running import FreeRunningFSDP
@@ -118,10 +120,16 @@ class SkrullTrainer(JobTrainer):
             logger.warning(warning)
         if (warning := skrull.profile_compile_warning(model_compiled(self.config))) is not None:
             logger.warning(warning)
+        self.local_only_kernel = local_only_kernel(skrull.attention_kernel, model_compiled(self.config), self.device,
+                                                   compute_dtype(self.config))
+        """Compiled: the kernel an all-local micro-batch's attention traces into the blocks (local_only.py)."""
+        self.full_ac = isinstance(self.config.activation_checkpoint, FullAC.Config)
         switches = FreeRunningFSDP(self.model_parts)
         execution = self._choose_execution(dims, switches)
         logger.info(f"Skrull execution: {execution.reason}")
         self.free_running = switches if execution.free_running else None
+        self.free_running_bytes = (self._unsharded or 0.0) if execution.free_running else 0.0
+        """What free-running holds beyond the static account and the activations (``skrull/free_running_bytes``)."""
         timeline = job_timeline(dims.dp_shard, dims.dp_replicate, execution.free_running, skrull.defer_grad_sync)
         self.skrull_job = skrull.resolve(self.dataloader.dp_world_size, dims.cp, self.model_shape,
                                          self._model_name(self.config), timeline=timeline,
@@ -162,6 +170,7 @@ class SkrullTrainer(JobTrainer):
             grad_bytes = max(param_bytes, DTYPES[training.mixed_precision_reduce].itemsize)
             unsharded = free_running_bytes(sum(p.numel() for p in params),  # DTensor: the whole parameter
                                            sum(p.numel() for p in params if p.requires_grad), param_bytes, grad_bytes)
+        self._unsharded = unsharded
         last = min(self.config.training.steps, PREDICT_STEPS)
         steps = ([[n for _, n in self.dataloader.step_lengths(k)] for k in range(1, last + 1)]
                  if skrull.free_running == AUTO and skrull.bucket_size == FROM_PROFILE else [])
@@ -265,7 +274,9 @@ class SkrullTrainer(JobTrainer):
             elif self.config.skrull.defer_grad_sync:
                 self._set_grad_sync(j == last)
             with record_function(f"skrull/micro_batch_{j}"):
-                extra = {"positions": mb.positions.to(self.device), "attention_masks": mb.meta}
+                masks = attention_input(mb.meta, self.local_only_kernel, self.device,
+                                        [m.stats for m in self.dacp_attention], self.full_ac)
+                extra = {"positions": mb.positions.to(self.device), "attention_masks": masks}
                 labels = mb.labels.to(self.device)
                 self.ntokens_seen += labels.numel()
                 loss = self.fwd_bwd_fn(mb.input.to(self.device), labels, global_valid_tokens, extra)
@@ -352,6 +363,7 @@ class SkrullTrainer(JobTrainer):
             ntokens_seen = self.ntokens_seen
         skrull = step_metrics(step, self.dacp_attention, measured_us)
         skrull["skrull/data_wait_ms"] = self.data_wait_ms[-1] if self.data_wait_ms else float("nan")
+        skrull["skrull/free_running_bytes"] = self.free_running_bytes
         self.ratio_spread.add(skrull)
         if (drift := self.ratio_spread.drift_warning(self.config.skrull.cost_model,
                                                      int(os.environ.get("WORLD_SIZE", "1")))) is not None:

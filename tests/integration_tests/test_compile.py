@@ -4,7 +4,9 @@ inductor with ``fullgraph=True``) trains like eager, under both batchings.
 From one seed checkpoint, float32, CP=2 over gloo (2 processes), 5 steps:
 
 - Skrull's batching: the DACP attention runs as the ``skrull::dacp_attention``
-  custom op inside the compiled blocks (attention/compiled.py); the losses and
+  custom op inside the compiled blocks (attention/compiled.py), or, in a
+  micro-batch with no distributed sequence, traced into them
+  (attention/local_only.py); the losses and
   the check step's gradients equal the eager run's within float32 tolerance,
   and rank 0's DACP counters (calls, all-gathers, bytes) are the eager run's:
   the op ran the same exchange, outside the compiled region. Under full AC
@@ -57,6 +59,9 @@ def test_compile_skrull_cp2_matches_eager(skrull_runs):
     got, ref = _exchange_counts(run), _exchange_counts(eager)
     for name in ("calls", "all_gathers", "reduce_scatters", "fwd_bytes", "bwd_bytes", "expected_all_gathers"):
         assert got[name] == ref[name], f"dacp_{name}: compiled {got[name]} vs eager {ref[name]}"
+    # Both kinds of micro-batch ran compiled: with distributed sequences (the opaque op) and all
+    # local (the attention traced into the block: attention/local_only.py).
+    assert 0 < sum(got["all_gathers"]) < sum(got["calls"]), got
 
 
 @pytest.mark.slow

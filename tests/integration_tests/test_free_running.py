@@ -17,6 +17,7 @@ micro-batches (one pad where it has none); the lockstep run of the same job
 
 import json
 import os
+import re
 
 import pytest
 
@@ -56,6 +57,10 @@ def test_free_running_parity_dp2_cp2_unequal_micro_batch_counts(skrull_runs, ref
     assert "timeline free" in run.output, "the trainer did not plan for the free-running timeline"
     assert "Skrull execution: skrull.free_running = true: free-running; it needs" in run.output, \
         "the memory check against the profile did not run"
+    # what free-running holds, as the trainer budgets it, logged per step for the memory report
+    held = float(re.search(r"unsharded parameters and gradients ([0-9.]+) MiB", run.output).group(1))
+    logged = run.scalars("skrull/free_running_bytes")
+    assert len(logged) == STEPS and all(abs(b / 2**20 - held) < 0.1 for b in logged), (held, logged)
     plans, passes = _plans(run), _passes(skrull_runs, "dp2cp2_free")
     counts = {s: _own_counts(plans[0][s]) for s in range(1, STEPS + 1)}
     print(f"own micro-batches per DP rank by step: {counts}\nforward passes per world rank: {passes}")
@@ -85,6 +90,7 @@ def test_lockstep_runs_the_plans_count_on_every_rank(skrull_runs):
     of this data, so pads need not occur here)."""
     run = skrull_runs["dp2cp2"]
     assert "timeline lockstep" in run.output
+    assert run.scalars("skrull/free_running_bytes") == [0.0] * STEPS
     plans, passes = _plans(run), _passes(skrull_runs, "dp2cp2")
     padded = 0
     for rank in range(WORLD):

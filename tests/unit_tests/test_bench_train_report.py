@@ -31,3 +31,24 @@ def test_no_slow_step_leaves_the_rate_alone(tmp_path):
     r = summarize_mode(_run(tmp_path, [0.4, 0.5, 0.6, 0.5]), warmup=0)
     assert r["slow_steps"] == [] and r["real_tokens_per_s_without_slow"] == r["real_tokens_per_s"]
     assert "| - |" in table({"m": r}).splitlines()[2]
+
+
+def test_memory_prediction_adds_what_free_running_holds(tmp_path):
+    """Predicted = static + activation fit at the step's largest micro-batch + the
+    unsharded parameters and gradients the trainer logs (skrull/free_running_bytes)."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    from skrull_ext.scheduler.profile_file import ProfileMemory
+
+    run = _run(tmp_path, [0.5] * 4)
+    gib = 2**30
+    memory = ProfileMemory(bucket_size=1000, a=gib / 1000, b=0.0, c=0.0, usable=100 * gib, static=2 * gib, margin=0.0)
+    with SummaryWriter(f"{run}/tb/20261127") as w:
+        for step, (tokens, active, held) in enumerate([(1000, 3.0, 0), (500, 2.5, 0), (1000, 4.0, gib),
+                                                       (500, 3.5, gib)], start=1):
+            w.add_scalar("skrull/max_rank_tokens", tokens, step)
+            w.add_scalar("memory/max_active(GiB)", active, step)
+            w.add_scalar("skrull/free_running_bytes", held, step)
+    r = summarize_mode(run, warmup=0, memory=memory)
+    # predicted GiB: 3, 2.5, 4, 3.5: every step measured as predicted
+    assert math.isclose(r["memory_over_predicted"], 1.0) and math.isclose(r["memory_over_predicted_max"], 1.0)

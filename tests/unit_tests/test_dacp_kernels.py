@@ -293,11 +293,10 @@ def test_varlen_kwargs_follow_the_installed_signature():
 
     here = set(list(inspect.signature(varlen_attn).parameters)[7:])
     assert here in VARLEN_KEYWORDS.values(), f"varlen_attn changed: {sorted(here)}; check kernels._varlen_kwargs"
-    q, k = torch.empty(8, 1, 4), torch.empty(2, 1, 4)
     new, old = VARLEN_KEYWORDS["2.13"], VARLEN_KEYWORDS["2.11"]
-    assert kernels._varlen_kwargs(q, k, new) == {"num_splits": 1, "enable_gqa": True}  # FA2: split forced
-    assert kernels._varlen_kwargs(q, q, new) == {"num_splits": 1}  # MHA: no enable_gqa
-    assert kernels._varlen_kwargs(q, k, old) == {}
+    assert kernels._varlen_kwargs(True, new) == {"num_splits": 1, "enable_gqa": True}  # FA2: split forced
+    assert kernels._varlen_kwargs(False, new) == {"num_splits": 1}  # MHA: no enable_gqa
+    assert kernels._varlen_kwargs(True, old) == {}
 
 
 def test_varlen_num_splits_as_torchtitan(monkeypatch):
@@ -306,14 +305,13 @@ def test_varlen_num_splits_as_torchtitan(monkeypatch):
 
     utils = pytest.importorskip("torchtitan.distributed.utils")
 
-    q = torch.empty(2, 1, 4)
     params = ("num_splits", "enable_gqa")
     monkeypatch.setattr(torch.nn.attention, "current_flash_attention_impl", lambda: "FA3")
-    assert kernels._varlen_kwargs(q, q, params) == {}
+    assert kernels._varlen_kwargs(False, params) == {}
     monkeypatch.setattr(utils, "_batch_invariant_enabled", True)
-    assert kernels._varlen_kwargs(q, q, params) == {"num_splits": 1}
+    assert kernels._varlen_kwargs(False, params) == {"num_splits": 1}
     monkeypatch.delitem(sys.modules, "torchtitan.distributed.utils")  # not loaded: the mode cannot be on
-    assert kernels._varlen_kwargs(q, q, params) == {}
+    assert kernels._varlen_kwargs(False, params) == {}
 
 
 # ---- CUDA: varlen vs dense (not run in a CPU-only session) -------------------

@@ -1,0 +1,112 @@
+# Copyright (c) skrull-ext contributors.
+# All rights reserved.
+#
+# This source code is licensed under the BSD-style license found in the
+# LICENSE file in the root directory of this source tree.
+
+"""An all-local micro-batch under torch.compile: its attention traced into the block.
+
+A DACP micro-batch with no distributed sequence exchanges nothing: its
+attention is one document-causal attention over the rank's buffer, the
+call torchtitan's own varlen attention makes. Under compile the general
+DACP call is an opaque custom op whose eager body (private copies of q, k,
+v, an autograd tape, ``autograd.grad`` in backward: compiled.py) costs host
+time on every layer. On an H200 a compiled Qwen2.5-0.5B block took 4.7 ms
+at 128 tokens through it against 2.2 ms with torchtitan's varlen attention
+(docs/results/gpu.md): ~60 ms a micro-batch over 24 layers, on a GPU that
+was host-bound below ~8K tokens.
+
+So for such a micro-batch the trainer hands the blocks a
+:class:`LocalOnlyBatch` instead of the meta: tensors and ints that dynamo
+traces (as torchtitan's ``VarlenMetadata``), and the kernel's own call
+(``varlen_attn``, or SDPA with the dense mask) is compiled into the block.
+The same kernel, plan and mask as the eager DACP call's local part: only
+who calls it changes. Eager runs keep the meta (nothing to gain, and the
+exact code every eager test runs), and so does the ``segments`` kernel (a
+Python loop over segments, which a trace would unroll per micro-batch).
+
+The counters (stats.py) of a layer cannot be bumped inside a compiled
+graph: :func:`attention_input` counts the micro-batch's forward calls when
+it builds the batch, one per DACP layer, and under full activation
+checkpointing the recomputation of each (every block re-runs whole);
+selective AC's recomputation is torchtitan's op-level policy and goes
+uncounted here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+
+from skrull_ext.attention.dacp import count_call
+from skrull_ext.attention.kernels import (
+    _masked_sdpa, _varlen_keywords, _varlen_kwargs, AUTO, auto_kernel_for, varlen_call,
+)
+from skrull_ext.attention.meta import DacpBatchMeta
+
+__all__ = ["LOCAL_ONLY_KERNELS", "LocalOnlyBatch", "attention_input", "local_only_kernel"]
+
+LOCAL_ONLY_KERNELS = ("dense", "varlen")
+"""Kernels whose call traces as one op over the whole buffer."""
+
+
+@dataclass(frozen=True)
+class LocalOnlyBatch:
+    """The attention input of a micro-batch whose sequences are all local on this rank."""
+
+    kernel: str
+    """``dense`` or ``varlen`` (resolved: never ``auto``)."""
+    mask: torch.Tensor | None
+    """dense: the [T, T] bool document-causal mask (meta.local_mask)."""
+    cu_seqlens: torch.Tensor | None
+    """varlen: int32 [S+1] sequence starts (meta.local_plan's cu_seq_q, which equals its cu_seq_k)."""
+    max_len: int
+    """varlen: the longest sequence."""
+    varlen_options: tuple[tuple[str, object], ...] = ()
+    """varlen: keywords of the installed varlen_attn but enable_gqa (kernels._varlen_kwargs)."""
+    gqa_keyword: bool = False
+    """varlen: the installed varlen_attn takes ``enable_gqa``."""
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None) -> torch.Tensor:
+        """(1, L, N, H) in and out, as DacpAttention's call."""
+        q, k, v = (x[0].transpose(0, 1) for x in (q, k, v))  # [heads, tokens, head_dim]
+        if self.kernel == "dense":
+            out = _masked_sdpa(q, k, v, self.mask, scale)
+        else:
+            kwargs = dict(self.varlen_options)
+            if self.gqa_keyword and q.size(0) != k.size(0):
+                kwargs["enable_gqa"] = True
+            out = varlen_call(q, k, v, self.cu_seqlens, self.cu_seqlens, self.max_len, self.max_len, scale, kwargs)
+        return out.transpose(0, 1).unsqueeze(0)
+
+
+def local_only_kernel(kernel: str, compiled: bool, device: torch.device, dtype: torch.dtype) -> str | None:
+    """The kernel an all-local micro-batch traces (``[skrull] attention_kernel``
+    resolved for the device and compute dtype), or None: the job is not
+    compiled, or its kernel has no traced call (``segments``)."""
+    if not compiled:
+        return None
+    name = auto_kernel_for(device, dtype) if kernel == AUTO else kernel
+    return name if name in LOCAL_ONLY_KERNELS else None
+
+
+def attention_input(meta: DacpBatchMeta, kernel: str | None, device: torch.device,
+                    stats: Iterable | None = None, full_ac: bool = False) -> DacpBatchMeta | LocalOnlyBatch:
+    """What a micro-batch's blocks receive as ``attention_masks``: a
+    :class:`LocalOnlyBatch` when ``kernel`` (the resolved kernel of a compiled
+    job, None otherwise) is one of LOCAL_ONLY_KERNELS and ``meta`` has no
+    distributed sequence, the meta itself otherwise. ``stats``: the layers'
+    counters, bumped here for the calls the compiled graph will make."""
+    if kernel not in LOCAL_ONLY_KERNELS or meta.dist_lens or not meta.local_lens:
+        return meta
+    for s in stats or ():
+        count_call(s, meta, recompute=False)
+        if full_ac:
+            count_call(s, meta, recompute=True)
+    if kernel == "dense":
+        return LocalOnlyBatch(kernel, meta.local_mask(device), None, max(meta.local_lens))
+    keywords = _varlen_keywords()
+    return LocalOnlyBatch(kernel, None, meta.local_plan(device).cu_seq_q, max(meta.local_lens),
+                          tuple(_varlen_kwargs(False, keywords).items()), "enable_gqa" in keywords)

@@ -1,0 +1,154 @@
+# Copyright (c) skrull-ext contributors.
+# All rights reserved.
+#
+# This source code is licensed under the BSD-style license found in the
+# LICENSE file in the root directory of this source tree.
+
+"""An all-local micro-batch under compile (attention/local_only.py): what the
+blocks receive, the traced attention against the eager DACP call and the
+float64 reference, and the counters the trainer bumps in its place.
+
+The compiled cases run dynamo + AOTAutograd (``aot_eager``), as
+test_dacp_compiled.py; inductor trains it in tests/integration_tests/test_compile.py.
+The varlen case needs CUDA (docs/gpu.md runs it).
+"""
+
+import pytest
+import torch
+from torch import nn
+
+from skrull_ext.attention import build_meta, DacpAttention, DacpStats
+from skrull_ext.attention.local_only import attention_input, local_only_kernel, LocalOnlyBatch
+from skrull_ext.attention.meta import DacpBatchMeta, document_causal_mask
+
+pytestmark = pytest.mark.filterwarnings("ignore:The .grad attribute of a Tensor that is not a leaf")
+
+DIM, HEADS, KV_HEADS, HEAD_DIM = 16, 4, 2, 4
+LENS = [5, 7, 3]
+
+
+def _local(lens):
+    return build_meta(lens, [0] * len(lens), 0, 1)
+
+
+def test_which_micro_batches_are_traced():
+    cpu = torch.device("cpu")
+    local = _local(LENS)
+    # a meta with a distributed sequence keeps the opaque op (its exchange is a collective)
+    dist = DacpBatchMeta(cp_rank=0, cp_size=2, local_lens=[4], dist_lens=[8])
+    assert isinstance(attention_input(local, "dense", cpu), LocalOnlyBatch)
+    assert attention_input(dist, "dense", cpu) is dist
+    assert attention_input(local, None, cpu) is local  # eager, or a kernel without a traced call
+    assert attention_input(local, "segments", cpu) is local
+    b = attention_input(local, "dense", cpu)
+    assert b.mask.shape == (15, 15) and torch.equal(b.mask, local.local_mask(cpu)) and b.max_len == 7
+
+
+def test_local_only_kernel_resolution():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert local_only_kernel("auto", False, cuda, torch.bfloat16) is None  # eager: the meta always
+    assert local_only_kernel("auto", True, cuda, torch.bfloat16) == "varlen"
+    assert local_only_kernel("auto", True, cuda, torch.float32) == "dense"
+    assert local_only_kernel("auto", True, cpu, torch.bfloat16) == "dense"
+    assert local_only_kernel("segments", True, cpu, torch.float32) is None
+    assert local_only_kernel("dense", True, cuda, torch.bfloat16) == "dense"
+
+
+@pytest.mark.parametrize("full_ac", [False, True])
+def test_counters_are_the_eager_calls(full_ac):
+    """What the trainer counts for a traced micro-batch is what eager DACP counts per layer."""
+    meta = _local(LENS)
+    stats = [DacpStats(), DacpStats()]
+    attention_input(meta, "dense", torch.device("cpu"), stats, full_ac)
+    for s in stats:
+        assert (s.calls, s.local_seqs, s.local_tokens, s.dist_seqs, s.dist_tokens) == (1, 3, 15, 0, 0)
+        assert s.recomputes == (1 if full_ac else 0) and s.all_gathers == 0
+
+
+def _reference(q, k, v, lens):
+    """float64 per-token softmax attention with the document-causal mask, GQA by repetition."""
+    meta = _local(lens)
+    d, p = meta.local_doc_positions()
+    mask = document_causal_mask(d, p, d, p)
+    q, k, v = (x[0].transpose(0, 1).double() for x in (q, k, v))
+    k, v = (x.repeat_interleave(q.size(0) // x.size(0), 0) for x in (k, v))
+    s = (q @ k.transpose(1, 2)) / q.size(-1) ** 0.5
+    s = s.masked_fill(~mask, float("-inf"))
+    return (s.softmax(-1) @ v).transpose(0, 1).unsqueeze(0)
+
+
+def _qkv(seed=0, device="cpu", dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    t = sum(LENS)
+    return [torch.randn(1, t, h, HEAD_DIM, generator=g).to(device, dtype).requires_grad_()
+            for h in (HEADS, KV_HEADS, KV_HEADS)]
+
+
+def test_dense_attend_equals_eager_dacp_and_the_reference():
+    meta = _local(LENS)
+    q, k, v = _qkv()
+    got = attention_input(meta, "dense", torch.device("cpu")).attend(q, k, v, None)
+    eager = DacpAttention(None, kernel="dense")(q, k, v, attention_masks=meta)
+    torch.testing.assert_close(got, eager, rtol=0, atol=0)
+    torch.testing.assert_close(got.double(), _reference(q, k, v, LENS), rtol=1e-5, atol=1e-6)
+    ga = torch.autograd.grad(got.square().sum(), (q, k, v))
+    gb = torch.autograd.grad(eager.square().sum(), (q, k, v))
+    for a, b in zip(ga, gb):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.wq = nn.Linear(DIM, HEADS * HEAD_DIM)
+        self.wk = nn.Linear(DIM, KV_HEADS * HEAD_DIM)
+        self.wv = nn.Linear(DIM, KV_HEADS * HEAD_DIM)
+        self.attn = DacpAttention(None, kernel="dense")
+
+    def forward(self, x, attention_masks):
+        b, t, _ = x.shape
+        q = self.wq(x).view(b, t, HEADS, HEAD_DIM)
+        k = self.wk(x).view(b, t, KV_HEADS, HEAD_DIM)
+        v = self.wv(x).view(b, t, KV_HEADS, HEAD_DIM)
+        return x + self.attn(q, k, v, attention_masks=attention_masks).flatten(2)
+
+
+def _step(block, masks, lens):
+    x = torch.randn(1, sum(lens), DIM, generator=torch.Generator().manual_seed(len(lens))).requires_grad_()
+    y = block(x, masks)
+    y.square().sum().backward()
+    return y.detach(), [p.grad.clone() for p in block.parameters()]
+
+
+def test_compiled_block_traces_the_local_attention():
+    """fullgraph compile over a LocalOnlyBatch: no graph break, the opaque op never
+    runs (the layer's own counters stay 0), outputs and gradients those of the eager
+    block over the meta; two micro-batches of other lengths reuse the dynamic graph."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    eager = Block()
+    torch.manual_seed(0)
+    compiled = Block()
+    compiled.compile(backend="aot_eager", fullgraph=True)
+    for lens in (LENS, [9, 2], [4, 4, 4, 1]):
+        meta = _local(lens)
+        for p in (*eager.parameters(), *compiled.parameters()):
+            p.grad = None
+        want, want_g = _step(eager, meta, lens)
+        got, got_g = _step(compiled, attention_input(_local(lens), "dense", torch.device("cpu")), lens)
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+        for a, b in zip(got_g, want_g):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert compiled.attn.stats.calls == 0 and eager.attn.stats.calls == 3
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="varlen_attn needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_varlen_attend_on_cuda_equals_dense_and_the_reference(dtype):
+    meta = _local(LENS)
+    cuda = torch.device("cuda")
+    q, k, v = _qkv(device=cuda, dtype=dtype)
+    got = attention_input(meta, "varlen", cuda).attend(q, k, v, None)
+    dense = attention_input(meta, "dense", cuda).attend(q, k, v, None)
+    torch.testing.assert_close(got, dense, rtol=0, atol=3e-2)
+    torch.testing.assert_close(got.double().cpu(), _reference(q.cpu(), k.cpu(), v.cpu(), LENS), rtol=0, atol=3e-2)
