@@ -217,7 +217,7 @@ for mode in "${order[@]}"; do
   rc=$?
   say "train $mode (rc $rc): $(grep -a 'grad_norm' "$run/log.txt" | tail -1 | sed 's/\x1b\[[0-9;]*m//g' | sed 's/.*step:/step:/')"
   [ "$rc" = 0 ] || grep -a -E 'Error|error' "$run/log.txt" | tail -3 | tee -a "$summary"
-  say "  recompiles: $(grep -a -c 'Recompiling function' "$run/log.txt"); guards: $(grep -a -A2 'Recompiling function' \
+  say "recompiles $mode: $(grep -a -c 'Recompiling function' "$run/log.txt"); guards: $(grep -a -A2 'Recompiling function' \
     "$run/log.txt" | grep -a -oE '\- [0-9]+/[0-9]+: .*' | sort | uniq -c | sort -rn | head -3 | tr '\n' ';')"
   pack
 done

@@ -199,12 +199,16 @@ KERNEL_CHOICES = (AUTO, *KERNELS)
 
 def auto_kernel(q: torch.Tensor) -> str:
     """``varlen`` where flash attention runs (CUDA, bf16/fp16), else ``dense``."""
-    return auto_kernel_for(q.device, q.dtype)
+    return _auto(q.is_cuda, q.dtype)
 
 
 def auto_kernel_for(device: torch.device, dtype: torch.dtype) -> str:
     """``auto_kernel`` before any q exists: by the device and the compute dtype."""
-    return "varlen" if torch.device(device).type == "cuda" and dtype in (torch.bfloat16, torch.float16) else "dense"
+    return _auto(torch.device(device).type == "cuda", dtype)
+
+
+def _auto(cuda: bool, dtype: torch.dtype) -> str:
+    return "varlen" if cuda and dtype in (torch.bfloat16, torch.float16) else "dense"
 
 
 def check_kernel(name: str) -> str:

@@ -38,6 +38,7 @@ def test_gpu_checks_dry_run_passes_every_stage(tmp_path):
     assert any(line.startswith("profile (rc 0): a_us_per_flop = ") for line in lines), summary
     for mode in ("skrull", "torchtitan-stream", "torchtitan"):
         assert any(line.startswith(f"train {mode} (rc 0): step:  5 ") for line in lines), summary
+        assert f"recompiles {mode}: 0; guards: " in lines, summary  # eager: nothing compiles
     rows = [line.split("|")[1:-1] for line in lines if line.startswith("| ") and "real tokens/s" not in line]
     assert sorted(r[0].strip() for r in rows) == ["skrull", "torchtitan", "torchtitan-stream"], summary
     assert all(r[-1].strip() == "yes" for r in rows), summary  # losses finite

@@ -74,6 +74,8 @@ def test_trainer_step_builder_and_scheduler_share_one_resolved_job(monkeypatch, 
     on a stand-in trainer (one CPU rank, no model: the DACP attention's install is skipped)."""
     from types import SimpleNamespace
 
+    import torch
+
     from skrull_ext.scheduler.job import SchedulerJob
     from skrull_ext.scheduler.model_shape import job_shape
     from skrull_ext.train import trainer as trainer_module
@@ -81,7 +83,7 @@ def test_trainer_step_builder_and_scheduler_share_one_resolved_job(monkeypatch, 
     config = _config("--dump_folder", str(tmp_path), "--validation.enable", "--validation.samples", "8")
     monkeypatch.setattr(trainer_module, "install_dacp_attention", lambda *args, **kwargs: [])
     trainer = SkrullTrainer.__new__(SkrullTrainer)  # no process group, no model
-    trainer.config, trainer.model_parts = config, []
+    trainer.config, trainer.model_parts, trainer.device = config, [], torch.device("cpu")
     trainer.tokenizer = config.tokenizer.build(tokenizer_path=config.hf_assets_path)
     trainer.plan_log = trainer.validation = trainer.free_running = None
     trainer.parallel_dims = SimpleNamespace(cp_enabled=False, cp=1, tp=1, dp_shard=1, dp_replicate=1)
