@@ -47,6 +47,7 @@ import ctypes
 import gc
 import math
 import os
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -177,7 +178,12 @@ class CpuTensorPeak:
     def start(self) -> None:
         gc.collect()
         self._prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True)
-        with _quiet_stderr():  # kineto prints a line at every start and stop
+        # torch 2.11's profiler warns on its first start in a process ("Profiler clears events at
+        # the end of each cycle ..."; torch >= 2.13 only on a second cycle): this meter reads one
+        # cycle's events, so the warning says nothing here.
+        with _quiet_stderr(), warnings.catch_warnings():  # kineto prints a line at every start and stop
+            warnings.filterwarnings("ignore", message=".*Profiler clears events at the end of each cycle",
+                                    category=UserWarning)
             self._prof.__enter__()
 
     def peak(self) -> float:

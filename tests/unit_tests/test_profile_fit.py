@@ -126,10 +126,6 @@ def test_bucket_size_with_quadratic_term_is_the_largest_that_fits():
         derive_bucket_size(usable, static, a, b, m, -1.0)
 
 
-# torch 2.11's profiler warns on its first start ("Profiler clears events at the end of
-# each cycle ...", once per process); torch >= 2.13 only on a second cycle. CpuTensorPeak
-# reads one cycle's events, so the warning says nothing here.
-@pytest.mark.filterwarnings("ignore:.*Profiler clears events at the end of each cycle:UserWarning")
 def test_cpu_tensor_peak_is_the_exact_live_tensor_high_water_mark():
     # 4 MB live from before (not counted), then +8 MB, +16 MB, free 8 MB, +4 MB:
     # the peak above the start level is 24 MB, whatever the process's RSS does.
