@@ -14,7 +14,8 @@
 #       packs everything into $OUT/gpu_checks.tar.gz (the device tool returns 8
 #       files at most) next to summary.txt.
 #
-#   there, trainer only: bash tools/gpu_checks.sh --skip-attention   (stages 3-4 left out)
+#   there, trainer only: bash tools/gpu_checks.sh --skip-attention   (stages 3-4 left out; 3'. runs the
+#       CUDA cases of the attention the compiled trainer traces, tests/unit_tests/test_dacp_local_only.py)
 #       then 5. the offline profiler on the GPU for the Qwen2.5-0.5B shape
 #       (profiles/<gpu>-qwen2.5-0.5b.toml), 6. the trainer on one GPU in three
 #       modes (torchtitan's padded batching, torchtitan-stream, skrull with that
@@ -144,6 +145,13 @@ for cp in $cps; do
 done
 
 cp "$work"/overlap_cp2_auto/overlap.png "$out"/overlap_cp2_auto.png 2>/dev/null
+else
+# 3'. Trainer only: the CUDA cases of the attention the compiled trainer traces into its blocks for an
+#     all-local micro-batch (every one on one GPU; attention/local_only.py), before anything trains with it.
+timeout 90 "$py" -m pytest -p no:cacheprovider -o addopts="-ra" -W ignore::DeprecationWarning -k cuda \
+  tests/unit_tests/test_dacp_local_only.py >"$log/pytest_local_only.txt" 2>&1
+say "local-only attention tests (rc $?): $(tail -1 "$log/pytest_local_only.txt")"
+pack
 fi
 
 
