@@ -63,7 +63,7 @@ class LocalOnlyBatch:
     cu_seqlens: torch.Tensor | None
     """varlen: int32 [S+1] sequence starts (meta.local_plan's cu_seq_q, which equals its cu_seq_k)."""
     max_len: int
-    """varlen: the longest sequence."""
+    """varlen: the longest sequence (dense: 0)."""
     varlen_options: tuple[tuple[str, object], ...] = ()
     """varlen: keywords of the installed varlen_attn but enable_gqa (kernels._varlen_kwargs)."""
     gqa_keyword: bool = False
@@ -106,7 +106,7 @@ def attention_input(meta: DacpBatchMeta, kernel: str | None, device: torch.devic
         if full_ac:
             count_call(s, meta, recompute=True)
     if kernel == "dense":
-        return LocalOnlyBatch(kernel, meta.local_mask(device), None, max(meta.local_lens))
+        return LocalOnlyBatch(kernel, meta.local_mask(device), None, 0)  # 0: no int for dynamo to guard on
     keywords = _varlen_keywords()
     return LocalOnlyBatch(kernel, None, meta.local_plan(device).cu_seq_q, max(meta.local_lens),
                           tuple(_varlen_kwargs(False, keywords).items()), "enable_gqa" in keywords)

@@ -41,7 +41,10 @@ def test_which_micro_batches_are_traced():
     assert attention_input(local, None, cpu) is local  # eager, or a kernel without a traced call
     assert attention_input(local, "segments", cpu) is local
     b = attention_input(local, "dense", cpu)
-    assert b.mask.shape == (15, 15) and torch.equal(b.mask, local.local_mask(cpu)) and b.max_len == 7
+    assert b.mask.shape == (15, 15) and torch.equal(b.mask, local.local_mask(cpu)) and b.max_len == 0
+    v = attention_input(local, "varlen", cpu)  # the plan is built anywhere; the kernel runs on CUDA
+    assert v.mask is None and v.cu_seqlens.tolist() == [0, 5, 12, 15] and v.max_len == 7
+    assert v.cu_seqlens.dtype == torch.int32
 
 
 def test_local_only_kernel_resolution():
