@@ -49,6 +49,7 @@ from skrull_ext.scheduler import Scheduler
 from skrull_ext.scheduler.config import FROM_PROFILE, job_timeline, timeline_name
 from skrull_ext.scheduler.model_shape import compute_dtype, DTYPES, job_shape, model_compiled
 from skrull_ext.scheduler.profile_file import free_running_bytes
+from skrull_ext.train.compile_limit import raise_recompile_limit
 from skrull_ext.train.execution import AUTO, PREDICT_STEPS, Execution, choose_execution
 from skrull_ext.train.free_running import FreeRunningFSDP
 from skrull_ext.train.job_config import JobConfig
@@ -124,6 +125,8 @@ class SkrullTrainer(JobTrainer):
                                                    compute_dtype(self.config))
         """Compiled: the kernel an all-local micro-batch's attention traces into the blocks (local_only.py)."""
         self.full_ac = isinstance(self.config.activation_checkpoint, FullAC.Config)
+        if (line := raise_recompile_limit(model_compiled(self.config))) is not None:
+            logger.info(line)
         switches = FreeRunningFSDP(self.model_parts)
         execution = self._choose_execution(dims, switches)
         logger.info(f"Skrull execution: {execution.reason}")

@@ -37,7 +37,7 @@ CP2 = ["--parallelism.context_parallel_degree", "2"]
 
 def _compiled(run) -> None:
     assert "Compiling each TransformerBlock with torch.compile" in run.output
-    assert "recompile_limit" not in run.output and "cache_size_limit" not in run.output, \
+    assert "hit config.recompile_limit" not in run.output and "cache_size_limit" not in run.output, \
         "dynamo hit its recompile limit and ran a block eagerly"
 
 
@@ -55,6 +55,7 @@ def _same_training(got, ref, label: str) -> None:
 def test_compile_skrull_cp2_matches_eager(skrull_runs):
     run, eager = skrull_runs["cp2_compile"], skrull_runs["cp2"]
     _compiled(run)
+    assert "torch._dynamo.config.recompile_limit 8 -> 24" in run.output  # train/compile_limit.py
     _same_training(run, eager, "skrull CP=2")
     got, ref = _exchange_counts(run), _exchange_counts(eager)
     for name in ("calls", "all_gathers", "reduce_scatters", "fwd_bytes", "bwd_bytes", "expected_all_gathers"):
