@@ -119,19 +119,23 @@ class SkrullTrainer(JobTrainer):
         skrull = self.config.skrull
         if (warning := skrull.profile_cp_warning(dims.cp)) is not None:
             logger.warning(warning)
-        if (warning := skrull.profile_compile_warning(model_compiled(self.config))) is not None:
+        compiled = model_compiled(self.config)
+        if (warning := skrull.profile_compile_warning(compiled)) is not None:
             logger.warning(warning)
-        self.local_only_kernel = local_only_kernel(skrull.attention_kernel, model_compiled(self.config), self.device,
+        self.local_only_kernel = local_only_kernel(skrull.attention_kernel, compiled, self.device,
                                                    compute_dtype(self.config))
         """Compiled: the kernel an all-local micro-batch's attention traces into the blocks (local_only.py)."""
         self.full_ac = isinstance(self.config.activation_checkpoint, FullAC.Config)
-        if (line := raise_recompile_limit(model_compiled(self.config))) is not None:
+        self.dacp_stats = [m.stats for m in self.dacp_attention]
+        """The layers' counters, which attention_input bumps for a traced micro-batch."""
+        if (line := raise_recompile_limit(compiled)) is not None:
             logger.info(line)
         switches = FreeRunningFSDP(self.model_parts)
-        execution = self._choose_execution(dims, switches)
+        unsharded = self._unsharded_bytes() if switches else None  # no FSDP unit: nothing to hold unsharded
+        execution = self._choose_execution(dims, unsharded)
         logger.info(f"Skrull execution: {execution.reason}")
         self.free_running = switches if execution.free_running else None
-        self.free_running_bytes = (self._unsharded or 0.0) if execution.free_running else 0.0
+        self.free_running_bytes = unsharded if execution.free_running else 0.0
         """What free-running holds beyond the static account and the activations (``skrull/free_running_bytes``)."""
         timeline = job_timeline(dims.dp_shard, dims.dp_replicate, execution.free_running, skrull.defer_grad_sync)
         self.skrull_job = skrull.resolve(self.dataloader.dp_world_size, dims.cp, self.model_shape,
@@ -158,22 +162,22 @@ class SkrullTrainer(JobTrainer):
                else "")
         )
 
-    def _choose_execution(self, dims, switches: FreeRunningFSDP) -> Execution:
-        """Free-running or lockstep (train/execution.py), ``switches`` the model's FSDP units
-        (none: nothing to hold). What free-running would hold is
-        counted from the built model: the unsharded parameters in FSDP's mixed_precision_param,
-        the gradients of trainable ones (not a LoRA base) in the wider of that and its reduce
-        dtype (FSDP accumulates unsynchronised gradients there). A refusal is one line."""
+    def _unsharded_bytes(self) -> float:
+        """What free-running holds, counted from the built model: the unsharded parameters
+        in FSDP's mixed_precision_param, the gradients of trainable ones (not a LoRA base)
+        in the wider of that and its reduce dtype (FSDP accumulates unsynchronised
+        gradients there)."""
+        params = [p for m in self.model_parts for p in m.parameters()]
+        training = self.config.training
+        param_bytes = DTYPES[training.mixed_precision_param].itemsize
+        grad_bytes = max(param_bytes, DTYPES[training.mixed_precision_reduce].itemsize)
+        return free_running_bytes(sum(p.numel() for p in params),  # DTensor: the whole parameter
+                                  sum(p.numel() for p in params if p.requires_grad), param_bytes, grad_bytes)
+
+    def _choose_execution(self, dims, unsharded: float | None) -> Execution:
+        """Free-running or lockstep (train/execution.py); ``unsharded``: what free-running
+        would hold (None: no FSDP unit, nothing to hold). A refusal is one line."""
         skrull = self.config.skrull
-        unsharded = None
-        if switches:  # some FSDP unit: something to hold unsharded
-            params = [p for m in self.model_parts for p in m.parameters()]
-            training = self.config.training
-            param_bytes = DTYPES[training.mixed_precision_param].itemsize
-            grad_bytes = max(param_bytes, DTYPES[training.mixed_precision_reduce].itemsize)
-            unsharded = free_running_bytes(sum(p.numel() for p in params),  # DTensor: the whole parameter
-                                           sum(p.numel() for p in params if p.requires_grad), param_bytes, grad_bytes)
-        self._unsharded = unsharded
         last = min(self.config.training.steps, PREDICT_STEPS)
         steps = ([[n for _, n in self.dataloader.step_lengths(k)] for k in range(1, last + 1)]
                  if skrull.free_running == AUTO and skrull.bucket_size == FROM_PROFILE else [])
@@ -277,8 +281,7 @@ class SkrullTrainer(JobTrainer):
             elif self.config.skrull.defer_grad_sync:
                 self._set_grad_sync(j == last)
             with record_function(f"skrull/micro_batch_{j}"):
-                masks = attention_input(mb.meta, self.local_only_kernel, self.device,
-                                        [m.stats for m in self.dacp_attention], self.full_ac)
+                masks = attention_input(mb.meta, self.local_only_kernel, self.device, self.dacp_stats, self.full_ac)
                 extra = {"positions": mb.positions.to(self.device), "attention_masks": masks}
                 labels = mb.labels.to(self.device)
                 self.ntokens_seen += labels.numel()

@@ -15,15 +15,14 @@ The varlen case needs CUDA (docs/gpu.md runs it).
 
 import pytest
 import torch
-from torch import nn
 
 from skrull_ext.attention import build_meta, DacpAttention, DacpStats
 from skrull_ext.attention.local_only import attention_input, local_only_kernel, LocalOnlyBatch
 from skrull_ext.attention.meta import DacpBatchMeta, document_causal_mask
+from tests.unit_tests.test_dacp_compiled import Block, DIM, HEADS, HEAD_DIM, KV_HEADS  # the same toy block
 
 pytestmark = pytest.mark.filterwarnings("ignore:The .grad attribute of a Tensor that is not a leaf")
 
-DIM, HEADS, KV_HEADS, HEAD_DIM = 16, 4, 2, 4
 LENS = [5, 7, 3]
 
 
@@ -98,22 +97,6 @@ def test_dense_attend_equals_eager_dacp_and_the_reference():
     gb = torch.autograd.grad(eager.square().sum(), (q, k, v))
     for a, b in zip(ga, gb):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
-
-
-class Block(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.wq = nn.Linear(DIM, HEADS * HEAD_DIM)
-        self.wk = nn.Linear(DIM, KV_HEADS * HEAD_DIM)
-        self.wv = nn.Linear(DIM, KV_HEADS * HEAD_DIM)
-        self.attn = DacpAttention(None, kernel="dense")
-
-    def forward(self, x, attention_masks):
-        b, t, _ = x.shape
-        q = self.wq(x).view(b, t, HEADS, HEAD_DIM)
-        k = self.wk(x).view(b, t, KV_HEADS, HEAD_DIM)
-        v = self.wv(x).view(b, t, KV_HEADS, HEAD_DIM)
-        return x + self.attn(q, k, v, attention_masks=attention_masks).flatten(2)
 
 
 def _step(block, masks, lens):
