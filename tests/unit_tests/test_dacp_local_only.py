@@ -79,10 +79,10 @@ def _reference(q, k, v, lens):
     return (s.softmax(-1) @ v).transpose(0, 1).unsqueeze(0)
 
 
-def _qkv(seed=0, device="cpu", dtype=torch.float32):
+def _qkv(seed=0, device="cpu", dtype=torch.float32, head_dim=HEAD_DIM):
     g = torch.Generator().manual_seed(seed)
     t = sum(LENS)
-    return [torch.randn(1, t, h, HEAD_DIM, generator=g).to(device, dtype).requires_grad_()
+    return [torch.randn(1, t, h, head_dim, generator=g).to(device, dtype).requires_grad_()
             for h in (HEADS, KV_HEADS, KV_HEADS)]
 
 
@@ -133,8 +133,12 @@ def test_compiled_block_traces_the_local_attention():
 def test_varlen_attend_on_cuda_equals_dense_and_the_reference(dtype):
     meta = _local(LENS)
     cuda = torch.device("cuda")
-    q, k, v = _qkv(device=cuda, dtype=dtype)
+    # flash attention takes head sizes in multiples of 8 (the toy block's 4 is refused); the models' are 64-128
+    q, k, v = _qkv(device=cuda, dtype=dtype, head_dim=64)
     got = attention_input(meta, "varlen", cuda).attend(q, k, v, None)
     dense = attention_input(meta, "dense", cuda).attend(q, k, v, None)
     torch.testing.assert_close(got, dense, rtol=0, atol=3e-2)
     torch.testing.assert_close(got.double().cpu(), _reference(q.cpu(), k.cpu(), v.cpu(), LENS), rtol=0, atol=3e-2)
+    for a, b in zip(torch.autograd.grad(got.float().square().sum(), (q, k, v)),
+                    torch.autograd.grad(dense.float().square().sum(), (q, k, v))):
+        torch.testing.assert_close(a.float(), b.float(), rtol=3e-2, atol=5e-2)
