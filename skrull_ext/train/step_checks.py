@@ -13,6 +13,7 @@ import statistics
 import struct
 from typing import ClassVar
 
+import torch
 import torch.distributed as dist
 
 from skrull_ext.attention import DacpStats
@@ -33,18 +34,34 @@ def gds_digest(plan) -> str:
     return h.hexdigest()
 
 
-def check_plan_digests(plan, dp_rank: int) -> None:
-    """All-gather (dp_rank, GDS digest, plan digest) over the world; raise on mismatch."""
+def _digest64(hexdigest: str) -> int:
+    """The first 8 bytes of a sha256 hex digest as a signed int64 (a tensor element)."""
+    return int.from_bytes(bytes.fromhex(hexdigest[:16]), "little", signed=True)
+
+
+def check_plan_digests(plan, dp_rank: int, device=None) -> None:
+    """All-gather (dp_rank, GDS digest, plan digest) over the world; raise on mismatch.
+
+    One tensor all-gather of three int64 per rank (the digests' first 64 bits),
+    on ``device`` (the default group's: CPU for gloo, the GPU for NCCL), where
+    ``all_gather_object`` pickled and gathered twice (sizes, then bytes):
+    4-5 ms a step on the 2-core CPU box, 1% of the README job's step."""
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return
-    mine = (dp_rank, gds_digest(plan), plan.digest())
-    every: list = [None] * dist.get_world_size()
-    dist.all_gather_object(every, mine)
+    mine = torch.tensor([dp_rank, _digest64(gds_digest(plan)), _digest64(plan.digest())],
+                        dtype=torch.int64, device=device)
+    gathered = torch.empty(dist.get_world_size() * 3, dtype=torch.int64, device=device)
+    dist.all_gather_into_tensor(gathered, mine)
+    every = [tuple(row) for row in gathered.view(-1, 3).tolist()]
     if len({g for _, g, _ in every}) > 1:
-        raise PlanMismatchError(f"GDS plans differ across ranks (rank: dp, gds, plan): {every}")
+        raise PlanMismatchError(f"GDS plans differ across ranks (rank: dp, gds, plan digest): {_said(every)}")
     for d in {d for d, _, _ in every}:
         if len({p for dd, _, p in every if dd == d}) > 1:
-            raise PlanMismatchError(f"plans differ within DP rank {d}'s CP group: {every}")
+            raise PlanMismatchError(f"plans differ within DP rank {d}'s CP group: {_said(every)}")
+
+
+def _said(every: list[tuple[int, int, int]]) -> list[tuple[int, str, str]]:
+    return [(d, f"{g & (2**64 - 1):016x}", f"{p & (2**64 - 1):016x}") for d, g, p in every]
 
 
 def step_metrics(step, attention_modules, measured_us: float) -> dict[str, float]:

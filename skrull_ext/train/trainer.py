@@ -261,7 +261,7 @@ class SkrullTrainer(JobTrainer):
         throughout; under ``skrull.defer_grad_sync`` gradients are reduced once,
         by the last micro-batch's backward."""
         if self.config.skrull.check_plan_hash:
-            check_plan_digests(step.plan, self.dataloader.dp_rank)
+            check_plan_digests(step.plan, self.dataloader.dp_rank, self.device)
         if self.plan_log is not None:
             self.plan_log.write(step)
         for m in self.dacp_attention:
