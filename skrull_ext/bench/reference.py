@@ -437,10 +437,10 @@ def schedule(lengths: list[int], cost: RefCost, dp: int, n: int, bucket: int, *,
     for d in range(dp):
         share = sorted(bins[d], key=lambda i: (eff[i], i))
         best = search(share, False)
-        # scheduler.hpp split_share: LPT groups too where the strided count is far above the token bound.
+        # scheduler.hpp split_share: LPT groups too where the strided count is above the token bound.
         if best is not None and predicted_time:
             bound = -(-sum(eff[k] for k in share) // cap)
-            if len(best[1]) > bound + max_extra + 1:
+            if len(best[1]) > bound:
                 cand = search(share, True)
                 if cand is not None and cand[0] < best[0]:
                     best = cand

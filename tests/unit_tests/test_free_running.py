@@ -57,7 +57,9 @@ def test_free_running_builds_only_the_ranks_own_micro_batches():
     """Free-running: each rank's step holds its DP rank's own micro-batches, no pads, the
     same buffers as the padded step's first ones; without the flag the loader pads every
     rank to the plan's count. Some step of the data gives the DP ranks unequal counts."""
-    free, lock = _steps(_grid(2, 2, True), 4), _steps(_grid(2, 2, False), 4)
+    # global batch 12: GDS packs 16 into equal counts on both ranks for 12 steps (LPT groups,
+    # scheduler.hpp split_share); 12 gives ranks 1 and 2 at step 10
+    free, lock = _steps(_grid(2, 2, True, global_batch=12), 10), _steps(_grid(2, 2, False, global_batch=12), 10)
     unequal = 0
     for f_step, l_step in zip(free, lock):
         plan = f_step[0, 0].plan

@@ -92,6 +92,27 @@ def test_facade_rejects_non_integer_lengths(toy):
         Scheduler(SchedulerConfig(), toy).schedule([1, 2.5])
 
 
+def test_lpt_groups_when_strided_needs_more_micro_batches_than_the_tokens():
+    # A step of the README job's data (DP 1 x CP 2, C = 256): strided groups (sorted[j::m]) put
+    # 456 with 97 and 25 (578 tokens > 512) at m = 2, so they took 3 micro-batches; the tokens
+    # (657) need 2, and LPT groups pack them so: 456 sharded with 2 short ones beside it on
+    # each rank, the rest in the second. Each micro-batch saved is a fixed cost and a call per
+    # layer (scheduler.hpp split_share). The reference restates it, bit for bit.
+    from skrull_ext.bench import reference as ref
+    from skrull_ext.scheduler import cost_model as cm
+
+    cost = cm.preset("llama3-debug")
+    lengths = [456, 97, 29, 25, 22, 17, 9, 2]
+    for timeline in ("free", "lockstep"):
+        plan = Scheduler(SchedulerConfig(dp=1, cp=2, bucket_size=256, timeline=timeline), cost).schedule(lengths)
+        plan.validate()
+        assert plan.slots == 2
+        want = ref.schedule(lengths, ref.RefCost.of(cost), 1, 2, 256, predicted_time=True, refine_=True, sweep=True)
+        assert [[mb.seqs for mb in r] for r in plan.ranks] == want.groups and plan.group_time_us == want.dp_time_us
+    paper = Scheduler(SchedulerConfig(dp=1, cp=2, bucket_size=256, policy="skrull-paper"), cost).schedule(lengths)
+    assert paper.slots == 3  # Algorithm 2's strided groups alone
+
+
 def test_a_sequence_that_fills_a_micro_batch_does_not_split_the_rest_one_by_one():
     # Per-rank GDS (free-running). Strided groups pair long with short, so a sequence of
     # C x CP tokens shares no micro-batch until every sequence has its own: 1 + 40 micro-batches,

@@ -30,14 +30,15 @@ namespace detail {
 
 // One DP rank's share (ascending) split into micro-batches (Algorithm 2's
 // strided groups); with MicroBatchCount::kPredictedTime also by LPT groups
-// (slots.hpp's grouping) where the strided count is far above the token
-// bound, the faster predicted one kept (ties to strided). Strided groups
-// pair long with short, so a sequence that fills a micro-batch alone (one
-// at C x CP) makes every count infeasible until each sequence has a
-// micro-batch of its own: the share's short sequences then pay a call and a
-// fixed cost each, where LPT groups give the long one its micro-batch and
-// pack the rest. Far above: more than max_extra_micro_batches + 1 counts
-// over ceil(tokens / (cp C)).
+// (slots.hpp's grouping) whenever the strided count is above the token
+// bound ceil(tokens / (cp C)), the faster predicted one kept (ties to
+// strided). Strided groups pair long with short, so they need more
+// micro-batches than the tokens do when two long ones land in one group:
+// on the debug job's data (DP 1 x CP 2, C = 256) lengths 456, 97, 29, 25,
+// 22, 17, 9, 2 took 3 strided micro-batches where LPT packs 2, and a
+// sequence that fills a micro-batch alone (one at C x CP) makes every count
+// infeasible until each sequence has a micro-batch of its own. At the token
+// bound LPT cannot use fewer, and strided's pairing is the paper's.
 inline MicroBatchSplit split_share(const std::vector<int64_t>& lengths, const std::vector<double>& flops,
                                    const std::vector<int32_t>& share, const CostModel& cost, const Options& opt,
                                    Workspace& ws) {
@@ -47,7 +48,7 @@ inline MicroBatchSplit split_share(const std::vector<int64_t>& lengths, const st
   for (int32_t k : share) tokens += lengths[k];
   const int64_t capacity = opt.bucket_size * opt.cp;
   const int64_t token_bound = (tokens + capacity - 1) / capacity;
-  if (split.m <= token_bound + opt.max_extra_micro_batches + 1) return split;
+  if (split.m <= token_bound) return split;
   MicroBatchSplit lpt = split_micro_batches(lengths, flops, share, cost, opt, ws, 1, Grouping::kLpt);
   if (lpt.feasible && lpt.score_us < split.score_us) return lpt;
   return split;
