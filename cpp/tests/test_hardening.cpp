@@ -253,7 +253,7 @@ static uint64_t golden_digest() {
 static void test_golden_digest() {
   const uint64_t got = golden_digest();
   CHECK(got == golden_digest());
-  const uint64_t want = 0x5ce2cecc59dbf392ull;
+  const uint64_t want = 0xef55e5f6c182e690ull;  // per-rank GDS tries LPT groups above the token bound
   if (got != want) {
     std::fprintf(stderr, "golden digest 0x%016llxull, expected 0x%016llxull\n", static_cast<unsigned long long>(got),
                  static_cast<unsigned long long>(want));
