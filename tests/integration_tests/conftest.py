@@ -87,9 +87,12 @@ class SkrullRuns:
                             "--skrull.bucket_size", "472", "--skrull.cost_model", "h100-assumed",
                             "--skrull.overlength", "error"]),
         # Free-running (issue 23): FSDP parameters unsharded for each step, each DP rank running
-        # only its own micro-batches (the debug data gives the DP ranks unequal counts at step 2).
+        # only its own micro-batches. skrull-paper's strided groups give the DP ranks unequal
+        # counts at step 2 (4 and 2); skrull's LPT groups pack both ranks' shares of this data
+        # into equal counts (2 and 2) in every one of the 5 steps.
         "dp2cp2_free": (4, ["--parallelism.context_parallel_degree", "2",
-                            "--parallelism.data_parallel_shard_degree", "2", "--skrull.free_running"]),
+                            "--parallelism.data_parallel_shard_degree", "2", "--skrull.free_running",
+                            "--skrull.policy", "skrull-paper"]),
         "dp2cp2_ac_full": (4, ["--parallelism.context_parallel_degree", "2",
                                "--parallelism.data_parallel_shard_degree", "2", "--skrull.defer_grad_sync",
                                "--skrull.no-free_running", "--activation_checkpoint.kind", "full"]),
