@@ -32,11 +32,14 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-__all__ = ["AUTO_BY_BACKEND", "TRANSPORT_CHOICES", "TRANSPORTS", "Transport", "check_exchange", "resolve_transport"]
+__all__ = ["AUTO_BY_BACKEND", "TRANSPORT_CHOICES", "TRANSPORTS", "Transport", "all_gather_single", "check_exchange",
+           "reduce_scatter_single", "resolve_transport"]
 
-# torch >= 2.12 renamed the tensor-in/tensor-out collectives; fall back for older.
-_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+# torch >= 2.12 renamed the tensor-in/tensor-out collectives (the old names warn
+# FutureWarning on every call); fall back for older. Every caller in the package
+# takes them from here.
+all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 class Pending:
@@ -70,11 +73,11 @@ class Transport:
 
 
 def _collective_gather(out: torch.Tensor, shard: torch.Tensor, group) -> Pending:
-    return Pending([_all_gather(out, shard, group=group, async_op=True)])
+    return Pending([all_gather_single(out, shard, group=group, async_op=True)])
 
 
 def _collective_scatter_sum(out: torch.Tensor, full: torch.Tensor, group) -> Pending:
-    return Pending([_reduce_scatter(out, full, group=group, async_op=True)])
+    return Pending([reduce_scatter_single(out, full, group=group, async_op=True)])
 
 
 def _p2p(ops: list[dist.P2POp]) -> list:

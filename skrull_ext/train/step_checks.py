@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from skrull_ext.attention import DacpStats
+from skrull_ext.attention.transport import all_gather_single
 from skrull_ext.data.accounting import sample_metrics, source_metrics
 
 
@@ -51,7 +52,7 @@ def check_plan_digests(plan, dp_rank: int, device=None) -> None:
     mine = torch.tensor([dp_rank, _digest64(gds_digest(plan)), _digest64(plan.digest())],
                         dtype=torch.int64, device=device)
     gathered = torch.empty(dist.get_world_size() * 3, dtype=torch.int64, device=device)
-    dist.all_gather_into_tensor(gathered, mine)
+    all_gather_single(gathered, mine)
     every = [tuple(row) for row in gathered.view(-1, 3).tolist()]
     if len({g for _, g, _ in every}) > 1:
         raise PlanMismatchError(f"GDS plans differ across ranks (rank: dp, gds, plan digest): {_said(every)}")
