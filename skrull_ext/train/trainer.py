@@ -154,7 +154,10 @@ class SkrullTrainer(JobTrainer):
         if self.validation is not None:
             self.validation.check()  # a held-out sample over the limit under 'error' fails here
         logger.info(
-            f"Skrull: policy {skrull.policy}, bucket_size {self.skrull_job.bucket_size}"
+            f"Skrull: global batch {self.config.dataloader.global_batch_size} sequences a step (dataloader."
+            "global_batch_size; the batch sizes torchtitan's line above gives are its own batching's, which this "
+            "replaces), "
+            f"policy {skrull.policy}, bucket_size {self.skrull_job.bucket_size}"
             + (" (the profile's)" if skrull.bucket_size == FROM_PROFILE else "") + ", "
             f"DP {self.dataloader.dp_world_size} x CP {dims.cp} x TP {dims.tp}, cp_rank {cp_rank}, "
             f"attention kernel {skrull.attention_kernel}, timeline {timeline_name(timeline)}"

@@ -62,6 +62,9 @@ def test_free_running_parity_dp2_cp2_unequal_micro_batch_counts(skrull_runs, ref
     logged = run.scalars("skrull/free_running_bytes")
     assert len(logged) == STEPS and all(abs(b / 2**20 - held) < 0.1 for b in logged), (held, logged)
     plans, passes = _plans(run), _passes(skrull_runs, "dp2cp2_free")
+    # the start-up line names Skrull's batch, the sequences every step's plan holds
+    said = int(re.search(r"Skrull: global batch (\d+) sequences a step", run.output).group(1))
+    assert all(len(plans[0][s]["plan_dp_rank"]) == said for s in range(1, STEPS + 1)), said
     counts = {s: _own_counts(plans[0][s]) for s in range(1, STEPS + 1)}
     print(f"own micro-batches per DP rank by step: {counts}\nforward passes per world rank: {passes}")
     unequal = [s for s, c in counts.items() if c.get(0, 0) != c.get(1, 0)]
