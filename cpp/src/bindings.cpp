@@ -137,13 +137,13 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
 
   py::class_<CostModel>(m, "CostModel", "Per-layer cost model of docs/design/cost_model.md (tokens, FLOPs, bytes, microseconds).")
       .def(py::init([](const ModelShape& shape, double a_us_per_flop, double b_us, const CommModel& comm,
-                       double micro_batch_fixed_us, double step_fixed_us) {
-             CostModel c{shape, a_us_per_flop, b_us, comm, micro_batch_fixed_us, step_fixed_us};
+                       double micro_batch_fixed_us, double step_fixed_us, double token_us) {
+             CostModel c{shape, a_us_per_flop, b_us, comm, micro_batch_fixed_us, step_fixed_us, token_us};
              c.validate();
              return c;
            }),
            py::arg("shape"), py::arg("a_us_per_flop"), py::arg("b_us"), py::arg("comm"),
-           py::arg("micro_batch_fixed_us") = 0.0, py::arg("step_fixed_us") = 0.0)
+           py::arg("micro_batch_fixed_us") = 0.0, py::arg("step_fixed_us") = 0.0, py::arg("token_us") = 0.0)
       // Copies: a CostModel is immutable once validated (build a new one).
       .def_property_readonly("shape", [](const CostModel& c) { return c.shape; })
       .def_readonly("a_us_per_flop", &CostModel::a_us_per_flop)
@@ -152,6 +152,8 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
                     "Fixed time of one micro-batch (FSDP gathers and reduce-scatters), not per layer.")
       .def_readonly("step_fixed_us", &CostModel::step_fixed_us,
                     "Fixed time of one step, paid once (free-running: the first gathers and the one reduction).")
+      .def_readonly("token_us", &CostModel::token_us,
+                    "Time per token a rank holds in a micro-batch outside the layers (embedding, head, loss).")
       .def_property_readonly("comm", [](const CostModel& c) { return c.comm; })
       .def("flops", &CostModel::flops, py::arg("length"), "Forward FLOPs of one layer for one sequence.")
       .def("kv_bytes", &CostModel::kv_bytes, py::arg("length"), "K and V bytes of one layer.")
@@ -159,7 +161,9 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
       .def("collective_us", &CostModel::collective_us, py::arg("bytes"), "Latency of one collective.")
       .def("comm_us", &CostModel::comm_us, py::arg("bytes"), "Communication time of one layer.")
       .def("micro_batch_us", &CostModel::micro_batch_us, py::arg("local_flops"), py::arg("dist_flops"),
-           py::arg("comm_bytes"), "Predicted micro-batch time (overlap formula, all layers).")
+           py::arg("comm_bytes"), py::arg("most_tokens") = 0,
+           "Predicted micro-batch time (overlap formula, all layers; the head's time for most_tokens, the "
+           "tokens of the rank holding the most).")
       .def(
           "micro_batch_lower_bound_us",
           [](const CostModel& c, const std::vector<int64_t>& lengths, int32_t cp) {

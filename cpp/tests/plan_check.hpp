@@ -35,6 +35,7 @@ inline std::string cost_rejection(const CostModel& c) {
   if (!ok(c.comm.floor_us, 1e9)) return "floor";
   if (!ok(c.comm.collectives_per_layer, 1e3)) return "collectives_per_layer";
   if (!ok(c.micro_batch_fixed_us, 1e9)) return "micro_batch_fixed_us";
+  if (!ok(c.token_us, 1e3)) return "token_us";
   return "";
 }
 

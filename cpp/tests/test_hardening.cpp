@@ -42,6 +42,7 @@ static CostModel extreme() {
   c.comm.threshold_bytes = 0.5;
   c.comm.collectives_per_layer = kMaxCollectivesPerLayer;
   c.micro_batch_fixed_us = kMaxMicroBatchFixedUs;
+  c.token_us = kMaxTokenUs;
   return c;
 }
 
@@ -101,6 +102,9 @@ static void test_bad_input_is_refused() {
     bad = c;
     bad.micro_batch_fixed_us = v;
     expect_sound({1, 2}, bad, opts(1, 2, 10), "bad micro-batch fixed cost");
+    bad = c;
+    bad.token_us = v;
+    expect_sound({1, 2}, bad, opts(1, 2, 10), "bad token cost");
   }
   CostModel bad = c;
   bad.comm.bytes[1] = bad.comm.bytes[0] + 0.5;

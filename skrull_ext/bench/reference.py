@@ -31,13 +31,14 @@ class RefCost:
     per_layer: float = 2.0
     fixed: float = 0.0  # micro_batch_fixed_us: once per micro-batch, not per layer
     tp: int = 1  # ModelShape.tp: FLOPs and K/V bytes are one TP rank's share
+    token: float = 0.0  # token_us: per token of the rank holding the most, outside the layers
 
     @classmethod
     def of(cls, cm) -> RefCost:
         s, c = cm.shape, cm.comm
         return cls(s.layers, s.hidden, s.kv_width, s.bytes_per_elem, cm.a_us_per_flop, cm.b_us,
                    list(c.bytes), list(c.us), c.threshold_bytes, c.floor_us, c.collectives_per_layer,
-                   cm.micro_batch_fixed_us, s.tp)
+                   cm.micro_batch_fixed_us, s.tp, cm.token_us)
 
     def flops(self, s: int) -> float:
         h, hkv, x = float(self.hidden), float(self.kv_width), float(s)
@@ -62,13 +63,13 @@ class RefCost:
         lo = hi - 1
         return max(0.0, ys[lo] + (ys[hi] - ys[lo]) * (v - xs[lo]) / (xs[hi] - xs[lo]))
 
-    def micro_batch(self, local: list[float], dist: float, vol: float) -> float:
+    def micro_batch(self, local: list[float], dist: float, vol: float, most: int = 0) -> float:
         comm = self.per_layer * self.collective(vol)
         dist_t = self.comp(dist)
         worst = 0.0
         for f in local:
             worst = max(worst, max(comm, self.comp(f)) + dist_t)
-        return self.layers * worst + self.fixed
+        return self.layers * worst + self.fixed + self.token * most
 
 
 def shard_tokens(s: int, n: int) -> int:
@@ -104,7 +105,7 @@ def score(lengths: list[int], cp_rank: list[int], cost: RefCost, n: int) -> tupl
         else:
             tokens[r] += s
             local[r] += cost.flops(s)
-    return tokens, cost.micro_batch(local, dist, vol)
+    return tokens, cost.micro_batch(local, dist, vol, max(tokens))
 
 
 def refine(lengths: list[int], cost: RefCost, n: int, bucket: int, order: list[int], cp_rank: list[int]) -> int:
@@ -295,9 +296,11 @@ def dacp_sweep(lengths: list[int], cost: RefCost, n: int, bucket: int) -> RefDac
 def lower_bound(lengths: list[int], cost: RefCost, n: int) -> float:
     """CostModel::micro_batch_lower_bound_us."""
     total = 0.0
+    tokens = 0.0
     longest = 0
     for s in lengths:
         total += cost.flops(s)
+        tokens += float(s)
         longest = max(longest, s)
     if total <= 0.0:
         return 0.0
@@ -309,7 +312,7 @@ def lower_bound(lengths: list[int], cost: RefCost, n: int) -> float:
         as_local = cost.comp(f)
         as_dist = cost.per_layer * cost.collective(cost.kv_bytes(longest)) + cost.comp(f / n)
         bound = max(bound, min(as_local, as_dist))
-    return cost.layers * bound + cost.fixed
+    return cost.layers * bound + cost.fixed + cost.token * tokens / n
 
 
 def dacp_for(lengths: list[int], cost: RefCost, n: int, bucket: int, worst_fit: bool, longest_rollback: bool,

@@ -148,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     from skrull_ext.profile.comm import profile_comm
     from skrull_ext.profile.compute import profile_compute
     from skrull_ext.profile.memory import profile_memory
+    from skrull_ext.profile.head import profile_head
     from skrull_ext.profile.micro_batch import profile_micro_batch
     from skrull_ext.profile.model import build_job_model
     from skrull_ext.profile.options import ProfileOptions
@@ -184,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(opts.seed)
     target_world = opts.world_size or world
 
-    steps = (len(opts.lengths) + len(opts.held_out) + len(opts.packed or ())) * (opts.warmup + opts.repeats) \
+    steps = (2 * len(opts.lengths) + len(opts.held_out) + len(opts.packed or ())) * (opts.warmup + opts.repeats) \
         + len(opts.memory_lengths) \
         + (opts.comm_warmup + opts.comm_repeats if world > 1 else 0) + int(opts.check) + 1 \
         + len(opts.micro_batch_counts) * (opts.warmup + opts.micro_batch_repeats)
@@ -206,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
             tick(f"check {memory.bucket_size} tokens")
         check = check_bucket(jm, memory.bucket_size, memory.predicted, memory.usable - memory.static.total,
                              memory.static.optimizer_states, opts.seed) if opts.check else None
+        head = profile_head(jm, opts, tick)
         # Last: it wraps the model in FSDP for good.
         micro_batch = profile_micro_batch(jm, opts, compute.fit.intercept, tick)
         bar.close()
@@ -226,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
         }
         if comm is None:
             meta["comm_note"] = f"not measured (one process): [comm] is preset {args.comm_from!r}"
-        prof = Profile(jm, compute, memory, comm, args.comm_from, check, meta, micro_batch)
+        prof = Profile(jm, compute, memory, comm, args.comm_from, check, meta, micro_batch, head)
         failed = failures(compute, check, args.max_held_out_error, args.max_packed_error, micro_batch,
                           args.max_micro_batch_error)
         if is_main():

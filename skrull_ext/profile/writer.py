@@ -26,6 +26,7 @@ from skrull_ext.profile.check import BucketCheck
 from skrull_ext.profile.comm import CommResult
 from skrull_ext.profile.compute import ComputeResult
 from skrull_ext.profile.memory import MemoryResult
+from skrull_ext.profile.head import HeadResult
 from skrull_ext.profile.micro_batch import MicroBatchResult
 from skrull_ext.profile.model import JobModel
 from skrull_ext.scheduler import cost_model, profile_file
@@ -47,6 +48,8 @@ class Profile:
     meta: dict[str, Any]
     micro_batch: MicroBatchResult | None = None
     """The per-micro-batch fixed cost's fit (None: not measured, the key is left out: 0)."""
+    head: HeadResult | None = None
+    """The per-token cost outside the layers (None: not measured, [micro_batch] token_us left out: 0)."""
 
 
 def _comm_section(p: Profile) -> dict[str, Any]:
@@ -94,6 +97,8 @@ def profile_dict(p: Profile) -> dict[str, Any]:
                                      "free_running_step_us": mb.free_running_step_us,
                                      "free_running_r2": mb.free_fit.r2,
                                      "free_running_max_rel_error": mb.free_fit.max_rel_error})
+    if p.head is not None:
+        d.setdefault("micro_batch", {}).update({"token_us": p.head.token_us, "token_points": len(p.head.tokens)})
     d["meta"] = {**p.meta, **_raw(p)}
     profile_file.from_dict(d, where="profile being written")  # the scheduler must accept it
     return d
@@ -133,6 +138,9 @@ def _raw(p: Profile) -> dict[str, Any]:
                               **({"free_running_step_us": list(p.micro_batch.free_us),
                                   "free_running_intercept_us": p.micro_batch.free_fit.intercept}
                                  if p.micro_batch.free_fit is not None else {})}
+    if p.head is not None:
+        raw["head"] = {"tokens": list(p.head.tokens), "us": p.head.us, "intercept_us": p.head.fit.intercept,
+                       "r2": p.head.fit.r2, "max_rel_error": p.head.fit.max_rel_error, "clock": p.head.clock}
     return raw
 
 
@@ -224,6 +232,11 @@ def report(p: Profile) -> str:
             lines.append(f"  free-run fixed {mb.free_running_fixed_us:.4g} us per micro-batch + {mb.free_running_step_us:.4g} "
                          f"us per step (the same steps free-running: {', '.join(f'{u / 1e3:.1f}' for u in mb.free_us)} "
                          f"ms wall); R^2 {mb.free_fit.r2:.4f}, worst {mb.free_fit.max_rel_error:.1%}")
+    if p.head is not None:
+        hd = p.head
+        lines.append(f"  head     {hd.token_us:.4g} us a token (embedding, norm, output and loss, fwd+bwd: "
+                     f"{', '.join(f'{u / 1e3:.2f}' for u in hd.us)} ms at {', '.join(map(str, hd.tokens))} tokens, "
+                     f"{hd.clock} clock); R^2 {hd.fit.r2:.4f}, worst {hd.fit.max_rel_error:.1%}")
     if p.check is not None:
         c = p.check
         lines.append(

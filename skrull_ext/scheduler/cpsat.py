@@ -161,8 +161,11 @@ def solve_dacp(
                 placement.append(DISTRIBUTED)
             else:
                 placement.append(next(j for j in range(cp) if solver.BooleanValue(put[k][j])))
-        objective = solver.ObjectiveValue() / _NS * layers + cost.micro_batch_fixed_us
-    fixed = cost.micro_batch_fixed_us  # once per micro-batch, outside the model
+    # Once per micro-batch, outside the model: the fixed cost, and the head's time for at least
+    # the average tokens a rank holds (its placement-exact value: the core's score of the answer).
+    fixed = cost.micro_batch_fixed_us + cost.token_us * sum(lengths) / cp
+    if placement is not None:
+        objective = solver.ObjectiveValue() / _NS * layers + fixed
     bound = (max(solver.BestObjectiveBound(), 0.0) / _NS * layers + fixed
              if status != cp_model.INFEASIBLE else float("inf"))
     return CpSatResult(placement, name, objective, bound, time.perf_counter() - start)

@@ -63,7 +63,7 @@ _SCHEMA: dict[str, tuple[set[str], set[str] | None]] = {
                                "world_size", "r2", "max_rel_error", "points"}),
     "micro_batch": (set(), {"fixed_us", "r2", "max_rel_error", "points", "counts", "method", "slope_us",
                             "calls_us", "free_running_fixed_us", "free_running_step_us", "free_running_r2",
-                            "free_running_max_rel_error"}),
+                            "free_running_max_rel_error", "token_us", "token_points"}),
     "memory": (set(), {"bucket_size", "a_bytes_per_token", "b_bytes", "c_bytes_per_token2", "usable_bytes",
                        "static_bytes", "margin", "r2", "max_rel_error", "points", "cp", "kv_bytes_per_token",
                        "free_running_bytes"}),
@@ -129,6 +129,7 @@ def from_dict(d: dict[str, Any], where: str = "profile", tp: int = 1, free_runni
                 cross_group_factor=num("comm", k, "cross_group_factor", default=CROSS_GROUP_FACTOR),
             ),
             **fixed_costs(mb, free_running, num),
+            token_us=num("micro_batch", mb, "token_us", default=0.0),
         )
     except (TypeError, ValueError) as e:
         raise ValueError(f"{where}: {e}") from None
@@ -162,7 +163,9 @@ def to_dict(cm: CostModel, meta: dict[str, Any] | None = None) -> dict[str, Any]
         },
     }
     if cm.micro_batch_fixed_us:
-        out["micro_batch"] = {"fixed_us": cm.micro_batch_fixed_us}
+        out.setdefault("micro_batch", {})["fixed_us"] = cm.micro_batch_fixed_us
+    if cm.token_us:
+        out.setdefault("micro_batch", {})["token_us"] = cm.token_us
     if meta:
         out["meta"] = dict(meta)
     return out

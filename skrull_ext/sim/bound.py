@@ -31,6 +31,9 @@ simulate`` prints the gap to both (docs/benchmarks.md, section 4).
 
 Every term adds the cost model's ``step_fixed_us``: a step pays it once,
 whatever its plan (0 on the assumed H100 and under lockstep execution).
+The head's time (``token_us`` a token, outside the layers) counts for the
+tokens each term's ranks hold at least: the average over the ranks, or the
+longest sequence's shard.
 
 No plan can beat it under the cost model; it is not always reachable.
 
@@ -57,7 +60,7 @@ def work_bound_us(lengths: Sequence[int], cost: CostModel, dp: int, cp: int, buc
     min_micro_batches = math.ceil(sum(lengths) / (bucket_size * cp))
     calls = max(1.0, min_micro_batches / dp)
     return (cost.shape.layers * (cost.a_us_per_flop * total_flops / (dp * cp) + cost.b_us * calls)
-            + cost.micro_batch_fixed_us * calls + cost.step_fixed_us)
+            + cost.micro_batch_fixed_us * calls + cost.token_us * sum(lengths) / (dp * cp) + cost.step_fixed_us)
 
 
 def longest_bound_us(lengths: Sequence[int], cost: CostModel, cp: int, bucket_size: int) -> float:
@@ -68,8 +71,9 @@ def longest_bound_us(lengths: Sequence[int], cost: CostModel, cp: int, bucket_si
     if s > bucket_size and cp > 1 and cost.comm_is_monotone():
         # Too long to stay whole on one rank: it must be sharded and pay its exchange.
         f = cost.flops(s)
-        sharded = cost.comm_us(cost.kv_bytes(_core.shard_tokens(s, cp) * cp)) + cost.comp_us(f / cp)
-        bound = max(bound, cost.shape.layers * sharded + cost.micro_batch_fixed_us)
+        shard = _core.shard_tokens(s, cp)
+        sharded = cost.comm_us(cost.kv_bytes(shard * cp)) + cost.comp_us(f / cp)
+        bound = max(bound, cost.shape.layers * sharded + cost.micro_batch_fixed_us + cost.token_us * shard)
     return bound + cost.step_fixed_us
 
 
@@ -106,7 +110,8 @@ def lockstep_bound_us(lengths: Sequence[int], cost: CostModel, dp: int, cp: int,
             break
     slots = math.ceil(outside / (dp * cp * bucket_size))
     return (head + cost.shape.layers * cost.a_us_per_flop * flops / (dp * cp)
-            + slots * (cost.shape.layers * cost.b_us + cost.micro_batch_fixed_us))
+            + slots * (cost.shape.layers * cost.b_us + cost.micro_batch_fixed_us)
+            + cost.token_us * outside / (dp * cp))
 
 
 def lower_bound_us(lengths: Sequence[int], cost: CostModel, dp: int, cp: int, bucket_size: int,
@@ -125,7 +130,7 @@ def pool_longest_bound_us(lengths: Sequence[int], cost: CostModel, world: int) -
     if not lengths:
         return 0.0
     return (cost.shape.layers * cost.comp_us(cost.flops(max(lengths)) / world) + cost.micro_batch_fixed_us
-            + cost.step_fixed_us)
+            + cost.token_us * max(lengths) / world + cost.step_fixed_us)
 
 
 def pool_lower_bound_us(lengths: Sequence[int], cost: CostModel, dp: int, cp: int, bucket_size: int) -> float:

@@ -49,10 +49,11 @@ def _chunk_micro_batch(cost: CostModel, shape: Shape, pieces: list[tuple[int, in
     scored = _core.evaluate_placement(lens, [where] * len(ids), cost, shape.cp, shape.bucket_size)
     # A chunk's FLOPs include attention to its prefix: flops(end) - flops(start).
     flops = sum(cost.flops(pieces[i][1] + pieces[i][2]) - cost.flops(pieces[i][1]) for i in ids)
+    most = max(scored.rank_tokens)  # the head's tokens: every piece's shard, or all on the one rank
     if shape.cp > 1:
-        time_us = cost.micro_batch_us([0.0] * shape.cp, flops / shape.cp, scored.comm_bytes)
+        time_us = cost.micro_batch_us([0.0] * shape.cp, flops / shape.cp, scored.comm_bytes, most)
     else:
-        time_us = cost.micro_batch_us([flops], 0.0, 0.0)
+        time_us = cost.micro_batch_us([flops], 0.0, 0.0, most)
     return MicroBatchPlan.placed(d, j, ids, lens, [where] * len(ids), shape.cp, scored, time_us=time_us)
 
 

@@ -13,6 +13,7 @@ import tomli_w
 import tomllib
 
 from skrull_ext import Scheduler, SchedulerConfig
+from skrull_ext.profile.fit import fit_line_nonneg
 from skrull_ext.scheduler import cost_model
 
 REPO = Path(__file__).resolve().parents[2]
@@ -60,10 +61,16 @@ def test_profile_run_end_to_end(produced):
     # One process: no FSDP to shard over, the fixed cost is the per-call work outside the layers.
     assert d["micro_batch"]["method"] == "step time over micro-batch counts, FSDP x1"
     assert d["micro_batch"]["fixed_us"] == max(0.0, d["micro_batch"]["slope_us"] - d["micro_batch"]["calls_us"])
+    # The head (embedding, norm, output, loss) timed over the compute ladder's lengths: its slope is token_us.
+    head = d["meta"]["head"]
+    assert head["tokens"] == [32, 64, 128] and len(head["us"]) == 3 and all(u > 0 for u in head["us"])
+    assert d["micro_batch"]["token_us"] == fit_line_nonneg(head["tokens"], head["us"])[0].slope >= 0.0
+    assert d["micro_batch"]["token_points"] == 3 and "  head     " in proc.stdout
 
     cm = cost_model.load(out)  # what the [skrull] section and the scheduler read
     assert cm.shape.hidden == 256 and cm.a_us_per_flop == d["compute"]["a_us_per_flop"]
     assert cm.micro_batch_fixed_us == d["micro_batch"]["fixed_us"]
+    assert cm.token_us == d["micro_batch"]["token_us"]
     bucket = d["memory"]["bucket_size"]
     plan = Scheduler(SchedulerConfig(dp=1, cp=2, bucket_size=bucket), cm).schedule(
         [bucket // 4, bucket, bucket // 2, 3 * bucket // 2, 7])

@@ -15,6 +15,13 @@ from skrull_ext.bench import reference as ref
 from skrull_ext.scheduler import cost_model as cm
 
 REAL = lengths.load("mix_sharegpt_conv95+longbench_en5")
+HEAD_US = [0.0, 2.5]  # token_us: none, and the H200's per-token head and loss (docs/design/cost_model.md)
+
+
+def with_head(cost, token_us: float):
+    """The cost model with ``token_us`` per token of the rank holding the most."""
+    return _core.CostModel(cost.shape, cost.a_us_per_flop, cost.b_us, cost.comm, cost.micro_batch_fixed_us,
+                           cost.step_fixed_us, token_us)
 
 
 def batch(seed: int, k: int, bucket: int, cp: int) -> list[int]:
@@ -51,11 +58,11 @@ def test_every_plan_is_valid_and_deterministic(shape):
 
 
 @settings(max_examples=40, deadline=None)
-@given(shapes.filter(lambda s: s[1] <= 600))
-def test_core_equals_python_reference(shape):
+@given(shapes.filter(lambda s: s[1] <= 600), st.sampled_from(HEAD_US))
+def test_core_equals_python_reference(shape, head):
     seed, k, cp, dp, bucket, policy = shape
     lengths_ = batch(seed, k, bucket, cp)
-    cost = cm.preset()
+    cost = with_head(cm.preset(), head)
     p = POLICIES[policy]
     # The reference restates the per-rank GDS (Algorithm 2): the free-running timeline's.
     cfg = SchedulerConfig(dp=dp, cp=cp, bucket_size=bucket, policy=policy, cpsat=False, timeline="free")
@@ -77,11 +84,11 @@ def test_core_equals_python_reference(shape):
 
 @settings(max_examples=60, deadline=None)
 @given(st.integers(0, 2**31), st.integers(0, 40), st.sampled_from([1, 2, 3, 4, 8]), st.sampled_from([8, 50, 300, 9000]),
-       st.booleans(), st.booleans(), st.booleans())
-def test_dacp_equals_reference_including_unschedulable(seed, n, cp, bucket, worst_fit, longest, refine):
+       st.booleans(), st.booleans(), st.booleans(), st.sampled_from(HEAD_US))
+def test_dacp_equals_reference_including_unschedulable(seed, n, cp, bucket, worst_fit, longest, refine, head):
     rng = random.Random(seed)
     lengths_ = [rng.randint(1, max(1, 2 * bucket * cp // max(n, 1))) for _ in range(n)]
-    cost = cm.preset()
+    cost = with_head(cm.preset(), head)
     r = _core.dacp(lengths_, cost, cp, bucket,
                    _core.Placement.WORST_FIT if worst_fit else _core.Placement.LEAST_LOAD,
                    _core.Rollback.LONGEST if longest else _core.Rollback.SHORTEST, refine)
@@ -115,14 +122,15 @@ def test_predicted_time_policy_never_slower_than_smallest_feasible(policy):
 
 @settings(max_examples=60, deadline=None)
 @given(st.integers(0, 2**31), st.integers(0, 40), st.sampled_from([2, 3, 4, 8]), st.sampled_from([8, 50, 300]),
-       st.booleans())
-def test_dacp_sweep_equals_reference(seed, n, cp, bucket, dear_comm):
+       st.booleans(), st.sampled_from(HEAD_US))
+def test_dacp_sweep_equals_reference(seed, n, cp, bucket, dear_comm, head):
     rng = random.Random(seed)
     lengths_ = [rng.randint(1, max(1, 2 * bucket * cp // max(n, 1))) for _ in range(n)]
     cost = cm.preset()
     if dear_comm:  # a comm table that is not monotone: no pruning
         cost = _core.CostModel(cost.shape, cost.a_us_per_flop, cost.b_us,
                                _core.CommModel([1.0, 2.0], [500.0, 400.0], collectives_per_layer=2.0))
+    cost = with_head(cost, head)
     r = _core.dacp_sweep(lengths_, cost, cp, bucket)
     want = ref.dacp_sweep(lengths_, ref.RefCost.of(cost), cp, bucket)
     assert (r.status == _core.Status.OK) == want.ok

@@ -29,6 +29,7 @@ constexpr double kMaxUs = 1e9;                   // b_us, comm.us, floor_us: 100
 constexpr double kMaxCollectivesPerLayer = 1e3;
 constexpr double kMaxMicroBatchFixedUs = 1e9;    // micro_batch_fixed_us: 1000 s
 constexpr int32_t kMaxTensorParallel = 1 << 10;   // tp
+constexpr double kMaxTokenUs = 1e3;              // token_us: 1 ms a token
 
 struct ModelShape {
   int32_t layers = 24;        // transformer blocks
@@ -82,6 +83,15 @@ struct CostModel {
   // micro-batches pays step_fixed_us + m * micro_batch_fixed_us. 0 under
   // lockstep execution (every micro-batch pays its own gathers).
   double step_fixed_us = 0.0;
+  // Time per token a rank holds in a micro-batch, outside the layers: the
+  // embedding, the final norm, the output projection and the loss, forward
+  // and backward. They run between the layers' synchronisation points, so a
+  // micro-batch pays it for the rank holding the most tokens (a local
+  // sequence's tokens on its rank, a sharded one's shard on each of its
+  // ranks). A 152K vocabulary makes it microseconds a token on a GPU, which
+  // no per-layer term holds (docs/design/cost_model.md). Measured by the
+  // profiler; 0 prices none of it (profiles made before it existed).
+  double token_us = 0.0;
 
   // Throws std::invalid_argument naming the first bad field. Every field
   // must be finite and within the k* limits above; comm.bytes strictly
@@ -134,6 +144,8 @@ struct CostModel {
            num(micro_batch_fixed_us));
     if (!in(step_fixed_us, kMaxMicroBatchFixedUs))
       fail("step_fixed_us must be finite and in [0, " + num(kMaxMicroBatchFixedUs) + "], got " + num(step_fixed_us));
+    if (!in(token_us, kMaxTokenUs))
+      fail("token_us must be finite and in [0, " + num(kMaxTokenUs) + "], got " + num(token_us));
   }
 
   // Forward FLOPs of one layer for one sequence of s tokens on one rank of
@@ -173,31 +185,42 @@ struct CostModel {
   // Communication time of one layer (forward + backward collectives).
   double comm_us(double bytes) const { return comm.collectives_per_layer * collective_us(bytes); }
 
+  // What a micro-batch pays outside its layers for the rank holding the most
+  // tokens (token_us).
+  double head_us(int64_t most_tokens) const { return token_us * static_cast<double>(most_tokens); }
+
   // Overlap formula (docs/design/cost_model.md, "Time of a micro-batch"), all
-  // layers, plus the micro-batch's fixed cost:
+  // layers, plus the micro-batch's fixed cost and the head's time on the
+  // rank holding the most tokens:
   //   Time_j = max(T_comm(V), T_comp(Local_j)) + T_comp(Dist);
-  //   T = layers * max_j Time_j + micro_batch_fixed_us.
-  // local_flops[j] is rank j's local FLOPs, dist_flops one rank's share.
-  double micro_batch_us(const std::vector<double>& local_flops, double dist_flops, double comm_bytes) const {
+  //   T = layers * max_j Time_j + micro_batch_fixed_us + token_us * max_j Tokens_j.
+  // local_flops[j] is rank j's local FLOPs, dist_flops one rank's share,
+  // most_tokens max_j Tokens_j (0: the layers and the fixed cost alone, what
+  // the heuristics compare while they move sequences between ranks).
+  double micro_batch_us(const std::vector<double>& local_flops, double dist_flops, double comm_bytes,
+                        int64_t most_tokens = 0) const {
     const double comm_t = comm_us(comm_bytes);
     const double dist_t = comp_us(dist_flops);
     double worst = 0.0;
     for (double f : local_flops) worst = std::max(worst, std::max(comm_t, comp_us(f)) + dist_t);
-    return shape.layers * worst + micro_batch_fixed_us;
+    return shape.layers * worst + micro_batch_fixed_us + head_us(most_tokens);
   }
 
   // A lower bound on any DACP plan's time for these lengths on n ranks:
   // the max over ranks of local+dist FLOPs is at least the average, total/n.
   // With a non-decreasing comm table, the longest sequence also bounds it:
   // whole on one rank, or sharded and paying at least its own exchange.
-  // The micro-batch's fixed cost is paid once, whatever the plan.
+  // The micro-batch's fixed cost is paid once, whatever the plan, and the
+  // rank holding the most tokens pays token_us for at least tokens / n.
   // seq_flops[i] = flops(lengths[i]) when the caller has them, else null.
   double micro_batch_lower_bound_us(const int64_t* lengths, size_t count, int32_t n,
                                     const double* seq_flops = nullptr) const {
     double total = 0.0;
+    double tokens = 0.0;
     int64_t longest = 0;
     for (size_t i = 0; i < count; ++i) {
       total += seq_flops ? seq_flops[i] : flops(lengths[i]);
+      tokens += static_cast<double>(lengths[i]);
       longest = std::max(longest, lengths[i]);
     }
     if (total <= 0.0) return 0.0;
@@ -208,7 +231,8 @@ struct CostModel {
       const double as_dist = comm_us(kv_bytes(longest)) + comp_us(f / n);
       bound = std::max(bound, std::min(as_local, as_dist));
     }
-    return shape.layers * bound + micro_batch_fixed_us;
+    // Some rank holds at least the average tokens.
+    return shape.layers * bound + micro_batch_fixed_us + token_us * tokens / n;
   }
   double micro_batch_lower_bound_us(const std::vector<int64_t>& lengths, int32_t n) const {
     return micro_batch_lower_bound_us(lengths.data(), lengths.size(), n);

@@ -116,7 +116,9 @@ inline double score_into(const int64_t* lengths, const double* seq_flops, const 
       flops[cp_rank[i]] += seq_flops[i];
     }
   }
-  const double time = cost.micro_batch_us(flops, dist_flops, comm_bytes);
+  int64_t most = 0;
+  for (int32_t j = 0; j < cp; ++j) most = std::max(most, tokens[j] + dist_shard);
+  const double time = cost.micro_batch_us(flops, dist_flops, comm_bytes, most);
   for (int32_t j = 0; j < cp; ++j) {
     tokens[j] += dist_shard;
     flops[j] += dist_flops;

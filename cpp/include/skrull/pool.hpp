@@ -260,7 +260,8 @@ inline int32_t pool_narrow(PlanMicroBatch& mb, const std::vector<int64_t>& lengt
   pool_group_sums(mb, lengths, flops, cost, cp, w);
   double t = 0.0;
   for (int32_t j = 0; j < cp; ++j) t = std::max(t, pool_rank_us(cost, w.local[j], w.dist[j], w.bytes[j]));
-  t = t * cost.shape.layers + cost.micro_batch_fixed_us;
+  t = t * cost.shape.layers + cost.micro_batch_fixed_us +
+      cost.head_us(*std::max_element(w.tokens.begin(), w.tokens.end()));
   if (!(t < mb.time_us)) {  // rounding ate the gain: keep the micro-batch as it was
     mb.first_rank = w.first_rank;
     mb.num_ranks = w.num_ranks;
@@ -473,9 +474,9 @@ inline Plan schedule_pool(const std::vector<int64_t>& input, const CostModel& co
     mb.rank_flops.assign(k, flops[w.seq] / k);
     mb.comm_bytes = cost.kv_bytes(shard_tokens(out.lengths[w.seq], k) * static_cast<int64_t>(k));
     mb.start_us = ready;
-    // Its own micro-batch: it pays the fixed cost too (the choice of span
-    // above compares compute and exchange alone; the fixed cost is the same).
-    mb.time_us = w.time + cost.micro_batch_fixed_us;
+    // Its own micro-batch: it pays the fixed cost and the head's time on its
+    // shard too (the choice of span above compares compute and exchange alone).
+    mb.time_us = w.time + cost.micro_batch_fixed_us + cost.head_us(shard_tokens(out.lengths[w.seq], k));
     for (int32_t g = first; g < first + w.groups; ++g) {
       clock[g] = ready + mb.time_us;
       next_slot[g] = mb.slot + 1;
