@@ -194,7 +194,7 @@ timeout "${PROFILE_LIMIT:-90}" "$py" -m skrull_ext.profile --config-file "$job" 
 rc=$?
 if [ -f "$profile" ]; then
   cp "$profile" "${profile%.toml}.png" "$out"/ 2>/dev/null
-  say "profile (rc $rc): $(grep -E '^(a_us_per_flop|b_us|bucket_size|a_bytes_per_token|static_bytes) ' "$profile" | tr '\n' ' ')"
+  say "profile (rc $rc): $(grep -E '^(a_us_per_flop|b_us|bucket_size|a_bytes_per_token|static_bytes|token_us) ' "$profile" | tr '\n' ' ')"
   cost=(--skrull.cost_model "$profile")
 else
   say "profile FAILED (rc $rc): $(tail -1 "$log/profile.txt")"; cost=()
