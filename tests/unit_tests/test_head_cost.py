@@ -111,3 +111,19 @@ def test_profile_key_optional_and_round_trips(make_toy):
     d["micro_batch"] = {"token_us": "3 us"}
     with pytest.raises(ValueError, match=r"^profile: \[micro_batch\] token_us must be a number, got '3 us'$"):
         from_dict(d)
+
+
+def test_profiler_names_what_a_model_lacks_to_time_the_head():
+    from types import SimpleNamespace
+
+    import torch
+
+    from skrull_ext.profile.head import _parts
+
+    model = torch.nn.Module()
+    model.tok_embeddings, model.norm = torch.nn.Embedding(4, 2), torch.nn.LayerNorm(2)
+    jm = SimpleNamespace(model=model, name="toy/flavor")
+    with pytest.raises(ValueError, match=r"^toy/flavor: no lm_head to time the per-token head cost on"):
+        _parts(jm)
+    model.lm_head = torch.nn.Linear(2, 4)
+    assert _parts(jm) == (model.tok_embeddings, model.norm, model.lm_head)
