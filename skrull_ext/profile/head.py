@@ -53,14 +53,15 @@ class HeadResult:
         return self.fit.slope
 
 
+_PARTS = ("tok_embeddings", "norm", "lm_head")  # torchtitan's Decoder.forward, outside its layers
+
+
 def _parts(jm: JobModel) -> tuple[torch.nn.Module, torch.nn.Module, torch.nn.Module]:
-    m = jm.model
-    parts = tuple(getattr(m, name, None) for name in ("tok_embeddings", "norm", "lm_head"))
-    if any(p is None for p in parts):
-        missing = [n for n, p in zip(("tok_embeddings", "norm", "lm_head"), parts) if p is None]
+    missing = [name for name in _PARTS if getattr(jm.model, name, None) is None]
+    if missing:
         raise ValueError(f"{jm.name}: no {', '.join(missing)} to time the per-token head cost on "
                          "(torchtitan's Decoder has all three)")
-    return parts
+    return tuple(getattr(jm.model, name) for name in _PARTS)
 
 
 def profile_head(jm: JobModel, opts: ProfileOptions, tick: Callable[[str], None]) -> HeadResult:

@@ -65,18 +65,17 @@ def test_dacp_shards_a_long_sequence_to_even_the_tokens(make_toy):
 
 def test_every_micro_batch_pays_it_and_plans_stay_above_the_bounds(make_toy):
     rng = random.Random(0)
+    base = make_toy(comm_us=20.0, b_us=1.0, fixed_us=5.0)
+    cost = with_head(base, 3.0)
     for policy in ("skrull", "skrull-paper", "skrull-pool"):
         for _ in range(20):
             dp, cp = rng.choice([(1, 2), (2, 2), (2, 4), (4, 1)])
             lengths = [rng.randint(1, _core.max_sequence_length(16, cp)) for _ in range(rng.randint(1, 24))]
             cfg = SchedulerConfig(dp=dp, cp=cp, bucket_size=16, policy=policy, cpsat=False)
-            base = make_toy(comm_us=20.0, b_us=1.0, fixed_us=5.0)
-            cost = with_head(base, 3.0)
             plan = Scheduler(cfg, cost).schedule(lengths)
             plan.validate()
             for mb in plan.micro_batches:  # the plan's own times are the core's scores, head included
-                layers = base.micro_batch_us([0.0], 0.0, 0.0)  # fixed alone
-                assert mb.time_us >= layers + 3.0 * max(mb.rank_tokens)
+                assert mb.time_us >= base.micro_batch_fixed_us + 3.0 * max(mb.rank_tokens)
             world = dp * cp
             low = (bound.pool_lower_bound_us(lengths, cost, dp, cp, 16) if policy == "skrull-pool"
                    else bound.lower_bound_us(lengths, cost, dp, cp, 16, plan.timeline))
