@@ -13,14 +13,18 @@ document-causal; what differs between kernels is how that structure reaches
 the hardware:
 
 - ``dense``: SDPA with the dense [Tq, Tk] bool mask of meta.local_mask /
-  meta.dist_mask. Exact and simple, the CPU default and the reference every
-  test and profile was taken with; O(Tq * Tk) mask memory and FLOPs.
+  meta.dist_mask. Exact and simple, the reference the other kernels are
+  tested against and the default for float32 on CUDA; O(Tq * Tk) mask
+  memory and FLOPs (CPU SDPA skips nothing a mask hides).
+- ``tiles``: the segment plan cut into query tiles of at most 64 rows, one
+  SDPA per tile with its own small mask (tiles.py): long segments stop paying
+  for keys their early queries cannot see, short ones share a call. The CPU
+  default: 0.5-0.8x ``dense``'s time over the README job's buffers, and never
+  the per-document call overhead of ``segments`` (docs/benchmarks.md, section 8).
 - ``segments``: the varlen segment plan (segments.py) run as one SDPA per
   segment with an explicit bottom-right causal mask. It exists so the plan --
-  the part this project writes -- is tested on CPU against ``dense``. On CPU
-  it is also the faster kernel for buffers of documents of 16 tokens or more,
-  and slower for many tiny ones (one SDPA call per document): measured in
-  docs/benchmarks.md, section 8.
+  the part this project writes -- is tested on CPU against ``dense``; slow
+  for many tiny documents (one SDPA call per document).
 - ``varlen``: the same plan on ``torch.nn.attention.varlen.varlen_attn``
   (flash attention; CUDA only, bf16/fp16), called the way torchtitan 0.3.0's
   VarlenAttention calls it (keywords the installed torch lacks, as 2.11's
@@ -29,9 +33,9 @@ the hardware:
   test_dacp_attention.py have CUDA-only checks against ``dense`` and the
   float64 reference, and docs/gpu.md the one command that runs them.
 
-``auto`` picks ``varlen`` for bf16/fp16 on CUDA and ``dense`` otherwise: on
-the CPU debug job ``segments`` gained too little in training (section 8) to
-move the default away from the kernel every CPU profile was measured with.
+``auto`` picks ``varlen`` for bf16/fp16 on CUDA, ``tiles`` on CPU and
+``dense`` for float32 on CUDA (many small SDPA launches would cost a GPU more
+than the masked work they save; not measured).
 
 A kernel is two functions, so the part's mask or plan can be fetched (and
 cached on the meta) on the main stream before the local part forks onto the
@@ -50,10 +54,11 @@ import torch
 import torch.nn.functional as F
 
 from skrull_ext.attention.meta import DacpBatchMeta
-from skrull_ext.attention.segments import SegmentPlan
+from skrull_ext.attention.segments import bottom_right_causal_mask, SegmentPlan
+from skrull_ext.attention.tiles import build_tile_plan, TILE_ROWS, TilePlan
 
 __all__ = ["AUTO", "KERNELS", "Kernel", "KERNEL_CHOICES", "auto_kernel", "auto_kernel_for", "check_kernel",
-           "resolve_kernel", "varlen_call"]
+           "kernel_name", "resolve_kernel", "varlen_call"]
 
 AUTO = "auto"
 PARTS = ("local", "dist")
@@ -106,12 +111,6 @@ _PLAN = {"local": DacpBatchMeta.local_plan, "dist": DacpBatchMeta.dist_plan}
 
 def _prepare_plan(meta: DacpBatchMeta, part: str, device: torch.device) -> SegmentPlan:
     return _PLAN[part](meta, device)
-
-
-def bottom_right_causal_mask(nq: int, nk: int, device: torch.device | None = None) -> torch.Tensor:
-    """[nq, nk] bool: query i sees keys 0..nk-nq+i (the last query sees all nk keys),
-    flash attention's causal convention when nq < nk."""
-    return torch.ones(nq, nk, dtype=torch.bool, device=device).tril(nk - nq)
 
 
 def run_segments(
@@ -189,16 +188,31 @@ def run_varlen(
                        _varlen_kwargs(q.size(0) != k.size(0), _varlen_keywords()))
 
 
+def _prepare_tiles(meta: DacpBatchMeta, part: str, device: torch.device) -> TilePlan:
+    key = (part, "tiles", torch.device(device or "cpu"))
+    return meta.memo(key, lambda: build_tile_plan(_PLAN[part](meta, device), TILE_ROWS, device))
+
+
+def run_tiles(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tiles: TilePlan, scale: float | None) -> torch.Tensor:
+    """A tile plan (tiles.py): one masked SDPA per tile of at most TILE_ROWS queries."""
+    if tiles.key_index is not None:
+        k, v = k.index_select(1, tiles.key_index), v.index_select(1, tiles.key_index)
+    outs = [_masked_sdpa(q[:, qa:qb], k[:, ka:kb], v[:, ka:kb], mask, scale)
+            for (qa, qb, ka, kb), mask in zip(tiles.bounds, tiles.masks)]
+    return torch.cat(outs, dim=1) if len(outs) != 1 else outs[0]
+
+
 SEGMENTS = Kernel(name="segments", prepare=_prepare_plan, run=run_segments, tensors=lambda p: p.tensors)
+TILES = Kernel(name="tiles", prepare=_prepare_tiles, run=run_tiles, tensors=lambda t: t.tensors)
 VARLEN = Kernel(name="varlen", prepare=_prepare_plan, run=run_varlen, tensors=lambda p: p.tensors)
 
-KERNELS: dict[str, Kernel] = {k.name: k for k in (DENSE, SEGMENTS, VARLEN)}
+KERNELS: dict[str, Kernel] = {k.name: k for k in (DENSE, TILES, SEGMENTS, VARLEN)}
 KERNEL_CHOICES = (AUTO, *KERNELS)
 """What ``dacp_attention(kernel=...)`` and ``[skrull] attention_kernel`` accept."""
 
 
 def auto_kernel(q: torch.Tensor) -> str:
-    """``varlen`` where flash attention runs (CUDA, bf16/fp16), else ``dense``."""
+    """``varlen`` where flash attention runs (CUDA, bf16/fp16), ``tiles`` on CPU, else ``dense``."""
     return _auto(q.is_cuda, q.dtype)
 
 
@@ -207,8 +221,15 @@ def auto_kernel_for(device: torch.device, dtype: torch.dtype) -> str:
     return _auto(torch.device(device).type == "cuda", dtype)
 
 
+def kernel_name(kernel: str, device: torch.device, dtype: torch.dtype) -> str:
+    """``kernel`` as a log line says it: ``auto`` with what it resolves to (``auto (tiles)``)."""
+    return f"{AUTO} ({auto_kernel_for(device, dtype)})" if kernel == AUTO else kernel
+
+
 def _auto(cuda: bool, dtype: torch.dtype) -> str:
-    return "varlen" if cuda and dtype in (torch.bfloat16, torch.float16) else "dense"
+    if not cuda:
+        return "tiles"
+    return "varlen" if dtype in (torch.bfloat16, torch.float16) else "dense"
 
 
 def check_kernel(name: str) -> str:

@@ -23,7 +23,8 @@ traces (as torchtitan's ``VarlenMetadata``), and the kernel's own call
 The same kernel, plan and mask as the eager DACP call's local part: only
 who calls it changes. Eager runs keep the meta (nothing to gain, and the
 exact code every eager test runs), and so does the ``segments`` kernel (a
-Python loop over segments, which a trace would unroll per micro-batch).
+Python loop over segments, which a trace would unroll per micro-batch); the
+``tiles`` kernel's all-local micro-batches trace the dense mask (TRACED_CALL).
 
 The counters (stats.py) of a layer cannot be bumped inside a compiled
 graph: :func:`attention_input` counts the micro-batch's forward calls when
@@ -46,10 +47,16 @@ from skrull_ext.attention.kernels import (
 )
 from skrull_ext.attention.meta import DacpBatchMeta
 
-__all__ = ["LOCAL_ONLY_KERNELS", "LocalOnlyBatch", "attention_input", "local_only_kernel"]
+__all__ = ["LOCAL_ONLY_KERNELS", "LocalOnlyBatch", "TRACED_CALL", "attention_input", "local_only_kernel"]
+
+TRACED_CALL = {"dense": "dense", "tiles": "dense", "varlen": "varlen"}
+"""Per kernel, the call an all-local micro-batch traces: one op over the whole
+buffer. ``tiles`` (a Python loop over tiles, which a trace would unroll per
+document layout, a recompile per micro-batch) traces the dense mask's SDPA:
+the same attention, without the tiles' saving."""
 
 LOCAL_ONLY_KERNELS = ("dense", "varlen")
-"""Kernels whose call traces as one op over the whole buffer."""
+"""The traced calls."""
 
 
 @dataclass(frozen=True)
@@ -83,13 +90,13 @@ class LocalOnlyBatch:
 
 
 def local_only_kernel(kernel: str, compiled: bool, device: torch.device, dtype: torch.dtype) -> str | None:
-    """The kernel an all-local micro-batch traces (``[skrull] attention_kernel``
-    resolved for the device and compute dtype), or None: the job is not
-    compiled, or its kernel has no traced call (``segments``)."""
+    """The call an all-local micro-batch traces for ``[skrull] attention_kernel``
+    resolved for the device and compute dtype (TRACED_CALL), or None: the job is
+    not compiled, or its kernel has no traced call (``segments``)."""
     if not compiled:
         return None
     name = auto_kernel_for(device, dtype) if kernel == AUTO else kernel
-    return name if name in LOCAL_ONLY_KERNELS else None
+    return TRACED_CALL.get(name)
 
 
 def attention_input(meta: DacpBatchMeta, kernel: str | None, device: torch.device,

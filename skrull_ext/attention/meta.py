@@ -29,8 +29,9 @@ attention needs are derived from (document id, true position) per token, so
 that padding and zigzag order never have to be special-cased downstream.
 """
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch._opaque_base import OpaqueBase
@@ -298,6 +299,13 @@ class DacpBatchMeta(OpaqueBase):
         else:
             ks = [self._shard_doc_positions(r, self.shared_with(r), device) for r in self.peers]
         return _cat_or_empty([d for d, _ in ks], device), _cat_or_empty([p for _, p in ks], device)
+
+    def memo(self, key: tuple, build: Callable[[], Any]) -> Any:
+        """``build()``, once per micro-batch under ``key``: what a kernel derives from
+        the masks or plans (kernels.py) is cached beside them, shared by every layer."""
+        if key not in self._masks:
+            self._masks[key] = build()
+        return self._masks[key]
 
     def local_plan(self, device: torch.device | None = None) -> SegmentPlan:
         """Varlen segments of the local part: one causal segment per local sequence."""

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["SegmentPlan", "build_segment_plan"]
+__all__ = ["SegmentPlan", "bottom_right_causal_mask", "build_segment_plan"]
 
 
 @dataclass(frozen=True)
@@ -74,6 +74,12 @@ class SegmentPlan:
         """Device tensors a kernel reads (for record_stream on a side stream)."""
         ts = (self.cu_seq_q, self.cu_seq_k)
         return ts if self.key_index is None else (*ts, self.key_index)
+
+
+def bottom_right_causal_mask(nq: int, nk: int, device: torch.device | None = None) -> torch.Tensor:
+    """[nq, nk] bool: query i sees keys 0..nk-nq+i (the last query sees all nk keys),
+    flash attention's causal convention when nq < nk."""
+    return torch.ones(nq, nk, dtype=torch.bool, device=device).tril(nk - nq)
 
 
 def build_segment_plan(

@@ -150,7 +150,7 @@ def _check_skrull(config, on_cpu: bool) -> None:
         return
     if skrull.attention_kernel == "varlen" and on_cpu:
         raise _bad("skrull.attention_kernel", "varlen",
-                   "flash attention needs a CUDA device (this machine has none); use 'auto', 'dense' or 'segments'")
+                   "flash attention needs a CUDA device (this machine has none); use 'auto', 'tiles', 'dense' or 'segments'")
     try:
         skrull.check_free_running()  # again here: a CLI flag may have been set after the section's own check ran
         skrull.resolved_bucket_size()  # the profile's first read: not a profile, or "profile" it cannot give

@@ -41,6 +41,7 @@ from torchtitan.distributed.activation_checkpoint import FullAC
 from torchtitan.distributed import utils as dist_utils
 from torchtitan.tools.logging import logger
 
+from skrull_ext.attention.kernels import kernel_name
 from skrull_ext.attention.local_only import attention_input, local_only_kernel
 from skrull_ext.data.overlength import check_overlength
 from skrull_ext.data.scheduling import SkrullDataLoader, SkrullStep
@@ -160,7 +161,8 @@ class SkrullTrainer(JobTrainer):
             f"policy {skrull.policy}, bucket_size {self.skrull_job.bucket_size}"
             + (" (the profile's)" if skrull.bucket_size == FROM_PROFILE else "") + ", "
             f"DP {self.dataloader.dp_world_size} x CP {dims.cp} x TP {dims.tp}, cp_rank {cp_rank}, "
-            f"attention kernel {skrull.attention_kernel}, timeline {timeline_name(timeline)}"
+            f"attention kernel {kernel_name(skrull.attention_kernel, self.device, compute_dtype(self.config))}, "
+            f"timeline {timeline_name(timeline)}"
             + (" (free_running: FSDP parameters unsharded for each step, no pad passes)" if execution.free_running
                else "")
         )

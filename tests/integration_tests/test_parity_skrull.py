@@ -14,8 +14,9 @@ with FSDP at DP=2 x CP=2) keeps that parity, and its recomputation reuses
 the forward's K/V exchange: rank 0's DACP counters show per step as many
 all-gathers and bytes as the same run without AC (replay.py).
 
-The varlen segment plan (``attention_kernel = "segments"``, its CPU
-executor) keeps the parity at CP=2.
+The CPU default kernel (``tiles``: the segment plan in query tiles) runs
+every run here; the varlen segment plan (``attention_kernel = "segments"``,
+its CPU executor) keeps the parity at CP=2 too.
 
 Schedule invariance (docs/design/method.md, "Loss"): the 'skrull' and 'worstfit'
 policies schedule the check step's global batch differently (different plan
@@ -68,7 +69,10 @@ def _matches_reference(run, reference) -> None:
 
 @pytest.mark.slow
 def test_parity_skrull_cp2(skrull_runs, reference):
-    _matches_reference(skrull_runs["cp2"], reference)
+    """The default attention kernel on CPU is the tile plan (kernels.py)."""
+    run = skrull_runs["cp2"]
+    assert "attention kernel auto (tiles)" in run.output
+    _matches_reference(run, reference)
 
 
 @pytest.mark.slow

@@ -45,6 +45,9 @@ CASES = {
         Case("segments_mqa_batched", [8, 17, 2], [D, 0, D], heads=4, kv_heads=1, batched=True, seed=2,
              kernel="segments"),
         *(random_case(f"segments_random{s}", 2, seed=300 + s, kernel="segments") for s in range(2)),
+        # The CPU default: tiles of 64 queries; the 150 and 70 are cut (a local 70 into 6 + 64).
+        Case("tiles_long", [150, 13, 70, 9, 200], [D, 0, 1, D, 0], heads=4, kv_heads=2, seed=7, kernel="tiles"),
+        random_case("tiles_random", 2, seed=500, kernel="tiles"),
     ],
     4: [
         Case("mixed_gqa", [5, 13, 7, 4, 9, 20], [0, D, 3, 1, D, 2], order=True),
@@ -57,6 +60,7 @@ CASES = {
         Case("segments_some_ranks_empty", [6, 1], [D, 2], seed=1, kernel="segments"),
         Case("segments_len1_distributed", [1, 3], [D, 0], seed=2, kernel="segments"),
         *(random_case(f"segments_random{s}", 4, seed=400 + s, kernel="segments") for s in range(2)),
+        Case("tiles_long", [300, 13, 70, 9], [D, 0, 3, D], heads=4, kv_heads=2, seed=7, kernel="tiles"),
     ],
 }
 # The cases above run with exchange "auto", which on gloo is p2p; these run

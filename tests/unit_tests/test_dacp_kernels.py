@@ -22,6 +22,7 @@ The real exchange with the ``segments`` kernel runs in test_dacp_attention.py
 
 import inspect
 import sys
+from unittest import mock
 
 import pytest
 import torch
@@ -38,6 +39,7 @@ from skrull_ext.attention import (
     shard_buffer,
     unshard_buffer,
 )
+from skrull_ext.attention.tiles import build_tile_plan
 from skrull_ext.attention.kernels import KERNEL_CHOICES, KERNELS, auto_kernel, resolve_kernel
 from skrull_ext.train.skrull_config import SkrullConfig
 from tests.unit_tests.dacp_multiproc import Case, compare, global_inputs, rank_step, reference
@@ -176,28 +178,32 @@ def run_part(kernel: str, meta, part: str, inp: dict, scale=None) -> dict:
     return dict(out=out.detach(), dq=q.grad, dk=k.grad, dv=v.grad)
 
 
-def check_segments_equal_dense(case: Case, cp_size: int, cp_rank: int, scale=None) -> None:
+def check_equals_dense(kernel: str, case: Case, cp_size: int, cp_rank: int, scale=None) -> None:
     meta = build_meta(case.lengths, case.placement, cp_rank, cp_size)
     for part, inp in part_inputs(case, cp_size, cp_rank).items():
         want = run_part("dense", meta, part, inp, scale)
-        got = run_part("segments", meta, part, inp, scale)
+        got = run_part(kernel, meta, part, inp, scale)
         for key in ("out", "dq", "dk", "dv"):
             torch.testing.assert_close(
-                got[key], want[key], atol=1e-12, rtol=1e-12, msg=lambda m: f"{part} {key}: {m}"
+                got[key], want[key], atol=1e-12, rtol=1e-12, msg=lambda m: f"{kernel} {part} {key}: {m}"
             )
         # Nothing flows into padding (its grad_out is zero, and no real query sees a pad key).
         assert not got["dq"][:, inp["q_pad"]].any()
         assert not got["dk"][:, inp["k_pad"]].any() and not got["dv"][:, inp["k_pad"]].any()
 
 
+@pytest.mark.parametrize("kernel, rows", [("segments", None), ("tiles", 64), ("tiles", 3), ("tiles", 8)])
 @pytest.mark.parametrize("cp_size", [1, 2, 4])
 @pytest.mark.parametrize("kind", ["local", "dist", "mixed"])
 @pytest.mark.parametrize("heads, kv_heads", [(4, 4), (4, 2), (6, 1)], ids=["mha", "gqa", "mqa"])
-def test_segments_equal_dense(cp_size, kind, heads, kv_heads):
+def test_kernel_equals_dense(kernel, rows, cp_size, kind, heads, kv_heads, monkeypatch):
+    """tiles at 3 and 8 rows cut every segment but the 1-token one; at 64, none."""
+    if rows is not None:
+        monkeypatch.setattr(kernels, "TILE_ROWS", rows)
     lengths = [5, 13, 7, 1, 9, 22]
     case = Case(kind, lengths, _placement(kind, len(lengths), cp_size), heads=heads, kv_heads=kv_heads, seed=7)
     for r in range(cp_size):
-        check_segments_equal_dense(case, cp_size, r, scale=0.3 if kind == "mixed" else None)
+        check_equals_dense(kernel, case, cp_size, r, scale=0.3 if kind == "mixed" else None)
 
 
 @settings(max_examples=40, deadline=None)
@@ -205,8 +211,9 @@ def test_segments_equal_dense(cp_size, kind, heads, kv_heads):
     data=st.data(),
     cp_size=st.sampled_from([1, 2, 3, 4]),
     heads=st.sampled_from([(2, 2), (4, 2), (4, 1)]),
+    rows=st.integers(1, 40),
 )
-def test_segments_equal_dense_property(data, cp_size, heads):
+def test_kernels_equal_dense_property(data, cp_size, heads, rows):
     n = data.draw(st.integers(1, 6), label="n")
     lengths = data.draw(st.lists(st.integers(1, 30), min_size=n, max_size=n), label="lengths")
     placement = data.draw(
@@ -216,7 +223,60 @@ def test_segments_equal_dense_property(data, cp_size, heads):
     case = Case("prop", lengths, placement, heads=heads[0], kv_heads=heads[1], seed=len(lengths))
     meta = build_meta(lengths, placement, cp_rank, cp_size)
     check_plans_match_masks(meta)
-    check_segments_equal_dense(case, cp_size, cp_rank)
+    check_tiles_match_masks(meta, rows)
+    check_equals_dense("segments", case, cp_size, cp_rank)
+    with mock.patch.object(kernels, "TILE_ROWS", rows):
+        check_equals_dense("tiles", case, cp_size, cp_rank)
+
+
+# ---- the tile plan -------------------------------------------------------------
+
+
+def tile_mask(tiles, n_queries: int, n_keys: int) -> torch.Tensor:
+    """The dense [Tq, n_keys] mask a tile plan stands for, over the key source."""
+    idx = torch.arange(n_keys) if tiles.key_index is None else tiles.key_index.cpu()
+    mask = torch.zeros(n_queries, n_keys, dtype=torch.bool)
+    covered = 0
+    for (qa, qb, ka, kb), m in zip(tiles.bounds, tiles.masks):
+        assert qa == covered and m.shape == (qb - qa, kb - ka)  # in order, no gap, no overlap
+        covered = qb
+        for i in range(qb - qa):
+            seen = idx[ka:kb][m[i]]
+            assert not mask[qa + i, seen].any(), "a key appears twice in one query's row"
+            mask[qa + i, seen] = True
+    assert covered == n_queries
+    return mask
+
+
+def check_tiles_match_masks(meta, rows: int) -> None:
+    parts = [("local", meta.local_plan(), meta.local_mask())] if meta.num_local_tokens else []
+    if meta.num_dist_tokens:
+        parts.append(("dist", meta.dist_plan(), meta.dist_mask()))
+    for part, plan, mask in parts:
+        tiles = build_tile_plan(plan, rows)
+        assert all(qb - qa <= rows for qa, qb, _, _ in tiles.bounds), part
+        assert torch.equal(tile_mask(tiles, *mask.shape), mask), part
+
+
+def test_tiles_cut_long_segments_and_pack_short_ones():
+    """rows 4 over local sequences 2, 1, 9, 3: the 9 is cut 1 + 4 + 4 (the remainder
+    first, its keys 0..0, then 0..4, 0..8); the 1-token piece joins the 2 and the 1
+    before it (4 rows); the 3 after the last full piece starts a new tile."""
+    plan = build_meta([2, 1, 9, 3], [0, 0, 0, 0], 0, 1).local_plan()
+    tiles = build_tile_plan(plan, 4)
+    assert tiles.bounds == ((0, 4, 0, 4), (4, 8, 3, 8), (8, 12, 3, 12), (12, 15, 12, 15))
+    assert tiles.masks[0].tolist() == [[1, 0, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1]]
+    assert tiles.masks[1].tolist() == [[1, 1, 0, 0, 0], [1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 1, 1]]
+    assert build_tile_plan(plan, 64).bounds == ((0, 15, 0, 15),)  # one tile: the dense mask's
+    with pytest.raises(ValueError, match="rows must be >= 1, got 0"):
+        build_tile_plan(plan, 0)
+
+
+def test_tiles_are_cached_per_micro_batch():
+    m = build_meta([5, 13], [0, D], 0, 2)
+    kern = KERNELS["tiles"]
+    assert kern.prepare(m, "dist", torch.device("cpu")) is kern.prepare(m, "dist", None)
+    assert kern.prepare(m, "local", None) is not kern.prepare(m, "dist", None)
 
 
 def test_padding_keys_sit_only_in_pad_queries_ranges():
@@ -245,21 +305,29 @@ def test_cp1_segments_kernel_matches_single_process(case):
     compare(case, 1, [rank_step(case, 0, 1, None)])
 
 
-def test_auto_is_dense_on_cpu_and_dense_is_unchanged():
-    assert auto_kernel(torch.empty(0, dtype=torch.bfloat16)) == "dense"
-    assert auto_kernel(torch.empty(0)) == "dense"
+def test_auto_is_tiles_on_cpu():
+    import types
+
+    assert auto_kernel(torch.empty(0, dtype=torch.bfloat16)) == "tiles"
+    assert auto_kernel(torch.empty(0)) == "tiles"
+    assert auto_kernel(types.SimpleNamespace(is_cuda=True, dtype=torch.float32)) == "dense"
+    assert auto_kernel(types.SimpleNamespace(is_cuda=True, dtype=torch.float16)) == "varlen"
     m = build_meta([5, 13, 7], [0, D, 0], 0, 1)
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(h, 25, 8, generator=g) for h in (4, 2, 2))
-    assert torch.equal(dacp_attention(q, k, v, m), dacp_attention(q, k, v, m, kernel="dense"))
-    assert resolve_kernel("auto", q) is KERNELS["dense"]
+    assert torch.equal(dacp_attention(q, k, v, m), dacp_attention(q, k, v, m, kernel="tiles"))
+    assert resolve_kernel("auto", q) is KERNELS["tiles"]
+    cpu = torch.device("cpu")
+    assert kernels.kernel_name("auto", cpu, torch.float32) == "auto (tiles)"
+    assert kernels.kernel_name("dense", cpu, torch.float32) == "dense"
+    assert kernels.kernel_name("auto", torch.device("cuda"), torch.bfloat16) == "auto (varlen)"
 
 
 def test_bad_kernel_names_the_choices():
     m = build_meta([5], [0], 0, 1)
     q = torch.randn(2, 5, 8)
-    with pytest.raises(ValueError, match=r"^attention_kernel: 'flex' is not one of \['auto', 'dense', 'segments', "
-                                         r"'varlen'\]$"):
+    with pytest.raises(ValueError, match=r"^attention_kernel: 'flex' is not one of \['auto', 'dense', 'tiles', "
+                                         r"'segments', 'varlen'\]$"):
         dacp_attention(q, q, q, m, kernel="flex")
     with pytest.raises(ValueError, match=r"^attention_kernel: 'flex' is not one of "):
         DacpAttention(kernel="flex")
@@ -270,7 +338,7 @@ def test_bad_kernel_names_the_choices():
     with pytest.raises(ValueError, match=r"skrull.attention_kernel: 'flex' is not one of \['auto', 'dense'"):
         SkrullConfig(cost_model="h100-assumed", attention_kernel="flex")
     assert SkrullConfig(cost_model="h100-assumed").attention_kernel == "auto"
-    assert KERNEL_CHOICES == ("auto", "dense", "segments", "varlen")
+    assert KERNEL_CHOICES == ("auto", "dense", "tiles", "segments", "varlen")
 
 
 def test_varlen_refuses_cpu():
