@@ -236,6 +236,17 @@ def test_facade_gives_a_valid_plan_or_a_value_error(dp, cp, bucket, policy, over
     plan.validate()
 
 
+def test_largest_world_and_bucket_plan():
+    # Found by the facade property test (a SIGFPE that killed the worker): at dp = cp
+    # = 2^16 and bucket 2^36, a lockstep slot's capacity 2^68 wrapped to 0 in int64
+    # (skrull's slot GDS; the C++ hardening test covers the other policies' paths).
+    cfg = SchedulerConfig(dp=2**16, cp=2**16, bucket_size=2**36, policy="skrull", overlength="truncate")
+    lengths = [2, 262, 3]
+    plan = Scheduler(cfg, cm.preset()).schedule(lengths)  # about 3 s: 2^16 x 2^16 ranks
+    plan.validate()
+    assert sorted(n for mb in plan.micro_batches for n in mb.lengths) == sorted(lengths)
+
+
 def test_facade_refuses_lengths_outside_int64_with_value_error():
     # Found by the facade property test: 2**64 reached the binding, which
     # raised TypeError (incompatible function arguments), not ValueError.

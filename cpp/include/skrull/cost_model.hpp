@@ -258,6 +258,18 @@ inline int64_t shard_tokens(int64_t s, int32_t n) {
 // `bucket` tokens each can hold. (Whole on one rank it may be `bucket` long;
 // sharded, each rank holds two chunks of at most bucket/2 tokens.) Saturates
 // at INT64_MAX instead of wrapping: a world may have 2^32 ranks.
+// Tokens `groups` CP groups of cp ranks hold at `bucket` tokens a rank (one
+// lockstep slot: groups = dp). bucket x cp <= 2^52 in the accepted ranges,
+// but times a DP count of up to 2^16 it would pass int64 (found by the facade
+// property test: dp = cp = 2^16, bucket 2^36, a SIGFPE in the count search).
+// Saturates at 2^61: every token sum is <= 2^60, so a larger capacity would
+// compare with them exactly as the cap does.
+inline int64_t group_capacity(int64_t bucket, int64_t cp, int64_t groups = 1) {
+  constexpr int64_t kCap = int64_t{1} << 61;
+  const int64_t group = bucket * cp;
+  return group > kCap / groups ? kCap : group * groups;
+}
+
 inline int64_t max_sequence_length(int64_t bucket, int64_t n) {
   if (n <= 1) return bucket;
   const int64_t half = bucket / 2;

@@ -297,7 +297,7 @@ inline MicroBatchSplit split_micro_batches(const std::vector<int64_t>& lengths, 
     tokens += lengths[k];
     total_flops += flops[k];
   }
-  const int64_t capacity = opt.bucket_size * opt.cp * unit;
+  const int64_t capacity = group_capacity(opt.bucket_size, opt.cp, unit);
   // Counts c: c * unit groups. The largest needed holds one sequence per group.
   const int32_t n = static_cast<int32_t>((static_cast<int64_t>(share.size()) + unit - 1) / unit);
   const int32_t m0 = static_cast<int32_t>(std::min<int64_t>(n, std::max<int64_t>(1, (tokens + capacity - 1) / capacity)));

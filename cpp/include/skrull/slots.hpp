@@ -129,7 +129,7 @@ inline double slots_lower_bound_us(const std::vector<int64_t>& lengths, const st
     f += flops[k];
     tokens += lengths[k];
   }
-  const int64_t per_slot = opt.bucket_size * opt.cp * opt.dp;
+  const int64_t per_slot = group_capacity(opt.bucket_size, opt.cp, opt.dp);
   const double slots = static_cast<double>((tokens + per_slot - 1) / per_slot);
   return cost.shape.layers * cost.a_us_per_flop * f / (static_cast<double>(opt.dp) * opt.cp) +
          slots * (cost.shape.layers * cost.b_us + cost.micro_batch_fixed_us);
