@@ -36,9 +36,9 @@ point to point to the ranks this one shares a sequence with (routes.py), and
 only those ranks need to call this for the micro-batch to complete.
 
 The inner attention of both parts is a named kernel (kernels.py): ``dense``
-(SDPA with the dense bool masks, O(T^2) mask memory and work; float32 on
-CUDA), ``tiles`` (the segment plan cut into query tiles, one small masked SDPA
-each, tiles.py; chosen by ``auto`` on CPU), ``varlen`` (flash attention's
+(SDPA with the dense bool masks, O(T^2) mask memory and work; the CPU
+default), ``tiles`` (the segment plan cut into query tiles, one small masked
+SDPA each, tiles.py), ``varlen`` (flash attention's
 varlen kernel over a segment plan cached on the meta, segments.py; chosen by
 ``auto`` for bf16/fp16 on CUDA, checked against ``dense`` on a GPU by
 docs/gpu.md's tests) and ``segments`` (the same plan as a per-segment SDPA

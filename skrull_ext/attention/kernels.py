@@ -14,13 +14,15 @@ the hardware:
 
 - ``dense``: SDPA with the dense [Tq, Tk] bool mask of meta.local_mask /
   meta.dist_mask. Exact and simple, the reference the other kernels are
-  tested against and the default for float32 on CUDA; O(Tq * Tk) mask
-  memory and FLOPs (CPU SDPA skips nothing a mask hides).
+  tested against, the CPU default and every CPU profile's kernel; O(Tq * Tk)
+  mask memory and FLOPs (CPU SDPA skips nothing a mask hides).
 - ``tiles``: the segment plan cut into query tiles of at most 64 rows, one
   SDPA per tile with its own small mask (tiles.py): long segments stop paying
-  for keys their early queries cannot see, short ones share a call. The CPU
-  default: 0.5-0.8x ``dense``'s time over the README job's buffers, and never
-  the per-document call overhead of ``segments`` (docs/benchmarks.md, section 8).
+  for keys their early queries cannot see, short ones share a call. Alone,
+  0.6-0.85x ``dense``'s time over the README job's 256-token buffers and
+  0.13-0.59x over buffers of 1024-2048 tokens; in the README job's training,
+  side by side, 2-8% slower a step than ``dense`` (docs/benchmarks.md,
+  section 8), so not a default.
 - ``segments``: the varlen segment plan (segments.py) run as one SDPA per
   segment with an explicit bottom-right causal mask. It exists so the plan --
   the part this project writes -- is tested on CPU against ``dense``; slow
@@ -33,9 +35,9 @@ the hardware:
   test_dacp_attention.py have CUDA-only checks against ``dense`` and the
   float64 reference, and docs/gpu.md the one command that runs them.
 
-``auto`` picks ``varlen`` for bf16/fp16 on CUDA, ``tiles`` on CPU and
-``dense`` for float32 on CUDA (many small SDPA launches would cost a GPU more
-than the masked work they save; not measured).
+``auto`` picks ``varlen`` for bf16/fp16 on CUDA and ``dense`` otherwise:
+on the CPU debug job neither ``segments`` nor ``tiles`` trained faster side
+by side (section 8).
 
 A kernel is two functions, so the part's mask or plan can be fetched (and
 cached on the meta) on the main stream before the local part forks onto the
@@ -212,7 +214,7 @@ KERNEL_CHOICES = (AUTO, *KERNELS)
 
 
 def auto_kernel(q: torch.Tensor) -> str:
-    """``varlen`` where flash attention runs (CUDA, bf16/fp16), ``tiles`` on CPU, else ``dense``."""
+    """``varlen`` where flash attention runs (CUDA, bf16/fp16), else ``dense``."""
     return _auto(q.is_cuda, q.dtype)
 
 
@@ -222,14 +224,12 @@ def auto_kernel_for(device: torch.device, dtype: torch.dtype) -> str:
 
 
 def kernel_name(kernel: str, device: torch.device, dtype: torch.dtype) -> str:
-    """``kernel`` as a log line says it: ``auto`` with what it resolves to (``auto (tiles)``)."""
+    """``kernel`` as a log line says it: ``auto`` with what it resolves to (``auto (dense)``)."""
     return f"{AUTO} ({auto_kernel_for(device, dtype)})" if kernel == AUTO else kernel
 
 
 def _auto(cuda: bool, dtype: torch.dtype) -> str:
-    if not cuda:
-        return "tiles"
-    return "varlen" if dtype in (torch.bfloat16, torch.float16) else "dense"
+    return "varlen" if cuda and dtype in (torch.bfloat16, torch.float16) else "dense"
 
 
 def check_kernel(name: str) -> str:

@@ -81,8 +81,8 @@ class SkrullConfig(SchedulingOptions):
 
     attention_kernel: AttentionKernel = "auto"
     """Inner attention of DACP's local and distributed parts (skrull_ext.attention.kernels):
-    "auto" (varlen for bf16/fp16 on CUDA, tiles on CPU, else dense), "dense" (SDPA with
-    dense masks), "tiles" (SDPA per tile of at most 64 queries of the segment plan),
+    "auto" (varlen for bf16/fp16 on CUDA, else dense), "dense" (SDPA with dense masks),
+    "tiles" (SDPA per tile of at most 64 queries of the segment plan),
     "varlen" (flash attention over the segment plan; CUDA bf16/fp16) or "segments" (the
     plan's slow CPU reference executor)."""
 

@@ -71,6 +71,8 @@ class SkrullRuns:
                           "--skrull.cpsat", "--skrull.cpsat_margin", "0"]),
         # DACP's two parts on the varlen segment plan (its CPU reference executor), not dense masks.
         "cp2_segments": (2, ["--parallelism.context_parallel_degree", "2", "--skrull.attention_kernel", "segments"]),
+        # The same plan in query tiles (kernels.py, tiles.py).
+        "cp2_tiles": (2, ["--parallelism.context_parallel_degree", "2", "--skrull.attention_kernel", "tiles"]),
         # torchtitan's activation checkpointing around blocks that hold the DACP attention.
         "cp2_ac_full": (2, ["--parallelism.context_parallel_degree", "2", "--activation_checkpoint.kind", "full"]),
         "cp2_ac_selective": (2, ["--parallelism.context_parallel_degree", "2", "--activation_checkpoint.kind", "selective"]),

@@ -14,9 +14,8 @@ with FSDP at DP=2 x CP=2) keeps that parity, and its recomputation reuses
 the forward's K/V exchange: rank 0's DACP counters show per step as many
 all-gathers and bytes as the same run without AC (replay.py).
 
-The CPU default kernel (``tiles``: the segment plan in query tiles) runs
-every run here; the varlen segment plan (``attention_kernel = "segments"``,
-its CPU executor) keeps the parity at CP=2 too.
+The varlen segment plan (``attention_kernel = "segments"``, its CPU
+executor) and its query tiles (``"tiles"``) keep the parity at CP=2.
 
 Schedule invariance (docs/design/method.md, "Loss"): the 'skrull' and 'worstfit'
 policies schedule the check step's global batch differently (different plan
@@ -69,9 +68,8 @@ def _matches_reference(run, reference) -> None:
 
 @pytest.mark.slow
 def test_parity_skrull_cp2(skrull_runs, reference):
-    """The default attention kernel on CPU is the tile plan (kernels.py)."""
     run = skrull_runs["cp2"]
-    assert "attention kernel auto (tiles)" in run.output
+    assert "attention kernel auto (dense)" in run.output
     _matches_reference(run, reference)
 
 
@@ -86,6 +84,14 @@ def test_parity_skrull_cp2_segments_kernel(skrull_runs, reference):
     attention, and the segment plan trains like the dense masks."""
     run = skrull_runs["cp2_segments"]
     assert "attention kernel segments" in run.output
+    _matches_reference(run, reference)
+
+
+@pytest.mark.slow
+def test_parity_skrull_cp2_tiles_kernel(skrull_runs, reference):
+    """``[skrull] attention_kernel = "tiles"`` trains like the dense masks."""
+    run = skrull_runs["cp2_tiles"]
+    assert "attention kernel tiles" in run.output
     _matches_reference(run, reference)
 
 

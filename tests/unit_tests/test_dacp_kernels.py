@@ -305,20 +305,20 @@ def test_cp1_segments_kernel_matches_single_process(case):
     compare(case, 1, [rank_step(case, 0, 1, None)])
 
 
-def test_auto_is_tiles_on_cpu():
+def test_auto_is_dense_on_cpu_and_dense_is_unchanged():
     import types
 
-    assert auto_kernel(torch.empty(0, dtype=torch.bfloat16)) == "tiles"
-    assert auto_kernel(torch.empty(0)) == "tiles"
+    assert auto_kernel(torch.empty(0, dtype=torch.bfloat16)) == "dense"
+    assert auto_kernel(torch.empty(0)) == "dense"
     assert auto_kernel(types.SimpleNamespace(is_cuda=True, dtype=torch.float32)) == "dense"
     assert auto_kernel(types.SimpleNamespace(is_cuda=True, dtype=torch.float16)) == "varlen"
     m = build_meta([5, 13, 7], [0, D, 0], 0, 1)
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(h, 25, 8, generator=g) for h in (4, 2, 2))
-    assert torch.equal(dacp_attention(q, k, v, m), dacp_attention(q, k, v, m, kernel="tiles"))
-    assert resolve_kernel("auto", q) is KERNELS["tiles"]
+    assert torch.equal(dacp_attention(q, k, v, m), dacp_attention(q, k, v, m, kernel="dense"))
+    assert resolve_kernel("auto", q) is KERNELS["dense"]
     cpu = torch.device("cpu")
-    assert kernels.kernel_name("auto", cpu, torch.float32) == "auto (tiles)"
+    assert kernels.kernel_name("auto", cpu, torch.float32) == "auto (dense)"
     assert kernels.kernel_name("dense", cpu, torch.float32) == "dense"
     assert kernels.kernel_name("auto", torch.device("cuda"), torch.bfloat16) == "auto (varlen)"
 

@@ -51,7 +51,7 @@ def test_local_only_kernel_resolution():
     assert local_only_kernel("auto", False, cuda, torch.bfloat16) is None  # eager: the meta always
     assert local_only_kernel("auto", True, cuda, torch.bfloat16) == "varlen"
     assert local_only_kernel("auto", True, cuda, torch.float32) == "dense"
-    assert local_only_kernel("auto", True, cpu, torch.bfloat16) == "dense"  # auto is tiles on CPU: traced dense
+    assert local_only_kernel("auto", True, cpu, torch.bfloat16) == "dense"
     assert local_only_kernel("tiles", True, cpu, torch.float32) == "dense"
     assert local_only_kernel("segments", True, cpu, torch.float32) is None
     assert local_only_kernel("dense", True, cuda, torch.bfloat16) == "dense"
