@@ -55,8 +55,8 @@ buffer. ``tiles`` (a Python loop over tiles, which a trace would unroll per
 document layout, a recompile per micro-batch) traces the dense mask's SDPA:
 the same attention, without the tiles' saving."""
 
-LOCAL_ONLY_KERNELS = ("dense", "varlen")
-"""The traced calls."""
+LOCAL_ONLY_KERNELS = tuple(dict.fromkeys(TRACED_CALL.values()))
+"""The traced calls: ``dense`` and ``varlen``."""
 
 
 @dataclass(frozen=True)

@@ -268,25 +268,32 @@ class DacpBatchMeta(OpaqueBase):
             docs.append(torch.full_like(p, i))
         return _cat_or_empty(docs, device), _cat_or_empty(pos, device)
 
+    def memo(self, key: tuple, build: Callable[[], Any]) -> Any:
+        """``build()``, once per micro-batch under ``key``: the masks and plans below, and
+        what a kernel derives from them (kernels.py), shared by every layer."""
+        if key not in self._masks:
+            self._masks[key] = build()
+        return self._masks[key]
+
     def local_mask(self, device: torch.device | None = None) -> torch.Tensor:
         """[Tl, Tl] document-causal mask of the local part."""
-        key = ("local", torch.device(device or "cpu"))
-        if key not in self._masks:
+        def build() -> torch.Tensor:
             d, p = self.local_doc_positions(device)
-            self._masks[key] = document_causal_mask(d, p, d, p)
-        return self._masks[key]
+            return document_causal_mask(d, p, d, p)
+
+        return self.memo(("local", torch.device(device or "cpu")), build)
 
     def dist_mask(self, device: torch.device | None = None) -> torch.Tensor:
         """[Td, N*Td] mask of this rank's distributed queries over the gathered K/V.
 
         The gathered K/V is rank-major: rank 0's distributed part, then rank 1's, ...
         """
-        key = ("dist", torch.device(device or "cpu"))
-        if key not in self._masks:
+        def build() -> torch.Tensor:
             qd, qp = self.dist_doc_positions(self.cp_rank, device)
             kd, kp = self.gathered_doc_positions(device)
-            self._masks[key] = document_causal_mask(qd, qp, kd, kp)
-        return self._masks[key]
+            return document_causal_mask(qd, qp, kd, kp)
+
+        return self.memo(("dist", torch.device(device or "cpu")), build)
 
     def gathered_doc_positions(
         self, device: torch.device | None = None
@@ -300,31 +307,24 @@ class DacpBatchMeta(OpaqueBase):
             ks = [self._shard_doc_positions(r, self.shared_with(r), device) for r in self.peers]
         return _cat_or_empty([d for d, _ in ks], device), _cat_or_empty([p for _, p in ks], device)
 
-    def memo(self, key: tuple, build: Callable[[], Any]) -> Any:
-        """``build()``, once per micro-batch under ``key``: what a kernel derives from
-        the masks or plans (kernels.py) is cached beside them, shared by every layer."""
-        if key not in self._masks:
-            self._masks[key] = build()
-        return self._masks[key]
-
     def local_plan(self, device: torch.device | None = None) -> SegmentPlan:
         """Varlen segments of the local part: one causal segment per local sequence."""
-        key = ("local_plan", torch.device(device or "cpu"))
-        if key not in self._masks:
+        def build() -> SegmentPlan:
             d, p = self.local_doc_positions()
-            self._masks[key] = build_segment_plan(d, p, d, p, device)
-        return self._masks[key]
+            return build_segment_plan(d, p, d, p, device)
+
+        return self.memo(("local_plan", torch.device(device or "cpu")), build)
 
     def dist_plan(self, device: torch.device | None = None) -> SegmentPlan:
         """Varlen segments of this rank's distributed queries over the gathered K/V:
         one per query chunk (two per sequence, one if the chunks are adjacent),
         keys picked out of the rank-major gathered K/V by the plan's key_index."""
-        key = ("dist_plan", torch.device(device or "cpu"))
-        if key not in self._masks:
+        def build() -> SegmentPlan:
             qd, qp = self.dist_doc_positions(self.cp_rank)
             kd, kp = self.gathered_doc_positions()
-            self._masks[key] = build_segment_plan(qd, qp, kd, kp, device)
-        return self._masks[key]
+            return build_segment_plan(qd, qp, kd, kp, device)
+
+        return self.memo(("dist_plan", torch.device(device or "cpu")), build)
 
 
 def _cumsum(lens: Sequence[int], start: int) -> list[int]:

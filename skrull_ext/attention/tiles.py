@@ -41,9 +41,11 @@ from skrull_ext.attention.segments import bottom_right_causal_mask, SegmentPlan
 __all__ = ["TILE_ROWS", "TilePlan", "build_tile_plan"]
 
 TILE_ROWS = 64
-"""Queries per tile. On this project's 2-core CPU with the debug model's 16
-heads of 16, 32-96 all ran 0.5-0.8x the dense mask over 256-token buffers of
-the README job's documents, 64 best on the mean (docs/benchmarks.md, section 8)."""
+"""Queries per tile: about where SDPA's fixed cost a call (~2,300 query-key
+pairs at the debug model's 16 heads of 16, on this project's 2-core CPU)
+meets the masked work a wider tile wastes. Chosen in an ad-hoc sweep of 32-96
+that no command here repeats; the timings at 64 are docs/benchmarks.md,
+section 8."""
 
 
 @dataclass(frozen=True)

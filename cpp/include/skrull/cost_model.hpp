@@ -254,10 +254,6 @@ inline int64_t shard_tokens(int64_t s, int32_t n) {
   return 2 * ((s + chunks - 1) / chunks);
 }
 
-// Longest sequence n ranks (a CP group, or a pool world of dp x cp) with
-// `bucket` tokens each can hold. (Whole on one rank it may be `bucket` long;
-// sharded, each rank holds two chunks of at most bucket/2 tokens.) Saturates
-// at INT64_MAX instead of wrapping: a world may have 2^32 ranks.
 // Tokens `groups` CP groups of cp ranks hold at `bucket` tokens a rank (one
 // lockstep slot: groups = dp). bucket x cp <= 2^52 in the accepted ranges,
 // but times a DP count of up to 2^16 it would pass int64 (found by the facade
@@ -270,6 +266,10 @@ inline int64_t group_capacity(int64_t bucket, int64_t cp, int64_t groups = 1) {
   return group > kCap / groups ? kCap : group * groups;
 }
 
+// Longest sequence n ranks (a CP group, or a pool world of dp x cp) with
+// `bucket` tokens each can hold. (Whole on one rank it may be `bucket` long;
+// sharded, each rank holds two chunks of at most bucket/2 tokens.) Saturates
+// at INT64_MAX instead of wrapping: a world may have 2^32 ranks.
 inline int64_t max_sequence_length(int64_t bucket, int64_t n) {
   if (n <= 1) return bucket;
   const int64_t half = bucket / 2;

@@ -201,7 +201,7 @@ inline void split_groups(const std::vector<int64_t>& lengths, const std::vector<
   out.placement.assign(sorted.size(), kDistributed);
   out.rollbacks.assign(m, 0);
   out.moves.assign(m, 0);
-  const int64_t capacity = opt.bucket_size * opt.cp;
+  const int64_t capacity = group_capacity(opt.bucket_size, opt.cp);
   if (!detail::form_groups(lengths, flops, sorted, m, grouping, capacity, out)) return;
   const auto gather = [&](int32_t j) {
     ws.lengths.clear();

@@ -46,7 +46,7 @@ inline MicroBatchSplit split_share(const std::vector<int64_t>& lengths, const st
   if (opt.micro_batch_count != MicroBatchCount::kPredictedTime || !split.feasible) return split;
   int64_t tokens = 0;
   for (int32_t k : share) tokens += lengths[k];
-  const int64_t capacity = opt.bucket_size * opt.cp;
+  const int64_t capacity = group_capacity(opt.bucket_size, opt.cp);
   const int64_t token_bound = (tokens + capacity - 1) / capacity;
   if (split.m <= token_bound) return split;
   MicroBatchSplit lpt = split_micro_batches(lengths, flops, share, cost, opt, ws, 1, Grouping::kLpt);

@@ -230,7 +230,7 @@ inline bool leader_slot(const std::vector<int64_t>& lengths, const std::vector<d
   const int32_t dp = opt.dp, cp = opt.cp;
   const size_t n = sorted.size();
   if (n < static_cast<size_t>(dp) || dp < 2) return false;
-  const int64_t capacity = opt.bucket_size * cp;
+  const int64_t capacity = group_capacity(opt.bucket_size, cp);
   std::vector<detail::FillGroup> groups(dp);
   for (detail::FillGroup& g : groups) g.reset(cp, opt.bucket_size);
   // The leader alone, as DACP places it, sets the slot's time.
