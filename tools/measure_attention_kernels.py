@@ -6,7 +6,7 @@ One process, CP 1, every sequence local: ``dacp_attention`` forward and
 backward over packed buffers of the llama3 debug model's attention shape (16
 heads of 16), with ``kernel="dense"`` (one SDPA over the whole buffer with a
 document-causal [T, T] mask), ``kernel="tiles"`` (one SDPA per tile of at most
-64 queries, the CPU default) and ``kernel="segments"`` (one SDPA per
+64 queries) and ``kernel="segments"`` (one SDPA per
 document). Median wall time over repeats after 2 warm-ups, one torch
 thread, and the ratios. The last rows are 256-token buffers (one CP rank's
 BucketSize in the README job) drawn from the job's documents (ShareGPT

@@ -195,24 +195,22 @@ def _spmd_backend_partial_dtensor(config) -> None:
     config.parallelism.spmd_backend = "partial_dtensor"
 
 
-def _force_sum_reductions(config) -> None:
+def _fsdp_on_gloo(config) -> None:
     spec = config.model_spec
-    if spec is None or getattr(spec.parallelize_fn, "_skrull_sum_reductions", False):
+    if spec is None or getattr(spec.parallelize_fn, "_skrull_fsdp_on_gloo", False):
         return
     parallelize = spec.parallelize_fn
 
     @functools.wraps(parallelize)
-    def parallelize_with_sum_reductions(model, **kwargs):
-        from torch.distributed.fsdp import FSDPModule
+    def parallelize_for_gloo(model, **kwargs):
+        from torchtitan_patches.fsdp_gloo import fit_fsdp_to_gloo
 
         model = parallelize(model, **kwargs)
-        for module in model.modules():
-            if isinstance(module, FSDPModule):
-                module.set_force_sum_reduction_for_comms(True)
+        fit_fsdp_to_gloo(model)
         return model
 
-    parallelize_with_sum_reductions._skrull_sum_reductions = True
-    spec.parallelize_fn = parallelize_with_sum_reductions
+    parallelize_for_gloo._skrull_fsdp_on_gloo = True
+    spec.parallelize_fn = parallelize_for_gloo
 
 
 def _dense_mask_attention(config) -> None:
@@ -268,15 +266,17 @@ FIXES: tuple[Fix, ...] = (
         needs_config=True,
     ),
     Fix(
-        name="fsdp_sum_reductions",
+        name="fsdp_on_gloo",
         why=(
             "torchtitan 0.3.0 sets FSDP gradient_divide_factor=1.0, which torch "
             "2.13 turns into ReduceOp.PREMUL_SUM(1.0) for reduce-scatter; gloo "
-            "refuses PREMUL_SUM. Forcing SUM reductions divides by 1.0 after "
-            "the reduction instead: numerically identical"
+            "refuses PREMUL_SUM: SUM reductions divide by 1.0 after instead, "
+            "numerically identical. gloo's reduce-scatter all-reduces the whole "
+            "buffer and its all-gather is a ring: FSDP's two collectives go point "
+            "to point instead (torchtitan_patches/fsdp_gloo.py), faster at every size measured"
         ),
         applies=on_cpu,
-        apply=_force_sum_reductions,
+        apply=_fsdp_on_gloo,
         needs_config=True,
     ),
     Fix(

@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 
 __all__ = ["AUTO_BY_BACKEND", "TRANSPORT_CHOICES", "TRANSPORTS", "Transport", "all_gather_single", "check_exchange",
-           "reduce_scatter_single", "resolve_transport"]
+           "p2p_gather", "p2p_scatter_sum", "reduce_scatter_single", "resolve_transport"]
 
 # torch >= 2.12 renamed the tensor-in/tensor-out collectives (the old names warn
 # FutureWarning on every call); fall back for older. Every caller in the package
@@ -84,7 +84,7 @@ def _p2p(ops: list[dist.P2POp]) -> list:
     return dist.batch_isend_irecv(ops) if ops else []
 
 
-def _p2p_gather(out: torch.Tensor, shard: torch.Tensor, group) -> Pending:
+def p2p_gather(out: torch.Tensor, shard: torch.Tensor, group) -> Pending:
     n, me = dist.get_world_size(group), dist.get_rank(group)
     parts = out.view(n, -1)
     parts[me].copy_(shard)
@@ -96,7 +96,7 @@ def _p2p_gather(out: torch.Tensor, shard: torch.Tensor, group) -> Pending:
     return Pending(_p2p(ops))
 
 
-def _p2p_scatter_sum(out: torch.Tensor, full: torch.Tensor, group) -> Pending:
+def p2p_scatter_sum(out: torch.Tensor, full: torch.Tensor, group) -> Pending:
     n, me = dist.get_world_size(group), dist.get_rank(group)
     parts = full.view(n, -1)
     received = full.new_empty(n, out.numel())
@@ -113,9 +113,12 @@ def _p2p_scatter_sum(out: torch.Tensor, full: torch.Tensor, group) -> Pending:
     return Pending(_p2p(ops), then=total)
 
 
+# FSDP's collectives on gloo use the two p2p functions directly
+# (torchtitan_patches/fsdp_gloo.py), not through TRANSPORTS: the K/V exchange
+# is what TRANSPORTS routes, and what `bench cp`'s probe counts there.
 TRANSPORTS: dict[str, Transport] = {
     "all_gather": Transport("all_gather", _collective_gather, _collective_scatter_sum),
-    "p2p": Transport("p2p", _p2p_gather, _p2p_scatter_sum),
+    "p2p": Transport("p2p", p2p_gather, p2p_scatter_sum),
 }
 
 TRANSPORT_CHOICES = ("auto", *TRANSPORTS)

@@ -124,12 +124,10 @@ def _wrap_fsdp(jm: JobModel, world: int) -> None:
     apply_fsdp_to_decoder(jm.model, mesh, param_dtype=TORCH_DTYPE_MAP[t.mixed_precision_param],
                           reduce_dtype=TORCH_DTYPE_MAP[t.mixed_precision_reduce], pp_enabled=False,
                           cpu_offload=t.enable_cpu_offload, reshard_after_forward_policy=p.fsdp_reshard_after_forward)
-    if dist.get_backend() == "gloo":  # as torchtitan_patches' fsdp_sum_reductions does for training: gloo has no PREMUL_SUM
-        from torch.distributed.fsdp import FSDPModule
+    if dist.get_backend() == "gloo":  # as torchtitan_patches' fsdp_on_gloo does for training
+        from torchtitan_patches.fsdp_gloo import fit_fsdp_to_gloo
 
-        for module in jm.model.modules():
-            if isinstance(module, FSDPModule):
-                module.set_force_sum_reduction_for_comms(True)
+        fit_fsdp_to_gloo(jm.model)
 
 
 def profile_micro_batch(jm: JobModel, opts: ProfileOptions, b_us: float,

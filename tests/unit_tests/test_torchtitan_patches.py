@@ -27,11 +27,11 @@ def _config():
 def test_apply_on_cpu_patches_config_once():
     config = _config()
     applied = torchtitan_patches.apply(config)
-    assert {"spmd_backend_partial_dtensor", "fsdp_sum_reductions",
+    assert {"spmd_backend_partial_dtensor", "fsdp_on_gloo",
             "dense_mask_attention", "no_cuda_graphs"} <= set(applied)
     assert config.parallelism.spmd_backend == "partial_dtensor"
     assert "torchtitan_patches.overrides.cpu_dense_mask_attention" in config.override.imports
-    assert config.model_spec.parallelize_fn._skrull_sum_reductions
+    assert config.model_spec.parallelize_fn._skrull_fsdp_on_gloo
     assert torchtitan_patches.apply(config) == []  # idempotent
 
 
