@@ -1,6 +1,7 @@
 """Job files: TOML -> dataclass config, CLI overrides, precise errors."""
 
 import os
+import re
 import textwrap
 from pathlib import Path
 
@@ -381,7 +382,9 @@ def test_module_config_form_reads_flags_the_same_way():
 def test_a_job_compiled_otherwise_than_its_profile_is_warned(tmp_path):
     from skrull_ext.train.skrull_config import SkrullConfig
 
-    text = Path(PROFILE).read_text()
+    text = re.sub(r"^compile = \w+\n", "", Path(PROFILE).read_text(), flags=re.M)  # as before [meta] compile
+    older = tmp_path / "older.toml"
+    older.write_text(text)
     eager = tmp_path / "eager.toml"
     eager.write_text(text.replace("[meta]\n", "[meta]\ncompile = false\n", 1))
     warning = SkrullConfig(cost_model=str(eager)).profile_compile_warning(True)
@@ -390,5 +393,5 @@ def test_a_job_compiled_otherwise_than_its_profile_is_warned(tmp_path):
                        "the job's compile setting")
     assert SkrullConfig(cost_model=str(eager)).profile_compile_warning(False) is None
     # A profile written before [meta] compile existed says nothing either way; presets are not profiles.
-    assert SkrullConfig(cost_model=PROFILE).profile_compile_warning(True) is None
+    assert SkrullConfig(cost_model=str(older)).profile_compile_warning(True) is None
     assert SkrullConfig(cost_model="h100-assumed").profile_compile_warning(True) is None
