@@ -272,8 +272,8 @@ FIXES: tuple[Fix, ...] = (
             "2.13 turns into ReduceOp.PREMUL_SUM(1.0) for reduce-scatter; gloo "
             "refuses PREMUL_SUM: SUM reductions divide by 1.0 after instead, "
             "numerically identical. gloo's reduce-scatter all-reduces the whole "
-            "buffer and its all-gather is a ring: FSDP's two collectives go point "
-            "to point instead (torchtitan_patches/fsdp_gloo.py), faster at every size measured"
+            "buffer: FSDP's reduce-scatter and all-gather go point to point "
+            "instead (torchtitan_patches/fsdp_gloo.py; docs/benchmarks.md section 7)"
         ),
         applies=on_cpu,
         apply=_fsdp_on_gloo,

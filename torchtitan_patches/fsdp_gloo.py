@@ -7,11 +7,12 @@ switches (``set_force_sum_reduction_for_comms``, ``set_custom_all_gather``,
 - gloo has no ``PREMUL_SUM`` (torchtitan 0.3.0's ``gradient_divide_factor=1.0``
   asks for it) and no ``AVG``: SUM, dividing after, is numerically the same.
 - gloo's reduce-scatter is an all-reduce of the whole buffer, each rank keeping
-  its slice, and its all-gather a ring: the K/V exchange's ``p2p`` transport
+  its slice. The K/V exchange's ``p2p`` transport
   (``skrull_ext.attention.transport.p2p_gather`` and ``p2p_scatter_sum``:
   every rank sends each peer its slice at once, and sums what it receives in
-  rank order) moved FSDP's buffers faster
-  at every size measured, 2 and 4 ranks over loopback (``python
+  rank order) reduce-scattered FSDP-sized buffers (0.25-16 MiB) in 0.6-0.8x
+  gloo's time at 2 ranks and 0.2-0.7x at 4, and gathered them level with
+  gloo at 2 ranks and in 0.5-0.8x at 4, over loopback (``python
   tools/measure_transports.py --world 2 4``; docs/benchmarks.md, section 7).
 
 Each call checks its group's backend: a call the p2p transport does not
@@ -39,14 +40,18 @@ def _on_gloo(group: dist.ProcessGroup) -> bool:
     return str(dist.get_backend(group)) == "gloo"
 
 
-class P2PAllGather(AllGather):
+class _PlainBuffers:
+    """FSDP's ``Comm.allocate``: a plain ``torch.empty``, as its default comms allocate."""
+
+    def allocate(self, size: Sequence[int], *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        return torch.empty(*size, dtype=dtype, device=device)
+
+
+class P2PAllGather(_PlainBuffers, AllGather):
     """FSDP's all-gather by point-to-point sends on gloo; FSDP's default otherwise."""
 
     def __init__(self) -> None:
         self._default = DefaultAllGather()
-
-    def allocate(self, size: Sequence[int], *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        return torch.empty(*size, dtype=dtype, device=device)
 
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: dist.ProcessGroup,
                  async_op: bool = False) -> dist.Work | None:
@@ -56,15 +61,12 @@ class P2PAllGather(AllGather):
         return None
 
 
-class P2PReduceScatter(ReduceScatter):
+class P2PReduceScatter(_PlainBuffers, ReduceScatter):
     """FSDP's gradient reduce-scatter by point-to-point sends on gloo (SUM only,
     as ``set_force_sum_reduction_for_comms`` asks); FSDP's default otherwise."""
 
     def __init__(self) -> None:
         self._default = DefaultReduceScatter()
-
-    def allocate(self, size: Sequence[int], *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        return torch.empty(*size, dtype=dtype, device=device)
 
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: dist.ProcessGroup,
                  op, async_op: bool = False) -> dist.Work | None:
