@@ -20,9 +20,12 @@ the hardware:
   SDPA per tile with its own small mask (tiles.py): long segments stop paying
   for keys their early queries cannot see, short ones share a call. Alone,
   0.6-0.85x ``dense``'s time over the README job's 256-token buffers and
-  0.13-0.59x over buffers of 1024-2048 tokens; in the README job's training,
-  side by side, 2-8% slower a step than ``dense`` (docs/benchmarks.md,
-  section 8), so not a default.
+  0.13-0.59x over buffers of 1024-2048 tokens. In training, side by side:
+  2-8% slower a step than ``dense`` in the README job (256 tokens a rank),
+  0.91x its step at 512 tokens a rank and 0.71x at 1024 (docs/benchmarks.md,
+  section 8). Not what ``auto`` picks: choosing by BucketSize would need
+  the profiler to time the kernel chosen, so a CPU job with long buffers
+  names it.
 - ``segments``: the varlen segment plan (segments.py) run as one SDPA per
   segment with an explicit bottom-right causal mask. It exists so the plan --
   the part this project writes -- is tested on CPU against ``dense``; slow
@@ -37,7 +40,7 @@ the hardware:
 
 ``auto`` picks ``varlen`` for bf16/fp16 on CUDA and ``dense`` otherwise:
 on the CPU debug job neither ``segments`` nor ``tiles`` trained faster side
-by side (section 8).
+by side (section 8); with 512 tokens a rank or more, ``tiles`` did.
 
 A kernel is two functions, so the part's mask or plan can be fetched (and
 cached on the meta) on the main stream before the local part forks onto the
