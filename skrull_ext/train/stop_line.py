@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
+import time
 import weakref
 
 from skrull_ext.cli_errors import record_error_line
@@ -25,6 +27,11 @@ from skrull_ext.train.resume_checks import saved_steps
 from skrull_ext.train.run_lock import release_all
 
 __all__ = ["end", "last_checkpoint", "position", "stop_message", "track"]
+
+_ending = threading.Lock()
+"""Held by the one call of ``end`` that prints and exits."""
+SECOND_CALLER_WAIT_S = 5.0
+"""How long a second ``end`` waits for the first one's ``os._exit`` before exiting itself."""
 
 _run: tuple[weakref.ref, object] | None = None
 """(the trainer, its config) of this process's run."""
@@ -67,7 +74,24 @@ def end(message: str, status: int) -> None:
     release the dump folder's lock and exit now with ``status``: from a signal
     handler or a thread, with the main thread possibly inside a collective, only
     ``os._exit`` ends the process at once. Writes go straight to fd 2 (a handler
-    may interrupt a print in progress)."""
+    may interrupt a print in progress).
+
+    Once per process: the launcher watch's thread and the main thread (whose
+    collective failed because a peer's launcher died) can both reach here at
+    once, and a run ends in one line. A second caller prints nothing and waits
+    for the first one's exit (``SECOND_CALLER_WAIT_S``; a signal handler that
+    interrupted the first call on its own thread exits after it)."""
+    if not _ending.acquire(blocking=False):
+        time.sleep(SECOND_CALLER_WAIT_S)
+        os._exit(status)
+        return  # only where os._exit returns (tests record it)
+    try:
+        _print_and_exit(message, status)
+    finally:
+        _ending.release()  # reached only where os._exit returns (tests record it)
+
+
+def _print_and_exit(message: str, status: int) -> None:
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

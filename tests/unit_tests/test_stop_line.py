@@ -71,6 +71,36 @@ def test_end_prints_from_the_first_local_rank_only(tmp_path, capfd, exits, monke
     assert exits == [1, 1]
 
 
+def test_two_threads_ending_at_once_print_one_line(capfd, monkeypatch):
+    """The launcher watch's thread and the main thread (its collective failed as the
+    peer left) both call end: the first prints and exits; the second, arriving while
+    the first is exiting, prints nothing and exits after its wait (the CI run of
+    test_launcher_death that printed the launcher's line twice)."""
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.delenv("TORCHELASTIC_ERROR_FILE", raising=False)
+    monkeypatch.setattr(stop_line, "SECOND_CALLER_WAIT_S", 0.05, raising=False)
+    exiting, second_done, codes = threading.Event(), threading.Event(), []
+
+    def fake_exit(code):  # the first caller stays inside os._exit until the second has finished
+        codes.append(code)
+        if len(codes) == 1:
+            exiting.set()
+            assert second_done.wait(10)
+
+    monkeypatch.setattr(os, "_exit", fake_exit)
+    first = threading.Thread(target=stop_line.end, args=("the launcher (torchrun, pid 7) died at step 3; "
+                                                         "stopping (no checkpoint)", 1))
+    first.start()
+    assert exiting.wait(10)
+    stop_line.end("the same line, from the main thread", 1)
+    second_done.set()
+    first.join(10)
+    assert capfd.readouterr().err == "error: the launcher (torchrun, pid 7) died at step 3; stopping (no checkpoint)\n"
+    assert codes == [1, 1]
+    stop_line.end("a later end prints again once the first returned (only where os._exit returns)", 2)
+    assert capfd.readouterr().err.startswith("error: a later end")
+
+
 def test_the_watch_ends_the_worker_once_its_parent_changes(tmp_path, capfd, exits):
     """getppid() turning from the launcher's pid to another (the reaper) within one poll."""
     trainer = _Trainer(step=5)
