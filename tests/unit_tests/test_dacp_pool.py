@@ -18,7 +18,6 @@ attention over that sequence alone (dacp_multiproc.reference); padding must
 get exactly zero gradient.
 """
 
-import os
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +28,7 @@ from hypothesis import given, settings, strategies as st
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from tests.unit_tests.dacp_multiproc import _backward_order, reference, TOLERANCE
+from tests.unit_tests.gloo_worker import join_gloo
 
 from skrull_ext.attention import (
     build_meta,
@@ -147,9 +147,7 @@ def rank_step(case: PoolCase, rank: int) -> dict:
 
 
 def _worker(rank: int, store: str, outdir: str) -> None:
-    torch.set_num_threads(1)
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=WORLD)
+    join_gloo(store, rank, WORLD)
     try:
         # Ranks run the cases in one order; a rank with nothing to exchange in a case goes on to the next.
         torch.save([rank_step(c, rank) for c in CASES], Path(outdir) / f"rank{rank}.pt")

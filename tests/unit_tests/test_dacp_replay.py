@@ -16,7 +16,6 @@ micro-batches in flight with distinct metas replay each their own K/V; the
 same meta object used twice before backward is ambiguous and gathers again.
 """
 
-import os
 from pathlib import Path
 
 import pytest
@@ -26,6 +25,7 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from skrull_ext.attention import build_meta, DacpAttention, DacpStats, DISTRIBUTED, shard_buffer
+from tests.unit_tests.gloo_worker import join_gloo
 
 D = DISTRIBUTED
 CP = 2
@@ -105,9 +105,7 @@ def _scenarios(rank: int) -> dict[str, tuple[list, list[int]]]:
 
 
 def _worker(rank: int, store: str, outdir: str) -> None:
-    torch.set_num_threads(1)
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=CP)
+    join_gloo(store, rank, CP)
     try:
         res = {
             (name, ac): _run(ac, rank, dist.group.WORLD, metas, seeds)

@@ -23,6 +23,7 @@ from skrull_ext.scheduler import Scheduler, cost_model
 from skrull_ext.scheduler.job import SchedulerJob
 from skrull_ext.scheduler.profile_file import ProfileMemory, free_running_bytes
 from skrull_ext.train.skrull_config import SkrullConfig
+from tests.unit_tests.gloo_worker import count_calls, join_gloo
 
 ROOT = Path(__file__).resolve().parents[2]
 DEBUG = str(ROOT / "skrull_ext" / "jobs" / "debug_cpu.toml")
@@ -197,23 +198,13 @@ def _fsdp_worker(rank: int, world: int, store: str, out: str) -> None:
 
     from skrull_ext.train.free_running import FreeRunningFSDP
 
-    torch.set_num_threads(1)
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    join_gloo(store, rank, world)
     try:
-        calls = {"all_gather": 0, "reduce_scatter": 0}
         # FSDP2's collectives by name: torch 2.13 calls dist.*_single, 2.11 all_gather_into_tensor and
         # reduce_scatter_tensor (whichever this torch has and FSDP calls is counted).
-        for name, spellings in {"all_gather": ("all_gather_single", "all_gather_into_tensor"),
-                                "reduce_scatter": ("reduce_scatter_single", "reduce_scatter_tensor")}.items():
-            attr = next(a for a in spellings if hasattr(dist, a))
-            real = getattr(dist, attr)
-
-            def counted(*a, _real=real, _name=name, **k):
-                calls[_name] += 1
-                return _real(*a, **k)
-
-            setattr(dist, attr, counted)
+        calls = count_calls(dist, {name: next(a for a in spellings if hasattr(dist, a)) for name, spellings in {
+            "all_gather": ("all_gather_single", "all_gather_into_tensor"),
+            "reduce_scatter": ("reduce_scatter_single", "reduce_scatter_tensor")}.items()})
         mesh = init_device_mesh("cpu", (world,))
         model = _Net()
         for block in model.layers.values():  # as torchtitan: blocks reshard after forward, the root does not

@@ -2,7 +2,6 @@
 the same gradients and weights as FSDP's own collectives, over real gloo
 processes, and FSDP's default wherever the p2p transport does not apply."""
 
-import os
 from pathlib import Path
 
 import pytest
@@ -11,6 +10,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
+from tests.unit_tests.gloo_worker import count_calls, join_gloo
 from torchtitan_patches import fsdp_gloo
 
 
@@ -46,19 +46,9 @@ def _worker(rank: int, world: int, store: str, out: str) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    torch.set_num_threads(1)
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
-    try:
-        calls = {"p2p_gather": 0, "p2p_scatter_sum": 0}
-        for name in calls:  # count what the comms send point to point
-            real = getattr(fsdp_gloo, name)
-
-            def counted(*a, _real=real, _name=name):
-                calls[_name] += 1
-                return _real(*a)
-
-            setattr(fsdp_gloo, name, counted)
+    join_gloo(store, rank, world)
+    try:  # count what the comms send point to point
+        calls = count_calls(fsdp_gloo, {"p2p_gather": "p2p_gather", "p2p_scatter_sum": "p2p_scatter_sum"})
         mesh = init_device_mesh("cpu", (world,))
         runs = {}
         for p2p in (False, True):
