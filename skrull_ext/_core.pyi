@@ -12,6 +12,7 @@ MAX_BUCKET_SIZE: int
 MAX_SEQUENCES: int
 MAX_SEQUENCE_RANKS: int
 MAX_RANKS: int
+MAX_PLAN_MARGIN: float
 
 class Status(Enum):
     OK = 0
@@ -52,8 +53,11 @@ class CommModel:
     threshold_bytes: float
     floor_us: float
     collectives_per_layer: float
+    cross_group_factor: float  # exchange across CP groups over the same bytes inside one (skrull-pool)
+    plan_margin: float  # decide with every exchange at this multiple of its price, price at 1x (hedge.hpp)
     def __init__(self, bytes: Sequence[float], us: Sequence[float], threshold_bytes: float = 0.0,
-                 floor_us: float = 0.0, collectives_per_layer: float = 2.0) -> None: ...
+                 floor_us: float = 0.0, collectives_per_layer: float = 2.0, cross_group_factor: float = 9.0,
+                 plan_margin: float = 1.0) -> None: ...
 
 class CostModel:
     shape: ModelShape
@@ -74,6 +78,7 @@ class CostModel:
                        most_tokens: int = 0) -> float: ...
     def micro_batch_lower_bound_us(self, lengths: Sequence[int], cp: int) -> float: ...
     def comm_is_monotone(self) -> bool: ...
+    def planning_model(self) -> CostModel: ...
 
 class Options:
     dp: int

@@ -3,6 +3,7 @@
     PYTHONPATH=. python tools/cross_score.py                                  # plan h100-assumed, score the harness's
     PYTHONPATH=. python tools/cross_score.py --plan tools/harness_h100.toml   # plan and score with the harness's
     PYTHONPATH=. python tools/cross_score.py --datasets sharegpt_v3_conversations --iterations 20
+    PYTHONPATH=. python tools/cross_score.py --plan-margin 1                   # plan unhedged (hedge.hpp)
 
 The independent scoring of issue 36 ran the scheduler and scored its plans
 with an analytic model of its own (tools/harness_h100.toml); this replays
@@ -82,12 +83,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--plan", default="h100-assumed", help="profile the scheduler plans with (default %(default)s)")
     p.add_argument("--score", default=HARNESS, help="profile the plans are scored with (default %(default)s)")
+    p.add_argument("--plan-margin", type=float,
+                   help="the planning profile's [comm] plan_margin instead of its own (1: plan as priced)")
     p.add_argument("--datasets", default=",".join(HARNESS_DATASETS), help="comma list (default: %(default)s)")
     p.add_argument("--models", default=",".join(scenarios.MODELS))
     p.add_argument("--timelines", default="lockstep,free")
     p.add_argument("--iterations", type=int, default=20)
     args = p.parse_args(argv)
     plan_profile, score_profile = _profile(args.plan), _profile(args.score)
+    if args.plan_margin is not None:
+        plan_profile = plan_profile.with_plan_margin(args.plan_margin)
     print(f"plan with {plan_profile.label}, score with {score_profile.label}; {args.iterations} iterations a cell\n")
     print("| cell | timeline | skrull gap to classic bound (worst iteration) | to lockstep-aware bound | "
           "skrull-pool / skrull | iterations pool slower |")

@@ -118,6 +118,7 @@ CostModel cost_model(Bytes& in) {
   if (extra & 1) c.comm.threshold_bytes = coefficient(in, 1e6);
   if (extra & 2) c.comm.floor_us = coefficient(in, 40.0);
   if (extra & 4) c.comm.collectives_per_layer = coefficient(in, 2.0);
+  if (extra & 8) c.comm.plan_margin = coefficient(in, 1.5);  // hedged: plan with one model, price with another
   return c;
 }
 

@@ -13,6 +13,7 @@
 #include "skrull/cost_model.hpp"
 #include "skrull/dacp.hpp"
 #include "skrull/dacp_sweep.hpp"
+#include "skrull/hedge.hpp"
 #include "skrull/plan.hpp"
 #include "skrull/pool.hpp"
 #include "skrull/scheduler.hpp"
@@ -100,6 +101,7 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
   m.attr("MAX_SEQUENCES") = kMaxSequences;
   m.attr("MAX_SEQUENCE_RANKS") = kMaxSequenceRanks;
   m.attr("MAX_RANKS") = kMaxRanks;
+  m.attr("MAX_PLAN_MARGIN") = kMaxPlanMargin;
 
   py::class_<ModelShape>(m, "ModelShape")
       .def(py::init([](int32_t layers, int64_t hidden, int64_t kv_width, int32_t bytes_per_elem, int32_t tp) {
@@ -121,19 +123,22 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
 
   py::class_<CommModel>(m, "CommModel")
       .def(py::init([](std::vector<double> bytes, std::vector<double> us, double threshold_bytes, double floor_us,
-                       double collectives_per_layer, double cross_group_factor) {
+                       double collectives_per_layer, double cross_group_factor, double plan_margin) {
              return CommModel{std::move(bytes), std::move(us), threshold_bytes, floor_us, collectives_per_layer,
-                              cross_group_factor};
+                              cross_group_factor, plan_margin};
            }),
            py::arg("bytes"), py::arg("us"), py::arg("threshold_bytes") = 0.0, py::arg("floor_us") = 0.0,
-           py::arg("collectives_per_layer") = 2.0, py::arg("cross_group_factor") = 9.0)
+           py::arg("collectives_per_layer") = 2.0, py::arg("cross_group_factor") = 9.0, py::arg("plan_margin") = 1.0)
       .def_readwrite("bytes", &CommModel::bytes)
       .def_readwrite("us", &CommModel::us)
       .def_readwrite("threshold_bytes", &CommModel::threshold_bytes)
       .def_readwrite("floor_us", &CommModel::floor_us)
       .def_readwrite("collectives_per_layer", &CommModel::collectives_per_layer)
       .def_readwrite("cross_group_factor", &CommModel::cross_group_factor,
-                     "Exchange time across CP groups over the same bytes inside one (skrull-pool's wide sets).");
+                     "Exchange time across CP groups over the same bytes inside one (skrull-pool's wide sets).")
+      .def_readwrite("plan_margin", &CommModel::plan_margin,
+                     "The planner decides with the exchange at this multiple of its price and prices the plan at 1x "
+                     "(hedge.hpp); 1 for measured profiles.");
 
   py::class_<CostModel>(m, "CostModel", "Per-layer cost model of docs/design/cost_model.md (tokens, FLOPs, bytes, microseconds).")
       .def(py::init([](const ModelShape& shape, double a_us_per_flop, double b_us, const CommModel& comm,
@@ -173,7 +178,9 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
           },
           py::arg("lengths"), py::arg("cp"),
            "A lower bound on any DACP plan's time for these lengths.")
-      .def("comm_is_monotone", &CostModel::comm_is_monotone);
+      .def("comm_is_monotone", &CostModel::comm_is_monotone)
+      .def("planning_model", &planning_model,
+           "The model the planner decides with: every exchange at comm.plan_margin x its price (hedge.hpp).");
 
   py::class_<Options>(m, "Options")
       .def(py::init<>())

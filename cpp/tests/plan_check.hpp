@@ -34,6 +34,9 @@ inline std::string cost_rejection(const CostModel& c) {
   if (!std::isfinite(c.comm.threshold_bytes) || c.comm.threshold_bytes < 0) return "threshold";
   if (!ok(c.comm.floor_us, 1e9)) return "floor";
   if (!ok(c.comm.collectives_per_layer, 1e3)) return "collectives_per_layer";
+  if (!(std::isfinite(c.comm.plan_margin) && c.comm.plan_margin >= 1.0 && c.comm.plan_margin <= 10.0))
+    return "plan_margin";
+  if (!(c.comm.collectives_per_layer * c.comm.plan_margin <= 1e3)) return "collectives_per_layer x plan_margin";
   if (!ok(c.micro_batch_fixed_us, 1e9)) return "micro_batch_fixed_us";
   if (!ok(c.token_us, 1e3)) return "token_us";
   return "";

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "check.hpp"
+#include "skrull/hedge.hpp"
 #include "skrull/plan.hpp"
 #include "skrull/pool.hpp"
 #include "skrull/scheduler.hpp"
@@ -199,6 +200,45 @@ static void test_pool_narrow() {
   }
 }
 
+// hedge.hpp by hand: comm_toy at 0.1 us/FLOP, CP 2, the shard sweep on.
+// {1, 16} whole: rank 0 holds 16, 0.1 x flops(16) = 140.8. Sharded: 8 tokens a
+// rank, 32 bytes gathered, 2 x 32 = 64 us of exchange beside 0.1 x flops(1) =
+// 2.8 of local work, then 0.1 x 1408 / 2 = 70.4: 134.4. At plan_margin 2 the
+// exchange is planned at 128 (198.4 sharded), so the sequence stays whole,
+// and the plan is priced at 1x: 140.8.
+static void test_hedge() {
+  CostModel c = comm_toy(0.1);
+  Options o;
+  o.cp = 2;
+  o.bucket_size = 100;
+  o.dacp_search = DacpSearch::kShardSweep;
+  const Schedule plain = schedule({1, 16}, c, o);
+  CHECK((plain.cp_rank == std::vector<int32_t>{0, kDistributed}));
+  CHECK(std::abs(plain.makespan_us - 134.4) < 1e-9);
+  c.comm.plan_margin = 2.0;
+  const Schedule hedged_plan = schedule({1, 16}, c, o);
+  CHECK((hedged_plan.cp_rank == std::vector<int32_t>{0, 1}));
+  CHECK(std::abs(hedged_plan.makespan_us - 140.8) < 1e-9);
+  CHECK(hedged_plan.micro_batches[0].dacp.time_us == hedged_plan.makespan_us);
+  // The planning model: the exchange at 2x, itself unhedged, nothing else changed.
+  const CostModel p = planning_model(c);
+  CHECK(p.comm.plan_margin == 1.0 && p.comm.collectives_per_layer == 4.0 && p.comm_us(32.0) == 128.0);
+  CHECK(schedule({1, 16}, p, o).cp_rank == hedged_plan.cp_rank);
+  // One micro-batch alone (dacp_for) and the pool choose alike.
+  CHECK((dacp_for({1, 16}, c, o).cp_rank == std::vector<int32_t>{0, 1}));
+  const Plan pool = schedule_pool({1, 16}, c, o);
+  CHECK((pool.num_ranks == std::vector<int32_t>{1, 1}) && std::abs(pool.makespan_us - 140.8) < 1e-9);
+  // Out of range: refused by name.
+  c.comm.plan_margin = 0.5;
+  bool named = false;
+  try {
+    schedule({1, 16}, c, o);
+  } catch (const std::invalid_argument& e) {
+    named = std::string(e.what()).find("comm.plan_margin must be finite and in [1, 10], got 0.5") != std::string::npos;
+  }
+  CHECK(named);
+}
+
 int main() {
   test_shards();
   test_dacp_cases();
@@ -206,6 +246,7 @@ int main() {
   test_to_plan();
   test_errors();
   test_pool_narrow();
+  test_hedge();
   if (skrull_test::failures) return skrull_test::report();
   std::printf("test_core: all checks passed\n");
   return 0;

@@ -8,7 +8,7 @@ order), so its plans must equal the core's exactly.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 DISTRIBUTED = -1
 LINEAR_COUNTS = 8  # gds.hpp kLinearCounts
@@ -32,13 +32,18 @@ class RefCost:
     fixed: float = 0.0  # micro_batch_fixed_us: once per micro-batch, not per layer
     tp: int = 1  # ModelShape.tp: FLOPs and K/V bytes are one TP rank's share
     token: float = 0.0  # token_us: per token of the rank holding the most, outside the layers
+    margin: float = 1.0  # comm.plan_margin: placements chosen at margin x the exchange, priced at 1x (hedge.hpp)
 
     @classmethod
     def of(cls, cm) -> RefCost:
         s, c = cm.shape, cm.comm
         return cls(s.layers, s.hidden, s.kv_width, s.bytes_per_elem, cm.a_us_per_flop, cm.b_us,
                    list(c.bytes), list(c.us), c.threshold_bytes, c.floor_us, c.collectives_per_layer,
-                   cm.micro_batch_fixed_us, s.tp, cm.token_us)
+                   cm.micro_batch_fixed_us, s.tp, cm.token_us, c.plan_margin)
+
+    def planning(self) -> RefCost:
+        """hedge.hpp planning_model: every exchange at margin x its price."""
+        return replace(self, per_layer=self.per_layer * self.margin, margin=1.0)
 
     def flops(self, s: int) -> float:
         h, hkv, x = float(self.hidden), float(self.kv_width), float(s)
@@ -317,7 +322,12 @@ def lower_bound(lengths: list[int], cost: RefCost, n: int) -> float:
 
 def dacp_for(lengths: list[int], cost: RefCost, n: int, bucket: int, worst_fit: bool, longest_rollback: bool,
              sweep: bool, refine_: bool = False, sweep_margin: float = 0.01) -> RefDacp:
-    """Algorithm 1 (or 4, refined), and with `sweep` also dacp_sweep, the faster kept (dacp_sweep.hpp dacp_for)."""
+    """Algorithm 1 (or 4, refined), and with `sweep` also dacp_sweep, the faster kept (dacp_sweep.hpp dacp_for);
+    with a plan margin, chosen under cost.planning() and scored under cost (hedge.hpp)."""
+    if cost.margin != 1.0:
+        r = dacp_for(lengths, cost.planning(), n, bucket, worst_fit, longest_rollback, sweep, refine_, sweep_margin)
+        r.rank_tokens, r.time_us = score(lengths, r.cp_rank, cost, n)
+        return r
     r = dacp(lengths, cost, n, bucket, worst_fit, longest_rollback, refine_)
     # The margin is on the part a placement changes (dacp_sweep.hpp): not the fixed cost.
     gap = (1.0 + sweep_margin) * (lower_bound(lengths, cost, n) - cost.fixed)
@@ -343,7 +353,18 @@ class RefSchedule:
 def schedule(lengths: list[int], cost: RefCost, dp: int, n: int, bucket: int, *, worst_fit: bool = False,
              longest_rollback: bool = True, predicted_time: bool = False, max_extra: int = 1,
              overlength: str = "error", refine_: bool = False, sweep: bool = False) -> RefSchedule:
-    """GDS (Algorithm 2, loop fixed) + DACP for one global batch."""
+    """GDS (Algorithm 2, loop fixed) + DACP for one global batch; with a plan margin, planned under
+    cost.planning() and priced under cost (hedge.hpp)."""
+    if cost.margin != 1.0:
+        out = schedule(lengths, cost.planning(), dp, n, bucket, worst_fit=worst_fit,
+                       longest_rollback=longest_rollback, predicted_time=predicted_time, max_extra=max_extra,
+                       overlength=overlength, refine_=refine_, sweep=sweep)
+        for d, groups in enumerate(out.groups):
+            t = 0.0
+            for g in groups:
+                t += score([out.lengths[k] for k in g], [out.cp_rank[k] for k in g], cost, n)[1]
+            out.dp_time_us[d] = t
+        return out
     limit = max_sequence_length(bucket, n)
     eff = list(lengths)
     out = RefSchedule(eff, [-1] * len(lengths), [-1] * len(lengths), [DISTRIBUTED] * len(lengths))

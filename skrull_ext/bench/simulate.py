@@ -29,6 +29,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from skrull_ext import _core
 from skrull_ext import lengths as length_files
 from skrull_ext.errors import DataError
 from skrull_ext.scheduler import cost_model as cost_models
@@ -67,6 +68,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--iterations", type=int, default=100, help="global batches per cell (default 100)")
     p.add_argument("--seed", type=int, default=0, help="sampler and shuffle seed (default 0)")
     p.add_argument("--profile", type=Path, help=f"hardware profile TOML (default {cost_models.HARDWARE_PRESETS['h100-assumed'].name}, assumed)")
+    p.add_argument("--plan-margin", type=float,
+                   help="plan with every exchange at this multiple of its price, times at 1x ([comm] plan_margin; "
+                        "default: the profile's, 1.5 on the assumed H100, 1 on measured profiles)")
     p.add_argument("--out", type=Path, default=Path("outputs/simulate"), help="output folder (default outputs/simulate)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -83,6 +87,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             policies.insert(0 if must == "baseline" else len(policies), must)
     if args.iterations < 1:
         cli.error(f"--iterations must be >= 1, got {args.iterations}")
+    if args.plan_margin is not None and not 1.0 <= args.plan_margin <= _core.MAX_PLAN_MARGIN:
+        cli.error(f"--plan-margin must be in [1, {_core.MAX_PLAN_MARGIN:g}], got {args.plan_margin}")
     for path in args.lengths or ():
         length_files.load(path, "--lengths")  # a bad file: DataError, one line naming file:line (run_cli)
     try:  # bad names and values become usage errors, not tracebacks
@@ -90,6 +96,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for p in policies:
             sim_policies.get(p)
         profile = Profile.load(args.profile) if args.profile else cost_models.hardware()
+        if args.plan_margin is not None:
+            profile = profile.with_plan_margin(args.plan_margin)
         bucket = args.bucket_size if args.bucket_size is not None else profile.bucket_size
         cells = scenarios.grid(names, args.models, dp=args.dp, cp=args.cp,
                                batch_size=args.batch_size, bucket_size=bucket, capacity=args.capacity,

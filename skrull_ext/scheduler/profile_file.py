@@ -8,7 +8,10 @@ and what the scheduler plans with. TOML::
     [comm]      bytes = [...], us = [...]  (optional: threshold_bytes, floor_us,
                 collectives_per_layer, cross_group_factor: the exchange time
                 across CP groups over the same bytes within one, skrull-pool's
-                wide sets; absent = 9, NVLink over InfiniBand per GPU)
+                wide sets; absent = 9, NVLink over InfiniBand per GPU;
+                plan_margin: the planner decides with every exchange at this
+                multiple of its price and prices the plan at 1x, for an
+                assumed table; absent = 1, cpp/include/skrull/hedge.hpp)
     [micro_batch] optional: fixed_us, the fixed time of one micro-batch on
                 every rank, not per layer (FSDP's parameter all-gathers and
                 gradient reduce-scatter, once per micro-batch); absent = 0.
@@ -59,7 +62,7 @@ _SCHEMA: dict[str, tuple[set[str], set[str] | None]] = {
     "model": ({"layers", "hidden", "kv_width", "bytes_per_elem"}, {"name"}),
     "compute": ({"a_us_per_flop", "b_us"}, {"r2", "max_rel_error", "points", "held_out_max_rel_error"}),
     "comm": ({"bytes", "us"}, {"threshold_bytes", "floor_us", "collectives_per_layer", "cross_group_factor",
-                               "collective", "backend",
+                               "plan_margin", "collective", "backend",
                                "world_size", "r2", "max_rel_error", "points"}),
     "micro_batch": (set(), {"fixed_us", "r2", "max_rel_error", "points", "counts", "method", "slope_us",
                             "calls_us", "free_running_fixed_us", "free_running_step_us", "free_running_r2",
@@ -127,6 +130,7 @@ def from_dict(d: dict[str, Any], where: str = "profile", tp: int = 1, free_runni
                 floor_us=num("comm", k, "floor_us", default=0.0),
                 collectives_per_layer=num("comm", k, "collectives_per_layer", default=2.0),
                 cross_group_factor=num("comm", k, "cross_group_factor", default=CROSS_GROUP_FACTOR),
+                plan_margin=num("comm", k, "plan_margin", default=1.0),
             ),
             **fixed_costs(mb, free_running, num),
             token_us=num("micro_batch", mb, "token_us", default=0.0),
@@ -162,6 +166,8 @@ def to_dict(cm: CostModel, meta: dict[str, Any] | None = None) -> dict[str, Any]
             "cross_group_factor": cm.comm.cross_group_factor,
         },
     }
+    if cm.comm.plan_margin != 1.0:
+        out["comm"]["plan_margin"] = cm.comm.plan_margin
     if cm.micro_batch_fixed_us:
         out.setdefault("micro_batch", {})["fixed_us"] = cm.micro_batch_fixed_us
     if cm.token_us:
@@ -316,6 +322,12 @@ class Profile:
         except tomllib.TOMLDecodeError as e:
             raise ValueError(f"{path}: not valid TOML: {e}") from None
         return cls(data, str(path))
+
+    def with_plan_margin(self, margin: float) -> Profile:
+        """This profile planning with another ``[comm] plan_margin`` (``bench simulate
+        --plan-margin``: what the hedge costs or buys on a batch mix); checked where priced."""
+        data = {**self.data, "comm": {**self.data["comm"], "plan_margin": margin}}
+        return Profile(data, self.path)
 
     @property
     def has_model(self) -> bool:

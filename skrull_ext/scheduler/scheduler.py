@@ -95,17 +95,42 @@ class Scheduler:
         predicted more than ``cpsat_margin`` above its lower bound."""
         return time_us > (1.0 + self.job.cpsat_margin) * lower_bound_us
 
+    def _decide_with(self) -> CostModel | None:
+        """The model placements are chosen with when it is not the cost model: every exchange
+        at ``comm.plan_margin`` x its price (cpp/include/skrull/hedge.hpp); None when unhedged.
+        CP-SAT solves and compares under it too, or it would undo the core's hedge; what it
+        keeps is priced with the cost model, as the core's plans are."""
+        return self.cost_model.planning_model() if self.cost_model.comm.plan_margin != 1.0 else None
+
+    def _cpsat_placement(self, lengths: list[int], cp_rank: list[int], current_rank: list[int] | None,
+                         current_us: float, decide: CostModel | None) -> _core.DacpResult | None:
+        """CP-SAT's placement scored with the cost model, if it fits and beats the current one
+        (``current_rank``, None when there is none) under the model placements are chosen with."""
+        c = self.job
+        if decide is None:
+            scored = _core.evaluate_placement(lengths, cp_rank, self.cost_model, c.cp, c.bucket_size)
+            ok = scored.status == _core.Status.OK and (current_rank is None or scored.time_us < current_us)
+            return scored if ok else None
+        planned = _core.evaluate_placement(lengths, cp_rank, decide, c.cp, c.bucket_size)
+        if planned.status != _core.Status.OK or current_rank is not None and not planned.time_us < \
+                _core.evaluate_placement(lengths, current_rank, decide, c.cp, c.bucket_size).time_us:
+            return None
+        return _core.evaluate_placement(lengths, cp_rank, self.cost_model, c.cp, c.bucket_size)
+
     def _maybe_improve(self, plan: Plan, mb: MicroBatchPlan) -> CpSatResult | None:
         c = self.job
         mb.lower_bound_us = self.cost_model.micro_batch_lower_bound_us(mb.lengths, c.cp)
         if not self._worth_cpsat(mb.time_us, mb.lower_bound_us):
             return None
-        res = solve_dacp(mb.lengths, self.cost_model, c.cp, c.bucket_size, c.cpsat_deterministic_time, hint=mb.cp_rank)
-        mb.lower_bound_us = max(mb.lower_bound_us, res.bound_us)
-        if res.cp_rank is None:
-            return res
-        scored = _core.evaluate_placement(mb.lengths, res.cp_rank, self.cost_model, c.cp, c.bucket_size)
-        if scored.status == _core.Status.OK and scored.time_us < mb.time_us:
+        decide = self._decide_with()
+        if decide is not None and any(k not in (1, c.cp) for k in mb.num_ranks):
+            return None  # sub-group sets: no cp_rank prices them under the planning model
+        res = solve_dacp(mb.lengths, decide or self.cost_model, c.cp, c.bucket_size, c.cpsat_deterministic_time,
+                         hint=mb.cp_rank)
+        if decide is None:  # the solver's bound is one on the model it solved with
+            mb.lower_bound_us = max(mb.lower_bound_us, res.bound_us)
+        if res.cp_rank is not None and (
+                scored := self._cpsat_placement(mb.lengths, res.cp_rank, mb.cp_rank, mb.time_us, decide)):
             plan.replace_placement(mb, scored, "cpsat")
         return res
 
@@ -123,12 +148,12 @@ class Scheduler:
         if ok and not (c.uses_cpsat and
                        self._worth_cpsat(r.time_us, self.cost_model.micro_batch_lower_bound_us(lengths, c.cp))):
             return r, "heuristic"
-        res = solve_dacp(lengths, self.cost_model, c.cp, c.bucket_size, c.cpsat_deterministic_time,
+        decide = self._decide_with()
+        res = solve_dacp(lengths, decide or self.cost_model, c.cp, c.bucket_size, c.cpsat_deterministic_time,
                          hint=list(r.cp_rank) if ok else None)
-        if res.cp_rank is not None:
-            scored = _core.evaluate_placement(lengths, res.cp_rank, self.cost_model, c.cp, c.bucket_size)
-            if scored.status == _core.Status.OK and (not ok or scored.time_us < r.time_us):
-                return scored, "cpsat"
+        if res.cp_rank is not None and (scored := self._cpsat_placement(
+                lengths, res.cp_rank, list(r.cp_rank) if ok else None, r.time_us, decide)):
+            return scored, "cpsat"
         if ok:
             return r, "heuristic"
         raise ValueError(

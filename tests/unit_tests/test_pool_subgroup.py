@@ -17,6 +17,8 @@ from skrull_ext import Scheduler, SchedulerConfig, _core
 from skrull_ext.scheduler import cost_model as cm
 from skrull_ext.scheduler.plan import Plan
 
+from tests.unit_tests.margin import with_margin
+
 DEBUG = cm.preset("llama3-debug", "h100-assumed")
 
 
@@ -150,10 +152,12 @@ def test_cpsat_keeps_a_narrowed_micro_batch_it_cannot_beat():
     # always tried) it proves every whole-group placement slower than the narrowed one
     # (its bound, recorded as the micro-batch's lower bound, is above the narrowed time),
     # so the sub-group set stays and the plan stays consistent.
+    # Unhedged (plan_margin 1): a hedged scheduler's CP-SAT solves under the planning model,
+    # whose bound is not one on the times the plan reports, so it records none (test_hedge).
     lengths_ = [156, 109, 335, 47, 512, 22, 390, 78]
     cfg = SchedulerConfig(dp=1, cp=4, bucket_size=472, policy="skrull-pool", cpsat=True, cpsat_margin=0.0,
                           overlength="error")
-    plan = Scheduler(cfg, DEBUG).schedule(lengths_)
+    plan = Scheduler(cfg, with_margin(DEBUG, 1.0)).schedule(lengths_)
     check_plan(plan, lengths_, 1, 4, 472)
     (mb,) = plan.micro_batches
     assert mb.path == "heuristic" and plan.narrowed == 1 and mb.num_ranks == [1, 1, 1, 1, 1, 2, 4, 4]

@@ -30,6 +30,7 @@ constexpr double kMaxCollectivesPerLayer = 1e3;
 constexpr double kMaxMicroBatchFixedUs = 1e9;    // micro_batch_fixed_us: 1000 s
 constexpr int32_t kMaxTensorParallel = 1 << 10;   // tp
 constexpr double kMaxTokenUs = 1e3;              // token_us: 1 ms a token
+constexpr double kMaxPlanMargin = 10.0;          // comm.plan_margin
 
 struct ModelShape {
   int32_t layers = 24;        // transformer blocks
@@ -59,6 +60,11 @@ struct CommModel {
   // measured). Conservative default: NVLink over InfiniBand per GPU is close
   // to 9x; a profile's [comm] cross_group_factor replaces it.
   double cross_group_factor = 9.0;
+  // The planner decides with the exchange at plan_margin x its price and
+  // prices the plan it keeps at 1x (hedge.hpp): an assumed table leaves
+  // room for an exchange dearer than it says. 1: plan as priced (measured
+  // profiles).
+  double plan_margin = 1.0;
 };
 
 struct CostModel {
@@ -139,6 +145,11 @@ struct CostModel {
       fail("comm.cross_group_factor must be finite and in [1, 1000], got " + num(comm.cross_group_factor));
     if (!in(comm.collectives_per_layer, kMaxCollectivesPerLayer))
       fail("comm.collectives_per_layer must be finite and in [0, " + num(kMaxCollectivesPerLayer) + "]");
+    if (!(std::isfinite(comm.plan_margin) && comm.plan_margin >= 1.0 && comm.plan_margin <= kMaxPlanMargin))
+      fail("comm.plan_margin must be finite and in [1, " + num(kMaxPlanMargin) + "], got " + num(comm.plan_margin));
+    if (!(comm.collectives_per_layer * comm.plan_margin <= kMaxCollectivesPerLayer))
+      fail("comm.collectives_per_layer x comm.plan_margin must be at most " + num(kMaxCollectivesPerLayer) + ", got " +
+           num(comm.collectives_per_layer * comm.plan_margin));
     if (!in(micro_batch_fixed_us, kMaxMicroBatchFixedUs))
       fail("micro_batch_fixed_us must be finite and in [0, " + num(kMaxMicroBatchFixedUs) + "], got " +
            num(micro_batch_fixed_us));

@@ -18,6 +18,7 @@
 
 #include "skrull/cost_model.hpp"
 #include "skrull/dacp.hpp"
+#include "skrull/hedge.hpp"
 #include "skrull/types.hpp"
 #include "skrull/validate.hpp"
 #include "skrull/workspace.hpp"
@@ -215,6 +216,8 @@ inline Status dacp_for_into(const int64_t* lengths, const double* seq_flops, siz
 }
 
 // Checked: throws std::invalid_argument for arguments outside validate.hpp's ranges.
+// A cost model with comm.plan_margin above 1 places with its planning_model
+// and scores the placement with itself (hedge.hpp), as schedule() does.
 inline DacpResult dacp_for(const std::vector<int64_t>& lengths, const CostModel& cost, const Options& opt) {
   validate_options(opt);
   validate_micro_batch(lengths, cost, opt.cp, opt.bucket_size);
@@ -223,8 +226,9 @@ inline DacpResult dacp_for(const std::vector<int64_t>& lengths, const CostModel&
   DacpResult r;
   r.cp_rank.resize(lengths.size());
   double time = 0.0;
-  r.status = dacp_for_into(lengths.data(), ws.seq_flops.data(), lengths.size(), cost, opt, ws, r.cp_rank.data(),
-                           r.rollbacks, r.moves, time);
+  r.status = dacp_for_into(lengths.data(), ws.seq_flops.data(), lengths.size(),
+                           hedged(cost) ? planning_model(cost) : cost, opt, ws, r.cp_rank.data(), r.rollbacks, r.moves,
+                           time);
   score_placement(lengths.data(), ws.seq_flops.data(), lengths.size(), cost, opt.cp, r);
   return r;
 }

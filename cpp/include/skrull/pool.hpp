@@ -66,6 +66,7 @@
 
 #include "skrull/cost_model.hpp"
 #include "skrull/gds.hpp"
+#include "skrull/hedge.hpp"
 #include "skrull/plan.hpp"
 #include "skrull/scheduler.hpp"
 #include "skrull/timeline.hpp"
@@ -337,13 +338,59 @@ inline int32_t narrow_for_the_step(Plan& out, const std::vector<double>& flops, 
   return narrowed;
 }
 
-}  // namespace detail
+// A pool plan priced under `cost` (hedge.hpp): a wide micro-batch as step
+// 1b prices it, a one-group one whose sets are whole ranks or the whole
+// group as skrull's DACP scores it, one with sub-group sets by pool_narrow's
+// formula; then the slots replayed.
+inline void reprice_pool_plan(Plan& out, const CostModel& cost, const Options& opt) {
+  const int32_t cp = opt.cp;
+  std::vector<double> flops, mb_flops;
+  sequence_flops(out.lengths.data(), out.lengths.size(), cost, flops);
+  std::vector<int64_t> mb_lengths;
+  NarrowScratch w;
+  DacpResult r;
+  for (PlanMicroBatch& mb : out.micro_batches) {
+    if (mb.groups > 1) {
+      const int32_t seq = mb.seqs[0];
+      const int64_t s = out.lengths[seq];
+      mb.time_us = pool_wide_us(cost, s, flops[seq], mb.groups, cp, cost.comm.cross_group_factor) +
+                   cost.micro_batch_fixed_us + cost.head_us(shard_tokens(s, mb.num_ranks[0]));
+      continue;
+    }
+    bool whole = true;
+    for (int32_t k : mb.num_ranks) whole = whole && (k == 1 || k == cp);
+    if (whole) {
+      const int32_t base = mb.first_group * cp;
+      mb_lengths.clear();
+      mb_flops.clear();
+      r.cp_rank.clear();
+      for (size_t q = 0; q < mb.seqs.size(); ++q) {
+        mb_lengths.push_back(out.lengths[mb.seqs[q]]);
+        mb_flops.push_back(flops[mb.seqs[q]]);
+        r.cp_rank.push_back(mb.num_ranks[q] == cp && cp > 1 ? kDistributed : mb.first_rank[q] - base);
+      }
+      score_placement(mb_lengths.data(), mb_flops.data(), mb_lengths.size(), cost, cp, r);
+      mb.time_us = r.time_us;
+      continue;
+    }
+    pool_group_sums(mb, out.lengths, flops, cost, cp, w);
+    double t = 0.0;
+    for (int32_t j = 0; j < cp; ++j) t = std::max(t, pool_rank_us(cost, w.local[j], w.dist[j], w.bytes[j]));
+    mb.time_us = t * cost.shape.layers + cost.micro_batch_fixed_us +
+                 cost.head_us(*std::max_element(w.tokens.begin(), w.tokens.end()));
+  }
+  retime_plan(out, opt.timeline, cost.micro_batch_fixed_us, cost.step_fixed_us);
+}
 
-// Plans one global batch over the dp x cp world as one pool (see the top of
-// this file). Sequences up to max_sequence_length(bucket_size, dp * cp) are
-// planned whole; only longer ones meet opt.overlength. Throws
-// std::invalid_argument as schedule() does.
-inline Plan schedule_pool(const std::vector<int64_t>& input, const CostModel& cost, const Options& opt) {
+// schedule_pool() deciding with `cost`. With `price` (a hedged model,
+// hedge.hpp; `cost` is its planning_model), the plan kept is priced under
+// `price`, and the pool's own plan (widened or narrowed) is kept only if its
+// step is shorter than skrull's by more than kPoolMinGain there too: a gain
+// under the planning model alone is not a gain (the pool's contract, a
+// departure from skrull only for a shorter step, holds for the times the
+// plan reports).
+inline Plan schedule_pool_as_priced(const std::vector<int64_t>& input, const CostModel& cost, const Options& opt,
+                                    const CostModel* price = nullptr) {
   const auto start = std::chrono::steady_clock::now();
   validate_options(opt);
   cost.validate();
@@ -431,6 +478,35 @@ inline Plan schedule_pool(const std::vector<int64_t>& input, const CostModel& co
     wide.push_back({k, best, best_t});
     is_wide[k] = 1;
   }
+  // Skrull's plan as it was planned, to compare with at `price`.
+  std::vector<PlanMicroBatch> skrull_micro_batches;
+  if (price != nullptr && fits_groups) skrull_micro_batches = skrull_plan.micro_batches;
+  const auto settle_at_price = [&]() {
+    reprice_pool_plan(out, *price, opt);
+    if (skrull_micro_batches.empty() || (out.skrull_plan && out.narrowed == 0)) return;
+    Plan sk;
+    sk.lengths = out.lengths;
+    sk.micro_batch.assign(n, -1);
+    sk.first_rank.assign(n, 0);
+    sk.num_ranks.assign(n, 0);
+    sk.micro_batches = std::move(skrull_micro_batches);
+    sk.group_time_us.assign(dp, 0.0);
+    index_plan(sk);
+    reprice_pool_plan(sk, *price, opt);
+    if (out.makespan_us < sk.makespan_us * (1.0 - kPoolMinGain)) return;
+    std::swap(out.micro_batches, sk.micro_batches);
+    std::swap(out.micro_batch, sk.micro_batch);
+    std::swap(out.first_rank, sk.first_rank);
+    std::swap(out.num_ranks, sk.num_ranks);
+    out.group_time_us = sk.group_time_us;
+    out.makespan_us = sk.makespan_us;
+    out.slots = skrull_plan.slots;
+    out.rollbacks = skrull_plan.rollbacks;
+    out.moves = skrull_plan.moves;
+    out.widened = 0;
+    out.narrowed = 0;
+    out.skrull_plan = true;
+  };
   // 4. Sub-group sets in the one-group micro-batches of the plan kept (see
   // pool_narrow), kept only where they shorten the step (narrow_for_the_step).
   const auto finish = [&]() {
@@ -438,6 +514,7 @@ inline Plan schedule_pool(const std::vector<int64_t>& input, const CostModel& co
     detail::retime_plan(out, opt.timeline, cost.micro_batch_fixed_us, cost.step_fixed_us);
     out.narrowed = detail::narrow_for_the_step(out, flops, cost, opt);
     detail::index_plan(out);
+    if (price != nullptr) settle_at_price();
     out.elapsed_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
   };
   if (wide.empty() && fits_groups) {  // nothing to widen: skrull's plan as is
@@ -558,6 +635,20 @@ inline Plan schedule_pool(const std::vector<int64_t>& input, const CostModel& co
   if (!(out.makespan_us < skrull_us * (1.0 - kPoolMinGain))) adopt_skrull_plan();
   finish();
   return out;
+}
+
+}  // namespace detail
+
+// Plans one global batch over the dp x cp world as one pool (see the top of
+// this file). Sequences up to max_sequence_length(bucket_size, dp * cp) are
+// planned whole; only longer ones meet opt.overlength. Throws
+// std::invalid_argument as schedule() does. A cost model with
+// comm.plan_margin above 1 decides with its planning_model and prices the
+// plan with itself (hedge.hpp).
+inline Plan schedule_pool(const std::vector<int64_t>& input, const CostModel& cost, const Options& opt) {
+  if (!hedged(cost)) return detail::schedule_pool_as_priced(input, cost, opt);
+  cost.validate();
+  return detail::schedule_pool_as_priced(input, planning_model(cost), opt, &cost);
 }
 
 }  // namespace skrull

@@ -17,6 +17,7 @@
 #include "skrull/cost_model.hpp"
 #include "skrull/dacp.hpp"
 #include "skrull/gds.hpp"
+#include "skrull/hedge.hpp"
 #include "skrull/overlength.hpp"
 #include "skrull/slots.hpp"
 #include "skrull/timeline.hpp"
@@ -54,14 +55,8 @@ inline MicroBatchSplit split_share(const std::vector<int64_t>& lengths, const st
   return split;
 }
 
-}  // namespace detail
-
-// Schedules one global batch (lengths in the caller's order) over dp x cp
-// ranks. Empty batch -> empty plan (no micro-batches). Throws
-// std::invalid_argument for bad options, a cost model it cannot use, a
-// length <= 0 or above kMaxLength, or an over-length sequence under
-// Overlength::kError.
-inline Schedule schedule(const std::vector<int64_t>& input, const CostModel& cost, const Options& opt) {
+// schedule() with one model for the choices and the prices.
+inline Schedule schedule_as_priced(const std::vector<int64_t>& input, const CostModel& cost, const Options& opt) {
   const auto start = std::chrono::steady_clock::now();
   validate_options(opt);
   cost.validate();
@@ -179,17 +174,27 @@ inline Schedule schedule(const std::vector<int64_t>& input, const CostModel& cos
     }
   }
   // Times: each rank's sum, and the step on the job's timeline.
-  std::vector<std::vector<double>> rank_us(opt.dp);
-  out.dp_time_us.assign(opt.dp, 0.0);
-  for (int32_t i = 0; i < opt.dp; ++i) {
-    for (int32_t q = out.dp_offsets[i]; q < out.dp_offsets[i + 1]; ++q) {
-      rank_us[i].push_back(out.micro_batches[q].dacp.time_us);
-      out.dp_time_us[i] += out.micro_batches[q].dacp.time_us;
-    }
-  }
-  out.makespan_us = step_time_us(rank_us, opt.timeline, cost.micro_batch_fixed_us, cost.step_fixed_us);
+  time_schedule(out, cost, opt);
   out.elapsed_us =
       std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
+  return out;
+}
+
+}  // namespace detail
+
+// Schedules one global batch (lengths in the caller's order) over dp x cp
+// ranks. Empty batch -> empty plan (no micro-batches). Throws
+// std::invalid_argument for bad options, a cost model it cannot use, a
+// length <= 0 or above kMaxLength, or an over-length sequence under
+// Overlength::kError. A cost model with comm.plan_margin above 1 decides
+// with its planning_model and prices the plan with itself (hedge.hpp).
+inline Schedule schedule(const std::vector<int64_t>& input, const CostModel& cost, const Options& opt) {
+  if (!hedged(cost)) return detail::schedule_as_priced(input, cost, opt);
+  const auto start = std::chrono::steady_clock::now();
+  cost.validate();  // names a bad plan_margin as itself, not as the planning model's product
+  Schedule out = detail::schedule_as_priced(input, planning_model(cost), opt);
+  reprice_schedule(out, cost, opt);
+  out.elapsed_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
   return out;
 }
 
