@@ -55,7 +55,10 @@ class Profile:
 def _comm_section(p: Profile) -> dict[str, Any]:
     if p.comm is None:
         hw = cost_model.hardware(p.comm_fallback).data["comm"]
-        return {"bytes": list(hw["bytes"]), "us": list(hw["us"]), "collectives_per_layer": 2.0,
+        # The preset's plan margin travels with its table: an assumed exchange is planned hedged
+        # (cpp/include/skrull/hedge.hpp) wherever it is used.
+        margin = {"plan_margin": hw["plan_margin"]} if hw.get("plan_margin", 1.0) != 1.0 else {}
+        return {"bytes": list(hw["bytes"]), "us": list(hw["us"]), "collectives_per_layer": 2.0, **margin,
                 "collective": "all_gather", "backend": f"assumed:{p.comm_fallback}", "world_size": 1}
     c = p.comm
     xs, us = c.fit.table(c.sizes)

@@ -165,3 +165,22 @@ def test_cpsat_keeps_the_hedge():
         planned = [_core.evaluate_placement(mb.lengths, mb.cp_rank, decide, 4, 16384).time_us for mb in (a, b)]
         assert planned[1] < planned[0] if b.path == "cpsat" else planned[1] == planned[0]
         assert b.time_us == _core.evaluate_placement(b.lengths, b.cp_rank, cost, 4, 16384).time_us
+
+
+def test_an_assumed_exchange_is_planned_hedged_wherever_it_is_used():
+    """A one-process profile measures no collective and copies the preset's [comm]: the
+    preset's plan margin comes with it (profile/writer.py), and every shipped profile plans
+    hedged exactly where its exchange is assumed."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from skrull_ext.profile import writer
+
+    section = writer._comm_section(SimpleNamespace(comm=None, comm_fallback="h100-assumed"))
+    assert section["backend"] == "assumed:h100-assumed" and section["plan_margin"] == 1.5
+    shipped = sorted((Path(__file__).parents[2] / "profiles").glob("*.toml"))
+    assert len(shipped) >= 6
+    for path in shipped:
+        profile = profile_file.Profile.load(path)
+        assumed = profile.data["comm"].get("backend", "").startswith("assumed:")
+        assert profile.cost_model().comm.plan_margin == (1.5 if assumed else 1.0), path.name
