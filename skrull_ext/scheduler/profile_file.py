@@ -339,8 +339,11 @@ class Profile:
 
     @property
     def label(self) -> str:
-        """Short provenance for tables and plots, e.g. 'assumed: h100_assumed.toml'."""
-        return f"{self.meta.get('source', 'unknown source')}: {Path(self.path).name}"
+        """Short provenance for tables and plots, e.g. 'assumed: h100_assumed.toml, planned at
+        1.5x the exchange' (the plan margin, where it is not 1: the figures' plans are hedged)."""
+        margin = self.data["comm"].get("plan_margin", 1.0)
+        hedge = f", planned at {margin:g}x the exchange" if margin != 1.0 else ""
+        return f"{self.meta.get('source', 'unknown source')}: {Path(self.path).name}{hedge}"
 
     def cost_model(self, shape: ModelShape | None = None, name: str = "the model priced",
                    free_running: bool = False) -> CostModel:

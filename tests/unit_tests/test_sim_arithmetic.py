@@ -167,7 +167,8 @@ def test_default_profile_is_the_assumed_preset():
     from skrull_ext.scheduler import cost_model as cm
 
     prof = cm.hardware()
-    assert prof.label == "assumed: h100_assumed.toml"
+    assert prof.label == "assumed: h100_assumed.toml, planned at 1.5x the exchange"
+    assert prof.with_plan_margin(1.0).label == "assumed: h100_assumed.toml"
     for model in ("qwen2.5-0.5b", "qwen2.5-7b"):
         a, b = prof.cost_model(cm.shape(model)), cm.preset(model)
         assert (a.a_us_per_flop, a.b_us, list(a.comm.bytes), list(a.comm.us)) == \

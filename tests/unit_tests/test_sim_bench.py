@@ -75,7 +75,7 @@ def test_profile_bucket_size_is_the_default(tmp_path):
                    "--policies", "skrull", "--out", str(out), "--no-plots", "--quiet"])
     data = json.loads((out / "results.json").read_text())
     assert {c["shape"] for c in data["cells"]} == {"4x8x64, C=8192"}
-    assert data["meta"]["profile"] == "measured: measured.toml"
+    assert data["meta"]["profile"] == "measured: measured.toml, planned at 1.5x the exchange"  # the copied table's
 
 
 def test_command_registry(capsys):
