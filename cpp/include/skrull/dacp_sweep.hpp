@@ -221,14 +221,18 @@ inline Status dacp_for_into(const int64_t* lengths, const double* seq_flops, siz
 inline DacpResult dacp_for(const std::vector<int64_t>& lengths, const CostModel& cost, const Options& opt) {
   validate_options(opt);
   validate_micro_batch(lengths, cost, opt.cp, opt.bucket_size);
+  if (hedged(cost)) {
+    DacpResult r = dacp_for(lengths, planning_model(cost), opt);
+    score_placement(lengths.data(), lengths.size(), cost, opt.cp, r);
+    return r;
+  }
   Workspace ws;
   detail::sequence_flops(lengths.data(), lengths.size(), cost, ws.seq_flops);
   DacpResult r;
   r.cp_rank.resize(lengths.size());
   double time = 0.0;
-  r.status = dacp_for_into(lengths.data(), ws.seq_flops.data(), lengths.size(),
-                           hedged(cost) ? planning_model(cost) : cost, opt, ws, r.cp_rank.data(), r.rollbacks, r.moves,
-                           time);
+  r.status = dacp_for_into(lengths.data(), ws.seq_flops.data(), lengths.size(), cost, opt, ws, r.cp_rank.data(),
+                           r.rollbacks, r.moves, time);
   score_placement(lengths.data(), ws.seq_flops.data(), lengths.size(), cost, opt.cp, r);
   return r;
 }

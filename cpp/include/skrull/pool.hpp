@@ -484,28 +484,13 @@ inline Plan schedule_pool_as_priced(const std::vector<int64_t>& input, const Cos
   const auto settle_at_price = [&]() {
     reprice_pool_plan(out, *price, opt);
     if (skrull_micro_batches.empty() || (out.skrull_plan && out.narrowed == 0)) return;
-    Plan sk;
-    sk.lengths = out.lengths;
-    sk.micro_batch.assign(n, -1);
-    sk.first_rank.assign(n, 0);
-    sk.num_ranks.assign(n, 0);
-    sk.micro_batches = std::move(skrull_micro_batches);
-    sk.group_time_us.assign(dp, 0.0);
-    index_plan(sk);
-    reprice_pool_plan(sk, *price, opt);
-    if (out.makespan_us < sk.makespan_us * (1.0 - kPoolMinGain)) return;
-    std::swap(out.micro_batches, sk.micro_batches);
-    std::swap(out.micro_batch, sk.micro_batch);
-    std::swap(out.first_rank, sk.first_rank);
-    std::swap(out.num_ranks, sk.num_ranks);
-    out.group_time_us = sk.group_time_us;
-    out.makespan_us = sk.makespan_us;
-    out.slots = skrull_plan.slots;
-    out.rollbacks = skrull_plan.rollbacks;
-    out.moves = skrull_plan.moves;
-    out.widened = 0;
+    Plan pool = out;  // the pool's own plan (widened or narrowed), at `price`
+    skrull_plan.micro_batches = std::move(skrull_micro_batches);
+    adopt_skrull_plan();
     out.narrowed = 0;
-    out.skrull_plan = true;
+    index_plan(out);
+    reprice_pool_plan(out, *price, opt);
+    if (pool.makespan_us < out.makespan_us * (1.0 - kPoolMinGain)) out = std::move(pool);
   };
   // 4. Sub-group sets in the one-group micro-batches of the plan kept (see
   // pool_narrow), kept only where they shorten the step (narrow_for_the_step).
