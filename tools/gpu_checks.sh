@@ -17,9 +17,13 @@
 #   there, trainer only: bash tools/gpu_checks.sh --skip-attention   (stages 3-4 left out; 3'. runs the
 #       CUDA cases of the attention the compiled trainer traces, tests/unit_tests/test_dacp_local_only.py)
 #       then 5. the offline profiler on the GPU for the Qwen2.5-0.5B shape
-#       (profiles/<gpu>-qwen2.5-0.5b.toml), 6. the trainer on one GPU in three
-#       modes (torchtitan's padded batching, torchtitan-stream, skrull with that
-#       profile), bf16, compile on, and 7. their table (bench train-report).
+#       (profiles/<gpu>-qwen2.5-0.5b.toml), 6. the trainer on one GPU on two length
+#       mixes (MIXES), in three modes each (skrull at the profile's BucketSize, the
+#       whole-document baseline torchtitan-documents, torchtitan-stream; MODES picks
+#       others: skrull at 16K, torchtitan's padded rows), bf16, compile on, and 7. each
+#       mix's table (bench train-report).
+#       PROFILE=0 reuses the committed profile, GPU_TESTS=0 leaves stage 3' out; STEPS,
+#       PROFILE_LIMIT, TRAIN_LIMIT shorten it.
 #
 #   anywhere:            bash tools/gpu_checks.sh --dry-run [--skip-attention]
 #       the same stages on CPU at toy sizes, with the installed core (no build):
@@ -145,7 +149,7 @@ for cp in $cps; do
 done
 
 cp "$work"/overlap_cp2_auto/overlap.png "$out"/overlap_cp2_auto.png 2>/dev/null
-else
+elif [ "${GPU_TESTS:-1}" = 1 ]; then
 # 3'. Trainer only: the CUDA cases of the attention the compiled trainer traces into its blocks for an
 #     all-local micro-batch (every one on one GPU; attention/local_only.py), before anything trains with it.
 timeout 90 "$py" -m pytest -p no:cacheprovider -o addopts="-ra" -W ignore::DeprecationWarning -k cuda \
@@ -163,79 +167,91 @@ if [ "$dry" = 1 ]; then
   # toy sizes on shared cores: the stage must run; the fit's quality is the GPU run's to judge
   prof=(--lengths 256,384,512 --held-out 448 --memory-lengths 256,512 --repeats 2 --micro-batch-repeats 1 --no-check
         --max-held-out-error 10 --max-micro-batch-error 10 --max-packed-error 10)
-  train=(--training.steps 5 --dataloader.global_batch_size 8 --skrull.bucket_size 512 --metrics.enable_tensorboard)
-  warm=2 limit=240 rows=4
+  train=(--training.steps "${STEPS:-5}" --dataloader.global_batch_size 8 --metrics.enable_tensorboard)
+  warm=2 limit=240 rows=4 bucket=512
+  mixes=(${MIXES:-job})  # job: the job's own lengths
 else
   job=skrull_ext/jobs/qwen2_5_0_5b_gpu.toml
   # "NVIDIA H100 80GB HBM3" -> h100 (the first word shaped like a model number)
   gpu=$("$py" -c "import re, torch; print(next(w for w in torch.cuda.get_device_name(0).split()
         if re.fullmatch(r'[A-Z]+[0-9]+[A-Za-z]*', w)).lower())" 2>/dev/null || echo gpu)
   one=(--parallelism.data_parallel_shard_degree 1 --parallelism.context_parallel_degree 1
-       --dataloader.lengths mix_sharegpt_conv95+longbench_en5 --dataloader.max_len 16384 --training.seq_len 16384)
+       --dataloader.max_len 16384 --training.seq_len 16384)
   # The derived memory ladder ran out of the H200's 140 GB on 2026-11-27: lengths up to the job's 16K only.
   prof=(--lengths 2048,4096,8192,16384 --held-out 12288 --memory-lengths 2048,4096,8192,16384
-        --repeats 3 --micro-batch-repeats 2 --no-check)
-  train=(--training.steps 34 --dataloader.global_batch_size 8 --skrull.bucket_size 16384
+        --repeats "${PROFILE_REPEATS:-3}" --micro-batch-repeats 2 --no-check)
+  # 100 steps after the warm-up: a recompile after it shows (issue 48).
+  train=(--training.steps "${STEPS:-104}" --dataloader.global_batch_size 8
          --checkpoint.no-enable --metrics.log_freq 1 --metrics.enable_tensorboard --lr_scheduler.warmup_steps 2)
-  # Compile on (GPU_COMPILE=0: off), the profile too, so that it prices what trains: eager, a 0.5B layer's
-  # forward+backward took 12-14 ms from 2K to 16K tokens on the H100 (2026-11-27: host-bound, kernel
-  # launches and selective AC's dispatch mode), so an eager profile misprices a compiled run (x0.69).
-  if [ "${GPU_COMPILE:-1}" = 1 ]; then train+=(--compile.enable); prof+=(--compile.enable); fi
+  # The job compiles by default (GPU_COMPILE=0: eager, the profile too, so that it prices what trains).
+  if [ "${GPU_COMPILE:-1}" = 0 ]; then train+=(--compile.no-enable); prof+=(--compile.no-enable); fi
   # torchtitan's modes: varlen (its flex path spent 80-120 s compiling the block mask on 2026-11-27), without
   # its CUDA graph of forward+backward (on by default on CUDA, it refuses cu_seqlens of a new shape at step 2);
   # padded rows of 16K: 4 rows (37 GiB of float32 logits) ran out of the H100's memory, 3 where it is < 100 GiB.
   rows=$("$py" -c "import torch; print(4 if torch.cuda.get_device_properties(0).total_memory > 100 * 2**30 else 3)")
-  warm=4 limit=${TRAIN_LIMIT:-100} tt_attn="--model.attn_backend varlen --training.disable_cuda_graphs"
+  warm=4 limit=${TRAIN_LIMIT:-110} bucket=16384 tt_attn="--model.attn_backend varlen --training.disable_cuda_graphs"
+  # The shipped mix, then a second long-tailed one (issue 48).
+  mixes=(${MIXES:-mix_sharegpt_conv95+longbench_en5 mix_sharegpt_conv+longbench_en})
 fi
 profile=$work/profile/$gpu-qwen2.5-0.5b.toml
 mkdir -p "$work/profile"
-timeout "${PROFILE_LIMIT:-90}" "$py" -m skrull_ext.profile --config-file "$job" "${one[@]}" "${prof[@]}" --out "$profile" \
-  >"$log/profile.txt" 2>&1
-rc=$?
+if [ "${PROFILE:-1}" = 1 ]; then
+  timeout "${PROFILE_LIMIT:-90}" "$py" -m skrull_ext.profile --config-file "$job" "${one[@]}" "${prof[@]}" --out "$profile" \
+    >"$log/profile.txt" 2>&1
+  rc=$?
+else  # PROFILE=0: the committed profile (a rerun of the training stages only)
+  cp "profiles/$gpu-qwen2.5-0.5b.toml" "$profile" 2>/dev/null; rc=skipped
+fi
 if [ -f "$profile" ]; then
   cp "$profile" "${profile%.toml}.png" "$out"/ 2>/dev/null
-  say "profile (rc $rc): $(grep -E '^(a_us_per_flop|b_us|bucket_size|a_bytes_per_token|static_bytes|token_us) ' "$profile" | tr '\n' ' ')"
+  say "profile (rc $rc): $(grep -E '^(a_us_per_flop|b_us|bucket_size|a_bytes_per_token|static_bytes|token_us|fixed_us) ' "$profile" | tr '\n' ' ')"
   cost=(--skrull.cost_model "$profile")
 else
   say "profile FAILED (rc $rc): $(tail -1 "$log/profile.txt")"; cost=()
 fi
 pack
 
-# 6. The trainer on one GPU, three modes on the same data (each its own process and time limit, so one
-#    failure leaves the others' figures): the probe of `bench cp` records step times and real tokens.
+# 6. The trainer on one GPU, per length mix, each mode on the same data (each its own process and time limit,
+#    so one failure leaves the others' figures): the probe of `bench cp` records step times and real tokens.
 declare -A modes=(
   [torchtitan]="--skrull.no-enable --training.local_batch_size $rows ${tt_attn:-}"
   [torchtitan-stream]="--skrull.no-enable --dataloader.packing stream --training.local_batch_size 1 ${tt_attn:-}"
-  [skrull]="${cost[*]}"
+  [torchtitan-documents]="--skrull.no-enable --dataloader.packing documents --training.local_batch_size 1 ${tt_attn:-}"
+  [skrull]="${cost[*]} --skrull.bucket_size $bucket"
   [skrull-bucket-profile]="${cost[*]} --skrull.bucket_size profile"
 )
-# skrull at the stream's row length (16K), torchtitan's two, then skrull at the BucketSize the profile's memory
-# gives (what `bucket_size = "profile"` runs; the dry run's toy profile has none).
-# MODES: a subset, in order (a rerun of what a fix touched; default all).
-order=(${MODES:-skrull torchtitan-stream torchtitan})
-[ "$dry" = 1 ] || [ -z "${cost[*]}" ] || [ -n "${MODES:-}" ] || order+=(skrull-bucket-profile)
-for mode in "${order[@]}"; do
-  run=$work/train/runs/${mode}_0
-  mkdir -p "$run"
-  # shellcheck disable=SC2086
-  # TORCH_LOGS=recompiles: each new compiled graph and the guard that failed (run 3 lost 6.6 s to one at step 28)
-  TORCH_LOGS=recompiles SKRULL_BENCH_PROBE_OUT=$run/probe timeout "$limit" "$py" -m torch.distributed.run --standalone --nproc_per_node 1 \
-    -m torchtitan_patches.cp_probe skrull_ext.train --config-file "$job" "${one[@]}" "${train[@]}" \
-    --dump_folder "$run" ${modes[$mode]} >"$run/log.txt" 2>&1
-  rc=$?
-  say "train $mode (rc $rc): $(grep -a 'grad_norm' "$run/log.txt" | tail -1 | sed 's/\x1b\[[0-9;]*m//g' | sed 's/.*step:/step:/')"
-  [ "$rc" = 0 ] || grep -a -E 'Error|error' "$run/log.txt" | tail -3 | tee -a "$summary"
-  say "recompiles $mode: $(grep -a -c 'Recompiling function' "$run/log.txt"); guards: $(grep -a -A2 'Recompiling function' \
-    "$run/log.txt" | grep -a -oE '\- [0-9]+/[0-9]+: .*' | sort | uniq -c | sort -rn | head -3 | tr '\n' ';')"
+# skrull, then the whole-document baseline and the stream in rows of 16K; skrull at the rows' length (16K), or
+# on a GPU with a profile at the BucketSize the profile's memory gives (`bucket_size = "profile"`, the job's own).
+# MODES: a subset, in order (a rerun of what a fix touched).
+order=(skrull torchtitan-documents torchtitan-stream)
+[ "$dry" = 1 ] || [ -z "${cost[*]}" ] || order[0]=skrull-bucket-profile
+order=(${MODES:-${order[*]}})
+for mix in "${mixes[@]}"; do
+  data=()
+  [ "$mix" = job ] || data=(--dataloader.lengths "$mix")
+  for mode in "${order[@]}"; do
+    run=$work/train/$mix/runs/${mode}_0
+    mkdir -p "$run"
+    # shellcheck disable=SC2086
+    # TORCH_LOGS=recompiles: each new compiled graph and the guard that failed (run 3 lost 6.6 s to one at step 28)
+    TORCH_LOGS=recompiles SKRULL_BENCH_PROBE_OUT=$run/probe timeout "$limit" "$py" -m torch.distributed.run --standalone \
+      --nproc_per_node 1 -m torchtitan_patches.cp_probe skrull_ext.train --config-file "$job" "${one[@]}" "${data[@]}" \
+      "${train[@]}" --dump_folder "$run" ${modes[$mode]} >"$run/log.txt" 2>&1
+    rc=$?
+    say "train $mix $mode (rc $rc): $(grep -a 'grad_norm' "$run/log.txt" | tail -1 | sed 's/\x1b\[[0-9;]*m//g' | sed 's/.*step:/step:/')"
+    [ "$rc" = 0 ] || grep -a -E 'Error|error' "$run/log.txt" | tail -3 | tee -a "$summary"
+    say "recompiles $mix $mode: $(grep -a -c 'Recompiling function' "$run/log.txt"); guards: $(grep -a -A2 'Recompiling function' \
+      "$run/log.txt" | grep -a -oE '\- [0-9]+/[0-9]+: .*' | sort | uniq -c | sort -rn | head -3 | tr '\n' ';')"
+    pack
+  done
+  # 7. The table: real tokens/s, document-aware TFLOP/s and MFU, cut documents, recompiles after warm-up, memory;
+  #    Skrull's measured/predicted step and memory.
+  "$py" -m skrull_ext.bench train-report "$work/train/$mix" --warmup "$warm" \
+    ${cost[1]:+--profile "${cost[1]}"} >"$log/train_report_$mix.txt" 2>&1
+  say "train-report $mix (rc $?):"; tee -a "$summary" <"$log/train_report_$mix.txt"
+  cp "$work/train/$mix/train_report.md" "$out/train_report_$mix.md" 2>/dev/null
   pack
 done
-
-# 7. The table: real tokens/s, MFU, peak memory; Skrull's measured/predicted step and memory.
-"$py" -m skrull_ext.bench train-report "$work/train" --warmup "$warm" \
-  ${cost[1]:+--profile "${cost[1]}"} >"$log/train_report.txt" 2>&1
-say "train-report (rc $?):"; tee -a "$summary" <"$log/train_report.txt"
-cp "$work/train/train_report.md" "$work/train/train_report.json" "$out"/ 2>/dev/null
-pack
 # 8. LAYER_PROFILE=1: where one compiled block's time goes at 128 and 16,384 tokens, DACP attention against
 #    torchtitan's varlen (tools/gpu_layer_profile.py; cProfile and torch.profiler tables for DACP's).
 if [ "${LAYER_PROFILE:-0}" = 1 ]; then

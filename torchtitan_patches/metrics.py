@@ -15,6 +15,12 @@ logs none (``mfu: N/A``, no ``mfu(%)`` tag), as torchtitan does under
 quantization. The CPU memory figures come from ``torchtitan_patches``'s CPU
 device module (the process's peak resident memory).
 
+Document-aware FLOPs: torchtitan's ``tflops``/``mfu`` price every token's
+attention at ``training.seq_len``. A trainer that sets ``meter`` (a
+``skrull_ext.train.doc_flops.DocumentMeter``) has each logged step carry
+its figures too (``documents/*``, ``compile/graphs``) and a line saying
+which MFU is which after torchtitan's.
+
 Installed by ``use_run_metrics(config)`` (JobTrainer calls it beside
 ``torchtitan_patches.apply``); the rest of the processor is torchtitan's.
 """
@@ -23,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from datetime import datetime
 
 import torch.distributed as dist
@@ -33,6 +40,7 @@ from torchtitan.components.metrics import (
     _get_metrics_rank,
 )
 from torchtitan.config.override import derive
+from torchtitan.tools.logging import logger
 
 __all__ = ["RunMetricsProcessor", "claim_run_folder", "use_run_metrics"]
 
@@ -65,6 +73,17 @@ class RunMetricsProcessor(MetricsProcessor):
             # torchtitan's switch for "no MFU" (it skips MFU under quantization):
             # a CPU has no peak figure to divide by.
             self.has_quantization = True
+        self.meter = None
+        """The trainer's DocumentMeter (skrull_ext/train/doc_flops.py), or None."""
+
+    def log(self, step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=None):
+        """torchtitan's log, with the meter's figures over the same interval."""
+        if self.meter is None:
+            return super().log(step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=extra_metrics)
+        documents = self.meter.metrics(time.perf_counter() - self.time_last_log)
+        super().log(step, global_avg_loss, global_max_loss, grad_norm,
+                    extra_metrics={**(extra_metrics or {}), **documents})
+        logger.info(self.meter.line(step, documents))
 
     def _build_metric_logger(self, *, config, parallel_dims, dump_folder, pp_schedule, ft_enable=False,
                              ft_replica_id=0, config_dict=None, tag=None):

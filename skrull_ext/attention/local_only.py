@@ -100,12 +100,15 @@ def local_only_kernel(kernel: str, compiled: bool, device: torch.device, dtype: 
 
 
 def attention_input(meta: DacpBatchMeta, kernel: str | None, device: torch.device,
-                    stats: Iterable | None = None, full_ac: bool = False) -> DacpBatchMeta | LocalOnlyBatch:
+                    stats: Iterable | None = None, full_ac: bool = False,
+                    cu_seqlens: torch.Tensor | None = None) -> DacpBatchMeta | LocalOnlyBatch:
     """What a micro-batch's blocks receive as ``attention_masks``: a
     :class:`LocalOnlyBatch` when ``kernel`` (the resolved kernel of a compiled
     job, None otherwise) is one of LOCAL_ONLY_KERNELS and ``meta`` has no
     distributed sequence, the meta itself otherwise. ``stats``: the layers'
-    counters, bumped here for the calls the compiled graph will make."""
+    counters, bumped here for the calls the compiled graph will make.
+    ``cu_seqlens``: the varlen starts already built on the host (pinned:
+    ``MicroBatchBuffer.staged``), copied without waiting for the device."""
     if kernel not in LOCAL_ONLY_KERNELS or meta.dist_lens or not meta.local_lens:
         return meta
     for s in stats or ():
@@ -115,5 +118,6 @@ def attention_input(meta: DacpBatchMeta, kernel: str | None, device: torch.devic
     if kernel == "dense":
         return LocalOnlyBatch(kernel, meta.local_mask(device), None, 0)  # 0: no int for dynamo to guard on
     keywords = _varlen_keywords()
-    return LocalOnlyBatch(kernel, None, meta.local_plan(device).cu_seq_q, max(meta.local_lens),
+    cu = (cu_seqlens if cu_seqlens is not None else meta.local_plan(None).cu_seq_q).to(device, non_blocking=True)
+    return LocalOnlyBatch(kernel, None, cu, max(meta.local_lens),
                           tuple(_varlen_kwargs(False, keywords).items()), "enable_gqa" in keywords)

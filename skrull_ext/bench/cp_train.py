@@ -15,6 +15,10 @@ NAME=FLAGS``). The default pair:
   a document-causal mask (datasets/row_layout.py), the strongest baseline
   torchtitan's CP runs on chat data; its steps hold a row's tokens, not a
   global batch, hence the per-token ratios;
+- ``torchtitan-documents``: the same rows, whole samples placed best-fit
+  decreasing (``--dataloader.packing documents``), none cut, what does not
+  fit carried to the next step: the whole-document baseline a fine-tuning
+  user would otherwise run;
 - ``skrull``: the job's ``[skrull]`` section as written, the default
   configuration (``free_running = "auto"``: free-running where the profile's
   memory account allows): the plan and the DACP attention;
@@ -49,6 +53,7 @@ BASELINE = "torchtitan"
 DEFAULT_VARIANTS = [
     f"{BASELINE}=--skrull.no-enable",
     f"{BASELINE}-stream=--skrull.no-enable --dataloader.packing stream --training.local_batch_size 1",
+    f"{BASELINE}-documents=--skrull.no-enable --dataloader.packing documents --training.local_batch_size 1",
     "skrull=",
     "skrull-lockstep=--skrull.no-free_running",
 ]

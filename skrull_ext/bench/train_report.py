@@ -1,5 +1,6 @@
 """One table of a ``bench cp`` run's modes: what each trained per second,
-at what MFU and memory, and, for Skrull, how the cost model's step time and
+at what MFU and memory, which documents it cut, how often it recompiled,
+and, for Skrull, how the cost model's step time and
 the profile's memory account compare with the measurement.
 
     python -m skrull_ext.bench train-report outputs/bench_cp [--profile P.toml] [--warmup 8]
@@ -8,7 +9,11 @@ Reads what the runs already wrote (no process is started): the probe's per
 step wall time and real tokens (``torchtitan_patches/cp_probe.py``; padding
 excluded, so padded batching is charged for its pad tokens) and rank 0's
 TensorBoard scalars: torchtitan's loss, ``mfu(%)`` (its FLOPs per *input*
-token, pads included: an upper bound for padded batching) and
+token, pads included: an upper bound for padded batching), the
+document-aware ``documents/tflops`` and ``documents/mfu(%)`` (attention
+priced from each trained document or cut piece: skrull_ext/train/doc_flops.py),
+the run's ``documents/cut_documents`` and ``documents/context_lost_tokens``,
+``compile/graphs`` (recompiles after warm-up: its rise after ``--warmup``) and
 ``memory/max_reserved(GiB)`` / ``max_active`` (the step's peak, reset each
 logged step), and Skrull's ``skrull/predicted_us``, ``skrull/measured_us``
 and ``skrull/max_rank_tokens``. The predicted memory of a Skrull step is the
@@ -70,6 +75,19 @@ def tokens_per_s(steps: list[dict]) -> float:
     return sum(s.get("step_tokens") or 0 for s in steps) / wall if wall > 0 else math.nan
 
 
+def last(tags: dict[str, dict[int, float]], tag: str) -> float:
+    """A run total's value at the last logged step (NaN when not logged)."""
+    values = tags.get(tag, {})
+    return values[max(values)] if values else math.nan
+
+
+def graphs_after(tags: dict[str, dict[int, float]], warmup: int) -> float:
+    """Graphs dynamo compiled after step ``warmup`` (``compile/graphs`` counts them since the start)."""
+    graphs = tags.get("compile/graphs", {})
+    before = [v for k, v in graphs.items() if k <= warmup]
+    return graphs[max(graphs)] - max(before) if graphs and before else math.nan
+
+
 def summarize_mode(run_dir: str, warmup: int, memory=None) -> dict:
     """The figures of one mode's run (NaN where the run did not log them)."""
     tags = scalars(run_dir)
@@ -88,6 +106,11 @@ def summarize_mode(run_dir: str, warmup: int, memory=None) -> dict:
         "slow_steps_ms": [1e3 * s["wall_s"] for s in slow],
         "real_tokens_per_s_without_slow": tokens_per_s([s for s in kept if s not in slow]),
         "mfu_pct": median(after("mfu(%)")),
+        "document_tflops": median(after("documents/tflops")),
+        "document_mfu_pct": median(after("documents/mfu(%)")),
+        "cut_documents": last(tags, "documents/cut_documents"),
+        "context_lost_tokens": last(tags, "documents/context_lost_tokens"),
+        "recompiles_after_warmup": graphs_after(tags, warmup),
         "peak_reserved_gib": max(after("memory/max_reserved(GiB)"), default=math.nan),
         "peak_active_gib": max(after("memory/max_active(GiB)"), default=math.nan),
         "losses_finite": bool(losses) and all(math.isfinite(x) for x in losses),
@@ -106,6 +129,7 @@ def summarize_mode(run_dir: str, warmup: int, memory=None) -> dict:
                  for k, t in tokens_by_step.items() if k > warmup and k in active]
         out["memory_over_predicted"] = median([m / p for m, p in pairs if p > 0])
         out["memory_over_predicted_max"] = max((m / p for m, p in pairs if p > 0), default=math.nan)
+        out["reserved_over_predicted"] = out["peak_reserved_gib"] * GIB / max((p for _, p in pairs), default=math.nan)
     return out
 
 
@@ -121,18 +145,45 @@ def table(results: dict[str, dict]) -> str:
 
     rows = ["| mode | real tokens/s | mean step ms | median step ms "
             f"| steps over {SLOW:g}x the median: real tokens/s without them "
-            "| MFU % (torchtitan's) | peak reserved GiB | peak active GiB "
-            "| measured / predicted step | measured / predicted memory (median, max) | losses finite |",
-            "|---|---|---|---|---|---|---|---|---|---|---|"]
+            "| document-aware TFLOP/s a device | document-aware MFU % | MFU % (torchtitan's, seq_len-priced) "
+            "| cut documents | tokens without their context | recompiles after warm-up "
+            "| peak reserved GiB | peak active GiB "
+            "| measured / predicted step | measured / predicted memory (median, max) | reserved / predicted "
+            "| losses finite |",
+            "|" + "---|" * 17]
     for mode, r in results.items():
         rows.append(
             f"| {mode} | {f(r['real_tokens_per_s'], '{:,.0f}')} | {f(r['step_ms'], '{:.1f}')} | "
             f"{f(r.get('median_step_ms'), '{:.1f}')} | {slow(r)} | "
-            f"{f(r['mfu_pct'], '{:.1f}')} | {f(r['peak_reserved_gib'], '{:.2f}')} | {f(r['peak_active_gib'], '{:.2f}')} | "
+            f"{f(r.get('document_tflops'), '{:.3g}')} | {f(r.get('document_mfu_pct'), '{:.1f}')} | "
+            f"{f(r['mfu_pct'], '{:.1f}')} | {f(r.get('cut_documents'), '{:,.0f}')} | "
+            f"{f(r.get('context_lost_tokens'), '{:,.0f}')} | {f(r.get('recompiles_after_warmup'), '{:.0f}')} | "
+            f"{f(r['peak_reserved_gib'], '{:.2f}')} | {f(r['peak_active_gib'], '{:.2f}')} | "
             f"{f(r.get('measured_over_predicted'), 'x{:.2f}')} | "
             f"{f(r.get('memory_over_predicted'), 'x{:.2f}')}, {f(r.get('memory_over_predicted_max'), 'x{:.2f}')} | "
+            f"{f(r.get('reserved_over_predicted'), 'x{:.2f}')} | "
             f"{'yes' if r['losses_finite'] else 'NO'} |")
+    rows += ["", *ratios(results)]
     return "\n".join(rows)
+
+
+BASELINES = ("torchtitan-documents", "torchtitan-stream")
+"""The modes every other is compared with, when the report has them."""
+
+
+def ratios(results: dict[str, dict]) -> list[str]:
+    """Each mode against each baseline present: real tokens/s (equal data) and
+    document-aware TFLOP/s (equal useful work: a cut document trains less attention)."""
+    out = []
+    for base in (b for b in BASELINES if b in results):
+        ref = results[base]
+        for mode, r in results.items():
+            if mode == base:
+                continue
+            tok = r["real_tokens_per_s"] / ref["real_tokens_per_s"]
+            flops = r.get("document_tflops", math.nan) / ref.get("document_tflops", math.nan)
+            out.append(f"{mode} / {base}: real tokens/s x{tok:.2f}, document-aware TFLOP/s x{flops:.2f}")
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

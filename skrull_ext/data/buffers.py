@@ -34,6 +34,21 @@ class MicroBatchBuffer:
     meta: DacpBatchMeta
     seqs: list[int]
     """Global indices of the micro-batch's sequences (all CP ranks), buffer order."""
+    cu_seqlens: torch.Tensor | None = None
+    """Staged (``staged``): the local part's int32 sequence starts, pinned, when every
+    sequence of the micro-batch is local on this rank (what a traced varlen call takes)."""
+
+    def staged(self) -> "MicroBatchBuffer":
+        """This buffer in pinned host memory, with the all-local varlen starts built:
+        the trainer's copies to the GPU are then asynchronous. A copy from pageable
+        memory waits for the GPU's queue first, so the next micro-batch's kernels
+        could not be launched while the last one computes. Built on the prefetch
+        thread, off the training loop (data/scheduling.py)."""
+        cu = None
+        if not self.meta.dist_lens and self.meta.local_lens:
+            cu = self.meta.local_plan(None).cu_seq_q.pin_memory()
+        return MicroBatchBuffer(self.input.pin_memory(), self.labels.pin_memory(), self.positions.pin_memory(),
+                                meta=self.meta, seqs=self.seqs, cu_seqlens=cu)
 
     @property
     def num_tokens(self) -> int:

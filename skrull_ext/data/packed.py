@@ -2,8 +2,9 @@
 
 Samples are laid out in ``dp_world_size * local_batch_size`` rows of
 ``seq_len`` by ``[dataloader] packing`` (row_layout.py: each step's global
-batch as whole samples, padded; or the global batches as one stream cut
-into full rows, carried across steps); DP rank r gets rows [r*B, (r+1)*B). Each piece of a sample is a document (positions
+batch as whole samples, padded; the global batches as one stream cut
+into full rows, carried across steps; or whole samples best-fit into the
+rows, what does not fit carried); DP rank r gets rows [r*B, (r+1)*B). Each piece of a sample is a document (positions
 restart at 0, which is where torchtitan's document mask separates them);
 free space at a row's end is a padding document (id 0, label ignored), so it
 never touches real tokens under the document mask. This is what torchtitan's
@@ -25,7 +26,7 @@ from torchtitan.components.tokenizer import BaseTokenizer
 
 from skrull_ext.data.accounting import Counts, RunAccount
 from skrull_ext.data.overlength import cut, limit_step, row_limit
-from skrull_ext.data.row_layout import Piece, cut_stream, whole_rows
+from skrull_ext.data.row_layout import Piece, best_fit_rows, cut_stream, whole_rows
 from skrull_ext.data.source import SourceDataLoaderBase
 from skrull_ext.data.synthetic import IGNORE_INDEX
 from skrull_ext.errors import DataError
@@ -56,11 +57,13 @@ class PackedDataLoader(SourceDataLoaderBase):
         self.last_samples: list[int] = []
         """Source indices trained by the last batch (what a failed step names)."""
         self.carry: list[Piece] = []
-        """'stream' packing: pieces (source index, first, end token) drawn but not yet trained."""
+        """'stream' and 'documents' packing: pieces (source index, first, end token) drawn but not yet trained."""
         self.last_tokens = 0
         """Real (not padding) tokens of the last batch over all DP ranks."""
         self.last_counts = Counts()
         """What the last batch did with the samples it read (``skrull/samples_*``)."""
+        self.last_layout: list[list[Piece]] = []
+        """The last batch's rows over all DP ranks (its documents or cut pieces: doc_flops.py)."""
         self.set_overlength("error")
 
     def set_overlength(self, mode: str) -> None:
@@ -99,14 +102,15 @@ class PackedDataLoader(SourceDataLoaderBase):
     def _pack(self) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         B, S = self.local_batch_size, self.seq_len
         rows = self.dp_world_size * B
-        if self.config.packing == "stream":
-            layout, samples = self._stream(rows, S)
-        else:
+        if self.config.packing == "rows":
             indices = self.next_global_batch()
             self.last_samples, kept, account = limit_step(self.limit, indices, self.source, self.step, self.account)
             self.last_counts = account.counts
             samples = dict(enumerate(kept))
             layout = whole_rows([s.length for s in kept], rows, S)
+        else:
+            layout, samples = self._carried(rows, S)
+        self.last_layout = layout
         self.last_tokens = sum(e - s for row in layout for _, s, e in row)
         inputs = torch.zeros(B, S, dtype=torch.long)
         labels = torch.full((B, S), IGNORE_INDEX, dtype=torch.long)
@@ -122,11 +126,13 @@ class PackedDataLoader(SourceDataLoaderBase):
             positions[b, off:] = torch.arange(S - off)
         return {"input": inputs, "positions": positions}, labels
 
-    def _stream(self, rows: int, S: int) -> tuple[list[list[Piece]], dict]:
-        """Full rows cut from the carried pieces and the global batches drawn
-        while they fall short (pieces keyed by source index); the rest is carried."""
+    def _carried(self, rows: int, S: int) -> tuple[list[list[Piece]], dict]:
+        """'stream' and 'documents': the step's rows from the carried pieces and the
+        global batches drawn while they hold fewer tokens than the rows (pieces keyed
+        by source index); what the rows do not take is carried. 'stream' cuts them
+        into full rows, 'documents' places them whole, best-fit decreasing."""
         samples = {k: cut(self.source[k], end) for k, _, end in self.carry}
-        pieces, have = list(self.carry), sum(e - s for _, s, e in self.carry)
+        carried, drawn, have = list(self.carry), [], sum(e - s for _, s, e in self.carry)
         self.last_samples = list(dict.fromkeys(k for k, _, _ in self.carry))
         self.last_counts = Counts()
         while have < rows * S:
@@ -135,8 +141,11 @@ class PackedDataLoader(SourceDataLoaderBase):
             self.last_counts.add(account.counts)
             for k, s in zip(kept_idx, kept):
                 samples[k] = s
-                pieces.append((k, 0, s.length))
+                drawn.append((k, 0, s.length))
                 have += s.length
             self.last_samples += kept_idx
-        layout, self.carry = cut_stream(pieces, rows, S)
+        if self.config.packing == "stream":
+            layout, self.carry = cut_stream(carried + drawn, rows, S)
+        else:
+            layout, self.carry = best_fit_rows(carried, drawn, rows, S)
         return layout, samples

@@ -15,9 +15,15 @@ each piece) and what a row does not fill is padding (packed.py).
   at all and one shape for every step (torchtitan's CP compiles its block
   mask per shape), so a step trains ``dp * local_batch_size * seq_len``
   tokens rather than one global batch: compare it per token.
+- ``documents`` (what a fine-tuning user otherwise runs: TRL's best-fit
+  packing, say): whole samples, never cut, placed best-fit decreasing into
+  the step's rows from the global batches in order; what does not fit is
+  carried to the next step and placed there first. One shape for every
+  step, no document loses its context, and only the rows' unfilled ends
+  are padding (counted: ``packed.py``'s ``last_tokens`` holds real tokens).
 """
 
-PACKINGS = ("rows", "stream")
+PACKINGS = ("rows", "stream", "documents")
 
 Piece = tuple[int, int, int]
 """(sample, first token, end token) of one document in a row."""
@@ -62,3 +68,36 @@ def cut_stream(pieces: list[Piece], rows: int, row_len: int) -> tuple[list[list[
         raise ValueError(f"the stream holds {sum(e - s for _, s, e in pieces)} tokens, "
                          f"fewer than {rows} rows of {row_len}")
     return out, []
+
+
+def best_fit_rows(carried: list[Piece], drawn: list[Piece], rows: int, row_len: int
+                  ) -> tuple[list[list[Piece]], list[Piece]]:
+    """Whole pieces best-fit decreasing into ``rows`` rows of ``row_len``: the
+    carried ones first (longest first), then the drawn ones (longest first), each
+    into the row it leaves least room in (the lowest such row on a tie). Returns
+    the rows (each in placement order) and what did not fit, carried ones first,
+    each group in its given order. Every piece must fit an empty row."""
+    out: list[list[Piece]] = [[] for _ in range(rows)]
+    free = [row_len] * rows
+    given = carried + drawn
+    left: list[int] = []
+    for first, group in ((0, carried), (len(carried), drawn)):
+        for i in sorted(range(first, first + len(group)), key=lambda i: -(given[i][2] - given[i][1])):
+            n = given[i][2] - given[i][1]
+            if n > row_len:
+                raise ValueError(f"a piece of {n} tokens does not fit a row of {row_len}")
+            fits = [r for r in range(rows) if free[r] >= n]
+            if not fits:
+                left.append(i)
+                continue
+            r = min(fits, key=lambda r: (free[r], r))
+            out[r].append(given[i])
+            free[r] -= n
+    return out, [given[i] for i in sorted(left)]
+
+
+def context_cuts(layout: list[list[Piece]]) -> tuple[int, int]:
+    """(documents, tokens) of a layout's pieces that start mid-document: each a
+    document cut at a row's end, trained without the context before the cut."""
+    cut = [(k, e - s) for row in layout for k, s, e in row if s > 0]
+    return len({k for k, _ in cut}), sum(n for _, n in cut)

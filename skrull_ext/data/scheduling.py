@@ -101,6 +101,8 @@ class StepBuilder:
     """Pad to the plan's slots even when the job runs free (validation's forward passes)."""
     warn: bool = True
     """Log each step's cuts and skips (a validation pass counts them in its own line)."""
+    pin: bool = False
+    """Stage the buffers in pinned memory (``MicroBatchBuffer.staged``): a CUDA trainer's."""
 
     @property
     def own_only(self) -> bool:
@@ -130,6 +132,8 @@ class StepBuilder:
             for i, m, c, n, k in zip(indices, lengths, losses, plan.lengths, kept) if k
         )
         mbs = rank_buffers(plan, samples, indices, self.dp_rank, self.cp_rank, self.own_only)
+        if self.pin:
+            mbs = [mb.staged() for mb in mbs]
         return SkrullStep(
             step=step, dp_rank=self.dp_rank, samples=indices, plan=plan, micro_batches=mbs,
             global_valid_tokens=valid, schedule_us=schedule_us, account=account,
@@ -204,9 +208,10 @@ class SkrullDataLoader(SourceDataLoaderBase):
         self._cursor: _Cursor | None = None
         self._ahead: Prefetcher | None = None
 
-    def attach(self, scheduler: Scheduler, cp_rank: int, cp_size: int) -> None:
+    def attach(self, scheduler: Scheduler, cp_rank: int, cp_size: int, pin: bool = False) -> None:
         """Bind the scheduler and this rank's CP coordinates (once, after build); how the
-        job executes is the scheduler's resolved job's (``scheduler.job``)."""
+        job executes is the scheduler's resolved job's (``scheduler.job``). ``pin``: stage
+        the buffers in pinned memory (a CUDA trainer)."""
         c = scheduler.job
         if (c.dp, c.cp) != (self.dp_world_size, cp_size):
             raise ValueError(
@@ -217,7 +222,7 @@ class SkrullDataLoader(SourceDataLoaderBase):
         self.scheduler, self.cp_rank, self.cp_size = scheduler, cp_rank, cp_size
         self.limit = scheduler_limit(c, self.config.max_len)
         self.builder = StepBuilder(self.source, scheduler, self.limit, self.config.global_batch_size,
-                                   self.dp_rank, cp_rank)
+                                   self.dp_rank, cp_rank, pin=pin)
 
     def __iter__(self) -> Iterator[SkrullStep]:
         if self.scheduler is None:
@@ -277,10 +282,10 @@ class SkrullDataLoader(SourceDataLoaderBase):
         carry = json.loads(state_dict.get("carry", "[]"))
         if carry:
             raise DataError(
-                f"the checkpoint of step {state_dict.get('step')} was packed as a stream (torchtitan's batching, "
-                f"dataloader.packing = 'stream') and carries {len(carry)} piece(s) of sequences into the next step, "
-                "which Skrull batching cannot continue; continue it with --skrull.no-enable --dataloader.packing "
-                "stream")
+                f"the checkpoint of step {state_dict.get('step')} was packed by torchtitan's batching "
+                f"(dataloader.packing 'stream' or 'documents') and carries {len(carry)} piece(s) of sequences into "
+                "the next step, which Skrull batching cannot continue; continue it with --skrull.no-enable and "
+                "the same --dataloader.packing")
         self.close()  # steps built ahead of the old state are thrown away
         super().load_state_dict(state_dict)
         self.account.load_state_dict(state_dict)

@@ -152,8 +152,9 @@ class SourceDataLoaderBase(BaseDataLoader):
         """torchtitan's batching (skrull.enable = false) only: 'rows' places each step's samples whole
         in local_batch_size rows of seq_len (padding the rest); 'stream' cuts the global batches, as one
         stream, into full rows (a sample cut at a row's end goes on in the next row, without the context
-        before the cut): no padding, but a step is a fixed number of tokens, not a global batch
-        (datasets/row_layout.py). Skrull's loader neither pads nor cuts."""
+        before the cut): no padding, but a step is a fixed number of tokens, not a global batch;
+        'documents' places whole samples best-fit decreasing into the rows, never cut, what does not
+        fit carried to the next step (data/row_layout.py). Skrull's loader neither pads nor cuts."""
 
         def __post_init__(self):
             if self.dataset not in DATASETS:

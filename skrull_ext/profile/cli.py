@@ -159,7 +159,12 @@ def main(argv: list[str] | None = None) -> int:
     from skrull_ext.train.job_file import load_config
     from torchtitan_patches import logs
 
+    from skrull_ext.train.allocator import allocator_line, use_expandable_segments
+
+    allocator = use_expandable_segments()  # the allocator training runs with: its memory is what is measured
     logs.install()  # torchtitan's warnings about its own defaults (HF assets path, initial_load_model_only) dropped
+    if (line := allocator_line(allocator)) is not None:
+        print(line)
     t0 = time.perf_counter()
     argv = sys.argv[1:] if argv is None else argv
     args, job_args = _parser().parse_known_args(argv)

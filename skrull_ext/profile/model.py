@@ -111,12 +111,15 @@ def build_job_model(config: Any, device: torch.device, max_len: int) -> JobModel
     model.to(device)
     if config.activation_checkpoint is not None:
         config.activation_checkpoint.build(dump_folder=config.dump_folder).apply(model)
-    if model_compiled(config):
-        for block in model.layers.values():
-            block.compile(backend=config.compile.backend, fullgraph=True)
-
     skrull = getattr(config, "skrull", None)
     dacp = skrull is not None and skrull.enable
+    if model_compiled(config):
+        if dacp:  # the fusions a compiled Skrull job trains with (train/compile_limit.py)
+            from skrull_ext.train.compile_limit import length_free_fusion
+
+            length_free_fusion(True)
+        for block in model.layers.values():
+            block.compile(backend=config.compile.backend, fullgraph=True)
     if dacp:  # after AC and compile, as SkrullTrainer does after torchtitan's parallelize
         from torchtitan_patches.dacp_attention import install_dacp_attention
 

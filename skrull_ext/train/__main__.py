@@ -32,13 +32,17 @@ from torchtitan.tools.logging import init_logger, logger  # noqa: E402
 
 from skrull_ext.cli_errors import run_cli  # noqa: E402
 from skrull_ext.train import interrupt  # noqa: E402
+from skrull_ext.train.allocator import allocator_line, use_expandable_segments  # noqa: E402
 from skrull_ext.train.job_file import load_config  # noqa: E402
 from torchtitan_patches import logs  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> None:
+    allocator = use_expandable_segments()  # before the first CUDA allocation (allocator.py)
     init_logger()
     logs.install()  # rank 0's lines only (LOG_RANK), without torchtitan's default-value warning
+    if (line := allocator_line(allocator)) is not None:
+        logger.info(line)
     config = load_config(sys.argv[1:] if argv is None else argv)
 
     trainer = None

@@ -18,11 +18,22 @@ dynamic one after the length first changes; and one per size class
 inductor's heuristics guard on (an H200 run recompiled when a micro-batch
 fell below 5,852 tokens: docs/results/gpu.md, run 4). That is 12 or more,
 each compiled once per run.
+
+The size classes are what recompiles a run after its warm-up: a new class
+is met whenever the data first brings one, at any step (a 6.7 s step 28 of
+34 on an H200). The only ones seen (runs 4-6, docs/results/gpu.md) are
+inductor's mix-order reduction (``_inductor/scheduler.py``
+``MixOrderReduction.can_fuse``: the RMSNorm backward's two reductions fused
+only when ``rows * cols >= 5 * 2**20``, ``rows >= 2 * cols`` and
+``rows >= 4096``), whose conditions on a dynamic token count become guards.
+A compiled Skrull job turns that fusion off (``length_free_fusion``): the
+same kernels at every length, one dynamic graph, no guard on the token
+count. torchtitan's batchings train one row shape and keep it.
 """
 
 import torch
 
-__all__ = ["SKRULL_RECOMPILE_LIMIT", "raise_recompile_limit"]
+__all__ = ["SKRULL_RECOMPILE_LIMIT", "length_free_fusion", "raise_recompile_limit"]
 
 SKRULL_RECOMPILE_LIMIT = 24
 """Twice the graph classes counted above: room for a size class or two more."""
@@ -38,3 +49,15 @@ def raise_recompile_limit(compiled: bool) -> str | None:
     return (f"Skrull: torch._dynamo.config.recompile_limit {before} -> {SKRULL_RECOMPILE_LIMIT}: variable-length "
             "micro-batches and two attention inputs give a compiled block more graphs than the default, and "
             "fullgraph=True fails the run past the limit (skrull_ext/train/compile_limit.py)")
+
+
+def length_free_fusion(compiled: bool) -> str | None:
+    """Turn off inductor's mix-order reduction for a compiled job (module
+    docstring), where this torch has it; returns the line to log, None when
+    nothing changed."""
+    triton = torch._inductor.config.triton
+    if not compiled or not getattr(triton, "mix_order_reduction", False):
+        return None
+    triton.mix_order_reduction = False
+    return ("Skrull: torch._inductor.config.triton.mix_order_reduction off: its size conditions on the token "
+            "count recompile the blocks whenever a micro-batch first crosses them (skrull_ext/train/compile_limit.py)")

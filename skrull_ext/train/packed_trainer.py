@@ -17,6 +17,7 @@ from torch.distributed.tensor import DTensor
 from skrull_ext.data.accounting import sample_metrics
 from skrull_ext.data.overlength import check_overlength
 from skrull_ext.data.packed import PackedDataLoader
+from skrull_ext.data.row_layout import context_cuts
 from skrull_ext.train.job_trainer import JobTrainer, NonFiniteLossError, name_samples
 
 
@@ -31,6 +32,15 @@ class PackedTrainer(JobTrainer):
             self.dataloader.check_rows(first_step=1, last_step=config.training.steps)
             self.optimizers.register_step_pre_hook(self._stop_on_non_finite_grads)
             self._log_samples_with_torchtitans_metrics()
+
+    def batch_generator(self, data_iterable):
+        """torchtitan's, each batch's documents (or cut pieces) counted for the
+        document-aware FLOPs (doc_flops.py): one loader batch is one step here."""
+        for batch in super().batch_generator(data_iterable):
+            layout = getattr(self.dataloader, "last_layout", None)
+            if layout is not None:
+                self.meter.add((e - s for row in layout for _, s, e in row), *context_cuts(layout))
+            yield batch
 
     def _log_samples_with_torchtitans_metrics(self) -> None:
         """torchtitan's own train_step logs the step: add the same ``skrull/samples_*``

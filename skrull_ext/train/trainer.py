@@ -50,7 +50,7 @@ from skrull_ext.scheduler import Scheduler
 from skrull_ext.scheduler.config import FROM_PROFILE, job_timeline, timeline_name
 from skrull_ext.scheduler.model_shape import compute_dtype, DTYPES, job_shape, model_compiled
 from skrull_ext.scheduler.profile_file import free_running_bytes
-from skrull_ext.train.compile_limit import raise_recompile_limit
+from skrull_ext.train.compile_limit import length_free_fusion, raise_recompile_limit
 from skrull_ext.train.execution import AUTO, PREDICT_STEPS, Execution, choose_execution
 from skrull_ext.train.free_running import FreeRunningFSDP
 from skrull_ext.train.job_config import JobConfig
@@ -129,8 +129,9 @@ class SkrullTrainer(JobTrainer):
         self.full_ac = isinstance(self.config.activation_checkpoint, FullAC.Config)
         self.dacp_stats = [m.stats for m in self.dacp_attention]
         """The layers' counters, which attention_input bumps for a traced micro-batch."""
-        if (line := raise_recompile_limit(compiled)) is not None:
-            logger.info(line)
+        for line in (raise_recompile_limit(compiled), length_free_fusion(compiled)):
+            if line is not None:
+                logger.info(line)
         switches = FreeRunningFSDP(self.model_parts)
         unsharded = self._unsharded_bytes() if switches else None  # no FSDP unit: nothing to hold unsharded
         execution = self._choose_execution(dims, unsharded)
@@ -144,7 +145,7 @@ class SkrullTrainer(JobTrainer):
                                          free_running=execution.free_running, bucket_size=execution.bucket_size)
         """The job's scheduling, resolved once: the Scheduler, its plans and the step builder read it."""
         self.scheduler = Scheduler(self.skrull_job)
-        self.dataloader.attach(self.scheduler, cp_rank, dims.cp)
+        self.dataloader.attach(self.scheduler, cp_rank, dims.cp, pin=self.device.type == "cuda")
         if skrull.plan_log:
             rank = dist.get_rank() if dist.is_initialized() else 0
             self.plan_log = PlanLog(self.config.dump_folder, rank)
@@ -212,6 +213,8 @@ class SkrullTrainer(JobTrainer):
                 raise DataloaderExhaustedError() from ex
             waited = time.perf_counter() - start  # ~0 when the step was built ahead (prefetch_steps)
             self.metrics_processor.ntokens_since_last_log += step.num_tokens
+            plan = step.plan
+            self.meter.add(plan.lengths[k] for k in range(len(plan.lengths)) if plan.micro_batch[k] >= 0)
             self.metrics_processor.data_loading_times.append(waited)
             self.data_wait_ms.append(waited * 1e3)
             yield step
@@ -286,11 +289,13 @@ class SkrullTrainer(JobTrainer):
             elif self.config.skrull.defer_grad_sync:
                 self._set_grad_sync(j == last)
             with record_function(f"skrull/micro_batch_{j}"):
-                masks = attention_input(mb.meta, self.local_only_kernel, self.device, self.dacp_stats, self.full_ac)
-                extra = {"positions": mb.positions.to(self.device), "attention_masks": masks}
-                labels = mb.labels.to(self.device)
+                # Asynchronous from a CUDA run's pinned buffers (MicroBatchBuffer.staged).
+                masks = attention_input(mb.meta, self.local_only_kernel, self.device, self.dacp_stats, self.full_ac,
+                                        mb.cu_seqlens)
+                extra = {"positions": mb.positions.to(self.device, non_blocking=True), "attention_masks": masks}
+                labels = mb.labels.to(self.device, non_blocking=True)
                 self.ntokens_seen += labels.numel()
-                loss = self.fwd_bwd_fn(mb.input.to(self.device), labels, global_valid_tokens, extra)
+                loss = self.fwd_bwd_fn(mb.input.to(self.device, non_blocking=True), labels, global_valid_tokens, extra)
                 accumulated += loss.detach()
         if free is not None:
             free.end()  # every unit resharded before the optimizer: no stale copy in the next step

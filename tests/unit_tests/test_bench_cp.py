@@ -33,11 +33,13 @@ def test_variants_parse_and_the_baseline_comes_first():
     a = cp_train.parse_args(["--variant", "torchtitan=--skrull.no-enable", "--variant", "fast=--a 1 --b"])
     assert a.modes == {"torchtitan": ["--skrull.no-enable"], "fast": ["--a", "1", "--b"]}
     default = cp_train.parse_args([]).modes
-    assert list(default) == ["torchtitan", "torchtitan-stream", "skrull", "skrull-lockstep"]
+    assert list(default) == ["torchtitan", "torchtitan-stream", "torchtitan-documents", "skrull", "skrull-lockstep"]
     assert default["skrull"] == [] and default["skrull-lockstep"] == ["--skrull.no-free_running"]
     assert default["torchtitan-stream"] == ["--skrull.no-enable", "--dataloader.packing", "stream",
                                             "--training.local_batch_size", "1"]
-    assert cp_train.baselines(default) == ["torchtitan", "torchtitan-stream"]
+    assert default["torchtitan-documents"] == ["--skrull.no-enable", "--dataloader.packing", "documents",
+                                               "--training.local_batch_size", "1"]
+    assert cp_train.baselines(default) == ["torchtitan", "torchtitan-stream", "torchtitan-documents"]
     with pytest.raises(SystemExit):
         cp_train.parse_args(["--variant", "skrull="])
     with pytest.raises(SystemExit):

@@ -52,3 +52,38 @@ def test_memory_prediction_adds_what_free_running_holds(tmp_path):
     r = summarize_mode(run, warmup=0, memory=memory)
     # predicted GiB: 3, 2.5, 4, 3.5: every step measured as predicted
     assert math.isclose(r["memory_over_predicted"], 1.0) and math.isclose(r["memory_over_predicted_max"], 1.0)
+
+
+def test_document_figures_recompiles_and_ratios(tmp_path):
+    """The document-aware TFLOP/s and MFU (medians after the warm-up), the run's cut
+    documents, the graphs compiled after the warm-up, and each mode against the baselines."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    from skrull_ext.bench.train_report import ratios
+
+    results = {}
+    for mode, tflops, graphs, cuts in (("skrull", [1.0, 9.0, 10.0, 12.0], [2, 4, 4, 5], 0),
+                                       ("torchtitan-documents", [1.0, 8.0, 8.0, 8.0], [1, 2, 2, 2], 0),
+                                       ("torchtitan-stream", [2.0, 11.0, 12.0, 13.0], [1, 1, 1, 1], 7)):
+        run = _run(tmp_path / mode, [0.5] * 4, tokens=1000 if mode != "skrull" else 1500)
+        with SummaryWriter(f"{run}/tb/20261128") as w:
+            for step, (t, g) in enumerate(zip(tflops, graphs), start=1):
+                w.add_scalar("documents/tflops", t, step)
+                w.add_scalar("documents/mfu(%)", 10 * t, step)
+                w.add_scalar("compile/graphs", g, step)
+                w.add_scalar("documents/cut_documents", cuts * step, step)
+                w.add_scalar("documents/context_lost_tokens", 100 * cuts * step, step)
+        results[mode] = summarize_mode(run, warmup=2)
+    s, d, st = results["skrull"], results["torchtitan-documents"], results["torchtitan-stream"]
+    assert s["document_tflops"] == 11.0 and s["document_mfu_pct"] == 110.0  # median of steps 3-4
+    assert s["recompiles_after_warmup"] == 1 and d["recompiles_after_warmup"] == 0  # graphs at step 4 - at step 2
+    assert st["cut_documents"] == 28 and st["context_lost_tokens"] == 2800 and s["cut_documents"] == 0
+    assert ratios(results) == [
+        "skrull / torchtitan-documents: real tokens/s x1.50, document-aware TFLOP/s x1.38",
+        "torchtitan-stream / torchtitan-documents: real tokens/s x1.00, document-aware TFLOP/s x1.56",
+        "skrull / torchtitan-stream: real tokens/s x1.50, document-aware TFLOP/s x0.88",
+        "torchtitan-documents / torchtitan-stream: real tokens/s x1.00, document-aware TFLOP/s x0.64",
+    ]
+    header, _, row = table(results).splitlines()[:3]
+    cells = dict(zip([c.strip() for c in header.split("|")], [c.strip() for c in row.split("|")]))
+    assert cells["document-aware TFLOP/s a device"] == "11" and cells["recompiles after warm-up"] == "1"

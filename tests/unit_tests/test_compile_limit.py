@@ -27,3 +27,23 @@ def test_eager_job_and_a_higher_limit_are_left_alone(limit):
     assert raise_recompile_limit(False) is None and torch._dynamo.config.recompile_limit == 8
     torch._dynamo.config.recompile_limit = 64  # a user's own, higher setting stays
     assert raise_recompile_limit(True) is None and torch._dynamo.config.recompile_limit == 64
+
+
+@pytest.fixture
+def mix_order():
+    triton = torch._inductor.config.triton
+    before = triton.mix_order_reduction
+    yield triton
+    triton.mix_order_reduction = before
+
+
+def test_compiled_job_turns_off_the_length_guarded_fusion(mix_order):
+    """The CUDA config a compiled Skrull job resolves: inductor's mix-order reduction, whose size
+    conditions on the token count recompiled an H200 run mid-way, off; eager jobs leave it."""
+    from skrull_ext.train.compile_limit import length_free_fusion
+
+    mix_order.mix_order_reduction = True
+    assert length_free_fusion(False) is None and mix_order.mix_order_reduction is True
+    line = length_free_fusion(True)
+    assert mix_order.mix_order_reduction is False and "mix_order_reduction off" in line
+    assert length_free_fusion(True) is None  # already off: nothing to say

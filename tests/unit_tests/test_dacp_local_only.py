@@ -143,3 +143,29 @@ def test_varlen_attend_on_cuda_equals_dense_and_the_reference(dtype):
     for a, b in zip(torch.autograd.grad(got.float().square().sum(), (q, k, v)),
                     torch.autograd.grad(dense.float().square().sum(), (q, k, v))):
         torch.testing.assert_close(a.float(), b.float(), rtol=3e-2, atol=5e-2)
+
+
+def test_staged_starts_are_the_plans_own():
+    """A staged micro-batch hands its host-built varlen starts (MicroBatchBuffer.staged) in place
+    of the plan's; the blocks receive the same tensor either way."""
+    cpu = torch.device("cpu")
+    local = _local(LENS)
+    staged = attention_input(local, "varlen", cpu, cu_seqlens=torch.tensor([0, 5, 12, 15], dtype=torch.int32))
+    plain = attention_input(_local(LENS), "varlen", cpu)
+    assert torch.equal(staged.cu_seqlens, plain.cu_seqlens) and staged.cu_seqlens.dtype == torch.int32
+    assert staged.max_len == plain.max_len == 7
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (pinned memory)")
+def test_staged_buffer_is_pinned_and_unchanged_cuda():
+    from skrull_ext.data.buffers import set_buffer
+    from skrull_ext.data.synthetic import Sample
+
+    samples = [Sample(input=torch.arange(n), labels=torch.arange(n)) for n in LENS]
+    mb = set_buffer(samples, LENS, [0, 0, 0], [1, 1, 1], rank=0, world=1, group=True)
+    st = mb.staged()
+    assert all(t.is_pinned() for t in (st.input, st.labels, st.positions, st.cu_seqlens))
+    assert torch.equal(st.input, mb.input) and torch.equal(st.positions, mb.positions)
+    assert st.cu_seqlens.tolist() == [0, 5, 12, 15]
+    dev = attention_input(st.meta, "varlen", torch.device("cuda"), cu_seqlens=st.cu_seqlens)
+    assert dev.cu_seqlens.device.type == "cuda" and dev.cu_seqlens.tolist() == [0, 5, 12, 15]

@@ -95,9 +95,9 @@ def test_a_stream_checkpoint_that_carries_pieces_is_refused_by_skrull(tok):
     assert json.loads(state["carry"]), "the fixture's first step should carry a piece"
     skrull = SkrullDataLoader.Config(dataset="jsonl", dataset_path="tiny_sft", max_len=128,
                                      global_batch_size=4).build(dp_world_size=1, dp_rank=0, tokenizer=tok)
-    with pytest.raises(DataError, match=r"^the checkpoint of step 1 was packed as a stream .* carries \d+ piece\(s\) "
-                                        r"of sequences into the next step, .*--skrull.no-enable --dataloader.packing "
-                                        r"stream$"):
+    with pytest.raises(DataError, match=r"^the checkpoint of step 1 was packed by torchtitan's batching .* carries \d+ piece\(s\) "
+                                        r"of sequences into the next step, .*--skrull.no-enable and the same "
+                                        r"--dataloader.packing$"):
         skrull.load_state_dict(state)
 
 

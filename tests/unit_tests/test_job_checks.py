@@ -40,7 +40,7 @@ BAD = [
     (DEBUG, ["--training.steps", "ten"], 1, "training.steps: expected an integer, got 'ten'"),
     (DEBUG, ["--training.seq_len", "1.5"], 1, "training.seq_len: expected an integer, got '1.5'"),
     (DEBUG, ["--skrull.cpsat_margin", "x"], 1, "skrull.cpsat_margin: expected a number, got 'x'"),
-    (DEBUG, ["--dataloader.packing", "dense"], 1, "dataloader.packing: 'dense' is not one of ['rows', 'stream']"),
+    (DEBUG, ["--dataloader.packing", "dense"], 1, "dataloader.packing: 'dense' is not one of ['rows', 'stream', 'documents']"),
     (DEBUG, ["--dataloader.packing", "stream"], 1, "dataloader.packing = 'stream' is for torchtitan's batching"),
     (DEBUG, ["--dataloader.min_len", "0"], 1, "dataloader.min_len = 0: must be >= 1"),
     (DEBUG, ["--dataloader.max_len", "1"], 1, "dataloader.max_len = 1: must be >= dataloader.min_len (2)"),

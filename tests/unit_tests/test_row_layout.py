@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from skrull_ext.data.overlength import limit_step
 from skrull_ext.data.packed import PackedDataLoader
-from skrull_ext.data.row_layout import cut_stream, whole_rows
+from skrull_ext.data.row_layout import best_fit_rows, context_cuts, cut_stream, whole_rows
 from skrull_ext.data.scheduling import SkrullDataLoader
 from skrull_ext.data.tokenizer import LocalTokenizer
 
@@ -32,6 +32,39 @@ def test_cut_stream_fills_rows_and_carries_the_rest():
     assert rows == [[(1, 0, 4)], [(1, 4, 8)]] and rest == []
     with pytest.raises(ValueError, match="holds 7 tokens, fewer than 2 rows of 4"):
         cut_stream([(1, 0, 7)], rows=2, row_len=4)
+
+
+def test_best_fit_rows_places_whole_pieces_carried_first():
+    # Drawn, longest first: 5 -> row 0, 4 -> row 1, 3 -> row 0 (8: full), 2 -> row 1 (6), 2 -> row 1 (8).
+    rows, left = best_fit_rows([], [(0, 0, 3), (1, 0, 5), (2, 0, 2), (3, 0, 4), (4, 0, 2)], rows=2, row_len=8)
+    assert rows == [[(1, 0, 5), (0, 0, 3)], [(3, 0, 4), (2, 0, 2), (4, 0, 2)]] and left == []
+    # Best fit, not first fit: the 2 goes where it leaves least room (row 1: 3 free), not row 0 (6 free).
+    rows, left = best_fit_rows([(9, 0, 2)], [(5, 0, 6), (6, 0, 5), (7, 0, 2)], rows=2, row_len=8)
+    assert rows == [[(9, 0, 2), (5, 0, 6)], [(6, 0, 5), (7, 0, 2)]] and left == []
+    # What does not fit is carried, carried ones first, in their given order.
+    rows, left = best_fit_rows([(1, 0, 7)], [(2, 0, 3), (3, 0, 8), (4, 0, 6)], rows=2, row_len=8)
+    assert rows == [[(1, 0, 7)], [(3, 0, 8)]] and left == [(2, 0, 3), (4, 0, 6)]
+    with pytest.raises(ValueError, match="a piece of 9 tokens does not fit a row of 8"):
+        best_fit_rows([], [(0, 0, 9)], rows=1, row_len=8)
+
+
+def test_context_cuts_count_pieces_that_start_mid_document():
+    assert context_cuts([[(1, 0, 4), (2, 0, 4)], [(2, 4, 6), (3, 2, 5)], [(3, 5, 9)]]) == (2, 2 + 3 + 4)
+    assert context_cuts([[(1, 0, 4)], []]) == (0, 0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(1, 64), max_size=30), st.lists(st.integers(1, 64), max_size=30), st.integers(1, 6))
+def test_best_fit_rows_keeps_every_piece_once_and_whole(carried, drawn, rows):
+    carried = [(k, 0, n) for k, n in enumerate(carried)]
+    drawn = [(100 + k, 0, n) for k, n in enumerate(drawn)]
+    out, left = best_fit_rows(carried, drawn, rows, 64)
+    placed = [p for row in out for p in row]
+    assert sorted(placed + left) == sorted(carried + drawn)  # each once, never cut
+    assert all(sum(e - s for _, s, e in row) <= 64 for row in out)
+    free = [64 - sum(e - s for _, s, e in row) for row in out]
+    assert all(e - s > max(free) for _, s, e in left)  # nothing left over fits a row's free space
+    assert left == [p for p in carried + drawn if p in left]  # carried first, each in its given order
 
 
 @settings(max_examples=200, deadline=None)
@@ -106,7 +139,7 @@ def test_stream_resumes_exactly_mid_sample(tok):
 
 
 def test_packing_is_checked_and_refused_under_skrull():
-    with pytest.raises(ValueError, match=r"dataloader.packing: 'dense' is not one of \['rows', 'stream'\]"):
+    with pytest.raises(ValueError, match=r"dataloader.packing: 'dense' is not one of \['rows', 'stream', 'documents'\]"):
         PackedDataLoader.Config(packing="dense")
     from skrull_ext.train.job_file import load_config
     from skrull_ext.train.trainer import JobConfig, SkrullTrainer
@@ -118,3 +151,46 @@ def test_packing_is_checked_and_refused_under_skrull():
     assert isinstance(config, JobConfig) and isinstance(config.dataloader, PackedDataLoader.Config)
     assert config.dataloader.packing == "stream"
     assert SkrullDataLoader.Config().packing == "rows"
+
+
+def test_documents_train_each_sample_once_whole(tok):
+    # Every sample drawn is trained exactly once, never cut (positions count 0..n-1 within each),
+    # and what a step does not place is what it carries.
+    run = _loader(tok, "documents", B=2, S=128)
+    it = iter(run)
+    trained = []
+    for _ in range(6):
+        inputs, labels = next(it)
+        assert labels.shape == (2, 128)
+        assert context_cuts(run.last_layout) == (0, 0)
+        pieces = [p for row in run.last_layout for p in row]
+        assert all(s == 0 and e == min(run.source[k].length, 128) for k, s, e in pieces)
+        assert run.last_tokens == sum(e for _, _, e in pieces) <= 2 * 128
+        trained += [k for k, _, _ in pieces]
+        for b, row in enumerate(run.last_layout):
+            off = 0
+            for k, _, e in row:
+                assert torch.equal(inputs["input"][b, off:off + e], torch.as_tensor(run.source[k].input[:e]))
+                assert torch.equal(inputs["positions"][b, off:off + e], torch.arange(e))
+                off += e
+    ref = _loader(tok, "documents")
+    drawn = []
+    for _ in range(run.step):
+        kept_idx, _, _ = limit_step(ref.limit, ref.next_global_batch(), ref.source, ref.step, ref.account)
+        drawn += kept_idx
+    carried = [k for k, _, _ in run.carry]
+    assert sorted(trained + carried) == sorted(drawn) and len(set(drawn)) == len(drawn)
+
+
+def test_documents_resume_exactly_with_their_carry(tok):
+    run = _loader(tok, "documents", B=1, S=96)
+    it = iter(run)
+    for _ in range(3):
+        next(it)
+    state = run.state_dict()
+    want = [next(it) for _ in range(4)]
+    again = _loader(tok, "documents", B=1, S=96)
+    again.load_state_dict(state)
+    it2 = iter(again)
+    for (a_in, a_lab), (b_in, b_lab) in zip(want, [next(it2) for _ in range(4)]):
+        assert torch.equal(a_in["input"], b_in["input"]) and torch.equal(a_lab, b_lab)
