@@ -142,13 +142,15 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
 
   py::class_<CostModel>(m, "CostModel", "Per-layer cost model of docs/design/cost_model.md (tokens, FLOPs, bytes, microseconds).")
       .def(py::init([](const ModelShape& shape, double a_us_per_flop, double b_us, const CommModel& comm,
-                       double micro_batch_fixed_us, double step_fixed_us, double token_us) {
-             CostModel c{shape, a_us_per_flop, b_us, comm, micro_batch_fixed_us, step_fixed_us, token_us};
+                       double micro_batch_fixed_us, double step_fixed_us, double token_us, double attention_weight) {
+             CostModel c{shape, a_us_per_flop, b_us, comm, micro_batch_fixed_us, step_fixed_us, token_us,
+                         attention_weight};
              c.validate();
              return c;
            }),
            py::arg("shape"), py::arg("a_us_per_flop"), py::arg("b_us"), py::arg("comm"),
-           py::arg("micro_batch_fixed_us") = 0.0, py::arg("step_fixed_us") = 0.0, py::arg("token_us") = 0.0)
+           py::arg("micro_batch_fixed_us") = 0.0, py::arg("step_fixed_us") = 0.0, py::arg("token_us") = 0.0,
+           py::arg("attention_weight") = 1.0)
       // Copies: a CostModel is immutable once validated (build a new one).
       .def_property_readonly("shape", [](const CostModel& c) { return c.shape; })
       .def_readonly("a_us_per_flop", &CostModel::a_us_per_flop)
@@ -159,6 +161,8 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
                     "Fixed time of one step, paid once (free-running: the first gathers and the one reduction).")
       .def_readonly("token_us", &CostModel::token_us,
                     "Time per token a rank holds in a micro-batch outside the layers (embedding, head, loss).")
+      .def_readonly("attention_weight", &CostModel::attention_weight,
+                    "Weight of the attention term in flops() against the linear ones (fitted by the profiler).")
       .def_property_readonly("comm", [](const CostModel& c) { return c.comm; })
       .def("flops", &CostModel::flops, py::arg("length"), "Forward FLOPs of one layer for one sequence.")
       .def("kv_bytes", &CostModel::kv_bytes, py::arg("length"), "K and V bytes of one layer.")

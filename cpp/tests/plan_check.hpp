@@ -39,6 +39,8 @@ inline std::string cost_rejection(const CostModel& c) {
   if (!(c.comm.collectives_per_layer * c.comm.plan_margin <= 1e3)) return "collectives_per_layer x plan_margin";
   if (!ok(c.micro_batch_fixed_us, 1e9)) return "micro_batch_fixed_us";
   if (!ok(c.token_us, 1e3)) return "token_us";
+  if (!(std::isfinite(c.attention_weight) && c.attention_weight > 0.0 && c.attention_weight <= 4.0))
+    return "attention_weight";
   return "";
 }
 

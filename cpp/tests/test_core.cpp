@@ -35,6 +35,25 @@ static void test_shards() {
   CHECK(max_sequence_length(1, 4) == 1);
 }
 
+// The attention term at attention_weight w: flops(s) = 24 s + w 4 s^2, and the
+// plan's time follows it (two documents of 3 and 5 on two ranks at T_comp = F).
+static void test_attention_weight() {
+  CostModel c = toy();
+  CHECK(c.flops(10) == 24.0 * 10 + 4.0 * 100);
+  c.attention_weight = 0.5;
+  CHECK(c.flops(10) == 24.0 * 10 + 0.5 * 4.0 * 100);
+  const DacpResult r = dacp({3, 5}, c, 2, 10, Placement::kLeastLoad, Rollback::kLongest);
+  CHECK(r.status == Status::kOk && r.time_us == 24.0 * 5 + 2.0 * 25);
+  for (double w : {0.0, -1.0, 4.5}) {
+    c.attention_weight = w;
+    bool refused = false;
+    try { c.validate(); } catch (const std::invalid_argument& e) {
+      refused = std::string(e.what()).find("attention_weight must be finite and in (0, 4]") != std::string::npos;
+    }
+    CHECK(refused);
+  }
+}
+
 static void test_dacp_cases() {
   const CostModel c = toy();
   DacpResult r = dacp({3, 4, 5}, c, 2, 10, Placement::kLeastLoad, Rollback::kLongest);
@@ -241,6 +260,7 @@ static void test_hedge() {
 
 int main() {
   test_shards();
+  test_attention_weight();
   test_dacp_cases();
   test_schedule_cases();
   test_to_plan();

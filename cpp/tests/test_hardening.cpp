@@ -43,6 +43,7 @@ static CostModel extreme() {
   c.comm.collectives_per_layer = kMaxCollectivesPerLayer;
   c.micro_batch_fixed_us = kMaxMicroBatchFixedUs;
   c.token_us = kMaxTokenUs;
+  c.attention_weight = kMaxAttentionWeight;
   return c;
 }
 
@@ -105,6 +106,9 @@ static void test_bad_input_is_refused() {
     bad = c;
     bad.token_us = v;
     expect_sound({1, 2}, bad, opts(1, 2, 10), "bad token cost");
+    bad = c;
+    bad.attention_weight = v;
+    expect_sound({1, 2}, bad, opts(1, 2, 10), "bad attention weight");
   }
   CostModel bad = c;
   bad.comm.bytes[1] = bad.comm.bytes[0] + 0.5;

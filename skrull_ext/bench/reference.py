@@ -33,13 +33,14 @@ class RefCost:
     tp: int = 1  # ModelShape.tp: FLOPs and K/V bytes are one TP rank's share
     token: float = 0.0  # token_us: per token of the rank holding the most, outside the layers
     margin: float = 1.0  # comm.plan_margin: placements chosen at margin x the exchange, priced at 1x (hedge.hpp)
+    attention: float = 1.0  # attention_weight: the attention term's weight in flops()
 
     @classmethod
     def of(cls, cm) -> RefCost:
         s, c = cm.shape, cm.comm
         return cls(s.layers, s.hidden, s.kv_width, s.bytes_per_elem, cm.a_us_per_flop, cm.b_us,
                    list(c.bytes), list(c.us), c.threshold_bytes, c.floor_us, c.collectives_per_layer,
-                   cm.micro_batch_fixed_us, s.tp, cm.token_us, c.plan_margin)
+                   cm.micro_batch_fixed_us, s.tp, cm.token_us, c.plan_margin, cm.attention_weight)
 
     def planning(self) -> RefCost:
         """hedge.hpp planning_model: every exchange at margin x its price."""
@@ -47,7 +48,7 @@ class RefCost:
 
     def flops(self, s: int) -> float:
         h, hkv, x = float(self.hidden), float(self.kv_width), float(s)
-        return (20.0 * h * h * x + 4.0 * h * hkv * x + 4.0 * h * x * x) / self.tp
+        return (20.0 * h * h * x + 4.0 * h * hkv * x + self.attention * 4.0 * h * x * x) / self.tp
 
     def kv_bytes(self, s: int) -> float:
         return 2.0 * float(s) * float(self.kv_width) * self.bytes_per_elem / self.tp

@@ -18,7 +18,7 @@ through the same over-length policy and accounting as Skrull's loader
 """
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -63,7 +63,9 @@ class PackedDataLoader(SourceDataLoaderBase):
         self.last_counts = Counts()
         """What the last batch did with the samples it read (``skrull/samples_*``)."""
         self.last_layout: list[list[Piece]] = []
-        """The last batch's rows over all DP ranks (its documents or cut pieces: doc_flops.py)."""
+        """The last batch's rows over all DP ranks (its documents or cut pieces)."""
+        self.on_layout: Callable[[list[list[Piece]]], None] | None = None
+        """Called with each batch's rows as it is built (the trainer counts their documents' FLOPs)."""
         self.set_overlength("error")
 
     def set_overlength(self, mode: str) -> None:
@@ -111,6 +113,8 @@ class PackedDataLoader(SourceDataLoaderBase):
         else:
             layout, samples = self._carried(rows, S)
         self.last_layout = layout
+        if self.on_layout is not None:
+            self.on_layout(layout)
         self.last_tokens = sum(e - s for row in layout for _, s, e in row)
         inputs = torch.zeros(B, S, dtype=torch.long)
         labels = torch.full((B, S), IGNORE_INDEX, dtype=torch.long)

@@ -23,7 +23,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["PiecewiseFit", "PolyFit", "fit_piecewise", "fit_poly", "quality"]
+__all__ = ["PiecewiseFit", "PolyFit", "fit_piecewise", "fit_poly", "fit_two_rates", "quality"]
 
 
 def _solve(a: list[list[float]], b: list[float]) -> list[float]:
@@ -129,6 +129,30 @@ def fit_line_nonneg(x: Sequence[float], y: Sequence[float]) -> tuple[PolyFit, st
     if fit.slope < 0:
         return fit_poly(x, y, 0), "slope"
     return fit, ""
+
+
+MAX_ATTENTION_WEIGHT = 4.0
+"""The cost model's bound on ``attention_weight`` (cost_model.hpp kMaxAttentionWeight)."""
+
+
+def fit_two_rates(flops: Sequence[tuple[float, float]], y: Sequence[float]) -> tuple[PolyFit, float] | None:
+    """T = a * (linear + w * attention) + b by unweighted least squares over
+    buffers of (linear, attention) FLOPs (profile/compute.py says why), as the
+    line ``PolyFit((b, a))`` in the weighted FLOPs and the weight ``w``; None
+    when a rate or the intercept comes out <= 0 (b < 0), w is over
+    MAX_ATTENTION_WEIGHT, or fewer than 4 buffers."""
+    _check_points([f[0] for f in flops], y, 4)
+    lin, att = [float(f[0]) for f in flops], [float(f[1]) for f in flops]
+    try:
+        b, a_lin, a_att = _weighted_lstsq([[1.0] * len(y), lin, att], y, [1.0] * len(y))
+    except ValueError:  # singular: the buffers do not tell the two apart
+        return None
+    if not (a_lin > 0 and a_att > 0 and b >= 0 and a_att / a_lin <= MAX_ATTENTION_WEIGHT):
+        return None
+    w = a_att / a_lin
+    fit = PolyFit((b, a_lin, 0.0), 0.0, 0.0)
+    r2, worst = quality(y, [fit(l + w * t) for l, t in zip(lin, att)])
+    return PolyFit((b, a_lin, 0.0), r2, worst), w
 
 
 @dataclass(frozen=True)

@@ -51,9 +51,10 @@ def plot(d: dict[str, Any], path: str | Path) -> None:
 
         m = d["model"]
         shape = ModelShape(m["layers"], m["hidden"], m["kv_width"], m["bytes_per_elem"])
-        hf = [flops_of(shape, [s]) / 1e9 for s in raw_c["held_out_lengths"]]
+        w = c.get("attention_weight", 1.0)
+        hf = [flops_of(shape, [s], w) / 1e9 for s in raw_c["held_out_lengths"]]
         ax.plot(hf, [y / 1e3 for y in raw_c["held_out_us"]], "s", mfc="none", label="held out")
-        pf = [flops_of(shape, docs) / 1e9 for docs in raw_c.get("packed_docs", [])]
+        pf = [flops_of(shape, docs, w) / 1e9 for docs in raw_c.get("packed_docs", [])]
         if pf:
             ax.plot(pf, [y / 1e3 for y in raw_c["packed_us"]], "x", label="packed (several docs)")
         gf = gf + hf + pf

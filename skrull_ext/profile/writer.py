@@ -76,7 +76,9 @@ def profile_dict(p: Profile) -> dict[str, Any]:
     d: dict[str, Any] = {
         "model": {"name": p.jm.name, "layers": s.layers, "hidden": s.hidden, "kv_width": s.kv_width,
                   "bytes_per_elem": s.bytes_per_elem},
-        "compute": {"a_us_per_flop": cp.fit.slope, "b_us": cp.fit.intercept, "r2": cp.fit.r2,
+        "compute": {"a_us_per_flop": cp.fit.slope, "b_us": cp.fit.intercept,
+                    **({"attention_weight": cp.attention_weight} if cp.attention_weight != 1.0 else {}),
+                    "r2": cp.fit.r2,
                     "max_rel_error": cp.fit.max_rel_error, "points": len(cp.points),
                     "held_out_max_rel_error": cp.held_out_max_rel_error},
         "comm": _comm_section(p),
@@ -190,6 +192,8 @@ def report(p: Profile) -> str:
     lines = [
         f"profile of {p.jm.name} on {p.meta['device']} ({p.meta['elapsed_s']:.0f} s)",
         f"  compute  T = {cp.fit.slope:.4g} us/FLOP * F + {cp.fit.intercept:.4g} us per layer ({cp.clock} clock) "
+        + (f"(F = linear + {cp.attention_weight:.3g} x attention FLOPs, fitted with the packed buffers) "
+           if cp.attention_weight != 1.0 else "")
         + (f"({3 / cp.fit.slope / 1e3:.1f} GFLOP/s at 3x forward), " if cp.fit.slope > 0 else "")
         + f"R^2 {cp.fit.r2:.4f}, worst fit error {cp.fit.max_rel_error:.1%}",
         *([f"  note     the free fit's {cp.pinned} came out negative and is pinned to 0 (the scheduler needs both "
@@ -202,7 +206,8 @@ def report(p: Profile) -> str:
         "  held-out " + ", ".join(f"{t.tokens}: {cp.rel_error(t):+.1%}" for t in cp.held_out)
         + f"  (worst {cp.held_out_max_rel_error:.1%})",
         "  packed   " + ", ".join(f"{'+'.join(map(str, t.docs))}: {cp.rel_error(t):+.1%}" for t in cp.packed)
-        + "  (prediction = sum of per-document FLOPs)",
+        + ("  (fitted with the ladder: two rates)" if cp.attention_weight != 1.0
+           else "  (prediction = sum of per-document FLOPs)"),
         f"  memory   peak bytes = {mem.fit.intercept:.4g} + {mem.fit.slope:.4g} N + {mem.fit.quadratic:.4g} N^2,"
         f" R^2 {mem.fit.r2:.5f}, worst {mem.fit.max_rel_error:.1%}; at {top.tokens} tokens saved "
         f"{_mib(top.saved)} + backward transient {_mib(top.peak - top.saved)}",

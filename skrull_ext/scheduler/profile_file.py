@@ -60,7 +60,8 @@ __all__ = ["Profile", "ProfileMemory", "derive_bucket_size", "free_running_bytes
 _SCHEMA: dict[str, tuple[set[str], set[str] | None]] = {
     # section: (required keys, optional keys; None: free-form)
     "model": ({"layers", "hidden", "kv_width", "bytes_per_elem"}, {"name"}),
-    "compute": ({"a_us_per_flop", "b_us"}, {"r2", "max_rel_error", "points", "held_out_max_rel_error"}),
+    "compute": ({"a_us_per_flop", "b_us"}, {"attention_weight", "r2", "max_rel_error", "points",
+                                           "held_out_max_rel_error"}),
     "comm": ({"bytes", "us"}, {"threshold_bytes", "floor_us", "collectives_per_layer", "cross_group_factor",
                                "plan_margin", "collective", "backend",
                                "world_size", "r2", "max_rel_error", "points"}),
@@ -134,6 +135,7 @@ def from_dict(d: dict[str, Any], where: str = "profile", tp: int = 1, free_runni
             ),
             **fixed_costs(mb, free_running, num),
             token_us=num("micro_batch", mb, "token_us", default=0.0),
+            attention_weight=num("compute", c, "attention_weight", default=1.0),
         )
     except (TypeError, ValueError) as e:
         raise ValueError(f"{where}: {e}") from None
@@ -156,7 +158,8 @@ def to_dict(cm: CostModel, meta: dict[str, Any] | None = None) -> dict[str, Any]
     s = cm.shape
     out: dict[str, Any] = {
         "model": {"layers": s.layers, "hidden": s.hidden, "kv_width": s.kv_width, "bytes_per_elem": s.bytes_per_elem},
-        "compute": {"a_us_per_flop": cm.a_us_per_flop, "b_us": cm.b_us},
+        "compute": {"a_us_per_flop": cm.a_us_per_flop, "b_us": cm.b_us,
+                    **({"attention_weight": cm.attention_weight} if cm.attention_weight != 1.0 else {})},
         "comm": {
             "bytes": list(cm.comm.bytes),
             "us": list(cm.comm.us),

@@ -31,16 +31,11 @@ class PackedTrainer(JobTrainer):
             check_overlength(self.dataloader, first_step=1, last_step=config.training.steps)
             self.dataloader.check_rows(first_step=1, last_step=config.training.steps)
             self.optimizers.register_step_pre_hook(self._stop_on_non_finite_grads)
+            # Each batch's documents (or cut pieces) for the document-aware FLOPs (doc_flops.py):
+            # one loader batch is one step here.
+            self.dataloader.on_layout = lambda layout: self.meter.add(
+                (e - s for row in layout for _, s, e in row), *context_cuts(layout))
             self._log_samples_with_torchtitans_metrics()
-
-    def batch_generator(self, data_iterable):
-        """torchtitan's, each batch's documents (or cut pieces) counted for the
-        document-aware FLOPs (doc_flops.py): one loader batch is one step here."""
-        for batch in super().batch_generator(data_iterable):
-            layout = getattr(self.dataloader, "last_layout", None)
-            if layout is not None:
-                self.meter.add((e - s for row in layout for _, s, e in row), *context_cuts(layout))
-            yield batch
 
     def _log_samples_with_torchtitans_metrics(self) -> None:
         """torchtitan's own train_step logs the step: add the same ``skrull/samples_*``

@@ -4,7 +4,8 @@ GPU time is rare (a lent machine, about 15 minutes, no network), so the
 command must work the first time it meets a GPU. Its dry run goes through
 the same stages at toy sizes: the machine record, the core, the CUDA test
 cases collected (they skip here), the profiled overlap runs on CPU, the
-offline profiler, the trainer in its three modes (1 process) and their table.
+offline profiler, the trainer in its three modes (1 process: skrull, the whole-document
+baseline, the stream) and their table with issue 48's document-aware columns.
 A stage that breaks shows here as a summary line that is not a pass.
 """
 
@@ -36,16 +37,26 @@ def test_gpu_checks_dry_run_passes_every_stage(tmp_path):
     assert cases and all(state == "skipped" for state, *_ in cases), summary  # every CUDA case collected, none ran
     assert "overlap cp 2 kernel auto (rc 0)" in summary, summary  # auto is the dense kernel on CPU
     assert any(line.startswith("profile (rc 0): a_us_per_flop = ") for line in lines), summary
-    for mode in ("skrull", "torchtitan-stream", "torchtitan"):
-        assert any(line.startswith(f"train {mode} (rc 0): step:  5 ") for line in lines), summary
-        assert f"recompiles {mode}: 0; guards: " in lines, summary  # eager: nothing compiles
-    rows = [line.split("|")[1:-1] for line in lines if line.startswith("| ") and "real tokens/s" not in line]
-    assert sorted(r[0].strip() for r in rows) == ["skrull", "torchtitan", "torchtitan-stream"], summary
-    assert all(r[-1].strip() == "yes" for r in rows), summary  # losses finite
-    assert all(r[1].strip() != "-" for r in rows), summary  # real tokens/s measured
+    modes = ("skrull", "torchtitan-documents", "torchtitan-stream")
+    for mode in modes:
+        assert any(line.startswith(f"train job {mode} (rc 0): step:  5 ") for line in lines), summary
+        assert f"recompiles job {mode}: 0; guards: " in lines, summary  # eager: nothing compiles
+    header = next(line for line in lines if line.startswith("| mode |"))
+    columns = [c.strip() for c in header.split("|")[1:-1]]
+    rows = {r[0]: dict(zip(columns, r)) for r in
+            ([c.strip() for c in line.split("|")[1:-1]] for line in lines
+             if line.startswith("| ") and line != header)}
+    assert sorted(rows) == sorted(modes), summary
+    for mode, r in rows.items():
+        assert r["losses finite"] == "yes" and r["real tokens/s"] != "-", summary
+        assert float(r["document-aware TFLOP/s a device"]) > 0, summary  # issue 48's columns, measured
+        assert r["recompiles after warm-up"] == "0", summary
+    assert rows["torchtitan-documents"]["cut documents"] == "0" == rows["skrull"]["cut documents"], summary
+    assert int(rows["torchtitan-stream"]["cut documents"].replace(",", "")) > 0, summary  # the stream cuts
+    assert any(line.startswith("skrull / torchtitan-documents: real tokens/s x") for line in lines), summary
     with tarfile.open(out / "gpu_checks.tar.gz") as tar:
         names = set(tar.getnames())
     for name in ("logs/env.txt", "logs/pytest_cuda.xml", "overlap_cp2_auto/overlap.json",
-                 "overlap_cp2_auto/rank1.trace.json.gz", "logs/profile.txt", "train/train_report.json",
-                 "train/runs/skrull_0/log.txt"):
+                 "overlap_cp2_auto/rank1.trace.json.gz", "logs/profile.txt", "train/job/train_report.json",
+                 "train/job/runs/skrull_0/log.txt", "train/job/runs/torchtitan-documents_0/log.txt"):
         assert f"./{name}" in names, sorted(names)

@@ -134,3 +134,30 @@ def test_a_sequence_that_fills_a_micro_batch_does_not_split_the_rest_one_by_one(
     paper = Scheduler(SchedulerConfig(dp=1, cp=8, bucket_size=13312, policy="skrull-paper", timeline="free"),
                       cost).schedule(lengths)
     assert paper.slots == 41 and plan.makespan_us < paper.makespan_us
+
+
+def test_an_attention_weight_reaches_the_plan_and_the_reference_restates_it():
+    # The committed H200 profile prices attention at its fitted weight (0.56): random steps of long
+    # and short sequences at CP 4 plan alike in the core and in the plain-Python reference, on both
+    # timelines, and the reference's times move with the weight.
+    import os
+    import random
+
+    from skrull_ext.bench import reference as ref
+    from skrull_ext.scheduler.profile_file import Profile
+
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "profiles", "h200-qwen2.5-0.5b.toml")
+    cost = Profile.load(path).cost_model()
+    assert 0.4 < cost.attention_weight < 0.7
+    rng = random.Random(3)
+    for _ in range(5):
+        lengths = [rng.choice([rng.randint(100, 3000), rng.randint(8000, 60000)]) for _ in range(12)]
+        want = ref.schedule(lengths, ref.RefCost.of(cost), 1, 4, 26624, predicted_time=True, refine_=True, sweep=True)
+        for timeline in ("free", "lockstep"):
+            plan = Scheduler(SchedulerConfig(dp=1, cp=4, bucket_size=26624, timeline=timeline), cost).schedule(lengths)
+            plan.validate()
+            assert [[mb.seqs for mb in r] for r in plan.ranks] == want.groups and plan.group_time_us == want.dp_time_us
+        full = ref.RefCost.of(cost)
+        full.attention = 1.0
+        assert ref.schedule(lengths, full, 1, 4, 26624, predicted_time=True, refine_=True,
+                            sweep=True).dp_time_us != want.dp_time_us

@@ -210,3 +210,35 @@ def test_a_flat_ladder_is_reported_host_bound():
     assert note is not None and "12.1-14.3 ms from 2048 to 16384 tokens (x25 the FLOPs): host-bound" in note
     # The CPU's ladder grows with the work: no note.
     assert host_bound_note(_ladder(os.path.join(profiles, "cpu-debug-gloo2.toml"))) is None
+
+
+def test_two_rates_recover_the_linear_and_attention_rates():
+    """T = a (linear + w attention) + b, exactly, from buffers whose mixes tell the two apart
+    (single documents and packed ones); the fit reports the weight and its line in weighted FLOPs."""
+    from skrull_ext.profile.fit import fit_two_rates
+
+    a, w, b = 2e-9, 0.5, 300.0
+    flops = [(1e11, 5e10), (2e11, 2e11), (4e11, 8e11), (8e11, 3.2e12), (1.6e12, 3.2e12), (8e11, 1.2e12)]
+    y = [a * (lin + w * att) + b for lin, att in flops]
+    fit, weight = fit_two_rates(flops, y)
+    assert weight == pytest.approx(w, rel=1e-9) and fit.slope == pytest.approx(a, rel=1e-9)
+    assert fit.intercept == pytest.approx(b, rel=1e-6) and fit.max_rel_error < 1e-9
+    # A rate below 0 (the time falls as attention grows) or fewer than 4 buffers: no two-rate fit.
+    assert fit_two_rates(flops, [a * lin - 1e-10 * att + b for lin, att in flops]) is None
+    with pytest.raises(ValueError, match="need at least 4 points"):
+        fit_two_rates(flops[:3], y[:3])
+
+
+def test_a_profiles_attention_weight_round_trips_and_defaults_to_one():
+    from skrull_ext.scheduler.profile_file import from_dict, to_dict
+
+    d = {"model": {"layers": 2, "hidden": 64, "kv_width": 16, "bytes_per_elem": 2},
+         "compute": {"a_us_per_flop": 1e-9, "b_us": 10.0}, "comm": {"bytes": [1.0], "us": [1.0]}}
+    assert from_dict(d).attention_weight == 1.0 and "attention_weight" not in to_dict(from_dict(d))["compute"]
+    d["compute"]["attention_weight"] = 0.55
+    cm = from_dict(d)
+    assert cm.attention_weight == 0.55 and to_dict(cm)["compute"]["attention_weight"] == 0.55
+    assert cm.flops(100) == pytest.approx(20 * 64 * 64 * 100 + 4 * 64 * 16 * 100 + 0.55 * 4 * 64 * 100 * 100)
+    d["compute"]["attention_weight"] = 5.0
+    with pytest.raises(ValueError, match=r"attention_weight must be finite and in \(0, 4\], got 5"):
+        from_dict(d, where="p.toml")
