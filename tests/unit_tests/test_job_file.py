@@ -196,20 +196,32 @@ def _failed_profile(tmp_path) -> str:
     return str(failed)
 
 
-def test_bucket_size_profile_refuses_a_profile_that_failed_its_check(tmp_path):
+def _refusal(failed: str) -> str:
+    return (f"skrull.cost_model: the profile {failed!r} failed its own memory check ([meta.check] ok = "
+            "false: a buffer of its BucketSize, 4997 tokens, peaked at 1414.2 MiB against an activation budget of "
+            "929.9 MiB (the memory fit predicted 883.2 MiB)), so a job uses none of it; re-measure it with a lower "
+            "--memory-limit (or a larger --margin) than it was measured with: python -m skrull_ext.profile "
+            "--config-file skrull_ext/jobs/debug_cpu.toml --memory-limit 1GiB --out profiles/cpu-debug-gloo2.toml")
+
+
+@pytest.mark.parametrize("bucket", [["--skrull.bucket_size", "profile"], []], ids=["profile", "own"])
+def test_a_profile_that_failed_its_check_is_refused_in_every_use(tmp_path, bucket):
+    """Issue 50: with the job's own bucket_size the failed profile still chose free-running
+    from its memory figures and priced the plan; now no use of it passes."""
     failed = _failed_profile(tmp_path)
-    config = JobConfigManager().parse_args(
-        ["--config-file", DEBUG, "--skrull.cost_model", failed, "--skrull.bucket_size", "profile"])
+    config = JobConfigManager().parse_args(["--config-file", DEBUG, "--skrull.cost_model", failed, *bucket])
     with pytest.raises(JobFileError) as e:
         check_job(config, 1, on_cpu=True)  # the profile is read once, here, before any model is built
-    assert str(e.value) == (
-        f"skrull.bucket_size = 'profile': the profile {failed!r} failed its own memory check ([meta.check] ok = "
-        "false: a buffer of its BucketSize, 4997 tokens, peaked at 1414.2 MiB against an activation budget of "
-        "929.9 MiB (the memory fit predicted 883.2 MiB)); re-profile with a lower --memory-limit (or a larger "
-        "--margin), or name skrull.bucket_size explicitly")
-    # Its cost model still prices steps: only BucketSize taken from it is refused.
-    named = JobConfigManager().parse_args(["--config-file", DEBUG, "--skrull.cost_model", failed])
-    assert named.skrull.resolved_bucket_size() == 256
+    assert str(e.value) == _refusal(failed)
+    from skrull_ext._core import ModelShape
+    from skrull_ext.train.skrull_config import SkrullConfig
+
+    skrull = SkrullConfig(cost_model=failed, bucket_size=256)  # each use on its own
+    shape = ModelShape(layers=6, hidden=256, kv_width=256, bytes_per_elem=4)
+    for use in (skrull.measured_profile, lambda: skrull.build_cost_model(shape), lambda: skrull.check_shape(shape)):
+        with pytest.raises(ValueError) as e:
+            use()
+        assert str(e.value) == _refusal(failed)
 
 
 def test_a_job_at_another_cp_than_its_profile_is_warned():
