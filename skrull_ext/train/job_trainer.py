@@ -150,11 +150,28 @@ class JobTrainer(Trainer):
                        f"{self.stopped_step[1]} samples are counted as read but did not change the weights)")
             source = self.dataloader.source
             bad = f"; at load, {source.bad_summary()}" if getattr(source, "bad", None) else ""
-            logger.info(f"Run summary: {account.summary()}{bad}{stopped}{self._summary_tail()}")
+            logger.info(f"Run summary: {account.summary(self._launch_label(account))}{bad}{stopped}"
+                        f"{self._summary_tail()}")
         super().close()
         if getattr(self, "run_lock", None) is not None:
             self.run_lock.release()
             self.run_lock = None
+
+    def load_state_dict(self, state_dict) -> None:
+        """torchtitan's train state; the step a resume starts from is kept, so the run
+        summary can tell this launch's counts from the run's."""
+        super().load_state_dict(state_dict)
+        self.launch_first_step = self.step + 1
+
+    def _launch_label(self, account) -> str:
+        """Which steps the summary's totals cover: the run's (every launch, kept across
+        resumes), and, after a resume, this launch's share beside them."""
+        first = getattr(self, "launch_first_step", 1)
+        if first <= 1:
+            return f" over the run, steps 1..{self.step}, all in this launch"
+        c = account.launch()
+        return (f" over the run, steps 1..{self.step} (every launch); this launch, steps {first}..{self.step}: "
+                f"samples read {c.read} = trained whole {c.whole} + trained cut {c.cut} + skipped {c.skipped}")
 
     def _summary_tail(self) -> str:
         """What the batching adds to the run summary line; nothing here."""
