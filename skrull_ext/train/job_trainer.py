@@ -14,6 +14,7 @@ neither branches on ``skrull.enable``.
 """
 
 import os
+import shutil
 
 import torch.distributed as dist
 from torchtitan.models.common.config_utils import decoder_vocab_size
@@ -126,7 +127,9 @@ class JobTrainer(Trainer):
         and, when the last checkpoint was saved in HF format (``last_save_in_hf``),
         config.json and tokenizer files beside its weights, so the folder is one
         ``from_pretrained`` loads (skrull_ext/hf/folder.py). In a LoRA run that
-        folder's weights are the merged model's (skrull_ext/lora/train.py)."""
+        folder's weights are the merged model's (skrull_ext/lora/train.py). The folder holds
+        one copy of the weights: torchtitan's per-rank shards (``sharded/``) are removed once
+        consolidated."""
         super().train()
         ckpt = self.config.checkpoint
         last_hf = (ckpt.enable and ckpt.last_save_in_hf and not ckpt.load_only
@@ -135,7 +138,12 @@ class JobTrainer(Trainer):
         save_lora_outputs(self, folder)
         if folder is None:
             return
+        if dist.is_initialized():
+            dist.barrier()  # every rank has consolidated its part of the weights into the folder
         if not dist.is_initialized() or dist.get_rank() == 0:
+            # torchtitan writes the per-rank shards to step-N/sharded/ and consolidates them beside it;
+            # the shards are then a second full copy of the weights (15 GB on a 7B), read by nothing.
+            shutil.rmtree(os.path.join(folder, "sharded"), ignore_errors=True)
             written = self.hf_export.finish(folder, ckpt.export_dtype)
             logger.info(f"HF model folder {folder}: the weights, {files_said(written)}")
         if dist.is_initialized():

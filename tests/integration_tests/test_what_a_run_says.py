@@ -54,3 +54,18 @@ def test_a_resumed_then_finished_run(tmp_path):
         f"nothing left to train: {dump}/checkpoint/step-3 is at step 3 of 3 (training.steps); raise "
         "training.steps (e.g. --training.steps 6) to train on from it")
     assert "Training starts" not in out and "Training completed" not in out and "error" not in out
+
+
+@pytest.mark.slow
+def test_the_hf_folder_at_the_end_holds_one_copy_of_the_weights(tmp_path):
+    """It kept torchtitan's per-rank shards (step-N/sharded/) beside the consolidated weights."""
+    import os
+
+    text_job = DEBUG.replace("debug_cpu.toml", "debug_cpu_text.toml")
+    dump = tmp_path / "out"
+    proc = train("--config-file", text_job, "--training.steps", "1", "--checkpoint.enable",
+                 "--checkpoint.last_save_in_hf", "--dump_folder", str(dump), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    folder = dump / "checkpoint" / "step-1"
+    assert sorted(os.listdir(folder)) == ["chat_template.jinja", "config.json", "model-00001-of-00001.safetensors",
+                                          "model.safetensors.index.json", "tokenizer.json", "tokenizer_config.json"]
