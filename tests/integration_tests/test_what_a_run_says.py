@@ -25,6 +25,7 @@ def test_one_step_warns_about_no_later_step(tmp_path):
     warnings = [line for line in out.splitlines() if " - WARNING - " in line]
     assert not [w for w in warnings if re.search(r"\b[Ss]teps? ([2-9]|\d\d)", w)], warnings
     assert "samples read 8 = trained whole 8 + trained cut 0 + skipped 0" in out
+    assert "step:  1  loss:" in out and "\x1b[" not in out  # captured, not a terminal: no colour codes
 
 
 @pytest.mark.slow
