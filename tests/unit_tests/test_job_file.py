@@ -407,3 +407,35 @@ def test_a_job_compiled_otherwise_than_its_profile_is_warned(tmp_path):
     # A profile written before [meta] compile existed says nothing either way; presets are not profiles.
     assert SkrullConfig(cost_model=str(older)).profile_compile_warning(True) is None
     assert SkrullConfig(cost_model="h100-assumed").profile_compile_warning(True) is None
+
+
+@pytest.mark.parametrize("job", ["debug_cpu.toml", "debug_cpu_lora.toml", "qwen2_5_0_5b_gpu.toml"])
+def test_per_job_help_lists_only_what_the_parser_accepts(job, capsys):
+    """Issue 50: tyro's listing (911 lines) offered --skrull.policy-spec.* and a skrull._profile
+    subcommand, which the parser refuses as unknown. Every flag the help lists is one the
+    parser takes (a bool in both forms), and every settable key of [skrull] is listed."""
+    from skrull_ext.train.job_file import SECTION_KINDS, settable_fields
+    from skrull_ext.train.job_flags import flag_tables
+    from skrull_ext.train.skrull_config import SkrullConfig
+
+    path = os.path.join(os.path.dirname(DEBUG), job)
+    with pytest.raises(SystemExit) as e:
+        JobConfigManager().parse_args(["--config-file", path, "--training.steps", "3", "--help"])
+    assert e.value.code == 0
+    text = capsys.readouterr().out
+    assert text.startswith(f"usage: python -m skrull_ext.train --config-file {path} ")
+    assert "policy-spec" not in text and "policy_spec" not in text and "_profile" not in text
+    assert "  --training.steps  (3)" in text  # the flags given beside --help are applied
+    config = load_job(path)
+    flags = re.findall(r"^  (--[\w.]+)(?: / (--[\w.-]+))?", text, flags=re.M)
+    assert len(flags) > 100
+    for flag, negated in flags:
+        if flag.startswith("--model."):
+            continue
+        for args in ([flag], [negated]) if negated else ([flag, "1"],):
+            try:
+                flag_tables(config, args, SECTION_KINDS)
+            except JobFileError as err:
+                assert "unknown flag" not in str(err), (args, err)
+    for name in settable_fields(SkrullConfig):
+        assert f"  --skrull.{name}" in text, name

@@ -1,0 +1,106 @@
+"""``--config-file JOB --help``: every key this job can set, from the parser's own list.
+
+The flags are read by ``job_flags`` into the tables ``job_file.apply_tables``
+applies, which accept a section's settable fields only (``job_file.settable_fields``:
+``init`` fields not named ``_x``), the ``kind`` switches of ``SECTION_KINDS``
+and ``--model.KEY``. This listing walks the same fields of the job's config,
+so the help cannot offer a flag the parser refuses: tyro's listing showed
+internal fields (``--skrull.policy-spec.*``, a ``skrull._profile``
+subcommand) that the parser then refused as unknown, in 911 lines. Each key
+shows its value for this job (the file's, its flags', or the default) and the
+first sentence of its docstring, as tyro would read it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import textwrap
+from typing import Any
+
+from tyro._docstrings import get_field_docstring
+
+__all__ = ["job_help"]
+
+WIDTH = 100
+
+
+def _first_sentence(text: str | None) -> str:
+    """The docstring's first sentence (to its first '. ' or blank line), on one line."""
+    if not text:
+        return ""
+    head = " ".join(text.split("\n\n", 1)[0].split())
+    cut = head.find(". ")
+    return head if cut < 0 else head[: cut + 1]
+
+
+def _shown(value: Any) -> str:
+    """A value as a job file would spell it, shortened to one line."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        text = repr(value)
+    elif isinstance(value, (list, tuple)) and value and dataclasses.is_dataclass(value[0]):
+        text = f"[{len(value)} table(s)]"
+    else:
+        text = repr(value)
+    return text if len(text) <= 48 else text[:45] + "..."
+
+
+def _lines(key: str, value: Any, cls: type, name: str, fields: dict[str, Any]) -> list[str]:
+    flag = f"--{key}"
+    head = f"  {flag} / --{key.rsplit('.', 1)[0] + '.' if '.' in key else ''}no-{name}" if isinstance(value, bool) \
+        else f"  {flag}"
+    head = f"{head}  ({_shown(value)})"
+    about = _first_sentence(get_field_docstring(cls, name, ()))
+    out = [head]
+    if about:
+        out += textwrap.wrap(about, WIDTH, initial_indent="      ", subsequent_indent="      ")
+    return out
+
+
+def _section(key: str, obj: Any, kinds: dict[str, Any] | None, settable) -> list[str]:
+    out = [f"[{key}]"]
+    if kinds is not None:
+        current = next((k for k, c in kinds.items() if c is not None and type(obj) is c), "none")
+        out.append(f"  --{key}.kind {{{'|'.join(kinds)}}}  ({current!r})")
+    if obj is None:  # off; a kind turns it on, with that class's keys
+        for kind, cls in (kinds or {}).items():
+            if cls is not None:
+                out += [f"  with kind {kind!r}:", *_section(key, cls(), None, settable)[1:]]
+        return out
+    nested = []
+    fields = settable(type(obj))
+    for name in fields:
+        value = getattr(obj, name)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            nested.append((f"{key}.{name}", value))
+            continue
+        out += _lines(f"{key}.{name}", value, type(obj), name, fields)
+    for sub, value in nested:
+        out += ["", *_section(sub, value, None, settable)]
+    return out
+
+
+def job_help(config: Any, job: str, module: str = "skrull_ext.train") -> str:
+    """The listing ``--help`` prints for ``config``, the job ``job`` with its flags applied."""
+    from skrull_ext.train.job_file import MODEL_KEYS, SECTION_KINDS, sections_and_scalars, settable_fields
+
+    sections, scalars = sections_and_scalars(config)
+    root = settable_fields(type(config))
+    out = [
+        f"usage: python -m {module} --config-file {job} [--SECTION.KEY VALUE ...] [--traceback]",
+        "",
+        f"Every key {job} can set, as a flag (--SECTION.KEY VALUE; a bool: --SECTION.KEY or",
+        "--SECTION.no-KEY) or in the file ([SECTION] KEY = VALUE), with its value for this job in",
+        "parentheses. README.md and docs/ say more; a bad key or value fails naming it.",
+        "",
+        "[model] (read from the job file; --model.KEY VALUE replaces one)",
+        "  " + ", ".join(f"--model.{k}" for k in MODEL_KEYS),
+        "",
+        "[job] (no section name in the flag)",
+    ]
+    for name in sorted(scalars):
+        out += _lines(name, getattr(config, name), type(config), name, root)
+    for name in sorted(sections):
+        out += ["", *_section(name, getattr(config, name), SECTION_KINDS.get(name), settable_fields)]
+    return "\n".join(out) + "\n"
