@@ -6,8 +6,9 @@
     python -m skrull_ext.bench simulate --lengths my_data.lengths.txt     # your own lengths, one per line
 
 Writes results.md, results.json, speedup.png and iteration_time.png to
---out and prints one line naming the fastest policy a job can run, the
-summary tables and a legend of their rows and columns. baseline and bound
+--out and prints one line naming the fastest policy a job can run on equal
+work (report.winner_line), the summary tables and a legend of every row,
+column and figure printed. baseline and bound
 always run: every speedup and gap is relative to them. Gaps are to two
 bounds of the job's global batches: the classic one (all work spread over
 the world, or the longest sequence alone) and, on lockstep, the
