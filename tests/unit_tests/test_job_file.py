@@ -301,7 +301,7 @@ def test_pool_policy_trains():
 
 
 def test_shipped_jobs_are_seeded_and_keep_a_resumable_last_checkpoint():
-    """Same command, same run; a finished run can be continued (README)."""
+    """Same command, same run; a finished run can be continued (docs/training.md)."""
     for name in sorted(os.listdir(JOBS)):
         if not name.endswith(".toml"):
             continue
