@@ -161,6 +161,8 @@ class RunAccount:
         self.loaded = Counts()
         """``totals`` as a resume loaded them (zero for a fresh run): this launch's counts are
         ``launch()``, the difference."""
+        self.loaded_step = 0
+        """The step a resume loaded (the loader's checkpointed ``step``; 0 for a fresh run)."""
 
     def launch(self) -> Counts:
         """This launch's counts: the totals less those a resume started from."""
@@ -186,6 +188,7 @@ class RunAccount:
             out.by_source[name].add(c)
         out.first = dict(self.first)
         out.loaded.add(self.loaded)
+        out.loaded_step = self.loaded_step
         return out
 
     def summary(self, span: str = "") -> str:
@@ -215,3 +218,4 @@ class RunAccount:
                 setattr(c, f.name, int(state.get(f"source_{name}_samples_{f.name}", 0)))
         self.loaded = Counts()
         self.loaded.add(self.totals)
+        self.loaded_step = int(state.get("step", 0))  # the loader's state holds its step beside the counts

@@ -165,16 +165,10 @@ class JobTrainer(Trainer):
             self.run_lock.release()
             self.run_lock = None
 
-    def load_state_dict(self, state_dict) -> None:
-        """torchtitan's train state; the step a resume starts from is kept, so the run
-        summary can tell this launch's counts from the run's."""
-        super().load_state_dict(state_dict)
-        self.launch_first_step = self.step + 1
-
     def _launch_label(self, account) -> str:
         """Which steps the summary's totals cover: the run's (every launch, kept across
         resumes), and, after a resume, this launch's share beside them."""
-        first = getattr(self, "launch_first_step", 1)
+        first = account.loaded_step + 1
         if first <= 1:
             return f" over the run, steps 1..{self.step}, all in this launch"
         c = account.launch()

@@ -197,12 +197,13 @@ def test_a_resumed_runs_summary_tells_this_launch_from_the_run():
     before.add(step(8, 3))
     before.add(step(8, 1))
     resumed = RunAccount()
-    resumed.load_state_dict(before.state_dict())
+    resumed.load_state_dict({"step": 2, **before.state_dict()})  # as the loaders checkpoint it
     assert resumed.launch().as_dict() == Counts().as_dict()
     resumed.add(step(8, 2))
     snapshot = resumed.copy()  # what the loader hands on with each step
     assert (snapshot.totals.read, snapshot.totals.cut) == (24, 6)
     assert snapshot.launch().as_dict() == Counts(read=8, whole=6, cut=2).as_dict()
+    assert (snapshot.loaded_step, RunAccount().loaded_step) == (2, 0)  # this launch began at step 3
     assert snapshot.summary(" over the run").startswith(
         "samples read 24 = trained whole 18 + trained cut 6 + skipped 0 (0 over-length, 0 with no loss tokens) "
         "over the run")
