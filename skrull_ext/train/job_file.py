@@ -398,7 +398,9 @@ class JobConfigManager(ConfigManager):
                 config = apply_tables(config, tables, where="", given=given)
             job = next((a.split("=", 1)[1] if "=" in a else b for a, b in zip(args, [*args[1:], ""])
                         if a.startswith(("--config-file", "--config_file"))), "JOB.toml")
-            print(job_help(config, job), end="")
+            sections, scalars = sections_and_scalars(config)
+            print(job_help(config, job, sections=sections, scalars=scalars, kinds=SECTION_KINDS,
+                           model_keys=MODEL_KEYS, settable=settable_fields), end="")
             raise SystemExit(0)
         tables, given = flag_tables(config, rest, SECTION_KINDS)
         self.config = apply_tables(config, tables, where="", given=given)

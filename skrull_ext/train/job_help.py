@@ -1,7 +1,8 @@
 """``--config-file JOB --help``: every key this job can set, from the parser's own list.
 
 The flags are read by ``job_flags`` into the tables ``job_file.apply_tables``
-applies, which accept a section's settable fields only (``job_file.settable_fields``:
+applies, which accept a section's settable fields only (``job_file.settable_fields``,
+handed in by job_file:
 ``init`` fields not named ``_x``), the ``kind`` switches of ``SECTION_KINDS``
 and ``--model.KEY``. This listing walks the same fields of the job's config,
 so the help cannot offer a flag the parser refuses: tyro's listing showed
@@ -46,7 +47,7 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 48 else text[:45] + "..."
 
 
-def _lines(key: str, value: Any, cls: type, name: str, fields: dict[str, Any]) -> list[str]:
+def _lines(key: str, value: Any, cls: type, name: str) -> list[str]:
     flag = f"--{key}"
     head = f"  {flag} / --{key.rsplit('.', 1)[0] + '.' if '.' in key else ''}no-{name}" if isinstance(value, bool) \
         else f"  {flag}"
@@ -69,24 +70,22 @@ def _section(key: str, obj: Any, kinds: dict[str, Any] | None, settable) -> list
                 out += [f"  with kind {kind!r}:", *_section(key, cls(), None, settable)[1:]]
         return out
     nested = []
-    fields = settable(type(obj))
-    for name in fields:
+    for name in settable(type(obj)):
         value = getattr(obj, name)
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
             nested.append((f"{key}.{name}", value))
             continue
-        out += _lines(f"{key}.{name}", value, type(obj), name, fields)
+        out += _lines(f"{key}.{name}", value, type(obj), name)
     for sub, value in nested:
         out += ["", *_section(sub, value, None, settable)]
     return out
 
 
-def job_help(config: Any, job: str, module: str = "skrull_ext.train") -> str:
-    """The listing ``--help`` prints for ``config``, the job ``job`` with its flags applied."""
-    from skrull_ext.train.job_file import MODEL_KEYS, SECTION_KINDS, sections_and_scalars, settable_fields
-
-    sections, scalars = sections_and_scalars(config)
-    root = settable_fields(type(config))
+def job_help(config: Any, job: str, *, sections: set[str], scalars: set[str], kinds: dict[str, dict[str, Any]],
+             model_keys: tuple[str, ...], settable, module: str = "skrull_ext.train") -> str:
+    """The listing ``--help`` prints for ``config``, the job ``job`` with its flags applied.
+    The parser's own facts come from job_file: its root ``sections`` and ``scalars``, the
+    ``kinds`` switches, the ``[model]`` keys and ``settable`` (a class's settable fields)."""
     out = [
         f"usage: python -m {module} --config-file {job} [--SECTION.KEY VALUE ...] [--traceback]",
         "",
@@ -95,12 +94,12 @@ def job_help(config: Any, job: str, module: str = "skrull_ext.train") -> str:
         "parentheses. README.md and docs/ say more; a bad key or value fails naming it.",
         "",
         "[model] (read from the job file; --model.KEY VALUE replaces one)",
-        "  " + ", ".join(f"--model.{k}" for k in MODEL_KEYS),
+        "  " + ", ".join(f"--model.{k}" for k in model_keys),
         "",
         "[job] (no section name in the flag)",
     ]
     for name in sorted(scalars):
-        out += _lines(name, getattr(config, name), type(config), name, root)
+        out += _lines(name, getattr(config, name), type(config), name)
     for name in sorted(sections):
-        out += ["", *_section(name, getattr(config, name), SECTION_KINDS.get(name), settable_fields)]
+        out += ["", *_section(name, getattr(config, name), kinds.get(name), settable)]
     return "\n".join(out) + "\n"
