@@ -99,6 +99,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         profile = Profile.load(args.profile) if args.profile else cost_models.hardware()
         if args.plan_margin is not None:
             profile = profile.with_plan_margin(args.plan_margin)
+        if args.bucket_size is None and (failed := profile.failed_check()) is not None:
+            raise ValueError(f"--profile {args.profile}: {failed}, so its BucketSize is not one to simulate with; "
+                             "name --bucket-size, or re-measure the profile (python -m skrull_ext.profile)")
         bucket = args.bucket_size if args.bucket_size is not None else profile.bucket_size
         cells = scenarios.grid(names, args.models, dp=args.dp, cp=args.cp,
                                batch_size=args.batch_size, bucket_size=bucket, capacity=args.capacity,

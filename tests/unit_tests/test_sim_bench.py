@@ -124,3 +124,16 @@ def test_the_recommendation_is_on_equal_work_and_every_figure_is_in_the_legend(t
             missing = [w for w in words if w not in legend]
             assert not missing, (cell, missing)
     assert "(N s)" in legend and "C = BucketSize" in legend and "planned at Mx the exchange" in legend
+
+
+def test_a_profile_that_failed_its_check_gives_no_bucket_size(tmp_path, capsys):
+    """Issue 50: a failed [meta.check] is refused wherever its BucketSize would be used."""
+    from tests.unit_tests.test_job_file import _failed_profile
+
+    failed = _failed_profile(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        simulate.main(["--profile", failed, "--datasets", "chatqa2", "--models", "llama3-debug", "--iterations", "1",
+                       "--out", str(tmp_path / "sim"), "--no-plots", "--quiet"])
+    assert e.value.code == 2
+    assert (f"--profile {failed}: [meta.check] ok = false: a buffer of its BucketSize, 4997 tokens, peaked at "
+            "1414.2 MiB") in capsys.readouterr().err
