@@ -1,10 +1,9 @@
 """``--config-file JOB --help``: every key this job can set, from the parser's own list.
 
 The flags are read by ``job_flags`` into the tables ``job_file.apply_tables``
-applies, which accept a section's settable fields only (``job_file.settable_fields``,
-handed in by job_file:
+applies, which accept a section's settable fields only (``job_file.settable_fields``:
 ``init`` fields not named ``_x``), the ``kind`` switches of ``SECTION_KINDS``
-and ``--model.KEY``. This listing walks the same fields of the job's config,
+and ``--model.KEY``; job_file hands these to ``job_help``. This listing walks the same fields of the job's config,
 so the help cannot offer a flag the parser refuses: tyro's listing showed
 internal fields (``--skrull.policy-spec.*``, a ``skrull._profile``
 subcommand) that the parser then refused as unknown, in 911 lines. Each key
@@ -48,15 +47,12 @@ def _shown(value: Any) -> str:
 
 
 def _lines(key: str, value: Any, cls: type, name: str) -> list[str]:
-    flag = f"--{key}"
-    head = f"  {flag} / --{key.rsplit('.', 1)[0] + '.' if '.' in key else ''}no-{name}" if isinstance(value, bool) \
-        else f"  {flag}"
-    head = f"{head}  ({_shown(value)})"
+    """One key: its flag (both forms for a bool), its value here, its docstring's first sentence."""
+    section = key.rsplit(".", 1)[0] + "." if "." in key else ""
+    flag = f"--{key} / --{section}no-{name}" if isinstance(value, bool) else f"--{key}"
     about = _first_sentence(get_field_docstring(cls, name, ()))
-    out = [head]
-    if about:
-        out += textwrap.wrap(about, WIDTH, initial_indent="      ", subsequent_indent="      ")
-    return out
+    wrapped = textwrap.wrap(about, WIDTH, initial_indent="      ", subsequent_indent="      ") if about else []
+    return [f"  {flag}  ({_shown(value)})", *wrapped]
 
 
 def _section(key: str, obj: Any, kinds: dict[str, Any] | None, settable) -> list[str]:
@@ -89,9 +85,9 @@ def job_help(config: Any, job: str, *, sections: set[str], scalars: set[str], ki
     out = [
         f"usage: python -m {module} --config-file {job} [--SECTION.KEY VALUE ...] [--traceback]",
         "",
-        f"Every key {job} can set, as a flag (--SECTION.KEY VALUE; a bool: --SECTION.KEY or",
+        "Every key this job can set, as a flag (--SECTION.KEY VALUE; a bool: --SECTION.KEY or",
         "--SECTION.no-KEY) or in the file ([SECTION] KEY = VALUE), with its value for this job in",
-        "parentheses. README.md and docs/ say more; a bad key or value fails naming it.",
+        "parentheses. docs/training.md says more; a bad key or value fails naming it.",
         "",
         "[model] (read from the job file; --model.KEY VALUE replaces one)",
         "  " + ", ".join(f"--model.{k}" for k in model_keys),
