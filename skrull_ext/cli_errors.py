@@ -14,6 +14,11 @@ reaches us; torchrun then prints that file in its failure summary. A user
 error rewrites the file with the one-line message (``record_error_line``),
 so the summary says what went wrong instead of where in torchtitan it was
 raised.
+
+A launch with nothing left to train (``NothingToTrain``: the checkpoint it
+continues is already at ``training.steps``) prints its one line on stdout,
+from rank 0, and exits 0: the job is done, so a script that re-submits it
+sees success.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from skrull_ext.errors import UserError
+from skrull_ext.errors import NothingToTrain, UserError
 
 __all__ = ["TRACEBACK_FLAG", "record_error_line", "run_cli"]
 
@@ -52,6 +57,10 @@ def run_cli(main: Callable[[list[str]], int | None], argv: list[str] | None = No
     argv = [a for a in argv if a != TRACEBACK_FLAG]
     try:
         rc = main(argv)
+    except NothingToTrain as e:  # a finished run launched again: done, say so, succeed
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(" ".join(str(e).split()), flush=True)
+        sys.exit(0)
     except UserError as e:
         if debug:
             raise

@@ -13,3 +13,8 @@ class JobFileError(UserError):
 
 class DataError(UserError):
     """A data file cannot be read; the message names the file and line."""
+
+
+class NothingToTrain(Exception):
+    """The run's checkpoint is already at (or past) ``training.steps``: nothing is left to
+    train. Not a mistake: the launchers print the message as one line and exit 0."""

@@ -1,7 +1,7 @@
 """Turn a torchtitan DCP checkpoint into a HF model folder.
 
     python -m skrull_ext.export CHECKPOINT_DIR OUT_DIR --config-file JOB.toml
-    python -m skrull_ext.export CHECKPOINT_DIR OUT_DIR --hf-path SRC [--dtype bfloat16]
+    python -m skrull_ext.export CHECKPOINT_DIR OUT_DIR --hf-path SRC [--dtype bfloat16] [--overwrite]
 
 ``CHECKPOINT_DIR`` is one step of a job's checkpoint folder
 (``<dump_folder>/checkpoint/step-N``, written mid-run by ``[checkpoint]
@@ -11,7 +11,10 @@ layouts, through the model spec's state-dict adapter), config.json and the
 tokenizer files (skrull_ext/hf/folder.py), which is what
 ``transformers.AutoModelForCausalLM.from_pretrained(OUT_DIR)`` loads. The
 final checkpoint of a job with ``[checkpoint] last_save_in_hf = true`` is
-such a folder already.
+such a folder already. ``OUT_DIR`` must be new or empty: a folder holding
+anything is refused before the checkpoint is read, unless ``--overwrite``
+(its contents are then replaced, so no file of another model stays beside
+the new weights).
 
 Only the model's tensors are read (not the optimizer's), into plain CPU
 tensors: no process group is made. Before anything is read, the
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import warnings
 
@@ -106,9 +110,11 @@ def load_single_process(state_dict: dict, checkpoint_dir: str) -> None:
         dcp.load(state_dict, checkpoint_id=checkpoint_dir, no_dist=True)
 
 
-def export(checkpoint_dir: str, out_dir: str, config, dtype: str = "float32") -> list[str]:
+def export(checkpoint_dir: str, out_dir: str, config, dtype: str = "float32", overwrite: bool = False) -> list[str]:
     """Write the HF folder of ``checkpoint_dir`` (a step of ``config``'s job) to
-    ``out_dir``; returns the names of the files written."""
+    ``out_dir`` (new or empty; ``overwrite``: its contents replaced once the checkpoint
+    is read, ``check_out_dir``); returns the names of the files written."""
+    replace = check_out_dir(out_dir, checkpoint_dir, overwrite)
     from skrull_ext.hf.folder import HFExport
     from skrull_ext.lora import apply_lora
 
@@ -116,7 +122,39 @@ def export(checkpoint_dir: str, out_dir: str, config, dtype: str = "float32") ->
     spec = config.model_spec
     files = HFExport.for_job(config)
     hf = _hf_tensors(_model_tensors(checkpoint_dir, spec), spec)
+    if replace:
+        clear_dir(out_dir)
     return files.write(out_dir, hf, dtype)
+
+
+def check_out_dir(out_dir: str, checkpoint_dir: str, overwrite: bool) -> bool:
+    """Refuse (ExportError, one line) an ``out_dir`` that is a file, one that holds the
+    checkpoint read, or a folder that is not empty unless ``overwrite``. Returns whether
+    it has contents to replace (``clear_dir`` before writing: files left from another
+    model beside the new weights would be loaded with them)."""
+    if os.path.isfile(out_dir):
+        raise ExportError(f"{out_dir}: is a file; name a folder to write the HF model into")
+    entries = sorted(os.listdir(out_dir)) if os.path.isdir(out_dir) else []
+    if not entries:
+        return False
+    out, ckpt = os.path.realpath(out_dir), os.path.realpath(checkpoint_dir)
+    if ckpt == out or ckpt.startswith(out + os.sep):
+        raise ExportError(f"{out_dir}: holds the checkpoint {checkpoint_dir} being exported; name another folder")
+    if not overwrite:
+        more = f" and {len(entries) - 1} more" if len(entries) > 1 else ""
+        raise ExportError(f"{out_dir}: is not empty ({entries[0]!r}{more}); name a new or empty folder, or add "
+                          "--overwrite to replace its contents")
+    return True
+
+
+def clear_dir(folder: str) -> None:
+    """Remove everything in ``folder`` (not the folder)."""
+    for name in os.listdir(folder):
+        path = os.path.join(folder, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
+        else:
+            os.remove(path)
 
 
 def job_config(config_file: str | None, hf_path: str | None):
@@ -143,10 +181,13 @@ def main(argv: list[str] | None = None) -> int:
     src.add_argument("--config-file", help="the job file that wrote the checkpoint")
     src.add_argument("--hf-path", help="the HF folder the job started from ([model] hf_path)")
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="dtype of the saved weights (default float32)")
+    ap.add_argument("--overwrite", action="store_true",
+                    help="replace the contents of OUT_DIR if it is not empty (default: refuse it)")
     args = ap.parse_args(argv)
     try:
+        check_out_dir(args.out_dir, args.checkpoint_dir, args.overwrite)  # before the job is read
         config = job_config(args.config_file, args.hf_path)
-        written = export(args.checkpoint_dir, args.out_dir, config, args.dtype)
+        written = export(args.checkpoint_dir, args.out_dir, config, args.dtype, args.overwrite)
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

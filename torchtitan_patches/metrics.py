@@ -21,6 +21,11 @@ attention at ``training.seq_len``. A trainer that sets ``meter`` (a
 its figures too (``documents/*``, ``compile/graphs``) and a line saying
 which MFU is which after torchtitan's.
 
+Colour: torchtitan colours its step and model-size lines with ANSI codes
+unless ``[metrics] disable_color_printing``; here they are plain whenever the
+log is not a terminal (``colour_terminal``: a redirected log, CI) or
+``NO_COLOR`` is set.
+
 Installed by ``use_run_metrics(config)`` (JobTrainer calls it beside
 ``torchtitan_patches.apply``); the rest of the processor is torchtitan's.
 """
@@ -29,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 import time
 from datetime import datetime
 
@@ -41,8 +47,9 @@ from torchtitan.components.metrics import (
 )
 from torchtitan.config.override import derive
 from torchtitan.tools.logging import logger
+from torchtitan.tools.utils import NoColor
 
-__all__ = ["RunMetricsProcessor", "claim_run_folder", "use_run_metrics"]
+__all__ = ["RunMetricsProcessor", "claim_run_folder", "colour_terminal", "use_run_metrics"]
 
 
 def claim_run_folder(parent: str, now: datetime | None = None) -> str:
@@ -68,6 +75,9 @@ class RunMetricsProcessor(MetricsProcessor):
     def __init__(self, config: Config, **kwargs):
         super().__init__(config, **kwargs)
         from torchtitan_patches import on_cpu
+
+        if not colour_terminal():
+            self.color = NoColor()  # what metrics.disable_color_printing gives, without asking for it
 
         if on_cpu():
             # torchtitan's switch for "no MFU" (it skips MFU under quantization):
@@ -110,6 +120,15 @@ class RunMetricsProcessor(MetricsProcessor):
         container = others if isinstance(others, LoggerContainer) else LoggerContainer()
         container.add_logger(TensorBoardLogger(folder, tag))
         return container
+
+
+def colour_terminal(stream=None) -> bool:
+    """Whether log lines may carry ANSI colour codes: the log stream (torchtitan's logger
+    writes to stdout) is a terminal and ``NO_COLOR`` (no-color.org) is unset. A log
+    redirected to a file, a pipe or a CI log gets plain text."""
+    stream = sys.stdout if stream is None else stream
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty is not None and isatty()) and not os.environ.get("NO_COLOR")
 
 
 def use_run_metrics(config) -> None:

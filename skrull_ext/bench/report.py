@@ -6,8 +6,10 @@ mean over cells, "peak" the largest. Gap to bound is the mean over
 iterations of time / bound - 1, every policy against the bound of the job's
 global batch (``ScenarioResult.gap_to_bound``): the classic bound, and on a
 lockstep timeline the lockstep-aware one too (skrull_ext/sim/bound.py).
-``winner_line`` names the fastest policy a job can run; ``legend`` says
-what each row and column is.
+``winner_line`` names the fastest policy a job can run on equal work (the
+same sequences trained whole: a pool policy that trains whole what the others
+cut is left out of it); ``legend`` says what each row, column and figure
+printed is.
 """
 
 from __future__ import annotations
@@ -253,23 +255,37 @@ def _not_a_policy(p: str) -> str:
     return NOT_A_JOB_POLICY.get(p, "a reference: what torchtitan or DeepSpeed users run")
 
 
+def unequal_cells(results: Sequence[ScenarioResult], policy: str) -> list[ScenarioResult]:
+    """The cells where ``policy`` trains other work than the rest: a pool policy planning whole the
+    sequences the others cut at C x CP (its cap is C x CP x DP). Equal counts mean equal sets,
+    since a larger cap cuts a subset of what a smaller one cuts."""
+    return [r for r in results if r.truncated_by_policy.get(policy, r.truncated) != r.truncated]
+
+
 def winner_line(results: Sequence[ScenarioResult]) -> str:
-    """One line: the fastest policy a job can run (highest average speed-up over baseline), where it
-    wins, and why any faster row is not one a job can pick."""
+    """One line: the fastest policy a job can run on equal work (highest average speed-up over
+    baseline among the policies that train the same sequences whole as the others in every cell),
+    where it wins, which policy was left out for training other work, and why any faster row is
+    not one a job can pick."""
     s = summary(results)["policies"]
     speed = {p: v["vs_baseline"]["average"] for p, v in s.items() if "vs_baseline" in v}
-    mine = [p for p in speed if runnable(p)]
+    other_work = {p: unequal_cells(results, p) for p in speed}
+    mine = [p for p in speed if runnable(p) and not other_work[p]]
     if not mine:
         return ""
     best = max(mine, key=lambda p: (speed[p], p == "skrull"))
     wins = sum(1 for r in results if min(mine, key=r.mean_time_us) == best)
-    line = (f"fastest policy a job can run: {best}, {speed[best]:.2f}x the baseline on average (the fastest "
-            f"[skrull] policy in {wins} of {len(results)} cells; [skrull] policy = \"{best}\", "
+    line = (f"fastest policy a job can run, on equal work: {best}, {speed[best]:.2f}x the baseline on average "
+            f"(the fastest [skrull] policy in {wins} of {len(results)} cells; [skrull] policy = \"{best}\", "
             f"{results[0].scenario.shape.timeline} timeline)")
-    cut = sum(r.truncated for r in results)
-    if SIM_POLICIES[best].world and cut:
-        line += f"; it trains whole the {cut:,} sequences the other rows cut at C x CP"
-    faster = sorted((p for p in speed if not runnable(p) and speed[p] > speed[best]), key=lambda p: -speed[p])
+    left = [p for p in speed if runnable(p) and other_work[p]]
+    if left:
+        line += "; not compared: " + "; ".join(
+            f"{p} ({speed[p]:.2f}x), which trains whole, in {len(other_work[p])} of {len(results)} cells, "
+            f"{sum(r.truncated - r.truncated_by_policy[p] for r in other_work[p]):,} sequences the others cut at "
+            "C x CP (more work, not the same; skrull-pool-capped is its like-for-like row)" for p in left)
+    faster = sorted((p for p in speed if not runnable(p) and not other_work[p] and speed[p] > speed[best]),
+                    key=lambda p: -speed[p])
     if faster:
         line += ". Faster, but not a policy a job can pick: " + "; ".join(
             f"{p} ({speed[p]:.2f}x): {_not_a_policy(p)}" for p in faster)
@@ -283,9 +299,18 @@ def legend(results: Sequence[ScenarioResult]) -> str:
     for p in policies_of(results):
         how = f'[skrull] policy = "{p}"' if runnable(p) else f"not a [skrull] policy: {_not_a_policy(p)}"
         rows.append(f"- {p}: {SIM_POLICIES[p].description} ({how})")
+    models = sorted({r.scenario.model for r in results})
     cols = [
+        "- cell: dataset / model; shape: DP x CP x global batch size (sequences a step), C = BucketSize "
+        "(tokens one CP rank holds per micro-batch)",
+        "- truncated: sequences of the cell's global batches cut to C x CP tokens (a CP group's capacity) for "
+        "every row but the pool ones",
         "- job can run: whether [skrull] policy can name it",
         "- vs X avg / peak: mean iteration time of X over the policy's, per cell; average (peak) over cells",
+        *([f"- {', '.join(models)} avg: the average over that model's cells"] if models else []),
+        "- per-cell policy columns: the speed-up over baseline in that cell",
+        "- skrull-paper ms / skrull ms / skrull speedup: mean iteration time of each and their ratio per cell; "
+        "average (min) over cells",
         "- gap to classic bound: mean over iterations of time / bound - 1, against the larger of all work spread "
         "over DP x CP ranks and the longest sequence alone, for the job's global batch (a policy that regroups "
         "samples across steps: its mean time over the mean bound); below 0 where a policy does what the bound "
@@ -297,6 +322,15 @@ def legend(results: Sequence[ScenarioResult]) -> str:
         "iterations; skrull gap (...): skrull's gap to each",
         "- overflow mbs: micro-batches over the capacity (--capacity, default BucketSize)",
         "- sched ms: the planner's wall time per iteration",
+        *(["- skrull-pool against skrull: skrull ms and pool ms are mean iteration times; truncated (skrull) / "
+           "(pool): sequences each cut, at C x CP and at C x CP x DP (the pool trains longer ones whole); "
+           "pool-capped: skrull-pool on skrull's cut sequences, so pool-capped / skrull speedup is like for like, "
+           "with its average, min and max over cells in the last row; gap to pool bound: the pool's mean time "
+           "over the bound of sets that may span CP groups (skrull_ext/sim/bound.py pool_lower_bound_us), minus 1"]
+          if any(p in POOL for p in policies_of(results)) else []),
+        "- (N s) after the files written: the simulation's wall time",
+        "- hardware profile ..., planned at Mx the exchange (first line): the planner decides with every K/V "
+        "exchange at M times the profile's price ([comm] plan_margin) and every figure is priced at 1x",
     ]
     return "\n".join(["Rows:", *rows, "Columns:", *cols])
 

@@ -6,8 +6,9 @@
     python -m skrull_ext.bench simulate --lengths my_data.lengths.txt     # your own lengths, one per line
 
 Writes results.md, results.json, speedup.png and iteration_time.png to
---out and prints one line naming the fastest policy a job can run, the
-summary tables and a legend of their rows and columns. baseline and bound
+--out and prints one line naming the fastest policy a job can run on equal
+work (report.winner_line), the summary tables and a legend of every row,
+column and figure printed. baseline and bound
 always run: every speedup and gap is relative to them. Gaps are to two
 bounds of the job's global batches: the classic one (all work spread over
 the world, or the longest sequence alone) and, on lockstep, the
@@ -98,6 +99,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         profile = Profile.load(args.profile) if args.profile else cost_models.hardware()
         if args.plan_margin is not None:
             profile = profile.with_plan_margin(args.plan_margin)
+        if args.bucket_size is None and (failed := profile.failed_check()) is not None:
+            raise ValueError(f"--profile {args.profile}: {failed}, so its BucketSize is not one to simulate with; "
+                             "name --bucket-size, or re-measure the profile (python -m skrull_ext.profile)")
         bucket = args.bucket_size if args.bucket_size is not None else profile.bucket_size
         cells = scenarios.grid(names, args.models, dp=args.dp, cp=args.cp,
                                batch_size=args.batch_size, bucket_size=bucket, capacity=args.capacity,

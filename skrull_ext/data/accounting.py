@@ -16,7 +16,7 @@ Each cut or skip is an ``Event`` naming the sample, where it came from
 trainer puts the counts in the step's console line and TensorBoard
 (``skrull/samples_*``) and logs ``RunAccount.summary()`` at the end. The run
 totals are part of the dataloader's checkpointed state, so a resumed run
-reports the whole run.
+reports the whole run, and beside it this launch's share (``RunAccount.launch``).
 
 A mixture of sources (mixture.py) is also counted per source: each step's
 ``by_source`` and the run's, ``read = whole + cut + skipped`` for each, in
@@ -89,6 +89,8 @@ class StepAccount:
     events: list[Event] = field(default_factory=list)
     by_source: dict[str, Counts] = field(default_factory=dict)
     """The same counts per source of a mixture (empty for one source)."""
+    warning: str | None = None
+    """The step's one warning line naming each cut or skip (overlength._settle), None if none."""
 
     def record(self, event: Event) -> None:
         self.events.append(event)
@@ -156,6 +158,18 @@ class RunAccount:
         self.first: dict[str, Event] = {}
         self.by_source: dict[str, Counts] = {name: Counts() for name in sources}
         """Totals per source of a mixture (named up front: they are checkpointed keys)."""
+        self.loaded = Counts()
+        """``totals`` as a resume loaded them (zero for a fresh run): this launch's counts are
+        ``launch()``, the difference."""
+        self.loaded_step = 0
+        """The step a resume loaded (the loader's checkpointed ``step``; 0 for a fresh run)."""
+
+    def launch(self) -> Counts:
+        """This launch's counts: the totals less those a resume started from."""
+        out = Counts()
+        for f in fields(Counts):
+            setattr(out, f.name, getattr(self.totals, f.name) - getattr(self.loaded, f.name))
+        return out
 
     def add(self, step: StepAccount) -> None:
         step.counts.check()
@@ -173,12 +187,16 @@ class RunAccount:
         for name, c in self.by_source.items():
             out.by_source[name].add(c)
         out.first = dict(self.first)
+        out.loaded.add(self.loaded)
+        out.loaded_step = self.loaded_step
         return out
 
-    def summary(self) -> str:
+    def summary(self, span: str = "") -> str:
+        """The totals (``span``, e.g. which steps they cover, right after them), the first event
+        of each kind, and the per-source counts of a mixture."""
         t = self.totals
         line = (f"samples read {t.read} = trained whole {t.whole} + trained cut {t.cut} + skipped {t.skipped} "
-                f"({t.skipped_overlength} over-length, {t.skipped_no_loss} with no loss tokens)")
+                f"({t.skipped_overlength} over-length, {t.skipped_no_loss} with no loss tokens){span}")
         for kind, e in self.first.items():
             line += f"; {kind}, first {e.describe()}"
         if self.by_source:
@@ -198,3 +216,6 @@ class RunAccount:
             setattr(self.totals, f.name, int(state.get(f"samples_{f.name}", 0)))
             for name, c in self.by_source.items():
                 setattr(c, f.name, int(state.get(f"source_{name}_samples_{f.name}", 0)))
+        self.loaded = Counts()
+        self.loaded.add(self.totals)
+        self.loaded_step = int(state.get("step", 0))  # the loader's state holds its step beside the counts

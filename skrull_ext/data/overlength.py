@@ -192,15 +192,18 @@ def apply_limit(limit: LengthLimit, indices: list[int], samples: list[Sample], s
 
 def _settle(limit: LengthLimit, account: StepAccount, run: RunAccount, step: int, kept: int,
             warn: bool = True) -> None:
-    """One warning when the step cut or skipped samples (naming each), the
-    counts added to the run's; a step left with nothing to train is refused."""
-    if account.events and warn:
+    """One warning when the step cut or skipped samples (naming each; kept as
+    ``account.warning`` and logged here when ``warn``), the counts added to the
+    run's; a step left with nothing to train is refused."""
+    if account.events:
         c, t = account.counts, run.totals
-        logger.warning(
+        account.warning = (
             f"Skrull step {step}: {c.cut} cut, {c.skipped} skipped of {c.read} samples read "
             f"(limit {limit.tokens}, {limit.source}; skrull.overlength = {limit.mode!r}): "
             f"{'; '.join(map(str, account.events))}; run so far: {t.cut + c.cut} cut, {t.skipped + c.skipped} skipped"
         )
+        if warn:
+            logger.warning(account.warning)
     run.add(account)
     if not kept:
         raise DataError(f"step {step}: every sample of the global batch was skipped, nothing to train "
@@ -221,7 +224,9 @@ def limit_lengths(limit: LengthLimit, indices: list[int], source, step: int, run
     """Skrull's batching: the same decision from the source's lengths and loss
     counts, no token built (a rank builds only its own micro-batches' samples).
     Returns the sample indices kept, their trained lengths and loss tokens, the account.
-    ``warn``: log the step's cuts and skips (validation passes count them in their own line)."""
+    ``warn``: log the step's cuts and skips now (the scheduling loader logs
+    ``account.warning`` when it hands the step to the trainer instead: a step built
+    ahead may never train)."""
     lengths = [source.length(i) for i in indices]
     keep, kept_len, kept_loss, account = decide(
         limit, indices, lengths, lambda k, n: loss_tokens(source, indices[k], n, lengths[k]), source, step)

@@ -26,7 +26,9 @@ A step is a function of its number and of the run's counts before it
 2) a background thread builds steps t+1..t+K while step t trains
 (prefetch.py says why a thread suffices); the steps are the same as built on
 demand, and the checkpointed state is that of the last step handed to the
-trainer, so a resume replays exactly the uninterrupted run.
+trainer, so a resume replays exactly the uninterrupted run. A step's warning
+(its cut and skipped samples) is logged when it is handed out too, so steps
+built ahead beyond ``training.steps`` say nothing.
 """
 
 import json
@@ -35,6 +37,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from torchtitan.components.tokenizer import BaseTokenizer
+from torchtitan.tools.logging import logger
 
 from skrull_ext.data.accounting import RunAccount, StepAccount
 from skrull_ext.data.buffers import MicroBatchBuffer
@@ -100,7 +103,8 @@ class StepBuilder:
     lockstep_passes: bool = False
     """Pad to the plan's slots even when the job runs free (validation's forward passes)."""
     warn: bool = True
-    """Log each step's cuts and skips (a validation pass counts them in its own line)."""
+    """Log each step's cuts and skips when the loader hands it out (a validation pass counts
+    them in its own line)."""
     pin: bool = False
     """Stage the buffers in pinned memory (``MicroBatchBuffer.staged``): a CUDA trainer's."""
 
@@ -120,7 +124,8 @@ class StepBuilder:
 
     def _build(self, step: int, run: RunAccount) -> SkrullStep:
         read = self.source.global_batch(step, self.global_batch_size)
-        indices, lengths, losses, account = limit_lengths(self.limit, read, self.source, step, run, self.warn)
+        # Logged when the step is handed out (SkrullDataLoader.next_step): one built ahead may never train.
+        indices, lengths, losses, account = limit_lengths(self.limit, read, self.source, step, run, warn=False)
         start = time.perf_counter()
         plan = self.scheduler.schedule(lengths, dp_rank=self.dp_rank)
         plan.validate()
@@ -253,6 +258,8 @@ class SkrullDataLoader(SourceDataLoaderBase):
                 self.step, self.account = cursor.step, cursor.account
             raise
         self.step, self.account = out.step, account
+        if out.account.warning is not None and self.builder.warn:  # warned for the steps that train only
+            logger.warning(out.account.warning)
         # Tokens of the step over all ranks, as the packed loader counts them (bench cp reads it).
         dropped = set(out.plan.dropped)
         self.last_tokens = sum(n for k, n in enumerate(out.plan.lengths) if k not in dropped)

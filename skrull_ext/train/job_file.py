@@ -23,7 +23,6 @@ import typing
 from typing import Any
 
 import tomllib
-import tyro
 from torchtitan.components.checkpointer import CheckpointManager
 from torchtitan.components.loss import CrossEntropyLoss
 from torchtitan.components.metrics import MetricsProcessor
@@ -44,6 +43,7 @@ from skrull_ext.hf.job import hf_job_defaults
 from skrull_ext.models.registry import build_model_spec
 from skrull_ext.train.job_checks import check_job
 from skrull_ext.train.job_flags import Flag, flag_tables
+from skrull_ext.train.job_help import job_help
 from skrull_ext.train.trainer import JobConfig  # importing trainer.py wires JobConfig.build() to SkrullTrainer
 from skrull_ext.train.usage import JOBS_DIR, USAGE, exit_without_job
 
@@ -133,7 +133,9 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     raise JobFileError(f"{key}: type {_type_name(tp)} cannot be set from a job file")
 
 
-def _settable_fields(cls: type) -> dict[str, Any]:
+def settable_fields(cls: type) -> dict[str, Any]:
+    """The fields of ``cls`` a job file or flag may set (their annotations): ``init``
+    fields not named ``_x``. ``--help`` lists these (job_help.py)."""
     hints = typing.get_type_hints(cls, include_extras=True)
     return {
         f.name: hints[f.name]
@@ -157,7 +159,7 @@ def _check_keys(table: dict, allowed, key: str) -> None:
 
 
 def _updates(cls: type, current: Any, table: dict, key: str) -> dict[str, Any]:
-    fields = _settable_fields(cls)
+    fields = settable_fields(cls)
     _check_keys(table, fields, key)
     out = {}
     for name, value in table.items():
@@ -287,16 +289,16 @@ def load_job(path: str, *, config_cls=None, ignore: tuple[str, ...] = (),
     if "hf_path" in model:
         config = hf_job_defaults(config, model["hf_path"])
 
-    sections, scalars = _sections_and_scalars(config)
+    sections, scalars = sections_and_scalars(config)
     job = table.pop("job", {})
     _check_keys(job, scalars, "job")
     _check_keys(table, sections | {"job", "model"}, "")  # root scalars live in [job] only
     return apply_tables(config, {**table, **job}, where="job")
 
 
-def _sections_and_scalars(config: Any) -> tuple[set[str], set[str]]:
+def sections_and_scalars(config: Any) -> tuple[set[str], set[str]]:
     """The root fields set by a table (``[training]``) and those set by a value (``[job]``)."""
-    root_fields = _settable_fields(type(config))
+    root_fields = settable_fields(type(config))
     sections = {
         n
         for n in root_fields
@@ -320,8 +322,8 @@ def apply_tables(config: Any, table: dict, *, where: str, given: dict[str, list[
     once for both: a ``[lora]`` table means LoRA training; a HF last save
     holds the model only (torchtitan requires it). ``given``: per section, the
     flags that set it, named when the section's own check refuses them."""
-    sections, scalars = _sections_and_scalars(config)
-    root_fields = _settable_fields(type(config))
+    sections, scalars = sections_and_scalars(config)
+    root_fields = settable_fields(type(config))
     _check_keys(table, sections | scalars, "")
     updates = {}
     for name, value in table.items():
@@ -385,12 +387,21 @@ class JobConfigManager(ConfigManager):
         return load_job(path, model_overrides=model), rest
 
     def parse_args(self, args: list[str] | None = None):
-        """The job with its flags applied (job_flags); ``--help`` prints tyro's
-        listing of every key and exits."""
+        """The job with its flags applied (job_flags); ``--help`` prints every key the
+        job can set (job_help.py), with the flags given beside it applied, and exits 0."""
         args = sys.argv[1:] if args is None else args
         config, rest = self._load_config(args)
-        if any(a in ("-h", "--help") for a in rest):
-            return tyro.cli(type(config), args=rest, default=config, registry=custom_registry)
+        if any(a in ("-h", "--help") for a in rest):  # what the parser accepts, nothing else (job_help.py)
+            rest = [a for a in rest if a not in ("-h", "--help")]
+            if rest:  # the flags given with --help: their values in the listing, or their error
+                tables, given = flag_tables(config, rest, SECTION_KINDS)
+                config = apply_tables(config, tables, where="", given=given)
+            job = next((a.split("=", 1)[1] if "=" in a else b for a, b in zip(args, [*args[1:], ""])
+                        if a.startswith(("--config-file", "--config_file"))), "JOB.toml")
+            sections, scalars = sections_and_scalars(config)
+            print(job_help(config, job, sections=sections, scalars=scalars, kinds=SECTION_KINDS,
+                           model_keys=MODEL_KEYS, settable=settable_fields), end="")
+            raise SystemExit(0)
         tables, given = flag_tables(config, rest, SECTION_KINDS)
         self.config = apply_tables(config, tables, where="", given=given)
         self._validate_config()

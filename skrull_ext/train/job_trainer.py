@@ -14,6 +14,7 @@ neither branches on ``skrull.enable``.
 """
 
 import os
+import shutil
 
 import torch.distributed as dist
 from torchtitan.models.common.config_utils import decoder_vocab_size
@@ -133,7 +134,9 @@ class JobTrainer(Trainer):
         and, when the last checkpoint was saved in HF format (``last_save_in_hf``),
         config.json and tokenizer files beside its weights, so the folder is one
         ``from_pretrained`` loads (skrull_ext/hf/folder.py). In a LoRA run that
-        folder's weights are the merged model's (skrull_ext/lora/train.py)."""
+        folder's weights are the merged model's (skrull_ext/lora/train.py). The folder holds
+        one copy of the weights: torchtitan's per-rank shards (``sharded/``) are removed once
+        consolidated."""
         super().train()
         ckpt = self.config.checkpoint
         last_hf = (ckpt.enable and ckpt.last_save_in_hf and not ckpt.load_only
@@ -142,7 +145,12 @@ class JobTrainer(Trainer):
         save_lora_outputs(self, folder)
         if folder is None:
             return
+        if dist.is_initialized():
+            dist.barrier()  # every rank has consolidated its part of the weights into the folder
         if not dist.is_initialized() or dist.get_rank() == 0:
+            # torchtitan writes the per-rank shards to step-N/sharded/ and consolidates them beside it;
+            # the shards are then a second full copy of the weights (15 GB on a 7B), read by nothing.
+            shutil.rmtree(os.path.join(folder, "sharded"), ignore_errors=True)
             written = self.hf_export.finish(folder, ckpt.export_dtype)
             logger.info(f"HF model folder {folder}: the weights, {files_said(written)}")
         if dist.is_initialized():
@@ -157,11 +165,22 @@ class JobTrainer(Trainer):
                        f"{self.stopped_step[1]} samples are counted as read but did not change the weights)")
             source = self.dataloader.source
             bad = f"; at load, {source.bad_summary()}" if getattr(source, "bad", None) else ""
-            logger.info(f"Run summary: {account.summary()}{bad}{stopped}{self._summary_tail()}")
+            logger.info(f"Run summary: {account.summary(self._launch_label(account))}{bad}{stopped}"
+                        f"{self._summary_tail()}")
         super().close()
         if getattr(self, "run_lock", None) is not None:
             self.run_lock.release()
             self.run_lock = None
+
+    def _launch_label(self, account) -> str:
+        """Which steps the summary's totals cover: the run's (every launch, kept across
+        resumes), and, after a resume, this launch's share beside them."""
+        first = account.loaded_step + 1
+        if first <= 1:
+            return f" over the run, steps 1..{self.step}, all in this launch"
+        c = account.launch()
+        return (f" over the run, steps 1..{self.step} (every launch); this launch, steps {first}..{self.step}: "
+                f"samples read {c.read} = trained whole {c.whole} + trained cut {c.cut} + skipped {c.skipped}")
 
     def _summary_tail(self) -> str:
         """What the batching adds to the run summary line; nothing here."""

@@ -8,7 +8,9 @@ training state fails deep in DCP (``step-N/.metadata`` not found, a
 traceback per rank). ``check_continue`` says so in one line naming
 ``--checkpoint.load_step`` and the last full checkpoint to give it, or, when
 there is none, how to start from the HF folder instead; and a ``load_step``
-with no ``step-N`` folder names the steps there are.
+with no ``step-N`` folder names the steps there are. A run whose checkpoint
+is already at ``training.steps`` (a finished run launched again) has nothing
+left to train: ``NothingToTrain``, one line, exit 0, before any model is built.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from __future__ import annotations
 import os
 import re
 
-from skrull_ext.errors import JobFileError
+from skrull_ext.errors import JobFileError, NothingToTrain
 
 __all__ = ["check_continue", "saved_steps"]
 
@@ -48,6 +50,12 @@ def check_continue(config) -> None:
         return
     folder = os.path.join(config.dump_folder, ckpt.folder)
     full, hf = saved_steps(folder)
+    load = max(full + hf, default=-1) if ckpt.load_step == -1 else ckpt.load_step
+    steps = config.training.steps
+    if load >= steps and load in full + hf:
+        raise NothingToTrain(f"nothing left to train: {folder}/step-{load} is at step {load} of {steps} "
+                             f"(training.steps); raise training.steps (e.g. --training.steps {load + steps}) "
+                             f"to train on from it")
     if ckpt.load_step == -1:
         step = max(full + hf, default=-1)
         if step not in hf:

@@ -137,14 +137,18 @@ class SkrullConfig(SchedulingOptions):
         """The profile file ``cost_model`` names (None for a hardware preset): the one read of it,
         on first use (``job_checks`` asks first, before any model is built), kept for the path
         it was read from (tyro, torchtitan's launcher, may set ``cost_model`` on a made
-        section). A file that is not a profile raises ValueError naming ``skrull.cost_model``."""
+        section). A file that is not a profile, or one whose own check failed
+        (``refuse_failed``), raises ValueError naming ``skrull.cost_model``: every use of the
+        profile (BucketSize, free-running's memory, the plan's prices) goes through here."""
         if self.cost_model in cost_models.HARDWARE_PRESETS:
             return None
         if self._profile is None or self._profile.path != str(Path(self.cost_model)):
             try:
-                self._profile = Profile.load(self.cost_model)
+                profile = Profile.load(self.cost_model)
             except ValueError as e:
                 raise ValueError(f"skrull.cost_model: {e}") from None
+            refuse_failed(profile)
+            self._profile = profile
         return self._profile
 
     def resolved_bucket_size(self) -> int:
@@ -159,10 +163,6 @@ class SkrullConfig(SchedulingOptions):
         if value is None:
             raise ValueError(f"skrull.bucket_size = {FROM_PROFILE!r}: the profile {self.cost_model!r} has no "
                              f"[memory] bucket_size")
-        if (failed := profile.failed_check()) is not None:  # on a GPU: out of memory at the fullest step
-            raise ValueError(f"skrull.bucket_size = {FROM_PROFILE!r}: the profile {self.cost_model!r} failed its own "
-                             f"memory check ({failed}); re-profile with a lower --memory-limit (or a larger "
-                             f"--margin), or name skrull.bucket_size explicitly")
         return value
 
     def profile_cp_warning(self, cp: int) -> str | None:
@@ -214,8 +214,9 @@ class SkrullConfig(SchedulingOptions):
         ``model_name`` in errors) on the hardware ``cost_model`` names, priced for the
         execution the job runs (``free_running``: Profile.cost_model). A measured
         profile whose [model] is another shape raises ValueError naming both."""
+        measured = self.measured_profile()  # its own errors name skrull.cost_model already
         try:
-            profile = self.measured_profile() or cost_models.hardware(self.cost_model)
+            profile = measured or cost_models.hardware(self.cost_model)
             return profile.cost_model(shape, model_name, free_running=free_running)
         except ValueError as e:
             raise ValueError(f"skrull.cost_model: {e}") from None
@@ -224,6 +225,7 @@ class SkrullConfig(SchedulingOptions):
         """Fail (ValueError naming both shapes and what to name instead) when ``cost_model``
         cannot price ``shape``: a shipped job's CPU profile is of the debug model, so the
         same job pointed at a HF folder (``--model.hf_path``) needs another."""
+        self.measured_profile()  # not a profile, or a failed one: its own line, no shape advice
         try:
             self.build_cost_model(shape, model_name)
         except ValueError as e:
@@ -240,3 +242,18 @@ class SkrullConfig(SchedulingOptions):
 
     def to_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.init}
+
+
+def refuse_failed(profile: Profile) -> None:
+    """Raise ValueError (one line: the file, the failed check, how to re-measure) when the
+    profiler's own BucketSize check failed (``[meta.check] ok = false``). Such a file is
+    written to be looked at: its memory fit did not hold, so neither its BucketSize nor the
+    free-running memory account derived from the same fit can be trusted, and a job that
+    names its own bucket_size would still plan and choose its execution from it."""
+    failed = profile.failed_check()
+    if failed is None:
+        return
+    command = profile.meta.get("command") or "python -m skrull_ext.profile --config-file JOB.toml --out P.toml"
+    raise ValueError(f"skrull.cost_model: the profile {profile.path!r} failed its own memory check ({failed}), "
+                     f"so a job uses none of it; re-measure it with a lower --memory-limit (or a larger --margin) than "
+                     f"it was measured with: {command}")

@@ -125,28 +125,42 @@ class RatioSpread:
         q = (lambda f: r[min(len(r) - 1, int(f * len(r)))])  # noqa: E731
         return {"median": statistics.median(r), "p10": q(0.1), "p90": q(0.9), "steps": float(len(r))}
 
-    DRIFT_STEPS: ClassVar[int] = 5
-    """Logged steps the drift check waits for (the first step's warm-up is among them)."""
-    DRIFT_LIMIT: ClassVar[float] = 1.5
-    """A median measured/predicted beyond this factor, either way, is a profile of another machine."""
+    DRIFT_WARMUP: ClassVar[int] = 1
+    """Logged steps of a launch the drift check leaves out: the first pays lazy initialisation
+    and the allocator's warm-up (x9.4 its prediction on the 1-process debug job, x1.0 after)."""
+    DRIFT_STEPS: ClassVar[int] = 8
+    """Steps after the warm-up whose median the drift check decides on, once."""
+    DRIFT_WARN: ClassVar[float] = 2.0
+    """A median measured/predicted beyond this factor, either way, is a profile of another machine.
+    Between x1.5 and x2 is the load of a shared machine: one command's runs read x1.51 and x1.85
+    over 5 steps (warm-up included), so a x1.5 line came and went between runs of one command."""
+    DRIFT_HOLD: ClassVar[float] = 1.5
+    """The second level: three quarters of the window's steps must also be beyond this factor,
+    on the same side, so a few slow steps do not carry the median past ``DRIFT_WARN``."""
 
     def drift_warning(self, cost_model: str, world_size: int) -> str | None:
-        """Once, when ``DRIFT_STEPS`` steps are logged: a warning line if their median
-        measured/predicted is beyond ``DRIFT_LIMIT`` either way, naming the cost model and the
-        command that measures this machine (a profile describes the machine it was measured
-        on: another host, other load, another torch). None otherwise, and on every later call."""
-        if self._drift_checked or len(self.ratios) < self.DRIFT_STEPS:
+        """Once, when ``DRIFT_WARMUP + DRIFT_STEPS`` steps are logged: a warning line if the
+        median measured/predicted of the ``DRIFT_STEPS`` after the warm-up is beyond
+        ``DRIFT_WARN`` either way and three quarters of them beyond ``DRIFT_HOLD``, naming the cost model and the command that measures this
+        machine (a profile describes the machine it was measured on: another host, other load,
+        another torch). None otherwise, and on every later call."""
+        if self._drift_checked or len(self.ratios) < self.DRIFT_WARMUP + self.DRIFT_STEPS:
             return None
         self._drift_checked = True
-        median = statistics.median(self.ratios)
-        if 1.0 / self.DRIFT_LIMIT <= median <= self.DRIFT_LIMIT:
+        window = sorted(self.ratios[self.DRIFT_WARMUP:self.DRIFT_WARMUP + self.DRIFT_STEPS])
+        median, quarter = statistics.median(window), len(window) // 4
+        slow = median > self.DRIFT_WARN and window[quarter] > self.DRIFT_HOLD
+        fast = median < 1.0 / self.DRIFT_WARN and window[-1 - quarter] < 1.0 / self.DRIFT_HOLD
+        if not (slow or fast):
             return None
         launcher = (f"torchrun --standalone --nproc_per_node {world_size} -m skrull_ext.profile" if world_size > 1
                     else "python -m skrull_ext.profile")
-        return (f"skrull: measured/predicted step time is x{median:.2f} (median of the first {len(self.ratios)} "
-                f"steps, beyond x{self.DRIFT_LIMIT:g} either way): the cost model {cost_model!r} does not describe "
-                f"this machine, so the plans are priced wrong; measure it here: {launcher} --config-file <this "
-                f"job's file> --out <profile.toml> (docs/profile.md), then --skrull.cost_model <profile.toml>")
+        first = self.DRIFT_WARMUP + 1
+        return (f"skrull: measured/predicted step time is x{median:.2f} (median of steps {first}.."
+                f"{first + len(window) - 1} of this launch, after the warm-up; beyond x{self.DRIFT_WARN:g} either "
+                f"way): the cost model {cost_model!r} does not describe this machine, so the plans are priced wrong; "
+                f"measure it here: {launcher} --config-file <this job's file> --out <profile.toml> (docs/profile.md), "
+                f"then --skrull.cost_model <profile.toml>")
 
     def line(self) -> str:
         s = self.summary()

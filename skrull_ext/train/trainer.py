@@ -361,7 +361,7 @@ class SkrullTrainer(JobTrainer):
         if not waits:
             return ""
         k = getattr(self.dataloader.config, "prefetch_steps", 0)
-        return (f"; data wait per step: median {statistics.median(waits):.2f} ms, max {max(waits):.2f} ms over "
+        return (f"; data wait per step this launch: median {statistics.median(waits):.2f} ms, max {max(waits):.2f} ms over "
                 f"{len(waits)} steps{' after the first' if len(self.data_wait_ms) > 1 else ''} "
                 f"(dataloader.prefetch_steps {k}; first step {self.data_wait_ms[0]:.1f} ms)")
 

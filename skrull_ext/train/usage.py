@@ -29,7 +29,7 @@ file's header says what it trains and how to launch it):
   --config-file JOB.toml    the job (required)
   --SECTION.KEY VALUE       override one key of the job file, e.g. --training.steps 3
   --config-file JOB.toml --help
-                            every key with its default and help
+                            every key the job can set, its value there and help
   --module M --config NAME  a torchtitan config-registry function instead of a job file
   --traceback               on a config error, the full traceback too (or SKRULL_TRACEBACK=1)
 """

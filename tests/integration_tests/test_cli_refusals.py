@@ -47,16 +47,21 @@ def test_a_bucket_size_that_cuts_most_samples_is_refused(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_profile_that_failed_its_check_gives_no_bucket_size(tmp_path):
+@pytest.mark.parametrize("bucket", [["--skrull.bucket_size", "profile"], []], ids=["profile", "own"])
+def test_a_profile_that_failed_its_check_is_refused(tmp_path, bucket):
+    """Issue 38 (BucketSize from it) and 50 (the job's own bucket_size: it still chose
+    free-running from the failed profile's memory and trained, rc 0)."""
     from tests.unit_tests.test_job_file import _failed_profile
 
     failed = _failed_profile(tmp_path)
     dump = tmp_path / "out"
-    proc = train("--config-file", DEBUG, "--skrull.cost_model", failed, "--skrull.bucket_size", "profile",
+    proc = train("--config-file", DEBUG, "--skrull.cost_model", failed, *bucket, "--training.steps", "1",
                  "--dump_folder", str(dump), cwd=tmp_path)
+    assert proc.returncode == 2
     assert one_line_error(proc).startswith(
-        f"error: skrull.bucket_size = 'profile': the profile {failed!r} failed its own memory check ([meta.check] "
+        f"error: skrull.cost_model: the profile {failed!r} failed its own memory check ([meta.check] "
         "ok = false: a buffer of its BucketSize, 4997 tokens, peaked at 1414.2 MiB against an activation budget")
+    assert "free-running" not in proc.stdout + proc.stderr
     assert not dump.exists()
 
 

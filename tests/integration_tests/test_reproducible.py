@@ -12,7 +12,7 @@ false``), and the continued run's losses equal those of a run that trained
 N+M steps without stopping, bit for bit. The LR schedule is decoupled from
 ``training.steps`` with ``lr_scheduler.total_steps`` (torchtitan's option),
 otherwise a longer run would have decayed the learning rate differently
-from step 2 on (README, "Continuing a finished run").
+from step 2 on (docs/training.md, "Continuing a finished run").
 """
 
 import glob

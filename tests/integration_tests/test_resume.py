@@ -68,7 +68,7 @@ def test_the_trainer_logs_how_long_it_waited_for_data(skrull_runs):
     assert len(waits) == len(builds) == STEPS and all(w >= 0 for w in waits) and all(b > 0 for b in builds)
     for step in range(1, STEPS + 1):
         assert re.search(rf"skrull step {step}: .*, data wait \d+\.\d ms\n", full.output), step
-    assert re.search(r"Run summary: .*; data wait per step: median \d+\.\d\d ms, max \d+\.\d\d ms over "
+    assert re.search(r"Run summary: .*; data wait per step this launch: median \d+\.\d\d ms, max \d+\.\d\d ms over "
                      rf"{STEPS - 1} steps after the first \(dataloader.prefetch_steps 2; first step", full.output)
 
 

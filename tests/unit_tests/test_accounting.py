@@ -182,3 +182,28 @@ def test_torchtitan_batching_counts_the_same_way(tok):
                                               r"longer than dataloader.max_len 64"):
         for _ in range(EPOCHS * len(KINDS) // GBS):
             next(iter(strict))
+
+
+def test_a_resumed_runs_summary_tells_this_launch_from_the_run():
+    """Issue 50: a resumed run put 'samples read 320' (the run) beside 'over 24 steps' (this
+    launch) without saying which was which. The loaded totals are kept; the launch's are the rest."""
+    from skrull_ext.data.accounting import Counts, RunAccount, StepAccount
+
+    def step(read, cut):
+        a = StepAccount(counts=Counts(read=read, whole=read - cut, cut=cut))
+        return a
+
+    before = RunAccount()
+    before.add(step(8, 3))
+    before.add(step(8, 1))
+    resumed = RunAccount()
+    resumed.load_state_dict({"step": 2, **before.state_dict()})  # as the loaders checkpoint it
+    assert resumed.launch().as_dict() == Counts().as_dict()
+    resumed.add(step(8, 2))
+    snapshot = resumed.copy()  # what the loader hands on with each step
+    assert (snapshot.totals.read, snapshot.totals.cut) == (24, 6)
+    assert snapshot.launch().as_dict() == Counts(read=8, whole=6, cut=2).as_dict()
+    assert (snapshot.loaded_step, RunAccount().loaded_step) == (2, 0)  # this launch began at step 3
+    assert snapshot.summary(" over the run").startswith(
+        "samples read 24 = trained whole 18 + trained cut 6 + skipped 0 (0 over-length, 0 with no loss tokens) "
+        "over the run")

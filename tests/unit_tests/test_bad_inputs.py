@@ -365,7 +365,7 @@ def test_bench_simulate_takes_a_lengths_file_and_warns_of_cuts(tmp_path):
         f"{path} / qwen2.5-0.5b: 8 of 16 sequences (50.0%) cut to 2,048 tokens. Every policy but the pool ones "
         "planned the cut batches, so those cells' speed-ups describe the cut data, not the dataset: raise "
         "--bucket-size or --cp")
-    assert lines[warning + 2].startswith("fastest policy a job can run: skrull")  # above the first table
+    assert lines[warning + 2].startswith("fastest policy a job can run, on equal work: skrull")  # above the first table
     assert lines[warning + 4].startswith("| policy |")
     assert lines[warning] in (tmp_path / "out" / "results.md").read_text()
 

@@ -83,6 +83,21 @@ def test_export_refuses_a_checkpoint_of_another_model(tmp_path, capsys):
     assert capsys.readouterr().out.strip().endswith(
         "model.safetensors, config.json, tokenizer files (tokenizer.json, tokenizer_config.json)")
 
+    # Issue 50: into a non-empty folder it overwrote without a word. Refused, the folder untouched ...
+    before = {name: os.path.getmtime(os.path.join(out, name)) for name in os.listdir(out)}
+    (tmp_path / "out" / "model-00001-of-00002.safetensors").write_bytes(b"stale")
+    assert main([ckpt, out, "--hf-path", small]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"error: {out}: is not empty ('config.json' and 2 more); name a new or empty folder, or add --overwrite "
+        "to replace its contents")
+    assert {n: os.path.getmtime(os.path.join(out, n)) for n in before} == before
+    # ... replaced with --overwrite (no stale shard left beside the new weights) ...
+    assert main([ckpt, out, "--hf-path", small, "--overwrite"]) == 0
+    assert sorted(os.listdir(out)) == ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
+    # ... and never the folder that holds the checkpoint.
+    assert main([ckpt, str(tmp_path), "--hf-path", small, "--overwrite"]) == 2
+    assert "holds the checkpoint" in capsys.readouterr().err and os.path.isdir(ckpt)
+
 
 def test_export_refuses_lora_adapters_it_cannot_scale(tmp_path, capsys):
     """A LoRA run's checkpoint holds the base and the adapters; named by the HF

@@ -196,20 +196,32 @@ def _failed_profile(tmp_path) -> str:
     return str(failed)
 
 
-def test_bucket_size_profile_refuses_a_profile_that_failed_its_check(tmp_path):
+def _refusal(failed: str) -> str:
+    return (f"skrull.cost_model: the profile {failed!r} failed its own memory check ([meta.check] ok = "
+            "false: a buffer of its BucketSize, 4997 tokens, peaked at 1414.2 MiB against an activation budget of "
+            "929.9 MiB (the memory fit predicted 883.2 MiB)), so a job uses none of it; re-measure it with a lower "
+            "--memory-limit (or a larger --margin) than it was measured with: python -m skrull_ext.profile "
+            "--config-file skrull_ext/jobs/debug_cpu.toml --memory-limit 1GiB --out profiles/cpu-debug-gloo2.toml")
+
+
+@pytest.mark.parametrize("bucket", [["--skrull.bucket_size", "profile"], []], ids=["profile", "own"])
+def test_a_profile_that_failed_its_check_is_refused_in_every_use(tmp_path, bucket):
+    """Issue 50: with the job's own bucket_size the failed profile still chose free-running
+    from its memory figures and priced the plan; now no use of it passes."""
     failed = _failed_profile(tmp_path)
-    config = JobConfigManager().parse_args(
-        ["--config-file", DEBUG, "--skrull.cost_model", failed, "--skrull.bucket_size", "profile"])
+    config = JobConfigManager().parse_args(["--config-file", DEBUG, "--skrull.cost_model", failed, *bucket])
     with pytest.raises(JobFileError) as e:
         check_job(config, 1, on_cpu=True)  # the profile is read once, here, before any model is built
-    assert str(e.value) == (
-        f"skrull.bucket_size = 'profile': the profile {failed!r} failed its own memory check ([meta.check] ok = "
-        "false: a buffer of its BucketSize, 4997 tokens, peaked at 1414.2 MiB against an activation budget of "
-        "929.9 MiB (the memory fit predicted 883.2 MiB)); re-profile with a lower --memory-limit (or a larger "
-        "--margin), or name skrull.bucket_size explicitly")
-    # Its cost model still prices steps: only BucketSize taken from it is refused.
-    named = JobConfigManager().parse_args(["--config-file", DEBUG, "--skrull.cost_model", failed])
-    assert named.skrull.resolved_bucket_size() == 256
+    assert str(e.value) == _refusal(failed)
+    from skrull_ext._core import ModelShape
+    from skrull_ext.train.skrull_config import SkrullConfig
+
+    skrull = SkrullConfig(cost_model=failed, bucket_size=256)  # each use on its own
+    shape = ModelShape(layers=6, hidden=256, kv_width=256, bytes_per_elem=4)
+    for use in (skrull.measured_profile, lambda: skrull.build_cost_model(shape), lambda: skrull.check_shape(shape)):
+        with pytest.raises(ValueError) as e:
+            use()
+        assert str(e.value) == _refusal(failed)
 
 
 def test_a_job_at_another_cp_than_its_profile_is_warned():
@@ -289,7 +301,7 @@ def test_pool_policy_trains():
 
 
 def test_shipped_jobs_are_seeded_and_keep_a_resumable_last_checkpoint():
-    """Same command, same run; a finished run can be continued (README)."""
+    """Same command, same run; a finished run can be continued (docs/training.md)."""
     for name in sorted(os.listdir(JOBS)):
         if not name.endswith(".toml"):
             continue
@@ -395,3 +407,35 @@ def test_a_job_compiled_otherwise_than_its_profile_is_warned(tmp_path):
     # A profile written before [meta] compile existed says nothing either way; presets are not profiles.
     assert SkrullConfig(cost_model=str(older)).profile_compile_warning(True) is None
     assert SkrullConfig(cost_model="h100-assumed").profile_compile_warning(True) is None
+
+
+@pytest.mark.parametrize("job", ["debug_cpu.toml", "debug_cpu_lora.toml", "qwen2_5_0_5b_gpu.toml"])
+def test_per_job_help_lists_only_what_the_parser_accepts(job, capsys):
+    """Issue 50: tyro's listing (911 lines) offered --skrull.policy-spec.* and a skrull._profile
+    subcommand, which the parser refuses as unknown. Every flag the help lists is one the
+    parser takes (a bool in both forms), and every settable key of [skrull] is listed."""
+    from skrull_ext.train.job_file import SECTION_KINDS, settable_fields
+    from skrull_ext.train.job_flags import flag_tables
+    from skrull_ext.train.skrull_config import SkrullConfig
+
+    path = os.path.join(os.path.dirname(DEBUG), job)
+    with pytest.raises(SystemExit) as e:
+        JobConfigManager().parse_args(["--config-file", path, "--training.steps", "3", "--help"])
+    assert e.value.code == 0
+    text = capsys.readouterr().out
+    assert text.startswith(f"usage: python -m skrull_ext.train --config-file {path} ")
+    assert "policy-spec" not in text and "policy_spec" not in text and "_profile" not in text
+    assert "  --training.steps  (3)" in text  # the flags given beside --help are applied
+    config = load_job(path)
+    flags = re.findall(r"^  (--[\w.]+)(?: / (--[\w.-]+))?", text, flags=re.M)
+    assert len(flags) > 100
+    for flag, negated in flags:
+        if flag.startswith("--model."):
+            continue
+        for args in ([flag], [negated]) if negated else ([flag, "1"],):
+            try:
+                flag_tables(config, args, SECTION_KINDS)
+            except JobFileError as err:
+                assert "unknown flag" not in str(err), (args, err)
+    for name in settable_fields(SkrullConfig):
+        assert f"  --skrull.{name}" in text, name

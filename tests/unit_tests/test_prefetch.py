@@ -226,3 +226,28 @@ def test_bench_datawait_runs(capsys):
     out = capsys.readouterr().out
     assert "DP 128 x CP 8, 8192 sequences per step" in out and "CP-SAT on" in out
     assert "\n| 0 (off) | " in out and "\n| 3 | " in out
+
+
+def test_only_the_steps_handed_out_warn(tok, caplog):
+    """Issue 50: --training.steps 1 warned 'Skrull step 2: 3 cut' and 'Skrull step 3: 1 cut ...
+    run so far: 4 cut' for the steps the thread built ahead, which never trained, while the
+    run summary said 'trained cut 0'. The warning is logged when its step is handed out."""
+    import logging
+
+    loader = _loader(tok, "jsonl-truncate", 2)
+    sync = _loader(tok, "jsonl-truncate", 0)
+    with caplog.at_level(logging.WARNING):
+        first = loader.next_step()
+        assert loader._ahead.wait_ready(2, timeout=60)  # the thread has built steps 2 and 3
+        warned = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Skrull step")]
+        assert first.account.counts.cut + first.account.counts.skipped > 0
+        assert warned == [first.account.warning]
+        assert warned[0].startswith("Skrull step 1: ")
+        caplog.clear()
+        second = loader.next_step()
+        warned = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Skrull step")]
+        assert [w.split(":")[0] for w in warned] == ["Skrull step 2"]
+        assert loader.account.totals.cut == first.account.counts.cut + second.account.counts.cut
+    loader.close()
+    sync.next_step(), sync.next_step()
+    assert sync.account.summary() == loader.account.summary()  # the summary counts what was warned

@@ -125,8 +125,41 @@ def _checkpoints(tmp_path, full=(), hf=()):
     for step in hf:
         (tmp_path / "checkpoint" / f"step-{step}").mkdir(parents=True)
         (tmp_path / "checkpoint" / f"step-{step}" / "model.safetensors.index.json").write_text("{}")
-    return lambda load_step=-1: SimpleNamespace(dump_folder=str(tmp_path), checkpoint=SimpleNamespace(
-        enable=True, create_seed_checkpoint=False, folder="checkpoint", load_step=load_step))
+    return lambda load_step=-1, steps=100: SimpleNamespace(
+        dump_folder=str(tmp_path), training=SimpleNamespace(steps=steps), checkpoint=SimpleNamespace(
+            enable=True, create_seed_checkpoint=False, folder="checkpoint", load_step=load_step))
+
+
+@pytest.mark.parametrize("full, hf, load_step, steps", [((2, 4), (), -1, 4), ((4,), (), 4, 3), ((2,), (4,), -1, 4)],
+                         ids=["newest", "load_step-past-steps", "hf-last-save"])
+def test_a_finished_run_launched_again_has_nothing_to_train(tmp_path, full, hf, load_step, steps):
+    """Issue 50: it loaded step-N, logged 'Training starts at step N+1' and 'Training completed',
+    rc 0, having trained nothing; now one line before any model, and exit status 0."""
+    from skrull_ext.errors import NothingToTrain
+    from skrull_ext.train.resume_checks import check_continue
+
+    config = _checkpoints(tmp_path, full=full, hf=hf)
+    with pytest.raises(NothingToTrain) as info:
+        check_continue(config(load_step, steps))
+    assert str(info.value) == (f"nothing left to train: {tmp_path}/checkpoint/step-4 is at step 4 of {steps} "
+                               f"(training.steps); raise training.steps (e.g. --training.steps {4 + steps}) to "
+                               "train on from it")
+    if 2 in full:
+        check_continue(config(2, steps))  # an earlier step named: it trains on
+
+
+def test_nothing_to_train_exits_0_with_its_line(capsys):
+    from skrull_ext.cli_errors import run_cli
+    from skrull_ext.errors import NothingToTrain
+
+    def main(argv):
+        raise NothingToTrain("nothing left to train: at step 3 of 3")
+
+    with pytest.raises(SystemExit) as info:
+        run_cli(main, [])
+    assert info.value.code == 0
+    out = capsys.readouterr()
+    assert out.out == "nothing left to train: at step 3 of 3\n" and out.err == ""
 
 
 def test_continuing_from_a_hf_last_save_names_the_full_checkpoint(tmp_path):

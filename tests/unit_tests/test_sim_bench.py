@@ -43,8 +43,9 @@ def test_lengths_run_names_the_fastest_job_policy_and_explains_the_rows(tmp_path
                         str(out), "--no-plots", "--quiet"])
     assert rc == 0
     printed = capsys.readouterr().out
-    (winner,) = [line for line in printed.splitlines() if line.startswith("fastest policy a job can run:")]
-    assert winner.startswith('fastest policy a job can run: skrull, ') and '[skrull] policy = "skrull"' in winner
+    (winner,) = [line for line in printed.splitlines() if line.startswith("fastest policy a job can run")]
+    assert winner.startswith('fastest policy a job can run, on equal work: skrull, ')
+    assert '[skrull] policy = "skrull"' in winner
     assert "not a policy a job can pick: sorted (" in winner and "regroups samples across steps" in winner
     assert "Rows:" in printed and "- sorted: LongAlign" in printed and "Columns:" in printed
     assert "gap to classic bound" in printed and "gap to lockstep-aware bound" in printed
@@ -93,3 +94,46 @@ def test_command_registry(capsys):
     assert bench.main([]) == 2
     with pytest.raises(SystemExit):
         bench.main(["simulate", "--policies", "fifo", "--quiet"])
+
+
+def test_the_recommendation_is_on_equal_work_and_every_figure_is_in_the_legend(tmp_path, capsys):
+    """Issue 50: on ShareGPT (24 sequences longer than C x CP) it named skrull-pool the fastest
+    policy a job can run, though the pool trains whole what the others cut: more work, not the
+    same. The line now compares equal work only and says why the pool is left out; and every
+    column of every table printed is in the legend."""
+    import re
+    from pathlib import Path
+
+    import skrull_ext.lengths
+
+    file = Path(skrull_ext.lengths.__file__).parent / "sharegpt_v3_conversations.qwen.lengths.txt"
+    rc = simulate.main(["--lengths", str(file), "--models", "qwen2.5-7b", "--iterations", "20", "--policies",
+                        "skrull-paper,skrull,skrull-pool,skrull-pool-capped", "--out", str(tmp_path / "sim"), "--no-plots",
+                        "--quiet"])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    (winner,) = [line for line in printed.splitlines() if line.startswith("fastest policy a job can run")]
+    assert winner.startswith("fastest policy a job can run, on equal work: skrull, "), winner
+    assert "not compared: skrull-pool (" in winner and "sequences the others cut at C x CP" in winner
+    legend = printed[printed.index("Rows:"):]
+    heads = [line for line in printed.splitlines() if line.startswith("| cell |") or line.startswith("| policy |")]
+    assert len(heads) == 4
+    for line in heads:
+        for cell in (c.strip() for c in line.strip("|").split("|")):
+            words = [w for w in re.split(r"[\s()/]+", cell) if w]
+            missing = [w for w in words if w not in legend]
+            assert not missing, (cell, missing)
+    assert "(N s)" in legend and "C = BucketSize" in legend and "planned at Mx the exchange" in legend
+
+
+def test_a_profile_that_failed_its_check_gives_no_bucket_size(tmp_path, capsys):
+    """Issue 50: a failed [meta.check] is refused wherever its BucketSize would be used."""
+    from tests.unit_tests.test_job_file import _failed_profile
+
+    failed = _failed_profile(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        simulate.main(["--profile", failed, "--datasets", "chatqa2", "--models", "llama3-debug", "--iterations", "1",
+                       "--out", str(tmp_path / "sim"), "--no-plots", "--quiet"])
+    assert e.value.code == 2
+    assert (f"--profile {failed}: [meta.check] ok = false: a buffer of its BucketSize, 4997 tokens, peaked at "
+            "1414.2 MiB") in capsys.readouterr().err

@@ -81,3 +81,20 @@ def test_a_new_config_gets_the_fixes_when_an_old_one_is_gone():
         torchtitan_patches.apply(config)
         assert config.parallelism.spmd_backend == "partial_dtensor"
         del config
+
+
+def test_log_colour_only_on_a_terminal(monkeypatch):
+    """Issue 50: a log redirected to a file was full of ANSI colour codes."""
+    import io
+
+    from torchtitan_patches.metrics import colour_terminal
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    assert colour_terminal(Terminal()) is True
+    assert colour_terminal(io.StringIO()) is False  # a file or a pipe
+    monkeypatch.setenv("NO_COLOR", "1")
+    assert colour_terminal(Terminal()) is False

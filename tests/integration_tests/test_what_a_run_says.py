@@ -1,0 +1,72 @@
+"""What a one-process debug run says about itself, as a user types it (issue 50):
+warnings only for the steps that train, a resumed run's summary telling this
+launch's counts from the run's, and a finished run launched again saying that
+nothing is left to train (exit status 0) instead of 'Training starts'."""
+
+import re
+
+import pytest
+
+from tests.integration_tests.test_cli_refusals import DEBUG, train
+
+
+def _steps_warned(output: str) -> list[int]:
+    return [int(n) for n in re.findall(r"Skrull step (\d+): \d+ cut", output)]
+
+
+@pytest.mark.slow
+def test_one_step_warns_about_no_later_step(tmp_path):
+    """It warned 'Skrull step 2: 3 cut' and 'Skrull step 3: 1 cut' (steps built ahead)."""
+    proc = train("--config-file", DEBUG, "--training.steps", "1", "--dump_folder", str(tmp_path / "out"),
+                 cwd=tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert "skrull step 1:" in out
+    warnings = [line for line in out.splitlines() if " - WARNING - " in line]
+    assert not [w for w in warnings if re.search(r"\b[Ss]teps? ([2-9]|\d\d)", w)], warnings
+    assert "samples read 8 = trained whole 8 + trained cut 0 + skipped 0" in out
+    assert "step:  1  loss:" in out and "\x1b[" not in out  # captured, not a terminal: no colour codes
+
+
+@pytest.mark.slow
+def test_a_resumed_then_finished_run(tmp_path):
+    dump = str(tmp_path / "out")
+    common = ("--config-file", DEBUG, "--checkpoint.enable", "--dump_folder", dump)
+    first = train(*common, "--training.steps", "2", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    out = first.stdout + first.stderr
+    assert _steps_warned(out) == [2]  # step 1 cuts nothing; step 3 was built ahead, never trained
+    assert ("samples read 16 = trained whole 13 + trained cut 3 + skipped 0 (0 over-length, 0 with no loss "
+            "tokens) over the run, steps 1..2, all in this launch") in out
+
+    resumed = train(*common, "--training.steps", "3", cwd=tmp_path)
+    out = resumed.stdout + resumed.stderr
+    assert resumed.returncode == 0, out[-3000:]
+    assert _steps_warned(out) == [3]
+    assert ("samples read 24 = trained whole 20 + trained cut 4 + skipped 0 (0 over-length, 0 with no loss "
+            "tokens) over the run, steps 1..3 (every launch); this launch, steps 3..3: samples read 8 = "
+            "trained whole 7 + trained cut 1 + skipped 0") in out
+    assert "data wait per step this launch: " in out
+
+    again = train(*common, "--training.steps", "3", cwd=tmp_path)
+    out = again.stdout + again.stderr
+    assert again.returncode == 0, out[-3000:]
+    assert again.stdout.strip().splitlines()[-1] == (
+        f"nothing left to train: {dump}/checkpoint/step-3 is at step 3 of 3 (training.steps); raise "
+        "training.steps (e.g. --training.steps 6) to train on from it")
+    assert "Training starts" not in out and "Training completed" not in out and "error" not in out
+
+
+@pytest.mark.slow
+def test_the_hf_folder_at_the_end_holds_one_copy_of_the_weights(tmp_path):
+    """It kept torchtitan's per-rank shards (step-N/sharded/) beside the consolidated weights."""
+    import os
+
+    text_job = DEBUG.replace("debug_cpu.toml", "debug_cpu_text.toml")
+    dump = tmp_path / "out"
+    proc = train("--config-file", text_job, "--training.steps", "1", "--checkpoint.enable",
+                 "--checkpoint.last_save_in_hf", "--dump_folder", str(dump), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    folder = dump / "checkpoint" / "step-1"
+    assert sorted(os.listdir(folder)) == ["chat_template.jinja", "config.json", "model-00001-of-00001.safetensors",
+                                          "model.safetensors.index.json", "tokenizer.json", "tokenizer_config.json"]
