@@ -104,3 +104,21 @@ def test_gpu_job_resolves_its_cuda_only_defaults(job, tiny_folders):
     assert s.kv_exchange == "auto" and AUTO_BY_BACKEND.get("nccl", "all_gather") == "all_gather"
     assert config.training.mixed_precision_param == "bfloat16"
     assert job_shape(config).bytes_per_elem == 2
+
+
+def test_the_small_gpu_job_compiles_with_the_measured_h200_profile():
+    """qwen2_5_0_5b_gpu.toml as a GPU resolves it (docs/gpu.md, "Defaults a GPU job resolves to"):
+    compiled, priced by the H200 profile measured with it (compiled, its attention weight fitted),
+    at that profile's BucketSize, CUDA graphs off under Skrull."""
+    from skrull_ext.scheduler.profile_file import Profile
+    from skrull_ext.train.trainer import resolve_device_defaults
+
+    job = next(j for j in JOBS if os.path.basename(j) == "qwen2_5_0_5b_gpu.toml")
+    config = JobConfigManager().parse_args(["--config-file", job])
+    resolve_device_defaults(config)
+    assert config.compile.enable and "model" in config.compile.components and config.training.disable_cuda_graphs
+    s = config.skrull
+    assert s.bucket_size == "profile" and os.path.basename(s.cost_model) == "h200-qwen2.5-0.5b.toml"
+    profile = Profile.load(s.cost_model)
+    assert profile.meta["compile"] is True and profile.meta["device"].startswith("NVIDIA H200")
+    assert 0.4 < profile.cost_model().attention_weight < 0.7 and profile.memory().bucket_size == 130622
