@@ -121,15 +121,17 @@ class DocumentMeter:
         self.context_lost_tokens += context_lost_tokens
 
     def metrics(self, seconds: float) -> dict[str, float]:
-        """TensorBoard scalars for the steps since the last log, which took ``seconds``;
-        resets the FLOPs (the cut counts and graphs are the run's totals)."""
+        """TensorBoard scalars for the steps since the last log, which took ``seconds``:
+        their FLOPs over all ranks and the rate a device; resets the FLOPs (the cut
+        counts and graphs are the run's totals)."""
         per_gpu = self.since_log / max(seconds, 1e-9) / self.world_size
-        self.since_log = 0.0
-        out = {"documents/tflops": per_gpu / 1e12, "documents/cut_documents": float(self.cut_documents),
+        out = {"documents/flops": self.since_log, "documents/tflops": per_gpu / 1e12,
+               "documents/cut_documents": float(self.cut_documents),
                "documents/context_lost_tokens": float(self.context_lost_tokens),
                "compile/graphs": float(compiled_graphs())}
         if self.peak_flops:
             out["documents/mfu(%)"] = 100.0 * per_gpu / self.peak_flops
+        self.since_log = 0.0
         return out
 
     def line(self, step: int, m: dict[str, float]) -> str:

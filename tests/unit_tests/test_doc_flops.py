@@ -60,6 +60,7 @@ def test_meter_reports_per_device_rate_and_run_totals():
     meter.add([10, 20])
     meter.add([5], cut_documents=1, context_lost_tokens=5)
     m = meter.metrics(seconds=2.0)
+    assert m["documents/flops"] == f([10, 20]) + f([5])
     assert m["documents/tflops"] == pytest.approx((f([10, 20]) + f([5])) / 2.0 / 4 / 1e12)
     assert m["documents/mfu(%)"] == pytest.approx(100 * (f([10, 20]) + f([5])) / 2.0 / 4 / 1e6)
     assert m["documents/cut_documents"] == 1 and m["documents/context_lost_tokens"] == 5
