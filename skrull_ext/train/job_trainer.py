@@ -92,12 +92,12 @@ class JobTrainer(Trainer):
         self.stopped_step: tuple[int, int] | None = None
         """(step, samples read) of a step stopped before its optimizer step (non-finite loss)."""
         super().__init__(config)
-        self.meter = DocumentMeter(
+        self.document_meter = DocumentMeter(
             DocumentFlops.of_model(config.model_spec.model, self.model_parts),
             dist.get_world_size() if dist.is_initialized() else 1,
             None if torchtitan_patches.on_cpu() else self.metrics_processor.gpu_peak_flops, config.training.seq_len)
         """Each step's FLOPs from its documents (doc_flops.py), logged beside torchtitan's figures."""
-        self.metrics_processor.meter = self.meter
+        self.metrics_processor.meter = self.document_meter
         vocab, model_vocab = self.tokenizer.get_vocab_size(), decoder_vocab_size(config.model_spec)
         if vocab > model_vocab:
             raise ValueError(

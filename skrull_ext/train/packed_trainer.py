@@ -33,7 +33,7 @@ class PackedTrainer(JobTrainer):
             self.optimizers.register_step_pre_hook(self._stop_on_non_finite_grads)
             # Each batch's documents (or cut pieces) for the document-aware FLOPs (doc_flops.py):
             # one loader batch is one step here.
-            self.dataloader.on_layout = lambda layout: self.meter.add(
+            self.dataloader.on_layout = lambda layout: self.document_meter.add(
                 (e - s for row in layout for _, s, e in row), *context_cuts(layout))
             self._log_samples_with_torchtitans_metrics()
 

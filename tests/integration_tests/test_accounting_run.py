@@ -49,7 +49,8 @@ def test_counts_reach_tensorboard_console_and_summary(tmp_path, batching):
     assert ("Skrull over-length: 12 of 24 sequences of steps 1..3 are longer than 64 tokens (dataloader.max_len 64) "
             "and will be truncated to 64 tokens, but 6 of them would keep no loss token") in out, out[-3000:]
     assert (f"Run summary: samples read {8 * STEPS} = trained whole {4 * STEPS} + trained cut {2 * STEPS} + "
-            f"skipped {2 * STEPS} (0 over-length, {2 * STEPS} with no loss tokens); cut: over-length, first "
+            f"skipped {2 * STEPS} (0 over-length, {2 * STEPS} with no loss tokens) over the run, steps 1..{STEPS}, "
+            f"all in this launch; cut: over-length, first "
             f"{FIXTURE}:") in out
     assert "; skipped: no loss tokens, first " in out
 
