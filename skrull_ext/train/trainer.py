@@ -238,7 +238,8 @@ class SkrullTrainer(JobTrainer):
         self.optimizers.zero_grad(set_to_none=self.config.training.disable_cuda_graphs)
         lr_metrics = self.lr_schedulers.get_metrics()
         should_log = self.metrics_processor.should_log(self.step)
-        global_valid_tokens = torch.tensor(step.global_valid_tokens, device=self.device)
+        # The loss divisor: the step's loss tokens, or under look-ahead its window's mean per step.
+        global_valid_tokens = torch.tensor(step.loss_tokens, device=self.device)
         accumulated, measured_us = self._micro_batches(step, global_valid_tokens, should_log)
         grad_norm = dist_utils.clip_grad_norm_(
             [p for m in self.model_parts for p in m.parameters()],
@@ -252,6 +253,7 @@ class SkrullTrainer(JobTrainer):
         self.optimizers.step()
         self.lr_schedulers.step()
         if should_log:
+            global_avg *= step.loss_tokens / step.global_valid_tokens  # the step's own mean token loss
             self._log_step(step, accumulated, global_avg, global_valid_tokens, norm, lr_metrics, measured_us)
         if self.validation is not None and self.config.validation.due(self.step, self.config.training.steps):
             self.validation.run(self, self.step)  # forward only: no weight, RNG or counter changes
