@@ -103,3 +103,16 @@ def test_resume_inside_a_window_continues_the_uninterrupted_run(stop):
     got = [key(resumed.next_step()) for _ in range(8 - stop)]
     assert got == want[stop:]
     assert resumed.account.totals.as_dict() == whole.account.totals.as_dict()
+
+
+def test_the_log_says_what_the_window_did():
+    from skrull_ext.train.step_checks import step_log_line, step_metrics
+
+    step = loader(4).next_step()
+    m = step_metrics(step, [], 1000.0)
+    w = step.window
+    assert (m["skrull/lookahead_moved"], m["skrull/lookahead_max_delay"]) == (w.moved, w.max_delay)
+    assert m["skrull/lookahead_saved_ms"] == pytest.approx((w.arrival_us - w.predicted_us) / 1e3)
+    line = step_log_line(1, m)
+    assert f"look-ahead window 0: {w.moved} samples moved, largest delay {w.max_delay} steps, predicted" in line
+    assert "skrull/lookahead_moved" not in step_metrics(loader(1).next_step(), [], 1000.0)
