@@ -18,7 +18,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from skrull_ext.scheduler.config import POLICIES
-from skrull_ext.sim.policies import SIM_POLICIES
+from skrull_ext.sim.policies import LOOKAHEAD
+from skrull_ext.sim.policies import get as sim_policy
 from skrull_ext.sim.simulator import ScenarioResult
 
 REFERENCES = ("baseline", "sorted", "unpacked")
@@ -250,6 +251,8 @@ NOT_A_JOB_POLICY: dict[str, str] = {
 
 
 def _not_a_policy(p: str) -> str:
+    if p.startswith(LOOKAHEAD):
+        return f"a job runs it as policy skrull with [skrull] lookahead = {p[len(LOOKAHEAD):]}"
     return NOT_A_JOB_POLICY.get(p, "a reference: what torchtitan or DeepSpeed users run")
 
 
@@ -267,7 +270,7 @@ def winner_line(results: Sequence[ScenarioResult]) -> str:
             f"[skrull] policy in {wins} of {len(results)} cells; [skrull] policy = \"{best}\", "
             f"{results[0].scenario.shape.timeline} timeline)")
     cut = sum(r.truncated for r in results)
-    if SIM_POLICIES[best].world and cut:
+    if sim_policy(best).world and cut:
         line += f"; it trains whole the {cut:,} sequences the other rows cut at C x CP"
     faster = sorted((p for p in speed if not runnable(p) and speed[p] > speed[best]), key=lambda p: -speed[p])
     if faster:
@@ -282,7 +285,7 @@ def legend(results: Sequence[ScenarioResult]) -> str:
     rows = []
     for p in policies_of(results):
         how = f'[skrull] policy = "{p}"' if runnable(p) else f"not a [skrull] policy: {_not_a_policy(p)}"
-        rows.append(f"- {p}: {SIM_POLICIES[p].description} ({how})")
+        rows.append(f"- {p}: {sim_policy(p).description} ({how})")
     cols = [
         "- job can run: whether [skrull] policy can name it",
         "- vs X avg / peak: mean iteration time of X over the policy's, per cell; average (peak) over cells",

@@ -90,3 +90,32 @@ def test_window_invariants(seed, w, per_step, dp, cp, bucket, timeline, policy):
     # Deterministic: the same answer again.
     b = _core.lookahead(batches, cost, opt, pool=pool)
     assert (b.step, b.step_us, b.long_fraction, b.long_steps) == (a.step, a.step_us, a.long_fraction, a.long_steps)
+
+
+def test_simulated_lookahead_trains_the_same_samples_window_by_window():
+    from skrull_ext.sim import policies as P
+    from skrull_ext.sim.packing import Shape
+
+    shape = Shape(2, 2, 8, 4096, "lockstep")
+    rng = random.Random(3)
+    batches = [[rng.choice(REAL) % 8000 + 1 for _ in range(16)] for _ in range(7)]
+    out = P.get("skrull+lookahead3").regroup(batches, 0, cm.preset(), shape)
+    assert [len(b) for b in out] == [len(b) for b in batches]
+    for first in range(0, 7, 3):  # windows 0-2, 3-5 and the last, shorter one
+        assert sorted(sum(out[first : first + 3], [])) == sorted(sum(batches[first : first + 3], []))
+    with pytest.raises(ValueError, match=r"lookahead must be in \[1, 1024\], got 0"):
+        P.get("skrull+lookahead0")
+
+
+def test_bench_simulate_lookahead_flag(tmp_path, capsys):
+    from skrull_ext.bench import simulate
+
+    rc = simulate.main(["--datasets", "mix_sharegpt_conv95+longbench_en5", "--models", "qwen2.5-0.5b", "--dp", "2",
+                        "--cp", "2", "--batch-size", "8", "--iterations", "4", "--policies", "skrull",
+                        "--lookahead", "2", "--out", str(tmp_path), "--no-plots", "--quiet"])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "| skrull+lookahead2 | no |" in printed
+    assert "a job runs it as policy skrull with [skrull] lookahead = 2" in printed
+    with pytest.raises(SystemExit):
+        simulate.main(["--lookahead", "0", "--out", str(tmp_path)])
