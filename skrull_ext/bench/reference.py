@@ -475,3 +475,68 @@ def schedule(lengths: list[int], cost: RefCost, dp: int, n: int, bucket: int, *,
             for k, c in zip(g, r.cp_rank):
                 out.dp_rank[k], out.micro_batch[k], out.cp_rank[k] = d, j, c
     return out
+
+
+LOOKAHEAD_FRACTIONS = (0.02, 0.05, 0.1, 0.2, 0.35)  # lookahead.hpp kLookaheadFractions
+
+
+def lookahead(batches: list[list[int]], flops, step_time) -> tuple[list[int], float, float, int]:
+    """cpp/include/skrull/lookahead.hpp restated: the window's samples (flat, arrival order) to steps.
+    ``flops(s)``: one layer's forward FLOPs of a length; ``step_time(lengths)``: one step's predicted time.
+    Returns (each sample's step, its long fraction, the summed time, its long steps)."""
+    w = len(batches)
+    lengths = [s for b in batches for s in b]
+    counts = [len(b) for b in batches]
+    arrival = [b for b, x in enumerate(batches) for _ in x]
+    n = len(lengths)
+
+    def price(step: list[int]) -> float:
+        total = 0.0
+        for s in range(w):
+            members = [lengths[q] for q in range(n) if step[q] == s]
+            total += step_time(members) if members else 0.0
+        return total
+
+    best, best_us, best_f, best_k = arrival, price(arrival), 0.0, 0
+    if w > 1 and n > 1:
+        order = sorted(range(n), key=lambda q: (-lengths[q], q))
+        last_m = 0
+        for f in LOOKAHEAD_FRACTIONS:
+            m = max(1, int(f * n + 0.5))
+            if m == last_m or m >= n:
+                continue
+            last_m = m
+            for k in range(1, w + 1):
+                step, room, load, ok = [-1] * n, list(counts), [0.0] * k, True
+                shares = [[] for _ in range(k)]
+                for q in order[:m]:  # gds.hpp split_over_dp: LPT by FLOPs, ties to the lower step
+                    t = min(range(k), key=lambda i: (load[i], i))
+                    shares[t].append(q)
+                    load[t] += flops(lengths[q])
+                for s in range(k):
+                    if len(shares[s]) > room[s]:
+                        ok = False
+                        break
+                    room[s] -= len(shares[s])
+                    for q in shares[s]:
+                        step[q] = s
+                if not ok:
+                    continue
+                s = 0
+                for q in range(n):
+                    if step[q] < 0:
+                        while room[s] == 0:
+                            s += 1
+                        step[q] = s
+                        room[s] -= 1
+                if (t := price(step)) < best_us:
+                    best, best_us, best_f, best_k = step, t, f, k
+        step, s, used = [0] * n, 0, 0
+        for q in order:
+            while used == counts[s]:
+                s, used = s + 1, 0
+            step[q] = s
+            used += 1
+        if (t := price(step)) < best_us:
+            best, best_us, best_f, best_k = step, t, 1.0, w
+    return best, best_f, best_us, best_k

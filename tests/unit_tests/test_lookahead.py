@@ -119,3 +119,17 @@ def test_bench_simulate_lookahead_flag(tmp_path, capsys):
     assert "a job runs it as policy skrull with [skrull] lookahead = 2" in printed
     with pytest.raises(SystemExit):
         simulate.main(["--lookahead", "0", "--out", str(tmp_path)])
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 2**31), st.integers(1, 6), st.integers(0, 30), st.sampled_from([1, 2, 4]),
+       st.sampled_from([1, 2]), st.sampled_from(["lockstep", "free"]))
+def test_the_core_equals_the_python_reference(seed, w, per_step, dp, cp, timeline):
+    from skrull_ext.bench import reference as ref
+
+    batches = window(seed, w, per_step, 4096, cp)
+    cost, opt = cm.preset(), options(dp, cp, 4096, timeline)
+    a = _core.lookahead(batches, cost, opt)
+    step, fraction, total, k = ref.lookahead(batches, cost.flops, lambda l: _core.schedule(l, cost, opt).makespan_us)
+    assert (a.step, a.long_fraction, a.long_steps) == (step, fraction, k)
+    assert a.window_us == pytest.approx(total, rel=1e-12)
