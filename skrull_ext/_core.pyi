@@ -176,6 +176,7 @@ class Lookahead:
     long_fraction: float
     long_steps: int
     candidates: int
+    swaps: int
     elapsed_us: float
 
 def lookahead(batches: Sequence[Sequence[int]], cost_model: CostModel, options: Options,

@@ -334,6 +334,7 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
       .def_readonly("long_fraction", &Lookahead::long_fraction)
       .def_readonly("long_steps", &Lookahead::long_steps)
       .def_readonly("candidates", &Lookahead::candidates)
+      .def_readonly("swaps", &Lookahead::swaps)
       .def_readonly("elapsed_us", &Lookahead::elapsed_us)
       .def("__repr__", [](const Lookahead& a) {
         std::ostringstream os;

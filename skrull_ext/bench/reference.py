@@ -539,4 +539,46 @@ def lookahead(batches: list[list[int]], flops, step_time) -> tuple[list[int], fl
             used += 1
         if (t := price(step)) < best_us:
             best, best_us, best_f, best_k = step, t, 1.0, w
+        best, best_us = swap_search(lengths, w, best, step_time)
     return best, best_f, best_us, best_k
+
+
+LOOKAHEAD_SWAP_WORK = 1 << 18  # lookahead.hpp kLookaheadSwapWork
+
+
+def swap_search(lengths: list[int], w: int, step: list[int], step_time) -> tuple[list[int], float]:
+    """lookahead.hpp detail::swap_search restated: returns the grouping and its summed time."""
+    step = list(step)
+    members = [[q for q in range(len(lengths)) if step[q] == s] for s in range(w)]
+    times = [step_time([lengths[q] for q in m]) if m else 0.0 for m in members]
+    work, improved = 0, True
+    while improved and work < LOOKAHEAD_SWAP_WORK:
+        improved = False
+        for s1 in range(w):
+            for s2 in range(s1 + 1, w):
+                done = False
+                for i in range(len(members[s1])):
+                    for j in range(len(members[s2])):
+                        if work >= LOOKAHEAD_SWAP_WORK:
+                            break
+                        q1, q2 = members[s1][i], members[s2][j]
+                        if lengths[q1] == lengths[q2]:
+                            continue
+                        a, b = list(members[s1]), list(members[s2])
+                        a[i], b[j] = q2, q1
+                        a.sort()
+                        b.sort()
+                        work += len(a) + len(b)
+                        ta, tb = step_time([lengths[q] for q in a]), step_time([lengths[q] for q in b])
+                        if not ta + tb < (times[s1] + times[s2]) * (1.0 - 1e-12):
+                            continue
+                        members[s1], members[s2], times[s1], times[s2] = a, b, ta, tb
+                        step[q1], step[q2] = s2, s1
+                        improved = done = True
+                        break
+                    if done or work >= LOOKAHEAD_SWAP_WORK:
+                        break
+    total = 0.0
+    for t in times:
+        total += t
+    return step, total

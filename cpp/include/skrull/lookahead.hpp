@@ -19,8 +19,12 @@
 //      count in arrival order: gives every DP rank comparable long work in
 //      the same step instead of one straggler in each;
 //   2. the whole window sorted by length (LongAlign's sort, within a window).
-// The least summed time wins, ties to the lower candidate, so the answer is
-// a pure function of (batches, cost model, step planner).
+// The least summed time wins, ties to the lower candidate. Then a swap
+// search: two samples of different lengths in two steps trade places where
+// that lowers the two steps' summed time (first improvement, steps and
+// members in order), until a pass finds none or kLookaheadSwapWork
+// sequences have been planned. The answer is a pure function of (batches,
+// cost model, step planner).
 #pragma once
 
 #include <algorithm>
@@ -42,6 +46,11 @@ namespace skrull {
 
 constexpr int32_t kMaxLookahead = 1024;  // global batches in one window
 
+// Sequences the swap search may plan per window (its work budget): a few
+// passes over every pair of an 8-step window of 8-sample steps, a few
+// hundred swaps of a window of 256-sample steps.
+constexpr int64_t kLookaheadSwapWork = int64_t{1} << 18;
+
 // Fractions of a window's samples the long-first candidates move.
 constexpr double kLookaheadFractions[] = {0.02, 0.05, 0.1, 0.2, 0.35};
 
@@ -61,6 +70,7 @@ struct Lookahead {
   double long_fraction = 0.0;               // chosen candidate: 0 arrival order, 1 the full sort
   int32_t long_steps = 0;                   // steps the long samples were split over (W for the sort)
   int32_t candidates = 0;                   // groupings priced
+  int32_t swaps = 0;                        // swaps the swap search kept
   double elapsed_us = 0.0;                  // wall time of the call
 };
 
@@ -96,6 +106,52 @@ inline bool long_first(const std::vector<int64_t>& lengths, const std::vector<do
     --room[s];
   }
   return true;
+}
+
+// The swap search on `out`'s grouping (see the header comment).
+template <class StepTime>
+void swap_search(const std::vector<int64_t>& lengths, StepTime& step_time, Lookahead& out) {
+  const int32_t w = static_cast<int32_t>(out.steps.size());
+  int64_t work = 0;
+  std::vector<int32_t> a, b;
+  std::vector<int64_t> la, lb;
+  const auto lengths_of = [&](const std::vector<int32_t>& members, std::vector<int64_t>& l) {
+    l.clear();
+    for (int32_t q : members) l.push_back(lengths[q]);
+  };
+  for (bool improved = true; improved && work < kLookaheadSwapWork;) {
+    improved = false;
+    for (int32_t s1 = 0; s1 < w && work < kLookaheadSwapWork; ++s1)
+      for (int32_t s2 = s1 + 1; s2 < w && work < kLookaheadSwapWork; ++s2)
+        for (size_t i = 0; i < out.steps[s1].size() && work < kLookaheadSwapWork; ++i)
+          for (size_t j = 0; j < out.steps[s2].size() && work < kLookaheadSwapWork; ++j) {
+            const int32_t q1 = out.steps[s1][i], q2 = out.steps[s2][j];
+            if (lengths[q1] == lengths[q2]) continue;
+            a = out.steps[s1];
+            b = out.steps[s2];
+            a[i] = q2;
+            b[j] = q1;
+            std::sort(a.begin(), a.end());  // a step's samples stay in arrival order
+            std::sort(b.begin(), b.end());
+            lengths_of(a, la);
+            lengths_of(b, lb);
+            work += static_cast<int64_t>(la.size() + lb.size());
+            const double ta = static_cast<double>(step_time(la)), tb = static_cast<double>(step_time(lb));
+            if (!(ta + tb < (out.step_us[s1] + out.step_us[s2]) * (1.0 - 1e-12))) continue;
+            out.steps[s1].swap(a);
+            out.steps[s2].swap(b);
+            out.step[q1] = s2;
+            out.step[q2] = s1;
+            out.step_us[s1] = ta;
+            out.step_us[s2] = tb;
+            ++out.swaps;
+            improved = true;
+            i = out.steps[s1].size();  // step s1 changed: on to the next pair of steps
+            break;
+          }
+  }
+  out.window_us = 0.0;
+  for (double t : out.step_us) out.window_us += t;
 }
 
 }  // namespace detail
@@ -191,6 +247,7 @@ Lookahead lookahead(const std::vector<std::vector<int64_t>>& batches, const Cost
       ++used;
     }
     consider(step, 1.0, w);
+    detail::swap_search(lengths, step_time, out);
   }
   for (int32_t q = 0; q < n; ++q) {
     const int32_t d = std::abs(out.step[q] - arrival[q]);
