@@ -148,8 +148,10 @@ class SkrullTrainer(JobTrainer):
         if skrull.plan_log:
             rank = dist.get_rank() if dist.is_initialized() else 0
             self.plan_log = PlanLog(self.config.dump_folder, rank)
-        # Before any step: an over-length sequence under 'error' fails here.
-        check_overlength(self.dataloader, first_step=1, last_step=self.config.training.steps)
+        # Before any step: an over-length sequence under 'error' fails here. Under look-ahead the last
+        # window reads its global batches to its end, which may lie past training.steps.
+        w = self.skrull_job.lookahead
+        check_overlength(self.dataloader, first_step=1, last_step=-(-self.config.training.steps // w) * w)
         self.validation = (Validation(self.config.validation, self.dataloader, self.tokenizer)
                            if self.config.validation.enable else None)
         if self.validation is not None:
