@@ -68,7 +68,7 @@ def parser() -> argparse.ArgumentParser:
                    help=f"comma list from {list(sim_policies.SIM_POLICIES)} (default: all but sorted+skrull)")
     p.add_argument("--lookahead", type=_csv, default=[], metavar="W[,W...]",
                    help="also run skrull with [skrull] lookahead = W for each W (policies skrull+lookaheadW: each "
-                        "window of W global batches regrouped, compared on the same samples)")
+                        "window of W global batches regrouped, compared on the same samples; default: none)")
     p.add_argument("--iterations", type=int, default=100, help="global batches per cell (default 100)")
     p.add_argument("--seed", type=int, default=0, help="sampler and shuffle seed (default 0)")
     p.add_argument("--profile", type=Path, help=f"hardware profile TOML (default {cost_models.HARDWARE_PRESETS['h100-assumed'].name}, assumed)")

@@ -125,7 +125,7 @@ def test_bench_simulate_lookahead_flag(tmp_path, capsys):
 @given(st.integers(0, 2**31), st.integers(1, 6), st.integers(0, 30), st.sampled_from([1, 2, 4]),
        st.sampled_from([1, 2]), st.sampled_from(["lockstep", "free"]))
 def test_the_core_equals_the_python_reference(seed, w, per_step, dp, cp, timeline):
-    from skrull_ext.bench import reference as ref
+    from skrull_ext.bench import reference_lookahead as ref
 
     batches = window(seed, w, per_step, 4096, cp)
     cost, opt = cm.preset(), options(dp, cp, 4096, timeline)
