@@ -32,9 +32,10 @@ so a token weighs the same whichever step of the window it landed in
 (docs/design/lookahead.md). Validation never looks ahead.
 
 A step is a function of its number and of the run's counts before it
-(``StepBuilder``); under look-ahead of its window's index too, so a run
-resumed inside a window re-plans the same window and trains the same steps. With ``[dataloader] prefetch_steps`` K > 0 (the default
-2) a background thread builds steps t+1..t+K while step t trains
+(``StepBuilder``); under look-ahead through its window's index, so a run
+resumed inside a window re-plans the same window and trains the same
+steps. With ``[dataloader] prefetch_steps`` K > 0 (the default 2) a
+background thread builds steps t+1..t+K while step t trains
 (prefetch.py says why a thread suffices); the steps are the same as built on
 demand, and the checkpointed state is that of the last step handed to the
 trainer, so a resume replays exactly the uninterrupted run.
