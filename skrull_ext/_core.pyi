@@ -13,6 +13,7 @@ MAX_SEQUENCES: int
 MAX_SEQUENCE_RANKS: int
 MAX_RANKS: int
 MAX_PLAN_MARGIN: float
+MAX_LOOKAHEAD: int
 
 class Status(Enum):
     OK = 0
@@ -161,6 +162,27 @@ class Plan:
 
 def schedule(lengths: Sequence[int], cost_model: CostModel, options: Options) -> Schedule: ...
 def schedule_pool(lengths: Sequence[int], cost_model: CostModel, options: Options) -> Plan: ...
+
+class Lookahead:
+    """A window's regrouping (cpp/include/skrull/lookahead.hpp); samples numbered flat in arrival order."""
+
+    offsets: list[int]
+    step: list[int]
+    steps: list[list[int]]
+    step_us: list[float]
+    arrival_us: list[float]
+    window_us: float
+    arrival_window_us: float
+    moved: int
+    max_delay: int
+    long_fraction: float
+    long_steps: int
+    candidates: int
+    swaps: int
+    elapsed_us: float
+
+def lookahead(batches: Sequence[Sequence[int]], cost_model: CostModel, options: Options,
+              pool: bool = False) -> Lookahead: ...
 @overload
 def to_plan(schedule: Schedule, cp: int, timeline: Timeline, pad_us: float, step_us: float = ...) -> Plan: ...
 @overload

@@ -14,6 +14,7 @@
 #include "skrull/dacp.hpp"
 #include "skrull/dacp_sweep.hpp"
 #include "skrull/hedge.hpp"
+#include "skrull/lookahead.hpp"
 #include "skrull/plan.hpp"
 #include "skrull/pool.hpp"
 #include "skrull/scheduler.hpp"
@@ -102,6 +103,7 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
   m.attr("MAX_SEQUENCE_RANKS") = kMaxSequenceRanks;
   m.attr("MAX_RANKS") = kMaxRanks;
   m.attr("MAX_PLAN_MARGIN") = kMaxPlanMargin;
+  m.attr("MAX_LOOKAHEAD") = kMaxLookahead;
 
   py::class_<ModelShape>(m, "ModelShape")
       .def(py::init([](int32_t layers, int64_t hidden, int64_t kv_width, int32_t bytes_per_elem, int32_t tp) {
@@ -322,6 +324,45 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
       },
       py::arg("lengths"), py::arg("cost_model"), py::arg("options"),
       "Schedules one global batch (GDS + DACP). Pure function of its inputs.");
+
+  py::class_<Lookahead>(m, "Lookahead")
+      .def_readonly("offsets", &Lookahead::offsets)
+      .def_readonly("step", &Lookahead::step)
+      .def_readonly("steps", &Lookahead::steps)
+      .def_readonly("step_us", &Lookahead::step_us)
+      .def_readonly("arrival_us", &Lookahead::arrival_us)
+      .def_readonly("window_us", &Lookahead::window_us)
+      .def_readonly("arrival_window_us", &Lookahead::arrival_window_us)
+      .def_readonly("moved", &Lookahead::moved)
+      .def_readonly("max_delay", &Lookahead::max_delay)
+      .def_readonly("long_fraction", &Lookahead::long_fraction)
+      .def_readonly("long_steps", &Lookahead::long_steps)
+      .def_readonly("candidates", &Lookahead::candidates)
+      .def_readonly("swaps", &Lookahead::swaps)
+      .def_readonly("elapsed_us", &Lookahead::elapsed_us)
+      .def("__repr__", [](const Lookahead& a) {
+        std::ostringstream os;
+        os << "Lookahead(steps=" << a.steps.size() << ", moved=" << a.moved << ", max_delay=" << a.max_delay
+           << ", window_us=" << a.window_us << ", arrival_window_us=" << a.arrival_window_us << ")";
+        return os.str();
+      });
+
+  m.def(
+      "lookahead",
+      [](const std::vector<std::vector<int64_t>>& batches, CostModel cost, Options opt, bool pool) {
+        validate_options(opt);
+        py::gil_scoped_release release;
+        if (pool)
+          return lookahead(batches, cost,
+                           [&](const std::vector<int64_t>& l) { return schedule_pool(l, cost, opt).makespan_us; });
+        return lookahead(batches, cost,
+                         [&](const std::vector<int64_t>& l) { return schedule(l, cost, opt).makespan_us; });
+      },
+      py::arg("batches"), py::arg("cost_model"), py::arg("options"), py::arg("pool") = false,
+      "Regroups a window of W global batches (lengths in arrival order) over its W steps: each step keeps its "
+      "sample count, every sample moves at most W-1 steps, the least summed predicted step time wins (each step "
+      "planned by schedule(), or schedule_pool() with pool=True); arrival order unless a grouping predicts "
+      "faster. Pure function of its inputs.");
 
   m.def(
       "dacp",

@@ -10,6 +10,7 @@
 
 #include "check.hpp"
 #include "skrull/hedge.hpp"
+#include "skrull/lookahead.hpp"
 #include "skrull/plan.hpp"
 #include "skrull/pool.hpp"
 #include "skrull/scheduler.hpp"
@@ -258,6 +259,39 @@ static void test_hedge() {
   CHECK(named);
 }
 
+// Look-ahead on a toy step time (a step costs its longest sequence): two
+// steps each with one long and one short sequence become one step with both
+// long ones (the full sort), 18 -> 10.
+static void test_lookahead() {
+  const CostModel c = toy();
+  const auto longest = [](const std::vector<int64_t>& l) {
+    return static_cast<double>(*std::max_element(l.begin(), l.end()));
+  };
+  Lookahead a = lookahead({{9, 1}, {1, 9}}, c, longest);
+  CHECK((a.step == std::vector<int32_t>{0, 1, 1, 0}));
+  CHECK((a.steps == std::vector<std::vector<int32_t>>{{0, 3}, {1, 2}}));
+  CHECK((a.offsets == std::vector<int32_t>{0, 2, 4}));
+  CHECK(a.arrival_window_us == 18.0 && a.window_us == 10.0);
+  CHECK((a.step_us == std::vector<double>{9.0, 1.0}) && (a.arrival_us == std::vector<double>{9.0, 9.0}));
+  CHECK(a.moved == 2 && a.max_delay == 1 && a.long_fraction == 1.0 && a.long_steps == 2 && a.candidates == 4);
+  // One batch, or nothing faster: arrival order.
+  a = lookahead({{9, 1}}, c, longest);
+  CHECK((a.step == std::vector<int32_t>{0, 0}) && a.moved == 0 && a.candidates == 1);
+  a = lookahead({{9, 9}, {1, 1}}, c, longest);
+  CHECK((a.step == std::vector<int32_t>{0, 0, 1, 1}) && a.window_us == 10.0 && a.moved == 0);
+  // Counts kept, an empty step allowed.
+  a = lookahead({{5}, {}, {7, 7, 1}}, c, longest);
+  CHECK(a.steps[0].size() == 1 && a.steps[1].empty() && a.steps[2].size() == 3);
+  bool named = false;
+  try {
+    lookahead({}, c, longest);
+  } catch (const std::invalid_argument& e) {
+    named = std::string(e.what()).find("lookahead window must hold 1 to 1024 global batches, got 0") !=
+            std::string::npos;
+  }
+  CHECK(named);
+}
+
 int main() {
   test_shards();
   test_attention_weight();
@@ -267,6 +301,7 @@ int main() {
   test_errors();
   test_pool_narrow();
   test_hedge();
+  test_lookahead();
   if (skrull_test::failures) return skrull_test::report();
   std::printf("test_core: all checks passed\n");
   return 0;

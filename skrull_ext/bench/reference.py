@@ -476,3 +476,4 @@ def schedule(lengths: list[int], cost: RefCost, dp: int, n: int, bucket: int, *,
             for k, c in zip(g, r.cp_rank):
                 out.dp_rank[k], out.micro_batch[k], out.cp_rank[k] = d, j, c
     return out
+

@@ -20,7 +20,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from skrull_ext.scheduler.config import POLICIES
-from skrull_ext.sim.policies import SIM_POLICIES
+from skrull_ext.sim.policies import LOOKAHEAD
+from skrull_ext.sim.policies import get as sim_policy
 from skrull_ext.sim.simulator import ScenarioResult
 
 REFERENCES = ("baseline", "sorted", "unpacked")
@@ -252,6 +253,8 @@ NOT_A_JOB_POLICY: dict[str, str] = {
 
 
 def _not_a_policy(p: str) -> str:
+    if p.startswith(LOOKAHEAD):
+        return f"a job runs it as policy skrull with [skrull] lookahead = {p[len(LOOKAHEAD):]}"
     return NOT_A_JOB_POLICY.get(p, "a reference: what torchtitan or DeepSpeed users run")
 
 
@@ -298,7 +301,7 @@ def legend(results: Sequence[ScenarioResult]) -> str:
     rows = []
     for p in policies_of(results):
         how = f'[skrull] policy = "{p}"' if runnable(p) else f"not a [skrull] policy: {_not_a_policy(p)}"
-        rows.append(f"- {p}: {SIM_POLICIES[p].description} ({how})")
+        rows.append(f"- {p}: {sim_policy(p).description} ({how})")
     models = sorted({r.scenario.model for r in results})
     cols = [
         "- cell: dataset / model; shape: DP x CP x global batch size (sequences a step), C = BucketSize "

@@ -4,6 +4,7 @@
     python -m skrull_ext.bench simulate --suite paper --iterations 100
     python -m skrull_ext.bench simulate --datasets chatqa2 --models qwen2.5-7b --dp 2 --cp 16 --batch-size 40
     python -m skrull_ext.bench simulate --lengths my_data.lengths.txt     # your own lengths, one per line
+    python -m skrull_ext.bench simulate --lookahead 2,4,8,16 --policies skrull,sorted   # [skrull] lookahead
 
 Writes results.md, results.json, speedup.png and iteration_time.png to
 --out and prints one line naming the fastest policy a job can run on equal
@@ -66,6 +67,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--capacity", type=int, help="tokens a rank really holds, for the overflow count (default: BucketSize)")
     p.add_argument("--policies", type=_csv, default=list(sim_policies.DEFAULT),
                    help=f"comma list from {list(sim_policies.SIM_POLICIES)} (default: all but sorted+skrull)")
+    p.add_argument("--lookahead", type=_csv, default=[], metavar="W[,W...]",
+                   help="also run skrull with [skrull] lookahead = W for each W (policies skrull+lookaheadW: each "
+                        "window of W global batches regrouped, compared on the same samples; default: none)")
     p.add_argument("--iterations", type=int, default=100, help="global batches per cell (default 100)")
     p.add_argument("--seed", type=int, default=0, help="sampler and shuffle seed (default 0)")
     p.add_argument("--profile", type=Path, help=f"hardware profile TOML (default {cost_models.HARDWARE_PRESETS['h100-assumed'].name}, assumed)")
@@ -83,6 +87,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = cli.parse_args(argv)
     argv = list(sys.argv[1:] if argv is None else argv)
     policies = list(args.policies)
+    for w in args.lookahead:
+        if not w.isdigit() or not 1 <= int(w) <= _core.MAX_LOOKAHEAD:
+            cli.error(f"--lookahead must be integers in [1, {_core.MAX_LOOKAHEAD}], got {w!r}")
+        if (name := f"{sim_policies.LOOKAHEAD}{int(w)}") not in policies:
+            policies.append(name)
     for must in ("baseline", "bound"):
         if must not in policies:
             policies.insert(0 if must == "baseline" else len(policies), must)

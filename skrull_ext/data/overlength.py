@@ -190,7 +190,7 @@ def apply_limit(limit: LengthLimit, indices: list[int], samples: list[Sample], s
     return [indices[k] for k in keep], [cut(samples[k], n) for k, n in zip(keep, lengths)], account
 
 
-def _settle(limit: LengthLimit, account: StepAccount, run: RunAccount, step: int, kept: int,
+def settle(limit: LengthLimit, account: StepAccount, run: RunAccount, step: int, kept: int,
             warn: bool = True) -> None:
     """One warning when the step cut or skipped samples (naming each; kept as
     ``account.warning`` and logged here when ``warn``), the counts added to the
@@ -213,10 +213,23 @@ def _settle(limit: LengthLimit, account: StepAccount, run: RunAccount, step: int
 def limit_step(limit: LengthLimit, indices: list[int], source, step: int, run: RunAccount
                ) -> tuple[list[int], list[Sample], StepAccount]:
     """torchtitan's batching: ``apply_limit`` on the step's samples, then
-    ``_settle`` (the warning, the run's counts, an empty step refused)."""
+    ``settle`` (the warning, the run's counts, an empty step refused)."""
     kept, samples, account = apply_limit(limit, indices, [source[i] for i in indices], source, step)
-    _settle(limit, account, run, step, len(kept))
+    settle(limit, account, run, step, len(kept))
     return kept, samples, account
+
+
+def decide_lengths(limit: LengthLimit, indices: list[int], source, step: int
+                   ) -> tuple[list[int], list[int], list[int], StepAccount]:
+    """Skrull's batching: ``decide`` from the source's lengths and loss counts, no token
+    built, nothing counted yet (``settle`` adds the account to the run's). Returns the sample
+    indices kept, their trained lengths and loss tokens, the step's account."""
+    lengths = [source.length(i) for i in indices]
+    keep, kept_len, kept_loss, account = decide(
+        limit, indices, lengths, lambda k, n: loss_tokens(source, indices[k], n, lengths[k]), source, step)
+    return [indices[k] for k in keep], kept_len, kept_loss, account
+
+
 
 
 def limit_lengths(limit: LengthLimit, indices: list[int], source, step: int, run: RunAccount, warn: bool = True
@@ -227,11 +240,9 @@ def limit_lengths(limit: LengthLimit, indices: list[int], source, step: int, run
     ``warn``: log the step's cuts and skips now (the scheduling loader logs
     ``account.warning`` when it hands the step to the trainer instead: a step built
     ahead may never train)."""
-    lengths = [source.length(i) for i in indices]
-    keep, kept_len, kept_loss, account = decide(
-        limit, indices, lengths, lambda k, n: loss_tokens(source, indices[k], n, lengths[k]), source, step)
-    _settle(limit, account, run, step, len(keep), warn)
-    return [indices[k] for k in keep], kept_len, kept_loss, account
+    kept, kept_len, kept_loss, account = decide_lengths(limit, indices, source, step)
+    settle(limit, account, run, step, len(kept), warn)
+    return kept, kept_len, kept_loss, account
 
 
 @dataclass

@@ -21,9 +21,21 @@ torchtitan builds dataloaders before it knows the CP layout, so the trainer
 calls ``attach(scheduler, cp_rank, cp_size)`` once after construction; the
 scheduler's resolved job (``scheduler.job``) says how the job executes.
 
+With ``[skrull] lookahead`` W > 1 the steps come in windows of W: at a
+window's first step the loader reads (draws and limits) the window's W global
+batches and the core regroups their samples over the window's steps
+(``Scheduler.lookahead``: each step keeps the number of samples that arrived
+in it, none moves more than W-1 steps, the window's predicted time is
+least); each step then plans and trains the samples given to it. Each step's
+loss is normalised by the window's mean loss tokens per step, not its own,
+so a token weighs the same whichever step of the window it landed in
+(docs/design/lookahead.md). Validation never looks ahead.
+
 A step is a function of its number and of the run's counts before it
-(``StepBuilder``). With ``[dataloader] prefetch_steps`` K > 0 (the default
-2) a background thread builds steps t+1..t+K while step t trains
+(``StepBuilder``); under look-ahead through its window's index, so a run
+resumed inside a window re-plans the same window and trains the same
+steps. With ``[dataloader] prefetch_steps`` K > 0 (the default 2) a
+background thread builds steps t+1..t+K while step t trains
 (prefetch.py says why a thread suffices); the steps are the same as built on
 demand, and the checkpointed state is that of the last step handed to the
 trainer, so a resume replays exactly the uninterrupted run. A step's warning
@@ -31,6 +43,7 @@ trainer, so a resume replays exactly the uninterrupted run. A step's warning
 built ahead beyond ``training.steps`` say nothing.
 """
 
+import copy
 import json
 import time
 from collections.abc import Iterator, Sequence
@@ -41,7 +54,7 @@ from torchtitan.tools.logging import logger
 
 from skrull_ext.data.accounting import RunAccount, StepAccount
 from skrull_ext.data.buffers import MicroBatchBuffer
-from skrull_ext.data.overlength import LengthLimit, cut, limit_lengths, loss_tokens, scheduler_limit
+from skrull_ext.data.overlength import LengthLimit, cut, decide_lengths, loss_tokens, scheduler_limit, settle
 from skrull_ext.data.plan_buffers import rank_buffers
 from skrull_ext.data.prefetch import Prefetcher
 from skrull_ext.data.source import SourceDataLoaderBase
@@ -66,6 +79,12 @@ class SkrullStep:
     free-running its own micro-batches only (one pad if it has none)."""
     global_valid_tokens: int
     """Loss tokens of the whole global batch (all DP ranks, CP ranks, micro-batches)."""
+    loss_tokens: float | None = None
+    """What the step's summed token loss is divided by: ``global_valid_tokens`` (None sets
+    it), or under look-ahead the window's loss tokens / its steps (every step of a window
+    the same)."""
+    window: "WindowSummary | None" = None
+    """Under look-ahead: what this step's window did (the same on each of its steps)."""
     schedule_us: float = 0.0
     """Wall time this rank spent planning the step (core, CP-SAT, checks)."""
     build_us: float = 0.0
@@ -78,6 +97,10 @@ class SkrullStep:
     source_totals: dict[str, dict[str, int]] = field(default_factory=dict)
     """A mixture's run counts per source (``totals`` by source)."""
 
+    def __post_init__(self) -> None:
+        if self.loss_tokens is None:
+            self.loss_tokens = self.global_valid_tokens
+
     @property
     def local_valid_tokens(self) -> int:
         return sum(mb.valid_labels for mb in self.micro_batches)
@@ -85,6 +108,52 @@ class SkrullStep:
     @property
     def num_tokens(self) -> int:
         return sum(mb.num_tokens for mb in self.micro_batches)
+
+
+@dataclass(frozen=True)
+class WindowSummary:
+    """What a look-ahead window did (logged on each of its steps: ``skrull/lookahead_*``)."""
+
+    index: int
+    """Window number: steps index*W+1 .. index*W+W."""
+    steps: int
+    """W."""
+    moved: int
+    """Samples trained at another step than they arrived in."""
+    max_delay: int
+    """Largest distance in steps between a sample's arrival and its training (<= W-1)."""
+    predicted_us: float
+    """The window's predicted time as regrouped (sum of its steps)."""
+    arrival_us: float
+    """The same in arrival order: what the window would take without look-ahead."""
+    plan_us: float
+    """Wall time of the core's regrouping."""
+
+    @property
+    def saved_us(self) -> float:
+        return self.arrival_us - self.predicted_us
+
+
+@dataclass(frozen=True)
+class _Window:
+    """A look-ahead window's samples by the step that trains them (source indices, trained
+    lengths, loss tokens; arrival order within a step) and each arrival step's account."""
+
+    index: int
+    first: int
+    """Its first step."""
+    samples: list[list[int]]
+    lengths: list[list[int]]
+    losses: list[list[int]]
+    accounts: list[StepAccount]
+    """Per step of arrival: what was read, cut, skipped (counted when that step is built)."""
+    summary: WindowSummary | None
+    """None for a window of one step (no look-ahead)."""
+
+    @property
+    def loss_tokens(self) -> float:
+        """Mean loss tokens per step of the window."""
+        return sum(map(sum, self.losses)) / len(self.losses)
 
 
 @dataclass(frozen=True)
@@ -107,6 +176,10 @@ class StepBuilder:
     them in its own line)."""
     pin: bool = False
     """Stage the buffers in pinned memory (``MicroBatchBuffer.staged``): a CUDA trainer's."""
+    lookahead: int = 1
+    """Global batches per window (``[skrull] lookahead``; 1 for validation)."""
+    _last: list = field(default_factory=list, compare=False, repr=False)
+    """The last window made (at most one), reused by its other steps."""
 
     @property
     def own_only(self) -> bool:
@@ -122,10 +195,40 @@ class StepBuilder:
         out.build_us = (time.perf_counter() - begin) * 1e6
         return out
 
+    def window(self, step: int) -> _Window:
+        """The window holding ``step`` (1-based): its W global batches drawn and limited, their
+        samples regrouped over its steps by the core (W > 1). A function of the window's index
+        and the source, so every rank, and a resumed run, makes the same one."""
+        w = self.lookahead
+        index = (step - 1) // w
+        if self._last and self._last[0].index == index:
+            return self._last[0]
+        first = index * w + 1
+        samples, lengths, losses, accounts = [], [], [], []
+        for s in range(first, first + w):
+            kept, n, c, account = decide_lengths(self.limit, self.source.global_batch(s, self.global_batch_size),
+                                                 self.source, s)
+            samples.append(kept)
+            lengths.append(n)
+            losses.append(c)
+            accounts.append(account)
+        summary = None
+        if w > 1:
+            a = self.scheduler.lookahead(lengths)
+            flat = [(i, n, c) for b in range(w) for i, n, c in zip(samples[b], lengths[b], losses[b])]
+            samples, lengths, losses = ([[flat[q][f] for q in members] for members in a.steps] for f in range(3))
+            summary = WindowSummary(index, w, a.moved, a.max_delay, a.window_us, a.arrival_window_us, a.elapsed_us)
+        out = _Window(index, first, samples, lengths, losses, accounts, summary)
+        self._last[:] = [out]
+        return out
+
     def _build(self, step: int, run: RunAccount) -> SkrullStep:
-        read = self.source.global_batch(step, self.global_batch_size)
+        win = self.window(step)
+        j = step - win.first
+        indices, lengths, losses = win.samples[j], win.lengths[j], win.losses[j]
+        account = copy.deepcopy(win.accounts[j])  # a rebuilt step (resume, validation) counts afresh
         # Logged when the step is handed out (SkrullDataLoader.next_step): one built ahead may never train.
-        indices, lengths, losses, account = limit_lengths(self.limit, read, self.source, step, run, warn=False)
+        settle(self.limit, account, run, step, len(indices), warn=False)
         start = time.perf_counter()
         plan = self.scheduler.schedule(lengths, dp_rank=self.dp_rank)
         plan.validate()
@@ -141,7 +244,8 @@ class StepBuilder:
             mbs = [mb.staged() for mb in mbs]
         return SkrullStep(
             step=step, dp_rank=self.dp_rank, samples=indices, plan=plan, micro_batches=mbs,
-            global_valid_tokens=valid, schedule_us=schedule_us, account=account,
+            global_valid_tokens=valid, loss_tokens=valid if win.summary is None else win.loss_tokens,
+            window=win.summary, schedule_us=schedule_us, account=account,
             totals=run.totals.as_dict(), source_totals={n: c.as_dict() for n, c in run.by_source.items()},
         )
 
@@ -227,7 +331,7 @@ class SkrullDataLoader(SourceDataLoaderBase):
         self.scheduler, self.cp_rank, self.cp_size = scheduler, cp_rank, cp_size
         self.limit = scheduler_limit(c, self.config.max_len)
         self.builder = StepBuilder(self.source, scheduler, self.limit, self.config.global_batch_size,
-                                   self.dp_rank, cp_rank, pin=pin)
+                                   self.dp_rank, cp_rank, pin=pin, lookahead=c.lookahead)
 
     def __iter__(self) -> Iterator[SkrullStep]:
         if self.scheduler is None:

@@ -164,6 +164,12 @@ class SchedulingOptions:
     max_extra_micro_batches: int = 1
     """How many micro-batch counts above the smallest feasible one 'skrull' compares
     (docs/benchmarks.md measures what more would buy)."""
+    lookahead: int = 1
+    """Global batches read ahead and regrouped together (cpp/include/skrull/lookahead.hpp,
+    docs/design/lookahead.md): the samples of each window of this many steps are assigned to
+    the window's steps so that its predicted time is least, each step keeping its sample
+    count and no sample trained more than lookahead - 1 steps from the step it arrived in.
+    1: every step trains its own global batch (no look-ahead)."""
     policy_spec: Policy = field(init=False, repr=False, compare=False)
     """``policy`` resolved (``resolve_policy``), once, by ``check`` when the config is made."""
 
@@ -181,6 +187,7 @@ class SchedulingOptions:
         _check_range("cpsat_margin", self.cpsat_margin, 0.0, 100.0)
         _check_range("cpsat_deterministic_time", self.cpsat_deterministic_time, 0.0, 3600.0)
         check_int("max_extra_micro_batches", self.max_extra_micro_batches, 0, 1024)
+        check_int("lookahead", self.lookahead, 1, _core.MAX_LOOKAHEAD)
 
     def options(self) -> dict:
         """The knobs as keyword arguments (for SchedulerConfig), as written."""

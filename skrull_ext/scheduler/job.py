@@ -44,6 +44,9 @@ class SchedulerJob:
     cpsat_margin: float
     cpsat_deterministic_time: float
     max_extra_micro_batches: int
+    lookahead: int = 1
+    """Global batches per look-ahead window (1: none); the dataloader regroups each window
+    (``Scheduler.lookahead``)."""
     free_running: bool = False
     """FSDP parameters held unsharded for the step (train/execution.py decides): each DP rank
     builds and runs its own micro-batches only, no pad passes."""
@@ -71,7 +74,8 @@ class SchedulerJob:
         return cls(dp=dp, cp=cp, bucket_size=bucket_size, policy=knobs.policy_spec, timeline=timeline,
                    cost_model=cost_model, overlength=knobs.overlength, cpsat=knobs.cpsat,
                    cpsat_margin=knobs.cpsat_margin, cpsat_deterministic_time=knobs.cpsat_deterministic_time,
-                   max_extra_micro_batches=knobs.max_extra_micro_batches, free_running=free_running)
+                   max_extra_micro_batches=knobs.max_extra_micro_batches, lookahead=knobs.lookahead,
+                   free_running=free_running)
 
     @property
     def uses_cpsat(self) -> bool:

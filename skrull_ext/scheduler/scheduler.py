@@ -90,6 +90,14 @@ class Scheduler:
             plan.fallback_us = (time.perf_counter() - start) * 1e6
         return plan
 
+    def lookahead(self, batches: Sequence[Sequence[int]]) -> _core.Lookahead:
+        """The window ``batches`` (each a global batch's lengths, in arrival order) regrouped
+        over its steps by the core (cpp/include/skrull/lookahead.hpp): each step priced as this
+        job plans it (its policy, pool or not, its timeline; the CP-SAT fallback is not run).
+        Pure function of the lengths: every rank gets the same regrouping."""
+        c = self.job
+        return _core.lookahead([_as_lengths(b) for b in batches], c.cost_model, c.options, pool=c.policy.pool)
+
     def _worth_cpsat(self, time_us: float, lower_bound_us: float) -> bool:
         """The one CP-SAT decision (with ``job.uses_cpsat``): a placement
         predicted more than ``cpsat_margin`` above its lower bound."""

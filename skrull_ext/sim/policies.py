@@ -30,6 +30,10 @@ iteration time. All times come from the core's cost model.
 - chunkflow: fixed-size chunks (skrull_ext/sim/chunkflow.py).
 - bound: skrull_ext/sim/bound.py.
 - sorted+skrull (not run by default): sorted's regrouping, then skrull.
+- skrull+lookaheadW (``bench simulate --lookahead W``, not run by default):
+  ``[skrull] lookahead = W`` as trained: each window of W global batches
+  regrouped by the core (cpp/include/skrull/lookahead.hpp), then skrull on
+  each step; compared on the average over the same samples, like sorted.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from skrull_ext import Scheduler, SchedulerConfig
+from skrull_ext import Scheduler, SchedulerConfig, _core
 from skrull_ext._core import CostModel
 from skrull_ext.scheduler.config import POLICIES
 from skrull_ext.scheduler.plan import Plan
@@ -47,7 +51,7 @@ from skrull_ext.sim import bound, chunkflow
 from skrull_ext.sim.packing import Shape, all_sharded_plan, pack_sharded
 
 PlanFn = Callable[[Sequence[int], CostModel, Shape, int], "Plan | float"]
-RegroupFn = Callable[[list[list[int]], int], list[list[int]]]
+RegroupFn = Callable[[list[list[int]], int, CostModel, Shape], list[list[int]]]
 
 
 @dataclass(frozen=True)
@@ -57,7 +61,8 @@ class SimPolicy:
     """(global batch, cost model, shape, seed) -> Plan, or a float (microseconds) for the bound."""
     description: str
     regroup: RegroupFn | None = None
-    """Optional (global batches of the run, seed) -> new global batches, applied before planning."""
+    """Optional (global batches of the run, seed, cost model, shape) -> new global batches, applied before
+    planning."""
     world: bool = False
     """Sees sequences truncated only beyond what the whole DP x CP world holds (skrull-pool), not a CP group."""
     pool: bool = False
@@ -84,7 +89,8 @@ def unpacked(lengths: Sequence[int], cost: CostModel, shape: Shape, seed: int) -
     return all_sharded_plan(lengths, groups_per_rank, cost, shape, started)
 
 
-def sort_window(batches: list[list[int]], seed: int) -> list[list[int]]:
+def sort_window(batches: list[list[int]], seed: int, cost: CostModel | None = None,
+                shape: Shape | None = None) -> list[list[int]]:
     """LongAlign regrouping: all samples of the window sorted, cut into batches of the same sizes, shuffled."""
     flat = sorted(s for b in batches for s in b)
     out, start = [], 0
@@ -104,6 +110,34 @@ def core_policy(name: str, **overrides) -> PlanFn:
         return Scheduler(cfg, cost).schedule(lengths)
 
     return run
+
+
+LOOKAHEAD = "skrull+lookahead"
+"""Prefix of the look-ahead policies: skrull+lookahead8 is skrull with [skrull] lookahead = 8."""
+
+
+def lookahead_windows(w: int, policy: str = "skrull") -> RegroupFn:
+    """Each window of ``w`` global batches regrouped as the trainer's dataloader does
+    (``Scheduler.lookahead``, the job's policy and timeline); a last shorter window as it comes."""
+
+    def regroup(batches: list[list[int]], seed: int, cost: CostModel, shape: Shape) -> list[list[int]]:
+        sched = Scheduler(SchedulerConfig(dp=shape.dp, cp=shape.cp, bucket_size=shape.bucket_size, policy=policy,
+                                          timeline=shape.timeline), cost)
+        out = []
+        for first in range(0, len(batches), w):
+            window = batches[first : first + w]
+            flat = [s for b in window for s in b]
+            out += [[flat[q] for q in members] for members in sched.lookahead(window).steps]
+        return out
+
+    return regroup
+
+
+def lookahead_policy(w: int) -> SimPolicy:
+    """skrull with ``[skrull] lookahead = w``."""
+    return SimPolicy(f"{LOOKAHEAD}{w}", core_policy("skrull"),
+                     f"skrull with [skrull] lookahead = {w}: each window of {w} global batches regrouped by the "
+                     "core, then skrull on each step", lookahead_windows(w))
 
 
 def chunkflow_policy(lengths: Sequence[int], cost: CostModel, shape: Shape, seed: int) -> Plan:
@@ -151,6 +185,11 @@ DEFAULT = [name for name in SIM_POLICIES if name != "sorted+skrull"]
 
 
 def get(name: str) -> SimPolicy:
+    if name.startswith(LOOKAHEAD) and name[len(LOOKAHEAD):].isdigit():
+        w = int(name[len(LOOKAHEAD):])
+        if not 1 <= w <= _core.MAX_LOOKAHEAD:
+            raise ValueError(f"{name}: lookahead must be in [1, {_core.MAX_LOOKAHEAD}], got {w}")
+        return lookahead_policy(w)
     if name not in SIM_POLICIES:
         raise ValueError(f"unknown policy {name!r}; choose one of {list(SIM_POLICIES)}")
     return SIM_POLICIES[name]

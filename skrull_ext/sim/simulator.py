@@ -127,7 +127,7 @@ def simulate(
     own = {}
     for p in chosen:
         mine = world_batches if p.world else batches
-        own[p.name] = p.regroup(mine, seed) if p.regroup else mine
+        own[p.name] = p.regroup(mine, seed, cost, shape) if p.regroup else mine
         result.truncated_by_policy[p.name] = world_truncated if p.world else truncated
     for p in chosen:
         result.per_policy[p.name] = []

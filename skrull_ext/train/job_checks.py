@@ -146,6 +146,9 @@ def _check_validation(config) -> None:
 
 def _check_skrull(config, on_cpu: bool) -> None:
     skrull = getattr(config, "skrull", None)
+    if skrull is not None and not skrull.enable and skrull.lookahead != 1:
+        raise _bad("skrull.lookahead", skrull.lookahead, "needs skrull.enable = true (torchtitan's batching trains "
+                   "each global batch at its own step); set it to 1 or enable Skrull")
     if skrull is None or not skrull.enable:
         return
     if skrull.attention_kernel == "varlen" and on_cpu:

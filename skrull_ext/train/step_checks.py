@@ -83,7 +83,11 @@ def step_metrics(step, attention_modules, measured_us: float) -> dict[str, float
     cut and skipped, this step and since the run began (``samples_*``,
     ``samples_*_total``); ``truncated`` / ``dropped`` are the over-length
     policy's share of them (it runs before the scheduler, so the plan itself
-    never truncates or drops).
+    never truncates or drops). Under ``[skrull] lookahead`` > 1, what the
+    step's window did (``lookahead_*``, the same on each of its steps): samples
+    moved to another step than they arrived in, the largest delay in steps,
+    the window's predicted time regrouped and in arrival order, and the
+    difference (``lookahead_saved_ms``).
     """
     stats = DacpStats()
     for m in attention_modules:
@@ -98,6 +102,14 @@ def step_metrics(step, attention_modules, measured_us: float) -> dict[str, float
     out["skrull/schedule_wall_us"] = step.schedule_us
     out["skrull/data_build_ms"] = step.build_us / 1e3
     out["skrull/measured_us"] = measured_us
+    if (w := getattr(step, "window", None)) is not None:  # [skrull] lookahead > 1: what the step's window did
+        out["skrull/lookahead_window"] = float(w.index)
+        out["skrull/lookahead_moved"] = float(w.moved)
+        out["skrull/lookahead_max_delay"] = float(w.max_delay)
+        out["skrull/lookahead_saved_ms"] = w.saved_us / 1e3
+        out["skrull/lookahead_predicted_ms"] = w.predicted_us / 1e3
+        out["skrull/lookahead_arrival_ms"] = w.arrival_us / 1e3
+        out["skrull/lookahead_plan_us"] = w.plan_us
     predicted = summary["predicted_us"]
     out["skrull/measured_over_predicted"] = measured_us / predicted if predicted > 0 else float("nan")
     return out
@@ -196,4 +208,8 @@ def step_log_line(step: int, m: dict[str, float]) -> str:
         f"{m['skrull/samples_whole']:.0f} whole + {m['skrull/samples_cut']:.0f} cut + "
         f"{m['skrull/samples_skipped']:.0f} skipped"
         + (f", data wait {m['skrull/data_wait_ms']:.1f} ms" if "skrull/data_wait_ms" in m else "")
+        + (f"; look-ahead window {m['skrull/lookahead_window']:.0f}: {m['skrull/lookahead_moved']:.0f} samples "
+           f"moved, largest delay {m['skrull/lookahead_max_delay']:.0f} steps, predicted "
+           f"{m['skrull/lookahead_saved_ms']:.2f} ms saved ({m['skrull/lookahead_arrival_ms']:.2f} -> "
+           f"{m['skrull/lookahead_predicted_ms']:.2f} ms over the window)" if "skrull/lookahead_moved" in m else "")
     )

@@ -149,8 +149,10 @@ class SkrullTrainer(JobTrainer):
         if skrull.plan_log:
             rank = dist.get_rank() if dist.is_initialized() else 0
             self.plan_log = PlanLog(self.config.dump_folder, rank)
-        # Before any step: an over-length sequence under 'error' fails here.
-        check_overlength(self.dataloader, first_step=1, last_step=self.config.training.steps)
+        # Before any step: an over-length sequence under 'error' fails here. Under look-ahead the last
+        # window reads its global batches to its end, which may lie past training.steps.
+        w = self.skrull_job.lookahead
+        check_overlength(self.dataloader, first_step=1, last_step=-(-self.config.training.steps // w) * w)
         self.validation = (Validation(self.config.validation, self.dataloader, self.tokenizer)
                            if self.config.validation.enable else None)
         if self.validation is not None:
@@ -241,7 +243,8 @@ class SkrullTrainer(JobTrainer):
         self.optimizers.zero_grad(set_to_none=self.config.training.disable_cuda_graphs)
         lr_metrics = self.lr_schedulers.get_metrics()
         should_log = self.metrics_processor.should_log(self.step)
-        global_valid_tokens = torch.tensor(step.global_valid_tokens, device=self.device)
+        # The loss divisor: the step's loss tokens, or under look-ahead its window's mean per step.
+        global_valid_tokens = torch.tensor(step.loss_tokens, device=self.device)
         accumulated, measured_us = self._micro_batches(step, global_valid_tokens, should_log)
         grad_norm = dist_utils.clip_grad_norm_(
             [p for m in self.model_parts for p in m.parameters()],
@@ -255,6 +258,7 @@ class SkrullTrainer(JobTrainer):
         self.optimizers.step()
         self.lr_schedulers.step()
         if should_log:
+            global_avg *= step.loss_tokens / step.global_valid_tokens  # the step's own mean token loss
             self._log_step(step, accumulated, global_avg, global_valid_tokens, norm, lr_metrics, measured_us)
         if self.validation is not None and self.config.validation.due(self.step, self.config.training.steps):
             self.validation.run(self, self.step)  # forward only: no weight, RNG or counter changes

@@ -80,4 +80,6 @@ def test_core_options_sets_every_knob_python_declares():
     assert opt.dacp_search == _core.DacpSearch.HEURISTIC and opt.slot_gds is False
     knobs = {f.name for f in fields(SchedulingOptions) if f.init}
     assert knobs == {"bucket_size", "policy", "overlength", "cpsat", "cpsat_margin", "cpsat_deterministic_time",
-                     "max_extra_micro_batches"}
+                     "max_extra_micro_batches", "lookahead"}
+    # lookahead is no Options field: the core's window is the number of global batches it is given.
+    assert not hasattr(opt, "lookahead")

@@ -1,0 +1,135 @@
+"""The look-ahead window (cpp/include/skrull/lookahead.hpp) through its binding:
+an exact small case, errors, and invariants on random windows (every sample
+once, at most W-1 steps from its arrival, each step's count kept, never
+slower than arrival order, deterministic)."""
+
+import random
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from skrull_ext import SchedulerConfig, _core, lengths
+from skrull_ext.scheduler import cost_model as cm
+
+REAL = lengths.load("mix_sharegpt_conv95+longbench_en5")
+
+
+def options(dp: int, cp: int, bucket: int, timeline: str = "lockstep", policy: str = "skrull") -> _core.Options:
+    return SchedulerConfig(dp=dp, cp=cp, bucket_size=bucket, timeline=timeline, policy=policy).core_options()
+
+
+def test_exact_small_case():
+    # DP 2 x CP 1, lockstep: two steps, each a long (4,000) and a short (100) sequence. Arrival order
+    # makes each step one DP rank's long sequence while the other waits; the window pairs the long ones.
+    cost = cm.preset()
+    opt = options(2, 1, 8192)
+    a = _core.lookahead([[4000, 100], [100, 4000]], cost, opt)
+    assert a.offsets == [0, 2, 4]
+    assert a.step == [0, 1, 1, 0]
+    assert a.steps == [[0, 3], [1, 2]]
+    assert (a.moved, a.max_delay, a.long_fraction, a.long_steps, a.candidates) == (2, 1, 1.0, 2, 4)
+    by_step = [_core.schedule(x, cost, opt).makespan_us for x in ([4000, 100], [100, 4000], [4000, 4000], [100, 100])]
+    assert a.arrival_us == by_step[:2] and a.arrival_window_us == pytest.approx(sum(by_step[:2]))
+    assert a.step_us == by_step[2:] and a.window_us == pytest.approx(sum(by_step[2:]))
+    assert a.window_us < a.arrival_window_us
+
+
+def test_one_batch_is_arrival_order():
+    a = _core.lookahead([[5, 9, 1]], cm.preset(), options(2, 1, 64))
+    assert a.step == [0, 0, 0] and a.steps == [[0, 1, 2]] and a.candidates == 1 and a.moved == 0
+    assert a.window_us == a.arrival_window_us
+
+
+@pytest.mark.parametrize("batches, message", [
+    ([], "lookahead window must hold 1 to 1024 global batches, got 0"),
+    ([[1]] * 1025, "lookahead window must hold 1 to 1024 global batches, got 1025"),
+    ([[1], [0]], r"lookahead window, global batch 1: sequence 0 has length 0"),
+])
+def test_bad_windows_raise(batches, message):
+    with pytest.raises(ValueError, match=message):
+        _core.lookahead(batches, cm.preset(), options(1, 1, 64))
+
+
+def window(seed: int, w: int, per_step: int, bucket: int, cp: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    limit = _core.max_sequence_length(bucket, cp)
+    scale = rng.choice([0.05, 0.2, 1.0])
+    return [[max(1, min(limit, int(rng.choice(REAL) * scale * bucket / 26624))) for _ in range(rng.randint(0, per_step))]
+            for _ in range(w)]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 2**31), st.integers(1, 9), st.integers(0, 40), st.sampled_from([1, 2, 4]),
+       st.sampled_from([1, 2, 3]), st.sampled_from([256, 4096]), st.sampled_from(["lockstep", "free"]),
+       st.sampled_from(["skrull", "skrull-paper", "skrull-pool"]))
+def test_window_invariants(seed, w, per_step, dp, cp, bucket, timeline, policy):
+    batches = window(seed, w, per_step, bucket, cp)
+    cost = cm.preset()
+    opt = options(dp, cp, bucket, "free" if policy == "skrull-pool" else timeline, policy)
+    pool = policy == "skrull-pool"
+    a = _core.lookahead(batches, cost, opt, pool=pool)
+    flat = [s for b in batches for s in b]
+    arrival = [b for b, x in enumerate(batches) for _ in x]
+    assert a.offsets == [sum(map(len, batches[:b])) for b in range(w + 1)]
+    # Every sample exactly once, in a step of the window, each step in arrival order.
+    assert sorted(q for s in a.steps for q in s) == list(range(len(flat)))
+    assert all(s == sorted(s) for s in a.steps)
+    assert all(a.step[q] == s for s, members in enumerate(a.steps) for q in members)
+    # Each step keeps its sequence count; no sample more than W-1 steps from its arrival.
+    assert [len(s) for s in a.steps] == [len(b) for b in batches]
+    delays = [abs(a.step[q] - arrival[q]) for q in range(len(flat))]
+    assert a.max_delay == max(delays, default=0) <= w - 1
+    assert a.moved == sum(d > 0 for d in delays)
+    # Priced by the step planner; never slower than arrival order.
+    plan = _core.schedule_pool if pool else _core.schedule
+    assert a.step_us == [plan([flat[q] for q in s], cost, opt).makespan_us if s else 0.0 for s in a.steps]
+    assert a.window_us == pytest.approx(sum(a.step_us)) and a.window_us <= a.arrival_window_us
+    if a.moved == 0:
+        assert a.window_us == a.arrival_window_us
+    # Deterministic: the same answer again.
+    b = _core.lookahead(batches, cost, opt, pool=pool)
+    assert (b.step, b.step_us, b.long_fraction, b.long_steps) == (a.step, a.step_us, a.long_fraction, a.long_steps)
+
+
+def test_simulated_lookahead_trains_the_same_samples_window_by_window():
+    from skrull_ext.sim import policies as P
+    from skrull_ext.sim.packing import Shape
+
+    shape = Shape(2, 2, 8, 4096, "lockstep")
+    rng = random.Random(3)
+    batches = [[rng.choice(REAL) % 8000 + 1 for _ in range(16)] for _ in range(7)]
+    out = P.get("skrull+lookahead3").regroup(batches, 0, cm.preset(), shape)
+    assert [len(b) for b in out] == [len(b) for b in batches]
+    for first in range(0, 7, 3):  # windows 0-2, 3-5 and the last, shorter one
+        assert sorted(sum(out[first : first + 3], [])) == sorted(sum(batches[first : first + 3], []))
+    with pytest.raises(ValueError, match=r"lookahead must be in \[1, 1024\], got 0"):
+        P.get("skrull+lookahead0")
+
+
+def test_bench_simulate_lookahead_flag(tmp_path, capsys):
+    from skrull_ext.bench import simulate
+
+    rc = simulate.main(["--datasets", "mix_sharegpt_conv95+longbench_en5", "--models", "qwen2.5-0.5b", "--dp", "2",
+                        "--cp", "2", "--batch-size", "8", "--iterations", "4", "--policies", "skrull",
+                        "--lookahead", "2", "--out", str(tmp_path), "--no-plots", "--quiet"])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "| skrull+lookahead2 | no |" in printed
+    assert "a job runs it as policy skrull with [skrull] lookahead = 2" in printed
+    with pytest.raises(SystemExit):
+        simulate.main(["--lookahead", "0", "--out", str(tmp_path)])
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 2**31), st.integers(1, 6), st.integers(0, 30), st.sampled_from([1, 2, 4]),
+       st.sampled_from([1, 2]), st.sampled_from(["lockstep", "free"]))
+def test_the_core_equals_the_python_reference(seed, w, per_step, dp, cp, timeline):
+    from skrull_ext.bench import reference_lookahead as ref
+
+    batches = window(seed, w, per_step, 4096, cp)
+    cost, opt = cm.preset(), options(dp, cp, 4096, timeline)
+    a = _core.lookahead(batches, cost, opt)
+    step, fraction, total, k = ref.lookahead(batches, cost.flops, lambda l: _core.schedule(l, cost, opt).makespan_us)
+    assert (a.step, a.long_fraction, a.long_steps) == (step, fraction, k)
+    assert a.window_us == pytest.approx(total, rel=1e-12)

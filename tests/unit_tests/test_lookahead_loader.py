@@ -1,0 +1,118 @@
+"""The scheduling dataloader under ``[skrull] lookahead`` (data/scheduling.py):
+each window's samples are those of its global batches, each once, each step
+keeping its count; every rank gets the same steps; the loss divisor is the
+window's mean; a loader resumed inside a window continues the uninterrupted
+one exactly."""
+
+import pytest
+
+from skrull_ext.data.scheduling import SkrullDataLoader
+from skrull_ext.scheduler import Scheduler, cost_model
+from skrull_ext.train.plan_log import buffers_digest
+from skrull_ext.train.skrull_config import SkrullConfig
+
+GBS = 16
+
+
+def loader(lookahead: int, dp: int = 2, dp_rank: int = 0, prefetch: int = 0, cp: int = 1, cp_rank: int = 0):
+    section = SkrullConfig(bucket_size=512, cost_model="h100-assumed", lookahead=lookahead)
+    config = SkrullDataLoader.Config(length_scale=32.0, max_len=512, global_batch_size=GBS, vocab_size=2048,
+                                     prefetch_steps=prefetch)
+    out = config.build(dp_world_size=dp, dp_rank=dp_rank)
+    out.attach(Scheduler(section.scheduler_config(dp, cp), cost_model.preset("llama3-debug")), cp_rank, cp)
+    return out
+
+
+def key(step):
+    return step.step, list(step.samples), step.plan.digest(), buffers_digest(step.micro_batches), step.loss_tokens
+
+
+def test_lookahead_must_be_a_positive_integer_up_to_the_limit():
+    for bad in (0, -1, 1025, 2.0, True):
+        with pytest.raises(ValueError, match=r"^skrull\.lookahead must be (an integer )?in \[1, 1024\], got "):
+            SkrullConfig(lookahead=bad)
+    assert SkrullConfig().lookahead == 1
+
+
+@pytest.mark.parametrize("w", [2, 4])
+def test_windows_train_their_own_samples_once_with_each_steps_count(w):
+    ld = loader(w)
+    steps = [ld.next_step() for _ in range(2 * w)]
+    src = ld.source
+    assert [s.step for s in steps] == list(range(1, 2 * w + 1))
+    moved = 0
+    for first in range(0, 2 * w, w):
+        window = steps[first : first + w]
+        arrived = {s.step: src.global_batch(s.step, GBS) for s in window}
+        trained = [i for s in window for i in s.samples]
+        assert sorted(trained) == sorted(i for b in arrived.values() for i in b)  # each sample once
+        assert all(len(s.samples) == len(arrived[s.step]) for s in window)  # nothing skipped here: GBS each
+        when = {i: a for a, b in arrived.items() for i in b}
+        delays = [abs(s.step - when[i]) for s in window for i in s.samples]
+        assert max(delays) <= w - 1
+        summary = window[0].window
+        assert all(s.window == summary for s in window) and summary.steps == w and summary.index == first // w
+        assert summary.max_delay == max(delays) and summary.moved == sum(d > 0 for d in delays)
+        assert summary.predicted_us <= summary.arrival_us
+        moved += summary.moved
+        # The loss divisor: the window's mean loss tokens per step, on every step of it.
+        mean = sum(s.global_valid_tokens for s in window) / w
+        assert all(s.loss_tokens == pytest.approx(mean) for s in window)
+    assert moved > 0  # these batches do regroup (a long sample per batch, lockstep DP 2)
+
+
+def test_a_tokens_weight_does_not_depend_on_its_step():
+    # Token weights 1 / loss_tokens: the same for every step of a window, so any regrouping of its samples
+    # gives the window the same total weight per sample; without look-ahead a step's own count decides it.
+    ld, plain = loader(4), loader(1)
+    steps, own = [ld.next_step() for _ in range(4)], [plain.next_step() for _ in range(4)]
+    assert len({s.loss_tokens for s in steps}) == 1
+    assert [s.loss_tokens for s in own] == [s.global_valid_tokens for s in own]
+    assert sum(s.global_valid_tokens for s in steps) == sum(s.global_valid_tokens for s in own)
+
+
+def test_lookahead_one_is_the_plain_loader():
+    # Each step trains its own global batch in read order, its loss divided by its own loss tokens (an int).
+    ld = loader(1)
+    for _ in range(3):
+        s = ld.next_step()
+        assert s.samples == ld.source.global_batch(s.step, GBS) and s.window is None
+        assert s.loss_tokens == s.global_valid_tokens and isinstance(s.loss_tokens, int)
+
+
+def test_every_rank_and_prefetch_agree():
+    ranks = [loader(4, dp_rank=d, prefetch=p) for d, p in ((0, 0), (1, 0), (0, 2), (1, 3))]
+    for _ in range(6):
+        got = [ld.next_step() for ld in ranks]
+        assert len({(s.step, tuple(s.samples), s.plan.digest(), s.loss_tokens) for s in got}) == 1
+    for ld in ranks:
+        ld.close()
+
+
+@pytest.mark.parametrize("stop", [1, 2, 3, 5])
+def test_resume_inside_a_window_continues_the_uninterrupted_run(stop):
+    whole = loader(4)
+    want = [key(whole.next_step()) for _ in range(8)]
+    first = loader(4, prefetch=2)
+    for _ in range(stop):
+        first.next_step()
+    state = first.state_dict()
+    first.close()
+    resumed = loader(4)
+    resumed.load_state_dict(state)
+    got = [key(resumed.next_step()) for _ in range(8 - stop)]
+    assert got == want[stop:]
+    assert resumed.account.totals.as_dict() == whole.account.totals.as_dict()
+
+
+def test_the_log_says_what_the_window_did():
+    from skrull_ext.train.step_checks import step_log_line, step_metrics
+
+    step = loader(4).next_step()
+    m = step_metrics(step, [], 1000.0)
+    w = step.window
+    assert (m["skrull/lookahead_moved"], m["skrull/lookahead_max_delay"]) == (w.moved, w.max_delay)
+    assert m["skrull/lookahead_saved_ms"] == pytest.approx((w.arrival_us - w.predicted_us) / 1e3)
+    line = step_log_line(1, m)
+    assert f"look-ahead window 0: {w.moved} samples moved, largest delay {w.max_delay} steps, predicted" in line
+    assert "skrull/lookahead_moved" not in step_metrics(loader(1).next_step(), [], 1000.0)
