@@ -18,7 +18,8 @@ import torch
 
 from skrull_ext._core import ModelShape
 
-__all__ = ["DTYPES", "compute_dtype", "fsdp_degree", "job_shape", "kv_width", "model_compiled", "spec_shape"]
+__all__ = ["DTYPES", "compute_dtype", "fsdp_degree", "job_shape", "kv_width", "model_compiled", "q_width",
+           "spec_shape"]
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -50,16 +51,27 @@ def model_compiled(config: Any) -> bool:
     return bool(config.compile.enable and "model" in config.compile.components)
 
 
-def kv_width(attn: Any, dim: int) -> int:
-    """n_kv_heads * head_dim of an attention config (llama3 keeps them on qkv_linear)."""
+def _heads_width(attn: Any, dim: int, heads_keys: tuple[str, ...]) -> int:
+    """heads * head_dim of an attention config, the heads from the first of ``heads_keys``
+    set (llama3 keeps them on qkv_linear); ``dim`` without an explicit head_dim (MHA)."""
     for src in (getattr(attn, "qkv_linear", None), attn):
         if src is None:
             continue
-        heads = getattr(src, "n_kv_heads", None) or getattr(src, "n_heads", None)
+        heads = next((h for h in (getattr(src, k, None) for k in heads_keys) if h), None)
         head_dim = getattr(src, "head_dim", None)
         if heads and head_dim:
             return int(heads) * int(head_dim)
-    return dim  # MHA without an explicit head_dim: h_kv = h
+    return dim
+
+
+def kv_width(attn: Any, dim: int) -> int:
+    """n_kv_heads * head_dim of an attention config (n_heads where it has no n_kv_heads)."""
+    return _heads_width(attn, dim, ("n_kv_heads", "n_heads"))
+
+
+def q_width(attn: Any, dim: int) -> int:
+    """n_heads * head_dim of an attention config: the query heads' width."""
+    return _heads_width(attn, dim, ("n_heads",))
 
 
 def spec_shape(model_config: Any, dtype: torch.dtype, tp: int = 1) -> ModelShape:

@@ -35,7 +35,9 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["DocumentFlops", "attention_width", "linear_weights"]
+from skrull_ext.scheduler.model_shape import q_width
+
+__all__ = ["DocumentFlops", "DocumentMeter", "compiled_graphs", "linear_weights"]
 
 
 def linear_weights(model_parts: Iterable[torch.nn.Module]) -> int:
@@ -52,17 +54,6 @@ def linear_weights(model_parts: Iterable[torch.nn.Module]) -> int:
     return total
 
 
-def attention_width(attention_config, dim: int) -> int:
-    """``n_heads * head_dim`` of a decoder's attention config (llama3 keeps them on qkv_linear)."""
-    for src in (getattr(attention_config, "qkv_linear", None), attention_config):
-        if src is None:
-            continue
-        heads, head_dim = getattr(src, "n_heads", None), getattr(src, "head_dim", None)
-        if heads and head_dim:
-            return int(heads) * int(head_dim)
-    return dim
-
-
 @dataclass(frozen=True)
 class DocumentFlops:
     """A model's training FLOPs for a set of documents (module docstring)."""
@@ -75,7 +66,7 @@ class DocumentFlops:
     @classmethod
     def of_model(cls, model_config, model_parts: Iterable[torch.nn.Module]) -> "DocumentFlops":
         return cls(linear_weights(model_parts), len(model_config.layers),
-                   attention_width(model_config.first_attention, int(model_config.dim)))
+                   q_width(model_config.first_attention, int(model_config.dim)))
 
     def linear(self, tokens: int) -> float:
         return 6.0 * self.linear_weights * tokens
