@@ -11,7 +11,8 @@ excluded, so padded batching is charged for its pad tokens) and rank 0's
 TensorBoard scalars: torchtitan's loss, ``mfu(%)`` (its FLOPs per *input*
 token, pads included: an upper bound for padded batching), the
 document-aware ``documents/tflops`` and ``documents/mfu(%)`` (attention
-priced from each trained document or cut piece: skrull_ext/train/doc_flops.py),
+priced from each trained document or cut piece: skrull_ext/train/doc_flops.py;
+over the kept steps weighted by their wall time, as real tokens/s is),
 the run's ``documents/cut_documents`` and ``documents/context_lost_tokens``,
 ``compile/graphs`` (recompiles after warm-up: its rise after ``--warmup``) and
 ``memory/max_reserved(GiB)`` / ``max_active`` (the step's peak, reset each
@@ -75,6 +76,14 @@ def tokens_per_s(steps: list[dict]) -> float:
     return sum(s.get("step_tokens") or 0 for s in steps) / wall if wall > 0 else math.nan
 
 
+def time_weighted(rate: dict[int, float], kept: list[dict]) -> float:
+    """A per-step rate over the kept steps, each weighted by its wall time: the work of
+    those steps over their time, as real tokens/s is (a median of rates is not)."""
+    pairs = [(rate[s["step"]], s["wall_s"]) for s in kept if s["step"] in rate]
+    wall = sum(w for _, w in pairs)
+    return sum(r * w for r, w in pairs) / wall if wall > 0 else math.nan
+
+
 def last(tags: dict[str, dict[int, float]], tag: str) -> float:
     """A run total's value at the last logged step (NaN when not logged)."""
     values = tags.get(tag, {})
@@ -106,8 +115,8 @@ def summarize_mode(run_dir: str, warmup: int, memory=None) -> dict:
         "slow_steps_ms": [1e3 * s["wall_s"] for s in slow],
         "real_tokens_per_s_without_slow": tokens_per_s([s for s in kept if s not in slow]),
         "mfu_pct": median(after("mfu(%)")),
-        "document_tflops": median(after("documents/tflops")),
-        "document_mfu_pct": median(after("documents/mfu(%)")),
+        "document_tflops": time_weighted(tags.get("documents/tflops", {}), kept),
+        "document_mfu_pct": time_weighted(tags.get("documents/mfu(%)", {}), kept),
         "cut_documents": last(tags, "documents/cut_documents"),
         "context_lost_tokens": last(tags, "documents/context_lost_tokens"),
         "recompiles_after_warmup": graphs_after(tags, warmup),

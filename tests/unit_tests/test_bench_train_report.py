@@ -87,3 +87,14 @@ def test_document_figures_recompiles_and_ratios(tmp_path):
     header, _, row = table(results).splitlines()[:3]
     cells = dict(zip([c.strip() for c in header.split("|")], [c.strip() for c in row.split("|")]))
     assert cells["document-aware TFLOP/s a device"] == "11" and cells["recompiles after warm-up"] == "1"
+
+
+def test_document_rate_is_the_kept_steps_work_over_their_time(tmp_path):
+    """10 TFLOP/s for 1 s and 2 TFLOP/s for 3 s did 16 TFLOP in 4 s: 4 TFLOP/s, not the median (6)."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    run = _run(tmp_path, [1.0, 1.0, 1.0, 3.0])
+    with SummaryWriter(f"{run}/tb/20261128") as w:
+        for step, t in enumerate([50.0, 50.0, 10.0, 2.0], start=1):
+            w.add_scalar("documents/tflops", t, step)
+    assert summarize_mode(run, warmup=2)["document_tflops"] == 4.0
