@@ -62,10 +62,9 @@ class PackedDataLoader(SourceDataLoaderBase):
         """Real (not padding) tokens of the last batch over all DP ranks."""
         self.last_counts = Counts()
         """What the last batch did with the samples it read (``skrull/samples_*``)."""
-        self.last_layout: list[list[Piece]] = []
-        """The last batch's rows over all DP ranks (its documents or cut pieces)."""
         self.on_layout: Callable[[list[list[Piece]]], None] | None = None
-        """Called with each batch's rows as it is built (the trainer counts their documents' FLOPs)."""
+        """Called with each batch's rows over all DP ranks as it is built (the trainer counts
+        their documents' FLOPs)."""
         self.set_overlength("error")
 
     def set_overlength(self, mode: str) -> None:
@@ -112,7 +111,6 @@ class PackedDataLoader(SourceDataLoaderBase):
             layout = whole_rows([s.length for s in kept], rows, S)
         else:
             layout, samples = self._carried(rows, S)
-        self.last_layout = layout
         if self.on_layout is not None:
             self.on_layout(layout)
         self.last_tokens = sum(e - s for row in layout for _, s, e in row)

@@ -293,6 +293,11 @@ class Plan:
         return len(self.lengths)
 
     @property
+    def trained_lengths(self) -> list[int]:
+        """The effective lengths of the sequences the plan trains (a dropped one has micro-batch -1)."""
+        return [n for n, m in zip(self.lengths, self.micro_batch) if m >= 0]
+
+    @property
     def limit(self) -> int:
         """The longest sequence the plan's ranks may hold: a CP group's, or under skrull-pool the world's."""
         return Capacity(self.bucket_size, self.cp, self.dp, pool=self.pool).limit

@@ -215,8 +215,7 @@ class SkrullTrainer(JobTrainer):
                 raise DataloaderExhaustedError() from ex
             waited = time.perf_counter() - start  # ~0 when the step was built ahead (prefetch_steps)
             self.metrics_processor.ntokens_since_last_log += step.num_tokens
-            plan = step.plan
-            self.document_meter.add(plan.lengths[k] for k in range(len(plan.lengths)) if plan.micro_batch[k] >= 0)
+            self.document_meter.add(step.plan.trained_lengths)
             self.metrics_processor.data_loading_times.append(waited)
             self.data_wait_ms.append(waited * 1e3)
             yield step

@@ -161,17 +161,20 @@ def test_documents_train_each_sample_once_whole(tok):
     # Every sample drawn is trained exactly once, never cut (positions count 0..n-1 within each),
     # and what a step does not place is what it carries.
     run = _loader(tok, "documents", B=2, S=128)
+    layouts = []
+    run.on_layout = layouts.append  # each batch's rows, as the trainer's FLOP count receives them
     it = iter(run)
     trained = []
-    for _ in range(6):
+    for step in range(6):
         inputs, labels = next(it)
-        assert labels.shape == (2, 128)
-        assert context_cuts(run.last_layout) == (0, 0)
-        pieces = [p for row in run.last_layout for p in row]
+        assert labels.shape == (2, 128) and len(layouts) == step + 1
+        layout = layouts[-1]
+        assert context_cuts(layout) == (0, 0)
+        pieces = [p for row in layout for p in row]
         assert all(s == 0 and e == min(run.source[k].length, 128) for k, s, e in pieces)
         assert run.last_tokens == sum(e for _, _, e in pieces) <= 2 * 128
         trained += [k for k, _, _ in pieces]
-        for b, row in enumerate(run.last_layout):
+        for b, row in enumerate(layout):
             off = 0
             for k, _, e in row:
                 assert torch.equal(inputs["input"][b, off:off + e], torch.as_tensor(run.source[k].input[:e]))
