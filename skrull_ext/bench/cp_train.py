@@ -73,8 +73,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--reuse", action="store_true",
                    help="report runs already complete under --out instead of running them again")
     p.add_argument("--variant", action="append", metavar="NAME=FLAGS",
-                   help=f"a mode to run: a name and the job flags it adds (repeatable; the first must be "
-                        f"{BASELINE!r}, the reference of the ratios). Default: {' '.join(DEFAULT_VARIANTS)}")
+                   help="a mode to run: a name and the job flags it adds (repeatable; the first is the "
+                        f"reference of the K/V ratio). Default: {' '.join(DEFAULT_VARIANTS)}")
+    p.add_argument("--versus", action="append", default=[], metavar="MODE",
+                   help="also print each mode's paired per-repeat speed-up over MODE, per real token "
+                        "(repeatable; every mode run with --skrull.no-enable gets one anyway), e.g. "
+                        "--versus skrull to read what --skrull.lookahead buys")
     p.add_argument("extra", nargs="*", help="more job flags for every mode, after --")
     a = p.parse_args(argv)
     a.modes = {}
@@ -83,8 +87,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         if not sep or not name or name in a.modes:
             p.error(f"--variant {v!r}: expected a new NAME=FLAGS")
         a.modes[name] = flags.split()
-    if next(iter(a.modes)) != BASELINE:
-        p.error(f"the first --variant must be {BASELINE!r} (got {next(iter(a.modes))!r})")
+    for v in a.versus:
+        if v not in a.modes:
+            p.error(f"--versus {v!r}: not a mode of this run (modes: {', '.join(a.modes)})")
     for name in ("nproc", "cp", "steps", "repeats"):
         if getattr(a, name) < 1:
             p.error(f"--{name} must be >= 1, got {getattr(a, name)}")
@@ -176,9 +181,10 @@ def spread(xs: list[float], scale: float = 1.0, fmt: str = "{:.1f}") -> str:
     return f"{f(statistics.median(xs))} ({f(min(xs))}-{f(max(xs))})"
 
 
-def baselines(modes: dict[str, list[str]]) -> list[str]:
-    """The modes that run torchtitan's batching: each gets a ratio column."""
-    return [m for m, flags in modes.items() if m == BASELINE or "--skrull.no-enable" in flags]
+def baselines(modes: dict[str, list[str]], versus: list[str] = ()) -> list[str]:
+    """The modes that get a ratio column: those that run torchtitan's batching, then ``versus``."""
+    own = [m for m, flags in modes.items() if "--skrull.no-enable" in flags]
+    return own + [m for m in versus if m not in own]
 
 
 def per_token(run: dict) -> float:
@@ -189,9 +195,10 @@ def per_token(run: dict) -> float:
 
 def table(results: dict[str, list[dict]], baselines: list[str]) -> str:
     """One row per mode; one paired ratio column per baseline, on time per real token."""
-    base_mib = statistics.mean(b["kv_bytes"] for b in results[BASELINE]) / 2**20
+    reference = next(iter(results))
+    base_mib = statistics.mean(b["kv_bytes"] for b in results[reference]) / 2**20
     rows = [
-        f"| mode | real tokens/step | K/V MiB/step (all ranks) | vs {BASELINE} | mean step ms, median (min-max) "
+        f"| mode | real tokens/step | K/V MiB/step (all ranks) | vs {reference} | mean step ms, median (min-max) "
         "over runs | ms per 1K tokens | "
         + "".join(f"speed-up over {b} per token, per repeat | " for b in baselines)
         + "blocked on exchange ms/step | local attention ms/step (overlaps the exchange) | local token share |",
@@ -243,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{i + 1}/{len(order)}] {mode} run {repeat + 1}/{a.repeats} ...", end=" ", flush=True)
         results[mode].append(summarize_run(launch(a, mode, repeat), a.warmup))
         print(f"{time.perf_counter() - t0:.0f} s (mean step {results[mode][-1]['step_s'] * 1e3:.0f} ms)", flush=True)
-    md = table(results, baselines(a.modes))
+    md = table(results, baselines(a.modes, a.versus))
     header = (f"{a.config_file}, {a.nproc} processes, DP={a.nproc // a.cp} x CP={a.cp}, {a.steps} steps "
               f"(first {a.warmup + 1} not timed), "
               f"{a.repeats} runs per mode, {time.perf_counter() - t_start:.0f} s in all\n\n")

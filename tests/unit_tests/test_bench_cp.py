@@ -29,7 +29,7 @@ def test_summary_takes_the_slowest_rank_and_sums_bytes_after_warmup():
     assert cp_train.summarize_run([rank0, rank1], warmup=1)["tokens"] == pytest.approx(300)  # rank 0's, measured steps
 
 
-def test_variants_parse_and_the_baseline_comes_first():
+def test_variants_parse_and_versus_names_a_mode():
     a = cp_train.parse_args(["--variant", "torchtitan=--skrull.no-enable", "--variant", "fast=--a 1 --b"])
     assert a.modes == {"torchtitan": ["--skrull.no-enable"], "fast": ["--a", "1", "--b"]}
     default = cp_train.parse_args([]).modes
@@ -40,8 +40,15 @@ def test_variants_parse_and_the_baseline_comes_first():
     assert default["torchtitan-documents"] == ["--skrull.no-enable", "--dataloader.packing", "documents",
                                                "--training.local_batch_size", "1"]
     assert cp_train.baselines(default) == ["torchtitan", "torchtitan-stream", "torchtitan-documents"]
+    # Any mode may come first (the K/V ratio's reference); --versus adds a ratio column for a mode.
+    la = cp_train.parse_args(["--variant", "skrull=", "--variant", "skrull-lookahead8=--skrull.lookahead 8",
+                              "--versus", "skrull"])
+    assert list(la.modes) == ["skrull", "skrull-lookahead8"]
+    assert cp_train.baselines(la.modes, la.versus) == ["skrull"]
+    assert cp_train.baselines(default, ["skrull", "torchtitan"]) == ["torchtitan", "torchtitan-stream",
+                                                                     "torchtitan-documents", "skrull"]
     with pytest.raises(SystemExit):
-        cp_train.parse_args(["--variant", "skrull="])
+        cp_train.parse_args(["--variant", "skrull=", "--versus", "nosuch"])
     with pytest.raises(SystemExit):
         cp_train.parse_args(["--variant", "torchtitan=", "--variant", "torchtitan=--x"])
     with pytest.raises(SystemExit):
