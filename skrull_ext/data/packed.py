@@ -89,7 +89,8 @@ class PackedDataLoader(SourceDataLoaderBase):
     def state_dict(self) -> dict:
         # The carry as one string: a checkpoint's keys must not depend on its length (DCP
         # loads into the keys of a fresh loader's state_dict).
-        return {"step": self.step, "carry": json.dumps(self.carry), **self.account.state_dict()}
+        # "lookahead": Skrull's look-ahead windows (scheduling.py); this batching regroups none.
+        return {"step": self.step, "carry": json.dumps(self.carry), "lookahead": "[]", **self.account.state_dict()}
 
     def load_state_dict(self, state_dict: dict) -> None:
         super().load_state_dict(state_dict)

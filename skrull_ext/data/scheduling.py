@@ -47,7 +47,7 @@ import copy
 import json
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from torchtitan.components.tokenizer import BaseTokenizer
 from torchtitan.tools.logging import logger
@@ -59,6 +59,7 @@ from skrull_ext.data.plan_buffers import rank_buffers
 from skrull_ext.data.prefetch import Prefetcher
 from skrull_ext.data.source import SourceDataLoaderBase
 from skrull_ext.data.synthetic import Sample
+from skrull_ext.data.windows import Windows
 from skrull_ext.errors import DataError
 from skrull_ext.scheduler import Scheduler
 from skrull_ext.scheduler.plan import Plan
@@ -176,8 +177,9 @@ class StepBuilder:
     them in its own line)."""
     pin: bool = False
     """Stage the buffers in pinned memory (``MicroBatchBuffer.staged``): a CUDA trainer's."""
-    lookahead: int = 1
-    """Global batches per window (``[skrull] lookahead``; 1 for validation)."""
+    windows: Windows = Windows()
+    """Which steps form each look-ahead window (``[skrull] lookahead``, across resumes that
+    changed it: data/windows.py); windows of 1 for validation."""
     _last: list = field(default_factory=list, compare=False, repr=False)
     """The last window made (at most one), reused by its other steps."""
 
@@ -199,11 +201,10 @@ class StepBuilder:
         """The window holding ``step`` (1-based): its W global batches drawn and limited, their
         samples regrouped over its steps by the core (W > 1). A function of the window's index
         and the source, so every rank, and a resumed run, makes the same one."""
-        w = self.lookahead
-        index = (step - 1) // w
+        span = self.windows.window(step)
+        index, first, w = span.index, span.first, span.width
         if self._last and self._last[0].index == index:
             return self._last[0]
-        first = index * w + 1
         samples, lengths, losses, accounts = [], [], [], []
         for s in range(first, first + w):
             kept, n, c, account = decide_lengths(self.limit, self.source.global_batch(s, self.global_batch_size),
@@ -314,6 +315,10 @@ class SkrullDataLoader(SourceDataLoaderBase):
         self.account = RunAccount(getattr(self.source, "names", ()))
         """The run's counts up to the last step handed out (checkpointed with ``step``; per source for a mixture)."""
         self.builder: StepBuilder | None = None
+        self.windows: Windows | None = None
+        """The run's look-ahead windows (set by ``attach``; checkpointed as ``lookahead``)."""
+        self._resumed: Windows | None = None
+        """The windows of the checkpoint this loader continues (``load_state_dict``), if any."""
         self._cursor: _Cursor | None = None
         self._ahead: Prefetcher | None = None
 
@@ -330,8 +335,22 @@ class SkrullDataLoader(SourceDataLoaderBase):
         self.close()
         self.scheduler, self.cp_rank, self.cp_size = scheduler, cp_rank, cp_size
         self.limit = scheduler_limit(c, self.config.max_len)
+        self.windows = self._continue()
         self.builder = StepBuilder(self.source, scheduler, self.limit, self.config.global_batch_size,
-                                   self.dp_rank, cp_rank, pin=pin, lookahead=c.lookahead)
+                                   self.dp_rank, cp_rank, pin=pin, windows=self.windows)
+
+    def _continue(self) -> Windows:
+        """The job's ``[skrull] lookahead`` windows, or after a resume the checkpoint's continued
+        with it after ``step`` (data/windows.py), said in one line when that changes them."""
+        width, windows = self.scheduler.job.lookahead, self._resumed
+        if windows is None:
+            return Windows.of(width)
+        out = windows.switch(self.step, width)
+        if out != windows:
+            logger.info(f"skrull.lookahead {width}: the checkpoint of step {self.step} has look-ahead windows "
+                        f"{windows.describe()}; this run goes on with windows {out.describe()} (the window "
+                        "holding the next step is finished as it was begun: docs/design/lookahead.md)")
+        return out
 
     def __iter__(self) -> Iterator[SkrullStep]:
         if self.scheduler is None:
@@ -387,7 +406,10 @@ class SkrullDataLoader(SourceDataLoaderBase):
         # carries pieces of sequences into the next step; Skrull never does, so
         # either batching continues the other's checkpoint (DCP loads the keys
         # of the fresh loader: a key one side lacked failed the resume).
-        return {"step": self.step, "carry": "[]", **self.account.state_dict()}
+        # "lookahead": the windows trained so far (data/windows.py), so a resume with another
+        # [skrull] lookahead finishes the window it stopped in.
+        windows = self.windows or Windows()
+        return {"step": self.step, "carry": "[]", "lookahead": windows.to_json(), **self.account.state_dict()}
 
     def load_state_dict(self, state_dict: dict) -> None:
         carry = json.loads(state_dict.get("carry", "[]"))
@@ -400,3 +422,8 @@ class SkrullDataLoader(SourceDataLoaderBase):
         self.close()  # steps built ahead of the old state are thrown away
         super().load_state_dict(state_dict)
         self.account.load_state_dict(state_dict)
+        # A checkpoint of torchtitan's batching has "[]": its steps were never regrouped.
+        self._resumed = Windows.from_json(state_dict.get("lookahead", "[]"))
+        if self.builder is not None:  # else attach continues them
+            self.windows = self._continue()
+            self.builder = replace(self.builder, windows=self.windows, _last=[])

@@ -1,0 +1,105 @@
+"""``Windows``: which steps form each look-ahead window, across launches.
+
+A run under ``[skrull] lookahead = W`` trains its steps in windows of W: the
+samples of global batches f..f+W-1 are regrouped over steps f..f+W-1
+(data/scheduling.py). A window is a function of its first step and its width
+only, so every rank, and a run resumed inside a window, makes the same one.
+
+A run resumed with another W cannot simply cut the steps by the new width: the
+window holding the next step was regrouped by the old width, so some of its
+samples may already be trained and others still owed. ``Windows`` is the list
+of (first step, width) regimes the run has used; a new width starts where the
+old window holding the next step ends, so the windows still partition the
+steps and every sample is trained exactly once (tests/unit_tests/test_windows.py).
+It is checkpointed with the dataloader (``"lookahead"``: its JSON).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Window:
+    """Steps ``first`` .. ``first + width - 1``, the ``index``-th window of the run (0-based)."""
+
+    index: int
+    first: int
+    width: int
+
+    @property
+    def last(self) -> int:
+        return self.first + self.width - 1
+
+
+@dataclass(frozen=True)
+class Windows:
+    """The run's look-ahead regimes: from step ``regimes[i][0]`` on, windows of ``regimes[i][1]``
+    steps (the first regime starts at step 1; each later one at a window boundary of the one before)."""
+
+    regimes: tuple[tuple[int, int], ...] = ((1, 1),)
+
+    def __post_init__(self) -> None:
+        if not self.regimes or self.regimes[0][0] != 1:
+            raise ValueError(f"look-ahead regimes must start at step 1, got {self.regimes!r}")
+        for (f0, w0), (f1, w1) in zip(self.regimes, self.regimes[1:]):
+            if w0 < 1 or f1 <= f0 or (f1 - f0) % w0:
+                raise ValueError(f"look-ahead regime ({f1}, {w1}) does not start at a window boundary of "
+                                 f"({f0}, {w0})")
+        if self.regimes[-1][1] < 1:
+            raise ValueError(f"look-ahead width must be >= 1, got {self.regimes!r}")
+
+    @classmethod
+    def of(cls, width: int) -> Windows:
+        """Windows of ``width`` steps from step 1."""
+        return cls(((1, width),))
+
+    @property
+    def width(self) -> int:
+        """The width new windows get (the last regime's)."""
+        return self.regimes[-1][1]
+
+    def window(self, step: int) -> Window:
+        """The window holding 1-based ``step``."""
+        if step < 1:
+            raise ValueError("steps are 1-based")
+        index = 0
+        for k, (first, width) in enumerate(self.regimes):
+            nxt = self.regimes[k + 1][0] if k + 1 < len(self.regimes) else None
+            if nxt is not None and step >= nxt:
+                index += (nxt - first) // width
+                continue
+            j = (step - first) // width
+            return Window(index + j, first + j * width, width)
+        raise AssertionError("unreachable: the last regime has no end")
+
+    def switch(self, done: int, width: int) -> Windows:
+        """These windows continued with ``width`` after a checkpoint of step ``done``: the window
+        holding step ``done + 1`` keeps its width (it was regrouped by it, and may have trained
+        samples that arrived in its later steps); ``width`` applies from the step after it."""
+        if width == self.window(done + 1).width and width == self.width:
+            return self
+        w = self.window(done + 1)
+        start = w.first if w.first == done + 1 else w.last + 1
+        kept = tuple(r for r in self.regimes if r[0] < start)
+        if not kept or kept[-1][1] == width:
+            return Windows(kept or ((1, width),))
+        return Windows(kept + ((start, width),))
+
+    def describe(self) -> str:
+        """'of 8 steps from step 1, of 4 from step 9'."""
+        unit = lambda k, w: "" if k else " step" if w == 1 else " steps"  # noqa: E731
+        return ", ".join(f"of {w}{unit(k, w)} from step {f}" for k, (f, w) in enumerate(self.regimes))
+
+    def to_json(self) -> str:
+        return json.dumps([list(r) for r in self.regimes])
+
+    @classmethod
+    def from_json(cls, text: str, where: str = "the checkpoint's dataloader.lookahead") -> Windows:
+        try:
+            regimes = tuple((int(f), int(w)) for f, w in json.loads(text))
+            return cls(regimes) if regimes else cls()
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"{where}: {text!r} is not a list of [first step, width] regimes, each starting "
+                             f"at a window boundary of the one before ({e})") from None
