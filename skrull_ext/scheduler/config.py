@@ -123,6 +123,12 @@ FROM_PROFILE = "profile"
 
 BucketSize = int | Literal["profile"]
 
+LOOKAHEAD_AUTO = "auto"
+"""``lookahead = "auto"``: the trainer picks the width its cost model predicts pays on the
+job's first global batches (data/lookahead_choice.py)."""
+
+Lookahead = int | Literal["auto"]
+
 
 def check_bucket_size(value, from_profile: bool) -> None:
     """The one check of ``bucket_size`` (the core's guard is validate.hpp): an integer in
@@ -164,17 +170,21 @@ class SchedulingOptions:
     max_extra_micro_batches: int = 1
     """How many micro-batch counts above the smallest feasible one 'skrull' compares
     (docs/benchmarks.md measures what more would buy)."""
-    lookahead: int = 1
+    lookahead: Lookahead = 1
     """Global batches read ahead and regrouped together (cpp/include/skrull/lookahead.hpp,
     docs/design/lookahead.md): the samples of each window of this many steps are assigned to
     the window's steps so that its predicted time is least, each step keeping its sample
     count and no sample trained more than lookahead - 1 steps from the step it arrived in.
-    1: every step trains its own global batch (no look-ahead)."""
+    1: every step trains its own global batch (no look-ahead). In a job's [skrull] section,
+    "auto" takes the width the job's cost model predicts pays on its first global batches
+    (2, 4 or 8; 1 if none is predicted 5% faster), said in the log."""
     policy_spec: Policy = field(init=False, repr=False, compare=False)
     """``policy`` resolved (``resolve_policy``), once, by ``check`` when the config is made."""
 
     BUCKET_FROM_PROFILE: ClassVar[bool] = False
     """Whether ``bucket_size = "profile"`` is accepted (a config that names a profile)."""
+    LOOKAHEAD_FROM_DATA: ClassVar[bool] = False
+    """Whether ``lookahead = "auto"`` is accepted (a job's section: the trainer has the data)."""
 
     def check(self) -> None:
         """Raise ValueError naming the first bad value and its limit; resolve ``policy``."""
@@ -187,7 +197,11 @@ class SchedulingOptions:
         _check_range("cpsat_margin", self.cpsat_margin, 0.0, 100.0)
         _check_range("cpsat_deterministic_time", self.cpsat_deterministic_time, 0.0, 3600.0)
         check_int("max_extra_micro_batches", self.max_extra_micro_batches, 0, 1024)
-        check_int("lookahead", self.lookahead, 1, _core.MAX_LOOKAHEAD)
+        w = self.lookahead
+        if not (self.LOOKAHEAD_FROM_DATA and w == LOOKAHEAD_AUTO) and (
+                isinstance(w, bool) or not isinstance(w, int) or not 1 <= w <= _core.MAX_LOOKAHEAD):
+            also = f' or "{LOOKAHEAD_AUTO}" (chosen from the data)' if self.LOOKAHEAD_FROM_DATA else ""
+            raise ValueError(f"lookahead must be an integer in [1, {_core.MAX_LOOKAHEAD}]{also}, got {w!r}")
 
     def options(self) -> dict:
         """The knobs as keyword arguments (for SchedulerConfig), as written."""

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from skrull_ext import _core
 from skrull_ext._core import CostModel, Timeline
 from skrull_ext.scheduler.capacity import Capacity
-from skrull_ext.scheduler.config import Policy, SchedulingOptions, core_options
+from skrull_ext.scheduler.config import LOOKAHEAD_AUTO, Policy, SchedulingOptions, core_options
 
 __all__ = ["SchedulerJob"]
 
@@ -70,11 +70,14 @@ class SchedulerJob:
     def of(cls, knobs: SchedulingOptions, *, dp: int, cp: int, timeline: Timeline, cost_model: CostModel,
            bucket_size: int, free_running: bool = False) -> SchedulerJob:
         """Resolve checked ``knobs`` (their ``policy_spec`` set by ``check``) for a DP x CP job on
-        ``timeline``, priced by ``cost_model``, at the integer ``bucket_size``."""
+        ``timeline``, priced by ``cost_model``, at the integer ``bucket_size``. ``lookahead =
+        "auto"`` resolves to 1 here; the trainer replaces it once it has priced the data
+        (data/lookahead_choice.py)."""
         return cls(dp=dp, cp=cp, bucket_size=bucket_size, policy=knobs.policy_spec, timeline=timeline,
                    cost_model=cost_model, overlength=knobs.overlength, cpsat=knobs.cpsat,
                    cpsat_margin=knobs.cpsat_margin, cpsat_deterministic_time=knobs.cpsat_deterministic_time,
-                   max_extra_micro_batches=knobs.max_extra_micro_batches, lookahead=knobs.lookahead,
+                   max_extra_micro_batches=knobs.max_extra_micro_batches,
+                   lookahead=1 if knobs.lookahead == LOOKAHEAD_AUTO else knobs.lookahead,
                    free_running=free_running)
 
     @property

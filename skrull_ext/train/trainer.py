@@ -43,11 +43,12 @@ from torchtitan.tools.logging import logger
 
 from skrull_ext.attention.kernels import kernel_name
 from skrull_ext.attention.local_only import attention_input, local_only_kernel
+from skrull_ext.data import lookahead_choice
 from skrull_ext.data.overlength import check_overlength
 from skrull_ext.data.scheduling import SkrullDataLoader, SkrullStep
 from skrull_ext.errors import JobFileError
 from skrull_ext.scheduler import Scheduler
-from skrull_ext.scheduler.config import FROM_PROFILE, job_timeline, timeline_name
+from skrull_ext.scheduler.config import FROM_PROFILE, LOOKAHEAD_AUTO, job_timeline, timeline_name
 from skrull_ext.scheduler.model_shape import compute_dtype, DTYPES, job_shape, model_compiled
 from skrull_ext.scheduler.profile_file import free_running_bytes
 from skrull_ext.train.compile_limit import length_free_fusion, raise_recompile_limit
@@ -150,9 +151,13 @@ class SkrullTrainer(JobTrainer):
             rank = dist.get_rank() if dist.is_initialized() else 0
             self.plan_log = PlanLog(self.config.dump_folder, rank)
         # Before any step: an over-length sequence under 'error' fails here. Under look-ahead the last
-        # window reads its global batches to its end, which may lie past training.steps.
-        w = self.skrull_job.lookahead
-        check_overlength(self.dataloader, first_step=1, last_step=-(-self.config.training.steps // w) * w)
+        # window reads its global batches to its end, which may lie past training.steps ("auto" prices
+        # the steps of every width it may choose).
+        steps = self.config.training.steps
+        w = max(lookahead_choice.CANDIDATES) if skrull.lookahead == LOOKAHEAD_AUTO else self.skrull_job.lookahead
+        check_overlength(self.dataloader, first_step=1, last_step=-(-steps // w) * w)
+        if skrull.lookahead == LOOKAHEAD_AUTO:
+            self._choose_lookahead(cp_rank, dims.cp, lookahead_choice.horizon(steps))
         self.validation = (Validation(self.config.validation, self.dataloader, self.tokenizer)
                            if self.config.validation.enable else None)
         if self.validation is not None:
@@ -169,6 +174,18 @@ class SkrullTrainer(JobTrainer):
             + (" (free_running: FSDP parameters unsharded for each step, no pad passes)" if execution.free_running
                else "")
         )
+
+    def _choose_lookahead(self, cp_rank: int, cp: int, steps: int) -> None:
+        """``[skrull] lookahead = "auto"``: price the first ``steps`` global batches in windows of
+        each candidate width with the job's scheduler (the loader attached with windows of 1
+        reads them as training limits them) and re-attach with the chosen width."""
+        builder = self.dataloader.builder
+        choice = lookahead_choice.choose(lambda s: builder.window(s).lengths[0], self.scheduler, steps)
+        logger.info(choice.line())
+        if choice.width > 1:
+            self.skrull_job = dataclasses.replace(self.skrull_job, lookahead=choice.width)
+            self.scheduler = Scheduler(self.skrull_job)
+            self.dataloader.attach(self.scheduler, cp_rank, cp, pin=self.device.type == "cuda")
 
     def _unsharded_bytes(self) -> float:
         """What free-running holds, counted from the built model: the unsharded parameters

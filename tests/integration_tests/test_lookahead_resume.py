@@ -9,6 +9,7 @@ and the log says what each window did.
 """
 
 import os
+import re
 import shutil
 
 import pytest
@@ -50,3 +51,22 @@ def test_resume_inside_a_window_replays_the_uninterrupted_run(workdir, seed):
     assert len(moved) == STEPS and len(set(moved[:W])) == 1
     assert moved[0] == sum(i // GBS != s for s, samples in enumerate(window) for i in samples)
     assert "look-ahead window 0: " in full.output and "look-ahead window 1: " in full.output
+
+    # The same checkpoint continued with lookahead = "auto": it prices the run's first global batches,
+    # says what it chose, finishes window 0 (steps 3..4) as begun and trains windows of its choice after.
+    shutil.copytree(ckpt, os.path.join(workdir, "dp2_lookahead_auto", "checkpoint", f"step-{RESUME_AT}"))
+    auto = train_from_seed(workdir, "dp2_lookahead_auto", 2, "skrull_ext.train", SKRULL, seed, STEPS,
+                           extra=["--skrull.lookahead", "auto", "--skrull.plan_log"])
+    chosen = re.search(r"skrull\.lookahead auto: (\d+) \(.*\)\. Predicted over no look-ahead on the samples of "
+                       r"steps 1\.\.8 by the job's cost model: W 2 x[\d.]+, W 4 x[\d.]+, W 8 x[\d.]+", auto.output)
+    assert chosen, auto.output[-3000:]
+    width = int(chosen.group(1))
+    if width != W:
+        assert (f"skrull.lookahead {width}: the checkpoint of step {RESUME_AT} has look-ahead windows of {W} steps "
+                f"from step 1; this run goes on with windows of {W} steps from step 1, of {width} from step {W + 1}"
+                in auto.output)
+    got = read_plan_log(os.path.join(auto.dump, "skrull_plans", "rank0.jsonl"))
+    assert [got[s] for s in range(RESUME_AT + 1, W + 1)] == [plans[s] for s in range(RESUME_AT + 1, W + 1)]
+    # Step 5 opens a window of the chosen width: its samples come from global batches 5..4+width.
+    assert len(got[W + 1]["samples"]) == GBS
+    assert all(W * GBS <= i < (W + width) * GBS for i in got[W + 1]["samples"])

@@ -8,6 +8,7 @@ import pytest
 
 from skrull_ext.data.scheduling import SkrullDataLoader
 from skrull_ext.scheduler import Scheduler, cost_model
+from skrull_ext.scheduler.config import SchedulerConfig
 from skrull_ext.train.plan_log import buffers_digest
 from skrull_ext.train.skrull_config import SkrullConfig
 
@@ -29,9 +30,13 @@ def key(step):
 
 def test_lookahead_must_be_a_positive_integer_up_to_the_limit():
     for bad in (0, -1, 1025, 2.0, True):
-        with pytest.raises(ValueError, match=r"^skrull\.lookahead must be (an integer )?in \[1, 1024\], got "):
+        with pytest.raises(ValueError, match=r'^skrull\.lookahead must be an integer in \[1, 1024\] or "auto" '
+                                             r"\(chosen from the data\), got "):
             SkrullConfig(lookahead=bad)
-    assert SkrullConfig().lookahead == 1
+    assert SkrullConfig().lookahead == 1 and SkrullConfig(lookahead="auto").lookahead == "auto"
+    # A library SchedulerConfig has no data to choose from.
+    with pytest.raises(ValueError, match=r"^lookahead must be an integer in \[1, 1024\], got 'auto'$"):
+        SchedulerConfig(lookahead="auto")
 
 
 @pytest.mark.parametrize("w", [2, 4])
@@ -116,3 +121,48 @@ def test_the_log_says_what_the_window_did():
     line = step_log_line(1, m)
     assert f"look-ahead window 0: {w.moved} samples moved, largest delay {w.max_delay} steps, predicted" in line
     assert "skrull/lookahead_moved" not in step_metrics(loader(1).next_step(), [], 1000.0)
+
+
+@pytest.mark.parametrize("old,new,stop", [(4, 2, 2), (4, 2, 4), (2, 4, 3), (4, 8, 5), (4, 1, 1), (1, 4, 3)])
+def test_resume_with_another_width_finishes_its_window_and_trains_every_sample_once(old, new, stop, caplog):
+    whole = loader(old)
+    before = [key(whole.next_step()) for _ in range(8)]
+    first = loader(old)
+    for _ in range(stop):
+        first.next_step()
+    state = first.state_dict()
+    resumed = loader(new)
+    with caplog.at_level("INFO"):
+        resumed.load_state_dict(state)
+    finish = first.windows.window(stop + 1).last if stop % old else stop  # the window it stopped in
+    end = resumed.windows.window(16).last  # whole windows of the new width
+    steps = [resumed.next_step() for _ in range(end - stop)]
+    # The window it stopped in is the uninterrupted run's; the new width from the step after it.
+    assert [key(s) for s in steps[: finish - stop]] == before[stop:finish]
+    assert all((s.window.steps if s.window else 1) == new for s in steps[finish - stop :])
+    # Every sample of global batches 1..end once, each step its own count (nothing is skipped here).
+    trained = [i for s in steps for i in s.samples] + [i for step in range(1, stop + 1) for i in _trained(old, step)]
+    assert sorted(trained) == list(range(end * GBS)) and all(len(s.samples) == GBS for s in steps)
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("skrull.lookahead")]
+    assert said == [f"skrull.lookahead {new}: the checkpoint of step {stop} has look-ahead windows of {old} "
+                    f"step{'s' * (old > 1)} from step 1; this run goes on with windows {resumed.windows.describe()} (the window holding "
+                    "the next step is finished as it was begun: docs/design/lookahead.md)"]
+
+
+def _trained(width: int, step: int) -> list[int]:
+    """Samples an uninterrupted run at ``width`` trains at ``step``."""
+    ld = loader(width)
+    for _ in range(step - 1):
+        ld.next_step()
+    return list(ld.next_step().samples)
+
+
+def test_a_checkpoint_of_torchtitans_batching_starts_windows_at_the_next_step():
+    state = loader(1).state_dict()
+    state.update(step=3, lookahead="[]")
+    resumed = loader(4)
+    resumed.load_state_dict(state)
+    assert resumed.windows.regimes == ((1, 1), (4, 4))
+    steps = [resumed.next_step() for _ in range(4)]
+    assert sorted(i for s in steps for i in s.samples) == list(range(3 * GBS, 7 * GBS))
+    assert steps[0].window.index == 3  # steps 1..3 were windows of one
