@@ -59,11 +59,14 @@ def check_continue(config) -> None:
     if ckpt.load_step == -1:
         step = max(full + hf, default=-1)
         if step not in hf:
+            if step in full:
+                _check_dataloader_keys(os.path.join(folder, f"step-{step}"))
             return
         given = "the newest checkpoint (checkpoint.load_step = -1)"
     else:
         step = ckpt.load_step
         if step in full:
+            _check_dataloader_keys(os.path.join(folder, f"step-{step}"))
             return
         if step not in hf:
             raise JobFileError(f"checkpoint.load_step = {step}: there is no {folder}/step-{step} "
@@ -78,3 +81,27 @@ def check_continue(config) -> None:
                f"{os.path.abspath(os.path.join(folder, f'step-{step}'))} --checkpoint.initial_load_in_hf")
     raise JobFileError(f"{given}: {folder}/step-{step} is the HF model folder a run saved last "
                        f"(checkpoint.last_save_in_hf), model weights only, no training state; {how}")
+
+
+NEW_DATALOADER_KEYS = {"lookahead": "2026-11-28: the look-ahead windows a run trained, data/windows.py"}
+"""Dataloader state keys later versions added (DCP loads the keys of the fresh loader's state,
+so a checkpoint without one fails deep in DCP with ``Missing key in checkpoint state_dict``)."""
+
+
+def _check_dataloader_keys(path: str) -> None:
+    """Refuse, in one line, a full checkpoint whose dataloader state lacks a key this version saves."""
+    try:
+        from torch.distributed.checkpoint import FileSystemReader
+
+        keys = set(FileSystemReader(path).read_metadata().state_dict_metadata)
+    except Exception:  # noqa: BLE001 - unreadable here: DCP's own load says why
+        return
+    saved = {k.split(".", 1)[1] for k in keys if k.startswith("dataloader.")}
+    missing = sorted(k for k in NEW_DATALOADER_KEYS if saved and k not in saved)
+    if missing:
+        raise JobFileError(
+            f"{path}: its dataloader state has no {', '.join(missing)} (added "
+            f"{'; '.join(NEW_DATALOADER_KEYS[k] for k in missing)}), so this version cannot continue its "
+            f"data where it stopped; train on from its weights in a new dump_folder with "
+            f"--checkpoint.initial_load_path {os.path.abspath(path)} --checkpoint.initial_load_model_only, "
+            f"or continue it with the version that saved it")

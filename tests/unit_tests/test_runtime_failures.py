@@ -249,3 +249,25 @@ def test_launch_adds_nothing_to_a_user_error_and_the_summary_to_others(exitcode,
     assert launch.main(["--standalone", "--nproc_per_node", "1", "-m", "skrull_ext.train"]) == rc
     err = capsys.readouterr().err
     assert ("skrull_ext.train FAILED" in err) == (rc == 1) and "Traceback" not in err
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")  # dcp.save in one process
+def test_a_checkpoint_without_a_dataloader_key_this_version_saves_is_refused_in_one_line(tmp_path):
+    """DCP loads the keys of the fresh loader: a checkpoint saved before ``dataloader.lookahead``
+    existed failed deep in DCP on every rank ('Missing key in checkpoint state_dict')."""
+    import torch.distributed.checkpoint as dcp
+
+    from skrull_ext.train.resume_checks import check_continue
+
+    config = _checkpoints(tmp_path)
+    old, new = (tmp_path / "checkpoint" / f"step-{s}" for s in (2, 4))
+    dcp.save({"dataloader": {"step": 2, "carry": "[]"}}, checkpoint_id=str(old), no_dist=True)
+    dcp.save({"dataloader": {"step": 4, "carry": "[]", "lookahead": "[]"}}, checkpoint_id=str(new), no_dist=True)
+    check_continue(config())  # the newest has every key
+    with pytest.raises(JobFileError) as info:
+        check_continue(config(2))
+    assert str(info.value) == (
+        f"{old}: its dataloader state has no lookahead (added 2026-11-28: the look-ahead windows a run trained, "
+        "data/windows.py), so this version cannot continue its data where it stopped; train on from its weights "
+        f"in a new dump_folder with --checkpoint.initial_load_path {old} --checkpoint.initial_load_model_only, "
+        "or continue it with the version that saved it")
