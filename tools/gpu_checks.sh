@@ -20,7 +20,8 @@
 #       (profiles/<gpu>-qwen2.5-0.5b.toml), 6. the trainer on one GPU on two length
 #       mixes (MIXES), in three modes each (skrull at the profile's BucketSize, the
 #       whole-document baseline torchtitan-documents, torchtitan-stream; MODES picks
-#       others: skrull at 16K, torchtitan's padded rows), bf16, compile on, and 7. each
+#       others: skrull at 16K, torchtitan's padded rows, skrull-lookahead8 and
+#       skrull-lookahead-auto: [skrull] lookahead 8 and "auto"), bf16, compile on, and 7. each
 #       mix's table (bench train-report).
 #       PROFILE=0 reuses the committed profile, GPU_TESTS=0 leaves stage 3' out; STEPS,
 #       PROFILE_LIMIT, TRAIN_LIMIT shorten it.
@@ -219,6 +220,8 @@ declare -A modes=(
   [torchtitan-documents]="--skrull.no-enable --dataloader.packing documents --training.local_batch_size 1 ${tt_attn:-}"
   [skrull]="${cost[*]} --skrull.bucket_size $bucket"
   [skrull-bucket-profile]="${cost[*]} --skrull.bucket_size profile"
+  [skrull-lookahead8]="${cost[*]} --skrull.bucket_size profile --skrull.lookahead 8"
+  [skrull-lookahead-auto]="${cost[*]} --skrull.bucket_size profile --skrull.lookahead auto"
 )
 # skrull, then the whole-document baseline and the stream in rows of 16K; skrull at the rows' length (16K), or
 # on a GPU with a profile at the BucketSize the profile's memory gives (`bucket_size = "profile"`, the job's own).

@@ -35,8 +35,8 @@ bytes of the attention exchange, the time blocked on it, the local attention
 that DACP runs meanwhile and the step wall time. Reported: bytes per step
 (summed over ranks), step time per run (mean over the measured steps of
 the slowest rank's time) as min/median/max over repeats, the paired per-repeat
-ratio against each baseline (every mode run with ``--skrull.no-enable``) on
-time per real token (the loaders count them), and blocked/overlapped time. A script, not a test: nothing asserted.
+ratio against each baseline (every mode run with ``--skrull.no-enable``, and
+each ``--versus`` mode) on time per real token (the loaders count them), and blocked/overlapped time. A script, not a test: nothing asserted.
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--versus", action="append", default=[], metavar="MODE",
                    help="also print each mode's paired per-repeat speed-up over MODE, per real token "
                         "(repeatable; every mode run with --skrull.no-enable gets one anyway), e.g. "
-                        "--versus skrull to read what --skrull.lookahead buys")
+                        "--versus skrull to read what --skrull.lookahead buys; default: none)")
     p.add_argument("extra", nargs="*", help="more job flags for every mode, after --")
     a = p.parse_args(argv)
     a.modes = {}
