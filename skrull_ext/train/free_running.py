@@ -35,7 +35,7 @@ from collections.abc import Iterable
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
 
-__all__ = ["FreeRunningFSDP"]
+__all__ = ["FreeRunningFSDP", "after_forward_only"]
 
 
 def _param_groups(unit: FSDPModule) -> list:
@@ -47,6 +47,37 @@ def _param_groups(unit: FSDPModule) -> list:
         return list(state._fsdp_param_groups)
     group = state._fsdp_param_group
     return [] if group is None else [group]
+
+
+def after_forward_only(model_parts: Iterable[nn.Module]) -> None:
+    """Put FSDP back as a backward leaves it, after forward passes with none (validation).
+
+    Each forward appends its units to the root's backward-prefetch order
+    (``post_forward_order``, and each group's ``_post_forward_indices``), which
+    only a backward's final callback clears, and the root keeps its parameters
+    unsharded for the backward it expects. After a forward-only pass the next
+    training backward prefetched from the stale order: where DP ranks ran
+    different micro-batch counts (a free-running step right after validation)
+    they all-gathered and reduce-scattered different units at the same time
+    (gloo: "Received data size doesn't match expected size", the text job at
+    DP 2 with validation.freq 4). torch >= 2.13 has ``reset_iter_state`` on the
+    root for exactly this; before it, the same trackers are cleared here.
+    """
+    for part in model_parts:
+        if not isinstance(part, FSDPModule) or part._get_fsdp_state()._is_root is not True:
+            continue
+        if hasattr(part, "reset_iter_state"):  # torch >= 2.13
+            part.reset_iter_state()
+            continue
+        state = part._get_fsdp_state()
+        for unit in part.modules():
+            if isinstance(unit, FSDPModule):
+                for group in _param_groups(unit):
+                    group._post_forward_indices.clear()
+                unit.reshard()
+        if (ctx := getattr(state, "_comm_ctx", None)) is not None:
+            ctx.post_forward_order.clear()
+        state._state_ctx.iter_forward_root = None
 
 
 class FreeRunningFSDP:

@@ -49,6 +49,7 @@ from skrull_ext.data.formats import FORMATS
 from skrull_ext.data.overlength import check_overlength
 from skrull_ext.data.scheduling import StepBuilder
 from skrull_ext.data.source import DATASETS
+from skrull_ext.train.free_running import after_forward_only
 
 BEST_FOLDER = "best_validation"
 """Under ``dump_folder``: the HF folder of the best validation step (``keep_best``)."""
@@ -188,6 +189,7 @@ class Validation:
                 del pred
         for m in trainer.model_parts:
             m.train()
+        after_forward_only(trainer.model_parts)  # FSDP as after a backward (free_running.py says why)
         dims = trainer.parallel_dims
         total = dist_utils.dist_sum(local, dims.get_optional_mesh("loss")) if dims.dp_cp_enabled else float(local)
         result = ValidationResult(step, total / max(tokens, 1), tokens, account.totals.read, self.batches,
