@@ -68,16 +68,21 @@ def after_forward_only(model_parts: Iterable[nn.Module]) -> None:
             continue
         if hasattr(part, "reset_iter_state"):  # torch >= 2.13
             part.reset_iter_state()
-            continue
-        state = part._get_fsdp_state()
-        for unit in part.modules():
-            if isinstance(unit, FSDPModule):
-                for group in _param_groups(unit):
-                    group._post_forward_indices.clear()
-                unit.reshard()
-        if (ctx := getattr(state, "_comm_ctx", None)) is not None:
-            ctx.post_forward_order.clear()
-        state._state_ctx.iter_forward_root = None
+        else:
+            _clear_forward_trackers(part)
+
+
+def _clear_forward_trackers(root: FSDPModule) -> None:
+    """Before torch 2.13: what ``reset_iter_state`` clears that a forward sets (tested on 2.13 too)."""
+    state = root._get_fsdp_state()
+    for unit in root.modules():
+        if isinstance(unit, FSDPModule):
+            for group in _param_groups(unit):
+                group._post_forward_indices.clear()
+            unit.reshard()
+    for group in _param_groups(root):
+        group.comm_ctx.post_forward_order.clear()
+    state._state_ctx.iter_forward_root = None
 
 
 class FreeRunningFSDP:

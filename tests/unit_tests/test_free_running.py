@@ -192,11 +192,35 @@ def _loss(out: torch.Tensor, total: int) -> torch.Tensor:
     return out.pow(2).sum() / total
 
 
+def _free_step(model, free, opt, calls, step: int, rank: int) -> dict:
+    """One free-running step of this rank's micro-batches: its gradients (whole), the units
+    left unsharded after it and the collectives it issued; then the optimizer steps."""
+    world = dist.get_world_size()
+    data = _data(step)
+    total = sum(x.shape[0] for x in data)
+    first = sum(MICRO_BATCHES[r] for r in range(rank))
+    mine = data[first:first + MICRO_BATCHES[rank]]
+    before = dict(calls)
+    free.begin()
+    for j, x in enumerate(mine):
+        if j == len(mine) - 1:
+            free.last()
+        # FSDP averages gradients over the ranks; x world makes it the sum.
+        (_loss(model(x), total) * world).backward()
+    free.end()
+    unsharded_after = free.unsharded()
+    grads = {n: p.grad.full_tensor().clone() for n, p in model.named_parameters()}
+    opt.step()
+    opt.zero_grad()
+    return {"grads": grads, "unsharded": unsharded_after, "calls": {k: calls[k] - before[k] for k in calls}}
+
+
 def _fsdp_worker(rank: int, world: int, store: str, out: str) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    from skrull_ext.train.free_running import FreeRunningFSDP
+    from skrull_ext.train.free_running import (FreeRunningFSDP, _clear_forward_trackers, _param_groups,
+                                               after_forward_only)
 
     join_gloo(store, rank, world)
     try:
@@ -212,30 +236,22 @@ def _fsdp_worker(rank: int, world: int, store: str, out: str) -> None:
         fully_shard(model, mesh=mesh, reshard_after_forward=False)
         opt = torch.optim.SGD(model.parameters(), lr=0.5)
         free = FreeRunningFSDP([model])
-        first = sum(MICRO_BATCHES[r] for r in range(rank))
         record = []
         for step in range(2):
-            data = _data(step)
-            total = sum(x.shape[0] for x in data)
-            mine = data[first:first + MICRO_BATCHES[rank]]
-            before = dict(calls)
-            free.begin()
-            for j, x in enumerate(mine):
-                if j == len(mine) - 1:
-                    free.last()
-                # FSDP averages gradients over the ranks; x world makes it the sum.
-                (_loss(model(x), total) * world).backward()
-            free.end()
-            unsharded_after = free.unsharded()
-            grads = {n: p.grad.full_tensor().clone() for n, p in model.named_parameters()}
-            record.append({"grads": grads, "unsharded": unsharded_after,
-                           "calls": {k: calls[k] - before[k] for k in calls}})
-            opt.step()
-            opt.zero_grad()
+            record.append(_free_step(model, free, opt, calls, step, rank))
         # Forward resharding restored: torchtitan's blocks reshard after a (validation) forward.
         with torch.no_grad():
             model(_data(9)[0])
         record.append({"after_eval": free.unsharded()})
+        # After each forward-only pass FSDP is reset as a backward leaves it (torch >= 2.13's
+        # reset_iter_state, then the earlier torch's path), and the next uneven step trains exactly.
+        for step, reset in ((2, after_forward_only), (3, lambda parts: _clear_forward_trackers(parts[0]))):
+            with torch.no_grad():
+                model(_data(9)[0])
+            stale = len(_param_groups(model)[0].comm_ctx.post_forward_order)
+            reset([model])
+            record.append({"stale": stale, "left": len(_param_groups(model)[0].comm_ctx.post_forward_order),
+                           "unsharded": free.unsharded(), **_free_step(model, free, opt, calls, step, rank)})
         torch.save(record, Path(out) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()
@@ -245,7 +261,7 @@ def _reference() -> list[dict[str, torch.Tensor]]:
     model = _Net()
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     grads = []
-    for step in range(2):
+    for step in range(4):
         data = _data(step)
         total = sum(x.shape[0] for x in data)
         for x in data:
@@ -277,6 +293,15 @@ def test_fsdp_free_running_unequal_micro_batches_gloo(tmp_path):
             for name, ref in reference[step].items():
                 torch.testing.assert_close(got["grads"][name], ref, rtol=1e-5, atol=1e-7)
     assert ranks[0][2]["after_eval"] == ranks[1][2]["after_eval"] == ["FSDP_Net"]  # only the root keeps its own
+    # Each no-grad forward left its units in the backward-prefetch order; the reset cleared it and
+    # resharded the root, and the next uneven step (3 and 1 micro-batches) trained exactly.
+    for step, forwards in ((2, 2), (3, 1)):  # before step 2: the forward above too
+        for r in range(2):
+            got = ranks[r][step + 1]
+            assert got["stale"] == forwards * units and got["left"] == 0 and got["unsharded"] == []
+            assert got["calls"] == {"all_gather": units, "reduce_scatter": units}
+            for name, ref in reference[step].items():
+                torch.testing.assert_close(got["grads"][name], ref, rtol=1e-5, atol=1e-7)
 
 
 @pytest.mark.slow
