@@ -90,7 +90,7 @@ class StepAccount:
     by_source: dict[str, Counts] = field(default_factory=dict)
     """The same counts per source of a mixture (empty for one source)."""
     warning: str | None = None
-    """The step's one warning line naming each cut or skip (overlength._settle), None if none."""
+    """The step's one warning line naming each cut or skip (overlength.settle), None if none."""
 
     def record(self, event: Event) -> None:
         self.events.append(event)

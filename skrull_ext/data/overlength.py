@@ -222,27 +222,12 @@ def limit_step(limit: LengthLimit, indices: list[int], source, step: int, run: R
 def decide_lengths(limit: LengthLimit, indices: list[int], source, step: int
                    ) -> tuple[list[int], list[int], list[int], StepAccount]:
     """Skrull's batching: ``decide`` from the source's lengths and loss counts, no token
-    built, nothing counted yet (``settle`` adds the account to the run's). Returns the sample
+    built (a rank builds only its own micro-batches' samples), nothing counted yet (``settle`` adds the account to the run's). Returns the sample
     indices kept, their trained lengths and loss tokens, the step's account."""
     lengths = [source.length(i) for i in indices]
     keep, kept_len, kept_loss, account = decide(
         limit, indices, lengths, lambda k, n: loss_tokens(source, indices[k], n, lengths[k]), source, step)
     return [indices[k] for k in keep], kept_len, kept_loss, account
-
-
-
-
-def limit_lengths(limit: LengthLimit, indices: list[int], source, step: int, run: RunAccount, warn: bool = True
-                  ) -> tuple[list[int], list[int], list[int], StepAccount]:
-    """Skrull's batching: the same decision from the source's lengths and loss
-    counts, no token built (a rank builds only its own micro-batches' samples).
-    Returns the sample indices kept, their trained lengths and loss tokens, the account.
-    ``warn``: log the step's cuts and skips now (the scheduling loader logs
-    ``account.warning`` when it hands the step to the trainer instead: a step built
-    ahead may never train)."""
-    kept, kept_len, kept_loss, account = decide_lengths(limit, indices, source, step)
-    settle(limit, account, run, step, len(kept), warn)
-    return kept, kept_len, kept_loss, account
 
 
 @dataclass

@@ -178,12 +178,11 @@ def test_bad_records_are_skipped_counted_and_named_on_request(tmp_path, tok):
 
 
 def test_the_length_limit_reads_no_tokens(tok):
-    """Skrull's length limit and loss count (overlength.limit_lengths) read a
+    """Skrull's length limit and loss count (overlength.decide_lengths) read a
     tokenized source's lengths and loss masks only, never its token ids (with
     the token store: no token page of another rank's samples), and count what
     the built samples hold."""
-    from skrull_ext.data.accounting import RunAccount
-    from skrull_ext.data.overlength import LengthLimit, apply_limit, limit_lengths
+    from skrull_ext.data.overlength import LengthLimit, apply_limit, decide_lengths
 
     class Counting(JsonlSequences):
         reads = 0
@@ -195,7 +194,7 @@ def test_the_length_limit_reads_no_tokens(tok):
     src = Counting(FIXTURE, tok)
     indices = list(range(len(src)))
     limit = LengthLimit(tokens=40, mode="truncate", by="max_len")
-    kept, lengths, losses, account = limit_lengths(limit, indices, src, 1, RunAccount())
+    kept, lengths, losses, account = decide_lengths(limit, indices, src, 1)
     assert Counting.reads == 0 and account.counts.cut > 0
     built_kept, samples, _ = apply_limit(limit, indices, [src[i] for i in indices], src, 1)
     assert kept == built_kept and lengths == [s.length for s in samples]
