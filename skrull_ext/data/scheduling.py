@@ -116,9 +116,9 @@ class WindowSummary:
     """What a look-ahead window did (logged on each of its steps: ``skrull/lookahead_*``)."""
 
     index: int
-    """Window number: steps index*W+1 .. index*W+W."""
+    """Window number, counted from the run's first (data/windows.py)."""
     steps: int
-    """W."""
+    """W, its width."""
     moved: int
     """Samples trained at another step than they arrived in."""
     max_delay: int

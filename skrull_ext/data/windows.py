@@ -78,9 +78,9 @@ class Windows:
         """These windows continued with ``width`` after a checkpoint of step ``done``: the window
         holding step ``done + 1`` keeps its width (it was regrouped by it, and may have trained
         samples that arrived in its later steps); ``width`` applies from the step after it."""
-        if width == self.window(done + 1).width and width == self.width:
-            return self
         w = self.window(done + 1)
+        if width == w.width == self.width:
+            return self
         start = w.first if w.first == done + 1 else w.last + 1
         kept = tuple(r for r in self.regimes if r[0] < start)
         if not kept or kept[-1][1] == width:

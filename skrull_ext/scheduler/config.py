@@ -198,10 +198,13 @@ class SchedulingOptions:
         _check_range("cpsat_deterministic_time", self.cpsat_deterministic_time, 0.0, 3600.0)
         check_int("max_extra_micro_batches", self.max_extra_micro_batches, 0, 1024)
         w = self.lookahead
-        if not (self.LOOKAHEAD_FROM_DATA and w == LOOKAHEAD_AUTO) and (
-                isinstance(w, bool) or not isinstance(w, int) or not 1 <= w <= _core.MAX_LOOKAHEAD):
-            also = f' or "{LOOKAHEAD_AUTO}" (chosen from the data)' if self.LOOKAHEAD_FROM_DATA else ""
-            raise ValueError(f"lookahead must be an integer in [1, {_core.MAX_LOOKAHEAD}]{also}, got {w!r}")
+        if not (self.LOOKAHEAD_FROM_DATA and w == LOOKAHEAD_AUTO):
+            try:
+                check_int("lookahead", w, 1, _core.MAX_LOOKAHEAD)
+            except ValueError:  # one message for both failures, naming "auto" where it is accepted
+                also = f' or "{LOOKAHEAD_AUTO}" (chosen from the data)' if self.LOOKAHEAD_FROM_DATA else ""
+                raise ValueError(f"lookahead must be an integer in [1, {_core.MAX_LOOKAHEAD}]{also}, "
+                                 f"got {w!r}") from None
 
     def options(self) -> dict:
         """The knobs as keyword arguments (for SchedulerConfig), as written."""

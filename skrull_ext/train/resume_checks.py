@@ -97,8 +97,8 @@ def _check_dataloader_keys(path: str) -> None:
     except Exception:  # noqa: BLE001 - unreadable here: DCP's own load says why
         return
     saved = {k.split(".", 1)[1] for k in keys if k.startswith("dataloader.")}
-    missing = sorted(k for k in NEW_DATALOADER_KEYS if saved and k not in saved)
-    if missing:
+    missing = sorted(set(NEW_DATALOADER_KEYS) - saved)
+    if saved and missing:  # a checkpoint with no dataloader state has no key to miss
         raise JobFileError(
             f"{path}: its dataloader state has no {', '.join(missing)} (added "
             f"{'; '.join(NEW_DATALOADER_KEYS[k] for k in missing)}), so this version cannot continue its "
