@@ -166,6 +166,7 @@ def _worker(rank: int, cp_size: int, store: str, cases: list[Case], outdir: str)
     try:
         results = [rank_step(c, rank, cp_size, dist.group.WORLD) for c in cases]
         torch.save(results, Path(outdir) / f"rank{rank}.pt")
+        dist.barrier()  # as gloo_worker.gloo_group: no rank leaves while a peer still exchanges
     finally:
         dist.destroy_process_group()
 

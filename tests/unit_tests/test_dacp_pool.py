@@ -28,7 +28,7 @@ from hypothesis import given, settings, strategies as st
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from tests.unit_tests.dacp_multiproc import _backward_order, reference, TOLERANCE
-from tests.unit_tests.gloo_worker import join_gloo
+from tests.unit_tests.gloo_worker import gloo_group
 
 from skrull_ext.attention import (
     build_meta,
@@ -147,13 +147,9 @@ def rank_step(case: PoolCase, rank: int) -> dict:
 
 
 def _worker(rank: int, store: str, outdir: str) -> None:
-    join_gloo(store, rank, WORLD)
-    try:
+    with gloo_group(store, rank, WORLD):
         # Ranks run the cases in one order; a rank with nothing to exchange in a case goes on to the next.
         torch.save([rank_step(c, rank) for c in CASES], Path(outdir) / f"rank{rank}.pt")
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")

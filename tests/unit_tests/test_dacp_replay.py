@@ -25,7 +25,7 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from skrull_ext.attention import build_meta, DacpAttention, DacpStats, DISTRIBUTED, shard_buffer
-from tests.unit_tests.gloo_worker import join_gloo
+from tests.unit_tests.gloo_worker import gloo_group
 
 D = DISTRIBUTED
 CP = 2
@@ -105,16 +105,13 @@ def _scenarios(rank: int) -> dict[str, tuple[list, list[int]]]:
 
 
 def _worker(rank: int, store: str, outdir: str) -> None:
-    join_gloo(store, rank, CP)
-    try:
+    with gloo_group(store, rank, CP):
         res = {
             (name, ac): _run(ac, rank, dist.group.WORLD, metas, seeds)
             for name, (metas, seeds) in _scenarios(rank).items()
             for ac in ("none", "full", "selective")
         }
         torch.save(res, Path(outdir) / f"rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ from skrull_ext.scheduler import Scheduler, cost_model
 from skrull_ext.scheduler.job import SchedulerJob
 from skrull_ext.scheduler.profile_file import ProfileMemory, free_running_bytes
 from skrull_ext.train.skrull_config import SkrullConfig
-from tests.unit_tests.gloo_worker import count_calls, join_gloo
+from tests.unit_tests.gloo_worker import count_calls, gloo_group
 
 ROOT = Path(__file__).resolve().parents[2]
 DEBUG = str(ROOT / "skrull_ext" / "jobs" / "debug_cpu.toml")
@@ -222,8 +222,7 @@ def _fsdp_worker(rank: int, world: int, store: str, out: str) -> None:
     from skrull_ext.train.free_running import (FreeRunningFSDP, _clear_forward_trackers, _param_groups,
                                                after_forward_only)
 
-    join_gloo(store, rank, world)
-    try:
+    with gloo_group(store, rank, world):
         # FSDP2's collectives by name: torch 2.13 calls dist.*_single, 2.11 all_gather_into_tensor and
         # reduce_scatter_tensor (whichever this torch has and FSDP calls is counted).
         calls = count_calls(dist, {name: next(a for a in spellings if hasattr(dist, a)) for name, spellings in {
@@ -253,8 +252,6 @@ def _fsdp_worker(rank: int, world: int, store: str, out: str) -> None:
             record.append({"stale": stale, "left": len(_param_groups(model)[0].comm_ctx.post_forward_order),
                            "unsharded": free.unsharded(), **_free_step(model, free, opt, calls, step, rank)})
         torch.save(record, Path(out) / f"rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
 
 
 def _reference() -> list[dict[str, torch.Tensor]]:

@@ -10,7 +10,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from tests.unit_tests.gloo_worker import count_calls, join_gloo
+from tests.unit_tests.gloo_worker import count_calls, gloo_group
 from torchtitan_patches import fsdp_gloo
 
 
@@ -46,8 +46,8 @@ def _worker(rank: int, world: int, store: str, out: str) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    join_gloo(store, rank, world)
-    try:  # count what the comms send point to point
+    with gloo_group(store, rank, world):
+        # count what the comms send point to point
         calls = count_calls(fsdp_gloo, {"p2p_gather": "p2p_gather", "p2p_scatter_sum": "p2p_scatter_sum"})
         mesh = init_device_mesh("cpu", (world,))
         runs = {}
@@ -65,8 +65,6 @@ def _worker(rank: int, world: int, store: str, out: str) -> None:
             before = dict(calls)
             runs[p2p] = {"record": _train(model, rank), "calls": {k: calls[k] - before[k] for k in calls}}
         torch.save(runs, Path(out) / f"rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.slow
