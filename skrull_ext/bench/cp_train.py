@@ -36,7 +36,8 @@ that DACP runs meanwhile and the step wall time. Reported: bytes per step
 (summed over ranks), step time per run (mean over the measured steps of
 the slowest rank's time) as min/median/max over repeats, the paired per-repeat
 ratio against each baseline (every mode run with ``--skrull.no-enable``, and
-each ``--versus`` mode) on time per real token (the loaders count them), and blocked/overlapped time. A script, not a test: nothing asserted.
+each ``--versus`` mode) on time per real token (the loaders count them), and
+blocked/overlapped time. A script, not a test: nothing asserted.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 
 BASELINE = "torchtitan"
 DEFAULT_VARIANTS = [
@@ -181,7 +183,7 @@ def spread(xs: list[float], scale: float = 1.0, fmt: str = "{:.1f}") -> str:
     return f"{f(statistics.median(xs))} ({f(min(xs))}-{f(max(xs))})"
 
 
-def baselines(modes: dict[str, list[str]], versus: list[str] = ()) -> list[str]:
+def baselines(modes: dict[str, list[str]], versus: Sequence[str] = ()) -> list[str]:
     """The modes that get a ratio column: those that run torchtitan's batching, then ``versus``."""
     own = [m for m, flags in modes.items() if "--skrull.no-enable" in flags]
     return own + [m for m in versus if m not in own]

@@ -222,8 +222,9 @@ def limit_step(limit: LengthLimit, indices: list[int], source, step: int, run: R
 def decide_lengths(limit: LengthLimit, indices: list[int], source, step: int
                    ) -> tuple[list[int], list[int], list[int], StepAccount]:
     """Skrull's batching: ``decide`` from the source's lengths and loss counts, no token
-    built (a rank builds only its own micro-batches' samples), nothing counted yet (``settle`` adds the account to the run's). Returns the sample
-    indices kept, their trained lengths and loss tokens, the step's account."""
+    built (a rank builds only its own micro-batches' samples), nothing counted yet
+    (``settle`` adds the account to the run's). Returns the sample indices kept, their
+    trained lengths and loss tokens, the step's account."""
     lengths = [source.length(i) for i in indices]
     keep, kept_len, kept_loss, account = decide(
         limit, indices, lengths, lambda k, n: loss_tokens(source, indices[k], n, lengths[k]), source, step)

@@ -63,7 +63,7 @@ class Windows:
     def window(self, step: int) -> Window:
         """The window holding 1-based ``step``."""
         if step < 1:
-            raise ValueError("steps are 1-based")
+            raise ValueError(f"steps are 1-based, got {step}")
         index = 0
         for k, (first, width) in enumerate(self.regimes):
             nxt = self.regimes[k + 1][0] if k + 1 < len(self.regimes) else None
