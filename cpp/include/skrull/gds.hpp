@@ -59,10 +59,6 @@ inline void reverse_to_ascending(const std::vector<int64_t>& lengths, const std:
   }
 }
 
-}  // namespace detail
-
-namespace detail {
-
 // LPT's assignment: each of `order` in turn goes to the bin with the least
 // load so far (ties to the lower bin), whose load then grows by weight[k].
 // `load` holds each bin's load before the first (0 for an empty bin).
