@@ -1,4 +1,4 @@
-"""Run torchtitan 0.3.0 on a CPU-only torch 2.13 (gloo), and nothing else.
+"""torchtitan 0.3.0 as skrull-ext runs it: on CPU (gloo) and on CUDA, under torch 2.11 to 2.15.
 
 Every change skrull-ext makes to torchtitan's behaviour lives in this
 package: this module (the fixes, applied through ``apply``), ``overrides``
