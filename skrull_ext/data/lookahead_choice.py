@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from skrull_ext.scheduler import Scheduler
+from skrull_ext._core import Lookahead
 
 CANDIDATES: tuple[int, ...] = (2, 4, 8)
 """Widths compared (each divides the largest, so one horizon holds whole windows of each)."""
@@ -74,17 +74,19 @@ class LookaheadChoice:
                 f"chosen in {self.elapsed_s:.1f} s; docs/design/lookahead.md)")
 
 
-def choose(lengths_of: Callable[[int], Sequence[int]], scheduler: Scheduler, steps: int,
-           candidates: Sequence[int] = CANDIDATES) -> LookaheadChoice:
+def choose(lengths_of: Callable[[int], Sequence[int]], plan_window: Callable[[list[list[int]]], Lookahead],
+           steps: int, candidates: Sequence[int] = CANDIDATES) -> LookaheadChoice:
     """Price the lengths of steps 1..``steps`` (``lengths_of(step)``: the step's global batch as
-    training limits it) in windows of each candidate width; pick one by the module's rule."""
+    training limits it) in windows of each candidate width, each window regrouped by
+    ``plan_window`` (``scheduler.plan_window`` of the job, as the dataloader regroups it); pick
+    one by the module's rule."""
     begin = time.perf_counter()
     batches = [list(lengths_of(s)) for s in range(1, steps + 1)]
     gains = {}
     for w in candidates:
         arrival = regrouped = 0.0
         for first in range(0, steps, w):
-            a = scheduler.lookahead(batches[first : first + w])
+            a = plan_window(batches[first : first + w])
             arrival += a.arrival_window_us
             regrouped += a.window_us
         gains[w] = arrival / regrouped if regrouped > 0 else 1.0

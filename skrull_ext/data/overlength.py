@@ -260,13 +260,14 @@ class OverlengthScan:
         )
 
 
-def scan_overlength(loader, first_step: int, last_step: int) -> OverlengthScan:
-    """Lengths of steps ``first_step..last_step`` (1-based, inclusive) against ``loader.limit``.
+def scan_overlength(loader, first_step: int, last_step: int, limit: LengthLimit | None = None) -> OverlengthScan:
+    """Lengths of steps ``first_step..last_step`` (1-based, inclusive) against ``limit``
+    (default ``loader.limit``: before a loader is attached, start-up passes its job's).
 
     ``loader`` provides ``limit``, ``length_bound()``, ``step_lengths(step)`` and ``source``.
     """
     start = time.perf_counter()
-    report = OverlengthScan(loader.limit, first_step, last_step, loader.length_bound())
+    report = OverlengthScan(limit or loader.limit, first_step, last_step, loader.length_bound())
     if report.bound is None or report.bound > report.limit.tokens:
         for step in range(first_step, last_step + 1):
             for index, length in loader.step_lengths(step):
@@ -311,10 +312,10 @@ def stub_refusal(report: OverlengthScan) -> str | None:
             f"parallelism.context_parallel_degree, or cut on purpose with dataloader.max_len)")
 
 
-def check_overlength(loader, first_step: int, last_step: int) -> OverlengthScan:
-    """Pre-scan, raise :class:`OverlengthError` under 'error' or when most sequences would be
-    cut (``stub_refusal``), log the counts otherwise."""
-    report = scan_overlength(loader, first_step, last_step)
+def check_overlength(loader, first_step: int, last_step: int, limit: LengthLimit | None = None) -> OverlengthScan:
+    """Pre-scan (``scan_overlength``), raise :class:`OverlengthError` under 'error' or when most
+    sequences would be cut (``stub_refusal``), log the counts otherwise."""
+    report = scan_overlength(loader, first_step, last_step, limit)
     lim = report.limit
     if report.over and lim.mode == "error":
         raise OverlengthError(report.message())

@@ -334,10 +334,20 @@ class SkrullDataLoader(SourceDataLoaderBase):
             )
         self.close()
         self.scheduler, self.cp_rank, self.cp_size = scheduler, cp_rank, cp_size
-        self.limit = scheduler_limit(c, self.config.max_len)
+        self.limit = self.limit_of(c)
         self.windows = self._continue()
         self.builder = StepBuilder(self.source, scheduler, self.limit, self.config.global_batch_size,
                                    self.dp_rank, cp_rank, pin=pin, windows=self.windows)
+
+    def limit_of(self, job) -> LengthLimit:
+        """The length limit this loader applies under ``job`` (attached or not)."""
+        return scheduler_limit(job, self.config.max_len)
+
+    def decided_lengths(self, job, step: int) -> list[int]:
+        """1-based ``step``'s global batch as ``job``'s limit trains it (the lengths, no token
+        built, nothing counted): what start-up prices before the loader is attached."""
+        return decide_lengths(self.limit_of(job), self.source.global_batch(step, self.config.global_batch_size),
+                              self.source, step)[1]
 
     def _continue(self) -> Windows:
         """The job's ``[skrull] lookahead`` windows, or after a resume the checkpoint's continued

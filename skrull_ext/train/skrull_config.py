@@ -201,14 +201,16 @@ class SkrullConfig(SchedulingOptions):
 
     def resolve(self, dp: int, cp: int, shape: ModelShape, model_name: str = "the job's model",
                 timeline: Timeline = Timeline.LOCKSTEP, free_running: bool = False,
-                bucket_size: int | None = None) -> SchedulerJob:
+                bucket_size: int | None = None, lookahead: int | None = None) -> SchedulerJob:
         """This section resolved for a DP x CP job (the one door from the job file to the
         scheduler): BucketSize as an integer (``bucket_size``, train/execution.py's choice, or
         ``resolved_bucket_size``), the Policy, the job's ``timeline`` (config.job_timeline), its
-        execution (``free_running``), and ``shape`` priced on this hardware for that execution."""
+        execution (``free_running``), ``shape`` priced on this hardware for that execution, and
+        the look-ahead width (``lookahead``; required when the section says "auto":
+        train/settle.py prices the data to choose it)."""
         return SchedulerJob.of(self, dp=dp, cp=cp, timeline=timeline, free_running=free_running,
                                cost_model=self.build_cost_model(shape, model_name, free_running),
-                               bucket_size=bucket_size or self.resolved_bucket_size())
+                               bucket_size=bucket_size or self.resolved_bucket_size(), lookahead=lookahead)
 
     def build_cost_model(self, shape: ModelShape, model_name: str = "the job's model", free_running: bool = False):
         """``skrull_ext._core.CostModel`` of ``shape`` (the job's model, called
@@ -235,11 +237,12 @@ class SkrullConfig(SchedulingOptions):
                              f"[--model.hf_path DIR] --out P.toml)") from None
 
     def build(self, dp: int, cp: int, shape: ModelShape, model_name: str = "the job's model",
-              timeline: Timeline = Timeline.LOCKSTEP, free_running: bool = False, bucket_size: int | None = None):
+              timeline: Timeline = Timeline.LOCKSTEP, free_running: bool = False, bucket_size: int | None = None,
+              lookahead: int | None = None):
         """The Scheduler of ``resolve``'s job (same arguments)."""
         from skrull_ext.scheduler import Scheduler  # CP-SAT (ortools) only when a scheduler is built
 
-        return Scheduler(self.resolve(dp, cp, shape, model_name, timeline, free_running, bucket_size))
+        return Scheduler(self.resolve(dp, cp, shape, model_name, timeline, free_running, bucket_size, lookahead))
 
     def to_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.init}

@@ -43,20 +43,19 @@ from torchtitan.tools.logging import logger
 
 from skrull_ext.attention.kernels import kernel_name
 from skrull_ext.attention.local_only import attention_input, local_only_kernel
-from skrull_ext.data import lookahead_choice
 from skrull_ext.data.overlength import check_overlength
 from skrull_ext.data.scheduling import SkrullDataLoader, SkrullStep
 from skrull_ext.errors import JobFileError
 from skrull_ext.scheduler import Scheduler
-from skrull_ext.scheduler.config import FROM_PROFILE, LOOKAHEAD_AUTO, job_timeline, timeline_name
+from skrull_ext.scheduler.config import timeline_name
 from skrull_ext.scheduler.model_shape import compute_dtype, DTYPES, job_shape, model_compiled
 from skrull_ext.scheduler.profile_file import free_running_bytes
 from skrull_ext.train.compile_limit import length_free_fusion, raise_recompile_limit
-from skrull_ext.train.execution import AUTO, PREDICT_STEPS, Execution, choose_execution
 from skrull_ext.train.free_running import FreeRunningFSDP
 from skrull_ext.train.job_config import JobConfig
 from skrull_ext.train.job_trainer import JobTrainer, NonFiniteLossError, name_samples
 from skrull_ext.train.plan_log import PlanLog
+from skrull_ext.train.settle import Settled, settle
 from skrull_ext.train.step_checks import RatioSpread, check_plan_digests, step_log_line, step_metrics
 from skrull_ext.train.validation import Validation
 from torchtitan_patches.dacp_attention import install_dacp_attention
@@ -135,29 +134,21 @@ class SkrullTrainer(JobTrainer):
                 logger.info(line)
         switches = FreeRunningFSDP(self.model_parts)
         unsharded = self._unsharded_bytes() if switches else None  # no FSDP unit: nothing to hold unsharded
-        execution = self._choose_execution(dims, unsharded)
-        logger.info(f"Skrull execution: {execution.reason}")
+        settled = self._settle(dims, unsharded)
+        for line in settled.lines():
+            logger.info(line)
+        execution = settled.execution
         self.free_running = switches if execution.free_running else None
         self.free_running_bytes = unsharded if execution.free_running else 0.0
         """What free-running holds beyond the static account and the activations (``skrull/free_running_bytes``)."""
-        timeline = job_timeline(dims.dp_shard, dims.dp_replicate, execution.free_running, skrull.defer_grad_sync)
-        self.skrull_job = skrull.resolve(self.dataloader.dp_world_size, dims.cp, self.model_shape,
-                                         self._model_name(self.config), timeline=timeline,
-                                         free_running=execution.free_running, bucket_size=execution.bucket_size)
-        """The job's scheduling, resolved once: the Scheduler, its plans and the step builder read it."""
+        self.skrull_job = settled.job
+        """The job's scheduling, settled once (train/settle.py): the Scheduler, its plans, the step
+        builder and this trainer read it, not the [skrull] section's scheduling keys."""
         self.scheduler = Scheduler(self.skrull_job)
         self.dataloader.attach(self.scheduler, cp_rank, dims.cp, pin=self.device.type == "cuda")
         if skrull.plan_log:
             rank = dist.get_rank() if dist.is_initialized() else 0
             self.plan_log = PlanLog(self.config.dump_folder, rank)
-        # Before any step: an over-length sequence under 'error' fails here. Under look-ahead the last
-        # window reads its global batches to its end, which may lie past training.steps ("auto" prices
-        # the steps of every width it may choose).
-        steps = self.config.training.steps
-        w = max(lookahead_choice.CANDIDATES) if skrull.lookahead == LOOKAHEAD_AUTO else self.skrull_job.lookahead
-        check_overlength(self.dataloader, first_step=1, last_step=-(-steps // w) * w)
-        if skrull.lookahead == LOOKAHEAD_AUTO:
-            self._choose_lookahead(cp_rank, dims.cp, lookahead_choice.horizon(steps))
         self.validation = (Validation(self.config.validation, self.dataloader, self.tokenizer)
                            if self.config.validation.enable else None)
         if self.validation is not None:
@@ -166,26 +157,13 @@ class SkrullTrainer(JobTrainer):
             f"Skrull: global batch {self.config.dataloader.global_batch_size} sequences a step (dataloader."
             "global_batch_size; the batch sizes torchtitan's line above gives are its own batching's, which this "
             "replaces), "
-            f"policy {skrull.policy}, bucket_size {self.skrull_job.bucket_size}"
-            + (" (the profile's)" if skrull.bucket_size == FROM_PROFILE else "") + ", "
+            f"policy {skrull.policy}, bucket_size {self.skrull_job.bucket_size} ({execution.bucket_from}), "
             f"DP {self.dataloader.dp_world_size} x CP {dims.cp} x TP {dims.tp}, cp_rank {cp_rank}, "
             f"attention kernel {kernel_name(skrull.attention_kernel, self.device, compute_dtype(self.config))}, "
-            f"timeline {timeline_name(timeline)}"
+            f"timeline {timeline_name(self.skrull_job.timeline)}, look-ahead {self.skrull_job.lookahead}"
             + (" (free_running: FSDP parameters unsharded for each step, no pad passes)" if execution.free_running
                else "")
         )
-
-    def _choose_lookahead(self, cp_rank: int, cp: int, steps: int) -> None:
-        """``[skrull] lookahead = "auto"``: price the first ``steps`` global batches in windows of
-        each candidate width with the job's scheduler (the loader attached with windows of 1
-        reads them as training limits them) and re-attach with the chosen width."""
-        builder = self.dataloader.builder
-        choice = lookahead_choice.choose(lambda s: builder.window(s).lengths[0], self.scheduler, steps)
-        logger.info(choice.line())
-        if choice.width > 1:
-            self.skrull_job = dataclasses.replace(self.skrull_job, lookahead=choice.width)
-            self.scheduler = Scheduler(self.skrull_job)
-            self.dataloader.attach(self.scheduler, cp_rank, cp, pin=self.device.type == "cuda")
 
     def _unsharded_bytes(self) -> float:
         """What free-running holds, counted from the built model: the unsharded parameters
@@ -199,17 +177,19 @@ class SkrullTrainer(JobTrainer):
         return free_running_bytes(sum(p.numel() for p in params),  # DTensor: the whole parameter
                                   sum(p.numel() for p in params if p.requires_grad), param_bytes, grad_bytes)
 
-    def _choose_execution(self, dims, unsharded: float | None) -> Execution:
-        """Free-running or lockstep (train/execution.py); ``unsharded``: what free-running
-        would hold (None: no FSDP unit, nothing to hold). A refusal is one line."""
-        skrull = self.config.skrull
-        last = min(self.config.training.steps, PREDICT_STEPS)
-        steps = ([[n for _, n in self.dataloader.step_lengths(k)] for k in range(1, last + 1)]
-                 if skrull.free_running == AUTO and skrull.bucket_size == FROM_PROFILE else [])
+    def _settle(self, dims, unsharded: float | None) -> Settled:
+        """The job settled once (train/settle.py): execution, BucketSize, timeline, look-ahead
+        width; ``unsharded``: what free-running would hold (None: no FSDP unit, nothing to
+        hold). A refusal is one line."""
+        loader = self.dataloader
         try:
-            return choose_execution(skrull, unsharded=unsharded, dp=self.dataloader.dp_world_size, cp=dims.cp,
-                                    dp_shard=dims.dp_shard, dp_replicate=dims.dp_replicate, shape=self.model_shape,
-                                    model_name=self._model_name(self.config), steps=steps)
+            return settle(self.config.skrull, dp=loader.dp_world_size, cp=dims.cp, dp_shard=dims.dp_shard,
+                          dp_replicate=dims.dp_replicate, shape=self.model_shape,
+                          model_name=self._model_name(self.config), unsharded=unsharded,
+                          training_steps=self.config.training.steps,
+                          raw_lengths=lambda k: [n for _, n in loader.step_lengths(k)],
+                          limited_lengths=loader.decided_lengths,
+                          check_lengths=lambda job, last: check_overlength(loader, 1, last, loader.limit_of(job)))
         except ValueError as e:  # the launcher prints it as one line (cli_errors)
             raise JobFileError(str(e)) from None
 
