@@ -412,8 +412,8 @@ class SkrullDataLoader(SourceDataLoaderBase):
         # The state after the last step handed out, not the prefetch thread's.
         # The same on every rank (a function of the global batches), so DCP
         # keeps one copy and a resume may change the DP/CP layout. The keys are
-        # those of torchtitan's batching (packed.py), whose 'stream' packing
-        # carries pieces of sequences into the next step; Skrull never does, so
+        # those of torchtitan's batching (packed.py), whose 'stream' and 'documents'
+        # packings carry pieces or whole sequences into the next step; Skrull never does, so
         # either batching continues the other's checkpoint (DCP loads the keys
         # of the fresh loader: a key one side lacked failed the resume).
         # "lookahead": the windows trained so far (data/windows.py), so a resume with another
