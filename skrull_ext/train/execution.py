@@ -75,7 +75,7 @@ def predicted_step_us(skrull, dp: int, cp: int, shape: ModelShape, model_name: s
         return None
     timeline = job_timeline(dp_shard, dp_replicate, free_running, skrull.defer_grad_sync)
     scheduler = skrull.build(dp, cp, shape, model_name, timeline=timeline, free_running=free_running,
-                             bucket_size=bucket)
+                             bucket_size=bucket, lookahead=1)  # each step planned on its own
     return sum(scheduler.schedule(list(step)).makespan_us for step in steps) / len(steps)
 
 

@@ -32,7 +32,7 @@ from skrull_ext._core import ModelShape, Timeline
 from skrull_ext.attention.kernels import KERNEL_CHOICES, check_kernel
 from skrull_ext.attention.transport import TRANSPORT_CHOICES, check_exchange
 from skrull_ext.scheduler import cost_model as cost_models
-from skrull_ext.scheduler.config import FROM_PROFILE, SchedulerConfig, SchedulingOptions
+from skrull_ext.scheduler.config import FROM_PROFILE, LOOKAHEAD_AUTO, Lookahead, SchedulerConfig, SchedulingOptions
 from skrull_ext.scheduler.job import SchedulerJob
 from skrull_ext.scheduler.profile_file import Profile
 
@@ -54,6 +54,13 @@ class SkrullConfig(SchedulingOptions):
 
     check_plan_hash: bool = False
     """Debug: compare every rank's plan digest each step and fail loudly on a mismatch."""
+
+    lookahead: Lookahead = LOOKAHEAD_AUTO
+    """Global batches read ahead and regrouped together (docs/design/lookahead.md): "auto" (the
+    default) takes the width the job's cost model predicts pays on its first global batches (2, 4
+    or 8; 1 if none is predicted 5% faster), said in one log line at start-up; an integer W in
+    [1, 1024] sets it (1: every step trains its own global batch). Every sample is trained once,
+    at most W - 1 steps from the step it arrived in, with the same loss weight."""
 
     plan_log: bool = False
     """Append each step's plan and buffer digests to <dump_folder>/skrull_plans/rank<R>.jsonl."""
@@ -192,11 +199,17 @@ class SkrullConfig(SchedulingOptions):
                 f"times and memory will be off. Re-profile with the job's compile setting")
 
     def scheduler_config(self, dp: int, cp: int, timeline: str = "lockstep",
-                         bucket_size: int | None = None) -> SchedulerConfig:
+                         bucket_size: int | None = None, lookahead: int | None = None) -> SchedulerConfig:
         """These knobs as plain values for a DP x CP job on ``timeline`` (by name), at
-        ``bucket_size`` (default: ``resolved_bucket_size``): for tests and tools that pick
-        their own cost model (``Scheduler(config, cost_model)``). A job resolves ``resolve``."""
-        knobs = {**self.options(), "bucket_size": bucket_size or self.resolved_bucket_size()}
+        ``bucket_size`` (default: ``resolved_bucket_size``) with windows of ``lookahead``
+        (default: the section's width; required when it says "auto", which is not a plain
+        value): for tests and tools that pick their own cost model (``Scheduler(config,
+        cost_model)``). A job resolves ``resolve``."""
+        if lookahead is None and self.lookahead == LOOKAHEAD_AUTO:
+            raise ValueError('lookahead = "auto" is not settled: pass the width the data was priced at '
+                             "(train/settle.py chooses it for a training job)")
+        knobs = {**self.options(), "bucket_size": bucket_size or self.resolved_bucket_size(),
+                 "lookahead": lookahead or self.lookahead}
         return SchedulerConfig(dp=dp, cp=cp, timeline=timeline, **knobs)
 
     def resolve(self, dp: int, cp: int, shape: ModelShape, model_name: str = "the job's model",

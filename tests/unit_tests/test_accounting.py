@@ -51,7 +51,7 @@ def _loader(tok, policy, max_len=MAX_LEN, path=FIXTURE):
     config = SkrullDataLoader.Config(dataset="jsonl", dataset_path=path, max_len=max_len, global_batch_size=GBS)
     loader = config.build(dp_world_size=1, dp_rank=0, tokenizer=tok)
     section = SkrullConfig(bucket_size=256, cost_model="h100-assumed", overlength=policy)
-    loader.attach(Scheduler(section.scheduler_config(1, 2), cost_model.preset("llama3-debug")), 0, 2)
+    loader.attach(Scheduler(section.scheduler_config(1, 2, lookahead=1), cost_model.preset("llama3-debug")), 0, 2)
     return loader
 
 

@@ -134,8 +134,9 @@ def test_free_running_is_priced_as_it_runs(tmp_path):
     assert fixed_costs({"fixed_us": 5.0}, True) == {"micro_batch_fixed_us": 5.0, "step_fixed_us": 0.0}  # unmeasured
     path = _profile(tmp_path, micro_batch=mb)
     section = SkrullConfig(cost_model=path, bucket_size=256)
-    lock = section.build(2, 1, SHAPE, timeline=_core.Timeline.LOCKSTEP)
-    free = section.build(2, 1, SHAPE, timeline=_core.Timeline.FREE_RUNNING, free_running=True)
+    lock = section.build(2, 1, SHAPE, timeline=_core.Timeline.LOCKSTEP, lookahead=1)
+    free = section.build(2, 1, SHAPE, timeline=_core.Timeline.FREE_RUNNING, free_running=True,
+                         lookahead=1)
     assert (lock.cost_model.micro_batch_fixed_us, lock.cost_model.step_fixed_us) == (120_000.0, 0.0)
     assert (free.cost_model.micro_batch_fixed_us, free.cost_model.step_fixed_us) == (18_000.0, 94_000.0)
     lengths = [200, 30, 250, 60, 100, 90, 10, 240]

@@ -33,7 +33,8 @@ def test_lookahead_must_be_a_positive_integer_up_to_the_limit():
         with pytest.raises(ValueError, match=r'^skrull\.lookahead must be an integer in \[1, 1024\] or "auto" '
                                              r"\(chosen from the data\), got "):
             SkrullConfig(lookahead=bad)
-    assert SkrullConfig().lookahead == 1 and SkrullConfig(lookahead="auto").lookahead == "auto"
+    assert SkrullConfig().lookahead == "auto" and SkrullConfig(lookahead=1).lookahead == 1  # a job's default: auto
+    assert SchedulerConfig().lookahead == 1  # a library user's: none
     # A library SchedulerConfig has no data to choose from.
     with pytest.raises(ValueError, match=r"^lookahead must be an integer in \[1, 1024\], got 'auto'$"):
         SchedulerConfig(lookahead="auto")
