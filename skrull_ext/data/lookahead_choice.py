@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from skrull_ext.data.windows import Windows
 from skrull_ext.scheduler import Scheduler
 
 CANDIDATES: tuple[int, ...] = (2, 4, 8)
@@ -42,8 +43,7 @@ NEAR_BEST = 0.02
 
 def horizon(training_steps: int) -> int:
     """Steps priced: the run's steps rounded up to whole windows of every candidate, at most HORIZON."""
-    w = max(CANDIDATES)
-    return min(HORIZON, -(-training_steps // w) * w)
+    return min(HORIZON, Windows.of(max(CANDIDATES)).end(training_steps))
 
 
 @dataclass(frozen=True)
