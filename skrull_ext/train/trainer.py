@@ -100,6 +100,7 @@ class SkrullTrainer(JobTrainer):
         """Per step, how long the training loop waited for its data (``skrull/data_wait_ms``)."""
         super().__init__(config)
         self._init_skrull()
+        self._checks_once_loaded()
 
     # ------------------------------------------------------------------ setup
     def _before_model(self, config: Config) -> None:
@@ -150,14 +151,8 @@ class SkrullTrainer(JobTrainer):
         if skrull.plan_log:
             rank = dist.get_rank() if dist.is_initialized() else 0
             self.plan_log = PlanLog(self.config.dump_folder, rank)
-        # Before any step: an over-length sequence under 'error' fails here. Under look-ahead the last
-        # window reads its global batches to its end, which may lie past training.steps ("auto" prices
-        # the steps of every width it may choose).
-        steps = self.config.training.steps
-        w = max(lookahead_choice.CANDIDATES) if skrull.lookahead == LOOKAHEAD_AUTO else self.skrull_job.lookahead
-        check_overlength(self.dataloader, first_step=1, last_step=-(-steps // w) * w)
         if skrull.lookahead == LOOKAHEAD_AUTO:
-            self._choose_lookahead(cp_rank, dims.cp, lookahead_choice.horizon(steps))
+            self._choose_lookahead(cp_rank, dims.cp, self.config.training.steps)
         self.validation = (Validation(self.config.validation, self.dataloader, self.tokenizer)
                            if self.config.validation.enable else None)
         if self.validation is not None:
@@ -175,17 +170,72 @@ class SkrullTrainer(JobTrainer):
                else "")
         )
 
-    def _choose_lookahead(self, cp_rank: int, cp: int, steps: int) -> None:
-        """``[skrull] lookahead = "auto"``: price the first ``steps`` global batches in windows of
-        each candidate width with the job's scheduler (the loader attached with windows of 1
-        reads them as training limits them) and re-attach with the chosen width."""
+    def _choose_lookahead(self, cp_rank: int, cp: int, training_steps: int) -> None:
+        """``[skrull] lookahead = "auto"``: price the run's first global batches in windows of each
+        candidate width no wider than the run (a wider one would stop inside its first window)
+        with the job's scheduler (the loader attached with windows of 1 reads them as training
+        limits them) and re-attach with the chosen width."""
         builder = self.dataloader.builder
-        choice = lookahead_choice.choose(lambda s: builder.window(s).lengths[0], self.scheduler, steps)
+        candidates = [w for w in lookahead_choice.CANDIDATES if w <= training_steps]
+        if not candidates:
+            logger.info(f"skrull.lookahead auto: 1 (the run trains {training_steps} step, fewer than the narrowest "
+                        f"width {min(lookahead_choice.CANDIDATES)})")
+            return
+        choice = lookahead_choice.choose(lambda s: builder.window(s).lengths[0], self.scheduler,
+                                         lookahead_choice.horizon(training_steps), candidates)
         logger.info(choice.line())
         if choice.width > 1:
             self.skrull_job = dataclasses.replace(self.skrull_job, lookahead=choice.width)
             self.scheduler = Scheduler(self.skrull_job)
             self.dataloader.attach(self.scheduler, cp_rank, cp, pin=self.device.type == "cuda")
+
+    def _checks_once_loaded(self) -> None:
+        """Run ``_start_checks`` right after torchtitan's ``train()`` loads the checkpoint (the
+        windows a resumed run trains are the checkpoint's continued: data/windows.py), before
+        its first step. torchtitan has no hook there, so its ``checkpointer.load`` is wrapped."""
+        load = self.checkpointer.load
+
+        def load_then_check(*args, **kwargs):
+            loaded = load(*args, **kwargs)
+            self._start_checks()
+            return loaded
+
+        self.checkpointer.load = load_then_check
+
+    def _start_checks(self) -> None:
+        """Before the first step of this launch, on the windows it trains (``Windows`` says where
+        its last one ends): an over-length sequence under 'error' in any global batch the run
+        reads fails here (a resumed run whose width changed may read past ``training.steps``),
+        and a run whose ``training.steps`` ends inside a window says, once, which samples that
+        window will leave untrained."""
+        loader, steps = self.dataloader, self.config.training.steps
+        first = loader.step + 1
+        if first > steps:
+            return
+        check_overlength(loader, first_step=first, last_step=loader.windows.end(steps))
+        if (line := self._left_line(steps, start=True)) is not None:
+            logger.warning(line)
+
+    def _left_line(self, steps: int, start: bool) -> str | None:
+        """What a run of ``steps`` steps leaves of the window it stops inside (None: it ends one)."""
+        loader = self.dataloader
+        left_steps = loader.windows.left(steps)
+        if not left_steps:
+            return None
+        win = loader.builder.window(steps)
+        left = win.trained_after(steps)
+        said = (f"steps {left_steps.start}..{left_steps.stop - 1}" if len(left_steps) > 1
+                else f"step {left_steps.start}")
+        if not start:
+            return (f"training.steps {steps} ended inside look-ahead window {win.index} (steps {win.first}.."
+                    f"{win.last}): {len(left)} samples it had regrouped onto {said} were read ahead and not "
+                    "trained (named at start-up; not counted above)")
+        multiple = win.first - 1  # the end of the window before
+        return (f"training.steps {steps} ends inside look-ahead window {win.index} (steps {win.first}..{win.last}, "
+                f"skrull.lookahead {win.width}): the {len(left)} samples the window regroups onto {said} will not "
+                f"be trained: {name_samples(loader.source, left)}. To train every sample read, set training.steps "
+                f"to {win.last}{f' or {multiple}' if multiple > 0 else ''} (whole windows), or resume from the last "
+                "checkpoint with more steps (docs/design/lookahead.md)")
 
     def _unsharded_bytes(self) -> float:
         """What free-running holds, counted from the built model: the unsharded parameters
@@ -372,7 +422,11 @@ class SkrullTrainer(JobTrainer):
         super().close()
 
     def _summary_tail(self) -> str:
-        return self._data_wait_summary()
+        left = None
+        if isinstance(getattr(self, "dataloader", None), SkrullDataLoader) and self.dataloader.builder is not None \
+                and self.step == self.config.training.steps:
+            left = self._left_line(self.step, start=False)
+        return ("" if left is None else f"; {left}") + self._data_wait_summary()
 
     def _data_wait_summary(self) -> str:
         """'; data wait per step: median .. ms' over the steps trained, the

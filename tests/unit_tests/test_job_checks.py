@@ -61,6 +61,9 @@ BAD = [
     (DEBUG, ["--skrull.cost_model", "nosuch.toml"], 1, "skrull.cost_model: 'nosuch.toml' is neither a hardware preset"),
     (DEBUG, ["--skrull.lookahead", "0"], 1, 'skrull.lookahead must be an integer in [1, 1024] or "auto" (chosen from the data), got 0'),
     (DEBUG, ["--skrull.lookahead", "2000"], 1, 'skrull.lookahead must be an integer in [1, 1024] or "auto" (chosen from the data), got 2000'),
+    (DEBUG, ["--skrull.lookahead", "1024", "--training.steps", "2"], 1,
+     "skrull.lookahead = 1024: is wider than the run (training.steps = 2): its first window would read and "
+     "regroup global batches the run never trains; set skrull.lookahead <= 2"),
     (DEBUG, ["--skrull.no-enable", "--skrull.lookahead", "4"], 1,
      "skrull.lookahead = 4: needs skrull.enable = true (torchtitan's batching trains each global batch"),
     (DEBUG, ["--dataloader.global_batch_size", "0"], 1, "dataloader.global_batch_size must be >= 1, got 0"),
@@ -130,3 +133,13 @@ def test_launcher_usage_and_one_line_errors():
     assert other_rank.returncode == 2 and "error:" not in other_rank.stderr
     debug = _cli("--config-file", DEBUG, "--training.steps", "-1", "--traceback")
     assert debug.returncode == 1 and "Traceback" in debug.stderr and "JobFileError" in debug.stderr
+
+
+def test_a_quoted_lookahead_in_toml_is_named_as_a_quoting_problem(tmp_path):
+    job = tmp_path / "job.toml"
+    with open(DEBUG) as f:
+        job.write_text(f.read().replace("[skrull]\n", '[skrull]\nlookahead = "8"\n'))
+    with pytest.raises(JobFileError) as info:
+        load_config(["--config-file", str(job)])
+    assert str(info.value) == ("skrull.lookahead: expected an integer, got '8' (a quoted number is a string in "
+                               "TOML: write lookahead = 8 without quotes)")
