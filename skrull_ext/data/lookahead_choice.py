@@ -74,6 +74,20 @@ class LookaheadChoice:
                 f"chosen in {self.elapsed_s:.1f} s; docs/design/lookahead.md)")
 
 
+def within_run(width: int, training_steps: int) -> tuple[int, str | None]:
+    """A width no wider than the run, and the line saying it was capped (None: it was not).
+    A window wider than ``training.steps`` reads, and plans, global batches the run never
+    trains (W = 1024 on a 2-step run planned 1,024 of them for 24.5 s and delayed samples by
+    1,005 steps); capped at the run's steps, its one window is the whole run and every
+    sample it reads is trained once."""
+    if width <= training_steps:
+        return width, None
+    return training_steps, (f"skrull.lookahead {width} is wider than the run (training.steps {training_steps}): "
+                            f"capped at {training_steps}, so the run is one window and trains every sample it "
+                            f"reads (a window of {width} would read {width - training_steps} global batches it "
+                            "never trains; docs/design/lookahead.md)")
+
+
 def choose(lengths_of: Callable[[int], Sequence[int]], scheduler: Scheduler, steps: int,
            candidates: Sequence[int] = CANDIDATES) -> LookaheadChoice:
     """Price the lengths of steps 1..``steps`` (``lengths_of(step)``: the step's global batch as

@@ -151,11 +151,6 @@ def _check_skrull(config, on_cpu: bool) -> None:
                    "each global batch at its own step); set it to 1 or enable Skrull")
     if skrull is None or not skrull.enable:
         return
-    steps = config.training.steps
-    if isinstance(skrull.lookahead, int) and isinstance(steps, int) and skrull.lookahead > steps >= 1:
-        raise _bad("skrull.lookahead", skrull.lookahead, f"is wider than the run (training.steps = {steps}): its first "
-                   "window would read and regroup global batches the run never trains; set skrull.lookahead <= "
-                   f"{steps} (docs/design/lookahead.md)")
     if skrull.attention_kernel == "varlen" and on_cpu:
         raise _bad("skrull.attention_kernel", "varlen",
                    "flash attention needs a CUDA device (this machine has none); use 'auto', 'tiles', 'dense' or 'segments'")

@@ -146,6 +146,11 @@ class SkrullTrainer(JobTrainer):
                                          self._model_name(self.config), timeline=timeline,
                                          free_running=execution.free_running, bucket_size=execution.bucket_size)
         """The job's scheduling, resolved once: the Scheduler, its plans and the step builder read it."""
+        if skrull.lookahead != LOOKAHEAD_AUTO:
+            width, capped = lookahead_choice.within_run(self.skrull_job.lookahead, self.config.training.steps)
+            if capped is not None:
+                logger.warning(capped)
+                self.skrull_job = dataclasses.replace(self.skrull_job, lookahead=width)
         self.scheduler = Scheduler(self.skrull_job)
         self.dataloader.attach(self.scheduler, cp_rank, dims.cp, pin=self.device.type == "cuda")
         if skrull.plan_log:
