@@ -14,7 +14,11 @@ accumulation steps of the run must be 1.
 Samples longer than ``training.seq_len`` (or ``dataloader.max_len``) go
 through the same over-length policy and accounting as Skrull's loader
 (overlength.py); the policy is 'error' unless the trainer sets it
-(``set_overlength``, from ``skrull.overlength``).
+(``set_overlength``, from ``skrull.overlength``). Under 'stream' and
+'documents' a sample is counted by the step that trains its last piece, not
+the one that draws it (``_carried``). A checkpoint Skrull's look-ahead saved
+inside a window is refused (``load_state_dict``): this batching would train
+the window's samples at the steps they arrived in, some twice, others never.
 """
 
 import json

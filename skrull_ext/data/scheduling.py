@@ -26,7 +26,10 @@ window's first step the loader reads (draws and limits) the window's W global
 batches and the core regroups their samples over the window's steps
 (``Scheduler.lookahead``: each step keeps the number of samples that arrived
 in it, none moves more than W-1 steps, the window's predicted time is
-least); each step then plans and trains the samples given to it. Each step's
+least); each step then plans and trains the samples given to it, and counts
+them (a trained sample at the step that trains it, a skipped one at the step
+it arrived in: accounting.by_training_step), so a run that stops inside a
+window has counted what it trained. Each step's
 loss is normalised by the window's mean loss tokens per step, not its own,
 so a token weighs the same whichever step of the window it landed in
 (docs/design/lookahead.md). Validation never looks ahead.
