@@ -109,9 +109,9 @@ class PackedDataLoader(SourceDataLoaderBase):
         if (win := windows.window(step + 1)).first != step + 1:
             raise DataError(
                 f"the checkpoint of step {step} was saved inside a look-ahead window (steps {win.first}..{win.last}, "
-                f"skrull.lookahead {win.width}), whose samples Skrull batching regrouped over those steps; torchtitan's "
-                f"batching trains each global batch at its own step, so it would train some of them twice and others "
-                f"never. Continue with Skrull batching (without --skrull.no-enable) to step {win.last} or beyond, "
+                f"skrull.lookahead {win.width}), whose samples Skrull batching regrouped over those steps; "
+                "torchtitan's batching trains each global batch at its own step, so it would train some of them "
+                f"twice and others never. Continue with Skrull batching (without --skrull.no-enable) to step {win.last} or beyond, "
                 f"or continue this batching from a checkpoint saved where a window ends (step {win.last}, say)")
         super().load_state_dict(state_dict)
         self.account.load_state_dict(state_dict)

@@ -46,7 +46,7 @@ from skrull_ext.attention.local_only import attention_input, local_only_kernel
 from skrull_ext.data import lookahead_choice
 from skrull_ext.data.overlength import check_overlength
 from skrull_ext.data.scheduling import SkrullDataLoader, SkrullStep
-from skrull_ext.errors import JobFileError
+from skrull_ext.errors import DataError, JobFileError
 from skrull_ext.scheduler import Scheduler
 from skrull_ext.scheduler.config import FROM_PROFILE, LOOKAHEAD_AUTO, job_timeline, timeline_name
 from skrull_ext.scheduler.model_shape import compute_dtype, DTYPES, job_shape, model_compiled
@@ -430,7 +430,10 @@ class SkrullTrainer(JobTrainer):
         left = None
         if isinstance(getattr(self, "dataloader", None), SkrullDataLoader) and self.dataloader.builder is not None \
                 and self.step == self.config.training.steps:
-            left = self._left_line(self.step, start=False)
+            try:
+                left = self._left_line(self.step, start=False)
+            except DataError:  # the window cannot be rebuilt (a sample refused): the start-up line said it all
+                left = None
         return ("" if left is None else f"; {left}") + self._data_wait_summary()
 
     def _data_wait_summary(self) -> str:

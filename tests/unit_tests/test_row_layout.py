@@ -201,7 +201,8 @@ def test_carried_packings_count_what_they_trained_not_what_they_drew(tok, packin
     finished = []
     for _ in range(3):
         next(it)
-        done = [k for k, s, e in (p for row in layouts[-1] for p in row) if e == min(run.source[k].length, run.limit.tokens)]
+        pieces = [p for row in layouts[-1] for p in row]
+        done = [k for k, _, e in pieces if e == min(run.source[k].length, run.limit.tokens)]
         finished += done
         c = run.last_counts
         assert c.whole + c.cut == len(done) and c.read == len(done) + c.skipped
