@@ -203,8 +203,10 @@ class SchedulingOptions:
                 check_int("lookahead", w, 1, _core.MAX_LOOKAHEAD)
             except ValueError:  # one message for both failures, naming "auto" where it is accepted
                 also = f' or "{LOOKAHEAD_AUTO}" (chosen from the data)' if self.LOOKAHEAD_FROM_DATA else ""
+                quoted = (f" (a quoted number is a string in TOML: write lookahead = {w.strip()} without quotes)"
+                          if isinstance(w, str) and w.strip().isdigit() else "")
                 raise ValueError(f"lookahead must be an integer in [1, {_core.MAX_LOOKAHEAD}]{also}, "
-                                 f"got {w!r}") from None
+                                 f"got {w!r}{quoted}") from None
 
     def options(self) -> dict:
         """The knobs as keyword arguments (for SchedulerConfig), as written."""

@@ -35,13 +35,20 @@ class Settled:
     """The job, final: its BucketSize, timeline, execution and look-ahead width."""
     execution: Execution
     lookahead: LookaheadChoice | None
-    """``lookahead = "auto"``'s pricing; None when the job named its width."""
+    """``lookahead = "auto"``'s pricing; None when the job named its width or the run is too short."""
+    note: str | None = None
+    """``"auto"`` on a run shorter than every candidate width: why it is 1."""
+    capped: str | None = None
+    """A named width wider than the run, capped at its steps: the warning."""
 
-    def lines(self) -> list[str]:
-        out = [f"Skrull execution: {self.execution.reason}"]
-        if self.lookahead is not None:
-            out.append(self.lookahead.line())
-        return out
+    def log(self, logger) -> None:
+        """The start-up lines, in the order decided."""
+        logger.info(f"Skrull execution: {self.execution.reason}")
+        for line in (self.lookahead.line() if self.lookahead else None, self.note):
+            if line is not None:
+                logger.info(line)
+        if self.capped is not None:
+            logger.warning(self.capped)
 
 
 def settle(skrull, *, dp: int, cp: int, dp_shard: int, dp_replicate: int, shape: ModelShape, model_name: str,
@@ -52,10 +59,12 @@ def settle(skrull, *, dp: int, cp: int, dp_shard: int, dp_replicate: int, shape:
     rank (None: no FSDP unit); ``raw_lengths(step)``: a step's global batch as drawn (the
     execution's weighing of BucketSize); ``limited_lengths(job, step)``: the same as ``job``'s
     length limit trains it (what "auto" prices); ``check_lengths(job, last_step)``: the
-    over-length pre-scan of steps 1..last_step under ``job``'s limit, run before anything is
-    priced (under 'error' a bad sample stops the run there, named with the scan's counts): to
-    the end of the last window any width this job may take reads. Raises ValueError (one
-    line) for a free-running job that does not fit."""
+    over-length refusals of steps 1..last_step under ``job``'s limit, run before "auto" prices
+    them (under 'error' a bad sample stops the run there, named with the scan's counts; the
+    trainer's full pre-scan runs once the checkpoint's windows are known). A named width wider
+    than the run is capped at its steps, and "auto" prices only widths within the run
+    (lookahead_choice.within_run). Raises ValueError (one line) for a free-running job that
+    does not fit."""
     weigh = skrull.free_running == AUTO and skrull.bucket_size == FROM_PROFILE
     first = [list(raw_lengths(k)) for k in range(1, min(training_steps, PREDICT_STEPS) + 1)] if weigh else []
     execution = choose_execution(skrull, unsharded=unsharded, dp=dp, cp=cp, dp_shard=dp_shard,
@@ -64,10 +73,15 @@ def settle(skrull, *, dp: int, cp: int, dp_shard: int, dp_replicate: int, shape:
     auto = skrull.lookahead == LOOKAHEAD_AUTO
     job = skrull.resolve(dp, cp, shape, model_name, timeline=timeline, free_running=execution.free_running,
                          bucket_size=execution.bucket_size, lookahead=1 if auto else None)
-    widest = max(lookahead_choice.CANDIDATES) if auto else job.lookahead
-    check_lengths(job, -(-training_steps // widest) * widest)
     if not auto:
-        return Settled(job, execution, None)
-    choice = lookahead_choice.choose(lambda s: limited_lengths(job, s), lambda b: plan_window(job, b),
-                                     lookahead_choice.horizon(training_steps))
+        width, capped = lookahead_choice.within_run(job.lookahead, training_steps)
+        return Settled(dataclasses.replace(job, lookahead=width), execution, None, capped=capped)
+    candidates = [w for w in lookahead_choice.CANDIDATES if w <= training_steps]
+    if not candidates:
+        return Settled(job, execution, None, note=f"skrull.lookahead auto: 1 (the run trains {training_steps} step(s), "
+                                             f"fewer than the narrowest width {min(lookahead_choice.CANDIDATES)})")
+    steps = lookahead_choice.horizon(training_steps)
+    check_lengths(job, steps)
+    choice = lookahead_choice.choose(lambda s: limited_lengths(job, s), lambda b: plan_window(job, b), steps,
+                                     candidates)
     return Settled(dataclasses.replace(job, lookahead=choice.width), execution, choice)

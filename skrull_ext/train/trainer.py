@@ -45,7 +45,7 @@ from skrull_ext.attention.kernels import kernel_name
 from skrull_ext.attention.local_only import attention_input, local_only_kernel
 from skrull_ext.data.overlength import check_overlength
 from skrull_ext.data.scheduling import SkrullDataLoader, SkrullStep
-from skrull_ext.errors import JobFileError
+from skrull_ext.errors import DataError, JobFileError
 from skrull_ext.scheduler import Scheduler
 from skrull_ext.scheduler.config import timeline_name
 from skrull_ext.scheduler.model_shape import compute_dtype, DTYPES, job_shape, model_compiled
@@ -99,6 +99,7 @@ class SkrullTrainer(JobTrainer):
         """Per step, how long the training loop waited for its data (``skrull/data_wait_ms``)."""
         super().__init__(config)
         self._init_skrull()
+        self._checks_once_loaded()
 
     # ------------------------------------------------------------------ setup
     def _before_model(self, config: Config) -> None:
@@ -135,8 +136,7 @@ class SkrullTrainer(JobTrainer):
         switches = FreeRunningFSDP(self.model_parts)
         unsharded = self._unsharded_bytes() if switches else None  # no FSDP unit: nothing to hold unsharded
         settled = self._settle(dims, unsharded)
-        for line in settled.lines():
-            logger.info(line)
+        settled.log(logger)
         execution = settled.execution
         self.free_running = switches if execution.free_running else None
         self.free_running_bytes = unsharded if execution.free_running else 0.0
@@ -165,6 +165,54 @@ class SkrullTrainer(JobTrainer):
                else "")
         )
 
+    def _checks_once_loaded(self) -> None:
+        """Run ``_start_checks`` right after torchtitan's ``train()`` loads the checkpoint (the
+        windows a resumed run trains are the checkpoint's continued: data/windows.py), before
+        its first step. torchtitan has no hook there, so its ``checkpointer.load`` is wrapped."""
+        load = self.checkpointer.load
+
+        def load_then_check(*args, **kwargs):
+            loaded = load(*args, **kwargs)
+            self._start_checks()
+            return loaded
+
+        self.checkpointer.load = load_then_check
+
+    def _start_checks(self) -> None:
+        """Before the first step of this launch, on the windows it trains (``Windows`` says where
+        its last one ends): an over-length sequence under 'error' in any global batch the run
+        reads fails here (a resumed run whose width changed may read past ``training.steps``),
+        and a run whose ``training.steps`` ends inside a window says, once, which samples that
+        window will leave untrained."""
+        loader, steps = self.dataloader, self.config.training.steps
+        first = loader.step + 1
+        if first > steps:
+            return
+        check_overlength(loader, first_step=first, last_step=loader.windows.end(steps))
+        if (line := self._left_line(steps, start=True)) is not None:
+            logger.warning(line)
+
+    def _left_line(self, steps: int, start: bool) -> str | None:
+        """What a run of ``steps`` steps leaves of the window it stops inside (None: it ends one)."""
+        loader = self.dataloader
+        left_steps = loader.windows.left(steps)
+        if not left_steps:
+            return None
+        win = loader.builder.window(steps)
+        left = win.trained_after(steps)
+        said = (f"steps {left_steps.start}..{left_steps.stop - 1}" if len(left_steps) > 1
+                else f"step {left_steps.start}")
+        if not start:
+            return (f"training.steps {steps} ended inside look-ahead window {win.index} (steps {win.first}.."
+                    f"{win.last}): {len(left)} samples it had regrouped onto {said} were read ahead and not "
+                    "trained (named at start-up; not counted above)")
+        multiple = win.first - 1  # the end of the window before
+        return (f"training.steps {steps} ends inside look-ahead window {win.index} (steps {win.first}..{win.last}, "
+                f"skrull.lookahead {win.width}): the {len(left)} samples the window regroups onto {said} will not "
+                f"be trained: {name_samples(loader.source, left)}. To train every sample read, set training.steps "
+                f"to {win.last}{f' or {multiple}' if multiple > 0 else ''} (whole windows), or resume from the last "
+                "checkpoint with more steps (docs/design/lookahead.md)")
+
     def _unsharded_bytes(self) -> float:
         """What free-running holds, counted from the built model: the unsharded parameters
         in FSDP's mixed_precision_param, the gradients of trainable ones (not a LoRA base)
@@ -189,7 +237,8 @@ class SkrullTrainer(JobTrainer):
                           training_steps=self.config.training.steps,
                           raw_lengths=lambda k: [n for _, n in loader.step_lengths(k)],
                           limited_lengths=loader.decided_lengths,
-                          check_lengths=lambda job, last: check_overlength(loader, 1, last, loader.limit_of(job)))
+                          check_lengths=lambda job, last: check_overlength(loader, 1, last, loader.limit_of(job),
+                                                                           quiet=True))
         except ValueError as e:  # the launcher prints it as one line (cli_errors)
             raise JobFileError(str(e)) from None
 
@@ -352,7 +401,14 @@ class SkrullTrainer(JobTrainer):
         super().close()
 
     def _summary_tail(self) -> str:
-        return self._data_wait_summary()
+        left = None
+        if isinstance(getattr(self, "dataloader", None), SkrullDataLoader) and self.dataloader.builder is not None \
+                and self.step == self.config.training.steps:
+            try:
+                left = self._left_line(self.step, start=False)
+            except DataError:  # the window cannot be rebuilt (a sample refused): the start-up line said it all
+                left = None
+        return ("" if left is None else f"; {left}") + self._data_wait_summary()
 
     def _data_wait_summary(self) -> str:
         """'; data wait per step: median .. ms' over the steps trained, the

@@ -58,3 +58,12 @@ def test_a_gain_under_the_threshold_is_not_taken():
     batches = {s: [480] + [16] * 7 if s % 2 else [16] * 8 for s in range(1, 17)}
     choice = choose(batches.__getitem__, scheduler().lookahead, 16)
     assert 1.0 < max(choice.gains.values()) < lookahead_choice.MIN_GAIN and choice.width == 1
+
+
+def test_a_width_wider_than_the_run_is_capped_at_its_steps():
+    assert lookahead_choice.within_run(4, 6) == (4, None) and lookahead_choice.within_run(5, 5) == (5, None)
+    width, line = lookahead_choice.within_run(1024, 2)
+    assert width == 2 and line == (
+        "skrull.lookahead 1024 is wider than the run (training.steps 2): capped at 2, so the run is one window and "
+        "trains every sample it reads (a window of 1024 would read 1022 global batches it never trains; "
+        "docs/design/lookahead.md)")
