@@ -297,7 +297,7 @@ class SkrullDataLoader(SourceDataLoaderBase):
     class Config(SourceDataLoaderBase.Config):
         prefetch_steps: int = 2
         """Steps built ahead on a background thread (draw, limit, plan, buffers) while the current one
-        trains; 0: built when the trainer asks, on its thread. Same steps either way (datasets/prefetch.py)."""
+        trains; 0: built when the trainer asks, on its thread. Same steps either way (data/prefetch.py)."""
 
         def __post_init__(self):
             SourceDataLoaderBase.Config.__post_init__(self)

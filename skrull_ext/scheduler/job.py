@@ -8,9 +8,12 @@ timeline as the core's enum, whether the execution is free-running, the
 ``Capacity``, the cost model and the core's ``Options``, each made here once.
 The ``Scheduler``, its plans and the dataloader's step builder read this
 object and nothing else of the config; the trainer settles it once at
-start-up (train/settle.py) and takes every scheduling fact from it after,
-reading the ``[skrull]`` section only for what is not scheduling (the
-attention kernel, the plan log).
+start-up (train/settle.py) and takes the policy, BucketSize, timeline and
+look-ahead width from it after, reading the ``[skrull]`` section for what the
+job does not hold: the attention kernel, the K/V exchange, the plan log, the
+plan-hash check, ``defer_grad_sync`` (which micro-batch reduces gradients;
+the job holds the timeline it sets), the profile's warnings and the cost
+model's name in messages.
 """
 
 from __future__ import annotations

@@ -383,7 +383,7 @@ class JobConfigManager(ConfigManager):
         path, rest, model = None, [], {}
         it = iter(args)
         for arg in it:
-            if arg.startswith("--model."):  # [model] is read by load_job, not a config field tyro knows
+            if arg.startswith("--model."):  # [model] is read by load_job, not a config field the flags set
                 key, eq, value = arg[len("--model."):].partition("=")
                 value = value if eq else next(it, None)
                 if value is None:

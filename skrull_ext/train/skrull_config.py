@@ -1,11 +1,13 @@
 """``SkrullConfig``: the ``[skrull]`` section of a job, and what it builds.
 
 The scheduling knobs are ``skrull_ext.scheduler.config.SchedulingOptions``, inherited,
-so a knob and its default are declared once for the core and the job file.
+so a knob and its default are declared once for the core and the job file
+(lookahead excepted: "auto" here, 1 for a SchedulerConfig).
 This adds what only training needs: the on/off switch, the cost model, the
 DACP attention's kernel and K/V transport, and debug switches. DP and CP
 sizes come from ``[parallelism]``: ``resolve(dp, cp, shape, model_name, timeline,
-free_running, bucket_size)`` makes the job's one resolved ``SchedulerJob``
+free_running, bucket_size, lookahead)`` (called by train/settle.py, which
+settles the last four) makes the job's one resolved ``SchedulerJob``
 (scheduler/job.py), and ``build`` (same arguments) the Scheduler on it.
 
 Values are checked when the config is made, so a bad TOML or CLI value fails

@@ -13,7 +13,8 @@ parameters held unsharded for the step: free_running.py), each CP rank
 feeding its own buffer to the model, attention being the DACP attention over
 the CP group (local sequences whole, distributed ones by all-gathered K/V).
 The loss is the sum of token losses over the number of loss tokens of the
-whole global batch, so the gradient does not depend on the schedule
+whole global batch (under look-ahead, the window's mean per step:
+docs/design/lookahead.md), so the gradient does not depend on the schedule
 (docs/design/method.md, "Loss").
 
 Every step, before the optimizer touches the weights, the global loss and
@@ -143,7 +144,8 @@ class SkrullTrainer(JobTrainer):
         """What free-running holds beyond the static account and the activations (``skrull/free_running_bytes``)."""
         self.skrull_job = settled.job
         """The job's scheduling, settled once (train/settle.py): the Scheduler, its plans, the step
-        builder and this trainer read it, not the [skrull] section's scheduling keys."""
+        builder and this trainer read it, not the [skrull] section's scheduling keys (defer_grad_sync
+        aside: scheduler/job.py)."""
         self.scheduler = Scheduler(self.skrull_job)
         self.dataloader.attach(self.scheduler, cp_rank, dims.cp, pin=self.device.type == "cuda")
         if skrull.plan_log:
@@ -157,7 +159,7 @@ class SkrullTrainer(JobTrainer):
             f"Skrull: global batch {self.config.dataloader.global_batch_size} sequences a step (dataloader."
             "global_batch_size; the batch sizes torchtitan's line above gives are its own batching's, which this "
             "replaces), "
-            f"policy {skrull.policy}, bucket_size {self.skrull_job.bucket_size} ({execution.bucket_from}), "
+            f"policy {self.skrull_job.policy.name}, bucket_size {self.skrull_job.bucket_size} ({execution.bucket_from}), "
             f"DP {self.dataloader.dp_world_size} x CP {dims.cp} x TP {dims.tp}, cp_rank {cp_rank}, "
             f"attention kernel {kernel_name(skrull.attention_kernel, self.device, compute_dtype(self.config))}, "
             f"timeline {timeline_name(self.skrull_job.timeline)}, look-ahead {self.skrull_job.lookahead}"
