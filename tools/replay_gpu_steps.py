@@ -36,7 +36,7 @@ def replay(data: dict, profile: str, warmup: int) -> list[str]:
         cfg = load_config(flags, check=False)
         loader = SkrullDataLoader(cfg.dataloader, dp_world_size=1, dp_rank=0, tokenizer=None)
         scheduler = cfg.skrull.build(1, 1, job_shape(cfg), "qwen2_5/0.5B", timeline=job_timeline(1, 1, False, False),
-                                     free_running=False, bucket_size=data["bucket_size"])
+                                     free_running=False, bucket_size=data["bucket_size"], lookahead=1)
         ratios = sorted(us / scheduler.schedule([n for _, n in loader.step_lengths(int(k))]).makespan_us
                         for k, us in run["measured_us"].items() if int(k) > warmup)
         logged = statistics.median(run["measured_us"][k] / run["predicted_us_as_run"][k]

@@ -1,4 +1,4 @@
-"""Run torchtitan 0.3.0 on a CPU-only torch 2.13 (gloo), and nothing else.
+"""torchtitan 0.3.0 as skrull-ext runs it: on CPU (gloo) and on CUDA, under torch 2.11 to 2.15.
 
 Every change skrull-ext makes to torchtitan's behaviour lives in this
 package: this module (the fixes, applied through ``apply``), ``overrides``
@@ -6,8 +6,9 @@ package: this module (the fixes, applied through ``apply``), ``overrides``
 attention for torchtitan's FlexAttention config), ``metrics`` (a TensorBoard
 folder per run, no MFU on CPU), ``logs`` (what torchtitan logs, once),
 ``dacp_attention`` (DACP attention put in place of a built model's inner
-attention and torchtitan's CP wrapper) and ``cp_probe`` (the counting
-wrappers of ``python -m skrull_ext.bench cp``, installed only there).
+attention and torchtitan's CP wrapper), ``fsdp_gloo`` (FSDP2's reductions
+and collectives on gloo) and ``cp_probe`` (the counting wrappers of
+``python -m skrull_ext.bench cp``, installed only there); ``compat``, below.
 torchtitan's files are never edited, and nothing outside this package
 assigns into torchtitan (``tests/unit_tests/test_package.py``).
 

@@ -33,10 +33,10 @@ the hardware:
 - ``varlen``: the same plan on ``torch.nn.attention.varlen.varlen_attn``
   (flash attention; CUDA only, bf16/fp16), called the way torchtitan 0.3.0's
   VarlenAttention calls it (keywords the installed torch lacks, as 2.11's
-  ``enable_gqa``/``num_splits``, are left out). No mask is materialised. NOT
-  YET RUN: written without a GPU; tests/unit_tests/test_dacp_kernels.py and
-  test_dacp_attention.py have CUDA-only checks against ``dense`` and the
-  float64 reference, and docs/gpu.md the one command that runs them.
+  ``enable_gqa``/``num_splits``, are left out). No mask is materialised. Run on
+  an H200 (docs/results/gpu.md): tests/unit_tests/test_dacp_kernels.py and
+  test_dacp_attention.py check it against ``dense`` and the float64
+  reference on CUDA; docs/gpu.md has the command.
 
 ``auto`` picks ``varlen`` for bf16/fp16 on CUDA and ``dense`` otherwise:
 on the CPU debug job neither ``segments`` nor ``tiles`` trained faster side

@@ -1,1 +1,1 @@
-"""Standalone benchmarks: ``python -m skrull_ext.bench {simulate,latency,adversarial,cp}``."""
+"""Standalone benchmarks: ``python -m skrull_ext.bench <command>`` (the commands: __main__.py)."""

@@ -5,14 +5,14 @@
 
 Every mode trains the same job (model, seed, global batches) at the same CP
 degree under torchrun; modes differ only in the flags they add (``--variant
-NAME=FLAGS``). The default pair:
+NAME=FLAGS``). The default modes:
 
 - ``torchtitan``: ``--skrull.no-enable``, torchtitan's trainer and batching
   (each global batch packed into ``training.seq_len`` rows, every row sharded
   over the CP group, K/V all-gathered by torchtitan's CP attention);
 - ``torchtitan-stream``: the same with ``--dataloader.packing stream`` and
   one row a step: the samples as one stream cut into full rows, no padding,
-  a document-causal mask (datasets/row_layout.py), the strongest baseline
+  a document-causal mask (data/row_layout.py), the strongest baseline
   torchtitan's CP runs on chat data; its steps hold a row's tokens, not a
   global batch, hence the per-token ratios;
 - ``torchtitan-documents``: the same rows, whole samples placed best-fit

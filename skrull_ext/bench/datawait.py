@@ -51,7 +51,7 @@ def build_loader(args, prefetch: int) -> SkrullDataLoader:
     section = SkrullConfig(bucket_size=SHAPE.bucket_size, cpsat=not args.no_cpsat,  # [skrull] cpsat = true
                            cpsat_margin=args.cpsat_margin,
                            overlength="truncate")  # as bench latency: the tail past a CP group is cut
-    loader.attach(Scheduler(section.scheduler_config(SHAPE.dp, SHAPE.cp), cost_model_of(args)[0]), 0, SHAPE.cp)
+    loader.attach(Scheduler(section.scheduler_config(SHAPE.dp, SHAPE.cp, lookahead=1), cost_model_of(args)[0]), 0, SHAPE.cp)
     return loader
 
 

@@ -13,7 +13,7 @@
 rank has a GPU, else gloo staging the CUDA tensors through host memory, so one
 GPU hosts the group). Each rank runs a stack of ``--layers`` DACP attention
 layers over one micro-batch of mixed local and distributed sequences (long
-sequences sharded, short ones whole, attention/bench.py's placement),
+sequences sharded, short ones whole, bench/attention.py's placement),
 forward and backward, ``--steps`` times under torch.profiler after
 ``--warmup`` steps. Per rank it writes the Chrome trace
 (``rank{r}.trace.json.gz``: open it in Perfetto, ui.perfetto.dev, and look

@@ -121,6 +121,34 @@ def count_by_source(indices: list[int], account: StepAccount, name_of) -> dict[s
     return out
 
 
+def by_training_step(arrived: list[StepAccount], trained: list[list[int]], name_of=None) -> list[StepAccount]:
+    """A look-ahead window's accounts by the step that trains each sample, from its accounts by
+    arrival step (``arrived[j]``: what step j's global batch read, cut and skipped) and the
+    samples each step trains (``trained[j]``). A trained sample (whole or cut) is counted, and
+    its cut named, at the step that trains it; a skipped one, trained by no step, at the step it
+    arrived in. So a run that stops inside a window counts what it trained, and nothing it will
+    not (scheduling.py); over a whole window the counts are the arrival ones. ``name_of``: a
+    mixture's source of a sample (counted per source too)."""
+    cuts = {e.index: e for a in arrived for e in a.events if e.kept}
+    out = []
+    for j, members in enumerate(trained):
+        account = StepAccount()
+        skipped = [e for e in arrived[j].events if not e.kept]
+        for i in members:
+            if i in cuts:
+                account.record(cuts[i])
+            else:
+                account.counts.whole += 1
+        for e in skipped:
+            account.record(e)
+        account.counts.read = len(members) + len(skipped)
+        account.counts.check()
+        if name_of is not None:
+            account.by_source = count_by_source(list(members) + [e.index for e in skipped], account, name_of)
+        out.append(account)
+    return out
+
+
 def source_metrics(step: dict[str, Counts], totals: dict[str, dict[str, int]]) -> dict[str, float]:
     """TensorBoard's ``skrull/source/<name>/samples_*`` (this step) and ``..._total`` (the run), per source."""
     out = {}

@@ -28,7 +28,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from skrull_ext.scheduler import Scheduler
+from skrull_ext._core import Lookahead
+from skrull_ext.data.windows import Windows
 
 CANDIDATES: tuple[int, ...] = (2, 4, 8)
 """Widths compared (each divides the largest, so one horizon holds whole windows of each)."""
@@ -42,8 +43,7 @@ NEAR_BEST = 0.02
 
 def horizon(training_steps: int) -> int:
     """Steps priced: the run's steps rounded up to whole windows of every candidate, at most HORIZON."""
-    w = max(CANDIDATES)
-    return min(HORIZON, -(-training_steps // w) * w)
+    return min(HORIZON, Windows.of(max(CANDIDATES)).end(training_steps))
 
 
 @dataclass(frozen=True)
@@ -74,17 +74,33 @@ class LookaheadChoice:
                 f"chosen in {self.elapsed_s:.1f} s; docs/design/lookahead.md)")
 
 
-def choose(lengths_of: Callable[[int], Sequence[int]], scheduler: Scheduler, steps: int,
-           candidates: Sequence[int] = CANDIDATES) -> LookaheadChoice:
+def within_run(width: int, training_steps: int) -> tuple[int, str | None]:
+    """A width no wider than the run, and the line saying it was capped (None: it was not).
+    A window wider than ``training.steps`` reads, and plans, global batches the run never
+    trains (W = 1024 on a 2-step run planned 1,024 of them for 24.5 s and delayed samples by
+    1,005 steps); capped at the run's steps, its one window is the whole run and every
+    sample it reads is trained once."""
+    if width <= training_steps:
+        return width, None
+    return training_steps, (f"skrull.lookahead {width} is wider than the run (training.steps {training_steps}): "
+                            f"capped at {training_steps}, so the run is one window and trains every sample it "
+                            f"reads (a window of {width} would read {width - training_steps} global batches it "
+                            "never trains; docs/design/lookahead.md)")
+
+
+def choose(lengths_of: Callable[[int], Sequence[int]], plan_window: Callable[[list[list[int]]], Lookahead],
+           steps: int, candidates: Sequence[int] = CANDIDATES) -> LookaheadChoice:
     """Price the lengths of steps 1..``steps`` (``lengths_of(step)``: the step's global batch as
-    training limits it) in windows of each candidate width; pick one by the module's rule."""
+    training limits it) in windows of each candidate width, each window regrouped by
+    ``plan_window`` (``scheduler.plan_window`` of the job, as the dataloader regroups it); pick
+    one by the module's rule."""
     begin = time.perf_counter()
     batches = [list(lengths_of(s)) for s in range(1, steps + 1)]
     gains = {}
     for w in candidates:
         arrival = regrouped = 0.0
         for first in range(0, steps, w):
-            a = scheduler.lookahead(batches[first : first + w])
+            a = plan_window(batches[first : first + w])
             arrival += a.arrival_window_us
             regrouped += a.window_us
         gains[w] = arrival / regrouped if regrouped > 0 else 1.0

@@ -190,11 +190,12 @@ def apply_limit(limit: LengthLimit, indices: list[int], samples: list[Sample], s
     return [indices[k] for k in keep], [cut(samples[k], n) for k, n in zip(keep, lengths)], account
 
 
-def settle(limit: LengthLimit, account: StepAccount, run: RunAccount, step: int, kept: int,
+def settle(limit: LengthLimit, account: StepAccount, run: RunAccount, step: int, kept: int | None,
             warn: bool = True) -> None:
     """One warning when the step cut or skipped samples (naming each; kept as
     ``account.warning`` and logged here when ``warn``), the counts added to the
-    run's; a step left with nothing to train is refused."""
+    run's; a step left with nothing to train (``kept`` 0) is refused (None: its
+    global batches were checked when drawn, ``refuse_empty``)."""
     if account.events:
         c, t = account.counts, run.totals
         account.warning = (
@@ -205,9 +206,14 @@ def settle(limit: LengthLimit, account: StepAccount, run: RunAccount, step: int,
         if warn:
             logger.warning(account.warning)
     run.add(account)
-    if not kept:
-        raise DataError(f"step {step}: every sample of the global batch was skipped, nothing to train "
-                        f"({'; '.join(map(str, account.events))})")
+    if kept is not None and not kept:
+        refuse_empty(step, account)
+
+
+def refuse_empty(step: int, account: StepAccount) -> None:
+    """Refuse a global batch whose every sample was skipped."""
+    raise DataError(f"step {step}: every sample of the global batch was skipped, nothing to train "
+                    f"({'; '.join(map(str, account.events))})")
 
 
 def limit_step(limit: LengthLimit, indices: list[int], source, step: int, run: RunAccount
@@ -260,13 +266,14 @@ class OverlengthScan:
         )
 
 
-def scan_overlength(loader, first_step: int, last_step: int) -> OverlengthScan:
-    """Lengths of steps ``first_step..last_step`` (1-based, inclusive) against ``loader.limit``.
+def scan_overlength(loader, first_step: int, last_step: int, limit: LengthLimit | None = None) -> OverlengthScan:
+    """Lengths of steps ``first_step..last_step`` (1-based, inclusive) against ``limit``
+    (default ``loader.limit``: before a loader is attached, start-up passes its job's).
 
     ``loader`` provides ``limit``, ``length_bound()``, ``step_lengths(step)`` and ``source``.
     """
     start = time.perf_counter()
-    report = OverlengthScan(loader.limit, first_step, last_step, loader.length_bound())
+    report = OverlengthScan(limit or loader.limit, first_step, last_step, loader.length_bound())
     if report.bound is None or report.bound > report.limit.tokens:
         for step in range(first_step, last_step + 1):
             for index, length in loader.step_lengths(step):
@@ -311,15 +318,19 @@ def stub_refusal(report: OverlengthScan) -> str | None:
             f"parallelism.context_parallel_degree, or cut on purpose with dataloader.max_len)")
 
 
-def check_overlength(loader, first_step: int, last_step: int) -> OverlengthScan:
-    """Pre-scan, raise :class:`OverlengthError` under 'error' or when most sequences would be
-    cut (``stub_refusal``), log the counts otherwise."""
-    report = scan_overlength(loader, first_step, last_step)
+def check_overlength(loader, first_step: int, last_step: int, limit: LengthLimit | None = None,
+                     quiet: bool = False) -> OverlengthScan:
+    """Pre-scan (``scan_overlength``), raise :class:`OverlengthError` under 'error' or when most
+    sequences would be cut (``stub_refusal``), log the counts otherwise (``quiet``: only the
+    refusals, for a check before the run's own)."""
+    report = scan_overlength(loader, first_step, last_step, limit)
     lim = report.limit
     if report.over and lim.mode == "error":
         raise OverlengthError(report.message())
     if (refusal := stub_refusal(report)) is not None:
         raise OverlengthError(refusal)
+    if quiet:
+        return report
     if report.over:
         verb = {"truncate": f"truncated to {lim.tokens} tokens", "drop": "dropped"}[lim.mode]
         if report.no_loss:

@@ -14,7 +14,11 @@ accumulation steps of the run must be 1.
 Samples longer than ``training.seq_len`` (or ``dataloader.max_len``) go
 through the same over-length policy and accounting as Skrull's loader
 (overlength.py); the policy is 'error' unless the trainer sets it
-(``set_overlength``, from ``skrull.overlength``).
+(``set_overlength``, from ``skrull.overlength``). Under 'stream' and
+'documents' a sample is counted by the step that trains its last piece, not
+the one that draws it (``_carried``). A checkpoint Skrull's look-ahead saved
+inside a window is refused (``load_state_dict``): this batching would train
+the window's samples at the steps they arrived in, some twice, others never.
 """
 
 import json
@@ -24,11 +28,12 @@ from dataclasses import dataclass
 import torch
 from torchtitan.components.tokenizer import BaseTokenizer
 
-from skrull_ext.data.accounting import Counts, RunAccount
-from skrull_ext.data.overlength import cut, limit_step, row_limit
+from skrull_ext.data.accounting import OVERLENGTH, Counts, Event, RunAccount, StepAccount, by_training_step
+from skrull_ext.data.overlength import apply_limit, cut, limit_step, location, refuse_empty, row_limit, settle
 from skrull_ext.data.row_layout import Piece, best_fit_rows, cut_stream, whole_rows
 from skrull_ext.data.source import SourceDataLoaderBase
 from skrull_ext.data.synthetic import IGNORE_INDEX
+from skrull_ext.data.windows import Windows
 from skrull_ext.errors import DataError
 
 
@@ -61,7 +66,13 @@ class PackedDataLoader(SourceDataLoaderBase):
         self.last_tokens = 0
         """Real (not padding) tokens of the last batch over all DP ranks."""
         self.last_counts = Counts()
-        """What the last batch did with the samples it read (``skrull/samples_*``)."""
+        """What the last batch did with the samples it read (``skrull/samples_*``): under 'stream'
+        and 'documents' those it finished training and those it skipped."""
+        self.pending: dict[int, Event | None] = {}
+        """'stream' and 'documents': carried samples, drawn but not finished, by source index, with
+        their cut (None: whole); counted by the step that trains their last piece."""
+        self.split = 0
+        """'stream': samples finished this launch whose last piece starts inside them (cut across rows)."""
         self.on_layout: Callable[[list[list[Piece]]], None] | None = None
         """Called with each batch's rows over all DP ranks as it is built (the trainer counts
         their documents' FLOPs)."""
@@ -93,9 +104,19 @@ class PackedDataLoader(SourceDataLoaderBase):
         return {"step": self.step, "carry": json.dumps(self.carry), "lookahead": "[]", **self.account.state_dict()}
 
     def load_state_dict(self, state_dict: dict) -> None:
+        step = int(state_dict.get("step", 0))
+        windows = Windows.from_json(state_dict.get("lookahead", "[]"))
+        if (win := windows.window(step + 1)).first != step + 1:
+            raise DataError(
+                f"the checkpoint of step {step} was saved inside a look-ahead window (steps {win.first}..{win.last}, "
+                f"skrull.lookahead {win.width}), whose samples Skrull batching regrouped over those steps; "
+                "torchtitan's batching trains each global batch at its own step, so it would train some of them "
+                f"twice and others never. Continue with Skrull batching (without --skrull.no-enable) to step {win.last} or beyond, "
+                f"or continue this batching from a checkpoint saved where a window ends (step {win.last}, say)")
         super().load_state_dict(state_dict)
         self.account.load_state_dict(state_dict)
         self.carry = [tuple(p) for p in json.loads(state_dict.get("carry", "[]"))]
+        self.pending = {}  # decided again from the source when the next step places them
 
     def __iter__(self) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
         while True:
@@ -133,22 +154,46 @@ class PackedDataLoader(SourceDataLoaderBase):
         """'stream' and 'documents': the step's rows from the carried pieces and the
         global batches drawn while they hold fewer tokens than the rows (pieces keyed
         by source index); what the rows do not take is carried. 'stream' cuts them
-        into full rows, 'documents' places them whole, best-fit decreasing."""
-        samples = {k: cut(self.source[k], end) for k, _, end in self.carry}
+        into full rows, 'documents' places them whole, best-fit decreasing.
+
+        Counted is what the step trains, not what it draws: a sample when its last piece
+        is in the rows (whole, or cut to the length limit), a skipped one when drawn
+        (``by_training_step``, as Skrull's look-ahead counts). A carried sample is counted
+        by the step that finishes it, so a checkpoint's counts hold no sample it carries."""
+        samples = {}
+        for k, _, end in self.carry:
+            full = self.source[k]
+            samples[k] = cut(full, end)
+            if k not in self.pending:  # carried by the checkpoint this loader resumed: decided again
+                self.pending[k] = None if end >= full.length else Event(
+                    k, location(self.source, k), full.length, end, OVERLENGTH,
+                    f"limit {self.limit.tokens}, {self.limit.source}")
         carried, drawn, have = list(self.carry), [], sum(e - s for _, s, e in self.carry)
         self.last_samples = list(dict.fromkeys(k for k, _, _ in self.carry))
-        self.last_counts = Counts()
+        skipped = []
         while have < rows * S:
             indices = self.next_global_batch()
-            kept_idx, kept, account = limit_step(self.limit, indices, self.source, self.step, self.account)
-            self.last_counts.add(account.counts)
+            kept_idx, kept, account = apply_limit(self.limit, indices, [self.source[i] for i in indices],
+                                                  self.source, self.step)
+            if not kept_idx:
+                refuse_empty(self.step, account)
+            cuts = {e.index: e for e in account.events if e.kept}
             for k, s in zip(kept_idx, kept):
                 samples[k] = s
                 drawn.append((k, 0, s.length))
                 have += s.length
+                self.pending[k] = cuts.get(k)
+            skipped += [e for e in account.events if not e.kept]
             self.last_samples += kept_idx
         if self.config.packing == "stream":
             layout, self.carry = cut_stream(carried + drawn, rows, S)
         else:
             layout, self.carry = best_fit_rows(carried, drawn, rows, S)
+        done = [k for row in layout for k, start, end in row if end == samples[k].length]
+        self.split += sum(start > 0 for row in layout for k, start, end in row if end == samples[k].length)
+        events = [e for k in done if (e := self.pending.pop(k)) is not None] + skipped
+        [account] = by_training_step([StepAccount(events=events)], [done],
+                                     getattr(self.source, "source_name", None))
+        settle(self.limit, account, self.account, self.step, kept=None)
+        self.last_counts = account.counts
         return layout, samples

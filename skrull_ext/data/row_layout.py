@@ -1,5 +1,5 @@
 """How torchtitan's batching (``skrull.enable = false``) lays samples out in
-its ``[B, seq_len]`` rows: the two ``[dataloader] packing`` modes.
+its ``[B, seq_len]`` rows: the three ``[dataloader] packing`` modes.
 
 A row is a list of pieces ``(sample, first token, end token)``; each piece
 is a document under torchtitan's document mask (positions restart at 0 at

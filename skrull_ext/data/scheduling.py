@@ -26,7 +26,10 @@ window's first step the loader reads (draws and limits) the window's W global
 batches and the core regroups their samples over the window's steps
 (``Scheduler.lookahead``: each step keeps the number of samples that arrived
 in it, none moves more than W-1 steps, the window's predicted time is
-least); each step then plans and trains the samples given to it. Each step's
+least); each step then plans and trains the samples given to it, and counts
+them (a trained sample at the step that trains it, a skipped one at the step
+it arrived in: accounting.by_training_step), so a run that stops inside a
+window has counted what it trained. Each step's
 loss is normalised by the window's mean loss tokens per step, not its own,
 so a token weighs the same whichever step of the window it landed in
 (docs/design/lookahead.md). Validation never looks ahead.
@@ -52,7 +55,7 @@ from dataclasses import dataclass, field, replace
 from torchtitan.components.tokenizer import BaseTokenizer
 from torchtitan.tools.logging import logger
 
-from skrull_ext.data.accounting import RunAccount, StepAccount
+from skrull_ext.data.accounting import RunAccount, StepAccount, by_training_step
 from skrull_ext.data.buffers import MicroBatchBuffer
 from skrull_ext.data.overlength import LengthLimit, cut, decide_lengths, loss_tokens, scheduler_limit, settle
 from skrull_ext.data.plan_buffers import rank_buffers
@@ -84,8 +87,8 @@ class SkrullStep:
     """What the step's summed token loss is divided by: ``global_valid_tokens`` (None sets
     it), or under look-ahead the window's loss tokens / its steps (every step of a window
     the same)."""
-    window: "WindowSummary | None" = None
-    """Under look-ahead: what this step's window did (the same on each of its steps)."""
+    window: "LookaheadWindow | None" = None
+    """Under look-ahead: the step's window, what it did (the same on each of its steps)."""
     schedule_us: float = 0.0
     """Wall time this rank spent planning the step (core, CP-SAT, checks)."""
     build_us: float = 0.0
@@ -112,49 +115,53 @@ class SkrullStep:
 
 
 @dataclass(frozen=True)
-class WindowSummary:
-    """What a look-ahead window did (logged on each of its steps: ``skrull/lookahead_*``)."""
+class LookaheadWindow:
+    """A look-ahead window as the loader made it: its samples by the step that trains them and
+    what the regrouping did (logged on each of its steps: ``skrull/lookahead_*``). Which steps
+    it spans is ``Windows``' answer (data/windows.py); this is what its steps train."""
 
     index: int
     """Window number, counted from the run's first (data/windows.py)."""
-    steps: int
-    """W, its width."""
-    moved: int
+    first: int
+    """Its first step."""
+    width: int
+    """W, its number of steps."""
+    samples: list[list[int]]
+    """Per step of the window: the source indices it trains (arrival order within a step)."""
+    lengths: list[list[int]]
+    """The same samples' trained lengths."""
+    losses: list[list[int]]
+    """The same samples' loss tokens."""
+    accounts: list[StepAccount]
+    """Per step: what it counts (accounting.by_training_step: a trained sample at the step that
+    trains it, a skipped one at the step it arrived in)."""
+    moved: int = 0
     """Samples trained at another step than they arrived in."""
-    max_delay: int
+    max_delay: int = 0
     """Largest distance in steps between a sample's arrival and its training (<= W-1)."""
-    predicted_us: float
+    predicted_us: float = 0.0
     """The window's predicted time as regrouped (sum of its steps)."""
-    arrival_us: float
+    arrival_us: float = 0.0
     """The same in arrival order: what the window would take without look-ahead."""
-    plan_us: float
+    plan_us: float = 0.0
     """Wall time of the core's regrouping."""
+
+    @property
+    def last(self) -> int:
+        return self.first + self.width - 1
 
     @property
     def saved_us(self) -> float:
         return self.arrival_us - self.predicted_us
 
-
-@dataclass(frozen=True)
-class _Window:
-    """A look-ahead window's samples by the step that trains them (source indices, trained
-    lengths, loss tokens; arrival order within a step) and each arrival step's account."""
-
-    index: int
-    first: int
-    """Its first step."""
-    samples: list[list[int]]
-    lengths: list[list[int]]
-    losses: list[list[int]]
-    accounts: list[StepAccount]
-    """Per step of arrival: what was read, cut, skipped (counted when that step is built)."""
-    summary: WindowSummary | None
-    """None for a window of one step (no look-ahead)."""
-
     @property
     def loss_tokens(self) -> float:
         """Mean loss tokens per step of the window."""
         return sum(map(sum, self.losses)) / len(self.losses)
+
+    def trained_after(self, step: int) -> list[int]:
+        """The samples the window trains after ``step``: those a run that stops at ``step`` leaves."""
+        return [i for j in range(max(0, step + 1 - self.first), self.width) for i in self.samples[j]]
 
 
 @dataclass(frozen=True)
@@ -197,29 +204,32 @@ class StepBuilder:
         out.build_us = (time.perf_counter() - begin) * 1e6
         return out
 
-    def window(self, step: int) -> _Window:
+    def window(self, step: int) -> LookaheadWindow:
         """The window holding ``step`` (1-based): its W global batches drawn and limited, their
-        samples regrouped over its steps by the core (W > 1). A function of the window's index
-        and the source, so every rank, and a resumed run, makes the same one."""
+        samples regrouped over its steps by the core (W > 1), each step's account by the step
+        that trains a sample. A function of the window's index and the source, so every rank,
+        and a resumed run, makes the same one."""
         span = self.windows.window(step)
         index, first, w = span.index, span.first, span.width
         if self._last and self._last[0].index == index:
             return self._last[0]
         samples, lengths, losses, accounts = [], [], [], []
-        for s in range(first, first + w):
+        for s in range(first, span.last + 1):
             kept, n, c, account = decide_lengths(self.limit, self.source.global_batch(s, self.global_batch_size),
                                                  self.source, s)
             samples.append(kept)
             lengths.append(n)
             losses.append(c)
             accounts.append(account)
-        summary = None
-        if w > 1:
+        if w == 1:
+            out = LookaheadWindow(index, first, w, samples, lengths, losses, accounts)
+        else:
             a = self.scheduler.lookahead(lengths)
             flat = [(i, n, c) for b in range(w) for i, n, c in zip(samples[b], lengths[b], losses[b])]
             samples, lengths, losses = ([[flat[q][f] for q in members] for members in a.steps] for f in range(3))
-            summary = WindowSummary(index, w, a.moved, a.max_delay, a.window_us, a.arrival_window_us, a.elapsed_us)
-        out = _Window(index, first, samples, lengths, losses, accounts, summary)
+            accounts = by_training_step(accounts, samples, getattr(self.source, "source_name", None))
+            out = LookaheadWindow(index, first, w, samples, lengths, losses, accounts, a.moved, a.max_delay,
+                                  a.window_us, a.arrival_window_us, a.elapsed_us)
         self._last[:] = [out]
         return out
 
@@ -235,18 +245,17 @@ class StepBuilder:
         plan.validate()
         schedule_us = (time.perf_counter() - start) * 1e6
         samples = _Samples(self.source, indices, lengths)
-        kept = [m >= 0 for m in plan.micro_batch]
         valid = sum(  # the planned length is the limited one (the limit runs first); anything else is recounted
             (c if n == m else loss_tokens(self.source, i, n, self.source.length(i)))
-            for i, m, c, n, k in zip(indices, lengths, losses, plan.lengths, kept) if k
+            for i, m, c, n in ((indices[k], lengths[k], losses[k], plan.lengths[k]) for k in plan.trained)
         )
         mbs = rank_buffers(plan, samples, indices, self.dp_rank, self.cp_rank, self.own_only)
         if self.pin:
             mbs = [mb.staged() for mb in mbs]
         return SkrullStep(
             step=step, dp_rank=self.dp_rank, samples=indices, plan=plan, micro_batches=mbs,
-            global_valid_tokens=valid, loss_tokens=valid if win.summary is None else win.loss_tokens,
-            window=win.summary, schedule_us=schedule_us, account=account,
+            global_valid_tokens=valid, loss_tokens=valid if win.width == 1 else win.loss_tokens,
+            window=None if win.width == 1 else win, schedule_us=schedule_us, account=account,
             totals=run.totals.as_dict(), source_totals={n: c.as_dict() for n, c in run.by_source.items()},
         )
 
@@ -288,7 +297,7 @@ class SkrullDataLoader(SourceDataLoaderBase):
     class Config(SourceDataLoaderBase.Config):
         prefetch_steps: int = 2
         """Steps built ahead on a background thread (draw, limit, plan, buffers) while the current one
-        trains; 0: built when the trainer asks, on its thread. Same steps either way (datasets/prefetch.py)."""
+        trains; 0: built when the trainer asks, on its thread. Same steps either way (data/prefetch.py)."""
 
         def __post_init__(self):
             SourceDataLoaderBase.Config.__post_init__(self)
@@ -334,10 +343,20 @@ class SkrullDataLoader(SourceDataLoaderBase):
             )
         self.close()
         self.scheduler, self.cp_rank, self.cp_size = scheduler, cp_rank, cp_size
-        self.limit = scheduler_limit(c, self.config.max_len)
+        self.limit = self.limit_of(c)
         self.windows = self._continue()
         self.builder = StepBuilder(self.source, scheduler, self.limit, self.config.global_batch_size,
                                    self.dp_rank, cp_rank, pin=pin, windows=self.windows)
+
+    def limit_of(self, job) -> LengthLimit:
+        """The length limit this loader applies under ``job`` (attached or not)."""
+        return scheduler_limit(job, self.config.max_len)
+
+    def decided_lengths(self, job, step: int) -> list[int]:
+        """1-based ``step``'s global batch as ``job``'s limit trains it (the lengths, no token
+        built, nothing counted): what start-up prices before the loader is attached."""
+        return decide_lengths(self.limit_of(job), self.source.global_batch(step, self.config.global_batch_size),
+                              self.source, step)[1]
 
     def _continue(self) -> Windows:
         """The job's ``[skrull] lookahead`` windows, or after a resume the checkpoint's continued
@@ -384,8 +403,7 @@ class SkrullDataLoader(SourceDataLoaderBase):
         if out.account.warning is not None and self.builder.warn:  # warned for the steps that train only
             logger.warning(out.account.warning)
         # Tokens of the step over all ranks, as the packed loader counts them (bench cp reads it).
-        dropped = set(out.plan.dropped)
-        self.last_tokens = sum(n for k, n in enumerate(out.plan.lengths) if k not in dropped)
+        self.last_tokens = sum(out.plan.trained_lengths)
         return out
 
     def close(self) -> None:
@@ -402,8 +420,8 @@ class SkrullDataLoader(SourceDataLoaderBase):
         # The state after the last step handed out, not the prefetch thread's.
         # The same on every rank (a function of the global batches), so DCP
         # keeps one copy and a resume may change the DP/CP layout. The keys are
-        # those of torchtitan's batching (packed.py), whose 'stream' packing
-        # carries pieces of sequences into the next step; Skrull never does, so
+        # those of torchtitan's batching (packed.py), whose 'stream' and 'documents'
+        # packings carry pieces or whole sequences into the next step; Skrull never does, so
         # either batching continues the other's checkpoint (DCP loads the keys
         # of the fresh loader: a key one side lacked failed the resume).
         # "lookahead": the windows trained so far (data/windows.py), so a resume with another

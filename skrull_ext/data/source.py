@@ -5,7 +5,8 @@ buffers) draws the same global batches from the same source, which is what
 makes a Skrull run comparable token for token with a torchtitan run. A
 source maps a sample index to a ``Sample`` as a pure function of the index,
 gives lengths without building tokens, and a global batch is a function of
-its step: the step is the whole checkpointed state.
+its step; a loader checkpoints the step and what it carries over (its
+counts, look-ahead windows, carried pieces).
 
 Sources are a registry (``DATASETS``): ``synthetic`` (tokens whose lengths
 follow a shipped distribution), ``jsonl`` (real text tokenized with the
@@ -106,7 +107,7 @@ class SourceDataLoaderBase(BaseDataLoader):
     class Config(BaseDataLoader.Config):
         dataset: Literal[tuple(DATASETS)] = "synthetic"  # pyrefly: ignore[invalid-literal]
         """Where samples come from: synthetic tokens, a JSONL file or HF datasets files (dataset_path), or a
-        weighted mixture of several (``mixture``: [[dataloader.sources]], datasets/mixture.py)."""
+        weighted mixture of several (``mixture``: [[dataloader.sources]], data/mixture.py)."""
         sources: list[MixSource] = field(default_factory=list)
         """mixture: the sources, each with its path, weight and optional name, dataset, format, split, epochs."""
         lengths: str = "sharegpt_v3_conversations.qwen"

@@ -31,8 +31,8 @@ much as tokenizing it; every edit, copy-over or regeneration changes mtime
 hashed (a re-downloaded identical tokenizer keeps the cache).
 
 Writes are crash-safe: a store is built in ``<key>.tmp-<pid>`` and renamed
-to ``<key>`` only when complete; ``open_store`` also checks every file's
-size against meta.json, so a partial or truncated store is removed and
+to ``<key>`` only when complete; ``store_is_complete`` (called by
+``ensure_store``) also checks every file's size against meta.json, so a partial or truncated store is removed and
 rebuilt, never read. Concurrent ranks: an exclusive ``fcntl.flock`` on
 ``<key>.lock`` serialises builders; the first builds, the rest wait on the
 lock and then find the finished store (a killed builder releases the lock

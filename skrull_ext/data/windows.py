@@ -74,6 +74,19 @@ class Windows:
             return Window(index + j, first + j * width, width)
         raise AssertionError("unreachable: the last regime has no end")
 
+    def end(self, steps: int) -> int:
+        """The last step whose global batch a run of ``steps`` steps reads: the end of the window
+        holding its last step (past ``steps`` when the run stops inside a window). The one place
+        that says where a window ends: the start-up checks, the look-ahead choice and the loader
+        all ask here."""
+        return self.window(steps).last
+
+    def left(self, steps: int) -> range:
+        """The steps of the window holding step ``steps`` that come after it: a run of ``steps``
+        steps reads their global batches (the window regroups them) but never trains them.
+        Empty when ``steps`` ends a window."""
+        return range(steps + 1, self.end(steps) + 1)
+
     def switch(self, done: int, width: int) -> Windows:
         """These windows continued with ``width`` after a checkpoint of step ``done``: the window
         holding step ``done + 1`` keeps its width (it was regrouped by it, and may have trained

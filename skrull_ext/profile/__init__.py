@@ -17,13 +17,16 @@ One concern per module:
     compute.py  fwd+bwd timing of its layers, fit T = a*F + b
     memory.py   saved-for-backward and peak bytes, static account, BucketSize
     comm.py     all-gather / reduce-scatter latency, piecewise fit
+    head.py     the cost per token outside the layers (token_us)
+    micro_batch.py  the fixed cost of one micro-batch
     fit.py      the least-squares fits (plain Python)
     check.py    fill one rank to BucketSize and measure it
     train_check.py  the same question asked of a real training run (torchrun)
     train_report.py its per-rank verdict: measured peak vs the profile's budget
     writer.py   the profile TOML and the console report
     plot.py     PNG of points vs fits
-    cli.py      the command line
+    ranks.py    process-group helpers: every rank measures, rank 0 writes
+    cli.py      the command line (__main__.py runs it)
 """
 
 from skrull_ext.profile.fit import PiecewiseFit, PolyFit, fit_piecewise, fit_poly

@@ -11,7 +11,7 @@
 - ``plan``: the one plan type it returns (slots x rank sets), with its summaries; ``plan_check`` its
   invariants.
 
-Nothing here imports torch: the plan is a pure function of the lengths, the
+Nothing here but model_shape.py (the job's dtypes) imports torch: the plan is a pure function of the lengths, the
 cost model and the options. ``Scheduler`` loads on first use (PEP 562), and
 ortools only when CP-SAT first solves (a job without ``cpsat`` never imports it).
 """

@@ -4,8 +4,10 @@ Policies are a registry (name -> core options), not an if-chain: a new policy
 is one entry in ``POLICIES``. A config resolves its policy name once, when it
 is made (``SchedulingOptions.policy_spec``); everything downstream reads that
 ``Policy``, never the registry again. Each knob's default is written here
-once (the C++ ``Options`` defaults serve C++ callers only; ``core_options``
-sets every field declared here).
+once, except that a job's ``[skrull] lookahead`` defaults to "auto"
+(skrull_config.py; a SchedulerConfig's stays 1). The C++ ``Options``
+defaults serve C++ callers only; ``core_options`` sets every field declared
+here.
 """
 
 from __future__ import annotations
@@ -145,7 +147,8 @@ def check_bucket_size(value, from_profile: bool) -> None:
 class SchedulingOptions:
     """The knobs that shape a plan, whatever the job shape: shared by
     ``SchedulerConfig`` (the core's config) and the job file's ``[skrull]``
-    section (``skrull_ext.train.skrull_config.SkrullConfig``), declared once here."""
+    section (``skrull_ext.train.skrull_config.SkrullConfig``), declared once here
+    (lookahead excepted: the section's defaults to "auto")."""
 
     bucket_size: BucketSize = 26624
     """BucketSize C: tokens one CP rank can hold (from the profiler; the paper's 26K for 0.5B).
@@ -203,8 +206,10 @@ class SchedulingOptions:
                 check_int("lookahead", w, 1, _core.MAX_LOOKAHEAD)
             except ValueError:  # one message for both failures, naming "auto" where it is accepted
                 also = f' or "{LOOKAHEAD_AUTO}" (chosen from the data)' if self.LOOKAHEAD_FROM_DATA else ""
+                quoted = (f" (a quoted number is a string in TOML: write lookahead = {w.strip()} without quotes)"
+                          if isinstance(w, str) and w.strip().isdigit() else "")
                 raise ValueError(f"lookahead must be an integer in [1, {_core.MAX_LOOKAHEAD}]{also}, "
-                                 f"got {w!r}") from None
+                                 f"got {w!r}{quoted}") from None
 
     def options(self) -> dict:
         """The knobs as keyword arguments (for SchedulerConfig), as written."""

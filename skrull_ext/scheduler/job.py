@@ -6,8 +6,14 @@ Each resolves them, against the job's DP x CP and its cost model, into one
 frozen ``SchedulerJob``: the integer BucketSize, the ``Policy`` object, the
 timeline as the core's enum, whether the execution is free-running, the
 ``Capacity``, the cost model and the core's ``Options``, each made here once.
-The ``Scheduler``, its plans, the dataloader's step builder and the trainer
-read this object and nothing else of the config.
+The ``Scheduler``, its plans and the dataloader's step builder read this
+object and nothing else of the config; the trainer settles it once at
+start-up (train/settle.py) and takes the policy, BucketSize, timeline and
+look-ahead width from it after, reading the ``[skrull]`` section for what the
+job does not hold: the attention kernel, the K/V exchange, the plan log, the
+plan-hash check, ``defer_grad_sync`` (which micro-batch reduces gradients;
+the job holds the timeline it sets), the profile's warnings and the cost
+model's name in messages.
 """
 
 from __future__ import annotations
@@ -68,16 +74,20 @@ class SchedulerJob:
 
     @classmethod
     def of(cls, knobs: SchedulingOptions, *, dp: int, cp: int, timeline: Timeline, cost_model: CostModel,
-           bucket_size: int, free_running: bool = False) -> SchedulerJob:
+           bucket_size: int, free_running: bool = False, lookahead: int | None = None) -> SchedulerJob:
         """Resolve checked ``knobs`` (their ``policy_spec`` set by ``check``) for a DP x CP job on
-        ``timeline``, priced by ``cost_model``, at the integer ``bucket_size``. ``lookahead =
-        "auto"`` resolves to 1 here; the trainer replaces it once it has priced the data
-        (data/lookahead_choice.py)."""
+        ``timeline``, priced by ``cost_model``, at the integer ``bucket_size``, with windows of
+        ``lookahead`` global batches (default: the knobs' own width). ``lookahead = "auto"`` is
+        not a width: whoever priced the data says which (train/settle.py), else ValueError."""
+        if lookahead is None:
+            if knobs.lookahead == LOOKAHEAD_AUTO:
+                raise ValueError('lookahead = "auto" is not settled: pass the width the data was priced at '
+                                 "(train/settle.py chooses it for a training job)")
+            lookahead = knobs.lookahead
         return cls(dp=dp, cp=cp, bucket_size=bucket_size, policy=knobs.policy_spec, timeline=timeline,
                    cost_model=cost_model, overlength=knobs.overlength, cpsat=knobs.cpsat,
                    cpsat_margin=knobs.cpsat_margin, cpsat_deterministic_time=knobs.cpsat_deterministic_time,
-                   max_extra_micro_batches=knobs.max_extra_micro_batches,
-                   lookahead=1 if knobs.lookahead == LOOKAHEAD_AUTO else knobs.lookahead,
+                   max_extra_micro_batches=knobs.max_extra_micro_batches, lookahead=lookahead,
                    free_running=free_running)
 
     @property

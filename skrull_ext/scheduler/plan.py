@@ -312,9 +312,15 @@ class Plan:
         return len(self.lengths)
 
     @property
+    def trained(self) -> list[int]:
+        """The sequences the plan trains, by position: the one answer to which they are (a
+        dropped one has micro-batch -1); the loader's loss tokens and token counts read it."""
+        return [k for k, m in enumerate(self.micro_batch) if m >= 0]
+
+    @property
     def trained_lengths(self) -> list[int]:
-        """The effective lengths of the sequences the plan trains (a dropped one has micro-batch -1)."""
-        return [n for n, m in zip(self.lengths, self.micro_batch) if m >= 0]
+        """The effective lengths of the sequences the plan trains (``trained``)."""
+        return [self.lengths[k] for k in self.trained]
 
     @property
     def limit(self) -> int:
@@ -323,7 +329,7 @@ class Plan:
 
     def summary(self) -> dict[str, float]:
         """Per-step figures for logging: what ran local, what was sharded, balance."""
-        live = [k for k in range(len(self.lengths)) if self.micro_batch[k] >= 0]
+        live = self.trained
         num_ranks = self.num_ranks
         tok = sum(self.lengths[k] for k in live)
         mean = sum(self.group_time_us) / len(self.group_time_us) if self.group_time_us else 0.0

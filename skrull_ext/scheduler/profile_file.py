@@ -4,7 +4,8 @@ A profile file is what the offline profiler (skrull_ext/profile) measures
 and what the scheduler plans with. TOML::
 
     [model]     layers, hidden, kv_width, bytes_per_elem (and an optional name)
-    [compute]   a_us_per_flop, b_us
+    [compute]   a_us_per_flop, b_us (optional: attention_weight, the attention
+                term's weight against the linear layers'; absent = 1)
     [comm]      bytes = [...], us = [...]  (optional: threshold_bytes, floor_us,
                 collectives_per_layer, cross_group_factor: the exchange time
                 across CP groups over the same bytes within one, skrull-pool's
@@ -20,6 +21,8 @@ and what the scheduler plans with. TOML::
                 gathered once, gradients reduced once), its cost per
                 micro-batch and the cost the step pays once; absent = priced
                 as lockstep (fixed_us per micro-batch, nothing per step).
+                token_us: the cost per token outside the layers (head,
+                loss); absent = 0.
                 Fit keys (r2, max_rel_error, points, counts, method) informational
     [memory]    optional: one rank's memory model and BucketSize, the keys
                 of ``MEMORY_KEYS`` (below: what each means, its check, and

@@ -91,12 +91,8 @@ class Scheduler:
         return plan
 
     def lookahead(self, batches: Sequence[Sequence[int]]) -> _core.Lookahead:
-        """The window ``batches`` (each a global batch's lengths, in arrival order) regrouped
-        over its steps by the core (cpp/include/skrull/lookahead.hpp): each step priced as this
-        job plans it (its policy, pool or not, its timeline; the CP-SAT fallback is not run).
-        Pure function of the lengths: every rank gets the same regrouping."""
-        c = self.job
-        return _core.lookahead([_as_lengths(b) for b in batches], c.cost_model, c.options, pool=c.policy.pool)
+        """``plan_window`` of this scheduler's job."""
+        return plan_window(self.job, batches)
 
     def _worth_cpsat(self, time_us: float, lower_bound_us: float) -> bool:
         """The one CP-SAT decision (with ``job.uses_cpsat``): a placement
@@ -168,3 +164,12 @@ class Scheduler:
             f"micro-batch of {len(lengths)} sequences ({sum(lengths)} tokens) does not fit {c.cp} CP ranks x "
             f"{c.bucket_size} tokens (CP-SAT: {res.status})"
         )
+
+
+def plan_window(job: SchedulerJob, batches: Sequence[Sequence[int]]) -> _core.Lookahead:
+    """The window ``batches`` (each a global batch's lengths, in arrival order) regrouped over
+    its steps by the core (cpp/include/skrull/lookahead.hpp): each step priced as ``job`` plans
+    it (its policy, pool or not, its timeline; the CP-SAT fallback is not run). Pure function of
+    the lengths: every rank gets the same regrouping. A function of the job, not of a Scheduler:
+    start-up prices windows to settle the job before its one Scheduler is built (train/settle.py)."""
+    return _core.lookahead([_as_lengths(b) for b in batches], job.cost_model, job.options, pool=job.policy.pool)

@@ -2,7 +2,7 @@
 
 Pieces, one concern each:
 
-
+- scenarios.py  named job shapes: the paper's evaluation settings
 - datasets.py   length streams: real files and the paper's Table 1 distributions
 - packing.py    cluster Shape and Plan builders for the non-core policies
 - chunkflow.py  ChunkFlow-style chunk plans

@@ -4,13 +4,21 @@
 - ``job_file``, ``job_flags``, ``skrull_config``, ``config_registry``: a job TOML and its
   ``--section.key`` flags into a torchtitan ``Trainer.Config`` (``[skrull]`` is ``SkrullConfig``),
   and the named configs for torchtitan's own ``--module skrull_ext.train --config NAME``;
+  ``job_help``, ``usage``: ``--help`` from the parser's own keys, and the usage printed
+  before torch loads;
 - ``job_checks``, ``resume_checks``: a whole job checked before any model is built;
   ``tensor_parallel``: how TP composes with DACP, and the parallelism Skrull refuses (PP);
 - ``job_config``: every job's config (``JobConfig``, whose ``build()`` picks the trainer by
   ``skrull.enable``); ``trainer``: ``SkrullTrainer``, torchtitan's Trainer fed by the
   scheduling dataloader; ``packed_trainer``: ``PackedTrainer``, torchtitan's own batching
   for ``skrull.enable = false``; ``job_trainer``: ``JobTrainer``, what both share;
-  ``free_running``, ``validation``, ``watchdog``, ``step_checks``, ``plan_log``: their parts.
+  ``free_running``, ``validation``, ``watchdog``, ``step_checks``, ``plan_log``,
+  ``doc_flops`` (document-aware FLOPs): their parts;
+- ``settle``, ``execution``: the Skrull job settled once at start-up (lockstep or
+  free-running, BucketSize, timeline, look-ahead width);
+- ``allocator``, ``compile_limit``: the CUDA allocator's settings and dynamo's recompile
+  limit for a run; ``run_lock``, ``launcher_watch``, ``interrupt``, ``stop_line``: how a run
+  stops (the dump folder's lock, a dead launcher, Ctrl-C, the last line).
 
 torchtitan's own behaviour is changed only in the top-level ``torchtitan_patches``.
 """

@@ -26,8 +26,9 @@ the profile's free-running fixed costs per step and per micro-batch).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from skrull_ext._core import ModelShape
 from skrull_ext.scheduler.capacity import Capacity
@@ -48,6 +49,8 @@ class Execution:
     free_running: bool
     bucket_size: int
     reason: str
+    bucket_from: str = field(default="", compare=False)
+    """Where ``bucket_size`` comes from, for the start-up line (``choose_execution`` sets it)."""
 
 
 def _fits(mem, unsharded: float, bucket: int) -> tuple[bool, str]:
@@ -72,7 +75,7 @@ def predicted_step_us(skrull, dp: int, cp: int, shape: ModelShape, model_name: s
         return None
     timeline = job_timeline(dp_shard, dp_replicate, free_running, skrull.defer_grad_sync)
     scheduler = skrull.build(dp, cp, shape, model_name, timeline=timeline, free_running=free_running,
-                             bucket_size=bucket)
+                             bucket_size=bucket, lookahead=1)  # each step planned on its own
     return sum(scheduler.schedule(list(step)).makespan_us for step in steps) / len(steps)
 
 
@@ -83,8 +86,20 @@ def choose_execution(skrull, *, unsharded: float | None, dp: int, cp: int, dp_sh
     FSDP unit: nothing to hold, nothing to choose). ``steps``: the first global batches'
     lengths, planned both ways when auto weighs BucketSize against execution.
     Raises ValueError (one line) when ``free_running = true`` does not fit."""
+    bucket = skrull.resolved_bucket_size()  # the one read of the section's BucketSize in a training job
+    out = _choose(skrull, bucket, unsharded, dp, cp, dp_shard, dp_replicate, shape, model_name, steps)
+    if skrull.bucket_size != FROM_PROFILE:
+        origin = "skrull.bucket_size"
+    elif out.bucket_size == bucket:
+        origin = "the profile's"
+    else:
+        origin = f"free-running's fit, under the profile's {bucket}"
+    return dataclasses.replace(out, bucket_from=origin)
+
+
+def _choose(skrull, bucket: int, unsharded: float | None, dp: int, cp: int, dp_shard: int, dp_replicate: int,
+            shape: ModelShape, model_name: str, steps: Sequence[Sequence[int]]) -> Execution:
     mode = skrull.free_running
-    bucket = skrull.resolved_bucket_size()
     if mode is False:
         return Execution(False, bucket, "skrull.free_running = false: lockstep (parameters gathered per micro-batch)")
     if unsharded is None:

@@ -20,6 +20,7 @@ import shutil
 
 from skrull_ext.data.checks import check_data
 from skrull_ext.errors import JobFileError
+from skrull_ext.scheduler.config import LOOKAHEAD_AUTO
 from skrull_ext.train.tensor_parallel import check_skrull_parallelism
 
 __all__ = ["check_job"]
@@ -146,7 +147,8 @@ def _check_validation(config) -> None:
 
 def _check_skrull(config, on_cpu: bool) -> None:
     skrull = getattr(config, "skrull", None)
-    if skrull is not None and not skrull.enable and skrull.lookahead != 1:
+    if skrull is not None and not skrull.enable and skrull.lookahead not in (1, LOOKAHEAD_AUTO):
+        # "auto" (the default) chooses among widths Skrull plans; with Skrull off it chooses 1.
         raise _bad("skrull.lookahead", skrull.lookahead, "needs skrull.enable = true (torchtitan's batching trains "
                    "each global batch at its own step); set it to 1 or enable Skrull")
     if skrull is None or not skrull.enable:

@@ -71,6 +71,20 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 
+QUOTED = "a quoted number is a string in TOML"
+
+
+def _quoted(value, key: str) -> str:
+    """Why a number arrived as a string: it was quoted in the job file (``lookahead = "8"``)."""
+    if not isinstance(value, str):
+        return ""
+    try:
+        float(value)
+    except ValueError:
+        return ""
+    return f" ({QUOTED}: write {key.rsplit('.', 1)[-1]} = {value.strip()} without quotes)"
+
+
 def _coerce(value: Any, tp: Any, key: str) -> Any:
     """Check a TOML value against annotation ``tp``; return it converted."""
     if isinstance(value, Flag):
@@ -95,6 +109,9 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
                 return _coerce(value, member, key)
             except JobFileError as e:
                 errors.append(str(e).split(": ", 1)[-1])
+        quoted = [e for e in errors if QUOTED in e]
+        if quoted:  # lookahead = "8": the quotes are the mistake, not the value
+            raise JobFileError(f"{key}: {quoted[0]}")
         raise JobFileError(f"{key}: {value!r} matches none of: {'; '.join(errors)}")
     if tp is bool:
         if not isinstance(value, bool):
@@ -102,11 +119,11 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         return value
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise JobFileError(f"{key}: expected an integer, got {value!r}")
+            raise JobFileError(f"{key}: expected an integer, got {value!r}{_quoted(value, key)}")
         return value
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise JobFileError(f"{key}: expected a number, got {value!r}")
+            raise JobFileError(f"{key}: expected a number, got {value!r}{_quoted(value, key)}")
         return float(value)
     if tp is str:
         if not isinstance(value, str):
@@ -366,7 +383,7 @@ class JobConfigManager(ConfigManager):
         path, rest, model = None, [], {}
         it = iter(args)
         for arg in it:
-            if arg.startswith("--model."):  # [model] is read by load_job, not a config field tyro knows
+            if arg.startswith("--model."):  # [model] is read by load_job, not a config field the flags set
                 key, eq, value = arg[len("--model."):].partition("=")
                 value = value if eq else next(it, None)
                 if value is None:

@@ -9,7 +9,9 @@ a command line has no TOML types. Before this, flags went through tyro, which
 cannot build a parser for a section whose class a ``kind`` chooses (every
 ``--activation_checkpoint.*`` flag, and any ``--x.flag false``, failed with
 "Could not create CLI parser"), and whose errors could only be read back out
-of its printed box. tyro still prints ``--help``.
+of its printed box. This is the one flag parser, kept over tyro for those
+reasons; ``--help`` is printed from the same fields it accepts (job_help.py),
+so the help never offers a flag this parser refuses.
 
 Forms: ``--a.b VALUE``, ``--a.b=VALUE``, ``--a.b V1 V2`` or ``--a.b V1,V2``
 for a list, ``--a.b K1 V1 K2 V2`` for a table of values, a bare ``--a.flag`` for true and ``--a.no-flag`` (or

@@ -178,6 +178,8 @@ class JobTrainer(Trainer):
         first = account.loaded_step + 1
         if first <= 1:
             return f" over the run, steps 1..{self.step}, all in this launch"
+        if self.step < first:  # stopped before its first step (a start-up check after the checkpoint loaded)
+            return f" over the run, steps 1..{self.step} (every launch); this launch trained no step"
         c = account.launch()
         return (f" over the run, steps 1..{self.step} (every launch); this launch, steps {first}..{self.step}: "
                 f"samples read {c.read} = trained whole {c.whole} + trained cut {c.cut} + skipped {c.skipped}")

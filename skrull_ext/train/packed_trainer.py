@@ -37,6 +37,26 @@ class PackedTrainer(JobTrainer):
                 (e - s for row in layout for _, s, e in row), *context_cuts(layout))
             self._log_samples_with_torchtitans_metrics()
 
+    def _summary_tail(self) -> str:
+        """Under 'stream' and 'documents': what the run drew and carries untrained past its last
+        step (not counted above: a sample counts when trained, data/packed.py), and under 'stream'
+        how many it trained split across rows (the step lines' 'cut documents', which 'trained cut',
+        samples cut to the length limit, does not count)."""
+        loader = getattr(self, "dataloader", None)
+        if not isinstance(loader, PackedDataLoader) or loader.config.packing == "rows":
+            return ""
+        carried = list(dict.fromkeys(k for k, _, _ in loader.carry))
+        partly = len({k for k, s, _ in loader.carry if s > 0})
+        out = ""
+        if loader.config.packing == "stream":
+            out += (f"; dataloader.packing 'stream' split {loader.split} of this launch's trained samples across rows "
+                    "(each trained whole, a piece after a split without the context before it)")
+        if carried:
+            out += (f"; {len(carried)} samples drawn are carried past step {self.step}, not trained"
+                    + (f" ({partly} of them in part)" if partly else "")
+                    + " and not counted: a run resumed from its checkpoint trains them first")
+        return out
+
     def _log_samples_with_torchtitans_metrics(self) -> None:
         """torchtitan's own train_step logs the step: add the same ``skrull/samples_*``
         tags Skrull's steps log, so the accounting reads the same in TensorBoard

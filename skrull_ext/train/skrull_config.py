@@ -1,11 +1,13 @@
 """``SkrullConfig``: the ``[skrull]`` section of a job, and what it builds.
 
 The scheduling knobs are ``skrull_ext.scheduler.config.SchedulingOptions``, inherited,
-so a knob and its default are declared once for the core and the job file.
+so a knob and its default are declared once for the core and the job file
+(lookahead excepted: "auto" here, 1 for a SchedulerConfig).
 This adds what only training needs: the on/off switch, the cost model, the
 DACP attention's kernel and K/V transport, and debug switches. DP and CP
 sizes come from ``[parallelism]``: ``resolve(dp, cp, shape, model_name, timeline,
-free_running, bucket_size)`` makes the job's one resolved ``SchedulerJob``
+free_running, bucket_size, lookahead)`` (called by train/settle.py, which
+settles the last four) makes the job's one resolved ``SchedulerJob``
 (scheduler/job.py), and ``build`` (same arguments) the Scheduler on it.
 
 Values are checked when the config is made, so a bad TOML or CLI value fails
@@ -32,7 +34,7 @@ from skrull_ext._core import ModelShape, Timeline
 from skrull_ext.attention.kernels import KERNEL_CHOICES, check_kernel
 from skrull_ext.attention.transport import TRANSPORT_CHOICES, check_exchange
 from skrull_ext.scheduler import cost_model as cost_models
-from skrull_ext.scheduler.config import FROM_PROFILE, SchedulerConfig, SchedulingOptions
+from skrull_ext.scheduler.config import FROM_PROFILE, LOOKAHEAD_AUTO, Lookahead, SchedulerConfig, SchedulingOptions
 from skrull_ext.scheduler.job import SchedulerJob
 from skrull_ext.scheduler.profile_file import Profile
 
@@ -54,6 +56,13 @@ class SkrullConfig(SchedulingOptions):
 
     check_plan_hash: bool = False
     """Debug: compare every rank's plan digest each step and fail loudly on a mismatch."""
+
+    lookahead: Lookahead = LOOKAHEAD_AUTO
+    """Global batches read ahead and regrouped together (docs/design/lookahead.md): "auto" (the
+    default) takes the width the job's cost model predicts pays on its first global batches (2, 4
+    or 8; 1 if none is predicted 5% faster), said in one log line at start-up; an integer W in
+    [1, 1024] sets it (1: every step trains its own global batch). Every sample is trained once,
+    at most W - 1 steps from the step it arrived in, with the same loss weight."""
 
     plan_log: bool = False
     """Append each step's plan and buffer digests to <dump_folder>/skrull_plans/rank<R>.jsonl."""
@@ -192,23 +201,31 @@ class SkrullConfig(SchedulingOptions):
                 f"times and memory will be off. Re-profile with the job's compile setting")
 
     def scheduler_config(self, dp: int, cp: int, timeline: str = "lockstep",
-                         bucket_size: int | None = None) -> SchedulerConfig:
+                         bucket_size: int | None = None, lookahead: int | None = None) -> SchedulerConfig:
         """These knobs as plain values for a DP x CP job on ``timeline`` (by name), at
-        ``bucket_size`` (default: ``resolved_bucket_size``): for tests and tools that pick
-        their own cost model (``Scheduler(config, cost_model)``). A job resolves ``resolve``."""
-        knobs = {**self.options(), "bucket_size": bucket_size or self.resolved_bucket_size()}
+        ``bucket_size`` (default: ``resolved_bucket_size``) with windows of ``lookahead``
+        (default: the section's width; required when it says "auto", which is not a plain
+        value): for tests and tools that pick their own cost model (``Scheduler(config,
+        cost_model)``). A job resolves ``resolve``."""
+        if lookahead is None and self.lookahead == LOOKAHEAD_AUTO:
+            raise ValueError('lookahead = "auto" is not settled: pass the width the data was priced at '
+                             "(train/settle.py chooses it for a training job)")
+        knobs = {**self.options(), "bucket_size": bucket_size or self.resolved_bucket_size(),
+                 "lookahead": lookahead or self.lookahead}
         return SchedulerConfig(dp=dp, cp=cp, timeline=timeline, **knobs)
 
     def resolve(self, dp: int, cp: int, shape: ModelShape, model_name: str = "the job's model",
                 timeline: Timeline = Timeline.LOCKSTEP, free_running: bool = False,
-                bucket_size: int | None = None) -> SchedulerJob:
+                bucket_size: int | None = None, lookahead: int | None = None) -> SchedulerJob:
         """This section resolved for a DP x CP job (the one door from the job file to the
         scheduler): BucketSize as an integer (``bucket_size``, train/execution.py's choice, or
         ``resolved_bucket_size``), the Policy, the job's ``timeline`` (config.job_timeline), its
-        execution (``free_running``), and ``shape`` priced on this hardware for that execution."""
+        execution (``free_running``), ``shape`` priced on this hardware for that execution, and
+        the look-ahead width (``lookahead``; required when the section says "auto":
+        train/settle.py prices the data to choose it)."""
         return SchedulerJob.of(self, dp=dp, cp=cp, timeline=timeline, free_running=free_running,
                                cost_model=self.build_cost_model(shape, model_name, free_running),
-                               bucket_size=bucket_size or self.resolved_bucket_size())
+                               bucket_size=bucket_size or self.resolved_bucket_size(), lookahead=lookahead)
 
     def build_cost_model(self, shape: ModelShape, model_name: str = "the job's model", free_running: bool = False):
         """``skrull_ext._core.CostModel`` of ``shape`` (the job's model, called
@@ -235,11 +252,12 @@ class SkrullConfig(SchedulingOptions):
                              f"[--model.hf_path DIR] --out P.toml)") from None
 
     def build(self, dp: int, cp: int, shape: ModelShape, model_name: str = "the job's model",
-              timeline: Timeline = Timeline.LOCKSTEP, free_running: bool = False, bucket_size: int | None = None):
+              timeline: Timeline = Timeline.LOCKSTEP, free_running: bool = False, bucket_size: int | None = None,
+              lookahead: int | None = None):
         """The Scheduler of ``resolve``'s job (same arguments)."""
         from skrull_ext.scheduler import Scheduler  # CP-SAT (ortools) only when a scheduler is built
 
-        return Scheduler(self.resolve(dp, cp, shape, model_name, timeline, free_running, bucket_size))
+        return Scheduler(self.resolve(dp, cp, shape, model_name, timeline, free_running, bucket_size, lookahead))
 
     def to_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.init}

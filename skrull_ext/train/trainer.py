@@ -13,7 +13,8 @@ parameters held unsharded for the step: free_running.py), each CP rank
 feeding its own buffer to the model, attention being the DACP attention over
 the CP group (local sequences whole, distributed ones by all-gathered K/V).
 The loss is the sum of token losses over the number of loss tokens of the
-whole global batch, so the gradient does not depend on the schedule
+whole global batch (under look-ahead, the window's mean per step:
+docs/design/lookahead.md), so the gradient does not depend on the schedule
 (docs/design/method.md, "Loss").
 
 Every step, before the optimizer touches the weights, the global loss and
@@ -43,20 +44,19 @@ from torchtitan.tools.logging import logger
 
 from skrull_ext.attention.kernels import kernel_name
 from skrull_ext.attention.local_only import attention_input, local_only_kernel
-from skrull_ext.data import lookahead_choice
 from skrull_ext.data.overlength import check_overlength
 from skrull_ext.data.scheduling import SkrullDataLoader, SkrullStep
-from skrull_ext.errors import JobFileError
+from skrull_ext.errors import DataError, JobFileError
 from skrull_ext.scheduler import Scheduler
-from skrull_ext.scheduler.config import FROM_PROFILE, LOOKAHEAD_AUTO, job_timeline, timeline_name
+from skrull_ext.scheduler.config import timeline_name
 from skrull_ext.scheduler.model_shape import compute_dtype, DTYPES, job_shape, model_compiled
 from skrull_ext.scheduler.profile_file import free_running_bytes
 from skrull_ext.train.compile_limit import length_free_fusion, raise_recompile_limit
-from skrull_ext.train.execution import AUTO, PREDICT_STEPS, Execution, choose_execution
 from skrull_ext.train.free_running import FreeRunningFSDP
 from skrull_ext.train.job_config import JobConfig
 from skrull_ext.train.job_trainer import JobTrainer, NonFiniteLossError, name_samples
 from skrull_ext.train.plan_log import PlanLog
+from skrull_ext.train.settle import Settled, settle
 from skrull_ext.train.step_checks import RatioSpread, check_plan_digests, step_log_line, step_metrics
 from skrull_ext.train.validation import Validation
 from torchtitan_patches.dacp_attention import install_dacp_attention
@@ -100,6 +100,7 @@ class SkrullTrainer(JobTrainer):
         """Per step, how long the training loop waited for its data (``skrull/data_wait_ms``)."""
         super().__init__(config)
         self._init_skrull()
+        self._checks_once_loaded()
 
     # ------------------------------------------------------------------ setup
     def _before_model(self, config: Config) -> None:
@@ -135,29 +136,21 @@ class SkrullTrainer(JobTrainer):
                 logger.info(line)
         switches = FreeRunningFSDP(self.model_parts)
         unsharded = self._unsharded_bytes() if switches else None  # no FSDP unit: nothing to hold unsharded
-        execution = self._choose_execution(dims, unsharded)
-        logger.info(f"Skrull execution: {execution.reason}")
+        settled = self._settle(dims, unsharded)
+        settled.log(logger)
+        execution = settled.execution
         self.free_running = switches if execution.free_running else None
         self.free_running_bytes = unsharded if execution.free_running else 0.0
         """What free-running holds beyond the static account and the activations (``skrull/free_running_bytes``)."""
-        timeline = job_timeline(dims.dp_shard, dims.dp_replicate, execution.free_running, skrull.defer_grad_sync)
-        self.skrull_job = skrull.resolve(self.dataloader.dp_world_size, dims.cp, self.model_shape,
-                                         self._model_name(self.config), timeline=timeline,
-                                         free_running=execution.free_running, bucket_size=execution.bucket_size)
-        """The job's scheduling, resolved once: the Scheduler, its plans and the step builder read it."""
+        self.skrull_job = settled.job
+        """The job's scheduling, settled once (train/settle.py): the Scheduler, its plans, the step
+        builder and this trainer read it, not the [skrull] section's scheduling keys (defer_grad_sync
+        aside: scheduler/job.py)."""
         self.scheduler = Scheduler(self.skrull_job)
         self.dataloader.attach(self.scheduler, cp_rank, dims.cp, pin=self.device.type == "cuda")
         if skrull.plan_log:
             rank = dist.get_rank() if dist.is_initialized() else 0
             self.plan_log = PlanLog(self.config.dump_folder, rank)
-        # Before any step: an over-length sequence under 'error' fails here. Under look-ahead the last
-        # window reads its global batches to its end, which may lie past training.steps ("auto" prices
-        # the steps of every width it may choose).
-        steps = self.config.training.steps
-        w = max(lookahead_choice.CANDIDATES) if skrull.lookahead == LOOKAHEAD_AUTO else self.skrull_job.lookahead
-        check_overlength(self.dataloader, first_step=1, last_step=-(-steps // w) * w)
-        if skrull.lookahead == LOOKAHEAD_AUTO:
-            self._choose_lookahead(cp_rank, dims.cp, lookahead_choice.horizon(steps))
         self.validation = (Validation(self.config.validation, self.dataloader, self.tokenizer)
                            if self.config.validation.enable else None)
         if self.validation is not None:
@@ -166,26 +159,61 @@ class SkrullTrainer(JobTrainer):
             f"Skrull: global batch {self.config.dataloader.global_batch_size} sequences a step (dataloader."
             "global_batch_size; the batch sizes torchtitan's line above gives are its own batching's, which this "
             "replaces), "
-            f"policy {skrull.policy}, bucket_size {self.skrull_job.bucket_size}"
-            + (" (the profile's)" if skrull.bucket_size == FROM_PROFILE else "") + ", "
+            f"policy {self.skrull_job.policy.name}, bucket_size {self.skrull_job.bucket_size} ({execution.bucket_from}), "
             f"DP {self.dataloader.dp_world_size} x CP {dims.cp} x TP {dims.tp}, cp_rank {cp_rank}, "
             f"attention kernel {kernel_name(skrull.attention_kernel, self.device, compute_dtype(self.config))}, "
-            f"timeline {timeline_name(timeline)}"
+            f"timeline {timeline_name(self.skrull_job.timeline)}, look-ahead {self.skrull_job.lookahead}"
             + (" (free_running: FSDP parameters unsharded for each step, no pad passes)" if execution.free_running
                else "")
         )
 
-    def _choose_lookahead(self, cp_rank: int, cp: int, steps: int) -> None:
-        """``[skrull] lookahead = "auto"``: price the first ``steps`` global batches in windows of
-        each candidate width with the job's scheduler (the loader attached with windows of 1
-        reads them as training limits them) and re-attach with the chosen width."""
-        builder = self.dataloader.builder
-        choice = lookahead_choice.choose(lambda s: builder.window(s).lengths[0], self.scheduler, steps)
-        logger.info(choice.line())
-        if choice.width > 1:
-            self.skrull_job = dataclasses.replace(self.skrull_job, lookahead=choice.width)
-            self.scheduler = Scheduler(self.skrull_job)
-            self.dataloader.attach(self.scheduler, cp_rank, cp, pin=self.device.type == "cuda")
+    def _checks_once_loaded(self) -> None:
+        """Run ``_start_checks`` right after torchtitan's ``train()`` loads the checkpoint (the
+        windows a resumed run trains are the checkpoint's continued: data/windows.py), before
+        its first step. torchtitan has no hook there, so its ``checkpointer.load`` is wrapped."""
+        load = self.checkpointer.load
+
+        def load_then_check(*args, **kwargs):
+            loaded = load(*args, **kwargs)
+            self._start_checks()
+            return loaded
+
+        self.checkpointer.load = load_then_check
+
+    def _start_checks(self) -> None:
+        """Before the first step of this launch, on the windows it trains (``Windows`` says where
+        its last one ends): an over-length sequence under 'error' in any global batch the run
+        reads fails here (a resumed run whose width changed may read past ``training.steps``),
+        and a run whose ``training.steps`` ends inside a window says, once, which samples that
+        window will leave untrained."""
+        loader, steps = self.dataloader, self.config.training.steps
+        first = loader.step + 1
+        if first > steps:
+            return
+        check_overlength(loader, first_step=first, last_step=loader.windows.end(steps))
+        if (line := self._left_line(steps, start=True)) is not None:
+            logger.warning(line)
+
+    def _left_line(self, steps: int, start: bool) -> str | None:
+        """What a run of ``steps`` steps leaves of the window it stops inside (None: it ends one)."""
+        loader = self.dataloader
+        left_steps = loader.windows.left(steps)
+        if not left_steps:
+            return None
+        win = loader.builder.window(steps)
+        left = win.trained_after(steps)
+        said = (f"steps {left_steps.start}..{left_steps.stop - 1}" if len(left_steps) > 1
+                else f"step {left_steps.start}")
+        if not start:
+            return (f"training.steps {steps} ended inside look-ahead window {win.index} (steps {win.first}.."
+                    f"{win.last}): {len(left)} samples it had regrouped onto {said} were read ahead and not "
+                    "trained (named at start-up; not counted above)")
+        multiple = win.first - 1  # the end of the window before
+        return (f"training.steps {steps} ends inside look-ahead window {win.index} (steps {win.first}..{win.last}, "
+                f"skrull.lookahead {win.width}): the {len(left)} samples the window regroups onto {said} will not "
+                f"be trained: {name_samples(loader.source, left)}. To train every sample read, set training.steps "
+                f"to {win.last}{f' or {multiple}' if multiple > 0 else ''} (whole windows), or resume from the last "
+                "checkpoint with more steps (docs/design/lookahead.md)")
 
     def _unsharded_bytes(self) -> float:
         """What free-running holds, counted from the built model: the unsharded parameters
@@ -199,17 +227,20 @@ class SkrullTrainer(JobTrainer):
         return free_running_bytes(sum(p.numel() for p in params),  # DTensor: the whole parameter
                                   sum(p.numel() for p in params if p.requires_grad), param_bytes, grad_bytes)
 
-    def _choose_execution(self, dims, unsharded: float | None) -> Execution:
-        """Free-running or lockstep (train/execution.py); ``unsharded``: what free-running
-        would hold (None: no FSDP unit, nothing to hold). A refusal is one line."""
-        skrull = self.config.skrull
-        last = min(self.config.training.steps, PREDICT_STEPS)
-        steps = ([[n for _, n in self.dataloader.step_lengths(k)] for k in range(1, last + 1)]
-                 if skrull.free_running == AUTO and skrull.bucket_size == FROM_PROFILE else [])
+    def _settle(self, dims, unsharded: float | None) -> Settled:
+        """The job settled once (train/settle.py): execution, BucketSize, timeline, look-ahead
+        width; ``unsharded``: what free-running would hold (None: no FSDP unit, nothing to
+        hold). A refusal is one line."""
+        loader = self.dataloader
         try:
-            return choose_execution(skrull, unsharded=unsharded, dp=self.dataloader.dp_world_size, cp=dims.cp,
-                                    dp_shard=dims.dp_shard, dp_replicate=dims.dp_replicate, shape=self.model_shape,
-                                    model_name=self._model_name(self.config), steps=steps)
+            return settle(self.config.skrull, dp=loader.dp_world_size, cp=dims.cp, dp_shard=dims.dp_shard,
+                          dp_replicate=dims.dp_replicate, shape=self.model_shape,
+                          model_name=self._model_name(self.config), unsharded=unsharded,
+                          training_steps=self.config.training.steps,
+                          raw_lengths=lambda k: [n for _, n in loader.step_lengths(k)],
+                          limited_lengths=loader.decided_lengths,
+                          check_lengths=lambda job, last: check_overlength(loader, 1, last, loader.limit_of(job),
+                                                                           quiet=True))
         except ValueError as e:  # the launcher prints it as one line (cli_errors)
             raise JobFileError(str(e)) from None
 
@@ -372,7 +403,14 @@ class SkrullTrainer(JobTrainer):
         super().close()
 
     def _summary_tail(self) -> str:
-        return self._data_wait_summary()
+        left = None
+        if isinstance(getattr(self, "dataloader", None), SkrullDataLoader) and self.dataloader.builder is not None \
+                and self.step == self.config.training.steps:
+            try:
+                left = self._left_line(self.step, start=False)
+            except DataError:  # the window cannot be rebuilt (a sample refused): the start-up line said it all
+                left = None
+        return ("" if left is None else f"; {left}") + self._data_wait_summary()
 
     def _data_wait_summary(self) -> str:
         """'; data wait per step: median .. ms' over the steps trained, the

@@ -5,7 +5,10 @@ uninterrupted run trains: the run saves a checkpoint at step 2 (inside window
 0, steps 1..4); a second run resumes from a copy of it and must train steps
 3..5 with the same samples, plans, buffers and losses, bitwise on CPU.
 Across windows every sample of the window's global batches is trained once,
-and the log says what each window did.
+and the log says what each window did. The run's 5 steps stop inside window 1
+(steps 5..8): it warns at start-up, and every launch's summary counts exactly
+what the plan logs show trained (exactly_once.py), resumed with the same width
+and with another.
 """
 
 import os
@@ -16,6 +19,7 @@ import pytest
 
 from skrull_ext.train.plan_log import read_plan_log
 from tests.integration_tests.conftest import SKRULL
+from tests.integration_tests.exactly_once import check_exactly_once, trained
 from tests.integration_tests.launch import train_from_seed
 
 W, STEPS, RESUME_AT, GBS = 4, 5, 2, 8
@@ -51,14 +55,25 @@ def test_resume_inside_a_window_replays_the_uninterrupted_run(workdir, seed):
     assert len(moved) == STEPS and len(set(moved[:W])) == 1
     assert moved[0] == sum(i // GBS != s for s, samples in enumerate(window) for i in samples)
     assert "look-ahead window 0: " in full.output and "look-ahead window 1: " in full.output
+    # 5 steps stop inside window 1 (steps 5..8): said once at start-up, naming the 24 samples of steps
+    # 6..8 it leaves, and again in the summary; the counts are what the plan log shows trained.
+    assert full.output.count("training.steps 5 ends inside look-ahead window 1 (steps 5..8, skrull.lookahead 4): "
+                             "the 24 samples the window regroups onto steps 6..8 will not be trained: ") == 1
+    assert "training.steps 5 ended inside look-ahead window 1 (steps 5..8): 24 samples" in full.output
+    check_exactly_once(trained(full.dump, range(1, STEPS + 1)), full.output, read_to=8, left=24)
+    # Resumed at step 2 with the same width: the summary (every launch) counts steps 1..2 and 3..5 once.
+    before = trained(full.dump, range(1, RESUME_AT + 1))
+    check_exactly_once(before + trained(resumed.dump, range(RESUME_AT + 1, STEPS + 1)), resumed.output,
+                       read_to=8, left=24)
 
-    # The same checkpoint continued with lookahead = "auto": it prices the run's first global batches,
+    # The same checkpoint continued with lookahead = "auto": it prices the run's first global batches
+    # in windows of the widths within the run (2 and 4 of its 5 steps),
     # says what it chose, finishes window 0 (steps 3..4) as begun and trains windows of its choice after.
     shutil.copytree(ckpt, os.path.join(workdir, "dp2_lookahead_auto", "checkpoint", f"step-{RESUME_AT}"))
     auto = train_from_seed(workdir, "dp2_lookahead_auto", 2, "skrull_ext.train", SKRULL, seed, STEPS,
                            extra=["--skrull.lookahead", "auto", "--skrull.plan_log"])
     chosen = re.search(r"skrull\.lookahead auto: (\d+) \(.*\)\. Predicted over no look-ahead on the samples of "
-                       r"steps 1\.\.8 by the job's cost model: W 2 x[\d.]+, W 4 x[\d.]+, W 8 x[\d.]+", auto.output)
+                       r"steps 1\.\.8 by the job's cost model: W 2 x[\d.]+, W 4 x[\d.]+ \(best", auto.output)
     assert chosen, auto.output[-3000:]
     width = int(chosen.group(1))
     if width != W:
@@ -70,3 +85,6 @@ def test_resume_inside_a_window_replays_the_uninterrupted_run(workdir, seed):
     # Step 5 opens a window of the chosen width: its samples come from global batches 5..4+width.
     assert len(got[W + 1]["samples"]) == GBS
     assert all(W * GBS <= i < (W + width) * GBS for i in got[W + 1]["samples"])
+    # Resumed with another width: still every sample once, the summary what the plan logs trained.
+    check_exactly_once(before + trained(auto.dump, range(RESUME_AT + 1, STEPS + 1)), auto.output,
+                       read_to=W + width, left=(width - 1) * GBS)

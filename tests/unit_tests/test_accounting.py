@@ -13,6 +13,8 @@ record's ``file:line``, and nothing be trained without a loss token.
 import os
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from skrull_ext.data.accounting import NO_LOSS, OVERLENGTH
 from skrull_ext.data.overlength import OverlengthError, check_overlength
@@ -51,7 +53,7 @@ def _loader(tok, policy, max_len=MAX_LEN, path=FIXTURE):
     config = SkrullDataLoader.Config(dataset="jsonl", dataset_path=path, max_len=max_len, global_batch_size=GBS)
     loader = config.build(dp_world_size=1, dp_rank=0, tokenizer=tok)
     section = SkrullConfig(bucket_size=256, cost_model="h100-assumed", overlength=policy)
-    loader.attach(Scheduler(section.scheduler_config(1, 2), cost_model.preset("llama3-debug")), 0, 2)
+    loader.attach(Scheduler(section.scheduler_config(1, 2, lookahead=1), cost_model.preset("llama3-debug")), 0, 2)
     return loader
 
 
@@ -207,3 +209,48 @@ def test_a_resumed_runs_summary_tells_this_launch_from_the_run():
     assert snapshot.summary(" over the run").startswith(
         "samples read 24 = trained whole 18 + trained cut 6 + skipped 0 (0 over-length, 0 with no loss tokens) "
         "over the run")
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_counts_by_training_step_keep_every_sample_once(data):
+    """``by_training_step`` on random windows: each arrival step reads samples (some cut, some
+    skipped), the kept ones are dealt over the window's steps at random keeping each step's count.
+    Every prefix of steps counts exactly the samples it trains (plus the skips of its arrival
+    steps), each cut named at the step that trains it; the whole window counts as it arrived."""
+    from skrull_ext.data.accounting import Counts, Event, StepAccount, by_training_step
+
+    w = data.draw(st.integers(1, 5))
+    kinds = data.draw(st.lists(st.lists(st.sampled_from("wcsn"), min_size=1, max_size=6), min_size=w, max_size=w))
+    arrived, kept, index = [], [], 0
+    for batch in kinds:
+        a, mine = StepAccount(), []
+        a.counts.read = len(batch)
+        for k in batch:
+            if k == "w":
+                a.counts.whole += 1
+            else:
+                a.record(Event(index, f"sample {index}", 9, 4 if k == "c" else 0, NO_LOSS if k == "n" else OVERLENGTH,
+                               ""))
+            if k in "wc":
+                mine.append(index)
+            index += 1
+        arrived.append(a)
+        kept.append(mine)
+    pool = data.draw(st.permutations([i for m in kept for i in m]))
+    trained, at = [], 0
+    for m in kept:
+        trained.append(list(pool[at : at + len(m)]))
+        at += len(m)
+    out = by_training_step(arrived, trained)
+    cuts = {e.index for a in arrived for e in a.events if e.kept}
+    for j in range(w):
+        c = out[j].counts
+        assert c.whole + c.cut == len(trained[j]) and c.cut == len(cuts & set(trained[j]))
+        assert c.skipped == arrived[j].counts.skipped and c.read == len(trained[j]) + c.skipped
+        assert {e.index for e in out[j].events if e.kept} == cuts & set(trained[j])
+    total, want = Counts(), Counts()
+    for a, b in zip(out, arrived):
+        total.add(a.counts)
+        want.add(b.counts)
+    assert total.as_dict() == want.as_dict()

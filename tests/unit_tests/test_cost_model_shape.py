@@ -32,7 +32,7 @@ def test_shape_follows_the_job_model_and_dtype():
     one = JobConfigManager().parse_args(["--config-file", GPU, "--parallelism.data_parallel_shard_degree", "1",
                                          "--parallelism.context_parallel_degree", "1"])
     assert _shape(job_shape(one)) == (24, 896, 128, 2)
-    scheduler = gpu.skrull.build(2, 4, job_shape(gpu))
+    scheduler = gpu.skrull.build(2, 4, job_shape(gpu), lookahead=1)
     assert _shape(scheduler.cost_model.shape) == (24, 896, 128, 2)
 
 
@@ -86,6 +86,6 @@ def test_the_measured_gpu_profile_prices_the_gpu_job_on_one_gpu():
         "--config-file", GPU, "--parallelism.data_parallel_shard_degree", "1",
         "--parallelism.context_parallel_degree", "1", "--skrull.cost_model", h100])
     config.skrull.check_shape(job_shape(config))
-    cost = config.skrull.build(1, 1, job_shape(config)).cost_model
+    cost = config.skrull.build(1, 1, job_shape(config), lookahead=1).cost_model
     # Host-bound eager layers: about 12.7 ms of each layer's forward+backward is fixed.
     assert 12_000 < cost.b_us < 13_500

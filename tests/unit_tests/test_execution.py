@@ -69,7 +69,7 @@ def test_true_refuses_naming_the_bytes_and_auto_falls_back(tmp_path):
         run = _choose(SkrullConfig(cost_model=path, bucket_size=100, free_running=mode), unsharded)
         assert run.free_running and run.bucket_size == 100 and "fits" in run.reason or mode is True
     off = _choose(SkrullConfig(cost_model=path, bucket_size=1000, free_running=False), unsharded)
-    assert not off.free_running and "false" in off.reason
+    assert not off.free_running and "false" in off.reason and off.bucket_from == "skrull.bucket_size"
 
 
 def test_a_free_running_profile_counts_the_unsharded_bytes_once(tmp_path):
@@ -115,11 +115,13 @@ def test_profile_bucket_weighs_a_smaller_free_running_bucket_by_predicted_step(t
     run = _choose(SkrullConfig(cost_model=cheap, bucket_size="profile"), unsharded, steps)
     assert run.free_running and run.bucket_size == 1468, run.reason
     assert "predicted" in run.reason and "lockstep's" in run.reason and "at 2000" in run.reason
+    assert run.bucket_from == "free-running's fit, under the profile's 2000"  # the start-up line's words
     # Free-running as dear as lockstep and a step cost on top: lockstep at the profile's bucket.
     dear = _profile(tmp_path, micro_batch={"fixed_us": 100_000.0, "free_running_fixed_us": 100_000.0,
                                            "free_running_step_us": 500_000.0}, **common)
     run = _choose(SkrullConfig(cost_model=dear, bucket_size="profile"), unsharded, steps)
     assert not run.free_running and run.bucket_size == 2000 and "lockstep at 2000" in run.reason
+    assert run.bucket_from == "the profile's"
     # A sequence the smaller bucket cannot hold (1468 < 1600 at cp 1): lockstep, said so.
     run = _choose(SkrullConfig(cost_model=cheap, bucket_size="profile"), unsharded, [[1600, 10]])
     assert not run.free_running and "cannot hold" in run.reason
@@ -132,8 +134,9 @@ def test_free_running_is_priced_as_it_runs(tmp_path):
     assert fixed_costs({"fixed_us": 5.0}, True) == {"micro_batch_fixed_us": 5.0, "step_fixed_us": 0.0}  # unmeasured
     path = _profile(tmp_path, micro_batch=mb)
     section = SkrullConfig(cost_model=path, bucket_size=256)
-    lock = section.build(2, 1, SHAPE, timeline=_core.Timeline.LOCKSTEP)
-    free = section.build(2, 1, SHAPE, timeline=_core.Timeline.FREE_RUNNING, free_running=True)
+    lock = section.build(2, 1, SHAPE, timeline=_core.Timeline.LOCKSTEP, lookahead=1)
+    free = section.build(2, 1, SHAPE, timeline=_core.Timeline.FREE_RUNNING, free_running=True,
+                         lookahead=1)
     assert (lock.cost_model.micro_batch_fixed_us, lock.cost_model.step_fixed_us) == (120_000.0, 0.0)
     assert (free.cost_model.micro_batch_fixed_us, free.cost_model.step_fixed_us) == (18_000.0, 94_000.0)
     lengths = [200, 30, 250, 60, 100, 90, 10, 240]

@@ -44,7 +44,8 @@ def _grid(dp: int, cp: int, free_running: bool, global_batch: int = 16, bucket: 
         for c in range(cp):
             loader = config.build(dp_world_size=dp, dp_rank=d)
             job = SchedulerJob.of(section, dp=dp, cp=cp, timeline=_core.Timeline.FREE_RUNNING, bucket_size=bucket,
-                                  cost_model=cost_model.preset("llama3-debug"), free_running=free_running)
+                                  cost_model=cost_model.preset("llama3-debug"), free_running=free_running,
+                                  lookahead=1)
             loader.attach(Scheduler(job), c, cp)
             grid[d, c] = loader
     return grid

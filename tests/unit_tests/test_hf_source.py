@@ -106,7 +106,7 @@ def test_hf_through_the_dataloader_equals_jsonl(layouts, tok):
     def steps(**kwargs):
         loader = SkrullDataLoader.Config(max_len=512, global_batch_size=8, **kwargs).build(
             dp_world_size=1, dp_rank=0, tokenizer=tok)
-        loader.attach(Scheduler(section.scheduler_config(1, 2), cost_model.preset("llama3-debug")), 0, 2)
+        loader.attach(Scheduler(section.scheduler_config(1, 2, lookahead=1), cost_model.preset("llama3-debug")), 0, 2)
         out = []
         for _ in range(3):
             step = loader.next_step()

@@ -130,3 +130,13 @@ def test_launcher_usage_and_one_line_errors():
     assert other_rank.returncode == 2 and "error:" not in other_rank.stderr
     debug = _cli("--config-file", DEBUG, "--training.steps", "-1", "--traceback")
     assert debug.returncode == 1 and "Traceback" in debug.stderr and "JobFileError" in debug.stderr
+
+
+def test_a_quoted_lookahead_in_toml_is_named_as_a_quoting_problem(tmp_path):
+    job = tmp_path / "job.toml"
+    with open(DEBUG) as f:
+        job.write_text(f.read().replace("[skrull]\n", '[skrull]\nlookahead = "8"\n'))
+    with pytest.raises(JobFileError) as info:
+        load_config(["--config-file", str(job)])
+    assert str(info.value) == ("skrull.lookahead: expected an integer, got '8' (a quoted number is a string in "
+                               "TOML: write lookahead = 8 without quotes)")

@@ -153,7 +153,7 @@ def test_bucket_size_profile_takes_the_profiles_measured_value():
         ["--config-file", DEBUG, "--skrull.cost_model", PROFILE, "--skrull.bucket_size", "profile"])
     assert config.skrull.bucket_size == "profile"
     assert config.skrull.resolved_bucket_size() == 3644  # profiles/cpu-debug-gloo2.toml [memory] bucket_size
-    assert config.skrull.scheduler_config(dp=1, cp=2).bucket_size == 3644
+    assert config.skrull.scheduler_config(dp=1, cp=2, lookahead=1).bucket_size == 3644
     written = JobConfigManager().parse_args(["--config-file", DEBUG, "--skrull.bucket_size", "300"])
     assert written.skrull.bucket_size == written.skrull.resolved_bucket_size() == 300
 
@@ -239,8 +239,9 @@ def test_a_job_at_another_cp_than_its_profile_is_warned():
 
 
 def test_skrull_section_and_scheduler_share_one_set_of_knobs():
-    """[skrull] and SchedulerConfig inherit the same declarations: same fields,
-    same defaults; build(dp, cp) gives the job's Scheduler on its cost model."""
+    """[skrull] and SchedulerConfig inherit the same declarations: same fields, same
+    defaults but one (a job's lookahead is "auto", priced on its data; a library user's is 1);
+    build(dp, cp) gives the job's Scheduler on its cost model."""
     from dataclasses import fields
 
     from skrull_ext._core import ModelShape
@@ -250,9 +251,9 @@ def test_skrull_section_and_scheduler_share_one_set_of_knobs():
     knobs = {f.name for f in fields(SchedulingOptions)}
     section = SkrullConfig(cost_model="h100-assumed")
     assert knobs <= {f.name for f in fields(SkrullConfig)} and knobs <= {f.name for f in fields(SchedulerConfig)}
-    assert section.options() == SchedulerConfig().options()
+    assert section.options() == {**SchedulerConfig().options(), "lookahead": "auto"}
     shape = ModelShape(layers=6, hidden=256, kv_width=256, bytes_per_elem=4)
-    sched = SkrullConfig(cost_model="h100-assumed", policy="worstfit", bucket_size=512).build(2, 4, shape)
+    sched = SkrullConfig(cost_model="h100-assumed", policy="worstfit", bucket_size=512).build(2, 4, shape, lookahead=1)
     assert (sched.job.dp, sched.job.cp, sched.job.policy.name, sched.job.bucket_size) == (2, 4, "worstfit", 512)
     assert sched.cost_model.shape.hidden == 256  # the shape given, priced on the assumed H100
 
@@ -283,7 +284,7 @@ def test_cli_profile_reaches_the_scheduler():
     from skrull_ext.scheduler.profile_file import Profile
 
     profile = Profile.load(PROFILE).cost_model()
-    assert config.skrull.build(dp=1, cp=2, shape=profile.shape).cost_model.a_us_per_flop == profile.a_us_per_flop
+    assert config.skrull.build(dp=1, cp=2, shape=profile.shape, lookahead=1).cost_model.a_us_per_flop == profile.a_us_per_flop
 
 
 def test_pool_policy_trains():
@@ -296,7 +297,7 @@ def test_pool_policy_trains():
 
     config = SkrullConfig(cost_model="h100-assumed", policy="skrull-pool", bucket_size=64)
     shape = ModelShape(layers=6, hidden=256, kv_width=256, bytes_per_elem=4)
-    plan = config.build(2, 2, shape).schedule([200, 30, 20, 10])  # 200 > 64 x CP 2: over the whole world
+    plan = config.build(2, 2, shape, lookahead=1).schedule([200, 30, 20, 10])  # 200 > 64 x CP 2: over the whole world
     assert isinstance(plan, Plan) and plan.truncated == [] and plan.num_ranks[0] == 4
 
 

@@ -29,7 +29,7 @@ def test_the_horizon_holds_whole_windows_of_every_candidate():
 
 
 def test_equal_lengths_leave_nothing_to_trade():
-    choice = choose(lambda s: [64] * 8, scheduler(), 16)
+    choice = choose(lambda s: [64] * 8, scheduler().lookahead, 16)
     assert choice.width == 1 and choice.gains == {2: 1.0, 4: 1.0, 8: 1.0} and choice.steps == 16
     assert choice.line().startswith("skrull.lookahead auto: 1 (no width is predicted x1.05 faster than none). "
                                     "Predicted over no look-ahead on the samples of steps 1..16 by the job's cost "
@@ -42,7 +42,7 @@ def test_a_long_sample_in_every_other_batch_is_paired_with_the_next_one(timeline
     # trained in one step (one per rank) save about one long sample's time per pair.
     batches = {s: [2000] + [16] * 7 if s % 2 else [16] * 8 for s in range(1, 17)}
     sched = scheduler(timeline=timeline)
-    choice = choose(batches.__getitem__, sched, 16)
+    choice = choose(batches.__getitem__, sched.lookahead, 16)
     for w, gain in choice.gains.items():  # the gains are the core's windows, summed
         windows = [sched.lookahead([batches[s] for s in range(f, f + w)]) for f in range(1, 17, w)]
         assert gain == pytest.approx(sum(a.arrival_window_us for a in windows) / sum(a.window_us for a in windows))
@@ -56,5 +56,14 @@ def test_a_long_sample_in_every_other_batch_is_paired_with_the_next_one(timeline
 def test_a_gain_under_the_threshold_is_not_taken():
     # The same pattern with shorter long samples: pairing them is predicted x1.047, under x1.05.
     batches = {s: [480] + [16] * 7 if s % 2 else [16] * 8 for s in range(1, 17)}
-    choice = choose(batches.__getitem__, scheduler(), 16)
+    choice = choose(batches.__getitem__, scheduler().lookahead, 16)
     assert 1.0 < max(choice.gains.values()) < lookahead_choice.MIN_GAIN and choice.width == 1
+
+
+def test_a_width_wider_than_the_run_is_capped_at_its_steps():
+    assert lookahead_choice.within_run(4, 6) == (4, None) and lookahead_choice.within_run(5, 5) == (5, None)
+    width, line = lookahead_choice.within_run(1024, 2)
+    assert width == 2 and line == (
+        "skrull.lookahead 1024 is wider than the run (training.steps 2): capped at 2, so the run is one window and "
+        "trains every sample it reads (a window of 1024 would read 1022 global batches it never trains; "
+        "docs/design/lookahead.md)")

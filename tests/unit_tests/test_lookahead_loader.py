@@ -33,7 +33,8 @@ def test_lookahead_must_be_a_positive_integer_up_to_the_limit():
         with pytest.raises(ValueError, match=r'^skrull\.lookahead must be an integer in \[1, 1024\] or "auto" '
                                              r"\(chosen from the data\), got "):
             SkrullConfig(lookahead=bad)
-    assert SkrullConfig().lookahead == 1 and SkrullConfig(lookahead="auto").lookahead == "auto"
+    assert SkrullConfig().lookahead == "auto" and SkrullConfig(lookahead=1).lookahead == 1  # a job's default: auto
+    assert SchedulerConfig().lookahead == 1  # a library user's: none
     # A library SchedulerConfig has no data to choose from.
     with pytest.raises(ValueError, match=r"^lookahead must be an integer in \[1, 1024\], got 'auto'$"):
         SchedulerConfig(lookahead="auto")
@@ -56,7 +57,7 @@ def test_windows_train_their_own_samples_once_with_each_steps_count(w):
         delays = [abs(s.step - when[i]) for s in window for i in s.samples]
         assert max(delays) <= w - 1
         summary = window[0].window
-        assert all(s.window == summary for s in window) and summary.steps == w and summary.index == first // w
+        assert all(s.window == summary for s in window) and summary.width == w and summary.index == first // w
         assert summary.max_delay == max(delays) and summary.moved == sum(d > 0 for d in delays)
         assert summary.predicted_us <= summary.arrival_us
         moved += summary.moved
@@ -139,7 +140,7 @@ def test_resume_with_another_width_finishes_its_window_and_trains_every_sample_o
     steps = [resumed.next_step() for _ in range(end - stop)]
     # The window it stopped in is the uninterrupted run's; the new width from the step after it.
     assert [key(s) for s in steps[: finish - stop]] == before[stop:finish]
-    assert all((s.window.steps if s.window else 1) == new for s in steps[finish - stop :])
+    assert all((s.window.width if s.window else 1) == new for s in steps[finish - stop :])
     # Every sample of global batches 1..end once, each step its own count (nothing is skipped here).
     trained = [i for s in steps for i in s.samples] + [i for step in range(1, stop + 1) for i in _trained(old, step)]
     assert sorted(trained) == list(range(end * GBS)) and all(len(s.samples) == GBS for s in steps)
@@ -166,3 +167,36 @@ def test_a_checkpoint_of_torchtitans_batching_starts_windows_at_the_next_step():
     steps = [resumed.next_step() for _ in range(4)]
     assert sorted(i for s in steps for i in s.samples) == list(range(3 * GBS, 7 * GBS))
     assert steps[0].window.index == 3  # steps 1..3 were windows of one
+
+
+def _cutting_loader(lookahead: int):
+    """GBS 16 at DP 2 with BucketSize 256: the 512-token samples are cut (truncate)."""
+    section = SkrullConfig(bucket_size=256, cost_model="h100-assumed", lookahead=lookahead, overlength="truncate")
+    config = SkrullDataLoader.Config(length_scale=32.0, max_len=512, global_batch_size=GBS, vocab_size=2048,
+                                     prefetch_steps=0)
+    out = config.build(dp_world_size=2, dp_rank=0)
+    out.attach(Scheduler(section.scheduler_config(2, 1), cost_model.preset("llama3-debug")), 0, 1)
+    return out
+
+
+@pytest.mark.parametrize("w", [4, 8])
+def test_counts_follow_the_step_that_trains_a_sample(w):
+    # Under look-ahead a step counts (and names the cuts of) the samples it trains, not those that
+    # arrived in it: a run stopped after any step of a window has counted exactly what it trained.
+    ld, plain = _cutting_loader(w), _cutting_loader(1)
+    trained, cut_named = [], []
+    for _ in range(w):
+        s = ld.next_step()
+        trained += s.samples
+        cut_named += [e.index for e in s.account.events if e.kept]
+        c = ld.account.totals
+        assert c.whole + c.cut == len(trained) and c.read == len(trained) + c.skipped
+        assert s.account.counts.whole + s.account.counts.cut == len(s.samples)
+        assert s.totals == c.as_dict()
+        assert sorted(cut_named) == sorted(i for i in trained if ld.source.length(i) > 256)
+    assert cut_named  # the window does cut some
+    for _ in range(w):
+        plain.next_step()
+    # Over a whole window the counts are those of its global batches, as without look-ahead.
+    assert ld.account.totals.as_dict() == plain.account.totals.as_dict()
+    assert any(s.window.moved for s in [ld.next_step()])  # and the samples did move

@@ -15,7 +15,7 @@ def _loader(policy="error", cp=1, bucket=256):
     config = SkrullDataLoader.Config(length_scale=32.0, max_len=512, global_batch_size=GBS, vocab_size=2048)
     loader = config.build(dp_world_size=1, dp_rank=0)
     section = SkrullConfig(bucket_size=bucket, cost_model="h100-assumed", overlength=policy)
-    loader.attach(Scheduler(section.scheduler_config(1, cp), cost_model.preset("llama3-debug")), 0, cp)
+    loader.attach(Scheduler(section.scheduler_config(1, cp, lookahead=1), cost_model.preset("llama3-debug")), 0, cp)
     return loader
 
 

@@ -16,7 +16,7 @@ LENGTHS = [300, 20, 40, 500, 60, 80, 10, 200]
 
 
 def _plan():
-    config = SkrullConfig(bucket_size=256, cost_model="h100-assumed").scheduler_config(dp=1, cp=2)
+    config = SkrullConfig(bucket_size=256, cost_model="h100-assumed").scheduler_config(dp=1, cp=2, lookahead=1)
     return Scheduler(config, cost_model.preset("llama3-debug")).schedule(LENGTHS)
 
 
@@ -68,7 +68,7 @@ def test_the_step_line_says_whose_micro_batches_it_counts():
 
     assert said(8, 8, 8) == "8 micro-batches (all on this DP rank)"
     assert said(9, 4, 5) == "9 micro-batches over all DP ranks (4 on this one, 5 on the busiest)"
-    s = Scheduler(SkrullConfig(bucket_size=256, cost_model="h100-assumed").scheduler_config(2, 1),
+    s = Scheduler(SkrullConfig(bucket_size=256, cost_model="h100-assumed").scheduler_config(2, 1, lookahead=1),
                   cost_model.preset("llama3-debug"))
     summary = s.schedule([200, 180, 150, 120, 90, 60, 40, 30]).summary()
     assert summary["micro_batches"] >= summary["max_micro_batches"] >= 1  # in all, and the busiest DP rank's

@@ -22,7 +22,7 @@ def _grid():
     for d in range(DP):
         for c in range(CP):
             loader = config.build(dp_world_size=DP, dp_rank=d)
-            loader.attach(Scheduler(section.scheduler_config(DP, CP), cost_model.preset("llama3-debug")), c, CP)
+            loader.attach(Scheduler(section.scheduler_config(DP, CP, lookahead=1), cost_model.preset("llama3-debug")), c, CP)
             grid[d * CP + c] = loader
     return grid
 

@@ -53,7 +53,7 @@ def _loader(tok, case: str, k: int) -> SkrullDataLoader:
     config = SkrullDataLoader.Config(**data, prefetch_steps=k)
     loader = config.build(dp_world_size=dp, dp_rank=d, tokenizer=tok)
     section = SkrullConfig(cost_model="h100-assumed", **skrull)
-    loader.attach(Scheduler(section.scheduler_config(dp, cp), cost_model.preset("llama3-debug")), c, cp)
+    loader.attach(Scheduler(section.scheduler_config(dp, cp, lookahead=1), cost_model.preset("llama3-debug")), c, cp)
     return loader
 
 

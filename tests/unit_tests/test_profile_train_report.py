@@ -97,5 +97,5 @@ def test_the_profile_plans_a_job_with_its_own_flags():
     job = ["--config-file", os.path.join(repo, "skrull_ext", "jobs", "debug_cpu.toml"), "--activation_checkpoint.kind", "full"]
     config = JobConfigManager().parse_args(job_argv(profile, job))
     assert config.skrull.cost_model == profile and config.skrull.bucket_size == "profile"
-    assert config.skrull.scheduler_config(dp=1, cp=2).bucket_size == 2645
+    assert config.skrull.scheduler_config(dp=1, cp=2, lookahead=1).bucket_size == 2645
     assert type(config.activation_checkpoint).__qualname__ == "FullAC.Config"

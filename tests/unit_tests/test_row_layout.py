@@ -10,6 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from skrull_ext.errors import DataError
 from skrull_ext.data.overlength import limit_step
 from skrull_ext.data.packed import PackedDataLoader
 from skrull_ext.data.row_layout import best_fit_rows, context_cuts, cut_stream, whole_rows
@@ -187,3 +188,46 @@ def test_documents_train_each_sample_once_whole(tok):
         drawn += kept_idx
     carried = [k for k, _, _ in run.carry]
     assert sorted(trained + carried) == sorted(drawn) and len(set(drawn)) == len(drawn)
+
+
+@pytest.mark.parametrize("packing", ["stream", "documents"])
+def test_carried_packings_count_what_they_trained_not_what_they_drew(tok, packing):
+    # A sample is counted (whole or cut to the limit) by the step that trains its last piece, so a
+    # checkpoint's counts hold no sample it carries, and a resumed loader counts each carried one once.
+    run = _loader(tok, packing, B=1, S=96)
+    layouts = []
+    run.on_layout = layouts.append
+    it = iter(run)
+    finished = []
+    for _ in range(3):
+        next(it)
+        pieces = [p for row in layouts[-1] for p in row]
+        done = [k for k, _, e in pieces if e == min(run.source[k].length, run.limit.tokens)]
+        finished += done
+        c = run.last_counts
+        assert c.whole + c.cut == len(done) and c.read == len(done) + c.skipped
+    t = run.account.totals
+    assert t.whole + t.cut == len(finished) and t.cut == sum(run.source[k].length > run.limit.tokens for k in finished)
+    state = run.state_dict()
+    carried = {k for k, _, _ in json.loads(state["carry"])}
+    assert carried and not carried & set(finished) and state["samples_whole"] + state["samples_cut"] == len(finished)
+    again = _loader(tok, packing, B=1, S=96)
+    again.load_state_dict(state)
+    it2 = iter(again)
+    for _ in range(4):
+        next(it), next(it2)
+    assert again.account.totals.as_dict() == run.account.totals.as_dict()
+
+
+def test_torchtitans_batching_refuses_a_checkpoint_saved_inside_a_look_ahead_window(tok):
+    # Skrull's look-ahead regrouped the window's samples over its steps; this batching would train each
+    # global batch at its own step: some twice, others never. At a window's end it continues.
+    state = _loader(tok, "rows").state_dict()
+    state.update(step=2, lookahead="[[1, 4]]")
+    with pytest.raises(DataError, match=r"^the checkpoint of step 2 was saved inside a look-ahead window \(steps "
+                                        r"1\.\.4, skrull\.lookahead 4\).* to step 4 or beyond"):
+        _loader(tok, "rows").load_state_dict(state)
+    state.update(step=4)
+    resumed = _loader(tok, "rows")
+    resumed.load_state_dict(state)
+    assert resumed.step == 4

@@ -19,7 +19,7 @@ def _loaders(dp: int, cp: int, bucket: int = 256, policy: str = "skrull"):
     for d in range(dp):
         for c in range(cp):
             loader = config.build(dp_world_size=dp, dp_rank=d)
-            loader.attach(Scheduler(section.scheduler_config(dp, cp), cost_model.preset("llama3-debug")), c, cp)
+            loader.attach(Scheduler(section.scheduler_config(dp, cp, lookahead=1), cost_model.preset("llama3-debug")), c, cp)
             grid[d, c] = loader
     return grid
 
@@ -84,7 +84,7 @@ def test_distributed_sequences_are_padded_in_the_agreed_way():
 
 def test_attach_checks_the_shape():
     loader = SkrullDataLoader.Config(vocab_size=2048).build(dp_world_size=2, dp_rank=0)
-    sched = Scheduler(SkrullConfig(cost_model="h100-assumed").scheduler_config(1, 2))
+    sched = Scheduler(SkrullConfig(cost_model="h100-assumed").scheduler_config(1, 2, lookahead=1))
     with pytest.raises(ValueError, match="scheduler is for DP 1 x CP 2"):
         loader.attach(sched, 0, 2)
     with pytest.raises(RuntimeError, match="attach"):

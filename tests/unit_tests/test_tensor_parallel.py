@@ -71,9 +71,9 @@ def test_the_jobs_tp_degree_reaches_the_schedulers_cost_model(monkeypatch):
     shape = job_shape(config)
     assert (shape.layers, shape.hidden, shape.kv_width, shape.bytes_per_elem, shape.tp) == (6, 256, 256, 4, 2)
     # The measured profile's [model] (no TP: a model's shape) accepts the job, and prices a TP rank's share.
-    cost = config.skrull.build(1, 2, shape).cost_model
+    cost = config.skrull.build(1, 2, shape, lookahead=1).cost_model
     full = load_config(["--config-file", DEBUG, "--skrull.cost_model", PROFILE]).skrull.build(1, 1, job_shape(
-        load_config(["--config-file", DEBUG]))).cost_model
+        load_config(["--config-file", DEBUG])), lookahead=1).cost_model
     assert cost.shape.tp == 2 and full.shape.tp == 1
     assert cost.flops(300) == full.flops(300) / 2 and cost.kv_bytes(300) == full.kv_bytes(300) / 2
 

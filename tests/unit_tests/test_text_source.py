@@ -98,7 +98,7 @@ def test_jsonl_through_the_dataloaders(tok):
     config = SkrullDataLoader.Config(dataset="jsonl", dataset_path="tiny_sft", max_len=512, global_batch_size=8)
     section = SkrullConfig(bucket_size=256, cost_model="h100-assumed", overlength="truncate")
     loader = config.build(dp_world_size=1, dp_rank=0, tokenizer=tok)
-    loader.attach(Scheduler(section.scheduler_config(1, 2), cost_model.preset("llama3-debug")), 0, 2)
+    loader.attach(Scheduler(section.scheduler_config(1, 2, lookahead=1), cost_model.preset("llama3-debug")), 0, 2)
     placements = []
     for _ in range(4):
         step = loader.next_step()

@@ -72,23 +72,10 @@ def test_trainer_step_builder_and_scheduler_share_one_resolved_job(monkeypatch, 
     one SchedulerJob, and the trainer, the Scheduler and the dataloader's step builder (training
     and validation) hold that same object; the plans are made on its timeline. The setup runs
     on a stand-in trainer (one CPU rank, no model: the DACP attention's install is skipped)."""
-    from types import SimpleNamespace
-
-    import torch
-
     from skrull_ext.scheduler.job import SchedulerJob
-    from skrull_ext.scheduler.model_shape import job_shape
-    from skrull_ext.train import trainer as trainer_module
 
     config = _config("--dump_folder", str(tmp_path), "--validation.enable", "--validation.samples", "8")
-    monkeypatch.setattr(trainer_module, "install_dacp_attention", lambda *args, **kwargs: [])
-    trainer = SkrullTrainer.__new__(SkrullTrainer)  # no process group, no model
-    trainer.config, trainer.model_parts, trainer.device = config, [], torch.device("cpu")
-    trainer.tokenizer = config.tokenizer.build(tokenizer_path=config.hf_assets_path)
-    trainer.plan_log = trainer.validation = trainer.free_running = None
-    trainer.parallel_dims = SimpleNamespace(cp_enabled=False, cp=1, tp=1, dp_shard=1, dp_replicate=1)
-    trainer.dataloader = config.dataloader.build(dp_world_size=1, dp_rank=0, tokenizer=trainer.tokenizer)
-    trainer.model_shape = job_shape(config)
+    trainer = _stand_in(monkeypatch, config)
     trainer._init_skrull()
 
     job = trainer.skrull_job
@@ -98,3 +85,75 @@ def test_trainer_step_builder_and_scheduler_share_one_resolved_job(monkeypatch, 
     assert trainer.validation.build.scheduler.job is job
     assert trainer.dataloader.next_step().plan.timeline == job.timeline
     trainer.dataloader.close()
+
+
+def _stand_in(monkeypatch, config) -> SkrullTrainer:
+    """A SkrullTrainer whose ``_init_skrull`` can run: one CPU rank, no process group, no model
+    (the DACP attention's install is skipped)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from skrull_ext.scheduler.model_shape import job_shape
+    from skrull_ext.train import trainer as trainer_module
+
+    monkeypatch.setattr(trainer_module, "install_dacp_attention", lambda *args, **kwargs: [])
+    trainer = SkrullTrainer.__new__(SkrullTrainer)
+    trainer.config, trainer.model_parts, trainer.device = config, [], torch.device("cpu")
+    trainer.tokenizer = config.tokenizer.build(tokenizer_path=config.hf_assets_path)
+    trainer.plan_log = trainer.validation = trainer.free_running = None
+    trainer.parallel_dims = SimpleNamespace(cp_enabled=False, cp=1, tp=1, dp_shard=1, dp_replicate=1)
+    trainer.dataloader = config.dataloader.build(dp_world_size=1, dp_rank=0, tokenizer=trainer.tokenizer)
+    trainer.model_shape = job_shape(config)
+    return trainer
+
+
+@pytest.mark.parametrize("width", ["auto", "3", "1"])
+def test_one_scheduler_per_run_attached_once_with_the_settled_width(monkeypatch, tmp_path, width):
+    """Issue 56's bar: start-up settles the job once (train/settle.py), the look-ahead width
+    included (under "auto" priced from the lengths with no loader attached), then builds one
+    Scheduler and attaches the dataloader once; the job, not the section, holds the width."""
+    from skrull_ext.data.scheduling import SkrullDataLoader
+    from skrull_ext.scheduler import scheduler as scheduler_module
+    from skrull_ext.train import trainer as trainer_module
+
+    built, attached = [], []
+    real_init, real_attach = scheduler_module.Scheduler.__init__, SkrullDataLoader.attach
+    monkeypatch.setattr(scheduler_module.Scheduler, "__init__",
+                        lambda self, *a, **k: (built.append(self), real_init(self, *a, **k))[1])
+    monkeypatch.setattr(SkrullDataLoader, "attach",
+                        lambda self, *a, **k: (attached.append(a[0]), real_attach(self, *a, **k))[1])
+    from skrull_ext.data import lookahead_choice
+
+    monkeypatch.setattr(lookahead_choice, "pick", lambda gains: 4)  # auto's widest re-plan: a width > 1
+    config = _config("--dump_folder", str(tmp_path), "--skrull.lookahead", width, "--training.steps", "6")
+    trainer = _stand_in(monkeypatch, config)
+    lines = []
+    monkeypatch.setattr(trainer_module.logger, "info", lines.append)
+    trainer._init_skrull()
+    assert built == attached == [trainer.scheduler] and trainer.scheduler.job is trainer.skrull_job
+    w = trainer.skrull_job.lookahead
+    assert isinstance(w, int) and trainer.dataloader.windows.width == w
+    auto = [line for line in lines if line.startswith("skrull.lookahead auto: ")]
+    if width == "auto":
+        assert len(auto) == 1 and auto[0].startswith("skrull.lookahead auto: 4 (") and w == 4
+    else:
+        assert auto == [] and w == int(width)
+    assert any(f"look-ahead {w}" in line for line in lines)
+    trainer.dataloader.close()
+
+
+def test_an_unsettled_lookahead_is_refused_not_defaulted():
+    """SchedulerJob.of takes "auto" only with the width the data was priced at."""
+    from skrull_ext._core import Timeline
+    from skrull_ext.scheduler import cost_model
+    from skrull_ext.scheduler.job import SchedulerJob
+    from skrull_ext.train.skrull_config import SkrullConfig
+
+    section = SkrullConfig(lookahead="auto", bucket_size=256, cost_model="h100-assumed")
+    with pytest.raises(ValueError, match=r'lookahead = "auto" is not settled'):
+        SchedulerJob.of(section, dp=1, cp=1, timeline=Timeline.LOCKSTEP, cost_model=cost_model.preset(),
+                        bucket_size=256)
+    job = SchedulerJob.of(section, dp=1, cp=1, timeline=Timeline.LOCKSTEP, cost_model=cost_model.preset(),
+                          bucket_size=256, lookahead=4)
+    assert job.lookahead == 4

@@ -26,6 +26,15 @@ def test_one_width_cuts_the_steps_in_blocks():
     assert Windows().window(7) == Window(6, 7, 1)
 
 
+def test_where_a_run_stops_reading_is_the_end_of_its_last_window():
+    # 5 steps of W 8 read global batches 1..8 and leave steps 6..8's share untrained.
+    assert Windows.of(8).end(5) == 8 and list(Windows.of(8).left(5)) == [6, 7, 8]
+    assert Windows.of(4).end(8) == 8 and not Windows.of(4).left(8)
+    # Saved at step 4 with W 3, resumed with W 4 (issue 56): the window 4..6 is finished, then 7..10, 11..14.
+    widened = Windows.of(3).switch(4, 4)
+    assert widened.end(12) == 14 and list(widened.left(12)) == [13, 14]
+
+
 def test_a_new_width_starts_after_the_window_the_checkpoint_stopped_in():
     # Stopped after step 6, inside window 5..8 of 4: that window keeps its width, 2 from step 9.
     w = Windows.of(4).switch(6, 2)

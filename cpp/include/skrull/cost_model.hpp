@@ -73,7 +73,7 @@ struct CostModel {
   // T_comp(F) = a_us_per_flop * F + b_us for the forward+backward of a
   // part of a layer whose forward costs F FLOPs (0 when F == 0).
   // Defaults for C++ callers and tests only: the product always passes a
-  // measured profile or skrull_ext/hardware/h100_assumed.toml (30 us per call).
+  // measured profile or skrull_ext/scheduler/hardware/h100_assumed.toml (30 us per call).
   double a_us_per_flop = 7.5e-9;  // 3x fwd FLOPs at 400 TFLOP/s
   double b_us = 20.0;             // per-call overhead
   CommModel comm;

@@ -2,9 +2,10 @@
 // W global batches over the window's W steps so that the window's predicted
 // time is least, before each step is planned on its own.
 //
-// A block window: steps w*W .. w*W+W-1 form window w, and every sample that
-// arrived in one of them is trained at one of them, so no sample is trained
-// more than W-1 steps from the step it arrived in (earlier or later). Step s
+// A block window: W consecutive steps (which ones: skrull_ext/data/windows.py),
+// and every sample that arrived in one of them is trained at one of them, so
+// no sample is trained more than W-1 steps from the step it arrived in
+// (earlier or later). Step s
 // of the window keeps the number of samples that arrived in it (its
 // sequence count). Which samples share a step is the only decision; the
 // per-step planner (GDS + DACP, or the pool) still plans each step's set,

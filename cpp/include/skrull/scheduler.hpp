@@ -1,4 +1,5 @@
-// The one public entry point of the core: schedule a global batch.
+// The core's entry point for policy skrull: schedule a global batch
+// (schedule_pool, pool.hpp, and lookahead, lookahead.hpp, are the others).
 //
 // A pure function of (lengths, cost model, options): every DP and CP rank
 // that calls it with the same inputs gets the same plan, bit for bit, so no

@@ -1,5 +1,5 @@
-// Input checks of the public entry points (schedule, dacp,
-// evaluate_placement): every value outside the accepted ranges of types.hpp
+// Input checks of the public entry points (schedule, schedule_pool,
+// lookahead, dacp, evaluate_placement): every value outside the accepted ranges of types.hpp
 // and CostModel::validate() is refused with std::invalid_argument naming it
 // and its limit, so the algorithms below may assume them (docs/reliability.md
 // shows why nothing then overflows). No asserts: bad input is the caller's

@@ -1,0 +1,87 @@
+"""A Skrull job settled once, at start-up: execution, BucketSize, timeline, look-ahead width.
+
+Each decision needs the ones before it: the execution (lockstep or
+free-running) fixes the BucketSize and the timeline (execution.py); those fix
+what a step costs, which is what ``lookahead = "auto"`` prices windows with
+(data/lookahead_choice.py). ``settle`` makes them in that order, from the
+section, the job's dims and shape, and the data's lengths (read as training
+limits them, no loader attached), and hands back the one ``SchedulerJob``
+the trainer builds its one Scheduler from and reads afterwards. Nothing
+after start-up reads the raw ``[skrull] lookahead`` or ``bucket_size``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from skrull_ext._core import ModelShape
+from skrull_ext.data import lookahead_choice
+from skrull_ext.data.lookahead_choice import LookaheadChoice
+from skrull_ext.scheduler.config import FROM_PROFILE, LOOKAHEAD_AUTO, job_timeline
+from skrull_ext.scheduler.job import SchedulerJob
+from skrull_ext.scheduler.scheduler import plan_window
+from skrull_ext.train.execution import AUTO, PREDICT_STEPS, Execution, choose_execution
+
+__all__ = ["Settled", "settle"]
+
+
+@dataclass(frozen=True)
+class Settled:
+    """What start-up decided, and why (each decision's log line)."""
+
+    job: SchedulerJob
+    """The job, final: its BucketSize, timeline, execution and look-ahead width."""
+    execution: Execution
+    lookahead: LookaheadChoice | None
+    """``lookahead = "auto"``'s pricing; None when the job named its width or the run is too short."""
+    note: str | None = None
+    """``"auto"`` on a run shorter than every candidate width: why it is 1."""
+    capped: str | None = None
+    """A named width wider than the run, capped at its steps: the warning."""
+
+    def log(self, logger) -> None:
+        """The start-up lines, in the order decided."""
+        logger.info(f"Skrull execution: {self.execution.reason}")
+        for line in (self.lookahead.line() if self.lookahead else None, self.note):
+            if line is not None:
+                logger.info(line)
+        if self.capped is not None:
+            logger.warning(self.capped)
+
+
+def settle(skrull, *, dp: int, cp: int, dp_shard: int, dp_replicate: int, shape: ModelShape, model_name: str,
+           unsharded: float | None, training_steps: int, raw_lengths: Callable[[int], Sequence[int]],
+           limited_lengths: Callable[[SchedulerJob, int], Sequence[int]],
+           check_lengths: Callable[[SchedulerJob, int], object]) -> Settled:
+    """Settle the job (module docstring). ``unsharded``: what free-running would hold per
+    rank (None: no FSDP unit); ``raw_lengths(step)``: a step's global batch as drawn (the
+    execution's weighing of BucketSize); ``limited_lengths(job, step)``: the same as ``job``'s
+    length limit trains it (what "auto" prices); ``check_lengths(job, last_step)``: the
+    over-length refusals of steps 1..last_step under ``job``'s limit, run before "auto" prices
+    them (under 'error' a bad sample stops the run there, named with the scan's counts; the
+    trainer's full pre-scan runs once the checkpoint's windows are known). A named width wider
+    than the run is capped at its steps, and "auto" prices only widths within the run
+    (lookahead_choice.within_run). Raises ValueError (one line) for a free-running job that
+    does not fit."""
+    weigh = skrull.free_running == AUTO and skrull.bucket_size == FROM_PROFILE
+    first = [list(raw_lengths(k)) for k in range(1, min(training_steps, PREDICT_STEPS) + 1)] if weigh else []
+    execution = choose_execution(skrull, unsharded=unsharded, dp=dp, cp=cp, dp_shard=dp_shard,
+                                 dp_replicate=dp_replicate, shape=shape, model_name=model_name, steps=first)
+    timeline = job_timeline(dp_shard, dp_replicate, execution.free_running, skrull.defer_grad_sync)
+    auto = skrull.lookahead == LOOKAHEAD_AUTO
+    job = skrull.resolve(dp, cp, shape, model_name, timeline=timeline, free_running=execution.free_running,
+                         bucket_size=execution.bucket_size, lookahead=1 if auto else None)
+    if not auto:
+        width, capped = lookahead_choice.within_run(job.lookahead, training_steps)
+        return Settled(dataclasses.replace(job, lookahead=width), execution, None, capped=capped)
+    candidates = [w for w in lookahead_choice.CANDIDATES if w <= training_steps]
+    if not candidates:
+        return Settled(job, execution, None, note=f"skrull.lookahead auto: 1 (the run trains {training_steps} step(s), "
+                                             f"fewer than the narrowest width {min(lookahead_choice.CANDIDATES)})")
+    steps = lookahead_choice.horizon(training_steps)
+    check_lengths(job, steps)
+    choice = lookahead_choice.choose(lambda s: limited_lengths(job, s), lambda b: plan_window(job, b), steps,
+                                     candidates)
+    return Settled(dataclasses.replace(job, lookahead=choice.width), execution, choice)
