@@ -1,0 +1,161 @@
+"""overlength = "chunk": a long document trained in chunks equals it trained in one pass.
+
+The debug llama3 (fp32, CPU, dense DACP attention) trains one document of 251
+tokens (8 chunks of 32, the last 27) chunked (skrull_ext/train/chunked.py)
+and in one pass as a single local sequence of a micro-batch, what a
+BucketSize of 251 or more gives. The summed token loss must agree within 1e-6
+relative and every parameter's gradient within 1e-5 relative (its norm): at
+CP 1, with LoRA, under torchtitan's full activation checkpointing, and at
+CP 2 over 2 real gloo processes (each chunk sharded over the pair, the
+last one padded; the ranks' losses and gradients summed).
+
+Memory: saved-tensor hooks count the bytes each chunk's forward saves for
+backward. Apart from the K/V of its prefix (and the mask over it), a chunk
+saves the same bytes whatever its index and whatever the document's chunk
+count; with recompute, nothing but the chunks' K/V outlives the forward.
+"""
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+
+from skrull_ext.attention import build_meta
+from skrull_ext.data.synthetic import IGNORE_INDEX
+from skrull_ext.models.registry import build_model_spec
+from skrull_ext.train.chunked import attention_layers, chunk_bounds, chunked_loss
+from tests.unit_tests.gloo_worker import gloo_group
+from torchtitan_patches.dacp_attention import install_dacp_attention
+
+LENGTH, CHUNK, VOCAB = 251, 32, 2048
+LOSS_TOL, GRAD_TOL = 1e-6, 1e-5
+
+
+def _model(lora: bool = False, ac: bool = False) -> torch.nn.Module:
+    spec = build_model_spec("llama3", "debugmodel")
+    if lora:
+        from skrull_ext.lora import LoRAConfig, with_lora
+
+        spec = with_lora(spec, LoRAConfig(enable=True, rank=4, alpha=8.0))
+    torch.manual_seed(0)  # the same weights in every run and on every rank
+    model = spec.model.build()
+    model.init_states()
+    if lora:  # LoRA's B starts at zero: give it values, or its gradients say little about A's
+        for name, p in model.named_parameters():
+            if ".lora_" in name:
+                torch.nn.init.normal_(p, std=0.02)
+    if ac:
+        from torchtitan.distributed.activation_checkpoint import FullAC
+
+        FullAC(FullAC.Config()).apply(model)
+    install_dacp_attention([model], None, kernel="dense")
+    return model
+
+
+def _document(length: int = LENGTH) -> tuple[torch.Tensor, torch.Tensor]:
+    ids = torch.randint(0, VOCAB, (length + 1,), generator=torch.Generator().manual_seed(1))
+    labels = ids[1:].clone()
+    labels[:7] = IGNORE_INDEX  # a prompt
+    return ids[:-1], labels
+
+
+def _loss(pred: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(pred.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="sum")
+
+
+def _grads(model) -> dict[str, torch.Tensor]:
+    return {n.replace("_checkpoint_wrapped_module.", ""): p.grad.clone()
+            for n, p in model.named_parameters() if p.requires_grad}
+
+
+def one_pass(lora: bool = False, ac: bool = False) -> tuple[float, dict]:
+    """The document as one local sequence of a micro-batch (a BucketSize that holds it)."""
+    model = _model(lora, ac)
+    tokens, labels = _document()
+    meta = build_meta([LENGTH], [0], 0, 1)
+    loss = _loss(model(tokens[None], positions=torch.arange(LENGTH)[None], attention_masks=meta), labels[None])
+    loss.backward()
+    return loss.item(), _grads(model)
+
+
+def chunked(lora: bool = False, ac: bool = False, group=None) -> tuple[float, dict, int]:
+    model = _model(lora, ac)
+    tokens, labels = _document()
+    loss, n = chunked_loss(model, tokens, labels, CHUNK, _loss, group=group)
+    loss.backward()
+    return loss.item(), _grads(model), n
+
+
+def _close(got: tuple[float, dict], ref: tuple[float, dict]) -> float:
+    """Asserts the tolerances; returns the worst gradient's relative error."""
+    (loss, grads), (ref_loss, ref_grads) = got, ref
+    assert abs(loss - ref_loss) <= LOSS_TOL * abs(ref_loss), (loss, ref_loss)
+    assert grads.keys() == ref_grads.keys()
+    worst = 0.0
+    for name, g in ref_grads.items():
+        err = float((grads[name] - g).norm() / g.norm().clamp_min(1e-30))
+        assert err <= GRAD_TOL, f"{name}: relative error {err:.2e}"
+        worst = max(worst, err)
+    return worst
+
+
+def test_chunk_bounds_cover_the_document():
+    assert chunk_bounds(LENGTH, CHUNK) == [(a, min(a + CHUNK, LENGTH)) for a in range(0, 256, CHUNK)]
+    assert len(chunk_bounds(LENGTH, CHUNK)) == 8 and chunk_bounds(5, 8) == [(0, 5)]
+    with pytest.raises(ValueError, match="chunk size"):
+        chunk_bounds(5, 0)
+
+
+@pytest.mark.parametrize("lora, ac", [(False, False), (True, False), (False, True), (True, True)],
+                         ids=["plain", "lora", "full_ac", "lora_full_ac"])
+def test_chunked_equals_one_pass_cp1(lora, ac):
+    loss, grads, n = chunked(lora, ac)
+    assert n == 8
+    _close((loss, grads), one_pass(lora, ac))
+
+
+def test_chunk_size_must_split_over_the_group():
+    class Two:  # a group of 2 ranks is only asked its size and rank first
+        pass
+
+    model = _model()
+    tokens, labels = _document()
+    orig = dist.get_world_size, dist.get_rank
+    dist.get_world_size, dist.get_rank = (lambda g=None: 2), (lambda g=None: 0)
+    try:
+        with pytest.raises(ValueError, match="chunk size 33 is not a multiple of the CP group's 2 ranks"):
+            chunked_loss(model, tokens, labels, 33, _loss, group=Two())
+    finally:
+        dist.get_world_size, dist.get_rank = orig
+
+
+# ------------------------------------------------------------------ CP 2, real gloo
+def _worker(rank: int, store: str, outdir: str) -> None:
+    with gloo_group(store, rank, 2):
+        out = {}
+        for lora, ac in ((False, False), (True, True)):
+            loss, grads, n = chunked(lora, ac, group=dist.group.WORLD)
+            total = torch.tensor(loss, dtype=torch.float64)
+            dist.all_reduce(total)
+            for g in grads.values():
+                dist.all_reduce(g)
+            out[(lora, ac)] = (float(total), grads, n)
+        torch.save(out, Path(outdir) / f"rank{rank}.pt")
+
+
+@pytest.fixture(scope="module")
+def cp2(tmp_path_factory) -> dict:
+    tmp = tmp_path_factory.mktemp("chunked_cp2")
+    mp.start_processes(_worker, args=(str(tmp / "store"), str(tmp)), nprocs=2, start_method="spawn")
+    return torch.load(tmp / "rank0.pt", weights_only=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lora, ac", [(False, False), (True, True)], ids=["plain", "lora_full_ac"])
+def test_chunked_equals_one_pass_cp2(cp2, lora, ac):
+    loss, grads, n = cp2[(lora, ac)]
+    assert n == 8
+    _close((loss, grads), one_pass(lora, ac))
