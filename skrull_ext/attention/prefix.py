@@ -78,6 +78,7 @@ class ChunkAttention:
         first = self.prefix_tokens() + self.offset  # the first query's index among kv's keys
         q_pos = torch.arange(first, first + n_q, device=q_BLNH.device)
         mask = torch.arange(kv.size(2), device=q_BLNH.device)[None, :] <= q_pos[:, None]
-        out = F.scaled_dot_product_attention(q_BLNH[0].transpose(0, 1), kv[0], kv[1], attn_mask=mask,
+        # 4-D, K/V at their own head count: CPU's flash kernel then saves K/V, not (L x P) probabilities.
+        out = F.scaled_dot_product_attention(q_BLNH.transpose(1, 2), kv[0][None], kv[1][None], attn_mask=mask,
                                              scale=scale, enable_gqa=kv.size(1) != q_BLNH.size(2))
-        return out.transpose(0, 1)[None]
+        return out.transpose(1, 2)

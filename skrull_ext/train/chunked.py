@@ -29,6 +29,7 @@ its labels are ignored).
 """
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -38,7 +39,18 @@ from skrull_ext.attention.module import DacpAttention
 from skrull_ext.attention.prefix import ChunkAttention
 from skrull_ext.data.synthetic import IGNORE_INDEX
 
-__all__ = ["attention_layers", "chunk_bounds", "chunked_loss"]
+__all__ = ["attention_layers", "chunk_bounds", "chunked_loss", "ChunkedLoss"]
+
+
+@dataclass(frozen=True)
+class ChunkedLoss:
+    """One chunked document's forward."""
+
+    loss: torch.Tensor
+    """The sum of its chunks' losses; its backward runs the chunks' in reverse."""
+    chunks: int
+    kv_bytes: int
+    """Bytes of the document's K/V this rank keeps until backward (every layer, every chunk)."""
 
 
 def chunk_bounds(length: int, chunk: int) -> list[tuple[int, int]]:
@@ -55,7 +67,7 @@ def attention_layers(model_parts) -> list[DacpAttention]:
 
 def _padded(x: torch.Tensor, lo: int, hi: int, fill: int) -> torch.Tensor:
     """``x[lo:hi]``, filled with ``fill`` past the end of ``x``."""
-    part = x[lo:min(hi, x.numel())]
+    part = x[lo:min(hi, x.numel())].clone()  # its own storage: a chunk keeps its ids, not the document's
     if part.numel() == hi - lo:
         return part
     return torch.cat([part, part.new_full((hi - lo - part.numel(),), fill)])
@@ -71,8 +83,8 @@ def chunked_loss(
     layers: list | None = None,
     group: dist.ProcessGroup | None = None,
     recompute: bool = True,
-) -> tuple[torch.Tensor, int]:
-    """Forward of one document in chunks; returns (the sum of its chunks' losses, the chunk count).
+) -> ChunkedLoss:
+    """Forward of one document in chunks.
 
     Args:
         model: a decoder whose inner attention is DacpAttention (``layers``: those modules in
@@ -111,4 +123,5 @@ def chunked_loss(
         for i, kv in enumerate(out[1:]):
             prefix[i].append(kv)
         total = out[0] if total is None else total + out[0]
-    return total, len(bounds)
+    kv_bytes = sum(kv.nbytes for per_layer in prefix for kv in per_layer)
+    return ChunkedLoss(total, len(bounds), kv_bytes)

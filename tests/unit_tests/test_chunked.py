@@ -15,6 +15,7 @@ saves the same bytes whatever its index and whatever the document's chunk
 count; with recompute, nothing but the chunks' K/V outlives the forward.
 """
 
+import collections
 from pathlib import Path
 
 import pytest
@@ -84,9 +85,9 @@ def one_pass(lora: bool = False, ac: bool = False) -> tuple[float, dict]:
 def chunked(lora: bool = False, ac: bool = False, group=None) -> tuple[float, dict, int]:
     model = _model(lora, ac)
     tokens, labels = _document()
-    loss, n = chunked_loss(model, tokens, labels, CHUNK, _loss, group=group)
-    loss.backward()
-    return loss.item(), _grads(model), n
+    out = chunked_loss(model, tokens, labels, CHUNK, _loss, group=group)
+    out.loss.backward()
+    return out.loss.item(), _grads(model), out.chunks
 
 
 def _close(got: tuple[float, dict], ref: tuple[float, dict]) -> float:
@@ -159,3 +160,61 @@ def test_chunked_equals_one_pass_cp2(cp2, lora, ac):
     loss, grads, n = cp2[(lora, ac)]
     assert n == 8
     _close((loss, grads), one_pass(lora, ac))
+
+
+# ------------------------------------------------------------------ memory
+class SavedBytes:
+    """Bytes each forward of ``model`` saves for backward, per call: saved-tensor hooks, each
+    storage counted once, the parameters' own storage left out (kept whatever the schedule)."""
+
+    def __init__(self, model) -> None:
+        self.params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        self.calls: list[dict[int, int]] = []
+        model.register_forward_pre_hook(lambda *_: self.calls.append({}))
+        self.outside: dict[int, int] = {}
+        self.hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        s = t.untyped_storage()
+        if s.data_ptr() not in self.params:
+            (self.calls[-1] if self.calls else self.outside)[s.data_ptr()] = s.nbytes()
+        return t
+
+    def per_call(self) -> list[int]:
+        return [sum(c.values()) for c in self.calls]
+
+    def total(self) -> int:
+        """Bytes of every storage saved, each once."""
+        union = dict(self.outside)
+        for c in self.calls:
+            union.update(c)
+        return sum(union.values())
+
+
+def _saved(length: int, recompute: bool) -> tuple[SavedBytes, int]:
+    model = _model()
+    tokens, labels = _document(length)
+    saved = SavedBytes(model)
+    with saved.hooks:
+        out = chunked_loss(model, tokens, labels, CHUNK, _loss, recompute=recompute)
+    return saved, out.kv_bytes
+
+
+def test_saved_bytes_flat_in_the_number_of_chunks():
+    """Without recompute a chunk's forward saves the same bytes whatever the document's chunk
+    count, growing from one chunk to the next by exactly the K/V (and the CPU kernel's mask) of
+    the prefix's new chunk. With recompute (the schedule), what the forward keeps is the
+    checkpoints' inputs: the K/V of every chunk but the last, nothing else, at 2, 4 or 8 chunks."""
+    model = _model()
+    attn = model.layers["0"].attention
+    layers, kv_heads, head_dim = len(model.layers), attn.n_kv_heads, attn.head_dim
+    kv = layers * 2 * kv_heads * CHUNK * head_dim * 4  # fp32 K and V of one chunk, every layer
+    mask = layers * CHUNK * CHUNK * 4  # the dense mask's CHUNK more key columns (float on CPU)
+    per_chunk = {n: _saved(n * CHUNK, recompute=False)[0].per_call() for n in (2, 4, 8)}
+    assert per_chunk[8][:2] == per_chunk[2] and per_chunk[8][:4] == per_chunk[4]
+    steps = [b - a for a, b in zip(per_chunk[8], per_chunk[8][1:])]
+    assert steps == [kv + mask] * 7, (steps, kv, mask)
+    for n in (2, 4, 8):
+        saved, kv_bytes = _saved(n * CHUNK, recompute=True)
+        assert kv_bytes == n * kv
+        assert saved.total() == (n - 1) * kv, (n, saved.total(), kv)  # the last chunk's K/V feeds no chunk
