@@ -218,3 +218,25 @@ def test_saved_bytes_flat_in_the_number_of_chunks():
         saved, kv_bytes = _saved(n * CHUNK, recompute=True)
         assert kv_bytes == n * kv
         assert saved.total() == (n - 1) * kv, (n, saved.total(), kv)  # the last chunk's K/V feeds no chunk
+
+
+# ------------------------------------------------------------------ cost and memory model
+def test_chunk_cost_moves_no_flops_and_prices_recompute():
+    from skrull_ext.scheduler import cost_model
+    from skrull_ext.scheduler.chunk_cost import RECOMPUTE_SHARE, chunk_cost
+
+    m = cost_model.preset("llama3-debug")
+    # A quadratic without a constant: the chunks' FLOPs add up to the document's.
+    bounds = chunk_bounds(LENGTH, CHUNK)
+    assert sum(m.flops(b) - m.flops(a) for a, b in bounds) == pytest.approx(m.flops(LENGTH), rel=1e-12)
+    # Later chunks attend over more: each costs more than the one before.
+    per = [m.flops(b) - m.flops(a) for a, b in bounds[:-1]]
+    assert all(x < y for x, y in zip(per, per[1:]))
+    c = chunk_cost(m, LENGTH, CHUNK)
+    assert c.chunks == 8 and c.us > c.one_pass_us * (1 + RECOMPUTE_SHARE) * 0.99
+    # The K/V the model predicts is what test_saved_bytes measured: 6 layers x 2 x 256 x 4 bytes a token.
+    assert chunk_cost(m, 8 * CHUNK, CHUNK).kv_bytes == 6 * 2 * 256 * 4 * 8 * CHUNK
+    # Over CP 2 each chunk's K/V is gathered in forward and again in the recompute, every layer.
+    assert chunk_cost(m, 8 * CHUNK, CHUNK, cp=2).us >= 8 * 6 * 2 * m.comm_us(m.kv_bytes(CHUNK))
+    with pytest.raises(ValueError, match="multiple of cp"):
+        chunk_cost(m, LENGTH, 33, cp=2)
