@@ -97,6 +97,9 @@ class SkrullStep:
     """The same counts since the run began (resumes included)."""
     source_totals: dict[str, dict[str, int]] = field(default_factory=dict)
     """A mixture's run counts per source (``totals`` by source)."""
+    chunked: list[Sample] = field(default_factory=list)
+    """Under ``overlength = "chunk"``: this rank's samples longer than the limit, whole, which
+    the trainer runs in chunks after the micro-batches (train/chunked.py); outside ``plan``."""
 
     def __post_init__(self) -> None:
         if self.loss_tokens is None:
@@ -148,13 +151,16 @@ class _Window:
     losses: list[list[int]]
     accounts: list[StepAccount]
     """Per step of arrival: what was read, cut, skipped (counted when that step is built)."""
+    chunked: list[list[tuple[int, int]]]
+    """Per step of arrival: (source index, loss tokens) of the samples over the limit that
+    ``overlength = "chunk"`` trains whole in chunks, outside the plans (and the regrouping)."""
     summary: WindowSummary | None
     """None for a window of one step (no look-ahead)."""
 
     @property
     def loss_tokens(self) -> float:
-        """Mean loss tokens per step of the window."""
-        return sum(map(sum, self.losses)) / len(self.losses)
+        """Mean loss tokens per step of the window (chunked samples' included)."""
+        return (sum(map(sum, self.losses)) + sum(c for step in self.chunked for _, c in step)) / len(self.losses)
 
 
 @dataclass(frozen=True)
@@ -205,10 +211,14 @@ class StepBuilder:
         index, first, w = span.index, span.first, span.width
         if self._last and self._last[0].index == index:
             return self._last[0]
-        samples, lengths, losses, accounts = [], [], [], []
+        samples, lengths, losses, accounts, chunked = [], [], [], [], []
         for s in range(first, first + w):
             kept, n, c, account = decide_lengths(self.limit, self.source.global_batch(s, self.global_batch_size),
                                                  self.source, s)
+            over = [k for k, m in enumerate(n) if m > self.limit.tokens]  # only under "chunk"
+            chunked.append([(kept[k], c[k]) for k in over])
+            if over:
+                kept, n, c = ([x for k, x in enumerate(v) if k not in over] for v in (kept, n, c))
             samples.append(kept)
             lengths.append(n)
             losses.append(c)
@@ -219,7 +229,7 @@ class StepBuilder:
             flat = [(i, n, c) for b in range(w) for i, n, c in zip(samples[b], lengths[b], losses[b])]
             samples, lengths, losses = ([[flat[q][f] for q in members] for members in a.steps] for f in range(3))
             summary = WindowSummary(index, w, a.moved, a.max_delay, a.window_us, a.arrival_window_us, a.elapsed_us)
-        out = _Window(index, first, samples, lengths, losses, accounts, summary)
+        out = _Window(index, first, samples, lengths, losses, accounts, chunked, summary)
         self._last[:] = [out]
         return out
 
@@ -229,7 +239,7 @@ class StepBuilder:
         indices, lengths, losses = win.samples[j], win.lengths[j], win.losses[j]
         account = copy.deepcopy(win.accounts[j])  # a rebuilt step (resume, validation) counts afresh
         # Logged when the step is handed out (SkrullDataLoader.next_step): one built ahead may never train.
-        settle(self.limit, account, run, step, len(indices), warn=False)
+        settle(self.limit, account, run, step, len(indices) + len(win.chunked[j]), warn=False)
         start = time.perf_counter()
         plan = self.scheduler.schedule(lengths, dp_rank=self.dp_rank)
         plan.validate()
@@ -241,10 +251,15 @@ class StepBuilder:
             for i, m, c, n, k in zip(indices, lengths, losses, plan.lengths, kept) if k
         )
         mbs = rank_buffers(plan, samples, indices, self.dp_rank, self.cp_rank, self.own_only)
+        # Chunked samples: the whole CP group of DP rank k mod dp runs the k-th (job_checks keeps dp at 1 for now).
+        dp = self.scheduler.job.dp
+        chunked = [self.source[i] for k, (i, _) in enumerate(win.chunked[j]) if k % dp == self.dp_rank]
+        valid += sum(c for _, c in win.chunked[j])
         if self.pin:
             mbs = [mb.staged() for mb in mbs]
         return SkrullStep(
-            step=step, dp_rank=self.dp_rank, samples=indices, plan=plan, micro_batches=mbs,
+            step=step, dp_rank=self.dp_rank, samples=indices + [i for i, _ in win.chunked[j]], plan=plan,
+            micro_batches=mbs, chunked=chunked,
             global_valid_tokens=valid, loss_tokens=valid if win.summary is None else win.loss_tokens,
             window=win.summary, schedule_us=schedule_us, account=account,
             totals=run.totals.as_dict(), source_totals={n: c.as_dict() for n, c in run.by_source.items()},

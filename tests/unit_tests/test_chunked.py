@@ -240,3 +240,32 @@ def test_chunk_cost_moves_no_flops_and_prices_recompute():
     assert chunk_cost(m, 8 * CHUNK, CHUNK, cp=2).us >= 8 * 6 * 2 * m.comm_us(m.kv_bytes(CHUNK))
     with pytest.raises(ValueError, match="multiple of cp"):
         chunk_cost(m, LENGTH, 33, cp=2)
+
+
+# ------------------------------------------------------------------ the loader under overlength = "chunk"
+@pytest.mark.parametrize("lookahead", [1, 2])
+def test_loader_hands_long_samples_whole_outside_the_plan(lookahead):
+    from skrull_ext.data.overlength import check_overlength, loss_tokens
+    from skrull_ext.data.scheduling import SkrullDataLoader
+    from skrull_ext.scheduler import Scheduler, cost_model
+    from skrull_ext.train.skrull_config import SkrullConfig
+
+    config = SkrullDataLoader.Config(length_scale=32.0, max_len=2048, global_batch_size=8, vocab_size=VOCAB)
+    loader = config.build(dp_world_size=1, dp_rank=0)
+    section = SkrullConfig(bucket_size=256, cost_model="h100-assumed", overlength="chunk", lookahead=lookahead)
+    loader.attach(Scheduler(section.scheduler_config(1, 1), cost_model.preset("llama3-debug")), 0, 1)
+    report = check_overlength(loader, 1, 6)  # logs, neither refuses nor cuts
+    steps = [loader.next_step() for _ in range(6)]
+    src = loader.source
+    long = [(i, n) for _, i, n in report.over]
+    assert long and sorted((i, s.length) for st in steps for i, s in zip(st.samples[-len(st.chunked):], st.chunked)
+                           if st.chunked) == sorted(long)
+    for st in steps:
+        assert max(st.plan.lengths) <= 256 and not st.plan.truncated and not st.plan.dropped
+        c = st.account.counts
+        assert (c.cut, c.skipped, c.chunked) == (0, 0, len(st.chunked))
+        assert c.chunks == sum(-(-s.length // 256) for s in st.chunked)
+        if lookahead == 1:  # the chunked samples' loss tokens are in the step's divisor
+            assert st.global_valid_tokens == sum(loss_tokens(src, i, src.length(i), src.length(i))
+                                                 for i in st.samples)
+    assert steps[-1].totals["chunked"] == len(long) and steps[-1].totals["cut"] == 0
