@@ -269,3 +269,26 @@ def test_loader_hands_long_samples_whole_outside_the_plan(lookahead):
             assert st.global_valid_tokens == sum(loss_tokens(src, i, src.length(i), src.length(i))
                                                  for i in st.samples)
     assert steps[-1].totals["chunked"] == len(long) and steps[-1].totals["cut"] == 0
+
+
+_CHUNK = ["--skrull.overlength", "chunk", "--dataloader.max_len", "2048", "--training.seq_len", "2048"]
+
+
+@pytest.mark.parametrize("flags, world, message", [
+    (["--skrull.overlength", "chunk", "--dataloader.max_len", "2048"], 1,
+     "training.seq_len = 512: a chunked sample's positions run to its length: under skrull.overlength = 'chunk' "
+     "set dataloader.max_len (now 2048)"),
+    (_CHUNK + ["--skrull.no-enable"], 1, "skrull.overlength = 'chunk': needs skrull.enable = true"),
+    (_CHUNK, 2, "skrull.overlength = 'chunk': runs on one DP rank for now (this launch has 2: world 2 / cp 1)"),
+], ids=["rope", "packed", "dp2"])
+def test_chunk_refused_where_it_does_not_run_naming_the_key(flags, world, message, monkeypatch):
+    from skrull_ext.errors import JobFileError
+    from skrull_ext.train.job_file import load_config
+
+    job = str(Path(__file__).parents[2] / "skrull_ext" / "jobs" / "debug_cpu.toml")
+    monkeypatch.setenv("WORLD_SIZE", str(world))
+    with pytest.raises(JobFileError) as info:
+        load_config(["--config-file", job, *flags])
+    assert message in str(info.value) and "\n" not in str(info.value)
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    load_config(["--config-file", job, *_CHUNK])  # the bar's run passes
