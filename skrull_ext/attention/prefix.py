@@ -70,7 +70,7 @@ class ChunkAttention:
         if self.group is None:
             own = shard
         else:  # every rank gets the whole chunk's K/V; dK/dV come back reduce-scattered
-            ex = KVExchange(self.group, transport=resolve_transport("auto", self.group))
+            ex = KVExchange(self.group, getattr(layer, "stats", None), transport=resolve_transport("auto", self.group))
             own = torch.stack(wait_exchange(start_exchange(shard, ex), ex))
         self.kept[i] = own
         kv = torch.cat([*self.prefix[i], own], dim=2) if self.prefix[i] else own

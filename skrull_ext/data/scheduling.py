@@ -400,7 +400,8 @@ class SkrullDataLoader(SourceDataLoaderBase):
             logger.warning(out.account.warning)
         # Tokens of the step over all ranks, as the packed loader counts them (bench cp reads it).
         dropped = set(out.plan.dropped)
-        self.last_tokens = sum(n for k, n in enumerate(out.plan.lengths) if k not in dropped)
+        self.last_tokens = sum(n for k, n in enumerate(out.plan.lengths) if k not in dropped) \
+            + sum(s.length for s in out.chunked)  # chunked samples: every one of the step's at DP 1
         return out
 
     def close(self) -> None:

@@ -234,8 +234,9 @@ class SkrullTrainer(JobTrainer):
             except StopIteration as ex:  # as torchtitan: the unfinished step is dropped
                 raise DataloaderExhaustedError() from ex
             waited = time.perf_counter() - start  # ~0 when the step was built ahead (prefetch_steps)
-            self.metrics_processor.ntokens_since_last_log += step.num_tokens
-            self.document_meter.add(step.plan.trained_lengths)
+            chunked = [s.length for s in step.chunked]  # trained whole, each over the CP group
+            self.metrics_processor.ntokens_since_last_log += step.num_tokens + sum(chunked) // self.parallel_dims.cp
+            self.document_meter.add(step.plan.trained_lengths + chunked)
             self.metrics_processor.data_loading_times.append(waited)
             self.data_wait_ms.append(waited * 1e3)
             yield step
