@@ -73,7 +73,7 @@ class SkrullStep:
     dp_rank: int
     samples: list[int]
     """Source indices of the samples trained this step (the global batch less
-    the skipped ones), in plan (caller) order."""
+    the skipped ones), in plan (caller) order, then those trained in chunks (``chunked``)."""
     plan: Plan
     micro_batches: list[MicroBatchBuffer]
     """This rank's buffers: ``plan.slots`` of them (pads included), or under
