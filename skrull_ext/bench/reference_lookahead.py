@@ -19,6 +19,7 @@ from dataclasses import dataclass
 LOOKAHEAD_FRACTIONS = (0.02, 0.05, 0.1, 0.2, 0.35)  # lookahead.hpp kLookaheadFractions
 LOOKAHEAD_PLAN_WORK = 1 << 15  # kLookaheadPlanWork: sequences planned beyond arrival order and the first finalist
 LOOKAHEAD_SCREEN_WORK = 1 << 16  # kLookaheadScreenWork: swaps screened by the estimate
+LOOKAHEAD_TIE = 1e-6  # kLookaheadTie: estimates this close (relative to the least) rank as ties
 
 
 @dataclass
@@ -176,7 +177,10 @@ def lookahead(batches: list[list[int]], cost, dp: int, cp: int, bucket: int, ste
             used += 1
         screened(step, 1.0, w)
 
-        rank = sorted(range(len(found)), key=lambda i: (found[i][3], i))
+        least = min((c[3] for c in found), default=0.0)
+        quantum = least * LOOKAHEAD_TIE
+        level = [math.floor(c[3] / quantum) if quantum > 0.0 else 0 for c in found]
+        rank = sorted(range(len(found)), key=lambda i: (level[i], -(found[i][1] / found[i][2]), i))
         plan_left = LOOKAHEAD_PLAN_WORK
         for r, i in enumerate(rank):
             step, f, k, _ = found[i]

@@ -21,8 +21,9 @@
 //      in arrival order; the whole window sorted by length (LongAlign's sort,
 //      within a window);
 //   2. screening: every candidate other than arrival order is estimated (the
-//      sum of its steps' estimates); they are planned in full in that order (ties
-//      by candidate order), the first always, the next while their steps fit
+//      sum of its steps' estimates); they are planned in full in that order
+//      (ties to the most long samples a step, then candidate order), the
+//      first always, the next while their steps fit
 //      in the budget kLookaheadPlanWork (sequences planned; a step identical
 //      to arrival order's keeps its price);
 //   3. the least summed full price wins, ties to the earlier priced: arrival
@@ -39,6 +40,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <functional>
@@ -69,6 +71,9 @@ constexpr int64_t kLookaheadPlanWork = int64_t{1} << 15;
 
 // Swaps the swap search may screen by the estimate per window.
 constexpr int64_t kLookaheadScreenWork = int64_t{1} << 16;
+
+// Estimates closer than this fraction of the least one rank as ties.
+constexpr double kLookaheadTie = 1e-6;
 
 // Fractions of a window's samples the long-first candidates move.
 constexpr double kLookaheadFractions[] = {0.02, 0.05, 0.1, 0.2, 0.35};
@@ -401,12 +406,26 @@ Lookahead lookahead(const std::vector<std::vector<int64_t>>& batches, const Cost
     }
     screened(step, 1.0, w);
 
-    // Finalists in estimate order (ties by candidate order): the first
-    // always, the next while their new steps fit in the budget.
+    // Finalists in estimate order: the first always, the next while their
+    // new steps fit in the budget. The estimate is a bound, and where no
+    // straggler term is active it is the same for many candidates (their
+    // work summed over the groups); such ties (within kLookaheadTie of the
+    // best estimate) go to the candidate with the most long samples a step
+    // (fraction / steps: the full plans of measured windows fall with it,
+    // since long samples sharing a step leave the other steps short ones to
+    // pack), then to candidate order.
+    double least = found.empty() ? 0.0 : found[0].estimate;
+    for (const Candidate& c : found) least = std::min(least, c.estimate);
+    const double quantum = least * kLookaheadTie;
+    std::vector<int64_t> level(found.size());
+    for (size_t i = 0; i < found.size(); ++i)
+      level[i] = quantum > 0.0 ? static_cast<int64_t>(std::floor(found[i].estimate / quantum)) : 0;
     std::vector<int32_t> rank(found.size());
     std::iota(rank.begin(), rank.end(), 0);
-    std::stable_sort(rank.begin(), rank.end(),
-                     [&](int32_t x, int32_t y) { return found[x].estimate < found[y].estimate; });
+    std::stable_sort(rank.begin(), rank.end(), [&](int32_t x, int32_t y) {
+      if (level[x] != level[y]) return level[x] < level[y];
+      return found[x].fraction / found[x].k > found[y].fraction / found[y].k;
+    });
     int64_t plan_left = kLookaheadPlanWork;
     for (size_t r = 0; r < rank.size(); ++r) {
       Candidate& c = found[rank[r]];
