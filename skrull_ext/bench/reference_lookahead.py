@@ -20,6 +20,8 @@ LOOKAHEAD_FRACTIONS = (0.02, 0.05, 0.1, 0.2, 0.35)  # lookahead.hpp kLookaheadFr
 LOOKAHEAD_PLAN_WORK = 1 << 15  # kLookaheadPlanWork: sequences planned beyond arrival order and the first finalist
 LOOKAHEAD_SCREEN_WORK = 1 << 16  # kLookaheadScreenWork: swaps screened by the estimate
 LOOKAHEAD_TIE = 1e-6  # kLookaheadTie: estimates this close (relative to the least) rank as ties
+LOOKAHEAD_SCREEN_SLACK = 0.01  # kLookaheadScreenSlack: a swap is planned unless its estimate rises more
+LOOKAHEAD_MIN_SWAPS = 64  # kLookaheadMinSwaps: the search runs where the budget checks this many swaps
 
 
 @dataclass
@@ -204,6 +206,8 @@ def _swap_search(lengths, order, cost, est: Estimator, step_time, plan_left: int
     """lookahead.hpp detail::swap_search restated, on ``best`` in place."""
     steps, step, step_us = best["steps"], best["step"], best["step_us"]
     w = len(steps)
+    if plan_left < LOOKAHEAD_MIN_SWAPS * (2 * len(order) // w):
+        return
     desc: list[list[float]] = [[] for _ in range(w)]
     pos = [0] * len(lengths)
     sketch = [Sketch() for _ in range(w)]
@@ -248,7 +252,8 @@ def _swap_search(lengths, order, cost, est: Estimator, step_time, plan_left: int
                             budget = False
                             break
                         out["swap_trials"] += 1
-                        if est.us(swapped(s1, q1, q2)) + est.us(swapped(s2, q2, q1)) > e[s1] + e[s2]:
+                        after = est.us(swapped(s1, q1, q2)) + est.us(swapped(s2, q2, q1))
+                        if after > (e[s1] + e[s2]) * (1.0 + LOOKAHEAD_SCREEN_SLACK):
                             continue
                         size = len(steps[s1]) + len(steps[s2])
                         if size > plan_left:
