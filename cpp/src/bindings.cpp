@@ -363,9 +363,10 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
       },
       py::arg("batches"), py::arg("cost_model"), py::arg("options"), py::arg("pool") = false,
       "Regroups a window of W global batches (lengths in arrival order) over its W steps: each step keeps its "
-      "sample count, every sample moves at most W-1 steps, the least summed predicted step time wins (each step "
-      "planned by schedule(), or schedule_pool() with pool=True); arrival order unless a grouping predicts "
-      "faster. Pure function of its inputs.");
+      "sample count, every sample moves at most W-1 steps. Candidates are screened by an estimate of a step's "
+      "time (options' DP, CP and BucketSize); a few are planned in full (each step by schedule(), or "
+      "schedule_pool() with pool=True) and the least summed predicted time wins, arrival order unless a "
+      "grouping predicts faster. Budgets count operations: a pure function of its inputs.");
 
   m.def(
       "dacp",
