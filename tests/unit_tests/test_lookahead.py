@@ -174,3 +174,18 @@ def test_the_estimate_equals_the_python_reference():
     per_mb = cost.micro_batch_fixed_us + cost.shape.layers * cost.b_us
     assert est.us(s) == max(11.0 / 2, 6.0, 3.0 + 2.0) + 2 * per_mb + cost.token_us / 4.0 * 19.0 + cost.step_fixed_us
     assert ref.kth_after_swap([9.0, 7.0, 5.0, 3.0], 2, 0, 4.0) == 4.0
+
+
+def test_the_core_equals_the_python_reference_where_the_budget_binds():
+    # 8 steps of 1,200 samples: the plan budget (2^15 sequences) stops the finalists after a few
+    # of the screened candidates and leaves too little for the swap search (64 checks of two steps).
+    rng = random.Random(11)
+    limit = _core.max_sequence_length(26624, 8)
+    batches = [[min(limit, rng.choice(REAL)) for _ in range(1200)] for _ in range(8)]
+    cost, opt = cm.preset(), options(16, 8, 26624)
+    a = _core.lookahead(batches, cost, opt)
+    r = ref.lookahead(batches, cost, 16, 8, 26624, lambda l: _core.schedule(l, cost, opt).makespan_us)
+    assert 2 < a.candidates < 1 + a.screened and a.swap_trials == 0
+    assert (a.step, a.long_fraction, a.long_steps, a.candidates, a.planned) == (
+        r["step"], r["long_fraction"], r["long_steps"], r["candidates"], r["planned"])
+    assert a.step_us == r["step_us"]
