@@ -189,3 +189,15 @@ def test_the_core_equals_the_python_reference_where_the_budget_binds():
     assert (a.step, a.long_fraction, a.long_steps, a.candidates, a.planned) == (
         r["step"], r["long_fraction"], r["long_steps"], r["candidates"], r["planned"])
     assert a.step_us == r["step_us"]
+
+
+def test_the_core_equals_the_python_reference_on_a_wide_window():
+    # W = 40: the long-first split over k > 32 steps takes the core's heap (a scan below), which
+    # must pick the same steps as the reference's scan (least load, ties to the lower step).
+    batches = window(21, 40, 3, 4096, 2)
+    cost, opt = cm.preset(), options(2, 2, 4096)
+    a = _core.lookahead(batches, cost, opt)
+    r = ref.lookahead(batches, cost, 2, 2, 4096, lambda l: _core.schedule(l, cost, opt).makespan_us)
+    assert a.screened == 80  # long-first splits over k = 1..40 steps (two fractions) and the sort
+    assert (a.step, a.long_fraction, a.long_steps, a.candidates, a.screened, a.swaps, a.planned) == (
+        r["step"], r["long_fraction"], r["long_steps"], r["candidates"], r["screened"], r["swaps"], r["planned"])
