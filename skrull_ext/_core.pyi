@@ -178,7 +178,10 @@ class Lookahead:
     long_fraction: float
     long_steps: int
     candidates: int
+    screened: int
     swaps: int
+    swap_trials: int
+    planned: int
     elapsed_us: float
 
 def lookahead(batches: Sequence[Sequence[int]], cost_model: CostModel, options: Options,

@@ -338,7 +338,10 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
       .def_readonly("long_fraction", &Lookahead::long_fraction)
       .def_readonly("long_steps", &Lookahead::long_steps)
       .def_readonly("candidates", &Lookahead::candidates)
+      .def_readonly("screened", &Lookahead::screened)
       .def_readonly("swaps", &Lookahead::swaps)
+      .def_readonly("swap_trials", &Lookahead::swap_trials)
+      .def_readonly("planned", &Lookahead::planned)
       .def_readonly("elapsed_us", &Lookahead::elapsed_us)
       .def("__repr__", [](const Lookahead& a) {
         std::ostringstream os;
@@ -353,16 +356,17 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
         validate_options(opt);
         py::gil_scoped_release release;
         if (pool)
-          return lookahead(batches, cost,
+          return lookahead(batches, cost, opt,
                            [&](const std::vector<int64_t>& l) { return schedule_pool(l, cost, opt).makespan_us; });
-        return lookahead(batches, cost,
+        return lookahead(batches, cost, opt,
                          [&](const std::vector<int64_t>& l) { return schedule(l, cost, opt).makespan_us; });
       },
       py::arg("batches"), py::arg("cost_model"), py::arg("options"), py::arg("pool") = false,
       "Regroups a window of W global batches (lengths in arrival order) over its W steps: each step keeps its "
-      "sample count, every sample moves at most W-1 steps, the least summed predicted step time wins (each step "
-      "planned by schedule(), or schedule_pool() with pool=True); arrival order unless a grouping predicts "
-      "faster. Pure function of its inputs.");
+      "sample count, every sample moves at most W-1 steps. Candidates are screened by an estimate of a step's "
+      "time (options' DP, CP and BucketSize); a few are planned in full (each step by schedule(), or "
+      "schedule_pool() with pool=True) and the least summed predicted time wins, arrival order unless a "
+      "grouping predicts faster. Budgets count operations: a pure function of its inputs.");
 
   m.def(
       "dacp",

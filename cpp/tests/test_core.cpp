@@ -14,6 +14,7 @@
 #include "skrull/plan.hpp"
 #include "skrull/pool.hpp"
 #include "skrull/scheduler.hpp"
+#include "skrull/step_estimate.hpp"
 
 using namespace skrull;
 
@@ -261,30 +262,35 @@ static void test_hedge() {
 
 // Look-ahead on a toy step time (a step costs its longest sequence): two
 // steps each with one long and one short sequence become one step with both
-// long ones (the full sort), 18 -> 10.
+// long ones (the full sort), 18 -> 10. The long-first candidates equal
+// arrival order here, so only the sort is screened and priced.
 static void test_lookahead() {
   const CostModel c = toy();
+  const Options o;
   const auto longest = [](const std::vector<int64_t>& l) {
     return static_cast<double>(*std::max_element(l.begin(), l.end()));
   };
-  Lookahead a = lookahead({{9, 1}, {1, 9}}, c, longest);
+  Lookahead a = lookahead({{9, 1}, {1, 9}}, c, o, longest);
   CHECK((a.step == std::vector<int32_t>{0, 1, 1, 0}));
   CHECK((a.steps == std::vector<std::vector<int32_t>>{{0, 3}, {1, 2}}));
   CHECK((a.offsets == std::vector<int32_t>{0, 2, 4}));
   CHECK(a.arrival_window_us == 18.0 && a.window_us == 10.0);
   CHECK((a.step_us == std::vector<double>{9.0, 1.0}) && (a.arrival_us == std::vector<double>{9.0, 9.0}));
-  CHECK(a.moved == 2 && a.max_delay == 1 && a.long_fraction == 1.0 && a.long_steps == 2 && a.candidates == 4);
+  CHECK(a.moved == 2 && a.max_delay == 1 && a.long_fraction == 1.0 && a.long_steps == 2);
+  CHECK(a.screened == 1 && a.candidates == 2 && a.swaps == 0);
+  // Arrival order (4 sequences), the sort (4), then the swap search's checks (4 each).
+  CHECK(a.planned >= 8 && (a.planned - 8) % 4 == 0);
   // One batch, or nothing faster: arrival order.
-  a = lookahead({{9, 1}}, c, longest);
-  CHECK((a.step == std::vector<int32_t>{0, 0}) && a.moved == 0 && a.candidates == 1);
-  a = lookahead({{9, 9}, {1, 1}}, c, longest);
+  a = lookahead({{9, 1}}, c, o, longest);
+  CHECK((a.step == std::vector<int32_t>{0, 0}) && a.moved == 0 && a.candidates == 1 && a.screened == 0);
+  a = lookahead({{9, 9}, {1, 1}}, c, o, longest);
   CHECK((a.step == std::vector<int32_t>{0, 0, 1, 1}) && a.window_us == 10.0 && a.moved == 0);
   // Counts kept, an empty step allowed.
-  a = lookahead({{5}, {}, {7, 7, 1}}, c, longest);
+  a = lookahead({{5}, {}, {7, 7, 1}}, c, o, longest);
   CHECK(a.steps[0].size() == 1 && a.steps[1].empty() && a.steps[2].size() == 3);
   bool named = false;
   try {
-    lookahead({}, c, longest);
+    lookahead({}, c, o, longest);
   } catch (const std::invalid_argument& e) {
     named = std::string(e.what()).find("lookahead window must hold 1 to 1024 global batches, got 0") !=
             std::string::npos;
@@ -320,6 +326,56 @@ static void test_lpt_bins() {
   }
 }
 
+// A step time the estimate cannot see: the estimate ranks the regroupings
+// level with arrival order, the planner prices every one of them dearer. The
+// answer is arrival order, priced by the planner: never predicted slower
+// than W = 1.
+static void test_lookahead_never_slower() {
+  const CostModel c = toy();
+  const Options o;
+  const auto arrival_is_best = [](const std::vector<int64_t>& l) {
+    // Cheap only for a step of one long and one short sequence (arrival order here).
+    const bool mixed = l.size() == 2 && std::max(l[0], l[1]) == 9 && std::min(l[0], l[1]) == 1;
+    return mixed ? 1.0 : 100.0;
+  };
+  const Lookahead a = lookahead({{9, 1}, {1, 9}, {9, 1}}, c, o, arrival_is_best);
+  CHECK((a.step == std::vector<int32_t>{0, 0, 1, 1, 2, 2}) && a.moved == 0);
+  CHECK(a.window_us == 3.0 && a.arrival_window_us == 3.0 && a.long_fraction == 0.0);
+  CHECK(a.candidates >= 2 && a.swaps == 0);
+}
+
+// The estimate on hand-computed sums (step_estimate.hpp), and the k-th
+// largest after a swap.
+static void test_step_estimate() {
+  CostModel c = toy();  // layers 1, a = 1, b = 0
+  c.b_us = 2.0;
+  c.micro_batch_fixed_us = 10.0;
+  c.token_us = 0.5;
+  c.step_fixed_us = 3.0;
+  Options o;
+  o.dp = 2;
+  o.cp = 2;
+  o.bucket_size = 4;  // capacity of a slot: 2 x 2 x 4 = 16 tokens
+  const StepEstimator e(c, o);
+  CHECK(e.groups() == 2 && e.cost(8.0) == 4.0);  // a x FLOPs / cp
+  StepSketch s;
+  e.add_descending(s, 6.0, 10);
+  e.add_descending(s, 3.0, 5);
+  e.add_descending(s, 2.0, 4);
+  CHECK(s.count == 3 && s.work == 11.0 && s.tokens == 19.0 && s.c1 == 6.0 && s.cp_ == 3.0 && s.cp1 == 2.0);
+  // work max(11/2, 6, 3+2) = 6; m = ceil(19/16) = 2 at 10 + 1 x 2 each; tokens 0.5 x 19 / 4; + 3.
+  CHECK(e.us(s) == 6.0 + 2 * 12.0 + 0.5 * 19.0 / 4.0 + 3.0);
+  CHECK(e.us(StepSketch()) == 0.0);
+  const std::vector<double> d = {9.0, 7.0, 5.0, 3.0};
+  CHECK(detail::kth_after_swap(d, 0, 0, 4.0) == 7.0);  // {7, 5, 4, 3}
+  CHECK(detail::kth_after_swap(d, 2, 0, 4.0) == 4.0);
+  CHECK(detail::kth_after_swap(d, 3, 0, 4.0) == 3.0);
+  CHECK(detail::kth_after_swap(d, 0, 3, 10.0) == 10.0);  // {10, 9, 7, 5}
+  CHECK(detail::kth_after_swap(d, 3, 3, 10.0) == 5.0);
+  CHECK(detail::kth_after_swap(d, 1, 2, 5.0) == 7.0);  // the same multiset
+  CHECK(detail::kth_after_swap(d, 4, 0, 1.0) == 0.0);  // past the end
+}
+
 int main() {
   test_shards();
   test_attention_weight();
@@ -330,6 +386,8 @@ int main() {
   test_pool_narrow();
   test_hedge();
   test_lookahead();
+  test_lookahead_never_slower();
+  test_step_estimate();
   test_lpt_bins();
   if (skrull_test::failures) return skrull_test::report();
   std::printf("test_core: all checks passed\n");

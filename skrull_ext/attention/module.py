@@ -42,6 +42,7 @@ from skrull_ext.attention.dacp import dacp_attention
 from skrull_ext.attention.kernels import AUTO, KERNELS, Kernel, check_kernel, resolve_kernel
 from skrull_ext.attention.local_only import LocalOnlyBatch
 from skrull_ext.attention.meta import DacpBatchMeta
+from skrull_ext.attention.prefix import ChunkAttention
 from skrull_ext.attention.replay import KVReplay
 from skrull_ext.attention.stats import DacpStats
 from skrull_ext.attention.transport import Transport, check_exchange, resolve_transport
@@ -85,6 +86,8 @@ class DacpAttention(nn.Module):
         enable_gqa: bool = False,  # implied by the head counts; kept for the call signature
         **kwargs,
     ) -> torch.Tensor:
+        if isinstance(attention_masks, ChunkAttention):  # a chunk of a chunked document (prefix.py)
+            return attention_masks.attend(self, q_BLNH, k_BLNH, v_BLNH, scale)
         # Two checks, not one with a tuple: under compile the meta is an opaque object, which
         # dynamo matches against its own registered class only.
         if not isinstance(attention_masks, LocalOnlyBatch) and not isinstance(attention_masks, DacpBatchMeta):

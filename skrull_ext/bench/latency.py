@@ -1,7 +1,9 @@
-"""Scheduler latency: how long one global batch takes to plan.
+"""Scheduler latency: how long one global batch takes to plan, and one look-ahead window.
 
-    python -m skrull_ext.bench latency                 # paper default + large setting
+    python -m skrull_ext.bench latency                 # paper default + large setting, look-ahead rows
     python -m skrull_ext.bench latency --reps 500 --json out/latency.json
+    python -m skrull_ext.bench latency --settings --profile profiles/h200-qwen2.5-0.5b.toml \
+        --lookahead-reference                          # look-ahead rows only, against full pricing
 
 For each setting it draws global batches from a real length file and times,
 on the same batches in one run: the C++ core (wall time of the Python call,
@@ -9,6 +11,10 @@ conversions included, and the core's own clock), the plain-Python reference
 of the same algorithm, and the CP-SAT exact solve of the batch's
 micro-batches (for scale). It prints p50/p99 per global batch and ratios.
 Times drift on a shared machine; the ratios are the result.
+
+Then the look-ahead rows (lookahead_latency.py): one window of W global
+batches regrouped by the core at DP 4, 16, 64 and 128 x CP 8, its planning
+time against the predicted time of the steps it plans.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from dataclasses import asdict, dataclass
 from tqdm import tqdm
 
 from skrull_ext import POLICIES, Scheduler, SchedulerConfig, _core, lengths
+from skrull_ext.bench import lookahead_latency
 from skrull_ext.bench import reference as ref
 from skrull_ext.scheduler import cost_model as cost_models
 from skrull_ext.scheduler.config import TIMELINES
@@ -40,8 +47,12 @@ class Setting:
 
 SETTINGS: dict[str, Setting] = {
     "paper": Setting("paper", dp=4, cp=8, per_dp=64, bucket_size=26624),  # <DP=4, CP=8, BS=64>, 0.5B
+    "dp16": Setting("dp16", dp=16, cp=8, per_dp=64, bucket_size=26624),
+    "dp64": Setting("dp64", dp=64, cp=8, per_dp=64, bucket_size=26624),
     "large": Setting("large", dp=128, cp=8, per_dp=64, bucket_size=26624),  # 8192 sequences
 }
+DEFAULT_SETTINGS = ("paper", "large")
+"""Shapes of the per-batch table by default (the look-ahead rows take every one)."""
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -170,8 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default="qwen2.5-0.5b", choices=sorted(cost_models.MODEL_PRESETS),
                     help="cost-model preset")
     ap.add_argument("--profile", help="a profile TOML from python -m skrull_ext.profile (overrides --model)")
-    ap.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS),
-                    help="job shapes (DP x CP, batch) to time")
+    ap.add_argument("--settings", nargs="*", default=list(DEFAULT_SETTINGS), choices=list(SETTINGS),
+                    help="job shapes (DP x CP, batch) of the per-batch table (none: the look-ahead rows only)")
     ap.add_argument("--policies", nargs="+", default=["skrull", "skrull-paper"], choices=sorted(POLICIES),
                     help="scheduling policies to time")
     ap.add_argument("--timelines", nargs="+", default=["lockstep", "free"], choices=sorted(TIMELINES),
@@ -184,16 +195,55 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cpsat-max-mb", type=int, default=16, help="micro-batches solved per batch")
     ap.add_argument("--cpsat-time", type=float, default=0.2, help="deterministic seconds per micro-batch")
     ap.add_argument("--seed", type=int, default=0, help="seed of the sampled global batches")
+    ap.add_argument("--lookahead-settings", nargs="*", default=list(SETTINGS), choices=list(SETTINGS),
+                    help="job shapes of the look-ahead rows (none: no look-ahead rows)")
+    ap.add_argument("--lookahead-datasets", nargs="+", default=["mix_sharegpt_conv95+longbench_en5"],
+                    choices=lengths.names(), help="length files the look-ahead windows are drawn from")
+    ap.add_argument("--lookahead-width", type=int, default=8, help="global batches in one window (W)")
+    ap.add_argument("--lookahead-windows", type=int, default=3, help="windows timed per shape and length file")
+    ap.add_argument("--lookahead-timeline", default="lockstep", choices=sorted(TIMELINES),
+                    help="timeline the look-ahead's steps are planned for")
+    ap.add_argument("--lookahead-reference", action="store_true",
+                    help="also regroup the same windows by the look-ahead before its screening (every candidate "
+                         "planned in full; a Python reference, slow at DP 128) and print its predicted gain beside")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args(argv)
     if args.reps < 1:
         ap.error(f"--reps must be >= 1, got {args.reps}")
+    if not 1 <= args.lookahead_width <= _core.MAX_LOOKAHEAD:
+        ap.error(f"--lookahead-width must be in [1, {_core.MAX_LOOKAHEAD}], got {args.lookahead_width}")
+    if args.lookahead_windows < 1:
+        ap.error(f"--lookahead-windows must be >= 1, got {args.lookahead_windows}")
     pool = lengths.load(args.dataset)
     results = [run_setting(SETTINGS[name], args, pool) for name in tqdm(args.settings, desc="settings")]
-    print(f"dataset {args.dataset}, cost model: {cost_model_of(args)[1]}, "
-          f"{args.reps} global batches per setting and policy\n")
-    print(render(results))
+    cost, cost_label = cost_model_of(args)
+    if results:
+        print(f"dataset {args.dataset}, cost model: {cost_label}, "
+              f"{args.reps} global batches per setting and policy\n")
+        print(render(results))
+    windows = []
+    if args.lookahead_settings:
+        bucket = lookahead_bucket(args)
+        windows = [lookahead_latency.run_shape(lookahead_latency.Shape(s.name, s.dp, s.cp, s.per_dp), dataset, cost,
+                                               bucket, args)
+                   for dataset in args.lookahead_datasets for s in map(SETTINGS.get, args.lookahead_settings)]
+        print(f"\nLook-ahead: windows of {args.lookahead_width} global batches, {args.lookahead_timeline}, cost model: "
+              f"{cost_label}, BucketSize {bucket}, skrull; median over {args.lookahead_windows} windows (shares "
+              f"and gains: summed over them)\n")
+        print(lookahead_latency.render(windows))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"args": vars(args), "results": results}, f, indent=2)
+            json.dump({"args": vars(args), "results": results, "lookahead": windows}, f, indent=2)
     return 0
+
+
+def lookahead_bucket(args) -> int:
+    """BucketSize of the look-ahead rows: the profile's [memory] bucket_size where it has one
+    (what a job on that hardware plans with), else the settings' 26,624."""
+    if args.profile:
+        from skrull_ext.scheduler.profile_file import Profile
+
+        bucket = Profile.load(args.profile).bucket_size
+        if bucket:
+            return int(bucket)
+    return SETTINGS["paper"].bucket_size

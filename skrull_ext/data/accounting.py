@@ -63,6 +63,10 @@ class Counts:
     cut: int = 0
     skipped_overlength: int = 0
     skipped_no_loss: int = 0
+    chunked: int = 0
+    """Of ``whole``: longer than the limit, trained whole in chunks (``skrull.overlength = "chunk"``)."""
+    chunks: int = 0
+    """The chunks those ``chunked`` samples ran as."""
 
     @property
     def skipped(self) -> int:
@@ -175,7 +179,14 @@ def sample_metrics(counts: Counts, totals: dict[str, int]) -> dict[str, float]:
     out["skrull/truncated"], out["skrull/truncated_total"] = float(counts.cut), float(totals["cut"])
     out["skrull/dropped"], out["skrull/dropped_total"] = float(counts.skipped_overlength), \
         float(totals["skipped_overlength"])
+    if totals.get("chunked"):  # overlength = "chunk": trained whole, in this many chunks each
+        out["skrull/chunked"], out["skrull/chunked_total"] = float(counts.chunked), float(totals["chunked"])
+        out["skrull/chunks_per_sample"] = float(totals["chunks"]) / totals["chunked"]
     return out
+
+
+def _chunked(c: Counts) -> str:
+    return f"{c.chunked} of the whole trained in chunks ({c.chunks} chunks, {c.chunks / c.chunked:.1f} per sample)"
 
 
 class RunAccount:
@@ -225,6 +236,8 @@ class RunAccount:
         t = self.totals
         line = (f"samples read {t.read} = trained whole {t.whole} + trained cut {t.cut} + skipped {t.skipped} "
                 f"({t.skipped_overlength} over-length, {t.skipped_no_loss} with no loss tokens){span}")
+        if t.chunked:
+            line += f"; {_chunked(t)}"
         for kind, e in self.first.items():
             line += f"; {kind}, first {e.describe()}"
         if self.by_source:

@@ -52,7 +52,7 @@ class LengthLimit:
 
     tokens: int
     mode: str
-    """skrull.overlength: error, truncate or drop."""
+    """skrull.overlength: error, truncate, drop or chunk."""
     by: Literal["capacity", "row", "max_len"]
     """What sets ``tokens``: what Skrull's ranks hold (``capacity``), a ``training.seq_len`` row
     of torchtitan's batching, or ``dataloader.max_len``."""
@@ -70,11 +70,16 @@ class LengthLimit:
     def kept_length(self, n: int) -> int | None:
         """The over-length rule on one length, the one place Python applies it (the core's twin
         is cpp/include/skrull/overlength.hpp): ``n`` within ``tokens``; beyond it ``tokens``
-        under 'truncate', and None under 'drop' and 'error' (not trained; ``decide`` raises
+        under 'truncate', ``n`` under 'chunk' (trained whole in chunks, outside the plans: the
+        core never meets it), and None under 'drop' and 'error' (not trained; ``decide`` raises
         for 'error', naming the sample)."""
-        if n <= self.tokens:
+        if n <= self.tokens or self.mode == "chunk":
             return n
         return self.tokens if self.mode == "truncate" else None
+
+    def chunks(self, n: int) -> int:
+        """Under 'chunk', the chunks of ``tokens`` a sample of ``n`` trains as (1: it fits)."""
+        return max(1, -(-n // self.tokens))
 
     def too_long(self) -> str:
         """Why a longer sample is refused, in the core scheduler's words for the CP limit."""
@@ -171,6 +176,9 @@ def decide(limit: LengthLimit, indices: list[int], lengths: list[int], losses, s
             account.record(Event(i, location(source, i), n, m, OVERLENGTH, f"limit {limit.tokens}, {limit.source}"))
         else:
             account.counts.whole += 1
+            if m > limit.tokens:  # overlength = "chunk": whole, in chunks (train/chunked.py)
+                account.counts.chunked += 1
+                account.counts.chunks += limit.chunks(m)
         keep.append(k)
         kept_len.append(m)
         kept_loss.append(loss)
@@ -305,7 +313,7 @@ def stub_refusal(report: OverlengthScan) -> str | None:
     the sequences the pre-scan read are longer, the run is refused, naming the counts
     and the smallest bucket_size with which at most half would be."""
     lim = report.limit
-    if lim.by != "capacity" or lim.mode == "error" or 2 * len(report.over) <= report.scanned:
+    if lim.by != "capacity" or lim.mode in ("error", "chunk") or 2 * len(report.over) <= report.scanned:
         return None
     allowed = report.scanned // 2  # at most this many may stay longer than the limit
     need = sorted((n for _, _, n in report.over), reverse=True)[allowed]
@@ -332,7 +340,8 @@ def check_overlength(loader, first_step: int, last_step: int, limit: LengthLimit
     if quiet:
         return report
     if report.over:
-        verb = {"truncate": f"truncated to {lim.tokens} tokens", "drop": "dropped"}[lim.mode]
+        verb = {"truncate": f"truncated to {lim.tokens} tokens", "drop": "dropped",
+                "chunk": f"trained whole in chunks of {lim.tokens} tokens"}[lim.mode]
         if report.no_loss:
             verb += (f", but {report.no_loss} of them would keep no loss token (a prompt longer than the limit) "
                      "and will be skipped")

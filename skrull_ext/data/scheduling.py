@@ -76,7 +76,7 @@ class SkrullStep:
     dp_rank: int
     samples: list[int]
     """Source indices of the samples trained this step (the global batch less
-    the skipped ones), in plan (caller) order."""
+    the skipped ones), in plan (caller) order, then those trained in chunks (``chunked``)."""
     plan: Plan
     micro_batches: list[MicroBatchBuffer]
     """This rank's buffers: ``plan.slots`` of them (pads included), or under
@@ -100,6 +100,9 @@ class SkrullStep:
     """The same counts since the run began (resumes included)."""
     source_totals: dict[str, dict[str, int]] = field(default_factory=dict)
     """A mixture's run counts per source (``totals`` by source)."""
+    chunked: list[Sample] = field(default_factory=list)
+    """Under ``overlength = "chunk"``: this rank's samples longer than the limit, whole, which
+    the trainer runs in chunks after the micro-batches (train/chunked.py); outside ``plan``."""
 
     def __post_init__(self) -> None:
         if self.loss_tokens is None:
@@ -135,6 +138,10 @@ class LookaheadWindow:
     accounts: list[StepAccount]
     """Per step: what it counts (accounting.by_training_step: a trained sample at the step that
     trains it, a skipped one at the step it arrived in)."""
+    chunked: list[list[tuple[int, int]]]
+    """Per step: (source index, loss tokens) of the samples over the limit that ``overlength =
+    "chunk"`` trains whole in chunks, outside the plans and the regrouping (at the step they
+    arrived in)."""
     moved: int = 0
     """Samples trained at another step than they arrived in."""
     max_delay: int = 0
@@ -156,8 +163,8 @@ class LookaheadWindow:
 
     @property
     def loss_tokens(self) -> float:
-        """Mean loss tokens per step of the window."""
-        return sum(map(sum, self.losses)) / len(self.losses)
+        """Mean loss tokens per step of the window (chunked samples' included)."""
+        return (sum(map(sum, self.losses)) + sum(c for step in self.chunked for _, c in step)) / len(self.losses)
 
     def trained_after(self, step: int) -> list[int]:
         """The samples the window trains after ``step``: those a run that stops at ``step`` leaves."""
@@ -213,23 +220,31 @@ class StepBuilder:
         index, first, w = span.index, span.first, span.width
         if self._last and self._last[0].index == index:
             return self._last[0]
-        samples, lengths, losses, accounts = [], [], [], []
+        samples, lengths, losses, accounts, chunked = [], [], [], [], []
         for s in range(first, span.last + 1):
             kept, n, c, account = decide_lengths(self.limit, self.source.global_batch(s, self.global_batch_size),
                                                  self.source, s)
+            over = [k for k, m in enumerate(n) if m > self.limit.tokens]  # only under "chunk"
+            chunked.append([(kept[k], c[k]) for k in over])
+            if over:
+                kept, n, c = ([x for k, x in enumerate(v) if k not in over] for v in (kept, n, c))
             samples.append(kept)
             lengths.append(n)
             losses.append(c)
             accounts.append(account)
         if w == 1:
-            out = LookaheadWindow(index, first, w, samples, lengths, losses, accounts)
+            out = LookaheadWindow(index, first, w, samples, lengths, losses, accounts, chunked)
         else:
             a = self.scheduler.lookahead(lengths)
             flat = [(i, n, c) for b in range(w) for i, n, c in zip(samples[b], lengths[b], losses[b])]
             samples, lengths, losses = ([[flat[q][f] for q in members] for members in a.steps] for f in range(3))
-            accounts = by_training_step(accounts, samples, getattr(self.source, "source_name", None))
-            out = LookaheadWindow(index, first, w, samples, lengths, losses, accounts, a.moved, a.max_delay,
-                                  a.window_us, a.arrival_window_us, a.elapsed_us)
+            # A chunked sample trains at the step it arrived in: counted there, as its chunks are.
+            regrouped = by_training_step(accounts, [samples[j] + [i for i, _ in chunked[j]] for j in range(w)],
+                                         getattr(self.source, "source_name", None))
+            for arrived, account in zip(accounts, regrouped):
+                account.counts.chunked, account.counts.chunks = arrived.counts.chunked, arrived.counts.chunks
+            out = LookaheadWindow(index, first, w, samples, lengths, losses, regrouped, chunked, a.moved,
+                                  a.max_delay, a.window_us, a.arrival_window_us, a.elapsed_us)
         self._last[:] = [out]
         return out
 
@@ -239,7 +254,7 @@ class StepBuilder:
         indices, lengths, losses = win.samples[j], win.lengths[j], win.losses[j]
         account = copy.deepcopy(win.accounts[j])  # a rebuilt step (resume, validation) counts afresh
         # Logged when the step is handed out (SkrullDataLoader.next_step): one built ahead may never train.
-        settle(self.limit, account, run, step, len(indices), warn=False)
+        settle(self.limit, account, run, step, len(indices) + len(win.chunked[j]), warn=False)
         start = time.perf_counter()
         plan = self.scheduler.schedule(lengths, dp_rank=self.dp_rank)
         plan.validate()
@@ -250,10 +265,15 @@ class StepBuilder:
             for i, m, c, n in ((indices[k], lengths[k], losses[k], plan.lengths[k]) for k in plan.trained)
         )
         mbs = rank_buffers(plan, samples, indices, self.dp_rank, self.cp_rank, self.own_only)
+        # Chunked samples: the whole CP group of DP rank k mod dp runs the k-th (job_checks keeps dp at 1 for now).
+        dp = self.scheduler.job.dp
+        chunked = [self.source[i] for k, (i, _) in enumerate(win.chunked[j]) if k % dp == self.dp_rank]
+        valid += sum(c for _, c in win.chunked[j])
         if self.pin:
             mbs = [mb.staged() for mb in mbs]
         return SkrullStep(
-            step=step, dp_rank=self.dp_rank, samples=indices, plan=plan, micro_batches=mbs,
+            step=step, dp_rank=self.dp_rank, samples=indices + [i for i, _ in win.chunked[j]], plan=plan,
+            micro_batches=mbs, chunked=chunked,
             global_valid_tokens=valid, loss_tokens=valid if win.width == 1 else win.loss_tokens,
             window=None if win.width == 1 else win, schedule_us=schedule_us, account=account,
             totals=run.totals.as_dict(), source_totals={n: c.as_dict() for n, c in run.by_source.items()},
@@ -403,7 +423,8 @@ class SkrullDataLoader(SourceDataLoaderBase):
         if out.account.warning is not None and self.builder.warn:  # warned for the steps that train only
             logger.warning(out.account.warning)
         # Tokens of the step over all ranks, as the packed loader counts them (bench cp reads it).
-        self.last_tokens = sum(out.plan.trained_lengths)
+        # chunked samples: every one of the step's at DP 1 (job_checks)
+        self.last_tokens = sum(out.plan.trained_lengths) + sum(s.length for s in out.chunked)
         return out
 
     def close(self) -> None:

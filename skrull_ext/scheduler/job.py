@@ -45,7 +45,7 @@ class SchedulerJob:
     cost_model: CostModel
     """The job's model on its hardware, priced for its execution."""
     overlength: str
-    """error, truncate or drop (config.OVERLENGTH)."""
+    """error, truncate, drop or chunk (config.OVERLENGTH)."""
     cpsat: bool
     cpsat_margin: float
     cpsat_deterministic_time: float

@@ -164,6 +164,34 @@ def _check_skrull(config, on_cpu: bool) -> None:
     check_skrull_parallelism(config, on_cpu)  # PP refused, TP's limits (tensor_parallel.py)
 
 
+def _check_chunk(config, world: int) -> None:
+    """``skrull.overlength = "chunk"`` (train/chunked.py) where it runs today: Skrull's batching,
+    one DP rank (every CP rank of the group runs each chunk; more DP ranks would need as many
+    chunk passes on each, as the plans' slots have), no TP, not compiled, and a RoPE cache
+    (``training.seq_len``) as long as the longest sample (``dataloader.max_len``)."""
+    skrull = getattr(config, "skrull", None)
+    if skrull is None or skrull.overlength != "chunk":
+        return
+    if not skrull.enable:
+        raise _bad("skrull.overlength", "chunk", "needs skrull.enable = true (torchtitan's batching has rows, "
+                   "not chunked documents)")
+    p = config.parallelism
+    dp = world // (p.context_parallel_degree * p.tensor_parallel_degree * p.pipeline_parallel_degree)
+    if dp > 1:
+        raise _bad("skrull.overlength", "chunk", f"runs on one DP rank for now (this launch has {dp}: world "
+                   f"{world} / cp {p.context_parallel_degree}); use 'truncate' or 'drop', or one CP group")
+    if p.tensor_parallel_degree > 1:
+        raise _bad("skrull.overlength", "chunk", "does not run under tensor parallelism yet "
+                   f"(parallelism.tensor_parallel_degree {p.tensor_parallel_degree})")
+    if getattr(getattr(config, "compile", None), "enable", False):
+        raise _bad("skrull.overlength", "chunk", "does not run compiled yet (compile.enable = true)")
+    max_len = config.dataloader.max_len
+    if max_len is None or config.training.seq_len < max_len:
+        raise _bad("training.seq_len", config.training.seq_len,
+                   f"a chunked sample's positions run to its length: under skrull.overlength = 'chunk' set "
+                   f"dataloader.max_len (now {max_len}) and training.seq_len (the RoPE cache) at least as large")
+
+
 def _check_cost_model(config) -> None:
     """The cost model prices the job's model: a measured profile of another shape (a
     shipped CPU job pointed at a HF folder) is refused here, before any process group,
@@ -294,6 +322,7 @@ def check_job(config, world_size: int | None = None, on_cpu: bool | None = None)
     check_data(config.dataloader)
     _check_validation(config)
     _check_skrull(config, on_cpu)
+    _check_chunk(config, world_size)
     _check_cost_model(config)
     _check_compile(config, on_cpu)
     _check_quantization(config)

@@ -51,6 +51,7 @@ from skrull_ext.scheduler import Scheduler
 from skrull_ext.scheduler.config import timeline_name
 from skrull_ext.scheduler.model_shape import compute_dtype, DTYPES, job_shape, model_compiled
 from skrull_ext.scheduler.profile_file import free_running_bytes
+from skrull_ext.train.chunked import chunked_loss
 from skrull_ext.train.compile_limit import length_free_fusion, raise_recompile_limit
 from skrull_ext.train.free_running import FreeRunningFSDP
 from skrull_ext.train.job_config import JobConfig
@@ -114,6 +115,8 @@ class SkrullTrainer(JobTrainer):
         dims = self.parallel_dims
         cp_group = dims.get_mesh("cp").get_group() if dims.cp_enabled else None
         cp_rank = dist.get_rank(cp_group) if cp_group is not None else 0
+        self.cp_group = cp_group
+        """What a chunked sample's chunks are sharded over (``overlength = "chunk"``, train/chunked.py)."""
         self.dacp_attention = install_dacp_attention(
             self.model_parts, cp_group, kernel=self.config.skrull.attention_kernel,
             exchange=self.config.skrull.kv_exchange,
@@ -262,8 +265,9 @@ class SkrullTrainer(JobTrainer):
             except StopIteration as ex:  # as torchtitan: the unfinished step is dropped
                 raise DataloaderExhaustedError() from ex
             waited = time.perf_counter() - start  # ~0 when the step was built ahead (prefetch_steps)
-            self.metrics_processor.ntokens_since_last_log += step.num_tokens
-            self.document_meter.add(step.plan.trained_lengths)
+            chunked = [s.length for s in step.chunked]  # trained whole, each over the CP group
+            self.metrics_processor.ntokens_since_last_log += step.num_tokens + sum(chunked) // self.parallel_dims.cp
+            self.document_meter.add(step.plan.trained_lengths + chunked)
             self.metrics_processor.data_loading_times.append(waited)
             self.data_wait_ms.append(waited * 1e3)
             yield step
@@ -329,7 +333,8 @@ class SkrullTrainer(JobTrainer):
         if should_log:  # time what the cost model predicts: the micro-batches' fwd + bwd
             self._synchronize()
         start = time.perf_counter()
-        last = len(step.micro_batches) - 1
+        # Chunked samples run after the micro-batches; the last of them then reduces the gradients.
+        last = len(step.micro_batches) - 1 if not step.chunked else -1
         free = self.free_running
         if free is not None:  # this rank's own micro-batches (>= 1), parameters unsharded throughout
             free.begin()
@@ -348,11 +353,38 @@ class SkrullTrainer(JobTrainer):
                 self.ntokens_seen += labels.numel()
                 loss = self.fwd_bwd_fn(mb.input.to(self.device, non_blocking=True), labels, global_valid_tokens, extra)
                 accumulated += loss.detach()
+        if step.chunked:
+            accumulated += self._chunked_samples(step, global_valid_tokens)
         if free is not None:
             free.end()  # every unit resharded before the optimizer: no stale copy in the next step
         if should_log:
             self._synchronize()
         return accumulated, (time.perf_counter() - start) * 1e6
+
+    def _chunked_samples(self, step: SkrullStep, global_valid_tokens: torch.Tensor) -> torch.Tensor:
+        """Forward and backward of this rank's samples longer than the limit, each whole in chunks of
+        the limit sharded over the CP group (``overlength = "chunk"``, train/chunked.py); returns
+        their loss sum / global loss tokens. The last one's backward reduces the gradients, as the
+        last micro-batch's does otherwise (free-running, or ``skrull.defer_grad_sync``)."""
+        total = torch.zeros((), device=self.device)
+        chunk = self.dataloader.limit.tokens
+
+        def loss_fn(pred: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+            return self.loss_fn(pred, labels, global_valid_tokens)[0]
+
+        for k, sample in enumerate(step.chunked):
+            if self.free_running is not None:
+                if k == len(step.chunked) - 1:
+                    self.free_running.last()
+            elif self.config.skrull.defer_grad_sync:
+                self._set_grad_sync(k == len(step.chunked) - 1)
+            with record_function(f"skrull/chunked_{k}"), self.train_context():
+                out = chunked_loss(self.model_parts[0], sample.input.to(self.device), sample.labels.to(self.device),
+                                   chunk, loss_fn, layers=self.dacp_attention, group=self.cp_group)
+                out.loss.backward()
+            self.ntokens_seen += sample.length
+            total += out.loss.detach()
+        return total
 
     def _check_finite(self, step: SkrullStep, accumulated: torch.Tensor,
                       grad_norm: torch.Tensor) -> tuple[float, float]:

@@ -49,6 +49,7 @@ from skrull_ext.data.formats import FORMATS
 from skrull_ext.data.overlength import check_overlength
 from skrull_ext.data.scheduling import StepBuilder
 from skrull_ext.data.source import DATASETS
+from skrull_ext.train.chunked import chunked_loss
 from skrull_ext.train.free_running import after_forward_only
 
 BEST_FOLDER = "best_validation"
@@ -187,6 +188,13 @@ class Validation:
                     loss, _ = trainer.loss_fn(pred, mb.labels.to(trainer.device), positions=positions)
                 local += loss.double()
                 del pred
+            for sample in batch.chunked:  # overlength = "chunk": whole, in chunks (train/chunked.py)
+                with trainer.train_context():
+                    out = chunked_loss(trainer.model_parts[0], sample.input.to(trainer.device),
+                                       sample.labels.to(trainer.device), self.limit.tokens,
+                                       lambda pred, labels: trainer.loss_fn(pred, labels)[0],
+                                       layers=trainer.dacp_attention, group=trainer.cp_group, recompute=False)
+                local += out.loss.double()
         for m in trainer.model_parts:
             m.train()
         after_forward_only(trainer.model_parts)  # FSDP as after a backward (free_running.py says why)

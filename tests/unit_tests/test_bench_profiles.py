@@ -46,7 +46,8 @@ def test_simulate_refuses_a_measured_profile_for_another_model(tmp_path, capsys)
 def test_latency_names_its_cost_model(tmp_path, capsys, given, label):
     out = tmp_path / "latency.json"
     rc = latency.main(["--settings", "paper", "--policies", "skrull", "--reps", "2", "--python-reps", "1",
-                       "--facade-reps", "1", "--cpsat-batches", "0", *given, "--json", str(out)])
+                       "--facade-reps", "1", "--cpsat-batches", "0", "--lookahead-settings", *given,
+                       "--json", str(out)])
     assert rc == 0
     printed = capsys.readouterr().out
     assert label in printed, printed

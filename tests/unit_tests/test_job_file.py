@@ -62,7 +62,7 @@ def test_gpu_job_loads():
         ("[training]\nsteps = 'ten'", r"training.steps: expected an integer, got 'ten'"),
         ("[training]\ndtype = 'float16'", r"training.dtype: 'float16' is not one of \['bfloat16', 'float32'\]"),
         ("[skrull]\npolicy = 'fifo'", r"skrull.policy: 'fifo' is not one of \['skrull', 'skrull-fast', 'skrull-paper', 'skrull-per-rank', 'skrull-pool', 'worstfit'\]"),
-        ("[skrull]\noverlength = 'wrap'", r"skrull.overlength: 'wrap' is not one of \['error', 'truncate', 'drop'\]"),
+        ("[skrull]\noverlength = 'wrap'", r"skrull.overlength: 'wrap' is not one of \['error', 'truncate', 'drop', 'chunk'\]"),
         ("[skrull]\nkv_exchange = 'ring'", r"skrull.kv_exchange: 'ring' is not one of \['auto', 'all_gather', 'p2p'\]"),
         ("[skrull]\nattention_kernel = 'flex'",
          r"skrull.attention_kernel: 'flex' is not one of \['auto', 'dense', 'tiles', 'segments', 'varlen'\]"),

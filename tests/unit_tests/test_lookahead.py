@@ -1,7 +1,8 @@
 """The look-ahead window (cpp/include/skrull/lookahead.hpp) through its binding:
-an exact small case, errors, and invariants on random windows (every sample
+an exact small case, errors, invariants on random windows (every sample
 once, at most W-1 steps from its arrival, each step's count kept, never
-slower than arrival order, deterministic)."""
+slower than arrival order, deterministic, within its budgets) and equality
+with its plain-Python restatement (skrull_ext/bench/reference_lookahead.py)."""
 
 import random
 
@@ -10,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from skrull_ext import SchedulerConfig, _core, lengths
+from skrull_ext.bench import reference_lookahead as ref
 from skrull_ext.scheduler import cost_model as cm
 
 REAL = lengths.load("mix_sharegpt_conv95+longbench_en5")
@@ -28,7 +30,10 @@ def test_exact_small_case():
     assert a.offsets == [0, 2, 4]
     assert a.step == [0, 1, 1, 0]
     assert a.steps == [[0, 3], [1, 2]]
-    assert (a.moved, a.max_delay, a.long_fraction, a.long_steps, a.candidates) == (2, 1, 1.0, 2, 4)
+    assert (a.moved, a.max_delay, a.long_fraction, a.long_steps) == (2, 1, 1.0, 2)
+    # The long-first candidates equal arrival order here: only the sort is screened and planned,
+    # then the swap search screens 4 swaps by the estimate and plans none of them.
+    assert (a.screened, a.candidates, a.swaps, a.swap_trials, a.planned) == (1, 2, 0, 4, 8)
     by_step = [_core.schedule(x, cost, opt).makespan_us for x in ([4000, 100], [100, 4000], [4000, 4000], [100, 100])]
     assert a.arrival_us == by_step[:2] and a.arrival_window_us == pytest.approx(sum(by_step[:2]))
     assert a.step_us == by_step[2:] and a.window_us == pytest.approx(sum(by_step[2:]))
@@ -38,6 +43,7 @@ def test_exact_small_case():
 def test_one_batch_is_arrival_order():
     a = _core.lookahead([[5, 9, 1]], cm.preset(), options(2, 1, 64))
     assert a.step == [0, 0, 0] and a.steps == [[0, 1, 2]] and a.candidates == 1 and a.moved == 0
+    assert (a.screened, a.swap_trials, a.planned) == (0, 0, 3)
     assert a.window_us == a.arrival_window_us
 
 
@@ -87,6 +93,10 @@ def test_window_invariants(seed, w, per_step, dp, cp, bucket, timeline, policy):
     assert a.window_us == pytest.approx(sum(a.step_us)) and a.window_us <= a.arrival_window_us
     if a.moved == 0:
         assert a.window_us == a.arrival_window_us
+    # Within its budgets: arrival order and one finalist, then at most the plan budget more.
+    n = len(flat)
+    assert a.planned <= 2 * n + ref.LOOKAHEAD_PLAN_WORK and a.swap_trials <= ref.LOOKAHEAD_SCREEN_WORK
+    assert a.candidates <= 1 + a.screened
     # Deterministic: the same answer again.
     b = _core.lookahead(batches, cost, opt, pool=pool)
     assert (b.step, b.step_us, b.long_fraction, b.long_steps) == (a.step, a.step_us, a.long_fraction, a.long_steps)
@@ -123,13 +133,71 @@ def test_bench_simulate_lookahead_flag(tmp_path, capsys):
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.integers(0, 2**31), st.integers(1, 6), st.integers(0, 30), st.sampled_from([1, 2, 4]),
-       st.sampled_from([1, 2]), st.sampled_from(["lockstep", "free"]))
-def test_the_core_equals_the_python_reference(seed, w, per_step, dp, cp, timeline):
-    from skrull_ext.bench import reference_lookahead as ref
-
-    batches = window(seed, w, per_step, 4096, cp)
-    cost, opt = cm.preset(), options(dp, cp, 4096, timeline)
+       st.sampled_from([1, 2]), st.sampled_from(["lockstep", "free"]), st.sampled_from([256, 4096]))
+def test_the_core_equals_the_python_reference(seed, w, per_step, dp, cp, timeline, bucket):
+    batches = window(seed, w, per_step, bucket, cp)
+    cost, opt = cm.preset(), options(dp, cp, bucket, timeline)
     a = _core.lookahead(batches, cost, opt)
-    step, fraction, total, k = ref.lookahead(batches, cost.flops, lambda l: _core.schedule(l, cost, opt).makespan_us)
-    assert (a.step, a.long_fraction, a.long_steps) == (step, fraction, k)
-    assert a.window_us == pytest.approx(total, rel=1e-12)
+    r = ref.lookahead(batches, cost, dp, cp, bucket, lambda l: _core.schedule(l, cost, opt).makespan_us)
+    assert (a.step, a.steps, a.long_fraction, a.long_steps) == (r["step"], r["steps"], r["long_fraction"], r["long_steps"])
+    assert (a.candidates, a.screened, a.swaps, a.swap_trials, a.planned) == (
+        r["candidates"], r["screened"], r["swaps"], r["swap_trials"], r["planned"])
+    assert a.step_us == r["step_us"] and a.arrival_us == r["arrival_us"]
+    assert a.window_us == pytest.approx(r["window_us"], rel=1e-12)
+
+
+def test_budgets_bound_a_large_window():
+    # 8 steps of 2,048 samples at DP 32: every candidate but the first finalist must fit in the
+    # plan budget, so at most arrival order, one finalist and the budget are planned in full,
+    # and the swap search stops at its screening budget.
+    rng = random.Random(5)
+    limit = _core.max_sequence_length(26624, 8)
+    batches = [[min(limit, rng.choice(REAL)) for _ in range(2048)] for _ in range(8)]
+    cost, opt = cm.preset(), options(32, 8, 26624)
+    a = _core.lookahead(batches, cost, opt)
+    n = 8 * 2048
+    assert a.planned <= 2 * n + ref.LOOKAHEAD_PLAN_WORK
+    # Arrival order, the best-estimated candidate, then as many finalists as the budget holds (a
+    # finalist plans at least one step of 2,048): a few of the screened ones.
+    assert 2 <= a.candidates <= 2 + ref.LOOKAHEAD_PLAN_WORK // 2048 < a.screened
+    assert a.window_us <= a.arrival_window_us and sorted(q for s in a.steps for q in s) == list(range(n))
+
+
+def test_the_estimate_equals_the_python_reference():
+    # step_estimate.hpp through the core's grouping of a window: the reference's estimate, summed over
+    # the core's own steps, ranks the same finalist first (the exact operations are checked above).
+    cost = cm.preset()
+    est = ref.Estimator(cost, 2, 2, 4)
+    s = ref.Sketch()
+    for c, length in ((6.0, 10), (3.0, 5), (2.0, 4)):
+        est.add(s, c, length)
+    per_mb = cost.micro_batch_fixed_us + cost.shape.layers * cost.b_us
+    assert est.us(s) == max(11.0 / 2, 6.0, 3.0 + 2.0) + 2 * per_mb + cost.token_us / 4.0 * 19.0 + cost.step_fixed_us
+    assert ref.kth_after_swap([9.0, 7.0, 5.0, 3.0], 2, 0, 4.0) == 4.0
+
+
+def test_the_core_equals_the_python_reference_where_the_budget_binds():
+    # 8 steps of 1,200 samples: the plan budget (2^15 sequences) stops the finalists after a few
+    # of the screened candidates and leaves too little for the swap search (64 checks of two steps).
+    rng = random.Random(11)
+    limit = _core.max_sequence_length(26624, 8)
+    batches = [[min(limit, rng.choice(REAL)) for _ in range(1200)] for _ in range(8)]
+    cost, opt = cm.preset(), options(16, 8, 26624)
+    a = _core.lookahead(batches, cost, opt)
+    r = ref.lookahead(batches, cost, 16, 8, 26624, lambda l: _core.schedule(l, cost, opt).makespan_us)
+    assert 2 < a.candidates < 1 + a.screened and a.swap_trials == 0
+    assert (a.step, a.long_fraction, a.long_steps, a.candidates, a.planned) == (
+        r["step"], r["long_fraction"], r["long_steps"], r["candidates"], r["planned"])
+    assert a.step_us == r["step_us"]
+
+
+def test_the_core_equals_the_python_reference_on_a_wide_window():
+    # W = 40: the long-first split over k > 32 steps takes the core's heap (a scan below), which
+    # must pick the same steps as the reference's scan (least load, ties to the lower step).
+    batches = window(21, 40, 3, 4096, 2)
+    cost, opt = cm.preset(), options(2, 2, 4096)
+    a = _core.lookahead(batches, cost, opt)
+    r = ref.lookahead(batches, cost, 2, 2, 4096, lambda l: _core.schedule(l, cost, opt).makespan_us)
+    assert a.screened == 80  # long-first splits over up to 40 steps and the sort, less those equal to arrival order
+    assert (a.step, a.long_fraction, a.long_steps, a.candidates, a.screened, a.swaps, a.planned) == (
+        r["step"], r["long_fraction"], r["long_steps"], r["candidates"], r["screened"], r["swaps"], r["planned"])

@@ -11,27 +11,44 @@
 // per-step planner (GDS + DACP, or the pool) still plans each step's set,
 // with its memory and over-length rules.
 //
-// Candidates, each priced as the sum of its steps' predicted times by the
-// caller's step planner (`step_time`, e.g. schedule(...).makespan_us):
-//   0. arrival order (what W = 1 trains): never beaten by a worse choice;
-//   1. for a fraction f of the window's samples, the longest f*n (length
-//      descending, ties by arrival) split by FLOPs over k steps with GDS's
-//      LPT (split_over_dp), k = 1..W, the rest filling each step's remaining
-//      count in arrival order: gives every DP rank comparable long work in
-//      the same step instead of one straggler in each;
-//   2. the whole window sorted by length (LongAlign's sort, within a window).
-// The least summed time wins, ties to the lower candidate. Then a swap
-// search: two samples of different lengths in two steps trade places where
-// that lowers the two steps' summed time (first improvement, steps and
-// members in order), until a pass finds none or kLookaheadSwapWork
-// sequences have been planned. The answer is a pure function of (batches,
-// cost model, step planner).
+// Choosing the grouping costs full step plans, and a full plan of a step of
+// 8,192 samples takes milliseconds; so candidates are screened by an O(1)
+// estimate of a step's time (step_estimate.hpp) and only a few are planned
+// in full (docs/design/lookahead.md, "Choosing the grouping"):
+//   1. candidates: arrival order (what W = 1 trains); long-first: for a
+//      fraction f of the window's samples, the longest f*n (length
+//      descending, ties by arrival) split by FLOPs over k steps with GDS's LPT
+//      (split_over_dp), k = 1..W, the rest filling each step's remaining count
+//      in arrival order; the whole window sorted by length (LongAlign's sort,
+//      within a window);
+//   2. screening: every candidate other than arrival order is estimated (the
+//      sum of its steps' estimates); they are planned in full in that order
+//      (ties to the most long samples a step, then candidate order), the
+//      first always, the next while their steps fit
+//      in the budget kLookaheadPlanWork (sequences planned; a step identical
+//      to arrival order's keeps its price);
+//   3. the least summed full price wins, ties to the earlier priced: arrival
+//      order first, so the window is never predicted slower than W = 1;
+//   4. a swap search on the winner: two samples of different lengths in two
+//      steps trade places (first improvement, steps and members in order)
+//      where the two steps' estimates rise by at most kLookaheadScreenSlack
+//      (O(log n) a trial, at most kLookaheadScreenWork trials) and then the
+//      two steps' full plans fall (each planned while kLookaheadPlanWork
+//      lasts), until a pass finds none; only where that budget can check
+//      kLookaheadMinSwaps swaps.
+// Every price in the answer is the full planner's. The budgets count
+// operations, never seconds, so the answer is a pure function of (batches,
+// cost model, options, step planner).
 #pragma once
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
+#include <numeric>
+#include <queue>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -40,6 +57,7 @@
 #include "skrull/cost_model.hpp"
 #include "skrull/dacp.hpp"
 #include "skrull/gds.hpp"
+#include "skrull/step_estimate.hpp"
 #include "skrull/types.hpp"
 #include "skrull/validate.hpp"
 
@@ -47,10 +65,29 @@ namespace skrull {
 
 constexpr int32_t kMaxLookahead = 1024;  // global batches in one window
 
-// Sequences the swap search may plan per window (its work budget): a few
-// passes over every pair of an 8-step window of 8-sample steps, a few
-// hundred swaps of a window of 256-sample steps.
-constexpr int64_t kLookaheadSwapWork = int64_t{1} << 18;
+// Sequences the full step planner may plan per window beyond arrival order
+// and the best-screened candidate (planned whatever their size): more
+// finalists, then the swap search's checks. At 8 steps of 8,192 samples it
+// holds no second finalist (one plans up to 65,536), at 8 steps of 4,096
+// one, at 8 steps of 256 sixteen; at 8 steps of 8 samples every candidate
+// and about 2,000 swap checks.
+constexpr int64_t kLookaheadPlanWork = int64_t{1} << 15;
+
+// Swaps the swap search may screen by the estimate per window.
+constexpr int64_t kLookaheadScreenWork = int64_t{1} << 16;
+
+// A swap is planned unless the estimate of its two steps rises by more than
+// this fraction.
+constexpr double kLookaheadScreenSlack = 0.01;
+
+// The swap search runs only where the plan budget left can check this many
+// swaps of two average steps: a handful of checks among millions of pairs
+// finds nothing in expectation (8 steps of 8,192 samples), while the small
+// windows where swaps pay (8 samples a step) get thousands.
+constexpr int64_t kLookaheadMinSwaps = 64;
+
+// Estimates closer than this fraction of the least one rank as ties.
+constexpr double kLookaheadTie = 1e-6;
 
 // Fractions of a window's samples the long-first candidates move.
 constexpr double kLookaheadFractions[] = {0.02, 0.05, 0.1, 0.2, 0.35};
@@ -62,16 +99,19 @@ struct Lookahead {
   std::vector<int32_t> offsets;             // W + 1: batch b's samples are [offsets[b], offsets[b+1])
   std::vector<int32_t> step;                // per sample: the window step it is trained at
   std::vector<std::vector<int32_t>> steps;  // per step: its samples, ascending (arrival order)
-  std::vector<double> step_us;              // predicted time of each step as regrouped
-  std::vector<double> arrival_us;           // predicted time of each step in arrival order
+  std::vector<double> step_us;              // predicted time of each step as regrouped (full plan)
+  std::vector<double> arrival_us;           // predicted time of each step in arrival order (full plan)
   double window_us = 0.0;                   // sum of step_us
   double arrival_window_us = 0.0;           // sum of arrival_us
   int32_t moved = 0;                        // samples trained at another step than they arrived in
   int32_t max_delay = 0;                    // largest |step - arrival step|, <= W - 1
   double long_fraction = 0.0;               // chosen candidate: 0 arrival order, 1 the full sort
   int32_t long_steps = 0;                   // steps the long samples were split over (W for the sort)
-  int32_t candidates = 0;                   // groupings priced
+  int32_t candidates = 0;                   // groupings priced by full step plans (arrival order included)
+  int32_t screened = 0;                     // groupings estimated (arrival order not included)
   int32_t swaps = 0;                        // swaps the swap search kept
+  int64_t swap_trials = 0;                  // swaps it screened by the estimate
+  int64_t planned = 0;                      // sequences planned in full (the budgets' unit)
   double elapsed_us = 0.0;                  // wall time of the call
 };
 
@@ -84,23 +124,41 @@ inline std::vector<std::vector<int32_t>> members_of(const std::vector<int32_t>& 
   return out;
 }
 
-// Long-first candidate: `longest` (descending) split over steps 0..k-1 by
-// LPT on FLOPs, then every other sample fills the steps' remaining counts in
-// arrival order. False when a step's share exceeds its count.
-inline bool long_first(const std::vector<int64_t>& lengths, const std::vector<double>& flops,
-                       const std::vector<int32_t>& longest, const std::vector<int32_t>& counts, int32_t k,
-                       std::vector<int32_t>& step) {
+// Long-first candidate: `longest` (length descending, ties by index, as
+// split_over_dp orders them) split over steps 0..k-1 by LPT on FLOPs (each to
+// the step with the least FLOPs so far, ties to the lower step: GDS's
+// split_over_dp, here without its sort), then every other sample fills the
+// steps' remaining counts in arrival order. False when a step's share
+// exceeds its count.
+inline bool long_first(const std::vector<double>& flops, const std::vector<int32_t>& longest,
+                       const std::vector<int32_t>& counts, int32_t k, std::vector<int32_t>& step) {
   const int32_t w = static_cast<int32_t>(counts.size());
-  step.assign(lengths.size(), -1);
+  step.assign(flops.size(), -1);
   std::vector<int32_t> room = counts;
-  const auto shares = split_over_dp(lengths, flops, longest, k);
-  for (int32_t s = 0; s < k; ++s) {
-    if (static_cast<int32_t>(shares[s].size()) > room[s]) return false;
-    room[s] -= static_cast<int32_t>(shares[s].size());
-    for (int32_t q : shares[s]) step[q] = s;
+  if (k <= 32) {
+    std::vector<double> load(k, 0.0);
+    for (int32_t q : longest) {
+      const int32_t t = argmin(load);
+      if (room[t] == 0) return false;
+      --room[t];
+      step[q] = t;
+      load[t] += flops[q];
+    }
+  } else {
+    using Entry = std::pair<double, int32_t>;
+    std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>> heap;
+    for (int32_t t = 0; t < k; ++t) heap.emplace(0.0, t);
+    for (int32_t q : longest) {
+      auto [load, t] = heap.top();
+      heap.pop();
+      if (room[t] == 0) return false;
+      --room[t];
+      step[q] = t;
+      heap.emplace(load + flops[q], t);
+    }
   }
   int32_t s = 0;
-  for (int32_t q = 0; q < static_cast<int32_t>(lengths.size()); ++q) {
+  for (int32_t q = 0; q < static_cast<int32_t>(flops.size()); ++q) {
     if (step[q] >= 0) continue;
     while (s < w && room[s] == 0) ++s;
     step[q] = s;  // counts sum to the sample count: a step has room
@@ -109,25 +167,123 @@ inline bool long_first(const std::vector<int64_t>& lengths, const std::vector<do
   return true;
 }
 
-// The swap search on `out`'s grouping (see the header comment).
+// The window's samples as the estimate sees them: each sample's cost, the
+// samples by length descending (ties by arrival), and the estimator.
+struct Screen {
+  const StepEstimator& est;
+  const std::vector<int64_t>& lengths;
+  const std::vector<double>& cost;     // per sample: est.cost(flops)
+  const std::vector<int32_t>& order;   // samples, length descending, ties by index
+  std::vector<double> cost_desc;       // cost[order[i]]: read in order, not gathered
+  std::vector<int64_t> length_desc;    // lengths[order[i]]
+
+  Screen(const StepEstimator& e, const std::vector<int64_t>& l, const std::vector<double>& c,
+         const std::vector<int32_t>& o)
+      : est(e), lengths(l), cost(c), order(o) {
+    for (int32_t q : order) {
+      cost_desc.push_back(cost[q]);
+      length_desc.push_back(lengths[q]);
+    }
+  }
+
+  // Each step's sketch under a grouping (each sample's step).
+  std::vector<StepSketch> sketches(const std::vector<int32_t>& step, int32_t w) const {
+    std::vector<StepSketch> out(w);
+    for (size_t i = 0; i < order.size(); ++i) est.add_descending(out[step[order[i]]], cost_desc[i], length_desc[i]);
+    return out;
+  }
+  // The grouping's estimate: its steps' estimates summed in step order.
+  double total(const std::vector<int32_t>& step, int32_t w) const {
+    double sum = 0.0;
+    for (const StepSketch& s : sketches(step, w)) sum += est.us(s);
+    return sum;
+  }
+};
+
+// The k-th largest (0-based) of the multiset `desc` (descending) with the
+// element at position `out` replaced by `x`; O(log n).
+inline double kth_after_swap(const std::vector<double>& desc, size_t k, size_t out, double x) {
+  if (k >= desc.size()) return 0.0;
+  const size_t above = static_cast<size_t>(
+      std::lower_bound(desc.begin(), desc.end(), x, std::greater<double>()) - desc.begin());  // elements > x
+  const size_t p = above - (out < above ? 1 : 0);  // x's position among the rest
+  const auto rest = [&](size_t i) { return desc[i < out ? i : i + 1]; };
+  if (k < p) return rest(k);
+  if (k == p) return x;
+  return rest(k - 1);
+}
+
+// The swap search on `out`'s grouping (see the header comment); `plan_left`
+// is the full planner's remaining budget in sequences.
 template <class StepTime>
-void swap_search(const std::vector<int64_t>& lengths, StepTime& step_time, Lookahead& out) {
+void swap_search(const Screen& screen, StepTime& step_time, int64_t plan_left, Lookahead& out) {
   const int32_t w = static_cast<int32_t>(out.steps.size());
-  int64_t work = 0;
+  const int64_t two_steps = 2 * static_cast<int64_t>(screen.order.size()) / w;
+  if (plan_left < kLookaheadMinSwaps * two_steps) return;
+  const int32_t groups = screen.est.groups();
+  const auto& lengths = screen.lengths;
+  const auto& cost = screen.cost;
+  // Per step: its samples' costs descending, and where each sample's cost sits.
+  std::vector<std::vector<double>> desc(w);
+  std::vector<size_t> pos(lengths.size());
+  for (int32_t q : screen.order) {
+    pos[q] = desc[out.step[q]].size();
+    desc[out.step[q]].push_back(cost[q]);
+  }
+  std::vector<StepSketch> sketch = screen.sketches(out.step, w);
+  std::vector<double> est(w);
+  for (int32_t s = 0; s < w; ++s) est[s] = screen.est.us(sketch[s]);
+  // Step s's sketch with sample `gone` replaced by sample `come`.
+  const auto swapped = [&](int32_t s, int32_t gone, int32_t come) {
+    StepSketch t = sketch[s];
+    t.work += cost[come] - cost[gone];
+    t.tokens += static_cast<double>(lengths[come] - lengths[gone]);
+    t.c1 = kth_after_swap(desc[s], 0, pos[gone], cost[come]);
+    t.cp_ = kth_after_swap(desc[s], static_cast<size_t>(groups - 1), pos[gone], cost[come]);
+    t.cp1 = kth_after_swap(desc[s], static_cast<size_t>(groups), pos[gone], cost[come]);
+    return t;
+  };
+  // Step s's costs, positions and sketch rebuilt from its members.
+  std::vector<int32_t> by_cost;
+  const auto rebuild = [&](int32_t s) {
+    by_cost = out.steps[s];
+    std::stable_sort(by_cost.begin(), by_cost.end(), [&](int32_t a, int32_t b) { return lengths[a] > lengths[b]; });
+    desc[s].clear();
+    sketch[s] = StepSketch();
+    for (int32_t q : by_cost) {
+      pos[q] = desc[s].size();
+      desc[s].push_back(cost[q]);
+      screen.est.add_descending(sketch[s], cost[q], lengths[q]);
+    }
+    est[s] = screen.est.us(sketch[s]);
+  };
   std::vector<int32_t> a, b;
   std::vector<int64_t> la, lb;
   const auto lengths_of = [&](const std::vector<int32_t>& members, std::vector<int64_t>& l) {
     l.clear();
     for (int32_t q : members) l.push_back(lengths[q]);
   };
-  for (bool improved = true; improved && work < kLookaheadSwapWork;) {
+  bool budget = true;  // false once a budget is spent: no swap can be kept any more
+  for (bool improved = true; improved && budget;) {
     improved = false;
-    for (int32_t s1 = 0; s1 < w && work < kLookaheadSwapWork; ++s1)
-      for (int32_t s2 = s1 + 1; s2 < w && work < kLookaheadSwapWork; ++s2)
-        for (size_t i = 0; i < out.steps[s1].size() && work < kLookaheadSwapWork; ++i)
-          for (size_t j = 0; j < out.steps[s2].size() && work < kLookaheadSwapWork; ++j) {
+    for (int32_t s1 = 0; s1 < w && budget; ++s1)
+      for (int32_t s2 = s1 + 1; s2 < w && budget; ++s2)
+        for (size_t i = 0; i < out.steps[s1].size() && budget; ++i)
+          for (size_t j = 0; j < out.steps[s2].size(); ++j) {
             const int32_t q1 = out.steps[s1][i], q2 = out.steps[s2][j];
             if (lengths[q1] == lengths[q2]) continue;
+            if (out.swap_trials >= kLookaheadScreenWork) {
+              budget = false;
+              break;
+            }
+            ++out.swap_trials;
+            const double e1 = screen.est.us(swapped(s1, q1, q2)), e2 = screen.est.us(swapped(s2, q2, q1));
+            if (e1 + e2 > (est[s1] + est[s2]) * (1.0 + kLookaheadScreenSlack)) continue;  // the estimate says worse: not planned
+            const int64_t size = static_cast<int64_t>(out.steps[s1].size() + out.steps[s2].size());
+            if (size > plan_left) {
+              budget = false;
+              break;
+            }
             a = out.steps[s1];
             b = out.steps[s2];
             a[i] = q2;
@@ -136,7 +292,8 @@ void swap_search(const std::vector<int64_t>& lengths, StepTime& step_time, Looka
             std::sort(b.begin(), b.end());
             lengths_of(a, la);
             lengths_of(b, lb);
-            work += static_cast<int64_t>(la.size() + lb.size());
+            plan_left -= size;
+            out.planned += size;
             const double ta = static_cast<double>(step_time(la)), tb = static_cast<double>(step_time(lb));
             if (!(ta + tb < (out.step_us[s1] + out.step_us[s2]) * (1.0 - 1e-12))) continue;
             out.steps[s1].swap(a);
@@ -145,6 +302,8 @@ void swap_search(const std::vector<int64_t>& lengths, StepTime& step_time, Looka
             out.step[q2] = s1;
             out.step_us[s1] = ta;
             out.step_us[s2] = tb;
+            rebuild(s1);
+            rebuild(s2);
             ++out.swaps;
             improved = true;
             i = out.steps[s1].size();  // step s1 changed: on to the next pair of steps
@@ -160,11 +319,13 @@ void swap_search(const std::vector<int64_t>& lengths, StepTime& step_time, Looka
 // Regroups the window `batches` (each a global batch's lengths, in arrival
 // order; W = batches.size()) over its W steps. `step_time(lengths)` returns
 // the predicted time of one step planned on those lengths (the caller's
-// policy and timeline). W = 1, or no candidate predicted faster, returns
-// arrival order. Throws std::invalid_argument for W outside
-// [1, kMaxLookahead], more than kMaxSequences samples, or a bad length.
+// policy and timeline, on `opt`'s DP x CP and BucketSize, which the
+// estimate reads). W = 1, or no candidate predicted faster, returns arrival
+// order. Throws std::invalid_argument for W outside [1, kMaxLookahead], more
+// than kMaxSequences samples, or a bad length.
 template <class StepTime>
-Lookahead lookahead(const std::vector<std::vector<int64_t>>& batches, const CostModel& cost, StepTime&& step_time) {
+Lookahead lookahead(const std::vector<std::vector<int64_t>>& batches, const CostModel& cost, const Options& opt,
+                    StepTime&& step_time) {
   const auto start = std::chrono::steady_clock::now();
   const int32_t w = static_cast<int32_t>(batches.size());
   if (batches.empty() || batches.size() > static_cast<size_t>(kMaxLookahead))
@@ -190,15 +351,21 @@ Lookahead lookahead(const std::vector<std::vector<int64_t>>& batches, const Cost
   }
   const int32_t n = static_cast<int32_t>(lengths.size());
 
+  const std::vector<std::vector<int32_t>> arrival_members = detail::members_of(arrival, w);
   std::vector<int64_t> step_lengths;
-  std::vector<double> times(w);
-  // Prices a grouping: each step's predicted time, summed.
+  // Prices a grouping by full step plans: each step's predicted time, summed
+  // in step order. A step whose members equal arrival order's keeps its price.
   const auto price = [&](const std::vector<std::vector<int32_t>>& members, std::vector<double>& t) {
     double total = 0.0;
     for (int32_t s = 0; s < w; ++s) {
-      step_lengths.clear();
-      for (int32_t q : members[s]) step_lengths.push_back(lengths[q]);
-      t[s] = step_lengths.empty() ? 0.0 : static_cast<double>(step_time(step_lengths));
+      if (!out.arrival_us.empty() && members[s] == arrival_members[s]) {
+        t[s] = out.arrival_us[s];
+      } else {
+        step_lengths.clear();
+        for (int32_t q : members[s]) step_lengths.push_back(lengths[q]);
+        t[s] = step_lengths.empty() ? 0.0 : static_cast<double>(step_time(step_lengths));
+        out.planned += static_cast<int64_t>(step_lengths.size());
+      }
       total += t[s];
     }
     ++out.candidates;
@@ -206,30 +373,36 @@ Lookahead lookahead(const std::vector<std::vector<int64_t>>& batches, const Cost
   };
 
   out.step = arrival;
-  out.steps = detail::members_of(arrival, w);
-  out.arrival_us.assign(w, 0.0);
-  out.arrival_window_us = price(out.steps, out.arrival_us);
+  out.steps = arrival_members;
+  std::vector<double> times(w);
+  out.arrival_window_us = price(out.steps, times);
+  out.arrival_us = times;
   out.step_us = out.arrival_us;
   out.window_us = out.arrival_window_us;
-  const auto consider = [&](const std::vector<int32_t>& step, double fraction, int32_t k) {
-    auto members = detail::members_of(step, w);
-    const double total = price(members, times);
-    if (total < out.window_us) {
-      out.window_us = total;
-      out.step_us = times;
-      out.step = step;
-      out.steps = std::move(members);
-      out.long_fraction = fraction;
-      out.long_steps = k;
-    }
-  };
 
   if (w > 1 && n > 1) {
-    std::vector<double> flops;
+    std::vector<double> flops, sample_cost(n);
     detail::sequence_flops(lengths.data(), lengths.size(), cost, flops);
+    const StepEstimator estimator(cost, opt);
+    for (int32_t q = 0; q < n; ++q) sample_cost[q] = estimator.cost(flops[q]);
     std::vector<int32_t> order(n), scratch, step;
-    for (int32_t q = 0; q < n; ++q) order[q] = q;
+    std::iota(order.begin(), order.end(), 0);
     detail::sort_descending_by_length(lengths, order, scratch);
+    const detail::Screen screen(estimator, lengths, sample_cost, order);
+
+    struct Candidate {
+      std::vector<int32_t> step;
+      double fraction;
+      int32_t k;
+      double estimate;
+    };
+    std::vector<Candidate> found;
+    const auto screened = [&](std::vector<int32_t>& s, double fraction, int32_t k) {
+      if (s == arrival) return;  // arrival order is priced already
+      const double e = screen.total(s, w);
+      found.push_back({std::move(s), fraction, k, e});
+      ++out.screened;
+    };
     int32_t last_m = 0;
     for (double f : kLookaheadFractions) {
       const int32_t m = std::max<int32_t>(1, static_cast<int32_t>(f * n + 0.5));
@@ -237,7 +410,7 @@ Lookahead lookahead(const std::vector<std::vector<int64_t>>& batches, const Cost
       last_m = m;
       const std::vector<int32_t> longest(order.begin(), order.begin() + m);
       for (int32_t k = 1; k <= w; ++k)
-        if (detail::long_first(lengths, flops, longest, counts, k, step)) consider(step, f, k);
+        if (detail::long_first(flops, longest, counts, k, step)) screened(step, f, k);
     }
     // The whole window sorted, longest first, cut into the steps' counts.
     step.assign(n, 0);
@@ -247,8 +420,50 @@ Lookahead lookahead(const std::vector<std::vector<int64_t>>& batches, const Cost
       step[q] = s;
       ++used;
     }
-    consider(step, 1.0, w);
-    detail::swap_search(lengths, step_time, out);
+    screened(step, 1.0, w);
+
+    // Finalists in estimate order: the first always, the next while their
+    // new steps fit in the budget. The estimate is a bound, and where no
+    // straggler term is active it is the same for many candidates (their
+    // work summed over the groups); such ties (within kLookaheadTie of the
+    // best estimate) go to the candidate with the most long samples a step
+    // (fraction / steps: the full plans of measured windows fall with it,
+    // since long samples sharing a step leave the other steps short ones to
+    // pack), then to candidate order.
+    double least = found.empty() ? 0.0 : found[0].estimate;
+    for (const Candidate& c : found) least = std::min(least, c.estimate);
+    const double quantum = least * kLookaheadTie;
+    std::vector<int64_t> level(found.size());
+    for (size_t i = 0; i < found.size(); ++i)
+      level[i] = quantum > 0.0 ? static_cast<int64_t>(std::floor(found[i].estimate / quantum)) : 0;
+    std::vector<int32_t> rank(found.size());
+    std::iota(rank.begin(), rank.end(), 0);
+    std::stable_sort(rank.begin(), rank.end(), [&](int32_t x, int32_t y) {
+      if (level[x] != level[y]) return level[x] < level[y];
+      return found[x].fraction / found[x].k > found[y].fraction / found[y].k;
+    });
+    int64_t plan_left = kLookaheadPlanWork;
+    for (size_t r = 0; r < rank.size(); ++r) {
+      Candidate& c = found[rank[r]];
+      auto members = detail::members_of(c.step, w);
+      int64_t size = 0;
+      for (int32_t t = 0; t < w; ++t)
+        if (members[t] != arrival_members[t]) size += static_cast<int64_t>(members[t].size());
+      if (r > 0) {
+        if (size > plan_left) break;
+        plan_left -= size;
+      }
+      const double total = price(members, times);
+      if (total < out.window_us) {
+        out.window_us = total;
+        out.step_us = times;
+        out.step = std::move(c.step);
+        out.steps = std::move(members);
+        out.long_fraction = c.fraction;
+        out.long_steps = c.k;
+      }
+    }
+    detail::swap_search(screen, step_time, plan_left, out);
   }
   for (int32_t q = 0; q < n; ++q) {
     const int32_t d = std::abs(out.step[q] - arrival[q]);

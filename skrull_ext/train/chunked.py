@@ -1,0 +1,127 @@
+"""A document longer than the job's limit, trained whole in chunks (``overlength = "chunk"``).
+
+ChunkFlow's schedule (arXiv 2503.02356) on autograd. The document is cut into
+consecutive chunks of ``chunk`` tokens; chunk c's forward takes, per layer,
+the K/V of chunks 0..c-1 as inputs and gives its own K/V as outputs
+(skrull_ext/attention/prefix.py), so each chunk attends causally to every
+earlier token of its document, positions and RoPE continuing. Each chunk's
+forward runs under non-reentrant activation checkpointing: what it keeps for
+backward is its inputs (token ids, positions, the prefix K/V, which the
+document keeps anyway) and its outputs (its loss and K/V), not its
+activations. The backward of the summed loss then runs the chunks in reverse
+order, recomputing one chunk's activations at a time and handing the
+gradients of the prefix K/V back to the earlier chunks' graphs, where they
+join the gradients of those chunks' own queries.
+
+So the bytes a chunked document keeps are the document's K/V plus one
+chunk's activations while that chunk's backward runs, whatever its length
+(tests/unit_tests/test_chunked.py counts them), and the loss and every
+gradient are those of the document in one pass, up to float rounding (the
+same test, fp32: loss 1e-6, gradients 1e-5 relative). The price is one
+recomputed forward per chunk and attention over the prefix, which the cost
+model charges (skrull_ext/scheduler/chunk_cost.py).
+
+Over a CP group of N ranks, every chunk is sharded over the group (each rank
+holds C/N contiguous tokens of it) and its K/V gathered; a chunk size that is
+not a multiple of N is refused, the document's last chunk is padded to one
+(padding comes after every real token, so causality hides it from them, and
+its labels are ignored).
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.utils.checkpoint import checkpoint
+
+from skrull_ext.attention.module import DacpAttention
+from skrull_ext.attention.prefix import ChunkAttention
+from skrull_ext.data.synthetic import IGNORE_INDEX
+
+__all__ = ["attention_layers", "chunk_bounds", "chunked_loss", "ChunkedLoss"]
+
+
+@dataclass(frozen=True)
+class ChunkedLoss:
+    """One chunked document's forward."""
+
+    loss: torch.Tensor
+    """The sum of its chunks' losses; its backward runs the chunks' in reverse."""
+    chunks: int
+    kv_bytes: int
+    """Bytes of the document's K/V this rank keeps until backward (every layer, every chunk)."""
+
+
+def chunk_bounds(length: int, chunk: int) -> list[tuple[int, int]]:
+    """[start, end) of each chunk of a ``length``-token document cut every ``chunk`` tokens."""
+    if chunk <= 0:
+        raise ValueError(f"chunk size must be positive, got {chunk}")
+    return [(a, min(a + chunk, length)) for a in range(0, length, chunk)]
+
+
+def attention_layers(model_parts) -> list[DacpAttention]:
+    """The DACP attention modules of ``model_parts``, in layer order."""
+    return [m for part in model_parts for m in part.modules() if isinstance(m, DacpAttention)]
+
+
+def _padded(x: torch.Tensor, lo: int, hi: int, fill: int) -> torch.Tensor:
+    """``x[lo:hi]``, filled with ``fill`` past the end of ``x``."""
+    part = x[lo:min(hi, x.numel())].clone()  # its own storage: a chunk keeps its ids, not the document's
+    if part.numel() == hi - lo:
+        return part
+    return torch.cat([part, part.new_full((hi - lo - part.numel(),), fill)])
+
+
+def chunked_loss(
+    model: torch.nn.Module,
+    tokens: torch.Tensor,
+    labels: torch.Tensor,
+    chunk: int,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    *,
+    layers: list | None = None,
+    group: dist.ProcessGroup | None = None,
+    recompute: bool = True,
+) -> ChunkedLoss:
+    """Forward of one document in chunks.
+
+    Args:
+        model: a decoder whose inner attention is DacpAttention (``layers``: those modules in
+            layer order, default all of ``model``'s).
+        tokens, labels: the document, 1-D (label k predicts token k + 1, IGNORE_INDEX where none).
+        chunk: tokens per chunk (over a CP group: the whole group's, a multiple of its size).
+        loss_fn: ``(pred [1, L, V], labels [1, L]) -> scalar``, summed over the chunks.
+        group: the CP group each chunk is sharded over (None: this rank holds the chunks).
+        recompute: checkpoint each chunk (the bounded-memory schedule); False keeps every
+            chunk's activations (the same values, for tests and measurements).
+    """
+    if tokens.dim() != 1 or tokens.shape != labels.shape:
+        raise ValueError(f"tokens and labels must be 1-D of one length, got {tuple(tokens.shape)}, "
+                         f"{tuple(labels.shape)}")
+    n, rank = (dist.get_world_size(group), dist.get_rank(group)) if group is not None else (1, 0)
+    if chunk % n:
+        raise ValueError(f"chunk size {chunk} is not a multiple of the CP group's {n} ranks")
+    layers = attention_layers([model]) if layers is None else layers
+    prefix: list[list[torch.Tensor]] = [[] for _ in layers]
+    total, bounds = None, chunk_bounds(tokens.numel(), chunk)
+    for a, b in bounds:
+        per = -(-(b - a) // n)  # this rank's tokens of the chunk; the last chunk padded to n of them
+        lo = a + rank * per
+        tok, lab = _padded(tokens, lo, lo + per, 0), _padded(labels, lo, lo + per, IGNORE_INDEX)
+        pos = torch.arange(lo, lo + per, device=tokens.device)
+        c = len(prefix[0]) if layers else 0
+
+        def run(*flat, tok=tok, lab=lab, pos=pos, offset=rank * per, c=c):
+            ctx = ChunkAttention(layers, [list(flat[i * c:(i + 1) * c]) for i in range(len(layers))],
+                                 offset, group)
+            pred = model(tok[None], positions=pos[None], attention_masks=ctx)
+            return (loss_fn(pred, lab[None]), *ctx.kept)
+
+        flat = [kv for per_layer in prefix for kv in per_layer]
+        out = checkpoint(run, *flat, use_reentrant=False) if recompute else run(*flat)
+        for i, kv in enumerate(out[1:]):
+            prefix[i].append(kv)
+        total = out[0] if total is None else total + out[0]
+    kv_bytes = sum(kv.nbytes for per_layer in prefix for kv in per_layer)
+    return ChunkedLoss(total, len(bounds), kv_bytes)
