@@ -298,6 +298,34 @@ static void test_lookahead() {
   CHECK(named);
 }
 
+// gds.hpp's LPT assignment, which split_over_dp and the pool's shares share.
+// By hand: loads {5, 0, 2}; 4 (to bin 1: 0 -> 4), 3 (bin 2: 2 -> 5), 2 (bin 1:
+// 4 -> 6), 1 (bin 0, the lowest of the 5s: 5 -> 6). Then the scan (<= 32 bins)
+// and the heap (more) give what a plain restatement gives, ties included.
+static void test_lpt_bins() {
+  const std::vector<int32_t> order = {0, 1, 2, 3};
+  const std::vector<double> weight = {4, 3, 2, 1};
+  const auto bins = detail::lpt_bins(order, weight, {5, 0, 2});
+  CHECK((bins == std::vector<std::vector<int32_t>>{{3}, {0, 2}, {1}}));
+  for (const int32_t n : {7, 32, 33, 100}) {
+    std::vector<int32_t> seqs(300);
+    std::vector<double> w(seqs.size()), start(n);
+    for (size_t k = 0; k < seqs.size(); ++k) {
+      seqs[k] = static_cast<int32_t>(k);
+      w[k] = static_cast<double>((k * 7919) % 13);  // small integers: many ties
+    }
+    for (int32_t i = 0; i < n; ++i) start[i] = static_cast<double>((i * 31) % 5);
+    std::vector<std::vector<int32_t>> want(n);
+    std::vector<double> load = start;
+    for (int32_t k : seqs) {
+      const auto t = std::min_element(load.begin(), load.end()) - load.begin();  // the first least
+      want[t].push_back(k);
+      load[t] += w[k];
+    }
+    CHECK(detail::lpt_bins(seqs, w, start) == want);
+  }
+}
+
 // A step time the estimate cannot see: the estimate ranks the regroupings
 // level with arrival order, the planner prices every one of them dearer. The
 // answer is arrival order, priced by the planner: never predicted slower
@@ -360,6 +388,7 @@ int main() {
   test_lookahead();
   test_lookahead_never_slower();
   test_step_estimate();
+  test_lpt_bins();
   if (skrull_test::failures) return skrull_test::report();
   std::printf("test_core: all checks passed\n");
   return 0;

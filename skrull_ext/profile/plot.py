@@ -20,6 +20,8 @@ from typing import Any
 
 import tomllib
 
+from skrull_ext.scheduler.profile_file import ProfileMemory
+
 __all__ = ["plot"]
 
 
@@ -78,8 +80,8 @@ def plot(d: dict[str, Any], path: str | Path) -> None:
         ax.plot(toks, [v / 2**20 for v in raw_m["saved_bytes"]], "o", label="saved for backward (hooks)")
         ax.plot(toks, [v / 2**20 for v in raw_m["peak_bytes"]], "^", mfc="none", label="peak above start")
         top = max(max(toks), mm.get("bucket_size", 0))
-        f = lambda n: (mm["b_bytes"] + mm["a_bytes_per_token"] * n + mm.get("c_bytes_per_token2", 0.0) * n * n) / 2**20  # noqa: E731
-        xs, ys = _line([0, top], f)
+        fit = ProfileMemory.of(d).activation  # [memory] read as the scheduler reads it
+        xs, ys = _line([0, top], lambda n: fit(n) / 2**20)
         ax.plot(xs, ys, "-", label=f"fit ({raw_m.get('fit_target', '?')})")
     if "bucket_size" in mm:
         ax.axvline(mm["bucket_size"], ls="--", c="gray", label=f"BucketSize {mm['bucket_size']}")

@@ -82,13 +82,11 @@ def profile_dict(p: Profile) -> dict[str, Any]:
                     "max_rel_error": cp.fit.max_rel_error, "points": len(cp.points),
                     "held_out_max_rel_error": cp.held_out_max_rel_error},
         "comm": _comm_section(p),
-        "memory": {"bucket_size": mem.bucket_size, "a_bytes_per_token": mem.fit.slope, "b_bytes": mem.fit.intercept,
-                   "c_bytes_per_token2": mem.fit.quadratic, "usable_bytes": mem.usable,
-                   "static_bytes": mem.static.total, "margin": mem.margin, "cp": mem.cp,
-                   "kv_bytes_per_token": mem.kv_bytes_per_token,
-                   **({"free_running_bytes": mem.static.free_running} if mem.static.free_running else {}),
-                   "r2": mem.fit.r2,
-                   "max_rel_error": mem.fit.max_rel_error, "points": len(mem.points)},
+        "memory": {**profile_file.ProfileMemory(
+                       bucket_size=mem.bucket_size, a=mem.fit.slope, b=mem.fit.intercept, c=mem.fit.quadratic,
+                       usable=mem.usable, static=mem.static.total, margin=mem.margin, cp=mem.cp,
+                       kv=mem.kv_bytes_per_token, free_running=mem.static.free_running).section(),
+                   "r2": mem.fit.r2, "max_rel_error": mem.fit.max_rel_error, "points": len(mem.points)},
     }
     if p.micro_batch is not None:
         mb = p.micro_batch

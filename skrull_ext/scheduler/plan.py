@@ -7,7 +7,9 @@ groups (DP ranks); every rank of the block runs it at that slot, and a rank
 runs its micro-batches in slot order. Each sequence of a micro-batch has a
 *rank set*, the contiguous global ranks ``[first_rank, first_rank +
 num_ranks)`` inside the block: one rank (local, whole), or k >= 2 ranks
-(sharded, zigzag over the k).
+(sharded, zigzag over the k). A set is stored once, on its micro-batch
+(``MicroBatchPlan.first_rank``, ``num_ranks``); the plan's per-sequence view
+of the sets (``Plan.first_rank``, ``num_ranks``) is read from there.
 
 Policy ``skrull``'s plans are the one-group case: micro-batch j of DP rank i
 is slot j on group i alone, and each set is one rank or the whole group (the
@@ -152,11 +154,8 @@ class Plan:
     input_lengths: list[int]
     micro_batch: list[int]
     """Per sequence: index into micro_batches, -1 if dropped."""
-    first_rank: list[int]
-    num_ranks: list[int]
-    """Per sequence: its rank set (0, 0 if dropped)."""
     micro_batches: list[MicroBatchPlan]
-    """By slot, then first group."""
+    """By slot, then first group; each holds its sequences' rank sets (the one copy of them)."""
     slots: int
     group_time_us: list[float]
     """Each CP group's micro-batches back to back (its free-running finish)."""
@@ -209,8 +208,7 @@ class Plan:
         ]
         return cls(
             dp=job.dp, cp=job.cp, bucket_size=job.bucket_size, lengths=lengths, input_lengths=list(input_lengths),
-            micro_batch=list(s.micro_batch), first_rank=list(s.first_rank), num_ranks=list(s.num_ranks),
-            micro_batches=mbs, slots=s.slots, group_time_us=list(s.group_time_us), makespan_us=s.makespan_us,
+            micro_batch=list(s.micro_batch), micro_batches=mbs, slots=s.slots, group_time_us=list(s.group_time_us), makespan_us=s.makespan_us,
             dropped=list(s.dropped), truncated=list(s.truncated), scheduler_us=s.elapsed_us, pool=job.policy.pool,
             widened=s.widened, narrowed=s.narrowed, skrull_plan=s.skrull_plan, rollbacks=s.rollbacks,
             timeline=job.timeline, pad_us=job.cost_model.micro_batch_fixed_us, step_us=job.cost_model.step_fixed_us,
@@ -227,13 +225,13 @@ class Plan:
         mbs = sorted((mb for g in groups for mb in g), key=lambda mb: (mb.slot, mb.first_group))
         plan = cls(
             dp=dp, cp=cp, bucket_size=bucket_size, lengths=list(lengths), input_lengths=list(lengths),
-            micro_batch=[-1] * n, first_rank=[0] * n, num_ranks=[0] * n, micro_batches=mbs,
+            micro_batch=[-1] * n, micro_batches=mbs,
             slots=max((mb.slot + 1 for mb in mbs), default=0), group_time_us=[0.0] * dp, makespan_us=0.0,
             dropped=[], truncated=[], scheduler_us=scheduler_us, timeline=timeline_of(timeline), pad_us=pad_us,
         )
         for m, mb in enumerate(mbs):
-            for k, r, c in zip(mb.seqs, mb.first_rank, mb.num_ranks):
-                plan.micro_batch[k], plan.first_rank[k], plan.num_ranks[k] = m, r, c
+            for k in mb.seqs:
+                plan.micro_batch[k] = m
         plan.retime()
         return plan
 
@@ -241,6 +239,27 @@ class Plan:
     @property
     def world(self) -> int:
         return self.dp * self.cp
+
+    def rank_sets(self) -> tuple[list[int], list[int]]:
+        """Per sequence: its rank set as (first ranks, sizes), read from the micro-batch that
+        stores it; (0, 0) for a dropped one. O(sequences): call once, not per sequence."""
+        n = len(self.lengths)
+        first, num = [0] * n, [0] * n
+        for mb in self.micro_batches:
+            for k, r, c in zip(mb.seqs, mb.first_rank, mb.num_ranks):
+                if 0 <= k < n:  # validate() names one outside
+                    first[k], num[k] = r, c
+        return first, num
+
+    @property
+    def first_rank(self) -> list[int]:
+        """Per sequence: the first global rank of its set (0 if dropped); ``rank_sets``."""
+        return self.rank_sets()[0]
+
+    @property
+    def num_ranks(self) -> list[int]:
+        """Per sequence: ranks in its set, 1 = local (0 if dropped); ``rank_sets``."""
+        return self.rank_sets()[1]
 
     @property
     def dp_rank(self) -> list[int]:
@@ -250,7 +269,7 @@ class Plan:
     @property
     def cp_rank(self) -> list[int]:
         """Per sequence: its CP rank when local, else DISTRIBUTED (also for a dropped one)."""
-        return [r % self.cp if c == 1 else DISTRIBUTED for r, c in zip(self.first_rank, self.num_ranks)]
+        return [r % self.cp if c == 1 else DISTRIBUTED for r, c in zip(*self.rank_sets())]
 
     @property
     def slot(self) -> list[int]:
@@ -311,6 +330,7 @@ class Plan:
     def summary(self) -> dict[str, float]:
         """Per-step figures for logging: what ran local, what was sharded, balance."""
         live = self.trained
+        num_ranks = self.num_ranks
         tok = sum(self.lengths[k] for k in live)
         mean = sum(self.group_time_us) / len(self.group_time_us) if self.group_time_us else 0.0
         rank_tokens = [t for mb in self.micro_batches for t in mb.rank_tokens]
@@ -319,8 +339,8 @@ class Plan:
             "sequences": len(live),
             "micro_batches": len(self.micro_batches),
             "max_micro_batches": self.slots,
-            "local_seq_share": sum(self.num_ranks[k] == 1 for k in live) / len(live) if live else 0.0,
-            "local_token_share": sum(self.lengths[k] for k in live if self.num_ranks[k] == 1) / tok if tok else 0.0,
+            "local_seq_share": sum(num_ranks[k] == 1 for k in live) / len(live) if live else 0.0,
+            "local_token_share": sum(self.lengths[k] for k in live if num_ranks[k] == 1) / tok if tok else 0.0,
             "widened": self.widened,
             "narrowed": self.narrowed,
             "skrull_plan": float(self.skrull_plan),
@@ -392,8 +412,6 @@ class Plan:
         mb.comm_bytes = result.comm_bytes
         mb.time_us = result.time_us
         mb.path = path
-        for k, r, n in zip(mb.seqs, mb.first_rank, mb.num_ranks):
-            self.first_rank[k], self.num_ranks[k] = r, n
         # CP-SAT places on whole groups: sub-group sets it replaced are gone.
         self.narrowed = sum(1 for k, m in zip(self.num_ranks, self.micro_batch) if m >= 0 and 1 < k < self.cp)
         self.retime()
@@ -428,7 +446,7 @@ class Plan:
         """Hash of everything that decides what each rank computes; equal on every rank."""
         h = hashlib.sha256()
         h.update(struct.pack("<3q", self.dp, self.cp, self.bucket_size))
-        for arr in (self.lengths, self.micro_batch, self.first_rank, self.num_ranks):
+        for arr in (self.lengths, self.micro_batch, *self.rank_sets()):
             h.update(struct.pack(f"<{len(arr)}q", *arr))
         for mb in self.micro_batches:
             h.update(struct.pack(f"<3q{len(mb.seqs)}q", mb.slot, mb.first_group, mb.groups, *mb.seqs))

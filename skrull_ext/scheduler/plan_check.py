@@ -3,8 +3,9 @@ arithmetic, independently of the core that built it (the times excepted:
 they are replayed by the core's one timeline function, timeline.hpp).
 
 A plan breaks an invariant when:
-- its per-sequence arrays and its micro-batches disagree, or a sequence not
-  dropped is in no micro-batch or in two;
+- its per-sequence arrays (micro-batch, length) and its micro-batches
+  disagree, or a sequence not dropped is in no micro-batch or in two (a
+  rank set is stored on its micro-batch alone: nothing to disagree with);
 - a rank set is not one rank, an aligned power-of-two sub-block of one CP
   group, one whole CP group, or the whole block of an aligned power-of-two
   (or all-dp) run of groups inside its micro-batch's block; without
@@ -33,7 +34,7 @@ def shard(s: int, k: int) -> int:
 def check_plan(plan) -> None:
     """Raise PlanError naming the first broken invariant of ``plan`` (a scheduler.plan.Plan)."""
     n = len(plan.input_lengths)
-    for name in ("lengths", "micro_batch", "first_rank", "num_ranks"):
+    for name in ("lengths", "micro_batch"):
         if len(getattr(plan, name)) != n:
             raise PlanError(f"plan.{name} has {len(getattr(plan, name))} entries for {n} sequences")
     _check_lengths(plan, n)
@@ -101,10 +102,9 @@ def _check_micro_batch(plan, m: int, mb, n: int, busy: set[tuple[int, int]]) -> 
     for k, s, r, c in zip(mb.seqs, mb.lengths, mb.first_rank, mb.num_ranks):
         if not 0 <= k < n:
             raise PlanError(f"{where} holds sequence {k}, outside [0, {n})")
-        if (plan.micro_batch[k], plan.first_rank[k], plan.num_ranks[k], plan.lengths[k]) != (m, r, c, s):
-            raise PlanError(f"sequence {k}: the plan's arrays say micro-batch {plan.micro_batch[k]} ranks "
-                            f"[{plan.first_rank[k]}, +{plan.num_ranks[k]}) length {plan.lengths[k]}; {where} "
-                            f"says ranks [{r}, +{c}) length {s}")
+        if (plan.micro_batch[k], plan.lengths[k]) != (m, s):
+            raise PlanError(f"sequence {k}: the plan's arrays say micro-batch {plan.micro_batch[k]} length "
+                            f"{plan.lengths[k]}; {where} holds it with length {s}")
         at = (r - lo) % cp  # offset inside its CP group
         whole_group = c == cp and at == 0
         whole_block = c == hi - lo and r == lo

@@ -24,13 +24,9 @@ and what the scheduler plans with. TOML::
                 token_us: the cost per token outside the layers (head,
                 loss); absent = 0.
                 Fit keys (r2, max_rel_error, points, counts, method) informational
-    [memory]    optional: bucket_size, a_bytes_per_token, b_bytes,
-                c_bytes_per_token2 (a quadratic term: dense-mask attention),
-                cp and kv_bytes_per_token (the CP degree BucketSize was
-                derived for, and the gathered K/V a sharded token keeps),
-                usable_bytes, static_bytes, margin, free_running_bytes (the
-                unsharded parameters and gradients of ``[skrull]
-                free_running`` included in static_bytes; absent = 0)
+    [memory]    optional: one rank's memory model and BucketSize, the keys
+                of ``MEMORY_KEYS`` (below: what each means, its check, and
+                whether reading the model needs it), plus the fit keys
     [meta]      optional: source ("assumed" | "measured"), device, date, ...
 
 A *hardware* profile (the assumed H100 shipped in ``hardware/``) leaves out
@@ -57,8 +53,65 @@ import tomllib
 from skrull_ext import _core
 from skrull_ext._core import CommModel, CostModel, ModelShape
 
-__all__ = ["Profile", "ProfileMemory", "derive_bucket_size", "free_running_bytes", "from_dict", "per_rank_coefficients",
-           "to_dict"]
+__all__ = ["MEMORY_KEYS", "MemoryKey", "Profile", "ProfileMemory", "derive_bucket_size", "free_running_bytes",
+           "from_dict", "per_rank_coefficients", "to_dict"]
+
+
+@dataclass(frozen=True)
+class MemoryKey:
+    """One key of a profile's ``[memory]`` section. ``MEMORY_KEYS`` is the one list of them: the
+    file check (``_check``), the reader (``ProfileMemory.of``, ``Profile.bucket_size``, ``.cp``) and
+    the writer (``ProfileMemory.section``) all go through it."""
+
+    key: str
+    """The TOML key."""
+    field: str
+    """``ProfileMemory``'s field for it."""
+    doc: str
+    """What it means."""
+    default: int | float | None = None
+    """Its value when absent; None: reading the memory model needs it."""
+    integer: bool = False
+    """A positive integer (else any number)."""
+    written_at_default: bool = True
+    """False: the writer leaves it out at its default (a file then reads as it did before the key)."""
+
+    def check(self, value: Any, where: str) -> Any:
+        """``value`` as given, or a ValueError naming the key, the value and what it must be."""
+        if self.integer:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{where}: memory.{self.key} must be a positive integer, got {value!r}")
+        elif isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{where}: memory.{self.key} must be a number, got {value!r}")
+        return value
+
+    def read(self, table: dict[str, Any], where: str) -> Any:
+        """Its checked value in a [memory] table, or its default; a missing needed key is an error."""
+        if self.key not in table:
+            if self.default is None:
+                raise ValueError(f"{where}: missing field memory.{self.key} (needed to check BucketSize)")
+            return self.default
+        return self.check(table[self.key], where)
+
+
+MEMORY_KEYS: tuple[MemoryKey, ...] = (
+    MemoryKey("bucket_size", "bucket_size", "BucketSize, tokens one rank holds (derive_bucket_size)", integer=True),
+    MemoryKey("a_bytes_per_token", "a", "activation bytes per token of whole sequences (the fit's slope)"),
+    MemoryKey("b_bytes", "b", "activation bytes of any buffer (the fit's intercept)"),
+    MemoryKey("c_bytes_per_token2", "c", "a quadratic term per token squared: dense-mask attention", 0.0),
+    MemoryKey("usable_bytes", "usable", "what one rank may use"),
+    MemoryKey("static_bytes", "static", "the static account: parameters, gradients, optimizer state, FSDP buffers"),
+    MemoryKey("margin", "margin", "the share of the room for activations BucketSize leaves free", 0.0),
+    MemoryKey("cp", "cp", "the CP degree BucketSize was derived for (older profiles: 1)", 1, integer=True),
+    MemoryKey("kv_bytes_per_token", "kv", "K/V bytes per token a shard keeps from each other CP rank", 0.0),
+    MemoryKey("free_running_bytes", "free_running", "the unsharded parameters and gradients of [skrull] "
+              "free_running (free_running_bytes) included in static_bytes; 0: measured for a lockstep job", 0.0,
+              written_at_default=False),
+)
+"""The ``[memory]`` keys, in the order the writer puts them."""
+_MEMORY = {k.key: k for k in MEMORY_KEYS}
+_MEMORY_FIT_KEYS = {"r2", "max_rel_error", "points"}
+"""The memory fit's quality, informational (read by no model)."""
 
 _SCHEMA: dict[str, tuple[set[str], set[str] | None]] = {
     # section: (required keys, optional keys; None: free-form)
@@ -71,9 +124,7 @@ _SCHEMA: dict[str, tuple[set[str], set[str] | None]] = {
     "micro_batch": (set(), {"fixed_us", "r2", "max_rel_error", "points", "counts", "method", "slope_us",
                             "calls_us", "free_running_fixed_us", "free_running_step_us", "free_running_r2",
                             "free_running_max_rel_error", "token_us", "token_points"}),
-    "memory": (set(), {"bucket_size", "a_bytes_per_token", "b_bytes", "c_bytes_per_token2", "usable_bytes",
-                       "static_bytes", "margin", "r2", "max_rel_error", "points", "cp", "kv_bytes_per_token",
-                       "free_running_bytes"}),
+    "memory": (set(), {k.key for k in MEMORY_KEYS} | _MEMORY_FIT_KEYS),
     "meta": (set(), None),  # free-form provenance
 }
 _REQUIRED_SECTIONS = ("compute", "comm")
@@ -101,6 +152,9 @@ def _check(d: dict[str, Any], where: str, need_model: bool) -> None:
             for key in body:
                 if key not in required | optional:
                     raise ValueError(f"{where}: unknown field {section}.{key}; allowed: {sorted(required | optional)}")
+    for k in MEMORY_KEYS:
+        if k.key in d.get("memory", {}):
+            k.check(d["memory"][k.key], where)
 
 
 def from_dict(d: dict[str, Any], where: str = "profile", tp: int = 1, free_running: bool = False) -> CostModel:
@@ -243,7 +297,8 @@ def free_running_bytes(params: int, trainable: int, param_bytes: int, grad_bytes
 
 @dataclass(frozen=True)
 class ProfileMemory:
-    """A profile file's [memory] section: what it predicts for one rank."""
+    """A profile file's [memory] section: what it predicts for one rank. One field per key of
+    ``MEMORY_KEYS`` (``MemoryKey.field``), which says what each means."""
 
     bucket_size: int
     a: float
@@ -251,27 +306,23 @@ class ProfileMemory:
     c: float
     usable: float
     static: float
-    """The static account (parameters, gradients, optimizer state, FSDP buffers)."""
     margin: float
-    cp: int = 1
-    """The CP degree BucketSize was derived for (older profiles: 1)."""
-    kv: float = 0.0
-    """K/V bytes per token a shard keeps from each other CP rank."""
-    free_running: float = 0.0
-    """Unsharded parameters and gradients (``free_running_bytes``) included in ``static``:
-    the profile was measured for a free-running job (0: it was not)."""
+    cp: int = _MEMORY["cp"].default
+    kv: float = _MEMORY["kv_bytes_per_token"].default
+    free_running: float = _MEMORY["free_running_bytes"].default
 
     @classmethod
     def of(cls, profile: dict) -> ProfileMemory:
+        """The [memory] section of a profile dict, each key read by ``MEMORY_KEYS``."""
         m = profile.get("memory")
         if m is None:
             raise ValueError("profile: missing section [memory] (needed to check BucketSize)")
-        for key in ("bucket_size", "a_bytes_per_token", "b_bytes", "usable_bytes", "static_bytes"):
-            if key not in m:
-                raise ValueError(f"profile: missing field memory.{key} (needed to check BucketSize)")
-        return cls(int(m["bucket_size"]), m["a_bytes_per_token"], m["b_bytes"], m.get("c_bytes_per_token2", 0.0),
-                   m["usable_bytes"], m["static_bytes"], m.get("margin", 0.0), int(m.get("cp", 1)),
-                   m.get("kv_bytes_per_token", 0.0), m.get("free_running_bytes", 0.0))
+        return cls(**{k.field: k.read(m, "profile") for k in MEMORY_KEYS})
+
+    def section(self) -> dict[str, Any]:
+        """This model as a profile's [memory] table (the fit keys aside), inverse of ``of``."""
+        return {k.key: getattr(self, k.field) for k in MEMORY_KEYS
+                if k.written_at_default or getattr(self, k.field) != k.default}
 
     def activation(self, tokens: int) -> float:
         """The fit: activation bytes of a buffer of ``tokens`` whole sequences."""
@@ -372,18 +423,13 @@ class Profile:
 
     @property
     def bucket_size(self) -> int | None:
-        """BucketSize from [memory] (a measured profile has one), else None."""
-        value = self.data.get("memory", {}).get("bucket_size")
-        if value is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{self.path}: memory.bucket_size must be a positive integer, got {value!r}")
-        return value
+        """BucketSize from [memory] (a measured profile has one; checked when read), else None."""
+        return self.data.get("memory", {}).get("bucket_size")
 
     @property
     def cp(self) -> int:
-        """The CP degree its BucketSize was derived for (1 if it does not say)."""
-        return int(self.data.get("memory", {}).get("cp", 1))
+        """The CP degree its BucketSize was derived for (``MEMORY_KEYS``' default if it does not say)."""
+        return _MEMORY["cp"].read(self.data.get("memory", {}), self.path)
 
     def failed_check(self) -> str | None:
         """What the profiler's own BucketSize check found, when it failed (``[meta.check]

@@ -18,7 +18,9 @@ def plan(toy):
     "corrupt, msg",
     [
         (lambda p: p.ranks[0][0].seqs.append(p.ranks[0][0].seqs[0]), r"per-sequence lists differ|appears in 2"),
-        (lambda p: p.first_rank.__setitem__(0, 5), r"sequence 0: the plan's arrays say micro-batch \d+ ranks \[5,"),
+        (lambda p: p.micro_batch.__setitem__(0, 1 - p.micro_batch[0]),  # the other of its two micro-batches
+         r"sequence 0: the plan's arrays say micro-batch \d+ length 1; micro-batch \d+ .* holds it with length 1"),
+        (lambda p: _move_set(p, 0, 5 - p.first_rank[0]), r"sequence 0 has rank set \[5, "),
         (lambda p: p.lengths.__setitem__(0, 2), r"sequence 0 length changed from 1 to 2"),
         (lambda p: p.dropped.clear(), r"sequence 6 has length 30 > limit 20"),
         (lambda p: p.ranks[1][0].rank_tokens.__setitem__(0, 0), r"rank tokens \[0, .*\] but its rank sets give"),
@@ -27,7 +29,7 @@ def plan(toy):
         (lambda p: setattr(p, "bucket_size", 5), r"holds \d+ tokens > bucket_size 5|length .* > limit"),
         (lambda p: setattr(p.ranks[0][0], "groups", 2), r"spans 2 CP groups; only skrull-pool plans may"),
         (lambda p: p.ranks[0][0].num_ranks.__setitem__(0, 1 if p.ranks[0][0].num_ranks[0] == 2 else 2),
-         r"arrays say|not one rank or the whole CP group"),
+         r"not one rank or the whole CP group|rank tokens .* but its rank sets give"),
     ],
 )
 def test_validate_names_the_broken_invariant(plan, corrupt, msg):
@@ -35,6 +37,20 @@ def test_validate_names_the_broken_invariant(plan, corrupt, msg):
     corrupt(bad)
     with pytest.raises(PlanError, match=msg):
         bad.validate()
+
+
+def _move_set(plan, k, by):
+    """Moves sequence k's rank set by ``by`` ranks where it is stored: on its micro-batch."""
+    mb = plan.micro_batches[plan.micro_batch[k]]
+    mb.first_rank[mb.seqs.index(k)] += by
+
+
+def test_rank_sets_are_read_from_the_micro_batches(plan):
+    """A set is stored once, on its micro-batch: the plan's per-sequence view follows a change there."""
+    moved = copy.deepcopy(plan)
+    _move_set(moved, 0, 1)
+    assert moved.first_rank[0] == plan.first_rank[0] + 1 and moved.num_ranks == plan.num_ranks
+    assert moved.first_rank[6] == moved.num_ranks[6] == 0  # dropped: no set
 
 
 def test_moving_a_sequence_breaks_the_arrays(plan):
@@ -53,7 +69,7 @@ def test_digest_changes_with_placement(plan):
     d = plan.digest()
     assert d == copy.deepcopy(plan).digest()
     moved = copy.deepcopy(plan)
-    moved.first_rank[0] += 1
+    _move_set(moved, 0, 1)
     assert moved.digest() != d
 
 

@@ -53,7 +53,8 @@ def test_plan_digests_across_ranks(tmp_path, tamper):
 def test_gds_digest_ignores_cp_placement_only():
     a, b = _plan(), _plan()
     assert gds_digest(a) == gds_digest(b) and a.digest() == b.digest()
-    b.first_rank[0] += 1  # another rank set, same micro-batch
+    mb = b.micro_batches[b.micro_batch[0]]
+    mb.first_rank[mb.seqs.index(0)] += 1  # another rank set (stored on its micro-batch), same micro-batch
     assert gds_digest(a) == gds_digest(b) and a.digest() != b.digest()
 
 

@@ -59,6 +59,40 @@ inline void reverse_to_ascending(const std::vector<int64_t>& lengths, const std:
   }
 }
 
+// LPT's assignment: each of `order` in turn goes to the bin with the least
+// load so far (ties to the lower bin), whose load then grows by weight[k].
+// `load` holds each bin's load before the first (0 for an empty bin).
+// Returns each bin's members in the order given. split_over_dp and the
+// pool's shares (pool.hpp, on top of its wide work) both assign this way.
+inline std::vector<std::vector<int32_t>> lpt_bins(const std::vector<int32_t>& order, const std::vector<double>& weight,
+                                                  std::vector<double> load) {
+  const int32_t bins_n = static_cast<int32_t>(load.size());
+  std::vector<std::vector<int32_t>> bins(bins_n);
+  for (auto& bin : bins) bin.reserve(order.size() / bins_n + 1);
+  if (bins_n <= 32) {  // a scan beats a heap for few bins; both pick the same bin
+    for (int32_t k : order) {
+      const int32_t t = argmin(load);
+      bins[t].push_back(k);
+      load[t] += weight[k];
+    }
+    return bins;
+  }
+  // Min-heap on (load, bin): the least-loaded bin, ties to the lower one.
+  using Entry = std::pair<double, int32_t>;
+  std::vector<Entry> heap_storage;
+  heap_storage.reserve(bins_n);
+  for (int32_t i = 0; i < bins_n; ++i) heap_storage.emplace_back(load[i], i);
+  std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>> heap(std::greater<Entry>(),
+                                                                           std::move(heap_storage));
+  for (int32_t k : order) {
+    auto [l, t] = heap.top();
+    heap.pop();
+    bins[t].push_back(k);
+    heap.emplace(l + weight[k], t);
+  }
+  return bins;
+}
+
 }  // namespace detail
 
 // Longest-processing-time greedy by FLOPs: sequences by length descending
@@ -71,31 +105,7 @@ inline std::vector<std::vector<int32_t>> split_over_dp(const std::vector<int64_t
   std::vector<int32_t> order = live;
   std::vector<int32_t> scratch;
   detail::sort_descending_by_length(lengths, order, scratch);
-  std::vector<std::vector<int32_t>> bins(dp);
-  for (auto& bin : bins) bin.reserve(order.size() / dp + 1);
-  if (dp <= 32) {  // a scan beats a heap for few ranks; both pick the same rank
-    std::vector<double> load(dp, 0.0);
-    for (int32_t k : order) {
-      const int32_t t = detail::argmin(load);
-      bins[t].push_back(k);
-      load[t] += flops[k];
-    }
-    return bins;
-  }
-  // Min-heap on (load, rank): the least-loaded rank, ties to the lower one.
-  using Entry = std::pair<double, int32_t>;
-  std::vector<Entry> heap_storage;
-  heap_storage.reserve(dp);
-  for (int32_t i = 0; i < dp; ++i) heap_storage.emplace_back(0.0, i);
-  std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>> heap(std::greater<Entry>(),
-                                                                           std::move(heap_storage));
-  for (int32_t k : order) {
-    auto [load, t] = heap.top();
-    heap.pop();
-    bins[t].push_back(k);
-    heap.emplace(load + flops[k], t);
-  }
-  return bins;
+  return detail::lpt_bins(order, flops, std::vector<double>(dp, 0.0));
 }
 
 // How a split forms its m groups from sequences sorted ascending.

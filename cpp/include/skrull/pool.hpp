@@ -55,10 +55,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
-#include <functional>
 #include <limits>
 #include <numeric>
-#include <queue>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -382,16 +380,11 @@ inline void reprice_pool_plan(Plan& out, const CostModel& cost, const Options& o
   retime_plan(out, opt.timeline, cost.micro_batch_fixed_us, cost.step_fixed_us);
 }
 
-// schedule_pool() deciding with `cost`. With `price` (a hedged model,
-// hedge.hpp; `cost` is its planning_model), the plan kept is priced under
-// `price`, and the pool's own plan (widened or narrowed) is kept only if its
-// step is shorter than skrull's by more than kPoolMinGain there too: a gain
-// under the planning model alone is not a gain (the pool's contract, a
-// departure from skrull only for a shorter step, holds for the times the
-// plan reports).
-inline Plan schedule_pool_as_priced(const std::vector<int64_t>& input, const CostModel& cost, const Options& opt,
-                                    const CostModel* price = nullptr) {
-  const auto start = std::chrono::steady_clock::now();
+// Step 0: the checks, and the plan's per-sequence arrays with the lengths
+// cut to what the world holds (opt.overlength beyond it); `live` gets the
+// sequences kept, ascending.
+inline Plan pool_start(const std::vector<int64_t>& input, const CostModel& cost, const Options& opt,
+                       std::vector<int32_t>& live) {
   validate_options(opt);
   cost.validate();
   validate_lengths(input, "global batch");
@@ -400,74 +393,82 @@ inline Plan schedule_pool_as_priced(const std::vector<int64_t>& input, const Cos
     throw std::invalid_argument("global batch has " + std::to_string(input.size()) + " sequences x world " +
                                 std::to_string(world) + " ranks, more than the limit " +
                                 std::to_string(kMaxSequenceRanks) + " (the pool plan would not fit in memory)");
-  const int32_t dp = opt.dp, cp = opt.cp;
-  const int64_t group_limit = max_sequence_length(opt.bucket_size, cp);
   Plan out;
   const int32_t n = static_cast<int32_t>(input.size());
   LengthCut cut = cut_overlength(input, opt, {world, "the world", "bucket_size " + std::to_string(opt.bucket_size) +
-                                              " x dp " + std::to_string(dp) + " x cp " + std::to_string(cp),
+                                              " x dp " + std::to_string(opt.dp) + " x cp " + std::to_string(opt.cp),
                                               "bucket_size"});
   out.lengths = std::move(cut.lengths);
   out.dropped = std::move(cut.dropped);
   out.truncated = std::move(cut.truncated);
-  const std::vector<int32_t> live = std::move(cut.live);
+  live = std::move(cut.live);
   out.micro_batch.assign(n, -1);
   out.first_rank.assign(n, 0);
   out.num_ranks.assign(n, 0);
-  out.group_time_us.assign(dp, 0.0);
-  bool fits_groups = true;
-  for (int32_t k : live) fits_groups = fits_groups && out.lengths[k] <= group_limit;
+  out.group_time_us.assign(opt.dp, 0.0);
+  return out;
+}
 
-  // Skrull's plan, the candidate to beat, when every sequence fits a group.
-  Plan skrull_plan;
-  double skrull_us = std::numeric_limits<double>::infinity();
-  if (fits_groups) {
-    std::vector<int64_t> kept(live.size());
-    for (size_t p = 0; p < live.size(); ++p) kept[p] = out.lengths[live[p]];
-    Options sk = opt;
-    sk.overlength = Overlength::kError;
-    Schedule s = schedule(kept, cost, sk);
-    for (MicroBatch& mb : s.micro_batches)
-      for (int32_t& k : mb.seqs) k = live[k];  // back to the caller's indices
-    detail::plan_from_schedule(s, cp, skrull_plan);
-    skrull_us = skrull_plan.makespan_us;
-  }
-  // Take skrull's micro-batches and times as the answer (its placements are
-  // already in skrull_plan's pool form).
-  const auto adopt_skrull_plan = [&out, &skrull_plan]() {
-    std::swap(out.micro_batches, skrull_plan.micro_batches);
-    out.group_time_us = skrull_plan.group_time_us;
-    out.makespan_us = skrull_plan.makespan_us;
-    out.slots = skrull_plan.slots;
-    out.rollbacks = skrull_plan.rollbacks;
-    out.moves = skrull_plan.moves;
-    out.widened = 0;
-    out.skrull_plan = true;
-  };
+// Skrull's plan of the live sequences (schedule(), their lengths already
+// cut), in the pool's form and the caller's indices: the candidate to beat.
+inline Plan pool_skrull_plan(const std::vector<int64_t>& lengths, const std::vector<int32_t>& live,
+                             const CostModel& cost, const Options& opt) {
+  std::vector<int64_t> kept(live.size());
+  for (size_t p = 0; p < live.size(); ++p) kept[p] = lengths[live[p]];
+  Options sk = opt;
+  sk.overlength = Overlength::kError;
+  Schedule s = schedule(kept, cost, sk);
+  for (MicroBatch& mb : s.micro_batches)
+    for (int32_t& k : mb.seqs) k = live[k];  // back to the caller's indices
+  Plan out;
+  plan_from_schedule(s, opt.cp, out);
+  return out;
+}
 
-  // 1. Which sequences go wide, and over how many groups.
-  std::vector<double> flops;
-  detail::sequence_flops(out.lengths.data(), out.lengths.size(), cost, flops);
+// Takes skrull's micro-batches and times as the answer (its placements are
+// already in the pool's form); `skrull` is left with `out`'s micro-batches.
+inline void pool_adopt(Plan& out, Plan& skrull) {
+  std::swap(out.micro_batches, skrull.micro_batches);
+  out.group_time_us = skrull.group_time_us;
+  out.makespan_us = skrull.makespan_us;
+  out.slots = skrull.slots;
+  out.rollbacks = skrull.rollbacks;
+  out.moves = skrull.moves;
+  out.widened = 0;
+  out.skrull_plan = true;
+}
+
+// A sequence that goes wide (step 1): over `groups` CP groups, in `time`.
+struct PoolWide {
+  int32_t seq, groups;
+  double time;
+};
+
+// Step 1: which live sequences go wide, and over how many groups: those a
+// group cannot hold, and those whose time over their own group alone
+// exceeds pool_widen x a group's ideal time. Each takes the fewest groups
+// that meet that target, else the fastest span.
+inline std::vector<PoolWide> pool_wide_sequences(const std::vector<int64_t>& lengths, const std::vector<int32_t>& live,
+                                                 const std::vector<double>& flops, const CostModel& cost,
+                                                 const Options& opt) {
+  const int32_t cp = opt.cp;
+  const int64_t world = static_cast<int64_t>(opt.dp) * cp;
+  const int64_t group_limit = max_sequence_length(opt.bucket_size, cp);
   double total = 0.0;
   for (int32_t k : live) total += flops[k];
   const double target = cost.shape.layers * cost.a_us_per_flop * total / static_cast<double>(world) * opt.pool_widen;
-  const std::vector<int32_t> spans = detail::pool_spans(dp);
-  struct Wide {
-    int32_t seq, groups;
-    double time;
-  };
-  std::vector<Wide> wide;
-  std::vector<char> is_wide(n, 0);
+  const std::vector<int32_t> spans = pool_spans(opt.dp);
+  std::vector<PoolWide> wide;
   for (int32_t k : live) {
     if (spans.empty()) break;
-    const int64_t s = out.lengths[k];
+    const int64_t s = lengths[k];
     const bool must = s > group_limit;
-    if (!must && !(detail::pool_wide_us(cost, s, flops[k], 1, cp, cost.comm.cross_group_factor) > target)) continue;
+    if (!must && !(pool_wide_us(cost, s, flops[k], 1, cp, cost.comm.cross_group_factor) > target)) continue;
     int32_t best = 0;
     double best_t = std::numeric_limits<double>::infinity();
     for (int32_t g : spans) {
       if (shard_tokens(s, g * cp) > opt.bucket_size) continue;
-      const double t = detail::pool_wide_us(cost, s, flops[k], g, cp, cost.comm.cross_group_factor);
+      const double t = pool_wide_us(cost, s, flops[k], g, cp, cost.comm.cross_group_factor);
       if (t < best_t) {
         best = g;
         best_t = t;
@@ -476,44 +477,19 @@ inline Plan schedule_pool_as_priced(const std::vector<int64_t>& input, const Cos
     }
     if (best == 0) continue;  // unreachable: g = dp holds every s <= limit
     wide.push_back({k, best, best_t});
-    is_wide[k] = 1;
   }
-  // Skrull's plan as it was planned, to compare with at `price`.
-  std::vector<PlanMicroBatch> skrull_micro_batches;
-  if (price != nullptr && fits_groups) skrull_micro_batches = skrull_plan.micro_batches;
-  const auto settle_at_price = [&]() {
-    reprice_pool_plan(out, *price, opt);
-    if (skrull_micro_batches.empty() || (out.skrull_plan && out.narrowed == 0)) return;
-    Plan pool = out;  // the pool's own plan (widened or narrowed), at `price`
-    skrull_plan.micro_batches = std::move(skrull_micro_batches);
-    adopt_skrull_plan();
-    out.narrowed = 0;
-    index_plan(out);
-    reprice_pool_plan(out, *price, opt);
-    if (pool.makespan_us < out.makespan_us * (1.0 - kPoolMinGain)) out = std::move(pool);
-  };
-  // 4. Sub-group sets in the one-group micro-batches of the plan kept (see
-  // pool_narrow), kept only where they shorten the step (narrow_for_the_step).
-  const auto finish = [&]() {
-    detail::index_plan(out);
-    detail::retime_plan(out, opt.timeline, cost.micro_batch_fixed_us, cost.step_fixed_us);
-    out.narrowed = detail::narrow_for_the_step(out, flops, cost, opt);
-    detail::index_plan(out);
-    if (price != nullptr) settle_at_price();
-    out.elapsed_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
-  };
-  if (wide.empty() && fits_groups) {  // nothing to widen: skrull's plan as is
-    adopt_skrull_plan();
-    finish();
-    return out;
-  }
+  return wide;
+}
 
-  // 1b. Wide micro-batches, longest time first, each on the aligned block
-  // whose groups free up first (ties to the lowest block).
-  std::stable_sort(wide.begin(), wide.end(), [](const Wide& a, const Wide& b) { return a.time > b.time; });
+// Step 1b: the wide micro-batches, longest time first, each on the aligned
+// block whose groups free up first (ties to the lowest block). Advances each
+// group's clock (out.group_time_us) and next slot.
+inline void pool_place_wide(Plan& out, std::vector<PoolWide> wide, const std::vector<double>& flops,
+                            const CostModel& cost, const Options& opt, std::vector<int32_t>& next_slot) {
+  const int32_t dp = opt.dp, cp = opt.cp;
+  std::stable_sort(wide.begin(), wide.end(), [](const PoolWide& a, const PoolWide& b) { return a.time > b.time; });
   std::vector<double>& clock = out.group_time_us;
-  std::vector<int32_t> next_slot(dp, 0);
-  for (const Wide& w : wide) {
+  for (const PoolWide& w : wide) {
     int32_t first = 0;
     double ready = std::numeric_limits<double>::infinity();
     const int32_t step = (w.groups & (w.groups - 1)) == 0 ? w.groups : dp;  // dp itself: one block
@@ -529,16 +505,17 @@ inline Plan schedule_pool_as_priced(const std::vector<int64_t>& input, const Cos
     mb.groups = w.groups;
     mb.slot = *std::max_element(next_slot.begin() + first, next_slot.begin() + first + w.groups);
     const int32_t k = w.groups * cp;
+    const int64_t shard = shard_tokens(out.lengths[w.seq], k);
     mb.seqs = {w.seq};
     mb.first_rank = {first * cp};
     mb.num_ranks = {k};
-    mb.rank_tokens.assign(k, shard_tokens(out.lengths[w.seq], k));
+    mb.rank_tokens.assign(k, shard);
     mb.rank_flops.assign(k, flops[w.seq] / k);
-    mb.comm_bytes = cost.kv_bytes(shard_tokens(out.lengths[w.seq], k) * static_cast<int64_t>(k));
+    mb.comm_bytes = cost.kv_bytes(shard * static_cast<int64_t>(k));
     mb.start_us = ready;
     // Its own micro-batch: it pays the fixed cost and the head's time on its
     // shard too (the choice of span above compares compute and exchange alone).
-    mb.time_us = w.time + cost.micro_batch_fixed_us + cost.head_us(shard_tokens(out.lengths[w.seq], k));
+    mb.time_us = w.time + cost.micro_batch_fixed_us + cost.head_us(shard);
     for (int32_t g = first; g < first + w.groups; ++g) {
       clock[g] = ready + mb.time_us;
       next_slot[g] = mb.slot + 1;
@@ -546,66 +523,77 @@ inline Plan schedule_pool_as_priced(const std::vector<int64_t>& input, const Cos
     out.micro_batches.push_back(std::move(mb));
   }
   out.widened = static_cast<int32_t>(wide.size());
+}
 
-  // 2. The rest: LPT by estimated time on top of the wide work, longest
-  // first (ties by index), then skrull's GDS + DACP per group.
+// Step 2a: the live sequences not wide, over the groups by LPT (gds.hpp's
+// lpt_bins) on estimated time on top of the wide work (the groups' clocks),
+// longest first (ties by index). Each group's share, longest first.
+inline std::vector<std::vector<int32_t>> pool_shares(const Plan& out, const std::vector<int32_t>& live,
+                                                     const std::vector<PoolWide>& wide,
+                                                     const std::vector<double>& flops, const CostModel& cost,
+                                                     int32_t cp) {
+  std::vector<char> is_wide(out.lengths.size(), 0);
+  for (const PoolWide& w : wide) is_wide[w.seq] = 1;
   std::vector<int32_t> order, scratch;
   for (int32_t k : live)
     if (!is_wide[k]) order.push_back(k);
-  detail::sort_descending_by_length(out.lengths, order, scratch);
-  std::vector<std::vector<int32_t>> shares(dp);
-  {
-    using Entry = std::pair<double, int32_t>;
-    std::vector<Entry> heap_storage;
-    heap_storage.reserve(dp);
-    for (int32_t g = 0; g < dp; ++g) heap_storage.emplace_back(clock[g], g);
-    std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>> heap(std::greater<Entry>(),
-                                                                             std::move(heap_storage));
-    const double per_flop = cost.shape.layers * cost.a_us_per_flop / cp;
-    for (int32_t k : order) {
-      auto [load, g] = heap.top();
-      heap.pop();
-      shares[g].push_back(k);
-      heap.emplace(load + per_flop * flops[k], g);
-    }
-  }
-  Workspace ws;
-  std::vector<int32_t> sorted;
+  sort_descending_by_length(out.lengths, order, scratch);
+  const double per_flop = cost.shape.layers * cost.a_us_per_flop / cp;
+  std::vector<double> time(flops.size());
+  for (int32_t k : order) time[k] = per_flop * flops[k];
+  return lpt_bins(order, time, out.group_time_us);
+}
+
+// Micro-batch j of group g's split of `sorted` (its share, ascending),
+// scored as skrull's DACP scores it.
+inline PlanMicroBatch pool_group_micro_batch(const Plan& out, int32_t g, int32_t j, const MicroBatchSplit& split,
+                                             const std::vector<int32_t>& sorted, const std::vector<double>& flops,
+                                             const CostModel& cost, int32_t cp, DacpResult& scored) {
+  PlanMicroBatch mb;
+  mb.first_group = g;
   std::vector<int64_t> group_lengths;
   std::vector<double> group_flops;
+  scored.cp_rank.clear();
+  for (int32_t q = split.member_start[j]; q < split.member_start[j + 1]; ++q) {
+    const int32_t p = split.members[q];
+    const int32_t k = sorted[p];
+    const int32_t c = split.placement[p];
+    const bool dist = c == kDistributed && cp > 1;
+    mb.seqs.push_back(k);
+    mb.first_rank.push_back(g * cp + (c == kDistributed ? 0 : c));
+    mb.num_ranks.push_back(dist ? cp : 1);
+    scored.cp_rank.push_back(c);
+    group_lengths.push_back(out.lengths[k]);
+    group_flops.push_back(flops[k]);
+  }
+  score_placement(group_lengths.data(), group_flops.data(), group_lengths.size(), cost, cp, scored);
+  mb.rank_tokens = scored.rank_tokens;
+  mb.rank_flops = scored.rank_flops;
+  mb.comm_bytes = scored.comm_bytes;
+  mb.time_us = scored.time_us;
+  mb.rollbacks = split.rollbacks[j];
+  mb.moves = split.moves[j];
+  return mb;
+}
+
+// Step 2b: each group's share split into micro-batches by skrull's GDS +
+// DACP (split_share, the same options), after its wide work.
+inline void pool_plan_groups(Plan& out, const std::vector<std::vector<int32_t>>& shares,
+                             const std::vector<double>& flops, const CostModel& cost, const Options& opt,
+                             std::vector<int32_t>& next_slot) {
+  Workspace ws;
+  std::vector<int32_t> sorted;
   DacpResult scored;
-  for (int32_t g = 0; g < dp; ++g) {
-    detail::reverse_to_ascending(out.lengths, shares[g], sorted);
-    const MicroBatchSplit split = detail::split_share(out.lengths, flops, sorted, cost, opt, ws);
+  std::vector<double>& clock = out.group_time_us;
+  for (int32_t g = 0; g < opt.dp; ++g) {
+    reverse_to_ascending(out.lengths, shares[g], sorted);
+    const MicroBatchSplit split = split_share(out.lengths, flops, sorted, cost, opt, ws);
     if (!split.feasible) throw std::logic_error("no micro-batch split found for group " + std::to_string(g));
     for (int32_t j = 0; j < split.m; ++j) {
-      PlanMicroBatch mb;
-      mb.first_group = g;
+      PlanMicroBatch mb = pool_group_micro_batch(out, g, j, split, sorted, flops, cost, opt.cp, scored);
       mb.slot = next_slot[g] + j;
-      group_lengths.clear();
-      group_flops.clear();
-      scored.cp_rank.clear();
-      for (int32_t q = split.member_start[j]; q < split.member_start[j + 1]; ++q) {
-        const int32_t p = split.members[q];
-        const int32_t k = sorted[p];
-        const int32_t c = split.placement[p];
-        const bool dist = c == kDistributed && cp > 1;
-        mb.seqs.push_back(k);
-        mb.first_rank.push_back(g * cp + (c == kDistributed ? 0 : c));
-        mb.num_ranks.push_back(dist ? cp : 1);
-        scored.cp_rank.push_back(c);
-        group_lengths.push_back(out.lengths[k]);
-        group_flops.push_back(flops[k]);
-      }
-      score_placement(group_lengths.data(), group_flops.data(), group_lengths.size(), cost, cp, scored);
-      mb.rank_tokens = scored.rank_tokens;
-      mb.rank_flops = scored.rank_flops;
-      mb.comm_bytes = scored.comm_bytes;
-      mb.time_us = scored.time_us;
       mb.start_us = clock[g];
-      clock[g] += scored.time_us;
-      mb.rollbacks = split.rollbacks[j];
-      mb.moves = split.moves[j];
+      clock[g] += mb.time_us;
       out.rollbacks += mb.rollbacks;
       out.moves += mb.moves;
       out.micro_batches.push_back(std::move(mb));
@@ -613,12 +601,70 @@ inline Plan schedule_pool_as_priced(const std::vector<int64_t>& input, const Cos
     next_slot[g] += split.m;
   }
   out.slots = *std::max_element(next_slot.begin(), next_slot.end());
-  detail::retime_plan(out, opt.timeline, cost.micro_batch_fixed_us, cost.step_fixed_us);
+}
 
-  // 3. Skrull's plan unless the pool's predicts a step shorter by more than
-  // kPoolMinGain (both on the job's timeline).
-  if (!(out.makespan_us < skrull_us * (1.0 - kPoolMinGain))) adopt_skrull_plan();
-  finish();
+// With a hedged model: the plan kept priced at `price`, and the pool's own
+// plan (widened or narrowed) kept only if its step is shorter than skrull's
+// (`skrull_as_planned`, its micro-batches as planned) by more than
+// kPoolMinGain there too.
+inline void pool_settle_at_price(Plan& out, Plan& skrull, std::vector<PlanMicroBatch> skrull_as_planned,
+                                 const CostModel& price, const Options& opt) {
+  reprice_pool_plan(out, price, opt);
+  if (skrull_as_planned.empty() || (out.skrull_plan && out.narrowed == 0)) return;
+  Plan pool = out;  // the pool's own plan (widened or narrowed), at `price`
+  skrull.micro_batches = std::move(skrull_as_planned);
+  pool_adopt(out, skrull);
+  out.narrowed = 0;
+  index_plan(out);
+  reprice_pool_plan(out, price, opt);
+  if (pool.makespan_us < out.makespan_us * (1.0 - kPoolMinGain)) out = std::move(pool);
+}
+
+// schedule_pool() deciding with `cost`. With `price` (a hedged model,
+// hedge.hpp; `cost` is its planning_model), the plan kept is priced under
+// `price`, and the pool's own plan (widened or narrowed) is kept only if its
+// step is shorter than skrull's by more than kPoolMinGain there too: a gain
+// under the planning model alone is not a gain (the pool's contract, a
+// departure from skrull only for a shorter step, holds for the times the
+// plan reports). The steps are those at the top of this file.
+inline Plan schedule_pool_as_priced(const std::vector<int64_t>& input, const CostModel& cost, const Options& opt,
+                                    const CostModel* price = nullptr) {
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<int32_t> live;
+  Plan out = pool_start(input, cost, opt, live);
+  const int64_t group_limit = max_sequence_length(opt.bucket_size, opt.cp);
+  bool fits_groups = true;
+  for (int32_t k : live) fits_groups = fits_groups && out.lengths[k] <= group_limit;
+  Plan skrull_plan;  // the candidate to beat, when every sequence fits a group
+  double skrull_us = std::numeric_limits<double>::infinity();
+  std::vector<PlanMicroBatch> skrull_as_planned;  // to compare with at `price`
+  if (fits_groups) {
+    skrull_plan = pool_skrull_plan(out.lengths, live, cost, opt);
+    skrull_us = skrull_plan.makespan_us;
+    if (price != nullptr) skrull_as_planned = skrull_plan.micro_batches;
+  }
+  std::vector<double> flops;
+  sequence_flops(out.lengths.data(), out.lengths.size(), cost, flops);
+  const std::vector<PoolWide> wide = pool_wide_sequences(out.lengths, live, flops, cost, opt);
+  if (wide.empty() && fits_groups) {  // nothing to widen: skrull's plan as is
+    pool_adopt(out, skrull_plan);
+  } else {
+    std::vector<int32_t> next_slot(opt.dp, 0);
+    pool_place_wide(out, wide, flops, cost, opt, next_slot);
+    pool_plan_groups(out, pool_shares(out, live, wide, flops, cost, opt.cp), flops, cost, opt, next_slot);
+    retime_plan(out, opt.timeline, cost.micro_batch_fixed_us, cost.step_fixed_us);
+    // 3. Skrull's plan unless the pool's predicts a step shorter by more than
+    // kPoolMinGain (both on the job's timeline).
+    if (!(out.makespan_us < skrull_us * (1.0 - kPoolMinGain))) pool_adopt(out, skrull_plan);
+  }
+  // 4. Sub-group sets in the one-group micro-batches of the plan kept (see
+  // pool_narrow), kept only where they shorten the step (narrow_for_the_step).
+  index_plan(out);
+  retime_plan(out, opt.timeline, cost.micro_batch_fixed_us, cost.step_fixed_us);
+  out.narrowed = narrow_for_the_step(out, flops, cost, opt);
+  index_plan(out);
+  if (price != nullptr) pool_settle_at_price(out, skrull_plan, std::move(skrull_as_planned), *price, opt);
+  out.elapsed_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
   return out;
 }
 
