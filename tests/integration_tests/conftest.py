@@ -20,7 +20,10 @@ rest on (CHECK_STEP mixes local and distributed sequences, POOL_SUB_STEP gives t
 unequal counts, CP-SAT replaces placements) do not move when profiles/cpu-debug-gloo2.toml is
 re-measured. Runs that name their own cost model (dp1cp4_pool) override it."""
 SKRULL = ["--config-file", os.path.join(REPO, "skrull_ext", "jobs", "debug_cpu.toml"),
-          "--skrull.cost_model", PLAN_PROFILE]
+          "--skrull.cost_model", PLAN_PROFILE, "--skrull.lookahead", "1"]
+"""The parity runs' flags. Look-ahead off: a parity run compares each step with the reference's
+step of the same samples, which a window (the default "auto" may choose one) regroups; the
+look-ahead runs (test_lookahead_resume.py, test_exactly_once_run.py) name their width after these."""
 STEPS = 5
 CHECK_STEP = 4
 """The step whose gradients are compared: on the debug data, skrull and

@@ -78,7 +78,7 @@ def test_more_dp_ranks_than_sequences(toy):
         ({"cp": 1.5}, r"cp must be an integer in"),
         ({"bucket_size": -3}, r"bucket_size must be in \[1, 68719476736\], got -3"),
         ({"policy": "fifo"}, r"policy must be one of \['skrull', 'skrull-fast', 'skrull-paper', 'skrull-per-rank', 'skrull-pool', 'worstfit'\], got 'fifo'"),
-        ({"overlength": "skip"}, r"overlength must be one of \['drop', 'error', 'truncate'\], got 'skip'"),
+        ({"overlength": "skip"}, r"overlength must be one of \['chunk', 'drop', 'error', 'truncate'\], got 'skip'"),
         ({"cpsat_margin": -0.1}, r"cpsat_margin must be in"),
     ],
 )
