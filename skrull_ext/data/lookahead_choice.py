@@ -41,9 +41,10 @@ NEAR_BEST = 0.02
 """A smaller width within this fraction of the best gain is taken instead."""
 
 
-def horizon(training_steps: int) -> int:
-    """Steps priced: the run's steps rounded up to whole windows of every candidate, at most HORIZON."""
-    return min(HORIZON, Windows.of(max(CANDIDATES)).end(training_steps))
+def horizon(training_steps: int, candidates: Sequence[int] = CANDIDATES) -> int:
+    """Steps priced: the run's steps rounded up to whole windows of every candidate (each divides
+    the widest), at most HORIZON."""
+    return min(HORIZON, Windows.of(max(candidates)).end(training_steps))
 
 
 @dataclass(frozen=True)

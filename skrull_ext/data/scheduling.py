@@ -373,10 +373,14 @@ class SkrullDataLoader(SourceDataLoaderBase):
         return scheduler_limit(job, self.config.max_len)
 
     def decided_lengths(self, job, step: int) -> list[int]:
-        """1-based ``step``'s global batch as ``job``'s limit trains it (the lengths, no token
-        built, nothing counted): what start-up prices before the loader is attached."""
-        return decide_lengths(self.limit_of(job), self.source.global_batch(step, self.config.global_batch_size),
-                              self.source, step)[1]
+        """1-based ``step``'s global batch as ``job``'s limit trains it in its plans (the lengths,
+        no token built, nothing counted; a sample ``overlength = "chunk"`` trains in chunks is
+        outside the plans, as ``StepBuilder.window`` takes it out): what start-up prices before
+        the loader is attached."""
+        limit = self.limit_of(job)
+        lengths = decide_lengths(limit, self.source.global_batch(step, self.config.global_batch_size),
+                                 self.source, step)[1]
+        return [n for n in lengths if n <= limit.tokens]
 
     def _continue(self) -> Windows:
         """The job's ``[skrull] lookahead`` windows, or after a resume the checkpoint's continued

@@ -80,7 +80,7 @@ def settle(skrull, *, dp: int, cp: int, dp_shard: int, dp_replicate: int, shape:
     if not candidates:
         return Settled(job, execution, None, note=f"skrull.lookahead auto: 1 (the run trains {training_steps} step(s), "
                                              f"fewer than the narrowest width {min(lookahead_choice.CANDIDATES)})")
-    steps = lookahead_choice.horizon(training_steps)
+    steps = lookahead_choice.horizon(training_steps, candidates)
     check_lengths(job, steps)
     choice = lookahead_choice.choose(lambda s: limited_lengths(job, s), lambda b: plan_window(job, b), steps,
                                      candidates)

@@ -71,7 +71,7 @@ def finetuned(tmp_path_factory):
                          dataloader={"seed": DATA_SEED, "vocab_size": VOCAB}, edits={"eps = 1e-8": "eps = 1e-6"})
             skrull = train_from_seed(
                 str(tmp), "skrull_cp2", 2, "skrull_ext.train", ["--config-file", job], None, STEPS,
-                extra=["--skrull.plan_log", "--parallelism.context_parallel_degree", "2"], grads_at=CHECK_STEP,
+                extra=["--skrull.plan_log", "--parallelism.context_parallel_degree", "2", "--skrull.lookahead", "1"], grads_at=CHECK_STEP,
             )
             titan = train_from_seed(str(tmp), "torchtitan", 1, "torchtitan.train", TORCHTITAN, None, STEPS,
                                     grads_at=CHECK_STEP, env={JOB_ENV: job})

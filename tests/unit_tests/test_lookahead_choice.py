@@ -25,6 +25,8 @@ def test_the_rule_takes_the_smallest_width_near_the_best_if_the_best_pays():
 
 def test_the_horizon_holds_whole_windows_of_every_candidate():
     assert [horizon(n) for n in (1, 8, 9, 40, 64, 1000)] == [8, 8, 16, 40, 64, 64]
+    assert [horizon(n, (2, 4)) for n in (2, 5, 6, 7)] == [4, 8, 8, 8]  # the widths a short run prices
+    assert horizon(3, (2,)) == 4
     assert all(horizon(n) % w == 0 for n in (1, 13, 77) for w in lookahead_choice.CANDIDATES)
 
 
