@@ -78,7 +78,10 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "--to-jsonl":
         return to_jsonl_main(argv[1:])
     p = argparse.ArgumentParser(prog="python -m skrull_ext.prepare",
-                                description="tokenize the job's jsonl/hf source into its memory-mapped store")
+                                description="tokenize the job's jsonl/hf source into its memory-mapped store",
+                                epilog="python -m skrull_ext.prepare --to-jsonl SOURCE OUT.jsonl [--drop-cut-tail]: "
+                                       "write a JSON array file (or an installed package's: "
+                                       f"{', '.join(sorted(PACKAGED_FILES))}) as JSONL (docs/data.md, 'JSON array files')")
     p.add_argument("job", help="the job's TOML file")
     p.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1),
                    help="tokenizer processes (default: the cores, at most 8)")

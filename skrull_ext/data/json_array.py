@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from skrull_ext.errors import DataError
 
-__all__ = ["ArrayTail", "CutArray", "array_records", "is_json_array", "to_jsonl"]
+__all__ = ["ArrayTail", "CutArray", "array_error", "array_records", "is_json_array", "to_jsonl"]
 
 CHUNK = 1 << 20
 """Bytes read at a time; a record longer than the buffer grows it (doubling)."""
@@ -59,6 +59,15 @@ class ArrayTail:
     size: int
 
 
+def _ends_cut(buf: str, e: json.JSONDecodeError) -> bool:
+    """Whether the parser failed only because the text ends (it is the prefix of a
+    record): a string, literal, number or escape left open by the end of the file."""
+    if e.msg.startswith("Unterminated"):
+        return True
+    rest = buf[e.pos:].rstrip()
+    return len(rest) <= 6 and not any(c in rest for c in "\n,:}]")
+
+
 def is_json_array(path: str) -> bool:
     """Whether the file's first non-blank byte opens a JSON array."""
     with open(path, "rb") as f:
@@ -84,8 +93,8 @@ def array_records(path: str, *, allow_cut: bool = False, tail: list | None = Non
             if eof:
                 return False
             raw = f.read(chunk)
-            try:
-                text = decoder.decode(raw, final=not raw)
+            try:  # never final: bytes of a character cut by the end of the file stay in the decoder (a cut record)
+                text = decoder.decode(raw)
             except UnicodeDecodeError as e:
                 raise DataError(f"{path}: not UTF-8 at byte {f.tell() - len(raw) + e.start:,}; JSON files must be "
                                 "UTF-8") from None
@@ -128,7 +137,7 @@ def array_records(path: str, *, allow_cut: bool = False, tail: list | None = Non
                     if more():
                         chunk = min(chunk * 2, 1 << 26)
                         continue
-                    if e.msg.startswith("Unterminated") or e.pos >= len(buf.rstrip()) or not buf[pos:].strip():
+                    if _ends_cut(buf, e):
                         if tail is not None:
                             tail.append(ArrayTail(n, start, size))
                         if allow_cut:
@@ -156,10 +165,25 @@ def array_records(path: str, *, allow_cut: bool = False, tail: list | None = Non
                     return
                 raise CutArray(path, n, offset(), size)
             raise DataError(f"{path}: byte {offset():,} after record {n - 1}: expected ',' or ']', got {c!r}")
-    if skip_space():
-        raise DataError(f"{path}: text after the JSON array's closing ']' at byte {offset():,}")
+        if skip_space():
+            raise DataError(f"{path}: text after the JSON array's closing ']' at byte {offset():,}")
     if tail is not None:
         tail.append(ArrayTail(n, None, size))
+
+
+def array_error(path: str, reader: str) -> DataError:
+    """Why ``reader`` (the source that failed on the file) cannot read a JSON array
+    file: its cut tail (``CutArray``) or bad record when it has one, else that
+    it is a complete array that reader does not take, with the conversion."""
+    tail: list[ArrayTail] = []
+    try:
+        for _ in array_records(path, tail=tail):
+            pass
+    except DataError as e:
+        return e
+    return DataError(f"{path}: a JSON array of {tail[0].records:,} records, which {reader} does not read; "
+                     f"dataloader.dataset = 'hf' reads it, or write it as JSONL: "
+                     f"python -m skrull_ext.prepare --to-jsonl {path} OUT.jsonl")
 
 
 def to_jsonl(path: str, out: str, *, drop_cut_tail: bool = False) -> ArrayTail:
