@@ -97,15 +97,30 @@ def run(runs: str, steps: int, seeds: list[int], widths: list[str], extra: list[
 VAL = re.compile(r"validation step (\d+): loss ([0-9.]+)")
 AUTO = re.compile(r"skrull\.lookahead auto: (\d+) .*?(W 2 x[0-9.]+, W 4 x[0-9.]+, W 8 x[0-9.]+)")
 STEP = re.compile(r"skrull step (\d+): .*?predicted ([0-9.]+) ms, measured ([0-9.]+) ms")
+STAMP = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3})")
+LAST = re.compile(r"step:\s*(\d+)\s+loss")
+
+
+def _stamp(line: str) -> float | None:
+    m = STAMP.search(line)
+    if not m:
+        return None
+    import datetime
+
+    return datetime.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S").timestamp() + int(m.group(2)) / 1e3
 
 
 def read_log(path: str) -> dict:
     """Validation loss by step, auto's choice and its predictions, and the logged steps'
     (predicted, measured) ms, from one run's log (rank 0's lines)."""
-    out = {"val": {}, "auto": None, "steps": {}}
+    out = {"val": {}, "auto": None, "steps": {}, "start": None, "end": None, "last": 0}
     if not os.path.exists(path):
         return out
     for line in open(path, errors="replace"):
+        if "Training starts at step 1" in line:
+            out["start"] = _stamp(line)
+        elif (m := LAST.search(line)) and int(m.group(1)) >= out["last"]:
+            out["last"], out["end"] = int(m.group(1)), _stamp(line)
         if m := VAL.search(line):
             out["val"][int(m.group(1))] = float(m.group(2))
         elif m := AUTO.search(line):
@@ -151,6 +166,20 @@ def table(runs: str, seeds: list[int], widths: list[str]) -> None:
         pred = statistics.mean(p for p, _ in steps)
         meas = statistics.mean(m for _, m in steps)
         print(f"| {width} | {'; '.join(autos) or '-'} | {len(steps)} | {pred:.0f} | {meas:.0f} | {meas / pred:.2f} |")
+    print()
+    print("| W | " + " | ".join(f"seed {s}: s, steps 1..last (over W = {widths[0]})" for s in seeds) + " |")
+    print("|---|" + "---|" * len(seeds))
+    for width in widths:
+        cells = []
+        for seed in seeds:
+            log, ref = logs[width, seed], logs[widths[0], seed]
+            if log["start"] is None or log["end"] is None:
+                cells.append("-")
+                continue
+            wall = log["end"] - log["start"]
+            paired = (ref["end"] - ref["start"]) / wall if ref["end"] and ref["last"] == log["last"] else None
+            cells.append(f"{wall:.0f} ({log['last']})" + (f", x{paired:.2f}" if paired else ""))
+        print(f"| {width} | " + " | ".join(cells) + " |")
 
 
 def speed(runs: str, steps: int, repeats: int, extra: list[str]) -> None:
