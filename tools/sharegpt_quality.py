@@ -182,9 +182,9 @@ def table(runs: str, seeds: list[int], widths: list[str]) -> None:
         print(f"| {width} | " + " | ".join(cells) + " |")
 
 
-def speed(runs: str, steps: int, repeats: int, extra: list[str]) -> None:
+def speed(runs: str, steps: int, repeats: int, cps: list[int], extra: list[str]) -> None:
     """``bench cp`` on this job at DP 2 x CP 1 and DP 1 x CP 2: W = 1, auto and W = 8, per real token."""
-    for cp in (1, 2):
+    for cp in cps:
         cmd = ["nice", "-n", "10", sys.executable, "-m", "skrull_ext.bench", "cp", "--config-file", JOB,
                "--cp", str(cp), "--nproc", "2", "--steps", str(steps), "--warmup", "7", "--repeats", str(repeats),
                "--out", os.path.join(runs, f"bench_cp{cp}"), "--variant", "skrull=--skrull.lookahead 1",
@@ -202,6 +202,7 @@ def main() -> None:
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--widths", default="1,auto,8")
     p.add_argument("--repeats", type=int, default=2, help="speed: bench cp runs per mode")
+    p.add_argument("--cps", default="1,2", help="speed: the CP degrees (DP = 2 / CP)")
     args, extra = p.parse_known_args()
     runs = os.path.abspath(args.runs)
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -211,7 +212,7 @@ def main() -> None:
     elif args.what == "run":
         run(runs, args.steps, seeds, widths, extra)
     elif args.what == "speed":
-        speed(runs, args.steps, args.repeats, extra)
+        speed(runs, args.steps, args.repeats, [int(c) for c in args.cps.split(",")], extra)
     else:
         table(runs, seeds, widths)
 
