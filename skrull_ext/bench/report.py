@@ -47,10 +47,21 @@ def policies_of(results: Sequence[ScenarioResult]) -> list[str]:
     return [p for p in results[0].per_policy if p != "bound"] if results else []
 
 
+def job_setting(policy: str) -> str | None:
+    """The ``[skrull]`` keys a job sets to run the row, or None: a ``[skrull] policy`` (the
+    scheduler's POLICIES), or ``skrull+lookaheadW`` (policy skrull with ``lookahead = W``). The
+    others are references (what torchtitan, DeepSpeed, LongAlign or ChunkFlow users run) or
+    variants."""
+    if policy in POLICIES:
+        return f'[skrull] policy = "{policy}"'
+    if policy.startswith(LOOKAHEAD) and policy[len(LOOKAHEAD):].isdigit():
+        return f'[skrull] policy = "skrull", lookahead = {policy[len(LOOKAHEAD):]}'
+    return None
+
+
 def runnable(policy: str) -> bool:
-    """Whether a job can pick it: a ``[skrull] policy`` (the scheduler's POLICIES). The others are
-    references (what torchtitan, DeepSpeed, LongAlign or ChunkFlow users run) or variants."""
-    return policy in POLICIES
+    """Whether a job can run it (``job_setting``)."""
+    return job_setting(policy) is not None
 
 
 def _lockstep(results: Sequence[ScenarioResult]) -> bool:
@@ -253,8 +264,6 @@ NOT_A_JOB_POLICY: dict[str, str] = {
 
 
 def _not_a_policy(p: str) -> str:
-    if p.startswith(LOOKAHEAD):
-        return f"a job runs it as policy skrull with [skrull] lookahead = {p[len(LOOKAHEAD):]}"
     return NOT_A_JOB_POLICY.get(p, "a reference: what torchtitan or DeepSpeed users run")
 
 
@@ -279,7 +288,7 @@ def winner_line(results: Sequence[ScenarioResult]) -> str:
     best = max(mine, key=lambda p: (speed[p], p == "skrull"))
     wins = sum(1 for r in results if min(mine, key=r.mean_time_us) == best)
     line = (f"fastest policy a job can run, on equal work: {best}, {speed[best]:.2f}x the baseline on average "
-            f"(the fastest [skrull] policy in {wins} of {len(results)} cells; [skrull] policy = \"{best}\", "
+            f"(the fastest a job can run in {wins} of {len(results)} cells; {job_setting(best)}, "
             f"{results[0].scenario.shape.timeline} timeline)")
     left = [p for p in speed if runnable(p) and other_work[p]]
     if left:
@@ -300,7 +309,7 @@ def legend(results: Sequence[ScenarioResult]) -> str:
     lockstep = _lockstep(results)
     rows = []
     for p in policies_of(results):
-        how = f'[skrull] policy = "{p}"' if runnable(p) else f"not a [skrull] policy: {_not_a_policy(p)}"
+        how = job_setting(p) or f"not a [skrull] policy: {_not_a_policy(p)}"
         rows.append(f"- {p}: {sim_policy(p).description} ({how})")
     models = sorted({r.scenario.model for r in results})
     cols = [
@@ -308,7 +317,7 @@ def legend(results: Sequence[ScenarioResult]) -> str:
         "(tokens one CP rank holds per micro-batch)",
         "- truncated: sequences of the cell's global batches cut to C x CP tokens (a CP group's capacity) for "
         "every row but the pool ones",
-        "- job can run: whether [skrull] policy can name it",
+        "- job can run: whether a job can run it ([skrull] policy names it, or policy skrull with lookahead = W)",
         "- vs X avg / peak: mean iteration time of X over the policy's, per cell; average (peak) over cells",
         *([f"- {', '.join(models)} avg: the average over that model's cells"] if models else []),
         "- per-cell policy columns: the speed-up over baseline in that cell",

@@ -4,6 +4,15 @@ and, for Skrull, how the cost model's step time and
 the profile's memory account compare with the measurement.
 
     python -m skrull_ext.bench train-report outputs/bench_cp [--profile P.toml] [--warmup 8]
+    python -m skrull_ext.bench train-report outputs/run_a outputs/run_b    # training dump folders
+
+A folder is a ``bench cp`` output (one mode per ``runs/<mode>_0``) or a
+training run's ``dump_folder`` (one mode, named after the folder; it needs
+``--metrics.enable_tensorboard``). A dump folder has no probe: its steps are
+read from rank 0's ``time_metrics/end_to_end(s)`` (each logged step's mean
+over the steps since the last log, so exact at ``metrics.log_freq = 1``) and
+``n_tokens_seen`` (rank 0's tokens, where the probe counts every rank's), so
+its tokens/s is compared with other dump folders, not with ``bench cp``'s.
 
 Reads what the runs already wrote (no process is started): the probe's per
 step wall time and real tokens (``torchtitan_patches/cp_probe.py``; padding
@@ -66,6 +75,18 @@ def probe_steps(run_dir: str) -> list[dict]:
         return json.load(f)
 
 
+def dump_steps(tags: dict[str, dict[int, float]]) -> list[dict]:
+    """Per-step records of a training dump folder from rank 0's scalars (module docstring):
+    each step of a logging interval gets the interval's mean time and tokens."""
+    e2e, seen = tags.get("time_metrics/end_to_end(s)", {}), tags.get("n_tokens_seen", {})
+    out, prev, prev_seen = [], 0, 0.0
+    for k in sorted(e2e):
+        tokens = (seen[k] - prev_seen) / (k - prev) if k in seen else None
+        out += [{"step": s, "wall_s": e2e[k], "step_tokens": tokens} for s in range(prev + 1, k + 1)]
+        prev, prev_seen = k, seen.get(k, prev_seen)
+    return out
+
+
 def median(xs: list[float]) -> float:
     xs = [x for x in xs if x is not None and math.isfinite(x)]
     return statistics.median(xs) if xs else math.nan
@@ -100,7 +121,7 @@ def graphs_after(tags: dict[str, dict[int, float]], warmup: int) -> float:
 def summarize_mode(run_dir: str, warmup: int, memory=None) -> dict:
     """The figures of one mode's run (NaN where the run did not log them)."""
     tags = scalars(run_dir)
-    steps = probe_steps(run_dir)
+    steps = probe_steps(run_dir) or dump_steps(tags)
     kept = [s for s in steps if s["step"] > warmup and s.get("wall_s")]
     typical = median([s["wall_s"] for s in kept])
     slow = [s for s in kept if s["wall_s"] > SLOW * typical]
@@ -195,9 +216,22 @@ def ratios(results: dict[str, dict]) -> list[str]:
     return out
 
 
+def mode_dirs(folder: str) -> dict[str, str]:
+    """Mode name -> run folder: a ``bench cp`` output's ``runs/<mode>_0``, or a dump folder itself."""
+    runs = sorted(glob.glob(os.path.join(folder, "runs", "*_0")))
+    if runs:
+        return {os.path.basename(d)[:-2]: d for d in runs}
+    if glob.glob(os.path.join(folder, "tb", "*")):
+        return {os.path.basename(os.path.normpath(folder)): folder}
+    raise SystemExit(f"train-report: {folder}: no runs under {folder}/runs (a `bench cp` output) and no TensorBoard "
+                     "events under {folder}/tb (a training dump folder: train with --metrics.enable_tensorboard)"
+                     .replace("{folder}", folder))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m skrull_ext.bench train-report", description=__doc__.split("\n\n")[0])
-    p.add_argument("out", help="a `bench cp` output folder (its runs/<mode>_<repeat>/)")
+    p.add_argument("out", nargs="+", help="`bench cp` output folders (their runs/<mode>_<repeat>/) or training "
+                                          "dump folders (their tb/); the report is written into the first")
     p.add_argument("--profile", default=None, help="the profile TOML Skrull ran with (its [memory] predicts memory)")
     p.add_argument("--warmup", type=int, default=2, help="steps left out (default 2)")
     a = p.parse_args(argv)
@@ -206,14 +240,15 @@ def main(argv: list[str] | None = None) -> int:
         from skrull_ext.scheduler.profile_file import Profile
 
         memory = Profile.load(a.profile).memory()
-    run_dirs = sorted(glob.glob(os.path.join(a.out, "runs", "*_0")))
-    if not run_dirs:
-        raise SystemExit(f"train-report: no runs under {a.out}/runs (expected <mode>_0 folders from `bench cp`)")
-    results = {os.path.basename(d)[:-2]: summarize_mode(d, a.warmup, memory) for d in run_dirs}
+    modes = {}
+    for folder in a.out:
+        for name, run_dir in mode_dirs(folder).items():
+            modes[name if name not in modes else run_dir] = run_dir
+    results = {name: summarize_mode(d, a.warmup, memory) for name, d in modes.items()}
     text = table(results)
     print(text)
-    with open(os.path.join(a.out, "train_report.md"), "w") as f:
+    with open(os.path.join(a.out[0], "train_report.md"), "w") as f:
         f.write(text + "\n")
-    with open(os.path.join(a.out, "train_report.json"), "w") as f:
+    with open(os.path.join(a.out[0], "train_report.json"), "w") as f:
         json.dump(results, f, indent=1)
     return 0

@@ -26,6 +26,7 @@ Hub names are not fetched: download the files first.
 import glob
 import os
 
+from skrull_ext.data.json_array import array_error, is_json_array
 from skrull_ext.errors import DataError
 
 BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".arrow": "arrow"}
@@ -69,6 +70,8 @@ def _load(datasets, path: str):
     try:
         return datasets.load_dataset(builder, data_files=[path], split="train", **BUILDER_OPTIONS.get(builder, {}))
     except Exception as e:  # datasets raises many types for an unreadable file
+        if builder == "json" and is_json_array(path):  # a cut tail or bad record, named by its byte and record
+            raise array_error(path, "datasets") from e
         chain = [e]
         while chain[-1].__cause__ is not None or chain[-1].__context__ is not None:
             chain.append(chain[-1].__cause__ or chain[-1].__context__)

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from skrull_ext.data.formats import Columns, RecordReader
+from skrull_ext.data.json_array import array_error
 from skrull_ext.data.records import RecordEncoder
 from skrull_ext.data.synthetic import IGNORE_INDEX, Sample
 from skrull_ext.errors import DataError
@@ -59,8 +60,12 @@ def jsonl_records(path: str, skip_bad: bool = False):
                 try:
                     record = json.loads(line)
                 except json.JSONDecodeError as e:
+                    if line_no == 1 and line.lstrip("\ufeff \t").startswith("["):  # a whole file, not a record
+                        raise array_error(path, "dataloader.dataset = 'jsonl' (one JSON record a line)") from None
                     error = DataError(f"{where}: not valid JSON: {e}")
                 else:
+                    if line_no == 1 and isinstance(record, list):  # a one-line JSON array file
+                        raise array_error(path, "dataloader.dataset = 'jsonl' (one JSON record a line)")
                     yield where, record
                     continue
             if not skip_bad:

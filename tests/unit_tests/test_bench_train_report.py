@@ -98,3 +98,28 @@ def test_document_rate_is_the_kept_steps_work_over_their_time(tmp_path):
         for step, t in enumerate([50.0, 50.0, 10.0, 2.0], start=1):
             w.add_scalar("documents/tflops", t, step)
     assert summarize_mode(run, warmup=2)["document_tflops"] == 4.0
+
+
+def test_a_training_dump_folder_is_a_mode(tmp_path, capsys):
+    """A dump folder (tb/, no probe) is read from rank 0's scalars: each step of a logging
+    interval gets the interval's mean time and tokens; a folder with neither is named."""
+    import pytest
+    from torch.utils.tensorboard import SummaryWriter
+
+    from skrull_ext.bench import train_report
+
+    dump = tmp_path / "my_run"
+    with SummaryWriter(f"{dump}/tb/20261129") as w:  # log_freq 2 after step 1, as torchtitan logs
+        for step, e2e, seen in ((1, 4.0, 100), (3, 0.5, 500), (5, 1.0, 1300)):
+            w.add_scalar("time_metrics/end_to_end(s)", e2e, step)
+            w.add_scalar("n_tokens_seen", seen, step)
+    assert train_report.dump_steps(train_report.scalars(str(dump))) == [
+        {"step": 1, "wall_s": 4.0, "step_tokens": 100.0},
+        {"step": 2, "wall_s": 0.5, "step_tokens": 200.0}, {"step": 3, "wall_s": 0.5, "step_tokens": 200.0},
+        {"step": 4, "wall_s": 1.0, "step_tokens": 400.0}, {"step": 5, "wall_s": 1.0, "step_tokens": 400.0}]
+    assert train_report.main([str(dump), "--warmup", "1"]) == 0
+    row = capsys.readouterr().out.splitlines()[2]
+    assert row.startswith("| my_run | 400 | 750.0 |")  # 1,200 tokens over 3 s; steps 2-5
+    assert (dump / "train_report.md").exists()
+    with pytest.raises(SystemExit, match=r"empty: no runs under .*empty/runs .* no TensorBoard events under"):
+        train_report.main([str(tmp_path / "empty")])

@@ -137,3 +137,19 @@ def test_a_profile_that_failed_its_check_gives_no_bucket_size(tmp_path, capsys):
     assert e.value.code == 2
     assert (f"--profile {failed}: [meta.check] ok = false: a buffer of its BucketSize, 4997 tokens, peaked at "
             "1414.2 MiB") in capsys.readouterr().err
+
+
+def test_lookahead_rows_are_runnable_and_drawn_apart():
+    """A look-ahead row is a setting a job runs (policy skrull, lookahead = W), and its plot
+    colour is never another row's (tab10 gave skrull+lookahead8, the eleventh row, sorted's)."""
+    from skrull_ext.bench import plots, report
+    from skrull_ext.sim.policies import SIM_POLICIES
+
+    assert report.runnable("skrull+lookahead8")
+    assert report.job_setting("skrull+lookahead8") == '[skrull] policy = "skrull", lookahead = 8'
+    assert report.job_setting("skrull") == '[skrull] policy = "skrull"' and not report.runnable("sorted")
+    rows = list(dict.fromkeys([*SIM_POLICIES, "bound", *(f"skrull+lookahead{w}" for w in (2, 4, 8, 16))]))
+    styles = plots._styles(rows)
+    assert len(set(styles.values())) == len(rows)
+    plain = {styles[p][0] for p in rows if "lookahead" not in p}
+    assert len(plain) == len(rows) - 4 and not plain & {styles[f"skrull+lookahead{w}"][0] for w in (2, 4, 8, 16)}
