@@ -159,7 +159,7 @@ def clear_dir(folder: str) -> None:
 
 def job_config(config_file: str | None, hf_path: str | None):
     """The job config that names the checkpoint's model."""
-    from skrull_ext.train.job_file import base_config, load_job
+    from skrull_ext.train.job.job_file import base_config, load_job
 
     if config_file is not None:
         return load_job(config_file)

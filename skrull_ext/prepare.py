@@ -14,13 +14,13 @@ path, or the name of a package that ships one, ``PACKAGED_FILES``) as JSONL,
 the form the ``jsonl`` source reads line by line with each record's
 ``file:line``. A tail cut inside a record is refused in one line naming the
 byte and the complete records before it; ``--drop-cut-tail`` writes those
-and says what it left (skrull_ext/data/json_array.py).
+and says what it left (skrull_ext/data/sources/json_array.py).
 
 A command of the package root, like ``export``: it reads a whole job
-(skrull_ext/train/job_file.py: which loader, which tokenizer, a HF folder's
+(skrull_ext/train/job/job_file.py: which loader, which tokenizer, a HF folder's
 tokenizer files), so it stands above the rooms it uses and the data room
 never imports the trainer's job code. The store itself is
-skrull_ext/data/prepare.py.
+skrull_ext/data/sources/prepare.py.
 """
 
 import argparse
@@ -28,11 +28,11 @@ import importlib
 import os
 
 from skrull_ext.cli_errors import run_cli
-from skrull_ext.data.checks import check_data
-from skrull_ext.data.json_array import to_jsonl
-from skrull_ext.data.prepare import cached_sequences
-from skrull_ext.data.source import mixture_configs
-from skrull_ext.train.job_file import load_config
+from skrull_ext.data.sources.checks import check_data
+from skrull_ext.data.sources.json_array import to_jsonl
+from skrull_ext.data.sources.prepare import cached_sequences
+from skrull_ext.data.steps.base import mixture_configs
+from skrull_ext.train.job.job_file import load_config
 
 __all__ = ["PACKAGED_FILES", "main", "packaged_file"]
 

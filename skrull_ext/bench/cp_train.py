@@ -12,7 +12,7 @@ NAME=FLAGS``). The default modes:
   over the CP group, K/V all-gathered by torchtitan's CP attention);
 - ``torchtitan-stream``: the same with ``--dataloader.packing stream`` and
   one row a step: the samples as one stream cut into full rows, no padding,
-  a document-causal mask (data/row_layout.py), the strongest baseline
+  a document-causal mask (data/steps/row_layout.py), the strongest baseline
   torchtitan's CP runs on chat data; its steps hold a row's tokens, not a
   global batch, hence the per-token ratios;
 - ``torchtitan-documents``: the same rows, whole samples placed best-fit

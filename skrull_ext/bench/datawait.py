@@ -31,10 +31,10 @@ import time
 
 from skrull_ext import lengths
 from skrull_ext.bench.latency import SETTINGS, cost_model_of, pct
-from skrull_ext.data.scheduling import PREFETCH_MAX, SkrullDataLoader
+from skrull_ext.data.steps.loader import PREFETCH_MAX, SkrullDataLoader
 from skrull_ext.scheduler import Scheduler
 from skrull_ext.scheduler import cost_model as cost_models
-from skrull_ext.train.skrull_config import SkrullConfig
+from skrull_ext.train.job.skrull_config import SkrullConfig
 
 SHAPE = SETTINGS["large"]
 """DP 128 x CP 8, 64 sequences per DP rank, BucketSize 26624 (bench latency's large setting)."""

@@ -35,7 +35,7 @@ from safetensors.torch import save_file
 from torchtitan.components.tokenizer import HuggingFaceTokenizer
 
 from skrull_ext import assets
-from skrull_ext.data.chat_template import trained_template
+from skrull_ext.data.sources.chat_template import trained_template
 from skrull_ext.models.hf_config import hf_config_json, read_hf_config, spec_dims
 from skrull_ext.scheduler.model_shape import DTYPES
 

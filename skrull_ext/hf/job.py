@@ -19,7 +19,7 @@ the synthetic dataset needs no more than.
 import dataclasses
 import os
 
-from skrull_ext.data.tokenizer import LocalTokenizer
+from skrull_ext.data.sources.tokenizer import LocalTokenizer
 
 
 def hf_job_defaults(config, hf_path: str):

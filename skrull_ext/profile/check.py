@@ -56,7 +56,7 @@ def fill_bucket(jm: JobModel, tokens: int, seed: int = 0) -> list[int]:
         import numpy as np
 
         from skrull_ext import lengths as shipped_lengths
-        from skrull_ext.data.synthetic import SyntheticSequences
+        from skrull_ext.data.sources.synthetic import SyntheticSequences
 
         src = SyntheticSequences(lengths=np.asarray(shipped_lengths.load(dl.lengths, "dataloader.lengths"), dtype=np.int64), vocab_size=max(3, jm.vocab_size), seed=seed,
                                  length_scale=dl.length_scale, min_len=dl.min_len, max_len=dl.max_len)
@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     import sys
 
     from skrull_ext.profile.model import build_job_model
-    from skrull_ext.train.job_file import load_config
+    from skrull_ext.train.job.job_file import load_config
     from torchtitan_patches import logs
 
     logs.install()  # without torchtitan's warnings about its own defaults

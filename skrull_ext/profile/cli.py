@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     from skrull_ext.profile.ranks import is_main
     from skrull_ext.profile.writer import Profile, report, write
     from skrull_ext.scheduler.model_shape import model_compiled
-    from skrull_ext.train.job_file import load_config
+    from skrull_ext.train.job.job_file import load_config
     from torchtitan_patches import logs
 
     from skrull_ext.train.allocator import allocator_line, use_expandable_segments

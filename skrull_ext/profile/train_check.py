@@ -47,7 +47,7 @@ import torch.distributed as dist
 from skrull_ext.profile.memory import PROCESS_METERS, local_bytes, optimizer_state_tensors
 from skrull_ext.profile.train_report import StepMemory, format_report, report
 from skrull_ext.scheduler.profile_file import Profile
-from skrull_ext.train.job_file import load_config
+from skrull_ext.train.job.job_file import load_config
 from skrull_ext.train.trainer import SkrullTrainer
 
 __all__ = ["MeteredTrainer", "main"]

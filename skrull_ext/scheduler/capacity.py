@@ -1,7 +1,7 @@
 """``Capacity``: what a job's ranks hold, and the longest sequence a plan trains whole.
 
 One object instead of (bucket_size, cp, dp, pool) passed around loose: the
-over-length limit of a Skrull run (``data/overlength.py``), the plans' own
+over-length limit of a Skrull run (``data/steps/overlength.py``), the plans' own
 check (``plan_check.py``) and the simulator read it here. The
 arithmetic is the core's (``_core.max_sequence_length``, cost_model.hpp);
 the ranks are those the core's entry point shards a sequence over:

@@ -130,7 +130,7 @@ BucketSize = int | Literal["profile"]
 
 LOOKAHEAD_AUTO = "auto"
 """``lookahead = "auto"``: the trainer picks the width its cost model predicts pays on the
-job's first global batches (data/lookahead_choice.py)."""
+job's first global batches (data/steps/lookahead_choice.py)."""
 
 Lookahead = int | Literal["auto"]
 
@@ -150,7 +150,7 @@ def check_bucket_size(value, from_profile: bool) -> None:
 class SchedulingOptions:
     """The knobs that shape a plan, whatever the job shape: shared by
     ``SchedulerConfig`` (the core's config) and the job file's ``[skrull]``
-    section (``skrull_ext.train.skrull_config.SkrullConfig``), declared once here
+    section (``skrull_ext.train.job.skrull_config.SkrullConfig``), declared once here
     (lookahead excepted: the section's defaults to "auto")."""
 
     bucket_size: BucketSize = 26624
@@ -163,7 +163,7 @@ class SchedulingOptions:
     """Sequences longer than bucket_size x cp (x dp under skrull-pool): error, truncate (to the
     longest that fits), drop, or chunk (trained whole in chunks outside the plans,
     docs/design/chunked.md). In training also those longer than dataloader.max_len; the
-    dataloader applies it before the scheduler and counts each sample (data/accounting.py)."""
+    dataloader applies it before the scheduler and counts each sample (data/steps/accounting.py)."""
     cpsat: bool = False
     """Allow the CP-SAT fallback (used only by policies that enable it). Off by default:
     on the shipped shapes the step time it saves is far smaller than the solver wall time

@@ -17,7 +17,7 @@ ranks print their errors: ``torchtitan_patches/logs.py``).
 import os
 import sys
 
-from skrull_ext.train.usage import exit_without_job
+from skrull_ext.train.job.usage import exit_without_job
 
 if __name__ == "__main__":
     exit_without_job(sys.argv[1:])  # --help or no job: the usage before torch is imported (seconds)
@@ -33,7 +33,7 @@ from torchtitan.tools.logging import init_logger, logger  # noqa: E402
 from skrull_ext.cli_errors import run_cli  # noqa: E402
 from skrull_ext.train import interrupt  # noqa: E402
 from skrull_ext.train.allocator import allocator_line, use_expandable_segments  # noqa: E402
-from skrull_ext.train.job_file import load_config  # noqa: E402
+from skrull_ext.train.job.job_file import load_config  # noqa: E402
 from torchtitan_patches import logs  # noqa: E402
 
 

@@ -37,7 +37,7 @@ from torch.utils.checkpoint import checkpoint
 
 from skrull_ext.attention.module import DacpAttention
 from skrull_ext.attention.prefix import ChunkAttention
-from skrull_ext.data.synthetic import IGNORE_INDEX
+from skrull_ext.data.sources.synthetic import IGNORE_INDEX
 
 __all__ = ["attention_layers", "chunk_bounds", "chunked_loss", "ChunkedLoss"]
 

@@ -15,8 +15,8 @@ from torchtitan.config.override import derive
 from torchtitan.trainer import Trainer
 
 import torchtitan_patches
-from skrull_ext.data.packed import PackedDataLoader
-from skrull_ext.train.job_file import JOBS_DIR, load_job
+from skrull_ext.data.steps.packed import PackedDataLoader
+from skrull_ext.train.job.job_file import JOBS_DIR, load_job
 from skrull_ext.train.trainer import JobConfig  # importing trainer.py wires JobConfig.build() to SkrullTrainer
 
 

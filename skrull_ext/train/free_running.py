@@ -4,7 +4,7 @@ torchtitan shards every parameter with FSDP2 over the dp_shard x cp mesh. By
 default each micro-batch all-gathers each unit's parameters in forward (and
 again in backward after a reshard), so every rank of that mesh must run the
 same number of passes: a DP rank with fewer micro-batches runs pad passes
-(data/scheduling.py). In a free-running step the parameters are
+(data/steps/loader.py). In a free-running step the parameters are
 all-gathered once, in the rank's first forward, and kept unsharded until its
 last backward; gradients accumulate unsharded and are reduce-scattered once,
 in that last backward, which also reshards. Between the first forward and

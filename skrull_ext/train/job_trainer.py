@@ -6,7 +6,7 @@ the CPU fixes (``torchtitan_patches``), rank 0's log lines, a TensorBoard
 folder per run, LoRA, the HF folder checks before any model is built and the
 HF/LoRA outputs after the last step, the stopped-rank watch, and the run
 summary ``read = trained whole + trained cut + skipped``
-(data/accounting.py). The batching is a subclass:
+(data/steps/accounting.py). The batching is a subclass:
 ``PackedTrainer`` (packed_trainer.py, torchtitan's own batching and step) or
 ``SkrullTrainer`` (trainer.py, the Skrull plan's micro-batches). Which one a
 job runs is the config's choice (``JobConfig.trainer_class``, job_config.py), so
@@ -22,14 +22,14 @@ from torchtitan.tools.logging import logger
 from torchtitan.trainer import Trainer
 
 import torchtitan_patches
-from skrull_ext.data.overlength import location
+from skrull_ext.data.steps.overlength import location
 from skrull_ext.hf.checks import check_hf_folder
 from skrull_ext.hf.folder import HFExport, files_said
 from skrull_ext.lora import apply_lora
 from skrull_ext.lora.train import save_lora_outputs
 from skrull_ext.train import interrupt, launcher_watch, stop_line
 from skrull_ext.train.doc_flops import DocumentFlops, DocumentMeter
-from skrull_ext.train.resume_checks import check_continue
+from skrull_ext.train.job.resume_checks import check_continue
 from skrull_ext.train.run_lock import claim_dump_folder
 from skrull_ext.train.watchdog import start_heartbeat
 from torchtitan_patches import logs

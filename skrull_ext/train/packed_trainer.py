@@ -4,7 +4,7 @@ The job's config builds it when Skrull is off (``JobConfig.trainer_class``, job_
 the same data, through ``PackedDataLoader`` (fixed-shape rows, torchtitan's
 gradient accumulation), torchtitan's loss and step, unchanged. What it adds is
 what makes the two batchings comparable: the same length limit and sample
-counts as Skrull's loader (``skrull.overlength``, data/overlength.py), the same
+counts as Skrull's loader (``skrull.overlength``, data/steps/overlength.py), the same
 ``skrull/samples_*`` tags in TensorBoard, and the stop before the optimizer on
 a non-finite step.
 """
@@ -14,10 +14,10 @@ import math
 import torch
 from torch.distributed.tensor import DTensor
 
-from skrull_ext.data.accounting import sample_metrics
-from skrull_ext.data.overlength import check_overlength
-from skrull_ext.data.packed import PackedDataLoader
-from skrull_ext.data.row_layout import context_cuts
+from skrull_ext.data.steps.accounting import sample_metrics
+from skrull_ext.data.steps.overlength import check_overlength
+from skrull_ext.data.steps.packed import PackedDataLoader
+from skrull_ext.data.steps.row_layout import context_cuts
 from skrull_ext.train.job_trainer import JobTrainer, NonFiniteLossError, name_samples
 
 
@@ -39,7 +39,7 @@ class PackedTrainer(JobTrainer):
 
     def _summary_tail(self) -> str:
         """Under 'stream' and 'documents': what the run drew and carries untrained past its last
-        step (not counted above: a sample counts when trained, data/packed.py), and under 'stream'
+        step (not counted above: a sample counts when trained, data/steps/packed.py), and under 'stream'
         how many it trained split across rows (the step lines' 'cut documents', which 'trained cut',
         samples cut to the length limit, does not count)."""
         loader = getattr(self, "dataloader", None)

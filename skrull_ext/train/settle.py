@@ -3,7 +3,7 @@
 Each decision needs the ones before it: the execution (lockstep or
 free-running) fixes the BucketSize and the timeline (execution.py); those fix
 what a step costs, which is what ``lookahead = "auto"`` prices windows with
-(data/lookahead_choice.py). ``settle`` makes them in that order, from the
+(data/steps/lookahead_choice.py). ``settle`` makes them in that order, from the
 section, the job's dims and shape, and the data's lengths (read as training
 limits them, no loader attached), and hands back the one ``SchedulerJob``
 the trainer builds its one Scheduler from and reads afterwards. Nothing
@@ -17,8 +17,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from skrull_ext._core import ModelShape
-from skrull_ext.data import lookahead_choice
-from skrull_ext.data.lookahead_choice import LookaheadChoice
+from skrull_ext.data.steps import lookahead_choice
+from skrull_ext.data.steps.lookahead_choice import LookaheadChoice
 from skrull_ext.scheduler.config import FROM_PROFILE, LOOKAHEAD_AUTO, job_timeline
 from skrull_ext.scheduler.job import SchedulerJob
 from skrull_ext.scheduler.scheduler import plan_window

@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from skrull_ext.attention import DacpStats
 from skrull_ext.attention.transport import all_gather_single
-from skrull_ext.data.accounting import sample_metrics, source_metrics
+from skrull_ext.data.steps.accounting import sample_metrics, source_metrics
 
 
 class PlanMismatchError(RuntimeError):
@@ -79,7 +79,7 @@ def step_metrics(step, attention_modules, measured_us: float) -> dict[str, float
     time of the micro-batches and its ratio to the prediction (1.0 when the
     cost model describes this machine: a profile measured here, not a preset
     assuming another device), and the DACP attention counters summed over layers.
-    From the dataloader (data/accounting.py): samples read, trained whole,
+    From the dataloader (data/steps/accounting.py): samples read, trained whole,
     cut and skipped, this step and since the run began (``samples_*``,
     ``samples_*_total``); ``truncated`` / ``dropped`` are the over-length
     policy's share of them (it runs before the scheduler, so the plan itself

@@ -23,7 +23,7 @@ import time
 import weakref
 
 from skrull_ext.cli_errors import record_error_line
-from skrull_ext.train.resume_checks import saved_steps
+from skrull_ext.train.job.resume_checks import saved_steps
 from skrull_ext.train.run_lock import release_all
 
 __all__ = ["end", "last_checkpoint", "position", "stop_message", "track"]

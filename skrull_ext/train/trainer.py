@@ -21,9 +21,9 @@ Every step, before the optimizer touches the weights, the global loss and
 the gradient norm must be finite, otherwise the step stops with an error
 naming it and its samples (their ``file:line`` for JSONL); PackedTrainer
 checks the gradients the same way. Both dataloaders apply the length limit
-(``skrull.overlength``, data/overlength.py) and count every sample read; the
+(``skrull.overlength``, data/steps/overlength.py) and count every sample read; the
 run ends with the summary ``read = trained whole + trained cut + skipped``
-(data/accounting.py).
+(data/steps/accounting.py).
 """
 
 import dataclasses
@@ -44,8 +44,8 @@ from torchtitan.tools.logging import logger
 
 from skrull_ext.attention.kernels import kernel_name
 from skrull_ext.attention.local_only import attention_input, local_only_kernel
-from skrull_ext.data.overlength import check_overlength
-from skrull_ext.data.scheduling import SkrullDataLoader, SkrullStep
+from skrull_ext.data.steps.overlength import check_overlength
+from skrull_ext.data.steps.loader import SkrullDataLoader, SkrullStep
 from skrull_ext.errors import DataError, JobFileError
 from skrull_ext.scheduler import Scheduler
 from skrull_ext.scheduler.config import timeline_name
@@ -54,7 +54,7 @@ from skrull_ext.scheduler.profile_file import free_running_bytes
 from skrull_ext.train.chunked import chunked_loss
 from skrull_ext.train.compile_limit import length_free_fusion, raise_recompile_limit
 from skrull_ext.train.free_running import FreeRunningFSDP
-from skrull_ext.train.job_config import JobConfig
+from skrull_ext.train.job.job_config import JobConfig
 from skrull_ext.train.job_trainer import JobTrainer, NonFiniteLossError, name_samples
 from skrull_ext.train.plan_log import PlanLog
 from skrull_ext.train.settle import Settled, settle
@@ -172,7 +172,7 @@ class SkrullTrainer(JobTrainer):
 
     def _checks_once_loaded(self) -> None:
         """Run ``_start_checks`` right after torchtitan's ``train()`` loads the checkpoint (the
-        windows a resumed run trains are the checkpoint's continued: data/windows.py), before
+        windows a resumed run trains are the checkpoint's continued: data/steps/windows.py), before
         its first step. torchtitan has no hook there, so its ``checkpointer.load`` is wrapped."""
         load = self.checkpointer.load
 

@@ -44,11 +44,11 @@ import torch.distributed as dist
 from torchtitan.distributed import utils as dist_utils
 from torchtitan.tools.logging import logger
 
-from skrull_ext.data.accounting import RunAccount
-from skrull_ext.data.formats import FORMATS
-from skrull_ext.data.overlength import check_overlength
-from skrull_ext.data.scheduling import StepBuilder
-from skrull_ext.data.source import DATASETS
+from skrull_ext.data.steps.accounting import RunAccount
+from skrull_ext.data.sources.formats import FORMATS
+from skrull_ext.data.steps.overlength import check_overlength
+from skrull_ext.data.steps.loader import StepBuilder
+from skrull_ext.data.steps.base import DATASETS
 from skrull_ext.train.chunked import chunked_loss
 from skrull_ext.train.free_running import after_forward_only
 

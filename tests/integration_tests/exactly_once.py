@@ -7,7 +7,7 @@ is cut)."""
 import os
 import re
 
-from skrull_ext.data.scheduling import SkrullDataLoader
+from skrull_ext.data.steps.loader import SkrullDataLoader
 from skrull_ext.train.plan_log import read_plan_log
 
 GBS = 8

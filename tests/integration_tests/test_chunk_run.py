@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from skrull_ext.data.overlength import capacity_limit, scan_overlength
-from skrull_ext.data.scheduling import SkrullDataLoader
+from skrull_ext.data.steps.overlength import capacity_limit, scan_overlength
+from skrull_ext.data.steps.loader import SkrullDataLoader
 from skrull_ext.scheduler.capacity import Capacity
 from tests.integration_tests.launch import REPO, scalars, torchrun
 

@@ -10,10 +10,10 @@ from tests.integration_tests.conftest import STEPS
 
 @pytest.mark.slow
 def test_a_skrull_run_counts_the_formulas_flops_over_its_samples(skrull_runs):
-    from skrull_ext.data.scheduling import SkrullDataLoader
+    from skrull_ext.data.steps.loader import SkrullDataLoader
     from skrull_ext.models.registry import build_model_spec
     from skrull_ext.train.doc_flops import DocumentFlops
-    from skrull_ext.train.job_file import load_config
+    from skrull_ext.train.job.job_file import load_config
     from tests.integration_tests.conftest import SKRULL
 
     run = skrull_runs["cp2"]

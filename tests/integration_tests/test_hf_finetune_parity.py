@@ -42,9 +42,9 @@ import pytest
 import torch
 import transformers
 
-from skrull_ext.data.source import DATASETS
-from skrull_ext.data.synthetic import IGNORE_INDEX
-from skrull_ext.train.job_file import load_job
+from skrull_ext.data.steps.base import DATASETS
+from skrull_ext.data.sources.synthetic import IGNORE_INDEX
+from skrull_ext.train.job.job_file import load_job
 from skrull_ext.train.plan_log import read_plan_log
 from tests.integration_tests.hf_folders import VOCAB, hf_job, save_tiny_model
 from tests.integration_tests.launch import assert_same_grads, train_from_seed

@@ -131,7 +131,7 @@ def test_lora_export_of_a_dcp_checkpoint_is_the_trained_model(source, lora_run, 
 
     from skrull_ext.export import load_single_process, main
     from skrull_ext.lora import apply_lora
-    from skrull_ext.train.job_file import load_job
+    from skrull_ext.train.job.job_file import load_job
 
     job, dump = lora_run(ac)
     step1 = os.path.join(dump, "checkpoint", "step-1")

@@ -19,8 +19,8 @@ import shutil
 
 import pytest
 
-from skrull_ext.data.source import DATASETS
-from skrull_ext.train.job_file import load_job
+from skrull_ext.data.steps.base import DATASETS
+from skrull_ext.train.job.job_file import load_job
 from tests.integration_tests.launch import REPO, Run, torchrun
 
 TEXT = os.path.join(REPO, "skrull_ext", "jobs", "debug_cpu_text.toml")

@@ -27,7 +27,7 @@ PER_STEP = [
     "skrull/rollbacks", "skrull/refine_moves", "skrull/cpsat_used",
     "skrull/rank_token_imbalance", "skrull/rank_flop_imbalance", "skrull/dp_imbalance",
     "skrull/truncated", "skrull/dropped", "skrull/truncated_total", "skrull/dropped_total",
-    # samples read = trained whole + trained cut + skipped (data/accounting.py)
+    # samples read = trained whole + trained cut + skipped (data/steps/accounting.py)
     *(f"skrull/samples_{k}{t}" for k in ("read", "whole", "cut", "skipped", "skipped_no_loss") for t in ("", "_total")),
     # what the DACP attention ran on rank 0
     "skrull/dacp_local_seqs", "skrull/dacp_local_tokens", "skrull/dacp_dist_seqs",

@@ -23,8 +23,8 @@ import os
 import pytest
 import torch
 
-from skrull_ext.data.source import DATASETS
-from skrull_ext.train.job_file import load_job
+from skrull_ext.data.steps.base import DATASETS
+from skrull_ext.train.job.job_file import load_job
 from skrull_ext.train.validation import BEST_FOLDER
 from tests.integration_tests.launch import REPO, Run, torchrun
 

@@ -18,8 +18,8 @@ from torchtitan.config.override import derive
 from torchtitan.trainer import Trainer
 
 import torchtitan_patches
-from skrull_ext.data.packed import PackedDataLoader
-from skrull_ext.train.job_file import load_job
+from skrull_ext.data.steps.packed import PackedDataLoader
+from skrull_ext.train.job.job_file import load_job
 
 JOB_ENV = "SKRULL_TEST_JOB"
 

@@ -16,15 +16,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from skrull_ext.data.accounting import NO_LOSS, OVERLENGTH
-from skrull_ext.data.overlength import OverlengthError, check_overlength
-from skrull_ext.data.packed import PackedDataLoader
-from skrull_ext.data.scheduling import SkrullDataLoader
-from skrull_ext.data.synthetic import IGNORE_INDEX
-from skrull_ext.data.tokenizer import LocalTokenizer
+from skrull_ext.data.steps.accounting import NO_LOSS, OVERLENGTH
+from skrull_ext.data.steps.overlength import OverlengthError, check_overlength
+from skrull_ext.data.steps.packed import PackedDataLoader
+from skrull_ext.data.steps.loader import SkrullDataLoader
+from skrull_ext.data.sources.synthetic import IGNORE_INDEX
+from skrull_ext.data.sources.tokenizer import LocalTokenizer
 from skrull_ext.errors import DataError
 from skrull_ext.scheduler import Scheduler, cost_model
-from skrull_ext.train.skrull_config import SkrullConfig
+from skrull_ext.train.job.skrull_config import SkrullConfig
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "..", "fixtures", "accounting.jsonl")
 MAX_LEN = 64
@@ -189,7 +189,7 @@ def test_torchtitan_batching_counts_the_same_way(tok):
 def test_a_resumed_runs_summary_tells_this_launch_from_the_run():
     """Issue 50: a resumed run put 'samples read 320' (the run) beside 'over 24 steps' (this
     launch) without saying which was which. The loaded totals are kept; the launch's are the rest."""
-    from skrull_ext.data.accounting import Counts, RunAccount, StepAccount
+    from skrull_ext.data.steps.accounting import Counts, RunAccount, StepAccount
 
     def step(read, cut):
         a = StepAccount(counts=Counts(read=read, whole=read - cut, cut=cut))
@@ -218,7 +218,7 @@ def test_counts_by_training_step_keep_every_sample_once(data):
     skipped), the kept ones are dealt over the window's steps at random keeping each step's count.
     Every prefix of steps counts exactly the samples it trains (plus the skips of its arrival
     steps), each cut named at the step that trains it; the whole window counts as it arrived."""
-    from skrull_ext.data.accounting import Counts, Event, StepAccount, by_training_step
+    from skrull_ext.data.steps.accounting import Counts, Event, StepAccount, by_training_step
 
     w = data.draw(st.integers(1, 5))
     kinds = data.draw(st.lists(st.lists(st.sampled_from("wcsn"), min_size=1, max_size=6), min_size=w, max_size=w))

@@ -22,11 +22,11 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from skrull_ext import lengths
-from skrull_ext.data import chat_template, formats
-from skrull_ext.data.formats import RecordReader
-from skrull_ext.data.hf_source import hf_rows
-from skrull_ext.data.records import RecordEncoder
-from skrull_ext.data.tokenizer import LocalTokenizer
+from skrull_ext.data.sources import chat_template, formats
+from skrull_ext.data.sources.formats import RecordReader
+from skrull_ext.data.sources.hf_source import hf_rows
+from skrull_ext.data.sources.records import RecordEncoder
+from skrull_ext.data.sources.tokenizer import LocalTokenizer
 from skrull_ext.errors import UserError
 from skrull_ext.hf.checks import check_hf_folder
 from skrull_ext.hf.safetensors_file import read_header

@@ -7,8 +7,8 @@ import pytest
 
 from skrull_ext import lengths as shipped_lengths
 from skrull_ext.bench.data import generate, parse_args
-from skrull_ext.data.text import JsonlSequences
-from skrull_ext.data.tokenizer import LocalTokenizer
+from skrull_ext.data.sources.text import JsonlSequences
+from skrull_ext.data.sources.tokenizer import LocalTokenizer
 
 
 def test_generated_chats_follow_the_scaled_distribution(tmp_path):

@@ -13,9 +13,9 @@ equal token for token, for Llama 3.1 Instruct, Qwen2.5 Instruct and Qwen3.
 
 import pytest
 
-from skrull_ext.data.chat_template import ChatMLPieces, JinjaChat, chat_encoder
-from skrull_ext.data.formats import RecordReader
-from skrull_ext.data.tokenizer import LocalTokenizer
+from skrull_ext.data.sources.chat_template import ChatMLPieces, JinjaChat, chat_encoder
+from skrull_ext.data.sources.formats import RecordReader
+from skrull_ext.data.sources.tokenizer import LocalTokenizer
 from skrull_ext.errors import DataError
 from tests.unit_tests.chat_families import FAMILIES, with_generation_markers, write_family
 
@@ -182,7 +182,7 @@ def test_chat_template_jinja_file_beside_the_tokenizer_wins(tmp_path):
 def test_the_chatml_fallback_written_beside_the_weights_gives_the_trained_ids(tmp_path, name, chat):
     """A run that trained on the ChatML fallback writes CHATML_JINJA into its HF
     folders; served through transformers it must give the ids the run trained on."""
-    from skrull_ext.data.chat_template import CHATML_JINJA, trained_template
+    from skrull_ext.data.sources.chat_template import CHATML_JINJA, trained_template
 
     folder = write_family(str(tmp_path / name), name, with_template=False)
     assert trained_template(folder, "", "jsonl", "auto") == CHATML_JINJA
@@ -195,7 +195,7 @@ def test_the_chatml_fallback_written_beside_the_weights_gives_the_trained_ids(tm
 
 
 def test_a_tokenizer_with_its_own_template_needs_none_written(family, tmp_path):
-    from skrull_ext.data.chat_template import CHATML_JINJA, trained_template
+    from skrull_ext.data.sources.chat_template import CHATML_JINJA, trained_template
 
     _, ours, _ = family
     assert trained_template(ours.tokenizer_path, "", "jsonl", "auto") is None

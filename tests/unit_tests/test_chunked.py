@@ -25,7 +25,7 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 from skrull_ext.attention import build_meta
-from skrull_ext.data.synthetic import IGNORE_INDEX
+from skrull_ext.data.sources.synthetic import IGNORE_INDEX
 from skrull_ext.models.registry import build_model_spec
 from skrull_ext.train.chunked import attention_layers, chunk_bounds, chunked_loss
 from tests.unit_tests.gloo_worker import gloo_group
@@ -245,10 +245,10 @@ def test_chunk_cost_moves_no_flops_and_prices_recompute():
 # ------------------------------------------------------------------ the loader under overlength = "chunk"
 @pytest.mark.parametrize("lookahead", [1, 2])
 def test_loader_hands_long_samples_whole_outside_the_plan(lookahead):
-    from skrull_ext.data.overlength import check_overlength, loss_tokens
-    from skrull_ext.data.scheduling import SkrullDataLoader
+    from skrull_ext.data.steps.overlength import check_overlength, loss_tokens
+    from skrull_ext.data.steps.loader import SkrullDataLoader
     from skrull_ext.scheduler import Scheduler, cost_model
-    from skrull_ext.train.skrull_config import SkrullConfig
+    from skrull_ext.train.job.skrull_config import SkrullConfig
 
     config = SkrullDataLoader.Config(length_scale=32.0, max_len=2048, global_batch_size=8, vocab_size=VOCAB)
     loader = config.build(dp_world_size=1, dp_rank=0)
@@ -283,7 +283,7 @@ _CHUNK = ["--skrull.overlength", "chunk", "--dataloader.max_len", "2048", "--tra
 ], ids=["rope", "packed", "dp2"])
 def test_chunk_refused_where_it_does_not_run_naming_the_key(flags, world, message, monkeypatch):
     from skrull_ext.errors import JobFileError
-    from skrull_ext.train.job_file import load_config
+    from skrull_ext.train.job.job_file import load_config
 
     job = str(Path(__file__).parents[2] / "skrull_ext" / "jobs" / "debug_cpu.toml")
     monkeypatch.setenv("WORLD_SIZE", str(world))

@@ -19,8 +19,8 @@ from torchtitan.components.quantization import float8
 from torchtitan.models.common.linear import Linear
 
 from skrull_ext.errors import JobFileError
-from skrull_ext.train.job_checks import _check_compile, check_job
-from skrull_ext.train.job_file import load_job
+from skrull_ext.train.job.job_checks import _check_compile, check_job
+from skrull_ext.train.job.job_file import load_job
 
 DEBUG = os.path.join(os.path.dirname(__file__), "..", "..", "skrull_ext", "jobs", "debug_cpu.toml")
 

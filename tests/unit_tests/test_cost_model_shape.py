@@ -8,7 +8,7 @@ import pytest
 
 from skrull_ext._core import ModelShape
 from skrull_ext.scheduler.model_shape import job_shape
-from skrull_ext.train.job_file import JobConfigManager
+from skrull_ext.train.job.job_file import JobConfigManager
 from skrull_ext.train.trainer import SkrullTrainer
 
 REPO = os.path.join(os.path.dirname(__file__), "..", "..")
@@ -60,7 +60,7 @@ def test_a_profile_of_another_model_is_refused_at_config_time_naming_the_flag():
     """A shipped CPU job pointed at another model (issue 38: --model.hf_path DIR with
     debug_cpu_text.toml gave a ValueError traceback per rank): one line, before any
     process group, naming both shapes and --skrull.cost_model."""
-    from skrull_ext.train.job_file import JobFileError, load_config
+    from skrull_ext.train.job.job_file import JobFileError, load_config
 
     with pytest.raises(JobFileError) as e:
         load_config(["--config-file", DEBUG, "--model.name", "qwen2_5", "--model.flavor", "debugmodel"])

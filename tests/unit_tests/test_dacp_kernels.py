@@ -41,7 +41,7 @@ from skrull_ext.attention import (
 )
 from skrull_ext.attention.tiles import build_tile_plan
 from skrull_ext.attention.kernels import KERNEL_CHOICES, KERNELS, auto_kernel, resolve_kernel
-from skrull_ext.train.skrull_config import SkrullConfig
+from skrull_ext.train.job.skrull_config import SkrullConfig
 from tests.unit_tests.dacp_multiproc import Case, compare, global_inputs, rank_step, reference
 
 D = DISTRIBUTED

@@ -158,8 +158,8 @@ def test_staged_starts_are_the_plans_own():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (pinned memory)")
 def test_staged_buffer_is_pinned_and_unchanged_cuda():
-    from skrull_ext.data.buffers import set_buffer
-    from skrull_ext.data.synthetic import Sample
+    from skrull_ext.data.steps.buffers import set_buffer
+    from skrull_ext.data.sources.synthetic import Sample
 
     samples = [Sample(input=torch.arange(n), labels=torch.arange(n)) for n in LENS]
     mb = set_buffer(samples, LENS, [0, 0, 0], [1, 1, 1], rank=0, world=1, group=True)

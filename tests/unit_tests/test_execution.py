@@ -10,7 +10,7 @@ import pytest
 from skrull_ext import _core
 from skrull_ext.scheduler.profile_file import Profile, ProfileMemory, fixed_costs, free_running_bytes
 from skrull_ext.train.execution import Execution, choose_execution
-from skrull_ext.train.skrull_config import SkrullConfig
+from skrull_ext.train.job.skrull_config import SkrullConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU_PROFILE = str(ROOT / "profiles" / "cpu-debug-gloo2.toml")

@@ -14,13 +14,13 @@ import textwrap
 import pytest
 import torch
 
-from skrull_ext.data.packed import PackedDataLoader
-from skrull_ext.data.scheduling import SkrullDataLoader
-from skrull_ext.data.tokenizer import LocalTokenizer
+from skrull_ext.data.steps.packed import PackedDataLoader
+from skrull_ext.data.steps.loader import SkrullDataLoader
+from skrull_ext.data.sources.tokenizer import LocalTokenizer
 from skrull_ext.errors import DataError, JobFileError
 from skrull_ext.lora.apply import with_lora
 from skrull_ext.lora.config import LoRAConfig
-from skrull_ext.train.job_file import load_config, load_job
+from skrull_ext.train.job.job_file import load_config, load_job
 
 JOBS = os.path.join(os.path.dirname(__file__), "..", "..", "skrull_ext", "jobs")
 DEBUG = os.path.join(JOBS, "debug_cpu.toml")

@@ -17,12 +17,12 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from skrull_ext import _core
-from skrull_ext.data.scheduling import SkrullDataLoader
+from skrull_ext.data.steps.loader import SkrullDataLoader
 from skrull_ext.errors import JobFileError
 from skrull_ext.scheduler import Scheduler, cost_model
 from skrull_ext.scheduler.job import SchedulerJob
 from skrull_ext.scheduler.profile_file import ProfileMemory, free_running_bytes
-from skrull_ext.train.skrull_config import SkrullConfig
+from skrull_ext.train.job.skrull_config import SkrullConfig
 from tests.unit_tests.gloo_worker import count_calls, gloo_group
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -104,7 +104,7 @@ def test_free_running_refuses_skrull_pool():
 
 
 def test_free_running_with_pool_fails_at_config_time_from_flags(monkeypatch):
-    from skrull_ext.train.job_file import load_config
+    from skrull_ext.train.job.job_file import load_config
 
     monkeypatch.setenv("WORLD_SIZE", "4")
     with pytest.raises(JobFileError) as info:
@@ -145,7 +145,7 @@ class _Tiny(nn.Module):
 @pytest.mark.parametrize("param_dtype", ["float32", "bfloat16"])
 def test_profiler_static_account_of_free_running(frozen, param_dtype):
     from skrull_ext.profile.memory import static_memory
-    from skrull_ext.train.job_file import load_job
+    from skrull_ext.train.job.job_file import load_job
 
     config = load_job(DEBUG)
     config.training.mixed_precision_param = param_dtype

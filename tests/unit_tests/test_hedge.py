@@ -129,7 +129,7 @@ def test_a_profile_round_trips_its_plan_margin():
 def test_a_training_job_on_the_hardware_preset_plans_hedged():
     """What a GPU job without a profile plans with (the default ``[skrull] cost_model``): the
     assumed H100, hedged. A CPU job names its measured profile (the README's job), unhedged."""
-    from skrull_ext.train.skrull_config import SkrullConfig
+    from skrull_ext.train.job.skrull_config import SkrullConfig
 
     assert SkrullConfig().cost_model == "h100-assumed"
     assert cm.hardware(SkrullConfig().cost_model).cost_model(cm.shape("qwen2.5-7b")).comm.plan_margin == 1.5

@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from skrull_ext.hf.checks import HFWeightsError
-from skrull_ext.train.job_file import JobConfigManager, JobFileError
+from skrull_ext.train.job.job_file import JobConfigManager, JobFileError
 from skrull_ext.train.trainer import SkrullTrainer
 
 DEBUG = os.path.join(os.path.dirname(__file__), "..", "..", "skrull_ext", "jobs", "debug_cpu.toml")

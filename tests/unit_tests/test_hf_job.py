@@ -8,7 +8,7 @@ import textwrap
 import pytest
 import transformers
 
-from skrull_ext.train.job_file import JobFileError, load_job
+from skrull_ext.train.job.job_file import JobFileError, load_job
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +64,7 @@ def test_hf_path_job_keeps_its_own_checkpoint_settings(tmp_path, qwen2_folder):
     assert config.model_spec.flavor == "tiny"
     assert config.checkpoint.interval == 7 and not config.checkpoint.enable
     # ... but a launch refuses it: without the checkpointer the folder's weights never load.
-    from skrull_ext.train.job_file import load_config
+    from skrull_ext.train.job.job_file import load_config
 
     with pytest.raises(JobFileError, match=r"checkpoint.enable = False: the model's weights load from "
                                            r"checkpoint.initial_load_path .* random weights; add "
@@ -115,7 +115,7 @@ def folder_with_tokenizer(tmp_path_factory, qwen2_folder) -> str:
 
 
 def test_hf_path_tokenizer_is_the_folders(tmp_path, folder_with_tokenizer):
-    from skrull_ext.data.tokenizer import LocalTokenizer
+    from skrull_ext.data.sources.tokenizer import LocalTokenizer
 
     config = load_job(_job(tmp_path, f"""
         [model]
@@ -128,7 +128,7 @@ def test_hf_path_tokenizer_is_the_folders(tmp_path, folder_with_tokenizer):
 
 
 def test_hf_path_job_tokenizer_section_wins(tmp_path, folder_with_tokenizer, qwen2_folder):
-    from skrull_ext.data.tokenizer import SyntheticTokenizer
+    from skrull_ext.data.sources.tokenizer import SyntheticTokenizer
 
     config = load_job(_job(tmp_path, f"""
         [model]
@@ -145,7 +145,7 @@ def test_hf_path_job_tokenizer_section_wins(tmp_path, folder_with_tokenizer, qwe
 
 
 def test_cli_model_hf_path_replaces_the_job_files_model(tmp_path, qwen2_folder):
-    from skrull_ext.train.job_file import JobConfigManager
+    from skrull_ext.train.job.job_file import JobConfigManager
 
     debug = os.path.join(os.path.dirname(__file__), "..", "..", "skrull_ext", "jobs", "debug_cpu.toml")
     config = JobConfigManager().parse_args(["--config-file", debug, "--model.hf_path", qwen2_folder])

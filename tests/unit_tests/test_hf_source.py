@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 
 from skrull_ext import assets
-from skrull_ext.data.hf_source import data_files
-from skrull_ext.data.scheduling import SkrullDataLoader
-from skrull_ext.data.source import DATASETS
-from skrull_ext.data.tokenizer import LocalTokenizer
+from skrull_ext.data.sources.hf_source import data_files
+from skrull_ext.data.steps.loader import SkrullDataLoader
+from skrull_ext.data.steps.base import DATASETS
+from skrull_ext.data.sources.tokenizer import LocalTokenizer
 from skrull_ext.errors import DataError
 from skrull_ext.scheduler import Scheduler, cost_model
-from skrull_ext.train.skrull_config import SkrullConfig
+from skrull_ext.train.job.skrull_config import SkrullConfig
 from tests.unit_tests.chat_families import write_family
 
 datasets = pytest.importorskip("datasets")

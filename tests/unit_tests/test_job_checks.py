@@ -9,8 +9,8 @@ import time
 import pytest
 
 from skrull_ext.errors import JobFileError
-from skrull_ext.train.job_checks import check_job
-from skrull_ext.train.job_file import load_config, load_job
+from skrull_ext.train.job.job_checks import check_job
+from skrull_ext.train.job.job_file import load_config, load_job
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 DEBUG = os.path.join(ROOT, "skrull_ext", "jobs", "debug_cpu.toml")
@@ -116,7 +116,7 @@ def test_launcher_usage_and_one_line_errors():
     helped = _cli("--help")
     took = time.perf_counter() - start
     assert helped.returncode == 0 and helped.stdout.startswith("usage: python -m skrull_ext.train")
-    assert took < 5, f"--help took {took:.1f} s (it imports no torch: train/usage.py)"
+    assert took < 5, f"--help took {took:.1f} s (it imports no torch: train/job/usage.py)"
     cited = helped.stdout.replace("\n", " ").split('(README.md, "')[1].split('"')[0]
     with open(os.path.join(ROOT, "README.md")) as f:
         assert f"\n## {cited}\n" in f.read(), f"the usage cites README section {cited!r}, which is not there"

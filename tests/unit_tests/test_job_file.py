@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from skrull_ext.data.packed import PackedDataLoader
-from skrull_ext.data.scheduling import SkrullDataLoader
-from skrull_ext.train.job_checks import check_job
-from skrull_ext.train.job_file import JobConfigManager, JobFileError, load_job
+from skrull_ext.data.steps.packed import PackedDataLoader
+from skrull_ext.data.steps.loader import SkrullDataLoader
+from skrull_ext.train.job.job_checks import check_job
+from skrull_ext.train.job.job_file import JobConfigManager, JobFileError, load_job
 from skrull_ext.train.trainer import JobConfig, resolve_device_defaults
 
 JOBS = os.path.join(os.path.dirname(__file__), "..", "..", "skrull_ext", "jobs")
@@ -167,7 +167,7 @@ def test_bucket_size_zero_is_refused_in_one_line_naming_profile():
 
 def test_bucket_size_profile_needs_a_profile_with_memory(tmp_path):
     from skrull_ext.scheduler.config import SchedulerConfig
-    from skrull_ext.train.skrull_config import SkrullConfig
+    from skrull_ext.train.job.skrull_config import SkrullConfig
 
     with pytest.raises(ValueError, match="the hardware preset 'h100-assumed'"):
         SkrullConfig(cost_model="h100-assumed", bucket_size="profile")
@@ -214,7 +214,7 @@ def test_a_profile_that_failed_its_check_is_refused_in_every_use(tmp_path, bucke
         check_job(config, 1, on_cpu=True)  # the profile is read once, here, before any model is built
     assert str(e.value) == _refusal(failed)
     from skrull_ext._core import ModelShape
-    from skrull_ext.train.skrull_config import SkrullConfig
+    from skrull_ext.train.job.skrull_config import SkrullConfig
 
     skrull = SkrullConfig(cost_model=failed, bucket_size=256)  # each use on its own
     shape = ModelShape(layers=6, hidden=256, kv_width=256, bytes_per_elem=4)
@@ -225,7 +225,7 @@ def test_a_profile_that_failed_its_check_is_refused_in_every_use(tmp_path, bucke
 
 
 def test_a_job_at_another_cp_than_its_profile_is_warned():
-    from skrull_ext.train.skrull_config import SkrullConfig
+    from skrull_ext.train.job.skrull_config import SkrullConfig
 
     cp1 = SkrullConfig(cost_model=PROFILE, bucket_size="profile")  # profiled at cp 1 ([memory] cp = 1)
     assert cp1.profile_cp_warning(1) is None
@@ -246,7 +246,7 @@ def test_skrull_section_and_scheduler_share_one_set_of_knobs():
 
     from skrull_ext._core import ModelShape
     from skrull_ext.scheduler.config import SchedulerConfig, SchedulingOptions
-    from skrull_ext.train.skrull_config import SkrullConfig
+    from skrull_ext.train.job.skrull_config import SkrullConfig
 
     knobs = {f.name for f in fields(SchedulingOptions)}
     section = SkrullConfig(cost_model="h100-assumed")
@@ -293,7 +293,7 @@ def test_pool_policy_trains():
     its config builds a scheduler whose plans are Plans."""
     from skrull_ext._core import ModelShape
     from skrull_ext.scheduler.plan import Plan
-    from skrull_ext.train.skrull_config import SkrullConfig
+    from skrull_ext.train.job.skrull_config import SkrullConfig
 
     config = SkrullConfig(cost_model="h100-assumed", policy="skrull-pool", bucket_size=64)
     shape = ModelShape(layers=6, hidden=256, kv_width=256, bytes_per_elem=4)
@@ -393,7 +393,7 @@ def test_module_config_form_reads_flags_the_same_way():
 
 
 def test_a_job_compiled_otherwise_than_its_profile_is_warned(tmp_path):
-    from skrull_ext.train.skrull_config import SkrullConfig
+    from skrull_ext.train.job.skrull_config import SkrullConfig
 
     text = re.sub(r"^compile = \w+\n", "", Path(PROFILE).read_text(), flags=re.M)  # as before [meta] compile
     older = tmp_path / "older.toml"
@@ -415,9 +415,9 @@ def test_per_job_help_lists_only_what_the_parser_accepts(job, capsys):
     """Issue 50: tyro's listing (911 lines) offered --skrull.policy-spec.* and a skrull._profile
     subcommand, which the parser refuses as unknown. Every flag the help lists is one the
     parser takes (a bool in both forms), and every settable key of [skrull] is listed."""
-    from skrull_ext.train.job_file import SECTION_KINDS, settable_fields
-    from skrull_ext.train.job_flags import flag_tables
-    from skrull_ext.train.skrull_config import SkrullConfig
+    from skrull_ext.train.job.job_file import SECTION_KINDS, settable_fields
+    from skrull_ext.train.job.job_flags import flag_tables
+    from skrull_ext.train.job.skrull_config import SkrullConfig
 
     path = os.path.join(os.path.dirname(DEBUG), job)
     with pytest.raises(SystemExit) as e:

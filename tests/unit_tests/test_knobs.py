@@ -7,7 +7,7 @@ from dataclasses import fields
 import pytest
 
 from skrull_ext import _core
-from skrull_ext.data.overlength import LengthLimit, capacity_limit, row_limit, scheduler_limit
+from skrull_ext.data.steps.overlength import LengthLimit, capacity_limit, row_limit, scheduler_limit
 from skrull_ext.scheduler import Scheduler
 from skrull_ext.scheduler.capacity import Capacity
 from skrull_ext.scheduler.config import POLICIES, SchedulerConfig, SchedulingOptions, resolve_policy

@@ -125,8 +125,8 @@ def test_bench_simulate_lookahead_flag(tmp_path, capsys):
                         "--lookahead", "2", "--out", str(tmp_path), "--no-plots", "--quiet"])
     assert rc == 0
     printed = capsys.readouterr().out
-    assert "| skrull+lookahead2 | no |" in printed
-    assert "a job runs it as policy skrull with [skrull] lookahead = 2" in printed
+    assert "| skrull+lookahead2 | yes |" in printed  # a job runs it: policy skrull, lookahead = 2
+    assert '[skrull] policy = "skrull", lookahead = 2' in printed
     with pytest.raises(SystemExit):
         simulate.main(["--lookahead", "0", "--out", str(tmp_path)])
 

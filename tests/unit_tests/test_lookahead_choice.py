@@ -1,11 +1,11 @@
-"""``[skrull] lookahead = "auto"`` (data/lookahead_choice.py): the rule on given gains,
+"""``[skrull] lookahead = "auto"`` (data/steps/lookahead_choice.py): the rule on given gains,
 the gains as the core prices the windows, and the choice on data where the answer is
 known (nothing to trade; a long sample in every other global batch)."""
 
 import pytest
 
-from skrull_ext.data import lookahead_choice
-from skrull_ext.data.lookahead_choice import choose, horizon, pick
+from skrull_ext.data.steps import lookahead_choice
+from skrull_ext.data.steps.lookahead_choice import choose, horizon, pick
 from skrull_ext.scheduler import Scheduler, cost_model
 from skrull_ext.scheduler.config import SchedulerConfig
 

@@ -1,4 +1,4 @@
-"""The scheduling dataloader under ``[skrull] lookahead`` (data/scheduling.py):
+"""The scheduling dataloader under ``[skrull] lookahead`` (data/steps/loader.py):
 each window's samples are those of its global batches, each once, each step
 keeping its count; every rank gets the same steps; the loss divisor is the
 window's mean; a loader resumed inside a window continues the uninterrupted
@@ -6,11 +6,11 @@ one exactly."""
 
 import pytest
 
-from skrull_ext.data.scheduling import SkrullDataLoader
+from skrull_ext.data.steps.loader import SkrullDataLoader
 from skrull_ext.scheduler import Scheduler, cost_model
 from skrull_ext.scheduler.config import SchedulerConfig
 from skrull_ext.train.plan_log import buffers_digest
-from skrull_ext.train.skrull_config import SkrullConfig
+from skrull_ext.train.job.skrull_config import SkrullConfig
 
 GBS = 16
 

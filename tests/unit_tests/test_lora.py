@@ -22,7 +22,7 @@ from skrull_ext.lora.converter import DropoutLoRALinear, lora_modules
 from skrull_ext.lora.peft_io import adapter_tensors, load_hf_base, merged_hf_state_dict, save_adapter, save_merged
 from skrull_ext.models.fqn import plain_fqn
 from skrull_ext.models.registry import build_model_spec
-from skrull_ext.train.job_file import JobFileError, load_job
+from skrull_ext.train.job.job_file import JobFileError, load_job
 from tests.hf_tiny import folder_factory
 
 TOL = 1e-5

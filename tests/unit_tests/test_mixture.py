@@ -1,4 +1,4 @@
-"""Weighted mixtures (skrull_ext/data/mixture.py): draws in proportion to the
+"""Weighted mixtures (skrull_ext/data/sources/mixture.py): draws in proportion to the
 weights, a pure function of (seed, index), epochs caps, per-source accounting, and
 the job checks of [[dataloader.sources]]. The runs (resume, a run's per-source
 summary) are tests/integration_tests/test_mixture_run.py."""
@@ -8,11 +8,11 @@ import os
 import numpy as np
 import pytest
 
-from skrull_ext.data.accounting import RunAccount
-from skrull_ext.data.mixture import MixtureSequences
-from skrull_ext.data.overlength import LengthLimit, decide_lengths, settle
+from skrull_ext.data.steps.accounting import RunAccount
+from skrull_ext.data.sources.mixture import MixtureSequences
+from skrull_ext.data.steps.overlength import LengthLimit, decide_lengths, settle
 from skrull_ext.errors import DataError, JobFileError
-from skrull_ext.train.job_file import load_config
+from skrull_ext.train.job.job_file import load_config
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 TEXT = os.path.join(ROOT, "skrull_ext", "jobs", "debug_cpu_text.toml")

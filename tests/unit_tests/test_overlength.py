@@ -3,10 +3,10 @@
 
 import pytest
 
-from skrull_ext.data.overlength import OverlengthError, check_overlength, scan_overlength
-from skrull_ext.data.scheduling import SkrullDataLoader
+from skrull_ext.data.steps.overlength import OverlengthError, check_overlength, scan_overlength
+from skrull_ext.data.steps.loader import SkrullDataLoader
 from skrull_ext.scheduler import Scheduler, cost_model
-from skrull_ext.train.skrull_config import SkrullConfig
+from skrull_ext.train.job.skrull_config import SkrullConfig
 
 GBS = 8
 
@@ -69,7 +69,7 @@ def test_dataloader_counts_what_the_policy_did(policy):
 
 def test_the_limit_is_the_batching_or_max_len_whichever_is_smaller():
     from skrull_ext import _core
-    from skrull_ext.data.overlength import scheduler_limit
+    from skrull_ext.data.steps.overlength import scheduler_limit
     from skrull_ext.scheduler import Scheduler
     from skrull_ext.scheduler.config import SchedulerConfig
 
@@ -108,7 +108,7 @@ def test_a_bucket_size_that_cuts_most_sequences_is_refused(policy, verb):
 
 
 def test_the_stub_rule_counts_ranks_and_leaves_max_len_and_error_alone():
-    from skrull_ext.data.overlength import OverlengthScan, capacity_limit, stub_refusal
+    from skrull_ext.data.steps.overlength import OverlengthScan, capacity_limit, stub_refusal
     from skrull_ext.scheduler.capacity import Capacity
 
     over = [(1, i, 100 + i) for i in range(5)]

@@ -106,8 +106,8 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_no_import_cycles():
     graph = _graph()
-    assert "skrull_ext.train.job_file" in graph and graph["skrull_ext.train.config_registry"]  # the walk sees the package
-    assert "torchtitan_patches" in graph["skrull_ext.train.job_file"]  # and the patches
+    assert "skrull_ext.train.job.job_file" in graph and graph["skrull_ext.train.config_registry"]  # the walk sees the package
+    assert "torchtitan_patches" in graph["skrull_ext.train.job.job_file"]  # and the patches
     assert cycles(graph) == []
 
 
@@ -236,7 +236,7 @@ def test_every_room_is_on_one_floor():
 def test_no_import_goes_up_a_floor():
     graph = _graph()
     assert "skrull_ext.models.hf_config" in graph["skrull_ext.models.registry"]  # sees top-level imports
-    assert "skrull_ext.assets" in graph["skrull_ext.data.checks"]  # and late ones
+    assert "skrull_ext.assets" in graph["skrull_ext.data.sources.checks"]  # and late ones
     assert "skrull_ext.scheduler.scheduler" in graph["skrull_ext"]  # and lazy ones, by name
     assert upward_imports(graph) == []
 

@@ -8,7 +8,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from skrull_ext.scheduler import Scheduler, cost_model
-from skrull_ext.train.skrull_config import SkrullConfig
+from skrull_ext.train.job.skrull_config import SkrullConfig
 from skrull_ext.train.step_checks import PlanMismatchError, check_plan_digests, gds_digest
 from tests.integration_tests.launch import free_port
 

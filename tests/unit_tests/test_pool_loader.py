@@ -6,11 +6,11 @@ labels and true positions, sequences longer than bucket_size x CP included."""
 import torch
 
 from skrull_ext.attention import unshard_set_buffer
-from skrull_ext.data.scheduling import SkrullDataLoader
-from skrull_ext.data.synthetic import IGNORE_INDEX
+from skrull_ext.data.steps.loader import SkrullDataLoader
+from skrull_ext.data.sources.synthetic import IGNORE_INDEX
 from skrull_ext.scheduler import Scheduler, cost_model
 from skrull_ext.scheduler.plan import Plan
-from skrull_ext.train.skrull_config import SkrullConfig
+from skrull_ext.train.job.skrull_config import SkrullConfig
 
 DP, CP, BUCKET, BATCH = 2, 2, 128, 16
 

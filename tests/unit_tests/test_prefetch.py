@@ -16,13 +16,13 @@ import time
 import pytest
 import torch
 
-from skrull_ext.data.prefetch import Prefetcher
-from skrull_ext.data.scheduling import PREFETCH_MAX, SkrullDataLoader
-from skrull_ext.data.synthetic import IGNORE_INDEX
-from skrull_ext.data.tokenizer import LocalTokenizer
+from skrull_ext.data.steps.prefetch import Prefetcher
+from skrull_ext.data.steps.loader import PREFETCH_MAX, SkrullDataLoader
+from skrull_ext.data.sources.synthetic import IGNORE_INDEX
+from skrull_ext.data.sources.tokenizer import LocalTokenizer
 from skrull_ext.errors import DataError
 from skrull_ext.scheduler import Scheduler, cost_model
-from skrull_ext.train.skrull_config import SkrullConfig
+from skrull_ext.train.job.skrull_config import SkrullConfig
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "..", "fixtures", "accounting.jsonl")
 STEPS = 6

@@ -14,7 +14,7 @@ import torch
 from skrull_ext.profile.memory import profile_memory
 from skrull_ext.profile.model import build_job_model
 from skrull_ext.profile.options import ProfileOptions
-from skrull_ext.train.job_file import load_config
+from skrull_ext.train.job.job_file import load_config
 
 JOBS = os.path.join(os.path.dirname(__file__), "..", "..", "skrull_ext", "jobs")
 LENGTHS = (64, 128, 256, 512)

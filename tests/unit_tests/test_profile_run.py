@@ -136,7 +136,7 @@ def test_profiled_model_runs_the_jobs_attention(skrull):
     import torchtitan_patches
     from skrull_ext.attention import DacpAttention, DacpBatchMeta
     from skrull_ext.profile.model import build_job_model
-    from skrull_ext.train.job_file import JobConfigManager
+    from skrull_ext.train.job.job_file import JobConfigManager
 
     torchtitan_patches.apply()
     argv = ["--config-file", str(JOB), *([] if skrull else ["--skrull.no-enable"])]
@@ -163,7 +163,7 @@ def test_profiled_loss_compiled_as_the_trainer_compiles_it(compile_on):
 
     import torchtitan_patches
     from skrull_ext.profile.model import build_job_model
-    from skrull_ext.train.job_file import JobConfigManager
+    from skrull_ext.train.job.job_file import JobConfigManager
 
     torchtitan_patches.apply()
     argv = ["--config-file", str(JOB), *(["--compile.enable"] if compile_on else [])]

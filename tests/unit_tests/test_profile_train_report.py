@@ -90,7 +90,7 @@ def test_the_profile_plans_a_job_with_its_own_flags():
     import os
 
     from skrull_ext.profile.train_check import job_argv
-    from skrull_ext.train.job_file import JobConfigManager
+    from skrull_ext.train.job.job_file import JobConfigManager
 
     repo = os.path.join(os.path.dirname(__file__), "..", "..")
     profile = os.path.join(repo, "profiles", "cpu-debug-gloo2-cp2.toml")

@@ -3,7 +3,7 @@ are named by where they are."""
 
 import pytest
 
-from skrull_ext.data.formats import FORMATS, Columns, RecordReader
+from skrull_ext.data.sources.formats import FORMATS, Columns, RecordReader
 from skrull_ext.errors import DataError
 
 CHAT = [{"role": "user", "content": "Capital of Norway?"}, {"role": "assistant", "content": "Oslo."}]

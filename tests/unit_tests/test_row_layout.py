@@ -11,11 +11,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from skrull_ext.errors import DataError
-from skrull_ext.data.overlength import limit_step
-from skrull_ext.data.packed import PackedDataLoader
-from skrull_ext.data.row_layout import best_fit_rows, context_cuts, cut_stream, whole_rows
-from skrull_ext.data.scheduling import SkrullDataLoader
-from skrull_ext.data.tokenizer import LocalTokenizer
+from skrull_ext.data.steps.overlength import limit_step
+from skrull_ext.data.steps.packed import PackedDataLoader
+from skrull_ext.data.steps.row_layout import best_fit_rows, context_cuts, cut_stream, whole_rows
+from skrull_ext.data.steps.loader import SkrullDataLoader
+from skrull_ext.data.sources.tokenizer import LocalTokenizer
 
 DEBUG_JOB = os.path.join(os.path.dirname(__file__), "..", "..", "skrull_ext", "jobs", "debug_cpu.toml")
 
@@ -146,7 +146,7 @@ def test_carried_packings_resume_exactly(tok, packing):
 def test_packing_is_checked_and_refused_under_skrull():
     with pytest.raises(ValueError, match=r"dataloader.packing: 'dense' is not one of \['rows', 'stream', 'documents'\]"):
         PackedDataLoader.Config(packing="dense")
-    from skrull_ext.train.job_file import load_config
+    from skrull_ext.train.job.job_file import load_config
     from skrull_ext.train.trainer import JobConfig, SkrullTrainer
 
     job = ["--config-file", DEBUG_JOB, "--dataloader.packing", "stream"]

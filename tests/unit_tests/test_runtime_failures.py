@@ -11,7 +11,7 @@ from skrull_ext import lengths
 from skrull_ext.errors import JobFileError
 from skrull_ext.scheduler import Scheduler, cost_model
 from skrull_ext.scheduler.config import SchedulerConfig
-from skrull_ext.train.job_file import load_config
+from skrull_ext.train.job.job_file import load_config
 from tests.integration_tests.launch import free_port
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
@@ -136,7 +136,7 @@ def test_a_finished_run_launched_again_has_nothing_to_train(tmp_path, full, hf, 
     """Issue 50: it loaded step-N, logged 'Training starts at step N+1' and 'Training completed',
     rc 0, having trained nothing; now one line before any model, and exit status 0."""
     from skrull_ext.errors import NothingToTrain
-    from skrull_ext.train.resume_checks import check_continue
+    from skrull_ext.train.job.resume_checks import check_continue
 
     config = _checkpoints(tmp_path, full=full, hf=hf)
     with pytest.raises(NothingToTrain) as info:
@@ -164,7 +164,7 @@ def test_nothing_to_train_exits_0_with_its_line(capsys):
 
 def test_continuing_from_a_hf_last_save_names_the_full_checkpoint(tmp_path):
     """It failed with ~300 lines (step-N/.metadata not found) on every rank."""
-    from skrull_ext.train.resume_checks import check_continue
+    from skrull_ext.train.job.resume_checks import check_continue
 
     config = _checkpoints(tmp_path, full=(2, 4), hf=(6,))
     with pytest.raises(JobFileError) as info:
@@ -178,7 +178,7 @@ def test_continuing_from_a_hf_last_save_names_the_full_checkpoint(tmp_path):
 
 
 def test_a_hf_last_save_without_full_checkpoints_says_how_to_start_from_it(tmp_path):
-    from skrull_ext.train.resume_checks import check_continue
+    from skrull_ext.train.job.resume_checks import check_continue
 
     config = _checkpoints(tmp_path, hf=(3,))
     with pytest.raises(JobFileError, match="no full checkpoint to continue from .* --checkpoint.initial_load_path "
@@ -257,7 +257,7 @@ def test_a_checkpoint_without_a_dataloader_key_this_version_saves_is_refused_in_
     existed failed deep in DCP on every rank ('Missing key in checkpoint state_dict')."""
     import torch.distributed.checkpoint as dcp
 
-    from skrull_ext.train.resume_checks import check_continue
+    from skrull_ext.train.job.resume_checks import check_continue
 
     config = _checkpoints(tmp_path)
     old, new = (tmp_path / "checkpoint" / f"step-{s}" for s in (2, 4))
@@ -268,6 +268,6 @@ def test_a_checkpoint_without_a_dataloader_key_this_version_saves_is_refused_in_
         check_continue(config(2))
     assert str(info.value) == (
         f"{old}: its dataloader state has no lookahead (added 2026-11-28: the look-ahead windows a run trained, "
-        "data/windows.py), so this version cannot continue its data where it stopped; train on from its weights "
+        "data/steps/windows.py), so this version cannot continue its data where it stopped; train on from its weights "
         f"in a new dump_folder with --checkpoint.initial_load_path {old} --checkpoint.initial_load_model_only, "
         "or continue it with the version that saved it")

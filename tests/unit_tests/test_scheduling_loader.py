@@ -5,11 +5,11 @@ import pytest
 import torch
 
 from skrull_ext.attention.meta import unshard_buffer
-from skrull_ext.data.buffers import pad_buffer, set_buffer
-from skrull_ext.data.scheduling import SkrullDataLoader
-from skrull_ext.data.synthetic import IGNORE_INDEX
+from skrull_ext.data.steps.buffers import pad_buffer, set_buffer
+from skrull_ext.data.steps.loader import SkrullDataLoader
+from skrull_ext.data.sources.synthetic import IGNORE_INDEX
 from skrull_ext.scheduler import Scheduler, cost_model
-from skrull_ext.train.skrull_config import SkrullConfig
+from skrull_ext.train.job.skrull_config import SkrullConfig
 
 
 def _loaders(dp: int, cp: int, bucket: int = 256, policy: str = "skrull"):

@@ -15,9 +15,9 @@ import tomllib
 import transformers
 
 from skrull_ext import assets
-from skrull_ext.data.tokenizer import LocalTokenizer
+from skrull_ext.data.sources.tokenizer import LocalTokenizer
 from skrull_ext.scheduler.model_shape import job_shape
-from skrull_ext.train.job_file import JobConfigManager
+from skrull_ext.train.job.job_file import JobConfigManager
 
 JOBS = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "..", "..", "skrull_ext", "jobs", "*.toml")))
 _DIMS = dict(vocab_size=2048, hidden_size=64, intermediate_size=96, num_hidden_layers=2,

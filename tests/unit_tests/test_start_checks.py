@@ -7,10 +7,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from skrull_ext.data.overlength import OverlengthError
-from skrull_ext.data.scheduling import SkrullDataLoader
+from skrull_ext.data.steps.overlength import OverlengthError
+from skrull_ext.data.steps.loader import SkrullDataLoader
 from skrull_ext.scheduler import Scheduler, cost_model
-from skrull_ext.train.skrull_config import SkrullConfig
+from skrull_ext.train.job.skrull_config import SkrullConfig
 from skrull_ext.train.trainer import SkrullTrainer
 
 SEED, GBS = 3, 8

@@ -12,8 +12,8 @@ import pytest
 from skrull_ext._core import CommModel, CostModel, ModelShape
 from skrull_ext.errors import JobFileError
 from skrull_ext.scheduler.model_shape import job_shape
-from skrull_ext.train.job_checks import check_job
-from skrull_ext.train.job_file import load_config, load_job
+from skrull_ext.train.job.job_checks import check_job
+from skrull_ext.train.job.job_file import load_config, load_job
 from skrull_ext.train.tensor_parallel import PP_REASON, check_skrull_parallelism, pp_refusal
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")

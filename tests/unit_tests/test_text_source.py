@@ -10,14 +10,14 @@ import torch
 
 from skrull_ext import assets
 from skrull_ext.attention.meta import DISTRIBUTED
-from skrull_ext.data.packed import PackedDataLoader
-from skrull_ext.data.scheduling import SkrullDataLoader
-from skrull_ext.data.synthetic import IGNORE_INDEX
-from skrull_ext.data.text import JsonlSequences
-from skrull_ext.data.tokenizer import LocalTokenizer, SyntheticTokenizer
+from skrull_ext.data.steps.packed import PackedDataLoader
+from skrull_ext.data.steps.loader import SkrullDataLoader
+from skrull_ext.data.sources.synthetic import IGNORE_INDEX
+from skrull_ext.data.sources.text import JsonlSequences
+from skrull_ext.data.sources.tokenizer import LocalTokenizer, SyntheticTokenizer
 from skrull_ext.scheduler import Scheduler, cost_model
-from skrull_ext.train.job_file import load_job
-from skrull_ext.train.skrull_config import SkrullConfig
+from skrull_ext.train.job.job_file import load_job
+from skrull_ext.train.job.skrull_config import SkrullConfig
 
 FIXTURE = assets.text_path("tiny_sft")
 TEXT_JOB = os.path.join(os.path.dirname(__file__), "..", "..", "skrull_ext", "jobs", "debug_cpu_text.toml")
@@ -182,7 +182,7 @@ def test_the_length_limit_reads_no_tokens(tok):
     tokenized source's lengths and loss masks only, never its token ids (with
     the token store: no token page of another rank's samples), and count what
     the built samples hold."""
-    from skrull_ext.data.overlength import LengthLimit, apply_limit, decide_lengths
+    from skrull_ext.data.steps.overlength import LengthLimit, apply_limit, decide_lengths
 
     class Counting(JsonlSequences):
         reads = 0

@@ -1,4 +1,4 @@
-"""The token store (skrull_ext/data/token_store.py): cached samples equal the
+"""The token store (skrull_ext/data/sources/token_store.py): cached samples equal the
 in-memory JSONL source's, the key follows every input, a partial store is rebuilt,
 and a multi-process build is byte-identical to a one-process build."""
 
@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from skrull_ext import assets
-from skrull_ext.data.prepare import cached_sequences
-from skrull_ext.data.source import DATASETS, SourceDataLoaderBase
-from skrull_ext.data.token_store import FILES, StoreSequences, cache_key, store_is_complete
-from skrull_ext.data.tokenizer import LocalTokenizer, SyntheticTokenizer
+from skrull_ext.data.sources.prepare import cached_sequences
+from skrull_ext.data.steps.base import DATASETS, SourceDataLoaderBase
+from skrull_ext.data.sources.token_store import FILES, StoreSequences, cache_key, store_is_complete
+from skrull_ext.data.sources.tokenizer import LocalTokenizer, SyntheticTokenizer
 
 FIXTURE = assets.text_path("tiny_sft")
 

@@ -18,7 +18,7 @@ cpu_only = pytest.mark.skipif(not torchtitan_patches.on_cpu(), reason="CPU-only 
 def _config():
     """The debug job without the fixes (the registry functions apply them)."""
     from skrull_ext.train.config_registry import JOBS_DIR
-    from skrull_ext.train.job_file import load_job
+    from skrull_ext.train.job.job_file import load_job
 
     return load_job(f"{JOBS_DIR}/debug_cpu.toml")
 

@@ -8,9 +8,9 @@ import os
 import pytest
 from torchtitan.trainer import Trainer
 
-from skrull_ext.data.packed import PackedDataLoader
+from skrull_ext.data.steps.packed import PackedDataLoader
 from skrull_ext.errors import JobFileError
-from skrull_ext.train.job_file import JobConfigManager
+from skrull_ext.train.job.job_file import JobConfigManager
 from skrull_ext.train.job_trainer import JobTrainer
 from skrull_ext.train.packed_trainer import PackedTrainer
 from skrull_ext.train.trainer import JobConfig, SkrullTrainer
@@ -113,7 +113,7 @@ def test_one_scheduler_per_run_attached_once_with_the_settled_width(monkeypatch,
     """Issue 56's bar: start-up settles the job once (train/settle.py), the look-ahead width
     included (under "auto" priced from the lengths with no loader attached), then builds one
     Scheduler and attaches the dataloader once; the job, not the section, holds the width."""
-    from skrull_ext.data.scheduling import SkrullDataLoader
+    from skrull_ext.data.steps.loader import SkrullDataLoader
     from skrull_ext.scheduler import scheduler as scheduler_module
     from skrull_ext.train import trainer as trainer_module
 
@@ -123,7 +123,7 @@ def test_one_scheduler_per_run_attached_once_with_the_settled_width(monkeypatch,
                         lambda self, *a, **k: (built.append(self), real_init(self, *a, **k))[1])
     monkeypatch.setattr(SkrullDataLoader, "attach",
                         lambda self, *a, **k: (attached.append(a[0]), real_attach(self, *a, **k))[1])
-    from skrull_ext.data import lookahead_choice
+    from skrull_ext.data.steps import lookahead_choice
 
     monkeypatch.setattr(lookahead_choice, "pick", lambda gains: 4)  # auto's widest re-plan: a width > 1
     config = _config("--dump_folder", str(tmp_path), "--skrull.lookahead", width, "--training.steps", "6")
@@ -148,7 +148,7 @@ def test_an_unsettled_lookahead_is_refused_not_defaulted():
     from skrull_ext._core import Timeline
     from skrull_ext.scheduler import cost_model
     from skrull_ext.scheduler.job import SchedulerJob
-    from skrull_ext.train.skrull_config import SkrullConfig
+    from skrull_ext.train.job.skrull_config import SkrullConfig
 
     section = SkrullConfig(lookahead="auto", bucket_size=256, cost_model="h100-assumed")
     with pytest.raises(ValueError, match=r'lookahead = "auto" is not settled'):

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from skrull_ext.errors import JobFileError
-from skrull_ext.train.job_file import load_config
+from skrull_ext.train.job.job_file import load_config
 from skrull_ext.train.validation import HeldOut, ValidationConfig
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")

@@ -1,4 +1,4 @@
-"""Look-ahead windows across resumes (data/windows.py): exact cases, and on random
+"""Look-ahead windows across resumes (data/steps/windows.py): exact cases, and on random
 resume histories the invariants exactly-once rests on: the windows partition the
 steps, and a resume never changes the window of a step the checkpoint's window
 plan had already begun."""
@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from skrull_ext.data.windows import Window, Windows
+from skrull_ext.data.steps.windows import Window, Windows
 
 
 def spans(windows: Windows, last: int) -> list[tuple[int, int]]:

@@ -1,6 +1,6 @@
 """Chats to token ids and a loss mask, with the model's own chat template.
 
-A chat (turns ``{"role", "content"}``, skrull_ext/data/formats.py) is
+A chat (turns ``{"role", "content"}``, skrull_ext/data/sources/formats.py) is
 rendered whole by the tokenizer's Jinja ``chat_template`` (tokenizer_config.json,
 or chat_template.jinja beside it) in the environment transformers uses, with
 the family's special-token strings (``bos_token``, ``eos_token``, ...) as

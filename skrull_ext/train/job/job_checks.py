@@ -18,7 +18,7 @@ import math
 import os
 import shutil
 
-from skrull_ext.data.checks import check_data
+from skrull_ext.data.sources.checks import check_data
 from skrull_ext.errors import JobFileError
 from skrull_ext.scheduler.config import LOOKAHEAD_AUTO
 from skrull_ext.train.tensor_parallel import check_skrull_parallelism

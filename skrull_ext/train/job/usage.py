@@ -14,7 +14,7 @@ import sys
 
 __all__ = ["JOBS_DIR", "USAGE", "exit_without_job", "has_job", "shipped_jobs"]
 
-JOBS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "jobs")
+JOBS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "jobs")
 """The shipped job files (``skrull_ext/jobs``)."""
 
 USAGE = """\

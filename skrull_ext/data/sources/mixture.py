@@ -46,7 +46,7 @@ from typing import Literal
 
 import numpy as np
 
-from skrull_ext.data.formats import FORMATS
+from skrull_ext.data.sources.formats import FORMATS
 from skrull_ext.errors import DataError
 
 NAME = re.compile(r"^[A-Za-z0-9_-]+$")

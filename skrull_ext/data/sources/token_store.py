@@ -50,7 +50,7 @@ import time
 
 import numpy as np
 
-from skrull_ext.data.text import BadRecords, TokenizedRecords, encode_record
+from skrull_ext.data.sources.text import BadRecords, TokenizedRecords, encode_record
 from skrull_ext.errors import DataError
 
 STORE_VERSION = 2

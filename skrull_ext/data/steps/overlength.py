@@ -35,8 +35,8 @@ from typing import Literal
 
 from torchtitan.tools.logging import logger
 
-from skrull_ext.data.accounting import NO_LOSS, OVERLENGTH, Event, RunAccount, StepAccount, count_by_source
-from skrull_ext.data.synthetic import IGNORE_INDEX, Sample
+from skrull_ext.data.steps.accounting import NO_LOSS, OVERLENGTH, Event, RunAccount, StepAccount, count_by_source
+from skrull_ext.data.sources.synthetic import IGNORE_INDEX, Sample
 from skrull_ext.errors import DataError
 from skrull_ext.scheduler.capacity import Capacity
 

@@ -26,14 +26,14 @@ from torchtitan.tools.logging import logger
 
 from skrull_ext import assets
 from skrull_ext import lengths as shipped_lengths
-from skrull_ext.data.formats import FORMATS, Columns
-from skrull_ext.data.hf_source import hf_rows
-from skrull_ext.data.mixture import MixSource, MixtureSequences, check_sources
-from skrull_ext.data.prepare import cached_sequences
-from skrull_ext.data.records import RecordEncoder
-from skrull_ext.data.row_layout import PACKINGS
-from skrull_ext.data.synthetic import SyntheticSequences
-from skrull_ext.data.text import JsonlSequences, TokenizedRecords
+from skrull_ext.data.sources.formats import FORMATS, Columns
+from skrull_ext.data.sources.hf_source import hf_rows
+from skrull_ext.data.sources.mixture import MixSource, MixtureSequences, check_sources
+from skrull_ext.data.sources.prepare import cached_sequences
+from skrull_ext.data.sources.records import RecordEncoder
+from skrull_ext.data.steps.row_layout import PACKINGS
+from skrull_ext.data.sources.synthetic import SyntheticSequences
+from skrull_ext.data.sources.text import JsonlSequences, TokenizedRecords
 
 
 def _synthetic(config, tokenizer: BaseTokenizer | None) -> SyntheticSequences:
@@ -107,7 +107,7 @@ class SourceDataLoaderBase(BaseDataLoader):
     class Config(BaseDataLoader.Config):
         dataset: Literal[tuple(DATASETS)] = "synthetic"  # pyrefly: ignore[invalid-literal]
         """Where samples come from: synthetic tokens, a JSONL file or HF datasets files (dataset_path), or a
-        weighted mixture of several (``mixture``: [[dataloader.sources]], data/mixture.py)."""
+        weighted mixture of several (``mixture``: [[dataloader.sources]], data/sources/mixture.py)."""
         sources: list[MixSource] = field(default_factory=list)
         """mixture: the sources, each with its path, weight and optional name, dataset, format, split, epochs."""
         lengths: str = "sharegpt_v3_conversations.qwen"
@@ -155,7 +155,7 @@ class SourceDataLoaderBase(BaseDataLoader):
         stream, into full rows (a sample cut at a row's end goes on in the next row, without the context
         before the cut): no padding, but a step is a fixed number of tokens, not a global batch;
         'documents' places whole samples best-fit decreasing into the rows, never cut, what does not
-        fit carried to the next step (data/row_layout.py). Skrull's loader neither pads nor cuts."""
+        fit carried to the next step (data/steps/row_layout.py). Skrull's loader neither pads nor cuts."""
 
         def __post_init__(self):
             if self.dataset not in DATASETS:

@@ -83,7 +83,7 @@ def check_continue(config) -> None:
                        f"(checkpoint.last_save_in_hf), model weights only, no training state; {how}")
 
 
-NEW_DATALOADER_KEYS = {"lookahead": "2026-11-28: the look-ahead windows a run trained, data/windows.py"}
+NEW_DATALOADER_KEYS = {"lookahead": "2026-11-28: the look-ahead windows a run trained, data/steps/windows.py"}
 """Dataloader state keys later versions added (DCP loads the keys of the fresh loader's state,
 so a checkpoint without one fails deep in DCP with ``Missing key in checkpoint state_dict``)."""
 

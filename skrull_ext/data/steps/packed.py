@@ -28,12 +28,12 @@ from dataclasses import dataclass
 import torch
 from torchtitan.components.tokenizer import BaseTokenizer
 
-from skrull_ext.data.accounting import OVERLENGTH, Counts, Event, RunAccount, StepAccount, by_training_step
-from skrull_ext.data.overlength import apply_limit, cut, limit_step, location, refuse_empty, row_limit, settle
-from skrull_ext.data.row_layout import Piece, best_fit_rows, cut_stream, whole_rows
-from skrull_ext.data.source import SourceDataLoaderBase
-from skrull_ext.data.synthetic import IGNORE_INDEX
-from skrull_ext.data.windows import Windows
+from skrull_ext.data.steps.accounting import OVERLENGTH, Counts, Event, RunAccount, StepAccount, by_training_step
+from skrull_ext.data.steps.overlength import apply_limit, cut, limit_step, location, refuse_empty, row_limit, settle
+from skrull_ext.data.steps.row_layout import Piece, best_fit_rows, cut_stream, whole_rows
+from skrull_ext.data.steps.base import SourceDataLoaderBase
+from skrull_ext.data.sources.synthetic import IGNORE_INDEX
+from skrull_ext.data.steps.windows import Windows
 from skrull_ext.errors import DataError
 
 

@@ -14,12 +14,12 @@ from torchtitan.config.override import derive
 from torchtitan.observability import structured_logger as sl
 from torchtitan.trainer import Trainer
 
-from skrull_ext.data.packed import PackedDataLoader
-from skrull_ext.data.scheduling import SkrullDataLoader
+from skrull_ext.data.steps.packed import PackedDataLoader
+from skrull_ext.data.steps.loader import SkrullDataLoader
 from skrull_ext.lora import LoRAConfig
 from skrull_ext.train.job_trainer import JobTrainer
 from skrull_ext.train.packed_trainer import PackedTrainer
-from skrull_ext.train.skrull_config import SkrullConfig
+from skrull_ext.train.job.skrull_config import SkrullConfig
 from skrull_ext.train.tensor_parallel import pp_refusal
 from skrull_ext.train.validation import ValidationConfig
 from skrull_ext.train.watchdog import SkrullComm

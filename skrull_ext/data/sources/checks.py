@@ -3,7 +3,7 @@
 A dataloader config (``[dataloader]``, or the held-out ``[validation]``
 source) is checked here for what its own ``__post_init__`` cannot see: files
 that must exist, and keys that depend on one another. The job checks
-(skrull_ext/train/job_checks.py) run it for the whole job; the prepare
+(skrull_ext/train/job/job_checks.py) run it for the whole job; the prepare
 command (``python -m skrull_ext.prepare``) runs it alone, ahead of any
 launch. It lives in the data room so both can use it without the data code
 importing the trainer's.

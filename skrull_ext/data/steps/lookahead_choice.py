@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from skrull_ext._core import Lookahead
-from skrull_ext.data.windows import Windows
+from skrull_ext.data.steps.windows import Windows
 
 CANDIDATES: tuple[int, ...] = (2, 4, 8)
 """Widths compared (each divides the largest, so one horizon holds whole windows of each)."""

@@ -21,7 +21,7 @@ import torch
 
 from skrull_ext.attention.meta import DacpBatchMeta, padded_length
 from skrull_ext.attention.rank_sets import build_set_meta, shard_set_buffer
-from skrull_ext.data.synthetic import IGNORE_INDEX, Sample
+from skrull_ext.data.sources.synthetic import IGNORE_INDEX, Sample
 
 
 @dataclass
@@ -43,7 +43,7 @@ class MicroBatchBuffer:
         the trainer's copies to the GPU are then asynchronous. A copy from pageable
         memory waits for the GPU's queue first, so the next micro-batch's kernels
         could not be launched while the last one computes. Built on the prefetch
-        thread, off the training loop (data/scheduling.py)."""
+        thread, off the training loop (data/steps/loader.py)."""
         cu = None
         if not self.meta.dist_lens and self.meta.local_lens:
             cu = self.meta.local_plan(None).cu_seq_q.pin_memory()

@@ -4,7 +4,7 @@ SFT corpora come in a few shapes. Each is a ``Format`` in the ``FORMATS``
 registry: the columns it needs and a normaliser turning a row into either a
 string (plain text, trained on whole) or a list of ``{"role", "content"}``
 turns with roles system / user / assistant (loss on the assistant's turns).
-The chat template (skrull_ext/data/chat_template.py) only ever sees
+The chat template (skrull_ext/data/sources/chat_template.py) only ever sees
 that normal form.
 
     messages        {"messages": [{"role": "user", "content": ...}, ...]}   (OpenAI)

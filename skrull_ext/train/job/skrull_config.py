@@ -98,7 +98,7 @@ class SkrullConfig(SchedulingOptions):
     _profile: Profile | None = field(default=None, init=False, repr=False, compare=False)
 
     BUCKET_FROM_PROFILE: ClassVar[bool] = True  # bucket_size = "profile": resolved_bucket_size()
-    LOOKAHEAD_FROM_DATA: ClassVar[bool] = True  # lookahead = "auto": the trainer chooses (data/lookahead_choice.py)
+    LOOKAHEAD_FROM_DATA: ClassVar[bool] = True  # lookahead = "auto": the trainer chooses (data/steps/lookahead_choice.py)
 
     def __post_init__(self) -> None:
         # Plain values only: no file is read here (a job file's flags make a new section per

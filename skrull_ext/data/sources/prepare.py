@@ -11,11 +11,11 @@ collectives' threads is not safe.
 import os
 
 from skrull_ext import assets
-from skrull_ext.data.chat_template import template_text
-from skrull_ext.data.hf_source import _is_saved, data_files, hf_rows
-from skrull_ext.data.records import RecordEncoder
-from skrull_ext.data.text import BadRecords, jsonl_records
-from skrull_ext.data.token_store import StoreSequences, cache_key, default_cache_root, ensure_store
+from skrull_ext.data.sources.chat_template import template_text
+from skrull_ext.data.sources.hf_source import _is_saved, data_files, hf_rows
+from skrull_ext.data.sources.records import RecordEncoder
+from skrull_ext.data.sources.text import BadRecords, jsonl_records
+from skrull_ext.data.sources.token_store import StoreSequences, cache_key, default_cache_root, ensure_store
 
 
 def source_files(config) -> tuple[str, list[str], object]:

@@ -18,7 +18,7 @@ parquet/arrow file that is not UTF-8 is named by its row and column. An
 empty file (0 bytes, or a json file of blank lines) is an error naming it:
 it is usually a failed download or copy, not a shard meant to hold nothing.
 Rows then go through the same
-``RecordEncoder`` as JSONL lines (skrull_ext/data/records.py): a
+``RecordEncoder`` as JSONL lines (skrull_ext/data/sources/records.py): a
 parquet file and a JSONL file of the same records give the same samples.
 Hub names are not fetched: download the files first.
 """
@@ -26,7 +26,7 @@ Hub names are not fetched: download the files first.
 import glob
 import os
 
-from skrull_ext.data.json_array import array_error, is_json_array
+from skrull_ext.data.sources.json_array import array_error, is_json_array
 from skrull_ext.errors import DataError
 
 BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".arrow": "arrow"}

@@ -2,7 +2,7 @@
 
 A run under ``[skrull] lookahead = W`` trains its steps in windows of W: the
 samples of global batches f..f+W-1 are regrouped over steps f..f+W-1
-(data/scheduling.py). A window is a function of its first step and its width
+(data/steps/loader.py). A window is a function of its first step and its width
 only, so every rank, and a run resumed inside a window, makes the same one.
 
 A run resumed with another W cannot simply cut the steps by the new width: the

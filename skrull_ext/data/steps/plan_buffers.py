@@ -23,8 +23,8 @@ counts once, on the ranks holding its labels' shards.
 
 from collections.abc import Sequence
 
-from skrull_ext.data.buffers import MicroBatchBuffer, pad_buffer, set_buffer
-from skrull_ext.data.synthetic import Sample
+from skrull_ext.data.steps.buffers import MicroBatchBuffer, pad_buffer, set_buffer
+from skrull_ext.data.sources.synthetic import Sample
 from skrull_ext.scheduler.plan import MicroBatchPlan, Plan
 
 __all__ = ["micro_batch_buffer", "rank_buffers"]

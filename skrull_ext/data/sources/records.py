@@ -1,6 +1,6 @@
 """One data row -> (token ids, loss mask): a record format, then the chat template.
 
-The sources (skrull_ext/data/text.py for JSONL, hf_source.py for HF
+The sources (skrull_ext/data/sources/text.py for JSONL, hf_source.py for HF
 ``datasets``) call a ``RecordEncoder`` on every row; it is the one place a
 row becomes tokens, so a JSONL file and a parquet file of the same records
 give the same samples.
@@ -8,8 +8,8 @@ give the same samples.
 
 from dataclasses import dataclass
 
-from skrull_ext.data.chat_template import chat_encoder, encode_text
-from skrull_ext.data.formats import Columns, RecordReader
+from skrull_ext.data.sources.chat_template import chat_encoder, encode_text
+from skrull_ext.data.sources.formats import Columns, RecordReader
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Real text: JSONL records (or rows of HF ``datasets``) tokenized with a local tokenizer.
 
 Each line is a JSON object in one of the record formats of
-skrull_ext/data/formats.py (plain text, OpenAI messages, ShareGPT,
+skrull_ext/data/sources/formats.py (plain text, OpenAI messages, ShareGPT,
 prompt/response, alpaca). A ``RecordEncoder`` (records.py) turns it into
 token ids and a loss mask: plain text is trained on whole, a chat through
 the tokenizer's chat template (chat_template.py; ChatML pieces when the
@@ -27,10 +27,10 @@ import json
 import numpy as np
 import torch
 
-from skrull_ext.data.formats import Columns, RecordReader
-from skrull_ext.data.json_array import array_error
-from skrull_ext.data.records import RecordEncoder
-from skrull_ext.data.synthetic import IGNORE_INDEX, Sample
+from skrull_ext.data.sources.formats import Columns, RecordReader
+from skrull_ext.data.sources.json_array import array_error
+from skrull_ext.data.sources.records import RecordEncoder
+from skrull_ext.data.sources.synthetic import IGNORE_INDEX, Sample
 from skrull_ext.errors import DataError
 
 SKIP_HINT = " (dataloader.on_bad_record = 'skip' skips and counts such records)"

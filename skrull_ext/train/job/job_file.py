@@ -11,7 +11,7 @@ A ``kind`` key switches a section's class where several exist (see
 annotations before anything is built, and errors name the dotted key and
 what it allows. ``load_job`` starts from ``base_config``;
 CLI flags are applied afterwards by ``JobConfigManager``, through the same
-code (skrull_ext/train/job_flags.py), so they override the file.
+code (skrull_ext/train/job/job_flags.py), so they override the file.
 """
 
 import dataclasses
@@ -35,17 +35,17 @@ from torchtitan.protocols.model_spec import ModelSpec
 from torchtitan.trainer import Trainer
 
 import torchtitan_patches
-from skrull_ext.data.packed import PackedDataLoader
-from skrull_ext.data.scheduling import SkrullDataLoader
-from skrull_ext.data.tokenizer import LocalTokenizer, SyntheticTokenizer
+from skrull_ext.data.steps.packed import PackedDataLoader
+from skrull_ext.data.steps.loader import SkrullDataLoader
+from skrull_ext.data.sources.tokenizer import LocalTokenizer, SyntheticTokenizer
 from skrull_ext.errors import JobFileError
 from skrull_ext.hf.job import hf_job_defaults
 from skrull_ext.models.registry import build_model_spec
-from skrull_ext.train.job_checks import check_job
-from skrull_ext.train.job_flags import Flag, flag_tables
-from skrull_ext.train.job_help import job_help
+from skrull_ext.train.job.job_checks import check_job
+from skrull_ext.train.job.job_flags import Flag, flag_tables
+from skrull_ext.train.job.job_help import job_help
 from skrull_ext.train.trainer import JobConfig  # importing trainer.py wires JobConfig.build() to SkrullTrainer
-from skrull_ext.train.usage import JOBS_DIR, USAGE, exit_without_job
+from skrull_ext.train.job.usage import JOBS_DIR, USAGE, exit_without_job
 
 
 SECTION_KINDS: dict[str, dict[str, Any]] = {

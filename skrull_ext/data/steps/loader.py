@@ -55,14 +55,14 @@ from dataclasses import dataclass, field, replace
 from torchtitan.components.tokenizer import BaseTokenizer
 from torchtitan.tools.logging import logger
 
-from skrull_ext.data.accounting import RunAccount, StepAccount, by_training_step
-from skrull_ext.data.buffers import MicroBatchBuffer
-from skrull_ext.data.overlength import LengthLimit, cut, decide_lengths, loss_tokens, scheduler_limit, settle
-from skrull_ext.data.plan_buffers import rank_buffers
-from skrull_ext.data.prefetch import Prefetcher
-from skrull_ext.data.source import SourceDataLoaderBase
-from skrull_ext.data.synthetic import Sample
-from skrull_ext.data.windows import Windows
+from skrull_ext.data.steps.accounting import RunAccount, StepAccount, by_training_step
+from skrull_ext.data.steps.buffers import MicroBatchBuffer
+from skrull_ext.data.steps.overlength import LengthLimit, cut, decide_lengths, loss_tokens, scheduler_limit, settle
+from skrull_ext.data.steps.plan_buffers import rank_buffers
+from skrull_ext.data.steps.prefetch import Prefetcher
+from skrull_ext.data.steps.base import SourceDataLoaderBase
+from skrull_ext.data.sources.synthetic import Sample
+from skrull_ext.data.steps.windows import Windows
 from skrull_ext.errors import DataError
 from skrull_ext.scheduler import Scheduler
 from skrull_ext.scheduler.plan import Plan
@@ -121,10 +121,10 @@ class SkrullStep:
 class LookaheadWindow:
     """A look-ahead window as the loader made it: its samples by the step that trains them and
     what the regrouping did (logged on each of its steps: ``skrull/lookahead_*``). Which steps
-    it spans is ``Windows``' answer (data/windows.py); this is what its steps train."""
+    it spans is ``Windows``' answer (data/steps/windows.py); this is what its steps train."""
 
     index: int
-    """Window number, counted from the run's first (data/windows.py)."""
+    """Window number, counted from the run's first (data/steps/windows.py)."""
     first: int
     """Its first step."""
     width: int
@@ -193,7 +193,7 @@ class StepBuilder:
     """Stage the buffers in pinned memory (``MicroBatchBuffer.staged``): a CUDA trainer's."""
     windows: Windows = Windows()
     """Which steps form each look-ahead window (``[skrull] lookahead``, across resumes that
-    changed it: data/windows.py); windows of 1 for validation."""
+    changed it: data/steps/windows.py); windows of 1 for validation."""
     _last: list = field(default_factory=list, compare=False, repr=False)
     """The last window made (at most one), reused by its other steps."""
 
@@ -317,7 +317,7 @@ class SkrullDataLoader(SourceDataLoaderBase):
     class Config(SourceDataLoaderBase.Config):
         prefetch_steps: int = 2
         """Steps built ahead on a background thread (draw, limit, plan, buffers) while the current one
-        trains; 0: built when the trainer asks, on its thread. Same steps either way (data/prefetch.py)."""
+        trains; 0: built when the trainer asks, on its thread. Same steps either way (data/steps/prefetch.py)."""
 
         def __post_init__(self):
             SourceDataLoaderBase.Config.__post_init__(self)
@@ -384,7 +384,7 @@ class SkrullDataLoader(SourceDataLoaderBase):
 
     def _continue(self) -> Windows:
         """The job's ``[skrull] lookahead`` windows, or after a resume the checkpoint's continued
-        with it after ``step`` (data/windows.py), said in one line when that changes them."""
+        with it after ``step`` (data/steps/windows.py), said in one line when that changes them."""
         width, windows = self.scheduler.job.lookahead, self._resumed
         if windows is None:
             return Windows.of(width)
@@ -449,7 +449,7 @@ class SkrullDataLoader(SourceDataLoaderBase):
         # packings carry pieces or whole sequences into the next step; Skrull never does, so
         # either batching continues the other's checkpoint (DCP loads the keys
         # of the fresh loader: a key one side lacked failed the resume).
-        # "lookahead": the windows trained so far (data/windows.py), so a resume with another
+        # "lookahead": the windows trained so far (data/steps/windows.py), so a resume with another
         # [skrull] lookahead finishes the window it stopped in.
         windows = self.windows or Windows()
         return {"step": self.step, "carry": "[]", "lookahead": windows.to_json(), **self.account.state_dict()}
