@@ -107,9 +107,9 @@ def step_metrics(step, attention_modules, measured_us: float) -> dict[str, float
         out["skrull/lookahead_moved"] = float(w.moved)
         out["skrull/lookahead_max_delay"] = float(w.max_delay)
         out["skrull/lookahead_saved_ms"] = w.saved_us / 1e3
-        out["skrull/lookahead_predicted_ms"] = w.predicted_us / 1e3
-        out["skrull/lookahead_arrival_ms"] = w.arrival_us / 1e3
-        out["skrull/lookahead_plan_us"] = w.plan_us
+        out["skrull/lookahead_predicted_ms"] = w.window_us / 1e3
+        out["skrull/lookahead_arrival_ms"] = w.arrival_window_us / 1e3
+        out["skrull/lookahead_plan_us"] = w.elapsed_us
     predicted = summary["predicted_us"]
     out["skrull/measured_over_predicted"] = measured_us / predicted if predicted > 0 else float("nan")
     return out

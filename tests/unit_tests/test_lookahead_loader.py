@@ -59,7 +59,7 @@ def test_windows_train_their_own_samples_once_with_each_steps_count(w):
         summary = window[0].window
         assert all(s.window == summary for s in window) and summary.width == w and summary.index == first // w
         assert summary.max_delay == max(delays) and summary.moved == sum(d > 0 for d in delays)
-        assert summary.predicted_us <= summary.arrival_us
+        assert summary.window_us <= summary.arrival_window_us
         moved += summary.moved
         # The loss divisor: the window's mean loss tokens per step, on every step of it.
         mean = sum(s.global_valid_tokens for s in window) / w
@@ -118,7 +118,7 @@ def test_the_log_says_what_the_window_did():
     m = step_metrics(step, [], 1000.0)
     w = step.window
     assert (m["skrull/lookahead_moved"], m["skrull/lookahead_max_delay"]) == (w.moved, w.max_delay)
-    assert m["skrull/lookahead_saved_ms"] == pytest.approx((w.arrival_us - w.predicted_us) / 1e3)
+    assert m["skrull/lookahead_saved_ms"] == pytest.approx((w.arrival_window_us - w.window_us) / 1e3)
     line = step_log_line(1, m)
     assert f"look-ahead window 0: {w.moved} samples moved, largest delay {w.max_delay} steps, predicted" in line
     assert "skrull/lookahead_moved" not in step_metrics(loader(1).next_step(), [], 1000.0)

@@ -146,11 +146,12 @@ class LookaheadWindow:
     """Samples trained at another step than they arrived in."""
     max_delay: int = 0
     """Largest distance in steps between a sample's arrival and its training (<= W-1)."""
-    predicted_us: float = 0.0
-    """The window's predicted time as regrouped (sum of its steps)."""
-    arrival_us: float = 0.0
+    window_us: float = 0.0
+    """The window's predicted time as regrouped (sum of its steps; the core's ``Lookahead``
+    field of the same name, as the two below)."""
+    arrival_window_us: float = 0.0
     """The same in arrival order: what the window would take without look-ahead."""
-    plan_us: float = 0.0
+    elapsed_us: float = 0.0
     """Wall time of the core's regrouping."""
 
     @property
@@ -159,7 +160,7 @@ class LookaheadWindow:
 
     @property
     def saved_us(self) -> float:
-        return self.arrival_us - self.predicted_us
+        return self.arrival_window_us - self.window_us
 
     @property
     def loss_tokens(self) -> float:
