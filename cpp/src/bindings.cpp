@@ -328,7 +328,7 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
   py::class_<Lookahead>(m, "Lookahead")
       .def_readonly("offsets", &Lookahead::offsets)
       .def_readonly("step", &Lookahead::step)
-      .def_readonly("steps", &Lookahead::steps)
+      .def_property_readonly("steps", &Lookahead::steps, "per step: its samples, ascending (arrival order), from step")
       .def_readonly("step_us", &Lookahead::step_us)
       .def_readonly("arrival_us", &Lookahead::arrival_us)
       .def_readonly("window_us", &Lookahead::window_us)
@@ -345,7 +345,7 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
       .def_readonly("elapsed_us", &Lookahead::elapsed_us)
       .def("__repr__", [](const Lookahead& a) {
         std::ostringstream os;
-        os << "Lookahead(steps=" << a.steps.size() << ", moved=" << a.moved << ", max_delay=" << a.max_delay
+        os << "Lookahead(steps=" << a.step_us.size() << ", moved=" << a.moved << ", max_delay=" << a.max_delay
            << ", window_us=" << a.window_us << ", arrival_window_us=" << a.arrival_window_us << ")";
         return os.str();
       });

@@ -272,7 +272,7 @@ static void test_lookahead() {
   };
   Lookahead a = lookahead({{9, 1}, {1, 9}}, c, o, longest);
   CHECK((a.step == std::vector<int32_t>{0, 1, 1, 0}));
-  CHECK((a.steps == std::vector<std::vector<int32_t>>{{0, 3}, {1, 2}}));
+  CHECK((a.steps() == std::vector<std::vector<int32_t>>{{0, 3}, {1, 2}}));
   CHECK((a.offsets == std::vector<int32_t>{0, 2, 4}));
   CHECK(a.arrival_window_us == 18.0 && a.window_us == 10.0);
   CHECK((a.step_us == std::vector<double>{9.0, 1.0}) && (a.arrival_us == std::vector<double>{9.0, 9.0}));
@@ -287,7 +287,7 @@ static void test_lookahead() {
   CHECK((a.step == std::vector<int32_t>{0, 0, 1, 1}) && a.window_us == 10.0 && a.moved == 0);
   // Counts kept, an empty step allowed.
   a = lookahead({{5}, {}, {7, 7, 1}}, c, o, longest);
-  CHECK(a.steps[0].size() == 1 && a.steps[1].empty() && a.steps[2].size() == 3);
+  CHECK(a.steps()[0].size() == 1 && a.steps()[1].empty() && a.steps()[2].size() == 3);
   bool named = false;
   try {
     lookahead({}, c, o, longest);

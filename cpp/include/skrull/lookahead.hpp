@@ -97,8 +97,7 @@ constexpr double kLookaheadFractions[] = {0.02, 0.05, 0.1, 0.2, 0.35};
 // offsets[b] + i).
 struct Lookahead {
   std::vector<int32_t> offsets;             // W + 1: batch b's samples are [offsets[b], offsets[b+1])
-  std::vector<int32_t> step;                // per sample: the window step it is trained at
-  std::vector<std::vector<int32_t>> steps;  // per step: its samples, ascending (arrival order)
+  std::vector<int32_t> step;                // per sample: the window step it is trained at (the one map)
   std::vector<double> step_us;              // predicted time of each step as regrouped (full plan)
   std::vector<double> arrival_us;           // predicted time of each step in arrival order (full plan)
   double window_us = 0.0;                   // sum of step_us
@@ -113,6 +112,9 @@ struct Lookahead {
   int64_t swap_trials = 0;                  // swaps it screened by the estimate
   int64_t planned = 0;                      // sequences planned in full (the budgets' unit)
   double elapsed_us = 0.0;                  // wall time of the call
+
+  // Per step: its samples, ascending (arrival order), derived from `step`.
+  std::vector<std::vector<int32_t>> steps() const;
 };
 
 namespace detail {
@@ -123,6 +125,14 @@ inline std::vector<std::vector<int32_t>> members_of(const std::vector<int32_t>& 
   for (int32_t k = 0; k < static_cast<int32_t>(step.size()); ++k) out[step[k]].push_back(k);
   return out;
 }
+
+}  // namespace detail
+
+inline std::vector<std::vector<int32_t>> Lookahead::steps() const {
+  return detail::members_of(step, static_cast<int32_t>(offsets.size()) - 1);
+}
+
+namespace detail {
 
 // Long-first candidate: `longest` (length descending, ties by index, as
 // split_over_dp orders them) split over steps 0..k-1 by LPT on FLOPs (each to
@@ -217,7 +227,8 @@ inline double kth_after_swap(const std::vector<double>& desc, size_t k, size_t o
 // is the full planner's remaining budget in sequences.
 template <class StepTime>
 void swap_search(const Screen& screen, StepTime& step_time, int64_t plan_left, Lookahead& out) {
-  const int32_t w = static_cast<int32_t>(out.steps.size());
+  const int32_t w = static_cast<int32_t>(out.step_us.size());
+  std::vector<std::vector<int32_t>> members = out.steps();  // the search's own view, kept in step with out.step
   const int64_t two_steps = 2 * static_cast<int64_t>(screen.order.size()) / w;
   if (plan_left < kLookaheadMinSwaps * two_steps) return;
   const int32_t groups = screen.est.groups();
@@ -246,7 +257,7 @@ void swap_search(const Screen& screen, StepTime& step_time, int64_t plan_left, L
   // Step s's costs, positions and sketch rebuilt from its members.
   std::vector<int32_t> by_cost;
   const auto rebuild = [&](int32_t s) {
-    by_cost = out.steps[s];
+    by_cost = members[s];
     std::stable_sort(by_cost.begin(), by_cost.end(), [&](int32_t a, int32_t b) { return lengths[a] > lengths[b]; });
     desc[s].clear();
     sketch[s] = StepSketch();
@@ -268,9 +279,9 @@ void swap_search(const Screen& screen, StepTime& step_time, int64_t plan_left, L
     improved = false;
     for (int32_t s1 = 0; s1 < w && budget; ++s1)
       for (int32_t s2 = s1 + 1; s2 < w && budget; ++s2)
-        for (size_t i = 0; i < out.steps[s1].size() && budget; ++i)
-          for (size_t j = 0; j < out.steps[s2].size(); ++j) {
-            const int32_t q1 = out.steps[s1][i], q2 = out.steps[s2][j];
+        for (size_t i = 0; i < members[s1].size() && budget; ++i)
+          for (size_t j = 0; j < members[s2].size(); ++j) {
+            const int32_t q1 = members[s1][i], q2 = members[s2][j];
             if (lengths[q1] == lengths[q2]) continue;
             if (out.swap_trials >= kLookaheadScreenWork) {
               budget = false;
@@ -279,13 +290,13 @@ void swap_search(const Screen& screen, StepTime& step_time, int64_t plan_left, L
             ++out.swap_trials;
             const double e1 = screen.est.us(swapped(s1, q1, q2)), e2 = screen.est.us(swapped(s2, q2, q1));
             if (e1 + e2 > (est[s1] + est[s2]) * (1.0 + kLookaheadScreenSlack)) continue;  // the estimate says worse: not planned
-            const int64_t size = static_cast<int64_t>(out.steps[s1].size() + out.steps[s2].size());
+            const int64_t size = static_cast<int64_t>(members[s1].size() + members[s2].size());
             if (size > plan_left) {
               budget = false;
               break;
             }
-            a = out.steps[s1];
-            b = out.steps[s2];
+            a = members[s1];
+            b = members[s2];
             a[i] = q2;
             b[j] = q1;
             std::sort(a.begin(), a.end());  // a step's samples stay in arrival order
@@ -296,8 +307,8 @@ void swap_search(const Screen& screen, StepTime& step_time, int64_t plan_left, L
             out.planned += size;
             const double ta = static_cast<double>(step_time(la)), tb = static_cast<double>(step_time(lb));
             if (!(ta + tb < (out.step_us[s1] + out.step_us[s2]) * (1.0 - 1e-12))) continue;
-            out.steps[s1].swap(a);
-            out.steps[s2].swap(b);
+            members[s1].swap(a);
+            members[s2].swap(b);
             out.step[q1] = s2;
             out.step[q2] = s1;
             out.step_us[s1] = ta;
@@ -306,7 +317,7 @@ void swap_search(const Screen& screen, StepTime& step_time, int64_t plan_left, L
             rebuild(s2);
             ++out.swaps;
             improved = true;
-            i = out.steps[s1].size();  // step s1 changed: on to the next pair of steps
+            i = members[s1].size();  // step s1 changed: on to the next pair of steps
             break;
           }
   }
@@ -373,9 +384,8 @@ Lookahead lookahead(const std::vector<std::vector<int64_t>>& batches, const Cost
   };
 
   out.step = arrival;
-  out.steps = arrival_members;
   std::vector<double> times(w);
-  out.arrival_window_us = price(out.steps, times);
+  out.arrival_window_us = price(arrival_members, times);
   out.arrival_us = times;
   out.step_us = out.arrival_us;
   out.window_us = out.arrival_window_us;
@@ -458,7 +468,6 @@ Lookahead lookahead(const std::vector<std::vector<int64_t>>& batches, const Cost
         out.window_us = total;
         out.step_us = times;
         out.step = std::move(c.step);
-        out.steps = std::move(members);
         out.long_fraction = c.fraction;
         out.long_steps = c.k;
       }
