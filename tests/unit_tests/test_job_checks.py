@@ -64,6 +64,10 @@ BAD = [
     (DEBUG, ["--skrull.no-enable", "--skrull.lookahead", "4"], 1,
      "skrull.lookahead = 4: needs skrull.enable = true (torchtitan's batching trains each global batch"),
     (DEBUG, ["--dataloader.global_batch_size", "0"], 1, "dataloader.global_batch_size must be >= 1, got 0"),
+    (DEBUG, ["--dataloader.max_len", "1024"], 1,  # was a traceback per rank: position_ids past the RoPE cache
+     "dataloader.max_len = 1024: longer than training.seq_len (512), the positions the model's RoPE cache holds "
+     "(Skrull trains a sample whole, up to max_len); set training.seq_len to at least 1024, or dataloader.max_len "
+     "to at most 512"),
     (DEBUG, ["--checkpoint.initial_load_path", "/models/x"], 1,
      "checkpoint.enable = False: the model's weights load from checkpoint.initial_load_path '/models/x'"),
 ]

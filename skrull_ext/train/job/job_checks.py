@@ -153,6 +153,13 @@ def _check_skrull(config, on_cpu: bool) -> None:
                    "each global batch at its own step); set it to 1 or enable Skrull")
     if skrull is None or not skrull.enable:
         return
+    max_len, seq_len = config.dataloader.max_len, config.training.seq_len
+    if max_len is not None and max_len > seq_len and skrull.overlength != "chunk":  # chunk: _check_chunk's line
+        # A Skrull step trains a sample whole, its positions up to its length; the model's RoPE cache
+        # holds training.seq_len of them (was: a traceback on every rank, position_ids past the cache).
+        raise _bad("dataloader.max_len", max_len, f"longer than training.seq_len ({seq_len}), the positions the "
+                   "model's RoPE cache holds (Skrull trains a sample whole, up to max_len); set training.seq_len "
+                   f"to at least {max_len}, or dataloader.max_len to at most {seq_len}")
     if skrull.attention_kernel == "varlen" and on_cpu:
         raise _bad("skrull.attention_kernel", "varlen",
                    "flash attention needs a CUDA device (this machine has none); use 'auto', 'tiles', 'dense' or 'segments'")
