@@ -64,10 +64,13 @@ BAD = [
     (DEBUG, ["--skrull.no-enable", "--skrull.lookahead", "4"], 1,
      "skrull.lookahead = 4: needs skrull.enable = true (torchtitan's batching trains each global batch"),
     (DEBUG, ["--dataloader.global_batch_size", "0"], 1, "dataloader.global_batch_size must be >= 1, got 0"),
-    (DEBUG, ["--dataloader.max_len", "1024"], 1,  # was a traceback per rank: position_ids past the RoPE cache
-     "dataloader.max_len = 1024: longer than training.seq_len (512), the positions the model's RoPE cache holds "
-     "(Skrull trains a sample whole, up to max_len); set training.seq_len to at least 1024, or dataloader.max_len "
-     "to at most 512"),
+    (DEBUG, ["--dataloader.max_len", "1024", "--skrull.bucket_size", "1024"], 1,  # was a traceback per rank
+     "training.seq_len = 512: shorter than the longest sample a Skrull step trains whole (1024: dataloader.max_len "
+     "1024), whose positions would pass the model's RoPE cache; set training.seq_len to at least 1024, or "
+     "dataloader.max_len to at most 512"),
+    (DEBUG, ["--dataloader.max_len", "4096", "--skrull.bucket_size", "300", "--parallelism.context_parallel_degree",
+             "2"], 2, "training.seq_len = 512: shorter than the longest sample a Skrull step trains whole (600: "
+                      "bucket_size 300 x cp 2, what a CP group holds whole)"),
     (DEBUG, ["--checkpoint.initial_load_path", "/models/x"], 1,
      "checkpoint.enable = False: the model's weights load from checkpoint.initial_load_path '/models/x'"),
 ]

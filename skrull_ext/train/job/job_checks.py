@@ -20,6 +20,7 @@ import shutil
 
 from skrull_ext.data.sources.checks import check_data
 from skrull_ext.errors import JobFileError
+from skrull_ext.scheduler.capacity import Capacity
 from skrull_ext.scheduler.config import LOOKAHEAD_AUTO
 from skrull_ext.train.tensor_parallel import check_skrull_parallelism
 
@@ -153,13 +154,6 @@ def _check_skrull(config, on_cpu: bool) -> None:
                    "each global batch at its own step); set it to 1 or enable Skrull")
     if skrull is None or not skrull.enable:
         return
-    max_len, seq_len = config.dataloader.max_len, config.training.seq_len
-    if max_len is not None and max_len > seq_len and skrull.overlength != "chunk":  # chunk: _check_chunk's line
-        # A Skrull step trains a sample whole, its positions up to its length; the model's RoPE cache
-        # holds training.seq_len of them (was: a traceback on every rank, position_ids past the cache).
-        raise _bad("dataloader.max_len", max_len, f"longer than training.seq_len ({seq_len}), the positions the "
-                   "model's RoPE cache holds (Skrull trains a sample whole, up to max_len); set training.seq_len "
-                   f"to at least {max_len}, or dataloader.max_len to at most {seq_len}")
     if skrull.attention_kernel == "varlen" and on_cpu:
         raise _bad("skrull.attention_kernel", "varlen",
                    "flash attention needs a CUDA device (this machine has none); use 'auto', 'tiles', 'dense' or 'segments'")
@@ -169,6 +163,30 @@ def _check_skrull(config, on_cpu: bool) -> None:
     except ValueError as e:
         raise JobFileError(str(e)) from None
     check_skrull_parallelism(config, on_cpu)  # PP refused, TP's limits (tensor_parallel.py)
+
+
+def _check_positions(config, world: int) -> None:
+    """A Skrull step trains each sample whole, its positions running to its length, while the
+    model's RoPE cache holds ``training.seq_len`` of them (a longer sample was a traceback on
+    every rank: position_ids past the cache). The longest a plan trains is ``dataloader.max_len``
+    or what the job's ranks hold (``Capacity``: BucketSize x the ranks a sequence spans), the
+    smaller; ``overlength = "chunk"`` has its own line (``_check_chunk``)."""
+    skrull = getattr(config, "skrull", None)
+    if skrull is None or not skrull.enable or skrull.overlength == "chunk":
+        return
+    p = config.parallelism
+    cp = max(1, p.context_parallel_degree)
+    dp = max(1, world // (cp * max(1, p.tensor_parallel_degree) * max(1, p.pipeline_parallel_degree)))
+    held = Capacity(skrull.resolved_bucket_size(), cp, dp, skrull.policy_spec.pool)
+    max_len, seq_len = config.dataloader.max_len, config.training.seq_len
+    if max_len is not None and max_len <= held.limit:
+        longest, by = max_len, f"dataloader.max_len {max_len}"
+    else:
+        longest, by = held.limit, f"{held.label}, what {held.holder} holds whole"
+    if longest > seq_len:
+        raise _bad("training.seq_len", seq_len, f"shorter than the longest sample a Skrull step trains whole "
+                   f"({longest}: {by}), whose positions would pass the model's RoPE cache; set training.seq_len "
+                   f"to at least {longest}, or dataloader.max_len to at most {seq_len}")
 
 
 def _check_chunk(config, world: int) -> None:
@@ -329,6 +347,7 @@ def check_job(config, world_size: int | None = None, on_cpu: bool | None = None)
     check_data(config.dataloader)
     _check_validation(config)
     _check_skrull(config, on_cpu)
+    _check_positions(config, world_size)
     _check_chunk(config, world_size)
     _check_cost_model(config)
     _check_compile(config, on_cpu)
