@@ -172,6 +172,18 @@ class LookaheadWindow:
         return [i for j in range(max(0, step + 1 - self.first), self.width) for i in self.samples[j]]
 
 
+def planned_and_chunked(limit: LengthLimit, kept: list[int], lengths: list[int], losses: list[int]
+                        ) -> tuple[tuple[list[int], list[int], list[int]], list[tuple[int, int]]]:
+    """A step's decided samples split into those its plan trains (indices, lengths, loss tokens)
+    and those ``overlength = "chunk"`` trains whole in chunks, outside the plans (index, loss
+    tokens): the one rule the loader builds steps by and start-up prices them by."""
+    over = {k for k, m in enumerate(lengths) if m > limit.tokens}  # only under "chunk"
+    if not over:
+        return (kept, lengths, losses), []
+    planned = tuple([x for k, x in enumerate(v) if k not in over] for v in (kept, lengths, losses))
+    return planned, [(kept[k], losses[k]) for k in sorted(over)]
+
+
 @dataclass(frozen=True)
 class StepBuilder:
     """One rank's step as a function of the step number and the run's account
@@ -225,10 +237,8 @@ class StepBuilder:
         for s in range(first, span.last + 1):
             kept, n, c, account = decide_lengths(self.limit, self.source.global_batch(s, self.global_batch_size),
                                                  self.source, s)
-            over = [k for k, m in enumerate(n) if m > self.limit.tokens]  # only under "chunk"
-            chunked.append([(kept[k], c[k]) for k in over])
-            if over:
-                kept, n, c = ([x for k, x in enumerate(v) if k not in over] for v in (kept, n, c))
+            (kept, n, c), outside = planned_and_chunked(self.limit, kept, n, c)
+            chunked.append(outside)
             samples.append(kept)
             lengths.append(n)
             losses.append(c)
@@ -379,9 +389,9 @@ class SkrullDataLoader(SourceDataLoaderBase):
         outside the plans, as ``StepBuilder.window`` takes it out): what start-up prices before
         the loader is attached."""
         limit = self.limit_of(job)
-        lengths = decide_lengths(limit, self.source.global_batch(step, self.config.global_batch_size),
-                                 self.source, step)[1]
-        return [n for n in lengths if n <= limit.tokens]
+        kept, n, c, _ = decide_lengths(limit, self.source.global_batch(step, self.config.global_batch_size),
+                                       self.source, step)
+        return planned_and_chunked(limit, kept, n, c)[0][1]
 
     def _continue(self) -> Windows:
         """The job's ``[skrull] lookahead`` windows, or after a resume the checkpoint's continued
