@@ -1,0 +1,118 @@
+"""The step's phases (train/step_phases.py): accounting on a clock the test drives, no timing."""
+
+import math
+
+import pytest
+
+from skrull_ext.train.step_phases import PHASES, StepPhases, StepTimes, WallClock, phases_summary
+
+
+class TickClock:
+    """A clock the test moves: a mark is the time now; a mark is ready once ``done`` reaches it."""
+
+    def __init__(self):
+        self.now = 0.0
+        self.done = math.inf
+        self.waited = 0
+
+    def mark(self):
+        return self.now
+
+    def ready(self, mark):
+        return mark <= self.done
+
+    def ms(self, start, end):
+        return end - start
+
+    def wait(self):
+        self.waited += 1
+        self.done = math.inf
+
+
+def run_step(phases: StepPhases, clock: TickClock, step: int, work: list[tuple[str | None, float]],
+             predicted_us: float = 100_000.0) -> None:
+    """One step: each (phase, ms) in order; a None phase is untimed work."""
+    phases.begin(step)
+    for key, ms in work:
+        if key is None:
+            clock.now += ms
+            continue
+        with phases.phase(key):
+            clock.now += ms
+    phases.end(predicted_us)
+
+
+def test_phases_and_rest_sum_to_the_step_in_the_registry_order():
+    clock = TickClock()
+    phases = StepPhases(clock)
+    # checks runs twice (plan digests before, finiteness after); work outside any phase is the rest
+    run_step(phases, clock, 7, [("data", 1), (None, 2), ("checks", 3), ("mb", 100), ("clip", 4), ("checks", 5),
+                                ("opt", 6), (None, 1), ("log", 8)])
+    t = phases.take()
+    assert t.step == 7 and t.predicted_us == 100_000.0
+    assert list(t.phases) == ["data", "checks", "mb", "clip", "opt", "log"]
+    assert t.phases == {"data": 1, "checks": 8, "mb": 100, "clip": 4, "opt": 6, "log": 8}
+    assert t.total_ms == 130 and t.rest_ms == 3
+    assert sum(t.phases.values()) + t.rest_ms == t.total_ms
+    assert t.step_ms == 130 - 1 - 8  # the data wait and the logging are not the step as run
+    assert t.outside_ms == 8 + 4 + 6
+    assert t.ratio == pytest.approx(121e3 / 100_000.0)
+    m = t.metrics()
+    assert m["skrull/phase_mb_ms"] == 100 and m["skrull/phase_rest_ms"] == 3 and m["skrull/measured_us"] == 121e3
+    assert "skrull/phase_chunk_ms" not in m
+    assert t.clause() == "phases ms: data 1 checks 8 mb 100 clip 4 opt 6 log 8 rest 3"
+    assert phases.take() is None  # read once
+
+
+def test_a_phase_whose_work_is_absent_is_absent():
+    clock = TickClock()
+    phases = StepPhases(clock)
+    run_step(phases, clock, 1, [("data", 0), ("mb", 50), ("chunk", 30), ("clip", 1), ("opt", 2)])
+    run_step(phases, clock, 2, [("data", 0), ("mb", 50), ("clip", 1), ("opt", 2)])
+    t = phases.take()
+    assert t.step == 2 and "chunk" not in t.phases and "log" not in t.phases  # no chunked sample, not logged
+    assert phases.dropped == 1  # step 1 was never read
+
+
+def test_marks_not_ready_are_not_read_until_they_are_or_the_device_is_waited_for():
+    clock = TickClock()
+    phases = StepPhases(clock)
+    run_step(phases, clock, 3, [("mb", 10)])
+    clock.done = 5.0  # the device has not reached the step's end
+    assert phases.take() is None
+    t = phases.take(wait=True)
+    assert clock.waited == 1 and t.phases == {"mb": 10}
+
+
+def test_phases_refuse_nesting_and_unknown_names():
+    phases = StepPhases(TickClock())
+    phases.begin(1)
+    with pytest.raises(KeyError, match="unknown step phase 'optimizer'"):
+        with phases.phase("optimizer"):
+            pass
+    with pytest.raises(RuntimeError, match="'clip' entered inside 'mb'"):
+        with phases.phase("mb"):
+            with phases.phase("clip"):
+                pass
+
+
+def test_a_phase_outside_a_step_is_not_recorded():
+    phases = StepPhases(WallClock())
+    with phases.phase("log"):  # validation at start-up, before any step
+        pass
+    assert phases.take() is None
+
+
+def test_registry_keys_are_unique_and_the_per_step_term_is_inside_the_step():
+    keys = [p.key for p in PHASES]
+    assert len(set(keys)) == len(keys)
+    assert all(p.in_step for p in PHASES if p.per_step)
+
+
+def test_summary_is_the_median_after_the_first_step():
+    times = [StepTimes(1, {"data": 50.0, "mb": 900.0, "opt": 100.0}, 1100.0, 0.0)] + [
+        StepTimes(k, {"data": 1.0, "mb": 80.0 + k, "opt": 20.0}, 105.0 + k, 0.0) for k in range(2, 5)]
+    line = phases_summary(times)
+    assert line.startswith("step phases, median ms over 3 steps after the first: data 1.0 mb 83.0 opt 20.0;")
+    assert "step as run 107.0 ms, 19% of it outside the micro-batches (checks, clip, opt)" in line
+    assert phases_summary([]) is None
