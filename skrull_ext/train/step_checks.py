@@ -65,7 +65,7 @@ def _said(every: list[tuple[int, int, int]]) -> list[tuple[int, str, str]]:
     return [(d, f"{g & (2**64 - 1):016x}", f"{p & (2**64 - 1):016x}") for d, g, p in every]
 
 
-def step_metrics(step, attention_modules, measured_us: float) -> dict[str, float]:
+def step_metrics(step, attention_modules) -> dict[str, float]:
     """Everything Skrull logs per step (TensorBoard tags ``skrull/*``).
 
     From the plan (the same on every rank): micro-batches, local share of
@@ -75,10 +75,9 @@ def step_metrics(step, attention_modules, measured_us: float) -> dict[str, float
     the micro-batches the scheduler refined, this DP rank's (scheduler.py).
     From this rank: scheduling wall time, the step's whole build time
     (``data_build_ms``: draw, limit, plan, buffers; on the prefetch thread
-    under ``dataloader.prefetch_steps``), measured fwd+bwd
-    time of the micro-batches and its ratio to the prediction (1.0 when the
-    cost model describes this machine: a profile measured here, not a preset
-    assuming another device), and the DACP attention counters summed over layers.
+    under ``dataloader.prefetch_steps``) and the DACP attention counters summed
+    over layers. The measured step and its ratio to the prediction come with
+    the step's phases, a step later (step_phases.py: ``StepTimes.metrics``).
     From the dataloader (data/steps/accounting.py): samples read, trained whole,
     cut and skipped, this step and since the run began (``samples_*``,
     ``samples_*_total``); ``truncated`` / ``dropped`` are the over-length
@@ -101,7 +100,6 @@ def step_metrics(step, attention_modules, measured_us: float) -> dict[str, float
     out.update(source_metrics(step.account.by_source, step.source_totals))
     out["skrull/schedule_wall_us"] = step.schedule_us
     out["skrull/data_build_ms"] = step.build_us / 1e3
-    out["skrull/measured_us"] = measured_us
     if (w := getattr(step, "window", None)) is not None:  # [skrull] lookahead > 1: what the step's window did
         out["skrull/lookahead_window"] = float(w.index)
         out["skrull/lookahead_moved"] = float(w.moved)
@@ -110,8 +108,6 @@ def step_metrics(step, attention_modules, measured_us: float) -> dict[str, float
         out["skrull/lookahead_predicted_ms"] = w.window_us / 1e3
         out["skrull/lookahead_arrival_ms"] = w.arrival_window_us / 1e3
         out["skrull/lookahead_plan_us"] = w.elapsed_us
-    predicted = summary["predicted_us"]
-    out["skrull/measured_over_predicted"] = measured_us / predicted if predicted > 0 else float("nan")
     return out
 
 
@@ -191,17 +187,25 @@ def micro_batches_said(m: dict[str, float]) -> str:
     return f"{total} micro-batches over all DP ranks ({mine} on this one, {most} on the busiest)"
 
 
-def step_log_line(step: int, m: dict[str, float]) -> str:
-    """The one console line Skrull adds per logged step."""
+def measured_said(times, spread: dict[str, float]) -> str:
+    """Step N - 1's phases (step_phases.py: read a step late, so timing adds no host sync), its
+    time as run against its prediction and the run's spread of that ratio; '' on the first step."""
+    if times is None:
+        return ""
+    return (f"step {times.step} {times.clause()}: {times.step_ms:.1f} ms as run, x{times.ratio:.2f} predicted"
+            + (f" (median x{spread['median']:.2f}, p10-p90 x{spread['p10']:.2f}-{spread['p90']:.2f})"
+               if spread.get("steps", 0) > 1 else "")
+            + f", {100 * times.outside_ms / max(times.step_ms, 1e-9):.0f}% outside the micro-batches; ")
+
+
+def step_log_line(step: int, m: dict[str, float], times=None, spread: dict[str, float] | None = None) -> str:
+    """The one console line Skrull adds per logged step; ``times``: the previous step's
+    phases (``measured_said``), ``spread``: ``RatioSpread.summary()``."""
     return (
         f"skrull step {step}: {micro_batches_said(m)}, local "
         f"{100 * m['skrull/local_seq_share']:.0f}% of seqs / {100 * m['skrull/local_token_share']:.0f}% of tokens, "
-        f"predicted {m['skrull/predicted_us'] / 1e3:.2f} ms, measured {m['skrull/measured_us'] / 1e3:.1f} ms "
-        f"(x{m['skrull/measured_over_predicted']:.2f}"
-        + (f"; median x{m['skrull/measured_over_predicted_median']:.2f}, p10-p90 "
-           f"x{m['skrull/measured_over_predicted_p10']:.2f}-{m['skrull/measured_over_predicted_p90']:.2f}"
-           if m.get("skrull/measured_over_predicted_steps", 0) > 1 else "")
-        + f"), scheduling {m['skrull/schedule_wall_us']:.0f} us, "
+        f"predicted {m['skrull/predicted_us'] / 1e3:.2f} ms; {measured_said(times, spread or {})}"
+        f"scheduling {m['skrull/schedule_wall_us']:.0f} us, "
         f"roll-backs {m['skrull/rollbacks']:.0f}, refine moves {m['skrull/refine_moves']:.0f}, "
         f"CP-SAT {m['skrull/cpsat_used']:.0f}, imbalance tokens {m['skrull/rank_token_imbalance']:.2f} "
         f"FLOPs {m['skrull/rank_flop_imbalance']:.2f}, samples {m['skrull/samples_read']:.0f} read = "

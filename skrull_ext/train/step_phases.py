@@ -229,10 +229,10 @@ class StepPhases:
         done = self._done
         if done is None:
             return None
-        if wait:
+        if not self.clock.ready(done.end):
+            if not wait:
+                return None
             self.clock.wait()
-        elif not self.clock.ready(done.end):
-            return None
         self._done = None
         spent: dict[str, float] = {}
         for key, start, end in done.spans:

@@ -59,6 +59,7 @@ from skrull_ext.train.job_trainer import JobTrainer, NonFiniteLossError, name_sa
 from skrull_ext.train.plan_log import PlanLog
 from skrull_ext.train.settle import Settled, settle
 from skrull_ext.train.step_checks import RatioSpread, check_plan_digests, step_log_line, step_metrics
+from skrull_ext.train.step_phases import StepPhases, StepTimes, WallClock, clock_for, phases_summary
 from skrull_ext.train.validation import Validation
 from torchtitan_patches.dacp_attention import install_dacp_attention
 
@@ -99,6 +100,10 @@ class SkrullTrainer(JobTrainer):
         self.ratio_spread = RatioSpread()
         self.data_wait_ms: list[float] = []
         """Per step, how long the training loop waited for its data (``skrull/data_wait_ms``)."""
+        self.step_phases = StepPhases(WallClock())
+        """The phases of each step, timed (step_phases.py); the device's clock once it is known."""
+        self.step_times: list[StepTimes] = []
+        """The phases of every step read so far (the closing line's medians)."""
         super().__init__(config)
         self._init_skrull()
         self._checks_once_loaded()
@@ -113,6 +118,7 @@ class SkrullTrainer(JobTrainer):
 
     def _init_skrull(self) -> None:
         dims = self.parallel_dims
+        self.step_phases = StepPhases(clock_for(self.device))
         cp_group = dims.get_mesh("cp").get_group() if dims.cp_enabled else None
         cp_rank = dist.get_rank(cp_group) if cp_group is not None else 0
         self.cp_group = cp_group
@@ -281,7 +287,9 @@ class SkrullTrainer(JobTrainer):
         its first three lines (zero_grad, the learning rates, should_log), the
         optimizer update (clip_grad_norm_, maybe_wait_for_staging, optimizers.step,
         lr_schedulers.step; torchtitan wraps these in an "optim" trace span, this
-        step does not) and its logged loss reductions (``_log_step``).
+        step does not) and its logged loss reductions (``_log_step``). Each piece
+        is one of the step's phases (step_phases.py: data, checks, mb, chunk, clip,
+        opt, log), timed without a host sync of its own.
         torchtitan offers no hook to reuse it around a different batch loop: its
         train_step pulls ``gradient_accumulation_steps`` fixed-shape batches and
         all-reduces their label counts inline, where a Skrull step is one plan
@@ -290,76 +298,86 @@ class SkrullTrainer(JobTrainer):
         on logged steps only, where a Skrull step stops before it, every step
         (``_check_finite``).
         """
-        step = next(data_iterator)
+        phases = self.step_phases
+        phases.begin(self.step)
+        with phases.phase("data"):
+            step = next(data_iterator)
         self.optimizers.zero_grad(set_to_none=self.config.training.disable_cuda_graphs)
         lr_metrics = self.lr_schedulers.get_metrics()
         should_log = self.metrics_processor.should_log(self.step)
-        # The loss divisor: the step's loss tokens, or under look-ahead its window's mean per step.
-        global_valid_tokens = torch.tensor(step.loss_tokens, device=self.device)
-        accumulated, measured_us = self._micro_batches(step, global_valid_tokens, should_log)
-        grad_norm = dist_utils.clip_grad_norm_(
-            [p for m in self.model_parts for p in m.parameters()],
-            self.config.training.max_norm,
-            foreach=True,
-            pp_mesh=None,
-            ep_enabled=self.parallel_dims.ep_enabled,
-        )
-        global_avg, norm = self._check_finite(step, accumulated, grad_norm)
-        self.checkpointer.maybe_wait_for_staging()
-        self.optimizers.step()
-        self.lr_schedulers.step()
-        if should_log:
-            global_avg *= step.loss_tokens / step.global_valid_tokens  # the step's own mean token loss
-            self._log_step(step, accumulated, global_avg, global_valid_tokens, norm, lr_metrics, measured_us)
-        if self.validation is not None and self.config.validation.due(self.step, self.config.training.steps):
-            self.validation.run(self, self.step)  # forward only: no weight, RNG or counter changes
+        # The loss divisor: the step's loss tokens, or under look-ahead its window's mean per step. A fill
+        # on the device, not torch.tensor(..., device=): a host-to-device copy waits for the stream.
+        global_valid_tokens = torch.full((), step.loss_tokens, device=self.device)
+        with phases.phase("checks"):
+            if self.config.skrull.check_plan_hash:
+                check_plan_digests(step.plan, self.dataloader.dp_rank, self.device)
+            if self.plan_log is not None:
+                self.plan_log.write(step)
+        accumulated = self._micro_batches(step, global_valid_tokens)
+        with phases.phase("clip"):
+            grad_norm = dist_utils.clip_grad_norm_(
+                [p for m in self.model_parts for p in m.parameters()],
+                self.config.training.max_norm,
+                foreach=True,
+                pp_mesh=None,
+                ep_enabled=self.parallel_dims.ep_enabled,
+            )
+        with phases.phase("checks"):
+            global_avg, norm = self._check_finite(step, accumulated, grad_norm)
+        with phases.phase("opt"):
+            self.checkpointer.maybe_wait_for_staging()
+            self.optimizers.step()
+            self.lr_schedulers.step()
+        validate = self.validation is not None and self.config.validation.due(self.step, self.config.training.steps)
+        if should_log or validate:
+            with phases.phase("log"):
+                if should_log:
+                    global_avg *= step.loss_tokens / step.global_valid_tokens  # the step's own mean token loss
+                    self._log_step(step, accumulated, global_avg, global_valid_tokens, norm, lr_metrics)
+                if validate:
+                    self.validation.run(self, self.step)  # forward only: no weight, RNG or counter changes
+        phases.end(step.plan.makespan_us)
 
-    def _micro_batches(self, step: SkrullStep, global_valid_tokens: torch.Tensor,
-                       should_log: bool) -> tuple[torch.Tensor, float]:
-        """Forward and backward over this rank's micro-batches of the step, each CP
-        rank feeding its own buffer (DACP attention over the CP group), the
-        gradient accumulated. Returns this rank's loss sum / global loss tokens and,
-        on logged steps, the loop's time in microseconds (what the cost model
-        predicts). Under ``skrull.free_running`` FSDP parameters stay unsharded
-        throughout; under ``skrull.defer_grad_sync`` gradients are reduced once,
-        by the last micro-batch's backward."""
-        if self.config.skrull.check_plan_hash:
-            check_plan_digests(step.plan, self.dataloader.dp_rank, self.device)
-        if self.plan_log is not None:
-            self.plan_log.write(step)
+    def _micro_batches(self, step: SkrullStep, global_valid_tokens: torch.Tensor) -> torch.Tensor:
+        """Forward and backward over this rank's micro-batches of the step (phase ``mb``), then
+        its chunked samples (``chunk``), each CP rank feeding its own buffer (DACP attention
+        over the CP group), the gradient accumulated. Returns this rank's loss sum / global
+        loss tokens. Under ``skrull.free_running`` FSDP parameters stay unsharded
+        throughout; under ``skrull.defer_grad_sync`` gradients are reduced once, by the
+        last micro-batch's backward."""
         for m in self.dacp_attention:
             m.stats.reset()
         accumulated = torch.zeros((), device=self.device)
-        if should_log:  # time what the cost model predicts: the micro-batches' fwd + bwd
-            self._synchronize()
-        start = time.perf_counter()
         # Chunked samples run after the micro-batches; the last of them then reduces the gradients.
         last = len(step.micro_batches) - 1 if not step.chunked else -1
         free = self.free_running
-        if free is not None:  # this rank's own micro-batches (>= 1), parameters unsharded throughout
-            free.begin()
-        for j, mb in enumerate(step.micro_batches):
-            if free is not None:
-                if j == last:
-                    free.last()  # its backward reduce-scatters the gradients and reshards
-            elif self.config.skrull.defer_grad_sync:
-                self._set_grad_sync(j == last)
-            with record_function(f"skrull/micro_batch_{j}"):
-                # Asynchronous from a CUDA run's pinned buffers (MicroBatchBuffer.staged).
-                masks = attention_input(mb.meta, self.local_only_kernel, self.device, self.dacp_stats, self.full_ac,
-                                        mb.cu_seqlens)
-                extra = {"positions": mb.positions.to(self.device, non_blocking=True), "attention_masks": masks}
-                labels = mb.labels.to(self.device, non_blocking=True)
-                self.ntokens_seen += labels.numel()
-                loss = self.fwd_bwd_fn(mb.input.to(self.device, non_blocking=True), labels, global_valid_tokens, extra)
-                accumulated += loss.detach()
+        phases = self.step_phases
+        with phases.phase("mb"):
+            if free is not None:  # this rank's own micro-batches (>= 1), parameters unsharded throughout
+                free.begin()
+            for j, mb in enumerate(step.micro_batches):
+                if free is not None:
+                    if j == last:
+                        free.last()  # its backward reduce-scatters the gradients and reshards
+                elif self.config.skrull.defer_grad_sync:
+                    self._set_grad_sync(j == last)
+                with record_function(f"skrull/micro_batch_{j}"):
+                    # Asynchronous from a CUDA run's pinned buffers (MicroBatchBuffer.staged).
+                    masks = attention_input(mb.meta, self.local_only_kernel, self.device, self.dacp_stats,
+                                            self.full_ac, mb.cu_seqlens)
+                    extra = {"positions": mb.positions.to(self.device, non_blocking=True), "attention_masks": masks}
+                    labels = mb.labels.to(self.device, non_blocking=True)
+                    self.ntokens_seen += labels.numel()
+                    loss = self.fwd_bwd_fn(mb.input.to(self.device, non_blocking=True), labels, global_valid_tokens,
+                                           extra)
+                    accumulated += loss.detach()
         if step.chunked:
-            accumulated += self._chunked_samples(step, global_valid_tokens)
+            with phases.phase("chunk"):
+                accumulated += self._chunked_samples(step, global_valid_tokens)
         if free is not None:
-            free.end()  # every unit resharded before the optimizer: no stale copy in the next step
-        if should_log:
-            self._synchronize()
-        return accumulated, (time.perf_counter() - start) * 1e6
+            with phases.phase("mb"):
+                free.end()  # every unit resharded before the optimizer: no stale copy in the next step
+        return accumulated
 
     def _chunked_samples(self, step: SkrullStep, global_valid_tokens: torch.Tensor) -> torch.Tensor:
         """Forward and backward of this rank's samples longer than the limit, each whole in chunks of
@@ -409,13 +427,6 @@ class SkrullTrainer(JobTrainer):
             )
         return global_avg, norm
 
-    def _synchronize(self) -> None:
-        """Wait for the device's queued work. Looked up from the device at call
-        time: a module-level ``device_module`` binds torch.cuda when imported
-        before the CPU fixes, and torch.cuda.synchronize fails on CPU."""
-        if self.device.type != "cpu":
-            torch.get_device_module(self.device.type).synchronize()
-
     def _set_grad_sync(self, on: bool) -> None:
         """FSDP reduce-scatters gradients only where ``on`` (the step's last micro-batch)."""
         for part in self.model_parts:
@@ -429,8 +440,12 @@ class SkrullTrainer(JobTrainer):
             self.dataloader.close()  # stops the prefetch thread
         if self.plan_log is not None:
             self.plan_log.close()
+        if getattr(self, "step_phases", None) is not None and (last := self._read_phases(wait=True)) is not None:
+            logger.info(f"Skrull: step {last.step} (the last): {last.clause()}")
+        if (line := phases_summary(getattr(self, "step_times", []))) is not None:
+            logger.info(f"Skrull: {line}")
         if self.ratio_spread.ratios:
-            logger.info(f"Skrull: measured / predicted micro-batch time: {self.ratio_spread.line()} "
+            logger.info(f"Skrull: measured / predicted step time (the whole step as run): {self.ratio_spread.line()} "
                         f"(cost model {self.config.skrull.cost_model})")
         super().close()
 
@@ -455,8 +470,8 @@ class SkrullTrainer(JobTrainer):
                 f"{len(waits)} steps{' after the first' if len(self.data_wait_ms) > 1 else ''} "
                 f"(dataloader.prefetch_steps {k}; first step {self.data_wait_ms[0]:.1f} ms)")
 
-    def _log_step(self, step, accumulated, global_avg: float, global_valid_tokens, grad_norm: float, lr_metrics,
-                  measured_us) -> None:
+    def _log_step(self, step, accumulated, global_avg: float, global_valid_tokens, grad_norm: float,
+                  lr_metrics) -> None:
         local_valid = max(step.local_valid_tokens, 1)
         local_avg = accumulated * global_valid_tokens / local_valid
         ntokens = torch.tensor(self.ntokens_seen, dtype=torch.int64, device=self.device)
@@ -467,13 +482,26 @@ class SkrullTrainer(JobTrainer):
         else:
             global_max = global_avg
             ntokens_seen = self.ntokens_seen
-        skrull = step_metrics(step, self.dacp_attention, measured_us)
+        skrull = step_metrics(step, self.dacp_attention)
         skrull["skrull/data_wait_ms"] = self.data_wait_ms[-1] if self.data_wait_ms else float("nan")
         skrull["skrull/free_running_bytes"] = self.free_running_bytes
-        self.ratio_spread.add(skrull)
+        extra = {"n_tokens_seen": ntokens_seen, **lr_metrics, **skrull}
+        self.metrics_processor.log(self.step, global_avg, global_max, grad_norm, extra_metrics=extra)
+        times = self._read_phases()
+        logger.info(step_log_line(self.step, skrull, times, self.ratio_spread.summary()))
+
+    def _read_phases(self, wait: bool = False) -> StepTimes | None:
+        """The last finished step's phases (step_phases.py), read once: written to TensorBoard at
+        that step (the whole step as run against its prediction among them), its ratio added to
+        the run's spread. ``wait``: synchronise first (at close, for the last step)."""
+        times = self.step_phases.take(wait=wait)
+        if times is None:
+            return None
+        self.step_times.append(times)
+        metrics = times.metrics()
+        self.ratio_spread.add(metrics)
+        self.metrics_processor.logger.log(metrics, times.step)
         if (drift := self.ratio_spread.drift_warning(self.config.skrull.cost_model,
                                                      int(os.environ.get("WORLD_SIZE", "1")))) is not None:
             logger.warning(drift)
-        extra = {"n_tokens_seen": ntokens_seen, **lr_metrics, **skrull}
-        self.metrics_processor.log(self.step, global_avg, global_max, grad_norm, extra_metrics=extra)
-        logger.info(step_log_line(self.step, skrull))
+        return times

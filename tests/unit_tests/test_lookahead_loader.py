@@ -115,13 +115,13 @@ def test_the_log_says_what_the_window_did():
     from skrull_ext.train.step_checks import step_log_line, step_metrics
 
     step = loader(4).next_step()
-    m = step_metrics(step, [], 1000.0)
+    m = step_metrics(step, [])
     w = step.window
     assert (m["skrull/lookahead_moved"], m["skrull/lookahead_max_delay"]) == (w.moved, w.max_delay)
     assert m["skrull/lookahead_saved_ms"] == pytest.approx((w.arrival_window_us - w.window_us) / 1e3)
     line = step_log_line(1, m)
     assert f"look-ahead window 0: {w.moved} samples moved, largest delay {w.max_delay} steps, predicted" in line
-    assert "skrull/lookahead_moved" not in step_metrics(loader(1).next_step(), [], 1000.0)
+    assert "skrull/lookahead_moved" not in step_metrics(loader(1).next_step(), [])
 
 
 @pytest.mark.parametrize("old,new,stop", [(4, 2, 2), (4, 2, 4), (2, 4, 3), (4, 8, 5), (4, 1, 1), (1, 4, 3)])
