@@ -150,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     from skrull_ext.profile.memory import profile_memory
     from skrull_ext.profile.head import profile_head
     from skrull_ext.profile.micro_batch import profile_micro_batch
+    from skrull_ext.profile.step import profile_step
     from skrull_ext.profile.model import build_job_model
     from skrull_ext.profile.options import ProfileOptions
     from skrull_ext.profile.plot import plot
@@ -193,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     steps = (2 * len(opts.lengths) + len(opts.held_out) + len(opts.packed or ())) * (opts.warmup + opts.repeats) \
         + len(opts.memory_lengths) \
         + (opts.comm_warmup + opts.comm_repeats if world > 1 else 0) + int(opts.check) + 1 \
-        + len(opts.micro_batch_counts) * (opts.warmup + opts.micro_batch_repeats)
+        + (len(opts.micro_batch_counts) + 1) * (opts.warmup + opts.micro_batch_repeats)
     bar = tqdm(total=steps, desc="profile", disable=not is_main(), file=sys.stderr)
 
     def tick(what: str) -> None:
@@ -213,8 +214,9 @@ def main(argv: list[str] | None = None) -> int:
         check = check_bucket(jm, memory.bucket_size, memory.predicted, memory.usable - memory.static.total,
                              memory.static.optimizer_states, opts.seed) if opts.check else None
         head = profile_head(jm, opts, tick)
-        # Last: it wraps the model in FSDP for good.
+        # Last: it wraps the model in FSDP for good; then the step outside its micro-batches, on that model.
         micro_batch = profile_micro_batch(jm, opts, compute.fit.intercept, tick)
+        step = profile_step(jm, opts, tick)
         bar.close()
         meta = {
             "source": "measured",
@@ -233,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         }
         if comm is None:
             meta["comm_note"] = f"not measured (one process): [comm] is preset {args.comm_from!r}"
-        prof = Profile(jm, compute, memory, comm, args.comm_from, check, meta, micro_batch, head)
+        prof = Profile(jm, compute, memory, comm, args.comm_from, check, meta, micro_batch, head, step)
         failed = failures(compute, check, args.max_held_out_error, args.max_packed_error, micro_batch,
                           args.max_micro_batch_error)
         if is_main():

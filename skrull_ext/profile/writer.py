@@ -29,6 +29,7 @@ from skrull_ext.profile.memory import MemoryResult
 from skrull_ext.profile.head import HeadResult
 from skrull_ext.profile.micro_batch import MicroBatchResult
 from skrull_ext.profile.model import JobModel
+from skrull_ext.profile.step import StepResult
 from skrull_ext.scheduler import cost_model, profile_file
 
 __all__ = ["Profile", "profile_dict", "report", "write"]
@@ -50,6 +51,8 @@ class Profile:
     """The per-micro-batch fixed cost's fit (None: not measured, the key is left out: 0)."""
     head: HeadResult | None = None
     """The per-token cost outside the layers (None: not measured, [micro_batch] token_us left out: 0)."""
+    step: StepResult | None = None
+    """What a step pays outside its micro-batches (None: not measured, [step] left out: 0)."""
 
 
 def _comm_section(p: Profile) -> dict[str, Any]:
@@ -102,6 +105,8 @@ def profile_dict(p: Profile) -> dict[str, Any]:
                                      "free_running_max_rel_error": mb.free_fit.max_rel_error})
     if p.head is not None:
         d.setdefault("micro_batch", {}).update({"token_us": p.head.token_us, "token_points": len(p.head.tokens)})
+    if p.step is not None:
+        d["step"] = p.step.section()
     d["meta"] = {**p.meta, **_raw(p)}
     profile_file.from_dict(d, where="profile being written")  # the scheduler must accept it
     return d
@@ -243,6 +248,10 @@ def report(p: Profile) -> str:
         lines.append(f"  head     {hd.token_us:.4g} us a token (embedding, norm, output and loss, fwd+bwd: "
                      f"{', '.join(f'{u / 1e3:.2f}' for u in hd.us)} ms at {', '.join(map(str, hd.tokens))} tokens, "
                      f"{hd.clock} clock); R^2 {hd.fit.r2:.4f}, worst {hd.fit.max_rel_error:.1%}")
+    if p.step is not None:
+        lines.append(f"  step     {p.step.fixed_us:.4g} us a step outside its micro-batches = "
+                     + " + ".join(f"{k} {us:.4g}" for k, us in p.step.phases_us.items())
+                     + f" (median of {p.step.repeats}, slowest rank)")
     if p.check is not None:
         c = p.check
         lines.append(

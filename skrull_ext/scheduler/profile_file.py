@@ -24,6 +24,15 @@ and what the scheduler plans with. TOML::
                 token_us: the cost per token outside the layers (head,
                 loss); absent = 0.
                 Fit keys (r2, max_rel_error, points, counts, method) informational
+    [step]      optional: fixed_us, what a step pays once outside its
+                micro-batches (gradient clipping and its norm's all-reduce,
+                the optimizer and learning-rate step, the per-step checks:
+                train/step_phases.py's per-step phases, measured by the
+                profiler: profile/step.py); absent = 0, which the job says in
+                one line (``Profile.step_term_note``). The cost model's
+                ``step_fixed_us`` is fixed_us plus, free-running,
+                ``[micro_batch] free_running_step_us``. Informational: the
+                phases it sums (checks_us, clip_us, opt_us) and repeats
     [memory]    optional: one rank's memory model and BucketSize, the keys
                 of ``MEMORY_KEYS`` (below: what each means, its check, and
                 whether reading the model needs it), plus the fit keys
@@ -124,6 +133,7 @@ _SCHEMA: dict[str, tuple[set[str], set[str] | None]] = {
     "micro_batch": (set(), {"fixed_us", "r2", "max_rel_error", "points", "counts", "method", "slope_us",
                             "calls_us", "free_running_fixed_us", "free_running_step_us", "free_running_r2",
                             "free_running_max_rel_error", "token_us", "token_points"}),
+    "step": (set(), {"fixed_us", "checks_us", "clip_us", "opt_us", "repeats"}),
     "memory": (set(), {k.key for k in MEMORY_KEYS} | _MEMORY_FIT_KEYS),
     "meta": (set(), None),  # free-form provenance
 }
@@ -165,7 +175,7 @@ def from_dict(d: dict[str, Any], where: str = "profile", tp: int = 1, free_runni
     (as lockstep where the profile did not measure them)."""
     _check(d, where, need_model=True)
     m, c, k = d["model"], d["compute"], d["comm"]
-    mb = d.get("micro_batch", {})
+    mb, step = d.get("micro_batch", {}), d.get("step", {})
 
     def num(section: str, table: dict, key: str, kind: type = float, default: Any = None) -> Any:
         value = table.get(key, default)
@@ -190,7 +200,7 @@ def from_dict(d: dict[str, Any], where: str = "profile", tp: int = 1, free_runni
                 cross_group_factor=num("comm", k, "cross_group_factor", default=CROSS_GROUP_FACTOR),
                 plan_margin=num("comm", k, "plan_margin", default=1.0),
             ),
-            **fixed_costs(mb, free_running, num),
+            **fixed_costs(mb, free_running, num, step),
             token_us=num("micro_batch", mb, "token_us", default=0.0),
             attention_weight=num("compute", c, "attention_weight", default=1.0),
         )
@@ -198,16 +208,19 @@ def from_dict(d: dict[str, Any], where: str = "profile", tp: int = 1, free_runni
         raise ValueError(f"{where}: {e}") from None
 
 
-def fixed_costs(mb: dict[str, Any], free_running: bool, num=None) -> dict[str, float]:
-    """The cost model's fixed costs from a profile's ``[micro_batch]``: per micro-batch and
-    per step, for lockstep execution or (``free_running``) free-running execution."""
+def fixed_costs(mb: dict[str, Any], free_running: bool, num=None, step: dict[str, Any] | None = None) -> dict[str, float]:
+    """The cost model's fixed costs from a profile's ``[micro_batch]`` and ``[step]``: per
+    micro-batch and per step, for lockstep execution or (``free_running``) free-running
+    execution. The step pays ``[step] fixed_us`` (outside its micro-batches) either way, and
+    free-running also ``free_running_step_us`` (inside them: the first gathers, the one reduction)."""
     if num is None:
         num = lambda section, table, key, default=None: float(table.get(key, default))  # noqa: E731
     lockstep = num("micro_batch", mb, "fixed_us", default=0.0)
+    outside = num("step", step or {}, "fixed_us", default=0.0)
     if not free_running or "free_running_fixed_us" not in mb:
-        return {"micro_batch_fixed_us": lockstep, "step_fixed_us": 0.0}
+        return {"micro_batch_fixed_us": lockstep, "step_fixed_us": outside}
     return {"micro_batch_fixed_us": num("micro_batch", mb, "free_running_fixed_us"),
-            "step_fixed_us": num("micro_batch", mb, "free_running_step_us", default=0.0)}
+            "step_fixed_us": outside + num("micro_batch", mb, "free_running_step_us", default=0.0)}
 
 
 def to_dict(cm: CostModel, meta: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -232,6 +245,8 @@ def to_dict(cm: CostModel, meta: dict[str, Any] | None = None) -> dict[str, Any]
         out.setdefault("micro_batch", {})["fixed_us"] = cm.micro_batch_fixed_us
     if cm.token_us:
         out.setdefault("micro_batch", {})["token_us"] = cm.token_us
+    if cm.step_fixed_us:  # read back as lockstep, which pays exactly [step] fixed_us once
+        out["step"] = {"fixed_us": cm.step_fixed_us}
     if meta:
         out["meta"] = dict(meta)
     return out
@@ -430,6 +445,31 @@ class Profile:
     def cp(self) -> int:
         """The CP degree its BucketSize was derived for (``MEMORY_KEYS``' default if it does not say)."""
         return _MEMORY["cp"].read(self.data.get("memory", {}), self.path)
+
+    @property
+    def step_fixed_us(self) -> float | None:
+        """``[step] fixed_us``, what a step pays outside its micro-batches; None: not measured."""
+        value = self.data.get("step", {}).get("fixed_us")
+        return None if value is None else float(value)
+
+    def step_term_note(self, name: str) -> str | None:
+        """One line when the profile has no per-step term (``[step] fixed_us``): what the job
+        assumes (0) and the command that adds it (its own, from ``[meta] command``, for a
+        measured profile); None when it has one. ``name``: how the job names the profile."""
+        if self.step_fixed_us is not None:
+            return None
+        command = self.meta.get("command")
+        if isinstance(command, str) and command.startswith("python -m skrull_ext.profile"):
+            world = int(self.meta.get("world_size", 1) or 1)
+            if world > 1:
+                command = command.replace("python -m", f"torchrun --standalone --nproc_per_node {world} -m", 1)
+            how = f"re-profile: {command}"
+        else:
+            how = ("measure this machine: torchrun --standalone --nproc_per_node <ranks> -m skrull_ext.profile "
+                   "--config-file <this job's file> --out <profile.toml> (docs/profile.md)")
+        return (f"skrull: the cost model {name} has no [step] fixed_us (the step's time outside its micro-batches: "
+                "clipping, optimizer, checks); predicted steps assume 0 there, so measured/predicted reads the "
+                f"whole step against its micro-batches only. To add it, {how}")
 
     def failed_check(self) -> str | None:
         """What the profiler's own BucketSize check found, when it failed (``[meta.check]

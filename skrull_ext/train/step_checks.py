@@ -15,6 +15,7 @@ from typing import ClassVar
 
 import torch
 import torch.distributed as dist
+from torchtitan.distributed import utils as dist_utils
 
 from skrull_ext.attention import DacpStats
 from skrull_ext.attention.transport import all_gather_single
@@ -59,6 +60,16 @@ def check_plan_digests(plan, dp_rank: int, device=None) -> None:
     for d in {d for d, _, _ in every}:
         if len({p for dd, _, p in every if dd == d}) > 1:
             raise PlanMismatchError(f"plans differ within DP rank {d}'s CP group: {_said(every)}")
+
+
+def loss_and_norm(accumulated: torch.Tensor, grad_norm: torch.Tensor, mesh=None) -> tuple[float, float]:
+    """(global loss, gradient norm) on the host, what the finiteness check reads every step
+    before the optimizer: ``accumulated`` (this rank's loss sum / global loss tokens) summed
+    over ``mesh`` (the loss mesh; None: this rank's alone), the norm as it is (already global).
+    One scalar all-reduce and the step's one host sync (the norm is read after it, at no cost).
+    The trainer and the profiler's per-step term (profile/step.py) both run it."""
+    global_avg = dist_utils.dist_sum(accumulated, mesh)  # mesh None: accumulated.item()
+    return global_avg, float(grad_norm.item())
 
 
 def _said(every: list[tuple[int, int, int]]) -> list[tuple[int, str, str]]:

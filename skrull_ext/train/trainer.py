@@ -58,7 +58,8 @@ from skrull_ext.train.job.job_config import JobConfig
 from skrull_ext.train.job_trainer import JobTrainer, NonFiniteLossError, name_samples
 from skrull_ext.train.plan_log import PlanLog
 from skrull_ext.train.settle import Settled, settle
-from skrull_ext.train.step_checks import RatioSpread, check_plan_digests, step_log_line, step_metrics
+from skrull_ext.train.step_checks import (RatioSpread, check_plan_digests, loss_and_norm, step_log_line,
+                                           step_metrics)
 from skrull_ext.train.step_phases import StepPhases, StepTimes, WallClock, clock_for, phases_summary
 from skrull_ext.train.validation import Validation
 from torchtitan_patches.dacp_attention import install_dacp_attention
@@ -131,6 +132,8 @@ class SkrullTrainer(JobTrainer):
         skrull = self.config.skrull
         if (warning := skrull.profile_cp_warning(dims.cp)) is not None:
             logger.warning(warning)
+        if (note := skrull.profile_step_note()) is not None:
+            logger.info(note)
         compiled = model_compiled(self.config)
         if (warning := skrull.profile_compile_warning(compiled)) is not None:
             logger.warning(warning)
@@ -413,11 +416,9 @@ class SkrullTrainer(JobTrainer):
         mean is the plain sum, as in torchtitan) and the gradient norm (already
         global) must be finite before the optimizer touches the weights. One
         scalar all-reduce and one host sync per step."""
-        if self.parallel_dims.dp_cp_enabled:
-            global_avg = dist_utils.dist_sum(accumulated, self.parallel_dims.get_optional_mesh("loss"))
-        else:
-            global_avg = float(accumulated.item())
-        norm = float(grad_norm.item())
+        dims = self.parallel_dims
+        global_avg, norm = loss_and_norm(accumulated, grad_norm,
+                                         dims.get_optional_mesh("loss") if dims.dp_cp_enabled else None)
         if not (math.isfinite(global_avg) and math.isfinite(norm)):
             self.stopped_step = (self.step, step.account.counts.read)
             raise NonFiniteLossError(

@@ -187,6 +187,14 @@ class SkrullConfig(SchedulingOptions):
                 f"runs cp {cp} (bucket_size {self.resolved_bucket_size()}). Re-profile with the job's parallelism, "
                 f"or a rank holding shards may use more memory than the profile predicts")
 
+    def profile_step_note(self) -> str | None:
+        """One line when the cost model has no per-step term (``[step] fixed_us``), naming
+        what the job assumes and the command that adds it (``Profile.step_term_note``)."""
+        profile = self.measured_profile()
+        if profile is None:
+            profile = cost_models.hardware(self.cost_model)
+        return profile.step_term_note(repr(self.cost_model))
+
     def profile_compile_warning(self, compiled: bool) -> str | None:
         """A warning when the profile timed the model eager and the job compiles it, or
         the reverse ([meta] compile, written by the profiler), else None. Compile changes

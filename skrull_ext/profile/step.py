@@ -1,0 +1,115 @@
+# Copyright (c) skrull-ext contributors.
+# All rights reserved.
+#
+# This source code is licensed under the BSD-style license found in the
+# LICENSE file in the root directory of this source tree.
+
+"""What a step pays once outside its micro-batches (``[step] fixed_us``).
+
+After its micro-batches a training step clips the gradients (their norm
+all-reduced over the shards), reads the loss and the norm to check them
+finite (one all-reduce and the step's host sync), and steps the optimizer
+and the learning rate; none of it depends on the plan, so the cost model
+prices it once a step (``step_fixed_us``: docs/design/cost_model.md,
+"The step outside its micro-batches"). It is timed here with the trainer's
+own phases and clocks (train/step_phases.py: CUDA events on a GPU, the wall
+clock on CPU) on the model the micro-batch stage left wrapped in FSDP, with
+the job's optimizer and learning-rate schedule (torchtitan's builders): per
+round, one micro-batch gives the gradients (untimed here: it is the
+micro-batch stage's), then the per-step phases run as the trainer runs them.
+The median per phase over the rounds after the warm-up, the slowest rank's,
+summed over the phases ``PHASES`` marks ``per_step``.
+
+The plan digests (``skrull.check_plan_hash``, off by default) and the plan
+log are per-step checks too, but optional: a job that turns them on pays
+more than this.
+
+This runs after the micro-batch stage (the FSDP wrapping) and changes the
+weights (optimizer steps): nothing is measured after it.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch.distributed as dist
+
+from skrull_ext.profile.model import JobModel
+from skrull_ext.profile.options import ProfileOptions
+from skrull_ext.profile.ranks import reduce_floats
+from skrull_ext.train.step_checks import loss_and_norm
+from skrull_ext.train.step_phases import PHASES, StepPhases, clock_for
+
+__all__ = ["StepResult", "profile_step"]
+
+PER_STEP = tuple(p.key for p in PHASES if p.per_step)
+"""The phases the per-step term sums, in the order a step runs them."""
+
+
+@dataclass(frozen=True)
+class StepResult:
+    phases_us: dict[str, float]
+    """Median microseconds per per-step phase (the slowest rank's)."""
+    repeats: int
+    """Rounds timed (after the warm-up)."""
+
+    @property
+    def fixed_us(self) -> float:
+        """``[step] fixed_us``: the per-step phases summed."""
+        return sum(self.phases_us.values())
+
+    def section(self) -> dict[str, float | int]:
+        """The profile's [step] table."""
+        return {"fixed_us": self.fixed_us, **{f"{k}_us": v for k, v in self.phases_us.items()},
+                "repeats": self.repeats}
+
+
+def _loss_mesh(jm: JobModel):
+    """The mesh the loss is summed over: every rank of this launch (None: one process)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return None
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(jm.device.type, (dist.get_world_size(),), mesh_dim_names=("loss",))
+
+
+def profile_step(jm: JobModel, opts: ProfileOptions, tick: Callable[[str], None]) -> StepResult:
+    """Time the per-step phases over warmup + micro_batch_repeats rounds (module docstring)."""
+    config = jm.config
+    optimizers = config.optimizer.build(model_parts=[jm.model])
+    schedulers = config.lr_scheduler.build(optimizers=optimizers, training_steps=config.training.steps)
+    mesh = _loss_mesh(jm)
+    buf = jm.buffer([opts.micro_batch_doc] * 4, seed=opts.seed)
+    params = [p for p in jm.model.parameters()]
+    from torchtitan.distributed import utils as dist_utils
+
+    phases = StepPhases(clock_for(jm.device))
+    rounds = opts.warmup + opts.micro_batch_repeats
+    spent: dict[str, list[float]] = {k: [] for k in PER_STEP}
+    for r in range(rounds):
+        tick(f"step outside its micro-batches ({r + 1}/{rounds})")
+        optimizers.zero_grad(set_to_none=True)
+        out = jm.model(buf["tokens"], buf["positions"], buf["attention_masks"])
+        loss, _ = jm.loss_fn(out, buf["labels"])
+        loss.backward()
+        if dist.is_initialized():
+            dist.barrier()  # every rank starts the phases together, as after a step's last backward
+        phases.begin(r)
+        with phases.phase("clip"):
+            norm = dist_utils.clip_grad_norm_(params, config.training.max_norm, foreach=True, pp_mesh=None,
+                                              ep_enabled=False)
+        with phases.phase("checks"):
+            loss_and_norm(loss.detach(), norm, mesh)
+        with phases.phase("opt"):
+            optimizers.step()
+            schedulers.step()
+        phases.end(0.0)
+        times = phases.take(wait=True)
+        if r >= opts.warmup:
+            for k in PER_STEP:
+                spent[k].append(times.phases.get(k, 0.0) * 1e3)
+    optimizers.zero_grad(set_to_none=True)
+    medians = reduce_floats([statistics.median(spent[k]) for k in PER_STEP], "max", jm.device)
+    return StepResult(dict(zip(PER_STEP, medians)), opts.micro_batch_repeats)
