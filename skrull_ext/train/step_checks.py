@@ -199,8 +199,9 @@ def micro_batches_said(m: dict[str, float]) -> str:
 
 
 def measured_said(times, spread: dict[str, float]) -> str:
-    """Step N - 1's phases (step_phases.py: read a step late, so timing adds no host sync), its
-    time as run against its prediction and the run's spread of that ratio; '' on the first step."""
+    """The previous logged step's phases (step_phases.py: read a logged step late, so timing adds
+    no host sync), its time as run against its prediction and the run's spread of that ratio;
+    '' on the first logged step."""
     if times is None:
         return ""
     return (f"step {times.step} {times.clause()}: {times.step_ms:.1f} ms as run, x{times.ratio:.2f} predicted"

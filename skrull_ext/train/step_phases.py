@@ -14,9 +14,11 @@ kernels finish still owns them); on CPU, ``time.perf_counter``. Events are
 read only once they have completed (``Event.query``, which does not wait): a
 step's times are taken at the next step's logging, after that step's
 finiteness check has read the loss (the host sync every step already has),
-so timing adds no synchronisation. The step line of step N therefore gives
-step N - 1's phases, whole (its logging included); the last step's are read at
-close.
+so timing adds no synchronisation. Only logged steps are kept (their
+TensorBoard scalars then stand beside the step's other ``skrull/*`` ones): the
+step line of a logged step gives the previous logged step's phases, whole (its
+logging included), step N - 1's with ``metrics.log_freq`` 1; the last logged
+step's are read at close.
 
 A step's time as run (``StepTimes.step_ms``) is everything ``train_step`` did
 but the data wait and the logging, which the cost model does not price (the
@@ -160,8 +162,7 @@ class StepTimes:
         out = {f"skrull/phase_{k}_ms": ms for k, ms in self.phases.items()}
         out["skrull/phase_rest_ms"] = self.rest_ms
         out["skrull/step_outside_ms"] = self.outside_ms
-        out["skrull/measured_us"] = self.step_ms * 1e3
-        out["skrull/predicted_us"] = self.predicted_us
+        out["skrull/measured_us"] = self.step_ms * 1e3  # beside skrull/predicted_us, written at the same step
         out["skrull/measured_over_predicted"] = self.ratio
         return out
 
@@ -214,14 +215,16 @@ class StepPhases:
             if record is not None:
                 record.spans.append((key, start, self.clock.mark()))
 
-    def end(self, predicted_us: float) -> None:
-        """The step finished: its marks wait to be read (``take``)."""
-        if self._open is None:
+    def end(self, predicted_us: float, keep: bool = True) -> None:
+        """The step finished: its marks wait to be read (``take``), if ``keep`` (else dropped:
+        a step that is not logged)."""
+        record, self._open = self._open, None
+        if record is None or not keep:
             return
-        self._open.end, self._open.predicted_us = self.clock.mark(), predicted_us
+        record.end, record.predicted_us = self.clock.mark(), predicted_us
         if self._done is not None:
             self.dropped += 1
-        self._done, self._open = self._open, None
+        self._done = record
 
     def take(self, wait: bool = False) -> StepTimes | None:
         """The last finished step's times, once (None: none finished, or its marks not ready

@@ -339,7 +339,7 @@ class SkrullTrainer(JobTrainer):
                     self._log_step(step, accumulated, global_avg, global_valid_tokens, norm, lr_metrics)
                 if validate:
                     self.validation.run(self, self.step)  # forward only: no weight, RNG or counter changes
-        phases.end(step.plan.makespan_us)
+        phases.end(step.plan.makespan_us, keep=should_log)  # read at the next logged step (or at close)
 
     def _micro_batches(self, step: SkrullStep, global_valid_tokens: torch.Tensor) -> torch.Tensor:
         """Forward and backward over this rank's micro-batches of the step (phase ``mb``), then
@@ -475,7 +475,7 @@ class SkrullTrainer(JobTrainer):
                   lr_metrics) -> None:
         local_valid = max(step.local_valid_tokens, 1)
         local_avg = accumulated * global_valid_tokens / local_valid
-        ntokens = torch.tensor(self.ntokens_seen, dtype=torch.int64, device=self.device)
+        ntokens = torch.full((), self.ntokens_seen, dtype=torch.int64, device=self.device)  # no host copy
         if self.parallel_dims.dp_cp_enabled:
             mesh = self.parallel_dims.get_optional_mesh("loss")
             global_max = dist_utils.dist_max(local_avg, mesh)

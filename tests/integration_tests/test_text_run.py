@@ -17,6 +17,10 @@ from tests.integration_tests.launch import REPO, Run, torchrun
 JOB = os.path.join(REPO, "skrull_ext", "jobs", "debug_cpu_text.toml")
 STEPS = 4
 
+PHASES = [f"skrull/phase_{k}_ms" for k in ("data", "checks", "mb", "clip", "opt", "log", "rest")]
+"""The step's phases (train/step_phases.py) this job runs every step: no chunked sample, every step logged."""
+
+
 PER_STEP = [
     # time: predicted vs measured, scheduler latency
     "skrull/predicted_us", "skrull/measured_us", "skrull/measured_over_predicted",
@@ -32,6 +36,8 @@ PER_STEP = [
     # what the DACP attention ran on rank 0
     "skrull/dacp_local_seqs", "skrull/dacp_local_tokens", "skrull/dacp_dist_seqs",
     "skrull/dacp_dist_tokens", "skrull/dacp_fwd_bytes", "skrull/dacp_bwd_bytes",
+    # the step by phase, read at the next logged step (the last at close)
+    *PHASES, "skrull/step_outside_ms",
 ]
 
 
@@ -90,3 +96,24 @@ def test_profiler_trace_shows_the_dacp_parts(text_run):
         names = {e.get("name", "") for e in json.load(f)["traceEvents"]}  # Chrome trace: Perfetto opens it
     assert "skrull/micro_batch_0" in names
     assert {"dacp/local", "dacp/kv_wait", "dacp/distributed"} <= names, sorted(n for n in names if "dacp" in n)
+
+
+@pytest.mark.slow
+def test_each_step_is_timed_by_phase(text_run):
+    """Every step's phases in TensorBoard and on the step line, the step as run their sum with the
+    untimed rest (the data wait and the logging left out), the per-step term's share named."""
+    m = {tag: text_run.scalars(tag) for tag in [*PHASES, "skrull/step_outside_ms", "skrull/measured_us"]}
+    for k in range(STEPS):
+        assert all(m[tag][k] >= 0 for tag in PHASES if tag != "skrull/phase_rest_ms")
+        assert m["skrull/phase_rest_ms"][k] >= -1e-6
+        outside = sum(m[f"skrull/phase_{p}_ms"][k] for p in ("checks", "clip", "opt"))
+        assert math.isclose(m["skrull/step_outside_ms"][k], outside, rel_tol=1e-5)
+        as_run = outside + m["skrull/phase_mb_ms"][k] + m["skrull/phase_rest_ms"][k]
+        assert math.isclose(m["skrull/measured_us"][k], as_run * 1e3, rel_tol=1e-4)
+    out = text_run.output
+    for k in range(1, STEPS):
+        assert f"skrull step {k + 1}: " in out and f"; step {k} phases ms: data " in out
+    assert f"Skrull: step {STEPS} (the last): phases ms: data " in out
+    assert f"Skrull: step phases, median ms over {STEPS - 1} steps after the first: data " in out
+    assert "outside the micro-batches (checks, clip, opt)" in out
+    assert "has no [step] fixed_us" in out  # the plans' 2026-11-22 profile predates the per-step term

@@ -58,6 +58,7 @@ def test_phases_and_rest_sum_to_the_step_in_the_registry_order():
     assert t.outside_ms == 8 + 4 + 6
     assert t.ratio == pytest.approx(121e3 / 100_000.0)
     m = t.metrics()
+    assert "skrull/predicted_us" not in m  # the step's own, written with its other skrull/* scalars
     assert m["skrull/phase_mb_ms"] == 100 and m["skrull/phase_rest_ms"] == 3 and m["skrull/measured_us"] == 121e3
     assert "skrull/phase_chunk_ms" not in m
     assert t.clause() == "phases ms: data 1 checks 8 mb 100 clip 4 opt 6 log 8 rest 3"
@@ -72,6 +73,16 @@ def test_a_phase_whose_work_is_absent_is_absent():
     t = phases.take()
     assert t.step == 2 and "chunk" not in t.phases and "log" not in t.phases  # no chunked sample, not logged
     assert phases.dropped == 1  # step 1 was never read
+
+
+def test_a_step_not_kept_is_not_read():
+    clock = TickClock()
+    phases = StepPhases(clock)
+    phases.begin(1)
+    with phases.phase("mb"):
+        clock.now += 1
+    phases.end(10.0, keep=False)  # a step not logged
+    assert phases.take() is None and phases.dropped == 0
 
 
 def test_marks_not_ready_are_not_read_until_they_are_or_the_device_is_waited_for():
