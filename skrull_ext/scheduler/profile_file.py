@@ -208,7 +208,8 @@ def from_dict(d: dict[str, Any], where: str = "profile", tp: int = 1, free_runni
         raise ValueError(f"{where}: {e}") from None
 
 
-def fixed_costs(mb: dict[str, Any], free_running: bool, num=None, step: dict[str, Any] | None = None) -> dict[str, float]:
+def fixed_costs(mb: dict[str, Any], free_running: bool, num=None,
+                step: dict[str, Any] | None = None) -> dict[str, float]:
     """The cost model's fixed costs from a profile's ``[micro_batch]`` and ``[step]``: per
     micro-batch and per step, for lockstep execution or (``free_running``) free-running
     execution. The step pays ``[step] fixed_us`` (outside its micro-batches) either way, and
