@@ -6,7 +6,8 @@
     python tools/timeline_ratios.py outputs/dp2_lockstep [more dump folders ...]
 
 Per dump folder: every logged step's ``skrull/measured_us`` (the trainer's
-fwd+bwd window; with ``--metrics.save_for_all_ranks`` the slowest rank's),
+step as run, train/step_phases.py, the fwd+bwd window before 2026-11-29; with
+``--metrics.save_for_all_ranks`` the slowest rank's),
 over ``skrull/predicted_lockstep_us`` and ``skrull/predicted_free_us``
 (the plan's step on each timeline, docs/design/cost_model.md "Timelines"):
 median and 10th-90th percentile over the steps after ``--skip`` (default 1:
