@@ -195,6 +195,8 @@ class StepPhases:
         self._in: str | None = None
         self.dropped = 0
         """Finished steps replaced before their marks were ready (never read)."""
+        self.read: list[StepTimes] = []
+        """Every step read so far, in order (the run's medians: ``phases_summary``)."""
 
     def begin(self, step: int) -> None:
         self._open = _Open(step, self.clock.mark())
@@ -241,7 +243,8 @@ class StepPhases:
         for key, start, end in done.spans:
             spent[key] = spent.get(key, 0.0) + self.clock.ms(start, end)
         phases = {p.key: spent[p.key] for p in PHASES if p.key in spent}
-        return StepTimes(done.step, phases, self.clock.ms(done.start, done.end), done.predicted_us)
+        self.read.append(StepTimes(done.step, phases, self.clock.ms(done.start, done.end), done.predicted_us))
+        return self.read[-1]
 
 
 def phases_summary(times: list[StepTimes]) -> str | None:

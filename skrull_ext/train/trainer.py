@@ -58,9 +58,8 @@ from skrull_ext.train.job.job_config import JobConfig
 from skrull_ext.train.job_trainer import JobTrainer, NonFiniteLossError, name_samples
 from skrull_ext.train.plan_log import PlanLog
 from skrull_ext.train.settle import Settled, settle
-from skrull_ext.train.step_checks import (RatioSpread, check_plan_digests, loss_and_norm, step_log_line,
-                                           step_metrics)
-from skrull_ext.train.step_phases import StepPhases, StepTimes, WallClock, clock_for, phases_summary
+from skrull_ext.train.step_checks import RatioSpread, check_plan_digests, loss_and_norm, step_log_line, step_metrics
+from skrull_ext.train.step_phases import StepPhases, StepTimes, clock_for, phases_summary
 from skrull_ext.train.validation import Validation
 from torchtitan_patches.dacp_attention import install_dacp_attention
 
@@ -101,10 +100,6 @@ class SkrullTrainer(JobTrainer):
         self.ratio_spread = RatioSpread()
         self.data_wait_ms: list[float] = []
         """Per step, how long the training loop waited for its data (``skrull/data_wait_ms``)."""
-        self.step_phases = StepPhases(WallClock())
-        """The phases of each step, timed (step_phases.py); the device's clock once it is known."""
-        self.step_times: list[StepTimes] = []
-        """The phases of every step read so far (the closing line's medians)."""
         super().__init__(config)
         self._init_skrull()
         self._checks_once_loaded()
@@ -120,6 +115,7 @@ class SkrullTrainer(JobTrainer):
     def _init_skrull(self) -> None:
         dims = self.parallel_dims
         self.step_phases = StepPhases(clock_for(self.device))
+        """The phases of each step, timed on the device's clock (step_phases.py)."""
         cp_group = dims.get_mesh("cp").get_group() if dims.cp_enabled else None
         cp_rank = dist.get_rank(cp_group) if cp_group is not None else 0
         self.cp_group = cp_group
@@ -331,23 +327,21 @@ class SkrullTrainer(JobTrainer):
             self.checkpointer.maybe_wait_for_staging()
             self.optimizers.step()
             self.lr_schedulers.step()
-        validate = self.validation is not None and self.config.validation.due(self.step, self.config.training.steps)
-        if should_log or validate:
+        if should_log:
             with phases.phase("log"):
-                if should_log:
-                    global_avg *= step.loss_tokens / step.global_valid_tokens  # the step's own mean token loss
-                    self._log_step(step, accumulated, global_avg, global_valid_tokens, norm, lr_metrics)
-                if validate:
-                    self.validation.run(self, self.step)  # forward only: no weight, RNG or counter changes
+                global_avg *= step.loss_tokens / step.global_valid_tokens  # the step's own mean token loss
+                self._log_step(step, accumulated, global_avg, global_valid_tokens, norm, lr_metrics)
+        if self.validation is not None and self.config.validation.due(self.step, self.config.training.steps):
+            with phases.phase("log"):
+                self.validation.run(self, self.step)  # forward only: no weight, RNG or counter changes
         phases.end(step.plan.makespan_us, keep=should_log)  # read at the next logged step (or at close)
 
     def _micro_batches(self, step: SkrullStep, global_valid_tokens: torch.Tensor) -> torch.Tensor:
-        """Forward and backward over this rank's micro-batches of the step (phase ``mb``), then
-        its chunked samples (``chunk``), each CP rank feeding its own buffer (DACP attention
-        over the CP group), the gradient accumulated. Returns this rank's loss sum / global
-        loss tokens. Under ``skrull.free_running`` FSDP parameters stay unsharded
-        throughout; under ``skrull.defer_grad_sync`` gradients are reduced once, by the
-        last micro-batch's backward."""
+        """Forward and backward over this rank's micro-batches (phase ``mb``), then its chunked samples
+        (``chunk``), each CP rank feeding its own buffer (DACP attention over the CP group), the gradient
+        accumulated. Returns this rank's loss sum / global loss tokens. Under ``skrull.free_running`` FSDP
+        parameters stay unsharded throughout; under ``skrull.defer_grad_sync`` gradients are reduced once,
+        by the last micro-batch's backward."""
         for m in self.dacp_attention:
             m.stats.reset()
         accumulated = torch.zeros((), device=self.device)
@@ -443,7 +437,7 @@ class SkrullTrainer(JobTrainer):
             self.plan_log.close()
         if getattr(self, "step_phases", None) is not None and (last := self._read_phases(wait=True)) is not None:
             logger.info(f"Skrull: step {last.step} (the last): {last.clause()}")
-        if (line := phases_summary(getattr(self, "step_times", []))) is not None:
+        if getattr(self, "step_phases", None) is not None and (line := phases_summary(self.step_phases.read)):
             logger.info(f"Skrull: {line}")
         if self.ratio_spread.ratios:
             logger.info(f"Skrull: measured / predicted step time (the whole step as run): {self.ratio_spread.line()} "
@@ -492,13 +486,11 @@ class SkrullTrainer(JobTrainer):
         logger.info(step_log_line(self.step, skrull, times, self.ratio_spread.summary()))
 
     def _read_phases(self, wait: bool = False) -> StepTimes | None:
-        """The last finished step's phases (step_phases.py), read once: written to TensorBoard at
-        that step (the whole step as run against its prediction among them), its ratio added to
-        the run's spread. ``wait``: synchronise first (at close, for the last step)."""
+        """The last logged step's phases (step_phases.py), read once, written to TensorBoard at that
+        step, its ratio added to the run's spread. ``wait``: synchronise first (at close, the last)."""
         times = self.step_phases.take(wait=wait)
         if times is None:
             return None
-        self.step_times.append(times)
         metrics = times.metrics()
         self.ratio_spread.add(metrics)
         self.metrics_processor.logger.log(metrics, times.step)
