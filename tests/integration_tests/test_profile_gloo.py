@@ -6,6 +6,7 @@ import pytest
 import tomllib
 
 from skrull_ext.scheduler import cost_model
+from skrull_ext.scheduler.profile_file import Profile
 from tests.integration_tests.launch import REPO, torchrun
 
 
@@ -41,3 +42,11 @@ def test_profile_two_processes_over_gloo(tmp_path):
     assert cm.micro_batch_fixed_us == mb["fixed_us"]
     # The head's per-token cost, timed on each rank before FSDP wraps the model (mean over both).
     assert cm.token_us == mb["token_us"] >= 0.0 and len(d["meta"]["head"]["us"]) == mb["token_points"] >= 2
+    # The step outside its micro-batches on the FSDP x2 model: the norm's and the loss's all-reduces over
+    # both ranks, the optimizer; the cost model's per-step term (free-running adds its own share).
+    step = d["step"]
+    assert step["fixed_us"] == step["checks_us"] + step["clip_us"] + step["opt_us"] and step["repeats"] == 3
+    assert all(step[k] > 0 for k in ("checks_us", "clip_us", "opt_us"))
+    assert cm.step_fixed_us == step["fixed_us"]
+    free = Profile.load(out).cost_model(free_running=True)
+    assert free.step_fixed_us == step["fixed_us"] + mb["free_running_step_us"]

@@ -66,11 +66,18 @@ def test_profile_run_end_to_end(produced):
     assert head["tokens"] == [32, 64, 128] and len(head["us"]) == 3 and all(u > 0 for u in head["us"])
     assert d["micro_batch"]["token_us"] == fit_line_nonneg(head["tokens"], head["us"])[0].slope >= 0.0
     assert d["micro_batch"]["token_points"] == 3 and "  head     " in proc.stdout
+    # The step outside its micro-batches (profile/step.py): the per-step phases and their sum.
+    step = d["step"]
+    assert set(step) == {"fixed_us", "checks_us", "clip_us", "opt_us", "repeats"} and step["repeats"] == 3
+    assert all(step[k] > 0 for k in ("checks_us", "clip_us", "opt_us"))
+    assert step["fixed_us"] == step["checks_us"] + step["clip_us"] + step["opt_us"]
+    assert "  step     " in proc.stdout
 
     cm = cost_model.load(out)  # what the [skrull] section and the scheduler read
     assert cm.shape.hidden == 256 and cm.a_us_per_flop == d["compute"]["a_us_per_flop"]
     assert cm.micro_batch_fixed_us == d["micro_batch"]["fixed_us"]
     assert cm.token_us == d["micro_batch"]["token_us"]
+    assert cm.step_fixed_us == step["fixed_us"]  # one process: lockstep, no free-running share
     bucket = d["memory"]["bucket_size"]
     plan = Scheduler(SchedulerConfig(dp=1, cp=2, bucket_size=bucket), cm).schedule(
         [bucket // 4, bucket, bucket // 2, 3 * bucket // 2, 7])
