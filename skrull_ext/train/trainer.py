@@ -393,9 +393,10 @@ class SkrullTrainer(JobTrainer):
                     self.free_running.last()
             elif self.config.skrull.defer_grad_sync:
                 self._set_grad_sync(k == len(step.chunked) - 1)
-            with record_function(f"skrull/chunked_{k}"), self.train_context():
-                out = chunked_loss(self.model_parts[0], sample.input.to(self.device), sample.labels.to(self.device),
-                                   chunk, loss_fn, layers=self.dacp_attention, group=self.cp_group)
+            with record_function(f"skrull/chunked_{k}"), self.train_context():  # a blocking copy waits for the stream
+                tokens, labels = (t.to(self.device, non_blocking=True) for t in (sample.input, sample.labels))
+                out = chunked_loss(self.model_parts[0], tokens, labels, chunk, loss_fn, layers=self.dacp_attention,
+                                   group=self.cp_group)
                 out.loss.backward()
             self.ntokens_seen += sample.length
             total += out.loss.detach()
@@ -491,8 +492,7 @@ class SkrullTrainer(JobTrainer):
         times = self.step_phases.take(wait=wait)
         if times is None:
             return None
-        metrics = times.metrics()
-        self.ratio_spread.add(metrics)
+        self.ratio_spread.add(metrics := times.metrics())
         self.metrics_processor.logger.log(metrics, times.step)
         if (drift := self.ratio_spread.drift_warning(self.config.skrull.cost_model,
                                                      int(os.environ.get("WORLD_SIZE", "1")))) is not None:
