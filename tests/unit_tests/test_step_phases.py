@@ -127,3 +127,14 @@ def test_summary_is_the_median_after_the_first_step():
     assert line.startswith("step phases, median ms over 3 steps after the first: data 1.0 mb 83.0 opt 20.0;")
     assert "step as run 107.0 ms, 19% of it outside the micro-batches (checks, clip, opt)" in line
     assert phases_summary([]) is None
+
+
+def test_the_host_clock_on_cpu():
+    import torch
+
+    from skrull_ext.train.step_phases import clock_for
+
+    clock = clock_for(torch.device("cpu"))
+    assert isinstance(clock, WallClock)
+    a = clock.mark()
+    assert clock.ready(a) and clock.ms(a, clock.mark()) >= 0
