@@ -26,7 +26,10 @@ the run's ``documents/cut_documents`` and ``documents/context_lost_tokens``,
 ``compile/graphs`` (recompiles after warm-up: its rise after ``--warmup``) and
 ``memory/max_reserved(GiB)`` / ``max_active`` (the step's peak, reset each
 logged step), and Skrull's ``skrull/predicted_us``, ``skrull/measured_us``
-and ``skrull/max_rank_tokens``. The predicted memory of a Skrull step is the
+(the whole step as run), ``skrull/max_rank_tokens`` and the step by phase
+(``skrull/phase_<key>_ms``, ``skrull/step_outside_ms``: train/step_phases.py;
+the table gives each phase's median and the median share outside the
+micro-batches). The predicted memory of a Skrull step is the
 profile's static account plus its activation fit at the step's largest
 micro-batch (``ProfileMemory``; no margin), plus what free-running holds
 (``skrull/free_running_bytes``: the unsharded parameters and gradients the
@@ -151,6 +154,15 @@ def summarize_mode(run_dir: str, warmup: int, memory=None) -> dict:
         ratios = [measured[k] / predicted[k] for k in predicted if k > warmup and k in measured and predicted[k] > 0]
         out["measured_over_predicted"] = median(ratios)
         out["predicted_step_ms"] = median([predicted[k] / 1e3 for k in predicted if k > warmup])
+    from skrull_ext.train.step_phases import PHASES
+
+    phases = {k: median(after(f"skrull/phase_{k}_ms")) for k in [*(p.key for p in PHASES), "rest"]
+              if tags.get(f"skrull/phase_{k}_ms")}  # a Skrull run's step by phase (train/step_phases.py)
+    if phases:
+        out["phases_ms"] = phases
+        outside = tags.get("skrull/step_outside_ms", {})
+        out["outside_share"] = median([outside[k] * 1e3 / measured[k] for k in outside
+                                       if k > warmup and measured.get(k, 0) > 0])
     tokens_by_step = tags.get("skrull/max_rank_tokens", {})
     active = tags.get("memory/max_active(GiB)", {})
     held = tags.get("skrull/free_running_bytes", {})  # free-running's unsharded parameters and gradients
@@ -167,6 +179,12 @@ def table(results: dict[str, dict]) -> str:
     def f(x, fmt):
         return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else fmt.format(x)
 
+    def phases(r):
+        if not r.get("phases_ms"):
+            return "-"
+        said = " ".join(f"{k} {ms:.0f}" for k, ms in r["phases_ms"].items())
+        return f"{said} ({f(r.get('outside_share'), '{:.0%}')})"
+
     def slow(r):
         if not r.get("slow_steps"):
             return "-"
@@ -179,8 +197,8 @@ def table(results: dict[str, dict]) -> str:
             "| cut documents | tokens without their context | recompiles after warm-up "
             "| peak reserved GiB | peak active GiB "
             "| measured / predicted step | measured / predicted memory (median, max) | reserved / predicted "
-            "| losses finite |",
-            "|" + "---|" * 17]
+            "| losses finite | step phases ms, median (outside the micro-batches) |",
+            "|" + "---|" * 18]
     for mode, r in results.items():
         rows.append(
             f"| {mode} | {f(r['real_tokens_per_s'], '{:,.0f}')} | {f(r['step_ms'], '{:.1f}')} | "
@@ -192,7 +210,7 @@ def table(results: dict[str, dict]) -> str:
             f"{f(r.get('measured_over_predicted'), 'x{:.2f}')} | "
             f"{f(r.get('memory_over_predicted'), 'x{:.2f}')}, {f(r.get('memory_over_predicted_max'), 'x{:.2f}')} | "
             f"{f(r.get('reserved_over_predicted'), 'x{:.2f}')} | "
-            f"{'yes' if r['losses_finite'] else 'NO'} |")
+            f"{'yes' if r['losses_finite'] else 'NO'} | {phases(r)} |")
     rows += ["", *ratios(results)]
     return "\n".join(rows)
 

@@ -13,7 +13,8 @@
 - ``trainer``: ``SkrullTrainer``, torchtitan's Trainer fed by the
   scheduling dataloader; ``packed_trainer``: ``PackedTrainer``, torchtitan's own batching
   for ``skrull.enable = false``; ``job_trainer``: ``JobTrainer``, what both share;
-  ``free_running``, ``validation``, ``watchdog``, ``step_checks``, ``plan_log``,
+  ``free_running``, ``validation``, ``watchdog``, ``step_checks``, ``step_phases`` (a step
+  timed by phase), ``plan_log``,
   ``doc_flops`` (document-aware FLOPs), ``chunked`` (a document trained in chunks): their parts;
 - ``settle``, ``execution``: the Skrull job settled once at start-up (lockstep or
   free-running, BucketSize, timeline, look-ahead width);

@@ -52,6 +52,9 @@ def test_gpu_checks_dry_run_passes_every_stage(tmp_path):
         assert float(r["document-aware TFLOP/s a device"]) > 0, summary  # issue 48's columns, measured
         assert r["recompiles after warm-up"] == "0", summary
     assert rows["torchtitan-documents"]["cut documents"] == "0" == rows["skrull"]["cut documents"], summary
+    phases = "step phases ms, median (outside the micro-batches)"  # issue 57: the whole step by phase
+    assert rows["skrull"][phases].startswith("data ") and " mb " in rows["skrull"][phases], summary
+    assert rows["torchtitan-stream"][phases] == "-", summary  # torchtitan's own batching is not timed by phase
     assert int(rows["torchtitan-stream"]["cut documents"].replace(",", "")) > 0, summary  # the stream cuts
     assert any(line.startswith("skrull / torchtitan-documents: real tokens/s x") for line in lines), summary
     with tarfile.open(out / "gpu_checks.tar.gz") as tar:

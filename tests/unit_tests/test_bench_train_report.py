@@ -123,3 +123,25 @@ def test_a_training_dump_folder_is_a_mode(tmp_path, capsys):
     assert (dump / "train_report.md").exists()
     with pytest.raises(SystemExit, match=r"empty: no runs under .*empty/runs .* no TensorBoard events under"):
         train_report.main([str(tmp_path / "empty")])
+
+
+def test_a_skrull_runs_phases_are_its_medians_after_the_warm_up(tmp_path):
+    """skrull/phase_<key>_ms (train/step_phases.py): each phase's median over the kept steps, in the
+    registry's order, and the median share of the step as run outside the micro-batches."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    run = _run(tmp_path, [1.0, 1.0, 1.0, 1.0])
+    with SummaryWriter(f"{run}/tb/20261129") as w:
+        for step, (mb, opt) in enumerate([(900.0, 90.0), (100.0, 10.0), (110.0, 30.0), (120.0, 20.0)], start=1):
+            w.add_scalar("skrull/phase_opt_ms", opt, step)  # written out of order: the report orders them
+            w.add_scalar("skrull/phase_mb_ms", mb, step)
+            w.add_scalar("skrull/phase_rest_ms", 1.0, step)
+            w.add_scalar("skrull/step_outside_ms", opt, step)
+            w.add_scalar("skrull/measured_us", (mb + opt + 1.0) * 1e3, step)
+            w.add_scalar("skrull/predicted_us", 100e3, step)
+    r = summarize_mode(run, warmup=1)
+    assert r["phases_ms"] == {"mb": 110.0, "opt": 20.0, "rest": 1.0}
+    assert r["outside_share"] == 20.0 / 141.0  # the median of 10/111, 30/141, 20/141
+    header, _, row = table({"skrull": r}).splitlines()[:3]
+    cells = dict(zip([c.strip() for c in header.split("|")], [c.strip() for c in row.split("|")]))
+    assert cells["step phases ms, median (outside the micro-batches)"] == "mb 110 opt 20 rest 1 (14%)"
