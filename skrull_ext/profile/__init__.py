@@ -19,6 +19,7 @@ One concern per module:
     comm.py     all-gather / reduce-scatter latency, piecewise fit
     head.py     the cost per token outside the layers (token_us)
     micro_batch.py  the fixed cost of one micro-batch
+    step.py     what a step pays outside its micro-batches ([step] fixed_us)
     fit.py      the least-squares fits (plain Python)
     check.py    fill one rank to BucketSize and measure it
     train_check.py  the same question asked of a real training run (torchrun)
