@@ -83,6 +83,8 @@ class ProfileOptions:
     """Tokens of each document of that step (max(micro_batch_counts) documents)."""
     micro_batch_repeats: int = 11
     """Timed rounds of those steps (after ``warmup`` untimed ones); the median per count is kept."""
+    ac_modes: tuple[str, ...] = ("none", "selective", "full")
+    """Activation-checkpointing modes measured besides the job's own (checkpointing.py); () none."""
     check: bool = True
     """Run a forward+backward over a buffer of BucketSize tokens and measure its memory."""
     seed: int = 0
@@ -110,6 +112,10 @@ class ProfileOptions:
         for name in ("repeats", "comm_repeats", "micro_batch_repeats"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')}: must be >= 1, got {getattr(self, name)}")
+        from skrull_ext.scheduler.checkpointing import MODES
+
+        if any(m not in MODES for m in self.ac_modes):
+            raise ValueError(f"--ac-modes: {[m for m in self.ac_modes if m not in MODES]} not among {list(MODES)}")
         if not 0 <= self.margin < 1:
             raise ValueError(f"--margin: must be in [0, 1), got {self.margin}")
 
