@@ -78,6 +78,10 @@ def ac_config(mode: str, current: Any) -> Any:
 def _command(profile: Profile) -> str:
     """The profiler command that measures every mode for this profile's job."""
     command = profile.meta.get("command") or "python -m skrull_ext.profile --config-file JOB.toml --out P.toml"
+    ranks = profile.meta.get("world_size", 1)
+    if isinstance(ranks, int) and ranks > 1:  # [meta] command does not say it ran under torchrun
+        command = command.replace("python -m skrull_ext.profile",
+                                  f"torchrun --standalone --nproc_per_node {ranks} -m skrull_ext.profile", 1)
     return command if "--ac-modes" in command else f"{command} --ac-modes {','.join(MODES)}"
 
 
