@@ -180,7 +180,8 @@ def test_old_profiles_and_presets_keep_the_jobs_mode_and_say_how_to_measure(tmp_
     assert old.mode == "selective" and old.predicted_us == {}
     assert "measured one mode (unrecorded): assumed the job's [activation_checkpoint] kind 'selective'" in old.reason
     assert old.reason.endswith("--ac-modes none,selective,full")
-    assert "python -m skrull_ext.profile" in old.reason
+    # The shipped profile was measured by 2 processes: the command says torchrun.
+    assert "torchrun --standalone --nproc_per_node 2 -m skrull_ext.profile --config-file" in old.reason
     preset = _choose(SkrullConfig(cost_model="h100-assumed", activation_checkpoint="auto"), [[100]], "none")
     assert preset.mode == "none" and "hardware preset that measured no mode: assumed" in preset.reason
 
@@ -193,7 +194,7 @@ def test_bad_value_is_one_line():
 
 def test_bad_value_in_a_job_file_names_the_key(tmp_path):
     job = tmp_path / "job.toml"
-    job.write_text(DEBUG.read_text().replace("[skrull]\n", "[skrull]\nactivation_checkpoint = \"selective\"\n", 1))
+    job.write_text(DEBUG.read_text().replace('activation_checkpoint = "auto"', 'activation_checkpoint = "selective"'))
     with pytest.raises(JobFileError, match=r"^skrull.activation_checkpoint: 'selective' is not one of "
                                            r"\['job', 'auto'\]$"):
         load_job(str(job))
@@ -220,8 +221,8 @@ def test_start_up_puts_the_mode_in_the_config_before_the_model(tmp_path):
     and parallelises the model) sets config.activation_checkpoint and reads the profile under it."""
     job = tmp_path / "job.toml"
     path = _profile(tmp_path)
-    job.write_text(DEBUG.read_text().replace("[skrull]\n", "[skrull]\nactivation_checkpoint = \"auto\"\n", 1)
-                   .replace("bucket_size = 256", 'bucket_size = "profile"')
+    assert load_job(str(DEBUG)).skrull.activation_checkpoint == "auto"  # the README's job chooses
+    job.write_text(DEBUG.read_text().replace("bucket_size = 256", 'bucket_size = "profile"')
                    .replace('cost_model = "../../profiles/cpu-debug-gloo2.toml"', f'cost_model = "{path}"'))
     config = load_job(str(job))
     config.activation_checkpoint = SelectiveAC.Config()
