@@ -179,15 +179,20 @@ def choose_checkpointing(skrull, job_mode: str | None, *, dp: int, cp: int, dp_s
                 else f"{m} out: {why_out[m]}")
 
     others = "; ".join(say(m) for m in predicted)
+
+    def unused(best: str) -> str:  # a kind the job names and auto does not run: said, and how to force it
+        return (f"; the job's kind {job_mode!r} is its fallback only (skrull.activation_checkpoint = 'job' runs it)"
+                if job_mode is not None and job_mode != best else "")
+
     if priced:
         best = min(priced, key=lambda m: (priced[m], MODES.index(m)))
         return CheckpointChoice(best, f"skrull.activation_checkpoint = 'auto': the best predicted step time "
-                                f"on {over} (mean, lockstep, the profile's per-mode fits): {others}",
+                                f"on {over} (mean, lockstep, the profile's per-mode fits): {others}{unused(best)}",
                                 predicted, buckets)
     if buckets:
         best = max(buckets, key=lambda m: (buckets[m], -MODES.index(m)))
         return CheckpointChoice(best, f"skrull.activation_checkpoint = 'auto': no mode's BucketSize holds the "
-                                f"longest sequence of {over}, so the largest BucketSize: {others}",
+                                f"longest sequence of {over}, so the largest BucketSize: {others}{unused(best)}",
                                 predicted, buckets)
     raise ValueError(f"skrull.activation_checkpoint = 'auto': no mode the profile {profile.path!r} measured fits "
                      f"skrull.bucket_size {skrull.bucket_size}: {others}; lower skrull.bucket_size or set it to "

@@ -127,7 +127,10 @@ def test_a_job_that_fits_without_checkpointing_runs_without_it(tmp_path):
                            "predicted step time on the first 2 global batches")
     for mode in ("none", "selective", "full"):
         assert f"{mode} {t[mode] / 1e3:.2f} ms at bucket_size {choice.bucket_sizes[mode]}" in line
+    assert line.endswith("; the job's kind 'selective' is its fallback only (skrull.activation_checkpoint = 'job' "
+                         "runs it))")
     assert "\n" not in line
+    assert "fallback" not in _choose(_auto(_profile(tmp_path)), steps, job_mode="none").line()
 
 
 def test_one_that_does_not_fit_picks_selective_or_full_by_time(tmp_path):
