@@ -170,7 +170,7 @@ def choose_checkpointing(skrull, job_mode: str | None, *, dp: int, cp: int, dp_s
         predicted[mode] = predicted_us(skrull, job, steps)
         if predicted[mode] is None:
             why_out[mode] = f"bucket_size {bucket} cannot hold the longest sequence"
-    over = f"the first {len(steps)} global batches"
+    over = f"the first {len(steps)} global batch{'' if len(steps) == 1 else 'es'}"
     priced = {m: t for m, t in predicted.items() if t is not None}
 
     def say(m: str) -> str:
