@@ -42,11 +42,11 @@ from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
 
 from skrull_ext._core import ModelShape
 from skrull_ext.data.steps.lookahead_choice import HORIZON
-from skrull_ext.scheduler.capacity import Capacity
 from skrull_ext.scheduler.checkpointing import MODES
 from skrull_ext.scheduler.config import FROM_PROFILE, job_timeline
 from skrull_ext.scheduler.job import SchedulerJob
 from skrull_ext.scheduler.profile_file import Profile
+from skrull_ext.train.execution import mean_step_us
 
 __all__ = ["AC_AUTO", "AC_JOB", "CheckpointChoice", "KINDS", "ac_config", "choose_checkpointing", "first_lengths",
            "mode_of", "settle_checkpointing"]
@@ -113,18 +113,6 @@ class CheckpointChoice:
         return f"Skrull activation checkpointing: {self.mode} ({self.reason})"
 
 
-def predicted_us(skrull, job: SchedulerJob, steps: Sequence[Sequence[int]]) -> float | None:
-    """Mean predicted step time of ``steps`` planned and priced for ``job`` one by one; None when
-    its BucketSize cannot hold a sequence of them whole or sharded."""
-    from skrull_ext.scheduler import Scheduler  # CP-SAT (ortools) only when a scheduler is built
-
-    limit = Capacity(job.bucket_size, job.cp).limit
-    if not steps or any(s > limit for step in steps for s in step):
-        return None
-    scheduler = Scheduler(job)
-    return sum(scheduler.schedule(list(step)).makespan_us for step in steps) / len(steps)
-
-
 def choose_checkpointing(skrull, job_mode: str | None, *, dp: int, cp: int, dp_shard: int, dp_replicate: int,
                          shape: ModelShape, model_name: str,
                          steps: Callable[[], Sequence[Sequence[int]]] = tuple) -> CheckpointChoice:
@@ -167,7 +155,7 @@ def choose_checkpointing(skrull, job_mode: str | None, *, dp: int, cp: int, dp_s
         buckets[mode] = bucket
         job = SchedulerJob.of(skrull, dp=dp, cp=cp, timeline=timeline, bucket_size=bucket, lookahead=1,
                               cost_model=view.cost_model(shape, model_name))
-        predicted[mode] = predicted_us(skrull, job, steps)
+        predicted[mode] = mean_step_us(job, steps)
         if predicted[mode] is None:
             why_out[mode] = f"bucket_size {bucket} cannot hold the longest sequence"
     over = f"the first {len(steps)} global batch{'' if len(steps) == 1 else 'es'}"
