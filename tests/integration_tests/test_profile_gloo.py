@@ -41,3 +41,7 @@ def test_profile_two_processes_over_gloo(tmp_path):
     assert cm.micro_batch_fixed_us == mb["fixed_us"]
     # The head's per-token cost, timed on each rank before FSDP wraps the model (mean over both).
     assert cm.token_us == mb["token_us"] >= 0.0 and len(d["meta"]["head"]["us"]) == mb["token_points"] >= 2
+    # Each activation-checkpointing mode measured on both ranks (--ac-modes, default all three).
+    ac = d["activation_checkpoint"]
+    assert list(ac) == ["measured", "none", "selective", "full"] and ac["measured"] == "none"
+    assert ac["full"]["bucket_size"] > ac["none"]["bucket_size"] == d["memory"]["bucket_size"]
