@@ -7,7 +7,9 @@
 """What the profiler measures and how often: one plain dataclass.
 
 The defaults profile the CPU debug job in well under five minutes on two
-shared cores; a GPU run passes longer ladders on the command line. Values are
+shared cores for each activation-checkpointing mode measured (the job's own
+and ``ac_modes``: three, so up to about seven minutes on a loaded box;
+``--ac-modes ''`` measures the job's only); a GPU run passes longer ladders on the command line. Values are
 checked in ``__post_init__`` and errors name the option.
 """
 

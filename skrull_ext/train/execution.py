@@ -31,7 +31,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from skrull_ext._core import ModelShape
-from skrull_ext.scheduler.capacity import Capacity
 from skrull_ext.scheduler.config import FROM_PROFILE, job_timeline
 from skrull_ext.scheduler.job import SchedulerJob
 
@@ -79,11 +78,11 @@ def predicted_step_us(skrull, dp: int, cp: int, shape: ModelShape, model_name: s
 
 def mean_step_us(job: SchedulerJob, steps: Sequence[Sequence[int]]) -> float | None:
     """Mean predicted step time of ``steps`` (global batches' lengths) planned and priced for
-    ``job`` one by one; None when its BucketSize cannot hold a sequence of them whole or sharded
-    (free-running or not, a CP group holds a sequence: never the pool)."""
+    ``job`` one by one; None when its ranks cannot hold a sequence of them whole or sharded
+    (``job.capacity``: a CP group, or under skrull-pool the pool's ranks)."""
     from skrull_ext.scheduler import Scheduler  # CP-SAT (ortools) only when a scheduler is built
 
-    limit = Capacity(job.bucket_size, job.cp).limit
+    limit = job.capacity.limit
     if not steps or any(s > limit for step in steps for s in step):
         return None
     scheduler = Scheduler(job)

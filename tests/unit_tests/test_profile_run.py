@@ -148,7 +148,9 @@ def test_committed_cpu_profile():
     assert d["meta"]["source"] == "measured" and d["meta"]["date"] and d["meta"]["device"]
     assert d["comm"]["backend"] == "gloo" and d["comm"]["world_size"] == 2
     assert d["compute"]["held_out_max_rel_error"] <= 0.15
-    assert d["meta"]["elapsed_s"] < 300
+    # Five minutes a mode measured: the job's, and each other activation-checkpointing mode (--ac-modes).
+    modes = max(1, len(d.get("activation_checkpoint", {})) - 1)  # its tables, "measured" aside
+    assert d["meta"]["elapsed_s"] < 300 * modes
     assert d["meta"]["check"]["ok"]
     cost_model.load(COMMITTED)
 
