@@ -100,6 +100,20 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _options(args: argparse.Namespace):
+    """The parsed flags as ProfileOptions (its checks raise ValueError naming the option)."""
+    from skrull_ext.profile.options import ProfileOptions
+
+    return ProfileOptions(
+        lengths=args.lengths, held_out=args.held_out, packed=args.packed, warmup=args.warmup,
+        repeats=args.repeats, layers=args.layers, clock=args.clock, memory_lengths=args.memory_lengths,
+        memory_limit=args.memory_limit, margin=args.margin, world_size=args.world_size,
+        comm_sizes=args.comm_sizes, comm_repeats=args.comm_repeats, threads=args.threads,
+        check=not args.no_check, seed=args.seed, micro_batch_counts=args.micro_batch_counts,
+        micro_batch_doc=args.micro_batch_doc, micro_batch_repeats=args.micro_batch_repeats, ac_modes=args.ac_modes,
+    )
+
+
 def _device() -> torch.device:
     if torch.cuda.is_available():
         local = int(os.environ.get("LOCAL_RANK", "0"))
@@ -155,11 +169,11 @@ def main(argv: list[str] | None = None) -> int:
     from skrull_ext.profile.head import profile_head
     from skrull_ext.profile.micro_batch import profile_micro_batch
     from skrull_ext.profile.model import build_job_model
-    from skrull_ext.profile.options import ProfileOptions
     from skrull_ext.profile.plot import plot
     from skrull_ext.profile.ranks import is_main
     from skrull_ext.profile.writer import Profile, report, write
     from skrull_ext.scheduler.model_shape import model_compiled
+    from skrull_ext.errors import UserError
     from skrull_ext.train.checkpointing import mode_of
     from skrull_ext.train.job.job_file import load_config
     from torchtitan_patches import logs
@@ -173,14 +187,11 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     argv = sys.argv[1:] if argv is None else argv
     args, job_args = _parser().parse_known_args(argv)
-    opts = ProfileOptions(
-        lengths=args.lengths, held_out=args.held_out, packed=args.packed, warmup=args.warmup,
-        repeats=args.repeats, layers=args.layers, clock=args.clock, memory_lengths=args.memory_lengths,
-        memory_limit=args.memory_limit, margin=args.margin, world_size=args.world_size,
-        comm_sizes=args.comm_sizes, comm_repeats=args.comm_repeats, threads=args.threads,
-        check=not args.no_check, seed=args.seed, micro_batch_counts=args.micro_batch_counts,
-        micro_batch_doc=args.micro_batch_doc, micro_batch_repeats=args.micro_batch_repeats, ac_modes=args.ac_modes,
-    )
+    try:
+        opts = _options(args)
+    except ValueError as e:  # ProfileOptions' checks name the option: one line, exit 2
+        raise UserError(str(e)) from None
+
     def config_of(*flags: str):
         return load_config(["--config-file", args.config_file, *job_args, *flags], module="skrull_ext.profile",
                            world_size=opts.world_size or None)

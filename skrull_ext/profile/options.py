@@ -19,6 +19,8 @@ import dataclasses
 import re
 from dataclasses import dataclass, field
 
+from skrull_ext.scheduler.checkpointing import MODES
+
 __all__ = ["ProfileOptions", "parse_bytes", "parse_ints"]
 
 _UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9, "t": 1e12, "tb": 1e12,
@@ -85,7 +87,7 @@ class ProfileOptions:
     """Tokens of each document of that step (max(micro_batch_counts) documents)."""
     micro_batch_repeats: int = 11
     """Timed rounds of those steps (after ``warmup`` untimed ones); the median per count is kept."""
-    ac_modes: tuple[str, ...] = ("none", "selective", "full")
+    ac_modes: tuple[str, ...] = MODES
     """Activation-checkpointing modes measured besides the job's own (checkpointing.py); () none."""
     check: bool = True
     """Run a forward+backward over a buffer of BucketSize tokens and measure its memory."""
@@ -114,8 +116,6 @@ class ProfileOptions:
         for name in ("repeats", "comm_repeats", "micro_batch_repeats"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')}: must be >= 1, got {getattr(self, name)}")
-        from skrull_ext.scheduler.checkpointing import MODES
-
         if any(m not in MODES for m in self.ac_modes):
             raise ValueError(f"--ac-modes: {[m for m in self.ac_modes if m not in MODES]} not among {list(MODES)}")
         if not 0 <= self.margin < 1:

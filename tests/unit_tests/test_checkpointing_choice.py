@@ -248,3 +248,11 @@ def test_first_lengths_are_the_jobs_first_global_batches():
     source = config.dataloader.build(dp_world_size=1, dp_rank=0, tokenizer=tokenizer).source
     gbs = config.dataloader.global_batch_size
     assert lengths == [[source.length(i) for i in source.global_batch(k, gbs)] for k in range(1, len(lengths) + 1)]
+
+
+def test_a_bad_profiler_mode_is_one_line():
+    from skrull_ext.profile.options import ProfileOptions
+
+    assert ProfileOptions().ac_modes == ("none", "selective", "full") and ProfileOptions(ac_modes=()).ac_modes == ()
+    with pytest.raises(ValueError, match=r"^--ac-modes: \['half'\] not among \['none', 'selective', 'full'\]$"):
+        ProfileOptions(ac_modes=("none", "half"))
