@@ -169,7 +169,8 @@ if [ "$dry" = 1 ]; then
   prof=(--lengths 256,384,512 --held-out 448 --memory-lengths 256,512 --repeats 2 --micro-batch-repeats 1 --no-check
         --max-held-out-error 10 --max-micro-batch-error 10 --max-packed-error 10)
   train=(--training.steps "${STEPS:-5}" --dataloader.global_batch_size 8 --metrics.enable_tensorboard)
-  warm=2 limit=240 rows=4 bucket=512 profile_limit=240  # shared cores: the toy ladder took 90 s under load
+  # shared cores: the toy ladder took 90 s under load for one checkpointing mode; it measures three (--ac-modes)
+  warm=2 limit=240 rows=4 bucket=512 profile_limit=480
   mixes=(${MIXES:-job})  # job: the job's own lengths
 else
   job=skrull_ext/jobs/qwen2_5_0_5b_gpu.toml
@@ -190,7 +191,8 @@ else
   # its CUDA graph of forward+backward (on by default on CUDA, it refuses cu_seqlens of a new shape at step 2);
   # padded rows of 16K: 4 rows (37 GiB of float32 logits) ran out of the H100's memory, 3 where it is < 100 GiB.
   rows=$("$py" -c "import torch; print(4 if torch.cuda.get_device_properties(0).total_memory > 100 * 2**30 else 3)")
-  warm=4 limit=${TRAIN_LIMIT:-110} bucket=16384 profile_limit=90 tt_attn="--model.attn_backend varlen --training.disable_cuda_graphs"
+  # profile_limit: 47 s for one checkpointing mode on an H200 (2026-11-28); three modes, each compiled again
+  warm=4 limit=${TRAIN_LIMIT:-110} bucket=16384 profile_limit=240 tt_attn="--model.attn_backend varlen --training.disable_cuda_graphs"
   # The shipped mix, then a second long-tailed one (issue 48).
   mixes=(${MIXES:-mix_sharegpt_conv95+longbench_en5 mix_sharegpt_conv+longbench_en})
 fi

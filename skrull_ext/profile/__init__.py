@@ -18,6 +18,7 @@ One concern per module:
     memory.py   saved-for-backward and peak bytes, static account, BucketSize
     comm.py     all-gather / reduce-scatter latency, piecewise fit
     head.py     the cost per token outside the layers (token_us)
+    checkpointing.py  compute and memory under each activation-checkpointing mode
     micro_batch.py  the fixed cost of one micro-batch
     step.py     what a step pays outside its micro-batches ([step] fixed_us)
     fit.py      the least-squares fits (plain Python)

@@ -79,6 +79,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--comm-from", default="h100-assumed",
                    help="hardware preset for [comm] when one process measures none (default: %(default)s)")
     p.add_argument("--threads", type=int, default=d.threads, help="torch threads per rank (0: torch's default; default: %(default)s)")
+    p.add_argument("--ac-modes", type=lambda s: tuple(m.strip() for m in s.split(",") if m.strip()),
+                   default=d.ac_modes, help="activation-checkpointing modes measured besides the job's own, e.g. "
+                   "none,selective,full ('' for none; default: all three)")
     p.add_argument("--no-check", action="store_true", help="skip the BucketSize memory check (default: run it)")
     p.add_argument("--micro-batch-counts", type=ints, default=d.micro_batch_counts,
                    help="micro-batches per step for the fixed-cost fit, the same tokens each (default: 1,2,4)")
@@ -95,6 +98,20 @@ def _parser() -> argparse.ArgumentParser:
                    help="fail (exit 1) when a packed buffer misses by more than this fraction (default: %(default)s)")
     p.add_argument("--seed", type=int, default=d.seed, help="seed of the random tokens and check buffer (default: %(default)s)")
     return p
+
+
+def _options(args: argparse.Namespace):
+    """The parsed flags as ProfileOptions (its checks raise ValueError naming the option)."""
+    from skrull_ext.profile.options import ProfileOptions
+
+    return ProfileOptions(
+        lengths=args.lengths, held_out=args.held_out, packed=args.packed, warmup=args.warmup,
+        repeats=args.repeats, layers=args.layers, clock=args.clock, memory_lengths=args.memory_lengths,
+        memory_limit=args.memory_limit, margin=args.margin, world_size=args.world_size,
+        comm_sizes=args.comm_sizes, comm_repeats=args.comm_repeats, threads=args.threads,
+        check=not args.no_check, seed=args.seed, micro_batch_counts=args.micro_batch_counts,
+        micro_batch_doc=args.micro_batch_doc, micro_batch_repeats=args.micro_batch_repeats, ac_modes=args.ac_modes,
+    )
 
 
 def _device() -> torch.device:
@@ -145,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     from tqdm import tqdm
 
     from skrull_ext.profile.check import check_bucket
+    from skrull_ext.profile.checkpointing import profile_modes, steps_per_mode
     from skrull_ext.profile.comm import profile_comm
     from skrull_ext.profile.compute import profile_compute
     from skrull_ext.profile.memory import profile_memory
@@ -152,11 +170,12 @@ def main(argv: list[str] | None = None) -> int:
     from skrull_ext.profile.micro_batch import profile_micro_batch
     from skrull_ext.profile.step import profile_step
     from skrull_ext.profile.model import build_job_model
-    from skrull_ext.profile.options import ProfileOptions
     from skrull_ext.profile.plot import plot
     from skrull_ext.profile.ranks import is_main
     from skrull_ext.profile.writer import Profile, report, write
     from skrull_ext.scheduler.model_shape import model_compiled
+    from skrull_ext.errors import UserError
+    from skrull_ext.train.checkpointing import mode_of
     from skrull_ext.train.job.job_file import load_config
     from torchtitan_patches import logs
 
@@ -169,16 +188,16 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     argv = sys.argv[1:] if argv is None else argv
     args, job_args = _parser().parse_known_args(argv)
-    opts = ProfileOptions(
-        lengths=args.lengths, held_out=args.held_out, packed=args.packed, warmup=args.warmup,
-        repeats=args.repeats, layers=args.layers, clock=args.clock, memory_lengths=args.memory_lengths,
-        memory_limit=args.memory_limit, margin=args.margin, world_size=args.world_size,
-        comm_sizes=args.comm_sizes, comm_repeats=args.comm_repeats, threads=args.threads,
-        check=not args.no_check, seed=args.seed, micro_batch_counts=args.micro_batch_counts,
-        micro_batch_doc=args.micro_batch_doc, micro_batch_repeats=args.micro_batch_repeats,
-    )
-    config = load_config(["--config-file", args.config_file, *job_args], module="skrull_ext.profile",
-                         world_size=opts.world_size or None)
+    try:
+        opts = _options(args)
+    except ValueError as e:  # ProfileOptions' checks name the option: one line, exit 2
+        raise UserError(str(e)) from None
+
+    def config_of(*flags: str):
+        return load_config(["--config-file", args.config_file, *job_args, *flags], module="skrull_ext.profile",
+                           world_size=opts.world_size or None)
+
+    config = config_of()
     longest = getattr(config.dataloader, "max_len", None) or config.training.seq_len
     opts = opts.for_job(longest, config.model_spec.model.max_seq_len)
 
@@ -194,7 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     steps = (2 * len(opts.lengths) + len(opts.held_out) + len(opts.packed or ())) * (opts.warmup + opts.repeats) \
         + len(opts.memory_lengths) \
         + (opts.comm_warmup + opts.comm_repeats if world > 1 else 0) + int(opts.check) + 1 \
-        + (len(opts.micro_batch_counts) + 1) * (opts.warmup + opts.micro_batch_repeats)
+        + (len(opts.micro_batch_counts) + 1) * (opts.warmup + opts.micro_batch_repeats) \
+        + len(set(opts.ac_modes) - {mode_of(config.activation_checkpoint)}) * steps_per_mode(opts)
     bar = tqdm(total=steps, desc="profile", disable=not is_main(), file=sys.stderr)
 
     def tick(what: str) -> None:
@@ -214,6 +234,9 @@ def main(argv: list[str] | None = None) -> int:
         check = check_bucket(jm, memory.bucket_size, memory.predicted, memory.usable - memory.static.total,
                              memory.static.optimizer_states, opts.seed) if opts.check else None
         head = profile_head(jm, opts, tick)
+        measured_mode, modes = profile_modes(
+            config, lambda mode: config_of("--activation_checkpoint.kind", mode), opts.ac_modes, compute, memory,
+            device, config.model_spec.model.max_seq_len, opts, target_world, tick)
         # Last: it wraps the model in FSDP for good; then the step outside its micro-batches, on that model.
         micro_batch = profile_micro_batch(jm, opts, compute.fit.intercept, tick)
         step = profile_step(jm, opts, tick)
@@ -235,7 +258,8 @@ def main(argv: list[str] | None = None) -> int:
         }
         if comm is None:
             meta["comm_note"] = f"not measured (one process): [comm] is preset {args.comm_from!r}"
-        prof = Profile(jm, compute, memory, comm, args.comm_from, check, meta, micro_batch, head, step)
+        prof = Profile(jm, compute, memory, comm, args.comm_from, check, meta, micro_batch, head, step, modes,
+                       measured_mode)
         failed = failures(compute, check, args.max_held_out_error, args.max_packed_error, micro_batch,
                           args.max_micro_batch_error)
         if is_main():

@@ -7,7 +7,9 @@
 """What the profiler measures and how often: one plain dataclass.
 
 The defaults profile the CPU debug job in well under five minutes on two
-shared cores; a GPU run passes longer ladders on the command line. Values are
+shared cores for each activation-checkpointing mode measured (the job's own
+and ``ac_modes``: three, so up to about seven minutes on a loaded box;
+``--ac-modes ''`` measures the job's only); a GPU run passes longer ladders on the command line. Values are
 checked in ``__post_init__`` and errors name the option.
 """
 
@@ -16,6 +18,8 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass, field
+
+from skrull_ext.scheduler.checkpointing import MODES
 
 __all__ = ["ProfileOptions", "parse_bytes", "parse_ints"]
 
@@ -83,6 +87,8 @@ class ProfileOptions:
     """Tokens of each document of that step (max(micro_batch_counts) documents)."""
     micro_batch_repeats: int = 11
     """Timed rounds of those steps (after ``warmup`` untimed ones); the median per count is kept."""
+    ac_modes: tuple[str, ...] = MODES
+    """Activation-checkpointing modes measured besides the job's own (checkpointing.py); () none."""
     check: bool = True
     """Run a forward+backward over a buffer of BucketSize tokens and measure its memory."""
     seed: int = 0
@@ -110,6 +116,8 @@ class ProfileOptions:
         for name in ("repeats", "comm_repeats", "micro_batch_repeats"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')}: must be >= 1, got {getattr(self, name)}")
+        if any(m not in MODES for m in self.ac_modes):
+            raise ValueError(f"--ac-modes: {[m for m in self.ac_modes if m not in MODES]} not among {list(MODES)}")
         if not 0 <= self.margin < 1:
             raise ValueError(f"--margin: must be in [0, 1), got {self.margin}")
 

@@ -23,6 +23,7 @@ from typing import Any
 import tomli_w
 
 from skrull_ext.profile.check import BucketCheck
+from skrull_ext.profile.checkpointing import ModeRun
 from skrull_ext.profile.comm import CommResult
 from skrull_ext.profile.compute import ComputeResult
 from skrull_ext.profile.memory import MemoryResult
@@ -30,7 +31,7 @@ from skrull_ext.profile.head import HeadResult
 from skrull_ext.profile.micro_batch import MicroBatchResult
 from skrull_ext.profile.model import JobModel
 from skrull_ext.profile.step import StepResult
-from skrull_ext.scheduler import cost_model, profile_file
+from skrull_ext.scheduler import checkpointing, cost_model, profile_file
 
 __all__ = ["Profile", "profile_dict", "report", "write"]
 
@@ -107,6 +108,8 @@ def profile_dict(p: Profile) -> dict[str, Any]:
         d.setdefault("micro_batch", {}).update({"token_us": p.head.token_us, "token_points": len(p.head.tokens)})
     if p.step is not None:
         d["step"] = p.step.section()
+    if p.modes and p.measured_mode is not None:
+        d[checkpointing.SECTION] = checkpointing.section({m: r.cost for m, r in p.modes.items()}, p.measured_mode)
     d["meta"] = {**p.meta, **_raw(p)}
     profile_file.from_dict(d, where="profile being written")  # the scheduler must accept it
     return d
@@ -146,6 +149,14 @@ def _raw(p: Profile) -> dict[str, Any]:
                               **({"free_running_step_us": list(p.micro_batch.free_us),
                                   "free_running_intercept_us": p.micro_batch.free_fit.intercept}
                                  if p.micro_batch.free_fit is not None else {})}
+    if p.modes:
+        raw[checkpointing.SECTION] = {m: {
+            "lengths": [t.tokens for t in r.compute.points], "us": [t.us for t in r.compute.points],
+            "wall_us": [t.wall_us for t in r.compute.points], "r2": r.compute.fit.r2,
+            "held_out_max_rel_error": r.compute.held_out_max_rel_error,
+            "memory_tokens": [x.tokens for x in r.memory.points], "saved_bytes": [x.saved for x in r.memory.points],
+            "peak_bytes": [x.peak for x in r.memory.points], "memory_r2": r.memory.fit.r2,
+        } for m, r in p.modes.items()}
     if p.head is not None:
         raw["head"] = {"tokens": list(p.head.tokens), "us": p.head.us, "intercept_us": p.head.fit.intercept,
                        "r2": p.head.fit.r2, "max_rel_error": p.head.fit.max_rel_error, "clock": p.head.clock}
@@ -187,6 +198,24 @@ def host_bound_note(cp) -> str | None:
             f"tokens (x{work:.0f} the FLOPs): host-bound (kernel launches, "
             "Python dispatch), so the intercept is a fixed cost of every layer and the slope means little; "
             "compiling the model (--compile.enable, also in the job) removes most of it")
+
+
+def mode_lines(p: Profile) -> list[str]:
+    """Per activation-checkpointing mode, as measured (not fitted): a layer's forward+backward at
+    the compute ladder's longest length and the peak at the memory ladder's, against the job's
+    mode, and the BucketSize."""
+    if not p.modes or p.measured_mode not in p.modes:
+        return []
+    top = lambda points: max(points, key=lambda t: t.tokens)  # noqa: E731
+    base = p.modes[p.measured_mode]
+    t0, m0 = top(base.compute.points), top(base.memory.points)
+    lines = []
+    for mode, r in p.modes.items():
+        t, m = top(r.compute.points), top(r.memory.points)
+        lines.append(f"  ac {mode:<9} layer {t.us / 1e3:.2f} ms at {t.tokens} tokens (x{t.us / t0.us:.2f} "
+                     f"{p.measured_mode}'s), peak {_mib(m.peak)} at {m.tokens} tokens (x{m.peak / m0.peak:.2f}), "
+                     f"BucketSize {r.memory.bucket_size}" + (" (the job's mode)" if mode == p.measured_mode else ""))
+    return lines
 
 
 def report(p: Profile) -> str:
@@ -252,6 +281,7 @@ def report(p: Profile) -> str:
         lines.append(f"  step     {p.step.fixed_us:.4g} us a step outside its micro-batches = "
                      + " + ".join(f"{k} {us:.4g}" for k, us in p.step.phases_us.items())
                      + f" (median of {p.step.repeats}, slowest rank)")
+    lines.extend(mode_lines(p))
     if p.check is not None:
         c = p.check
         lines.append(

@@ -36,6 +36,10 @@ and what the scheduler plans with. TOML::
     [memory]    optional: one rank's memory model and BucketSize, the keys
                 of ``MEMORY_KEYS`` (below: what each means, its check, and
                 whether reading the model needs it), plus the fit keys
+    [activation_checkpoint] optional: the mode [compute] and [memory] were
+                measured under and, per mode measured (none, selective,
+                full), its compute fit, memory fit and BucketSize
+                (checkpointing.py; ``Profile.under_mode``)
     [meta]      optional: source ("assumed" | "measured"), device, date, ...
 
 A *hardware* profile (the assumed H100 shipped in ``hardware/``) leaves out
@@ -61,6 +65,7 @@ import tomllib
 
 from skrull_ext import _core
 from skrull_ext._core import CommModel, CostModel, ModelShape
+from skrull_ext.scheduler import checkpointing
 
 __all__ = ["MEMORY_KEYS", "MemoryKey", "Profile", "ProfileMemory", "derive_bucket_size", "free_running_bytes",
            "from_dict", "per_rank_coefficients", "to_dict"]
@@ -135,6 +140,7 @@ _SCHEMA: dict[str, tuple[set[str], set[str] | None]] = {
                             "free_running_max_rel_error", "token_us", "token_points"}),
     "step": (set(), {"fixed_us", "checks_us", "clip_us", "opt_us", "repeats"}),
     "memory": (set(), {k.key for k in MEMORY_KEYS} | _MEMORY_FIT_KEYS),
+    checkpointing.SECTION: (set(), None),  # per mode: checkpointing.check_section
     "meta": (set(), None),  # free-form provenance
 }
 _REQUIRED_SECTIONS = ("compute", "comm")
@@ -165,6 +171,8 @@ def _check(d: dict[str, Any], where: str, need_model: bool) -> None:
     for k in MEMORY_KEYS:
         if k.key in d.get("memory", {}):
             k.check(d["memory"][k.key], where)
+    if checkpointing.SECTION in d:
+        checkpointing.check_section(d[checkpointing.SECTION], where)
 
 
 def from_dict(d: dict[str, Any], where: str = "profile", tp: int = 1, free_running: bool = False) -> CostModel:
@@ -401,6 +409,24 @@ class Profile:
         --plan-margin``: what the hedge costs or buys on a batch mix); checked where priced."""
         data = {**self.data, "comm": {**self.data["comm"], "plan_margin": margin}}
         return Profile(data, self.path)
+
+    @property
+    def checkpointing_modes(self) -> dict[str, checkpointing.ModeCost]:
+        """Each activation-checkpointing mode it measured ({}: only the one of [compute] and [memory])."""
+        return checkpointing.modes_of(self.data)
+
+    @property
+    def measured_checkpointing(self) -> str | None:
+        """The mode its [compute] and [memory] were measured under (None: it does not say)."""
+        return checkpointing.measured_mode(self.data)
+
+    def under_mode(self, mode: str) -> Profile:
+        """This profile as a job running activation-checkpointing ``mode`` sees it (its BucketSize,
+        cost model and memory account that mode's: checkpointing.under_mode); itself when the
+        profile has no per-mode measurement of ``mode``."""
+        if mode not in self.checkpointing_modes:
+            return self
+        return Profile(checkpointing.under_mode(self.data, mode), self.path)
 
     @property
     def has_model(self) -> bool:

@@ -31,10 +31,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from skrull_ext._core import ModelShape
-from skrull_ext.scheduler.capacity import Capacity
 from skrull_ext.scheduler.config import FROM_PROFILE, job_timeline
+from skrull_ext.scheduler.job import SchedulerJob
 
-__all__ = ["AUTO", "Execution", "choose_execution", "PREDICT_STEPS"]
+__all__ = ["AUTO", "Execution", "choose_execution", "mean_step_us", "PREDICT_STEPS"]
 
 AUTO = "auto"
 PREDICT_STEPS = 8
@@ -70,12 +70,22 @@ def predicted_step_us(skrull, dp: int, cp: int, shape: ModelShape, model_name: s
                       dp_shard: int, dp_replicate: int, free_running: bool, bucket: int) -> float | None:
     """Mean predicted step time of ``steps`` (global batches' lengths) planned and priced for
     one execution; None when BucketSize ``bucket`` cannot hold a sequence of them whole or sharded."""
-    limit = Capacity(bucket, cp).limit  # free-running or not, a CP group holds a sequence (never the pool)
+    timeline = job_timeline(dp_shard, dp_replicate, free_running, skrull.defer_grad_sync)
+    job = skrull.resolve(dp, cp, shape, model_name, timeline=timeline, free_running=free_running,
+                         bucket_size=bucket, lookahead=1)  # each step planned on its own
+    return mean_step_us(job, steps)
+
+
+def mean_step_us(job: SchedulerJob, steps: Sequence[Sequence[int]]) -> float | None:
+    """Mean predicted step time of ``steps`` (global batches' lengths) planned and priced for
+    ``job`` one by one; None when its ranks cannot hold a sequence of them whole or sharded
+    (``job.capacity``: a CP group, or under skrull-pool the pool's ranks)."""
+    from skrull_ext.scheduler import Scheduler  # CP-SAT (ortools) only when a scheduler is built
+
+    limit = job.capacity.limit
     if not steps or any(s > limit for step in steps for s in step):
         return None
-    timeline = job_timeline(dp_shard, dp_replicate, free_running, skrull.defer_grad_sync)
-    scheduler = skrull.build(dp, cp, shape, model_name, timeline=timeline, free_running=free_running,
-                             bucket_size=bucket, lookahead=1)  # each step planned on its own
+    scheduler = Scheduler(job)
     return sum(scheduler.schedule(list(step)).makespan_us for step in steps) / len(steps)
 
 

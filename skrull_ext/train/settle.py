@@ -1,7 +1,10 @@
 """A Skrull job settled once, at start-up: execution, BucketSize, timeline, look-ahead width.
 
-Each decision needs the ones before it: the execution (lockstep or
-free-running) fixes the BucketSize and the timeline (execution.py); those fix
+Each decision needs the ones before it. The activation-checkpointing mode
+comes first, before the model is built (checkpointing.py, from
+``SkrullTrainer.init_distributed``): it sets which of the profile's per-mode
+fits every later decision reads (``SkrullConfig.use_checkpointing``). Then
+the execution (lockstep or free-running) fixes the BucketSize and the timeline (execution.py); those fix
 what a step costs, which is what ``lookahead = "auto"`` prices windows with
 (data/steps/lookahead_choice.py). ``settle`` makes them in that order, from the
 section, the job's dims and shape, and the data's lengths (read as training

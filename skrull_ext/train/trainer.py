@@ -51,6 +51,7 @@ from skrull_ext.scheduler import Scheduler
 from skrull_ext.scheduler.config import timeline_name
 from skrull_ext.scheduler.model_shape import compute_dtype, DTYPES, job_shape, model_compiled
 from skrull_ext.scheduler.profile_file import free_running_bytes
+from skrull_ext.train.checkpointing import settle_checkpointing
 from skrull_ext.train.chunked import chunked_loss
 from skrull_ext.train.compile_limit import length_free_fusion, raise_recompile_limit
 from skrull_ext.train.free_running import FreeRunningFSDP
@@ -111,6 +112,22 @@ class SkrullTrainer(JobTrainer):
         resolve_device_defaults(config)
         self.model_shape = job_shape(config)
         config.skrull.check_shape(self.model_shape, self._model_name(config))
+
+    def init_distributed(self):
+        """torchtitan's, then the activation-checkpointing mode (``_choose_checkpointing``): the
+        first point where the job's dims are known and its model is not yet built."""
+        dims = super().init_distributed()
+        self._choose_checkpointing(dims)
+        return dims
+
+    def _choose_checkpointing(self, dims) -> None:
+        """The mode the job runs, put in ``config.activation_checkpoint`` before torchtitan's
+        parallelize function applies it (train/checkpointing.py); logged in one line."""
+        try:
+            choice = settle_checkpointing(self.config, dims, self.model_shape, self._model_name(self.config))
+        except ValueError as e:  # the launcher prints it as one line (cli_errors)
+            raise JobFileError(str(e)) from None
+        logger.info(choice.line())
 
     def _init_skrull(self) -> None:
         dims = self.parallel_dims

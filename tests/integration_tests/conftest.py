@@ -76,9 +76,12 @@ class SkrullRuns:
         "cp2_segments": (2, ["--parallelism.context_parallel_degree", "2", "--skrull.attention_kernel", "segments"]),
         # The same plan in query tiles (kernels.py, tiles.py).
         "cp2_tiles": (2, ["--parallelism.context_parallel_degree", "2", "--skrull.attention_kernel", "tiles"]),
-        # torchtitan's activation checkpointing around blocks that hold the DACP attention.
-        "cp2_ac_full": (2, ["--parallelism.context_parallel_degree", "2", "--activation_checkpoint.kind", "full"]),
-        "cp2_ac_selective": (2, ["--parallelism.context_parallel_degree", "2", "--activation_checkpoint.kind", "selective"]),
+        # torchtitan's activation checkpointing around blocks that hold the DACP attention (the kind
+        # forced: the debug job's "auto" would choose among the modes of a profile that measured them).
+        "cp2_ac_full": (2, ["--parallelism.context_parallel_degree", "2", "--activation_checkpoint.kind", "full",
+                                "--skrull.activation_checkpoint", "job"]),
+        "cp2_ac_selective": (2, ["--parallelism.context_parallel_degree", "2", "--activation_checkpoint.kind", "selective",
+                                 "--skrull.activation_checkpoint", "job"]),
         # One pool over DP 2 x CP 2 (issue 18): bucket_size 128, so the debug data's sequences of
         # 257..512 tokens (over C x CP = 256) are sharded over all 4 ranks, across both DP groups.
         "dp2cp2_pool": (4, ["--parallelism.context_parallel_degree", "2",
@@ -100,12 +103,13 @@ class SkrullRuns:
                             "--skrull.policy", "skrull-paper"]),
         "dp2cp2_ac_full": (4, ["--parallelism.context_parallel_degree", "2",
                                "--parallelism.data_parallel_shard_degree", "2", "--skrull.defer_grad_sync",
-                               "--skrull.no-free_running", "--activation_checkpoint.kind", "full"]),
+                               "--skrull.no-free_running", "--activation_checkpoint.kind", "full",
+                               "--skrull.activation_checkpoint", "job"]),
         # torchtitan's per-block torch.compile (inductor, fullgraph) around the DACP custom op
         # (attention/compiled.py), without and with full AC (test_compile.py).
         "cp2_compile": (2, ["--parallelism.context_parallel_degree", "2", "--compile.enable"]),
         "cp2_compile_ac_full": (2, ["--parallelism.context_parallel_degree", "2", "--compile.enable",
-                                    "--activation_checkpoint.kind", "full"]),
+                                    "--activation_checkpoint.kind", "full", "--skrull.activation_checkpoint", "job"]),
         # torchtitan's tensor parallelism (its llama3 plan: heads and MLP columns split, sequence
         # parallel norms, vocab-sharded logits) under DACP, with CP and with FSDP (test_parity_tp.py).
         "tp2cp2": (4, ["--parallelism.context_parallel_degree", "2", "--parallelism.tensor_parallel_degree", "2"]),

@@ -50,3 +50,7 @@ def test_profile_two_processes_over_gloo(tmp_path):
     assert cm.step_fixed_us == step["fixed_us"]
     free = Profile.load(out).cost_model(free_running=True)
     assert free.step_fixed_us == step["fixed_us"] + mb["free_running_step_us"]
+    # Each activation-checkpointing mode measured on both ranks (--ac-modes, default all three).
+    ac = d["activation_checkpoint"]
+    assert list(ac) == ["measured", "none", "selective", "full"] and ac["measured"] == "none"
+    assert ac["full"]["bucket_size"] > ac["none"]["bucket_size"] == d["memory"]["bucket_size"]

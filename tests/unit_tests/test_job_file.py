@@ -171,9 +171,14 @@ def test_bucket_size_profile_needs_a_profile_with_memory(tmp_path):
 
     with pytest.raises(ValueError, match="the hardware preset 'h100-assumed'"):
         SkrullConfig(cost_model="h100-assumed", bucket_size="profile")
+    import tomli_w
+    import tomllib
+
     no_memory = tmp_path / "p.toml"
-    with open(PROFILE) as f:
-        no_memory.write_text("".join(line for line in f if "bucket_size" not in line))
+    with open(PROFILE, "rb") as f:
+        data = tomllib.load(f)
+    del data["memory"]["bucket_size"]  # [memory]'s only ([activation_checkpoint]'s tables keep theirs)
+    no_memory.write_text(tomli_w.dumps(data))
     section = SkrullConfig(cost_model=str(no_memory), bucket_size="profile")  # plain values: no file read yet
     with pytest.raises(ValueError, match="has no \\[memory\\] bucket_size"):
         section.resolved_bucket_size()

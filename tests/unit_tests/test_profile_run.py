@@ -15,6 +15,7 @@ import tomllib
 from skrull_ext import Scheduler, SchedulerConfig
 from skrull_ext.profile.fit import fit_line_nonneg
 from skrull_ext.scheduler import cost_model
+from skrull_ext.scheduler.profile_file import Profile
 
 REPO = Path(__file__).resolve().parents[2]
 JOB = REPO / "skrull_ext" / "jobs" / "debug_cpu.toml"
@@ -84,6 +85,32 @@ def test_profile_run_end_to_end(produced):
     plan.validate()
 
 
+@pytest.mark.slow
+def test_profile_measures_each_checkpointing_mode(produced):
+    """--ac-modes (default: all three): the job's mode (debug_cpu: none) is the main measurement,
+    the others its model rebuilt with that kind and measured over the same ladders; each mode's
+    fits and BucketSize in [activation_checkpoint], read back per mode by the scheduler's loader."""
+    out, proc = produced
+    d = tomllib.loads(out.read_text())
+    section = d["activation_checkpoint"]
+    assert section["measured"] == "none" and list(section) == ["measured", "none", "selective", "full"]
+    none = section["none"]  # the job's mode: the main measurement's numbers, exactly
+    assert (none["a_us_per_flop"], none["b_us"]) == (d["compute"]["a_us_per_flop"], d["compute"]["b_us"])
+    assert (none["a_bytes_per_token"], none["b_bytes"], none["bucket_size"]) == (
+        d["memory"]["a_bytes_per_token"], d["memory"]["b_bytes"], d["memory"]["bucket_size"])
+    # Checkpointing keeps less for backward: the exact tensor peak at the longest memory length.
+    raw = d["meta"]["activation_checkpoint"]
+    peak = {m: raw[m]["peak_bytes"][-1] for m in ("none", "selective", "full")}
+    assert peak["full"] < peak["selective"] < peak["none"]
+    assert section["full"]["bucket_size"] > section["none"]["bucket_size"]
+    for mode in ("none", "selective", "full"):
+        assert raw[mode]["lengths"] == [32, 64, 128] and all(u > 0 for u in raw[mode]["us"])
+        assert f"  ac {mode:<9} layer " in proc.stdout
+        view = Profile.load(out).under_mode(mode)
+        assert view.bucket_size == section[mode]["bucket_size"]
+        assert view.cost_model().a_us_per_flop == section[mode]["a_us_per_flop"]
+
+
 @pytest.mark.parametrize(
     "section, key, msg",
     [
@@ -128,7 +155,9 @@ def test_committed_cpu_profile():
     assert d["meta"]["source"] == "measured" and d["meta"]["date"] and d["meta"]["device"]
     assert d["comm"]["backend"] == "gloo" and d["comm"]["world_size"] == 2
     assert d["compute"]["held_out_max_rel_error"] <= 0.15
-    assert d["meta"]["elapsed_s"] < 300
+    # Five minutes a mode measured: the job's, and each other activation-checkpointing mode (--ac-modes).
+    modes = max(1, len(d.get("activation_checkpoint", {})) - 1)  # its tables, "measured" aside
+    assert d["meta"]["elapsed_s"] < 300 * modes
     assert d["meta"]["check"]["ok"]
     cost_model.load(COMMITTED)
 

@@ -29,7 +29,6 @@ from torchtitan.components.metrics import MetricsProcessor
 from torchtitan.components.optimizer import LRSchedulersContainer, default_adamw
 from torchtitan.config import TrainingConfig
 from torchtitan.config.manager import ConfigManager, custom_registry
-from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
 from torchtitan.models.common.config_utils import decoder_vocab_size
 from torchtitan.protocols.model_spec import ModelSpec
 from torchtitan.trainer import Trainer
@@ -41,6 +40,7 @@ from skrull_ext.data.sources.tokenizer import LocalTokenizer, SyntheticTokenizer
 from skrull_ext.errors import JobFileError
 from skrull_ext.hf.job import hf_job_defaults
 from skrull_ext.models.registry import build_model_spec
+from skrull_ext.train import checkpointing
 from skrull_ext.train.job.job_checks import check_job
 from skrull_ext.train.job.job_flags import Flag, flag_tables
 from skrull_ext.train.job.job_help import job_help
@@ -51,11 +51,7 @@ from skrull_ext.train.job.usage import JOBS_DIR, USAGE, exit_without_job
 SECTION_KINDS: dict[str, dict[str, Any]] = {
     "dataloader": {"packed": PackedDataLoader.Config, "skrull": SkrullDataLoader.Config},
     "tokenizer": {"synthetic": SyntheticTokenizer.Config, "hf": LocalTokenizer.Config},
-    "activation_checkpoint": {
-        "selective": SelectiveAC.Config,
-        "full": FullAC.Config,
-        "none": None,
-    },
+    "activation_checkpoint": dict(checkpointing.KINDS),
 }
 """Per section, the classes a ``kind`` key may select (None disables it)."""
 

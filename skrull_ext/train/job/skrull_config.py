@@ -39,6 +39,7 @@ from skrull_ext.scheduler.job import SchedulerJob
 from skrull_ext.scheduler.profile_file import Profile
 
 FreeRunning = bool | Literal["auto"]
+ActivationCheckpoint = Literal["job", "auto"]
 KVExchange = Literal[TRANSPORT_CHOICES]  # pyrefly: ignore[invalid-literal]
 AttentionKernel = Literal[KERNEL_CHOICES]  # pyrefly: ignore[invalid-literal]
 
@@ -95,7 +96,16 @@ class SkrullConfig(SchedulingOptions):
     "varlen" (flash attention over the segment plan; CUDA bf16/fp16) or "segments" (the
     plan's slow CPU reference executor)."""
 
+    activation_checkpoint: ActivationCheckpoint = "job"
+    """Who picks the activation-checkpointing mode (train/checkpointing.py): "job" (the
+    default), the job's [activation_checkpoint] kind; "auto", the mode (none, selective, full)
+    with the best predicted step time on the job's first global batches among those the
+    measured profile offers, each at its own BucketSize (the memory rule), said in one log
+    line at start-up. A profile that measured one mode leaves the job's kind, and says so."""
+
     _profile: Profile | None = field(default=None, init=False, repr=False, compare=False)
+    _ac_mode: str | None = field(default=None, init=False, repr=False, compare=False)
+    """The activation-checkpointing mode the job runs (``use_checkpointing``): the profile is read under it."""
 
     BUCKET_FROM_PROFILE: ClassVar[bool] = True  # bucket_size = "profile": resolved_bucket_size()
     LOOKAHEAD_FROM_DATA: ClassVar[bool] = True  # lookahead = "auto": the trainer chooses (data/steps/lookahead_choice.py)
@@ -127,6 +137,16 @@ class SkrullConfig(SchedulingOptions):
                 f"skrull.bucket_size = {FROM_PROFILE!r} takes BucketSize from a profile file, but skrull.cost_model "
                 f"is the hardware preset {self.cost_model!r}; name a profile (python -m skrull_ext.profile writes one)")
         self.check_free_running()
+        if self.activation_checkpoint not in ("job", "auto"):
+            raise ValueError(f"skrull.activation_checkpoint must be 'job' or 'auto', got {self.activation_checkpoint!r} "
+                             "(the mode itself is [activation_checkpoint] kind)")
+
+    def use_checkpointing(self, mode: str) -> None:
+        """Read the profile as a job running activation-checkpointing ``mode`` sees it from now on
+        (``Profile.under_mode``: its BucketSize, cost model and memory account; the profile as
+        measured when it has no per-mode measurement of ``mode``). Set once, at start-up, before
+        anything is resolved from the profile (train/checkpointing.py)."""
+        self._ac_mode = mode
 
     def check_free_running(self) -> None:
         """``free_running`` with a policy that cannot run it: a ValueError naming both keys.
@@ -159,7 +179,7 @@ class SkrullConfig(SchedulingOptions):
                 raise ValueError(f"skrull.cost_model: {e}") from None
             refuse_failed(profile)
             self._profile = profile
-        return self._profile
+        return self._profile if self._ac_mode is None else self._profile.under_mode(self._ac_mode)
 
     def resolved_bucket_size(self) -> int:
         """BucketSize in tokens: ``bucket_size`` as written, or under ``"profile"`` the measured
