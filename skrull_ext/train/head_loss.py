@@ -49,10 +49,12 @@ from torchtitan.config import CompileConfig
 __all__ = ["ChunkedHeadLoss", "DEFAULT_CHUNK_BYTES", "HeadChunking", "assumed_head_bytes_per_token",
            "choose_chunk_tokens", "resolve_chunking"]
 
-DEFAULT_CHUNK_BYTES = 1 << 30
+DEFAULT_CHUNK_BYTES = 2 << 30
 """``[loss] chunk_bytes``' default: what the head and loss of one chunk may hold at their peak
-(1 GiB: about 450 tokens of a 152K vocabulary in bf16, a [450, 896] x [896, 152K] product, which
-keeps a GPU busy; the profile's BucketSize keeps room for one such chunk)."""
+(2 GiB: about 880 tokens of a 152K vocabulary in bf16, assumed 16 B a token and vocabulary entry,
+a [880, 896] x [896, 152K] product that keeps a GPU busy; 1.5% of an H200, which the profile's
+BucketSize keeps free for one chunk, where a micro-batch of the H200 profile's BucketSize held about
+40 GB of logits and as much again of their gradient: issue 57)."""
 
 
 @dataclass(frozen=True)
@@ -77,8 +79,8 @@ class HeadChunking:
 def assumed_head_bytes_per_token(vocab: int, elem_bytes: int) -> float:
     """The head and loss's peak per token where no profile measured it: the logits in the
     compute dtype and in float32, the log-softmax kept for backward and its gradient in
-    float32, the logits' gradient in the compute dtype: vocab x (2 x elem + 12) bytes
-    (on CPU in float32 the profiler measures 16 x vocab: docs/profile.md)."""
+    float32, the logits' gradient in the compute dtype: vocab x (2 x elem + 12) bytes, an upper
+    bound (the debug model's head in float32 on CPU measured 11.75 x vocab: docs/profile.md)."""
     return float(vocab * (2 * elem_bytes + 12))
 
 

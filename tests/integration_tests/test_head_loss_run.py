@@ -1,0 +1,30 @@
+"""The head and loss in chunks (train/head_loss.py) through the real trainer.
+
+From the parity runs' seed checkpoint, float32, gloo: SkrullTrainer with
+``--loss.chunk_tokens 48`` (a Skrull micro-batch of up to 256 tokens a rank
+runs its head in up to 6 chunks, the last shorter) at CP 2 (free-running, the
+default) and at DP 2 x CP 2 (FSDP, gradients reduce-scattered once a step),
+against torchtitan's own 1-process Trainer with the head unchunked: the 5
+losses within 1e-4 and the check step's gradients within the parity standard
+(test_parity_skrull.py), and the start-up line says the chunk and why.
+"""
+
+import pytest
+
+from tests.integration_tests.test_parity_skrull import _matches_reference
+
+LINE = "head and loss in chunks of 48 tokens, 6 chunk(s) for a micro-batch of 256 tokens"
+
+
+@pytest.mark.slow
+def test_head_chunks_cp2_matches_reference(skrull_runs, reference):
+    run = skrull_runs["cp2_head_chunks"]
+    assert LINE in run.output and "forced by loss.chunk_tokens" in run.output
+    _matches_reference(run, reference)
+
+
+@pytest.mark.slow
+def test_head_chunks_dp2_cp2_fsdp_matches_reference(skrull_runs, reference):
+    run = skrull_runs["dp2cp2_head_chunks"]
+    assert LINE in run.output
+    _matches_reference(run, reference)
