@@ -179,6 +179,11 @@ class ChunkedHeadLoss(ChunkedLossWrapper):
         for a in range(0, seq, per_row):
             h, lab = pred[:, a:a + per_row], labels[:, a:a + per_row]
             if grad and per_row < seq:  # the chunk's logits recomputed in backward, not kept
+                # A chunk of its own strides ([n x dim, dim, 1]; a copy only where rows are apart): with
+                # the head's weight frozen (LoRA) matmul folds [b, n, dim] into one mm only when the
+                # strides say so, and FSDP's forward hooks rewrap the chunk in forward but not in the
+                # recompute, so a slice's strides ([seq x dim, dim, 1]) recomputed with another op.
+                h = h.reshape(-1, h.shape[-1]).view(h.shape)
                 part = checkpoint(self._head_loss, h, lab, use_reentrant=False, preserve_rng_state=False)
             else:
                 part = self._head_loss(h, lab)

@@ -3,15 +3,20 @@
 From the parity runs' seed checkpoint, float32, gloo: SkrullTrainer with
 ``--loss.chunk_tokens 48`` (a Skrull micro-batch of up to 256 tokens a rank
 runs its head in up to 6 chunks, the last shorter) at CP 2 (free-running, the
-default) and at DP 2 x CP 2 (FSDP, gradients reduce-scattered once a step),
-against torchtitan's own 1-process Trainer with the head unchunked: the 5
-losses within 1e-4 and the check step's gradients within the parity standard
-(test_parity_skrull.py), and the start-up line says the chunk and why.
+default), at DP 2 x CP 2 (FSDP, gradients reduce-scattered once a step) and at
+TP 2 x CP 2 (vocab-sharded logits, loss parallel), and torchtitan's batching
+(``--skrull.no-enable``, rows of 4 x 256 tokens a CP rank: chunks of 12 tokens
+of each row) at CP 2, against torchtitan's own 1-process Trainer with the head
+unchunked: the 5 losses within 1e-4 and the check step's gradients within the
+parity standard (test_parity_skrull.py), and the start-up line says the chunk
+and why. LoRA through the trainer: tests/integration_tests/test_lora_parity.py.
 """
 
 import pytest
 
-from tests.integration_tests.test_parity_skrull import _matches_reference
+from tests.integration_tests.conftest import CHECK_STEP, SKRULL, STEPS
+from tests.integration_tests.launch import train_from_seed
+from tests.integration_tests.test_parity_skrull import _matches_reference, _matches_reference_losses_and_grads
 
 LINE = "head and loss in chunks of 48 tokens, 6 chunk(s) for a micro-batch of 256 tokens"
 
@@ -28,3 +33,19 @@ def test_head_chunks_dp2_cp2_fsdp_matches_reference(skrull_runs, reference):
     run = skrull_runs["dp2cp2_head_chunks"]
     assert LINE in run.output
     _matches_reference(run, reference)
+
+
+@pytest.mark.slow
+def test_head_chunks_tp2_cp2_matches_reference(skrull_runs, reference):
+    run = skrull_runs["tp2cp2_head_chunks"]
+    assert LINE in run.output and "DP 1 x CP 2 x TP 2" in run.output
+    _matches_reference_losses_and_grads(run, reference)
+
+
+@pytest.mark.slow
+def test_head_chunks_torchtitan_batching_cp2_matches_reference(workdir, seed, reference):
+    run = train_from_seed(workdir, "tt_cp2_head_chunks", 2, "skrull_ext.train", SKRULL, seed, STEPS,
+                          extra=["--parallelism.context_parallel_degree", "2", "--skrull.no-enable",
+                                 "--loss.chunk_tokens", "48"], grads_at=CHECK_STEP)
+    assert "head and loss in chunks of 48 tokens, 22 chunk(s) for a micro-batch of 1024 tokens" in run.output
+    _matches_reference_losses_and_grads(run, reference)
