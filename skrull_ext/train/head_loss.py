@@ -104,10 +104,15 @@ def resolve_chunking(config: ChunkedHeadLoss.Config, vocab: int, elem_bytes: int
             source += (f", the profile {profile.path} has no [memory] logits_bytes_per_token "
                        f"(its BucketSize counts the logits of every token; `{command}` measures it)")
     if config.chunk_tokens:
-        return HeadChunking(config.chunk_tokens, per_token, f"forced by loss.chunk_tokens; {source}")
-    chunk = choose_chunk_tokens(per_token, config.chunk_bytes)
-    return HeadChunking(chunk, per_token, f"the most whose peak fits loss.chunk_bytes "
-                                          f"{config.chunk_bytes / 2**20:.0f} MiB; {source}")
+        chunk, why = config.chunk_tokens, f"forced by loss.chunk_tokens; {source}"
+    else:
+        chunk = choose_chunk_tokens(per_token, config.chunk_bytes)
+        why = f"the most whose peak fits loss.chunk_bytes {config.chunk_bytes / 2**20:.0f} MiB; {source}"
+    profiled = int(profile.data.get("memory", {}).get("head_chunk_tokens", 0)) if profile is not None else 0
+    if profiled and profiled != chunk:
+        why += (f"; the profile's BucketSize holds chunks of {profiled} tokens (profile the job with this "
+                f"chunk for one that holds these)")
+    return HeadChunking(chunk, per_token, why)
 
 
 def choose_chunk_tokens(head_bytes_per_token: float, chunk_bytes: int) -> int:

@@ -183,6 +183,14 @@ def test_chunk_from_the_memory_model():
     assert measured.chunk_tokens == 512 and measured.head_bytes_per_token == 2048.0
     forced = resolve_chunking(ChunkedHeadLoss.Config(chunk_tokens=100), 2048, 4, measured=2048.0)
     assert forced.chunk_tokens == 100 and "forced by loss.chunk_tokens" in forced.why
+    from skrull_ext.scheduler.profile_file import Profile
+
+    profile = Profile({"compute": {"a_us_per_flop": 1e-6, "b_us": 0.0}, "comm": {"bytes": [1], "us": [1.0]},
+                       "memory": {"logits_bytes_per_token": 4096.0, "head_chunk_tokens": 256}}, "p.toml")
+    same = resolve_chunking(config, 2048, 4, profile)
+    assert same.chunk_tokens == 256 and "measured by the profile p.toml" in same.why and "holds" not in same.why
+    other = resolve_chunking(ChunkedHeadLoss.Config(chunk_tokens=100), 2048, 4, profile)
+    assert "the profile's BucketSize holds chunks of 256 tokens" in other.why
     assert HeadChunking(100, 2048.0, "x").line(250).startswith("head and loss in chunks of 100 tokens, 3 chunk(s)")
 
 
