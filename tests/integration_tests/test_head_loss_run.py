@@ -6,7 +6,7 @@ runs its head in up to 6 chunks, the last shorter) at CP 2 (free-running, the
 default), at DP 2 x CP 2 (FSDP, gradients reduce-scattered once a step) and at
 TP 2 x CP 2 (vocab-sharded logits, loss parallel), and torchtitan's batching
 (``--skrull.no-enable``, rows of 4 x 256 tokens a CP rank: chunks of 12 tokens
-of each row) at CP 2, against torchtitan's own 1-process Trainer with the head
+of each row) at CP 2, and with compiled blocks and loss at CP 2, against torchtitan's own 1-process Trainer with the head
 unchunked: the 5 losses within 1e-4 and the check step's gradients within the
 parity standard (test_parity_skrull.py), and the start-up line says the chunk
 and why. Inside ``overlength = "chunk"``'s chunks, 1 process: the same losses.
@@ -36,6 +36,15 @@ def test_head_chunks_dp2_cp2_fsdp_matches_reference(skrull_runs, reference):
     run = skrull_runs["dp2cp2_head_chunks"]
     assert LINE in run.output
     _matches_reference(run, reference)
+
+
+@pytest.mark.slow
+def test_head_chunks_compiled_cp2_matches_reference(skrull_runs, reference):
+    """torchtitan compiles the per-chunk loss (compile.components holds "loss") inside each chunk's
+    checkpoint; the last chunk's other length recompiles it, and the recompute replays the same graph."""
+    run = skrull_runs["cp2_compile_head_chunks"]
+    assert LINE in run.output and "Compiling the loss function with torch.compile" in run.output
+    _matches_reference_losses_and_grads(run, reference)
 
 
 @pytest.mark.slow
