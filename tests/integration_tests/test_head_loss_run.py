@@ -4,10 +4,10 @@ From the parity runs' seed checkpoint, float32, gloo: SkrullTrainer with
 ``--loss.chunk_tokens 48`` (a Skrull micro-batch of up to 256 tokens a rank
 runs its head in up to 6 chunks, the last shorter) at CP 2 (free-running, the
 default), at DP 2 x CP 2 (FSDP, gradients reduce-scattered once a step) and at
-TP 2 x CP 2 (vocab-sharded logits, loss parallel), and torchtitan's batching
-(``--skrull.no-enable``, rows of 4 x 256 tokens a CP rank: chunks of 12 tokens
-of each row) at CP 2, and with compiled blocks and loss at CP 2, against torchtitan's own 1-process Trainer with the head
-unchunked: the 5 losses within 1e-4 and the check step's gradients within the
+TP 2 x CP 2 (vocab-sharded logits, loss parallel), with compiled blocks and
+loss at CP 2, and torchtitan's batching (``--skrull.no-enable``, rows of
+4 x 256 tokens a CP rank: chunks of 12 tokens of each row) at CP 2, against
+torchtitan's own 1-process Trainer with the head unchunked: the 5 losses within 1e-4 and the check step's gradients within the
 parity standard (test_parity_skrull.py), and the start-up line says the chunk
 and why. Inside ``overlength = "chunk"``'s chunks, 1 process: the same losses.
 LoRA through the trainer: tests/integration_tests/test_lora_parity.py.
