@@ -30,6 +30,11 @@ gradient, which does not compose with this project's paths:
 - its gradient ignores the upstream ``grad_output`` (a loss scaled after it
   would leave the head's gradient unscaled).
 
+Nor a fused linear cross-entropy library: liger-kernel (0.8.5, 2026-10) and
+Apple's cut-cross-entropy (25.1.1, last released 2025-01) are Triton kernels,
+with no CPU path for the tests here; liger's is the one to measure against
+this on a GPU (it computes the gradients in forward, with no recompute).
+
 Checkpointing composes with all of these: the backward runs in autograd's
 own order and graph task, chunk by chunk, like an activation-checkpointed
 block (nested inside train/chunked.py's checkpoint too).
