@@ -19,7 +19,9 @@ backward, on one document of each length of the compute ladder, round-robin
 over ``warmup`` + ``repeats`` rounds on the compute stage's clock, mean over
 ranks. ``token_us`` is the slope of the line through them; the intercept
 (the embedding gradient's zero fill, the calls themselves) is paid once per
-micro-batch, which the fixed-cost stage's slope already counts.
+micro-batch, which the fixed-cost stage's slope already counts. With the
+head and loss in chunks (``[loss]``, train/head_loss.py) the loss applies the
+head, and the time includes its recompute in backward.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+from torchtitan.components.loss import ChunkedLossWrapper
 
 from skrull_ext.profile.fit import PolyFit, fit_line_nonneg
 from skrull_ext.profile.model import JobModel
@@ -70,9 +73,11 @@ def profile_head(jm: JobModel, opts: ProfileOptions, tick: Callable[[str], None]
     lengths = tuple(sorted({int(s) for s in opts.lengths}))
     bufs = [jm.buffer([s], seed=opts.seed) for s in lengths]
 
+    chunked = isinstance(jm.loss_fn, ChunkedLossWrapper)  # it applies the head itself, chunk by chunk
+
     def step(buf: dict) -> None:
         h = norm(embed(buf["tokens"]))
-        loss, _ = jm.loss_fn(head(h), buf["labels"])
+        loss, _ = jm.loss_fn(h if chunked else head(h), buf["labels"])
         loss.backward()
 
     def before() -> None:

@@ -58,10 +58,10 @@ from skrull_ext.profile.fit import PolyFit, fit_poly
 from skrull_ext.profile.model import DTYPES, JobModel, fsdp_degree
 from skrull_ext.profile.options import ProfileOptions
 from skrull_ext.profile.ranks import reduce_floats, sync
-from skrull_ext.scheduler.profile_file import derive_bucket_size, free_running_bytes
+from skrull_ext.scheduler.profile_file import derive_bucket_size, free_running_bytes, head_bytes
 
-__all__ = ["MemoryPoint", "MemoryResult", "StaticMemory", "local_bytes", "measure_step", "optimizer_state_tensors",
-           "profile_memory", "static_memory"]
+__all__ = ["MemoryPoint", "MemoryResult", "StaticMemory", "local_bytes", "measure_head", "measure_step",
+           "optimizer_state_tensors", "profile_memory", "static_memory"]
 
 OPTIMIZER_STATES: dict[str, int] = {"AdamW": 2, "Adam": 2, "Lion": 1, "SGD": 1}
 """Tensors of parameter size an optimizer keeps per parameter (SGD: momentum)."""
@@ -372,9 +372,14 @@ class MemoryResult:
     """The job's CP degree: BucketSize holds for a rank of shards of sequences sharded over cp ranks."""
     kv_bytes_per_token: float
     """K and V of every layer for one token: what a shard keeps per token gathered from another rank."""
+    logits_bytes_per_token: float = 0.0
+    """Peak bytes of the head and loss per token of a chunk (``measure_head``); 0: the loss is not
+    chunked (train/head_loss.py) and the fit's slope holds the logits."""
+    head_chunk: int = 0
+    """Tokens a chunk of the head and loss: what the logits take at most is one chunk's."""
 
     def predicted(self, tokens: int) -> float:
-        return self.fit(tokens)
+        return self.fit(tokens) + head_bytes(tokens, self.logits_bytes_per_token, self.head_chunk)
 
 
 def fit_memory(tokens: Sequence[int], values: Sequence[float]) -> PolyFit:
@@ -389,15 +394,60 @@ def fit_memory(tokens: Sequence[int], values: Sequence[float]) -> PolyFit:
     return line
 
 
+def measure_head(jm: JobModel, tokens: Sequence[int], meter: Any, seed: int = 0) -> PolyFit:
+    """Peak bytes of the head and the job's per-chunk loss over ``tokens`` tokens unchunked, fwd+bwd
+    from hidden states made beforehand: the logits, their float32 copy and gradients (and the
+    hidden states' gradient). The slope is what one token of a chunk takes."""
+    loss, head = jm.loss_fn.loss_fn, jm.model.lm_head
+    g = torch.Generator().manual_seed(seed)
+    dim = jm.shape.hidden
+
+    def once(n: int) -> float:
+        h = torch.randn(1, n, dim, generator=g).to(jm.device, jm.dtype).requires_grad_()
+        labels = torch.randint(0, jm.vocab_size, (1, n), generator=g).to(jm.device)
+        meter.start()
+        out, _ = loss(head(h), labels)
+        out.backward()
+        sync(jm.device)
+        return meter.peak()
+
+    once(min(tokens))  # the head's weight gradient allocated before the measured passes
+    peaks = reduce_floats([once(n) for n in tokens], "max", jm.device)
+    jm.model.zero_grad(set_to_none=True)
+    return fit_poly([float(n) for n in tokens], peaks, 1)
+
+
+def _chunk_head(jm: JobModel, opts: ProfileOptions, meter: Any, tick: Callable[[str], None]) -> tuple[float, int]:
+    """(peak bytes a token of the head and loss, the job's chunk) when the job's loss runs the head
+    in chunks (train/head_loss.py), else (0, 0). The ladder then runs in chunks of an eighth of its
+    shortest buffer, so its slope holds no logits and its intercept one such chunk's (an overcount
+    of at most that chunk: conservative); the later stages run the job's chunk."""
+    from skrull_ext.train.head_loss import ChunkedHeadLoss, HeadChunking, resolve_chunking
+
+    if not isinstance(jm.loss_fn, ChunkedHeadLoss):
+        return 0.0, 0
+    tick("memory head")
+    per_token = max(measure_head(jm, sorted(set(opts.memory_lengths))[:3], meter, opts.seed).slope, 1.0)
+    chunking = resolve_chunking(jm.config.loss, jm.vocab_size, jm.dtype.itemsize, measured=per_token)
+    ladder = max(1, min(opts.memory_lengths) // 8)
+    jm.loss_fn.set_chunking(HeadChunking(ladder, per_token, "the memory ladder's"))
+    return per_token, chunking.chunk_tokens
+
+
 def profile_memory(jm: JobModel, opts: ProfileOptions, world_size: int,
                    tick: Callable[[str], None]) -> MemoryResult:
     """Measure the memory ladder, fit it, and derive BucketSize."""
+    from skrull_ext.train.head_loss import HeadChunking
+
     meter = PEAK_METERS[jm.device.type](jm.device)
+    logits, chunk = _chunk_head(jm, opts, meter, tick)
     measure_step(jm, [min(opts.memory_lengths)], meter, opts.seed)  # allocate parameter gradients
     local = []
     for n in opts.memory_lengths:
         tick(f"memory {n}")
         local.append(measure_step(jm, [n], meter, opts.seed))
+    if chunk:  # the job's chunk from here on (the check, the head's time, the micro-batches)
+        jm.loss_fn.set_chunking(HeadChunking(chunk, logits, "the job's"))
     saved = reduce_floats([p.saved for p in local], "max", jm.device)
     peak = reduce_floats([p.peak for p in local], "max", jm.device)
     points = [MemoryPoint(p.tokens, s, k) for p, s, k in zip(local, saved, peak)]
@@ -408,5 +458,6 @@ def profile_memory(jm: JobModel, opts: ProfileOptions, world_size: int,
     cp = jm.config.parallelism.context_parallel_degree
     s = jm.shape
     kv = 2.0 * s.kv_width * s.bytes_per_elem * s.layers
-    bucket = derive_bucket_size(usable, static.total, fit.slope, fit.intercept, margin, fit.quadratic, cp, kv)
-    return MemoryResult(points, fit, static, usable, margin, bucket, cp, kv)
+    bucket = derive_bucket_size(usable, static.total, fit.slope, fit.intercept, margin, fit.quadratic, cp, kv,
+                                logits, chunk)
+    return MemoryResult(points, fit, static, usable, margin, bucket, cp, kv, logits, chunk)

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torchtitan.components.loss import ChunkedLossWrapper
 
 from skrull_ext._core import ModelShape
 from skrull_ext.scheduler.model_shape import DTYPES, compute_dtype, fsdp_degree, model_compiled, spec_shape
@@ -127,6 +128,13 @@ def build_job_model(config: Any, device: torch.device, max_len: int) -> JobModel
 
     shape = spec_shape(mc, dtype)
     assert shape.layers == len(model.layers)
+    # compiled where the trainer compiles it (torchtitan's compile.components holds "loss"):
+    # an eager loss materialises float32 logits and their gradient, 20 GB at 16K tokens of a
+    # 152K vocabulary, which a compiled run never holds (GPU run 3, docs/results/gpu.md).
+    loss_fn = config.loss.build(compile_config=config.compile)
+    if isinstance(loss_fn, ChunkedLossWrapper):  # the head runs in the loss, as torchtitan's Trainer wires it
+        loss_fn.set_lm_head(model.lm_head)
+        model._skip_lm_head = True
     return JobModel(
         config=config,
         model=model,
@@ -134,10 +142,7 @@ def build_job_model(config: Any, device: torch.device, max_len: int) -> JobModel
         name=f"{spec.name}/{spec.flavor}",
         device=device,
         dtype=dtype,
-        # compiled where the trainer compiles it (torchtitan's compile.components holds "loss"):
-        # an eager loss materialises float32 logits and their gradient, 20 GB at 16K tokens of a
-        # 152K vocabulary, which a compiled run never holds (GPU run 3, docs/results/gpu.md).
-        loss_fn=config.loss.build(compile_config=config.compile),
+        loss_fn=loss_fn,
         vocab_size=decoder_vocab_size(spec),
         max_len=config.training.seq_len,
         dacp=dacp,

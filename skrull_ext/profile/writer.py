@@ -89,7 +89,8 @@ def profile_dict(p: Profile) -> dict[str, Any]:
         "memory": {**profile_file.ProfileMemory(
                        bucket_size=mem.bucket_size, a=mem.fit.slope, b=mem.fit.intercept, c=mem.fit.quadratic,
                        usable=mem.usable, static=mem.static.total, margin=mem.margin, cp=mem.cp,
-                       kv=mem.kv_bytes_per_token, free_running=mem.static.free_running).section(),
+                       kv=mem.kv_bytes_per_token, free_running=mem.static.free_running,
+                       logits=mem.logits_bytes_per_token, head_chunk=mem.head_chunk).section(),
                    "r2": mem.fit.r2, "max_rel_error": mem.fit.max_rel_error, "points": len(mem.points)},
     }
     if p.micro_batch is not None:
@@ -249,7 +250,9 @@ def report(p: Profile) -> str:
            else "") + "; "
         f"FSDP degree {mem.static.fsdp_degree})",
         f"  bucket   BucketSize {mem.bucket_size} tokens from {_mib(mem.usable)} usable, margin {mem.margin:.0%}, "
-        f"for cp {mem.cp}",
+        f"for cp {mem.cp}"
+        + (f"; head and loss in chunks of {mem.head_chunk} tokens, {mem.logits_bytes_per_token / 2**10:.1f} KiB a token "
+           f"at the peak" if mem.head_chunk else ""),
     ]
     if p.comm is None:
         lines.append(f"  comm     not measured (one process); [comm] copied from preset {p.comm_fallback!r}")

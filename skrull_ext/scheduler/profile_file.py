@@ -68,7 +68,7 @@ from skrull_ext._core import CommModel, CostModel, ModelShape
 from skrull_ext.scheduler import checkpointing
 
 __all__ = ["MEMORY_KEYS", "MemoryKey", "Profile", "ProfileMemory", "derive_bucket_size", "free_running_bytes",
-           "from_dict", "per_rank_coefficients", "to_dict"]
+           "from_dict", "head_bytes", "per_rank_coefficients", "to_dict"]
 
 
 @dataclass(frozen=True)
@@ -121,6 +121,12 @@ MEMORY_KEYS: tuple[MemoryKey, ...] = (
     MemoryKey("free_running_bytes", "free_running", "the unsharded parameters and gradients of [skrull] "
               "free_running (free_running_bytes) included in static_bytes; 0: measured for a lockstep job", 0.0,
               written_at_default=False),
+    MemoryKey("logits_bytes_per_token", "logits", "peak bytes per token of the head and loss ([loss], "
+              "train/head_loss.py), outside a_bytes_per_token; 0: older profiles, the logits counted in "
+              "a_bytes_per_token", 0.0, written_at_default=False),
+    MemoryKey("head_chunk_tokens", "head_chunk", "tokens a chunk of the head and loss BucketSize was derived "
+              "with: the logits take logits_bytes_per_token x min(tokens, head_chunk_tokens); 0: older profiles",
+              0, integer=True, written_at_default=False),
 )
 """The ``[memory]`` keys, in the order the writer puts them."""
 _MEMORY = {k.key: k for k in MEMORY_KEYS}
@@ -273,9 +279,18 @@ def per_rank_coefficients(a_bytes_per_token: float, c_bytes_per_token2: float, c
     return a_bytes_per_token + (cp - 1) * kv_bytes_per_token, c_bytes_per_token2 * cp
 
 
+def head_bytes(tokens: int, logits_bytes_per_token: float, head_chunk_tokens: int) -> float:
+    """Peak bytes of the head and loss ([loss], train/head_loss.py) over ``tokens``: one chunk's
+    logits at most, ``logits_bytes_per_token`` each (0 when a profile counts them in ``a``)."""
+    if head_chunk_tokens <= 0:
+        return 0.0
+    return logits_bytes_per_token * min(tokens, head_chunk_tokens)
+
+
 def derive_bucket_size(usable_bytes: float, static_bytes: float, a_bytes_per_token: float, b_bytes: float = 0.0,
                        margin: float = 0.05, c_bytes_per_token2: float = 0.0, cp: int = 1,
-                       kv_bytes_per_token: float = 0.0) -> int:
+                       kv_bytes_per_token: float = 0.0, logits_bytes_per_token: float = 0.0,
+                       head_chunk_tokens: int = 0) -> int:
     """BucketSize C: tokens one rank holds, the largest C with
     a'*C + c'*C^2 <= (usable - static - b) * (1 - margin).
 
@@ -286,7 +301,25 @@ def derive_bucket_size(usable_bytes: float, static_bytes: float, a_bytes_per_tok
     attention spans cp times as many keys as queries (the dense CPU mask's
     quadratic term). So a' = a + (cp - 1) * kv_bytes_per_token and
     c' = c * cp, the worst case, which a rank of whole sequences only
-    undershoots (measured in docs/profile.md, "BucketSize in training")."""
+    undershoots (measured in docs/profile.md, "BucketSize in training").
+
+    The head and loss in chunks of ``head_chunk_tokens`` (train/head_loss.py) hold one
+    chunk's logits, ``logits_bytes_per_token`` each, whatever C is: they join b as
+    head_chunk_tokens x logits_bytes_per_token when C exceeds a chunk, else they are
+    C x logits_bytes_per_token and join a (a BucketSize that never fills a chunk)."""
+    if logits_bytes_per_token < 0 or not math.isfinite(logits_bytes_per_token):
+        raise ValueError(f"logits_bytes_per_token must be finite and >= 0, got {logits_bytes_per_token}")
+    if logits_bytes_per_token > 0 and head_chunk_tokens > 0:
+        rest = (usable_bytes, static_bytes)
+        tail = (margin, c_bytes_per_token2, cp, kv_bytes_per_token)
+        try:
+            chunked = derive_bucket_size(*rest, a_bytes_per_token,
+                                         b_bytes + head_chunk_tokens * logits_bytes_per_token, *tail)
+        except ValueError:  # no room for a whole chunk: BucketSize is below one
+            chunked = 0
+        if chunked >= head_chunk_tokens:
+            return chunked
+        return derive_bucket_size(*rest, a_bytes_per_token + logits_bytes_per_token, b_bytes, *tail)
     if not isinstance(cp, int) or cp < 1:
         raise ValueError(f"cp must be an integer >= 1, got {cp!r}")
     if kv_bytes_per_token < 0 or not math.isfinite(kv_bytes_per_token):
@@ -334,6 +367,8 @@ class ProfileMemory:
     cp: int = _MEMORY["cp"].default
     kv: float = _MEMORY["kv_bytes_per_token"].default
     free_running: float = _MEMORY["free_running_bytes"].default
+    logits: float = _MEMORY["logits_bytes_per_token"].default
+    head_chunk: int = _MEMORY["head_chunk_tokens"].default
 
     @classmethod
     def of(cls, profile: dict) -> ProfileMemory:
@@ -350,13 +385,13 @@ class ProfileMemory:
 
     def activation(self, tokens: int) -> float:
         """The fit: activation bytes of a buffer of ``tokens`` whole sequences."""
-        return self.b + self.a * tokens + self.c * tokens * tokens
+        return self.b + self.a * tokens + self.c * tokens * tokens + head_bytes(tokens, self.logits, self.head_chunk)
 
     def activation_any(self, tokens: int) -> float:
         """Activation bytes of ``tokens`` on a rank of the cp group, whole or
         shards (the worst case derive_bucket_size derives BucketSize for)."""
         a, c = per_rank_coefficients(self.a, self.c, self.cp, self.kv)
-        return self.b + a * tokens + c * tokens * tokens
+        return self.b + a * tokens + c * tokens * tokens + head_bytes(tokens, self.logits, self.head_chunk)
 
     def budget(self, tokens: int) -> float:
         """All a rank holding ``tokens`` may use: static account + activation fit
@@ -373,7 +408,7 @@ class ProfileMemory:
         ``derive_bucket_size`` with the unsharded parameters and gradients in the static account."""
         try:
             return derive_bucket_size(self.usable, self.static - self.free_running + unsharded, self.a, self.b,
-                                      self.margin, self.c, self.cp, self.kv)
+                                      self.margin, self.c, self.cp, self.kv, self.logits, self.head_chunk)
         except ValueError:
             return 0
 

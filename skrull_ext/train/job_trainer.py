@@ -28,7 +28,9 @@ from skrull_ext.hf.folder import HFExport, files_said
 from skrull_ext.lora import apply_lora
 from skrull_ext.lora.train import save_lora_outputs
 from skrull_ext.train import interrupt, launcher_watch, stop_line
+from skrull_ext.scheduler.model_shape import compute_dtype
 from skrull_ext.train.doc_flops import DocumentFlops, DocumentMeter
+from skrull_ext.train.head_loss import ChunkedHeadLoss, resolve_chunking
 from skrull_ext.train.job.resume_checks import check_continue
 from skrull_ext.train.run_lock import claim_dump_folder
 from skrull_ext.train.watchdog import start_heartbeat
@@ -92,6 +94,7 @@ class JobTrainer(Trainer):
         self.stopped_step: tuple[int, int] | None = None
         """(step, samples read) of a step stopped before its optimizer step (non-finite loss)."""
         super().__init__(config)
+        self._chunk_head(config)
         self.document_meter = DocumentMeter(
             DocumentFlops.of_model(config.model_spec.model, self.model_parts),
             dist.get_world_size() if dist.is_initialized() else 1,
@@ -104,6 +107,21 @@ class JobTrainer(Trainer):
                 f"the tokenizer's vocabulary ({vocab}) is larger than the model's ({model_vocab}): "
                 "token ids would index past the embedding"
             )
+
+    def _chunk_head(self, config) -> None:
+        """The chunk of the head and loss (train/head_loss.py), settled once, in one line: the
+        profile's measured bytes a token where the job has a measured profile."""
+        if not isinstance(self.loss_fn, ChunkedHeadLoss):
+            return
+        skrull = config.skrull
+        profile = skrull.measured_profile() if skrull.enable else None
+        chunking = resolve_chunking(config.loss, decoder_vocab_size(config.model_spec),
+                                    compute_dtype(config).itemsize, profile)
+        self.loss_fn.set_chunking(chunking)
+        cp = self.parallel_dims.cp
+        tokens = (skrull.resolved_bucket_size() if skrull.enable
+                  else config.training.local_batch_size * config.training.seq_len // cp)
+        logger.info(chunking.line(tokens))
 
     def _before_model(self, config) -> None:
         """What the batching resolves and checks on the config before torchtitan

@@ -121,6 +121,18 @@ class SkrullRuns:
         # which takes its shape from the job.
         "cp2_bf16": (2, ["--parallelism.context_parallel_degree", "2",
                          "--training.mixed_precision_param", "bfloat16", "--skrull.cost_model", "h100-assumed"]),
+        # The head and loss in chunks of 48 tokens (train/head_loss.py; the debug job's default
+        # chunk holds a whole micro-batch), at CP 2 free-running, at DP 2 x CP 2 under FSDP with
+        # deferred gradient sync, at TP 2 x CP 2 (vocab-sharded logits) and at CP 2 with compiled
+        # blocks and loss (test_head_loss_run.py).
+        "cp2_head_chunks": (2, ["--parallelism.context_parallel_degree", "2", "--loss.chunk_tokens", "48"]),
+        "dp2cp2_head_chunks": (4, ["--parallelism.context_parallel_degree", "2",
+                                   "--parallelism.data_parallel_shard_degree", "2", "--skrull.defer_grad_sync",
+                                   "--skrull.no-free_running", "--loss.chunk_tokens", "48"]),
+        "cp2_compile_head_chunks": (2, ["--parallelism.context_parallel_degree", "2", "--compile.enable",
+                                        "--loss.chunk_tokens", "48"]),
+        "tp2cp2_head_chunks": (4, ["--parallelism.context_parallel_degree", "2",
+                                   "--parallelism.tensor_parallel_degree", "2", "--loss.chunk_tokens", "48"]),
         "dp2cp2_bf16": (4, ["--parallelism.context_parallel_degree", "2",
                             "--parallelism.data_parallel_shard_degree", "2", "--skrull.defer_grad_sync",
                             "--training.mixed_precision_param", "bfloat16", "--skrull.cost_model", "h100-assumed"]),

@@ -62,6 +62,13 @@ def lora_dp2_cp2(lora_reference):
                                                      "--parallelism.data_parallel_shard_degree", "2"])
 
 
+@pytest.fixture(scope="module")
+def lora_cp2_head_chunks(lora_reference):
+    """The head and loss in chunks of 48 tokens (train/head_loss.py); the reference's head is unchunked."""
+    return _skrull_run(lora_reference, "cp2_head_chunks", 2, ["--parallelism.context_parallel_degree", "2",
+                                                              "--loss.chunk_tokens", "48"])
+
+
 def _matches_reference(run, ref, name: str) -> None:
     print(f"1-proc LoRA  {ref.losses}\nskrull {name:6s}{run.losses}")
     # each step is another batch and the adapters start near zero: five losses need not fall;
@@ -107,3 +114,9 @@ def test_lora_parity_dp2_cp2(lora_reference, lora_dp2_cp2):
     plans each DP rank's share of the global batch over its CP pair."""
     _matches_reference(lora_dp2_cp2, lora_reference[2], "dp2cp2")
     _base_unchanged(lora_reference, lora_dp2_cp2, "dp2cp2")
+
+
+@pytest.mark.slow
+def test_lora_parity_cp2_head_chunks(lora_reference, lora_cp2_head_chunks):
+    assert "head and loss in chunks of 48 tokens" in lora_cp2_head_chunks.output
+    _matches_reference(lora_cp2_head_chunks, lora_reference[2], "cp2 chunked head")

@@ -44,7 +44,7 @@ def test_hf_path_job_builds_the_folder_model(tmp_path, qwen2_folder):
     assert (attention.n_heads, attention.n_kv_heads, attention.head_dim) == (4, 2, 16)
     assert not model.enable_weight_tying
     assert attention.qkv_linear.wqkv.bias and attention.qk_norm is None
-    assert config.tokenizer.vocab_size == 512 == config.loss.global_vocab_size
+    assert config.tokenizer.vocab_size == 512 == config.loss.loss_fn.global_vocab_size
     # Fine-tuning starts from the folder's weights, through torchtitan's checkpointer.
     assert config.checkpoint.enable and config.checkpoint.initial_load_in_hf
     assert config.checkpoint.initial_load_path == config.hf_assets_path == qwen2_folder

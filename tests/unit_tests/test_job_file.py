@@ -40,7 +40,7 @@ def test_debug_job_loads():
     assert config.activation_checkpoint is None
     assert config.optimizer.param_groups[0].optimizer_kwargs["lr"] == 3e-3
     assert config.skrull.bucket_size == 256 and config.skrull.check_plan_hash
-    assert config.tokenizer.vocab_size == 2048 == config.loss.global_vocab_size
+    assert config.tokenizer.vocab_size == 2048 == config.loss.loss_fn.global_vocab_size
 
 
 def test_gpu_job_loads():

@@ -1,8 +1,9 @@
 """The profiler's memory model with and without LoRA (issue 15): a frozen base
 saves fewer activations and holds no gradients or optimizer state, while
 backward's transient (activation and logit gradients) is the same amount of
-bytes, up to one weight-sized gradient that full fine-tuning computes before
-adding it into ``.grad``. Fitted to the exact tensor peak, LoRA's BucketSize comes out larger;
+bytes, up to the weight-sized gradients that full fine-tuning computes before
+adding them into ``.grad`` (with the head in chunks, train/head_loss.py, up to
+three of the head weight's: one per chunk, summed in autograd's input buffer). Fitted to the exact tensor peak, LoRA's BucketSize comes out larger;
 the earlier model (saved bytes x a peak/saved margin) gave it the smaller one.
 In process, tiny ladder, the debug jobs' own models."""
 
@@ -39,11 +40,13 @@ def test_lora_saves_less_with_the_same_backward_transient(full_and_lora):
     for f, l in zip(full.points, lora.points):
         assert l.saved < 0.97 * f.saved, (f, l)  # the frozen base's linears keep fewer inputs
         # the same activation gradients in flight (LoRA adds its rank-8 adapter activations);
-        # full fine-tuning may add one weight's gradient
-        assert -0.01 * (f.peak - f.saved) <= (f.peak - f.saved) - (l.peak - l.saved) <= largest, (f, l, largest)
+        # full fine-tuning may add three of the head weight's gradients: the head in chunks
+        # (train/head_loss.py) hands autograd one per chunk, summed out of place in its input buffer
+        assert -0.01 * (f.peak - f.saved) <= (f.peak - f.saved) - (l.peak - l.saved) <= 3 * largest, (
+            f, l, largest)
         assert l.peak < f.peak
-    top_f, top_l = full.points[-1], lora.points[-1]
-    assert top_l.peak - top_l.saved == pytest.approx(top_f.peak - top_f.saved, rel=0.02)
+    # (Before the head ran in chunks the two transients were equal within 2% at the top point; the
+    # head weight's per-chunk gradients, a constant, now sit at full fine-tuning's peak instead.)
 
 
 def test_lora_bucket_is_larger_and_the_fit_is_the_peak(full_and_lora):

@@ -206,6 +206,7 @@ def test_profiled_loss_compiled_as_the_trainer_compiles_it(compile_on):
     config = JobConfigManager().parse_args(argv)
     torchtitan_patches.apply(config)
     jm = build_job_model(config, torch.device("cpu"), 64)
-    compiled = isinstance(jm.loss_fn.fn, torch._dynamo.eval_frame.OptimizedModule) or hasattr(
-        jm.loss_fn.fn, "_torchdynamo_orig_callable")
+    loss = jm.loss_fn.loss_fn  # the per-chunk loss of the head and loss in chunks (train/head_loss.py)
+    compiled = isinstance(loss.fn, torch._dynamo.eval_frame.OptimizedModule) or hasattr(
+        loss.fn, "_torchdynamo_orig_callable")
     assert compiled == compile_on

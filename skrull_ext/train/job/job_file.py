@@ -41,6 +41,7 @@ from skrull_ext.errors import JobFileError
 from skrull_ext.hf.job import hf_job_defaults
 from skrull_ext.models.registry import build_model_spec
 from skrull_ext.train import checkpointing
+from skrull_ext.train.head_loss import ChunkedHeadLoss
 from skrull_ext.train.job.job_checks import check_job
 from skrull_ext.train.job.job_flags import Flag, flag_tables
 from skrull_ext.train.job.job_help import job_help
@@ -238,7 +239,8 @@ def base_config(
         model_spec=model_spec,
         hf_assets_path="",
         tokenizer=SyntheticTokenizer.Config(vocab_size=vocab),
-        loss=CrossEntropyLoss.Config(global_vocab_size=vocab),
+        # The head and loss in chunks of tokens (train/head_loss.py), the chunk from the memory model.
+        loss=ChunkedHeadLoss.Config(loss_fn=CrossEntropyLoss.Config(global_vocab_size=vocab)),
         dataloader=(
             SkrullDataLoader.Config()
             if issubclass(config_cls, JobConfig)

@@ -1,0 +1,204 @@
+"""The model's head and the loss in chunks of tokens (``[loss]``, docs/training.md).
+
+Over a 152K vocabulary the logits of one token are 0.3 MB in bf16, and the
+loss keeps them again in float32 for backward: a micro-batch of 130K tokens
+would hold about 40 GB of logits, all taken from its BucketSize. Here the
+model stops at its final norm (torchtitan's ``Decoder._skip_lm_head``, which
+its Trainer sets for any ``ChunkedLossWrapper``) and the loss applies the
+head and the cross-entropy to ``chunk_tokens`` tokens at a time, each chunk
+under non-reentrant activation checkpointing: what is kept for backward is
+the hidden states (``[tokens, dim]``, a view per chunk) and the labels; each
+chunk's logits exist only while its forward, or its backward's recompute,
+runs. The loss and every gradient are those of the unchunked head up to
+float rounding (the sum of the chunks' sums; tests/unit_tests/test_head_loss.py:
+fp32, loss 1e-6, gradients 1e-5 relative). The price is the head's forward
+run twice (once more in backward), which the profiler's head timing
+(profile/head.py) measures with the loss as the job runs it.
+
+Why not torchtitan 0.3.0's own ``ChunkedLossWrapper`` (this class is one, so
+torchtitan's Trainer wires it the same way): that wrapper runs each chunk's
+backward inside the loss's forward and hands the decoder the accumulated
+gradient, which does not compose with this project's paths:
+
+- it needs the local sequence length divisible by ``num_chunks``; a Skrull
+  micro-batch is a packed buffer of any length;
+- ``overlength = "chunk"`` (train/chunked.py) calls the loss inside a
+  checkpointed chunk of the document, whose recompute would run those
+  backwards again and add the head's gradient twice;
+- it toggles the head's FSDP resharding and gradient sync around its loop,
+  overriding ``skrull.defer_grad_sync`` and ``skrull.free_running``;
+- its gradient ignores the upstream ``grad_output`` (a loss scaled after it
+  would leave the head's gradient unscaled).
+
+Nor a fused linear cross-entropy library: liger-kernel (0.8.5, 2026-10) and
+Apple's cut-cross-entropy (25.1.1, last released 2025-01) are Triton kernels,
+with no CPU path for the tests here; liger's is the one to measure against
+this on a GPU (it computes the gradients in forward, with no recompute).
+
+Checkpointing composes with all of these: the backward runs in autograd's
+own order and graph task, chunk by chunk, like an activation-checkpointed
+block (nested inside train/chunked.py's checkpoint too).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils.checkpoint import checkpoint
+from torchtitan.components.loss import BaseLoss, ChunkedLossWrapper, CrossEntropyLoss
+from torchtitan.config import CompileConfig
+
+__all__ = ["ChunkedHeadLoss", "DEFAULT_CHUNK_BYTES", "HeadChunking", "assumed_head_bytes_per_token",
+           "choose_chunk_tokens", "resolve_chunking"]
+
+DEFAULT_CHUNK_BYTES = 2 << 30
+"""``[loss] chunk_bytes``' default: what the head and loss of one chunk may hold at their peak
+(2 GiB: about 880 tokens of a 152K vocabulary in bf16, assumed 16 B a token and vocabulary entry,
+a [880, 896] x [896, 152K] product that keeps a GPU busy; 1.5% of an H200, which the profile's
+BucketSize keeps free for one chunk, where a micro-batch of the H200 profile's BucketSize held about
+40 GB of logits and as much again of their gradient: issue 57)."""
+
+
+@dataclass(frozen=True)
+class HeadChunking:
+    """The chunk the head and loss run in, and why (the start-up line)."""
+
+    chunk_tokens: int
+    """Tokens a chunk (a micro-batch of more tokens runs in ceil(tokens / chunk_tokens) chunks)."""
+    head_bytes_per_token: float
+    """Peak bytes of the head and loss per token of a chunk (logits, their float32 copy and gradients)."""
+    why: str
+
+    def line(self, micro_batch_tokens: int | None = None) -> str:
+        count = ""
+        if micro_batch_tokens:
+            n = math.ceil(micro_batch_tokens / self.chunk_tokens)
+            count = f", {n} chunk(s) for a micro-batch of {micro_batch_tokens} tokens"
+        return (f"head and loss in chunks of {self.chunk_tokens} tokens{count} "
+                f"({self.head_bytes_per_token / 2**20:.3f} MiB a token at the peak; {self.why})")
+
+
+def assumed_head_bytes_per_token(vocab: int, elem_bytes: int) -> float:
+    """The head and loss's peak per token where no profile measured it: the logits in the
+    compute dtype and in float32, the log-softmax kept for backward and its gradient in
+    float32, the logits' gradient in the compute dtype: vocab x (2 x elem + 12) bytes, an upper
+    bound (the debug model's head in float32 on CPU measured 11.75 x vocab: docs/profile.md)."""
+    return float(vocab * (2 * elem_bytes + 12))
+
+
+def resolve_chunking(config: ChunkedHeadLoss.Config, vocab: int, elem_bytes: int, profile=None,
+                     measured: float = 0.0) -> HeadChunking:
+    """The job's chunk: ``chunk_tokens`` when set, else the most tokens whose peak fits
+    ``chunk_bytes``, the bytes a token ``measured`` (the profiler), or from ``profile``'s
+    ``[memory] logits_bytes_per_token`` (a measured profile, or None), else assumed from the
+    vocabulary (``why`` says which, and the command that measures it)."""
+    source = "measured"
+    if not measured and profile is not None:
+        measured = float(profile.data.get("memory", {}).get("logits_bytes_per_token", 0.0))
+        source = f"measured by the profile {profile.path}"
+    if measured > 0:
+        per_token = measured
+    else:
+        per_token = assumed_head_bytes_per_token(vocab, elem_bytes)
+        source = f"assumed: vocabulary {vocab} x (2 x {elem_bytes} + 12) B"
+        if profile is not None:
+            command = profile.meta.get("command", "python -m skrull_ext.profile --config-file JOB")
+            source += (f", the profile {profile.path} has no [memory] logits_bytes_per_token "
+                       f"(its BucketSize counts the logits of every token; `{command}` measures it)")
+    if config.chunk_tokens:
+        chunk, why = config.chunk_tokens, f"forced by loss.chunk_tokens; {source}"
+    else:
+        chunk = choose_chunk_tokens(per_token, config.chunk_bytes)
+        why = f"the most whose peak fits loss.chunk_bytes {config.chunk_bytes / 2**20:.0f} MiB; {source}"
+    profiled = int(profile.data.get("memory", {}).get("head_chunk_tokens", 0)) if profile is not None else 0
+    if profiled and profiled != chunk:
+        why += (f"; the profile's BucketSize holds chunks of {profiled} tokens (profile the job with this "
+                f"chunk for one that holds these)")
+    return HeadChunking(chunk, per_token, why)
+
+
+def choose_chunk_tokens(head_bytes_per_token: float, chunk_bytes: int) -> int:
+    """The most tokens whose head and loss peak fits ``chunk_bytes`` (at least one)."""
+    if head_bytes_per_token <= 0 or not math.isfinite(head_bytes_per_token):
+        raise ValueError(f"head bytes per token must be finite and > 0, got {head_bytes_per_token}")
+    return max(1, int(chunk_bytes // head_bytes_per_token))
+
+
+class ChunkedHeadLoss(ChunkedLossWrapper):
+    """The head and the job's loss over chunks of tokens (module docstring)."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(BaseLoss.Config):
+        chunk_tokens: int = 0
+        """Tokens a chunk of the head and loss; 0: the most whose peak fits ``chunk_bytes``,
+        from the profile's ``[memory] logits_bytes_per_token`` (else from the model shape);
+        a number at least the micro-batch's tokens runs the head unchunked."""
+
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES
+        """Peak bytes one chunk's head and loss may hold (read when ``chunk_tokens = 0``)."""
+
+        loss_fn: BaseLoss.Config = field(default_factory=CrossEntropyLoss.Config)
+        """The loss of each chunk's logits (a sum over its tokens)."""
+
+        def __post_init__(self) -> None:
+            if isinstance(self.chunk_tokens, bool) or not isinstance(self.chunk_tokens, int) or self.chunk_tokens < 0:
+                raise ValueError(f"loss.chunk_tokens: {self.chunk_tokens!r} must be an integer >= 0 "
+                                 "(0: from the memory model)")
+            if isinstance(self.chunk_bytes, bool) or not isinstance(self.chunk_bytes, int) or self.chunk_bytes < 1:
+                raise ValueError(f"loss.chunk_bytes: {self.chunk_bytes!r} must be a positive integer")
+
+    def __init__(self, config: Config, *, compile_config: CompileConfig | None = None):
+        self.config = config
+        self.loss_fn: BaseLoss = config.loss_fn.build(compile_config=compile_config)
+        self.lm_head: torch.nn.Module | None = None
+        self.num_chunks = 0  # ChunkedLossWrapper's field; chunks here are counted in tokens
+        self.chunking: HeadChunking | None = None
+        """Set at start-up (``set_chunking``); until then ``config.chunk_tokens`` or one chunk."""
+
+    def set_chunking(self, chunking: HeadChunking) -> None:
+        self.chunking = chunking
+
+    @property
+    def chunk_tokens(self) -> int:
+        """Tokens a chunk now (0: one chunk, the whole micro-batch)."""
+        if self.chunking is not None:
+            return self.chunking.chunk_tokens
+        return self.config.chunk_tokens
+
+    def _head_loss(self, h: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        assert self.lm_head is not None, "ChunkedHeadLoss: set_lm_head before the first call"
+        return self.loss_fn(self.lm_head(h), labels)[0]  # a sum over the chunk's tokens
+
+    def __call__(
+        self,
+        pred: torch.Tensor,
+        labels: torch.Tensor,
+        global_valid_tokens: torch.Tensor | None = None,
+        **kwargs: Any,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """``pred``: the model's hidden states [batch, seq, dim] (the head skipped); returns the
+        loss as the job's loss over the full logits would (sum / ``global_valid_tokens``)."""
+        del kwargs  # positions: not read by cross-entropy
+        seq = pred.shape[1]
+        per_row = max(1, self.chunk_tokens // max(1, pred.shape[0])) if self.chunk_tokens else seq
+        grad = torch.is_grad_enabled()
+        total: torch.Tensor | None = None
+        for a in range(0, seq, per_row):
+            h, lab = pred[:, a:a + per_row], labels[:, a:a + per_row]
+            if grad and per_row < seq:  # the chunk's logits recomputed in backward, not kept
+                # A chunk of its own strides ([n x dim, dim, 1]; a copy only where rows are apart): with
+                # the head's weight frozen (LoRA) matmul folds [b, n, dim] into one mm only when the
+                # strides say so, and FSDP's forward hooks rewrap the chunk in forward but not in the
+                # recompute, so a slice's strides ([seq x dim, dim, 1]) recomputed with another op.
+                h = h.reshape(-1, h.shape[-1]).view(h.shape)
+                part = checkpoint(self._head_loss, h, lab, use_reentrant=False, preserve_rng_state=False)
+            else:
+                part = self._head_loss(h, lab)
+            total = part if total is None else total + part
+        assert total is not None, "ChunkedHeadLoss: an empty micro-batch"
+        if global_valid_tokens is not None:
+            total = total / global_valid_tokens
+        return total, {}

@@ -1,0 +1,82 @@
+"""The head and loss in chunks (train/head_loss.py) through the real trainer.
+
+From the parity runs' seed checkpoint, float32, gloo: SkrullTrainer with
+``--loss.chunk_tokens 48`` (a Skrull micro-batch of up to 256 tokens a rank
+runs its head in up to 6 chunks, the last shorter) at CP 2 (free-running, the
+default), at DP 2 x CP 2 (FSDP, gradients reduce-scattered once a step) and at
+TP 2 x CP 2 (vocab-sharded logits, loss parallel), with compiled blocks and
+loss at CP 2, and torchtitan's batching (``--skrull.no-enable``, rows of
+4 x 256 tokens a CP rank: chunks of 12 tokens of each row) at CP 2, against
+torchtitan's own 1-process Trainer with the head unchunked: the 5 losses within 1e-4 and the check step's gradients within the
+parity standard (test_parity_skrull.py), and the start-up line says the chunk
+and why. Inside ``overlength = "chunk"``'s chunks, 1 process: the same losses.
+LoRA through the trainer: tests/integration_tests/test_lora_parity.py.
+"""
+
+import os
+
+import pytest
+
+from tests.integration_tests.conftest import CHECK_STEP, SKRULL, STEPS
+from tests.integration_tests.launch import REPO, losses, torchrun, train_from_seed
+from tests.integration_tests.test_parity_skrull import _matches_reference, _matches_reference_losses_and_grads
+
+LINE = "head and loss in chunks of 48 tokens, 6 chunk(s) for a micro-batch of 256 tokens"
+
+
+@pytest.mark.slow
+def test_head_chunks_cp2_matches_reference(skrull_runs, reference):
+    run = skrull_runs["cp2_head_chunks"]
+    assert LINE in run.output and "forced by loss.chunk_tokens" in run.output
+    _matches_reference(run, reference)
+
+
+@pytest.mark.slow
+def test_head_chunks_dp2_cp2_fsdp_matches_reference(skrull_runs, reference):
+    run = skrull_runs["dp2cp2_head_chunks"]
+    assert LINE in run.output
+    _matches_reference(run, reference)
+
+
+@pytest.mark.slow
+def test_head_chunks_compiled_cp2_matches_reference(skrull_runs, reference):
+    """torchtitan compiles the per-chunk loss (compile.components holds "loss") inside each chunk's
+    checkpoint; the last chunk's other length recompiles it, and the recompute replays the same graph."""
+    run = skrull_runs["cp2_compile_head_chunks"]
+    assert LINE in run.output and "Compiling the loss function with torch.compile" in run.output
+    _matches_reference_losses_and_grads(run, reference)
+
+
+@pytest.mark.slow
+def test_head_chunks_tp2_cp2_matches_reference(skrull_runs, reference):
+    run = skrull_runs["tp2cp2_head_chunks"]
+    assert LINE in run.output and "DP 1 x CP 2 x TP 2" in run.output
+    _matches_reference_losses_and_grads(run, reference)
+
+
+@pytest.mark.slow
+def test_head_chunks_torchtitan_batching_cp2_matches_reference(workdir, seed, reference):
+    run = train_from_seed(workdir, "tt_cp2_head_chunks", 2, "skrull_ext.train", SKRULL, seed, STEPS,
+                          extra=["--parallelism.context_parallel_degree", "2", "--skrull.no-enable",
+                                 "--loss.chunk_tokens", "48"], grads_at=CHECK_STEP)
+    assert "head and loss in chunks of 48 tokens, 22 chunk(s) for a micro-batch of 1024 tokens" in run.output
+    _matches_reference_losses_and_grads(run, reference)
+
+
+@pytest.mark.slow
+def test_head_chunks_inside_overlength_chunks(tmp_path):
+    """``overlength = "chunk"`` (train/chunked.py) calls the loss inside each checkpointed chunk of a long
+    document: the head's chunks nest in it. 1 process, 3 steps, samples up to 2,048 tokens over a
+    BucketSize of 256, the head in chunks of 48 tokens and unchunked: the same losses."""
+    job = ["--config-file", os.path.join(REPO, "skrull_ext", "jobs", "debug_cpu.toml"), "--skrull.overlength",
+           "chunk", "--dataloader.max_len", "2048", "--training.seq_len", "2048", "--training.steps", "3",
+           "--metrics.enable_tensorboard"]
+    runs = {}
+    for name, extra in (("unchunked", []), ("chunked", ["--loss.chunk_tokens", "48"])):
+        dump = str(tmp_path / name)
+        out = torchrun(1, "skrull_ext.train", [*job, "--dump_folder", dump, *extra], cwd=str(tmp_path))
+        assert "of the whole trained in chunks" in out.stdout + out.stderr
+        runs[name] = losses(dump)
+    print(runs)
+    assert len(runs["chunked"]) == 3
+    assert max(abs(a - b) for a, b in zip(runs["chunked"], runs["unchunked"])) < 1e-5, runs

@@ -1,0 +1,218 @@
+"""The head and the loss in chunks of tokens (train/head_loss.py) equal them unchunked.
+
+The debug llama3 (fp32, CPU, dense DACP attention) runs one packed
+micro-batch of several documents (positions restarting at each, some labels
+ignored) with its head inside the model and torchtitan's CrossEntropyLoss,
+then with the head skipped (``_skip_lm_head``) and ChunkedHeadLoss in chunks
+that do not divide the micro-batch. The loss (sum over the tokens / the
+global loss tokens) must agree within 1e-6 relative and every parameter's
+gradient within 1e-5 relative (its norm): plain, with LoRA, under
+torchtitan's full activation checkpointing, nested inside ``overlength =
+"chunk"``'s checkpointed chunks (train/chunked.py), and forward only (validation).
+
+Memory: saved-tensor hooks count the bytes the head and loss keep for
+backward on a 4,096-token micro-batch; chunked, they are the hidden states
+and the labels, exactly, under a quarter of what the unchunked head keeps.
+"""
+
+import pytest
+import torch
+from torchtitan.components.loss import CrossEntropyLoss
+
+from skrull_ext.attention import build_meta
+from skrull_ext.data.sources.synthetic import IGNORE_INDEX
+from skrull_ext.errors import JobFileError
+from skrull_ext.profile.memory import SavedBytes
+from skrull_ext.scheduler.profile_file import ProfileMemory, derive_bucket_size
+from skrull_ext.train.chunked import chunked_loss
+from skrull_ext.train.head_loss import (ChunkedHeadLoss, HeadChunking, assumed_head_bytes_per_token,
+                                        choose_chunk_tokens, resolve_chunking)
+from tests.unit_tests.test_chunked import GRAD_TOL, LOSS_TOL, VOCAB, _grads, _model
+
+DOCS = (61, 7, 130, 1, 53)  # one packed micro-batch of 252 tokens
+CHUNK = 37  # divides nothing here: the last chunk is shorter
+GLOBAL_TOKENS = 1000.0  # the step's loss tokens the loss is divided by
+
+
+def _batch() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    n = sum(DOCS)
+    g = torch.Generator().manual_seed(3)
+    tokens = torch.randint(0, VOCAB, (1, n), generator=g)
+    labels = torch.randint(0, VOCAB, (1, n), generator=g)
+    labels[0, ::9] = IGNORE_INDEX  # prompts and document ends
+    positions = torch.cat([torch.arange(d) for d in DOCS])[None]
+    return tokens, labels, positions
+
+
+def _losses(chunk: int | None) -> tuple[CrossEntropyLoss | ChunkedHeadLoss, bool]:
+    """(the loss, whether the model skips its head): None is today's unchunked head."""
+    if chunk is None:
+        return CrossEntropyLoss(CrossEntropyLoss.Config()), False
+    return ChunkedHeadLoss(ChunkedHeadLoss.Config(chunk_tokens=chunk)), True
+
+
+def _wire(model, loss) -> None:
+    if isinstance(loss, ChunkedHeadLoss):  # what torchtitan's Trainer does for a ChunkedLossWrapper
+        loss.set_lm_head(model.lm_head)
+        model._skip_lm_head = True
+
+
+def micro_batch(chunk: int | None, lora: bool = False, ac: bool = False) -> tuple[float, dict]:
+    model = _model(lora, ac)
+    loss_fn, _ = _losses(chunk)
+    _wire(model, loss_fn)
+    tokens, labels, positions = _batch()
+    meta = build_meta(list(DOCS), [0] * len(DOCS), 0, 1)
+    pred = model(tokens, positions=positions, attention_masks=meta)
+    loss, _ = loss_fn(pred, labels, torch.tensor(GLOBAL_TOKENS), positions=positions)
+    loss.backward()
+    return loss.item(), _grads(model)
+
+
+def _close(ref: tuple[float, dict], got: tuple[float, dict]) -> None:
+    (l0, g0), (l1, g1) = ref, got
+    assert abs(l1 - l0) <= LOSS_TOL * abs(l0), (l0, l1)
+    assert g0.keys() == g1.keys()
+    for name in g0:
+        err = (g1[name] - g0[name]).norm() / g0[name].norm().clamp_min(1e-30)
+        assert err <= GRAD_TOL, (name, float(err))
+
+
+@pytest.fixture(scope="module")
+def reference() -> tuple[float, dict]:
+    return micro_batch(None)
+
+
+@pytest.mark.parametrize("chunk", [CHUNK, 1, sum(DOCS), 10 * sum(DOCS)])
+def test_packed_micro_batch_equals_unchunked(reference, chunk):
+    """Chunks of 37 (7 chunks, the last 30), of one token, of exactly the micro-batch, and larger."""
+    _close(reference, micro_batch(chunk))
+
+
+def test_lora_equals_unchunked():
+    _close(micro_batch(None, lora=True), micro_batch(CHUNK, lora=True))
+
+
+def test_activation_checkpointing_equals_unchunked():
+    _close(micro_batch(None, ac=True), micro_batch(CHUNK, ac=True))
+
+
+def test_forward_only_equals_unchunked():
+    """Validation's path: no gradients, the chunks run without checkpointing."""
+    out = []
+    for chunk in (None, CHUNK):
+        model = _model()
+        loss_fn, _ = _losses(chunk)
+        _wire(model, loss_fn)
+        tokens, labels, positions = _batch()
+        with torch.no_grad():
+            pred = model(tokens, positions=positions, attention_masks=build_meta(list(DOCS), [0] * len(DOCS), 0, 1))
+            out.append(loss_fn(pred, labels)[0].item())
+    assert abs(out[1] - out[0]) <= LOSS_TOL * abs(out[0])
+
+
+def test_inside_overlength_chunks_equals_unchunked():
+    """overlength = "chunk" calls the loss inside each checkpointed chunk of a long document: the head's
+    checkpoint nests in it, and the recompute adds no gradient twice."""
+    tokens, labels, _ = _batch()
+    results = []
+    for chunk in (None, CHUNK):
+        model = _model()
+        loss_fn, _ = _losses(chunk)
+        _wire(model, loss_fn)
+        out = chunked_loss(model, tokens[0], labels[0], 64, lambda p, lab: loss_fn(p, lab)[0])
+        out.loss.backward()
+        results.append((out.loss.item(), _grads(model)))
+    _close(*results)
+
+
+def test_chunked_head_keeps_under_a_quarter():
+    """Bytes the head and loss save for backward on a 4,096-token micro-batch (saved-tensor hooks, each
+    storage once, parameters left out): chunked, exactly the hidden states and the labels."""
+    tokens, dim = 4096, 256
+    kept = {}
+    for chunk in (None, 512):
+        model = _model()
+        loss_fn, _ = _losses(chunk)
+        _wire(model, loss_fn)
+        g = torch.Generator().manual_seed(0)
+        h = torch.randn(1, tokens, dim, generator=g).requires_grad_()
+        labels = torch.randint(0, VOCAB, (1, tokens), generator=g)
+        x = h * 1.0  # the norm's output: what the head's graph starts from
+        with SavedBytes(model) as saved:
+            loss, _ = loss_fn(x if chunk else model.lm_head(x), labels, torch.tensor(float(tokens)))
+        kept[chunk] = saved.bytes
+        loss.backward()
+    # float32 hidden states, int64 labels, the float32 divisor (the step's loss tokens)
+    assert kept[512] == tokens * dim * 4 + tokens * 8 + 4
+    assert kept[None] >= tokens * VOCAB * 4  # the float32 log-softmax of every token
+    assert kept[512] * 4 < kept[None]
+
+
+def test_job_key_and_refusals():
+    from skrull_ext.train.job.job_file import base_config
+    from skrull_ext.models.registry import build_model_spec
+
+    config = base_config(build_model_spec("llama3", "debugmodel"))
+    assert isinstance(config.loss, ChunkedHeadLoss.Config) and config.loss.chunk_tokens == 0
+    with pytest.raises(ValueError, match=r"loss.chunk_tokens: -1 must be an integer >= 0"):
+        ChunkedHeadLoss.Config(chunk_tokens=-1)
+    with pytest.raises(ValueError, match=r"loss.chunk_bytes: 0 must be a positive integer"):
+        ChunkedHeadLoss.Config(chunk_bytes=0)
+
+
+def test_job_file_sets_the_key(tmp_path):
+    from skrull_ext.train.job.job_file import load_job
+
+    job = tmp_path / "job.toml"
+    job.write_text('[model]\nname = "llama3"\nflavor = "debugmodel"\n[loss]\nchunk_tokens = 96\n')
+    assert load_job(str(job)).loss.chunk_tokens == 96
+    job.write_text('[model]\nname = "llama3"\nflavor = "debugmodel"\n[loss]\nchunk_tokens = "96"\n')
+    with pytest.raises(JobFileError, match=r"loss.chunk_tokens: expected an integer"):
+        load_job(str(job))
+
+
+def test_chunk_from_the_memory_model():
+    assert assumed_head_bytes_per_token(151936, 2) == 151936 * 16
+    assert choose_chunk_tokens(1000.0, 64_000) == 64
+    assert choose_chunk_tokens(1000.0, 10) == 1  # at least one token
+    config = ChunkedHeadLoss.Config(chunk_bytes=1 << 20)
+    assumed = resolve_chunking(config, 2048, 4)
+    assert assumed.chunk_tokens == (1 << 20) // (2048 * 20) and "assumed" in assumed.why
+    measured = resolve_chunking(config, 2048, 4, measured=2048.0)
+    assert measured.chunk_tokens == 512 and measured.head_bytes_per_token == 2048.0
+    forced = resolve_chunking(ChunkedHeadLoss.Config(chunk_tokens=100), 2048, 4, measured=2048.0)
+    assert forced.chunk_tokens == 100 and "forced by loss.chunk_tokens" in forced.why
+    from skrull_ext.scheduler.profile_file import Profile
+
+    profile = Profile({"compute": {"a_us_per_flop": 1e-6, "b_us": 0.0}, "comm": {"bytes": [1], "us": [1.0]},
+                       "memory": {"logits_bytes_per_token": 4096.0, "head_chunk_tokens": 256}}, "p.toml")
+    same = resolve_chunking(config, 2048, 4, profile)
+    assert same.chunk_tokens == 256 and "measured by the profile p.toml" in same.why and "holds" not in same.why
+    other = resolve_chunking(ChunkedHeadLoss.Config(chunk_tokens=100), 2048, 4, profile)
+    assert "the profile's BucketSize holds chunks of 256 tokens" in other.why
+    assert HeadChunking(100, 2048.0, "x").line(250).startswith("head and loss in chunks of 100 tokens, 3 chunk(s)")
+
+
+def test_bucket_size_grows_by_the_logits():
+    """BucketSize: the logits take one chunk's bytes, not a micro-batch's (exact small cases)."""
+    usable, a, logits = 1e9, 1e4, 1e4
+    assert derive_bucket_size(usable, 0, a + logits, 0, 0.0) == 50_000  # today: the logits in a
+    assert derive_bucket_size(usable, 0, a, 0, 0.0, logits_bytes_per_token=logits, head_chunk_tokens=1000) == 99_000
+    # a chunk larger than what fits: no micro-batch is chunked, the logits count per token
+    assert derive_bucket_size(usable, 0, a, 0, 0.0, logits_bytes_per_token=logits, head_chunk_tokens=60_000) == 50_000
+    assert derive_bucket_size(usable, 0, a, 0, 0.0, logits_bytes_per_token=logits, head_chunk_tokens=10**6) == 50_000
+
+
+def test_profile_memory_keys_old_and_new():
+    old = {"memory": {"bucket_size": 100, "a_bytes_per_token": 10.0, "b_bytes": 5.0, "usable_bytes": 1e4,
+                      "static_bytes": 0.0}}
+    mem = ProfileMemory.of(old)
+    assert (mem.logits, mem.head_chunk) == (0.0, 0) and mem.activation(100) == 1005.0
+    assert "logits_bytes_per_token" not in mem.section()  # an old profile writes back as it was
+    new = ProfileMemory.of({"memory": {**old["memory"], "logits_bytes_per_token": 3.0, "head_chunk_tokens": 40}})
+    assert mem.activation(30) + 90.0 == new.activation(30)
+    assert mem.activation(100) + 120.0 == new.activation(100)
+    assert new.section()["head_chunk_tokens"] == 40
+    with pytest.raises(ValueError, match=r"memory.head_chunk_tokens must be a positive integer, got 0"):
+        ProfileMemory.of({"memory": {**old["memory"], "head_chunk_tokens": 0}})
