@@ -190,6 +190,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="documents trained in chunks of BucketSize (overlength = 'chunk'), their time and peak "
                         "measured against chunk_cost: tokens or multiples of BucketSize, e.g. 16384,8x; '' for none "
                         "(default: %(default)s)")
+    p.add_argument("--chunk", type=int, default=0,
+                   help="tokens per chunk of the chunked documents (default 0: the profile's BucketSize, what the "
+                        "trainer chunks at on one rank)")
     p.add_argument("--chunked-repeats", type=int, default=1,
                    help="timed runs of each chunked document after its metered one; the median is kept "
                         "(default: %(default)s)")
@@ -204,8 +207,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-    jm = build_job_model(config, device, config.model_spec.model.max_seq_len)
-    lengths = parse_chunked_lengths(args.chunked_lengths, ProfileMemory.of(profile).bucket_size)
+    longest = config.model_spec.model.max_seq_len
+    if args.chunk < 0 or args.chunked_repeats < 1:
+        p.error(f"--chunk must be >= 0 (0: BucketSize) and --chunked-repeats >= 1, got {args.chunk} and "
+                f"{args.chunked_repeats}")
+    try:
+        lengths = parse_chunked_lengths(args.chunked_lengths, args.chunk or ProfileMemory.of(profile).bucket_size)
+    except ValueError as e:
+        p.error(str(e))
+    if lengths and max(lengths) > longest:
+        p.error(f"--chunked-lengths: {max(lengths)} tokens is longer than {config.model_spec.name} "
+                f"{config.model_spec.flavor} supports ({longest}, its max_seq_len)")
+    jm = build_job_model(config, device, longest)
     c = check_profile(jm, profile, args.seed)
     target = profile.get("meta", {}).get("memory", {}).get("fit_target", "peak")
     mib = lambda v: f"{v / 2**20:.1f} MiB"  # noqa: E731
@@ -231,10 +244,11 @@ def _chunked(jm, args, profile: dict, lengths: tuple[int, ...]) -> list:
     pm, cost = ProfileMemory.of(profile), Profile(profile, args.profile).cost_model()
     kw = {"repeats": args.chunked_repeats, "seed": args.seed, "max_time_error": args.max_time_error,
           "fixed_skip_us": fixed_left_out(profile, jm.device)}
-    rows = [check_reference(jm, cost, pm, pm.bucket_size, **kw)]
+    chunk = args.chunk or pm.bucket_size
+    rows = [check_reference(jm, cost, pm, chunk, **kw)]
     print(format_chunked(rows), flush=True)
     for n in lengths:
-        rows.append(check_chunked(jm, cost, pm, n, pm.bucket_size, **kw))
+        rows.append(check_chunked(jm, cost, pm, n, chunk, **kw))
         print(format_chunked(rows[-1:]), flush=True)
     return rows
 
