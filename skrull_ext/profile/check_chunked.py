@@ -60,7 +60,12 @@ from skrull_ext.scheduler.chunk_cost import chunk_cost
 from skrull_ext.scheduler.profile_file import ProfileMemory
 from skrull_ext.train.chunked import attention_layers, chunked_loss
 
-__all__ = ["BYTES_TOLERANCE", "ChunkedCheck", "check_chunked", "format_chunked", "parse_chunked_lengths"]
+__all__ = ["BYTES_TOLERANCE", "DENSE_KERNELS", "ChunkedCheck", "allocate_grads", "check_chunked", "check_reference",
+           "dense_fit", "fixed_left_out", "format_chunked", "parse_chunked_lengths", "random_document"]
+
+DENSE_KERNELS = ("dense", "segments")
+"""Micro-batch kernels that compute every (query, key) pair of a sequence (one masked SDPA over it):
+a profile fitted on one prices a chunk's attention by its rectangle (``chunk_cost``'s ``dense_fit``)."""
 
 BYTES_TOLERANCE = 0.02
 """A measured peak may exceed its prediction by this fraction (check.py's ``fit_holds`` rule)."""
@@ -152,7 +157,17 @@ def fixed_left_out(profile: dict, device: torch.device) -> float:
     return float(profile.get("micro_batch", {}).get("fixed_us", 0.0)) if fsdp > 1 else 0.0
 
 
-def _document(jm: JobModel, length: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+def dense_fit(jm: JobModel) -> bool:
+    """Whether the job's micro-batch kernel (what the profile's compute was fitted on) is one of
+    DENSE_KERNELS, resolved for the device and dtype as the trainer resolves ``auto``."""
+    from skrull_ext.attention.kernels import AUTO, auto_kernel_for
+
+    kernel = getattr(getattr(jm.config, "skrull", None), "attention_kernel", AUTO)
+    return (auto_kernel_for(jm.device, jm.dtype) if kernel == AUTO else kernel) in DENSE_KERNELS
+
+
+def random_document(jm: JobModel, length: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random token ids and labels of one ``length``-token document on the job model's device."""
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(1, jm.vocab_size, (length,), generator=g).to(jm.device)
     labels = torch.randint(1, jm.vocab_size, (length,), generator=g).to(jm.device)
@@ -172,7 +187,7 @@ def check_chunked(jm: JobModel, cost: CostModel, pm: ProfileMemory, length: int,
     if length > jm.max_len:
         raise ValueError(f"--chunked-lengths: {length} tokens is longer than the model's RoPE cache "
                          f"({jm.max_len}, training.seq_len)")
-    ids, labels = _document(jm, length, seed)
+    ids, labels = random_document(jm, length, seed)
     layers = attention_layers([jm.model])
     loss_fn = lambda pred, lab: jm.loss_fn(pred, lab)[0]  # noqa: E731
 
@@ -182,7 +197,7 @@ def check_chunked(jm: JobModel, cost: CostModel, pm: ProfileMemory, length: int,
     def run() -> None:
         forward().loss.backward()
 
-    _ensure_grads(jm)
+    allocate_grads(jm)
     meter = PEAK_METERS[jm.device.type](jm.device)
     jm.model.zero_grad(set_to_none=False)
     meter.start()
@@ -198,7 +213,8 @@ def check_chunked(jm: JobModel, cost: CostModel, pm: ProfileMemory, length: int,
     clock = pick_clock("auto", jm.device)
     us = statistics.median(_timed(run, jm, clock) for _ in range(max(1, repeats)))
     grads = sum(p.numel() * p.element_size() for p in jm.model.parameters() if p.requires_grad)
-    c = chunk_cost(cost, length, chunk, mask_bytes_per_token2=pm.c, gradient_bytes=float(grads))
+    c = chunk_cost(cost, length, chunk, mask_bytes_per_token2=pm.c, gradient_bytes=float(grads),
+                   dense_fit=dense_fit(jm))
     act = pm.activation(chunk)
     return ChunkedCheck(
         length=length, chunk=chunk, chunks=c.chunks, clock=clock, measured_us=us,
@@ -220,7 +236,7 @@ def check_reference(jm: JobModel, cost: CostModel, pm: ProfileMemory, tokens: in
         out = jm.model(buf["tokens"], buf["positions"], buf["attention_masks"])
         jm.loss_fn(out, buf["labels"])[0].backward()
 
-    _ensure_grads(jm)
+    allocate_grads(jm)
     clock = pick_clock("auto", jm.device)
     run()  # warm-up
     us = statistics.median(_timed(run, jm, clock) for _ in range(max(1, repeats)))
@@ -235,7 +251,7 @@ def check_reference(jm: JobModel, cost: CostModel, pm: ProfileMemory, tokens: in
     )
 
 
-def _ensure_grads(jm: JobModel) -> None:
+def allocate_grads(jm: JobModel) -> None:
     """Allocate every trainable parameter's gradient, so that no meter counts them."""
     for p in jm.model.parameters():
         if p.requires_grad and p.grad is None:

@@ -8,7 +8,9 @@ constant, flops(s) = lin s + att s^2 (cpp/include/skrull/cost_model.hpp), so
 the chunk's own FLOPs, its linear layers plus its queries against the
 prefix and itself, are exactly ``flops(b) - flops(a)``, and the chunks' sum
 is ``flops(T)``: chunking moves no work, it adds the recomputed forward
-(``RECOMPUTE_SHARE`` of a fwd+bwd) and one call's fixed cost per chunk.
+(``RECOMPUTE_SHARE`` of a fwd+bwd) and one call's fixed cost per chunk. On a
+profile fitted on a kernel that skips no masked pair (``dense_fit``: CPU's),
+the chunk's attention is priced as the rectangle its masked SDPA computes.
 
 Over a CP group of N ranks each chunk is sharded (each rank computes 1/N of
 its FLOPs) and its K/V all-gathered once: ``comm_us(kv_bytes(C))`` per layer
@@ -39,7 +41,7 @@ its own):
 
 Measured by ``python -m skrull_ext.profile.check`` (check_chunked.py) on CPU
 within 0.97-1.0 of the measured peak for chunks of 128-1,396 tokens;
-docs/design/chunked.md, "Memory, checked".
+docs/design/chunked.md, "Memory and time, checked".
 """
 
 from dataclasses import dataclass
@@ -71,21 +73,32 @@ class ChunkCost:
 
 
 def chunk_cost(model: CostModel, length: int, chunk: int, cp: int = 1, *, mask_bytes_per_token2: float = 0.0,
-               gradient_bytes: float = 0.0) -> ChunkCost:
+               gradient_bytes: float = 0.0, dense_fit: bool = False) -> ChunkCost:
     """Price a ``length``-token document trained in chunks of ``chunk`` tokens over ``cp`` ranks.
 
     ``mask_bytes_per_token2``: bytes the attention keeps per (query, key) pair, the memory fit's
     quadratic coefficient (``ProfileMemory.c``: the CPU kernel's float mask; ~0 on flash kernels).
     ``gradient_bytes``: one gradient of the rank's trainable parameters, held summed over the
-    chunks while their backward runs (0 leaves it out)."""
+    chunks while their backward runs (0 leaves it out).
+    ``dense_fit``: the model's attention rate was fitted on a kernel that computes every (query,
+    key) pair of a sequence, masked or not (a masked SDPA over it: the ``dense`` and ``segments``
+    kernels, CPU's), so it is a rate per pair; a chunk's attention, a masked SDPA of its queries
+    over its prefix and itself (attention/prefix.py) that skips nothing either, then costs its
+    (b - a) x b rectangle at that rate, not ``flops(b) - flops(a)`` (its (b - a) x (a + b) at the
+    same rate: up to 2x more for late chunks). Fitted on a causal kernel (varlen, tiles) the rate
+    is per pair of half the square, and ``flops(b) - flops(a)`` prices the rectangle."""
     if length < 1 or chunk < 1 or cp < 1 or chunk % cp:
         raise ValueError(f"chunked document: length {length}, chunk {chunk} and cp {cp} must be positive, "
                          f"the chunk a multiple of cp")
     layers = model.shape.layers
     us = one_pass = 0.0
     bounds = [(a, min(a + chunk, length)) for a in range(0, length, chunk)]
+    att = (model.flops(2) - 2.0 * model.flops(1)) / 2.0  # flops(s) = lin s + att s^2
     for a, b in bounds:
-        f = (model.flops(b) - model.flops(a)) / cp
+        f = model.flops(b) - model.flops(a)  # lin (b - a) + att (b - a) (a + b)
+        if dense_fit:  # the rectangle the masked SDPA computes: (b - a) x b pairs
+            f -= att * (b - a) * a
+        f /= cp
         exchange = model.comm_us(model.kv_bytes(b - a)) if cp > 1 else 0.0
         us += layers * (model.comp_us(f) * (1.0 + RECOMPUTE_SHARE) + 2.0 * exchange)
         us += model.token_us * (b - a) / cp * (1.0 + RECOMPUTE_SHARE) + model.micro_batch_fixed_us

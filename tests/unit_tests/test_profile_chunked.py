@@ -128,3 +128,22 @@ def test_chunk_cost_bytes_exact():
     c = chunk_cost(m, 128, 32, mask_bytes_per_token2=1000)
     assert c.peak_bytes_beyond_chunk == 2 * kv * 96 + 1000 * 32 * 96  # the last
     assert chunk_cost(m, 32, 32, gradient_bytes=1e6).peak_bytes_beyond_chunk == 0  # one chunk: nothing beyond
+
+
+def test_chunk_cost_dense_fit_prices_the_rectangle():
+    """A profile fitted on a kernel that computes every (query, key) pair (CPU's masked SDPA): a
+    chunk [a, b) costs lin (b - a) + att (b - a) b, the rectangle its own masked SDPA computes,
+    not lin (b - a) + att (b - a) (a + b); the first chunk (no prefix) the same either way."""
+    from skrull_ext.scheduler.chunk_cost import RECOMPUTE_SHARE
+
+    m = cost_model.preset("llama3-debug")
+    att = (m.flops(2) - 2 * m.flops(1)) / 2
+    lin = m.flops(1) - att
+    assert m.flops(1000) == pytest.approx(lin * 1000 + att * 1000**2, rel=1e-12)
+    causal, dense = chunk_cost(m, 96, 32), chunk_cost(m, 96, 32, dense_fit=True)
+    # Per layer and chunk comp_us is linear in FLOPs: the difference is the prefix's pairs, a_us each.
+    saved = att * 32 * (0 + 32 + 64)  # (b - a) a over the chunks
+    assert causal.us - dense.us == pytest.approx(m.shape.layers * m.a_us_per_flop * saved * (1 + RECOMPUTE_SHARE),
+                                                 rel=1e-9)
+    assert chunk_cost(m, 32, 32, dense_fit=True).us == chunk_cost(m, 32, 32).us
+    assert dense.one_pass_us == causal.one_pass_us  # a whole sequence: the square on both

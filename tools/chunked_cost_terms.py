@@ -1,5 +1,5 @@
-"""The terms of a chunked document's peak memory, one size varied at a time (docs/design/chunked.md,
-"Memory and time, checked"): what chunk_cost's ``peak_bytes_beyond_chunk`` was fitted against.
+"""The terms of a chunked document's cost, one size varied at a time (docs/design/chunked.md,
+"Memory and time, checked"): what chunk_cost's ``peak_bytes_beyond_chunk`` and ``dense_fit`` rest on.
 
 For each chunk C, documents of n chunks (``--chunks``): the peak tensor bytes of one
 ``chunked_loss`` forward + backward (check_chunked's meter), the slope of the peak in the
@@ -7,19 +7,48 @@ document's length from the first to the last n (against 3 x K/V + the CPU mask o
 and the step from one chunk to two (against the trainable parameters' bytes). With ``--freeze-layers``
 the blocks' parameters are frozen, so that step falls by what was frozen.
 
-    OMP_NUM_THREADS=1 python tools/chunked_memory_terms.py --chunk 64,128,256 --chunks 1,2,4
-    OMP_NUM_THREADS=1 python tools/chunked_memory_terms.py --chunk 128 --chunks 1,2 --freeze-layers
+With ``--sdpa``: the CPU masked SDPA's forward + backward time (process CPU, best of 3, the debug
+model's 16 heads of 16) of a chunk's rectangle of queries over its prefix and itself against the
+square of a whole sequence: proportional to the pairs computed, masked or not, not to the causal share.
+
+    OMP_NUM_THREADS=1 python tools/chunked_cost_terms.py --chunk 64,128,256 --chunks 1,2,4
+    OMP_NUM_THREADS=1 python tools/chunked_cost_terms.py --chunk 128 --chunks 1,2 --freeze-layers
+    OMP_NUM_THREADS=1 python tools/chunked_cost_terms.py --sdpa
 """
 
 import argparse
+import time
 
 import torch
+import torch.nn.functional as F
 
-from skrull_ext.profile.check_chunked import _document, _ensure_grads
+from skrull_ext.profile.check_chunked import allocate_grads, random_document
 from skrull_ext.profile.memory import PEAK_METERS
 from skrull_ext.profile.model import build_job_model
 from skrull_ext.train.chunked import attention_layers, chunked_loss
 from skrull_ext.train.job.job_file import load_config
+
+
+def sdpa_ms(queries: int, keys: int, heads: int = 16, dim: int = 16) -> float:
+    """Best of 3 forward + backward of a masked SDPA, the last ``queries`` of ``keys`` causal."""
+    q = torch.randn(1, heads, queries, dim, requires_grad=True)
+    k, v = (torch.randn(1, heads, keys, dim, requires_grad=True) for _ in range(2))
+    mask = torch.arange(keys)[None, :] <= (keys - queries + torch.arange(queries))[:, None]
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.process_time()
+        F.scaled_dot_product_attention(q, k, v, attn_mask=mask).sum().backward()
+        best = min(best, time.process_time() - t0)
+    return best * 1e3
+
+
+def sdpa() -> None:
+    square = sdpa_ms(2048, 2048)
+    print(f"square 2048 x 2048: {square:.1f} ms")
+    for nq, nk in ((1024, 2048), (512, 2048), (1024, 1024)):
+        pairs, causal = nq * nk / 2048**2, (nq * (2 * nk - nq)) / 2048**2
+        print(f"{nq} queries x {nk} keys: {sdpa_ms(nq, nk) / square:.2f} of the square "
+              f"(pairs {pairs:.2f}, causal share {causal:.2f})")
 
 
 def main() -> None:
@@ -28,8 +57,11 @@ def main() -> None:
     p.add_argument("--chunk", default="64,128,256", help="chunk sizes, comma-separated")
     p.add_argument("--chunks", default="1,2,4", help="chunks per document, comma-separated, ascending")
     p.add_argument("--freeze-layers", action="store_true", help="freeze every block's parameters")
+    p.add_argument("--sdpa", action="store_true", help="time the CPU masked SDPA's rectangle against the square")
     args = p.parse_args()
     torch.set_num_threads(1)
+    if args.sdpa:
+        return sdpa()
     config = load_config(["--config-file", args.config_file])
     counts = [int(x) for x in args.chunks.split(",")]
     chunks = [int(x) for x in args.chunk.split(",")]
@@ -38,7 +70,7 @@ def main() -> None:
         for name, param in jm.model.named_parameters():
             if name.startswith("layers."):
                 param.requires_grad_(False)
-    _ensure_grads(jm)
+    allocate_grads(jm)
     layers = attention_layers([jm.model])
     shape = jm.shape
     kv = 2 * shape.kv_width * shape.bytes_per_elem * shape.layers  # K/V bytes a token, every layer
@@ -47,7 +79,7 @@ def main() -> None:
     for c in chunks:
         peaks = []
         for n in counts:
-            ids, labels = _document(jm, n * c, 0)
+            ids, labels = random_document(jm, n * c, 0)
             meter = PEAK_METERS["cpu"](jm.device)
             jm.model.zero_grad(set_to_none=False)
             meter.start()
