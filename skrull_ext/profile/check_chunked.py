@@ -17,15 +17,18 @@ own model, and compares:
 
 - time: one forward+backward of the document (median of ``repeats``, on the
   profile's clock where this process can read it: process CPU time with one
-  torch thread on CPU, else wall), against ``chunk_cost(...).us``. Passing
-  means within ``max_time_error`` (the profiler's held-out bound, 15%),
+  torch thread on CPU, else wall), against ``chunk_cost(...).us`` (its
+  attention priced as the rectangle of pairs a masked SDPA computes when the
+  job's kernel, which the profile was fitted on, computes every pair:
+  ``dense_fit``). Passing means within ``max_time_error`` (the profiler's
+  held-out bound, 15%),
 - bytes: the peak tensor bytes above the step's start (``PEAK_METERS``: on
   CPU the allocator events torch's profiler records, on CUDA
   ``max_memory_allocated``), against the activation fit at one chunk
   (``ProfileMemory.activation``) + ``peak_bytes_beyond_chunk`` (the prefix's
   K/V copies, the mask over it at the fit's quadratic coefficient, one
-  gradient of the trainable parameters). Passing means
-  within 2% of it or under, the BucketSize check's rule (check.py),
+  gradient of the trainable parameters). Passing means within 2% of it or
+  under, the BucketSize check's rule (check.py),
 - the budget: that peak against the activation budget (usable - static),
   the BucketSize check's other rule, reported beside the verdict but not
   part of it. The trainer's chunk is the limit, BucketSize tokens a rank,
@@ -61,7 +64,7 @@ from skrull_ext.scheduler.profile_file import ProfileMemory
 from skrull_ext.train.chunked import attention_layers, chunked_loss
 
 __all__ = ["BYTES_TOLERANCE", "DENSE_KERNELS", "ChunkedCheck", "allocate_grads", "check_chunked", "check_reference",
-           "dense_fit", "fixed_left_out", "format_chunked", "parse_chunked_lengths", "random_document"]
+           "dense_fit", "dense_kernel", "fixed_left_out", "format_chunked", "parse_chunked_lengths", "random_document"]
 
 DENSE_KERNELS = ("dense", "segments")
 """Micro-batch kernels that compute every (query, key) pair of a sequence (one masked SDPA over it):
@@ -157,13 +160,18 @@ def fixed_left_out(profile: dict, device: torch.device) -> float:
     return float(profile.get("micro_batch", {}).get("fixed_us", 0.0)) if fsdp > 1 else 0.0
 
 
-def dense_fit(jm: JobModel) -> bool:
-    """Whether the job's micro-batch kernel (what the profile's compute was fitted on) is one of
-    DENSE_KERNELS, resolved for the device and dtype as the trainer resolves ``auto``."""
+def dense_kernel(kernel: str, device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether ``[skrull] attention_kernel`` (what the profile's compute was fitted on), resolved
+    for the device and dtype as the trainer resolves ``auto``, is one of DENSE_KERNELS."""
     from skrull_ext.attention.kernels import AUTO, auto_kernel_for
 
-    kernel = getattr(getattr(jm.config, "skrull", None), "attention_kernel", AUTO)
-    return (auto_kernel_for(jm.device, jm.dtype) if kernel == AUTO else kernel) in DENSE_KERNELS
+    return (auto_kernel_for(device, dtype) if kernel == AUTO else kernel) in DENSE_KERNELS
+
+
+def dense_fit(jm: JobModel) -> bool:
+    """``dense_kernel`` of the job model's kernel."""
+    skrull = getattr(jm.config, "skrull", None)
+    return dense_kernel(getattr(skrull, "attention_kernel", "auto"), jm.device, jm.dtype)
 
 
 def random_document(jm: JobModel, length: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -59,9 +59,11 @@ from dataclasses import asdict
 
 import torch.distributed as dist
 
+from skrull_ext.profile.check_chunked import dense_kernel
 from skrull_ext.profile.memory import PROCESS_METERS, local_bytes, optimizer_state_tensors
 from skrull_ext.profile.train_report import (ChunkedMemory, StepMemory, chunked_predicted, format_chunked,
                                              format_report, report)
+from skrull_ext.scheduler.model_shape import compute_dtype
 from skrull_ext.scheduler.profile_file import Profile
 from skrull_ext.train.job.job_file import load_config
 from skrull_ext.train.trainer import SkrullTrainer
@@ -143,7 +145,9 @@ class MeteredTrainer(SkrullTrainer):
         chunk, cp = self.dataloader.limit.tokens, self.parallel_dims.cp
         grads = sum(p.numel() * p.element_size() for m in self.model_parts for p in m.parameters() if p.requires_grad)
         prof = self.check_profile
-        predicted_us, predicted = chunked_predicted(prof.cost_model(), prof.memory(), lengths, chunk, cp, float(grads))
+        dense = dense_kernel(self.config.skrull.attention_kernel, self.device, compute_dtype(self.config))
+        predicted_us, predicted = chunked_predicted(prof.cost_model(), prof.memory(), lengths, chunk, cp, float(grads),
+                                                    dense)
         self.chunked_records.append(ChunkedMemory(
             rank=dist.get_rank() if dist.is_initialized() else 0, step=self.step, lengths=lengths, chunk=chunk,
             cp=cp, above_step_start=offset, peak=peak, static=float(self.static_bytes()), us=us, cpu_us=cpu_us,

@@ -106,12 +106,12 @@ class ChunkedMemory:
 
 
 def chunked_predicted(cost: CostModel, pm: ProfileMemory, lengths: list[int], chunk: int, cp: int,
-                      gradient_bytes: float) -> tuple[float, float]:
+                      gradient_bytes: float, dense_fit: bool = False) -> tuple[float, float]:
     """(time, bytes) the profile predicts for a step's chunked samples on one rank: their
     ``chunk_cost`` times summed; the static account plus the worst sample's activations (one
     chunk's share, A(chunk / cp), + peak_bytes_beyond_chunk), grown by the margin as ``budget`` is."""
-    costs = [chunk_cost(cost, n, chunk, cp, mask_bytes_per_token2=pm.c, gradient_bytes=gradient_bytes)
-             for n in lengths]
+    costs = [chunk_cost(cost, n, chunk, cp, mask_bytes_per_token2=pm.c, gradient_bytes=gradient_bytes,
+                        dense_fit=dense_fit) for n in lengths]
     act = pm.activation_any(chunk // cp) + max(c.peak_bytes_beyond_chunk for c in costs)
     return sum(c.us for c in costs), pm.static + act / (1.0 - pm.margin)
 
