@@ -29,7 +29,7 @@ profile in a fresh process (another document draw with ``--seed``):
     python -m skrull_ext.profile.check --config-file JOB.toml --profile P.toml
 
 It then trains a document of several BucketSizes in chunks of BucketSize
-(``overlength = "chunk"``: ``--chunked-lengths``, default 4x) and compares
+(``overlength = "chunk"``: ``--chunked-lengths``, default 2x) and compares
 its time and peak bytes with the cost model's ``chunk_cost``
 (check_chunked.py); a chunked document that misses fails the check too.
 
@@ -186,10 +186,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="measure a training run of the job (flags not listed here go to the job)")
     p.add_argument("--nproc", type=int, default=0,
                    help="--train: processes (default: the profile's meta.job_world_size)")
-    p.add_argument("--chunked-lengths", default="4x",
+    p.add_argument("--chunked-lengths", default="2x",
                    help="documents trained in chunks of BucketSize (overlength = 'chunk'), their time and peak "
-                        "measured against chunk_cost: tokens or multiples of BucketSize, e.g. 16384,8x; '' for none "
-                        "(default: %(default)s)")
+                        "measured against chunk_cost: tokens or multiples of BucketSize, e.g. 16384,4x; '' for none "
+                        "(default: %(default)s, the cheapest that has a prefix: it costs a few BucketSize checks)")
     p.add_argument("--chunk", type=int, default=0,
                    help="tokens per chunk of the chunked documents (default 0: the profile's BucketSize, what the "
                         "trainer chunks at on one rank)")
