@@ -46,10 +46,10 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from skrull_ext.profile.check_chunked import parse_chunked_lengths
 from skrull_ext.profile.memory import OPTIMIZER_STATES, PEAK_METERS, local_bytes, measure_step, optimizer_state_tensors
 from skrull_ext.profile.model import DTYPES, JobModel
 from skrull_ext.profile.ranks import reduce_floats
-from skrull_ext.profile.check_chunked import parse_chunked_lengths
 from skrull_ext.scheduler.profile_file import Profile, ProfileMemory
 
 __all__ = ["BucketCheck", "check_bucket", "check_profile", "fill_bucket"]
