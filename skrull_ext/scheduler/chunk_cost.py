@@ -28,8 +28,10 @@ its own):
 - the last chunk's: the kept prefix K/V and the recompute's concatenation of
   it (2 x K/V(p)), and the attention's mask over the prefix where the kernel
   keeps one: the CPU reference kernel saves a float L x L mask, the memory
-  fit's quadratic term (``mask_bytes_per_token2``; ~0 for flash and varlen
-  kernels), and a chunk's rows run over its prefix's keys too;
+  fit's quadratic term (``mask_bytes_per_token2``), and a chunk's rows run
+  over its prefix's keys too. A GPU profile fitted on varlen has that term
+  ~0, while a chunk's own masked SDPA (attention/prefix.py) still takes a
+  mask over its prefix: not measured (no GPU was lent);
 - the one before it: the kept K/V, their gradients (the last chunk's
   backward made them) and its own concatenation (3 x K/V(p) - K/V(C)), the
   mask over its prefix, and one gradient of every trainable parameter
@@ -77,7 +79,7 @@ def chunk_cost(model: CostModel, length: int, chunk: int, cp: int = 1, *, mask_b
     """Price a ``length``-token document trained in chunks of ``chunk`` tokens over ``cp`` ranks.
 
     ``mask_bytes_per_token2``: bytes the attention keeps per (query, key) pair, the memory fit's
-    quadratic coefficient (``ProfileMemory.c``: the CPU kernel's float mask; ~0 on flash kernels).
+    quadratic coefficient (``ProfileMemory.c``: the CPU kernel's float mask).
     ``gradient_bytes``: one gradient of the rank's trainable parameters, held summed over the
     chunks while their backward runs (0 leaves it out).
     ``dense_fit``: the model's attention rate was fitted on a kernel that computes every (query,
