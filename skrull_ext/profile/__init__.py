@@ -23,6 +23,7 @@ One concern per module:
     step.py     what a step pays outside its micro-batches ([step] fixed_us)
     fit.py      the least-squares fits (plain Python)
     check.py    fill one rank to BucketSize and measure it
+    check_chunked.py  a document trained in chunks (overlength = "chunk") against chunk_cost
     train_check.py  the same question asked of a real training run (torchrun)
     train_report.py its per-rank verdict: measured peak vs the profile's budget
     writer.py   the profile TOML and the console report

@@ -28,6 +28,11 @@ profile in a fresh process (another document draw with ``--seed``):
 
     python -m skrull_ext.profile.check --config-file JOB.toml --profile P.toml
 
+It then trains a document of several BucketSizes in chunks of BucketSize
+(``overlength = "chunk"``: ``--chunked-lengths``, default 2x) and compares
+its time and peak bytes with the cost model's ``chunk_cost``
+(check_chunked.py); a chunked document that misses fails the check too.
+
 ``--train`` measures a real training run of the job instead (torchrun,
 the profile's cost model and BucketSize; see train_check.py):
 
@@ -41,6 +46,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from skrull_ext.profile.check_chunked import parse_chunked_lengths
 from skrull_ext.profile.memory import OPTIMIZER_STATES, PEAK_METERS, local_bytes, measure_step, optimizer_state_tensors
 from skrull_ext.profile.model import DTYPES, JobModel
 from skrull_ext.profile.ranks import reduce_floats
@@ -180,6 +186,19 @@ def main(argv: list[str] | None = None) -> int:
                    help="measure a training run of the job (flags not listed here go to the job)")
     p.add_argument("--nproc", type=int, default=0,
                    help="--train: processes (default: the profile's meta.job_world_size)")
+    p.add_argument("--chunked-lengths", default="2x",
+                   help="documents trained in chunks of BucketSize (overlength = 'chunk'), their time and peak "
+                        "measured against chunk_cost: tokens or multiples of BucketSize, e.g. 16384,4x; '' for none "
+                        "(default: %(default)s, the cheapest that has a prefix: it costs a few BucketSize checks)")
+    p.add_argument("--chunk", type=int, default=0,
+                   help="tokens per chunk of the chunked documents (default 0: the profile's BucketSize, what the "
+                        "trainer chunks at on one rank)")
+    p.add_argument("--chunked-repeats", type=int, default=1,
+                   help="timed runs of each chunked document after its metered one; the median is kept "
+                        "(default: %(default)s)")
+    p.add_argument("--max-time-error", type=float, default=0.15,
+                   help="a chunked document fails when its time misses chunk_cost by more than this fraction "
+                        "(the profiler's --max-held-out-error; default: %(default)s)")
     args, job_args = p.parse_known_args(sys.argv[1:] if argv is None else argv)
     profile = Profile.load(args.profile).data
     if args.train:
@@ -188,15 +207,50 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-    jm = build_job_model(config, device, config.model_spec.model.max_seq_len)
+    longest = config.model_spec.model.max_seq_len
+    if args.chunk < 0 or args.chunked_repeats < 1:
+        p.error(f"--chunk must be >= 0 (0: BucketSize) and --chunked-repeats >= 1, got {args.chunk} and "
+                f"{args.chunked_repeats}")
+    try:
+        lengths = parse_chunked_lengths(args.chunked_lengths, args.chunk or ProfileMemory.of(profile).bucket_size)
+    except ValueError as e:
+        p.error(str(e))
+    if lengths and max(lengths) > longest:
+        p.error(f"--chunked-lengths: {max(lengths)} tokens is longer than {config.model_spec.name} "
+                f"{config.model_spec.flavor} supports ({longest}, its max_seq_len)")
+    jm = build_job_model(config, device, longest)
     c = check_profile(jm, profile, args.seed)
     target = profile.get("meta", {}).get("memory", {}).get("fit_target", "peak")
     mib = lambda v: f"{v / 2**20:.1f} MiB"  # noqa: E731
     print(f"BucketSize {c.tokens} tokens ({c.docs} docs, longest {c.longest_doc}): "
           f"{target} {mib(c.measured_peak if target == 'peak' else c.measured_saved)} vs fit "
           f"{mib(c.predicted_activation)}; peak {mib(c.measured_peak)} vs budget {mib(c.activation_budget)} "
-          f"-> {'OK' if c.ok else 'FAILED'}")
-    return 0 if c.ok else 1
+          f"-> {'OK' if c.ok else 'FAILED'}", flush=True)
+    chunked = _chunked(jm, args, profile, lengths)
+    return 0 if c.ok and all(r.ok for r in chunked if r.chunks) else 1
+
+
+def _chunked(jm, args, profile: dict, lengths: tuple[int, ...]) -> list:
+    """The chunked documents' check (check_chunked.py), printed; [] when none is asked for or the
+    job cannot train in chunks (said in one line)."""
+    from skrull_ext.profile.check_chunked import check_chunked, check_reference, fixed_left_out, format_chunked
+
+    if not lengths:
+        return []
+    if not jm.dacp:
+        print(f"chunked check: not run for {len(lengths)} document(s): the job does not train with Skrull "
+              "(skrull.enable = false), and overlength = 'chunk' needs it")
+        return []
+    pm, cost = ProfileMemory.of(profile), Profile(profile, args.profile).cost_model()
+    kw = {"repeats": args.chunked_repeats, "seed": args.seed, "max_time_error": args.max_time_error,
+          "fixed_skip_us": fixed_left_out(profile, jm.device)}
+    chunk = args.chunk or pm.bucket_size
+    rows = [check_reference(jm, cost, pm, chunk, **kw)]
+    print(format_chunked(rows), flush=True)
+    for n in lengths:
+        rows.append(check_chunked(jm, cost, pm, n, chunk, **kw))
+        print(format_chunked(rows[-1:]), flush=True)
+    return rows
 
 
 def _train(args, job_args: list[str], profile: dict) -> int:

@@ -30,6 +30,20 @@ to BucketSize, so a run of short sequences cannot pass for a full one.
         --profile profiles/cpu-debug-gloo2.toml --config-file JOB.toml [job flags]
     python -m skrull_ext.profile.check --train --profile P.toml --config-file JOB.toml [job flags]
 
+Under ``--skrull.overlength chunk`` the trainer's chunked samples (run after
+the step's micro-batches, train/chunked.py) are metered apart: the meter
+restarts when they begin (the step's peak so far is kept and folded back), and
+per step and rank
+
+    measured  = static tensors + what the rank held when they began (above the
+                step's start) + their peak above that
+    predicted = the profile's static account + (A(chunk / cp) +
+                chunk_cost's peak_bytes_beyond_chunk) / (1 - margin)
+
+for the longest of them, and their wall and process CPU time against
+``chunk_cost(...).us`` summed (printed, not a verdict: a training run's clock
+on a shared host).
+
 Every rank exits 1 when any rank's measurement exceeds its prediction.
 The steps are the job's own, so the run trains (and saves, if the job does).
 """
@@ -40,12 +54,16 @@ import argparse
 import json
 import os
 import sys
+import time
 from dataclasses import asdict
 
 import torch.distributed as dist
 
+from skrull_ext.profile.check_chunked import dense_kernel
 from skrull_ext.profile.memory import PROCESS_METERS, local_bytes, optimizer_state_tensors
-from skrull_ext.profile.train_report import StepMemory, format_report, report
+from skrull_ext.profile.train_report import (ChunkedMemory, StepMemory, chunked_predicted, format_chunked,
+                                             format_report, report)
+from skrull_ext.scheduler.model_shape import compute_dtype
 from skrull_ext.scheduler.profile_file import Profile
 from skrull_ext.train.job.job_file import load_config
 from skrull_ext.train.trainer import SkrullTrainer
@@ -75,18 +93,26 @@ class MeteredTrainer(SkrullTrainer):
     at 64 KiB, as in the profiler) so that resident memory follows live tensors.
     """
 
-    def __init__(self, config):
+    def __init__(self, config, profile: Profile | None = None):
         if not config.skrull.enable:
             raise ValueError("the memory check measures Skrull's plans: skrull.enable must be true")
         super().__init__(config)
         self.meter = PROCESS_METERS[self.device.type](self.device)
         self.records: list[StepMemory] = []
+        self.chunked_records: list[ChunkedMemory] = []
+        """Each step's chunked samples (``overlength = "chunk"``), metered apart."""
+        self.check_profile = profile
+        self._before_chunked: tuple[float, float] | None = None
 
     def train_step(self, data_iterator) -> None:
         tap = _Tap(data_iterator)
         self.meter.start()
+        start, self._before_chunked = self.meter.base, None
         super().train_step(tap)
         peak = self.meter.peak()
+        if self._before_chunked is not None:  # the meter restarted around the chunked samples: fold both parts
+            before, offset = self._before_chunked
+            peak = max(before, offset + peak)
         step, cp_rank = tap.last, self.dataloader.cp_rank
         plan_tokens = max(mb.rank_tokens[cp_rank] for mb in step.plan.ranks[step.dp_rank]) \
             if step.plan.ranks[step.dp_rank] else 0
@@ -94,8 +120,40 @@ class MeteredTrainer(SkrullTrainer):
             rank=dist.get_rank() if dist.is_initialized() else 0, step=self.step,
             micro_batches=len(step.micro_batches), plan_tokens=int(plan_tokens),
             buffer_tokens=max(mb.num_tokens for mb in step.micro_batches),
-            start=self.meter.base, peak=peak, static=float(self.static_bytes()),
+            start=start, peak=peak, static=float(self.static_bytes()),
         ))
+
+    def _chunked_samples(self, step, global_valid_tokens):
+        """The trainer's chunked samples between two meter restarts, timed on the wall clock. The
+        step's record keeps its micro-batches and what follows the chunked samples (the peak
+        before them and the one after, folded in ``train_step``), so BucketSize's verdict stays
+        about the plan's micro-batches."""
+        if self.check_profile is None:
+            return super()._chunked_samples(step, global_valid_tokens)
+        before, step_base = self.meter.peak(), self.meter.base
+        self.meter.start()
+        offset = self.meter.base - step_base
+        self._synchronize()
+        t0, c0 = time.perf_counter(), time.process_time()
+        total = super()._chunked_samples(step, global_valid_tokens)
+        self._synchronize()
+        us, cpu_us = (time.perf_counter() - t0) * 1e6, (time.process_time() - c0) * 1e6
+        peak = self.meter.peak()
+        self.meter.start()  # the rest of the step (clipping, the optimizer) is the step's again
+        self._before_chunked = (before, self.meter.base - step_base)
+        lengths = [s.length for s in step.chunked]
+        chunk, cp = self.dataloader.limit.tokens, self.parallel_dims.cp
+        grads = sum(p.numel() * p.element_size() for m in self.model_parts for p in m.parameters() if p.requires_grad)
+        prof = self.check_profile
+        dense = dense_kernel(self.config.skrull.attention_kernel, self.device, compute_dtype(self.config))
+        predicted_us, predicted = chunked_predicted(prof.cost_model(), prof.memory(), lengths, chunk, cp, float(grads),
+                                                    dense)
+        self.chunked_records.append(ChunkedMemory(
+            rank=dist.get_rank() if dist.is_initialized() else 0, step=self.step, lengths=lengths, chunk=chunk,
+            cp=cp, above_step_start=offset, peak=peak, static=float(self.static_bytes()), us=us, cpu_us=cpu_us,
+            predicted_us=predicted_us, predicted=predicted,
+        ))
+        return total
 
     def static_bytes(self) -> int:
         params = [p for m in self.model_parts for p in m.parameters()]
@@ -125,28 +183,33 @@ def main(argv: list[str] | None = None) -> int:
     pm = Profile.load(args.profile).memory()
     init_logger()
     config = load_config(job_argv(args.profile, job_args))
-    trainer = MeteredTrainer(config)
+    trainer = MeteredTrainer(config, Profile.load(args.profile))
     try:
         trainer.train()
-        records = trainer.records
+        records, chunked = trainer.records, trainer.chunked_records
         if dist.is_initialized():
             # plain dicts: under ``-m`` the class lives in __main__, which pickles badly
             gathered: list[list[dict]] = [[] for _ in range(dist.get_world_size())]
             dist.all_gather_object(gathered, [asdict(r) for r in records])
             records = [StepMemory(**r) for rs in gathered for r in rs]
+            dist.all_gather_object(gathered, [asdict(r) for r in chunked])
+            chunked = [ChunkedMemory(**r) for rs in gathered for r in rs]
     finally:
         trainer.close()
     verdicts = report(records, pm)
-    ok = all(v.ok for v in verdicts)
+    ok = all(v.ok for v in verdicts) and all(r.ok for r in chunked)
     if not dist.is_initialized() or dist.get_rank() == 0:
         print(format_report(verdicts, records, pm), flush=True)
+        if chunked:
+            print(format_chunked(chunked), flush=True)
         out = args.out or os.path.join(config.dump_folder, "memory_check.json")
         os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
         with open(out, "w") as f:
             json.dump({"profile": args.profile, "bucket_size": pm.bucket_size, "ok": ok,
                        "steps": [{**asdict(r), "measured": r.measured, "predicted": pm.budget(r.buffer_tokens)}
                                  for r in records],
-                       "ranks": [asdict(v) for v in verdicts]}, f, indent=1)
+                       "ranks": [asdict(v) for v in verdicts],
+                       "chunked": [{**asdict(r), "measured": r.measured, "ok": r.ok} for r in chunked]}, f, indent=1)
     if dist.is_initialized():
         dist.destroy_process_group()
     return 0 if ok else 1

@@ -20,9 +20,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from skrull_ext._core import CostModel
+from skrull_ext.scheduler.chunk_cost import chunk_cost
 from skrull_ext.scheduler.profile_file import ProfileMemory
 
-__all__ = ["RankVerdict", "StepMemory", "format_report", "report"]
+__all__ = ["ChunkedMemory", "RankVerdict", "StepMemory", "chunked_predicted", "format_chunked", "format_report",
+           "report"]
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,71 @@ class RankVerdict:
     usable: float
     ok: bool
     """Every step within the budget for its own tokens."""
+
+
+@dataclass(frozen=True)
+class ChunkedMemory:
+    """One step's chunked samples (``overlength = "chunk"``) on one rank, metered apart from the
+    step's micro-batches: they run after them (train/trainer.py ``_chunked_samples``)."""
+
+    rank: int
+    step: int
+    lengths: list[int]
+    chunk: int
+    """Tokens per chunk (the limit: BucketSize x cp), sharded over ``cp`` ranks."""
+    cp: int
+    above_step_start: float
+    """Bytes held when the chunked samples began, above the step's start."""
+    peak: float
+    """Peak bytes above that level while they ran."""
+    static: float
+    us: float
+    """Their forward + backward, wall clock."""
+    cpu_us: float
+    """The same on the process CPU clock (a CPU profile's clock with one thread: other load
+    on a shared host does not count)."""
+    predicted_us: float
+    """Sum of ``chunk_cost(...).us``."""
+    predicted: float
+    """The profile's static account + (A(chunk / cp) + peak_bytes_beyond_chunk) / (1 - margin), the
+    largest over the samples (they run one after the other)."""
+
+    @property
+    def measured(self) -> float:
+        return self.static + self.above_step_start + self.peak
+
+    @property
+    def ok(self) -> bool:
+        return self.measured <= self.predicted
+
+
+def chunked_predicted(cost: CostModel, pm: ProfileMemory, lengths: list[int], chunk: int, cp: int,
+                      gradient_bytes: float, dense_fit: bool = False) -> tuple[float, float]:
+    """(time, bytes) the profile predicts for a step's chunked samples on one rank: their
+    ``chunk_cost`` times summed; the static account plus the worst sample's activations (one
+    chunk's share, A(chunk / cp), + peak_bytes_beyond_chunk), grown by the margin as ``budget`` is."""
+    costs = [chunk_cost(cost, n, chunk, cp, mask_bytes_per_token2=pm.c, gradient_bytes=gradient_bytes,
+                        dense_fit=dense_fit) for n in lengths]
+    act = pm.activation_any(chunk // cp) + max(c.peak_bytes_beyond_chunk for c in costs)
+    return sum(c.us for c in costs), pm.static + act / (1.0 - pm.margin)
+
+
+def format_chunked(records: list[ChunkedMemory]) -> str:
+    """One line per step and rank with chunked samples: measured against predicted, time and bytes."""
+    mib = lambda v: f"{v / 2**20:.1f}"  # noqa: E731
+    lines = ["step rank  chunked samples (chunks of C over cp)  measured MiB  predicted MiB  ratio  "
+             "wall ms  cpu ms  chunk_cost ms  wall/cost  cpu/cost"]
+    for r in sorted(records, key=lambda r: (r.step, r.rank)):
+        what = f"{'+'.join(map(str, r.lengths))} ({r.chunk} over {r.cp})"
+        lines.append(f"{r.step:4d} {r.rank:4d}  {what:<36} {mib(r.measured):>13} {mib(r.predicted):>14} "
+                     f"{r.measured / r.predicted:6.2f} {r.us / 1e3:8.1f} {r.cpu_us / 1e3:7.1f} "
+                     f"{r.predicted_us / 1e3:14.1f} {r.us / r.predicted_us:10.2f} {r.cpu_us / r.predicted_us:9.2f}  "
+                     f"{'OK' if r.ok else 'OVER'}")
+    ok = all(r.ok for r in records)
+    lines.append(f"chunked samples in training: {'OK' if ok else 'FAILED'} (measured = static tensors + held at "
+                 "their start + their peak; predicted = static account + (A(chunk / cp) + chunk_cost's "
+                 "peak_bytes_beyond_chunk) / (1 - margin); time is not a verdict)")
+    return "\n".join(lines)
 
 
 def report(records: list[StepMemory], pm: ProfileMemory) -> list[RankVerdict]:

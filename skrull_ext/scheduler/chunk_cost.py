@@ -8,7 +8,9 @@ constant, flops(s) = lin s + att s^2 (cpp/include/skrull/cost_model.hpp), so
 the chunk's own FLOPs, its linear layers plus its queries against the
 prefix and itself, are exactly ``flops(b) - flops(a)``, and the chunks' sum
 is ``flops(T)``: chunking moves no work, it adds the recomputed forward
-(``RECOMPUTE_SHARE`` of a fwd+bwd) and one call's fixed cost per chunk.
+(``RECOMPUTE_SHARE`` of a fwd+bwd) and one call's fixed cost per chunk. On a
+profile fitted on a kernel that skips no masked pair (``dense_fit``: CPU's),
+the chunk's attention is priced as the rectangle its masked SDPA computes.
 
 Over a CP group of N ranks each chunk is sharded (each rank computes 1/N of
 its FLOPs) and its K/V all-gathered once: ``comm_us(kv_bytes(C))`` per layer
@@ -16,12 +18,32 @@ and chunk, again in backward's recompute, not hidden (the next layer needs
 it).
 
 Bytes: every rank of the group keeps the whole document's K/V until backward
-(``layers x kv_bytes(T)``, measured equal by tests/unit_tests/test_chunked.py),
-and while chunk c's backward runs, its recomputed activations (a chunk of C/N
-tokens per rank: what a micro-batch of that many tokens holds), the gradient
-of the K/V of its prefix and, on the reference kernels, its concatenated
-prefix K/V: at most three times the document's K/V, whatever its length in
-chunks.
+(``layers x kv_bytes(T)``, measured equal by tests/unit_tests/test_chunked.py).
+Beyond one chunk's recomputed activations (a chunk of C/N tokens per rank:
+what a micro-batch of that many tokens holds, its own K/V among them), the
+peak is at the start of the backward of one of the last two chunks, whose
+prefixes are the longest (p: the last chunk's prefix, every chunk's K/V but
+its own):
+
+- the last chunk's: the kept prefix K/V and the recompute's concatenation of
+  it (2 x K/V(p)), and the attention's mask over the prefix where the kernel
+  keeps one: the CPU reference kernel saves a float L x L mask, the memory
+  fit's quadratic term (``mask_bytes_per_token2``), and a chunk's rows run
+  over its prefix's keys too. A GPU profile fitted on varlen has that term
+  ~0, while a chunk's own masked SDPA (attention/prefix.py) still takes a
+  mask over its prefix: not measured (no GPU was lent);
+- the one before it: the kept K/V, their gradients (the last chunk's
+  backward made them) and its own concatenation (3 x K/V(p) - K/V(C)), the
+  mask over its prefix, and one gradient of every trainable parameter
+  (``gradient_bytes``): each parameter is used by every chunk's graph, so
+  autograd sums its gradient over them before accumulating it into
+  ``.grad``, and the sum is held from the last chunk's backward to the
+  first's (one process; under FSDP a chunk's forward uses its own unsharded
+  copy, not measured here).
+
+Measured by ``python -m skrull_ext.profile.check`` (check_chunked.py) on CPU
+within 0.97-1.0 of the measured peak for chunks of 128-1,396 tokens;
+docs/design/chunked.md, "Memory and time, checked".
 """
 
 from dataclasses import dataclass
@@ -32,11 +54,8 @@ __all__ = ["ChunkCost", "RECOMPUTE_SHARE", "chunk_cost"]
 
 RECOMPUTE_SHARE = 1.0 / 3.0
 """The forward's share of a forward + backward (backward ~ 2 forwards): what recomputing a
-chunk's forward adds to ``comp_us``, which prices forward + backward."""
-
-KV_COPIES = 3
-"""Peak copies of the document's K/V on a rank: kept, its gradient, the recomputed chunk's
-concatenation of its prefix."""
+chunk's forward adds to its price (the layers' ``comp_us`` and, since the checkpoint holds the
+whole forward, the head's ``token_us``). Measured on CPU: 0.33-0.36 (docs/design/chunked.md)."""
 
 
 @dataclass(frozen=True)
@@ -51,25 +70,54 @@ class ChunkCost:
     kv_bytes: float
     """The document's K/V a rank keeps until backward (every layer)."""
     peak_bytes_beyond_chunk: float
-    """What a rank holds beyond one chunk's activations during backward (``KV_COPIES`` x the K/V)."""
+    """What a rank holds beyond one chunk's activations during backward, at the worse of the last
+    two chunks: copies of the prefix K/V, the mask over the prefix, the parameters' summed gradients."""
 
 
-def chunk_cost(model: CostModel, length: int, chunk: int, cp: int = 1) -> ChunkCost:
-    """Price a ``length``-token document trained in chunks of ``chunk`` tokens over ``cp`` ranks."""
+def chunk_cost(model: CostModel, length: int, chunk: int, cp: int = 1, *, mask_bytes_per_token2: float = 0.0,
+               gradient_bytes: float = 0.0, dense_fit: bool = False) -> ChunkCost:
+    """Price a ``length``-token document trained in chunks of ``chunk`` tokens over ``cp`` ranks.
+
+    ``mask_bytes_per_token2``: bytes the attention keeps per (query, key) pair, the memory fit's
+    quadratic coefficient (``ProfileMemory.c``: the CPU kernel's float mask).
+    ``gradient_bytes``: one gradient of the rank's trainable parameters, held summed over the
+    chunks while their backward runs (0 leaves it out).
+    ``dense_fit``: the model's attention rate was fitted on a kernel that computes every (query,
+    key) pair of a sequence, masked or not (a masked SDPA over it: the ``dense`` and ``segments``
+    kernels, CPU's), so it is a rate per pair; a chunk's attention, a masked SDPA of its queries
+    over its prefix and itself (attention/prefix.py) that skips nothing either, then costs its
+    (b - a) x b rectangle at that rate, not ``flops(b) - flops(a)`` (its (b - a) x (a + b) at the
+    same rate: up to 2x more for late chunks). Fitted on a causal kernel (varlen, tiles) the rate
+    is per pair of half the square, and ``flops(b) - flops(a)`` prices the rectangle."""
     if length < 1 or chunk < 1 or cp < 1 or chunk % cp:
         raise ValueError(f"chunked document: length {length}, chunk {chunk} and cp {cp} must be positive, "
                          f"the chunk a multiple of cp")
     layers = model.shape.layers
     us = one_pass = 0.0
     bounds = [(a, min(a + chunk, length)) for a in range(0, length, chunk)]
+    att = (model.flops(2) - 2.0 * model.flops(1)) / 2.0  # flops(s) = lin s + att s^2
     for a, b in bounds:
-        f = (model.flops(b) - model.flops(a)) / cp
+        f = model.flops(b) - model.flops(a)  # lin (b - a) + att (b - a) (a + b)
+        if dense_fit:  # the rectangle the masked SDPA computes: (b - a) x b pairs
+            f -= att * (b - a) * a
+        f /= cp
         exchange = model.comm_us(model.kv_bytes(b - a)) if cp > 1 else 0.0
         us += layers * (model.comp_us(f) * (1.0 + RECOMPUTE_SHARE) + 2.0 * exchange)
-        us += model.token_us * (b - a) / cp + model.micro_batch_fixed_us
+        us += model.token_us * (b - a) / cp * (1.0 + RECOMPUTE_SHARE) + model.micro_batch_fixed_us
     one_pass = layers * model.comp_us(model.flops(length) / cp) + model.token_us * length / cp \
         + model.micro_batch_fixed_us
     if cp > 1:
         one_pass += layers * model.comm_us(model.kv_bytes(length))
     kv = layers * model.kv_bytes(length)
-    return ChunkCost(len(bounds), us, one_pass, kv, KV_COPIES * kv)
+    p = bounds[-1][0]  # the last chunk's prefix
+
+    def kv_of(tokens: int) -> float:
+        return layers * model.kv_bytes(tokens)
+
+    def mask_over(tokens: int) -> float:  # this rank's chunk/cp queries against ``tokens`` prefix keys
+        return mask_bytes_per_token2 * (chunk / cp) * tokens
+
+    beyond = 2.0 * kv_of(p) + mask_over(p)  # the last chunk's backward
+    if len(bounds) > 1:  # the one before it
+        beyond = max(beyond, 3.0 * kv_of(p) - kv_of(chunk) + mask_over(p - chunk) + gradient_bytes)
+    return ChunkCost(len(bounds), us, one_pass, kv, beyond)

@@ -99,3 +99,28 @@ def test_the_profile_plans_a_job_with_its_own_flags():
     assert config.skrull.cost_model == profile and config.skrull.bucket_size == "profile"
     assert config.skrull.scheduler_config(dp=1, cp=2, lookahead=1).bucket_size == 2645
     assert type(config.activation_checkpoint).__qualname__ == "FullAC.Config"
+
+
+def test_chunked_samples_are_judged_by_chunk_cost():
+    """A step's chunked samples (overlength = "chunk"): time = their chunk_cost summed; bytes =
+    static account + (A(chunk / cp) + the worst sample's peak_bytes_beyond_chunk) / (1 - margin);
+    measured = static + what was held at their start + their peak."""
+    from skrull_ext.profile.train_report import ChunkedMemory, chunked_predicted, format_chunked
+    from skrull_ext.scheduler import cost_model
+    from skrull_ext.scheduler.chunk_cost import chunk_cost
+
+    pm, cm = ProfileMemory.of(PROFILE), cost_model.preset("llama3-debug")
+    us, predicted = chunked_predicted(cm, pm, [300, 1000], 128, 1, gradient_bytes=5e5)
+    costs = [chunk_cost(cm, n, 128, mask_bytes_per_token2=1.0, gradient_bytes=5e5) for n in (300, 1000)]
+    assert us == sum(c.us for c in costs)
+    assert predicted == 1.0 * MIB + (pm.activation(128) + costs[1].peak_bytes_beyond_chunk) / 0.5
+
+    def rec(peak):
+        return ChunkedMemory(rank=0, step=3, lengths=[300, 1000], chunk=128, cp=1, above_step_start=0.25 * MIB,
+                             peak=peak, static=0.5 * MIB, us=2 * us, cpu_us=us, predicted_us=us, predicted=predicted)
+
+    under, over = rec(predicted - 0.75 * MIB - 1), rec(predicted - 0.75 * MIB + 1)
+    assert under.ok and not over.ok and under.measured == predicted - 1
+    text = format_chunked([under, over])
+    assert "300+1000 (128 over 1)" in text and "OVER" in text and "chunked samples in training: FAILED" in text
+    assert "  2.00      1.00  " in text  # wall and CPU time against chunk_cost
