@@ -58,9 +58,11 @@ inline MicroBatchSplit split_share(const std::vector<int64_t>& lengths, const st
 }
 
 // schedule() with one model for the choices and the prices, the chunked
-// documents on the DP ranks `chunked_rank` gives.
+// documents on the DP ranks `chunked_rank` gives; `around`: GDS starts each
+// rank at its chunked load (else it splits the samples as without them).
 inline Schedule schedule_assigned(const std::vector<int64_t>& input, const CostModel& cost, const Options& opt,
-                                  const std::vector<double>& chunked_us, const std::vector<int32_t>& chunked_rank) {
+                                  const std::vector<double>& chunked_us, const std::vector<int32_t>& chunked_rank,
+                                  bool around) {
   const auto start = std::chrono::steady_clock::now();
   validate_options(opt);
   cost.validate();
@@ -87,7 +89,7 @@ inline Schedule schedule_assigned(const std::vector<int64_t>& input, const CostM
   out.chunked_us = chunked_us;
   out.chunked_dp_rank = chunked_rank;
   const std::vector<double> chunked_start =
-      chunked_us.empty() ? std::vector<double>()
+      chunked_us.empty() || !around ? std::vector<double>()
                          : chunked_flops(chunked_load(chunked_us, out.chunked_dp_rank, opt.dp), cost, opt.cp);
 
   std::vector<double> flops;  // per sequence, computed once for every step below
@@ -193,21 +195,23 @@ inline Schedule schedule_assigned(const std::vector<int64_t>& input, const CostM
 }
 
 // schedule() with one model for the choices and the prices. Chunked
-// documents: LPT's assignment (assign_chunked), and where round robin (k mod
-// dp, the order they came in) differs, that one too, the samples planned
-// around each; the lower step time wins, ties to LPT. LPT is within 4/3 of
-// the best split of the documents; round robin can still hit a better one
-// ([2, 3, 2, 3, 2] over 2 ranks: 6 where LPT gives 7), so a step is never
-// predicted slower than round robin's.
+// documents: LPT's assignment (assign_chunked) with the samples planned
+// around it, and, at DP > 1, round robin (document k on rank k mod dp, the
+// order they came in) with the samples planned as without them (what the
+// trainer ran before the plans knew of chunked documents); the lower step
+// time wins, ties to LPT. LPT is within 4/3 of the best split of the
+// documents, and GDS around it is a heuristic: round robin can still come
+// out ahead ([2, 3, 2, 3, 2] over 2 ranks: 6 where LPT gives 7), and then a
+// step is predicted no slower than it.
 inline Schedule schedule_as_priced(const std::vector<int64_t>& input, const CostModel& cost, const Options& opt,
                                    const std::vector<double>& chunked_us) {
   const auto start = std::chrono::steady_clock::now();
   validate_options(opt);  // dp >= 1 before the assignment
   std::vector<int32_t> lpt = assign_chunked(chunked_us, opt.dp), robin(chunked_us.size());
   for (size_t k = 0; k < robin.size(); ++k) robin[k] = static_cast<int32_t>(k % opt.dp);
-  Schedule out = schedule_assigned(input, cost, opt, chunked_us, lpt);
-  if (robin != lpt) {
-    Schedule other = schedule_assigned(input, cost, opt, chunked_us, robin);
+  Schedule out = schedule_assigned(input, cost, opt, chunked_us, lpt, true);
+  if (opt.dp > 1 && !chunked_us.empty()) {
+    Schedule other = schedule_assigned(input, cost, opt, chunked_us, robin, false);
     if (other.makespan_us < out.makespan_us) std::swap(out, other);
   }
   out.elapsed_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
@@ -225,7 +229,7 @@ inline Schedule schedule_as_priced(const std::vector<int64_t>& input, const Cost
 //
 // `chunked_us`: the predicted times of the step's chunked documents
 // (chunked.hpp), each assigned to a DP rank (Schedule::chunked_dp_rank; LPT,
-// or round robin where that predicts faster) and counted in its time; the
+// or round robin where that predicts faster: schedule_as_priced) and counted in its time; the
 // samples' GDS balances around them (slot GDS places its slots as without
 // them: on a lockstep timeline they run after every slot, whichever rank).
 inline Schedule schedule(const std::vector<int64_t>& input, const CostModel& cost, const Options& opt,
