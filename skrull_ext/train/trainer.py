@@ -333,11 +333,15 @@ class SkrullTrainer(JobTrainer):
         if should_log:  # time what the cost model predicts: the micro-batches' fwd + bwd
             self._synchronize()
         start = time.perf_counter()
-        # Chunked samples run after the micro-batches; the last of them then reduces the gradients.
-        last = len(step.micro_batches) - 1 if not step.chunked else -1
         free = self.free_running
         if free is not None:  # this rank's own micro-batches (>= 1), parameters unsharded throughout
             free.begin()
+        # Chunked samples run before the micro-batches, whose last then reduces the gradients: a
+        # chunked sample's backward runs one FSDP post-backward per chunk, so were it last it would
+        # reduce-scatter once per chunk where a DP rank without one reduces once (free-running at DP > 1).
+        if step.chunked:
+            accumulated += self._chunked_samples(step, global_valid_tokens)
+        last = len(step.micro_batches) - 1
         for j, mb in enumerate(step.micro_batches):
             if free is not None:
                 if j == last:
@@ -353,8 +357,6 @@ class SkrullTrainer(JobTrainer):
                 self.ntokens_seen += labels.numel()
                 loss = self.fwd_bwd_fn(mb.input.to(self.device, non_blocking=True), labels, global_valid_tokens, extra)
                 accumulated += loss.detach()
-        if step.chunked:
-            accumulated += self._chunked_samples(step, global_valid_tokens)
         if free is not None:
             free.end()  # every unit resharded before the optimizer: no stale copy in the next step
         if should_log:
@@ -364,8 +366,9 @@ class SkrullTrainer(JobTrainer):
     def _chunked_samples(self, step: SkrullStep, global_valid_tokens: torch.Tensor) -> torch.Tensor:
         """Forward and backward of this rank's samples longer than the limit, each whole in chunks of
         the limit sharded over the CP group (``overlength = "chunk"``, train/chunked.py); returns
-        their loss sum / global loss tokens. The last one's backward reduces the gradients, as the
-        last micro-batch's does otherwise (free-running, or ``skrull.defer_grad_sync``)."""
+        their loss sum / global loss tokens. They run before the micro-batches, gradients kept
+        unreduced (free-running, or ``skrull.defer_grad_sync``); only a step with no micro-batch
+        (a lockstep plan of chunked samples alone) reduces in the last one's backward."""
         total = torch.zeros((), device=self.device)
         chunk = self.dataloader.limit.tokens
 
@@ -373,11 +376,12 @@ class SkrullTrainer(JobTrainer):
             return self.loss_fn(pred, labels, global_valid_tokens)[0]
 
         for k, sample in enumerate(step.chunked):
+            last = k == len(step.chunked) - 1 and not step.micro_batches
             if self.free_running is not None:
-                if k == len(step.chunked) - 1:
+                if last:
                     self.free_running.last()
             elif self.config.skrull.defer_grad_sync:
-                self._set_grad_sync(k == len(step.chunked) - 1)
+                self._set_grad_sync(last)
             with record_function(f"skrull/chunked_{k}"), self.train_context():
                 out = chunked_loss(self.model_parts[0], sample.input.to(self.device), sample.labels.to(self.device),
                                    chunk, loss_fn, layers=self.dacp_attention, group=self.cp_group)
