@@ -99,12 +99,14 @@ def run_setting(s: Setting, args, pool: list[int]) -> dict:
         rcost = ref.RefCost.of(cost)
         for b, d in list(zip(planned, docs_us))[:3]:  # warm-up
             core(b, cost, opts, d) if n_chunked else core(b, cost, opts)
-        wall, inner = [], []
+        wall, inner, alone = [], [], []
         for b, d in tqdm(list(zip(planned, docs_us)), desc=f"{s.name}/{policy} C++", leave=False):
             t0 = time.perf_counter_ns()
             sched = core(b, cost, opts, d) if n_chunked else core(b, cost, opts)
             wall.append((time.perf_counter_ns() - t0) / 1e3)
             inner.append(sched.elapsed_us)
+            if n_chunked:  # the same planned samples without the documents, interleaved: the ratio is the result
+                alone.append(core(b, cost, opts).elapsed_us)
         py_reps = max(1, min(args.reps, args.python_reps if s.name == "paper" else max(1, args.python_reps // 10)))
         py = []
         if p.pool or opts.slot_gds or n_chunked:  # the Python reference restates the per-rank GDS only
@@ -130,8 +132,9 @@ def run_setting(s: Setting, args, pool: list[int]) -> dict:
         mean_docs = sum(map(len, docs)) / len(docs)
         out["policies"][label] = {
             "chunked": n_chunked, "chunk_pricing_us": price_us if n_chunked else None, "mean_documents": mean_docs,
+            "without_documents_core_us": {"p50": pct(alone, 50), "min": min(alone)} if alone else None,
             "cpp_wall_us": {"p50": pct(wall, 50), "p99": pct(wall, 99), "max": max(wall), "n": len(wall)},
-            "cpp_core_us": {"p50": pct(inner, 50), "p99": pct(inner, 99), "max": max(inner)},
+            "cpp_core_us": {"p50": pct(inner, 50), "p99": pct(inner, 99), "max": max(inner), "min": min(inner)},
             "python_ref_us": {"p50": pct(py, 50) if py else None, "p99": pct(py, 99) if py else None, "n": len(py)},
             "facade_us": {"p50": pct(facade, 50), "max": max(facade), "n": len(facade),
                           "cpsat": sched_py.job.uses_cpsat},
@@ -173,7 +176,10 @@ def render(results: list[dict]) -> str:
         for policy, p in r["policies"].items():
             priced = p.get("chunk_pricing_us")
             if priced is not None:  # the loader prices a step's documents (chunk_cost) before the core
-                policy += f" ({p['mean_documents']:.1f} a batch, priced in {priced:.0f} us)"
+                alone = p["without_documents_core_us"]
+                policy += (f" ({p['mean_documents']:.1f} a batch, priced in {priced:.0f} us; core "
+                           f"{p['cpp_core_us']['min'] / alone['min']:.2f}x (min), "
+                           f"{p['cpp_core_us']['p50'] / alone['p50']:.2f}x (p50) the same samples without them)")
             rows.append(
                 f"| {r['setting']['name']} | {r['sequences']} | {policy} | {p['cpp_wall_us']['p50']:.1f} | "
                 f"{p['cpp_wall_us']['p99']:.1f} | {p['cpp_wall_us']['max']:.1f} | {p['cpp_core_us']['p50']:.1f} | "

@@ -127,7 +127,8 @@ def chunk_plot(results: Sequence[ScenarioResult], path: Path, note: str) -> Path
                color=styles[p][0], hatch="//" if p == "skrull" else "", alpha=0.85)
     ax.set_xticks(range(len(results)))
     ax.set_xticklabels([f"{_label(r)}\n{r.over_limit} chunked" for r in results], fontsize=8)
-    ax.set_ylabel("mean iteration time (ms)")
+    ax.set_yscale("log")  # cells differ by orders of magnitude
+    ax.set_ylabel("mean iteration time (ms, log)")
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8)
     fig.suptitle(_title(f"Chunked training, every sequence whole: skrull+chunk vs chunkflow+whole ({note})", fig),

@@ -6,6 +6,7 @@
 // rank needs to talk to another to agree on it.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -202,7 +203,8 @@ inline Schedule schedule_assigned(const std::vector<int64_t>& input, const CostM
 // time wins, ties to LPT. LPT is within 4/3 of the best split of the
 // documents, and GDS around it is a heuristic: round robin can still come
 // out ahead ([2, 3, 2, 3, 2] over 2 ranks: 6 where LPT gives 7), and then a
-// step is predicted no slower than it.
+// step is predicted no slower than it. Round robin is planned only where
+// LPT's step is above its bound (its busiest rank's documents).
 inline Schedule schedule_as_priced(const std::vector<int64_t>& input, const CostModel& cost, const Options& opt,
                                    const std::vector<double>& chunked_us) {
   const auto start = std::chrono::steady_clock::now();
@@ -210,7 +212,12 @@ inline Schedule schedule_as_priced(const std::vector<int64_t>& input, const Cost
   std::vector<int32_t> lpt = assign_chunked(chunked_us, opt.dp), robin(chunked_us.size());
   for (size_t k = 0; k < robin.size(); ++k) robin[k] = static_cast<int32_t>(k % opt.dp);
   Schedule out = schedule_assigned(input, cost, opt, chunked_us, lpt, true);
-  if (opt.dp > 1 && !chunked_us.empty()) {
+  // Round robin's step is at least its busiest rank's documents (either timeline): planned only
+  // where that leaves it a chance, which a step whose documents dominate (most) does not.
+  const std::vector<double> robin_load = chunked_load(chunked_us, robin, opt.dp);
+  const double robin_bound =
+      chunked_us.empty() ? 0.0 : *std::max_element(robin_load.begin(), robin_load.end()) + cost.step_fixed_us;
+  if (opt.dp > 1 && !chunked_us.empty() && out.makespan_us > robin_bound) {
     Schedule other = schedule_assigned(input, cost, opt, chunked_us, robin, false);
     if (other.makespan_us < out.makespan_us) std::swap(out, other);
   }
