@@ -134,3 +134,16 @@ def test_each_rank_gets_the_chunked_documents_its_plan_assigns(lookahead):
         assert len(a.chunked) + len(b.chunked) == len(a.plan.chunked)
         seen += len(a.plan.chunked)
     assert seen > 0  # the data has documents beyond the limit
+
+
+def test_the_pool_places_chunked_documents_after_its_plan(toy):
+    # skrull-pool: the documents go by LPT after the pool's plan (which does not balance around them),
+    # and the timeline counts them. Limit of the world: BucketSize 5 x dp 2 x cp 1 = 10 tokens.
+    sched = Scheduler(SchedulerConfig(dp=2, cp=1, bucket_size=5, policy="skrull-pool", timeline="lockstep"), toy)
+    plan = sched.schedule([1, 2, 3, 4, 5], chunked=[12])
+    plan.validate()
+    assert plan.chunked_group == [0] and plan.chunked_us == pytest.approx([4 / 3 * _flops(12)])
+    without = sched.schedule([1, 2, 3, 4, 5])
+    assert plan.makespan_us == pytest.approx(without.makespan_us + 4 / 3 * _flops(12))
+    window = sched.lookahead([[1, 2], [3, 4]], [[12], []])
+    assert window.arrival_us[0] == pytest.approx(sched.schedule([1, 2], chunked=[12]).makespan_us)
