@@ -1,5 +1,6 @@
 """Chunked documents at DP 2 (issue 55 item 3): ``--skrull.overlength chunk`` on real gloo
-processes, free-running, the plans deciding which DP rank trains each document.
+processes, free-running, the plans deciding which DP rank trains each document; at CP 1 and
+CP 2 (4 processes, each document's chunks sharded over its DP rank's CP group).
 
 The debug job from the shared seed checkpoint with samples up to 2,048 tokens and a
 BucketSize of 256 (longer ones trained whole, in chunks), look-ahead off so each step trains
@@ -29,35 +30,46 @@ def _plans(run, ranks: int) -> list[dict[int, dict]]:
     return [read_plan_log(os.path.join(run.dump, "skrull_plans", f"rank{r}.jsonl")) for r in range(ranks)]
 
 
+@pytest.fixture(scope="module")
+def one_process(workdir, seed):
+    """The unscheduled reference: the same job on one process, every document on the one rank."""
+    return train_from_seed(workdir, "chunk_dp1", 1, "skrull_ext.train", SKRULL, seed, STEPS, extra=CHUNK,
+                           grads_at=CHECK)
+
+
 @pytest.mark.slow
-def test_chunked_documents_at_dp2_run_once_each_and_match_one_process(workdir, seed):
-    one = train_from_seed(workdir, "chunk_dp1", 1, "skrull_ext.train", SKRULL, seed, STEPS, extra=CHUNK,
+@pytest.mark.parametrize("cp", [1, 2])
+def test_chunked_documents_at_dp2_run_once_each_and_match_one_process(workdir, seed, one_process, cp):
+    two = train_from_seed(workdir, f"chunk_dp2cp{cp}_free", 2 * cp, "skrull_ext.train", SKRULL, seed, STEPS,
+                          extra=[*CHUNK, "--skrull.free_running", "--parallelism.context_parallel_degree", str(cp)],
                           grads_at=CHECK)
-    two = train_from_seed(workdir, "chunk_dp2_free", 2, "skrull_ext.train", SKRULL, seed, STEPS,
-                          extra=[*CHUNK, "--skrull.free_running"], grads_at=CHECK)
     assert "timeline free" in two.output
-    plans = _plans(two, 2)
+    plans = _plans(two, 2 * cp)
     ranks_with_documents = set()
     for step in range(1, STEPS + 1):
-        a, b = plans[0][step], plans[1][step]
-        assert a["plan_digest"] == b["plan_digest"] and a["samples"] == b["samples"]
-        planned = len(a["lengths"])
-        over = a["samples"][planned:]  # the step's samples beyond the limit, trained in chunks
-        here = [r["chunked_here"] for r in (a, b)]
-        assert sorted(here[0] + here[1]) == sorted(over), (step, here, over)  # each once, on one rank
-        for r, rec in enumerate((a, b)):
-            assert [rec["plan_chunked_dp_rank"][k] for k in range(len(over)) if over[k] in here[r]] == \
-                [r] * len(here[r])
-            assert all(n > LIMIT for n in rec["chunked_here_lengths"])
-            if here[r]:
-                ranks_with_documents.add(r)
-    assert ranks_with_documents == {0, 1}, "each rank trains chunked documents at some step (step 2 on this data)"
+        records = [plans[r][step] for r in range(2 * cp)]  # world rank r is DP rank r // cp
+        a = records[0]
+        assert all(r["plan_digest"] == a["plan_digest"] and r["samples"] == a["samples"] for r in records)
+        over = a["samples"][len(a["lengths"]):]  # the step's samples beyond the limit, trained in chunks
+        here = [records[d * cp]["chunked_here"] for d in range(2)]
+        assert all(records[r]["chunked_here"] == here[r // cp] for r in range(2 * cp))  # the whole CP group
+        assert sorted(here[0] + here[1]) == sorted(over), (step, here, over)  # each once, on one DP rank
+        for d in range(2):
+            rec = records[d * cp]
+            assert [rec["plan_chunked_dp_rank"][k] for k in range(len(over)) if over[k] in here[d]] == \
+                [d] * len(here[d])
+            assert all(n > LIMIT * cp for n in rec["chunked_here_lengths"])
+            if here[d]:
+                ranks_with_documents.add(d)
+    # CP 1 (limit 256): step 2's three documents go to both DP ranks; CP 2 (limit 512): steps 2 and 3
+    # have one each, on DP rank 0, DP rank 1 running every planned sample beside it.
+    assert ranks_with_documents == ({0, 1} if cp == 1 else {0}), ranks_with_documents
     out = two.output
     assert (f"Run summary: samples read {8 * STEPS} = trained whole {8 * STEPS} + trained cut 0 + skipped 0"
             in out), out[-3000:]
-    # The unscheduled reference: one process trains every document; the same losses and gradients.
-    ref, got = one.losses, two.losses
-    print(f"DP 1 {ref}\nDP 2 {got}")
+    # One process, CP 1: every document there, in chunks of 256; the same losses and gradients.
+    ref, got = one_process.losses, two.losses
+    print(f"DP 1 {ref}\nDP 2 x CP {cp} {got}")
     assert len(got) == STEPS and max(abs(x - y) for x, y in zip(ref, got)) < 1e-4, f"{ref} vs {got}"
-    worst, rel = assert_same_grads(two.grads, one.grads, **GRAD)
-    print(f"step {CHECK} gradients, DP 2 vs DP 1: max |diff| {worst:.3g}, relative norm {rel:.3g}")
+    worst, rel = assert_same_grads(two.grads, one_process.grads, **GRAD)
+    print(f"step {CHECK} gradients, DP 2 x CP {cp} vs DP 1: max |diff| {worst:.3g}, relative norm {rel:.3g}")

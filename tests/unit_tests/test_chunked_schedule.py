@@ -147,3 +147,12 @@ def test_the_pool_places_chunked_documents_after_its_plan(toy):
     assert plan.makespan_us == pytest.approx(without.makespan_us + 4 / 3 * _flops(12))
     window = sched.lookahead([[1, 2], [3, 4]], [[12], []])
     assert window.arrival_us[0] == pytest.approx(sched.schedule([1, 2], chunked=[12]).makespan_us)
+
+
+def test_the_lookahead_moves_long_samples_beside_a_chunked_document(toy):
+    # DP 2, free-running: step 0's document (1152) holds DP rank 0; its samples run on DP rank 1 beside it.
+    # Both 5-token samples (220 each) fit beside it, so step 1 keeps only the 1-token ones (28).
+    sched = Scheduler(SchedulerConfig(dp=2, cp=1, bucket_size=10, timeline="free"), toy)
+    a = sched.lookahead([[5, 1], [5, 1]], [[12], []])
+    assert a.arrival_us == pytest.approx([4 / 3 * _flops(12), _flops(5)])
+    assert a.steps == [[0, 2], [1, 3]] and a.step_us == pytest.approx([4 / 3 * _flops(12), _flops(1)])

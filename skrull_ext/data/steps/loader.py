@@ -386,10 +386,11 @@ class SkrullDataLoader(SourceDataLoaderBase):
         return scheduler_limit(job, self.config.max_len)
 
     def decided_lengths(self, job, step: int) -> list[int]:
-        """1-based ``step``'s global batch as ``job``'s limit trains it in its plans (the lengths,
-        no token built, nothing counted; a sample ``overlength = "chunk"`` trains in chunks is
-        outside the plans, as ``StepBuilder.window`` takes it out): what start-up prices before
-        the loader is attached."""
+        """1-based ``step``'s global batch as ``job``'s limit trains it in its plans' micro-batches
+        (the lengths, no token built, nothing counted; a sample ``overlength = "chunk"`` trains in
+        chunks is left out, as ``StepBuilder.window`` takes it out of the micro-batches): what
+        start-up prices before the loader is attached (its look-ahead "auto" leaves the chunked
+        documents out, where the loader's windows price them)."""
         limit = self.limit_of(job)
         kept, n, c, _ = decide_lengths(limit, self.source.global_batch(step, self.config.global_batch_size),
                                        self.source, step)
