@@ -156,3 +156,21 @@ def test_the_lookahead_moves_long_samples_beside_a_chunked_document(toy):
     a = sched.lookahead([[5, 1], [5, 1]], [[12], []])
     assert a.arrival_us == pytest.approx([4 / 3 * _flops(12), _flops(5)])
     assert a.steps == [[0, 2], [1, 3]] and a.step_us == pytest.approx([4 / 3 * _flops(12), _flops(1)])
+
+
+def test_a_step_of_one_chunked_sample_has_an_empty_plan_and_no_micro_batch():
+    from skrull_ext.data.steps.loader import SkrullDataLoader
+    from skrull_ext.scheduler import cost_model
+    from skrull_ext.train.job.skrull_config import SkrullConfig
+
+    section = SkrullConfig(bucket_size=64, cost_model="h100-assumed", overlength="chunk", lookahead=1)
+    config = SkrullDataLoader.Config(length_scale=32.0, max_len=2048, global_batch_size=1, vocab_size=512,
+                                     prefetch_steps=0)
+    loader = config.build(dp_world_size=1, dp_rank=0)
+    loader.attach(Scheduler(section.scheduler_config(1, 1), cost_model.preset("llama3-debug")), 0, 1)
+    step = loader.next_step()  # the debug data's first sample: 252 tokens, over the limit of 64
+    step.plan.validate()
+    assert step.plan.lengths == [] and step.plan.chunked == [252] and step.plan.chunked_group == [0]
+    assert step.micro_batches == [] and [s.length for s in step.chunked] == [252]
+    assert step.plan.makespan_us == pytest.approx(step.plan.chunked_us[0] + step.plan.step_us)
+    assert step.global_valid_tokens == 251 and loader.last_tokens == 252
