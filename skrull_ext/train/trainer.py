@@ -241,7 +241,7 @@ class SkrullTrainer(JobTrainer):
                           model_name=self._model_name(self.config), unsharded=unsharded,
                           training_steps=self.config.training.steps,
                           raw_lengths=lambda k: [n for _, n in loader.step_lengths(k)],
-                          limited_lengths=loader.decided_lengths,
+                          limited_lengths=loader.decided_lengths, chunked_lengths=loader.decided_chunked,
                           check_lengths=lambda job, last: check_overlength(loader, 1, last, loader.limit_of(job),
                                                                            quiet=True))
         except ValueError as e:  # the launcher prints it as one line (cli_errors)

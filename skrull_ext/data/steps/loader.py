@@ -389,12 +389,20 @@ class SkrullDataLoader(SourceDataLoaderBase):
         """1-based ``step``'s global batch as ``job``'s limit trains it in its plans' micro-batches
         (the lengths, no token built, nothing counted; a sample ``overlength = "chunk"`` trains in
         chunks is left out, as ``StepBuilder.window`` takes it out of the micro-batches): what
-        start-up prices before the loader is attached (its look-ahead "auto" leaves the chunked
-        documents out, where the loader's windows price them)."""
+        start-up prices before the loader is attached (``decided_chunked``: the documents left out)."""
+        return self._decided(job, step)[0][1]
+
+    def decided_chunked(self, job, step: int) -> list[int]:
+        """The lengths of 1-based ``step``'s chunked documents under ``job``'s limit (``overlength =
+        "chunk"``; none otherwise): what start-up's look-ahead "auto" prices with the step, as the
+        loader's windows do."""
+        return [n for _, n, _ in self._decided(job, step)[1]]
+
+    def _decided(self, job, step: int):
         limit = self.limit_of(job)
         kept, n, c, _ = decide_lengths(limit, self.source.global_batch(step, self.config.global_batch_size),
                                        self.source, step)
-        return planned_and_chunked(limit, kept, n, c)[0][1]
+        return planned_and_chunked(limit, kept, n, c)
 
     def _continue(self) -> Windows:
         """The job's ``[skrull] lookahead`` windows, or after a resume the checkpoint's continued
