@@ -481,8 +481,9 @@ class Plan:
             h.update(struct.pack(f"<{len(arr)}q", *arr))
         for mb in self.micro_batches:
             h.update(struct.pack(f"<3q{len(mb.seqs)}q", mb.slot, mb.first_group, mb.groups, *mb.seqs))
-        for arr in (self.chunked, self.chunked_group):
-            h.update(struct.pack(f"<q{len(arr)}q", len(arr), *arr))
+        if self.chunked:  # a plan without chunked documents hashes as before they existed
+            for arr in (self.chunked, self.chunked_group):
+                h.update(struct.pack(f"<q{len(arr)}q", len(arr), *arr))
         return h.hexdigest()
 
 
