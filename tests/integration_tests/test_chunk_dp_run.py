@@ -12,12 +12,13 @@ the plan puts its one document on DP rank 0 and every planned sample on DP rank 
 """
 
 import os
+import re
 
 import pytest
 
 from skrull_ext.train.plan_log import read_plan_log
 from tests.integration_tests.conftest import SKRULL
-from tests.integration_tests.launch import assert_same_grads, train_from_seed
+from tests.integration_tests.launch import REPO, assert_same_grads, train_from_seed
 from tests.integration_tests.test_parity_skrull import GRAD
 
 CHUNK = ["--skrull.overlength", "chunk", "--dataloader.max_len", "2048", "--training.seq_len", "2048",
@@ -73,3 +74,28 @@ def test_chunked_documents_at_dp2_run_once_each_and_match_one_process(workdir, s
     assert len(got) == STEPS and max(abs(x - y) for x, y in zip(ref, got)) < 1e-4, f"{ref} vs {got}"
     worst, rel = assert_same_grads(two.grads, one_process.grads, **GRAD)
     print(f"step {CHECK} gradients, DP 2 x CP {cp} vs DP 1: max |diff| {worst:.3g}, relative norm {rel:.3g}")
+
+
+TEXT = ["--config-file", os.path.join(REPO, "skrull_ext", "jobs", "debug_cpu_text.toml"), "--skrull.lookahead", "1",
+        "--skrull.overlength", "chunk", "--skrull.bucket_size", "32", "--dataloader.max_len", "4096",
+        "--training.seq_len", "4096", "--validation.enable", "--validation.dataset_path",
+        os.path.join(REPO, "tests", "fixtures", "held_out.jsonl"), "--validation.freq", "1"]
+"""The shipped text job with a BucketSize of 32 tokens: most held-out samples are chunked documents."""
+
+
+def _validation_losses(output: str) -> list[float]:
+    return [float(x) for x in re.findall(r"validation step \d+: loss ([0-9.]+)", output)]
+
+
+@pytest.mark.slow
+def test_validation_at_dp2_runs_every_document_on_every_rank_and_counts_it_once(workdir, seed):
+    # Outside a free-running step FSDP all-gathers over the whole mesh in each forward, so validation runs
+    # every document's chunk passes on every DP rank (a rank running only its own would leave the other's
+    # all-gathers unmatched); the rank its plan names counts it: the loss of one process.
+    one = train_from_seed(workdir, "chunk_val_dp1", 1, "skrull_ext.train", TEXT, seed, 1)
+    two = train_from_seed(workdir, "chunk_val_dp2", 2, "skrull_ext.train", TEXT, seed, 1,
+                          extra=["--skrull.free_running"])
+    ref, got = _validation_losses(one.output), _validation_losses(two.output)
+    print(f"validation DP 1 {ref}, DP 2 {got}")
+    assert len(ref) == len(got) == 1 and abs(ref[0] - got[0]) < 1e-4, (ref, got)
+    assert "10 whole + 0 cut + 0 skipped" in two.output
