@@ -53,8 +53,9 @@ inline double step_time_us(const std::vector<std::vector<double>>& rank_us, Time
   if (slots == 0 && !after) return 0.0;
   if (timeline == Timeline::kFreeRunning) {
     for (size_t i = 0; i < rank_us.size(); ++i) {
-      double sum = after ? (*after_us)[i] : 0.0;
+      double sum = 0.0;
       for (double t : rank_us[i]) sum += t;
+      if (after) sum += (*after_us)[i];  // after its micro-batches, in that order (as dp_time_us sums it)
       out = std::max(out, sum);
     }
     return out + step_us;
