@@ -123,6 +123,8 @@ class Schedule:
     makespan_us: float
     dropped: list[int]
     truncated: list[int]
+    chunked_us: list[float]
+    chunked_dp_rank: list[int]
     rollbacks: int
     moves: int
     elapsed_us: float
@@ -153,6 +155,8 @@ class Plan:
     makespan_us: float
     dropped: list[int]
     truncated: list[int]
+    chunked_us: list[float]
+    chunked_group: list[int]
     widened: int
     narrowed: int
     skrull_plan: bool
@@ -160,7 +164,9 @@ class Plan:
     moves: int
     elapsed_us: float
 
-def schedule(lengths: Sequence[int], cost_model: CostModel, options: Options) -> Schedule: ...
+def schedule(lengths: Sequence[int], cost_model: CostModel, options: Options,
+             chunked_us: Sequence[float] = ...) -> Schedule: ...
+def assign_chunked(chunked_us: Sequence[float], dp: int) -> list[int]: ...
 def schedule_pool(lengths: Sequence[int], cost_model: CostModel, options: Options) -> Plan: ...
 
 class Lookahead:
@@ -185,7 +191,7 @@ class Lookahead:
     elapsed_us: float
 
 def lookahead(batches: Sequence[Sequence[int]], cost_model: CostModel, options: Options,
-              pool: bool = False) -> Lookahead: ...
+              pool: bool = False, chunked: Sequence[Sequence[float]] = ...) -> Lookahead: ...
 @overload
 def to_plan(schedule: Schedule, cp: int, timeline: Timeline, pad_us: float, step_us: float = ...) -> Plan: ...
 @overload
@@ -206,7 +212,9 @@ class Timeline(Enum):
 class SlotTime:
     def __init__(self, slot: int, first_group: int, groups: int, time_us: float) -> None: ...
 
-def step_time_us(rank_us: Sequence[Sequence[float]], timeline: Timeline, pad_us: float) -> float: ...
-def plan_step_time_us(micro_batches: Sequence[SlotTime], dp: int, timeline: Timeline, pad_us: float) -> float: ...
-def plan_timeline(micro_batches: Sequence[SlotTime], dp: int, timeline: Timeline,
-                  pad_us: float) -> tuple[float, list[float], list[float]]: ...
+def step_time_us(rank_us: Sequence[Sequence[float]], timeline: Timeline, pad_us: float, step_us: float = ...,
+                 after_us: Sequence[float] = ...) -> float: ...
+def plan_step_time_us(micro_batches: Sequence[SlotTime], dp: int, timeline: Timeline, pad_us: float,
+                      step_us: float = ..., after_us: Sequence[float] = ...) -> float: ...
+def plan_timeline(micro_batches: Sequence[SlotTime], dp: int, timeline: Timeline, pad_us: float,
+                  step_us: float = ..., after_us: Sequence[float] = ...) -> tuple[float, list[float], list[float]]: ...

@@ -215,6 +215,15 @@ void search_options(Bytes& in, Options& o) {
   if (x / 4 >= 48) o.sweep_margin = margins[(x / 4 - 48) % 7];
 }
 
+// The step's chunked documents' times (overlength "chunk", chunked.hpp), read after the lengths: none
+// where the input ends there (every older corpus entry), else up to 4, a bad time among them refused.
+std::vector<double> chunked_times(Bytes& in) {
+  const double times[] = {0.0, 1.0, 1e3, 1e6, 1e9, 3e7, std::nan(""), -1.0, std::numeric_limits<double>::infinity()};
+  std::vector<double> out(in.u8() % 5);
+  for (double& t : out) t = times[in.u8() % 9];
+  return out;
+}
+
 void fuzz_schedule(Bytes& in, bool twice) {
   Options o;
   o.dp = rank_count(in);
@@ -231,7 +240,10 @@ void fuzz_schedule(Bytes& in, bool twice) {
   search_options(in, o);
   const CostModel c = cost_model(in);
   const std::vector<int64_t> ls = lengths(in, o.bucket_size, o.cp);
-  const std::string reject = check::schedule_rejection(ls, c, o);
+  const std::vector<double> chunked = chunked_times(in);
+  std::string reject = check::schedule_rejection(ls, c, o);
+  for (double t : chunked)
+    if (reject.empty() && !(std::isfinite(t) && t >= 0.0)) reject = "chunked time";
 #ifdef SKRULL_FUZZ_REPLAY
   if (std::getenv("SKRULL_FUZZ_VERBOSE"))
     std::fprintf(stderr, "schedule n=%zu dp=%d cp=%d bucket=%lld refine=%d mbc=%d reject=%s\n", ls.size(), o.dp, o.cp,
@@ -239,7 +251,7 @@ void fuzz_schedule(Bytes& in, bool twice) {
 #endif
   Schedule s;
   try {
-    s = schedule(ls, c, o);
+    s = schedule(ls, c, o, chunked);
   } catch (const std::invalid_argument& ex) {
     if (reject.empty()) die(std::string("refused an acceptable input: ") + ex.what());
     if (std::strlen(ex.what()) < 10) die("invalid_argument without a message");
@@ -248,13 +260,25 @@ void fuzz_schedule(Bytes& in, bool twice) {
   if (!reject.empty()) die("accepted an input outside the ranges: " + reject);
   const std::string err = check::schedule_error(ls, o, s);
   if (!err.empty()) die("bad plan: " + err);
+  // Each chunked document on one DP rank in range, in that rank's time and the step's.
+  if (s.chunked_us != chunked || s.chunked_dp_rank.size() != chunked.size()) die("chunked documents not kept");
+  std::vector<double> load(o.dp, 0.0);
+  for (size_t k = 0; k < chunked.size(); ++k) {
+    if (s.chunked_dp_rank[k] < 0 || s.chunked_dp_rank[k] >= o.dp) die("chunked document on no DP rank");
+    load[s.chunked_dp_rank[k]] += chunked[k];
+  }
+  for (int32_t i = 0; i < o.dp; ++i)
+    if (!(s.dp_time_us[i] >= load[i] * (1 - 1e-12)) || !(s.makespan_us >= load[i] * (1 - 1e-12)))
+      die("a DP rank's time or the step below its chunked documents");
   for (const MicroBatch& mb : s.micro_batches) {
     std::vector<int64_t> group;
     for (int32_t k : mb.seqs) group.push_back(s.lengths[k]);
     const double bound = c.micro_batch_lower_bound_us(group, o.cp);
     if (!(mb.dacp.time_us >= bound * (1 - 1e-9))) die("a micro-batch beats the lower bound");
   }
-  if (twice && digest(schedule(ls, c, o)) != digest(s)) die("same input, different plan");
+  if (twice && (digest(schedule(ls, c, o, chunked)) != digest(s) ||
+                schedule(ls, c, o, chunked).chunked_dp_rank != s.chunked_dp_rank))
+    die("same input, different plan");
 }
 
 void fuzz_dacp(Bytes& in) {

@@ -14,6 +14,7 @@
 #include "skrull/dacp.hpp"
 #include "skrull/dacp_sweep.hpp"
 #include "skrull/hedge.hpp"
+#include "skrull/chunked.hpp"
 #include "skrull/lookahead.hpp"
 #include "skrull/plan.hpp"
 #include "skrull/pool.hpp"
@@ -71,6 +72,16 @@ static void check_slot_times(const std::vector<SlotTime>& mbs, int32_t dp) {
     if (mb.slot < 0 || mb.groups < 1 || mb.first_group < 0 || mb.first_group + mb.groups > dp ||
         !(mb.time_us >= 0.0 && mb.time_us < 1e300))
       throw std::invalid_argument("a pool micro-batch's slot, groups or time is out of range");
+}
+
+// Per-group work after the micro-batches (chunked documents), as the timeline functions take it: none, or
+// one finite time >= 0 per group.
+static void check_after(const std::vector<double>& after_us, int32_t dp) {
+  if (after_us.empty()) return;
+  if (static_cast<int32_t>(after_us.size()) != dp)
+    throw std::invalid_argument("after_us has " + std::to_string(after_us.size()) + " entries for " +
+                                std::to_string(dp) + " groups");
+  validate_chunked(after_us);
 }
 
 PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
@@ -238,6 +249,8 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
       .def_readonly("makespan_us", &Schedule::makespan_us)
       .def_readonly("dropped", &Schedule::dropped)
       .def_readonly("truncated", &Schedule::truncated)
+      .def_readonly("chunked_us", &Schedule::chunked_us)
+      .def_readonly("chunked_dp_rank", &Schedule::chunked_dp_rank)
       .def_readonly("rollbacks", &Schedule::rollbacks)
       .def_readonly("moves", &Schedule::moves)
       .def_readonly("elapsed_us", &Schedule::elapsed_us);
@@ -268,6 +281,8 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
       .def_readonly("makespan_us", &Plan::makespan_us)
       .def_readonly("dropped", &Plan::dropped)
       .def_readonly("truncated", &Plan::truncated)
+      .def_readonly("chunked_us", &Plan::chunked_us)
+      .def_readonly("chunked_group", &Plan::chunked_group)
       .def_readonly("widened", &Plan::widened)
       .def_readonly("narrowed", &Plan::narrowed)
       .def_readonly("skrull_plan", &Plan::skrull_plan)
@@ -318,12 +333,23 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
 
   m.def(
       "schedule",
-      [](const skrull_py::Lengths& lengths, CostModel cost, Options opt) {
+      [](const skrull_py::Lengths& lengths, CostModel cost, Options opt, const std::vector<double>& chunked_us) {
         py::gil_scoped_release release;
-        return schedule(lengths.v, cost, opt);
+        return schedule(lengths.v, cost, opt, chunked_us);
       },
-      py::arg("lengths"), py::arg("cost_model"), py::arg("options"),
-      "Schedules one global batch (GDS + DACP). Pure function of its inputs.");
+      py::arg("lengths"), py::arg("cost_model"), py::arg("options"), py::arg("chunked_us") = std::vector<double>(),
+      "Schedules one global batch (GDS + DACP). chunked_us: the times of the step's chunked documents "
+      "(overlength 'chunk'), each assigned to a DP rank (LPT, longest first) that runs it after its "
+      "micro-batches, the samples balanced around them. Pure function of its inputs.");
+  m.def(
+      "assign_chunked",
+      [](const std::vector<double>& chunked_us, int32_t dp) {
+        validate_group(dp, 1);
+        return assign_chunked(chunked_us, dp);
+      },
+      py::arg("chunked_us"), py::arg("dp"),
+      "Each chunked document's DP rank: LPT over dp ranks by time, longest first (ties by index), each to the "
+      "rank with the least so far (ties to the lower): what schedule() assigns.");
 
   py::class_<Lookahead>(m, "Lookahead")
       .def_readonly("offsets", &Lookahead::offsets)
@@ -352,21 +378,30 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
 
   m.def(
       "lookahead",
-      [](const std::vector<std::vector<int64_t>>& batches, CostModel cost, Options opt, bool pool) {
+      [](const std::vector<std::vector<int64_t>>& batches, CostModel cost, Options opt, bool pool,
+         const std::vector<std::vector<double>>& chunked) {
         validate_options(opt);
         py::gil_scoped_release release;
-        if (pool)
-          return lookahead(batches, cost, opt,
-                           [&](const std::vector<int64_t>& l) { return schedule_pool(l, cost, opt).makespan_us; });
-        return lookahead(batches, cost, opt,
-                         [&](const std::vector<int64_t>& l) { return schedule(l, cost, opt).makespan_us; });
+        if (pool)  // the pool's plans run a step's chunked documents after its micro-batches, LPT over the groups
+          return lookahead(batches, chunked, cost, opt, [&](const std::vector<int64_t>& l, const std::vector<double>& c) {
+            Plan p = schedule_pool(l, cost, opt);
+            p.chunked_us = c;
+            p.chunked_group = assign_chunked(c, opt.dp);
+            detail::retime_plan(p, opt.timeline, cost.micro_batch_fixed_us, cost.step_fixed_us);
+            return p.makespan_us;
+          });
+        return lookahead(batches, chunked, cost, opt, [&](const std::vector<int64_t>& l, const std::vector<double>& c) {
+          return schedule(l, cost, opt, c).makespan_us;
+        });
       },
       py::arg("batches"), py::arg("cost_model"), py::arg("options"), py::arg("pool") = false,
+      py::arg("chunked") = std::vector<std::vector<double>>(),
       "Regroups a window of W global batches (lengths in arrival order) over its W steps: each step keeps its "
       "sample count, every sample moves at most W-1 steps. Candidates are screened by an estimate of a step's "
       "time (options' DP, CP and BucketSize); a few are planned in full (each step by schedule(), or "
       "schedule_pool() with pool=True) and the least summed predicted time wins, arrival order unless a "
-      "grouping predicts faster. Budgets count operations: a pure function of its inputs.");
+      "grouping predicts faster. chunked (one list per batch, or none): each batch's chunked documents' times, "
+      "which stay at their step and are priced with it. Budgets count operations: a pure function of its inputs.");
 
   m.def(
       "dacp",
@@ -410,18 +445,22 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
 
   m.def(
       "step_time_us",
-      [](const std::vector<std::vector<double>>& rank_us, Timeline timeline, double pad_us, double step_us) {
+      [](const std::vector<std::vector<double>>& rank_us, Timeline timeline, double pad_us, double step_us,
+         const std::vector<double>& after_us) {
         for (const auto& rank : rank_us)
           for (double t : rank)
             if (!(t >= 0.0 && t < 1e300)) throw std::invalid_argument("micro-batch times must be finite and >= 0");
         if (!(pad_us >= 0.0 && pad_us < 1e300)) throw std::invalid_argument("pad_us must be finite and >= 0");
         if (!(step_us >= 0.0 && step_us < 1e300)) throw std::invalid_argument("step_us must be finite and >= 0");
-        return step_time_us(rank_us, timeline, pad_us, step_us);
+        check_after(after_us, static_cast<int32_t>(rank_us.size()));
+        return step_time_us(rank_us, timeline, pad_us, step_us, after_us.empty() ? nullptr : &after_us);
       },
       py::arg("rank_us"), py::arg("timeline"), py::arg("pad_us"), py::arg("step_us") = 0.0,
+      py::arg("after_us") = std::vector<double>(),
       "Step time of per-DP-rank micro-batch times (rank_us[i][j]: rank i's slot j) on a timeline: lockstep, the "
       "sum over slots of the slowest rank (pad_us where a rank has no micro-batch); free-running, the slowest "
-      "rank's sum.");
+      "rank's sum. after_us (per rank, or none): work after its micro-batches (chunked documents): added to its "
+      "sum free-running, its largest after the slots lockstep.");
 
   py::class_<SlotTime>(m, "SlotTime")
       .def(py::init([](int32_t slot, int32_t first_group, int32_t groups, double time_us) {
@@ -430,23 +469,31 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
            py::arg("slot"), py::arg("first_group"), py::arg("groups"), py::arg("time_us"));
   m.def(
       "plan_step_time_us",
-      [](const std::vector<SlotTime>& mbs, int32_t dp, Timeline timeline, double pad_us, double step_us) {
+      [](const std::vector<SlotTime>& mbs, int32_t dp, Timeline timeline, double pad_us, double step_us,
+         const std::vector<double>& after_us) {
         check_slot_times(mbs, dp);
         if (!(std::isfinite(step_us) && step_us >= 0.0)) throw std::invalid_argument("step_us must be finite and >= 0");
-        return plan_step_time_us(mbs, dp, timeline, pad_us, nullptr, nullptr, step_us);
+        check_after(after_us, dp);
+        return plan_step_time_us(mbs, dp, timeline, pad_us, nullptr, nullptr, step_us,
+                                 after_us.empty() ? nullptr : &after_us);
       },
       py::arg("micro_batches"), py::arg("dp"), py::arg("timeline"), py::arg("pad_us"), py::arg("step_us") = 0.0,
+      py::arg("after_us") = std::vector<double>(),
       "Step time of a plan's micro-batches (slot, first_group, groups, time_us) over dp CP groups.");
   m.def(
       "plan_timeline",
-      [](const std::vector<SlotTime>& mbs, int32_t dp, Timeline timeline, double pad_us, double step_us) {
+      [](const std::vector<SlotTime>& mbs, int32_t dp, Timeline timeline, double pad_us, double step_us,
+         const std::vector<double>& after_us) {
         check_slot_times(mbs, dp);
         if (!(std::isfinite(step_us) && step_us >= 0.0)) throw std::invalid_argument("step_us must be finite and >= 0");
+        check_after(after_us, dp);
         std::vector<double> group_free_us, start_us;
-        const double step = plan_step_time_us(mbs, dp, timeline, pad_us, &group_free_us, &start_us, step_us);
+        const double step = plan_step_time_us(mbs, dp, timeline, pad_us, &group_free_us, &start_us, step_us,
+                                              after_us.empty() ? nullptr : &after_us);
         return py::make_tuple(step, group_free_us, start_us);
       },
       py::arg("micro_batches"), py::arg("dp"), py::arg("timeline"), py::arg("pad_us"), py::arg("step_us") = 0.0,
+      py::arg("after_us") = std::vector<double>(),
       "plan_step_time_us with what it replays: (step_us, each group's free-running finish, each micro-batch's "
       "start on the timeline).");
 

@@ -140,6 +140,15 @@ inline std::string schedule_error(const std::vector<int64_t>& in, const Options&
   std::vector<int32_t> seen(k_total, 0);
   int64_t rollbacks = 0;
   double makespan = 0.0;
+  // Chunked documents (chunked.hpp): each on a DP rank in range, run after its micro-batches.
+  if (s.chunked_dp_rank.size() != s.chunked_us.size()) return "chunked documents and their ranks differ in number";
+  std::vector<double> load(o.dp, 0.0);
+  double most = 0.0;
+  for (size_t k = 0; k < s.chunked_us.size(); ++k) {
+    if (s.chunked_dp_rank[k] < 0 || s.chunked_dp_rank[k] >= o.dp) return "chunked document's DP rank out of range";
+    load[s.chunked_dp_rank[k]] += s.chunked_us[k];
+  }
+  for (double l : load) most = std::max(most, l);
   for (int32_t d = 0; d < o.dp; ++d) {
     if (s.dp_offsets[d] > s.dp_offsets[d + 1]) return "dp_offsets decrease";
     double total = 0.0;
@@ -163,7 +172,8 @@ inline std::string schedule_error(const std::vector<int64_t>& in, const Options&
       total += mb.dacp.time_us;
       rollbacks += mb.dacp.rollbacks;
     }
-    if (total != s.dp_time_us[d]) return "DP rank time is not the sum of its micro-batches";
+    if (!s.chunked_us.empty()) total += load[d];
+    if (total != s.dp_time_us[d]) return "DP rank time is not the sum of its micro-batches and chunked documents";
     makespan = std::max(makespan, total);
   }
   for (size_t k = 0; k < k_total; ++k)
@@ -179,6 +189,7 @@ inline std::string schedule_error(const std::vector<int64_t>& in, const Options&
       if (slot < 0.0) break;
       makespan += slot;
     }
+    if (!s.chunked_us.empty()) makespan += most;  // the slots, then the rank with the most document time
   }
   if (makespan != s.makespan_us) return "makespan is not the step time on the plan's timeline";
   if (rollbacks != s.rollbacks) return "roll-back total";

@@ -376,6 +376,63 @@ static void test_step_estimate() {
   CHECK(detail::kth_after_swap(d, 4, 0, 1.0) == 0.0);  // past the end
 }
 
+// Chunked documents (chunked.hpp): the assignment, the timeline's after_us,
+// GDS around them, the estimate and the look-ahead pricing them at their step.
+static void test_chunked() {
+  // LPT by hand: 3 (doc 1) -> 0, 3 (doc 3) -> 1, 2 (doc 0) -> 0 (tie to the lower: 5), 2 (doc 2) -> 1,
+  // 2 (doc 4) -> 0: loads 7, 5. Round robin: 2 + 2 + 2 = 6 and 3 + 3 = 6.
+  const std::vector<double> docs = {2, 3, 2, 3, 2};
+  CHECK((assign_chunked(docs, 2) == std::vector<int32_t>{0, 0, 1, 1, 0}));
+  CHECK((chunked_load(docs, assign_chunked(docs, 2), 2) == std::vector<double>{7, 5}));
+  CHECK((assign_chunked({}, 3).empty()));
+  CostModel c = toy();
+  Options o;
+  o.dp = 2;
+  o.bucket_size = 100;
+  o.timeline = Timeline::kFreeRunning;
+  // Nothing but chunked documents: round robin's 6 beats LPT's 7, and is kept.
+  Schedule s = schedule({}, c, o, docs);
+  CHECK((s.chunked_dp_rank == std::vector<int32_t>{0, 1, 0, 1, 0}) && s.makespan_us == 6.0);
+  CHECK((s.dp_time_us == std::vector<double>{6, 6}) && s.micro_batches.empty());
+  Plan p = to_plan(s, o.cp, o.timeline, c.micro_batch_fixed_us);
+  CHECK((p.chunked_group == s.chunked_dp_rank) && p.makespan_us == 6.0 && (p.group_time_us == std::vector<double>{6, 6}));
+  // One long document on rank 0: both sequences go to rank 1 (flops 24 x 4 + 4 x 16 = 160 each).
+  s = schedule({4, 4}, c, o, {1000.0});
+  CHECK((s.chunked_dp_rank == std::vector<int32_t>{0}) && (s.dp_rank == std::vector<int32_t>{1, 1}));
+  CHECK(s.makespan_us == 1000.0 && s.dp_time_us[0] == 1000.0);
+  // The timeline: free-running adds after_us to a rank's sum; lockstep waits for the largest after the slots.
+  const std::vector<double> after = {3.0, 0.0};
+  CHECK(step_time_us({{1, 2}, {4}}, Timeline::kFreeRunning, 0.5, 0.0, &after) == 6.0);
+  CHECK(step_time_us({{1, 2}, {4}}, Timeline::kLockstep, 0.5, 1.0, &after) == 4.0 + 2.0 + 3.0 + 1.0);
+  CHECK(step_time_us({{}, {}}, Timeline::kLockstep, 0.5, 1.0, &after) == 4.0);
+  // A bad time is named.
+  bool named = false;
+  try {
+    schedule({4}, c, o, {-1.0});
+  } catch (const std::invalid_argument& e) {
+    named = std::string(e.what()).find("chunked document 0 has time") != std::string::npos;
+  }
+  CHECK(named);
+  // The estimate: a step of one chunked document of 8 on 2 groups is max(8 / 2, 8), no micro-batch, + 3.
+  CostModel e_cost = toy();
+  e_cost.step_fixed_us = 3.0;
+  const StepEstimator e(e_cost, o);
+  StepSketch k;
+  StepEstimator::add_chunked(k, 8.0);
+  CHECK(e.us(k) == 8.0 + 3.0);
+  // The look-ahead prices each step with its chunked documents: step 0 holds one of 100, so its long
+  // samples move to step 1 (a step's price: its longest sample plus its chunked time).
+  const auto priced = [](const std::vector<int64_t>& l, const std::vector<double>& d) {
+    double t = 0.0;
+    for (int64_t x : l) t = std::max(t, static_cast<double>(x));
+    for (double x : d) t += x;
+    return t;
+  };
+  const Lookahead a = lookahead({{9, 1}, {9, 1}}, {{100.0}, {}}, c, o, priced);
+  CHECK(a.arrival_window_us == 118.0 && a.window_us == 110.0);
+  CHECK(a.step_us[0] + a.step_us[1] == 110.0 && a.step_us[0] >= 100.0);
+}
+
 int main() {
   test_shards();
   test_attention_weight();
@@ -389,6 +446,7 @@ int main() {
   test_lookahead_never_slower();
   test_step_estimate();
   test_lpt_bins();
+  test_chunked();
   if (skrull_test::failures) return skrull_test::report();
   std::printf("test_core: all checks passed\n");
   return 0;

@@ -2,6 +2,7 @@
 
     python -m skrull_ext.bench latency                 # paper default + large setting, look-ahead rows
     python -m skrull_ext.bench latency --reps 500 --json out/latency.json
+    python -m skrull_ext.bench latency --settings large --chunked 0 4 --timelines free --lookahead-settings
     python -m skrull_ext.bench latency --settings --profile profiles/h200-qwen2.5-0.5b.toml \
         --lookahead-reference                          # look-ahead rows only, against full pricing
 
@@ -76,25 +77,39 @@ def run_setting(s: Setting, args, pool: list[int]) -> dict:
     rng = random.Random(args.seed)
     k = s.dp * s.per_dp
     batches = [draw(pool, k, rng) for _ in range(args.reps)]
+    limit = _core.max_sequence_length(s.bucket_size, s.cp)
     out: dict = {"setting": asdict(s), "sequences": k, "policies": {}}
-    for policy, timeline in [(p, t) for p in args.policies for t in args.timelines]:
-        cfg = SchedulerConfig(dp=s.dp, cp=s.cp, bucket_size=s.bucket_size, policy=policy, overlength="truncate",
-                              timeline=timeline)
+    for policy, timeline, n_chunked in [(p, t, c) for p in args.policies for t in args.timelines for c in args.chunked]:
+        cfg = SchedulerConfig(dp=s.dp, cp=s.cp, bucket_size=s.bucket_size, policy=policy,
+                              overlength="chunk" if n_chunked else "truncate", timeline=timeline)
         opts = cfg.core_options()
         p = cfg.policy_spec
+        if n_chunked and p.pool:
+            continue  # the pool's plans take chunked documents after the core (Scheduler.schedule)
+        # overlength = "chunk": each batch's documents of 2-6x what a CP group holds, with its own samples beyond
+        # that, priced as the loader does; the rest planned.
+        docs = [[x for x in b if x > limit] + [rng.randint(2 * limit, 6 * limit) for _ in range(n_chunked)]
+                for b in batches] if n_chunked else [[] for _ in batches]
+        planned = [[x for x in b if x <= limit] for b in batches] if n_chunked else batches
+        pricer = Scheduler(cfg, cost)
+        t0 = time.perf_counter_ns()
+        docs_us = [pricer.chunked_us(d) for d in docs]
+        price_us = (time.perf_counter_ns() - t0) / 1e3 / len(batches)
         core = _core.schedule_pool if p.pool else _core.schedule
         rcost = ref.RefCost.of(cost)
-        for b in batches[:3]:  # warm-up
-            core(b, cost, opts)
-        wall, inner = [], []
-        for b in tqdm(batches, desc=f"{s.name}/{policy} C++", leave=False):
+        for b, d in list(zip(planned, docs_us))[:3]:  # warm-up
+            core(b, cost, opts, d) if n_chunked else core(b, cost, opts)
+        wall, inner, alone = [], [], []
+        for b, d in tqdm(list(zip(planned, docs_us)), desc=f"{s.name}/{policy} C++", leave=False):
             t0 = time.perf_counter_ns()
-            sched = core(b, cost, opts)
+            sched = core(b, cost, opts, d) if n_chunked else core(b, cost, opts)
             wall.append((time.perf_counter_ns() - t0) / 1e3)
             inner.append(sched.elapsed_us)
+            if n_chunked:  # the same planned samples without the documents, interleaved: the ratio is the result
+                alone.append(core(b, cost, opts).elapsed_us)
         py_reps = max(1, min(args.reps, args.python_reps if s.name == "paper" else max(1, args.python_reps // 10)))
         py = []
-        if p.pool or opts.slot_gds:  # the Python reference restates the per-rank GDS only
+        if p.pool or opts.slot_gds or n_chunked:  # the Python reference restates the per-rank GDS only
             py_reps = 0
         for b in tqdm(batches[:py_reps], desc=f"{s.name}/{policy} Python", leave=False):
             t0 = time.perf_counter_ns()
@@ -105,16 +120,21 @@ def run_setting(s: Setting, args, pool: list[int]) -> dict:
                          sweep=p.dacp_search == _core.DacpSearch.SHARD_SWEEP)
             py.append((time.perf_counter_ns() - t0) / 1e3)
         facade = []
-        fb_cfg = SchedulerConfig(dp=s.dp, cp=s.cp, bucket_size=s.bucket_size, policy=policy, overlength="truncate",
-                                 cpsat=True, timeline=timeline)  # the fallback on (off by default): what it costs
+        fb_cfg = SchedulerConfig(dp=s.dp, cp=s.cp, bucket_size=s.bucket_size, policy=policy,
+                                 overlength="chunk" if n_chunked else "truncate", cpsat=True,
+                                 timeline=timeline)  # the fallback on (off by default): what it costs
         sched_py = Scheduler(fb_cfg, cost)
-        for b in batches[: args.facade_reps]:
+        for b, d in list(zip(planned, docs))[: args.facade_reps]:
             t0 = time.perf_counter_ns()
-            sched_py.schedule(b)
+            sched_py.schedule(b, chunked=d)
             facade.append((time.perf_counter_ns() - t0) / 1e3)
-        out["policies"][f"{policy} ({timeline})"] = {
+        label = f"{policy} ({timeline})" + (f" +{n_chunked} chunked" if n_chunked else "")
+        mean_docs = sum(map(len, docs)) / len(docs)
+        out["policies"][label] = {
+            "chunked": n_chunked, "chunk_pricing_us": price_us if n_chunked else None, "mean_documents": mean_docs,
+            "without_documents_core_us": {"p50": pct(alone, 50), "min": min(alone)} if alone else None,
             "cpp_wall_us": {"p50": pct(wall, 50), "p99": pct(wall, 99), "max": max(wall), "n": len(wall)},
-            "cpp_core_us": {"p50": pct(inner, 50), "p99": pct(inner, 99), "max": max(inner)},
+            "cpp_core_us": {"p50": pct(inner, 50), "p99": pct(inner, 99), "max": max(inner), "min": min(inner)},
             "python_ref_us": {"p50": pct(py, 50) if py else None, "p99": pct(py, 99) if py else None, "n": len(py)},
             "facade_us": {"p50": pct(facade, 50), "max": max(facade), "n": len(facade),
                           "cpsat": sched_py.job.uses_cpsat},
@@ -154,6 +174,12 @@ def render(results: list[dict]) -> str:
     ]
     for r in results:
         for policy, p in r["policies"].items():
+            priced = p.get("chunk_pricing_us")
+            if priced is not None:  # the loader prices a step's documents (chunk_cost) before the core
+                alone = p["without_documents_core_us"]
+                policy += (f" ({p['mean_documents']:.1f} a batch, priced in {priced:.0f} us; core "
+                           f"{p['cpp_core_us']['min'] / alone['min']:.2f}x (min), "
+                           f"{p['cpp_core_us']['p50'] / alone['p50']:.2f}x (p50) the same samples without them)")
             rows.append(
                 f"| {r['setting']['name']} | {r['sequences']} | {policy} | {p['cpp_wall_us']['p50']:.1f} | "
                 f"{p['cpp_wall_us']['p99']:.1f} | {p['cpp_wall_us']['max']:.1f} | {p['cpp_core_us']['p50']:.1f} | "
@@ -188,6 +214,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timelines", nargs="+", default=["lockstep", "free"], choices=sorted(TIMELINES),
                     help="timelines to plan for: lockstep uses the slot GDS where the policy has it, free the "
                          "per-rank GDS (the Python reference's)")
+    ap.add_argument("--chunked", nargs="+", type=int, default=[0], metavar="K",
+                    help="overlength = 'chunk': K documents of 2-6x what a CP group holds added to each global batch, "
+                         "its own samples beyond that chunked too: a row per K (0: the plain rows, over-length "
+                         "samples truncated); the core assigns the documents and plans around them")
     ap.add_argument("--reps", type=int, default=200, help="global batches timed per setting and policy")
     ap.add_argument("--python-reps", type=int, default=30, help="batches for the Python reference (a tenth at 'large')")
     ap.add_argument("--facade-reps", type=int, default=10, help="batches through the full Scheduler (CP-SAT fallback on)")
@@ -210,6 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.reps < 1:
         ap.error(f"--reps must be >= 1, got {args.reps}")
+    if any(c < 0 for c in args.chunked):
+        ap.error(f"--chunked must be >= 0, got {args.chunked}")
     if not 1 <= args.lookahead_width <= _core.MAX_LOOKAHEAD:
         ap.error(f"--lookahead-width must be in [1, {_core.MAX_LOOKAHEAD}], got {args.lookahead_width}")
     if args.lookahead_windows < 1:

@@ -111,7 +111,38 @@ def iteration_time_plot(results: Sequence[ScenarioResult], path: Path, note: str
     return path
 
 
+CHUNK_ROWS = ("skrull", "skrull+chunk", "chunkflow+whole")
+
+
+def chunk_plot(results: Sequence[ScenarioResult], path: Path, note: str) -> Path:
+    """Grouped bars: mean iteration time of skrull+chunk and chunkflow+whole (every sequence whole)
+    per cell, and skrull on the cut sequences for scale; each cell's count of chunked sequences."""
+    pols = [p for p in CHUNK_ROWS if p in results[0].per_policy]
+    styles = _styles(list(results[0].per_policy))
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.3 * len(results) + 2), 4.2))
+    width = 0.8 / len(pols)
+    for i, p in enumerate(pols):
+        xs = [k + (i - (len(pols) - 1) / 2) * width for k in range(len(results))]
+        ax.bar(xs, [r.mean_time_us(p) / 1e3 for r in results], width, label=p + (" (cut)" if p == "skrull" else ""),
+               color=styles[p][0], hatch="//" if p == "skrull" else "", alpha=0.85)
+    ax.set_xticks(range(len(results)))
+    ax.set_xticklabels([f"{_label(r)}\n{r.over_limit} chunked" for r in results], fontsize=8)
+    ax.set_yscale("log")  # cells differ by orders of magnitude
+    ax.set_ylabel("mean iteration time (ms, log)")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.suptitle(_title(f"Chunked training, every sequence whole: skrull+chunk vs chunkflow+whole ({note})", fig),
+                 fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
 def write(results: Sequence[ScenarioResult], out: Path, note: str) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
-    return [speedup_plot(results, out / "speedup.png", note),
-            iteration_time_plot(results, out / "iteration_time.png", note)]
+    written = [speedup_plot(results, out / "speedup.png", note),
+               iteration_time_plot(results, out / "iteration_time.png", note)]
+    if results and {"skrull+chunk", "chunkflow+whole"} <= results[0].per_policy.keys():
+        written.append(chunk_plot(results, out / "chunked.png", note))
+    return written

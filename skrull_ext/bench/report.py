@@ -56,6 +56,8 @@ def job_setting(policy: str) -> str | None:
         return f'[skrull] policy = "{policy}"'
     if policy.startswith(LOOKAHEAD) and policy[len(LOOKAHEAD):].isdigit():
         return f'[skrull] policy = "skrull", lookahead = {policy[len(LOOKAHEAD):]}'
+    if policy == "skrull+chunk":
+        return '[skrull] policy = "skrull", overlength = "chunk"'
     return None
 
 
@@ -237,6 +239,31 @@ def pool_markdown(results: Sequence[ScenarioResult]) -> str:
     return "\n".join(lines)
 
 
+def chunk_markdown(results: Sequence[ScenarioResult]) -> str:
+    """skrull+chunk beside chunkflow+whole per cell: the same whole sequences, those longer than a CP
+    group trained in chunks; skrull on the cut sequences for scale. '' unless both ran."""
+    if not results or not {"skrull+chunk", "chunkflow+whole"} <= results[0].per_policy.keys():
+        return ""
+    head = ["cell", "shape", "sequences over C x CP", "skrull+chunk ms", "chunkflow+whole ms",
+            "skrull+chunk speedup over chunkflow+whole", "skrull+chunk gap to bound", "chunkflow+whole gap to bound"]
+    cut = "skrull" in results[0].per_policy
+    if cut:
+        head.insert(3, "skrull (cut) ms")
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    sp = []
+    for r in results:
+        sp.append(r.speedup("skrull+chunk", "chunkflow+whole"))
+        cells = [_cell(r), _shape(r), f"{r.over_limit:,} of {r.sequences:,}",
+                 *([f"{r.mean_time_us('skrull') / 1e3:.1f}"] if cut else []),
+                 f"{r.mean_time_us('skrull+chunk') / 1e3:.1f}", f"{r.mean_time_us('chunkflow+whole') / 1e3:.1f}",
+                 f"{sp[-1]:.3f}x", f"{100 * r.gap_to_bound('skrull+chunk'):.1f}%",
+                 f"{100 * r.gap_to_bound('chunkflow+whole'):.1f}%"]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append(f"| **over cells** | | |{' |' if cut else ''} | | **average {statistics.fmean(sp):.3f}x, "
+                 f"min {min(sp):.3f}x, max {max(sp):.3f}x** | | |")
+    return "\n".join(lines)
+
+
 def detail_markdown(results: Sequence[ScenarioResult]) -> str:
     cols = [("dataset", "dataset", "s"), ("model", "model", "s"), ("shape", "DPxCPxBS, C", "s"),
             ("policy", "policy", "s"), ("mean_ms", "mean ms", ".1f"), ("p95_ms", "p95 ms", ".1f"),
@@ -259,6 +286,8 @@ NOT_A_JOB_POLICY: dict[str, str] = {
     "skrull-pool-capped": "skrull-pool on the sequences cut at C x CP, the like-for-like comparison with skrull; "
                           "a job gets it from skrull-pool where no sequence is longer than C x CP",
     "chunkflow": "ChunkFlow's chunked execution, which the trainer does not implement",
+    "chunkflow+whole": "ChunkFlow's schedule on every sequence whole, the peer of skrull+chunk; the trainer runs "
+                       "its chunked documents (train/chunked.py), not its packing of short sequences into chunks",
 }
 """Why a row that is not a [skrull] policy is in the table (the others: what torchtitan or DeepSpeed run)."""
 
@@ -292,10 +321,12 @@ def winner_line(results: Sequence[ScenarioResult]) -> str:
             f"{results[0].scenario.shape.timeline} timeline)")
     left = [p for p in speed if runnable(p) and other_work[p]]
     if left:
+        peer = {"skrull+chunk": "chunkflow+whole is its like-for-like peer (the chunked training table)"}
         line += "; not compared: " + "; ".join(
             f"{p} ({speed[p]:.2f}x), which trains whole, in {len(other_work[p])} of {len(results)} cells, "
             f"{sum(r.truncated - r.truncated_by_policy[p] for r in other_work[p]):,} sequences the others cut at "
-            "C x CP (more work, not the same; skrull-pool-capped is its like-for-like row)" for p in left)
+            f"C x CP (more work, not the same; {peer.get(p, 'skrull-pool-capped is its like-for-like row')})"
+            for p in left)
     faster = sorted((p for p in speed if not runnable(p) and not other_work[p] and speed[p] > speed[best]),
                     key=lambda p: -speed[p])
     if faster:
@@ -333,6 +364,11 @@ def legend(results: Sequence[ScenarioResult]) -> str:
         "- classic / lockstep-aware bound ms (per cell): each bound of the job's global batches, mean over "
         "iterations; skrull gap (...): skrull's gap to each",
         "- overflow mbs: micro-batches over the capacity (--capacity, default BucketSize)",
+        *(["- chunked training (--overlength chunk): skrull+chunk and chunkflow+whole plan every sequence whole "
+           "(their truncated is 0); sequences over C x CP: those the others cut, which these train in chunks; "
+           "their gap is to the classic bound of the whole sequences; speedup: chunkflow+whole's mean iteration "
+           "time over skrull+chunk's, with its average, min and max over cells in the last row"]
+          if any(r.whole for r in results) else []),
         "- sched ms: the planner's wall time per iteration",
         *(["- skrull-pool against skrull: skrull ms and pool ms are mean iteration times; truncated (skrull) / "
            "(pool): sequences each cut, at C x CP and at C x CP x DP (the pool trains longer ones whole); "
@@ -379,6 +415,7 @@ def markdown(results: Sequence[ScenarioResult], meta: dict) -> str:
         paper_markdown(results), "",
         "## Speedup over baseline per cell", "", matrix_markdown(results), "",
         "## skrull-pool against skrull", "", pool_markdown(results), "",
+        "## Chunked training: skrull+chunk against chunkflow+whole", "", chunk_markdown(results), "",
         "## Every cell and policy", "", detail_markdown(results), "",
     ])
 

@@ -5,6 +5,7 @@
     python -m skrull_ext.bench simulate --datasets chatqa2 --models qwen2.5-7b --dp 2 --cp 16 --batch-size 40
     python -m skrull_ext.bench simulate --lengths my_data.lengths.txt     # your own lengths, one per line
     python -m skrull_ext.bench simulate --lookahead 2,4,8,16 --policies skrull,sorted   # [skrull] lookahead
+    python -m skrull_ext.bench simulate --overlength chunk --cp 2 --bucket-size 16384 --timeline free
 
 Writes results.md, results.json, speedup.png and iteration_time.png to
 --out and prints one line naming the fastest policy a job can run on equal
@@ -70,6 +71,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--lookahead", type=_csv, default=[], metavar="W[,W...]",
                    help="also run skrull with [skrull] lookahead = W for each W (policies skrull+lookaheadW: each "
                         "window of W global batches regrouped, compared on the same samples; default: none)")
+    p.add_argument("--overlength", choices=("truncate", "chunk"), default="truncate",
+                   help="chunk: also run skrull+chunk ([skrull] overlength = \"chunk\": every sequence whole, those "
+                        "beyond a CP group trained in chunks on the DP rank the core assigns) and chunkflow+whole "
+                        "(the ChunkFlow peer on the same whole sequences), in their own table and chunked.png "
+                        "(default: %(default)s: sequences beyond a CP group cut for every row)")
     p.add_argument("--iterations", type=int, default=100, help="global batches per cell (default 100)")
     p.add_argument("--seed", type=int, default=0, help="sampler and shuffle seed (default 0)")
     p.add_argument("--profile", type=Path, help=f"hardware profile TOML (default {cost_models.HARDWARE_PRESETS['h100-assumed'].name}, assumed)")
@@ -92,6 +98,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             cli.error(f"--lookahead must be integers in [1, {_core.MAX_LOOKAHEAD}], got {w!r}")
         if (name := f"{sim_policies.LOOKAHEAD}{int(w)}") not in policies:
             policies.append(name)
+    if args.overlength == "chunk":
+        policies += [p for p in sim_policies.CHUNK if p not in policies]
     for must in ("baseline", "bound"):
         if must not in policies:
             policies.insert(0 if must == "baseline" else len(policies), must)
@@ -149,6 +157,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(report.matrix_markdown(results))
     if pool := report.pool_markdown(results):
         print("\n" + pool)
+    if chunk := report.chunk_markdown(results):
+        print("\n" + chunk)
     print("\n" + report.legend(results))
     print(f"\nwrote {', '.join(str(p) for p in written)} ({meta['wall_s']:.0f} s)")
     return 0

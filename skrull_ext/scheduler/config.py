@@ -102,8 +102,9 @@ OVERLENGTH: dict[str, Overlength] = {
     "error": Overlength.ERROR,
     "truncate": Overlength.TRUNCATE,
     "drop": Overlength.DROP,
-    # Longer samples train whole in chunks (skrull_ext/train/chunked.py), outside the plan: the
-    # loader takes them out before the core sees the step, so the core meets none.
+    # Longer samples train whole in chunks (skrull_ext/train/chunked.py), outside the micro-batches:
+    # the loader gives them to the plan as chunked documents (Scheduler.schedule's chunked), so the
+    # core's micro-batches meet none.
     "chunk": Overlength.ERROR,
 }
 
@@ -161,8 +162,8 @@ class SchedulingOptions:
     """One of POLICIES: skrull, skrull-fast, skrull-paper, skrull-per-rank, skrull-pool, worstfit."""
     overlength: OverlengthMode = "error"
     """Sequences longer than bucket_size x cp (x dp under skrull-pool): error, truncate (to the
-    longest that fits), drop, or chunk (trained whole in chunks outside the plans,
-    docs/design/chunked.md). In training also those longer than dataloader.max_len; the
+    longest that fits), drop, or chunk (trained whole in chunks, each by the DP rank the plan
+    assigns, outside its micro-batches: docs/design/chunked.md; at DP > 1 free-running only). In training also those longer than dataloader.max_len; the
     dataloader applies it before the scheduler and counts each sample (data/steps/accounting.py)."""
     cpsat: bool = False
     """Allow the CP-SAT fallback (used only by policies that enable it). Off by default:

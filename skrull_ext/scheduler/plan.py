@@ -185,9 +185,18 @@ class Plan:
     """Time of a pad pass on a lockstep timeline: the cost model's micro_batch_fixed_us."""
     step_us: float = 0.0
     """Time the step pays once whatever its micro-batches: the cost model's step_fixed_us."""
+    chunked: list[int] = field(default_factory=list)
+    """Lengths of the step's chunked documents (``overlength = "chunk"``, in the step's order): longer
+    than ``limit``, outside ``lengths``; each trained whole, in chunks, by one CP group after its
+    micro-batches (train/chunked.py)."""
+    chunked_us: list[float] = field(default_factory=list)
+    """Each chunked document's predicted time on its group (scheduler/chunk_cost.py)."""
+    chunked_group: list[int] = field(default_factory=list)
+    """Each chunked document's CP group (DP rank): the core's assignment (cpp/include/skrull/chunked.hpp)."""
 
     @classmethod
-    def from_core(cls, s: _core.Plan, input_lengths: Sequence[int], job: SchedulerJob) -> Plan:
+    def from_core(cls, s: _core.Plan, input_lengths: Sequence[int], job: SchedulerJob,
+                  chunked: Sequence[int] = ()) -> Plan:
         """The core's plan (``_core.to_plan`` or ``_core.schedule_pool``, the same type for every
         policy) as this type: each micro-batch in one comprehension over the core's, the rest
         as it comes. Plain dataclasses rather than a view over the core object, because a plan
@@ -195,7 +204,8 @@ class Plan:
         and the simulator builds plans with no core object at all (``from_groups``); a view
         would need an override for each such field. The shape, timeline and costs are ``job``'s
         (the resolved job the Scheduler ran): a pad pass costs its cost model's
-        ``micro_batch_fixed_us``, the step its ``step_fixed_us``."""
+        ``micro_batch_fixed_us``, the step its ``step_fixed_us``. ``chunked``: the lengths of the
+        chunked documents the core was given the times of."""
         lengths = list(s.lengths)
         mbs = [
             MicroBatchPlan(
@@ -212,6 +222,7 @@ class Plan:
             dropped=list(s.dropped), truncated=list(s.truncated), scheduler_us=s.elapsed_us, pool=job.policy.pool,
             widened=s.widened, narrowed=s.narrowed, skrull_plan=s.skrull_plan, rollbacks=s.rollbacks,
             timeline=job.timeline, pad_us=job.cost_model.micro_batch_fixed_us, step_us=job.cost_model.step_fixed_us,
+            chunked=list(chunked), chunked_us=list(s.chunked_us), chunked_group=list(s.chunked_group),
         )
 
     @classmethod
@@ -307,6 +318,17 @@ class Plan:
                                          if r <= rank < r + n]))
         return out
 
+    def chunked_load(self) -> list[float]:
+        """Per CP group (DP rank): the predicted time of the chunked documents it runs."""
+        out = [0.0] * self.dp
+        for g, t in zip(self.chunked_group, self.chunked_us):
+            out[g] += t
+        return out
+
+    def chunked_of(self, dp_rank: int) -> list[int]:
+        """Positions (in ``chunked``) of the chunked documents DP rank ``dp_rank`` trains, in order."""
+        return [k for k, g in enumerate(self.chunked_group) if g == dp_rank]
+
     @property
     def num_sequences(self) -> int:
         return len(self.lengths)
@@ -350,6 +372,8 @@ class Plan:
             "mean_bound_gap": sum(gaps) / len(gaps) if gaps else float("nan"),
             "dropped": len(self.dropped),
             "truncated": len(self.truncated),
+            "chunked": len(self.chunked),
+            "chunked_us": sum(self.chunked_us),
             "scheduler_us": self.scheduler_us,
             "fallback_us": self.fallback_us,
             "predicted_us": self.makespan_us,
@@ -391,6 +415,9 @@ class Plan:
 
         for d, group in enumerate(self.ranks):
             lines.append(f"  DP {d}: {len(group)} micro-batches, {self.group_time_us[d] / 1e3:.2f} ms")
+            for k in self.chunked_of(d):
+                lines.append(f"    chunked document {k}: {self.chunked[k]} tokens, {self.chunked_us[k] / 1e3:.2f} ms, "
+                             "after its micro-batches")
             for mb in group:
                 seqs = [f"{k}:{s}@{where(r, n, mb)}" for k, s, r, n in zip(mb.seqs, mb.lengths, mb.first_rank,
                                                                           mb.num_ranks)]
@@ -425,7 +452,11 @@ class Plan:
     def step_time_us(self, timeline: _core.Timeline | None = None) -> float:
         """The step on ``timeline`` (default: the plan's own), from its slots (the core's timeline function)."""
         return _core.plan_step_time_us(self._slot_times(), self.dp, self.timeline if timeline is None else timeline,
-                                       self.pad_us, self.step_us)
+                                       self.pad_us, self.step_us, self._after_us())
+
+    def _after_us(self) -> list[float]:
+        """What each group runs after its micro-batches (its chunked documents), or [] for none."""
+        return self.chunked_load() if self.chunked_us else []
 
     def _slot_times(self) -> list[_core.SlotTime]:
         return [_core.SlotTime(mb.slot, mb.first_group, mb.groups, mb.time_us) for mb in self.micro_batches]
@@ -434,7 +465,7 @@ class Plan:
         """The core's replay of the slots (timeline.hpp): each group's free-running finish,
         each micro-batch's start on the plan's timeline, and the step on it."""
         step, group_free, starts = _core.plan_timeline(self._slot_times(), self.dp, self.timeline, self.pad_us,
-                                                       self.step_us)
+                                                       self.step_us, self._after_us())
         return group_free, starts, step
 
     # ------------------------------------------------------------- invariants
@@ -450,6 +481,9 @@ class Plan:
             h.update(struct.pack(f"<{len(arr)}q", *arr))
         for mb in self.micro_batches:
             h.update(struct.pack(f"<3q{len(mb.seqs)}q", mb.slot, mb.first_group, mb.groups, *mb.seqs))
+        if self.chunked:  # a plan without chunked documents hashes as before they existed
+            for arr in (self.chunked, self.chunked_group):
+                h.update(struct.pack(f"<q{len(arr)}q", len(arr), *arr))
         return h.hexdigest()
 
 

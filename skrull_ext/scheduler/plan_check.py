@@ -14,6 +14,8 @@ A plan breaks an invariant when:
 - a rank's tokens (local whole, sharded as a zigzag shard over its set)
   differ from the plan's or exceed bucket_size;
 - a sequence within the limit was truncated or dropped, or one beyond it kept;
+- a chunked document (``overlength = "chunk"``) is not beyond the limit, has no
+  one DP rank in range, or a time that is not finite and >= 0;
 - the slot replay does not give the plan's starts, group times and step.
 """
 
@@ -38,6 +40,7 @@ def check_plan(plan) -> None:
         if len(getattr(plan, name)) != n:
             raise PlanError(f"plan.{name} has {len(getattr(plan, name))} entries for {n} sequences")
     _check_lengths(plan, n)
+    _check_chunked(plan)
     seen = [0] * n
     busy: set[tuple[int, int]] = set()
     for m, mb in enumerate(plan.micro_batches):
@@ -79,6 +82,21 @@ def _check_lengths(plan, n: int) -> None:
             raise PlanError(f"sequence {k} length changed from {s_in} to {s} without truncation")
         if s > limit:
             raise PlanError(f"sequence {k} has length {s} > limit {limit}")
+
+
+def _check_chunked(plan) -> None:
+    """Each chunked document: longer than the limit (else the plan would hold it), one DP rank, a time."""
+    k = len(plan.chunked)
+    if not len(plan.chunked_us) == len(plan.chunked_group) == k:
+        raise PlanError(f"plan has {k} chunked documents, {len(plan.chunked_us)} times and "
+                        f"{len(plan.chunked_group)} DP ranks for them")
+    for j, (s, t, g) in enumerate(zip(plan.chunked, plan.chunked_us, plan.chunked_group)):
+        if s <= plan.limit:
+            raise PlanError(f"chunked document {j} has length {s}, within the limit {plan.limit}: a plan holds it")
+        if not 0 <= g < plan.dp:
+            raise PlanError(f"chunked document {j} is on DP rank {g}, outside [0, {plan.dp})")
+        if not (math.isfinite(t) and t >= 0):
+            raise PlanError(f"chunked document {j}: predicted time {t} is not finite and non-negative")
 
 
 def _check_micro_batch(plan, m: int, mb, n: int, busy: set[tuple[int, int]]) -> None:

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from skrull_ext import _core
 from skrull_ext._core import CostModel
 from skrull_ext.scheduler import cost_model as cost_models
+from skrull_ext.scheduler.chunk_cost import chunk_cost
 from skrull_ext.scheduler.config import SchedulerConfig, timeline_of
 from skrull_ext.scheduler.cpsat import CpSatResult, solve_dacp
 from skrull_ext.scheduler.job import SchedulerJob
@@ -59,8 +60,16 @@ class Scheduler:
     def cost_model(self) -> CostModel:
         return self.job.cost_model
 
-    def schedule(self, lengths: Sequence[int], dp_rank: int | None = None) -> Plan:
+    def schedule(self, lengths: Sequence[int], dp_rank: int | None = None, chunked: Sequence[int] = (),
+                 chunk: int | None = None) -> Plan:
         """Plan one global batch (lengths in dataset order). Empty batch -> empty plan.
+
+        ``chunked``: the lengths of the step's documents that ``overlength = "chunk"`` trains
+        whole in chunks of ``chunk`` tokens (default: the limit, what a CP group holds). Each
+        is one work item of ``chunk_cost`` on one DP rank's CP group; the core assigns them
+        (``plan.chunked_group``: LPT, longest first) and balances the samples around them
+        (cpp/include/skrull/chunked.hpp). Under ``skrull-pool`` they are assigned the same way
+        after the pool's plan, which does not balance around them.
 
         With ``dp_rank`` set, the CP-SAT fallback refines only that DP rank's
         micro-batches: a training rank needs exact placements for its own
@@ -74,11 +83,16 @@ class Scheduler:
         c = self.job
         if dp_rank is not None and not (isinstance(dp_rank, int) and 0 <= dp_rank < c.dp):
             raise ValueError(f"dp_rank must be in [0, {c.dp}), got {dp_rank!r}")
+        chunked = _as_lengths(chunked)
+        chunked_us = self.chunked_us(chunked, chunk)
         if c.policy.pool:
             core = _core.schedule_pool(lengths, c.cost_model, c.options)
         else:
-            core = _core.to_plan(_core.schedule(lengths, c.cost_model, c.options), c.cost_model, c.options)
-        plan = Plan.from_core(core, lengths, c)
+            core = _core.to_plan(_core.schedule(lengths, c.cost_model, c.options, chunked_us), c.cost_model, c.options)
+        plan = Plan.from_core(core, lengths, c, chunked)
+        if c.policy.pool and chunked:
+            plan.chunked_us, plan.chunked_group = chunked_us, _core.assign_chunked(chunked_us, c.dp)
+            plan.retime()
         mbs = [mb for mb in plan.micro_batches if mb.groups == 1 and (dp_rank is None or mb.first_group == dp_rank)]
         plan.refined_dp_rank = dp_rank
         for mb in mbs:  # every micro-batch's gap to its bound (skrull/mean_bound_gap); CP-SAT may raise it
@@ -90,9 +104,15 @@ class Scheduler:
             plan.fallback_us = (time.perf_counter() - start) * 1e6
         return plan
 
-    def lookahead(self, batches: Sequence[Sequence[int]]) -> _core.Lookahead:
+    def chunked_us(self, chunked: Sequence[int], chunk: int | None = None) -> list[float]:
+        """Each chunked document's predicted time on one CP group (``chunk_cost``), in chunks of
+        ``chunk`` tokens (default: the job's limit, what the trainer chunks by)."""
+        return chunked_times(self.job, chunked, chunk)
+
+    def lookahead(self, batches: Sequence[Sequence[int]],
+                  chunked: Sequence[Sequence[int]] | None = None) -> _core.Lookahead:
         """``plan_window`` of this scheduler's job."""
-        return plan_window(self.job, batches)
+        return plan_window(self.job, batches, chunked)
 
     def _worth_cpsat(self, time_us: float, lower_bound_us: float) -> bool:
         """The one CP-SAT decision (with ``job.uses_cpsat``): a placement
@@ -166,10 +186,23 @@ class Scheduler:
         )
 
 
-def plan_window(job: SchedulerJob, batches: Sequence[Sequence[int]]) -> _core.Lookahead:
+def chunked_times(job: SchedulerJob, chunked: Sequence[int], chunk: int | None = None) -> list[float]:
+    """Each of ``chunked`` (lengths) as ``job`` trains it: whole, in chunks of ``chunk`` tokens
+    (default ``job.capacity.group_limit``, the trainer's chunk), sharded over its CP group;
+    its predicted time (scheduler/chunk_cost.py)."""
+    chunk = job.capacity.group_limit if chunk is None else chunk
+    return [chunk_cost(job.cost_model, n, chunk, job.cp).us for n in chunked]
+
+
+def plan_window(job: SchedulerJob, batches: Sequence[Sequence[int]],
+                chunked: Sequence[Sequence[int]] | None = None) -> _core.Lookahead:
     """The window ``batches`` (each a global batch's lengths, in arrival order) regrouped over
     its steps by the core (cpp/include/skrull/lookahead.hpp): each step priced as ``job`` plans
     it (its policy, pool or not, its timeline; the CP-SAT fallback is not run). Pure function of
     the lengths: every rank gets the same regrouping. A function of the job, not of a Scheduler:
-    start-up prices windows to settle the job before its one Scheduler is built (train/settle.py)."""
-    return _core.lookahead([_as_lengths(b) for b in batches], job.cost_model, job.options, pool=job.policy.pool)
+    start-up prices windows to settle the job before its one Scheduler is built (train/settle.py).
+    ``chunked``: per batch, the lengths of its chunked documents (``overlength = "chunk"``), which
+    stay at their step and are priced with it, so the regrouping moves samples around them."""
+    times = [] if chunked is None else [chunked_times(job, _as_lengths(c)) for c in chunked]
+    return _core.lookahead([_as_lengths(b) for b in batches], job.cost_model, job.options, pool=job.policy.pool,
+                           chunked=times)

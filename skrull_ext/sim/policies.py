@@ -28,6 +28,12 @@ iteration time. All times come from the core's cost model.
   inputs (capped at what a CP group holds), the like-for-like comparison
   with skrull.
 - chunkflow: fixed-size chunks (skrull_ext/sim/chunkflow.py).
+- skrull+chunk and chunkflow+whole (``bench simulate --overlength chunk``, not run
+  by default): every sequence whole, none cut. skrull+chunk is ``[skrull]
+  overlength = "chunk"`` as trained: the sequences a CP group holds planned by
+  skrull, each longer one a chunked document priced by chunk_cost and placed
+  on one DP rank by the core (cpp/include/skrull/chunked.hpp); chunkflow+whole
+  is the ChunkFlow peer on the same whole sequences.
 - bound: skrull_ext/sim/bound.py.
 - sorted+skrull (not run by default): sorted's regrouping, then skrull.
 - skrull+lookaheadW (``bench simulate --lookahead W``, not run by default):
@@ -68,6 +74,9 @@ class SimPolicy:
     pool: bool = False
     """Plans rank sets over the world (skrull-pool): its gap is to ``bound.pool_lower_bound_us``, the
     bound every pool plan obeys (the group bound assumes a sequence sharded over one whole CP group)."""
+    whole: bool = False
+    """Sees every sequence whole, none cut (``overlength = "chunk"``): those beyond a CP group train in
+    chunks; its gap is to the classic bound of the whole sequences."""
 
     @property
     def is_bound(self) -> bool:
@@ -144,6 +153,16 @@ def chunkflow_policy(lengths: Sequence[int], cost: CostModel, shape: Shape, seed
     return chunkflow.best_plan(lengths, cost, shape)[0]
 
 
+def skrull_chunk(lengths: Sequence[int], cost: CostModel, shape: Shape, seed: int) -> Plan:
+    """``[skrull] overlength = "chunk"`` as the loader plans a step (data/steps/loader.py
+    planned_and_chunked): the sequences within what a CP group holds in the plan's micro-batches,
+    the longer ones as its chunked documents, in chunks of that limit."""
+    limit = shape.max_length
+    cfg = SchedulerConfig(dp=shape.dp, cp=shape.cp, bucket_size=shape.bucket_size, policy="skrull",
+                          timeline=shape.timeline, overlength="chunk")
+    return Scheduler(cfg, cost).schedule([s for s in lengths if s <= limit], chunked=[s for s in lengths if s > limit])
+
+
 def bound_policy(lengths: Sequence[int], cost: CostModel, shape: Shape, seed: int) -> float:
     return bound.lower_bound_us(lengths, cost, shape.dp, shape.cp, shape.bucket_size, shape.timeline)
 
@@ -155,6 +174,8 @@ BASELINES: dict[str, SimPolicy] = {
         SimPolicy("unpacked", unpacked, "one sequence per micro-batch, sharded (DeepSpeed micro-batch size 1)"),
         SimPolicy("sorted", baseline, "LongAlign sorted batching across the run, then as baseline", sort_window),
         SimPolicy("chunkflow", chunkflow_policy, "ChunkFlow-style fixed-size chunks, sharded, LPT over DP"),
+        SimPolicy("chunkflow+whole", chunkflow_policy, "chunkflow on every sequence whole (none cut): those longer "
+                  "than a chunk split into consecutive chunks on one DP rank", whole=True),
     )
 }
 """What others run, not policies of the scheduler."""
@@ -173,6 +194,8 @@ VARIANTS: dict[str, SimPolicy] = {
                   "skrull-pool on the same inputs as the others (capped at C x CP)", pool=True),
         SimPolicy("sorted+skrull", core_policy("skrull"), "LongAlign regrouping, then skrull in each batch",
                   sort_window),
+        SimPolicy("skrull+chunk", skrull_chunk, "skrull with overlength = \"chunk\": every sequence whole, those "
+                  "longer than a CP group holds trained in chunks, each on the DP rank the core assigns", whole=True),
         SimPolicy("bound", bound_policy, "lower bound on the iteration time"),
     )
 }
@@ -180,8 +203,11 @@ VARIANTS: dict[str, SimPolicy] = {
 
 SIM_POLICIES: dict[str, SimPolicy] = {**BASELINES, **SCHEDULER, **VARIANTS}
 
-DEFAULT = [name for name in SIM_POLICIES if name != "sorted+skrull"]
-"""What the benchmark runs unless told: every policy but sorted+skrull."""
+CHUNK = ("skrull+chunk", "chunkflow+whole")
+"""The rows of ``bench simulate --overlength chunk``: every sequence whole."""
+
+DEFAULT = [name for name in SIM_POLICIES if name != "sorted+skrull" and name not in CHUNK]
+"""What the benchmark runs unless told: every policy but sorted+skrull and the whole-sequence rows."""
 
 
 def get(name: str) -> SimPolicy:

@@ -7,7 +7,8 @@ Iteration i takes samples [i*G, (i+1)*G) of the dataset's stream
 (G = DP x BatchSize), truncates sequences longer than a CP group can hold
 (counted in the result; the same data reaches every policy, except that a
 pool policy (skrull-pool) sees them truncated only beyond what the whole
-DP x CP world holds, counted per policy), and asks each
+DP x CP world holds, counted per policy, and a whole policy (skrull+chunk,
+chunkflow+whole) sees none cut), and asks each
 policy for a plan. A policy that regroups samples across global batches
 (sorted) sees its own regrouping of the same samples. Plans are checked with ``Plan.validate()`` unless they
 overflow the capacity, in which case they are counted, never dropped.
@@ -19,6 +20,7 @@ import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from skrull_ext import _core
 from skrull_ext._core import CostModel
 from skrull_ext.scheduler import cost_model as cost_models
 from skrull_ext.scheduler.profile_file import Profile
@@ -63,6 +65,11 @@ class ScenarioResult:
     """Per iteration, the classic bound of the job's global batch (``bound.classic_bound_us``)."""
     regrouped: set[str] = field(default_factory=set)
     """Policies that regroup samples across global batches (sorted): their iteration i is not the job's."""
+    whole: set[str] = field(default_factory=set)
+    """Policies that plan every sequence whole (``overlength = "chunk"``): more work than the cut batches;
+    their gaps are to the bound of the whole sequences (``IterationMetrics.bound_us``)."""
+    over_limit: int = 0
+    """Sequences longer than a CP group holds: what the whole policies train in chunks."""
 
     def mean_time_us(self, policy: str) -> float:
         return statistics.fmean(m.time_us for m in self.per_policy[policy])
@@ -77,6 +84,8 @@ class ScenarioResult:
         A policy that regroups samples across batches has no iteration i of the job's: its mean time
         over the mean bound - 1. Below 0 where a policy does what the bound rules out (sorted's
         regrouping, skrull-pool's sets over several CP groups)."""
+        if policy in self.whole:
+            return self.gap_to_own_bound(policy)
         bounds = self.classic_bounds_us if classic else self.bounds_us
         ms = self.per_policy[policy]
         if policy in self.regrouped:
@@ -124,11 +133,17 @@ def simulate(
     if any(p.world for p in chosen):
         world_batches, world_truncated = global_batches(
             scenario.dataset, shape, iterations, seed, shape.capacity(pool=True).limit)
+    whole_batches = batches
+    if any(p.whole for p in chosen):
+        whole_batches, _ = global_batches(scenario.dataset, shape, iterations, seed, _core.MAX_LENGTH)
+        result.over_limit = truncated  # the same sequences the others cut
     own = {}
     for p in chosen:
-        mine = world_batches if p.world else batches
+        mine = world_batches if p.world else whole_batches if p.whole else batches
         own[p.name] = p.regroup(mine, seed, cost, shape) if p.regroup else mine
-        result.truncated_by_policy[p.name] = world_truncated if p.world else truncated
+        result.truncated_by_policy[p.name] = world_truncated if p.world else 0 if p.whole else truncated
+        if p.whole:
+            result.whole.add(p.name)
     for p in chosen:
         result.per_policy[p.name] = []
         if p.regroup:
@@ -140,6 +155,7 @@ def simulate(
         for p in chosen:
             batch = own[p.name][i]
             lb = (bound.pool_lower_bound_us(batch, cost, shape.dp, shape.cp, shape.bucket_size) if p.pool else
+                  bound.classic_bound_us(batch, cost, shape.dp, shape.cp, shape.bucket_size) if p.whole else
                   bound.lower_bound_us(batch, cost, shape.dp, shape.cp, shape.bucket_size, shape.timeline))
             if p.is_bound:
                 result.per_policy[p.name].append(metrics.IterationMetrics(time_us=lb, bound_us=lb))

@@ -44,6 +44,10 @@ def step_record(step) -> dict:
         "plan_cp_rank": list(plan.cp_rank),
         "plan_micro_batch": list(plan.micro_batch),
         "micro_batches": plan.slots,
+        # overlength = "chunk": each chunked document's DP rank, and the samples this rank trained in chunks.
+        "plan_chunked_dp_rank": list(plan.chunked_group),
+        "chunked_here": [step.samples[len(plan.input_lengths) + k] for k in plan.chunked_of(step.dp_rank)],
+        "chunked_here_lengths": [s.length for s in step.chunked],
         "plan_digest": plan.digest(),
         "gds_digest": gds_digest(plan),
         "buffers_digest": buffers_digest(step.micro_batches),

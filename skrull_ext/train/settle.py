@@ -57,11 +57,14 @@ class Settled:
 def settle(skrull, *, dp: int, cp: int, dp_shard: int, dp_replicate: int, shape: ModelShape, model_name: str,
            unsharded: float | None, training_steps: int, raw_lengths: Callable[[int], Sequence[int]],
            limited_lengths: Callable[[SchedulerJob, int], Sequence[int]],
-           check_lengths: Callable[[SchedulerJob, int], object]) -> Settled:
+           check_lengths: Callable[[SchedulerJob, int], object],
+           chunked_lengths: Callable[[SchedulerJob, int], Sequence[int]] | None = None) -> Settled:
     """Settle the job (module docstring). ``unsharded``: what free-running would hold per
     rank (None: no FSDP unit); ``raw_lengths(step)``: a step's global batch as drawn (the
     execution's weighing of BucketSize); ``limited_lengths(job, step)``: the same as ``job``'s
-    length limit trains it (what "auto" prices); ``check_lengths(job, last_step)``: the
+    length limit trains it in its micro-batches (what "auto" prices); ``chunked_lengths(job,
+    step)``: under ``overlength = "chunk"`` the step's chunked documents, priced with it as
+    the loader's windows are; ``check_lengths(job, last_step)``: the
     over-length refusals of steps 1..last_step under ``job``'s limit, run before "auto" prices
     them (under 'error' a bad sample stops the run there, named with the scan's counts; the
     trainer's full pre-scan runs once the checkpoint's windows are known). A named width wider
@@ -85,6 +88,7 @@ def settle(skrull, *, dp: int, cp: int, dp_shard: int, dp_replicate: int, shape:
                                              f"fewer than the narrowest width {min(lookahead_choice.CANDIDATES)})")
     steps = lookahead_choice.horizon(training_steps, candidates)
     check_lengths(job, steps)
-    choice = lookahead_choice.choose(lambda s: limited_lengths(job, s), lambda b: plan_window(job, b), steps,
-                                     candidates)
+    chunked = None if chunked_lengths is None or job.overlength != "chunk" else (lambda s: chunked_lengths(job, s))
+    choice = lookahead_choice.choose(lambda s: limited_lengths(job, s), lambda b, c=None: plan_window(job, b, c),
+                                     steps, candidates, chunked)
     return Settled(dataclasses.replace(job, lookahead=choice.width), execution, choice)

@@ -59,9 +59,9 @@ PHASES: tuple[Phase, ...] = (
     Phase("data", "the wait for the step's data (the dataloader's next)", in_step=False),
     Phase("checks", "the per-step checks: the plans' digests (skrull.check_plan_hash), the plan log, and the "
           "loss and gradient norm checked finite (one all-reduce and the step's host sync)", per_step=True),
+    Phase("chunk", "overlength = 'chunk''s samples, forward and backward in chunks (absent without them)"),
     Phase("mb", "the plan's micro-batches, forward and backward (the gradient reduction their backward issues "
           "included)"),
-    Phase("chunk", "overlength = 'chunk''s samples, forward and backward in chunks (absent without them)"),
     Phase("clip", "gradient clipping: the norm over the shards (its all-reduce) and the scaling", per_step=True),
     Phase("opt", "the optimizer step, the checkpoint staging wait and the learning-rate step", per_step=True),
     Phase("log", "a logged step's metrics: the loss reductions, TensorBoard, the step line, validation when due "

@@ -263,7 +263,7 @@ class SkrullTrainer(JobTrainer):
                           model_name=self._model_name(self.config), unsharded=unsharded,
                           training_steps=self.config.training.steps,
                           raw_lengths=lambda k: [n for _, n in loader.step_lengths(k)],
-                          limited_lengths=loader.decided_lengths,
+                          limited_lengths=loader.decided_lengths, chunked_lengths=loader.decided_chunked,
                           check_lengths=lambda job, last: check_overlength(loader, 1, last, loader.limit_of(job),
                                                                            quiet=True))
         except ValueError as e:  # the launcher prints it as one line (cli_errors)
@@ -354,21 +354,27 @@ class SkrullTrainer(JobTrainer):
         phases.end(step.plan.makespan_us, keep=should_log)  # read at the next logged step (or at close)
 
     def _micro_batches(self, step: SkrullStep, global_valid_tokens: torch.Tensor) -> torch.Tensor:
-        """Forward and backward over this rank's micro-batches (phase ``mb``), then its chunked samples
-        (``chunk``), each CP rank feeding its own buffer (DACP attention over the CP group), the gradient
+        """Forward and backward over this rank's chunked samples (phase ``chunk``), then its micro-batches
+        (``mb``), each CP rank feeding its own buffer (DACP attention over the CP group), the gradient
         accumulated. Returns this rank's loss sum / global loss tokens. Under ``skrull.free_running`` FSDP
         parameters stay unsharded throughout; under ``skrull.defer_grad_sync`` gradients are reduced once,
         by the last micro-batch's backward."""
         for m in self.dacp_attention:
             m.stats.reset()
         accumulated = torch.zeros((), device=self.device)
-        # Chunked samples run after the micro-batches; the last of them then reduces the gradients.
-        last = len(step.micro_batches) - 1 if not step.chunked else -1
         free = self.free_running
         phases = self.step_phases
-        with phases.phase("mb"):
-            if free is not None:  # this rank's own micro-batches (>= 1), parameters unsharded throughout
+        if free is not None:  # this rank's own micro-batches (>= 1), parameters unsharded throughout
+            with phases.phase("mb"):
                 free.begin()
+        # Chunked samples run before the micro-batches, whose last then reduces the gradients: a
+        # chunked sample's backward runs one FSDP post-backward per chunk, so were it last it would
+        # reduce-scatter once per chunk where a DP rank without one reduces once (free-running at DP > 1).
+        if step.chunked:
+            with phases.phase("chunk"):
+                accumulated += self._chunked_samples(step, global_valid_tokens)
+        last = len(step.micro_batches) - 1
+        with phases.phase("mb"):
             for j, mb in enumerate(step.micro_batches):
                 if free is not None:
                     if j == last:
@@ -385,9 +391,6 @@ class SkrullTrainer(JobTrainer):
                     loss = self.fwd_bwd_fn(mb.input.to(self.device, non_blocking=True), labels, global_valid_tokens,
                                            extra)
                     accumulated += loss.detach()
-        if step.chunked:
-            with phases.phase("chunk"):
-                accumulated += self._chunked_samples(step, global_valid_tokens)
         if free is not None:
             with phases.phase("mb"):
                 free.end()  # every unit resharded before the optimizer: no stale copy in the next step
@@ -396,8 +399,9 @@ class SkrullTrainer(JobTrainer):
     def _chunked_samples(self, step: SkrullStep, global_valid_tokens: torch.Tensor) -> torch.Tensor:
         """Forward and backward of this rank's samples longer than the limit, each whole in chunks of
         the limit sharded over the CP group (``overlength = "chunk"``, train/chunked.py); returns
-        their loss sum / global loss tokens. The last one's backward reduces the gradients, as the
-        last micro-batch's does otherwise (free-running, or ``skrull.defer_grad_sync``)."""
+        their loss sum / global loss tokens. They run before the micro-batches, gradients kept
+        unreduced (free-running, or ``skrull.defer_grad_sync``); only a step with no micro-batch
+        (a lockstep plan of chunked samples alone) reduces in the last one's backward."""
         total = torch.zeros((), device=self.device)
         chunk = self.dataloader.limit.tokens
 
@@ -405,11 +409,12 @@ class SkrullTrainer(JobTrainer):
             return self.loss_fn(pred, labels, global_valid_tokens)[0]
 
         for k, sample in enumerate(step.chunked):
+            last = k == len(step.chunked) - 1 and not step.micro_batches
             if self.free_running is not None:
-                if k == len(step.chunked) - 1:
+                if last:
                     self.free_running.last()
             elif self.config.skrull.defer_grad_sync:
-                self._set_grad_sync(k == len(step.chunked) - 1)
+                self._set_grad_sync(last)
             with record_function(f"skrull/chunked_{k}"), self.train_context():  # a blocking copy waits for the stream
                 tokens, labels = (t.to(self.device, non_blocking=True) for t in (sample.input, sample.labels))
                 out = chunked_loss(self.model_parts[0], tokens, labels, chunk, loss_fn, layers=self.dacp_attention,

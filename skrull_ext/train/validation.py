@@ -188,13 +188,19 @@ class Validation:
                     loss, _ = trainer.loss_fn(pred, mb.labels.to(trainer.device), positions=positions)
                 local += loss.double()
                 del pred
-            for sample in batch.chunked:  # overlength = "chunk": whole, in chunks (train/chunked.py)
+            # overlength = "chunk": each document whole, in chunks (train/chunked.py), on every DP rank: outside
+            # a free-running step FSDP all-gathers every unit over the whole mesh in each forward, so every rank
+            # runs every document's chunk passes (as the micro-batches' pad passes); the rank its plan names counts it.
+            plan = batch.plan
+            for k, i in enumerate(batch.samples[len(plan.input_lengths):]):
+                sample = self.source[i]
                 with trainer.train_context():
                     out = chunked_loss(trainer.model_parts[0], sample.input.to(trainer.device),
                                        sample.labels.to(trainer.device), self.limit.tokens,
                                        lambda pred, labels: trainer.loss_fn(pred, labels)[0],
                                        layers=trainer.dacp_attention, group=trainer.cp_group, recompute=False)
-                local += out.loss.double()
+                if plan.chunked_group[k] == self.build.dp_rank:
+                    local += out.loss.double()
         for m in trainer.model_parts:
             m.train()
         after_forward_only(trainer.model_parts)  # FSDP as after a backward (free_running.py says why)

@@ -30,3 +30,12 @@ def test_lookahead_rows_side_by_side(tmp_path, capsys):
     assert row["gain"] >= 1.0 and row["reference"]["gain"] >= 1.0
     assert row["share_cpu"] > 0 and row["planned_steps"] >= 2 and row["reference"]["plans"] >= 2
     assert row["shape"] == {"name": "paper", "dp": 4, "cp": 8, "per_dp": 64}
+
+
+def test_latency_rows_with_chunked_documents(capsys):
+    assert latency.main(["--settings", "paper", "--chunked", "0", "2", "--timelines", "free", "--policies", "skrull",
+                         "--reps", "3", "--python-reps", "0", "--facade-reps", "1", "--cpsat-batches", "0",
+                         "--lookahead-settings"]) == 0
+    out = capsys.readouterr().out
+    assert "| paper | 256 | skrull (free) | " in out
+    assert "| paper | 256 | skrull (free) +2 chunked (2." in out and "the same samples without them) |" in out

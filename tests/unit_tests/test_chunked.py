@@ -279,8 +279,10 @@ _CHUNK = ["--skrull.overlength", "chunk", "--dataloader.max_len", "2048", "--tra
      "training.seq_len = 512: a chunked sample's positions run to its length: under skrull.overlength = 'chunk' "
      "set dataloader.max_len (now 2048)"),
     (_CHUNK + ["--skrull.no-enable"], 1, "skrull.overlength = 'chunk': needs skrull.enable = true"),
-    (_CHUNK, 2, "skrull.overlength = 'chunk': runs on one DP rank for now (this launch has 2: world 2 / cp 1)"),
-], ids=["rope", "packed", "dp2"])
+    (_CHUNK, 2, "skrull.overlength = 'chunk': runs at DP > 1 (this launch has 2: world 2 / cp 1) only "
+                "free-running: set skrull.free_running = true (now 'auto')"),
+    (_CHUNK + ["--skrull.no-free_running"], 2, "set skrull.free_running = true (now False)"),
+], ids=["rope", "packed", "dp2", "dp2_lockstep"])
 def test_chunk_refused_where_it_does_not_run_naming_the_key(flags, world, message, monkeypatch):
     from skrull_ext.errors import JobFileError
     from skrull_ext.train.job.job_file import load_config
@@ -292,3 +294,5 @@ def test_chunk_refused_where_it_does_not_run_naming_the_key(flags, world, messag
     assert message in str(info.value) and "\n" not in str(info.value)
     monkeypatch.setenv("WORLD_SIZE", "1")
     load_config(["--config-file", job, *_CHUNK])  # the bar's run passes
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    load_config(["--config-file", job, *_CHUNK, "--skrull.free_running"])  # DP 2, free-running

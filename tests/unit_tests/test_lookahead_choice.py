@@ -69,3 +69,21 @@ def test_a_width_wider_than_the_run_is_capped_at_its_steps():
         "skrull.lookahead 1024 is wider than the run (training.steps 2): capped at 2, so the run is one window and "
         "trains every sample it reads (a window of 1024 would read 1022 global batches it never trains; "
         "docs/design/lookahead.md)")
+
+
+def test_chunked_documents_are_priced_with_their_steps():
+    # overlength = "chunk": a document beyond the limit (2048) in every other step, on one DP rank; the
+    # long samples of the other steps can move beside it, onto the other rank, only if the pricing sees it.
+    batches = {s: [16] * 8 if s % 2 else [1500] + [16] * 7 for s in range(1, 17)}
+    documents = {s: [6000] if s % 2 else [] for s in range(1, 17)}
+    sched = scheduler(timeline="free")
+    choice = choose(batches.__getitem__, sched.lookahead, 16, chunked_of=documents.__getitem__)
+    for w, gain in choice.gains.items():  # each window priced with its steps' documents
+        windows = [sched.lookahead([batches[s] for s in range(f, f + w)], [documents[s] for s in range(f, f + w)])
+                   for f in range(1, 17, w)]
+        assert gain == pytest.approx(sum(a.arrival_window_us for a in windows) / sum(a.window_us for a in windows))
+    # Seen, a window of 2 already puts each 1,500-token sample beside the previous step's document (x1.056);
+    # blind, the pricing pairs the long samples with each other (W 4, x1.21), which the documents' steps undo.
+    blind = choose(batches.__getitem__, sched.lookahead, 16)
+    assert choice.width == 2 and choice.gains[2] == pytest.approx(choice.gains[8]) and choice.gains[2] > 1.05
+    assert blind.width == 4 and blind.gains[2] == pytest.approx(1.0)

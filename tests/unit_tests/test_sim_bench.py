@@ -153,3 +153,26 @@ def test_lookahead_rows_are_runnable_and_drawn_apart():
     assert len(set(styles.values())) == len(rows)
     plain = {styles[p][0] for p in rows if "lookahead" not in p}
     assert len(plain) == len(rows) - 4 and not plain & {styles[f"skrull+lookahead{w}"][0] for w in (2, 4, 8, 16)}
+
+
+def test_overlength_chunk_puts_skrull_chunk_beside_chunkflow_on_whole_sequences(tmp_path, capsys):
+    from skrull_ext.sim import simulator
+    from skrull_ext.sim.packing import Shape
+
+    out = tmp_path / "chunk"
+    rc = simulate.main(["--datasets", "mix_sharegpt_conv95+longbench_en5", "--models", "qwen2.5-0.5b", "--dp", "2",
+                        "--cp", "2", "--bucket-size", "4096", "--timeline", "free", "--overlength", "chunk",
+                        "--iterations", "2", "--policies", "skrull", "--out", str(out), "--quiet"])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "| skrull+chunk ms | chunkflow+whole ms | skrull+chunk speedup over chunkflow+whole |" in printed
+    assert '- skrull+chunk: skrull with overlength = "chunk"' in printed
+    assert (out / "chunked.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # The whole rows plan every sequence, the others the cut ones; each plan validated by the simulator.
+    shape = Shape(dp=2, cp=2, batch_size=64, bucket_size=4096, timeline="free")
+    res = simulator.simulate(simulator.Scenario("mix_sharegpt_conv95+longbench_en5", "qwen2.5-0.5b", shape),
+                             ["skrull", "skrull+chunk", "chunkflow+whole", "bound"], iterations=2, seed=0)
+    assert res.over_limit == res.truncated > 0
+    assert res.truncated_by_policy["skrull+chunk"] == res.truncated_by_policy["chunkflow+whole"] == 0
+    assert all(m.time_us >= m.bound_us for p in ("skrull+chunk", "chunkflow+whole") for m in res.per_policy[p])
+    assert res.mean_time_us("skrull+chunk") > res.mean_time_us("skrull")  # more work than the cut batches

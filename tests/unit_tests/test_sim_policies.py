@@ -25,7 +25,7 @@ def test_every_policy_plan_validates(shape, dataset):
         for name in PLANNERS:
             plan = P.get(name).plan(batch, cost, shape, 0)
             plan.validate()  # memory within BucketSize, each (piece of a) sequence exactly once
-            if name == "chunkflow":
+            if name.startswith("chunkflow"):  # its plan is over pieces
                 assert sum(plan.lengths) == sum(batch)
             else:
                 assert plan.input_lengths == batch and not plan.dropped

@@ -7,10 +7,12 @@
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <numeric>
 #include <queue>
 #include <utility>
 #include <vector>
 
+#include "skrull/chunked.hpp"
 #include "skrull/cost_model.hpp"
 #include "skrull/dacp.hpp"
 #include "skrull/dacp_sweep.hpp"
@@ -99,13 +101,31 @@ inline std::vector<std::vector<int32_t>> lpt_bins(const std::vector<int32_t>& or
 // (FLOPs grow with length; ties by index) each go to the DP rank with the
 // least FLOPs so far (ties to the lower rank). Returns each rank's share,
 // in that order (descending). flops[k] = cost.flops(lengths[k]).
+// `initial` (dp entries, or empty for none): each rank's load before the
+// first sequence, in the same unit (its chunked documents, chunked.hpp).
 inline std::vector<std::vector<int32_t>> split_over_dp(const std::vector<int64_t>& lengths,
                                                        const std::vector<double>& flops,
-                                                       const std::vector<int32_t>& live, int32_t dp) {
+                                                       const std::vector<int32_t>& live, int32_t dp,
+                                                       const std::vector<double>& initial = {}) {
   std::vector<int32_t> order = live;
   std::vector<int32_t> scratch;
   detail::sort_descending_by_length(lengths, order, scratch);
-  return detail::lpt_bins(order, flops, std::vector<double>(dp, 0.0));
+  return detail::lpt_bins(order, flops, initial.empty() ? std::vector<double>(dp, 0.0) : initial);
+}
+
+// Each chunked document's DP rank (chunked.hpp): LPT by time, longest first (ties by
+// index), each to the rank with the least so far (ties to the lower rank), given their times.
+inline std::vector<int32_t> assign_chunked(const std::vector<double>& chunked_us, int32_t dp) {
+  validate_chunked(chunked_us);
+  std::vector<int32_t> order(chunked_us.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int32_t a, int32_t b) { return chunked_us[a] > chunked_us[b]; });
+  const auto bins = detail::lpt_bins(order, chunked_us, std::vector<double>(dp, 0.0));
+  std::vector<int32_t> out(chunked_us.size(), 0);
+  for (int32_t i = 0; i < dp; ++i)
+    for (int32_t k : bins[i]) out[k] = i;
+  return out;
 }
 
 // How a split forms its m groups from sequences sorted ascending.

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "skrull/chunked.hpp"
 #include "skrull/cost_model.hpp"
 #include "skrull/dacp.hpp"
 #include "skrull/timeline.hpp"
@@ -39,8 +40,8 @@ inline CostModel planning_model(const CostModel& cost) {
 
 namespace detail {
 
-// Each DP rank's time (its micro-batches back to back) and the step on the
-// job's timeline, from the micro-batches' times.
+// Each DP rank's time (its micro-batches back to back, then its chunked
+// documents) and the step on the job's timeline, from the micro-batches' times.
 inline void time_schedule(Schedule& s, const CostModel& cost, const Options& opt) {
   std::vector<std::vector<double>> rank_us(opt.dp);
   s.dp_time_us.assign(opt.dp, 0.0);
@@ -50,7 +51,9 @@ inline void time_schedule(Schedule& s, const CostModel& cost, const Options& opt
       s.dp_time_us[i] += s.micro_batches[q].dacp.time_us;
     }
   }
-  s.makespan_us = step_time_us(rank_us, opt.timeline, cost.micro_batch_fixed_us, cost.step_fixed_us);
+  const std::vector<double> after = chunked_load(s.chunked_us, s.chunked_dp_rank, opt.dp);
+  for (int32_t i = 0; i < opt.dp; ++i) s.dp_time_us[i] += after[i];
+  s.makespan_us = step_time_us(rank_us, opt.timeline, cost.micro_batch_fixed_us, cost.step_fixed_us, &after);
 }
 
 }  // namespace detail

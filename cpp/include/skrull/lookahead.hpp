@@ -36,6 +36,11 @@
 //      two steps' full plans fall (each planned while kLookaheadPlanWork
 //      lasts), until a pass finds none; only where that budget can check
 //      kLookaheadMinSwaps swaps.
+// Chunked documents (overlength "chunk", chunked.hpp) stay at the step they
+// arrived in; each step's are priced with it (the estimate's chunked terms,
+// and the full planner is given them), so the regrouping moves the other
+// samples around them: a step holding a long chunked document gets short
+// samples.
 // Every price in the answer is the full planner's. The budgets count
 // operations, never seconds, so the answer is a pure function of (batches,
 // cost model, options, step planner).
@@ -54,6 +59,7 @@
 #include <utility>
 #include <vector>
 
+#include "skrull/chunked.hpp"
 #include "skrull/cost_model.hpp"
 #include "skrull/dacp.hpp"
 #include "skrull/gds.hpp"
@@ -178,27 +184,33 @@ inline bool long_first(const std::vector<double>& flops, const std::vector<int32
 }
 
 // The window's samples as the estimate sees them: each sample's cost, the
-// samples by length descending (ties by arrival), and the estimator.
+// samples by length descending (ties by arrival), the estimator, and each
+// step's chunked documents.
 struct Screen {
   const StepEstimator& est;
   const std::vector<int64_t>& lengths;
   const std::vector<double>& cost;     // per sample: est.cost(flops)
   const std::vector<int32_t>& order;   // samples, length descending, ties by index
+  const std::vector<std::vector<double>>& chunked;  // per step: its chunked documents' times
   std::vector<double> cost_desc;       // cost[order[i]]: read in order, not gathered
   std::vector<int64_t> length_desc;    // lengths[order[i]]
+  std::vector<StepSketch> seed;        // per step: the sketch of its chunked documents alone
 
   Screen(const StepEstimator& e, const std::vector<int64_t>& l, const std::vector<double>& c,
-         const std::vector<int32_t>& o)
-      : est(e), lengths(l), cost(c), order(o) {
+         const std::vector<int32_t>& o, const std::vector<std::vector<double>>& ch)
+      : est(e), lengths(l), cost(c), order(o), chunked(ch), seed(ch.size()) {
     for (int32_t q : order) {
       cost_desc.push_back(cost[q]);
       length_desc.push_back(lengths[q]);
     }
+    for (size_t t = 0; t < ch.size(); ++t)
+      for (double us : ch[t]) StepEstimator::add_chunked(seed[t], us);
   }
 
   // Each step's sketch under a grouping (each sample's step).
   std::vector<StepSketch> sketches(const std::vector<int32_t>& step, int32_t w) const {
-    std::vector<StepSketch> out(w);
+    std::vector<StepSketch> out = seed;
+    out.resize(w);
     for (size_t i = 0; i < order.size(); ++i) est.add_descending(out[step[order[i]]], cost_desc[i], length_desc[i]);
     return out;
   }
@@ -260,7 +272,7 @@ void swap_search(const Screen& screen, StepTime& step_time, int64_t plan_left, L
     by_cost = members[s];
     std::stable_sort(by_cost.begin(), by_cost.end(), [&](int32_t a, int32_t b) { return lengths[a] > lengths[b]; });
     desc[s].clear();
-    sketch[s] = StepSketch();
+    sketch[s] = screen.seed[s];
     for (int32_t q : by_cost) {
       pos[q] = desc[s].size();
       desc[s].push_back(cost[q]);
@@ -305,7 +317,8 @@ void swap_search(const Screen& screen, StepTime& step_time, int64_t plan_left, L
             lengths_of(b, lb);
             plan_left -= size;
             out.planned += size;
-            const double ta = static_cast<double>(step_time(la)), tb = static_cast<double>(step_time(lb));
+            const double ta = static_cast<double>(step_time(la, screen.chunked[s1]));
+            const double tb = static_cast<double>(step_time(lb, screen.chunked[s2]));
             if (!(ta + tb < (out.step_us[s1] + out.step_us[s2]) * (1.0 - 1e-12))) continue;
             members[s1].swap(a);
             members[s2].swap(b);
@@ -328,20 +341,28 @@ void swap_search(const Screen& screen, StepTime& step_time, int64_t plan_left, L
 }  // namespace detail
 
 // Regroups the window `batches` (each a global batch's lengths, in arrival
-// order; W = batches.size()) over its W steps. `step_time(lengths)` returns
-// the predicted time of one step planned on those lengths (the caller's
+// order; W = batches.size()) over its W steps. `chunked` (W lists, or empty
+// for none): each batch's chunked documents' times, which stay at their step.
+// `step_time(lengths, chunked_us)` returns the predicted time of one step
+// planned on those lengths with those chunked documents (the caller's
 // policy and timeline, on `opt`'s DP x CP and BucketSize, which the
 // estimate reads). W = 1, or no candidate predicted faster, returns arrival
 // order. Throws std::invalid_argument for W outside [1, kMaxLookahead], more
-// than kMaxSequences samples, or a bad length.
+// than kMaxSequences samples, a bad length or chunked time, or `chunked` not
+// of W lists.
 template <class StepTime>
-Lookahead lookahead(const std::vector<std::vector<int64_t>>& batches, const CostModel& cost, const Options& opt,
-                    StepTime&& step_time) {
+Lookahead lookahead(const std::vector<std::vector<int64_t>>& batches, std::vector<std::vector<double>> chunked,
+                    const CostModel& cost, const Options& opt, StepTime&& step_time) {
   const auto start = std::chrono::steady_clock::now();
   const int32_t w = static_cast<int32_t>(batches.size());
   if (batches.empty() || batches.size() > static_cast<size_t>(kMaxLookahead))
     throw std::invalid_argument("lookahead window must hold 1 to " + std::to_string(kMaxLookahead) +
                                 " global batches, got " + std::to_string(batches.size()));
+  if (chunked.empty()) chunked.resize(w);
+  if (chunked.size() != batches.size())
+    throw std::invalid_argument("lookahead window: " + std::to_string(chunked.size()) +
+                                " lists of chunked documents for " + std::to_string(w) + " global batches");
+  for (const auto& c : chunked) validate_chunked(c);
   cost.validate();
   Lookahead out;
   std::vector<int64_t> lengths;
@@ -374,7 +395,8 @@ Lookahead lookahead(const std::vector<std::vector<int64_t>>& batches, const Cost
       } else {
         step_lengths.clear();
         for (int32_t q : members[s]) step_lengths.push_back(lengths[q]);
-        t[s] = step_lengths.empty() ? 0.0 : static_cast<double>(step_time(step_lengths));
+        t[s] = step_lengths.empty() && chunked[s].empty() ? 0.0
+                                                          : static_cast<double>(step_time(step_lengths, chunked[s]));
         out.planned += static_cast<int64_t>(step_lengths.size());
       }
       total += t[s];
@@ -398,7 +420,7 @@ Lookahead lookahead(const std::vector<std::vector<int64_t>>& batches, const Cost
     std::vector<int32_t> order(n), scratch, step;
     std::iota(order.begin(), order.end(), 0);
     detail::sort_descending_by_length(lengths, order, scratch);
-    const detail::Screen screen(estimator, lengths, sample_cost, order);
+    const detail::Screen screen(estimator, lengths, sample_cost, order, chunked);
 
     struct Candidate {
       std::vector<int32_t> step;
@@ -481,6 +503,14 @@ Lookahead lookahead(const std::vector<std::vector<int64_t>>& batches, const Cost
   }
   out.elapsed_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
   return out;
+}
+
+// The window with no chunked documents: `step_time(lengths)`.
+template <class StepTime>
+Lookahead lookahead(const std::vector<std::vector<int64_t>>& batches, const CostModel& cost, const Options& opt,
+                    StepTime&& step_time) {
+  return lookahead(batches, {}, cost, opt,
+                   [&](const std::vector<int64_t>& l, const std::vector<double>&) { return step_time(l); });
 }
 
 }  // namespace skrull

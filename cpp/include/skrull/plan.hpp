@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "skrull/chunked.hpp"
 #include "skrull/timeline.hpp"
 #include "skrull/types.hpp"
 
@@ -76,7 +77,8 @@ inline void index_plan(Plan& out) {
 }
 
 // Replays the slots after micro-batch times changed: in (slot, first group)
-// order each starts when all its groups are free.
+// order each starts when all its groups are free; each group's chunked
+// documents run after its micro-batches (timeline.hpp's after_us).
 // makespan_us is the step on the job's timeline (timeline.hpp), start_us
 // each one's start on it; group_time_us stays each group's free-running finish.
 // step_us: CostModel::step_fixed_us, added once to makespan_us.
@@ -85,8 +87,9 @@ inline void retime_plan(Plan& out, Timeline timeline, double pad_us, double step
   slots.reserve(out.micro_batches.size());
   for (const PlanMicroBatch& mb : out.micro_batches) slots.push_back({mb.slot, mb.first_group, mb.groups, mb.time_us});
   std::vector<double> start;
-  out.makespan_us = plan_step_time_us(slots, static_cast<int32_t>(out.group_time_us.size()), timeline, pad_us,
-                                      &out.group_time_us, &start, step_us);
+  const int32_t dp = static_cast<int32_t>(out.group_time_us.size());
+  const std::vector<double> after = chunked_load(out.chunked_us, out.chunked_group, dp);
+  out.makespan_us = plan_step_time_us(slots, dp, timeline, pad_us, &out.group_time_us, &start, step_us, &after);
   for (size_t m = 0; m < out.micro_batches.size(); ++m) out.micro_batches[m].start_us = start[m];
 }
 
@@ -105,6 +108,8 @@ inline Plan to_plan(const Schedule& s, int32_t cp, Timeline timeline, double pad
   out.num_ranks.assign(n, 0);
   detail::plan_from_schedule(s, cp, out);
   detail::index_plan(out);
+  out.chunked_us = s.chunked_us;
+  out.chunked_group = s.chunked_dp_rank;
   detail::retime_plan(out, timeline, pad_us, step_us);
   out.dropped = s.dropped;
   out.truncated = s.truncated;

@@ -12,6 +12,11 @@
 // of one CP group's time, sharded or beside others) and C the BucketSize.
 // The c_1 and c_P + c_{P+1} terms are what a straggler costs: the term the
 // look-ahead removes by giving long samples a step of their own.
+//
+// A step's chunked documents (overlength "chunk", chunked.hpp) are work items
+// of a known time d_k on one CP group, outside the micro-batches: they add
+// sum d / P to the work and d_max to its bound (a bound that leaves them out
+// of the c_P + c_{P+1} pairing: it stays a lower bound).
 #pragma once
 
 #include <algorithm>
@@ -32,6 +37,8 @@ struct StepSketch {
   double c1 = 0.0;      // largest cost
   double cp_ = 0.0;     // P-th largest cost (0 below P samples)
   double cp1 = 0.0;     // (P+1)-th largest cost (0 below P+1 samples)
+  double chunk_work = 0.0;  // sum of its chunked documents' times
+  double chunk_max = 0.0;   // the longest of them
 };
 
 class StepEstimator {
@@ -51,10 +58,16 @@ class StepEstimator {
 
   // The estimate of a step with these sums; 0 for an empty step.
   double us(const StepSketch& s) const {
-    if (s.count == 0) return 0.0;
-    const double work = std::max({s.work / groups_, s.c1, s.cp_ + s.cp1});
-    const double m = std::max(1.0, std::ceil(s.tokens / capacity_));
+    if (s.count == 0 && s.chunk_max == 0.0) return 0.0;
+    const double work = std::max({(s.work + s.chunk_work) / groups_, s.c1, s.chunk_max, s.cp_ + s.cp1});
+    const double m = s.count == 0 ? 0.0 : std::max(1.0, std::ceil(s.tokens / capacity_));
     return work + m * per_micro_batch_ + per_token_ * s.tokens + step_fixed_;
+  }
+
+  // Adds a chunked document of `us` microseconds on one CP group to `s` (any order).
+  static void add_chunked(StepSketch& s, double us) {
+    s.chunk_work += us;
+    s.chunk_max = std::max(s.chunk_max, us);
   }
 
   // Adds a sample to `s`; samples must come largest cost first (the order

@@ -17,6 +17,12 @@
 // Both add step_us once (CostModel::step_fixed_us: what a step pays whatever
 // its micro-batches) to a step that runs any micro-batch.
 //
+// after_us (optional, per DP rank): work a rank runs after its micro-batches
+// on its whole CP group, outside the slots: its chunked documents
+// (overlength "chunk", chunked.hpp). Free-running, it lengthens that rank's
+// sum; lockstep, the slots end together and the step waits for the rank
+// with the most.
+//
 // Units: microseconds.
 #pragma once
 
@@ -30,16 +36,26 @@ namespace skrull {
 
 // rank_us[i][j]: time of DP rank i's j-th micro-batch. A rank with fewer
 // micro-batches than the longest list pads the missing slots (lockstep).
+// Whether any rank has work after its micro-batches (after_us above).
+inline bool any_after(const std::vector<double>* after_us) {
+  if (after_us == nullptr) return false;
+  for (double t : *after_us)
+    if (t > 0.0) return true;
+  return false;
+}
+
 inline double step_time_us(const std::vector<std::vector<double>>& rank_us, Timeline timeline, double pad_us,
-                           double step_us = 0.0) {
+                           double step_us = 0.0, const std::vector<double>* after_us = nullptr) {
   double out = 0.0;
   size_t slots = 0;
   for (const auto& rank : rank_us) slots = std::max(slots, rank.size());
-  if (slots == 0) return 0.0;
+  const bool after = any_after(after_us);
+  if (slots == 0 && !after) return 0.0;
   if (timeline == Timeline::kFreeRunning) {
-    for (const auto& rank : rank_us) {
+    for (size_t i = 0; i < rank_us.size(); ++i) {
       double sum = 0.0;
-      for (double t : rank) sum += t;
+      for (double t : rank_us[i]) sum += t;
+      if (after) sum += (*after_us)[i];  // after its micro-batches, in that order (as dp_time_us sums it)
       out = std::max(out, sum);
     }
     return out + step_us;
@@ -49,6 +65,7 @@ inline double step_time_us(const std::vector<std::vector<double>>& rank_us, Time
     for (const auto& rank : rank_us) slot = std::max(slot, j < rank.size() ? rank[j] : pad_us);
     out += slot;
   }
+  if (after) out += *std::max_element(after_us->begin(), after_us->end());
   return out + step_us;
 }
 
@@ -56,7 +73,8 @@ inline double step_time_us(const std::vector<std::vector<double>>& rank_us, Time
 // groups from `first_group`, at `slot`. Lockstep: the sum over slots of the
 // slowest micro-batch in it (pad_us where a group idles). Free-running: in
 // (slot, first group) order each starts when all its groups are free; the
-// last group to finish. start_us, when given, receives each one's start.
+// last group to finish. start_us, when given, receives each one's start;
+// after_us as step_time_us's (group_free_us then includes it).
 struct SlotTime {
   int32_t slot, first_group, groups;
   double time_us;
@@ -64,7 +82,7 @@ struct SlotTime {
 
 inline double plan_step_time_us(const std::vector<SlotTime>& mbs, int32_t dp, Timeline timeline, double pad_us,
                                 std::vector<double>* group_free_us = nullptr, std::vector<double>* start_us = nullptr,
-                                double step_us = 0.0) {
+                                double step_us = 0.0, const std::vector<double>* after_us = nullptr) {
   std::vector<size_t> order(mbs.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::stable_sort(order.begin(), order.end(), [&mbs](size_t a, size_t b) {
@@ -89,8 +107,13 @@ inline double plan_step_time_us(const std::vector<SlotTime>& mbs, int32_t dp, Ti
     if (busy < dp) slowest = std::max(slowest, pad_us);
     lockstep += slowest;
   }
+  const bool after = any_after(after_us);
+  if (after) {
+    for (int32_t g = 0; g < dp; ++g) clock[g] += (*after_us)[g];
+    lockstep += *std::max_element(after_us->begin(), after_us->end());
+  }
   if (group_free_us) *group_free_us = clock;
-  const double once = mbs.empty() ? 0.0 : step_us;
+  const double once = mbs.empty() && !after ? 0.0 : step_us;
   if (timeline == Timeline::kLockstep) return lockstep + once;
   return (clock.empty() ? 0.0 : *std::max_element(clock.begin(), clock.end())) + once;
 }

@@ -102,7 +102,8 @@ class SkrullStep:
     """A mixture's run counts per source (``totals`` by source)."""
     chunked: list[Sample] = field(default_factory=list)
     """Under ``overlength = "chunk"``: this rank's samples longer than the limit, whole, which
-    the trainer runs in chunks after the micro-batches (train/chunked.py); outside ``plan``."""
+    the trainer runs in chunks after the micro-batches (train/chunked.py): those the plan assigns
+    to this DP rank (``plan.chunked_group``), in the step's order."""
 
     def __post_init__(self) -> None:
         if self.loss_tokens is None:
@@ -138,10 +139,10 @@ class LookaheadWindow:
     accounts: list[StepAccount]
     """Per step: what it counts (accounting.by_training_step: a trained sample at the step that
     trains it, a skipped one at the step it arrived in)."""
-    chunked: list[list[tuple[int, int]]]
-    """Per step: (source index, loss tokens) of the samples over the limit that ``overlength =
-    "chunk"`` trains whole in chunks, outside the plans and the regrouping (at the step they
-    arrived in)."""
+    chunked: list[list[tuple[int, int, int]]]
+    """Per step: (source index, length, loss tokens) of the samples over the limit that ``overlength =
+    "chunk"`` trains whole in chunks, outside the plans' micro-batches and the regrouping (at the
+    step they arrived in; the regrouping and the step's plan price them there)."""
     moved: int = 0
     """Samples trained at another step than they arrived in."""
     max_delay: int = 0
@@ -165,7 +166,7 @@ class LookaheadWindow:
     @property
     def loss_tokens(self) -> float:
         """Mean loss tokens per step of the window (chunked samples' included)."""
-        return (sum(map(sum, self.losses)) + sum(c for step in self.chunked for _, c in step)) / len(self.losses)
+        return (sum(map(sum, self.losses)) + sum(c for step in self.chunked for _, _, c in step)) / len(self.losses)
 
     def trained_after(self, step: int) -> list[int]:
         """The samples the window trains after ``step``: those a run that stops at ``step`` leaves."""
@@ -173,15 +174,16 @@ class LookaheadWindow:
 
 
 def planned_and_chunked(limit: LengthLimit, kept: list[int], lengths: list[int], losses: list[int]
-                        ) -> tuple[tuple[list[int], list[int], list[int]], list[tuple[int, int]]]:
-    """A step's decided samples split into those its plan trains (indices, lengths, loss tokens)
-    and those ``overlength = "chunk"`` trains whole in chunks, outside the plans (index, loss
-    tokens): the one rule the loader builds steps by and start-up prices them by."""
+                        ) -> tuple[tuple[list[int], list[int], list[int]], list[tuple[int, int, int]]]:
+    """A step's decided samples split into those its plan's micro-batches train (indices, lengths,
+    loss tokens) and those ``overlength = "chunk"`` trains whole in chunks, each on one DP rank
+    the plan picks (index, length, loss tokens): the one rule the loader builds steps by and
+    start-up prices them by."""
     over = {k for k, m in enumerate(lengths) if m > limit.tokens}  # only under "chunk"
     if not over:
         return (kept, lengths, losses), []
     planned = tuple([x for k, x in enumerate(v) if k not in over] for v in (kept, lengths, losses))
-    return planned, [(kept[k], losses[k]) for k in sorted(over)]
+    return planned, [(kept[k], lengths[k], losses[k]) for k in sorted(over)]
 
 
 @dataclass(frozen=True)
@@ -246,11 +248,11 @@ class StepBuilder:
         if w == 1:
             out = LookaheadWindow(index, first, w, samples, lengths, losses, accounts, chunked)
         else:
-            a = self.scheduler.lookahead(lengths)
+            a = self.scheduler.lookahead(lengths, [[n for _, n, _ in c] for c in chunked])
             flat = [(i, n, c) for b in range(w) for i, n, c in zip(samples[b], lengths[b], losses[b])]
             samples, lengths, losses = ([[flat[q][f] for q in members] for members in a.steps] for f in range(3))
             # A chunked sample trains at the step it arrived in: counted there, as its chunks are.
-            regrouped = by_training_step(accounts, [samples[j] + [i for i, _ in chunked[j]] for j in range(w)],
+            regrouped = by_training_step(accounts, [samples[j] + [i for i, _, _ in chunked[j]] for j in range(w)],
                                          getattr(self.source, "source_name", None))
             for arrived, account in zip(accounts, regrouped):
                 account.counts.chunked, account.counts.chunks = arrived.counts.chunked, arrived.counts.chunks
@@ -267,7 +269,8 @@ class StepBuilder:
         # Logged when the step is handed out (SkrullDataLoader.next_step): one built ahead may never train.
         settle(self.limit, account, run, step, len(indices) + len(win.chunked[j]), warn=False)
         start = time.perf_counter()
-        plan = self.scheduler.schedule(lengths, dp_rank=self.dp_rank)
+        plan = self.scheduler.schedule(lengths, dp_rank=self.dp_rank, chunked=[n for _, n, _ in win.chunked[j]],
+                                       chunk=self.limit.tokens)
         plan.validate()
         schedule_us = (time.perf_counter() - start) * 1e6
         samples = _Samples(self.source, indices, lengths)
@@ -276,14 +279,13 @@ class StepBuilder:
             for i, m, c, n in ((indices[k], lengths[k], losses[k], plan.lengths[k]) for k in plan.trained)
         )
         mbs = rank_buffers(plan, samples, indices, self.dp_rank, self.cp_rank, self.own_only)
-        # Chunked samples: the whole CP group of DP rank k mod dp runs the k-th (job_checks keeps dp at 1 for now).
-        dp = self.scheduler.job.dp
-        chunked = [self.source[i] for k, (i, _) in enumerate(win.chunked[j]) if k % dp == self.dp_rank]
-        valid += sum(c for _, c in win.chunked[j])
+        # Chunked samples: the whole CP group of the DP rank the plan assigns each to runs it.
+        chunked = [self.source[win.chunked[j][k][0]] for k in plan.chunked_of(self.dp_rank)]
+        valid += sum(c for _, _, c in win.chunked[j])
         if self.pin:
             mbs = [mb.staged() for mb in mbs]
         return SkrullStep(
-            step=step, dp_rank=self.dp_rank, samples=indices + [i for i, _ in win.chunked[j]], plan=plan,
+            step=step, dp_rank=self.dp_rank, samples=indices + [i for i, _, _ in win.chunked[j]], plan=plan,
             micro_batches=mbs, chunked=chunked,
             global_valid_tokens=valid, loss_tokens=valid if win.width == 1 else win.loss_tokens,
             window=None if win.width == 1 else win, schedule_us=schedule_us, account=account,
@@ -384,14 +386,23 @@ class SkrullDataLoader(SourceDataLoaderBase):
         return scheduler_limit(job, self.config.max_len)
 
     def decided_lengths(self, job, step: int) -> list[int]:
-        """1-based ``step``'s global batch as ``job``'s limit trains it in its plans (the lengths,
-        no token built, nothing counted; a sample ``overlength = "chunk"`` trains in chunks is
-        outside the plans, as ``StepBuilder.window`` takes it out): what start-up prices before
-        the loader is attached."""
+        """1-based ``step``'s global batch as ``job``'s limit trains it in its plans' micro-batches
+        (the lengths, no token built, nothing counted; a sample ``overlength = "chunk"`` trains in
+        chunks is left out, as ``StepBuilder.window`` takes it out of the micro-batches): what
+        start-up prices before the loader is attached (``decided_chunked``: the documents left out)."""
+        return self._decided(job, step)[0][1]
+
+    def decided_chunked(self, job, step: int) -> list[int]:
+        """The lengths of 1-based ``step``'s chunked documents under ``job``'s limit (``overlength =
+        "chunk"``; none otherwise): what start-up's look-ahead "auto" prices with the step, as the
+        loader's windows do."""
+        return [n for _, n, _ in self._decided(job, step)[1]]
+
+    def _decided(self, job, step: int):
         limit = self.limit_of(job)
         kept, n, c, _ = decide_lengths(limit, self.source.global_batch(step, self.config.global_batch_size),
                                        self.source, step)
-        return planned_and_chunked(limit, kept, n, c)[0][1]
+        return planned_and_chunked(limit, kept, n, c)
 
     def _continue(self) -> Windows:
         """The job's ``[skrull] lookahead`` windows, or after a resume the checkpoint's continued
@@ -438,8 +449,8 @@ class SkrullDataLoader(SourceDataLoaderBase):
         if out.account.warning is not None and self.builder.warn:  # warned for the steps that train only
             logger.warning(out.account.warning)
         # Tokens of the step over all ranks, as the packed loader counts them (bench cp reads it).
-        # chunked samples: every one of the step's at DP 1 (job_checks)
-        self.last_tokens = sum(out.plan.trained_lengths) + sum(s.length for s in out.chunked)
+        # and the step's chunked samples, every DP rank's (the plan lists them all)
+        self.last_tokens = sum(out.plan.trained_lengths) + sum(out.plan.chunked)
         return out
 
     def close(self) -> None:

@@ -89,19 +89,24 @@ def within_run(width: int, training_steps: int) -> tuple[int, str | None]:
                             "never trains; docs/design/lookahead.md)")
 
 
-def choose(lengths_of: Callable[[int], Sequence[int]], plan_window: Callable[[list[list[int]]], Lookahead],
-           steps: int, candidates: Sequence[int] = CANDIDATES) -> LookaheadChoice:
+def choose(lengths_of: Callable[[int], Sequence[int]], plan_window: Callable[..., Lookahead],
+           steps: int, candidates: Sequence[int] = CANDIDATES,
+           chunked_of: Callable[[int], Sequence[int]] | None = None) -> LookaheadChoice:
     """Price the lengths of steps 1..``steps`` (``lengths_of(step)``: the step's global batch as
     training limits it) in windows of each candidate width, each window regrouped by
     ``plan_window`` (``scheduler.plan_window`` of the job, as the dataloader regroups it); pick
-    one by the module's rule."""
+    one by the module's rule. ``chunked_of(step)``: the lengths of the step's chunked documents
+    (``overlength = "chunk"``), given to ``plan_window`` as its second argument, each window's,
+    as the dataloader gives them."""
     begin = time.perf_counter()
     batches = [list(lengths_of(s)) for s in range(1, steps + 1)]
+    chunked = None if chunked_of is None else [list(chunked_of(s)) for s in range(1, steps + 1)]
     gains = {}
     for w in candidates:
         arrival = regrouped = 0.0
         for first in range(0, steps, w):
-            a = plan_window(batches[first : first + w])
+            window = batches[first : first + w]
+            a = plan_window(window) if chunked is None else plan_window(window, chunked[first : first + w])
             arrival += a.arrival_window_us
             regrouped += a.window_us
         gains[w] = arrival / regrouped if regrouped > 0 else 1.0

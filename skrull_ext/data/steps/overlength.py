@@ -70,8 +70,8 @@ class LengthLimit:
     def kept_length(self, n: int) -> int | None:
         """The over-length rule on one length, the one place Python applies it (the core's twin
         is cpp/include/skrull/overlength.hpp): ``n`` within ``tokens``; beyond it ``tokens``
-        under 'truncate', ``n`` under 'chunk' (trained whole in chunks, outside the plans: the
-        core never meets it), and None under 'drop' and 'error' (not trained; ``decide`` raises
+        under 'truncate', ``n`` under 'chunk' (trained whole in chunks, a chunked document of the
+        plan outside its micro-batches: the core's micro-batches never meet it), and None under 'drop' and 'error' (not trained; ``decide`` raises
         for 'error', naming the sample)."""
         if n <= self.tokens or self.mode == "chunk":
             return n

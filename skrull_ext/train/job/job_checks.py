@@ -190,10 +190,12 @@ def _check_positions(config, world: int) -> None:
 
 
 def _check_chunk(config, world: int) -> None:
-    """``skrull.overlength = "chunk"`` (train/chunked.py) where it runs today: Skrull's batching,
-    one DP rank (every CP rank of the group runs each chunk; more DP ranks would need as many
-    chunk passes on each, as the plans' slots have), no TP, not compiled, and a RoPE cache
-    (``training.seq_len``) as long as the longest sample (``dataloader.max_len``)."""
+    """``skrull.overlength = "chunk"`` (train/chunked.py) where it runs today: Skrull's batching;
+    one DP rank, or more running free (``skrull.free_running = true``: each DP rank runs the
+    chunked samples its plan assigns, FSDP parameters unsharded for the step, so a rank's chunk
+    passes share no collective with the other DP ranks; lockstep would need as many FSDP passes
+    on every DP rank as the rank with the most chunks runs); no TP, not compiled, and a RoPE
+    cache (``training.seq_len``) as long as the longest sample (``dataloader.max_len``)."""
     skrull = getattr(config, "skrull", None)
     if skrull is None or skrull.overlength != "chunk":
         return
@@ -202,9 +204,10 @@ def _check_chunk(config, world: int) -> None:
                    "not chunked documents)")
     p = config.parallelism
     dp = world // (p.context_parallel_degree * p.tensor_parallel_degree * p.pipeline_parallel_degree)
-    if dp > 1:
-        raise _bad("skrull.overlength", "chunk", f"runs on one DP rank for now (this launch has {dp}: world "
-                   f"{world} / cp {p.context_parallel_degree}); use 'truncate' or 'drop', or one CP group")
+    if dp > 1 and skrull.free_running is not True:
+        raise _bad("skrull.overlength", "chunk", f"runs at DP > 1 (this launch has {dp}: world {world} / cp "
+                   f"{p.context_parallel_degree}) only free-running: set skrull.free_running = true (now "
+                   f"{skrull.free_running!r}), or use 'truncate' or 'drop', or one CP group")
     if p.tensor_parallel_degree > 1:
         raise _bad("skrull.overlength", "chunk", "does not run under tensor parallelism yet "
                    f"(parallelism.tensor_parallel_degree {p.tensor_parallel_degree})")

@@ -1,0 +1,101 @@
+"""Chunked documents at DP 2 (issue 55 item 3): ``--skrull.overlength chunk`` on real gloo
+processes, free-running, the plans deciding which DP rank trains each document; at CP 1 and
+CP 2 (4 processes, each document's chunks sharded over its DP rank's CP group).
+
+The debug job from the shared seed checkpoint with samples up to 2,048 tokens and a
+BucketSize of 256 (longer ones trained whole, in chunks), look-ahead off so each step trains
+its own global batch. At DP 2 x CP 1 each document is trained by the rank its plan assigns
+(the plan log's ``chunked_here``): every over-limit sample of a step exactly once, on one rank,
+the run summary counting them whole. The same job on one process (its unscheduled reference:
+every document on the one rank) gives the same losses, and the same gradients at step 3, where
+the plan puts its one document on DP rank 0 and every planned sample on DP rank 1.
+"""
+
+import os
+import re
+
+import pytest
+
+from skrull_ext.train.plan_log import read_plan_log
+from tests.integration_tests.conftest import SKRULL
+from tests.integration_tests.launch import REPO, assert_same_grads, train_from_seed
+from tests.integration_tests.test_parity_skrull import GRAD
+
+CHUNK = ["--skrull.overlength", "chunk", "--dataloader.max_len", "2048", "--training.seq_len", "2048",
+         "--skrull.plan_log"]
+STEPS, CHECK = 3, 3
+LIMIT = 256
+
+
+def _plans(run, ranks: int) -> list[dict[int, dict]]:
+    return [read_plan_log(os.path.join(run.dump, "skrull_plans", f"rank{r}.jsonl")) for r in range(ranks)]
+
+
+@pytest.fixture(scope="module")
+def one_process(workdir, seed):
+    """The unscheduled reference: the same job on one process, every document on the one rank."""
+    return train_from_seed(workdir, "chunk_dp1", 1, "skrull_ext.train", SKRULL, seed, STEPS, extra=CHUNK,
+                           grads_at=CHECK)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cp", [1, 2])
+def test_chunked_documents_at_dp2_run_once_each_and_match_one_process(workdir, seed, one_process, cp):
+    two = train_from_seed(workdir, f"chunk_dp2cp{cp}_free", 2 * cp, "skrull_ext.train", SKRULL, seed, STEPS,
+                          extra=[*CHUNK, "--skrull.free_running", "--parallelism.context_parallel_degree", str(cp)],
+                          grads_at=CHECK)
+    assert "timeline free" in two.output
+    plans = _plans(two, 2 * cp)
+    ranks_with_documents = set()
+    for step in range(1, STEPS + 1):
+        records = [plans[r][step] for r in range(2 * cp)]  # world rank r is DP rank r // cp
+        a = records[0]
+        assert all(r["plan_digest"] == a["plan_digest"] and r["samples"] == a["samples"] for r in records)
+        over = a["samples"][len(a["lengths"]):]  # the step's samples beyond the limit, trained in chunks
+        here = [records[d * cp]["chunked_here"] for d in range(2)]
+        assert all(records[r]["chunked_here"] == here[r // cp] for r in range(2 * cp))  # the whole CP group
+        assert sorted(here[0] + here[1]) == sorted(over), (step, here, over)  # each once, on one DP rank
+        for d in range(2):
+            rec = records[d * cp]
+            assert [rec["plan_chunked_dp_rank"][k] for k in range(len(over)) if over[k] in here[d]] == \
+                [d] * len(here[d])
+            assert all(n > LIMIT * cp for n in rec["chunked_here_lengths"])
+            if here[d]:
+                ranks_with_documents.add(d)
+    # CP 1 (limit 256): step 2's three documents go to both DP ranks; CP 2 (limit 512): steps 2 and 3
+    # have one each, on DP rank 0, DP rank 1 running every planned sample beside it.
+    assert ranks_with_documents == ({0, 1} if cp == 1 else {0}), ranks_with_documents
+    out = two.output
+    assert (f"Run summary: samples read {8 * STEPS} = trained whole {8 * STEPS} + trained cut 0 + skipped 0"
+            in out), out[-3000:]
+    # One process, CP 1: every document there, in chunks of 256; the same losses and gradients.
+    ref, got = one_process.losses, two.losses
+    print(f"DP 1 {ref}\nDP 2 x CP {cp} {got}")
+    assert len(got) == STEPS and max(abs(x - y) for x, y in zip(ref, got)) < 1e-4, f"{ref} vs {got}"
+    worst, rel = assert_same_grads(two.grads, one_process.grads, **GRAD)
+    print(f"step {CHECK} gradients, DP 2 x CP {cp} vs DP 1: max |diff| {worst:.3g}, relative norm {rel:.3g}")
+
+
+TEXT = ["--config-file", os.path.join(REPO, "skrull_ext", "jobs", "debug_cpu_text.toml"), "--skrull.lookahead", "1",
+        "--skrull.overlength", "chunk", "--skrull.bucket_size", "32", "--dataloader.max_len", "4096",
+        "--training.seq_len", "4096", "--validation.enable", "--validation.dataset_path",
+        os.path.join(REPO, "tests", "fixtures", "held_out.jsonl"), "--validation.freq", "1"]
+"""The shipped text job with a BucketSize of 32 tokens: most held-out samples are chunked documents."""
+
+
+def _validation_losses(output: str) -> list[float]:
+    return [float(x) for x in re.findall(r"validation step \d+: loss ([0-9.]+)", output)]
+
+
+@pytest.mark.slow
+def test_validation_at_dp2_runs_every_document_on_every_rank_and_counts_it_once(workdir, seed):
+    # Outside a free-running step FSDP all-gathers over the whole mesh in each forward, so validation runs
+    # every document's chunk passes on every DP rank (a rank running only its own would leave the other's
+    # all-gathers unmatched); the rank its plan names counts it: the loss of one process.
+    one = train_from_seed(workdir, "chunk_val_dp1", 1, "skrull_ext.train", TEXT, seed, 1)
+    two = train_from_seed(workdir, "chunk_val_dp2", 2, "skrull_ext.train", TEXT, seed, 1,
+                          extra=["--skrull.free_running"])
+    ref, got = _validation_losses(one.output), _validation_losses(two.output)
+    print(f"validation DP 1 {ref}, DP 2 {got}")
+    assert len(ref) == len(got) == 1 and abs(ref[0] - got[0]) < 1e-4, (ref, got)
+    assert "10 whole + 0 cut + 0 skipped" in two.output

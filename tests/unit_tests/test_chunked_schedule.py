@@ -1,0 +1,176 @@
+"""Chunked documents in the plans (``overlength = "chunk"``, cpp/include/skrull/chunked.hpp):
+which DP rank trains each, the step's predicted time with them, the look-ahead pricing them,
+and the loader handing each rank its own. Hand-computed on the toy cost model
+(tests/unit_tests/conftest.py: flops(s) = 24 s + 4 s^2, a time of one FLOP a microsecond, nothing else),
+where chunk_cost is 4/3 x flops(L) (the recomputed forward, no fixed cost)."""
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from skrull_ext import _core
+from skrull_ext.scheduler import Scheduler
+from skrull_ext.scheduler.config import SchedulerConfig
+from skrull_ext.scheduler.plan import PlanError
+
+
+def _flops(s: int) -> int:
+    return 24 * s + 4 * s * s
+
+
+def test_chunked_documents_go_where_they_balance_the_step(toy):
+    # Limit 5 tokens (BucketSize 5, cp 1). Documents 12, 9, 6 cost 4/3 x flops: 1152, 720, 384.
+    # LPT: 1152 -> DP 0, 720 -> DP 1, 384 -> DP 1 (720 < 1152): loads 1152, 1104.
+    # GDS around them, longest first: 5 (220) -> DP 1 (1324), 4 (160) -> DP 0 (1312), 3 (108) -> DP 0
+    # (1420), 2 (64) -> DP 1 (1388), 1 (28) -> DP 1 (1416). Free-running: the step is DP 0's 1420.
+    plan = Scheduler(SchedulerConfig(dp=2, cp=1, bucket_size=5, timeline="free"), toy).schedule(
+        [1, 2, 3, 4, 5], chunked=[12, 9, 6])
+    plan.validate()
+    assert plan.chunked_us == pytest.approx([4 / 3 * _flops(n) for n in (12, 9, 6)])
+    assert plan.chunked_group == [0, 1, 1]
+    assert plan.dp_rank == [1, 1, 0, 0, 1]
+    assert plan.group_time_us == pytest.approx([1420, 1416])
+    assert plan.makespan_us == pytest.approx(1420)
+    assert plan.chunked_of(1) == [1, 2] and plan.summary()["chunked"] == 3
+    # Round robin (12 and 6 on DP 0) with the samples split as without them: 1536 + their share.
+    assert _round_robin_us(toy, [1, 2, 3, 4, 5], [12, 9, 6], dp=2, cp=1, bucket=5, timeline="free") > 1536
+
+
+def test_lockstep_runs_them_after_the_slots(toy):
+    # Lockstep: every rank's slots, then the step waits for the rank with the most chunked time.
+    plan = Scheduler(SchedulerConfig(dp=2, cp=1, bucket_size=5, timeline="lockstep"), toy).schedule(
+        [1, 2, 3, 4, 5], chunked=[12, 9, 6])
+    plan.validate()
+    slots = sum(max(mb.time_us for mb in plan.micro_batches if mb.slot == j) for j in range(plan.slots))
+    assert plan.chunked_group == [0, 1, 1]
+    assert plan.makespan_us == pytest.approx(slots + 1152)
+
+
+def test_a_step_of_chunked_documents_only(toy):
+    plan = Scheduler(SchedulerConfig(dp=3, cp=1, bucket_size=5, timeline="free"), toy).schedule([], chunked=[6, 9])
+    plan.validate()
+    assert plan.micro_batches == [] and plan.chunked_group == [1, 0]  # the longer first, to DP 0
+    assert plan.makespan_us == pytest.approx(4 / 3 * _flops(9))
+
+
+def test_plan_check_names_a_bad_chunked_document(toy):
+    plan = Scheduler(SchedulerConfig(dp=2, cp=1, bucket_size=5, timeline="free"), toy).schedule([1, 2], chunked=[12])
+    plan.chunked_group = [2]
+    with pytest.raises(PlanError, match=r"chunked document 0 is on DP rank 2, outside \[0, 2\)"):
+        plan.validate()
+    plan.chunked_group, plan.chunked = [0], [5]
+    with pytest.raises(PlanError, match="chunked document 0 has length 5, within the limit 5"):
+        plan.validate()
+
+
+def test_the_lookahead_prices_a_step_with_its_chunked_documents(toy):
+    # Step 0 trains a document of 1152; its long samples move to step 1 beside nothing.
+    sched = Scheduler(SchedulerConfig(dp=1, cp=1, bucket_size=10, timeline="free"), toy)
+    with_doc = sched.lookahead([[5, 1], [5, 1]], [[12], []])
+    assert with_doc.arrival_us[0] == pytest.approx(4 / 3 * _flops(12) + _flops(5) + _flops(1))
+    assert with_doc.window_us == pytest.approx(with_doc.arrival_window_us)  # one group: moving changes no sum
+    assert with_doc.window_us == pytest.approx(4 / 3 * _flops(12) + 2 * (_flops(5) + _flops(1)))
+
+
+def _round_robin_us(cost, lengths, chunked, dp, cp, bucket, timeline):
+    """The reference: the samples planned as without the documents, document k on DP rank k mod dp."""
+    sched = Scheduler(SchedulerConfig(dp=dp, cp=cp, bucket_size=bucket, timeline=timeline), cost)
+    plan = sched.schedule(lengths)
+    plan.chunked, plan.chunked_us = list(chunked), sched.chunked_us(chunked)
+    plan.chunked_group = [k % dp for k in range(len(chunked))]
+    plan.retime()
+    return plan.makespan_us
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(1, 4), st.sampled_from([1, 2]), st.sampled_from(["free", "lockstep"]),
+       st.lists(st.integers(1, 16), max_size=24), st.lists(st.integers(17, 120), min_size=1, max_size=7))
+def test_every_chunked_document_once_and_no_slower_than_round_robin(dp, cp, timeline, lengths, chunked):
+    from tests.unit_tests.conftest import toy_cost
+
+    cost = toy_cost(b_us=2.0, fixed_us=5.0)
+    bucket = 16 // cp  # limit 16 tokens: every chunked length is beyond it
+    sched = Scheduler(SchedulerConfig(dp=dp, cp=cp, bucket_size=bucket, timeline=timeline), cost)
+    plan = sched.schedule(lengths, chunked=chunked)
+    plan.validate()
+    assert len(plan.chunked_group) == len(chunked) and all(0 <= g < dp for g in plan.chunked_group)
+    assert sorted(k for g in range(dp) for k in plan.chunked_of(g)) == list(range(len(chunked)))
+    assert sum(plan.chunked_load()) == pytest.approx(sum(sched.chunked_us(chunked)))
+    assert plan.makespan_us <= _round_robin_us(cost, lengths, chunked, dp, cp, bucket, timeline) * (1 + 1e-9)
+    # The same inputs, the same plan (every rank plans alike).
+    assert sched.schedule(lengths, chunked=chunked).digest() == plan.digest()
+
+
+def test_assign_chunked_is_lpt():
+    assert _core.assign_chunked([2, 3, 2, 3, 2], 2) == [0, 0, 1, 1, 0]
+    with pytest.raises(ValueError, match="chunked document 1 has time"):
+        _core.assign_chunked([1.0, float("nan")], 2)
+
+
+@pytest.mark.parametrize("lookahead", [1, 2])
+def test_each_rank_gets_the_chunked_documents_its_plan_assigns(lookahead):
+    from skrull_ext.data.steps.loader import SkrullDataLoader
+    from skrull_ext.scheduler import cost_model
+    from skrull_ext.train.job.skrull_config import SkrullConfig
+
+    dp, steps = 2, 6
+    section = SkrullConfig(bucket_size=256, cost_model="h100-assumed", overlength="chunk", lookahead=lookahead)
+    got = []
+    for rank in range(dp):
+        config = SkrullDataLoader.Config(length_scale=32.0, max_len=2048, global_batch_size=8, vocab_size=512,
+                                         prefetch_steps=0)
+        loader = config.build(dp_world_size=dp, dp_rank=rank)
+        loader.attach(Scheduler(section.scheduler_config(dp, 1), cost_model.preset("llama3-debug")), 0, 1)
+        got.append([loader.next_step() for _ in range(steps)])
+    seen = 0
+    for j in range(steps):
+        a, b = got[0][j], got[1][j]
+        assert a.plan.digest() == b.plan.digest()
+        over = a.samples[len(a.samples) - len(a.plan.chunked):]
+        for rank, step in enumerate((a, b)):
+            want = [over[k] for k in step.plan.chunked_of(rank)]
+            assert [s.length for s in step.chunked] == [step.plan.chunked[k] for k in step.plan.chunked_of(rank)]
+            assert len(want) == len(step.chunked)
+        assert len(a.chunked) + len(b.chunked) == len(a.plan.chunked)
+        seen += len(a.plan.chunked)
+    assert seen > 0  # the data has documents beyond the limit
+
+
+def test_the_pool_places_chunked_documents_after_its_plan(toy):
+    # skrull-pool: the documents go by LPT after the pool's plan (which does not balance around them),
+    # and the timeline counts them. Limit of the world: BucketSize 5 x dp 2 x cp 1 = 10 tokens.
+    sched = Scheduler(SchedulerConfig(dp=2, cp=1, bucket_size=5, policy="skrull-pool", timeline="lockstep"), toy)
+    plan = sched.schedule([1, 2, 3, 4, 5], chunked=[12])
+    plan.validate()
+    assert plan.chunked_group == [0] and plan.chunked_us == pytest.approx([4 / 3 * _flops(12)])
+    without = sched.schedule([1, 2, 3, 4, 5])
+    assert plan.makespan_us == pytest.approx(without.makespan_us + 4 / 3 * _flops(12))
+    window = sched.lookahead([[1, 2], [3, 4]], [[12], []])
+    assert window.arrival_us[0] == pytest.approx(sched.schedule([1, 2], chunked=[12]).makespan_us)
+
+
+def test_the_lookahead_moves_long_samples_beside_a_chunked_document(toy):
+    # DP 2, free-running: step 0's document (1152) holds DP rank 0; its samples run on DP rank 1 beside it.
+    # Both 5-token samples (220 each) fit beside it, so step 1 keeps only the 1-token ones (28).
+    sched = Scheduler(SchedulerConfig(dp=2, cp=1, bucket_size=10, timeline="free"), toy)
+    a = sched.lookahead([[5, 1], [5, 1]], [[12], []])
+    assert a.arrival_us == pytest.approx([4 / 3 * _flops(12), _flops(5)])
+    assert a.steps == [[0, 2], [1, 3]] and a.step_us == pytest.approx([4 / 3 * _flops(12), _flops(1)])
+
+
+def test_a_step_of_one_chunked_sample_has_an_empty_plan_and_no_micro_batch():
+    from skrull_ext.data.steps.loader import SkrullDataLoader
+    from skrull_ext.scheduler import cost_model
+    from skrull_ext.train.job.skrull_config import SkrullConfig
+
+    section = SkrullConfig(bucket_size=64, cost_model="h100-assumed", overlength="chunk", lookahead=1)
+    config = SkrullDataLoader.Config(length_scale=32.0, max_len=2048, global_batch_size=1, vocab_size=512,
+                                     prefetch_steps=0)
+    loader = config.build(dp_world_size=1, dp_rank=0)
+    loader.attach(Scheduler(section.scheduler_config(1, 1), cost_model.preset("llama3-debug")), 0, 1)
+    step = loader.next_step()  # the debug data's first sample: 252 tokens, over the limit of 64
+    step.plan.validate()
+    assert step.plan.lengths == [] and step.plan.chunked == [252] and step.plan.chunked_group == [0]
+    assert step.micro_batches == [] and [s.length for s in step.chunked] == [252]
+    assert step.plan.makespan_us == pytest.approx(step.plan.chunked_us[0] + step.plan.step_us)
+    assert step.global_valid_tokens == 251 and loader.last_tokens == 252
