@@ -72,7 +72,7 @@ class RankVerdict:
 @dataclass(frozen=True)
 class ChunkedMemory:
     """One step's chunked samples (``overlength = "chunk"``) on one rank, metered apart from the
-    step's micro-batches: they run after them (train/trainer.py ``_chunked_samples``)."""
+    step's micro-batches: they run before them (train/passes.py ``chunked_samples``)."""
 
     rank: int
     step: int

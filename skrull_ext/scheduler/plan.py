@@ -417,7 +417,7 @@ class Plan:
             lines.append(f"  DP {d}: {len(group)} micro-batches, {self.group_time_us[d] / 1e3:.2f} ms")
             for k in self.chunked_of(d):
                 lines.append(f"    chunked document {k}: {self.chunked[k]} tokens, {self.chunked_us[k] / 1e3:.2f} ms, "
-                             "after its micro-batches")
+                             "before its micro-batches")
             for mb in group:
                 seqs = [f"{k}:{s}@{where(r, n, mb)}" for k, s, r, n in zip(mb.seqs, mb.lengths, mb.first_rank,
                                                                           mb.num_ranks)]
@@ -455,7 +455,7 @@ class Plan:
                                        self.pad_us, self.step_us, self._after_us())
 
     def _after_us(self) -> list[float]:
-        """What each group runs after its micro-batches (its chunked documents), or [] for none."""
+        """What each group runs besides its micro-batches (its chunked documents, run before them), or [] for none."""
         return self.chunked_load() if self.chunked_us else []
 
     def _slot_times(self) -> list[_core.SlotTime]:

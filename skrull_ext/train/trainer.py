@@ -36,14 +36,13 @@ from collections.abc import Iterable, Iterator
 import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
-from torch.profiler import record_function
 from torchtitan.components.dataloader import DataloaderExhaustedError
 from torchtitan.distributed.activation_checkpoint import FullAC
 from torchtitan.distributed import utils as dist_utils
 from torchtitan.tools.logging import logger
 
 from skrull_ext.attention.kernels import kernel_name
-from skrull_ext.attention.local_only import attention_input, local_only_kernel
+from skrull_ext.attention.local_only import local_only_kernel
 from skrull_ext.data.steps.overlength import check_overlength
 from skrull_ext.data.steps.loader import SkrullDataLoader, SkrullStep
 from skrull_ext.errors import DataError, JobFileError
@@ -52,11 +51,11 @@ from skrull_ext.scheduler.config import timeline_name
 from skrull_ext.scheduler.model_shape import compute_dtype, DTYPES, job_shape, model_compiled
 from skrull_ext.scheduler.profile_file import free_running_bytes
 from skrull_ext.train.checkpointing import settle_checkpointing
-from skrull_ext.train.chunked import chunked_loss
 from skrull_ext.train.compile_limit import length_free_fusion, raise_recompile_limit
 from skrull_ext.train.free_running import FreeRunningFSDP
 from skrull_ext.train.job.job_config import JobConfig
 from skrull_ext.train.job_trainer import JobTrainer, NonFiniteLossError, name_samples
+from skrull_ext.train.passes import chunked_samples, step_passes
 from skrull_ext.train.plan_log import PlanLog
 from skrull_ext.train.settle import Settled, settle
 from skrull_ext.train.step_checks import RatioSpread, check_plan_digests, loss_and_norm, step_log_line, step_metrics
@@ -297,7 +296,7 @@ class SkrullTrainer(JobTrainer):
 
     def train_step(self, data_iterator: Iterator[SkrullStep]) -> None:
         """One optimizer step over one ``SkrullStep``: the plan's micro-batches
-        (``_micro_batches``) in place of torchtitan's batch loop.
+        (train/passes.py ``step_passes``) in place of torchtitan's batch loop.
 
         The rest mirrors torchtitan 0.3.0's ``Trainer.train_step``, in its order:
         its first three lines (zero_grad, the learning rates, should_log), the
@@ -329,7 +328,7 @@ class SkrullTrainer(JobTrainer):
                 check_plan_digests(step.plan, self.dataloader.dp_rank, self.device)
             if self.plan_log is not None:
                 self.plan_log.write(step)
-        accumulated = self._micro_batches(step, global_valid_tokens)
+        accumulated = step_passes(self, step, global_valid_tokens)
         with phases.phase("clip"):
             grad_norm = dist_utils.clip_grad_norm_(
                 [p for m in self.model_parts for p in m.parameters()],
@@ -353,76 +352,9 @@ class SkrullTrainer(JobTrainer):
                 self.validation.run(self, self.step)  # forward only: no weight, RNG or counter changes
         phases.end(step.plan.makespan_us, keep=should_log)  # read at the next logged step (or at close)
 
-    def _micro_batches(self, step: SkrullStep, global_valid_tokens: torch.Tensor) -> torch.Tensor:
-        """Forward and backward over this rank's chunked samples (phase ``chunk``), then its micro-batches
-        (``mb``), each CP rank feeding its own buffer (DACP attention over the CP group), the gradient
-        accumulated. Returns this rank's loss sum / global loss tokens. Under ``skrull.free_running`` FSDP
-        parameters stay unsharded throughout; under ``skrull.defer_grad_sync`` gradients are reduced once,
-        by the last micro-batch's backward."""
-        for m in self.dacp_attention:
-            m.stats.reset()
-        accumulated = torch.zeros((), device=self.device)
-        free = self.free_running
-        phases = self.step_phases
-        if free is not None:  # this rank's own micro-batches (>= 1), parameters unsharded throughout
-            with phases.phase("mb"):
-                free.begin()
-        # Chunked samples run before the micro-batches, whose last then reduces the gradients: a
-        # chunked sample's backward runs one FSDP post-backward per chunk, so were it last it would
-        # reduce-scatter once per chunk where a DP rank without one reduces once (free-running at DP > 1).
-        if step.chunked:
-            with phases.phase("chunk"):
-                accumulated += self._chunked_samples(step, global_valid_tokens)
-        last = len(step.micro_batches) - 1
-        with phases.phase("mb"):
-            for j, mb in enumerate(step.micro_batches):
-                if free is not None:
-                    if j == last:
-                        free.last()  # its backward reduce-scatters the gradients and reshards
-                elif self.config.skrull.defer_grad_sync:
-                    self._set_grad_sync(j == last)
-                with record_function(f"skrull/micro_batch_{j}"):
-                    # Asynchronous from a CUDA run's pinned buffers (MicroBatchBuffer.staged).
-                    masks = attention_input(mb.meta, self.local_only_kernel, self.device, self.dacp_stats,
-                                            self.full_ac, mb.cu_seqlens)
-                    extra = {"positions": mb.positions.to(self.device, non_blocking=True), "attention_masks": masks}
-                    labels = mb.labels.to(self.device, non_blocking=True)
-                    self.ntokens_seen += labels.numel()
-                    loss = self.fwd_bwd_fn(mb.input.to(self.device, non_blocking=True), labels, global_valid_tokens,
-                                           extra)
-                    accumulated += loss.detach()
-        if free is not None:
-            with phases.phase("mb"):
-                free.end()  # every unit resharded before the optimizer: no stale copy in the next step
-        return accumulated
-
     def _chunked_samples(self, step: SkrullStep, global_valid_tokens: torch.Tensor) -> torch.Tensor:
-        """Forward and backward of this rank's samples longer than the limit, each whole in chunks of
-        the limit sharded over the CP group (``overlength = "chunk"``, train/chunked.py); returns
-        their loss sum / global loss tokens. They run before the micro-batches, gradients kept
-        unreduced (free-running, or ``skrull.defer_grad_sync``); only a step with no micro-batch
-        (a lockstep plan of chunked samples alone) reduces in the last one's backward."""
-        total = torch.zeros((), device=self.device)
-        chunk = self.dataloader.limit.tokens
-
-        def loss_fn(pred: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-            return self.loss_fn(pred, labels, global_valid_tokens)[0]
-
-        for k, sample in enumerate(step.chunked):
-            last = k == len(step.chunked) - 1 and not step.micro_batches
-            if self.free_running is not None:
-                if last:
-                    self.free_running.last()
-            elif self.config.skrull.defer_grad_sync:
-                self._set_grad_sync(last)
-            with record_function(f"skrull/chunked_{k}"), self.train_context():  # a blocking copy waits for the stream
-                tokens, labels = (t.to(self.device, non_blocking=True) for t in (sample.input, sample.labels))
-                out = chunked_loss(self.model_parts[0], tokens, labels, chunk, loss_fn, layers=self.dacp_attention,
-                                   group=self.cp_group)
-                out.loss.backward()
-            self.ntokens_seen += sample.length
-            total += out.loss.detach()
-        return total
+        """This rank's chunked samples (passes.py); a method so a subclass can meter them (profile.check)."""
+        return chunked_samples(self, step, global_valid_tokens)
 
     def _check_finite(self, step: SkrullStep, accumulated: torch.Tensor,
                       grad_norm: torch.Tensor) -> tuple[float, float]:

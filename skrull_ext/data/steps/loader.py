@@ -102,7 +102,7 @@ class SkrullStep:
     """A mixture's run counts per source (``totals`` by source)."""
     chunked: list[Sample] = field(default_factory=list)
     """Under ``overlength = "chunk"``: this rank's samples longer than the limit, whole, which
-    the trainer runs in chunks after the micro-batches (train/chunked.py): those the plan assigns
+    the trainer runs in chunks before the micro-batches (train/chunked.py): those the plan assigns
     to this DP rank (``plan.chunked_group``), in the step's order."""
 
     def __post_init__(self) -> None:
