@@ -50,7 +50,8 @@ from skrull_ext.profile.check_chunked import parse_chunked_lengths
 from skrull_ext.profile.memory import OPTIMIZER_STATES, PEAK_METERS, local_bytes, measure_step, optimizer_state_tensors
 from skrull_ext.profile.model import DTYPES, JobModel
 from skrull_ext.profile.ranks import reduce_floats
-from skrull_ext.scheduler.profile_file import Profile, ProfileMemory
+from skrull_ext.scheduler.profile_file import Profile
+from skrull_ext.scheduler.profile_memory import ProfileMemory
 
 __all__ = ["BucketCheck", "check_bucket", "check_profile", "fill_bucket"]
 

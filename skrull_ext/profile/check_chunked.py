@@ -60,7 +60,7 @@ from skrull_ext.profile.memory import PEAK_METERS, SavedBytes
 from skrull_ext.profile.model import JobModel
 from skrull_ext.profile.ranks import pick_clock, sync, time_call
 from skrull_ext.scheduler.chunk_cost import chunk_cost
-from skrull_ext.scheduler.profile_file import ProfileMemory
+from skrull_ext.scheduler.profile_memory import ProfileMemory
 from skrull_ext.train.chunked import attention_layers, chunked_loss
 
 __all__ = ["BYTES_TOLERANCE", "DENSE_KERNELS", "ChunkedCheck", "allocate_grads", "check_chunked", "check_reference",

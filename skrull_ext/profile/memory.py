@@ -58,7 +58,7 @@ from skrull_ext.profile.fit import PolyFit, fit_poly
 from skrull_ext.profile.model import DTYPES, JobModel, fsdp_degree
 from skrull_ext.profile.options import ProfileOptions
 from skrull_ext.profile.ranks import reduce_floats, sync
-from skrull_ext.scheduler.profile_file import derive_bucket_size, free_running_bytes, head_bytes
+from skrull_ext.scheduler.profile_memory import derive_bucket_size, free_running_bytes, head_bytes
 
 __all__ = ["MemoryPoint", "MemoryResult", "StaticMemory", "local_bytes", "measure_head", "measure_step",
            "optimizer_state_tensors", "profile_memory", "static_memory"]
@@ -282,7 +282,7 @@ class StaticMemory:
     optimizer_states: int
     free_running: float = 0.0
     """``[skrull] free_running``: every parameter and trainable gradient held unsharded
-    for the whole step (profile_file.free_running_bytes); 0 when the job does not run it."""
+    for the whole step (profile_memory.free_running_bytes); 0 when the job does not run it."""
 
     @property
     def total(self) -> float:

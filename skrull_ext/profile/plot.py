@@ -20,7 +20,7 @@ from typing import Any
 
 import tomllib
 
-from skrull_ext.scheduler.profile_file import ProfileMemory
+from skrull_ext.scheduler.profile_memory import ProfileMemory
 
 __all__ = ["plot"]
 

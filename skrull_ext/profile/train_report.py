@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from skrull_ext._core import CostModel
 from skrull_ext.scheduler.chunk_cost import chunk_cost
-from skrull_ext.scheduler.profile_file import ProfileMemory
+from skrull_ext.scheduler.profile_memory import ProfileMemory
 
 __all__ = ["ChunkedMemory", "RankVerdict", "StepMemory", "chunked_predicted", "format_chunked", "format_report",
            "report"]

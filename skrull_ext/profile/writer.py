@@ -31,7 +31,7 @@ from skrull_ext.profile.head import HeadResult
 from skrull_ext.profile.micro_batch import MicroBatchResult
 from skrull_ext.profile.model import JobModel
 from skrull_ext.profile.step import StepResult
-from skrull_ext.scheduler import checkpointing, cost_model, profile_file
+from skrull_ext.scheduler import checkpointing, cost_model, profile_file, profile_memory
 
 __all__ = ["Profile", "profile_dict", "report", "write"]
 
@@ -54,6 +54,10 @@ class Profile:
     """The per-token cost outside the layers (None: not measured, [micro_batch] token_us left out: 0)."""
     step: StepResult | None = None
     """What a step pays outside its micro-batches (None: not measured, [step] left out: 0)."""
+    modes: dict[str, ModeRun] | None = None
+    """Each activation-checkpointing mode measured, the job's among them (None or {}: no section)."""
+    measured_mode: str | None = None
+    """The job's mode: what [compute] and [memory] were measured under."""
 
 
 def _comm_section(p: Profile) -> dict[str, Any]:
@@ -86,7 +90,7 @@ def profile_dict(p: Profile) -> dict[str, Any]:
                     "max_rel_error": cp.fit.max_rel_error, "points": len(cp.points),
                     "held_out_max_rel_error": cp.held_out_max_rel_error},
         "comm": _comm_section(p),
-        "memory": {**profile_file.ProfileMemory(
+        "memory": {**profile_memory.ProfileMemory(
                        bucket_size=mem.bucket_size, a=mem.fit.slope, b=mem.fit.intercept, c=mem.fit.quadratic,
                        usable=mem.usable, static=mem.static.total, margin=mem.margin, cp=mem.cp,
                        kv=mem.kv_bytes_per_token, free_running=mem.static.free_running,

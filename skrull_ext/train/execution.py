@@ -92,7 +92,7 @@ def mean_step_us(job: SchedulerJob, steps: Sequence[Sequence[int]]) -> float | N
 def choose_execution(skrull, *, unsharded: float | None, dp: int, cp: int, dp_shard: int, dp_replicate: int,
                      shape: ModelShape, model_name: str, steps: Sequence[Sequence[int]] = ()) -> Execution:
     """The execution of a Skrull job (module docstring). ``unsharded``: the bytes free-running
-    would hold per rank (profile_file.free_running_bytes), None when nothing is sharded (no
+    would hold per rank (profile_memory.free_running_bytes), None when nothing is sharded (no
     FSDP unit: nothing to hold, nothing to choose). ``steps``: the first global batches'
     lengths, planned both ways when auto weighs BucketSize against execution.
     Raises ValueError (one line) when ``free_running = true`` does not fit."""

@@ -49,7 +49,7 @@ from skrull_ext.errors import DataError, JobFileError
 from skrull_ext.scheduler import Scheduler
 from skrull_ext.scheduler.config import timeline_name
 from skrull_ext.scheduler.model_shape import compute_dtype, DTYPES, job_shape, model_compiled
-from skrull_ext.scheduler.profile_file import free_running_bytes
+from skrull_ext.scheduler.profile_memory import free_running_bytes
 from skrull_ext.train.checkpointing import settle_checkpointing
 from skrull_ext.train.compile_limit import length_free_fusion, raise_recompile_limit
 from skrull_ext.train.free_running import FreeRunningFSDP

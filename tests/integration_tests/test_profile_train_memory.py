@@ -10,7 +10,7 @@ exceeds what the profile predicts for the tokens it held.
   so each holds BucketSize tokens of shards: within the prediction. (The
   CP 1 profile's BucketSize, 3268, measured ~1.1 GiB there against 1 GiB
   usable: a shard keeps the K/V gathered from the other rank and its dense
-  CPU mask spans twice the keys; profile_file.derive_bucket_size derives
+  CPU mask spans twice the keys; profile_memory.derive_bucket_size derives
   BucketSize for the job's CP degree.)
 - The LoRA job (frozen base) with its own profile, whose BucketSize is larger
   than full fine-tuning's: one sequence of exactly that many tokens on each

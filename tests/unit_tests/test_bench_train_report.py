@@ -38,7 +38,7 @@ def test_memory_prediction_adds_what_free_running_holds(tmp_path):
     unsharded parameters and gradients the trainer logs (skrull/free_running_bytes)."""
     from torch.utils.tensorboard import SummaryWriter
 
-    from skrull_ext.scheduler.profile_file import ProfileMemory
+    from skrull_ext.scheduler.profile_memory import ProfileMemory
 
     run = _run(tmp_path, [0.5] * 4)
     gib = 2**30

@@ -6,7 +6,7 @@ import pytest
 
 from skrull_ext._core import CommModel, CostModel, ModelShape
 from skrull_ext.scheduler import cost_model as cm
-from skrull_ext.scheduler import profile_file
+from skrull_ext.scheduler import profile_file, profile_memory
 
 
 def test_flops_formula_and_crossover():
@@ -96,10 +96,10 @@ def test_bad_profile_rejected_naming_the_field(mutate, msg):
 
 def test_bucket_size_from_memory():
     # 80 GB usable, 20 GB static, 2 MB per token, no margin -> 30000 tokens.
-    assert profile_file.derive_bucket_size(80e9, 20e9, 2e6, margin=0.0) == 30000
-    assert profile_file.derive_bucket_size(80e9, 20e9, 2e6, margin=0.1) == 27000
+    assert profile_memory.derive_bucket_size(80e9, 20e9, 2e6, margin=0.0) == 30000
+    assert profile_memory.derive_bucket_size(80e9, 20e9, 2e6, margin=0.1) == 27000
     with pytest.raises(ValueError, match="no room for activations"):
-        profile_file.derive_bucket_size(10e9, 20e9, 2e6)
+        profile_memory.derive_bucket_size(10e9, 20e9, 2e6)
 
 
 def test_profile_file_errors_name_the_file(tmp_path):

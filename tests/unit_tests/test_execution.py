@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from skrull_ext import _core
-from skrull_ext.scheduler.profile_file import Profile, ProfileMemory, fixed_costs, free_running_bytes
+from skrull_ext.scheduler.profile_file import Profile, fixed_costs
+from skrull_ext.scheduler.profile_memory import ProfileMemory, free_running_bytes
 from skrull_ext.train.execution import Execution, choose_execution
 from skrull_ext.train.job.skrull_config import SkrullConfig
 

@@ -21,7 +21,7 @@ from skrull_ext.data.steps.loader import SkrullDataLoader
 from skrull_ext.errors import JobFileError
 from skrull_ext.scheduler import Scheduler, cost_model
 from skrull_ext.scheduler.job import SchedulerJob
-from skrull_ext.scheduler.profile_file import ProfileMemory, free_running_bytes
+from skrull_ext.scheduler.profile_memory import ProfileMemory, free_running_bytes
 from skrull_ext.train.job.skrull_config import SkrullConfig
 from tests.unit_tests.gloo_worker import count_calls, gloo_group
 

@@ -23,7 +23,7 @@ from skrull_ext.attention import build_meta
 from skrull_ext.data.sources.synthetic import IGNORE_INDEX
 from skrull_ext.errors import JobFileError
 from skrull_ext.profile.memory import SavedBytes
-from skrull_ext.scheduler.profile_file import ProfileMemory, derive_bucket_size
+from skrull_ext.scheduler.profile_memory import ProfileMemory, derive_bucket_size
 from skrull_ext.train.chunked import chunked_loss
 from skrull_ext.train.head_loss import (ChunkedHeadLoss, HeadChunking, assumed_head_bytes_per_token,
                                         choose_chunk_tokens, resolve_chunking)

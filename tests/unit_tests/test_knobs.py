@@ -39,7 +39,7 @@ def test_the_simulator_takes_the_schedulers_policies_from_its_registry():
     others = set(sim_policies.BASELINES) | set(sim_policies.VARIANTS)
     assert not others & set(POLICIES)
     assert set(sim_policies.SIM_POLICIES) == others | set(POLICIES)
-    assert set(sim_policies.BASELINES) == {"baseline", "unpacked", "sorted", "chunkflow"}
+    assert set(sim_policies.BASELINES) == {"baseline", "unpacked", "sorted", "chunkflow", "chunkflow+whole"}
 
 
 def test_capacity_gives_the_limit_of_a_group_or_the_pool():

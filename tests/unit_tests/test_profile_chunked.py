@@ -72,10 +72,10 @@ def test_chunked_peak_within_the_model(job, job_models, tmp_path):
 
 
 def test_a_wrong_prediction_fails(job_models, tmp_path):
-    """The same document against a memory fit of half the bytes a token and a compute rate of ten
-    times the time a FLOP: both verdicts fail."""
+    """The same document against a memory fit of half the bytes a token and a compute rate of a
+    thousand times the time a FLOP: both verdicts fail."""
     jm = job_models["debug_cpu.toml"]
-    prof = Profile.load(_profile(tmp_path, "debug_cpu.toml", a_us_per_flop_times=10.0))
+    prof = Profile.load(_profile(tmp_path, "debug_cpu.toml", a_us_per_flop_times=1000.0))
     pm = prof.memory()
     r = check_chunked(jm, prof.cost_model(), dataclasses.replace(pm, a=pm.a / 2), 4 * CHUNK, CHUNK)
     assert not r.bytes_ok and not r.time_ok and not r.ok
@@ -84,7 +84,7 @@ def test_a_wrong_prediction_fails(job_models, tmp_path):
 
 def test_check_command_reports_the_chunked_rows(tmp_path, capsys):
     """``python -m skrull_ext.profile.check`` (in process): the BucketSize line, the reference
-    micro-batch and one line per chunked document with its ratios; a compute rate ten times too
+    micro-batch and one line per chunked document with its ratios; a compute rate a thousand times too
     slow fails the chunked row and the exit status, the BucketSize line still passes."""
     from skrull_ext.profile.check import main
 
@@ -101,7 +101,7 @@ def test_check_command_reports_the_chunked_rows(tmp_path, capsys):
         assert all(math.isfinite(x) and x > 0 for x in ratios), row
         assert f"K/V kept {kv} MiB vs {kv} MiB" in row
 
-    rc = main(["--profile", str(_profile(tmp_path, "debug_cpu.toml", 10.0)), *args])
+    rc = main(["--profile", str(_profile(tmp_path, "debug_cpu.toml", 1000.0)), *args])
     out = capsys.readouterr().out.splitlines()
     assert rc == 1 and out[0].endswith("-> OK")
     assert all(line.endswith("-> FAILED") for line in out if line.startswith("chunked "))

@@ -12,7 +12,7 @@ from skrull_ext._core import CommModel, CostModel, ModelShape
 from skrull_ext.profile.fit import fit_line_nonneg, fit_piecewise, fit_poly, quality
 from skrull_ext.profile.memory import CpuTensorPeak, fit_memory
 from skrull_ext.profile.options import ProfileOptions, parse_bytes, parse_ints
-from skrull_ext.scheduler.profile_file import derive_bucket_size
+from skrull_ext.scheduler.profile_memory import derive_bucket_size
 
 
 def close(a, b, rel=1e-9):

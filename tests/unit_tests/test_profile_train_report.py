@@ -5,7 +5,7 @@ a step over its own budget fails its rank, a missing field is named."""
 import pytest
 
 from skrull_ext.profile.train_report import StepMemory, format_report, report
-from skrull_ext.scheduler.profile_file import ProfileMemory
+from skrull_ext.scheduler.profile_memory import ProfileMemory
 
 MIB = 2**20
 PROFILE = {"memory": {"bucket_size": 1000, "a_bytes_per_token": 1000.0, "b_bytes": 0.0, "c_bytes_per_token2": 1.0,
@@ -51,7 +51,9 @@ def test_memory_section_round_trips_through_the_one_key_list(name):
     comes back key for key and in order from ProfileMemory.section()."""
     import os
 
-    from skrull_ext.scheduler.profile_file import MEMORY_KEYS, Profile
+    from skrull_ext.scheduler.profile_file import Profile
+
+    from skrull_ext.scheduler.profile_memory import MEMORY_KEYS
 
     p = Profile.load(os.path.join(os.path.dirname(__file__), "..", "..", "profiles", name))
     written = p.memory().section()

@@ -198,7 +198,7 @@ class SkrullConfig(SchedulingOptions):
     def profile_cp_warning(self, cp: int) -> str | None:
         """A warning when this job takes BucketSize from its profile (``bucket_size =
         "profile"``) at another CP degree than the one it was derived for (a shard
-        costs more memory than a whole token: profile_file.derive_bucket_size), else
+        costs more memory than a whole token: profile_memory.derive_bucket_size), else
         None. A bucket_size the job names is its own: the profile then only prices time."""
         profile = self.measured_profile()
         if profile is None or profile.cp == cp or self.bucket_size != FROM_PROFILE:
