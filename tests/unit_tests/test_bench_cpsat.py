@@ -22,6 +22,10 @@ def test_cpsat_bench_counts_nest_and_never_lose(tmp_path, capsys, monkeypatch):
     with open(cpsat_gain.CPU_PROFILE, "rb") as f:
         shipped = tomllib.load(f)
     shipped.pop("micro_batch", None)
+    # Exchanges twice as dear as the 2026-11-29 profile measured them (about what the one before it
+    # did): the heuristic's DACP gaps then pass the margin on some micro-batches, so the fallback runs.
+    comm = shipped["comm"]
+    comm["us"], comm["floor_us"] = [2 * u for u in comm["us"]], 2 * comm["floor_us"]
     free = tmp_path / "cpu-debug-gloo2.toml"
     free.write_text(tomli_w.dumps(shipped))
     setting = dataclasses.replace(cpsat_gain.SETTINGS["cpu-job-dp2cp2"], cost=str(free))

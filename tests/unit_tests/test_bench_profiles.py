@@ -15,7 +15,7 @@ MEASURED = os.path.join(REPO, "profiles", "cpu-debug-gloo2.toml")
 
 
 @pytest.mark.parametrize("given, label, bucket", [
-    (["--profile", MEASURED], "measured: cpu-debug-gloo2.toml", 3644),  # the profile's [memory] bucket_size
+    (["--profile", MEASURED], "measured: cpu-debug-gloo2.toml", 3696),  # the profile's [memory] bucket_size
     ([], "assumed: h100_assumed.toml, planned at 1.5x the exchange", 26 * 1024),  # the paper's default BucketSize
     (["--plan-margin", "1"], "assumed: h100_assumed.toml", 26 * 1024),
 ])

@@ -304,7 +304,7 @@ def test_fsdp_free_running_unequal_micro_batches_gloo(tmp_path):
 
 @pytest.mark.slow
 def test_trainer_refuses_free_running_that_does_not_fit(tmp_path):
-    """The debug job with bucket_size "profile" takes the shipped profile's BucketSize (3644),
+    """The debug job with bucket_size "profile" takes the shipped profile's BucketSize (3696),
     derived without free-running's unsharded copies: the trainer refuses at start, one
     line naming the key, the bytes needed and available, exit status 2."""
     import subprocess
@@ -321,7 +321,7 @@ def test_trainer_refuses_free_running_that_does_not_fit(tmp_path):
     assert proc.returncode == 2 and len(errors) == 1, proc.stderr[-3000:]
     print(errors[0])
     assert "error: skrull.free_running = true needs " in errors[0] and "usable" in errors[0]
-    assert "bucket_size 3644)" in errors[0] and "usable 1024.0 MiB" in errors[0]
+    assert "bucket_size 3696)" in errors[0] and "usable 1024.0 MiB" in errors[0]
     assert "Traceback" not in proc.stderr
 
 

@@ -152,8 +152,8 @@ def test_bucket_size_profile_takes_the_profiles_measured_value():
     config = JobConfigManager().parse_args(
         ["--config-file", DEBUG, "--skrull.cost_model", PROFILE, "--skrull.bucket_size", "profile"])
     assert config.skrull.bucket_size == "profile"
-    assert config.skrull.resolved_bucket_size() == 3644  # profiles/cpu-debug-gloo2.toml [memory] bucket_size
-    assert config.skrull.scheduler_config(dp=1, cp=2, lookahead=1).bucket_size == 3644
+    assert config.skrull.resolved_bucket_size() == 3696  # profiles/cpu-debug-gloo2.toml [memory] bucket_size
+    assert config.skrull.scheduler_config(dp=1, cp=2, lookahead=1).bucket_size == 3696
     written = JobConfigManager().parse_args(["--config-file", DEBUG, "--skrull.bucket_size", "300"])
     assert written.skrull.bucket_size == written.skrull.resolved_bucket_size() == 300
 
@@ -234,7 +234,7 @@ def test_a_job_at_another_cp_than_its_profile_is_warned():
 
     cp1 = SkrullConfig(cost_model=PROFILE, bucket_size="profile")  # profiled at cp 1 ([memory] cp = 1)
     assert cp1.profile_cp_warning(1) is None
-    assert "derived its BucketSize for cp 1; this job runs cp 2 (bucket_size 3644)" in cp1.profile_cp_warning(2)
+    assert "derived its BucketSize for cp 1; this job runs cp 2 (bucket_size 3696)" in cp1.profile_cp_warning(2)
     cp2 = SkrullConfig(cost_model=PROFILE.replace("gloo2.toml", "gloo2-cp2.toml"), bucket_size="profile")
     assert cp2.resolved_bucket_size() == 2645 and cp2.profile_cp_warning(2) is None
     assert "for cp 2; this job runs cp 1" in cp2.profile_cp_warning(1)
@@ -285,7 +285,7 @@ def test_cli_profile_reaches_the_scheduler():
     (tyro sets fields on built configs; the section's profile cache must follow)."""
     config = JobConfigManager().parse_args(["--config-file", DEBUG, "--skrull.cost_model", PROFILE,
                                             "--skrull.bucket_size", "profile"])
-    assert config.skrull.resolved_bucket_size() == 3644
+    assert config.skrull.resolved_bucket_size() == 3696
     from skrull_ext.scheduler.profile_file import Profile
 
     profile = Profile.load(PROFILE).cost_model()
