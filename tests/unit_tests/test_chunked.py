@@ -296,3 +296,24 @@ def test_chunk_refused_where_it_does_not_run_naming_the_key(flags, world, messag
     load_config(["--config-file", job, *_CHUNK])  # the bar's run passes
     monkeypatch.setenv("WORLD_SIZE", "2")
     load_config(["--config-file", job, *_CHUNK, "--skrull.free_running"])  # DP 2, free-running
+
+
+def test_chunk_cuts_at_max_len_and_chunks_only_past_what_the_ranks_hold():
+    """Under 'chunk' dataloader.max_len is still the user's cut: a sample longer than it is cut to
+    it (counted as cut) and trains in chunks only past what the ranks hold; a max_len below
+    that is a plain cut, nothing chunked. (A sample past max_len kept whole ran past the
+    RoPE cache: 'position_ids exceed max_valid_pos'.)"""
+    from skrull_ext.data.steps.overlength import capacity_limit, decide
+    from skrull_ext.scheduler.capacity import Capacity
+
+    limit = capacity_limit(Capacity(256, 1), "chunk", 1000)
+    assert (limit.tokens, limit.by, limit.max_len) == (256, "capacity", 1000)
+    assert [limit.kept_length(n) for n in (200, 256, 800, 1000, 1500)] == [200, 256, 800, 1000, 1000]
+    keep, lengths, _, account = decide(limit, [0, 1, 2], [200, 800, 1500], lambda k, n: n, None, 1)
+    c = account.counts
+    assert (keep, lengths) == ([0, 1, 2], [200, 800, 1000])
+    assert (c.read, c.whole, c.cut, c.skipped, c.chunked, c.chunks) == (3, 2, 1, 0, 1, 4)
+    small = capacity_limit(Capacity(256, 1), "chunk", 100)
+    assert (small.tokens, small.by, small.max_len) == (100, "max_len", None)
+    assert [small.kept_length(n) for n in (50, 100, 300)] == [50, 100, 100]
+    assert capacity_limit(Capacity(256, 1), "chunk", None).kept_length(5000) == 5000  # job_checks needs max_len

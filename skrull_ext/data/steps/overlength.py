@@ -29,6 +29,7 @@ the counts and the smallest ``bucket_size`` that keeps at least half whole.
 A ``dataloader.max_len`` below that is the user's own cut and is kept.
 """
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Literal
@@ -58,6 +59,10 @@ class LengthLimit:
     of torchtitan's batching, or ``dataloader.max_len``."""
     capacity: Capacity | None = None
     """Under ``by == "capacity"``: the job's ranks (``tokens`` is ``capacity.limit``)."""
+    max_len: int | None = None
+    """``dataloader.max_len`` above ``tokens`` (None: unset, or it is ``tokens``): under 'chunk' the
+    longest a sample trains, chunks and all; a longer one is cut to it (counted as cut), since a
+    chunked sample's positions run to its length and the RoPE cache covers max_len only."""
 
     @property
     def source(self) -> str:
@@ -70,11 +75,16 @@ class LengthLimit:
     def kept_length(self, n: int) -> int | None:
         """The over-length rule on one length, the one place Python applies it (the core's twin
         is cpp/include/skrull/overlength.hpp): ``n`` within ``tokens``; beyond it ``tokens``
-        under 'truncate', ``n`` under 'chunk' (trained whole in chunks, a chunked document of the
-        plan outside its micro-batches: the core's micro-batches never meet it), and None under 'drop' and 'error' (not trained; ``decide`` raises
-        for 'error', naming the sample)."""
-        if n <= self.tokens or self.mode == "chunk":
+        under 'truncate', ``n`` cut to ``dataloader.max_len`` under 'chunk' (trained whole in
+        chunks, a chunked document of the plan outside its micro-batches: the core's micro-batches
+        never meet it), and None under 'drop' and 'error' (not trained; ``decide`` raises for
+        'error', naming the sample)."""
+        if n <= self.tokens:
             return n
+        if self.mode == "chunk":  # within max_len: whole, in chunks; beyond it: cut to max_len
+            if self.by == "max_len":  # max_len under what the ranks hold: the user's own cut, no chunk
+                return self.tokens
+            return n if self.max_len is None else min(n, self.max_len)
         return self.tokens if self.mode == "truncate" else None
 
     def chunks(self, n: int) -> int:
@@ -99,9 +109,12 @@ class LengthLimit:
 
 
 def _capped(limit: LengthLimit, max_len: int | None) -> LengthLimit:
-    """``limit``, or ``dataloader.max_len`` when that is smaller."""
+    """``limit``, or ``dataloader.max_len`` when that is smaller (under 'chunk' a max_len that is
+    not smaller still cuts: ``LengthLimit.max_len``)."""
     if max_len is not None and max_len < limit.tokens:
         return LengthLimit(max_len, limit.mode, "max_len")
+    if max_len is not None and limit.mode == "chunk" and max_len > limit.tokens:
+        return dataclasses.replace(limit, max_len=max_len)
     return limit
 
 
