@@ -90,14 +90,23 @@ def mean_step_us(job: SchedulerJob, steps: Sequence[Sequence[int]]) -> float | N
 
 
 def choose_execution(skrull, *, unsharded: float | None, dp: int, cp: int, dp_shard: int, dp_replicate: int,
-                     shape: ModelShape, model_name: str, steps: Sequence[Sequence[int]] = ()) -> Execution:
+                     shape: ModelShape, model_name: str, steps: Sequence[Sequence[int]] = (),
+                     no_free_running: str | None = None) -> Execution:
     """The execution of a Skrull job (module docstring). ``unsharded``: the bytes free-running
     would hold per rank (profile_memory.free_running_bytes), None when nothing is sharded (no
     FSDP unit: nothing to hold, nothing to choose). ``steps``: the first global batches'
     lengths, planned both ways when auto weighs BucketSize against execution.
+    ``no_free_running``: why this job cannot run free with more than one DP rank (the head in
+    chunks, train/head_loss.py): "auto" is then lockstep, ``true`` refused.
     Raises ValueError (one line) when ``free_running = true`` does not fit."""
     bucket = skrull.resolved_bucket_size()  # the one read of the section's BucketSize in a training job
-    out = _choose(skrull, bucket, unsharded, dp, cp, dp_shard, dp_replicate, shape, model_name, steps)
+    if no_free_running is not None and dp > 1 and skrull.free_running is not False:
+        if skrull.free_running is True:
+            raise ValueError(f"skrull.free_running = true: not at DP {dp}: {no_free_running}; set it to 'auto' "
+                             "or false")
+        out = Execution(False, bucket, f"skrull.free_running = 'auto': lockstep, because {no_free_running}")
+    else:
+        out = _choose(skrull, bucket, unsharded, dp, cp, dp_shard, dp_replicate, shape, model_name, steps)
     if skrull.bucket_size != FROM_PROFILE:
         origin = "skrull.bucket_size"
     elif out.bucket_size == bucket:

@@ -157,9 +157,37 @@ class ChunkedHeadLoss(ChunkedLossWrapper):
         self.num_chunks = 0  # ChunkedLossWrapper's field; chunks here are counted in tokens
         self.chunking: HeadChunking | None = None
         """Set at start-up (``set_chunking``); until then ``config.chunk_tokens`` or one chunk."""
+        self.head_in_model = False
+        """The model applies its own head (``pred`` is the logits): set at start-up where one chunk
+        holds every micro-batch (``put_head_back``), so nothing is chunked and the head runs where
+        FSDP expects it, inside the root module's forward."""
 
     def set_chunking(self, chunking: HeadChunking) -> None:
         self.chunking = chunking
+
+    @property
+    def free_running_blocked(self) -> str | None:
+        """Why DP ranks cannot run free with this head (None: they can): the head in chunks is
+        called outside the root module's forward, several times a micro-batch, and the FSDP unit
+        torchtitan groups it in (with the final norm) then runs its forward hooks out of step, so
+        free-running DP ranks with different micro-batch counts reduce-scatter mismatched buffers
+        (gloo: "Received data size doesn't match expected size"). Lockstep runs it."""
+        if self.head_in_model:
+            return None
+        return (f"the head and loss run in chunks of {self.chunk_tokens} tokens (loss.chunk_tokens / "
+                "loss.chunk_bytes), which free-running DP ranks cannot yet (train/head_loss.py)")
+
+    def put_head_back(self, model_parts) -> None:
+        """The head back inside the model's forward (``_skip_lm_head`` off), for a job whose every
+        micro-batch fits one chunk: the same computation and bytes, since one chunk is never
+        checkpointed. Called outside the root module's forward, the head's FSDP unit (grouped with
+        the final norm) ran its post-forward after the root's, and free-running DP ranks with
+        different micro-batch counts then reduce-scattered mismatched buffers (gloo: "Received
+        data size doesn't match expected size", the text job with a mixture at DP 2)."""
+        for part in model_parts:
+            if hasattr(part, "_skip_lm_head"):
+                part._skip_lm_head = False
+        self.head_in_model = True
 
     @property
     def chunk_tokens(self) -> int:
@@ -182,6 +210,9 @@ class ChunkedHeadLoss(ChunkedLossWrapper):
         """``pred``: the model's hidden states [batch, seq, dim] (the head skipped); returns the
         loss as the job's loss over the full logits would (sum / ``global_valid_tokens``)."""
         del kwargs  # positions: not read by cross-entropy
+        if self.head_in_model:  # pred: the logits
+            total = self.loss_fn(pred, labels)[0]
+            return (total / global_valid_tokens if global_valid_tokens is not None else total), {}
         seq = pred.shape[1]
         per_row = max(1, self.chunk_tokens // max(1, pred.shape[0])) if self.chunk_tokens else seq
         grad = torch.is_grad_enabled()

@@ -121,7 +121,11 @@ class JobTrainer(Trainer):
         cp = self.parallel_dims.cp
         tokens = (skrull.resolved_bucket_size() if skrull.enable
                   else config.training.local_batch_size * config.training.seq_len // cp)
-        logger.info(chunking.line(tokens))
+        line = chunking.line(tokens)
+        if chunking.chunk_tokens >= tokens:  # one chunk holds every micro-batch: nothing to chunk
+            self.loss_fn.put_head_back(self.model_parts)
+            line += "; one chunk holds a micro-batch, so the head runs in the model's forward"
+        logger.info(line)
 
     def _before_model(self, config) -> None:
         """What the batching resolves and checks on the config before torchtitan

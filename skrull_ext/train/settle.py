@@ -58,7 +58,8 @@ def settle(skrull, *, dp: int, cp: int, dp_shard: int, dp_replicate: int, shape:
            unsharded: float | None, training_steps: int, raw_lengths: Callable[[int], Sequence[int]],
            limited_lengths: Callable[[SchedulerJob, int], Sequence[int]],
            check_lengths: Callable[[SchedulerJob, int], object],
-           chunked_lengths: Callable[[SchedulerJob, int], Sequence[int]] | None = None) -> Settled:
+           chunked_lengths: Callable[[SchedulerJob, int], Sequence[int]] | None = None,
+           no_free_running: str | None = None) -> Settled:
     """Settle the job (module docstring). ``unsharded``: what free-running would hold per
     rank (None: no FSDP unit); ``raw_lengths(step)``: a step's global batch as drawn (the
     execution's weighing of BucketSize); ``limited_lengths(job, step)``: the same as ``job``'s
@@ -69,12 +70,13 @@ def settle(skrull, *, dp: int, cp: int, dp_shard: int, dp_replicate: int, shape:
     them (under 'error' a bad sample stops the run there, named with the scan's counts; the
     trainer's full pre-scan runs once the checkpoint's windows are known). A named width wider
     than the run is capped at its steps, and "auto" prices only widths within the run
-    (lookahead_choice.within_run). Raises ValueError (one line) for a free-running job that
-    does not fit."""
+    (lookahead_choice.within_run). ``no_free_running``: why this job cannot run free at DP > 1
+    (execution.py). Raises ValueError (one line) for a free-running job that does not fit."""
     weigh = skrull.free_running == AUTO and skrull.bucket_size == FROM_PROFILE
     first = [list(raw_lengths(k)) for k in range(1, min(training_steps, PREDICT_STEPS) + 1)] if weigh else []
     execution = choose_execution(skrull, unsharded=unsharded, dp=dp, cp=cp, dp_shard=dp_shard,
-                                 dp_replicate=dp_replicate, shape=shape, model_name=model_name, steps=first)
+                                 dp_replicate=dp_replicate, shape=shape, model_name=model_name, steps=first,
+                                 no_free_running=no_free_running)
     timeline = job_timeline(dp_shard, dp_replicate, execution.free_running, skrull.defer_grad_sync)
     auto = skrull.lookahead == LOOKAHEAD_AUTO
     job = skrull.resolve(dp, cp, shape, model_name, timeline=timeline, free_running=execution.free_running,

@@ -264,7 +264,8 @@ class SkrullTrainer(JobTrainer):
                           raw_lengths=lambda k: [n for _, n in loader.step_lengths(k)],
                           limited_lengths=loader.decided_lengths, chunked_lengths=loader.decided_chunked,
                           check_lengths=lambda job, last: check_overlength(loader, 1, last, loader.limit_of(job),
-                                                                           quiet=True))
+                                                                           quiet=True),
+                          no_free_running=getattr(self.loss_fn, "free_running_blocked", None))
         except ValueError as e:  # the launcher prints it as one line (cli_errors)
             raise JobFileError(str(e)) from None
 

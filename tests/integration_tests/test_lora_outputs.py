@@ -58,7 +58,8 @@ def lora_run(source, tmp_path_factory):
             # AC in the job file: its CLI flags are another change's
             job = hf_job(tmp / "job.toml", source, SAVING, edits={
                 '[activation_checkpoint]\nkind = "none"': f'[activation_checkpoint]\nkind = "{ac}"',
-                "check_plan_hash = true\n": "check_plan_hash = true\n" + LORA,
+                'activation_checkpoint = "auto"': 'activation_checkpoint = "job"',  # the kind above, as written
+                "\n[skrull]\n": LORA + "\n[skrull]\n",
             })
             dump = str(tmp / "out")
             args = ["--config-file", job, "--dump_folder", dump, "--training.steps", str(STEPS),

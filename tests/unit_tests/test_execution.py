@@ -216,3 +216,21 @@ def test_drift_warning_for_a_machine_far_from_its_profile():
             spread.add({"skrull/measured_over_predicted": r * scale})
             text = spread.drift_warning("h100-assumed", 1)
         assert text is not None and "does not describe this machine" in text and "python -m skrull_ext.profile" in text
+
+
+def test_a_head_in_chunks_keeps_dp_ranks_in_lockstep(tmp_path):
+    """The head in chunks (train/head_loss.py) cannot run free at DP > 1: 'auto' is lockstep, saying
+    why; true is refused in one line; one DP rank, or free_running = false, is unaffected."""
+    path = _profile(tmp_path)
+    why = "the head and loss run in chunks of 64 tokens"
+    run = choose_execution(SkrullConfig(cost_model=path, bucket_size=256), unsharded=1e6, dp=2, cp=1, dp_shard=2,
+                           dp_replicate=1, shape=SHAPE, model_name="llama3/debugmodel", no_free_running=why)
+    assert not run.free_running and run.reason == f"skrull.free_running = 'auto': lockstep, because {why}"
+    with pytest.raises(ValueError) as info:
+        choose_execution(SkrullConfig(cost_model=path, bucket_size=256, free_running=True), unsharded=1e6, dp=2,
+                         cp=1, dp_shard=2, dp_replicate=1, shape=SHAPE, model_name="llama3/debugmodel",
+                         no_free_running=why)
+    assert str(info.value) == f"skrull.free_running = true: not at DP 2: {why}; set it to 'auto' or false"
+    one = choose_execution(SkrullConfig(cost_model=path, bucket_size=256), unsharded=1e6, dp=1, cp=2, dp_shard=2,
+                           dp_replicate=1, shape=SHAPE, model_name="llama3/debugmodel", no_free_running=why)
+    assert "because the head" not in one.reason

@@ -216,3 +216,21 @@ def test_profile_memory_keys_old_and_new():
     assert new.section()["head_chunk_tokens"] == 40
     with pytest.raises(ValueError, match=r"memory.head_chunk_tokens must be a positive integer, got 0"):
         ProfileMemory.of({"memory": {**old["memory"], "head_chunk_tokens": 0}})
+
+
+def test_head_put_back_in_the_model_equals_unchunked(reference):
+    """One chunk holds every micro-batch: the head goes back into the model's forward (where its
+    FSDP unit expects it; free-running DP ranks mismatched their reduce-scatters otherwise) and
+    the loss takes the logits: the same loss and gradients, and DP ranks may run free again."""
+    model = _model(False, False)
+    loss_fn = ChunkedHeadLoss(ChunkedHeadLoss.Config(chunk_tokens=10 * sum(DOCS)))
+    _wire(model, loss_fn)
+    assert loss_fn.free_running_blocked is not None and "chunks of 2520 tokens" in loss_fn.free_running_blocked
+    loss_fn.put_head_back([model])
+    assert model._skip_lm_head is False and loss_fn.head_in_model and loss_fn.free_running_blocked is None
+    tokens, labels, positions = _batch()
+    pred = model(tokens, positions=positions, attention_masks=build_meta(list(DOCS), [0] * len(DOCS), 0, 1))
+    assert pred.shape[-1] == VOCAB  # the logits
+    loss, _ = loss_fn(pred, labels, torch.tensor(GLOBAL_TOKENS))
+    loss.backward()
+    _close(reference, (loss.item(), _grads(model)))
