@@ -168,7 +168,7 @@ def fitting_chunk(model: CostModel, memory: ProfileMemory, length: int, limit: i
         if peak(c) <= room:
             return c
     kv = model.shape.layers * model.kv_bytes(length)
-    mib = lambda v: f"{v / 2**20:.1f} MiB"  # noqa: E731
+    mib = lambda v: f"{v / 2**20:.1f} MiB" if v >= 2**20 else f"{v:.0f} B"  # noqa: E731
     raise ChunkTooLarge(
         f"a sample of {length} tokens cannot be trained in chunks on one rank: its K/V alone take {mib(kv)}, "
         f"and even in chunks of {cp} token(s) its predicted peak is {mib(peak(cp))}, over the "

@@ -264,7 +264,9 @@ class SkrullTrainer(JobTrainer):
                           raw_lengths=lambda k: [n for _, n in loader.step_lengths(k)],
                           limited_lengths=loader.decided_lengths, chunked_lengths=loader.decided_chunked,
                           check_lengths=lambda job, last: check_overlength(loader, 1, last, loader.limit_of(job),
-                                                                           quiet=True))
+                                                                           quiet=True),
+                          gradient_bytes=float(sum(p.numel() * p.element_size() for m in self.model_parts
+                                                   for p in m.parameters() if p.requires_grad)))
         except ValueError as e:  # the launcher prints it as one line (cli_errors)
             raise JobFileError(str(e)) from None
 
