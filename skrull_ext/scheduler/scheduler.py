@@ -90,6 +90,7 @@ class Scheduler:
         else:
             core = _core.to_plan(_core.schedule(lengths, c.cost_model, c.options, chunked_us), c.cost_model, c.options)
         plan = Plan.from_core(core, lengths, c, chunked)
+        plan.chunked_chunk = [c.chunk_for(n) if chunk is None else chunk for n in chunked]
         if c.policy.pool and chunked:
             plan.chunked_us, plan.chunked_group = chunked_us, _core.assign_chunked(chunked_us, c.dp)
             plan.retime()

@@ -103,6 +103,7 @@ def test_the_scheduler_prices_the_chunk_the_trainer_runs(monkeypatch):
         for n in lengths])
     passes.chunked_samples(trainer, step, torch.ones(()))
     assert ran == [(17, 11), (24, 8), (20, 11)]
+    assert plan.chunked_chunk == [c for _, c in ran]  # what the plan log writes
     assert plan.chunked_us == pytest.approx([chunk_cost(toy, n, c).us for n, c in ran])
     limit = scheduler_limit(job, None)  # the run's account counts the same chunks
     assert [limit.chunks(n) for n in lengths] == [2, 3, 2]
