@@ -107,3 +107,31 @@ def test_the_scheduler_prices_the_chunk_the_trainer_runs(monkeypatch):
     assert plan.chunked_us == pytest.approx([chunk_cost(toy, n, c).us for n, c in ran])
     limit = scheduler_limit(job, None)  # the run's account counts the same chunks
     assert [limit.chunks(n) for n in lengths] == [2, 3, 2]
+
+
+def _chunk_loader(memory: ProfileMemory):
+    from skrull_ext.data.steps.loader import SkrullDataLoader
+    from skrull_ext.scheduler import cost_model
+    from skrull_ext.train.job.skrull_config import SkrullConfig
+
+    config = SkrullDataLoader.Config(length_scale=32.0, max_len=2048, global_batch_size=8, vocab_size=2048)
+    loader = config.build(dp_world_size=1, dp_rank=0)
+    section = SkrullConfig(bucket_size=256, cost_model="h100-assumed", overlength="chunk", lookahead=1)
+    job = Scheduler(section.scheduler_config(1, 1), cost_model.preset("llama3-debug")).job
+    job = dataclasses.replace(job, chunk_rule=ChunkRule(job.cost_model, memory, 256, 1, 0.0))
+    loader.attach(Scheduler(job), 0, 1)
+    return loader
+
+
+def test_a_document_no_chunk_fits_stops_the_run_at_start_up():
+    from skrull_ext.data.steps.overlength import OverlengthError, check_overlength, scan_overlength
+
+    tight = ProfileMemory(bucket_size=256, a=1.0, b=0.0, c=0.0, usable=1000.0, static=0.0, margin=0.0)
+    loader = _chunk_loader(tight)
+    over = scan_overlength(loader, 1, 6).over
+    step, index, length = max(over, key=lambda o: (o[2], o[0], o[1]))
+    with pytest.raises(OverlengthError, match=rf"^sample {index} \(step {step}\): a sample of {length} tokens cannot "
+                                              r"be trained in chunks on one rank: .* the limit is 256 tokens\."):
+        check_overlength(loader, 1, 6, quiet=True)  # the check start-up's look-ahead pricing runs too
+    roomy = dataclasses.replace(tight, usable=1e12)
+    assert check_overlength(_chunk_loader(roomy), 1, 6).over == over
