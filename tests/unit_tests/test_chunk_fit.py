@@ -130,7 +130,8 @@ def test_a_document_no_chunk_fits_stops_the_run_at_start_up():
     loader = _chunk_loader(tight)
     over = scan_overlength(loader, 1, 6).over
     step, index, length = max(over, key=lambda o: (o[2], o[0], o[1]))
-    with pytest.raises(OverlengthError, match=rf"^sample {index} \(step {step}\): a sample of {length} tokens cannot "
+    with pytest.raises(OverlengthError, match=rf"^sample {index} \(step {step}\), skrull.overlength = 'chunk' at "
+                                              rf"bucket_size 256 x cp 1: a sample of {length} tokens cannot "
                                               r"be trained in chunks on one rank: .* the limit is 256 tokens\."):
         check_overlength(loader, 1, 6, quiet=True)  # the check start-up's look-ahead pricing runs too
     roomy = dataclasses.replace(tight, usable=1e12)

@@ -365,8 +365,8 @@ def chunked_longest(report: OverlengthScan) -> int | None:
         lim.chunk(length)
     except ChunkTooLarge as e:
         where = report.first_where if (step, index) == report.over[0][:2] else ""
-        raise OverlengthError(f"{_named(where, index, step, ': ')}: {e} (skrull.overlength = 'chunk', "
-                              f"limit {lim.tokens}, {lim.source})") from None
+        raise OverlengthError(f"{_named(where, index, step, ': ')}, skrull.overlength = 'chunk' at "
+                              f"{lim.source}: {e}") from None
     return length
 
 
@@ -388,7 +388,7 @@ def check_overlength(loader, first_step: int, last_step: int, limit: LengthLimit
         chunks = f"in chunks of {lim.tokens} tokens"
         if longest is not None and lim.chunk(longest) != lim.tokens:
             chunks = (f"in chunks of at most {lim.tokens} tokens, the longest ({longest}) in chunks of "
-                      f"{lim.chunk(longest)}: what fits a rank's memory (scheduler/chunk_cost.py fitting_chunk)")
+                      f"{lim.chunk(longest)}, what fits a rank's memory")
         verb = {"truncate": f"truncated to {lim.tokens} tokens", "drop": "dropped",
                 "chunk": f"trained whole {chunks}"}[lim.mode]
         if report.no_loss:
