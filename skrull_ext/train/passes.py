@@ -64,8 +64,8 @@ def step_passes(trainer, step: SkrullStep, global_valid_tokens: torch.Tensor) ->
 def chunked_samples(trainer, step: SkrullStep, global_valid_tokens: torch.Tensor) -> torch.Tensor:
     """Forward and backward of this rank's samples longer than the limit, each whole in chunks of
     ``skrull_job.chunk_for(length)`` (the chunk the scheduler priced it with: the largest that fits
-    a rank's memory model, scheduler/chunk_cost.py fitting_chunk) sharded over the CP group (``overlength = "chunk"``, train/chunked.py); returns
-    their loss sum / global loss tokens. They run before the micro-batches, gradients kept
+    a rank's memory model, scheduler/chunk_cost.py fitting_chunk) sharded over the CP group
+    (``overlength = "chunk"``, train/chunked.py); returns their loss sum / global loss tokens. They run before the micro-batches, gradients kept
     unreduced (free-running, or ``skrull.defer_grad_sync``); only a step with no micro-batch
     (a lockstep plan of chunked samples alone) reduces in the last one's backward."""
     total = torch.zeros((), device=trainer.device)
