@@ -194,6 +194,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--chunk", type=int, default=0,
                    help="tokens per chunk of the chunked documents (default 0: the profile's BucketSize, what the "
                         "trainer chunks at on one rank)")
+    p.add_argument("--fit-chunk", action="store_true",
+                   help="train each chunked document in the chunk the trainer picks for it (the largest of at most "
+                        "--chunk whose predicted peak fits the budget: scheduler/chunk_cost.py fitting_chunk, cp 1) "
+                        "instead of --chunk itself")
     p.add_argument("--chunked-repeats", type=int, default=1,
                    help="timed runs of each chunked document after its metered one; the median is kept "
                         "(default: %(default)s)")
@@ -235,6 +239,7 @@ def _chunked(jm, args, profile: dict, lengths: tuple[int, ...]) -> list:
     """The chunked documents' check (check_chunked.py), printed; [] when none is asked for or the
     job cannot train in chunks (said in one line)."""
     from skrull_ext.profile.check_chunked import check_chunked, check_reference, fixed_left_out, format_chunked
+    from skrull_ext.scheduler.chunk_cost import fitting_chunk
 
     if not lengths:
         return []
@@ -248,8 +253,10 @@ def _chunked(jm, args, profile: dict, lengths: tuple[int, ...]) -> list:
     chunk = args.chunk or pm.bucket_size
     rows = [check_reference(jm, cost, pm, chunk, **kw)]
     print(format_chunked(rows), flush=True)
+    grads = float(sum(q.numel() * q.element_size() for q in jm.model.parameters() if q.requires_grad))
     for n in lengths:
-        rows.append(check_chunked(jm, cost, pm, n, chunk, **kw))
+        fit = fitting_chunk(cost, pm, n, chunk, gradient_bytes=grads) if args.fit_chunk else chunk
+        rows.append(check_chunked(jm, cost, pm, n, fit, **kw))
         print(format_chunked(rows[-1:]), flush=True)
     return rows
 

@@ -7,7 +7,7 @@
 """Does the cost model hold for a document trained in chunks? Train one and measure.
 
 ``[skrull] overlength = "chunk"`` trains a document longer than the job's
-limit whole, in chunks of the limit (skrull_ext/train/chunked.py), and
+limit whole, in chunks of at most the limit (skrull_ext/train/chunked.py), and
 skrull_ext/scheduler/chunk_cost.py prices it: its time (each chunk's
 forward over its prefix, the recomputed forward, the backward, one call's
 fixed cost per chunk) and its bytes (one chunk's activations plus
@@ -31,11 +31,11 @@ own model, and compares:
   under, the BucketSize check's rule (check.py),
 - the budget: that peak against the activation budget (usable - static),
   the BucketSize check's other rule, reported beside the verdict but not
-  part of it. The trainer's chunk is the limit, BucketSize tokens a rank,
-  whose activations alone fill the budget; the document's K/V come on top,
-  so a chunked document of several BucketSizes is over it, and the memory
-  model says so before it runs (its prediction is over too). That is the
-  trainer's choice of chunk to answer, not the model's error.
+  part of it. At a chunk of the limit, BucketSize tokens a rank, whose
+  activations alone fill the budget, the document's K/V come on top, so a
+  chunked document of several BucketSizes is over it (the model predicts
+  so too). The trainer instead picks the largest chunk whose prediction fits
+  (scheduler/chunk_cost.py ``fitting_chunk``); ``--fit-chunk`` checks that one.
 
 A reference row times one micro-batch of a single ``chunk``-token document
 against the cost model's micro-batch price, so a chunked ratio can be read
@@ -125,8 +125,8 @@ class ChunkedCheck:
     @property
     def ok(self) -> bool:
         """The cost model holds: time and bytes within their bounds. ``fits`` is not part of it: a
-        peak over the budget the model also predicts says the chunk (the trainer's: the limit) is
-        too large for the document's K/V, not that the model is wrong."""
+        peak over the budget the model also predicts says the chunk (the limit, say) is too large
+        for the document's K/V, not that the model is wrong (the trainer's chunk: ``--fit-chunk``)."""
         return self.time_ok and self.bytes_ok
 
     def as_dict(self) -> dict:

@@ -151,14 +151,14 @@ class MeteredTrainer(SkrullTrainer):
         self.meter.start()  # the rest of the step (clipping, the optimizer) is the step's again
         self._before_chunked = (before, self.meter.base - step_base)
         lengths = [s.length for s in step.chunked]
-        chunk, cp = self.dataloader.limit.tokens, self.parallel_dims.cp
+        chunks, cp = [self.skrull_job.chunk_for(n) for n in lengths], self.parallel_dims.cp
         grads = sum(p.numel() * p.element_size() for m in self.model_parts for p in m.parameters() if p.requires_grad)
         prof = self.check_profile
         dense = dense_kernel(self.config.skrull.attention_kernel, self.device, compute_dtype(self.config))
-        predicted_us, predicted = chunked_predicted(prof.cost_model(), prof.memory(), lengths, chunk, cp, float(grads),
+        predicted_us, predicted = chunked_predicted(prof.cost_model(), prof.memory(), lengths, chunks, cp, float(grads),
                                                     dense)
         self.chunked_records.append(ChunkedMemory(
-            rank=dist.get_rank() if dist.is_initialized() else 0, step=self.step, lengths=lengths, chunk=chunk,
+            rank=dist.get_rank() if dist.is_initialized() else 0, step=self.step, lengths=lengths, chunk=min(chunks),
             cp=cp, above_step_start=offset, peak=peak, static=float(self.static_bytes()), us=us, cpu_us=cpu_us,
             predicted_us=predicted_us, predicted=predicted,
         ))

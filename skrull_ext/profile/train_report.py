@@ -18,6 +18,7 @@ tokens that step held.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from skrull_ext._core import CostModel
@@ -78,7 +79,8 @@ class ChunkedMemory:
     step: int
     lengths: list[int]
     chunk: int
-    """Tokens per chunk (the limit: BucketSize x cp), sharded over ``cp`` ranks."""
+    """Tokens per chunk (``SchedulerJob.chunk_for``: at most the limit, BucketSize x cp; the
+    smallest of the step's, the longest sample's), sharded over ``cp`` ranks."""
     cp: int
     above_step_start: float
     """Bytes held when the chunked samples began, above the step's start."""
@@ -105,15 +107,17 @@ class ChunkedMemory:
         return self.measured <= self.predicted
 
 
-def chunked_predicted(cost: CostModel, pm: ProfileMemory, lengths: list[int], chunk: int, cp: int,
+def chunked_predicted(cost: CostModel, pm: ProfileMemory, lengths: list[int], chunk: int | Sequence[int], cp: int,
                       gradient_bytes: float, dense_fit: bool = False) -> tuple[float, float]:
     """(time, bytes) the profile predicts for a step's chunked samples on one rank: their
     ``chunk_cost`` times summed; the static account plus the worst sample's activations (one
-    chunk's share, A(chunk / cp), + peak_bytes_beyond_chunk), grown by the margin as ``budget`` is."""
-    costs = [chunk_cost(cost, n, chunk, cp, mask_bytes_per_token2=pm.c, gradient_bytes=gradient_bytes,
-                        dense_fit=dense_fit) for n in lengths]
-    act = pm.activation_any(chunk // cp) + max(c.peak_bytes_beyond_chunk for c in costs)
-    return sum(c.us for c in costs), pm.static + act / (1.0 - pm.margin)
+    chunk's share, A(chunk / cp), + peak_bytes_beyond_chunk), grown by the margin as ``budget`` is.
+    ``chunk``: one for every sample, or each sample's (``SchedulerJob.chunk_for``)."""
+    chunks = [chunk] * len(lengths) if isinstance(chunk, int) else list(chunk)
+    costs = [chunk_cost(cost, n, c, cp, mask_bytes_per_token2=pm.c, gradient_bytes=gradient_bytes,
+                        dense_fit=dense_fit) for n, c in zip(lengths, chunks, strict=True)]
+    act = max(pm.activation_any(c // cp) + k.peak_bytes_beyond_chunk for c, k in zip(chunks, costs))
+    return sum(k.us for k in costs), pm.static + act / (1.0 - pm.margin)
 
 
 def format_chunked(records: list[ChunkedMemory]) -> str:

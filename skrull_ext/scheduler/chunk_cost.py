@@ -46,11 +46,13 @@ within 0.97-1.0 of the measured peak for chunks of 128-1,396 tokens;
 docs/design/chunked.md, "Memory and time, checked".
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from skrull_ext._core import CostModel
+from skrull_ext.scheduler.profile_memory import ProfileMemory
 
-__all__ = ["ChunkCost", "RECOMPUTE_SHARE", "chunk_cost"]
+__all__ = ["ChunkCost", "ChunkRule", "ChunkTooLarge", "RECOMPUTE_SHARE", "chunk_cost", "fitting_chunk",
+           "peak_bytes_beyond_chunk"]
 
 RECOMPUTE_SHARE = 1.0 / 3.0
 """The forward's share of a forward + backward (backward ~ 2 forwards): what recomputing a
@@ -109,7 +111,17 @@ def chunk_cost(model: CostModel, length: int, chunk: int, cp: int = 1, *, mask_b
     if cp > 1:
         one_pass += layers * model.comm_us(model.kv_bytes(length))
     kv = layers * model.kv_bytes(length)
-    p = bounds[-1][0]  # the last chunk's prefix
+    beyond = peak_bytes_beyond_chunk(model, length, chunk, cp, mask_bytes_per_token2=mask_bytes_per_token2,
+                                     gradient_bytes=gradient_bytes)
+    return ChunkCost(len(bounds), us, one_pass, kv, beyond)
+
+
+def peak_bytes_beyond_chunk(model: CostModel, length: int, chunk: int, cp: int = 1, *,
+                            mask_bytes_per_token2: float = 0.0, gradient_bytes: float = 0.0) -> float:
+    """``ChunkCost.peak_bytes_beyond_chunk`` alone (the module docstring says what it counts): what a
+    rank holds beyond one chunk's activations, at the worse of the last two chunks' backward."""
+    layers = model.shape.layers
+    p = (length - 1) // chunk * chunk  # the last chunk's prefix
 
     def kv_of(tokens: int) -> float:
         return layers * model.kv_bytes(tokens)
@@ -118,6 +130,74 @@ def chunk_cost(model: CostModel, length: int, chunk: int, cp: int = 1, *, mask_b
         return mask_bytes_per_token2 * (chunk / cp) * tokens
 
     beyond = 2.0 * kv_of(p) + mask_over(p)  # the last chunk's backward
-    if len(bounds) > 1:  # the one before it
+    if p > 0:  # the one before it
         beyond = max(beyond, 3.0 * kv_of(p) - kv_of(chunk) + mask_over(p - chunk) + gradient_bytes)
-    return ChunkCost(len(bounds), us, one_pass, kv, beyond)
+    return beyond
+
+
+class ChunkTooLarge(ValueError):
+    """No chunk of a document fits a rank's memory: its K/V alone (and the rest beyond a chunk)
+    exceed what the rank has for activations."""
+
+
+def fitting_chunk(model: CostModel, memory: ProfileMemory, length: int, limit: int, cp: int = 1, *,
+                  gradient_bytes: float = 0.0) -> int:
+    """The largest chunk C (a multiple of ``cp``, at most ``limit``) a ``length``-token document can
+    be trained in whose predicted peak fits one rank: ``memory.activation_any(C / cp)`` (one
+    chunk's share, as BucketSize is derived) + ``peak_bytes_beyond_chunk`` (the prefix's K/V
+    copies, the mask over it at the fit's ``c``, ``gradient_bytes``) within the activation room
+    ``(usable - static) x (1 - margin)``: the rule ``budget`` and BucketSize's derivation keep,
+    and the arithmetic profile.check's chunked case measures (profile/check_chunked.py).
+
+    At the limit a chunk's activations alone fill that room (the limit is BucketSize a rank),
+    so a document longer than it is chunked smaller, by the bytes its K/V take. The peak is not
+    monotone in C (the last chunk's prefix jumps as C crosses a divisor of the length), so every
+    multiple of ``cp`` is tried from the limit down; it is monotone in ``length`` for a fixed C,
+    so the chosen C never grows with the length. Raises ChunkTooLarge when not even a chunk of
+    ``cp`` tokens (one a rank) fits."""
+    if length < 1 or limit < cp or cp < 1:
+        raise ValueError(f"fitting_chunk: length {length}, limit {limit} and cp {cp} must be positive, "
+                         f"the limit at least cp")
+    room = (memory.usable - memory.static) * (1.0 - memory.margin)
+
+    def peak(c: int) -> float:
+        return memory.activation_any(c // cp) + peak_bytes_beyond_chunk(
+            model, length, c, cp, mask_bytes_per_token2=memory.c, gradient_bytes=gradient_bytes)
+
+    for c in range(limit - limit % cp, 0, -cp):
+        if peak(c) <= room:
+            return c
+    kv = model.shape.layers * model.kv_bytes(length)
+    mib = lambda v: f"{v / 2**20:.1f} MiB" if v >= 2**20 else f"{v:.0f} B"  # noqa: E731
+    raise ChunkTooLarge(
+        f"a sample of {length} tokens cannot be trained in chunks on one rank: its K/V alone take {mib(kv)}, "
+        f"and even in chunks of {cp} token(s) its predicted peak is {mib(peak(cp))}, over the "
+        f"{mib(room)} a rank has for activations (memory.usable_bytes - static_bytes, less the margin); "
+        f"the limit is {limit} tokens. Cut such samples shorter (dataloader.max_len, or skrull.overlength "
+        f"'truncate' or 'drop'), or give each document more memory (more CP ranks, LoRA, a larger device)")
+
+
+@dataclass
+class ChunkRule:
+    """The chunk each chunked document trains in, one rule for the scheduler's price
+    (``SchedulerJob.chunk_for``) and the trainer's run (train/passes.py): ``fitting_chunk`` on the
+    job's measured memory model, or the limit when there is none (a hardware preset: the peak is
+    then not checked, ``note`` says so). Remembers each length's chunk."""
+
+    cost: CostModel
+    memory: ProfileMemory | None
+    limit: int
+    """What a CP group holds (``Capacity.group_limit``): the largest chunk."""
+    cp: int = 1
+    gradient_bytes: float = 0.0
+    """One gradient of a rank's trainable parameters (held summed over the chunks in backward)."""
+    _chunks: dict[int, int] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def chunk(self, length: int) -> int:
+        """The chunk of a ``length``-token document (ChunkTooLarge when none fits)."""
+        if self.memory is None:
+            return self.limit
+        if length not in self._chunks:
+            self._chunks[length] = fitting_chunk(self.cost, self.memory, length, self.limit, self.cp,
+                                                 gradient_bytes=self.gradient_bytes)
+        return self._chunks[length]

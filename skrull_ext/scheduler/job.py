@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from skrull_ext import _core
 from skrull_ext._core import CostModel, Timeline
 from skrull_ext.scheduler.capacity import Capacity
+from skrull_ext.scheduler.chunk_cost import ChunkRule
 from skrull_ext.scheduler.config import LOOKAHEAD_AUTO, Policy, SchedulingOptions, core_options
 
 __all__ = ["SchedulerJob"]
@@ -56,6 +57,9 @@ class SchedulerJob:
     free_running: bool = False
     """FSDP parameters held unsharded for the step (train/execution.py decides): each DP rank
     builds and runs its own micro-batches only, no pad passes."""
+    chunk_rule: ChunkRule | None = field(default=None, compare=False)
+    """Under ``overlength = "chunk"``: the chunk each document trains in (scheduler/chunk_cost.py),
+    set by start-up from the measured memory model (train/settle.py); None: the group's limit."""
     capacity: Capacity = field(init=False)
     """What the job's ranks hold under this policy, and the longest sequence it trains whole."""
     options: _core.Options = field(init=False, repr=False, compare=False)
@@ -89,6 +93,11 @@ class SchedulerJob:
                    cpsat_margin=knobs.cpsat_margin, cpsat_deterministic_time=knobs.cpsat_deterministic_time,
                    max_extra_micro_batches=knobs.max_extra_micro_batches, lookahead=lookahead,
                    free_running=free_running)
+
+    def chunk_for(self, length: int) -> int:
+        """The chunk a chunked ``length``-token document trains in: the one the scheduler prices
+        (scheduler.chunked_times) and the trainer runs (train/passes.py)."""
+        return self.capacity.group_limit if self.chunk_rule is None else self.chunk_rule.chunk(length)
 
     @property
     def uses_cpsat(self) -> bool:

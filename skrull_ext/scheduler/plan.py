@@ -193,6 +193,9 @@ class Plan:
     """Each chunked document's predicted time on its group (scheduler/chunk_cost.py)."""
     chunked_group: list[int] = field(default_factory=list)
     """Each chunked document's CP group (DP rank): the core's assignment (cpp/include/skrull/chunked.hpp)."""
+    chunked_chunk: list[int] = field(default_factory=list)
+    """Each chunked document's chunk, in tokens: what ``chunked_us`` priced and the trainer runs
+    (``SchedulerJob.chunk_for``: the largest that fits a rank's memory model, at most the limit)."""
 
     @classmethod
     def from_core(cls, s: _core.Plan, input_lengths: Sequence[int], job: SchedulerJob,

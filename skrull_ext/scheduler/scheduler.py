@@ -65,7 +65,7 @@ class Scheduler:
         """Plan one global batch (lengths in dataset order). Empty batch -> empty plan.
 
         ``chunked``: the lengths of the step's documents that ``overlength = "chunk"`` trains
-        whole in chunks of ``chunk`` tokens (default: the limit, what a CP group holds). Each
+        whole in chunks of ``chunk`` tokens (default: ``job.chunk_for``, what the trainer runs). Each
         is one work item of ``chunk_cost`` on one DP rank's CP group; the core assigns them
         (``plan.chunked_group``: LPT, longest first) and balances the samples around them
         (cpp/include/skrull/chunked.hpp). Under ``skrull-pool`` they are assigned the same way
@@ -90,6 +90,7 @@ class Scheduler:
         else:
             core = _core.to_plan(_core.schedule(lengths, c.cost_model, c.options, chunked_us), c.cost_model, c.options)
         plan = Plan.from_core(core, lengths, c, chunked)
+        plan.chunked_chunk = [c.chunk_for(n) if chunk is None else chunk for n in chunked]
         if c.policy.pool and chunked:
             plan.chunked_us, plan.chunked_group = chunked_us, _core.assign_chunked(chunked_us, c.dp)
             plan.retime()
@@ -106,7 +107,7 @@ class Scheduler:
 
     def chunked_us(self, chunked: Sequence[int], chunk: int | None = None) -> list[float]:
         """Each chunked document's predicted time on one CP group (``chunk_cost``), in chunks of
-        ``chunk`` tokens (default: the job's limit, what the trainer chunks by)."""
+        ``chunk`` tokens (default: ``job.chunk_for``, what the trainer chunks by)."""
         return chunked_times(self.job, chunked, chunk)
 
     def lookahead(self, batches: Sequence[Sequence[int]],
@@ -188,10 +189,9 @@ class Scheduler:
 
 def chunked_times(job: SchedulerJob, chunked: Sequence[int], chunk: int | None = None) -> list[float]:
     """Each of ``chunked`` (lengths) as ``job`` trains it: whole, in chunks of ``chunk`` tokens
-    (default ``job.capacity.group_limit``, the trainer's chunk), sharded over its CP group;
-    its predicted time (scheduler/chunk_cost.py)."""
-    chunk = job.capacity.group_limit if chunk is None else chunk
-    return [chunk_cost(job.cost_model, n, chunk, job.cp).us for n in chunked]
+    (default ``job.chunk_for(n)``, the trainer's chunk), sharded over its CP group; its
+    predicted time (scheduler/chunk_cost.py)."""
+    return [chunk_cost(job.cost_model, n, job.chunk_for(n) if chunk is None else chunk, job.cp).us for n in chunked]
 
 
 def plan_window(job: SchedulerJob, batches: Sequence[Sequence[int]],

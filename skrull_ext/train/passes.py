@@ -63,12 +63,12 @@ def step_passes(trainer, step: SkrullStep, global_valid_tokens: torch.Tensor) ->
 
 def chunked_samples(trainer, step: SkrullStep, global_valid_tokens: torch.Tensor) -> torch.Tensor:
     """Forward and backward of this rank's samples longer than the limit, each whole in chunks of
-    the limit sharded over the CP group (``overlength = "chunk"``, train/chunked.py); returns
-    their loss sum / global loss tokens. They run before the micro-batches, gradients kept
+    ``skrull_job.chunk_for(length)`` (the chunk the scheduler priced it with: the largest that fits
+    a rank's memory model, scheduler/chunk_cost.py fitting_chunk) sharded over the CP group
+    (``overlength = "chunk"``, train/chunked.py); returns their loss sum / global loss tokens. They run before the micro-batches, gradients kept
     unreduced (free-running, or ``skrull.defer_grad_sync``); only a step with no micro-batch
     (a lockstep plan of chunked samples alone) reduces in the last one's backward."""
     total = torch.zeros((), device=trainer.device)
-    chunk = trainer.dataloader.limit.tokens
 
     def loss_fn(pred: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return trainer.loss_fn(pred, labels, global_valid_tokens)[0]
@@ -82,6 +82,7 @@ def chunked_samples(trainer, step: SkrullStep, global_valid_tokens: torch.Tensor
             trainer._set_grad_sync(last)
         with record_function(f"skrull/chunked_{k}"), trainer.train_context():  # a blocking copy waits for the stream
             tokens, labels = (t.to(trainer.device, non_blocking=True) for t in (sample.input, sample.labels))
+            chunk = trainer.skrull_job.chunk_for(sample.length)
             out = chunked_loss(trainer.model_parts[0], tokens, labels, chunk, loss_fn, layers=trainer.dacp_attention,
                                group=trainer.cp_group)
             out.loss.backward()

@@ -48,6 +48,7 @@ def step_record(step) -> dict:
         "plan_chunked_dp_rank": list(plan.chunked_group),
         "chunked_here": [step.samples[len(plan.input_lengths) + k] for k in plan.chunked_of(step.dp_rank)],
         "chunked_here_lengths": [s.length for s in step.chunked],
+        "plan_chunked_chunk": list(plan.chunked_chunk),  # each chunked document's chunk, as priced and run
         "plan_digest": plan.digest(),
         "gds_digest": gds_digest(plan),
         "buffers_digest": buffers_digest(step.micro_batches),

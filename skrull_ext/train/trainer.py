@@ -265,6 +265,8 @@ class SkrullTrainer(JobTrainer):
                           limited_lengths=loader.decided_lengths, chunked_lengths=loader.decided_chunked,
                           check_lengths=lambda job, last: check_overlength(loader, 1, last, loader.limit_of(job),
                                                                            quiet=True),
+                          gradient_bytes=float(sum(p.numel() * p.element_size() for m in self.model_parts
+                                                   for p in m.parameters() if p.requires_grad)),
                           no_free_running=getattr(self.loss_fn, "free_running_blocked", None))
         except ValueError as e:  # the launcher prints it as one line (cli_errors)
             raise JobFileError(str(e)) from None

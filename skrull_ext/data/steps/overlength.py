@@ -31,6 +31,7 @@ A ``dataloader.max_len`` below that is the user's own cut and is kept.
 
 import dataclasses
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -40,6 +41,7 @@ from skrull_ext.data.steps.accounting import NO_LOSS, OVERLENGTH, Event, RunAcco
 from skrull_ext.data.sources.synthetic import IGNORE_INDEX, Sample
 from skrull_ext.errors import DataError
 from skrull_ext.scheduler.capacity import Capacity
+from skrull_ext.scheduler.chunk_cost import ChunkTooLarge
 
 
 class OverlengthError(DataError):
@@ -63,6 +65,9 @@ class LengthLimit:
     """``dataloader.max_len`` above ``tokens`` (None: unset, or it is ``tokens``): under 'chunk' the
     longest a sample trains, chunks and all; a longer one is cut to it (counted as cut), since a
     chunked sample's positions run to its length and the RoPE cache covers max_len only."""
+    chunk_for: Callable[[int], int] | None = field(default=None, compare=False, repr=False)
+    """Under 'chunk': the chunk a sample of n tokens trains in (``SchedulerJob.chunk_for``, what the
+    scheduler prices); None: ``tokens``."""
 
     @property
     def source(self) -> str:
@@ -87,9 +92,13 @@ class LengthLimit:
             return n if self.max_len is None else min(n, self.max_len)
         return self.tokens if self.mode == "truncate" else None
 
+    def chunk(self, n: int) -> int:
+        """Under 'chunk', the chunk a sample of ``n`` tokens trains in (``chunk_for``, else ``tokens``)."""
+        return self.tokens if self.chunk_for is None or n <= self.tokens else self.chunk_for(n)
+
     def chunks(self, n: int) -> int:
-        """Under 'chunk', the chunks of ``tokens`` a sample of ``n`` trains as (1: it fits)."""
-        return max(1, -(-n // self.tokens))
+        """Under 'chunk', the chunks (of ``chunk(n)``) a sample of ``n`` trains as (1: it fits)."""
+        return max(1, -(-n // self.chunk(n)))
 
     def too_long(self) -> str:
         """Why a longer sample is refused, in the core scheduler's words for the CP limit."""
@@ -130,8 +139,9 @@ def capacity_limit(capacity: Capacity, mode: str, max_len: int | None) -> Length
 
 
 def scheduler_limit(job, max_len: int | None) -> LengthLimit:
-    """The limit of a resolved job (``SchedulerJob``: its capacity and over-length mode)."""
-    return capacity_limit(job.capacity, job.overlength, max_len)
+    """The limit of a resolved job (``SchedulerJob``: its capacity, over-length mode and chunk)."""
+    limit = capacity_limit(job.capacity, job.overlength, max_len)
+    return dataclasses.replace(limit, chunk_for=job.chunk_for) if limit.by == "capacity" else limit
 
 
 def location(source, index: int) -> str:
@@ -339,6 +349,27 @@ def stub_refusal(report: OverlengthScan) -> str | None:
             f"parallelism.context_parallel_degree, or cut on purpose with dataloader.max_len)")
 
 
+def chunked_longest(report: OverlengthScan) -> int | None:
+    """Under 'chunk', the longest sample the scan found that trains in chunks (None: none), its
+    chunk found now: a document whose K/V leave no chunk room on a rank (``ChunkTooLarge``)
+    stops the run at start-up, named, not at its step. The chunk never grows with the length
+    (``fitting_chunk``), so the longest is the one to ask."""
+    lim = report.limit
+    if lim.mode != "chunk" or not report.over:
+        return None
+    kept = [(m, step, index) for step, index, n in report.over if (m := lim.kept_length(n)) and m > lim.tokens]
+    if not kept:
+        return None
+    length, step, index = max(kept)
+    try:
+        lim.chunk(length)
+    except ChunkTooLarge as e:
+        where = report.first_where if (step, index) == report.over[0][:2] else ""
+        raise OverlengthError(f"{_named(where, index, step, ': ')}, skrull.overlength = 'chunk' at "
+                              f"{lim.source}: {e}") from None
+    return length
+
+
 def check_overlength(loader, first_step: int, last_step: int, limit: LengthLimit | None = None,
                      quiet: bool = False) -> OverlengthScan:
     """Pre-scan (``scan_overlength``), raise :class:`OverlengthError` under 'error' or when most
@@ -350,11 +381,16 @@ def check_overlength(loader, first_step: int, last_step: int, limit: LengthLimit
         raise OverlengthError(report.message())
     if (refusal := stub_refusal(report)) is not None:
         raise OverlengthError(refusal)
+    longest = chunked_longest(report)
     if quiet:
         return report
     if report.over:
+        chunks = f"in chunks of {lim.tokens} tokens"
+        if longest is not None and lim.chunk(longest) != lim.tokens:
+            chunks = (f"in chunks of at most {lim.tokens} tokens, the longest ({longest}) in chunks of "
+                      f"{lim.chunk(longest)}, what fits a rank's memory")
         verb = {"truncate": f"truncated to {lim.tokens} tokens", "drop": "dropped",
-                "chunk": f"trained whole in chunks of {lim.tokens} tokens"}[lim.mode]
+                "chunk": f"trained whole {chunks}"}[lim.mode]
         if report.no_loss:
             verb += (f", but {report.no_loss} of them would keep no loss token (a prompt longer than the limit) "
                      "and will be skipped")
