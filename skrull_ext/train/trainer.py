@@ -267,7 +267,7 @@ class SkrullTrainer(JobTrainer):
                                                                            quiet=True),
                           gradient_bytes=float(sum(p.numel() * p.element_size() for m in self.model_parts
                                                    for p in m.parameters() if p.requires_grad)),
-                          no_free_running=getattr(self.loss_fn, "free_running_blocked", None))
+                          no_free_running=getattr(getattr(self, "loss_fn", None), "free_running_blocked", None))
         except ValueError as e:  # the launcher prints it as one line (cli_errors)
             raise JobFileError(str(e)) from None
 
