@@ -205,9 +205,17 @@ class ProfileMemory:
         return self.b + a * tokens + c * tokens * tokens + head_bytes(tokens, self.logits, self.head_chunk)
 
     def budget(self, tokens: int) -> float:
-        """All a rank holding ``tokens`` may use: static account + activation fit
-        grown by the margin BucketSize was derived with (<= usable up to BucketSize)."""
-        return self.static + self.activation_any(tokens) / (1.0 - self.margin)
+        """All a rank holding ``tokens`` may use: static account + activation fit, its part that
+        grows with the tokens grown by the margin, as ``derive_bucket_size`` grows it (b, and the
+        one chunk of logits a micro-batch of a chunk or more holds, outside the margin), so the
+        budget is <= usable up to BucketSize. (The margin grew b too before; with b at a few
+        bytes that was nothing, with the head's chunk in b it put BucketSize's budget over usable.)"""
+        a, c = per_rank_coefficients(self.a, self.c, self.cp, self.kv)
+        head = head_bytes(tokens, self.logits, self.head_chunk)
+        full_chunk = self.head_chunk > 0 and tokens >= self.head_chunk
+        fixed = self.b + (head if full_chunk else 0.0)
+        grown = a * tokens + c * tokens * tokens + (0.0 if full_chunk else head)
+        return self.static + fixed + grown / (1.0 - self.margin)
 
     def free_running_need(self, unsharded: float, tokens: int) -> float:
         """All a free-running rank holding ``tokens`` may use: ``budget`` with the static

@@ -58,7 +58,7 @@ def lora_run(source, tmp_path_factory):
             # AC in the job file: its CLI flags are another change's
             job = hf_job(tmp / "job.toml", source, SAVING, edits={
                 '[activation_checkpoint]\nkind = "none"': f'[activation_checkpoint]\nkind = "{ac}"',
-                'activation_checkpoint = "auto"': 'activation_checkpoint = "job"',  # the kind above, as written
+                'activation_checkpoint = "auto"  # the': 'activation_checkpoint = "job"  # the',  # the kind above
                 "\n[skrull]\n": LORA + "\n[skrull]\n",
             })
             dump = str(tmp / "out")
