@@ -383,15 +383,19 @@ class MemoryResult:
 
 
 def fit_memory(tokens: Sequence[int], values: Sequence[float]) -> PolyFit:
-    """b + a N + c N^2 with c >= 0; linear when the quadratic term does not
-    pay (c <= 0, or it halves no error)."""
+    """b + a N + c N^2 with c >= 0 and b >= 0; linear when the quadratic term does not
+    pay (c <= 0, or it halves no error). A negative b (no bytes at no tokens is the floor; a
+    short ladder under checkpointing fitted b = -0.6 MB, which the profile file refuses) is
+    refitted through the origin."""
     line = fit_poly(tokens, values, 1)
-    if len(tokens) < 4:
-        return line
-    quad = fit_poly(tokens, values, 2)
-    if quad.quadratic > 0 and quad.coef[1] > 0 and quad.max_rel_error < 0.5 * line.max_rel_error:
-        return quad
-    return line
+    fit = line
+    if len(tokens) >= 4:
+        quad = fit_poly(tokens, values, 2)
+        if quad.quadratic > 0 and quad.coef[1] > 0 and quad.max_rel_error < 0.5 * line.max_rel_error:
+            fit = quad
+    if fit.intercept < 0:
+        fit = fit_poly(tokens, values, 2 if fit is not line else 1, intercept=False)
+    return fit
 
 
 def measure_head(jm: JobModel, tokens: Sequence[int], meter: Any, seed: int = 0) -> PolyFit:

@@ -242,3 +242,12 @@ def test_a_profiles_attention_weight_round_trips_and_defaults_to_one():
     d["compute"]["attention_weight"] = 5.0
     with pytest.raises(ValueError, match=r"attention_weight must be finite and in \(0, 4\], got 5"):
         from_dict(d, where="p.toml")
+
+
+def test_fit_memory_never_gives_negative_bytes_at_no_tokens():
+    """A ladder whose line crosses zero above N = 0 (a short ladder under checkpointing fitted
+    b = -0.6 MB, which the profile file refuses) is fitted through the origin."""
+    n = [128, 256, 512, 1024]
+    fit = fit_memory(n, [-1000.0 + 500.0 * v for v in n])
+    assert fit.intercept == 0.0 and fit.quadratic == 0.0
+    assert 490.0 < fit.slope < 500.0  # the line through the origin, pulled under 500 by the points' -1000
