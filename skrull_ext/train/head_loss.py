@@ -157,6 +157,9 @@ class ChunkedHeadLoss(ChunkedLossWrapper):
         self.num_chunks = 0  # ChunkedLossWrapper's field; chunks here are counted in tokens
         self.chunking: HeadChunking | None = None
         """Set at start-up (``set_chunking``); until then ``config.chunk_tokens`` or one chunk."""
+        self.head_passes_through = False
+        """The model calls its head module, which passes the hidden states through; the weight is
+        applied per chunk here (``pass_head_through``)."""
         self.head_in_model = False
         """The model applies its own head (``pred`` is the logits): set at start-up where one chunk
         holds every micro-batch (``put_head_back``), so nothing is chunked and the head runs where
@@ -172,7 +175,7 @@ class ChunkedHeadLoss(ChunkedLossWrapper):
         torchtitan groups it in (with the final norm) then runs its forward hooks out of step, so
         free-running DP ranks with different micro-batch counts reduce-scatter mismatched buffers
         (gloo: "Received data size doesn't match expected size"). Lockstep runs it."""
-        if self.head_in_model:
+        if self.head_in_model or self.head_passes_through:
             return None
         return (f"the head and loss run in chunks of {self.chunk_tokens} tokens (loss.chunk_tokens / "
                 "loss.chunk_bytes), which free-running DP ranks cannot yet (train/head_loss.py)")
@@ -198,7 +201,30 @@ class ChunkedHeadLoss(ChunkedLossWrapper):
 
     def _head_loss(self, h: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         assert self.lm_head is not None, "ChunkedHeadLoss: set_lm_head before the first call"
-        return self.loss_fn(self.lm_head(h), labels)[0]  # a sum over the chunk's tokens
+        if self.head_passes_through:  # the module ran in the model's forward; its weight applied here
+            logits = torch.nn.functional.linear(h, self.lm_head.weight, self.lm_head.bias)
+        else:
+            logits = self.lm_head(h)
+        return self.loss_fn(logits, labels)[0]  # a sum over the chunk's tokens
+
+    def pass_head_through(self, model_parts) -> bool:
+        """The head module called in the model's forward, passing the hidden states through, and
+        its weight applied per chunk here (False, nothing changed: not a plain Linear, e.g. under
+        TP or LoRA). Its FSDP unit (grouped with the final norm) then runs its hooks inside the
+        root module's forward, once a micro-batch, as without chunks: its parameters are
+        unsharded there and stay so until backward reaches the unit (torchtitan keeps the last
+        unit after forward; free-running keeps every one), and their gradients, from each
+        chunk's linear, are in before the unit's post-backward reduces them, so free-running DP
+        ranks may run different micro-batch counts again (``free_running_blocked``)."""
+        head = self.lm_head
+        if not isinstance(head, torch.nn.Linear) or type(head).forward is not torch.nn.Linear.forward:
+            return False  # a head with its own forward (LoRA's) is called as a module
+        head.forward = _pass_through
+        for part in model_parts:
+            if hasattr(part, "_skip_lm_head"):
+                part._skip_lm_head = False
+        self.head_passes_through = True
+        return True
 
     def __call__(
         self,
@@ -233,3 +259,8 @@ class ChunkedHeadLoss(ChunkedLossWrapper):
         if global_valid_tokens is not None:
             total = total / global_valid_tokens
         return total, {}
+
+
+def _pass_through(h: torch.Tensor) -> torch.Tensor:
+    """The head module's forward under ``pass_head_through``: the hidden states, unchanged."""
+    return h

@@ -117,3 +117,24 @@ def test_mixture_resume_is_bitwise(runs):
     print(f"uninterrupted steps {SAVE_AT + 1}..{STEPS}: {want}\nresumed: {got}")
     assert got == want
     assert _per_source(resumed.output) == _per_source(full.output)
+
+
+@pytest.mark.slow
+def test_head_in_chunks_runs_free_at_dp2_with_the_same_losses(runs, tmp_path):
+    """The head in 4 chunks a micro-batch (``--loss.chunk_tokens 64``) at DP 2, free-running, where
+    step 5 gives the ranks 1 and 2 micro-batches: the head module runs in the model's forward and
+    its weight per chunk (head_loss.py ``pass_head_through``); called from the loss instead, its
+    FSDP unit's hooks ran out of step and gloo aborted on mismatched reduce-scatters at step 5.
+    The losses are the uninterrupted run's (the head in one chunk) to float rounding."""
+    dump = str(tmp_path / "chunks")
+    proc = torchrun(2, "skrull_ext.train", ["--config-file", runs["job"], "--dump_folder", dump,
+                                            "--training.steps", str(STEPS), "--loss.chunk_tokens", "64",
+                                            "--metrics.enable_tensorboard"],
+                    cwd=str(tmp_path))
+    run = Run(dump=dump, output=proc.stdout + proc.stderr, grads=None)
+    assert "4 chunk(s) for a micro-batch of 256 tokens" in run.output
+    assert "the head module runs in the model's forward, its weight applied per chunk" in run.output
+    assert "Skrull execution: skrull.free_running = 'auto': free-running" in run.output
+    want = runs["full"].losses
+    assert len(run.losses) == len(want) == STEPS
+    assert all(abs(a - b) <= 1e-4 * abs(b) for a, b in zip(run.losses, want)), (run.losses, want)

@@ -234,3 +234,24 @@ def test_head_put_back_in_the_model_equals_unchunked(reference):
     loss, _ = loss_fn(pred, labels, torch.tensor(GLOBAL_TOKENS))
     loss.backward()
     _close(reference, (loss.item(), _grads(model)))
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_head_passed_through_equals_unchunked(reference, lora):
+    """Several chunks with the head module called in the model's forward (its FSDP unit's hooks in
+    step) and its weight applied per chunk: the same loss and gradients. A head with its own
+    forward (LoRA's wrapper) is left as it is and called from the loss."""
+    model = _model(lora, False)
+    loss_fn = ChunkedHeadLoss(ChunkedHeadLoss.Config(chunk_tokens=CHUNK))
+    _wire(model, loss_fn)
+    plain = type(model.lm_head).forward is torch.nn.Linear.forward
+    assert loss_fn.pass_head_through([model]) is plain
+    assert loss_fn.free_running_blocked is None if plain else "chunks of 37 tokens" in loss_fn.free_running_blocked
+    assert model._skip_lm_head is not plain
+    tokens, labels, positions = _batch()
+    pred = model(tokens, positions=positions, attention_masks=build_meta(list(DOCS), [0] * len(DOCS), 0, 1))
+    assert pred.shape[-1] == model.lm_head.in_features  # the hidden states, passed through or head skipped
+    loss, _ = loss_fn(pred, labels, torch.tensor(GLOBAL_TOKENS))
+    loss.backward()
+    if not lora:
+        _close(reference, (loss.item(), _grads(model)))
