@@ -128,15 +128,7 @@ def _choose(skrull, bucket: int, unsharded: float | None, dp: int, cp: int, dp_s
     if skrull.policy_spec.pool:
         return Execution(False, bucket, "skrull.free_running = 'auto': lockstep, because skrull-pool's "
                                         "micro-batches exchange K/V across DP groups")
-    profile = skrull.measured_profile()
-    mem, why = None, ""
-    if profile is None:
-        why = f"skrull.cost_model {skrull.cost_model!r} is a hardware preset with no measured [memory]"
-    else:
-        try:
-            mem = profile.memory()
-        except ValueError as e:
-            why = str(e)
+    mem, why = skrull.measured_memory()
     if mem is None:
         if mode is True:
             return Execution(True, bucket, f"skrull.free_running = true: memory not checked: {why} "

@@ -114,15 +114,7 @@ def chunk_rule(skrull, job: SchedulerJob, gradient_bytes: float) -> tuple[ChunkR
     if job.overlength != "chunk":
         return None, None
     limit = job.capacity.group_limit
-    profile = skrull.measured_profile()
-    memory, why = None, ""
-    if profile is None:
-        why = f"skrull.cost_model {skrull.cost_model!r} is a hardware preset with no measured [memory]"
-    else:
-        try:
-            memory = profile.memory()
-        except ValueError as e:
-            why = str(e)
+    memory, why = skrull.measured_memory()
     rule = ChunkRule(job.cost_model, memory, limit, job.cp, gradient_bytes)
     if memory is None:
         return rule, (f"skrull.overlength chunk: chunks of the limit, {limit} tokens, unchecked against memory: "

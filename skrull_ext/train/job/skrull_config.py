@@ -37,6 +37,7 @@ from skrull_ext.scheduler import cost_model as cost_models
 from skrull_ext.scheduler.config import FROM_PROFILE, LOOKAHEAD_AUTO, Lookahead, SchedulerConfig, SchedulingOptions
 from skrull_ext.scheduler.job import SchedulerJob
 from skrull_ext.scheduler.profile_file import Profile
+from skrull_ext.scheduler.profile_memory import ProfileMemory
 
 FreeRunning = bool | Literal["auto"]
 ActivationCheckpoint = Literal["job", "auto"]
@@ -180,6 +181,18 @@ class SkrullConfig(SchedulingOptions):
             refuse_failed(profile)
             self._profile = profile
         return self._profile if self._ac_mode is None else self._profile.under_mode(self._ac_mode)
+
+    def measured_memory(self) -> tuple[ProfileMemory | None, str]:
+        """(the measured profile's memory model, "") or (None, why there is none: a hardware
+        preset, or a profile with no [memory]): what free-running's fit and the chunk of a
+        chunked document are checked against."""
+        profile = self.measured_profile()
+        if profile is None:
+            return None, f"skrull.cost_model {self.cost_model!r} is a hardware preset with no measured [memory]"
+        try:
+            return profile.memory(), ""
+        except ValueError as e:
+            return None, str(e)
 
     def resolved_bucket_size(self) -> int:
         """BucketSize in tokens: ``bucket_size`` as written, or under ``"profile"`` the measured
