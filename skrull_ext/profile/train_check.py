@@ -57,11 +57,11 @@ import sys
 import time
 from dataclasses import asdict
 
-import torch
 import torch.distributed as dist
 
 from skrull_ext.profile.check_chunked import dense_kernel
 from skrull_ext.profile.memory import PROCESS_METERS, local_bytes, optimizer_state_tensors
+from skrull_ext.profile.ranks import sync
 from skrull_ext.profile.train_report import (ChunkedMemory, StepMemory, chunked_predicted, format_chunked,
                                              format_report, report)
 from skrull_ext.scheduler.model_shape import compute_dtype
@@ -84,14 +84,6 @@ class _Tap:
     def __next__(self):
         self.last = next(self.it)
         return self.last
-
-
-def _synchronize(device: torch.device) -> None:
-    """Wait for the device's queued work (the chunked samples are timed apart; the trainer itself
-    no longer synchronises around its passes). Looked up at call time: torch.cuda.synchronize
-    fails on CPU."""
-    if device.type != "cpu":
-        torch.get_device_module(device.type).synchronize()
 
 
 class MeteredTrainer(SkrullTrainer):
@@ -142,10 +134,10 @@ class MeteredTrainer(SkrullTrainer):
         before, step_base = self.meter.peak(), self.meter.base
         self.meter.start()
         offset = self.meter.base - step_base
-        _synchronize(self.device)
+        sync(self.device)
         t0, c0 = time.perf_counter(), time.process_time()
         total = super()._chunked_samples(step, global_valid_tokens)
-        _synchronize(self.device)
+        sync(self.device)
         us, cpu_us = (time.perf_counter() - t0) * 1e6, (time.process_time() - c0) * 1e6
         peak = self.meter.peak()
         self.meter.start()  # the rest of the step (clipping, the optimizer) is the step's again

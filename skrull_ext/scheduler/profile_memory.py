@@ -210,12 +210,10 @@ class ProfileMemory:
         one chunk of logits a micro-batch of a chunk or more holds, outside the margin), so the
         budget is <= usable up to BucketSize. (The margin grew b too before; with b at a few
         bytes that was nothing, with the head's chunk in b it put BucketSize's budget over usable.)"""
-        a, c = per_rank_coefficients(self.a, self.c, self.cp, self.kv)
-        head = head_bytes(tokens, self.logits, self.head_chunk)
-        full_chunk = self.head_chunk > 0 and tokens >= self.head_chunk
-        fixed = self.b + (head if full_chunk else 0.0)
-        grown = a * tokens + c * tokens * tokens + (0.0 if full_chunk else head)
-        return self.static + fixed + grown / (1.0 - self.margin)
+        fixed = self.b
+        if self.head_chunk > 0 and tokens >= self.head_chunk:
+            fixed += head_bytes(tokens, self.logits, self.head_chunk)
+        return self.static + fixed + (self.activation_any(tokens) - fixed) / (1.0 - self.margin)
 
     def free_running_need(self, unsharded: float, tokens: int) -> float:
         """All a free-running rank holding ``tokens`` may use: ``budget`` with the static

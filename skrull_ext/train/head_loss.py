@@ -187,9 +187,7 @@ class ChunkedHeadLoss(ChunkedLossWrapper):
         the final norm) ran its post-forward after the root's, and free-running DP ranks with
         different micro-batch counts then reduce-scattered mismatched buffers (gloo: "Received
         data size doesn't match expected size", the text job with a mixture at DP 2)."""
-        for part in model_parts:
-            if hasattr(part, "_skip_lm_head"):
-                part._skip_lm_head = False
+        _call_head_in_forward(model_parts)
         self.head_in_model = True
 
     @property
@@ -220,9 +218,7 @@ class ChunkedHeadLoss(ChunkedLossWrapper):
         if not isinstance(head, torch.nn.Linear) or type(head).forward is not torch.nn.Linear.forward:
             return False  # a head with its own forward (LoRA's) is called as a module
         head.forward = _pass_through
-        for part in model_parts:
-            if hasattr(part, "_skip_lm_head"):
-                part._skip_lm_head = False
+        _call_head_in_forward(model_parts)
         self.head_passes_through = True
         return True
 
@@ -264,3 +260,10 @@ class ChunkedHeadLoss(ChunkedLossWrapper):
 def _pass_through(h: torch.Tensor) -> torch.Tensor:
     """The head module's forward under ``pass_head_through``: the hidden states, unchanged."""
     return h
+
+
+def _call_head_in_forward(model_parts) -> None:
+    """Undo what torchtitan's Trainer set for a ChunkedLossWrapper: the model calls its head again."""
+    for part in model_parts:
+        if hasattr(part, "_skip_lm_head"):
+            part._skip_lm_head = False
