@@ -199,7 +199,8 @@ def test_bad_value_in_a_job_file_names_the_key(tmp_path):
     job = tmp_path / "job.toml"
     job.write_text(DEBUG.read_text().replace('activation_checkpoint = "auto"', 'activation_checkpoint = "selective"'))
     with pytest.raises(JobFileError, match=r"^skrull.activation_checkpoint: 'selective' is not one of "
-                                           r"\['job', 'auto'\]$"):
+                                           r"\['job', 'auto'\]; a mode \(none, selective, full\) is forced "
+                                           r"with activation_checkpoint.kind and this key left 'job'$"):
         load_job(str(job))
 
 

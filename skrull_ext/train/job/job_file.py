@@ -89,8 +89,11 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if tp is Any:
         return value
-    if origin is typing.Annotated:
-        return _coerce(value, args[0], key)
+    if origin is typing.Annotated:  # a string in its metadata: what to write instead, told with the error
+        try:
+            return _coerce(value, args[0], key)
+        except JobFileError as e:
+            raise JobFileError("; ".join([str(e), *(m for m in args[1:] if isinstance(m, str))])) from None
     if origin is typing.Literal:
         if value not in args:
             raise JobFileError(f"{key}: {value!r} is not one of {list(args)}")

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
 from skrull_ext._core import ModelShape, Timeline
 from skrull_ext.attention.kernels import KERNEL_CHOICES, check_kernel
@@ -40,7 +40,9 @@ from skrull_ext.scheduler.profile_file import Profile
 from skrull_ext.scheduler.profile_memory import ProfileMemory
 
 FreeRunning = bool | Literal["auto"]
-ActivationCheckpoint = Literal["job", "auto"]
+# the mode itself is torchtitan's key; this one says who picks it
+ActivationCheckpoint = Annotated[Literal["job", "auto"], "a mode (none, selective, full) is forced with "
+                                 "activation_checkpoint.kind and this key left 'job'"]
 KVExchange = Literal[TRANSPORT_CHOICES]  # pyrefly: ignore[invalid-literal]
 AttentionKernel = Literal[KERNEL_CHOICES]  # pyrefly: ignore[invalid-literal]
 
