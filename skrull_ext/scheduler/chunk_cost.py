@@ -8,14 +8,16 @@ constant, flops(s) = lin s + att s^2 (cpp/include/skrull/cost_model.hpp), so
 the chunk's own FLOPs, its linear layers plus its queries against the
 prefix and itself, are exactly ``flops(b) - flops(a)``, and the chunks' sum
 is ``flops(T)``: chunking moves no work, it adds the recomputed forward
-(``RECOMPUTE_SHARE`` of a fwd+bwd) and one call's fixed cost per chunk. On a
+(``RECOMPUTE_SHARE`` of a fwd+bwd) of every chunk but the last, which keeps
+its activations (its backward runs first), and one call's fixed cost per
+chunk. On a
 profile fitted on a kernel that skips no masked pair (``dense_fit``: CPU's),
 the chunk's attention is priced as the rectangle its masked SDPA computes.
 
 Over a CP group of N ranks each chunk is sharded (each rank computes 1/N of
 its FLOPs) and its K/V all-gathered once: ``comm_us(kv_bytes(C))`` per layer
-and chunk, again in backward's recompute, not hidden (the next layer needs
-it).
+and chunk, again in backward's recompute (the last chunk's: once), not
+hidden (the next layer needs it).
 
 Bytes: every rank of the group keeps the whole document's K/V until backward
 (``layers x kv_bytes(T)``, measured equal by tests/unit_tests/test_chunked.py).
@@ -25,8 +27,8 @@ peak is at the start of the backward of one of the last two chunks, whose
 prefixes are the longest (p: the last chunk's prefix, every chunk's K/V but
 its own):
 
-- the last chunk's: the kept prefix K/V and the recompute's concatenation of
-  it (2 x K/V(p)), and the attention's mask over the prefix where the kernel
+- the last chunk's: the kept prefix K/V and its forward's concatenation of
+  it (2 x K/V(p); kept from the forward, not recomputed: the same bytes), and the attention's mask over the prefix where the kernel
   keeps one: the CPU reference kernel saves a float L x L mask, the memory
   fit's quadratic term (``mask_bytes_per_token2``), and a chunk's rows run
   over its prefix's keys too. A GPU profile fitted on varlen has that term
@@ -104,8 +106,9 @@ def chunk_cost(model: CostModel, length: int, chunk: int, cp: int = 1, *, mask_b
             f -= att * (b - a) * a
         f /= cp
         exchange = model.comm_us(model.kv_bytes(b - a)) if cp > 1 else 0.0
-        us += layers * (model.comp_us(f) * (1.0 + RECOMPUTE_SHARE) + 2.0 * exchange)
-        us += model.token_us * (b - a) / cp * (1.0 + RECOMPUTE_SHARE) + model.micro_batch_fixed_us
+        passes = 1.0 if b == length else 2.0  # forwards: the last chunk keeps its activations (no recompute)
+        us += layers * (model.comp_us(f) * (1.0 + (passes - 1.0) * RECOMPUTE_SHARE) + passes * exchange)
+        us += model.token_us * (b - a) / cp * (1.0 + (passes - 1.0) * RECOMPUTE_SHARE) + model.micro_batch_fixed_us
     one_pass = layers * model.comp_us(model.flops(length) / cp) + model.token_us * length / cp \
         + model.micro_batch_fixed_us
     if cp > 1:

@@ -8,18 +8,21 @@ earlier token of its document, positions and RoPE continuing. Each chunk's
 forward runs under non-reentrant activation checkpointing: what it keeps for
 backward is its inputs (token ids, positions, the prefix K/V, which the
 document keeps anyway) and its outputs (its loss and K/V), not its
-activations. The backward of the summed loss then runs the chunks in reverse
-order, recomputing one chunk's activations at a time and handing the
-gradients of the prefix K/V back to the earlier chunks' graphs, where they
-join the gradients of those chunks' own queries.
+activations. The last chunk is the exception: its backward is the first to
+run, right after its forward, so it keeps its activations and is not
+recomputed (the bytes at the start of its backward are the same either way,
+the recomputed forward is saved). The backward of the summed loss then runs
+the chunks in reverse order, recomputing one chunk's activations at a time
+and handing the gradients of the prefix K/V back to the earlier chunks'
+graphs, where they join the gradients of those chunks' own queries.
 
 So the bytes a chunked document keeps are the document's K/V plus one
 chunk's activations while that chunk's backward runs, whatever its length
 (tests/unit_tests/test_chunked.py counts them), and the loss and every
 gradient are those of the document in one pass, up to float rounding (the
 same test, fp32: loss 1e-6, gradients 1e-5 relative). The price is one
-recomputed forward per chunk and attention over the prefix, which the cost
-model charges (skrull_ext/scheduler/chunk_cost.py).
+recomputed forward per chunk but the last and attention over the prefix,
+which the cost model charges (skrull_ext/scheduler/chunk_cost.py).
 
 Over a CP group of N ranks, every chunk is sharded over the group (each rank
 holds C/N contiguous tokens of it) and its K/V gathered; a chunk size that is
@@ -93,8 +96,8 @@ def chunked_loss(
         chunk: tokens per chunk (over a CP group: the whole group's, a multiple of its size).
         loss_fn: ``(pred [1, L, V], labels [1, L]) -> scalar``, summed over the chunks.
         group: the CP group each chunk is sharded over (None: this rank holds the chunks).
-        recompute: checkpoint each chunk (the bounded-memory schedule); False keeps every
-            chunk's activations (the same values, for tests and measurements).
+        recompute: checkpoint each chunk but the last (the bounded-memory schedule); False keeps
+            every chunk's activations (the same values, for tests and measurements).
     """
     if tokens.dim() != 1 or tokens.shape != labels.shape:
         raise ValueError(f"tokens and labels must be 1-D of one length, got {tuple(tokens.shape)}, "
@@ -119,7 +122,8 @@ def chunked_loss(
             return (loss_fn(pred, lab[None]), *ctx.kept)
 
         flat = [kv for per_layer in prefix for kv in per_layer]
-        out = checkpoint(run, *flat, use_reentrant=False) if recompute else run(*flat)
+        keep = not recompute or b == tokens.numel()  # the last chunk: its backward runs first, nothing to save
+        out = run(*flat) if keep else checkpoint(run, *flat, use_reentrant=False)
         for i, kv in enumerate(out[1:]):
             prefix[i].append(kv)
         total = out[0] if total is None else total + out[0]

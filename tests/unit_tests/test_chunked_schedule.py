@@ -2,7 +2,8 @@
 which DP rank trains each, the step's predicted time with them, the look-ahead pricing them,
 and the loader handing each rank its own. Hand-computed on the toy cost model
 (tests/unit_tests/conftest.py: flops(s) = 24 s + 4 s^2, a time of one FLOP a microsecond, nothing else),
-where chunk_cost is 4/3 x flops(L) (the recomputed forward, no fixed cost)."""
+where chunk_cost is flops(L) plus a third of the flops of every chunk but the last (their recomputed
+forward; the last chunk keeps its activations), no fixed cost: ``_chunked``."""
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -18,22 +19,28 @@ def _flops(s: int) -> int:
     return 24 * s + 4 * s * s
 
 
+def _chunked(n: int, chunk: int = 5) -> float:
+    """A chunked document's price: its flops, and a third of those before its last chunk (the
+    recompute). Documents 12, 9 and 6 in chunks of 5: 1077.33, 613.33, 361.33."""
+    return _flops(n) + _flops((n - 1) // chunk * chunk) / 3
+
+
 def test_chunked_documents_go_where_they_balance_the_step(toy):
-    # Limit 5 tokens (BucketSize 5, cp 1). Documents 12, 9, 6 cost 4/3 x flops: 1152, 720, 384.
-    # LPT: 1152 -> DP 0, 720 -> DP 1, 384 -> DP 1 (720 < 1152): loads 1152, 1104.
-    # GDS around them, longest first: 5 (220) -> DP 1 (1324), 4 (160) -> DP 0 (1312), 3 (108) -> DP 0
-    # (1420), 2 (64) -> DP 1 (1388), 1 (28) -> DP 1 (1416). Free-running: the step is DP 0's 1420.
+    # Limit 5 tokens (BucketSize 5, cp 1). Documents 12, 9, 6 cost 1077.33, 613.33, 361.33 (_chunked).
+    # LPT: 1077.33 -> DP 0, 613.33 -> DP 1, 361.33 -> DP 1 (613.33 < 1077.33): loads 1077.33, 974.67.
+    # GDS around them, longest first: 5 (220) -> DP 1 (1194.67), 4 (160) -> DP 0 (1237.33), 3 (108) -> DP 1
+    # (1302.67), 2 (64) -> DP 0 (1301.33), 1 (28) -> DP 0 (1329.33). Free-running: the step is DP 0's 1329.33.
     plan = Scheduler(SchedulerConfig(dp=2, cp=1, bucket_size=5, timeline="free"), toy).schedule(
         [1, 2, 3, 4, 5], chunked=[12, 9, 6])
     plan.validate()
-    assert plan.chunked_us == pytest.approx([4 / 3 * _flops(n) for n in (12, 9, 6)])
+    assert plan.chunked_us == pytest.approx([_chunked(n) for n in (12, 9, 6)])
     assert plan.chunked_group == [0, 1, 1]
-    assert plan.dp_rank == [1, 1, 0, 0, 1]
-    assert plan.group_time_us == pytest.approx([1420, 1416])
-    assert plan.makespan_us == pytest.approx(1420)
+    assert plan.dp_rank == [0, 0, 1, 0, 1]
+    assert plan.group_time_us == pytest.approx([1329 + 1 / 3, 1302 + 2 / 3])
+    assert plan.makespan_us == pytest.approx(1329 + 1 / 3)
     assert plan.chunked_of(1) == [1, 2] and plan.summary()["chunked"] == 3
-    # Round robin (12 and 6 on DP 0) with the samples split as without them: 1536 + their share.
-    assert _round_robin_us(toy, [1, 2, 3, 4, 5], [12, 9, 6], dp=2, cp=1, bucket=5, timeline="free") > 1536
+    # Round robin (12 and 6 on DP 0) with the samples split as without them: 1438.67 + their share.
+    assert _round_robin_us(toy, [1, 2, 3, 4, 5], [12, 9, 6], dp=2, cp=1, bucket=5, timeline="free") > 1438
 
 
 def test_lockstep_runs_them_after_the_slots(toy):
@@ -43,14 +50,14 @@ def test_lockstep_runs_them_after_the_slots(toy):
     plan.validate()
     slots = sum(max(mb.time_us for mb in plan.micro_batches if mb.slot == j) for j in range(plan.slots))
     assert plan.chunked_group == [0, 1, 1]
-    assert plan.makespan_us == pytest.approx(slots + 1152)
+    assert plan.makespan_us == pytest.approx(slots + _chunked(12))
 
 
 def test_a_step_of_chunked_documents_only(toy):
     plan = Scheduler(SchedulerConfig(dp=3, cp=1, bucket_size=5, timeline="free"), toy).schedule([], chunked=[6, 9])
     plan.validate()
     assert plan.micro_batches == [] and plan.chunked_group == [1, 0]  # the longer first, to DP 0
-    assert plan.makespan_us == pytest.approx(4 / 3 * _flops(9))
+    assert plan.makespan_us == pytest.approx(_chunked(9))
 
 
 def test_plan_check_names_a_bad_chunked_document(toy):
@@ -64,12 +71,12 @@ def test_plan_check_names_a_bad_chunked_document(toy):
 
 
 def test_the_lookahead_prices_a_step_with_its_chunked_documents(toy):
-    # Step 0 trains a document of 1152; its long samples move to step 1 beside nothing.
+    # Step 0 trains a document of 1077.33; its long samples move to step 1 beside nothing.
     sched = Scheduler(SchedulerConfig(dp=1, cp=1, bucket_size=10, timeline="free"), toy)
     with_doc = sched.lookahead([[5, 1], [5, 1]], [[12], []])
-    assert with_doc.arrival_us[0] == pytest.approx(4 / 3 * _flops(12) + _flops(5) + _flops(1))
+    assert with_doc.arrival_us[0] == pytest.approx(_chunked(12) + _flops(5) + _flops(1))
     assert with_doc.window_us == pytest.approx(with_doc.arrival_window_us)  # one group: moving changes no sum
-    assert with_doc.window_us == pytest.approx(4 / 3 * _flops(12) + 2 * (_flops(5) + _flops(1)))
+    assert with_doc.window_us == pytest.approx(_chunked(12) + 2 * (_flops(5) + _flops(1)))
 
 
 def _round_robin_us(cost, lengths, chunked, dp, cp, bucket, timeline):
@@ -142,20 +149,20 @@ def test_the_pool_places_chunked_documents_after_its_plan(toy):
     sched = Scheduler(SchedulerConfig(dp=2, cp=1, bucket_size=5, policy="skrull-pool", timeline="lockstep"), toy)
     plan = sched.schedule([1, 2, 3, 4, 5], chunked=[12])
     plan.validate()
-    assert plan.chunked_group == [0] and plan.chunked_us == pytest.approx([4 / 3 * _flops(12)])
+    assert plan.chunked_group == [0] and plan.chunked_us == pytest.approx([_chunked(12)])
     without = sched.schedule([1, 2, 3, 4, 5])
-    assert plan.makespan_us == pytest.approx(without.makespan_us + 4 / 3 * _flops(12))
+    assert plan.makespan_us == pytest.approx(without.makespan_us + _chunked(12))
     window = sched.lookahead([[1, 2], [3, 4]], [[12], []])
     assert window.arrival_us[0] == pytest.approx(sched.schedule([1, 2], chunked=[12]).makespan_us)
 
 
 def test_the_lookahead_moves_long_samples_beside_a_chunked_document(toy):
-    # DP 2, free-running: step 0's document (1152) holds DP rank 0; its samples run on DP rank 1 beside it.
+    # DP 2, free-running: step 0's document (1077.33) holds DP rank 0; its samples run on DP rank 1 beside it.
     # Both 5-token samples (220 each) fit beside it, so step 1 keeps only the 1-token ones (28).
     sched = Scheduler(SchedulerConfig(dp=2, cp=1, bucket_size=10, timeline="free"), toy)
     a = sched.lookahead([[5, 1], [5, 1]], [[12], []])
-    assert a.arrival_us == pytest.approx([4 / 3 * _flops(12), _flops(5)])
-    assert a.steps == [[0, 2], [1, 3]] and a.step_us == pytest.approx([4 / 3 * _flops(12), _flops(1)])
+    assert a.arrival_us == pytest.approx([_chunked(12), _flops(5)])
+    assert a.steps == [[0, 2], [1, 3]] and a.step_us == pytest.approx([_chunked(12), _flops(1)])
 
 
 def test_a_step_of_one_chunked_sample_has_an_empty_plan_and_no_micro_batch():
