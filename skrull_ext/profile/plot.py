@@ -59,7 +59,7 @@ def plot(d: dict[str, Any], path: str | Path) -> None:
         whole = raw_c.get("packed_whole_buffer", False)  # priced as the kernel computes it (compute.py)
         pf = [flops_of(shape, priced_docs(docs, whole), w) / 1e9 for docs in raw_c.get("packed_docs", [])]
         if pf:
-            ax.plot(pf, [y / 1e3 for y in raw_c["packed_us"]], "x", label="packed (several docs)")
+            ax.plot(pf, [y / 1e3 for y in raw_c["packed_us"]], "x", label="packed (several docs" + (", priced whole)" if whole else ")"))
         gf = gf + hf + pf
     if gf:
         xs, ys = _line([0.0, *gf], lambda x: (a * x * 1e9 + b) / 1e3)
