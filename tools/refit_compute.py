@@ -31,6 +31,8 @@ def refit(d: dict) -> str:
     shape = ModelShape(m["layers"], m["hidden"], m["kv_width"], m["bytes_per_elem"])
     ladder = [[n] for n in raw["lengths"]]
     packed = raw.get("packed_docs", [])
+    if raw.get("packed_whole_buffer", False):  # a whole buffer's attention is a single document's (compute.py)
+        return "kept: the kernel attends over each buffer whole, so the packed buffers tell the rates nothing"
     fitted = fit_two_rates([split_flops(shape, docs) for docs in ladder + packed], raw["us"] + raw.get("packed_us", []))
     if fitted is None:
         return "kept: no packed buffers, or the two-rate fit has a rate or the intercept below 0"

@@ -27,9 +27,9 @@ the run's ``documents/cut_documents`` and ``documents/context_lost_tokens``,
 ``memory/max_reserved(GiB)`` / ``max_active`` (the step's peak, reset each
 logged step), and Skrull's ``skrull/predicted_us``, ``skrull/measured_us``
 (the whole step as run), ``skrull/max_rank_tokens`` and the step by phase
-(``skrull/phase_<key>_ms``, ``skrull/step_outside_ms``: train/step_phases.py;
-the table gives each phase's median and the median share outside the
-micro-batches). The predicted memory of a Skrull step is the
+(``skrull/phase_<key>_ms``, ``skrull/step_outside_ms``: train/step_phases.py,
+under either batching, torchtitan's predicting nothing; the table gives each
+phase's median and the median share outside the micro-batches). The predicted memory of a Skrull step is the
 profile's static account plus its activation fit at the step's largest
 micro-batch (``ProfileMemory``; no margin), plus what free-running holds
 (``skrull/free_running_bytes``: the unsharded parameters and gradients the
@@ -157,7 +157,7 @@ def summarize_mode(run_dir: str, warmup: int, memory=None) -> dict:
     from skrull_ext.train.step_phases import PHASES
 
     phases = {k: median(after(f"skrull/phase_{k}_ms")) for k in [*(p.key for p in PHASES), "rest"]
-              if tags.get(f"skrull/phase_{k}_ms")}  # a Skrull run's step by phase (train/step_phases.py)
+              if tags.get(f"skrull/phase_{k}_ms")}  # the step by phase, either batching (train/step_phases.py)
     if phases:
         out["phases_ms"] = phases
         outside = tags.get("skrull/step_outside_ms", {})

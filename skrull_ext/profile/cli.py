@@ -56,7 +56,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--held-out", type=ints, default=d.held_out,
                    help="lengths timed but not fitted, to test the fit (default: between the ladder's points)")
     p.add_argument("--packed", type=lambda s: tuple(parse_ints(b.replace("+", ",")) for b in s.split(";") if b),
-                   default=d.packed, help="multi-document buffers timed against the summed per-document prediction, "
+                   default=d.packed, help="multi-document buffers timed against their prediction (the summed "
+                   "per-document FLOPs; one sequence of the buffer's length where the kernel attends over it whole), "
                    "e.g. '256+256;512+128' ('' for none; default: two derived from the job)")
     p.add_argument("--warmup", type=int, default=d.warmup, help="untimed rounds over all compute buffers (default: %(default)s)")
     p.add_argument("--repeats", type=int, default=d.repeats,
@@ -147,9 +148,11 @@ def failures(compute, check, max_held_out: float, max_packed: float, micro_batch
         out.append(f"compute fit: a held-out length misses by {compute.held_out_max_rel_error:.1%}, "
                    f"more than --max-held-out-error {max_held_out:.0%}")
     if compute.packed_max_rel_error > max_packed:
+        priced = ("a buffer priced as one sequence of its length, as the kernel computes it"
+                  if getattr(compute, "whole_buffer", False) else
+                  "the scheduler predicts a micro-batch as the sum of its documents")
         out.append(f"compute fit: a packed buffer misses by {compute.packed_max_rel_error:.1%}, more than "
-                   f"--max-packed-error {max_packed:.0%} (the scheduler predicts a micro-batch as the sum of "
-                   "its documents)")
+                   f"--max-packed-error {max_packed:.0%} ({priced})")
     if check is not None and not check.ok:
         out.append("BucketSize check: a buffer of BucketSize tokens used more memory than the budget; a job "
                    "refuses to take bucket_size = 'profile' from this file (re-profile with a lower --memory-limit "

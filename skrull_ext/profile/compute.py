@@ -29,6 +29,20 @@ host-bound on a GPU, where no FLOP rate holds (a relative fit let a 2,048
 Qwen2.5-0.5B on an H200: w = 0.52, packed misses 20% -> 2%. The held-out
 lengths stay held out. Without packed buffers, or where the two-rate fit
 has a rate or the intercept below 0, the one-rate fit (w = 1) stands.
+
+A kernel that attends over each buffer whole (``whole_buffer``: one masked
+SDPA over all its documents, which on CPU skips nothing the mask hides: DACP's
+``dense`` kernel, ``auto``'s choice on CPU, and torchtitan's dense-mask
+attention) computes a packed buffer's full square: 4 x 256 tokens took
+what one 1,024-token document took (118.5 against 118.4 ms a layer,
+docs/profile.md). Such a buffer is then priced as one sequence of its
+length, the work its kernel does, so the packed check tests the fit against
+that kernel (it read -36% and -30% against the per-document sum, a miss no
+fit can close, on every CPU profile); it tells the two rates nothing a
+single document does not, so it is not fitted either. The per-document sum,
+what the scheduler prices a micro-batch at whatever the kernel, is still
+given beside it (``ComputeResult.sum_rel_error``): under such a kernel the
+plans' predictions of micro-batches of several documents are that far short.
 """
 
 from __future__ import annotations
@@ -58,6 +72,9 @@ class Timing:
     """Forward+backward microseconds of one layer on the fit's clock (median over repeats, mean over ranks)."""
     wall_us: float
     """The same on the wall clock (equal to ``us`` when the fit's clock is wall)."""
+    sum_flops: float = 0.0
+    """The scheduler's price of the buffer: its documents' FLOPs summed, at the fit's weight
+    (``flops`` but where the kernel attends over the buffer whole: module docstring)."""
 
     @property
     def tokens(self) -> int:
@@ -79,9 +96,17 @@ class ComputeResult:
     attention_weight: float = 1.0
     """The cost model's ``attention_weight``: fitted with the packed buffers, else 1.
     Every Timing's ``flops`` counts attention at this weight."""
+    whole_buffer: bool = False
+    """The kernel attends over each buffer whole: a packed buffer is priced as one sequence of
+    its length (module docstring)."""
 
     def rel_error(self, t: Timing) -> float:
         return (self.fit(t.flops) - t.us) / t.us
+
+    def sum_rel_error(self, t: Timing) -> float:
+        """The miss of the scheduler's price, the sum of the documents' FLOPs (``rel_error`` but
+        under a whole-buffer kernel)."""
+        return (self.fit(t.sum_flops) - t.us) / t.us
 
     @property
     def held_out_max_rel_error(self) -> float:
@@ -98,6 +123,35 @@ def flops_of(shape, docs: Sequence[int], attention_weight: float = 1.0) -> float
     cm = CostModel(shape=shape, a_us_per_flop=0.0, b_us=0.0, comm=CommModel(bytes=[1.0], us=[0.0]),
                    attention_weight=attention_weight)
     return float(sum(cm.flops(int(s)) for s in docs))
+
+
+def priced_docs(docs: Sequence[int], whole_buffer: bool) -> tuple[int, ...]:
+    """A buffer's documents as its attention computes them: one sequence of the buffer's length
+    under a kernel that attends over the buffer whole (module docstring), else each on its own."""
+    return (int(sum(docs)),) if whole_buffer else tuple(int(d) for d in docs)
+
+
+def whole_buffer(jm: JobModel) -> bool:
+    """Whether the job's attention computes each buffer whole (one masked SDPA over every
+    document of it): DACP's ``dense`` kernel (``auto``'s choice but on CUDA in bf16/fp16), or, in a
+    compiled job, the call an all-local buffer traces (``tiles`` traces ``dense``: local_only.py);
+    torchtitan's attention but its block-sparse flex and varlen (on CPU, torchtitan_patches'
+    dense-mask SDPA, a FlexAttention by class)."""
+    from torchtitan.models.common.attention import FlexAttention, VarlenAttention
+
+    from torchtitan_patches.dense_attention import DenseMaskAttention
+
+    if jm.dacp:
+        from skrull_ext.attention.kernels import AUTO, auto_kernel_for
+        from skrull_ext.attention.local_only import local_only_kernel
+        from skrull_ext.scheduler.model_shape import model_compiled
+
+        kernel = jm.config.skrull.attention_kernel
+        traced = local_only_kernel(kernel, model_compiled(jm.config), jm.device, jm.dtype)
+        return (traced or (auto_kernel_for(jm.device, jm.dtype) if kernel == AUTO else kernel)) == "dense"
+    sparse = [m for m in jm.model.modules() if isinstance(m, (FlexAttention, VarlenAttention))
+              and not isinstance(m, DenseMaskAttention)]
+    return not sparse
 
 
 def split_flops(shape, docs: Sequence[int]) -> tuple[float, float]:
@@ -170,19 +224,24 @@ def profile_compute(jm: JobModel, opts: ProfileOptions, tick: Callable[[str], No
     wall, cpu = time_buffers(jm, buffers, opts, tick)
     wall = reduce_floats(wall, "mean", jm.device)
     us = reduce_floats(cpu, "mean", jm.device) if clock == "cpu" else wall
-    timings = [Timing(tuple(int(d) for d in docs), flops_of(jm.shape, docs), u, w)
-               for docs, u, w in zip(buffers, us, wall)]
+    whole = whole_buffer(jm)
+
+    def timing(docs, u, w, weight=1.0) -> Timing:
+        return Timing(tuple(int(d) for d in docs), flops_of(jm.shape, priced_docs(docs, whole), weight), u, w,
+                      flops_of(jm.shape, docs, weight))
+
+    timings = [timing(docs, u, w) for docs, u, w in zip(buffers, us, wall)]
     n, h = len(opts.lengths), len(opts.held_out)
     points, held_out, packed = timings[:n], timings[n:n + h], timings[n + h:]
     layers_timed = opts.layers or len(jm.layers)
-    if packed:
+    if packed and not whole:  # a whole buffer's attention is a single document's: nothing to tell the rates by
         both = points + packed
         two = fit_two_rates([split_flops(jm.shape, t.docs) for t in both], [t.us for t in both])
         if two is not None:
             fit, weight = two
-            points, held_out, packed = ([Timing(t.docs, flops_of(jm.shape, t.docs, weight), t.us, t.wall_us)
-                                         for t in group] for group in (points, held_out, packed))
+            points, held_out, packed = ([timing(t.docs, t.us, t.wall_us, weight) for t in group]
+                                        for group in (points, held_out, packed))
             return ComputeResult(fit, points, held_out, packed, layers_timed, clock, "", weight)
     x, y = [t.flops for t in points], [t.us for t in points]
     fit, pinned = fit_line_nonneg(x, y)
-    return ComputeResult(fit, points, held_out, packed, layers_timed, clock, pinned)
+    return ComputeResult(fit, points, held_out, packed, layers_timed, clock, pinned, whole_buffer=whole)

@@ -49,16 +49,17 @@ def plot(d: dict[str, Any], path: str | Path) -> None:
     ax.plot(gf, [y / 1e3 for y in raw_c.get("us", [])], "o", label="fit points")
     if raw_c.get("held_out_lengths"):
         from skrull_ext._core import ModelShape
-        from skrull_ext.profile.compute import flops_of  # the scheduler's FLOPs of each length
+        from skrull_ext.profile.compute import flops_of, priced_docs  # the scheduler's FLOPs of each length
 
         m = d["model"]
         shape = ModelShape(m["layers"], m["hidden"], m["kv_width"], m["bytes_per_elem"])
         w = c.get("attention_weight", 1.0)
         hf = [flops_of(shape, [s], w) / 1e9 for s in raw_c["held_out_lengths"]]
         ax.plot(hf, [y / 1e3 for y in raw_c["held_out_us"]], "s", mfc="none", label="held out")
-        pf = [flops_of(shape, docs, w) / 1e9 for docs in raw_c.get("packed_docs", [])]
+        whole = raw_c.get("packed_whole_buffer", False)  # priced as the kernel computes it (compute.py)
+        pf = [flops_of(shape, priced_docs(docs, whole), w) / 1e9 for docs in raw_c.get("packed_docs", [])]
         if pf:
-            ax.plot(pf, [y / 1e3 for y in raw_c["packed_us"]], "x", label="packed (several docs)")
+            ax.plot(pf, [y / 1e3 for y in raw_c["packed_us"]], "x", label="packed (several docs" + (", priced whole)" if whole else ")"))
         gf = gf + hf + pf
     if gf:
         xs, ys = _line([0.0, *gf], lambda x: (a * x * 1e9 + b) / 1e3)

@@ -132,6 +132,8 @@ def _raw(p: Profile) -> dict[str, Any]:
             "held_out_rel_error": [cp.rel_error(t) for t in cp.held_out],
             "packed_docs": [list(t.docs) for t in cp.packed], "packed_us": [t.us for t in cp.packed],
             "packed_rel_error": [cp.rel_error(t) for t in cp.packed],
+            **({"packed_whole_buffer": True, "packed_sum_rel_error": [cp.sum_rel_error(t) for t in cp.packed]}
+               if cp.whole_buffer else {}),
         },
         "memory": {
             "fit_target": "peak", "tokens": [m.tokens for m in mem.points],
@@ -244,6 +246,9 @@ def report(p: Profile) -> str:
         + f"  (worst {cp.held_out_max_rel_error:.1%})",
         "  packed   " + ", ".join(f"{'+'.join(map(str, t.docs))}: {cp.rel_error(t):+.1%}" for t in cp.packed)
         + ("  (fitted with the ladder: two rates)" if cp.attention_weight != 1.0
+           else "  (the kernel attends over each buffer whole: priced as one sequence of its length; the "
+                "scheduler's sum of per-document FLOPs misses by "
+                + ", ".join(f"{cp.sum_rel_error(t):+.1%}" for t in cp.packed) + ")" if cp.whole_buffer
            else "  (prediction = sum of per-document FLOPs)"),
         f"  memory   peak bytes = {mem.fit.intercept:.4g} + {mem.fit.slope:.4g} N + {mem.fit.quadratic:.4g} N^2,"
         f" R^2 {mem.fit.r2:.5f}, worst {mem.fit.max_rel_error:.1%}; at {top.tokens} tokens saved "

@@ -33,6 +33,7 @@ from skrull_ext.train.doc_flops import DocumentFlops, DocumentMeter
 from skrull_ext.train.head_loss import ChunkedHeadLoss, resolve_chunking
 from skrull_ext.train.job.resume_checks import check_continue
 from skrull_ext.train.run_lock import claim_dump_folder
+from skrull_ext.train.step_phases import StepPhases, StepTimes, clock_for, phases_summary
 from skrull_ext.train.watchdog import start_heartbeat
 from torchtitan_patches import logs
 from torchtitan_patches.metrics import use_run_metrics
@@ -94,6 +95,8 @@ class JobTrainer(Trainer):
         self.stopped_step: tuple[int, int] | None = None
         """(step, samples read) of a step stopped before its optimizer step (non-finite loss)."""
         super().__init__(config)
+        self.step_phases = StepPhases(clock_for(self.device))
+        """The phases of each step, timed on the device's clock (step_phases.py); the batching marks them."""
         self._chunk_head(config)
         self.document_meter = DocumentMeter(
             DocumentFlops.of_model(config.model_spec.model, self.model_parts),
@@ -180,8 +183,34 @@ class JobTrainer(Trainer):
         if dist.is_initialized():
             dist.barrier()
 
+    def _read_phases(self, wait: bool = False) -> StepTimes | None:
+        """The last logged step's phases (step_phases.py), read once and written to TensorBoard at
+        that step, with what the batching adds (``_phase_metrics``). ``wait``: synchronise first
+        (at close, the last); otherwise a step's marks are read once they are done, no host sync."""
+        times = self.step_phases.take(wait=wait)
+        if times is None:
+            return None
+        metrics = times.metrics()
+        self._phase_metrics(times, metrics)
+        self.metrics_processor.logger.log(metrics, times.step)
+        return times
+
+    def _phase_metrics(self, times: StepTimes, metrics: dict[str, float]) -> None:
+        """What the batching adds to a step's phase scalars before they are written; nothing here."""
+
+    def _closing_lines(self) -> None:
+        """Before the run summary: the last logged step's phases and the run's median phases."""
+        if getattr(self, "step_phases", None) is None:
+            return
+        if (last := self._read_phases(wait=True)) is not None:
+            logger.info(f"Skrull: step {last.step} (the last): {last.clause()}")
+        if (line := phases_summary(self.step_phases.read)) is not None:
+            logger.info(f"Skrull: {line}")
+
     def close(self) -> None:
-        """The run summary (every sample read, where it went), then torchtitan's close."""
+        """The closing lines (``_closing_lines``), the run summary (every sample read, where it
+        went), then torchtitan's close."""
+        self._closing_lines()
         account = getattr(getattr(self, "dataloader", None), "account", None)
         if account is not None and account.totals.read:
             stopped = ("" if self.stopped_step is None else

@@ -6,26 +6,52 @@ gradient accumulation), torchtitan's loss and step, unchanged. What it adds is
 what makes the two batchings comparable: the same length limit and sample
 counts as Skrull's loader (``skrull.overlength``, data/steps/overlength.py), the same
 ``skrull/samples_*`` tags in TensorBoard, and the stop before the optimizer on
-a non-finite step.
+a non-finite step, and the step timed by the same phases as Skrull's
+(train/step_phases.py: the same TensorBoard scalars, step-line clause and
+closing lines; ``chunk`` never runs here).
+
+The phases of a step whose code is torchtitan's: torchtitan's ``train_step``
+is not restated, so each phase starts where this trainer can see it from
+the calls it makes: ``data`` around each ``next`` of the batch iterator,
+``mb`` around each ``forward_backward_step``; ``clip`` from the step's last
+one (torchtitan clips next, through a module function no hook reaches) to
+``checkpointer.maybe_wait_for_staging``, where ``opt`` starts; ``checks``
+is the optimizer's pre-step hook (the gradients checked finite, the step's
+one host sync); ``opt`` ends with ``lr_schedulers.step``, and on a logged
+step ``log`` runs from there to the end of ``train_step`` (torchtitan's
+loss reductions and line, this trainer's lines). What falls between
+(zero_grad, the label count and its all-reduce, the batches' copies to the
+device) is the step's ``rest``. Nothing predicts a step here, so there is
+no measured/predicted ratio; the marks of a logged step are read at the
+next logged step, after its host syncs, as Skrull's are (no sync added).
 """
 
 import math
 
 import torch
 from torch.distributed.tensor import DTensor
+from torchtitan.tools.logging import logger
 
 from skrull_ext.data.steps.accounting import sample_metrics
 from skrull_ext.data.steps.overlength import check_overlength
 from skrull_ext.data.steps.packed import PackedDataLoader
 from skrull_ext.data.steps.row_layout import context_cuts
 from skrull_ext.train.job_trainer import JobTrainer, NonFiniteLossError, name_samples
+from skrull_ext.train.step_checks import measured_said
 
 
 class PackedTrainer(JobTrainer):
-    """JobTrainer with torchtitan's batch_generator and train_step (none overridden)."""
+    """JobTrainer with torchtitan's batch_generator, forward_backward_step and train_step, each
+    only wrapped in its phases (module docstring)."""
 
     def __init__(self, config):
+        self._step_batches = 0
+        """forward_backward_step calls of the step being run (the last starts ``clip``)."""
+        self._step_logged = False
+        """Whether the step being run is logged (its ``log`` phase, its phases kept)."""
         super().__init__(config)
+        self._mark_phases()
+        self._log_beside_torchtitans_metrics()
         if isinstance(self.dataloader, PackedDataLoader):  # another torchtitan loader: nothing to count
             self.dataloader.set_overlength(config.skrull.overlength)
             check_overlength(self.dataloader, first_step=1, last_step=config.training.steps)
@@ -35,7 +61,64 @@ class PackedTrainer(JobTrainer):
             # one loader batch is one step here.
             self.dataloader.on_layout = lambda layout: self.document_meter.add(
                 (e - s for row in layout for _, s, e in row), *context_cuts(layout))
-            self._log_samples_with_torchtitans_metrics()
+
+    # ------------------------------------------------------------------ the step's phases
+    def _mark_phases(self) -> None:
+        """Where torchtitan's optimizer update starts and ends (module docstring): the checkpoint
+        staging wait opens ``opt`` (closing ``clip``), the learning-rate step closes it and opens
+        ``log`` on a logged step. The pre-step hook's ``checks`` is ``_stop_on_non_finite_grads``."""
+        phases = self.step_phases
+        wait, lr_step = self.checkpointer.maybe_wait_for_staging, self.lr_schedulers.step
+
+        def wait_then_opt() -> None:
+            phases.leave()
+            phases.enter("opt")
+            wait()
+
+        def lr_step_then_log() -> None:
+            lr_step()
+            phases.leave()
+            if self._step_logged:
+                phases.enter("log")
+
+        self.checkpointer.maybe_wait_for_staging = wait_then_opt
+        self.lr_schedulers.step = lr_step_then_log
+
+    def train_step(self, data_iterator) -> None:
+        """torchtitan's train_step, unchanged, as one timed step (module docstring)."""
+        phases = self.step_phases
+        phases.begin(self.step)
+        self._step_batches = 0
+        self._step_logged = self.metrics_processor.should_log(self.step)
+        try:
+            super().train_step(data_iterator)
+        finally:
+            phases.leave()
+        phases.end(0.0, keep=self._step_logged)  # nothing predicted; read at the next logged step (or at close)
+
+    def batch_generator(self, data_iterable):
+        """torchtitan's, each batch's wait timed as ``data``."""
+        batches = super().batch_generator(data_iterable)
+        while True:
+            with self.step_phases.phase("data"):
+                batch = next(batches)
+            yield batch
+
+    def forward_backward_step(self, **kwargs):
+        """torchtitan's, timed as ``mb``; after the step's last, ``clip`` starts."""
+        with self.step_phases.phase("mb"):
+            loss = super().forward_backward_step(**kwargs)
+        self._step_batches += 1
+        if self._step_batches == self.gradient_accumulation_steps:
+            self.step_phases.enter("clip")
+        return loss
+
+    def _log_phases(self, step: int) -> None:
+        """On a logged step, after torchtitan's line: the previous logged step's phases, read now
+        (written to TensorBoard at that step), as Skrull's step line gives them."""
+        times = self._read_phases()
+        if times is not None:
+            logger.info(f"step {step}: {measured_said(times, {}).removesuffix('; ')}")
 
     def _summary_tail(self) -> str:
         """Under 'stream' and 'documents': what the run drew and carries untrained past its last
@@ -57,15 +140,19 @@ class PackedTrainer(JobTrainer):
                     + " and not counted: a run resumed from its checkpoint trains them first")
         return out
 
-    def _log_samples_with_torchtitans_metrics(self) -> None:
+    def _log_beside_torchtitans_metrics(self) -> None:
         """torchtitan's own train_step logs the step: add the same ``skrull/samples_*``
-        tags Skrull's steps log, so the accounting reads the same in TensorBoard
-        under both batchings."""
+        tags Skrull's steps log (where the loader counts them), so the accounting reads
+        the same in TensorBoard under both batchings, and after its line the phases
+        of the previous logged step (``_log_phases``)."""
         log, loader = self.metrics_processor.log, self.dataloader
+        counted = isinstance(loader, PackedDataLoader)
 
         def log_with_samples(step, *args, extra_metrics=None, **kwargs):
-            samples = sample_metrics(loader.last_counts, loader.account.totals.as_dict())
-            return log(step, *args, extra_metrics={**(extra_metrics or {}), **samples}, **kwargs)
+            samples = sample_metrics(loader.last_counts, loader.account.totals.as_dict()) if counted else {}
+            out = log(step, *args, extra_metrics={**(extra_metrics or {}), **samples}, **kwargs)
+            self._log_phases(step)
+            return out
 
         self.metrics_processor.log = log_with_samples
 
@@ -75,9 +162,14 @@ class PackedTrainer(JobTrainer):
         clip_grad_norm_ scales every gradient by max_norm / (global norm), so a
         non-finite norm leaves every rank's gradients non-finite and a local check
         agrees on every rank without a collective (one host sync per step)."""
-        local = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
-                 for m in self.model_parts for p in m.parameters() if p.grad is not None]
-        if not local or math.isfinite(float(torch.stack(torch._foreach_norm(local)).sum().item())):
+        phases = self.step_phases
+        phases.leave()  # opt, opened by the staging wait
+        with phases.phase("checks"):
+            local = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
+                     for m in self.model_parts for p in m.parameters() if p.grad is not None]
+            finite = not local or math.isfinite(float(torch.stack(torch._foreach_norm(local)).sum().item()))
+        phases.enter("opt")
+        if finite:
             return
         self.stopped_step = (self.step, self.dataloader.config.global_batch_size)
         raise NonFiniteLossError(

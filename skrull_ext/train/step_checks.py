@@ -132,7 +132,7 @@ class RatioSpread:
         self._drift_checked = False
 
     def add(self, metrics: dict[str, float]) -> None:
-        r = metrics["skrull/measured_over_predicted"]
+        r = metrics.get("skrull/measured_over_predicted", math.nan)
         if math.isfinite(r):
             self.ratios.append(r)
         metrics.update({f"skrull/measured_over_predicted_{k}": v for k, v in self.summary().items()})
@@ -200,14 +200,15 @@ def micro_batches_said(m: dict[str, float]) -> str:
 
 def measured_said(times, spread: dict[str, float]) -> str:
     """The previous logged step's phases (step_phases.py: read a logged step late, so timing adds
-    no host sync), its time as run against its prediction and the run's spread of that ratio;
-    '' on the first logged step."""
+    no host sync), its time as run against its prediction (where one was made) and the run's
+    spread of that ratio; '' on the first logged step."""
     if times is None:
         return ""
-    return (f"step {times.step} {times.clause()}: {times.step_ms:.1f} ms as run, x{times.ratio:.2f} predicted"
-            + (f" (median x{spread['median']:.2f}, p10-p90 x{spread['p10']:.2f}-{spread['p90']:.2f})"
-               if spread.get("steps", 0) > 1 else "")
-            + f", {100 * times.outside_ms / max(times.step_ms, 1e-9):.0f}% outside the micro-batches; ")
+    predicted = (f", x{times.ratio:.2f} predicted"
+                 + (f" (median x{spread['median']:.2f}, p10-p90 x{spread['p10']:.2f}-{spread['p90']:.2f})"
+                    if spread.get("steps", 0) > 1 else "")) if times.predicted_us > 0 else ""
+    return (f"step {times.step} {times.clause()}: {times.step_ms:.1f} ms as run{predicted}"
+            f", {100 * times.outside_ms / max(times.step_ms, 1e-9):.0f}% outside the micro-batches; ")
 
 
 def step_log_line(step: int, m: dict[str, float], times=None, spread: dict[str, float] | None = None) -> str:

@@ -163,7 +163,8 @@ class StepTimes:
         out["skrull/phase_rest_ms"] = self.rest_ms
         out["skrull/step_outside_ms"] = self.outside_ms
         out["skrull/measured_us"] = self.step_ms * 1e3  # beside skrull/predicted_us, written at the same step
-        out["skrull/measured_over_predicted"] = self.ratio
+        if self.predicted_us > 0:  # nothing predicted (torchtitan's batching): no ratio
+            out["skrull/measured_over_predicted"] = self.ratio
         return out
 
     def clause(self) -> str:
@@ -184,15 +185,17 @@ class _Open:
 class StepPhases:
     """The phases of the step being run and of the last one finished.
 
-    ``begin(step)``, then ``phase(key)`` around each piece of work (a phase may
-    be entered more than once; phases do not nest), then ``end(predicted_us)``.
+    ``begin(step)``, then ``phase(key)`` around each piece of work, or ``enter(key)`` where it
+    starts and ``leave()`` where it ends (a phase may be entered more than once; phases do not
+    nest), then ``end(predicted_us)``.
     ``take()`` reads the last finished step once its marks are ready."""
 
     def __init__(self, clock: Clock):
         self.clock = clock
         self._open: _Open | None = None
         self._done: _Open | None = None
-        self._in: str | None = None
+        self._in: tuple[str, _Open | None, Any] | None = None
+        """The phase open now: its key, the step it belongs to (None: outside a step) and its start."""
         self.dropped = 0
         """Finished steps replaced before their marks were ready (never read)."""
         self.read: list[StepTimes] = []
@@ -203,19 +206,30 @@ class StepPhases:
 
     @contextmanager
     def phase(self, key: str) -> Iterator[None]:
-        if key not in _BY_KEY:
-            raise KeyError(f"unknown step phase {key!r}; PHASES: {[p.key for p in PHASES]}")
-        if self._in is not None:
-            raise RuntimeError(f"step phase {key!r} entered inside {self._in!r}: phases do not nest")
-        record = self._open
-        self._in = key
-        start = self.clock.mark() if record is not None else None
+        """The work inside the ``with`` is phase ``key``."""
+        self.enter(key)
         try:
             yield
         finally:
-            self._in = None
-            if record is not None:
-                record.spans.append((key, start, self.clock.mark()))
+            self.leave()
+
+    def enter(self, key: str) -> None:
+        """Phase ``key`` starts now and runs to ``leave``: for a step whose code is not ours to wrap
+        in ``phase`` (torchtitan's own train_step, where PackedTrainer marks where each phase starts
+        from the calls it can hook: packed_trainer.py)."""
+        if key not in _BY_KEY:
+            raise KeyError(f"unknown step phase {key!r}; PHASES: {[p.key for p in PHASES]}")
+        if self._in is not None:
+            raise RuntimeError(f"step phase {key!r} entered inside {self._in[0]!r}: phases do not nest")
+        self._in = (key, self._open, self.clock.mark() if self._open is not None else None)
+
+    def leave(self) -> None:
+        """The phase entered last ends now (none open: nothing)."""
+        if self._in is None:
+            return
+        (key, record, start), self._in = self._in, None
+        if record is not None:
+            record.spans.append((key, start, self.clock.mark()))
 
     def end(self, predicted_us: float, keep: bool = True) -> None:
         """The step finished: its marks wait to be read (``take``), if ``keep`` (else dropped:

@@ -59,7 +59,7 @@ from skrull_ext.train.passes import chunked_samples, step_passes
 from skrull_ext.train.plan_log import PlanLog
 from skrull_ext.train.settle import Settled, settle
 from skrull_ext.train.step_checks import RatioSpread, check_plan_digests, loss_and_norm, step_log_line, step_metrics
-from skrull_ext.train.step_phases import StepPhases, StepTimes, clock_for, phases_summary
+from skrull_ext.train.step_phases import StepTimes
 from skrull_ext.train.validation import Validation
 from torchtitan_patches.dacp_attention import install_dacp_attention
 
@@ -130,8 +130,6 @@ class SkrullTrainer(JobTrainer):
 
     def _init_skrull(self) -> None:
         dims = self.parallel_dims
-        self.step_phases = StepPhases(clock_for(self.device))
-        """The phases of each step, timed on the device's clock (step_phases.py)."""
         cp_group = dims.get_mesh("cp").get_group() if dims.cp_enabled else None
         cp_rank = dist.get_rank(cp_group) if cp_group is not None else 0
         self.cp_group = cp_group
@@ -387,20 +385,20 @@ class SkrullTrainer(JobTrainer):
                 part.set_requires_gradient_sync(on)
 
     def close(self) -> None:
-        """The prefetch thread and plan log stopped, the measured / predicted
-        time ratios logged; then the run summary (JobTrainer.close)."""
+        """The prefetch thread and plan log stopped; then the closing lines and the run summary
+        (JobTrainer.close)."""
         if isinstance(getattr(self, "dataloader", None), SkrullDataLoader):
             self.dataloader.close()  # stops the prefetch thread
         if self.plan_log is not None:
             self.plan_log.close()
-        if getattr(self, "step_phases", None) is not None and (last := self._read_phases(wait=True)) is not None:
-            logger.info(f"Skrull: step {last.step} (the last): {last.clause()}")
-        if getattr(self, "step_phases", None) is not None and (line := phases_summary(self.step_phases.read)):
-            logger.info(f"Skrull: {line}")
+        super().close()
+
+    def _closing_lines(self) -> None:
+        """The step's phases (JobTrainer), then the measured / predicted time ratios."""
+        super()._closing_lines()
         if self.ratio_spread.ratios:
             logger.info(f"Skrull: measured / predicted step time (the whole step as run): {self.ratio_spread.line()} "
                         f"(cost model {self.config.skrull.cost_model})")
-        super().close()
 
     def _summary_tail(self) -> str:
         left = None
@@ -443,15 +441,10 @@ class SkrullTrainer(JobTrainer):
         times = self._read_phases()
         logger.info(step_log_line(self.step, skrull, times, self.ratio_spread.summary()))
 
-    def _read_phases(self, wait: bool = False) -> StepTimes | None:
-        """The last logged step's phases (step_phases.py), read once, written to TensorBoard at that
-        step, its ratio added to the run's spread. ``wait``: synchronise first (at close, the last)."""
-        times = self.step_phases.take(wait=wait)
-        if times is None:
-            return None
-        self.ratio_spread.add(metrics := times.metrics())
-        self.metrics_processor.logger.log(metrics, times.step)
+    def _phase_metrics(self, times: StepTimes, metrics: dict[str, float]) -> None:
+        """The step's measured / predicted ratio added to the run's spread (its scalars beside the
+        phases'), and the drift warning once the spread says the profile is another machine's."""
+        self.ratio_spread.add(metrics)
         if (drift := self.ratio_spread.drift_warning(self.config.skrull.cost_model,
                                                      int(os.environ.get("WORLD_SIZE", "1")))) is not None:
             logger.warning(drift)
-        return times

@@ -145,3 +145,43 @@ def test_a_skrull_runs_phases_are_its_medians_after_the_warm_up(tmp_path):
     header, _, row = table({"skrull": r}).splitlines()[:3]
     cells = dict(zip([c.strip() for c in header.split("|")], [c.strip() for c in row.split("|")]))
     assert cells["step phases ms, median (outside the micro-batches)"] == "mb 110 opt 20 rest 1 (14%)"
+
+
+def test_a_packed_runs_phases_stand_beside_skrulls(tmp_path):
+    """torchtitan's batching (PackedTrainer) writes the same phase scalars and skrull/measured_us, and
+    no prediction: its phases and share outside the micro-batches are read the same way, its
+    measured / predicted is '-'; a dump folder of each, side by side."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    from skrull_ext.bench import train_report
+
+    walls = {"torchtitan-stream": [(1, 2.0), (2, 0.25), (3, 0.5), (4, 0.5)],
+             "skrull": [(1, 2.0), (2, 0.25), (3, 0.25), (4, 0.25)]}
+    for mode, steps in walls.items():
+        with SummaryWriter(str(tmp_path / mode / "tb" / "20261129")) as w:
+            for step, wall in steps:
+                w.add_scalar("time_metrics/end_to_end(s)", wall, step)
+                w.add_scalar("n_tokens_seen", 1000.0 * step, step)
+                phases = {"data": 2.0, "mb": 1000 * wall - 30.0, "clip": 10.0, "opt": 15.0, "log": 4.0, "rest": 5.0}
+                if mode == "torchtitan-stream" and step == 4:
+                    phases["checks"] = 1.0  # a phase one step lacks: its median over the steps that ran it
+                for key, ms in phases.items():
+                    w.add_scalar(f"skrull/phase_{key}_ms", ms, step)
+                w.add_scalar("skrull/step_outside_ms", 25.0, step)
+                w.add_scalar("skrull/measured_us", 1e6 * wall, step)
+                if mode == "skrull":
+                    w.add_scalar("skrull/predicted_us", 200e3, step)
+    assert train_report.main([str(tmp_path / "torchtitan-stream"), str(tmp_path / "skrull"), "--warmup", "1"]) == 0
+    results = json.loads((tmp_path / "torchtitan-stream" / "train_report.json").read_text())
+    packed = results["torchtitan-stream"]
+    assert packed["phases_ms"] == {"data": 2.0, "checks": 1.0, "mb": 470.0, "clip": 10.0, "opt": 15.0, "log": 4.0,
+                                   "rest": 5.0}
+    assert packed["outside_share"] == 25.0 / 500.0  # the median of 25/250, 25/500, 25/500
+    assert "measured_over_predicted" not in packed and results["skrull"]["measured_over_predicted"] == 1.25
+    header, _, packed_row, skrull_row = (tmp_path / "torchtitan-stream" / "train_report.md").read_text().splitlines()[:4]
+    cells = [dict(zip([c.strip() for c in header.split("|")], [c.strip() for c in row.split("|")]))
+             for row in (packed_row, skrull_row)]
+    said = "step phases ms, median (outside the micro-batches)"
+    assert cells[0][said] == "data 2 checks 1 mb 470 clip 10 opt 15 log 4 rest 5 (5%)"
+    assert cells[1][said] == "data 2 mb 220 clip 10 opt 15 log 4 rest 5 (10%)"
+    assert cells[0]["measured / predicted step"] == "-" and cells[1]["measured / predicted step"] == "x1.25"

@@ -138,3 +138,39 @@ def test_the_host_clock_on_cpu():
     assert isinstance(clock, WallClock)
     a = clock.mark()
     assert clock.ready(a) and clock.ms(a, clock.mark()) >= 0
+
+
+def test_enter_and_leave_time_a_phase_as_its_with_block_does():
+    """A step whose code is not ours (PackedTrainer: torchtitan's train_step) marks where each phase
+    starts and ends; the same accounting, the same refusals."""
+    clock = TickClock()
+    phases = StepPhases(clock)
+    phases.begin(1)
+    phases.enter("mb")
+    clock.now += 10
+    with pytest.raises(RuntimeError, match="'clip' entered inside 'mb'"):
+        phases.enter("clip")
+    phases.leave()
+    phases.leave()  # none open: nothing
+    phases.enter("clip")
+    clock.now += 2
+    phases.leave()
+    phases.end(0.0)
+    t = phases.take()
+    assert t.phases == {"mb": 10, "clip": 2} and t.rest_ms == 0
+
+
+def test_the_step_line_says_a_prediction_only_where_one_was_made():
+    """Skrull's steps are predicted (the ratio and its spread); torchtitan's batching predicts
+    nothing, so its line and scalars carry no ratio."""
+    from skrull_ext.train.step_checks import measured_said
+
+    skrull = StepTimes(4, {"mb": 90.0, "opt": 10.0}, 100.0, 50_000.0)
+    said = measured_said(skrull, {"median": 2.1, "p10": 1.9, "p90": 2.3, "steps": 3.0})
+    assert said == ("step 4 phases ms: mb 90 opt 10 rest 0: 100.0 ms as run, x2.00 predicted (median x2.10, "
+                    "p10-p90 x1.90-2.30), 10% outside the micro-batches; ")
+    packed = StepTimes(4, {"mb": 90.0, "opt": 10.0}, 100.0, 0.0)
+    assert measured_said(packed, {}) == ("step 4 phases ms: mb 90 opt 10 rest 0: 100.0 ms as run, "
+                                         "10% outside the micro-batches; ")
+    assert "skrull/measured_over_predicted" not in packed.metrics()
+    assert skrull.metrics()["skrull/measured_over_predicted"] == 2.0

@@ -31,10 +31,15 @@ def test_skrull_enable_names_the_trainer():
 
 
 def test_torchtitans_step_is_reused_where_it_fits():
-    """PackedTrainer steps as torchtitan does; SkrullTrainer replaces the batch
-    loop (batch_generator, train_step) and nothing else of torchtitan's step."""
-    for name in ("batch_generator", "train_step", "forward_backward_step", "post_dataloading_process"):
-        assert getattr(PackedTrainer, name) is getattr(Trainer, name), name
+    """PackedTrainer steps as torchtitan does (its batch_generator, train_step and
+    forward_backward_step only wrapped in the step's phases: test_packed_phases.py);
+    SkrullTrainer replaces the batch loop (batch_generator, train_step) and nothing
+    else of torchtitan's step."""
+    import inspect
+
+    assert PackedTrainer.post_dataloading_process is Trainer.post_dataloading_process
+    for name in ("batch_generator", "train_step", "forward_backward_step"):
+        assert f"super().{name}(" in inspect.getsource(getattr(PackedTrainer, name)), name
     for name in ("forward_backward_step", "post_dataloading_process", "state_dict", "load_state_dict"):
         assert getattr(SkrullTrainer, name) is getattr(Trainer, name), name
     assert SkrullTrainer.train is JobTrainer.train is PackedTrainer.train  # the heartbeat and HF outputs: shared
