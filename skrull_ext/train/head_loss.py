@@ -245,7 +245,15 @@ class ChunkedHeadLoss(ChunkedLossWrapper):
         too) are unsharded there and stay so until backward reaches the unit (torchtitan keeps
         the last unit after forward; free-running keeps every one), and their gradients, from
         each chunk, are in before the unit's post-backward reduces them, so free-running DP ranks
-        may run different micro-batch counts again (``free_running_blocked``)."""
+        may run different micro-batch counts again (``free_running_blocked``).
+
+        Under TP too: torchtitan's head is the same Linear, its instance forward a wrapper that
+        redistributes its input to Replicate and its output to Shard(-1) (the sharding config,
+        decoder_sharding.py). The final norm already hands it Replicate hidden states and the
+        linear of those and the Shard(0) weight is Shard(-1), so both redistributions are no-ops:
+        the per-chunk linear on the DTensors gives the logits the wrapper gave, vocabulary-sharded
+        for loss_parallel (the same losses as the head called from the loss, to the bit, at TP 2;
+        a LoRA head's adapters: A Replicate, B Shard(0), their own wrappers called as modules)."""
         head = self.lm_head
         apply = HEAD_FORWARDS.get(getattr(type(head), "forward", None))
         if apply is None:

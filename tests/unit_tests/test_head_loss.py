@@ -261,17 +261,14 @@ def _lora_head_model(lora_cls, dropout: float = 0.0) -> torch.nn.Module:
     """The debug llama3 with [lora]'s adapters in its layers and a LoRA linear as its head (``lora_cls``:
     skrull_ext's DropoutLoRALinear, or torchtitan's own LoRALinear without dropout), every adapter's B
     drawn non-zero so the gradients of A say something (test_chunked._model)."""
-    import dataclasses
-
     from skrull_ext.lora import LoRAConfig, with_lora
     from skrull_ext.models.registry import build_model_spec
+    from tests.integration_tests.lora_head_job import lora_head
     from torchtitan_patches.dacp_attention import install_dacp_attention
 
-    spec = with_lora(build_model_spec("llama3", "debugmodel"), LoRAConfig(enable=True, rank=4, alpha=8.0))
-    base = spec.model.lm_head
-    extra = {"dropout": dropout} if dropout else {}
-    spec.model.lm_head = lora_cls.Config(**{f.name: getattr(base, f.name) for f in dataclasses.fields(base) if f.init},
-                                         rank=4, alpha=8.0, **extra)
+    lora = LoRAConfig(enable=True, rank=4, alpha=8.0)
+    spec = with_lora(build_model_spec("llama3", "debugmodel"), lora)
+    spec.model.lm_head = lora_head(spec.model.lm_head, lora, lora_cls, **({"dropout": dropout} if dropout else {}))
     torch.manual_seed(0)
     model = spec.model.build()
     model.init_states()
