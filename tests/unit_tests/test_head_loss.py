@@ -9,6 +9,10 @@ global loss tokens) must agree within 1e-6 relative and every parameter's
 gradient within 1e-5 relative (its norm): plain, with LoRA, under
 torchtitan's full activation checkpointing, nested inside ``overlength =
 "chunk"``'s checkpointed chunks (train/chunked.py), and forward only (validation).
+A LoRA linear as the head, passed through the model's forward and applied per chunk
+by the loss, against its own forward with the loss unchunked: the same bars, its
+adapters' gradients among them; with dropout, each chunk's recompute draws the
+forward's mask.
 
 Memory: saved-tensor hooks count the bytes the head and loss keep for
 backward on a 4,096-token micro-batch; chunked, they are the hidden states
