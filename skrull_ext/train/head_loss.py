@@ -57,6 +57,7 @@ from skrull_ext.lora.converter import LORA_FORWARDS, lora_linear
 __all__ = ["ChunkedHeadLoss", "DEFAULT_CHUNK_BYTES", "HeadChunking", "assumed_head_bytes_per_token",
            "choose_chunk_tokens", "resolve_chunking"]
 
+
 def _linear(head: torch.nn.Module, h: torch.Tensor) -> torch.Tensor:
     """A plain Linear head's output (``nn.Linear.forward``)."""
     return torch.nn.functional.linear(h, head.weight, head.bias)
@@ -252,8 +253,9 @@ class ChunkedHeadLoss(ChunkedLossWrapper):
         decoder_sharding.py). The final norm already hands it Replicate hidden states and the
         linear of those and the Shard(0) weight is Shard(-1), so both redistributions are no-ops:
         the per-chunk linear on the DTensors gives the logits the wrapper gave, vocabulary-sharded
-        for loss_parallel (the same losses as the head called from the loss, to the bit, at TP 2;
-        a LoRA head's adapters: A Replicate, B Shard(0), their own wrappers called as modules)."""
+        for loss_parallel (the debug job at TP 2, 4 steps: the losses of the head called from the
+        loss, to the bit). A LoRA head's adapters under TP (A Replicate, B Shard(0), called as
+        modules) should compose the same way; no run here has put one under TP."""
         head = self.lm_head
         apply = HEAD_FORWARDS.get(getattr(type(head), "forward", None))
         if apply is None:
