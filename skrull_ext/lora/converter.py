@@ -81,11 +81,23 @@ class DropoutLoRALinear(_LoRALinear):
         self.lora_a._param_init = {"weight": functools.partial(_draw_lora_a, index=config.index)}
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        if not (self.training and self._lora_dropout > 0):
-            return super().forward(input)
-        base_out = Linear.forward(self, input)
-        lora_in = F.dropout(input, self._lora_dropout, training=True)
-        return base_out + self._lora_scaling * self.lora_b(self.lora_a(lora_in))
+        return lora_linear(self, input)
+
+
+def lora_linear(module: torch.nn.Module, input: torch.Tensor) -> torch.Tensor:
+    """A LoRA linear's output, ``W x + b + alpha / r * B(A(dropout(x)))``: ``DropoutLoRALinear``'s
+    forward, and the head's per chunk where the model passes the hidden states through its head
+    module (train/head_loss.py), so the two are one computation. The dropout (``_lora_dropout``,
+    none on torchtitan's own LoRALinear, whose forward this equals there) only while training;
+    the base path never sees it."""
+    base_out = F.linear(input, module.weight, module.bias)
+    dropout = getattr(module, "_lora_dropout", 0.0)
+    lora_in = F.dropout(input, dropout, training=True) if module.training and dropout > 0 else input
+    return base_out + module._lora_scaling * module.lora_b(module.lora_a(lora_in))
+
+
+LORA_FORWARDS = (DropoutLoRALinear.forward, _LoRALinear.forward)
+"""The LoRA linears' forwards that ``lora_linear`` computes (torchtitan's own without dropout)."""
 
 
 def lora_modules(model: torch.nn.Module) -> dict[str, torch.nn.Module]:

@@ -43,6 +43,7 @@ block (nested inside train/chunked.py's checkpoint too).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,8 +52,26 @@ from torch.utils.checkpoint import checkpoint
 from torchtitan.components.loss import BaseLoss, ChunkedLossWrapper, CrossEntropyLoss
 from torchtitan.config import CompileConfig
 
+from skrull_ext.lora.converter import LORA_FORWARDS, lora_linear
+
 __all__ = ["ChunkedHeadLoss", "DEFAULT_CHUNK_BYTES", "HeadChunking", "assumed_head_bytes_per_token",
            "choose_chunk_tokens", "resolve_chunking"]
+
+
+def _linear(head: torch.nn.Module, h: torch.Tensor) -> torch.Tensor:
+    """A plain Linear head's output (``nn.Linear.forward``)."""
+    return torch.nn.functional.linear(h, head.weight, head.bias)
+
+
+HEAD_FORWARDS: dict[Callable, Callable[[torch.nn.Module, torch.Tensor], torch.Tensor]] = {
+    torch.nn.Linear.forward: _linear,
+    **dict.fromkeys(LORA_FORWARDS, lora_linear),
+}
+"""A head module's class forward -> the same computation as a function of the module and the
+hidden states, which the loss applies per chunk while the module itself passes the hidden
+states through in the model's forward (``ChunkedHeadLoss.pass_head_through``): a plain Linear,
+and a LoRA linear on the head (base weight + adapters, their dropout, skrull_ext/lora). A head
+whose forward is not here is called from the loss, and DP ranks keep lockstep with it."""
 
 DEFAULT_CHUNK_BYTES = 2 << 30
 """``[loss] chunk_bytes``' default: what the head and loss of one chunk may hold at their peak
@@ -157,9 +176,9 @@ class ChunkedHeadLoss(ChunkedLossWrapper):
         self.num_chunks = 0  # ChunkedLossWrapper's field; chunks here are counted in tokens
         self.chunking: HeadChunking | None = None
         """Set at start-up (``set_chunking``); until then ``config.chunk_tokens`` or one chunk."""
-        self.head_passes_through = False
-        """The model calls its head module, which passes the hidden states through; the weight is
-        applied per chunk here (``pass_head_through``)."""
+        self.head_apply: Callable[[torch.nn.Module, torch.Tensor], torch.Tensor] | None = None
+        """The head's computation applied per chunk here, where the model calls its head module and
+        that passes the hidden states through (``pass_head_through``; None: the head is called)."""
         self.head_in_model = False
         """The model applies its own head (``pred`` is the logits): set at start-up where one chunk
         holds every micro-batch (``put_head_back``), so nothing is chunked and the head runs where
@@ -167,6 +186,10 @@ class ChunkedHeadLoss(ChunkedLossWrapper):
 
     def set_chunking(self, chunking: HeadChunking) -> None:
         self.chunking = chunking
+
+    @property
+    def head_passes_through(self) -> bool:
+        return self.head_apply is not None
 
     @property
     def free_running_blocked(self) -> str | None:
@@ -177,8 +200,10 @@ class ChunkedHeadLoss(ChunkedLossWrapper):
         (gloo: "Received data size doesn't match expected size"). Lockstep runs it."""
         if self.head_in_model or self.head_passes_through:
             return None
-        return (f"the head and loss run in chunks of {self.chunk_tokens} tokens (loss.chunk_tokens / "
-                "loss.chunk_bytes), which free-running DP ranks cannot yet (train/head_loss.py)")
+        head = type(self.lm_head).__name__ if self.lm_head is not None else "the head"
+        return (f"the head ({head}) runs in chunks of {self.chunk_tokens} tokens (loss.chunk_tokens / "
+                "loss.chunk_bytes) called from the loss, its forward not one the model can pass "
+                "through (train/head_loss.py HEAD_FORWARDS)")
 
     def put_head_back(self, model_parts) -> None:
         """The head back inside the model's forward (``_skip_lm_head`` off), for a job whose every
@@ -199,27 +224,45 @@ class ChunkedHeadLoss(ChunkedLossWrapper):
 
     def _head_loss(self, h: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         assert self.lm_head is not None, "ChunkedHeadLoss: set_lm_head before the first call"
-        if self.head_passes_through:  # the module ran in the model's forward; its weight applied here
-            logits = torch.nn.functional.linear(h, self.lm_head.weight, self.lm_head.bias)
+        if self.head_apply is not None:  # the module ran in the model's forward; its computation here
+            logits = self.head_apply(self.lm_head, h)
         else:
             logits = self.lm_head(h)
         return self.loss_fn(logits, labels)[0]  # a sum over the chunk's tokens
 
+    @property
+    def _head_draws(self) -> bool:
+        """Whether a chunk's head may draw random numbers (a LoRA head's dropout, or a head this
+        module does not know): its recompute in backward then replays the forward's RNG state, so
+        it draws the same mask (a plain Linear draws none, and saves no state)."""
+        return HEAD_FORWARDS.get(getattr(type(self.lm_head), "forward", None)) is not _linear
+
     def pass_head_through(self, model_parts) -> bool:
         """The head module called in the model's forward, passing the hidden states through, and
-        its weight applied per chunk here (False, nothing changed: not a plain Linear, e.g. under
-        TP or LoRA). Its FSDP unit (grouped with the final norm) then runs its hooks inside the
-        root module's forward, once a micro-batch, as without chunks: its parameters are
-        unsharded there and stay so until backward reaches the unit (torchtitan keeps the last
-        unit after forward; free-running keeps every one), and their gradients, from each
-        chunk's linear, are in before the unit's post-backward reduces them, so free-running DP
-        ranks may run different micro-batch counts again (``free_running_blocked``)."""
+        its computation (``HEAD_FORWARDS``: a plain Linear's weight, or a LoRA head's base weight
+        and adapters) applied per chunk here (False, nothing changed: a head whose forward is not
+        there). Its FSDP unit (grouped with the final norm) then runs its hooks inside the root
+        module's forward, once a micro-batch, as without chunks: its parameters (the adapters
+        too) are unsharded there and stay so until backward reaches the unit (torchtitan keeps
+        the last unit after forward; free-running keeps every one), and their gradients, from
+        each chunk, are in before the unit's post-backward reduces them, so free-running DP ranks
+        may run different micro-batch counts again (``free_running_blocked``).
+
+        Under TP too: torchtitan's head is the same Linear, its instance forward a wrapper that
+        redistributes its input to Replicate and its output to Shard(-1) (the sharding config,
+        decoder_sharding.py). The final norm already hands it Replicate hidden states and the
+        linear of those and the Shard(0) weight is Shard(-1), so both redistributions are no-ops:
+        the per-chunk linear on the DTensors gives the logits the wrapper gave, vocabulary-sharded
+        for loss_parallel (the debug job at TP 2, 4 steps: the losses of the head called from the
+        loss, to the bit). A LoRA head's adapters under TP (A Replicate, B Shard(0), called as
+        modules) should compose the same way; no run here has put one under TP."""
         head = self.lm_head
-        if not isinstance(head, torch.nn.Linear) or type(head).forward is not torch.nn.Linear.forward:
-            return False  # a head with its own forward (LoRA's) is called as a module
+        apply = HEAD_FORWARDS.get(getattr(type(head), "forward", None))
+        if apply is None:
+            return False
         head.forward = _pass_through
         _call_head_in_forward(model_parts)
-        self.head_passes_through = True
+        self.head_apply = apply
         return True
 
     def __call__(
@@ -247,7 +290,7 @@ class ChunkedHeadLoss(ChunkedLossWrapper):
                 # strides say so, and FSDP's forward hooks rewrap the chunk in forward but not in the
                 # recompute, so a slice's strides ([seq x dim, dim, 1]) recomputed with another op.
                 h = h.reshape(-1, h.shape[-1]).view(h.shape)
-                part = checkpoint(self._head_loss, h, lab, use_reentrant=False, preserve_rng_state=False)
+                part = checkpoint(self._head_loss, h, lab, use_reentrant=False, preserve_rng_state=self._head_draws)
             else:
                 part = self._head_loss(h, lab)
             total = part if total is None else total + part

@@ -128,8 +128,9 @@ class JobTrainer(Trainer):
         if chunking.chunk_tokens >= tokens:  # one chunk holds every micro-batch: nothing to chunk
             self.loss_fn.put_head_back(self.model_parts)
             line += "; one chunk holds a micro-batch, so the head runs in the model's forward"
-        elif self.parallel_dims.tp == 1 and self.loss_fn.pass_head_through(self.model_parts):
+        elif self.loss_fn.pass_head_through(self.model_parts):
             line += "; the head module runs in the model's forward, its weight applied per chunk"
+        # else a head whose forward head_loss.HEAD_FORWARDS does not know: called from the loss, DP lockstep
         logger.info(line)
 
     def _before_model(self, config) -> None:

@@ -17,9 +17,10 @@ import re
 import pytest
 
 from skrull_ext.train.plan_log import read_plan_log
-from tests.integration_tests.conftest import SKRULL
+from tests.integration_tests.conftest import PLAN_PROFILE, SKRULL
 from tests.integration_tests.launch import REPO, assert_same_grads, train_from_seed
 from tests.integration_tests.test_parity_skrull import GRAD
+from tests.integration_tests.torchtitan_job import JOB_ENV
 
 CHUNK = ["--skrull.overlength", "chunk", "--dataloader.max_len", "2048", "--training.seq_len", "2048",
          "--skrull.plan_log"]
@@ -74,6 +75,28 @@ def test_chunked_documents_at_dp2_run_once_each_and_match_one_process(workdir, s
     assert len(got) == STEPS and max(abs(x - y) for x, y in zip(ref, got)) < 1e-4, f"{ref} vs {got}"
     worst, rel = assert_same_grads(two.grads, one_process.grads, **GRAD)
     print(f"step {CHECK} gradients, DP 2 x CP {cp} vs DP 1: max |diff| {worst:.3g}, relative norm {rel:.3g}")
+
+
+@pytest.mark.slow
+def test_chunked_documents_at_dp2_with_a_lora_head_in_chunks(workdir):
+    """``overlength = "chunk"`` needs free-running DP ranks, which a LoRA head in several chunks kept in
+    lockstep while it was called from the loss (refused at DP 2). Passed through (head_loss.py), it runs
+    free: the debug job with a LoRA linear as its head (lora_head_job.py), ``--skrull.free_running`` at
+    DP 2, the head in chunks of 48 tokens inside each document's chunks, logs the losses of the same job
+    whose one head chunk holds every micro-batch (the LoRA head's own forward in the model's)."""
+    job = ["--module", "tests.integration_tests.lora_head_job", "--config", "job_file_lora_head",
+           "--skrull.cost_model", PLAN_PROFILE, "--skrull.lookahead", "1", *CHUNK, "--skrull.free_running"]
+    env = {JOB_ENV: os.path.join(REPO, "skrull_ext", "jobs", "debug_cpu.toml")}
+    one, chunks = (train_from_seed(workdir, f"chunk_lora_head_{name}", 2, "skrull_ext.train", job, None, STEPS,
+                                   extra=extra, env=env)
+                   for name, extra in (("one", []), ("chunks", ["--loss.chunk_tokens", "48"])))
+    assert "one chunk holds a micro-batch, so the head runs in the model's forward" in one.output
+    assert "the head module runs in the model's forward, its weight applied per chunk" in chunks.output
+    for run in (one, chunks):
+        assert "timeline free" in run.output and "of the whole trained in chunks" in run.output
+    ref, got = one.losses, chunks.losses
+    print(f"head in one chunk {ref}\nin chunks of 48 {got}")
+    assert len(got) == STEPS and max(abs(x - y) for x, y in zip(ref, got)) < 1e-4, f"{ref} vs {got}"
 
 
 TEXT = ["--config-file", os.path.join(REPO, "skrull_ext", "jobs", "debug_cpu_text.toml"), "--skrull.lookahead", "1",

@@ -49,8 +49,11 @@ def test_head_chunks_compiled_cp2_matches_reference(skrull_runs, reference):
 
 @pytest.mark.slow
 def test_head_chunks_tp2_cp2_matches_reference(skrull_runs, reference):
+    """Under TP the head module passes the Replicate hidden states through as well, and each chunk's linear
+    of them and the Shard(0) weight gives the Shard(-1) logits for loss_parallel (head_loss.py)."""
     run = skrull_runs["tp2cp2_head_chunks"]
     assert LINE in run.output and "DP 1 x CP 2 x TP 2" in run.output
+    assert "the head module runs in the model's forward, its weight applied per chunk" in run.output
     _matches_reference_losses_and_grads(run, reference)
 
 

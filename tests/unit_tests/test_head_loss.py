@@ -9,6 +9,10 @@ global loss tokens) must agree within 1e-6 relative and every parameter's
 gradient within 1e-5 relative (its norm): plain, with LoRA, under
 torchtitan's full activation checkpointing, nested inside ``overlength =
 "chunk"``'s checkpointed chunks (train/chunked.py), and forward only (validation).
+A LoRA linear as the head, passed through the model's forward and applied per chunk
+by the loss, against its own forward with the loss unchunked: the same bars, its
+adapters' gradients among them; with dropout, each chunk's recompute draws the
+forward's mask.
 
 Memory: saved-tensor hooks count the bytes the head and loss keep for
 backward on a 4,096-token micro-batch; chunked, they are the hidden states
@@ -255,3 +259,112 @@ def test_head_passed_through_equals_unchunked(reference, lora):
     loss.backward()
     if not lora:
         _close(reference, (loss.item(), _grads(model)))
+
+
+def _lora_head_model(lora_cls, dropout: float = 0.0) -> torch.nn.Module:
+    """The debug llama3 with [lora]'s adapters in its layers and a LoRA linear as its head (``lora_cls``:
+    skrull_ext's DropoutLoRALinear, or torchtitan's own LoRALinear without dropout), every adapter's B
+    drawn non-zero so the gradients of A say something (test_chunked._model)."""
+    from skrull_ext.lora import LoRAConfig, with_lora
+    from skrull_ext.models.registry import build_model_spec
+    from tests.integration_tests.lora_head_job import lora_head
+    from torchtitan_patches.dacp_attention import install_dacp_attention
+
+    lora = LoRAConfig(enable=True, rank=4, alpha=8.0)
+    spec = with_lora(build_model_spec("llama3", "debugmodel"), lora)
+    spec.model.lm_head = lora_head(spec.model.lm_head, lora, lora_cls, **({"dropout": dropout} if dropout else {}))
+    torch.manual_seed(0)
+    model = spec.model.build()
+    model.init_states()
+    for name, p in model.named_parameters():
+        if ".lora_" in name:
+            torch.nn.init.normal_(p, std=0.02)
+    install_dacp_attention([model], None, kernel="dense")
+    return model
+
+
+def _lora_head_classes():
+    from skrull_ext.lora.converter import DropoutLoRALinear, _LoRALinear
+
+    return [DropoutLoRALinear, _LoRALinear]
+
+
+def _forward_loss(model, loss_fn, seed: int = 5) -> tuple[float, dict]:
+    tokens, labels, positions = _batch()
+    pred = model(tokens, positions=positions, attention_masks=build_meta(list(DOCS), [0] * len(DOCS), 0, 1))
+    torch.manual_seed(seed)  # the head's dropout masks, drawn in the loss's chunks
+    loss, _ = loss_fn(pred, labels, torch.tensor(GLOBAL_TOKENS))
+    loss.backward()
+    return loss.item(), _grads(model)
+
+
+@pytest.mark.parametrize("lora_cls", _lora_head_classes(), ids=lambda c: c.__name__)
+def test_lora_head_passed_through_equals_its_own_forward(lora_cls):
+    """A LoRA linear as the head, in chunks of 37: the model calls the head module, which passes the
+    hidden states through (its FSDP unit's hooks in step), and the loss applies base weight + adapters
+    per chunk (lora_linear, the module's own computation): the loss and every gradient, the head's
+    lora_a and lora_b among them, are those of the LoRA head's own forward in the model with the loss
+    on the whole micro-batch's logits; DP ranks may run free with it."""
+    reference = _lora_head_model(lora_cls)
+    want = _forward_loss(reference, CrossEntropyLoss(CrossEntropyLoss.Config()))
+    assert {"lm_head.lora_a.weight", "lm_head.lora_b.weight"} <= want[1].keys()
+    assert "lm_head.weight" not in want[1]  # the base head frozen
+
+    model = _lora_head_model(lora_cls)
+    loss_fn = ChunkedHeadLoss(ChunkedHeadLoss.Config(chunk_tokens=CHUNK))
+    _wire(model, loss_fn)
+    assert loss_fn.free_running_blocked is not None  # called from the loss, several times a micro-batch
+    assert loss_fn.pass_head_through([model]) and loss_fn.free_running_blocked is None
+    assert model._skip_lm_head is False
+    _close(want, _forward_loss(model, loss_fn))
+
+
+def test_lora_head_dropout_passed_through_draws_its_masks_once():
+    """The LoRA head's dropout (0.3) in chunks: each chunk's recompute in backward replays the RNG state
+    of its forward, so it draws the mask the forward drew. Against the head module called on each chunk
+    in turn from the same seed, without checkpointing (the same masks, kept): the same loss and
+    gradients. The chunks also pass validation's eval mode without dropout (forward only)."""
+    from skrull_ext.lora.converter import DropoutLoRALinear
+
+    reference = _lora_head_model(DropoutLoRALinear, dropout=0.3)
+    reference._skip_lm_head = True
+    cross_entropy = CrossEntropyLoss(CrossEntropyLoss.Config())
+
+    def per_chunk(h, labels, global_tokens):
+        parts = [cross_entropy(reference.lm_head(h[:, a:a + CHUNK]), labels[:, a:a + CHUNK])[0]
+                 for a in range(0, h.shape[1], CHUNK)]
+        return sum(parts) / global_tokens, {}
+
+    want = _forward_loss(reference, per_chunk)
+    model = _lora_head_model(DropoutLoRALinear, dropout=0.3)
+    loss_fn = ChunkedHeadLoss(ChunkedHeadLoss.Config(chunk_tokens=CHUNK))
+    _wire(model, loss_fn)
+    assert loss_fn.pass_head_through([model])
+    got = _forward_loss(model, loss_fn)
+    _close(want, got)
+    undropped = _lora_head_model(DropoutLoRALinear)
+    assert abs(got[0] - _forward_loss(undropped, CrossEntropyLoss(CrossEntropyLoss.Config()))[0]) > 1e-4
+
+    model.eval()  # validation: no dropout, the chunks unchecked; the LoRA head's own forward, unchunked
+    reference.eval()
+    reference._skip_lm_head = False
+    with torch.no_grad():
+        tokens, labels, positions = _batch()
+        meta = build_meta(list(DOCS), [0] * len(DOCS), 0, 1)
+        got = loss_fn(model(tokens, positions=positions, attention_masks=meta), labels)[0].item()
+        want = cross_entropy(reference(tokens, positions=positions, attention_masks=meta), labels)[0].item()
+    assert abs(got - want) <= LOSS_TOL * abs(want)
+
+
+def test_a_head_of_its_own_forward_is_called_from_the_loss():
+    """A head whose forward is not in HEAD_FORWARDS stays as it is, called from the loss per chunk; DP ranks
+    keep lockstep with it, and the reason names the head."""
+
+    class Scaled(torch.nn.Linear):
+        def forward(self, x):
+            return 2.0 * super().forward(x)
+
+    loss_fn = ChunkedHeadLoss(ChunkedHeadLoss.Config(chunk_tokens=CHUNK))
+    loss_fn.set_lm_head(Scaled(4, 8))
+    assert not loss_fn.pass_head_through([]) and not loss_fn.head_passes_through
+    assert "the head (Scaled) runs in chunks of 37 tokens" in loss_fn.free_running_blocked
