@@ -29,6 +29,18 @@ holds C/N contiguous tokens of it) and its K/V gathered; a chunk size that is
 not a multiple of N is refused, the document's last chunk is padded to one
 (padding comes after every real token, so causality hides it from them, and
 its labels are ignored).
+
+In a compiled job (torchtitan's per-block ``torch.compile(fullgraph=True)``)
+a chunk's forward, and its recomputation in backward, runs the blocks' own
+eager code (``torch.compiler.set_stance("force_eager")`` around the model
+call): the job's micro-batches stay compiled, the chunks compile nothing.
+Traced, the prefix attention would compile a graph per layer and per chunk
+index (dynamo guards on the layer that ``ChunkAttention`` looks its prefix up
+by and on the prefix list's length: 48 graphs for the debug model's 6 layers
+x 8 chunks, past the recompile limit that ``fullgraph=True`` turns into a
+failure); docs/training.md says what a compiled chunk would need. So a
+compiled run trains a chunked document exactly as an eager one
+(tests/unit_tests/test_chunked_compiled.py).
 """
 
 from collections.abc import Callable
@@ -118,7 +130,8 @@ def chunked_loss(
         def run(*flat, tok=tok, lab=lab, pos=pos, offset=rank * per, c=c):
             ctx = ChunkAttention(layers, [list(flat[i * c:(i + 1) * c]) for i in range(len(layers))],
                                  offset, group)
-            pred = model(tok[None], positions=pos[None], attention_masks=ctx)
+            with torch.compiler.set_stance("force_eager"):  # compiled blocks run their own code (module doc)
+                pred = model(tok[None], positions=pos[None], attention_masks=ctx)
             return (loss_fn(pred, lab[None]), *ctx.kept)
 
         flat = [kv for per_layer in prefix for kv in per_layer]

@@ -17,6 +17,11 @@ its model (calls of its first model part) in every training step and
 appends ``{"step": S, "passes": N}`` to ``DIR/passes.rank<R>.jsonl`` right
 before that step's optimizer step: what the trainer really ran, pads included.
 
+With ``SKRULL_PROBE_DYNAMO=DIR``, each rank appends to ``DIR/dynamo.rank<R>.jsonl`` one line per call
+of the trainer's chunked samples (``SkrullTrainer._chunked_samples``: their forwards and backwards,
+recomputation included), ``{"step": S, "graphs": G, "recompiles": R}``: dynamo's graphs compiled and
+recompiles counted during the call (``torch._dynamo.utils.counters``), and one line
+``{"step": S, "total": {...}}`` of the run's so far right before each optimizer step. TORCH_LOGS cannot say it here: the ranks fork from a process that imported torch.
 It hooks torch's global optimizer pre-step hook, the global module forward
 hook and torchtitan's Trainer constructor, so the product code carries no test switch and torchtitan's
 own trainer can be probed the same way.
@@ -109,6 +114,44 @@ def _install_pass_probe(folder: str) -> None:
     register_optimizer_step_pre_hook(stepped)
 
 
+def _install_dynamo_probe(folder: str) -> None:
+    import json
+
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+    from torchtitan.components.optimizer import OptimizersContainer
+
+    from skrull_ext.train.trainer import SkrullTrainer
+    from torchtitan_patches.cp_probe import record_trainers
+
+    trainers = record_trainers()
+
+    def counts() -> dict[str, int]:
+        c = torch._dynamo.utils.counters
+        return {"graphs": c["stats"]["unique_graphs"], "recompiles": sum(c["recompiles"].values())}
+
+    def write(record: dict) -> None:
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, f"dynamo.rank{rank}.jsonl"), "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    inner = SkrullTrainer._chunked_samples
+
+    def chunked_samples(self, step, global_valid_tokens):
+        before = counts()
+        out = inner(self, step, global_valid_tokens)
+        after = counts()
+        write({"step": self.step, **{k: after[k] - before[k] for k in after}})
+        return out
+
+    def stepped(optimizer, args, kwargs):
+        if isinstance(optimizer, OptimizersContainer):
+            write({"step": trainers[-1].step, "total": counts()})
+
+    SkrullTrainer._chunked_samples = chunked_samples
+    register_optimizer_step_pre_hook(stepped)
+
+
 def main() -> None:
     if len(sys.argv) < 2:
         raise SystemExit("usage: python -m tests.integration_tests.probe ENTRY_MODULE [ARGS...]")
@@ -124,6 +167,9 @@ def main() -> None:
     passes = os.environ.get("SKRULL_PROBE_PASSES")
     if passes:
         _install_pass_probe(passes)
+    dynamo = os.environ.get("SKRULL_PROBE_DYNAMO")
+    if dynamo:
+        _install_dynamo_probe(dynamo)
     sys.argv = [entry, *args]
     runpy.run_module(entry, run_name="__main__", alter_sys=True)
 

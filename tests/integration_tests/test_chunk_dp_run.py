@@ -122,3 +122,33 @@ def test_validation_at_dp2_runs_every_document_on_every_rank_and_counts_it_once(
     print(f"validation DP 1 {ref}, DP 2 {got}")
     assert len(ref) == len(got) == 1 and abs(ref[0] - got[0]) < 1e-4, (ref, got)
     assert "10 whole + 0 cut + 0 skipped" in two.output
+
+
+@pytest.mark.slow
+def test_compiled_chunked_run_matches_eager(workdir, seed, one_process):
+    """``--compile.enable`` (each block compiled by inductor): the chunks run the blocks' eager code
+    (train/chunked.py), the micro-batches compiled; the same losses and step-3 gradients as the eager
+    run within compile's float rounding (test_compile.py's tolerances), and no graph compiled while
+    the chunked samples ran (dynamo's counters, read by the probe around each step's chunked samples)."""
+    import json
+
+    from tests.integration_tests.test_compile import GRAD as COMPILE_GRAD, LOSS as COMPILE_LOSS
+
+    counted = os.path.join(workdir, "chunk_dp1_compile_dynamo")
+    run = train_from_seed(workdir, "chunk_dp1_compile", 1, "skrull_ext.train", SKRULL, seed, STEPS,
+                          extra=[*CHUNK, "--compile.enable"], grads_at=CHECK, env={"SKRULL_PROBE_DYNAMO": counted})
+    out = run.output
+    assert "Compiling each TransformerBlock with torch.compile" in out
+    assert "hit config.recompile_limit" not in out and "cache_size_limit" not in out
+    with open(os.path.join(counted, "dynamo.rank0.jsonl")) as f:
+        records = [json.loads(line) for line in f]
+    calls, total = [r for r in records if "total" not in r], records[-1]["total"]
+    print(f"dynamo during each step's chunked samples: {calls}; the whole run: {total}")
+    assert [r["step"] for r in calls] == [2, 3]  # the steps with samples over 256 tokens
+    assert all(r["graphs"] == 0 and r["recompiles"] == 0 for r in calls), calls
+    assert 1 <= total["graphs"] <= 8, total  # the micro-batches' own: not one per layer or chunk
+    ref, got = one_process.losses, run.losses
+    print(f"eager {ref}\ncompiled {got}")
+    assert len(got) == STEPS and max(abs(x - y) for x, y in zip(ref, got)) < COMPILE_LOSS, f"{ref} vs {got}"
+    worst, rel = assert_same_grads(run.grads, one_process.grads, **COMPILE_GRAD)
+    print(f"step {CHECK} gradients, compiled vs eager: max |diff| {worst:.3g}, relative norm {rel:.3g}")

@@ -301,6 +301,7 @@ def test_chunk_refused_where_it_does_not_run_naming_the_key(flags, world, messag
     load_config(["--config-file", job, *_CHUNK])  # the bar's run passes
     monkeypatch.setenv("WORLD_SIZE", "2")
     load_config(["--config-file", job, *_CHUNK, "--skrull.free_running"])  # DP 2, free-running
+    load_config(["--config-file", job, *_CHUNK, "--skrull.free_running", "--compile.enable"])  # the chunks run eager
 
 
 def test_chunk_cuts_at_max_len_and_chunks_only_past_what_the_ranks_hold():

@@ -194,7 +194,7 @@ def _check_chunk(config, world: int) -> None:
     one DP rank, or more running free (``skrull.free_running = true``: each DP rank runs the
     chunked samples its plan assigns, FSDP parameters unsharded for the step, so a rank's chunk
     passes share no collective with the other DP ranks; lockstep would need as many FSDP passes
-    on every DP rank as the rank with the most chunks runs); no TP, not compiled, and a RoPE
+    on every DP rank as the rank with the most chunks runs); no TP, and a RoPE
     cache (``training.seq_len``) as long as the longest sample (``dataloader.max_len``)."""
     skrull = getattr(config, "skrull", None)
     if skrull is None or skrull.overlength != "chunk":
@@ -211,8 +211,6 @@ def _check_chunk(config, world: int) -> None:
     if p.tensor_parallel_degree > 1:
         raise _bad("skrull.overlength", "chunk", "does not run under tensor parallelism yet "
                    f"(parallelism.tensor_parallel_degree {p.tensor_parallel_degree})")
-    if getattr(getattr(config, "compile", None), "enable", False):
-        raise _bad("skrull.overlength", "chunk", "does not run compiled yet (compile.enable = true)")
     max_len = config.dataloader.max_len
     if max_len is None or config.training.seq_len < max_len:
         raise _bad("training.seq_len", config.training.seq_len,
