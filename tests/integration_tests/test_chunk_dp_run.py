@@ -40,12 +40,16 @@ def one_process(workdir, seed):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("cp", [1, 2])
-def test_chunked_documents_at_dp2_run_once_each_and_match_one_process(workdir, seed, one_process, cp):
+@pytest.mark.parametrize("cp, free", [(1, "auto"), (2, "true")])
+def test_chunked_documents_at_dp2_run_once_each_and_match_one_process(workdir, seed, one_process, cp, free):
+    """CP 1 with ``skrull.free_running`` left at "auto" (settled free-running at start-up, which
+    says so: train/settle.py), CP 2 with it true."""
+    flag = ["--skrull.free_running"] if free == "true" else []
     two = train_from_seed(workdir, f"chunk_dp2cp{cp}_free", 2 * cp, "skrull_ext.train", SKRULL, seed, STEPS,
-                          extra=[*CHUNK, "--skrull.free_running", "--parallelism.context_parallel_degree", str(cp)],
-                          grads_at=CHECK)
+                          extra=[*CHUNK, *flag, "--parallelism.context_parallel_degree", str(cp)], grads_at=CHECK)
     assert "timeline free" in two.output
+    if free == "auto":
+        assert "Skrull execution: skrull.free_running = 'auto': free-running, because it fits" in two.output
     plans = _plans(two, 2 * cp)
     ranks_with_documents = set()
     for step in range(1, STEPS + 1):

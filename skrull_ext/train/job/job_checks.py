@@ -191,7 +191,8 @@ def _check_positions(config, world: int) -> None:
 
 def _check_chunk(config, world: int) -> None:
     """``skrull.overlength = "chunk"`` (train/chunked.py) where it runs today: Skrull's batching;
-    one DP rank, or more running free (``skrull.free_running = true``: each DP rank runs the
+    one DP rank, or more running free (``skrull.free_running`` true or "auto", which start-up
+    settles to free-running or refuses with its reason: train/settle.py; each DP rank runs the
     chunked samples its plan assigns, FSDP parameters unsharded for the step, so a rank's chunk
     passes share no collective with the other DP ranks; lockstep would need as many FSDP passes
     on every DP rank as the rank with the most chunks runs); no TP, and a RoPE
@@ -204,10 +205,10 @@ def _check_chunk(config, world: int) -> None:
                    "not chunked documents)")
     p = config.parallelism
     dp = world // (p.context_parallel_degree * p.tensor_parallel_degree * p.pipeline_parallel_degree)
-    if dp > 1 and skrull.free_running is not True:
+    if dp > 1 and skrull.free_running is False:  # "auto" is settled at start-up (train/settle.py)
         raise _bad("skrull.overlength", "chunk", f"runs at DP > 1 (this launch has {dp}: world {world} / cp "
-                   f"{p.context_parallel_degree}) only free-running: set skrull.free_running = true (now "
-                   f"{skrull.free_running!r}), or use 'truncate' or 'drop', or one CP group")
+                   f"{p.context_parallel_degree}) only free-running: set skrull.free_running = 'auto' or true "
+                   "(now false), or use 'truncate' or 'drop', or one CP group")
     if p.tensor_parallel_degree > 1:
         raise _bad("skrull.overlength", "chunk", "does not run under tensor parallelism yet "
                    f"(parallelism.tensor_parallel_degree {p.tensor_parallel_degree})")
