@@ -191,12 +191,14 @@ class Validation:
             # overlength = "chunk": each document whole, in chunks (train/chunked.py), on every DP rank: outside
             # a free-running step FSDP all-gathers every unit over the whole mesh in each forward, so every rank
             # runs every document's chunk passes (as the micro-batches' pad passes); the rank its plan names counts it.
+            # Each in the chunk training gives a document of its length (LengthLimit.chunk: the memory rule's
+            # fitted chunk, scheduler/chunk_cost.py fitting_chunk), never more than training holds.
             plan = batch.plan
             for k, i in enumerate(batch.samples[len(plan.input_lengths):]):
                 sample = self.source[i]
                 with trainer.train_context():
                     out = chunked_loss(trainer.model_parts[0], sample.input.to(trainer.device),
-                                       sample.labels.to(trainer.device), self.limit.tokens,
+                                       sample.labels.to(trainer.device), self.limit.chunk(sample.length),
                                        lambda pred, labels: trainer.loss_fn(pred, labels)[0],
                                        layers=trainer.dacp_attention, group=trainer.cp_group, recompute=False)
                 if plan.chunked_group[k] == self.build.dp_rank:

@@ -63,3 +63,58 @@ def test_validation_config_passes_with_a_held_out_file(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "1")
     config = load_config(["--config-file", TEXT, "--validation.enable", "--validation.dataset_path", HELD_OUT])
     assert config.validation.enable and config.validation.dataset_path == HELD_OUT
+
+
+def test_validation_chunks_a_document_at_training_s_fitted_chunk(monkeypatch):
+    """overlength = "chunk": validation's forward chunks a held-out document as training would
+    (``LengthLimit.chunk``, the memory rule's fitted chunk), not at the limit; its loss is the
+    document's in one pass. The debug model on one process, a limit of 64 whose fitted chunk is 24,
+    the batch builder stubbed to one batch holding the 251-token document alone."""
+    import dataclasses
+    from contextlib import nullcontext
+    from types import SimpleNamespace
+
+    import torch
+
+    from skrull_ext.data.steps.accounting import RunAccount
+    from skrull_ext.data.steps.overlength import capacity_limit
+    from skrull_ext.scheduler.capacity import Capacity
+    from skrull_ext.train import validation
+    from skrull_ext.train.chunked import attention_layers, chunked_loss
+    from skrull_ext.train.validation import Validation
+    from tests.unit_tests.test_chunked import LENGTH, _document, _loss, _model, one_pass
+
+    limit = dataclasses.replace(capacity_limit(Capacity(64, cp=1), "chunk", 2048), chunk_for=lambda n: 24)
+    tokens, labels = _document()
+    chunks = []
+
+    def recorded(model, tokens, labels, chunk, loss_fn, **kw):
+        chunks.append(chunk)
+        return chunked_loss(model, tokens, labels, chunk, loss_fn, **kw)
+
+    monkeypatch.setattr(validation, "chunked_loss", recorded)
+    plan = SimpleNamespace(input_lengths=[], chunked_group=[0])
+    batch = SimpleNamespace(global_valid_tokens=int((labels != -100).sum()), micro_batches=[], plan=plan,
+                            samples=[0])
+    run = Validation.__new__(Validation)
+    run.config, run.batches, run.limit, run.best = ValidationConfig(enable=True), 1, limit, None
+    run.source = [SimpleNamespace(input=tokens, labels=labels, length=LENGTH)]
+
+    class Build:  # StepBuilder's part validation reads
+        dp_rank = 0
+
+        def __call__(self, k, account):
+            return batch
+
+    run.build = Build()
+    model = _model()
+    trainer = SimpleNamespace(
+        model_parts=[model], device=torch.device("cpu"), train_context=nullcontext, cp_group=None,
+        loss_fn=lambda pred, labels, positions=None: (_loss(pred, labels), None), dacp_attention=attention_layers([model]),
+        parallel_dims=SimpleNamespace(dp_cp_enabled=False), metrics_processor=SimpleNamespace(
+            logger=SimpleNamespace(log=lambda *a: None)))
+    result = run.run(trainer, 1)
+    assert chunks == [24], chunks  # not the limit's 64
+    ref, _ = one_pass()
+    assert abs(result.loss * result.loss_tokens - ref) <= 1e-6 * abs(ref), (result.loss, ref)
+    assert isinstance(result.account, RunAccount)
