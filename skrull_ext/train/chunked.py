@@ -38,7 +38,8 @@ Traced, the prefix attention would compile a graph per layer and per chunk
 index (dynamo guards on the layer that ``ChunkAttention`` looks its prefix up
 by and on the prefix list's length: 48 graphs for the debug model's 6 layers
 x 8 chunks, past the recompile limit that ``fullgraph=True`` turns into a
-failure); docs/training.md says what a compiled chunk would need. So a
+failure); docs/design/chunked.md ("Not done") says what a compiled chunk
+would need. So a
 compiled run trains a chunked document exactly as an eager one
 (tests/unit_tests/test_chunked_compiled.py).
 """
