@@ -19,8 +19,8 @@ before that step's optimizer step: what the trainer really ran, pads included.
 
 With ``SKRULL_PROBE_DYNAMO=DIR``, each rank appends to ``DIR/dynamo.rank<R>.jsonl`` one line per call
 of the trainer's chunked samples (``SkrullTrainer._chunked_samples``: their forwards and backwards,
-recomputation included), ``{"step": S, "graphs": G, "recompiles": R}``: dynamo's graphs compiled and
-recompiles counted during the call (``torch._dynamo.utils.counters``), and one line
+recomputation included), ``{"step": S, "graphs": G, "frames": F}``: the graphs dynamo compiled (a recompile is one
+more) and the frames it compiled during the call (``torch._dynamo.utils.counters``), and one line
 ``{"step": S, "total": {...}}`` of the run's so far right before each optimizer step. TORCH_LOGS cannot say it here: the ranks fork from a process that imported torch.
 It hooks torch's global optimizer pre-step hook, the global module forward
 hook and torchtitan's Trainer constructor, so the product code carries no test switch and torchtitan's
@@ -127,7 +127,7 @@ def _install_dynamo_probe(folder: str) -> None:
 
     def counts() -> dict[str, int]:
         c = torch._dynamo.utils.counters
-        return {"graphs": c["stats"]["unique_graphs"], "recompiles": sum(c["recompiles"].values())}
+        return {"graphs": c["stats"]["unique_graphs"], "frames": c["frames"]["total"]}
 
     def write(record: dict) -> None:
         rank = dist.get_rank() if dist.is_initialized() else 0

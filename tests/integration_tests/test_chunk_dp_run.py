@@ -129,7 +129,8 @@ def test_validation_at_dp2_runs_every_document_on_every_rank_and_counts_it_once(
 
 
 @pytest.mark.slow
-def test_compiled_chunked_run_matches_eager(workdir, seed, one_process):
+@pytest.mark.parametrize("cp", [1, 2])
+def test_compiled_chunked_run_matches_eager(workdir, seed, one_process, cp):
     """``--compile.enable`` (each block compiled by inductor): the chunks run the blocks' eager code
     (train/chunked.py), the micro-batches compiled; the same losses and step-3 gradients as the eager
     run within compile's float rounding (test_compile.py's tolerances), and no graph compiled while
@@ -138,9 +139,10 @@ def test_compiled_chunked_run_matches_eager(workdir, seed, one_process):
 
     from tests.integration_tests.test_compile import GRAD as COMPILE_GRAD, LOSS as COMPILE_LOSS
 
-    counted = os.path.join(workdir, "chunk_dp1_compile_dynamo")
-    run = train_from_seed(workdir, "chunk_dp1_compile", 1, "skrull_ext.train", SKRULL, seed, STEPS,
-                          extra=[*CHUNK, "--compile.enable"], grads_at=CHECK, env={"SKRULL_PROBE_DYNAMO": counted})
+    counted = os.path.join(workdir, f"chunk_cp{cp}_compile_dynamo")
+    run = train_from_seed(workdir, f"chunk_cp{cp}_compile", cp, "skrull_ext.train", SKRULL, seed, STEPS,
+                          extra=[*CHUNK, "--compile.enable", "--parallelism.context_parallel_degree", str(cp)],
+                          grads_at=CHECK, env={"SKRULL_PROBE_DYNAMO": counted})
     out = run.output
     assert "Compiling each TransformerBlock with torch.compile" in out
     assert "hit config.recompile_limit" not in out and "cache_size_limit" not in out
@@ -148,8 +150,8 @@ def test_compiled_chunked_run_matches_eager(workdir, seed, one_process):
         records = [json.loads(line) for line in f]
     calls, total = [r for r in records if "total" not in r], records[-1]["total"]
     print(f"dynamo during each step's chunked samples: {calls}; the whole run: {total}")
-    assert [r["step"] for r in calls] == [2, 3]  # the steps with samples over 256 tokens
-    assert all(r["graphs"] == 0 and r["recompiles"] == 0 for r in calls), calls
+    assert [r["step"] for r in calls] == [2, 3]  # the steps with samples over the limit (256 x cp)
+    assert all(r["graphs"] == 0 and r["frames"] == 0 for r in calls), calls
     assert 1 <= total["graphs"] <= 8, total  # the micro-batches' own: not one per layer or chunk
     ref, got = one_process.losses, run.losses
     print(f"eager {ref}\ncompiled {got}")

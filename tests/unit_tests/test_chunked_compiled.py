@@ -8,10 +8,11 @@ own eager code (``force_eager`` around each chunk's forward and its
 recomputation), so:
 
 - the document's loss and every gradient are the eager chunked run's,
-  bitwise, and the one-pass reference's within the chunk tests' tolerances
+  bitwise (with and without torchtitan's full activation checkpointing), and the one-pass reference's within the chunk tests' tolerances
   (loss 1e-6, gradients 1e-5 relative);
-- the chunks compile nothing: dynamo's graph and recompile counters are the
-  same after the document as before it, and the second micro-batch reuses
+- the chunks compile nothing: dynamo's counters of graphs compiled (each
+  recompile is one more) and frames it compiled are the same after the
+  document as before it, and the second micro-batch reuses
   the first one's graphs (counted from ``torch._dynamo.utils.counters``).
 
 ``aot_eager`` keeps the quick lane free of inductor's C++ builds; inductor on
@@ -40,14 +41,15 @@ def _micro_batch(model) -> None:
 
 def _counts() -> dict:
     c = torch._dynamo.utils.counters
-    return {"graphs": c["stats"]["unique_graphs"], "recompiles": sum(c["recompiles"].values())}
+    return {"graphs": c["stats"]["unique_graphs"], "frames": c["frames"]["total"]}
 
 
-@pytest.fixture(scope="module")
-def compiled_run():
-    torch._dynamo.reset()  # dynamo's caches and counters are process-wide: start this module's from zero
+@pytest.fixture(scope="module", params=[False, True], ids=["plain", "full_ac"])
+def compiled_run(request):
+    """Under torchtitan's full AC too (AC wraps each block, compile the wrapper, as torchtitan orders them)."""
+    torch._dynamo.reset()  # dynamo's caches and counters are process-wide: start this run's from zero
     torch._dynamo.utils.counters.clear()
-    model = _model()
+    model = _model(ac=request.param)
     for block in model.layers.values():
         block.compile(backend="aot_eager", fullgraph=True)
     _micro_batch(model)
@@ -59,21 +61,21 @@ def compiled_run():
     result = (out.loss.item(), _grads(model))
     after_chunks = _counts()
     _micro_batch(model)
-    return result, out.chunks, before, after_chunks, _counts()
+    return result, out.chunks, before, after_chunks, _counts(), request.param
 
 
 def test_compiled_chunked_equals_eager_chunked_and_one_pass(compiled_run):
-    (loss, grads), n, *_ = compiled_run
-    ref_loss, ref_grads, ref_n = chunked()
+    (loss, grads), n, *_, ac = compiled_run
+    ref_loss, ref_grads, ref_n = chunked(ac=ac)
     assert n == ref_n == 8
     assert loss == ref_loss
     for name, g in ref_grads.items():
         torch.testing.assert_close(grads[name], g, rtol=0, atol=0, msg=name)
-    _close((loss, grads), one_pass())
+    _close((loss, grads), one_pass(ac=ac))
 
 
 def test_chunks_compile_nothing_and_micro_batches_keep_their_graphs(compiled_run):
-    _, _, before, after_chunks, after = compiled_run
+    _, _, before, after_chunks, after, _ = compiled_run
     print(f"dynamo: after the micro-batch {before}, after the chunked document {after_chunks}, "
           f"after the second micro-batch {after}")
     assert before["graphs"] >= 1  # the micro-batch ran compiled
