@@ -86,13 +86,12 @@ class DacpAttention(nn.Module):
         enable_gqa: bool = False,  # implied by the head counts; kept for the call signature
         **kwargs,
     ) -> torch.Tensor:
-        if isinstance(attention_masks, ChunkAttention):  # a chunk of a chunked document (prefix.py)
-            return attention_masks.attend(self, q_BLNH, k_BLNH, v_BLNH, scale)
         # Two checks, not one with a tuple: under compile the meta is an opaque object, which
         # dynamo matches against its own registered class only.
-        if not isinstance(attention_masks, LocalOnlyBatch) and not isinstance(attention_masks, DacpBatchMeta):
+        if (not isinstance(attention_masks, LocalOnlyBatch) and not isinstance(attention_masks, DacpBatchMeta)
+                and not isinstance(attention_masks, ChunkAttention)):
             raise TypeError(
-                f"DacpAttention needs attention_masks to be a DacpBatchMeta or LocalOnlyBatch, got "
+                f"DacpAttention needs attention_masks to be a DacpBatchMeta, LocalOnlyBatch or ChunkAttention, got "
                 f"{type(attention_masks)}"
             )
         if isinstance(q_BLNH, DTensor):  # TP: this rank's heads, back as the same placements
@@ -104,8 +103,10 @@ class DacpAttention(nn.Module):
             return DTensor.from_local(out, q_BLNH.device_mesh, placements, run_check=False)
         return self._local(q_BLNH, k_BLNH, v_BLNH, attention_masks, scale)
 
-    def _local(self, q_BLNH, k_BLNH, v_BLNH, meta: DacpBatchMeta | LocalOnlyBatch,
+    def _local(self, q_BLNH, k_BLNH, v_BLNH, meta: DacpBatchMeta | LocalOnlyBatch | ChunkAttention,
                scale: float | None) -> torch.Tensor:
+        if isinstance(meta, ChunkAttention):  # a chunk of a chunked document (prefix.py), on this rank's heads
+            return meta.attend(self, q_BLNH, k_BLNH, v_BLNH, scale)
         if isinstance(meta, LocalOnlyBatch):  # all local, compiled: the kernel traced in (local_only.py)
             return meta.attend(q_BLNH, k_BLNH, v_BLNH, scale)
         if torch.compiler.is_compiling():

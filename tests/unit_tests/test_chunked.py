@@ -303,6 +303,7 @@ def test_chunk_refused_where_it_does_not_run_naming_the_key(flags, world, messag
     load_config(["--config-file", job, *_CHUNK, "--skrull.free_running"])  # DP 2, free-running
     load_config(["--config-file", job, *_CHUNK])  # DP 2, "auto": settled at start-up (train/settle.py)
     load_config(["--config-file", job, *_CHUNK, "--compile.enable"])  # compiled: the chunks run eager
+    load_config(["--config-file", job, *_CHUNK, "--parallelism.tensor_parallel_degree", "2"])  # TP 2
 
 
 def test_chunk_cuts_at_max_len_and_chunks_only_past_what_the_ranks_hold():

@@ -195,7 +195,7 @@ def _check_chunk(config, world: int) -> None:
     settles to free-running or refuses with its reason: train/settle.py; each DP rank runs the
     chunked samples its plan assigns, FSDP parameters unsharded for the step, so a rank's chunk
     passes share no collective with the other DP ranks; lockstep would need as many FSDP passes
-    on every DP rank as the rank with the most chunks runs); no TP, and a RoPE
+    on every DP rank as the rank with the most chunks runs); and a RoPE
     cache (``training.seq_len``) as long as the longest sample (``dataloader.max_len``)."""
     skrull = getattr(config, "skrull", None)
     if skrull is None or skrull.overlength != "chunk":
@@ -209,9 +209,6 @@ def _check_chunk(config, world: int) -> None:
         raise _bad("skrull.overlength", "chunk", f"runs at DP > 1 (this launch has {dp}: world {world} / cp "
                    f"{p.context_parallel_degree}) only free-running: set skrull.free_running = 'auto' or true "
                    "(now false), or use 'truncate' or 'drop', or one CP group")
-    if p.tensor_parallel_degree > 1:
-        raise _bad("skrull.overlength", "chunk", "does not run under tensor parallelism yet "
-                   f"(parallelism.tensor_parallel_degree {p.tensor_parallel_degree})")
     max_len = config.dataloader.max_len
     if max_len is None or config.training.seq_len < max_len:
         raise _bad("training.seq_len", config.training.seq_len,
