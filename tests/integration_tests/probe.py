@@ -21,7 +21,8 @@ With ``SKRULL_PROBE_DYNAMO=DIR``, each rank appends to ``DIR/dynamo.rank<R>.json
 of the trainer's chunked samples (``SkrullTrainer._chunked_samples``: their forwards and backwards,
 recomputation included), ``{"step": S, "graphs": G, "frames": F}``: the graphs dynamo compiled (a recompile is one
 more) and the frames it compiled during the call (``torch._dynamo.utils.counters``), and one line
-``{"step": S, "total": {...}}`` of the run's so far right before each optimizer step. TORCH_LOGS cannot say it here: the ranks fork from a process that imported torch.
+``{"step": S, "total": {...}}`` of the run's so far right before each optimizer step. TORCH_LOGS
+cannot say it here: the ranks fork from a process that imported torch before it was set.
 It hooks torch's global optimizer pre-step hook, the global module forward
 hook and torchtitan's Trainer constructor, so the product code carries no test switch and torchtitan's
 own trainer can be probed the same way.

@@ -325,3 +325,15 @@ def test_chunk_cuts_at_max_len_and_chunks_only_past_what_the_ranks_hold():
     assert (small.tokens, small.by, small.max_len) == (100, "max_len", None)
     assert [small.kept_length(n) for n in (50, 100, 300)] == [50, 100, 100]
     assert capacity_limit(Capacity(256, 1), "chunk", None).kept_length(5000) == 5000  # job_checks needs max_len
+
+
+def test_the_shipped_gpu_job_takes_chunk_as_shipped(monkeypatch):
+    """The 0.5B GPU job (DP 2 x CP 4, compiled, free_running 'auto') with --skrull.overlength chunk
+    passes the job checks: compile and 'auto' at DP > 1 were refused before any process."""
+    from skrull_ext.train.job.job_file import load_config
+
+    job = str(Path(__file__).parents[2] / "skrull_ext" / "jobs" / "qwen2_5_0_5b_gpu.toml")
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    config = load_config(["--config-file", job, "--skrull.overlength", "chunk"])
+    assert config.compile.enable and config.skrull.free_running == "auto"
+    assert config.parallelism.context_parallel_degree == 4

@@ -8,7 +8,8 @@ own eager code (``force_eager`` around each chunk's forward and its
 recomputation), so:
 
 - the document's loss and every gradient are the eager chunked run's,
-  bitwise (with and without torchtitan's full activation checkpointing), and the one-pass reference's within the chunk tests' tolerances
+  bitwise (with and without torchtitan's full activation checkpointing),
+  and the one-pass reference's within the chunk tests' tolerances
   (loss 1e-6, gradients 1e-5 relative);
 - the chunks compile nothing: dynamo's counters of graphs compiled (each
   recompile is one more) and frames it compiled are the same after the
@@ -16,7 +17,9 @@ recomputation), so:
   the first one's graphs (counted from ``torch._dynamo.utils.counters``).
 
 ``aot_eager`` keeps the quick lane free of inductor's C++ builds; inductor on
-real processes is tests/integration_tests/test_chunk_compiled_run.py.
+real processes is tests/integration_tests/test_chunk_dp_run.py
+(``test_compiled_chunked_run_matches_eager``). The full-AC case is in the
+slow lane: it compiles a second model (about a minute on this machine).
 """
 
 import pytest
@@ -44,7 +47,7 @@ def _counts() -> dict:
     return {"graphs": c["stats"]["unique_graphs"], "frames": c["frames"]["total"]}
 
 
-@pytest.fixture(scope="module", params=[False, True], ids=["plain", "full_ac"])
+@pytest.fixture(scope="module", params=[False, pytest.param(True, marks=pytest.mark.slow)], ids=["plain", "full_ac"])
 def compiled_run(request):
     """Under torchtitan's full AC too (AC wraps each block, compile the wrapper, as torchtitan orders them)."""
     torch._dynamo.reset()  # dynamo's caches and counters are process-wide: start this run's from zero

@@ -110,7 +110,8 @@ def test_validation_chunks_a_document_at_training_s_fitted_chunk(monkeypatch):
     model = _model()
     trainer = SimpleNamespace(
         model_parts=[model], device=torch.device("cpu"), train_context=nullcontext, cp_group=None,
-        loss_fn=lambda pred, labels, positions=None: (_loss(pred, labels), None), dacp_attention=attention_layers([model]),
+        loss_fn=lambda pred, labels, positions=None: (_loss(pred, labels), None),
+        dacp_attention=attention_layers([model]),
         parallel_dims=SimpleNamespace(dp_cp_enabled=False), metrics_processor=SimpleNamespace(
             logger=SimpleNamespace(log=lambda *a: None)))
     result = run.run(trainer, 1)
