@@ -65,6 +65,7 @@ class ChunkedLoss:
     loss: torch.Tensor
     """The sum of its chunks' losses; its backward runs the chunks' in reverse."""
     chunks: int
+    """Its own chunks (the pad chunks after them not counted)."""
     kv_bytes: int
     """Bytes of the document's K/V this rank keeps until backward (every layer, every chunk)."""
 
@@ -99,6 +100,7 @@ def chunked_loss(
     layers: list | None = None,
     group: dist.ProcessGroup | None = None,
     recompute: bool = True,
+    pad_chunks: int = 0,
 ) -> ChunkedLoss:
     """Forward of one document in chunks.
 
@@ -111,6 +113,12 @@ def chunked_loss(
         group: the CP group each chunk is sharded over (None: this rank holds the chunks).
         recompute: checkpoint each chunk but the last (the bounded-memory schedule); False keeps
             every chunk's activations (the same values, for tests and measurements).
+        pad_chunks: passes after the document's own, one token per CP rank each, ids 0 and labels
+            ignored (lockstep DP ranks run as many passes as each other: train/chunk_lockstep.py).
+            After every real token, so causality hides them from the document: its loss and
+            gradients are unchanged. The last pass (a pad one if any) is the one not checkpointed.
+            Their positions count from 0 (any within the RoPE cache does: nothing real sees them).
+            ``tokens`` may then be empty (an all-pad document).
     """
     if tokens.dim() != 1 or tokens.shape != labels.shape:
         raise ValueError(f"tokens and labels must be 1-D of one length, got {tuple(tokens.shape)}, "
@@ -118,14 +126,20 @@ def chunked_loss(
     n, rank = (dist.get_world_size(group), dist.get_rank(group)) if group is not None else (1, 0)
     if chunk % n:
         raise ValueError(f"chunk size {chunk} is not a multiple of the CP group's {n} ranks")
+    if pad_chunks < 0:
+        raise ValueError(f"pad_chunks must be >= 0, got {pad_chunks}")
     layers = attention_layers([model]) if layers is None else layers
     prefix: list[list[torch.Tensor]] = [[] for _ in layers]
     total, bounds = None, chunk_bounds(tokens.numel(), chunk)
-    for a, b in bounds:
+    end = max(tokens.numel(), -(-tokens.numel() // n) * n if bounds else 0)  # past the last chunk's CP padding
+    passes = bounds + [(end + i * n, end + (i + 1) * n) for i in range(pad_chunks)]
+    for i, (a, b) in enumerate(passes):
         per = -(-(b - a) // n)  # this rank's tokens of the chunk; the last chunk padded to n of them
         lo = a + rank * per
         tok, lab = _padded(tokens, lo, lo + per, 0), _padded(labels, lo, lo + per, IGNORE_INDEX)
-        pos = torch.arange(lo, lo + per, device=tokens.device)
+        pad = i >= len(bounds)  # a pad chunk: positions from 0, within any RoPE cache
+        pos = torch.arange(rank * per, rank * per + per, device=tokens.device) if pad else \
+            torch.arange(lo, lo + per, device=tokens.device)
         c = len(prefix[0]) if layers else 0
 
         def run(*flat, tok=tok, lab=lab, pos=pos, offset=rank * per, c=c):
@@ -136,7 +150,7 @@ def chunked_loss(
             return (loss_fn(pred, lab[None]), *ctx.kept)
 
         flat = [kv for per_layer in prefix for kv in per_layer]
-        keep = not recompute or b == tokens.numel()  # the last chunk: its backward runs first, nothing to save
+        keep = not recompute or i == len(passes) - 1  # the last pass: its backward runs first, nothing to save
         out = run(*flat) if keep else checkpoint(run, *flat, use_reentrant=False)
         for i, kv in enumerate(out[1:]):
             prefix[i].append(kv)

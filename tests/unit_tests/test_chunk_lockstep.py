@@ -1,0 +1,95 @@
+"""Chunked documents under lockstep DP ranks (skrull_ext/train/chunk_lockstep.py): every rank runs as
+many chunk passes per position as the rank with the most, pad chunks filling the rest, and a pad
+chunk changes neither the document's loss nor any gradient.
+
+Exact cases of the per-position derivation, hypothesis invariants on random plans (every DP rank
+the same pass counts, each rank's own documents in the plan's order with their own chunk counts),
+and the debug llama3 (fp32, CPU) training test_chunked.py's document padded: the same loss and
+gradients, the same number of model calls (forward and recompute) as a document of that many chunks.
+"""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from skrull_ext.train.chunk_lockstep import PaddedDocument, lockstep_chunks, lockstep_documents
+from skrull_ext.train.chunked import chunk_bounds, chunked_loss
+from tests.unit_tests.test_chunked import CHUNK, _close, _document, _grads, _loss, _model, chunked
+
+
+def _by(chunk: int):
+    return lambda n: chunk
+
+
+def test_positions_take_the_most_chunks_any_rank_runs_there():
+    # DP 2, chunk 100: rank 0 holds 250 (3 chunks) then 120 (2); rank 1 holds 410 (5).
+    lengths, groups = [250, 410, 120], [0, 1, 0]
+    assert lockstep_chunks(lengths, groups, 2, _by(100)) == [5, 2]
+    assert lockstep_documents(lengths, groups, 2, 0, _by(100)) == [PaddedDocument(0, 3, 2), PaddedDocument(2, 2, 0)]
+    assert lockstep_documents(lengths, groups, 2, 1, _by(100)) == [PaddedDocument(1, 5, 0), PaddedDocument(None, 0, 2)]
+    # A rank with none runs all-pad documents; no document anywhere: nothing to run.
+    assert lockstep_documents([300], [0], 3, 2, _by(100)) == [PaddedDocument(None, 0, 3)]
+    assert lockstep_chunks([], [], 2, _by(100)) == [] and lockstep_documents([], [], 2, 1, _by(100)) == []
+    # Each length its own chunk (SchedulerJob.chunk_for): 1000 in chunks of 500 is 2, 600 in 100 is 6.
+    assert lockstep_chunks([1000, 600], [0, 1], 2, lambda n: 500 if n > 800 else 100) == [6]
+    with pytest.raises(ValueError, match="outside DP 2"):
+        lockstep_chunks([300], [2], 2, _by(100))
+    with pytest.raises(ValueError, match="dp_rank"):
+        lockstep_documents([300], [0], 2, 2, _by(100))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 4).flatmap(lambda dp: st.tuples(
+    st.just(dp), st.lists(st.tuples(st.integers(1, 2000), st.integers(0, dp - 1)), max_size=8),
+    st.sampled_from([1, 7, 64, 256]))))
+def test_every_rank_runs_the_same_passes_and_its_own_documents_whole(case):
+    dp, docs, chunk = case
+    lengths, groups = [n for n, _ in docs], [g for _, g in docs]
+    n = lockstep_chunks(lengths, groups, dp, _by(chunk))
+    for rank in range(dp):
+        runs = lockstep_documents(lengths, groups, dp, rank, _by(chunk))
+        assert [r.chunks + r.pad_chunks for r in runs] == n  # every rank the same pass count per position
+        assert all(r.pad_chunks >= 0 for r in runs)
+        own = [r.document for r in runs if r.document is not None]
+        assert own == [k for k, g in enumerate(groups) if g == rank]  # each own document, once, in order
+        assert all(r.chunks == len(chunk_bounds(lengths[r.document], chunk)) for r in runs if r.document is not None)
+        assert all(r.chunks == 0 for r in runs if r.document is None)
+    # Each position is as long as some rank's document there needs, no longer.
+    assert all(any(lockstep_documents(lengths, groups, dp, r, _by(chunk))[k].pad_chunks == 0 for r in range(dp))
+               for k in range(len(n)))
+
+
+def test_pad_chunks_change_neither_loss_nor_gradients():
+    """The 8-chunk document of test_chunked.py with 3 pad chunks: the loss and gradients of it unpadded."""
+    model = _model()
+    tokens, labels = _document()
+    out = chunked_loss(model, tokens, labels, CHUNK, _loss, pad_chunks=3)
+    out.loss.backward()
+    assert out.chunks == 8
+    loss, grads, _ = chunked()
+    _close((out.loss.item(), _grads(model)), (loss, grads))
+
+
+def test_an_all_pad_document_is_passes_with_nothing_to_learn():
+    model = _model()
+    empty = torch.zeros(0, dtype=torch.long)
+    out = chunked_loss(model, empty, empty.clone(), CHUNK, _loss, pad_chunks=4)
+    out.loss.backward()
+    assert out.chunks == 0 and out.loss.item() == 0.0
+    assert all(float(g.abs().max()) == 0.0 for g in _grads(model).values())
+
+
+@pytest.mark.parametrize("length, pads", [(251, 0), (160, 3), (20, 7), (0, 8)])
+def test_a_position_makes_the_same_model_calls_whatever_its_chunks_are(length, pads):
+    """8 passes at one position, whether 8 real chunks, some real and some pad, or all pad: the same
+    forwards (one per pass) and recomputes in backward (every pass but the last: the last is kept,
+    real or pad), so FSDP's all-gathers and reduce-scatters pair up across lockstep DP ranks."""
+    model = _model()
+    calls: list[bool] = []  # grad enabled at each model call: a forward, or a recompute in backward
+    model.register_forward_pre_hook(lambda *_: calls.append(torch.is_grad_enabled()))
+    tokens, labels = _document(length) if length else (torch.zeros(0, dtype=torch.long),) * 2
+    out = chunked_loss(model, tokens, labels, CHUNK, _loss, pad_chunks=pads)
+    assert len(chunk_bounds(length, CHUNK)) + pads == 8 and len(calls) == 8
+    out.loss.backward()
+    assert len(calls) == 8 + 7  # each checkpointed pass's recompute: all but the last
