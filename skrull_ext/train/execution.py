@@ -91,15 +91,13 @@ def mean_step_us(job: SchedulerJob, steps: Sequence[Sequence[int]]) -> float | N
 
 def choose_execution(skrull, *, unsharded: float | None, dp: int, cp: int, dp_shard: int, dp_replicate: int,
                      shape: ModelShape, model_name: str, steps: Sequence[Sequence[int]] = (),
-                     no_free_running: str | None = None, need_free_running: str | None = None) -> Execution:
+                     no_free_running: str | None = None) -> Execution:
     """The execution of a Skrull job (module docstring). ``unsharded``: the bytes free-running
     would hold per rank (profile_memory.free_running_bytes), None when nothing is sharded (no
     FSDP unit: nothing to hold, nothing to choose). ``steps``: the first global batches'
     lengths, planned both ways when auto weighs BucketSize against execution.
     ``no_free_running``: why this job cannot run free with more than one DP rank (the head in
-    chunks, train/head_loss.py): "auto" is then lockstep, ``true`` refused. ``need_free_running``:
-    why the job needs free-running DP ranks (chunked documents, settle.py): where "auto" weighs
-    a smaller free-running BucketSize against lockstep, it takes free-running whenever it fits.
+    chunks, train/head_loss.py): "auto" is then lockstep, ``true`` refused.
     Raises ValueError (one line) when ``free_running = true`` does not fit."""
     bucket = skrull.resolved_bucket_size()  # the one read of the section's BucketSize in a training job
     if no_free_running is not None and dp > 1 and skrull.free_running is not False:
@@ -108,8 +106,7 @@ def choose_execution(skrull, *, unsharded: float | None, dp: int, cp: int, dp_sh
                              "or false")
         out = Execution(False, bucket, f"skrull.free_running = 'auto': lockstep, because {no_free_running}")
     else:
-        out = _choose(skrull, bucket, unsharded, dp, cp, dp_shard, dp_replicate, shape, model_name, steps,
-                      need_free_running)
+        out = _choose(skrull, bucket, unsharded, dp, cp, dp_shard, dp_replicate, shape, model_name, steps)
     if skrull.bucket_size != FROM_PROFILE:
         origin = "skrull.bucket_size"
     elif out.bucket_size == bucket:
@@ -120,8 +117,7 @@ def choose_execution(skrull, *, unsharded: float | None, dp: int, cp: int, dp_sh
 
 
 def _choose(skrull, bucket: int, unsharded: float | None, dp: int, cp: int, dp_shard: int, dp_replicate: int,
-            shape: ModelShape, model_name: str, steps: Sequence[Sequence[int]],
-            need_free_running: str | None = None) -> Execution:
+            shape: ModelShape, model_name: str, steps: Sequence[Sequence[int]]) -> Execution:
     mode = skrull.free_running
     if mode is False:
         return Execution(False, bucket, "skrull.free_running = false: lockstep (parameters gathered per micro-batch)")
@@ -150,10 +146,6 @@ def _choose(skrull, bucket: int, unsharded: float | None, dp: int, cp: int, dp_s
         return Execution(False, bucket, f"skrull.free_running = 'auto': lockstep, because free-running {text} "
                                         f"(a smaller skrull.bucket_size may let it fit)")
     smaller = mem.free_running_bucket_size(unsharded)
-    if need_free_running is not None and smaller >= 1:
-        return Execution(True, smaller, f"skrull.free_running = 'auto' with bucket_size = 'profile': free-running "
-                                        f"{text}; it fits at bucket_size {smaller}: free-running there, because "
-                                        f"{need_free_running}")
     lock_us = predicted_step_us(skrull, dp, cp, shape, model_name, steps, dp_shard, dp_replicate, False, bucket)
     free_us = (predicted_step_us(skrull, dp, cp, shape, model_name, steps, dp_shard, dp_replicate, True, smaller)
                if smaller >= 1 else None)

@@ -5,7 +5,8 @@ the optimizer, logging) because the order of the passes and where the
 gradients are reduced is one decision: a chunked sample's backward runs one
 FSDP post-backward per chunk, so the chunked samples run first and the last
 micro-batch reduces (free-running at DP > 1 must reduce-scatter the same
-number of times on every rank).
+number of times on every rank). Lockstep DP ranks run the same number of chunk
+passes at each position (train/chunk_lockstep.py pads them).
 """
 
 import torch
@@ -13,6 +14,7 @@ from torch.profiler import record_function
 
 from skrull_ext.attention.local_only import attention_input
 from skrull_ext.data.steps.loader import SkrullStep
+from skrull_ext.train.chunk_lockstep import lockstep_documents
 from skrull_ext.train.chunked import chunked_loss
 
 __all__ = ["chunked_samples", "step_passes"]
@@ -35,7 +37,7 @@ def step_passes(trainer, step: SkrullStep, global_valid_tokens: torch.Tensor) ->
     # Chunked samples run before the micro-batches, whose last then reduces the gradients: a
     # chunked sample's backward runs one FSDP post-backward per chunk, so were it last it would
     # reduce-scatter once per chunk where a DP rank without one reduces once (free-running at DP > 1).
-    if step.chunked:
+    if step.chunked or (free is None and step.plan.dp > 1 and step.plan.chunked):  # lockstep: pads where none
         with phases.phase("chunk"):
             accumulated += trainer._chunked_samples(step, global_valid_tokens)  # a hook: profile/train_check.py
     last = len(step.micro_batches) - 1
@@ -67,25 +69,49 @@ def chunked_samples(trainer, step: SkrullStep, global_valid_tokens: torch.Tensor
     a rank's memory model, scheduler/chunk_cost.py fitting_chunk) sharded over the CP group
     (``overlength = "chunk"``, train/chunked.py); returns their loss sum / global loss tokens. They run before the micro-batches, gradients kept
     unreduced (free-running, or ``skrull.defer_grad_sync``); only a step with no micro-batch
-    (a lockstep plan of chunked samples alone) reduces in the last one's backward."""
+    (a lockstep plan of chunked samples alone) reduces in the last one's backward.
+
+    Lockstep at DP > 1: every DP rank runs as many chunk passes at each position as the rank with
+    the most, its own documents extended with pad chunks and all-pad documents where it has none
+    (train/chunk_lockstep.py, from the plan every rank holds), so FSDP's collectives pair up."""
     total = torch.zeros((), device=trainer.device)
 
     def loss_fn(pred: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return trainer.loss_fn(pred, labels, global_valid_tokens)[0]
 
-    for k, sample in enumerate(step.chunked):
-        last = k == len(step.chunked) - 1 and not step.micro_batches
+    runs = _runs(trainer, step)
+    for k, (sample, pad_chunks) in enumerate(runs):
+        last = k == len(runs) - 1 and not step.micro_batches
         if trainer.free_running is not None:
             if last:
                 trainer.free_running.last()
         elif trainer.config.skrull.defer_grad_sync:
             trainer._set_grad_sync(last)
         with record_function(f"skrull/chunked_{k}"), trainer.train_context():  # a blocking copy waits for the stream
-            tokens, labels = (t.to(trainer.device, non_blocking=True) for t in (sample.input, sample.labels))
-            chunk = trainer.skrull_job.chunk_for(sample.length)
+            if sample is None:  # an all-pad document: this rank's passes at a position it holds none of
+                tokens = labels = torch.zeros(0, dtype=torch.long, device=trainer.device)
+                chunk = trainer.parallel_dims.cp
+            else:
+                tokens, labels = (t.to(trainer.device, non_blocking=True) for t in (sample.input, sample.labels))
+                chunk = trainer.skrull_job.chunk_for(sample.length)
             out = chunked_loss(trainer.model_parts[0], tokens, labels, chunk, loss_fn, layers=trainer.dacp_attention,
-                               group=trainer.cp_group)
+                               group=trainer.cp_group, pad_chunks=pad_chunks)
             out.loss.backward()
-        trainer.ntokens_seen += sample.length
+        if sample is not None:
+            trainer.ntokens_seen += sample.length
         total += out.loss.detach()
     return total
+
+
+def _runs(trainer, step: SkrullStep) -> list[tuple]:
+    """(sample or None, pad chunks) per position this rank runs: its own samples as they are, or
+    under lockstep at DP > 1 padded to the plan's per-position pass counts (chunk_lockstep.py)."""
+    plan = step.plan
+    if trainer.free_running is not None or plan.dp <= 1 or not plan.chunked:
+        return [(sample, 0) for sample in step.chunked]
+    padded = lockstep_documents(plan.chunked, plan.chunked_group, plan.dp, step.dp_rank,
+                                trainer.skrull_job.chunk_for)
+    own = iter(step.chunked)  # this rank's documents, in the plan's order (loader.py: plan.chunked_of)
+    out = [(None if d.document is None else next(own), d.pad_chunks) for d in padded]
+    assert next(own, None) is None, "every chunked sample of this rank has a position"
+    return out

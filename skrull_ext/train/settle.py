@@ -28,7 +28,7 @@ from skrull_ext.scheduler.job import SchedulerJob
 from skrull_ext.scheduler.scheduler import plan_window
 from skrull_ext.train.execution import AUTO, PREDICT_STEPS, Execution, choose_execution
 
-__all__ = ["Settled", "chunked_needs_free_running", "settle"]
+__all__ = ["Settled", "settle"]
 
 
 @dataclass(frozen=True)
@@ -79,15 +79,9 @@ def settle(skrull, *, dp: int, cp: int, dp_shard: int, dp_replicate: int, shape:
     this job cannot run free at DP > 1 (execution.py)."""
     weigh = skrull.free_running == AUTO and skrull.bucket_size == FROM_PROFILE
     first = [list(raw_lengths(k)) for k in range(1, min(training_steps, PREDICT_STEPS) + 1)] if weigh else []
-    need_free = chunked_needs_free_running(skrull, dp)
     execution = choose_execution(skrull, unsharded=unsharded, dp=dp, cp=cp, dp_shard=dp_shard,
                                  dp_replicate=dp_replicate, shape=shape, model_name=model_name, steps=first,
-                                 no_free_running=no_free_running, need_free_running=need_free)
-    if need_free is not None and not execution.free_running:
-        raise ValueError(f"skrull.overlength = 'chunk' at DP {dp} runs only free-running ({need_free}), and the "
-                         f"execution is lockstep: {execution.reason}; set skrull.free_running = true (checked "
-                         "against the profile's memory; a smaller skrull.bucket_size leaves it room), or use "
-                         "skrull.overlength 'truncate' or 'drop', or one DP rank")
+                                 no_free_running=no_free_running)
     timeline = job_timeline(dp_shard, dp_replicate, execution.free_running, skrull.defer_grad_sync)
     auto = skrull.lookahead == LOOKAHEAD_AUTO
     job = skrull.resolve(dp, cp, shape, model_name, timeline=timeline, free_running=execution.free_running,
@@ -109,18 +103,6 @@ def settle(skrull, *, dp: int, cp: int, dp_shard: int, dp_replicate: int, shape:
     choice = lookahead_choice.choose(lambda s: limited_lengths(job, s), lambda b, c=None: plan_window(job, b, c),
                                      steps, candidates, chunked)
     return Settled(dataclasses.replace(job, lookahead=choice.width), execution, choice, chunk_note=chunk_note)
-
-
-def chunked_needs_free_running(skrull, dp: int) -> str | None:
-    """Why the job needs free-running DP ranks, or None: under ``overlength = "chunk"`` at DP > 1
-    a chunked document is one DP rank's own passes (train/passes.py), which lockstep's
-    per-micro-batch all-gathers over every DP rank would leave unmatched (docs/design/chunked.md,
-    "In a run"). ``free_running = false`` is refused before any process (job_checks.py);
-    "auto" then takes free-running wherever it fits, and a lockstep choice is refused, with
-    its reason, by ``settle``."""
-    if skrull.overlength != "chunk" or dp <= 1:
-        return None
-    return "each chunked document is one DP rank's own passes, which lockstep would leave unmatched"
 
 
 def chunk_rule(skrull, job: SchedulerJob, gradient_bytes: float) -> tuple[ChunkRule | None, str | None]:

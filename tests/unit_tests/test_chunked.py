@@ -284,10 +284,7 @@ _CHUNK = ["--skrull.overlength", "chunk", "--dataloader.max_len", "2048", "--tra
      "training.seq_len = 512: a chunked sample's positions run to its length: under skrull.overlength = 'chunk' "
      "set dataloader.max_len (now 2048)"),
     (_CHUNK + ["--skrull.no-enable"], 1, "skrull.overlength = 'chunk': needs skrull.enable = true"),
-    (_CHUNK + ["--skrull.no-free_running"], 2, "skrull.overlength = 'chunk': runs at DP > 1 (this launch has 2: "
-                                               "world 2 / cp 1) only free-running: set skrull.free_running = "
-                                               "'auto' or true (now false)"),
-], ids=["rope", "packed", "dp2_lockstep"])
+], ids=["rope", "packed"])
 def test_chunk_refused_where_it_does_not_run_naming_the_key(flags, world, message, monkeypatch):
     from skrull_ext.errors import JobFileError
     from skrull_ext.train.job.job_file import load_config
@@ -302,6 +299,7 @@ def test_chunk_refused_where_it_does_not_run_naming_the_key(flags, world, messag
     monkeypatch.setenv("WORLD_SIZE", "2")
     load_config(["--config-file", job, *_CHUNK, "--skrull.free_running"])  # DP 2, free-running
     load_config(["--config-file", job, *_CHUNK])  # DP 2, "auto": settled at start-up (train/settle.py)
+    load_config(["--config-file", job, *_CHUNK, "--skrull.no-free_running"])  # DP 2 lockstep: padded passes
     load_config(["--config-file", job, *_CHUNK, "--compile.enable"])  # compiled: the chunks run eager
     load_config(["--config-file", job, *_CHUNK, "--parallelism.tensor_parallel_degree", "2"])  # TP 2
 

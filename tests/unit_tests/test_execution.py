@@ -245,28 +245,22 @@ def _settle(section: SkrullConfig, unsharded: float | None, dp: int = 2):
                   limited_lengths=lambda job, k: [100] * 4, check_lengths=lambda job, last: None)
 
 
-def test_chunked_documents_at_dp2_take_free_running_where_auto_can(tmp_path):
-    """overlength = "chunk" at DP > 1 needs free-running DP ranks (train/settle.py): "auto" runs free
-    wherever it fits, at the profile's BucketSize or, under bucket_size = "profile", at the smaller one
-    free-running leaves (without weighing it against lockstep, which could not run the documents);
-    where it resolves to lockstep the run is refused in one line that gives auto's reason and what to set."""
+def test_chunked_documents_at_dp2_settle_as_any_job(tmp_path):
+    """overlength = "chunk" at DP > 1 runs lockstep too (its ranks' chunk passes padded to each other's:
+    train/chunk_lockstep.py), so "auto" weighs it as any job and a lockstep choice is no longer refused."""
     common = dict(usable_bytes=200 * 2**20, margin=0.0, a_bytes_per_token=50_000.0, b_bytes=0.0,
                   c_bytes_per_token2=0.0, static_bytes=100 * 2**20, bucket_size=2000, cp=1)
     dear = _profile(tmp_path, micro_batch={"fixed_us": 100_000.0, "free_running_fixed_us": 100_000.0,
                                            "free_running_step_us": 500_000.0}, **common)
     unsharded = 30.0 * 2**20  # free-running fits up to 1468 tokens, and is predicted slower (the weighing test)
-    plain = _settle(SkrullConfig(cost_model=dear, bucket_size="profile"), unsharded)
-    assert not plain.execution.free_running  # without chunked documents auto weighs, and lockstep wins
-    chunk = SkrullConfig(cost_model=dear, bucket_size="profile", overlength="chunk", lookahead=1)
-    run = _settle(chunk, unsharded).execution
-    assert run.free_running and run.bucket_size == 1468, run.reason
-    assert run.reason.endswith("free-running there, because each chunked document is one DP rank's own "
-                               "passes, which lockstep would leave unmatched"), run.reason
+    plain = _settle(SkrullConfig(cost_model=dear, bucket_size="profile"), unsharded).execution
+    chunk = _settle(SkrullConfig(cost_model=dear, bucket_size="profile", overlength="chunk", lookahead=1),
+                    unsharded).execution
+    assert not plain.free_running and (chunk.free_running, chunk.bucket_size, chunk.reason) == \
+        (plain.free_running, plain.bucket_size, plain.reason)  # weighed the same: lockstep wins
     fits = _settle(SkrullConfig(cost_model=dear, bucket_size=1000, overlength="chunk", lookahead=1), unsharded)
     assert fits.execution.free_running and "because it fits" in fits.execution.reason
-    assert not _settle(chunk, unsharded, dp=1).execution.free_running  # one DP rank: auto weighs as before
-    # Auto resolves to lockstep (free-running does not fit at a named BucketSize; a hardware preset:
-    # nothing measured to check it against; nothing sharded): refused, naming why and what to set.
+    # Where "auto" resolves to lockstep the job runs lockstep (refused before: "runs only free-running").
     for section, held, why in [
         (SkrullConfig(cost_model=dear, bucket_size=1800, overlength="chunk", lookahead=1), unsharded,
          "skrull.free_running = 'auto': lockstep, because free-running needs"),
@@ -274,11 +268,10 @@ def test_chunked_documents_at_dp2_take_free_running_where_auto_can(tmp_path):
          "skrull.free_running = 'auto': lockstep, because its memory cannot be checked"),
         (SkrullConfig(cost_model=dear, bucket_size=1000, overlength="chunk", lookahead=1), None,
          "nothing is sharded"),
+        (SkrullConfig(cost_model=dear, bucket_size=1000, overlength="chunk", lookahead=1, free_running=False),
+         unsharded, "skrull.free_running = false: lockstep"),
     ]:
-        with pytest.raises(ValueError) as info:
-            _settle(section, held)
-        text = str(info.value)
-        assert "\n" not in text and text.startswith("skrull.overlength = 'chunk' at DP 2 runs only free-running")
-        assert why in text and "set skrull.free_running = true" in text, text
+        run = _settle(section, held).execution
+        assert not run.free_running and why in run.reason, run.reason
     forced = _settle(SkrullConfig(cost_model="h100-assumed", overlength="chunk", lookahead=1, free_running=True), 1e9)
     assert forced.execution.free_running  # true: free-running, unchecked, as without documents

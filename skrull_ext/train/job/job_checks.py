@@ -189,13 +189,10 @@ def _check_positions(config, world: int) -> None:
                    f"to at least {longest}, or dataloader.max_len to at most {seq_len}")
 
 
-def _check_chunk(config, world: int) -> None:
-    """``skrull.overlength = "chunk"`` (train/chunked.py) where it runs today: Skrull's batching;
-    one DP rank, or more running free (``skrull.free_running`` true or "auto", which start-up
-    settles to free-running or refuses with its reason: train/settle.py; each DP rank runs the
-    chunked samples its plan assigns, FSDP parameters unsharded for the step, so a rank's chunk
-    passes share no collective with the other DP ranks; lockstep would need as many FSDP passes
-    on every DP rank as the rank with the most chunks runs); and a RoPE
+def _check_chunk(config) -> None:
+    """``skrull.overlength = "chunk"`` (train/chunked.py) where it runs today: Skrull's batching
+    (at any DP: free-running ranks share no collective in their chunk passes, lockstep ones run
+    as many as each other, padded: train/chunk_lockstep.py); and a RoPE
     cache (``training.seq_len``) as long as the longest sample (``dataloader.max_len``)."""
     skrull = getattr(config, "skrull", None)
     if skrull is None or skrull.overlength != "chunk":
@@ -203,12 +200,6 @@ def _check_chunk(config, world: int) -> None:
     if not skrull.enable:
         raise _bad("skrull.overlength", "chunk", "needs skrull.enable = true (torchtitan's batching has rows, "
                    "not chunked documents)")
-    p = config.parallelism
-    dp = world // (p.context_parallel_degree * p.tensor_parallel_degree * p.pipeline_parallel_degree)
-    if dp > 1 and skrull.free_running is False:  # "auto" is settled at start-up (train/settle.py)
-        raise _bad("skrull.overlength", "chunk", f"runs at DP > 1 (this launch has {dp}: world {world} / cp "
-                   f"{p.context_parallel_degree}) only free-running: set skrull.free_running = 'auto' or true "
-                   "(now false), or use 'truncate' or 'drop', or one CP group")
     max_len = config.dataloader.max_len
     if max_len is None or config.training.seq_len < max_len:
         raise _bad("training.seq_len", config.training.seq_len,
@@ -347,7 +338,7 @@ def check_job(config, world_size: int | None = None, on_cpu: bool | None = None)
     _check_validation(config)
     _check_skrull(config, on_cpu)
     _check_positions(config, world_size)
-    _check_chunk(config, world_size)
+    _check_chunk(config)
     _check_cost_model(config)
     _check_compile(config, on_cpu)
     _check_quantization(config)
