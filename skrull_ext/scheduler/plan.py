@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 from skrull_ext import _core
 from skrull_ext._core import DISTRIBUTED
 from skrull_ext.scheduler.capacity import Capacity
+from skrull_ext.scheduler.chunk_lockstep import lockstep_documents
 from skrull_ext.scheduler.config import TIMELINES, timeline_of
 from skrull_ext.scheduler.plan_check import PlanError, check_plan
 
@@ -328,6 +329,16 @@ class Plan:
             out[g] += t
         return out
 
+    def chunked_pads(self) -> list[int]:
+        """Per CP group (DP rank): the pad chunks it runs on a lockstep timeline at DP > 1, its chunked
+        documents padded to the other groups' pass counts and all-pad ones where it has none
+        (scheduler/chunk_lockstep.py, in the chunks ``chunked_chunk`` priced); zeros otherwise."""
+        if self.dp <= 1 or not self.chunked or len(self.chunked_chunk) != len(self.chunked):
+            return [0] * self.dp
+        chunk = dict(zip(self.chunked, self.chunked_chunk)).__getitem__
+        return [sum(d.pad_chunks for d in lockstep_documents(self.chunked, self.chunked_group, self.dp, g, chunk))
+                for g in range(self.dp)]
+
     def chunked_of(self, dp_rank: int) -> list[int]:
         """Positions (in ``chunked``) of the chunked documents DP rank ``dp_rank`` trains, in order."""
         return [k for k, g in enumerate(self.chunked_group) if g == dp_rank]
@@ -454,12 +465,19 @@ class Plan:
 
     def step_time_us(self, timeline: _core.Timeline | None = None) -> float:
         """The step on ``timeline`` (default: the plan's own), from its slots (the core's timeline function)."""
-        return _core.plan_step_time_us(self._slot_times(), self.dp, self.timeline if timeline is None else timeline,
-                                       self.pad_us, self.step_us, self._after_us())
+        timeline = self.timeline if timeline is None else timeline
+        return _core.plan_step_time_us(self._slot_times(), self.dp, timeline, self.pad_us, self.step_us,
+                                       self._after_us(timeline))
 
-    def _after_us(self) -> list[float]:
-        """What each group runs besides its micro-batches (its chunked documents, run before them), or [] for none."""
-        return self.chunked_load() if self.chunked_us else []
+    def _after_us(self, timeline: _core.Timeline) -> list[float]:
+        """What each group runs besides its micro-batches (its chunked documents, run before them), or [] for
+        none; on a lockstep timeline with each pad chunk it runs (``chunked_pads``) at a pad pass's ``pad_us``."""
+        if not self.chunked_us:
+            return []
+        load = self.chunked_load()
+        if timeline == _core.Timeline.LOCKSTEP:
+            load = [t + n * self.pad_us for t, n in zip(load, self.chunked_pads())]
+        return load
 
     def _slot_times(self) -> list[_core.SlotTime]:
         return [_core.SlotTime(mb.slot, mb.first_group, mb.groups, mb.time_us) for mb in self.micro_batches]
@@ -468,7 +486,7 @@ class Plan:
         """The core's replay of the slots (timeline.hpp): each group's free-running finish,
         each micro-batch's start on the plan's timeline, and the step on it."""
         step, group_free, starts = _core.plan_timeline(self._slot_times(), self.dp, self.timeline, self.pad_us,
-                                                       self.step_us, self._after_us())
+                                                       self.step_us, self._after_us(self.timeline))
         return group_free, starts, step
 
     # ------------------------------------------------------------- invariants

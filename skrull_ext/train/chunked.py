@@ -114,7 +114,7 @@ def chunked_loss(
         recompute: checkpoint each chunk but the last (the bounded-memory schedule); False keeps
             every chunk's activations (the same values, for tests and measurements).
         pad_chunks: passes after the document's own, one token per CP rank each, ids 0 and labels
-            ignored (lockstep DP ranks run as many passes as each other: train/chunk_lockstep.py).
+            ignored (lockstep DP ranks run as many passes as each other: scheduler/chunk_lockstep.py).
             After every real token, so causality hides them from the document: its loss and
             gradients are unchanged. The last pass (a pad one if any) is the one not checkpointed.
             Their positions count from 0 (any within the RoPE cache does: nothing real sees them).

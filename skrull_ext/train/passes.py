@@ -6,7 +6,7 @@ gradients are reduced is one decision: a chunked sample's backward runs one
 FSDP post-backward per chunk, so the chunked samples run first and the last
 micro-batch reduces (free-running at DP > 1 must reduce-scatter the same
 number of times on every rank). Lockstep DP ranks run the same number of chunk
-passes at each position (train/chunk_lockstep.py pads them).
+passes at each position (scheduler/chunk_lockstep.py pads them).
 """
 
 import torch
@@ -14,7 +14,7 @@ from torch.profiler import record_function
 
 from skrull_ext.attention.local_only import attention_input
 from skrull_ext.data.steps.loader import SkrullStep
-from skrull_ext.train.chunk_lockstep import lockstep_documents
+from skrull_ext.scheduler.chunk_lockstep import lockstep_documents
 from skrull_ext.train.chunked import chunked_loss
 
 __all__ = ["chunked_samples", "step_passes"]
@@ -73,7 +73,7 @@ def chunked_samples(trainer, step: SkrullStep, global_valid_tokens: torch.Tensor
 
     Lockstep at DP > 1: every DP rank runs as many chunk passes at each position as the rank with
     the most, its own documents extended with pad chunks and all-pad documents where it has none
-    (train/chunk_lockstep.py, from the plan every rank holds), so FSDP's collectives pair up."""
+    (scheduler/chunk_lockstep.py, from the plan every rank holds), so FSDP's collectives pair up."""
     total = torch.zeros((), device=trainer.device)
 
     def loss_fn(pred: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -105,7 +105,7 @@ def chunked_samples(trainer, step: SkrullStep, global_valid_tokens: torch.Tensor
 
 def _runs(trainer, step: SkrullStep) -> list[tuple]:
     """(sample or None, pad chunks) per position this rank runs: its own samples as they are, or
-    under lockstep at DP > 1 padded to the plan's per-position pass counts (chunk_lockstep.py)."""
+    under lockstep at DP > 1 padded to the plan's per-position pass counts (scheduler/chunk_lockstep.py)."""
     plan = step.plan
     if trainer.free_running is not None or plan.dp <= 1 or not plan.chunked:
         return [(sample, 0) for sample in step.chunked]

@@ -1,4 +1,4 @@
-"""Chunked documents under lockstep DP ranks (skrull_ext/train/chunk_lockstep.py): every rank runs as
+"""Chunked documents under lockstep DP ranks (skrull_ext/scheduler/chunk_lockstep.py): every rank runs as
 many chunk passes per position as the rank with the most, pad chunks filling the rest, and a pad
 chunk changes neither the document's loss nor any gradient.
 
@@ -13,7 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from skrull_ext.train.chunk_lockstep import PaddedDocument, lockstep_chunks, lockstep_documents
+from skrull_ext.scheduler.chunk_lockstep import PaddedDocument, lockstep_chunks, lockstep_documents
 from skrull_ext.train.chunked import chunk_bounds, chunked_loss
 from tests.unit_tests.test_chunked import CHUNK, _close, _document, _grads, _loss, _model, chunked
 

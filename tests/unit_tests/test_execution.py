@@ -247,7 +247,7 @@ def _settle(section: SkrullConfig, unsharded: float | None, dp: int = 2):
 
 def test_chunked_documents_at_dp2_settle_as_any_job(tmp_path):
     """overlength = "chunk" at DP > 1 runs lockstep too (its ranks' chunk passes padded to each other's:
-    train/chunk_lockstep.py), so "auto" weighs it as any job and a lockstep choice is no longer refused."""
+    scheduler/chunk_lockstep.py), so "auto" weighs it as any job and a lockstep choice is no longer refused."""
     common = dict(usable_bytes=200 * 2**20, margin=0.0, a_bytes_per_token=50_000.0, b_bytes=0.0,
                   c_bytes_per_token2=0.0, static_bytes=100 * 2**20, bucket_size=2000, cp=1)
     dear = _profile(tmp_path, micro_batch={"fixed_us": 100_000.0, "free_running_fixed_us": 100_000.0,

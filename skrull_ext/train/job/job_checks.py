@@ -192,7 +192,7 @@ def _check_positions(config, world: int) -> None:
 def _check_chunk(config) -> None:
     """``skrull.overlength = "chunk"`` (train/chunked.py) where it runs today: Skrull's batching
     (at any DP: free-running ranks share no collective in their chunk passes, lockstep ones run
-    as many as each other, padded: train/chunk_lockstep.py); and a RoPE
+    as many as each other, padded: scheduler/chunk_lockstep.py); and a RoPE
     cache (``training.seq_len``) as long as the longest sample (``dataloader.max_len``)."""
     skrull = getattr(config, "skrull", None)
     if skrull is None or skrull.overlength != "chunk":

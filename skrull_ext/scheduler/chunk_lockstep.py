@@ -17,15 +17,13 @@ tests/integration_tests/test_chunk_dp_run.py). Every rank's last pass of a posit
 that is not checkpointed (chunked.py: the document's last pass, real or pad), the ones before it
 are: the same forward / recompute / backward order of FSDP calls on every rank.
 
-A pad chunk costs about one micro-batch's fixed time (its tokens are a handful; its FSDP calls
-and launches are a pass's): the plan prices each at ``micro_batch_fixed_us``
-(``Plan.chunked_pads``, scheduler/plan.py).
+A pure function of the plan, here beside it: the trainer runs it (train/passes.py) and the plan
+prices it (``Plan.chunked_pads``): a pad chunk costs about one micro-batch's fixed time (its tokens
+are a handful; its FSDP calls and launches are a pass's), ``micro_batch_fixed_us`` each.
 """
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-
-from skrull_ext.train.chunked import chunk_bounds
 
 __all__ = ["PaddedDocument", "lockstep_chunks", "lockstep_documents"]
 
@@ -51,7 +49,10 @@ def _counts(lengths: Sequence[int], groups: Sequence[int], dp: int,
     for n, g in zip(lengths, groups):
         if not 0 <= g < dp:
             raise ValueError(f"chunked document's group {g} is outside DP {dp}")
-        out[g].append(len(chunk_bounds(n, chunk_for(n))))
+        c = chunk_for(n)
+        if n < 0 or c <= 0:
+            raise ValueError(f"chunked document of {n} tokens in chunks of {c}: both must be positive")
+        out[g].append(-(-n // c))  # len(train/chunked.py chunk_bounds(n, c))
     return out
 
 
