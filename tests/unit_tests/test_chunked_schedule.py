@@ -5,12 +5,15 @@ and the loader handing each rank its own. Hand-computed on the toy cost model
 where chunk_cost is flops(L) plus a third of the flops of every chunk but the last (their recomputed
 forward; the last chunk keeps its activations), no fixed cost: ``_chunked``."""
 
+import copy
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from skrull_ext import _core
 from skrull_ext.scheduler import Scheduler
+from skrull_ext.scheduler.chunk_lockstep import lockstep_chunks
 from skrull_ext.scheduler.config import SchedulerConfig
 from skrull_ext.scheduler.plan import PlanError
 
@@ -53,6 +56,31 @@ def test_lockstep_runs_them_after_the_slots(toy):
     assert plan.makespan_us == pytest.approx(slots + _chunked(12))
 
 
+def test_lockstep_prices_the_pad_chunks_its_ranks_run():
+    # Lockstep DP ranks run as many chunk passes per position as each other (scheduler/chunk_lockstep.py):
+    # 12 (3 chunks of 5) on DP 0; 9 and 6 (2 each) on DP 1. Positions [3, 2]: DP 0 runs an all-pad
+    # document of 2, DP 1 one pad chunk after its 9. Each pad chunk a pad pass (fixed_us 5; chunk_cost
+    # already has 5 a real chunk): DP 0 1092.33 + 10, DP 1 623.33 + 371.33 + 5.
+    from tests.unit_tests.conftest import toy_cost
+
+    cost = toy_cost(fixed_us=5.0)
+    lock = Scheduler(SchedulerConfig(dp=2, cp=1, bucket_size=5, timeline="lockstep"), cost).schedule(
+        [1, 2, 3, 4, 5], chunked=[12, 9, 6])
+    lock.validate()
+    assert lock.chunked_group == [0, 1, 1] and lock.chunked_pads() == [2, 1]
+    slots = sum(max(mb.time_us for mb in lock.micro_batches if mb.slot == j) for j in range(lock.slots))
+    assert lock.chunked_us == pytest.approx([_chunked(n) + 5 * -(-n // 5) for n in (12, 9, 6)])
+    assert lock.makespan_us == pytest.approx(slots + 1092 + 1 / 3 + 10)
+    assert lock.step_time_us() == pytest.approx(lock.makespan_us)
+    # Free-running ranks pad nothing (their chunk passes share no collective); DP 1 has nothing to pad.
+    free = Scheduler(SchedulerConfig(dp=2, cp=1, bucket_size=5, timeline="free"), cost).schedule(
+        [1, 2, 3, 4, 5], chunked=[12, 9, 6])
+    assert free.step_time_us() == pytest.approx(free.makespan_us)
+    one = Scheduler(SchedulerConfig(dp=1, cp=1, bucket_size=5, timeline="lockstep"), cost).schedule(
+        [1, 2], chunked=[12, 9])
+    assert one.chunked_pads() == [0]
+
+
 def test_a_step_of_chunked_documents_only(toy):
     plan = Scheduler(SchedulerConfig(dp=3, cp=1, bucket_size=5, timeline="free"), toy).schedule([], chunked=[6, 9])
     plan.validate()
@@ -79,11 +107,13 @@ def test_the_lookahead_prices_a_step_with_its_chunked_documents(toy):
     assert with_doc.window_us == pytest.approx(_chunked(12) + 2 * (_flops(5) + _flops(1)))
 
 
-def _round_robin_us(cost, lengths, chunked, dp, cp, bucket, timeline):
-    """The reference: the samples planned as without the documents, document k on DP rank k mod dp."""
+def _round_robin_us(cost, lengths, chunked, dp, cp, bucket, timeline, pads: bool = True):
+    """The reference: the samples planned as without the documents, document k on DP rank k mod dp
+    (``pads``: with the pad chunks lockstep ranks run, Plan.chunked_pads)."""
     sched = Scheduler(SchedulerConfig(dp=dp, cp=cp, bucket_size=bucket, timeline=timeline), cost)
     plan = sched.schedule(lengths)
     plan.chunked, plan.chunked_us = list(chunked), sched.chunked_us(chunked)
+    plan.chunked_chunk = [sched.job.chunk_for(n) for n in chunked] if pads else []
     plan.chunked_group = [k % dp for k in range(len(chunked))]
     plan.retime()
     return plan.makespan_us
@@ -103,7 +133,17 @@ def test_every_chunked_document_once_and_no_slower_than_round_robin(dp, cp, time
     assert len(plan.chunked_group) == len(chunked) and all(0 <= g < dp for g in plan.chunked_group)
     assert sorted(k for g in range(dp) for k in plan.chunked_of(g)) == list(range(len(chunked)))
     assert sum(plan.chunked_load()) == pytest.approx(sum(sched.chunked_us(chunked)))
-    assert plan.makespan_us <= _round_robin_us(cost, lengths, chunked, dp, cp, bucket, timeline) * (1 + 1e-9)
+    # The core assigns on the documents' times, not seeing the pad chunks lockstep ranks add
+    # (Plan.chunked_pads): no slower than round robin without them, and they add at most a pad pass
+    # for each of a step's chunk passes.
+    unpadded = copy.copy(plan)
+    unpadded.chunked_chunk = []
+    assert unpadded.step_time_us() <= _round_robin_us(cost, lengths, chunked, dp, cp, bucket, timeline,
+                                                      pads=False) * (1 + 1e-9)
+    passes = sum(lockstep_chunks(chunked, plan.chunked_group, dp, sched.job.chunk_for))
+    assert unpadded.step_time_us() <= plan.makespan_us <= unpadded.step_time_us() + passes * plan.pad_us + 1e-6
+    if timeline == "free" or dp == 1:
+        assert plan.makespan_us == pytest.approx(unpadded.step_time_us())
     # The same inputs, the same plan (every rank plans alike).
     assert sched.schedule(lengths, chunked=chunked).digest() == plan.digest()
 
