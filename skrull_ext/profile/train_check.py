@@ -128,8 +128,9 @@ class MeteredTrainer(SkrullTrainer):
         """The trainer's chunked samples between two meter restarts, timed on the wall clock. The
         step's record keeps its micro-batches and what follows the chunked samples (the peak
         before them and the one after, folded in ``train_step``), so BucketSize's verdict stays
-        about the plan's micro-batches."""
-        if self.check_profile is None:
+        about the plan's micro-batches. A lockstep rank with none of its own runs all-pad documents
+        (scheduler/chunk_lockstep.py): nothing to record."""
+        if self.check_profile is None or not step.chunked:
             return super()._chunked_samples(step, global_valid_tokens)
         before, step_base = self.meter.peak(), self.meter.base
         self.meter.start()

@@ -9,7 +9,7 @@ its own global batch. At DP 2 x CP 1 each document is trained by the rank its pl
 the run summary counting them whole. The same job on one process (its unscheduled reference:
 every document on the one rank) gives the same losses, and the same gradients at step 3, where
 the plan puts its one document on DP rank 0 and every planned sample on DP rank 1. Lockstep DP
-ranks (``--skrull.no-free_running``) run the same, padded to each other's chunk passes.
+ranks (``--skrull.free_running false``) run the same, padded to each other's chunk passes.
 """
 
 import os
@@ -83,29 +83,33 @@ def test_chunked_documents_at_dp2_run_once_each_and_match_one_process(workdir, s
 
 
 @pytest.mark.slow
-def test_chunked_documents_at_dp2_lockstep_match_one_process(workdir, seed, one_process):
-    """``--skrull.no-free_running`` at DP 2 (lockstep: FSDP gathers per pass over both DP ranks): each
+@pytest.mark.parametrize("cp", [1, 2])
+def test_chunked_documents_at_dp2_lockstep_match_one_process(workdir, seed, one_process, cp):
+    """``--skrull.free_running false`` at DP 2 (lockstep: FSDP gathers per pass over both DP ranks): each
     rank runs its documents padded to the other's chunk passes, an all-pad document where it has none
-    (scheduler/chunk_lockstep.py). Step 2's three documents split over both ranks (different chunk counts),
-    step 3's one on DP rank 0 with DP rank 1 holding none; the same losses and step-3 gradients as
-    one process, every document trained once."""
-    two = train_from_seed(workdir, "chunk_dp2_lockstep", 2, "skrull_ext.train", SKRULL, seed, STEPS,
-                          extra=[*CHUNK, "--skrull.no-free_running"], grads_at=CHECK)
+    (scheduler/chunk_lockstep.py). CP 1: step 2's three documents split over both ranks (4 chunks
+    beside 2 + 2), step 3's one on DP rank 0 with DP rank 1 holding none; CP 2 (4 processes, the pad
+    chunks sharded over each CP group): steps 2 and 3 one document each, on DP rank 0. The same losses
+    and step-3 gradients as one process, every document trained once."""
+    two = train_from_seed(workdir, f"chunk_dp2cp{cp}_lockstep", 2 * cp, "skrull_ext.train", SKRULL, seed, STEPS,
+                          extra=[*CHUNK, "--skrull.free_running", "false",
+                                 "--parallelism.context_parallel_degree", str(cp)], grads_at=CHECK)
     out = two.output
     assert "timeline lockstep" in out and "skrull.free_running = false: lockstep" in out, out[-3000:]
-    plans = _plans(two, 2)
-    counts = {}
-    for step in range(1, STEPS + 1):
-        here = [plans[d][step]["chunked_here_lengths"] for d in range(2)]
-        counts[step] = [[-(-n // LIMIT) for n in h] for h in here]
-    assert counts[2][0] and counts[2][1] and counts[3] == [[counts[3][0][0]], []], counts  # both; then one rank
+    plans = _plans(two, 2 * cp)
+    counts = {step: [[-(-n // (LIMIT * cp)) for n in plans[d * cp][step]["chunked_here_lengths"]] for d in range(2)]
+              for step in range(1, STEPS + 1)}
+    if cp == 1:
+        assert counts[2] == [[4], [2, 2]] and counts[3] == [[3], []], counts
+    else:
+        assert counts[2][0] and counts[3][0] and counts[2][1] == counts[3][1] == [], counts
     assert (f"Run summary: samples read {8 * STEPS} = trained whole {8 * STEPS} + trained cut 0 + skipped 0"
             in out), out[-3000:]
     ref, got = one_process.losses, two.losses
-    print(f"DP 1 {ref}\nDP 2 lockstep {got}; chunks per rank per step {counts}")
+    print(f"DP 1 {ref}\nDP 2 x CP {cp} lockstep {got}; chunks per DP rank per step {counts}")
     assert len(got) == STEPS and max(abs(x - y) for x, y in zip(ref, got)) < 1e-4, f"{ref} vs {got}"
     worst, rel = assert_same_grads(two.grads, one_process.grads, **GRAD)
-    print(f"step {CHECK} gradients, DP 2 lockstep vs DP 1: max |diff| {worst:.3g}, relative norm {rel:.3g}")
+    print(f"step {CHECK} gradients, DP 2 x CP {cp} lockstep vs DP 1: max |diff| {worst:.3g}, relative norm {rel:.3g}")
 
 
 @pytest.mark.slow
