@@ -5,7 +5,8 @@ chunk changes neither the document's loss nor any gradient.
 Exact cases of the per-position derivation, hypothesis invariants on random plans (every DP rank
 the same pass counts, each rank's own documents in the plan's order with their own chunk counts),
 and the debug llama3 (fp32, CPU) training test_chunked.py's document padded: the same loss and
-gradients, the same number of model calls (forward and recompute) as a document of that many chunks.
+gradients, the same number of model calls (forward and recompute) as a document of that many chunks;
+and train/passes.py at DP 2 lockstep on a fake trainer: what each rank runs and where it syncs.
 """
 
 import pytest
@@ -93,3 +94,47 @@ def test_a_position_makes_the_same_model_calls_whatever_its_chunks_are(length, p
     assert len(chunk_bounds(length, CHUNK)) + pads == 8 and len(calls) == 8
     out.loss.backward()
     assert len(calls) == 8 + 7  # each checkpointed pass's recompute: all but the last
+
+
+@pytest.mark.parametrize("defer", [False, True])
+def test_the_trainer_runs_each_rank_padded_and_syncs_in_the_same_pass(monkeypatch, defer):
+    """train/passes.py's chunked samples at DP 2 lockstep on a plan of documents 12, 9, 6 in chunks of 5
+    (DP 0: 12; DP 1: 9 then 6, test_chunked_schedule.py): each rank the same passes per position,
+    its own documents padded, an all-pad one (chunk: cp tokens) where it has none; under
+    ``defer_grad_sync`` both ranks sync in their last position only (a step with no micro-batch)."""
+    from contextlib import nullcontext
+    from types import SimpleNamespace
+
+    from skrull_ext.scheduler import Scheduler
+    from skrull_ext.scheduler.config import SchedulerConfig
+    from skrull_ext.train import passes
+    from tests.unit_tests.conftest import toy_cost
+
+    sched = Scheduler(SchedulerConfig(dp=2, cp=1, bucket_size=5, timeline="lockstep", overlength="chunk"),
+                      toy_cost())
+    plan = sched.schedule([], chunked=[12, 9, 6])
+    assert plan.chunked_group == [0, 1, 1]
+    ran = []
+
+    def fake_chunked_loss(model, tokens, labels, chunk, loss_fn, pad_chunks=0, **kw):
+        ran.append((tokens.numel(), chunk, pad_chunks))
+        return SimpleNamespace(loss=torch.zeros((), requires_grad=True))
+
+    monkeypatch.setattr(passes, "chunked_loss", fake_chunked_loss)
+    per_rank = {}
+    for rank in range(2):
+        ran.clear()
+        syncs = []
+        trainer = SimpleNamespace(
+            skrull_job=sched.job, device=torch.device("cpu"), free_running=None, parallel_dims=SimpleNamespace(cp=1),
+            config=SimpleNamespace(skrull=SimpleNamespace(defer_grad_sync=defer)), train_context=nullcontext,
+            model_parts=[None], loss_fn=None, dacp_attention=[], cp_group=None, ntokens_seen=0,
+            _set_grad_sync=syncs.append)
+        docs = [plan.chunked[k] for k in plan.chunked_of(rank)]
+        step = SimpleNamespace(micro_batches=[], plan=plan, dp_rank=rank, chunked=[
+            SimpleNamespace(input=torch.zeros(n, dtype=torch.long), labels=torch.zeros(n, dtype=torch.long), length=n)
+            for n in docs])
+        passes.chunked_samples(trainer, step, torch.ones(()))
+        per_rank[rank] = (list(ran), syncs, trainer.ntokens_seen)
+    assert per_rank[0] == ([(12, 5, 0), (0, 1, 2)], [False, True] if defer else [], 12)
+    assert per_rank[1] == ([(9, 5, 1), (6, 5, 0)], [False, True] if defer else [], 15)
