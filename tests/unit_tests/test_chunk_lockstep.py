@@ -3,7 +3,8 @@ many chunk passes per position as the rank with the most, pad chunks filling the
 chunk changes neither the document's loss nor any gradient.
 
 Exact cases of the per-position derivation, hypothesis invariants on random plans (every DP rank
-the same pass counts, each rank's own documents in the plan's order with their own chunk counts),
+the same pass counts, each rank's own documents in the plan's order with their own chunk counts;
+chunked_loss feeding the real tokens, labels and positions unchanged before the pad passes),
 and the debug llama3 (fp32, CPU) training test_chunked.py's document padded: the same loss and
 gradients, the same number of model calls (forward and recompute) as a document of that many chunks;
 and train/passes.py at DP 2 lockstep on a fake trainer: what each rank runs and where it syncs.
@@ -59,6 +60,42 @@ def test_every_rank_runs_the_same_passes_and_its_own_documents_whole(case):
     # Each position is as long as some rank's document there needs, no longer.
     assert all(any(lockstep_documents(lengths, groups, dp, r, _by(chunk))[k].pad_chunks == 0 for r in range(dp))
                for k in range(len(n)))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(0, 60), st.sampled_from([1, 3, 8]), st.integers(0, 4))
+def test_pad_chunks_leave_the_real_tokens_as_they_were(length, chunk, pads):
+    """What chunked_loss feeds the model, pass by pass (a recording model, no attention layers): the
+    document's tokens, labels and positions in order, unchanged, then ``pads`` passes of one token
+    (ids 0, labels ignored, positions from 0); the model called once per pass in forward."""
+    from skrull_ext.data.sources.synthetic import IGNORE_INDEX
+
+    fed = []
+
+    class Recording(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.ones(()))
+
+        def forward(self, tok, positions, attention_masks):
+            fed.append((tok[0].tolist(), positions[0].tolist()))
+            return self.w * torch.ones(*tok.shape, 2)
+
+    labels_fed = []
+
+    def loss(pred, labels):
+        labels_fed.append(labels[0].tolist())
+        return pred.sum()
+
+    tokens = torch.arange(1, length + 1)
+    labels = torch.arange(100, 100 + length)
+    out = chunked_loss(Recording(), tokens, labels, chunk, loss, layers=[], pad_chunks=pads)
+    real = len(chunk_bounds(length, chunk))
+    assert len(fed) == real + pads and out.chunks == real
+    assert [t for tok, _ in fed[:real] for t in tok] == tokens.tolist()
+    assert [p for _, pos in fed[:real] for p in pos] == list(range(length))
+    assert [x for lab in labels_fed[:real] for x in lab] == labels.tolist()
+    assert fed[real:] == [([0], [0])] * pads and labels_fed[real:] == [[IGNORE_INDEX]] * pads
 
 
 def test_pad_chunks_change_neither_loss_nor_gradients():
