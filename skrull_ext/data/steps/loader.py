@@ -269,8 +269,8 @@ class StepBuilder:
         # Logged when the step is handed out (SkrullDataLoader.next_step): one built ahead may never train.
         settle(self.limit, account, run, step, len(indices) + len(win.chunked[j]), warn=False)
         start = time.perf_counter()
-        plan = self.scheduler.schedule(lengths, dp_rank=self.dp_rank, chunked=[n for _, n, _ in win.chunked[j]],
-                                       chunk=self.limit.tokens)
+        # Each chunked document priced in the chunk the trainer runs it in (job.chunk_for, the memory rule's)
+        plan = self.scheduler.schedule(lengths, dp_rank=self.dp_rank, chunked=[n for _, n, _ in win.chunked[j]])
         plan.validate()
         schedule_us = (time.perf_counter() - start) * 1e6
         samples = _Samples(self.source, indices, lengths)
