@@ -23,10 +23,25 @@
 #       others: skrull at 16K, torchtitan's padded rows, skrull-lookahead8 and
 #       skrull-lookahead-auto: [skrull] lookahead 8 and "auto"), bf16, compile on, and 7. each
 #       mix's table (bench train-report).
-#       PROFILE=0 reuses the committed profile, GPU_TESTS=0 leaves stage 3' out; STEPS,
-#       PROFILE_LIMIT, TRAIN_LIMIT shorten it.
+#       PROFILE=0 reuses the committed profile, PROFILE_FROM=FILE a fresh one an earlier call
+#       returned (the rerun of training stages that failed), GPU_TESTS=0 leaves stage 3' out; STEPS,
+#       PROFILE_LIMIT, TRAIN_LIMIT shorten it; AC_MODES names the checkpointing modes the profile
+#       measures besides the job's (default: every one the profiler offers); LATE_MODES run after every
+#       mix's MODES, each only where its time limit still ends within BUDGET seconds of the start
+#       (else named in a "cut:" line).
 #
-#   anywhere:            bash tools/gpu_checks.sh --dry-run [--skip-attention]
+#   there, issue 57 item 4: bash tools/gpu_checks.sh --issue57        (carry .whl; timeout_s 540)
+#       the trainer stages (--skip-attention) cut to one device call: stage 3' with the bf16 head
+#       and loss, a profile of two checkpointing modes (the job's selective and none), per mix
+#       Skrull (chunked head and loss, the mode chosen at start-up, the profile's BucketSize) and
+#       torchtitan-documents, 44 steps each, then the stream per mix only where it fits the 520 s
+#       BUDGET; each table with the run's mode, BucketSize and head chunk, and the BucketSize
+#       before (the committed profiles/<gpu>-qwen2.5-0.5b.toml). Its stage limits and their
+#       estimates are in the preset below. The variables above still override it.
+#
+#   attention only:      bash tools/gpu_checks.sh --skip-trainer   (stages 1-4)
+#
+#   anywhere:            bash tools/gpu_checks.sh --dry-run [--skip-attention | --skip-trainer | --issue57]
 #       the same stages on CPU at toy sizes, with the installed core (no build):
 #       the CUDA test cases collected (they skip) and the overlap runs on
 #       --device cpu. CI runs it (tests/integration_tests/test_gpu_checks_dry_run.py)
@@ -37,13 +52,45 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 py=${PYTHON:-python3}
 CARRY_LIMIT_MIB=64  # what the device tool carries to the GPU machine
-dry=0 attention=1
+dry=0 attention=1 trainer=1 preset=
 for arg in "$@"; do
   case "$arg" in
     --dry-run) dry=1 ;;
     --skip-attention) attention=0 ;;
+    --issue57) preset=issue57 attention=0 ;;
+    --skip-trainer) trainer=0 ;;
   esac
 done
+declare -A run_limit=()  # per training mode (seconds); absent: TRAIN_LIMIT's
+if [ "$preset" = issue57 ]; then
+  # Issue 57 item 4 in one device call (timeout_s 540; a second, shorter call only to rerun what failed). The
+  # limits add up to 515 s, each from the seventh run's stage times (2026-11-28, H200: the mtimes of its
+  # archive's files and its logs' timestamps, docs/results/data/gpu_2026-11-28_gpu_checks.tar.gz):
+  #   env, wheels, core build (no limit)    42 s there: estimate 45
+  #   3'. CUDA tests             limit 45:  22 s there (pytest start, CUDA init, 3 cases); the bf16 head case
+  #                                         too: estimate 30
+  #   5. profile, 2 modes        limit 145: 72 s for one mode (23 s start-up, 38 s compute ladder mostly
+  #                                         compiling, 5 s memory, 4 s head and micro-batches, 2 s plot); a
+  #                                         second mode builds and compiles again (+45 s), the step term +5:
+  #                                         estimate 122
+  #   6. per mix, 44 steps (4 warm-up, 40 kept; 104 there): start-up 15-26 s before the first log line, then
+  #      skrull            limit 75:  to step 44 32.1 and 33.8 s there (compile in it): estimate 59, 50
+  #      torchtitan-docs   limit 60:  to step 44 27.3 s (cold compile) and 14.5 s: estimate 48, 35
+  #   7. two tables (train-report)        4 s each there: 10
+  # 45 + 45 + 145 + 2 x (75 + 60) + 10 = 515. Estimated 399 s, so the stream (limit 50: 17.1 and 16.0 s to step
+  # 44 there, estimate 40 each) runs last, per mix, where its limit still ends within BUDGET (520 s).
+  # Cut to fit: the stream first in line (run 7 has it at 104 steps); full checkpointing (a step is at most
+  # 8 x 16,384 = 131,072 tokens, and selective's BucketSize, 130,622 with the logits of every token in it,
+  # grows with them in chunks: one micro-batch a step either way, so full only adds recompute and cannot be
+  # chosen); 60 of the 100 kept steps.
+  : "${LATE_MODES=torchtitan-stream}" "${GPU_TESTS:=1}"
+  if [ "$dry" = 0 ]; then
+    : "${AC_MODES=none}" "${BUDGET:=520}" "${STEPS:=44}" "${TESTS_LIMIT:=45}" "${PROFILE_LIMIT:=145}"  # job: selective
+    run_limit=([skrull-bucket-profile]=75 [torchtitan-documents]=60 [torchtitan-stream]=50)
+  else
+    : "${AC_MODES=selective}"  # two modes here too (the debug job's kind is none); no BUDGET: toy limits
+  fi
+fi
 # ortools and the build tools; then torchtitan 0.3.0 and what it needs beyond the image (the trainer).
 WHEELS=(ortools==9.15.6755 immutabledict==4.3.1 protobuf==6.33.6 pybind11==3.0.1 scikit-build-core==0.11.6
         tomli-w==1.2.0 torchtitan==0.3.0 datasets==4.7.0 tyro==1.0.17 multiprocess==0.70.18 spmd_types==0.2.3
@@ -71,6 +118,17 @@ summary=$out/summary.txt
 say() { echo "$*" | tee -a "$summary"; }
 # Packed again after every stage: a call cut off at the device tool's 10 minutes still returns what ran.
 pack() { tar -czf "$out/gpu_checks.tar.gz" -C "$work" . ; }
+# One summary line per CUDA test case of a pytest JUnit file: passed, skipped or FAILED, and its time.
+cuda_cases() {
+  "$py" - "$1" <<'EOF' >>"$summary" 2>/dev/null
+import sys, xml.etree.ElementTree as ET
+for case in ET.parse(sys.argv[1]).iter("testcase"):
+    if "cuda" in case.get("name", ""):
+        state = "skipped" if case.find("skipped") is not None else "FAILED" if (
+            case.find("failure") is not None or case.find("error") is not None) else "passed"
+        print(f"  {state:8} {case.get('name')} ({float(case.get('time', 0)):.1f} s)")
+EOF
+}
 
 # 1. What machine and software this is.
 {
@@ -119,14 +177,7 @@ timeout 200 "$py" -m pytest -p no:cacheprovider -o addopts="-ra" -W ignore::Depr
   tests/unit_tests/test_dacp_kernels.py tests/unit_tests/test_dacp_local_only.py tests/unit_tests/test_trace_overlap.py \
   >"$log/pytest_cuda.txt" 2>&1
 say "pytest (rc $?): $(tail -1 "$log/pytest_cuda.txt")"
-"$py" - "$log/pytest_cuda.xml" <<'EOF' >>"$summary" 2>/dev/null
-import sys, xml.etree.ElementTree as ET
-for case in ET.parse(sys.argv[1]).iter("testcase"):
-    if "cuda" in case.get("name", ""):
-        state = "skipped" if case.find("skipped") is not None else "FAILED" if (
-            case.find("failure") is not None or case.find("error") is not None) else "passed"
-        print(f"  {state:8} {case.get('name')} ({float(case.get('time', 0)):.1f} s)")
-EOF
+cuda_cases "$log/pytest_cuda.xml"
 pack
 
 # 4. Profiled overlap: a Qwen2.5-0.5B attention shape (14 heads over 2 K/V heads of 64); a micro-batch of
@@ -152,13 +203,20 @@ done
 cp "$work"/overlap_cp2_auto/overlap.png "$out"/overlap_cp2_auto.png 2>/dev/null
 elif [ "${GPU_TESTS:-1}" = 1 ]; then
 # 3'. Trainer only: the CUDA cases of the attention the compiled trainer traces into its blocks for an
-#     all-local micro-batch (every one on one GPU; attention/local_only.py), before anything trains with it.
-timeout 90 "$py" -m pytest -p no:cacheprovider -o addopts="-ra" -W ignore::DeprecationWarning -k cuda \
-  tests/unit_tests/test_dacp_local_only.py >"$log/pytest_local_only.txt" 2>&1
-say "local-only attention tests (rc $?): $(tail -1 "$log/pytest_local_only.txt")"
+#     all-local micro-batch (every one on one GPU; attention/local_only.py), and of the head and loss in
+#     chunks in bf16 against the unchunked head (train/head_loss.py), before anything trains with them.
+timeout "${TESTS_LIMIT:-90}" "$py" -m pytest -p no:cacheprovider -o addopts="-ra" -W ignore::DeprecationWarning \
+  -k cuda --junitxml="$log/pytest_trainer.xml" tests/unit_tests/test_dacp_local_only.py \
+  tests/unit_tests/test_head_loss.py >"$log/pytest_trainer.txt" 2>&1
+say "trainer CUDA tests (rc $?): $(tail -1 "$log/pytest_trainer.txt")"
+cuda_cases "$log/pytest_trainer.xml"
 pack
 fi
 
+if [ "$trainer" = 0 ]; then  # --skip-trainer: the attention stages only
+  say "packed: $(du -h "$out/gpu_checks.tar.gz" | cut -f1) in $out/gpu_checks.tar.gz"
+  exit 0
+fi
 
 # 5. The offline profiler for the trainer's model (Qwen2.5-0.5B's shape, random init; the dry run: the debug job).
 #    One GPU: no K/V exchange to time (the comm table stays the h100-assumed preset, labelled so).
@@ -172,6 +230,7 @@ if [ "$dry" = 1 ]; then
   # shared cores: the toy ladder took 90 s under load for one checkpointing mode; it measures three (--ac-modes)
   warm=2 limit=240 rows=4 bucket=512 profile_limit=480
   mixes=(${MIXES:-job})  # job: the job's own lengths
+  before=profiles/cpu-debug-1proc.toml  # the shipped profile of the job at one process
 else
   job=skrull_ext/jobs/qwen2_5_0_5b_gpu.toml
   # "NVIDIA H100 80GB HBM3" -> h100 (the first word shaped like a model number)
@@ -195,10 +254,15 @@ else
   warm=4 limit=${TRAIN_LIMIT:-110} bucket=16384 profile_limit=240 tt_attn="--model.attn_backend varlen --training.disable_cuda_graphs"
   # The shipped mix, then a second long-tailed one (issue 48).
   mixes=(${MIXES:-mix_sharegpt_conv95+longbench_en5 mix_sharegpt_conv+longbench_en})
+  before=profiles/$gpu-qwen2.5-0.5b.toml  # the committed profile, the BucketSize before this run's
 fi
+before=${BEFORE:-$before}
+[ -z "${AC_MODES+x}" ] || prof+=(--ac-modes "$AC_MODES")  # the modes measured besides the job's own
 profile=$work/profile/$gpu-qwen2.5-0.5b.toml
 mkdir -p "$work/profile"
-if [ "${PROFILE:-1}" = 1 ]; then
+if [ -n "${PROFILE_FROM:-}" ]; then  # a profile an earlier call returned (carried untracked): the training stages again
+  cp "$PROFILE_FROM" "$profile"; rc="copied from $PROFILE_FROM"
+elif [ "${PROFILE:-1}" = 1 ]; then
   timeout "${PROFILE_LIMIT:-$profile_limit}" "$py" -m skrull_ext.profile --config-file "$job" "${one[@]}" "${prof[@]}" --out "$profile" \
     >"$log/profile.txt" 2>&1
   rc=$?
@@ -225,38 +289,63 @@ declare -A modes=(
   [skrull-lookahead8]="${cost[*]} --skrull.bucket_size profile --skrull.lookahead 8"
   [skrull-lookahead-auto]="${cost[*]} --skrull.bucket_size profile --skrull.lookahead auto"
 )
-# skrull, then the whole-document baseline and the stream in rows of 16K; skrull at the rows' length (16K), or
-# on a GPU with a profile at the BucketSize the profile's memory gives (`bucket_size = "profile"`, the job's own).
-# MODES: a subset, in order (a rerun of what a fix touched).
-order=(skrull torchtitan-documents torchtitan-stream)
-[ "$dry" = 1 ] || [ -z "${cost[*]}" ] || order[0]=skrull-bucket-profile
-order=(${MODES:-${order[*]}})
-for mix in "${mixes[@]}"; do
-  data=()
+# One mode on one mix, in its own process under its own time limit (run_limit's, else TRAIN_LIMIT's).
+train_run() {
+  local mix=$1 mode=$2 data=() rc
+  local run=$work/train/$mix/runs/${mode}_0
   [ "$mix" = job ] || data=(--dataloader.lengths "$mix")
-  for mode in "${order[@]}"; do
-    run=$work/train/$mix/runs/${mode}_0
-    mkdir -p "$run"
-    # shellcheck disable=SC2086
-    # TORCH_LOGS=recompiles: each new compiled graph and the guard that failed (run 3 lost 6.6 s to one at step 28)
-    TORCH_LOGS=recompiles SKRULL_BENCH_PROBE_OUT=$run/probe timeout "$limit" "$py" -m torch.distributed.run --standalone \
-      --nproc_per_node 1 -m torchtitan_patches.cp_probe skrull_ext.train --config-file "$job" "${one[@]}" "${data[@]}" \
-      "${train[@]}" --dump_folder "$run" ${modes[$mode]} >"$run/log.txt" 2>&1
-    rc=$?
-    say "train $mix $mode (rc $rc): $(grep -a 'grad_norm' "$run/log.txt" | tail -1 | sed 's/\x1b\[[0-9;]*m//g' | sed 's/.*step:/step:/')"
-    [ "$rc" = 0 ] || grep -a -E 'Error|error' "$run/log.txt" | tail -3 | tee -a "$summary"
-    say "recompiles $mix $mode: $(grep -a -c 'Recompiling function' "$run/log.txt"); guards: $(grep -a -A2 'Recompiling function' \
-      "$run/log.txt" | grep -a -oE '\- [0-9]+/[0-9]+: .*' | sort | uniq -c | sort -rn | head -3 | tr '\n' ';')"
-    pack
-  done
-  # 7. The table: real tokens/s, document-aware TFLOP/s and MFU, cut documents, recompiles after warm-up, memory;
-  #    Skrull's measured/predicted step and memory.
-  "$py" -m skrull_ext.bench train-report "$work/train/$mix" --warmup "$warm" \
-    ${cost[1]:+--profile "${cost[1]}"} >"$log/train_report_$mix.txt" 2>&1
+  mkdir -p "$run"
+  # shellcheck disable=SC2086
+  # TORCH_LOGS=recompiles: each new compiled graph and the guard that failed (run 3 lost 6.6 s to one at step 28)
+  TORCH_LOGS=recompiles SKRULL_BENCH_PROBE_OUT=$run/probe timeout "${run_limit[$mode]:-$limit}" "$py" -m \
+    torch.distributed.run --standalone --nproc_per_node 1 -m torchtitan_patches.cp_probe skrull_ext.train \
+    --config-file "$job" "${one[@]}" "${data[@]}" "${train[@]}" --dump_folder "$run" ${modes[$mode]} >"$run/log.txt" 2>&1
+  rc=$?
+  say "train $mix $mode (rc $rc): $(grep -a 'grad_norm' "$run/log.txt" | tail -1 | sed 's/\x1b\[[0-9;]*m//g' | sed 's/.*step:/step:/')"
+  [ "$rc" = 0 ] || grep -a -E 'Error|error' "$run/log.txt" | tail -3 | tee -a "$summary"
+  say "recompiles $mix $mode: $(grep -a -c 'Recompiling function' "$run/log.txt"); guards: $(grep -a -A2 'Recompiling function' \
+    "$run/log.txt" | grep -a -oE '\- [0-9]+/[0-9]+: .*' | sort | uniq -c | sort -rn | head -3 | tr '\n' ';')"
+  pack
+}
+# 7. A mix's table: real tokens/s, document-aware TFLOP/s and MFU, cut documents, recompiles after warm-up,
+#    memory; Skrull's checkpointing mode, BucketSize and head chunk, its step by phase, measured/predicted step
+#    and memory; the BucketSizes against the committed profile's (--before).
+report() {
+  local mix=$1 flags=()
+  [ -z "${cost[*]}" ] || flags+=(--profile "${cost[1]}")
+  [ ! -f "$before" ] || flags+=(--before "$before")
+  "$py" -m skrull_ext.bench train-report "$work/train/$mix" --warmup "$warm" "${flags[@]}" \
+    >"$log/train_report_$mix.txt" 2>&1
   say "train-report $mix (rc $?):"; tee -a "$summary" <"$log/train_report_$mix.txt"
   cp "$work/train/$mix/train_report.md" "$out/train_report_$mix.md" 2>/dev/null
   pack
+}
+# skrull, then the whole-document baseline and the stream in rows of 16K; skrull at the rows' length (16K), or
+# on a GPU with a profile at the BucketSize the profile's memory gives (`bucket_size = "profile"`, the job's own).
+# MODES: a subset, in order (a rerun of what a fix touched). LATE_MODES leave it, to run after every mix's
+# others, each only where its limit still ends within BUDGET seconds of the start with the tables' time left.
+order=(skrull torchtitan-documents torchtitan-stream)
+[ "$dry" = 1 ] || [ -z "${cost[*]}" ] || order[0]=skrull-bucket-profile
+late=(${LATE_MODES:-})
+order=($(for mode in ${MODES:-${order[*]}}; do [[ " ${late[*]} " == *" $mode "* ]] || echo "$mode"; done))
+for mix in "${mixes[@]}"; do
+  for mode in "${order[@]}"; do train_run "$mix" "$mode"; done
+  [ "${#late[@]}" -gt 0 ] || report "$mix"
 done
+if [ "${#late[@]}" -gt 0 ]; then
+  tables=$((5 * ${#mixes[@]}))  # train-report took 4 s a mix on the H200 (2026-11-28)
+  for mix in "${mixes[@]}"; do
+    for mode in "${late[@]}"; do
+      ends=$((SECONDS + ${run_limit[$mode]:-$limit} + tables))
+      if [ -n "${BUDGET:-}" ] && [ "$ends" -gt "$BUDGET" ]; then
+        say "cut: train $mix $mode (its limit of ${run_limit[$mode]:-$limit} s and the tables' $tables s from ${SECONDS} s would end at $ends s, past BUDGET $BUDGET s)"
+      else
+        train_run "$mix" "$mode"
+      fi
+    done
+  done
+  for mix in "${mixes[@]}"; do report "$mix"; done
+fi
 # 8. LAYER_PROFILE=1: where one compiled block's time goes at 128 and 16,384 tokens, DACP attention against
 #    torchtitan's varlen (tools/gpu_layer_profile.py; cProfile and torch.profiler tables for DACP's).
 if [ "${LAYER_PROFILE:-0}" = 1 ]; then

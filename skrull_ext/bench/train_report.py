@@ -3,7 +3,7 @@ at what MFU and memory, which documents it cut, how often it recompiled,
 and, for Skrull, how the cost model's step time and
 the profile's memory account compare with the measurement.
 
-    python -m skrull_ext.bench train-report outputs/bench_cp [--profile P.toml] [--warmup 8]
+    python -m skrull_ext.bench train-report outputs/bench_cp [--profile P.toml] [--before OLD.toml] [--warmup 8]
     python -m skrull_ext.bench train-report outputs/run_a outputs/run_b    # training dump folders
 
 A folder is a ``bench cp`` output (one mode per ``runs/<mode>_0``) or a
@@ -29,12 +29,17 @@ logged step), and Skrull's ``skrull/predicted_us``, ``skrull/measured_us``
 (the whole step as run), ``skrull/max_rank_tokens`` and the step by phase
 (``skrull/phase_<key>_ms``, ``skrull/step_outside_ms``: train/step_phases.py,
 under either batching, torchtitan's predicting nothing; the table gives each
-phase's median and the median share outside the micro-batches). The predicted memory of a Skrull step is the
-profile's static account plus its activation fit at the step's largest
+phase's median and the median share outside the micro-batches), and what a
+Skrull run settled at start-up (train/run_settings.py: the
+activation-checkpointing mode, the BucketSize, the head's chunk tokens). The predicted
+memory of a Skrull step is the profile's static account plus its activation fit
+(under the mode the run chose, where the profile measured it) at the step's largest
 micro-batch (``ProfileMemory``; no margin), plus what free-running holds
 (``skrull/free_running_bytes``: the unsharded parameters and gradients the
 trainer budgets; without it, steps of two or more micro-batches measured up
-to x1.12 on an H200). Steps up to ``--warmup`` (compile,
+to x1.12 on an H200). ``--before P.toml`` (the profile an earlier run planned
+with) adds a line of BucketSizes: that profile's, the ``--profile``'s per
+mode, and each Skrull run's as run. Steps up to ``--warmup`` (compile,
 allocator growth) are left out. A kept step over ``SLOW`` times the mode's
 median step is named, and the mode's real tokens/s is also given without
 those steps: a recompile (a new shape class of a dynamic-shape graph) costs
@@ -121,9 +126,34 @@ def graphs_after(tags: dict[str, dict[int, float]], warmup: int) -> float:
     return graphs[max(graphs)] - max(before) if graphs and before else math.nan
 
 
-def summarize_mode(run_dir: str, warmup: int, memory=None) -> dict:
-    """The figures of one mode's run (NaN where the run did not log them)."""
+def settings(tags: dict[str, dict[int, float]]) -> dict:
+    """What a Skrull run settled at start-up (train/run_settings.py), {} for a run that logged none:
+    the checkpointing mode's name (None: a kind no profile measures), the BucketSize and the head's
+    chunk tokens (0: unchunked), each as logged at the last step."""
+    from skrull_ext.train.run_settings import AC_TAG, BUCKET_TAG, CHUNK_TAG, mode_named
+
+    if BUCKET_TAG not in tags:
+        return {}
+    return {"activation_checkpoint": mode_named(last(tags, AC_TAG)) if AC_TAG in tags else None,
+            "bucket_size": int(last(tags, BUCKET_TAG)),
+            "head_chunk_tokens": int(last(tags, CHUNK_TAG)) if CHUNK_TAG in tags else None}
+
+
+def memory_under(profile, mode: str | None):
+    """The profile's memory model as a run of checkpointing ``mode`` priced it (its per-mode fit where
+    the profile measured that mode: Profile.under_mode); None without a profile."""
+    if profile is None:
+        return None
+    return (profile.under_mode(mode) if mode is not None else profile).memory()
+
+
+def summarize_mode(run_dir: str, warmup: int, memory=None, profile=None) -> dict:
+    """The figures of one mode's run (NaN where the run did not log them). ``memory``: the memory
+    model to price it with; else ``profile``'s under the run's logged checkpointing mode."""
     tags = scalars(run_dir)
+    settled = settings(tags)
+    if memory is None:
+        memory = memory_under(profile, settled.get("activation_checkpoint"))
     steps = probe_steps(run_dir) or dump_steps(tags)
     kept = [s for s in steps if s["step"] > warmup and s.get("wall_s")]
     typical = median([s["wall_s"] for s in kept])
@@ -148,6 +178,7 @@ def summarize_mode(run_dir: str, warmup: int, memory=None) -> dict:
         "peak_active_gib": max(after("memory/max_active(GiB)"), default=math.nan),
         "losses_finite": bool(losses) and all(math.isfinite(x) for x in losses),
         "first_loss": losses[0] if losses else math.nan, "last_loss": losses[-1] if losses else math.nan,
+        **settled,
     }
     predicted, measured = tags.get("skrull/predicted_us", {}), tags.get("skrull/measured_us", {})
     if predicted:
@@ -191,17 +222,23 @@ def table(results: dict[str, dict]) -> str:
         named = ", ".join(f"{k} ({ms:,.0f} ms)" for k, ms in zip(r["slow_steps"], r["slow_steps_ms"]))
         return f"{named}: {r['real_tokens_per_s_without_slow']:,.0f} without"
 
-    rows = ["| mode | real tokens/s | mean step ms | median step ms "
+    def chunk(r):
+        tokens = r.get("head_chunk_tokens")
+        return "-" if tokens is None else "unchunked" if tokens == 0 else f"{tokens:,}"
+
+    rows = ["| mode | activation checkpointing | BucketSize | head chunk tokens "
+            "| real tokens/s | mean step ms | median step ms "
             f"| steps over {SLOW:g}x the median: real tokens/s without them "
             "| document-aware TFLOP/s a device | document-aware MFU % | MFU % (torchtitan's, seq_len-priced) "
             "| cut documents | tokens without their context | recompiles after warm-up "
             "| peak reserved GiB | peak active GiB "
             "| measured / predicted step | measured / predicted memory (median, max) | reserved / predicted "
             "| losses finite | step phases ms, median (outside the micro-batches) |",
-            "|" + "---|" * 18]
+            "|" + "---|" * 21]
     for mode, r in results.items():
         rows.append(
-            f"| {mode} | {f(r['real_tokens_per_s'], '{:,.0f}')} | {f(r['step_ms'], '{:.1f}')} | "
+            f"| {mode} | {r.get('activation_checkpoint') or '-'} | {f(r.get('bucket_size'), '{:,}')} | {chunk(r)} "
+            f"| {f(r['real_tokens_per_s'], '{:,.0f}')} | {f(r['step_ms'], '{:.1f}')} | "
             f"{f(r.get('median_step_ms'), '{:.1f}')} | {slow(r)} | "
             f"{f(r.get('document_tflops'), '{:.3g}')} | {f(r.get('document_mfu_pct'), '{:.1f}')} | "
             f"{f(r['mfu_pct'], '{:.1f}')} | {f(r.get('cut_documents'), '{:,.0f}')} | "
@@ -234,6 +271,24 @@ def ratios(results: dict[str, dict]) -> list[str]:
     return out
 
 
+def bucket_line(results: dict[str, dict], before, profile=None) -> str | None:
+    """BucketSizes against ``before``'s (a Profile an earlier run planned with; None: no line): the
+    fresh ``profile``'s per measured checkpointing mode, and each run's as run, each as a ratio."""
+    if before is None or not before.bucket_size:
+        return None
+    old = before.bucket_size
+    ratio = lambda b: f"{b:,} (x{b / old:.2f})"  # noqa: E731
+    said = [f"BucketSize before: {old:,} ({before.path}"
+            f"{', measured under ' + before.measured_checkpointing if before.measured_checkpointing else ''})"]
+    if profile is not None and profile.bucket_size:
+        modes = {m: c.bucket_size for m, c in profile.checkpointing_modes.items()}
+        fresh = ", ".join(f"{m} {ratio(b)}" for m, b in modes.items()) if modes else ratio(profile.bucket_size)
+        said.append(f"the profile's ({profile.path}): {fresh}")
+    said += [f"{name} as run: {ratio(r['bucket_size'])}, {r.get('activation_checkpoint') or 'mode not logged'}"
+             for name, r in results.items() if r.get("bucket_size")]
+    return "; ".join(said)
+
+
 def mode_dirs(folder: str) -> dict[str, str]:
     """Mode name -> run folder: a ``bench cp`` output's ``runs/<mode>_0``, or a dump folder itself."""
     runs = sorted(glob.glob(os.path.join(folder, "runs", "*_0")))
@@ -251,19 +306,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("out", nargs="+", help="`bench cp` output folders (their runs/<mode>_<repeat>/) or training "
                                           "dump folders (their tb/); the report is written into the first")
     p.add_argument("--profile", default=None, help="the profile TOML Skrull ran with (its [memory] predicts memory)")
+    p.add_argument("--before", default=None, help="the profile an earlier run planned with: its BucketSize "
+                                                  "beside the --profile's and each run's")
     p.add_argument("--warmup", type=int, default=2, help="steps left out (default 2)")
     a = p.parse_args(argv)
-    memory = None
-    if a.profile:
-        from skrull_ext.scheduler.profile_file import Profile
+    from skrull_ext.scheduler.profile_file import Profile
 
-        memory = Profile.load(a.profile).memory()
+    profile = Profile.load(a.profile) if a.profile else None
+    before = Profile.load(a.before) if a.before else None
     modes = {}
     for folder in a.out:
         for name, run_dir in mode_dirs(folder).items():
             modes[name if name not in modes else run_dir] = run_dir
-    results = {name: summarize_mode(d, a.warmup, memory) for name, d in modes.items()}
+    results = {name: summarize_mode(d, a.warmup, profile=profile) for name, d in modes.items()}
     text = table(results)
+    if (line := bucket_line(results, before, profile)) is not None:
+        text += "\n" + line
     print(text)
     with open(os.path.join(a.out[0], "train_report.md"), "w") as f:
         f.write(text + "\n")

@@ -50,13 +50,14 @@ from skrull_ext.scheduler import Scheduler
 from skrull_ext.scheduler.config import timeline_name
 from skrull_ext.scheduler.model_shape import compute_dtype, DTYPES, job_shape, model_compiled
 from skrull_ext.scheduler.profile_memory import free_running_bytes
-from skrull_ext.train.checkpointing import settle_checkpointing
+from skrull_ext.train.checkpointing import mode_of, settle_checkpointing
 from skrull_ext.train.compile_limit import length_free_fusion, raise_recompile_limit
 from skrull_ext.train.free_running import FreeRunningFSDP
 from skrull_ext.train.job.job_config import JobConfig
 from skrull_ext.train.job_trainer import JobTrainer, NonFiniteLossError, name_samples
 from skrull_ext.train.passes import chunked_samples, step_passes
 from skrull_ext.train.plan_log import PlanLog
+from skrull_ext.train.run_settings import run_settings
 from skrull_ext.train.settle import Settled, settle
 from skrull_ext.train.step_checks import RatioSpread, check_plan_digests, loss_and_norm, step_log_line, step_metrics
 from skrull_ext.train.step_phases import StepTimes
@@ -169,6 +170,10 @@ class SkrullTrainer(JobTrainer):
         builder and this trainer read it, not the [skrull] section's scheduling keys (defer_grad_sync
         aside: scheduler/job.py)."""
         self.scheduler = Scheduler(self.skrull_job)
+        self.run_settings = run_settings(mode_of(self.config.activation_checkpoint), self.skrull_job.bucket_size,
+                                         getattr(self, "loss_fn", None))
+        """The checkpointing mode, BucketSize and head chunk settled at start-up, logged with each
+        logged step (run_settings.py: ``skrull/activation_checkpoint``, ``bucket_size``, ``head_chunk_tokens``)."""
         self.dataloader.attach(self.scheduler, cp_rank, dims.cp, pin=self.device.type == "cuda")
         if skrull.plan_log:
             rank = dist.get_rank() if dist.is_initialized() else 0
@@ -436,6 +441,7 @@ class SkrullTrainer(JobTrainer):
         skrull = step_metrics(step, self.dacp_attention)
         skrull["skrull/data_wait_ms"] = self.data_wait_ms[-1] if self.data_wait_ms else float("nan")
         skrull["skrull/free_running_bytes"] = self.free_running_bytes
+        skrull.update(self.run_settings)
         extra = {"n_tokens_seen": ntokens_seen, **lr_metrics, **skrull}
         self.metrics_processor.log(self.step, global_avg, global_max, grad_norm, extra_metrics=extra)
         times = self._read_phases()

@@ -89,6 +89,23 @@ def test_skrull_scalars_are_written_every_step(text_run):
 
 
 @pytest.mark.slow
+def test_what_the_run_settled_is_logged_with_every_step(text_run):
+    """The checkpointing mode, BucketSize and head chunk (train/run_settings.py) at every step, the
+    values the start-up lines say."""
+    import re
+
+    from skrull_ext.train.run_settings import AC_TAG, BUCKET_TAG, CHUNK_TAG, mode_named
+
+    m = {tag: text_run.scalars(tag) for tag in (AC_TAG, BUCKET_TAG, CHUNK_TAG)}
+    assert all(len(v) == STEPS and len(set(v)) == 1 for v in m.values()), m
+    assert f"Skrull activation checkpointing: {mode_named(m[AC_TAG][0])} (" in text_run.output
+    assert f"bucket_size {int(m[BUCKET_TAG][0])} (" in text_run.output
+    chunk = int(re.search(r"head and loss in chunks of (\d+) tokens", text_run.output).group(1))
+    unchunked = "one chunk holds a micro-batch, so the head runs in the model's forward" in text_run.output
+    assert m[CHUNK_TAG][0] == (0 if unchunked else chunk)
+
+
+@pytest.mark.slow
 def test_profiler_trace_shows_the_dacp_parts(text_run):
     trace = os.path.join(text_run.dump, "profiling", "traces", f"iteration_{STEPS}", "rank0_trace.json.gz")
     assert os.path.isfile(trace), os.listdir(os.path.join(text_run.dump, "profiling", "traces"))

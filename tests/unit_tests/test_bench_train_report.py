@@ -119,7 +119,7 @@ def test_a_training_dump_folder_is_a_mode(tmp_path, capsys):
         {"step": 4, "wall_s": 1.0, "step_tokens": 400.0}, {"step": 5, "wall_s": 1.0, "step_tokens": 400.0}]
     assert train_report.main([str(dump), "--warmup", "1"]) == 0
     row = capsys.readouterr().out.splitlines()[2]
-    assert row.startswith("| my_run | 400 | 750.0 |")  # 1,200 tokens over 3 s; steps 2-5
+    assert row.startswith("| my_run | - | - | - | 400 | 750.0 |")  # no settings logged; 1,200 tokens over 3 s; steps 2-5
     assert (dump / "train_report.md").exists()
     with pytest.raises(SystemExit, match=r"empty: no runs under .*empty/runs .* no TensorBoard events under"):
         train_report.main([str(tmp_path / "empty")])
@@ -185,3 +185,65 @@ def test_a_packed_runs_phases_stand_beside_skrulls(tmp_path):
     assert cells[0][said] == "data 2 checks 1 mb 470 clip 10 opt 15 log 4 rest 5 (5%)"
     assert cells[1][said] == "data 2 mb 220 clip 10 opt 15 log 4 rest 5 (10%)"
     assert cells[0]["measured / predicted step"] == "-" and cells[1]["measured / predicted step"] == "x1.25"
+
+
+def _profile(path: str, bucket: int, modes: dict[str, tuple[float, int]] | None = None):
+    """A measured profile's file as the report reads it: [memory] (a MiB a token, 1 GiB static) and,
+    per checkpointing mode, its own bytes a token and BucketSize ([activation_checkpoint])."""
+    from skrull_ext.scheduler.profile_file import Profile
+
+    data = {"compute": {"a_us_per_flop": 1e-6, "b_us": 0.0}, "comm": {"bytes": [1], "us": [1.0]},
+            "memory": {"bucket_size": bucket, "a_bytes_per_token": float(2**20), "b_bytes": 0.0,
+                       "usable_bytes": float(2**40), "static_bytes": float(2**30), "margin": 0.0}}
+    if modes:
+        data["activation_checkpoint"] = {"measured": "selective", **{
+            m: {"a_us_per_flop": 1e-6, "b_us": 0.0, "a_bytes_per_token": a, "b_bytes": 0.0, "bucket_size": b}
+            for m, (a, b) in modes.items()}}
+    return Profile(data, path)
+
+
+def test_a_skrull_runs_settings_priced_under_its_mode_and_bucket_sizes_before_and_after(tmp_path):
+    """What the run settled at start-up (train/run_settings.py's scalars: checkpointing mode 0 = none,
+    BucketSize, head chunk tokens) read back exactly; the memory predicted with the profile's fit for
+    that mode (none: 2 MiB a token, not [memory]'s 1 MiB); BucketSizes against the earlier profile's."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    from skrull_ext.bench.train_report import bucket_line
+    from skrull_ext.train.run_settings import run_settings
+
+    run = _run(tmp_path, [0.5] * 3)
+    logged = run_settings("none", 150_000, type("Loss", (), {"chunk_tokens": 880, "head_in_model": False})())
+    with SummaryWriter(f"{run}/tb/20261129") as w:
+        for step in (1, 2, 3):
+            for tag, value in logged.items():
+                w.add_scalar(tag, value, step)
+            w.add_scalar("skrull/max_rank_tokens", 1024, step)
+            w.add_scalar("memory/max_active(GiB)", 3.0, step)  # 1 GiB static + 1,024 tokens x 2 MiB
+            w.add_scalar("memory/max_reserved(GiB)", 3.75, step)
+    profile = _profile("new.toml", 100_000, {"none": (float(2**21), 150_000), "selective": (float(2**20), 200_000)})
+    r = summarize_mode(run, warmup=1, profile=profile)
+    assert (r["activation_checkpoint"], r["bucket_size"], r["head_chunk_tokens"]) == ("none", 150_000, 880)
+    assert r["memory_over_predicted"] == 1.0 and r["reserved_over_predicted"] == 1.25
+    header, _, row = table({"skrull": r}).splitlines()[:3]
+    cells = dict(zip([c.strip() for c in header.split("|")], [c.strip() for c in row.split("|")]))
+    assert (cells["activation checkpointing"], cells["BucketSize"], cells["head chunk tokens"]) == \
+        ("none", "150,000", "880")
+    assert bucket_line({"skrull": r, "torchtitan-documents": {}}, _profile("old.toml", 120_000), profile) == (
+        "BucketSize before: 120,000 (old.toml); the profile's (new.toml): none 150,000 (x1.25), "
+        "selective 200,000 (x1.67); skrull as run: 150,000 (x1.25), none")
+    assert bucket_line({"skrull": r}, None, profile) is None  # no earlier profile named: no line
+
+
+def test_a_run_without_settings_or_an_unchunked_head():
+    """A run that logged no settings (torchtitan's batching, an older run) reads as such; 0 chunk
+    tokens is the head unchunked in the model's forward; an unmeasured kind is no mode."""
+    from skrull_ext.bench.train_report import settings
+    from skrull_ext.train.run_settings import AC_TAG, mode_named, run_settings
+
+    assert settings({}) == {}
+    loss = type("Loss", (), {"chunk_tokens": 880, "head_in_model": True})()
+    logged = run_settings(None, 4096, loss)
+    assert math.isnan(logged[AC_TAG]) and mode_named(logged[AC_TAG]) is None
+    assert settings({tag: {1: v} for tag, v in logged.items()}) == {
+        "activation_checkpoint": None, "bucket_size": 4096, "head_chunk_tokens": 0}
+    assert [mode_named(v) for v in (0.0, 1.0, 2.0, 3.0, 0.5)] == ["none", "selective", "full", None, None]

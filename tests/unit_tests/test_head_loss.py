@@ -368,3 +368,72 @@ def test_a_head_of_its_own_forward_is_called_from_the_loss():
     loss_fn.set_lm_head(Scaled(4, 8))
     assert not loss_fn.pass_head_through([]) and not loss_fn.head_passes_through
     assert "the head (Scaled) runs in chunks of 37 tokens" in loss_fn.free_running_blocked
+
+
+
+# The GPU check (stage 3' of tools/gpu_checks.sh runs it): Qwen2.5-0.5B's head (896 -> 151,936) in bf16
+# on 8,192 tokens, in chunks of 880 (loss.chunk_bytes' 2 GiB at 16 B a token and vocabulary entry:
+# head_loss.py), 10 chunks, the last 272 tokens.
+QWEN_DIM, QWEN_VOCAB, CUDA_TOKENS, CUDA_CHUNK = 896, 151_936, 8192, 880
+BF16_U = 2.0**-8
+"""bf16's unit roundoff (8 significant bits, round to nearest): one rounding's relative error at most."""
+
+
+def head_loss_run(device: str, tokens: int, dim: int, vocab: int, chunk: int | None,
+                  dtype: torch.dtype = torch.bfloat16) -> tuple[float, dict]:
+    """Loss and gradients (hidden states, head weight) of a head and the loss, the inputs rounded to
+    bf16 first, so that a float64 run of the same inputs is their reference. ``chunk`` None:
+    unchunked (torchtitan's CrossEntropyLoss on the logits; float64: the plain cross-entropy,
+    which torchtitan's would compute in float32)."""
+    g = torch.Generator().manual_seed(5)
+    weight = (torch.randn(vocab, dim, generator=g) * dim**-0.5).bfloat16()
+    hidden = torch.randn(1, tokens, dim, generator=g).bfloat16()
+    labels = torch.randint(0, vocab, (1, tokens), generator=g)
+    labels[0, ::9] = IGNORE_INDEX
+    head = torch.nn.Linear(dim, vocab, bias=False, device=device, dtype=dtype)
+    with torch.no_grad():
+        head.weight.copy_(weight)
+    h = hidden.to(device, dtype).requires_grad_()
+    labels = labels.to(device)
+    divisor = (labels != IGNORE_INDEX).sum().to(torch.float32)
+    if dtype == torch.float64:
+        loss = torch.nn.functional.cross_entropy(head(h).flatten(0, 1), labels.flatten(0, 1), reduction="sum",
+                                                 ignore_index=IGNORE_INDEX) / divisor
+    else:
+        loss_fn, _ = _losses(chunk)
+        if chunk is not None:
+            loss_fn.set_lm_head(head)
+        loss, _ = loss_fn(h * 1.0 if chunk is not None else head(h), labels, divisor)
+    loss.backward()
+    return loss.double().item(), {"hidden": h.grad.double(), "weight": head.weight.grad.double()}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (the bf16 head and loss as a GPU runs them)")
+def test_bf16_head_loss_on_cuda_equals_unchunked():
+    """Chunked against unchunked in bf16 on CUDA, both against the float64 run of the same bf16 inputs.
+    Tolerances, in bf16's unit roundoff u = 2^-8:
+
+    - the loss: both sum float32 cross-entropies of bf16 logits that differ at most by one rounding
+      where cuBLAS picks another kernel for a chunk's shape; each token's loss moves by under u, and
+      over the 7,281 loss tokens the mean moves by far less: u / 4 relative;
+    - the hidden states' gradient: each chunk's rows are computed as unchunked (a row's logits, their
+      gradient rounded to bf16, one GEMM into bf16), so within 2u of the reference, as unchunked;
+    - the head's weight gradient: unchunked it is one GEMM over every token, rounded once; chunked,
+      autograd adds the 10 chunks' bf16 partial gradients in the parameter's dtype (as FSDP's
+      unsharded bf16 parameter does in a run), 9 more roundings of at most u / 2 each, which add up
+      like a random walk over millions of elements: within the unchunked error + sqrt(10) u / 2
+      (on CPU at 1,024 tokens in 12 chunks: 3.0e-3 chunked, 1.7e-3 unchunked).
+    """
+    shape = ("cuda", CUDA_TOKENS, QWEN_DIM, QWEN_VOCAB)
+    ref_loss, ref = head_loss_run(*shape, None, torch.float64)
+    un_loss, un = head_loss_run(*shape, None)
+    ch_loss, ch = head_loss_run(*shape, CUDA_CHUNK)
+
+    def err(got: dict, name: str) -> float:
+        return float((got[name] - ref[name]).norm() / ref[name].norm())
+
+    assert abs(ch_loss - un_loss) <= BF16_U / 4 * abs(un_loss), (ch_loss, un_loss)
+    assert abs(ch_loss - ref_loss) <= BF16_U / 4 * abs(ref_loss), (ch_loss, ref_loss)
+    assert err(un, "hidden") <= 2 * BF16_U and err(ch, "hidden") <= 2 * BF16_U, (err(un, "hidden"), err(ch, "hidden"))
+    chunks = -(-CUDA_TOKENS // CUDA_CHUNK)
+    assert err(ch, "weight") <= err(un, "weight") + chunks**0.5 * BF16_U / 2, (err(ch, "weight"), err(un, "weight"))
