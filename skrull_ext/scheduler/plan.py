@@ -408,39 +408,6 @@ class Plan:
                 out[mb.first_group * self.cp + i] += t
         return out
 
-    def describe(self, max_seqs: int = 12) -> str:
-        """A readable listing: per CP group and slot, each sequence's index, length and set
-        (its CP rank when local, 'D' for the whole group, 'r+k' for the k global ranks from r),
-        tokens per rank, predicted time."""
-        lines = [
-            f"plan: {self.num_sequences} sequences, dp={self.dp} cp={self.cp} bucket_size={self.bucket_size}, "
-            f"{self.slots} slots, predicted {self.makespan_us / 1e3:.2f} ms, scheduled in {self.scheduler_us:.0f} us"
-            + (f" (+{self.fallback_us / 1e3:.1f} ms CP-SAT)" if self.fallback_us else "")
-            + (f"; {self.widened} widened, {self.narrowed} narrowed" if self.pool else "")
-        ]
-        if self.dropped or self.truncated:
-            lines.append(f"  over-length: {len(self.dropped)} dropped {self.dropped}, "
-                         f"{len(self.truncated)} truncated {self.truncated}")
-
-        def where(r: int, n: int, mb: MicroBatchPlan) -> str:
-            if n == 1:
-                return str(r % self.cp)
-            return "D" if n == self.cp and mb.groups == 1 and r % self.cp == 0 else f"{r}+{n}"
-
-        for d, group in enumerate(self.ranks):
-            lines.append(f"  DP {d}: {len(group)} micro-batches, {self.group_time_us[d] / 1e3:.2f} ms")
-            for k in self.chunked_of(d):
-                lines.append(f"    chunked document {k}: {self.chunked[k]} tokens, {self.chunked_us[k] / 1e3:.2f} ms, "
-                             "before its micro-batches")
-            for mb in group:
-                seqs = [f"{k}:{s}@{where(r, n, mb)}" for k, s, r, n in zip(mb.seqs, mb.lengths, mb.first_rank,
-                                                                          mb.num_ranks)]
-                more = f" ... (+{len(seqs) - max_seqs})" if len(seqs) > max_seqs else ""
-                span = f" groups {mb.first_group}..{mb.first_group + mb.groups - 1}" if mb.groups > 1 else ""
-                lines.append(f"    slot {mb.slot}{span} [{mb.path}] {mb.time_us / 1e3:.2f} ms, tokens/rank "
-                             f"{list(mb.rank_tokens)}: " + " ".join(seqs[:max_seqs]) + more)
-        return "\n".join(lines)
-
     # ---------------------------------------------------------------- updates
     def replace_placement(self, mb: MicroBatchPlan, result: _core.DacpResult, path: str) -> None:
         """Swap in another DACP placement of a one-group micro-batch (e.g. CP-SAT's) and re-time the plan."""
