@@ -160,13 +160,16 @@ def test_validation_at_dp2_runs_every_document_on_every_rank_and_counts_it_once(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("cp", [1, 2])
-def test_compiled_chunked_run_matches_eager(workdir, seed, one_process, cp):
+def test_compiled_chunked_run_matches_eager(workdir, seed, one_process):
     """``--compile.enable`` (each block compiled by inductor): the chunks run the blocks' eager code
     (train/chunked.py), the micro-batches compiled; the same losses and step-3 gradients as the eager
     run within compile's float rounding (test_compile.py's tolerances), and no graph compiled while
-    the chunked samples ran (dynamo's counters, read by the probe around each step's chunked samples)."""
+    the chunked samples ran (dynamo's counters, read by the probe around each step's chunked samples).
+    CP 2 (its chunks' K/V gathered); one process compiled is tests/unit_tests/test_chunked_compiled.py's,
+    and CP 1 here read the same when it was built (docs/training.md), left out of the suite for time."""
     import json
+
+    cp = 2
 
     from tests.integration_tests.test_compile import GRAD as COMPILE_GRAD, LOSS as COMPILE_LOSS
 
