@@ -223,8 +223,8 @@ fi
 if [ "$dry" = 1 ]; then
   job=skrull_ext/jobs/debug_cpu.toml gpu=cpu
   one=(--parallelism.data_parallel_shard_degree 1 --parallelism.context_parallel_degree 1)
-  # toy sizes on shared cores: the stage must run; the fit's quality is the GPU run's to judge
-  prof=(--lengths 256,384,512 --held-out 448 --memory-lengths 256,512 --repeats 2 --micro-batch-repeats 1 --no-check
+  # toy sizes on shared cores, each timed once: the stage must run; the fit's quality is the GPU run's to judge
+  prof=(--lengths 256,384,512 --held-out 448 --memory-lengths 256,512 --repeats 1 --micro-batch-repeats 1 --no-check
         --max-held-out-error 10 --max-micro-batch-error 10 --max-packed-error 10)
   train=(--training.steps "${STEPS:-5}" --dataloader.global_batch_size 8 --metrics.enable_tensorboard)
   # shared cores: the toy ladder took 90 s under load for one checkpointing mode; it measures three (--ac-modes)
