@@ -33,6 +33,18 @@ def _plans(run, ranks: int) -> list[dict[int, dict]]:
     return [read_plan_log(os.path.join(run.dump, "skrull_plans", f"rank{r}.jsonl")) for r in range(ranks)]
 
 
+def _trains_as_one_process(run, one_process, label: str) -> None:
+    """Every sample read trained whole (none cut or skipped), and the losses and step-CHECK
+    gradients of the one-process run (``label`` names the run in what is printed)."""
+    assert (f"Run summary: samples read {8 * STEPS} = trained whole {8 * STEPS} + trained cut 0 + skipped 0"
+            in run.output), run.output[-3000:]
+    ref, got = one_process.losses, run.losses
+    print(f"DP 1 {ref}\n{label} {got}")
+    assert len(got) == STEPS and max(abs(x - y) for x, y in zip(ref, got)) < 1e-4, f"{ref} vs {got}"
+    worst, rel = assert_same_grads(run.grads, one_process.grads, **GRAD)
+    print(f"step {CHECK} gradients, {label} vs DP 1: max |diff| {worst:.3g}, relative norm {rel:.3g}")
+
+
 @pytest.fixture(scope="module")
 def one_process(workdir, seed):
     """The unscheduled reference: the same job on one process, every document on the one rank."""
@@ -71,15 +83,8 @@ def test_chunked_documents_at_dp2_run_once_each_and_match_one_process(workdir, s
     # CP 1 (limit 256): step 2's three documents go to both DP ranks; CP 2 (limit 512): steps 2 and 3
     # have one each, on DP rank 0, DP rank 1 running every planned sample beside it.
     assert ranks_with_documents == ({0, 1} if cp == 1 else {0}), ranks_with_documents
-    out = two.output
-    assert (f"Run summary: samples read {8 * STEPS} = trained whole {8 * STEPS} + trained cut 0 + skipped 0"
-            in out), out[-3000:]
     # One process, CP 1: every document there, in chunks of 256; the same losses and gradients.
-    ref, got = one_process.losses, two.losses
-    print(f"DP 1 {ref}\nDP 2 x CP {cp} {got}")
-    assert len(got) == STEPS and max(abs(x - y) for x, y in zip(ref, got)) < 1e-4, f"{ref} vs {got}"
-    worst, rel = assert_same_grads(two.grads, one_process.grads, **GRAD)
-    print(f"step {CHECK} gradients, DP 2 x CP {cp} vs DP 1: max |diff| {worst:.3g}, relative norm {rel:.3g}")
+    _trains_as_one_process(two, one_process, f"DP 2 x CP {cp}")
 
 
 @pytest.mark.slow
@@ -103,13 +108,8 @@ def test_chunked_documents_at_dp2_lockstep_match_one_process(workdir, seed, one_
         assert counts[2] == [[4], [2, 2]] and counts[3] == [[3], []], counts
     else:
         assert counts[2][0] and counts[3][0] and counts[2][1] == counts[3][1] == [], counts
-    assert (f"Run summary: samples read {8 * STEPS} = trained whole {8 * STEPS} + trained cut 0 + skipped 0"
-            in out), out[-3000:]
-    ref, got = one_process.losses, two.losses
-    print(f"DP 1 {ref}\nDP 2 x CP {cp} lockstep {got}; chunks per DP rank per step {counts}")
-    assert len(got) == STEPS and max(abs(x - y) for x, y in zip(ref, got)) < 1e-4, f"{ref} vs {got}"
-    worst, rel = assert_same_grads(two.grads, one_process.grads, **GRAD)
-    print(f"step {CHECK} gradients, DP 2 x CP {cp} lockstep vs DP 1: max |diff| {worst:.3g}, relative norm {rel:.3g}")
+    print(f"chunks per DP rank per step {counts}")
+    _trains_as_one_process(two, one_process, f"DP 2 x CP {cp} lockstep")
 
 
 @pytest.mark.slow
@@ -205,8 +205,4 @@ def test_chunked_documents_under_tp2_match_one_process(workdir, seed, one_proces
                                  "--parallelism.context_parallel_degree", str(cp)], grads_at=CHECK)
     assert f"DP 1 x CP {cp} x TP 2" in run.output
     assert "of the whole trained in chunks" in run.output, run.output[-3000:]
-    ref, got = one_process.losses, run.losses
-    print(f"DP 1 {ref}\nTP 2 x CP {cp} {got}")
-    assert len(got) == STEPS and max(abs(x - y) for x, y in zip(ref, got)) < 1e-4, f"{ref} vs {got}"
-    worst, rel = assert_same_grads(run.grads, one_process.grads, **GRAD)
-    print(f"step {CHECK} gradients, TP 2 x CP {cp} vs DP 1: max |diff| {worst:.3g}, relative norm {rel:.3g}")
+    _trains_as_one_process(run, one_process, f"TP 2 x CP {cp}")
