@@ -25,7 +25,7 @@ are a handful; its FSDP calls and launches are a pass's), ``micro_batch_fixed_us
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["PaddedDocument", "lockstep_chunks", "lockstep_documents"]
+__all__ = ["PaddedDocument", "lockstep_chunks", "lockstep_documents", "lockstep_pads"]
 
 
 @dataclass(frozen=True)
@@ -61,9 +61,22 @@ def lockstep_chunks(lengths: Sequence[int], groups: Sequence[int], dp: int,
     """n_k for each position k: the most chunks any DP rank's k-th document takes (``lengths``,
     ``groups``: the plan's ``chunked`` and ``chunked_group``; ``chunk_for``: each length's chunk,
     ``SchedulerJob.chunk_for``). As many positions as the most documents one rank holds."""
-    per_rank = _counts(lengths, groups, dp, chunk_for)
+    return _passes(_counts(lengths, groups, dp, chunk_for))
+
+
+def _passes(per_rank: list[list[int]]) -> list[int]:
+    """n_k from each rank's chunk counts (``_counts``)."""
     width = max(map(len, per_rank), default=0)
     return [max(c[k] for c in per_rank if len(c) > k) for k in range(width)]
+
+
+def lockstep_pads(lengths: Sequence[int], groups: Sequence[int], dp: int,
+                  chunk_for: Callable[[int], int]) -> list[int]:
+    """Per DP rank: the pad chunks it runs in all (``lockstep_documents``' ``pad_chunks`` summed),
+    every rank's passes, the n_k summed, less its own chunks: what the plan prices."""
+    per_rank = _counts(lengths, groups, dp, chunk_for)
+    total = sum(_passes(per_rank))
+    return [total - sum(c) for c in per_rank]
 
 
 def lockstep_documents(lengths: Sequence[int], groups: Sequence[int], dp: int, dp_rank: int,
@@ -72,10 +85,11 @@ def lockstep_documents(lengths: Sequence[int], groups: Sequence[int], dp: int, d
     document padded to n_k passes, or an all-pad document of n_k."""
     if not 0 <= dp_rank < dp:
         raise ValueError(f"dp_rank must be in [0, {dp}), got {dp_rank}")
-    counts = _counts(lengths, groups, dp, chunk_for)[dp_rank]
+    per_rank = _counts(lengths, groups, dp, chunk_for)
+    counts = per_rank[dp_rank]
     mine = [k for k, g in enumerate(groups) if g == dp_rank]
     out = []
-    for k, n in enumerate(lockstep_chunks(lengths, groups, dp, chunk_for)):
+    for k, n in enumerate(_passes(per_rank)):
         if k < len(mine):
             out.append(PaddedDocument(mine[k], counts[k], n - counts[k]))
         else:

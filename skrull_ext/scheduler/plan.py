@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 from skrull_ext import _core
 from skrull_ext._core import DISTRIBUTED
 from skrull_ext.scheduler.capacity import Capacity
-from skrull_ext.scheduler.chunk_lockstep import lockstep_documents
+from skrull_ext.scheduler.chunk_lockstep import lockstep_pads
 from skrull_ext.scheduler.config import TIMELINES, timeline_of
 from skrull_ext.scheduler.plan_check import PlanError, check_plan
 
@@ -335,9 +335,8 @@ class Plan:
         (scheduler/chunk_lockstep.py, in the chunks ``chunked_chunk`` priced); zeros otherwise."""
         if self.dp <= 1 or not self.chunked or len(self.chunked_chunk) != len(self.chunked):
             return [0] * self.dp
-        chunk = dict(zip(self.chunked, self.chunked_chunk)).__getitem__
-        return [sum(d.pad_chunks for d in lockstep_documents(self.chunked, self.chunked_group, self.dp, g, chunk))
-                for g in range(self.dp)]
+        return lockstep_pads(self.chunked, self.chunked_group, self.dp,
+                             dict(zip(self.chunked, self.chunked_chunk)).__getitem__)
 
     def chunked_of(self, dp_rank: int) -> list[int]:
         """Positions (in ``chunked``) of the chunked documents DP rank ``dp_rank`` trains, in order."""

@@ -94,7 +94,7 @@ class Scheduler:
         if c.policy.pool and chunked:
             plan.chunked_us, plan.chunked_group = chunked_us, _core.assign_chunked(chunked_us, c.dp)
             plan.retime()
-        elif any(plan.chunked_pads()) and plan.timeline == _core.Timeline.LOCKSTEP:
+        elif plan.timeline == _core.Timeline.LOCKSTEP and any(plan.chunked_pads()):
             plan.retime()  # the core's step leaves out the pad chunks lockstep ranks run (Plan.chunked_pads)
         mbs = [mb for mb in plan.micro_batches if mb.groups == 1 and (dp_rank is None or mb.first_group == dp_rank)]
         plan.refined_dp_rank = dp_rank

@@ -137,9 +137,8 @@ def chunked_loss(
         per = -(-(b - a) // n)  # this rank's tokens of the chunk; the last chunk padded to n of them
         lo = a + rank * per
         tok, lab = _padded(tokens, lo, lo + per, 0), _padded(labels, lo, lo + per, IGNORE_INDEX)
-        pad = i >= len(bounds)  # a pad chunk: positions from 0, within any RoPE cache
-        pos = torch.arange(rank * per, rank * per + per, device=tokens.device) if pad else \
-            torch.arange(lo, lo + per, device=tokens.device)
+        first = rank * per if i >= len(bounds) else lo  # a pad chunk: positions from 0, within any RoPE cache
+        pos = torch.arange(first, first + per, device=tokens.device)
         c = len(prefix[0]) if layers else 0
 
         def run(*flat, tok=tok, lab=lab, pos=pos, offset=rank * per, c=c):
@@ -152,8 +151,8 @@ def chunked_loss(
         flat = [kv for per_layer in prefix for kv in per_layer]
         keep = not recompute or i == len(passes) - 1  # the last pass: its backward runs first, nothing to save
         out = run(*flat) if keep else checkpoint(run, *flat, use_reentrant=False)
-        for i, kv in enumerate(out[1:]):
-            prefix[i].append(kv)
+        for layer, kv in enumerate(out[1:]):
+            prefix[layer].append(kv)
         total = out[0] if total is None else total + out[0]
     kv_bytes = sum(kv.nbytes for per_layer in prefix for kv in per_layer)
     return ChunkedLoss(total, len(bounds), kv_bytes)

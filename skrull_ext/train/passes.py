@@ -37,7 +37,7 @@ def step_passes(trainer, step: SkrullStep, global_valid_tokens: torch.Tensor) ->
     # Chunked samples run before the micro-batches, whose last then reduces the gradients: a
     # chunked sample's backward runs one FSDP post-backward per chunk, so were it last it would
     # reduce-scatter once per chunk where a DP rank without one reduces once (free-running at DP > 1).
-    if step.chunked or (free is None and step.plan.dp > 1 and step.plan.chunked):  # lockstep: pads where none
+    if step.chunked or _padded_lockstep(trainer, step):  # lockstep: pad passes where this rank has none
         with phases.phase("chunk"):
             accumulated += trainer._chunked_samples(step, global_valid_tokens)  # a hook: profile/train_check.py
     last = len(step.micro_batches) - 1
@@ -107,7 +107,7 @@ def _runs(trainer, step: SkrullStep) -> list[tuple]:
     """(sample or None, pad chunks) per position this rank runs: its own samples as they are, or
     under lockstep at DP > 1 padded to the plan's per-position pass counts (scheduler/chunk_lockstep.py)."""
     plan = step.plan
-    if trainer.free_running is not None or plan.dp <= 1 or not plan.chunked:
+    if not _padded_lockstep(trainer, step):
         return [(sample, 0) for sample in step.chunked]
     padded = lockstep_documents(plan.chunked, plan.chunked_group, plan.dp, step.dp_rank,
                                 trainer.skrull_job.chunk_for)
@@ -115,3 +115,9 @@ def _runs(trainer, step: SkrullStep) -> list[tuple]:
     out = [(None if d.document is None else next(own), d.pad_chunks) for d in padded]
     assert next(own, None) is None, "every chunked sample of this rank has a position"
     return out
+
+
+def _padded_lockstep(trainer, step: SkrullStep) -> bool:
+    """Whether this rank pads its chunk passes to the other DP ranks' (scheduler/chunk_lockstep.py):
+    lockstep DP ranks (no free-running) with chunked documents somewhere in the step's plan."""
+    return trainer.free_running is None and step.plan.dp > 1 and bool(step.plan.chunked)

@@ -15,7 +15,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from skrull_ext.scheduler.chunk_lockstep import PaddedDocument, lockstep_chunks, lockstep_documents
+from skrull_ext.scheduler.chunk_lockstep import PaddedDocument, lockstep_chunks, lockstep_documents, lockstep_pads
 from skrull_ext.train.chunked import chunk_bounds, chunked_loss
 from tests.unit_tests.test_chunked import CHUNK, _close, _document, _grads, _loss, _model, chunked
 
@@ -30,6 +30,7 @@ def test_positions_take_the_most_chunks_any_rank_runs_there():
     assert lockstep_chunks(lengths, groups, 2, _by(100)) == [5, 2]
     assert lockstep_documents(lengths, groups, 2, 0, _by(100)) == [PaddedDocument(0, 3, 2), PaddedDocument(2, 2, 0)]
     assert lockstep_documents(lengths, groups, 2, 1, _by(100)) == [PaddedDocument(1, 5, 0), PaddedDocument(None, 0, 2)]
+    assert lockstep_pads(lengths, groups, 2, _by(100)) == [2, 2]  # what the plan prices: 7 passes each
     # A rank with none runs all-pad documents; no document anywhere: nothing to run.
     assert lockstep_documents([300], [0], 3, 2, _by(100)) == [PaddedDocument(None, 0, 3)]
     assert lockstep_chunks([], [], 2, _by(100)) == [] and lockstep_documents([], [], 2, 1, _by(100)) == []
@@ -57,6 +58,7 @@ def test_every_rank_runs_the_same_passes_and_its_own_documents_whole(case):
         assert own == [k for k, g in enumerate(groups) if g == rank]  # each own document, once, in order
         assert all(r.chunks == len(chunk_bounds(lengths[r.document], chunk)) for r in runs if r.document is not None)
         assert all(r.chunks == 0 for r in runs if r.document is None)
+        assert lockstep_pads(lengths, groups, dp, _by(chunk))[rank] == sum(r.pad_chunks for r in runs)
     # Each position is as long as some rank's document there needs, no longer.
     assert all(any(lockstep_documents(lengths, groups, dp, r, _by(chunk))[k].pad_chunks == 0 for r in range(dp))
                for k in range(len(n)))
