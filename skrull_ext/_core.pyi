@@ -125,6 +125,7 @@ class Schedule:
     truncated: list[int]
     chunked_us: list[float]
     chunked_dp_rank: list[int]
+    chunked_chunks: list[int]
     rollbacks: int
     moves: int
     elapsed_us: float
@@ -157,6 +158,7 @@ class Plan:
     truncated: list[int]
     chunked_us: list[float]
     chunked_group: list[int]
+    chunked_chunks: list[int]
     widened: int
     narrowed: int
     skrull_plan: bool
@@ -165,8 +167,12 @@ class Plan:
     elapsed_us: float
 
 def schedule(lengths: Sequence[int], cost_model: CostModel, options: Options,
-             chunked_us: Sequence[float] = ...) -> Schedule: ...
+             chunked_us: Sequence[float] = ..., chunked_chunks: Sequence[int] = ...) -> Schedule: ...
 def assign_chunked(chunked_us: Sequence[float], dp: int) -> list[int]: ...
+def lockstep_passes(chunked_chunks: Sequence[int], groups: Sequence[int], dp: int) -> list[int]: ...
+def lockstep_pads(chunked_chunks: Sequence[int], groups: Sequence[int], dp: int) -> list[int]: ...
+def chunked_after(chunked_us: Sequence[float], chunked_chunks: Sequence[int], groups: Sequence[int], dp: int,
+                  timeline: Timeline, pad_us: float) -> list[float]: ...
 def schedule_pool(lengths: Sequence[int], cost_model: CostModel, options: Options) -> Plan: ...
 
 class Lookahead:
@@ -191,7 +197,8 @@ class Lookahead:
     elapsed_us: float
 
 def lookahead(batches: Sequence[Sequence[int]], cost_model: CostModel, options: Options,
-              pool: bool = False, chunked: Sequence[Sequence[float]] = ...) -> Lookahead: ...
+              pool: bool = False, chunked: Sequence[Sequence[float]] = ...,
+              chunked_chunks: Sequence[Sequence[int]] = ...) -> Lookahead: ...
 @overload
 def to_plan(schedule: Schedule, cp: int, timeline: Timeline, pad_us: float, step_us: float = ...) -> Plan: ...
 @overload

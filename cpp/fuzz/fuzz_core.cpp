@@ -215,12 +215,18 @@ void search_options(Bytes& in, Options& o) {
   if (x / 4 >= 48) o.sweep_margin = margins[(x / 4 - 48) % 7];
 }
 
-// The step's chunked documents' times (overlength "chunk", chunked.hpp), read after the lengths: none
-// where the input ends there (every older corpus entry), else up to 4, a bad time among them refused.
-std::vector<double> chunked_times(Bytes& in) {
+// The step's chunked documents (overlength "chunk", chunked.hpp), read after the lengths: none
+// where the input ends there (every older corpus entry), else up to 4, a bad time among them refused;
+// each one's byte gives its time (mod 9) and its chunk passes (1 + its ninths mod 8: lockstep's pads).
+ChunkedDocs chunked_times(Bytes& in) {
   const double times[] = {0.0, 1.0, 1e3, 1e6, 1e9, 3e7, std::nan(""), -1.0, std::numeric_limits<double>::infinity()};
-  std::vector<double> out(in.u8() % 5);
-  for (double& t : out) t = times[in.u8() % 9];
+  ChunkedDocs out;
+  out.us.resize(in.u8() % 5);
+  for (double& t : out.us) {
+    const uint8_t b = in.u8();
+    t = times[b % 9];
+    out.chunks.push_back(1 + (b / 9) % 8);
+  }
   return out;
 }
 
@@ -240,9 +246,9 @@ void fuzz_schedule(Bytes& in, bool twice) {
   search_options(in, o);
   const CostModel c = cost_model(in);
   const std::vector<int64_t> ls = lengths(in, o.bucket_size, o.cp);
-  const std::vector<double> chunked = chunked_times(in);
+  const ChunkedDocs chunked = chunked_times(in);
   std::string reject = check::schedule_rejection(ls, c, o);
-  for (double t : chunked)
+  for (double t : chunked.us)
     if (reject.empty() && !(std::isfinite(t) && t >= 0.0)) reject = "chunked time";
 #ifdef SKRULL_FUZZ_REPLAY
   if (std::getenv("SKRULL_FUZZ_VERBOSE"))
@@ -261,11 +267,12 @@ void fuzz_schedule(Bytes& in, bool twice) {
   const std::string err = check::schedule_error(ls, o, s);
   if (!err.empty()) die("bad plan: " + err);
   // Each chunked document on one DP rank in range, in that rank's time and the step's.
-  if (s.chunked_us != chunked || s.chunked_dp_rank.size() != chunked.size()) die("chunked documents not kept");
+  if (s.chunked_us != chunked.us || s.chunked_chunks != chunked.chunks || s.chunked_dp_rank.size() != chunked.size())
+    die("chunked documents not kept");
   std::vector<double> load(o.dp, 0.0);
   for (size_t k = 0; k < chunked.size(); ++k) {
     if (s.chunked_dp_rank[k] < 0 || s.chunked_dp_rank[k] >= o.dp) die("chunked document on no DP rank");
-    load[s.chunked_dp_rank[k]] += chunked[k];
+    load[s.chunked_dp_rank[k]] += chunked.us[k];
   }
   for (int32_t i = 0; i < o.dp; ++i)
     if (!(s.dp_time_us[i] >= load[i] * (1 - 1e-12)) || !(s.makespan_us >= load[i] * (1 - 1e-12)))

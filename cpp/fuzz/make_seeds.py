@@ -109,9 +109,12 @@ def main(out: Path) -> None:
     seeds["cost_not_monotone"] = base + bytes([0, 0, 0]) + comm + bytes([3, 0, 133]) + lengths([5, 50, 97, 300])
     # Chunked documents (overlength "chunk", chunked.hpp) after the lengths: 199 ends them, then a count and
     # each time's index in fuzz_core.cpp's chunked_times (3e7, 1e3, 1e6, 1: the documents dominate); a NaN refused.
+    # The same byte's ninths give the chunk passes (1 + (b / 9) % 8): lockstep's pads (chunked.hpp).
     seeds["chunked_documents"] = schedule(4, 2, 13312, 0x10, lengths([5, 900, 17000, 40, 3000, 26000, 8]) +
                                           bytes([199, 4, 5, 2, 3, 1]))
     seeds["chunked_round_robin"] = schedule(2, 1, 26624, 0x10, lengths([7, 9]) + bytes([199, 4, 1, 1, 1, 1]))
+    seeds["chunked_lockstep_pads"] = schedule(2, 1, 26624, 0x10, lengths([7, 9, 300]) +
+                                              bytes([199, 3, 5 + 9 * 2, 2, 1 + 9 * 4]))  # 3, 1 and 5 passes
     seeds["chunked_bad_time"] = schedule(2, 2, 13312, 0x10, lengths([5, 900]) + bytes([199, 2, 4, 6]))
     # evaluate_placement on a given placement; and one entry short.
     seeds["evaluate_short"] = bytes([3]) + ranks(4) + bucket(26624) + cost() + lengths([5, 7, 9000]) + bytes([199, 0, 1, 9, 7])

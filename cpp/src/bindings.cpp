@@ -251,6 +251,7 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
       .def_readonly("truncated", &Schedule::truncated)
       .def_readonly("chunked_us", &Schedule::chunked_us)
       .def_readonly("chunked_dp_rank", &Schedule::chunked_dp_rank)
+      .def_readonly("chunked_chunks", &Schedule::chunked_chunks)
       .def_readonly("rollbacks", &Schedule::rollbacks)
       .def_readonly("moves", &Schedule::moves)
       .def_readonly("elapsed_us", &Schedule::elapsed_us);
@@ -283,6 +284,7 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
       .def_readonly("truncated", &Plan::truncated)
       .def_readonly("chunked_us", &Plan::chunked_us)
       .def_readonly("chunked_group", &Plan::chunked_group)
+      .def_readonly("chunked_chunks", &Plan::chunked_chunks)
       .def_readonly("widened", &Plan::widened)
       .def_readonly("narrowed", &Plan::narrowed)
       .def_readonly("skrull_plan", &Plan::skrull_plan)
@@ -333,14 +335,17 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
 
   m.def(
       "schedule",
-      [](const skrull_py::Lengths& lengths, CostModel cost, Options opt, const std::vector<double>& chunked_us) {
+      [](const skrull_py::Lengths& lengths, CostModel cost, Options opt, const std::vector<double>& chunked_us,
+         const std::vector<int32_t>& chunked_chunks) {
         py::gil_scoped_release release;
-        return schedule(lengths.v, cost, opt, chunked_us);
+        return schedule(lengths.v, cost, opt, ChunkedDocs{chunked_us, chunked_chunks});
       },
       py::arg("lengths"), py::arg("cost_model"), py::arg("options"), py::arg("chunked_us") = std::vector<double>(),
-      "Schedules one global batch (GDS + DACP). chunked_us: the times of the step's chunked documents "
-      "(overlength 'chunk'), each assigned to a DP rank (LPT, longest first) that runs it after its "
-      "micro-batches, the samples balanced around them. Pure function of its inputs.");
+      py::arg("chunked_chunks") = std::vector<int32_t>(),
+      "Schedules one global batch (GDS + DACP). chunked_us, chunked_chunks: the times and chunk passes of the "
+      "step's chunked documents (overlength 'chunk'), each assigned to a DP rank (LPT, longest first, or round "
+      "robin where faster) that runs it after its micro-batches, the samples balanced around them; on a lockstep "
+      "timeline priced with the pad chunks the ranks run. Pure function of its inputs.");
   m.def(
       "assign_chunked",
       [](const std::vector<double>& chunked_us, int32_t dp) {
@@ -350,6 +355,41 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
       py::arg("chunked_us"), py::arg("dp"),
       "Each chunked document's DP rank: LPT over dp ranks by time, longest first (ties by index), each to the "
       "rank with the least so far (ties to the lower): what schedule() assigns.");
+  m.def(
+      "lockstep_passes",
+      [](const std::vector<int32_t>& chunked_chunks, const std::vector<int32_t>& groups, int32_t dp) {
+        validate_group(dp, 1);
+        validate_chunked(ChunkedDocs{std::vector<double>(chunked_chunks.size(), 0.0), chunked_chunks});
+        validate_chunked_ranks(groups, chunked_chunks.size(), dp);
+        return lockstep_passes(chunked_chunks, groups, dp);
+      },
+      py::arg("chunked_chunks"), py::arg("groups"), py::arg("dp"),
+      "Lockstep DP ranks' chunk passes per position k: the most chunks any rank's k-th chunked document takes "
+      "(groups: each document's DP rank, in the documents' order).");
+  m.def(
+      "lockstep_pads",
+      [](const std::vector<int32_t>& chunked_chunks, const std::vector<int32_t>& groups, int32_t dp) {
+        validate_group(dp, 1);
+        validate_chunked(ChunkedDocs{std::vector<double>(chunked_chunks.size(), 0.0), chunked_chunks});
+        validate_chunked_ranks(groups, chunked_chunks.size(), dp);
+        return lockstep_pads(chunked_chunks, groups, dp);
+      },
+      py::arg("chunked_chunks"), py::arg("groups"), py::arg("dp"),
+      "Per DP rank: the pad chunks it runs under lockstep, every position's passes summed less its own chunks.");
+  m.def(
+      "chunked_after",
+      [](const std::vector<double>& chunked_us, const std::vector<int32_t>& chunked_chunks,
+         const std::vector<int32_t>& groups, int32_t dp, Timeline timeline, double pad_us) {
+        validate_group(dp, 1);
+        validate_chunked(ChunkedDocs{chunked_us, chunked_chunks});
+        validate_chunked_ranks(groups, chunked_us.size(), dp);
+        if (!(std::isfinite(pad_us) && pad_us >= 0.0)) throw std::invalid_argument("pad_us must be finite and >= 0");
+        return chunked_after(ChunkedDocs{chunked_us, chunked_chunks}, groups, dp, timeline, pad_us);
+      },
+      py::arg("chunked_us"), py::arg("chunked_chunks"), py::arg("groups"), py::arg("dp"), py::arg("timeline"),
+      py::arg("pad_us"),
+      "Per DP rank: the work it runs after its micro-batches, its chunked documents' times and, on a lockstep "
+      "timeline at dp > 1, each of its pad chunks at pad_us (what the plans' step times count).");
 
   py::class_<Lookahead>(m, "Lookahead")
       .def_readonly("offsets", &Lookahead::offsets)
@@ -379,29 +419,37 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
   m.def(
       "lookahead",
       [](const std::vector<std::vector<int64_t>>& batches, CostModel cost, Options opt, bool pool,
-         const std::vector<std::vector<double>>& chunked) {
+         const std::vector<std::vector<double>>& chunked, const std::vector<std::vector<int32_t>>& chunked_chunks) {
         validate_options(opt);
+        if (chunked_chunks.size() != chunked.size())
+          throw std::invalid_argument("lookahead window: " + std::to_string(chunked_chunks.size()) +
+                                      " lists of chunk counts for " + std::to_string(chunked.size()) +
+                                      " lists of chunked documents");
+        std::vector<ChunkedDocs> docs(chunked.size());
+        for (size_t b = 0; b < chunked.size(); ++b) docs[b] = {chunked[b], chunked_chunks[b]};
         py::gil_scoped_release release;
         if (pool)  // the pool's plans run a step's chunked documents after its micro-batches, LPT over the groups
-          return lookahead(batches, chunked, cost, opt, [&](const std::vector<int64_t>& l, const std::vector<double>& c) {
+          return lookahead(batches, std::move(docs), cost, opt, [&](const std::vector<int64_t>& l, const ChunkedDocs& c) {
             Plan p = schedule_pool(l, cost, opt);
-            p.chunked_us = c;
-            p.chunked_group = assign_chunked(c, opt.dp);
+            p.chunked_us = c.us;
+            p.chunked_chunks = c.chunks;
+            p.chunked_group = assign_chunked(c.us, opt.dp);
             detail::retime_plan(p, opt.timeline, cost.micro_batch_fixed_us, cost.step_fixed_us);
             return p.makespan_us;
           });
-        return lookahead(batches, chunked, cost, opt, [&](const std::vector<int64_t>& l, const std::vector<double>& c) {
+        return lookahead(batches, std::move(docs), cost, opt, [&](const std::vector<int64_t>& l, const ChunkedDocs& c) {
           return schedule(l, cost, opt, c).makespan_us;
         });
       },
       py::arg("batches"), py::arg("cost_model"), py::arg("options"), py::arg("pool") = false,
       py::arg("chunked") = std::vector<std::vector<double>>(),
+      py::arg("chunked_chunks") = std::vector<std::vector<int32_t>>(),
       "Regroups a window of W global batches (lengths in arrival order) over its W steps: each step keeps its "
       "sample count, every sample moves at most W-1 steps. Candidates are screened by an estimate of a step's "
       "time (options' DP, CP and BucketSize); a few are planned in full (each step by schedule(), or "
       "schedule_pool() with pool=True) and the least summed predicted time wins, arrival order unless a "
-      "grouping predicts faster. chunked (one list per batch, or none): each batch's chunked documents' times, "
-      "which stay at their step and are priced with it. Budgets count operations: a pure function of its inputs.");
+      "grouping predicts faster. chunked, chunked_chunks (one list per batch, or none): each batch's chunked "
+      "documents' times and chunk passes, which stay at their step and are priced with it. Budgets count operations: a pure function of its inputs.");
 
   m.def(
       "dacp",

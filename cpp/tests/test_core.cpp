@@ -391,13 +391,13 @@ static void test_chunked() {
   o.bucket_size = 100;
   o.timeline = Timeline::kFreeRunning;
   // Nothing but chunked documents: round robin's 6 beats LPT's 7, and is kept.
-  Schedule s = schedule({}, c, o, docs);
+  Schedule s = schedule({}, c, o, ChunkedDocs{docs, {1, 1, 1, 1, 1}});
   CHECK((s.chunked_dp_rank == std::vector<int32_t>{0, 1, 0, 1, 0}) && s.makespan_us == 6.0);
   CHECK((s.dp_time_us == std::vector<double>{6, 6}) && s.micro_batches.empty());
   Plan p = to_plan(s, o.cp, o.timeline, c.micro_batch_fixed_us);
   CHECK((p.chunked_group == s.chunked_dp_rank) && p.makespan_us == 6.0 && (p.group_time_us == std::vector<double>{6, 6}));
   // One long document on rank 0: both sequences go to rank 1 (flops 24 x 4 + 4 x 16 = 160 each).
-  s = schedule({4, 4}, c, o, {1000.0});
+  s = schedule({4, 4}, c, o, ChunkedDocs{{1000.0}, {1}});
   CHECK((s.chunked_dp_rank == std::vector<int32_t>{0}) && (s.dp_rank == std::vector<int32_t>{1, 1}));
   CHECK(s.makespan_us == 1000.0 && s.dp_time_us[0] == 1000.0);
   // The timeline: free-running adds after_us to a rank's sum; lockstep waits for the largest after the slots.
@@ -408,7 +408,7 @@ static void test_chunked() {
   // A bad time is named.
   bool named = false;
   try {
-    schedule({4}, c, o, {-1.0});
+    schedule({4}, c, o, ChunkedDocs{{-1.0}, {1}});
   } catch (const std::invalid_argument& e) {
     named = std::string(e.what()).find("chunked document 0 has time") != std::string::npos;
   }
@@ -418,19 +418,90 @@ static void test_chunked() {
   e_cost.step_fixed_us = 3.0;
   const StepEstimator e(e_cost, o);
   StepSketch k;
-  StepEstimator::add_chunked(k, 8.0);
+  StepEstimator::add_chunked(k, 8.0, 1);
   CHECK(e.us(k) == 8.0 + 3.0);
   // The look-ahead prices each step with its chunked documents: step 0 holds one of 100, so its long
   // samples move to step 1 (a step's price: its longest sample plus its chunked time).
-  const auto priced = [](const std::vector<int64_t>& l, const std::vector<double>& d) {
+  const auto priced = [](const std::vector<int64_t>& l, const ChunkedDocs& d) {
     double t = 0.0;
     for (int64_t x : l) t = std::max(t, static_cast<double>(x));
-    for (double x : d) t += x;
+    for (double x : d.us) t += x;
     return t;
   };
-  const Lookahead a = lookahead({{9, 1}, {9, 1}}, {{100.0}, {}}, c, o, priced);
+  const Lookahead a = lookahead({{9, 1}, {9, 1}}, {ChunkedDocs{{100.0}, {1}}, ChunkedDocs{}}, c, o, priced);
   CHECK(a.arrival_window_us == 118.0 && a.window_us == 110.0);
   CHECK(a.step_us[0] + a.step_us[1] == 110.0 && a.step_us[0] >= 100.0);
+}
+
+// Lockstep's pad chunks (chunked.hpp): the passes per position, the pads per
+// rank, their price in the step, the assignment choosing by it, and the estimate.
+static void test_chunked_lockstep() {
+  // Chunks 3, 5, 2 on ranks 0, 1, 0: positions [max(3, 5), 2] = [5, 2], 7 passes each;
+  // rank 0 pads 7 - 5 = 2, rank 1 (its 5, then an all-pad document of 2) 7 - 5 = 2.
+  CHECK((lockstep_passes({3, 5, 2}, {0, 1, 0}, 2) == std::vector<int32_t>{5, 2}));
+  CHECK((lockstep_pads({3, 5, 2}, {0, 1, 0}, 2) == std::vector<int32_t>{2, 2}));
+  CHECK((lockstep_pads({3}, {0}, 3) == std::vector<int32_t>{0, 3, 3}));
+  CHECK((lockstep_passes({}, {}, 2).empty()) && (lockstep_pads({}, {}, 2) == std::vector<int32_t>{0, 0}));
+  const ChunkedDocs docs{{6.0, 5.0, 2.0}, {3, 1, 1}};
+  CHECK((chunked_after(docs, {0, 1, 1}, 2, Timeline::kLockstep, 1.0) == std::vector<double>{7, 9}));
+  CHECK((chunked_after(docs, {0, 1, 1}, 2, Timeline::kFreeRunning, 1.0) == std::vector<double>{6, 7}));
+  CHECK((chunked_after(docs, {0, 0, 0}, 1, Timeline::kLockstep, 1.0) == std::vector<double>{13}));
+  // The choice the pads change. LPT by time: 6 -> 0, 5 -> 1, 2 -> 1 (loads 6, 7); round robin: 6 and 2
+  // on 0, 5 on 1 (loads 8, 5). Unpadded LPT's 7 beats 8. Lockstep with a pad pass of 1: LPT's positions
+  // [3, 1] make rank 0 pad 4 - 3 = 1 (7) and rank 1 4 - 2 = 2 (9); round robin's positions [3, 1] make
+  // rank 0 pad none (8) and rank 1 3 (8): round robin's 8 beats 9. Every real pass costs at least 2 pads.
+  CostModel c = toy();
+  c.micro_batch_fixed_us = 1.0;
+  Options o;
+  o.dp = 2;
+  o.bucket_size = 100;
+  o.timeline = Timeline::kLockstep;
+  o.slot_gds = true;
+  Schedule s = schedule({}, c, o, docs);
+  CHECK((s.chunked_dp_rank == std::vector<int32_t>{0, 1, 0}) && s.makespan_us == 8.0);
+  CHECK((s.chunked_chunks == docs.chunks) && (s.dp_time_us == std::vector<double>{8, 8}));
+  Plan p = to_plan(s, o.cp, o.timeline, c.micro_batch_fixed_us);
+  CHECK(p.makespan_us == 8.0 && (p.group_time_us == std::vector<double>{8, 8}) && p.chunked_chunks == docs.chunks);
+  c.micro_batch_fixed_us = 0.0;  // the pads priced at nothing: LPT
+  s = schedule({}, c, o, docs);
+  CHECK((s.chunked_dp_rank == std::vector<int32_t>{0, 1, 1}) && s.makespan_us == 7.0);
+  c.micro_batch_fixed_us = 1.0;
+  o.timeline = Timeline::kFreeRunning;  // free-running ranks pad nothing: LPT
+  s = schedule({}, c, o, docs);
+  CHECK((s.chunked_dp_rank == std::vector<int32_t>{0, 1, 1}) && s.makespan_us == 7.0);
+  // Under slot GDS round robin is LPT's plan retimed: the same micro-batches, with or without samples.
+  o.timeline = Timeline::kLockstep;
+  const std::vector<int64_t> samples = {30, 20, 10, 5, 5, 3};
+  s = schedule(samples, c, o, docs);
+  const Schedule none = schedule(samples, c, o);
+  CHECK(s.dp_rank == none.dp_rank && s.micro_batch == none.micro_batch && s.cp_rank == none.cp_rank);
+  CHECK((s.chunked_dp_rank == std::vector<int32_t>{0, 1, 0}) && s.makespan_us == none.makespan_us + 8.0);
+  // A chunk count below 1, or one missing, is named.
+  bool named = false;
+  try {
+    schedule({}, c, o, ChunkedDocs{{1.0, 2.0}, {1, 0}});
+  } catch (const std::invalid_argument& e) {
+    named = std::string(e.what()).find("chunked document 1 has 0 chunks") != std::string::npos;
+  }
+  CHECK(named);
+  named = false;
+  try {
+    schedule({}, c, o, ChunkedDocs{{1.0, 2.0}, {}});
+  } catch (const std::invalid_argument& e) {
+    named = std::string(e.what()).find("0 chunk counts for 2 chunked documents") != std::string::npos;
+  }
+  CHECK(named);
+  // The estimate on lockstep: the documents after the samples' bound, padded. Documents 6 (3 chunks) and
+  // 5 (1) on 2 groups, pad 1: max(6, max(3, ceil(4 / 2)) x 1 + (11 - 4) / 2) = 6.5 after the samples'
+  // max(6 / 2, 6, 0) = 6, one micro-batch of 1 (pad) + 0 (b) and 6 tokens at 0, + 0.
+  const StepEstimator e(c, o);
+  StepSketch k;
+  e.add_descending(k, 6.0, 6);
+  StepEstimator::add_chunked(k, 6.0, 3);
+  StepEstimator::add_chunked(k, 5.0, 1);
+  CHECK(e.us(k) == 6.0 + 6.5 + 1.0);
+  o.timeline = Timeline::kFreeRunning;  // free-running: max((6 + 11) / 2, 6, 6) = 8.5 and the micro-batch
+  CHECK(StepEstimator(c, o).us(k) == 8.5 + 1.0);
 }
 
 int main() {
@@ -447,6 +518,7 @@ int main() {
   test_step_estimate();
   test_lpt_bins();
   test_chunked();
+  test_chunked_lockstep();
   if (skrull_test::failures) return skrull_test::report();
   std::printf("test_core: all checks passed\n");
   return 0;

@@ -33,6 +33,7 @@ from skrull_ext import POLICIES, Scheduler, SchedulerConfig, _core, lengths
 from skrull_ext.bench import lookahead_latency
 from skrull_ext.bench import reference as ref
 from skrull_ext.scheduler import cost_model as cost_models
+from skrull_ext.scheduler.chunk_lockstep import chunk_passes
 from skrull_ext.scheduler.config import TIMELINES
 from skrull_ext.scheduler.cpsat import solve_dacp
 
@@ -93,16 +94,16 @@ def run_setting(s: Setting, args, pool: list[int]) -> dict:
         planned = [[x for x in b if x <= limit] for b in batches] if n_chunked else batches
         pricer = Scheduler(cfg, cost)
         t0 = time.perf_counter_ns()
-        docs_us = [pricer.chunked_us(d) for d in docs]
+        docs_us = [(pricer.chunked_us(d), [chunk_passes(n, pricer.job.chunk_for(n)) for n in d]) for d in docs]
         price_us = (time.perf_counter_ns() - t0) / 1e3 / len(batches)
         core = _core.schedule_pool if p.pool else _core.schedule
         rcost = ref.RefCost.of(cost)
         for b, d in list(zip(planned, docs_us))[:3]:  # warm-up
-            core(b, cost, opts, d) if n_chunked else core(b, cost, opts)
+            core(b, cost, opts, *d) if n_chunked else core(b, cost, opts)
         wall, inner, alone = [], [], []
         for b, d in tqdm(list(zip(planned, docs_us)), desc=f"{s.name}/{policy} C++", leave=False):
             t0 = time.perf_counter_ns()
-            sched = core(b, cost, opts, d) if n_chunked else core(b, cost, opts)
+            sched = core(b, cost, opts, *d) if n_chunked else core(b, cost, opts)
             wall.append((time.perf_counter_ns() - t0) / 1e3)
             inner.append(sched.elapsed_us)
             if n_chunked:  # the same planned samples without the documents, interleaved: the ratio is the result

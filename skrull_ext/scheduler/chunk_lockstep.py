@@ -17,15 +17,19 @@ tests/integration_tests/test_chunk_dp_run.py). Every rank's last pass of a posit
 that is not checkpointed (chunked.py: the document's last pass, real or pad), the ones before it
 are: the same forward / recompute / backward order of FSDP calls on every rank.
 
-A pure function of the plan, here beside it: the trainer runs it (train/passes.py) and the plan
-prices it (``Plan.chunked_pads``): a pad chunk costs about one micro-batch's fixed time (its tokens
-are a handful; its FSDP calls and launches are a pass's), ``micro_batch_fixed_us`` each.
+The rule lives in the core (cpp/include/skrull/chunked.hpp: lockstep_passes, lockstep_pads,
+chunked_after), where the assignment, the step's time and the look-ahead's estimate price each pad
+chunk at a pad pass's ``micro_batch_fixed_us`` (its tokens are a handful; its FSDP calls and
+launches are a pass's). This module reads it for the trainer (train/passes.py: what each rank runs)
+and the plan (``Plan.chunked_pads``), from the chunk counts ``chunk_passes`` gives: the trainer's.
 """
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["PaddedDocument", "lockstep_chunks", "lockstep_documents", "lockstep_pads"]
+from skrull_ext import _core
+
+__all__ = ["PaddedDocument", "chunk_passes", "lockstep_chunks", "lockstep_documents", "lockstep_pads"]
 
 
 @dataclass(frozen=True)
@@ -40,20 +44,19 @@ class PaddedDocument:
     """Pad chunks after them, so that chunks + pad_chunks is the position's pass count on every rank."""
 
 
-def _counts(lengths: Sequence[int], groups: Sequence[int], dp: int,
-            chunk_for: Callable[[int], int]) -> list[list[int]]:
-    """Per DP rank: the chunk count of each document it runs, in the plan's order."""
+def chunk_passes(length: int, chunk: int) -> int:
+    """The chunk passes a document of ``length`` tokens takes in chunks of ``chunk``
+    (``len(train/chunked.py chunk_bounds(length, chunk))``): what the core pads to."""
+    if length < 0 or chunk <= 0:
+        raise ValueError(f"chunked document of {length} tokens in chunks of {chunk}: both must be positive")
+    return -(-length // chunk)
+
+
+def _counts(lengths: Sequence[int], groups: Sequence[int], chunk_for: Callable[[int], int]) -> list[int]:
+    """Each document's chunk passes, in the plan's order."""
     if len(lengths) != len(groups):
         raise ValueError(f"{len(lengths)} chunked lengths but {len(groups)} groups")
-    out: list[list[int]] = [[] for _ in range(dp)]
-    for n, g in zip(lengths, groups):
-        if not 0 <= g < dp:
-            raise ValueError(f"chunked document's group {g} is outside DP {dp}")
-        c = chunk_for(n)
-        if n < 0 or c <= 0:
-            raise ValueError(f"chunked document of {n} tokens in chunks of {c}: both must be positive")
-        out[g].append(-(-n // c))  # len(train/chunked.py chunk_bounds(n, c))
-    return out
+    return [chunk_passes(n, chunk_for(n)) for n in lengths]
 
 
 def lockstep_chunks(lengths: Sequence[int], groups: Sequence[int], dp: int,
@@ -61,22 +64,14 @@ def lockstep_chunks(lengths: Sequence[int], groups: Sequence[int], dp: int,
     """n_k for each position k: the most chunks any DP rank's k-th document takes (``lengths``,
     ``groups``: the plan's ``chunked`` and ``chunked_group``; ``chunk_for``: each length's chunk,
     ``SchedulerJob.chunk_for``). As many positions as the most documents one rank holds."""
-    return _passes(_counts(lengths, groups, dp, chunk_for))
-
-
-def _passes(per_rank: list[list[int]]) -> list[int]:
-    """n_k from each rank's chunk counts (``_counts``)."""
-    width = max(map(len, per_rank), default=0)
-    return [max(c[k] for c in per_rank if len(c) > k) for k in range(width)]
+    return _core.lockstep_passes(_counts(lengths, groups, chunk_for), list(groups), dp)
 
 
 def lockstep_pads(lengths: Sequence[int], groups: Sequence[int], dp: int,
                   chunk_for: Callable[[int], int]) -> list[int]:
     """Per DP rank: the pad chunks it runs in all (``lockstep_documents``' ``pad_chunks`` summed),
     every rank's passes, the n_k summed, less its own chunks: what the plan prices."""
-    per_rank = _counts(lengths, groups, dp, chunk_for)
-    total = sum(_passes(per_rank))
-    return [total - sum(c) for c in per_rank]
+    return _core.lockstep_pads(_counts(lengths, groups, chunk_for), list(groups), dp)
 
 
 def lockstep_documents(lengths: Sequence[int], groups: Sequence[int], dp: int, dp_rank: int,
@@ -85,13 +80,12 @@ def lockstep_documents(lengths: Sequence[int], groups: Sequence[int], dp: int, d
     document padded to n_k passes, or an all-pad document of n_k."""
     if not 0 <= dp_rank < dp:
         raise ValueError(f"dp_rank must be in [0, {dp}), got {dp_rank}")
-    per_rank = _counts(lengths, groups, dp, chunk_for)
-    counts = per_rank[dp_rank]
+    counts = _counts(lengths, groups, chunk_for)
     mine = [k for k, g in enumerate(groups) if g == dp_rank]
     out = []
-    for k, n in enumerate(_passes(per_rank)):
+    for k, n in enumerate(_core.lockstep_passes(counts, list(groups), dp)):
         if k < len(mine):
-            out.append(PaddedDocument(mine[k], counts[k], n - counts[k]))
+            out.append(PaddedDocument(mine[k], counts[mine[k]], n - counts[mine[k]]))
         else:
             out.append(PaddedDocument(None, 0, n))
     return out

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 from skrull_ext import _core
 from skrull_ext._core import DISTRIBUTED
 from skrull_ext.scheduler.capacity import Capacity
-from skrull_ext.scheduler.chunk_lockstep import lockstep_pads
+from skrull_ext.scheduler.chunk_lockstep import chunk_passes
 from skrull_ext.scheduler.config import TIMELINES, timeline_of
 from skrull_ext.scheduler.plan_check import PlanError, check_plan
 
@@ -329,14 +329,21 @@ class Plan:
             out[g] += t
         return out
 
+    def chunked_passes(self) -> list[int] | None:
+        """Each chunked document's chunk passes in the chunk ``chunked_chunk`` priced, or None where
+        that is not set (a plan built by hand: its lockstep pads are then not priced)."""
+        if len(self.chunked_chunk) != len(self.chunked):
+            return None
+        return [chunk_passes(n, c) for n, c in zip(self.chunked, self.chunked_chunk)]
+
     def chunked_pads(self) -> list[int]:
         """Per CP group (DP rank): the pad chunks it runs on a lockstep timeline at DP > 1, its chunked
         documents padded to the other groups' pass counts and all-pad ones where it has none
-        (scheduler/chunk_lockstep.py, in the chunks ``chunked_chunk`` priced); zeros otherwise."""
-        if self.dp <= 1 or not self.chunked or len(self.chunked_chunk) != len(self.chunked):
+        (the core's rule, cpp/include/skrull/chunked.hpp; ``chunked_passes``); zeros otherwise."""
+        passes = self.chunked_passes()
+        if self.dp <= 1 or not self.chunked or passes is None:
             return [0] * self.dp
-        return lockstep_pads(self.chunked, self.chunked_group, self.dp,
-                             dict(zip(self.chunked, self.chunked_chunk)).__getitem__)
+        return _core.lockstep_pads(passes, self.chunked_group, self.dp)
 
     def chunked_of(self, dp_rank: int) -> list[int]:
         """Positions (in ``chunked``) of the chunked documents DP rank ``dp_rank`` trains, in order."""
@@ -437,13 +444,14 @@ class Plan:
 
     def _after_us(self, timeline: _core.Timeline) -> list[float]:
         """What each group runs besides its micro-batches (its chunked documents, run before them), or [] for
-        none; on a lockstep timeline with each pad chunk it runs (``chunked_pads``) at a pad pass's ``pad_us``."""
+        none; on a lockstep timeline with each pad chunk it runs (``chunked_pads``) at a pad pass's ``pad_us``
+        (the core's ``chunked_after``, as the core's own plans price it)."""
         if not self.chunked_us:
             return []
-        load = self.chunked_load()
-        if timeline == _core.Timeline.LOCKSTEP:
-            load = [t + n * self.pad_us for t, n in zip(load, self.chunked_pads())]
-        return load
+        passes = self.chunked_passes()
+        if passes is None:
+            return self.chunked_load()
+        return _core.chunked_after(self.chunked_us, passes, self.chunked_group, self.dp, timeline, self.pad_us)
 
     def _slot_times(self) -> list[_core.SlotTime]:
         return [_core.SlotTime(mb.slot, mb.first_group, mb.groups, mb.time_us) for mb in self.micro_batches]

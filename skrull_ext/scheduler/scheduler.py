@@ -22,6 +22,7 @@ from skrull_ext import _core
 from skrull_ext._core import CostModel
 from skrull_ext.scheduler import cost_model as cost_models
 from skrull_ext.scheduler.chunk_cost import chunk_cost
+from skrull_ext.scheduler.chunk_lockstep import chunk_passes
 from skrull_ext.scheduler.config import SchedulerConfig, timeline_of
 from skrull_ext.scheduler.cpsat import CpSatResult, solve_dacp
 from skrull_ext.scheduler.job import SchedulerJob
@@ -84,18 +85,19 @@ class Scheduler:
         if dp_rank is not None and not (isinstance(dp_rank, int) and 0 <= dp_rank < c.dp):
             raise ValueError(f"dp_rank must be in [0, {c.dp}), got {dp_rank!r}")
         chunked = _as_lengths(chunked)
+        chunks = [c.chunk_for(n) if chunk is None else chunk for n in chunked]
         chunked_us = self.chunked_us(chunked, chunk)
+        passes = [chunk_passes(n, k) for n, k in zip(chunked, chunks)]
         if c.policy.pool:
             core = _core.schedule_pool(lengths, c.cost_model, c.options)
         else:
-            core = _core.to_plan(_core.schedule(lengths, c.cost_model, c.options, chunked_us), c.cost_model, c.options)
+            core = _core.to_plan(_core.schedule(lengths, c.cost_model, c.options, chunked_us, passes),
+                                 c.cost_model, c.options)
         plan = Plan.from_core(core, lengths, c, chunked)
-        plan.chunked_chunk = [c.chunk_for(n) if chunk is None else chunk for n in chunked]
+        plan.chunked_chunk = chunks
         if c.policy.pool and chunked:
             plan.chunked_us, plan.chunked_group = chunked_us, _core.assign_chunked(chunked_us, c.dp)
             plan.retime()
-        elif plan.timeline == _core.Timeline.LOCKSTEP and any(plan.chunked_pads()):
-            plan.retime()  # the core's step leaves out the pad chunks lockstep ranks run (Plan.chunked_pads)
         mbs = [mb for mb in plan.micro_batches if mb.groups == 1 and (dp_rank is None or mb.first_group == dp_rank)]
         plan.refined_dp_rank = dp_rank
         for mb in mbs:  # every micro-batch's gap to its bound (skrull/mean_bound_gap); CP-SAT may raise it
@@ -205,6 +207,7 @@ def plan_window(job: SchedulerJob, batches: Sequence[Sequence[int]],
     start-up prices windows to settle the job before its one Scheduler is built (train/settle.py).
     ``chunked``: per batch, the lengths of its chunked documents (``overlength = "chunk"``), which
     stay at their step and are priced with it, so the regrouping moves samples around them."""
-    times = [] if chunked is None else [chunked_times(job, _as_lengths(c)) for c in chunked]
+    docs = [] if chunked is None else [_as_lengths(c) for c in chunked]
     return _core.lookahead([_as_lengths(b) for b in batches], job.cost_model, job.options, pool=job.policy.pool,
-                           chunked=times)
+                           chunked=[chunked_times(job, d) for d in docs],
+                           chunked_chunks=[[chunk_passes(n, job.chunk_for(n)) for n in d] for d in docs])

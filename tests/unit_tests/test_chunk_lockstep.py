@@ -36,7 +36,7 @@ def test_positions_take_the_most_chunks_any_rank_runs_there():
     assert lockstep_chunks([], [], 2, _by(100)) == [] and lockstep_documents([], [], 2, 1, _by(100)) == []
     # Each length its own chunk (SchedulerJob.chunk_for): 1000 in chunks of 500 is 2, 600 in 100 is 6.
     assert lockstep_chunks([1000, 600], [0, 1], 2, lambda n: 500 if n > 800 else 100) == [6]
-    with pytest.raises(ValueError, match="outside DP 2"):
+    with pytest.raises(ValueError, match=r"DP rank 2 is outside \[0, 2\)"):
         lockstep_chunks([300], [2], 2, _by(100))
     with pytest.raises(ValueError, match="dp_rank"):
         lockstep_documents([300], [0], 2, 2, _by(100))

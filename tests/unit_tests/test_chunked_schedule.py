@@ -133,19 +133,35 @@ def test_every_chunked_document_once_and_no_slower_than_round_robin(dp, cp, time
     assert len(plan.chunked_group) == len(chunked) and all(0 <= g < dp for g in plan.chunked_group)
     assert sorted(k for g in range(dp) for k in plan.chunked_of(g)) == list(range(len(chunked)))
     assert sum(plan.chunked_load()) == pytest.approx(sum(sched.chunked_us(chunked)))
-    # The core assigns on the documents' times, not seeing the pad chunks lockstep ranks add
-    # (Plan.chunked_pads): no slower than round robin without them, and they add at most a pad pass
-    # for each of a step's chunk passes.
+    # The core assigns seeing the pad chunks lockstep ranks add (Plan.chunked_pads): no slower than
+    # round robin with them, and they add at most a pad pass for each of a step's chunk passes.
+    assert plan.makespan_us <= _round_robin_us(cost, lengths, chunked, dp, cp, bucket, timeline) * (1 + 1e-9)
     unpadded = copy.copy(plan)
     unpadded.chunked_chunk = []
-    assert unpadded.step_time_us() <= _round_robin_us(cost, lengths, chunked, dp, cp, bucket, timeline,
-                                                      pads=False) * (1 + 1e-9)
     passes = sum(lockstep_chunks(chunked, plan.chunked_group, dp, sched.job.chunk_for))
     assert unpadded.step_time_us() <= plan.makespan_us <= unpadded.step_time_us() + passes * plan.pad_us + 1e-6
     if timeline == "free" or dp == 1:
         assert plan.makespan_us == pytest.approx(unpadded.step_time_us())
     # The same inputs, the same plan (every rank plans alike).
     assert sched.schedule(lengths, chunked=chunked).digest() == plan.digest()
+
+
+def test_the_pad_chunks_change_which_rank_runs_a_document():
+    # cpp/tests/test_core.cpp test_chunked_lockstep, through the binding. Documents of 6, 5 and 2 us in 3, 1
+    # and 1 chunk passes on DP 2, no samples. LPT by time ([0, 1, 1]: loads 6, 7) beats round robin
+    # ([0, 1, 0]: 8, 5) unpadded. Lockstep, a pad pass 1 us: LPT's positions [3, 1] pad DP 0 once (7) and
+    # DP 1 twice (9); round robin's pad DP 0 never (8) and DP 1 three times (8): round robin, 8.
+    from tests.unit_tests.conftest import toy_cost
+
+    opts = SchedulerConfig(dp=2, cp=1, bucket_size=100, timeline="lockstep").core_options()
+    s = _core.schedule([], toy_cost(fixed_us=1.0), opts, [6.0, 5.0, 2.0], [3, 1, 1])
+    assert s.chunked_dp_rank == [0, 1, 0] and s.makespan_us == 8.0 and s.chunked_chunks == [3, 1, 1]
+    assert _core.chunked_after([6.0, 5.0, 2.0], [3, 1, 1], [0, 1, 1], 2, opts.timeline, 1.0) == [7.0, 9.0]
+    cost = toy_cost()  # the pads priced at nothing: LPT
+    s = _core.schedule([], cost, opts, [6.0, 5.0, 2.0], [3, 1, 1])
+    assert s.chunked_dp_rank == [0, 1, 1] and s.makespan_us == 7.0
+    with pytest.raises(ValueError, match="^0 chunk counts for 3 chunked documents$"):
+        _core.schedule([], cost, opts, [6.0, 5.0, 2.0])
 
 
 def test_assign_chunked_is_lpt():

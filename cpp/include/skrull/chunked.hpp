@@ -14,8 +14,21 @@
 // each rank at its chunked time in FLOP units, chunked_flops), so a rank
 // holding a long document takes fewer of the short ones. Pure functions of
 // their inputs: every rank gets the same assignment.
+//
+// Lockstep DP ranks (timeline.hpp) share FSDP's collectives in every chunk
+// pass, so every rank runs as many chunk passes at each position as the
+// others (skrull_ext/train/passes.py runs what lockstep_passes and
+// lockstep_pads say): for k in 0..(the most documents one rank holds),
+// n_k = the most chunks any rank's k-th document (in the documents' order)
+// takes; a rank pads its k-th document to n_k passes, or runs an all-pad
+// document of n_k where it holds none. A pad pass costs a pad pass's price
+// (pad_us: CostModel::micro_batch_fixed_us, as a lockstep slot's pad), and
+// chunked_after counts them in the work a rank runs after its micro-batches:
+// the assignment, the step's time and the look-ahead's estimate all see them.
+// Free-running ranks (or one DP rank) pad nothing.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <stdexcept>
@@ -23,8 +36,19 @@
 #include <vector>
 
 #include "skrull/cost_model.hpp"
+#include "skrull/types.hpp"
 
 namespace skrull {
+
+// A step's chunked documents as the planners take them, in the step's order:
+// each one's predicted time on one CP group and its chunk passes
+// (skrull_ext/train/chunked.py: ceil(length / chunk)).
+struct ChunkedDocs {
+  std::vector<double> us;
+  std::vector<int32_t> chunks;
+  size_t size() const { return us.size(); }
+  bool empty() const { return us.empty(); }
+};
 
 // Throws std::invalid_argument unless every time is finite and >= 0.
 inline void validate_chunked(const std::vector<double>& chunked_us) {
@@ -34,11 +58,73 @@ inline void validate_chunked(const std::vector<double>& chunked_us) {
                                   std::to_string(chunked_us[k]) + " us; must be finite and >= 0");
 }
 
+// As above, and one chunk count of at least 1 per document.
+inline void validate_chunked(const ChunkedDocs& docs) {
+  validate_chunked(docs.us);
+  if (docs.chunks.size() != docs.us.size())
+    throw std::invalid_argument(std::to_string(docs.chunks.size()) + " chunk counts for " +
+                                std::to_string(docs.us.size()) + " chunked documents");
+  for (size_t k = 0; k < docs.chunks.size(); ++k)
+    if (docs.chunks[k] < 1)
+      throw std::invalid_argument("chunked document " + std::to_string(k) + " has " +
+                                  std::to_string(docs.chunks[k]) + " chunks; must be >= 1");
+}
+
+// Throws std::invalid_argument unless each document's rank is in [0, dp).
+inline void validate_chunked_ranks(const std::vector<int32_t>& rank, size_t documents, int32_t dp) {
+  if (rank.size() != documents)
+    throw std::invalid_argument(std::to_string(rank.size()) + " DP ranks for " + std::to_string(documents) +
+                                " chunked documents");
+  for (size_t k = 0; k < rank.size(); ++k)
+    if (rank[k] < 0 || rank[k] >= dp)
+      throw std::invalid_argument("chunked document " + std::to_string(k) + "'s DP rank " +
+                                  std::to_string(rank[k]) + " is outside [0, " + std::to_string(dp) + ")");
+}
+
+// Lockstep: n_k for each position k, the most chunks any DP rank's k-th
+// document takes (`rank`: each document's DP rank, in [0, dp)); as many
+// positions as the most documents one rank holds.
+inline std::vector<int32_t> lockstep_passes(const std::vector<int32_t>& chunks, const std::vector<int32_t>& rank,
+                                            int32_t dp) {
+  std::vector<int32_t> held(dp, 0), out;
+  for (size_t k = 0; k < chunks.size(); ++k) {
+    const int32_t position = held[rank[k]]++;
+    if (position == static_cast<int32_t>(out.size())) out.push_back(0);
+    out[position] = std::max(out[position], chunks[k]);
+  }
+  return out;
+}
+
+// Lockstep: per DP rank, the pad chunks it runs in all: every position's
+// passes summed, less its own documents' chunks.
+inline std::vector<int32_t> lockstep_pads(const std::vector<int32_t>& chunks, const std::vector<int32_t>& rank,
+                                          int32_t dp) {
+  int64_t total = 0;
+  for (int32_t n : lockstep_passes(chunks, rank, dp)) total += n;
+  std::vector<int64_t> own(dp, 0);
+  for (size_t k = 0; k < chunks.size(); ++k) own[rank[k]] += chunks[k];
+  std::vector<int32_t> out(dp);
+  for (int32_t i = 0; i < dp; ++i) out[i] = static_cast<int32_t>(total - own[i]);
+  return out;
+}
+
 // Per DP rank: the summed time of the chunked documents it runs.
 inline std::vector<double> chunked_load(const std::vector<double>& chunked_us, const std::vector<int32_t>& rank,
                                         int32_t dp) {
   std::vector<double> out(dp, 0.0);
   for (size_t k = 0; k < chunked_us.size(); ++k) out[rank[k]] += chunked_us[k];
+  return out;
+}
+
+// Per DP rank: the work it runs after its micro-batches (timeline.hpp's
+// after_us), its chunked documents' times and, on a lockstep timeline at
+// DP > 1, each of its pad chunks (lockstep_pads) at pad_us.
+inline std::vector<double> chunked_after(const ChunkedDocs& docs, const std::vector<int32_t>& rank, int32_t dp,
+                                         Timeline timeline, double pad_us) {
+  std::vector<double> out = chunked_load(docs.us, rank, dp);
+  if (timeline != Timeline::kLockstep || dp <= 1 || docs.empty()) return out;
+  const std::vector<int32_t> pads = lockstep_pads(docs.chunks, rank, dp);
+  for (int32_t i = 0; i < dp; ++i) out[i] += pads[i] * pad_us;
   return out;
 }
 

@@ -41,7 +41,8 @@ inline CostModel planning_model(const CostModel& cost) {
 namespace detail {
 
 // Each DP rank's time (its micro-batches back to back, then its chunked
-// documents) and the step on the job's timeline, from the micro-batches' times.
+// documents and, on lockstep, their pad chunks: chunked_after) and the step
+// on the job's timeline, from the micro-batches' times.
 inline void time_schedule(Schedule& s, const CostModel& cost, const Options& opt) {
   std::vector<std::vector<double>> rank_us(opt.dp);
   s.dp_time_us.assign(opt.dp, 0.0);
@@ -51,7 +52,8 @@ inline void time_schedule(Schedule& s, const CostModel& cost, const Options& opt
       s.dp_time_us[i] += s.micro_batches[q].dacp.time_us;
     }
   }
-  const std::vector<double> after = chunked_load(s.chunked_us, s.chunked_dp_rank, opt.dp);
+  const std::vector<double> after = chunked_after({s.chunked_us, s.chunked_chunks}, s.chunked_dp_rank, opt.dp,
+                                                  opt.timeline, cost.micro_batch_fixed_us);
   for (int32_t i = 0; i < opt.dp; ++i) s.dp_time_us[i] += after[i];
   s.makespan_us = step_time_us(rank_us, opt.timeline, cost.micro_batch_fixed_us, cost.step_fixed_us, &after);
 }

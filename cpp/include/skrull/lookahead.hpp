@@ -39,8 +39,10 @@
 // Chunked documents (overlength "chunk", chunked.hpp) stay at the step they
 // arrived in; each step's are priced with it (the estimate's chunked terms,
 // and the full planner is given them), so the regrouping moves the other
-// samples around them: a step holding a long chunked document gets short
-// samples.
+// samples around them: free-running, a step holding a long chunked document
+// gets short samples. On a lockstep timeline they run after every rank's
+// slots, with the pad chunks that keep the ranks' passes paired (chunked.hpp):
+// a term of its own in the estimate, the same for every grouping of a step.
 // Every price in the answer is the full planner's. The budgets count
 // operations, never seconds, so the answer is a pure function of (batches,
 // cost model, options, step planner).
@@ -191,20 +193,20 @@ struct Screen {
   const std::vector<int64_t>& lengths;
   const std::vector<double>& cost;     // per sample: est.cost(flops)
   const std::vector<int32_t>& order;   // samples, length descending, ties by index
-  const std::vector<std::vector<double>>& chunked;  // per step: its chunked documents' times
+  const std::vector<ChunkedDocs>& chunked;  // per step: its chunked documents
   std::vector<double> cost_desc;       // cost[order[i]]: read in order, not gathered
   std::vector<int64_t> length_desc;    // lengths[order[i]]
   std::vector<StepSketch> seed;        // per step: the sketch of its chunked documents alone
 
   Screen(const StepEstimator& e, const std::vector<int64_t>& l, const std::vector<double>& c,
-         const std::vector<int32_t>& o, const std::vector<std::vector<double>>& ch)
+         const std::vector<int32_t>& o, const std::vector<ChunkedDocs>& ch)
       : est(e), lengths(l), cost(c), order(o), chunked(ch), seed(ch.size()) {
     for (int32_t q : order) {
       cost_desc.push_back(cost[q]);
       length_desc.push_back(lengths[q]);
     }
     for (size_t t = 0; t < ch.size(); ++t)
-      for (double us : ch[t]) StepEstimator::add_chunked(seed[t], us);
+      for (size_t k = 0; k < ch[t].size(); ++k) StepEstimator::add_chunked(seed[t], ch[t].us[k], ch[t].chunks[k]);
   }
 
   // Each step's sketch under a grouping (each sample's step).
@@ -341,17 +343,18 @@ void swap_search(const Screen& screen, StepTime& step_time, int64_t plan_left, L
 }  // namespace detail
 
 // Regroups the window `batches` (each a global batch's lengths, in arrival
-// order; W = batches.size()) over its W steps. `chunked` (W lists, or empty
-// for none): each batch's chunked documents' times, which stay at their step.
-// `step_time(lengths, chunked_us)` returns the predicted time of one step
+// order; W = batches.size()) over its W steps. `chunked` (W entries, or empty
+// for none): each batch's chunked documents (times and chunk passes), which
+// stay at their step.
+// `step_time(lengths, chunked)` returns the predicted time of one step
 // planned on those lengths with those chunked documents (the caller's
 // policy and timeline, on `opt`'s DP x CP and BucketSize, which the
 // estimate reads). W = 1, or no candidate predicted faster, returns arrival
 // order. Throws std::invalid_argument for W outside [1, kMaxLookahead], more
-// than kMaxSequences samples, a bad length or chunked time, or `chunked` not
-// of W lists.
+// than kMaxSequences samples, a bad length, chunked time or chunk count, or
+// `chunked` not of W entries.
 template <class StepTime>
-Lookahead lookahead(const std::vector<std::vector<int64_t>>& batches, std::vector<std::vector<double>> chunked,
+Lookahead lookahead(const std::vector<std::vector<int64_t>>& batches, std::vector<ChunkedDocs> chunked,
                     const CostModel& cost, const Options& opt, StepTime&& step_time) {
   const auto start = std::chrono::steady_clock::now();
   const int32_t w = static_cast<int32_t>(batches.size());
@@ -510,7 +513,7 @@ template <class StepTime>
 Lookahead lookahead(const std::vector<std::vector<int64_t>>& batches, const CostModel& cost, const Options& opt,
                     StepTime&& step_time) {
   return lookahead(batches, {}, cost, opt,
-                   [&](const std::vector<int64_t>& l, const std::vector<double>&) { return step_time(l); });
+                   [&](const std::vector<int64_t>& l, const ChunkedDocs&) { return step_time(l); });
 }
 
 }  // namespace skrull

@@ -62,13 +62,12 @@ inline MicroBatchSplit split_share(const std::vector<int64_t>& lengths, const st
 // documents on the DP ranks `chunked_rank` gives; `around`: GDS starts each
 // rank at its chunked load (else it splits the samples as without them).
 inline Schedule schedule_assigned(const std::vector<int64_t>& input, const CostModel& cost, const Options& opt,
-                                  const std::vector<double>& chunked_us, const std::vector<int32_t>& chunked_rank,
-                                  bool around) {
+                                  const ChunkedDocs& chunked, const std::vector<int32_t>& chunked_rank, bool around) {
   const auto start = std::chrono::steady_clock::now();
   validate_options(opt);
   cost.validate();
   validate_lengths(input, "global batch");
-  validate_chunked(chunked_us);
+  validate_chunked(chunked);
   if (static_cast<int64_t>(input.size()) * opt.cp > kMaxSequenceRanks)
     throw std::invalid_argument("global batch has " + std::to_string(input.size()) + " sequences x cp " +
                                 std::to_string(opt.cp) + " = " +
@@ -87,11 +86,12 @@ inline Schedule schedule_assigned(const std::vector<int64_t>& input, const CostM
   out.micro_batch.assign(k_total, -1);
   out.cp_rank.assign(k_total, kDistributed);
   // Chunked documents first (chunked.hpp): each on one DP rank, the samples then balanced around them.
-  out.chunked_us = chunked_us;
+  out.chunked_us = chunked.us;
   out.chunked_dp_rank = chunked_rank;
+  out.chunked_chunks = chunked.chunks;
   const std::vector<double> chunked_start =
-      chunked_us.empty() || !around ? std::vector<double>()
-                         : chunked_flops(chunked_load(chunked_us, out.chunked_dp_rank, opt.dp), cost, opt.cp);
+      chunked.empty() || !around ? std::vector<double>()
+                      : chunked_flops(chunked_load(chunked.us, out.chunked_dp_rank, opt.dp), cost, opt.cp);
 
   std::vector<double> flops;  // per sequence, computed once for every step below
   detail::sequence_flops(out.lengths.data(), out.lengths.size(), cost, flops);
@@ -200,26 +200,46 @@ inline Schedule schedule_assigned(const std::vector<int64_t>& input, const CostM
 // around it, and, at DP > 1, round robin (document k on rank k mod dp, the
 // order they came in) with the samples planned as without them (what the
 // trainer ran before the plans knew of chunked documents); the lower step
-// time wins, ties to LPT. LPT is within 4/3 of the best split of the
-// documents, and GDS around it is a heuristic: round robin can still come
-// out ahead ([2, 3, 2, 3, 2] over 2 ranks: 6 where LPT gives 7), and then a
-// step is predicted no slower than it. Round robin is planned only where
-// LPT's step is above its bound (its busiest rank's documents).
+// time wins, ties to LPT. Both are priced with the pad chunks lockstep ranks
+// run (chunked_after), so the pads can decide between them. LPT is within
+// 4/3 of the best split of the documents' times, and GDS around it is a
+// heuristic: round robin can still come out ahead ([2, 3, 2, 3, 2] over 2
+// ranks: 6 where LPT gives 7), and then a step is predicted no slower than it.
+//
+// What round robin costs: under slot GDS (the lockstep default) the samples'
+// plan never reads the documents (their slots run before every rank's
+// documents, whichever rank), so round robin's plan is LPT's with another
+// assignment: it is priced by retiming, exactly, without a second plan.
+// Otherwise it is planned only where LPT's step is above round robin's bound
+// (its busiest rank's documents and pads), which a step whose documents
+// dominate (free-running, most) does not leave it; under lockstep that bound
+// leaves out every slot the samples take, so it rules out little there.
 inline Schedule schedule_as_priced(const std::vector<int64_t>& input, const CostModel& cost, const Options& opt,
-                                   const std::vector<double>& chunked_us) {
+                                   const ChunkedDocs& chunked) {
   const auto start = std::chrono::steady_clock::now();
   validate_options(opt);  // dp >= 1 before the assignment
-  std::vector<int32_t> lpt = assign_chunked(chunked_us, opt.dp), robin(chunked_us.size());
+  validate_chunked(chunked);
+  std::vector<int32_t> lpt = assign_chunked(chunked.us, opt.dp), robin(chunked.size());
   for (size_t k = 0; k < robin.size(); ++k) robin[k] = static_cast<int32_t>(k % opt.dp);
-  Schedule out = schedule_assigned(input, cost, opt, chunked_us, lpt, true);
-  // Round robin's step is at least its busiest rank's documents (either timeline): planned only
-  // where that leaves it a chance, which a step whose documents dominate (most) does not.
-  const std::vector<double> robin_load = chunked_load(chunked_us, robin, opt.dp);
-  const double robin_bound =
-      chunked_us.empty() ? 0.0 : *std::max_element(robin_load.begin(), robin_load.end()) + cost.step_fixed_us;
-  if (opt.dp > 1 && !chunked_us.empty() && out.makespan_us > robin_bound) {
-    Schedule other = schedule_assigned(input, cost, opt, chunked_us, robin, false);
-    if (other.makespan_us < out.makespan_us) std::swap(out, other);
+  Schedule out = schedule_assigned(input, cost, opt, chunked, lpt, true);
+  if (opt.dp > 1 && !chunked.empty()) {
+    if (opt.slot_gds) {
+      const double lpt_us = out.makespan_us;
+      out.chunked_dp_rank = robin;
+      time_schedule(out, cost, opt);
+      if (!(out.makespan_us < lpt_us)) {
+        out.chunked_dp_rank = lpt;
+        time_schedule(out, cost, opt);
+      }
+    } else {
+      const std::vector<double> robin_after =
+          chunked_after(chunked, robin, opt.dp, opt.timeline, cost.micro_batch_fixed_us);
+      const double robin_bound = *std::max_element(robin_after.begin(), robin_after.end()) + cost.step_fixed_us;
+      if (out.makespan_us > robin_bound) {
+        Schedule other = schedule_assigned(input, cost, opt, chunked, robin, false);
+        if (other.makespan_us < out.makespan_us) std::swap(out, other);
+      }
+    }
   }
   out.elapsed_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
   return out;
@@ -234,17 +254,19 @@ inline Schedule schedule_as_priced(const std::vector<int64_t>& input, const Cost
 // Overlength::kError. A cost model with comm.plan_margin above 1 decides
 // with its planning_model and prices the plan with itself (hedge.hpp).
 //
-// `chunked_us`: the predicted times of the step's chunked documents
-// (chunked.hpp), each assigned to a DP rank (Schedule::chunked_dp_rank; LPT,
-// or round robin where that predicts faster: schedule_as_priced) and counted in its time; the
-// samples' GDS balances around them (slot GDS places its slots as without
-// them: on a lockstep timeline they run after every slot, whichever rank).
+// `chunked`: the step's chunked documents (chunked.hpp: each one's predicted
+// time and chunk passes), each assigned to a DP rank (Schedule::chunked_dp_rank;
+// LPT, or round robin where that predicts faster: schedule_as_priced) and
+// counted in its time with, on lockstep, the pad chunks it makes the ranks
+// run; the samples' GDS balances around them (slot GDS places its slots as
+// without them: on a lockstep timeline they run after every slot, whichever
+// rank). Throws std::invalid_argument for a bad time or chunk count.
 inline Schedule schedule(const std::vector<int64_t>& input, const CostModel& cost, const Options& opt,
-                         const std::vector<double>& chunked_us = {}) {
-  if (!hedged(cost)) return detail::schedule_as_priced(input, cost, opt, chunked_us);
+                         const ChunkedDocs& chunked = {}) {
+  if (!hedged(cost)) return detail::schedule_as_priced(input, cost, opt, chunked);
   const auto start = std::chrono::steady_clock::now();
   cost.validate();  // names a bad plan_margin as itself, not as the planning model's product
-  Schedule out = detail::schedule_as_priced(input, planning_model(cost), opt, chunked_us);
+  Schedule out = detail::schedule_as_priced(input, planning_model(cost), opt, chunked);
   reprice_schedule(out, cost, opt);
   out.elapsed_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
   return out;

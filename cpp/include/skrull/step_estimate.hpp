@@ -14,9 +14,18 @@
 // look-ahead removes by giving long samples a step of their own.
 //
 // A step's chunked documents (overlength "chunk", chunked.hpp) are work items
-// of a known time d_k on one CP group, outside the micro-batches: they add
-// sum d / P to the work and d_max to its bound (a bound that leaves them out
-// of the c_P + c_{P+1} pairing: it stays a lower bound).
+// of a known time d_k and c_k chunk passes on one CP group, outside the
+// micro-batches. Free-running (or at P = 1) they add sum d / P to the work
+// and d_max to its bound (a bound that leaves them out of the c_P + c_{P+1}
+// pairing: it stays a lower bound). On a lockstep timeline at P > 1 they run
+// after every rank's slots, so they add to the samples' work instead of
+// sharing it, and every rank runs the same n = sum_k n_k chunk passes
+// (chunked.hpp), its own and pad ones at p = pad_us each: rank i's after-time
+// is n p + sum over its documents of (d_k - c_k p). So the step's after-time
+// is at least
+//   max(d_max, max(c_max, ceil(C / P)) p + (sum d - C p) / P)
+// (C = sum c_k; n >= c_max, and n >= C / P as some rank holds C / P of the
+// chunks; the mean over ranks of sum (d_k - c_k p) is (sum d - C p) / P).
 #pragma once
 
 #include <algorithm>
@@ -39,6 +48,9 @@ struct StepSketch {
   double cp1 = 0.0;     // (P+1)-th largest cost (0 below P+1 samples)
   double chunk_work = 0.0;  // sum of its chunked documents' times
   double chunk_max = 0.0;   // the longest of them
+  int32_t chunk_docs = 0;   // how many
+  int64_t chunk_passes = 0;  // their chunks summed (C above)
+  int32_t chunk_most = 0;   // the most chunks one of them takes (c_max above)
 };
 
 class StepEstimator {
@@ -49,7 +61,9 @@ class StepEstimator {
         capacity_(static_cast<double>(group_capacity(opt.bucket_size, opt.cp, std::max<int32_t>(1, opt.dp)))),
         per_micro_batch_(cost.micro_batch_fixed_us + cost.shape.layers * cost.b_us),
         per_token_(cost.token_us / (static_cast<double>(std::max<int32_t>(1, opt.dp)) * std::max<int32_t>(1, opt.cp))),
-        step_fixed_(cost.step_fixed_us) {}
+        step_fixed_(cost.step_fixed_us),
+        lockstep_(opt.timeline == Timeline::kLockstep && opt.dp > 1),
+        pad_(cost.micro_batch_fixed_us) {}
 
   int32_t groups() const { return groups_; }
 
@@ -58,16 +72,29 @@ class StepEstimator {
 
   // The estimate of a step with these sums; 0 for an empty step.
   double us(const StepSketch& s) const {
-    if (s.count == 0 && s.chunk_max == 0.0) return 0.0;
-    const double work = std::max({(s.work + s.chunk_work) / groups_, s.c1, s.chunk_max, s.cp_ + s.cp1});
+    if (s.count == 0 && s.chunk_docs == 0) return 0.0;
+    double work = 0.0;
+    if (lockstep_) {
+      const double passes = std::max<double>(s.chunk_most, std::ceil(static_cast<double>(s.chunk_passes) / groups_));
+      const double after =
+          s.chunk_docs == 0
+              ? 0.0
+              : std::max(s.chunk_max, passes * pad_ + (s.chunk_work - static_cast<double>(s.chunk_passes) * pad_) / groups_);
+      work = std::max({s.work / groups_, s.c1, s.cp_ + s.cp1}) + after;
+    } else {
+      work = std::max({(s.work + s.chunk_work) / groups_, s.c1, s.chunk_max, s.cp_ + s.cp1});
+    }
     const double m = s.count == 0 ? 0.0 : std::max(1.0, std::ceil(s.tokens / capacity_));
     return work + m * per_micro_batch_ + per_token_ * s.tokens + step_fixed_;
   }
 
-  // Adds a chunked document of `us` microseconds on one CP group to `s` (any order).
-  static void add_chunked(StepSketch& s, double us) {
+  // Adds a chunked document of `us` microseconds in `chunks` passes on one CP group to `s` (any order).
+  static void add_chunked(StepSketch& s, double us, int32_t chunks) {
     s.chunk_work += us;
     s.chunk_max = std::max(s.chunk_max, us);
+    ++s.chunk_docs;
+    s.chunk_passes += chunks;
+    s.chunk_most = std::max(s.chunk_most, chunks);
   }
 
   // Adds a sample to `s`; samples must come largest cost first (the order
@@ -88,6 +115,8 @@ class StepEstimator {
   double per_micro_batch_;
   double per_token_;
   double step_fixed_;
+  bool lockstep_;  // a lockstep timeline at P > 1: chunked documents after the slots, padded
+  double pad_;     // a pad pass (micro_batch_fixed_us)
 };
 
 }  // namespace skrull

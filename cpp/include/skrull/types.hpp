@@ -138,9 +138,11 @@ struct Schedule {
   std::vector<int32_t> truncated;  // indices shortened by Overlength::kTruncate
   // Chunked documents (overlength "chunk", chunked.hpp), outside `lengths`:
   // each one's predicted time on a CP group and the DP rank that trains it
-  // after its micro-batches (included in dp_time_us and makespan_us).
+  // after its micro-batches (included in dp_time_us and makespan_us), and
+  // its chunk passes (what lockstep pads to, chunked.hpp).
   std::vector<double> chunked_us;
   std::vector<int32_t> chunked_dp_rank;
+  std::vector<int32_t> chunked_chunks;
   int32_t rollbacks = 0;
   int32_t moves = 0;
   double elapsed_us = 0.0;         // wall time of the scheduler call
@@ -182,9 +184,11 @@ struct Plan {
   std::vector<int32_t> dropped;        // removed by Overlength::kDrop
   std::vector<int32_t> truncated;      // shortened by Overlength::kTruncate
   // Chunked documents (as Schedule's): each one's time and the CP group that
-  // runs it after its micro-batches (in group_time_us and makespan_us).
+  // runs it after its micro-batches (in group_time_us and makespan_us), and
+  // its chunk passes.
   std::vector<double> chunked_us;
   std::vector<int32_t> chunked_group;
+  std::vector<int32_t> chunked_chunks;
   int32_t widened = 0;                 // sequences sharded over more than one CP group
   int32_t narrowed = 0;                // sequences sharded over 2 <= k < cp ranks of one group
   bool skrull_plan = false;            // skrull's plan, kept because it predicted no slower
