@@ -84,6 +84,14 @@ static void check_after(const std::vector<double>& after_us, int32_t dp) {
   validate_chunked(after_us);
 }
 
+// Chunked documents' chunk counts and DP ranks, as the lockstep pad rule takes them: dp >= 1, one
+// count >= 1 and one rank in [0, dp) per document.
+static void check_lockstep(const std::vector<int32_t>& chunks, const std::vector<int32_t>& groups, int32_t dp) {
+  validate_group(dp, 1);
+  validate_chunked(ChunkedDocs{std::vector<double>(chunks.size(), 0.0), chunks});
+  validate_chunked_ranks(groups, chunks.size(), dp);
+}
+
 PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
   m.doc() = "Skrull scheduler core: cost model, DACP and GDS (C++).";
 
@@ -358,9 +366,7 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
   m.def(
       "lockstep_passes",
       [](const std::vector<int32_t>& chunked_chunks, const std::vector<int32_t>& groups, int32_t dp) {
-        validate_group(dp, 1);
-        validate_chunked(ChunkedDocs{std::vector<double>(chunked_chunks.size(), 0.0), chunked_chunks});
-        validate_chunked_ranks(groups, chunked_chunks.size(), dp);
+        check_lockstep(chunked_chunks, groups, dp);
         return lockstep_passes(chunked_chunks, groups, dp);
       },
       py::arg("chunked_chunks"), py::arg("groups"), py::arg("dp"),
@@ -369,9 +375,7 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
   m.def(
       "lockstep_pads",
       [](const std::vector<int32_t>& chunked_chunks, const std::vector<int32_t>& groups, int32_t dp) {
-        validate_group(dp, 1);
-        validate_chunked(ChunkedDocs{std::vector<double>(chunked_chunks.size(), 0.0), chunked_chunks});
-        validate_chunked_ranks(groups, chunked_chunks.size(), dp);
+        check_lockstep(chunked_chunks, groups, dp);
         return lockstep_pads(chunked_chunks, groups, dp);
       },
       py::arg("chunked_chunks"), py::arg("groups"), py::arg("dp"),

@@ -162,6 +162,10 @@ def test_the_pad_chunks_change_which_rank_runs_a_document():
     assert s.chunked_dp_rank == [0, 1, 1] and s.makespan_us == 7.0
     with pytest.raises(ValueError, match="^0 chunk counts for 3 chunked documents$"):
         _core.schedule([], cost, opts, [6.0, 5.0, 2.0])
+    with pytest.raises(ValueError, match="^chunked document 1 has 0 chunks; must be >= 1$"):
+        _core.lockstep_pads([3, 0], [0, 1], 2)
+    with pytest.raises(ValueError, match=r"^chunked document 0's DP rank -1 is outside \[0, 2\)$"):
+        _core.chunked_after([1.0], [1], [-1], 2, opts.timeline, 1.0)
 
 
 def test_assign_chunked_is_lpt():
