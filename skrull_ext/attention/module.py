@@ -26,7 +26,7 @@ Under tensor parallelism q, k and v arrive as DTensors whose heads (dim 2)
 are sharded over the TP mesh: the call runs on this rank's heads, exchanging
 their K/V over ``group`` (the CP group of this TP rank), and returns a DTensor
 of the same placements, as torchtitan's ``local_map`` around its own inner
-attention does (skrull_ext/train/tensor_parallel.py).
+attention does (skrull_ext/train/job/tensor_parallel.py).
 
 Wiring it into a model (Config/build, the CP group from the device mesh,
 replacing torchtitan's CP wrapper) belongs to the torchtitan integration.

@@ -34,6 +34,14 @@ HF_TO_TITAN: dict[str, str] = {
 
 QKV = ("q_proj", "k_proj", "v_proj")
 
+HEAD = "lm_head"
+"""The head (output projection): its peft/HF name, torchtitan's too. A target only when named
+(not in the default): the merged folder and the adapter folder then carry it too, so it is
+refused where either could not (``layers``; a head tied to the embedding: converter.py)."""
+
+ALLOWED = (*HF_TO_TITAN, HEAD)
+"""Every name ``target_modules`` takes."""
+
 
 @dataclass(kw_only=True, slots=True)
 class LoRAConfig:
@@ -51,7 +59,8 @@ class LoRAConfig:
     reproducible across parallel layouts: each layout draws different masks."""
 
     target_modules: list[str] = field(default_factory=lambda: list(HF_TO_TITAN))
-    """peft/HF names of the linears to adapt; q_proj, k_proj, v_proj go together (fused wqkv)."""
+    """peft/HF names of the linears to adapt; q_proj, k_proj, v_proj go together (fused wqkv).
+    lm_head, the head, only when named (not with layers, nor on a model whose head is its embedding)."""
 
     layers: list[int] | None = None
     """Decoder layer indices to adapt (peft's layers_to_transform); None: every layer."""
@@ -71,11 +80,11 @@ class LoRAConfig:
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"lora.dropout: must be in [0, 1), got {self.dropout!r}")
         targets = list(self.target_modules)
-        unknown = sorted(set(targets) - HF_TO_TITAN.keys())
+        unknown = sorted(set(targets) - set(ALLOWED))
         if unknown:
-            raise ValueError(f"lora.target_modules: {unknown} unknown; allowed: {list(HF_TO_TITAN)}")
+            raise ValueError(f"lora.target_modules: {unknown} unknown; allowed: {list(ALLOWED)}")
         if not targets:
-            raise ValueError("lora.target_modules: empty; name at least one of " f"{list(HF_TO_TITAN)}")
+            raise ValueError("lora.target_modules: empty; name at least one of " f"{list(ALLOWED)}")
         qkv = [t for t in QKV if t in targets]
         if qkv and len(qkv) != 3:
             raise ValueError(
@@ -88,16 +97,21 @@ class LoRAConfig:
                 raise ValueError(f"lora.layers: expected non-negative layer indices, got {self.layers!r}")
             if len(set(self.layers)) != len(self.layers):
                 raise ValueError(f"lora.layers: repeated indices in {self.layers!r}")
+            if HEAD in targets:
+                raise ValueError(
+                    f"lora.layers: {self.layers!r} with {HEAD!r} in lora.target_modules: peft's layers_to_transform "
+                    f"adapts only modules inside the listed layers, so the adapter folder would load without the "
+                    f"head's adapter; adapt the head with every layer (no lora.layers) or leave {HEAD!r} out")
 
     @property
     def scaling(self) -> float:
         return self.alpha / self.rank
 
     def titan_targets(self) -> list[str]:
-        """The torchtitan linear names to convert (last FQN segment)."""
-        return sorted({HF_TO_TITAN[t] for t in self.target_modules})
+        """The torchtitan linear names to convert (last FQN segment; the head's is its own)."""
+        return sorted({HF_TO_TITAN.get(t, t) for t in self.target_modules})
 
     def hf_targets(self) -> list[str]:
-        """peft's ``target_modules``, in HF_TO_TITAN order (q/k/v always together)."""
+        """peft's ``target_modules``, in ``ALLOWED`` order (q/k/v always together, the head last)."""
         chosen = set(self.target_modules)
-        return [t for t in HF_TO_TITAN if t in chosen]
+        return [t for t in ALLOWED if t in chosen]

@@ -15,7 +15,12 @@ has no dropout, so this subclass adds
 - ``layers``: only linears under ``layers.<i>.`` for the listed i (peft's
   ``layers_to_transform``); everything else is frozen as torchtitan does;
 - ``dropout``: ``DropoutLoRALinear``, torchtitan's LoRALinear whose adapter
-  sees ``dropout(x)`` in training (peft's ``lora_dropout``).
+  sees ``dropout(x)`` in training (peft's ``lora_dropout``);
+- the head: ``lm_head`` targets the model's head (the linear of that name at
+  the root, outside the layers) and nothing else; refused on a model whose
+  head is its embedding table (``enable_weight_tying``), whose HF folder
+  stores one table for both, so the merged folder could not hold the
+  adapted head without untying the model,
 
 and fails, instead of warning, when a target matches nothing: a LoRA job
 that adapts no linear would train nothing.
@@ -42,6 +47,8 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 from torchtitan.components.lora import LoRAConverter, _get_lora_cls, _make_frozen_config
 from torchtitan.models.common.linear import Linear
 from torchtitan.protocols.module import Module
+
+from skrull_ext.lora.config import HEAD
 
 _LoRALinear = _get_lora_cls(Linear)
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
@@ -131,6 +138,8 @@ class SkrullLoRAConverter(LoRAConverter):
     def _is_target(self, fqn: str, cfg: Module.Config) -> bool:
         if not isinstance(cfg, Linear.Config) or fqn.rsplit(".", 1)[-1] not in self.target_modules:
             return False
+        if fqn == HEAD:  # the head: outside the layers (LoRAConfig refuses it with layers)
+            return True
         layer = layer_of(fqn)
         return layer is not None and (self.config.layers is None or layer in self.config.layers)
 
@@ -158,5 +167,11 @@ class SkrullLoRAConverter(LoRAConverter):
         if self.config.layers is not None and (missing := sorted(set(self.config.layers) - layers)):
             raise ValueError(f"lora.layers: {missing} not in this model (or those layers hold no target linear)")
         if unmatched := sorted(self.target_modules - matched):
-            raise ValueError(f"lora.target_modules: no decoder-layer linear named {unmatched} in this model")
+            raise ValueError(f"lora.target_modules: no decoder-layer linear named {unmatched} in this model"
+                             if HEAD not in unmatched else f"lora.target_modules: this model has no {HEAD!r} linear")
+        if HEAD in matched and getattr(model_config, "enable_weight_tying", False):
+            raise ValueError(
+                f"lora.target_modules: {HEAD!r} on a model whose head is its embedding table (tie_word_embeddings): "
+                "its HF folder stores one table for both, so the merged folder could not hold the adapted head "
+                f"without untying the model; leave {HEAD!r} out, or train a model with tie_word_embeddings false")
         return root

@@ -30,6 +30,7 @@ from torchtitan.components.loss import ChunkedLossWrapper
 
 from skrull_ext._core import ModelShape
 from skrull_ext.scheduler.model_shape import DTYPES, compute_dtype, fsdp_degree, model_compiled, spec_shape
+from skrull_ext.train import head_loss  # noqa: F401  (wires [loss]'s build() to ChunkedHeadLoss, as the trainers do)
 
 __all__ = ["DTYPES", "JobModel", "build_job_model", "compute_dtype", "fsdp_degree"]
 

@@ -19,8 +19,11 @@ import sys
 
 from skrull_ext.train.job.usage import exit_without_job
 
+MODULE = "skrull_ext.train"
+"""This entry point, as its usage and ``--help`` name it (the job layer below names none)."""
+
 if __name__ == "__main__":
-    exit_without_job(sys.argv[1:])  # --help or no job: the usage before torch is imported (seconds)
+    exit_without_job(sys.argv[1:], MODULE)  # --help or no job: the usage before torch is imported (seconds)
 
 import torch  # noqa: E402
 
@@ -34,6 +37,7 @@ from skrull_ext.cli_errors import run_cli  # noqa: E402
 from skrull_ext.train import interrupt  # noqa: E402
 from skrull_ext.train.allocator import allocator_line, use_expandable_segments  # noqa: E402
 from skrull_ext.train.job.job_file import load_config  # noqa: E402
+from skrull_ext.train import trainer  # noqa: E402, F401  (registers both trainers: config.build())
 from torchtitan_patches import logs  # noqa: E402
 
 
@@ -43,7 +47,7 @@ def main(argv: list[str] | None = None) -> None:
     logs.install()  # rank 0's lines only (LOG_RANK), without torchtitan's default-value warning
     if (line := allocator_line(allocator)) is not None:
         logger.info(line)
-    config = load_config(sys.argv[1:] if argv is None else argv)
+    config = load_config(sys.argv[1:] if argv is None else argv, module=MODULE)
 
     trainer = None
     try:

@@ -38,8 +38,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
-
 from skrull_ext._core import ModelShape
 from skrull_ext.data.steps.lookahead_choice import HORIZON
 from skrull_ext.scheduler.checkpointing import MODES
@@ -47,20 +45,19 @@ from skrull_ext.scheduler.config import FROM_PROFILE, job_timeline
 from skrull_ext.scheduler.job import SchedulerJob
 from skrull_ext.scheduler.profile_file import Profile
 from skrull_ext.train.execution import mean_step_us
+from skrull_ext.train.job.section_kinds import AC_KINDS
 
-__all__ = ["AC_AUTO", "AC_JOB", "CheckpointChoice", "KINDS", "ac_config", "choose_checkpointing", "first_lengths",
+__all__ = ["AC_AUTO", "AC_JOB", "CheckpointChoice", "ac_config", "choose_checkpointing", "first_lengths",
            "mode_of", "settle_checkpointing"]
 
 AC_JOB = "job"
 AC_AUTO = "auto"
-KINDS: dict[str, Any] = {"selective": SelectiveAC.Config, "full": FullAC.Config, "none": None}
-"""``[activation_checkpoint] kind`` -> torchtitan's config class (None: off); job_file.py's kinds."""
 
 
 def mode_of(ac: Any) -> str | None:
     """The mode of a job's ``config.activation_checkpoint`` (None: a kind no profile measures,
     e.g. torchtitan's memory-budget)."""
-    for mode, cls in KINDS.items():
+    for mode, cls in AC_KINDS.items():
         if (ac is None) if cls is None else type(ac) is cls:
             return mode
     return None
@@ -71,7 +68,7 @@ def ac_config(mode: str, current: Any) -> Any:
     options kept), else the mode's defaults."""
     if mode_of(current) == mode:
         return current
-    cls = KINDS[mode]
+    cls = AC_KINDS[mode]
     return None if cls is None else cls()
 
 

@@ -16,8 +16,9 @@ from torchtitan.trainer import Trainer
 
 import torchtitan_patches
 from skrull_ext.data.steps.packed import PackedDataLoader
+from skrull_ext.train import trainer  # noqa: F401  (registers both trainers: torchtitan's launcher calls build())
+from skrull_ext.train.job.job_config import JobConfig
 from skrull_ext.train.job.job_file import JOBS_DIR, load_job
-from skrull_ext.train.trainer import JobConfig  # importing trainer.py wires JobConfig.build() to SkrullTrainer
 
 
 def _job(name: str, config_cls: type[Trainer.Config] = JobConfig, **kwargs):

@@ -44,17 +44,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.utils.checkpoint import checkpoint
-from torchtitan.components.loss import BaseLoss, ChunkedLossWrapper, CrossEntropyLoss
+from torchtitan.components.loss import BaseLoss, ChunkedLossWrapper
 from torchtitan.config import CompileConfig
 
 from skrull_ext.lora.converter import LORA_FORWARDS, lora_linear
+from skrull_ext.train.job.loss_config import HeadLossConfig
 
-__all__ = ["ChunkedHeadLoss", "DEFAULT_CHUNK_BYTES", "HeadChunking", "assumed_head_bytes_per_token",
+__all__ = ["ChunkedHeadLoss", "HeadChunking", "assumed_head_bytes_per_token",
            "choose_chunk_tokens", "resolve_chunking"]
 
 
@@ -72,14 +73,6 @@ hidden states, which the loss applies per chunk while the module itself passes t
 states through in the model's forward (``ChunkedHeadLoss.pass_head_through``): a plain Linear,
 and a LoRA linear on the head (base weight + adapters, their dropout, skrull_ext/lora). A head
 whose forward is not here is called from the loss, and DP ranks keep lockstep with it."""
-
-DEFAULT_CHUNK_BYTES = 2 << 30
-"""``[loss] chunk_bytes``' default: what the head and loss of one chunk may hold at their peak
-(2 GiB: about 880 tokens of a 152K vocabulary in bf16, assumed 16 B a token and vocabulary entry,
-a [880, 896] x [896, 152K] product that keeps a GPU busy; 1.5% of an H200, which the profile's
-BucketSize keeps free for one chunk, where a micro-batch of the H200 profile's BucketSize held about
-40 GB of logits and as much again of their gradient: issue 57)."""
-
 
 @dataclass(frozen=True)
 class HeadChunking:
@@ -149,25 +142,9 @@ def choose_chunk_tokens(head_bytes_per_token: float, chunk_bytes: int) -> int:
 class ChunkedHeadLoss(ChunkedLossWrapper):
     """The head and the job's loss over chunks of tokens (module docstring)."""
 
-    @dataclass(kw_only=True, slots=True)
-    class Config(BaseLoss.Config):
-        chunk_tokens: int = 0
-        """Tokens a chunk of the head and loss; 0: the most whose peak fits ``chunk_bytes``,
-        from the profile's ``[memory] logits_bytes_per_token`` (else from the model shape);
-        a number at least the micro-batch's tokens runs the head unchunked."""
-
-        chunk_bytes: int = DEFAULT_CHUNK_BYTES
-        """Peak bytes one chunk's head and loss may hold (read when ``chunk_tokens = 0``)."""
-
-        loss_fn: BaseLoss.Config = field(default_factory=CrossEntropyLoss.Config)
-        """The loss of each chunk's logits (a sum over its tokens)."""
-
-        def __post_init__(self) -> None:
-            if isinstance(self.chunk_tokens, bool) or not isinstance(self.chunk_tokens, int) or self.chunk_tokens < 0:
-                raise ValueError(f"loss.chunk_tokens: {self.chunk_tokens!r} must be an integer >= 0 "
-                                 "(0: from the memory model)")
-            if isinstance(self.chunk_bytes, bool) or not isinstance(self.chunk_bytes, int) or self.chunk_bytes < 1:
-                raise ValueError(f"loss.chunk_bytes: {self.chunk_bytes!r} must be a positive integer")
+    Config = HeadLossConfig
+    """``[loss]`` (train/job/loss_config.py); holding it here wires its ``build()`` to this class
+    (torchtitan's Configurable), as torchtitan's Trainer builds ``config.loss``."""
 
     def __init__(self, config: Config, *, compile_config: CompileConfig | None = None):
         self.config = config

@@ -1,9 +1,10 @@
 """SkrullTrainer: torchtitan's Trainer fed whole Skrull steps.
 
-Every job's config is ``JobConfig`` (job_config.py; this class holds it as
-``Config``), whose ``build()`` builds ``SkrullTrainer`` with ``skrull.enable``,
-else ``PackedTrainer`` (packed_trainer.py: torchtitan's own batching, loss and
-step on the same data). What both share is ``JobTrainer`` (job_trainer.py).
+Every job's config is ``JobConfig`` (train/job/job_config.py, below the trainers),
+whose ``build()`` builds ``SkrullTrainer`` with ``skrull.enable``, else
+``PackedTrainer`` (packed_trainer.py: torchtitan's own batching, loss and step on
+the same data): this module registers both (``register_trainer``), so importing it
+wires ``build()``. What both share is ``JobTrainer`` (job_trainer.py).
 
 SkrullTrainer replaces torchtitan's batch loop, nothing else: each step is
 one ``SkrullStep`` from ``SkrullDataLoader``, the gradient accumulated over
@@ -53,8 +54,9 @@ from skrull_ext.scheduler.profile_memory import free_running_bytes
 from skrull_ext.train.checkpointing import mode_of, settle_checkpointing
 from skrull_ext.train.compile_limit import length_free_fusion, raise_recompile_limit
 from skrull_ext.train.free_running import FreeRunningFSDP
-from skrull_ext.train.job.job_config import JobConfig
+from skrull_ext.train.job.job_config import JobConfig, register_trainer
 from skrull_ext.train.job_trainer import JobTrainer, NonFiniteLossError, name_samples
+from skrull_ext.train.packed_trainer import PackedTrainer
 from skrull_ext.train.passes import chunked_samples, step_passes
 from skrull_ext.train.plan_log import PlanLog
 from skrull_ext.train.run_settings import run_settings
@@ -87,8 +89,8 @@ class SkrullTrainer(JobTrainer):
     after torchtitan's model)."""
 
     Config = JobConfig
-    """Every job's config (job_config.py); torchtitan's Configurable wires its ``build()`` to
-    the class that holds it as ``Config``, this one (``JobConfig.trainer_class``)."""
+    """Every job's config (train/job/job_config.py), whose ``build()`` builds the trainer
+    registered for its ``skrull.enable`` (below: this class, or PackedTrainer)."""
 
     config: Config
 
@@ -454,3 +456,7 @@ class SkrullTrainer(JobTrainer):
         if (drift := self.ratio_spread.drift_warning(self.config.skrull.cost_model,
                                                      int(os.environ.get("WORLD_SIZE", "1")))) is not None:
             logger.warning(drift)
+
+
+register_trainer(True, SkrullTrainer)
+register_trainer(False, PackedTrainer)

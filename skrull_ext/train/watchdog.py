@@ -38,7 +38,6 @@ rank that finished first is not taken for a stopped one.
 
 from __future__ import annotations
 
-import math
 import os
 import signal
 import socket
@@ -46,35 +45,18 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import timedelta
 
 import torch.distributed as dist
-from torchtitan.config.configs import CommConfig
 from torchtitan.tools.logging import logger
 
 from skrull_ext.cli_errors import record_error_line
 from skrull_ext.train.launcher_watch import launcher_gone
 from skrull_ext.train.run_lock import release_all
 
-__all__ = ["Heartbeat", "SkrullComm", "start_heartbeat"]
+__all__ = ["Heartbeat", "start_heartbeat"]
 
 DONE = "done"
-
-
-@dataclass(kw_only=True, slots=True)
-class SkrullComm(CommConfig):
-    """torchtitan's ``[comm]`` plus the heartbeat timeout."""
-
-    heartbeat_timeout_seconds: float = 30.0
-    """A rank whose heartbeat is this many seconds old has stopped answering: the
-    first rank to see it names it in one line and ends the job (skrull_ext/train/watchdog.py).
-    0 turns the watch off. Keep it below train_timeout_seconds (which fires unnamed)."""
-
-    def __post_init__(self):
-        t = self.heartbeat_timeout_seconds
-        if not (math.isfinite(t) and (t == 0 or t >= 1)):
-            raise ValueError(f"comm.heartbeat_timeout_seconds must be 0 (off) or >= 1, got {t}")
 
 
 class Heartbeat:

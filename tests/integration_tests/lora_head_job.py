@@ -3,13 +3,13 @@
     SKRULL_TEST_JOB=/abs/job.toml torchrun ... -m skrull_ext.train \\
         --module tests.integration_tests.lora_head_job --config job_file_lora_head
 
-``[lora]`` adapts decoder-layer linears only (its ``target_modules`` are peft's q_proj ...
-down_proj), so a job file cannot put an adapter on the head; a model spec built in Python can
-(torchtitan's own LoRAConverter with every Linear a target does). This one is the job file's
-model with ``[lora]``'s default adapters in its layers and skrull_ext's DropoutLoRALinear as its
-head, to run the head in chunks through the real trainer (train/head_loss.py). No adapter
-folder is written (peft_io maps the layers' adapters only). The job path comes from the
-environment, as for tests/integration_tests/torchtitan_job.py.
+A job file puts an adapter on the head with ``lm_head`` in ``[lora] target_modules`` (on a model
+whose head is not its embedding); a model spec built in Python can put one of any LoRA class
+there, on any model (torchtitan's own LoRAConverter with every Linear a target does). This one is
+the job file's model with ``[lora]``'s default adapters in its layers and ``cls`` (skrull_ext's
+DropoutLoRALinear unless told) as its head, to run the head in chunks through the real trainer
+(train/head_loss.py). No adapter folder is written (its ``[lora]`` does not name the head). The
+job path comes from the environment, as for tests/integration_tests/torchtitan_job.py.
 """
 
 import dataclasses

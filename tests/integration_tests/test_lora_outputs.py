@@ -6,7 +6,8 @@ activation checkpointing ``full`` and ``selective`` (the wrappers that put
 ``_checkpoint_wrapped_module`` into every module name, as the shipped GPU
 jobs do), with ``[checkpoint] interval = 1, last_save_in_hf = true`` and
 ``[lora] save_merged``: a DCP checkpoint at step 1, HF folders at step 2.
-Then, for each run:
+The ``selective`` run adapts the head too (``lm_head`` in ``target_modules``,
+besides the seven defaults). Then, for each run:
 
 - step 2: the peft adapter loaded by peft on the transformers base, the
   merged folder and the ``last_save_in_hf`` folder give the same logits
@@ -21,6 +22,7 @@ One run per AC kind, shared by the module's tests (about 35 s each on the
 loaded 2-core box).
 """
 
+import json
 import os
 
 import pytest
@@ -35,6 +37,10 @@ STEPS = 2
 TEMPLATE = "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
 SAVING = "enable = true\ninterval = 1\nlast_save_in_hf = true"
 LORA = "\n[lora]\nrank = 4\nalpha = 8.0\nsave_merged = true\n"
+HEAD = ('target_modules = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", '
+        '"lm_head"]\n')
+LORA_OF = {"full": LORA, "selective": LORA + HEAD}
+"""Each run's [lora]: the selective run's adapts the head as well."""
 # peft 0.x calls a transformers API that transformers 5 deprecates (not our code).
 PEFT_WARNING = pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")
 
@@ -59,7 +65,7 @@ def lora_run(source, tmp_path_factory):
             job = hf_job(tmp / "job.toml", source, SAVING, edits={
                 '[activation_checkpoint]\nkind = "none"': f'[activation_checkpoint]\nkind = "{ac}"',
                 'activation_checkpoint = "auto"  # the': 'activation_checkpoint = "job"  # the',  # the kind above
-                "\n[skrull]\n": LORA + "\n[skrull]\n",
+                "\n[skrull]\n": LORA_OF[ac] + "\n[skrull]\n",
             })
             dump = str(tmp / "out")
             args = ["--config-file", job, "--dump_folder", dump, "--training.steps", str(STEPS),
@@ -111,6 +117,8 @@ def test_lora_final_folders_are_the_trained_model(source, lora_run, ac):
 
     _, dump = lora_run(ac)
     adapter = os.path.join(dump, "lora_adapter")
+    with open(os.path.join(adapter, "adapter_config.json")) as f:
+        assert ("lm_head" in json.load(f)["target_modules"]) == (ac == "selective")
     base = _logits(_hf(source))
     trained = _logits(peft.PeftModel.from_pretrained(_hf(source), adapter))
     moved = (trained - base).abs().max().item()
@@ -148,7 +156,7 @@ def test_lora_export_of_a_dcp_checkpoint_is_the_trained_model(source, lora_run, 
         layer.attention.inner_attention = ScaledDotProductAttention.Config()
     model = spec.model.build()
     state = model.state_dict()
-    assert any(".lora_b." in k for k in state)
+    assert any(".lora_b." in k for k in state) and ("lm_head.lora_b.weight" in state) == (ac == "selective")
     load_single_process(state, step1)
     model.load_state_dict(state)
     ours = _logits(model)

@@ -6,7 +6,7 @@ TP 2 (FSDP over the DP ranks, every sequence local), against the same
 1-process reference and to the same standard as test_parity_skrull.py: the 5
 losses within 1e-4 and every parameter's gradient at the check step within
 GRAD. torchtitan's TP plan splits the attention heads and MLP columns, runs
-sequence-parallel norms and vocab-sharded logits (skrull_ext/train/tensor_parallel.py).
+sequence-parallel norms and vocab-sharded logits (skrull_ext/train/job/tensor_parallel.py).
 """
 
 import pytest

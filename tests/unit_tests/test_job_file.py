@@ -426,7 +426,7 @@ def test_per_job_help_lists_only_what_the_parser_accepts(job, capsys):
 
     path = os.path.join(os.path.dirname(DEBUG), job)
     with pytest.raises(SystemExit) as e:
-        JobConfigManager().parse_args(["--config-file", path, "--training.steps", "3", "--help"])
+        JobConfigManager("skrull_ext.train").parse_args(["--config-file", path, "--training.steps", "3", "--help"])
     assert e.value.code == 0
     text = capsys.readouterr().out
     assert text.startswith(f"usage: python -m skrull_ext.train --config-file {path} ")

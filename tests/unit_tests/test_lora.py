@@ -60,7 +60,8 @@ def test_lora_table_turns_lora_on(tmp_path):
     ("alpha = -1", "lora.alpha"),
     ("dropout = 1.0", "lora.dropout"),
     ("target_modules = ['q_proj', 'v_proj']", "lora.target_modules"),
-    ("target_modules = ['lm_head']", "lora.target_modules"),
+    ("target_modules = ['output']", "lora.target_modules"),
+    ("target_modules = ['lm_head']\nlayers = [0]", r"lora.layers: \[0\] with 'lm_head' .* peft's layers_to_transform"),
     ("target_modules = []", "lora.target_modules"),
     ("layers = [-1]", "lora.layers"),
     ("ranks = 4", "ranks"),
@@ -80,6 +81,26 @@ def test_every_family_converts(family):
     assert len(adapted) == 2 * 5 and all(isinstance(m, DropoutLoRALinear) for m in adapted.values())
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     assert trainable and all(".lora_a." in n or ".lora_b." in n for n in trainable)
+
+
+def test_lm_head_adapts_the_head_and_is_refused_where_the_head_is_the_embedding():
+    """``lm_head`` in target_modules: the head becomes a LoRA linear (outside the layers, trainable
+    adapters only); a model that ties its head to the embedding is refused, naming the key."""
+    lora = LoRAConfig(enable=True, rank=4, target_modules=["o_proj", "lm_head"])
+    assert lora.titan_targets() == ["lm_head", "wo"] and lora.hf_targets() == ["o_proj", "lm_head"]
+    model = with_lora(build_model_spec("llama3", "debugmodel"), lora).model.build()
+    adapted = lora_modules(model)
+    assert isinstance(adapted["lm_head"], DropoutLoRALinear) and len(adapted) == 1 + len(model.layers)
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert {"lm_head.lora_a.weight", "lm_head.lora_b.weight"} <= trainable and "lm_head.weight" not in trainable
+    spec = with_lora(build_model_spec("llama3", "debugmodel"), lora)  # its HF state dicts: the base only
+    hf = spec.state_dict_adapter(spec.model, None).to_hf(model.state_dict())
+    assert "lm_head.weight" in hf and not [k for k in hf if "lora" in k]
+    assert "lm_head" not in lora_modules(with_lora(build_model_spec("llama3", "debugmodel"),
+                                                   LoRAConfig(enable=True)).model.build())  # not by default
+    for family in ("qwen2_5", "qwen3"):  # their debug models tie the head to the embedding
+        with pytest.raises(ValueError, match=r"lora.target_modules: 'lm_head' on a model whose head is its embedding"):
+            with_lora(build_model_spec(family, "debugmodel"), lora)
 
 
 def test_layers_outside_the_model_are_named():
@@ -129,6 +150,7 @@ def _trained_titan(folder: str, lora: LoRAConfig, steps: int = 3):
     ("qwen2_5", LoRAConfig(enable=True, rank=8, alpha=16.0, dropout=0.1)),
     ("qwen3", LoRAConfig(enable=True, rank=4, alpha=4.0, target_modules=["q_proj", "k_proj", "v_proj", "down_proj"],
                          layers=[0, 2])),
+    ("llama3", LoRAConfig(enable=True, rank=4, alpha=8.0, dropout=0.1, target_modules=["down_proj", "lm_head"])),
 ])
 def test_lora_adapter_loads_in_peft_and_merged_model_matches(hf_base, tmp_path, case, lora):
     import peft

@@ -111,6 +111,56 @@ def test_no_import_cycles():
     assert cycles(graph) == []
 
 
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Package -> the other packages its modules import: each module counted in the folder
+    that holds it (a package's ``__init__`` in that package), except a module at the root
+    of skrull_ext, a room of its own as the floors count it (``errors``, ``export``, ...).
+    A subfolder is a package of its own here, so two folders that import each other
+    (``train/`` and ``train/job/``, issue 56) are a cycle even where no module cycle is."""
+    packages = {m for m in graph if any(o.startswith(f"{m}.") for o in graph)}
+
+    def package(module: str) -> str:
+        parts = module.split(".")
+        if module in packages or (parts[0] == "skrull_ext" and len(parts) == 2):
+            return module
+        return module.rsplit(".", 1)[0]
+
+    out: dict[str, set[str]] = {package(m): set() for m in graph}
+    for m, targets in graph.items():
+        out[package(m)] |= {package(t) for t in targets} - {package(m)}
+    return out
+
+
+def test_no_two_packages_import_each_other():
+    """No circle of packages either: a subfolder sits below the folder that holds it or beside
+    it, never both (train/job/, the job's settled config, below the trainers in train/)."""
+    packages = package_graph(_graph())
+    assert "skrull_ext.train.job" in packages["skrull_ext.train"]  # the walk sees subfolders
+    assert "skrull_ext.data.sources" in packages["skrull_ext.data.steps"]
+    assert cycles(packages) == []
+
+
+def test_the_package_cycle_finder_finds_a_pair_without_a_module_cycle(tmp_path):
+    pkg = tmp_path / "skrull_ext"
+    for path, source in {
+        "__init__.py": "",
+        "room/__init__.py": "",
+        "room/top.py": "from skrull_ext.room.sub.low import f\n",  # down into the subfolder
+        "room/helpers.py": "",
+        "room/sub/__init__.py": "",
+        "room/sub/low.py": "def f():\n    from skrull_ext.room import helpers\n",  # and back up: a pair
+        "errors.py": "",
+        "other/__init__.py": "from skrull_ext import errors\n",  # a root module is a room of its own
+        "other/m.py": "",
+    }.items():
+        (pkg / path).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / path).write_text(source)
+    graph = import_graph(packages=(pkg,), root=tmp_path)
+    assert cycles(graph) == []  # no module imports itself round a circle
+    assert cycles(package_graph(graph)) == [["skrull_ext.room", "skrull_ext.room.sub"]]
+    assert package_graph(graph)["skrull_ext.other"] == {"skrull_ext.errors"}
+
+
 ROOMS = {
     # the scheduler and the torchtitan integration, each in its room
     "scheduler", "train",

@@ -229,7 +229,7 @@ def test_a_rank_whose_heartbeat_stops_is_named_once():
 
 
 def test_the_heartbeat_timeout_is_checked():
-    from skrull_ext.train.watchdog import SkrullComm
+    from skrull_ext.train.job.comm_config import SkrullComm
 
     assert SkrullComm().heartbeat_timeout_seconds == 30 and SkrullComm(heartbeat_timeout_seconds=0)
     with pytest.raises(ValueError, match="comm.heartbeat_timeout_seconds must be 0 \\(off\\) or >= 1, got 0.5"):

@@ -14,7 +14,7 @@ from skrull_ext.errors import JobFileError
 from skrull_ext.scheduler.model_shape import job_shape
 from skrull_ext.train.job.job_checks import check_job
 from skrull_ext.train.job.job_file import load_config, load_job
-from skrull_ext.train.tensor_parallel import PP_REASON, check_skrull_parallelism, pp_refusal
+from skrull_ext.train.job.tensor_parallel import PP_REASON, check_skrull_parallelism, pp_refusal
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 DEBUG = os.path.join(ROOT, "skrull_ext", "jobs", "debug_cpu.toml")

@@ -30,6 +30,18 @@ def test_skrull_enable_names_the_trainer():
     assert isinstance(off.dataloader, PackedDataLoader.Config)
 
 
+def test_the_trainers_register_themselves_with_the_config_below_them(monkeypatch):
+    """JobConfig (train/job/) names no trainer: trainer.py registers both, and a config whose
+    trainer nobody registered says which module does, instead of building torchtitan's own."""
+    from skrull_ext.train.job import job_config
+
+    assert job_config.TRAINERS == {True: SkrullTrainer, False: PackedTrainer}
+    monkeypatch.setattr(job_config, "TRAINERS", {False: PackedTrainer})
+    with pytest.raises(RuntimeError, match=r"no trainer is registered for skrull.enable = True: import "
+                                           r"train/trainer.py"):
+        _config().build()
+
+
 def test_torchtitans_step_is_reused_where_it_fits():
     """PackedTrainer steps as torchtitan does (its batch_generator, train_step and
     forward_backward_step only wrapped in the step's phases: test_packed_phases.py);

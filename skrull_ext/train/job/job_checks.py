@@ -22,7 +22,7 @@ from skrull_ext.data.sources.checks import check_data
 from skrull_ext.errors import JobFileError
 from skrull_ext.scheduler.capacity import Capacity
 from skrull_ext.scheduler.config import LOOKAHEAD_AUTO
-from skrull_ext.train.tensor_parallel import check_skrull_parallelism
+from skrull_ext.train.job.tensor_parallel import check_skrull_parallelism
 
 __all__ = ["check_job"]
 

@@ -1,10 +1,12 @@
 """``JobConfig``: every skrull-ext job's config, Skrull on or off.
 
 torchtitan's ``Trainer.Config`` plus ``[skrull]`` (skrull_config.py), ``[lora]``,
-``[validation]`` and the heartbeat of ``[comm]``. It chooses the trainer:
-``build()`` builds ``SkrullTrainer`` (trainer.py, which holds this class as its
-``Config``, so torchtitan's Configurable wires the owner) with ``skrull.enable``,
-else ``PackedTrainer`` (packed_trainer.py: torchtitan's own batching).
+``[validation]`` (validation_config.py) and the heartbeat of ``[comm]``
+(comm_config.py). It chooses the trainer by ``skrull.enable``: ``build()`` builds
+the class registered for that value (``TRAINERS``). The trainers sit above this
+config and register themselves (train/trainer.py: ``SkrullTrainer`` for true,
+``PackedTrainer``, torchtitan's own batching, for false), so this module names
+none of them: importing train/trainer.py wires ``build()``, as the launchers do.
 """
 
 import dataclasses
@@ -17,12 +19,18 @@ from torchtitan.trainer import Trainer
 from skrull_ext.data.steps.packed import PackedDataLoader
 from skrull_ext.data.steps.loader import SkrullDataLoader
 from skrull_ext.lora import LoRAConfig
-from skrull_ext.train.job_trainer import JobTrainer
-from skrull_ext.train.packed_trainer import PackedTrainer
+from skrull_ext.train.job.comm_config import SkrullComm
 from skrull_ext.train.job.skrull_config import SkrullConfig
-from skrull_ext.train.tensor_parallel import pp_refusal
-from skrull_ext.train.validation import ValidationConfig
-from skrull_ext.train.watchdog import SkrullComm
+from skrull_ext.train.job.tensor_parallel import pp_refusal
+from skrull_ext.train.job.validation_config import ValidationConfig
+
+TRAINERS: dict[bool, type[Trainer]] = {}
+"""``skrull.enable`` -> the trainer class that runs the job (``register_trainer``)."""
+
+
+def register_trainer(skrull_enable: bool, trainer: type[Trainer]) -> None:
+    """Let a job with ``skrull.enable = skrull_enable`` build ``trainer`` (``JobConfig.build``)."""
+    TRAINERS[skrull_enable] = trainer
 
 
 @dataclass(kw_only=True, slots=True)
@@ -44,15 +52,19 @@ class JobConfig(Trainer.Config):
     """A held-out set's loss every N steps and at the end, batched by Skrull (validation.py)."""
 
     @property
-    def trainer_class(self) -> type[JobTrainer]:
+    def trainer_class(self) -> type[Trainer]:
         """The trainer this job runs, resolved from ``skrull.enable`` here only
-        (as ``__post_init__`` resolves the dataloader): the owner
-        (SkrullTrainer, whose ``Config`` this is) with Skrull on, else PackedTrainer, torchtitan's batching."""
-        return self._owner if self.skrull.enable else PackedTrainer
+        (as ``__post_init__`` resolves the dataloader): the class registered for it
+        (``TRAINERS``; SkrullTrainer with Skrull on, else PackedTrainer, torchtitan's batching)."""
+        trainer = TRAINERS.get(self.skrull.enable)
+        if trainer is None:
+            raise RuntimeError(f"no trainer is registered for skrull.enable = {self.skrull.enable}: "
+                               "import train/trainer.py (it registers both) before build()")
+        return trainer
 
-    def build(self, **kwargs) -> JobTrainer:
+    def build(self, **kwargs) -> Trainer:
         """torchtitan's ``Configurable.Config.build()`` (the trainer gets a copy),
-        building ``trainer_class`` rather than always the owner: the choice
+        building ``trainer_class`` rather than the class that holds this config: the choice
         follows the final config, whichever launcher parsed it (a job file,
         ``--skrull.no-enable``, torchtitan's ``--module/--config``)."""
         if kwargs:

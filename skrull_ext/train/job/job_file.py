@@ -34,34 +34,22 @@ from torchtitan.protocols.model_spec import ModelSpec
 from torchtitan.trainer import Trainer
 
 import torchtitan_patches
-from skrull_ext.data.steps.packed import PackedDataLoader
 from skrull_ext.data.steps.loader import SkrullDataLoader
-from skrull_ext.data.sources.tokenizer import LocalTokenizer, SyntheticTokenizer
+from skrull_ext.data.steps.packed import PackedDataLoader
+from skrull_ext.data.sources.tokenizer import SyntheticTokenizer
 from skrull_ext.errors import JobFileError
 from skrull_ext.hf.job import hf_job_defaults
 from skrull_ext.models.registry import build_model_spec
-from skrull_ext.train import checkpointing
-from skrull_ext.train.head_loss import ChunkedHeadLoss
 from skrull_ext.train.job.job_checks import check_job
+from skrull_ext.train.job.job_config import JobConfig
 from skrull_ext.train.job.job_flags import Flag, flag_tables
 from skrull_ext.train.job.job_help import job_help
-from skrull_ext.train.trainer import JobConfig  # importing trainer.py wires JobConfig.build() to SkrullTrainer
-from skrull_ext.train.job.usage import JOBS_DIR, USAGE, exit_without_job
+from skrull_ext.train.job.loss_config import HeadLossConfig
+from skrull_ext.train.job.section_kinds import SECTION_KINDS, register_kind
+from skrull_ext.train.job.usage import JOBS_DIR, USAGE, exit_without_job, entry_module
 
-
-SECTION_KINDS: dict[str, dict[str, Any]] = {
-    "dataloader": {"packed": PackedDataLoader.Config, "skrull": SkrullDataLoader.Config},
-    "tokenizer": {"synthetic": SyntheticTokenizer.Config, "hf": LocalTokenizer.Config},
-    "activation_checkpoint": dict(checkpointing.KINDS),
-}
-"""Per section, the classes a ``kind`` key may select (None disables it)."""
 
 MODEL_KEYS = ("name", "flavor", "attn_backend", "hf_path")
-
-
-def register_kind(section: str, kind: str, config_cls: Any) -> None:
-    """Let ``[section] kind = "<kind>"`` select ``config_cls``."""
-    SECTION_KINDS.setdefault(section, {})[kind] = config_cls
 
 
 def _type_name(tp: Any) -> str:
@@ -243,7 +231,7 @@ def base_config(
         hf_assets_path="",
         tokenizer=SyntheticTokenizer.Config(vocab_size=vocab),
         # The head and loss in chunks of tokens (train/head_loss.py), the chunk from the memory model.
-        loss=ChunkedHeadLoss.Config(loss_fn=CrossEntropyLoss.Config(global_vocab_size=vocab)),
+        loss=HeadLossConfig(loss_fn=CrossEntropyLoss.Config(global_vocab_size=vocab)),
         dataloader=(
             SkrullDataLoader.Config()
             if issubclass(config_cls, JobConfig)
@@ -380,6 +368,12 @@ class JobConfigManager(ConfigManager):
     fine-tuning jobs name a placeholder folder).
     """
 
+    def __init__(self, module: str | None = None):
+        super().__init__()
+        self.module = module or entry_module()
+        """The entry point ``--help`` names (``python -m skrull_ext.train``); None: the module
+        ``python -m`` ran (usage.entry_module)."""
+
     def _load_config(self, args: list[str]) -> tuple[object, list[str]]:
         path, rest, model = None, [], {}
         it = iter(args)
@@ -418,7 +412,7 @@ class JobConfigManager(ConfigManager):
                         if a.startswith(("--config-file", "--config_file"))), "JOB.toml")
             sections, scalars = sections_and_scalars(config)
             print(job_help(config, job, sections=sections, scalars=scalars, kinds=SECTION_KINDS,
-                           model_keys=MODEL_KEYS, settable=settable_fields), end="")
+                           model_keys=MODEL_KEYS, settable=settable_fields, module=self.module), end="")
             raise SystemExit(0)
         tables, given = flag_tables(config, rest, SECTION_KINDS)
         self.config = apply_tables(config, tables, where="", given=given)
@@ -426,7 +420,7 @@ class JobConfigManager(ConfigManager):
         return self.config
 
 
-def load_config(argv: list[str] | None = None, *, module: str = "skrull_ext.train",
+def load_config(argv: list[str] | None = None, *, module: str | None = None,
                 world_size: int | None = None, check: bool = True):
     """The job config of a command line, for every skrull-ext entry point
     (training, profiler, checks), with the CPU fixes applied
@@ -437,14 +431,16 @@ def load_config(argv: list[str] | None = None, *, module: str = "skrull_ext.trai
     false skips that: a tool that only reads the job's data, ahead of the
     launch, does not know its world).
 
-    Without a job (no ``--config-file``/``--module``) it prints the usage and
+    Without a job (no ``--config-file``/``--module``) it prints the usage of
+    ``python -m module`` (the entry point; None: the module ``python -m`` ran) and
     exits (0 for ``--help``, else 2). Raises ``JobFileError`` for a bad key or
     value, whether from the file or a flag.
     """
     argv = sys.argv[1:] if argv is None else argv
+    module = module or entry_module()
     exit_without_job(argv, module)
     try:
-        config = JobConfigManager().parse_args(argv)
+        config = JobConfigManager(module).parse_args(argv)
     except JobFileError:
         raise
     except (ValueError, TypeError) as e:  # a __post_init__ check, or torchtitan's --module/--config

@@ -78,8 +78,9 @@ def _section(key: str, obj: Any, kinds: dict[str, Any] | None, settable) -> list
 
 
 def job_help(config: Any, job: str, *, sections: set[str], scalars: set[str], kinds: dict[str, dict[str, Any]],
-             model_keys: tuple[str, ...], settable, module: str = "skrull_ext.train") -> str:
-    """The listing ``--help`` prints for ``config``, the job ``job`` with its flags applied.
+             model_keys: tuple[str, ...], settable, module: str) -> str:
+    """The listing ``--help`` prints for ``config``, the job ``job`` with its flags applied, under
+    ``python -m module`` (the entry point's own name).
     The parser's own facts come from job_file: its root ``sections`` and ``scalars``, the
     ``kinds`` switches, the ``[model]`` keys and ``settable`` (a class's settable fields)."""
     out = [

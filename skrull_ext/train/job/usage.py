@@ -1,5 +1,6 @@
-"""The usage of every entry point that takes a job (``skrull_ext.train``, the profiler's
-``load_config``): what a command line without one prints, and its exit status.
+"""The usage of every entry point that takes a job (``python -m skrull_ext.train``, the
+profiler, ``prepare``: each names itself, ``module``): what a command line without one prints,
+and its exit status.
 
 It imports nothing but ``os`` and ``sys``: ``python -m skrull_ext.train --help`` (or
 no arguments) is answered before torch and torchtitan are imported, which take seconds
@@ -12,7 +13,7 @@ from __future__ import annotations
 import os
 import sys
 
-__all__ = ["JOBS_DIR", "USAGE", "exit_without_job", "has_job", "shipped_jobs"]
+__all__ = ["JOBS_DIR", "USAGE", "entry_module", "exit_without_job", "has_job", "shipped_jobs"]
 
 JOBS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "jobs")
 """The shipped job files (``skrull_ext/jobs``)."""
@@ -55,9 +56,18 @@ def has_job(argv: list[str]) -> bool:
     return any(a == "--module" or a.startswith(("--module=", "--config-file", "--config_file")) for a in argv)
 
 
-def exit_without_job(argv: list[str], module: str = "skrull_ext.train") -> None:
-    """Return when ``argv`` names a job; else print the usage (rank 0 only) and exit:
-    0 to stdout for ``-h``/``--help``, else 2 to stderr, ending in one ``error:`` line."""
+def entry_module() -> str:
+    """The module ``python -m`` ran (``skrull_ext.profile`` for ``python -m skrull_ext.profile``
+    or its torchrun), for a usage whose caller named none; ``__main__`` where none ran (a script).
+    The entry points name themselves: this job layer sits below them and names none."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return spec.name.removesuffix(".__main__") if spec is not None and spec.name else "__main__"
+
+
+def exit_without_job(argv: list[str], module: str) -> None:
+    """Return when ``argv`` names a job; else print the usage of ``python -m module`` (rank 0
+    only) and exit: 0 to stdout for ``-h``/``--help``, else 2 to stderr, ending in one ``error:``
+    line."""
     if has_job(argv):
         return
     asked = any(a in ("-h", "--help") for a in argv)
