@@ -86,6 +86,7 @@ def profile_dict(p: Profile) -> dict[str, Any]:
                   "bytes_per_elem": s.bytes_per_elem},
         "compute": {"a_us_per_flop": cp.fit.slope, "b_us": cp.fit.intercept,
                     **({"attention_weight": cp.attention_weight} if cp.attention_weight != 1.0 else {}),
+                    **({"whole_buffer": True} if cp.whole_buffer else {}),  # the scheduler prices as the kernel
                     "r2": cp.fit.r2,
                     "max_rel_error": cp.fit.max_rel_error, "points": len(cp.points),
                     "held_out_max_rel_error": cp.held_out_max_rel_error},
