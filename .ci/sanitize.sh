@@ -55,5 +55,6 @@ ASAN_OPTIONS=$ASAN_OPTIONS:detect_leaks=0 LD_PRELOAD=$preload PYTHONPATH=$PWD SK
   "$py" -m pytest -q -p no:cacheprovider \
   tests/unit_tests/test_bindings.py tests/unit_tests/test_cost_model.py tests/unit_tests/test_dacp.py \
   tests/unit_tests/test_gds.py tests/unit_tests/test_plan.py tests/unit_tests/test_properties.py \
-  tests/unit_tests/test_hardening.py tests/unit_tests/test_concurrency.py tests/unit_tests/test_pool_subgroup.py
+  tests/unit_tests/test_hardening.py tests/unit_tests/test_concurrency.py tests/unit_tests/test_pool_subgroup.py \
+  tests/unit_tests/test_whole_buffer.py
 echo "== sanitize: green in $((SECONDS - t0)) s"

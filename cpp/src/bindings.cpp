@@ -163,15 +163,16 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
 
   py::class_<CostModel>(m, "CostModel", "Per-layer cost model of docs/design/cost_model.md (tokens, FLOPs, bytes, microseconds).")
       .def(py::init([](const ModelShape& shape, double a_us_per_flop, double b_us, const CommModel& comm,
-                       double micro_batch_fixed_us, double step_fixed_us, double token_us, double attention_weight) {
+                       double micro_batch_fixed_us, double step_fixed_us, double token_us, double attention_weight,
+                       bool whole_buffer) {
              CostModel c{shape, a_us_per_flop, b_us, comm, micro_batch_fixed_us, step_fixed_us, token_us,
-                         attention_weight};
+                         attention_weight, whole_buffer};
              c.validate();
              return c;
            }),
            py::arg("shape"), py::arg("a_us_per_flop"), py::arg("b_us"), py::arg("comm"),
            py::arg("micro_batch_fixed_us") = 0.0, py::arg("step_fixed_us") = 0.0, py::arg("token_us") = 0.0,
-           py::arg("attention_weight") = 1.0)
+           py::arg("attention_weight") = 1.0, py::arg("whole_buffer") = false)
       // Copies: a CostModel is immutable once validated (build a new one).
       .def_property_readonly("shape", [](const CostModel& c) { return c.shape; })
       .def_readonly("a_us_per_flop", &CostModel::a_us_per_flop)
@@ -184,6 +185,14 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
                     "Time per token a rank holds in a micro-batch outside the layers (embedding, head, loss).")
       .def_readonly("attention_weight", &CostModel::attention_weight,
                     "Weight of the attention term in flops() against the linear ones (fitted by the profiler).")
+      .def_readonly("whole_buffer", &CostModel::whole_buffer,
+                    "Attention runs over a rank's buffer whole (CPU dense SDPA): each part priced as one sequence "
+                    "of its length, not per document (the profile's [compute] whole_buffer).")
+      .def("local_flops", &CostModel::local_flops, py::arg("tokens"), py::arg("per_doc"),
+           "FLOPs of a rank's local part of `tokens` tokens whose documents' flops() sum to per_doc.")
+      .def("dist_flops", &CostModel::dist_flops, py::arg("tokens"), py::arg("per_doc_share"), py::arg("cp"),
+           "One rank's FLOPs of the distributed part: sequences of `tokens` tokens whose flops() / cp sum to "
+           "per_doc_share.")
       .def_property_readonly("comm", [](const CostModel& c) { return c.comm; })
       .def("flops", &CostModel::flops, py::arg("length"), "Forward FLOPs of one layer for one sequence.")
       .def("kv_bytes", &CostModel::kv_bytes, py::arg("length"), "K and V bytes of one layer.")

@@ -219,6 +219,15 @@ static void test_pool_narrow() {
     mb.groups = 2;
     CHECK(detail::pool_narrow(mb, lengths, flops, c, 4, 100, w) == 0);
   }
+  {
+    // The first case under whole_buffer: sub-group sets are not priced for a
+    // kernel over the whole buffer, so nothing narrows.
+    CostModel c = comm_toy(0.0);
+    c.whole_buffer = true;
+    detail::sequence_flops(lengths.data(), lengths.size(), c, flops);
+    PlanMicroBatch mb = two_sharded(c);
+    CHECK(detail::pool_narrow(mb, lengths, flops, c, 4, 100, w) == 0);
+  }
 }
 
 // hedge.hpp by hand: comm_toy at 0.1 us/FLOP, CP 2, the shard sweep on.

@@ -34,13 +34,14 @@ class RefCost:
     token: float = 0.0  # token_us: per token of the rank holding the most, outside the layers
     margin: float = 1.0  # comm.plan_margin: placements chosen at margin x the exchange, priced at 1x (hedge.hpp)
     attention: float = 1.0  # attention_weight: the attention term's weight in flops()
+    whole: bool = False  # whole_buffer: each part of a rank's buffer priced as one sequence of its length
 
     @classmethod
     def of(cls, cm) -> RefCost:
         s, c = cm.shape, cm.comm
         return cls(s.layers, s.hidden, s.kv_width, s.bytes_per_elem, cm.a_us_per_flop, cm.b_us,
                    list(c.bytes), list(c.us), c.threshold_bytes, c.floor_us, c.collectives_per_layer,
-                   cm.micro_batch_fixed_us, s.tp, cm.token_us, c.plan_margin, cm.attention_weight)
+                   cm.micro_batch_fixed_us, s.tp, cm.token_us, c.plan_margin, cm.attention_weight, cm.whole_buffer)
 
     def planning(self) -> RefCost:
         """hedge.hpp planning_model: every exchange at margin x its price."""
@@ -49,6 +50,12 @@ class RefCost:
     def flops(self, s: int) -> float:
         h, hkv, x = float(self.hidden), float(self.kv_width), float(s)
         return (20.0 * h * h * x + 4.0 * h * hkv * x + self.attention * 4.0 * h * x * x) / self.tp
+
+    def local_flops(self, tokens: int, per_doc: float) -> float:  # and dist_flops: cost_model.hpp's
+        return self.flops(tokens) if self.whole else per_doc
+
+    def dist_flops(self, tokens: int, share: float, n: int) -> float:
+        return self.flops(tokens) / n if self.whole else share
 
     def kv_bytes(self, s: int) -> float:
         return 2.0 * float(s) * float(self.kv_width) * self.bytes_per_elem / self.tp
@@ -97,21 +104,22 @@ class RefDacp:
 
 
 def score(lengths: list[int], cp_rank: list[int], cost: RefCost, n: int) -> tuple[list[int], float]:
-    tokens = [0] * n
-    local = [0.0] * n
-    dist = 0.0
-    vol = 0.0
+    tokens, ltok, local = [0] * n, [0] * n, [0.0] * n
+    dist, dtok, vol = 0.0, 0, 0.0
     for s, r in zip(lengths, cp_rank):
         if r == DISTRIBUTED:
             sh = shard_tokens(s, n)
             for j in range(n):
                 tokens[j] += sh
             dist += cost.flops(s) / n
+            dtok += s
             vol += cost.kv_bytes(sh * n)
         else:
             tokens[r] += s
+            ltok[r] += s
             local[r] += cost.flops(s)
-    return tokens, cost.micro_batch(local, dist, vol, max(tokens))
+    local = [cost.local_flops(t, f) for t, f in zip(ltok, local)]
+    return tokens, cost.micro_batch(local, cost.dist_flops(dtok, dist, n), vol, max(tokens))
 
 
 def refine(lengths: list[int], cost: RefCost, n: int, bucket: int, order: list[int], cp_rank: list[int]) -> int:
@@ -120,19 +128,22 @@ def refine(lengths: list[int], cost: RefCost, n: int, bucket: int, order: list[i
     if n <= 1 or not lengths:
         return 0
     room = [bucket] * n
-    local = [0.0] * n
-    dist = 0.0
-    vol = 0.0
+    local, ltok = [0.0] * n, [0] * n  # as priced: cost.local_flops of the rank's local tokens
+    dist, dtok, vol = 0.0, 0, 0.0  # dist as priced: cost.dist_flops
     for i, s in enumerate(lengths):
         if cp_rank[i] == DISTRIBUTED:
             sh = shard_tokens(s, n)
             for j in range(n):
                 room[j] -= sh
             dist += cost.flops(s) / n
+            dtok += s
             vol += cost.kv_bytes(sh * n)
         else:
             room[cp_rank[i]] -= s
             local[cp_rank[i]] += cost.flops(s)
+            ltok[cp_rank[i]] += s
+    local = [cost.local_flops(t, f) for t, f in zip(ltok, local)]
+    dist = cost.dist_flops(dtok, dist, n)
     moves = 0
     current = cost.micro_batch(local, dist, vol)
     while moves < min(len(lengths), MAX_REFINE_MOVES):
@@ -154,31 +165,37 @@ def refine(lengths: list[int], cost: RefCost, n: int, bucket: int, order: list[i
             s = lengths[x]
             f = cost.flops(s)
             best, to = current, b
+            b_after = cost.local_flops(ltok[b] - s, local[b] - f)
+            to_after = cost.local_flops(ltok[lightest] + s, local[lightest] + f)
+            dist_after = cost.dist_flops(dtok + s, dist + f / n, n)
             if room[lightest] >= s:
                 trial = list(local)
-                trial[b] -= f
-                trial[lightest] += f
+                trial[b] = b_after
+                trial[lightest] = to_after
                 t = cost.micro_batch(trial, dist, vol)
                 if t < best:
                     best, to = t, lightest
             sh = shard_tokens(s, n)
             if room[b] + s >= sh and all(j == b or room[j] >= sh for j in range(n)):
                 trial = list(local)
-                trial[b] -= f
-                t = cost.micro_batch(trial, dist + f / n, vol + cost.kv_bytes(sh * n))
+                trial[b] = b_after
+                t = cost.micro_batch(trial, dist_after, vol + cost.kv_bytes(sh * n))
                 if t < best:
                     best, to = t, DISTRIBUTED
             if to == b:
                 continue
-            local[b] -= f
+            local[b] = b_after
+            ltok[b] -= s
             room[b] += s
             if to == DISTRIBUTED:
                 for j in range(n):
                     room[j] -= sh
-                dist += f / n
+                dist = dist_after
+                dtok += s
                 vol += cost.kv_bytes(sh * n)
             else:
-                local[to] += f
+                local[to] = to_after
+                ltok[to] += s
                 room[to] -= s
             cp_rank[x] = to
             current = best

@@ -39,10 +39,12 @@ docs/profile.md). Such a buffer is then priced as one sequence of its
 length, the work its kernel does, so the packed check tests the fit against
 that kernel (it read -36% and -30% against the per-document sum, a miss no
 fit can close, on every CPU profile); it tells the two rates nothing a
-single document does not, so it is not fitted either. The per-document sum,
-what the scheduler prices a micro-batch at whatever the kernel, is still
-given beside it (``ComputeResult.sum_rel_error``): under such a kernel the
-plans' predictions of micro-batches of several documents are that far short.
+single document does not, so it is not fitted either. The profile says so
+(``[compute] whole_buffer = true``), and the scheduler's cost model then
+prices each part of a rank's buffer the same way (``CostModel.whole_buffer``,
+docs/design/cost_model.md). The per-document sum, the price a varlen kernel
+would get, is still given beside it (``ComputeResult.sum_rel_error``): what
+a plan priced per document would miss by on micro-batches of several documents.
 """
 
 from __future__ import annotations

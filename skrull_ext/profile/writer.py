@@ -86,6 +86,7 @@ def profile_dict(p: Profile) -> dict[str, Any]:
                   "bytes_per_elem": s.bytes_per_elem},
         "compute": {"a_us_per_flop": cp.fit.slope, "b_us": cp.fit.intercept,
                     **({"attention_weight": cp.attention_weight} if cp.attention_weight != 1.0 else {}),
+                    **({"whole_buffer": True} if cp.whole_buffer else {}),  # the scheduler prices as the kernel
                     "r2": cp.fit.r2,
                     "max_rel_error": cp.fit.max_rel_error, "points": len(cp.points),
                     "held_out_max_rel_error": cp.held_out_max_rel_error},
@@ -246,8 +247,8 @@ def report(p: Profile) -> str:
         + f"  (worst {cp.held_out_max_rel_error:.1%})",
         "  packed   " + ", ".join(f"{'+'.join(map(str, t.docs))}: {cp.rel_error(t):+.1%}" for t in cp.packed)
         + ("  (fitted with the ladder: two rates)" if cp.attention_weight != 1.0
-           else "  (the kernel attends over each buffer whole: priced as one sequence of its length; the "
-                "scheduler's sum of per-document FLOPs misses by "
+           else "  (the kernel attends over each buffer whole: priced as one sequence of its length, as the "
+                "scheduler prices it under [compute] whole_buffer; a sum of per-document FLOPs misses by "
                 + ", ".join(f"{cp.sum_rel_error(t):+.1%}" for t in cp.packed) + ")" if cp.whole_buffer
            else "  (prediction = sum of per-document FLOPs)"),
         f"  memory   peak bytes = {mem.fit.intercept:.4g} + {mem.fit.slope:.4g} N + {mem.fit.quadratic:.4g} N^2,"

@@ -10,7 +10,10 @@ The solver runs single-threaded under a *deterministic* time limit, so every
 rank that solves the same micro-batch gets the same answer without talking.
 Callers score the answer with the C++ cost model (``evaluate_placement``)
 and keep it only if it predicts faster: rounding here never makes a plan
-worse than the heuristic's.
+worse than the heuristic's. Under ``CostModel.whole_buffer`` (a kernel over the
+whole buffer, CPU dense) the model still sums FLOPs per document, a relaxation
+of that price (a buffer costs at least its documents' sum): its answer is
+priced whole by ``evaluate_placement`` like any other.
 """
 
 from __future__ import annotations

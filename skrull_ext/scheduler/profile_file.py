@@ -5,7 +5,11 @@ and what the scheduler plans with. TOML::
 
     [model]     layers, hidden, kv_width, bytes_per_elem (and an optional name)
     [compute]   a_us_per_flop, b_us (optional: attention_weight, the attention
-                term's weight against the linear layers'; absent = 1)
+                term's weight against the linear layers'; absent = 1;
+                whole_buffer, true where the profiled kernel attends over a
+                rank's buffer whole, the CPU's dense SDPA: each part of a
+                buffer then priced as one sequence of its length, not per
+                document; absent = false, per document as a varlen kernel)
     [comm]      bytes = [...], us = [...]  (optional: threshold_bytes, floor_us,
                 collectives_per_layer, cross_group_factor: the exchange time
                 across CP groups over the same bytes within one, skrull-pool's
@@ -75,7 +79,7 @@ _MEMORY_FIT_KEYS = {"r2", "max_rel_error", "points"}
 _SCHEMA: dict[str, tuple[set[str], set[str] | None]] = {
     # section: (required keys, optional keys; None: free-form)
     "model": ({"layers", "hidden", "kv_width", "bytes_per_elem"}, {"name"}),
-    "compute": ({"a_us_per_flop", "b_us"}, {"attention_weight", "r2", "max_rel_error", "points",
+    "compute": ({"a_us_per_flop", "b_us"}, {"attention_weight", "whole_buffer", "r2", "max_rel_error", "points",
                                            "held_out_max_rel_error"}),
     "comm": ({"bytes", "us"}, {"threshold_bytes", "floor_us", "collectives_per_layer", "cross_group_factor",
                                "plan_margin", "collective", "backend",
@@ -156,9 +160,18 @@ def from_dict(d: dict[str, Any], where: str = "profile", tp: int = 1, free_runni
             **fixed_costs(mb, free_running, num, step),
             token_us=num("micro_batch", mb, "token_us", default=0.0),
             attention_weight=num("compute", c, "attention_weight", default=1.0),
+            whole_buffer=_flag("compute", c, "whole_buffer"),
         )
     except (TypeError, ValueError) as e:
         raise ValueError(f"{where}: {e}") from None
+
+
+def _flag(section: str, table: dict, key: str) -> bool:
+    """A true/false key, absent = false (a number is refused: 1 is not a TOML boolean)."""
+    value = table.get(key, False)
+    if not isinstance(value, bool):
+        raise ValueError(f"[{section}] {key} must be true or false, got {value!r}")
+    return value
 
 
 def fixed_costs(mb: dict[str, Any], free_running: bool, num=None,
@@ -183,7 +196,8 @@ def to_dict(cm: CostModel, meta: dict[str, Any] | None = None) -> dict[str, Any]
     out: dict[str, Any] = {
         "model": {"layers": s.layers, "hidden": s.hidden, "kv_width": s.kv_width, "bytes_per_elem": s.bytes_per_elem},
         "compute": {"a_us_per_flop": cm.a_us_per_flop, "b_us": cm.b_us,
-                    **({"attention_weight": cm.attention_weight} if cm.attention_weight != 1.0 else {})},
+                    **({"attention_weight": cm.attention_weight} if cm.attention_weight != 1.0 else {}),
+                    **({"whole_buffer": True} if cm.whole_buffer else {})},
         "comm": {
             "bytes": list(cm.comm.bytes),
             "us": list(cm.comm.us),

@@ -142,8 +142,11 @@ def test_one_that_does_not_fit_picks_selective_or_full_by_time(tmp_path):
     # 5000 tokens: only full holds it.
     assert _choose(_auto(path), [[5000]]).mode == "full"
     # Both hold 3000-token sequences; selective needs a micro-batch each, full one for four.
-    # A dear micro-batch makes full's larger BucketSize the faster step despite its recompute.
-    dear = _profile(tmp_path, micro_batch={"fixed_us": 1e6})
+    # A dear micro-batch makes full's larger BucketSize the faster step despite its recompute. Dear
+    # enough under a whole-buffer price too ([compute] whole_buffer, the CPU profile's once
+    # re-measured): one buffer of 7200 tokens costs 4x the attention of two of 3600, which 1 s a
+    # micro-batch did not outweigh there.
+    dear = _profile(tmp_path, micro_batch={"fixed_us": 1e7})
     choice = _choose(_auto(dear), [[3000, 600, 3000, 600]])
     assert choice.predicted_us["none"] is None and choice.mode == "full"
     assert choice.predicted_us["full"] < choice.predicted_us["selective"]

@@ -58,6 +58,8 @@ def test_profile_run_end_to_end(produced):
     assert d["meta"]["check"]["ok"] and d["meta"]["check"]["tokens"] == d["memory"]["bucket_size"]
     assert d["comm"]["backend"] == "assumed:h100-assumed"  # one process measures no collective
     assert d["meta"]["attention"] == "dacp:auto"  # the debug job trains with Skrull: its attention is timed
+    # ...with CPU's dense kernel, one masked SDPA over each buffer: the scheduler prices buffers whole.
+    assert d["compute"]["whole_buffer"] is True and d["meta"]["compute"]["packed_whole_buffer"] is True
     assert d["meta"]["compile"] is False  # the trainer warns when a job compiles otherwise
     # One process: no FSDP to shard over, the fixed cost is the per-call work outside the layers.
     assert d["micro_batch"]["method"] == "step time over micro-batch counts, FSDP x1"
@@ -78,6 +80,7 @@ def test_profile_run_end_to_end(produced):
     assert cm.shape.hidden == 256 and cm.a_us_per_flop == d["compute"]["a_us_per_flop"]
     assert cm.micro_batch_fixed_us == d["micro_batch"]["fixed_us"]
     assert cm.token_us == d["micro_batch"]["token_us"]
+    assert cm.whole_buffer
     assert cm.step_fixed_us == step["fixed_us"]  # one process: lockstep, no free-running share
     bucket = d["memory"]["bucket_size"]
     plan = Scheduler(SchedulerConfig(dp=1, cp=2, bucket_size=bucket), cm).schedule(

@@ -109,6 +109,18 @@ struct CostModel {
   // single documents and packed buffers; 1 keeps the formula as published
   // (presets and profiles made before it existed).
   double attention_weight = 1.0;
+  // Whether attention runs over a rank's buffer whole: one masked kernel
+  // over all the documents of the buffer, which computes the buffer's full
+  // square (the CPU's dense SDPA skips nothing its mask hides: 4 x 256
+  // tokens took what one 1,024-token document took, 118.5 against 118.4 ms
+  // a layer, docs/profile.md). Then a rank's local part costs
+  // flops(its local tokens) and the distributed part, its queries over the
+  // gathered K/V of every sharded sequence, flops(their total length) / cp
+  // (local_flops, dist_flops below), where a varlen kernel (a GPU's) costs
+  // the sum over documents. Read from the profile ([compute] whole_buffer,
+  // written by the profiler for such a kernel); false prices per document,
+  // as every profile made before it.
+  bool whole_buffer = false;
 
   // Throws std::invalid_argument naming the first bad field. Every field
   // must be finite and within the k* limits above; comm.bytes strictly
@@ -184,6 +196,18 @@ struct CostModel {
     return (20.0 * h * h * x + 4.0 * h * hkv * x + attention_weight * 4.0 * h * x * x) / shape.tp;
   }
 
+  // FLOPs of a rank's local part: `tokens` tokens whose documents' flops()
+  // sum to `per_doc` (whole_buffer: one sequence of the buffer's length).
+  double local_flops(int64_t tokens, double per_doc) const { return whole_buffer ? flops(tokens) : per_doc; }
+
+  // One rank's FLOPs of the distributed part over n ranks: sequences of
+  // `tokens` tokens in all whose flops() / n sum to `per_doc_share`
+  // (whole_buffer: the rank's queries over the gathered K/V of all of them,
+  // flops(tokens) / n).
+  double dist_flops(int64_t tokens, double per_doc_share, int32_t n) const {
+    return whole_buffer ? flops(tokens) / n : per_doc_share;
+  }
+
   // K and V bytes of one layer for s tokens, as one rank of its TP group
   // holds and exchanges them (its kv_width / tp). A double: summed over a
   // micro-batch at the accepted extremes it would overflow int64.
@@ -239,6 +263,9 @@ struct CostModel {
   // The micro-batch's fixed cost is paid once, whatever the plan, and the
   // rank holding the most tokens pays token_us for at least tokens / n.
   // seq_flops[i] = flops(lengths[i]) when the caller has them, else null.
+  // It bounds whole_buffer's prices too: a buffer's flops() is at least the
+  // sum over its documents (the linear terms add; a sum's square is at
+  // least the sum of the squares).
   double micro_batch_lower_bound_us(const int64_t* lengths, size_t count, int32_t n,
                                     const double* seq_flops = nullptr) const {
     double total = 0.0;

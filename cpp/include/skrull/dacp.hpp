@@ -104,17 +104,23 @@ inline double score_into(const int64_t* lengths, const double* seq_flops, const 
   comm_bytes = 0.0;
   double dist_flops = 0.0;
   int64_t dist_shard = 0;
+  int64_t dist_tokens = 0;
   for (size_t i = 0; i < n; ++i) {
     const int64_t s = lengths[i];
     if (cp_rank[i] == kDistributed) {
       const int64_t shard = shard_tokens(s, cp);
       dist_shard += shard;
+      dist_tokens += s;
       dist_flops += seq_flops[i] / cp;
       comm_bytes += cost.kv_bytes(shard * cp);
     } else {
       tokens[cp_rank[i]] += s;
       flops[cp_rank[i]] += seq_flops[i];
     }
+  }
+  if (cost.whole_buffer) {  // each part one sequence of its length (cost_model.hpp)
+    for (int32_t j = 0; j < cp; ++j) flops[j] = cost.local_flops(tokens[j], flops[j]);
+    dist_flops = cost.dist_flops(dist_tokens, dist_flops, cp);
   }
   int64_t most = 0;
   for (int32_t j = 0; j < cp; ++j) most = std::max(most, tokens[j] + dist_shard);

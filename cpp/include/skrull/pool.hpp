@@ -196,7 +196,10 @@ inline double pool_rank_us(const CostModel& cost, double local, double dist, dou
 // win, whatever its exchange.
 inline int32_t pool_narrow(PlanMicroBatch& mb, const std::vector<int64_t>& lengths, const std::vector<double>& flops,
                            const CostModel& cost, int32_t cp, int64_t bucket, NarrowScratch& w) {
-  if (mb.groups != 1 || cp < 3) return 0;
+  // Under whole_buffer a rank's distributed part is one kernel over every
+  // set it holds, which this per-set formula does not price: such a
+  // micro-batch keeps skrull's whole-group sets, priced by score_into.
+  if (mb.groups != 1 || cp < 3 || cost.whole_buffer) return 0;
   w.order.clear();
   for (size_t q = 0; q < mb.seqs.size(); ++q)
     if (mb.num_ranks[q] == cp) w.order.push_back(static_cast<int32_t>(q));

@@ -35,27 +35,41 @@ constexpr int32_t kMaxRefineMoves = 256;
 // place. `order` lists the sequences ascending by length (ties by index);
 // seq_flops[i] = cost.flops(lengths[i]).
 // Returns the number of moves made.
+//
+// A rank's local FLOPs and the distributed share are kept as the cost model
+// prices them (cost.local_flops / dist_flops of the tokens and the
+// per-document sums): per document, what a move adds or takes away; under
+// whole_buffer, flops() of the part's tokens after the move.
 inline int32_t refine_placement(const int64_t* lengths, const double* seq_flops, size_t n, const CostModel& cost,
                                 int32_t cp, int64_t bucket, const std::vector<int32_t>& order, Workspace& ws,
                                 int32_t* cp_rank) {
   if (cp <= 1 || n == 0) return 0;
   std::vector<int64_t>& room = ws.room;
-  std::vector<double>& local = ws.load;  // local FLOPs per rank
+  std::vector<double>& local = ws.load;  // local FLOPs per rank, as priced
+  std::vector<int64_t>& ltok = ws.local_tokens;  // local tokens per rank
   room.assign(cp, bucket);
   local.assign(cp, 0.0);
+  ltok.assign(cp, 0);
   const double* fl = seq_flops;
-  double dist = 0.0;
+  double dist = 0.0;  // one rank's distributed FLOPs, as priced
+  int64_t dtok = 0;   // the sharded sequences' tokens
   double bytes = 0.0;
   for (size_t i = 0; i < n; ++i) {
     if (cp_rank[i] == kDistributed) {
       const int64_t shard = shard_tokens(lengths[i], cp);
       for (int32_t j = 0; j < cp; ++j) room[j] -= shard;
       dist += fl[i] / cp;
+      dtok += lengths[i];
       bytes += cost.kv_bytes(shard * cp);
     } else {
       room[cp_rank[i]] -= lengths[i];
       local[cp_rank[i]] += fl[i];
+      ltok[cp_rank[i]] += lengths[i];
     }
+  }
+  if (cost.whole_buffer) {
+    for (int32_t j = 0; j < cp; ++j) local[j] = cost.local_flops(ltok[j], local[j]);
+    dist = cost.dist_flops(dtok, dist, cp);
   }
   int32_t moves = 0;
   double current = cost.micro_batch_us(local, dist, bytes);
@@ -95,9 +109,12 @@ inline int32_t refine_placement(const int64_t* lengths, const double* seq_flops,
       const double f = fl[x];
       double best = current;
       int32_t to = b;  // b = no move
+      const double b_after = cost.local_flops(ltok[b] - s, local[b] - f);
+      const double to_after = cost.local_flops(ltok[lightest] + s, local[lightest] + f);
+      const double dist_after = cost.dist_flops(dtok + s, dist + f / cp, cp);
       // Move it whole to the lightest rank.
       if (room[lightest] >= s) {
-        const double t = time_with(std::max({local[b] - f, local[lightest] + f, third}), dist_t, comm_t);
+        const double t = time_with(std::max({b_after, to_after, third}), dist_t, comm_t);
         if (t < best) {
           best = t;
           to = lightest;
@@ -108,7 +125,7 @@ inline int32_t refine_placement(const int64_t* lengths, const double* seq_flops,
       bool fits = room[b] + s >= shard;
       for (int32_t j = 0; j < cp && fits; ++j) fits = j == b || room[j] >= shard;
       if (fits) {
-        const double t = time_with(std::max(local[b] - f, second), cost.comp_us(dist + f / cp),
+        const double t = time_with(std::max(b_after, second), cost.comp_us(dist_after),
                                    cost.comm_us(bytes + cost.kv_bytes(shard * cp)));
         if (t < best) {
           best = t;
@@ -116,14 +133,17 @@ inline int32_t refine_placement(const int64_t* lengths, const double* seq_flops,
         }
       }
       if (to == b) continue;
-      local[b] -= f;
+      local[b] = b_after;
+      ltok[b] -= s;
       room[b] += s;
       if (to == kDistributed) {
         for (int32_t j = 0; j < cp; ++j) room[j] -= shard;
-        dist += f / cp;
+        dist = dist_after;
+        dtok += s;
         bytes += cost.kv_bytes(shard * cp);
       } else {
-        local[to] += f;
+        local[to] = to_after;
+        ltok[to] += s;
         room[to] -= s;
       }
       cp_rank[x] = to;

@@ -143,21 +143,24 @@ namespace detail {
 // the least-loaded rank if it has room, else the roomiest, else sharded when
 // every rank has room for its shard; here also sharded when that is faster.
 // O(cp) a sequence, where a DACP run per try would be O(group * cp).
+// FLOPs are kept as the cost model prices the parts (refine.hpp): local[j]
+// is cost.local_flops of rank j's local tokens, dist cost.dist_flops.
 struct FillGroup {
   std::vector<int32_t> members, where;  // positions into `sorted`; CP rank or kDistributed
   std::vector<double> local;
-  std::vector<int64_t> room;
+  std::vector<int64_t> room, local_tokens;
   double dist = 0.0, bytes = 0.0, top = 0.0, time = 0.0;  // top: the largest local FLOPs
   double comm_t = 0.0, dist_t = 0.0;  // comm_us(bytes), comp_us(dist): change only when a sequence is sharded
-  int64_t tokens = 0, most_room = 0, least_room = 0;
+  int64_t tokens = 0, dist_tokens = 0, most_room = 0, least_room = 0;
 
   void reset(int32_t cp, int64_t bucket) {
     members.clear();
     where.clear();
     local.assign(cp, 0.0);
     room.assign(cp, bucket);
+    local_tokens.assign(cp, 0);
     dist = bytes = top = time = comm_t = dist_t = 0.0;
-    tokens = 0;
+    tokens = dist_tokens = 0;
     most_room = least_room = bucket;
   }
   double time_with(const CostModel& cost, double top_, double comm_t_, double dist_t_) const {
@@ -173,14 +176,14 @@ struct FillGroup {
     if (room[r] < s) r = argmax(room);
     if (room[r] >= s) {
       rank = r;
-      t = time_with(cost, std::max(top, local[r] + f), comm_t, dist_t);
+      t = time_with(cost, std::max(top, cost.local_flops(local_tokens[r] + s, local[r] + f)), comm_t, dist_t);
       found = true;
     }
     if (cp > 1) {
       const int64_t shard = shard_tokens(s, cp);
       if (least_room >= shard) {
-        const double ts =
-            time_with(cost, top, cost.comm_us(bytes + cost.kv_bytes(shard * cp)), cost.comp_us(dist + f / cp));
+        const double ts = time_with(cost, top, cost.comm_us(bytes + cost.kv_bytes(shard * cp)),
+                                    cost.comp_us(cost.dist_flops(dist_tokens + s, dist + f / cp, cp)));
         if (!found || ts < t) {
           rank = kDistributed;
           t = ts;
@@ -196,14 +199,16 @@ struct FillGroup {
     tokens += s;
     time = t;
     if (rank != kDistributed) {
-      local[rank] += f;
+      local[rank] = cost.local_flops(local_tokens[rank] + s, local[rank] + f);
+      local_tokens[rank] += s;
       room[rank] -= s;
       top = std::max(top, local[rank]);
     } else {
       const int32_t cp = static_cast<int32_t>(local.size());
       const int64_t shard = shard_tokens(s, cp);
       for (int64_t& r : room) r -= shard;
-      dist += f / cp;
+      dist = cost.dist_flops(dist_tokens + s, dist + f / cp, cp);
+      dist_tokens += s;
       bytes += cost.kv_bytes(shard * cp);
       comm_t = cost.comm_us(bytes);
       dist_t = cost.comp_us(dist);
@@ -252,7 +257,9 @@ inline bool leader_slot(const std::vector<int64_t>& lengths, const std::vector<d
   std::make_heap(heap.begin(), heap.end(), later);
   // A group's time with a sequence of f FLOPs more is at least its compute
   // with it, local (some rank's local part reaches f) or sharded (the
-  // distributed part grows by f / cp): a test in O(1).
+  // distributed part grows by f / cp): a test in O(1). Under whole_buffer
+  // too: a part's flops() with the sequence is at least its flops() without
+  // it plus the sequence's own.
   const auto at_least = [&](double top, double dist, double f) {
     const double local = cost.comp_us(std::max(top, f)) + cost.comp_us(dist);
     const double sharded = cost.comp_us(top) + cost.comp_us(dist + f / cp);

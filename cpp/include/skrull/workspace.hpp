@@ -14,6 +14,7 @@ struct Workspace {
   std::vector<int32_t> order;       // processing order of a micro-batch
   std::vector<int64_t> room;        // free tokens per CP rank
   std::vector<double> load;         // FLOPs per CP rank
+  std::vector<int64_t> local_tokens; // refinement: local tokens per CP rank
   std::vector<int64_t> tokens;      // scoring: tokens per CP rank
   std::vector<double> flops;        // scoring: local FLOPs per CP rank
   std::vector<int64_t> lengths;     // lengths of the group being placed

@@ -1,0 +1,75 @@
+// C++ unit tests of the cost model's whole_buffer, without Python: a rank's
+// local part and its distributed part each priced as one sequence of its
+// length (the CPU dense kernel's work), by scoring and by refinement. Run by
+// ctest (see .ci/run).
+#include <cstdio>
+#include <vector>
+
+#include "check.hpp"
+#include "skrull/dacp.hpp"
+#include "skrull/refine.hpp"
+
+using namespace skrull;
+
+// flops(s) = 24 s + 4 s^2, T_comp(F) = F, no communication cost (test_core's toy).
+static CostModel toy() {
+  CostModel c;
+  c.shape = {1, 1, 1, 1};
+  c.a_us_per_flop = 1.0;
+  c.b_us = 0.0;
+  c.comm.bytes = {1.0};
+  c.comm.us = {0.0};
+  return c;
+}
+
+// whole_buffer (a kernel over the rank's whole buffer, CPU dense): two
+// documents of 3 and 5 tokens priced as one of 8 where they share a part,
+// as two otherwise; flops(s) = 24 s + 4 s^2, T_comp = F, no exchange cost.
+static void test_whole_buffer() {
+  CostModel per_doc = toy();
+  CostModel whole = toy();
+  whole.whole_buffer = true;
+  CHECK(per_doc.flops(3) + per_doc.flops(5) == 108.0 + 220.0);
+  CHECK(whole.flops(8) == 448.0);
+  CHECK(whole.local_flops(8, 328.0) == 448.0 && per_doc.local_flops(8, 328.0) == 328.0);
+  CHECK(whole.dist_flops(8, 164.0, 2) == 224.0 && per_doc.dist_flops(8, 164.0, 2) == 164.0);
+  // Both local on rank 0 of one: the sum per document, the buffer's square whole.
+  CHECK(evaluate_placement({3, 5}, {0, 0}, per_doc, 1, 10).time_us == 328.0);
+  CHECK(evaluate_placement({3, 5}, {0, 0}, whole, 1, 10).time_us == 448.0);
+  // Both sharded over two ranks: each rank's queries over all gathered K/V.
+  CHECK(evaluate_placement({3, 5}, {kDistributed, kDistributed}, per_doc, 2, 10).time_us == 164.0);
+  CHECK(evaluate_placement({3, 5}, {kDistributed, kDistributed}, whole, 2, 10).time_us == 224.0);
+  // One document a part: the same price either way.
+  CHECK(evaluate_placement({3, 5}, {0, 1}, whole, 2, 10).time_us == 220.0);
+  CHECK(evaluate_placement({3, 5}, {0, kDistributed}, whole, 2, 10).time_us == 108.0 + 110.0);
+  // The plan follows the price: four documents of 4 on two ranks of 16. Per
+  // document any 2 + 2 split ties; whole, Algorithm 1 puts two on each rank,
+  // and refinement finds nothing better (moving one makes a buffer of 12).
+  const DacpResult r = dacp({4, 4, 4, 4}, whole, 2, 16, Placement::kLeastLoad, Rollback::kLongest, true);
+  CHECK(r.status == Status::kOk && r.time_us == whole.flops(8));
+  CHECK(r.moves == 0);
+  // Refinement prices a move as the buffer it makes (an exchange dear
+  // enough that sharding never pays): five documents of 2 on rank 0 and
+  // one of 7 on rank 1, bucket 10. Per document rank 1 is the bottleneck
+  // (flops(7) = 364 > 5 x 64) and its 7 fits nowhere else: no move. Whole,
+  // rank 0's buffer of 10 (640) is, and one 2 moved over gives 8 and 9
+  // (448, 540).
+  per_doc.comm.us = whole.comm.us = {1e6};
+  const std::vector<int64_t> len = {2, 2, 2, 2, 2, 7};
+  std::vector<double> fl;
+  for (int64_t x : len) fl.push_back(whole.flops(x));
+  const std::vector<int32_t> order = {0, 1, 2, 3, 4, 5};
+  Workspace ws;
+  std::vector<int32_t> at = {0, 0, 0, 0, 0, 1};
+  CHECK(refine_placement(len.data(), fl.data(), len.size(), per_doc, 2, 10, order, ws, at.data()) == 0);
+  CHECK(refine_placement(len.data(), fl.data(), len.size(), whole, 2, 10, order, ws, at.data()) == 1);
+  CHECK((at == std::vector<int32_t>{0, 0, 0, 0, 1, 1}));
+  CHECK(evaluate_placement(len, at, whole, 2, 10).time_us == 540.0);
+}
+
+int main() {
+  test_whole_buffer();
+  if (skrull_test::failures) return skrull_test::report();
+  std::printf("test_cost_model: all checks passed\n");
+  return 0;
+}
