@@ -89,10 +89,12 @@ def test_gpu_profiles_price_per_document_and_plan_as_before(name):
     assert got == GPU_PLANS[name]
 
 
-def _cpu_whole() -> tuple[Profile, CostModel]:
+def _cpu_whole() -> tuple[Profile, CostModel, CostModel]:
+    """The shipped CPU profile, its cost model priced per document and whole (the shipped file
+    says whole, as its dense kernel computes; either way is set here, not read)."""
     prof = Profile.load(PROFILES / "cpu-debug-gloo2.toml")
-    d = {**prof.data, "compute": {**prof.data["compute"], "whole_buffer": True}}
-    return prof, profile_file.from_dict(d)
+    per_doc, whole = ({**prof.data, "compute": {**prof.data["compute"], "whole_buffer": w}} for w in (False, True))
+    return prof, profile_file.from_dict(per_doc), profile_file.from_dict(whole)
 
 
 def test_the_reference_restates_whole_buffer_plans():
@@ -100,8 +102,8 @@ def test_the_reference_restates_whole_buffer_plans():
     # plain-Python reference (refinement and the shard sweep included), and differ from per document.
     from skrull_ext.bench import reference as ref
 
-    prof, cost = _cpu_whole()
-    assert cost.whole_buffer and not prof.cost_model().whole_buffer
+    prof, per_doc_cost, cost = _cpu_whole()
+    assert cost.whole_buffer and not per_doc_cost.whole_buffer and prof.cost_model().whole_buffer
     rng = random.Random(5)
     moved = 0
     for cp in (2, 4):
@@ -112,17 +114,17 @@ def test_the_reference_restates_whole_buffer_plans():
             plan = Scheduler(SchedulerConfig(dp=1, cp=cp, bucket_size=512, timeline="free"), cost).schedule(lengths)
             plan.validate()
             assert [[mb.seqs for mb in r] for r in plan.ranks] == want.groups and plan.group_time_us == want.dp_time_us
-            per_doc = ref.schedule(lengths, ref.RefCost.of(prof.cost_model()), 1, cp, 512, predicted_time=True,
+            per_doc = ref.schedule(lengths, ref.RefCost.of(per_doc_cost), 1, cp, 512, predicted_time=True,
                                    refine_=True, sweep=True)
             moved += per_doc.dp_time_us != want.dp_time_us
     assert moved == 8
 
 
 def test_a_profile_says_whole_buffer_in_compute():
-    prof, cost = _cpu_whole()
+    prof, per_doc_cost, cost = _cpu_whole()
     back = profile_file.to_dict(cost)
     assert back["compute"]["whole_buffer"] is True
-    assert "whole_buffer" not in profile_file.to_dict(prof.cost_model())["compute"]
+    assert "whole_buffer" not in profile_file.to_dict(per_doc_cost)["compute"]
     assert profile_file.from_dict({**back, "model": prof.data["model"]}).whole_buffer
     bad = {**prof.data, "compute": {**prof.data["compute"], "whole_buffer": 1}}
     with pytest.raises(ValueError, match=r"\[compute\] whole_buffer must be true or false, got 1"):
