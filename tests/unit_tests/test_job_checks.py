@@ -46,6 +46,7 @@ BAD = [
     (DEBUG, ["--dataloader.max_len", "1"], 1, "dataloader.max_len = 1: must be >= dataloader.min_len (2)"),
     (DEBUG, ["--dataloader.length_scale", "0"], 1, "dataloader.length_scale = 0.0: must be a finite number > 0"),
     (DEBUG, ["--dataloader.vocab_size", "1"], 1, "dataloader.vocab_size = 1: must be >= 2"),
+    (DEBUG, ["--dataloader.seed", "-1"], 1, "dataloader.seed = -1: must be >= 0"),  # was numpy's line, no key
     (TEXT, ["--dataloader.dataset_path", "/nonexistent/x.jsonl"], 1, "dataloader.dataset_path = '/nonexistent/x.jsonl'"),
     (TEXT, ["--dataloader.dataset", "hf", "--dataloader.dataset_path", "/nonexistent/data"], 1,
      "dataloader.dataset_path = '/nonexistent/data': is not a local file or folder"),
