@@ -112,8 +112,8 @@ class LengthLimit:
         if self.by == "max_len":
             return "raise dataloader.max_len, or set skrull.overlength to 'truncate' or 'drop'"
         if self.by == "capacity":
-            return ("raise skrull.bucket_size or parallelism.context_parallel_degree, "
-                    "or set skrull.overlength to 'truncate' or 'drop'")
+            return ("raise skrull.bucket_size or parallelism.context_parallel_degree, or set skrull.overlength "
+                    "to 'chunk' (trained whole, in chunks), 'truncate' or 'drop'")
         return "raise training.seq_len, or set skrull.overlength to 'truncate' or 'drop'"
 
 
