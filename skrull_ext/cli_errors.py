@@ -61,6 +61,9 @@ def run_cli(main: Callable[[list[str]], int | None], argv: list[str] | None = No
         if int(os.environ.get("RANK", "0")) == 0:
             print(" ".join(str(e).split()), flush=True)
         sys.exit(0)
+    except BrokenPipeError:  # stdout closed by its reader (``... | head``): not an error of ours, no traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's flush at exit would raise again
+        sys.exit(141)  # 128 + SIGPIPE, what a shell reports for a writer whose reader left
     except UserError as e:
         if debug:
             raise

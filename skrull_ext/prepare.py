@@ -63,6 +63,10 @@ def to_jsonl_main(argv: list[str]) -> int:
                    help="a tail cut inside a record: write the complete records before it (and say so)")
     args = p.parse_args(argv)
     path = packaged_file(args.source) if args.source in PACKAGED_FILES else args.source
+    if not os.path.isfile(path):
+        p.error(f"{args.source}: no such file (a JSON array file, or one of {sorted(PACKAGED_FILES)})")
+    if not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
+        p.error(f"{args.out}: its folder {os.path.dirname(os.path.abspath(args.out))} does not exist")
     tail = to_jsonl(path, args.out, drop_cut_tail=args.drop_cut_tail)
     left = ("" if tail.cut_at is None else
             f"; dropped the cut tail: {tail.size - tail.cut_at:,} bytes from byte {tail.cut_at:,} (record {tail.records}, "

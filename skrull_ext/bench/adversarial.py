@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from skrull_ext.bench.args import at_least
 from skrull_ext import POLICIES, SchedulerConfig, _core
 from skrull_ext.scheduler import cost_model as cost_models
 
@@ -104,11 +105,12 @@ def table(rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m skrull_ext.bench adversarial", description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    ap.add_argument("--sizes", type=int, nargs="+", default=[1000, 10000, 50000], help="sequences per global batch")
-    ap.add_argument("--reps", type=int, default=3, help="calls per case; the slowest is reported")
+    ap.add_argument("--sizes", type=at_least(1), nargs="+", default=[1000, 10000, 50000], help="sequences per global batch")
+    ap.add_argument("--reps", type=at_least(1), default=3, help="calls per case; the slowest is reported")
     ap.add_argument("--policies", nargs="+", default=sorted(POLICIES), choices=sorted(POLICIES),
                     help="scheduling policies to time")
-    ap.add_argument("--model", default="qwen2.5-0.5b", help="cost-model preset")
+    ap.add_argument("--model", default="qwen2.5-0.5b", choices=sorted(cost_models.MODEL_PRESETS),
+                    help="cost-model preset")
     ap.add_argument("--json", help="also write the rows here")
     args = ap.parse_args(argv)
     rows = run(args.sizes, args.reps, args.policies, args.model)

@@ -158,8 +158,11 @@ def parse_args(argv):
     for key in ("workers", "nproc", "steps"):
         if getattr(a, key) < 1:
             p.error(f"--{key} {getattr(a, key)}: must be >= 1")
-    if min(a.sizes) < 1 or a.length_scale <= 0:
-        p.error("--sizes must be >= 1 and --length-scale > 0")
+    if min(a.sizes) < 1:
+        p.error(f"--sizes must be >= 1, got {min(a.sizes)}")
+    if not a.length_scale > 0:
+        p.error(f"--length-scale must be > 0, got {a.length_scale}")
+    shipped_lengths.load(a.lengths, "--lengths")  # a bad name or file: one line before any corpus is written
     return a
 
 

@@ -30,6 +30,7 @@ import statistics
 import time
 
 from skrull_ext import lengths
+from skrull_ext.bench.args import profile_path
 from skrull_ext.bench.latency import SETTINGS, cost_model_of, pct
 from skrull_ext.data.steps.loader import PREFETCH_MAX, SkrullDataLoader
 from skrull_ext.scheduler import Scheduler
@@ -110,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="shipped length distribution the synthetic samples follow")
     ap.add_argument("--model", default="qwen2.5-0.5b", choices=sorted(cost_models.MODEL_PRESETS),
                     help="cost-model preset")
-    ap.add_argument("--profile", help="a profile TOML from python -m skrull_ext.profile (overrides --model)")
+    ap.add_argument("--profile", type=profile_path, help="a profile TOML from python -m skrull_ext.profile (overrides --model)")
     ap.add_argument("--no-cpsat", action="store_true", help="the CP-SAT fallback off ([skrull] cpsat = false)")
     ap.add_argument("--cpsat-margin", type=float, default=SkrullConfig().cpsat_margin,
                     help="[skrull] cpsat_margin: 0 tries CP-SAT on every micro-batch of the rank (the worst case)")
@@ -123,6 +124,10 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--prefetch must be in 1..{PREFETCH_MAX}, got {args.prefetch}")
     if args.step_ms <= 0:
         ap.error(f"--step-ms must be > 0, got {args.step_ms}")
+    try:  # the section's own range check, before any loader is built
+        SkrullConfig(cpsat_margin=args.cpsat_margin)
+    except ValueError as e:
+        ap.error(f"--cpsat-margin: {e}")
     results = [run_mode(args, 0), run_mode(args, args.prefetch)]
     cfg = build_loader(args, 0).scheduler.job
     print(f"rank (dp 0, cp 0) of DP {SHAPE.dp} x CP {SHAPE.cp}, {SHAPE.dp * SHAPE.per_dp} sequences per step "

@@ -31,6 +31,7 @@ from tqdm import tqdm
 
 from skrull_ext import POLICIES, Scheduler, SchedulerConfig, _core, lengths
 from skrull_ext.bench import lookahead_latency
+from skrull_ext.bench.args import at_least, profile_path
 from skrull_ext.bench import reference as ref
 from skrull_ext.scheduler import cost_model as cost_models
 from skrull_ext.scheduler.chunk_lockstep import chunk_passes
@@ -148,7 +149,7 @@ def run_setting(s: Setting, args, pool: list[int]) -> dict:
     for b in tqdm(batches[: args.cpsat_batches], desc=f"{s.name} CP-SAT", leave=False):
         plan = sched.schedule(b)
         t0 = time.perf_counter_ns()
-        for mb in plan.all_micro_batches()[: args.cpsat_max_mb]:
+        for mb in plan.micro_batches[: args.cpsat_max_mb]:
             res = solve_dacp(mb.lengths, cost, s.cp, s.bucket_size, args.cpsat_time, hint=mb.cp_rank)
             n_mb += 1
             if res.cp_rank is not None:
@@ -207,7 +208,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="shipped length distribution the global batches are drawn from")
     ap.add_argument("--model", default="qwen2.5-0.5b", choices=sorted(cost_models.MODEL_PRESETS),
                     help="cost-model preset")
-    ap.add_argument("--profile", help="a profile TOML from python -m skrull_ext.profile (overrides --model)")
+    ap.add_argument("--profile", type=profile_path,
+                    help="a profile TOML from python -m skrull_ext.profile (overrides --model)")
     ap.add_argument("--settings", nargs="*", default=list(DEFAULT_SETTINGS), choices=list(SETTINGS),
                     help="job shapes (DP x CP, batch) of the per-batch table (none: the look-ahead rows only)")
     ap.add_argument("--policies", nargs="+", default=["skrull", "skrull-paper"], choices=sorted(POLICIES),
@@ -220,10 +222,10 @@ def main(argv: list[str] | None = None) -> int:
                          "its own samples beyond that chunked too: a row per K (0: the plain rows, over-length "
                          "samples truncated); the core assigns the documents and plans around them")
     ap.add_argument("--reps", type=int, default=200, help="global batches timed per setting and policy")
-    ap.add_argument("--python-reps", type=int, default=30, help="batches for the Python reference (a tenth at 'large')")
-    ap.add_argument("--facade-reps", type=int, default=10, help="batches through the full Scheduler (CP-SAT fallback on)")
-    ap.add_argument("--cpsat-batches", type=int, default=2, help="global batches timed with CP-SAT on every micro-batch")
-    ap.add_argument("--cpsat-max-mb", type=int, default=16, help="micro-batches solved per batch")
+    ap.add_argument("--python-reps", type=at_least(0), default=30, help="batches for the Python reference (a tenth at 'large')")
+    ap.add_argument("--facade-reps", type=at_least(1), default=10, help="batches through the full Scheduler (CP-SAT fallback on)")
+    ap.add_argument("--cpsat-batches", type=at_least(0), default=2, help="global batches timed with CP-SAT on every micro-batch")
+    ap.add_argument("--cpsat-max-mb", type=at_least(0), default=16, help="micro-batches solved per batch")
     ap.add_argument("--cpsat-time", type=float, default=0.2, help="deterministic seconds per micro-batch")
     ap.add_argument("--seed", type=int, default=0, help="seed of the sampled global batches")
     ap.add_argument("--lookahead-settings", nargs="*", default=list(SETTINGS), choices=list(SETTINGS),
@@ -245,6 +247,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--chunked must be >= 0, got {args.chunked}")
     if not 1 <= args.lookahead_width <= _core.MAX_LOOKAHEAD:
         ap.error(f"--lookahead-width must be in [1, {_core.MAX_LOOKAHEAD}], got {args.lookahead_width}")
+    if not args.cpsat_time > 0:
+        ap.error(f"--cpsat-time must be > 0 (deterministic seconds), got {args.cpsat_time}")
     if args.lookahead_windows < 1:
         ap.error(f"--lookahead-windows must be >= 1, got {args.lookahead_windows}")
     pool = lengths.load(args.dataset)

@@ -58,6 +58,8 @@ import math
 import os
 import statistics
 
+from skrull_ext.bench.args import at_least, profile_path
+
 GIB = 2**30
 SLOW = 5.0
 """A kept step longer than this many times the mode's median step is named as slow."""
@@ -305,10 +307,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m skrull_ext.bench train-report", description=__doc__.split("\n\n")[0])
     p.add_argument("out", nargs="+", help="`bench cp` output folders (their runs/<mode>_<repeat>/) or training "
                                           "dump folders (their tb/); the report is written into the first")
-    p.add_argument("--profile", default=None, help="the profile TOML Skrull ran with (its [memory] predicts memory)")
-    p.add_argument("--before", default=None, help="the profile an earlier run planned with: its BucketSize "
+    p.add_argument("--profile", default=None, type=profile_path, help="the profile TOML Skrull ran with (its [memory] predicts memory)")
+    p.add_argument("--before", default=None, type=profile_path, help="the profile an earlier run planned with: its BucketSize "
                                                   "beside the --profile's and each run's")
-    p.add_argument("--warmup", type=int, default=2, help="steps left out (default 2)")
+    p.add_argument("--warmup", type=at_least(0), default=2, help="steps left out (default 2)")
     a = p.parse_args(argv)
     from skrull_ext.scheduler.profile_file import Profile
 

@@ -4,7 +4,7 @@ One integer per line, dataset order. Used by the benchmark, the simulator,
 the embedded default training job and the tests. ``load`` also takes the
 path of any file in that format (``dataloader.lengths``, ``bench simulate
 --lengths``); a file that is not in it (a ``.npy`` array, binary bytes, a
-word, a length below 1) is a DataError naming ``file:line``.
+word, a length below 1 or above the core's ``MAX_LENGTH``) is a DataError naming ``file:line``.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 from functools import cache
 from pathlib import Path
 
+from skrull_ext._core import MAX_LENGTH
 from skrull_ext.errors import DataError
 
 _DIR = Path(__file__).parent
@@ -51,6 +52,8 @@ def _length(path: Path, i: int, raw: bytes) -> int | None:
     except UnicodeDecodeError as e:
         raise DataError(f"{path}:{i}: not text (byte 0x{raw[e.start]:02x} at column {e.start + 1}); "
                         "a lengths file holds one positive integer per line") from None
+    if i == 1:  # a UTF-8 byte order mark (Windows editors write one)
+        line = line.removeprefix("\ufeff")
     if not line:
         return None
     try:
@@ -59,6 +62,8 @@ def _length(path: Path, i: int, raw: bytes) -> int | None:
         raise DataError(f"{path}:{i}: {line[:40]!r} is not an integer length") from None
     if v < 1:
         raise DataError(f"{path}:{i}: length {v} is not positive")
+    if v > MAX_LENGTH:  # past int64 it was an OverflowError traceback on every rank
+        raise DataError(f"{path}:{i}: length {v} is above the longest sequence the scheduler takes ({MAX_LENGTH:,})")
     return v
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import math
 import os
 import platform
 import sys
@@ -42,6 +43,7 @@ __all__ = ["failures", "main"]
 
 def _parser() -> argparse.ArgumentParser:
     from skrull_ext.profile.options import ProfileOptions, parse_bytes, parse_ints
+    from skrull_ext.scheduler.cost_model import HARDWARE_PRESETS  # --comm-from: was read only when writing the file
 
     d = ProfileOptions()
     p = argparse.ArgumentParser(prog="python -m skrull_ext.profile", description=__doc__.split("\n\n")[0],
@@ -50,12 +52,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="profile.toml", help="profile file to write (default: %(default)s)")
     p.add_argument("--plot", default=None, help="PNG of points vs fits (default: --out with .png)")
     p.add_argument("--no-plot", action="store_true", help="write no PNG (default: write one)")
-    ints = lambda s: parse_ints(s)  # noqa: E731
+    ints = _argument_type(parse_ints, "ints")
+    packed = _argument_type(lambda s: tuple(parse_ints(b.replace("+", ",")) for b in s.split(";") if b), "buffers")
     p.add_argument("--lengths", type=ints, default=d.lengths,
                    help="compute ladder, e.g. 128,256,512 or 128:4096 (default: up to 2x the job's longest sequence)")
     p.add_argument("--held-out", type=ints, default=d.held_out,
                    help="lengths timed but not fitted, to test the fit (default: between the ladder's points)")
-    p.add_argument("--packed", type=lambda s: tuple(parse_ints(b.replace("+", ",")) for b in s.split(";") if b),
+    p.add_argument("--packed", type=packed,
                    default=d.packed, help="multi-document buffers timed against their prediction (the summed "
                    "per-document FLOPs; one sequence of the buffer's length where the kernel attends over it whole), "
                    "e.g. '256+256;512+128' ('' for none; default: two derived from the job)")
@@ -67,7 +70,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="compute clock (auto: process CPU time for single-threaded CPU runs, else wall; default: %(default)s)")
     p.add_argument("--memory-lengths", type=ints, default=d.memory_lengths,
                    help="memory ladder (default: up to 4x the job's longest sequence)")
-    p.add_argument("--memory-limit", type=parse_bytes, default=d.memory_limit,
+    p.add_argument("--memory-limit", type=_argument_type(parse_bytes, "bytes"), default=d.memory_limit,
                    help="bytes one rank may use, e.g. 1GiB (default: device total)")
     p.add_argument("--margin", type=float, default=d.margin,
                    help="safety margin on BucketSize, a fraction of the activation budget left free for "
@@ -77,7 +80,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--comm-sizes", type=ints, default=d.comm_sizes, help="message bytes, e.g. 4KiB:16MiB (default: 4KiB:16MiB)")
     p.add_argument("--comm-repeats", type=int, default=d.comm_repeats,
                    help="timed rounds of the collectives (default: %(default)s)")
-    p.add_argument("--comm-from", default="h100-assumed",
+    p.add_argument("--comm-from", default="h100-assumed", choices=sorted(HARDWARE_PRESETS),
                    help="hardware preset for [comm] when one process measures none (default: %(default)s)")
     p.add_argument("--threads", type=int, default=d.threads, help="torch threads per rank (0: torch's default; default: %(default)s)")
     p.add_argument("--ac-modes", type=lambda s: tuple(m.strip() for m in s.split(",") if m.strip()),
@@ -99,6 +102,28 @@ def _parser() -> argparse.ArgumentParser:
                    help="fail (exit 1) when a packed buffer misses by more than this fraction (default: %(default)s)")
     p.add_argument("--seed", type=int, default=d.seed, help="seed of the random tokens and check buffer (default: %(default)s)")
     return p
+
+
+def _argument_type(parse, name: str):
+    """``parse`` as an argparse type whose ValueError is the usage line's message
+    (``argument --lengths: ...``; argparse's own reads "invalid <lambda> value")."""
+
+    def read(text: str):
+        try:
+            return parse(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    read.__name__ = name
+    return read
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    """The bounds on the fits' errors (ProfileOptions holds the rest), checked before the model is built."""
+    for name in ("max_micro_batch_error", "max_held_out_error", "max_packed_error"):
+        value = getattr(args, name)
+        if not (value >= 0 and math.isfinite(value)):  # nan would pass every bound it is compared with
+            raise ValueError(f"--{name.replace('_', '-')}: must be a finite fraction >= 0, got {value}")
 
 
 def _options(args: argparse.Namespace):
@@ -192,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args, job_args = _parser().parse_known_args(argv)
     try:
+        _check_args(args)
         opts = _options(args)
     except ValueError as e:  # ProfileOptions' checks name the option: one line, exit 2
         raise UserError(str(e)) from None

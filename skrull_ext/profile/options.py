@@ -40,12 +40,18 @@ def parse_ints(text: str) -> tuple[int, ...]:
     text = text.strip()
     if ":" in text:
         lo, hi = (parse_bytes(t) for t in text.split(":", 1))
+        if not 1 <= lo <= hi:  # 0 doubled never passes hi (the ladder never ended); lo > hi is empty
+            raise ValueError(f"the range {text!r} must run from a first value >= 1 up to a last one >= it")
         out, v = [], lo
         while v <= hi:
             out.append(v)
             v *= 2
         return tuple(out)
-    return tuple(parse_bytes(t) for t in text.split(",") if t.strip())
+    try:
+        return tuple(parse_bytes(t) for t in text.split(",") if t.strip())
+    except ValueError:
+        raise ValueError(f"not a list of positive integers: {text!r} (e.g. 128,256,512 or 128:4096; KiB/MiB "
+                         "suffixes allowed)") from None
 
 
 @dataclass(kw_only=True, slots=True)

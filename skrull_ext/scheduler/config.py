@@ -163,7 +163,7 @@ class SchedulingOptions:
     overlength: OverlengthMode = "error"
     """Sequences longer than bucket_size x cp (x dp under skrull-pool): error, truncate (to the
     longest that fits), drop, or chunk (trained whole in chunks, each by the DP rank the plan
-    assigns, outside its micro-batches: docs/design/chunked.md; at DP > 1 free-running only). In training also those longer than dataloader.max_len; the
+    assigns, outside its micro-batches: docs/design/chunked.md). In training also those longer than dataloader.max_len; the
     dataloader applies it before the scheduler and counts each sample (data/steps/accounting.py)."""
     cpsat: bool = False
     """Allow the CP-SAT fallback (used only by policies that enable it). Off by default:

@@ -117,6 +117,11 @@ def _check(d: dict[str, Any], where: str, need_model: bool) -> None:
             for key in body:
                 if key not in required | optional:
                     raise ValueError(f"{where}: unknown field {section}.{key}; allowed: {sorted(required | optional)}")
+    sizes, times = d["comm"].get("bytes"), d["comm"].get("us")
+    if isinstance(sizes, list) and isinstance(times, list) and len(sizes) != len(times):
+        # the file's own fault: named here, not when a job prices its model (as a shape mismatch)
+        raise ValueError(f"{where}: comm.bytes and comm.us differ in length ({len(sizes)} vs {len(times)}); "
+                         "[comm] holds one time per message size")
     for k in MEMORY_KEYS:
         if k.key in d.get("memory", {}):
             k.check(d["memory"][k.key], where)
@@ -244,6 +249,9 @@ class Profile:
                 data = tomllib.load(f)
         except tomllib.TOMLDecodeError as e:
             raise ValueError(f"{path}: not valid TOML: {e}") from None
+        except UnicodeDecodeError as e:  # it said only "'utf-8' codec can't decode byte 0xff ...", no file
+            raise ValueError(f"{path}: not a profile: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset "
+                             f"{e.start}); a profile is the TOML python -m skrull_ext.profile writes") from None
         return cls(data, str(path))
 
     def with_plan_margin(self, margin: float) -> Profile:

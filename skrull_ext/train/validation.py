@@ -110,6 +110,7 @@ class Validation:
 
     # What check_overlength reads of a loader: a held-out sample over the limit under
     # 'error' fails before training, not at the first validation step.
+    step_unit = "validation batch"  # its lines count these, not the run's steps
     def length_bound(self) -> int | None:
         return self.source.max_length
 

@@ -132,6 +132,26 @@ def test_totals_per_step_and_across_a_resume(tok):
     assert resumed.account.totals.read == 4 * GBS
 
 
+@pytest.mark.parametrize("new, said", [
+    (GBS, None),
+    (2, "dataloader.global_batch_size = 2: the checkpoint of step 3 read 12 samples (4 a step), and the steps after "
+        "it number theirs by the new size, so samples 6..11 are trained again; continue with "
+        "--dataloader.global_batch_size 4 to train each sample once"),
+    (8, "so samples 12..23 are never trained; continue with --dataloader.global_batch_size 4"),
+])
+def test_a_resume_at_another_global_batch_size_says_what_it_costs(tok, caplog, new, said):
+    """It continued without a word: step 4 at 2 a step read samples 6..7, trained at step 2."""
+    loader = _loader(tok, "truncate")
+    for _ in range(3):
+        loader.next_step()
+    resumed = SkrullDataLoader.Config(dataset="jsonl", dataset_path=FIXTURE, max_len=MAX_LEN,
+                                      global_batch_size=new).build(dp_world_size=1, dp_rank=0, tokenizer=tok)
+    caplog.clear()
+    resumed.load_state_dict(loader.state_dict())
+    lines = [r.getMessage() for r in caplog.records if "global_batch_size" in r.getMessage()]
+    assert (lines == []) if said is None else (len(lines) == 1 and said in lines[0])
+
+
 def test_error_names_the_record_and_max_len_before_training(tok):
     loader = _loader(tok, "error")
     src = loader.source

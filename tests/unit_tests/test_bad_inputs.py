@@ -176,6 +176,11 @@ def _lengths_negative(d):
     return _load_lengths, _file(d, "negative.txt", b"-4\n"), "{p}:1: length -4 is not positive"
 
 
+def _lengths_huge(d):  # past int64: an OverflowError traceback on every rank when the dataloader built its array
+    return _load_lengths, _file(d, "huge.txt", b"12\n99999999999999999999999\n"), \
+        "{p}:2: length 99999999999999999999999 is above the longest sequence the scheduler takes (68,719,476,736)"
+
+
 def _lengths_empty(d):
     return _load_lengths, _file(d, "empty.txt", b"\n"), "{p}: no lengths in it (one positive integer per line)"
 
@@ -201,9 +206,15 @@ BAD = {
     "lengths_not_integer": _lengths_word,
     "lengths_zero": _lengths_zero,
     "lengths_negative": _lengths_negative,
+    "lengths_huge": _lengths_huge,
     "lengths_empty": _lengths_empty,
     "lengths_missing": _lengths_missing,
 }
+
+
+def test_a_lengths_file_may_start_with_a_byte_order_mark(tmp_path):
+    path = _file(str(tmp_path), "bom.txt", b"\xef\xbb\xbf100\n200\n")  # was "'\\ufeff100' is not an integer length"
+    assert _load_lengths(path) == [100, 200]
 
 
 @pytest.mark.parametrize("case", list(BAD))

@@ -4,6 +4,8 @@ windows, and the table prints both gains and the planning share."""
 
 import json
 
+import pytest
+
 from skrull_ext import _core
 from skrull_ext.bench import latency, lookahead_latency
 
@@ -39,3 +41,24 @@ def test_latency_rows_with_chunked_documents(capsys):
     out = capsys.readouterr().out
     assert "| paper | 256 | skrull (free) | " in out
     assert "| paper | 256 | skrull (free) +2 chunked (2." in out and "the same samples without them) |" in out
+
+
+def test_latency_cpsat_rows_run(capsys):
+    """The CP-SAT block solves the planned batches' micro-batches (it called a removed plan method:
+    every default ``bench latency`` run stopped there with an AttributeError)."""
+    assert latency.main(["--settings", "paper", "--timelines", "free", "--policies", "skrull", "--reps", "1",
+                         "--python-reps", "0", "--facade-reps", "1", "--cpsat-batches", "1", "--cpsat-max-mb", "1",
+                         "--cpsat-time", "0.01", "--lookahead-settings", "--json", "/dev/null"]) == 0
+    assert "| paper | 256 | skrull (free) | " in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--profile", "/nonexistent.toml"], "argument --profile: profile '/nonexistent.toml' is not a file"),
+    (["--facade-reps", "0"], "argument --facade-reps: must be >= 1, got 0"),
+    (["--cpsat-batches", "-1"], "argument --cpsat-batches: must be >= 0, got -1"),
+    (["--cpsat-time", "0"], "--cpsat-time must be > 0 (deterministic seconds), got 0.0"),
+])
+def test_latency_bad_flags_are_one_line(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        latency.main(argv)
+    assert e.value.code == 2 and message in capsys.readouterr().err

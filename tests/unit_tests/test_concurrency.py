@@ -100,12 +100,14 @@ def test_schedule_releases_the_gil():
     opts.cp = 8
     rng = random.Random(0)
     batch = [rng.randint(1, 8000) for _ in range(400_000)]  # about 0.1-0.2 s in the core
-    inside = threading.Event()
+    spinning = threading.Event()
     done = threading.Event()
     worker_cpu = []
 
     def work():
-        inside.set()
+        # The call starts only once the main thread runs: on a loaded box a thread woken from a
+        # wait may get the CPU late, and a call that ran before it would read as a held GIL.
+        spinning.wait()
         t0 = time.thread_time()
         _core.schedule(batch, cost, opts)
         worker_cpu.append(time.thread_time() - t0)
@@ -113,8 +115,8 @@ def test_schedule_releases_the_gil():
 
     t = threading.Thread(target=work)
     t.start()
-    inside.wait()
     t0 = time.thread_time()
+    spinning.set()
     spins = 0
     while not done.is_set():
         spins += 1

@@ -103,6 +103,8 @@ def test_bucket_size_from_memory():
 
 
 def test_profile_file_errors_name_the_file(tmp_path):
+    import tomli_w
+
     from skrull_ext.scheduler.profile_file import Profile
 
     with pytest.raises(ValueError, match=r"profile '.*nope.toml' is not a file"):
@@ -110,6 +112,15 @@ def test_profile_file_errors_name_the_file(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text("[compute\n")
     with pytest.raises(ValueError, match=r"bad.toml: not valid TOML"):
+        Profile.load(bad)
+    bad.write_bytes(b"\xff\xfe garbage")  # it said only "'utf-8' codec can't decode byte 0xff", no file
+    with pytest.raises(ValueError, match=r"bad.toml: not a profile: not UTF-8 text \(byte 0xff at offset 0\)"):
+        Profile.load(bad)
+    d = profile_file.to_dict(cm.preset())
+    d["comm"]["us"] = d["comm"]["us"][1:]  # named when the file is read, not as a shape mismatch when priced
+    bad.write_bytes(tomli_w.dumps(d).encode())
+    with pytest.raises(ValueError, match=r"bad.toml: comm.bytes and comm.us differ in length \(\d+ vs \d+\); "
+                                         r"\[comm\] holds one time per message size"):
         Profile.load(bad)
     with pytest.raises(ValueError, match=r"h100_assumed.toml: a hardware profile \(no \[model\]\) needs the model shape"):
         cm.hardware().cost_model()

@@ -127,6 +127,10 @@ def test_bad_rows_and_paths_are_named(hf_cache, tmp_path, tok):
     with pytest.raises(DataError, match=r"mixed.jsonl: datasets cannot read it: ArrowInvalid: .*changed from string"):
         _source(tok, dataset="hf", dataset_path=str(tmp_path / "mixed.jsonl"))
     (tmp_path / "mixed.jsonl").unlink()
+    (tmp_path / "cut.jsonl").write_text('{"text": "a"}\n\n{"text": "b"}\n{"text": "c\n')  # a cut last line
+    with pytest.raises(DataError, match=r"cut.jsonl:4: not valid JSON: Unterminated string"):  # was pyarrow's "row 2"
+        _source(tok, dataset="hf", dataset_path=str(tmp_path / "cut.jsonl"))
+    (tmp_path / "cut.jsonl").unlink()
     with pytest.raises(DataError, match=r"dataloader.dataset_path: '/no/such/data' is not a local file or folder"):
         _source(tok, dataset="hf", dataset_path="/no/such/data")
     (tmp_path / "rows.csv").write_text("prompt,response\nhi,hello\n")

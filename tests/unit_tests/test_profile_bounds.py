@@ -72,3 +72,31 @@ def test_plot_titles_never_say_nan(tmp_path, monkeypatch, measured_comm):
     plot(d, tmp_path / "p.png")
     assert len(titles) == 4 and not any("nan" in t.lower() for t in titles), titles
     assert ("R^2" in titles[2]) == measured_comm
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--lengths", "0:128"], "argument --lengths: the range '0:128' must run from a first value >= 1"),
+    (["--lengths", "512:128"], "argument --lengths: the range '512:128' must run from a first value >= 1"),
+    (["--lengths", "abc"], "argument --lengths: not a list of positive integers: 'abc'"),
+    (["--held-out", "-5"], "argument --held-out: not a list of positive integers: '-5'"),
+    (["--packed", "256+x"], "argument --packed: not a list of positive integers: '256,x'"),
+    (["--memory-limit", "lots"], "argument --memory-limit: not a byte size: 'lots'"),
+    (["--comm-from", "nope"], "argument --comm-from: invalid choice: 'nope'"),
+])
+def test_a_bad_flag_is_one_usage_line_naming_it(argv, message, capsys):
+    """'0:128' doubled 0 forever (the profiler hung), '512:128' was an empty ladder silently derived
+    from the job, a bad list read "invalid <lambda> value", and a bad --comm-from was refused only
+    when the file was written, after the whole measurement."""
+    with pytest.raises(SystemExit) as e:
+        _parser().parse_known_args(["--config-file", "job.toml", *argv])
+    assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag, value", [("--max-held-out-error", "nan"), ("--max-packed-error", "-0.1"),
+                                         ("--max-micro-batch-error", "inf")])
+def test_error_bounds_are_finite_fractions(flag, value):
+    from skrull_ext.profile.cli import _check_args
+
+    args, _ = _parser().parse_known_args(["--config-file", "job.toml", flag, value])
+    with pytest.raises(ValueError, match=f"{flag}: must be a finite fraction >= 0, got {value}"):
+        _check_args(args)

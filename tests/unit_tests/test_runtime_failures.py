@@ -271,3 +271,17 @@ def test_a_checkpoint_without_a_dataloader_key_this_version_saves_is_refused_in_
         "data/steps/windows.py), so this version cannot continue its data where it stopped; train on from its weights "
         f"in a new dump_folder with --checkpoint.initial_load_path {old} --checkpoint.initial_load_model_only, "
         "or continue it with the version that saved it")
+
+
+@pytest.mark.slow
+def test_a_reader_that_leaves_early_is_no_traceback():
+    """``python -m skrull_ext.bench simulate | head`` ended in a BrokenPipeError traceback."""
+    import subprocess
+    import sys
+
+    code = ("from skrull_ext.cli_errors import run_cli\n"
+            "def main(argv):\n    for i in range(100000):\n        print('row', i)\n"
+            "run_cli(main, [])\n")
+    out = subprocess.run(f"{sys.executable} -c \"{code}\" | head -1", shell=True, capture_output=True, text=True,
+                         timeout=120)
+    assert out.stdout == "row 0\n" and "Traceback" not in out.stderr and "BrokenPipe" not in out.stderr

@@ -139,6 +139,24 @@ def test_non_utf8_is_named_by_file_and_line(tmp_path, tok):
         JsonlSequences(str(path), tok)
 
 
+def test_a_byte_order_mark_is_read_past_as_hf_reads_it(tmp_path, tok):
+    """A file saved with a UTF-8 BOM (Windows editors) was 'not valid JSON' at line 1 under
+    dataset = 'jsonl' while dataset = 'hf' read it; now both read the same records. A BOM
+    further on is still the error it was."""
+    from skrull_ext.data.sources.hf_source import hf_rows
+
+    with open(FIXTURE, "rb") as f:
+        body = f.read()
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + body)
+    with_bom, plain = JsonlSequences(str(path), tok), JsonlSequences(FIXTURE, tok)
+    assert [list(x) for x in with_bom.ids] == [list(x) for x in plain.ids]
+    assert len(with_bom.ids) == sum(1 for _ in hf_rows(str(path)))
+    path.write_bytes(body + b"\xef\xbb\xbf" + body.splitlines(keepends=True)[0])
+    with pytest.raises(ValueError, match=r"bom.jsonl:34: not valid JSON"):
+        JsonlSequences(str(path), tok)
+
+
 def test_bad_records_are_skipped_counted_and_named_on_request(tmp_path, tok):
     """on_bad_record = 'skip': each class of bad record is passed over and kept
     as its one-line reason; records in = kept + bad; the good ones are the

@@ -43,6 +43,8 @@ def check_data(d, key: str = "dataloader") -> None:
             raise _bad(f"{key}.min_len", d.min_len, "must be >= 1")
         if d.max_len is not None and d.max_len < d.min_len:
             raise _bad(f"{key}.max_len", d.max_len, f"must be >= {key}.min_len ({d.min_len})")
+    if getattr(d, "seed", 0) < 0:  # numpy's own words named no key ("expected non-negative integer")
+        raise _bad(f"{key}.seed", d.seed, "must be >= 0 (it seeds the sample order and the synthetic tokens)")
     if getattr(d, "length_scale", 1.0) <= 0 or not math.isfinite(getattr(d, "length_scale", 1.0)):
         raise _bad(f"{key}.length_scale", d.length_scale, "must be a finite number > 0")
     if getattr(d, "vocab_size", None) is not None and d.vocab_size < 2:

@@ -24,6 +24,7 @@ Hub names are not fetched: download the files first.
 """
 
 import glob
+import json
 import os
 
 from skrull_ext.data.sources.json_array import array_error, is_json_array
@@ -56,6 +57,21 @@ def _check_json_bytes(path: str) -> None:
         raise DataError(f"{path}: empty (no rows); remove it, or name the other files with dataloader.data_files")
 
 
+def _bad_json_line(path: str) -> DataError | None:
+    """``path:line: not valid JSON`` for the first line of a JSON Lines file that does not parse,
+    as the JSONL source names it (pyarrow says "in row N", counted from 0 and without the file's
+    line); None when the file is not JSON Lines (its first line is not a record by itself, as in
+    a pretty-printed object) or every line parses. Read only after ``datasets`` failed."""
+    with open(path, encoding="utf-8") as f:  # UTF-8 already checked (_check_json_bytes)
+        lines = ((n, line) for n, line in enumerate(f, 1) if line.strip())
+        for k, (line_no, line) in enumerate(lines):
+            try:
+                json.loads((line.removeprefix("\ufeff") if line_no == 1 else line).rstrip("\r\n"))
+            except json.JSONDecodeError as e:
+                return None if k == 0 else DataError(f"{path}:{line_no}: not valid JSON: {e}")
+    return None
+
+
 def _first_line(e: BaseException) -> str:
     return next((line for line in str(e).splitlines() if line.strip()), type(e).__name__)
 
@@ -72,6 +88,8 @@ def _load(datasets, path: str):
     except Exception as e:  # datasets raises many types for an unreadable file
         if builder == "json" and is_json_array(path):  # a cut tail or bad record, named by its byte and record
             raise array_error(path, "datasets") from e
+        if builder == "json" and (bad := _bad_json_line(path)) is not None:  # a cut or broken line, by its line
+            raise bad from e
         chain = [e]
         while chain[-1].__cause__ is not None or chain[-1].__context__ is not None:
             chain.append(chain[-1].__cause__ or chain[-1].__context__)

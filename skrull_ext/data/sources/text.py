@@ -37,7 +37,8 @@ SKIP_HINT = " (dataloader.on_bad_record = 'skip' skips and counts such records)"
 
 
 def jsonl_records(path: str, skip_bad: bool = False):
-    """(where, record) of each non-blank line of a JSONL file; where is ``path:line``.
+    """(where, record) of each non-blank line of a JSONL file; where is ``path:line``. A byte
+    order mark before the first line is read past (``dataset = "hf"`` reads such a file too).
 
     A line that is not UTF-8 or not JSON raises DataError naming it, or, with
     ``skip_bad``, comes out in file order as ``(where, DataError)`` in place of
@@ -55,6 +56,8 @@ def jsonl_records(path: str, skip_bad: bool = False):
                 error = DataError(f"{where}: not UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1}); "
                                   "JSONL files must be UTF-8")
             else:
+                if line_no == 1:  # a UTF-8 byte order mark (Windows editors write one), as datasets reads it
+                    line = line.removeprefix("\ufeff")
                 if not line.strip():
                     continue
                 try:

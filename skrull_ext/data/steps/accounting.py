@@ -260,3 +260,18 @@ class RunAccount:
         self.loaded = Counts()
         self.loaded.add(self.totals)
         self.loaded_step = int(state.get("step", 0))  # the loader's state holds its step beside the counts
+
+    def batch_size_change(self, global_batch_size: int) -> str | None:
+        """A warning when the loaded checkpoint read another number of samples a step than
+        ``global_batch_size`` (None when it read that, or nothing was loaded). Step ``s``
+        reads the run's samples ``(s - 1) B .. s B - 1`` in one order, so continuing at
+        another B trains some samples twice or never reaches others, with no error."""
+        step, read = self.loaded_step, self.loaded.read
+        start = step * global_batch_size
+        if step < 1 or read == 0 or read == start:
+            return None
+        what = (f"samples {start}..{read - 1} are trained again" if start < read else
+                f"samples {read}..{start - 1} are never trained")
+        return (f"dataloader.global_batch_size = {global_batch_size}: the checkpoint of step {step} read {read} "
+                f"samples ({read / step:g} a step), and the steps after it number theirs by the new size, so {what}; "
+                f"continue with --dataloader.global_batch_size {read // step} to train each sample once")

@@ -487,6 +487,8 @@ class SkrullDataLoader(SourceDataLoaderBase):
         self.close()  # steps built ahead of the old state are thrown away
         super().load_state_dict(state_dict)
         self.account.load_state_dict(state_dict)
+        if (changed := self.account.batch_size_change(self.config.global_batch_size)) is not None:
+            logger.warning(changed)
         # A checkpoint of torchtitan's batching has "[]": its steps were never regrouped.
         self._resumed = Windows.from_json(state_dict.get("lookahead", "[]"))
         if self.builder is not None:  # else attach continues them

@@ -112,8 +112,8 @@ class LengthLimit:
         if self.by == "max_len":
             return "raise dataloader.max_len, or set skrull.overlength to 'truncate' or 'drop'"
         if self.by == "capacity":
-            return ("raise skrull.bucket_size or parallelism.context_parallel_degree, "
-                    "or set skrull.overlength to 'truncate' or 'drop'")
+            return ("raise skrull.bucket_size or parallelism.context_parallel_degree, or set skrull.overlength "
+                    "to 'chunk' (trained whole, in chunks), 'truncate' or 'drop'")
         return "raise training.seq_len, or set skrull.overlength to 'truncate' or 'drop'"
 
 
@@ -150,9 +150,14 @@ def location(source, index: int) -> str:
     return where(index) if where is not None else f"sample {index}"
 
 
-def _named(where: str, index: int, step: int, sep: str) -> str:
-    """``file:line: sample I (step S)``, or ``sample I (step S)`` when the source has no records."""
-    return (f"{where}{sep}" if where and where != f"sample {index}" else "") + f"sample {index} (step {step})"
+def _named(where: str, index: int, step: int, sep: str, unit: str = "step") -> str:
+    """``file:line: sample I (step S)``, or ``sample I (step S)`` when the source has no records
+    (``unit``: what ``step`` counts, a validation batch for the held-out set)."""
+    return (f"{where}{sep}" if where and where != f"sample {index}" else "") + f"sample {index} ({unit} {step})"
+
+
+def _plural(unit: str) -> str:
+    return unit + ("es" if unit.endswith(("ch", "sh", "s")) else "s")
 
 
 def loss_tokens(source, index: int, n: int, length: int) -> int:
@@ -286,14 +291,17 @@ class OverlengthScan:
     """Where the first offender comes from (``file:line`` of a JSONL record)."""
     no_loss: int = 0
     """Over-length sequences whose cut would hold no loss token (skipped under 'truncate')."""
+    unit: str = "step"
+    """What the scanned steps are (``loader.step_unit``: "validation batch" for the held-out set,
+    whose over-length line said "steps 1..2", read as the run's first steps)."""
 
     def message(self) -> str:
         """The first offender (its record, sample, step and length) and the limit, then the totals."""
         step, index, length = self.over[0]
         return (
-            f"{_named(self.first_where, index, step, ': ')} has length {length}, {self.limit.too_long()}; "
-            f"{self.limit.fix()} ({len(self.over)} of {self.scanned} sequences of steps "
-            f"{self.first_step}..{self.last_step} are over-length)"
+            f"{_named(self.first_where, index, step, ': ', self.unit)} has length {length}, "
+            f"{self.limit.too_long()}; {self.limit.fix()} ({len(self.over)} of {self.scanned} sequences of "
+            f"{_plural(self.unit)} {self.first_step}..{self.last_step} are over-length)"
         )
 
 
@@ -304,7 +312,8 @@ def scan_overlength(loader, first_step: int, last_step: int, limit: LengthLimit 
     ``loader`` provides ``limit``, ``length_bound()``, ``step_lengths(step)`` and ``source``.
     """
     start = time.perf_counter()
-    report = OverlengthScan(limit or loader.limit, first_step, last_step, loader.length_bound())
+    report = OverlengthScan(limit or loader.limit, first_step, last_step, loader.length_bound(),
+                            unit=getattr(loader, "step_unit", "step"))
     if report.bound is None or report.bound > report.limit.tokens:
         for step in range(first_step, last_step + 1):
             for index, length in loader.step_lengths(step):
@@ -342,7 +351,7 @@ def stub_refusal(report: OverlengthScan) -> str | None:
     need = sorted((n for _, _, n in report.over), reverse=True)[allowed]
     verb = "cut" if lim.mode == "truncate" else "drop"
     return (f"skrull.bucket_size = {lim.capacity.bucket_size} would {verb} {len(report.over)} of the "
-            f"{report.scanned} sequences of steps {report.first_step}..{report.last_step} (longer than "
+            f"{report.scanned} sequences of {_plural(report.unit)} {report.first_step}..{report.last_step} (longer than "
             f"{lim.tokens} tokens, {lim.source}; skrull.overlength = {lim.mode!r}): the run would train on stubs. "
             f"A Skrull run refuses a BucketSize that {verb}s more than half of its sequences; bucket_size "
             f"{_bucket_keeping(lim.capacity, need)} keeps at least half whole (or raise "
@@ -396,13 +405,14 @@ def check_overlength(loader, first_step: int, last_step: int, limit: LengthLimit
                      "and will be skipped")
         step, index, length = report.over[0]
         logger.warning(
-            f"Skrull over-length: {len(report.over)} of {report.scanned} sequences of steps "
+            f"Skrull over-length: {len(report.over)} of {report.scanned} sequences of {_plural(report.unit)} "
             f"{first_step}..{last_step} are longer than {lim.tokens} tokens ({lim.source}) and will be "
-            f"{verb} (skrull.overlength = {lim.mode!r}); first: {_named(report.first_where, index, step, ', ')}, "
+            f"{verb} (skrull.overlength = {lim.mode!r}); first: "
+            f"{_named(report.first_where, index, step, ', ', report.unit)}, "
             f"length {length}"
         )
     else:
         how = "by the source's bound" if report.scanned == 0 else f"scanned {report.scanned} in {report.seconds:.2f}s"
-        logger.info(f"Skrull over-length: none in steps {first_step}..{last_step} "
+        logger.info(f"Skrull over-length: none in {_plural(report.unit)} {first_step}..{last_step} "
                     f"(limit {lim.tokens}, {lim.source}; {how})")
     return report

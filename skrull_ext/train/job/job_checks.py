@@ -201,7 +201,11 @@ def _check_chunk(config) -> None:
         raise _bad("skrull.overlength", "chunk", "needs skrull.enable = true (torchtitan's batching has rows, "
                    "not chunked documents)")
     max_len = config.dataloader.max_len
-    if max_len is None or config.training.seq_len < max_len:
+    if max_len is None:  # the limit itself is missing: name it, not the RoPE cache
+        raise _bad("dataloader.max_len", None, "skrull.overlength = 'chunk' trains a sample longer than this limit "
+                   "in chunks, so it needs one: set dataloader.max_len, and training.seq_len (the RoPE cache) at "
+                   "least as large")
+    if config.training.seq_len < max_len:
         raise _bad("training.seq_len", config.training.seq_len,
                    f"a chunked sample's positions run to its length: under skrull.overlength = 'chunk' set "
                    f"dataloader.max_len (now {max_len}) and training.seq_len (the RoPE cache) at least as large")

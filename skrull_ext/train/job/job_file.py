@@ -42,7 +42,7 @@ from skrull_ext.hf.job import hf_job_defaults
 from skrull_ext.models.registry import build_model_spec
 from skrull_ext.train.job.job_checks import check_job
 from skrull_ext.train.job.job_config import JobConfig
-from skrull_ext.train.job.job_flags import Flag, flag_tables
+from skrull_ext.train.job.job_flags import Flag, FlagText, flag_tables
 from skrull_ext.train.job.job_help import job_help
 from skrull_ext.train.job.loss_config import HeadLossConfig
 from skrull_ext.train.job.section_kinds import SECTION_KINDS, register_kind
@@ -59,12 +59,14 @@ def _type_name(tp: Any) -> str:
 QUOTED = "a quoted number is a string in TOML"
 
 
-def _quoted(value, key: str) -> str:
-    """Why a number arrived as a string: it was quoted in the job file (``lookahead = "8"``)."""
-    if not isinstance(value, str):
+def _quoted(value, key: str, tp: type) -> str:
+    """Why a number arrived as a string: it was quoted in the job file (``lookahead = "8"``).
+    Said only where the unquoted value is one of ``tp`` (``bucket_size = "1.5"`` is no integer
+    either way) and the string came from the file, not a flag (``FlagText``)."""
+    if not isinstance(value, str) or isinstance(value, FlagText):
         return ""
     try:
-        float(value)
+        tp(value)
     except ValueError:
         return ""
     return f" ({QUOTED}: write {key.rsplit('.', 1)[-1]} = {value.strip()} without quotes)"
@@ -107,11 +109,11 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         return value
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise JobFileError(f"{key}: expected an integer, got {value!r}{_quoted(value, key)}")
+            raise JobFileError(f"{key}: expected an integer, got {value!r}{_quoted(value, key, int)}")
         return value
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise JobFileError(f"{key}: expected a number, got {value!r}{_quoted(value, key)}")
+            raise JobFileError(f"{key}: expected a number, got {value!r}{_quoted(value, key, float)}")
         return float(value)
     if tp is str:
         if not isinstance(value, str):

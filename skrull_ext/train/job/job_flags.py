@@ -30,11 +30,16 @@ from typing import Any
 
 from skrull_ext.errors import JobFileError
 
-__all__ = ["Flag", "flag_tables"]
+__all__ = ["Flag", "FlagText", "flag_tables"]
 
 _TRUE = ("true", "1", "yes", "on")
 _FALSE = ("false", "0", "no", "off")
 _NONE = ("none", "null")
+
+
+class FlagText(str):
+    """A flag's words that fit no member of a union, handed to the coercion to name: typed on a
+    command line, so never "a quoted number" of a TOML file."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,7 +80,7 @@ class Flag:
                     return self.read(member, key)
                 except JobFileError:
                     continue
-            return " ".join(self.words)  # let the coercion name what each member allows
+            return FlagText(" ".join(self.words))  # let the coercion name what each member allows
         if not self.words:  # a bare flag
             if tp is bool:
                 return True
