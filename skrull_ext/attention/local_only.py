@@ -99,6 +99,16 @@ def local_only_kernel(kernel: str, compiled: bool, device: torch.device, dtype: 
     return TRACED_CALL.get(name)
 
 
+def computes_whole_buffer(kernel: str, compiled: bool, device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether DACP's attention computes each buffer whole, one masked SDPA over all its
+    documents (``dense``, ``auto``'s choice but on CUDA in bf16/fp16, or the call an all-local
+    buffer traces when compiled): the work a profile's ``[compute] whole_buffer`` prices
+    (docs/design/cost_model.md). The profiler writes it from here and a job checks its profile
+    against it, so the two cannot name the kernel's work differently."""
+    traced = local_only_kernel(kernel, compiled, device, dtype)
+    return (traced or (auto_kernel_for(device, dtype) if kernel == AUTO else kernel)) == "dense"
+
+
 def attention_input(meta: DacpBatchMeta, kernel: str | None, device: torch.device,
                     stats: Iterable | None = None, full_ac: bool = False,
                     cu_seqlens: torch.Tensor | None = None) -> DacpBatchMeta | LocalOnlyBatch:

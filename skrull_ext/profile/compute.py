@@ -144,13 +144,10 @@ def whole_buffer(jm: JobModel) -> bool:
     from torchtitan_patches.dense_attention import DenseMaskAttention
 
     if jm.dacp:
-        from skrull_ext.attention.kernels import AUTO, auto_kernel_for
-        from skrull_ext.attention.local_only import local_only_kernel
+        from skrull_ext.attention.local_only import computes_whole_buffer
         from skrull_ext.scheduler.model_shape import model_compiled
 
-        kernel = jm.config.skrull.attention_kernel
-        traced = local_only_kernel(kernel, model_compiled(jm.config), jm.device, jm.dtype)
-        return (traced or (auto_kernel_for(jm.device, jm.dtype) if kernel == AUTO else kernel)) == "dense"
+        return computes_whole_buffer(jm.config.skrull.attention_kernel, model_compiled(jm.config), jm.device, jm.dtype)
     sparse = [m for m in jm.model.modules() if isinstance(m, (FlexAttention, VarlenAttention))
               and not isinstance(m, DenseMaskAttention)]
     return not sparse

@@ -43,7 +43,7 @@ from torchtitan.distributed import utils as dist_utils
 from torchtitan.tools.logging import logger
 
 from skrull_ext.attention.kernels import kernel_name
-from skrull_ext.attention.local_only import local_only_kernel
+from skrull_ext.attention.local_only import computes_whole_buffer, local_only_kernel
 from skrull_ext.data.steps.overlength import check_overlength
 from skrull_ext.data.steps.loader import SkrullDataLoader, SkrullStep
 from skrull_ext.errors import DataError, JobFileError
@@ -152,6 +152,9 @@ class SkrullTrainer(JobTrainer):
             logger.warning(warning)
         self.local_only_kernel = local_only_kernel(skrull.attention_kernel, compiled, self.device,
                                                    compute_dtype(self.config))
+        whole = computes_whole_buffer(skrull.attention_kernel, compiled, self.device, compute_dtype(self.config))
+        if (warning := skrull.profile_kernel_warning(whole)) is not None:
+            logger.warning(warning)
         """Compiled: the kernel an all-local micro-batch's attention traces into the blocks (local_only.py)."""
         self.full_ac = isinstance(self.config.activation_checkpoint, FullAC.Config)
         self.dacp_stats = [m.stats for m in self.dacp_attention]

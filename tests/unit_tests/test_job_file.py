@@ -415,6 +415,30 @@ def test_a_job_compiled_otherwise_than_its_profile_is_warned(tmp_path):
     assert SkrullConfig(cost_model="h100-assumed").profile_compile_warning(True) is None
 
 
+def test_a_job_whose_kernel_computes_otherwise_than_its_profile_prices_is_warned(tmp_path):
+    import torch
+
+    from skrull_ext.attention.local_only import computes_whole_buffer
+    from skrull_ext.train.job.skrull_config import SkrullConfig
+
+    cpu, f32 = torch.device("cpu"), torch.float32
+    # CPU's dense (auto's choice there) attends over each buffer whole; segments per document; a
+    # compiled all-local buffer traces dense on CPU whatever the kernel, as the profiler prices it.
+    assert computes_whole_buffer("auto", False, cpu, f32) and computes_whole_buffer("dense", False, cpu, f32)
+    assert not computes_whole_buffer("segments", False, cpu, f32)
+    assert not computes_whole_buffer("auto", False, torch.device("cuda"), torch.bfloat16)
+    shipped = SkrullConfig(cost_model=PROFILE, attention_kernel="segments")
+    assert shipped.profile_kernel_warning(True) is None  # the shipped CPU profile prices whole buffers
+    assert shipped.profile_kernel_warning(False) == (
+        f"skrull: the profile {PROFILE!r} prices attention each buffer whole (one masked SDPA); this job's "
+        "attention_kernel 'segments' computes it per document: predicted micro-batches will be off. Re-profile "
+        "with the job's kernel")
+    per_doc = tmp_path / "per_doc.toml"
+    per_doc.write_text(re.sub(r"^whole_buffer = true\n", "", Path(PROFILE).read_text(), flags=re.M))
+    assert "computes it each buffer whole" in SkrullConfig(cost_model=str(per_doc)).profile_kernel_warning(True)
+    assert SkrullConfig(cost_model="h100-assumed").profile_kernel_warning(True) is None
+
+
 @pytest.mark.parametrize("job", ["debug_cpu.toml", "debug_cpu_lora.toml", "qwen2_5_0_5b_gpu.toml"])
 def test_per_job_help_lists_only_what_the_parser_accepts(job, capsys):
     """Issue 50: tyro's listing (911 lines) offered --skrull.policy-spec.* and a skrull._profile

@@ -243,6 +243,20 @@ class SkrullConfig(SchedulingOptions):
                 f"this job runs it {how[compiled]} (compile.enable = {str(compiled).lower()}): predicted step "
                 f"times and memory will be off. Re-profile with the job's compile setting")
 
+    def profile_kernel_warning(self, whole_buffer: bool) -> str | None:
+        """A warning when the profile prices a buffer's attention otherwise than the job's
+        kernel computes it (``[compute] whole_buffer``: one masked SDPA over the whole buffer,
+        CPU's ``dense``; else per document), else None. The scheduler would then split or pack
+        micro-batches for a cost the job does not pay: on the README's job at long buffers, a
+        per-document price read x6.6-x8.2 short of whole-buffer steps (docs/profile.md)."""
+        profile = self.measured_profile()
+        if profile is None or profile.cost_model().whole_buffer == whole_buffer:
+            return None
+        how = {True: "each buffer whole (one masked SDPA)", False: "per document"}
+        return (f"skrull: the profile {self.cost_model!r} prices attention {how[not whole_buffer]}; this job's "
+                f"attention_kernel {self.attention_kernel!r} computes it {how[whole_buffer]}: predicted "
+                f"micro-batches will be off. Re-profile with the job's kernel")
+
     def scheduler_config(self, dp: int, cp: int, timeline: str = "lockstep",
                          bucket_size: int | None = None, lookahead: int | None = None) -> SchedulerConfig:
         """These knobs as plain values for a DP x CP job on ``timeline`` (by name), at
