@@ -1,8 +1,8 @@
 """The phases of a training step, timed: where a step's time goes beside its micro-batches.
 
 A step is more than its micro-batches: the trainer waits for its data, checks
-it, runs the micro-batches, clips the gradients, steps the optimizer and logs.
-``PHASES`` is the one list of them, in the order a step runs them; the trainer
+it, runs the micro-batches, clips the gradients, steps the optimizer, logs and
+validates. ``PHASES`` is the one list of them, in the order a step runs them; the trainer
 (train/trainer.py) wraps each piece of work in ``StepPhases.phase(key)``, and
 everything that reads the times (the step line's clause, the TensorBoard
 scalars ``skrull/phase_<key>_ms``, the run's closing line, the profiler's
@@ -21,8 +21,9 @@ logging included), step N - 1's with ``metrics.log_freq`` 1; the last logged
 step's are read at close.
 
 A step's time as run (``StepTimes.step_ms``) is everything ``train_step`` did
-but the data wait and the logging, which the cost model does not price (the
-dataloader's prefetch hides the one, ``metrics.log_freq`` spaces the other);
+but the data wait, the logging and the validation, which the cost model does
+not price (the dataloader's prefetch hides the first, ``metrics.log_freq`` and
+``validation.freq`` space the others);
 the time between phases that no phase covers (zero_grad, the learning rates'
 read) is counted in it as ``rest``.
 """
@@ -64,8 +65,10 @@ PHASES: tuple[Phase, ...] = (
           "included)"),
     Phase("clip", "gradient clipping: the norm over the shards (its all-reduce) and the scaling", per_step=True),
     Phase("opt", "the optimizer step, the checkpoint staging wait and the learning-rate step", per_step=True),
-    Phase("log", "a logged step's metrics: the loss reductions, TensorBoard, the step line, validation when due "
-          "(absent on steps not logged)", in_step=False),
+    Phase("log", "a logged step's metrics: the loss reductions, TensorBoard, the step line (absent on steps not "
+          "logged)", in_step=False),
+    Phase("val", "the held-out set's loss when [validation] is due, forward only (absent on other steps)",
+          in_step=False),
 )
 _BY_KEY = {p.key: p for p in PHASES}
 

@@ -359,7 +359,7 @@ class SkrullTrainer(JobTrainer):
                 global_avg *= step.loss_tokens / step.global_valid_tokens  # the step's own mean token loss
                 self._log_step(step, accumulated, global_avg, global_valid_tokens, norm, lr_metrics)
         if self.validation is not None and self.config.validation.due(self.step, self.config.training.steps):
-            with phases.phase("log"):
+            with phases.phase("val"):
                 self.validation.run(self, self.step)  # forward only: no weight, RNG or counter changes
         phases.end(step.plan.makespan_us, keep=should_log)  # read at the next logged step (or at close)
 

@@ -82,6 +82,11 @@ def test_validation_loss_matches_reference(runs):
     run = runs["validated"]
     logged = run.scalars("validation/loss")
     assert len(logged) == 2, f"validation at steps 2 and 4 expected, got {logged}"
+    # Its time is a phase of its own (train/step_phases.py), at the two steps it ran, not the log's.
+    val_ms = run.scalars("skrull/phase_val_ms")
+    assert len(val_ms) == 2 and min(val_ms) > 0, val_ms
+    with pytest.raises(KeyError):
+        runs["plain"].scalars("skrull/phase_val_ms")
     samples = _held_out_samples()
     assert max(s.length for s in samples) > 256  # one sample is sharded over the CP group
     tokens = sum(int((s.labels != -100).sum()) for s in samples)
