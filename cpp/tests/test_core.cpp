@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "check.hpp"
+#include "toy.hpp"
 #include "skrull/hedge.hpp"
 #include "skrull/lookahead.hpp"
 #include "skrull/plan.hpp"
@@ -18,16 +19,7 @@
 
 using namespace skrull;
 
-// flops(s) = 24 s + 4 s^2, T_comp(F) = F, no communication cost.
-static CostModel toy() {
-  CostModel c;
-  c.shape = {1, 1, 1, 1};
-  c.a_us_per_flop = 1.0;
-  c.b_us = 0.0;
-  c.comm.bytes = {1.0};
-  c.comm.us = {0.0};
-  return c;
-}
+using skrull_test::toy;  // flops(s) = 24 s + 4 s^2, T_comp(F) = F, no communication cost (toy.hpp)
 
 static void test_shards() {
   CHECK(shard_tokens(7, 2) == 4);

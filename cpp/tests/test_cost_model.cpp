@@ -6,21 +6,13 @@
 #include <vector>
 
 #include "check.hpp"
+#include "toy.hpp"
 #include "skrull/dacp.hpp"
 #include "skrull/refine.hpp"
 
 using namespace skrull;
 
-// flops(s) = 24 s + 4 s^2, T_comp(F) = F, no communication cost (test_core's toy).
-static CostModel toy() {
-  CostModel c;
-  c.shape = {1, 1, 1, 1};
-  c.a_us_per_flop = 1.0;
-  c.b_us = 0.0;
-  c.comm.bytes = {1.0};
-  c.comm.us = {0.0};
-  return c;
-}
+using skrull_test::toy;  // flops(s) = 24 s + 4 s^2, T_comp(F) = F, no communication cost (toy.hpp)
 
 // whole_buffer (a kernel over the rank's whole buffer, CPU dense): two
 // documents of 3 and 5 tokens priced as one of 8 where they share a part,
