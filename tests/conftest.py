@@ -8,6 +8,14 @@ took 27 min instead of 34); more would only multiply the ranks on the cores.
 Each worker builds the session fixtures it needs (``--dist loadfile`` keeps a
 file's tests, and the runs they share, on one worker).
 
+One torch thread per worker (``OMP_NUM_THREADS=1`` unless set): the workers already
+fill the cores, and torch's default (a thread per core) in each of them
+oversubscribes the box; libgomp's threads then spin on each other's cores. On
+the shared 2-core box test_profile_lora_memory.py took 167 s with two threads
+and 28 s with one, the same tests. The launched ranks already ran with one
+(launch._env); set before torch is imported, so the forked and subprocess
+jobs inherit it too. No test depends on the thread count.
+
 Import torchtitan once with third-party import-time warnings silenced.
 
 pyproject turns warnings into errors. torch 2.13 warns on its own import
@@ -21,6 +29,8 @@ import os
 import warnings
 
 import pytest
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 LAUNCHER_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
                 "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
@@ -49,3 +59,6 @@ with warnings.catch_warnings():
         import torchtitan.trainer  # noqa: F401
     except ImportError:  # the [train] extra is not installed
         pass
+    import torch
+
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))  # had a plugin imported torch first

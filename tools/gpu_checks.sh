@@ -223,9 +223,12 @@ fi
 if [ "$dry" = 1 ]; then
   job=skrull_ext/jobs/debug_cpu.toml gpu=cpu
   one=(--parallelism.data_parallel_shard_degree 1 --parallelism.context_parallel_degree 1)
-  # toy sizes on shared cores, each timed once: the stage must run; the fit's quality is the GPU run's to judge
-  prof=(--lengths 256,384,512 --held-out 448 --memory-lengths 256,512 --repeats 1 --micro-batch-repeats 1 --no-check
-        --max-held-out-error 10 --max-micro-batch-error 10 --max-packed-error 10)
+  # toy sizes on shared cores, each timed once: the stage must run; the fit's quality is the GPU run's to judge.
+  # Half the lengths, one small packed buffer (the derived two were 1,024 tokens each) and two micro-batch
+  # counts: every part of the profile still runs, in each checkpointing mode, in about half the time.
+  prof=(--lengths 128,192,256 --held-out 224 --packed 128+64 --memory-lengths 128,256 --micro-batch-counts 1,2
+        --repeats 1 --micro-batch-repeats 1 --no-check --max-held-out-error 10 --max-micro-batch-error 10
+        --max-packed-error 10)
   train=(--training.steps "${STEPS:-5}" --dataloader.global_batch_size 8 --metrics.enable_tensorboard)
   # shared cores: the toy ladder took 90 s under load for one checkpointing mode; it measures three (--ac-modes)
   warm=2 limit=240 rows=4 bucket=512 profile_limit=480
