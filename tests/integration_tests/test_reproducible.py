@@ -17,6 +17,7 @@ from step 2 on (docs/training.md, "Continuing a finished run").
 
 import glob
 import os
+import shutil
 
 import pytest
 
@@ -92,14 +93,18 @@ STREAM = ("--skrull.no-enable", "--dataloader.packing", "stream", "--training.lo
 @pytest.mark.slow
 def test_stream_packed_run_continues_mid_sample(work):
     """torchtitan's batching with 'stream' packing carries a cut sample into the
-    next step; a run stopped there and continued equals one that never stopped
-    (the carry is in the checkpoint)."""
-    want = _train(os.path.join(work, "stream-full"), N + M, *STREAM).losses
+    next step; a run continued from a checkpoint saved there equals one that never
+    stopped (the carry is in the checkpoint). The uninterrupted run saves that
+    checkpoint itself (at step N of N+M): the continued run starts from a copy of
+    it in a folder of its own, so two launches check what three did."""
+    full = os.path.join(work, "stream-full")
+    want = _train(full, N + M, *STREAM, "--checkpoint.enable", "--checkpoint.interval", str(N)).losses
     dump = os.path.join(work, "stream-continued")
-    _train(dump, N, *STREAM, "--checkpoint.enable", "--lr_scheduler.total_steps", str(N + M))
+    shutil.copytree(os.path.join(full, "checkpoint", f"step-{N}"), os.path.join(dump, "checkpoint", f"step-{N}"))
     more = _train(dump, N + M, *STREAM, "--checkpoint.enable")
     assert f"Training starts at step {N + 1}" in more.output, more.output[-3000:]
     got = losses_by_step(dump)
+    assert sorted(got) == list(range(N + 1, N + M + 1)), sorted(got)
     got = [got[step] for step in sorted(got)]
-    print(f"stream: uninterrupted {want}\ncontinued {got}")
-    assert len(got) == N + M and [x.hex() for x in got] == [x.hex() for x in want], f"{got} vs {want}"
+    print(f"stream: uninterrupted {want}\ncontinued from step {N}: {got}")
+    assert len(want) == N + M and [x.hex() for x in got] == [x.hex() for x in want[N:]], f"{got} vs {want}"
