@@ -34,9 +34,9 @@ from skrull_ext.bench import lookahead_latency
 from skrull_ext.bench.args import at_least, profile_path
 from skrull_ext.bench import reference as ref
 from skrull_ext.scheduler import cost_model as cost_models
-from skrull_ext.scheduler.chunk_lockstep import chunk_passes
 from skrull_ext.scheduler.config import TIMELINES
 from skrull_ext.scheduler.cpsat import solve_dacp
+from skrull_ext.scheduler.scheduler import chunked_docs
 
 
 @dataclass(frozen=True)
@@ -95,7 +95,7 @@ def run_setting(s: Setting, args, pool: list[int]) -> dict:
         planned = [[x for x in b if x <= limit] for b in batches] if n_chunked else batches
         pricer = Scheduler(cfg, cost)
         t0 = time.perf_counter_ns()
-        docs_us = [(pricer.chunked_us(d), [chunk_passes(n, pricer.job.chunk_for(n)) for n in d]) for d in docs]
+        docs_us = [(priced.us, priced.passes) for priced in (chunked_docs(pricer.job, d) for d in docs)]
         price_us = (time.perf_counter_ns() - t0) / 1e3 / len(batches)
         core = _core.schedule_pool if p.pool else _core.schedule
         rcost = ref.RefCost.of(cost)

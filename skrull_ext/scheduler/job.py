@@ -96,7 +96,7 @@ class SchedulerJob:
 
     def chunk_for(self, length: int) -> int:
         """The chunk a chunked ``length``-token document trains in: the one the scheduler prices
-        (scheduler.chunked_times) and the trainer runs (train/passes.py)."""
+        (scheduler.chunked_docs) and the trainer runs (train/passes.py)."""
         return self.capacity.group_limit if self.chunk_rule is None else self.chunk_rule.chunk(length)
 
     @property

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from skrull_ext import _core
 from skrull_ext._core import CostModel
@@ -85,18 +86,16 @@ class Scheduler:
         if dp_rank is not None and not (isinstance(dp_rank, int) and 0 <= dp_rank < c.dp):
             raise ValueError(f"dp_rank must be in [0, {c.dp}), got {dp_rank!r}")
         chunked = _as_lengths(chunked)
-        chunks = [c.chunk_for(n) if chunk is None else chunk for n in chunked]
-        chunked_us = self.chunked_us(chunked, chunk)
-        passes = [chunk_passes(n, k) for n, k in zip(chunked, chunks)]
+        docs = chunked_docs(c, chunked, chunk)
         if c.policy.pool:
             core = _core.schedule_pool(lengths, c.cost_model, c.options)
         else:
-            core = _core.to_plan(_core.schedule(lengths, c.cost_model, c.options, chunked_us, passes),
+            core = _core.to_plan(_core.schedule(lengths, c.cost_model, c.options, docs.us, docs.passes),
                                  c.cost_model, c.options)
         plan = Plan.from_core(core, lengths, c, chunked)
-        plan.chunked_chunk = chunks
+        plan.chunked_chunk = docs.chunk
         if c.policy.pool and chunked:
-            plan.chunked_us, plan.chunked_group = chunked_us, _core.assign_chunked(chunked_us, c.dp)
+            plan.chunked_us, plan.chunked_group = docs.us, _core.assign_chunked(docs.us, c.dp)
             plan.retime()
         mbs = [mb for mb in plan.micro_batches if mb.groups == 1 and (dp_rank is None or mb.first_group == dp_rank)]
         plan.refined_dp_rank = dp_rank
@@ -112,7 +111,7 @@ class Scheduler:
     def chunked_us(self, chunked: Sequence[int], chunk: int | None = None) -> list[float]:
         """Each chunked document's predicted time on one CP group (``chunk_cost``), in chunks of
         ``chunk`` tokens (default: ``job.chunk_for``, what the trainer chunks by)."""
-        return chunked_times(self.job, chunked, chunk)
+        return chunked_docs(self.job, chunked, chunk).us
 
     def lookahead(self, batches: Sequence[Sequence[int]],
                   chunked: Sequence[Sequence[int]] | None = None) -> _core.Lookahead:
@@ -191,11 +190,23 @@ class Scheduler:
         )
 
 
-def chunked_times(job: SchedulerJob, chunked: Sequence[int], chunk: int | None = None) -> list[float]:
-    """Each of ``chunked`` (lengths) as ``job`` trains it: whole, in chunks of ``chunk`` tokens
-    (default ``job.chunk_for(n)``, the trainer's chunk), sharded over its CP group; its
-    predicted time (scheduler/chunk_cost.py)."""
-    return [chunk_cost(job.cost_model, n, job.chunk_for(n) if chunk is None else chunk, job.cp).us for n in chunked]
+class ChunkedDocs(NamedTuple):
+    """A step's chunked documents as ``job`` trains them, each in the step's order."""
+
+    chunk: list[int]
+    """Its chunk in tokens: ``chunk``, else ``job.chunk_for(n)``, the trainer's chunk."""
+    us: list[float]
+    """Its predicted time whole, in those chunks, sharded over its CP group (scheduler/chunk_cost.py)."""
+    passes: list[int]
+    """Its chunk passes in them (``chunk_passes``), what lockstep ranks pad to (chunk_lockstep.py)."""
+
+
+def chunked_docs(job: SchedulerJob, chunked: Sequence[int], chunk: int | None = None) -> ChunkedDocs:
+    """``chunked`` (lengths) priced as ``job`` trains them: the one place a document's chunk is
+    chosen for the plans, so its time and its pass count are of the same chunk."""
+    chunks = [job.chunk_for(n) if chunk is None else chunk for n in chunked]
+    return ChunkedDocs(chunks, [chunk_cost(job.cost_model, n, k, job.cp).us for n, k in zip(chunked, chunks)],
+                       [chunk_passes(n, k) for n, k in zip(chunked, chunks)])
 
 
 def plan_window(job: SchedulerJob, batches: Sequence[Sequence[int]],
@@ -207,7 +218,6 @@ def plan_window(job: SchedulerJob, batches: Sequence[Sequence[int]],
     start-up prices windows to settle the job before its one Scheduler is built (train/settle.py).
     ``chunked``: per batch, the lengths of its chunked documents (``overlength = "chunk"``), which
     stay at their step and are priced with it, so the regrouping moves samples around them."""
-    docs = [] if chunked is None else [_as_lengths(c) for c in chunked]
+    docs = [] if chunked is None else [chunked_docs(job, _as_lengths(c)) for c in chunked]
     return _core.lookahead([_as_lengths(b) for b in batches], job.cost_model, job.options, pool=job.policy.pool,
-                           chunked=[chunked_times(job, d) for d in docs],
-                           chunked_chunks=[[chunk_passes(n, job.chunk_for(n)) for n in d] for d in docs])
+                           chunked=[d.us for d in docs], chunked_chunks=[d.passes for d in docs])
