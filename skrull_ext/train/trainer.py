@@ -152,10 +152,10 @@ class SkrullTrainer(JobTrainer):
             logger.warning(warning)
         self.local_only_kernel = local_only_kernel(skrull.attention_kernel, compiled, self.device,
                                                    compute_dtype(self.config))
+        """Compiled: the kernel an all-local micro-batch's attention traces into the blocks (local_only.py)."""
         whole = computes_whole_buffer(skrull.attention_kernel, compiled, self.device, compute_dtype(self.config))
         if (warning := skrull.profile_kernel_warning(whole)) is not None:
             logger.warning(warning)
-        """Compiled: the kernel an all-local micro-batch's attention traces into the blocks (local_only.py)."""
         self.full_ac = isinstance(self.config.activation_checkpoint, FullAC.Config)
         self.dacp_stats = [m.stats for m in self.dacp_attention]
         """The layers' counters, which attention_input bumps for a traced micro-batch."""
