@@ -28,12 +28,29 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
 from skrull_ext.errors import NothingToTrain, UserError
 
-__all__ = ["TRACEBACK_FLAG", "record_error_line", "run_cli"]
+__all__ = ["TRACEBACK_FLAG", "argument_type", "record_error_line", "run_cli"]
 
 TRACEBACK_FLAG = "--traceback"
+
+
+def argument_type(parse: Callable[[str], Any], name: str) -> Callable[[str], Any]:
+    """``parse`` as an argparse ``type`` whose ValueError is the usage line's own message
+    (``argument --lengths: ...``, exit 2): argparse reads any other exception from a type as
+    "invalid <name> value", naming neither the value's fault nor the limit."""
+    import argparse
+
+    def read(text: str):
+        try:
+            return parse(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    read.__name__ = name
+    return read
 
 
 def record_error_line(message: str) -> None:

@@ -1,25 +1,25 @@
 """Argument types the bench commands share: a bad value is argparse's one usage line, exit 2.
 
-argparse prints an ``ArgumentTypeError``'s message as given (``argument --profile: ...``);
-any other exception from a type function reads "invalid <name> value", and one raised after
-parsing (a profile read when the run starts) was a traceback.
+Each is ``cli_errors.argument_type``: its ValueError becomes argparse's message as given
+(``argument --profile: ...``); argparse's own reads "invalid <name> value", and a value checked
+only after parsing (a profile read when the run starts) was a traceback.
 """
 
 from __future__ import annotations
 
-import argparse
+from skrull_ext.cli_errors import argument_type
 
 
-def profile_path(text: str) -> str:
+def _loaded_profile(text: str) -> str:
     """``--profile FILE``: a profile TOML that loads (read once here to check it, before any
     work; ``Profile.load`` names a missing file, bad TOML or a bad field)."""
     from skrull_ext.scheduler.profile_file import Profile
 
-    try:
-        Profile.load(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
+    Profile.load(text)
     return text
+
+
+profile_path = argument_type(_loaded_profile, "profile")
 
 
 def at_least(lo: int):
@@ -29,10 +29,9 @@ def at_least(lo: int):
         try:
             value = int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+            raise ValueError(f"expected an integer, got {text!r}") from None
         if value < lo:
-            raise argparse.ArgumentTypeError(f"must be >= {lo}, got {value}")
+            raise ValueError(f"must be >= {lo}, got {value}")
         return value
 
-    parse.__name__ = f"integer >= {lo}"
-    return parse
+    return argument_type(parse, f"integer >= {lo}")

@@ -42,6 +42,7 @@ __all__ = ["failures", "main"]
 
 
 def _parser() -> argparse.ArgumentParser:
+    from skrull_ext.cli_errors import argument_type
     from skrull_ext.profile.options import ProfileOptions, parse_bytes, parse_ints
     from skrull_ext.scheduler.cost_model import HARDWARE_PRESETS  # --comm-from: was read only when writing the file
 
@@ -52,8 +53,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="profile.toml", help="profile file to write (default: %(default)s)")
     p.add_argument("--plot", default=None, help="PNG of points vs fits (default: --out with .png)")
     p.add_argument("--no-plot", action="store_true", help="write no PNG (default: write one)")
-    ints = _argument_type(parse_ints, "ints")
-    packed = _argument_type(lambda s: tuple(parse_ints(b.replace("+", ",")) for b in s.split(";") if b), "buffers")
+    ints = argument_type(parse_ints, "ints")
+    packed = argument_type(lambda s: tuple(parse_ints(b.replace("+", ",")) for b in s.split(";") if b), "buffers")
     p.add_argument("--lengths", type=ints, default=d.lengths,
                    help="compute ladder, e.g. 128,256,512 or 128:4096 (default: up to 2x the job's longest sequence)")
     p.add_argument("--held-out", type=ints, default=d.held_out,
@@ -70,7 +71,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="compute clock (auto: process CPU time for single-threaded CPU runs, else wall; default: %(default)s)")
     p.add_argument("--memory-lengths", type=ints, default=d.memory_lengths,
                    help="memory ladder (default: up to 4x the job's longest sequence)")
-    p.add_argument("--memory-limit", type=_argument_type(parse_bytes, "bytes"), default=d.memory_limit,
+    p.add_argument("--memory-limit", type=argument_type(parse_bytes, "bytes"), default=d.memory_limit,
                    help="bytes one rank may use, e.g. 1GiB (default: device total)")
     p.add_argument("--margin", type=float, default=d.margin,
                    help="safety margin on BucketSize, a fraction of the activation budget left free for "
@@ -102,20 +103,6 @@ def _parser() -> argparse.ArgumentParser:
                    help="fail (exit 1) when a packed buffer misses by more than this fraction (default: %(default)s)")
     p.add_argument("--seed", type=int, default=d.seed, help="seed of the random tokens and check buffer (default: %(default)s)")
     return p
-
-
-def _argument_type(parse, name: str):
-    """``parse`` as an argparse type whose ValueError is the usage line's message
-    (``argument --lengths: ...``; argparse's own reads "invalid <lambda> value")."""
-
-    def read(text: str):
-        try:
-            return parse(text)
-        except ValueError as e:
-            raise argparse.ArgumentTypeError(str(e)) from None
-
-    read.__name__ = name
-    return read
 
 
 def _check_args(args: argparse.Namespace) -> None:
