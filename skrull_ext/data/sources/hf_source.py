@@ -24,10 +24,10 @@ Hub names are not fetched: download the files first.
 """
 
 import glob
-import json
 import os
 
 from skrull_ext.data.sources.json_array import array_error, is_json_array
+from skrull_ext.data.sources.text import jsonl_records
 from skrull_ext.errors import DataError
 
 BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".arrow": "arrow"}
@@ -59,16 +59,13 @@ def _check_json_bytes(path: str) -> None:
 
 def _bad_json_line(path: str) -> DataError | None:
     """``path:line: not valid JSON`` for the first line of a JSON Lines file that does not parse,
-    as the JSONL source names it (pyarrow says "in row N", counted from 0 and without the file's
-    line); None when the file is not JSON Lines (its first line is not a record by itself, as in
-    a pretty-printed object) or every line parses. Read only after ``datasets`` failed."""
-    with open(path, encoding="utf-8") as f:  # UTF-8 already checked (_check_json_bytes)
-        lines = ((n, line) for n, line in enumerate(f, 1) if line.strip())
-        for k, (line_no, line) in enumerate(lines):
-            try:
-                json.loads((line.removeprefix("\ufeff") if line_no == 1 else line).rstrip("\r\n"))
-            except json.JSONDecodeError as e:
-                return None if k == 0 else DataError(f"{path}:{line_no}: not valid JSON: {e}")
+    as the JSONL source names it (``jsonl_records``; pyarrow says "in row N", counted from 0 and
+    without the file's line); None when the file is not JSON Lines (its first line is not a record
+    by itself, as in a pretty-printed object) or every line parses. Read only after ``datasets``
+    failed."""
+    for k, (_, record) in enumerate(jsonl_records(path, skip_bad=True)):
+        if isinstance(record, DataError):
+            return None if k == 0 else record
     return None
 
 

@@ -60,8 +60,8 @@ def jsonl_records(path: str, skip_bad: bool = False):
                     line = line.removeprefix("\ufeff")
                 if not line.strip():
                     continue
-                try:
-                    record = json.loads(line)
+                try:  # without its newline: a cut line's error points into it, not at "line 2 column 1"
+                    record = json.loads(line.rstrip("\r\n"))
                 except json.JSONDecodeError as e:
                     if line_no == 1 and line.lstrip("\ufeff \t").startswith("["):  # a whole file, not a record
                         raise array_error(path, "dataloader.dataset = 'jsonl' (one JSON record a line)") from None
