@@ -188,6 +188,53 @@ def _launcher_env_for_one_process() -> None:
         os.environ.setdefault(key, value)
 
 
+class _TimeWithoutSleep(types.ModuleType):
+    """``time`` for ``torchtitan.trainer``, whose one ``time.sleep`` is the fixed 2 s
+    rank 0 waits after the loop "for other ranks to complete"; ``_barrier_after_train``
+    waits for them instead. Every other name is ``time``'s own."""
+
+    def __init__(self):
+        super().__init__("torchtitan_patches.time_without_sleep")
+
+    def __getattr__(self, name: str) -> Any:
+        import time
+
+        return getattr(time, name)
+
+    @staticmethod
+    def sleep(seconds: float) -> None:
+        pass
+
+
+def barrier_after(train: Callable) -> Callable:
+    """``train``, then every rank of a world of more than one waits for the others: what
+    torchtitan's sleep stood for. No rank goes on to ``close()`` and destroys the process
+    group while another is still in its last step (gloo aborts a rank whose peer shut
+    down mid-exchange). A rank that raised never gets here; torchrun ends the others."""
+    import torch.distributed as dist
+
+    @functools.wraps(train)
+    def train_then_wait_for_every_rank(*args, **kwargs):
+        out = train(*args, **kwargs)
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.barrier()
+        return out
+
+    return train_then_wait_for_every_rank
+
+
+_SLEEP_LINE = "Sleeping 2 seconds for other ranks to complete"
+
+
+def _end_of_training_barrier() -> None:
+    import torchtitan.trainer as trainer_module
+    from torchtitan.tools.logging import logger
+
+    trainer_module.time = _TimeWithoutSleep()
+    logger.addFilter(lambda record: record.msg != _SLEEP_LINE)  # it no longer sleeps
+    trainer_module.Trainer.train = barrier_after(trainer_module.Trainer.train)
+
+
 # --------------------------------------------------------------------------
 # Config fixes
 
@@ -254,6 +301,17 @@ FIXES: tuple[Fix, ...] = (
         ),
         applies=lambda: on_cpu() and "LOCAL_RANK" not in os.environ,
         apply=_launcher_env_for_one_process,
+    ),
+    Fix(
+        name="end_of_training_barrier",
+        why=(
+            "torchtitan 0.3.0 Trainer.train ends with a fixed 2 s sleep on rank 0 'for other "
+            "ranks to complete', also in a world of one; on CPU (gloo) every rank waits in a "
+            "barrier instead, as long as the slowest rank needs (the suite launches hundreds "
+            "of short runs, each paying the 2 s)"
+        ),
+        applies=on_cpu,
+        apply=_end_of_training_barrier,
     ),
     Fix(
         name="spmd_backend_partial_dtensor",

@@ -1,6 +1,10 @@
 """torchtitan_patches: which fixes apply here, idempotence, and the CPU
 attention fallback being the same attention as FlexAttention's forward."""
 
+import logging
+import os
+import time
+
 import pytest
 import torch
 from torch.nn.attention.flex_attention import and_masks, create_block_mask, flex_attention
@@ -98,3 +102,40 @@ def test_log_colour_only_on_a_terminal(monkeypatch):
     assert colour_terminal(io.StringIO()) is False  # a file or a pipe
     monkeypatch.setenv("NO_COLOR", "1")
     assert colour_terminal(Terminal()) is False
+
+
+@cpu_only
+def test_trainer_ends_without_the_fixed_sleep():
+    torchtitan_patches.apply()
+    import time
+
+    import torchtitan.trainer as trainer_module
+
+    assert trainer_module.time.sleep(2) is None  # returns at once: the barrier waits instead
+    assert trainer_module.time.perf_counter is time.perf_counter  # the loop's own timing is time's
+    assert trainer_module.Trainer.train.__wrapped__.__qualname__ == "Trainer.train"
+    from torchtitan.tools.logging import logger
+
+    said = logging.LogRecord("t", logging.INFO, "", 0, "Sleeping 2 seconds for other ranks to complete", (), None)
+    assert not logger.filter(said)  # the line that no longer holds is not said
+
+
+def _rank_finishes(rank: int, store: str, marker: str) -> None:
+    from tests.unit_tests.gloo_worker import gloo_group
+
+    def train() -> None:
+        if rank == 1:  # the slow rank: its last step ends after rank 0's
+            time.sleep(0.5)
+            open(marker, "w").close()
+
+    with gloo_group(store, rank, 2):
+        torchtitan_patches.barrier_after(train)()
+        if rank == 0 and not os.path.exists(marker):
+            raise AssertionError("rank 0 went on before rank 1 had finished")
+
+
+@pytest.mark.slow
+def test_no_rank_goes_on_before_the_slowest_has_finished(tmp_path):
+    import torch.multiprocessing as mp
+
+    mp.spawn(_rank_finishes, args=(str(tmp_path / "store"), str(tmp_path / "done")), nprocs=2)
