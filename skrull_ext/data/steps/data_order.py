@@ -24,8 +24,10 @@ tokenizer, the chat template or the options that keep or drop records; a
 record replaced by another of exactly the same token count is not seen. The
 file's path is shown, not compared: the same data moved or copied is the
 same sample sequence. A synthetic source is its length distribution (hashed)
-and the keys that shape its draws. ``dataloader.global_batch_size`` is not
-here: another size is warned, not refused (accounting.batch_size_change).
+and the keys that shape its draws. Not here: ``dataloader.max_len``, a limit
+on the same samples (text: a cut per step, counted; synthetic: draws clipped
+to it), and ``dataloader.global_batch_size`` (another size is warned, not
+refused: accounting.batch_size_change).
 
 A checkpoint written before this key existed has none: DCP loads exactly the
 keys of the fresh loader's ``state_dict``, so the loader leaves the key out
@@ -58,6 +60,8 @@ class Entry:
     key: str
     value: str
     where: str = ""
+    flag: bool = False
+    """Whether ``--key value`` sets it back (a seed, a number; not a file, a mixture's share)."""
 
     def shown(self) -> str:
         return f"{self.where!r} ({self.value})" if self.where else self.value
@@ -70,7 +74,7 @@ class DataOrder:
     entries: tuple[Entry, ...]
 
     def to_json(self) -> str:
-        return json.dumps({"version": VERSION, "entries": [[e.key, e.value, e.where] for e in self.entries]})
+        return json.dumps({"version": VERSION, "entries": [[e.key, e.value, e.where, e.flag] for e in self.entries]})
 
     @classmethod
     def from_json(cls, text: str) -> DataOrder:
@@ -100,7 +104,7 @@ def _records(key: str, source) -> Entry:
 
 def data_order(config, source) -> DataOrder:
     """The data order of a loader's ``config`` over the ``source`` it built (base.DATASETS)."""
-    out = [Entry("dataloader.seed", str(config.seed)), Entry("dataloader.dataset", config.dataset)]
+    out = [Entry("dataloader.seed", str(config.seed), flag=True), Entry("dataloader.dataset", config.dataset, flag=True)]
     if config.dataset == "mixture":
         out.append(Entry("dataloader.sources", ", ".join(source.names)))
         for k, (child, weight, cap) in enumerate(zip(source.children, source.weights, source.caps)):
@@ -111,10 +115,9 @@ def data_order(config, source) -> DataOrder:
     elif config.dataset == "synthetic":
         out += [Entry("dataloader.lengths", f"{len(source.lengths)} lengths #{lengths_hash(source.lengths)}",
                       str(config.lengths)),
-                Entry("dataloader.length_scale", f"{source.length_scale:g}"),
-                Entry("dataloader.min_len", str(source.min_len)),
-                Entry("dataloader.max_len", str(source.max_len)),
-                Entry("dataloader.vocab_size", str(source.vocab_size))]
+                Entry("dataloader.length_scale", f"{source.length_scale:g}", flag=True),
+                Entry("dataloader.min_len", str(source.min_len), flag=True),
+                Entry("dataloader.vocab_size", str(source.vocab_size), flag=True)]
     else:
         out.append(_records("dataloader.dataset_path", source))
     return DataOrder(tuple(out))
@@ -136,11 +139,8 @@ def check(saved: str | None, now: DataOrder, step: int, path: str | None) -> str
     key = (new or old).key
     was = "nothing" if old is None else old.shown()
     is_ = "nothing" if new is None else new.shown()
-    if old is not None and not old.where:
-        keep = f"{key} unset" if old.value == "None" else f"--{key} {old.value}"
-    else:
-        keep = f"the data it was written on ({key} = {was})"
-    folder = path or f"its step-{step} folder"
+    keep = f"--{key} {old.value}" if old is not None and old.flag else f"{key} as it was written ({was})"
+    folder = path or f"<its step-{step} folder>"
     raise DataError(
         f"{key} = {is_}: the checkpoint of step {step} was written with {key} = {was}, and a loader's state (the "
         "samples read, look-ahead windows, epoch order) only fits the data order it was written with, so "
