@@ -8,7 +8,8 @@ Across windows every sample of the window's global batches is trained once,
 and the log says what each window did. The run's 5 steps stop inside window 1
 (steps 5..8): it warns at start-up, and every launch's summary counts exactly
 what the plan logs show trained (exactly_once.py), resumed with the same width
-and with another.
+and with another. Resumed with another ``dataloader.seed`` it stops at load in
+one line (data/steps/data_order.py).
 """
 
 import os
@@ -20,7 +21,7 @@ import pytest
 from skrull_ext.train.plan_log import read_plan_log
 from tests.integration_tests.conftest import SKRULL
 from tests.integration_tests.exactly_once import check_exactly_once, trained
-from tests.integration_tests.launch import train_from_seed
+from tests.integration_tests.launch import torchrun, train_from_seed
 
 W, STEPS, RESUME_AT, GBS = 4, 5, 2, 8
 EXTRA = ["--skrull.lookahead", str(W), "--skrull.plan_log"]
@@ -37,6 +38,7 @@ def test_resume_inside_a_window_replays_the_uninterrupted_run(workdir, seed):
     resumed = train_from_seed(workdir, "dp2_lookahead_resumed", 2, "skrull_ext.train", SKRULL, seed, STEPS,
                               extra=EXTRA)
     assert f"Training starts at step {RESUME_AT + 1}" in resumed.output
+    assert "records no data order" not in resumed.output  # the checkpoint says what data it read: checked
     assert resumed.losses == full.losses[RESUME_AT:], f"{resumed.losses} vs {full.losses[RESUME_AT:]}"
 
     for rank in range(2):
@@ -65,6 +67,22 @@ def test_resume_inside_a_window_replays_the_uninterrupted_run(workdir, seed):
     before = trained(full.dump, range(1, RESUME_AT + 1))
     check_exactly_once(before + trained(resumed.dump, range(RESUME_AT + 1, STEPS + 1)), resumed.output,
                        read_to=8, left=24)
+
+    # The same checkpoint continued with another dataloader.seed (it orders the samples: window 0's steps 3..4
+    # would train other samples, some a second time, and never some it read): refused at load, in one line
+    # (data/steps/data_order.py; before, it trained on without a word).
+    dump = os.path.join(workdir, "dp2_lookahead_seed")
+    shutil.copytree(ckpt, os.path.join(dump, "checkpoint", f"step-{RESUME_AT}"))
+    proc = torchrun(2, "skrull_ext.train", [*SKRULL, *EXTRA, "--dump_folder", dump, "--training.steps", str(STEPS),
+                                            "--checkpoint.enable", "--checkpoint.load_only", "--dataloader.seed", "1"],
+                    cwd=workdir, expect_failure=True, real=False)
+    out = proc.stdout + proc.stderr
+    assert ("error: dataloader.seed = 1: the checkpoint of step 2 was written with dataloader.seed = 0, and a loader's "
+            "state (the samples read, look-ahead windows, epoch order) only fits the data order it was written with, so "
+            "continuing would train some samples twice and others never; continue with --dataloader.seed 0, or train "
+            "on from its weights in a new run (another dump_folder) with --checkpoint.initial_load_path "
+            f"{os.path.join(dump, 'checkpoint', 'step-2')} --checkpoint.initial_load_model_only\n") in out, out[-3000:]
+    assert "Training starts" not in out
 
     # The same checkpoint continued with lookahead = "auto": it prices the run's first global batches
     # in windows of the widths within the run (2 and 4 of its 5 steps),
