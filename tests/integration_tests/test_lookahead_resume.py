@@ -13,6 +13,7 @@ one line (data/steps/data_order.py).
 """
 
 import os
+import pickle
 import re
 import shutil
 
@@ -87,9 +88,15 @@ def test_resume_inside_a_window_replays_the_uninterrupted_run(workdir, seed):
     # The same checkpoint continued with lookahead = "auto": it prices the run's first global batches
     # in windows of the widths within the run (2 and 4 of its 5 steps),
     # says what it chose, finishes window 0 (steps 3..4) as begun and trains windows of its choice after.
-    shutil.copytree(ckpt, os.path.join(workdir, "dp2_lookahead_auto", "checkpoint", f"step-{RESUME_AT}"))
+    # Its copy is made as a checkpoint written before dataloader.data_order existed: it loads, and says once
+    # that its data could not be checked (DCP had failed on the key the loader asked for).
+    copy = os.path.join(workdir, "dp2_lookahead_auto", "checkpoint", f"step-{RESUME_AT}")
+    shutil.copytree(ckpt, copy)
+    _without_data_order(copy)
     auto = train_from_seed(workdir, "dp2_lookahead_auto", 2, "skrull_ext.train", SKRULL, seed, STEPS,
                            extra=["--skrull.lookahead", "auto", "--skrull.plan_log"])
+    assert auto.output.count(f"dataloader: the checkpoint of step {RESUME_AT} records no data order (written before "
+                             "dataloader.data_order was saved), so this run cannot check") == 1, auto.output[-3000:]
     chosen = re.search(r"skrull\.lookahead auto: (\d+) \(.*\)\. Predicted over no look-ahead on the samples of "
                        r"steps 1\.\.8 by the job's cost model: W 2 x[\d.]+, W 4 x[\d.]+ \(best", auto.output)
     assert chosen, auto.output[-3000:]
@@ -106,3 +113,15 @@ def test_resume_inside_a_window_replays_the_uninterrupted_run(workdir, seed):
     # Resumed with another width: still every sample once, the summary what the plan logs trained.
     check_exactly_once(before + trained(auto.dump, range(RESUME_AT + 1, STEPS + 1)), auto.output,
                        read_to=W + width, left=(width - 1) * GBS)
+
+
+def _without_data_order(folder: str) -> None:
+    """The DCP checkpoint at ``folder`` as a version before ``dataloader.data_order`` wrote it: its
+    metadata without the key (the value's bytes stay in the shard file, unread)."""
+    path = os.path.join(folder, ".metadata")
+    with open(path, "rb") as f:
+        meta = pickle.load(f)
+    del meta.state_dict_metadata["dataloader.data_order"]
+    meta.storage_data = {k: v for k, v in meta.storage_data.items() if k.fqn != "dataloader.data_order"}
+    with open(path, "wb") as f:
+        pickle.dump(meta, f)
