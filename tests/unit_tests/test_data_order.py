@@ -230,6 +230,9 @@ def test_dcp_loads_a_checkpoint_without_the_key_when_the_loader_is_told(tmp_path
     # Untold, DCP asks the old checkpoint for the key and fails (why the trainer tells the loader).
     with pytest.raises(CheckpointException, match="Missing key in checkpoint state_dict: dataloader.data_order"):
         dcp.load({"dataloader": build()}, checkpoint_id=old, no_dist=True)
+    model = build()
+    model.expect_checkpoint(old, set())  # a checkpoint without dataloader state is never loaded into it
+    assert data_order.KEY in model.state_dict()
     loader = build()
     loader.expect_checkpoint(old, dataloader_keys(old))
     with caplog.at_level(logging.WARNING):
@@ -261,6 +264,9 @@ def test_check_continue_names_the_checkpoint_the_trainer_tells_the_loader(tmp_pa
     # torchtitan's initial load of a whole training state continues its data too; weights only do not.
     assert check_continue(config(initial_load_path=str(whole), initial_load_model_only=False)) == str(whole)
     assert check_continue(config(initial_load_path=str(whole))) is None
+    (tmp_path / "checkpoint" / "step-0").mkdir(parents=True)
+    (tmp_path / "checkpoint" / "step-0" / ".metadata").write_text("")
+    assert check_continue(config()) is None  # a seed checkpoint: torchtitan loads its model only
     for step in (2, 4):
         (tmp_path / "checkpoint" / f"step-{step}").mkdir(parents=True)
         (tmp_path / "checkpoint" / f"step-{step}" / ".metadata").write_text("")

@@ -209,8 +209,9 @@ class SourceDataLoaderBase(BaseDataLoader):
     def expect_checkpoint(self, path: str, keys: set[str] | None) -> None:
         """Before a resume loads the checkpoint at ``path``, whose dataloader state holds ``keys``
         (None: not read): DCP loads exactly the keys ``state_dict`` gives, so one written before
-        ``data_order`` existed loads only with the key left out, until ``load_state_dict``."""
-        self._resuming = (path, keys is None or orders.KEY in keys)
+        ``data_order`` existed loads only with the key left out, until ``load_state_dict``. A
+        checkpoint with no dataloader state at all (a model's) never loads one: nothing is left out."""
+        self._resuming = (path, not keys or orders.KEY in keys)
 
     def order_state(self) -> dict[str, str]:
         """The ``data_order`` key of ``state_dict`` (the loaders add it to theirs)."""

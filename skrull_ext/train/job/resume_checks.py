@@ -46,7 +46,7 @@ def saved_steps(folder: str) -> tuple[list[int], list[int]]:
 def check_continue(config) -> str | None:
     """Raise JobFileError when the checkpoint this run would load cannot continue it; else the
     path of the full checkpoint whose training state it continues (None: a fresh start, weights
-    only, or a remote folder)."""
+    only, a step-0 seed checkpoint, or a remote folder)."""
     ckpt = config.checkpoint
     if not ckpt.enable or ckpt.create_seed_checkpoint or "://" in ckpt.folder:
         return None
@@ -58,6 +58,8 @@ def check_continue(config) -> str | None:
         raise NothingToTrain(f"nothing left to train: {folder}/step-{load} is at step {load} of {steps} "
                              f"(training.steps); raise training.steps (e.g. --training.steps {load + steps}) "
                              f"to train on from it")
+    if load == 0:  # torchtitan loads a step-0 (seed) checkpoint's model only
+        return None
     if ckpt.load_step == -1:
         step = max(full + hf, default=-1)
         if step not in hf:
