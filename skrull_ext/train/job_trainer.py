@@ -17,6 +17,7 @@ import os
 import shutil
 
 import torch.distributed as dist
+from torchtitan.components.checkpoint import DATALOADER
 from torchtitan.models.common.config_utils import decoder_vocab_size
 from torchtitan.tools.logging import logger
 from torchtitan.trainer import Trainer
@@ -31,7 +32,7 @@ from skrull_ext.train import interrupt, launcher_watch, stop_line
 from skrull_ext.scheduler.model_shape import compute_dtype
 from skrull_ext.train.doc_flops import DocumentFlops, DocumentMeter
 from skrull_ext.train.head_loss import ChunkedHeadLoss, resolve_chunking
-from skrull_ext.train.job.resume_checks import check_continue
+from skrull_ext.train.job.resume_checks import check_continue, dataloader_keys
 from skrull_ext.train.run_lock import claim_dump_folder
 from skrull_ext.train.step_phases import StepPhases, StepTimes, clock_for, phases_summary
 from skrull_ext.train.watchdog import start_heartbeat
@@ -87,7 +88,8 @@ class JobTrainer(Trainer):
         ckpt = config.checkpoint
         if ckpt.enable and ckpt.initial_load_in_hf and ckpt.initial_load_path:
             check_hf_folder(ckpt.initial_load_path, config.model_spec)  # a bad folder fails before any model
-        check_continue(config)  # a HF last save cannot continue a run: one line naming checkpoint.load_step
+        # a HF last save cannot continue a run: one line naming checkpoint.load_step
+        continues = check_continue(config)
         self.hf_files = HFExport.for_job(config)  # before the trainer shrinks the RoPE cache
         """What any HF folder the run writes carries besides weights (validation's best model too)."""
         self.hf_export = self.hf_files if HFExport.written_at_end(config) else None
@@ -95,6 +97,9 @@ class JobTrainer(Trainer):
         self.stopped_step: tuple[int, int] | None = None
         """(step, samples read) of a step stopped before its optimizer step (non-finite loss)."""
         super().__init__(config)
+        if continues is not None and DATALOADER not in config.checkpoint.exclude_from_loading:
+            # its keys before DCP loads them: a checkpoint without data_order loads, said in one line
+            self.dataloader.expect_checkpoint(os.path.abspath(continues), dataloader_keys(continues))
         self.step_phases = StepPhases(clock_for(self.device))
         """The phases of each step, timed on the device's clock (step_phases.py); the batching marks them."""
         self._chunk_head(config)

@@ -8,10 +8,12 @@ Across windows every sample of the window's global batches is trained once,
 and the log says what each window did. The run's 5 steps stop inside window 1
 (steps 5..8): it warns at start-up, and every launch's summary counts exactly
 what the plan logs show trained (exactly_once.py), resumed with the same width
-and with another.
+and with another. Resumed with another ``dataloader.seed`` it stops at load in
+one line (data/steps/data_order.py).
 """
 
 import os
+import pickle
 import re
 import shutil
 
@@ -20,7 +22,7 @@ import pytest
 from skrull_ext.train.plan_log import read_plan_log
 from tests.integration_tests.conftest import SKRULL
 from tests.integration_tests.exactly_once import check_exactly_once, trained
-from tests.integration_tests.launch import train_from_seed
+from tests.integration_tests.launch import torchrun, train_from_seed
 
 W, STEPS, RESUME_AT, GBS = 4, 5, 2, 8
 EXTRA = ["--skrull.lookahead", str(W), "--skrull.plan_log"]
@@ -37,6 +39,7 @@ def test_resume_inside_a_window_replays_the_uninterrupted_run(workdir, seed):
     resumed = train_from_seed(workdir, "dp2_lookahead_resumed", 2, "skrull_ext.train", SKRULL, seed, STEPS,
                               extra=EXTRA)
     assert f"Training starts at step {RESUME_AT + 1}" in resumed.output
+    assert "records no data order" not in resumed.output  # the checkpoint says what data it read: checked
     assert resumed.losses == full.losses[RESUME_AT:], f"{resumed.losses} vs {full.losses[RESUME_AT:]}"
 
     for rank in range(2):
@@ -66,12 +69,34 @@ def test_resume_inside_a_window_replays_the_uninterrupted_run(workdir, seed):
     check_exactly_once(before + trained(resumed.dump, range(RESUME_AT + 1, STEPS + 1)), resumed.output,
                        read_to=8, left=24)
 
+    # The same checkpoint continued with another dataloader.seed (it orders the samples: window 0's steps 3..4
+    # would train other samples, some a second time, and never some it read): refused at load, in one line
+    # (data/steps/data_order.py; before, it trained on without a word).
+    dump = os.path.join(workdir, "dp2_lookahead_seed")
+    shutil.copytree(ckpt, os.path.join(dump, "checkpoint", f"step-{RESUME_AT}"))
+    proc = torchrun(2, "skrull_ext.train", [*SKRULL, *EXTRA, "--dump_folder", dump, "--training.steps", str(STEPS),
+                                            "--checkpoint.enable", "--checkpoint.load_only", "--dataloader.seed", "1"],
+                    cwd=workdir, expect_failure=True, real=False)
+    out = proc.stdout + proc.stderr
+    assert ("error: dataloader.seed = 1: the checkpoint of step 2 was written with dataloader.seed = 0, and a loader's "
+            "state (the samples read, look-ahead windows, epoch order) only fits the data order it was written with, so "
+            "continuing would train some samples twice and others never; continue with --dataloader.seed 0, or train "
+            "on from its weights in a new run (another dump_folder) with --checkpoint.initial_load_path "
+            f"{os.path.join(dump, 'checkpoint', 'step-2')} --checkpoint.initial_load_model_only\n") in out, out[-3000:]
+    assert "Training starts" not in out
+
     # The same checkpoint continued with lookahead = "auto": it prices the run's first global batches
     # in windows of the widths within the run (2 and 4 of its 5 steps),
     # says what it chose, finishes window 0 (steps 3..4) as begun and trains windows of its choice after.
-    shutil.copytree(ckpt, os.path.join(workdir, "dp2_lookahead_auto", "checkpoint", f"step-{RESUME_AT}"))
+    # Its copy is made as a checkpoint written before dataloader.data_order existed: it loads, and says once
+    # that its data could not be checked (DCP had failed on the key the loader asked for).
+    copy = os.path.join(workdir, "dp2_lookahead_auto", "checkpoint", f"step-{RESUME_AT}")
+    shutil.copytree(ckpt, copy)
+    _without_data_order(copy)
     auto = train_from_seed(workdir, "dp2_lookahead_auto", 2, "skrull_ext.train", SKRULL, seed, STEPS,
                            extra=["--skrull.lookahead", "auto", "--skrull.plan_log"])
+    assert auto.output.count(f"dataloader: the checkpoint of step {RESUME_AT} records no data order (written before "
+                             "dataloader.data_order was saved), so this run cannot check") == 1, auto.output[-3000:]
     chosen = re.search(r"skrull\.lookahead auto: (\d+) \(.*\)\. Predicted over no look-ahead on the samples of "
                        r"steps 1\.\.8 by the job's cost model: W 2 x[\d.]+, W 4 x[\d.]+ \(best", auto.output)
     assert chosen, auto.output[-3000:]
@@ -88,3 +113,15 @@ def test_resume_inside_a_window_replays_the_uninterrupted_run(workdir, seed):
     # Resumed with another width: still every sample once, the summary what the plan logs trained.
     check_exactly_once(before + trained(auto.dump, range(RESUME_AT + 1, STEPS + 1)), auto.output,
                        read_to=W + width, left=(width - 1) * GBS)
+
+
+def _without_data_order(folder: str) -> None:
+    """The DCP checkpoint at ``folder`` as a version before ``dataloader.data_order`` wrote it: its
+    metadata without the key (the value's bytes stay in the shard file, unread)."""
+    path = os.path.join(folder, ".metadata")
+    with open(path, "rb") as f:
+        meta = pickle.load(f)
+    del meta.state_dict_metadata["dataloader.data_order"]
+    meta.storage_data = {k: v for k, v in meta.storage_data.items() if k.fqn != "dataloader.data_order"}
+    with open(path, "wb") as f:
+        pickle.dump(meta, f)

@@ -91,7 +91,8 @@ def test_state_is_that_of_the_last_step_handed_out(tok):
     assert ahead._ahead.wait_ready(3, timeout=120), "the thread did not build steps 3..5"
     assert ahead._cursor.step == 5 and ahead._ahead._out.qsize() == 3  # and no further: at most 3 ahead
     assert ahead.state_dict() == sync.state_dict() == {"step": 2, "carry": "[]", "lookahead": "[]",
-                                                          **sync.account.state_dict()}
+                                                          **sync.account.state_dict(),
+                                                          "data_order": sync.data_order.to_json()}
     assert sync.account.totals.read == 8 and ahead._cursor.account.totals.read == 20
     assert ahead.account.summary() == sync.account.summary()  # the run summary too
     ahead.close()

@@ -127,7 +127,8 @@ def _checkpoints(tmp_path, full=(), hf=()):
         (tmp_path / "checkpoint" / f"step-{step}" / "model.safetensors.index.json").write_text("{}")
     return lambda load_step=-1, steps=100: SimpleNamespace(
         dump_folder=str(tmp_path), training=SimpleNamespace(steps=steps), checkpoint=SimpleNamespace(
-            enable=True, create_seed_checkpoint=False, folder="checkpoint", load_step=load_step))
+            enable=True, create_seed_checkpoint=False, folder="checkpoint", load_step=load_step,
+            initial_load_path=None, initial_load_model_only=True, initial_load_in_hf=False))
 
 
 @pytest.mark.parametrize("full, hf, load_step, steps", [((2, 4), (), -1, 4), ((4,), (), 4, 3), ((2,), (4,), -1, 4)],

@@ -34,6 +34,7 @@ from skrull_ext.data.sources.records import RecordEncoder
 from skrull_ext.data.steps.row_layout import PACKINGS
 from skrull_ext.data.sources.synthetic import SyntheticSequences
 from skrull_ext.data.sources.text import JsonlSequences, TokenizedRecords
+from skrull_ext.data.steps import data_order as orders
 
 
 def _synthetic(config, tokenizer: BaseTokenizer | None) -> SyntheticSequences:
@@ -181,6 +182,9 @@ class SourceDataLoaderBase(BaseDataLoader):
             logger.warning(f"dataloader: {self.source.bad_summary()}")
         self.step = 0
         """Global batches consumed so far (the checkpointed state)."""
+        self._data_order: orders.DataOrder | None = None
+        self._resuming: tuple[str, bool] | None = None
+        """(path, whether its state has ``data_order``) of the checkpoint a resume is about to load."""
 
     def next_global_batch(self) -> list[int]:
         self.step += 1
@@ -195,8 +199,36 @@ class SourceDataLoaderBase(BaseDataLoader):
         """No sample is longer than this (None: unknown without a scan)."""
         return self.source.max_length
 
+    @property
+    def data_order(self) -> orders.DataOrder:
+        """What this loader's sample order depends on (data_order.py), found once: it hashes the records' lengths."""
+        if self._data_order is None:
+            self._data_order = orders.data_order(self.config, self.source)
+        return self._data_order
+
+    def expect_checkpoint(self, path: str, keys: set[str] | None) -> None:
+        """Before a resume loads the checkpoint at ``path``, whose dataloader state holds ``keys``
+        (None: not read): DCP loads exactly the keys ``state_dict`` gives, so one written before
+        ``data_order`` existed loads only with the key left out, until ``load_state_dict``. A
+        checkpoint with no dataloader state at all (a model's) never loads one: nothing is left out."""
+        self._resuming = (path, not keys or orders.KEY in keys)
+
+    def order_state(self) -> dict[str, str]:
+        """The ``data_order`` key of ``state_dict`` (the loaders add it to theirs)."""
+        if self._resuming is not None and not self._resuming[1]:
+            return {}
+        return {orders.KEY: self.data_order.to_json()}
+
     def state_dict(self) -> dict:
-        return {"step": self.step}
+        return {"step": self.step, **self.order_state()}
 
     def load_state_dict(self, state_dict: dict) -> None:
-        self.step = int(state_dict.get("step", 0))
+        """The step, once the checkpoint's data order is the job's (data_order.check: one line
+        and a stop when it is not; a warning when the checkpoint records none)."""
+        step = int(state_dict.get("step", 0))
+        path = self._resuming[0] if self._resuming is not None else None
+        self._resuming = None
+        warning = orders.check(state_dict.get(orders.KEY), self.data_order, step, path)
+        if warning is not None:
+            logger.warning(warning)
+        self.step = step

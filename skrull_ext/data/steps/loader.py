@@ -464,19 +464,21 @@ class SkrullDataLoader(SourceDataLoaderBase):
             self.close()
 
     def state_dict(self) -> dict:
-        # The state after the last step handed out, not the prefetch thread's.
-        # The same on every rank (a function of the global batches), so DCP
-        # keeps one copy and a resume may change the DP/CP layout. The keys are
-        # those of torchtitan's batching (packed.py), whose 'stream' and 'documents'
+        # The state after the last step handed out, not the prefetch thread's. The same on every rank
+        # (a function of the global batches), so DCP keeps one copy and a resume may change the DP/CP
+        # layout. The keys are those of torchtitan's batching (packed.py), whose 'stream' and 'documents'
         # packings carry pieces or whole sequences into the next step; Skrull never does, so
         # either batching continues the other's checkpoint (DCP loads the keys
         # of the fresh loader: a key one side lacked failed the resume).
         # "lookahead": the windows trained so far (data/steps/windows.py), so a resume with another
-        # [skrull] lookahead finishes the window it stopped in.
+        # [skrull] lookahead finishes the window it stopped in. "data_order": what it fits (data_order.py).
         windows = self.windows or Windows()
-        return {"step": self.step, "carry": "[]", "lookahead": windows.to_json(), **self.account.state_dict()}
+        return {"step": self.step, "carry": "[]", "lookahead": windows.to_json(), **self.account.state_dict(),
+                **self.order_state()}
 
     def load_state_dict(self, state_dict: dict) -> None:
+        self.close()  # steps built ahead of the old state are thrown away
+        super().load_state_dict(state_dict)  # first: a checkpoint of other data is refused as such
         carry = json.loads(state_dict.get("carry", "[]"))
         if carry:
             raise DataError(
@@ -484,8 +486,6 @@ class SkrullDataLoader(SourceDataLoaderBase):
                 f"(dataloader.packing 'stream' or 'documents') and carries {len(carry)} piece(s) of sequences into "
                 "the next step, which Skrull batching cannot continue; continue it with --skrull.no-enable and "
                 "the same --dataloader.packing")
-        self.close()  # steps built ahead of the old state are thrown away
-        super().load_state_dict(state_dict)
         self.account.load_state_dict(state_dict)
         if (changed := self.account.batch_size_change(self.config.global_batch_size)) is not None:
             logger.warning(changed)

@@ -101,10 +101,12 @@ class PackedDataLoader(SourceDataLoaderBase):
         # The carry as one string: a checkpoint's keys must not depend on its length (DCP
         # loads into the keys of a fresh loader's state_dict).
         # "lookahead": Skrull's look-ahead windows (scheduling.py); this batching regroups none.
-        return {"step": self.step, "carry": json.dumps(self.carry), "lookahead": "[]", **self.account.state_dict()}
+        return {"step": self.step, "carry": json.dumps(self.carry), "lookahead": "[]", **self.account.state_dict(),
+                **self.order_state()}
 
     def load_state_dict(self, state_dict: dict) -> None:
-        step = int(state_dict.get("step", 0))
+        super().load_state_dict(state_dict)  # first: a checkpoint of other data is refused as such
+        step = self.step
         windows = Windows.from_json(state_dict.get("lookahead", "[]"))
         if (win := windows.window(step + 1)).first != step + 1:
             raise DataError(
@@ -113,7 +115,6 @@ class PackedDataLoader(SourceDataLoaderBase):
                 "torchtitan's batching trains each global batch at its own step, so it would train some of them "
                 f"twice and others never. Continue with Skrull batching (without --skrull.no-enable) to step {win.last} or beyond, "
                 f"or continue this batching from a checkpoint saved where a window ends (step {win.last}, say)")
-        super().load_state_dict(state_dict)
         self.account.load_state_dict(state_dict)
         self.carry = [tuple(p) for p in json.loads(state_dict.get("carry", "[]"))]
         self.pending = {}  # decided again from the source when the next step places them

@@ -20,7 +20,7 @@ import re
 
 from skrull_ext.errors import JobFileError, NothingToTrain
 
-__all__ = ["check_continue", "saved_steps"]
+__all__ = ["check_continue", "dataloader_keys", "saved_steps"]
 
 
 def saved_steps(folder: str) -> tuple[list[int], list[int]]:
@@ -43,11 +43,13 @@ def saved_steps(folder: str) -> tuple[list[int], list[int]]:
     return sorted(full), sorted(hf)
 
 
-def check_continue(config) -> None:
-    """Raise JobFileError when the checkpoint this run would load cannot continue it."""
+def check_continue(config) -> str | None:
+    """Raise JobFileError when the checkpoint this run would load cannot continue it; else the
+    path of the full checkpoint whose training state it continues (None: a fresh start, weights
+    only, a step-0 seed checkpoint, or a remote folder)."""
     ckpt = config.checkpoint
     if not ckpt.enable or ckpt.create_seed_checkpoint or "://" in ckpt.folder:
-        return
+        return None
     folder = os.path.join(config.dump_folder, ckpt.folder)
     full, hf = saved_steps(folder)
     load = max(full + hf, default=-1) if ckpt.load_step == -1 else ckpt.load_step
@@ -56,18 +58,23 @@ def check_continue(config) -> None:
         raise NothingToTrain(f"nothing left to train: {folder}/step-{load} is at step {load} of {steps} "
                              f"(training.steps); raise training.steps (e.g. --training.steps {load + steps}) "
                              f"to train on from it")
+    if load == 0:  # torchtitan loads a step-0 (seed) checkpoint's model only
+        return None
     if ckpt.load_step == -1:
         step = max(full + hf, default=-1)
         if step not in hf:
             if step in full:
-                _check_dataloader_keys(os.path.join(folder, f"step-{step}"))
-            return
+                return _check_dataloader_keys(os.path.join(folder, f"step-{step}"))
+            # torchtitan's initial load of a whole training state (model_only false) from another folder
+            initial = ckpt.initial_load_path
+            whole = initial and not ckpt.initial_load_model_only and not ckpt.initial_load_in_hf
+            return _check_dataloader_keys(initial) if whole and os.path.isfile(os.path.join(initial, ".metadata")) \
+                else None
         given = "the newest checkpoint (checkpoint.load_step = -1)"
     else:
         step = ckpt.load_step
         if step in full:
-            _check_dataloader_keys(os.path.join(folder, f"step-{step}"))
-            return
+            return _check_dataloader_keys(os.path.join(folder, f"step-{step}"))
         if step not in hf:
             raise JobFileError(f"checkpoint.load_step = {step}: there is no {folder}/step-{step} "
                                f"(full checkpoints: {full or 'none'})")
@@ -88,15 +95,25 @@ NEW_DATALOADER_KEYS = {"lookahead": "2026-11-28: the look-ahead windows a run tr
 so a checkpoint without one fails deep in DCP with ``Missing key in checkpoint state_dict``)."""
 
 
-def _check_dataloader_keys(path: str) -> None:
-    """Refuse, in one line, a full checkpoint whose dataloader state lacks a key this version saves."""
+def dataloader_keys(path: str) -> set[str] | None:
+    """The keys of the dataloader state in the full checkpoint at ``path`` (None: unreadable here,
+    DCP's own load says why)."""
     try:
         from torch.distributed.checkpoint import FileSystemReader
 
         keys = set(FileSystemReader(path).read_metadata().state_dict_metadata)
     except Exception:  # noqa: BLE001 - unreadable here: DCP's own load says why
-        return
-    saved = {k.split(".", 1)[1] for k in keys if k.startswith("dataloader.")}
+        return None
+    return {k.split(".", 1)[1] for k in keys if k.startswith("dataloader.")}
+
+
+def _check_dataloader_keys(path: str) -> str:
+    """Refuse, in one line, a full checkpoint whose dataloader state lacks a key this version saves
+    (``data_order``, which a checkpoint may lack, is not one: the trainer tells the loader, which
+    leaves it out of the load, data/steps/data_order.py); ``path``."""
+    saved = dataloader_keys(path)
+    if saved is None:
+        return path
     missing = sorted(set(NEW_DATALOADER_KEYS) - saved)
     if saved and missing:  # a checkpoint with no dataloader state has no key to miss
         raise JobFileError(
@@ -105,3 +122,4 @@ def _check_dataloader_keys(path: str) -> None:
             f"data where it stopped; train on from its weights in a new dump_folder with "
             f"--checkpoint.initial_load_path {os.path.abspath(path)} --checkpoint.initial_load_model_only, "
             f"or continue it with the version that saved it")
+    return path
