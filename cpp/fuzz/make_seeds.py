@@ -116,6 +116,19 @@ def main(out: Path) -> None:
     seeds["chunked_lockstep_pads"] = schedule(2, 1, 26624, 0x10, lengths([7, 9, 300]) +
                                               bytes([199, 3, 5 + 9 * 2, 2, 1 + 9 * 4]))  # 3, 1 and 5 passes
     seeds["chunked_bad_time"] = schedule(2, 2, 13312, 0x10, lengths([5, 900]) + bytes([199, 2, 4, 6]))
+    # The tail (fuzz_core.cpp's tail()) after the chunked documents: bit 0 whole_buffer, bit 1 slot GDS,
+    # bits 2-3 the timeline (0 lockstep, 1 free-running), bit 4 a pad pass's cost and bit 5 a step's (each
+    # one more byte, under 128: the typical value), bit 6 the head and the attention weight.
+    real = [rng.choice(pool) for _ in range(64)]
+    seeds["tail_whole_slot_gds"] = schedule(4, 2, 13312, 0x10, lengths(real) + bytes([199, 0, 0x33, 0, 0]))
+    seeds["tail_whole_free"] = schedule(3, 4, 13312, 0x90, lengths(real) + bytes([199, 0, 0x05 | 0x40, 0, 0]))
+    seeds["tail_chunked_slot_gds_pads"] = schedule(3, 2, 13312, 0x10, lengths([5, 900, 17000, 40, 3000]) +
+                                                   bytes([199, 4, 5 + 9 * 2, 2, 3 + 9 * 7, 1, 0x32, 0, 0]))
+    seeds["tail_chunked_per_rank_pads"] = schedule(3, 2, 13312, 0x10, lengths([5, 900, 17000, 40, 3000]) +
+                                                   bytes([199, 4, 5 + 9 * 2, 2, 3 + 9 * 7, 1, 0x31, 0, 0]))
+    seeds["tail_bad_timeline"] = schedule(2, 2, 13312, 0x10, lengths([5, 900]) + bytes([199, 0, 0x08]))
+    seeds["tail_dacp_whole"] = bytes([1]) + ranks(4) + bucket(26624) + bytes([0x80]) + cost() + \
+        lengths([rng.randint(1, 9000) for _ in range(30)]) + bytes([199, 0x51, 0, 0, 0])
     # evaluate_placement on a given placement; and one entry short.
     seeds["evaluate_short"] = bytes([3]) + ranks(4) + bucket(26624) + cost() + lengths([5, 7, 9000]) + bytes([199, 0, 1, 9, 7])
     seeds["evaluate"] = bytes([3]) + ranks(4) + bucket(26624) + cost() + lengths([5, 7, 9000]) + bytes([199, 0, 1, 9])
