@@ -129,6 +129,15 @@ def main(out: Path) -> None:
     seeds["tail_bad_timeline"] = schedule(2, 2, 13312, 0x10, lengths([5, 900]) + bytes([199, 0, 0x08]))
     seeds["tail_dacp_whole"] = bytes([1]) + ranks(4) + bucket(26624) + bytes([0x80]) + cost() + \
         lengths([rng.randint(1, 9000) for _ in range(30)]) + bytes([199, 0x51, 0, 0, 0])
+    # Tail bit 7: each document's extreme chunk count (bits 0-2) and time (bits 3-5). Two documents of
+    # 2^31 - 1 chunks at no time on DP rank 0: DP rank 1's pads wrapped in int32 (now refused by name, as
+    # are two times of the largest double on one rank, whose sum was infinite).
+    seeds["tail_chunk_passes_past_int32"] = schedule(2, 1, 26624, 0x10, lengths([5]) +
+                                                     bytes([199, 2, 0, 0, 0x80 | 0x10, 0, 5, 5]))
+    seeds["tail_chunked_time_past_limit"] = schedule(1, 1, 26624, 0x10, lengths([5]) +
+                                                     bytes([199, 2, 0, 0, 0x80, 3 << 3, 3 << 3]))
+    seeds["tail_chunk_passes_at_limit"] = schedule(3, 1, 26624, 0x10, lengths([5, 7]) +
+                                                   bytes([199, 1, 0, 0x80 | 0x10, 0, 4 | 1 << 3]))  # 2^30, 1e50 us
     # evaluate_placement on a given placement; and one entry short.
     seeds["evaluate_short"] = bytes([3]) + ranks(4) + bucket(26624) + cost() + lengths([5, 7, 9000]) + bytes([199, 0, 1, 9, 7])
     seeds["evaluate"] = bytes([3]) + ranks(4) + bucket(26624) + cost() + lengths([5, 7, 9000]) + bytes([199, 0, 1, 9])

@@ -73,11 +73,15 @@ inline std::string schedule_rejection(const std::vector<int64_t>& in, const Cost
 // Empty when schedule() must accept these chunked documents (times and chunk
 // passes), else why it must refuse them.
 inline std::string chunked_rejection(const std::vector<double>& us, const std::vector<int32_t>& chunks) {
+  if (us.size() > (size_t{1} << 24)) return "chunked documents";
   if (chunks.size() != us.size()) return "chunk counts";
+  int64_t passes = 0;
   for (size_t k = 0; k < us.size(); ++k) {
-    if (!(std::isfinite(us[k]) && us[k] >= 0.0)) return "chunked time";
+    if (!(std::isfinite(us[k]) && us[k] >= 0.0 && us[k] <= 1e60)) return "chunked time";
     if (chunks[k] < 1) return "chunk count";
+    passes += chunks[k];
   }
+  if (passes > (int64_t{1} << 30)) return "chunk passes";
   return "";
 }
 

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -492,6 +493,27 @@ static void test_chunked_lockstep() {
     named = std::string(e.what()).find("0 chunk counts for 2 chunked documents") != std::string::npos;
   }
   CHECK(named);
+  // The ranges that keep the pads and the times in their types. Two documents of 2^31 - 1 chunks at no
+  // time both go to DP rank 0 (LPT's ties to the lower rank), and DP rank 1's pads, 2 x (2^31 - 1), wrapped
+  // to -2 in int32 (its time the documents' less two pad passes); two of DBL_MAX us on one rank made its
+  // time and the step infinite. Both are refused, by name, and the largest accepted count pads exactly.
+  const auto refusal = [&](const ChunkedDocs& d) {
+    try {
+      schedule({5}, c, o, d);
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  const int32_t most = std::numeric_limits<int32_t>::max();
+  CHECK(refusal(ChunkedDocs{{0.0, 0.0}, {most, most}}) ==
+        "chunked documents have 4294967294 chunk passes in all, more than the limit 1073741824");
+  const double huge = std::numeric_limits<double>::max();
+  CHECK(refusal(ChunkedDocs{{huge, huge}, {1, 1}}) ==
+        "chunked document 0 has time 1.79769e+308 us, above the limit 1e+60 us");
+  CHECK((lockstep_pads({1 << 29, 1 << 29}, {0, 0}, 2) == std::vector<int32_t>{0, 1 << 30}));
+  CHECK((chunked_after(ChunkedDocs{{0.0, 0.0}, {1 << 29, 1 << 29}}, {0, 0}, 2, Timeline::kLockstep, 1.0) ==
+         std::vector<double>{0.0, 1073741824.0}));
   // The estimate on lockstep: the documents after the samples' bound, padded. Documents 6 (3 chunks) and
   // 5 (1) on 2 groups, pad 1: max(6, max(3, ceil(4 / 2)) x 1 + (11 - 4) / 2) = 6.5 after the samples'
   // max(6 / 2, 6, 0) = 6, one micro-batch of 1 (pad) + 0 (b) and 6 tokens at 0, + 0.
