@@ -2,6 +2,7 @@
 // cases, errors, determinism. Run by ctest (see .ci/run).
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
@@ -435,6 +436,56 @@ static void test_chunked() {
   CHECK(a.step_us[0] + a.step_us[1] == 110.0 && a.step_us[0] >= 100.0);
 }
 
+// assign_slots (slots.hpp) takes each slot's ranks off a min-heap on (load, rank); it must give what a
+// scan of every rank gives (the least loaded untaken rank, ties to the lower), which it replaced for
+// being O(dp^2) a slot. Random group times with many ties (a few values), empty groups, and a leader
+// slot's loads, against the scan restated here.
+static void test_assign_slots_is_the_scan() {
+  uint64_t seed = 5;
+  const auto next = [&seed]() {
+    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+    return seed >> 33;
+  };
+  for (int rep = 0; rep < 300; ++rep) {
+    const int32_t dp = 1 + static_cast<int32_t>(next() % 9);
+    const size_t m = static_cast<size_t>(dp) * (1 + next() % 4);
+    std::vector<double> us(m);
+    std::vector<char> empty(m);
+    for (size_t g = 0; g < m; ++g) {
+      empty[g] = next() % 4 == 0;
+      us[g] = empty[g] ? 0.0 : static_cast<double>(1 + next() % 3);
+    }
+    std::vector<double> load;
+    if (next() % 2)
+      for (int32_t i = 0; i < dp; ++i) load.push_back(static_cast<double>(next() % 3));
+    std::vector<int32_t> rank, slot;
+    assign_slots(us, empty, dp, rank, slot, load);
+    // The scan: groups slowest first (non-empty first, stable), dp a slot, each to the least loaded
+    // untaken rank, ties to the lower.
+    std::vector<int32_t> order(m);
+    for (size_t g = 0; g < m; ++g) order[g] = static_cast<int32_t>(g);
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+      return empty[a] != empty[b] ? empty[a] < empty[b] : us[a] > us[b];
+    });
+    std::vector<double> l = load;
+    l.resize(dp, 0.0);
+    std::vector<int32_t> want_rank(m, -1), want_slot(m, -1);
+    for (size_t first = 0, s = 0; first < m && !empty[order[first]]; first += dp, ++s) {
+      std::vector<char> taken(dp, 0);
+      for (size_t p = first; p < std::min(m, first + static_cast<size_t>(dp)); ++p) {
+        int32_t best = -1;
+        for (int32_t i = 0; i < dp; ++i)
+          if (!taken[i] && (best < 0 || l[i] < l[best])) best = i;
+        taken[best] = 1;
+        want_rank[order[p]] = best;
+        want_slot[order[p]] = static_cast<int32_t>(s);
+        l[best] += us[order[p]];
+      }
+    }
+    CHECK(rank == want_rank && slot == want_slot);
+  }
+}
+
 // Lockstep's pad chunks (chunked.hpp): the passes per position, the pads per
 // rank, their price in the step, the assignment choosing by it, and the estimate.
 static void test_chunked_lockstep() {
@@ -542,6 +593,7 @@ int main() {
   test_lpt_bins();
   test_chunked();
   test_chunked_lockstep();
+  test_assign_slots_is_the_scan();
   if (skrull_test::failures) return skrull_test::report();
   std::printf("test_core: all checks passed\n");
   return 0;
