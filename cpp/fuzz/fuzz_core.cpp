@@ -9,7 +9,8 @@
 // After the lengths (and a schedule's chunked documents), a tail that older
 // corpus inputs end before: whole_buffer, the fixed costs (a pad pass, a
 // step), the head and the attention weight, and for a schedule slot GDS, the
-// timeline and chunked documents' extreme chunk counts and times.
+// timeline and chunked documents' extreme chunk counts and times; then the
+// tensor-parallel degree.
 //
 // Every input must end in either a valid plan (plan_check.hpp, the C++ twin
 // of Plan.validate, restating each rank's time and the step on its timeline
@@ -246,6 +247,8 @@ ChunkedDocs chunked_times(Bytes& in) {
 // free-running, then two unknown values); the cost of a pad pass (bit 4), of a step (bit 5), the
 // head's per-token time and the attention weight (bit 6); with bit 7 each chunked document reads
 // one more byte: an extreme chunk count (bits 0-2) and time (bits 3-5), or its own where 0.
+// Then one byte more (0 where the input ends): the tensor-parallel degree (its bits 0-2: 1, 2, 4,
+// 7, 1024, 1025, 0, -1), which divides each rank's FLOPs and K/V bytes.
 void tail(Bytes& in, CostModel& c, Options* o = nullptr, ChunkedDocs* docs = nullptr) {
   const uint8_t t = in.u8();
   c.whole_buffer = t & 1;
@@ -255,18 +258,22 @@ void tail(Bytes& in, CostModel& c, Options* o = nullptr, ChunkedDocs* docs = nul
     c.token_us = coefficient(in, 0.01);
     c.attention_weight = coefficient(in, 0.52);
   }
-  if (o == nullptr) return;
-  o->slot_gds = t & 2;
-  o->timeline = enum_value<Timeline>((t >> 2) & 3, 1);
-  if (!(t & 128)) return;
-  const int32_t chunks[] = {0, -1, 1 << 20, 1 << 30, std::numeric_limits<int32_t>::max(),
-                            std::numeric_limits<int32_t>::min(), 2};
-  const double times[] = {1e50, 1e300, std::numeric_limits<double>::max(), 4e-320, -0.0, 1e-300, 7e15};
-  for (size_t k = 0; k < docs->size(); ++k) {
-    const uint8_t b = in.u8();
-    if (b & 7) docs->chunks[k] = chunks[(b & 7) - 1];
-    if ((b >> 3) & 7) docs->us[k] = times[((b >> 3) & 7) - 1];
+  if (o != nullptr) {
+    o->slot_gds = t & 2;
+    o->timeline = enum_value<Timeline>((t >> 2) & 3, 1);
   }
+  if (o != nullptr && (t & 128)) {
+    const int32_t chunks[] = {0, -1, 1 << 20, 1 << 30, std::numeric_limits<int32_t>::max(),
+                              std::numeric_limits<int32_t>::min(), 2};
+    const double times[] = {1e50, 1e300, std::numeric_limits<double>::max(), 4e-320, -0.0, 1e-300, 7e15};
+    for (size_t k = 0; k < docs->size(); ++k) {
+      const uint8_t b = in.u8();
+      if (b & 7) docs->chunks[k] = chunks[(b & 7) - 1];
+      if ((b >> 3) & 7) docs->us[k] = times[((b >> 3) & 7) - 1];
+    }
+  }
+  const int32_t tp[] = {1, 2, 4, 7, kMaxTensorParallel, kMaxTensorParallel + 1, 0, -1};
+  c.shape.tp = tp[in.u8() & 7];
 }
 
 void fuzz_schedule(Bytes& in, bool twice) {

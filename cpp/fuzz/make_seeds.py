@@ -138,6 +138,11 @@ def main(out: Path) -> None:
                                                      bytes([199, 2, 0, 0, 0x80, 3 << 3, 3 << 3]))
     seeds["tail_chunk_passes_at_limit"] = schedule(3, 1, 26624, 0x10, lengths([5, 7]) +
                                                    bytes([199, 1, 0, 0x80 | 0x10, 0, 4 | 1 << 3]))  # 2^30, 1e50 us
+    # The tail's last byte: the tensor-parallel degree (bits 0-2: 1, 2, 4, 7, 1024, 1025, 0, -1).
+    seeds["tail_tp4_whole_slot_gds"] = schedule(4, 4, 13312, 0x90, lengths(real) + bytes([199, 0, 0x13, 0, 2]))
+    seeds["tail_tp1025"] = schedule(2, 2, 13312, 0x10, lengths([5, 900]) + bytes([199, 0, 0x00, 5]))
+    seeds["tail_dacp_tp7_whole"] = bytes([1]) + ranks(4) + bucket(26624) + bytes([0x40, 1 + 4 * 48]) + cost() + \
+        lengths([rng.randint(1, 9000) for _ in range(30)]) + bytes([199, 0x01, 3])
     # evaluate_placement on a given placement; and one entry short.
     seeds["evaluate_short"] = bytes([3]) + ranks(4) + bucket(26624) + cost() + lengths([5, 7, 9000]) + bytes([199, 0, 1, 9, 7])
     seeds["evaluate"] = bytes([3]) + ranks(4) + bucket(26624) + cost() + lengths([5, 7, 9000]) + bytes([199, 0, 1, 9])
