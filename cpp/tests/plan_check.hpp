@@ -123,10 +123,10 @@ inline std::string dacp_error(const std::vector<int64_t>& lengths, int32_t cp, i
 // Empty when s is a valid plan of `in` under (c, o): every sequence in
 // exactly one micro-batch unless dropped, lengths changed only by
 // truncation, placements in range, per-rank tokens recomputed equal and
-// within bucket_size, times finite and adding up: each DP rank's its
+// within bucket_size, times finite and adding up: a DP rank's time is its
 // micro-batches', then its chunked documents' and (lockstep, DP > 1) its pad
-// chunks' at a pad pass (c.micro_batch_fixed_us) each; the step on o.timeline,
-// plus c.step_fixed_us once when it runs anything.
+// chunks' at a pad pass (c.micro_batch_fixed_us) each; the step is on
+// o.timeline, plus c.step_fixed_us once when it runs anything.
 inline std::string schedule_error(const std::vector<int64_t>& in, const CostModel& c, const Options& o,
                                   const Schedule& s) {
   const size_t k_total = in.size();
