@@ -5,8 +5,9 @@
 Real length distributions (skrull_ext/lengths) under every policy, the
 shapes of the adversarial benchmark (skrull_ext/bench/adversarial.py: one
 giant plus thousands of tiny, all equal, just above BucketSize/N), a DACP
-roll-back that ends in a local placement, and a batch one over the sequence
-limit. tools/fuzz.sh --merge keeps the ones that add coverage.
+roll-back that ends in a local placement, a batch one over the sequence
+limit, chunked documents, and the tail's options (whole_buffer, slot GDS,
+the timelines, fixed costs, extreme chunk counts and times, the TP degree). tools/fuzz.sh --merge keeps the ones that add coverage.
 """
 
 from __future__ import annotations
