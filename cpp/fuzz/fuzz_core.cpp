@@ -6,11 +6,22 @@
 // NaN, inf, huge and negative coefficients, runs of tens of thousands of
 // equal lengths.
 //
+// After the lengths (and a schedule's chunked documents), a tail that older
+// corpus inputs end before: whole_buffer, the fixed costs (a pad pass, a
+// step), the head and the attention weight, and for a schedule slot GDS, the
+// timeline and chunked documents' extreme chunk counts and times; then the
+// tensor-parallel degree.
+//
 // Every input must end in either a valid plan (plan_check.hpp, the C++ twin
-// of Plan.validate) or std::invalid_argument with a message, and exactly
-// when the documented ranges say so; anything else traps. Also checked:
-// the same input gives the same plan bit for bit, evaluate_placement agrees
-// with dacp, and no plan beats the cost model's lower bound.
+// of Plan.validate, restating each rank's time and the step on its timeline
+// with pad passes and pad chunks) or std::invalid_argument with a message,
+// and exactly when the documented ranges say so; anything else traps. Also
+// checked: the same input gives the same plan bit for bit, evaluate_placement
+// agrees with dacp and re-prices every micro-batch of a plan to the bit, the
+// plan as a Plan (to_plan) has the schedule's step time, pad chunks are
+// never negative and make every lockstep rank run the same passes,
+// whole_buffer never prices a placement below per document, and no plan
+// beats the cost model's lower bound.
 //
 // Built with libFuzzer (-DSKRULL_FUZZ=ON, Clang; tools/fuzz.sh), or with
 // -DSKRULL_FUZZ_REPLAY as a plain program that runs the files it is given
@@ -27,6 +38,7 @@
 
 #include "../tests/plan_check.hpp"
 #include "skrull/dacp_sweep.hpp"
+#include "skrull/plan.hpp"
 #include "skrull/scheduler.hpp"
 
 using namespace skrull;
@@ -230,6 +242,40 @@ ChunkedDocs chunked_times(Bytes& in) {
   return out;
 }
 
+// The tail (none where the input ends before it: every older corpus entry). Its first byte:
+// whole_buffer (bit 0); for a schedule, slot GDS (bit 1) and the timeline (bits 2-3: lockstep,
+// free-running, then two unknown values); the cost of a pad pass (bit 4), of a step (bit 5), the
+// head's per-token time and the attention weight (bit 6); with bit 7 each chunked document reads
+// one more byte: an extreme chunk count (bits 0-2) and time (bits 3-5), or its own where 0.
+// Then one byte more (0 where the input ends): the tensor-parallel degree (its bits 0-2: 1, 2, 4,
+// 7, 1024, 1025, 0, -1), which divides each rank's FLOPs and K/V bytes.
+void tail(Bytes& in, CostModel& c, Options* o = nullptr, ChunkedDocs* docs = nullptr) {
+  const uint8_t t = in.u8();
+  c.whole_buffer = t & 1;
+  if (t & 16) c.micro_batch_fixed_us = coefficient(in, 100.0);
+  if (t & 32) c.step_fixed_us = coefficient(in, 500.0);
+  if (t & 64) {
+    c.token_us = coefficient(in, 0.01);
+    c.attention_weight = coefficient(in, 0.52);
+  }
+  if (o != nullptr) {
+    o->slot_gds = t & 2;
+    o->timeline = enum_value<Timeline>((t >> 2) & 3, 1);
+  }
+  if (o != nullptr && (t & 128)) {
+    const int32_t chunks[] = {0, -1, 1 << 20, 1 << 30, std::numeric_limits<int32_t>::max(),
+                              std::numeric_limits<int32_t>::min(), 2};
+    const double times[] = {1e50, 1e300, std::numeric_limits<double>::max(), 4e-320, -0.0, 1e-300, 7e15};
+    for (size_t k = 0; k < docs->size(); ++k) {
+      const uint8_t b = in.u8();
+      if (b & 7) docs->chunks[k] = chunks[(b & 7) - 1];
+      if ((b >> 3) & 7) docs->us[k] = times[((b >> 3) & 7) - 1];
+    }
+  }
+  const int32_t tp[] = {1, 2, 4, 7, kMaxTensorParallel, kMaxTensorParallel + 1, 0, -1};
+  c.shape.tp = tp[in.u8() & 7];
+}
+
 void fuzz_schedule(Bytes& in, bool twice) {
   Options o;
   o.dp = rank_count(in);
@@ -244,16 +290,20 @@ void fuzz_schedule(Bytes& in, bool twice) {
   const uint8_t w = in.u8();
   o.max_extra_micro_batches = w < 250 ? w % 8 : (w == 250 ? 1024 : (w == 251 ? 1025 : -1));
   search_options(in, o);
-  const CostModel c = cost_model(in);
+  CostModel c = cost_model(in);
   const std::vector<int64_t> ls = lengths(in, o.bucket_size, o.cp);
-  const ChunkedDocs chunked = chunked_times(in);
+  ChunkedDocs chunked = chunked_times(in);
+  tail(in, c, &o, &chunked);
   std::string reject = check::schedule_rejection(ls, c, o);
-  for (double t : chunked.us)
-    if (reject.empty() && !(std::isfinite(t) && t >= 0.0)) reject = "chunked time";
+  if (reject.empty()) reject = check::chunked_rejection(chunked.us, chunked.chunks);
 #ifdef SKRULL_FUZZ_REPLAY
   if (std::getenv("SKRULL_FUZZ_VERBOSE"))
-    std::fprintf(stderr, "schedule n=%zu dp=%d cp=%d bucket=%lld refine=%d mbc=%d reject=%s\n", ls.size(), o.dp, o.cp,
-                 static_cast<long long>(o.bucket_size), int(o.refine), int(o.micro_batch_count), reject.c_str());
+    std::fprintf(stderr,
+                 "schedule n=%zu dp=%d cp=%d bucket=%lld refine=%d mbc=%d slot_gds=%d timeline=%d whole=%d "
+                 "chunked=%zu reject=%s\n",
+                 ls.size(), o.dp, o.cp, static_cast<long long>(o.bucket_size), int(o.refine),
+                 int(o.micro_batch_count), int(o.slot_gds), int(o.timeline), int(c.whole_buffer), chunked.size(),
+                 reject.c_str());
 #endif
   Schedule s;
   try {
@@ -264,7 +314,7 @@ void fuzz_schedule(Bytes& in, bool twice) {
     return;
   }
   if (!reject.empty()) die("accepted an input outside the ranges: " + reject);
-  const std::string err = check::schedule_error(ls, o, s);
+  const std::string err = check::schedule_error(ls, c, o, s);
   if (!err.empty()) die("bad plan: " + err);
   // Each chunked document on one DP rank in range, in that rank's time and the step's.
   if (s.chunked_us != chunked.us || s.chunked_chunks != chunked.chunks || s.chunked_dp_rank.size() != chunked.size())
@@ -277,12 +327,35 @@ void fuzz_schedule(Bytes& in, bool twice) {
   for (int32_t i = 0; i < o.dp; ++i)
     if (!(s.dp_time_us[i] >= load[i] * (1 - 1e-12)) || !(s.makespan_us >= load[i] * (1 - 1e-12)))
       die("a DP rank's time or the step below its chunked documents");
+  // Lockstep pad chunks (chunked.hpp): never negative, and every rank runs as many passes.
+  const std::vector<int32_t> pads = lockstep_pads(s.chunked_chunks, s.chunked_dp_rank, o.dp);
+  std::vector<int64_t> passes(o.dp, 0);
+  for (int32_t i = 0; i < o.dp; ++i) passes[i] = pads[i];
+  for (size_t k = 0; k < chunked.size(); ++k) passes[s.chunked_dp_rank[k]] += chunked.chunks[k];
+  for (int32_t i = 0; i < o.dp; ++i)
+    if (pads[i] < 0 || passes[i] != passes[0]) die("pad chunks negative or ranks running different passes");
+  CostModel per_doc = c;
+  per_doc.whole_buffer = false;
   for (const MicroBatch& mb : s.micro_batches) {
     std::vector<int64_t> group;
     for (int32_t k : mb.seqs) group.push_back(s.lengths[k]);
     const double bound = c.micro_batch_lower_bound_us(group, o.cp);
     if (!(mb.dacp.time_us >= bound * (1 - 1e-9))) die("a micro-batch beats the lower bound");
+    // The plan's price is its placement's price under the model it was priced with (after a
+    // hedge's re-pricing too), bit for bit.
+    const DacpResult again = evaluate_placement(group, mb.dacp.cp_rank, c, o.cp, o.bucket_size);
+    if (again.status != Status::kOk || again.time_us != mb.dacp.time_us || again.rank_tokens != mb.dacp.rank_tokens ||
+        again.rank_flops != mb.dacp.rank_flops || again.comm_bytes != mb.dacp.comm_bytes)
+      die("a micro-batch's price is not its placement's");
+    // A buffer computed whole costs at least its documents computed one by one.
+    if (c.whole_buffer &&
+        !(evaluate_placement(group, mb.dacp.cp_rank, per_doc, o.cp, o.bucket_size).time_us <=
+          mb.dacp.time_us * (1 + 1e-12)))
+      die("whole_buffer prices a placement below per document");
   }
+  // The plan the trainer runs (to_plan) has the schedule's step time.
+  if (to_plan(s, o.cp, o.timeline, c.micro_batch_fixed_us, c.step_fixed_us).makespan_us != s.makespan_us)
+    die("the schedule as a Plan has another step time");
   if (twice && (digest(schedule(ls, c, o, chunked)) != digest(s) ||
                 schedule(ls, c, o, chunked).chunked_dp_rank != s.chunked_dp_rank))
     die("same input, different plan");
@@ -304,8 +377,9 @@ void fuzz_dacp(Bytes& in) {
   o.rollback = entry == 2 ? Rollback::kLongest : rollback;
   o.refine = refine;
   if (entry == 1) search_options(in, o);
-  const CostModel c = cost_model(in);
+  CostModel c = cost_model(in);
   const std::vector<int64_t> ls = lengths(in, bucket, cp);
+  tail(in, c);
   o.overlength = Overlength::kDrop;  // dacp has no over-length rule
   const std::string reject = check::schedule_rejection(ls, c, o);
   DacpResult r;
@@ -332,7 +406,7 @@ void fuzz_dacp(Bytes& in) {
 void fuzz_evaluate(Bytes& in) {
   const int32_t cp = rank_count(in);
   const int64_t bucket = bucket_size(in);
-  const CostModel c = cost_model(in);
+  CostModel c = cost_model(in);
   const std::vector<int64_t> ls = lengths(in, bucket, cp);
   if (ls.size() > 100000) return;
   const int32_t width = std::min<int32_t>(std::max<int32_t>(cp, 1), kMaxRanks);
@@ -343,6 +417,7 @@ void fuzz_evaluate(Bytes& in) {
     placement.push_back(b < 250 ? static_cast<int32_t>(b % (width + 1)) - 1 : special[b % 4]);
   }
   if (in.u8() == 7 && !placement.empty()) placement.pop_back();
+  tail(in, c);
   Options o;
   o.cp = cp;
   o.bucket_size = bucket;

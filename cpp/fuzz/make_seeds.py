@@ -5,8 +5,9 @@
 Real length distributions (skrull_ext/lengths) under every policy, the
 shapes of the adversarial benchmark (skrull_ext/bench/adversarial.py: one
 giant plus thousands of tiny, all equal, just above BucketSize/N), a DACP
-roll-back that ends in a local placement, and a batch one over the sequence
-limit. tools/fuzz.sh --merge keeps the ones that add coverage.
+roll-back that ends in a local placement, a batch one over the sequence
+limit, chunked documents, and the tail's options (whole_buffer, slot GDS,
+the timelines, fixed costs, extreme chunk counts and times, the TP degree). tools/fuzz.sh --merge keeps the ones that add coverage.
 """
 
 from __future__ import annotations
@@ -116,6 +117,33 @@ def main(out: Path) -> None:
     seeds["chunked_lockstep_pads"] = schedule(2, 1, 26624, 0x10, lengths([7, 9, 300]) +
                                               bytes([199, 3, 5 + 9 * 2, 2, 1 + 9 * 4]))  # 3, 1 and 5 passes
     seeds["chunked_bad_time"] = schedule(2, 2, 13312, 0x10, lengths([5, 900]) + bytes([199, 2, 4, 6]))
+    # The tail (fuzz_core.cpp's tail()) after the chunked documents: bit 0 whole_buffer, bit 1 slot GDS,
+    # bits 2-3 the timeline (0 lockstep, 1 free-running), bit 4 a pad pass's cost and bit 5 a step's (each
+    # one more byte, under 128: the typical value), bit 6 the head and the attention weight.
+    real = [rng.choice(pool) for _ in range(64)]
+    seeds["tail_whole_slot_gds"] = schedule(4, 2, 13312, 0x10, lengths(real) + bytes([199, 0, 0x33, 0, 0]))
+    seeds["tail_whole_free"] = schedule(3, 4, 13312, 0x90, lengths(real) + bytes([199, 0, 0x05 | 0x40, 0, 0]))
+    seeds["tail_chunked_slot_gds_pads"] = schedule(3, 2, 13312, 0x10, lengths([5, 900, 17000, 40, 3000]) +
+                                                   bytes([199, 4, 5 + 9 * 2, 2, 3 + 9 * 7, 1, 0x32, 0, 0]))
+    seeds["tail_chunked_per_rank_pads"] = schedule(3, 2, 13312, 0x10, lengths([5, 900, 17000, 40, 3000]) +
+                                                   bytes([199, 4, 5 + 9 * 2, 2, 3 + 9 * 7, 1, 0x31, 0, 0]))
+    seeds["tail_bad_timeline"] = schedule(2, 2, 13312, 0x10, lengths([5, 900]) + bytes([199, 0, 0x08]))
+    seeds["tail_dacp_whole"] = bytes([1]) + ranks(4) + bucket(26624) + bytes([0x80]) + cost() + \
+        lengths([rng.randint(1, 9000) for _ in range(30)]) + bytes([199, 0x51, 0, 0, 0])
+    # Tail bit 7: each document's extreme chunk count (bits 0-2) and time (bits 3-5). Two documents of
+    # 2^31 - 1 chunks at no time on DP rank 0: DP rank 1's pads wrapped in int32 (now refused by name, as
+    # are two times of the largest double on one rank, whose sum was infinite).
+    seeds["tail_chunk_passes_past_int32"] = schedule(2, 1, 26624, 0x10, lengths([5]) +
+                                                     bytes([199, 2, 0, 0, 0x80 | 0x10, 0, 5, 5]))
+    seeds["tail_chunked_time_past_limit"] = schedule(1, 1, 26624, 0x10, lengths([5]) +
+                                                     bytes([199, 2, 0, 0, 0x80, 3 << 3, 3 << 3]))
+    seeds["tail_chunk_passes_at_limit"] = schedule(3, 1, 26624, 0x10, lengths([5, 7]) +
+                                                   bytes([199, 1, 0, 0x80 | 0x10, 0, 4 | 1 << 3]))  # 2^30, 1e50 us
+    # The tail's last byte: the tensor-parallel degree (bits 0-2: 1, 2, 4, 7, 1024, 1025, 0, -1).
+    seeds["tail_tp4_whole_slot_gds"] = schedule(4, 4, 13312, 0x90, lengths(real) + bytes([199, 0, 0x13, 0, 2]))
+    seeds["tail_tp1025"] = schedule(2, 2, 13312, 0x10, lengths([5, 900]) + bytes([199, 0, 0x00, 5]))
+    seeds["tail_dacp_tp7_whole"] = bytes([1]) + ranks(4) + bucket(26624) + bytes([0x40, 1 + 4 * 48]) + cost() + \
+        lengths([rng.randint(1, 9000) for _ in range(30)]) + bytes([199, 0x01, 3])
     # evaluate_placement on a given placement; and one entry short.
     seeds["evaluate_short"] = bytes([3]) + ranks(4) + bucket(26624) + cost() + lengths([5, 7, 9000]) + bytes([199, 0, 1, 9, 7])
     seeds["evaluate"] = bytes([3]) + ranks(4) + bucket(26624) + cost() + lengths([5, 7, 9000]) + bytes([199, 0, 1, 9])

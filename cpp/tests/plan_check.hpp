@@ -37,7 +37,9 @@ inline std::string cost_rejection(const CostModel& c) {
   if (!(std::isfinite(c.comm.plan_margin) && c.comm.plan_margin >= 1.0 && c.comm.plan_margin <= 10.0))
     return "plan_margin";
   if (!(c.comm.collectives_per_layer * c.comm.plan_margin <= 1e3)) return "collectives_per_layer x plan_margin";
+  if (c.shape.tp < 1 || c.shape.tp > (1 << 10)) return "tp";
   if (!ok(c.micro_batch_fixed_us, 1e9)) return "micro_batch_fixed_us";
+  if (!ok(c.step_fixed_us, 1e9)) return "step_fixed_us";
   if (!ok(c.token_us, 1e3)) return "token_us";
   if (!(std::isfinite(c.attention_weight) && c.attention_weight > 0.0 && c.attention_weight <= 4.0))
     return "attention_weight";
@@ -55,6 +57,7 @@ inline std::string schedule_rejection(const std::vector<int64_t>& in, const Cost
       !in_enum(o.overlength, 2) || !in_enum(o.dacp_search, 1))
     return "enum";
   if (!(o.sweep_margin >= 0.0 && o.sweep_margin <= 100.0)) return "sweep_margin";
+  if (!in_enum(o.timeline, 1)) return "timeline";
   const std::string cost = cost_rejection(c);
   if (!cost.empty()) return cost;
   if (in.size() > (size_t{1} << 24)) return "too many sequences";
@@ -64,6 +67,21 @@ inline std::string schedule_rejection(const std::vector<int64_t>& in, const Cost
     if (s < 1 || s > (int64_t{1} << 36)) return "length range";
     if (s > limit && o.overlength == Overlength::kError) return "over-length";
   }
+  return "";
+}
+
+// Empty when schedule() must accept these chunked documents (times and chunk
+// passes), else why it must refuse them.
+inline std::string chunked_rejection(const std::vector<double>& us, const std::vector<int32_t>& chunks) {
+  if (us.size() > (size_t{1} << 24)) return "chunked documents";
+  if (chunks.size() != us.size()) return "chunk counts";
+  int64_t passes = 0;
+  for (size_t k = 0; k < us.size(); ++k) {
+    if (!(std::isfinite(us[k]) && us[k] >= 0.0 && us[k] <= 1e60)) return "chunked time";
+    if (chunks[k] < 1) return "chunk count";
+    passes += chunks[k];
+  }
+  if (passes > (int64_t{1} << 30)) return "chunk passes";
   return "";
 }
 
@@ -102,11 +120,15 @@ inline std::string dacp_error(const std::vector<int64_t>& lengths, int32_t cp, i
   return "";
 }
 
-// Empty when s is a valid plan of `in` under (cost, o): every sequence in
+// Empty when s is a valid plan of `in` under (c, o): every sequence in
 // exactly one micro-batch unless dropped, lengths changed only by
 // truncation, placements in range, per-rank tokens recomputed equal and
-// within bucket_size, times finite and adding up.
-inline std::string schedule_error(const std::vector<int64_t>& in, const Options& o, const Schedule& s) {
+// within bucket_size, times finite and adding up: a DP rank's time is its
+// micro-batches', then its chunked documents' and (lockstep, DP > 1) its pad
+// chunks' at a pad pass (c.micro_batch_fixed_us) each; the step is on
+// o.timeline, plus c.step_fixed_us once when it runs anything.
+inline std::string schedule_error(const std::vector<int64_t>& in, const CostModel& c, const Options& o,
+                                  const Schedule& s) {
   const size_t k_total = in.size();
   const int64_t limit = limit_of(o.bucket_size, o.cp);
   if (s.lengths.size() != k_total || s.dp_rank.size() != k_total || s.micro_batch.size() != k_total ||
@@ -139,16 +161,42 @@ inline std::string schedule_error(const std::vector<int64_t>& in, const Options&
   }
   std::vector<int32_t> seen(k_total, 0);
   int64_t rollbacks = 0;
-  double makespan = 0.0;
   // Chunked documents (chunked.hpp): each on a DP rank in range, run after its micro-batches.
-  if (s.chunked_dp_rank.size() != s.chunked_us.size()) return "chunked documents and their ranks differ in number";
-  std::vector<double> load(o.dp, 0.0);
-  double most = 0.0;
-  for (size_t k = 0; k < s.chunked_us.size(); ++k) {
+  const size_t docs = s.chunked_us.size();
+  if (s.chunked_dp_rank.size() != docs || s.chunked_chunks.size() != docs)
+    return "chunked documents, their ranks and their chunk counts differ in number";
+  std::vector<double> after(o.dp, 0.0);
+  std::vector<std::vector<int64_t>> held(o.dp);  // each rank's documents' chunk passes, in order
+  for (size_t k = 0; k < docs; ++k) {
     if (s.chunked_dp_rank[k] < 0 || s.chunked_dp_rank[k] >= o.dp) return "chunked document's DP rank out of range";
-    load[s.chunked_dp_rank[k]] += s.chunked_us[k];
+    if (s.chunked_chunks[k] < 1) return "chunked document with fewer than one chunk";
+    after[s.chunked_dp_rank[k]] += s.chunked_us[k];
+    held[s.chunked_dp_rank[k]].push_back(s.chunked_chunks[k]);
   }
-  for (double l : load) most = std::max(most, l);
+  if (o.timeline == Timeline::kLockstep && o.dp > 1 && docs > 0) {
+    // Every rank runs, at its k-th document, as many passes as the most any rank's k-th takes (none
+    // held: an all-pad document); what it runs past its own chunks are pad passes.
+    int64_t passes = 0;
+    for (size_t k = 0;; ++k) {
+      int64_t most = 0;
+      for (const auto& h : held)
+        if (k < h.size()) most = std::max(most, h[k]);
+      if (most == 0) break;
+      passes += most;
+    }
+    for (int32_t d = 0; d < o.dp; ++d) {
+      int64_t own = 0;
+      for (int64_t n : held[d]) own += n;
+      if (passes - own < 0) return "negative pad chunks";
+      after[d] += static_cast<double>(passes - own) * c.micro_batch_fixed_us;
+    }
+  }
+  bool any_after = false;
+  double most_after = 0.0, makespan = 0.0;
+  for (double a : after) {
+    any_after = any_after || a > 0.0;
+    most_after = std::max(most_after, a);
+  }
   for (int32_t d = 0; d < o.dp; ++d) {
     if (s.dp_offsets[d] > s.dp_offsets[d + 1]) return "dp_offsets decrease";
     double total = 0.0;
@@ -172,25 +220,33 @@ inline std::string schedule_error(const std::vector<int64_t>& in, const Options&
       total += mb.dacp.time_us;
       rollbacks += mb.dacp.rollbacks;
     }
-    if (!s.chunked_us.empty()) total += load[d];
-    if (total != s.dp_time_us[d]) return "DP rank time is not the sum of its micro-batches and chunked documents";
+    total += after[d];
+    if (!std::isfinite(s.dp_time_us[d])) return "DP rank time not finite";
+    if (total != s.dp_time_us[d])
+      return "DP rank time is not the sum of its micro-batches, chunked documents and pad chunks";
     makespan = std::max(makespan, total);
   }
   for (size_t k = 0; k < k_total; ++k)
     if (seen[k] != (dropped[k] ? 0 : 1)) return "sequence " + std::to_string(k) + " placed " + std::to_string(seen[k]) + " times";
   if (o.timeline == Timeline::kLockstep) {
-    // Slot j lasts as long as its slowest micro-batch (a pad pass costs the
-    // fixed cost, which every micro-batch's time includes, so it never wins).
+    // Slot j lasts as long as its slowest micro-batch, a rank without one running a pad pass; then
+    // the rank with the most work after its micro-batches.
     makespan = 0.0;
     for (int32_t j = 0;; ++j) {
-      double slot = -1.0;
-      for (int32_t d = 0; d < o.dp; ++d)
-        if (s.dp_offsets[d] + j < s.dp_offsets[d + 1]) slot = std::max(slot, s.micro_batches[s.dp_offsets[d] + j].dacp.time_us);
-      if (slot < 0.0) break;
+      double slot = 0.0;
+      bool any = false;
+      for (int32_t d = 0; d < o.dp; ++d) {
+        const bool has = s.dp_offsets[d] + j < s.dp_offsets[d + 1];
+        any = any || has;
+        slot = std::max(slot, has ? s.micro_batches[s.dp_offsets[d] + j].dacp.time_us : c.micro_batch_fixed_us);
+      }
+      if (!any) break;
       makespan += slot;
     }
-    if (!s.chunked_us.empty()) makespan += most;  // the slots, then the rank with the most document time
+    if (any_after) makespan += most_after;
   }
+  if (!s.micro_batches.empty() || any_after) makespan += c.step_fixed_us;
+  if (!std::isfinite(s.makespan_us)) return "step time not finite";
   if (makespan != s.makespan_us) return "makespan is not the step time on the plan's timeline";
   if (rollbacks != s.rollbacks) return "roll-back total";
   if (!std::isfinite(s.elapsed_us) || s.elapsed_us < 0) return "elapsed_us";

@@ -2,8 +2,10 @@
 // cases, errors, determinism. Run by ctest (see .ci/run).
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -434,6 +436,56 @@ static void test_chunked() {
   CHECK(a.step_us[0] + a.step_us[1] == 110.0 && a.step_us[0] >= 100.0);
 }
 
+// assign_slots (slots.hpp) takes each slot's ranks off a min-heap on (load, rank); it must give what a
+// scan of every rank gives (the least loaded untaken rank, ties to the lower), which it replaced for
+// being O(dp^2) a slot. Random group times with many ties (a few values), empty groups, and a leader
+// slot's loads, against the scan restated here.
+static void test_assign_slots_is_the_scan() {
+  uint64_t seed = 5;
+  const auto next = [&seed]() {
+    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+    return seed >> 33;
+  };
+  for (int rep = 0; rep < 300; ++rep) {
+    const int32_t dp = 1 + static_cast<int32_t>(next() % 9);
+    const size_t m = static_cast<size_t>(dp) * (1 + next() % 4);
+    std::vector<double> us(m);
+    std::vector<char> empty(m);
+    for (size_t g = 0; g < m; ++g) {
+      empty[g] = next() % 4 == 0;
+      us[g] = empty[g] ? 0.0 : static_cast<double>(1 + next() % 3);
+    }
+    std::vector<double> load;
+    if (next() % 2)
+      for (int32_t i = 0; i < dp; ++i) load.push_back(static_cast<double>(next() % 3));
+    std::vector<int32_t> rank, slot;
+    assign_slots(us, empty, dp, rank, slot, load);
+    // The scan: groups slowest first (non-empty first, stable), dp a slot, each to the least loaded
+    // untaken rank, ties to the lower.
+    std::vector<int32_t> order(m);
+    for (size_t g = 0; g < m; ++g) order[g] = static_cast<int32_t>(g);
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+      return empty[a] != empty[b] ? empty[a] < empty[b] : us[a] > us[b];
+    });
+    std::vector<double> l = load;
+    l.resize(dp, 0.0);
+    std::vector<int32_t> want_rank(m, -1), want_slot(m, -1);
+    for (size_t first = 0, s = 0; first < m && !empty[order[first]]; first += dp, ++s) {
+      std::vector<char> taken(dp, 0);
+      for (size_t p = first; p < std::min(m, first + static_cast<size_t>(dp)); ++p) {
+        int32_t best = -1;
+        for (int32_t i = 0; i < dp; ++i)
+          if (!taken[i] && (best < 0 || l[i] < l[best])) best = i;
+        taken[best] = 1;
+        want_rank[order[p]] = best;
+        want_slot[order[p]] = static_cast<int32_t>(s);
+        l[best] += us[order[p]];
+      }
+    }
+    CHECK(rank == want_rank && slot == want_slot);
+  }
+}
+
 // Lockstep's pad chunks (chunked.hpp): the passes per position, the pads per
 // rank, their price in the step, the assignment choosing by it, and the estimate.
 static void test_chunked_lockstep() {
@@ -492,6 +544,27 @@ static void test_chunked_lockstep() {
     named = std::string(e.what()).find("0 chunk counts for 2 chunked documents") != std::string::npos;
   }
   CHECK(named);
+  // The ranges that keep the pads and the times in their types. Two documents of 2^31 - 1 chunks at no
+  // time both go to DP rank 0 (LPT's ties to the lower rank), and DP rank 1's pads, 2 x (2^31 - 1), wrapped
+  // to -2 in int32 (its time the documents' less two pad passes); two of DBL_MAX us on one rank made its
+  // time and the step infinite. Both are refused, by name, and the largest accepted count pads exactly.
+  const auto refusal = [&](const ChunkedDocs& d) {
+    try {
+      schedule({5}, c, o, d);
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  const int32_t most = std::numeric_limits<int32_t>::max();
+  CHECK(refusal(ChunkedDocs{{0.0, 0.0}, {most, most}}) ==
+        "chunked documents have 4294967294 chunk passes in all, more than the limit 1073741824");
+  const double huge = std::numeric_limits<double>::max();
+  CHECK(refusal(ChunkedDocs{{huge, huge}, {1, 1}}) ==
+        "chunked document 0 has time 1.79769e+308 us, above the limit 1e+60 us");
+  CHECK((lockstep_pads({1 << 29, 1 << 29}, {0, 0}, 2) == std::vector<int32_t>{0, 1 << 30}));
+  CHECK((chunked_after(ChunkedDocs{{0.0, 0.0}, {1 << 29, 1 << 29}}, {0, 0}, 2, Timeline::kLockstep, 1.0) ==
+         std::vector<double>{0.0, 1073741824.0}));
   // The estimate on lockstep: the documents after the samples' bound, padded. Documents 6 (3 chunks) and
   // 5 (1) on 2 groups, pad 1: max(6, max(3, ceil(4 / 2)) x 1 + (11 - 4) / 2) = 6.5 after the samples'
   // max(6 / 2, 6, 0) = 6, one micro-batch of 1 (pad) + 0 (b) and 6 tokens at 0, + 0.
@@ -520,6 +593,7 @@ int main() {
   test_lpt_bins();
   test_chunked();
   test_chunked_lockstep();
+  test_assign_slots_is_the_scan();
   if (skrull_test::failures) return skrull_test::report();
   std::printf("test_core: all checks passed\n");
   return 0;

@@ -63,7 +63,7 @@ static void expect_sound(const std::vector<int64_t>& in, const CostModel& c, con
   try {
     const Schedule s = schedule(in, c, o);
     CHECK_MSG(reject.empty(), std::string(what) + ": accepted input the ranges refuse (" + reject + ")");
-    const std::string e = check::schedule_error(in, o, s);
+    const std::string e = check::schedule_error(in, c, o, s);
     CHECK_MSG(e.empty(), std::string(what) + ": " + e);
   } catch (const std::invalid_argument& e) {
     CHECK_MSG(!reject.empty(), std::string(what) + ": refused acceptable input: " + e.what());
@@ -148,7 +148,7 @@ static void test_extremes_stay_finite() {
   for (int32_t dp : {1, 3}) {
     Options o = opts(dp, 4096, kMaxBucketSize, Overlength::kTruncate);
     const Schedule s = schedule(in, c, o);
-    CHECK(check::schedule_error(in, o, s).empty());
+    CHECK(check::schedule_error(in, c, o, s).empty());
     CHECK(std::isfinite(s.makespan_us) && s.makespan_us > 1e30);
   }
   // Largest group and rank counts with a handful of sequences.
@@ -250,7 +250,7 @@ static uint64_t golden_digest() {
     o.timeline = Timeline::kFreeRunning;  // the digest predates timelines: the paper's per-rank time
     const std::vector<int64_t> in = long_tailed(seed, splitmix(seed) % 600, o);
     const Schedule s = schedule(in, c, o);
-    CHECK(check::schedule_error(in, o, s).empty());
+    CHECK(check::schedule_error(in, c, o, s).empty());
     d.add(s.lengths), d.add(s.dp_rank), d.add(s.micro_batch), d.add(s.cp_rank), d.add(s.dp_offsets);
     d.add(s.dp_time_us), d.add(s.makespan_us);
     for (const MicroBatch& mb : s.micro_batches) {
@@ -296,7 +296,7 @@ static void test_slot_gds_plans_are_valid() {
     o.overlength = Overlength::kTruncate;
     const std::vector<int64_t> in = long_tailed(seed, splitmix(seed) % 400, o);
     const Schedule s = schedule(in, c, o);
-    const std::string e = check::schedule_error(in, o, s);
+    const std::string e = check::schedule_error(in, c, o, s);
     if (!e.empty()) std::fprintf(stderr, "slot GDS rep %d: %s\n", rep, e.c_str());
     CHECK(e.empty());
     const Schedule again = schedule(in, c, o);
@@ -322,7 +322,7 @@ static void test_slot_gds_small_case() {
   o.timeline = Timeline::kLockstep;
   const std::vector<int64_t> in = {100, 300, 100, 100, 100, 100};
   const Schedule s = schedule(in, c, o);
-  CHECK(check::schedule_error(in, o, s).empty());
+  CHECK(check::schedule_error(in, c, o, s).empty());
   CHECK(s.micro_batches.size() == 4);
   CHECK(s.dp_rank[1] == 0 && s.micro_batch[1] == 0);
   const auto seqs = [&s](int32_t d, int32_t j) { return s.micro_batches[s.dp_offsets[d] + j].seqs; };
@@ -357,7 +357,7 @@ static void test_leader_slot_beats_the_plain_split() {
   std::vector<int64_t> in = {max_sequence_length(o.bucket_size, o.cp)};
   for (int k = 0; k < 255; ++k) in.push_back(200 + static_cast<int64_t>(splitmix(seed) % 6000));
   const Schedule s = schedule(in, c, o);
-  CHECK(check::schedule_error(in, o, s).empty());
+  CHECK(check::schedule_error(in, c, o, s).empty());
   std::vector<int32_t> sorted(in.size());
   std::iota(sorted.begin(), sorted.end(), 0);
   std::stable_sort(sorted.begin(), sorted.end(), [&in](int32_t a, int32_t b) { return in[a] < in[b]; });

@@ -168,6 +168,24 @@ def test_the_pad_chunks_change_which_rank_runs_a_document():
         _core.chunked_after([1.0], [1], [-1], 2, opts.timeline, 1.0)
 
 
+def test_chunk_passes_and_times_past_their_ranges_are_refused_by_name():
+    # Two documents of 2^31 - 1 chunks at no time both go to DP rank 0 (LPT's ties to the lower rank): DP rank
+    # 1's pads, 2 x (2^31 - 1), wrapped to -2 in int32; two of the largest double on one rank made the step
+    # infinite (both from the fuzz target's tail, chunked.hpp kMaxChunkPasses and kMaxChunkedUs).
+    from tests.unit_tests.conftest import toy_cost
+
+    opts = SchedulerConfig(dp=2, cp=1, bucket_size=100, timeline="lockstep").core_options()
+    most = 2**31 - 1
+    with pytest.raises(ValueError, match="^chunked documents have 4294967294 chunk passes in all, "
+                                         "more than the limit 1073741824$"):
+        _core.schedule([5], toy_cost(fixed_us=1.0), opts, [0.0, 0.0], [most, most])
+    with pytest.raises(ValueError, match="^chunked documents have 4294967294 chunk passes in all"):
+        _core.lockstep_pads([most, most], [0, 0], 2)
+    with pytest.raises(ValueError, match=r"^chunked document 1 has time 1.79769e\+308 us, above the limit 1e\+60 us$"):
+        _core.schedule([5], toy_cost(), opts, [1.0, 1.7976931348623157e308], [1, 1])
+    assert _core.lockstep_pads([2**29, 2**29], [0, 0], 2) == [0, 2**30]
+
+
 def test_assign_chunked_is_lpt():
     assert _core.assign_chunked([2, 3, 2, 3, 2], 2) == [0, 0, 1, 1, 0]
     with pytest.raises(ValueError, match="chunked document 1 has time"):

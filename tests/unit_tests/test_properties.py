@@ -18,10 +18,14 @@ REAL = lengths.load("mix_sharegpt_conv95+longbench_en5")
 HEAD_US = [0.0, 2.5]  # token_us: none, and the H200's per-token head and loss (docs/design/cost_model.md)
 
 
-def with_head(cost, token_us: float):
-    """The cost model with ``token_us`` per token of the rank holding the most."""
-    return _core.CostModel(cost.shape, cost.a_us_per_flop, cost.b_us, cost.comm, cost.micro_batch_fixed_us,
-                           cost.step_fixed_us, token_us)
+def priced(cost, token_us: float, whole: bool = False, fixed_us: float | None = None, step_us: float | None = None):
+    """The cost model with ``token_us`` per token of the rank holding the most, each part of a rank's
+    buffer priced as one sequence of its length or not (``whole``, [compute] whole_buffer), and where
+    given a pad pass's (a micro-batch's fixed) and a step's fixed cost."""
+    return _core.CostModel(cost.shape, cost.a_us_per_flop, cost.b_us, cost.comm,
+                           cost.micro_batch_fixed_us if fixed_us is None else fixed_us,
+                           cost.step_fixed_us if step_us is None else step_us, token_us, cost.attention_weight,
+                           whole)
 
 
 def batch(seed: int, k: int, bucket: int, cp: int) -> list[int]:
@@ -57,12 +61,80 @@ def test_every_plan_is_valid_and_deterministic(shape):
     assert again.schedule(list(lengths_)).digest() == plan.digest()
 
 
-@settings(max_examples=40, deadline=None)
-@given(shapes.filter(lambda s: s[1] <= 600), st.sampled_from(HEAD_US))
-def test_core_equals_python_reference(shape, head):
+def step_by_hand(plan, timeline: str) -> tuple[list[float], float]:
+    """REFERENCE ONLY: each DP rank's time and the step of a skrull plan by plain arithmetic, in the
+    core's operation order (timeline.hpp, chunked.hpp): a rank's micro-batches in slot order, then its
+    chunked documents and, lockstep at DP > 1, each pad chunk at a pad pass (every rank runs, at its
+    k-th document, the most passes any rank's k-th takes); lockstep, each slot's slowest (a pad pass where a
+    rank has none) then the rank with the most after its slots; free-running, the slowest rank; a
+    step's fixed cost once where it runs anything."""
+    dp, passes = plan.dp, plan.chunked_passes()
+    after, held = [0.0] * dp, [[] for _ in range(dp)]
+    for t, g, n in zip(plan.chunked_us, plan.chunked_group, passes):
+        after[g] += t
+        held[g].append(n)
+    if timeline == "lockstep" and dp > 1 and plan.chunked:
+        positions = max(len(h) for h in held)
+        total = sum(max(h[k] for h in held if k < len(h)) for k in range(positions))
+        for g in range(dp):
+            after[g] += (total - sum(held[g])) * plan.pad_us
+    ranks = [[mb.time_us for mb in sorted(r, key=lambda mb: mb.slot)] for r in plan.ranks]
+    sums = []
+    for times, a in zip(ranks, after):
+        t = 0.0
+        for x in times:
+            t += x
+        sums.append(t + a)
+    if timeline == "free":
+        step = max(sums)
+    else:
+        step = 0.0
+        for j in range(max(len(r) for r in ranks)):
+            step += max(r[j] if j < len(r) else plan.pad_us for r in ranks)
+        step += max(after)
+    runs = any(ranks) or any(a > 0.0 for a in after)
+    return sums, step + plan.step_us if runs else 0.0
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(shapes.filter(lambda s: s[1] <= 400), st.sampled_from(["lockstep", "free"]), st.booleans(),
+       st.sampled_from([0.0, 150.0]), st.sampled_from([0.0, 900.0]), st.lists(st.integers(1, 3), max_size=5))
+def test_whole_buffer_and_chunked_plans_price_as_they_run(shape, timeline, whole, fixed_us, step_us, over):
+    """Random batches with chunked documents (1-3 x the limit long), whole_buffer pricing, a pad pass's and
+    a step's fixed cost, on both timelines (lockstep: slot GDS under the policies that use it): every plan
+    valid and deterministic, each micro-batch's time its placement's price under the job's model (a
+    hedged plan priced again at 1x), whole_buffer never below per document, the pad chunks never
+    negative and equalising every rank's passes, and the ranks' times and the step equal to the plain
+    restatement, bit for bit."""
     seed, k, cp, dp, bucket, policy = shape
     lengths_ = batch(seed, k, bucket, cp)
-    cost = with_head(cm.preset(), head)
+    cost = priced(cm.preset(), 0.0, whole, fixed_us, step_us)
+    per_doc = priced(cm.preset(), 0.0, False, fixed_us, step_us)
+    limit = _core.max_sequence_length(bucket, cp)
+    chunked = [n * limit + 1 + seed % limit for n in over]
+    cfg = SchedulerConfig(dp=dp, cp=cp, bucket_size=bucket, policy=policy, cpsat=False, timeline=timeline)
+    plan = Scheduler(cfg, cost).schedule(lengths_, chunked=chunked)
+    plan.validate()
+    assert sorted(q for r in plan.ranks for mb in r for q in mb.seqs) == list(range(k))
+    assert len(plan.chunked_group) == len(chunked) and all(0 <= g < dp for g in plan.chunked_group)
+    for mb in plan.micro_batches:
+        placed = [plan.cp_rank[q] for q in mb.seqs]
+        assert _core.evaluate_placement(mb.lengths, placed, cost, cp, bucket).time_us == mb.time_us
+        assert _core.evaluate_placement(mb.lengths, placed, per_doc, cp, bucket).time_us <= mb.time_us
+    pads = plan.chunked_pads()
+    runs = [p + sum(n for n, g in zip(plan.chunked_passes(), plan.chunked_group) if g == r) for r, p in enumerate(pads)]
+    assert min(pads) >= 0 and (timeline == "free" or dp == 1 or not chunked or len(set(runs)) == 1)
+    sums, step = step_by_hand(plan, timeline)
+    assert plan.makespan_us == step and plan.step_time_us() == step
+    assert Scheduler(cfg, cost).schedule(list(lengths_), chunked=chunked).digest() == plan.digest()
+
+
+@settings(max_examples=40, deadline=None)
+@given(shapes.filter(lambda s: s[1] <= 600), st.sampled_from(HEAD_US), st.booleans())
+def test_core_equals_python_reference(shape, head, whole):
+    seed, k, cp, dp, bucket, policy = shape
+    lengths_ = batch(seed, k, bucket, cp)
+    cost = priced(cm.preset(), head, whole)
     p = POLICIES[policy]
     # The reference restates the per-rank GDS (Algorithm 2): the free-running timeline's.
     cfg = SchedulerConfig(dp=dp, cp=cp, bucket_size=bucket, policy=policy, cpsat=False, timeline="free")
@@ -84,11 +156,11 @@ def test_core_equals_python_reference(shape, head):
 
 @settings(max_examples=60, deadline=None)
 @given(st.integers(0, 2**31), st.integers(0, 40), st.sampled_from([1, 2, 3, 4, 8]), st.sampled_from([8, 50, 300, 9000]),
-       st.booleans(), st.booleans(), st.booleans(), st.sampled_from(HEAD_US))
-def test_dacp_equals_reference_including_unschedulable(seed, n, cp, bucket, worst_fit, longest, refine, head):
+       st.booleans(), st.booleans(), st.booleans(), st.sampled_from(HEAD_US), st.booleans())
+def test_dacp_equals_reference_including_unschedulable(seed, n, cp, bucket, worst_fit, longest, refine, head, whole):
     rng = random.Random(seed)
     lengths_ = [rng.randint(1, max(1, 2 * bucket * cp // max(n, 1))) for _ in range(n)]
-    cost = with_head(cm.preset(), head)
+    cost = priced(cm.preset(), head, whole)
     r = _core.dacp(lengths_, cost, cp, bucket,
                    _core.Placement.WORST_FIT if worst_fit else _core.Placement.LEAST_LOAD,
                    _core.Rollback.LONGEST if longest else _core.Rollback.SHORTEST, refine)
@@ -122,15 +194,15 @@ def test_predicted_time_policy_never_slower_than_smallest_feasible(policy):
 
 @settings(max_examples=60, deadline=None)
 @given(st.integers(0, 2**31), st.integers(0, 40), st.sampled_from([2, 3, 4, 8]), st.sampled_from([8, 50, 300]),
-       st.booleans(), st.sampled_from(HEAD_US))
-def test_dacp_sweep_equals_reference(seed, n, cp, bucket, dear_comm, head):
+       st.booleans(), st.sampled_from(HEAD_US), st.booleans())
+def test_dacp_sweep_equals_reference(seed, n, cp, bucket, dear_comm, head, whole):
     rng = random.Random(seed)
     lengths_ = [rng.randint(1, max(1, 2 * bucket * cp // max(n, 1))) for _ in range(n)]
     cost = cm.preset()
     if dear_comm:  # a comm table that is not monotone: no pruning
         cost = _core.CostModel(cost.shape, cost.a_us_per_flop, cost.b_us,
                                _core.CommModel([1.0, 2.0], [500.0, 400.0], collectives_per_layer=2.0))
-    cost = with_head(cost, head)
+    cost = priced(cost, head, whole)
     r = _core.dacp_sweep(lengths_, cost, cp, bucket)
     want = ref.dacp_sweep(lengths_, ref.RefCost.of(cost), cp, bucket)
     assert (r.status == _core.Status.OK) == want.ok

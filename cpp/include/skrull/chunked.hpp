@@ -31,6 +31,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -39,6 +40,18 @@
 #include "skrull/types.hpp"
 
 namespace skrull {
+
+// Accepted ranges of a step's chunked documents (validate_chunked). A document's
+// price is its chunk passes on the cost model, each below a micro-batch's bound
+// (about 5.1e42 us, docs/reliability.md) and at most 2^36 of them, so below
+// kMaxChunkedUs; with at most kMaxSequences documents a rank's sum stays finite
+// (below 2e67 us). Every pass count (a position's, a rank's pads, lockstep_pads)
+// is at most the step's chunk passes in all, which kMaxChunkPasses keeps within
+// int32 (the pads' type): without it two documents of 2^31 - 1 chunks on one DP
+// rank made the other's pads wrap to -2 (a crafted input for the fuzz target's
+// pad check).
+constexpr double kMaxChunkedUs = 1e60;
+constexpr int64_t kMaxChunkPasses = int64_t{1} << 30;
 
 // A step's chunked documents as the planners take them, in the step's order:
 // each one's predicted time on one CP group and its chunk passes
@@ -58,16 +71,33 @@ inline void validate_chunked(const std::vector<double>& chunked_us) {
                                   std::to_string(chunked_us[k]) + " us; must be finite and >= 0");
 }
 
-// As above, and one chunk count of at least 1 per document.
+// As above, each time at most kMaxChunkedUs, at most kMaxSequences documents, and
+// one chunk count of at least 1 per document, kMaxChunkPasses in all.
 inline void validate_chunked(const ChunkedDocs& docs) {
   validate_chunked(docs.us);
+  if (static_cast<int64_t>(docs.us.size()) > kMaxSequences)
+    throw std::invalid_argument(std::to_string(docs.us.size()) + " chunked documents, more than the limit " +
+                                std::to_string(kMaxSequences));
+  for (size_t k = 0; k < docs.us.size(); ++k)
+    if (docs.us[k] > kMaxChunkedUs) {
+      char buf[96];
+      std::snprintf(buf, sizeof buf, "chunked document %zu has time %g us, above the limit %g us", k, docs.us[k],
+                    kMaxChunkedUs);
+      throw std::invalid_argument(buf);
+    }
   if (docs.chunks.size() != docs.us.size())
     throw std::invalid_argument(std::to_string(docs.chunks.size()) + " chunk counts for " +
                                 std::to_string(docs.us.size()) + " chunked documents");
-  for (size_t k = 0; k < docs.chunks.size(); ++k)
+  int64_t passes = 0;
+  for (size_t k = 0; k < docs.chunks.size(); ++k) {
     if (docs.chunks[k] < 1)
       throw std::invalid_argument("chunked document " + std::to_string(k) + " has " +
                                   std::to_string(docs.chunks[k]) + " chunks; must be >= 1");
+    passes += docs.chunks[k];
+  }
+  if (passes > kMaxChunkPasses)
+    throw std::invalid_argument("chunked documents have " + std::to_string(passes) +
+                                " chunk passes in all, more than the limit " + std::to_string(kMaxChunkPasses));
 }
 
 // Throws std::invalid_argument unless each document's rank is in [0, dp).
