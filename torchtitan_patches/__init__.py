@@ -220,6 +220,12 @@ def _dense_mask_attention(config) -> None:
         config.override.imports.append(target)
 
 
+def _eager_block_masks() -> None:
+    from torchtitan_patches.dense_attention import eager_block_masks
+
+    eager_block_masks()
+
+
 def _no_cuda_graphs(config) -> None:
     config.training.disable_cuda_graphs = True
 
@@ -290,6 +296,16 @@ FIXES: tuple[Fix, ...] = (
         applies=on_cpu,
         apply=_dense_mask_attention,
         needs_config=True,
+    ),
+    Fix(
+        name="eager_block_masks_on_cpu",
+        why=(
+            "torchtitan 0.3.0 builds BlockMasks through torch.compile(create_block_mask): on CPU an "
+            "inductor C++ compile per process and per first new length (5-9 s a launch) for a mask "
+            "DenseMaskAttention evaluates densely anyway; build it eagerly (the same mask)"
+        ),
+        applies=on_cpu,
+        apply=_eager_block_masks,
     ),
     Fix(
         name="no_cuda_graphs",

@@ -8,6 +8,8 @@ densely and calls ``F.scaled_dot_product_attention``. The mask_mod already
 encodes causality, document boundaries and, under CP, the local-to-global
 query index map, so the result is the same attention. Memory is O(Lq * Lkv)
 per batch row: meant for debug sizes.
+
+``eager_block_masks`` builds those BlockMasks without torch.compile on CPU.
 """
 
 from dataclasses import dataclass
@@ -81,3 +83,22 @@ class DenseMaskAttention(FlexAttention):
             enable_gqa=enable_gqa,
         )
         return out_BNLH.transpose(1, 2)
+
+
+def eager_block_masks() -> None:
+    """torchtitan 0.3.0 builds every BlockMask through a module-level
+    ``torch.compile(create_block_mask)``. On CPU that is an inductor C++ compile
+    in every process, and again for the first new length (dynamic shapes):
+    about 5-9 s of a training launch here that the mask's eager construction
+    (vmap over the same ``mask_mod``, milliseconds at debug sizes) does not pay.
+    The eager BlockMask is the same mask, and DenseMaskAttention evaluates its
+    ``mask_mod`` densely anyway, so the O(L^2) memory is already spent. Where
+    torch lacks ``separate_full_blocks`` the compat shim's eager function is used.
+    """
+    import torchtitan.models.common.attention as attention
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    from torchtitan_patches import compat
+
+    attention._compiled_create_block_mask = (compat.create_block_mask_without_separate_full_blocks
+                                             if compat._create_block_mask_missing() else create_block_mask)

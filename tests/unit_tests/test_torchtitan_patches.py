@@ -98,3 +98,24 @@ def test_log_colour_only_on_a_terminal(monkeypatch):
     assert colour_terminal(io.StringIO()) is False  # a file or a pipe
     monkeypatch.setenv("NO_COLOR", "1")
     assert colour_terminal(Terminal()) is False
+
+
+@cpu_only
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # dynamo's, were it to compile: fail on the count
+def test_block_masks_are_built_without_compiling_on_cpu():
+    """torchtitan's create_attention_mask (a torch.compile'd create_block_mask) cost every CPU training
+    process an inductor compile (5-9 s a launch); after apply() it builds the same BlockMask eagerly."""
+    from torch._dynamo.utils import counters
+    from torchtitan.models.common.attention import create_attention_mask
+
+    torchtitan_patches.apply()
+    positions = torch.cat([torch.arange(70), torch.arange(30), torch.arange(92)])[None]
+    mask_mod = and_masks(get_causal_mask_mod(), get_efficient_causal_mask_mod_for_packed_document(positions))
+    frames = counters["stats"]["calls_captured"], counters["frames"]["total"]
+    got = create_attention_mask(mask_mod, 1, None, 192, 192, device="cpu")
+    assert (counters["stats"]["calls_captured"], counters["frames"]["total"]) == frames  # nothing traced
+    want = create_block_mask(mask_mod, 1, None, 192, 192, device="cpu")
+    assert got.seq_lengths == want.seq_lengths == (192, 192)
+    for a, b in zip(got.as_tuple(flatten=True)[2:], want.as_tuple(flatten=True)[2:]):
+        if isinstance(a, torch.Tensor):
+            assert torch.equal(a, b)
