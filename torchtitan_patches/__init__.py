@@ -300,9 +300,10 @@ FIXES: tuple[Fix, ...] = (
     Fix(
         name="eager_block_masks_on_cpu",
         why=(
-            "torchtitan 0.3.0 builds BlockMasks through torch.compile(create_block_mask): on CPU an "
-            "inductor C++ compile per process and per first new length (5-9 s a launch) for a mask "
-            "DenseMaskAttention evaluates densely anyway; build it eagerly (the same mask)"
+            "torchtitan 0.3.0 builds BlockMasks through torch.compile(create_block_mask), and torch's "
+            "CP sharding through its own: on CPU a dynamo trace and inductor C++ compile per process "
+            "and per new length (2-5 s a rank) for a mask DenseMaskAttention evaluates densely "
+            "anyway; build it eagerly (the same mask)"
         ),
         applies=on_cpu,
         apply=_eager_block_masks,

@@ -87,18 +87,24 @@ class DenseMaskAttention(FlexAttention):
 
 def eager_block_masks() -> None:
     """torchtitan 0.3.0 builds every BlockMask through a module-level
-    ``torch.compile(create_block_mask)``. On CPU that is an inductor C++ compile
-    in every process, and again for the first new length (dynamic shapes):
-    about 5-9 s of a training launch here that the mask's eager construction
-    (vmap over the same ``mask_mod``, milliseconds at debug sizes) does not pay.
-    The eager BlockMask is the same mask, and DenseMaskAttention evaluates its
-    ``mask_mod`` densely anyway, so the O(L^2) memory is already spent. Where
-    torch lacks ``separate_full_blocks`` the compat shim's eager function is used.
+    ``torch.compile(create_block_mask)``, and under CP torch's
+    ``_create_cp_block_mask`` (which torchtitan's CP sharding calls) through
+    its own. On CPU each is a dynamo trace and an inductor C++ compile in every
+    process, and again at a new length: seconds of a training launch (here
+    2 s a process with a warm inductor cache, 5 s a rank under CP, 9-30 s
+    cold) that the mask's eager construction (vmap over the same ``mask_mod``,
+    milliseconds at debug sizes) does not pay. The eager BlockMask is the same
+    mask, and DenseMaskAttention evaluates its ``mask_mod`` densely anyway, so
+    the O(L^2) memory is already spent. Where torch lacks
+    ``separate_full_blocks`` the compat shim's eager function is used.
     """
     import torchtitan.models.common.attention as attention
+    from torch.distributed.tensor.experimental._context_parallel import _attention as cp_attention
     from torch.nn.attention.flex_attention import create_block_mask
 
     from torchtitan_patches import compat
 
     attention._compiled_create_block_mask = (compat.create_block_mask_without_separate_full_blocks
                                              if compat._create_block_mask_missing() else create_block_mask)
+    if hasattr(cp_attention, "_compiled_create_block_mask"):  # torch 2.13: None until CP first compiles it
+        cp_attention._compiled_create_block_mask = create_block_mask

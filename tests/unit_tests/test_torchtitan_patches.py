@@ -103,19 +103,26 @@ def test_log_colour_only_on_a_terminal(monkeypatch):
 @cpu_only
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # dynamo's, were it to compile: fail on the count
 def test_block_masks_are_built_without_compiling_on_cpu():
-    """torchtitan's create_attention_mask (a torch.compile'd create_block_mask) cost every CPU training
-    process an inductor compile (5-9 s a launch); after apply() it builds the same BlockMask eagerly."""
+    """torchtitan's create_attention_mask and, under CP, torch's _create_cp_block_mask (each a
+    torch.compile'd create_block_mask) cost every CPU training process a dynamo trace and an inductor
+    compile (2-5 s a rank); after apply() they build the same BlockMasks eagerly."""
+    import types
+
     from torch._dynamo.utils import counters
+    from torch.distributed.tensor.experimental._context_parallel._attention import _create_cp_block_mask
     from torchtitan.models.common.attention import create_attention_mask
 
     torchtitan_patches.apply()
-    positions = torch.cat([torch.arange(70), torch.arange(30), torch.arange(92)])[None]
+    positions = torch.cat([torch.arange(70), torch.arange(58), torch.arange(128)])[None]
     mask_mod = and_masks(get_causal_mask_mod(), get_efficient_causal_mask_mod_for_packed_document(positions))
-    frames = counters["stats"]["calls_captured"], counters["frames"]["total"]
-    got = create_attention_mask(mask_mod, 1, None, 192, 192, device="cpu")
-    assert (counters["stats"]["calls_captured"], counters["frames"]["total"]) == frames  # nothing traced
-    want = create_block_mask(mask_mod, 1, None, 192, 192, device="cpu")
-    assert got.seq_lengths == want.seq_lengths == (192, 192)
+    traced = counters["stats"]["calls_captured"], counters["frames"]["total"]
+    got = create_attention_mask(mask_mod, 1, None, 256, 256, device="cpu")
+    cp_rank1 = types.SimpleNamespace(size=lambda: 2, get_local_rank=lambda: 1, device_type="cpu")  # a CP mesh's view
+    got_cp = _create_cp_block_mask(mask_mod, 1, None, 256, 256, cp_rank1)
+    assert (counters["stats"]["calls_captured"], counters["frames"]["total"]) == traced  # nothing traced
+    want = create_block_mask(mask_mod, 1, None, 256, 256, device="cpu")
+    assert got.seq_lengths == want.seq_lengths == (256, 256) and got_cp.seq_lengths == (128, 256)
+    assert torch.equal(got.to_dense(), want.to_dense())
     for a, b in zip(got.as_tuple(flatten=True)[2:], want.as_tuple(flatten=True)[2:]):
         if isinstance(a, torch.Tensor):
             assert torch.equal(a, b)
