@@ -303,7 +303,8 @@ FIXES: tuple[Fix, ...] = (
             "torchtitan 0.3.0 builds BlockMasks through torch.compile(create_block_mask), and torch's "
             "CP sharding through its own: on CPU a dynamo trace and inductor C++ compile per process "
             "and per new length (2-5 s a rank) for a mask DenseMaskAttention evaluates densely "
-            "anyway; build it eagerly (the same mask)"
+            "anyway; masks up to the debug job's size are built eagerly (the same mask), longer ones "
+            "compiled as before"
         ),
         applies=on_cpu,
         apply=_eager_block_masks,

@@ -9,9 +9,10 @@ encodes causality, document boundaries and, under CP, the local-to-global
 query index map, so the result is the same attention. Memory is O(Lq * Lkv)
 per batch row: meant for debug sizes.
 
-``eager_block_masks`` builds those BlockMasks without torch.compile on CPU.
+``eager_block_masks`` builds the small ones without torch.compile on CPU.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -85,18 +86,37 @@ class DenseMaskAttention(FlexAttention):
         return out_BNLH.transpose(1, 2)
 
 
+EAGER_MASK_ENTRIES = 2**20
+"""Masks of at most this many entries (batch x queries x keys; the debug job's 4 rows of 512 tokens)
+are built eagerly on CPU. Eager construction costs about 14x the compiled call at every size, a few
+ms a step at this size against a compile of seconds per process; at 16x this size it costs about
+0.1 s a step, so longer masks stay compiled (tools/block_mask_cost.py; docs/reliability.md, "The
+suite's time")."""
+
+
+def eager_below(limit: int, eager: Callable, compiled: Callable) -> Callable:
+    """``create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, ...)`` by ``eager`` for a mask of at
+    most ``limit`` entries (B x Q_LEN x KV_LEN; B None: 1), by ``compiled`` above it."""
+
+    def create(mask_mod, B, H, Q_LEN, KV_LEN, *args, **kwargs):
+        small = (B or 1) * Q_LEN * KV_LEN <= limit
+        return (eager if small else compiled)(mask_mod, B, H, Q_LEN, KV_LEN, *args, **kwargs)
+
+    return create
+
+
 def eager_block_masks() -> None:
     """torchtitan 0.3.0 builds every BlockMask through a module-level
     ``torch.compile(create_block_mask)``, and under CP torch's
     ``_create_cp_block_mask`` (which torchtitan's CP sharding calls) through
     its own. On CPU each is a dynamo trace and an inductor C++ compile in every
-    process, and again at a new length: seconds of a training launch (here
-    2 s a process with a warm inductor cache, 5 s a rank under CP, 9-30 s
-    cold) that the mask's eager construction (vmap over the same ``mask_mod``,
-    milliseconds at debug sizes) does not pay. The eager BlockMask is the same
-    mask, and DenseMaskAttention evaluates its ``mask_mod`` densely anyway, so
-    the O(L^2) memory is already spent. Where torch lacks
-    ``separate_full_blocks`` the compat shim's eager function is used.
+    process, and again at a new length: seconds of every CPU training launch
+    (docs/reliability.md, "The suite's time") that building a small mask
+    eagerly (vmap over the same ``mask_mod``) does not pay. Up to
+    ``EAGER_MASK_ENTRIES`` the mask is built eagerly, the same BlockMask; past
+    it eager construction costs more a step than the compile saves, and the
+    compiled function runs as before. Where torch lacks ``separate_full_blocks``
+    the compat shim's function is used eagerly.
     """
     import torchtitan.models.common.attention as attention
     from torch.distributed.tensor.experimental._context_parallel import _attention as cp_attention
@@ -104,7 +124,12 @@ def eager_block_masks() -> None:
 
     from torchtitan_patches import compat
 
-    attention._compiled_create_block_mask = (compat.create_block_mask_without_separate_full_blocks
-                                             if compat._create_block_mask_missing() else create_block_mask)
+    eager = (compat.create_block_mask_without_separate_full_blocks if compat._create_block_mask_missing()
+             else create_block_mask)
+    attention._compiled_create_block_mask = eager_below(EAGER_MASK_ENTRIES, eager,
+                                                        attention._compiled_create_block_mask)
     if hasattr(cp_attention, "_compiled_create_block_mask"):  # torch 2.13: None until CP first compiles it
-        cp_attention._compiled_create_block_mask = create_block_mask
+        # what _create_cp_block_mask compiles on its first call, built here (torch.compile is lazy)
+        compiled = cp_attention._compiled_create_block_mask or torch.compile(
+            create_block_mask, dynamic=False, fullgraph=True)
+        cp_attention._compiled_create_block_mask = eager_below(EAGER_MASK_ENTRIES, create_block_mask, compiled)

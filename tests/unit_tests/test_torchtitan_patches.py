@@ -126,3 +126,17 @@ def test_block_masks_are_built_without_compiling_on_cpu():
     for a, b in zip(got.as_tuple(flatten=True)[2:], want.as_tuple(flatten=True)[2:]):
         if isinstance(a, torch.Tensor):
             assert torch.equal(a, b)
+
+
+def test_masks_past_the_eager_limit_stay_compiled():
+    """Eager construction costs about 14x the compiled call (tools/block_mask_cost.py): past
+    EAGER_MASK_ENTRIES (batch x queries x keys) the compiled function builds the mask."""
+    from torchtitan_patches.dense_attention import EAGER_MASK_ENTRIES, eager_below
+
+    create = eager_below(EAGER_MASK_ENTRIES, lambda *a, **k: ("eager", a[1:], k),
+                         lambda *a, **k: ("compiled", a[1:], k))
+    assert create(None, 4, None, 512, 512, device="cpu") == ("eager", (4, None, 512, 512), {"device": "cpu"})
+    assert create(None, None, None, 1024, 1024)[0] == "eager"  # B None: one row
+    assert create(None, 4, None, 512, 513)[0] == "compiled"
+    assert create(None, 1, None, 2048, 2048, "cpu", (128, 128))[:2] == (
+        "compiled", (1, None, 2048, 2048, "cpu", (128, 128)))
