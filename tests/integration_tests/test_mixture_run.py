@@ -145,6 +145,14 @@ def _run(tmp_path, name: str, args: list[str], nproc: int = 2, env: dict | None 
     return Run(dump=dump, output=proc.stdout + proc.stderr, grads=None)
 
 
+def _uneven_at_the_last_step(run: Run) -> None:
+    """The run's plan log gives the DP ranks 1 and 2 micro-batches at UNEQUAL_STEP, where it stopped."""
+    plan = read_plan_log(os.path.join(run.dump, "skrull_plans", "rank0.jsonl"))[UNEQUAL_STEP]
+    counts = sorted(len({m for m, d in zip(plan["plan_micro_batch"], plan["plan_dp_rank"]) if d == rank})
+                    for rank in (0, 1))
+    assert counts == [1, 2], f"step {UNEQUAL_STEP}'s plan no longer gives the DP ranks 1 and 2 micro-batches: {counts}"
+
+
 def _same_losses(run: Run, want: list[float], steps: int = STEPS) -> None:
     got = run.losses
     print(f"losses {got}\nwant   {want}")
@@ -155,20 +163,23 @@ def _same_losses(run: Run, want: list[float], steps: int = STEPS) -> None:
 @pytest.mark.slow
 def test_lora_head_in_chunks_runs_free_at_dp2_with_the_same_losses(tmp_path):
     """A LoRA linear as the head ([lora]'s adapters in the layers too; lora_head_job.py) in 4 chunks a
-    micro-batch at DP 2, free-running where step 5 gives the ranks 1 and 2 micro-batches: the head
-    module passes the hidden states through in the model's forward and the loss applies base weight +
-    adapters per chunk (head_loss.py HEAD_FORWARDS, lora_linear). Called from the loss, such a head
+    micro-batch at DP 2, free-running where step 5 gives the ranks 1 and 2 micro-batches (checked in the
+    plan log; the runs stop there): the head module passes the hidden states through in the model's
+    forward and the loss applies base weight + adapters per chunk (head_loss.py HEAD_FORWARDS,
+    lora_linear). Called from the loss, such a head
     kept the ranks in lockstep. The losses are those of the run whose one chunk holds every micro-batch
     (the LoRA head's own forward in the model's)."""
     job = ["--module", "tests.integration_tests.lora_head_job", "--config", "job_file_lora_head"]
     env = {JOB_ENV: _job(str(tmp_path))}
-    one = _run(tmp_path, "lora_head_one_chunk", job, env=env)
+    one = _run(tmp_path, "lora_head_one_chunk", job, env=env, steps=UNEQUAL_STEP)
     assert "one chunk holds a micro-batch, so the head runs in the model's forward" in one.output
-    run = _run(tmp_path, "lora_head_chunks", [*job, "--loss.chunk_tokens", "64"], env=env)
+    run = _run(tmp_path, "lora_head_chunks", [*job, "--loss.chunk_tokens", "64", "--skrull.plan_log"], env=env,
+               steps=UNEQUAL_STEP)
     assert "4 chunk(s) for a micro-batch of 256 tokens" in run.output
     assert "the head module runs in the model's forward, its weight applied per chunk" in run.output
     assert "Skrull execution: skrull.free_running = 'auto': free-running" in run.output
-    _same_losses(run, one.losses)
+    _uneven_at_the_last_step(run)
+    _same_losses(run, one.losses, UNEQUAL_STEP)
 
 
 @pytest.mark.slow
@@ -188,8 +199,5 @@ def test_tp_head_in_chunks_runs_free_at_dp2_tp2_with_the_same_losses(runs, tmp_p
     assert "DP 2 x CP 1 x TP 2" in run.output
     assert "the head module runs in the model's forward, its weight applied per chunk" in run.output
     assert "Skrull execution: skrull.free_running = 'auto': free-running" in run.output
-    plan = read_plan_log(os.path.join(run.dump, "skrull_plans", "rank0.jsonl"))[UNEQUAL_STEP]
-    counts = sorted(len({m for m, d in zip(plan["plan_micro_batch"], plan["plan_dp_rank"]) if d == rank})
-                    for rank in (0, 1))
-    assert counts == [1, 2], f"step {UNEQUAL_STEP}'s plan no longer gives the DP ranks 1 and 2 micro-batches: {counts}"
+    _uneven_at_the_last_step(run)
     _same_losses(run, one.losses, UNEQUAL_STEP)
