@@ -267,6 +267,12 @@ def _dense_mask_attention(config) -> None:
         config.override.imports.append(target)
 
 
+def _eager_block_masks() -> None:
+    from torchtitan_patches.dense_attention import eager_block_masks
+
+    eager_block_masks()
+
+
 def _no_cuda_graphs(config) -> None:
     config.training.disable_cuda_graphs = True
 
@@ -348,6 +354,18 @@ FIXES: tuple[Fix, ...] = (
         applies=on_cpu,
         apply=_dense_mask_attention,
         needs_config=True,
+    ),
+    Fix(
+        name="eager_block_masks_on_cpu",
+        why=(
+            "torchtitan 0.3.0 builds BlockMasks through torch.compile(create_block_mask), and torch's "
+            "CP sharding through its own: on CPU a dynamo trace and inductor C++ compile per process "
+            "and per new length (2-5 s a rank) for a mask DenseMaskAttention evaluates densely "
+            "anyway; masks up to the debug job's size are built eagerly (the same mask), longer ones "
+            "compiled as before"
+        ),
+        applies=on_cpu,
+        apply=_eager_block_masks,
     ),
     Fix(
         name="no_cuda_graphs",

@@ -21,12 +21,16 @@ import pytest
 
 from skrull_ext.data.steps.base import DATASETS
 from skrull_ext.train.job.job_file import load_job
+from skrull_ext.train.plan_log import read_plan_log
 from tests.integration_tests.launch import REPO, Run, torchrun
 from tests.integration_tests.torchtitan_job import JOB_ENV
 
 TEXT = os.path.join(REPO, "skrull_ext", "jobs", "debug_cpu_text.toml")
 NOTES = os.path.join(REPO, "tests", "fixtures", "accounting.jsonl")
 STEPS, SAVE_AT, BATCH = 6, 3, 8
+UNEQUAL_STEP = 5
+"""The step whose plan gives the DP ranks 1 and 2 micro-batches, free-running; the head-in-chunks runs
+of their own (no run above to compare with) stop there."""
 WEIGHTS = {"chat": 3, "notes": 1}
 TOLERANCE = 1
 """Samples a source's run total may be from ``read * weight`` (the draw's bound, test_mixture.py)."""
@@ -134,53 +138,66 @@ def test_head_in_chunks_runs_free_at_dp2_with_the_same_losses(runs, tmp_path):
     _same_losses(run, runs["full"].losses)
 
 
-def _run(tmp_path, name: str, args: list[str], nproc: int = 2, env: dict | None = None) -> Run:
+def _run(tmp_path, name: str, args: list[str], nproc: int = 2, env: dict | None = None, steps: int = STEPS) -> Run:
     dump = str(tmp_path / name)
-    proc = torchrun(nproc, "skrull_ext.train", [*args, "--dump_folder", dump, "--training.steps", str(STEPS),
+    proc = torchrun(nproc, "skrull_ext.train", [*args, "--dump_folder", dump, "--training.steps", str(steps),
                                                 "--metrics.enable_tensorboard"], cwd=str(tmp_path), env=env)
     return Run(dump=dump, output=proc.stdout + proc.stderr, grads=None)
 
 
-def _same_losses(run: Run, want: list[float]) -> None:
+def _uneven_at_the_last_step(run: Run) -> None:
+    """The run's plan log gives the DP ranks 1 and 2 micro-batches at UNEQUAL_STEP, where it stopped."""
+    plan = read_plan_log(os.path.join(run.dump, "skrull_plans", "rank0.jsonl"))[UNEQUAL_STEP]
+    counts = sorted(len({m for m, d in zip(plan["plan_micro_batch"], plan["plan_dp_rank"]) if d == rank})
+                    for rank in (0, 1))
+    assert counts == [1, 2], f"step {UNEQUAL_STEP}'s plan no longer gives the DP ranks 1 and 2 micro-batches: {counts}"
+
+
+def _same_losses(run: Run, want: list[float], steps: int = STEPS) -> None:
     got = run.losses
     print(f"losses {got}\nwant   {want}")
-    assert len(got) == len(want) == STEPS
+    assert len(got) == len(want) == steps
     assert all(abs(a - b) <= 1e-4 * abs(b) for a, b in zip(got, want)), (got, want)
 
 
 @pytest.mark.slow
 def test_lora_head_in_chunks_runs_free_at_dp2_with_the_same_losses(tmp_path):
     """A LoRA linear as the head ([lora]'s adapters in the layers too; lora_head_job.py) in 4 chunks a
-    micro-batch at DP 2, free-running where step 5 gives the ranks 1 and 2 micro-batches: the head
-    module passes the hidden states through in the model's forward and the loss applies base weight +
-    adapters per chunk (head_loss.py HEAD_FORWARDS, lora_linear). Called from the loss, such a head
+    micro-batch at DP 2, free-running where step 5 gives the ranks 1 and 2 micro-batches (checked in the
+    plan log; the runs stop there): the head module passes the hidden states through in the model's
+    forward and the loss applies base weight + adapters per chunk (head_loss.py HEAD_FORWARDS,
+    lora_linear). Called from the loss, such a head
     kept the ranks in lockstep. The losses are those of the run whose one chunk holds every micro-batch
     (the LoRA head's own forward in the model's)."""
     job = ["--module", "tests.integration_tests.lora_head_job", "--config", "job_file_lora_head"]
     env = {JOB_ENV: _job(str(tmp_path))}
-    one = _run(tmp_path, "lora_head_one_chunk", job, env=env)
+    one = _run(tmp_path, "lora_head_one_chunk", job, env=env, steps=UNEQUAL_STEP)
     assert "one chunk holds a micro-batch, so the head runs in the model's forward" in one.output
-    run = _run(tmp_path, "lora_head_chunks", [*job, "--loss.chunk_tokens", "64"], env=env)
+    run = _run(tmp_path, "lora_head_chunks", [*job, "--loss.chunk_tokens", "64", "--skrull.plan_log"], env=env,
+               steps=UNEQUAL_STEP)
     assert "4 chunk(s) for a micro-batch of 256 tokens" in run.output
     assert "the head module runs in the model's forward, its weight applied per chunk" in run.output
     assert "Skrull execution: skrull.free_running = 'auto': free-running" in run.output
-    _same_losses(run, one.losses)
+    _uneven_at_the_last_step(run)
+    _same_losses(run, one.losses, UNEQUAL_STEP)
 
 
 @pytest.mark.slow
 def test_tp_head_in_chunks_runs_free_at_dp2_tp2_with_the_same_losses(runs, tmp_path):
     """The head in 4 chunks a micro-batch at DP 2 x TP 2 (4 processes), free-running, step 5 again giving
-    the DP ranks 1 and 2 micro-batches (the plan log's plan_dp_rank / plan_micro_batch): under TP the head
-    module passes the Replicate hidden states through too, and each chunk's linear of them and the
-    Shard(0) weight gives the Shard(-1) logits loss_parallel takes (head_loss.py pass_head_through).
+    the DP ranks 1 and 2 micro-batches (the plan log's plan_dp_rank / plan_micro_batch, checked; the runs
+    stop there): under TP the head module passes the Replicate hidden states through too, and each
+    chunk's linear of them and the Shard(0) weight gives the Shard(-1) logits loss_parallel takes
+    (head_loss.py pass_head_through).
     The losses are those of the same layout with the head in one chunk, to float rounding (TP draws
     other initial weights than the DP 2 runs above)."""
     tp = ["--config-file", runs["job"], "--parallelism.data_parallel_shard_degree", "2",
           "--parallelism.tensor_parallel_degree", "2", "--skrull.plan_log"]
-    one = _run(tmp_path, "tp_head_one_chunk", tp, nproc=4)
+    one = _run(tmp_path, "tp_head_one_chunk", tp, nproc=4, steps=UNEQUAL_STEP)
     assert "one chunk holds a micro-batch, so the head runs in the model's forward" in one.output
-    run = _run(tmp_path, "tp_head_chunks", [*tp, "--loss.chunk_tokens", "64"], nproc=4)
+    run = _run(tmp_path, "tp_head_chunks", [*tp, "--loss.chunk_tokens", "64"], nproc=4, steps=UNEQUAL_STEP)
     assert "DP 2 x CP 1 x TP 2" in run.output
     assert "the head module runs in the model's forward, its weight applied per chunk" in run.output
     assert "Skrull execution: skrull.free_running = 'auto': free-running" in run.output
-    _same_losses(run, one.losses)
+    _uneven_at_the_last_step(run)
+    _same_losses(run, one.losses, UNEQUAL_STEP)

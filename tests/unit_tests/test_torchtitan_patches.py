@@ -107,8 +107,6 @@ def test_log_colour_only_on_a_terminal(monkeypatch):
 @cpu_only
 def test_trainer_ends_without_the_fixed_sleep():
     torchtitan_patches.apply()
-    import time
-
     import torchtitan.trainer as trainer_module
 
     assert trainer_module.time.sleep(2) is None  # returns at once: the barrier waits instead
@@ -139,3 +137,44 @@ def test_no_rank_goes_on_before_the_slowest_has_finished(tmp_path):
     import torch.multiprocessing as mp
 
     mp.spawn(_rank_finishes, args=(str(tmp_path / "store"), str(tmp_path / "done")), nprocs=2)
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # dynamo's, were it to compile: fail on the count
+def test_block_masks_are_built_without_compiling_on_cpu():
+    """torchtitan's create_attention_mask and, under CP, torch's _create_cp_block_mask (each a
+    torch.compile'd create_block_mask) cost every CPU training process a dynamo trace and an inductor
+    compile (2-5 s a rank); after apply() they build the same BlockMasks eagerly."""
+    import types
+
+    from torch._dynamo.utils import counters
+    from torch.distributed.tensor.experimental._context_parallel._attention import _create_cp_block_mask
+    from torchtitan.models.common.attention import create_attention_mask
+
+    torchtitan_patches.apply()
+    positions = torch.cat([torch.arange(70), torch.arange(58), torch.arange(128)])[None]
+    mask_mod = and_masks(get_causal_mask_mod(), get_efficient_causal_mask_mod_for_packed_document(positions))
+    traced = counters["stats"]["calls_captured"], counters["frames"]["total"]
+    got = create_attention_mask(mask_mod, 1, None, 256, 256, device="cpu")
+    cp_rank1 = types.SimpleNamespace(size=lambda: 2, get_local_rank=lambda: 1, device_type="cpu")  # a CP mesh's view
+    got_cp = _create_cp_block_mask(mask_mod, 1, None, 256, 256, cp_rank1)
+    assert (counters["stats"]["calls_captured"], counters["frames"]["total"]) == traced  # nothing traced
+    want = create_block_mask(mask_mod, 1, None, 256, 256, device="cpu")
+    assert got.seq_lengths == want.seq_lengths == (256, 256) and got_cp.seq_lengths == (128, 256)
+    assert torch.equal(got.to_dense(), want.to_dense())
+    for a, b in zip(got.as_tuple(flatten=True)[2:], want.as_tuple(flatten=True)[2:]):
+        if isinstance(a, torch.Tensor):
+            assert torch.equal(a, b)
+
+
+def test_masks_past_the_eager_limit_stay_compiled():
+    """Eager construction costs about 14x the compiled call (tools/block_mask_cost.py): past
+    EAGER_MASK_ENTRIES (batch x queries x keys) the compiled function builds the mask."""
+    from torchtitan_patches.dense_attention import EAGER_MASK_ENTRIES, eager_below
+
+    create = eager_below(EAGER_MASK_ENTRIES, lambda *a, **k: ("eager", a[1:], k),
+                         lambda *a, **k: ("compiled", a[1:], k))
+    assert create(None, 4, None, 512, 512, device="cpu") == ("eager", (4, None, 512, 512), {"device": "cpu"})
+    assert create(None, None, None, 1024, 1024)[0] == "eager"  # B None: one row
+    assert create(None, 4, None, 512, 513)[0] == "compiled"
+    assert create(None, 1, None, 2048, 2048, "cpu", (128, 128))[:2] == (
+        "compiled", (1, None, 2048, 2048, "cpu", (128, 128)))
