@@ -174,6 +174,7 @@ def test_masks_past_the_eager_limit_stay_compiled():
     create = eager_below(EAGER_MASK_ENTRIES, lambda *a, **k: ("eager", a[1:], k),
                          lambda *a, **k: ("compiled", a[1:], k))
     assert create(None, 4, None, 512, 512, device="cpu") == ("eager", (4, None, 512, 512), {"device": "cpu"})
+    assert create.compiled(None, 4, None, 512, 512)[0] == "compiled"
     assert create(None, None, None, 1024, 1024)[0] == "eager"  # B None: one row
     assert create(None, 4, None, 512, 513)[0] == "compiled"
     assert create(None, 1, None, 2048, 2048, "cpu", (128, 128))[:2] == (
