@@ -14,8 +14,8 @@ parameter's gradient (the adapters; the frozen base has none) at the check
 step. After the 5 steps each Skrull run's base weights are bitwise those of
 the seed and its adapters have moved; the CP=2 run wrote its peft adapter
 folder; the TP run's merged model, gathered from the TP shards as it ends,
-is the merge of its own last checkpoint in one process (to the bit) and
-that of the CP=2 run's to float rounding. The seed checkpoint and the
+is the export of its own last checkpoint (skrull_ext.export, one process)
+to the bit, and the CP=2 run's to float rounding. The seed checkpoint and the
 1-process reference are made once for the module.
 """
 
@@ -134,34 +134,25 @@ def test_lora_parity_dp2_cp2(lora_reference, lora_dp2_cp2):
     _base_unchanged(lora_reference, lora_dp2_cp2, "dp2cp2")
 
 
-def _merged_of_checkpoint(step_dir: str) -> dict[str, torch.Tensor]:
-    """The merged HF state dict of a run's DCP checkpoint, in this process: the job's LoRA model
-    (TARGETS) holding it, its adapters folded in (the export's path, skrull_ext/lora/peft_io.py)."""
-    from torchtitan.models.common import ScaledDotProductAttention
+def _export(step_dir: str, out: str) -> dict[str, torch.Tensor]:
+    """The merged model ``python -m skrull_ext.export STEP_DIR OUT --config-file JOB`` writes of a
+    run's DCP checkpoint, in this process (the job's [lora] with TARGETS, as the runs had)."""
+    from safetensors.torch import load_file
 
-    from skrull_ext.export import load_single_process
-    from skrull_ext.lora import apply_lora
-    from skrull_ext.lora.peft_io import merged_hf_state_dict
+    from skrull_ext.export import export
     from skrull_ext.train.job.job_file import load_job
 
     config = load_job(JOB)
     config.lora = dataclasses.replace(config.lora, target_modules=TARGETS)
-    apply_lora(config)
-    spec = config.model_spec
-    for layer in spec.model.layers:
-        layer.attention.inner_attention = ScaledDotProductAttention.Config()
-    model = spec.model.build()
-    state = model.state_dict()
-    load_single_process(state, step_dir)
-    model.load_state_dict(state)
-    return merged_hf_state_dict(model, spec)
+    export(step_dir, out, config)
+    return load_file(os.path.join(out, "model.safetensors"))
 
 
 @pytest.mark.slow
-def test_lora_parity_tp2_cp2_head_chunks(lora_reference, lora_tp2_cp2_head_chunks, lora_cp2):
+def test_lora_parity_tp2_cp2_head_chunks(lora_reference, lora_tp2_cp2_head_chunks, lora_cp2, tmp_path):
     """The LoRA head under TP trains as in one process; the merged model it writes gathers the
-    vocabulary-sharded base weight and lora_b whole (the same as its checkpoint's, and the CP=2
-    run's to float rounding) and its base weights are untouched."""
+    vocabulary-sharded base weight and lora_b whole (the export of its last checkpoint, to the bit,
+    and the CP=2 run's to float rounding) and its base weights are untouched."""
     from safetensors.torch import load_file
 
     run = lora_tp2_cp2_head_chunks
@@ -173,10 +164,10 @@ def test_lora_parity_tp2_cp2_head_chunks(lora_reference, lora_tp2_cp2_head_chunk
     base_head = torch.load(os.path.join(lora_reference[0], "tp2cp2.pt"), weights_only=False)["lm_head.weight"]
     assert merged["lm_head.weight"].shape == base_head.shape == (2048, 256)
     assert (merged["lm_head.weight"] - base_head).abs().max() > 100 * MERGED_TOL, "the head's adapter is not in"
-    own = _merged_of_checkpoint(os.path.join(run.dump, "checkpoint", f"step-{STEPS}"))
+    own = _export(os.path.join(run.dump, "checkpoint", f"step-{STEPS}"), str(tmp_path / "tp"))
     assert own.keys() == merged.keys()
     assert all(torch.equal(own[k], merged[k]) for k in own), [k for k in own if not torch.equal(own[k], merged[k])][:5]
-    cp2 = _merged_of_checkpoint(os.path.join(lora_cp2.dump, "checkpoint", f"step-{STEPS}"))
+    cp2 = _export(os.path.join(lora_cp2.dump, "checkpoint", f"step-{STEPS}"), str(tmp_path / "cp2"))
     worst = max((cp2[k] - merged[k]).abs().max().item() for k in cp2)
     head = (cp2["lm_head.weight"] - merged["lm_head.weight"]).abs().max().item()
     print(f"TP 2 x CP 2 merged vs CP 2 merged: max |diff| {worst:.3g} (lm_head {head:.3g})")
