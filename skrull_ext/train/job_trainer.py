@@ -97,9 +97,10 @@ class JobTrainer(Trainer):
         self.stopped_step: tuple[int, int] | None = None
         """(step, samples read) of a step stopped before its optimizer step (non-finite loss)."""
         super().__init__(config)
-        if continues is not None and DATALOADER not in config.checkpoint.exclude_from_loading:
+        expect = getattr(self.dataloader, "expect_checkpoint", None)  # skrull-ext's loaders (data/steps/base.py)
+        if continues is not None and expect is not None and DATALOADER not in config.checkpoint.exclude_from_loading:
             # its keys before DCP loads them: a checkpoint without data_order loads, said in one line
-            self.dataloader.expect_checkpoint(os.path.abspath(continues), dataloader_keys(continues))
+            expect(os.path.abspath(continues), dataloader_keys(continues))
         self.step_phases = StepPhases(clock_for(self.device))
         """The phases of each step, timed on the device's clock (step_phases.py); the batching marks them."""
         self._chunk_head(config)
