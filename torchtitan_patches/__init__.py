@@ -190,7 +190,7 @@ def _launcher_env_for_one_process() -> None:
 
 class _TimeWithoutSleep(types.ModuleType):
     """``time`` for ``torchtitan.trainer``, whose one ``time.sleep`` is the fixed 2 s
-    rank 0 waits after the loop "for other ranks to complete"; ``_barrier_after_train``
+    rank 0 waits after the loop "for other ranks to complete"; ``barrier_after``
     waits for them instead. Every other name is ``time``'s own."""
 
     def __init__(self):

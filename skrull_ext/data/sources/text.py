@@ -167,6 +167,11 @@ class TokenizedRecords:
     def max_length(self) -> int:
         return int(self._lengths.max())
 
+    @property
+    def record_lengths(self) -> np.ndarray:
+        """Each record's length in tokens, in the file's order (what a resume's data order hashes)."""
+        return self._lengths
+
     def __getitem__(self, index: int) -> Sample:
         r = self.record(index)
         ids = torch.from_numpy(np.asarray(self.ids_of(r), dtype=np.int64))

@@ -16,7 +16,7 @@ torchtitan's ``checkpoint.initial_load_path`` + ``initial_load_model_only``).
 
 What identifies the data, and why it is cheap on a multi-GB file: per text
 source (jsonl/hf, token store or not) its sample count and a hash of its
-records' lengths (``_lengths``: 8 bytes a record, already in memory; 30 ms
+records' lengths (``record_lengths``: 8 bytes a record, already in memory; 30 ms
 for 5M records, about 0.5 s for 50M, docs/data.md), never the file's bytes
 (hashing 10-100 GB at every start costs about as much as tokenizing it), and
 only once a checkpoint is saved or loaded. The lengths change with
@@ -100,7 +100,7 @@ def lengths_hash(lengths) -> str:
 
 
 def _records(key: str, source) -> Entry:
-    return Entry(key, f"{len(source)} samples, lengths #{lengths_hash(source._lengths)}", str(source.path))
+    return Entry(key, f"{len(source)} samples, lengths #{lengths_hash(source.record_lengths)}", str(source.path))
 
 
 def data_order(config, source) -> DataOrder:
