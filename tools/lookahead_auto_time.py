@@ -15,7 +15,7 @@ from skrull_ext.data.steps.lookahead_choice import HORIZON, choose
 from skrull_ext.scheduler import cost_model as cm
 from skrull_ext.scheduler.profile_file import Profile
 
-PROFILE = "profiles/h200-qwen2.5-0.5b.toml"
+PROFILE = "profiles/h200-qwen2.5-0.5b-2026-11-28.toml"
 DATASET = "mix_sharegpt_conv95+longbench_en5"
 
 

@@ -2,7 +2,7 @@
 per step, without a GPU.
 
     python tools/replay_gpu_steps.py docs/results/data/gpu_2026-11-28_skrull_steps.json \
-        --profile profiles/h200-qwen2.5-0.5b.toml
+        --profile profiles/h200-qwen2.5-0.5b-2026-11-28.toml
 
 The JSON holds each length mix's logged ``skrull/measured_us`` per step (and what
 the run predicted), and the job flags the run trained with

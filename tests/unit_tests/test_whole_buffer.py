@@ -62,10 +62,10 @@ def test_whole_never_prices_below_per_document_and_equals_it_one_document_a_part
         assert whole == per_doc
 
 
-# The plans of the pre-change core (b454955) on the shipped GPU profiles: makespan and a digest of
+# The plans of the pre-change core (b454955) on the GPU profiles of that time (GPU run 7's H200, now dated): makespan and a digest of
 # (cp_rank, dp_rank, slot), for 24 random sequences at (cp, dp) = (4, 1) and (8, 2), free and lockstep.
 GPU_PLANS = {
-    "h200-qwen2.5-0.5b": [("2298269.749256859", "4a9ad1541b54"), ("2298269.749256859", "4a9ad1541b54"),
+    "h200-qwen2.5-0.5b-2026-11-28": [("2298269.749256859", "4a9ad1541b54"), ("2298269.749256859", "4a9ad1541b54"),
                           ("1260207.7298064248", "9dc7a9a6ebbf"), ("1260207.7298064248", "39e9fb51d3c9")],
     "h100-qwen2.5-0.5b": [("1656658.3223569002", "170fb1e4c636"), ("1656658.3223569002", "170fb1e4c636"),
                           ("864205.9132549864", "64341ff292cc"), ("864782.4806696858", "34541c2e2d8d")],
