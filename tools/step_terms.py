@@ -1,9 +1,10 @@
 """Where a GPU job's predicted Skrull step goes, term by term of the cost model.
 
     python tools/step_terms.py --profile profiles/h200-qwen2.5-0.5b.toml --mode none \
-        --mixes mix_sharegpt_conv95+longbench_en5 mix_sharegpt_conv+longbench_en
+        --mixes mix_sharegpt_conv95+longbench_en5 mix_sharegpt_conv+longbench_en [--global-batch 32]
 
-The steps the GPU script trains (tools/gpu_checks.sh: global batch 8, rows and
+The steps the GPU script trains (tools/gpu_checks.sh: global batch 8 unless
+``--global-batch``, rows and
 ``max_len`` 16,384, DP 1 x CP 1) are drawn again from the seeded lengths and
 planned by the job's scheduler at the mode's BucketSize. Each micro-batch of
 each plan is priced by the core (``CostModel.micro_batch_us``), then again
@@ -25,8 +26,7 @@ import statistics
 
 JOB = "skrull_ext/jobs/qwen2_5_0_5b_gpu.toml"
 FLAGS = ["--parallelism.data_parallel_shard_degree", "1", "--parallelism.context_parallel_degree", "1",
-         "--dataloader.max_len", "16384", "--training.seq_len", "16384", "--dataloader.global_batch_size", "8",
-         "--dataloader.vocab_size", "1000"]
+         "--dataloader.max_len", "16384", "--training.seq_len", "16384", "--dataloader.vocab_size", "1000"]
 TERMS = ("linear layers", "attention", "per-layer calls (b)", "embedding/head/loss a token",
          "micro-batch fixed", "step fixed")
 
@@ -81,13 +81,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mixes", nargs="+", required=True)
     p.add_argument("--steps", type=int, default=44)
     p.add_argument("--warmup", type=int, default=4)
+    p.add_argument("--global-batch", type=int, default=8, help="sequences a step (the GPU script's: 8)")
     a = p.parse_args(argv)
     prof = Profile.load(a.profile)
     if a.mode:
         prof = prof.under_mode(a.mode)
     step_fixed = float(prof.data.get("step", {}).get("fixed_us", 0.0))
     for mix in a.mixes:
-        cfg = load_config(["--config-file", JOB, *FLAGS, "--dataloader.lengths", mix, "--skrull.cost_model", a.profile,
+        cfg = load_config(["--config-file", JOB, *FLAGS, "--dataloader.global_batch_size", str(a.global_batch),
+                           "--dataloader.lengths", mix, "--skrull.cost_model", a.profile,
                            "--training.steps", str(a.steps)], check=False)
         if a.mode:
             cfg.skrull.use_checkpointing(a.mode)  # as the trainer does at start-up (train/checkpointing.py)
@@ -108,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
             mbs.append(len(groups))
         total = sum(statistics.mean(v) for v in per_term.values())
         fixed = sum(statistics.mean(per_term[t]) for t in ("per-layer calls (b)", "micro-batch fixed", "step fixed"))
-        print(f"{mix}: predicted step {total:.1f} ms (mean of steps {a.warmup + 1}..{a.steps}, "
+        print(f"{mix}: predicted step {total:.1f} ms (mean of steps {a.warmup + 1}..{a.steps}, global batch "
+              f"{a.global_batch}, "
               f"{statistics.mean(mbs):.2f} micro-batches a step, BucketSize {prof.bucket_size:,}, {a.profile}"
               f"{', mode ' + a.mode if a.mode else ''})")
         print("| term | ms | share |\n|---|---|---|")
