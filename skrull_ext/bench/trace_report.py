@@ -1,0 +1,460 @@
+# Copyright (c) skrull-ext contributors.
+# All rights reserved.
+#
+# This source code is licensed under the BSD-style license found in the
+# LICENSE file in the root directory of this source tree.
+
+"""Where a training step's time goes, kernel by kernel, read off torch.profiler
+(Chrome) traces: the GPU's busy time and idle gaps, what the host ran during
+each gap, the kernels by family, and the host-device synchronisations.
+
+    python -m skrull_ext.bench trace-report DIR [--top 15] [--gaps 8] [--out FILE]
+
+DIR is a training run's dump folder (torchtitan's ``[profiler]``, switched on
+with ``--profiler.enable_profiling``, writes
+``profiling/traces/iteration_N/rank<R>_trace.json.gz``: torchtitan/tools/profiler.py),
+any folder above or below it, or one trace file; every ``*trace*.json[.gz]``
+under it is read, in iteration then rank order. A file that is not a Chrome
+trace is skipped and counted.
+
+Per traced step (each ``ProfilerStep#N`` range; a trace without them is one
+step, its whole host extent):
+
+- **span**: from the step's start on the host to the later of its end and the
+  end of the last device event it launched (the GPU runs behind the host).
+- **GPU busy / idle**: the union of every kernel, memcpy and memset interval on
+  the device streams, within the span; the idle gaps are the span less that
+  union. Each of the largest gaps is named by the host's record_function (or
+  Python) ranges open at its middle and by the host op that overlapped it most:
+  what the host was doing while the GPU waited for work.
+- **families**: GPU time of the step's own device events (those whose launch,
+  matched by the trace's ``correlation`` id, lies in the step; without one, those
+  that start in the span) by kernel family (``FAMILIES``, first match wins), and
+  the top kernels by total time.
+- **ranges**: per record_function name (skrull's ``skrull/micro_batch_<j>``,
+  FSDP's ``FSDP::*``, the optimizer's ``Optimizer.step#...``), its instances, host
+  time and the GPU time of what was launched while it was open, from any host
+  thread (backward runs on autograd's device thread while the main thread waits
+  inside ``skrull/micro_batch_<j>``). Nested ranges each count their own.
+- **syncs**: the host calls that wait for the device (``SYNC_CALLS``), grouped by
+  the range and op that made them: count and host time.
+
+A trace with no device events (CPU) still gives the spans, ranges and ops, and
+says so. Times are the trace's microseconds, printed in milliseconds. The
+analysis is a pure function of the event list (``analyze``), tested on
+hand-written traces. A script, not a test: nothing asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import re
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from skrull_ext.bench.args import at_least
+from skrull_ext.bench.trace_overlap import LAUNCH_CATS, load_events, merge
+from skrull_ext.errors import UserError
+
+DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+"""Device events that occupy a stream (``gpu_user_annotation`` only mirrors host ranges)."""
+RANGE_CATS = ("user_annotation", "python_function")
+"""Host frames: record_function ranges, and Python functions where the trace has stacks."""
+STEP_PREFIX = "ProfilerStep#"
+SYNC_CALLS = frozenset({
+    "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy",
+    "cuStreamSynchronize", "cuCtxSynchronize", "cuEventSynchronize", "cuMemcpyDtoH_v2", "cuMemcpyHtoD_v2",
+})
+"""Runtime and driver calls that block the host until the device has caught up (``cudaMemcpy``: the
+blocking copy; ``.item()`` is ``cudaMemcpyAsync`` then ``cudaStreamSynchronize``)."""
+
+
+@dataclass(frozen=True)
+class Family:
+    """A kernel family: device events of one of ``cats`` whose lower-cased name matches ``pattern``."""
+
+    name: str
+    pattern: str
+    cats: tuple[str, ...] = ("kernel",)
+
+    def matches(self, cat: str, name: str) -> bool:
+        return cat in self.cats and re.search(self.pattern, name.lower()) is not None
+
+
+FAMILIES: tuple[Family, ...] = (
+    Family("memcpy/memset", "", cats=("gpu_memcpy", "gpu_memset")),
+    Family("nccl", "nccl"),
+    # torch's foreach and fused optimizers: the fused AdamW, and also clipping's _foreach_norm
+    Family("optimizer/foreach", r"multi_tensor|fused_adam|fusedadam|adamw"),
+    Family("attention", r"flash|fmha|varlen|attention|attn|sdpa"),
+    Family("triton", r"^triton"),  # inductor's fused kernels (triton_poi_, triton_red_, triton_per_, triton_tem_)
+    Family("gemm", r"gemm|cutlass|cublas|xmma|nvjet|wgmma|s16816|s1688"),
+    Family("elementwise/reduction", r"elementwise|reduce|at::native|vectorized|unrolled|softmax|norm"),
+    Family("other", "", cats=DEVICE_CATS),
+)
+"""In order; an event belongs to the first family that matches (attention before gemm: FlashAttention's
+names hold ``cutlass``; the optimizer before elementwise: its kernels are ``at::native``)."""
+
+
+def family_of(cat: str, name: str) -> str:
+    return next(f.name for f in FAMILIES if f.matches(cat, name))
+
+
+@dataclass(frozen=True)
+class Gap:
+    start: float
+    end: float
+    ranges: str
+    """The host's frames open at the gap's middle, outermost first (the step's own left out)."""
+    op: str
+    """The host op that overlapped the gap most, with its share of the gap; "-" when none did."""
+
+    @property
+    def ms(self) -> float:
+        return (self.end - self.start) * 1e-3
+
+
+@dataclass
+class StepReport:
+    """One traced step; milliseconds."""
+
+    name: str
+    start: float
+    """The step's start on the host (the trace's microseconds)."""
+    span_ms: float
+    host_ms: float
+    device: bool
+    """False: the trace has no device events (CPU)."""
+    busy_ms: float = 0.0
+    gaps: list[Gap] = field(default_factory=list)
+    """Every idle gap, largest first."""
+    families: dict[str, float] = field(default_factory=dict)
+    """GPU ms of the step's own device events per family, largest first."""
+    kernels: list[tuple[str, str, int, float]] = field(default_factory=list)
+    """(name, family, count, total ms), largest total first."""
+    ranges: list[tuple[str, int, float, float]] = field(default_factory=list)
+    """(record_function name, instances, host ms, GPU ms launched inside), largest host time first."""
+    syncs: list[tuple[str, str, int, float]] = field(default_factory=list)
+    """(call, the range and op that made it, count, host ms), largest total first."""
+
+    @property
+    def idle_ms(self) -> float:
+        return self.span_ms - self.busy_ms
+
+    @property
+    def device_ms(self) -> float:
+        return sum(self.families.values())
+
+
+def _end(e: dict) -> float:
+    return float(e["ts"]) + float(e["dur"])
+
+
+class Nest:
+    """One host thread's events as the stack the profiler recorded: each event's innermost
+    enclosing one (its parent), so the frames open at a time are found by a bisection and a
+    walk up the parents."""
+
+    def __init__(self, events: Iterable[dict]):
+        self.events = sorted(events, key=lambda e: (float(e["ts"]), -float(e["dur"])))
+        self.starts = [float(e["ts"]) for e in self.events]
+        self.parent: list[int | None] = []
+        stack: list[int] = []
+        for i, e in enumerate(self.events):
+            while stack and _end(self.events[stack[-1]]) <= float(e["ts"]):
+                stack.pop()
+            self.parent.append(stack[-1] if stack else None)
+            stack.append(i)
+
+    def chain(self, t: float) -> list[dict]:
+        """The events open at time ``t``, outermost first."""
+        i = bisect.bisect_right(self.starts, t) - 1
+        while i is not None and i >= 0 and _end(self.events[i]) < t:
+            i = self.parent[i]
+        out = []
+        while i is not None and i >= 0:
+            out.append(self.events[i])
+            i = self.parent[i]
+        return out[::-1]
+
+    def top_level(self, cat: str) -> list[dict]:
+        """The events of ``cat`` that no other event of ``cat`` encloses, in time order."""
+        out = []
+        for i, e in enumerate(self.events):
+            if e.get("cat") != cat:
+                continue
+            p = self.parent[i]
+            while p is not None and self.events[p].get("cat") != cat:
+                p = self.parent[p]
+            if p is None:
+                out.append(e)
+        return out
+
+
+def _frames(chain: Sequence[dict]) -> list[str]:
+    return [e["name"] for e in chain if e.get("cat") in RANGE_CATS and not e["name"].startswith(STEP_PREFIX)]
+
+
+def _ops(chain: Sequence[dict]) -> list[str]:
+    return [e["name"] for e in chain if e.get("cat") == "cpu_op"]
+
+
+def _said(frames: Sequence[str], deepest: int = 3) -> str:
+    """The innermost ``deepest`` frames, outermost first ("-" when none)."""
+    return " > ".join(frames[-deepest:]) if frames else "-"
+
+
+def complement(intervals: Sequence[tuple[float, float]], lo: float, hi: float) -> list[tuple[float, float]]:
+    """[lo, hi] less the (merged, sorted) ``intervals``."""
+    out, at = [], lo
+    for a, b in intervals:
+        if b <= lo or a >= hi:
+            continue
+        if a > at:
+            out.append((at, a))
+        at = max(at, b)
+    if at < hi:
+        out.append((at, hi))
+    return out
+
+
+def clipped(intervals: Sequence[tuple[float, float]], lo: float, hi: float) -> float:
+    """Measure of the (merged) ``intervals`` within [lo, hi]."""
+    return sum(max(0.0, min(b, hi) - max(a, lo)) for a, b in intervals)
+
+
+class Trace:
+    """One trace's events, indexed once for every step's questions."""
+
+    def __init__(self, events: Sequence[dict]):
+        self.device = [e for e in events if e.get("cat") in DEVICE_CATS]
+        host = [e for e in events if e.get("cat") not in DEVICE_CATS and e.get("cat") != "gpu_user_annotation"]
+        threads: dict[tuple, list[dict]] = defaultdict(list)
+        for e in host:
+            threads[(e.get("pid"), e.get("tid"))].append(e)
+        self.nests = {k: Nest(v) for k, v in threads.items()}
+        self.steps = sorted((e for e in host if e.get("cat") == "user_annotation"
+                             and e["name"].startswith(STEP_PREFIX)), key=lambda e: float(e["ts"]))
+        self.host = host
+        self.busy = merge((float(e["ts"]), _end(e)) for e in self.device)
+        launch = {e["args"]["correlation"]: float(e["ts"]) for e in host
+                  if e.get("cat") in LAUNCH_CATS and "correlation" in e.get("args", {})}
+        # each device event at its launch's time on the host (its own start where no launch matches)
+        self.launched = sorted(((launch.get(e.get("args", {}).get("correlation"), float(e["ts"])), e)
+                                for e in self.device), key=lambda p: p[0])
+        self.launch_ts = [t for t, _ in self.launched]
+        self.prefix = [0.0]
+        for _, e in self.launched:
+            self.prefix.append(self.prefix[-1] + float(e["dur"]))
+        self.top_ops = sorted((e for n in self.nests.values() for e in n.top_level("cpu_op")),
+                              key=lambda e: float(e["ts"]))
+        self.top_op_starts = [float(e["ts"]) for e in self.top_ops]
+
+    def launched_in(self, lo: float, hi: float) -> list[dict]:
+        """Device events launched in [lo, hi] on the host."""
+        i, j = bisect.bisect_left(self.launch_ts, lo), bisect.bisect_right(self.launch_ts, hi)
+        return [e for _, e in self.launched[i:j]]
+
+    def gpu_us_launched_in(self, lo: float, hi: float) -> float:
+        i, j = bisect.bisect_left(self.launch_ts, lo), bisect.bisect_right(self.launch_ts, hi)
+        return self.prefix[j] - self.prefix[i]
+
+    def frames_at(self, t: float) -> list[str]:
+        """The deepest chain of host frames open at ``t`` over the threads."""
+        best: list[str] = []
+        for nest in self.nests.values():
+            frames = _frames(nest.chain(t))
+            if len(frames) > len(best):
+                best = frames
+        return best
+
+    def op_over(self, lo: float, hi: float) -> str:
+        """The top-level host op that overlapped [lo, hi] most, and its share of it."""
+        i = max(0, bisect.bisect_left(self.top_op_starts, lo) - 64)  # ops of other threads may start earlier
+        j = bisect.bisect_right(self.top_op_starts, hi)
+        overlap: dict[str, float] = defaultdict(float)
+        for e in self.top_ops[i:j]:
+            overlap[e["name"]] += max(0.0, min(_end(e), hi) - max(float(e["ts"]), lo))
+        name, us = max(overlap.items(), key=lambda kv: kv[1], default=("-", 0.0))
+        return f"{name} ({us / (hi - lo):.0%})" if us > 0 else "-"
+
+    def step(self, name: str, lo: float, hi: float) -> StepReport:
+        own = self.launched_in(lo, hi)
+        end = max([hi, *(_end(e) for e in own)])
+        report = StepReport(name=name, start=lo, span_ms=(end - lo) * 1e-3, host_ms=(hi - lo) * 1e-3, device=bool(self.device))
+        if self.device:
+            report.busy_ms = clipped(self.busy, lo, end) * 1e-3
+            gaps = sorted(complement(self.busy, lo, end), key=lambda g: g[0] - g[1])
+            report.gaps = [Gap(a, b, "", "") for a, b in gaps]
+            families: dict[str, float] = defaultdict(float)
+            kernels: dict[str, list] = {}
+            for e in own:
+                fam = family_of(e.get("cat"), e["name"])
+                families[fam] += float(e["dur"]) * 1e-3
+                k = kernels.setdefault(e["name"], [e["name"], fam, 0, 0.0])
+                k[2] += 1
+                k[3] += float(e["dur"]) * 1e-3
+            report.families = dict(sorted(families.items(), key=lambda kv: -kv[1]))
+            report.kernels = sorted((tuple(k) for k in kernels.values()), key=lambda k: -k[3])
+        ranges: dict[str, list] = {}
+        syncs: dict[tuple[str, str], list] = {}
+        for key, nest in self.nests.items():
+            for e in nest.events:
+                t = float(e["ts"])
+                if not lo <= t <= hi:
+                    continue
+                if e.get("cat") == "user_annotation" and not e["name"].startswith(STEP_PREFIX):
+                    r = ranges.setdefault(e["name"], [e["name"], 0, 0.0, 0.0])
+                    r[1] += 1
+                    r[2] += float(e["dur"]) * 1e-3
+                    r[3] += self.gpu_us_launched_in(t, _end(e)) * 1e-3
+                elif e.get("cat") in LAUNCH_CATS and e["name"] in SYNC_CALLS:
+                    chain = nest.chain(t)
+                    ops = _ops(chain)
+                    where = _said(_frames(chain), 2) + " / " + (" > ".join(dict.fromkeys([ops[0], ops[-1]]))
+                                                                if ops else "-")
+                    s = syncs.setdefault((e["name"], where), [e["name"], where, 0, 0.0])
+                    s[2] += 1
+                    s[3] += float(e["dur"]) * 1e-3
+        report.ranges = sorted((tuple(r) for r in ranges.values()), key=lambda r: -r[2])
+        report.syncs = sorted((tuple(s) for s in syncs.values()), key=lambda s: -s[3])
+        return report
+
+    def name_gaps(self, report: StepReport, top: int) -> None:
+        """Name the ``top`` largest gaps by the host's frames and op (the rest keep "")."""
+        report.gaps[:top] = [Gap(g.start, g.end, _said(self.frames_at((g.start + g.end) / 2)),
+                                 self.op_over(g.start, g.end)) for g in report.gaps[:top]]
+
+
+def analyze(events: Sequence[dict], gaps: int = 8) -> list[StepReport]:
+    """Every traced step of one trace's complete events (``ProfilerStep#N`` ranges; without them, the
+    host's whole extent as one step), its ``gaps`` largest idle gaps named."""
+    trace = Trace(events)
+    if trace.steps:
+        windows = [(e["name"], float(e["ts"]), _end(e)) for e in trace.steps]
+    elif trace.host:
+        windows = [("whole trace", min(float(e["ts"]) for e in trace.host), max(_end(e) for e in trace.host))]
+    else:
+        return []
+    out = []
+    for name, lo, hi in windows:
+        report = trace.step(name, lo, hi)
+        trace.name_gaps(report, gaps)
+        out.append(report)
+    return out
+
+
+def _pct(part: float, whole: float) -> str:
+    return f"{part / whole:.1%}" if whole > 0 else "-"
+
+
+def summary_line(r: StepReport) -> str:
+    """``ProfilerStep#6: span 303.1 ms, GPU idle 17.5% of the step (53.1 ms in 412 gaps); biggest: ...``."""
+    head = f"{r.name}: span {r.span_ms:.1f} ms (host {r.host_ms:.1f})"
+    if not r.device:
+        return f"{head}; no device events in this trace (a CPU trace): the host's ranges only"
+    said = f"{head}, GPU busy {r.busy_ms:.1f} ms; GPU idle {_pct(r.idle_ms, r.span_ms)} of the step " \
+           f"({r.idle_ms:.1f} ms in {len(r.gaps)} gaps)"
+    if r.gaps:
+        g = r.gaps[0]
+        said += f"; biggest: {g.ms:.2f} ms under {g.ranges}, host op {g.op}"
+    if r.syncs:
+        said += f"; {sum(s[2] for s in r.syncs)} host syncs, {sum(s[3] for s in r.syncs):.1f} ms"
+    return said
+
+
+def _table(header: Sequence[str], rows: Iterable[Sequence]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return out
+
+
+def _short(name: str, width: int = 90) -> str:
+    name = name.replace("|", "/")
+    return name if len(name) <= width else name[: width - 3] + "..."
+
+
+def _more(shown: int, total: int, what: str) -> list[str]:
+    return [f"({total - shown} more {what} not shown)"] if total > shown else []
+
+
+def render(r: StepReport, top: int = 15, gaps: int = 8, ranges: int = 25) -> str:
+    """One step's report in markdown: its summary line, then the tables."""
+    lines = [f"### {r.name}", "", summary_line(r), ""]
+    if r.device:
+        lines += [f"Largest GPU idle gaps ({min(gaps, len(r.gaps))} of {len(r.gaps)}):", ""]
+        lines += _table(("gap ms", "at ms into the step", "host ranges open", "host op (share of the gap)"),
+                        ((f"{g.ms:.3f}", f"{(g.start - r.start) * 1e-3:.3f}", g.ranges, g.op)
+                         for g in r.gaps[:gaps]))
+        lines += ["", "GPU time by family:", ""]
+        lines += _table(("family", "GPU ms", "share of the step's device time"),
+                        ((f, f"{ms:.3f}", _pct(ms, r.device_ms)) for f, ms in r.families.items()))
+        lines += ["", f"Top {min(top, len(r.kernels))} kernels by total time:", ""]
+        lines += _table(("kernel", "family", "count", "total ms", "mean us"),
+                        ((_short(n), f, c, f"{ms:.3f}", f"{ms * 1e3 / c:.1f}") for n, f, c, ms in r.kernels[:top]))
+        lines += _more(top, len(r.kernels), "kernels")
+    lines += ["", "record_function ranges:" if r.ranges else "record_function ranges: none in this step", ""]
+    if r.ranges:
+        lines += _table(("range", "count", "host ms", "GPU ms launched inside"),
+                        ((_short(n), c, f"{h:.3f}", f"{g:.3f}" if r.device else "-") for n, c, h, g in r.ranges[:ranges]))
+        lines += _more(ranges, len(r.ranges), "ranges")
+    lines += ["", "Host syncs (calls that wait for the device):" if r.syncs else "Host syncs: none", ""]
+    if r.syncs:
+        lines += _table(("call", "range / op", "count", "host ms"),
+                        ((c, _short(w), n, f"{ms:.3f}") for c, w, n, ms in r.syncs))
+    return re.sub(r"\n{3,}", "\n\n", "\n".join(lines))
+
+
+_NUMBER = re.compile(r"(\d+)")
+
+
+def trace_files(path: str | Path) -> list[Path]:
+    """The Chrome traces at ``path`` (a file, or every ``*trace*.json[.gz]`` under a folder), in
+    iteration then rank order (numbers in the path compared as numbers)."""
+    p = Path(path)
+    if p.is_file():
+        return [p]
+    if not p.is_dir():
+        raise UserError(f"trace-report: {path}: no such file or folder")
+    files = [f for f in p.rglob("*") if f.is_file() and re.search(r"trace.*\.json(\.gz)?$", f.name)]
+    natural = lambda f: [int(x) if x.isdigit() else x for x in _NUMBER.split(str(f.relative_to(p)))]  # noqa: E731
+    return sorted(files, key=natural)
+
+
+def report(path: str | Path, top: int = 15, gaps: int = 8) -> str:
+    """The whole report of every trace at ``path``."""
+    files = trace_files(path)
+    if not files:
+        raise UserError(f"trace-report: {path}: no *trace*.json[.gz] file under it (train with "
+                        "--profiler.enable_profiling; torchtitan writes profiling/traces/iteration_N/rank<R>_trace.json.gz)")
+    out, summary, skipped = [], [], []
+    for f in files:
+        try:
+            events = load_events(f)
+        except (ValueError, KeyError, TypeError, OSError, EOFError) as e:
+            skipped.append(f"{f} ({type(e).__name__})")
+            continue
+        steps = analyze(events, gaps)
+        summary += [f"- {f.name if len(files) == 1 else f}: " + (summary_line(s) if s else "no complete events")
+                    for s in steps or [None]]
+        out += [f"## {f}", "", *(render(s, top, gaps) + "\n" for s in steps), ""]
+    if skipped:
+        summary.append(f"skipped {len(skipped)} file(s) that are not Chrome traces: " + "; ".join(skipped))
+    return "\n".join(["# Trace report", "", *summary, "", *out]).rstrip() + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m skrull_ext.bench trace-report", description=__doc__.split("\n\n")[0])
+    p.add_argument("path", help="a run's dump folder, its profiling/traces (or a folder in it), or one trace file")
+    p.add_argument("--top", type=at_least(1), default=15, help="kernels listed per step (default 15)")
+    p.add_argument("--gaps", type=at_least(0), default=8, help="idle gaps named per step (default 8)")
+    p.add_argument("--out", default=None, help="also write the report to this file")
+    a = p.parse_args(argv)
+    text = report(a.path, a.top, a.gaps)
+    print(text, end="")
+    if a.out:
+        Path(a.out).write_text(text)
+    return 0
