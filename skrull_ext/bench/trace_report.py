@@ -99,6 +99,15 @@ FAMILIES: tuple[Family, ...] = (
 names hold ``cutlass``; the optimizer before elementwise: its kernels are ``at::native``)."""
 
 
+_MODULE_INDEX = re.compile(r"(?<=\.)\d+(?=[,)])")
+
+
+def range_key(name: str) -> str:
+    """A range's name with the module indices in its parenthesis starred, so that one hook's
+    ranges over the layers add up: ``FSDP::pre_forward (layers.3)`` -> ``FSDP::pre_forward (layers.*)``."""
+    return _MODULE_INDEX.sub("*", name) if "(" in name else name
+
+
 def family_of(cat: str, name: str) -> str:
     return next(f.name for f in FAMILIES if f.matches(cat, name))
 
@@ -136,7 +145,10 @@ class StepReport:
     kernels: list[tuple[str, str, int, float]] = field(default_factory=list)
     """(name, family, count, total ms), largest total first."""
     ranges: list[tuple[str, int, float, float]] = field(default_factory=list)
-    """(record_function name, instances, host ms, GPU ms launched inside), largest host time first."""
+    """(record_function name (``range_key``), instances, host ms, GPU ms launched inside), largest host time
+    first."""
+    host_ops: list[tuple[str, int, float]] = field(default_factory=list)
+    """(outermost host op, count, host ms) over the host threads, largest total first."""
     syncs: list[tuple[str, str, int, float]] = field(default_factory=list)
     """(call, the range and op that made it, count, host ms), largest total first."""
 
@@ -249,9 +261,9 @@ class Trace:
         self.prefix = [0.0]
         for _, e in self.launched:
             self.prefix.append(self.prefix[-1] + float(e["dur"]))
-        self.top_ops = sorted((e for n in self.nests.values() for e in n.top_level("cpu_op")),
-                              key=lambda e: float(e["ts"]))
-        self.top_op_starts = [float(e["ts"]) for e in self.top_ops]
+        # per thread, the ops no other op encloses: disjoint and in time order, so bisected
+        self.top_ops = [ops for ops in (n.top_level("cpu_op") for n in self.nests.values()) if ops]
+        self.top_op_starts = [[float(e["ts"]) for e in ops] for ops in self.top_ops]
 
     def launched_in(self, lo: float, hi: float) -> list[dict]:
         """Device events launched in [lo, hi] on the host."""
@@ -273,11 +285,11 @@ class Trace:
 
     def op_over(self, lo: float, hi: float) -> str:
         """The top-level host op that overlapped [lo, hi] most, and its share of it."""
-        i = max(0, bisect.bisect_left(self.top_op_starts, lo) - 64)  # ops of other threads may start earlier
-        j = bisect.bisect_right(self.top_op_starts, hi)
         overlap: dict[str, float] = defaultdict(float)
-        for e in self.top_ops[i:j]:
-            overlap[e["name"]] += max(0.0, min(_end(e), hi) - max(float(e["ts"]), lo))
+        for ops, starts in zip(self.top_ops, self.top_op_starts):
+            i = max(0, bisect.bisect_right(starts, lo) - 1)  # the one op that may have started before lo
+            for e in ops[i:bisect.bisect_right(starts, hi)]:
+                overlap[e["name"]] += max(0.0, min(_end(e), hi) - max(float(e["ts"]), lo))
         name, us = max(overlap.items(), key=lambda kv: kv[1], default=("-", 0.0))
         return f"{name} ({us / (hi - lo):.0%})" if us > 0 else "-"
 
@@ -307,7 +319,8 @@ class Trace:
                 if not lo <= t <= hi:
                     continue
                 if e.get("cat") == "user_annotation" and not e["name"].startswith(STEP_PREFIX):
-                    r = ranges.setdefault(e["name"], [e["name"], 0, 0.0, 0.0])
+                    name = range_key(e["name"])
+                    r = ranges.setdefault(name, [name, 0, 0.0, 0.0])
                     r[1] += 1
                     r[2] += float(e["dur"]) * 1e-3
                     r[3] += self.gpu_us_launched_in(t, _end(e)) * 1e-3
@@ -319,6 +332,13 @@ class Trace:
                     s = syncs.setdefault((e["name"], where), [e["name"], where, 0, 0.0])
                     s[2] += 1
                     s[3] += float(e["dur"]) * 1e-3
+        ops: dict[str, list] = {}
+        for thread_ops, starts in zip(self.top_ops, self.top_op_starts):
+            for e in thread_ops[bisect.bisect_left(starts, lo):bisect.bisect_right(starts, hi)]:
+                o = ops.setdefault(e["name"], [e["name"], 0, 0.0])
+                o[1] += 1
+                o[2] += float(e["dur"]) * 1e-3
+        report.host_ops = sorted((tuple(o) for o in ops.values()), key=lambda o: -o[2])
         report.ranges = sorted((tuple(r) for r in ranges.values()), key=lambda r: -r[2])
         report.syncs = sorted((tuple(s) for s in syncs.values()), key=lambda s: -s[3])
         return report
@@ -401,6 +421,9 @@ def render(r: StepReport, top: int = 15, gaps: int = 8, ranges: int = 25) -> str
         lines += _table(("range", "count", "host ms", "GPU ms launched inside"),
                         ((_short(n), c, f"{h:.3f}", f"{g:.3f}" if r.device else "-") for n, c, h, g in r.ranges[:ranges]))
         lines += _more(ranges, len(r.ranges), "ranges")
+    lines += ["", f"Top {min(top, len(r.host_ops))} outermost host ops by host time (every thread):", ""]
+    lines += _table(("op", "count", "host ms"), ((_short(n), c, f"{ms:.3f}") for n, c, ms in r.host_ops[:top]))
+    lines += _more(top, len(r.host_ops), "host ops")
     lines += ["", "Host syncs (calls that wait for the device):" if r.syncs else "Host syncs: none", ""]
     if r.syncs:
         lines += _table(("call", "range / op", "count", "host ms"),
