@@ -379,7 +379,7 @@ if [ "${TRACE:-0}" = 1 ]; then
   rc=$?
   say "trace-report ${mixes[0]} $trace_mode (rc $rc), steps $((steps + trace_warmup + 1))-$((steps + trace_warmup + trace_active)) past the $steps timed:"
   if [ "$rc" = 0 ]; then
-    grep -a -E '^(- |skipped )' "$log/trace_report.md"
+    grep -a -E '^(- |  |skipped )' "$log/trace_report.md"
     cat "$log/trace_report.md" >>"$summary"
   else
     tail -3 "$log/trace_report.txt" | tee -a "$summary"

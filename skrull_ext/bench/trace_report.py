@@ -64,6 +64,8 @@ DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 RANGE_CATS = ("user_annotation", "python_function")
 """Host frames: record_function ranges, and Python functions where the trace has stacks."""
 STEP_PREFIX = "ProfilerStep#"
+LONG_GAP_MS = 0.1
+"""An idle gap this long is the host late with work, not the few microseconds between back-to-back launches."""
 SYNC_CALLS = frozenset({
     "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy",
     "cuStreamSynchronize", "cuCtxSynchronize", "cuEventSynchronize", "cuMemcpyDtoH_v2", "cuMemcpyHtoD_v2",
@@ -117,7 +119,7 @@ class Gap:
     start: float
     end: float
     ranges: str
-    """The host's frames open at the gap's middle, outermost first (the step's own left out)."""
+    """The host's frames open at the gap's middle (``Trace.frames_at``; the step's own left out)."""
     op: str
     """The host op that overlapped the gap most, with its share of the gap; "-" when none did."""
 
@@ -155,6 +157,11 @@ class StepReport:
     @property
     def idle_ms(self) -> float:
         return self.span_ms - self.busy_ms
+
+    def long_gaps(self, ms: float = LONG_GAP_MS) -> tuple[int, float]:
+        """The gaps of at least ``ms``: how many, and their milliseconds (the rest are launch bubbles)."""
+        long = [g.ms for g in self.gaps if g.ms >= ms]
+        return len(long), sum(long)
 
     @property
     def device_ms(self) -> float:
@@ -274,14 +281,12 @@ class Trace:
         i, j = bisect.bisect_left(self.launch_ts, lo), bisect.bisect_right(self.launch_ts, hi)
         return self.prefix[j] - self.prefix[i]
 
-    def frames_at(self, t: float) -> list[str]:
-        """The deepest chain of host frames open at ``t`` over the threads."""
-        best: list[str] = []
-        for nest in self.nests.values():
-            frames = _frames(nest.chain(t))
-            if len(frames) > len(best):
-                best = frames
-        return best
+    def frames_at(self, t: float, threads: int = 2) -> str:
+        """The host frames open at ``t``: each thread's chain (its innermost three), the deepest
+        ``threads`` threads, deepest first, joined by " ; " (backward's FSDP hooks run on autograd's
+        thread while the main thread waits in its micro-batch's range); "-" when none is open."""
+        chains = sorted((f for f in (_frames(n.chain(t)) for n in self.nests.values()) if f), key=len, reverse=True)
+        return " ; ".join(_said(f) for f in chains[:threads]) or "-"
 
     def op_over(self, lo: float, hi: float) -> str:
         """The top-level host op that overlapped [lo, hi] most, and its share of it."""
@@ -296,7 +301,8 @@ class Trace:
     def step(self, name: str, lo: float, hi: float) -> StepReport:
         own = self.launched_in(lo, hi)
         end = max([hi, *(_end(e) for e in own)])
-        report = StepReport(name=name, start=lo, span_ms=(end - lo) * 1e-3, host_ms=(hi - lo) * 1e-3, device=bool(self.device))
+        report = StepReport(name=name, start=lo, span_ms=(end - lo) * 1e-3, host_ms=(hi - lo) * 1e-3,
+                            device=bool(self.device))
         if self.device:
             report.busy_ms = clipped(self.busy, lo, end) * 1e-3
             gaps = sorted(complement(self.busy, lo, end), key=lambda g: g[0] - g[1])
@@ -345,7 +351,7 @@ class Trace:
 
     def name_gaps(self, report: StepReport, top: int) -> None:
         """Name the ``top`` largest gaps by the host's frames and op (the rest keep "")."""
-        report.gaps[:top] = [Gap(g.start, g.end, _said(self.frames_at((g.start + g.end) / 2)),
+        report.gaps[:top] = [Gap(g.start, g.end, self.frames_at((g.start + g.end) / 2),
                                  self.op_over(g.start, g.end)) for g in report.gaps[:top]]
 
 
@@ -376,14 +382,33 @@ def summary_line(r: StepReport) -> str:
     head = f"{r.name}: span {r.span_ms:.1f} ms (host {r.host_ms:.1f})"
     if not r.device:
         return f"{head}; no device events in this trace (a CPU trace): the host's ranges only"
+    n, long_ms = r.long_gaps()
     said = f"{head}, GPU busy {r.busy_ms:.1f} ms; GPU idle {_pct(r.idle_ms, r.span_ms)} of the step " \
-           f"({r.idle_ms:.1f} ms in {len(r.gaps)} gaps)"
+           f"({r.idle_ms:.1f} ms in {len(r.gaps)} gaps, {long_ms:.1f} ms of it in the {n} of >= {LONG_GAP_MS} ms)"
     if r.gaps:
         g = r.gaps[0]
         said += f"; biggest: {g.ms:.2f} ms under {g.ranges}, host op {g.op}"
     if r.syncs:
         said += f"; {sum(s[2] for s in r.syncs)} host syncs, {sum(s[3] for s in r.syncs):.1f} ms"
     return said
+
+
+PHASE_PREFIX = "skrull/phase_"
+
+
+def detail_lines(r: StepReport, families: int = 6) -> list[str]:
+    """A step's one-line breakdowns under its summary line: GPU time by family, and the trainer's
+    phases (train/step_phases.py's ranges) with the GPU time launched in each."""
+    out = []
+    if r.device and r.families:
+        fams = ", ".join(f"{f} {ms:.1f}" for f, ms in list(r.families.items())[:families])
+        out.append(f"  GPU ms by family: {fams}; top kernel: {_short(r.kernels[0][0], 60)} {r.kernels[0][3]:.1f} ms "
+                   f"x{r.kernels[0][2]}")
+    phases = [(n[len(PHASE_PREFIX):], host, gpu) for n, _, host, gpu in r.ranges if n.startswith(PHASE_PREFIX)]
+    if phases:
+        said = ", ".join(f"{k} {host:.1f}" + (f"/{gpu:.1f}" if r.device else "") for k, host, gpu in phases)
+        out.append(f"  phases, host ms{'/GPU ms launched' if r.device else ''}: {said}")
+    return out
 
 
 def _table(header: Sequence[str], rows: Iterable[Sequence]) -> list[str]:
@@ -403,11 +428,11 @@ def _more(shown: int, total: int, what: str) -> list[str]:
 
 def render(r: StepReport, top: int = 15, gaps: int = 8, ranges: int = 25) -> str:
     """One step's report in markdown: its summary line, then the tables."""
-    lines = [f"### {r.name}", "", summary_line(r), ""]
+    lines = [f"### {r.name}", "", summary_line(r), *detail_lines(r), ""]
     if r.device:
         lines += [f"Largest GPU idle gaps ({min(gaps, len(r.gaps))} of {len(r.gaps)}):", ""]
         lines += _table(("gap ms", "at ms into the step", "host ranges open", "host op (share of the gap)"),
-                        ((f"{g.ms:.3f}", f"{(g.start - r.start) * 1e-3:.3f}", g.ranges, g.op)
+                        ((f"{g.ms:.3f}", f"{(g.start - r.start) * 1e-3:.3f}", _short(g.ranges, 200), g.op)
                          for g in r.gaps[:gaps]))
         lines += ["", "GPU time by family:", ""]
         lines += _table(("family", "GPU ms", "share of the step's device time"),
@@ -419,7 +444,8 @@ def render(r: StepReport, top: int = 15, gaps: int = 8, ranges: int = 25) -> str
     lines += ["", "record_function ranges:" if r.ranges else "record_function ranges: none in this step", ""]
     if r.ranges:
         lines += _table(("range", "count", "host ms", "GPU ms launched inside"),
-                        ((_short(n), c, f"{h:.3f}", f"{g:.3f}" if r.device else "-") for n, c, h, g in r.ranges[:ranges]))
+                        ((_short(n), c, f"{h:.3f}", f"{g:.3f}" if r.device else "-")
+                         for n, c, h, g in r.ranges[:ranges]))
         lines += _more(ranges, len(r.ranges), "ranges")
     lines += ["", f"Top {min(top, len(r.host_ops))} outermost host ops by host time (every thread):", ""]
     lines += _table(("op", "count", "host ms"), ((_short(n), c, f"{ms:.3f}") for n, c, ms in r.host_ops[:top]))
@@ -452,7 +478,8 @@ def report(path: str | Path, top: int = 15, gaps: int = 8) -> str:
     files = trace_files(path)
     if not files:
         raise UserError(f"trace-report: {path}: no *trace*.json[.gz] file under it (train with "
-                        "--profiler.enable_profiling; torchtitan writes profiling/traces/iteration_N/rank<R>_trace.json.gz)")
+                        "--profiler.enable_profiling; torchtitan writes "
+                        "profiling/traces/iteration_N/rank<R>_trace.json.gz)")
     out, summary, skipped = [], [], []
     for f in files:
         try:
@@ -461,8 +488,10 @@ def report(path: str | Path, top: int = 15, gaps: int = 8) -> str:
             skipped.append(f"{f} ({type(e).__name__})")
             continue
         steps = analyze(events, gaps)
-        summary += [f"- {f.name if len(files) == 1 else f}: " + (summary_line(s) if s else "no complete events")
-                    for s in steps or [None]]
+        for s in steps:
+            summary += [f"- {f.name if len(files) == 1 else f}: {summary_line(s)}", *detail_lines(s)]
+        if not steps:
+            summary.append(f"- {f}: no complete events")
         out += [f"## {f}", "", *(render(s, top, gaps) + "\n" for s in steps), ""]
     if skipped:
         summary.append(f"skipped {len(skipped)} file(s) that are not Chrome traces: " + "; ".join(skipped))

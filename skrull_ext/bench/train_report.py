@@ -3,7 +3,8 @@ at what MFU and memory, which documents it cut, how often it recompiled,
 and, for Skrull, how the cost model's step time and
 the profile's memory account compare with the measurement.
 
-    python -m skrull_ext.bench train-report outputs/bench_cp [--profile P.toml] [--before OLD.toml] [--warmup 8] [--until 44]
+    python -m skrull_ext.bench train-report outputs/bench_cp [--profile P.toml] [--before OLD.toml] [--warmup 8]
+        [--until 44]
     python -m skrull_ext.bench train-report outputs/run_a outputs/run_b    # training dump folders
 
 A folder is a ``bench cp`` output (one mode per ``runs/<mode>_0``) or a

@@ -45,7 +45,8 @@ from typing import Any, Protocol
 
 import torch
 
-__all__ = ["PHASES", "RANGE", "Phase", "StepPhases", "StepTimes", "WallClock", "CudaClock", "clock_for", "phases_summary"]
+__all__ = ["PHASES", "RANGE", "Phase", "StepPhases", "StepTimes", "WallClock", "CudaClock", "clock_for",
+           "phases_summary"]
 
 
 @dataclass(frozen=True)

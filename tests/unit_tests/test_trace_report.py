@@ -21,7 +21,7 @@ from skrull_ext.bench import __main__ as bench
 from skrull_ext.bench.trace_report import analyze, family_of, load_events, report, trace_files
 from skrull_ext.errors import UserError
 
-PID, MAIN, DEVICE, STREAM, NCCL_STREAM = 100, 1, 0, 7, 13
+PID, MAIN, AUTOGRAD, DEVICE, STREAM, NCCL_STREAM = 100, 1, 2, 0, 7, 13
 
 
 def host(name, ts, dur, cat="cpu_op", tid=MAIN, **args):
@@ -50,10 +50,12 @@ def gpu_trace() -> dict:
     triton kernel on stream 7 back to back, an NCCL all-reduce on stream 13 under the GEMM),
     700-720 (the copy of ``.item()``) and 820-880 (the fused AdamW): 380 us busy, 620 idle
     in 4 gaps, the largest 400-700 while the host ran ``aten::copy_`` (420-600) inside
-    ``skrull/micro_batch_0``."""
+    ``skrull/micro_batch_0`` (in the trainer's phase ``mb``) and, on autograd's thread, an FSDP hook."""
     events = [
         host("ProfilerStep#3", 0, 1000, cat="user_annotation"),
+        host("skrull/phase_mb", 5, 606, cat="user_annotation"),
         host("skrull/micro_batch_0", 10, 600, cat="user_annotation"),
+        host("FSDP::post_backward_reduce (layers.0)", 520, 60, cat="user_annotation", tid=AUTOGRAD),
         host("aten::mm", 20, 30), launch(25, 1),
         host("aten::add", 60, 20), launch(65, 2), launch(70, 6),
         host("triton_poi_fused_add_mul_0", 88, 10), launch(90, 3, "cuLaunchKernelEx", "cuda_driver"),
@@ -88,19 +90,23 @@ def test_gpu_step_exact(tmp_path):
     assert step.span_ms == pytest.approx(1.0) and step.host_ms == pytest.approx(1.0)
     assert step.busy_ms == pytest.approx(0.38) and step.idle_ms == pytest.approx(0.62)
     assert [(g.start, g.end) for g in step.gaps] == [(400, 700), (880, 1000), (0, 100), (720, 820)]
+    assert step.long_gaps(0.11) == (2, pytest.approx(0.42))  # 300 and 120 us
     big = step.gaps[0]
-    assert big.ranges == "skrull/micro_batch_0"
+    assert big.ranges == "skrull/phase_mb > skrull/micro_batch_0 ; FSDP::post_backward_reduce (layers.0)"
     assert big.op == "aten::copy_ (60%)"  # 180 of the gap's 300 us; aten::item covers 85
-    assert (step.gaps[2].ranges, step.gaps[2].op) == ("skrull/micro_batch_0", "aten::mm (30%)")  # 0-100
+    assert (step.gaps[2].ranges, step.gaps[2].op) == ("skrull/phase_mb > skrull/micro_batch_0", "aten::mm (30%)")
     assert (step.gaps[3].ranges, step.gaps[3].op) == ("-", "aten::item (25%)")  # 720-820: no range open at 770
     assert step.families == pytest.approx({"memcpy/memset": 0.02, "nccl": 0.1, "optimizer/foreach": 0.06,
                                            "triton": 0.05, "gemm": 0.2, "elementwise/reduction": 0.05})
     assert list(step.families)[:3] == ["gemm", "nccl", "optimizer/foreach"]  # largest first
     assert step.kernels[0][:3] == (GEMM, "gemm", 1) and step.kernels[0][3] == pytest.approx(0.2)
     ranges = {r[0]: r[1:] for r in step.ranges}
-    assert ranges.keys() == {"skrull/micro_batch_0", "skrull/phase_checks", "Optimizer.step#AdamW.step"}
+    assert ranges.keys() == {"skrull/phase_mb", "skrull/micro_batch_0", "FSDP::post_backward_reduce (layers.*)",
+                             "skrull/phase_checks", "Optimizer.step#AdamW.step"}
     # GPU time launched while each range was open: 200 + 50 + 50 + 100 (the NCCL launch at 70)
     assert ranges["skrull/micro_batch_0"] == pytest.approx((1, 0.6, 0.4))
+    assert ranges["skrull/phase_mb"] == pytest.approx((1, 0.606, 0.4))
+    assert ranges["FSDP::post_backward_reduce (layers.*)"] == pytest.approx((1, 0.06, 0.0))  # nothing launched
     assert ranges["skrull/phase_checks"] == pytest.approx((1, 0.15, 0.02))
     assert ranges["Optimizer.step#AdamW.step"] == pytest.approx((1, 0.1, 0.06))
     assert step.syncs == [("cudaStreamSynchronize", "skrull/phase_checks / aten::item > aten::_local_scalar_dense",
@@ -112,10 +118,15 @@ def test_report_text(tmp_path):
     (tmp_path / "probe").mkdir()
     (tmp_path / "probe/rank0.json").write_text("[]")  # not a trace file: not read
     text = report(tmp_path)
-    assert ("ProfilerStep#3: span 1.0 ms (host 1.0), GPU busy 0.4 ms; GPU idle 62.0% of the step (0.6 ms in 4 gaps); "
-            "biggest: 0.30 ms under skrull/micro_batch_0, host op aten::copy_ (60%); 1 host syncs, 0.1 ms") in text
-    assert "| 0.300 | 0.400 | skrull/micro_batch_0 | aten::copy_ (60%) |" in text
+    assert ("ProfilerStep#3: span 1.0 ms (host 1.0), GPU busy 0.4 ms; GPU idle 62.0% of the step (0.6 ms in 4 gaps, "
+            "0.6 ms of it in the 4 of >= 0.1 ms); biggest: 0.30 ms under skrull/phase_mb > skrull/micro_batch_0 ; "
+            "FSDP::post_backward_reduce (layers.0), host op "
+            "aten::copy_ (60%); 1 host syncs, 0.1 ms") in text
+    assert "| 0.300 | 0.400 | skrull/phase_mb > skrull/micro_batch_0 ; FSDP::post_backward_reduce (layers.0) | " \
+           "aten::copy_ (60%) |" in text
     assert "| gemm | 0.200 | 41.7% |" in text  # of the step's 0.48 ms of device time
+    assert f"  GPU ms by family: gemm 0.2, nccl 0.1, optimizer/foreach 0.1, " in text
+    assert "  phases, host ms/GPU ms launched: mb 0.6/0.4, checks 0.1/0.0" in text
     assert main_out(tmp_path, "--gaps", "1", "--top", "1").count("more kernels not shown") == 1
 
 
