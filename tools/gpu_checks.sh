@@ -342,9 +342,10 @@ train_run() {
     "$run/log.txt" | grep -a -oE '\- [0-9]+/[0-9]+: .*' | sort | uniq -c | sort -rn | head -3 | tr '\n' ';')"
   pack
 }
-# 7. A mix's table (the steps up to STEPS: a traced run's profiled steps left out): real tokens/s, document-aware TFLOP/s and MFU, cut documents, recompiles after warm-up,
-#    memory; Skrull's checkpointing mode, BucketSize and head chunk, its step by phase, measured/predicted step
-#    and memory; the BucketSizes against the committed profile's (--before).
+# 7. A mix's table, steps up to STEPS (a traced run's profiled steps left out): real tokens/s, document-aware
+#    TFLOP/s and MFU, cut documents, recompiles after warm-up, memory; Skrull's checkpointing mode, BucketSize and
+#    head chunk, its step by phase, measured/predicted step and memory; the BucketSizes against the committed
+#    profile's (--before).
 report() {
   local mix=$1 flags=()
   [ -z "${cost[*]}" ] || flags+=(--profile "${cost[1]}")
@@ -377,16 +378,18 @@ if [ "${TRACE:-0}" = 1 ]; then
   timeout "${TRACE_REPORT_LIMIT:-10}" "$py" -m skrull_ext.bench trace-report "$traces" --out "$log/trace_report.md" \
     >"$log/trace_report.txt" 2>&1
   rc=$?
-  say "trace-report ${mixes[0]} $trace_mode (rc $rc), steps $((steps + trace_warmup + 1))-$((steps + trace_warmup + trace_active)) past the $steps timed:"
+  first=$((steps + trace_warmup + 1))
+  say "trace-report ${mixes[0]} $trace_mode (rc $rc), steps $first-$((first + trace_active - 1)) past the $steps timed:"
   if [ "$rc" = 0 ]; then
-    grep -a -E '^(- |  |skipped )' "$log/trace_report.md"
+    awk '/^## /{exit} /^(- |  |skipped )/' "$log/trace_report.md"  # the summary part, before the first trace
     cat "$log/trace_report.md" >>"$summary"
   else
     tail -3 "$log/trace_report.txt" | tee -a "$summary"
   fi
   kib=$(du -sk "$traces" 2>/dev/null | cut -f1)
   if [ "${kib:-0}" -gt $((${TRACE_MAX_MIB:-12} * 1024)) ]; then  # the archive must come back: the report stays
-    mv "$traces" "$work.traces" && say "traces not archived: $((kib / 1024)) MiB, over TRACE_MAX_MIB ${TRACE_MAX_MIB:-12} (left in $work.traces)"
+    mv "$traces" "$work.traces" \
+      && say "traces not archived: $kib KiB, over TRACE_MAX_MIB ${TRACE_MAX_MIB:-12} (left in $work.traces)"
   fi
   pack
 fi
