@@ -70,12 +70,13 @@ done
 declare -A run_limit=()  # per training mode (seconds); absent: TRAIN_LIMIT's
 if [ "$preset" = issue57 ]; then
   # Issue 57 item 4 in one device call (timeout_s 540; a second, shorter call only to rerun what failed). The
-  # limits add up to 530 s, each from the seventh run's stage times (2026-11-28, H200: the mtimes of its
+  # limits add up to 535 s, each from the seventh run's stage times (2026-11-28, H200: the mtimes of its
   # archive's files and its logs' timestamps, docs/results/data/gpu_2026-11-28_gpu_checks.tar.gz), checked
   # against the eighth's (2026-11-29: 504 s in all, the second mix's stream cut):
   #   env, wheels, core build (no limit)    42 s there: estimate 45 (51 in run 8)
-  #   3'. CUDA tests             limit 40:  22 s there (pytest start, CUDA init, 3 cases); the bf16 head case
-  #                                         too: estimate 30 (33 in run 8)
+  #   3'. CUDA tests             limit 45:  22 s there (pytest start, CUDA init, 3 cases); the bf16 head case
+  #                                         too: estimate 30 (33 in run 8); a profiled toy step read by
+  #                                         trace-report too (collection, CUPTI's start): estimate 35
   #   5. profile, 2 modes        limit 145: 72 s for one mode (23 s start-up, 38 s compute ladder mostly
   #                                         compiling, 5 s memory, 4 s head and micro-batches, 2 s plot); a
   #                                         second mode builds and compiles again (+45 s), the step term +5:
@@ -91,7 +92,7 @@ if [ "$preset" = issue57 ]; then
   #                                         7,000 events here; a compiled GPU step's, tens of thousands):
   #                                         estimate 4
   #   7. two tables (train-report)        4 s each there: 10
-  # 45 + 40 + 145 + 2 x (75 + 60) + 10 + 10 + 10 = 530. Estimated 410 s (run 8's stages: 453 s, the stream of the
+  # 45 + 45 + 145 + 2 x (75 + 60) + 10 + 10 + 10 = 535. Estimated 415 s (run 8's stages: 453 s, the stream of the
   # first mix included), so the stream (limit 50: 17.1 and 16.0 s to step 44 there, 48 s start to end in run 8,
   # estimate 40 each) runs last, per mix, where its limit still ends within BUDGET (520 s): in run 8's times,
   # the first mix's only.
@@ -101,7 +102,7 @@ if [ "$preset" = issue57 ]; then
   # chosen); 60 of the 100 kept steps.
   : "${LATE_MODES=torchtitan-stream}" "${GPU_TESTS:=1}" "${TRACE:=1}"
   if [ "$dry" = 0 ]; then
-    : "${AC_MODES=none}" "${BUDGET:=520}" "${STEPS:=44}" "${TESTS_LIMIT:=40}" "${PROFILE_LIMIT:=145}"  # job: selective
+    : "${AC_MODES=none}" "${BUDGET:=520}" "${STEPS:=44}" "${TESTS_LIMIT:=45}" "${PROFILE_LIMIT:=145}"  # job: selective
     run_limit=([skrull-bucket-profile]=75 [torchtitan-documents]=60 [torchtitan-stream]=50)
   else
     : "${AC_MODES=selective}"  # two modes here too (the debug job's kind is none); no BUDGET: toy limits
@@ -220,10 +221,11 @@ cp "$work"/overlap_cp2_auto/overlap.png "$out"/overlap_cp2_auto.png 2>/dev/null
 elif [ "${GPU_TESTS:-1}" = 1 ]; then
 # 3'. Trainer only: the CUDA cases of the attention the compiled trainer traces into its blocks for an
 #     all-local micro-batch (every one on one GPU; attention/local_only.py), and of the head and loss in
-#     chunks in bf16 against the unchunked head (train/head_loss.py), before anything trains with them.
+#     chunks in bf16 against the unchunked head (train/head_loss.py), before anything trains with them; and a real
+#     CUDA trace read by bench trace-report (what TRACE's report reads: kernels, their launches, a sync).
 timeout "${TESTS_LIMIT:-90}" "$py" -m pytest -p no:cacheprovider -o addopts="-ra" -W ignore::DeprecationWarning \
   -k cuda --junitxml="$log/pytest_trainer.xml" tests/unit_tests/test_dacp_local_only.py \
-  tests/unit_tests/test_head_loss.py >"$log/pytest_trainer.txt" 2>&1
+  tests/unit_tests/test_head_loss.py tests/unit_tests/test_trace_report.py >"$log/pytest_trainer.txt" 2>&1
 say "trainer CUDA tests (rc $?): $(tail -1 "$log/pytest_trainer.txt")"
 cuda_cases "$log/pytest_trainer.xml"
 pack

@@ -201,3 +201,31 @@ def test_real_cpu_trace(cpu_trace_dir):
     text = main_out(cpu_trace_dir)
     assert text.count("no device events in this trace (a CPU trace)") == 4  # the summary's and each step's
     assert "| skrull/micro_batch_0 | 1 |" in text
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_real_trace_on_cuda(tmp_path):
+    """A real CUDA trace holds what the report reads (run by tools/gpu_checks.sh's stage 3' before the
+    traced training run): kernels tied to their launches inside a range, a GEMM named as one, and
+    ``.item()``'s ``cudaStreamSynchronize`` under its range. No timing is asserted."""
+    path = tmp_path / "rank0_trace.json.gz"
+    model = torch.nn.Linear(512, 512, device="cuda")
+    x = torch.randn(256, 512, device="cuda")
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    schedule = torch.profiler.schedule(wait=0, warmup=1, active=1, repeat=1)
+    with torch.profiler.profile(activities=activities, schedule=schedule,
+                                on_trace_ready=lambda p: p.export_chrome_trace(str(path))) as prof:
+        for _ in range(2):
+            with torch.profiler.record_function("skrull/micro_batch_0"):
+                loss = model(x).relu().sum()
+                loss.backward()
+                loss.item()  # a host sync inside the range
+            prof.step()
+    (step,) = analyze(load_events(path))
+    kernels = [k[0] for k in step.kernels]
+    assert step.device and 0 < step.busy_ms <= step.span_ms, step
+    assert "gemm" in step.families, kernels  # a new cuBLAS name would land in "other": FAMILIES needs it
+    ranges = {r[0]: r for r in step.ranges}
+    assert ranges["skrull/micro_batch_0"][3] > 0, step.ranges  # GPU time launched inside, by correlation
+    assert any(call == "cudaStreamSynchronize" and where.startswith("skrull/micro_batch_0")
+               for call, where, _, _ in step.syncs), step.syncs
