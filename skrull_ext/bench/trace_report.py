@@ -18,7 +18,10 @@ under it is read, in iteration then rank order. A file that is not a Chrome
 trace is skipped and counted.
 
 Per traced step (each ``ProfilerStep#N`` range; a trace without them is one
-step, its whole host extent):
+step, its whole host extent; torchtitan steps the profiler at a step's end, so
+its ``ProfilerStep#N`` is the trainer's step N + 1), a summary line with the GPU
+time by family and the trainer's phases (``skrull/phase_<key>``:
+train/step_phases.py), then tables:
 
 - **span**: from the step's start on the host to the later of its end and the
   end of the last device event it launched (the GPU runs behind the host).
@@ -31,11 +34,13 @@ step, its whole host extent):
   matched by the trace's ``correlation`` id, lies in the step; without one, those
   that start in the span) by kernel family (``FAMILIES``, first match wins), and
   the top kernels by total time.
-- **ranges**: per record_function name (skrull's ``skrull/micro_batch_<j>``,
-  FSDP's ``FSDP::*``, the optimizer's ``Optimizer.step#...``), its instances, host
+- **ranges**: per record_function name (the trainer's phases, skrull's
+  ``skrull/micro_batch_<j>``, FSDP's ``FSDP::*`` summed over the layers, the
+  optimizer's ``Optimizer.step#...``), its instances, host
   time and the GPU time of what was launched while it was open, from any host
   thread (backward runs on autograd's device thread while the main thread waits
   inside ``skrull/micro_batch_<j>``). Nested ranges each count their own.
+- **host ops**: the outermost ops by host time, over the threads.
 - **syncs**: the host calls that wait for the device (``SYNC_CALLS``), grouped by
   the range and op that made them: count and host time.
 
