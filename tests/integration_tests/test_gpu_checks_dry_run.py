@@ -46,8 +46,9 @@ def archived(out: Path) -> set[str]:
 
 
 def skipped_cases(lines: list[str]) -> list[str]:
-    """The CUDA cases the summary lists, each checked skipped (collected, none ran)."""
-    cases = [line.split() for line in lines if line.startswith("  ")]
+    """The CUDA cases the summary lists (``cuda_cases``' lines: two spaces, a state, the name), each checked
+    skipped (collected, none ran)."""
+    cases = [line.split() for line in lines if line.startswith(("  passed ", "  skipped ", "  FAILED "))]
     assert cases and all(state == "skipped" for state, *_ in cases), lines
     return [name for _, name, *_ in cases]
 
