@@ -4,7 +4,7 @@
 # This source code is licensed under the BSD-style license found in the
 # LICENSE file in the root directory of this source tree.
 
-"""Where a step's time goes, read off a profiler trace (skrull_ext/bench/trace_report.py):
+"""Where a step's time goes, read off a profiler trace (skrull_ext/bench/trace_steps.py, trace_report.py):
 exact numbers on a hand-written GPU trace shaped as torch.profiler writes one (kernels on
 streams 7 and 13 tied to their host launches by ``correlation``, an idle gap, a
 ``cudaStreamSynchronize`` under ``.item()`` inside a record_function range), then a real
@@ -18,7 +18,9 @@ import pytest
 import torch
 
 from skrull_ext.bench import __main__ as bench
-from skrull_ext.bench.trace_report import analyze, family_of, load_events, report, trace_files
+from skrull_ext.bench.trace_overlap import load_events
+from skrull_ext.bench.trace_report import PHASE_PREFIX, report, trace_files
+from skrull_ext.bench.trace_steps import analyze, family_of
 from skrull_ext.errors import UserError
 
 PID, MAIN, AUTOGRAD, DEVICE, STREAM, NCCL_STREAM = 100, 1, 2, 0, 7, 13
@@ -138,6 +140,12 @@ def main_out(*argv) -> str:
     with contextlib.redirect_stdout(buf):
         assert bench.main(["trace-report", *map(str, argv)]) == 0
     return buf.getvalue()
+
+
+def test_phase_ranges_are_the_trainers():
+    from skrull_ext.train.step_phases import RANGE
+
+    assert RANGE.format(key="mb") == PHASE_PREFIX + "mb"
 
 
 def test_families():
