@@ -28,7 +28,10 @@
 #       PROFILE_LIMIT, TRAIN_LIMIT shorten it; AC_MODES names the checkpointing modes the profile
 #       measures besides the job's (default: every one the profiler offers); LATE_MODES run after every
 #       mix's MODES, each only where its time limit still ends within BUDGET seconds of the start
-#       (else named in a "cut:" line).
+#       (else named in a "cut:" line). TRACE=1 (the --issue57 preset's default, else 0): the first
+#       mix's first Skrull run trains TRACE_WARMUP + TRACE_ACTIVE steps past its STEPS under
+#       torchtitan's profiler ([profiler]: one cycle, its warm-up then its recorded steps), the tables
+#       read only up to STEPS (train-report --until), and 6'. summarises the recorded steps.
 #
 #   there, issue 57 item 4: bash tools/gpu_checks.sh --issue57        (carry .whl; timeout_s 540)
 #       the trainer stages (--skip-attention) cut to one device call: stage 3' with the bf16 head
@@ -36,8 +39,11 @@
 #       Skrull (chunked head and loss, the mode chosen at start-up, the profile's BucketSize) and
 #       torchtitan-documents, 44 steps each, then the stream per mix only where it fits the 520 s
 #       BUDGET; each table with the run's mode, BucketSize and head chunk, and the BucketSize
-#       before (the committed profiles/<gpu>-qwen2.5-0.5b.toml). Its stage limits and their
-#       estimates are in the preset below. The variables above still override it.
+#       before (the committed profiles/<gpu>-qwen2.5-0.5b.toml). TRACE=1: the shipped mix's Skrull
+#       run trains 3 steps past its 44 timed ones, the last 2 under torch.profiler, and stage 6'.
+#       reads them (bench trace-report: GPU busy and idle gaps, kernels by family, host syncs) into
+#       summary.txt, the traces into the archive. Its stage limits and their estimates are in the
+#       preset below. The variables above still override it.
 #
 #   attention only:      bash tools/gpu_checks.sh --skip-trainer   (stages 1-4)
 #
@@ -64,11 +70,13 @@ done
 declare -A run_limit=()  # per training mode (seconds); absent: TRAIN_LIMIT's
 if [ "$preset" = issue57 ]; then
   # Issue 57 item 4 in one device call (timeout_s 540; a second, shorter call only to rerun what failed). The
-  # limits add up to 515 s, each from the seventh run's stage times (2026-11-28, H200: the mtimes of its
-  # archive's files and its logs' timestamps, docs/results/data/gpu_2026-11-28_gpu_checks.tar.gz):
-  #   env, wheels, core build (no limit)    42 s there: estimate 45
+  # limits add up to 535 s, each from the seventh run's stage times (2026-11-28, H200: the mtimes of its
+  # archive's files and its logs' timestamps, docs/results/data/gpu_2026-11-28_gpu_checks.tar.gz), checked
+  # against the eighth's (2026-11-29: 504 s in all, the second mix's stream cut):
+  #   env, wheels, core build (no limit)    42 s there: estimate 45 (51 in run 8)
   #   3'. CUDA tests             limit 45:  22 s there (pytest start, CUDA init, 3 cases); the bf16 head case
-  #                                         too: estimate 30
+  #                                         too: estimate 30 (33 in run 8); a profiled toy step read by
+  #                                         trace-report too (collection, CUPTI's start): estimate 35
   #   5. profile, 2 modes        limit 145: 72 s for one mode (23 s start-up, 38 s compute ladder mostly
   #                                         compiling, 5 s memory, 4 s head and micro-batches, 2 s plot); a
   #                                         second mode builds and compiles again (+45 s), the step term +5:
@@ -76,14 +84,23 @@ if [ "$preset" = issue57 ]; then
   #   6. per mix, 44 steps (4 warm-up, 40 kept; 104 there): start-up 15-26 s before the first log line, then
   #      skrull            limit 75:  to step 44 32.1 and 33.8 s there (compile in it): estimate 59, 50
   #      torchtitan-docs   limit 60:  to step 44 27.3 s (cold compile) and 14.5 s: estimate 48, 35
+  #      (run 8: skrull 63 and 62 s, torchtitan-docs 64 and 44 s, each from its start to its end)
+  #   TRACE, the shipped mix's skrull: steps 45-47 past the 44 timed ones (its limit + 10 s): a step is 0.3 s,
+  #      the profiler's start (CUPTI) at step 45 and its recording of 46-47 about 2 s, torch's export of the
+  #      two steps' events (gzipped JSON) 2-4 s: estimate +7
+  #   6'. trace-report           limit 10:  the trace's events read in Python (0.2 s for a toy CPU step's
+  #                                         7,000 events here; a compiled GPU step's, tens of thousands):
+  #                                         estimate 4
   #   7. two tables (train-report)        4 s each there: 10
-  # 45 + 45 + 145 + 2 x (75 + 60) + 10 = 515. Estimated 399 s, so the stream (limit 50: 17.1 and 16.0 s to step
-  # 44 there, estimate 40 each) runs last, per mix, where its limit still ends within BUDGET (520 s).
+  # 45 + 45 + 145 + 2 x (75 + 60) + 10 + 10 + 10 = 535. Estimated 415 s (run 8's stages: 453 s, the stream of the
+  # first mix included), so the stream (limit 50: 17.1 and 16.0 s to step 44 there, 48 s start to end in run 8,
+  # estimate 40 each) runs last, per mix, where its limit still ends within BUDGET (520 s): in run 8's times,
+  # the first mix's only.
   # Cut to fit: the stream first in line (run 7 has it at 104 steps); full checkpointing (a step is at most
   # 8 x 16,384 = 131,072 tokens, and selective's BucketSize, 130,622 with the logits of every token in it,
   # grows with them in chunks: one micro-batch a step either way, so full only adds recompute and cannot be
   # chosen); 60 of the 100 kept steps.
-  : "${LATE_MODES=torchtitan-stream}" "${GPU_TESTS:=1}"
+  : "${LATE_MODES=torchtitan-stream}" "${GPU_TESTS:=1}" "${TRACE:=1}"
   if [ "$dry" = 0 ]; then
     : "${AC_MODES=none}" "${BUDGET:=520}" "${STEPS:=44}" "${TESTS_LIMIT:=45}" "${PROFILE_LIMIT:=145}"  # job: selective
     run_limit=([skrull-bucket-profile]=75 [torchtitan-documents]=60 [torchtitan-stream]=50)
@@ -204,10 +221,11 @@ cp "$work"/overlap_cp2_auto/overlap.png "$out"/overlap_cp2_auto.png 2>/dev/null
 elif [ "${GPU_TESTS:-1}" = 1 ]; then
 # 3'. Trainer only: the CUDA cases of the attention the compiled trainer traces into its blocks for an
 #     all-local micro-batch (every one on one GPU; attention/local_only.py), and of the head and loss in
-#     chunks in bf16 against the unchunked head (train/head_loss.py), before anything trains with them.
+#     chunks in bf16 against the unchunked head (train/head_loss.py), before anything trains with them; and a real
+#     CUDA trace read by bench trace-report (what TRACE's report reads: kernels, their launches, a sync).
 timeout "${TESTS_LIMIT:-90}" "$py" -m pytest -p no:cacheprovider -o addopts="-ra" -W ignore::DeprecationWarning \
   -k cuda --junitxml="$log/pytest_trainer.xml" tests/unit_tests/test_dacp_local_only.py \
-  tests/unit_tests/test_head_loss.py >"$log/pytest_trainer.txt" 2>&1
+  tests/unit_tests/test_head_loss.py tests/unit_tests/test_trace_report.py >"$log/pytest_trainer.txt" 2>&1
 say "trainer CUDA tests (rc $?): $(tail -1 "$log/pytest_trainer.txt")"
 cuda_cases "$log/pytest_trainer.xml"
 pack
@@ -229,7 +247,10 @@ if [ "$dry" = 1 ]; then
   prof=(--lengths 128,192,256 --held-out 224 --packed 128+64 --memory-lengths 128,256 --micro-batch-counts 1,2
         --repeats 1 --micro-batch-repeats 1 --no-check --max-held-out-error 10 --max-micro-batch-error 10
         --max-packed-error 10)
-  train=(--training.steps "${STEPS:-5}" --dataloader.global_batch_size 8 --metrics.enable_tensorboard)
+  steps=${STEPS:-5}
+  train=(--training.steps "$steps" --dataloader.global_batch_size 8 --metrics.enable_tensorboard)
+  # TRACE: one step recorded, no profiler warm-up (a toy step costs the CI dry run a few seconds)
+  trace_warmup=${TRACE_WARMUP:-0} trace_active=${TRACE_ACTIVE:-1}
   # shared cores: the toy ladder took 90 s under load for one checkpointing mode; it measures three (--ac-modes)
   warm=2 limit=240 rows=4 bucket=512 profile_limit=480
   mixes=(${MIXES:-job})  # job: the job's own lengths
@@ -245,7 +266,10 @@ else
   prof=(--lengths 2048,4096,8192,16384 --held-out 12288 --memory-lengths 2048,4096,8192,16384
         --repeats "${PROFILE_REPEATS:-3}" --micro-batch-repeats 2 --no-check)
   # 100 steps after the warm-up: a recompile after it shows (issue 48).
-  train=(--training.steps "${STEPS:-104}" --dataloader.global_batch_size 8
+  steps=${STEPS:-104}
+  # TRACE: one profiler warm-up step (CUPTI's start, kept out of the recorded steps), two recorded
+  trace_warmup=${TRACE_WARMUP:-1} trace_active=${TRACE_ACTIVE:-2}
+  train=(--training.steps "$steps" --dataloader.global_batch_size 8
          --checkpoint.no-enable --metrics.log_freq 1 --metrics.enable_tensorboard --lr_scheduler.warmup_steps 2)
   # The job compiles by default (GPU_COMPILE=0: eager, the profile too, so that it prices what trains).
   if [ "${GPU_COMPILE:-1}" = 0 ]; then train+=(--compile.no-enable); prof+=(--compile.no-enable); fi
@@ -292,17 +316,27 @@ declare -A modes=(
   [skrull-lookahead8]="${cost[*]} --skrull.bucket_size profile --skrull.lookahead 8"
   [skrull-lookahead-auto]="${cost[*]} --skrull.bucket_size profile --skrull.lookahead auto"
 )
-# One mode on one mix, in its own process under its own time limit (run_limit's, else TRAIN_LIMIT's).
+# One mode on one mix, in its own process under its own time limit (run_limit's, else TRAIN_LIMIT's). The traced
+# run (TRACE=1: the first mix's first Skrull mode) trains its profiled steps past the timed ones, 10 s more.
 train_run() {
-  local mix=$1 mode=$2 data=() rc
-  local run=$work/train/$mix/runs/${mode}_0
+  local mix=$1 mode=$2 data=() rc traced=()
+  local run=$work/train/$mix/runs/${mode}_0 run_limit_s=${run_limit[$mode]:-$limit}
   [ "$mix" = job ] || data=(--dataloader.lengths "$mix")
+  if [ "${TRACE:-0}" = 1 ] && [ "$mix" = "${mixes[0]}" ] && [ "$mode" = "$trace_mode" ]; then
+    local total=$((steps + trace_warmup + trace_active))
+    # one profiling cycle of torchtitan's [profiler]: the timed steps wait, then its warm-up, then its recorded steps
+    traced=(--training.steps "$total" --profiler.enable_profiling --profiler.profile_freq "$total"
+            --profiler.profiler_warmup "$trace_warmup" --profiler.profiler_active "$trace_active"
+            --profiler.profiler_repeat 1)
+    run_limit_s=$((run_limit_s + 10))
+  fi
   mkdir -p "$run"
   # shellcheck disable=SC2086
   # TORCH_LOGS=recompiles: each new compiled graph and the guard that failed (run 3 lost 6.6 s to one at step 28)
-  TORCH_LOGS=recompiles SKRULL_BENCH_PROBE_OUT=$run/probe timeout "${run_limit[$mode]:-$limit}" "$py" -m \
+  TORCH_LOGS=recompiles SKRULL_BENCH_PROBE_OUT=$run/probe timeout "$run_limit_s" "$py" -m \
     torch.distributed.run --standalone --nproc_per_node 1 -m torchtitan_patches.cp_probe skrull_ext.train \
-    --config-file "$job" "${one[@]}" "${data[@]}" "${train[@]}" --dump_folder "$run" ${modes[$mode]} >"$run/log.txt" 2>&1
+    --config-file "$job" "${one[@]}" "${data[@]}" "${train[@]}" --dump_folder "$run" ${modes[$mode]} "${traced[@]}" \
+    >"$run/log.txt" 2>&1
   rc=$?
   say "train $mix $mode (rc $rc): $(grep -a 'grad_norm' "$run/log.txt" | tail -1 | sed 's/\x1b\[[0-9;]*m//g' | sed 's/.*step:/step:/')"
   [ "$rc" = 0 ] || grep -a -E 'Error|error' "$run/log.txt" | tail -3 | tee -a "$summary"
@@ -310,14 +344,15 @@ train_run() {
     "$run/log.txt" | grep -a -oE '\- [0-9]+/[0-9]+: .*' | sort | uniq -c | sort -rn | head -3 | tr '\n' ';')"
   pack
 }
-# 7. A mix's table: real tokens/s, document-aware TFLOP/s and MFU, cut documents, recompiles after warm-up,
-#    memory; Skrull's checkpointing mode, BucketSize and head chunk, its step by phase, measured/predicted step
-#    and memory; the BucketSizes against the committed profile's (--before).
+# 7. A mix's table, steps up to STEPS (a traced run's profiled steps left out): real tokens/s, document-aware
+#    TFLOP/s and MFU, cut documents, recompiles after warm-up, memory; Skrull's checkpointing mode, BucketSize and
+#    head chunk, its step by phase, measured/predicted step and memory; the BucketSizes against the committed
+#    profile's (--before).
 report() {
   local mix=$1 flags=()
   [ -z "${cost[*]}" ] || flags+=(--profile "${cost[1]}")
   [ ! -f "$before" ] || flags+=(--before "$before")
-  "$py" -m skrull_ext.bench train-report "$work/train/$mix" --warmup "$warm" "${flags[@]}" \
+  "$py" -m skrull_ext.bench train-report "$work/train/$mix" --warmup "$warm" --until "$steps" "${flags[@]}" \
     >"$log/train_report_$mix.txt" 2>&1
   say "train-report $mix (rc $?):"; tee -a "$summary" <"$log/train_report_$mix.txt"
   cp "$work/train/$mix/train_report.md" "$out/train_report_$mix.md" 2>/dev/null
@@ -329,12 +364,37 @@ report() {
 # others, each only where its limit still ends within BUDGET seconds of the start with the tables' time left.
 order=(skrull torchtitan-documents torchtitan-stream)
 [ "$dry" = 1 ] || [ -z "${cost[*]}" ] || order[0]=skrull-bucket-profile
+trace_mode=${order[0]}  # TRACE: the Skrull run of the first mix
 late=(${LATE_MODES:-})
 order=($(for mode in ${MODES:-${order[*]}}; do [[ " ${late[*]} " == *" $mode "* ]] || echo "$mode"; done))
 for mix in "${mixes[@]}"; do
   for mode in "${order[@]}"; do train_run "$mix" "$mode"; done
   [ "${#late[@]}" -gt 0 ] || report "$mix"
 done
+# 6'. TRACE=1: where the traced Skrull steps' time went, kernel by kernel (bench trace-report: each step's GPU busy
+#     time and idle gaps with the host's ranges and op during each, GPU time by kernel family, the top kernels, per
+#     record_function range, the host syncs). The whole report into summary.txt (logs/trace_report.md), its summary
+#     lines on stdout; the traces (torchtitan gzips them) stay in the archive unless over TRACE_MAX_MIB (12).
+if [ "${TRACE:-0}" = 1 ]; then
+  traces=$work/train/${mixes[0]}/runs/${trace_mode}_0/profiling/traces
+  timeout "${TRACE_REPORT_LIMIT:-10}" "$py" -m skrull_ext.bench trace-report "$traces" --out "$log/trace_report.md" \
+    >"$log/trace_report.txt" 2>&1
+  rc=$?
+  first=$((steps + trace_warmup + 1))
+  say "trace-report ${mixes[0]} $trace_mode (rc $rc), steps $first-$((first + trace_active - 1)) past the $steps timed:"
+  if [ "$rc" = 0 ]; then
+    awk '/^## /{exit} /^(- |  |skipped )/' "$log/trace_report.md"  # the summary part, before the first trace
+    cat "$log/trace_report.md" >>"$summary"
+  else
+    tail -3 "$log/trace_report.txt" | tee -a "$summary"
+  fi
+  kib=$(du -sk "$traces" 2>/dev/null | cut -f1)
+  if [ "${kib:-0}" -gt $((${TRACE_MAX_MIB:-12} * 1024)) ]; then  # the archive must come back: the report stays
+    mv "$traces" "$work.traces" \
+      && say "traces not archived: $kib KiB, over TRACE_MAX_MIB ${TRACE_MAX_MIB:-12} (left in $work.traces)"
+  fi
+  pack
+fi
 if [ "${#late[@]}" -gt 0 ]; then
   tables=$((5 * ${#mixes[@]}))  # train-report took 4 s a mix on the H200 (2026-11-28)
   for mix in "${mixes[@]}"; do

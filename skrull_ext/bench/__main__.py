@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "cp": ("skrull_ext.bench.cp_train:main", "training: torchtitan's CP vs Skrull (K/V bytes, step time, overlap)"),
     "data": ("skrull_ext.bench.data:main", "data path at scale: prepare throughput, store size, rank memory at 100K/1M"),
     "train-report": ("skrull_ext.bench.train_report:main", "a `bench cp` run's table: tokens/s, MFU, memory, predicted"),
+    "trace-report": ("skrull_ext.bench.trace_report:main", "torch.profiler traces: GPU busy/idle gaps, kernels by family, syncs"),
     "overlap": ("skrull_ext.bench.overlap:main", "DACP attention under torch.profiler: traces and the exchange hidden"),
 }
 

@@ -4,6 +4,7 @@ and, for Skrull, how the cost model's step time and
 the profile's memory account compare with the measurement.
 
     python -m skrull_ext.bench train-report outputs/bench_cp [--profile P.toml] [--before OLD.toml] [--warmup 8]
+        [--until 44]
     python -m skrull_ext.bench train-report outputs/run_a outputs/run_b    # training dump folders
 
 A folder is a ``bench cp`` output (one mode per ``runs/<mode>_0``) or a
@@ -39,7 +40,9 @@ micro-batch (``ProfileMemory``; no margin), plus what free-running holds
 trainer budgets; without it, steps of two or more micro-batches measured up
 to x1.12 on an H200). ``--before P.toml`` (the profile an earlier run planned
 with) adds a line of BucketSizes: that profile's, the ``--profile``'s per
-mode, and each Skrull run's as run. Steps up to ``--warmup`` (compile,
+mode, and each Skrull run's as run. Steps after ``--until`` are not read at all (steps a run
+trained past the timed ones under torch.profiler: tools/gpu_checks.sh's TRACE, whose traces
+``bench trace-report`` reads). Steps up to ``--warmup`` (compile,
 allocator growth) are left out. A kept step over ``SLOW`` times the mode's
 median step is named, and the mode's real tokens/s is also given without
 those steps: a recompile (a new shape class of a dynamic-shape graph) costs
@@ -149,14 +152,17 @@ def memory_under(profile, mode: str | None):
     return (profile.under_mode(mode) if mode is not None else profile).memory()
 
 
-def summarize_mode(run_dir: str, warmup: int, memory=None, profile=None) -> dict:
+def summarize_mode(run_dir: str, warmup: int, memory=None, profile=None, until: int | None = None) -> dict:
     """The figures of one mode's run (NaN where the run did not log them). ``memory``: the memory
-    model to price it with; else ``profile``'s under the run's logged checkpointing mode."""
+    model to price it with; else ``profile``'s under the run's logged checkpointing mode. ``until``:
+    the last step read (None: every step), so a run total is read at it too."""
     tags = scalars(run_dir)
+    if until is not None:
+        tags = {tag: {k: v for k, v in values.items() if k <= until} for tag, values in tags.items()}
     settled = settings(tags)
     if memory is None:
         memory = memory_under(profile, settled.get("activation_checkpoint"))
-    steps = probe_steps(run_dir) or dump_steps(tags)
+    steps = [s for s in probe_steps(run_dir) or dump_steps(tags) if until is None or s["step"] <= until]
     kept = [s for s in steps if s["step"] > warmup and s.get("wall_s")]
     typical = median([s["wall_s"] for s in kept])
     slow = [s for s in kept if s["wall_s"] > SLOW * typical]
@@ -311,6 +317,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--before", default=None, type=profile_path, help="the profile an earlier run planned with: its BucketSize "
                                                   "beside the --profile's and each run's")
     p.add_argument("--warmup", type=at_least(0), default=2, help="steps left out (default 2)")
+    p.add_argument("--until", type=at_least(1), default=None, help="the last step read (default: every step): "
+                                                                   "steps traced after the timed ones left out")
     a = p.parse_args(argv)
     from skrull_ext.scheduler.profile_file import Profile
 
@@ -320,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     for folder in a.out:
         for name, run_dir in mode_dirs(folder).items():
             modes[name if name not in modes else run_dir] = run_dir
-    results = {name: summarize_mode(d, a.warmup, profile=profile) for name, d in modes.items()}
+    results = {name: summarize_mode(d, a.warmup, profile=profile, until=a.until) for name, d in modes.items()}
     text = table(results)
     if (line := bucket_line(results, before, profile)) is not None:
         text += "\n" + line

@@ -26,6 +26,12 @@ not price (the dataloader's prefetch hides the first, ``metrics.log_freq`` and
 ``validation.freq`` space the others);
 the time between phases that no phase covers (zero_grad, the learning rates'
 read) is counted in it as ``rest``.
+
+Each phase is also a record_function range, ``skrull/phase_<key>`` (``RANGE``), so
+that a torch.profiler trace of a step (torchtitan's ``[profiler]``; ``python -m
+skrull_ext.bench trace-report``) gives the GPU time launched in each phase and names
+the phase the host was in during each of the GPU's idle gaps. Outside a profiler
+a range costs a few microseconds, a handful of them a step.
 """
 
 from __future__ import annotations
@@ -39,7 +45,8 @@ from typing import Any, Protocol
 
 import torch
 
-__all__ = ["PHASES", "Phase", "StepPhases", "StepTimes", "WallClock", "CudaClock", "clock_for", "phases_summary"]
+__all__ = ["PHASES", "RANGE", "Phase", "StepPhases", "StepTimes", "WallClock", "CudaClock", "clock_for",
+           "phases_summary"]
 
 
 @dataclass(frozen=True)
@@ -71,6 +78,8 @@ PHASES: tuple[Phase, ...] = (
           in_step=False),
 )
 _BY_KEY = {p.key: p for p in PHASES}
+RANGE = "skrull/phase_{key}"
+"""The record_function range of a phase, in a profiler trace."""
 
 
 class Clock(Protocol):
@@ -199,6 +208,8 @@ class StepPhases:
         self._done: _Open | None = None
         self._in: tuple[str, _Open | None, Any] | None = None
         """The phase open now: its key, the step it belongs to (None: outside a step) and its start."""
+        self._range: torch.profiler.record_function | None = None
+        """The open phase's record_function range (``RANGE``)."""
         self.dropped = 0
         """Finished steps replaced before their marks were ready (never read)."""
         self.read: list[StepTimes] = []
@@ -225,12 +236,16 @@ class StepPhases:
         if self._in is not None:
             raise RuntimeError(f"step phase {key!r} entered inside {self._in[0]!r}: phases do not nest")
         self._in = (key, self._open, self.clock.mark() if self._open is not None else None)
+        self._range = torch.profiler.record_function(RANGE.format(key=key))
+        self._range.__enter__()
 
     def leave(self) -> None:
         """The phase entered last ends now (none open: nothing)."""
         if self._in is None:
             return
         (key, record, start), self._in = self._in, None
+        self._range.__exit__(None, None, None)
+        self._range = None
         if record is not None:
             record.spans.append((key, start, self.clock.mark()))
 

@@ -9,10 +9,14 @@ stages as the next GPU session runs them (``--issue57``: the trainer's CUDA
 cases, a profile of two checkpointing modes, the trainer in its three modes
 (1 process: skrull, the whole-document baseline, then the stream as a late
 mode under a budget) and their table with issue 48's document-aware columns
-and issue 57's phases, checkpointing mode, BucketSize and head chunk). A stage
+and issue 57's phases, checkpointing mode, BucketSize and head chunk; the
+skrull run's one step past its timed ones under torch.profiler and
+``bench trace-report`` of it). A stage
 that breaks shows here as a summary line that is not a pass.
 """
 
+import itertools
+import json
 import os
 import subprocess
 import sys
@@ -42,8 +46,9 @@ def archived(out: Path) -> set[str]:
 
 
 def skipped_cases(lines: list[str]) -> list[str]:
-    """The CUDA cases the summary lists, each checked skipped (collected, none ran)."""
-    cases = [line.split() for line in lines if line.startswith("  ")]
+    """The CUDA cases the summary lists (``cuda_cases``' lines: two spaces, a state, the name), each checked
+    skipped (collected, none ran)."""
+    cases = [line.split() for line in lines if line.startswith(("  passed ", "  skipped ", "  FAILED "))]
     assert cases and all(state == "skipped" for state, *_ in cases), lines
     return [name for _, name, *_ in cases]
 
@@ -70,21 +75,21 @@ def test_gpu_checks_dry_run_issue57_preset(tmp_path):
     summary = "\n".join(lines)
     assert next(line for line in lines if line.startswith("trainer CUDA tests (")).startswith(
         "trainer CUDA tests (rc 0)"), summary
-    assert "test_bf16_head_loss_on_cuda_equals_unchunked" in skipped_cases(lines), summary
+    assert {"test_bf16_head_loss_on_cuda_equals_unchunked", "test_real_trace_on_cuda"} <= set(skipped_cases(lines))
     assert not any(line.startswith(("pytest (", "overlap ")) for line in lines), summary  # trainer stages only
     assert any(line.startswith("profile (rc 0): a_us_per_flop = ") for line in lines), summary
     modes = ("skrull", "torchtitan-documents", "torchtitan-stream")
     trained = [line for line in lines if line.startswith("train job ")]
     assert [line.split()[2] for line in trained] == list(modes), summary  # the stream last: a late mode
     for mode, line in zip(modes, trained):
-        assert line.startswith(f"train job {mode} (rc 0): step:  5 "), summary
+        last = 6 if mode == "skrull" else 5  # TRACE: the skrull run's one traced step past its 5 timed ones
+        assert line.startswith(f"train job {mode} (rc 0): step:  {last} "), summary
         assert f"recompiles job {mode}: 0; guards: " in lines, summary  # eager: nothing compiles
     assert not any(line.startswith("cut: ") for line in lines), summary
     header = next(line for line in lines if line.startswith("| mode |"))
     columns = [c.strip() for c in header.split("|")[1:-1]]
-    rows = {r[0]: dict(zip(columns, r)) for r in
-            ([c.strip() for c in line.split("|")[1:-1]] for line in lines
-             if line.startswith("| ") and line != header)}
+    table_lines = itertools.takewhile(lambda line: line.startswith("| "), lines[lines.index(header) + 2:])
+    rows = {r[0]: dict(zip(columns, r)) for r in ([c.strip() for c in line.split("|")[1:-1]] for line in table_lines)}
     assert sorted(rows) == sorted(modes), summary
     for mode, r in rows.items():
         assert r["losses finite"] == "yes" and r["real tokens/s"] != "-", summary
@@ -111,7 +116,21 @@ def test_gpu_checks_dry_run_issue57_preset(tmp_path):
     assert " none " in bucket and " selective " in bucket, bucket  # the fresh profile's two modes
     assert f"skrull as run: 512 (x{512 / old:.2f}), {skrull['activation checkpointing']}" in bucket, bucket
     assert any(line.startswith("skrull / torchtitan-documents: real tokens/s x") for line in lines), summary
+    # TRACE (the preset's): the skrull run's step 6 recorded by torchtitan's profiler, read by bench trace-report
+    # (torch.profiler's ProfilerStep#5: torchtitan steps the profiler at a step's end), before the late stream;
+    # the table reads steps up to 5 only (train-report --until)
+    at = lines.index("trace-report job skrull (rc 0), steps 6-6 past the 5 timed:")
+    assert at < lines.index(trained[-1]), summary
+    assert lines[at + 1] == "# Trace report", summary
+    assert lines[at + 3].startswith("- rank0_trace.json.gz: ProfilerStep#5: span ") and lines[at + 3].endswith(
+        "no device events in this trace (a CPU trace): the host's ranges only"), summary
+    assert "| skrull/micro_batch_0 | 1 |" in summary, summary
+    with tarfile.open(tmp_path / "gpu_checks.tar.gz") as tar:
+        table = json.load(tar.extractfile("./train/job/train_report.json"))
+    assert table["skrull"]["steps"] == 5 == table["torchtitan-documents"]["steps"], table  # the traced step 6 not read
     names = archived(tmp_path)
+    assert "./train/job/runs/skrull_0/profiling/traces/iteration_6/rank0_trace.json.gz" in names, sorted(names)
     for name in ("logs/pytest_trainer.xml", "logs/profile.txt", "train/job/train_report.json",
+                 "logs/trace_report.md",
                  "train/job/runs/skrull_0/log.txt", "train/job/runs/torchtitan-stream_0/log.txt"):
         assert f"./{name}" in names, sorted(names)

@@ -33,6 +33,23 @@ def test_no_slow_step_leaves_the_rate_alone(tmp_path):
     assert "| - |" in table({"m": r}).splitlines()[2]
 
 
+def test_steps_after_until_are_not_read(tmp_path):
+    """Steps traced after the timed ones (tools/gpu_checks.sh's TRACE: 2 kept steps of 0.5 s, then a
+    profiler warm-up step and two traced ones, slower) are left out of every figure, run totals too."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    run = _run(tmp_path, [9.0, 0.5, 0.5, 0.9, 1.5, 1.5])
+    with SummaryWriter(f"{run}/tb/20261129") as w:
+        for step in range(1, 7):
+            w.add_scalar("compile/graphs", 1 if step <= 3 else 2, step)  # a graph compiled at step 4
+            w.add_scalar("documents/cut_documents", step, step)
+    r = summarize_mode(run, warmup=1, until=3)
+    assert r["steps"] == 3 and r["measured_steps"] == 2 and math.isclose(r["real_tokens_per_s"], 2000 / 1.0)
+    assert r["recompiles_after_warmup"] == 0 and r["cut_documents"] == 3
+    everything = summarize_mode(run, warmup=1)
+    assert everything["measured_steps"] == 5 and everything["recompiles_after_warmup"] == 1
+
+
 def test_memory_prediction_adds_what_free_running_holds(tmp_path):
     """Predicted = static + activation fit at the step's largest micro-batch + the
     unsharded parameters and gradients the trainer logs (skrull/free_running_bytes)."""

@@ -84,7 +84,7 @@ def test_command_registry(capsys):
         "simulate": "skrull_ext.bench.simulate:main", "latency": "skrull_ext.bench.latency:main",
         "adversarial": "skrull_ext.bench.adversarial:main", "cp": "skrull_ext.bench.cp_train:main",
         "overlap": "skrull_ext.bench.overlap:main", "train-report": "skrull_ext.bench.train_report:main",
-        "cpsat": "skrull_ext.bench.cpsat_gain:main",
+        "trace-report": "skrull_ext.bench.trace_report:main", "cpsat": "skrull_ext.bench.cpsat_gain:main",
         "datawait": "skrull_ext.bench.datawait:main", "data": "skrull_ext.bench.data:main"}
     for name, (target, _) in bench.COMMANDS.items():  # every target resolves
         module, func = target.split(":")

@@ -174,3 +174,27 @@ def test_the_step_line_says_a_prediction_only_where_one_was_made():
                                          "10% outside the micro-batches; ")
     assert "skrull/measured_over_predicted" not in packed.metrics()
     assert skrull.metrics()["skrull/measured_over_predicted"] == 2.0
+
+
+def test_each_phase_is_a_record_function_range_in_a_profiler_trace():
+    """bench trace-report reads the phases off a trace: one ``skrull/phase_<key>`` range per phase entered,
+    from ``enter`` to ``leave`` (packed_trainer.py's hooks) as from ``phase``, none left open."""
+    import torch
+
+    from skrull_ext.train.step_phases import RANGE
+
+    clock = TickClock()
+    phases = StepPhases(clock)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        run_step(phases, clock, 1, [("data", 1), ("checks", 1), ("mb", 1), ("checks", 1)])
+        phases.begin(2)
+        phases.enter("clip")
+        torch.ones(3).sum()
+        phases.leave()
+        phases.leave()  # none open: nothing
+        phases.end(0.0)
+    names = [e.name for e in prof.events() if e.name.startswith("skrull/phase_")]
+    assert sorted(names) == sorted(RANGE.format(key=k) for k in ("data", "checks", "mb", "checks", "clip"))
+    clip = next(e for e in prof.events() if e.name == "skrull/phase_clip")
+    assert any(e.name == "aten::sum" and e.time_range.start >= clip.time_range.start
+               and e.time_range.end <= clip.time_range.end for e in prof.events())
