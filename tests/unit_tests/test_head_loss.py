@@ -371,6 +371,222 @@ def test_a_head_of_its_own_forward_is_called_from_the_loss():
 
 
 
+# ---- head_backward = "in_forward" (train/head_grad.py): each chunk's gradients computed in the loss's forward
+
+def in_forward_batch(chunk: int | None, lora: bool = False, ac: bool = False, scale: float = 1.0,
+                     mode: str = "in_forward") -> tuple[float, dict]:
+    """The packed micro-batch as the trainer runs it (the head passed through the model's forward, its
+    weight applied per chunk), the chunks in ``mode``; ``scale`` multiplies the loss after the head's
+    (grad_output = scale); None: today's unchunked head, the loss scaled the same."""
+    model = _model(lora, ac)
+    tokens, labels, positions = _batch()
+    meta = build_meta(list(DOCS), [0] * len(DOCS), 0, 1)
+    if chunk is None:
+        loss_fn = CrossEntropyLoss(CrossEntropyLoss.Config())
+    else:
+        loss_fn = ChunkedHeadLoss(ChunkedHeadLoss.Config(chunk_tokens=chunk))
+        _wire(model, loss_fn)
+        assert loss_fn.pass_head_through([model])
+        loss_fn.set_head_backward(mode)
+    pred = model(tokens, positions=positions, attention_masks=meta)
+    loss, _ = loss_fn(pred, labels, torch.tensor(GLOBAL_TOKENS))
+    (loss * scale).backward()
+    return loss.item(), _grads(model)
+
+
+@pytest.mark.parametrize("chunk", [CHUNK, 1, 100, sum(DOCS), 10 * sum(DOCS)])
+def test_in_forward_equals_unchunked(reference, chunk):
+    """Chunks of 37 (the last 30), of one token, of 100 (the last 52), of exactly the micro-batch and
+    larger: the loss (1e-6) and every parameter's gradient, the head's and the layers' (1e-5), as unchunked."""
+    _close(reference, in_forward_batch(chunk))
+
+
+def test_in_forward_scaled_after_the_loss():
+    """A loss multiplied after the head's (grad_output 3.7, not 1): every gradient scaled as autograd's."""
+    _close(in_forward_batch(None, scale=3.7), in_forward_batch(CHUNK, scale=3.7))
+
+
+@pytest.mark.parametrize("lora,ac", [(True, False), (False, True)])
+def test_in_forward_with_lora_layers_and_full_ac(lora, ac):
+    """LoRA in the layers (the plain head frozen: no weight gradient computed, none returned) and
+    torchtitan's full activation checkpointing of the blocks."""
+    want = in_forward_batch(None, lora=lora, ac=ac)
+    got = in_forward_batch(CHUNK, lora=lora, ac=ac)
+    assert ("lm_head.weight" in got[1]) is not lora
+    _close(want, got)
+
+
+def _plain_head(bias: bool, tokens: int = 203, dim: int = 24, vocab: int = 97):
+    g = torch.Generator().manual_seed(11)
+    head = torch.nn.Linear(dim, vocab, bias=bias)
+    with torch.no_grad():
+        head.weight.copy_(torch.randn(vocab, dim, generator=g) * dim**-0.5)
+        if bias:
+            head.bias.copy_(torch.randn(vocab, generator=g))
+    hidden = torch.randn(2, tokens, dim, generator=g)
+    labels = torch.randint(0, vocab, (2, tokens), generator=g)
+    labels[:, ::5] = IGNORE_INDEX
+    labels[1, :40] = IGNORE_INDEX  # a prompt
+    return head, hidden, labels
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("chunk", [1, 64, 203, 406, 1000])
+def test_in_forward_head_with_bias_equals_unchunked(bias, chunk):
+    """A head with a bias, two rows of 203 tokens (chunks cross the rows), ignored labels, a divisor and
+    a grad_output of 0.3: the loss and the gradients of the hidden states, weight and bias as unchunked."""
+    divisor = torch.tensor(123.0)
+    results = []
+    for run in ("unchunked", "in_forward"):
+        head, hidden, labels = _plain_head(bias)
+        h = hidden.requires_grad_()
+        if run == "unchunked":
+            loss = CrossEntropyLoss(CrossEntropyLoss.Config())(head(h), labels, divisor)[0]
+        else:
+            loss_fn = ChunkedHeadLoss(ChunkedHeadLoss.Config(chunk_tokens=chunk))
+            loss_fn.set_lm_head(head)
+            loss_fn.set_head_backward("in_forward")
+            loss = loss_fn(h, labels, divisor)[0]
+        (loss * 0.3).backward()
+        grads = {"hidden": h.grad, "weight": head.weight.grad, **({"bias": head.bias.grad} if bias else {})}
+        results.append((loss.item(), grads))
+    _close(*results)
+
+
+def test_in_forward_keeps_the_gradients_not_the_logits():
+    """Saved-tensor hooks on a 4,096-token micro-batch: in forward, the chunks keep exactly the hidden
+    states' gradient (tokens x dim float32) and the head's weight gradient (vocab x dim float32), under a
+    quarter of the unchunked head's (its float32 log-softmax alone is tokens x vocab x 4)."""
+    tokens, dim = 4096, 256
+    kept = {}
+    for chunk in (None, 512):
+        model = _model()
+        loss_fn, _ = _losses(chunk)
+        _wire(model, loss_fn)
+        if chunk:
+            loss_fn.set_head_backward("in_forward")
+        g = torch.Generator().manual_seed(0)
+        h = torch.randn(1, tokens, dim, generator=g).requires_grad_()
+        labels = torch.randint(0, VOCAB, (1, tokens), generator=g)
+        x = h * 1.0
+        with SavedBytes(model) as saved:
+            loss, _ = loss_fn(x if chunk else model.lm_head(x), labels, torch.tensor(float(tokens)))
+        kept[chunk] = saved.bytes
+        loss.backward()
+    assert kept[512] == tokens * dim * 4 + VOCAB * dim * 4
+    assert kept[512] * 4 < kept[None]
+
+
+def test_in_forward_inside_overlength_chunks():
+    """overlength = "chunk": the trainer's loss inside a document chunk's checkpoint says so
+    (``in_checkpoint=True``, passes.py), and the head's chunks run the recompute path there (the
+    in-forward step never runs); without it they would compute their gradients in forward and again in
+    the checkpoint's recompute, which is still right (the recompute's values replace the saved ones,
+    backward runs once) but dearer: both equal the unchunked head."""
+    tokens, labels, _ = _batch()
+    results, steps = [], {}
+    for run in ("unchunked", "in_checkpoint", "in_forward_inside"):
+        model = _model()
+        loss_fn, _ = _losses(None if run == "unchunked" else CHUNK)
+        _wire(model, loss_fn)
+        flag = {}
+        if run != "unchunked":
+            loss_fn.set_head_backward("in_forward")
+            calls = steps.setdefault(run, [])
+            loss_fn.chunk_step = lambda *a, _calls=calls, _step=loss_fn.chunk_step: (_calls.append(1), _step(*a))[1]
+            flag = {"in_checkpoint": True} if run == "in_checkpoint" else {}
+        out = chunked_loss(model, tokens[0], labels[0], 64, lambda p, lab: loss_fn(p, lab, **flag)[0])  # noqa: B023
+        out.loss.backward()
+        results.append((out.loss.item(), _grads(model)))
+    _close(results[0], results[1])
+    _close(results[0], results[2])
+    assert steps["in_checkpoint"] == []
+    # 4 document chunks of 64 tokens (252 tokens, the last 60), 2 head chunks each: the first 3 checkpointed
+    # (forward and recompute), the last run once
+    per_doc_chunk = -(-64 // CHUNK)
+    assert len(steps["in_forward_inside"]) == 3 * 2 * per_doc_chunk + per_doc_chunk
+
+
+def test_in_forward_forward_only_runs_plain_chunks():
+    """Validation (no gradients): the chunks without the in-forward step, the same loss."""
+    model = _model()
+    loss_fn, _ = _losses(CHUNK)
+    _wire(model, loss_fn)
+    loss_fn.set_head_backward("in_forward")
+    loss_fn.chunk_step = None  # would fail if called
+    tokens, labels, positions = _batch()
+    with torch.no_grad():
+        pred = model(tokens, positions=positions, attention_masks=build_meta(list(DOCS), [0] * len(DOCS), 0, 1))
+        got = loss_fn(pred, labels)[0].item()
+    assert abs(got - micro_batch(None)[0] * GLOBAL_TOKENS) <= LOSS_TOL * abs(got)
+
+
+def test_head_backward_auto_forced_and_refused():
+    """"auto": in forward for a plain Linear head with torchtitan's cross-entropy and no TP, else the
+    recompute path, saying why; a forced "in_forward" where it cannot compose is refused in one message
+    naming the key, the value and why; "recompute" is always honoured."""
+    from skrull_ext.lora.converter import DropoutLoRALinear
+    from skrull_ext.train.head_loss import in_forward_blocked, resolve_head_backward
+    from torchtitan.components.loss import MSELoss
+
+    ce = CrossEntropyLoss(CrossEntropyLoss.Config())
+    plain = torch.nn.Linear(4, 8, bias=False)
+    auto, forced = ChunkedHeadLoss.Config(), ChunkedHeadLoss.Config(head_backward="in_forward")
+    got = resolve_head_backward(auto, plain, ce, tp=False)
+    assert got.mode == "in_forward" and "loss.head_backward auto: a plain Linear head" in got.why
+    assert got.line().startswith("head backward: in_forward (")
+    assert "overlength" in resolve_head_backward(auto, plain, ce, tp=False, overlength_chunk=True).why
+    assert resolve_head_backward(forced, plain, ce, tp=False).why.startswith("forced by loss.head_backward")
+    recompute = resolve_head_backward(ChunkedHeadLoss.Config(head_backward="recompute"), plain, ce, tp=False)
+    assert (recompute.mode, recompute.why) == ("recompute", "forced by loss.head_backward")
+
+    lora = DropoutLoRALinear.__new__(DropoutLoRALinear)
+    cases = {
+        "tp": (plain, ce, True, "TP shards the head's weight"),
+        "lora": (lora, ce, False, "the head is a DropoutLoRALinear, not a plain Linear"),
+        "loss": (plain, MSELoss(MSELoss.Config()), False, "loss.loss_fn is MSELoss, not torchtitan's CrossEntropyLoss"),
+    }
+    for head, loss, tp, why in cases.values():
+        assert why in in_forward_blocked(head, loss, tp)
+        got = resolve_head_backward(auto, head, loss, tp)
+        assert got.mode == "recompute" and got.why == f"loss.head_backward auto: {in_forward_blocked(head, loss, tp)}"
+        with pytest.raises(ValueError, match=r'loss.head_backward = "in_forward" cannot run here: ' + why):
+            resolve_head_backward(forced, head, loss, tp)
+    with pytest.raises(ValueError, match=r"loss.head_backward: 'fused' must be one of 'auto', 'in_forward', 'recompute'"):
+        ChunkedHeadLoss.Config(head_backward="fused")
+
+
+def test_in_forward_chunk_from_the_memory_model():
+    """In forward a chunk's peak is the logits and the float32 log-softmax: vocab x (elem + 4) B a token
+    assumed; a profile measured with the other mode is said."""
+    from skrull_ext.scheduler.profile_file import Profile
+
+    assert assumed_head_bytes_per_token(151936, 2, "in_forward") == 151936 * 6
+    config = ChunkedHeadLoss.Config(chunk_bytes=1 << 20)
+    got = resolve_chunking(config, 2048, 4, head_backward="in_forward")
+    assert got.chunk_tokens == (1 << 20) // (2048 * 8) and "vocabulary 2048 x (4 + 4) B" in got.why
+    memory = {"logits_bytes_per_token": 4096.0, "head_chunk_tokens": 256}
+    base = {"compute": {"a_us_per_flop": 1e-6, "b_us": 0.0}, "comm": {"bytes": [1], "us": [1.0]}}
+    recompute = Profile({**base, "memory": memory}, "p.toml")
+    assert "measured the head's chunks with head_backward recompute, the job runs in_forward" in \
+        resolve_chunking(config, 2048, 4, recompute, head_backward="in_forward").why
+    assert "measured the head's" not in resolve_chunking(config, 2048, 4, recompute).why
+    in_forward = Profile({**base, "memory": {**memory, "head_grad_bytes": 2048.0 * 64 * 4}}, "p.toml")
+    assert "measured the head's" not in resolve_chunking(config, 2048, 4, in_forward, head_backward="in_forward").why
+    assert ProfileMemory.of({"memory": {"bucket_size": 1, "a_bytes_per_token": 1.0, "b_bytes": 0.0, "usable_bytes": 1.0,
+                                        "static_bytes": 0.0, "head_grad_bytes": 8.0}}).section()["head_grad_bytes"] == 8.0
+
+
+def test_job_file_sets_head_backward(tmp_path):
+    from skrull_ext.train.job.job_file import load_job
+
+    job = tmp_path / "job.toml"
+    job.write_text('[model]\nname = "llama3"\nflavor = "debugmodel"\n[loss]\nhead_backward = "recompute"\n')
+    assert load_job(str(job)).loss.head_backward == "recompute"
+    job.write_text('[model]\nname = "llama3"\nflavor = "debugmodel"\n')
+    assert load_job(str(job)).loss.head_backward == "auto"
+
+
 # The GPU check (stage 3' of tools/gpu_checks.sh runs it): Qwen2.5-0.5B's head (896 -> 151,936) in bf16
 # on 8,192 tokens, in chunks of 880 (loss.chunk_bytes' 2 GiB at 16 B a token and vocabulary entry:
 # head_loss.py), 10 chunks, the last 272 tokens.
