@@ -68,7 +68,8 @@ if [ "$preset" = issue57 ]; then
   # archive's files and its logs' timestamps, docs/results/data/gpu_2026-11-28_gpu_checks.tar.gz):
   #   env, wheels, core build (no limit)    42 s there: estimate 45
   #   3'. CUDA tests             limit 45:  22 s there (pytest start, CUDA init, 3 cases); the bf16 head case
-  #                                         too: estimate 30
+  #                                         too: estimate 30 (run 8: 15 s, 4 cases, the head's 7.5 s); its
+  #                                         head_backward "in_forward" case beside it: estimate 22
   #   5. profile, 2 modes        limit 145: 72 s for one mode (23 s start-up, 38 s compute ladder mostly
   #                                         compiling, 5 s memory, 4 s head and micro-batches, 2 s plot); a
   #                                         second mode builds and compiles again (+45 s), the step term +5:

@@ -38,6 +38,29 @@ this on a GPU (it computes the gradients in forward, with no recompute).
 Checkpointing composes with all of these: the backward runs in autograd's
 own order and graph task, chunk by chunk, like an activation-checkpointed
 block (nested inside train/chunked.py's checkpoint too).
+
+How the chunks get their gradients is ``[loss] head_backward``. "recompute" is
+the checkpointing above: four matmuls a chunk (forward, its recompute, the
+hidden states' and the weight's gradients), the loss's elementwise work twice.
+"in_forward" (train/head_grad.py) computes each chunk's loss and gradients in
+the loss's forward, one ``autograd.Function`` over the chunks whose backward
+hands autograd the kept gradients times ``grad_output``: three matmuls a chunk,
+one elementwise pass, and a vocab x dim float32 weight gradient held from
+forward to backward (the memory model's ``[memory] head_grad_bytes``). It is
+what torchtitan's wrapper does, without the four misfits above: any length,
+the upstream ``grad_output`` honoured, FSDP's hooks left to autograd's order
+(the head module still passes the hidden states through in the model's
+forward), and inside train/chunked.py's checkpoint the trainer's call says
+``in_checkpoint=True`` and the chunks recompute there (in forward they would
+be right, the recompute's gradients replacing the saved ones, but six matmuls
+a chunk against five). "auto", the default, runs in_forward where it
+composes (``in_forward_blocked``): a plain Linear head (a LoRA head's adapters
+get their gradients through autograd, in the checkpointed chunks), no TP (the
+head's weight a Shard(0) DTensor for loss_parallel), and torchtitan's
+``CrossEntropyLoss`` as the chunk's loss (the gradient head_grad.py computes);
+one start-up line says which and why, and a forced "in_forward" where it does
+not compose is refused. Both equal the unchunked head up to float rounding
+(tests/unit_tests/test_head_loss.py).
 """
 
 from __future__ import annotations

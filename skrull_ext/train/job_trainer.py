@@ -128,15 +128,18 @@ class JobTrainer(Trainer):
                                          self.parallel_dims.tp_enabled,
                                          skrull.enable and skrull.overlength == "chunk")
         profile = skrull.measured_profile() if skrull.enable else None
-        chunking = resolve_chunking(config.loss, decoder_vocab_size(config.model_spec),
-                                    compute_dtype(config).itemsize, profile, head_backward=backward.mode)
-        self.loss_fn.set_chunking(chunking)
         cp = self.parallel_dims.cp
         tokens = (skrull.resolved_bucket_size() if skrull.enable
                   else config.training.local_batch_size * config.training.seq_len // cp)
+        shape = (config.loss, decoder_vocab_size(config.model_spec), compute_dtype(config).itemsize, profile)
+        # the head in the model's forward holds what a recompute chunk of the micro-batch holds
+        chunking = resolve_chunking(*shape, head_backward="recompute")
+        whole = chunking.chunk_tokens >= tokens and config.loss.head_backward != "in_forward"
+        if not whole and backward.mode == "in_forward":
+            chunking = resolve_chunking(*shape, head_backward="in_forward")
+        self.loss_fn.set_chunking(chunking)
         line = chunking.line(tokens)
-        forced = config.loss.head_backward == "in_forward"
-        if chunking.chunk_tokens >= tokens and not forced:  # one chunk holds every micro-batch: nothing to chunk
+        if whole:  # one chunk holds every micro-batch: nothing to chunk
             self.loss_fn.put_head_back(self.model_parts)
             line += "; one chunk holds a micro-batch, so the head runs in the model's forward"
             backward = HeadBackward("autograd's", "the head in the model's forward, unchunked")

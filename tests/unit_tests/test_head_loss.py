@@ -596,9 +596,10 @@ BF16_U = 2.0**-8
 
 
 def head_loss_run(device: str, tokens: int, dim: int, vocab: int, chunk: int | None,
-                  dtype: torch.dtype = torch.bfloat16) -> tuple[float, dict]:
+                  dtype: torch.dtype = torch.bfloat16, mode: str = "recompute") -> tuple[float, dict]:
     """Loss and gradients (hidden states, head weight) of a head and the loss, the inputs rounded to
-    bf16 first, so that a float64 run of the same inputs is their reference. ``chunk`` None:
+    bf16 first, so that a float64 run of the same inputs is their reference; the chunks in ``mode``
+    (loss.head_backward). ``chunk`` None:
     unchunked (torchtitan's CrossEntropyLoss on the logits; float64: the plain cross-entropy,
     which torchtitan's would compute in float32)."""
     g = torch.Generator().manual_seed(5)
@@ -619,6 +620,7 @@ def head_loss_run(device: str, tokens: int, dim: int, vocab: int, chunk: int | N
         loss_fn, _ = _losses(chunk)
         if chunk is not None:
             loss_fn.set_lm_head(head)
+            loss_fn.set_head_backward(mode)
         loss, _ = loss_fn(h * 1.0 if chunk is not None else head(h), labels, divisor)
     loss.backward()
     return loss.double().item(), {"hidden": h.grad.double(), "weight": head.weight.grad.double()}
@@ -644,6 +646,29 @@ def test_bf16_head_loss_on_cuda_equals_unchunked():
     ref_loss, ref = head_loss_run(*shape, None, torch.float64)
     un_loss, un = head_loss_run(*shape, None)
     ch_loss, ch = head_loss_run(*shape, CUDA_CHUNK)
+
+    def err(got: dict, name: str) -> float:
+        return float((got[name] - ref[name]).norm() / ref[name].norm())
+
+    assert abs(ch_loss - un_loss) <= BF16_U / 4 * abs(un_loss), (ch_loss, un_loss)
+    assert abs(ch_loss - ref_loss) <= BF16_U / 4 * abs(ref_loss), (ch_loss, ref_loss)
+    assert err(un, "hidden") <= 2 * BF16_U and err(ch, "hidden") <= 2 * BF16_U, (err(un, "hidden"), err(ch, "hidden"))
+    chunks = -(-CUDA_TOKENS // CUDA_CHUNK)
+    assert err(ch, "weight") <= err(un, "weight") + chunks**0.5 * BF16_U / 2, (err(ch, "weight"), err(un, "weight"))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (the bf16 head and loss as a GPU runs them)")
+def test_bf16_in_forward_on_cuda_equals_unchunked():
+    """The chunks with their gradients computed in forward (loss.head_backward "in_forward",
+    train/head_grad.py), bf16 on CUDA, the same shape and bars as the test above, against the same float64
+    run. The loss and the hidden states' gradient: each token's softmax - onehot scaled in float32 and
+    rounded once to bf16, one GEMM per row block into bf16, as autograd's. The weight's gradient: the
+    chunks' products accumulated in float32 by cuBLAS (addmm with out_dtype), rounded once to bf16 in
+    backward: within the unchunked error + sqrt(10) u / 2 as the recompute path (it sums in bf16)."""
+    shape = ("cuda", CUDA_TOKENS, QWEN_DIM, QWEN_VOCAB)
+    ref_loss, ref = head_loss_run(*shape, None, torch.float64)
+    un_loss, un = head_loss_run(*shape, None)
+    ch_loss, ch = head_loss_run(*shape, CUDA_CHUNK, mode="in_forward")
 
     def err(got: dict, name: str) -> float:
         return float((got[name] - ref[name]).norm() / ref[name].norm())
