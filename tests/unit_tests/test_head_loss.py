@@ -504,6 +504,47 @@ def test_in_forward_forward_only_runs_plain_chunks():
     assert abs(got - micro_batch(None)[0] * GLOBAL_TOKENS) <= LOSS_TOL * abs(got)
 
 
+def test_in_forward_under_autocast_as_single_device_training():
+    """torchtitan's single-device mixed precision runs the step under ``torch.autocast`` (bf16) with float32
+    parameters: the in-forward chunks run their matmuls in autocast's dtype (the weight cast once) and hand
+    back float32 gradients. On CPU, against the float64 run of the same inputs, as close as autocast's
+    unchunked head: the loss within u / 4, the hidden states' gradient within 2u, the weight's within the
+    unchunked error + sqrt(chunks) u / 2 (u = 2^-8)."""
+    tokens, dim, vocab, chunk = 512, 64, 1024, 100
+    g = torch.Generator().manual_seed(2)
+    weight, hidden = torch.randn(vocab, dim, generator=g) * dim**-0.5, torch.randn(1, tokens, dim, generator=g)
+    labels = torch.randint(0, vocab, (1, tokens), generator=g)
+    labels[0, ::7] = IGNORE_INDEX
+    divisor = (labels != IGNORE_INDEX).sum().float()
+    runs = {}
+    for run in ("float64", "unchunked", "in_forward"):
+        dtype = torch.float64 if run == "float64" else torch.float32
+        head = torch.nn.Linear(dim, vocab, bias=False, dtype=dtype)
+        with torch.no_grad():
+            head.weight.copy_(weight)
+        h = hidden.to(dtype, copy=True).requires_grad_()  # each run its own leaf
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=run != "float64"):
+            if run == "in_forward":
+                loss_fn = ChunkedHeadLoss(ChunkedHeadLoss.Config(chunk_tokens=chunk))
+                loss_fn.set_lm_head(head)
+                loss_fn.set_head_backward("in_forward")
+                loss = loss_fn(h, labels, divisor)[0]
+            else:
+                loss = CrossEntropyLoss(CrossEntropyLoss.Config())(head(h), labels, divisor)[0]
+        loss.backward()
+        assert h.grad.dtype == head.weight.grad.dtype == dtype
+        runs[run] = loss.double().item(), {"hidden": h.grad.double(), "weight": head.weight.grad.double()}
+    (ref_loss, ref), (un_loss, un), (got_loss, got) = runs["float64"], runs["unchunked"], runs["in_forward"]
+
+    def err(grads: dict, name: str) -> float:
+        return float((grads[name] - ref[name]).norm() / ref[name].norm())
+
+    assert abs(got_loss - ref_loss) <= BF16_U / 4 * abs(ref_loss), (got_loss, un_loss, ref_loss)
+    assert err(got, "hidden") <= 2 * BF16_U, (err(got, "hidden"), err(un, "hidden"))
+    chunks = -(-tokens // chunk)
+    assert err(got, "weight") <= err(un, "weight") + chunks**0.5 * BF16_U / 2, (err(got, "weight"), err(un, "weight"))
+
+
 def test_head_backward_auto_forced_and_refused():
     """"auto": in forward for a plain Linear head with torchtitan's cross-entropy and no TP, else the
     recompute path, saying why; a forced "in_forward" where it cannot compose is refused in one message
