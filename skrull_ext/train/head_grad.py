@@ -34,7 +34,9 @@ the memory model counts in ``[memory] head_grad_bytes``), the bias's if any. On 
 accumulation is cuBLAS's addmm into the float32 buffer from compute-dtype operands
 (``out_dtype``), one rounding a chunk; elsewhere each chunk's product is rounded to the compute
 dtype first, as autograd's per-chunk gradient is (then summed in float32, not in the parameter's
-dtype as autograd's ``AccumulateGrad`` sums a bf16 parameter's chunks).
+dtype as autograd's ``AccumulateGrad`` sums a bf16 parameter's chunks). A torch whose CUDA addmm
+refuses a float32 accumulator with bf16 operands gets each product in float32 then added
+(``_Float32Sum``).
 
 The peak of a chunk is the logits and the float32 log-softmax (``elem + 4`` bytes a vocabulary
 entry and token), against the checkpointed chunk's logits, their float32 copy, the log-softmax and
@@ -74,15 +76,32 @@ def linear_cross_entropy_grad(h: torch.Tensor, weight: torch.Tensor, bias: torch
     return loss, grad.to(dtype)
 
 
-def _accumulate(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
-    """acc += a @ b, ``acc`` float32: in one GEMM where the operands are float32 or on CUDA
-    (addmm with ``out_dtype``), else each product rounded to the operands' dtype first."""
-    if a.dtype == acc.dtype:
-        acc.addmm_(a, b)
-    elif acc.is_cuda:
-        torch.addmm(acc, a, b, out_dtype=acc.dtype, out=acc)
-    else:
-        acc.add_(torch.mm(a, b))
+class _Float32Sum:
+    """A float32 buffer that sums products ``a @ b`` of compute-dtype operands: in one GEMM where the
+    operands are float32, or on CUDA with cuBLAS's addmm into it (``out_dtype``, one rounding a
+    product); where that addmm takes no float32 ``self`` (torch versions whose ``_addmm_dtype_out_cuda``
+    checks "self and mat2 must have the same dtype"), the product in float32 (``mm`` with
+    ``out_dtype``) then added, from the first refusal on; off CUDA, each product rounded to the
+    operands' dtype first, then added."""
+
+    def __init__(self, shape: torch.Size, device: torch.device) -> None:
+        self.buf = torch.zeros(shape, dtype=torch.float32, device=device)
+        self.fused = self.buf.is_cuda
+
+    def add(self, a: torch.Tensor, b: torch.Tensor) -> None:
+        buf = self.buf
+        if a.dtype == buf.dtype:
+            buf.addmm_(a, b)
+        elif self.fused:
+            try:
+                torch.addmm(buf, a, b, out_dtype=buf.dtype, out=buf)
+            except RuntimeError:
+                self.fused = False
+                buf.add_(torch.mm(a, b, out_dtype=buf.dtype))
+        elif buf.is_cuda:
+            buf.add_(torch.mm(a, b, out_dtype=buf.dtype))
+        else:
+            buf.add_(torch.mm(a, b))
 
 
 def _compute_dtype(h: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
@@ -109,7 +128,7 @@ class _HeadLossInForward(torch.autograd.Function):
             w = weight.to(dtype)
             b = bias.to(dtype) if bias is not None else None
             grad_h = torch.empty(h.shape, dtype=dtype, device=h.device) if want_h else None
-            grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=h.device) if want_w else None
+            grad_w = _Float32Sum(weight.shape, h.device) if want_w else None
             grad_b = torch.zeros(bias.shape, dtype=torch.float32, device=h.device) if want_b else None
             total = torch.zeros((), dtype=torch.float32, device=h.device)
             for a in range(0, h.shape[0], chunk):
@@ -119,11 +138,11 @@ class _HeadLossInForward(torch.autograd.Function):
                 if grad_h is not None:
                     torch.mm(dlogits, w, out=grad_h[a:a + chunk])
                 if grad_w is not None:
-                    _accumulate(grad_w, dlogits.t(), h_c)
+                    grad_w.add(dlogits.t(), h_c)
                 if grad_b is not None:
                     grad_b += dlogits.sum(0, dtype=torch.float32)
                 del dlogits
-        ctx.save_for_backward(grad_h, grad_w, grad_b)
+        ctx.save_for_backward(grad_h, grad_w.buf if grad_w is not None else None, grad_b)
         ctx.dtypes = h.dtype, weight.dtype, bias.dtype if bias is not None else None
         return total / divisor if divisor is not None else total
 
