@@ -504,6 +504,19 @@ def test_in_forward_forward_only_runs_plain_chunks():
     assert abs(got - micro_batch(None)[0] * GLOBAL_TOKENS) <= LOSS_TOL * abs(got)
 
 
+def test_in_forward_second_backward_of_a_retained_graph_is_refused():
+    """The kept gradients are scaled by grad_output in place: a retained graph's second backward fails on
+    their version (autograd's own error) rather than handing back gradients scaled twice."""
+    head, hidden, labels = _plain_head(bias=True)
+    loss_fn = ChunkedHeadLoss(ChunkedHeadLoss.Config(chunk_tokens=64))
+    loss_fn.set_lm_head(head)
+    loss_fn.set_head_backward("in_forward")
+    loss = loss_fn(hidden.requires_grad_(), labels)[0]
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+
+
 def test_in_forward_under_autocast_as_single_device_training():
     """torchtitan's single-device mixed precision runs the step under ``torch.autocast`` (bf16) with float32
     parameters: the in-forward chunks run their matmuls in autocast's dtype (the weight cast once) and hand
