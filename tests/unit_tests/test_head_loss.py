@@ -17,6 +17,17 @@ forward's mask.
 Memory: saved-tensor hooks count the bytes the head and loss keep for
 backward on a 4,096-token micro-batch; chunked, they are the hidden states
 and the labels, exactly, under a quarter of what the unchunked head keeps.
+
+The chunks with their gradients computed in forward (``loss.head_backward =
+"in_forward"``, train/head_grad.py), against the unchunked head, the same bars:
+the packed micro-batch in chunks of 1, 37, 100, all of it and more (the layers'
+gradients too), a loss scaled after the head's (grad_output 3.7), LoRA layers
+(the plain head frozen) and full activation checkpointing, a head with a bias
+over two rows with chunks across them, torchtitan's single-device autocast,
+inside ``overlength = "chunk"`` (recomputed there, ``in_checkpoint``; right but
+dearer without), forward only; what they keep for backward (the two
+gradients, exactly); "auto", a forced mode and the refusal; the chunk's
+assumed bytes and a profile of the other mode said.
 """
 
 import pytest
