@@ -97,10 +97,9 @@ def main() -> None:
             if r >= args.warmup:
                 times[m].append(ms)
     med = {m: statistics.median(t) for m, t in times.items()}
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU {torch.get_num_threads()} threads"
     print(f"head + loss fwd+bwd, {args.tokens} tokens in chunks of {args.chunk}, {args.dim} -> {args.vocab}, "
-          f"{args.dtype}{', compiled loss' if args.compile else ''}, "
-          f"{torch.cuda.get_device_name(device) if device.type == 'cuda' else f'CPU {torch.get_num_threads()} threads'}, "
-          f"median of {args.repeats}:")
+          f"{args.dtype}{', compiled loss' if args.compile else ''}, {where}, median of {args.repeats}:")
     for m in modes:
         print(f"  {m:10s} {med[m]:9.1f} ms  ({', '.join(f'{t:.0f}' for t in times[m])})")
     best = {m: min(t) for m, t in times.items()}

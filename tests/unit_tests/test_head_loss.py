@@ -600,7 +600,8 @@ def test_head_backward_auto_forced_and_refused():
         assert got.mode == "recompute" and got.why == f"loss.head_backward auto: {in_forward_blocked(head, loss, tp)}"
         with pytest.raises(ValueError, match=r'loss.head_backward = "in_forward" cannot run here: ' + why):
             resolve_head_backward(forced, head, loss, tp)
-    with pytest.raises(ValueError, match=r"loss.head_backward: 'fused' must be one of 'auto', 'in_forward', 'recompute'"):
+    with pytest.raises(ValueError,
+                       match=r"loss.head_backward: 'fused' must be one of 'auto', 'in_forward', 'recompute'"):
         ChunkedHeadLoss.Config(head_backward="fused")
 
 
@@ -621,8 +622,9 @@ def test_in_forward_chunk_from_the_memory_model():
     assert "measured the head's" not in resolve_chunking(config, 2048, 4, recompute).why
     in_forward = Profile({**base, "memory": {**memory, "head_grad_bytes": 2048.0 * 64 * 4}}, "p.toml")
     assert "measured the head's" not in resolve_chunking(config, 2048, 4, in_forward, head_backward="in_forward").why
-    assert ProfileMemory.of({"memory": {"bucket_size": 1, "a_bytes_per_token": 1.0, "b_bytes": 0.0, "usable_bytes": 1.0,
-                                        "static_bytes": 0.0, "head_grad_bytes": 8.0}}).section()["head_grad_bytes"] == 8.0
+    table = {"bucket_size": 1, "a_bytes_per_token": 1.0, "b_bytes": 0.0, "usable_bytes": 1.0, "static_bytes": 0.0}
+    assert ProfileMemory.of({"memory": {**table, "head_grad_bytes": 8.0}}).section()["head_grad_bytes"] == 8.0
+    assert "head_grad_bytes" not in ProfileMemory.of({"memory": table}).section()  # absent: recompute, as before
 
 
 def test_job_file_sets_head_backward(tmp_path):
