@@ -75,8 +75,9 @@ if [ "$preset" = issue57 ]; then
   # against the eighth's (2026-11-29: 504 s in all, the second mix's stream cut):
   #   env, wheels, core build (no limit)    42 s there: estimate 45 (51 in run 8)
   #   3'. CUDA tests             limit 45:  22 s there (pytest start, CUDA init, 3 cases); the bf16 head case
-  #                                         too: estimate 30 (33 in run 8); a profiled toy step read by
-  #                                         trace-report too (collection, CUPTI's start): estimate 35
+  #                                         too: estimate 30 (33 in run 8, 4 cases, the head's 7.5 s); its
+  #                                         head_backward "in_forward" case (+7) and a profiled toy step read
+  #                                         by trace-report (collection, CUPTI's start): estimate 40
   #   5. profile, 2 modes        limit 145: 72 s for one mode (23 s start-up, 38 s compute ladder mostly
   #                                         compiling, 5 s memory, 4 s head and micro-batches, 2 s plot); a
   #                                         second mode builds and compiles again (+45 s), the step term +5:

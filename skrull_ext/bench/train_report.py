@@ -134,14 +134,16 @@ def graphs_after(tags: dict[str, dict[int, float]], warmup: int) -> float:
 def settings(tags: dict[str, dict[int, float]]) -> dict:
     """What a Skrull run settled at start-up (train/run_settings.py), {} for a run that logged none:
     the checkpointing mode's name (None: a kind no profile measures), the BucketSize and the head's
-    chunk tokens (0: unchunked), each as logged at the last step."""
-    from skrull_ext.train.run_settings import AC_TAG, BUCKET_TAG, CHUNK_TAG, mode_named
+    chunk tokens (0: unchunked) and whether its chunks computed their gradients in forward (None: a run
+    from before the tag), each as logged at the last step."""
+    from skrull_ext.train.run_settings import AC_TAG, BUCKET_TAG, CHUNK_TAG, IN_FORWARD_TAG, mode_named
 
     if BUCKET_TAG not in tags:
         return {}
     return {"activation_checkpoint": mode_named(last(tags, AC_TAG)) if AC_TAG in tags else None,
             "bucket_size": int(last(tags, BUCKET_TAG)),
-            "head_chunk_tokens": int(last(tags, CHUNK_TAG)) if CHUNK_TAG in tags else None}
+            "head_chunk_tokens": int(last(tags, CHUNK_TAG)) if CHUNK_TAG in tags else None,
+            "head_in_forward": bool(last(tags, IN_FORWARD_TAG)) if IN_FORWARD_TAG in tags else None}
 
 
 def memory_under(profile, mode: str | None):
@@ -231,8 +233,12 @@ def table(results: dict[str, dict]) -> str:
         return f"{named}: {r['real_tokens_per_s_without_slow']:,.0f} without"
 
     def chunk(r):
-        tokens = r.get("head_chunk_tokens")
-        return "-" if tokens is None else "unchunked" if tokens == 0 else f"{tokens:,}"
+        tokens, in_forward = r.get("head_chunk_tokens"), r.get("head_in_forward")
+        if tokens is None:
+            return "-"
+        if tokens == 0:
+            return "unchunked"
+        return f"{tokens:,}" + ("" if in_forward is None else ", in forward" if in_forward else ", recomputed")
 
     rows = ["| mode | activation checkpointing | BucketSize | head chunk tokens "
             "| real tokens/s | mean step ms | median step ms "

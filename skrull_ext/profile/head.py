@@ -21,7 +21,9 @@ ranks. ``token_us`` is the slope of the line through them; the intercept
 (the embedding gradient's zero fill, the calls themselves) is paid once per
 micro-batch, which the fixed-cost stage's slope already counts. With the
 head and loss in chunks (``[loss]``, train/head_loss.py) the loss applies the
-head, and the time includes its recompute in backward.
+head as the job's chunks run it (``head_backward``): with "recompute" the time
+includes each chunk's head again in backward, with "in_forward" the gradients
+computed in the loss's forward (train/head_grad.py).
 """
 
 from __future__ import annotations

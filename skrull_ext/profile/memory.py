@@ -377,6 +377,9 @@ class MemoryResult:
     chunked (train/head_loss.py) and the fit's slope holds the logits."""
     head_chunk: int = 0
     """Tokens a chunk of the head and loss: what the logits take at most is one chunk's."""
+    head_grad_bytes: float = 0.0
+    """The in-forward head's float32 weight gradient held from forward to backward (in the fit's
+    intercept, as the ladder ran the job's loss); 0: its chunks recompute (train/head_loss.py)."""
 
     def predicted(self, tokens: int) -> float:
         return self.fit(tokens) + head_bytes(tokens, self.logits_bytes_per_token, self.head_chunk)
@@ -399,10 +402,16 @@ def fit_memory(tokens: Sequence[int], values: Sequence[float]) -> PolyFit:
 
 
 def measure_head(jm: JobModel, tokens: Sequence[int], meter: Any, seed: int = 0) -> PolyFit:
-    """Peak bytes of the head and the job's per-chunk loss over ``tokens`` tokens unchunked, fwd+bwd
-    from hidden states made beforehand: the logits, their float32 copy and gradients (and the
-    hidden states' gradient). The slope is what one token of a chunk takes."""
+    """Peak bytes of the head and the job's per-chunk loss over ``tokens`` tokens in one chunk,
+    fwd+bwd from hidden states made beforehand, as the job's chunks run (``head_backward``):
+    recompute, the head's logits, their float32 copy and gradients (and the hidden states'
+    gradient); in forward (train/head_grad.py), the logits and the float32 log-softmax that
+    becomes their gradient, the hidden states' gradient, and the float32 weight gradient (the
+    intercept). The slope is what one token of a chunk takes."""
+    from skrull_ext.train.head_grad import head_loss_in_forward
+
     loss, head = jm.loss_fn.loss_fn, jm.model.lm_head
+    in_forward = jm.loss_fn.head_backward == "in_forward"
     g = torch.Generator().manual_seed(seed)
     dim = jm.shape.hidden
 
@@ -410,7 +419,10 @@ def measure_head(jm: JobModel, tokens: Sequence[int], meter: Any, seed: int = 0)
         h = torch.randn(1, n, dim, generator=g).to(jm.device, jm.dtype).requires_grad_()
         labels = torch.randint(0, jm.vocab_size, (1, n), generator=g).to(jm.device)
         meter.start()
-        out, _ = loss(head(h), labels)
+        if in_forward:
+            out = head_loss_in_forward(h, head.weight, head.bias, labels, None, n, jm.loss_fn.chunk_step)
+        else:
+            out, _ = loss(head(h), labels)
         out.backward()
         sync(jm.device)
         return meter.peak()
@@ -421,21 +433,26 @@ def measure_head(jm: JobModel, tokens: Sequence[int], meter: Any, seed: int = 0)
     return fit_poly([float(n) for n in tokens], peaks, 1)
 
 
-def _chunk_head(jm: JobModel, opts: ProfileOptions, meter: Any, tick: Callable[[str], None]) -> tuple[float, int]:
-    """(peak bytes a token of the head and loss, the job's chunk) when the job's loss runs the head
-    in chunks (train/head_loss.py), else (0, 0). The ladder then runs in chunks of an eighth of its
-    shortest buffer, so its slope holds no logits and its intercept one such chunk's (an overcount
-    of at most that chunk: conservative); the later stages run the job's chunk."""
-    from skrull_ext.train.head_loss import ChunkedHeadLoss, HeadChunking, resolve_chunking
+def _chunk_head(jm: JobModel, opts: ProfileOptions, meter: Any,
+                tick: Callable[[str], None]) -> tuple[float, int, float]:
+    """(peak bytes a token of the head and loss, the job's chunk, the in-forward head's weight
+    gradient held to backward) when the job's loss runs the head in chunks (train/head_loss.py),
+    else (0, 0, 0). The ladder then runs in chunks of an eighth of its shortest buffer, so its
+    slope holds no logits and its intercept one such chunk's (an overcount of at most that chunk:
+    conservative) and, in forward, the weight gradient; the later stages run the job's chunk."""
+    from skrull_ext.train.head_loss import ChunkedHeadLoss, HeadChunking, head_grad_bytes, resolve_chunking
 
     if not isinstance(jm.loss_fn, ChunkedHeadLoss):
-        return 0.0, 0
+        return 0.0, 0, 0.0
     tick("memory head")
+    mode = jm.loss_fn.head_backward
     per_token = max(measure_head(jm, sorted(set(opts.memory_lengths))[:3], meter, opts.seed).slope, 1.0)
-    chunking = resolve_chunking(jm.config.loss, jm.vocab_size, jm.dtype.itemsize, measured=per_token)
+    chunking = resolve_chunking(jm.config.loss, jm.vocab_size, jm.dtype.itemsize, measured=per_token,
+                                head_backward=mode)
     ladder = max(1, min(opts.memory_lengths) // 8)
     jm.loss_fn.set_chunking(HeadChunking(ladder, per_token, "the memory ladder's"))
-    return per_token, chunking.chunk_tokens
+    held = head_grad_bytes(jm.model.lm_head) if mode == "in_forward" else 0.0
+    return per_token, chunking.chunk_tokens, held
 
 
 def profile_memory(jm: JobModel, opts: ProfileOptions, world_size: int,
@@ -444,7 +461,7 @@ def profile_memory(jm: JobModel, opts: ProfileOptions, world_size: int,
     from skrull_ext.train.head_loss import HeadChunking
 
     meter = PEAK_METERS[jm.device.type](jm.device)
-    logits, chunk = _chunk_head(jm, opts, meter, tick)
+    logits, chunk, head_grad = _chunk_head(jm, opts, meter, tick)
     measure_step(jm, [min(opts.memory_lengths)], meter, opts.seed)  # allocate parameter gradients
     local = []
     for n in opts.memory_lengths:
@@ -464,4 +481,4 @@ def profile_memory(jm: JobModel, opts: ProfileOptions, world_size: int,
     kv = 2.0 * s.kv_width * s.bytes_per_elem * s.layers
     bucket = derive_bucket_size(usable, static.total, fit.slope, fit.intercept, margin, fit.quadratic, cp, kv,
                                 logits, chunk)
-    return MemoryResult(points, fit, static, usable, margin, bucket, cp, kv, logits, chunk)
+    return MemoryResult(points, fit, static, usable, margin, bucket, cp, kv, logits, chunk, head_grad)

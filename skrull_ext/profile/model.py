@@ -30,7 +30,7 @@ from torchtitan.components.loss import ChunkedLossWrapper
 
 from skrull_ext._core import ModelShape
 from skrull_ext.scheduler.model_shape import DTYPES, compute_dtype, fsdp_degree, model_compiled, spec_shape
-from skrull_ext.train import head_loss  # noqa: F401  (wires [loss]'s build() to ChunkedHeadLoss, as the trainers do)
+from skrull_ext.train import head_loss  # (also wires [loss]'s build() to ChunkedHeadLoss, as the trainers do)
 
 __all__ = ["DTYPES", "JobModel", "build_job_model", "compute_dtype", "fsdp_degree"]
 
@@ -136,6 +136,10 @@ def build_job_model(config: Any, device: torch.device, max_len: int) -> JobModel
     if isinstance(loss_fn, ChunkedLossWrapper):  # the head runs in the loss, as torchtitan's Trainer wires it
         loss_fn.set_lm_head(model.lm_head)
         model._skip_lm_head = True
+    if isinstance(loss_fn, head_loss.ChunkedHeadLoss):  # its chunks' gradients as the job's (job_trainer.py)
+        loss_fn.set_head_backward(head_loss.resolve_head_backward(
+            config.loss, model.lm_head, loss_fn.loss_fn, config.parallelism.tensor_parallel_degree > 1,
+            dacp and skrull.overlength == "chunk").mode)
     return JobModel(
         config=config,
         model=model,

@@ -95,7 +95,8 @@ def profile_dict(p: Profile) -> dict[str, Any]:
                        bucket_size=mem.bucket_size, a=mem.fit.slope, b=mem.fit.intercept, c=mem.fit.quadratic,
                        usable=mem.usable, static=mem.static.total, margin=mem.margin, cp=mem.cp,
                        kv=mem.kv_bytes_per_token, free_running=mem.static.free_running,
-                       logits=mem.logits_bytes_per_token, head_chunk=mem.head_chunk).section(),
+                       logits=mem.logits_bytes_per_token, head_chunk=mem.head_chunk,
+                       head_grad=mem.head_grad_bytes).section(),
                    "r2": mem.fit.r2, "max_rel_error": mem.fit.max_rel_error, "points": len(mem.points)},
     }
     if p.micro_batch is not None:
@@ -262,7 +263,9 @@ def report(p: Profile) -> str:
         f"  bucket   BucketSize {mem.bucket_size} tokens from {_mib(mem.usable)} usable, margin {mem.margin:.0%}, "
         f"for cp {mem.cp}"
         + (f"; head and loss in chunks of {mem.head_chunk} tokens, {mem.logits_bytes_per_token / 2**10:.1f} KiB a token "
-           f"at the peak" if mem.head_chunk else ""),
+           f"at the peak" if mem.head_chunk else "")
+        + (f", gradients in forward: the head's float32 weight gradient {_mib(mem.head_grad_bytes)} held to backward "
+           f"(in b)" if mem.head_grad_bytes else ""),
     ]
     if p.comm is None:
         lines.append(f"  comm     not measured (one process); [comm] copied from preset {p.comm_fallback!r}")

@@ -75,6 +75,10 @@ MEMORY_KEYS: tuple[MemoryKey, ...] = (
     MemoryKey("head_chunk_tokens", "head_chunk", "tokens a chunk of the head and loss BucketSize was derived "
               "with: the logits take logits_bytes_per_token x min(tokens, head_chunk_tokens); 0: older profiles",
               0, integer=True, written_at_default=False),
+    MemoryKey("head_grad_bytes", "head_grad", "bytes the head's chunks hold from forward to backward with their "
+              "gradients computed in forward ([loss] head_backward = \"in_forward\", train/head_grad.py): the "
+              "head's weight gradient in float32, vocab x dim x 4 B, counted in b_bytes as measured; 0: the "
+              "chunks measured with head_backward \"recompute\" (or older profiles)", 0.0, written_at_default=False),
 )
 """The ``[memory]`` keys, in the order the writer puts them."""
 _MEMORY = {k.key: k for k in MEMORY_KEYS}
@@ -180,6 +184,7 @@ class ProfileMemory:
     free_running: float = _MEMORY["free_running_bytes"].default
     logits: float = _MEMORY["logits_bytes_per_token"].default
     head_chunk: int = _MEMORY["head_chunk_tokens"].default
+    head_grad: float = _MEMORY["head_grad_bytes"].default
 
     @classmethod
     def of(cls, profile: dict) -> ProfileMemory:

@@ -18,7 +18,8 @@
   ``job_trainer``: ``JobTrainer``, what both share;
   ``free_running``, ``validation``, ``watchdog``, ``step_checks``, ``step_phases`` (a step
   timed by phase), ``plan_log``,
-  ``doc_flops`` (document-aware FLOPs), ``head_loss`` (the head and loss in chunks), ``chunked``
+  ``doc_flops`` (document-aware FLOPs), ``head_loss`` (the head and loss in chunks), ``head_grad``
+  (their gradients computed in forward), ``chunked``
   (a document trained in chunks): their parts;
 - ``settle``, ``execution``: the Skrull job settled once at start-up (lockstep or
   free-running, BucketSize, timeline, look-ahead width);

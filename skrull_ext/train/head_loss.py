@@ -38,6 +38,29 @@ this on a GPU (it computes the gradients in forward, with no recompute).
 Checkpointing composes with all of these: the backward runs in autograd's
 own order and graph task, chunk by chunk, like an activation-checkpointed
 block (nested inside train/chunked.py's checkpoint too).
+
+How the chunks get their gradients is ``[loss] head_backward``. "recompute" is
+the checkpointing above: four matmuls a chunk (forward, its recompute, the
+hidden states' and the weight's gradients), the loss's elementwise work twice.
+"in_forward" (train/head_grad.py) computes each chunk's loss and gradients in
+the loss's forward, one ``autograd.Function`` over the chunks whose backward
+hands autograd the kept gradients times ``grad_output``: three matmuls a chunk,
+one elementwise pass, and a vocab x dim float32 weight gradient held from
+forward to backward (the memory model's ``[memory] head_grad_bytes``). It is
+what torchtitan's wrapper does, without the four misfits above: any length,
+the upstream ``grad_output`` honoured, FSDP's hooks left to autograd's order
+(the head module still passes the hidden states through in the model's
+forward), and inside train/chunked.py's checkpoint the trainer's call says
+``in_checkpoint=True`` and the chunks recompute there (in forward they would
+be right, the recompute's gradients replacing the saved ones, but six matmuls
+a chunk against five). "auto", the default, runs in_forward where it
+composes (``in_forward_blocked``): a plain Linear head (a LoRA head's adapters
+get their gradients through autograd, in the checkpointed chunks), no TP (the
+head's weight a Shard(0) DTensor for loss_parallel), and torchtitan's
+``CrossEntropyLoss`` as the chunk's loss (the gradient head_grad.py computes);
+one start-up line says which and why, and a forced "in_forward" where it does
+not compose is refused. Both equal the unchunked head up to float rounding
+(tests/unit_tests/test_head_loss.py).
 """
 
 from __future__ import annotations
@@ -49,14 +72,17 @@ from typing import Any
 
 import torch
 from torch.utils.checkpoint import checkpoint
-from torchtitan.components.loss import BaseLoss, ChunkedLossWrapper
+from torch.distributed.tensor import DTensor
+from torchtitan.components.loss import BaseLoss, ChunkedLossWrapper, CrossEntropyLoss
 from torchtitan.config import CompileConfig
 
 from skrull_ext.lora.converter import LORA_FORWARDS, lora_linear
+from skrull_ext.train.head_grad import ChunkStep, head_loss_in_forward, linear_cross_entropy_grad
 from skrull_ext.train.job.loss_config import HeadLossConfig
 
-__all__ = ["ChunkedHeadLoss", "HeadChunking", "assumed_head_bytes_per_token",
-           "choose_chunk_tokens", "resolve_chunking"]
+__all__ = ["ChunkedHeadLoss", "HeadBackward", "HeadChunking", "assumed_head_bytes_per_token",
+           "choose_chunk_tokens", "head_grad_bytes", "in_forward_blocked", "resolve_chunking",
+           "resolve_head_backward"]
 
 
 def _linear(head: torch.nn.Module, h: torch.Tensor) -> torch.Tensor:
@@ -93,29 +119,43 @@ class HeadChunking:
                 f"({self.head_bytes_per_token / 2**20:.3f} MiB a token at the peak; {self.why})")
 
 
-def assumed_head_bytes_per_token(vocab: int, elem_bytes: int) -> float:
-    """The head and loss's peak per token where no profile measured it: the logits in the
-    compute dtype and in float32, the log-softmax kept for backward and its gradient in
+def assumed_head_bytes_per_token(vocab: int, elem_bytes: int, head_backward: str = "recompute") -> float:
+    """The head and loss's peak per token where no profile measured it. Recompute: the logits in
+    the compute dtype and in float32, the log-softmax kept for backward and its gradient in
     float32, the logits' gradient in the compute dtype: vocab x (2 x elem + 12) bytes, an upper
-    bound (the debug model's head in float32 on CPU measured 11.75 x vocab: docs/profile.md)."""
+    bound (the debug model's head in float32 on CPU measured 11.75 x vocab: docs/profile.md).
+    In forward (train/head_grad.py): the logits and the float32 log-softmax, which then becomes
+    their gradient in place: vocab x (elem + 4) bytes."""
+    if head_backward == "in_forward":
+        return float(vocab * (elem_bytes + 4))
     return float(vocab * (2 * elem_bytes + 12))
 
 
+def head_grad_bytes(head: torch.nn.Module) -> float:
+    """Bytes the in-forward head holds from forward to backward outside its per-token terms: its
+    weight's gradient (and its bias's) accumulated in float32 (train/head_grad.py)."""
+    return float(sum(p.numel() * 4 for p in (head.weight, head.bias) if p is not None and p.requires_grad))
+
+
 def resolve_chunking(config: ChunkedHeadLoss.Config, vocab: int, elem_bytes: int, profile=None,
-                     measured: float = 0.0) -> HeadChunking:
+                     measured: float = 0.0, head_backward: str = "recompute") -> HeadChunking:
     """The job's chunk: ``chunk_tokens`` when set, else the most tokens whose peak fits
     ``chunk_bytes``, the bytes a token ``measured`` (the profiler), or from ``profile``'s
     ``[memory] logits_bytes_per_token`` (a measured profile, or None), else assumed from the
-    vocabulary (``why`` says which, and the command that measures it)."""
+    vocabulary (``why`` says which, and the command that measures it). ``head_backward``: the
+    mode the chunks run in ("recompute" or "in_forward"), whose peak a token differs; a profile
+    measured with the other mode is said (its per-token bytes and BucketSize are that mode's)."""
     source = "measured"
+    memory = profile.data.get("memory", {}) if profile is not None else {}
     if not measured and profile is not None:
-        measured = float(profile.data.get("memory", {}).get("logits_bytes_per_token", 0.0))
+        measured = float(memory.get("logits_bytes_per_token", 0.0))
         source = f"measured by the profile {profile.path}"
     if measured > 0:
         per_token = measured
     else:
-        per_token = assumed_head_bytes_per_token(vocab, elem_bytes)
-        source = f"assumed: vocabulary {vocab} x (2 x {elem_bytes} + 12) B"
+        per_token = assumed_head_bytes_per_token(vocab, elem_bytes, head_backward)
+        source = (f"assumed: vocabulary {vocab} x ({elem_bytes} + 4) B" if head_backward == "in_forward"
+                  else f"assumed: vocabulary {vocab} x (2 x {elem_bytes} + 12) B")
         if profile is not None:
             command = profile.meta.get("command", "python -m skrull_ext.profile --config-file JOB")
             source += (f", the profile {profile.path} has no [memory] logits_bytes_per_token "
@@ -129,7 +169,61 @@ def resolve_chunking(config: ChunkedHeadLoss.Config, vocab: int, elem_bytes: int
     if profiled and profiled != chunk:
         why += (f"; the profile's BucketSize holds chunks of {profiled} tokens (profile the job with this "
                 f"chunk for one that holds these)")
+    if profile is not None and float(memory.get("logits_bytes_per_token", 0.0)) > 0:
+        profiled_mode = "in_forward" if float(memory.get("head_grad_bytes", 0.0)) > 0 else "recompute"
+        if profiled_mode != head_backward:
+            why += (f"; the profile measured the head's chunks with head_backward {profiled_mode}, the job runs "
+                    f"{head_backward} (its BucketSize counts the other's bytes: profile the job for this mode's)")
     return HeadChunking(chunk, per_token, why)
+
+
+@dataclass(frozen=True)
+class HeadBackward:
+    """How the head's chunks get their gradients (``[loss] head_backward``), and why (one start-up line)."""
+
+    mode: str
+    """"in_forward" (train/head_grad.py) or "recompute" (each chunk checkpointed)."""
+    why: str
+
+    def line(self) -> str:
+        return f"head backward: {self.mode} ({self.why})"
+
+
+def in_forward_blocked(head: torch.nn.Module | None, loss_fn: BaseLoss, tp: bool) -> str | None:
+    """Why the head's gradients cannot be computed in forward here (None: they can)."""
+    forward = getattr(type(head), "forward", None)
+    blocks = (
+        (tp, "TP shards the head's weight (a Shard(0) DTensor) for loss_parallel's vocabulary-sharded logits"),
+        (HEAD_FORWARDS.get(forward) is not _linear,
+         f"the head is a {type(head).__name__}, not a plain Linear: its own forward's gradients (a LoRA head's "
+         "adapters) come from autograd, in the checkpointed chunks"),
+        (type(loss_fn) is not CrossEntropyLoss,
+         f"loss.loss_fn is {type(loss_fn).__name__}, not torchtitan's CrossEntropyLoss, whose gradient "
+         "train/head_grad.py computes"),
+    )
+    return next((why for blocked, why in blocks if blocked), None)
+
+
+def resolve_head_backward(config: ChunkedHeadLoss.Config, head: torch.nn.Module | None, loss_fn: BaseLoss,
+                          tp: bool, overlength_chunk: bool = False) -> HeadBackward:
+    """The mode ``[loss] head_backward`` asks for, where it composes; a forced "in_forward" that
+    cannot is refused in one message naming the key, the value and why."""
+    blocked = in_forward_blocked(head, loss_fn, tp)
+    key = config.head_backward
+    if key == "recompute":
+        return HeadBackward("recompute", "forced by loss.head_backward")
+    if blocked is not None:
+        if key == "in_forward":
+            raise ValueError(f'loss.head_backward = "in_forward" cannot run here: {blocked}; '
+                             'use "auto" or "recompute"')
+        return HeadBackward("recompute", f"loss.head_backward auto: {blocked}")
+    why = ("forced by loss.head_backward" if key == "in_forward" else
+           "loss.head_backward auto: a plain Linear head, no TP, torchtitan's cross-entropy")
+    why += "; three matmuls a chunk, not four, and a float32 weight gradient held until backward"
+    if overlength_chunk:
+        why += ('; documents trained whole in chunks (skrull.overlength = "chunk") run the recompute path '
+                "inside their checkpoint, whose recompute would compute the gradients again")
+    return HeadBackward("in_forward", why)
 
 
 def choose_chunk_tokens(head_bytes_per_token: float, chunk_bytes: int) -> int:
@@ -150,6 +244,13 @@ class ChunkedHeadLoss(ChunkedLossWrapper):
         self.config = config
         self.loss_fn: BaseLoss = config.loss_fn.build(compile_config=compile_config)
         self.lm_head: torch.nn.Module | None = None
+        self.head_backward = "recompute"
+        """How the chunks get their gradients (set at start-up, ``set_head_backward``): "recompute" (each
+        chunk checkpointed) or "in_forward" (train/head_grad.py)."""
+        self.chunk_step: ChunkStep = linear_cross_entropy_grad
+        """The in-forward chunk's loss and logits' gradient; compiled where the job compiles its loss."""
+        if compile_config is not None and compile_config.enable and "loss" in compile_config.components:
+            self.chunk_step = torch.compile(linear_cross_entropy_grad, backend=compile_config.backend)
         self.num_chunks = 0  # ChunkedLossWrapper's field; chunks here are counted in tokens
         self.chunking: HeadChunking | None = None
         """Set at start-up (``set_chunking``); until then ``config.chunk_tokens`` or one chunk."""
@@ -163,6 +264,11 @@ class ChunkedHeadLoss(ChunkedLossWrapper):
 
     def set_chunking(self, chunking: HeadChunking) -> None:
         self.chunking = chunking
+
+    def set_head_backward(self, mode: str) -> None:
+        if mode not in ("in_forward", "recompute"):
+            raise ValueError(f"head backward mode must be 'in_forward' or 'recompute', got {mode!r}")
+        self.head_backward = mode
 
     @property
     def head_passes_through(self) -> bool:
@@ -252,11 +358,17 @@ class ChunkedHeadLoss(ChunkedLossWrapper):
         **kwargs: Any,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """``pred``: the model's hidden states [batch, seq, dim] (the head skipped); returns the
-        loss as the job's loss over the full logits would (sum / ``global_valid_tokens``)."""
+        loss as the job's loss over the full logits would (sum / ``global_valid_tokens``).
+        ``in_checkpoint=True``: the call runs inside a checkpointed region (train/chunked.py's chunks
+        of a long document), whose recompute would compute in-forward gradients again: the
+        chunks run the recompute path there."""
+        in_checkpoint = kwargs.pop("in_checkpoint", False)
         del kwargs  # positions: not read by cross-entropy
         if self.head_in_model:  # pred: the logits
             total = self.loss_fn(pred, labels)[0]
             return (total / global_valid_tokens if global_valid_tokens is not None else total), {}
+        if self.head_backward == "in_forward" and torch.is_grad_enabled() and not in_checkpoint:
+            return self._in_forward(pred, labels, global_valid_tokens), {}
         seq = pred.shape[1]
         per_row = max(1, self.chunk_tokens // max(1, pred.shape[0])) if self.chunk_tokens else seq
         grad = torch.is_grad_enabled()
@@ -277,6 +389,19 @@ class ChunkedHeadLoss(ChunkedLossWrapper):
         if global_valid_tokens is not None:
             total = total / global_valid_tokens
         return total, {}
+
+
+    def _in_forward(self, pred: torch.Tensor, labels: torch.Tensor,
+                    global_valid_tokens: torch.Tensor | None) -> torch.Tensor:
+        """The chunks with their gradients computed in forward (train/head_grad.py)."""
+        head = self.lm_head
+        assert head is not None, "ChunkedHeadLoss: set_lm_head before the first call"
+        if isinstance(head.weight, DTensor):
+            raise RuntimeError("ChunkedHeadLoss: head_backward in_forward met a DTensor head weight (TP, or an "
+                               "FSDP head not passed through the model's forward): run loss.head_backward "
+                               '"recompute"')
+        chunk = self.chunk_tokens or pred.shape[0] * pred.shape[1]
+        return head_loss_in_forward(pred, head.weight, head.bias, labels, global_valid_tokens, chunk, self.chunk_step)
 
 
 def _pass_through(h: torch.Tensor) -> torch.Tensor:

@@ -31,7 +31,7 @@ from skrull_ext.lora.train import save_lora_outputs
 from skrull_ext.train import interrupt, launcher_watch, stop_line
 from skrull_ext.scheduler.model_shape import compute_dtype
 from skrull_ext.train.doc_flops import DocumentFlops, DocumentMeter
-from skrull_ext.train.head_loss import ChunkedHeadLoss, resolve_chunking
+from skrull_ext.train.head_loss import ChunkedHeadLoss, HeadBackward, resolve_chunking, resolve_head_backward
 from skrull_ext.train.job.resume_checks import check_continue, dataloader_keys
 from skrull_ext.train.run_lock import claim_dump_folder
 from skrull_ext.train.step_phases import StepPhases, StepTimes, clock_for, phases_summary
@@ -118,26 +118,38 @@ class JobTrainer(Trainer):
             )
 
     def _chunk_head(self, config) -> None:
-        """The chunk of the head and loss (train/head_loss.py), settled once, in one line: the
-        profile's measured bytes a token where the job has a measured profile."""
+        """The chunk of the head and loss (train/head_loss.py), and how its chunks get their
+        gradients (``[loss] head_backward``), settled once, in two lines: the profile's measured
+        bytes a token where the job has a measured profile."""
         if not isinstance(self.loss_fn, ChunkedHeadLoss):
             return
         skrull = config.skrull
+        backward = resolve_head_backward(config.loss, self.loss_fn.lm_head, self.loss_fn.loss_fn,
+                                         self.parallel_dims.tp_enabled,
+                                         skrull.enable and skrull.overlength == "chunk")
         profile = skrull.measured_profile() if skrull.enable else None
-        chunking = resolve_chunking(config.loss, decoder_vocab_size(config.model_spec),
-                                    compute_dtype(config).itemsize, profile)
-        self.loss_fn.set_chunking(chunking)
         cp = self.parallel_dims.cp
         tokens = (skrull.resolved_bucket_size() if skrull.enable
                   else config.training.local_batch_size * config.training.seq_len // cp)
+        shape = (config.loss, decoder_vocab_size(config.model_spec), compute_dtype(config).itemsize, profile)
+        # the head in the model's forward holds what a recompute chunk of the micro-batch holds
+        chunking = resolve_chunking(*shape, head_backward="recompute")
+        whole = chunking.chunk_tokens >= tokens and config.loss.head_backward != "in_forward"
+        if not whole and backward.mode == "in_forward":
+            chunking = resolve_chunking(*shape, head_backward="in_forward")
+        self.loss_fn.set_chunking(chunking)
         line = chunking.line(tokens)
-        if chunking.chunk_tokens >= tokens:  # one chunk holds every micro-batch: nothing to chunk
+        if whole:  # one chunk holds every micro-batch: nothing to chunk
             self.loss_fn.put_head_back(self.model_parts)
             line += "; one chunk holds a micro-batch, so the head runs in the model's forward"
+            backward = HeadBackward("autograd's", "the head in the model's forward, unchunked")
         elif self.loss_fn.pass_head_through(self.model_parts):
             line += "; the head module runs in the model's forward, its weight applied per chunk"
         # else a head whose forward head_loss.HEAD_FORWARDS does not know: called from the loss, DP lockstep
+        if backward.mode in ("in_forward", "recompute"):
+            self.loss_fn.set_head_backward(backward.mode)
         logger.info(line)
+        logger.info(backward.line())
 
     def _before_model(self, config) -> None:
         """What the batching resolves and checks on the config before torchtitan

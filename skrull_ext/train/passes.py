@@ -77,7 +77,8 @@ def chunked_samples(trainer, step: SkrullStep, global_valid_tokens: torch.Tensor
     total = torch.zeros((), device=trainer.device)
 
     def loss_fn(pred: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return trainer.loss_fn(pred, labels, global_valid_tokens)[0]
+        # inside a chunk's checkpoint: the head's chunks recompute (train/head_loss.py, in_checkpoint)
+        return trainer.loss_fn(pred, labels, global_valid_tokens, in_checkpoint=True)[0]
 
     runs = _runs(trainer, step)
     for k, (sample, pad_chunks) in enumerate(runs):

@@ -15,7 +15,10 @@ logged step:
 - ``skrull/bucket_size``: the BucketSize the plans were made at;
 - ``skrull/head_chunk_tokens``: tokens a chunk of the head and loss; 0 where
   the head runs unchunked in the model's forward (one chunk holds every
-  micro-batch, or a loss that does not chunk).
+  micro-batch, or a loss that does not chunk);
+- ``skrull/head_in_forward``: 1 where the chunks compute their gradients in
+  forward (``[loss] head_backward``, train/head_grad.py: the "head backward:
+  ..." line), 0 where they recompute or the head runs unchunked.
 """
 
 from __future__ import annotations
@@ -25,11 +28,13 @@ from typing import Any
 
 from skrull_ext.scheduler.checkpointing import MODES
 
-__all__ = ["AC_TAG", "BUCKET_TAG", "CHUNK_TAG", "head_chunk_tokens", "mode_named", "run_settings"]
+__all__ = ["AC_TAG", "BUCKET_TAG", "CHUNK_TAG", "IN_FORWARD_TAG", "head_chunk_tokens", "mode_named",
+           "run_settings"]
 
 AC_TAG = "skrull/activation_checkpoint"
 BUCKET_TAG = "skrull/bucket_size"
 CHUNK_TAG = "skrull/head_chunk_tokens"
+IN_FORWARD_TAG = "skrull/head_in_forward"
 
 
 def head_chunk_tokens(loss_fn: Any) -> int:
@@ -43,7 +48,9 @@ def run_settings(mode: str | None, bucket_size: int, loss_fn: Any) -> dict[str, 
     ``bucket_size`` and ``loss_fn`` (a ChunkedHeadLoss, or any loss: unchunked)."""
     return {AC_TAG: float(MODES.index(mode)) if mode in MODES else math.nan,
             BUCKET_TAG: float(bucket_size),
-            CHUNK_TAG: float(head_chunk_tokens(loss_fn))}
+            CHUNK_TAG: float(head_chunk_tokens(loss_fn)),
+            IN_FORWARD_TAG: float(bool(head_chunk_tokens(loss_fn)) and
+                                  getattr(loss_fn, "head_backward", None) == "in_forward")}
 
 
 def mode_named(value: float) -> str | None:

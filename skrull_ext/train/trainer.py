@@ -178,7 +178,8 @@ class SkrullTrainer(JobTrainer):
         self.run_settings = run_settings(mode_of(self.config.activation_checkpoint), self.skrull_job.bucket_size,
                                          getattr(self, "loss_fn", None))
         """The checkpointing mode, BucketSize and head chunk settled at start-up, logged with each
-        logged step (run_settings.py: ``skrull/activation_checkpoint``, ``bucket_size``, ``head_chunk_tokens``)."""
+        logged step (run_settings.py: ``skrull/activation_checkpoint``, ``bucket_size``, ``head_chunk_tokens``,
+        ``head_in_forward``)."""
         self.dataloader.attach(self.scheduler, cp_rank, dims.cp, pin=self.device.type == "cuda")
         if skrull.plan_log:
             rank = dist.get_rank() if dist.is_initialized() else 0

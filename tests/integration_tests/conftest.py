@@ -122,10 +122,13 @@ class SkrullRuns:
         "cp2_bf16": (2, ["--parallelism.context_parallel_degree", "2",
                          "--training.mixed_precision_param", "bfloat16", "--skrull.cost_model", "h100-assumed"]),
         # The head and loss in chunks of 48 tokens (train/head_loss.py; the debug job's default
-        # chunk holds a whole micro-batch), at CP 2 free-running, at DP 2 x CP 2 under FSDP with
-        # deferred gradient sync, at TP 2 x CP 2 (vocab-sharded logits) and at CP 2 with compiled
-        # blocks and loss (test_head_loss_run.py).
-        "cp2_head_chunks": (2, ["--parallelism.context_parallel_degree", "2", "--loss.chunk_tokens", "48"]),
+        # chunk holds a whole micro-batch), at CP 2 free-running with the chunks recomputed
+        # (loss.head_backward "recompute"), and with their gradients computed in forward ("auto":
+        # train/head_grad.py) at DP 2 x CP 2 under FSDP with deferred gradient sync and at CP 2 with
+        # compiled blocks and loss; at TP 2 x CP 2 (vocab-sharded logits) "auto" recomputes
+        # (test_head_loss_run.py).
+        "cp2_head_chunks": (2, ["--parallelism.context_parallel_degree", "2", "--loss.chunk_tokens", "48",
+                                "--loss.head_backward", "recompute"]),
         "dp2cp2_head_chunks": (4, ["--parallelism.context_parallel_degree", "2",
                                    "--parallelism.data_parallel_shard_degree", "2", "--skrull.defer_grad_sync",
                                    "--skrull.no-free_running", "--loss.chunk_tokens", "48"]),

@@ -3,10 +3,13 @@
 From the parity runs' seed checkpoint, float32, gloo: SkrullTrainer with
 ``--loss.chunk_tokens 48`` (a Skrull micro-batch of up to 256 tokens a rank
 runs its head in up to 6 chunks, the last shorter) at CP 2 (free-running, the
-default), at DP 2 x CP 2 (FSDP, gradients reduce-scattered once a step) and at
-TP 2 x CP 2 (vocab-sharded logits, loss parallel), with compiled blocks and
-loss at CP 2, and torchtitan's batching (``--skrull.no-enable``, rows of
-4 x 256 tokens a CP rank: chunks of 12 tokens of each row) at CP 2, against
+default; the chunks recomputed, ``--loss.head_backward recompute``), at DP 2 x
+CP 2 (FSDP, gradients reduce-scattered once a step; the chunks' gradients
+computed in forward, train/head_grad.py, which "auto" picks) and at TP 2 x CP 2
+(vocab-sharded logits, loss parallel: "auto" recomputes), with compiled blocks
+and loss at CP 2 (in forward, its step compiled), and torchtitan's batching
+(``--skrull.no-enable``, rows of 4 x 256 tokens a CP rank: in forward, chunks
+of 48 tokens across the rows) at CP 2, against
 torchtitan's own 1-process Trainer with the head unchunked: the 5 losses within 1e-4 and the check step's gradients within the
 parity standard (test_parity_skrull.py), and the start-up line says the chunk
 and why. Inside ``overlength = "chunk"``'s chunks, 1 process: the same losses.
@@ -22,19 +25,21 @@ from tests.integration_tests.launch import REPO, losses, torchrun, train_from_se
 from tests.integration_tests.test_parity_skrull import _matches_reference, _matches_reference_losses_and_grads
 
 LINE = "head and loss in chunks of 48 tokens, 6 chunk(s) for a micro-batch of 256 tokens"
+IN_FORWARD = "head backward: in_forward (loss.head_backward auto: a plain Linear head, no TP"
 
 
 @pytest.mark.slow
 def test_head_chunks_cp2_matches_reference(skrull_runs, reference):
     run = skrull_runs["cp2_head_chunks"]
     assert LINE in run.output and "forced by loss.chunk_tokens" in run.output
+    assert "head backward: recompute (forced by loss.head_backward)" in run.output
     _matches_reference(run, reference)
 
 
 @pytest.mark.slow
 def test_head_chunks_dp2_cp2_fsdp_matches_reference(skrull_runs, reference):
     run = skrull_runs["dp2cp2_head_chunks"]
-    assert LINE in run.output
+    assert LINE in run.output and IN_FORWARD in run.output
     _matches_reference(run, reference)
 
 
@@ -44,6 +49,7 @@ def test_head_chunks_compiled_cp2_matches_reference(skrull_runs, reference):
     checkpoint; the last chunk's other length recompiles it, and the recompute replays the same graph."""
     run = skrull_runs["cp2_compile_head_chunks"]
     assert LINE in run.output and "Compiling the loss function with torch.compile" in run.output
+    assert IN_FORWARD in run.output
     _matches_reference_losses_and_grads(run, reference)
 
 
@@ -54,6 +60,7 @@ def test_head_chunks_tp2_cp2_matches_reference(skrull_runs, reference):
     run = skrull_runs["tp2cp2_head_chunks"]
     assert LINE in run.output and "DP 1 x CP 2 x TP 2" in run.output
     assert "the head module runs in the model's forward, its weight applied per chunk" in run.output
+    assert "head backward: recompute (loss.head_backward auto: TP shards the head's weight" in run.output
     _matches_reference_losses_and_grads(run, reference)
 
 
@@ -63,6 +70,7 @@ def test_head_chunks_torchtitan_batching_cp2_matches_reference(workdir, seed, re
                           extra=["--parallelism.context_parallel_degree", "2", "--skrull.no-enable",
                                  "--loss.chunk_tokens", "48"], grads_at=CHECK_STEP)
     assert "head and loss in chunks of 48 tokens, 22 chunk(s) for a micro-batch of 1024 tokens" in run.output
+    assert IN_FORWARD in run.output
     _matches_reference_losses_and_grads(run, reference)
 
 

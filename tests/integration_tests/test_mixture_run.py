@@ -134,6 +134,7 @@ def test_head_in_chunks_runs_free_at_dp2_with_the_same_losses(runs, tmp_path):
     run = _run(tmp_path, "chunks", ["--config-file", runs["job"], "--loss.chunk_tokens", "64"])
     assert "4 chunk(s) for a micro-batch of 256 tokens" in run.output
     assert "the head module runs in the model's forward, its weight applied per chunk" in run.output
+    assert "head backward: in_forward (loss.head_backward auto" in run.output  # train/head_grad.py's chunks
     assert "Skrull execution: skrull.free_running = 'auto': free-running" in run.output
     _same_losses(run, runs["full"].losses)
 

@@ -229,7 +229,8 @@ def test_a_skrull_runs_settings_priced_under_its_mode_and_bucket_sizes_before_an
     from skrull_ext.train.run_settings import run_settings
 
     run = _run(tmp_path, [0.5] * 3)
-    logged = run_settings("none", 150_000, type("Loss", (), {"chunk_tokens": 880, "head_in_model": False})())
+    logged = run_settings("none", 150_000, type("Loss", (), {"chunk_tokens": 880, "head_in_model": False,
+                                                             "head_backward": "in_forward"})())
     with SummaryWriter(f"{run}/tb/20261129") as w:
         for step in (1, 2, 3):
             for tag, value in logged.items():
@@ -244,7 +245,7 @@ def test_a_skrull_runs_settings_priced_under_its_mode_and_bucket_sizes_before_an
     header, _, row = table({"skrull": r}).splitlines()[:3]
     cells = dict(zip([c.strip() for c in header.split("|")], [c.strip() for c in row.split("|")]))
     assert (cells["activation checkpointing"], cells["BucketSize"], cells["head chunk tokens"]) == \
-        ("none", "150,000", "880")
+        ("none", "150,000", "880, in forward")  # loss.head_backward's mode as run (skrull/head_in_forward)
     assert bucket_line({"skrull": r, "torchtitan-documents": {}}, _profile("old.toml", 120_000), profile) == (
         "BucketSize before: 120,000 (old.toml); the profile's (new.toml): none 150,000 (x1.25), "
         "selective 200,000 (x1.67); skrull as run: 150,000 (x1.25), none")
@@ -262,5 +263,5 @@ def test_a_run_without_settings_or_an_unchunked_head():
     logged = run_settings(None, 4096, loss)
     assert math.isnan(logged[AC_TAG]) and mode_named(logged[AC_TAG]) is None
     assert settings({tag: {1: v} for tag, v in logged.items()}) == {
-        "activation_checkpoint": None, "bucket_size": 4096, "head_chunk_tokens": 0}
+        "activation_checkpoint": None, "bucket_size": 4096, "head_chunk_tokens": 0, "head_in_forward": False}
     assert [mode_named(v) for v in (0.0, 1.0, 2.0, 3.0, 0.5)] == ["none", "selective", "full", None, None]

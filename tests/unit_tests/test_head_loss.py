@@ -17,6 +17,17 @@ forward's mask.
 Memory: saved-tensor hooks count the bytes the head and loss keep for
 backward on a 4,096-token micro-batch; chunked, they are the hidden states
 and the labels, exactly, under a quarter of what the unchunked head keeps.
+
+The chunks with their gradients computed in forward (``loss.head_backward =
+"in_forward"``, train/head_grad.py), against the unchunked head, the same bars:
+the packed micro-batch in chunks of 1, 37, 100, all of it and more (the layers'
+gradients too), a loss scaled after the head's (grad_output 3.7), LoRA layers
+(the plain head frozen) and full activation checkpointing, a head with a bias
+over two rows with chunks across them, torchtitan's single-device autocast,
+inside ``overlength = "chunk"`` (recomputed there, ``in_checkpoint``; right but
+dearer without), forward only; what they keep for backward (the two
+gradients, exactly); "auto", a forced mode and the refusal; the chunk's
+assumed bytes and a profile of the other mode said.
 """
 
 import pytest
@@ -130,15 +141,21 @@ def test_inside_overlength_chunks_equals_unchunked():
     _close(*results)
 
 
-def test_chunked_head_keeps_under_a_quarter():
+@pytest.mark.parametrize("mode", ["recompute", "in_forward"])
+def test_chunked_head_keeps_under_a_quarter(mode):
     """Bytes the head and loss save for backward on a 4,096-token micro-batch (saved-tensor hooks, each
-    storage once, parameters left out): chunked, exactly the hidden states and the labels."""
+    storage once, parameters left out): chunked, exactly the hidden states and the labels with the chunks
+    recomputed; with their gradients computed in forward (train/head_grad.py), exactly the hidden states'
+    gradient (tokens x dim float32) and the head's weight gradient (vocab x dim float32). Either is under
+    a quarter of the unchunked head's (its float32 log-softmax alone is tokens x vocab x 4)."""
     tokens, dim = 4096, 256
     kept = {}
     for chunk in (None, 512):
         model = _model()
         loss_fn, _ = _losses(chunk)
         _wire(model, loss_fn)
+        if chunk:
+            loss_fn.set_head_backward(mode)
         g = torch.Generator().manual_seed(0)
         h = torch.randn(1, tokens, dim, generator=g).requires_grad_()
         labels = torch.randint(0, VOCAB, (1, tokens), generator=g)
@@ -147,8 +164,9 @@ def test_chunked_head_keeps_under_a_quarter():
             loss, _ = loss_fn(x if chunk else model.lm_head(x), labels, torch.tensor(float(tokens)))
         kept[chunk] = saved.bytes
         loss.backward()
-    # float32 hidden states, int64 labels, the float32 divisor (the step's loss tokens)
-    assert kept[512] == tokens * dim * 4 + tokens * 8 + 4
+    # recompute: float32 hidden states, int64 labels, the float32 divisor (the step's loss tokens)
+    want = {"recompute": tokens * dim * 4 + tokens * 8 + 4, "in_forward": tokens * dim * 4 + VOCAB * dim * 4}
+    assert kept[512] == want[mode]
     assert kept[None] >= tokens * VOCAB * 4  # the float32 log-softmax of every token
     assert kept[512] * 4 < kept[None]
 
@@ -371,6 +389,254 @@ def test_a_head_of_its_own_forward_is_called_from_the_loss():
 
 
 
+# ---- head_backward = "in_forward" (train/head_grad.py): each chunk's gradients computed in the loss's forward
+
+def in_forward_batch(chunk: int | None, lora: bool = False, ac: bool = False, scale: float = 1.0,
+                     mode: str = "in_forward") -> tuple[float, dict]:
+    """The packed micro-batch as the trainer runs it (the head passed through the model's forward, its
+    weight applied per chunk), the chunks in ``mode``; ``scale`` multiplies the loss after the head's
+    (grad_output = scale); None: today's unchunked head, the loss scaled the same."""
+    model = _model(lora, ac)
+    tokens, labels, positions = _batch()
+    meta = build_meta(list(DOCS), [0] * len(DOCS), 0, 1)
+    if chunk is None:
+        loss_fn = CrossEntropyLoss(CrossEntropyLoss.Config())
+    else:
+        loss_fn = ChunkedHeadLoss(ChunkedHeadLoss.Config(chunk_tokens=chunk))
+        _wire(model, loss_fn)
+        assert loss_fn.pass_head_through([model])
+        loss_fn.set_head_backward(mode)
+    pred = model(tokens, positions=positions, attention_masks=meta)
+    loss, _ = loss_fn(pred, labels, torch.tensor(GLOBAL_TOKENS))
+    (loss * scale).backward()
+    return loss.item(), _grads(model)
+
+
+@pytest.mark.parametrize("chunk", [CHUNK, 1, 100, sum(DOCS), 10 * sum(DOCS)])
+def test_in_forward_equals_unchunked(reference, chunk):
+    """Chunks of 37 (the last 30), of one token, of 100 (the last 52), of exactly the micro-batch and
+    larger: the loss (1e-6) and every parameter's gradient, the head's and the layers' (1e-5), as unchunked."""
+    _close(reference, in_forward_batch(chunk))
+
+
+def test_in_forward_scaled_after_the_loss():
+    """A loss multiplied after the head's (grad_output 3.7, not 1): every gradient scaled as autograd's."""
+    _close(in_forward_batch(None, scale=3.7), in_forward_batch(CHUNK, scale=3.7))
+
+
+@pytest.mark.parametrize("lora,ac", [(True, False), (False, True)])
+def test_in_forward_with_lora_layers_and_full_ac(lora, ac):
+    """LoRA in the layers (the plain head frozen: no weight gradient computed, none returned) and
+    torchtitan's full activation checkpointing of the blocks."""
+    want = in_forward_batch(None, lora=lora, ac=ac)
+    got = in_forward_batch(CHUNK, lora=lora, ac=ac)
+    assert ("lm_head.weight" in got[1]) is not lora
+    _close(want, got)
+
+
+def _plain_head(bias: bool, tokens: int = 203, dim: int = 24, vocab: int = 97):
+    g = torch.Generator().manual_seed(11)
+    head = torch.nn.Linear(dim, vocab, bias=bias)
+    with torch.no_grad():
+        head.weight.copy_(torch.randn(vocab, dim, generator=g) * dim**-0.5)
+        if bias:
+            head.bias.copy_(torch.randn(vocab, generator=g))
+    hidden = torch.randn(2, tokens, dim, generator=g)
+    labels = torch.randint(0, vocab, (2, tokens), generator=g)
+    labels[:, ::5] = IGNORE_INDEX
+    labels[1, :40] = IGNORE_INDEX  # a prompt
+    return head, hidden, labels
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("chunk", [1, 64, 203, 406, 1000])
+def test_in_forward_head_with_bias_equals_unchunked(bias, chunk):
+    """A head with a bias, two rows of 203 tokens (chunks cross the rows), ignored labels, a divisor and
+    a grad_output of 0.3: the loss and the gradients of the hidden states, weight and bias as unchunked."""
+    divisor = torch.tensor(123.0)
+    results = []
+    for run in ("unchunked", "in_forward"):
+        head, hidden, labels = _plain_head(bias)
+        h = hidden.requires_grad_()
+        if run == "unchunked":
+            loss = CrossEntropyLoss(CrossEntropyLoss.Config())(head(h), labels, divisor)[0]
+        else:
+            loss_fn = ChunkedHeadLoss(ChunkedHeadLoss.Config(chunk_tokens=chunk))
+            loss_fn.set_lm_head(head)
+            loss_fn.set_head_backward("in_forward")
+            loss = loss_fn(h, labels, divisor)[0]
+        (loss * 0.3).backward()
+        grads = {"hidden": h.grad, "weight": head.weight.grad, **({"bias": head.bias.grad} if bias else {})}
+        results.append((loss.item(), grads))
+    _close(*results)
+
+
+def test_in_forward_inside_overlength_chunks():
+    """overlength = "chunk": the trainer's loss inside a document chunk's checkpoint says so
+    (``in_checkpoint=True``, passes.py), and the head's chunks run the recompute path there (the
+    in-forward step never runs); without it they would compute their gradients in forward and again in
+    the checkpoint's recompute, which is still right (the recompute's values replace the saved ones,
+    backward runs once) but dearer: both equal the unchunked head."""
+    tokens, labels, _ = _batch()
+    results, steps = [], {}
+    for run in ("unchunked", "in_checkpoint", "in_forward_inside"):
+        model = _model()
+        loss_fn, _ = _losses(None if run == "unchunked" else CHUNK)
+        _wire(model, loss_fn)
+        flag = {}
+        if run != "unchunked":
+            loss_fn.set_head_backward("in_forward")
+            calls = steps.setdefault(run, [])
+            loss_fn.chunk_step = lambda *a, _calls=calls, _step=loss_fn.chunk_step: (_calls.append(1), _step(*a))[1]
+            flag = {"in_checkpoint": True} if run == "in_checkpoint" else {}
+        out = chunked_loss(model, tokens[0], labels[0], 64, lambda p, lab: loss_fn(p, lab, **flag)[0])  # noqa: B023
+        out.loss.backward()
+        results.append((out.loss.item(), _grads(model)))
+    _close(results[0], results[1])
+    _close(results[0], results[2])
+    assert steps["in_checkpoint"] == []
+    # 4 document chunks of 64 tokens (252 tokens, the last 60), 2 head chunks each: the first 3 checkpointed
+    # (forward and recompute), the last run once
+    per_doc_chunk = -(-64 // CHUNK)
+    assert len(steps["in_forward_inside"]) == 3 * 2 * per_doc_chunk + per_doc_chunk
+
+
+def test_in_forward_forward_only_runs_plain_chunks():
+    """Validation (no gradients): the chunks without the in-forward step, the same loss."""
+    model = _model()
+    loss_fn, _ = _losses(CHUNK)
+    _wire(model, loss_fn)
+    loss_fn.set_head_backward("in_forward")
+    loss_fn.chunk_step = None  # would fail if called
+    tokens, labels, positions = _batch()
+    with torch.no_grad():
+        pred = model(tokens, positions=positions, attention_masks=build_meta(list(DOCS), [0] * len(DOCS), 0, 1))
+        got = loss_fn(pred, labels)[0].item()
+    assert abs(got - micro_batch(None)[0] * GLOBAL_TOKENS) <= LOSS_TOL * abs(got)
+
+
+def test_in_forward_second_backward_of_a_retained_graph_is_refused():
+    """The kept gradients are scaled by grad_output in place: a retained graph's second backward fails on
+    their version (autograd's own error) rather than handing back gradients scaled twice."""
+    head, hidden, labels = _plain_head(bias=True)
+    loss_fn = ChunkedHeadLoss(ChunkedHeadLoss.Config(chunk_tokens=64))
+    loss_fn.set_lm_head(head)
+    loss_fn.set_head_backward("in_forward")
+    loss = loss_fn(hidden.requires_grad_(), labels)[0]
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+
+
+def test_in_forward_under_autocast_as_single_device_training():
+    """torchtitan's single-device mixed precision runs the step under ``torch.autocast`` (bf16) with float32
+    parameters: the in-forward chunks run their matmuls in autocast's dtype (the weight cast once) and hand
+    back float32 gradients. On CPU, against the float64 run of the same inputs, as close as autocast's
+    unchunked head: the loss within u / 4, the hidden states' gradient within 2u, the weight's within the
+    unchunked error + sqrt(chunks) u / 2 (u = 2^-8)."""
+    tokens, dim, vocab, chunk = 512, 64, 1024, 100
+    g = torch.Generator().manual_seed(2)
+    weight, hidden = torch.randn(vocab, dim, generator=g) * dim**-0.5, torch.randn(1, tokens, dim, generator=g)
+    labels = torch.randint(0, vocab, (1, tokens), generator=g)
+    labels[0, ::7] = IGNORE_INDEX
+    divisor = (labels != IGNORE_INDEX).sum().float()
+    runs = {}
+    for run in ("float64", "unchunked", "in_forward"):
+        dtype = torch.float64 if run == "float64" else torch.float32
+        head = torch.nn.Linear(dim, vocab, bias=False, dtype=dtype)
+        with torch.no_grad():
+            head.weight.copy_(weight)
+        h = hidden.to(dtype, copy=True).requires_grad_()  # each run its own leaf
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=run != "float64"):
+            if run == "in_forward":
+                loss_fn = ChunkedHeadLoss(ChunkedHeadLoss.Config(chunk_tokens=chunk))
+                loss_fn.set_lm_head(head)
+                loss_fn.set_head_backward("in_forward")
+                loss = loss_fn(h, labels, divisor)[0]
+            else:
+                loss = CrossEntropyLoss(CrossEntropyLoss.Config())(head(h), labels, divisor)[0]
+        loss.backward()
+        assert h.grad.dtype == head.weight.grad.dtype == dtype
+        runs[run] = loss.double().item(), {"hidden": h.grad.double(), "weight": head.weight.grad.double()}
+    (ref_loss, ref), (un_loss, un), (got_loss, got) = runs["float64"], runs["unchunked"], runs["in_forward"]
+
+    def err(grads: dict, name: str) -> float:
+        return float((grads[name] - ref[name]).norm() / ref[name].norm())
+
+    assert abs(got_loss - ref_loss) <= BF16_U / 4 * abs(ref_loss), (got_loss, un_loss, ref_loss)
+    assert err(got, "hidden") <= 2 * BF16_U, (err(got, "hidden"), err(un, "hidden"))
+    chunks = -(-tokens // chunk)
+    assert err(got, "weight") <= err(un, "weight") + chunks**0.5 * BF16_U / 2, (err(got, "weight"), err(un, "weight"))
+
+
+def test_head_backward_auto_forced_and_refused():
+    """"auto": in forward for a plain Linear head with torchtitan's cross-entropy and no TP, else the
+    recompute path, saying why; a forced "in_forward" where it cannot compose is refused in one message
+    naming the key, the value and why; "recompute" is always honoured."""
+    from skrull_ext.lora.converter import DropoutLoRALinear
+    from skrull_ext.train.head_loss import in_forward_blocked, resolve_head_backward
+    from torchtitan.components.loss import MSELoss
+
+    ce = CrossEntropyLoss(CrossEntropyLoss.Config())
+    plain = torch.nn.Linear(4, 8, bias=False)
+    auto, forced = ChunkedHeadLoss.Config(), ChunkedHeadLoss.Config(head_backward="in_forward")
+    got = resolve_head_backward(auto, plain, ce, tp=False)
+    assert got.mode == "in_forward" and "loss.head_backward auto: a plain Linear head" in got.why
+    assert got.line().startswith("head backward: in_forward (")
+    assert "overlength" in resolve_head_backward(auto, plain, ce, tp=False, overlength_chunk=True).why
+    assert resolve_head_backward(forced, plain, ce, tp=False).why.startswith("forced by loss.head_backward")
+    recompute = resolve_head_backward(ChunkedHeadLoss.Config(head_backward="recompute"), plain, ce, tp=False)
+    assert (recompute.mode, recompute.why) == ("recompute", "forced by loss.head_backward")
+
+    lora = DropoutLoRALinear.__new__(DropoutLoRALinear)
+    cases = {
+        "tp": (plain, ce, True, "TP shards the head's weight"),
+        "lora": (lora, ce, False, "the head is a DropoutLoRALinear, not a plain Linear"),
+        "loss": (plain, MSELoss(MSELoss.Config()), False, "loss.loss_fn is MSELoss, not torchtitan's CrossEntropyLoss"),
+    }
+    for head, loss, tp, why in cases.values():
+        assert why in in_forward_blocked(head, loss, tp)
+        got = resolve_head_backward(auto, head, loss, tp)
+        assert got.mode == "recompute" and got.why == f"loss.head_backward auto: {in_forward_blocked(head, loss, tp)}"
+        with pytest.raises(ValueError, match=r'loss.head_backward = "in_forward" cannot run here: ' + why):
+            resolve_head_backward(forced, head, loss, tp)
+    with pytest.raises(ValueError,
+                       match=r"loss.head_backward: 'fused' must be one of 'auto', 'in_forward', 'recompute'"):
+        ChunkedHeadLoss.Config(head_backward="fused")
+
+
+def test_in_forward_chunk_from_the_memory_model():
+    """In forward a chunk's peak is the logits and the float32 log-softmax: vocab x (elem + 4) B a token
+    assumed; a profile measured with the other mode is said."""
+    from skrull_ext.scheduler.profile_file import Profile
+
+    assert assumed_head_bytes_per_token(151936, 2, "in_forward") == 151936 * 6
+    config = ChunkedHeadLoss.Config(chunk_bytes=1 << 20)
+    got = resolve_chunking(config, 2048, 4, head_backward="in_forward")
+    assert got.chunk_tokens == (1 << 20) // (2048 * 8) and "vocabulary 2048 x (4 + 4) B" in got.why
+    memory = {"logits_bytes_per_token": 4096.0, "head_chunk_tokens": 256}
+    base = {"compute": {"a_us_per_flop": 1e-6, "b_us": 0.0}, "comm": {"bytes": [1], "us": [1.0]}}
+    recompute = Profile({**base, "memory": memory}, "p.toml")
+    assert "measured the head's chunks with head_backward recompute, the job runs in_forward" in \
+        resolve_chunking(config, 2048, 4, recompute, head_backward="in_forward").why
+    assert "measured the head's" not in resolve_chunking(config, 2048, 4, recompute).why
+    in_forward = Profile({**base, "memory": {**memory, "head_grad_bytes": 2048.0 * 64 * 4}}, "p.toml")
+    assert "measured the head's" not in resolve_chunking(config, 2048, 4, in_forward, head_backward="in_forward").why
+    table = {"bucket_size": 1, "a_bytes_per_token": 1.0, "b_bytes": 0.0, "usable_bytes": 1.0, "static_bytes": 0.0}
+    assert ProfileMemory.of({"memory": {**table, "head_grad_bytes": 8.0}}).section()["head_grad_bytes"] == 8.0
+    assert "head_grad_bytes" not in ProfileMemory.of({"memory": table}).section()  # absent: recompute, as before
+
+
+def test_job_file_sets_head_backward(tmp_path):
+    from skrull_ext.train.job.job_file import load_job
+
+    job = tmp_path / "job.toml"
+    job.write_text('[model]\nname = "llama3"\nflavor = "debugmodel"\n[loss]\nhead_backward = "recompute"\n')
+    assert load_job(str(job)).loss.head_backward == "recompute"
+    job.write_text('[model]\nname = "llama3"\nflavor = "debugmodel"\n')
+    assert load_job(str(job)).loss.head_backward == "auto"
+
+
 # The GPU check (stage 3' of tools/gpu_checks.sh runs it): Qwen2.5-0.5B's head (896 -> 151,936) in bf16
 # on 8,192 tokens, in chunks of 880 (loss.chunk_bytes' 2 GiB at 16 B a token and vocabulary entry:
 # head_loss.py), 10 chunks, the last 272 tokens.
@@ -380,9 +646,10 @@ BF16_U = 2.0**-8
 
 
 def head_loss_run(device: str, tokens: int, dim: int, vocab: int, chunk: int | None,
-                  dtype: torch.dtype = torch.bfloat16) -> tuple[float, dict]:
+                  dtype: torch.dtype = torch.bfloat16, mode: str = "recompute") -> tuple[float, dict]:
     """Loss and gradients (hidden states, head weight) of a head and the loss, the inputs rounded to
-    bf16 first, so that a float64 run of the same inputs is their reference. ``chunk`` None:
+    bf16 first, so that a float64 run of the same inputs is their reference; the chunks in ``mode``
+    (loss.head_backward). ``chunk`` None:
     unchunked (torchtitan's CrossEntropyLoss on the logits; float64: the plain cross-entropy,
     which torchtitan's would compute in float32)."""
     g = torch.Generator().manual_seed(5)
@@ -403,31 +670,37 @@ def head_loss_run(device: str, tokens: int, dim: int, vocab: int, chunk: int | N
         loss_fn, _ = _losses(chunk)
         if chunk is not None:
             loss_fn.set_lm_head(head)
+            loss_fn.set_head_backward(mode)
         loss, _ = loss_fn(h * 1.0 if chunk is not None else head(h), labels, divisor)
     loss.backward()
     return loss.double().item(), {"hidden": h.grad.double(), "weight": head.weight.grad.double()}
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (the bf16 head and loss as a GPU runs them)")
-def test_bf16_head_loss_on_cuda_equals_unchunked():
-    """Chunked against unchunked in bf16 on CUDA, both against the float64 run of the same bf16 inputs.
-    Tolerances, in bf16's unit roundoff u = 2^-8:
+@pytest.mark.parametrize("mode", ["recompute", "in_forward"])
+def test_bf16_head_loss_on_cuda_equals_unchunked(mode):
+    """Chunked against unchunked in bf16 on CUDA, both against the float64 run of the same bf16 inputs,
+    the chunks in either ``loss.head_backward`` mode. Tolerances, in bf16's unit roundoff u = 2^-8:
 
     - the loss: both sum float32 cross-entropies of bf16 logits that differ at most by one rounding
       where cuBLAS picks another kernel for a chunk's shape; each token's loss moves by under u, and
       over the 7,281 loss tokens the mean moves by far less: u / 4 relative;
     - the hidden states' gradient: each chunk's rows are computed as unchunked (a row's logits, their
-      gradient rounded to bf16, one GEMM into bf16), so within 2u of the reference, as unchunked;
-    - the head's weight gradient: unchunked it is one GEMM over every token, rounded once; chunked,
+      gradient scaled in float32 and rounded to bf16, one GEMM into bf16; in_forward the same, in
+      train/head_grad.py), so within 2u of the reference, as unchunked;
+    - the head's weight gradient: unchunked it is one GEMM over every token, rounded once; recompute,
       autograd adds the 10 chunks' bf16 partial gradients in the parameter's dtype (as FSDP's
       unsharded bf16 parameter does in a run), 9 more roundings of at most u / 2 each, which add up
       like a random walk over millions of elements: within the unchunked error + sqrt(10) u / 2
-      (on CPU at 1,024 tokens in 12 chunks: 3.0e-3 chunked, 1.7e-3 unchunked).
+      (on CPU at 1,024 tokens in 12 chunks: 3.0e-3 chunked, 1.7e-3 unchunked); in_forward, the chunks'
+      products accumulate in float32 (cuBLAS's addmm with out_dtype) and are rounded once in backward:
+      the same bar holds with room (on CPU at 1,024 tokens in chunks of 100, each product rounded to
+      bf16 first: 0.61u against 1.09u recomputed and 0.43u unchunked).
     """
     shape = ("cuda", CUDA_TOKENS, QWEN_DIM, QWEN_VOCAB)
     ref_loss, ref = head_loss_run(*shape, None, torch.float64)
     un_loss, un = head_loss_run(*shape, None)
-    ch_loss, ch = head_loss_run(*shape, CUDA_CHUNK)
+    ch_loss, ch = head_loss_run(*shape, CUDA_CHUNK, mode=mode)
 
     def err(got: dict, name: str) -> float:
         return float((got[name] - ref[name]).norm() / ref[name].norm())

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from torchtitan.components.loss import BaseLoss, CrossEntropyLoss
 
-__all__ = ["DEFAULT_CHUNK_BYTES", "HeadLossConfig"]
+__all__ = ["DEFAULT_CHUNK_BYTES", "HEAD_BACKWARDS", "HeadLossConfig"]
 
 DEFAULT_CHUNK_BYTES = 2 << 30
 """``[loss] chunk_bytes``' default: what the head and loss of one chunk may hold at their peak
@@ -20,6 +20,10 @@ DEFAULT_CHUNK_BYTES = 2 << 30
 a [880, 896] x [896, 152K] product that keeps a GPU busy; 1.5% of an H200, which the profile's
 BucketSize keeps free for one chunk, where a micro-batch of the H200 profile's BucketSize held about
 40 GB of logits and as much again of their gradient: issue 57)."""
+
+
+HEAD_BACKWARDS = ("auto", "in_forward", "recompute")
+"""``[loss] head_backward``'s values (train/head_loss.py ``resolve_head_backward``)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -37,6 +41,14 @@ class HeadLossConfig(BaseLoss.Config):
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
     """Peak bytes one chunk's head and loss may hold (read when ``chunk_tokens = 0``)."""
 
+    head_backward: str = "auto"
+    """How a chunk's backward gets its gradients: "recompute" (each chunk under activation
+    checkpointing: its head's matmul again in backward), "in_forward" (each chunk's gradients
+    computed in the loss's forward and kept, train/head_grad.py: three matmuls a chunk, not four,
+    and a vocab x dim float32 weight-gradient buffer held until backward), or "auto" (in_forward
+    where it composes: a plain Linear head, no TP, torchtitan's cross-entropy; one start-up line
+    says which and why). A forced "in_forward" where it cannot compose is refused."""
+
     loss_fn: BaseLoss.Config = field(default_factory=CrossEntropyLoss.Config)
     """The loss of each chunk's logits (a sum over its tokens)."""
 
@@ -46,3 +58,6 @@ class HeadLossConfig(BaseLoss.Config):
                              "(0: from the memory model)")
         if isinstance(self.chunk_bytes, bool) or not isinstance(self.chunk_bytes, int) or self.chunk_bytes < 1:
             raise ValueError(f"loss.chunk_bytes: {self.chunk_bytes!r} must be a positive integer")
+        if self.head_backward not in HEAD_BACKWARDS:
+            raise ValueError(f"loss.head_backward: {self.head_backward!r} must be one of "
+                             f"{', '.join(repr(m) for m in HEAD_BACKWARDS)}")
