@@ -1,6 +1,6 @@
 """List every call of a Skrull training step that would wait for a GPU, found on CPU.
 
-    python tools/host_syncs.py [--steps 3] [--stacks] [job flags, e.g. --loss.chunk_tokens 64]
+    python tools/host_syncs.py [--steps 3] [--stacks] [--json OUT] [job flags, e.g. --loss.chunk_tokens 64]
 
 Builds the job (default skrull_ext/jobs/debug_cpu.toml, one process) in this process, runs
 ``--steps`` steps as torchtitan's loop does (gc, train_step, checkpoint save), and records
@@ -8,6 +8,7 @@ the last one under skrull_ext/bench/host_syncs.py's HostSyncs: each call site, h
 and whether the value read is the device's (a wait on CUDA) or a host-built tensor's.
 """
 
+import json
 import sys
 
 from skrull_ext.bench.host_syncs import HostSyncs
@@ -19,6 +20,11 @@ def main(argv: list[str]) -> None:
     stacks = "--stacks" in argv
     if stacks:
         argv.remove("--stacks")
+    out = None
+    if "--json" in argv:
+        i = argv.index("--json")
+        out = argv[i + 1]
+        del argv[i:i + 2]
     if "--steps" in argv:
         i = argv.index("--steps")
         steps = int(argv[i + 1])
@@ -33,6 +39,11 @@ def main(argv: list[str]) -> None:
     print(f"step {trainer.step}: {len(rec.waits())} waits for the device, {len(rec.syncs)} reads in all")
     for line in rec.lines():
         print(line)
+    if out is not None:
+        with open(out, "w") as f:
+            json.dump([{"op": op, "site": site, "via": via, "count": n,
+                        "device": any(s.device for s in rec.syncs if (s.op, s.site, s.via) == (op, site, via))}
+                       for (op, site, via), n in rec.counted(waits_only=False).items()], f, indent=1)
     if stacks:  # one stack per call site
         seen = set()
         for s in rec.syncs:
