@@ -214,8 +214,9 @@ class DacpBatchMeta(OpaqueBase):
 
     @property
     def num_local_tokens(self) -> int:
-        """Tokens of the local part; the distributed part starts at this offset."""
-        return sum(self.local_lens)
+        """Tokens of the local part; the distributed part starts at this offset (once per
+        micro-batch: every layer's call reads it)."""
+        return self.memo(("num_local_tokens",), lambda: sum(self.local_lens))
 
     @property
     def shard_lens(self) -> list[int]:
@@ -226,7 +227,12 @@ class DacpBatchMeta(OpaqueBase):
     @property
     def num_dist_tokens(self) -> int:
         """Tokens of the distributed part on this rank (without dist_sets, the same on every rank)."""
-        return sum(self.shard_lens)
+        return self.memo(("num_dist_tokens",), lambda: sum(self.shard_lens))
+
+    @property
+    def num_held(self) -> int:
+        """How many distributed sequences this rank holds a shard of (``len(held())``, once)."""
+        return self.memo(("num_held",), lambda: len(self.held()))
 
     @property
     def num_tokens(self) -> int:
