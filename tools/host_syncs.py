@@ -1,11 +1,15 @@
 """List every call of a Skrull training step that would wait for a GPU, found on CPU.
 
-    python tools/host_syncs.py [--steps 3] [--stacks] [--json OUT] [job flags, e.g. --loss.chunk_tokens 64]
+    python tools/host_syncs.py [--steps 3] [--stacks] [--json OUT] [--local-only dense] [job flags, e.g. --loss.chunk_tokens 64]
 
 Builds the job (default skrull_ext/jobs/debug_cpu.toml, one process) in this process, runs
 ``--steps`` steps as torchtitan's loop does (gc, train_step, checkpoint save), and records
 the last one under skrull_ext/bench/host_syncs.py's HostSyncs: each call site, how often,
 and whether the value read is the device's (a wait on CUDA) or a host-built tensor's.
+
+torch.compile refuses to trace under a TorchDispatchMode (``fullgraph=True`` fails), so a
+compiled job is audited eager; ``--local-only dense`` then sends its all-local micro-batches
+down the path a compiled job takes (attention_input's LocalOnlyBatch, local_only.py).
 """
 
 import json
@@ -29,7 +33,14 @@ def main(argv: list[str]) -> None:
         i = argv.index("--steps")
         steps = int(argv[i + 1])
         del argv[i:i + 2]
+    local_only = None
+    if "--local-only" in argv:  # the compiled job's all-local path, eager (a dispatch mode stops torch.compile)
+        i = argv.index("--local-only")
+        local_only = argv[i + 1]
+        del argv[i:i + 2]
     trainer = build_trainer(argv)
+    if local_only is not None:
+        trainer.local_only_kernel = local_only
     try:
         run_steps(trainer, steps - 1)
         with HostSyncs(device_tensors(trainer), stacks=stacks) as rec:

@@ -7,7 +7,8 @@ device then idles while the host catches up. skrull_ext/bench/host_syncs.py reco
 on CPU with their call sites; here around one whole step of the debug job (torchtitan's loop
 body: gc, train_step, checkpoint save), in one process, on the attention kernels' paths (dense;
 segments and tiles, whose plans are copied to the device; the head in chunks, lockstep FSDP,
-full checkpointing). The only waits are the two reads of ``loss_and_norm`` (step_checks.py):
+full checkpointing; the all-local LocalOnlyBatch path a compiled job takes, run eager, since
+torch.compile does not trace under a dispatch mode). The only waits are the two reads of ``loss_and_norm`` (step_checks.py):
 the loss summed over the ranks (torchtitan's ``dist_sum``: its ``.item()``) and the gradient
 norm, read right after it at no further cost. Anything else in the step fails here.
 """
@@ -45,7 +46,8 @@ def _waits(tmp_path, *flags: str) -> set[tuple[str, str, str]]:
     ("--skrull.attention_kernel", "segments", "--loss.chunk_tokens", "64", "--skrull.free_running", "false"),
     ("--skrull.attention_kernel", "tiles", "--activation_checkpoint.kind", "full",
      "--skrull.activation_checkpoint", "job"),
-], ids=["dense", "segments-head-chunks-lockstep", "tiles-full-ac"])
+    ("--local-only", "dense", "--loss.chunk_tokens", "64"),
+], ids=["dense", "segments-head-chunks-lockstep", "tiles-full-ac", "compiled-path-eager"])
 def test_a_step_waits_for_the_device_once(tmp_path, flags):
     assert _waits(tmp_path, *flags) == EXPECTED
 
