@@ -180,6 +180,7 @@ class SkrullTrainer(JobTrainer):
         """The checkpointing mode, BucketSize and head chunk settled at start-up, logged with each
         logged step (run_settings.py: ``skrull/activation_checkpoint``, ``bucket_size``, ``head_chunk_tokens``)."""
         self.dataloader.attach(self.scheduler, cp_rank, dims.cp, pin=self.device.type == "cuda")
+        self.dataloader.hold_builds = True  # the next step built once this one's micro-batches are queued
         if skrull.plan_log:
             rank = dist.get_rank() if dist.is_initialized() else 0
             self.plan_log = PlanLog(self.config.dump_folder, rank)
@@ -340,6 +341,10 @@ class SkrullTrainer(JobTrainer):
             if self.plan_log is not None:
                 self.plan_log.write(step)
         accumulated = step_passes(self, step, global_valid_tokens)
+        # Every micro-batch queued: the prefetch thread builds the next step now, while this thread
+        # queues the clipping and then waits for the device at the finiteness check (GIL released),
+        # not from the step's start, where its Python would hold up the host work the device waits on.
+        self.dataloader.resume_building()
         with phases.phase("clip"):
             grad_norm = dist_utils.clip_grad_norm_(
                 [p for m in self.model_parts for p in m.parameters()],
