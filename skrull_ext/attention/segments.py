@@ -35,6 +35,7 @@ sends exactly zero gradient anywhere.
 Built once per micro-batch and cached on the meta (every layer shares it).
 """
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -84,6 +85,15 @@ class SegmentPlan:
     @property
     def num_segments(self) -> int:
         return len(self.cu_q) - 1
+
+    def to(self, device: torch.device | None) -> "SegmentPlan":
+        """This plan with its tensors on ``device`` (``host_to_device``: no wait for the device),
+        the host copies and sizes as they are."""
+        if device is None or torch.device(device).type == "cpu":
+            return self
+        return dataclasses.replace(
+            self, cu_seq_q=host_to_device(self.cu_seq_q, device), cu_seq_k=host_to_device(self.cu_seq_k, device),
+            key_index=None if self.key_index is None else host_to_device(self.key_index, device))
 
     @property
     def tensors(self) -> tuple[torch.Tensor, ...]:
@@ -152,11 +162,11 @@ def build_segment_plan(
     sizes_q = [b - a for a, b in zip(cu_q, cu_q[1:])]
     sizes_k = [b - a for a, b in zip(cu_k, cu_k[1:])]
     return SegmentPlan(
-        cu_seq_q=host_to_device(torch.tensor(cu_q, dtype=torch.int32), device),
-        cu_seq_k=host_to_device(torch.tensor(cu_k, dtype=torch.int32), device),
+        cu_seq_q=torch.tensor(cu_q, dtype=torch.int32),
+        cu_seq_k=torch.tensor(cu_k, dtype=torch.int32),
         max_q=max(sizes_q, default=0),
         max_k=max(sizes_k, default=0),
-        key_index=None if identity else host_to_device(key_index, device),
+        key_index=None if identity else key_index,
         cu_q=tuple(cu_q),
         cu_k=tuple(cu_k),
-    )
+    ).to(device)
