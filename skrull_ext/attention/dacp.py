@@ -92,7 +92,7 @@ def count_call(stats: DacpStats, meta: DacpBatchMeta, recompute: bool) -> None:
     stats.calls += 1
     stats.local_seqs += len(meta.local_lens)
     stats.local_tokens += meta.num_local_tokens
-    stats.dist_seqs += len(meta.held())
+    stats.dist_seqs += meta.num_held
     stats.dist_tokens += meta.num_dist_tokens
 
 
@@ -144,7 +144,7 @@ def dacp_attention(
     kern = kernel if isinstance(kernel, Kernel) else resolve_kernel(kernel, q)
     side_stream = side_stream or side_stream_for(q.device)
     n_loc = meta.num_local_tokens
-    has_local, has_dist = n_loc > 0, bool(meta.held())
+    has_local, has_dist = n_loc > 0, meta.num_held > 0
 
     # 1. Issue the exchange first so it runs under the local part.
     ex = None

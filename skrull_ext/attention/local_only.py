@@ -128,6 +128,7 @@ def attention_input(meta: DacpBatchMeta, kernel: str | None, device: torch.devic
     if kernel == "dense":
         return LocalOnlyBatch(kernel, meta.local_mask(device), None, 0)  # 0: no int for dynamo to guard on
     keywords = _varlen_keywords()
-    cu = (cu_seqlens if cu_seqlens is not None else meta.local_plan(None).cu_seq_q).to(device, non_blocking=True)
+    cu = (cu_seqlens.to(device, non_blocking=True) if cu_seqlens is not None  # pinned: staged
+          else meta.local_plan(device).cu_seq_q)  # built once per micro-batch and device (meta.memo)
     return LocalOnlyBatch(kernel, None, cu, max(meta.local_lens),
                           tuple(_varlen_kwargs(False, keywords).items()), "enable_gqa" in keywords)

@@ -214,8 +214,9 @@ class DacpBatchMeta(OpaqueBase):
 
     @property
     def num_local_tokens(self) -> int:
-        """Tokens of the local part; the distributed part starts at this offset."""
-        return sum(self.local_lens)
+        """Tokens of the local part; the distributed part starts at this offset (once per
+        micro-batch: every layer's call reads it)."""
+        return self.memo(("num_local_tokens",), lambda: sum(self.local_lens))
 
     @property
     def shard_lens(self) -> list[int]:
@@ -226,7 +227,12 @@ class DacpBatchMeta(OpaqueBase):
     @property
     def num_dist_tokens(self) -> int:
         """Tokens of the distributed part on this rank (without dist_sets, the same on every rank)."""
-        return sum(self.shard_lens)
+        return self.memo(("num_dist_tokens",), lambda: sum(self.shard_lens))
+
+    @property
+    def num_held(self) -> int:
+        """How many distributed sequences this rank holds a shard of (``len(held())``, once)."""
+        return self.memo(("num_held",), lambda: len(self.held()))
 
     @property
     def num_tokens(self) -> int:
@@ -311,9 +317,9 @@ class DacpBatchMeta(OpaqueBase):
         """Varlen segments of the local part: one causal segment per local sequence."""
         def build() -> SegmentPlan:
             d, p = self.local_doc_positions()
-            return build_segment_plan(d, p, d, p, device)
+            return build_segment_plan(d, p, d, p)
 
-        return self.memo(("local_plan", torch.device(device or "cpu")), build)
+        return self._plan_on("local_plan", build, device)
 
     def dist_plan(self, device: torch.device | None = None) -> SegmentPlan:
         """Varlen segments of this rank's distributed queries over the gathered K/V:
@@ -322,9 +328,16 @@ class DacpBatchMeta(OpaqueBase):
         def build() -> SegmentPlan:
             qd, qp = self.dist_doc_positions(self.cp_rank)
             kd, kp = self.gathered_doc_positions()
-            return build_segment_plan(qd, qp, kd, kp, device)
+            return build_segment_plan(qd, qp, kd, kp)
 
-        return self.memo(("dist_plan", torch.device(device or "cpu")), build)
+        return self._plan_on("dist_plan", build, device)
+
+    def _plan_on(self, name: str, build: Callable[[], SegmentPlan], device: torch.device | None) -> SegmentPlan:
+        """The plan built once on the host (where the dataloader's prefetch thread builds it ahead:
+        MicroBatchBuffer.staged), and once per other device as its copy there (SegmentPlan.to)."""
+        host = self.memo((name, torch.device("cpu")), build)
+        dev = torch.device(device or "cpu")
+        return host if dev.type == "cpu" else self.memo((name, dev), lambda: host.to(dev))
 
 
 def _cumsum(lens: Sequence[int], start: int) -> list[int]:

@@ -35,11 +35,28 @@ sends exactly zero gradient anywhere.
 Built once per micro-batch and cached on the meta (every layer shares it).
 """
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 
-__all__ = ["SegmentPlan", "bottom_right_causal_mask", "build_segment_plan"]
+__all__ = ["SegmentPlan", "bottom_right_causal_mask", "build_segment_plan", "host_to_device"]
+
+
+def host_to_device(t: torch.Tensor, device: torch.device | None) -> torch.Tensor:
+    """``t``, built in host memory, on ``device`` (None: where it is) without the host waiting
+    for the device.
+
+    On CUDA a copy from pageable memory (``torch.tensor(..., device=)``, ``.to(device)``)
+    synchronises with the stream (copy_'s cudaStreamSynchronize; with ``non_blocking`` the
+    driver stages pageable memory synchronously), so the host could not queue the next layers'
+    kernels while the device works: the copy goes through pinned memory, asynchronously (the
+    caching host allocator keeps the pinned block until the copy has run). On CPU, ``t``."""
+    if device is None:
+        return t
+    if torch.device(device).type == "cuda":
+        t = t.pin_memory()
+    return t.to(device, non_blocking=True)
 
 
 @dataclass(frozen=True)
@@ -68,6 +85,15 @@ class SegmentPlan:
     @property
     def num_segments(self) -> int:
         return len(self.cu_q) - 1
+
+    def to(self, device: torch.device | None) -> "SegmentPlan":
+        """This plan with its tensors on ``device`` (``host_to_device``: no wait for the device),
+        the host copies and sizes as they are."""
+        if device is None or torch.device(device).type == "cpu":
+            return self
+        return dataclasses.replace(
+            self, cu_seq_q=host_to_device(self.cu_seq_q, device), cu_seq_k=host_to_device(self.cu_seq_k, device),
+            key_index=None if self.key_index is None else host_to_device(self.key_index, device))
 
     @property
     def tensors(self) -> tuple[torch.Tensor, ...]:
@@ -136,11 +162,11 @@ def build_segment_plan(
     sizes_q = [b - a for a, b in zip(cu_q, cu_q[1:])]
     sizes_k = [b - a for a, b in zip(cu_k, cu_k[1:])]
     return SegmentPlan(
-        cu_seq_q=torch.tensor(cu_q, dtype=torch.int32, device=device),
-        cu_seq_k=torch.tensor(cu_k, dtype=torch.int32, device=device),
+        cu_seq_q=torch.tensor(cu_q, dtype=torch.int32),
+        cu_seq_k=torch.tensor(cu_k, dtype=torch.int32),
         max_q=max(sizes_q, default=0),
         max_k=max(sizes_k, default=0),
-        key_index=None if identity else key_index.to(device),
+        key_index=None if identity else key_index,
         cu_q=tuple(cu_q),
         cu_k=tuple(cu_k),
-    )
+    ).to(device)

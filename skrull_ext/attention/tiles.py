@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
-from skrull_ext.attention.segments import bottom_right_causal_mask, SegmentPlan
+from skrull_ext.attention.segments import bottom_right_causal_mask, host_to_device, SegmentPlan
 
 __all__ = ["TILE_ROWS", "TilePlan", "build_tile_plan"]
 
@@ -98,5 +98,5 @@ def build_tile_plan(plan: SegmentPlan, rows: int = TILE_ROWS, device: torch.devi
         for pa, pb, pka, pkb in g:
             mask[pa - qa : pb - qa, pka - ka : pkb - ka] = bottom_right_causal_mask(pb - pa, pkb - pka)
         bounds.append((qa, qb, ka, kb))
-        masks.append(mask.to(device))
+        masks.append(host_to_device(mask, device))
     return TilePlan(bounds=tuple(bounds), masks=tuple(masks), key_index=plan.key_index)

@@ -197,8 +197,9 @@ def summarize_mode(run_dir: str, warmup: int, memory=None, profile=None, until: 
         out["predicted_step_ms"] = median([predicted[k] / 1e3 for k in predicted if k > warmup])
     from skrull_ext.train.step_phases import PHASES
 
-    phases = {k: median(after(f"skrull/phase_{k}_ms")) for k in [*(p.key for p in PHASES), "rest"]
-              if tags.get(f"skrull/phase_{k}_ms")}  # the step by phase, either batching (train/step_phases.py)
+    phases = {k: median(after(f"skrull/phase_{k}_ms")) for k in [*(p.key for p in PHASES), "rest", "rest_host"]
+              if tags.get(f"skrull/phase_{k}_ms")}  # the step by phase, either batching (train/step_phases.py);
+    # rest_host: the host's clock over rest's gaps (a GPU's rest that it matches is the device waiting for the host)
     if phases:
         out["phases_ms"] = phases
         outside = tags.get("skrull/step_outside_ms", {})

@@ -25,7 +25,10 @@ but the data wait, the logging and the validation, which the cost model does
 not price (the dataloader's prefetch hides the first, ``metrics.log_freq`` and
 ``validation.freq`` space the others);
 the time between phases that no phase covers (zero_grad, the learning rates'
-read) is counted in it as ``rest``.
+read) is counted in it as ``rest``. The host's clock is read at every mark too
+(``StepTimes.rest_host_ms``, ``skrull/phase_rest_host_ms``, the closing line): on
+a GPU, a ``rest`` that the host's gaps match is the device waiting for host work
+between the phases; one far above them is the device busy there.
 
 Each phase is also a record_function range, ``skrull/phase_<key>`` (``RANGE``), so
 that a torch.profiler trace of a step (torchtitan's ``[profiler]``; ``python -m
@@ -36,6 +39,7 @@ a range costs a few microseconds, a handful of them a step.
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Iterator
@@ -148,6 +152,10 @@ class StepTimes:
     """From the step's first mark to its last."""
     predicted_us: float
     """What the plan predicted for the step (0: nothing predicted)."""
+    rest_host_ms: float = math.nan
+    """The host's time outside every phase (``time.perf_counter`` beside the clock's marks): on a
+    GPU, where it matches ``rest_ms`` the device waited for the host's work between phases (the
+    learning rates' read, zero_grad, ...); where it is far below, the device was busy then."""
 
     @property
     def rest_ms(self) -> float:
@@ -173,6 +181,8 @@ class StepTimes:
         """The TensorBoard scalars, written at this step."""
         out = {f"skrull/phase_{k}_ms": ms for k, ms in self.phases.items()}
         out["skrull/phase_rest_ms"] = self.rest_ms
+        if math.isfinite(self.rest_host_ms):
+            out["skrull/phase_rest_host_ms"] = self.rest_host_ms
         out["skrull/step_outside_ms"] = self.outside_ms
         out["skrull/measured_us"] = self.step_ms * 1e3  # beside skrull/predicted_us, written at the same step
         if self.predicted_us > 0:  # nothing predicted (torchtitan's batching): no ratio
@@ -192,6 +202,8 @@ class _Open:
     spans: list[tuple[str, Any, Any]] = field(default_factory=list)
     end: Any = None
     predicted_us: float = 0.0
+    host: list[float] = field(default_factory=list)
+    """Host clock: the step's begin, then each phase's start and end, then the step's end."""
 
 
 class StepPhases:
@@ -216,7 +228,7 @@ class StepPhases:
         """Every step read so far, in order (the run's medians: ``phases_summary``)."""
 
     def begin(self, step: int) -> None:
-        self._open = _Open(step, self.clock.mark())
+        self._open = _Open(step, self.clock.mark(), host=[time.perf_counter()])
 
     @contextmanager
     def phase(self, key: str) -> Iterator[None]:
@@ -235,6 +247,8 @@ class StepPhases:
             raise KeyError(f"unknown step phase {key!r}; PHASES: {[p.key for p in PHASES]}")
         if self._in is not None:
             raise RuntimeError(f"step phase {key!r} entered inside {self._in[0]!r}: phases do not nest")
+        if self._open is not None:
+            self._open.host.append(time.perf_counter())
         self._in = (key, self._open, self.clock.mark() if self._open is not None else None)
         self._range = torch.profiler.record_function(RANGE.format(key=key))
         self._range.__enter__()
@@ -248,6 +262,7 @@ class StepPhases:
         self._range = None
         if record is not None:
             record.spans.append((key, start, self.clock.mark()))
+            record.host.append(time.perf_counter())
 
     def end(self, predicted_us: float, keep: bool = True) -> None:
         """The step finished: its marks wait to be read (``take``), if ``keep`` (else dropped:
@@ -256,6 +271,7 @@ class StepPhases:
         if record is None or not keep:
             return
         record.end, record.predicted_us = self.clock.mark(), predicted_us
+        record.host.append(time.perf_counter())
         if self._done is not None:
             self.dropped += 1
         self._done = record
@@ -275,7 +291,10 @@ class StepPhases:
         for key, start, end in done.spans:
             spent[key] = spent.get(key, 0.0) + self.clock.ms(start, end)
         phases = {p.key: spent[p.key] for p in PHASES if p.key in spent}
-        self.read.append(StepTimes(done.step, phases, self.clock.ms(done.start, done.end), done.predicted_us))
+        host = done.host  # begin, (start, end) per span, end: the gaps are the pairs between the spans
+        rest_host = sum(b - a for a, b in zip(host[0::2], host[1::2])) * 1e3
+        self.read.append(StepTimes(done.step, phases, self.clock.ms(done.start, done.end), done.predicted_us,
+                                   rest_host))
         return self.read[-1]
 
 
@@ -291,6 +310,10 @@ def phases_summary(times: list[StepTimes]) -> str | None:
     step = statistics.median(t.step_ms for t in kept)
     outside = statistics.median(t.outside_ms / t.step_ms if t.step_ms > 0 else 0.0 for t in kept)
     said = " ".join(f"{k} {v:.1f}" for k, v in med.items())
+    rest = statistics.median(t.rest_ms for t in kept)
+    hosts = [t.rest_host_ms for t in kept if math.isfinite(t.rest_host_ms)]
+    host = (f"; rest {rest:.1f}, on the host's clock {statistics.median(hosts):.1f} (where these match on a GPU, "
+            "the device waited for the host's work between the phases)") if hosts else ""
     return (f"step phases, median ms over {len(kept)} steps{' after the first' if len(times) > 1 else ''}: {said}; "
             f"step as run {step:.1f} ms, {100 * outside:.0f}% of it outside the micro-batches "
-            f"({', '.join(p.key for p in PHASES if p.per_step)})")
+            f"({', '.join(p.key for p in PHASES if p.per_step)}){host}")

@@ -181,6 +181,7 @@ class SkrullTrainer(JobTrainer):
         logged step (run_settings.py: ``skrull/activation_checkpoint``, ``bucket_size``, ``head_chunk_tokens``,
         ``head_in_forward``)."""
         self.dataloader.attach(self.scheduler, cp_rank, dims.cp, pin=self.device.type == "cuda")
+        self.dataloader.hold_builds = True  # the next step built once this one's micro-batches are queued
         if skrull.plan_log:
             rank = dist.get_rank() if dist.is_initialized() else 0
             self.plan_log = PlanLog(self.config.dump_folder, rank)
@@ -341,6 +342,10 @@ class SkrullTrainer(JobTrainer):
             if self.plan_log is not None:
                 self.plan_log.write(step)
         accumulated = step_passes(self, step, global_valid_tokens)
+        # Every micro-batch queued: the prefetch thread builds the next step now, while this thread
+        # queues the clipping and then waits for the device at the finiteness check (GIL released),
+        # not from the step's start, where its Python would hold up the host work the device waits on.
+        self.dataloader.resume_building()
         with phases.phase("clip"):
             grad_norm = dist_utils.clip_grad_norm_(
                 [p for m in self.model_parts for p in m.parameters()],
@@ -351,6 +356,10 @@ class SkrullTrainer(JobTrainer):
             )
         with phases.phase("checks"):
             global_avg, norm = self._check_finite(step, accumulated, grad_norm)
+        reduced = None
+        if should_log:  # the logged reductions' reads now, the queue just drained, not behind the optimizer's
+            with phases.phase("log"):
+                reduced = self._log_reductions(step, accumulated, global_valid_tokens)
         with phases.phase("opt"):
             self.checkpointer.maybe_wait_for_staging()
             self.optimizers.step()
@@ -358,7 +367,7 @@ class SkrullTrainer(JobTrainer):
         if should_log:
             with phases.phase("log"):
                 global_avg *= step.loss_tokens / step.global_valid_tokens  # the step's own mean token loss
-                self._log_step(step, accumulated, global_avg, global_valid_tokens, norm, lr_metrics)
+                self._log_step(step, global_avg, norm, lr_metrics, reduced)
         if self.validation is not None and self.config.validation.due(self.step, self.config.training.steps):
             with phases.phase("val"):
                 self.validation.run(self, self.step)  # forward only: no weight, RNG or counter changes
@@ -432,15 +441,24 @@ class SkrullTrainer(JobTrainer):
                 f"{len(waits)} steps{' after the first' if len(self.data_wait_ms) > 1 else ''} "
                 f"(dataloader.prefetch_steps {k}; first step {self.data_wait_ms[0]:.1f} ms)")
 
-    def _log_step(self, step, accumulated, global_avg: float, global_valid_tokens, grad_norm: float,
-                  lr_metrics) -> None:
+    def _log_reductions(self, step, accumulated, global_valid_tokens) -> tuple[float, float] | None:
+        """A logged step's reductions over the loss mesh: (the largest rank's mean token loss, the
+        tokens seen), None with one rank (the step's own mean and count then). Each is an all-reduce
+        and a read: train_step takes them right after the finiteness check, where the device's queue
+        has just drained, so they wait for the two all-reduces only, and the optimizer's kernels then
+        run under the logging's host work (after the optimizer step, their reads waited for it)."""
+        if not self.parallel_dims.dp_cp_enabled:
+            return None
         local_valid = max(step.local_valid_tokens, 1)
         local_avg = accumulated * global_valid_tokens / local_valid
         ntokens = torch.full((), self.ntokens_seen, dtype=torch.int64, device=self.device)  # no host copy
-        if self.parallel_dims.dp_cp_enabled:
-            mesh = self.parallel_dims.get_optional_mesh("loss")
-            global_max = dist_utils.dist_max(local_avg, mesh)
-            ntokens_seen = dist_utils.dist_sum(ntokens, mesh)
+        mesh = self.parallel_dims.get_optional_mesh("loss")
+        return dist_utils.dist_max(local_avg, mesh), dist_utils.dist_sum(ntokens, mesh)
+
+    def _log_step(self, step, global_avg: float, grad_norm: float, lr_metrics,
+                  reduced: tuple[float, float] | None) -> None:
+        if reduced is not None:
+            global_max, ntokens_seen = reduced
         else:
             global_max = global_avg
             ntokens_seen = self.ntokens_seen

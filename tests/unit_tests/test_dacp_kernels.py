@@ -106,6 +106,21 @@ def test_plans_are_cached_per_micro_batch():
     assert m.dist_plan() is m.dist_plan()
 
 
+def test_a_device_plan_is_the_host_plan_copied_once(monkeypatch):
+    """The plan is built once, on the host (where the prefetch thread builds it ahead:
+    MicroBatchBuffer.staged); another device gets a copy of it, once ("meta" stands for a GPU)."""
+    from skrull_ext.attention import meta as meta_module
+
+    m = build_meta([5, 13], [0, D], 0, 2)
+    host = m.dist_plan()
+    monkeypatch.setattr(meta_module, "build_segment_plan", None)  # no second build
+    dev = m.dist_plan(torch.device("meta"))
+    assert dev is m.dist_plan(torch.device("meta")) and dev is not host
+    assert dev.cu_seq_q.device.type == dev.key_index.device.type == "meta"
+    assert (dev.cu_q, dev.cu_k, dev.max_q, dev.max_k) == (host.cu_q, host.cu_k, host.max_q, host.max_k)
+    assert dev.cu_seq_q.shape == host.cu_seq_q.shape and dev.key_index.shape == host.key_index.shape
+
+
 def test_plan_rejects_a_key_source_without_every_position():
     d = torch.tensor([0, 0, 0])
     with pytest.raises(ValueError, match="exactly once"):

@@ -187,6 +187,32 @@ def test_prefetcher_keeps_order_and_depth():
         Prefetcher(produce, depth=0)
 
 
+def test_a_held_slot_is_built_only_once_resumed_or_at_the_next_get():
+    """get(hold=True): the result replacing the one handed out is not started until resume()
+    (the trainer: its micro-batches queued), or the next get() gives the slot back itself."""
+    made, lock = [], threading.Lock()
+
+    def produce():
+        with lock:
+            made.append(len(made) + 1)
+            return made[-1]
+
+    p = Prefetcher(produce, depth=2)
+    assert p.wait_ready(2, timeout=60)
+    assert p.get(hold=True) == 1
+    time.sleep(0.3)  # room to build the third, if it would
+    assert len(made) == 2
+    p.resume()
+    assert p.wait_ready(2, timeout=60) and len(made) == 3
+    p.resume()  # nothing held: nothing more
+    assert p.get(hold=True) == 2 and p.get(hold=True) == 3  # the second get gave back the first's slot
+    assert p.wait_ready(1, timeout=60) and len(made) == 4  # one slot still held
+    time.sleep(0.3)
+    assert len(made) == 4
+    assert [p.get() for _ in range(3)] == [4, 5, 6]
+    p.close()
+
+
 @pytest.mark.parametrize("case", ["synthetic-dp2cp2", "jsonl-truncate"])
 def test_loss_counts_without_tokens_are_the_labels(tok, case):
     """What the limit and the loss normaliser read instead of building every sample."""

@@ -198,3 +198,24 @@ def test_each_phase_is_a_record_function_range_in_a_profiler_trace():
     clip = next(e for e in prof.events() if e.name == "skrull/phase_clip")
     assert any(e.name == "aten::sum" and e.time_range.start >= clip.time_range.start
                and e.time_range.end <= clip.time_range.end for e in prof.events())
+
+
+def test_the_host_clock_times_the_gaps_between_phases_beside_the_device_clock(monkeypatch):
+    """On a GPU the phases are CUDA events: ``rest_ms`` is the device's time between phases, and
+    ``rest_host_ms`` the host's (perf_counter at the same marks), so a step line can say whether
+    the device waited for host work there. Here the device clock (TickClock) and the host clock
+    (one second a call) disagree on purpose."""
+    from skrull_ext.train import step_phases
+
+    calls = iter(range(100))
+    monkeypatch.setattr(step_phases.time, "perf_counter", lambda: float(next(calls)))
+    clock = TickClock()
+    phases = StepPhases(clock)
+    # host marks: begin 0, data 1-2, mb 3-4, opt 5-6, end 7: four 1 s gaps (0-1, 2-3, 4-5, 6-7)
+    run_step(phases, clock, 3, [("data", 1), (None, 2), ("mb", 10), ("opt", 1)])
+    t = phases.take()
+    assert t.rest_ms == 2 and t.rest_host_ms == 4000.0
+    assert t.metrics()["skrull/phase_rest_host_ms"] == 4000.0
+    line = phases_summary([t])
+    assert line.endswith("; rest 2.0, on the host's clock 4000.0 (where these match on a GPU, the device waited "
+                         "for the host's work between the phases)")

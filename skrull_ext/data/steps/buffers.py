@@ -43,10 +43,16 @@ class MicroBatchBuffer:
         the trainer's copies to the GPU are then asynchronous. A copy from pageable
         memory waits for the GPU's queue first, so the next micro-batch's kernels
         could not be launched while the last one computes. Built on the prefetch
-        thread, off the training loop (data/steps/loader.py)."""
+        thread, off the training loop (data/steps/loader.py), with the meta's segment
+        plans on the host (the varlen, segments and tiles kernels' Python, which the first
+        layer's call would otherwise run: only their copy to the device is left to it)."""
         cu = None
-        if not self.meta.dist_lens and self.meta.local_lens:
-            cu = self.meta.local_plan(None).cu_seq_q.pin_memory()
+        if self.meta.local_lens:  # the segment plans' host work done here, not at the first layer (meta.memo)
+            local = self.meta.local_plan(None)
+            if not self.meta.dist_lens:
+                cu = local.cu_seq_q.pin_memory()
+        if self.meta.num_held:
+            self.meta.dist_plan(None)
         return MicroBatchBuffer(self.input.pin_memory(), self.labels.pin_memory(), self.positions.pin_memory(),
                                 meta=self.meta, seqs=self.seqs, cu_seqlens=cu)
 

@@ -363,6 +363,9 @@ class SkrullDataLoader(SourceDataLoaderBase):
         """The windows of the checkpoint this loader continues (``load_state_dict``), if any."""
         self._cursor: _Cursor | None = None
         self._ahead: Prefetcher | None = None
+        self.hold_builds = False
+        """The prefetch thread builds the next step only once ``resume_building`` is called (or the
+        step after is asked for), not as soon as a step is handed out (SkrullTrainer sets it)."""
 
     def attach(self, scheduler: Scheduler, cp_rank: int, cp_size: int, pin: bool = False) -> None:
         """Bind the scheduler and this rank's CP coordinates (once, after build); how the
@@ -439,7 +442,7 @@ class SkrullDataLoader(SourceDataLoaderBase):
                                          name=f"skrull-prefetch-dp{self.dp_rank}-cp{self.cp_rank}")
         cursor, ahead = self._cursor, self._ahead
         try:
-            out, account = ahead.get() if ahead is not None else cursor()
+            out, account = ahead.get(hold=self.hold_builds) if ahead is not None else cursor()
         except BaseException as e:
             self.close()  # joins the thread: it stops at a failed step
             if ahead is None or e is ahead.failed:  # not, e.g., Ctrl-C while waiting for the thread
@@ -452,6 +455,13 @@ class SkrullDataLoader(SourceDataLoaderBase):
         # and the step's chunked samples, every DP rank's (the plan lists them all)
         self.last_tokens = sum(out.plan.trained_lengths) + sum(out.plan.chunked)
         return out
+
+    def resume_building(self) -> None:
+        """With ``hold_builds``: the prefetch thread may now build the step that replaces the
+        one handed out last (the trainer calls it once that step's micro-batches are queued:
+        prefetch.py ``Prefetcher.get``). No thread: nothing."""
+        if self._ahead is not None:
+            self._ahead.resume()
 
     def close(self) -> None:
         """Stop building ahead (joins the prefetch thread); the next step starts it again."""

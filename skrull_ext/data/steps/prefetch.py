@@ -17,6 +17,14 @@ with the GIL released. A process would add pickling every step's tensors
 across, a second copy of the source and the scheduler, and its own shutdown,
 for no gain (``python -m skrull_ext.bench datawait``, docs/data.md).
 
+When: by default a result's slot is given back as it is handed out, so the
+thread starts the next build at once. The trainer asks for ``get(hold=True)``
+and ``resume()``s once the step's micro-batches are queued (train/trainer.py):
+the build's Python then runs while the training thread waits for the device,
+not in the host work between the step's phases that a GPU idles on (CPU,
+host24 job, 15 steps: the host's time between the phases 2.6-3.0 ms a step
+building at once, 1.1-1.4 ms held, 1.0 ms with no thread; docs/training.md).
+
 Determinism: ``produce`` is the only thing the thread runs, and it is the
 same function, called in the same order, as the synchronous path, so the
 steps are the same. The results carry whatever state the consumer needs to
@@ -85,11 +93,22 @@ class Prefetcher(Generic[T]):
                                         name=name, daemon=True)
         self.failed: BaseException | None = None
         """The exception ``produce()`` raised, once ``get()`` has re-raised it."""
+        self._held = False
+        """A slot taken by ``get(hold=True)`` and not yet given back (``resume``)."""
         self._thread.start()
         _OPEN.add(self)
 
-    def get(self) -> T:
-        """The next result; re-raises ``produce()``'s exception at the result it replaced."""
+    def get(self, hold: bool = False) -> T:
+        """The next result; re-raises ``produce()``'s exception at the result it replaced.
+
+        ``hold``: the thread does not start the result that replaces this one until
+        ``resume()`` (or the next ``get``) says so. The trainer resumes it where its own
+        thread will wait for the device (its micro-batches queued): building a step holds the
+        GIL for milliseconds of Python (17 ms a step on the H200 run), which, started as a step
+        is handed out, the training thread would wait for in the host work a GPU then idles on
+        (zero_grad, the first micro-batch's launches). A held slot is given back by the next
+        ``get`` in any case, so a consumer that never resumes is at most one result less ahead."""
+        self.resume()
         while True:
             try:
                 item = self._out.get(timeout=_POLL_S)
@@ -101,8 +120,17 @@ class Prefetcher(Generic[T]):
             self.failed = item.error
             self.close()
             raise item.error
-        self._slots.release()
+        if hold:
+            self._held = True
+        else:
+            self._slots.release()
         return item
+
+    def resume(self) -> None:
+        """Let the thread start the result held back by ``get(hold=True)`` (none held: nothing)."""
+        if self._held:
+            self._held = False
+            self._slots.release()
 
     def wait_ready(self, n: int, timeout: float) -> bool:
         """Wait until ``n`` results are made and not yet taken (False on timeout,
