@@ -168,7 +168,8 @@ def test_close_and_drop_end_the_thread(tok):
     assert not thread.is_alive(), "a dropped dataloader left its prefetch thread running"
 
 
-def test_prefetcher_keeps_order_and_depth():
+def _counter():
+    """A producer of 1, 2, 3, ... and the list of what it made (thread-safe)."""
     made, lock = [], threading.Lock()
 
     def produce():
@@ -176,6 +177,11 @@ def test_prefetcher_keeps_order_and_depth():
             made.append(len(made) + 1)
             return made[-1]
 
+    return produce, made
+
+
+def test_prefetcher_keeps_order_and_depth():
+    produce, made = _counter()
     p = Prefetcher(produce, depth=2)
     assert p.wait_ready(2, timeout=60), "two results"
     time.sleep(0.3)  # room to over-produce, if it would
@@ -190,13 +196,7 @@ def test_prefetcher_keeps_order_and_depth():
 def test_a_held_slot_is_built_only_once_resumed_or_at_the_next_get():
     """get(hold=True): the result replacing the one handed out is not started until resume()
     (the trainer: its micro-batches queued), or the next get() gives the slot back itself."""
-    made, lock = [], threading.Lock()
-
-    def produce():
-        with lock:
-            made.append(len(made) + 1)
-            return made[-1]
-
+    produce, made = _counter()
     p = Prefetcher(produce, depth=2)
     assert p.wait_ready(2, timeout=60)
     assert p.get(hold=True) == 1
