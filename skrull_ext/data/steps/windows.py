@@ -19,6 +19,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from skrull_ext.data.steps.accounting import StepAccount
+
 
 @dataclass(frozen=True)
 class Window:
@@ -117,3 +119,58 @@ class Windows:
         except (ValueError, TypeError) as e:
             raise ValueError(f"{where}: {text!r} is not a list of [first step, width] regimes, each starting "
                              f"at a window boundary of the one before ({e})") from None
+
+
+@dataclass(frozen=True)
+class LookaheadWindow:
+    """A look-ahead window as the loader made it: its samples by the step that trains them and
+    what the regrouping did (logged on each of its steps: ``skrull/lookahead_*``). Which steps
+    it spans is ``Windows``' answer (above); this is what its steps train (data/steps/loader.py makes it)."""
+
+    index: int
+    """Window number, counted from the run's first (``Window.index``)."""
+    first: int
+    """Its first step."""
+    width: int
+    """W, its number of steps."""
+    samples: list[list[int]]
+    """Per step of the window: the source indices it trains (arrival order within a step)."""
+    lengths: list[list[int]]
+    """The same samples' trained lengths."""
+    losses: list[list[int]]
+    """The same samples' loss tokens."""
+    accounts: list[StepAccount]
+    """Per step: what it counts (accounting.by_training_step: a trained sample at the step that
+    trains it, a skipped one at the step it arrived in)."""
+    chunked: list[list[tuple[int, int, int]]]
+    """Per step: (source index, length, loss tokens) of the samples over the limit that ``overlength =
+    "chunk"`` trains whole in chunks, outside the plans' micro-batches and the regrouping (at the
+    step they arrived in; the regrouping and the step's plan price them there)."""
+    moved: int = 0
+    """Samples trained at another step than they arrived in."""
+    max_delay: int = 0
+    """Largest distance in steps between a sample's arrival and its training (<= W-1)."""
+    window_us: float = 0.0
+    """The window's predicted time as regrouped (sum of its steps; the core's ``Lookahead``
+    field of the same name, as the two below)."""
+    arrival_window_us: float = 0.0
+    """The same in arrival order: what the window would take without look-ahead."""
+    elapsed_us: float = 0.0
+    """Wall time of the core's regrouping."""
+
+    @property
+    def last(self) -> int:
+        return self.first + self.width - 1
+
+    @property
+    def saved_us(self) -> float:
+        return self.arrival_window_us - self.window_us
+
+    @property
+    def loss_tokens(self) -> float:
+        """Mean loss tokens per step of the window (chunked samples' included)."""
+        return (sum(map(sum, self.losses)) + sum(c for step in self.chunked for _, _, c in step)) / len(self.losses)
+
+    def trained_after(self, step: int) -> list[int]:
+        """The samples the window trains after ``step``: those a run that stops at ``step`` leaves."""
+        return [i for j in range(max(0, step + 1 - self.first), self.width) for i in self.samples[j]]
