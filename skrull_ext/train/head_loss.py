@@ -76,6 +76,8 @@ from torch.distributed.tensor import DTensor
 from torchtitan.components.loss import BaseLoss, ChunkedLossWrapper, CrossEntropyLoss
 from torchtitan.config import CompileConfig
 
+from skrull_ext.errors import JobFileError
+
 from skrull_ext.lora.converter import LORA_FORWARDS, lora_linear
 from skrull_ext.train.head_grad import ChunkStep, head_loss_in_forward, linear_cross_entropy_grad
 from skrull_ext.train.job.loss_config import HeadLossConfig
@@ -214,8 +216,8 @@ def resolve_head_backward(config: ChunkedHeadLoss.Config, head: torch.nn.Module 
         return HeadBackward("recompute", "forced by loss.head_backward")
     if blocked is not None:
         if key == "in_forward":
-            raise ValueError(f'loss.head_backward = "in_forward" cannot run here: {blocked}; '
-                             'use "auto" or "recompute"')
+            raise JobFileError(f'loss.head_backward = "in_forward" cannot run here: {blocked}; '
+                               'use "auto" or "recompute"')
         return HeadBackward("recompute", f"loss.head_backward auto: {blocked}")
     why = ("forced by loss.head_backward" if key == "in_forward" else
            "loss.head_backward auto: a plain Linear head, no TP, torchtitan's cross-entropy")

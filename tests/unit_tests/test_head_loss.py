@@ -598,7 +598,7 @@ def test_head_backward_auto_forced_and_refused():
         assert why in in_forward_blocked(head, loss, tp)
         got = resolve_head_backward(auto, head, loss, tp)
         assert got.mode == "recompute" and got.why == f"loss.head_backward auto: {in_forward_blocked(head, loss, tp)}"
-        with pytest.raises(ValueError, match=r'loss.head_backward = "in_forward" cannot run here: ' + why):
+        with pytest.raises(JobFileError, match=r'loss.head_backward = "in_forward" cannot run here: ' + why):
             resolve_head_backward(forced, head, loss, tp)
     with pytest.raises(ValueError,
                        match=r"loss.head_backward: 'fused' must be one of 'auto', 'in_forward', 'recompute'"):
