@@ -13,6 +13,7 @@ from skrull_ext.scheduler.profile_file import Profile, fixed_costs, from_dict, t
 from skrull_ext.train.step_phases import PHASES
 
 OLD = os.path.join(os.path.dirname(__file__), "..", "integration_tests", "cpu-debug-gloo2-2026-11-22.toml")
+JOBS = os.path.join(os.path.dirname(__file__), "..", "..", "skrull_ext", "jobs")
 
 
 def test_the_step_term_is_what_every_step_pays_and_free_running_adds_its_own(make_toy):
@@ -85,3 +86,34 @@ def test_step_keys_are_checked(make_toy):
 def test_the_profiled_phases_are_the_registrys_per_step_ones():
     assert PER_STEP == tuple(p.key for p in PHASES if p.per_step) == ("checks", "clip", "opt")
     assert math.isclose(StepResult(dict.fromkeys(PER_STEP, 1.5), 3).fixed_us, 4.5)
+
+
+def test_the_step_term_steps_float32_masters_of_a_bf16_profile_model():
+    """The trainer's optimizer steps parameters in training.dtype (float32; FSDP casts them for
+    compute), so a profile model built in bf16 is stepped through float32 copies under its own
+    names, which torchtitan's optimizer builder matches, and its gradients copied in."""
+    import types
+
+    import torch
+    from skrull_ext.profile.step import MasterParameters, stepped_parameters
+    from skrull_ext.train.job.job_file import load_config
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.LayerNorm(3)).to(torch.bfloat16)
+    jm = types.SimpleNamespace(model=model, config=types.SimpleNamespace(training=types.SimpleNamespace(dtype="float32")))
+    stepped = stepped_parameters(jm)
+    assert isinstance(stepped, MasterParameters)
+    names = [n for n, _ in model.named_parameters()]
+    assert [n for n, _ in stepped.named_parameters()] == names == ["0.weight", "0.bias", "1.weight", "1.bias"]
+    assert all(p.dtype == torch.float32 for p in stepped.parameters()) and len(list(stepped.parameters())) == 4
+    assert all(torch.equal(m, p.float()) for m, p in zip(stepped.parameters(), model.parameters()))
+    model(torch.randn(2, 4, dtype=torch.bfloat16)).float().sum().backward()
+    stepped.take_grads()
+    assert all(m.grad.dtype == torch.float32 and torch.equal(m.grad, p.grad.float())
+               for m, p in zip(stepped.parameters(), model.parameters()))
+    job = load_config(["--config-file", os.path.join(JOBS, "debug_cpu.toml")], check=False)
+    opt = job.optimizer.build(model_parts=[stepped])  # its param groups matched by name, as the profile builds it
+    opt.step()  # the float32 copies move, the bf16 model does not
+    assert not torch.equal(next(stepped.parameters()), model[0].weight.float())
+    # a model already in training.dtype is stepped itself
+    assert stepped_parameters(types.SimpleNamespace(model=model.float(), config=jm.config)) is model
