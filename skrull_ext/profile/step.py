@@ -134,7 +134,7 @@ def profile_step(jm: JobModel, opts: ProfileOptions, tick: Callable[[str], None]
     for r in range(rounds):
         tick(f"step outside its micro-batches ({r + 1}/{rounds})")
         optimizers.zero_grad(set_to_none=True)
-        jm.model.zero_grad(set_to_none=True)
+        jm.model.zero_grad(set_to_none=True)  # the model's own where the optimizer steps its masters
         out = jm.model(buf["tokens"], buf["positions"], buf["attention_masks"])
         loss, _ = jm.loss_fn(out, buf["labels"])
         loss.backward()

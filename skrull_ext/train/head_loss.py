@@ -77,7 +77,6 @@ from torchtitan.components.loss import BaseLoss, ChunkedLossWrapper, CrossEntrop
 from torchtitan.config import CompileConfig
 
 from skrull_ext.errors import JobFileError
-
 from skrull_ext.lora.converter import LORA_FORWARDS, lora_linear
 from skrull_ext.train.head_grad import ChunkStep, head_loss_in_forward, linear_cross_entropy_grad
 from skrull_ext.train.job.loss_config import HeadLossConfig
@@ -391,7 +390,6 @@ class ChunkedHeadLoss(ChunkedLossWrapper):
         if global_valid_tokens is not None:
             total = total / global_valid_tokens
         return total, {}
-
 
     def _in_forward(self, pred: torch.Tensor, labels: torch.Tensor,
                     global_valid_tokens: torch.Tensor | None) -> torch.Tensor:
