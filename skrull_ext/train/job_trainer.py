@@ -32,7 +32,7 @@ from skrull_ext.train import interrupt, launcher_watch, stop_line
 from skrull_ext.scheduler.model_shape import compute_dtype
 from skrull_ext.train.doc_flops import DocumentFlops, DocumentMeter
 from skrull_ext.train.head_loss import ChunkedHeadLoss, HeadBackward, resolve_chunking, resolve_head_backward
-from skrull_ext.train.job.resume_checks import check_continue, dataloader_keys
+from skrull_ext.train.job.resume_checks import check_continue
 from skrull_ext.train.run_lock import claim_dump_folder
 from skrull_ext.train.step_phases import StepPhases, StepTimes, clock_for, phases_summary
 from skrull_ext.train.watchdog import start_heartbeat
@@ -100,7 +100,7 @@ class JobTrainer(Trainer):
         expect = getattr(self.dataloader, "expect_checkpoint", None)  # skrull-ext's loaders (data/steps/base.py)
         if continues is not None and expect is not None and DATALOADER not in config.checkpoint.exclude_from_loading:
             # its keys before DCP loads them: a checkpoint without data_order loads, said in one line
-            expect(os.path.abspath(continues), dataloader_keys(continues))
+            expect(os.path.abspath(continues.path), continues.dataloader_keys)
         self.step_phases = StepPhases(clock_for(self.device))
         """The phases of each step, timed on the device's clock (step_phases.py); the batching marks them."""
         self._chunk_head(config)

@@ -247,6 +247,7 @@ def test_dcp_loads_a_checkpoint_without_the_key_when_the_loader_is_told(tmp_path
     assert str(info.value) == refusal("dataloader.seed", "1", "0", "--dataloader.seed 0", step=0, path=new)
 
 
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")  # dcp in one process
 def test_check_continue_names_the_checkpoint_the_trainer_tells_the_loader(tmp_path):
     from types import SimpleNamespace
 
@@ -262,7 +263,7 @@ def test_check_continue_names_the_checkpoint_the_trainer_tells_the_loader(tmp_pa
     whole.mkdir()
     (whole / ".metadata").write_text("")
     # torchtitan's initial load of a whole training state continues its data too; weights only do not.
-    assert check_continue(config(initial_load_path=str(whole), initial_load_model_only=False)) == str(whole)
+    assert check_continue(config(initial_load_path=str(whole), initial_load_model_only=False)).path == str(whole)
     assert check_continue(config(initial_load_path=str(whole))) is None
     (tmp_path / "checkpoint" / "step-0").mkdir(parents=True)
     (tmp_path / "checkpoint" / "step-0" / ".metadata").write_text("")
@@ -270,5 +271,13 @@ def test_check_continue_names_the_checkpoint_the_trainer_tells_the_loader(tmp_pa
     for step in (2, 4):
         (tmp_path / "checkpoint" / f"step-{step}").mkdir(parents=True)
         (tmp_path / "checkpoint" / f"step-{step}" / ".metadata").write_text("")
-    assert check_continue(config()) == str(tmp_path / "checkpoint" / "step-4")
-    assert check_continue(config(load_step=2)) == str(tmp_path / "checkpoint" / "step-2")
+    assert check_continue(config()).path == str(tmp_path / "checkpoint" / "step-4")
+    assert check_continue(config()).dataloader_keys is None  # an unreadable .metadata: DCP's own load says why
+    assert check_continue(config(load_step=2)).path == str(tmp_path / "checkpoint" / "step-2")
+    # A readable one: its dataloader keys, read once there, for the trainer to hand the loader.
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save({"dataloader": {"step": 6, "lookahead": "[]", data_order.KEY: "{}"}},
+             checkpoint_id=str(tmp_path / "checkpoint" / "step-6"),
+             no_dist=True)
+    assert check_continue(config()).dataloader_keys == {"step", "lookahead", data_order.KEY}

@@ -17,10 +17,21 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import dataclass
 
 from skrull_ext.errors import JobFileError, NothingToTrain
 
-__all__ = ["check_continue", "dataloader_keys", "saved_steps"]
+__all__ = ["Continued", "check_continue", "dataloader_keys", "saved_steps"]
+
+
+@dataclass(frozen=True)
+class Continued:
+    """The full checkpoint a run continues from, and its dataloader state's keys as read once
+    here (None: unreadable here, DCP's own load says why); the trainer hands them to the loader
+    (data/steps/base.py ``expect_checkpoint``)."""
+
+    path: str
+    dataloader_keys: set[str] | None
 
 
 def saved_steps(folder: str) -> tuple[list[int], list[int]]:
@@ -43,10 +54,10 @@ def saved_steps(folder: str) -> tuple[list[int], list[int]]:
     return sorted(full), sorted(hf)
 
 
-def check_continue(config) -> str | None:
+def check_continue(config) -> Continued | None:
     """Raise JobFileError when the checkpoint this run would load cannot continue it; else the
-    path of the full checkpoint whose training state it continues (None: a fresh start, weights
-    only, a step-0 seed checkpoint, or a remote folder)."""
+    full checkpoint whose training state it continues (None: a fresh start, weights only, a
+    step-0 seed checkpoint, or a remote folder)."""
     ckpt = config.checkpoint
     if not ckpt.enable or ckpt.create_seed_checkpoint or "://" in ckpt.folder:
         return None
@@ -107,13 +118,13 @@ def dataloader_keys(path: str) -> set[str] | None:
     return {k.split(".", 1)[1] for k in keys if k.startswith("dataloader.")}
 
 
-def _check_dataloader_keys(path: str) -> str:
+def _check_dataloader_keys(path: str) -> Continued:
     """Refuse, in one line, a full checkpoint whose dataloader state lacks a key this version saves
     (``data_order``, which a checkpoint may lack, is not one: the trainer tells the loader, which
-    leaves it out of the load, data/steps/data_order.py); ``path``."""
+    leaves it out of the load, data/steps/data_order.py); else ``path`` and the keys read."""
     saved = dataloader_keys(path)
     if saved is None:
-        return path
+        return Continued(path, None)
     missing = sorted(set(NEW_DATALOADER_KEYS) - saved)
     if saved and missing:  # a checkpoint with no dataloader state has no key to miss
         raise JobFileError(
@@ -122,4 +133,4 @@ def _check_dataloader_keys(path: str) -> str:
             f"data where it stopped; train on from its weights in a new dump_folder with "
             f"--checkpoint.initial_load_path {os.path.abspath(path)} --checkpoint.initial_load_model_only, "
             f"or continue it with the version that saved it")
-    return path
+    return Continued(path, saved)
