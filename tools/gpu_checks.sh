@@ -35,11 +35,14 @@
 #
 #   there, issue 57 item 4: bash tools/gpu_checks.sh --issue57        (carry .whl; timeout_s 540)
 #       the trainer stages (--skip-attention) cut to one device call: stage 3' with the bf16 head
-#       and loss, a profile of two checkpointing modes (the job's selective and none), per mix
-#       Skrull (chunked head and loss, the mode chosen at start-up, the profile's BucketSize) and
-#       torchtitan-documents, 44 steps each, then the stream per mix only where it fits the 520 s
-#       BUDGET; each table with the run's mode, BucketSize and head chunk, and the BucketSize
-#       before (the committed profiles/<gpu>-qwen2.5-0.5b.toml). TRACE=1: the shipped mix's Skrull
+#       and loss, a profile of two checkpointing modes (the job's selective and none), on the shipped
+#       mix (MIXES: both mixes' tables are the eighth run's) Skrull (chunked head and loss, the mode
+#       chosen at start-up, the profile's BucketSize) and torchtitan-documents, 44 steps each, then
+#       the A/B variants of that Skrull run (tools/gpu_ab_modes.txt: the head's gradients recomputed,
+#       FSDP's parameters kept from forward to backward) and the stream, each only where it fits the
+#       520 s BUDGET; the table with the run's mode, BucketSize and head chunk, each variant against
+#       the Skrull run (train-report --against: the step and the phases that moved), and the
+#       BucketSize before (the committed profiles/<gpu>-qwen2.5-0.5b.toml). TRACE=1: the Skrull
 #       run trains 3 steps past its 44 timed ones, the last 2 under torch.profiler, and stage 6'.
 #       reads them (bench trace-report: GPU busy and idle gaps, kernels by family, host syncs) into
 #       summary.txt, the traces into the archive. Its stage limits and their estimates are in the
@@ -93,19 +96,27 @@ if [ "$preset" = issue57 ]; then
   #                                         7,000 events here; a compiled GPU step's, tens of thousands):
   #                                         estimate 4
   #   7. two tables (train-report)        4 s each there: 10
-  # 45 + 45 + 145 + 2 x (75 + 60) + 10 + 10 + 10 = 535. Estimated 415 s (run 8's stages: 453 s, the stream of the
-  # first mix included), so the stream (limit 50: 17.1 and 16.0 s to step 44 there, 48 s start to end in run 8,
-  # estimate 40 each) runs last, per mix, where its limit still ends within BUDGET (520 s): in run 8's times,
-  # the first mix's only.
+  # The eighth run: 45 + 45 + 145 + 2 x (75 + 60) + 10 + 10 + 10 = 535 for two mixes, the stream late. The ninth,
+  # the shipped mix only: 45 + 45 + 145 + 75 + 10 (trace) + 60 + 10 + 5 (one table) = 395 before the late modes,
+  # estimated 300 (run 8's stages); then the two variants (limit 65 each, estimate 45: the compile cache warm)
+  # and the stream (limit 50, estimate 40), each only where its limit and the table's 5 s still end within
+  # BUDGET (520 s): all three by the estimates (about 430 s), the stream first to go.
   # Cut to fit: the stream first in line (run 7 has it at 104 steps); full checkpointing (a step is at most
   # 8 x 16,384 = 131,072 tokens, and selective's BucketSize, 130,622 with the logits of every token in it,
   # grows with them in chunks: one micro-batch a step either way, so full only adds recompute and cannot be
   # chosen); 60 of the 100 kept steps.
-  : "${LATE_MODES=torchtitan-stream}" "${GPU_TESTS:=1}" "${TRACE:=1}"
+  : "${GPU_TESTS:=1}" "${TRACE:=1}"
   if [ "$dry" = 0 ]; then
     : "${AC_MODES=none}" "${BUDGET:=520}" "${STEPS:=44}" "${TESTS_LIMIT:=45}" "${PROFILE_LIMIT:=145}"  # job: selective
-    run_limit=([skrull-bucket-profile]=75 [torchtitan-documents]=60 [torchtitan-stream]=50)
+    # The ninth run's question is where the step goes (the trace) and what each candidate fix moves: the shipped
+    # mix only (both mixes' tables are the eighth run's, committed), then the A/B variants (tools/gpu_ab_modes.txt)
+    # and the stream as late modes, in that order, each where it still fits BUDGET. Variants: limit 65 (the
+    # Skrull run's 63 s in run 8 compiled cold; a variant finds its blocks' graphs in the cache).
+    : "${MIXES:=mix_sharegpt_conv95+longbench_en5}" "${LATE_MODES=skrull-head-recompute skrull-reshard-never torchtitan-stream}"
+    run_limit=([skrull-bucket-profile]=75 [torchtitan-documents]=60 [torchtitan-stream]=50
+               [skrull-head-recompute]=65 [skrull-reshard-never]=65)
   else
+    : "${LATE_MODES=torchtitan-stream}"  # the variants' flags: tests/unit_tests/test_gpu_ab_modes.py (CI's time)
     : "${AC_MODES=selective}"  # two modes here too (the debug job's kind is none); no BUDGET: toy limits
   fi
 fi
@@ -353,6 +364,7 @@ report() {
   local mix=$1 flags=()
   [ -z "${cost[*]}" ] || flags+=(--profile "${cost[1]}")
   [ ! -f "$before" ] || flags+=(--before "$before")
+  [ ! -d "$work/train/$mix/runs/${trace_mode}_0" ] || flags+=(--against "$trace_mode")  # the A/B lines
   "$py" -m skrull_ext.bench train-report "$work/train/$mix" --warmup "$warm" --until "$steps" "${flags[@]}" \
     >"$log/train_report_$mix.txt" 2>&1
   say "train-report $mix (rc $?):"; tee -a "$summary" <"$log/train_report_$mix.txt"
@@ -366,6 +378,10 @@ report() {
 order=(skrull torchtitan-documents torchtitan-stream)
 [ "$dry" = 1 ] || [ -z "${cost[*]}" ] || order[0]=skrull-bucket-profile
 trace_mode=${order[0]}  # TRACE: the Skrull run of the first mix
+# The A/B variants: the traced Skrull mode's flags and the line's (tools/gpu_ab_modes.txt; MODES or LATE_MODES runs them)
+while read -r name flags; do
+  [ -z "$name" ] || [ "${name:0:1}" = "#" ] || modes[$name]="${modes[$trace_mode]} $flags"
+done <tools/gpu_ab_modes.txt
 late=(${LATE_MODES:-})
 order=($(for mode in ${MODES:-${order[*]}}; do [[ " ${late[*]} " == *" $mode "* ]] || echo "$mode"; done))
 for mix in "${mixes[@]}"; do

@@ -286,6 +286,25 @@ def ratios(results: dict[str, dict]) -> list[str]:
     return out
 
 
+def against(results: dict[str, dict], base: str) -> list[str]:
+    """Each other mode against ``base`` (an A/B variant against the run it varies: tools/gpu_checks.sh
+    passes the traced Skrull mode): the median step, the document-aware TFLOP/s, and where the median
+    step's time moved, phase by phase (ms, the phases both logged)."""
+    if base not in results:
+        raise SystemExit(f"train-report: --against {base}: no such mode (modes: {', '.join(results)})")
+    ref, out = results[base], []
+    for mode, r in results.items():
+        if mode == base:
+            continue
+        step = r.get("median_step_ms", math.nan) / ref.get("median_step_ms", math.nan)
+        flops = r.get("document_tflops", math.nan) / ref.get("document_tflops", math.nan)
+        mine, theirs = r.get("phases_ms") or {}, ref.get("phases_ms") or {}
+        moved = ", ".join(f"{k} {mine[k] - theirs[k]:+.1f}" for k in mine if k in theirs)
+        out.append(f"{mode} / {base}: median step x{step:.3f}, document-aware TFLOP/s x{flops:.3f}"
+                   + (f"; phases ms: {moved}" if moved else ""))
+    return out
+
+
 def bucket_line(results: dict[str, dict], before, profile=None) -> str | None:
     """BucketSizes against ``before``'s (a Profile an earlier run planned with; None: no line): the
     fresh ``profile``'s per measured checkpointing mode, and each run's as run, each as a ratio."""
@@ -326,6 +345,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=at_least(0), default=2, help="steps left out (default 2)")
     p.add_argument("--until", type=at_least(1), default=None, help="the last step read (default: every step): "
                                                                    "steps traced after the timed ones left out")
+    p.add_argument("--against", default=None, metavar="MODE", help="each other mode against this one: median "
+                                                                   "step, TFLOP/s and the phases that moved (an A/B)")
     a = p.parse_args(argv)
     from skrull_ext.scheduler.profile_file import Profile
 
@@ -337,6 +358,8 @@ def main(argv: list[str] | None = None) -> int:
             modes[name if name not in modes else run_dir] = run_dir
     results = {name: summarize_mode(d, a.warmup, profile=profile, until=a.until) for name, d in modes.items()}
     text = table(results)
+    if a.against is not None:
+        text += "\n\n" + "\n".join(against(results, a.against))
     if (line := bucket_line(results, before, profile)) is not None:
         text += "\n" + line
     print(text)

@@ -117,6 +117,8 @@ def test_gpu_checks_dry_run_issue57_preset(tmp_path):
     assert " none " in bucket and " selective " in bucket, bucket  # the fresh profile's two modes
     assert f"skrull as run: 512 (x{512 / old:.2f}), {skrull['activation checkpointing']}" in bucket, bucket
     assert any(line.startswith("skrull / torchtitan-documents: real tokens/s x") for line in lines), summary
+    # each other mode against the traced Skrull run (train-report --against: the A/B variants' lines on a GPU)
+    assert any(line.startswith("torchtitan-stream / skrull: median step x") for line in lines), summary
     # TRACE (the preset's): the skrull run's step 6 recorded by torchtitan's profiler, read by bench trace-report
     # (torch.profiler's ProfilerStep#5: torchtitan steps the profiler at a step's end), before the late stream;
     # the table reads steps up to 5 only (train-report --until)

@@ -265,3 +265,25 @@ def test_a_run_without_settings_or_an_unchunked_head():
     assert settings({tag: {1: v} for tag, v in logged.items()}) == {
         "activation_checkpoint": None, "bucket_size": 4096, "head_chunk_tokens": 0, "head_in_forward": False}
     assert [mode_named(v) for v in (0.0, 1.0, 2.0, 3.0, 0.5)] == ["none", "selective", "full", None, None]
+
+
+def test_each_variant_against_the_run_it_varies():
+    """--against: the median step and document-aware TFLOP/s as ratios, and the phases that moved (ms)."""
+    import pytest
+
+    from skrull_ext.bench.train_report import against
+
+    results = {
+        "skrull-bucket-profile": {"median_step_ms": 300.0, "document_tflops": 280.0,
+                                  "phases_ms": {"data": 0.0, "mb": 275.0, "opt": 14.0, "rest": 11.0}},
+        "skrull-head-recompute": {"median_step_ms": 315.0, "document_tflops": 266.0,
+                                  "phases_ms": {"data": 0.0, "mb": 290.5, "opt": 13.5, "rest": 11.0}},
+        "torchtitan-documents": {"median_step_ms": 280.0, "document_tflops": 220.0},
+    }
+    assert against(results, "skrull-bucket-profile") == [
+        "skrull-head-recompute / skrull-bucket-profile: median step x1.050, document-aware TFLOP/s x0.950; "
+        "phases ms: data +0.0, mb +15.5, opt -0.5, rest +0.0",
+        "torchtitan-documents / skrull-bucket-profile: median step x0.933, document-aware TFLOP/s x0.786",
+    ]
+    with pytest.raises(SystemExit, match="--against skrull: no such mode"):
+        against(results, "skrull")

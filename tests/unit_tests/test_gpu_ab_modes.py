@@ -1,0 +1,44 @@
+"""tools/gpu_ab_modes.txt: the A/B variants tools/gpu_checks.sh's --issue57 preset runs on a GPU.
+
+The dry run in CI leaves them out (its time), so their flags are checked here, against the GPU job
+file as the script runs it at one device: each line loads, and each of its flags changes the
+setting it names (a flag that changes nothing would time the same run twice)."""
+
+import shlex
+from pathlib import Path
+
+import pytest
+
+from skrull_ext.train.job.job_file import load_config
+
+ROOT = Path(__file__).resolve().parents[2]
+JOB = str(ROOT / "skrull_ext" / "jobs" / "qwen2_5_0_5b_gpu.toml")
+ONE = ["--parallelism.data_parallel_shard_degree", "1", "--parallelism.context_parallel_degree", "1",
+       "--dataloader.max_len", "16384", "--training.seq_len", "16384"]  # gpu_checks.sh's `one`
+
+
+def variants() -> list[tuple[str, list[str]]]:
+    out = []
+    for line in (ROOT / "tools" / "gpu_ab_modes.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, *flags = shlex.split(line)
+            out.append((name, flags))
+    return out
+
+
+def test_the_file_names_the_variants_the_preset_runs():
+    names = [name for name, _ in variants()]
+    assert names == ["skrull-head-recompute", "skrull-reshard-never"]
+    script = (ROOT / "tools" / "gpu_checks.sh").read_text()
+    assert all(f"[{name}]=" in script for name in names)  # each has its run limit in the preset
+
+
+@pytest.mark.parametrize("name,flags", variants(), ids=[name for name, _ in variants()])
+def test_each_variant_loads_and_changes_what_it_names(name, flags):
+    base = load_config(["--config-file", JOB, *ONE], world_size=1)
+    varied = load_config(["--config-file", JOB, *ONE, *flags], world_size=1)
+    assert flags and len(flags) % 2 == 0, flags
+    for key, value in zip(flags[::2], flags[1::2]):
+        section, field = key.removeprefix("--").split(".")
+        before, after = getattr(getattr(base, section), field), getattr(getattr(varied, section), field)
+        assert str(after) == value and before != after, (name, key, before, after)
