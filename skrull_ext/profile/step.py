@@ -7,9 +7,10 @@
 """What a step pays once outside its micro-batches (``[step] fixed_us``).
 
 After its micro-batches a training step clips the gradients (their norm
-all-reduced over the shards), reads the loss and the norm to check them
-finite (one all-reduce and the step's host sync), and steps the optimizer
-and the learning rate; none of it depends on the plan, so the cost model
+all-reduced over the shards), steps the optimizer, reads the loss and the
+norm to check them finite (one all-reduce and the step's host sync; read
+after the optimizer step is queued where a fused optimizer can skip it on
+the device: train/optimizer_gate.py), and steps the learning rate; none of it depends on the plan, so the cost model
 prices it once a step (``step_fixed_us``: docs/design/cost_model.md,
 "The step outside its micro-batches"). It is timed here with the trainer's
 own phases and clocks (train/step_phases.py: CUDA events on a GPU, the wall
@@ -51,7 +52,8 @@ import torch.distributed as dist
 from skrull_ext.profile.model import JobModel
 from skrull_ext.profile.options import ProfileOptions
 from skrull_ext.profile.ranks import reduce_floats
-from skrull_ext.train.step_checks import loss_and_norm
+from skrull_ext.train.optimizer_gate import gated, not_finite, step_unless
+from skrull_ext.train.step_checks import loss_and_norm, summed_loss
 from skrull_ext.train.step_phases import PHASES, StepPhases, clock_for
 
 __all__ = ["MasterParameters", "StepResult", "profile_step", "stepped_parameters"]
@@ -124,6 +126,7 @@ def profile_step(jm: JobModel, opts: ProfileOptions, tick: Callable[[str], None]
     optimizers = config.optimizer.build(model_parts=[stepped])
     schedulers = config.lr_scheduler.build(optimizers=optimizers, training_steps=config.training.steps)
     mesh = _loss_mesh(jm)
+    gate = gated(optimizers)  # queued ahead of the check's read where it can be skipped (optimizer_gate.py)
     buf = jm.buffer([opts.micro_batch_doc] * 4, seed=opts.seed)
     params = [p for _, p in stepped.named_parameters()]
     from torchtitan.distributed import utils as dist_utils
@@ -146,10 +149,16 @@ def profile_step(jm: JobModel, opts: ProfileOptions, tick: Callable[[str], None]
         with phases.phase("clip"):
             norm = dist_utils.clip_grad_norm_(params, config.training.max_norm, foreach=True, pp_mesh=None,
                                               ep_enabled=False)
+        with phases.phase("checks"):  # the trainer's order (trainer.py train_step)
+            total = summed_loss(loss.detach(), mesh)
+        if gate:
+            with phases.phase("opt"):
+                step_unless(optimizers, not_finite(total, norm))
         with phases.phase("checks"):
-            loss_and_norm(loss.detach(), norm, mesh)
+            loss_and_norm(total, norm)
         with phases.phase("opt"):
-            optimizers.step()
+            if not gate:
+                optimizers.step()
             schedulers.step()
         phases.end(0.0)
         times = phases.take(wait=True)

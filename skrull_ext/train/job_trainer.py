@@ -233,7 +233,7 @@ class JobTrainer(Trainer):
         account = getattr(getattr(self, "dataloader", None), "account", None)
         if account is not None and account.totals.read:
             stopped = ("" if self.stopped_step is None else
-                       f" (step {self.stopped_step[0]} stopped before its optimizer step: its "
+                       f" (step {self.stopped_step[0]} stopped before its optimizer update: its "
                        f"{self.stopped_step[1]} samples are counted as read but did not change the weights)")
             source = self.dataloader.source
             bad = f"; at load, {source.bad_summary()}" if getattr(source, "bad", None) else ""

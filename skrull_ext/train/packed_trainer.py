@@ -16,8 +16,9 @@ the calls it makes: ``data`` around each ``next`` of the batch iterator,
 ``mb`` around each ``forward_backward_step``; ``clip`` from the step's last
 one (torchtitan clips next, through a module function no hook reaches) to
 ``checkpointer.maybe_wait_for_staging``, where ``opt`` starts; ``checks``
-is the optimizer's pre-step hook (the gradients checked finite, the step's
-one host sync); ``opt`` ends with ``lr_schedulers.step``, and on a logged
+is the optimizer's pre-step hook (the gradients checked finite: a device flag
+the fused optimizer's step reads, optimizer_gate.py) and, after the step,
+the flag read (the step's one host sync); ``opt`` ends with ``lr_schedulers.step``, and on a logged
 step ``log`` runs from there to the end of ``train_step`` (torchtitan's
 loss reductions and line, this trainer's lines). What falls between
 (zero_grad, the label count and its all-reduce, the batches' copies to the
@@ -37,6 +38,7 @@ from skrull_ext.data.steps.overlength import check_overlength
 from skrull_ext.data.steps.packed import PackedDataLoader
 from skrull_ext.data.steps.row_layout import context_cuts
 from skrull_ext.train.job_trainer import JobTrainer, NonFiniteLossError, name_samples
+from skrull_ext.train.optimizer_gate import arm, disarm, gated, not_finite
 from skrull_ext.train.step_checks import measured_said
 
 
@@ -47,6 +49,8 @@ class PackedTrainer(JobTrainer):
     def __init__(self, config):
         self._step_batches = 0
         """forward_backward_step calls of the step being run (the last starts ``clip``)."""
+        self._gate_flag = None
+        """The step's device flag armed on the optimizers (optimizer_gate.py), read after their step."""
         self._step_logged = False
         """Whether the step being run is logged (its ``log`` phase, its phases kept)."""
         super().__init__(config)
@@ -57,6 +61,7 @@ class PackedTrainer(JobTrainer):
             check_overlength(self.dataloader, first_step=1, last_step=config.training.steps)
             self.dataloader.check_rows(first_step=1, last_step=config.training.steps)
             self.optimizers.register_step_pre_hook(self._stop_on_non_finite_grads)
+            self.optimizers.register_step_post_hook(lambda optimizer, args, kwargs: disarm(optimizer))
             # Each batch's documents (or cut pieces) for the document-aware FLOPs (doc_flops.py):
             # one loader batch is one step here.
             self.dataloader.on_layout = lambda layout: self.document_meter.add(
@@ -76,6 +81,7 @@ class PackedTrainer(JobTrainer):
             wait()
 
         def lr_step_then_log() -> None:
+            self._read_the_gated_check()
             lr_step()
             phases.leave()
             if self._step_logged:
@@ -158,22 +164,47 @@ class PackedTrainer(JobTrainer):
 
     def _stop_on_non_finite_grads(self, optimizer, args, kwargs) -> None:
         """torchtitan checks the loss after the optimizer step, and only on logged
-        steps; this optimizer pre-step hook stops before it. torchtitan's
-        clip_grad_norm_ scales every gradient by max_norm / (global norm), so a
+        steps; this optimizer pre-step hook makes a non-finite step change nothing.
+        torchtitan's clip_grad_norm_ scales every gradient by max_norm / (global norm), so a
         non-finite norm leaves every rank's gradients non-finite and a local check
-        agrees on every rank without a collective (one host sync per step)."""
+        agrees on every rank without a collective. Where the optimizer can skip its step on
+        the device (optimizer_gate.py) the check is a device flag read after the step is queued
+        (``_read_the_gated_check``, before the learning-rate step); else it is read here (one host
+        sync per step either way)."""
         phases = self.step_phases
         phases.leave()  # opt, opened by the staging wait
         with phases.phase("checks"):
             local = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
                      for m in self.model_parts for p in m.parameters() if p.grad is not None]
-            finite = not local or math.isfinite(float(torch.stack(torch._foreach_norm(local)).sum().item()))
+            norm = torch.stack(torch._foreach_norm(local)).sum() if local else None
+            self._gate_flag = None
+            if norm is not None and gated(optimizer):
+                self._gate_flag = not_finite(norm)
+                arm(optimizer, self._gate_flag)
+            finite = norm is None or self._gate_flag is not None or math.isfinite(float(norm.item()))
         phases.enter("opt")
-        if finite:
+        if not finite:
+            self._stop("stopped before the optimizer step")
+
+    def _read_the_gated_check(self) -> None:
+        """Before the learning-rate step (after the optimizer's post-step hooks, the flag taken off
+        there): the gated step's flag read (the step's host sync), and the run stopped where the
+        step was not finite (its update skipped on the device)."""
+        flag, self._gate_flag = self._gate_flag, None
+        if flag is None:
             return
+        phases = self.step_phases
+        phases.leave()
+        with phases.phase("checks"):
+            bad = bool(flag.item())
+        phases.enter("opt")
+        if bad:
+            self._stop("the optimizer's update skipped on the device")
+
+    def _stop(self, how: str) -> None:
         self.stopped_step = (self.step, self.dataloader.config.global_batch_size)
         raise NonFiniteLossError(
-            f"step {self.step}: the gradients are not finite; stopped before the optimizer step (the weights are "
-            f"those of step {self.step - 1}). Samples of the step: "
+            f"step {self.step}: the gradients are not finite; {how} (the weights are those of step "
+            f"{self.step - 1}). Samples of the step: "
             f"{name_samples(self.dataloader.source, self.dataloader.last_samples)}"
         )

@@ -62,14 +62,22 @@ def check_plan_digests(plan, dp_rank: int, device=None) -> None:
             raise PlanMismatchError(f"plans differ within DP rank {d}'s CP group: {_said(every)}")
 
 
-def loss_and_norm(accumulated: torch.Tensor, grad_norm: torch.Tensor, mesh=None) -> tuple[float, float]:
-    """(global loss, gradient norm) on the host, what the finiteness check reads every step
-    before the optimizer: ``accumulated`` (this rank's loss sum / global loss tokens) summed
-    over ``mesh`` (the loss mesh; None: this rank's alone), the norm as it is (already global).
-    One scalar all-reduce and the step's one host sync (the norm is read after it, at no cost).
-    The trainer and the profiler's per-step term (profile/step.py) both run it."""
-    global_avg = dist_utils.dist_sum(accumulated, mesh)  # mesh None: accumulated.item()
-    return global_avg, float(grad_norm.item())
+def summed_loss(accumulated: torch.Tensor, mesh=None) -> torch.Tensor:
+    """``accumulated`` (this rank's loss sum / global loss tokens) summed over ``mesh`` (the loss
+    mesh; None: this rank's alone), left on the device: one scalar all-reduce the device waits
+    for, not the host (torchtitan's ``dist_sum`` without its read)."""
+    if mesh is None:
+        return accumulated
+    return dist_utils._dist_reduce_tensor(accumulated, dist.ReduceOp.SUM.name, mesh, None)
+
+
+def loss_and_norm(total: torch.Tensor, grad_norm: torch.Tensor) -> tuple[float, float]:
+    """(global loss, gradient norm) on the host, what the finiteness check reads every step:
+    ``total`` from ``summed_loss``, the norm as clipping returned it (already global). The step's
+    one host sync (the norm is read after it, at no cost). The trainer and the profiler's per-step
+    term (profile/step.py) both run it: after the optimizer step is queued where the optimizer
+    can skip it on the device (train/optimizer_gate.py), else before."""
+    return float(total.item()), float(grad_norm.item())
 
 
 def _said(every: list[tuple[int, int, int]]) -> list[tuple[int, str, str]]:

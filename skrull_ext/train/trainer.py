@@ -56,12 +56,15 @@ from skrull_ext.train.compile_limit import length_free_fusion, raise_recompile_l
 from skrull_ext.train.free_running import FreeRunningFSDP
 from skrull_ext.train.job.job_config import JobConfig, register_trainer
 from skrull_ext.train.job_trainer import JobTrainer, NonFiniteLossError, name_samples
+from skrull_ext.train.optimizer_gate import gated, not_finite, step_unless
 from skrull_ext.train.packed_trainer import PackedTrainer
 from skrull_ext.train.passes import chunked_samples, step_passes
 from skrull_ext.train.plan_log import PlanLog
 from skrull_ext.train.run_settings import run_settings
 from skrull_ext.train.settle import Settled, settle
-from skrull_ext.train.step_checks import RatioSpread, check_plan_digests, loss_and_norm, step_log_line, step_metrics
+from skrull_ext.train.step_checks import (
+    RatioSpread, check_plan_digests, loss_and_norm, step_log_line, step_metrics, summed_loss,
+)
 from skrull_ext.train.step_phases import StepTimes
 from skrull_ext.train.validation import Validation
 from torchtitan_patches.dacp_attention import install_dacp_attention
@@ -354,15 +357,24 @@ class SkrullTrainer(JobTrainer):
                 pp_mesh=None,
                 ep_enabled=self.parallel_dims.ep_enabled,
             )
+        dims = self.parallel_dims
         with phases.phase("checks"):
-            global_avg, norm = self._check_finite(step, accumulated, grad_norm)
+            total = summed_loss(accumulated, dims.get_optional_mesh("loss") if dims.dp_cp_enabled else None)
+        gate = gated(self.optimizers)  # the step queued before the check's read, skipped on the device if it fails
+        if gate:
+            with phases.phase("opt"):
+                self.checkpointer.maybe_wait_for_staging()
+                step_unless(self.optimizers, not_finite(total, grad_norm))
+        with phases.phase("checks"):
+            global_avg, norm = self._check_finite(step, total, grad_norm, gate)
         reduced = None
-        if should_log:  # the logged reductions' reads now, the queue just drained, not behind the optimizer's
+        if should_log:  # the logged reductions' reads now, the queue just drained
             with phases.phase("log"):
                 reduced = self._log_reductions(step, accumulated, global_valid_tokens)
         with phases.phase("opt"):
-            self.checkpointer.maybe_wait_for_staging()
-            self.optimizers.step()
+            if not gate:
+                self.checkpointer.maybe_wait_for_staging()
+                self.optimizers.step()
             self.lr_schedulers.step()
         if should_log:
             with phases.phase("log"):
@@ -377,22 +389,22 @@ class SkrullTrainer(JobTrainer):
         """This rank's chunked samples (passes.py); a method so a subclass can meter them (profile.check)."""
         return chunked_samples(self, step, global_valid_tokens)
 
-    def _check_finite(self, step: SkrullStep, accumulated: torch.Tensor,
-                      grad_norm: torch.Tensor) -> tuple[float, float]:
+    def _check_finite(self, step: SkrullStep, total: torch.Tensor, grad_norm: torch.Tensor,
+                      gated: bool) -> tuple[float, float]:
         """(global mean loss, gradient norm), both finite, or NonFiniteLossError.
 
-        Every step, not only logged ones: the loss summed over the ranks
-        (accumulated = this rank's loss sum / global loss tokens, so the global
-        mean is the plain sum, as in torchtitan) and the gradient norm (already
-        global) must be finite before the optimizer touches the weights. One
-        scalar all-reduce and one host sync per step."""
-        dims = self.parallel_dims
-        global_avg, norm = loss_and_norm(accumulated, grad_norm,
-                                         dims.get_optional_mesh("loss") if dims.dp_cp_enabled else None)
+        Every step, not only logged ones: the loss summed over the ranks (``total``:
+        step_checks.summed_loss of this rank's loss sum / global loss tokens, so the global mean
+        is the plain sum, as in torchtitan) and the gradient norm (already global) must be finite
+        for the optimizer to change the weights. One host sync per step: read after the
+        optimizer step is queued where it is ``gated`` (skipped on the device when not finite:
+        optimizer_gate.py), before it otherwise."""
+        global_avg, norm = loss_and_norm(total, grad_norm)
         if not (math.isfinite(global_avg) and math.isfinite(norm)):
             self.stopped_step = (self.step, step.account.counts.read)
+            how = "the optimizer's update skipped on the device" if gated else "stopped before the optimizer step"
             raise NonFiniteLossError(
-                f"step {self.step}: loss {global_avg}, gradient norm {norm}; stopped before the optimizer step "
+                f"step {self.step}: loss {global_avg}, gradient norm {norm}; {how} "
                 f"(the weights are those of step {self.step - 1}). Samples of the step: "
                 f"{name_samples(self.dataloader.source, step.samples)}"
             )

@@ -10,8 +10,8 @@ DTensors; ``full_tensor()`` is a collective, so all ranks take part) and
 rank 0 saves ``{parameter name: gradient}`` to PATH with ``torch.save``.
 With ``SKRULL_PROBE_NAN=STEP:PATH``, the model's output at training step
 STEP is made NaN, and every optimizer step that ran is appended to PATH (one
-line, the training step, from a post-step hook), which shows whether the
-optimizer ran after the NaN.
+line from a post-step hook: the training step, then "changed" or "unchanged",
+whether it changed the weights), which shows whether the NaN step changed them.
 With ``SKRULL_PROBE_PASSES=DIR``, each rank counts the forward passes of
 its model (calls of its first model part) in every training step and
 appends ``{"step": S, "passes": N}`` to ``DIR/passes.rank<R>.jsonl`` right
@@ -64,7 +64,7 @@ def _install_grad_probe(step: int, path: str) -> None:
 
 def _install_nan_probe(step: int, path: str) -> None:
     from torch.nn.modules.module import register_module_forward_hook
-    from torch.optim.optimizer import register_optimizer_step_post_hook
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
     from torchtitan.components.optimizer import OptimizersContainer
 
     from torchtitan_patches.cp_probe import record_trainers
@@ -76,12 +76,23 @@ def _install_nan_probe(step: int, path: str) -> None:
             return output * float("nan")
         return None
 
+    before = []
+
+    def weights(optimizer):
+        return [p.detach().clone() for group in optimizer.param_groups for p in group["params"]]
+
+    def about_to_step(optimizer, args, kwargs):
+        if isinstance(optimizer, OptimizersContainer):
+            before[:] = weights(optimizer)
+
     def stepped(optimizer, args, kwargs):
         if isinstance(optimizer, OptimizersContainer):
+            changed = any(not torch.equal(a, b) for a, b in zip(before, weights(optimizer)))
             with open(path, "a") as f:
-                f.write(f"{trainers[-1].step}\n")
+                f.write(f"{trainers[-1].step} {'changed' if changed else 'unchanged'}\n")
 
     register_module_forward_hook(poison)
+    register_optimizer_step_pre_hook(about_to_step)
     register_optimizer_step_post_hook(stepped)
 
 

@@ -9,8 +9,8 @@ body: gc, train_step, checkpoint save), in one process, on the attention kernels
 segments and tiles, whose plans are copied to the device; the head in chunks, lockstep FSDP,
 full checkpointing; the all-local LocalOnlyBatch path a compiled job takes, run eager, since
 torch.compile does not trace under a dispatch mode). The only waits are the two reads of ``loss_and_norm`` (step_checks.py):
-the loss summed over the ranks (torchtitan's ``dist_sum``: its ``.item()``) and the gradient
-norm, read right after it at no further cost. Anything else in the step fails here.
+the loss summed over the ranks (``summed_loss``, on the device) and the gradient norm, read
+right after it at no further cost. Anything else in the step fails here.
 """
 
 import json
@@ -27,10 +27,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 TOOL = os.path.join(ROOT, "tools", "host_syncs.py")
 
 EXPECTED = {
-    ("item", "skrull_ext/train/step_checks.py:loss_and_norm", "torchtitan/distributed/utils.py:_dist_reduce"),
     ("item", "skrull_ext/train/step_checks.py:loss_and_norm", ""),
 }
-"""The finiteness check's reads (trainer.py ``_check_finite``): the step's one host sync."""
+"""The finiteness check's reads (trainer.py ``_check_finite``: the loss summed over the ranks on
+the device, then its norm): the step's one host sync, after the optimizer step is queued
+(tests/unit_tests/test_optimizer_gate.py checks the order)."""
 
 
 def _waits(tmp_path, *flags: str) -> set[tuple[str, str, str]]:
