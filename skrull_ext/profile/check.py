@@ -131,8 +131,8 @@ def check_bucket(jm: JobModel, bucket_size: int, predict: Callable[[int], float]
     tokens = min(bucket_size, jm.max_len)
     docs = fill_bucket(jm, tokens, seed)
     optim_bytes, opt = _optimizer_state_bytes(jm)
-    params = sum(p.numel() * p.element_size() for p in jm.model.parameters())
-    grads = sum(p.grad.numel() * p.grad.element_size() for p in jm.model.parameters() if p.grad is not None)
+    params = local_bytes(jm.model.parameters())  # this rank's shards (FSDP's DTensors)
+    grads = local_bytes(p.grad for p in jm.model.parameters())
     elem = DTYPES[jm.config.training.dtype].itemsize
     n_params = sum(p.numel() for p in jm.model.parameters())
     n_trainable = sum(p.numel() for p in jm.model.parameters() if p.requires_grad)  # LoRA: adapters only
