@@ -240,6 +240,7 @@ def _chunked(jm, args, profile: dict, lengths: tuple[int, ...]) -> list:
     job cannot train in chunks (said in one line)."""
     from skrull_ext.profile.check_chunked import check_chunked, check_reference, fixed_left_out, format_chunked
     from skrull_ext.scheduler.chunk_cost import fitting_chunk
+    from skrull_ext.train.chunked import unsharded_param_bytes
 
     if not lengths:
         return []
@@ -255,7 +256,9 @@ def _chunked(jm, args, profile: dict, lengths: tuple[int, ...]) -> list:
     print(format_chunked(rows), flush=True)
     grads = float(sum(q.numel() * q.element_size() for q in jm.model.parameters() if q.requires_grad))
     for n in lengths:
-        fit = fitting_chunk(cost, pm, n, chunk, gradient_bytes=grads) if args.fit_chunk else chunk
+        fit = fitting_chunk(cost, pm, n, chunk, gradient_bytes=grads,
+                            unsharded_bytes=unsharded_param_bytes([jm.model], jm.dtype.itemsize)) \
+            if args.fit_chunk else chunk
         rows.append(check_chunked(jm, cost, pm, n, fit, **kw))
         print(format_chunked(rows[-1:]), flush=True)
     return rows

@@ -77,7 +77,10 @@ def profile_head(jm: JobModel, opts: ProfileOptions, tick: Callable[[str], None]
     calls_head = not getattr(jm.model, "_skip_lm_head", False)  # as Decoder.forward (a chunked loss: a pass-through)
 
     def step(buf: dict) -> None:
-        h = norm(embed(buf["tokens"]))
+        h = embed(buf["tokens"])
+        if not h.requires_grad:  # a frozen embedding (LoRA): in training the layers' adapters start the graph
+            h = h.detach().requires_grad_()
+        h = norm(h)
         loss, _ = jm.loss_fn(head(h) if calls_head else h, buf["labels"])
         loss.backward()
 
