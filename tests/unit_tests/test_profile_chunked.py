@@ -133,6 +133,19 @@ def test_chunk_cost_bytes_exact():
     c = chunk_cost(m, 128, 32, mask_bytes_per_token2=1000)
     assert c.peak_bytes_beyond_chunk == 2 * kv * 96 + 1000 * 32 * 96  # the last
     assert chunk_cost(m, 32, 32, gradient_bytes=1e6).peak_bytes_beyond_chunk == 0  # one chunk: nothing beyond
+    # FSDP's unsharded parameters: held in a checkpointed chunk's recompute (the one before the last)
+    c = chunk_cost(m, 128, 32, mask_bytes_per_token2=24, gradient_bytes=1e6, unsharded_bytes=5e6)
+    assert c.peak_bytes_beyond_chunk == 3 * kv * 96 - kv * 32 + 24 * 32 * 64 + 1e6 + 5e6
+    assert chunk_cost(m, 32, 32, unsharded_bytes=5e6).peak_bytes_beyond_chunk == 0  # one chunk: not checkpointed
+
+
+def test_unsharded_param_bytes_counts_fsdp_parts_only(job_models):
+    from skrull_ext.train.chunked import unsharded_param_bytes
+
+    jm = job_models["debug_cpu.toml"]
+    n = sum(p.numel() for p in jm.model.parameters())
+    assert n == 6_163_712  # the debug llama3's parameters, whole (DTensor numel)
+    assert unsharded_param_bytes([jm.model], 2) == 2 * n == unsharded_param_bytes([jm.model, torch.nn.Linear(2, 2)], 2)
 
 
 def test_chunk_cost_dense_fit_prices_the_rectangle():
