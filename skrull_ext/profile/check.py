@@ -224,6 +224,14 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--chunked-lengths: {max(lengths)} tokens is longer than {config.model_spec.name} "
                 f"{config.model_spec.flavor} supports ({longest}, its max_seq_len)")
     jm = build_job_model(config, device, longest)
+    try:
+        return _check(jm, args, profile, lengths)
+    finally:
+        jm.close()  # the one-rank process group the build made, if it made one
+
+
+def _check(jm, args, profile: dict, lengths: tuple[int, ...]) -> int:
+    """The BucketSize line and the chunked documents' rows, printed; the exit status."""
     c = check_profile(jm, profile, args.seed)
     target = profile.get("meta", {}).get("memory", {}).get("fit_target", "peak")
     mib = lambda v: f"{v / 2**20:.1f} MiB"  # noqa: E731
