@@ -43,7 +43,6 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import torch
 import torch.distributed as dist
 
 from skrull_ext.profile.model import JobModel
