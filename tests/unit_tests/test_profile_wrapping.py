@@ -55,6 +55,29 @@ def test_the_profile_wraps_the_model_as_the_trainer_does_at_one_rank(tmp_path, j
     assert profile == trainer
 
 
+@pytest.mark.slow
+def test_a_tied_qwen2_5_is_wrapped_alike(tmp_path):
+    """The GPU jobs' Qwen2.5-0.5B ties its head to its embedding: torchtitan then shards the
+    embedding, the final norm and the head as one unit, kept unsharded from the forward to the
+    backward (reshard_after_forward only under "always"). A tiny random one (HF folder, bf16)."""
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.Qwen2Config(vocab_size=2048, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                                      rms_norm_eps=1e-6, tie_word_embeddings=True, rope_theta=1e6)
+    transformers.Qwen2ForCausalLM(config).save_pretrained(tmp_path / "hf")
+    built = _built(tmp_path, "debug_cpu.toml", "--model.hf_path", str(tmp_path / "hf"), "--checkpoint.enable",
+                   "--skrull.cost_model", "h100-assumed", "--training.mixed_precision_param", "bfloat16")
+    trainer = built["trainer"]
+    assert list(trainer["units"]) == ["", "tok_embeddings", "layers.0", "layers.1", "norm", "lm_head"]
+    assert trainer["units"]["tok_embeddings"]["reshard_after_forward"] is False  # one unit with the head
+    assert trainer["units"]["layers.0"]["reshard_after_forward"] is True
+    assert {u["param_dtype"] for u in trainer["units"].values()} == {"torch.bfloat16"}
+    assert built["profile"] == trainer
+
+
 def test_wrapping_of_a_plain_model_has_no_units():
     import torch
 
