@@ -131,8 +131,8 @@ def check_bucket(jm: JobModel, bucket_size: int, predict: Callable[[int], float]
     tokens = min(bucket_size, jm.max_len)
     docs = fill_bucket(jm, tokens, seed)
     optim_bytes, opt = _optimizer_state_bytes(jm)
-    params = sum(p.numel() * p.element_size() for p in jm.model.parameters())
-    grads = sum(p.grad.numel() * p.grad.element_size() for p in jm.model.parameters() if p.grad is not None)
+    params = local_bytes(jm.model.parameters())  # this rank's shards (FSDP's DTensors)
+    grads = local_bytes(p.grad for p in jm.model.parameters())
     elem = DTYPES[jm.config.training.dtype].itemsize
     n_params = sum(p.numel() for p in jm.model.parameters())
     n_trainable = sum(p.numel() for p in jm.model.parameters() if p.requires_grad)  # LoRA: adapters only
@@ -224,6 +224,14 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--chunked-lengths: {max(lengths)} tokens is longer than {config.model_spec.name} "
                 f"{config.model_spec.flavor} supports ({longest}, its max_seq_len)")
     jm = build_job_model(config, device, longest)
+    try:
+        return _check(jm, args, profile, lengths)
+    finally:
+        jm.close()  # the one-rank process group the build made, if it made one
+
+
+def _check(jm, args, profile: dict, lengths: tuple[int, ...]) -> int:
+    """The BucketSize line and the chunked documents' rows, printed; the exit status."""
     c = check_profile(jm, profile, args.seed)
     target = profile.get("meta", {}).get("memory", {}).get("fit_target", "peak")
     mib = lambda v: f"{v / 2**20:.1f} MiB"  # noqa: E731
@@ -240,6 +248,7 @@ def _chunked(jm, args, profile: dict, lengths: tuple[int, ...]) -> list:
     job cannot train in chunks (said in one line)."""
     from skrull_ext.profile.check_chunked import check_chunked, check_reference, fixed_left_out, format_chunked
     from skrull_ext.scheduler.chunk_cost import fitting_chunk
+    from skrull_ext.train.chunked import unsharded_param_bytes
 
     if not lengths:
         return []
@@ -255,7 +264,9 @@ def _chunked(jm, args, profile: dict, lengths: tuple[int, ...]) -> list:
     print(format_chunked(rows), flush=True)
     grads = float(sum(q.numel() * q.element_size() for q in jm.model.parameters() if q.requires_grad))
     for n in lengths:
-        fit = fitting_chunk(cost, pm, n, chunk, gradient_bytes=grads) if args.fit_chunk else chunk
+        fit = fitting_chunk(cost, pm, n, chunk, gradient_bytes=grads,
+                            unsharded_bytes=unsharded_param_bytes([jm.model], jm.dtype.itemsize)) \
+            if args.fit_chunk else chunk
         rows.append(check_chunked(jm, cost, pm, n, fit, **kw))
         print(format_chunked(rows[-1:]), flush=True)
     return rows

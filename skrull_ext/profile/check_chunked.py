@@ -61,7 +61,7 @@ from skrull_ext.profile.model import JobModel
 from skrull_ext.profile.ranks import pick_clock, sync, time_call
 from skrull_ext.scheduler.chunk_cost import chunk_cost
 from skrull_ext.scheduler.profile_memory import ProfileMemory
-from skrull_ext.train.chunked import attention_layers, chunked_loss
+from skrull_ext.train.chunked import attention_layers, chunked_loss, unsharded_param_bytes
 
 __all__ = ["BYTES_TOLERANCE", "DENSE_KERNELS", "ChunkedCheck", "allocate_grads", "check_chunked", "check_reference",
            "dense_fit", "dense_kernel", "fixed_left_out", "format_chunked", "parse_chunked_lengths", "random_document"]
@@ -222,6 +222,7 @@ def check_chunked(jm: JobModel, cost: CostModel, pm: ProfileMemory, length: int,
     us = statistics.median(_timed(run, jm, clock) for _ in range(max(1, repeats)))
     grads = sum(p.numel() * p.element_size() for p in jm.model.parameters() if p.requires_grad)
     c = chunk_cost(cost, length, chunk, mask_bytes_per_token2=pm.c, gradient_bytes=float(grads),
+                   unsharded_bytes=unsharded_param_bytes([jm.model], jm.dtype.itemsize),
                    dense_fit=dense_fit(jm))
     act = pm.activation(chunk)
     return ChunkedCheck(

@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     from skrull_ext.profile.head import profile_head
     from skrull_ext.profile.micro_batch import profile_micro_batch
     from skrull_ext.profile.step import profile_step
-    from skrull_ext.profile.model import build_job_model
+    from skrull_ext.profile.model import build_job_model, wrapping_line
     from skrull_ext.profile.plot import plot
     from skrull_ext.profile.ranks import is_main
     from skrull_ext.profile.writer import Profile, report, write
@@ -253,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
         measured_mode, modes = profile_modes(
             config, lambda mode: config_of("--activation_checkpoint.kind", mode), opts.ac_modes, compute, memory,
             device, config.model_spec.model.max_seq_len, opts, target_world, tick)
-        # Last: it wraps the model in FSDP for good; then the step outside its micro-batches, on that model.
+        # Then the step outside its micro-batches, which steps the optimizer: nothing is measured after it.
         micro_batch = profile_micro_batch(jm, opts, compute.fit.intercept, tick)
         step = profile_step(jm, opts, tick)
         bar.close()
@@ -271,6 +271,7 @@ def main(argv: list[str] | None = None) -> int:
             "elapsed_s": time.perf_counter() - t0,
             "attention": f"dacp:{config.skrull.attention_kernel}" if jm.dacp else "torchtitan",
             "compile": model_compiled(config),
+            "wrapping": wrapping_line(jm.model),  # as the trainer wraps it (profile/model.py)
         }
         if comm is None:
             meta["comm_note"] = f"not measured (one process): [comm] is preset {args.comm_from!r}"

@@ -33,7 +33,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from torchtitan.components.loss import ChunkedLossWrapper
 
 from skrull_ext.profile.fit import PolyFit, fit_line_nonneg
 from skrull_ext.profile.model import JobModel
@@ -75,11 +74,14 @@ def profile_head(jm: JobModel, opts: ProfileOptions, tick: Callable[[str], None]
     lengths = tuple(sorted({int(s) for s in opts.lengths}))
     bufs = [jm.buffer([s], seed=opts.seed) for s in lengths]
 
-    chunked = isinstance(jm.loss_fn, ChunkedLossWrapper)  # it applies the head itself, chunk by chunk
+    calls_head = not getattr(jm.model, "_skip_lm_head", False)  # as Decoder.forward (a chunked loss: a pass-through)
 
     def step(buf: dict) -> None:
-        h = norm(embed(buf["tokens"]))
-        loss, _ = jm.loss_fn(h if chunked else head(h), buf["labels"])
+        h = embed(buf["tokens"])
+        if not h.requires_grad:  # a frozen embedding (LoRA): in training the layers' adapters start the graph
+            h = h.detach().requires_grad_()
+        h = norm(h)
+        loss, _ = jm.loss_fn(head(h) if calls_head else h, buf["labels"])
         loss.backward()
 
     def before() -> None:

@@ -69,10 +69,13 @@ OPTIMIZER_STATES: dict[str, int] = {"AdamW": 2, "Adam": 2, "Lion": 1, "SGD": 1}
 
 class SavedBytes:
     """Bytes autograd saves for backward inside the ``with`` block: each
-    storage once, parameters and buffers left out (they are static)."""
+    storage once, parameters and buffers left out (they are static). Under
+    FSDP the parameters a unit runs with are its unsharded copies, registered
+    on the modules only while the unit runs: they are read at each save."""
 
     def __init__(self, model: torch.nn.Module) -> None:
-        self._static = {t.untyped_storage().data_ptr() for t in (*model.parameters(), *model.buffers())}
+        self._model = model
+        self._static = {_storage_ptr(t) for t in (*model.parameters(), *model.buffers())}
         self._seen: dict[int, int] = {}
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
 
@@ -82,8 +85,11 @@ class SavedBytes:
         except (RuntimeError, NotImplementedError):  # no plain storage (e.g. a functional wrapper)
             return t
         ptr = st.data_ptr()
-        if ptr not in self._static and ptr not in self._seen:
-            self._seen[ptr] = st.nbytes()
+        if ptr in self._static or ptr in self._seen:
+            return t
+        if ptr in {_storage_ptr(q) for q in self._model.parameters()}:  # FSDP's unsharded copy, now
+            return t
+        self._seen[ptr] = st.nbytes()
         return t
 
     @property
@@ -96,6 +102,12 @@ class SavedBytes:
 
     def __exit__(self, *exc) -> None:
         self._hooks.__exit__(*exc)
+
+
+def _storage_ptr(t: torch.Tensor) -> int:
+    """Address of a tensor's storage; a DTensor's (an FSDP-sharded parameter) is its local shard's."""
+    t = t.to_local() if hasattr(t, "to_local") else t
+    return t.untyped_storage().data_ptr()
 
 
 class CpuPeak:
@@ -415,14 +427,17 @@ def measure_head(jm: JobModel, tokens: Sequence[int], meter: Any, seed: int = 0)
     g = torch.Generator().manual_seed(seed)
     dim = jm.shape.hidden
 
+    apply = jm.loss_fn.head_apply  # the head module passes the hidden states through (model.py)
+
     def once(n: int) -> float:
         h = torch.randn(1, n, dim, generator=g).to(jm.device, jm.dtype).requires_grad_()
         labels = torch.randint(0, jm.vocab_size, (1, n), generator=g).to(jm.device)
         meter.start()
+        out = head(h)  # the module, as the model's forward calls it: its FSDP unit unshards the weight
         if in_forward:
-            out = head_loss_in_forward(h, head.weight, head.bias, labels, None, n, jm.loss_fn.chunk_step)
+            out = head_loss_in_forward(out, head.weight, head.bias, labels, None, n, jm.loss_fn.chunk_step)
         else:
-            out, _ = loss(head(h), labels)
+            out, _ = loss(out if apply is None else apply(head, out), labels)
         out.backward()
         sync(jm.device)
         return meter.peak()

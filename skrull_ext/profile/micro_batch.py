@@ -11,9 +11,10 @@ each unit's parameters for the forward and again for the backward, and
 reduce-scatters the gradients (unless ``[skrull] defer_grad_sync``), once per
 micro-batch whatever it holds; the embedding, the head and the loss are
 called once more. The scheduler trades micro-batches against it (GDS), so
-it is measured here, in the job's own setting: the job's model wrapped the
-way torchtitan wraps a decoder for FSDP (``apply_fsdp_to_decoder`` over all
-ranks of this launch, the job's dtypes and reshard policy), then the
+it is measured here, in the job's own setting: the job's model as the
+trainer wraps it (model.py: torchtitan's parallelize function, FSDP over
+all ranks of this launch with the job's dtypes and reshard policy, one rank
+included, where FSDP's gathers are copies and casts), then the
 micro-batch loop the trainer runs (forward, loss, backward per micro-batch),
 timed for the same tokens split into 1, 2 and 4 micro-batches.
 
@@ -46,10 +47,8 @@ is the cost of one more micro-batch there
 (``[micro_batch] free_running_fixed_us``), and its intercept above the
 lockstep loop's is what the step pays once (``free_running_step_us``: the
 first micro-batch's gathers and the gradient reduction, which no further
-micro-batch pays). With one process there is no FSDP unit and nothing to
-hold: only the lockstep loop is timed.
-
-This runs last: it wraps the profiled model in FSDP for good.
+micro-batch pays). With one process only the lockstep loop is timed (the
+scheduler's timeline has no free-running DP rank to weigh there).
 """
 
 from __future__ import annotations
@@ -82,7 +81,7 @@ class MicroBatchResult:
     calls_us: float
     """What the cost model already prices per extra micro-batch: layers * b_us."""
     fsdp_degree: int
-    """Ranks FSDP shards over here (1: no FSDP, one process)."""
+    """Ranks FSDP shards over here (1: one process, FSDP's unshard a copy)."""
     defer_grad_sync: bool
     cpu_us: tuple[float, ...] = ()
     """The same steps on the process CPU clock (median, slowest rank): it leaves out the
@@ -113,31 +112,12 @@ def fixed_from_fit(slope_us: float, calls_us: float) -> float:
     return max(0.0, slope_us - calls_us)
 
 
-def _wrap_fsdp(jm: JobModel, world: int) -> None:
-    """FSDP over every rank of this launch, as torchtitan's parallelize does for a decoder."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torchtitan.config import TORCH_DTYPE_MAP
-    from torchtitan.distributed.fsdp import apply_fsdp_to_decoder
-
-    t, p = jm.config.training, jm.config.parallelism
-    mesh = init_device_mesh(jm.device.type, (world,), mesh_dim_names=("fsdp",))
-    apply_fsdp_to_decoder(jm.model, mesh, param_dtype=TORCH_DTYPE_MAP[t.mixed_precision_param],
-                          reduce_dtype=TORCH_DTYPE_MAP[t.mixed_precision_reduce], pp_enabled=False,
-                          cpu_offload=t.enable_cpu_offload, reshard_after_forward_policy=p.fsdp_reshard_after_forward)
-    if dist.get_backend() == "gloo":  # as torchtitan_patches' fsdp_on_gloo does for training
-        from torchtitan_patches.fsdp_gloo import fit_fsdp_to_gloo
-
-        fit_fsdp_to_gloo(jm.model)
-
-
 def profile_micro_batch(jm: JobModel, opts: ProfileOptions, b_us: float,
                         tick: Callable[[str], None]) -> MicroBatchResult:
     """Time the micro-batch loop at each count (round-robin over warmup + repeats
     rounds, median per count, slowest rank; wall clock: the gathers' waits are
     the cost; the process CPU time kept beside it) and fit the line."""
     world = dist.get_world_size() if dist.is_initialized() else 1
-    if world > 1:
-        _wrap_fsdp(jm, world)
     skrull = getattr(jm.config, "skrull", None)
     defer = bool(skrull is not None and getattr(skrull, "defer_grad_sync", False))
     counts = tuple(opts.micro_batch_counts)
@@ -154,7 +134,7 @@ def profile_micro_batch(jm: JobModel, opts: ProfileOptions, b_us: float,
             if free_running:
                 if j == len(bufs) - 1:
                     free.last()
-            elif defer and world > 1:
+            elif defer:  # as the trainer's _set_grad_sync, one rank included
                 jm.model.set_requires_gradient_sync(j == len(bufs) - 1)
             out = jm.model(buf["tokens"], buf["positions"], buf["attention_masks"])
             loss, _ = jm.loss_fn(out, buf["labels"])

@@ -14,39 +14,36 @@ the device: train/optimizer_gate.py), and steps the learning rate; none of it de
 prices it once a step (``step_fixed_us``: docs/design/cost_model.md,
 "The step outside its micro-batches"). It is timed here with the trainer's
 own phases and clocks (train/step_phases.py: CUDA events on a GPU, the wall
-clock on CPU) on the model the micro-batch stage left wrapped in FSDP, with
-the job's optimizer and learning-rate schedule (torchtitan's builders): per
-round, one micro-batch gives the gradients (untimed here: it is the
-micro-batch stage's), then the per-step phases run as the trainer runs them.
-The median per phase over the rounds after the warm-up, the slowest rank's,
-summed over the phases ``PHASES`` marks ``per_step``.
+clock on CPU) on the profile's model (model.py: wrapped in FSDP as the
+trainer wraps it, at one rank too), with the job's optimizer and
+learning-rate schedule (torchtitan's builders): per round, one micro-batch
+gives the gradients (untimed here: it is the micro-batch stage's), then the
+per-step phases run as the trainer runs them. The median per phase over the
+rounds after the warm-up, the slowest rank's, summed over the phases
+``PHASES`` marks ``per_step``.
 
 The plan digests (``skrull.check_plan_hash``, off by default) and the plan
 log are per-step checks too, but optional: a job that turns them on pays
 more than this.
 
-The clipping and the optimizer run over the parameters in the dtype the
-trainer keeps them in (``training.dtype``, float32 by default: torchtitan
-builds the model in it and FSDP's mixed precision casts to
-``mixed_precision_param`` for compute), not this model's compute dtype: a
-bf16 profile model's optimizer moves half the bytes of the trainer's (GPU
-run 8, H200: opt 4.3 ms profiled, 14 ms a step in training). Where the two
-differ, ``MasterParameters`` holds float32 copies under the model's names
-(the optimizer's param-group patterns match them), and each round's
-gradients are copied into them before the timed phases, as FSDP's
-reduce-scatter leaves them in float32 in the trainer's micro-batches.
+The clipping and the optimizer run over the model's own parameters: FSDP's
+sharded ``training.dtype`` parameters (float32 by default), their gradients
+reduced into them in ``mixed_precision_reduce``, exactly what the trainer's
+optimizer steps; the compute dtype (``mixed_precision_param``) exists only
+in FSDP's unsharded copies. (A bf16 profile model, unwrapped, once stepped
+half the trainer's bytes: GPU run 8, H200, opt 4.3 ms profiled against
+14 ms a step in training.)
 
-This runs after the micro-batch stage (the FSDP wrapping) and changes the
-weights (optimizer steps): nothing is measured after it.
+This runs after the micro-batch stage and changes the weights (optimizer
+steps): nothing is measured after it.
 """
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
-import torch
 import torch.distributed as dist
 
 from skrull_ext.profile.model import JobModel
@@ -56,7 +53,7 @@ from skrull_ext.train.optimizer_gate import gated, not_finite, step_unless
 from skrull_ext.train.step_checks import loss_and_norm, summed_loss
 from skrull_ext.train.step_phases import PHASES, StepPhases, clock_for
 
-__all__ = ["MasterParameters", "StepResult", "profile_step", "stepped_parameters"]
+__all__ = ["StepResult", "profile_step"]
 
 PER_STEP = tuple(p.key for p in PHASES if p.per_step)
 """The phases the per-step term sums, in the order a step runs them."""
@@ -80,36 +77,6 @@ class StepResult:
                 "repeats": self.repeats}
 
 
-class MasterParameters(torch.nn.Module):
-    """A model's parameters as copies in ``dtype`` under the model's own names (what the trainer's
-    optimizer steps where the profile model computes in a narrower dtype); ``take_grads`` copies
-    the model's gradients in. DTensor parameters (FSDP at world > 1) stay DTensors."""
-
-    def __init__(self, model: torch.nn.Module, dtype: torch.dtype):
-        super().__init__()
-        self._pairs = [(name, p, torch.nn.Parameter(p.detach().to(dtype), requires_grad=p.requires_grad))
-                       for name, p in model.named_parameters()]
-        self.masters = torch.nn.ParameterList([m for _, _, m in self._pairs])  # .to(), state, repr
-
-    def named_parameters(self, prefix: str = "", recurse: bool = True,
-                         remove_duplicate: bool = True) -> Iterator[tuple[str, torch.nn.Parameter]]:
-        for name, _, master in self._pairs:
-            yield prefix + name, master
-
-    def take_grads(self) -> None:
-        for _, p, master in self._pairs:
-            master.grad = None if p.grad is None else p.grad.detach().to(master.dtype)
-
-
-def stepped_parameters(jm: JobModel) -> torch.nn.Module:
-    """What the trainer's clipping and optimizer step over: the model itself where it holds its
-    parameters in ``training.dtype``, else their ``MasterParameters`` in it."""
-    from torchtitan.config import TORCH_DTYPE_MAP
-
-    dtype = TORCH_DTYPE_MAP[jm.config.training.dtype]
-    return jm.model if all(p.dtype == dtype for p in jm.model.parameters()) else MasterParameters(jm.model, dtype)
-
-
 def _loss_mesh(jm: JobModel):
     """The mesh the loss is summed over: every rank of this launch (None: one process)."""
     if not dist.is_initialized() or dist.get_world_size() == 1:
@@ -122,13 +89,12 @@ def _loss_mesh(jm: JobModel):
 def profile_step(jm: JobModel, opts: ProfileOptions, tick: Callable[[str], None]) -> StepResult:
     """Time the per-step phases over warmup + micro_batch_repeats rounds (module docstring)."""
     config = jm.config
-    stepped = stepped_parameters(jm)
-    optimizers = config.optimizer.build(model_parts=[stepped])
+    optimizers = config.optimizer.build(model_parts=[jm.model])
     schedulers = config.lr_scheduler.build(optimizers=optimizers, training_steps=config.training.steps)
     mesh = _loss_mesh(jm)
     gate = gated(optimizers)  # queued ahead of the check's read where it can be skipped (optimizer_gate.py)
     buf = jm.buffer([opts.micro_batch_doc] * 4, seed=opts.seed)
-    params = [p for _, p in stepped.named_parameters()]
+    params = list(jm.model.parameters())
     from torchtitan.distributed import utils as dist_utils
 
     phases = StepPhases(clock_for(jm.device))
@@ -137,12 +103,9 @@ def profile_step(jm: JobModel, opts: ProfileOptions, tick: Callable[[str], None]
     for r in range(rounds):
         tick(f"step outside its micro-batches ({r + 1}/{rounds})")
         optimizers.zero_grad(set_to_none=True)
-        jm.model.zero_grad(set_to_none=True)  # the model's own where the optimizer steps its masters
         out = jm.model(buf["tokens"], buf["positions"], buf["attention_masks"])
         loss, _ = jm.loss_fn(out, buf["labels"])
         loss.backward()
-        if isinstance(stepped, MasterParameters):
-            stepped.take_grads()  # in the trainer FSDP's reduce-scatter, in the micro-batches: untimed here
         if dist.is_initialized():
             dist.barrier()  # every rank starts the phases together, as after a step's last backward
         phases.begin(r)
@@ -166,6 +129,5 @@ def profile_step(jm: JobModel, opts: ProfileOptions, tick: Callable[[str], None]
             for k in PER_STEP:
                 spent[k].append(times.phases.get(k, 0.0) * 1e3)
     optimizers.zero_grad(set_to_none=True)
-    jm.model.zero_grad(set_to_none=True)
     medians = reduce_floats([statistics.median(spent[k]) for k in PER_STEP], "max", jm.device)
     return StepResult(dict(zip(PER_STEP, medians)), opts.micro_batch_repeats)

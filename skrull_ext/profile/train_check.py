@@ -149,7 +149,7 @@ class MeteredTrainer(SkrullTrainer):
         prof = self.check_profile
         dense = dense_kernel(self.config.skrull.attention_kernel, self.device, compute_dtype(self.config))
         predicted_us, predicted = chunked_predicted(prof.cost_model(), prof.memory(), lengths, chunks, cp, float(grads),
-                                                    dense)
+                                                    dense, unsharded_bytes=self._unsharded_params())
         self.chunked_records.append(ChunkedMemory(
             rank=dist.get_rank() if dist.is_initialized() else 0, step=self.step, lengths=lengths, chunk=min(chunks),
             cp=cp, above_step_start=offset, peak=peak, static=float(self.static_bytes()), us=us, cpu_us=cpu_us,

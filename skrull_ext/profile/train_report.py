@@ -108,13 +108,16 @@ class ChunkedMemory:
 
 
 def chunked_predicted(cost: CostModel, pm: ProfileMemory, lengths: list[int], chunk: int | Sequence[int], cp: int,
-                      gradient_bytes: float, dense_fit: bool = False) -> tuple[float, float]:
+                      gradient_bytes: float, dense_fit: bool = False, *,
+                      unsharded_bytes: float = 0.0) -> tuple[float, float]:
     """(time, bytes) the profile predicts for a step's chunked samples on one rank: their
     ``chunk_cost`` times summed; the static account plus the worst sample's activations (one
     chunk's share, A(chunk / cp), + peak_bytes_beyond_chunk), grown by the margin as ``budget`` is.
-    ``chunk``: one for every sample, or each sample's (``SchedulerJob.chunk_for``)."""
+    ``chunk``: one for every sample, or each sample's (``SchedulerJob.chunk_for``);
+    ``unsharded_bytes``: FSDP's unsharded parameters, held in a checkpointed chunk's recompute."""
     chunks = [chunk] * len(lengths) if isinstance(chunk, int) else list(chunk)
     costs = [chunk_cost(cost, n, c, cp, mask_bytes_per_token2=pm.c, gradient_bytes=gradient_bytes,
+                        unsharded_bytes=unsharded_bytes,
                         dense_fit=dense_fit) for n, c in zip(lengths, chunks, strict=True)]
     act = max(pm.activation_any(c // cp) + k.peak_bytes_beyond_chunk for c, k in zip(chunks, costs))
     return sum(k.us for k in costs), pm.static + act / (1.0 - pm.margin)

@@ -40,8 +40,13 @@ its own):
   (``gradient_bytes``): each parameter is used by every chunk's graph, so
   autograd sums its gradient over them before accumulating it into
   ``.grad``, and the sum is held from the last chunk's backward to the
-  first's (one process; under FSDP a chunk's forward uses its own unsharded
-  copy, not measured here).
+  first's; and every FSDP unit's unsharded parameters (``unsharded_bytes``):
+  the chunk is checkpointed, and its recompute runs each unit's forward in
+  FSDP's pre-backward state, which gathers the unit and keeps it until that
+  unit's backward, so the whole model's unsharded copy is held at the start
+  of the chunk's backward. torchtitan wraps one rank in FSDP too (its copy
+  there is a cast copy of the float32 parameters): measured at one rank, the
+  debug llama3's 23.5 MiB (24,654,848 B), its parameters' float32 bytes.
 
 Measured by ``python -m skrull_ext.profile.check`` (check_chunked.py) on CPU
 within 0.97-1.0 of the measured peak for chunks of 128-1,396 tokens;
@@ -75,17 +80,20 @@ class ChunkCost:
     """The document's K/V a rank keeps until backward (every layer)."""
     peak_bytes_beyond_chunk: float
     """What a rank holds beyond one chunk's activations during backward, at the worse of the last
-    two chunks: copies of the prefix K/V, the mask over the prefix, the parameters' summed gradients."""
+    two chunks: copies of the prefix K/V, the mask over the prefix, the parameters' summed gradients
+    and FSDP's unsharded parameters in a checkpointed chunk's recompute."""
 
 
 def chunk_cost(model: CostModel, length: int, chunk: int, cp: int = 1, *, mask_bytes_per_token2: float = 0.0,
-               gradient_bytes: float = 0.0, dense_fit: bool = False) -> ChunkCost:
+               gradient_bytes: float = 0.0, unsharded_bytes: float = 0.0, dense_fit: bool = False) -> ChunkCost:
     """Price a ``length``-token document trained in chunks of ``chunk`` tokens over ``cp`` ranks.
 
     ``mask_bytes_per_token2``: bytes the attention keeps per (query, key) pair, the memory fit's
     quadratic coefficient (``ProfileMemory.c``: the CPU kernel's float mask).
     ``gradient_bytes``: one gradient of the rank's trainable parameters, held summed over the
     chunks while their backward runs (0 leaves it out).
+    ``unsharded_bytes``: every FSDP unit's unsharded parameters on the rank (the parameters in
+    ``mixed_precision_param``), gathered at once by a checkpointed chunk's recompute (0 leaves it out).
     ``dense_fit``: the model's attention rate was fitted on a kernel that computes every (query,
     key) pair of a sequence, masked or not (a masked SDPA over it: the ``dense`` and ``segments``
     kernels, CPU's), so it is a rate per pair; a chunk's attention, a masked SDPA of its queries
@@ -115,12 +123,13 @@ def chunk_cost(model: CostModel, length: int, chunk: int, cp: int = 1, *, mask_b
         one_pass += layers * model.comm_us(model.kv_bytes(length))
     kv = layers * model.kv_bytes(length)
     beyond = peak_bytes_beyond_chunk(model, length, chunk, cp, mask_bytes_per_token2=mask_bytes_per_token2,
-                                     gradient_bytes=gradient_bytes)
+                                     gradient_bytes=gradient_bytes, unsharded_bytes=unsharded_bytes)
     return ChunkCost(len(bounds), us, one_pass, kv, beyond)
 
 
 def peak_bytes_beyond_chunk(model: CostModel, length: int, chunk: int, cp: int = 1, *,
-                            mask_bytes_per_token2: float = 0.0, gradient_bytes: float = 0.0) -> float:
+                            mask_bytes_per_token2: float = 0.0, gradient_bytes: float = 0.0,
+                            unsharded_bytes: float = 0.0) -> float:
     """``ChunkCost.peak_bytes_beyond_chunk`` alone (the module docstring says what it counts): what a
     rank holds beyond one chunk's activations, at the worse of the last two chunks' backward."""
     layers = model.shape.layers
@@ -134,7 +143,7 @@ def peak_bytes_beyond_chunk(model: CostModel, length: int, chunk: int, cp: int =
 
     beyond = 2.0 * kv_of(p) + mask_over(p)  # the last chunk's backward
     if p > 0:  # the one before it
-        beyond = max(beyond, 3.0 * kv_of(p) - kv_of(chunk) + mask_over(p - chunk) + gradient_bytes)
+        beyond = max(beyond, 3.0 * kv_of(p) - kv_of(chunk) + mask_over(p - chunk) + gradient_bytes + unsharded_bytes)
     return beyond
 
 
@@ -144,11 +153,11 @@ class ChunkTooLarge(ValueError):
 
 
 def fitting_chunk(model: CostModel, memory: ProfileMemory, length: int, limit: int, cp: int = 1, *,
-                  gradient_bytes: float = 0.0) -> int:
+                  gradient_bytes: float = 0.0, unsharded_bytes: float = 0.0) -> int:
     """The largest chunk C (a multiple of ``cp``, at most ``limit``) a ``length``-token document can
     be trained in whose predicted peak fits one rank: ``memory.activation_any(C / cp)`` (one
     chunk's share, as BucketSize is derived) + ``peak_bytes_beyond_chunk`` (the prefix's K/V
-    copies, the mask over it at the fit's ``c``, ``gradient_bytes``) within the activation room
+    copies, the mask over it at the fit's ``c``, ``gradient_bytes``, ``unsharded_bytes``) within the activation room
     ``(usable - static) x (1 - margin)``: the rule ``budget`` and BucketSize's derivation keep,
     and the arithmetic profile.check's chunked case measures (profile/check_chunked.py).
 
@@ -165,7 +174,8 @@ def fitting_chunk(model: CostModel, memory: ProfileMemory, length: int, limit: i
 
     def peak(c: int) -> float:
         return memory.activation_any(c // cp) + peak_bytes_beyond_chunk(
-            model, length, c, cp, mask_bytes_per_token2=memory.c, gradient_bytes=gradient_bytes)
+            model, length, c, cp, mask_bytes_per_token2=memory.c, gradient_bytes=gradient_bytes,
+            unsharded_bytes=unsharded_bytes)
 
     for c in range(limit - limit % cp, 0, -cp):
         if peak(c) <= room:
@@ -194,6 +204,8 @@ class ChunkRule:
     cp: int = 1
     gradient_bytes: float = 0.0
     """One gradient of a rank's trainable parameters (held summed over the chunks in backward)."""
+    unsharded_bytes: float = 0.0
+    """Every FSDP unit's unsharded parameters (gathered at once by a checkpointed chunk's recompute)."""
     _chunks: dict[int, int] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def chunk(self, length: int) -> int:
@@ -202,5 +214,6 @@ class ChunkRule:
             return self.limit
         if length not in self._chunks:
             self._chunks[length] = fitting_chunk(self.cost, self.memory, length, self.limit, self.cp,
-                                                 gradient_bytes=self.gradient_bytes)
+                                                 gradient_bytes=self.gradient_bytes,
+                                                 unsharded_bytes=self.unsharded_bytes)
         return self._chunks[length]

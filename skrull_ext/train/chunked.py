@@ -55,7 +55,7 @@ from skrull_ext.attention.module import DacpAttention
 from skrull_ext.attention.prefix import ChunkAttention
 from skrull_ext.data.sources.synthetic import IGNORE_INDEX
 
-__all__ = ["attention_layers", "chunk_bounds", "chunked_loss", "ChunkedLoss"]
+__all__ = ["attention_layers", "chunk_bounds", "chunked_loss", "ChunkedLoss", "unsharded_param_bytes"]
 
 
 @dataclass(frozen=True)
@@ -80,6 +80,18 @@ def chunk_bounds(length: int, chunk: int) -> list[tuple[int, int]]:
 def attention_layers(model_parts) -> list[DacpAttention]:
     """The DACP attention modules of ``model_parts``, in layer order."""
     return [m for part in model_parts for m in part.modules() if isinstance(m, DacpAttention)]
+
+
+def unsharded_param_bytes(model_parts, itemsize: int) -> float:
+    """Bytes of every FSDP unit's unsharded parameters at ``itemsize`` bytes an element (FSDP's
+    ``mixed_precision_param``), 0 for a part without FSDP: a chunk's checkpointed recompute runs
+    each unit's forward in FSDP's pre-backward state, which gathers the unit and keeps it until
+    the unit's backward, so the whole copy is held at once (scheduler/chunk_cost.py). A DTensor
+    counts whole (under TP an overcount by the TP degree)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return float(sum(p.numel() for part in model_parts if isinstance(part, FSDPModule)
+                     for p in part.parameters()) * itemsize)
 
 
 def _padded(x: torch.Tensor, lo: int, hi: int, fill: int) -> torch.Tensor:

@@ -62,7 +62,7 @@ def settle(skrull, *, dp: int, cp: int, dp_shard: int, dp_replicate: int, shape:
            limited_lengths: Callable[[SchedulerJob, int], Sequence[int]],
            check_lengths: Callable[[SchedulerJob, int], object],
            chunked_lengths: Callable[[SchedulerJob, int], Sequence[int]] | None = None,
-           gradient_bytes: float = 0.0, no_free_running: str | None = None) -> Settled:
+           gradient_bytes: float = 0.0, unsharded_params: float = 0.0, no_free_running: str | None = None) -> Settled:
     """Settle the job (module docstring). ``unsharded``: what free-running would hold per
     rank (None: no FSDP unit); ``raw_lengths(step)``: a step's global batch as drawn (the
     execution's weighing of BucketSize); ``limited_lengths(job, step)``: the same as ``job``'s
@@ -75,7 +75,9 @@ def settle(skrull, *, dp: int, cp: int, dp_shard: int, dp_replicate: int, shape:
     than the run is capped at its steps, and "auto" prices only widths within the run
     (lookahead_choice.within_run). Raises ValueError (one line) for a free-running job that
     does not fit. ``gradient_bytes``: one gradient of a rank's trainable parameters, which a
-    chunked document holds summed over its chunks (``chunk_rule``). ``no_free_running``: why
+    chunked document holds summed over its chunks (``chunk_rule``); ``unsharded_params``: every
+    FSDP unit's unsharded parameters, which a checkpointed chunk's recompute gathers at once
+    (scheduler/chunk_cost.py). ``no_free_running``: why
     this job cannot run free at DP > 1 (execution.py)."""
     weigh = skrull.free_running == AUTO and skrull.bucket_size == FROM_PROFILE
     first = [list(raw_lengths(k)) for k in range(1, min(training_steps, PREDICT_STEPS) + 1)] if weigh else []
@@ -86,7 +88,7 @@ def settle(skrull, *, dp: int, cp: int, dp_shard: int, dp_replicate: int, shape:
     auto = skrull.lookahead == LOOKAHEAD_AUTO
     job = skrull.resolve(dp, cp, shape, model_name, timeline=timeline, free_running=execution.free_running,
                          bucket_size=execution.bucket_size, lookahead=1 if auto else None)
-    rule, chunk_note = chunk_rule(skrull, job, gradient_bytes)
+    rule, chunk_note = chunk_rule(skrull, job, gradient_bytes, unsharded_params)
     job = dataclasses.replace(job, chunk_rule=rule)
     if not auto:
         width, capped = lookahead_choice.within_run(job.lookahead, training_steps)
@@ -105,7 +107,8 @@ def settle(skrull, *, dp: int, cp: int, dp_shard: int, dp_replicate: int, shape:
     return Settled(dataclasses.replace(job, lookahead=choice.width), execution, choice, chunk_note=chunk_note)
 
 
-def chunk_rule(skrull, job: SchedulerJob, gradient_bytes: float) -> tuple[ChunkRule | None, str | None]:
+def chunk_rule(skrull, job: SchedulerJob, gradient_bytes: float,
+               unsharded_params: float = 0.0) -> tuple[ChunkRule | None, str | None]:
     """Under ``overlength = "chunk"``, the rule that picks each chunked document's chunk (the
     largest whose predicted peak fits a rank: scheduler/chunk_cost.py fitting_chunk) on the
     profile's measured memory model, and the start-up line saying so; without one (a hardware
@@ -115,7 +118,7 @@ def chunk_rule(skrull, job: SchedulerJob, gradient_bytes: float) -> tuple[ChunkR
         return None, None
     limit = job.capacity.group_limit
     memory, why = skrull.measured_memory()
-    rule = ChunkRule(job.cost_model, memory, limit, job.cp, gradient_bytes)
+    rule = ChunkRule(job.cost_model, memory, limit, job.cp, gradient_bytes, unsharded_params)
     if memory is None:
         return rule, (f"skrull.overlength chunk: chunks of the limit, {limit} tokens, unchecked against memory: "
                       f"{why}, so a chunked document's K/V on top of a chunk's activations may exceed it "

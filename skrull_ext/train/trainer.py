@@ -52,6 +52,7 @@ from skrull_ext.scheduler.config import timeline_name
 from skrull_ext.scheduler.model_shape import compute_dtype, DTYPES, job_shape, model_compiled
 from skrull_ext.scheduler.profile_memory import free_running_bytes
 from skrull_ext.train.checkpointing import mode_of, settle_checkpointing
+from skrull_ext.train.chunked import unsharded_param_bytes
 from skrull_ext.train.compile_limit import length_free_fusion, raise_recompile_limit
 from skrull_ext.train.free_running import FreeRunningFSDP
 from skrull_ext.train.job.job_config import JobConfig, register_trainer
@@ -264,6 +265,11 @@ class SkrullTrainer(JobTrainer):
         return free_running_bytes(sum(p.numel() for p in params),  # DTensor: the whole parameter
                                   sum(p.numel() for p in params if p.requires_grad), param_bytes, grad_bytes)
 
+    def _unsharded_params(self) -> float:
+        """Every FSDP unit's unsharded parameters in ``mixed_precision_param`` (0 without FSDP): what
+        a checkpointed chunk's recompute gathers at once (scheduler/chunk_cost.py)."""
+        return unsharded_param_bytes(self.model_parts, DTYPES[self.config.training.mixed_precision_param].itemsize)
+
     def _settle(self, dims, unsharded: float | None) -> Settled:
         """The job settled once (train/settle.py): execution, BucketSize, timeline, look-ahead
         width; ``unsharded``: what free-running would hold (None: no FSDP unit, nothing to
@@ -280,6 +286,7 @@ class SkrullTrainer(JobTrainer):
                                                                            quiet=True),
                           gradient_bytes=float(sum(p.numel() * p.element_size() for m in self.model_parts
                                                    for p in m.parameters() if p.requires_grad)),
+                          unsharded_params=self._unsharded_params(),
                           no_free_running=getattr(getattr(self, "loss_fn", None), "free_running_blocked", None))
         except ValueError as e:  # the launcher prints it as one line (cli_errors)
             raise JobFileError(str(e)) from None

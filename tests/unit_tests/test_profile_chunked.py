@@ -51,7 +51,9 @@ def job_models():
         torch.manual_seed(0)
         config = load_config(["--config-file", str(JOBS / job)])
         out[job] = build_job_model(config, torch.device("cpu"), 4 * CHUNK)
-    return out
+    yield out
+    for jm in out.values():
+        jm.close()  # the one-rank process group the first build made
 
 
 @pytest.mark.parametrize("job", list(PROFILES))
@@ -65,10 +67,13 @@ def test_chunked_peak_within_the_model(job, job_models, tmp_path):
     assert math.isfinite(r.time_ratio) and r.time_ratio > 0 and math.isfinite(r.bytes_ratio)
     assert r.measured_peak <= r.predicted_peak * (1 + BYTES_TOLERANCE), r
     assert r.bytes_ok
-    # The parameters' summed gradient is in the bound: the trainable ones only (LoRA: the adapters).
+    # The parameters' summed gradient is in the bound: the trainable ones only (LoRA: the adapters);
+    # and FSDP's unsharded copy of every parameter, the frozen base's too, which a checkpointed
+    # chunk's recompute gathers at once (torchtitan wraps one rank in FSDP: profile/model.py).
     trainable = sum(p.numel() * p.element_size() for p in jm.model.parameters() if p.requires_grad)
+    unsharded = sum(p.numel() for p in jm.model.parameters()) * jm.dtype.itemsize
     without = chunk_cost(prof.cost_model(), 4 * CHUNK, CHUNK, mask_bytes_per_token2=prof.memory().c)
-    assert r.beyond_chunk == pytest.approx(without.peak_bytes_beyond_chunk + trainable)
+    assert r.beyond_chunk == pytest.approx(without.peak_bytes_beyond_chunk + trainable + unsharded)
 
 
 def test_a_wrong_prediction_fails(job_models, tmp_path):
@@ -128,6 +133,19 @@ def test_chunk_cost_bytes_exact():
     c = chunk_cost(m, 128, 32, mask_bytes_per_token2=1000)
     assert c.peak_bytes_beyond_chunk == 2 * kv * 96 + 1000 * 32 * 96  # the last
     assert chunk_cost(m, 32, 32, gradient_bytes=1e6).peak_bytes_beyond_chunk == 0  # one chunk: nothing beyond
+    # FSDP's unsharded parameters: held in a checkpointed chunk's recompute (the one before the last)
+    c = chunk_cost(m, 128, 32, mask_bytes_per_token2=24, gradient_bytes=1e6, unsharded_bytes=5e6)
+    assert c.peak_bytes_beyond_chunk == 3 * kv * 96 - kv * 32 + 24 * 32 * 64 + 1e6 + 5e6
+    assert chunk_cost(m, 32, 32, unsharded_bytes=5e6).peak_bytes_beyond_chunk == 0  # one chunk: not checkpointed
+
+
+def test_unsharded_param_bytes_counts_fsdp_parts_only(job_models):
+    from skrull_ext.train.chunked import unsharded_param_bytes
+
+    jm = job_models["debug_cpu.toml"]
+    n = sum(p.numel() for p in jm.model.parameters())
+    assert n == 6_163_712  # the debug llama3's parameters, whole (DTensor numel)
+    assert unsharded_param_bytes([jm.model], 2) == 2 * n == unsharded_param_bytes([jm.model, torch.nn.Linear(2, 2)], 2)
 
 
 def test_chunk_cost_dense_fit_prices_the_rectangle():

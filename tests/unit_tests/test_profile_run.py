@@ -53,15 +53,18 @@ def test_profile_run_end_to_end(produced):
     assert d["model"] == {"name": "llama3/debugmodel", "layers": 6, "hidden": 256, "kv_width": 256,
                           "bytes_per_elem": 4}
     assert d["compute"]["a_us_per_flop"] > 0 and d["compute"]["b_us"] >= 0 and d["compute"]["points"] == 3
-    # Saved-for-backward bytes are exact, so the memory fit is too.
-    assert d["memory"]["r2"] > 0.9999 and d["memory"]["a_bytes_per_token"] > 0
+    # Saved-for-backward bytes are exact, and the peak nearly so: at this ladder's shortest buffers
+    # (64-512 tokens) the peak is set in part by FSDP's per-unit copies (the model is wrapped as the
+    # trainer wraps one rank: profile/model.py), not by the activations alone (R^2 0.99963 measured).
+    assert d["memory"]["r2"] > 0.999 and d["memory"]["a_bytes_per_token"] > 0
     assert d["meta"]["check"]["ok"] and d["meta"]["check"]["tokens"] == d["memory"]["bucket_size"]
     assert d["comm"]["backend"] == "assumed:h100-assumed"  # one process measures no collective
     assert d["meta"]["attention"] == "dacp:auto"  # the debug job trains with Skrull: its attention is timed
     # ...with CPU's dense kernel, one masked SDPA over each buffer: the scheduler prices buffers whole.
     assert d["compute"]["whole_buffer"] is True and d["meta"]["compute"]["packed_whole_buffer"] is True
     assert d["meta"]["compile"] is False  # the trainer warns when a job compiles otherwise
-    # One process: no FSDP to shard over, the fixed cost is the per-call work outside the layers.
+    # One process: FSDP over one rank (its copies and hooks, no collectives), as the trainer wraps it.
+    assert d["meta"]["wrapping"] == "FSDP x1 (10 units), parameters float32, compute float32, reduce float32"
     assert d["micro_batch"]["method"] == "step time over micro-batch counts, FSDP x1"
     assert d["micro_batch"]["fixed_us"] == max(0.0, d["micro_batch"]["slope_us"] - d["micro_batch"]["calls_us"])
     # The head (embedding, norm, output, loss) timed over the compute ladder's lengths: its slope is token_us.
@@ -182,14 +185,17 @@ def test_profiled_model_runs_the_jobs_attention(skrull):
     config = JobConfigManager().parse_args(argv)
     torchtitan_patches.apply(config)
     jm = build_job_model(config, torch.device("cpu"), 64)
-    inner = {type(m.inner_attention) for m in jm.model.modules() if isinstance(m, GQAttention)}
-    assert (inner == {DacpAttention}) == skrull and jm.dacp == skrull
-    if skrull:  # (torchtitan's own masks are its business, and compile under pytest's warning filters)
-        buf = jm.buffer([5, 9, 3])
-        meta = buf["attention_masks"]
-        assert isinstance(meta, DacpBatchMeta) and meta.local_lens == [5, 9, 3] and not meta.dist_lens
-        out = jm.model(buf["tokens"], attention_masks=meta, positions=buf["positions"])
-        assert out.shape[:2] == (1, 17)
+    try:
+        inner = {type(m.inner_attention) for m in jm.model.modules() if isinstance(m, GQAttention)}
+        assert (inner == {DacpAttention}) == skrull and jm.dacp == skrull
+        if skrull:  # (torchtitan's own masks are its business, and compile under pytest's warning filters)
+            buf = jm.buffer([5, 9, 3])
+            meta = buf["attention_masks"]
+            assert isinstance(meta, DacpBatchMeta) and meta.local_lens == [5, 9, 3] and not meta.dist_lens
+            out = jm.model(buf["tokens"], attention_masks=meta, positions=buf["positions"])
+            assert out.shape[:2] == (1, 17)
+    finally:
+        jm.close()
 
 
 @pytest.mark.parametrize("compile_on", [True, False])
@@ -209,6 +215,7 @@ def test_profiled_loss_compiled_as_the_trainer_compiles_it(compile_on):
     config = JobConfigManager().parse_args(argv)
     torchtitan_patches.apply(config)
     jm = build_job_model(config, torch.device("cpu"), 64)
+    jm.close()
     loss = jm.loss_fn.loss_fn  # the per-chunk loss of the head and loss in chunks (train/head_loss.py)
     compiled = isinstance(loss.fn, torch._dynamo.eval_frame.OptimizedModule) or hasattr(
         loss.fn, "_torchdynamo_orig_callable")

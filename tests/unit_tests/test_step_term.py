@@ -88,32 +88,31 @@ def test_the_profiled_phases_are_the_registrys_per_step_ones():
     assert math.isclose(StepResult(dict.fromkeys(PER_STEP, 1.5), 3).fixed_us, 4.5)
 
 
-def test_the_step_term_steps_float32_masters_of_a_bf16_profile_model():
-    """The trainer's optimizer steps parameters in training.dtype (float32; FSDP casts them for
-    compute), so a profile model built in bf16 is stepped through float32 copies under its own
-    names, which torchtitan's optimizer builder matches, and its gradients copied in."""
-    import types
-
+def test_the_step_term_steps_the_float32_parameters_of_a_bf16_profile_model():
+    """The trainer's optimizer steps FSDP's sharded parameters in training.dtype (float32), cast to
+    mixed_precision_param (bf16) only in the unsharded copies the units compute with. The profile's
+    model is wrapped the same way (profile/model.py), so its step term steps the same float32
+    parameters, gradients reduced into them in float32, and needs no float32 copies of its own."""
     import torch
-    from skrull_ext.profile.step import MasterParameters, stepped_parameters
+    from torch.distributed.fsdp import FSDPModule
+
+    from skrull_ext.profile.model import build_job_model
+    from skrull_ext.profile.options import ProfileOptions
+    from skrull_ext.profile.step import profile_step
     from skrull_ext.train.job.job_file import load_config
 
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.LayerNorm(3)).to(torch.bfloat16)
-    jm = types.SimpleNamespace(model=model, config=types.SimpleNamespace(training=types.SimpleNamespace(dtype="float32")))
-    stepped = stepped_parameters(jm)
-    assert isinstance(stepped, MasterParameters)
-    names = [n for n, _ in model.named_parameters()]
-    assert [n for n, _ in stepped.named_parameters()] == names == ["0.weight", "0.bias", "1.weight", "1.bias"]
-    assert all(p.dtype == torch.float32 for p in stepped.parameters()) and len(list(stepped.parameters())) == 4
-    assert all(torch.equal(m, p.float()) for m, p in zip(stepped.parameters(), model.parameters()))
-    model(torch.randn(2, 4, dtype=torch.bfloat16)).float().sum().backward()
-    stepped.take_grads()
-    assert all(m.grad.dtype == torch.float32 and torch.equal(m.grad, p.grad.float())
-               for m, p in zip(stepped.parameters(), model.parameters()))
-    job = load_config(["--config-file", os.path.join(JOBS, "debug_cpu.toml")], check=False)
-    opt = job.optimizer.build(model_parts=[stepped])  # its param groups matched by name, as the profile builds it
-    opt.step()  # the float32 copies move, the bf16 model does not
-    assert not torch.equal(next(stepped.parameters()), model[0].weight.float())
-    # a model already in training.dtype is stepped itself
-    assert stepped_parameters(types.SimpleNamespace(model=model.float(), config=jm.config)) is model
+    job = load_config(["--config-file", os.path.join(JOBS, "debug_cpu.toml"), "--training.mixed_precision_param",
+                       "bfloat16", "--skrull.cost_model", "h100-assumed"], module="skrull_ext.profile")
+    jm = build_job_model(job, torch.device("cpu"), 64)
+    try:
+        assert isinstance(jm.model, FSDPModule) and jm.dtype == torch.bfloat16  # computes in bf16
+        before = {n: p.detach().to_local().clone() for n, p in jm.model.named_parameters()}
+        assert {p.dtype for p in before.values()} == {torch.float32}
+        result = profile_step(jm, ProfileOptions(warmup=0, micro_batch_repeats=2, micro_batch_doc=8), lambda _: None)
+        assert result.repeats == 2 and set(result.phases_us) == set(PER_STEP)
+        after = dict(jm.model.named_parameters())
+        assert {p.dtype for p in after.values()} == {torch.float32}  # the masters stayed float32 ...
+        assert all(not torch.equal(after[n].detach().to_local(), before[n]) for n in before)  # ... and moved
+    finally:
+        jm.close()
