@@ -398,14 +398,10 @@ class SkrullTrainer(JobTrainer):
 
     def _check_finite(self, step: SkrullStep, total: torch.Tensor, grad_norm: torch.Tensor,
                       gated: bool) -> tuple[float, float]:
-        """(global mean loss, gradient norm), both finite, or NonFiniteLossError.
-
-        Every step, not only logged ones: the loss summed over the ranks (``total``:
-        step_checks.summed_loss of this rank's loss sum / global loss tokens, so the global mean
-        is the plain sum, as in torchtitan) and the gradient norm (already global) must be finite
-        for the optimizer to change the weights. One host sync per step: read after the
-        optimizer step is queued where it is ``gated`` (skipped on the device when not finite:
-        optimizer_gate.py), before it otherwise."""
+        """(global mean loss, gradient norm), both finite, or NonFiniteLossError. Every step: the
+        loss summed over the ranks (``total``: step_checks.summed_loss; the global mean is the plain
+        sum, as in torchtitan) and the global gradient norm, read (the step's one host sync) after
+        the optimizer step is queued where it is ``gated`` (optimizer_gate.py), else before it."""
         global_avg, norm = loss_and_norm(total, grad_norm)
         if not (math.isfinite(global_avg) and math.isfinite(norm)):
             self.stopped_step = (self.step, step.account.counts.read)
