@@ -163,6 +163,15 @@ def main(out: Path) -> None:
     seeds["pool_hedged_past_top"] = schedule(4, 2, 13312, 0x10, lengths(wide) + bytes([199, 0, 0x04, 0, 0x81, 1]))
     seeds["pool_cross_past_top"] = schedule(4, 2, 13312, 0x10, lengths(wide) + bytes([199, 0, 0x00, 0, 0x01 | 5 << 1]))
     seeds["pool_widen_past_top"] = schedule(4, 2, 13312, 0x10, lengths(wide) + bytes([199, 0, 0x00, 0, 0x01 | 4 << 4]))
+    # A world of 2^16 x 2^16 ranks (rank_count's 204): one sequence is too many for the pool (sequences x
+    # world above 2^28) but not for schedule; an empty batch at BucketSize 2^36 (bucket_size's 167) saturates
+    # the world's over-length limit; one sequence under slot GDS there saturates a slot's capacity.
+    world = bytes([0, 204, 204])
+    seeds["pool_world_too_many"] = world + bytes([165, 0x10, 1, 4, 0]) + cost() + lengths([5]) + \
+        bytes([199, 0, 0x00, 0, 0x01])
+    seeds["pool_world_limit_saturated"] = world + bytes([167, 0x10, 1, 4, 0]) + cost() + bytes([0, 199, 0, 0x00, 0, 0x01])
+    seeds["slot_gds_capacity_saturated"] = world + bytes([167, 0x10, 1, 4, 0]) + cost() + lengths([5]) + \
+        bytes([199, 0, 0x02, 0, 0x00])
     # evaluate_placement on a given placement; and one entry short.
     seeds["evaluate_short"] = bytes([3]) + ranks(4) + bucket(26624) + cost() + lengths([5, 7, 9000]) + bytes([199, 0, 1, 9, 7])
     seeds["evaluate"] = bytes([3]) + ranks(4) + bucket(26624) + cost() + lengths([5, 7, 9000]) + bytes([199, 0, 1, 9])
