@@ -57,7 +57,8 @@ def after(us: list[float], chunks: list[int], rank: list[int], dp: int, lockstep
     return out
 
 
-def step_time(rank_us: list[list[float]], lockstep: bool, pad_us: float, step_us: float, after_us: list[float]) -> float:
+def step_time(rank_us: list[list[float]], lockstep: bool, pad_us: float, step_us: float,
+              after_us: list[float]) -> float:
     """Free-running: the slowest rank's micro-batches then its work after them. Lockstep: each slot's slowest
     (a pad pass where a rank has none), then the most work after them. Plus a step's fixed cost once where
     anything runs."""
