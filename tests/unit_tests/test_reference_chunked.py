@@ -60,7 +60,7 @@ def assert_equal(s: _core.Schedule, want: refc.RefChunkedSchedule) -> None:
     assert s.makespan_us == want.makespan_us
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.integers(0, 2**31), st.integers(0, 300), st.sampled_from([1, 2, 4, 8]), st.sampled_from([1, 2, 3, 4, 7, 33]),
        st.sampled_from([64, 1000, 4096, 26624]),
        st.sampled_from(sorted(p for p, v in POLICIES.items() if not v.pool)), st.booleans(),

@@ -33,7 +33,7 @@ def slot_options(dp, cp, bucket, policy, lockstep, extra: int = 1) -> _core.Opti
     return o
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.integers(0, 2**31), st.integers(0, 400), st.sampled_from([1, 2, 4, 8]),
        st.sampled_from([1, 2, 3, 4, 7, 16, 33]), st.sampled_from([64, 1000, 4096, 26624]),
        st.sampled_from(sorted(p for p, v in POLICIES.items() if not v.pool)), st.booleans(),
