@@ -1,5 +1,6 @@
 // Fuzz target over the core's public entry points: skrull::schedule,
-// skrull::dacp, dacp_for, dacp_sweep and evaluate_placement. The input bytes are
+// skrull::schedule_pool, skrull::dacp, dacp_for, dacp_sweep and
+// evaluate_placement. The input bytes are
 // decoded into lengths, options and cost coefficients, biased towards the
 // values that matter: 0, negatives, the int64 limits, kMax* and kMax* + 1,
 // BucketSize, BucketSize x CP, the over-length limit and its neighbours,
@@ -10,7 +11,9 @@
 // corpus inputs end before: whole_buffer, the fixed costs (a pad pass, a
 // step), the head and the attention weight, and for a schedule slot GDS, the
 // timeline and chunked documents' extreme chunk counts and times; then the
-// tensor-parallel degree.
+// tensor-parallel degree; then, for a schedule, the pool's byte: whether
+// schedule_pool plans the same batch too, comm.cross_group_factor,
+// Options::pool_widen, and collectives_per_layer x plan_margin at its top.
 //
 // Every input must end in either a valid plan (plan_check.hpp, the C++ twin
 // of Plan.validate, restating each rank's time and the step on its timeline
@@ -21,7 +24,9 @@
 // plan as a Plan (to_plan) has the schedule's step time, pad chunks are
 // never negative and make every lockstep rank run the same passes,
 // whole_buffer never prices a placement below per document, and no plan
-// beats the cost model's lower bound.
+// beats the cost model's lower bound. A pool plan must satisfy pool_check.hpp
+// (rank sets, tokens, the timeline replayed), keep its times when re-priced,
+// and be no slower than skrull's schedule where every sequence fits a group.
 //
 // Built with libFuzzer (-DSKRULL_FUZZ=ON, Clang; tools/fuzz.sh), or with
 // -DSKRULL_FUZZ_REPLAY as a plain program that runs the files it is given
@@ -37,8 +42,10 @@
 #include <vector>
 
 #include "../tests/plan_check.hpp"
+#include "../tests/pool_check.hpp"
 #include "skrull/dacp_sweep.hpp"
 #include "skrull/plan.hpp"
+#include "skrull/pool.hpp"
 #include "skrull/scheduler.hpp"
 
 using namespace skrull;
@@ -276,6 +283,73 @@ void tail(Bytes& in, CostModel& c, Options* o = nullptr, ChunkedDocs* docs = nul
   c.shape.tp = tp[in.u8() & 7];
 }
 
+// The pool's byte, after the tail's (0 where the input ends: every older corpus entry): bit 0
+// plans the same batch with schedule_pool too (fuzz_pool); bits 1-3 draw comm.cross_group_factor
+// (the default 9, its range's ends 1 and 1000, 1.5, the next doubles outside each end, NaN, or
+// any coefficient), bits 4-6 Options::pool_widen (the default 1, 0, 0.5, its top 1e6 and the next
+// double past it, -0.0, NaN, 1e-3). With bit 7 one more byte sets collectives_per_layer and
+// plan_margin at the top of their product (1e3) or just past it. schedule() validates all of
+// them, so a value out of range is refused by both.
+bool pool_options(Bytes& in, CostModel& c, Options& o) {
+  const uint8_t p = in.u8();
+  const double inf = std::numeric_limits<double>::infinity();
+  const double cross[] = {9.0, 1.0, 1e3, 1.5, std::nextafter(1.0, 0.0), std::nextafter(1e3, inf), std::nan(""), 0.0};
+  const int x = (p >> 1) & 7;
+  c.comm.cross_group_factor = x == 7 ? coefficient(in, 9.0) : cross[x];
+  const double widen[] = {1.0, 0.0, 0.5, 1e6, std::nextafter(1e6, inf), -0.0, std::nan(""), 1e-3};
+  o.pool_widen = widen[(p >> 4) & 7];
+  if (p & 128) {
+    const double top[][2] = {{125.0, 8.0}, {std::nextafter(125.0, inf), 8.0}, {1e3, 1.0}, {1e3, std::nextafter(1.0, inf)}};
+    const uint8_t q = in.u8() % 4;
+    c.comm.collectives_per_layer = top[q][0];
+    c.comm.plan_margin = top[q][1];
+  }
+  return p & 1;
+}
+
+// schedule_pool on a schedule input's lengths, options and cost model (no chunked documents: the
+// pool takes none). It must refuse exactly what pool_rejection says, else return a plan
+// pool_check.hpp finds sound; re-priced under its own model (reprice_pool_plan: a wide
+// micro-batch at the cross-group factor) it keeps every time to the bit; where every sequence
+// fits a CP group it is no slower than skrull's schedule; the same input gives the same plan.
+void fuzz_pool(const std::vector<int64_t>& ls, const CostModel& c, const Options& o, bool twice) {
+  const std::string reject = check::pool_rejection(ls, c, o);
+  // Work cap as the lengths' (sequences x world); a refusal costs no planning.
+  const __int128 work = static_cast<__int128>(ls.size()) * o.dp * o.cp;
+  if (reject.empty() && work > kMaxWork) return;
+#ifdef SKRULL_FUZZ_REPLAY
+  if (std::getenv("SKRULL_FUZZ_VERBOSE"))
+    std::fprintf(stderr, "pool n=%zu dp=%d cp=%d cross=%g widen=%g margin=%g reject=%s\n", ls.size(), o.dp, o.cp,
+                 c.comm.cross_group_factor, o.pool_widen, c.comm.plan_margin, reject.c_str());
+#endif
+  Plan p;
+  try {
+    p = schedule_pool(ls, c, o);
+  } catch (const std::invalid_argument& ex) {
+    if (reject.empty()) die(std::string("schedule_pool refused an acceptable input: ") + ex.what());
+    if (std::strlen(ex.what()) < 10) die("schedule_pool: invalid_argument without a message");
+    return;
+  }
+  if (!reject.empty()) die("schedule_pool accepted an input outside the ranges: " + reject);
+  const std::string err = check::pool_error(ls, c, o, p);
+  if (!err.empty()) die("bad pool plan: " + err);
+  Plan again = p;
+  detail::reprice_pool_plan(again, c, o);
+  for (size_t m = 0; m < p.micro_batches.size(); ++m)
+    if (again.micro_batches[m].time_us != p.micro_batches[m].time_us) die("a pool micro-batch's price is not its own");
+  if (again.makespan_us != p.makespan_us) die("the pool plan re-priced has another step time");
+  bool fits = true;
+  for (int64_t s : ls) fits = fits && s <= check::limit_of(o.bucket_size, o.cp);
+  if (fits && !(p.makespan_us <= schedule(ls, c, o).makespan_us * (1 + 1e-12)))
+    die("the pool plan is predicted slower than skrull's");
+  if (twice) {
+    const Plan q = schedule_pool(ls, c, o);
+    if (q.makespan_us != p.makespan_us || q.micro_batch != p.micro_batch || q.first_rank != p.first_rank ||
+        q.num_ranks != p.num_ranks || q.group_time_us != p.group_time_us)
+      die("same input, different pool plan");
+  }
+}
+
 void fuzz_schedule(Bytes& in, bool twice) {
   Options o;
   o.dp = rank_count(in);
@@ -294,6 +368,7 @@ void fuzz_schedule(Bytes& in, bool twice) {
   const std::vector<int64_t> ls = lengths(in, o.bucket_size, o.cp);
   ChunkedDocs chunked = chunked_times(in);
   tail(in, c, &o, &chunked);
+  if (pool_options(in, c, o)) fuzz_pool(ls, c, o, twice);
   std::string reject = check::schedule_rejection(ls, c, o);
   if (reject.empty()) reject = check::chunked_rejection(chunked.us, chunked.chunks);
 #ifdef SKRULL_FUZZ_REPLAY

@@ -7,7 +7,10 @@ shapes of the adversarial benchmark (skrull_ext/bench/adversarial.py: one
 giant plus thousands of tiny, all equal, just above BucketSize/N), a DACP
 roll-back that ends in a local placement, a batch one over the sequence
 limit, chunked documents, and the tail's options (whole_buffer, slot GDS,
-the timelines, fixed costs, extreme chunk counts and times, the TP degree). tools/fuzz.sh --merge keeps the ones that add coverage.
+the timelines, fixed costs, extreme chunk counts and times, the TP degree),
+and the pool's byte (schedule_pool, the cross-group factor, pool_widen,
+collectives_per_layer x plan_margin at its top). tools/fuzz.sh --merge keeps
+the ones that add coverage.
 """
 
 from __future__ import annotations
@@ -144,6 +147,31 @@ def main(out: Path) -> None:
     seeds["tail_tp1025"] = schedule(2, 2, 13312, 0x10, lengths([5, 900]) + bytes([199, 0, 0x00, 5]))
     seeds["tail_dacp_tp7_whole"] = bytes([1]) + ranks(4) + bucket(26624) + bytes([0x40, 1 + 4 * 48]) + cost() + \
         lengths([rng.randint(1, 9000) for _ in range(30)]) + bytes([199, 0x01, 3])
+    # The pool's byte after the TP degree (fuzz_core.cpp's pool_options): bit 0 plans the batch with
+    # schedule_pool too; bits 1-3 the cross-group factor (0: 9, 1: 1, 2: 1000, 5: just past 1000, 7: a
+    # coefficient), bits 4-6 pool_widen (0: 1, 4: just past 1e6, 7: 1e-3); bit 7 reads one more byte:
+    # collectives_per_layer x plan_margin at 125 x 8 (hedged, at the top), or (1) just past it.
+    wide = [60000, 5, 900, 17000, 40, 3000, 50000]  # longer than a CP group holds (26,624), within the world
+    seeds["pool_real"] = schedule(4, 2, 13312, 0x10, lengths(real) + bytes([199, 0, 0x00, 0, 0x01]))
+    seeds["pool_wide_cross1_free"] = bytes([2]) + schedule(4, 2, 13312, 0x10, lengths(wide) +
+                                                           bytes([199, 0, 0x04, 0, 0x03]))[1:]
+    seeds["pool_wide_cross1000_widen_small"] = schedule(4, 2, 13312, 0x10, lengths(wide + real) +
+                                                        bytes([199, 0, 0x04, 0, 0x01 | 2 << 1 | 7 << 4]))
+    seeds["pool_dp3_wide_lockstep"] = schedule(3, 4, 13312, 0x10, lengths([65000, 7, 60000] + real[:20]) +
+                                               bytes([199, 0, 0x00, 0, 0x01 | 3 << 1]))
+    seeds["pool_hedged_top"] = schedule(4, 8, 13312, 0x10, lengths(wide + real) + bytes([199, 0, 0x04, 0, 0x81, 0]))
+    seeds["pool_hedged_past_top"] = schedule(4, 2, 13312, 0x10, lengths(wide) + bytes([199, 0, 0x04, 0, 0x81, 1]))
+    seeds["pool_cross_past_top"] = schedule(4, 2, 13312, 0x10, lengths(wide) + bytes([199, 0, 0x00, 0, 0x01 | 5 << 1]))
+    seeds["pool_widen_past_top"] = schedule(4, 2, 13312, 0x10, lengths(wide) + bytes([199, 0, 0x00, 0, 0x01 | 4 << 4]))
+    # A world of 2^16 x 2^16 ranks (rank_count's 204): one sequence is too many for the pool (sequences x
+    # world above 2^28) but not for schedule; an empty batch at BucketSize 2^36 (bucket_size's 167) saturates
+    # the world's over-length limit; one sequence under slot GDS there saturates a slot's capacity.
+    world = bytes([0, 204, 204])
+    seeds["pool_world_too_many"] = world + bytes([165, 0x10, 1, 4, 0]) + cost() + lengths([5]) + \
+        bytes([199, 0, 0x00, 0, 0x01])
+    seeds["pool_world_limit_saturated"] = world + bytes([167, 0x10, 1, 4, 0]) + cost() + bytes([0, 199, 0, 0x00, 0, 0x01])
+    seeds["slot_gds_capacity_saturated"] = world + bytes([167, 0x10, 1, 4, 0]) + cost() + lengths([5]) + \
+        bytes([199, 0, 0x02, 0, 0x00])
     # evaluate_placement on a given placement; and one entry short.
     seeds["evaluate_short"] = bytes([3]) + ranks(4) + bucket(26624) + cost() + lengths([5, 7, 9000]) + bytes([199, 0, 1, 9, 7])
     seeds["evaluate"] = bytes([3]) + ranks(4) + bucket(26624) + cost() + lengths([5, 7, 9000]) + bytes([199, 0, 1, 9])

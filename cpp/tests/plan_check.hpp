@@ -37,6 +37,9 @@ inline std::string cost_rejection(const CostModel& c) {
   if (!(std::isfinite(c.comm.plan_margin) && c.comm.plan_margin >= 1.0 && c.comm.plan_margin <= 10.0))
     return "plan_margin";
   if (!(c.comm.collectives_per_layer * c.comm.plan_margin <= 1e3)) return "collectives_per_layer x plan_margin";
+  if (!(std::isfinite(c.comm.cross_group_factor) && c.comm.cross_group_factor >= 1.0 &&
+        c.comm.cross_group_factor <= 1e3))
+    return "cross_group_factor";
   if (c.shape.tp < 1 || c.shape.tp > (1 << 10)) return "tp";
   if (!ok(c.micro_batch_fixed_us, 1e9)) return "micro_batch_fixed_us";
   if (!ok(c.step_fixed_us, 1e9)) return "step_fixed_us";
@@ -58,6 +61,7 @@ inline std::string schedule_rejection(const std::vector<int64_t>& in, const Cost
     return "enum";
   if (!(o.sweep_margin >= 0.0 && o.sweep_margin <= 100.0)) return "sweep_margin";
   if (!in_enum(o.timeline, 1)) return "timeline";
+  if (!(o.pool_widen >= 0.0 && o.pool_widen <= 1e6)) return "pool_widen";  // the pool's, but schedule() checks it too
   const std::string cost = cost_rejection(c);
   if (!cost.empty()) return cost;
   if (in.size() > (size_t{1} << 24)) return "too many sequences";
@@ -120,6 +124,32 @@ inline std::string dacp_error(const std::vector<int64_t>& lengths, int32_t cp, i
   return "";
 }
 
+// Empty when `dropped` and `truncated` (index lists) are exactly the sequences of `in` longer than
+// `limit` that o.overlength drops or truncates, and `lengths` is `in` with the truncated ones cut to
+// `limit` (a dropped one keeps its length). `is_dropped` gets each sequence's flag.
+inline std::string cut_error(const std::vector<int64_t>& in, int64_t limit, Overlength overlength,
+                             const std::vector<int32_t>& dropped, const std::vector<int32_t>& truncated,
+                             const std::vector<int64_t>& lengths, std::vector<char>& is_dropped) {
+  const size_t n = in.size();
+  std::vector<char> is_truncated(n, 0);
+  is_dropped.assign(n, 0);
+  for (int32_t k : dropped) {
+    if (k < 0 || static_cast<size_t>(k) >= n || is_dropped[k]) return "bad dropped list";
+    is_dropped[k] = 1;
+  }
+  for (int32_t k : truncated) {
+    if (k < 0 || static_cast<size_t>(k) >= n || is_truncated[k]) return "bad truncated list";
+    is_truncated[k] = 1;
+  }
+  for (size_t k = 0; k < n; ++k) {
+    const bool over = in[k] > limit;
+    if (is_dropped[k] != (over && overlength == Overlength::kDrop)) return "dropped set wrong";
+    if (is_truncated[k] != (over && overlength == Overlength::kTruncate)) return "truncated set wrong";
+    if (lengths[k] != (is_truncated[k] ? limit : in[k])) return "length changed";
+  }
+  return "";
+}
+
 // Empty when s is a valid plan of `in` under (c, o): every sequence in
 // exactly one micro-batch unless dropped, lengths changed only by
 // truncation, placements in range, per-rank tokens recomputed equal and
@@ -138,24 +168,14 @@ inline std::string schedule_error(const std::vector<int64_t>& in, const CostMode
       s.dp_offsets.back() != static_cast<int32_t>(s.micro_batches.size()) ||
       s.dp_time_us.size() != static_cast<size_t>(o.dp))
     return "dp_offsets or dp_time_us malformed";
-  std::vector<char> dropped(k_total, 0), truncated(k_total, 0);
-  for (int32_t k : s.dropped) {
-    if (k < 0 || static_cast<size_t>(k) >= k_total || dropped[k]) return "bad dropped list";
-    dropped[k] = 1;
-  }
-  for (int32_t k : s.truncated) {
-    if (k < 0 || static_cast<size_t>(k) >= k_total || truncated[k]) return "bad truncated list";
-    truncated[k] = 1;
-  }
+  std::vector<char> dropped;
+  const std::string cut = cut_error(in, limit, o.overlength, s.dropped, s.truncated, s.lengths, dropped);
+  if (!cut.empty()) return cut;
   for (size_t k = 0; k < k_total; ++k) {
-    const bool over = in[k] > limit;
-    if (dropped[k] != (over && o.overlength == Overlength::kDrop)) return "dropped set wrong";
-    if (truncated[k] != (over && o.overlength == Overlength::kTruncate)) return "truncated set wrong";
     if (dropped[k]) {
       if (s.dp_rank[k] != kDropped || s.micro_batch[k] != -1) return "dropped sequence placed";
       continue;
     }
-    if (s.lengths[k] != (truncated[k] ? limit : in[k])) return "length changed";
     if (s.dp_rank[k] < 0 || s.dp_rank[k] >= o.dp) return "dp_rank out of range";
     if (s.cp_rank[k] != kDistributed && (s.cp_rank[k] < 0 || s.cp_rank[k] >= o.cp)) return "cp_rank out of range";
   }

@@ -33,6 +33,8 @@ from skrull_ext import POLICIES, Scheduler, SchedulerConfig, _core, lengths
 from skrull_ext.bench import lookahead_latency
 from skrull_ext.bench.args import at_least, profile_path
 from skrull_ext.bench import reference as ref
+from skrull_ext.bench import reference_chunked as ref_chunked
+from skrull_ext.bench import reference_slots as ref_slots
 from skrull_ext.scheduler import cost_model as cost_models
 from skrull_ext.scheduler.config import TIMELINES
 from skrull_ext.scheduler.cpsat import solve_dacp
@@ -111,15 +113,21 @@ def run_setting(s: Setting, args, pool: list[int]) -> dict:
                 alone.append(core(b, cost, opts).elapsed_us)
         py_reps = max(1, min(args.reps, args.python_reps if s.name == "paper" else max(1, args.python_reps // 10)))
         py = []
-        if p.pool or opts.slot_gds or n_chunked:  # the Python reference restates the per-rank GDS only
+        if p.pool:  # skrull-pool has no Python reference
             py_reps = 0
-        for b in tqdm(batches[:py_reps], desc=f"{s.name}/{policy} Python", leave=False):
+        ref_options = dict(worst_fit=p.placement == _core.Placement.WORST_FIT,
+                           longest_rollback=p.rollback == _core.Rollback.LONGEST,
+                           predicted_time=p.micro_batch_count == _core.MicroBatchCount.PREDICTED_TIME,
+                           max_extra=cfg.max_extra_micro_batches, overlength="truncate", refine_=p.refine,
+                           sweep=p.dacp_search == _core.DacpSearch.SHARD_SWEEP)
+        lockstep = opts.timeline == _core.Timeline.LOCKSTEP
+        for b, d in tqdm(list(zip(planned, docs_us))[:py_reps], desc=f"{s.name}/{policy} Python", leave=False):
             t0 = time.perf_counter_ns()
-            ref.schedule(b, rcost, s.dp, s.cp, s.bucket_size, worst_fit=p.placement == _core.Placement.WORST_FIT,
-                         longest_rollback=p.rollback == _core.Rollback.LONGEST,
-                         predicted_time=p.micro_batch_count == _core.MicroBatchCount.PREDICTED_TIME,
-                         max_extra=cfg.max_extra_micro_batches, overlength="truncate", refine_=p.refine,
-                         sweep=p.dacp_search == _core.DacpSearch.SHARD_SWEEP)
+            if opts.slot_gds or n_chunked:  # the references of slot GDS and of chunked documents
+                (ref_slots if opts.slot_gds else ref_chunked).schedule(
+                    b, rcost, s.dp, s.cp, s.bucket_size, list(d[0]), list(d[1]), lockstep, **ref_options)
+            else:
+                ref.schedule(b, rcost, s.dp, s.cp, s.bucket_size, **ref_options)
             py.append((time.perf_counter_ns() - t0) / 1e3)
         facade = []
         fb_cfg = SchedulerConfig(dp=s.dp, cp=s.cp, bucket_size=s.bucket_size, policy=policy,
@@ -216,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="scheduling policies to time")
     ap.add_argument("--timelines", nargs="+", default=["lockstep", "free"], choices=sorted(TIMELINES),
                     help="timelines to plan for: lockstep uses the slot GDS where the policy has it, free the "
-                         "per-rank GDS (the Python reference's)")
+                         "per-rank GDS")
     ap.add_argument("--chunked", nargs="+", type=int, default=[0], metavar="K",
                     help="overlength = 'chunk': K documents of 2-6x what a CP group holds added to each global batch, "
                          "its own samples beyond that chunked too: a row per K (0: the plain rows, over-length "

@@ -35,13 +35,15 @@ class RefCost:
     margin: float = 1.0  # comm.plan_margin: placements chosen at margin x the exchange, priced at 1x (hedge.hpp)
     attention: float = 1.0  # attention_weight: the attention term's weight in flops()
     whole: bool = False  # whole_buffer: each part of a rank's buffer priced as one sequence of its length
+    step: float = 0.0  # step_fixed_us: once a step that runs anything (timing: reference_chunked.py)
 
     @classmethod
     def of(cls, cm) -> RefCost:
         s, c = cm.shape, cm.comm
         return cls(s.layers, s.hidden, s.kv_width, s.bytes_per_elem, cm.a_us_per_flop, cm.b_us,
                    list(c.bytes), list(c.us), c.threshold_bytes, c.floor_us, c.collectives_per_layer,
-                   cm.micro_batch_fixed_us, s.tp, cm.token_us, c.plan_margin, cm.attention_weight, cm.whole_buffer)
+                   cm.micro_batch_fixed_us, s.tp, cm.token_us, c.plan_margin, cm.attention_weight, cm.whole_buffer,
+                   cm.step_fixed_us)
 
     def planning(self) -> RefCost:
         """hedge.hpp planning_model: every exchange at margin x its price."""
@@ -370,13 +372,15 @@ class RefSchedule:
 
 def schedule(lengths: list[int], cost: RefCost, dp: int, n: int, bucket: int, *, worst_fit: bool = False,
              longest_rollback: bool = True, predicted_time: bool = False, max_extra: int = 1,
-             overlength: str = "error", refine_: bool = False, sweep: bool = False) -> RefSchedule:
+             overlength: str = "error", refine_: bool = False, sweep: bool = False,
+             initial: list[float] | None = None) -> RefSchedule:
     """GDS (Algorithm 2, loop fixed) + DACP for one global batch; with a plan margin, planned under
-    cost.planning() and priced under cost (hedge.hpp)."""
+    cost.planning() and priced under cost (hedge.hpp). `initial`: each DP rank's FLOPs before the LPT split
+    (its chunked documents, reference_chunked.py)."""
     if cost.margin != 1.0:
         out = schedule(lengths, cost.planning(), dp, n, bucket, worst_fit=worst_fit,
                        longest_rollback=longest_rollback, predicted_time=predicted_time, max_extra=max_extra,
-                       overlength=overlength, refine_=refine_, sweep=sweep)
+                       overlength=overlength, refine_=refine_, sweep=sweep, initial=initial)
         for d, groups in enumerate(out.groups):
             t = 0.0
             for g in groups:
@@ -399,7 +403,7 @@ def schedule(lengths: list[int], cost: RefCost, dp: int, n: int, bucket: int, *,
         live.append(k)
     # DP split: LPT by FLOPs.
     bins: list[list[int]] = [[] for _ in range(dp)]
-    load = [0.0] * dp
+    load = list(initial) if initial else [0.0] * dp
     for k in sorted(live, key=lambda i: (-eff[i], i)):
         t = load.index(min(load))
         bins[t].append(k)

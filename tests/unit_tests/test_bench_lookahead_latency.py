@@ -43,6 +43,20 @@ def test_latency_rows_with_chunked_documents(capsys):
     assert "| paper | 256 | skrull (free) +2 chunked (2." in out and "the same samples without them) |" in out
 
 
+def test_latency_times_the_python_references_of_slot_gds_and_chunked_documents(tmp_path):
+    """Lockstep rows (slot GDS) and chunked rows time their plain-Python references too
+    (bench/reference_slots.py, reference_chunked.py); only skrull-pool has none."""
+    out = tmp_path / "latency.json"
+    assert latency.main(["--settings", "paper", "--chunked", "0", "2", "--timelines", "lockstep", "free",
+                         "--policies", "skrull", "skrull-pool", "--reps", "1", "--python-reps", "1",
+                         "--facade-reps", "1", "--cpsat-batches", "0", "--lookahead-settings",
+                         "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["results"][0]["policies"]
+    timed = {label for label, row in rows.items() if row["python_ref_us"]["n"] == 1}
+    assert timed == {"skrull (lockstep)", "skrull (lockstep) +2 chunked", "skrull (free)", "skrull (free) +2 chunked"}
+    assert all(row["python_ref_us"]["n"] == 0 for label, row in rows.items() if label.startswith("skrull-pool"))
+
+
 def test_latency_cpsat_rows_run(capsys):
     """The CP-SAT block solves the planned batches' micro-batches (it called a removed plan method:
     every default ``bench latency`` run stopped there with an AttributeError)."""
