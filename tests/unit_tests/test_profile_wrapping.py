@@ -86,3 +86,22 @@ def test_wrapping_of_a_plain_model_has_no_units():
     model.bias.requires_grad_(False)
     assert wrapping(model) == {"units": {}, "params": {"weight": "torch.bfloat16", "bias": "torch.bfloat16 frozen"}}
     assert wrapping_line(model) == "no FSDP"
+
+
+def test_a_one_process_profile_on_cuda_makes_an_nccl_group(monkeypatch):
+    """The resolved CUDA setting, checked here without a GPU: a one-process profile (no launcher) on a
+    CUDA device makes the one-rank group over NCCL, as the trainer's torchrun launch of one GPU does
+    (gloo cannot gather CUDA tensors); on CPU over gloo; and none where a launch already made one."""
+    import torch
+    import torch.distributed as dist
+
+    from skrull_ext.profile import model
+
+    made = []
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(dist, "init_process_group", lambda backend, **kwargs: made.append(
+        (backend, kwargs["rank"], kwargs["world_size"])))
+    assert model._process_group(torch.device("cuda", 0)) and model._process_group(torch.device("cpu"))
+    assert made == [("nccl", 0, 1), ("gloo", 0, 1)]
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    assert not model._process_group(torch.device("cuda", 0)) and len(made) == 2
