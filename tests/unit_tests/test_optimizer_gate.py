@@ -94,6 +94,9 @@ def test_a_flag_outlives_no_step_even_when_the_step_raises():
 
 
 @pytest.mark.slow
+# torch's, from torchtitan's weight init on a CPU mesh, once per process: which test of a worker meets it
+# first depends on the order (the suite's filterwarnings = error made this one fail in a CI run)
+@pytest.mark.filterwarnings("ignore:DTensor random operators may not have complete support on cpu device mesh")
 def test_a_trainer_step_queues_the_optimizer_before_its_one_read():
     """The debug job's SkrullTrainer (one process, FSDP's fused AdamW): a recorded step reads no
     device value before its optimizer step and the check's two reads after it."""
