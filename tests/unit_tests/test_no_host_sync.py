@@ -42,13 +42,13 @@ def _waits(tmp_path, *flags: str) -> set[tuple[str, str, str]]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("flags", [
-    (),
+@pytest.mark.parametrize("flags", [  # the default (dense) job: in process, with the optimizer's order,
+    # tests/unit_tests/test_optimizer_gate.py::test_a_trainer_step_queues_the_optimizer_before_its_one_read
     ("--skrull.attention_kernel", "segments", "--loss.chunk_tokens", "64", "--skrull.free_running", "false"),
     ("--skrull.attention_kernel", "tiles", "--activation_checkpoint.kind", "full",
      "--skrull.activation_checkpoint", "job"),
     ("--local-only", "dense", "--loss.chunk_tokens", "64"),
-], ids=["dense", "segments-head-chunks-lockstep", "tiles-full-ac", "compiled-path-eager"])
+], ids=["segments-head-chunks-lockstep", "tiles-full-ac", "compiled-path-eager"])
 def test_a_step_waits_for_the_device_once(tmp_path, flags):
     assert _waits(tmp_path, *flags) == EXPECTED
 
