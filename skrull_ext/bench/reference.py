@@ -1,9 +1,8 @@
 """REFERENCE ONLY: a plain-Python restatement of the C++ core.
 
-Test oracle and the benchmark's comparison point; the product never calls
-it. It mirrors cpp/include/skrull/{cost_model,dacp,dacp_sweep,gds,scheduler}.hpp line
-by line in meaning (same orders, same ties, same floating-point operation
-order), so its plans must equal the core's exactly.
+Test oracle and the benchmark's comparison point; the product never calls it. It mirrors
+cpp/include/skrull/{cost_model,dacp,dacp_sweep,gds,scheduler}.hpp line by line in meaning (same
+orders, same ties, same floating-point operation order), so its plans must equal the core's exactly.
 """
 
 from __future__ import annotations
@@ -73,17 +72,13 @@ class RefCost:
         xs, ys = self.xs, self.ys
         if len(xs) == 1 or v <= xs[0]:
             return ys[0]
-        hi = next((i for i, x in enumerate(xs) if x > v), len(xs))
-        hi = min(hi, len(xs) - 1)
-        lo = hi - 1
-        return max(0.0, ys[lo] + (ys[hi] - ys[lo]) * (v - xs[lo]) / (xs[hi] - xs[lo]))
+        hi = min(next((i for i, x in enumerate(xs) if x > v), len(xs)), len(xs) - 1)
+        return max(0.0, ys[hi - 1] + (ys[hi] - ys[hi - 1]) * (v - xs[hi - 1]) / (xs[hi] - xs[hi - 1]))
 
     def micro_batch(self, local: list[float], dist: float, vol: float, most: int = 0) -> float:
         comm = self.per_layer * self.collective(vol)
         dist_t = self.comp(dist)
-        worst = 0.0
-        for f in local:
-            worst = max(worst, max(comm, self.comp(f)) + dist_t)
+        worst = max([0.0] + [max(comm, self.comp(f)) + dist_t for f in local])  # the first of equals kept
         return self.layers * worst + self.fixed + self.token * most
 
 
@@ -370,6 +365,23 @@ class RefSchedule:
     truncated: list[int] = field(default_factory=list)
 
 
+def limited(lengths: list[int], bucket: int, n: int, overlength: str) -> tuple[RefSchedule, list[int]]:
+    """A schedule's start: each sequence over the limit refused, dropped or truncated (in out.lengths); the rest."""
+    limit, live = max_sequence_length(bucket, n), []
+    out = RefSchedule(list(lengths), [-1] * len(lengths), [-1] * len(lengths), [DISTRIBUTED] * len(lengths))
+    for k, s in enumerate(lengths):
+        if s > limit and overlength == "error":
+            raise ValueError(f"sequence {k} has length {s} > {limit}")
+        if s > limit and overlength == "drop":
+            out.dropped.append(k)
+            continue
+        if s > limit:
+            out.lengths[k] = limit
+            out.truncated.append(k)
+        live.append(k)
+    return out, live
+
+
 def schedule(lengths: list[int], cost: RefCost, dp: int, n: int, bucket: int, *, worst_fit: bool = False,
              longest_rollback: bool = True, predicted_time: bool = False, max_extra: int = 1,
              overlength: str = "error", refine_: bool = False, sweep: bool = False,
@@ -387,20 +399,8 @@ def schedule(lengths: list[int], cost: RefCost, dp: int, n: int, bucket: int, *,
                 t += score([out.lengths[k] for k in g], [out.cp_rank[k] for k in g], cost, n)[1]
             out.dp_time_us[d] = t
         return out
-    limit = max_sequence_length(bucket, n)
-    eff = list(lengths)
-    out = RefSchedule(eff, [-1] * len(lengths), [-1] * len(lengths), [DISTRIBUTED] * len(lengths))
-    live = []
-    for k, s in enumerate(lengths):
-        if s > limit:
-            if overlength == "error":
-                raise ValueError(f"sequence {k} has length {s} > {limit}")
-            if overlength == "drop":
-                out.dropped.append(k)
-                continue
-            eff[k] = limit
-            out.truncated.append(k)
-        live.append(k)
+    out, live = limited(lengths, bucket, n, overlength)
+    eff = out.lengths
     # DP split: LPT by FLOPs.
     bins: list[list[int]] = [[] for _ in range(dp)]
     load = list(initial) if initial else [0.0] * dp

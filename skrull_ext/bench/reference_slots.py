@@ -263,20 +263,8 @@ def plan(lengths: list[int], cost: ref.RefCost, dp: int, n: int, bucket: int, *,
          longest_rollback: bool = True, predicted_time: bool = False, max_extra: int = 1,
          overlength: str = "error", refine_: bool = False, sweep: bool = False) -> ref.RefSchedule:
     """The samples' plan under slot GDS at DP > 1 (one model for choices and prices); dp_time_us left at 0."""
-    limit = ref.max_sequence_length(bucket, n)
-    eff = list(lengths)
-    out = ref.RefSchedule(eff, [-1] * len(lengths), [-1] * len(lengths), [ref.DISTRIBUTED] * len(lengths))
-    live = []
-    for k, s in enumerate(lengths):
-        if s > limit:
-            if overlength == "error":
-                raise ValueError(f"sequence {k} has length {s} > {limit}")
-            if overlength == "drop":
-                out.dropped.append(k)
-                continue
-            eff[k] = limit
-            out.truncated.append(k)
-        live.append(k)
+    out, live = ref.limited(lengths, bucket, n, overlength)
+    eff = out.lengths
     seqs = sorted(live, key=lambda k: (eff[k], k))
     dacp_options = dict(worst_fit=worst_fit, longest_rollback=longest_rollback, sweep=sweep, refine_=refine_)
     main = search(eff, seqs, cost, dp, n, bucket, dacp_options, predicted_time, max_extra)

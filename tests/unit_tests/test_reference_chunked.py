@@ -36,8 +36,10 @@ def options(dp: int, cp: int, bucket: int, policy: str, lockstep: bool) -> _core
     return o
 
 
-def reference(lengths, cost, o: _core.Options, us, chunks, lockstep: bool) -> refc.RefChunkedSchedule:
-    return refc.schedule(
+def restated(module, lengths, cost, o: _core.Options, us, chunks, lockstep: bool):
+    """``module.schedule`` (a plain-Python reference: reference_chunked or reference_slots) of what the
+    core is asked with ``o``."""
+    return module.schedule(
         lengths, ref.RefCost.of(cost), o.dp, o.cp, o.bucket_size, us, chunks, lockstep,
         worst_fit=o.placement == _core.Placement.WORST_FIT,
         longest_rollback=o.rollback == _core.Rollback.LONGEST,
@@ -45,6 +47,10 @@ def reference(lengths, cost, o: _core.Options, us, chunks, lockstep: bool) -> re
         max_extra=o.max_extra_micro_batches, refine_=o.refine,
         sweep=o.dacp_search == _core.DacpSearch.SHARD_SWEEP,
     )
+
+
+def reference(lengths, cost, o: _core.Options, us, chunks, lockstep: bool) -> refc.RefChunkedSchedule:
+    return restated(refc, lengths, cost, o, us, chunks, lockstep)
 
 
 def assert_equal(s: _core.Schedule, want: refc.RefChunkedSchedule) -> None:

@@ -12,18 +12,11 @@ from skrull_ext import POLICIES, _core
 from skrull_ext.bench import reference as ref
 from skrull_ext.bench import reference_slots as refs
 from tests.unit_tests.test_properties import batch
-from tests.unit_tests.test_reference_chunked import TIMES, assert_equal, model, options
+from tests.unit_tests.test_reference_chunked import TIMES, assert_equal, model, options, restated
 
 
 def reference(lengths, cost, o: _core.Options, us, chunks, lockstep: bool):
-    return refs.schedule(
-        lengths, ref.RefCost.of(cost), o.dp, o.cp, o.bucket_size, us, chunks, lockstep,
-        worst_fit=o.placement == _core.Placement.WORST_FIT,
-        longest_rollback=o.rollback == _core.Rollback.LONGEST,
-        predicted_time=o.micro_batch_count == _core.MicroBatchCount.PREDICTED_TIME,
-        max_extra=o.max_extra_micro_batches, refine_=o.refine,
-        sweep=o.dacp_search == _core.DacpSearch.SHARD_SWEEP,
-    )
+    return restated(refs, lengths, cost, o, us, chunks, lockstep)
 
 
 def slot_options(dp, cp, bucket, policy, lockstep, extra: int = 1) -> _core.Options:
