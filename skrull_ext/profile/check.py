@@ -263,9 +263,9 @@ def _chunked(jm, args, profile: dict, lengths: tuple[int, ...]) -> list:
     rows = [check_reference(jm, cost, pm, chunk, **kw)]
     print(format_chunked(rows), flush=True)
     grads = float(sum(q.numel() * q.element_size() for q in jm.model.parameters() if q.requires_grad))
+    unsharded = unsharded_param_bytes([jm.model], jm.dtype.itemsize)
     for n in lengths:
-        fit = fitting_chunk(cost, pm, n, chunk, gradient_bytes=grads,
-                            unsharded_bytes=unsharded_param_bytes([jm.model], jm.dtype.itemsize)) \
+        fit = fitting_chunk(cost, pm, n, chunk, gradient_bytes=grads, unsharded_bytes=unsharded) \
             if args.fit_chunk else chunk
         rows.append(check_chunked(jm, cost, pm, n, fit, **kw))
         print(format_chunked(rows[-1:]), flush=True)
