@@ -55,12 +55,13 @@ from typing import Any
 import torch
 
 from skrull_ext.profile.fit import PolyFit, fit_poly
+from skrull_ext.profile.head_memory import chunk_head
 from skrull_ext.profile.model import DTYPES, JobModel, fsdp_degree
 from skrull_ext.profile.options import ProfileOptions
 from skrull_ext.profile.ranks import reduce_floats, sync
 from skrull_ext.scheduler.profile_memory import derive_bucket_size, free_running_bytes, head_bytes
 
-__all__ = ["MemoryPoint", "MemoryResult", "StaticMemory", "local_bytes", "measure_head", "measure_step",
+__all__ = ["MemoryPoint", "MemoryResult", "StaticMemory", "local_bytes", "measure_step",
            "optimizer_state_tensors", "profile_memory", "static_memory"]
 
 OPTIMIZER_STATES: dict[str, int] = {"AdamW": 2, "Adam": 2, "Lion": 1, "SGD": 1}
@@ -385,7 +386,7 @@ class MemoryResult:
     kv_bytes_per_token: float
     """K and V of every layer for one token: what a shard keeps per token gathered from another rank."""
     logits_bytes_per_token: float = 0.0
-    """Peak bytes of the head and loss per token of a chunk (``measure_head``); 0: the loss is not
+    """Peak bytes of the head and loss per token of a chunk (``head_memory.measure_head``); 0: the loss is not
     chunked (train/head_loss.py) and the fit's slope holds the logits."""
     head_chunk: int = 0
     """Tokens a chunk of the head and loss: what the logits take at most is one chunk's."""
@@ -413,70 +414,13 @@ def fit_memory(tokens: Sequence[int], values: Sequence[float]) -> PolyFit:
     return fit
 
 
-def measure_head(jm: JobModel, tokens: Sequence[int], meter: Any, seed: int = 0) -> PolyFit:
-    """Peak bytes of the head and the job's per-chunk loss over ``tokens`` tokens in one chunk,
-    fwd+bwd from hidden states made beforehand, as the job's chunks run (``head_backward``):
-    recompute, the head's logits, their float32 copy and gradients (and the hidden states'
-    gradient); in forward (train/head_grad.py), the logits and the float32 log-softmax that
-    becomes their gradient, the hidden states' gradient, and the float32 weight gradient (the
-    intercept). The slope is what one token of a chunk takes."""
-    from skrull_ext.train.head_grad import head_loss_in_forward
-
-    loss, head = jm.loss_fn.loss_fn, jm.model.lm_head
-    in_forward = jm.loss_fn.head_backward == "in_forward"
-    g = torch.Generator().manual_seed(seed)
-    dim = jm.shape.hidden
-
-    apply = jm.loss_fn.head_apply  # the head module passes the hidden states through (model.py)
-
-    def once(n: int) -> float:
-        h = torch.randn(1, n, dim, generator=g).to(jm.device, jm.dtype).requires_grad_()
-        labels = torch.randint(0, jm.vocab_size, (1, n), generator=g).to(jm.device)
-        meter.start()
-        out = head(h)  # the module, as the model's forward calls it: its FSDP unit unshards the weight
-        if in_forward:
-            out = head_loss_in_forward(out, head.weight, head.bias, labels, None, n, jm.loss_fn.chunk_step)
-        else:
-            out, _ = loss(out if apply is None else apply(head, out), labels)
-        out.backward()
-        sync(jm.device)
-        return meter.peak()
-
-    once(min(tokens))  # the head's weight gradient allocated before the measured passes
-    peaks = reduce_floats([once(n) for n in tokens], "max", jm.device)
-    jm.model.zero_grad(set_to_none=True)
-    return fit_poly([float(n) for n in tokens], peaks, 1)
-
-
-def _chunk_head(jm: JobModel, opts: ProfileOptions, meter: Any,
-                tick: Callable[[str], None]) -> tuple[float, int, float]:
-    """(peak bytes a token of the head and loss, the job's chunk, the in-forward head's weight
-    gradient held to backward) when the job's loss runs the head in chunks (train/head_loss.py),
-    else (0, 0, 0). The ladder then runs in chunks of an eighth of its shortest buffer, so its
-    slope holds no logits and its intercept one such chunk's (an overcount of at most that chunk:
-    conservative) and, in forward, the weight gradient; the later stages run the job's chunk."""
-    from skrull_ext.train.head_loss import ChunkedHeadLoss, HeadChunking, head_grad_bytes, resolve_chunking
-
-    if not isinstance(jm.loss_fn, ChunkedHeadLoss):
-        return 0.0, 0, 0.0
-    tick("memory head")
-    mode = jm.loss_fn.head_backward
-    per_token = max(measure_head(jm, sorted(set(opts.memory_lengths))[:3], meter, opts.seed).slope, 1.0)
-    chunking = resolve_chunking(jm.config.loss, jm.vocab_size, jm.dtype.itemsize, measured=per_token,
-                                head_backward=mode)
-    ladder = max(1, min(opts.memory_lengths) // 8)
-    jm.loss_fn.set_chunking(HeadChunking(ladder, per_token, "the memory ladder's"))
-    held = head_grad_bytes(jm.model.lm_head) if mode == "in_forward" else 0.0
-    return per_token, chunking.chunk_tokens, held
-
-
 def profile_memory(jm: JobModel, opts: ProfileOptions, world_size: int,
                    tick: Callable[[str], None]) -> MemoryResult:
     """Measure the memory ladder, fit it, and derive BucketSize."""
     from skrull_ext.train.head_loss import HeadChunking
 
     meter = PEAK_METERS[jm.device.type](jm.device)
-    logits, chunk, head_grad = _chunk_head(jm, opts, meter, tick)
+    logits, chunk, head_grad = chunk_head(jm, opts, meter, tick)
     measure_step(jm, [min(opts.memory_lengths)], meter, opts.seed)  # allocate parameter gradients
     local = []
     for n in opts.memory_lengths:

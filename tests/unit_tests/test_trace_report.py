@@ -212,6 +212,10 @@ def test_real_cpu_trace(cpu_trace_dir):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+# torch 2.11's profiler warns on its first start in a process ("Profiler clears events at the end of
+# each cycle ..."; torch >= 2.13 only on a second cycle), which the suite's filterwarnings = error
+# turned into this test's failure on GPU run 9: one cycle is recorded here, so it says nothing.
+@pytest.mark.filterwarnings("ignore:.*Profiler clears events at the end of each cycle:UserWarning")
 def test_real_trace_on_cuda(tmp_path):
     """A real CUDA trace holds what the report reads (run by tools/gpu_checks.sh's stage 3' before the
     traced training run): kernels tied to their launches inside a range, a GEMM named as one, and
