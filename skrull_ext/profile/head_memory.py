@@ -62,6 +62,9 @@ def measure_head(jm: JobModel, tokens: Sequence[int], meter: Any, seed: int = 0)
         for p in head.parameters():
             p.grad = None
         unit.reshard()
+        # and no pass of the group left open: the lone calls leave its other modules "to run", where
+        # torch 2.11 would then skip the next pass's pre-forward (and its unshard) altogether
+        getattr(unit._get_fsdp_state(), "_modules_to_run_forward", set()).clear()
     jm.model.zero_grad(set_to_none=True)
     return fit_poly([float(n) for n in tokens], peaks, 1)
 
