@@ -109,7 +109,8 @@ def test_gpu_job_resolves_its_cuda_only_defaults(job, tiny_folders):
 def test_the_small_gpu_job_compiles_with_the_measured_h200_profile():
     """qwen2_5_0_5b_gpu.toml as a GPU resolves it (docs/gpu.md, "Defaults a GPU job resolves to"):
     compiled, priced by the H200 profile measured with it (compiled, its attention weight fitted,
-    GPU run 8), at that profile's BucketSize, CUDA graphs off under Skrull."""
+    the model wrapped in FSDP as the trainer wraps it at one rank: GPU run 9), at that profile's
+    BucketSize, CUDA graphs off under Skrull."""
     from skrull_ext.scheduler.profile_file import Profile
     from skrull_ext.train.trainer import resolve_device_defaults
 
@@ -121,9 +122,10 @@ def test_the_small_gpu_job_compiles_with_the_measured_h200_profile():
     assert s.bucket_size == "profile" and os.path.basename(s.cost_model) == "h200-qwen2.5-0.5b.toml"
     profile = Profile.load(s.cost_model)
     assert profile.meta["compile"] is True and profile.meta["device"].startswith("NVIDIA H200")
-    assert 0.4 < profile.cost_model().attention_weight < 0.7 and profile.memory().bucket_size == 179075
-    # GPU run 8's: the step outside its micro-batches and both checkpointing modes it measured, for
-    # skrull.activation_checkpoint = "auto" (it chose none there: BucketSize 133,620).
+    assert 0.4 < profile.cost_model().attention_weight < 0.7 and profile.memory().bucket_size == 177719
+    assert profile.meta["wrapping"].startswith("FSDP x1 ") and "compute bfloat16" in profile.meta["wrapping"]
+    # GPU run 9's: the step outside its micro-batches and both checkpointing modes it measured, for
+    # skrull.activation_checkpoint = "auto" (it chose none there: BucketSize 133,119).
     assert profile.data["step"]["fixed_us"] > 0 and profile.data["activation_checkpoint"]["measured"] == "selective"
     assert {m: profile.data["activation_checkpoint"][m]["bucket_size"] for m in ("none", "selective")} == {
-        "none": 133620, "selective": 179075}
+        "none": 133119, "selective": 177719}
