@@ -51,7 +51,7 @@ import torch
 import torch.nn.functional as F
 from torchtitan.components.loss import IGNORE_INDEX
 
-__all__ = ["ChunkStep", "head_loss_in_forward", "linear_cross_entropy_grad"]
+__all__ = ["ChunkStep", "balanced_chunks", "head_loss_in_forward", "linear_cross_entropy_grad"]
 
 ChunkStep = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor],
                      tuple[torch.Tensor, torch.Tensor]]
@@ -104,6 +104,20 @@ class _Float32Sum:
             buf.add_(torch.mm(a, b))
 
 
+def balanced_chunks(n: int, chunk: int) -> list[tuple[int, int]]:
+    """``n`` tokens in ceil(n / chunk) chunks as even as can be (sizes differ by one at most, none over
+    ``chunk``): [start, end) of each. A compiled chunk step then never meets a 1-token last chunk,
+    which torch.compile specialises and compiles for again (GPU run 9: a recompile after warm-up)."""
+    count = -(-n // chunk)
+    base, extra = divmod(n, count) if count else (0, 0)
+    bounds, a = [], 0
+    for i in range(count):
+        z = a + base + (i < extra)
+        bounds.append((a, z))
+        a = z
+    return bounds
+
+
 def _compute_dtype(h: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
     """The dtype the head's matmul runs in: autocast's where it is on (torchtitan's single-device
     mixed precision), else the parameter's (FSDP's unsharded ``mixed_precision_param``)."""
@@ -131,12 +145,14 @@ class _HeadLossInForward(torch.autograd.Function):
             grad_w = _Float32Sum(weight.shape, h.device) if want_w else None
             grad_b = torch.zeros(bias.shape, dtype=torch.float32, device=h.device) if want_b else None
             total = torch.zeros((), dtype=torch.float32, device=h.device)
-            for a in range(0, h.shape[0], chunk):
-                h_c = h[a:a + chunk].to(dtype)
-                loss, dlogits = step(h_c, w, b, labels[a:a + chunk], scale)
+            for a, z in balanced_chunks(h.shape[0], chunk):
+                # copies at offset 0 (a chunk's hidden states, a few MB against its logits' GBs): a slice's
+                # storage offset is guarded too, 0 specialised, so the first chunk compiled again
+                h_c = h[a:z].to(dtype, copy=True)
+                loss, dlogits = step(h_c, w, b, labels[a:z].clone(), scale)
                 total += loss
                 if grad_h is not None:
-                    torch.mm(dlogits, w, out=grad_h[a:a + chunk])
+                    torch.mm(dlogits, w, out=grad_h[a:z])
                 if grad_w is not None:
                     grad_w.add(dlogits.t(), h_c)
                 if grad_b is not None:

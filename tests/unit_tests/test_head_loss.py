@@ -710,3 +710,36 @@ def test_bf16_head_loss_on_cuda_equals_unchunked(mode):
     assert err(un, "hidden") <= 2 * BF16_U and err(ch, "hidden") <= 2 * BF16_U, (err(un, "hidden"), err(ch, "hidden"))
     chunks = -(-CUDA_TOKENS // CUDA_CHUNK)
     assert err(ch, "weight") <= err(un, "weight") + chunks**0.5 * BF16_U / 2, (err(ch, "weight"), err(un, "weight"))
+
+
+def test_in_forward_chunks_are_balanced_so_the_compiled_step_compiles_twice_at_most():
+    """The in-forward chunks of a micro-batch split its tokens as evenly as ``chunk`` allows (sizes
+    differ by one at most, none over ``chunk``), so a compiled chunk step never meets a 1-token last
+    chunk: torch.compile specialises size 1 and compiled again for it whenever a micro-batch's
+    length was one past a multiple of the chunk (GPU run 9: a recompile after warm-up, "expected
+    2502, actual 1"). The step compiles once static, once dynamic at the second size, then never."""
+    from skrull_ext.train.head_grad import head_loss_in_forward, linear_cross_entropy_grad
+
+    graphs, sizes = [], []
+
+    def counting(gm, example_inputs):  # a backend that counts the graphs dynamo hands it
+        graphs.append(len(sizes))
+        return gm.forward
+
+    torch._dynamo.reset()
+    step = torch.compile(linear_cross_entropy_grad, backend=counting)
+
+    def watched(h, w, b, lab, scale):
+        sizes.append(h.shape[0])
+        return step(h, w, b, lab, scale)
+
+    g = torch.Generator().manual_seed(0)
+    weight = torch.randn(VOCAB, 16, generator=g, requires_grad=True)
+    for n in (17, 33, 25, 9, 40, 41, 57):  # 17 = 2 x 8 + 1: a 1-token last chunk, unbalanced
+        h = torch.randn(n, 16, generator=g, requires_grad=True)
+        labels = torch.randint(0, VOCAB, (n,), generator=g)
+        head_loss_in_forward(h, weight, None, labels, None, 8, watched).backward()
+    torch._dynamo.reset()
+    assert max(sizes) <= 8 and min(sizes) >= 2, sizes
+    assert sizes[:3] == [6, 6, 5]  # 17 tokens in ceil(17 / 8) = 3 chunks
+    assert len(graphs) <= 2 and graphs[-1] <= 3, (graphs, sizes)  # both compiles in the first micro-batch
