@@ -42,3 +42,25 @@ def test_each_variant_loads_and_changes_what_it_names(name, flags):
         section, field = key.removeprefix("--").split(".")
         before, after = getattr(getattr(base, section), field), getattr(getattr(varied, section), field)
         assert str(after) == value and before != after, (name, key, before, after)
+
+
+@pytest.mark.parametrize("trace, mix, mode, want", [
+    ("1", "first", "skrull-bucket-profile", True),  # the traced run
+    ("1", "first", "skrull-head-recompute", True),  # its variants under the same profiler (their traces dropped)
+    ("1", "first", "skrull-reshard-never", True),
+    ("1", "first", "torchtitan-documents", False),
+    ("1", "second", "skrull-head-recompute", False),  # the first mix only
+    ("0", "first", "skrull-bucket-profile", False),
+])
+def test_the_variants_train_under_the_traced_runs_profiler(trace, mix, mode, want):
+    """GPU run 9 read its untraced variants against the traced Skrull run, whose optimizer phase alone
+    took 4 ms more under the profiler: the script's ``traced`` predicate, run as the script defines it."""
+    import subprocess
+
+    script = (ROOT / "tools" / "gpu_checks.sh").read_text()
+    body = script[script.index("\ntraced() {") + 1:]
+    body = body[:body.index("\n}\n") + 3]
+    names = " ".join(name for name, _ in variants())
+    proc = subprocess.run(["bash", "-c", f'{body}\nTRACE={trace} mixes=(first second) trace_mode=skrull-bucket-profile '
+                           f'variants=({names}); traced {mix} {mode}'], capture_output=True, text=True)
+    assert proc.stderr == "" and (proc.returncode == 0) == want, proc
