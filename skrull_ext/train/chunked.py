@@ -55,7 +55,8 @@ from skrull_ext.attention.module import DacpAttention
 from skrull_ext.attention.prefix import ChunkAttention
 from skrull_ext.data.sources.synthetic import IGNORE_INDEX
 
-__all__ = ["attention_layers", "chunk_bounds", "chunked_loss", "ChunkedLoss", "unsharded_param_bytes"]
+__all__ = ["attention_layers", "chunk_bounds", "chunked_loss", "ChunkedLoss", "tp_local_numel", "tp_shard_numel",
+           "unsharded_param_bytes"]
 
 
 @dataclass(frozen=True)
@@ -83,15 +84,33 @@ def attention_layers(model_parts) -> list[DacpAttention]:
 
 
 def unsharded_param_bytes(model_parts, itemsize: int) -> float:
-    """Bytes of every FSDP unit's unsharded parameters at ``itemsize`` bytes an element (FSDP's
-    ``mixed_precision_param``), 0 for a part without FSDP: a chunk's checkpointed recompute runs
-    each unit's forward in FSDP's pre-backward state, which gathers the unit and keeps it until
-    the unit's backward, so the whole copy is held at once (scheduler/chunk_cost.py). A DTensor
-    counts whole (under TP an overcount by the TP degree)."""
+    """Bytes of every FSDP unit's unsharded parameters on one rank at ``itemsize`` bytes an element
+    (FSDP's ``mixed_precision_param``), 0 for a part without FSDP: a chunk's checkpointed recompute
+    runs each unit's forward in FSDP's pre-backward state, which gathers the unit and keeps it until
+    the unit's backward, so the whole copy is held at once (scheduler/chunk_cost.py). FSDP gathers
+    over its own mesh dimensions only: a parameter TP shards stays a TP shard (``tp_local_numel``)."""
     from torch.distributed.fsdp import FSDPModule
 
-    return float(sum(p.numel() for part in model_parts if isinstance(part, FSDPModule)
+    return float(sum(tp_local_numel(p) for part in model_parts if isinstance(part, FSDPModule)
                      for p in part.parameters()) * itemsize)
+
+
+def tp_local_numel(p: torch.Tensor) -> int:
+    """Elements of ``p`` on one rank once FSDP has gathered it: the whole tensor, divided by the
+    ranks of each mesh dimension named "tp" (torchtitan's tensor-parallel dimension) that shards it."""
+    mesh, placements = getattr(p, "device_mesh", None), getattr(p, "placements", ())
+    names = (mesh.mesh_dim_names or ()) if mesh is not None else ()
+    return tp_shard_numel(p.numel(), names, tuple(mesh.shape) if mesh is not None else (), placements)
+
+
+def tp_shard_numel(numel: int, dim_names, dim_sizes, placements) -> int:
+    """``numel`` over the sizes of the mesh dimensions named "tp" whose placement shards (ceil: an
+    uneven shard's largest part)."""
+    ways = 1
+    for name, size, placement in zip(dim_names, dim_sizes, placements):
+        if name == "tp" and placement.is_shard():
+            ways *= size
+    return -(-numel // ways)
 
 
 def _padded(x: torch.Tensor, lo: int, hi: int, fill: int) -> torch.Tensor:

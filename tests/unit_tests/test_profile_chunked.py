@@ -165,3 +165,18 @@ def test_chunk_cost_dense_fit_prices_the_rectangle():
     assert causal.us - dense.us == pytest.approx(m.shape.layers * m.a_us_per_flop * saved, rel=1e-9)
     assert chunk_cost(m, 32, 32, dense_fit=True).us == chunk_cost(m, 32, 32).us
     assert dense.one_pass_us == causal.one_pass_us  # a whole sequence: the square on both
+
+
+def test_unsharded_bytes_leave_a_tp_shard_a_shard():
+    """FSDP gathers over its own mesh dimensions: under TP a parameter's unsharded copy on a rank is
+    its TP shard (the head and MLP weights Shard over "tp", the norms Replicate), not the whole
+    tensor the DTensor's numel counts (the earlier count, an overcount by the TP degree)."""
+    from torch.distributed.tensor import Replicate, Shard
+
+    from skrull_ext.train.chunked import tp_shard_numel
+
+    assert tp_shard_numel(1000, ("fsdp",), (4,), (Shard(0),)) == 1000  # FSDP alone: gathered whole
+    assert tp_shard_numel(1000, ("fsdp", "tp"), (2, 4), (Shard(0), Shard(1))) == 250
+    assert tp_shard_numel(1000, ("fsdp", "tp"), (2, 4), (Shard(0), Replicate())) == 1000  # a norm's weight
+    assert tp_shard_numel(1001, ("dp_replicate", "fsdp", "tp"), (2, 2, 2), (Replicate(), Shard(0), Shard(0))) == 501
+    assert tp_shard_numel(1000, (), (), ()) == 1000  # no mesh: a plain tensor
