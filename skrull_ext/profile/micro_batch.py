@@ -29,11 +29,12 @@ b_us`` of it (one more call per layer), so
 
 Where the compute ladder sits on a host floor (compute.py), a layer call of
 these short micro-batches costs the floor, not b_us: FSDP-wrapped and compiled
-on an H200, one more 128-token micro-batch took 101.8 ms, 24 layers at the
-4.34 ms floor 104.2 of it, so ``layers * floor`` is subtracted instead
+on an H200, one more micro-batch of the same 128 tokens took 101.8 ms, 24
+layers at the 4.34 ms floor 104.2 of it, so ``layers * floor`` is subtracted instead
 (``call_us``) and the fixed cost came out 0 where ``layers * b_us`` (3.0 ms,
 the line pulled by the floor) had left 29.1 ms to every micro-batch, long
-ones included, whose host work hides under the device's.
+ones included, whose host work partly hides under the device's
+(docs/profile.md, "The host floor").
 
 Short micro-batches expose FSDP's gathers that a long micro-batch's compute
 would partly hide (FSDP prefetches the next unit): the number is the fixed
