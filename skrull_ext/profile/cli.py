@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     from skrull_ext.profile.compute import profile_compute
     from skrull_ext.profile.memory import profile_memory
     from skrull_ext.profile.head import profile_head
-    from skrull_ext.profile.micro_batch import profile_micro_batch
+    from skrull_ext.profile.micro_batch import call_us, profile_micro_batch
     from skrull_ext.profile.step import profile_step
     from skrull_ext.profile.model import build_job_model, wrapping_line
     from skrull_ext.profile.plot import plot
@@ -254,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
             config, lambda mode: config_of("--activation_checkpoint.kind", mode), opts.ac_modes, compute, memory,
             device, config.model_spec.model.max_seq_len, opts, target_world, tick)
         # Then the step outside its micro-batches, which steps the optimizer: nothing is measured after it.
-        micro_batch = profile_micro_batch(jm, opts, compute.fit.intercept, tick)
+        micro_batch = profile_micro_batch(jm, opts, call_us(compute.fit.intercept, compute.floor), tick)
         step = profile_step(jm, opts, tick)
         bar.close()
         meta = {

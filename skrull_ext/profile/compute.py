@@ -30,6 +30,22 @@ Qwen2.5-0.5B on an H200: w = 0.52, packed misses 20% -> 2%. The held-out
 lengths stay held out. Without packed buffers, or where the two-rate fit
 has a rate or the intercept below 0, the one-rate fit (w = 1) stands.
 
+The host floor: on a GPU the shortest buffers can take the same time whatever
+their FLOPs, the host's launch work a layer (compiled block calls, FSDP's
+hooks) outlasting the device's. The FSDP-wrapped, compiled Qwen2.5-0.5B on an
+H200 took 4.17, 4.51 and 4.38 ms a layer at 2,048, 4,096 and 8,192 tokens, then
+9.48 ms at 16,384: a line through all of them (b = 3.0 ms) missed the held-out
+12,288 by +18.8% and over-priced every long buffer. Where the ladder's shortest
+points sit on such a floor (fit.host_floors: flat within 10% over x2 or more the
+FLOPs, the next point above it), the line is fitted on the buffers above it
+only, the model is T = max(floor, a F + b) and the floor is recorded
+(``[meta.compute] host_floor_us``). Above a floor the two-rate fit may be an
+exact solve of 3 buffers (the held-out lengths then are its only check: -2.7%
+on that H200's). A floor is kept only when the line fitted above it runs under
+it at its last point (else those points were not host-bound). The scheduler's
+cost model prices the line alone (cost_model.hpp comp_us): a buffer under the
+floor is under-priced by the difference, which the profile's summary says.
+
 A kernel that attends over each buffer whole (``whole_buffer``: one masked
 SDPA over all its documents, which on CPU skips nothing the mask hides: DACP's
 ``dense`` kernel, ``auto``'s choice on CPU, and torchtitan's dense-mask
@@ -56,12 +72,13 @@ from dataclasses import dataclass
 import torch
 
 from skrull_ext._core import CommModel, CostModel
-from skrull_ext.profile.fit import PolyFit, fit_line_nonneg, fit_two_rates
+from skrull_ext.profile.fit import (FLOOR_TOLERANCE, HostFloor, PolyFit, fit_line_nonneg, fit_poly, fit_two_rates,
+                                    host_floors, quality)
 from skrull_ext.profile.model import JobModel
 from skrull_ext.profile.options import ProfileOptions
 from skrull_ext.profile.ranks import pick_clock, reduce_floats, time_call
 
-__all__ = ["BufferRun", "ComputeResult", "Timing", "profile_compute", "time_buffers"]
+__all__ = ["BufferRun", "ComputeFit", "ComputeResult", "Timing", "fit_compute", "profile_compute", "time_buffers"]
 
 
 @dataclass(frozen=True)
@@ -101,14 +118,21 @@ class ComputeResult:
     whole_buffer: bool = False
     """The kernel attends over each buffer whole: a packed buffer is priced as one sequence of
     its length (module docstring)."""
+    floor: HostFloor | None = None
+    """The ladder's host floor (module docstring); None: the line alone."""
+
+    def predict(self, flops: float) -> float:
+        """A layer's forward+backward: max(floor, line)."""
+        line = self.fit(flops)
+        return max(self.floor.us, line) if self.floor is not None else line
 
     def rel_error(self, t: Timing) -> float:
-        return (self.fit(t.flops) - t.us) / t.us
+        return (self.predict(t.flops) - t.us) / t.us
 
     def sum_rel_error(self, t: Timing) -> float:
         """The miss of the scheduler's price, the sum of the documents' FLOPs (``rel_error`` but
         under a whole-buffer kernel)."""
-        return (self.fit(t.sum_flops) - t.us) / t.us
+        return (self.predict(t.sum_flops) - t.us) / t.us
 
     @property
     def held_out_max_rel_error(self) -> float:
@@ -233,14 +257,71 @@ def profile_compute(jm: JobModel, opts: ProfileOptions, tick: Callable[[str], No
     n, h = len(opts.lengths), len(opts.held_out)
     points, held_out, packed = timings[:n], timings[n:n + h], timings[n + h:]
     layers_timed = opts.layers or len(jm.layers)
-    if packed and not whole:  # a whole buffer's attention is a single document's: nothing to tell the rates by
-        both = points + packed
-        two = fit_two_rates([split_flops(jm.shape, t.docs) for t in both], [t.us for t in both])
-        if two is not None:
-            fit, weight = two
-            points, held_out, packed = ([timing(t.docs, t.us, t.wall_us, weight) for t in group]
-                                        for group in (points, held_out, packed))
-            return ComputeResult(fit, points, held_out, packed, layers_timed, clock, "", weight)
-    x, y = [t.flops for t in points], [t.us for t in points]
-    fit, pinned = fit_line_nonneg(x, y)
-    return ComputeResult(fit, points, held_out, packed, layers_timed, clock, pinned, whole_buffer=whole)
+    cf = fit_compute(jm.shape, [(t.docs[0], t.us) for t in points], [(t.docs, t.us) for t in packed], whole)
+    if cf.attention_weight != 1.0:
+        points, held_out, packed = ([timing(t.docs, t.us, t.wall_us, cf.attention_weight) for t in group]
+                                    for group in (points, held_out, packed))
+    return ComputeResult(cf.fit, points, held_out, packed, layers_timed, clock, cf.pinned, cf.attention_weight,
+                         whole_buffer=whole, floor=cf.floor)
+
+
+@dataclass(frozen=True)
+class ComputeFit:
+    """What ``fit_compute`` found: the line in FLOPs at ``attention_weight`` (its r2 and
+    worst error over the points it describes, the floor's among them) and the host floor."""
+
+    fit: PolyFit
+    attention_weight: float = 1.0
+    pinned: str = ""
+    floor: HostFloor | None = None
+
+    def __call__(self, flops: float) -> float:
+        line = self.fit(flops)
+        return max(self.floor.us, line) if self.floor is not None else line
+
+
+def _line(shape, ladder, packed, two: bool, need: int) -> tuple[PolyFit, float] | None:
+    """The free line through single documents ``ladder`` and, for two rates, ``packed``:
+    both rates (at least ``need`` buffers), else one rate on the ladder (at least 2 points,
+    slope > 0 and intercept >= 0); None when neither holds."""
+    if two and len(ladder) + len(packed) >= need:
+        both = [([n], u) for n, u in ladder] + list(packed)
+        fitted = fit_two_rates([split_flops(shape, d) for d, _ in both], [u for _, u in both], need)
+        if fitted is not None:
+            return fitted
+    if len(ladder) < 2:
+        return None
+    fit = fit_poly([flops_of(shape, [n]) for n, _ in ladder], [u for _, u in ladder], 1)
+    return (fit, 1.0) if fit.slope > 0 and fit.intercept >= 0 else None
+
+
+def fit_compute(shape, ladder: Sequence[tuple[int, float]], packed: Sequence[tuple[Sequence[int], float]],
+                whole: bool = False) -> ComputeFit:
+    """The profile's compute model from a ladder of single documents (length, us) and packed
+    buffers (documents, us) (module docstring): two rates where packed buffers are given and the
+    kernel does not attend over each buffer whole, else one; above a host floor where the ladder
+    has one, else through every point (a negative coefficient pinned to 0: fit.fit_line_nonneg)."""
+    ladder = sorted((int(n), float(u)) for n, u in ladder)
+    packed = [(tuple(int(d) for d in docs), float(u)) for docs, u in packed]
+    two = bool(packed) and not whole
+    ys = [u for _, u in ladder]
+    for floor in host_floors([flops_of(shape, [n]) for n, _ in ladder], ys, keep=1 if two else 2) if ladder else []:
+        top = (1 + FLOOR_TOLERANCE) * floor.us
+        above = [p for p in packed if p[1] > top] if two else []
+        fitted = _line(shape, ladder[floor.points:], above, two, need=3)
+        if fitted is None:
+            continue
+        line, w = fitted
+        if line(flops_of(shape, [ladder[floor.points - 1][0]], w)) > top:
+            continue  # the line is above the "floor" there: those points were not host-bound
+        described = [([n], u) for n, u in ladder] + (packed if w != 1.0 else [])
+        pred = [max(floor.us, line(flops_of(shape, d, w))) for d, _ in described]
+        r2, worst = quality([u for _, u in described], pred)
+        return ComputeFit(PolyFit(line.coef, r2, worst), w, "", floor)
+    if two:
+        both = [([n], u) for n, u in ladder] + packed
+        fitted = fit_two_rates([split_flops(shape, d) for d, _ in both], [u for _, u in both])
+        if fitted is not None:
+            return ComputeFit(*fitted)
+    fit, pinned = fit_line_nonneg([flops_of(shape, [n]) for n, _ in ladder], ys)
+    return ComputeFit(fit, 1.0, pinned)

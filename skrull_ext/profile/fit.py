@@ -23,7 +23,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["PiecewiseFit", "PolyFit", "fit_piecewise", "fit_poly", "fit_two_rates", "quality"]
+__all__ = ["FLOOR_TOLERANCE", "HostFloor", "PiecewiseFit", "PolyFit", "fit_piecewise", "fit_poly", "fit_two_rates",
+           "host_floors", "quality"]
 
 
 def _solve(a: list[list[float]], b: list[float]) -> list[float]:
@@ -135,13 +136,16 @@ MAX_ATTENTION_WEIGHT = 4.0
 """The cost model's bound on ``attention_weight`` (cost_model.hpp kMaxAttentionWeight)."""
 
 
-def fit_two_rates(flops: Sequence[tuple[float, float]], y: Sequence[float]) -> tuple[PolyFit, float] | None:
+def fit_two_rates(flops: Sequence[tuple[float, float]], y: Sequence[float],
+                  need: int = 4) -> tuple[PolyFit, float] | None:
     """T = a * (linear + w * attention) + b by unweighted least squares over
     buffers of (linear, attention) FLOPs (profile/compute.py says why), as the
     line ``PolyFit((b, a))`` in the weighted FLOPs and the weight ``w``; None
     when a rate or the intercept comes out <= 0 (b < 0), w is over
-    MAX_ATTENTION_WEIGHT, or fewer than 4 buffers."""
-    _check_points([f[0] for f in flops], y, 4)
+    MAX_ATTENTION_WEIGHT, or fewer than ``need`` buffers (4: one more than the
+    unknowns; 3, an exact solve, only above a host floor, where the held-out
+    lengths are the check: profile/compute.py)."""
+    _check_points([f[0] for f in flops], y, max(3, need))
     lin, att = [float(f[0]) for f in flops], [float(f[1]) for f in flops]
     try:
         b, a_lin, a_att = _weighted_lstsq([[1.0] * len(y), lin, att], y, [1.0] * len(y))
@@ -153,6 +157,43 @@ def fit_two_rates(flops: Sequence[tuple[float, float]], y: Sequence[float]) -> t
     fit = PolyFit((b, a_lin, 0.0), 0.0, 0.0)
     r2, worst = quality(y, [fit(l + w * t) for l, t in zip(lin, att)])
     return PolyFit((b, a_lin, 0.0), r2, worst), w
+
+
+FLOOR_TOLERANCE = 0.10
+"""How far a host floor's points may lie from its level, and how far above it the
+next point must lie (relative): ``host_floors``."""
+
+
+@dataclass(frozen=True)
+class HostFloor:
+    """The shortest ``points`` buffers of a ladder took ``us`` whatever their FLOPs: the
+    host's launch work (kernel launches, compiled-call guards, FSDP hooks) outlasts the
+    device's there, so a layer costs max(us, a F + b) and the line is fitted above it."""
+
+    us: float
+    points: int
+
+
+def host_floors(x: Sequence[float], y: Sequence[float], keep: int = 1) -> list[HostFloor]:
+    """Every host floor of a ladder (single-document buffers: FLOPs ``x``, times ``y``),
+    longest first; [] when its time grows with its FLOPs from the shortest buffer on.
+
+    A floor is a prefix of at least 2 points, sorted by FLOPs, whose FLOPs grow
+    x2 or more while each time lies within FLOOR_TOLERANCE of their level (the
+    relative least-squares constant), and whose next point lies more than
+    FLOOR_TOLERANCE above it (the time rises there: the device's work shows).
+    At least ``keep`` points stay above it. Doubling the FLOPs on a device-bound
+    layer moves its time far more than 10%, so a CPU ladder has none."""
+    _check_points(x, y, 1)
+    pts = sorted(zip((float(v) for v in x), (float(v) for v in y)))
+    out = []
+    for k in range(len(pts) - max(1, keep), 1, -1):
+        ys = [p[1] for p in pts[:k]]
+        level = sum(1 / v for v in ys) / sum(1 / v**2 for v in ys)
+        if (pts[k - 1][0] >= 2 * pts[0][0] and all(abs(v - level) <= FLOOR_TOLERANCE * level for v in ys)
+                and pts[k][1] > (1 + FLOOR_TOLERANCE) * level):
+            out.append(HostFloor(level, k))
+    return out
 
 
 @dataclass(frozen=True)

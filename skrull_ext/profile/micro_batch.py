@@ -27,6 +27,15 @@ b_us`` of it (one more call per layer), so
 
     fixed = slope - layers * b_us   (clamped at 0).
 
+Where the compute ladder sits on a host floor (compute.py), a layer call of
+these short micro-batches costs the floor, not b_us: FSDP-wrapped and compiled
+on an H200, one more micro-batch of the same 128 tokens took 101.8 ms, 24
+layers at the 4.34 ms floor 104.2 of it, so ``layers * floor`` is subtracted instead
+(``call_us``) and the fixed cost came out 0 where ``layers * b_us`` (3.0 ms,
+the line pulled by the floor) had left 29.1 ms to every micro-batch, long
+ones included, whose host work partly hides under the device's
+(docs/profile.md, "The host floor").
+
 Short micro-batches expose FSDP's gathers that a long micro-batch's compute
 would partly hide (FSDP prefetches the next unit): the number is the fixed
 cost where it matters most, an upper estimate for long micro-batches.
@@ -65,7 +74,7 @@ from skrull_ext.profile.options import ProfileOptions
 from skrull_ext.profile.ranks import reduce_floats, time_call
 from skrull_ext.train.free_running import FreeRunningFSDP
 
-__all__ = ["MicroBatchResult", "fixed_from_fit", "profile_micro_batch"]
+__all__ = ["MicroBatchResult", "call_us", "fixed_from_fit", "profile_micro_batch"]
 
 
 @dataclass(frozen=True)
@@ -79,7 +88,7 @@ class MicroBatchResult:
     fit: PolyFit
     """step_us = intercept + slope * count."""
     calls_us: float
-    """What the cost model already prices per extra micro-batch: layers * b_us."""
+    """What the layers of one more micro-batch cost: layers * call_us (module docstring)."""
     fsdp_degree: int
     """Ranks FSDP shards over here (1: one process, FSDP's unshard a copy)."""
     defer_grad_sync: bool
@@ -106,13 +115,19 @@ class MicroBatchResult:
         return None if self.free_fit is None else max(0.0, self.free_fit.intercept - self.fit.intercept)
 
 
+def call_us(b_us: float, floor=None) -> float:
+    """A layer call of a micro-batch of a few short documents: the line's b_us, or the
+    compute ladder's host floor (fit.HostFloor) where it has one (module docstring)."""
+    return max(b_us, floor.us) if floor is not None else b_us
+
+
 def fixed_from_fit(slope_us: float, calls_us: float) -> float:
     """The fixed cost of one micro-batch: the measured cost of one more, less what
     the cost model already prices of it; never below 0 (the core's range)."""
     return max(0.0, slope_us - calls_us)
 
 
-def profile_micro_batch(jm: JobModel, opts: ProfileOptions, b_us: float,
+def profile_micro_batch(jm: JobModel, opts: ProfileOptions, layer_call_us: float,
                         tick: Callable[[str], None]) -> MicroBatchResult:
     """Time the micro-batch loop at each count (round-robin over warmup + repeats
     rounds, median per count, slowest rank; wall clock: the gathers' waits are
@@ -170,5 +185,5 @@ def profile_micro_batch(jm: JobModel, opts: ProfileOptions, b_us: float,
     if free:
         free_us = tuple(reduce_floats([statistics.median(frees[m]) for m in counts], "max", jm.device))
         free_fit = fit_poly([float(m) for m in counts], list(free_us), 1)
-    return MicroBatchResult(counts, us, docs, fit, jm.shape.layers * b_us, world, defer, tuple(cpu_us),
+    return MicroBatchResult(counts, us, docs, fit, jm.shape.layers * layer_call_us, world, defer, tuple(cpu_us),
                             free_us, free_fit)

@@ -134,6 +134,7 @@ def _raw(p: Profile) -> dict[str, Any]:
             "held_out_rel_error": [cp.rel_error(t) for t in cp.held_out],
             "packed_docs": [list(t.docs) for t in cp.packed], "packed_us": [t.us for t in cp.packed],
             "packed_rel_error": [cp.rel_error(t) for t in cp.packed],
+            **({"host_floor_us": cp.floor.us, "host_floor_points": cp.floor.points} if cp.floor is not None else {}),
             **({"packed_whole_buffer": True, "packed_sum_rel_error": [cp.sum_rel_error(t) for t in cp.packed]}
                if cp.whole_buffer else {}),
         },
@@ -163,6 +164,11 @@ def _raw(p: Profile) -> dict[str, Any]:
             "lengths": [t.tokens for t in r.compute.points], "us": [t.us for t in r.compute.points],
             "wall_us": [t.wall_us for t in r.compute.points], "r2": r.compute.fit.r2,
             "held_out_max_rel_error": r.compute.held_out_max_rel_error,
+            # what tools/refit_compute.py needs to re-fit the mode (run 9's none could not be: 2026-11-30)
+            "held_out_lengths": [t.tokens for t in r.compute.held_out], "held_out_us": [t.us for t in r.compute.held_out],
+            "packed_docs": [list(t.docs) for t in r.compute.packed], "packed_us": [t.us for t in r.compute.packed],
+            **({"host_floor_us": r.compute.floor.us, "host_floor_points": r.compute.floor.points}
+               if r.compute.floor is not None else {}),
             "memory_tokens": [x.tokens for x in r.memory.points], "saved_bytes": [x.saved for x in r.memory.points],
             "peak_bytes": [x.peak for x in r.memory.points], "memory_r2": r.memory.fit.r2,
         } for m, r in p.modes.items()}
@@ -209,6 +215,16 @@ def host_bound_note(cp) -> str | None:
             "compiling the model (--compile.enable, also in the job) removes most of it")
 
 
+def floor_line(cp) -> str:
+    """The host floor (compute.py): its level, its points, and what the scheduler leaves out."""
+    pts = sorted(cp.points, key=lambda t: t.flops)
+    on = pts[:cp.floor.points]
+    return (f"  floor    {cp.floor.us / 1e3:.2f} ms a layer from {on[0].tokens} to {on[-1].tokens} tokens "
+            f"({', '.join(f'{t.us / 1e3:.2f}' for t in on)} ms): the host's launch work, not the FLOPs; the line is "
+            f"fitted above it (T = max(floor, line)); the scheduler prices the line alone, "
+            f"{(cp.fit(on[0].flops) - cp.floor.us) / cp.floor.us:+.0%} at {on[0].tokens} tokens")
+
+
 def mode_lines(p: Profile) -> list[str]:
     """Per activation-checkpointing mode, as measured (not fitted): a layer's forward+backward at
     the compute ladder's longest length and the peak at the memory ladder's, against the job's
@@ -241,6 +257,7 @@ def report(p: Profile) -> str:
            ">= 0)" + ("; the layer time did not grow with its FLOPs" if cp.pinned == "slope" else "")]
           if cp.pinned else []),
         *([note] if (note := host_bound_note(cp)) else []),
+        *([floor_line(cp)] if cp.floor is not None else []),
         *([f"  clock    process CPU time; wall time was {_wall_ratio(cp):.2f}x it (median)"
            + (": other load on the host" if _wall_ratio(cp) > 1.1 else "")]
           if cp.clock == "cpu" else []),
@@ -276,7 +293,7 @@ def report(p: Profile) -> str:
                      f"{f.b_us:.1f} us; R^2 {f.r2:.4f}, worst {f.max_rel_error:.1%}")
     if p.micro_batch is not None:
         mb = p.micro_batch
-        lines.append(f"  micro-b  fixed {mb.fixed_us:.4g} us per micro-batch = slope {mb.fit.slope:.4g} us - layers * b "
+        lines.append(f"  micro-b  fixed {mb.fixed_us:.4g} us per micro-batch = slope {mb.fit.slope:.4g} us - layers * a call "
                      f"{mb.calls_us:.4g} us (steps of {sum(mb.docs)} tokens in {', '.join(map(str, mb.counts))} "
                      f"micro-batches: {', '.join(f'{u / 1e3:.1f}' for u in mb.us)} ms wall; FSDP x{mb.fsdp_degree}); "
                      f"R^2 {mb.fit.r2:.4f}, worst {mb.fit.max_rel_error:.1%}"
