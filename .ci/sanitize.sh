@@ -13,14 +13,10 @@
 # ASan) is most of step 2 and left the second core idle while step 1 waited
 # for it (docs/reliability.md, "The suite's time"). Step 1's output is its
 # log, printed when both are done. About 1 minute on 2 cores.
-# Usage: .ci/sanitize.sh [--build-only]  (PYTHON=... picks the interpreter; it
-# needs pybind11, scikit-build-core, pytest, hypothesis and the package's deps.)
-# --build-only: both builds and the stage, no test run (.ci/run makes them
-# beside its pytest run; the full run after it finds them up to date).
+# Usage: .ci/sanitize.sh  (PYTHON=... picks the interpreter; it needs
+# pybind11, scikit-build-core, pytest, hypothesis and the package's deps.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-build_only=0
-[ "${1:-}" != --build-only ] || build_only=1
 py=${PYTHON:-python3}
 out=build/sanitize
 jobs=${JOBS:-2}
@@ -34,7 +30,6 @@ cpp_tests() {
   command -v ninja >/dev/null && gen=(-G Ninja)
   cmake -S . -B "$out/cpp" "${gen[@]}" -DSKRULL_SANITIZE=ON -DSKRULL_BUILD_TESTS=ON -DCMAKE_BUILD_TYPE=Debug >/dev/null
   cmake --build "$out/cpp" -j "$jobs"
-  [ "$build_only" = 0 ] || return 0
   ctest --test-dir "$out/cpp" --output-on-failure -j "$jobs"
 }
 mkdir -p "$out"
@@ -70,12 +65,6 @@ mkdir -p "$out/stage"
 cp -r skrull_ext tests profiles pyproject.toml "$out/stage/"  # profiles: test_pool_subgroup reads the CPU one
 find "$out/stage" \( -name '_core*.so' -o -name __pycache__ \) -prune -exec rm -rf {} +
 cp "$so" "$out/stage/skrull_ext/"
-if [ "$build_only" = 1 ]; then
-  trap - EXIT
-  cpp_done
-  echo "== sanitize: built in $((SECONDS - t0)) s"
-  exit 0
-fi
 
 echo "== sanitize: Python tests against it"
 # libasan first; libstdc++ with it, so ASan's __cxa_throw interceptor finds the
