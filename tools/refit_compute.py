@@ -166,6 +166,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="re-fit the modes that can be even where another cannot (module docstring)")
     a = p.parse_args(argv)
     path = Path(a.profile)
+    if not path.is_file():
+        raise SystemExit(f"{path}: no such profile file")
     text = path.read_text()
     header = "".join(line + "\n" for line in text.splitlines() if line.startswith("#"))
     d = tomllib.loads(text)

@@ -15,6 +15,7 @@ its 10th and 90th percentiles, and the mean predicted step. A script, not a test
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 
@@ -36,6 +37,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, required=True)
     p.add_argument("--warmup", type=int, default=4)
     a = p.parse_args(argv[:split])
+    if split == len(argv):
+        p.error("the run's job flags go after '--': -- --config-file JOB.toml [its flags]")
+    missing = [x for x in (a.run, *a.profile) if not os.path.exists(x)]
+    if missing:
+        p.error(f"no such file or folder: {', '.join(missing)}")
     config = JobConfigManager().parse_args(argv[split + 1:])
     tokenizer = config.tokenizer.build(tokenizer_path=config.hf_assets_path)
     source = config.dataloader.build(dp_world_size=1, dp_rank=0, tokenizer=tokenizer).source
