@@ -1,19 +1,13 @@
 """tools/dp_headroom.py reads a simulate run's results.json and rebuilds its global batches."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 from skrull_ext.bench import simulate
-
-TOOL = Path(__file__).resolve().parents[2] / "tools" / "dp_headroom.py"
+from tests.unit_tests.tool_module import load_tool
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location("dp_headroom", TOOL)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_tool("dp_headroom")
 
 
 def _pct(cell: str) -> float:

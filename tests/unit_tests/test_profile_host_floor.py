@@ -1,7 +1,6 @@
 """The compute fit's host floor (profile/compute.py): exact fits on synthetic ladders with and
 without a floor, and the shipped H200 profile (GPU run 9) re-fitted from its recorded timings."""
 
-import importlib.util
 import tomllib
 from pathlib import Path
 from types import SimpleNamespace
@@ -14,6 +13,7 @@ from skrull_ext._core import ModelShape
 from skrull_ext.profile.compute import fit_compute, flops_of, split_flops
 from skrull_ext.profile.fit import HostFloor, fit_line_nonneg, host_floors
 from skrull_ext.profile.micro_batch import call_us
+from tests.unit_tests.tool_module import load_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 SHAPE = ModelShape(4, 256, 64, 2)
@@ -90,9 +90,7 @@ def test_a_micro_batch_calls_its_layers_at_the_floor():
 
 
 def _refit_tool():
-    spec = importlib.util.spec_from_file_location("refit_compute", ROOT / "tools" / "refit_compute.py")
-    spec.loader.exec_module(module := importlib.util.module_from_spec(spec))
-    return module
+    return load_tool("refit_compute")
 
 
 def test_run_9s_profile_refits_above_its_floor():

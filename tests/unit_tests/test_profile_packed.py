@@ -104,14 +104,10 @@ def test_a_per_document_kernel_keeps_the_sum_and_the_two_rates(monkeypatch):
 def test_the_profile_file_and_report_say_both(monkeypatch, tmp_path):
     """[meta.compute] keeps the scheduler's miss beside the check's (packed_sum_rel_error), and the
     plot and tools/refit_compute.py read the buffers the same way."""
-    import importlib.util
-    from pathlib import Path
-
     from skrull_ext.profile.writer import _raw
+    from tests.unit_tests.tool_module import load_tool
 
-    path = Path(__file__).resolve().parents[2] / "tools" / "refit_compute.py"
-    spec = importlib.util.spec_from_file_location("refit_compute", path)
-    spec.loader.exec_module(refit_compute := importlib.util.module_from_spec(spec))
+    refit_compute = load_tool("refit_compute")
     monkeypatch.setattr(compute, "time_buffers", _times(whole=True))
     r = profile_compute(_job_model("dense"), OPTS, lambda _: None)
     static = SimpleNamespace(fsdp_degree=1, tp_degree=1, params=0, grads=0, optimizer=0, fsdp_buffers=0)

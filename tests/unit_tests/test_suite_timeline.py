@@ -1,16 +1,10 @@
 """tools/suite_timeline.py: what each xdist worker recorded, and the report of it."""
 
-import importlib.util
-from pathlib import Path
-
-TOOL = Path(__file__).resolve().parents[2] / "tools" / "suite_timeline.py"
+from tests.unit_tests.tool_module import load_tool
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location("suite_timeline", TOOL)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_tool("suite_timeline")
 
 
 def test_workers_record_and_the_report_sums_them(tmp_path, monkeypatch):
