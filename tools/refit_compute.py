@@ -32,6 +32,7 @@ import tomli_w
 
 from skrull_ext._core import ModelShape
 from skrull_ext.profile.compute import ComputeFit, fit_compute, flops_of
+from skrull_ext.profile.fit import floor_fields
 from skrull_ext.profile.micro_batch import call_us, fixed_from_fit
 
 
@@ -72,19 +73,28 @@ def _modes(d: dict, shape) -> tuple[list[str], list[str]]:
     return out, kept
 
 
+def _set_weight(keys: dict, cf: ComputeFit) -> None:
+    """The fit's attention weight into a compute section (absent: 1, the formula's)."""
+    if cf.attention_weight != 1.0:
+        keys["attention_weight"] = cf.attention_weight  # in its place where it was there
+    else:
+        keys.pop("attention_weight", None)
+
+
+def _set_floor(raw: dict, cf: ComputeFit) -> None:
+    """The fit's host floor into a meta section, in place of any earlier one."""
+    raw.pop("host_floor_us", None), raw.pop("host_floor_points", None)
+    raw.update(floor_fields(cf.floor))
+
+
 def _store(keys: dict, raw: dict, cf: ComputeFit, held: list[float]) -> None:
     """A mode's rates into its section and its fit's quality and floor into its meta."""
     keys.update(a_us_per_flop=cf.fit.slope, b_us=cf.fit.intercept)
-    if cf.attention_weight != 1.0:
-        keys["attention_weight"] = cf.attention_weight
-    else:
-        keys.pop("attention_weight", None)
+    _set_weight(keys, cf)
     raw["r2"] = cf.fit.r2
     if held:
         raw["held_out_max_rel_error"] = max(abs(e) for e in held)
-    raw.pop("host_floor_us", None), raw.pop("host_floor_points", None)
-    if cf.floor is not None:
-        raw.update(host_floor_us=cf.floor.us, host_floor_points=cf.floor.points)
+    _set_floor(raw, cf)
 
 
 def _micro_batch(d: dict, cf: ComputeFit) -> str:
@@ -134,19 +144,14 @@ def _refit(d: dict) -> tuple[str, list[str]]:
     held = _held(shape, cf, raw)
     c.update(a_us_per_flop=cf.fit.slope, b_us=cf.fit.intercept, r2=cf.fit.r2, max_rel_error=cf.fit.max_rel_error,
              points=len(raw["lengths"]) + (len(packed) if w != 1.0 else 0))
-    if w != 1.0:
-        c["attention_weight"] = w
-    else:
-        c.pop("attention_weight", None)
+    _set_weight(c, cf)
     if held:
         c["held_out_max_rel_error"] = max(abs(e) for e in held)
         raw["held_out_rel_error"] = held
     raw["flops"] = [flops_of(shape, [n], w) for n in raw["lengths"]]
     raw["packed_rel_error"] = [(cf(flops_of(shape, docs, w)) - us) / us for docs, us in packed]
     raw["pinned"] = cf.pinned or "none"
-    raw.pop("host_floor_us", None), raw.pop("host_floor_points", None)
-    if cf.floor is not None:
-        raw.update(host_floor_us=cf.floor.us, host_floor_points=cf.floor.points)
+    _set_floor(raw, cf)
     measured = d.get("activation_checkpoint", {}).get("measured")
     if measured in d.get("activation_checkpoint", {}):
         mode_raw = d["meta"].get("activation_checkpoint", {}).get(measured, {})

@@ -73,7 +73,7 @@ import torch
 
 from skrull_ext._core import CommModel, CostModel
 from skrull_ext.profile.fit import (FLOOR_TOLERANCE, HostFloor, PolyFit, fit_line_nonneg, fit_poly, fit_two_rates,
-                                    host_floors, quality)
+                                    floored, host_floors, quality)
 from skrull_ext.profile.model import JobModel
 from skrull_ext.profile.options import ProfileOptions
 from skrull_ext.profile.ranks import pick_clock, reduce_floats, time_call
@@ -123,8 +123,7 @@ class ComputeResult:
 
     def predict(self, flops: float) -> float:
         """A layer's forward+backward: max(floor, line)."""
-        line = self.fit(flops)
-        return max(self.floor.us, line) if self.floor is not None else line
+        return floored(self.fit(flops), self.floor)
 
     def rel_error(self, t: Timing) -> float:
         return (self.predict(t.flops) - t.us) / t.us
@@ -276,8 +275,7 @@ class ComputeFit:
     floor: HostFloor | None = None
 
     def __call__(self, flops: float) -> float:
-        line = self.fit(flops)
-        return max(self.floor.us, line) if self.floor is not None else line
+        return floored(self.fit(flops), self.floor)
 
 
 def _line(shape, ladder, packed, two: bool, need: int) -> tuple[PolyFit, float] | None:
@@ -315,7 +313,7 @@ def fit_compute(shape, ladder: Sequence[tuple[int, float]], packed: Sequence[tup
         if line(flops_of(shape, [ladder[floor.points - 1][0]], w)) > top:
             continue  # the line is above the "floor" there: those points were not host-bound
         described = [([n], u) for n, u in ladder] + (packed if w != 1.0 else [])
-        pred = [max(floor.us, line(flops_of(shape, d, w))) for d, _ in described]
+        pred = [floored(line(flops_of(shape, d, w)), floor) for d, _ in described]
         r2, worst = quality([u for _, u in described], pred)
         return ComputeFit(PolyFit(line.coef, r2, worst), w, "", floor)
     if two:

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 __all__ = ["FLOOR_TOLERANCE", "HostFloor", "PiecewiseFit", "PolyFit", "fit_piecewise", "fit_poly", "fit_two_rates",
-           "host_floors", "quality"]
+           "floor_fields", "floored", "host_floors", "quality"]
 
 
 def _solve(a: list[list[float]], b: list[float]) -> list[float]:
@@ -172,6 +172,16 @@ class HostFloor:
 
     us: float
     points: int
+
+
+def floored(us: float, floor: HostFloor | None) -> float:
+    """``us`` (the line's time of a layer call) held up to the floor's level where there is one."""
+    return us if floor is None else max(floor.us, us)
+
+
+def floor_fields(floor: HostFloor | None) -> dict[str, float | int]:
+    """A host floor as a profile's keys (``[meta.compute]``, a mode's meta); {} without one."""
+    return {} if floor is None else {"host_floor_us": floor.us, "host_floor_points": floor.points}
 
 
 def host_floors(x: Sequence[float], y: Sequence[float], keep: int = 1) -> list[HostFloor]:

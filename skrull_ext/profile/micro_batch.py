@@ -68,7 +68,7 @@ from dataclasses import dataclass
 
 import torch.distributed as dist
 
-from skrull_ext.profile.fit import PolyFit, fit_poly
+from skrull_ext.profile.fit import PolyFit, fit_poly, floored
 from skrull_ext.profile.model import JobModel
 from skrull_ext.profile.options import ProfileOptions
 from skrull_ext.profile.ranks import reduce_floats, time_call
@@ -118,7 +118,7 @@ class MicroBatchResult:
 def call_us(b_us: float, floor=None) -> float:
     """A layer call of a micro-batch of a few short documents: the line's b_us, or the
     compute ladder's host floor (fit.HostFloor) where it has one (module docstring)."""
-    return max(b_us, floor.us) if floor is not None else b_us
+    return floored(b_us, floor)
 
 
 def fixed_from_fit(slope_us: float, calls_us: float) -> float:

@@ -26,6 +26,7 @@ from skrull_ext.profile.check import BucketCheck
 from skrull_ext.profile.checkpointing import ModeRun
 from skrull_ext.profile.comm import CommResult
 from skrull_ext.profile.compute import ComputeResult
+from skrull_ext.profile.fit import floor_fields
 from skrull_ext.profile.memory import MemoryResult
 from skrull_ext.profile.head import HeadResult
 from skrull_ext.profile.micro_batch import MicroBatchResult
@@ -134,7 +135,7 @@ def _raw(p: Profile) -> dict[str, Any]:
             "held_out_rel_error": [cp.rel_error(t) for t in cp.held_out],
             "packed_docs": [list(t.docs) for t in cp.packed], "packed_us": [t.us for t in cp.packed],
             "packed_rel_error": [cp.rel_error(t) for t in cp.packed],
-            **({"host_floor_us": cp.floor.us, "host_floor_points": cp.floor.points} if cp.floor is not None else {}),
+            **floor_fields(cp.floor),
             **({"packed_whole_buffer": True, "packed_sum_rel_error": [cp.sum_rel_error(t) for t in cp.packed]}
                if cp.whole_buffer else {}),
         },
@@ -167,8 +168,7 @@ def _raw(p: Profile) -> dict[str, Any]:
             # what tools/refit_compute.py needs to re-fit the mode (run 9's none could not be: 2026-11-30)
             "held_out_lengths": [t.tokens for t in r.compute.held_out], "held_out_us": [t.us for t in r.compute.held_out],
             "packed_docs": [list(t.docs) for t in r.compute.packed], "packed_us": [t.us for t in r.compute.packed],
-            **({"host_floor_us": r.compute.floor.us, "host_floor_points": r.compute.floor.points}
-               if r.compute.floor is not None else {}),
+            **floor_fields(r.compute.floor),
             "memory_tokens": [x.tokens for x in r.memory.points], "saved_bytes": [x.saved for x in r.memory.points],
             "peak_bytes": [x.peak for x in r.memory.points], "memory_r2": r.memory.fit.r2,
         } for m, r in p.modes.items()}
