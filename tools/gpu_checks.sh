@@ -35,7 +35,7 @@
 #
 #   there, issue 57 item 4: bash tools/gpu_checks.sh --issue57        (carry .whl; timeout_s 540)
 #       the trainer stages (--skip-attention) cut to one device call: stage 3' with the bf16 head
-#       and loss, a profile of two checkpointing modes (the job's selective and none), on the shipped
+#       and loss, 3''. flash attention 2 against cuDNN's ragged attention (KERNEL_AB), a profile of two checkpointing modes (the job's selective and none), on the shipped
 #       mix (MIXES: both mixes' tables are the eighth run's) Skrull (chunked head and loss, the mode
 #       chosen at start-up, the profile's BucketSize) and torchtitan-documents, 44 steps each, then
 #       the A/B variants of that Skrull run (tools/gpu_ab_modes.txt: the head's gradients recomputed,
@@ -81,6 +81,8 @@ if [ "$preset" = issue57 ]; then
   #                                         too: estimate 30 (33 in run 8, 4 cases, the head's 7.5 s); its
   #                                         head_backward "in_forward" case (+7) and a profiled toy step read
   #                                         by trace-report (collection, CUPTI's start): estimate 40
+  #   3''. attention backends     limit 50:  FA2 against cuDNN's ragged attention (tools/attention_backends.py), not
+  #                                         run before: estimate 25 (CUDA init twice, a cuDNN graph per buffer)
   #   5. profile, 2 modes        limit 145: 72 s for one mode (23 s start-up, 38 s compute ladder mostly
   #                                         compiling, 5 s memory, 4 s head and micro-batches, 2 s plot); a
   #                                         second mode builds and compiles again (+45 s), the step term +5:
@@ -100,13 +102,14 @@ if [ "$preset" = issue57 ]; then
   # the shipped mix only: 45 + 45 + 145 + 75 + 10 (trace) + 60 + 10 + 5 (one table) = 395 before the late modes,
   # estimated 300 (run 8's stages); then the two variants (limit 65 each, estimate 45: the compile cache warm)
   # and the stream (limit 50, estimate 40), each only where its limit and the table's 5 s still end within
-  # BUDGET (520 s): all three by the estimates (about 430 s), the stream first to go. Since run 9 the variants train
+  # BUDGET (520 s): all three by the estimates (about 430 s), the stream first to go. Since run 9 the kernel A/B
+  # (3'') comes first, its 50 s taken from the late modes' BUDGET (the stream is the first cut, as before). Since run 9 the variants train
   # under the traced run's profiler too (+10 s of limit each, counted in the BUDGET gate).
   # Cut to fit: the stream first in line (run 7 has it at 104 steps); full checkpointing (a step is at most
   # 8 x 16,384 = 131,072 tokens, and selective's BucketSize, 130,622 with the logits of every token in it,
   # grows with them in chunks: one micro-batch a step either way, so full only adds recompute and cannot be
   # chosen); 60 of the 100 kept steps.
-  : "${GPU_TESTS:=1}" "${TRACE:=1}"
+  : "${GPU_TESTS:=1}" "${TRACE:=1}" "${KERNEL_AB:=1}"
   if [ "$dry" = 0 ]; then
     : "${AC_MODES=none}" "${BUDGET:=520}" "${STEPS:=44}" "${TESTS_LIMIT:=45}" "${PROFILE_LIMIT:=145}"  # job: selective
     # The ninth run's question is where the step goes (the trace) and what each candidate fix moves: the shipped
@@ -242,6 +245,23 @@ timeout "${TESTS_LIMIT:-90}" "$py" -m pytest -p no:cacheprovider -o addopts="-ra
 say "trainer CUDA tests (rc $?): $(tail -1 "$log/pytest_trainer.txt")"
 cuda_cases "$log/pytest_trainer.xml"
 pack
+fi
+
+# 3''. KERNEL_AB=1 (the --issue57 preset's default): flash attention 2 against cuDNN's ragged attention on packed
+#     buffers of the shipped mix at the 0.5B model's heads (14 over 2 of 64), then at 128-wide heads (16 over 8), each
+#     checked against a float64 oracle first (tools/attention_backends.py): run 9 put half the step's device time in
+#     FA2's kernels. Estimate 25 s there (CUDA init, a cuDNN graph per buffer), limit 50 for both.
+if [ "${KERNEL_AB:-0}" = 1 ]; then
+  if [ "$dry" = 1 ]; then
+    ab=(--device cpu --tokens 256 --warmup 0 --repeats 1); wide=(--heads 4 --kv-heads 2 --head-dim 8)
+  else
+    ab=(--device cuda); wide=(--heads 16 --kv-heads 8 --head-dim 128 --tokens 16384 65536)
+  fi
+  timeout 35 "$py" tools/attention_backends.py "${ab[@]}" >"$log/attention_backends.txt" 2>&1
+  say "attention backends, heads 14/2 x 64 (rc $?):"; grep -a -E '^(agreement|\| [0-9])' "$log/attention_backends.txt" | tee -a "$summary"
+  timeout 15 "$py" tools/attention_backends.py "${ab[@]}" "${wide[@]}" >"$log/attention_backends_wide.txt" 2>&1
+  say "attention backends, ${wide[*]} (rc $?):"; grep -a -E '^(agreement|\| [0-9])' "$log/attention_backends_wide.txt" | tee -a "$summary"
+  pack
 fi
 
 if [ "$trainer" = 0 ]; then  # --skip-trainer: the attention stages only

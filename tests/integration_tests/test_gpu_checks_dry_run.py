@@ -78,6 +78,11 @@ def test_gpu_checks_dry_run_issue57_preset(tmp_path):
     assert {"test_bf16_head_loss_on_cuda_equals_unchunked[recompute]", "test_bf16_head_loss_on_cuda_equals_unchunked"
             "[in_forward]", "test_real_trace_on_cuda"} <= set(skipped_cases(lines))  # both loss.head_backward modes
     assert not any(line.startswith(("pytest (", "overlap ")) for line in lines), summary  # trainer stages only
+    # KERNEL_AB: both shapes ran, each backend agreeing with the float64 oracle before its one row (CPU: the oracle)
+    for shape in ("heads 14/2 x 64", "--heads 4 --kv-heads 2 --head-dim 8"):
+        at = lines.index(f"attention backends, {shape} (rc 0):")
+        assert lines[at + 1].startswith("agreement reference: max |error| ") and lines[at + 2].startswith(
+            "| 256 | "), summary
     assert any(line.startswith("profile (rc 0): a_us_per_flop = ") for line in lines), summary
     modes = ("skrull", "torchtitan-documents", "torchtitan-stream")
     trained = [line for line in lines if line.startswith("train job ")]
