@@ -3,6 +3,8 @@
 // length (the CPU dense kernel's work), by scoring and by refinement. Run by
 // ctest (see .ci/run).
 #include <cstdio>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "check.hpp"
@@ -59,8 +61,37 @@ static void test_whole_buffer() {
   CHECK(evaluate_placement(len, at, whole, 2, 10).time_us == 540.0);
 }
 
+// The host floor: a layer call costs max(floor, line); no call (0 FLOPs)
+// costs nothing. The toy's 3 and 5 tokens take 108 and 220 FLOPs = us.
+static void test_host_floor() {
+  CostModel c = toy();
+  CHECK(c.comp_us(108.0) == 108.0);  // floor 0: the line, as before
+  c.host_floor_us = 300.0;
+  CHECK(c.comp_us(108.0) == 300.0 && c.comp_us(448.0) == 448.0 && c.comp_us(0.0) == 0.0);
+  // One each on two ranks: both at the floor. Together on one: 328 is above it.
+  CHECK(evaluate_placement({3, 5}, {0, 1}, c, 2, 10).time_us == 300.0);
+  CHECK(evaluate_placement({3, 5}, {0, 0}, c, 2, 10).time_us == 328.0);
+  // Sharded: the distributed part is a call of its own, floored too
+  // (164 -> 300); 3 local and 5 sharded: 300 + 300.
+  CHECK(evaluate_placement({3, 5}, {kDistributed, kDistributed}, c, 2, 10).time_us == 300.0);
+  CHECK(evaluate_placement({3, 5}, {0, kDistributed}, c, 2, 10).time_us == 600.0);
+  // The lower bound holds it: at least one call at the floor (the line's
+  // 328 / 2 = 164 alone is below it).
+  CHECK(c.micro_batch_lower_bound_us(std::vector<int64_t>{3, 5}, 2) == 300.0);
+  // A bad floor is named with its range.
+  c.host_floor_us = -1.0;
+  bool threw = false;
+  try {
+    c.validate();
+  } catch (const std::invalid_argument& e) {
+    threw = std::string(e.what()) == "cost model: host_floor_us must be finite and in [0, 1e+09], got -1";
+  }
+  CHECK(threw);
+}
+
 int main() {
   test_whole_buffer();
+  test_host_floor();
   if (skrull_test::failures) return skrull_test::report();
   std::printf("test_cost_model: all checks passed\n");
   return 0;
