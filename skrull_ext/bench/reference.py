@@ -107,8 +107,7 @@ def score(lengths: list[int], cp_rank: list[int], cost: RefCost, n: int) -> tupl
     for s, r in zip(lengths, cp_rank):
         if r == DISTRIBUTED:
             sh = shard_tokens(s, n)
-            for j in range(n):
-                tokens[j] += sh
+            tokens = [t + sh for t in tokens]
             dist += cost.flops(s) / n
             dtok += s
             vol += cost.kv_bytes(sh * n)
@@ -131,8 +130,7 @@ def refine(lengths: list[int], cost: RefCost, n: int, bucket: int, order: list[i
     for i, s in enumerate(lengths):
         if cp_rank[i] == DISTRIBUTED:
             sh = shard_tokens(s, n)
-            for j in range(n):
-                room[j] -= sh
+            room = [x - sh for x in room]
             dist += cost.flops(s) / n
             dtok += s
             vol += cost.kv_bytes(sh * n)
