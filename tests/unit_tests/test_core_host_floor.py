@@ -208,3 +208,16 @@ def test_cpsat_finds_the_floored_optimum_of_tiny_micro_batches(seed):
     assert res.status == "OPTIMAL"
     assert _core.evaluate_placement(lengths, res.cp_rank, cost, cp, 8192).time_us == pytest.approx(best, rel=1e-4)
     assert res.bound_us <= best * (1 + 1e-4)
+
+
+def test_the_profiler_gives_each_mode_its_floor():
+    from types import SimpleNamespace
+
+    from skrull_ext.profile.checkpointing import mode_cost
+    from skrull_ext.profile.fit import HostFloor
+
+    memory = SimpleNamespace(fit=SimpleNamespace(slope=1e3, intercept=0.0, quadratic=0.0), bucket_size=100)
+    fit = SimpleNamespace(slope=1.176e-8, intercept=546.8)
+    floored = SimpleNamespace(fit=fit, attention_weight=0.508, floor=HostFloor(4341.0, 3))
+    assert mode_cost("selective", floored, memory).host_floor_us == 4341.0
+    assert mode_cost("none", SimpleNamespace(fit=fit, attention_weight=1.0, floor=None), memory).host_floor_us == 0.0
