@@ -10,6 +10,7 @@
 #include "check.hpp"
 #include "toy.hpp"
 #include "skrull/dacp.hpp"
+#include "skrull/dacp_sweep.hpp"
 #include "skrull/refine.hpp"
 
 using namespace skrull;
@@ -78,6 +79,15 @@ static void test_host_floor() {
   // The lower bound holds it: at least one call at the floor (the line's
   // 328 / 2 = 164 alone is below it).
   CHECK(c.micro_batch_lower_bound_us(std::vector<int64_t>{3, 5}, 2) == 300.0);
+  // The shard sweep's bound stays below what a candidate costs. CP 2,
+  // bucket 6, lengths 4 and 5 (96 + 64 = 160 and 220 FLOPs), floor 200: the
+  // candidate sharding the 5 (a shard of 4 a rank) leaves 2 tokens a rank,
+  // so the fallback shards the 4 too, and both sharded cost one call, 200.
+  // The line's bound, a R / cp + comp(D) = 80 + 200 = 280, would be above
+  // it; under the floor it is max(comp(D), a (R / cp + D) + b) = 200.
+  c.host_floor_us = 200.0;
+  CHECK(evaluate_placement({4, 5}, {kDistributed, kDistributed}, c, 2, 6).time_us == 200.0);
+  CHECK(detail::sweep_bound(c, 2, c.comm_is_monotone(), c.kv_bytes(8), 110.0, 160.0, false, 160.0) == 200.0);
   // A bad floor is named with its range.
   c.host_floor_us = -1.0;
   bool threw = false;
