@@ -6,7 +6,7 @@ above the ladder's host floor where it has one).
     python tools/refit_compute.py profiles/h200-qwen2.5-0.5b.toml [--out NEW.toml]
 
 No device is needed: the ladder's, the held-out and the packed buffers'
-times are in ``[meta.compute]``. Rewrites ``[compute]`` (a_us_per_flop, b_us,
+times are in ``[meta.compute]``. Rewrites ``[compute]`` (a_us_per_flop, b_us, host_floor_us,
 attention_weight, fit quality), the measured checkpointing mode's
 ``[activation_checkpoint.<mode>]`` rates (they repeat [compute]'s), and the
 per-buffer FLOPs, errors and host floor in ``[meta.compute]``, and records the
@@ -81,10 +81,15 @@ def _set_weight(keys: dict, cf: ComputeFit) -> None:
         keys.pop("attention_weight", None)
 
 
-def _set_floor(raw: dict, cf: ComputeFit) -> None:
-    """The fit's host floor into a meta section, in place of any earlier one."""
-    raw.pop("host_floor_us", None), raw.pop("host_floor_points", None)
+def _set_floor(keys: dict, raw: dict, cf: ComputeFit) -> None:
+    """The fit's host floor into a priced section (its ``host_floor_us``: the scheduler prices
+    max(floor, line)) and its meta section, in place of any earlier one."""
+    for section in (keys, raw):
+        section.pop("host_floor_us", None)
+    raw.pop("host_floor_points", None)
     raw.update(floor_fields(cf.floor))
+    if cf.floor is not None:
+        keys["host_floor_us"] = cf.floor.us
 
 
 def _store(keys: dict, raw: dict, cf: ComputeFit, held: list[float]) -> None:
@@ -94,7 +99,7 @@ def _store(keys: dict, raw: dict, cf: ComputeFit, held: list[float]) -> None:
     raw["r2"] = cf.fit.r2
     if held:
         raw["held_out_max_rel_error"] = max(abs(e) for e in held)
-    _set_floor(raw, cf)
+    _set_floor(keys, raw, cf)
 
 
 def _micro_batch(d: dict, cf: ComputeFit) -> str:
@@ -151,7 +156,7 @@ def _refit(d: dict) -> tuple[str, list[str]]:
     raw["flops"] = [flops_of(shape, [n], w) for n in raw["lengths"]]
     raw["packed_rel_error"] = [(cf(flops_of(shape, docs, w)) - us) / us for docs, us in packed]
     raw["pinned"] = cf.pinned or "none"
-    _set_floor(raw, cf)
+    _set_floor(c, raw, cf)
     measured = d.get("activation_checkpoint", {}).get("measured")
     if measured in d.get("activation_checkpoint", {}):
         mode_raw = d["meta"].get("activation_checkpoint", {}).get(measured, {})

@@ -164,15 +164,15 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
   py::class_<CostModel>(m, "CostModel", "Per-layer cost model of docs/design/cost_model.md (tokens, FLOPs, bytes, microseconds).")
       .def(py::init([](const ModelShape& shape, double a_us_per_flop, double b_us, const CommModel& comm,
                        double micro_batch_fixed_us, double step_fixed_us, double token_us, double attention_weight,
-                       bool whole_buffer) {
+                       bool whole_buffer, double host_floor_us) {
              CostModel c{shape, a_us_per_flop, b_us, comm, micro_batch_fixed_us, step_fixed_us, token_us,
-                         attention_weight, whole_buffer};
+                         attention_weight, whole_buffer, host_floor_us};
              c.validate();
              return c;
            }),
            py::arg("shape"), py::arg("a_us_per_flop"), py::arg("b_us"), py::arg("comm"),
            py::arg("micro_batch_fixed_us") = 0.0, py::arg("step_fixed_us") = 0.0, py::arg("token_us") = 0.0,
-           py::arg("attention_weight") = 1.0, py::arg("whole_buffer") = false)
+           py::arg("attention_weight") = 1.0, py::arg("whole_buffer") = false, py::arg("host_floor_us") = 0.0)
       // Copies: a CostModel is immutable once validated (build a new one).
       .def_property_readonly("shape", [](const CostModel& c) { return c.shape; })
       .def_readonly("a_us_per_flop", &CostModel::a_us_per_flop)
@@ -188,6 +188,9 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
       .def_readonly("whole_buffer", &CostModel::whole_buffer,
                     "Attention runs over a rank's buffer whole (CPU dense SDPA): each part priced as one sequence "
                     "of its length, not per document (the profile's [compute] whole_buffer).")
+      .def_readonly("host_floor_us", &CostModel::host_floor_us,
+                    "Host floor of one layer call: comp_us = max(floor, a F + b) (the profile's [compute] "
+                    "host_floor_us; 0: the line alone).")
       .def("local_flops", &CostModel::local_flops, py::arg("tokens"), py::arg("per_doc"),
            "FLOPs of a rank's local part of `tokens` tokens whose documents' flops() sum to per_doc.")
       .def("dist_flops", &CostModel::dist_flops, py::arg("tokens"), py::arg("per_doc_share"), py::arg("cp"),
@@ -196,7 +199,7 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
       .def_property_readonly("comm", [](const CostModel& c) { return c.comm; })
       .def("flops", &CostModel::flops, py::arg("length"), "Forward FLOPs of one layer for one sequence.")
       .def("kv_bytes", &CostModel::kv_bytes, py::arg("length"), "K and V bytes of one layer.")
-      .def("comp_us", &CostModel::comp_us, py::arg("flops"), "Fwd+bwd time of F forward FLOPs of one layer.")
+      .def("comp_us", &CostModel::comp_us, py::arg("flops"), "Fwd+bwd time of F forward FLOPs of one layer call, held up to the host floor.")
       .def("collective_us", &CostModel::collective_us, py::arg("bytes"), "Latency of one collective.")
       .def("comm_us", &CostModel::comm_us, py::arg("bytes"), "Communication time of one layer.")
       .def("micro_batch_us", &CostModel::micro_batch_us, py::arg("local_flops"), py::arg("dist_flops"),

@@ -46,6 +46,7 @@ inline std::string cost_rejection(const CostModel& c) {
   if (!ok(c.token_us, 1e3)) return "token_us";
   if (!(std::isfinite(c.attention_weight) && c.attention_weight > 0.0 && c.attention_weight <= 4.0))
     return "attention_weight";
+  if (!ok(c.host_floor_us, 1e9)) return "host_floor_us";
   return "";
 }
 

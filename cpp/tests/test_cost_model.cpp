@@ -3,11 +3,14 @@
 // length (the CPU dense kernel's work), by scoring and by refinement. Run by
 // ctest (see .ci/run).
 #include <cstdio>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "check.hpp"
 #include "toy.hpp"
 #include "skrull/dacp.hpp"
+#include "skrull/dacp_sweep.hpp"
 #include "skrull/refine.hpp"
 
 using namespace skrull;
@@ -59,8 +62,46 @@ static void test_whole_buffer() {
   CHECK(evaluate_placement(len, at, whole, 2, 10).time_us == 540.0);
 }
 
+// The host floor: a layer call costs max(floor, line); no call (0 FLOPs)
+// costs nothing. The toy's 3 and 5 tokens take 108 and 220 FLOPs = us.
+static void test_host_floor() {
+  CostModel c = toy();
+  CHECK(c.comp_us(108.0) == 108.0);  // floor 0: the line, as before
+  c.host_floor_us = 300.0;
+  CHECK(c.comp_us(108.0) == 300.0 && c.comp_us(448.0) == 448.0 && c.comp_us(0.0) == 0.0);
+  // One each on two ranks: both at the floor. Together on one: 328 is above it.
+  CHECK(evaluate_placement({3, 5}, {0, 1}, c, 2, 10).time_us == 300.0);
+  CHECK(evaluate_placement({3, 5}, {0, 0}, c, 2, 10).time_us == 328.0);
+  // Sharded: the distributed part is a call of its own, floored too
+  // (164 -> 300); 3 local and 5 sharded: 300 + 300.
+  CHECK(evaluate_placement({3, 5}, {kDistributed, kDistributed}, c, 2, 10).time_us == 300.0);
+  CHECK(evaluate_placement({3, 5}, {0, kDistributed}, c, 2, 10).time_us == 600.0);
+  // The lower bound holds it: at least one call at the floor (the line's
+  // 328 / 2 = 164 alone is below it).
+  CHECK(c.micro_batch_lower_bound_us(std::vector<int64_t>{3, 5}, 2) == 300.0);
+  // The shard sweep's bound stays below what a candidate costs. CP 2,
+  // bucket 6, lengths 4 and 5 (96 + 64 = 160 and 220 FLOPs), floor 200: the
+  // candidate sharding the 5 (a shard of 4 a rank) leaves 2 tokens a rank,
+  // so the fallback shards the 4 too, and both sharded cost one call, 200.
+  // The line's bound, a R / cp + comp(D) = 80 + 200 = 280, would be above
+  // it; under the floor it is max(comp(D), a (R / cp + D) + b) = 200.
+  c.host_floor_us = 200.0;
+  CHECK(evaluate_placement({4, 5}, {kDistributed, kDistributed}, c, 2, 6).time_us == 200.0);
+  CHECK(detail::sweep_bound(c, 2, c.comm_is_monotone(), c.kv_bytes(8), 110.0, 160.0, false, 160.0) == 200.0);
+  // A bad floor is named with its range.
+  c.host_floor_us = -1.0;
+  bool threw = false;
+  try {
+    c.validate();
+  } catch (const std::invalid_argument& e) {
+    threw = std::string(e.what()) == "cost model: host_floor_us must be finite and in [0, 1e+09], got -1";
+  }
+  CHECK(threw);
+}
+
 int main() {
   test_whole_buffer();
+  test_host_floor();
   if (skrull_test::failures) return skrull_test::report();
   std::printf("test_cost_model: all checks passed\n");
   return 0;

@@ -35,6 +35,7 @@ class RefCost:
     attention: float = 1.0  # attention_weight: the attention term's weight in flops()
     whole: bool = False  # whole_buffer: each part of a rank's buffer priced as one sequence of its length
     step: float = 0.0  # step_fixed_us: once a step that runs anything (timing: reference_chunked.py)
+    host_floor: float = 0.0  # host_floor_us: a layer call costs max(host_floor, a F + b)
 
     @classmethod
     def of(cls, cm) -> RefCost:
@@ -42,7 +43,7 @@ class RefCost:
         return cls(s.layers, s.hidden, s.kv_width, s.bytes_per_elem, cm.a_us_per_flop, cm.b_us,
                    list(c.bytes), list(c.us), c.threshold_bytes, c.floor_us, c.collectives_per_layer,
                    cm.micro_batch_fixed_us, s.tp, cm.token_us, c.plan_margin, cm.attention_weight, cm.whole_buffer,
-                   cm.step_fixed_us)
+                   cm.step_fixed_us, cm.host_floor_us)
 
     def planning(self) -> RefCost:
         """hedge.hpp planning_model: every exchange at margin x its price."""
@@ -62,7 +63,7 @@ class RefCost:
         return 2.0 * float(s) * float(self.kv_width) * self.bytes_per_elem / self.tp
 
     def comp(self, f: float) -> float:
-        return self.a * f + self.b if f > 0.0 else 0.0
+        return max(self.host_floor, self.a * f + self.b) if f > 0.0 else 0.0
 
     def collective(self, v: float) -> float:
         if v <= 0.0:
@@ -106,8 +107,7 @@ def score(lengths: list[int], cp_rank: list[int], cost: RefCost, n: int) -> tupl
     for s, r in zip(lengths, cp_rank):
         if r == DISTRIBUTED:
             sh = shard_tokens(s, n)
-            for j in range(n):
-                tokens[j] += sh
+            tokens = [t + sh for t in tokens]
             dist += cost.flops(s) / n
             dtok += s
             vol += cost.kv_bytes(sh * n)
@@ -130,8 +130,7 @@ def refine(lengths: list[int], cost: RefCost, n: int, bucket: int, order: list[i
     for i, s in enumerate(lengths):
         if cp_rank[i] == DISTRIBUTED:
             sh = shard_tokens(s, n)
-            for j in range(n):
-                room[j] -= sh
+            room = [x - sh for x in room]
             dist += cost.flops(s) / n
             dtok += s
             vol += cost.kv_bytes(sh * n)
@@ -324,7 +323,7 @@ def lower_bound(lengths: list[int], cost: RefCost, n: int) -> float:
         longest = max(longest, s)
     if total <= 0.0:
         return 0.0
-    bound = cost.a * total / n + cost.b
+    bound = max(cost.a * total / n + cost.b, cost.host_floor)
     monotone = cost.floor <= cost.ys[0] if cost.threshold > 0.0 else True
     monotone = monotone and all(b >= a for a, b in zip(cost.ys, cost.ys[1:]))
     if monotone and n > 1:
@@ -473,7 +472,8 @@ def schedule(lengths: list[int], cost: RefCost, dp: int, n: int, bucket: int, *,
                     best = cand
             if best is not None and predicted_time:
                 for m in range(len(best[1]) + 1, min(size, len(best[1]) + max_extra) + 1):
-                    if cost.layers * (cost.a * total_flops / n + m * cost.b) + m * cost.fixed >= best[0]:
+                    if max(cost.layers * (cost.a * total_flops / n + m * cost.b) + m * cost.fixed,
+                           m * (cost.layers * cost.host_floor + cost.fixed)) >= best[0]:
                         break
                     cand = split(share, m, lpt)
                     if cand is not None and cand[0] < best[0]:

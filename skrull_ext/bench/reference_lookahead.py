@@ -44,6 +44,7 @@ class Estimator:
         self.per_flop = cost.shape.layers * cost.a_us_per_flop / max(1, cp)
         self.capacity = float(min(bucket * cp * max(1, dp), 1 << 61))  # group_capacity
         self.per_micro_batch = cost.micro_batch_fixed_us + cost.shape.layers * cost.b_us
+        self.per_floored_micro_batch = cost.micro_batch_fixed_us + cost.shape.layers * cost.host_floor_us
         self.per_token = cost.token_us / (float(max(1, dp)) * max(1, cp))
         self.step_fixed = cost.step_fixed_us
 
@@ -52,7 +53,8 @@ class Estimator:
             return 0.0
         work = max(s.work / self.groups, s.c1, s.cp_ + s.cp1)
         m = max(1.0, math.ceil(s.tokens / self.capacity))
-        return work + m * self.per_micro_batch + self.per_token * s.tokens + self.step_fixed
+        return (max(work + m * self.per_micro_batch, m * self.per_floored_micro_batch) + self.per_token * s.tokens
+                + self.step_fixed)
 
     def add(self, s: Sketch, c: float, length: int) -> None:
         s.count += 1

@@ -102,7 +102,8 @@ def search(eff: list[int], seqs: list[int], cost: ref.RefCost, dp: int, n: int, 
     if predicted_time:
         for c in range(best_c + 1, min(size, best_c + max_extra) + 1):
             groups = float(min(len(seqs), c * dp))
-            bound = (cost.layers * (cost.a * total_flops / n + groups * cost.b) + groups * cost.fixed) / dp
+            bound = max((cost.layers * (cost.a * total_flops / n + groups * cost.b) + groups * cost.fixed) / dp,
+                        groups * (cost.layers * cost.host_floor + cost.fixed) / dp)
             if bound >= best.score:
                 break
             cand = split(eff, seqs, c * dp, cost, n, bucket, dacp_options, dp)
@@ -130,7 +131,8 @@ def lower_bound(eff: list[int], seqs: list[int], cost: ref.RefCost, dp: int, n: 
     for k in seqs:
         f += cost.flops(eff[k])
     slots = float(-(-sum(eff[k] for k in seqs) // (bucket * n * dp)))
-    return cost.layers * cost.a * f / (float(dp) * n) + slots * (cost.layers * cost.b + cost.fixed)
+    return max(cost.layers * cost.a * f / (float(dp) * n) + slots * (cost.layers * cost.b + cost.fixed),
+               slots * (cost.layers * cost.host_floor + cost.fixed))
 
 
 class Fill:

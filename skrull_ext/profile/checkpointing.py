@@ -58,7 +58,8 @@ class ModeRun:
 def mode_cost(mode: str, compute: ComputeResult, memory: MemoryResult) -> ModeCost:
     """What the profile file keeps of a mode's measurement."""
     return ModeCost(mode, compute.fit.slope, compute.fit.intercept, compute.attention_weight, memory.fit.slope,
-                    memory.fit.intercept, memory.fit.quadratic, memory.bucket_size)
+                    memory.fit.intercept, memory.fit.quadratic, memory.bucket_size,
+                    host_floor_us=compute.floor.us if compute.floor is not None else 0.0)
 
 
 def steps_per_mode(opts: ProfileOptions) -> int:

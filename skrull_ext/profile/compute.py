@@ -39,12 +39,12 @@ H200 took 4.17, 4.51 and 4.38 ms a layer at 2,048, 4,096 and 8,192 tokens, then
 points sit on such a floor (fit.host_floors: flat within 10% over x2 or more the
 FLOPs, the next point above it), the line is fitted on the buffers above it
 only, the model is T = max(floor, a F + b) and the floor is recorded
-(``[meta.compute] host_floor_us``). Above a floor the two-rate fit may be an
+(``[meta.compute] host_floor_us``, and ``[compute] host_floor_us``, which the
+scheduler prices: cost_model.hpp comp_us). Above a floor the two-rate fit may be an
 exact solve of 3 buffers (the held-out lengths then are its only check: -2.7%
 on that H200's). A floor is kept only when the line fitted above it runs under
-it at its last point (else those points were not host-bound). The scheduler's
-cost model prices the line alone (cost_model.hpp comp_us): a buffer under the
-floor is under-priced by the difference, which the profile's summary says.
+it at its last point (else those points were not host-bound). The summary says
+what the line alone would miss at the ladder's shortest point.
 
 A kernel that attends over each buffer whole (``whole_buffer``: one masked
 SDPA over all its documents, which on CPU skips nothing the mask hides: DACP's

@@ -88,6 +88,8 @@ def profile_dict(p: Profile) -> dict[str, Any]:
         "compute": {"a_us_per_flop": cp.fit.slope, "b_us": cp.fit.intercept,
                     **({"attention_weight": cp.attention_weight} if cp.attention_weight != 1.0 else {}),
                     **({"whole_buffer": True} if cp.whole_buffer else {}),  # the scheduler prices as the kernel
+                    # a layer call costs max(floor, line) in the scheduler too (cost_model.hpp comp_us)
+                    **({"host_floor_us": cp.floor.us} if cp.floor is not None else {}),
                     "r2": cp.fit.r2,
                     "max_rel_error": cp.fit.max_rel_error, "points": len(cp.points),
                     "held_out_max_rel_error": cp.held_out_max_rel_error},
@@ -216,13 +218,14 @@ def host_bound_note(cp) -> str | None:
 
 
 def floor_line(cp) -> str:
-    """The host floor (compute.py): its level, its points, and what the scheduler leaves out."""
+    """The host floor (compute.py): its level, its points, and what the line alone would miss
+    (the scheduler prices the floor too: [compute] host_floor_us, cost_model.hpp comp_us)."""
     pts = sorted(cp.points, key=lambda t: t.flops)
     on = pts[:cp.floor.points]
     return (f"  floor    {cp.floor.us / 1e3:.2f} ms a layer from {on[0].tokens} to {on[-1].tokens} tokens "
             f"({', '.join(f'{t.us / 1e3:.2f}' for t in on)} ms): the host's launch work, not the FLOPs; the line is "
-            f"fitted above it (T = max(floor, line)); the scheduler prices the line alone, "
-            f"{(cp.fit(on[0].flops) - cp.floor.us) / cp.floor.us:+.0%} at {on[0].tokens} tokens")
+            f"fitted above it and the scheduler prices T = max(floor, line) (the line alone: "
+            f"{(cp.fit(on[0].flops) - cp.floor.us) / cp.floor.us:+.0%} at {on[0].tokens} tokens)")
 
 
 def mode_lines(p: Profile) -> list[str]:

@@ -15,6 +15,7 @@ gives (as ``[memory]``)::
     a_us_per_flop = ...           # [compute]'s keys: the layer's time under this mode
     b_us = ...
     attention_weight = ...        # optional, absent = 1
+    host_floor_us = ...           # optional, absent = 0 (no host floor under this mode)
     a_bytes_per_token = ...       # [memory]'s keys: the activation fit under this mode
     b_bytes = ...
     c_bytes_per_token2 = ...      # optional, absent = 0
@@ -40,7 +41,8 @@ SECTION = "activation_checkpoint"
 """The profile's section: named as torchtitan's config field is."""
 MODES: tuple[str, ...] = ("none", "selective", "full")
 """The modes measured and chosen among, least recompute first (the order ties are broken in)."""
-COMPUTE_KEYS: dict[str, float | None] = {"a_us_per_flop": None, "b_us": None, "attention_weight": 1.0}
+COMPUTE_KEYS: dict[str, float | None] = {"a_us_per_flop": None, "b_us": None, "attention_weight": 1.0,
+                                         "host_floor_us": 0.0}
 """A mode's [compute] keys and their defaults (None: required)."""
 MEMORY_KEYS: dict[str, float | None] = {"a_bytes_per_token": None, "b_bytes": None, "c_bytes_per_token2": 0.0,
                                         "bucket_size": None}
@@ -59,6 +61,7 @@ class ModeCost:
     b_bytes: float
     c_bytes_per_token2: float
     bucket_size: int
+    host_floor_us: float = 0.0
 
     def keys(self) -> dict[str, Any]:
         """Its subtable of the profile's section (attention_weight and c left out at their defaults)."""
@@ -112,9 +115,9 @@ def modes_of(data: dict[str, Any]) -> dict[str, ModeCost]:
     for mode in MODES:
         if mode in body:
             t = body[mode]
-            out[mode] = ModeCost(mode, *(float(t.get(k, d if d is not None else 0.0)) for k, d in COMPUTE_KEYS.items()),
-                                 *(float(t.get(k, d if d is not None else 0.0)) for k, d in MEMORY_KEYS.items()
-                                   if k != "bucket_size"), int(t["bucket_size"]))
+            out[mode] = ModeCost(mode, **{k: float(t.get(k, d if d is not None else 0.0))
+                                          for k, d in (*COMPUTE_KEYS.items(), *MEMORY_KEYS.items())
+                                          if k != "bucket_size"}, bucket_size=int(t["bucket_size"]))
     return out
 
 
@@ -136,10 +139,11 @@ def under_mode(data: dict[str, Any], mode: str) -> dict[str, Any]:
     cost = modes_of(data)[mode]
     compute = {k: v for k, v in data["compute"].items() if k not in ("r2", "max_rel_error", "held_out_max_rel_error")}
     compute.update(a_us_per_flop=cost.a_us_per_flop, b_us=cost.b_us)
-    if cost.attention_weight != 1.0:
-        compute["attention_weight"] = cost.attention_weight
-    else:
-        compute.pop("attention_weight", None)
+    for key, default in (("attention_weight", 1.0), ("host_floor_us", 0.0)):
+        if getattr(cost, key) != default:
+            compute[key] = getattr(cost, key)
+        else:
+            compute.pop(key, None)
     memory = {k: v for k, v in data.get("memory", {}).items() if k not in ("r2", "max_rel_error")}
     memory.update(a_bytes_per_token=cost.a_bytes_per_token, b_bytes=cost.b_bytes,
                   c_bytes_per_token2=cost.c_bytes_per_token2, bucket_size=cost.bucket_size)

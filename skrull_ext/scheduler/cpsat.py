@@ -4,7 +4,11 @@ The model is docs/design/method.md's optimisation problem: D_k (sequence k shard
 P_kj (whole on CP rank j), memory per rank within BucketSize, and the
 makespan T >= max(T_comm(V), T_comp(Local_j)) + T_comp(Dist) for every rank,
 with T_comm piecewise linear in the exchanged volume. Times are integers in
-nanoseconds per layer.
+nanoseconds per layer. Under a host floor (``CostModel.host_floor_us``) a
+call costs max(floor, a F + b): each rank's local time and the distributed
+time are a variable at least the line and at least the floor where the call
+is made (``has_local``, ``has_dist``), which the minimisation holds at their
+max.
 
 The solver runs single-threaded under a *deterministic* time limit, so every
 rank that solves the same micro-batch gets the same answer without talking.
@@ -91,13 +95,14 @@ def solve_dacp(
     loc_cost = [round(a * f * _NS) for f in flops]
     dist_cost = [round(a * f / cp * _NS) for f in flops]
     b_ns = round(b * _NS)
+    floor_ns = round(cost.host_floor_us * _NS)
     # Volume in units of one shard-token's K/V, so it is an exact integer.
     unit = cost.kv_bytes(1)
     vol_units = [sh * cp for sh in shard]
     v_max_units = sum(vol_units)
     segs = _comm_segments(cost, v_max_units * unit) if v_max_units > 0 else []
     comm_max = round(max((max(ya, yb) for _, _, ya, yb in segs), default=0.0) * _NS) + 1
-    horizon = sum(loc_cost) + sum(dist_cost) + 2 * b_ns + comm_max + 1
+    horizon = sum(loc_cost) + sum(dist_cost) + 2 * (b_ns + floor_ns) + comm_max + 1
     # --- variables
     dist = [m.NewBoolVar(f"d{k}") for k in range(n)]
     put = [[m.NewBoolVar(f"p{k}_{j}") for j in range(cp)] for k in range(n)]
@@ -121,6 +126,14 @@ def solve_dacp(
     m.Add(volume == sum(vol_units[k] * dist[k] for k in range(n)))
     dist_time = sum(dist_cost[k] * dist[k] for k in range(n)) + b_ns * has_dist
     local_time = [sum(loc_cost[k] * put[k][j] for k in range(n)) + b_ns * has_local[j] for j in range(cp)]
+    if floor_ns > 0:  # each call at max(floor, line): a variable, at least either
+        floored = []
+        for j, line in enumerate([dist_time, *local_time]):
+            t = m.NewIntVar(0, horizon, f"t{j}")
+            m.Add(t >= line)
+            m.Add(t >= floor_ns * (has_dist if j == 0 else has_local[j - 1]))
+            floored.append(t)
+        dist_time, local_time = floored[0], floored[1:]
     # comm >= piecewise-linear T_comm(volume) on the segment the volume falls in.
     if segs:
         pick = [m.NewBoolVar(f"seg{i}") for i in range(len(segs))]

@@ -9,7 +9,11 @@ and what the scheduler plans with. TOML::
                 whole_buffer, true where the profiled kernel attends over a
                 rank's buffer whole, the CPU's dense SDPA: each part of a
                 buffer then priced as one sequence of its length, not per
-                document; absent = false, per document as a varlen kernel)
+                document; absent = false, per document as a varlen kernel;
+                host_floor_us, the host floor of one layer call: a call
+                costs max(host_floor_us, a F + b), written by the profiler
+                where its fit found a floor, docs/profile.md "The host
+                floor"; absent = 0, the line alone)
     [comm]      bytes = [...], us = [...]  (optional: threshold_bytes, floor_us,
                 collectives_per_layer, cross_group_factor: the exchange time
                 across CP groups over the same bytes within one, skrull-pool's
@@ -79,7 +83,7 @@ _MEMORY_FIT_KEYS = {"r2", "max_rel_error", "points"}
 _SCHEMA: dict[str, tuple[set[str], set[str] | None]] = {
     # section: (required keys, optional keys; None: free-form)
     "model": ({"layers", "hidden", "kv_width", "bytes_per_elem"}, {"name"}),
-    "compute": ({"a_us_per_flop", "b_us"}, {"attention_weight", "whole_buffer", "r2", "max_rel_error", "points",
+    "compute": ({"a_us_per_flop", "b_us"}, {"attention_weight", "whole_buffer", "host_floor_us", "r2", "max_rel_error", "points",
                                            "held_out_max_rel_error"}),
     "comm": ({"bytes", "us"}, {"threshold_bytes", "floor_us", "collectives_per_layer", "cross_group_factor",
                                "plan_margin", "collective", "backend",
@@ -166,6 +170,7 @@ def from_dict(d: dict[str, Any], where: str = "profile", tp: int = 1, free_runni
             token_us=num("micro_batch", mb, "token_us", default=0.0),
             attention_weight=num("compute", c, "attention_weight", default=1.0),
             whole_buffer=_flag("compute", c, "whole_buffer"),
+            host_floor_us=num("compute", c, "host_floor_us", default=0.0),
         )
     except (TypeError, ValueError) as e:
         raise ValueError(f"{where}: {e}") from None
@@ -202,7 +207,8 @@ def to_dict(cm: CostModel, meta: dict[str, Any] | None = None) -> dict[str, Any]
         "model": {"layers": s.layers, "hidden": s.hidden, "kv_width": s.kv_width, "bytes_per_elem": s.bytes_per_elem},
         "compute": {"a_us_per_flop": cm.a_us_per_flop, "b_us": cm.b_us,
                     **({"attention_weight": cm.attention_weight} if cm.attention_weight != 1.0 else {}),
-                    **({"whole_buffer": True} if cm.whole_buffer else {})},
+                    **({"whole_buffer": True} if cm.whole_buffer else {}),
+                    **({"host_floor_us": cm.host_floor_us} if cm.host_floor_us else {})},
         "comm": {
             "bytes": list(cm.comm.bytes),
             "us": list(cm.comm.us),

@@ -59,7 +59,10 @@ def work_bound_us(lengths: Sequence[int], cost: CostModel, dp: int, cp: int, buc
     total_flops = sum(cost.flops(s) for s in lengths)
     min_micro_batches = math.ceil(sum(lengths) / (bucket_size * cp))
     calls = max(1.0, min_micro_batches / dp)
-    return (cost.shape.layers * (cost.a_us_per_flop * total_flops / (dp * cp) + cost.b_us * calls)
+    # The calls a rank makes cost at least the host floor each (cost_model.hpp comp_us).
+    layers_us = max(cost.shape.layers * (cost.a_us_per_flop * total_flops / (dp * cp) + cost.b_us * calls),
+                    cost.shape.layers * cost.host_floor_us * calls)
+    return (layers_us
             + cost.micro_batch_fixed_us * calls + cost.token_us * sum(lengths) / (dp * cp) + cost.step_fixed_us)
 
 
@@ -109,8 +112,10 @@ def lockstep_bound_us(lengths: Sequence[int], cost: CostModel, dp: int, cp: int,
         if need <= 0:
             break
     slots = math.ceil(outside / (dp * cp * bucket_size))
-    return (head + cost.shape.layers * cost.a_us_per_flop * flops / (dp * cp)
-            + slots * (cost.shape.layers * cost.b_us + cost.micro_batch_fixed_us)
+    # Each slot's calls cost at least the host floor (cost_model.hpp comp_us).
+    return (max(head + cost.shape.layers * cost.a_us_per_flop * flops / (dp * cp)
+                + slots * (cost.shape.layers * cost.b_us + cost.micro_batch_fixed_us),
+                head + slots * (cost.shape.layers * cost.host_floor_us + cost.micro_batch_fixed_us))
             + cost.token_us * outside / (dp * cp))
 
 

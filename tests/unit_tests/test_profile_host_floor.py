@@ -13,6 +13,7 @@ from skrull_ext._core import ModelShape
 from skrull_ext.profile.compute import fit_compute, flops_of, split_flops
 from skrull_ext.profile.fit import HostFloor, fit_line_nonneg, host_floors
 from skrull_ext.profile.micro_batch import call_us
+from skrull_ext.scheduler import profile_file
 from tests.unit_tests.tool_module import load_tool
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -111,6 +112,10 @@ def test_run_9s_profile_refits_above_its_floor():
     assert d["compute"]["held_out_max_rel_error"] < 0.15 and d["compute"]["attention_weight"] == pytest.approx(0.508, abs=1e-3)
     assert d["micro_batch"]["fixed_us"] == 0.0 and d["micro_batch"]["calls_us"] == pytest.approx(24 * raw["host_floor_us"])
     assert d["activation_checkpoint"]["selective"]["b_us"] == d["compute"]["b_us"]
+    # The floor is priced: [compute] and the measured mode carry it, and the scheduler reads it.
+    assert d["compute"]["host_floor_us"] == raw["host_floor_us"] == d["activation_checkpoint"]["selective"]["host_floor_us"]
+    assert profile_file.from_dict(d).host_floor_us == raw["host_floor_us"]
+    assert "host_floor_us" not in shipped["compute"]
     assert d["activation_checkpoint"]["none"] == shipped["activation_checkpoint"]["none"] and "none kept" in line
     # The long points lie on the line, the short ones on the floor.
     cf = fit_compute(shape, list(zip(raw["lengths"], raw["us"])), list(zip(raw["packed_docs"], raw["packed_us"])))
@@ -124,5 +129,5 @@ def test_the_summary_says_the_floor():
     pts = [SimpleNamespace(tokens=n, flops=float(n), us=u) for n, u in ((1024, 4100.0), (2048, 4300.0), (4096, 9000.0))]
     cp = SimpleNamespace(points=pts, floor=HostFloor(4200.0, 2), fit=lambda f: 2.0 * f + 100.0)
     assert floor_line(cp) == ("  floor    4.20 ms a layer from 1024 to 2048 tokens (4.10, 4.30 ms): the host's launch work, "
-                              "not the FLOPs; the line is fitted above it (T = max(floor, line)); the scheduler prices "
-                              "the line alone, -49% at 1024 tokens")
+                              "not the FLOPs; the line is fitted above it and the scheduler prices T = max(floor, line) "
+                              "(the line alone: -49% at 1024 tokens)")

@@ -160,7 +160,8 @@ inline std::vector<double> chunked_after(const ChunkedDocs& docs, const std::vec
 
 // A rank's chunked time in the unit split_over_dp balances (per-layer forward
 // FLOPs of one sequence): the FLOPs whose compute takes that long sharded
-// over the CP group, layers x a x FLOPs / cp.
+// over the CP group, layers x a x FLOPs / cp (the line's rate: a unit for
+// balancing, into which a time held up to the host floor converts as well).
 inline std::vector<double> chunked_flops(const std::vector<double>& load_us, const CostModel& cost, int32_t cp) {
   std::vector<double> out(load_us.size(), 0.0);
   const double per_flop = cost.shape.layers * cost.a_us_per_flop / cp;

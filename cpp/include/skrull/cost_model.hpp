@@ -121,6 +121,17 @@ struct CostModel {
   // written by the profiler for such a kernel); false prices per document,
   // as every profile made before it.
   bool whole_buffer = false;
+  // The host floor of one layer call: on a GPU a short buffer's layer takes
+  // the host's launch work (the compiled block's call and guards, FSDP's
+  // hooks, kernel launches) whatever its FLOPs, so a call costs
+  // max(host_floor_us, a F + b), not the line (docs/profile.md, "The host
+  // floor": 4.34 ms a layer up to 8,192 tokens on run 9's H200, where the
+  // line gives 1.03 ms at 2,048). Measured per layer call, as b_us is, and
+  // applied where b_us is: to each comp_us call (a rank's local part, the
+  // distributed part). Read from the profile ([compute] host_floor_us,
+  // written by the profiler where its fit found a floor); 0 prices the line
+  // alone, as every profile made before it.
+  double host_floor_us = 0.0;
 
   // Throws std::invalid_argument naming the first bad field. Every field
   // must be finite and within the k* limits above; comm.bytes strictly
@@ -183,6 +194,8 @@ struct CostModel {
     if (!(std::isfinite(attention_weight) && attention_weight > 0.0 && attention_weight <= kMaxAttentionWeight))
       fail("attention_weight must be finite and in (0, " + num(kMaxAttentionWeight) + "], got " +
            num(attention_weight));
+    if (!in(host_floor_us, kMaxUs))
+      fail("host_floor_us must be finite and in [0, " + num(kMaxUs) + "], got " + num(host_floor_us));
   }
 
   // Forward FLOPs of one layer for one sequence of s tokens on one rank of
@@ -215,8 +228,11 @@ struct CostModel {
     return 2.0 * static_cast<double>(s) * static_cast<double>(shape.kv_width) * shape.bytes_per_elem / shape.tp;
   }
 
-  // Forward+backward time of F forward FLOPs of one layer.
-  double comp_us(double f) const { return f > 0.0 ? a_us_per_flop * f + b_us : 0.0; }
+  // Forward+backward time of F forward FLOPs of one layer call: the line,
+  // held up to the host floor (0 when F == 0: no call). Not additive under a
+  // floor: c calls cost at least c floors, so a bound or estimate that sums
+  // FLOPs before pricing them is held up to c x host_floor_us as well.
+  double comp_us(double f) const { return f > 0.0 ? std::max(host_floor_us, a_us_per_flop * f + b_us) : 0.0; }
 
   // Latency of one collective moving `bytes`.
   double collective_us(double bytes) const {
@@ -277,7 +293,9 @@ struct CostModel {
       longest = std::max(longest, lengths[i]);
     }
     if (total <= 0.0) return 0.0;
-    double bound = a_us_per_flop * total / n + b_us;
+    // Some rank makes at least one call (local or distributed): the floor
+    // bounds it too.
+    double bound = std::max(a_us_per_flop * total / n + b_us, host_floor_us);
     if (comm_is_monotone() && n > 1) {
       const double f = flops(longest);
       const double as_local = comp_us(f);

@@ -65,9 +65,23 @@ constexpr double kSweepBoundSlack = 1e-9;
 // sequence is surely local: the longest of the rest always is when it fits
 // the room left, as the LPT places it first on an empty rank, and then its
 // own FLOPs bound L too. comm(V) counts only with a non-decreasing table.
+// Under a host floor comp is not additive (the FLOPs the fallback moves from
+// L into D' may cost nothing more where D' is at the floor: comp(L) +
+// comp(D') can fall below comp(R / cp) + comp(D)), so the bound there is the
+// larger of max(comm(V), comp(the longest rest sequence's FLOPs) when it is
+// surely local, else 0) + comp(D), as D' >= D and V' >= V, and the line of
+// all the FLOPs, a (R / cp + D) + b, as L + D' >= R / cp + D and the rank
+// makes at least one call.
 inline double sweep_bound(const CostModel& cost, int32_t cp, bool monotone, double volume, double dist_flops,
                           double rest_flops, bool first_local, double first_flops) {
   const double comm = monotone ? cost.comm_us(volume) : 0.0;
+  if (cost.host_floor_us > 0.0) {
+    const double local = first_local ? cost.comp_us(first_flops) : 0.0;
+    const double all = rest_flops + dist_flops > 0.0 ? cost.a_us_per_flop * (rest_flops / cp + dist_flops) + cost.b_us
+                                                     : 0.0;
+    return cost.shape.layers * std::max(std::max(comm, local) + cost.comp_us(dist_flops), all) +
+           cost.micro_batch_fixed_us;
+  }
   const double local = first_local ? cost.comp_us(std::max(rest_flops / cp, first_flops))
                                    : cost.a_us_per_flop * rest_flops / cp;
   return cost.shape.layers * (std::max(comm, local) + cost.comp_us(dist_flops)) + cost.micro_batch_fixed_us;

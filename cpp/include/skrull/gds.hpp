@@ -358,14 +358,16 @@ inline MicroBatchSplit split_micro_batches(const std::vector<int64_t>& lengths, 
   }
   // 2. kPredictedTime: the next counts, if their bound can still win. The
   // bound is on the sum of the groups' times (non-empty groups pay b and the
-  // fixed cost each); a slot time is at least that sum over unit.
+  // fixed cost each, and at least one call a layer at the host floor); a
+  // slot time is at least that sum over unit.
   if (opt.micro_batch_count == MicroBatchCount::kPredictedTime) {
     const int32_t last = static_cast<int32_t>(std::min<int64_t>(n, static_cast<int64_t>(best.m / unit) + opt.max_extra_micro_batches));
     const int64_t live = static_cast<int64_t>(share.size());
     for (int32_t c = best.m / unit + 1; c <= last; ++c) {
       const double groups = static_cast<double>(std::min<int64_t>(live, static_cast<int64_t>(c) * unit));
-      const double bound = (cost.shape.layers * (cost.a_us_per_flop * total_flops / opt.cp + groups * cost.b_us) +
+      const double line = (cost.shape.layers * (cost.a_us_per_flop * total_flops / opt.cp + groups * cost.b_us) +
                             groups * cost.micro_batch_fixed_us) / unit;
+      const double bound = std::max(line, groups * (cost.shape.layers * cost.host_floor_us + cost.micro_batch_fixed_us) / unit);
       if (bound >= best.score_us) break;
       ++tries;
       split_groups(lengths, flops, share, c * unit, grouping, cost, opt, ws, cand, best.score_us * unit);

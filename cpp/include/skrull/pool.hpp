@@ -459,7 +459,11 @@ inline std::vector<PoolWide> pool_wide_sequences(const std::vector<int64_t>& len
   const int64_t group_limit = max_sequence_length(opt.bucket_size, cp);
   double total = 0.0;
   for (int32_t k : live) total += flops[k];
-  const double target = cost.shape.layers * cost.a_us_per_flop * total / static_cast<double>(world) * opt.pool_widen;
+  // A group's ideal time: its share of the FLOPs, and at least one call a
+  // layer at the host floor.
+  const double ideal = std::max(cost.shape.layers * cost.a_us_per_flop * total / static_cast<double>(world),
+                                cost.shape.layers * cost.host_floor_us);
+  const double target = ideal * opt.pool_widen;
   const std::vector<int32_t> spans = pool_spans(opt.dp);
   std::vector<PoolWide> wide;
   for (int32_t k : live) {
@@ -541,6 +545,9 @@ inline std::vector<std::vector<int32_t>> pool_shares(const Plan& out, const std:
   for (int32_t k : live)
     if (!is_wide[k]) order.push_back(k);
   sort_descending_by_length(out.lengths, order, scratch);
+  // Balanced by FLOPs: sequences that share a group share its calls, so the
+  // host floor is no sequence's own (the group's micro-batches are priced
+  // floored by skrull's DACP).
   const double per_flop = cost.shape.layers * cost.a_us_per_flop / cp;
   std::vector<double> time(flops.size());
   for (int32_t k : order) time[k] = per_flop * flops[k];

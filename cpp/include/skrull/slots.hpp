@@ -124,8 +124,9 @@ inline bool leader_slot_worth_trying(std::vector<double> group_us, int32_t dp, d
 
 // A lower bound on the slot time of any slot split of `seqs` over dp x cp
 // ranks: each slot lasts at least its mean micro-batch, layers * a * FLOPs /
-// (dp cp), plus one call's overhead and the fixed cost, and there are at
-// least tokens / (dp cp BucketSize) slots. What lets schedule() skip the
+// (dp cp), plus one call's overhead and the fixed cost, and at least one
+// call a layer at the host floor plus the fixed cost, and there are at least
+// tokens / (dp cp BucketSize) slots. What lets schedule() skip the
 // split of a leader slot's rest when it cannot win.
 inline double slots_lower_bound_us(const std::vector<int64_t>& lengths, const std::vector<double>& flops,
                                    const std::vector<int32_t>& seqs, const CostModel& cost, const Options& opt) {
@@ -138,8 +139,9 @@ inline double slots_lower_bound_us(const std::vector<int64_t>& lengths, const st
   }
   const int64_t per_slot = group_capacity(opt.bucket_size, opt.cp, opt.dp);
   const double slots = static_cast<double>((tokens + per_slot - 1) / per_slot);
-  return cost.shape.layers * cost.a_us_per_flop * f / (static_cast<double>(opt.dp) * opt.cp) +
-         slots * (cost.shape.layers * cost.b_us + cost.micro_batch_fixed_us);
+  return std::max(cost.shape.layers * cost.a_us_per_flop * f / (static_cast<double>(opt.dp) * opt.cp) +
+                      slots * (cost.shape.layers * cost.b_us + cost.micro_batch_fixed_us),
+                  slots * (cost.shape.layers * cost.host_floor_us + cost.micro_batch_fixed_us));
 }
 
 namespace detail {

@@ -7,11 +7,14 @@
 // time units of one CP group, plus what every rank pays per micro-batch:
 //   work  = max(sum c / P, c_1, c_P + c_{P+1})      (LPT's bound on P machines)
 //   m     = ceil(tokens / (P cp C)), at least 1       (micro-batches a rank needs)
-//   step  = work + m (micro_batch_fixed_us + layers b_us) + token_us tokens / (P cp) + step_fixed_us
+//   step  = max(work + m (micro_batch_fixed_us + layers b_us), m (micro_batch_fixed_us + layers floor))
+//           + token_us tokens / (P cp) + step_fixed_us
 // where c_i is the i-th largest sample's layers x a x FLOPs / cp (its share
 // of one CP group's time, sharded or beside others) and C the BucketSize.
 // The c_1 and c_P + c_{P+1} terms are what a straggler costs: the term the
-// look-ahead removes by giving long samples a step of their own.
+// look-ahead removes by giving long samples a step of their own. A rank's m
+// micro-batches make at least m calls a layer, each at least the host floor
+// (cost_model.hpp comp_us): however few FLOPs they hold, they cost that.
 //
 // A step's chunked documents (overlength "chunk", chunked.hpp) are work items
 // of a known time d_k and c_k chunk passes on one CP group, outside the
@@ -60,6 +63,7 @@ class StepEstimator {
         per_flop_(cost.shape.layers * cost.a_us_per_flop / std::max<int32_t>(1, opt.cp)),
         capacity_(static_cast<double>(group_capacity(opt.bucket_size, opt.cp, std::max<int32_t>(1, opt.dp)))),
         per_micro_batch_(cost.micro_batch_fixed_us + cost.shape.layers * cost.b_us),
+        per_floored_micro_batch_(cost.micro_batch_fixed_us + cost.shape.layers * cost.host_floor_us),
         per_token_(cost.token_us / (static_cast<double>(std::max<int32_t>(1, opt.dp)) * std::max<int32_t>(1, opt.cp))),
         step_fixed_(cost.step_fixed_us),
         lockstep_(opt.timeline == Timeline::kLockstep && opt.dp > 1),
@@ -85,7 +89,7 @@ class StepEstimator {
       work = std::max({(s.work + s.chunk_work) / groups_, s.c1, s.chunk_max, s.cp_ + s.cp1});
     }
     const double m = s.count == 0 ? 0.0 : std::max(1.0, std::ceil(s.tokens / capacity_));
-    return work + m * per_micro_batch_ + per_token_ * s.tokens + step_fixed_;
+    return std::max(work + m * per_micro_batch_, m * per_floored_micro_batch_) + per_token_ * s.tokens + step_fixed_;
   }
 
   // Adds a chunked document of `us` microseconds in `chunks` passes on one CP group to `s` (any order).
@@ -113,6 +117,7 @@ class StepEstimator {
   double per_flop_;
   double capacity_;
   double per_micro_batch_;
+  double per_floored_micro_batch_;  // a micro-batch whose every call a layer is at the host floor
   double per_token_;
   double step_fixed_;
   bool lockstep_;  // a lockstep timeline at P > 1: chunked documents after the slots, padded
