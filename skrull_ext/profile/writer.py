@@ -262,10 +262,11 @@ def _device_bound_line(mb: MicroBatchResult) -> str:
     if b is None:
         said = f"  device-b not measured: {mb.device_bound_note}"
     else:
-        said = (f"  device-b fixed {b.fixed_us:.4g} us per micro-batch = step difference {(b.us[1] - b.us[0]):.4g} us - "
+        diff = b.us[1] - b.us[0]
+        said = (f"  device-b fixed {b.fixed_us:.4g} us per micro-batch = step difference {diff:.4g} us - "
                 f"priced calls {b.calls_us:.4g} us (2 documents of {b.length} tokens in "
-                f"{', '.join(map(str, DEVICE_BOUND_COUNTS))} micro-batches: {', '.join(f'{u / 1e3:.1f}' for u in b.us)} "
-                "ms wall" + (", clamped at 0" if b.us[1] - b.us[0] < b.calls_us else "") + ")")
+                f"{', '.join(map(str, DEVICE_BOUND_COUNTS))} micro-batches: "
+                f"{', '.join(f'{u / 1e3:.1f}' for u in b.us)} ms wall{', clamped at 0' if diff < b.calls_us else ''})")
     why = ("the compute ladder has a host floor, which prices the short steps' host work; the planner's micro-batches "
            "are long" if mb.fixed_from == "device-bound" else
            "no host floor: the short steps are device-bound too, and their fit is checked" if not mb.floor else

@@ -174,3 +174,24 @@ def test_a_refit_prices_the_device_bound_steps_with_the_new_line():
     assert d["micro_batch"]["fixed_us"] == raw["device_bound_fixed_us"] == pytest.approx(30_000.0 - 24 * b, rel=1e-9)
     assert raw["short_fixed_us"] == 0.0 and raw["fixed_from"] == "device-bound"
     assert "micro-batch fixed 2.91e+04 -> 1.688e+04 us, the device-bound steps' (device-bound: difference 3e+04" in line
+
+
+def test_the_summary_says_which_figure_and_why():
+    from skrull_ext.profile.writer import _device_bound_line, _device_bound_meta
+
+    res, _, _ = _run(HostFloor(H, 2))
+    line = _device_bound_line(res)
+    assert line.startswith("  device-b fixed 5000 us per micro-batch = step difference 5400 us - priced calls 400 us "
+                           "(2 documents of 1024 tokens in 1, 2 micro-batches: ")
+    assert line.endswith("the scheduler gets the device-bound one, 5000 us (the compute ladder has a host floor, "
+                         "which prices the short steps' host work; the planner's micro-batches are long)")
+    meta = _device_bound_meta(res)
+    assert meta["fixed_from"] == "device-bound" and meta["short_fixed_us"] == pytest.approx(F_HOST, rel=1e-9)
+    assert meta["device_bound_docs"] == [1024, 1024] and meta["device_bound_counts"] == [1, 2]
+    res, _, _ = _run(HostFloor(H, 2), limit=2047)
+    assert _device_bound_line(res) == (
+        "  device-b not measured: no ladder length above the floor's 2 points fits two documents in 2047 tokens "
+        "(ladder 256, 512, 1024, 2048); the scheduler gets the short one, 8000 us (the device-bound steps were not "
+        "measured)")
+    assert _device_bound_meta(res) == {"short_fixed_us": res.short_fixed_us, "fixed_from": "short",
+                                       "device_bound_note": res.device_bound_note}
