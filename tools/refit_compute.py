@@ -10,7 +10,10 @@ times are in ``[meta.compute]``. Rewrites ``[compute]`` (a_us_per_flop, b_us,
 attention_weight, fit quality), the measured checkpointing mode's
 ``[activation_checkpoint.<mode>]`` rates (they repeat [compute]'s), and the
 per-buffer FLOPs, errors and host floor in ``[meta.compute]``, and records the
-re-fit in ``[meta] refit``; everything else is kept. Another mode is re-fitted
+re-fit in ``[meta] refit``; everything else is kept but ``[micro_batch] fixed_us``,
+derived again above a host floor (the short steps' slope less the layers' calls at the floor, or
+the device-bound steps' difference less what the new line prices of it where the
+profile timed them: profile/micro_batch.py). Another mode is re-fitted
 where its ``[meta.activation_checkpoint.<mode>]`` holds its packed buffers'
 times (profiles written since 2026-11-30). Where one cannot be, nothing is
 re-fitted unless ``--partial``: ``skrull.activation_checkpoint = "auto"``
