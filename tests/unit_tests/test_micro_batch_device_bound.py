@@ -9,6 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from skrull_ext._core import ModelShape
 from skrull_ext.profile.compute import ComputeResult, Timing, flops_of, priced_docs
@@ -49,16 +51,17 @@ class FakeJob:
         return SimpleNamespace(backward=lambda: None), None
 
 
-def _truth(host_us: float, f_host: float, whole: bool):
+def _truth(host_us: float, f_host: float, f_dev: float, whole: bool):
     def mb_us(docs) -> float:
-        device = SHAPE.layers * (A * flops_of(SHAPE, priced_docs(docs, whole)) + B) + F_DEV
+        device = SHAPE.layers * (A * flops_of(SHAPE, priced_docs(docs, whole)) + B) + f_dev
         return max(SHAPE.layers * host_us + f_host, device)
     return mb_us
 
 
-def _run(floor: HostFloor | None, whole: bool = False, limit=None, repeats: int = 3):
+def _run(floor: HostFloor | None, whole: bool = False, limit=None, repeats: int = 3, f_host: float = F_HOST,
+         f_dev: float = F_DEV):
     job = FakeJob()
-    mb_us = _truth(floor.us if floor else 0.0, F_HOST if floor else 0.0, whole)
+    mb_us = _truth(floor.us if floor else 0.0, f_host if floor else 0.0, f_dev, whole)
     timed = []
 
     def timer(fn, device, before=None):
@@ -98,6 +101,23 @@ def test_with_a_floor_the_scheduler_gets_the_device_bound_figure():
     assert timed == steps * 4
     assert ticks[:5] == ["micro-batches x1 (1/4)", "micro-batches x2 (1/4)", "micro-batches x4 (1/4)",
                          "micro-batches x1 device-bound (1/4)", "micro-batches x2 device-bound (1/4)"]
+
+
+@settings(max_examples=40, deadline=None)
+@given(f_dev=st.floats(0.0, 50_000.0), share=st.floats(0.0, 1.0))
+def test_each_figure_recovers_its_truth(f_dev, share):
+    """Any host and device fixed costs for which the short micro-batches stay host-bound and the
+    long ones device-bound: the short figure is f_host, the device-bound one f_dev, and the
+    scheduler gets f_dev. Short: at most 4 * (180 + 100) + f_dev of device work against 6,000 +
+    f_host of host work; long: 4 * 2,583 + f_dev against the same host work."""
+    short_device = SHAPE.layers * (A * flops_of(SHAPE, [32] * 4) + B) + f_dev
+    long_device = SHAPE.layers * (A * flops_of(SHAPE, [1024]) + B) + f_dev
+    lo, hi = max(0.0, short_device - SHAPE.layers * H), long_device - SHAPE.layers * H
+    f_host = lo + share * (hi - lo)
+    res, _, _ = _run(HostFloor(H, 2), f_host=f_host, f_dev=f_dev)
+    assert res.short_fixed_us == pytest.approx(f_host, rel=1e-9, abs=1e-6)
+    assert res.device_bound.fixed_us == pytest.approx(f_dev, rel=1e-9, abs=1e-6)
+    assert res.fixed_from == "device-bound" and res.fixed_us == res.device_bound.fixed_us
 
 
 def test_without_a_floor_both_agree_and_the_short_fit_is_kept():
