@@ -313,6 +313,8 @@ fi
 if [ -f "$profile" ]; then
   cp "$profile" "${profile%.toml}.png" "$out"/ 2>/dev/null
   say "profile (rc $rc): $(grep -E '^(a_us_per_flop|b_us|bucket_size|a_bytes_per_token|static_bytes|token_us|fixed_us) ' "$profile" | tr '\n' ' ')"
+  # the micro-batch's fixed cost, short and device-bound, and which one the scheduler got (docs/profile.md)
+  grep -E '^  (micro-b|device-b) ' "$log/profile.txt" 2>/dev/null | while IFS= read -r line; do say "profile$line"; done
   cost=(--skrull.cost_model "$profile")
 else
   say "profile FAILED (rc $rc): $(tail -1 "$log/profile.txt")"; cost=()

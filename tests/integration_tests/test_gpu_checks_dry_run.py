@@ -79,6 +79,10 @@ def test_gpu_checks_dry_run_issue57_preset(tmp_path):
             "[in_forward]", "test_real_trace_on_cuda"} <= set(skipped_cases(lines))  # both loss.head_backward modes
     assert not any(line.startswith(("pytest (", "overlap ")) for line in lines), summary  # trainer stages only
     assert any(line.startswith("profile (rc 0): a_us_per_flop = ") for line in lines), summary
+    # the micro-batch's two fixed costs and the one the scheduler got (CPU: no host floor, the short one)
+    assert any(line.startswith("profile  micro-b  fixed ") for line in lines), summary
+    assert any(line.startswith("profile  device-b fixed ") and "the scheduler gets the short one" in line
+               for line in lines), summary
     modes = ("skrull", "torchtitan-documents", "torchtitan-stream")
     trained = [line for line in lines if line.startswith("train job ")]
     assert [line.split()[2] for line in trained] == list(modes), summary  # the stream last: a late mode
