@@ -99,9 +99,8 @@ from skrull_ext.profile.options import ProfileOptions
 from skrull_ext.profile.ranks import reduce_floats, time_call
 from skrull_ext.train.free_running import FreeRunningFSDP
 
-__all__ = ["DeviceBound", "MicroBatchResult", "call_us", "choose_fixed", "device_bound_length", "device_bound_split",
-           "fixed_from_fit",
-           "priced_calls_us", "profile_micro_batch"]
+__all__ = ["DEVICE_BOUND_COUNTS", "DeviceBound", "MicroBatchResult", "call_us", "choose_fixed", "device_bound_length",
+           "device_bound_split", "fixed_from_fit", "priced_calls_us", "profile_micro_batch"]
 
 DEVICE_BOUND_COUNTS = (1, 2)
 """The device-bound steps: two documents as one micro-batch, then as two (module docstring)."""
@@ -207,13 +206,12 @@ def choose_fixed(short_us: float, device_bound_us: float | None, floor: bool) ->
 
 def device_bound_length(lengths: Sequence[int], floor: HostFloor | None, limit: int) -> tuple[int | None, str]:
     """Each document (and micro-batch) of the device-bound steps: the first ladder length
-    above the host floor (the shortest without one) whose two documents fit ``limit`` tokens
-    (BucketSize, the model's context), the next one up otherwise; (None, why) when none does."""
+    above the host floor (the shortest without one); (None, why) where its two documents
+    exceed ``limit`` tokens (BucketSize, the model's context), as every longer one would."""
     ladder = sorted(lengths)
     first = floor.points if floor is not None else 0
-    for n in ladder[first:]:
-        if 2 * n <= limit:
-            return n, ""
+    if first < len(ladder) and 2 * ladder[first] <= limit:
+        return ladder[first], ""
     return None, (f"no ladder length above the floor's {first} points fits two documents in {limit} tokens "
                   f"(ladder {', '.join(map(str, ladder))})")
 

@@ -140,9 +140,9 @@ def test_a_whole_buffer_kernel_is_priced_as_it_attends():
 
 def test_steps_over_the_limit_are_not_run_and_say_why():
     floor = HostFloor(H, 2)
-    res, timed, _ = _run(floor, limit=4095)  # 2 x 2048 fits, 2 x 1024 too: the first is taken
+    res, timed, _ = _run(floor, limit=2048)  # 2 x 1024 fits: the first length above the floor
     assert res.device_bound.length == 1024
-    res, timed, _ = _run(floor, limit=2047)  # 2 x 1024 does not fit: none above the floor does
+    res, timed, _ = _run(floor, limit=2047)  # 2 x 1024 does not fit, nor would any longer one
     assert res.device_bound is None and all(len(t) and max(map(sum, t)) <= 128 for t in timed)
     assert res.device_bound_note == ("no ladder length above the floor's 2 points fits two documents in 2047 tokens "
                                      "(ladder 256, 512, 1024, 2048)")
