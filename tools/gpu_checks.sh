@@ -85,8 +85,9 @@ if [ "$preset" = issue57 ]; then
   #                                         run before: estimate 25 (CUDA init twice, a cuDNN graph per buffer)
   #   5. profile, 2 modes        limit 145: 72 s for one mode (23 s start-up, 38 s compute ladder mostly
   #                                         compiling, 5 s memory, 4 s head and micro-batches, 2 s plot); a
-  #                                         second mode builds and compiles again (+45 s), the step term +5:
-  #                                         estimate 122
+  #                                         second mode builds and compiles again (+45 s), the step term +5,
+  #                                         the device-bound micro-batch steps +3-4 (docs/profile.md, "The
+  #                                         fixed cost where the device is busy"): estimate 126
   #   6. per mix, 44 steps (4 warm-up, 40 kept; 104 there): start-up 15-26 s before the first log line, then
   #      skrull            limit 75:  to step 44 32.1 and 33.8 s there (compile in it): estimate 59, 50
   #      torchtitan-docs   limit 60:  to step 44 27.3 s (cold compile) and 14.5 s: estimate 48, 35
@@ -332,6 +333,8 @@ fi
 if [ -f "$profile" ]; then
   cp "$profile" "${profile%.toml}.png" "$out"/ 2>/dev/null
   say "profile (rc $rc): $(grep -E '^(a_us_per_flop|b_us|bucket_size|a_bytes_per_token|static_bytes|token_us|fixed_us) ' "$profile" | tr '\n' ' ')"
+  # the micro-batch's fixed cost, short and device-bound, and which one the scheduler got (docs/profile.md)
+  grep -E '^  (micro-b|device-b) ' "$log/profile.txt" 2>/dev/null | while IFS= read -r line; do say "profile$line"; done
   cost=(--skrull.cost_model "$profile")
 else
   say "profile FAILED (rc $rc): $(tail -1 "$log/profile.txt")"; cost=()

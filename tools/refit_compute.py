@@ -10,7 +10,10 @@ times are in ``[meta.compute]``. Rewrites ``[compute]`` (a_us_per_flop, b_us, ho
 attention_weight, fit quality), the measured checkpointing mode's
 ``[activation_checkpoint.<mode>]`` rates (they repeat [compute]'s), and the
 per-buffer FLOPs, errors and host floor in ``[meta.compute]``, and records the
-re-fit in ``[meta] refit``; everything else is kept. Another mode is re-fitted
+re-fit in ``[meta] refit``; everything else is kept but ``[micro_batch] fixed_us``,
+derived again above a host floor (the short steps' slope less the layers' calls at the floor, or
+the device-bound steps' difference less what the new line prices of it where the
+profile timed them: profile/micro_batch.py). Another mode is re-fitted
 where its ``[meta.activation_checkpoint.<mode>]`` holds its packed buffers'
 times (profiles written since 2026-11-30). Where one cannot be, nothing is
 re-fitted unless ``--partial``: ``skrull.activation_checkpoint = "auto"``
@@ -33,7 +36,8 @@ import tomli_w
 from skrull_ext._core import ModelShape
 from skrull_ext.profile.compute import ComputeFit, fit_compute, flops_of
 from skrull_ext.profile.fit import floor_fields
-from skrull_ext.profile.micro_batch import call_us, fixed_from_fit
+from skrull_ext.profile.micro_batch import (DEVICE_BOUND_COUNTS, call_us, choose_fixed, device_bound_split,
+                                            fixed_from_fit, priced_calls_us)
 
 
 def _fit(shape, raw: dict) -> ComputeFit:
@@ -102,16 +106,32 @@ def _store(keys: dict, raw: dict, cf: ComputeFit, held: list[float]) -> None:
     _set_floor(keys, raw, cf)
 
 
-def _micro_batch(d: dict, cf: ComputeFit) -> str:
+def _micro_batch(d: dict, cf: ComputeFit, shape) -> str:
     """[micro_batch] fixed_us again above a host floor: its measured slope less the layers'
-    calls at the floor (micro_batch.py call_us); a clause, '' without a floor (kept as measured)."""
-    mb = d.get("micro_batch", {})
+    calls at the floor (micro_batch.py call_us), or, where the profile timed the device-bound
+    steps, their difference less what the new fit prices of it (micro_batch.choose_fixed);
+    a clause, '' without a floor (kept as measured)."""
+    mb, raw = d.get("micro_batch", {}), d["meta"].get("micro_batch", {})
     if cf.floor is None or "slope_us" not in mb or "calls_us" not in mb:
         return ""
     old_calls, before = mb["calls_us"], mb["fixed_us"]
     calls = d["model"]["layers"] * call_us(cf.fit.intercept, cf.floor)
-    mb.update(calls_us=calls, fixed_us=fixed_from_fit(mb["slope_us"], calls))
-    said = f"; micro-batch fixed {before:.4g} -> {mb['fixed_us']:.4g} us (slope {mb['slope_us']:.4g} - calls {calls:.4g})"
+    short, bound = fixed_from_fit(mb["slope_us"], calls), None
+    said = f"; micro-batch fixed {before:.4g} -> "
+    if "device_bound_step_us" in raw:  # profiles since 2026-11-30 (micro_batch.py)
+        split, step = device_bound_split(raw["device_bound_docs"][0]), raw["device_bound_step_us"]
+        bound_calls = priced_calls_us(cf, cf.attention_weight, shape, split[DEVICE_BOUND_COUNTS[0]],
+                                      split[DEVICE_BOUND_COUNTS[1]], d["compute"].get("whole_buffer", False))
+        bound = fixed_from_fit(step[1] - step[0], bound_calls)
+        fixed, source = choose_fixed(short, bound, True)
+        raw.update(short_fixed_us=short, fixed_from=source, device_bound_fixed_us=bound,
+                   device_bound_calls_us=bound_calls)
+        said += (f"{fixed:.4g} us, the {source} steps' (device-bound: difference {step[1] - step[0]:.4g} - calls "
+                 f"{bound_calls:.4g}; short: slope {mb['slope_us']:.4g} - calls {calls:.4g} = {short:.4g})")
+    else:
+        fixed = short
+        said += f"{fixed:.4g} us (slope {mb['slope_us']:.4g} - calls {calls:.4g})"
+    mb.update(calls_us=calls, fixed_us=fixed)
     if "free_running_fixed_us" in mb:  # its slope is the fixed cost plus the old calls, unless clamped at 0
         free = mb["free_running_fixed_us"]
         if free > 0 or calls >= old_calls:
@@ -163,7 +183,7 @@ def _refit(d: dict) -> tuple[str, list[str]]:
         _store(d["activation_checkpoint"][measured], mode_raw, cf, held)
     modes, kept = _modes(d, shape)
     line = (_said(before, cf, held) + "; packed errors " + ", ".join(f"{e:+.1%}" for e in raw["packed_rel_error"])
-            + _micro_batch(d, cf) + "".join(f"; {said}" for said in modes))
+            + _micro_batch(d, cf, shape) + "".join(f"; {said}" for said in modes))
     d["meta"]["refit"] = f"tools/refit_compute.py (fit_compute, from [meta.compute]): {line}"
     return line, kept
 

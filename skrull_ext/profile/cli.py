@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     from skrull_ext.profile.compute import profile_compute
     from skrull_ext.profile.memory import profile_memory
     from skrull_ext.profile.head import profile_head
-    from skrull_ext.profile.micro_batch import call_us, profile_micro_batch
+    from skrull_ext.profile.micro_batch import DEVICE_BOUND_COUNTS, profile_micro_batch
     from skrull_ext.profile.step import profile_step
     from skrull_ext.profile.model import build_job_model, wrapping_line
     from skrull_ext.profile.plot import plot
@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     steps = (2 * len(opts.lengths) + len(opts.held_out) + len(opts.packed or ())) * (opts.warmup + opts.repeats) \
         + len(opts.memory_lengths) \
         + (opts.comm_warmup + opts.comm_repeats if world > 1 else 0) + int(opts.check) + 1 \
-        + (len(opts.micro_batch_counts) + 1) * (opts.warmup + opts.micro_batch_repeats) \
+        + (len(opts.micro_batch_counts) + 1 + len(DEVICE_BOUND_COUNTS)) * (opts.warmup + opts.micro_batch_repeats) \
         + len(set(opts.ac_modes) - {mode_of(config.activation_checkpoint)}) * steps_per_mode(opts)
     bar = tqdm(total=steps, desc="profile", disable=not is_main(), file=sys.stderr)
 
@@ -254,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
             config, lambda mode: config_of("--activation_checkpoint.kind", mode), opts.ac_modes, compute, memory,
             device, config.model_spec.model.max_seq_len, opts, target_world, tick)
         # Then the step outside its micro-batches, which steps the optimizer: nothing is measured after it.
-        micro_batch = profile_micro_batch(jm, opts, call_us(compute.fit.intercept, compute.floor), tick)
+        micro_batch = profile_micro_batch(jm, opts, compute, tick, limit=memory.bucket_size)
         step = profile_step(jm, opts, tick)
         bar.close()
         meta = {

@@ -29,7 +29,7 @@ from skrull_ext.profile.compute import ComputeResult
 from skrull_ext.profile.fit import floor_fields
 from skrull_ext.profile.memory import MemoryResult
 from skrull_ext.profile.head import HeadResult
-from skrull_ext.profile.micro_batch import MicroBatchResult
+from skrull_ext.profile.micro_batch import DEVICE_BOUND_COUNTS, MicroBatchResult
 from skrull_ext.profile.model import JobModel
 from skrull_ext.profile.step import StepResult
 from skrull_ext.scheduler import checkpointing, cost_model, profile_file, profile_memory
@@ -78,6 +78,18 @@ def _comm_section(p: Profile) -> dict[str, Any]:
         "backend": c.backend, "world_size": c.world_size,
         "r2": c.fit.r2, "max_rel_error": c.fit.max_rel_error, "points": len(c.sizes),
     }
+
+
+def _device_bound_meta(mb: MicroBatchResult) -> dict[str, Any]:
+    """Both fixed costs, the device-bound steps and which one [micro_batch] fixed_us is
+    (micro_batch.py): what the next re-fit or reader needs without a rerun."""
+    out: dict[str, Any] = {"short_fixed_us": mb.short_fixed_us, "fixed_from": mb.fixed_from}
+    b = mb.device_bound
+    if b is None:
+        return {**out, "device_bound_note": mb.device_bound_note}
+    return {**out, "device_bound_fixed_us": b.fixed_us, "device_bound_docs": [b.length, b.length],
+            "device_bound_counts": list(DEVICE_BOUND_COUNTS), "device_bound_step_us": list(b.us),
+            "device_bound_cpu_step_us": list(b.cpu_us), "device_bound_calls_us": b.calls_us}
 
 
 def profile_dict(p: Profile) -> dict[str, Any]:
@@ -161,7 +173,8 @@ def _raw(p: Profile) -> dict[str, Any]:
                               "cpu_step_us": list(p.micro_batch.cpu_us),
                               **({"free_running_step_us": list(p.micro_batch.free_us),
                                   "free_running_intercept_us": p.micro_batch.free_fit.intercept}
-                                 if p.micro_batch.free_fit is not None else {})}
+                                 if p.micro_batch.free_fit is not None else {}),
+                              **_device_bound_meta(p.micro_batch)}
     if p.modes:
         raw[checkpointing.SECTION] = {m: {
             "lengths": [t.tokens for t in r.compute.points], "us": [t.us for t in r.compute.points],
@@ -246,6 +259,24 @@ def mode_lines(p: Profile) -> list[str]:
     return lines
 
 
+def _device_bound_line(mb: MicroBatchResult) -> str:
+    """The device-bound steps and which fixed cost the scheduler gets, and why."""
+    b = mb.device_bound
+    if b is None:
+        said = f"  device-b not measured: {mb.device_bound_note}"
+    else:
+        diff = b.us[1] - b.us[0]
+        said = (f"  device-b fixed {b.fixed_us:.4g} us per micro-batch = step difference {diff:.4g} us - "
+                f"priced calls {b.calls_us:.4g} us (2 documents of {b.length} tokens in "
+                f"{', '.join(map(str, DEVICE_BOUND_COUNTS))} micro-batches: "
+                f"{', '.join(f'{u / 1e3:.1f}' for u in b.us)} ms wall{', clamped at 0' if diff < b.calls_us else ''})")
+    why = ("the compute ladder has a host floor, which prices the short steps' host work; the planner's micro-batches "
+           "are long" if mb.fixed_from == "device-bound" else
+           "no host floor: the short steps are device-bound too, and their fit is checked" if not mb.floor else
+           "the device-bound steps were not measured")
+    return f"{said}; the scheduler gets the {mb.fixed_from} one, {mb.fixed_us:.4g} us ({why})"
+
+
 def report(p: Profile) -> str:
     cp, mem = p.compute, p.memory
     top = max(mem.points, key=lambda m: m.tokens)
@@ -296,7 +327,7 @@ def report(p: Profile) -> str:
                      f"{f.b_us:.1f} us; R^2 {f.r2:.4f}, worst {f.max_rel_error:.1%}")
     if p.micro_batch is not None:
         mb = p.micro_batch
-        lines.append(f"  micro-b  fixed {mb.fixed_us:.4g} us per micro-batch = slope {mb.fit.slope:.4g} us - layers * a call "
+        lines.append(f"  micro-b  fixed {mb.short_fixed_us:.4g} us per micro-batch = slope {mb.fit.slope:.4g} us - layers * a call "
                      f"{mb.calls_us:.4g} us (steps of {sum(mb.docs)} tokens in {', '.join(map(str, mb.counts))} "
                      f"micro-batches: {', '.join(f'{u / 1e3:.1f}' for u in mb.us)} ms wall; FSDP x{mb.fsdp_degree}); "
                      f"R^2 {mb.fit.r2:.4f}, worst {mb.fit.max_rel_error:.1%}"
@@ -304,6 +335,7 @@ def report(p: Profile) -> str:
                         f"x{statistics.median(w / c for w, c in zip(mb.us, mb.cpu_us) if c > 0):.2f} (about 1.3 on an "
                         "idle host: the collectives' waits; higher: other load inflated the fixed cost)"
                         if mb.cpu_us and any(c > 0 for c in mb.cpu_us) else ""))
+        lines.append(_device_bound_line(mb))
         if mb.free_fit is not None:
             lines.append(f"  free-run fixed {mb.free_running_fixed_us:.4g} us per micro-batch + {mb.free_running_step_us:.4g} "
                          f"us per step (the same steps free-running: {', '.join(f'{u / 1e3:.1f}' for u in mb.free_us)} "

@@ -84,6 +84,10 @@ def test_gpu_checks_dry_run_issue57_preset(tmp_path):
         assert lines[at + 1].startswith("agreement reference: max |error| ") and lines[at + 2].startswith(
             "| 256 | "), summary
     assert any(line.startswith("profile (rc 0): a_us_per_flop = ") for line in lines), summary
+    # the micro-batch's two fixed costs and the one the scheduler got (CPU: no host floor, the short one)
+    assert any(line.startswith("profile  micro-b  fixed ") for line in lines), summary
+    assert any(line.startswith("profile  device-b fixed ") and "the scheduler gets the short one" in line
+               for line in lines), summary
     modes = ("skrull", "torchtitan-documents", "torchtitan-stream")
     trained = [line for line in lines if line.startswith("train job ")]
     assert [line.split()[2] for line in trained] == list(modes), summary  # the stream last: a late mode

@@ -39,6 +39,10 @@ def test_profile_two_processes_over_gloo(tmp_path):
     assert mb["fixed_us"] == max(0.0, mb["slope_us"] - mb["calls_us"]) >= 0.0
     assert mb["calls_us"] == 6 * d["compute"]["b_us"]  # debugmodel: 6 layers
     assert len(d["meta"]["micro_batch"]["step_us"]) == 3 and all(v > 0 for v in d["meta"]["micro_batch"]["step_us"])
+    # The device-bound steps, lockstep on both ranks (no host floor on CPU: the short figure is kept).
+    raw_mb = d["meta"]["micro_batch"]
+    assert raw_mb["device_bound_docs"] == [32, 32] and all(v > 0 for v in raw_mb["device_bound_step_us"])
+    assert raw_mb["fixed_from"] == "short" and raw_mb["short_fixed_us"] == mb["fixed_us"]
     assert cm.micro_batch_fixed_us == mb["fixed_us"]
     # The head's per-token cost, timed on each rank before FSDP wraps the model (mean over both).
     assert cm.token_us == mb["token_us"] >= 0.0 and len(d["meta"]["head"]["us"]) == mb["token_points"] >= 2

@@ -67,6 +67,15 @@ def test_profile_run_end_to_end(produced):
     assert d["meta"]["wrapping"] == "FSDP x1 (10 units), parameters float32, compute float32, reduce float32"
     assert d["micro_batch"]["method"] == "step time over micro-batch counts, FSDP x1"
     assert d["micro_batch"]["fixed_us"] == max(0.0, d["micro_batch"]["slope_us"] - d["micro_batch"]["calls_us"])
+    # The device-bound steps (micro_batch.py): no host floor on CPU, so two documents of the ladder's
+    # shortest, in 1 and 2 micro-batches; the scheduler keeps the short fit's figure.
+    mb = d["meta"]["micro_batch"]
+    assert mb["device_bound_docs"] == [32, 32] and mb["device_bound_counts"] == [1, 2]
+    assert len(mb["device_bound_step_us"]) == 2 and all(u > 0 for u in mb["device_bound_step_us"])
+    assert mb["device_bound_fixed_us"] == max(0.0, mb["device_bound_step_us"][1] - mb["device_bound_step_us"][0]
+                                              - mb["device_bound_calls_us"])
+    assert mb["fixed_from"] == "short" and mb["short_fixed_us"] == d["micro_batch"]["fixed_us"]
+    assert "  device-b fixed " in proc.stdout and "the scheduler gets the short one" in proc.stdout
     # The head (embedding, norm, output, loss) timed over the compute ladder's lengths: its slope is token_us.
     head = d["meta"]["head"]
     assert head["tokens"] == [32, 64, 128] and len(head["us"]) == 3 and all(u > 0 for u in head["us"])
