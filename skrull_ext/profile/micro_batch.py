@@ -137,6 +137,7 @@ class MicroBatchResult:
     calls_us: float
     """What the layers of one more micro-batch cost: layers * call_us (module docstring)."""
     fsdp_degree: int
+    """Ranks FSDP shards over here (1: one process, FSDP's unshard a copy)."""
     defer_grad_sync: bool
     cpu_us: tuple[float, ...] = ()
     """The same steps on the process CPU clock (median, slowest rank): it leaves out the
