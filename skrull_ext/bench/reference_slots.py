@@ -220,8 +220,10 @@ def leader_slot(eff: list[int], seqs: list[int], cost: ref.RefCost, dp: int, n: 
         for g in sorted(range(dp), key=lambda g: (fills[g].time, g)):
             if tries >= LEADER_SLOT_TRIES:
                 break
+            if fills[g].tokens + s > bucket * n:
+                continue  # no room: not counted (slots.hpp parks such groups)
             work += 1
-            if fills[g].tokens + s > bucket * n or at_least(fills[g].top, fills[g].dist, f) > limit:
+            if at_least(fills[g].top, fills[g].dist, f) > limit:
                 continue
             tries += 1
             work += n

@@ -143,6 +143,23 @@ def test_slot_gds_equals_its_reference_under_a_floor(seed, k, cp, dp, bucket, po
     assert_equal(_core.schedule(lengths, cost, o, [], []), restated(refs, lengths, cost, o, [], [], lockstep))
 
 
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 2**31), st.integers(1, 400), st.sampled_from([1, 2, 8]), st.sampled_from([2, 3, 16, 64]),
+       st.sampled_from([64, 1000, 26624]), st.sampled_from(sorted(p for p, v in POLICIES.items() if not v.pool)),
+       st.sampled_from([0.0] + FLOORS), st.sampled_from([0.02, 0.1, 0.5]))
+def test_leader_slot_fill_equals_its_reference_under_a_floor(seed, k, cp, dp, bucket, policy, floor, short):
+    # The leader slot's case: one sequence at the CP group's limit among short ones, so its slot's groups
+    # fill to their token room and, on the floor, the full ones are those of least time (slots.hpp parks a
+    # group without room until a short enough sequence comes; the reference visits every group each time).
+    rng = random.Random(seed)
+    limit = _core.max_sequence_length(bucket, cp)
+    lengths = [rng.randint(1, max(1, int(short * bucket))) for _ in range(k)]
+    lengths.insert(rng.randrange(k + 1), limit)
+    cost = with_floor(cm.preset(), floor)
+    o = slot_options(dp, cp, bucket, policy, True, 3)
+    assert_equal(_core.schedule(lengths, cost, o, [], []), restated(refs, lengths, cost, o, [], [], True))
+
+
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.integers(0, 2**31), st.integers(1, 6), st.integers(0, 30), st.sampled_from([1, 2, 4]),
        st.sampled_from([1, 2]), st.sampled_from(["lockstep", "free"]), st.sampled_from(FLOORS))

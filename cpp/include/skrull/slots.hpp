@@ -99,10 +99,13 @@ inline void assign_slots(const std::vector<double>& group_us, const std::vector<
   }
 }
 
-// Work budget of one leader_slot call, in heap pops and CP ranks visited: a
-// count, not a clock, so every rank stops at the same point. A real batch
-// uses a few thousand; a pathological one (millions of sequences) stops
-// filling there, and its slot is dropped if a group is still empty.
+// Work budget of one leader_slot call, in groups with token room visited and
+// CP ranks visited: a count, not a clock, so every rank stops at the same
+// point. A real batch uses a few hundred thousand (8,192 sequences at DP 128
+// x CP 8: ~0.1-0.3 M); a pathological one (millions of sequences) stops
+// filling there, and its slot is dropped if a group is still empty. Groups
+// without room for the sequence are not counted: they are parked, not
+// visited (leader_slot).
 constexpr int64_t kLeaderSlotWork = int64_t{1} << 24;
 
 // Groups each sequence tries, least time first, before the next sequence.
@@ -257,11 +260,23 @@ inline bool leader_slot(const std::vector<int64_t>& lengths, const std::vector<d
   groups[0].add(cost, leader, s0, f0, at, limit);
   // The rest, longest first, each to one of the kLeaderSlotTries groups of
   // least time with token room where it keeps within the limit: a min-heap
-  // on (time, group), the groups without room set aside and pushed back
-  // after it (longest first, most groups have room: O(log dp) a sequence).
+  // on (time, group) of the groups that may have room, the ones tried set
+  // aside and pushed back after it. A group found without room for s is
+  // parked (a max-heap on its room) until a sequence short enough comes:
+  // lengths only fall and a parked group's room does not change, so it could
+  // take none before, and the heap yields the groups with room in the same
+  // order as if it had stayed. Left in the heap, a full group was popped and
+  // pushed back for every later sequence, and where times sit on the host
+  // floor the full groups are the ones of least time, popped first (a 4 ms
+  // floor, DP 128 x CP 8, 8,192 sequences: 60-200 thousand such pops a batch
+  // against 5-45 thousand without a floor, the planner x1.4-2 slower;
+  // docs/profile.md, "The host floor").
+  // A group is parked at most once per sequence it takes, plus once:
+  // O((n + dp) log dp) in all.
   using Entry = std::pair<double, int32_t>;
   const auto later = std::greater<Entry>();
   std::vector<Entry> heap, aside;
+  std::vector<std::pair<int64_t, int32_t>> parked;  // (token room, group), max-heap on room
   for (int32_t g = 0; g < dp; ++g) heap.emplace_back(groups[g].time, g);
   std::make_heap(heap.begin(), heap.end(), later);
   // A group's time with a sequence of f FLOPs more is at least its compute
@@ -278,14 +293,27 @@ inline bool leader_slot(const std::vector<int64_t>& lengths, const std::vector<d
   for (int32_t p = leader - 1; p >= 0 && work < kLeaderSlotWork; --p) {
     const int64_t s = lengths[sorted[p]];
     const double f = flops[sorted[p]];
+    while (!parked.empty() && parked.front().first >= s) {  // room for s again
+      const int32_t g = parked.front().second;
+      std::pop_heap(parked.begin(), parked.end());
+      parked.pop_back();
+      heap.emplace_back(groups[g].time, g);
+      std::push_heap(heap.begin(), heap.end(), later);
+    }
     int32_t tries = 0;
     while (!heap.empty() && tries < kLeaderSlotTries) {
       std::pop_heap(heap.begin(), heap.end(), later);
       const int32_t g = heap.back().second;
+      if (groups[g].tokens + s > capacity) {
+        heap.pop_back();
+        parked.emplace_back(capacity - groups[g].tokens, g);
+        std::push_heap(parked.begin(), parked.end());
+        continue;
+      }
       aside.push_back(heap.back());
       heap.pop_back();
       ++work;
-      if (groups[g].tokens + s > capacity || at_least(groups[g].top, groups[g].dist, f) > limit) continue;
+      if (at_least(groups[g].top, groups[g].dist, f) > limit) continue;
       ++tries;
       int32_t rank = 0;
       double t = 0.0;
