@@ -5,8 +5,10 @@ torchtitan shards the final norm and the head as one FSDP group (with a tied hea
 too). Up to torch 2.12 a group's pre-forward hook runs only at the first of its modules in a pass,
 so after a whole pass of the model the head called alone kept its sharded DTensor weight: the
 profile on GPU run 9 (torch 2.11) stopped there ("aten.mm.default got mixed torch.Tensor and
-DTensor"). Torch 2.13 runs the hook at each module; the case is reproduced here by removing the
-head's FSDP pre-forward hook after resharding its group. In process, the debug job at one rank."""
+DTensor"). Torch 2.13 runs the hook at each module; the case is reproduced there by removing the
+head's FSDP pre-forward hook after resharding its group, and on torch 2.11 (the compat lane) by
+leaving the group as that pass did, the head "to run". Every call of the measure must run in the
+same state, so the peaks lie on a line. In process, the debug job at one rank."""
 
 import os
 
