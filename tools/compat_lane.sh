@@ -13,8 +13,9 @@
 #    under a constraint that keeps that torch. Reused as it is when its torch
 #    is right and it imports this checkout with the .pth hook installed
 #    (REINSTALL=1: run the project install again, e.g. after a C++ change).
-#    VENV=/path reuses an existing venv instead; one on another torch, or
-#    installed from another checkout, is refused, never changed.
+#    VENV=/path uses that venv instead, built there when absent; one that
+#    exists on another torch, or installed from another checkout, is refused,
+#    never changed.
 # 2. stages, each with its rc and wall seconds on one summary line:
 #    quick     python -m pytest -m "not slow" -q -p no:cacheprovider
 #    skrull    the README's main job: torchrun, 2 ranks, debug_cpu.toml, CP 2
@@ -64,19 +65,24 @@ install_project() {
     || { tail -20 "$logs/install.log"; die "the project install failed"; }
 }
 
+build_venv() {
+  say "building $VENV: torch==$TORCH_VERSION triton==$TRITON_VERSION first (~3 GB; log: $logs/install.log)"
+  "${PYTHON:-python3}" -m venv "$VENV" || die "python -m venv failed"
+  "$py" -m pip install -q --upgrade pip >>"$logs/install.log" 2>&1
+  "$py" -m pip install "torch==$TORCH_VERSION" "triton==$TRITON_VERSION" >>"$logs/install.log" 2>&1 \
+    || { tail -20 "$logs/install.log"; die "installing torch==$TORCH_VERSION failed"; }
+}
+
 if [ "$own_venv" = 1 ]; then
   if [ -x "$py" ] && ! torch_right; then
     say "$VENV has torch $(torch_version || echo none), not $TORCH_VERSION: rebuilding it"
     rm -rf "$VENV"
   fi
-  if [ ! -x "$py" ]; then
-    say "building $VENV: torch==$TORCH_VERSION triton==$TRITON_VERSION first (~3 GB; log: $logs/install.log)"
-    "${PYTHON:-python3}" -m venv "$VENV" || die "python -m venv failed"
-    "$py" -m pip install -q --upgrade pip >>"$logs/install.log" 2>&1
-    "$py" -m pip install "torch==$TORCH_VERSION" "triton==$TRITON_VERSION" >>"$logs/install.log" 2>&1 \
-      || { tail -20 "$logs/install.log"; die "installing torch==$TORCH_VERSION failed"; }
-  fi
+  [ -x "$py" ] || build_venv
   if [ "${REINSTALL:-0}" = 1 ] || ! project_here; then install_project; fi
+elif [ ! -e "$VENV" ]; then  # VENV=/path not there yet: built there and kept
+  build_venv
+  install_project
 else
   [ -x "$py" ] || die "VENV=$VENV has no bin/python"
   torch_right || die "VENV=$VENV has torch $(torch_version || echo none), not $TORCH_VERSION: left as it is"

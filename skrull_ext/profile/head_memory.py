@@ -37,17 +37,27 @@ def measure_head(jm: JobModel, tokens: Sequence[int], meter: Any, seed: int = 0)
 
     apply = jm.loss_fn.head_apply  # the head module passes the hidden states through (model.py)
     # The head's FSDP unit groups it with the final norm (and a tied embedding). Before torch 2.13 a
-    # group's pre-forward runs only at the first of its modules in a pass: the head called alone ran
-    # with its sharded weight (GPU run 9, torch 2.11). FSDP's unshard (no-op where the hook ran) fixes it.
+    # group's pre-forward (its unshard) runs only at the first of its modules to run in a pass, and its
+    # post-forward (a reshard) only when none is left to run. A lone head call leaves the norm "to run",
+    # so the next lone call skipped the pre-forward and ran in the state the last backward left: sharded
+    # (GPU run 9, torch 2.11: "mixed torch.Tensor and DTensor"), or the all-gather outside the meter for
+    # some calls and inside for others (torch 2.11 on CPU: a slope of 8,237 bytes a token, not 18,440).
+    # So each call starts with no pass open (torch 2.13 runs the pre-forward at every module anyway),
+    # and FSDP's unshard (a no-op where the hook ran) before and after the call covers a pre-forward
+    # skipped and a post-forward that resharded.
     unit = head if isinstance(head, FSDPModule) else None
 
     def once(n: int) -> float:
         h = torch.randn(1, n, dim, generator=g).to(jm.device, jm.dtype).requires_grad_()
         labels = torch.randint(0, jm.vocab_size, (1, n), generator=g).to(jm.device)
+        if unit is not None:
+            _close_pass(unit)
         meter.start()
         if unit is not None:
             unit.unshard()
         out = head(h)  # the module, as the model's forward calls it
+        if unit is not None:
+            unit.unshard()
         if in_forward:
             out = head_loss_in_forward(out, head.weight, head.bias, labels, None, n, jm.loss_fn.chunk_step)
         else:
@@ -62,11 +72,16 @@ def measure_head(jm: JobModel, tokens: Sequence[int], meter: Any, seed: int = 0)
         for p in head.parameters():
             p.grad = None
         unit.reshard()
-        # and no pass of the group left open: the lone calls leave its other modules "to run", where
-        # torch 2.11 would then skip the next pass's pre-forward (and its unshard) altogether
-        getattr(unit._get_fsdp_state(), "_modules_to_run_forward", set()).clear()
+        # and no pass of the group left open, where torch 2.11 would skip the next pass's pre-forward
+        _close_pass(unit)
     jm.model.zero_grad(set_to_none=True)
     return fit_poly([float(n) for n in tokens], peaks, 1)
+
+
+def _close_pass(unit: FSDPModule) -> None:
+    """Forget the modules of ``unit``'s FSDP group left "to run" by a lone call, so the next call of
+    any of them runs the group's pre-forward as the first of a pass (torch < 2.13 skips it otherwise)."""
+    getattr(unit._get_fsdp_state(), "_modules_to_run_forward", set()).clear()
 
 
 def chunk_head(jm: JobModel, opts: ProfileOptions, meter: Any,

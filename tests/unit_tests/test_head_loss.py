@@ -360,8 +360,14 @@ def test_lora_head_dropout_passed_through_draws_its_masks_once():
     assert loss_fn.pass_head_through([model])
     got = _forward_loss(model, loss_fn)
     _close(want, got)
-    undropped = _lora_head_model(DropoutLoRALinear)
-    assert abs(got[0] - _forward_loss(undropped, CrossEntropyLoss(CrossEntropyLoss.Config()))[0]) > 1e-4
+    # The masks were drawn: the head's adapter gradients move by about sqrt(p / (1 - p)) = 0.65 of their
+    # norm against the head without dropout (0.65-0.68 on torch 2.11 and 2.13). The loss moves by only
+    # 6e-5 to 2e-4 (B drawn at std 0.02), too little to tell a mask from the torch version's init draws.
+    undropped = _forward_loss(_lora_head_model(DropoutLoRALinear), CrossEntropyLoss(CrossEntropyLoss.Config()))
+    assert got[0] != undropped[0]
+    for name in ("lm_head.lora_a.weight", "lm_head.lora_b.weight"):
+        change = float((got[1][name] - undropped[1][name]).norm() / undropped[1][name].norm())
+        assert change > 0.3, (name, change)
 
     model.eval()  # validation: no dropout, the chunks unchecked; the LoRA head's own forward, unchunked
     reference.eval()
