@@ -199,6 +199,10 @@ def main(out: Path) -> None:
     seeds["lookahead_w1025"] = window(2, 2, 13312, short, 0x80, 203)
     seeds["lookahead_w0"] = window(2, 2, 13312, short, 0x80, 200)
     seeds["lookahead_one_sample_a_batch"] = window(2, 2, 13312, short, 0x80 | 3, 204)
+    # A free cost model (a = b = 0: cost_model()'s coefficient byte 128): every candidate is estimated 0,
+    # so the finalists' tie quantum is 0 and they rank by long samples a step alone.
+    free = schedule(2, 1, 26624, 0x10, lengths(short) + bytes([199, 0, 0, 0, 0, 0x80, 3]))
+    seeds["lookahead_free_cost"] = free[:9] + bytes([128, 128]) + free[11:]
     seeds["lookahead_over_length_error"] = window(2, 2, 13312, [5, 60000, 7], 0x80, 1, overlength=0)
     # evaluate_placement on a given placement; and one entry short.
     seeds["evaluate_short"] = bytes([3]) + ranks(4) + bucket(26624) + cost() + lengths([5, 7, 9000]) + bytes([199, 0, 1, 9, 7])
