@@ -9,7 +9,9 @@ roll-back that ends in a local placement, a batch one over the sequence
 limit, chunked documents, and the tail's options (whole_buffer, slot GDS,
 the timelines, fixed costs, extreme chunk counts and times, the TP degree),
 and the pool's byte (schedule_pool, the cross-group factor, pool_widen,
-collectives_per_layer x plan_margin at its top). tools/fuzz.sh --merge keeps
+collectives_per_layer x plan_margin at its top), and the look-ahead's byte
+(windows of 1 to 1,025 batches cut four ways, chunked documents handed out,
+the pool as the step planner, a free cost model). tools/fuzz.sh --merge keeps
 the ones that add coverage.
 """
 
