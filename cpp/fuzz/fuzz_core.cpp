@@ -1,6 +1,6 @@
 // Fuzz target over the core's public entry points: skrull::schedule,
-// skrull::schedule_pool, skrull::dacp, dacp_for, dacp_sweep and
-// evaluate_placement. The input bytes are
+// skrull::schedule_pool, skrull::lookahead, skrull::dacp, dacp_for,
+// dacp_sweep and evaluate_placement. The input bytes are
 // decoded into lengths, options and cost coefficients, biased towards the
 // values that matter: 0, negatives, the int64 limits, kMax* and kMax* + 1,
 // BucketSize, BucketSize x CP, the over-length limit and its neighbours,
@@ -13,7 +13,13 @@
 // timeline and chunked documents' extreme chunk counts and times; then the
 // tensor-parallel degree; then, for a schedule, the pool's byte: whether
 // schedule_pool plans the same batch too, comm.cross_group_factor,
-// Options::pool_widen, and collectives_per_layer x plan_margin at its top.
+// Options::pool_widen, and collectives_per_layer x plan_margin at its top;
+// then the look-ahead's byte: where it is not 0, the batch becomes a window
+// of W global batches (W 0..8, 16, kMaxLookahead and one more, one sample a
+// batch; cut evenly, all in one, by counts read from the input, or round
+// robin), the chunked documents handed to its batches (or in W + 1 lists),
+// regrouped by skrull::lookahead with schedule() or schedule_pool() as the
+// step planner.
 //
 // Every input must end in either a valid plan (plan_check.hpp, the C++ twin
 // of Plan.validate, restating each rank's time and the step on its timeline
@@ -27,6 +33,14 @@
 // beats the cost model's lower bound. A pool plan must satisfy pool_check.hpp
 // (rank sets, tokens, the timeline replayed), keep its times when re-priced,
 // and be no slower than skrull's schedule where every sequence fits a group.
+// A window must be refused exactly as lookahead_check.hpp's restated ranges
+// say (the window's, then each arrival step's as its planner's), else every
+// step the look-ahead plans is a valid plan, every sample is at one step,
+// each step keeps its arrival count, delays stay within W - 1, every price
+// in the answer is its step's full plan re-planned to the bit, the window
+// is never predicted slower than arrival order, `planned` is the sequences
+// the planner was given, the counters stay within their budgets, and the
+// same window gives the same answer bit for bit.
 //
 // Built with libFuzzer (-DSKRULL_FUZZ=ON, Clang; tools/fuzz.sh), or with
 // -DSKRULL_FUZZ_REPLAY as a plain program that runs the files it is given
@@ -41,9 +55,11 @@
 #include <string>
 #include <vector>
 
+#include "../tests/lookahead_check.hpp"
 #include "../tests/plan_check.hpp"
 #include "../tests/pool_check.hpp"
 #include "skrull/dacp_sweep.hpp"
+#include "skrull/lookahead.hpp"
 #include "skrull/plan.hpp"
 #include "skrull/pool.hpp"
 #include "skrull/scheduler.hpp"
@@ -351,6 +367,116 @@ void fuzz_pool(const std::vector<int64_t>& ls, const CostModel& c, const Options
   }
 }
 
+// Work cap of one window: the full plans lookahead may make (arrival order and the first finalist,
+// 2n sequences over 2W steps, then kLookaheadPlanWork sequences in steps of at least one), each
+// O(cp + dp) a sequence or a step, the world's for the pool; and its screening, O(n + W) for each of
+// the up to 5W + 1 candidates. Counted for the two calls when the input asks for both.
+constexpr int64_t kMaxWindowWork = 20'000'000;
+
+// The look-ahead's byte, after the pool's (0 where the input ends: every older corpus entry).
+// Nonzero: the schedule input's lengths, cost model and options become a window of W global batches
+// (one more byte: 1..8, or 0, 16, kMaxLookahead, kMaxLookahead + 1, one sample a batch) regrouped by
+// skrull::lookahead with schedule() (or, bit 4, schedule_pool()) as its step planner. Bits 0-1 cut
+// the lengths into the batches: evenly in arrival order, all in the last batch (the others empty),
+// each batch's count read from the input (one byte each, the rest to the last), or round robin.
+// Bits 2-3 give the schedule's chunked documents to the window: none, all to batch 0, round robin,
+// or in W + 1 lists (refused); the pool takes none. It must refuse exactly what
+// check::lookahead_rejection says, else answer what check::lookahead_error finds sound, with every
+// step it plans a valid plan (plan_check.hpp, pool_check.hpp) and its `planned` the sequences its
+// planner was given; the same input gives the same answer.
+void fuzz_lookahead(Bytes& in, uint8_t la, const std::vector<int64_t>& ls, const CostModel& c, const Options& o,
+                    const ChunkedDocs& docs, bool twice) {
+  const bool pool = la & 16;
+  const uint8_t wb = in.u8();
+  const size_t n = ls.size();
+  const int32_t one_each = static_cast<int32_t>(std::min<size_t>(std::max<size_t>(n, 1), kMaxLookahead));
+  const int32_t special[] = {0, 16, kMaxLookahead, kMaxLookahead + 1, one_each};
+  const int32_t w = wb < 200 ? 1 + wb % 8 : special[(wb - 200) % 5];
+  std::vector<std::vector<int64_t>> batches(w);
+  if (w > 0) {
+    switch (la & 3) {
+      case 0:  // evenly, in arrival order
+        for (int32_t b = 0; b < w; ++b)
+          batches[b].assign(ls.begin() + static_cast<int64_t>(n * b / w), ls.begin() + static_cast<int64_t>(n * (b + 1) / w));
+        break;
+      case 1:
+        batches[w - 1] = ls;
+        break;
+      case 2: {  // counts from the input
+        size_t at = 0;
+        for (int32_t b = 0; b + 1 < w; ++b) {
+          const size_t k = std::min<size_t>(n - at, in.u8());
+          batches[b].assign(ls.begin() + at, ls.begin() + at + k);
+          at += k;
+        }
+        batches[w - 1].assign(ls.begin() + at, ls.end());
+        break;
+      }
+      default:
+        for (size_t i = 0; i < n; ++i) batches[i % w].push_back(ls[i]);
+    }
+  }
+  std::vector<ChunkedDocs> chunked;
+  const int chunk_mode = pool ? 0 : (la >> 2) & 3;
+  if (chunk_mode != 0) chunked.resize(chunk_mode == 3 ? w + 1 : w);
+  for (size_t k = 0; k < docs.size() && !chunked.empty(); ++k) {
+    ChunkedDocs& to = chunked[chunk_mode == 2 ? k % chunked.size() : 0];
+    to.us.push_back(docs.us[k]);
+    to.chunks.push_back(docs.chunks[k]);
+  }
+  const std::string reject =
+      check::lookahead_rejection(batches, chunked, c, [&](const std::vector<int64_t>& l, const ChunkedDocs& d) {
+        if (pool) return check::pool_rejection(l, c, o);
+        const std::string r = check::schedule_rejection(l, c, o);
+        return r.empty() ? check::chunked_rejection(d.us, d.chunks) : r;
+      });
+  const __int128 steps = 2 * static_cast<__int128>(w) + 2 * static_cast<__int128>(n) + kLookaheadPlanWork;
+  const __int128 per = pool ? static_cast<__int128>(o.dp) * o.cp : static_cast<__int128>(o.dp) + o.cp;
+  const __int128 work = (twice ? 2 : 1) * (steps * per + 6 * static_cast<__int128>(w) * (n + w));
+  if (reject.empty() && work > kMaxWindowWork) return;
+#ifdef SKRULL_FUZZ_REPLAY
+  if (std::getenv("SKRULL_FUZZ_VERBOSE"))
+    std::fprintf(stderr, "lookahead n=%zu w=%d split=%d chunked=%zu pool=%d reject=%s\n", n, w, la & 3,
+                 chunked.size(), int(pool), reject.c_str());
+#endif
+  int64_t planned = 0;  // sequences the step planner was given
+  const auto step_time = [&](const std::vector<int64_t>& l, const ChunkedDocs& d) {
+    planned += static_cast<int64_t>(l.size());
+    if (pool) {
+      const Plan p = schedule_pool(l, c, o);
+      const std::string err = check::pool_error(l, c, o, p);
+      if (!err.empty()) die("lookahead's step planner: bad pool plan: " + err);
+      return p.makespan_us;
+    }
+    const Schedule s = schedule(l, c, o, d);
+    const std::string err = check::schedule_error(l, c, o, s);
+    if (!err.empty()) die("lookahead's step planner: bad plan: " + err);
+    return s.makespan_us;
+  };
+  Lookahead a;
+  try {
+    a = lookahead(batches, chunked, c, o, step_time);
+  } catch (const std::invalid_argument& ex) {
+    if (reject.empty()) die(std::string("lookahead refused an acceptable window: ") + ex.what());
+    if (std::strlen(ex.what()) < 10) die("lookahead: invalid_argument without a message");
+    return;
+  }
+  if (!reject.empty()) die("lookahead accepted a window outside the ranges: " + reject);
+  if (a.planned != planned) die("lookahead's planned is not the sequences it planned");
+  const std::string err = check::lookahead_error(batches, chunked, a, [&](const std::vector<int64_t>& l, const ChunkedDocs& d) {
+    return pool ? schedule_pool(l, c, o).makespan_us : schedule(l, c, o, d).makespan_us;
+  });
+  if (!err.empty()) die("bad lookahead answer: " + err);
+#ifdef SKRULL_FUZZ_REPLAY
+  if (std::getenv("SKRULL_FUZZ_VERBOSE"))
+    std::fprintf(stderr, "lookahead moved=%d candidates=%d screened=%d swaps=%d swap_trials=%lld planned=%lld x%.4f\n",
+                 a.moved, a.candidates, a.screened, a.swaps, static_cast<long long>(a.swap_trials),
+                 static_cast<long long>(a.planned), a.arrival_window_us / a.window_us);
+#endif
+  if (twice && !check::same_lookahead(lookahead(batches, chunked, c, o, step_time), a))
+    die("same window, different lookahead answer");
+}
+
 void fuzz_schedule(Bytes& in, bool twice) {
   Options o;
   o.dp = rank_count(in);
@@ -370,6 +496,7 @@ void fuzz_schedule(Bytes& in, bool twice) {
   ChunkedDocs chunked = chunked_times(in);
   tail(in, c, &o, &chunked);
   if (pool_options(in, c, o)) fuzz_pool(ls, c, o, twice);
+  if (const uint8_t la = in.u8()) fuzz_lookahead(in, la, ls, c, o, chunked, twice);
   std::string reject = check::schedule_rejection(ls, c, o);
   if (reject.empty()) reject = check::chunked_rejection(chunked.us, chunked.chunks);
 #ifdef SKRULL_FUZZ_REPLAY

@@ -9,7 +9,9 @@ roll-back that ends in a local placement, a batch one over the sequence
 limit, chunked documents, and the tail's options (whole_buffer, slot GDS,
 the timelines, fixed costs, extreme chunk counts and times, the TP degree),
 and the pool's byte (schedule_pool, the cross-group factor, pool_widen,
-collectives_per_layer x plan_margin at its top). tools/fuzz.sh --merge keeps
+collectives_per_layer x plan_margin at its top), and the look-ahead's byte
+(windows of 1 to 1,025 batches cut four ways, chunked documents handed out,
+the pool as the step planner, a free cost model). tools/fuzz.sh --merge keeps
 the ones that add coverage.
 """
 
@@ -172,6 +174,38 @@ def main(out: Path) -> None:
     seeds["pool_world_limit_saturated"] = world + bytes([167, 0x10, 1, 4, 0]) + cost() + bytes([0, 199, 0, 0x00, 0, 0x01])
     seeds["slot_gds_capacity_saturated"] = world + bytes([167, 0x10, 1, 4, 0]) + cost() + lengths([5]) + \
         bytes([199, 0, 0x02, 0, 0x00])
+    # The look-ahead's byte after the pool's (fuzz_core.cpp's fuzz_lookahead): the batch becomes a window of W
+    # global batches regrouped by skrull::lookahead. Its bits 0-1 cut the batch (0 evenly, 1 all in the last,
+    # 2 counts read from the input, 3 round robin), bits 2-3 hand out the chunked documents (1 all to batch 0,
+    # 2 round robin, 3 W + 1 lists: refused), bit 4 plans the steps with schedule_pool; 0x80 alone is the
+    # plain case (the byte must not be 0). The next byte gives W: 1 + b % 8 below 200, then 0, 16, 1024, 1025
+    # and one sample a batch.
+    def window(dp: int, cp: int, b: int, batch: list[int], la: int, wb: int, chunked: bytes = bytes([0]),
+               tail: int = 0, more: bytes = b"", mode: int = 0, overlength: int = 1) -> bytes:
+        head = schedule(dp, cp, b, 0x10, lengths(batch) + bytes([199]) + chunked + bytes([tail, 0, 0, la, wb]) + more,
+                        overlength=overlength)
+        return bytes([mode]) + head[1:]
+    mix = [rng.choice(pool) for _ in range(56)] + [60000, 5, 40000, 7, 30000, 9, 20000, 11]  # a few long ones
+    seeds["lookahead_even_w4"] = window(4, 2, 13312, mix, 0x80, 3)
+    seeds["lookahead_twice_w8_free"] = window(4, 8, 26624, mix, 0x80 | 3, 7, tail=0x04, mode=2)
+    # The CPU debug job's shape (DP 2 x CP 1, 8 short samples a step, windows of 8): the swap search runs.
+    short = [rng.randint(16, 2048) for _ in range(60)] + [2048, 2048, 2048, 2048]
+    seeds["lookahead_swaps_dp2"] = window(2, 1, 26624, short, 0x80, 7, mode=2)
+    seeds["lookahead_counts_slot_gds"] = window(3, 2, 13312, mix, 0x80 | 2, 4, tail=0x02, more=bytes([0, 30, 1, 255]))
+    seeds["lookahead_chunked_batch0"] = window(4, 2, 13312, mix, 0x80 | 1 << 2, 3, chunked=bytes([4, 5, 2, 3, 1]))
+    seeds["lookahead_chunked_round_robin_lockstep"] = window(2, 1, 26624, short, 0x80 | 2 << 2, 3,
+                                                              chunked=bytes([3, 5 + 9 * 2, 2, 1 + 9 * 4]))
+    seeds["lookahead_chunked_lists_one_more"] = window(2, 1, 26624, short, 0x80 | 3 << 2, 3, chunked=bytes([1, 2]))
+    seeds["lookahead_pool_wide"] = window(4, 2, 13312, wide + mix, 0x80 | 16, 3)
+    seeds["lookahead_w1024_last"] = window(2, 2, 13312, short, 0x80 | 1, 202)
+    seeds["lookahead_w1025"] = window(2, 2, 13312, short, 0x80, 203)
+    seeds["lookahead_w0"] = window(2, 2, 13312, short, 0x80, 200)
+    seeds["lookahead_one_sample_a_batch"] = window(2, 2, 13312, short, 0x80 | 3, 204)
+    # A free cost model (a = b = 0: cost_model()'s coefficient byte 128): every candidate is estimated 0,
+    # so the finalists' tie quantum is 0 and they rank by long samples a step alone.
+    free = schedule(2, 1, 26624, 0x10, lengths(short) + bytes([199, 0, 0, 0, 0, 0x80, 3]))
+    seeds["lookahead_free_cost"] = free[:9] + bytes([128, 128]) + free[11:]
+    seeds["lookahead_over_length_error"] = window(2, 2, 13312, [5, 60000, 7], 0x80, 1, overlength=0)
     # evaluate_placement on a given placement; and one entry short.
     seeds["evaluate_short"] = bytes([3]) + ranks(4) + bucket(26624) + cost() + lengths([5, 7, 9000]) + bytes([199, 0, 1, 9, 7])
     seeds["evaluate"] = bytes([3]) + ranks(4) + bucket(26624) + cost() + lengths([5, 7, 9000]) + bytes([199, 0, 1, 9])

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "lookahead_check.hpp"
 #include "plan_check.hpp"
 #include "check.hpp"
 #include "skrull/scheduler.hpp"
@@ -373,6 +374,65 @@ static void test_leader_slot_beats_the_plain_split() {
   for (int32_t i = 0; i < o.dp; ++i) CHECK(s.dp_offsets[i + 1] > s.dp_offsets[i]);
 }
 
+// The fuzzer's look-ahead oracle (lookahead_check.hpp) on a window of four steps with
+// stragglers: the core's answer passes, each promise broken by hand is named, and the
+// window's ranges are refused as the oracle says, with the core agreeing.
+static void test_lookahead_oracle() {
+  const CostModel c = preset();
+  Options o = opts(2, 1, 26624, Overlength::kTruncate);
+  const std::vector<std::vector<int64_t>> w = {
+      {9000, 100, 200, 300}, {400, 9000, 100, 100}, {100, 700, 9000, 100}, {100, 100, 100, 8000}};
+  const auto price = [&](const std::vector<int64_t>& l, const ChunkedDocs& d) { return schedule(l, c, o, d).makespan_us; };
+  const Lookahead a = lookahead(w, {}, c, o, price);
+  CHECK(check::lookahead_error(w, {}, a, price).empty());
+  CHECK(a.window_us < a.arrival_window_us && a.moved > 0);  // the long samples share steps
+  Lookahead bad = a;
+  bad.step_us[0] += 1.0;
+  CHECK(check::lookahead_error(w, {}, bad, price) == "a regrouped step's time is not its plan's");
+  bad = a;
+  bad.step[0] = (bad.step[0] + 1) % 4;
+  CHECK(check::lookahead_error(w, {}, bad, price) == "a step's sample count changed");
+  bad = a;
+  bad.window_us = a.arrival_window_us;
+  CHECK(check::lookahead_error(w, {}, bad, price) == "window times are not their steps' sums");
+  bad = a;
+  bad.moved += 1;
+  CHECK(check::lookahead_error(w, {}, bad, price) == "moved or max_delay");
+  bad = a;
+  bad.planned = 2 * 16 + kLookaheadPlanWork + 1;
+  CHECK(check::lookahead_error(w, {}, bad, price) == "a counter outside its budget");
+  const auto refused = [&](const std::vector<std::vector<int64_t>>& b, const std::vector<ChunkedDocs>& d) {
+    try {
+      lookahead(b, d, c, o, price);
+    } catch (const std::invalid_argument& e) {
+      return std::strlen(e.what()) > 10;
+    }
+    return false;
+  };
+  const auto rejection = [&](const std::vector<std::vector<int64_t>>& b, const std::vector<ChunkedDocs>& d) {
+    return check::lookahead_rejection(b, d, c, [&](const std::vector<int64_t>& l, const ChunkedDocs& docs) {
+      const std::string r = check::schedule_rejection(l, c, o);
+      return r.empty() ? check::chunked_rejection(docs.us, docs.chunks) : r;
+    });
+  };
+  CHECK(rejection(w, {}).empty());
+  CHECK(rejection({}, {}) == "window size" && refused({}, {}));
+  const std::vector<std::vector<int64_t>> wide(kMaxLookahead + 1, std::vector<int64_t>{5});
+  CHECK(rejection(wide, {}) == "window size" && refused(wide, {}));
+  CHECK(rejection(w, std::vector<ChunkedDocs>(5)) == "chunked lists" && refused(w, std::vector<ChunkedDocs>(5)));
+  std::vector<ChunkedDocs> nan_time(4);
+  nan_time[3] = {{std::nan("")}, {1}};
+  CHECK(rejection(w, nan_time) == "chunked time" && refused(w, nan_time));
+  // Over-length under "error": refused by the planner at the arrival step that holds it.
+  o.overlength = Overlength::kError;
+  std::vector<std::vector<int64_t>> over = w;
+  over[2][1] = 30000;
+  CHECK(rejection(over, {}) == "global batch 2: over-length" && refused(over, {}));
+  // An empty window of steps is priced without the planner: accepted whatever the options.
+  o.dp = 0;
+  CHECK(rejection({{}, {}}, {}).empty() && !refused({{}, {}}, {}));
+}
+
 int main() {
   test_bad_input_is_refused();
   test_lengths_at_the_boundaries();
@@ -382,6 +442,7 @@ int main() {
   test_slot_gds_plans_are_valid();
   test_slot_gds_small_case();
   test_leader_slot_beats_the_plain_split();
+  test_lookahead_oracle();
   if (skrull_test::failures) return skrull_test::report();
   std::puts("test_hardening: all checks passed");
   return 0;
