@@ -25,6 +25,9 @@ cd "$(dirname "$0")/.."
 build_only=0
 [ "${1:-}" != --build-only ] || build_only=1
 py=${PYTHON:-python3}
+# A relative path (the usage in docs/reliability.md: PYTHON=.venv/bin/python) made absolute: the tests
+# run from the stage folder. The venv's link itself is kept (not resolved).
+case $py in */*) py=$(cd "$(dirname "$py")" && pwd)/$(basename "$py") ;; esac
 out=build/sanitize
 jobs=${JOBS:-2}
 export ASAN_OPTIONS=abort_on_error=1:strict_string_checks=1:detect_stack_use_after_return=1
