@@ -13,11 +13,21 @@
 # ASan) is most of step 2 and left the second core idle while step 1 waited
 # for it (docs/reliability.md, "The suite's time"). Step 1's output is its
 # log, printed when both are done. About 1 minute on 2 cores.
-# Usage: .ci/sanitize.sh  (PYTHON=... picks the interpreter; it needs
-# pybind11, scikit-build-core, pytest, hypothesis and the package's deps.)
+# Usage: .ci/sanitize.sh [--build-only]  (PYTHON=... picks the interpreter of
+# the tests; it needs pytest, hypothesis and the package's deps.) The module is
+# built by a venv of its own with only the build's requirements
+# (build/sanitize/build-venv: scikit-build-core, pybind11), so the build reads
+# nothing that an install into PYTHON's venv could change under it.
+# --build-only: both builds and the stage, no test run (.ci/run makes them
+# beside its set-up's pip; the full run after it finds them up to date).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+build_only=0
+[ "${1:-}" != --build-only ] || build_only=1
 py=${PYTHON:-python3}
+# A relative path (the usage in docs/reliability.md: PYTHON=.venv/bin/python) made absolute: the tests
+# run from the stage folder. The venv's link itself is kept (not resolved).
+case $py in */*) py=$(cd "$(dirname "$py")" && pwd)/$(basename "$py") ;; esac
 out=build/sanitize
 jobs=${JOBS:-2}
 export ASAN_OPTIONS=abort_on_error=1:strict_string_checks=1:detect_stack_use_after_return=1
@@ -30,6 +40,7 @@ cpp_tests() {
   command -v ninja >/dev/null && gen=(-G Ninja)
   cmake -S . -B "$out/cpp" "${gen[@]}" -DSKRULL_SANITIZE=ON -DSKRULL_BUILD_TESTS=ON -DCMAKE_BUILD_TYPE=Debug >/dev/null
   cmake --build "$out/cpp" -j "$jobs"
+  [ "$build_only" = 0 ] || return 0
   ctest --test-dir "$out/cpp" --output-on-failure -j "$jobs"
 }
 mkdir -p "$out"
@@ -49,12 +60,16 @@ trap 'rc=$?; trap - EXIT; cpp_done || [ "$rc" != 0 ] || rc=1; exit "$rc"' EXIT
 
 # 2. The Python module and the Python tests against it.
 echo "== sanitize: Python module"
-# The build runs without isolation: make sure its requirements are there (a
-# venv made by 'pip install -e .' has only the runtime dependencies).
-"$py" -c "import scikit_build_core, pybind11" 2>/dev/null ||
-  "$py" -m pip install -q "scikit-build-core>=0.11" "pybind11>=3.0"
+# The build runs without isolation (its build folder is kept between runs), in
+# its own venv from PYTHON's interpreter (the same ABI; -S: nothing read from
+# PYTHON's site-packages, which .ci/run's pip may be writing meanwhile).
+bpy=$out/build-venv/bin/python
+"$bpy" -c "import scikit_build_core, pybind11" 2>/dev/null || {
+  "$py" -S -m venv --clear "$out/build-venv"
+  "$bpy" -m pip install -q "scikit-build-core>=0.11" "pybind11>=3.0" 2>&1 | grep -v '^WARNING: Location' || true
+}
 rm -rf "$out/py-install" "$out/stage"
-"$py" -m pip install -q --no-build-isolation --no-deps --target "$out/py-install" \
+"$bpy" -m pip install -q --no-build-isolation --no-deps --target "$out/py-install" \
   -C cmake.define.SKRULL_SANITIZE=ON -C cmake.build-type=Debug -C build-dir="$out/py-build" . \
   2>&1 | grep -v '^WARNING: Location' || true
 so=$(ls "$out"/py-install/skrull_ext/_core*.so)
@@ -65,6 +80,12 @@ mkdir -p "$out/stage"
 cp -r skrull_ext tests profiles pyproject.toml "$out/stage/"  # profiles: test_pool_subgroup reads the CPU one
 find "$out/stage" \( -name '_core*.so' -o -name __pycache__ \) -prune -exec rm -rf {} +
 cp "$so" "$out/stage/skrull_ext/"
+if [ "$build_only" = 1 ]; then
+  trap - EXIT
+  cpp_done
+  echo "== sanitize: built in $((SECONDS - t0)) s"
+  exit 0
+fi
 
 echo "== sanitize: Python tests against it"
 # libasan first; libstdc++ with it, so ASan's __cxa_throw interceptor finds the
