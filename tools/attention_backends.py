@@ -32,8 +32,11 @@ backends:
   checks the plumbing, no kernel's speed.
 
 Agreement: on a small buffer every backend's output and gradients against a
-float64 per-document reference, the largest absolute error (bf16's rounding
-is about 1e-2 at these sizes). A measurement script, not a test: its pure
+float64 per-document reference, the largest absolute error of each tensor
+relative to that tensor's largest magnitude (bf16 keeps 8 bits: 4e-3 a
+value, a few times that after a sum; a wrong mask or head mapping is off by
+O(1)). A backend past 3e-2 is not timed, except flash, the kernel the trainer
+runs: its rows are the baseline either way, marked. A measurement script, not a test: its pure
 parts are tested in tests/unit_tests/test_attention_backends_tool.py.
 """
 
@@ -142,8 +145,9 @@ def forward_backward(run: Callable, b: Buffer, dtype: torch.dtype | None = None)
 
 
 def max_error(run: Callable, b: Buffer, oracle: tuple) -> float:
+    """The largest of (output, dq, dk, dv)'s max |error| over its oracle's max |value|."""
     got = forward_backward(run, b)
-    return max(float((g.double() - o).abs().max()) for g, o in zip(got, oracle))
+    return max(float((g.double() - o).abs().max() / o.abs().max().clamp_min(1e-30)) for g, o in zip(got, oracle))
 
 
 def time_pass(run: Callable, b: Buffer, warmup: int, repeats: int) -> float:
@@ -218,10 +222,10 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as e:  # noqa: BLE001 - a backend this torch/cuDNN refuses is a row, not a crash
             print(f"agreement {name}: refused ({_why(e)})")
             continue
-        ok = err < (5e-2 if dtype == torch.bfloat16 else 1e-4)
-        print(f"agreement {name}: max |error| {err:.2e} against float64 (output, dq, dk, dv)"
-              + ("" if ok else " -- DISAGREES, not timed"))
-        if ok:
+        ok = err < (3e-2 if dtype == torch.bfloat16 else 1e-5)
+        print(f"agreement {name}: max |error| / max |value| {err:.2e} against float64 (output, dq, dk, dv)"
+              + ("" if ok else " -- DISAGREES" + (", timed as the baseline" if name == "flash" else ", not timed")))
+        if ok or name == "flash":
             usable.append(name)
 
     rng = np.random.default_rng(a.seed)

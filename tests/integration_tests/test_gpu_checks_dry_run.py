@@ -81,7 +81,7 @@ def test_gpu_checks_dry_run_issue57_preset(tmp_path):
     # KERNEL_AB: both shapes ran, each backend agreeing with the float64 oracle before its one row (CPU: the oracle)
     for shape in ("heads 14/2 x 64", "--heads 4 --kv-heads 2 --head-dim 8"):
         at = lines.index(f"attention backends, {shape} (rc 0):")
-        assert lines[at + 1].startswith("agreement reference: max |error| ") and lines[at + 2].startswith(
+        assert lines[at + 1].startswith("agreement reference: max |error| / max |value| ") and lines[at + 2].startswith(
             "| 256 | "), summary
     assert any(line.startswith("profile (rc 0): a_us_per_flop = ") for line in lines), summary
     # the micro-batch's two fixed costs and the one the scheduler got (CPU: no host floor, the short one)

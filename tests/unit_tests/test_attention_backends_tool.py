@@ -47,7 +47,7 @@ def test_cpu_run_prints_agreement_and_a_row(capsys):
     assert tool.main(["--device", "cpu", "--tokens", "64", "--repeats", "1", "--warmup", "0",
                       "--heads", "4", "--kv-heads", "2", "--head-dim", "8"]) == 0
     out = capsys.readouterr().out
-    assert "agreement reference: max |error|" in out and "DISAGREES" not in out
+    assert "agreement reference: max |error| / max |value| " in out and "DISAGREES" not in out
     assert "| 64 |" in out and "| reference |" in out
 
 
@@ -60,3 +60,17 @@ def test_wrong_flags_name_themselves(argv, says, capsys):
     with pytest.raises(SystemExit) as e:
         tool.main(["--device", "cpu", *argv])
     assert e.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_agreement_catches_a_wrong_mask_and_passes_the_oracle():
+    """The agreement measure: 0 for the oracle itself, O(1) for attention without its causal mask."""
+    b = tool.make_buffer([9, 4], heads=4, kv_heads=2, head_dim=8, dtype=torch.float32, device=torch.device("cpu"))
+    oracle = tool.forward_backward(tool.run_reference, b, torch.float64)
+
+    def no_mask(q, k, v, buf):
+        k, v = tool._expand(k, q.size(1)), tool._expand(v, q.size(1))
+        return torch.nn.functional.scaled_dot_product_attention(
+            q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)).transpose(0, 1)
+
+    assert tool.max_error(tool.run_reference, b, oracle) < 1e-5
+    assert tool.max_error(no_mask, b, oracle) > 0.1
