@@ -15,8 +15,9 @@ offers is the bottom-right one flash attention applies.
 
 Per buffer (documents drawn in order from a length file, each cut at
 ``--max-len`` and the last at the buffer's end), per backend: forward and
-backward through autograd (the aten ops' own derivatives), CUDA events, the
-median of ``--repeats`` after ``--warmup``; TFLOP/s at the project's
+backward through autograd (the aten ops' own derivatives), timed as the
+profiler times (profile/ranks.py median_us: the device synchronised around
+each pass), the median of ``--repeats`` after ``--warmup``; TFLOP/s at the project's
 document-aware count (train/doc_flops.py: 12 H D per causal query-key pair,
 forward and backward), and each backend's time as a ratio of flash's. The
 backends:
@@ -41,7 +42,6 @@ parts are tested in tests/unit_tests/test_attention_backends_tool.py.
 """
 
 import argparse
-import statistics
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -151,26 +151,11 @@ def max_error(run: Callable, b: Buffer, oracle: tuple) -> float:
 
 
 def time_pass(run: Callable, b: Buffer, warmup: int, repeats: int) -> float:
-    """Median milliseconds of one forward+backward (CUDA events on a GPU, wall clock on CPU)."""
-    cuda = b.q.is_cuda
-    times = []
-    for i in range(warmup + repeats):
-        if cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-        else:
-            import time
-            t0 = time.perf_counter()
-        forward_backward(run, b)
-        if cuda:
-            end.record()
-            end.synchronize()
-            ms = start.elapsed_time(end)
-        else:
-            ms = (time.perf_counter() - t0) * 1e3
-        if i >= warmup:
-            times.append(ms)
-    return statistics.median(times)
+    """Median milliseconds of one forward+backward: the profiler's own timing (profile/ranks.py
+    median_us: the device synchronised before and after each call, wall clock)."""
+    from skrull_ext.profile.ranks import median_us
+
+    return median_us(lambda: forward_backward(run, b), b.q.device, warmup, repeats)[0] / 1e3
 
 
 def _why(e: Exception) -> str:
