@@ -381,6 +381,21 @@ def limited(lengths: list[int], bucket: int, n: int, overlength: str) -> tuple[R
     return out, live
 
 
+def lpt_groups(items: list[int], length: list[int], m: int, cap: int, cost: RefCost) -> list[list[int]] | None:
+    """gds.hpp form_groups, Grouping::kLpt: ``items`` from the last (the longest) each to the group with the least
+    FLOPs that has ``cap`` tokens of room (ties to the lower group); members in items order, None if one has none."""
+    load, room, where = [0.0] * m, [cap] * m, [0] * len(items)
+    for q in range(len(items) - 1, -1, -1):
+        s = length[items[q]]
+        if not (fits := [j for j in range(m) if room[j] >= s]):
+            return None
+        j = min(fits, key=lambda j: (load[j], j))
+        where[q] = j
+        room[j] -= s
+        load[j] += cost.flops(s)
+    return [[k for q, k in enumerate(items) if where[q] == j] for j in range(m)]
+
+
 def schedule(lengths: list[int], cost: RefCost, dp: int, n: int, bucket: int, *, worst_fit: bool = False,
              longest_rollback: bool = True, predicted_time: bool = False, max_extra: int = 1,
              overlength: str = "error", refine_: bool = False, sweep: bool = False,
@@ -409,23 +424,8 @@ def schedule(lengths: list[int], cost: RefCost, dp: int, n: int, bucket: int, *,
         load[t] += cost.flops(eff[k])
     cap = bucket * n
 
-    def lpt_groups(share: list[int], m: int) -> list[list[int]] | None:
-        """gds.hpp form_groups, Grouping::kLpt: longest first, each to the group with the least FLOPs
-        that has room (ties to the lower group); members in share order."""
-        load, room, where = [0.0] * m, [cap] * m, [0] * len(share)
-        for q in range(len(share) - 1, -1, -1):
-            s = eff[share[q]]
-            fits = [j for j in range(m) if room[j] >= s]
-            if not fits:
-                return None
-            j = min(fits, key=lambda j: (load[j], j))
-            where[q] = j
-            room[j] -= s
-            load[j] += cost.flops(s)
-        return [[k for q, k in enumerate(share) if where[q] == j] for j in range(m)]
-
     def split(share: list[int], m: int, lpt: bool = False):
-        groups = lpt_groups(share, m) if lpt else [share[j::m] for j in range(m)]
+        groups = lpt_groups(share, eff, m, cap, cost) if lpt else [share[j::m] for j in range(m)]
         if groups is None or not all(sum(eff[k] for k in g) <= cap for g in groups):
             return None
         res = []

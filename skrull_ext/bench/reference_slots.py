@@ -37,17 +37,9 @@ def split(eff: list[int], seqs: list[int], m: int, cost: ref.RefCost, n: int, bu
           unit: int) -> Split | None:
     """m groups by LPT (longest first, to the group with the least FLOPs that has room, ties to the lower),
     each placed by DACP; None when a sequence finds no room or a group no placement."""
-    load, room, where = [0.0] * m, [bucket * n] * m, [0] * len(seqs)
-    for q in range(len(seqs) - 1, -1, -1):
-        s = eff[seqs[q]]
-        fits = [j for j in range(m) if room[j] >= s]
-        if not fits:
-            return None
-        j = min(fits, key=lambda j: (load[j], j))
-        where[q] = j
-        room[j] -= s
-        load[j] += cost.flops(s)
-    groups = [[q for q in range(len(seqs)) if where[q] == j] for j in range(m)]
+    groups = ref.lpt_groups(list(range(len(seqs))), [eff[k] for k in seqs], m, bucket * n, cost)  # positions
+    if groups is None:
+        return None
     placements, times = [], []
     for g in groups:
         if not g:
