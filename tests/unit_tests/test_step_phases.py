@@ -125,8 +125,23 @@ def test_summary_is_the_median_after_the_first_step():
         StepTimes(k, {"data": 1.0, "mb": 80.0 + k, "opt": 20.0}, 105.0 + k, 0.0) for k in range(2, 5)]
     line = phases_summary(times)
     assert line.startswith("step phases, median ms over 3 steps after the first: data 1.0 mb 83.0 opt 20.0;")
-    assert "step as run 107.0 ms, 19% of it outside the micro-batches (checks, clip, opt)" in line
+    assert "step as run 107.0 ms, 19% of it outside the micro-batches (checks, clip, opt); rest 4.0" in line
     assert phases_summary([]) is None
+
+
+def test_on_the_host_clock_no_second_host_clock_is_said():
+    """On CPU the phases are timed on the host's clock (WallClock): the closing line says the rest
+    once, with no "on the host's clock" comparison (the same number again, read as a GPU's), and
+    no ``skrull/phase_rest_host_ms`` is written."""
+    phases = StepPhases(WallClock())
+    phases.begin(1)
+    with phases.phase("mb"):
+        pass
+    phases.end(0.0)
+    t = phases.take()
+    assert math.isnan(t.rest_host_ms) and "skrull/phase_rest_host_ms" not in t.metrics()
+    line = phases_summary([t])
+    assert line.endswith(f"(checks, clip, opt); rest {t.rest_ms:.1f}") and "host's clock" not in line
 
 
 def test_the_host_clock_on_cpu():
