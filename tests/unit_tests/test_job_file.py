@@ -72,8 +72,8 @@ def test_gpu_job_loads():
          r'^skrull.bucket_size must be in \[1, 68719476736\] or "profile" \(the measured profile\'s BucketSize\), got 0$'),
         ("[skrull]\nbucket_size = 'profile'", r"^skrull.bucket_size = 'profile' takes BucketSize from a profile file, "
          r"but skrull.cost_model is the hardware preset 'h100-assumed'"),
-        ("[skrull]\nbucket_size = 'measured'", r"^skrull.bucket_size: 'measured' matches none of: expected an integer, "
-         r"got 'measured'; 'measured' is not one of \['profile'\]$"),
+        ("[skrull]\nbucket_size = 'measured'", r"^skrull.bucket_size: expected an integer or 'profile', got 'measured'$"),
+        ("[skrull]\nfree_running = 'maybe'", r"^skrull.free_running: expected true, false or 'auto', got 'maybe'$"),
         ("[skrull]\ncost_model = 'h200'", r"skrull.cost_model: 'h200' is neither a hardware preset \['h100-assumed'\] nor a profile file"),
         ("[skrull]\ncost_model = 'llama3-debug'",
          r"skrull.cost_model: 'llama3-debug' is a model preset; the shape now comes from the job's \[model\]"),
