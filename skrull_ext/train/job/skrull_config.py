@@ -125,9 +125,11 @@ class SkrullConfig(SchedulingOptions):
                 f"or a profile file"
             )
         elif not Path(self.cost_model).is_file():
+            path = Path(self.cost_model)  # a path: say where it was looked for (from the current directory)
+            where = f" (no file {str(path.resolve())!r})" if path.suffix == ".toml" or len(path.parts) > 1 else ""
             raise ValueError(
                 f"skrull.cost_model: {self.cost_model!r} is neither a hardware preset "
-                f"{sorted(cost_models.HARDWARE_PRESETS)} nor a profile file"
+                f"{sorted(cost_models.HARDWARE_PRESETS)} nor a profile file{where}"
             )
         try:
             check_kernel(self.attention_kernel)  # the attention's own checks, named as [skrull] keys
