@@ -201,9 +201,10 @@ def micro_batches_said(m: dict[str, float]) -> str:
     rank's and the busiest one's (a DP rank runs its own; the others pad to the
     busiest, unless free-running)."""
     total, mine, most = (int(m[f"skrull/{k}"]) for k in ("micro_batches", "rank_micro_batches", "max_micro_batches"))
+    what = "micro-batch" if total == 1 else "micro-batches"
     if total == mine:
-        return f"{total} micro-batches (all on this DP rank)"
-    return f"{total} micro-batches over all DP ranks ({mine} on this one, {most} on the busiest)"
+        return f"{total} {what} (all on this DP rank)"
+    return f"{total} {what} over all DP ranks ({mine} on this one, {most} on the busiest)"
 
 
 def measured_said(times, spread: dict[str, float]) -> str:
