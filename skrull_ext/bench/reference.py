@@ -35,7 +35,7 @@ class RefCost:
     attention: float = 1.0  # attention_weight: the attention term's weight in flops()
     whole: bool = False  # whole_buffer: each part of a rank's buffer priced as one sequence of its length
     step: float = 0.0  # step_fixed_us: once a step that runs anything (timing: reference_chunked.py)
-    host_floor: float = 0.0  # host_floor_us: a layer call costs max(host_floor, a F + b)
+    host_floor: float = 0.0  # host_floor_us: a rank's layer call costs at least this, once per call
 
     @classmethod
     def of(cls, cm) -> RefCost:
@@ -62,8 +62,20 @@ class RefCost:
     def kv_bytes(self, s: int) -> float:
         return 2.0 * float(s) * float(self.kv_width) * self.bytes_per_elem / self.tp
 
+    def line(self, f: float) -> float:
+        return self.a * f + self.b if f > 0.0 else 0.0
+
+    def layer(self, comm: float, local: float, dist: float) -> float:
+        """cost_model.hpp layer_us: max(floor, max(comm, line(local)) + line(dist)), the floor once a call."""
+        device = max(comm, self.line(local)) + self.line(dist)
+        return max(self.host_floor, device) if local > 0.0 or dist > 0.0 else device
+
     def comp(self, f: float) -> float:
-        return max(self.host_floor, self.a * f + self.b) if f > 0.0 else 0.0
+        return self.layer(0.0, f, 0.0)
+
+    def floored(self, calls: float) -> float:
+        """cost_model.hpp floored_us: what `calls` micro-batches cost at least."""
+        return calls * (self.layers * self.host_floor + self.fixed)
 
     def collective(self, v: float) -> float:
         if v <= 0.0:
@@ -78,8 +90,7 @@ class RefCost:
 
     def micro_batch(self, local: list[float], dist: float, vol: float, most: int = 0) -> float:
         comm = self.per_layer * self.collective(vol)
-        dist_t = self.comp(dist)
-        worst = max([0.0] + [max(comm, self.comp(f)) + dist_t for f in local])  # the first of equals kept
+        worst = max([0.0] + [self.layer(comm, f, dist) for f in local])  # the first of equals kept
         return self.layers * worst + self.fixed + self.token * most
 
 
@@ -148,7 +159,7 @@ def refine(lengths: list[int], cost: RefCost, n: int, bucket: int, order: list[i
         for j in range(1, n):
             if local[j] > local[b]:
                 b = j
-        if cost.comp(local[b]) <= comm:
+        if cost.line(local[b]) <= comm:
             break
         lightest = 1 if b == 0 else 0
         for j in range(n):
@@ -279,7 +290,7 @@ def dacp_sweep(lengths: list[int], cost: RefCost, n: int, bucket: int) -> RefDac
             dist += cost.flops(s) / n
             vol += cost.kv_bytes(sh * n)
             if best is not None and monotone and \
-                    cost.layers * (cost.per_layer * cost.collective(vol) + cost.comp(dist)) + cost.fixed >= best[1]:
+                    cost.layers * cost.layer(cost.per_layer * cost.collective(vol), 0.0, dist) + cost.fixed >= best[1]:
                 break
         cp_rank = [DISTRIBUTED] * len(lengths)
         room = [bucket - prefix] * n
@@ -329,7 +340,7 @@ def lower_bound(lengths: list[int], cost: RefCost, n: int) -> float:
     if monotone and n > 1:
         f = cost.flops(longest)
         as_local = cost.comp(f)
-        as_dist = cost.per_layer * cost.collective(cost.kv_bytes(longest)) + cost.comp(f / n)
+        as_dist = cost.layer(cost.per_layer * cost.collective(cost.kv_bytes(longest)), 0.0, f / n)
         bound = max(bound, min(as_local, as_dist))
     return cost.layers * bound + cost.fixed + cost.token * tokens / n
 
@@ -473,7 +484,7 @@ def schedule(lengths: list[int], cost: RefCost, dp: int, n: int, bucket: int, *,
             if best is not None and predicted_time:
                 for m in range(len(best[1]) + 1, min(size, len(best[1]) + max_extra) + 1):
                     if max(cost.layers * (cost.a * total_flops / n + m * cost.b) + m * cost.fixed,
-                           m * (cost.layers * cost.host_floor + cost.fixed)) >= best[0]:
+                           cost.floored(m)) >= best[0]:
                         break
                     cand = split(share, m, lpt)
                     if cand is not None and cand[0] < best[0]:
