@@ -95,6 +95,20 @@ def test_a_short_sequence_stays_local_beside_a_sharded_one_at_a_large_floor():
     assert (plan.cp_rank, plan.makespan_us) == ([DISTRIBUTED, DISTRIBUTED], 374.0)
 
 
+def test_a_chunk_pays_one_floor_over_its_compute_and_exchange():
+    from skrull_ext.scheduler.chunk_cost import chunk_cost
+
+    # CP 2, one chunk of 4 tokens: 160 / 2 = 80 FLOPs a rank and a 100 us exchange in one block call:
+    # max(250, 80 + 100) = 250 and max(150, 180) = 180 (the per-part rule: 250 + 100 and 150 + 100).
+    assert chunk_cost(toy(250.0, comm_us=100.0), 4, 4, cp=2).us == 250.0
+    assert chunk_cost(toy(150.0, comm_us=100.0), 4, 4, cp=2).us == 180.0
+    assert chunk_cost(toy(150.0, comm_us=100.0), 4, 4, cp=2).one_pass_us == 180.0
+    # Two chunks of 4: the first recomputed (x 4/3, two exchanges): max(250 x 4/3, 80 x 4/3 + 200);
+    # the second (288 / 2 = 144 FLOPs a rank): max(250, 144 + 100).
+    assert chunk_cost(toy(250.0, comm_us=100.0), 8, 4, cp=2).us == pytest.approx(1000.0 / 3.0 + 250.0, rel=1e-12)
+    assert chunk_cost(toy(comm_us=100.0), 8, 4, cp=2).us == pytest.approx(80.0 * 4 / 3 + 200.0 + 244.0, rel=1e-12)
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.floats(0.0, 5000.0), st.floats(0.0, 3000.0), st.floats(0.0, 1e5), st.floats(0.0, 1e5),
        st.sampled_from([0.0, 30.0]))
