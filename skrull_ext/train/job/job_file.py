@@ -46,7 +46,7 @@ from skrull_ext.train.job.job_flags import Flag, FlagText, flag_tables
 from skrull_ext.train.job.job_help import job_help
 from skrull_ext.train.job.loss_config import HeadLossConfig
 from skrull_ext.train.job.section_kinds import SECTION_KINDS, register_kind
-from skrull_ext.train.job.usage import JOBS_DIR, USAGE, exit_without_job, entry_module
+from skrull_ext.train.job.usage import USAGE, exit_without_job, entry_module
 
 
 MODEL_KEYS = ("name", "flavor", "attn_backend", "hf_path")
