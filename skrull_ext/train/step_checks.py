@@ -213,8 +213,9 @@ def measured_said(times, spread: dict[str, float]) -> str:
     spread of that ratio; '' on the first logged step."""
     if times is None:
         return ""
-    predicted = (f", x{times.ratio:.2f} predicted"
-                 + (f" (median x{spread['median']:.2f}, p10-p90 x{spread['p10']:.2f}-{spread['p90']:.2f})"
+    # "measured 2.85x the predicted step", not "x2.85 predicted", which read as a prediction of x2.85
+    predicted = (f", measured {times.ratio:.2f}x the predicted step"
+                 + (f" (so far median {spread['median']:.2f}x, p10-p90 {spread['p10']:.2f}x-{spread['p90']:.2f}x)"
                     if spread.get("steps", 0) > 1 else "")) if times.predicted_us > 0 else ""
     return (f"step {times.step} {times.clause()}: {times.step_ms:.1f} ms as run{predicted}"
             f", {100 * times.outside_ms / max(times.step_ms, 1e-9):.0f}% outside the micro-batches; ")
