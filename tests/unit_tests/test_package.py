@@ -247,7 +247,7 @@ def unused_imports(path: Path, root: Path = ROOT) -> list[str]:
 @pytest.mark.parametrize("pkg", PACKAGES, ids=lambda p: p.name)
 def test_no_module_imports_a_name_it_never_uses(pkg):
     """skrull_ext/train/job/job_file.py imported JOBS_DIR only for config_registry to import it
-    from there (issue 67's new-user pass); a name lives where it is defined."""
+    from there (a new user's pass over the README's job); a name lives where it is defined."""
     assert [u for p in sorted(pkg.rglob("*.py")) for u in unused_imports(p)] == []
 
 
