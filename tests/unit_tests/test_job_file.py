@@ -347,6 +347,24 @@ def test_bool_flags_take_every_form():
         _flags("--metrics.enable_tensorboard", "maybe")
 
 
+def test_the_job_file_and_flags_are_kept_for_commands_on_the_same_job(monkeypatch):
+    """The drift warning and the step-term note suggest a profiler command on this job: with the
+    job file's path and the job's flags as given (shell-quoted), not '<this job's file>'
+    (torchtitan's config keeps no path of its file)."""
+    from skrull_ext.train.job import usage
+    from skrull_ext.train.job.job_file import load_config
+
+    monkeypatch.setattr(usage, "_job_argv", None)
+    assert usage.job_args() == "--config-file <this job's file>"
+    usage.remember_job(["--module", "m", "--config", "c"])  # torchtitan's form names no job file
+    assert usage.job_args() == "--config-file <this job's file>"
+    load_config(["--config-file", DEBUG, "--parallelism.context_parallel_degree", "2", "--skrull.plan_log"],
+                check=False)
+    assert usage.job_args() == f"--config-file {DEBUG} --parallelism.context_parallel_degree 2 --skrull.plan_log"
+    usage.remember_job(["--config-file=my jobs/a.toml"])
+    assert usage.job_args() == "'--config-file=my jobs/a.toml'"
+
+
 @pytest.mark.parametrize("word", ["1", "0", "yes", "no", "on", "off", "true", "False"])
 def test_a_true_false_or_auto_flag_reads_a_word_as_a_plain_bool_flag_does(word):
     """``--skrull.free_running 1`` is true because ``--skrull.defer_grad_sync 1`` is (every bool
