@@ -154,6 +154,12 @@ class SkrullConfig(SchedulingOptions):
         anything is resolved from the profile (train/checkpointing.py)."""
         self._ac_mode = mode
 
+    @property
+    def checkpointing_mode(self) -> str | None:
+        """The activation-checkpointing mode the profile is read under (``use_checkpointing``);
+        None before one is set (or for a mode no profile measures)."""
+        return self._ac_mode
+
     def check_free_running(self) -> None:
         """``free_running`` with a policy that cannot run it: a ValueError naming both keys.
         skrull-pool shards a sequence over ranks of several DP groups, whose K/V exchange would
