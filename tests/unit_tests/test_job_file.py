@@ -347,6 +347,42 @@ def test_bool_flags_take_every_form():
         _flags("--metrics.enable_tensorboard", "maybe")
 
 
+def test_the_job_file_and_flags_are_kept_for_commands_on_the_same_job(monkeypatch):
+    """The drift warning and the step-term note suggest a profiler command on this job: with the
+    job file's path and the job's flags as given (shell-quoted), not '<this job's file>'
+    (torchtitan's config keeps no path of its file)."""
+    from skrull_ext.train.job import usage
+    from skrull_ext.train.job.job_file import load_config
+
+    monkeypatch.setattr(usage, "_job_argv", None)
+    assert usage.job_args() == "--config-file <this job's file>"
+    usage.remember_job(["--module", "m", "--config", "c"])  # torchtitan's form names no job file
+    assert usage.job_args() == "--config-file <this job's file>"
+    load_config(["--config-file", DEBUG, "--parallelism.context_parallel_degree", "2", "--skrull.plan_log"],
+                check=False)
+    assert usage.job_args() == f"--config-file {DEBUG} --parallelism.context_parallel_degree 2 --skrull.plan_log"
+    usage.remember_job(["--config-file=my jobs/a.toml"])
+    assert usage.job_args() == "'--config-file=my jobs/a.toml'"
+
+
+@pytest.mark.parametrize("word", ["1", "0", "yes", "no", "on", "off", "true", "False"])
+def test_a_true_false_or_auto_flag_reads_a_word_as_a_plain_bool_flag_does(word):
+    """``--skrull.free_running 1`` is true because ``--skrull.defer_grad_sync 1`` is (every bool
+    flag takes 1/0, yes/no, on/off); a job file refuses ``= 1`` for both, as TOML has booleans."""
+    plain = _flags("--skrull.defer_grad_sync", word).skrull.defer_grad_sync
+    assert isinstance(plain, bool) and _flags("--skrull.free_running", word).skrull.free_running is plain
+    assert _flags("--skrull.free_running", "auto").skrull.free_running == "auto"
+
+
+@pytest.mark.parametrize("key, message", [
+    ("defer_grad_sync", r"^skrull.defer_grad_sync: expected true or false, got 1$"),
+    ("free_running", r"^skrull.free_running: expected true, false or 'auto', got 1$"),
+])
+def test_a_job_file_refuses_1_for_a_true_false_key_with_or_without_auto(tmp_path, key, message):
+    with pytest.raises(JobFileError, match=message):
+        load_job(_write(tmp_path, MINIMAL + f"[skrull]\n{key} = 1\n"))
+
+
 def test_activation_checkpoint_flags_switch_and_set_the_kind():
     """Every ``--activation_checkpoint.*`` flag failed in tyro, whatever the job's kind."""
     from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC

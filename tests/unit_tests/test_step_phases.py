@@ -182,8 +182,11 @@ def test_the_step_line_says_a_prediction_only_where_one_was_made():
 
     skrull = StepTimes(4, {"mb": 90.0, "opt": 10.0}, 100.0, 50_000.0)
     said = measured_said(skrull, {"median": 2.1, "p10": 1.9, "p90": 2.3, "steps": 3.0})
-    assert said == ("step 4 phases ms: mb 90 opt 10 rest 0: 100.0 ms as run, x2.00 predicted (median x2.10, "
-                    "p10-p90 x1.90-2.30), 10% outside the micro-batches; ")
+    assert said == ("step 4 phases ms: mb 90 opt 10 rest 0: 100.0 ms as run, measured 2.00x the predicted step "
+                    "(so far median 2.10x, p10-p90 1.90x-2.30x), 10% outside the micro-batches; ")
+    first = measured_said(skrull, {"median": 2.0, "p10": 2.0, "p90": 2.0, "steps": 1.0})  # no spread of one yet
+    assert first == ("step 4 phases ms: mb 90 opt 10 rest 0: 100.0 ms as run, measured 2.00x the predicted step, "
+                     "10% outside the micro-batches; ")
     packed = StepTimes(4, {"mb": 90.0, "opt": 10.0}, 100.0, 0.0)
     assert measured_said(packed, {}) == ("step 4 phases ms: mb 90 opt 10 rest 0: 100.0 ms as run, "
                                          "10% outside the micro-batches; ")

@@ -46,7 +46,7 @@ from skrull_ext.train.job.job_flags import Flag, FlagText, flag_tables
 from skrull_ext.train.job.job_help import job_help
 from skrull_ext.train.job.loss_config import HeadLossConfig
 from skrull_ext.train.job.section_kinds import SECTION_KINDS, register_kind
-from skrull_ext.train.job.usage import JOBS_DIR, USAGE, exit_without_job, entry_module
+from skrull_ext.train.job.usage import USAGE, entry_module, exit_without_job, remember_job
 
 
 MODEL_KEYS = ("name", "flavor", "attn_backend", "hf_path")
@@ -463,6 +463,7 @@ def load_config(argv: list[str] | None = None, *, module: str | None = None,
         raise
     except (ValueError, TypeError) as e:  # a __post_init__ check, or torchtitan's --module/--config
         raise JobFileError(str(e)) from e
+    remember_job(argv)  # for a command the job's lines suggest on it (usage.job_args)
     try:
         torchtitan_patches.apply(config)
     except ValueError as e:  # a setting this torch cannot run (compat.check_config)
