@@ -342,7 +342,7 @@ def test_bad_kernel_names_the_choices():
     m = build_meta([5], [0], 0, 1)
     q = torch.randn(2, 5, 8)
     with pytest.raises(ValueError, match=r"^attention_kernel: 'flex' is not one of \['auto', 'dense', 'tiles', "
-                                         r"'segments', 'varlen'\]$"):
+                                         r"'segments', 'varlen', 'cudnn', 'cudnn-expanded'\]$"):
         dacp_attention(q, q, q, m, kernel="flex")
     with pytest.raises(ValueError, match=r"^attention_kernel: 'flex' is not one of "):
         DacpAttention(kernel="flex")
@@ -353,7 +353,7 @@ def test_bad_kernel_names_the_choices():
     with pytest.raises(ValueError, match=r"skrull.attention_kernel: 'flex' is not one of \['auto', 'dense'"):
         SkrullConfig(cost_model="h100-assumed", attention_kernel="flex")
     assert SkrullConfig(cost_model="h100-assumed").attention_kernel == "auto"
-    assert KERNEL_CHOICES == ("auto", "dense", "tiles", "segments", "varlen")
+    assert KERNEL_CHOICES == ("auto", "dense", "tiles", "segments", "varlen", "cudnn", "cudnn-expanded")
 
 
 def test_varlen_refuses_cpu():
