@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from skrull_ext.train.job.job_checks import check_job
 from skrull_ext.train.job.job_file import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,15 +29,18 @@ def variants() -> list[tuple[str, list[str]]]:
 
 def test_the_file_names_the_variants_the_preset_runs():
     names = [name for name, _ in variants()]
-    assert names == ["skrull-head-recompute", "skrull-reshard-never"]
+    assert names == ["skrull-head-recompute", "skrull-reshard-never", "skrull-cudnn", "skrull-cudnn-expanded"]
     script = (ROOT / "tools" / "gpu_checks.sh").read_text()
     assert all(f"[{name}]=" in script for name in names)  # each has its run limit in the preset
 
 
 @pytest.mark.parametrize("name,flags", variants(), ids=[name for name, _ in variants()])
 def test_each_variant_loads_and_changes_what_it_names(name, flags):
-    base = load_config(["--config-file", JOB, *ONE], world_size=1)
-    varied = load_config(["--config-file", JOB, *ONE, *flags], world_size=1)
+    # checked as on the GPU machine: the cuDNN kernels are refused on this CPU (test_cudnn_kernel.py)
+    base = load_config(["--config-file", JOB, *ONE], world_size=1, check=False)
+    varied = load_config(["--config-file", JOB, *ONE, *flags], world_size=1, check=False)
+    for config in (base, varied):
+        check_job(config, world_size=1, on_cpu=False)
     assert flags and len(flags) % 2 == 0, flags
     for key, value in zip(flags[::2], flags[1::2]):
         section, field = key.removeprefix("--").split(".")
@@ -48,6 +52,7 @@ def test_each_variant_loads_and_changes_what_it_names(name, flags):
     ("1", "first", "skrull-bucket-profile", True),  # the traced run
     ("1", "first", "skrull-head-recompute", True),  # its variants under the same profiler (their traces dropped)
     ("1", "first", "skrull-reshard-never", True),
+    ("1", "first", "skrull-cudnn", True),  # the kernel A/B's pick, when stage 3'' adds it
     ("1", "first", "torchtitan-documents", False),
     ("1", "second", "skrull-head-recompute", False),  # the first mix only
     ("0", "first", "skrull-bucket-profile", False),

@@ -1,0 +1,99 @@
+"""Whether a GPU call trains with the cuDNN kernel: read from tools/attention_backends.py's output.
+
+    python tools/kernel_choice.py logs/attention_backends.txt     # one line: MODE: why
+
+tools/gpu_checks.sh (stage 3'', KERNEL_AB) runs it on the backends table of the model's heads and
+adds MODE to its late training modes unless MODE is ``none``. A cuDNN backend is chosen where
+both hold:
+
+- its agreement line says it matched the float64 oracle (output, dq, dk, dv): not refused, not
+  ``DISAGREES``;
+- at the largest buffer of the table (the buffers grow to the trained BucketSize; flash
+  attention timed there too), its row reads at most ``1 - MIN_GAIN`` of flash's time (``ms x flash``).
+
+Of two such (grouped ``cudnn``, ``cudnn-expanded``), the faster. The row's backend name is the
+kernel's (skrull_ext/attention/kernels.py), the mode ``skrull-<kernel>`` (tools/gpu_ab_modes.txt).
+"""
+
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+CANDIDATES = ("cudnn", "cudnn-expanded")
+"""tools/attention_backends.py's cuDNN rows, each named as the kernel that runs it."""
+MIN_GAIN = 0.05
+"""The least fraction of flash's forward+backward time a cuDNN kernel must save to be trained."""
+NONE = "none"
+
+_AGREED = re.compile(r"^agreement (\S+): max \|error\| / max \|value\| \S+ against float64")
+
+
+@dataclass(frozen=True)
+class Choice:
+    mode: str
+    """``skrull-<kernel>``, or ``none``."""
+    why: str
+
+    def __str__(self) -> str:
+        return f"{self.mode}: {self.why}"
+
+
+def mode_of(kernel: str) -> str:
+    return f"skrull-{kernel}"
+
+
+def agreed(text: str) -> set[str]:
+    """Backends whose agreement line matched the oracle (neither refused nor DISAGREES)."""
+    return {m.group(1) for line in text.splitlines()
+            if (m := _AGREED.match(line)) and "DISAGREES" not in line}
+
+
+def ratios(text: str) -> dict[int, dict[str, float | None]]:
+    """Per buffer (tokens), each backend's ``ms x flash`` (None: refused there, or no flash time to divide by)."""
+    out: dict[int, dict[str, float | None]] = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 7 or not re.fullmatch(r"[0-9,]+", cells[0]):
+            continue
+        tokens, backend, ratio = int(cells[0].replace(",", "")), cells[3], cells[6]
+        out.setdefault(tokens, {})[backend] = float(ratio[1:]) if re.fullmatch(r"x[0-9.]+", ratio) else None
+    return out
+
+
+def choose(text: str, min_gain: float = MIN_GAIN) -> Choice:
+    """The cuDNN kernel to train, or ``none``, with the figures that decided."""
+    table = ratios(text)
+    if not table:
+        return Choice(NONE, "no buffer in the table")
+    tokens = max(table)  # the largest buffer timed (a stage cut by its limit leaves the larger ones out)
+    row = {k: r for k, r in table[tokens].items() if r is not None}
+    if "flash" not in row:
+        return Choice(NONE, f"no flash attention time at the largest buffer ({tokens:,} tokens)")
+    ok = agreed(text)
+    said = [f"{k} x{row[k]:.3f}" if k in row else f"{k} {'untimed' if k in ok else 'not agreed'}"
+            for k in CANDIDATES]
+    wins = sorted((row[k], k) for k in CANDIDATES if k in ok and k in row and row[k] <= 1 - min_gain)
+    at = f"of flash's fwd+bwd at {tokens:,} tokens ({', '.join(said)}; the bar x{1 - min_gain:.2f})"
+    if not wins:
+        return Choice(NONE, f"no cuDNN kernel agreed and beat flash by {min_gain:.0%} {at}")
+    ratio, kernel = wins[0]
+    return Choice(mode_of(kernel), f"{kernel} agreed with the oracle and took x{ratio:.3f} {at}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python tools/kernel_choice.py ATTENTION_BACKENDS_OUTPUT", file=sys.stderr)
+        return 2
+    try:
+        text = Path(argv[0]).read_text(errors="replace")
+    except OSError as e:
+        print(Choice(NONE, f"no table ({argv[0]}: {e.strerror})"))
+        return 0
+    print(choose(text))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
