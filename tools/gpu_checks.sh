@@ -86,7 +86,7 @@ if [ "$preset" = issue57 ]; then
   #   3''. attention backends     limit 50:  FA2 against cuDNN's ragged attention (tools/attention_backends.py), not
   #                                         run before: estimate 25 (CUDA init twice, a cuDNN graph per buffer);
   #                                         tools/kernel_choice.py reads its table (< 1 s)
-  #   3'. + the cuDNN kernels' CUDA cases (tests/unit_tests/test_cudnn_kernel.py, 6 small ones, a cuDNN graph each):
+  #   3'. + the cuDNN kernels' CUDA cases (tests/unit_tests/test_cudnn_kernel.py, 10 small ones, a cuDNN graph each):
   #                                         +5-10 s, TESTS_LIMIT 45 -> 55
   #   5. profile, 2 modes        limit 145: 72 s for one mode (23 s start-up, 38 s compute ladder mostly
   #                                         compiling, 5 s memory, 4 s head and micro-batches, 2 s plot); a

@@ -121,6 +121,29 @@ def test_cudnn_prepares_the_plans_the_varlen_kernel_caches():
     assert KERNELS["cudnn"].tensors(dist) == meta.dist_plan().tensors
 
 
+@pytest.mark.filterwarnings("ignore:The .grad attribute of a Tensor that is not a leaf")
+def test_cudnn_under_compile_runs_in_dacps_opaque_op(on_cpu):
+    """The compiled trainer's path for these kernels (no traced call: local_only_kernel is None):
+    blocks compiled fullgraph (aot_eager) hand the meta to DACP's custom op, which runs the kernel
+    eagerly; outputs and parameter gradients as the same blocks on ``dense``, uncompiled."""
+    from tests.unit_tests.test_dacp_compiled import _model, _run, BATCHES
+
+    op_calls, _ = on_cpu
+    torch._dynamo.reset()
+    dense, cudnn = _model(), _model()
+    for block in cudnn:
+        block.attn = DacpAttention(None, kernel="cudnn")
+        block.compile(backend="aot_eager", fullgraph=True)
+    for lens in BATCHES:
+        want, _ = _run(dense, lens)
+        got, _ = _run(cudnn, lens)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    for p, r in zip(cudnn.parameters(), dense.parameters()):
+        torch.testing.assert_close(p.grad, r.grad, rtol=1e-4, atol=1e-5)  # float32, the stand-in in float64
+    assert len(op_calls) == 2 * len(BATCHES)  # each layer's forward, once: the op, not a trace of it
+    torch._dynamo.reset()
+
+
 @pytest.mark.parametrize("kernel", CUDNN_KERNELS)
 def test_cudnn_refuses_cpu_tensors(kernel):
     """Never replaced by another kernel: a CPU (or float32) run is an error naming the kernel."""
