@@ -16,14 +16,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from skrull_ext.attention import DISTRIBUTED as D, DacpAttention, build_meta, dacp_attention, kernels, unshard_buffer
+from skrull_ext.attention import DISTRIBUTED as D, DacpAttention, build_meta, dacp_attention, kernels
 from skrull_ext.attention.kernels import KERNELS, resolve_kernel
 from skrull_ext.attention.local_only import computes_whole_buffer, local_only_kernel
 from skrull_ext.errors import JobFileError
 from skrull_ext.train.job.job_checks import check_job
 from skrull_ext.train.job.job_file import load_config
-from tests.unit_tests.dacp_multiproc import Case, global_inputs, rank_step, reference
-from tests.unit_tests.test_dacp_kernels import _placement, part_inputs, run_part
+from tests.unit_tests.dacp_multiproc import Case
+from tests.unit_tests.test_dacp_kernels import (
+    _placement, check_cp1_against_reference_on_cuda, check_equals_dense_on_cuda, part_inputs, run_part,
+)
 from tests.unit_tests.test_job_checks import DEBUG
 
 CUDNN_KERNELS = ("cudnn", "cudnn-expanded")
@@ -188,33 +190,11 @@ def test_a_job_naming_cudnn_resolves_to_it_on_a_gpu_and_is_refused_on_cpu(kernel
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_cudnn_equals_dense_on_cuda(kernel, cp_size, dtype):
     """As test_varlen_equals_dense_on_cuda: each part of each rank, GQA, bf16/fp16, 3e-2."""
-    lengths = [5, 130, 70, 1, 93, 220]
-    case = Case("cuda", lengths, _placement("mixed", len(lengths), cp_size), heads=8, kv_heads=2, head_dim=64)
-    for r in range(cp_size):
-        meta = build_meta(case.lengths, case.placement, r, cp_size)
-        for part, inp in part_inputs(case, cp_size, r).items():
-            inp = {x: t.to("cuda", dtype) if t.is_floating_point() else t.cuda() for x, t in inp.items()}
-            want = run_part("dense", meta, part, inp)
-            got = run_part(kernel, meta, part, inp)
-            for key in ("out", "dq", "dk", "dv"):
-                torch.testing.assert_close(
-                    got[key].float(), want[key].float(), atol=3e-2, rtol=3e-2, msg=lambda m: f"{part} {key}: {m}"
-                )
-            assert not got["dk"][:, inp["k_pad"]].any() and not got["dq"][:, inp["q_pad"]].any()
+    check_equals_dense_on_cuda(kernel, cp_size, dtype)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("kernel", CUDNN_KERNELS)
 def test_cp1_cudnn_through_dacp_attention_on_cuda(kernel):
     """bf16 against the float64 single-process reference, as test_cp1_varlen_through_dacp_attention_on_cuda."""
-    lengths, placement = [5, 13, 7, 40], [0, D, 0, D]
-    case = Case("cuda", lengths, placement, dtype=torch.bfloat16, device="cuda", head_dim=64, kernel=kernel)
-    res = rank_step(case, 0, 1, None)
-    ref_case = Case("ref", lengths, placement, head_dim=64)  # same seed: same values before rounding
-    seqs = global_inputs(ref_case, 1)
-    ref = reference(ref_case, seqs)
-    padded = [s["q"].size(1) for s in seqs]
-    for key in ("out", "dq", "dk", "dv"):
-        got = unshard_buffer([res[key].double()], padded, placement, dim=1)
-        for i, n in enumerate(lengths):
-            torch.testing.assert_close(got[i][:, :n], ref[i][key], atol=5e-2, rtol=5e-2)
+    check_cp1_against_reference_on_cuda(kernel)
