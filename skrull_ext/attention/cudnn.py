@@ -24,8 +24,13 @@ summed back through it by autograd. tools/attention_backends.py times both
 against flash attention on the GPU (rows ``cudnn`` and ``cudnn-expanded``,
 the kernels' names), each after an agreement check against a float64 oracle.
 
-The op's own derivative (``_cudnn_attention_backward``) is the backward. It
-has no CPU kernel and no fake (meta) implementation, so the compiled trainer
+The op's own derivative (``_cudnn_attention_backward``) is the backward.
+Its ragged form reads the output's gradient at the output's offsets (in
+PyTorch's aten/src/ATen/native/cudnn/MHA.cpp as read here, the offsets are
+the cumulative lengths times the output's token stride, whatever dO's
+strides), so the gradient is handed to it packed as the output is
+(``_PackedGrad``): the gradient DACP gives back is a transposed slice of the
+buffer's. It has no CPU kernel and no fake (meta) implementation, so the compiled trainer
 cannot trace it into a block (local_only.py keeps ``varlen``/``dense`` only):
 under compile these kernels run inside DACP's opaque op (compiled.py).
 """
@@ -33,6 +38,19 @@ under compile these kernels run inside DACP's opaque op (compiled.py).
 import torch
 
 __all__ = ["cudnn_local_call"]
+
+
+class _PackedGrad(torch.autograd.Function):
+    """The identity; backward passes the gradient on contiguous, in the layout of the tensor it was
+    applied to (cuDNN's packed [T, H, D] output)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        return grad.contiguous()
 
 
 def cudnn_local_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_len: int,
@@ -54,4 +72,4 @@ def cudnn_local_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
         False,  # return_debug_mask
         scale=scale,
     )[0]
-    return out.transpose(0, 1)
+    return _PackedGrad.apply(out).transpose(0, 1)

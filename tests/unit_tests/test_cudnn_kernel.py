@@ -33,7 +33,9 @@ CUDNN_KERNELS = ("cudnn", "cudnn-expanded")
 
 def stand_in(calls: list):
     """``aten._cudnn_attention_forward`` as a float64 per-segment causal SDPA (top-left, as cuDNN's),
-    K/V heads grouped where fewer; records what each call received."""
+    K/V heads grouped where fewer; records what each call received, and whether the gradient its
+    output got back is laid out as the output (cuDNN's ragged backward reads dO at the output's
+    offsets)."""
     def op(q, k, v, bias, cu_q, cu_k, max_q, max_k, lse, dropout, causal, debug, *, scale=None):
         calls.append(dict(shapes=(tuple(q.shape), tuple(k.shape), tuple(v.shape)),
                           contiguous=all(x.is_contiguous() for x in (q, k, v)), cu_q=cu_q.tolist(),
@@ -45,7 +47,10 @@ def stand_in(calls: list):
             qq, kk, vv = (x[a:b].transpose(0, 1).double() for x in (q, k, v))
             outs.append(F.scaled_dot_product_attention(qq, kk, vv, is_causal=True, scale=scale,
                                                        enable_gqa=qq.size(0) != kk.size(0)).transpose(0, 1))
-        return (torch.cat(outs).to(q.dtype), None, cu_q, cu_k, max_q, max_k, None, None, None)
+        out = torch.cat(outs).to(q.dtype)
+        if out.requires_grad:
+            out.register_hook(lambda g: calls[-1].update(grad_as_out=g.stride() == out.stride()))
+        return (out, None, cu_q, cu_k, max_q, max_k, None, None, None)
 
     return op
 
@@ -97,6 +102,7 @@ def test_cudnn_path_equals_dense_on_a_packed_buffer(on_cpu, kernel, heads, kv_he
     assert call["cu_q"] == call["cu_k"] == list(plan.cu_q) == [0, 5, 18, 19, 28, 50, 54]
     assert call["max"] == (22, 22) and call["scale"] == scale
     assert call["flags"] == (None, True, 0.0, True, False)  # no bias, log-sum-exp kept, no dropout, causal
+    assert call["grad_as_out"]  # dO packed as the output, though DACP's is a transposed slice of the buffer's
     assert varlen_calls[0] is meta.dist_plan()  # the plan the varlen kernel caches
 
 
