@@ -276,11 +276,14 @@ if [ "${KERNEL_AB:-0}" = 1 ]; then
 fi
 # 3'''. Whether this call trains with a cuDNN kernel: tools/kernel_choice.py on the model's heads' table (a cuDNN
 #     backend that agreed with the oracle and took <= 0.95 of flash's time at the largest buffer; the faster of two)
-#     names its Skrull mode (tools/gpu_ab_modes.txt), which runs first among the late modes. KERNEL_AB_TABLE=FILE
-#     decides on an earlier call's table instead (a second call with KERNEL_AB=0).
+#     names its Skrull mode (tools/gpu_ab_modes.txt), which runs first among the late modes; not a kernel whose CUDA
+#     cases (stage 3 or 3', test_cudnn_kernel.py) failed in this call. KERNEL_AB_TABLE=FILE decides on an earlier
+#     call's table instead (a second call with KERNEL_AB=0).
 kernel_mode=
 if [ "${KERNEL_AB:-0}" = 1 ] || [ -n "${KERNEL_AB_TABLE:-}" ]; then
-  choice=$("$py" tools/kernel_choice.py "${KERNEL_AB_TABLE:-$log/attention_backends.txt}" 2>&1 | tail -1)
+  cases=()
+  for xml in "$log/pytest_trainer.xml" "$log/pytest_cuda.xml"; do [ ! -f "$xml" ] || cases=(--tests "$xml"); done
+  choice=$("$py" tools/kernel_choice.py "${KERNEL_AB_TABLE:-$log/attention_backends.txt}" "${cases[@]}" 2>&1 | tail -1)
   say "kernel choice: $choice"
   kernel_mode=${choice%%:*}
   [ "$kernel_mode" != none ] || kernel_mode=

@@ -104,3 +104,31 @@ def test_every_mode_it_can_name_is_a_kernel_a_backend_and_a_line_of_the_ab_modes
     for kernel in choice.CANDIDATES:
         assert kernel in KERNELS and kernel in backends.BACKENDS
         assert modes[choice.mode_of(kernel)] == ["--skrull.attention_kernel", kernel]
+
+
+JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest">
+<testcase classname="tests.unit_tests.test_cudnn_kernel" name="test_cudnn_equals_dense_on_cuda[dtype0-1-cudnn]"/>
+<testcase classname="tests.unit_tests.test_cudnn_kernel" name="test_cudnn_equals_dense_on_cuda[dtype0-1-cudnn-expanded]">
+<failure message="AssertionError: Tensor-likes are not close!"/></testcase>
+<testcase classname="tests.unit_tests.test_cudnn_kernel" name="test_cp1_cudnn_through_dacp_attention_on_cuda[cudnn-expanded]">
+<error message="RuntimeError"/></testcase>
+<testcase classname="tests.unit_tests.test_head_loss" name="test_bf16_head_loss_on_cuda_equals_unchunked[cudnn]">
+<failure message="not a kernel's case"/></testcase>
+</testsuite></testsuites>"""
+
+
+def test_a_kernel_whose_cuda_cases_failed_is_not_chosen(tmp_path, capsys):
+    """The A/B table checks cuDNN's op; the stage's CUDA cases check the kernel as DACP calls it."""
+    assert choice.failed_cases(JUNIT) == {"cudnn": 0, "cudnn-expanded": 2}
+    got = choice.choose(SAMPLE, failed=choice.failed_cases(JUNIT))
+    assert got.mode == "none" and "cudnn-expanded failed 2 CUDA case(s)" in got.why, got
+    assert choice.choose(SAMPLE, failed={"cudnn": 3, "cudnn-expanded": 0}).mode == "skrull-cudnn-expanded"
+    table, cases = tmp_path / "ab.txt", tmp_path / "cases.xml"
+    table.write_text(SAMPLE)
+    cases.write_text(JUNIT)
+    assert choice.main([str(table), "--tests", str(cases)]) == 0
+    assert capsys.readouterr().out.startswith("none: no cuDNN kernel agreed, passed its CUDA cases and beat flash")
+    assert choice.main([str(table), "--tests", str(tmp_path / "absent.xml")]) == 0
+    assert capsys.readouterr().out.startswith("none: no CUDA cases to read (")
+    assert choice.main([str(table)]) == 0 and capsys.readouterr().out.startswith("skrull-cudnn-expanded: ")
+    assert choice.main([str(table), "--cases", str(cases)]) == 2
