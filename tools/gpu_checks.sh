@@ -438,15 +438,16 @@ while read -r name flags; do
   [ -z "$name" ] || [ "${name:0:1}" = "#" ] || { modes[$name]="${modes[$trace_mode]} $flags"; variants+=("$name"); }
 done <tools/gpu_ab_modes.txt
 late=(${LATE_MODES:-})
-# The kernel A/B's pick (3'''), first in line unless MODES or LATE_MODES already name it; a name gpu_ab_modes.txt
-# lacks (the helper failed) is said and dropped.
-if [ -n "$kernel_mode" ]; then
+with_kernel_mode() {  # the kernel A/B's pick (3''': $kernel_mode) first in `late`, unless MODES or LATE_MODES name it
+  # already; a name gpu_ab_modes.txt lacks (the helper failed) is said and dropped
+  [ -n "$kernel_mode" ] || return 0
   if [[ " ${variants[*]} " != *" $kernel_mode "* ]]; then
     say "kernel choice: $kernel_mode is not a mode of tools/gpu_ab_modes.txt, not trained"
   elif [[ " ${late[*]} ${MODES:-} " != *" $kernel_mode "* ]]; then
     late=("$kernel_mode" "${late[@]}")
   fi
-fi
+}
+with_kernel_mode
 order=($(for mode in ${MODES:-${order[*]}}; do [[ " ${late[*]} " == *" $mode "* ]] || echo "$mode"; done))
 for mix in "${mixes[@]}"; do
   for mode in "${order[@]}"; do train_run "$mix" "$mode"; done

@@ -69,3 +69,28 @@ def test_the_variants_train_under_the_traced_runs_profiler(trace, mix, mode, wan
     proc = subprocess.run(["bash", "-c", f'{body}\nTRACE={trace} mixes=(first second) trace_mode=skrull-bucket-profile '
                            f'variants=({names}); traced {mix} {mode}'], capture_output=True, text=True)
     assert proc.stderr == "" and (proc.returncode == 0) == want, proc
+
+
+@pytest.mark.parametrize("kernel_mode, late, modes, want, says", [
+    ("skrull-cudnn", "skrull-head-recompute torchtitan-stream", "",
+     "skrull-cudnn skrull-head-recompute torchtitan-stream", ""),  # first in line: the budget cuts the last
+    ("skrull-cudnn-expanded", "", "", "skrull-cudnn-expanded", ""),
+    ("", "torchtitan-stream", "", "torchtitan-stream", ""),  # 3''' chose none
+    ("skrull-cudnn", "torchtitan-stream skrull-cudnn", "", "torchtitan-stream skrull-cudnn", ""),  # named already
+    ("skrull-cudnn", "torchtitan-stream", "skrull skrull-cudnn", "torchtitan-stream", ""),  # MODES runs it
+    ("Traceback (most recent call last)", "torchtitan-stream", "", "torchtitan-stream",
+     "kernel choice: Traceback (most recent call last) is not a mode of tools/gpu_ab_modes.txt, not trained"),
+])
+def test_the_kernel_ab_pick_goes_first_among_the_late_modes(kernel_mode, late, modes, want, says):
+    """The script's ``with_kernel_mode``, run as the script defines it, on the variants of gpu_ab_modes.txt."""
+    import subprocess
+
+    script = (ROOT / "tools" / "gpu_checks.sh").read_text()
+    body = script[script.index("\nwith_kernel_mode() {") + 1:]
+    body = body[:body.index("\n}\n") + 3]
+    names = " ".join(name for name, _ in variants())
+    proc = subprocess.run(["bash", "-c", f'set -u\nsay() {{ echo "$*"; }}\n{body}\nvariants=({names}) late=({late}) '
+                           f'kernel_mode="{kernel_mode}" MODES="{modes}"; with_kernel_mode; echo "late: ${{late[*]}}"'],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stderr == "", proc
+    assert proc.stdout.splitlines() == [*([says] if says else []), f"late: {want}"], proc.stdout
