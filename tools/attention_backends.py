@@ -19,8 +19,12 @@ backward through autograd (the aten ops' own derivatives), timed as the
 profiler times (profile/ranks.py median_us: the device synchronised around
 each pass), the median of ``--repeats`` after ``--warmup``; TFLOP/s at the project's
 document-aware count (train/doc_flops.py: 12 H D per causal query-key pair,
-forward and backward), and each backend's time as a ratio of flash's. The
-backends:
+forward and backward), each backend's time as a ratio of flash's, and its
+first pass on the buffer alone (timed before the warm-up): cuDNN builds an
+execution graph per layout (in PyTorch's aten/src/ATen/native/cudnn/MHA.cpp
+as read here, a cache key of the number of sequences, the longest and the
+tensors' sizes), which the median of a repeated buffer hides and training,
+a new layout every micro-batch (once for all its layers), pays. The backends:
 
 - ``flash``: ``aten._flash_attention_forward`` with ``cum_seq_q/k``, what
   ``varlen_attn`` (the ``varlen`` kernel, attention/kernels.py) calls; its
@@ -214,8 +218,8 @@ def main(argv: list[str] | None = None) -> int:
             usable.append(name)
 
     rng = np.random.default_rng(a.seed)
-    print("\n| tokens | documents | longest | backend | fwd+bwd ms | TFLOP/s | ms x flash |")
-    print("|---|---|---|---|---|---|---|")
+    print("\n| tokens | documents | longest | backend | fwd+bwd ms | TFLOP/s | ms x flash | first pass ms |")
+    print("|---|---|---|---|---|---|---|---|")
     for tokens in a.tokens:
         lens = draw_buffer(pool, tokens, a.max_len, rng)
         b = make_buffer(lens, a.heads, a.kv_heads, a.head_dim, dtype, device, a.seed)
@@ -223,13 +227,15 @@ def main(argv: list[str] | None = None) -> int:
         base = None
         for name in usable:
             try:
+                first = time_pass(BACKENDS[name], b, 0, 1)
                 ms = time_pass(BACKENDS[name], b, a.warmup, a.repeats)
             except Exception as e:  # noqa: BLE001
-                print(f"| {tokens:,} | {len(lens)} | {max(lens):,} | {name} | refused: {_why(e)} | - | - |")
+                print(f"| {tokens:,} | {len(lens)} | {max(lens):,} | {name} | refused: {_why(e)} | - | - | - |")
                 continue
             base = ms if name == "flash" else base
             ratio = f"x{ms / base:.3f}" if base else "-"
-            print(f"| {tokens:,} | {len(lens)} | {max(lens):,} | {name} | {ms:.2f} | {flops / ms / 1e9:.3g} | {ratio} |")
+            print(f"| {tokens:,} | {len(lens)} | {max(lens):,} | {name} | {ms:.2f} | {flops / ms / 1e9:.3g} | {ratio} "
+                  f"| {first:.2f} |")
         del b
         if cuda:
             torch.cuda.empty_cache()

@@ -35,7 +35,9 @@
 #
 #   there, issue 57 item 4: bash tools/gpu_checks.sh --issue57        (carry .whl; timeout_s 540)
 #       the trainer stages (--skip-attention) cut to one device call: stage 3' with the bf16 head
-#       and loss, 3''. flash attention 2 against cuDNN's ragged attention (KERNEL_AB), a profile of two checkpointing modes (the job's selective and none), on the shipped
+#       and loss, 3''. flash attention 2 against cuDNN's ragged attention (KERNEL_AB; where a cuDNN kernel agreed
+#       with the oracle and beat flash by 5% at the largest buffer, tools/kernel_choice.py names its Skrull mode,
+#       skrull-cudnn or skrull-cudnn-expanded, and it goes first among the late modes), a profile of two checkpointing modes (the job's selective and none), on the shipped
 #       mix (MIXES: both mixes' tables are the eighth run's) Skrull (chunked head and loss, the mode
 #       chosen at start-up, the profile's BucketSize) and torchtitan-documents, 44 steps each, then
 #       the A/B variants of that Skrull run (tools/gpu_ab_modes.txt: the head's gradients recomputed,
@@ -82,7 +84,10 @@ if [ "$preset" = issue57 ]; then
   #                                         head_backward "in_forward" case (+7) and a profiled toy step read
   #                                         by trace-report (collection, CUPTI's start): estimate 40
   #   3''. attention backends     limit 50:  FA2 against cuDNN's ragged attention (tools/attention_backends.py), not
-  #                                         run before: estimate 25 (CUDA init twice, a cuDNN graph per buffer)
+  #                                         run before: estimate 25 (CUDA init twice, a cuDNN graph per buffer);
+  #                                         tools/kernel_choice.py reads its table (< 1 s)
+  #   3'. + the cuDNN kernels' CUDA cases (tests/unit_tests/test_cudnn_kernel.py, 10 small ones, a cuDNN graph each):
+  #                                         +5-10 s, TESTS_LIMIT 45 -> 55
   #   5. profile, 2 modes        limit 145: 72 s for one mode (23 s start-up, 38 s compute ladder mostly
   #                                         compiling, 5 s memory, 4 s head and micro-batches, 2 s plot); a
   #                                         second mode builds and compiles again (+45 s), the step term +5,
@@ -110,16 +115,20 @@ if [ "$preset" = issue57 ]; then
   # 8 x 16,384 = 131,072 tokens, and selective's BucketSize, 130,622 with the logits of every token in it,
   # grows with them in chunks: one micro-batch a step either way, so full only adds recompute and cannot be
   # chosen); 60 of the 100 kept steps.
+  # The cuDNN kernel's Skrull run (limit 65 as a variant's, traced: +10): where 3'' picks one, it is the first late
+  # mode, ahead of the variants and the stream (by the ninth run's estimates it ends near 410 s, and one variant
+  # still fits; the rest are cut, and named). Where even it is cut, a second call trains it:
+  # LATE_MODES=skrull-cudnn (docs/gpu.md).
   : "${GPU_TESTS:=1}" "${TRACE:=1}" "${KERNEL_AB:=1}"
   if [ "$dry" = 0 ]; then
-    : "${AC_MODES=none}" "${BUDGET:=520}" "${STEPS:=44}" "${TESTS_LIMIT:=45}" "${PROFILE_LIMIT:=145}"  # job: selective
+    : "${AC_MODES=none}" "${BUDGET:=520}" "${STEPS:=44}" "${TESTS_LIMIT:=55}" "${PROFILE_LIMIT:=145}"  # job: selective
     # The ninth run's question is where the step goes (the trace) and what each candidate fix moves: the shipped
     # mix only (both mixes' tables are the eighth run's, committed), then the A/B variants (tools/gpu_ab_modes.txt)
     # and the stream as late modes, in that order, each where it still fits BUDGET. Variants: limit 65 (the
     # Skrull run's 63 s in run 8 compiled cold; a variant finds its blocks' graphs in the cache).
     : "${MIXES:=mix_sharegpt_conv95+longbench_en5}" "${LATE_MODES=skrull-head-recompute skrull-reshard-never torchtitan-stream}"
     run_limit=([skrull-bucket-profile]=75 [torchtitan-documents]=60 [torchtitan-stream]=50
-               [skrull-head-recompute]=65 [skrull-reshard-never]=65)
+               [skrull-head-recompute]=65 [skrull-reshard-never]=65 [skrull-cudnn]=65 [skrull-cudnn-expanded]=65)
   else
     : "${LATE_MODES=torchtitan-stream}"  # the variants' flags: tests/unit_tests/test_gpu_ab_modes.py (CI's time)
     : "${AC_MODES=selective}"  # two modes here too (the debug job's kind is none); no BUDGET: toy limits
@@ -208,7 +217,8 @@ select=()
 [ "$dry" = 1 ] && select=(-k cuda)  # CI runs the CPU cases already: here only that the CUDA ones collect
 timeout 200 "$py" -m pytest -p no:cacheprovider -o addopts="-ra" -W ignore::DeprecationWarning -W ignore::FutureWarning \
   --junitxml="$log/pytest_cuda.xml" "${select[@]}" tests/unit_tests/test_dacp_attention.py \
-  tests/unit_tests/test_dacp_kernels.py tests/unit_tests/test_dacp_local_only.py tests/unit_tests/test_trace_overlap.py \
+  tests/unit_tests/test_dacp_kernels.py tests/unit_tests/test_cudnn_kernel.py tests/unit_tests/test_dacp_local_only.py \
+  tests/unit_tests/test_trace_overlap.py \
   >"$log/pytest_cuda.txt" 2>&1
 say "pytest (rc $?): $(tail -1 "$log/pytest_cuda.txt")"
 cuda_cases "$log/pytest_cuda.xml"
@@ -241,7 +251,7 @@ elif [ "${GPU_TESTS:-1}" = 1 ]; then
 #     chunks in bf16 against the unchunked head (train/head_loss.py), before anything trains with them; and a real
 #     CUDA trace read by bench trace-report (what TRACE's report reads: kernels, their launches, a sync).
 timeout "${TESTS_LIMIT:-90}" "$py" -m pytest -p no:cacheprovider -o addopts="-ra" -W ignore::DeprecationWarning \
-  -k cuda --junitxml="$log/pytest_trainer.xml" tests/unit_tests/test_dacp_local_only.py \
+  -k cuda --junitxml="$log/pytest_trainer.xml" tests/unit_tests/test_dacp_local_only.py tests/unit_tests/test_cudnn_kernel.py \
   tests/unit_tests/test_head_loss.py tests/unit_tests/test_trace_report.py >"$log/pytest_trainer.txt" 2>&1
 say "trainer CUDA tests (rc $?): $(tail -1 "$log/pytest_trainer.txt")"
 cuda_cases "$log/pytest_trainer.xml"
@@ -263,6 +273,20 @@ if [ "${KERNEL_AB:-0}" = 1 ]; then
   timeout 15 "$py" tools/attention_backends.py "${ab[@]}" "${wide[@]}" >"$log/attention_backends_wide.txt" 2>&1
   say "attention backends, ${wide[*]} (rc $?):"; grep -a -E '^(agreement|\| [0-9])' "$log/attention_backends_wide.txt" | tee -a "$summary"
   pack
+fi
+# 3'''. Whether this call trains with a cuDNN kernel: tools/kernel_choice.py on the model's heads' table (a cuDNN
+#     backend that agreed with the oracle and took <= 0.95 of flash's time at the largest buffer; the faster of two)
+#     names its Skrull mode (tools/gpu_ab_modes.txt), which runs first among the late modes; not a kernel whose CUDA
+#     cases (stage 3 or 3', test_cudnn_kernel.py) failed in this call. KERNEL_AB_TABLE=FILE decides on an earlier
+#     call's table instead (a second call with KERNEL_AB=0).
+kernel_mode=
+if [ "${KERNEL_AB:-0}" = 1 ] || [ -n "${KERNEL_AB_TABLE:-}" ]; then
+  cases=()
+  for xml in "$log/pytest_trainer.xml" "$log/pytest_cuda.xml"; do [ ! -f "$xml" ] || cases=(--tests "$xml"); done
+  choice=$("$py" tools/kernel_choice.py "${KERNEL_AB_TABLE:-$log/attention_backends.txt}" "${cases[@]}" 2>&1 | tail -1)
+  say "kernel choice: $choice"
+  kernel_mode=${choice%%:*}
+  [ "$kernel_mode" != none ] || kernel_mode=
 fi
 
 if [ "$trainer" = 0 ]; then  # --skip-trainer: the attention stages only
@@ -414,6 +438,16 @@ while read -r name flags; do
   [ -z "$name" ] || [ "${name:0:1}" = "#" ] || { modes[$name]="${modes[$trace_mode]} $flags"; variants+=("$name"); }
 done <tools/gpu_ab_modes.txt
 late=(${LATE_MODES:-})
+with_kernel_mode() {  # the kernel A/B's pick (3''': $kernel_mode) first in `late`, unless MODES or LATE_MODES name it
+  # already; a name gpu_ab_modes.txt lacks (the helper failed) is said and dropped
+  [ -n "$kernel_mode" ] || return 0
+  if [[ " ${variants[*]} " != *" $kernel_mode "* ]]; then
+    say "kernel choice: $kernel_mode is not a mode of tools/gpu_ab_modes.txt, not trained"
+  elif [[ " ${late[*]} ${MODES:-} " != *" $kernel_mode "* ]]; then
+    late=("$kernel_mode" "${late[@]}")
+  fi
+}
+with_kernel_mode
 order=($(for mode in ${MODES:-${order[*]}}; do [[ " ${late[*]} " == *" $mode "* ]] || echo "$mode"; done))
 for mix in "${mixes[@]}"; do
   for mode in "${order[@]}"; do train_run "$mix" "$mode"; done

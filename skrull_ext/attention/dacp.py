@@ -41,8 +41,10 @@ default), ``tiles`` (the segment plan cut into query tiles, one small masked
 SDPA each, tiles.py), ``varlen`` (flash attention's
 varlen kernel over a segment plan cached on the meta, segments.py; chosen by
 ``auto`` for bf16/fp16 on CUDA, checked against ``dense`` on a GPU by
-docs/gpu.md's tests) and ``segments`` (the same plan as a per-segment SDPA
-loop, the CPU reference that tests the plan against ``dense``).
+docs/gpu.md's tests), ``segments`` (the same plan as a per-segment SDPA
+loop, the CPU reference that tests the plan against ``dense``) and ``cudnn``
+/ ``cudnn-expanded`` (the local part on cuDNN's ragged attention, the
+distributed part on varlen; CUDA only, cudnn.py).
 """
 
 import time

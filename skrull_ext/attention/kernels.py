@@ -37,10 +37,29 @@ the hardware:
   an H200 (docs/results/gpu.md): tests/unit_tests/test_dacp_kernels.py and
   test_dacp_attention.py check it against ``dense`` and the float64
   reference on CUDA; docs/gpu.md has the command.
+- ``cudnn``: the LOCAL part on cuDNN's ragged attention
+  (``aten._cudnn_attention_forward`` over the same local plan's offsets and
+  longest sequence, cudnn.py), its K/V heads grouped as the op receives
+  them; ``cudnn-expanded``: the same with K/V repeated to the query heads
+  first (for a cuDNN that refuses grouped heads). The local part's segments
+  are square (a sequence attends its own tokens), where cuDNN's top-left
+  causal mask is flash attention's bottom-right one. The DISTRIBUTED part
+  (zigzag query chunks over more gathered keys: bottom-right causal with
+  different query and key lengths) runs ``varlen`` under these names. CUDA,
+  bf16/fp16 only: a CPU job naming them is refused (job_checks), a CPU
+  tensor too (``run``), never replaced by another kernel. They exist
+  because GPU run 9 spent half a Skrull step's device time in FA2's kernels;
+  tools/attention_backends.py times both against flash attention (its rows
+  carry the kernels' names) and tools/gpu_checks.sh trains the winner, if
+  one beats flash by 5% (docs/gpu.md). Not traced into a compiled block
+  (the op has no fake implementation): under compile they run in DACP's
+  opaque op (compiled.py), with its host cost and copies.
 
 ``auto`` picks ``varlen`` for bf16/fp16 on CUDA and ``dense`` otherwise:
 on the CPU debug job neither ``segments`` nor ``tiles`` trained faster side
-by side (section 8); with 512 tokens a rank or more, ``tiles`` did.
+by side (section 8); with 512 tokens a rank or more, ``tiles`` did. No GPU
+measurement has yet put ``cudnn`` ahead of ``varlen``, so ``auto`` does not
+pick it.
 
 A kernel is two functions, so the part's mask or plan can be fetched (and
 cached on the meta) on the main stream before the local part forks onto the
@@ -58,12 +77,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from skrull_ext.attention.cudnn import cudnn_local_call
 from skrull_ext.attention.meta import DacpBatchMeta
 from skrull_ext.attention.segments import bottom_right_causal_mask, SegmentPlan
 from skrull_ext.attention.tiles import build_tile_plan, TILE_ROWS, TilePlan
 
-__all__ = ["AUTO", "KERNELS", "Kernel", "KERNEL_CHOICES", "auto_kernel", "auto_kernel_for", "check_kernel",
-           "kernel_name", "resolve_kernel", "varlen_call"]
+__all__ = ["AUTO", "KERNELS", "Kernel", "KERNEL_CHOICES", "auto_kernel", "auto_kernel_for", "check_half_cuda",
+           "check_kernel", "kernel_name", "resolve_kernel", "varlen_call"]
 
 AUTO = "auto"
 PARTS = ("local", "dist")
@@ -79,6 +99,8 @@ class Kernel:
     """(q, k, v, prepared, scale) -> [H, Tq, D]."""
     tensors: Callable[[Any], tuple[torch.Tensor, ...]]
     """Device tensors in ``prepared`` (marked as used by the side stream)."""
+    needs_cuda: str | None = None
+    """What runs it where it needs CUDA (bf16/fp16): the job check's refusal on CPU names it."""
 
 
 # ---- dense -------------------------------------------------------------------
@@ -158,14 +180,20 @@ def _varlen_kwargs(gqa: bool, accepted: Collection[str]) -> dict:
     return {key: value for key, value in kwargs.items() if key in accepted}
 
 
+def check_half_cuda(kernel: str, q: torch.Tensor) -> None:
+    """The CUDA-only kernels' one runtime check: a ValueError naming ``kernel`` unless q is
+    bf16/fp16 on CUDA (a CPU run is refused, never handed to another kernel)."""
+    if not q.is_cuda or q.dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"the {kernel} kernel needs bf16/fp16 CUDA tensors, got {q.dtype} on {q.device}")
+
+
 def varlen_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seq_q: torch.Tensor, cu_seq_k: torch.Tensor,
                 max_q: int, max_k: int, scale: float | None, kwargs: dict) -> torch.Tensor:
     """varlen_attn over [H, T, D] tensors, causal (bottom-right), back as [H, Tq, D]:
     the one call of both the eager kernel and the traced all-local path (local_only.py)."""
     from torch.nn.attention.varlen import varlen_attn
 
-    if not q.is_cuda or q.dtype not in (torch.bfloat16, torch.float16):
-        raise ValueError(f"the varlen kernel needs bf16/fp16 CUDA tensors, got {q.dtype} on {q.device}")
+    check_half_cuda("varlen", q)
     out = varlen_attn(q.transpose(0, 1).contiguous(), k.transpose(0, 1).contiguous(), v.transpose(0, 1).contiguous(),
                       cu_seq_q, cu_seq_k, max_q, max_k, scale=scale, window_size=(-1, 0), **kwargs)
     return out.transpose(0, 1)
@@ -207,11 +235,47 @@ def run_tiles(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tiles: TilePlan
     return torch.cat(outs, dim=1) if len(outs) != 1 else outs[0]
 
 
+# ---- cuDNN's ragged attention for the local part, varlen for the distributed one ----
+
+
+@dataclass(frozen=True)
+class CudnnPart:
+    """A part's segment plan and whether cuDNN runs it (the local part) or varlen (the distributed one)."""
+
+    plan: SegmentPlan
+    local: bool
+
+
+def _prepare_cudnn(meta: DacpBatchMeta, part: str, device: torch.device) -> CudnnPart:
+    def build() -> CudnnPart:
+        plan = _PLAN[part](meta, device)
+        local = part == "local"
+        if local and (plan.key_index is not None or plan.cu_q != plan.cu_k):  # cuDNN's mask is top-left
+            raise ValueError("the cudnn kernel needs a local plan of square segments (each sequence over itself)")
+        return CudnnPart(plan, local)
+
+    return meta.memo((part, "cudnn", torch.device(device or "cpu")), build)
+
+
+def run_cudnn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prepared: CudnnPart, scale: float | None,
+              grouped: bool = True) -> torch.Tensor:
+    """The local part on cuDNN (cudnn.py), the distributed part on varlen; CUDA bf16/fp16 only."""
+    check_half_cuda("cudnn" if grouped else "cudnn-expanded", q)
+    if not prepared.local:
+        return run_varlen(q, k, v, prepared.plan, scale)
+    return cudnn_local_call(q, k, v, prepared.plan.cu_seq_q, prepared.plan.max_q, scale, grouped)
+
+
 SEGMENTS = Kernel(name="segments", prepare=_prepare_plan, run=run_segments, tensors=lambda p: p.tensors)
 TILES = Kernel(name="tiles", prepare=_prepare_tiles, run=run_tiles, tensors=lambda t: t.tensors)
-VARLEN = Kernel(name="varlen", prepare=_prepare_plan, run=run_varlen, tensors=lambda p: p.tensors)
+VARLEN = Kernel(name="varlen", prepare=_prepare_plan, run=run_varlen, tensors=lambda p: p.tensors,
+                needs_cuda="flash attention")
+CUDNN = Kernel(name="cudnn", prepare=_prepare_cudnn, run=functools.partial(run_cudnn, grouped=True),
+               tensors=lambda p: p.plan.tensors, needs_cuda="cuDNN's attention")
+CUDNN_EXPANDED = Kernel(name="cudnn-expanded", prepare=_prepare_cudnn, run=functools.partial(run_cudnn, grouped=False),
+                        tensors=lambda p: p.plan.tensors, needs_cuda="cuDNN's attention")
 
-KERNELS: dict[str, Kernel] = {k.name: k for k in (DENSE, TILES, SEGMENTS, VARLEN)}
+KERNELS: dict[str, Kernel] = {k.name: k for k in (DENSE, TILES, SEGMENTS, VARLEN, CUDNN, CUDNN_EXPANDED)}
 KERNEL_CHOICES = (AUTO, *KERNELS)
 """What ``dacp_attention(kernel=...)`` and ``[skrull] attention_kernel`` accept."""
 

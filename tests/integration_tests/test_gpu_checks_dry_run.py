@@ -83,6 +83,8 @@ def test_gpu_checks_dry_run_issue57_preset(tmp_path):
         at = lines.index(f"attention backends, {shape} (rc 0):")
         assert lines[at + 1].startswith("agreement reference: max |error| / max |value| ") and lines[at + 2].startswith(
             "| 256 | "), summary
+    # 3''': no flash row on CPU, so no cuDNN kernel joins the late modes (tools/kernel_choice.py)
+    assert "kernel choice: none: no flash attention time at the largest buffer (256 tokens)" in lines, summary
     assert any(line.startswith("profile (rc 0): a_us_per_flop = ") for line in lines), summary
     # the micro-batch's two fixed costs and the one the scheduler got (CPU: no host floor, the short one)
     assert any(line.startswith("profile  micro-b  fixed ") for line in lines), summary

@@ -342,7 +342,7 @@ def test_bad_kernel_names_the_choices():
     m = build_meta([5], [0], 0, 1)
     q = torch.randn(2, 5, 8)
     with pytest.raises(ValueError, match=r"^attention_kernel: 'flex' is not one of \['auto', 'dense', 'tiles', "
-                                         r"'segments', 'varlen'\]$"):
+                                         r"'segments', 'varlen', 'cudnn', 'cudnn-expanded'\]$"):
         dacp_attention(q, q, q, m, kernel="flex")
     with pytest.raises(ValueError, match=r"^attention_kernel: 'flex' is not one of "):
         DacpAttention(kernel="flex")
@@ -353,7 +353,7 @@ def test_bad_kernel_names_the_choices():
     with pytest.raises(ValueError, match=r"skrull.attention_kernel: 'flex' is not one of \['auto', 'dense'"):
         SkrullConfig(cost_model="h100-assumed", attention_kernel="flex")
     assert SkrullConfig(cost_model="h100-assumed").attention_kernel == "auto"
-    assert KERNEL_CHOICES == ("auto", "dense", "tiles", "segments", "varlen")
+    assert KERNEL_CHOICES == ("auto", "dense", "tiles", "segments", "varlen", "cudnn", "cudnn-expanded")
 
 
 def test_varlen_refuses_cpu():
@@ -400,19 +400,17 @@ def test_varlen_num_splits_as_torchtitan(monkeypatch):
 # ---- CUDA: varlen vs dense (not run in a CPU-only session) -------------------
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("cp_size", [1, 2, 4])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_varlen_equals_dense_on_cuda(cp_size, dtype):
+def check_equals_dense_on_cuda(kernel: str, cp_size: int, dtype: torch.dtype) -> None:
+    """``kernel`` against ``dense`` on CUDA, each part of each rank, GQA, at 3e-2 in bf16/fp16; no gradient
+    into padding (test_cudnn_kernel.py checks the cuDNN kernels with it)."""
     lengths = [5, 130, 70, 1, 93, 220]
     case = Case("cuda", lengths, _placement("mixed", len(lengths), cp_size), heads=8, kv_heads=2, head_dim=64)
     for r in range(cp_size):
         meta = build_meta(case.lengths, case.placement, r, cp_size)
         for part, inp in part_inputs(case, cp_size, r).items():
             inp = {x: t.to("cuda", dtype) if t.is_floating_point() else t.cuda() for x, t in inp.items()}
-            assert auto_kernel(inp["q"]) == "varlen"
             want = run_part("dense", meta, part, inp)
-            got = run_part("varlen", meta, part, inp)
+            got = run_part(kernel, meta, part, inp)
             for key in ("out", "dq", "dk", "dv"):
                 torch.testing.assert_close(
                     got[key].float(), want[key].float(), atol=3e-2, rtol=3e-2, msg=lambda m: f"{part} {key}: {m}"
@@ -420,11 +418,10 @@ def test_varlen_equals_dense_on_cuda(cp_size, dtype):
             assert not got["dk"][:, inp["k_pad"]].any() and not got["dq"][:, inp["q_pad"]].any()
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cp1_varlen_through_dacp_attention_on_cuda():
-    """``auto`` picks varlen for bf16 on CUDA; against the float64 single-process reference."""
+def check_cp1_against_reference_on_cuda(kernel: str) -> None:
+    """``kernel`` through ``dacp_attention`` at CP 1 in bf16 against the float64 single-process reference."""
     lengths, placement = [5, 13, 7, 40], [0, D, 0, D]
-    case = Case("cuda", lengths, placement, dtype=torch.bfloat16, device="cuda", head_dim=64, kernel="auto")
+    case = Case("cuda", lengths, placement, dtype=torch.bfloat16, device="cuda", head_dim=64, kernel=kernel)
     res = rank_step(case, 0, 1, None)
     ref_case = Case("ref", lengths, placement, head_dim=64)  # same seed: same values before rounding
     seqs = global_inputs(ref_case, 1)
@@ -434,3 +431,17 @@ def test_cp1_varlen_through_dacp_attention_on_cuda():
         got = unshard_buffer([res[key].double()], padded, placement, dim=1)
         for i, n in enumerate(lengths):
             torch.testing.assert_close(got[i][:, :n], ref[i][key], atol=5e-2, rtol=5e-2)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("cp_size", [1, 2, 4])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_varlen_equals_dense_on_cuda(cp_size, dtype):
+    assert auto_kernel(torch.empty(0, device="cuda", dtype=dtype)) == "varlen"
+    check_equals_dense_on_cuda("varlen", cp_size, dtype)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cp1_varlen_through_dacp_attention_on_cuda():
+    """``auto`` picks varlen for bf16 on CUDA; against the float64 single-process reference."""
+    check_cp1_against_reference_on_cuda("auto")

@@ -65,7 +65,8 @@ def test_gpu_job_loads():
         ("[skrull]\noverlength = 'wrap'", r"skrull.overlength: 'wrap' is not one of \['error', 'truncate', 'drop', 'chunk'\]"),
         ("[skrull]\nkv_exchange = 'ring'", r"skrull.kv_exchange: 'ring' is not one of \['auto', 'all_gather', 'p2p'\]"),
         ("[skrull]\nattention_kernel = 'flex'",
-         r"skrull.attention_kernel: 'flex' is not one of \['auto', 'dense', 'tiles', 'segments', 'varlen'\]"),
+         r"skrull.attention_kernel: 'flex' is not one of \['auto', 'dense', 'tiles', 'segments', 'varlen', 'cudnn', "
+         r"'cudnn-expanded'\]"),
         ("[skrull]\nenable = true\n[dataloader]\nkind = 'packed'", r"skrull.enable needs \[dataloader\] kind = \"skrull\""),
         ("[skrull]\nbucket_size = -1", r"skrull.bucket_size must be in \[1, "),
         ("[skrull]\nbucket_size = 0",

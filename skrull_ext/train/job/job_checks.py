@@ -18,6 +18,7 @@ import math
 import os
 import shutil
 
+from skrull_ext.attention.kernels import KERNELS
 from skrull_ext.data.sources.checks import check_data
 from skrull_ext.errors import JobFileError
 from skrull_ext.scheduler.capacity import Capacity
@@ -154,9 +155,10 @@ def _check_skrull(config, on_cpu: bool) -> None:
                    "each global batch at its own step); set it to 1 or enable Skrull")
     if skrull is None or not skrull.enable:
         return
-    if skrull.attention_kernel == "varlen" and on_cpu:
-        raise _bad("skrull.attention_kernel", "varlen",
-                   "flash attention needs a CUDA device (this machine has none); use 'auto', 'tiles', 'dense' or 'segments'")
+    needs_cuda = getattr(KERNELS.get(skrull.attention_kernel), "needs_cuda", None)
+    if needs_cuda and on_cpu:  # varlen, cudnn: refused here, never replaced by a CPU kernel
+        raise _bad("skrull.attention_kernel", skrull.attention_kernel,
+                   f"{needs_cuda} needs a CUDA device (this machine has none); use 'auto', 'tiles', 'dense' or 'segments'")
     try:
         skrull.check_free_running()  # again here: a CLI flag may have been set after the section's own check ran
         skrull.resolved_bucket_size()  # the profile's first read: not a profile, or "profile" it cannot give

@@ -97,7 +97,9 @@ class SkrullConfig(SchedulingOptions):
     """Inner attention of DACP's local and distributed parts (skrull_ext.attention.kernels):
     "auto" (varlen for bf16/fp16 on CUDA, else dense), "dense" (SDPA with dense masks),
     "tiles" (SDPA per tile of at most 64 queries of the segment plan),
-    "varlen" (flash attention over the segment plan; CUDA bf16/fp16) or "segments" (the
+    "varlen" (flash attention over the segment plan; CUDA bf16/fp16), "cudnn" and
+    "cudnn-expanded" (the local part on cuDNN's ragged attention, K/V heads grouped or repeated
+    to the query heads, the distributed part on varlen; CUDA bf16/fp16) or "segments" (the
     plan's slow CPU reference executor)."""
 
     activation_checkpoint: ActivationCheckpoint = "job"
