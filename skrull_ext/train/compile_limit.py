@@ -17,7 +17,10 @@ micro-batch's LocalOnlyBatch: attention/local_only.py) and per grad mode
 dynamic one after the length first changes; and one per size class
 inductor's heuristics guard on (an H200 run recompiled when a micro-batch
 fell below 5,852 tokens: docs/results/gpu.md, run 4). That is 12 or more,
-each compiled once per run.
+each compiled once per run, and under ``overlength = "chunk"`` at CP 1 up
+to four more in training and two in validation (a traced chunk's: the first
+chunk's and the rest's, their recomputation's under FSDP: train/chunked.py):
+18.
 
 The size classes are what recompiles a run after its warm-up: a new class
 is met whenever the data first brings one, at any step (a 6.7 s step 28 of
