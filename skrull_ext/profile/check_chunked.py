@@ -43,7 +43,8 @@ against the model's own error at that size. One process: the chunk is held
 whole by this rank (CP 1, the one-rank case of the trainer's layout); a
 profile whose fixed cost per micro-batch was measured under FSDP (which this
 process does not run) has it left out of both predictions, and the report
-says so.
+says so. A compiled job (``--compile.enable``) runs the chunks as the trainer
+does at CP 1, through the compiled blocks (train/chunk_path.py).
 
     python -m skrull_ext.profile.check --config-file JOB.toml --profile P.toml [--chunked-lengths 4x]
 """
