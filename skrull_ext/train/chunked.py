@@ -44,12 +44,12 @@ code object, the first chunk's and the rest's, whatever the layers and
 chunks (tests/unit_tests/test_chunked_compiled.py counts them); under FSDP
 (torchtitan wraps one rank too) two more, once: FSDP's pre-forward hands a
 block its input as a view (the autograd function its post-backward hook
-hangs on) in some passes and not in others (a recomputation, and in a trainer
-run a later document's forward in the same step), and dynamo guards on
-whether an input is a view (tests/integration_tests/test_chunk_dp_run.py:
-4 graphs in the first step with documents, none after). Elsewhere a chunk
-runs the blocks' own eager code (``torch.compiler.set_stance("force_eager")``
-around the model call), which compiles nothing.
+hangs on) but not in a recomputation (its ``_pre_forward`` returns early in
+backward), and dynamo guards on whether an input is a view
+(tests/integration_tests/test_chunk_dp_run.py: 4 graphs in the first step
+with documents, none after). Elsewhere a chunk runs the blocks' own eager
+code (``torch.compiler.set_stance("force_eager")`` around the model call),
+which compiles nothing.
 """
 
 from collections.abc import Callable
