@@ -52,8 +52,10 @@ class ChunkPath:
     """Through the compiled blocks (chunked_loss(traced=True)); False: their eager code."""
     reason: str
 
-    def line(self) -> str:
-        """The start-up log line."""
+    def line(self, overlength: str = "chunk") -> str | None:
+        """The start-up log line; None for a job whose ``skrull.overlength`` chunks nothing."""
+        if overlength != "chunk":
+            return None
         how = "run the compiled blocks" if self.traced else "run the blocks' eager code"
         return f"Skrull: chunked documents {how}: {self.reason} (train/chunk_path.py)"
 

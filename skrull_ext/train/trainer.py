@@ -164,9 +164,8 @@ class SkrullTrainer(JobTrainer):
         self.full_ac = isinstance(self.config.activation_checkpoint, FullAC.Config)
         self.dacp_stats = [m.stats for m in self.dacp_attention]
         """The layers' counters, which attention_input bumps for a traced micro-batch."""
-        self.chunk_path = chunk_path(compiled, dims.cp, dims.tp)  # how chunked documents run (chunk_path.py)
-        for line in (raise_recompile_limit(compiled), length_free_fusion(compiled),
-                     self.chunk_path.line() if skrull.overlength == "chunk" else None):
+        self.chunk_path = path = chunk_path(compiled, dims.cp, dims.tp)  # how chunked documents run (chunk_path.py)
+        for line in (raise_recompile_limit(compiled), length_free_fusion(compiled), path.line(skrull.overlength)):
             if line is not None:
                 logger.info(line)
         switches = FreeRunningFSDP(self.model_parts)

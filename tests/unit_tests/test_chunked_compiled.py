@@ -125,4 +125,5 @@ def test_chunk_path_rule():
     assert not chunk_path(False, 1, 1).traced and "not compiled" in chunk_path(False, 2, 2).reason
     assert not chunk_path(True, 2, 1).traced and "CP > 1" in chunk_path(True, 2, 2).reason
     assert not chunk_path(True, 1, 2).traced and "TP" in chunk_path(True, 1, 2).reason
-    assert "compiled blocks" in chunk_path(True, 1, 1).line() and "eager" in chunk_path(True, 2, 1).line()
+    assert "compiled blocks" in chunk_path(True, 1, 1).line() and "eager" in chunk_path(True, 2, 1).line("chunk")
+    assert chunk_path(True, 1, 1).line("truncate") is None  # nothing chunked, nothing to say
