@@ -74,6 +74,10 @@ class DacpAttention(nn.Module):
         self.replay = KVReplay()
         self.layer = DacpLayer(self)
         """This layer as the compiled op's opaque argument (compiled.py)."""
+        self.chunk_prefix: torch.Tensor | None = None
+        """A traced chunk's prefix K/V for this layer, joined (attention/prefix.py); None outside one."""
+        self.chunk_kept: torch.Tensor | None = None
+        """A traced chunk's own K/V for this layer, set by its forward, taken by train/chunked.py."""
 
     def forward(
         self,

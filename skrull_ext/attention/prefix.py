@@ -14,12 +14,28 @@ of the chunk's forward, so autograd carries their gradients back to the
 earlier chunks) and gives this chunk's K/V out in ``kept`` (outputs, the next
 chunks' prefix).
 
+Two ways to find a layer's prefix, one attention:
+
+- eager (the blocks' own code): the object holds every layer's prefix, a list
+  of the earlier chunks' K/V, and finds the layer by its identity (under
+  torchtitan's eager activation checkpointing a block runs again alone in
+  backward, with this same object, so a call counter would not do);
+- traced (inside a compiled block, train/chunk_path.py): dynamo would guard
+  on that identity and on the list's length, one graph per layer and chunk
+  index. So the chunk's forward puts each layer's prefix on its module
+  instead, joined into one tensor (``DacpAttention.chunk_prefix``, None for
+  the first chunk), and the chunk's K/V come out the same way
+  (``chunk_kept``): two graphs for any number of layers and chunks (the
+  first chunk's, the rest's; four under FSDP: train/chunked.py). The join is one more copy of a layer's prefix;
+  ``attend`` drops it from the module once read, so it lives until its
+  layer's attention (docs/design/chunked.md, "Compiled chunks").
+
 Over a CP group of N ranks each rank holds 1/N of the chunk, contiguous
 (rank r: tokens [r C/N, (r+1) C/N) of a chunk of C); its K/V shard is
 gathered over the group with DACP's own exchange (exchange.py: an all-gather
 forward, a reduce-scatter of dK/dV backward), so every rank keeps the whole
 chunk's K/V and the prefix never travels again. docs/design/chunked.md says
-why that layout.
+why that layout. The exchange is eager only (chunk_path.py routes CP > 1 so).
 
 Layout of a kept K/V: ``[2, Hkv, C, D]`` (K then V), one tensor per layer
 and chunk.
@@ -39,46 +55,49 @@ class ChunkAttention:
     """What one chunk's forward attends over, layer by layer.
 
     Args:
-        layers: the model's attention modules in layer order (their identity names the layer:
-            under torchtitan's activation checkpointing a block runs again alone, so a call
-            counter would not do).
-        prefix: per layer, the kept K/V (``[2, Hkv, C_j, D]``) of the document's earlier chunks.
-        offset: this rank's first token within the chunk (0 without a CP group).
+        q_pos: this rank's queries' indices among the document's keys (prefix and chunk), 1-D:
+            a tensor, so a traced chunk does not specialise on where it starts.
+        layers: the model's attention modules in layer order (eager: their identity names the layer).
+        prefix: per layer, the kept K/V (``[2, Hkv, C_j, D]``) of the document's earlier chunks,
+            which eager code reads (traced code reads each module's ``chunk_prefix``, the same joined).
         group: the CP group the chunk is sharded over (None: held whole by this rank).
     """
 
-    def __init__(self, layers, prefix: list[list[torch.Tensor]], offset: int = 0,
+    def __init__(self, q_pos: torch.Tensor, layers, prefix: list[list[torch.Tensor]],
                  group: dist.ProcessGroup | None = None) -> None:
         if len(prefix) != len(layers):
             raise ValueError(f"prefix has {len(prefix)} layers, the model {len(layers)}")
+        self.q_pos = q_pos
         self.index = {id(m): i for i, m in enumerate(layers)}
         self.prefix = prefix
-        self.offset = offset
         self.group = group if group is not None and dist.get_world_size(group) > 1 else None
         self.kept: list[torch.Tensor | None] = [None] * len(layers)
-        """Per layer, this chunk's whole K/V ``[2, Hkv, C, D]`` once its forward ran."""
-
-    def prefix_tokens(self) -> int:
-        """The chunk's first token in the document: the earlier chunks' tokens."""
-        return sum(kv.size(2) for kv in self.prefix[0]) if self.prefix else 0
+        """Eager: per layer, this chunk's whole K/V ``[2, Hkv, C, D]`` once its forward ran."""
 
     def attend(self, layer, q_BLNH: torch.Tensor, k_BLNH: torch.Tensor, v_BLNH: torch.Tensor,
                scale: float | None) -> torch.Tensor:
         """Causal attention of this rank's queries over the prefix and the chunk; (1, L, N, H) in and out."""
-        i = self.index[id(layer)]
         shard = torch.stack([k_BLNH[0].transpose(0, 1), v_BLNH[0].transpose(0, 1)])  # [2, Hkv, L, D]
         if self.group is None:
             own = shard
         else:  # every rank gets the whole chunk's K/V; dK/dV come back reduce-scattered
             ex = KVExchange(self.group, getattr(layer, "stats", None), transport=resolve_transport("auto", self.group))
             own = torch.stack(wait_exchange(start_exchange(shard, ex), ex))
-        self.kept[i] = own
-        kv = torch.cat([*self.prefix[i], own], dim=2) if self.prefix[i] else own
-        n_q = q_BLNH.size(1)
-        first = self.prefix_tokens() + self.offset  # the first query's index among kv's keys
-        q_pos = torch.arange(first, first + n_q, device=q_BLNH.device)
-        mask = torch.arange(kv.size(2), device=q_BLNH.device)[None, :] <= q_pos[:, None]
+        if torch.compiler.is_compiling():  # traced: the layer's state on its module (module docstring)
+            joined = layer.chunk_prefix
+            parts = [] if joined is None else [joined]
+            layer.chunk_prefix = None  # the join's last holder: freed once its layer has read it
+            layer.chunk_kept = own
+        else:
+            i = self.index[id(layer)]
+            parts = self.prefix[i]
+            self.kept[i] = own
+        kv = torch.cat([*parts, own], dim=2) if parts else own
+        mask = torch.arange(kv.size(2), device=q_BLNH.device)[None, :] <= self.q_pos[:, None]
         # 4-D, K/V at their own head count: CPU's flash kernel then saves K/V, not (L x P) probabilities.
+        # A branch, not the comparison: traced, FSDP's parameters leave the head counts symbolic, SDPA
+        # takes a plain bool, and a branch on a symbolic condition is decided (and guarded) by dynamo.
+        gqa = True if kv.size(1) != q_BLNH.size(2) else False  # noqa: SIM210
         out = F.scaled_dot_product_attention(q_BLNH.transpose(1, 2), kv[0][None], kv[1][None], attn_mask=mask,
-                                             scale=scale, enable_gqa=kv.size(1) != q_BLNH.size(2))
+                                             scale=scale, enable_gqa=gqa)
         return out.transpose(1, 2)

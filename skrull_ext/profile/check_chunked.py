@@ -43,7 +43,8 @@ against the model's own error at that size. One process: the chunk is held
 whole by this rank (CP 1, the one-rank case of the trainer's layout); a
 profile whose fixed cost per micro-batch was measured under FSDP (which this
 process does not run) has it left out of both predictions, and the report
-says so.
+says so. A compiled job (``--compile.enable``) runs the chunks as the trainer
+does at CP 1, through the compiled blocks (train/chunk_path.py).
 
     python -m skrull_ext.profile.check --config-file JOB.toml --profile P.toml [--chunked-lengths 4x]
 """
@@ -60,7 +61,9 @@ from skrull_ext.profile.memory import PEAK_METERS, SavedBytes
 from skrull_ext.profile.model import JobModel
 from skrull_ext.profile.ranks import pick_clock, sync, time_call
 from skrull_ext.scheduler.chunk_cost import chunk_cost
+from skrull_ext.scheduler.model_shape import model_compiled
 from skrull_ext.scheduler.profile_memory import ProfileMemory
+from skrull_ext.train.chunk_path import chunk_path
 from skrull_ext.train.chunked import attention_layers, chunked_loss, unsharded_param_bytes
 
 __all__ = ["BYTES_TOLERANCE", "DENSE_KERNELS", "ChunkedCheck", "allocate_grads", "check_chunked", "check_reference",
@@ -199,8 +202,10 @@ def check_chunked(jm: JobModel, cost: CostModel, pm: ProfileMemory, length: int,
     layers = attention_layers([jm.model])
     loss_fn = lambda pred, lab: jm.loss_fn(pred, lab, in_checkpoint=True)[0]  # noqa: E731  (as passes.py)
 
+    traced = chunk_path(model_compiled(jm.config), 1, 1).traced  # one process: the trainer's path at CP 1
+
     def forward():
-        return chunked_loss(jm.model, ids, labels, chunk, loss_fn, layers=layers)
+        return chunked_loss(jm.model, ids, labels, chunk, loss_fn, layers=layers, traced=traced)
 
     def run() -> None:
         forward().loss.backward()

@@ -31,24 +31,34 @@ not a multiple of N is refused, the document's last chunk is padded to one
 its labels are ignored).
 
 In a compiled job (torchtitan's per-block ``torch.compile(fullgraph=True)``)
-a chunk's forward, and its recomputation in backward, runs the blocks' own
-eager code (``torch.compiler.set_stance("force_eager")`` around the model
-call): the job's micro-batches stay compiled, the chunks compile nothing.
-Traced, the prefix attention would compile a graph per layer and per chunk
-index (dynamo guards on the layer that ``ChunkAttention`` looks its prefix up
-by and on the prefix list's length: 48 graphs for the debug model's 6 layers
-x 8 chunks, past the recompile limit that ``fullgraph=True`` turns into a
-failure); docs/design/chunked.md ("Not done") says what a compiled chunk
-would need. So a
-compiled run trains a chunked document exactly as an eager one
-(tests/unit_tests/test_chunked_compiled.py).
+a chunk's forward, and its recomputation in backward, run through the
+compiled blocks where chunk_path.py says the trace holds them (``traced``:
+CP 1, no TP): each layer's prefix joined on its module (attention/prefix.py),
+the forward traced with dynamic shapes from the first chunk and without duck
+sizing, so the recomputation meets the graph its forward ran (two sizes that
+happened to be equal in one and not the other would pick another graph,
+which saves other tensors: pytorch issue 166926), and side effects allowed
+under torchtitan's activation checkpointing (the recompute does not replay
+them: the module's state is read in the forward only). Two graphs a block
+code object, the first chunk's and the rest's, whatever the layers and
+chunks (tests/unit_tests/test_chunked_compiled.py counts them); under FSDP
+(torchtitan wraps one rank too) two more, once: FSDP's pre-forward hands a
+block its input as a view (the autograd function its post-backward hook
+hangs on) but not in a recomputation (its ``_pre_forward`` returns early in
+backward), and dynamo guards on whether an input is a view
+(tests/integration_tests/test_chunk_dp_run.py: 4 graphs in the first step
+with documents, none after). Elsewhere a chunk runs the blocks' own eager
+code (``torch.compiler.set_stance("force_eager")`` around the model call),
+which compiles nothing.
 """
 
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+import torch.fx.experimental._config as fx_config
 from torch.utils.checkpoint import checkpoint
 
 from skrull_ext.attention.module import DacpAttention
@@ -132,6 +142,7 @@ def chunked_loss(
     group: dist.ProcessGroup | None = None,
     recompute: bool = True,
     pad_chunks: int = 0,
+    traced: bool = False,
 ) -> ChunkedLoss:
     """Forward of one document in chunks.
 
@@ -150,6 +161,8 @@ def chunked_loss(
             gradients are unchanged. The last pass (a pad one if any) is the one not checkpointed.
             Their positions count from 0 (any within the RoPE cache does: nothing real sees them).
             ``tokens`` may then be empty (an all-pad document).
+        traced: run the chunks through the compiled blocks (module docstring; chunk_path.py decides);
+            False: their eager code. The values are the same either way, up to the compiler's rounding.
     """
     if tokens.dim() != 1 or tokens.shape != labels.shape:
         raise ValueError(f"tokens and labels must be 1-D of one length, got {tuple(tokens.shape)}, "
@@ -170,14 +183,16 @@ def chunked_loss(
         tok, lab = _padded(tokens, lo, lo + per, 0), _padded(labels, lo, lo + per, IGNORE_INDEX)
         first = rank * per if i >= len(bounds) else lo  # a pad chunk: positions from 0, within any RoPE cache
         pos = torch.arange(first, first + per, device=tokens.device)
+        q_pos = torch.arange(lo, lo + per, device=tokens.device)  # among the keys: the prefix, then the chunk
         c = len(prefix[0]) if layers else 0
 
-        def run(*flat, tok=tok, lab=lab, pos=pos, offset=rank * per, c=c):
-            ctx = ChunkAttention(layers, [list(flat[i * c:(i + 1) * c]) for i in range(len(layers))],
-                                 offset, group)
-            with torch.compiler.set_stance("force_eager"):  # compiled blocks run their own code (module doc)
+        def run(*flat, tok=tok, lab=lab, pos=pos, q_pos=q_pos, c=c):
+            per_layer = [list(flat[i * c:(i + 1) * c]) for i in range(len(layers))]
+            ctx = ChunkAttention(q_pos, layers, per_layer, group)
+            with _chunk_forward(layers, per_layer, traced):
                 pred = model(tok[None], positions=pos[None], attention_masks=ctx)
-            return (loss_fn(pred, lab[None]), *ctx.kept)
+                kept = [m.chunk_kept if k is None else k for m, k in zip(layers, ctx.kept)]  # traced: on the module
+            return (loss_fn(pred, lab[None]), *kept)
 
         flat = [kv for per_layer in prefix for kv in per_layer]
         keep = not recompute or i == len(passes) - 1  # the last pass: its backward runs first, nothing to save
@@ -187,3 +202,25 @@ def chunked_loss(
         total = out[0] if total is None else total + out[0]
     kv_bytes = sum(kv.nbytes for per_layer in prefix for kv in per_layer)
     return ChunkedLoss(total, len(bounds), kv_bytes)
+
+
+@contextmanager
+def _chunk_forward(layers, prefix: list[list[torch.Tensor]], traced: bool):
+    """Around a chunk's model call. Eager: ``force_eager`` (compiled blocks run their own code).
+    Traced: each layer's prefix joined on its module (attention/prefix.py), dynamo's settings of a
+    chunk (module docstring), the modules' chunk state cleared after (also when a recomputation stops
+    early), so no copy outlives the call."""
+    if not traced:
+        with torch.compiler.set_stance("force_eager"):
+            yield
+        return
+    for m, parts in zip(layers, prefix):
+        m.chunk_prefix = torch.cat(parts, dim=2) if parts else None
+    try:
+        with (torch._dynamo.config.patch(assume_static_by_default=False,
+                                         skip_fwd_side_effects_in_bwd_under_checkpoint=True),
+              fx_config.patch(use_duck_shape=False)):
+            yield
+    finally:
+        for m in layers:
+            m.chunk_prefix = m.chunk_kept = None

@@ -17,7 +17,10 @@ micro-batch's LocalOnlyBatch: attention/local_only.py) and per grad mode
 dynamic one after the length first changes; and one per size class
 inductor's heuristics guard on (an H200 run recompiled when a micro-batch
 fell below 5,852 tokens: docs/results/gpu.md, run 4). That is 12 or more,
-each compiled once per run.
+each compiled once per run, and under ``overlength = "chunk"`` at CP 1 up
+to six more in training and two in validation (a traced chunk's: the first
+chunk's and the rest's, their recomputation's under FSDP, a lockstep pad
+chunk's single token: train/chunked.py; 6 measured at DP 2 lockstep): 20.
 
 The size classes are what recompiles a run after its warm-up: a new class
 is met whenever the data first brings one, at any step (a 6.7 s step 28 of
@@ -36,7 +39,8 @@ import torch
 __all__ = ["SKRULL_RECOMPILE_LIMIT", "length_free_fusion", "raise_recompile_limit"]
 
 SKRULL_RECOMPILE_LIMIT = 24
-"""Twice the graph classes counted above: room for a size class or two more."""
+"""Twice the 12 graph classes counted above: room for a size class or two more, also beside a
+CP 1 job's traced chunks (20)."""
 
 
 def raise_recompile_limit(compiled: bool) -> str | None:

@@ -96,7 +96,7 @@ def chunked_samples(trainer, step: SkrullStep, global_valid_tokens: torch.Tensor
                 tokens, labels = (t.to(trainer.device, non_blocking=True) for t in (sample.input, sample.labels))
                 chunk = trainer.skrull_job.chunk_for(sample.length)
             out = chunked_loss(trainer.model_parts[0], tokens, labels, chunk, loss_fn, layers=trainer.dacp_attention,
-                               group=trainer.cp_group, pad_chunks=pad_chunks)
+                               group=trainer.cp_group, pad_chunks=pad_chunks, traced=trainer.chunk_path.traced)
             out.loss.backward()
         if sample is not None:
             trainer.ntokens_seen += sample.length

@@ -52,6 +52,7 @@ from skrull_ext.scheduler.config import timeline_name
 from skrull_ext.scheduler.model_shape import compute_dtype, DTYPES, job_shape, model_compiled
 from skrull_ext.scheduler.profile_memory import free_running_bytes
 from skrull_ext.train.checkpointing import mode_of, settle_checkpointing
+from skrull_ext.train.chunk_path import chunk_path
 from skrull_ext.train.chunked import unsharded_param_bytes
 from skrull_ext.train.compile_limit import length_free_fusion, raise_recompile_limit
 from skrull_ext.train.free_running import FreeRunningFSDP
@@ -164,7 +165,8 @@ class SkrullTrainer(JobTrainer):
         self.full_ac = isinstance(self.config.activation_checkpoint, FullAC.Config)
         self.dacp_stats = [m.stats for m in self.dacp_attention]
         """The layers' counters, which attention_input bumps for a traced micro-batch."""
-        for line in (raise_recompile_limit(compiled), length_free_fusion(compiled)):
+        self.chunk_path = path = chunk_path(compiled, dims.cp, dims.tp)  # how chunked documents run (chunk_path.py)
+        for line in (raise_recompile_limit(compiled), length_free_fusion(compiled), path.line(skrull.overlength)):
             if line is not None:
                 logger.info(line)
         switches = FreeRunningFSDP(self.model_parts)
@@ -182,9 +184,8 @@ class SkrullTrainer(JobTrainer):
         self.scheduler = Scheduler(self.skrull_job)
         self.run_settings = run_settings(mode_of(self.config.activation_checkpoint), self.skrull_job.bucket_size,
                                          getattr(self, "loss_fn", None))
-        """The checkpointing mode, BucketSize and head chunk settled at start-up, logged with each
-        logged step (run_settings.py: ``skrull/activation_checkpoint``, ``bucket_size``, ``head_chunk_tokens``,
-        ``head_in_forward``)."""
+        """The checkpointing mode, BucketSize and head chunk settled at start-up, logged with each logged
+        step (run_settings.py: ``skrull/activation_checkpoint`` and the others)."""
         self.dataloader.attach(self.scheduler, cp_rank, dims.cp, pin=self.device.type == "cuda")
         self.dataloader.hold_builds = True  # the next step built once this one's micro-batches are queued
         if skrull.plan_log:
@@ -255,10 +256,9 @@ class SkrullTrainer(JobTrainer):
                 "checkpoint with more steps (docs/design/lookahead.md)")
 
     def _unsharded_bytes(self) -> float:
-        """What free-running holds, counted from the built model: the unsharded parameters
-        in FSDP's mixed_precision_param, the gradients of trainable ones (not a LoRA base)
-        in the wider of that and its reduce dtype (FSDP accumulates unsynchronised
-        gradients there)."""
+        """What free-running holds, counted from the built model: the unsharded parameters in FSDP's
+        mixed_precision_param, the gradients of trainable ones (not a LoRA base) in the wider of that
+        and its reduce dtype (FSDP accumulates unsynchronised gradients there)."""
         params = [p for m in self.model_parts for p in m.parameters()]
         training = self.config.training
         param_bytes = DTYPES[training.mixed_precision_param].itemsize

@@ -152,7 +152,8 @@ class Validation:
                     out = chunked_loss(trainer.model_parts[0], sample.input.to(trainer.device),
                                        sample.labels.to(trainer.device), self.limit.chunk(sample.length),
                                        lambda pred, labels: trainer.loss_fn(pred, labels)[0],
-                                       layers=trainer.dacp_attention, group=trainer.cp_group, recompute=False)
+                                       layers=trainer.dacp_attention, group=trainer.cp_group, recompute=False,
+                                       traced=trainer.chunk_path.traced)
                 if plan.chunked_group[k] == self.build.dp_rank:
                     local += out.loss.double()
         for m in trainer.model_parts:

@@ -97,7 +97,8 @@ def test_the_scheduler_prices_the_chunk_the_trainer_runs(monkeypatch):
     trainer = SimpleNamespace(
         skrull_job=job, device=torch.device("cpu"), free_running=None,
         config=SimpleNamespace(skrull=SimpleNamespace(defer_grad_sync=False)), train_context=nullcontext,
-        model_parts=[None], loss_fn=None, dacp_attention=[], cp_group=None, ntokens_seen=0)
+        model_parts=[None], loss_fn=None, dacp_attention=[], cp_group=None, ntokens_seen=0,
+        chunk_path=SimpleNamespace(traced=False))
     step = SimpleNamespace(micro_batches=[], plan=plan, dp_rank=0, chunked=[
         SimpleNamespace(input=torch.zeros(n, dtype=torch.long), labels=torch.zeros(n, dtype=torch.long), length=n)
         for n in lengths])

@@ -1,38 +1,44 @@
-"""overlength = "chunk" in a compiled job: a chunked document trains as in an eager one.
+"""overlength = "chunk" in a compiled job: chunks run through the compiled blocks, as an eager run's.
 
 torchtitan compiles each TransformerBlock (``fullgraph=True``). The debug
 llama3 (fp32, CPU) with its blocks compiled trains a packed micro-batch (the
-blocks' compiled graphs), then the 251-token document in 8 chunks of 32
-(train/chunked.py), then the micro-batch again. The chunks run the blocks'
-own eager code (``force_eager`` around each chunk's forward and its
-recomputation), so:
+blocks' graphs), then documents in chunks of 32 (train/chunked.py), then the
+micro-batch again:
 
-- the document's loss and every gradient are the eager chunked run's,
-  bitwise (with and without torchtitan's full activation checkpointing),
-  and the one-pass reference's within the chunk tests' tolerances
-  (loss 1e-6, gradients 1e-5 relative);
-- the chunks compile nothing: dynamo's counters of graphs compiled (each
-  recompile is one more) and frames it compiled are the same after the
-  document as before it, and the second micro-batch reuses
-  the first one's graphs (counted from ``torch._dynamo.utils.counters``).
+- traced (``chunked_loss(traced=True)``, what a compiled job at CP 1 without
+  TP runs: train/chunk_path.py): a 4-chunk document compiles the chunk's two
+  graphs (the first chunk's, the rest's) and a 251-token document in 8 chunks
+  after it compiles none, so the graphs do not grow with the chunks, nor with
+  the layers (6 of them share the graphs); its recomputation in backward
+  reuses its forward's. Its loss and every gradient are the one-pass
+  reference's within the chunk tests' tolerances (loss 1e-6, gradients 1e-5
+  relative). A forward under no_grad (validation's) gives its loss again.
+- eager (``traced=False``, what CP > 1 and TP run): the blocks' own code
+  (``force_eager``), bitwise the eager model's chunked run, compiling nothing.
+- the micro-batch after the chunks reuses its first graphs.
 
-``aot_eager`` keeps the quick lane free of inductor's C++ builds; inductor on
-real processes is tests/integration_tests/test_chunk_dp_run.py
-(``test_compiled_chunked_run_matches_eager``). The full-AC case is in the
-slow lane: it compiles a second model (about a minute on this machine).
+Graphs and frames are counted from ``torch._dynamo.utils.counters`` (each
+recompile is one more graph). With and without torchtitan's full activation
+checkpointing. ``aot_eager`` keeps these free of inductor's C++ builds;
+inductor on real processes is tests/integration_tests/test_chunk_dp_run.py
+(``test_compiled_chunked_run_matches_eager``). Slow: each compiles a model.
 """
 
 import pytest
 import torch
 
 from skrull_ext.attention import build_meta
+from skrull_ext.train.chunk_path import chunk_path
 from skrull_ext.train.chunked import chunked_loss
-from tests.unit_tests.test_chunked import _close, _document, _grads, _loss, _model, CHUNK, chunked, one_pass
+from tests.unit_tests.test_chunked import (
+    _close, _document, _grads, _loss, _model, CHUNK, chunked, LENGTH, one_pass,
+)
 
 # dynamo reads each input's .grad while tracing; a block's input is not a leaf.
 pytestmark = pytest.mark.filterwarnings("ignore:The .grad attribute of a Tensor that is not a leaf")
 
 PACKED = [40, 25, 31]  # a micro-batch's local sequences
+SHORT = 4 * CHUNK - 5  # a document of 4 chunks
 
 
 def _micro_batch(model) -> None:
@@ -47,7 +53,11 @@ def _counts() -> dict:
     return {"graphs": c["stats"]["unique_graphs"], "frames": c["frames"]["total"]}
 
 
-@pytest.fixture(scope="module", params=[False, pytest.param(True, marks=pytest.mark.slow)], ids=["plain", "full_ac"])
+def _added(after: dict, before: dict) -> dict:
+    return {k: after[k] - before[k] for k in after}
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["plain", "full_ac"])
 def compiled_run(request):
     """Under torchtitan's full AC too (AC wraps each block, compile the wrapper, as torchtitan orders them)."""
     torch._dynamo.reset()  # dynamo's caches and counters are process-wide: start this run's from zero
@@ -56,31 +66,64 @@ def compiled_run(request):
     for block in model.layers.values():
         block.compile(backend="aot_eager", fullgraph=True)
     _micro_batch(model)
-    before = _counts()
-    model.zero_grad(set_to_none=True)
-    tokens, labels = _document()
-    out = chunked_loss(model, tokens, labels, CHUNK, _loss)
-    out.loss.backward()
-    result = (out.loss.item(), _grads(model))
-    after_chunks = _counts()
+    marks, runs = {"micro_batch": _counts()}, {}
+    for name, length, traced in (("eager", LENGTH, False), ("traced_4", SHORT, True), ("traced_8", LENGTH, True)):
+        model.zero_grad(set_to_none=True)
+        tokens, labels = _document(length)
+        out = chunked_loss(model, tokens, labels, CHUNK, _loss, traced=traced)
+        out.loss.backward()
+        runs[name] = (out.loss.item(), _grads(model), out.chunks)
+        marks[name] = _counts()
+    with torch.no_grad():
+        tokens, labels = _document()
+        runs["no_grad"] = chunked_loss(model, tokens, labels, CHUNK, _loss, recompute=False, traced=True).loss.item()
+    marks["no_grad"] = _counts()
     _micro_batch(model)
-    return result, out.chunks, before, after_chunks, _counts(), request.param
+    marks["micro_batch_again"] = _counts()
+    return runs, marks, request.param
 
 
-def test_compiled_chunked_equals_eager_chunked_and_one_pass(compiled_run):
-    (loss, grads), n, *_, ac = compiled_run
+@pytest.mark.slow
+def test_traced_chunks_compile_two_graphs_whatever_the_chunks(compiled_run):
+    _, marks, _ = compiled_run
+    print(f"dynamo: {marks}")
+    assert marks["micro_batch"]["graphs"] >= 1  # the micro-batch ran compiled
+    assert marks["eager"] == marks["micro_batch"], "the eager chunks compiled a block"
+    four = _added(marks["traced_4"], marks["eager"])
+    assert four["graphs"] == 2, f"4 chunks: {four} (0: the chunks fell back to eager code)"
+    assert marks["traced_8"] == marks["traced_4"], "8 chunks compiled more than 4"
+    assert _added(marks["no_grad"], marks["traced_8"])["graphs"] <= 2  # validation's forward: its own grad mode
+    assert marks["micro_batch_again"] == marks["no_grad"], "the micro-batch after the chunks recompiled"
+
+
+@pytest.mark.slow
+def test_traced_chunks_equal_one_pass(compiled_run):
+    runs, _, ac = compiled_run
+    loss, grads, n = runs["traced_8"]
+    assert n == 8 and runs["traced_4"][2] == 4
+    worst = _close((loss, grads), one_pass(ac=ac))
+    eager = runs["eager"]
+    vs_eager = max(float((grads[k] - g).norm() / g.norm().clamp_min(1e-30)) for k, g in eager[1].items())
+    print(f"traced chunks vs one pass: loss {abs(loss / one_pass(ac=ac)[0] - 1):.2g}, gradients {worst:.2g} "
+          f"(relative norm, worst parameter); vs eager chunks {vs_eager:.2g}")
+    assert abs(runs["no_grad"] - loss) <= 1e-6 * abs(loss)
+
+
+@pytest.mark.slow
+def test_eager_chunks_in_a_compiled_model_are_the_eager_models(compiled_run):
+    runs, _, ac = compiled_run
+    loss, grads, n = runs["eager"]
     ref_loss, ref_grads, ref_n = chunked(ac=ac)
-    assert n == ref_n == 8
-    assert loss == ref_loss
+    assert n == ref_n == 8 and loss == ref_loss
     for name, g in ref_grads.items():
         torch.testing.assert_close(grads[name], g, rtol=0, atol=0, msg=name)
-    _close((loss, grads), one_pass(ac=ac))
 
 
-def test_chunks_compile_nothing_and_micro_batches_keep_their_graphs(compiled_run):
-    _, _, before, after_chunks, after, _ = compiled_run
-    print(f"dynamo: after the micro-batch {before}, after the chunked document {after_chunks}, "
-          f"after the second micro-batch {after}")
-    assert before["graphs"] >= 1  # the micro-batch ran compiled
-    assert after_chunks == before, "the chunked document compiled or recompiled a block"
-    assert after == before, "the micro-batch after the chunks recompiled"
+def test_chunk_path_rule():
+    """Compiled at CP 1 without TP: traced; otherwise eager, the first rule that applies named."""
+    assert chunk_path(True, 1, 1).traced
+    assert not chunk_path(False, 1, 1).traced and "not compiled" in chunk_path(False, 2, 2).reason
+    assert not chunk_path(True, 2, 1).traced and "CP > 1" in chunk_path(True, 2, 2).reason
+    assert not chunk_path(True, 1, 2).traced and "TP" in chunk_path(True, 1, 2).reason
+    assert "compiled blocks" in chunk_path(True, 1, 1).line() and "eager" in chunk_path(True, 2, 1).line("chunk")
+    assert chunk_path(True, 1, 1).line("truncate") is None  # nothing chunked, nothing to say

@@ -110,6 +110,7 @@ def test_validation_chunks_a_document_at_training_s_fitted_chunk(monkeypatch):
     model = _model()
     trainer = SimpleNamespace(
         model_parts=[model], device=torch.device("cpu"), train_context=nullcontext, cp_group=None,
+        chunk_path=SimpleNamespace(traced=False),
         loss_fn=lambda pred, labels, positions=None: (_loss(pred, labels), None),
         dacp_attention=attention_layers([model]),
         parallel_dims=SimpleNamespace(dp_cp_enabled=False), metrics_processor=SimpleNamespace(

@@ -1,0 +1,69 @@
+"""Where a compiled job's chunked documents run: the compiled blocks, or their eager code.
+
+``overlength = "chunk"`` runs each chunk of a document as a forward of the model
+(train/chunked.py). In a compiled job (torchtitan's per-block
+``torch.compile(fullgraph=True)``) a chunk's forward, and its recomputation in
+backward, run through the blocks' compiled graphs where the trace can hold
+what a chunk does (*traced*): each layer's prefix on its module, joined, and
+the chunk compiled with dynamic shapes from its first call, so a few graphs
+per block code object serve every layer and chunk (train/chunked.py). Elsewhere
+they run the blocks' own eager code (``force_eager``), as every chunk did
+before, for a reason this module's rules name:
+
+- the job is not compiled: nothing to trace;
+- CP > 1: each chunk's K/V are all-gathered over the CP group by DACP's
+  exchange (attention/exchange.py: autograd Functions around asynchronous
+  collectives), which dynamo does not trace;
+- TP > 1: a chunk's q, k and v reach the attention as DTensors over the TP
+  mesh, which the traced chunk does not take.
+
+The first rule that applies decides; none applying, the chunks are traced.
+The trainer logs the choice once (``ChunkPath.line``).
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+__all__ = ["ChunkPath", "chunk_path", "EAGER_RULES"]
+
+
+@dataclass(frozen=True)
+class ChunkJob:
+    """What the rules read of a job."""
+
+    compiled: bool
+    cp: int
+    tp: int
+
+
+EAGER_RULES: tuple[tuple[Callable[[ChunkJob], bool], str], ...] = (
+    (lambda j: not j.compiled, "the job is not compiled"),
+    (lambda j: j.cp > 1, "at CP > 1 each chunk's K/V all-gather (attention/exchange.py) is not traceable"),
+    (lambda j: j.tp > 1, "under TP a chunk's q, k, v are DTensors, which the traced chunk does not take"),
+)
+"""(applies, why) in order: the first that applies keeps a job's chunks eager."""
+
+
+@dataclass(frozen=True)
+class ChunkPath:
+    """How a job's chunks run."""
+
+    traced: bool
+    """Through the compiled blocks (chunked_loss(traced=True)); False: their eager code."""
+    reason: str
+
+    def line(self, overlength: str = "chunk") -> str | None:
+        """The start-up log line; None for a job whose ``skrull.overlength`` chunks nothing."""
+        if overlength != "chunk":
+            return None
+        how = "run the compiled blocks" if self.traced else "run the blocks' eager code"
+        return f"Skrull: chunked documents {how}: {self.reason} (train/chunk_path.py)"
+
+
+def chunk_path(compiled: bool, cp: int, tp: int) -> ChunkPath:
+    """The first of EAGER_RULES that applies to the job, or traced."""
+    job = ChunkJob(compiled, cp, tp)
+    for applies, why in EAGER_RULES:
+        if applies(job):
+            return ChunkPath(False, why)
+    return ChunkPath(True, "compiled at CP 1 without TP")
