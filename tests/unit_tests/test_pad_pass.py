@@ -40,7 +40,8 @@ def test_a_lockstep_idle_slot_costs_a_pad_pass(floor_us, want):
     cost = _cost(fixed_us=5.0, floor_us=floor_us)
     shape = Shape(dp=2, cp=2, batch_size=2, bucket_size=8, timeline="lockstep")
     plan = all_sharded_plan([1, 1, 2], [[[0], [1]], [[2]]], cost, shape, time.perf_counter())
-    assert plan.pad_us == cost.pad_pass_us() == (45.0 if floor_us else 33.0) and [mb.slot for mb in plan.micro_batches] == [0, 0, 1]
+    assert plan.pad_us == cost.pad_pass_us() == (45.0 if floor_us else 33.0)
+    assert [mb.slot for mb in plan.micro_batches] == [0, 0, 1]
     assert plan.makespan_us == want == plan.step_time_us()
 
 
