@@ -71,7 +71,7 @@ def micro_batch_us(mb: MicroBatchPlan, cost: _core.CostModel, cp: int) -> float:
 def step_us(plan: Plan, cost: _core.CostModel, timeline: str) -> float:
     slots = [_core.SlotTime(mb.slot, mb.first_group, mb.groups, micro_batch_us(mb, cost, plan.cp))
              for mb in plan.micro_batches]
-    return _core.plan_step_time_us(slots, plan.dp, TIMELINES[timeline], cost.micro_batch_fixed_us) + \
+    return _core.plan_step_time_us(slots, plan.dp, TIMELINES[timeline], cost.pad_pass_us()) + \
         cost.step_fixed_us
 
 

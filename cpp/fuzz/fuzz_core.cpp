@@ -8,7 +8,7 @@
 // equal lengths.
 //
 // After the lengths (and a schedule's chunked documents), a tail that older
-// corpus inputs end before: whole_buffer, the fixed costs (a pad pass, a
+// corpus inputs end before: whole_buffer, the fixed costs (a micro-batch, a
 // step), the head and the attention weight, and for a schedule slot GDS, the
 // timeline and chunked documents' extreme chunk counts and times; then the
 // tensor-parallel degree; then, for a schedule, the pool's byte: whether
@@ -268,7 +268,7 @@ ChunkedDocs chunked_times(Bytes& in) {
 
 // The tail (none where the input ends before it: every older corpus entry). Its first byte:
 // whole_buffer (bit 0); for a schedule, slot GDS (bit 1) and the timeline (bits 2-3: lockstep,
-// free-running, then two unknown values); the cost of a pad pass (bit 4), of a step (bit 5), the
+// free-running, then two unknown values); a micro-batch's fixed cost (bit 4), a step's (bit 5), the
 // head's per-token time and the attention weight (bit 6); with bit 7 each chunked document reads
 // one more byte: an extreme chunk count (bits 0-2) and time (bits 3-5), or its own where 0.
 // Then one byte more (0 where the input ends): the tensor-parallel degree (its bits 0-2: 1, 2, 4,
@@ -557,7 +557,7 @@ void fuzz_schedule(Bytes& in, bool twice) {
       die("whole_buffer prices a placement below per document");
   }
   // The plan the trainer runs (to_plan) has the schedule's step time.
-  if (to_plan(s, o.cp, o.timeline, c.micro_batch_fixed_us, c.step_fixed_us).makespan_us != s.makespan_us)
+  if (to_plan(s, o.cp, o.timeline, c.pad_pass_us(), c.step_fixed_us).makespan_us != s.makespan_us)
     die("the schedule as a Plan has another step time");
   if (twice && (digest(schedule(ls, c, o, chunked)) != digest(s) ||
                 schedule(ls, c, o, chunked).chunked_dp_rank != s.chunked_dp_rank))

@@ -208,6 +208,10 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
            "A layer call of one part of F forward FLOPs, no exchange: the line held up to the host floor.")
       .def("floored_us", &CostModel::floored_us, py::arg("calls"),
            "What `calls` micro-batches cost at least: calls x (layers x host floor + micro_batch_fixed_us).")
+      .def("pad_pass_us", &CostModel::pad_pass_us,
+           "A lockstep pad pass (a rank's idle slot, a pad chunk): one local token a CP rank through every layer "
+           "and the head, priced as micro_batch_us prices it: layers x comp_us(flops(1)) + micro_batch_fixed_us + "
+           "head_us(1).")
       .def("collective_us", &CostModel::collective_us, py::arg("bytes"), "Latency of one collective.")
       .def("comm_us", &CostModel::comm_us, py::arg("bytes"), "Communication time of one layer.")
       .def("micro_batch_us", &CostModel::micro_batch_us, py::arg("local_flops"), py::arg("dist_flops"),
@@ -354,7 +358,7 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
             throw std::invalid_argument("to_plan: a micro-batch of the schedule has " +
                                         std::to_string(mb.dacp.rank_tokens.size()) + " CP ranks, cp is " +
                                         std::to_string(opt.cp));
-        return to_plan(s, opt.cp, opt.timeline, cost.micro_batch_fixed_us, cost.step_fixed_us);
+        return to_plan(s, opt.cp, opt.timeline, cost.pad_pass_us(), cost.step_fixed_us);
       },
       py::arg("schedule"), py::arg("cost_model"), py::arg("options"),
       "The schedule that schedule(lengths, cost_model, options) returned as the one plan type, as "
@@ -458,7 +462,7 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
             p.chunked_us = c.us;
             p.chunked_chunks = c.chunks;
             p.chunked_group = assign_chunked(c.us, opt.dp);
-            detail::retime_plan(p, opt.timeline, cost.micro_batch_fixed_us, cost.step_fixed_us);
+            detail::retime_plan(p, opt.timeline, cost.pad_pass_us(), cost.step_fixed_us);
             return p.makespan_us;
           });
         return lookahead(batches, std::move(docs), cost, opt, [&](const std::vector<int64_t>& l, const ChunkedDocs& c) {

@@ -156,7 +156,7 @@ inline std::string cut_error(const std::vector<int64_t>& in, int64_t limit, Over
 // truncation, placements in range, per-rank tokens recomputed equal and
 // within bucket_size, times finite and adding up: a DP rank's time is its
 // micro-batches', then its chunked documents' and (lockstep, DP > 1) its pad
-// chunks' at a pad pass (c.micro_batch_fixed_us) each; the step is on
+// chunks' at a pad pass (c.pad_pass_us()) each; the step is on
 // o.timeline, plus c.step_fixed_us once when it runs anything.
 inline std::string schedule_error(const std::vector<int64_t>& in, const CostModel& c, const Options& o,
                                   const Schedule& s) {
@@ -209,7 +209,7 @@ inline std::string schedule_error(const std::vector<int64_t>& in, const CostMode
       int64_t own = 0;
       for (int64_t n : held[d]) own += n;
       if (passes - own < 0) return "negative pad chunks";
-      after[d] += static_cast<double>(passes - own) * c.micro_batch_fixed_us;
+      after[d] += static_cast<double>(passes - own) * c.pad_pass_us();
     }
   }
   bool any_after = false;
@@ -259,7 +259,7 @@ inline std::string schedule_error(const std::vector<int64_t>& in, const CostMode
       for (int32_t d = 0; d < o.dp; ++d) {
         const bool has = s.dp_offsets[d] + j < s.dp_offsets[d + 1];
         any = any || has;
-        slot = std::max(slot, has ? s.micro_batches[s.dp_offsets[d] + j].dacp.time_us : c.micro_batch_fixed_us);
+        slot = std::max(slot, has ? s.micro_batches[s.dp_offsets[d] + j].dacp.time_us : c.pad_pass_us());
       }
       if (!any) break;
       makespan += slot;

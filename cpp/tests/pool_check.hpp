@@ -134,7 +134,7 @@ inline std::string pool_error(const std::vector<int64_t>& in, const CostModel& c
   std::map<int32_t, double> slot_start;
   for (const auto& [slot, t] : slowest) {
     slot_start[slot] = step;
-    step += busy[slot] < dp ? std::max(t, c.micro_batch_fixed_us) : t;
+    step += busy[slot] < dp ? std::max(t, c.pad_pass_us()) : t;
   }
   if (o.timeline == Timeline::kLockstep)
     for (const PlanMicroBatch& mb : p.micro_batches)

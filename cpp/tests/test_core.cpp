@@ -397,7 +397,7 @@ static void test_chunked() {
   Schedule s = schedule({}, c, o, ChunkedDocs{docs, {1, 1, 1, 1, 1}});
   CHECK((s.chunked_dp_rank == std::vector<int32_t>{0, 1, 0, 1, 0}) && s.makespan_us == 6.0);
   CHECK((s.dp_time_us == std::vector<double>{6, 6}) && s.micro_batches.empty());
-  Plan p = to_plan(s, o.cp, o.timeline, c.micro_batch_fixed_us);
+  Plan p = to_plan(s, o.cp, o.timeline, c.pad_pass_us());
   CHECK((p.chunked_group == s.chunked_dp_rank) && p.makespan_us == 6.0 && (p.group_time_us == std::vector<double>{6, 6}));
   // One long document on rank 0: both sequences go to rank 1 (flops 24 x 4 + 4 x 16 = 160 each).
   s = schedule({4, 4}, c, o, ChunkedDocs{{1000.0}, {1}});
@@ -503,8 +503,12 @@ static void test_chunked_lockstep() {
   // on 0, 5 on 1 (loads 8, 5). Unpadded LPT's 7 beats 8. Lockstep with a pad pass of 1: LPT's positions
   // [3, 1] make rank 0 pad 4 - 3 = 1 (7) and rank 1 4 - 2 = 2 (9); round robin's positions [3, 1] make
   // rank 0 pad none (8) and rank 1 3 (8): round robin's 8 beats 9. Every real pass costs at least 2 pads.
+  // The pad pass (CostModel::pad_pass_us: one token a CP rank through every layer) is the layer call's
+  // intercept here: a = 0, b = 1, no fixed cost, so 1 x line(flops(1)) = 1.
   CostModel c = toy();
-  c.micro_batch_fixed_us = 1.0;
+  c.a_us_per_flop = 0.0;
+  c.b_us = 1.0;
+  CHECK(c.pad_pass_us() == 1.0);
   Options o;
   o.dp = 2;
   o.bucket_size = 100;
@@ -513,12 +517,13 @@ static void test_chunked_lockstep() {
   Schedule s = schedule({}, c, o, docs);
   CHECK((s.chunked_dp_rank == std::vector<int32_t>{0, 1, 0}) && s.makespan_us == 8.0);
   CHECK((s.chunked_chunks == docs.chunks) && (s.dp_time_us == std::vector<double>{8, 8}));
-  Plan p = to_plan(s, o.cp, o.timeline, c.micro_batch_fixed_us);
+  Plan p = to_plan(s, o.cp, o.timeline, c.pad_pass_us());
   CHECK(p.makespan_us == 8.0 && (p.group_time_us == std::vector<double>{8, 8}) && p.chunked_chunks == docs.chunks);
-  c.micro_batch_fixed_us = 0.0;  // the pads priced at nothing: LPT
+  c.b_us = 0.0;  // the pads priced at nothing: LPT
+  CHECK(c.pad_pass_us() == 0.0);
   s = schedule({}, c, o, docs);
   CHECK((s.chunked_dp_rank == std::vector<int32_t>{0, 1, 1}) && s.makespan_us == 7.0);
-  c.micro_batch_fixed_us = 1.0;
+  c.b_us = 1.0;
   o.timeline = Timeline::kFreeRunning;  // free-running ranks pad nothing: LPT
   s = schedule({}, c, o, docs);
   CHECK((s.chunked_dp_rank == std::vector<int32_t>{0, 1, 1}) && s.makespan_us == 7.0);
@@ -565,9 +570,24 @@ static void test_chunked_lockstep() {
   CHECK((lockstep_pads({1 << 29, 1 << 29}, {0, 0}, 2) == std::vector<int32_t>{0, 1 << 30}));
   CHECK((chunked_after(ChunkedDocs{{0.0, 0.0}, {1 << 29, 1 << 29}}, {0, 0}, 2, Timeline::kLockstep, 1.0) ==
          std::vector<double>{0.0, 1073741824.0}));
+  // A pad chunk costs a pad pass (pad_pass_us), every layer's call and not the fixed cost alone. The toy
+  // (a = 1, b = 0, one layer, flops(1) = 28): a pad of 28. LPT's ranks {0, 1, 1} (positions [3, 1]): rank 0
+  // 6 + 1 pad = 34, rank 1 5 + 2 + 2 pads = 63; round robin's {0, 1, 0}: 8 and 5 + 3 pads = 89. LPT's 63.
+  // At a host floor of 40 a layer call: pads of 40, LPT's max(46, 87) = 87 against round robin's 125.
+  {
+    CostModel t = toy();
+    CHECK(t.pad_pass_us() == 28.0);
+    Schedule q = schedule({}, t, o, docs);
+    CHECK((q.chunked_dp_rank == std::vector<int32_t>{0, 1, 1}) && q.makespan_us == 5.0 + 2.0 + 2 * 28.0);
+    CHECK((q.dp_time_us == std::vector<double>{6.0 + 28.0, 63.0}));
+    CHECK(to_plan(q, o.cp, o.timeline, t.pad_pass_us()).makespan_us == 63.0);
+    t.host_floor_us = 40.0;
+    q = schedule({}, t, o, docs);
+    CHECK((q.chunked_dp_rank == std::vector<int32_t>{0, 1, 1}) && q.makespan_us == 5.0 + 2.0 + 2 * 40.0);
+  }
   // The estimate on lockstep: the documents after the samples' bound, padded. Documents 6 (3 chunks) and
   // 5 (1) on 2 groups, pad 1: max(6, max(3, ceil(4 / 2)) x 1 + (11 - 4) / 2) = 6.5 after the samples'
-  // max(6 / 2, 6, 0) = 6, one micro-batch of 1 (pad) + 0 (b) and 6 tokens at 0, + 0.
+  // max(6 / 2, 6, 0) = 6, one micro-batch of 0 (fixed) + 1 (b) and 6 tokens at 0, + 0.
   const StepEstimator e(c, o);
   StepSketch k;
   e.add_descending(k, 6.0, 6);

@@ -111,9 +111,29 @@ static void test_host_floor() {
   CHECK(threw);
 }
 
+// A lockstep pad pass (pad_pass_us): one local token a CP rank through
+// every layer and the head, priced as micro_batch_us prices it, not the
+// fixed cost alone. Toy: flops(1) = 28; 3 layers, b 2, fixed 5, 0.5 a token:
+// 3 x (28 + 2) + 5 + 0.5 = 95.5; at a floor of 40 a layer, 3 x 40 + 5 + 0.5.
+static void test_pad_pass() {
+  CostModel c = toy();
+  CHECK(c.pad_pass_us() == 28.0);  // the one layer's call alone: no fixed cost, no head
+  c.shape.layers = 3;
+  c.b_us = 2.0;
+  c.micro_batch_fixed_us = 5.0;
+  c.token_us = 0.5;
+  CHECK(c.pad_pass_us() == 95.5);
+  CHECK(c.pad_pass_us() == c.micro_batch_us({c.flops(1)}, 0.0, 0.0, 1));
+  c.host_floor_us = 40.0;
+  CHECK(c.pad_pass_us() == 125.5 && c.pad_pass_us() == c.micro_batch_us({c.flops(1)}, 0.0, 0.0, 1));
+  // At least the floored fixed cost a micro-batch pays (floored_us), and the fixed cost.
+  CHECK(c.pad_pass_us() >= c.floored_us(1.0) && c.pad_pass_us() > c.micro_batch_fixed_us);
+}
+
 int main() {
   test_whole_buffer();
   test_host_floor();
+  test_pad_pass();
   if (skrull_test::failures) return skrull_test::report();
   std::printf("test_cost_model: all checks passed\n");
   return 0;

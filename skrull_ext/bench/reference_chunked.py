@@ -94,13 +94,13 @@ def timed(plan: ref.RefSchedule, cost: ref.RefCost, n: int, us: list[float], chu
     and the step."""
     rank_us = [[ref.score([plan.lengths[k] for k in g], [plan.cp_rank[k] for k in g], cost, n)[1] for g in groups]
                for groups in plan.groups]
-    work = after(us, chunks, rank, len(rank_us), lockstep, cost.fixed)
+    work = after(us, chunks, rank, len(rank_us), lockstep, cost.pad())
     for i, times in enumerate(rank_us):
         total = 0.0
         for t in times:
             total += t
         plan.dp_time_us[i] = total + work[i]
-    return RefChunkedSchedule(plan, list(rank), step_time(rank_us, lockstep, cost.fixed, cost.step, work))
+    return RefChunkedSchedule(plan, list(rank), step_time(rank_us, lockstep, cost.pad(), cost.step, work))
 
 
 def schedule(lengths: list[int], cost: ref.RefCost, dp: int, n: int, bucket: int, us: list[float],
@@ -129,7 +129,7 @@ def schedule(lengths: list[int], cost: ref.RefCost, dp: int, n: int, bucket: int
     out = assigned(assign_lpt(us, dp), True)
     if dp > 1 and us:
         robin = [k % dp for k in range(len(us))]
-        bound = max(after(us, chunks, robin, dp, lockstep, cost.fixed)) + cost.step
+        bound = max(after(us, chunks, robin, dp, lockstep, cost.pad())) + cost.step
         if out.makespan_us > bound:
             other = assigned(robin, False)
             if other.makespan_us < out.makespan_us:

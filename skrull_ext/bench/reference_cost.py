@@ -71,6 +71,10 @@ class RefCost:
         """cost_model.hpp floored_us: what `calls` micro-batches cost at least."""
         return calls * (self.layers * self.host_floor + self.fixed)
 
+    def pad(self) -> float:
+        """cost_model.hpp pad_pass_us: a lockstep pad pass, one local token a CP rank through every layer."""
+        return self.layers * self.comp(self.flops(1)) + self.fixed + self.token * 1
+
     def collective(self, v: float) -> float:
         if v <= 0.0:
             return 0.0

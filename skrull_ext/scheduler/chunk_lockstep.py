@@ -19,9 +19,10 @@ are: the same forward / recompute / backward order of FSDP calls on every rank.
 
 The rule lives in the core (cpp/include/skrull/chunked.hpp: lockstep_passes, lockstep_pads,
 chunked_after), where the assignment, the step's time and the look-ahead's estimate price each pad
-chunk at a pad pass's ``micro_batch_fixed_us`` (its tokens are a handful; its FSDP calls and
-launches are a pass's). This module reads it for the trainer (train/passes.py: what each rank runs)
-and the plan (``Plan.chunked_pads``), from the chunk counts ``chunk_passes`` gives: the trainer's.
+chunk at a pad pass, ``CostModel.pad_pass_us()`` (one token a CP rank through every layer: each
+layer call's intercept or host floor, its FSDP calls and launches, the head). This module reads it
+for the trainer (train/passes.py: what each rank runs) and the plan (``Plan.chunked_pads``), from
+the chunk counts ``chunk_passes`` gives: the trainer's.
 """
 
 from collections.abc import Callable, Sequence

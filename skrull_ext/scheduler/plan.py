@@ -183,7 +183,8 @@ class Plan:
     timeline: _core.Timeline = _core.Timeline.LOCKSTEP
     """The timeline the step runs on (the job's): lockstep slots or free-running groups."""
     pad_us: float = 0.0
-    """Time of a pad pass on a lockstep timeline: the cost model's micro_batch_fixed_us."""
+    """Time of a pad pass on a lockstep timeline (an idle slot, a pad chunk): the cost model's
+    ``pad_pass_us()``, one token a CP rank through every layer, not its fixed cost alone."""
     step_us: float = 0.0
     """Time the step pays once whatever its micro-batches: the cost model's step_fixed_us."""
     chunked: list[int] = field(default_factory=list)
@@ -208,7 +209,7 @@ class Plan:
         and the simulator builds plans with no core object at all (``from_groups``); a view
         would need an override for each such field. The shape, timeline and costs are ``job``'s
         (the resolved job the Scheduler ran): a pad pass costs its cost model's
-        ``micro_batch_fixed_us``, the step its ``step_fixed_us``. ``chunked``: the lengths of the
+        ``pad_pass_us()``, the step its ``step_fixed_us``. ``chunked``: the lengths of the
         chunked documents the core was given the times of."""
         lengths = list(s.lengths)
         mbs = [
@@ -225,7 +226,7 @@ class Plan:
             micro_batch=list(s.micro_batch), micro_batches=mbs, slots=s.slots, group_time_us=list(s.group_time_us), makespan_us=s.makespan_us,
             dropped=list(s.dropped), truncated=list(s.truncated), scheduler_us=s.elapsed_us, pool=job.policy.pool,
             widened=s.widened, narrowed=s.narrowed, skrull_plan=s.skrull_plan, rollbacks=s.rollbacks,
-            timeline=job.timeline, pad_us=job.cost_model.micro_batch_fixed_us, step_us=job.cost_model.step_fixed_us,
+            timeline=job.timeline, pad_us=job.cost_model.pad_pass_us(), step_us=job.cost_model.step_fixed_us,
             chunked=list(chunked), chunked_us=list(s.chunked_us), chunked_group=list(s.chunked_group),
         )
 

@@ -116,4 +116,4 @@ def plan(lengths: Sequence[int], cost: CostModel, shape: Shape, chunk: int | Non
         load[d] += t
     ranks = [[_chunk_micro_batch(cost, shape, pieces, ids, d, j) for j, ids in enumerate(groups)]
              for d, groups in enumerate(per_rank)]
-    return build_plan([p[2] for p in pieces], ranks, shape, started, cost.micro_batch_fixed_us), pieces
+    return build_plan([p[2] for p in pieces], ranks, shape, started, cost.pad_pass_us()), pieces

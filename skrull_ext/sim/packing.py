@@ -95,7 +95,7 @@ def micro_batch(cost: CostModel, shape: Shape, dp_rank: int, index: int, seqs: l
 def build_plan(lengths: Sequence[int], ranks: list[list[MicroBatchPlan]], shape: Shape, started: float,
                pad_us: float = 0.0) -> Plan:
     """Assemble a Plan from scored micro-batches (per DP rank, in execution order), timed on
-    ``shape.timeline`` (a pad pass costs ``pad_us``, the cost model's micro_batch_fixed_us)."""
+    ``shape.timeline`` (a pad pass costs ``pad_us``, the cost model's pad_pass_us())."""
     return Plan.from_groups(lengths, ranks, shape.dp, shape.cp, shape.bucket_size,
                             (time.perf_counter() - started) * 1e6, shape.timeline, pad_us)
 
@@ -111,4 +111,4 @@ def all_sharded_plan(lengths: Sequence[int], groups_per_rank: list[list[list[int
         [micro_batch(cost, shape, d, j, g, lengths, [where] * len(g)) for j, g in enumerate(groups)]
         for d, groups in enumerate(groups_per_rank)
     ]
-    return build_plan(lengths, ranks, shape, started, cost.micro_batch_fixed_us)
+    return build_plan(lengths, ranks, shape, started, cost.pad_pass_us())

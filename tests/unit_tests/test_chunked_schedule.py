@@ -47,20 +47,24 @@ def test_chunked_documents_go_where_they_balance_the_step(toy):
 
 
 def test_lockstep_runs_them_after_the_slots(toy):
-    # Lockstep: every rank's slots, then the step waits for the rank with the most chunked time.
+    # Lockstep: every rank's slots, then the step waits for the rank with the most chunked time: DP 0's
+    # 12 (3 chunks) and the 2 pad chunks it runs beside DP 1's 9 and 6 (2 each), each a pad pass
+    # (CostModel.pad_pass_us: one token through the layer, flops(1) = 28 on the toy).
     plan = Scheduler(SchedulerConfig(dp=2, cp=1, bucket_size=5, timeline="lockstep"), toy).schedule(
         [1, 2, 3, 4, 5], chunked=[12, 9, 6])
     plan.validate()
     slots = sum(max(mb.time_us for mb in plan.micro_batches if mb.slot == j) for j in range(plan.slots))
     assert plan.chunked_group == [0, 1, 1]
-    assert plan.makespan_us == pytest.approx(slots + _chunked(12))
+    assert toy.pad_pass_us() == _flops(1) == 28 and plan.pad_us == 28
+    assert plan.makespan_us == pytest.approx(slots + _chunked(12) + 2 * 28)
 
 
 def test_lockstep_prices_the_pad_chunks_its_ranks_run():
     # Lockstep DP ranks run as many chunk passes per position as each other (scheduler/chunk_lockstep.py):
     # 12 (3 chunks of 5) on DP 0; 9 and 6 (2 each) on DP 1. Positions [3, 2]: DP 0 runs an all-pad
-    # document of 2, DP 1 one pad chunk after its 9. Each pad chunk a pad pass (fixed_us 5; chunk_cost
-    # already has 5 a real chunk): DP 0 1092.33 + 10, DP 1 623.33 + 371.33 + 5.
+    # document of 2, DP 1 one pad chunk after its 9. Each pad chunk a pad pass, one token through the
+    # layer and the fixed cost (28 + fixed_us 5 = 33; chunk_cost already has 5 a real chunk):
+    # DP 0 1092.33 + 66, DP 1 623.33 + 371.33 + 33.
     from tests.unit_tests.conftest import toy_cost
 
     cost = toy_cost(fixed_us=5.0)
@@ -70,7 +74,8 @@ def test_lockstep_prices_the_pad_chunks_its_ranks_run():
     assert lock.chunked_group == [0, 1, 1] and lock.chunked_pads() == [2, 1]
     slots = sum(max(mb.time_us for mb in lock.micro_batches if mb.slot == j) for j in range(lock.slots))
     assert lock.chunked_us == pytest.approx([_chunked(n) + 5 * -(-n // 5) for n in (12, 9, 6)])
-    assert lock.makespan_us == pytest.approx(slots + 1092 + 1 / 3 + 10)
+    assert cost.pad_pass_us() == lock.pad_us == 33.0
+    assert lock.makespan_us == pytest.approx(slots + 1092 + 1 / 3 + 66)
     assert lock.step_time_us() == pytest.approx(lock.makespan_us)
     # Free-running ranks pad nothing (their chunk passes share no collective); DP 1 has nothing to pad.
     free = Scheduler(SchedulerConfig(dp=2, cp=1, bucket_size=5, timeline="free"), cost).schedule(
@@ -150,14 +155,17 @@ def test_the_pad_chunks_change_which_rank_runs_a_document():
     # cpp/tests/test_core.cpp test_chunked_lockstep, through the binding. Documents of 6, 5 and 2 us in 3, 1
     # and 1 chunk passes on DP 2, no samples. LPT by time ([0, 1, 1]: loads 6, 7) beats round robin
     # ([0, 1, 0]: 8, 5) unpadded. Lockstep, a pad pass 1 us: LPT's positions [3, 1] pad DP 0 once (7) and
-    # DP 1 twice (9); round robin's pad DP 0 never (8) and DP 1 three times (8): round robin, 8.
-    from tests.unit_tests.conftest import toy_cost
-
+    # DP 1 twice (9); round robin's pad DP 0 never (8) and DP 1 three times (8): round robin, 8. The pad
+    # pass is one token through the layer (CostModel.pad_pass_us): a layer call's intercept here, b = 1 at
+    # a = 0, no fixed cost.
     opts = SchedulerConfig(dp=2, cp=1, bucket_size=100, timeline="lockstep").core_options()
-    s = _core.schedule([], toy_cost(fixed_us=1.0), opts, [6.0, 5.0, 2.0], [3, 1, 1])
+    flat = _core.CostModel(_core.ModelShape(1, 1, 1, 1), 0.0, 1.0, _core.CommModel([1.0], [0.0]))
+    assert flat.pad_pass_us() == 1.0
+    s = _core.schedule([], flat, opts, [6.0, 5.0, 2.0], [3, 1, 1])
     assert s.chunked_dp_rank == [0, 1, 0] and s.makespan_us == 8.0 and s.chunked_chunks == [3, 1, 1]
     assert _core.chunked_after([6.0, 5.0, 2.0], [3, 1, 1], [0, 1, 1], 2, opts.timeline, 1.0) == [7.0, 9.0]
-    cost = toy_cost()  # the pads priced at nothing: LPT
+    cost = _core.CostModel(_core.ModelShape(1, 1, 1, 1), 0.0, 0.0, _core.CommModel([1.0], [0.0]))
+    assert cost.pad_pass_us() == 0.0  # the pads priced at nothing: LPT
     s = _core.schedule([], cost, opts, [6.0, 5.0, 2.0], [3, 1, 1])
     assert s.chunked_dp_rank == [0, 1, 1] and s.makespan_us == 7.0
     with pytest.raises(ValueError, match="^0 chunk counts for 3 chunked documents$"):

@@ -85,15 +85,16 @@ def test_core_equals_reference_with_chunked_documents(seed, k, cp, dp, bucket, p
 
 def test_reference_exact_small_case():
     """Three documents over two lockstep ranks, by hand. One layer priced a microsecond a FLOP, no exchange,
-    a pad pass (each micro-batch's fixed cost) 10 us, a step 5 us; samples of 1 and 2 tokens (flops(s) =
-    24 s + 4 s^2 here: 28 and 64, so micro-batches of 38 and 74 us).
+    each micro-batch's fixed cost 10 us, a step 5 us; samples of 1 and 2 tokens (flops(s) = 24 s + 4 s^2
+    here: 28 and 64, so micro-batches of 38 and 74 us). A pad pass is a micro-batch of one token a rank
+    (CostModel.pad_pass_us): 28 + 10 = 38 us, not the fixed cost's 10.
     LPT: 100 us (3 chunks) on rank 0, 60 (1 chunk) and 30 (2 chunks) on rank 1. The positions take 3 and 2
-    passes, so each rank pads 2 chunks (20 us): after its micro-batches rank 0 runs 120 us, rank 1 110.
+    passes, so each rank pads 2 chunks (76 us): after its micro-batches rank 0 runs 176 us, rank 1 166.
     The samples start from 100 and 90 us in FLOPs: 2 tokens to rank 1 (154), then 1 token to rank 0 (128).
-    Ranks: 38 + 120 = 158 and 74 + 110 = 184; step: slot 0's 74, the most after, 120, and 5: 199.
-    Round robin (100 and 30 on rank 0, 60 on rank 1: pads 0 and 4, after 130 and 100) is bounded by
-    135 < 199, so it is planned, the samples as without documents (2 tokens to rank 0): 74 + 130 + 5 = 209,
-    not shorter: LPT's plan is kept."""
+    Ranks: 38 + 176 = 214 and 74 + 166 = 240; step: slot 0's 74, the most after, 176, and 5: 255.
+    Round robin (100 and 30 on rank 0, 60 on rank 1: pads 0 and 4, after 130 and 60 + 152 = 212) is bounded
+    by 217 < 255, so it is planned, the samples as without documents (2 tokens to rank 0): 74 + 212 + 5 =
+    291, not shorter: LPT's plan is kept."""
     shape = _core.ModelShape(1, 1, 1, 2)
     comm = _core.CommModel([0.0], [0.0], 0.0, 0.0, 0.0, 9.0, 1.0)
     cost = _core.CostModel(shape, 1.0, 0.0, comm, 10.0, 5.0, 0.0, 1.0, False)
@@ -106,5 +107,6 @@ def test_reference_exact_small_case():
     assert refc.lockstep_pads(chunks, [0, 1, 0], 2) == [0, 4]
     assert s.chunked_dp_rank == [0, 1, 1]
     assert s.dp_rank == [0, 1]
-    assert s.dp_time_us == [158.0, 184.0]
-    assert s.makespan_us == 199.0
+    assert cost.pad_pass_us() == 38.0
+    assert s.dp_time_us == [214.0, 240.0]
+    assert s.makespan_us == 255.0

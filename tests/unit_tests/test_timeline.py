@@ -47,13 +47,14 @@ def test_lockstep_plan_covers_fits_and_is_timed_by_its_slots(seed, k, cp, dp, bu
     plan = Scheduler(SchedulerConfig(dp=dp, cp=cp, bucket_size=bucket, policy=policy, cpsat=False), cost).schedule(
         lengths_)
     plan.validate()
-    assert plan.timeline == _core.Timeline.LOCKSTEP and plan.pad_us == fixed_us
+    pad_us = cost.pad_pass_us()  # one token a CP rank through every layer, not the fixed cost alone
+    assert plan.timeline == _core.Timeline.LOCKSTEP and plan.pad_us == pad_us > fixed_us
     assert sorted(s for r in plan.ranks for mb in r for s in mb.seqs) == list(range(k))  # each once
     for rank in plan.ranks:
         for slot, mb in enumerate(rank):
             assert mb.slot == slot and max(mb.rank_tokens) <= bucket  # memory, every rank, every slot
     rank_times = [[mb.time_us for mb in r] for r in plan.ranks]
-    assert plan.makespan_us == pytest.approx(lockstep_us(rank_times, fixed_us), rel=1e-12, abs=1e-9)
+    assert plan.makespan_us == pytest.approx(lockstep_us(rank_times, pad_us), rel=1e-12, abs=1e-9)
     # Never shorter than the free-running step of the same micro-batches, nor than the bound.
     assert plan.makespan_us >= max(map(sum, rank_times), default=0.0) * (1 - 1e-12)
     lb = bound.lower_bound_us(lengths_, cost, dp, cp, bucket, "lockstep")
@@ -70,7 +71,7 @@ def test_pool_plan_is_timed_by_its_slots(seed, k, cp, dp, bucket, timeline):
     plan = Scheduler(cfg, cost).schedule(lengths_)
     plan.validate()  # restates both timelines in Python
     mbs = [_core.SlotTime(mb.slot, mb.first_group, mb.groups, mb.time_us) for mb in plan.micro_batches]
-    assert plan.makespan_us == _core.plan_step_time_us(mbs, dp, TIMELINES[timeline], cost.micro_batch_fixed_us)
+    assert plan.makespan_us == _core.plan_step_time_us(mbs, dp, TIMELINES[timeline], cost.pad_pass_us())
     if timeline == "lockstep":
         per_slot: dict[int, float] = {}
         for mb in plan.micro_batches:

@@ -22,7 +22,7 @@
 // n_k = the most chunks any rank's k-th document (in the documents' order)
 // takes; a rank pads its k-th document to n_k passes, or runs an all-pad
 // document of n_k where it holds none. A pad pass costs a pad pass's price
-// (pad_us: CostModel::micro_batch_fixed_us, as a lockstep slot's pad), and
+// (pad_us: CostModel::pad_pass_us, as a lockstep slot's pad), and
 // chunked_after counts them in the work a rank runs after its micro-batches:
 // the assignment, the step's time and the look-ahead's estimate all see them.
 // Free-running ranks (or one DP rank) pad nothing.

@@ -297,6 +297,22 @@ struct CostModel {
     return shape.layers * worst + micro_batch_fixed_us + head_us(most_tokens);
   }
 
+  // A pad pass on a lockstep timeline (timeline.hpp): what a rank runs at a
+  // slot where it holds no micro-batch, and each pad chunk (chunked.hpp). The
+  // trainer feeds every CP rank one ignored token, local
+  // (data/steps/buffers.py pad_buffer: no distributed sequence, so no K/V
+  // exchange at any CP), through every layer's forward and backward (one
+  // block call a layer, with its FSDP calls and launches) and the head. So
+  // it is priced as micro_batch_us prices that micro-batch:
+  //   layers * layer_us(0, flops(1), 0) + micro_batch_fixed_us + head_us(1),
+  // a layer call at the host floor or more, not the fixed cost alone. A pad
+  // chunk holds the same one token a rank but is sharded over its CP group
+  // and attends over its document's prefix (train/chunked.py): its K/V
+  // all-gather, its recompute (all but a position's last pass) and the
+  // prefix's keys are left out, so it is priced at least at this.
+  // (micro_batch_us({flops(1)}, 0, 0, 1) bit for bit, without its vector.)
+  double pad_pass_us() const { return shape.layers * comp_us(flops(1)) + micro_batch_fixed_us + head_us(1); }
+
   // A lower bound on any DACP plan's time for these lengths on n ranks:
   // the max over ranks of local+dist FLOPs is at least the average, total/n.
   // With a non-decreasing comm table, the longest sequence also bounds it:

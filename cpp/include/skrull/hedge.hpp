@@ -53,9 +53,9 @@ inline void time_schedule(Schedule& s, const CostModel& cost, const Options& opt
     }
   }
   const std::vector<double> after = chunked_after({s.chunked_us, s.chunked_chunks}, s.chunked_dp_rank, opt.dp,
-                                                  opt.timeline, cost.micro_batch_fixed_us);
+                                                  opt.timeline, cost.pad_pass_us());
   for (int32_t i = 0; i < opt.dp; ++i) s.dp_time_us[i] += after[i];
-  s.makespan_us = step_time_us(rank_us, opt.timeline, cost.micro_batch_fixed_us, cost.step_fixed_us, &after);
+  s.makespan_us = step_time_us(rank_us, opt.timeline, cost.pad_pass_us(), cost.step_fixed_us, &after);
 }
 
 }  // namespace detail

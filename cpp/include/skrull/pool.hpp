@@ -301,7 +301,7 @@ constexpr size_t kMaxNarrowRevertTries = 256;
 // and timed; leaves it timed. Returns the sequences left narrowed.
 inline int32_t narrow_for_the_step(Plan& out, const std::vector<double>& flops, const CostModel& cost,
                                    const Options& opt) {
-  const auto retime = [&]() { retime_plan(out, opt.timeline, cost.micro_batch_fixed_us, cost.step_fixed_us); };
+  const auto retime = [&]() { retime_plan(out, opt.timeline, cost.pad_pass_us(), cost.step_fixed_us); };
   const double before = out.makespan_us;
   NarrowScratch scratch;
   std::vector<size_t> changed;
@@ -381,7 +381,7 @@ inline void reprice_pool_plan(Plan& out, const CostModel& cost, const Options& o
     mb.time_us = t * cost.shape.layers + cost.micro_batch_fixed_us +
                  cost.head_us(*std::max_element(w.tokens.begin(), w.tokens.end()));
   }
-  retime_plan(out, opt.timeline, cost.micro_batch_fixed_us, cost.step_fixed_us);
+  retime_plan(out, opt.timeline, cost.pad_pass_us(), cost.step_fixed_us);
 }
 
 // Step 0: the checks, and the plan's per-sequence arrays with the lengths
@@ -663,7 +663,7 @@ inline Plan schedule_pool_as_priced(const std::vector<int64_t>& input, const Cos
     std::vector<int32_t> next_slot(opt.dp, 0);
     pool_place_wide(out, wide, flops, cost, opt, next_slot);
     pool_plan_groups(out, pool_shares(out, live, wide, flops, cost, opt.cp), flops, cost, opt, next_slot);
-    retime_plan(out, opt.timeline, cost.micro_batch_fixed_us, cost.step_fixed_us);
+    retime_plan(out, opt.timeline, cost.pad_pass_us(), cost.step_fixed_us);
     // 3. Skrull's plan unless the pool's predicts a step shorter by more than
     // kPoolMinGain (both on the job's timeline).
     if (!(out.makespan_us < skrull_us * (1.0 - kPoolMinGain))) pool_adopt(out, skrull_plan);
@@ -671,7 +671,7 @@ inline Plan schedule_pool_as_priced(const std::vector<int64_t>& input, const Cos
   // 4. Sub-group sets in the one-group micro-batches of the plan kept (see
   // pool_narrow), kept only where they shorten the step (narrow_for_the_step).
   index_plan(out);
-  retime_plan(out, opt.timeline, cost.micro_batch_fixed_us, cost.step_fixed_us);
+  retime_plan(out, opt.timeline, cost.pad_pass_us(), cost.step_fixed_us);
   out.narrowed = narrow_for_the_step(out, flops, cost, opt);
   index_plan(out);
   if (price != nullptr) pool_settle_at_price(out, skrull_plan, std::move(skrull_as_planned), *price, opt);

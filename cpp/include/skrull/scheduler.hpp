@@ -233,7 +233,7 @@ inline Schedule schedule_as_priced(const std::vector<int64_t>& input, const Cost
       }
     } else {
       const std::vector<double> robin_after =
-          chunked_after(chunked, robin, opt.dp, opt.timeline, cost.micro_batch_fixed_us);
+          chunked_after(chunked, robin, opt.dp, opt.timeline, cost.pad_pass_us());
       const double robin_bound = *std::max_element(robin_after.begin(), robin_after.end()) + cost.step_fixed_us;
       if (out.makespan_us > robin_bound) {
         Schedule other = schedule_assigned(input, cost, opt, chunked, robin, false);

@@ -67,7 +67,7 @@ class StepEstimator {
         per_token_(cost.token_us / (static_cast<double>(std::max<int32_t>(1, opt.dp)) * std::max<int32_t>(1, opt.cp))),
         step_fixed_(cost.step_fixed_us),
         lockstep_(opt.timeline == Timeline::kLockstep && opt.dp > 1),
-        pad_(cost.micro_batch_fixed_us) {}
+        pad_(cost.pad_pass_us()) {}
 
   int32_t groups() const { return groups_; }
 
@@ -121,7 +121,7 @@ class StepEstimator {
   double per_token_;
   double step_fixed_;
   bool lockstep_;  // a lockstep timeline at P > 1: chunked documents after the slots, padded
-  double pad_;     // a pad pass (micro_batch_fixed_us)
+  double pad_;     // a pad pass (CostModel::pad_pass_us)
 };
 
 }  // namespace skrull

@@ -8,7 +8,9 @@
 //   lockstep:     FSDP gathers each layer's parameters, per micro-batch, over
 //                 the whole shard mesh (every DP and CP rank), so all ranks
 //                 run slot j together and a rank without a j-th micro-batch
-//                 runs a pad pass (pad_us, the micro-batch's fixed cost):
+//                 runs a pad pass (pad_us: CostModel::pad_pass_us, one local
+//                 token a CP rank through every layer and the head, so every
+//                 layer call's intercept or host floor and the fixed cost):
 //                 step = sum over slots of the slowest rank in the slot.
 //   free-running: ranks share no collective until the step's gradient
 //                 reduction: step = the slowest rank's micro-batches back to
