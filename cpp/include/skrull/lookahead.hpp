@@ -142,38 +142,47 @@ inline std::vector<std::vector<int32_t>> Lookahead::steps() const {
 
 namespace detail {
 
-// Long-first candidate: `longest` (length descending, ties by index, as
-// split_over_dp orders them) split over steps 0..k-1 by LPT on FLOPs (each to
-// the step with the least FLOPs so far, ties to the lower step: GDS's
-// split_over_dp, here without its sort), then every other sample fills the
-// steps' remaining counts in arrival order. False when a step's share
-// exceeds its count.
-inline bool long_first(const std::vector<double>& flops, const std::vector<int32_t>& longest,
+// Long-first candidate: the first m of `order` (the samples, length
+// descending, ties by index, as split_over_dp orders them) split over steps
+// 0..k-1 by LPT on FLOPs (each to the step with the least FLOPs so far, ties
+// to the lower step: GDS's split_over_dp, here without its sort), then every
+// other sample fills the steps' remaining counts in arrival order. False when
+// a step's share exceeds its count.
+inline bool long_first(const std::vector<double>& flops, const std::vector<int32_t>& order, int32_t m,
                        const std::vector<int32_t>& counts, int32_t k, std::vector<int32_t>& step) {
   const int32_t w = static_cast<int32_t>(counts.size());
   step.assign(flops.size(), -1);
   std::vector<int32_t> room = counts;
+  const auto longest = [&](auto&& place) {
+    for (int32_t i = 0; i < m; ++i)
+      if (!place(order[i])) return false;
+    return true;
+  };
   if (k <= 32) {
     std::vector<double> load(k, 0.0);
-    for (int32_t q : longest) {
+    const bool ok = longest([&](int32_t q) {
       const int32_t t = argmin(load);
       if (room[t] == 0) return false;
       --room[t];
       step[q] = t;
       load[t] += flops[q];
-    }
+      return true;
+    });
+    if (!ok) return false;
   } else {
     using Entry = std::pair<double, int32_t>;
     std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>> heap;
     for (int32_t t = 0; t < k; ++t) heap.emplace(0.0, t);
-    for (int32_t q : longest) {
+    const bool ok = longest([&](int32_t q) {
       auto [load, t] = heap.top();
       heap.pop();
       if (room[t] == 0) return false;
       --room[t];
       step[q] = t;
       heap.emplace(load + flops[q], t);
-    }
+      return true;
+    });
+    if (!ok) return false;
   }
   int32_t s = 0;
   for (int32_t q = 0; q < static_cast<int32_t>(flops.size()); ++q) {
@@ -183,6 +192,18 @@ inline bool long_first(const std::vector<double>& flops, const std::vector<int32
     --room[s];
   }
   return true;
+}
+
+// The whole window sorted, longest first (`order`), cut into the steps' counts.
+inline void sorted_cut(const std::vector<int32_t>& order, const std::vector<int32_t>& counts,
+                       std::vector<int32_t>& step) {
+  step.assign(order.size(), 0);
+  int32_t s = 0, used = 0;
+  for (int32_t q : order) {
+    while (used == counts[s]) ++s, used = 0;
+    step[q] = s;
+    ++used;
+  }
 }
 
 // The window's samples as the estimate sees them: each sample's cost, the
@@ -425,17 +446,27 @@ Lookahead lookahead(const std::vector<std::vector<int64_t>>& batches, std::vecto
     detail::sort_descending_by_length(lengths, order, scratch);
     const detail::Screen screen(estimator, lengths, sample_cost, order, chunked);
 
+    // A candidate is kept as what rebuilds it (its fraction and k: the
+    // rebuild is deterministic), not as its map: a window of 1,024 steps of
+    // 8,192 samples would otherwise hold thousands of maps of 8 million.
     struct Candidate {
-      std::vector<int32_t> step;
-      double fraction;
+      double fraction;  // 1 for the sort
+      int32_t m;        // long samples (the sort: n)
       int32_t k;
       double estimate;
     };
     std::vector<Candidate> found;
-    const auto screened = [&](std::vector<int32_t>& s, double fraction, int32_t k) {
-      if (s == arrival) return;  // arrival order is priced already
-      const double e = screen.total(s, w);
-      found.push_back({std::move(s), fraction, k, e});
+    const auto build = [&](const Candidate& c, std::vector<int32_t>& s) {
+      if (c.fraction == 1.0) {
+        detail::sorted_cut(order, counts, s);
+        return true;
+      }
+      return detail::long_first(flops, order, c.m, counts, c.k, s);
+    };
+    const auto screened = [&](const Candidate& c) {
+      if (!build(c, step) || step == arrival) return;  // arrival order is priced already
+      found.push_back(c);
+      found.back().estimate = screen.total(step, w);
       ++out.screened;
     };
     int32_t last_m = 0;
@@ -443,19 +474,9 @@ Lookahead lookahead(const std::vector<std::vector<int64_t>>& batches, std::vecto
       const int32_t m = std::max<int32_t>(1, static_cast<int32_t>(f * n + 0.5));
       if (m == last_m || m >= n) continue;
       last_m = m;
-      const std::vector<int32_t> longest(order.begin(), order.begin() + m);
-      for (int32_t k = 1; k <= w; ++k)
-        if (detail::long_first(flops, longest, counts, k, step)) screened(step, f, k);
+      for (int32_t k = 1; k <= w; ++k) screened({f, m, k, 0.0});
     }
-    // The whole window sorted, longest first, cut into the steps' counts.
-    step.assign(n, 0);
-    int32_t s = 0, used = 0;
-    for (int32_t q : order) {
-      while (used == counts[s]) ++s, used = 0;
-      step[q] = s;
-      ++used;
-    }
-    screened(step, 1.0, w);
+    screened({1.0, n, w, 0.0});  // the whole window sorted, longest first, cut into the steps' counts
 
     // Finalists in estimate order: the first always, the next while their
     // new steps fit in the budget. The estimate is a bound, and where no
@@ -479,8 +500,9 @@ Lookahead lookahead(const std::vector<std::vector<int64_t>>& batches, std::vecto
     });
     int64_t plan_left = kLookaheadPlanWork;
     for (size_t r = 0; r < rank.size(); ++r) {
-      Candidate& c = found[rank[r]];
-      auto members = detail::members_of(c.step, w);
+      const Candidate& c = found[rank[r]];
+      build(c, step);
+      auto members = detail::members_of(step, w);
       int64_t size = 0;
       for (int32_t t = 0; t < w; ++t)
         if (members[t] != arrival_members[t]) size += static_cast<int64_t>(members[t].size());
@@ -492,7 +514,7 @@ Lookahead lookahead(const std::vector<std::vector<int64_t>>& batches, std::vecto
       if (total < out.window_us) {
         out.window_us = total;
         out.step_us = times;
-        out.step = std::move(c.step);
+        out.step = step;
         out.long_fraction = c.fraction;
         out.long_steps = c.k;
       }
