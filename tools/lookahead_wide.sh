@@ -15,14 +15,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 name=${1:-mix_sharegpt_conv95+longbench_en5}
 lengths="skrull_ext/lengths/$name.lengths.txt"
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-mkdir -p "$tmp/before/skrull"
-cp cpp/include/skrull/*.hpp "$tmp/before/skrull/"
-git show acb366a:cpp/include/skrull/lookahead.hpp > "$tmp/before/skrull/lookahead.hpp"
-flags=(-O2 -std=c++17 -ffp-contract=off)
-g++ "${flags[@]}" -I"$tmp/before" -DSKRULL_LOOKAHEAD_EVERY_K tools/lookahead_wide.cpp -o "$tmp/before_bin"
-g++ "${flags[@]}" -Icpp/include tools/lookahead_wide.cpp -o "$tmp/after_bin"
+. tools/before_after_bins.sh
+build_before_after acb366a lookahead.hpp tools/lookahead_wide.cpp -DSKRULL_LOOKAHEAD_EVERY_K
 echo "| look-ahead | DP x CP | W | windows | CPU s | wall s | share (CPU) | predicted gain | screened | priced in full | plans s | building s | screening s | rest s | k chosen |"
 echo "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 ratios=()
