@@ -106,8 +106,8 @@ constexpr double kLookaheadFractions[] = {0.02, 0.05, 0.1, 0.2, 0.35};
 // (every k of the shipped widths: "auto" chooses 2, 4 or 8), then over a
 // ladder of two k a doubling (12, 16, 24, 32, 48, ...) and W itself: a
 // window of W steps screens O(log W) of them a fraction, not W, each an
-// O(n) construction and estimate (at W = 1024 and 8,192 samples a step,
-// 5,120 candidates of 8 million samples each).
+// O(n) construction and estimate (every k made 5,120 candidates of 8
+// million samples each at W = 1024 and 8,192 samples a step).
 constexpr int32_t kLookaheadEveryK = 8;
 
 // Pairs the swap search may look at per window (pairs of steps, and pairs of
@@ -184,36 +184,28 @@ inline bool long_first(const std::vector<double>& flops, const std::vector<int32
   const int32_t w = static_cast<int32_t>(counts.size());
   step.assign(flops.size(), -1);
   std::vector<int32_t> room = counts;
-  const auto longest = [&](auto&& place) {
-    for (int32_t i = 0; i < m; ++i)
-      if (!place(order[i])) return false;
-    return true;
-  };
   if (k <= 32) {
     std::vector<double> load(k, 0.0);
-    const bool ok = longest([&](int32_t q) {
-      const int32_t t = argmin(load);
+    for (int32_t i = 0; i < m; ++i) {
+      const int32_t q = order[i], t = argmin(load);
       if (room[t] == 0) return false;
       --room[t];
       step[q] = t;
       load[t] += flops[q];
-      return true;
-    });
-    if (!ok) return false;
+    }
   } else {
     using Entry = std::pair<double, int32_t>;
     std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>> heap;
     for (int32_t t = 0; t < k; ++t) heap.emplace(0.0, t);
-    const bool ok = longest([&](int32_t q) {
+    for (int32_t i = 0; i < m; ++i) {
+      const int32_t q = order[i];
       auto [load, t] = heap.top();
       heap.pop();
       if (room[t] == 0) return false;
       --room[t];
       step[q] = t;
       heap.emplace(load + flops[q], t);
-      return true;
-    });
-    if (!ok) return false;
+    }
   }
   int32_t s = 0;
   for (int32_t q = 0; q < static_cast<int32_t>(flops.size()); ++q) {
