@@ -51,7 +51,7 @@ def micro_batch_us(mb: MicroBatchPlan, cost: _core.CostModel, cp: int) -> float:
     if mb.groups > 1:  # a wide micro-batch: one sequence over whole groups
         (s,), (k,) = mb.lengths, mb.num_ranks
         b = cost.kv_bytes(_core.shard_tokens(s, k) * k) * _ring_share(k, cp)
-        return layers * (cost.comm.cross_group_factor * cost.comm_us(b) + cost.comp_us(cost.flops(s) / k)) + \
+        return layers * cost.layer_us(cost.comm.cross_group_factor * cost.comm_us(b), 0.0, cost.flops(s) / k) + \
             cost.micro_batch_fixed_us
     base = mb.first_group * cp
     local, dist, comm = [0.0] * cp, [0.0] * cp, [0.0] * cp
@@ -64,7 +64,7 @@ def micro_batch_us(mb: MicroBatchPlan, cost: _core.CostModel, cp: int) -> float:
         for j in range(first - base, first - base + k):
             dist[j] += f / k
             comm[j] += b
-    per_rank = [max(cost.comm_us(comm[j]), cost.comp_us(local[j])) + cost.comp_us(dist[j]) for j in range(cp)]
+    per_rank = [cost.layer_us(cost.comm_us(comm[j]), local[j], dist[j]) for j in range(cp)]
     return layers * max(per_rank) + cost.micro_batch_fixed_us
 
 

@@ -602,6 +602,17 @@ void fuzz_dacp(Bytes& in) {
   if ((r.status == Status::kOk) && again.status != Status::kOk) die("dacp OK but evaluate_placement overfull");
   if (r.status == Status::kOk && !(r.time_us >= c.micro_batch_lower_bound_us(ls, cp) * (1 - 1e-9)))
     die("dacp beats the lower bound");
+  // The host floor is once a layer call (cost_model.hpp layer_us): a placement's price lies between
+  // its price with no floor and that plus one floor a layer, and a micro-batch with a sequence pays
+  // at least the floor a layer and its fixed cost (floored_us).
+  if (r.status == Status::kOk && !ls.empty()) {
+    CostModel bare = c;
+    bare.host_floor_us = 0.0;
+    const double line = evaluate_placement(ls, r.cp_rank, bare, cp, bucket).time_us;
+    if (!(r.time_us >= line * (1 - 1e-12)) || !(r.time_us <= (line + c.shape.layers * c.host_floor_us) * (1 + 1e-12)))
+      die("the host floor charged other than once a layer call");
+    if (!(r.time_us >= c.floored_us(1.0) * (1 - 1e-12))) die("a micro-batch below one floor a layer");
+  }
 }
 
 // evaluate_placement on a placement read from the input (any values, any

@@ -189,8 +189,8 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
                     "Attention runs over a rank's buffer whole (CPU dense SDPA): each part priced as one sequence "
                     "of its length, not per document (the profile's [compute] whole_buffer).")
       .def_readonly("host_floor_us", &CostModel::host_floor_us,
-                    "Host floor of one layer call: comp_us = max(floor, a F + b) (the profile's [compute] "
-                    "host_floor_us; 0: the line alone).")
+                    "Host floor of one layer call, once per call: layer_us = max(floor, max(comm, line(local)) + "
+                    "line(dist)) (the profile's [compute] host_floor_us; 0: the line alone).")
       .def("local_flops", &CostModel::local_flops, py::arg("tokens"), py::arg("per_doc"),
            "FLOPs of a rank's local part of `tokens` tokens whose documents' flops() sum to per_doc.")
       .def("dist_flops", &CostModel::dist_flops, py::arg("tokens"), py::arg("per_doc_share"), py::arg("cp"),
@@ -199,7 +199,15 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
       .def_property_readonly("comm", [](const CostModel& c) { return c.comm; })
       .def("flops", &CostModel::flops, py::arg("length"), "Forward FLOPs of one layer for one sequence.")
       .def("kv_bytes", &CostModel::kv_bytes, py::arg("length"), "K and V bytes of one layer.")
-      .def("comp_us", &CostModel::comp_us, py::arg("flops"), "Fwd+bwd time of F forward FLOPs of one layer call, held up to the host floor.")
+      .def("line_us", &CostModel::line_us, py::arg("flops"),
+           "Device fwd+bwd time of one part of a layer of F forward FLOPs: a F + b (0 when F == 0).")
+      .def("layer_us", &CostModel::layer_us, py::arg("comm_us"), py::arg("local_flops"), py::arg("dist_flops"),
+           "One rank's layer call: max(floor, max(comm_us, line(local)) + line(dist)), the floor once per call "
+           "(when it runs a part).")
+      .def("comp_us", &CostModel::comp_us, py::arg("flops"),
+           "A layer call of one part of F forward FLOPs, no exchange: the line held up to the host floor.")
+      .def("floored_us", &CostModel::floored_us, py::arg("calls"),
+           "What `calls` micro-batches cost at least: calls x (layers x host floor + micro_batch_fixed_us).")
       .def("collective_us", &CostModel::collective_us, py::arg("bytes"), "Latency of one collective.")
       .def("comm_us", &CostModel::comm_us, py::arg("bytes"), "Communication time of one layer.")
       .def("micro_batch_us", &CostModel::micro_batch_us, py::arg("local_flops"), py::arg("dist_flops"),

@@ -72,10 +72,21 @@ static void test_host_floor() {
   // One each on two ranks: both at the floor. Together on one: 328 is above it.
   CHECK(evaluate_placement({3, 5}, {0, 1}, c, 2, 10).time_us == 300.0);
   CHECK(evaluate_placement({3, 5}, {0, 0}, c, 2, 10).time_us == 328.0);
-  // Sharded: the distributed part is a call of its own, floored too
-  // (164 -> 300); 3 local and 5 sharded: 300 + 300.
+  // Sharded: the distributed part runs in the same layer call, floored once
+  // (164 -> 300); 3 local and 5 sharded: rank 0 runs 108 + 110 = 218 of
+  // device time in one call, max(300, 218) = 300 (not 300 + 300: the floor
+  // is per call, not per part), and rank 1 its share alone, 110 -> 300.
   CHECK(evaluate_placement({3, 5}, {kDistributed, kDistributed}, c, 2, 10).time_us == 300.0);
-  CHECK(evaluate_placement({3, 5}, {0, kDistributed}, c, 2, 10).time_us == 600.0);
+  CHECK(evaluate_placement({3, 5}, {0, kDistributed}, c, 2, 10).time_us == 300.0);
+  // Above the floor the device's time shows: max(comm, line(local)) +
+  // line(dist), not floored part by part (500 + 300 = 800 before).
+  CHECK(c.layer_us(0.0, 500.0, 100.0) == 600.0 && c.layer_us(0.0, 100.0, 100.0) == 300.0);
+  CHECK(c.layer_us(250.0, 0.0, 40.0) == 300.0 && c.layer_us(290.0, 0.0, 40.0) == 330.0);
+  CHECK(c.layer_us(0.0, 0.0, 0.0) == 0.0 && c.line_us(108.0) == 108.0 && c.line_us(0.0) == 0.0);
+  // c micro-batches cost at least c floors a layer and c fixed costs.
+  c.micro_batch_fixed_us = 7.0;
+  CHECK(c.floored_us(3.0) == 3.0 * (300.0 + 7.0));
+  c.micro_batch_fixed_us = 0.0;
   // The lower bound holds it: at least one call at the floor (the line's
   // 328 / 2 = 164 alone is below it).
   CHECK(c.micro_batch_lower_bound_us(std::vector<int64_t>{3, 5}, 2) == 300.0);
@@ -83,8 +94,9 @@ static void test_host_floor() {
   // bucket 6, lengths 4 and 5 (96 + 64 = 160 and 220 FLOPs), floor 200: the
   // candidate sharding the 5 (a shard of 4 a rank) leaves 2 tokens a rank,
   // so the fallback shards the 4 too, and both sharded cost one call, 200.
-  // The line's bound, a R / cp + comp(D) = 80 + 200 = 280, would be above
-  // it; under the floor it is max(comp(D), a (R / cp + D) + b) = 200.
+  // The bound is the line's, a R / cp + line(D) = 80 + 110 = 190, held up
+  // to the floor once (the call's), 200; flooring the distributed part on
+  // its own, 80 + 200 = 280, would be above it.
   c.host_floor_us = 200.0;
   CHECK(evaluate_placement({4, 5}, {kDistributed, kDistributed}, c, 2, 6).time_us == 200.0);
   CHECK(detail::sweep_bound(c, 2, c.comm_is_monotone(), c.kv_bytes(8), 110.0, 160.0, false, 160.0) == 200.0);

@@ -1,86 +1,21 @@
 """REFERENCE ONLY: a plain-Python restatement of the C++ core.
 
 Test oracle and the benchmark's comparison point; the product never calls it. It mirrors
-cpp/include/skrull/{cost_model,dacp,dacp_sweep,gds,scheduler}.hpp line by line in meaning (same
-orders, same ties, same floating-point operation order), so its plans must equal the core's exactly.
+cpp/include/skrull/{dacp,dacp_sweep,gds,scheduler}.hpp line by line in meaning (same orders, same
+ties, same floating-point operation order), so its plans must equal the core's exactly; its cost model
+(cost_model.hpp) is reference_cost.py's RefCost.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
+
+from skrull_ext.bench.reference_cost import RefCost
 
 DISTRIBUTED = -1
 LINEAR_COUNTS = 8  # gds.hpp kLinearCounts
 MAX_REFINE_MOVES = 256  # refine.hpp kMaxRefineMoves
 MAX_SWEEP_SHARDS = 256  # dacp_sweep.hpp kMaxSweepShards
-
-
-@dataclass
-class RefCost:
-    layers: int
-    hidden: int
-    kv_width: int
-    bytes_per_elem: int
-    a: float
-    b: float
-    xs: list[float]
-    ys: list[float]
-    threshold: float = 0.0
-    floor: float = 0.0
-    per_layer: float = 2.0
-    fixed: float = 0.0  # micro_batch_fixed_us: once per micro-batch, not per layer
-    tp: int = 1  # ModelShape.tp: FLOPs and K/V bytes are one TP rank's share
-    token: float = 0.0  # token_us: per token of the rank holding the most, outside the layers
-    margin: float = 1.0  # comm.plan_margin: placements chosen at margin x the exchange, priced at 1x (hedge.hpp)
-    attention: float = 1.0  # attention_weight: the attention term's weight in flops()
-    whole: bool = False  # whole_buffer: each part of a rank's buffer priced as one sequence of its length
-    step: float = 0.0  # step_fixed_us: once a step that runs anything (timing: reference_chunked.py)
-    host_floor: float = 0.0  # host_floor_us: a layer call costs max(host_floor, a F + b)
-
-    @classmethod
-    def of(cls, cm) -> RefCost:
-        s, c = cm.shape, cm.comm
-        return cls(s.layers, s.hidden, s.kv_width, s.bytes_per_elem, cm.a_us_per_flop, cm.b_us,
-                   list(c.bytes), list(c.us), c.threshold_bytes, c.floor_us, c.collectives_per_layer,
-                   cm.micro_batch_fixed_us, s.tp, cm.token_us, c.plan_margin, cm.attention_weight, cm.whole_buffer,
-                   cm.step_fixed_us, cm.host_floor_us)
-
-    def planning(self) -> RefCost:
-        """hedge.hpp planning_model: every exchange at margin x its price."""
-        return replace(self, per_layer=self.per_layer * self.margin, margin=1.0)
-
-    def flops(self, s: int) -> float:
-        h, hkv, x = float(self.hidden), float(self.kv_width), float(s)
-        return (20.0 * h * h * x + 4.0 * h * hkv * x + self.attention * 4.0 * h * x * x) / self.tp
-
-    def local_flops(self, tokens: int, per_doc: float) -> float:  # and dist_flops: cost_model.hpp's
-        return self.flops(tokens) if self.whole else per_doc
-
-    def dist_flops(self, tokens: int, share: float, n: int) -> float:
-        return self.flops(tokens) / n if self.whole else share
-
-    def kv_bytes(self, s: int) -> float:
-        return 2.0 * float(s) * float(self.kv_width) * self.bytes_per_elem / self.tp
-
-    def comp(self, f: float) -> float:
-        return max(self.host_floor, self.a * f + self.b) if f > 0.0 else 0.0
-
-    def collective(self, v: float) -> float:
-        if v <= 0.0:
-            return 0.0
-        if v < self.threshold:
-            return self.floor
-        xs, ys = self.xs, self.ys
-        if len(xs) == 1 or v <= xs[0]:
-            return ys[0]
-        hi = min(next((i for i, x in enumerate(xs) if x > v), len(xs)), len(xs) - 1)
-        return max(0.0, ys[hi - 1] + (ys[hi] - ys[hi - 1]) * (v - xs[hi - 1]) / (xs[hi] - xs[hi - 1]))
-
-    def micro_batch(self, local: list[float], dist: float, vol: float, most: int = 0) -> float:
-        comm = self.per_layer * self.collective(vol)
-        dist_t = self.comp(dist)
-        worst = max([0.0] + [max(comm, self.comp(f)) + dist_t for f in local])  # the first of equals kept
-        return self.layers * worst + self.fixed + self.token * most
 
 
 def shard_tokens(s: int, n: int) -> int:
@@ -148,7 +83,7 @@ def refine(lengths: list[int], cost: RefCost, n: int, bucket: int, order: list[i
         for j in range(1, n):
             if local[j] > local[b]:
                 b = j
-        if cost.comp(local[b]) <= comm:
+        if cost.line(local[b]) <= comm:
             break
         lightest = 1 if b == 0 else 0
         for j in range(n):
@@ -279,7 +214,7 @@ def dacp_sweep(lengths: list[int], cost: RefCost, n: int, bucket: int) -> RefDac
             dist += cost.flops(s) / n
             vol += cost.kv_bytes(sh * n)
             if best is not None and monotone and \
-                    cost.layers * (cost.per_layer * cost.collective(vol) + cost.comp(dist)) + cost.fixed >= best[1]:
+                    cost.layers * cost.layer(cost.per_layer * cost.collective(vol), 0.0, dist) + cost.fixed >= best[1]:
                 break
         cp_rank = [DISTRIBUTED] * len(lengths)
         room = [bucket - prefix] * n
@@ -329,7 +264,7 @@ def lower_bound(lengths: list[int], cost: RefCost, n: int) -> float:
     if monotone and n > 1:
         f = cost.flops(longest)
         as_local = cost.comp(f)
-        as_dist = cost.per_layer * cost.collective(cost.kv_bytes(longest)) + cost.comp(f / n)
+        as_dist = cost.layer(cost.per_layer * cost.collective(cost.kv_bytes(longest)), 0.0, f / n)
         bound = max(bound, min(as_local, as_dist))
     return cost.layers * bound + cost.fixed + cost.token * tokens / n
 
@@ -381,6 +316,21 @@ def limited(lengths: list[int], bucket: int, n: int, overlength: str) -> tuple[R
     return out, live
 
 
+def lpt_groups(items: list[int], length: list[int], m: int, cap: int, cost: RefCost) -> list[list[int]] | None:
+    """gds.hpp form_groups, Grouping::kLpt: ``items`` from the last (the longest) each to the group with the least
+    FLOPs that has ``cap`` tokens of room (ties to the lower group); members in items order, None if one has none."""
+    load, room, where = [0.0] * m, [cap] * m, [0] * len(items)
+    for q in range(len(items) - 1, -1, -1):
+        s = length[items[q]]
+        if not (fits := [j for j in range(m) if room[j] >= s]):
+            return None
+        j = min(fits, key=lambda j: (load[j], j))
+        where[q] = j
+        room[j] -= s
+        load[j] += cost.flops(s)
+    return [[k for q, k in enumerate(items) if where[q] == j] for j in range(m)]
+
+
 def schedule(lengths: list[int], cost: RefCost, dp: int, n: int, bucket: int, *, worst_fit: bool = False,
              longest_rollback: bool = True, predicted_time: bool = False, max_extra: int = 1,
              overlength: str = "error", refine_: bool = False, sweep: bool = False,
@@ -409,23 +359,8 @@ def schedule(lengths: list[int], cost: RefCost, dp: int, n: int, bucket: int, *,
         load[t] += cost.flops(eff[k])
     cap = bucket * n
 
-    def lpt_groups(share: list[int], m: int) -> list[list[int]] | None:
-        """gds.hpp form_groups, Grouping::kLpt: longest first, each to the group with the least FLOPs
-        that has room (ties to the lower group); members in share order."""
-        load, room, where = [0.0] * m, [cap] * m, [0] * len(share)
-        for q in range(len(share) - 1, -1, -1):
-            s = eff[share[q]]
-            fits = [j for j in range(m) if room[j] >= s]
-            if not fits:
-                return None
-            j = min(fits, key=lambda j: (load[j], j))
-            where[q] = j
-            room[j] -= s
-            load[j] += cost.flops(s)
-        return [[k for q, k in enumerate(share) if where[q] == j] for j in range(m)]
-
     def split(share: list[int], m: int, lpt: bool = False):
-        groups = lpt_groups(share, m) if lpt else [share[j::m] for j in range(m)]
+        groups = lpt_groups(share, eff, m, cap, cost) if lpt else [share[j::m] for j in range(m)]
         if groups is None or not all(sum(eff[k] for k in g) <= cap for g in groups):
             return None
         res = []
@@ -473,7 +408,7 @@ def schedule(lengths: list[int], cost: RefCost, dp: int, n: int, bucket: int, *,
             if best is not None and predicted_time:
                 for m in range(len(best[1]) + 1, min(size, len(best[1]) + max_extra) + 1):
                     if max(cost.layers * (cost.a * total_flops / n + m * cost.b) + m * cost.fixed,
-                           m * (cost.layers * cost.host_floor + cost.fixed)) >= best[0]:
+                           cost.floored(m)) >= best[0]:
                         break
                     cand = split(share, m, lpt)
                     if cand is not None and cand[0] < best[0]:

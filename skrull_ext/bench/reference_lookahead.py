@@ -97,6 +97,50 @@ def screened_steps(w: int) -> list[int]:
     return ks + ([w] if w > LOOKAHEAD_EVERY_K else [])
 
 
+def candidates(counts: list[int], order: list[int], flops: list[float]):
+    """lookahead.hpp's candidate groupings of a window, in the core's order: for each long
+    fraction f (``LOOKAHEAD_FRACTIONS``, each giving a new count m of the longest samples) and
+    each k of ``screened_steps(w)``, the m longest (``order``: by length, longest first, ties by arrival)
+    spread over the first k steps by LPT on ``flops`` (gds.hpp split_over_dp, ties to the lower
+    step; skipped when a step would take more than its count), the rest filling the steps'
+    remaining places in arrival order; then the samples laid out longest first, step after step
+    (fraction 1.0, w steps). Yields (each sample's step, f, k)."""
+    w, n = len(counts), len(order)
+    last_m = 0
+    for f in LOOKAHEAD_FRACTIONS:
+        m = max(1, int(f * n + 0.5))
+        if m == last_m or m >= n:
+            continue
+        last_m = m
+        for k in screened_steps(w):
+            step, room, load, ok = [-1] * n, list(counts), [0.0] * k, True
+            for q in order[:m]:  # LPT by FLOPs, ties to the lower step
+                t = min(range(k), key=lambda i: (load[i], i))
+                if room[t] == 0:
+                    ok = False
+                    break
+                room[t] -= 1
+                step[q] = t
+                load[t] += flops[q]
+            if not ok:
+                continue
+            s = 0
+            for q in range(n):
+                if step[q] < 0:
+                    while room[s] == 0:
+                        s += 1
+                    step[q] = s
+                    room[s] -= 1
+            yield step, f, k
+    step, s, used = [0] * n, 0, 0
+    for q in order:
+        while used == counts[s]:
+            s, used = s + 1, 0
+        step[q] = s
+        used += 1
+    yield step, 1.0, w
+
+
 def lookahead(batches: list[list[int]], cost, dp: int, cp: int, bucket: int, step_time) -> dict:
     """lookahead.hpp restated. ``cost``: the core's CostModel (its fields and ``flops``);
     ``step_time(lengths)``: one step's predicted time. Returns step, steps, step_us, window_us,
@@ -160,39 +204,8 @@ def lookahead(batches: list[list[int]], cost, dp: int, cp: int, bucket: int, ste
             found.append((step, f, k, total(step)))
             out["screened"] += 1
 
-        last_m = 0
-        for f in LOOKAHEAD_FRACTIONS:
-            m = max(1, int(f * n + 0.5))
-            if m == last_m or m >= n:
-                continue
-            last_m = m
-            for k in screened_steps(w):
-                step, room, load, ok = [-1] * n, list(counts), [0.0] * k, True
-                for q in order[:m]:  # LPT by FLOPs, ties to the lower step
-                    t = min(range(k), key=lambda i: (load[i], i))
-                    if room[t] == 0:
-                        ok = False
-                        break
-                    room[t] -= 1
-                    step[q] = t
-                    load[t] += flops[q]
-                if not ok:
-                    continue
-                s = 0
-                for q in range(n):
-                    if step[q] < 0:
-                        while room[s] == 0:
-                            s += 1
-                        step[q] = s
-                        room[s] -= 1
-                screened(step, f, k)
-        step, s, used = [0] * n, 0, 0
-        for q in order:
-            while used == counts[s]:
-                s, used = s + 1, 0
-            step[q] = s
-            used += 1
-        screened(step, 1.0, w)
+        for step, f, k in candidates(counts, order, flops):
+            screened(step, f, k)
 
         least = min((c[3] for c in found), default=0.0)
         quantum = least * LOOKAHEAD_TIE

@@ -4,8 +4,9 @@ Not the core's algorithm any more (that is reference_lookahead.py, restating
 cpp/include/skrull/lookahead.hpp): kept as the comparison point of ``bench
 latency``'s look-ahead rows, which plan the same windows with both and print
 the predicted gain of each side by side, so that what the screening gives up
-is measured, not assumed. The same candidates as the core, each priced as
-the sum of its steps' full plans (``step_time``), the least summed time
+is measured, not assumed. The same candidates as the core (imported from
+reference_lookahead.py: ``candidates``), each priced as the sum of its
+steps' full plans (``step_time``), the least summed time
 kept (ties to the lower candidate), then a swap search that plans both
 steps of every trial in full until ``LOOKAHEAD_SWAP_WORK`` sequences are
 planned. Its step plans are the core's (``step_time``), so its time is
@@ -14,7 +15,7 @@ about what the C++ version took: nearly all of it is those plans.
 
 from __future__ import annotations
 
-LOOKAHEAD_FRACTIONS = (0.02, 0.05, 0.1, 0.2, 0.35)  # lookahead.hpp kLookaheadFractions (the same)
+from skrull_ext.bench.reference_lookahead import candidates
 
 
 def lookahead(batches: list[list[int]], flops, step_time) -> tuple[list[int], float, float, int]:
@@ -37,45 +38,9 @@ def lookahead(batches: list[list[int]], flops, step_time) -> tuple[list[int], fl
     best, best_us, best_f, best_k = arrival, price(arrival), 0.0, 0
     if w > 1 and n > 1:
         order = sorted(range(n), key=lambda q: (-lengths[q], q))
-        last_m = 0
-        for f in LOOKAHEAD_FRACTIONS:
-            m = max(1, int(f * n + 0.5))
-            if m == last_m or m >= n:
-                continue
-            last_m = m
-            for k in range(1, w + 1):
-                step, room, load, ok = [-1] * n, list(counts), [0.0] * k, True
-                shares = [[] for _ in range(k)]
-                for q in order[:m]:  # gds.hpp split_over_dp: LPT by FLOPs, ties to the lower step
-                    t = min(range(k), key=lambda i: (load[i], i))
-                    shares[t].append(q)
-                    load[t] += flops(lengths[q])
-                for s in range(k):
-                    if len(shares[s]) > room[s]:
-                        ok = False
-                        break
-                    room[s] -= len(shares[s])
-                    for q in shares[s]:
-                        step[q] = s
-                if not ok:
-                    continue
-                s = 0
-                for q in range(n):
-                    if step[q] < 0:
-                        while room[s] == 0:
-                            s += 1
-                        step[q] = s
-                        room[s] -= 1
-                if (t := price(step)) < best_us:
-                    best, best_us, best_f, best_k = step, t, f, k
-        step, s, used = [0] * n, 0, 0
-        for q in order:
-            while used == counts[s]:
-                s, used = s + 1, 0
-            step[q] = s
-            used += 1
-        if (t := price(step)) < best_us:
-            best, best_us, best_f, best_k = step, t, 1.0, w
+        for step, f, k in candidates(counts, order, [flops(x) for x in lengths]):  # the core's candidates
+            if (t := price(step)) < best_us:
+                best, best_us, best_f, best_k = step, t, f, k
         best, best_us = swap_search(lengths, w, best, step_time)
     return best, best_f, best_us, best_k
 

@@ -37,17 +37,9 @@ def split(eff: list[int], seqs: list[int], m: int, cost: ref.RefCost, n: int, bu
           unit: int) -> Split | None:
     """m groups by LPT (longest first, to the group with the least FLOPs that has room, ties to the lower),
     each placed by DACP; None when a sequence finds no room or a group no placement."""
-    load, room, where = [0.0] * m, [bucket * n] * m, [0] * len(seqs)
-    for q in range(len(seqs) - 1, -1, -1):
-        s = eff[seqs[q]]
-        fits = [j for j in range(m) if room[j] >= s]
-        if not fits:
-            return None
-        j = min(fits, key=lambda j: (load[j], j))
-        where[q] = j
-        room[j] -= s
-        load[j] += cost.flops(s)
-    groups = [[q for q in range(len(seqs)) if where[q] == j] for j in range(m)]
+    groups = ref.lpt_groups(list(range(len(seqs))), [eff[k] for k in seqs], m, bucket * n, cost)  # positions
+    if groups is None:
+        return None
     placements, times = [], []
     for g in groups:
         if not g:
@@ -103,7 +95,7 @@ def search(eff: list[int], seqs: list[int], cost: ref.RefCost, dp: int, n: int, 
         for c in range(best_c + 1, min(size, best_c + max_extra) + 1):
             groups = float(min(len(seqs), c * dp))
             bound = max((cost.layers * (cost.a * total_flops / n + groups * cost.b) + groups * cost.fixed) / dp,
-                        groups * (cost.layers * cost.host_floor + cost.fixed) / dp)
+                        cost.floored(groups) / dp)
             if bound >= best.score:
                 break
             cand = split(eff, seqs, c * dp, cost, n, bucket, dacp_options, dp)
@@ -132,7 +124,7 @@ def lower_bound(eff: list[int], seqs: list[int], cost: ref.RefCost, dp: int, n: 
         f += cost.flops(eff[k])
     slots = float(-(-sum(eff[k] for k in seqs) // (bucket * n * dp)))
     return max(cost.layers * cost.a * f / (float(dp) * n) + slots * (cost.layers * cost.b + cost.fixed),
-               slots * (cost.layers * cost.host_floor + cost.fixed))
+               cost.floored(slots))
 
 
 class Fill:
@@ -143,12 +135,12 @@ class Fill:
         self.members: list[int] = []
         self.where: list[int] = []
         self.local, self.local_tokens, self.room = [0.0] * n, [0] * n, [bucket] * n
-        self.dist = self.bytes = self.top = self.time = self.comm_t = self.dist_t = 0.0
+        self.dist = self.bytes = self.top = self.time = self.comm_t = 0.0
         self.tokens = self.dist_tokens = 0
 
-    def time_with(self, top: float, comm_t: float, dist_t: float) -> float:
+    def time_with(self, top: float, comm_t: float, dist: float) -> float:
         c = self.cost
-        return c.layers * (max(comm_t, c.comp(top)) + dist_t) + c.fixed
+        return c.layers * c.layer(comm_t, top, dist) + c.fixed
 
     def best_place(self, s: int, f: float) -> tuple[int, float] | None:
         c, n = self.cost, self.n
@@ -160,12 +152,12 @@ class Fill:
             r = self.room.index(max(self.room))
         if self.room[r] >= s:
             top = max(self.top, c.local_flops(self.local_tokens[r] + s, self.local[r] + f))
-            found = (r, self.time_with(top, self.comm_t, self.dist_t))
+            found = (r, self.time_with(top, self.comm_t, self.dist))
         if n > 1:
             shard = ref.shard_tokens(s, n)
             if min(self.room) >= shard:
                 comm_t = c.per_layer * c.collective(self.bytes + c.kv_bytes(shard * n))
-                ts = self.time_with(self.top, comm_t, c.comp(c.dist_flops(self.dist_tokens + s, self.dist + f / n, n)))
+                ts = self.time_with(self.top, comm_t, c.dist_flops(self.dist_tokens + s, self.dist + f / n, n))
                 if found is None or ts < found[1]:
                     found = (ref.DISTRIBUTED, ts)
         return found
@@ -188,7 +180,6 @@ class Fill:
         self.dist_tokens += s
         self.bytes += c.kv_bytes(shard * n)
         self.comm_t = c.per_layer * c.collective(self.bytes)
-        self.dist_t = c.comp(self.dist)
 
 
 def leader_slot(eff: list[int], seqs: list[int], cost: ref.RefCost, dp: int, n: int, bucket: int,
@@ -207,8 +198,8 @@ def leader_slot(eff: list[int], seqs: list[int], cost: ref.RefCost, dp: int, n: 
     fills[0].add(leader, s0, cost.flops(s0), r.cp_rank[0], limit)
 
     def at_least(top: float, dist: float, f: float) -> float:
-        local = cost.comp(max(top, f)) + cost.comp(dist)
-        sharded = cost.comp(top) + cost.comp(dist + f / n)
+        local = cost.layer(0.0, max(top, f), dist)
+        sharded = cost.layer(0.0, top, dist + f / n)
         return cost.layers * min(local, sharded if n > 1 else local) + cost.fixed
 
     work = 0

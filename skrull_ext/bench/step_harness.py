@@ -41,8 +41,6 @@ def register_host_flavor() -> None:
     debug = configs["debugmodel"]
 
     def host24(attn_backend: str, tp_gemm_backend="default"):
-        from torchtitan.models.common import Embedding, Linear, RMSNorm
-
         config = debug(attn_backend=attn_backend, tp_gemm_backend=tp_gemm_backend)
         dim, heads, layers = 64, 4, 24
         return dataclasses.replace(

@@ -35,10 +35,17 @@ job has to fit in.
 The CPU dense-mask attention saves an L x L mask per layer, so the fit takes
 a quadratic term when the points call for one; on GPU kernels it is ~0.
 
-Static memory (parameters, gradients, optimizer state, FSDP's unsharded
-buffers) is an account from parameter counts (gradients and optimizer state
-of trainable parameters only: a LoRA base is frozen) and the job's parallel and
-dtype settings, not a measurement; ``check.py`` measures it for one rank.
+Static memory (the sharded parameters, gradients and optimizer state a rank
+holds between steps) is an account from parameter counts (gradients and
+optimizer state of trainable parameters only: a LoRA base is frozen) and the
+job's parallel and dtype settings, not a measurement; ``check.py`` measures it
+for one rank. FSDP's unsharded buffers (each unit's gathered parameters and
+its gradients before the reduce-scatter) are not in it: the ladder's model is
+FSDP-wrapped as the trainer's is (model.py, at one rank too), so each step
+allocates them above its starting point and the fitted peak holds them, as
+the training check's peak above the step's start does (train_check.py).
+Added here as well they were counted twice (13.0 MiB on the debug job at
+FSDP 2, docs/profile.md "Static memory").
 """
 
 from __future__ import annotations
@@ -288,8 +295,6 @@ class StaticMemory:
     params: float
     grads: float
     optimizer: float
-    fsdp_buffers: float
-    """Unsharded parameters and gradients FSDP holds around the running layer."""
     fsdp_degree: int
     tp_degree: int
     optimizer_states: int
@@ -299,26 +304,14 @@ class StaticMemory:
 
     @property
     def total(self) -> float:
-        return self.params + self.grads + self.optimizer + self.fsdp_buffers + self.free_running
-
-
-def _unit_params(model: torch.nn.Module, trainable: bool = False) -> int:
-    """Largest FSDP unit torchtitan wraps: one block, the embedding, or norm+head
-    (``trainable``: counting only parameters that get gradients)."""
-    def count(mods) -> int:
-        seen = {id(p): p.numel() for m in mods if m is not None for p in m.parameters()
-                if p.requires_grad or not trainable}
-        return sum(seen.values())
-    units = [count([b]) for b in model.layers.values()]
-    units.append(count([getattr(model, "tok_embeddings", None)]))
-    units.append(count([getattr(model, "norm", None), getattr(model, "lm_head", None)]))
-    return max(units)
+        return self.params + self.grads + self.optimizer + self.free_running
 
 
 def static_memory(jm: JobModel, world_size: int) -> StaticMemory:
     """Per-rank bytes of parameters, gradients and optimizer state under the
-    job's FSDP (dp_shard x cp) and TP sharding, plus FSDP's unsharded buffers,
-    plus, when the job has ``[skrull] free_running = true``, the unsharded parameters and
+    job's FSDP (dp_shard x cp) and TP sharding (FSDP's transient unsharded units are in
+    the measured activation peak: module docstring), plus, when the job has
+    ``[skrull] free_running = true``, the unsharded parameters and
     gradients it holds all step (under "auto" the profile keeps lockstep's account, and
     the trainer adds them when it weighs free-running: train/execution.py)."""
     cfg = jm.config
@@ -335,15 +328,9 @@ def static_memory(jm: JobModel, world_size: int) -> StaticMemory:
     pp = cfg.parallelism.pipeline_parallel_degree
     shard = fsdp * tp * pp
     elem = DTYPES[cfg.training.dtype].itemsize
-    buffers = 0.0
     mp = DTYPES[cfg.training.mixed_precision_param].itemsize
     skrull = getattr(cfg, "skrull", None)
     free = bool(skrull is not None and skrull.enable and getattr(skrull, "free_running", False) is True)
-    if fsdp > 1:
-        # current + prefetched unit, parameters and their gradients before reduce-scatter
-        buffers = 2 * (_unit_params(jm.model) + _unit_params(jm.model, trainable=True)) * mp / tp
-        if cfg.parallelism.fsdp_reshard_after_forward == "never" and not free:  # free: counted below
-            buffers += n_params * mp / (tp * pp)
     # Free-running: every unit's parameters and accumulated gradients unsharded all step
     # (in FSDP's reduce dtype where wider). Counted whatever the FSDP degree: FSDP's
     # unsharded copies exist under HSDP with dp_shard 1 too (an overcount at one rank).
@@ -353,7 +340,6 @@ def static_memory(jm: JobModel, world_size: int) -> StaticMemory:
         params=n_params * elem / shard,
         grads=n_trainable * elem / shard,
         optimizer=states * n_trainable * elem / shard,
-        fsdp_buffers=buffers,
         fsdp_degree=fsdp,
         tp_degree=tp,
         optimizer_states=states,

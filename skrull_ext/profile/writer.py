@@ -158,7 +158,7 @@ def _raw(p: Profile) -> dict[str, Any]:
             "saved_bytes": [m.saved for m in mem.points], "peak_bytes": [m.peak for m in mem.points],
             "fsdp_degree": mem.static.fsdp_degree, "tp_degree": mem.static.tp_degree,
             "params_bytes": mem.static.params, "grads_bytes": mem.static.grads,
-            "optimizer_bytes": mem.static.optimizer, "fsdp_buffer_bytes": mem.static.fsdp_buffers,
+            "optimizer_bytes": mem.static.optimizer,
         },
     }
     if p.comm is not None:
@@ -307,10 +307,10 @@ def report(p: Profile) -> str:
         f" R^2 {mem.fit.r2:.5f}, worst {mem.fit.max_rel_error:.1%}; at {top.tokens} tokens saved "
         f"{_mib(top.saved)} + backward transient {_mib(top.peak - top.saved)}",
         f"  static   {_mib(mem.static.total)} (params {_mib(mem.static.params)}, grads {_mib(mem.static.grads)}, "
-        f"optimizer {_mib(mem.static.optimizer)}, FSDP buffers {_mib(mem.static.fsdp_buffers)}"
+        f"optimizer {_mib(mem.static.optimizer)}"
         + (f", free-running unsharded params + grads {_mib(mem.static.free_running)}" if mem.static.free_running
            else "") + "; "
-        f"FSDP degree {mem.static.fsdp_degree})",
+        f"FSDP degree {mem.static.fsdp_degree}; its unsharded units are in the peak above)",
         f"  bucket   BucketSize {mem.bucket_size} tokens from {_mib(mem.usable)} usable, margin {mem.margin:.0%}, "
         f"for cp {mem.cp}"
         + (f"; head and loss in chunks of {mem.head_chunk} tokens, {mem.logits_bytes_per_token / 2**10:.1f} KiB a token "

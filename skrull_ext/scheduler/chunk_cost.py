@@ -63,8 +63,8 @@ __all__ = ["ChunkCost", "ChunkRule", "ChunkTooLarge", "RECOMPUTE_SHARE", "chunk_
 
 RECOMPUTE_SHARE = 1.0 / 3.0
 """The forward's share of a forward + backward (backward ~ 2 forwards): what recomputing a
-chunk's forward adds to its price (the layers' ``comp_us`` and, since the checkpoint holds the
-whole forward, the head's ``token_us``). Measured on CPU: 0.33-0.36 (docs/design/chunked.md)."""
+chunk's forward adds to its price (the layers' ``line_us`` and host floor and, since the checkpoint
+holds the whole forward, the head's ``token_us``). Measured on CPU: 0.33-0.36 (docs/design/chunked.md)."""
 
 
 @dataclass(frozen=True)
@@ -115,12 +115,14 @@ def chunk_cost(model: CostModel, length: int, chunk: int, cp: int = 1, *, mask_b
         f /= cp
         exchange = model.comm_us(model.kv_bytes(b - a)) if cp > 1 else 0.0
         passes = 1.0 if b == length else 2.0  # forwards: the last chunk keeps its activations (no recompute)
-        us += layers * (model.comp_us(f) * (1.0 + (passes - 1.0) * RECOMPUTE_SHARE) + passes * exchange)
+        share = 1.0 + (passes - 1.0) * RECOMPUTE_SHARE
+        # One block call a layer, its exchange inside it (attention/prefix.py): the host floor holds up
+        # the call's device time once (cost_model.hpp layer_us), not the compute apart from the exchange.
+        us += layers * max(model.host_floor_us * share, model.line_us(f) * share + passes * exchange)
         us += model.token_us * (b - a) / cp * (1.0 + (passes - 1.0) * RECOMPUTE_SHARE) + model.micro_batch_fixed_us
-    one_pass = layers * model.comp_us(model.flops(length) / cp) + model.token_us * length / cp \
+    one_exchange = model.comm_us(model.kv_bytes(length)) if cp > 1 else 0.0
+    one_pass = layers * model.layer_us(one_exchange, 0.0, model.flops(length) / cp) + model.token_us * length / cp \
         + model.micro_batch_fixed_us
-    if cp > 1:
-        one_pass += layers * model.comm_us(model.kv_bytes(length))
     kv = layers * model.kv_bytes(length)
     beyond = peak_bytes_beyond_chunk(model, length, chunk, cp, mask_bytes_per_token2=mask_bytes_per_token2,
                                      gradient_bytes=gradient_bytes, unsharded_bytes=unsharded_bytes)

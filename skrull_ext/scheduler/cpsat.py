@@ -5,10 +5,10 @@ P_kj (whole on CP rank j), memory per rank within BucketSize, and the
 makespan T >= max(T_comm(V), T_comp(Local_j)) + T_comp(Dist) for every rank,
 with T_comm piecewise linear in the exchanged volume. Times are integers in
 nanoseconds per layer. Under a host floor (``CostModel.host_floor_us``) a
-call costs max(floor, a F + b): each rank's local time and the distributed
-time are a variable at least the line and at least the floor where the call
-is made (``has_local``, ``has_dist``), which the minimisation holds at their
-max.
+rank's layer call costs max(floor, max(T_comm, line(Local_j)) + line(Dist)),
+the floor once a call (cost_model.hpp ``layer_us``): every rank of a
+non-empty micro-batch makes the call, so the floor is one more lower bound on
+the makespan.
 
 The solver runs single-threaded under a *deterministic* time limit, so every
 rank that solves the same micro-batch gets the same answer without talking.
@@ -102,7 +102,7 @@ def solve_dacp(
     v_max_units = sum(vol_units)
     segs = _comm_segments(cost, v_max_units * unit) if v_max_units > 0 else []
     comm_max = round(max((max(ya, yb) for _, _, ya, yb in segs), default=0.0) * _NS) + 1
-    horizon = sum(loc_cost) + sum(dist_cost) + 2 * (b_ns + floor_ns) + comm_max + 1
+    horizon = sum(loc_cost) + sum(dist_cost) + 2 * b_ns + floor_ns + comm_max + 1
     # --- variables
     dist = [m.NewBoolVar(f"d{k}") for k in range(n)]
     put = [[m.NewBoolVar(f"p{k}_{j}") for j in range(cp)] for k in range(n)]
@@ -126,14 +126,6 @@ def solve_dacp(
     m.Add(volume == sum(vol_units[k] * dist[k] for k in range(n)))
     dist_time = sum(dist_cost[k] * dist[k] for k in range(n)) + b_ns * has_dist
     local_time = [sum(loc_cost[k] * put[k][j] for k in range(n)) + b_ns * has_local[j] for j in range(cp)]
-    if floor_ns > 0:  # each call at max(floor, line): a variable, at least either
-        floored = []
-        for j, line in enumerate([dist_time, *local_time]):
-            t = m.NewIntVar(0, horizon, f"t{j}")
-            m.Add(t >= line)
-            m.Add(t >= floor_ns * (has_dist if j == 0 else has_local[j - 1]))
-            floored.append(t)
-        dist_time, local_time = floored[0], floored[1:]
     # comm >= piecewise-linear T_comm(volume) on the segment the volume falls in.
     if segs:
         pick = [m.NewBoolVar(f"seg{i}") for i in range(len(segs))]
@@ -148,6 +140,8 @@ def solve_dacp(
     for j in range(cp):
         m.Add(makespan >= local_time[j] + dist_time)
     m.Add(makespan >= comm + dist_time)
+    if floor_ns > 0 and n > 0:  # the layer call, once a rank, at the host floor or more
+        m.Add(makespan >= floor_ns)
     # Ranks are interchangeable: order them by local load.
     for j in range(1, cp):
         m.Add(sum(loc_cost[k] * put[k][j - 1] for k in range(n)) >= sum(loc_cost[k] * put[k][j] for k in range(n)))

@@ -335,10 +335,13 @@ class Profile:
         value = self.data.get("step", {}).get("fixed_us")
         return None if value is None else float(value)
 
-    def step_term_note(self, name: str) -> str | None:
+    def step_term_note(self, name: str, job: str = "--config-file <this job's file>",
+                       ranks: int | None = None) -> str | None:
         """One line when the profile has no per-step term (``[step] fixed_us``): what the job
         assumes (0) and the command that adds it (its own, from ``[meta] command``, for a
-        measured profile); None when it has one. ``name``: how the job names the profile."""
+        measured profile); None when it has one. ``name``: how the job names the profile;
+        ``job``: the job's file and flags, ``ranks`` its world size, for the command that measures
+        a preset's machine."""
         if self.step_fixed_us is not None:
             return None
         command = self.meta.get("command")
@@ -348,8 +351,9 @@ class Profile:
                 command = command.replace("python -m", f"torchrun --standalone --nproc_per_node {world} -m", 1)
             how = f"re-profile: {command}"
         else:
-            how = ("measure this machine: torchrun --standalone --nproc_per_node <ranks> -m skrull_ext.profile "
-                   "--config-file <this job's file> --out <profile.toml> (docs/profile.md)")
+            launcher = ("python -m" if ranks == 1
+                        else f"torchrun --standalone --nproc_per_node {ranks or '<ranks>'} -m")
+            how = f"measure this machine: {launcher} skrull_ext.profile {job} --out <profile.toml> (docs/profile.md)"
         return (f"skrull: the cost model {name} has no [step] fixed_us (the step's time outside its micro-batches: "
                 "clipping, optimizer, checks); predicted steps assume 0 there, so measured/predicted reads the "
                 f"whole step against its micro-batches only. To add it, {how}")

@@ -62,7 +62,7 @@ MEMORY_KEYS: tuple[MemoryKey, ...] = (
     MemoryKey("b_bytes", "b", "activation bytes of any buffer (the fit's intercept)"),
     MemoryKey("c_bytes_per_token2", "c", "a quadratic term per token squared: dense-mask attention", 0.0),
     MemoryKey("usable_bytes", "usable", "what one rank may use"),
-    MemoryKey("static_bytes", "static", "the static account: parameters, gradients, optimizer state, FSDP buffers"),
+    MemoryKey("static_bytes", "static", "the static account: sharded parameters, gradients, optimizer state"),
     MemoryKey("margin", "margin", "the share of the room for activations BucketSize leaves free", 0.0),
     MemoryKey("cp", "cp", "the CP degree BucketSize was derived for (older profiles: 1)", 1, integer=True),
     MemoryKey("kv_bytes_per_token", "kv", "K/V bytes per token a shard keeps from each other CP rank", 0.0),

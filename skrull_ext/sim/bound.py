@@ -59,11 +59,10 @@ def work_bound_us(lengths: Sequence[int], cost: CostModel, dp: int, cp: int, buc
     total_flops = sum(cost.flops(s) for s in lengths)
     min_micro_batches = math.ceil(sum(lengths) / (bucket_size * cp))
     calls = max(1.0, min_micro_batches / dp)
-    # The calls a rank makes cost at least the host floor each (cost_model.hpp comp_us).
-    layers_us = max(cost.shape.layers * (cost.a_us_per_flop * total_flops / (dp * cp) + cost.b_us * calls),
-                    cost.shape.layers * cost.host_floor_us * calls)
-    return (layers_us
-            + cost.micro_batch_fixed_us * calls + cost.token_us * sum(lengths) / (dp * cp) + cost.step_fixed_us)
+    # The calls a rank makes cost at least the host floor each (cost_model.hpp floored_us).
+    layers_us = max(cost.shape.layers * (cost.a_us_per_flop * total_flops / (dp * cp) + cost.b_us * calls)
+                    + cost.micro_batch_fixed_us * calls, cost.floored_us(calls))
+    return layers_us + cost.token_us * sum(lengths) / (dp * cp) + cost.step_fixed_us
 
 
 def longest_bound_us(lengths: Sequence[int], cost: CostModel, cp: int, bucket_size: int) -> float:
@@ -75,7 +74,7 @@ def longest_bound_us(lengths: Sequence[int], cost: CostModel, cp: int, bucket_si
         # Too long to stay whole on one rank: it must be sharded and pay its exchange.
         f = cost.flops(s)
         shard = _core.shard_tokens(s, cp)
-        sharded = cost.comm_us(cost.kv_bytes(shard * cp)) + cost.comp_us(f / cp)
+        sharded = cost.layer_us(cost.comm_us(cost.kv_bytes(shard * cp)), 0.0, f / cp)
         bound = max(bound, cost.shape.layers * sharded + cost.micro_batch_fixed_us + cost.token_us * shard)
     return bound + cost.step_fixed_us
 
@@ -112,10 +111,9 @@ def lockstep_bound_us(lengths: Sequence[int], cost: CostModel, dp: int, cp: int,
         if need <= 0:
             break
     slots = math.ceil(outside / (dp * cp * bucket_size))
-    # Each slot's calls cost at least the host floor (cost_model.hpp comp_us).
-    return (max(head + cost.shape.layers * cost.a_us_per_flop * flops / (dp * cp)
-                + slots * (cost.shape.layers * cost.b_us + cost.micro_batch_fixed_us),
-                head + slots * (cost.shape.layers * cost.host_floor_us + cost.micro_batch_fixed_us))
+    # Each slot's calls cost at least the host floor (cost_model.hpp floored_us).
+    return (head + max(cost.shape.layers * cost.a_us_per_flop * flops / (dp * cp)
+                       + slots * (cost.shape.layers * cost.b_us + cost.micro_batch_fixed_us), cost.floored_us(slots))
             + cost.token_us * outside / (dp * cp))
 
 

@@ -18,7 +18,8 @@ sequences; the scheduler plans the run's first global batches (the ones
 ``lookahead = "auto"`` prices, as drawn: each mode has its own length
 limit) at each mode's BucketSize and prices them with that mode's cost model,
 on the lockstep timeline (the execution is chosen afterwards, at the chosen
-mode's BucketSize: train/execution.py). The fastest predicted mode runs;
+mode's BucketSize and against its memory: train/execution.py; the line says
+so). The fastest predicted mode runs;
 ties go to less recompute. A mode whose BucketSize cannot hold the longest of
 those sequences whole or sharded is out; when none can, the mode with the
 largest BucketSize runs. One log line says which and why, with the other
@@ -93,6 +94,12 @@ def _priced_for(profile: Profile | None, mode: str | None) -> str:
         return (f"; the profile measured no fits for it, so its BucketSize and prices are {measured}'s "
                 f"(measure each mode with: {_command(profile)})")
     return ""
+
+
+_EXECUTION_NEXT = ("; lockstep or free-running is chosen next, at this mode's BucketSize and with its memory "
+                   "(free-running's unsharded copy on top): the 'Skrull execution' line")
+"""The auto choice prices each mode lockstep; the execution, chosen after it (train/execution.py,
+once the model's unsharded bytes are known), may run free: its line says whether, and under this mode."""
 
 
 @dataclass(frozen=True)
@@ -172,13 +179,13 @@ def choose_checkpointing(skrull, job_mode: str | None, *, dp: int, cp: int, dp_s
     if priced:
         best = min(priced, key=lambda m: (priced[m], MODES.index(m)))
         return CheckpointChoice(best, f"skrull.activation_checkpoint = 'auto': the best predicted step time "
-                                f"on {over} (mean, lockstep, the profile's per-mode fits): {others}{unused(best)}",
-                                predicted, buckets)
+                                f"on {over} (mean; each mode at its own BucketSize, priced lockstep by the profile's "
+                                f"per-mode fits): {others}{unused(best)}{_EXECUTION_NEXT}", predicted, buckets)
     if buckets:
         best = max(buckets, key=lambda m: (buckets[m], -MODES.index(m)))
         return CheckpointChoice(best, f"skrull.activation_checkpoint = 'auto': no mode's BucketSize holds the "
-                                f"longest sequence of {over}, so the largest BucketSize: {others}{unused(best)}",
-                                predicted, buckets)
+                                f"longest sequence of {over}, so the largest BucketSize: {others}{unused(best)}"
+                                f"{_EXECUTION_NEXT}", predicted, buckets)
     raise ValueError(f"skrull.activation_checkpoint = 'auto': no mode the profile {profile.path!r} measured fits "
                      f"skrull.bucket_size {skrull.bucket_size}: {others}; lower skrull.bucket_size or set it to "
                      f"'{FROM_PROFILE}'")

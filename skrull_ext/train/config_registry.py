@@ -18,7 +18,8 @@ import torchtitan_patches
 from skrull_ext.data.steps.packed import PackedDataLoader
 from skrull_ext.train import trainer  # noqa: F401  (registers both trainers: torchtitan's launcher calls build())
 from skrull_ext.train.job.job_config import JobConfig
-from skrull_ext.train.job.job_file import JOBS_DIR, load_job
+from skrull_ext.train.job.job_file import load_job
+from skrull_ext.train.job.usage import JOBS_DIR
 
 
 def _job(name: str, config_cls: type[Trainer.Config] = JobConfig, **kwargs):

@@ -19,6 +19,12 @@ parameters and gradients on every rank for the whole step. So:
   under skrull-pool (its micro-batches exchange K/V across DP groups, which
   free-running ranks reach at different passes).
 
+The memory account is the chosen activation-checkpointing mode's
+(train/checkpointing.py chooses it first, priced lockstep, before the model
+whose unsharded bytes this needs is built): free-running's fit is that
+mode's activations with the unsharded copy on top, and the line names the
+mode, so a mode chosen for lockstep never runs free where it does not fit.
+
 The choice is logged with its numbers (``Execution.reason``). Each
 execution is priced as it runs (``Profile.cost_model(free_running=...)``:
 the profile's free-running fixed costs per step and per micro-batch).
@@ -53,10 +59,15 @@ class Execution:
     """Where ``bucket_size`` comes from, for the start-up line (``choose_execution`` sets it)."""
 
 
-def _fits(mem, unsharded: float, bucket: int) -> tuple[bool, str]:
+def _fits(mem, unsharded: float, bucket: int, mode: str | None) -> tuple[bool, str]:
+    """Whether free-running fits at ``bucket`` and the clause that says so. ``mode``: the
+    activation-checkpointing mode chosen before (train/checkpointing.py, priced lockstep), whose
+    activations ``mem`` holds (``Profile.under_mode``): named, so the line says the mode was
+    checked again with the unsharded copy on top."""
     need = mem.free_running_need(unsharded, bucket)
+    under = f" under activation checkpointing {mode}" if mode else ""
     text = (f"needs {need / _MIB:.1f} MiB per rank (unsharded parameters and gradients {unsharded / _MIB:.1f} MiB "
-            f"+ static and activations of bucket_size {bucket}), usable {mem.usable / _MIB:.1f} MiB")
+            f"+ static and activations of bucket_size {bucket}{under}), usable {mem.usable / _MIB:.1f} MiB")
     return need <= mem.usable, text
 
 
@@ -135,7 +146,7 @@ def _choose(skrull, bucket: int, unsharded: float | None, dp: int, cp: int, dp_s
                                            "(name a profile file: python -m skrull_ext.profile)")
         return Execution(False, bucket, f"skrull.free_running = 'auto': lockstep, because its memory cannot be "
                                         f"checked: {why} (name a profile file: python -m skrull_ext.profile)")
-    fits, text = _fits(mem, unsharded, bucket)
+    fits, text = _fits(mem, unsharded, bucket, skrull.checkpointing_mode)
     if mode is True:
         if not fits:
             raise _refuse(skrull, text)

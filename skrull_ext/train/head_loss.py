@@ -111,12 +111,16 @@ class HeadChunking:
     """Peak bytes of the head and loss per token of a chunk (logits, their float32 copy and gradients)."""
     why: str
 
-    def line(self, micro_batch_tokens: int | None = None) -> str:
+    def line(self, micro_batch_tokens: int | None = None, bound: str = "the job's BucketSize") -> str:
+        """The start-up line: the chunk is a bound ("up to"), what the largest micro-batch
+        (``micro_batch_tokens``, set by ``bound``) runs in next to it, and why that chunk. A
+        chunk of 89229 tokens printed for 256-token micro-batches read as chunks of 89229."""
         count = ""
         if micro_batch_tokens:
             n = math.ceil(micro_batch_tokens / self.chunk_tokens)
-            count = f", {n} chunk(s) for a micro-batch of {micro_batch_tokens} tokens"
-        return (f"head and loss in chunks of {self.chunk_tokens} tokens{count} "
+            count = (f", {n} chunk{'' if n == 1 else 's'} for the largest micro-batch ({micro_batch_tokens} "
+                     f"tokens: {bound})")
+        return (f"head and loss in chunks of up to {self.chunk_tokens} tokens{count} "
                 f"({self.head_bytes_per_token / 2**20:.3f} MiB a token at the peak; {self.why})")
 
 

@@ -129,8 +129,9 @@ class JobTrainer(Trainer):
                                          skrull.enable and skrull.overlength == "chunk")
         profile = skrull.measured_profile() if skrull.enable else None
         cp = self.parallel_dims.cp
-        tokens = (skrull.resolved_bucket_size() if skrull.enable
-                  else config.training.local_batch_size * config.training.seq_len // cp)
+        tokens, bound = ((skrull.resolved_bucket_size(), "the job's BucketSize") if skrull.enable
+                         else (config.training.local_batch_size * config.training.seq_len // cp,
+                               "local_batch_size x seq_len / cp"))
         shape = (config.loss, decoder_vocab_size(config.model_spec), compute_dtype(config).itemsize, profile)
         # the head in the model's forward holds what a recompute chunk of the micro-batch holds
         chunking = resolve_chunking(*shape, head_backward="recompute")
@@ -138,7 +139,7 @@ class JobTrainer(Trainer):
         if not whole and backward.mode == "in_forward":
             chunking = resolve_chunking(*shape, head_backward="in_forward")
         self.loss_fn.set_chunking(chunking)
-        line = chunking.line(tokens)
+        line = chunking.line(tokens, bound)
         if whole:  # one chunk holds every micro-batch: nothing to chunk
             self.loss_fn.put_head_back(self.model_parts)
             line += "; one chunk holds a micro-batch, so the head runs in the model's forward"

@@ -165,12 +165,14 @@ class RatioSpread:
     """The second level: three quarters of the window's steps must also be beyond this factor,
     on the same side, so a few slow steps do not carry the median past ``DRIFT_WARN``."""
 
-    def drift_warning(self, cost_model: str, world_size: int) -> str | None:
+    def drift_warning(self, cost_model: str, world_size: int,
+                      job: str = "--config-file <this job's file>") -> str | None:
         """Once, when ``DRIFT_WARMUP + DRIFT_STEPS`` steps are logged: a warning line if the
         median measured/predicted of the ``DRIFT_STEPS`` after the warm-up is beyond
         ``DRIFT_WARN`` either way and three quarters of them beyond ``DRIFT_HOLD``, naming the cost model and the command that measures this
         machine (a profile describes the machine it was measured on: another host, other load,
-        another torch). None otherwise, and on every later call."""
+        another torch). None otherwise, and on every later call. ``job``: the job's file and
+        flags as given (usage.job_args), which the profiler's command takes."""
         if self._drift_checked or len(self.ratios) < self.DRIFT_WARMUP + self.DRIFT_STEPS:
             return None
         self._drift_checked = True
@@ -186,7 +188,7 @@ class RatioSpread:
         return (f"skrull: measured/predicted step time is x{median:.2f} (median of steps {first}.."
                 f"{first + len(window) - 1} of this launch, after the warm-up; beyond x{self.DRIFT_WARN:g} either "
                 f"way): the cost model {cost_model!r} does not describe this machine, so the plans are priced wrong; "
-                f"measure it here: {launcher} --config-file <this job's file> --out <profile.toml> (docs/profile.md), "
+                f"measure it here: {launcher} {job} --out <profile.toml> (docs/profile.md), "
                 f"then --skrull.cost_model <profile.toml>")
 
     def line(self) -> str:
@@ -201,9 +203,10 @@ def micro_batches_said(m: dict[str, float]) -> str:
     rank's and the busiest one's (a DP rank runs its own; the others pad to the
     busiest, unless free-running)."""
     total, mine, most = (int(m[f"skrull/{k}"]) for k in ("micro_batches", "rank_micro_batches", "max_micro_batches"))
+    what = "micro-batch" if total == 1 else "micro-batches"
     if total == mine:
-        return f"{total} micro-batches (all on this DP rank)"
-    return f"{total} micro-batches over all DP ranks ({mine} on this one, {most} on the busiest)"
+        return f"{total} {what} (all on this DP rank)"
+    return f"{total} {what} over all DP ranks ({mine} on this one, {most} on the busiest)"
 
 
 def measured_said(times, spread: dict[str, float]) -> str:
@@ -212,8 +215,9 @@ def measured_said(times, spread: dict[str, float]) -> str:
     spread of that ratio; '' on the first logged step."""
     if times is None:
         return ""
-    predicted = (f", x{times.ratio:.2f} predicted"
-                 + (f" (median x{spread['median']:.2f}, p10-p90 x{spread['p10']:.2f}-{spread['p90']:.2f})"
+    # "measured 2.85x the predicted step", not "x2.85 predicted", which read as a prediction of x2.85
+    predicted = (f", measured {times.ratio:.2f}x the predicted step"
+                 + (f" (so far median {spread['median']:.2f}x, p10-p90 {spread['p10']:.2f}x-{spread['p90']:.2f}x)"
                     if spread.get("steps", 0) > 1 else "")) if times.predicted_us > 0 else ""
     return (f"step {times.step} {times.clause()}: {times.step_ms:.1f} ms as run{predicted}"
             f", {100 * times.outside_ms / max(times.step_ms, 1e-9):.0f}% outside the micro-batches; ")

@@ -153,8 +153,8 @@ class StepTimes:
     predicted_us: float
     """What the plan predicted for the step (0: nothing predicted)."""
     rest_host_ms: float = math.nan
-    """The host's time outside every phase (``time.perf_counter`` beside the clock's marks): on a
-    GPU, where it matches ``rest_ms`` the device waited for the host's work between phases (the
+    """The host's time outside every phase (``time.perf_counter`` beside the clock's marks; nan where
+    the clock is the host's, ``WallClock``: it would be ``rest_ms`` again): on a GPU, where it matches ``rest_ms`` the device waited for the host's work between phases (the
     learning rates' read, zero_grad, ...); where it is far below, the device was busy then."""
 
     @property
@@ -293,6 +293,8 @@ class StepPhases:
         phases = {p.key: spent[p.key] for p in PHASES if p.key in spent}
         host = done.host  # begin, (start, end) per span, end: the gaps are the pairs between the spans
         rest_host = sum(b - a for a, b in zip(host[0::2], host[1::2])) * 1e3
+        if isinstance(self.clock, WallClock):  # the phases' clock is the host's: nothing to compare
+            rest_host = math.nan
         self.read.append(StepTimes(done.step, phases, self.clock.ms(done.start, done.end), done.predicted_us,
                                    rest_host))
         return self.read[-1]
@@ -312,8 +314,8 @@ def phases_summary(times: list[StepTimes]) -> str | None:
     said = " ".join(f"{k} {v:.1f}" for k, v in med.items())
     rest = statistics.median(t.rest_ms for t in kept)
     hosts = [t.rest_host_ms for t in kept if math.isfinite(t.rest_host_ms)]
-    host = (f"; rest {rest:.1f}, on the host's clock {statistics.median(hosts):.1f} (where these match on a GPU, "
+    host = (f", on the host's clock {statistics.median(hosts):.1f} (where these match on a GPU, "
             "the device waited for the host's work between the phases)") if hosts else ""
     return (f"step phases, median ms over {len(kept)} steps{' after the first' if len(times) > 1 else ''}: {said}; "
             f"step as run {step:.1f} ms, {100 * outside:.0f}% of it outside the micro-batches "
-            f"({', '.join(p.key for p in PHASES if p.per_step)}){host}")
+            f"({', '.join(p.key for p in PHASES if p.per_step)}); rest {rest:.1f}{host}")

@@ -56,6 +56,7 @@ from skrull_ext.train.chunked import unsharded_param_bytes
 from skrull_ext.train.compile_limit import length_free_fusion, raise_recompile_limit
 from skrull_ext.train.free_running import FreeRunningFSDP
 from skrull_ext.train.job.job_config import JobConfig, register_trainer
+from skrull_ext.train.job.usage import job_args
 from skrull_ext.train.job_trainer import JobTrainer, NonFiniteLossError, name_samples
 from skrull_ext.train.optimizer_gate import gated, not_finite, step_unless
 from skrull_ext.train.packed_trainer import PackedTrainer
@@ -149,7 +150,7 @@ class SkrullTrainer(JobTrainer):
         skrull = self.config.skrull
         if (warning := skrull.profile_cp_warning(dims.cp)) is not None:
             logger.warning(warning)
-        if (note := skrull.profile_step_note()) is not None:
+        if (note := skrull.profile_step_note(dist.get_world_size() if dist.is_initialized() else 1)) is not None:
             logger.info(note)
         compiled = model_compiled(self.config)
         if (warning := skrull.profile_compile_warning(compiled)) is not None:
@@ -490,8 +491,8 @@ class SkrullTrainer(JobTrainer):
         """The step's measured / predicted ratio added to the run's spread (its scalars beside the
         phases'), and the drift warning once the spread says the profile is another machine's."""
         self.ratio_spread.add(metrics)
-        if (drift := self.ratio_spread.drift_warning(self.config.skrull.cost_model,
-                                                     int(os.environ.get("WORLD_SIZE", "1")))) is not None:
+        if (drift := self.ratio_spread.drift_warning(self.config.skrull.cost_model, int(os.environ.get(
+                "WORLD_SIZE", "1")), job_args())) is not None:
             logger.warning(drift)
 
 

@@ -24,7 +24,8 @@ from tests.integration_tests.conftest import CHECK_STEP, SKRULL, STEPS
 from tests.integration_tests.launch import REPO, losses, torchrun, train_from_seed
 from tests.integration_tests.test_parity_skrull import _matches_reference, _matches_reference_losses_and_grads
 
-LINE = "head and loss in chunks of 48 tokens, 6 chunk(s) for a micro-batch of 256 tokens"
+LINE = ("head and loss in chunks of up to 48 tokens, 6 chunks for the largest micro-batch (256 tokens: "
+        "the job's BucketSize)")
 IN_FORWARD = "head backward: in_forward (loss.head_backward auto: a plain Linear head, no TP"
 
 
@@ -69,7 +70,8 @@ def test_head_chunks_torchtitan_batching_cp2_matches_reference(workdir, seed, re
     run = train_from_seed(workdir, "tt_cp2_head_chunks", 2, "skrull_ext.train", SKRULL, seed, STEPS,
                           extra=["--parallelism.context_parallel_degree", "2", "--skrull.no-enable",
                                  "--loss.chunk_tokens", "48"], grads_at=CHECK_STEP)
-    assert "head and loss in chunks of 48 tokens, 22 chunk(s) for a micro-batch of 1024 tokens" in run.output
+    assert ("head and loss in chunks of up to 48 tokens, 22 chunks for the largest micro-batch (1024 tokens: "
+            "local_batch_size x seq_len / cp)") in run.output
     assert IN_FORWARD in run.output
     _matches_reference_losses_and_grads(run, reference)
 

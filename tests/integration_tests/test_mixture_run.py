@@ -132,7 +132,7 @@ def test_head_in_chunks_runs_free_at_dp2_with_the_same_losses(runs, tmp_path):
     FSDP unit's hooks ran out of step and gloo aborted on mismatched reduce-scatters at step 5.
     The losses are the uninterrupted run's (the head in one chunk) to float rounding."""
     run = _run(tmp_path, "chunks", ["--config-file", runs["job"], "--loss.chunk_tokens", "64"])
-    assert "4 chunk(s) for a micro-batch of 256 tokens" in run.output
+    assert "4 chunks for the largest micro-batch (256 tokens: the job's BucketSize)" in run.output
     assert "the head module runs in the model's forward, its weight applied per chunk" in run.output
     assert "head backward: in_forward (loss.head_backward auto" in run.output  # train/head_grad.py's chunks
     assert "Skrull execution: skrull.free_running = 'auto': free-running" in run.output
@@ -176,7 +176,7 @@ def test_lora_head_in_chunks_runs_free_at_dp2_with_the_same_losses(tmp_path):
     assert "one chunk holds a micro-batch, so the head runs in the model's forward" in one.output
     run = _run(tmp_path, "lora_head_chunks", [*job, "--loss.chunk_tokens", "64", "--skrull.plan_log"], env=env,
                steps=UNEQUAL_STEP)
-    assert "4 chunk(s) for a micro-batch of 256 tokens" in run.output
+    assert "4 chunks for the largest micro-batch (256 tokens: the job's BucketSize)" in run.output
     assert "the head module runs in the model's forward, its weight applied per chunk" in run.output
     assert "Skrull execution: skrull.free_running = 'auto': free-running" in run.output
     _uneven_at_the_last_step(run)

@@ -128,7 +128,9 @@ def test_a_job_that_fits_without_checkpointing_runs_without_it(tmp_path):
     for mode in ("none", "selective", "full"):
         assert f"{mode} {t[mode] / 1e3:.2f} ms at bucket_size {choice.bucket_sizes[mode]}" in line
     assert line.endswith("; the job's kind 'selective' is its fallback only (skrull.activation_checkpoint = 'job' "
-                         "runs it))")
+                         "runs it); lockstep or free-running is chosen next, at this mode's BucketSize and with its "
+                         "memory (free-running's unsharded copy on top): the 'Skrull execution' line)")
+    assert "(mean; each mode at its own BucketSize, priced lockstep by the profile's per-mode fits)" in line
     assert "\n" not in line
     assert "fallback" not in _choose(_auto(_profile(tmp_path)), steps, job_mode="none").line()
 
@@ -213,6 +215,42 @@ def test_the_profile_is_read_under_the_chosen_mode(tmp_path):
     section.use_checkpointing("full")
     assert section.resolved_bucket_size() == 8000
     assert section.build_cost_model(SHAPE).a_us_per_flop == 1.6e-5
+
+
+def test_free_running_is_checked_against_the_chosen_modes_memory(tmp_path):
+    """The mode is priced lockstep; the execution chosen after it (train/execution.py) checks
+    free-running's unsharded copy on top of that mode's activations, and its line names the mode:
+    with the same unsharded bytes, "auto" runs free under full and lockstep under none, and
+    true is refused under none, so the mode holds under the execution that runs."""
+    from skrull_ext.train.execution import choose_execution
+
+    path = _profile(tmp_path)
+
+    def section(mode: str, free_running="auto") -> SkrullConfig:
+        s = SkrullConfig(cost_model=path, bucket_size=1000, free_running=free_running)
+        s.use_checkpointing(mode)
+        assert s.checkpointing_mode == mode
+        return s
+
+    need = {m: section(m).measured_memory()[0].free_running_need(0.0, 1000) for m in ("none", "full")}
+    usable = section("none").measured_memory()[0].usable
+    unsharded = usable - (need["none"] + need["full"]) / 2  # fits beside full's activations, not none's
+    assert need["full"] + unsharded <= usable < need["none"] + unsharded
+
+    def run(s: SkrullConfig):
+        return choose_execution(s, unsharded=unsharded, dp=2, cp=1, dp_shard=2, dp_replicate=1, shape=SHAPE,
+                                model_name="llama3/debugmodel")
+
+    full = run(section("full"))
+    assert full.free_running and full.reason.startswith("skrull.free_running = 'auto': free-running, because it fits")
+    assert f"needs {(need['full'] + unsharded) / 2**20:.1f} MiB per rank" in full.reason
+    assert "static and activations of bucket_size 1000 under activation checkpointing full)" in full.reason
+    none = run(section("none"))
+    assert not none.free_running and "lockstep, because free-running needs" in none.reason
+    assert "under activation checkpointing none)" in none.reason
+    with pytest.raises(ValueError, match=r"^skrull.free_running = true needs .* under activation checkpointing none\)"):
+        run(section("none", True))
+    assert "under activation" not in run(SkrullConfig(cost_model=path, bucket_size=1000)).reason  # no mode set
 
 
 def test_modes_and_configs():

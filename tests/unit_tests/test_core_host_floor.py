@@ -1,11 +1,13 @@
-"""The host floor priced by the core: a layer call costs max(host_floor_us, a F + b).
+"""The host floor priced by the core: a rank's layer call costs
+max(host_floor_us, max(T_comm, line(local)) + line(dist)), the floor once a call, not per part.
 
 On a GPU a short buffer's layer takes the host's launch work whatever its FLOPs (docs/profile.md,
-"The host floor"). The profile's ``[compute] host_floor_us`` gives the core the floor; 0 (absent)
-prices the line alone, as before. Exact small cases where the floor changes the plan, the profile
-key's round trip and its messages, and with a random floor: the core equals the plain-Python
-references bit for bit, lower bounds stay below every plan, CP-SAT never predicts worse than the
-heuristic.
+"The host floor"). The trainer runs one block call a layer, whose local and distributed attentions
+are two kernels inside it (attention/dacp.py), so the floor holds up the call's device time.
+The profile's ``[compute] host_floor_us`` gives the core the floor; 0 (absent) prices the line
+alone, as before. Exact small cases where the floor changes the plan, the profile key's round trip
+and its messages, and with a random floor: the core equals the plain-Python references bit for bit,
+lower bounds stay below every plan, CP-SAT never predicts worse than the heuristic.
 """
 
 import random
@@ -37,23 +39,122 @@ def with_floor(c: CostModel, floor: float, whole: bool | None = None) -> CostMod
                      c.attention_weight, c.whole_buffer if whole is None else whole, floor)
 
 
-def toy(floor: float = 0.0, whole: bool = False) -> CostModel:
-    """flops(s) = 24 s + 4 s^2, T_comp(F) = F, no exchange cost (conftest.toy_cost), with a floor."""
+def toy(floor: float = 0.0, whole: bool = False, comm_us: float = 0.0) -> CostModel:
+    """flops(s) = 24 s + 4 s^2, line(F) = F, an exchange of comm_us a layer (conftest.toy_cost), with a floor."""
     return CostModel(ModelShape(layers=1, hidden=1, kv_width=1, bytes_per_elem=1), 1.0, 0.0,
-                     CommModel([1.0], [0.0], collectives_per_layer=1.0), whole_buffer=whole, host_floor_us=floor)
+                     CommModel([1.0], [comm_us], collectives_per_layer=1.0), whole_buffer=whole, host_floor_us=floor)
 
 
 def test_a_call_costs_the_floor_or_the_line_and_no_call_nothing():
     c = toy(300.0)
     assert (c.host_floor_us, toy().host_floor_us) == (300.0, 0.0)
     assert [c.comp_us(f) for f in (0.0, 108.0, 448.0)] == [0.0, 300.0, 448.0]
+    assert [c.line_us(f) for f in (0.0, 108.0)] == [0.0, 108.0]
     # 3 and 5 tokens (108 and 220 FLOPs): one a rank, both at the floor; together 328, above it;
-    # sharded, the distributed part is a call of its own: 3 local + 5 sharded pay two floors.
+    # 3 local + 5 sharded: rank 0 runs 108 + 110 in its one call, under the floor, so 300 (not two floors).
     assert _core.evaluate_placement([3, 5], [0, 1], c, 2, 10).time_us == 300.0
     assert _core.evaluate_placement([3, 5], [0, 0], c, 2, 10).time_us == 328.0
-    assert _core.evaluate_placement([3, 5], [0, DISTRIBUTED], c, 2, 10).time_us == 600.0
+    assert _core.evaluate_placement([3, 5], [0, DISTRIBUTED], c, 2, 10).time_us == 300.0
     assert _core.evaluate_placement([3, 5], [0, DISTRIBUTED], toy(), 2, 10).time_us == 108.0 + 110.0
     assert c.micro_batch_lower_bound_us([3, 5], 2) == 300.0  # the line's 164 is below one call's floor
+    assert c.floored_us(3.0) == 900.0 and toy(300.0, comm_us=0.0).layer_us(0.0, 0.0, 0.0) == 0.0
+
+
+def test_a_rank_with_both_parts_pays_one_floor_over_its_device_time():
+    # CP 2: 5 tokens local on rank 0 (220 FLOPs), 3 sharded (108 / 2 = 54 a rank), an exchange of
+    # 100 us a layer, floor 250. Rank 0: max(250, max(100, 220) + 54) = 274, above the floor, where
+    # the per-part rule charged max(100, max(250, 220)) + max(250, 54) = 500. Rank 1 (its share
+    # alone): max(250, 100 + 54) = 250, where comm + floor charged 350.
+    c = toy(250.0, comm_us=100.0)
+    assert c.layer_us(100.0, 220.0, 54.0) == 274.0 and c.layer_us(100.0, 0.0, 54.0) == 250.0
+    assert c.micro_batch_us([220.0, 0.0], 54.0, 1.0) == 274.0
+    assert _core.evaluate_placement([5, 3], [0, DISTRIBUTED], c, 2, 10).time_us == 274.0
+    # The dist-only rank shows through when its exchange outlasts the floor: max(250, 300 + 54).
+    c = toy(250.0, comm_us=300.0)
+    assert c.layer_us(300.0, 0.0, 54.0) == 354.0
+    assert _core.evaluate_placement([3], [DISTRIBUTED], c, 2, 10).time_us == 354.0
+    # Both ranks sharing two sharded sequences (5 and 3: 110 + 54 a rank): one call each, 300 + 164.
+    assert _core.evaluate_placement([5, 3], [DISTRIBUTED, DISTRIBUTED], c, 2, 10).time_us == 464.0
+    # With no floor, the overlap formula as before: max(comm, line(local)) + line(dist).
+    assert toy(comm_us=100.0).micro_batch_us([220.0, 0.0], 54.0, 1.0) == 220.0 + 54.0
+
+
+def test_a_short_sequence_stays_local_beside_a_sharded_one_at_a_large_floor():
+    # CP 2, BucketSize 9: the 10-token sequence (640 FLOPs) must be sharded, 6 tokens a rank; the
+    # 3-token one (108) fits beside it on one rank. Floor 1,000 us a call. Kept local, rank 0 runs
+    # 108 + 320 in its one call: 1,000, as sharding both (320 + 54 a rank) does, so Algorithm 1's
+    # placement stands and the sweep (strictly faster only) does not shard it. Charged per part,
+    # local was 1,000 + 1,000 = 2,000 against sharding's 1,000, and the 3 was sharded.
+    c = toy(1000.0)
+    assert _core.evaluate_placement([3, 10], [0, DISTRIBUTED], c, 2, 9).time_us == 1000.0
+    assert _core.evaluate_placement([3, 10], [DISTRIBUTED, DISTRIBUTED], c, 2, 9).time_us == 1000.0
+    plan = Scheduler(SchedulerConfig(dp=1, cp=2, bucket_size=9, policy="skrull"), c).schedule([3, 10])
+    assert (plan.cp_rank, plan.makespan_us) == ([0, DISTRIBUTED], 1000.0)
+    # With no floor the device's times decide: sharding both (374) beats 108 + 320 = 428.
+    plan = Scheduler(SchedulerConfig(dp=1, cp=2, bucket_size=9, policy="skrull"), toy()).schedule([3, 10])
+    assert (plan.cp_rank, plan.makespan_us) == ([DISTRIBUTED, DISTRIBUTED], 374.0)
+
+
+def test_a_chunk_pays_one_floor_over_its_compute_and_exchange():
+    from skrull_ext.scheduler.chunk_cost import chunk_cost
+
+    # CP 2, one chunk of 4 tokens: 160 / 2 = 80 FLOPs a rank and a 100 us exchange in one block call:
+    # max(250, 80 + 100) = 250 and max(150, 180) = 180 (the per-part rule: 250 + 100 and 150 + 100).
+    assert chunk_cost(toy(250.0, comm_us=100.0), 4, 4, cp=2).us == 250.0
+    assert chunk_cost(toy(150.0, comm_us=100.0), 4, 4, cp=2).us == 180.0
+    assert chunk_cost(toy(150.0, comm_us=100.0), 4, 4, cp=2).one_pass_us == 180.0
+    # Two chunks of 4: the first recomputed (x 4/3, two exchanges): max(250 x 4/3, 80 x 4/3 + 200);
+    # the second (288 / 2 = 144 FLOPs a rank): max(250, 144 + 100).
+    assert chunk_cost(toy(250.0, comm_us=100.0), 8, 4, cp=2).us == pytest.approx(1000.0 / 3.0 + 250.0, rel=1e-12)
+    assert chunk_cost(toy(comm_us=100.0), 8, 4, cp=2).us == pytest.approx(80.0 * 4 / 3 + 200.0 + 244.0, rel=1e-12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.floats(0.0, 5000.0), st.floats(0.0, 3000.0), st.floats(0.0, 1e5), st.floats(0.0, 1e5),
+       st.sampled_from([0.0, 30.0]))
+def test_layer_us_is_the_formula_and_equals_the_reference(floor, comm, local, dist, b):
+    c = CostModel(ModelShape(layers=1, hidden=1, kv_width=1, bytes_per_elem=1), 0.01, b,
+                  CommModel([1.0], [0.0], collectives_per_layer=1.0), host_floor_us=floor)
+    line = [0.01 * f + b if f > 0 else 0.0 for f in (local, dist)]
+    want = max(comm, line[0]) + line[1]
+    assert c.layer_us(comm, local, dist) == (max(floor, want) if local > 0 or dist > 0 else want)
+    assert c.layer_us(comm, local, dist) == ref.RefCost.of(c).layer(comm, local, dist)
+    assert c.comp_us(local) == c.layer_us(0.0, local, 0.0)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 2**31), st.integers(1, 12), st.sampled_from([2, 3, 4]), st.sampled_from([8, 50, 300]),
+       st.floats(0.0, 6000.0), st.booleans())
+def test_lower_bounds_stay_below_every_placement_under_a_random_floor(seed, n, cp, bucket, floor, whole):
+    # Any placement the bucket admits, random or DACP's, is at or above the micro-batch bound.
+    rng = random.Random(seed)
+    lengths = [rng.randint(1, max(1, 2 * bucket * cp // n)) for _ in range(n)]
+    cost = with_floor(cm.preset(), floor, whole)
+    lb = cost.micro_batch_lower_bound_us(lengths, cp)
+    opt = SchedulerConfig(dp=1, cp=cp, bucket_size=bucket, policy="skrull").core_options()
+    tries = [_core.dacp_for(lengths, cost, opt)]
+    tries += [_core.evaluate_placement(lengths, [rng.choice([DISTRIBUTED, *range(cp)]) for _ in lengths], cost, cp,
+                                       bucket) for _ in range(8)]
+    for r in tries:
+        if r.status == _core.Status.OK:
+            assert r.time_us >= lb * (1 - 1e-12)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 2**31), st.integers(1, 60), st.sampled_from([1, 2, 4]), st.sampled_from([1, 2, 3]),
+       st.sampled_from([64, 1000, 4096]), st.sampled_from(sorted(POLICIES)), st.floats(0.0, 6000.0),
+       st.sampled_from(["lockstep", "free"]))
+def test_the_simulators_bounds_stay_below_every_plan_under_a_random_floor(seed, k, cp, dp, bucket, policy, floor,
+                                                                          timeline):
+    from skrull_ext.sim import bound
+
+    lengths = batch(seed, k, bucket, cp)
+    cost = with_floor(cm.preset(), floor)
+    cfg = SchedulerConfig(dp=dp, cp=cp, bucket_size=bucket, policy=policy, timeline=timeline)
+    plan = Scheduler(cfg, cost).schedule(lengths)
+    lb = (bound.pool_lower_bound_us(lengths, cost, dp, cp, bucket) if POLICIES[policy].pool
+          else bound.lower_bound_us(lengths, cost, dp, cp, bucket, timeline))
+    assert plan.makespan_us >= lb * (1 - 1e-9)
 
 
 def test_the_floor_merges_two_short_documents_into_one_micro_batch():

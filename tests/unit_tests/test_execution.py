@@ -183,6 +183,14 @@ def test_drift_warning_once_naming_the_profile_and_command():
     assert "median of steps 2..9 of this launch, after the warm-up" in text
     assert "torchrun --standalone --nproc_per_node 2 -m skrull_ext.profile" in text
     assert spread.drift_warning("p.toml", 2) is None  # once
+    assert "--config-file <this job's file> --out <profile.toml>" in text  # no job file read in this test
+    again = RatioSpread()
+    for r in ratios:
+        again.add({"skrull/measured_over_predicted": r})
+    job = "--config-file 'my jobs/a.toml' --parallelism.context_parallel_degree 2"
+    assert (f"measure it here: torchrun --standalone --nproc_per_node 2 -m skrull_ext.profile {job} --out "
+            "<profile.toml> (docs/profile.md), then --skrull.cost_model <profile.toml>") in again.drift_warning(
+        "p.toml", 2, job)
     quiet = RatioSpread()
     for r in (1.1, 0.9, 1.2, 1.0, 1.3):
         quiet.add({"skrull/measured_over_predicted": r})

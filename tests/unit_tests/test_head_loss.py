@@ -213,7 +213,23 @@ def test_chunk_from_the_memory_model():
     assert same.chunk_tokens == 256 and "measured by the profile p.toml" in same.why and "holds" not in same.why
     other = resolve_chunking(ChunkedHeadLoss.Config(chunk_tokens=100), 2048, 4, profile)
     assert "the profile's BucketSize holds chunks of 256 tokens" in other.why
-    assert HeadChunking(100, 2048.0, "x").line(250).startswith("head and loss in chunks of 100 tokens, 3 chunk(s)")
+    assert HeadChunking(100, 2048.0, "x").line(250).startswith(
+        "head and loss in chunks of up to 100 tokens, 3 chunks for the largest micro-batch (250 tokens: the job's "
+        "BucketSize)")
+
+
+def test_the_chunk_line_says_the_chunk_is_a_bound_and_what_the_largest_micro_batch_runs_in():
+    """The README's job read "chunks of 89229 tokens" for micro-batches of at most 256: the chunk
+    is an upper bound, and the line says how many the BucketSize's micro-batch runs in."""
+    big = HeadChunking(89229, 0.023 * 2**20, "the most whose peak fits loss.chunk_bytes 2048 MiB")
+    assert big.line(256) == ("head and loss in chunks of up to 89229 tokens, 1 chunk for the largest micro-batch "
+                             "(256 tokens: the job's BucketSize) (0.023 MiB a token at the peak; the most whose peak "
+                             "fits loss.chunk_bytes 2048 MiB)")
+    rows = HeadChunking(48, 2**20, "forced by loss.chunk_tokens").line(1024, "local_batch_size x seq_len / cp")
+    assert rows.startswith("head and loss in chunks of up to 48 tokens, 22 chunks for the largest micro-batch "
+                           "(1024 tokens: local_batch_size x seq_len / cp) (1.000 MiB")
+    assert big.line() == ("head and loss in chunks of up to 89229 tokens (0.023 MiB a token at the peak; the most "
+                          "whose peak fits loss.chunk_bytes 2048 MiB)")
 
 
 def test_bucket_size_grows_by_the_logits():

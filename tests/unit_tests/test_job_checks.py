@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -88,9 +89,16 @@ def test_bad_value_fails_at_config_time_naming_the_key(job, flags, world, messag
 
 @pytest.mark.parametrize("flags, message", [
     (["--skrull.bucket_size", "1.5"],  # no "write bucket_size = 1.5 without quotes": a flag, and no integer
-     "skrull.bucket_size: '1.5' matches none of: expected an integer, got '1.5'; '1.5' is not one of ['profile']"),
+     "skrull.bucket_size: expected an integer or 'profile', got '1.5'"),
     (["--skrull.lookahead", "2.0"],
-     "skrull.lookahead: '2.0' matches none of: expected an integer, got '2.0'; '2.0' is not one of ['auto']"),
+     "skrull.lookahead: expected an integer or 'auto', got '2.0'"),
+    (["--skrull.free_running", "maybe"],  # each member's alternatives once, not each member's own error
+     "skrull.free_running: expected true, false or 'auto', got 'maybe'"),
+    (["--skrull.lookahead"],  # a bare flag of a key that is no true/false
+     "--skrull.lookahead: needs a value (skrull.lookahead is not a true/false key)"),
+    (["--skrull.cost_model", "nope.toml"],  # a path: where it was looked for
+     f"skrull.cost_model: 'nope.toml' is neither a hardware preset ['h100-assumed'] nor a profile file "
+     f"(no file {str(Path('nope.toml').resolve())!r})"),
     (["--skrull.overlength", "chunk", "--dataloader.max_len", "none"],  # the missing limit, not the RoPE cache
      "dataloader.max_len = None: skrull.overlength = 'chunk' trains a sample longer than this limit in chunks, so "
      "it needs one: set dataloader.max_len, and training.seq_len (the RoPE cache) at least as large"),

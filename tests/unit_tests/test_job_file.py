@@ -72,8 +72,8 @@ def test_gpu_job_loads():
          r'^skrull.bucket_size must be in \[1, 68719476736\] or "profile" \(the measured profile\'s BucketSize\), got 0$'),
         ("[skrull]\nbucket_size = 'profile'", r"^skrull.bucket_size = 'profile' takes BucketSize from a profile file, "
          r"but skrull.cost_model is the hardware preset 'h100-assumed'"),
-        ("[skrull]\nbucket_size = 'measured'", r"^skrull.bucket_size: 'measured' matches none of: expected an integer, "
-         r"got 'measured'; 'measured' is not one of \['profile'\]$"),
+        ("[skrull]\nbucket_size = 'measured'", r"^skrull.bucket_size: expected an integer or 'profile', got 'measured'$"),
+        ("[skrull]\nfree_running = 'maybe'", r"^skrull.free_running: expected true, false or 'auto', got 'maybe'$"),
         ("[skrull]\ncost_model = 'h200'", r"skrull.cost_model: 'h200' is neither a hardware preset \['h100-assumed'\] nor a profile file"),
         ("[skrull]\ncost_model = 'llama3-debug'",
          r"skrull.cost_model: 'llama3-debug' is a model preset; the shape now comes from the job's \[model\]"),
@@ -345,6 +345,42 @@ def test_bool_flags_take_every_form():
     assert not _flags("--skrull.enable", "false").skrull.enable
     with pytest.raises(JobFileError, match=r"^metrics.enable_tensorboard: expected true or false, got 'maybe'$"):
         _flags("--metrics.enable_tensorboard", "maybe")
+
+
+def test_the_job_file_and_flags_are_kept_for_commands_on_the_same_job(monkeypatch):
+    """The drift warning and the step-term note suggest a profiler command on this job: with the
+    job file's path and the job's flags as given (shell-quoted), not '<this job's file>'
+    (torchtitan's config keeps no path of its file)."""
+    from skrull_ext.train.job import usage
+    from skrull_ext.train.job.job_file import load_config
+
+    monkeypatch.setattr(usage, "_job_argv", None)
+    assert usage.job_args() == "--config-file <this job's file>"
+    usage.remember_job(["--module", "m", "--config", "c"])  # torchtitan's form names no job file
+    assert usage.job_args() == "--config-file <this job's file>"
+    load_config(["--config-file", DEBUG, "--parallelism.context_parallel_degree", "2", "--skrull.plan_log"],
+                check=False)
+    assert usage.job_args() == f"--config-file {DEBUG} --parallelism.context_parallel_degree 2 --skrull.plan_log"
+    usage.remember_job(["--config-file=my jobs/a.toml"])
+    assert usage.job_args() == "'--config-file=my jobs/a.toml'"
+
+
+@pytest.mark.parametrize("word", ["1", "0", "yes", "no", "on", "off", "true", "False"])
+def test_a_true_false_or_auto_flag_reads_a_word_as_a_plain_bool_flag_does(word):
+    """``--skrull.free_running 1`` is true because ``--skrull.defer_grad_sync 1`` is (every bool
+    flag takes 1/0, yes/no, on/off); a job file refuses ``= 1`` for both, as TOML has booleans."""
+    plain = _flags("--skrull.defer_grad_sync", word).skrull.defer_grad_sync
+    assert isinstance(plain, bool) and _flags("--skrull.free_running", word).skrull.free_running is plain
+    assert _flags("--skrull.free_running", "auto").skrull.free_running == "auto"
+
+
+@pytest.mark.parametrize("key, message", [
+    ("defer_grad_sync", r"^skrull.defer_grad_sync: expected true or false, got 1$"),
+    ("free_running", r"^skrull.free_running: expected true, false or 'auto', got 1$"),
+])
+def test_a_job_file_refuses_1_for_a_true_false_key_with_or_without_auto(tmp_path, key, message):
+    with pytest.raises(JobFileError, match=message):
+        load_job(_write(tmp_path, MINIMAL + f"[skrull]\n{key} = 1\n"))
 
 
 def test_activation_checkpoint_flags_switch_and_set_the_kind():

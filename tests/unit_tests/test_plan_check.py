@@ -68,6 +68,7 @@ def test_the_step_line_says_whose_micro_batches_it_counts():
 
     assert said(8, 8, 8) == "8 micro-batches (all on this DP rank)"
     assert said(9, 4, 5) == "9 micro-batches over all DP ranks (4 on this one, 5 on the busiest)"
+    assert said(1, 1, 1) == "1 micro-batch (all on this DP rank)"  # the README's job read "1 micro-batches"
     s = Scheduler(SkrullConfig(bucket_size=256, cost_model="h100-assumed").scheduler_config(2, 1, lookahead=1),
                   cost_model.preset("llama3-debug"))
     summary = s.schedule([200, 180, 150, 120, 90, 60, 40, 30]).summary()

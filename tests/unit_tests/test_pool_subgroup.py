@@ -46,7 +46,7 @@ def oracle_time_us(mb, cost, cp: int) -> float:
         for j in range(r - base, r - base + k):
             dist[j] += f / k
             comm[j] += b
-    per_rank = [max(cost.comm_us(comm[j]), cost.comp_us(local[j])) + cost.comp_us(dist[j]) for j in range(cp)]
+    per_rank = [cost.layer_us(cost.comm_us(comm[j]), local[j], dist[j]) for j in range(cp)]
     return cost.shape.layers * max(per_rank)
 
 

@@ -110,7 +110,7 @@ def test_the_profile_file_and_report_say_both(monkeypatch, tmp_path):
     refit_compute = load_tool("refit_compute")
     monkeypatch.setattr(compute, "time_buffers", _times(whole=True))
     r = profile_compute(_job_model("dense"), OPTS, lambda _: None)
-    static = SimpleNamespace(fsdp_degree=1, tp_degree=1, params=0, grads=0, optimizer=0, fsdp_buffers=0)
+    static = SimpleNamespace(fsdp_degree=1, tp_degree=1, params=0, grads=0, optimizer=0)
     raw = _raw(SimpleNamespace(compute=r, memory=SimpleNamespace(points=[], static=static), comm=None, check=None,
                                micro_batch=None, modes={}, head=None))["compute"]
     assert raw["packed_whole_buffer"] is True

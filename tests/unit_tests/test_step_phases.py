@@ -125,8 +125,23 @@ def test_summary_is_the_median_after_the_first_step():
         StepTimes(k, {"data": 1.0, "mb": 80.0 + k, "opt": 20.0}, 105.0 + k, 0.0) for k in range(2, 5)]
     line = phases_summary(times)
     assert line.startswith("step phases, median ms over 3 steps after the first: data 1.0 mb 83.0 opt 20.0;")
-    assert "step as run 107.0 ms, 19% of it outside the micro-batches (checks, clip, opt)" in line
+    assert "step as run 107.0 ms, 19% of it outside the micro-batches (checks, clip, opt); rest 4.0" in line
     assert phases_summary([]) is None
+
+
+def test_on_the_host_clock_no_second_host_clock_is_said():
+    """On CPU the phases are timed on the host's clock (WallClock): the closing line says the rest
+    once, with no "on the host's clock" comparison (the same number again, read as a GPU's), and
+    no ``skrull/phase_rest_host_ms`` is written."""
+    phases = StepPhases(WallClock())
+    phases.begin(1)
+    with phases.phase("mb"):
+        pass
+    phases.end(0.0)
+    t = phases.take()
+    assert math.isnan(t.rest_host_ms) and "skrull/phase_rest_host_ms" not in t.metrics()
+    line = phases_summary([t])
+    assert line.endswith(f"(checks, clip, opt); rest {t.rest_ms:.1f}") and "host's clock" not in line
 
 
 def test_the_host_clock_on_cpu():
@@ -167,8 +182,11 @@ def test_the_step_line_says_a_prediction_only_where_one_was_made():
 
     skrull = StepTimes(4, {"mb": 90.0, "opt": 10.0}, 100.0, 50_000.0)
     said = measured_said(skrull, {"median": 2.1, "p10": 1.9, "p90": 2.3, "steps": 3.0})
-    assert said == ("step 4 phases ms: mb 90 opt 10 rest 0: 100.0 ms as run, x2.00 predicted (median x2.10, "
-                    "p10-p90 x1.90-2.30), 10% outside the micro-batches; ")
+    assert said == ("step 4 phases ms: mb 90 opt 10 rest 0: 100.0 ms as run, measured 2.00x the predicted step "
+                    "(so far median 2.10x, p10-p90 1.90x-2.30x), 10% outside the micro-batches; ")
+    first = measured_said(skrull, {"median": 2.0, "p10": 2.0, "p90": 2.0, "steps": 1.0})  # no spread of one yet
+    assert first == ("step 4 phases ms: mb 90 opt 10 rest 0: 100.0 ms as run, measured 2.00x the predicted step, "
+                     "10% outside the micro-batches; ")
     packed = StepTimes(4, {"mb": 90.0, "opt": 10.0}, 100.0, 0.0)
     assert measured_said(packed, {}) == ("step 4 phases ms: mb 90 opt 10 rest 0: 100.0 ms as run, "
                                          "10% outside the micro-batches; ")

@@ -71,6 +71,13 @@ def test_a_hardware_preset_says_how_to_measure_the_machine():
 
     note = cost_model.hardware("h100-assumed").step_term_note("'h100-assumed'")
     assert note is not None and "measure this machine: torchrun" in note
+    # the job's file, flags and ranks when the trainer knows them (usage.job_args), not placeholders
+    job = "--config-file skrull_ext/jobs/debug_cpu.toml --parallelism.context_parallel_degree 2"
+    note = cost_model.hardware("h100-assumed").step_term_note("'h100-assumed'", job, 2)
+    assert note.endswith("measure this machine: torchrun --standalone --nproc_per_node 2 -m skrull_ext.profile "
+                         f"{job} --out <profile.toml> (docs/profile.md)")
+    one = cost_model.hardware("h100-assumed").step_term_note("'h100-assumed'", job, 1)
+    assert f"measure this machine: python -m skrull_ext.profile {job} --out" in one
 
 
 def test_step_keys_are_checked(make_toy):

@@ -123,14 +123,16 @@ struct CostModel {
   bool whole_buffer = false;
   // The host floor of one layer call: on a GPU a short buffer's layer takes
   // the host's launch work (the compiled block's call and guards, FSDP's
-  // hooks, kernel launches) whatever its FLOPs, so a call costs
-  // max(host_floor_us, a F + b), not the line (docs/profile.md, "The host
+  // hooks, kernel launches) whatever its FLOPs (docs/profile.md, "The host
   // floor": 4.34 ms a layer up to 8,192 tokens on run 9's H200, where the
-  // line gives 1.03 ms at 2,048). Measured per layer call, as b_us is, and
-  // applied where b_us is: to each comp_us call (a rank's local part, the
-  // distributed part). Read from the profile ([compute] host_floor_us,
-  // written by the profiler where its fit found a floor); 0 prices the line
-  // alone, as every profile made before it.
+  // line gives 1.03 ms at 2,048). Measured per layer call, a whole
+  // transformer block's forward+backward, and charged once per layer call a
+  // rank makes (layer_us): the trainer runs one block call per layer, whose
+  // local and distributed attentions are two kernels inside it, so the floor
+  // holds up the layer's device time, not each part (b_us stays per part:
+  // each part is its own kernels). Read from the profile ([compute]
+  // host_floor_us, written by the profiler where its fit found a floor); 0
+  // prices the line alone, as every profile made before it.
   double host_floor_us = 0.0;
 
   // Throws std::invalid_argument naming the first bad field. Every field
@@ -228,11 +230,35 @@ struct CostModel {
     return 2.0 * static_cast<double>(s) * static_cast<double>(shape.kv_width) * shape.bytes_per_elem / shape.tp;
   }
 
-  // Forward+backward time of F forward FLOPs of one layer call: the line,
-  // held up to the host floor (0 when F == 0: no call). Not additive under a
-  // floor: c calls cost at least c floors, so a bound or estimate that sums
-  // FLOPs before pricing them is held up to c x host_floor_us as well.
-  double comp_us(double f) const { return f > 0.0 ? std::max(host_floor_us, a_us_per_flop * f + b_us) : 0.0; }
+  // The device's forward+backward time of one part of a layer (a rank's
+  // local part, or its distributed part) of F forward FLOPs: the line
+  // a F + b (0 when F == 0: the part is not run).
+  double line_us(double f) const { return f > 0.0 ? a_us_per_flop * f + b_us : 0.0; }
+
+  // One rank's layer call (docs/design/cost_model.md, "Time of a
+  // micro-batch"): its exchange of comm_t us overlaps the local part, the
+  // distributed part follows, and the whole call is held up to the host
+  // floor when it runs either part:
+  //   max(host_floor_us, max(comm_t, line(local_f)) + line(dist_f)).
+  // The floor is once per call, not per part: the trainer runs both parts
+  // inside one block call a layer (attention/dacp.py), the floor's unit.
+  // With host_floor_us == 0 this is max(comm_t, line(local_f)) +
+  // line(dist_f) bit for bit.
+  double layer_us(double comm_t, double local_f, double dist_f) const {
+    const double device = std::max(comm_t, line_us(local_f)) + line_us(dist_f);
+    return local_f > 0.0 || dist_f > 0.0 ? std::max(host_floor_us, device) : device;
+  }
+
+  // A layer call with one part of F FLOPs and no exchange: the line held up
+  // to the host floor (0 when F == 0: no call).
+  double comp_us(double f) const { return layer_us(0.0, f, 0.0); }
+
+  // What `calls` micro-batches cost at least, however few FLOPs they hold:
+  // each makes a call a layer at the host floor or more, plus its fixed
+  // cost. Not additive under a floor (c calls cost at least c floors), so a
+  // bound or estimate that sums FLOPs before pricing them is held up to this
+  // as well (gds.hpp, slots.hpp, step_estimate.hpp, sim/bound.py).
+  double floored_us(double calls) const { return calls * (shape.layers * host_floor_us + micro_batch_fixed_us); }
 
   // Latency of one collective moving `bytes`.
   double collective_us(double bytes) const {
@@ -258,7 +284,7 @@ struct CostModel {
   // Overlap formula (docs/design/cost_model.md, "Time of a micro-batch"), all
   // layers, plus the micro-batch's fixed cost and the head's time on the
   // rank holding the most tokens:
-  //   Time_j = max(T_comm(V), T_comp(Local_j)) + T_comp(Dist);
+  //   Time_j = max(floor, max(T_comm(V), line(Local_j)) + line(Dist))   (layer_us);
   //   T = layers * max_j Time_j + micro_batch_fixed_us + token_us * max_j Tokens_j.
   // local_flops[j] is rank j's local FLOPs, dist_flops one rank's share,
   // most_tokens max_j Tokens_j (0: the layers and the fixed cost alone, what
@@ -266,9 +292,8 @@ struct CostModel {
   double micro_batch_us(const std::vector<double>& local_flops, double dist_flops, double comm_bytes,
                         int64_t most_tokens = 0) const {
     const double comm_t = comm_us(comm_bytes);
-    const double dist_t = comp_us(dist_flops);
     double worst = 0.0;
-    for (double f : local_flops) worst = std::max(worst, std::max(comm_t, comp_us(f)) + dist_t);
+    for (double f : local_flops) worst = std::max(worst, layer_us(comm_t, f, dist_flops));
     return shape.layers * worst + micro_batch_fixed_us + head_us(most_tokens);
   }
 
@@ -293,13 +318,12 @@ struct CostModel {
       longest = std::max(longest, lengths[i]);
     }
     if (total <= 0.0) return 0.0;
-    // Some rank makes at least one call (local or distributed): the floor
-    // bounds it too.
+    // Some rank makes a layer call: the floor bounds it too.
     double bound = std::max(a_us_per_flop * total / n + b_us, host_floor_us);
     if (comm_is_monotone() && n > 1) {
       const double f = flops(longest);
       const double as_local = comp_us(f);
-      const double as_dist = comm_us(kv_bytes(longest)) + comp_us(f / n);
+      const double as_dist = layer_us(comm_us(kv_bytes(longest)), 0.0, f / n);
       bound = std::max(bound, std::min(as_local, as_dist));
     }
     // Some rank holds at least the average tokens.

@@ -57,34 +57,25 @@ constexpr double kSweepBoundSlack = 1e-9;
 // Lower bound on candidate k's predicted time. With D, V the sharded
 // prefix's per-rank FLOPs and bytes, R the FLOPs of the rest and L the
 // largest local FLOPs of any rank, the time is
-//   layers * (max(comm(V'), comp(L)) + comp(D')) + fixed
+//   layers * max(floor, max(comm(V'), line(L)) + line(D')) + fixed
 // with D' >= D, V' >= V (the LPT fallback may shard more of the rest: each
 // FLOP moved from local to sharded lowers L by at most 1/cp of it and raises
-// D' by exactly that), so max(comm(V), comp(R / cp)) + comp(D) bounds it,
-// dropping comp's per-call term from the local part unless some rest
-// sequence is surely local: the longest of the rest always is when it fits
-// the room left, as the LPT places it first on an empty rank, and then its
-// own FLOPs bound L too. comm(V) counts only with a non-decreasing table.
-// Under a host floor comp is not additive (the FLOPs the fallback moves from
-// L into D' may cost nothing more where D' is at the floor: comp(L) +
-// comp(D') can fall below comp(R / cp) + comp(D)), so the bound there is the
-// larger of max(comm(V), comp(the longest rest sequence's FLOPs) when it is
-// surely local, else 0) + comp(D), as D' >= D and V' >= V, and the line of
-// all the FLOPs, a (R / cp + D) + b, as L + D' >= R / cp + D and the rank
-// makes at least one call.
+// D' by exactly that), so max(comm(V), line(R / cp)) + line(D) bounds the
+// device's part, dropping line's per-call term from the local part unless
+// some rest sequence is surely local: the longest of the rest always is
+// when it fits the room left, as the LPT places it first on an empty rank,
+// and then its own FLOPs bound L too. comm(V) counts only with a
+// non-decreasing table. The host floor is charged once a layer call
+// (cost_model.hpp layer_us), so it only holds that up, as some rank makes
+// a call whenever the micro-batch has FLOPs.
 inline double sweep_bound(const CostModel& cost, int32_t cp, bool monotone, double volume, double dist_flops,
                           double rest_flops, bool first_local, double first_flops) {
   const double comm = monotone ? cost.comm_us(volume) : 0.0;
-  if (cost.host_floor_us > 0.0) {
-    const double local = first_local ? cost.comp_us(first_flops) : 0.0;
-    const double all = rest_flops + dist_flops > 0.0 ? cost.a_us_per_flop * (rest_flops / cp + dist_flops) + cost.b_us
-                                                     : 0.0;
-    return cost.shape.layers * std::max(std::max(comm, local) + cost.comp_us(dist_flops), all) +
-           cost.micro_batch_fixed_us;
-  }
-  const double local = first_local ? cost.comp_us(std::max(rest_flops / cp, first_flops))
+  const double local = first_local ? cost.line_us(std::max(rest_flops / cp, first_flops))
                                    : cost.a_us_per_flop * rest_flops / cp;
-  return cost.shape.layers * (std::max(comm, local) + cost.comp_us(dist_flops)) + cost.micro_batch_fixed_us;
+  const double device = std::max(comm, local) + cost.line_us(dist_flops);
+  const double layer = rest_flops + dist_flops > 0.0 ? std::max(cost.host_floor_us, device) : device;
+  return cost.shape.layers * layer + cost.micro_batch_fixed_us;
 }
 
 }  // namespace detail
@@ -122,10 +113,11 @@ inline bool dacp_sweep_into(const int64_t* lengths, const double* seq_flops, siz
       dist_flops += fl(k - 1) / cp;
       volume += cost.kv_bytes(shard * cp);
       // With a non-decreasing comm table, the sharded prefix alone costs
-      // comm(V) + comp(D) and only grows with k: once it reaches the
-      // incumbent, no larger k can beat it.
+      // every rank max(floor, comm(V) + line(D)) a layer and only grows with
+      // k: once it reaches the incumbent, no larger k can beat it.
       if (monotone &&
-          cost.shape.layers * (cost.comm_us(volume) + cost.comp_us(dist_flops)) + cost.micro_batch_fixed_us >= incumbent)
+          cost.shape.layers * cost.layer_us(cost.comm_us(volume), 0.0, dist_flops) + cost.micro_batch_fixed_us >=
+              incumbent)
         break;
       prefix.push_back(prefix.back() + shard);
     }

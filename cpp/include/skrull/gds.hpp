@@ -367,7 +367,7 @@ inline MicroBatchSplit split_micro_batches(const std::vector<int64_t>& lengths, 
       const double groups = static_cast<double>(std::min<int64_t>(live, static_cast<int64_t>(c) * unit));
       const double line = (cost.shape.layers * (cost.a_us_per_flop * total_flops / opt.cp + groups * cost.b_us) +
                             groups * cost.micro_batch_fixed_us) / unit;
-      const double bound = std::max(line, groups * (cost.shape.layers * cost.host_floor_us + cost.micro_batch_fixed_us) / unit);
+      const double bound = std::max(line, cost.floored_us(groups) / unit);
       if (bound >= best.score_us) break;
       ++tries;
       split_groups(lengths, flops, share, c * unit, grouping, cost, opt, ws, cand, best.score_us * unit);

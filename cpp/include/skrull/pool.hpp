@@ -114,7 +114,7 @@ inline double pool_group_bytes(const CostModel& cost, int64_t s, int32_t k, int3
 
 // A wide micro-batch: one sequence alone over k ranks.
 inline double pool_wide_us(const CostModel& cost, int64_t s, double f, int32_t groups, int32_t cp, double cross) {
-  return cost.shape.layers * (pool_comm_us(cost, s, groups, cp, cross) + cost.comp_us(f / (groups * cp)));
+  return cost.shape.layers * cost.layer_us(pool_comm_us(cost, s, groups, cp, cross), 0.0, f / (groups * cp));
 }
 
 // Spans a wide sequence may take, in groups: powers of two up to dp, and dp.
@@ -174,11 +174,12 @@ inline void pool_group_sums(const PlanMicroBatch& mb, const std::vector<int64_t>
 }
 
 // One rank's time of one layer under the overlap formula, with its own
-// exchange: max(T_comm(its sharded sequences' bytes), T_comp(local)) +
-// T_comp(its shares of them). With every sharded sequence on the whole
-// group this is skrull's micro_batch_us per rank.
+// exchange: max(floor, max(T_comm(its sharded sequences' bytes),
+// line(local)) + line(its shares of them)) (cost_model.hpp layer_us). With
+// every sharded sequence on the whole group this is skrull's micro_batch_us
+// per rank.
 inline double pool_rank_us(const CostModel& cost, double local, double dist, double bytes) {
-  return std::max(cost.comm_us(bytes), cost.comp_us(local)) + cost.comp_us(dist);
+  return cost.layer_us(cost.comm_us(bytes), local, dist);
 }
 
 // Sub-group sets: in a one-group micro-batch, narrows each sequence sharded
@@ -229,7 +230,7 @@ inline int32_t pool_narrow(PlanMicroBatch& mb, const std::vector<int64_t>& lengt
       for (int32_t first = 0; first + k <= cp; first += k) {
         bool open = true;  // fits, and no block rank's compute alone reaches best
         for (int32_t j = first; j < first + k && open; ++j)
-          open = w.tokens[j] + shard <= bucket && cost.comp_us(w.local[j]) + cost.comp_us(w.dist[j] + share) < best;
+          open = w.tokens[j] + shard <= bucket && cost.layer_us(0.0, w.local[j], w.dist[j] + share) < best;
         if (!open) continue;
         double t = 0.0;
         for (int32_t j = 0; j < cp && t < best; ++j) {

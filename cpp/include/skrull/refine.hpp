@@ -76,19 +76,19 @@ inline int32_t refine_placement(const int64_t* lengths, const double* seq_flops,
   // Time of the micro-batch when the largest local FLOPs is `top`:
   // micro_batch_us's max over ranks is reached at the rank with the most
   // local FLOPs (rounding is monotone), so this equals it bit for bit.
-  // comm_t and dist_t are the comm and distributed compute times, which a
-  // move leaves as they are (the caller computes them once per move).
-  auto time_with = [&](double top, double dist_t, double comm_t) {
-    return cost.shape.layers * (std::max(comm_t, cost.comp_us(top)) + dist_t) + cost.micro_batch_fixed_us;
+  // comm_t is the exchange's time and dist_f the distributed part's FLOPs,
+  // which a move to another rank leaves as they are.
+  auto time_with = [&](double top, double dist_f, double comm_t) {
+    return cost.shape.layers * cost.layer_us(comm_t, top, dist_f) + cost.micro_batch_fixed_us;
   };
   const int32_t max_moves = static_cast<int32_t>(std::min<size_t>(n, kMaxRefineMoves));
   while (moves < max_moves) {
     // The bottleneck: the rank whose local work is longest. If the exchange
-    // outlasts it, more sharding or moving cannot help.
+    // outlasts it on the device, more sharding or moving cannot help.
     int32_t b = 0;
     for (int32_t j = 1; j < cp; ++j)
       if (local[j] > local[b]) b = j;
-    if (cost.comp_us(local[b]) <= cost.comm_us(bytes)) break;
+    if (cost.line_us(local[b]) <= cost.comm_us(bytes)) break;
     int32_t lightest = b == 0 ? 1 : 0;
     for (int32_t j = 0; j < cp; ++j)
       if (j != b && local[j] < local[lightest]) lightest = j;
@@ -100,7 +100,6 @@ inline int32_t refine_placement(const int64_t* lengths, const double* seq_flops,
     }
 
     const double comm_t = cost.comm_us(bytes);
-    const double dist_t = cost.comp_us(dist);
     bool moved = false;
     for (size_t c = n; c-- > 0 && !moved;) {
       const int32_t x = order[c];
@@ -114,7 +113,7 @@ inline int32_t refine_placement(const int64_t* lengths, const double* seq_flops,
       const double dist_after = cost.dist_flops(dtok + s, dist + f / cp, cp);
       // Move it whole to the lightest rank.
       if (room[lightest] >= s) {
-        const double t = time_with(std::max({b_after, to_after, third}), dist_t, comm_t);
+        const double t = time_with(std::max({b_after, to_after, third}), dist, comm_t);
         if (t < best) {
           best = t;
           to = lightest;
@@ -125,7 +124,7 @@ inline int32_t refine_placement(const int64_t* lengths, const double* seq_flops,
       bool fits = room[b] + s >= shard;
       for (int32_t j = 0; j < cp && fits; ++j) fits = j == b || room[j] >= shard;
       if (fits) {
-        const double t = time_with(std::max(b_after, second), cost.comp_us(dist_after),
+        const double t = time_with(std::max(b_after, second), dist_after,
                                    cost.comm_us(bytes + cost.kv_bytes(shard * cp)));
         if (t < best) {
           best = t;

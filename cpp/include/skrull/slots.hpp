@@ -144,7 +144,7 @@ inline double slots_lower_bound_us(const std::vector<int64_t>& lengths, const st
   const double slots = static_cast<double>((tokens + per_slot - 1) / per_slot);
   return std::max(cost.shape.layers * cost.a_us_per_flop * f / (static_cast<double>(opt.dp) * opt.cp) +
                       slots * (cost.shape.layers * cost.b_us + cost.micro_batch_fixed_us),
-                  slots * (cost.shape.layers * cost.host_floor_us + cost.micro_batch_fixed_us));
+                  cost.floored_us(slots));
 }
 
 namespace detail {
@@ -162,7 +162,7 @@ struct FillGroup {
   std::vector<double> local;
   std::vector<int64_t> room, local_tokens;
   double dist = 0.0, bytes = 0.0, top = 0.0, time = 0.0;  // top: the largest local FLOPs
-  double comm_t = 0.0, dist_t = 0.0;  // comm_us(bytes), comp_us(dist): change only when a sequence is sharded
+  double comm_t = 0.0;  // comm_us(bytes): changes only when a sequence is sharded
   int64_t tokens = 0, dist_tokens = 0, most_room = 0, least_room = 0;
 
   void reset(int32_t cp, int64_t bucket) {
@@ -171,12 +171,14 @@ struct FillGroup {
     local.assign(cp, 0.0);
     room.assign(cp, bucket);
     local_tokens.assign(cp, 0);
-    dist = bytes = top = time = comm_t = dist_t = 0.0;
+    dist = bytes = top = time = comm_t = 0.0;
     tokens = dist_tokens = 0;
     most_room = least_room = bucket;
   }
-  double time_with(const CostModel& cost, double top_, double comm_t_, double dist_t_) const {
-    return cost.shape.layers * (std::max(comm_t_, cost.comp_us(top_)) + dist_t_) + cost.micro_batch_fixed_us;
+  // micro_batch_us's time when the largest local FLOPs is top_ (the max
+  // over ranks is that rank's layer call, as refine.hpp's time_with).
+  double time_with(const CostModel& cost, double top_, double comm_t_, double dist_) const {
+    return cost.shape.layers * cost.layer_us(comm_t_, top_, dist_) + cost.micro_batch_fixed_us;
   }
   // The placement of s (f FLOPs) that keeps the time lowest, and that time;
   // false when none fits. rank: a CP rank or kDistributed.
@@ -188,14 +190,14 @@ struct FillGroup {
     if (room[r] < s) r = argmax(room);
     if (room[r] >= s) {
       rank = r;
-      t = time_with(cost, std::max(top, cost.local_flops(local_tokens[r] + s, local[r] + f)), comm_t, dist_t);
+      t = time_with(cost, std::max(top, cost.local_flops(local_tokens[r] + s, local[r] + f)), comm_t, dist);
       found = true;
     }
     if (cp > 1) {
       const int64_t shard = shard_tokens(s, cp);
       if (least_room >= shard) {
         const double ts = time_with(cost, top, cost.comm_us(bytes + cost.kv_bytes(shard * cp)),
-                                    cost.comp_us(cost.dist_flops(dist_tokens + s, dist + f / cp, cp)));
+                                    cost.dist_flops(dist_tokens + s, dist + f / cp, cp));
         if (!found || ts < t) {
           rank = kDistributed;
           t = ts;
@@ -223,7 +225,6 @@ struct FillGroup {
       dist_tokens += s;
       bytes += cost.kv_bytes(shard * cp);
       comm_t = cost.comm_us(bytes);
-      dist_t = cost.comp_us(dist);
     }
     most_room = *std::max_element(room.begin(), room.end());
     least_room = *std::min_element(room.begin(), room.end());
@@ -281,12 +282,12 @@ inline bool leader_slot(const std::vector<int64_t>& lengths, const std::vector<d
   std::make_heap(heap.begin(), heap.end(), later);
   // A group's time with a sequence of f FLOPs more is at least its compute
   // with it, local (some rank's local part reaches f) or sharded (the
-  // distributed part grows by f / cp): a test in O(1). Under whole_buffer
-  // too: a part's flops() with the sequence is at least its flops() without
-  // it plus the sequence's own.
+  // distributed part grows by f / cp), that rank's layer call without its
+  // exchange: a test in O(1). Under whole_buffer too: a part's flops() with
+  // the sequence is at least its flops() without it plus the sequence's own.
   const auto at_least = [&](double top, double dist, double f) {
-    const double local = cost.comp_us(std::max(top, f)) + cost.comp_us(dist);
-    const double sharded = cost.comp_us(top) + cost.comp_us(dist + f / cp);
+    const double local = cost.layer_us(0.0, std::max(top, f), dist);
+    const double sharded = cost.layer_us(0.0, top, dist + f / cp);
     return cost.shape.layers * std::min(local, cp > 1 ? sharded : local) + cost.micro_batch_fixed_us;
   };
   int64_t work = 0;

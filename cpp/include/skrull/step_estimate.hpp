@@ -14,7 +14,7 @@
 // The c_1 and c_P + c_{P+1} terms are what a straggler costs: the term the
 // look-ahead removes by giving long samples a step of their own. A rank's m
 // micro-batches make at least m calls a layer, each at least the host floor
-// (cost_model.hpp comp_us): however few FLOPs they hold, they cost that.
+// (cost_model.hpp floored_us): however few FLOPs they hold, they cost that.
 //
 // A step's chunked documents (overlength "chunk", chunked.hpp) are work items
 // of a known time d_k and c_k chunk passes on one CP group, outside the
@@ -63,7 +63,7 @@ class StepEstimator {
         per_flop_(cost.shape.layers * cost.a_us_per_flop / std::max<int32_t>(1, opt.cp)),
         capacity_(static_cast<double>(group_capacity(opt.bucket_size, opt.cp, std::max<int32_t>(1, opt.dp)))),
         per_micro_batch_(cost.micro_batch_fixed_us + cost.shape.layers * cost.b_us),
-        per_floored_micro_batch_(cost.micro_batch_fixed_us + cost.shape.layers * cost.host_floor_us),
+        per_floored_micro_batch_(cost.floored_us(1.0)),
         per_token_(cost.token_us / (static_cast<double>(std::max<int32_t>(1, opt.dp)) * std::max<int32_t>(1, opt.cp))),
         step_fixed_(cost.step_fixed_us),
         lockstep_(opt.timeline == Timeline::kLockstep && opt.dp > 1),

@@ -46,7 +46,7 @@ from skrull_ext.train.job.job_flags import Flag, FlagText, flag_tables
 from skrull_ext.train.job.job_help import job_help
 from skrull_ext.train.job.loss_config import HeadLossConfig
 from skrull_ext.train.job.section_kinds import SECTION_KINDS, register_kind
-from skrull_ext.train.job.usage import JOBS_DIR, USAGE, exit_without_job, entry_module
+from skrull_ext.train.job.usage import USAGE, entry_module, exit_without_job, remember_job
 
 
 MODEL_KEYS = ("name", "flavor", "attn_backend", "hf_path")
@@ -70,6 +70,18 @@ def _quoted(value, key: str, tp: type) -> str:
     except ValueError:
         return ""
     return f" ({QUOTED}: write {key.rsplit('.', 1)[-1]} = {value.strip()} without quotes)"
+
+
+ACCEPTS: dict[Any, list[str]] = {bool: ["true", "false"], int: ["an integer"], float: ["a number"], str: ["a string"]}
+"""What a value of a plain type is, as a union's error lists its members' (``_accepts``)."""
+
+
+def _accepts(tp: Any) -> list[str] | None:
+    """The values ``tp`` takes, in words (``Literal``: each value), for a union's one-line error;
+    None where words would say less than the member's own error (an array, a table)."""
+    if typing.get_origin(tp) is typing.Literal:
+        return [repr(v) for v in typing.get_args(tp)]
+    return ACCEPTS.get(tp)
 
 
 def _coerce(value: Any, tp: Any, key: str) -> Any:
@@ -102,6 +114,10 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         quoted = [e for e in errors if QUOTED in e]
         if quoted:  # lookahead = "8": the quotes are the mistake, not the value
             raise JobFileError(f"{key}: {quoted[0]}")
+        accepted = [_accepts(m) for m in args if m is not type(None)]
+        if all(accepted):  # bool | Literal["auto"]: "expected true, false or 'auto', got 'maybe'"
+            said = [a for alts in accepted for a in alts]
+            raise JobFileError(f"{key}: expected {', '.join(said[:-1])} or {said[-1]}, got {value!r}")
         raise JobFileError(f"{key}: {value!r} matches none of: {'; '.join(errors)}")
     if tp is bool:
         if not isinstance(value, bool):
@@ -447,6 +463,7 @@ def load_config(argv: list[str] | None = None, *, module: str | None = None,
         raise
     except (ValueError, TypeError) as e:  # a __post_init__ check, or torchtitan's --module/--config
         raise JobFileError(str(e)) from e
+    remember_job(argv)  # for a command the job's lines suggest on it (usage.job_args)
     try:
         torchtitan_patches.apply(config)
     except ValueError as e:  # a setting this torch cannot run (compat.check_config)

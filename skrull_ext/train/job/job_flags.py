@@ -75,6 +75,8 @@ class Flag:
         if origin in (typing.Union, types.UnionType):
             if type(None) in args and len(self.words) == 1 and self.words[0].lower() in _NONE:
                 return None
+            if not self.words and bool not in args:  # a bare flag, as below (not a union's "got ''")
+                raise JobFileError(f"{self.flag}: needs a value ({key} is not a true/false key)")
             for member in (m for m in args if m is not type(None)):  # the first reading that fits
                 try:
                     return self.read(member, key)

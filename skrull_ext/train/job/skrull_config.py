@@ -38,6 +38,7 @@ from skrull_ext.scheduler.config import FROM_PROFILE, LOOKAHEAD_AUTO, Lookahead,
 from skrull_ext.scheduler.job import SchedulerJob
 from skrull_ext.scheduler.profile_file import Profile
 from skrull_ext.scheduler.profile_memory import ProfileMemory
+from skrull_ext.train.job.usage import job_args
 
 FreeRunning = bool | Literal["auto"]
 # the mode itself is torchtitan's key; this one says who picks it
@@ -125,9 +126,11 @@ class SkrullConfig(SchedulingOptions):
                 f"or a profile file"
             )
         elif not Path(self.cost_model).is_file():
+            path = Path(self.cost_model)  # a path: say where it was looked for (from the current directory)
+            where = f" (no file {str(path.resolve())!r})" if path.suffix == ".toml" or len(path.parts) > 1 else ""
             raise ValueError(
                 f"skrull.cost_model: {self.cost_model!r} is neither a hardware preset "
-                f"{sorted(cost_models.HARDWARE_PRESETS)} nor a profile file"
+                f"{sorted(cost_models.HARDWARE_PRESETS)} nor a profile file{where}"
             )
         try:
             check_kernel(self.attention_kernel)  # the attention's own checks, named as [skrull] keys
@@ -150,6 +153,12 @@ class SkrullConfig(SchedulingOptions):
         measured when it has no per-mode measurement of ``mode``). Set once, at start-up, before
         anything is resolved from the profile (train/checkpointing.py)."""
         self._ac_mode = mode
+
+    @property
+    def checkpointing_mode(self) -> str | None:
+        """The activation-checkpointing mode the profile is read under (``use_checkpointing``);
+        None before one is set (or for a mode no profile measures)."""
+        return self._ac_mode
 
     def check_free_running(self) -> None:
         """``free_running`` with a policy that cannot run it: a ValueError naming both keys.
@@ -222,13 +231,14 @@ class SkrullConfig(SchedulingOptions):
                 f"runs cp {cp} (bucket_size {self.resolved_bucket_size()}). Re-profile with the job's parallelism, "
                 f"or a rank holding shards may use more memory than the profile predicts")
 
-    def profile_step_note(self) -> str | None:
+    def profile_step_note(self, world_size: int | None = None) -> str | None:
         """One line when the cost model has no per-step term (``[step] fixed_us``), naming
-        what the job assumes and the command that adds it (``Profile.step_term_note``)."""
+        what the job assumes and the command that adds it (``Profile.step_term_note``), on this
+        process's job file and flags (usage.job_args) at ``world_size`` ranks."""
         profile = self.measured_profile()
         if profile is None:
             profile = cost_models.hardware(self.cost_model)
-        return profile.step_term_note(repr(self.cost_model))
+        return profile.step_term_note(repr(self.cost_model), job_args(), world_size)
 
     def profile_compile_warning(self, compiled: bool) -> str | None:
         """A warning when the profile timed the model eager and the job compiles it, or

@@ -11,9 +11,11 @@ no arguments) is answered before torch and torchtitan are imported, which take s
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 
-__all__ = ["JOBS_DIR", "USAGE", "entry_module", "exit_without_job", "has_job", "shipped_jobs"]
+__all__ = ["JOBS_DIR", "USAGE", "entry_module", "exit_without_job", "has_job", "job_args", "remember_job",
+           "shipped_jobs"]
 
 JOBS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "jobs")
 """The shipped job files (``skrull_ext/jobs``)."""
@@ -78,3 +80,23 @@ def exit_without_job(argv: list[str], module: str) -> None:
         else:
             print(f"{text}\nerror: {NO_JOB}", file=sys.stderr)
     raise SystemExit(0 if asked else 2)
+
+
+_job_argv: list[str] | None = None
+"""The command line of this process's job (``remember_job``), without the entry point."""
+
+
+def remember_job(argv: list[str]) -> None:
+    """Keep the command line ``load_config`` read this process's job from, when it names a job
+    file: the trainer keeps no path of it (torchtitan's config has none), and a line that
+    suggests a command on the same job names the file and flags the user gave (``job_args``)."""
+    global _job_argv
+    if any(a.startswith(("--config-file", "--config_file")) for a in argv):
+        _job_argv = list(argv)
+
+
+def job_args(placeholder: str = "--config-file <this job's file>") -> str:
+    """``--config-file JOB.toml`` and the job's own flags as given, shell-quoted, for a command
+    on this process's job (the profiler's: it takes the job's flags too); ``placeholder`` where
+    no job file was read (torchtitan's ``--module``, or a trainer built without a command line)."""
+    return placeholder if _job_argv is None else shlex.join(_job_argv)
