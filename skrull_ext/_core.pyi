@@ -202,6 +202,7 @@ class Lookahead:
     screened: int
     swaps: int
     swap_trials: int
+    swap_visits: int
     planned: int
     elapsed_us: float
 

@@ -7,19 +7,18 @@
 //
 //   lookahead_before_after LENGTHS_FILE DP WINDOWS
 //
-// The cost model is profiles/h200-qwen2.5-0.5b.toml as the profile loader
-// turns it into a CostModel (Qwen2.5-0.5B shape, plan_margin 1.5), the
-// options those of policy skrull, lockstep, overlength truncate, CP 8,
-// BucketSize 130,622, 64 samples a DP rank, windows of 8.
+// The job: tools/h200_lookahead_job.hpp (the H200 profile's cost model, policy skrull,
+// lockstep, CP 8), 64 samples a DP rank, windows of 8.
+
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
-#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "h200_lookahead_job.hpp"
 #include "skrull/lookahead.hpp"
 #include "skrull/scheduler.hpp"
 
@@ -30,31 +29,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: %s LENGTHS_FILE DP WINDOWS\n", argv[0]);
     return 2;
   }
-  std::ifstream f(argv[1]);
-  std::vector<int64_t> pool;
-  std::string line;
-  while (std::getline(f, line))
-    if (!line.empty() && line[0] != '#') pool.push_back(std::stoll(line));
-  CostModel c;
-  c.shape = {24, 896, 128, 2, 1};
-  c.a_us_per_flop = 1.0806023647733907e-08;
-  c.b_us = 995.1806874735581;
-  c.comm.bytes = {2097152.0, 4194304.0, 8388608.0, 16777216.0, 33554432.0,
-                  67108864.0, 134217728.0, 268435456.0, 536870912.0, 1073741824.0};
-  c.comm.us = {53.29, 72.52, 97.86, 199.3, 286.2, 488.6, 910.6, 1758.4, 3416.4, 6467.9};
-  c.comm.plan_margin = 1.5;
-  c.micro_batch_fixed_us = 22364.023690523427;
-  c.token_us = 1.4997847136103983;
-  c.attention_weight = 0.5567783586382529;
-  Options o;
-  o.dp = std::atoi(argv[2]);
-  o.cp = 8;
-  o.bucket_size = 130622;
-  o.dacp_search = DacpSearch::kShardSweep;
-  o.micro_batch_count = MicroBatchCount::kPredictedTime;
-  o.overlength = Overlength::kTruncate;
-  o.refine = true;
-  o.slot_gds = true;
+  const std::vector<int64_t> pool = bench::read_lengths(argv[1]);
+  const CostModel c = bench::h200_cost();
+  Options o = bench::h200_options(std::atoi(argv[2]));
   const int windows = std::atoi(argv[3]);
   const auto step_time = [&](const std::vector<int64_t>& l) { return schedule(l, c, o).makespan_us; };
   std::mt19937_64 rng(1);

@@ -8,14 +8,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 name=${1:-mix_sharegpt_conv95+longbench_en5}
 windows=${2:-3}
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-mkdir -p "$tmp/before/skrull"
-cp cpp/include/skrull/*.hpp "$tmp/before/skrull/"
-git show 8db97af:cpp/include/skrull/lookahead.hpp > "$tmp/before/skrull/lookahead.hpp"
-flags=(-O2 -std=c++17 -ffp-contract=off)
-g++ "${flags[@]}" -I"$tmp/before" -DSKRULL_LOOKAHEAD_BEFORE tools/lookahead_before_after.cpp -o "$tmp/before_bin"
-g++ "${flags[@]}" -Icpp/include tools/lookahead_before_after.cpp -o "$tmp/after_bin"
+. tools/before_after_bins.sh
+build_before_after 8db97af lookahead.hpp tools/lookahead_before_after.cpp -DSKRULL_LOOKAHEAD_BEFORE
 echo "| look-ahead | DP x CP | windows | planning ms (wall / CPU) | predicted window ms | share (CPU) | predicted gain |"
 echo "|---|---|---:|---:|---:|---:|---:|"
 for dp in 4 16 64 128; do

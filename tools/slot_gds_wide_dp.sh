@@ -7,14 +7,8 @@
 #   bash tools/slot_gds_wide_dp.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-mkdir -p "$tmp/before/skrull"
-cp cpp/include/skrull/*.hpp "$tmp/before/skrull/"
-git show fc42d3d:cpp/include/skrull/slots.hpp > "$tmp/before/skrull/slots.hpp"
-flags=(-O2 -std=c++17 -ffp-contract=off)
-g++ "${flags[@]}" -I"$tmp/before" tools/slot_gds_wide_dp.cpp -o "$tmp/before_bin"
-g++ "${flags[@]}" -Icpp/include tools/slot_gds_wide_dp.cpp -o "$tmp/after_bin"
+. tools/before_after_bins.sh
+build_before_after fc42d3d slots.hpp tools/slot_gds_wide_dp.cpp
 echo "| sequences | DP x CP | before ms | after ms | before / after | same plan |"
 echo "|---:|---|---:|---:|---:|---|"
 for n in 1 2000; do

@@ -435,6 +435,7 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
       .def_readonly("screened", &Lookahead::screened)
       .def_readonly("swaps", &Lookahead::swaps)
       .def_readonly("swap_trials", &Lookahead::swap_trials)
+      .def_readonly("swap_visits", &Lookahead::swap_visits)
       .def_readonly("planned", &Lookahead::planned)
       .def_readonly("elapsed_us", &Lookahead::elapsed_us)
       .def("__repr__", [](const Lookahead& a) {

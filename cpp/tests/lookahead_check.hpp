@@ -120,13 +120,22 @@ std::string lookahead_error(const std::vector<std::vector<int64_t>>& batches,
       (a.long_fraction == 1.0 && a.long_steps != w))
     return "long_fraction or long_steps";
   if (a.step != arrival && a.long_fraction == 0.0 && a.swaps == 0) return "regrouped by neither a candidate nor a swap";
+  // A long-first split: over k steps of the ladder (every k to 8, then 12, 16, 24, 32, ... below W, and W).
+  if (a.long_fraction > 0.0 && a.long_fraction < 1.0) {
+    int32_t odd = a.long_steps;
+    while (odd > 0 && odd % 2 == 0) odd /= 2;
+    if (!(a.long_steps <= 8 || a.long_steps == w || (a.long_steps >= 12 && (odd == 1 || odd == 3))))
+      return "long_steps off the ladder";
+  }
   // Budgets: arrival order and the first finalist (n each), then kLookaheadPlanWork sequences.
-  const int64_t most_screened = static_cast<int64_t>(std::size(kLookaheadFractions)) * w + 1;
+  const int64_t most_screened =
+      static_cast<int64_t>(std::size(kLookaheadFractions) * detail::screened_steps(w).size()) + 1;
   if (a.candidates < 1 || a.screened < 0 || a.screened > most_screened || a.candidates > 1 + a.screened ||
       a.planned < 0 || a.planned > 2 * static_cast<int64_t>(n) + kLookaheadPlanWork || a.swap_trials < 0 ||
-      a.swap_trials > kLookaheadScreenWork || a.swaps < 0 || a.swaps > a.swap_trials)
+      a.swap_trials > kLookaheadScreenWork || a.swaps < 0 || a.swaps > a.swap_trials ||
+      a.swap_visits < a.swap_trials || a.swap_visits > kLookaheadSwapVisits)
     return "a counter outside its budget";
-  if ((w == 1 || n <= 1) && (a.step != arrival || a.candidates != 1 || a.screened != 0 || a.swap_trials != 0))
+  if ((w == 1 || n <= 1) && (a.step != arrival || a.candidates != 1 || a.screened != 0 || a.swap_visits != 0))
     return "a window with nothing to regroup was regrouped";
   if (!std::isfinite(a.elapsed_us) || a.elapsed_us < 0.0) return "elapsed_us";
   return "";
@@ -138,7 +147,7 @@ inline bool same_lookahead(const Lookahead& x, const Lookahead& y) {
          x.window_us == y.window_us && x.arrival_window_us == y.arrival_window_us && x.moved == y.moved &&
          x.max_delay == y.max_delay && x.long_fraction == y.long_fraction && x.long_steps == y.long_steps &&
          x.candidates == y.candidates && x.screened == y.screened && x.swaps == y.swaps &&
-         x.swap_trials == y.swap_trials && x.planned == y.planned;
+         x.swap_trials == y.swap_trials && x.swap_visits == y.swap_visits && x.planned == y.planned;
 }
 
 }  // namespace skrull::check

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <numeric>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -433,6 +434,31 @@ static void test_lookahead_oracle() {
   CHECK(rejection({{}, {}}, {}).empty() && !refused({{}, {}}, {}));
 }
 
+// A window wider than the shipped ones: long-first splits over every k to 8, then two k a
+// doubling and W (detail::screened_steps); the core's answer passes the oracle, and a split
+// over a k off that ladder is named.
+static void test_wide_lookahead() {
+  std::vector<int32_t> every(8);
+  std::iota(every.begin(), every.end(), 1);
+  CHECK(detail::screened_steps(8) == every);
+  CHECK((detail::screened_steps(40) == std::vector<int32_t>{1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 40}));
+  CHECK(detail::screened_steps(1024).size() == 22 && detail::screened_steps(1024).back() == 1024);
+  const CostModel c = preset();
+  const Options o = opts(2, 1, 26624, Overlength::kTruncate);
+  std::vector<std::vector<int64_t>> w(40);
+  for (int32_t s = 0; s < 40; ++s) w[s] = {s % 5 == 0 ? 9000 : 300, 100 + s, 200};
+  const auto price = [&](const std::vector<int64_t>& l, const ChunkedDocs& d) { return schedule(l, c, o, d).makespan_us; };
+  const Lookahead a = lookahead(w, {}, c, o, price);
+  CHECK(check::lookahead_error(w, {}, a, price).empty());
+  CHECK(a.window_us < a.arrival_window_us && a.screened <= 5 * 13 + 1 && a.swap_visits >= 40 * 39 / 2);
+  Lookahead bad = a;
+  bad.long_fraction = 0.1;
+  bad.long_steps = 13;
+  CHECK(check::lookahead_error(w, {}, bad, price) == "long_steps off the ladder");
+  bad.long_steps = 24;
+  CHECK(check::lookahead_error(w, {}, bad, price).empty());
+}
+
 int main() {
   test_bad_input_is_refused();
   test_lengths_at_the_boundaries();
@@ -443,6 +469,7 @@ int main() {
   test_slot_gds_small_case();
   test_leader_slot_beats_the_plain_split();
   test_lookahead_oracle();
+  test_wide_lookahead();
   if (skrull_test::failures) return skrull_test::report();
   std::puts("test_hardening: all checks passed");
   return 0;

@@ -22,6 +22,8 @@ LOOKAHEAD_SCREEN_WORK = 1 << 16  # kLookaheadScreenWork: swaps screened by the e
 LOOKAHEAD_TIE = 1e-6  # kLookaheadTie: estimates this close (relative to the least) rank as ties
 LOOKAHEAD_SCREEN_SLACK = 0.01  # kLookaheadScreenSlack: a swap is planned unless its estimate rises more
 LOOKAHEAD_MIN_SWAPS = 64  # kLookaheadMinSwaps: the search runs where the budget checks this many swaps
+LOOKAHEAD_EVERY_K = 8  # kLookaheadEveryK: long-first splits over every k to this, then a ladder
+LOOKAHEAD_SWAP_VISITS = 1 << 24  # kLookaheadSwapVisits: pairs of steps and of samples the swap search looks at
 
 
 @dataclass
@@ -85,10 +87,20 @@ def kth_after_swap(desc: list[float], k: int, out: int, x: float) -> float:
     return rest(k - 1)
 
 
+def screened_steps(w: int) -> list[int]:
+    """lookahead.hpp detail::screened_steps: every k to LOOKAHEAD_EVERY_K, then 12, 16, 24, 32, ... below w, then w."""
+    ks = list(range(1, min(w, LOOKAHEAD_EVERY_K) + 1))
+    p = LOOKAHEAD_EVERY_K
+    while p < w:
+        ks += [k for k in (p + p // 2, 2 * p) if k < w]
+        p *= 2
+    return ks + ([w] if w > LOOKAHEAD_EVERY_K else [])
+
+
 def candidates(counts: list[int], order: list[int], flops: list[float]):
     """lookahead.hpp's candidate groupings of a window, in the core's order: for each long
     fraction f (``LOOKAHEAD_FRACTIONS``, each giving a new count m of the longest samples) and
-    each k of 1..w steps, the m longest (``order``: by length, longest first, ties by arrival)
+    each k of ``screened_steps(w)``, the m longest (``order``: by length, longest first, ties by arrival)
     spread over the first k steps by LPT on ``flops`` (gds.hpp split_over_dp, ties to the lower
     step; skipped when a step would take more than its count), the rest filling the steps'
     remaining places in arrival order; then the samples laid out longest first, step after step
@@ -100,7 +112,7 @@ def candidates(counts: list[int], order: list[int], flops: list[float]):
         if m == last_m or m >= n:
             continue
         last_m = m
-        for k in range(1, w + 1):
+        for k in screened_steps(w):
             step, room, load, ok = [-1] * n, list(counts), [0.0] * k, True
             for q in order[:m]:  # LPT by FLOPs, ties to the lower step
                 t = min(range(k), key=lambda i: (load[i], i))
@@ -132,13 +144,14 @@ def candidates(counts: list[int], order: list[int], flops: list[float]):
 def lookahead(batches: list[list[int]], cost, dp: int, cp: int, bucket: int, step_time) -> dict:
     """lookahead.hpp restated. ``cost``: the core's CostModel (its fields and ``flops``);
     ``step_time(lengths)``: one step's predicted time. Returns step, steps, step_us, window_us,
-    long_fraction, long_steps, candidates, screened, swaps, swap_trials, planned."""
+    long_fraction, long_steps, candidates, screened, swaps, swap_trials,
+    swap_visits, planned."""
     w = len(batches)
     lengths = [s for b in batches for s in b]
     counts = [len(b) for b in batches]
     arrival = [b for b, x in enumerate(batches) for _ in x]
     n = len(lengths)
-    out = {"candidates": 0, "screened": 0, "swaps": 0, "swap_trials": 0, "planned": 0,
+    out = {"candidates": 0, "screened": 0, "swaps": 0, "swap_trials": 0, "swap_visits": 0, "planned": 0,
            "long_fraction": 0.0, "long_steps": 0}
 
     def members_of(step: list[int]) -> list[list[int]]:
@@ -252,14 +265,27 @@ def _swap_search(lengths, order, cost, est: Estimator, step_time, plan_left: int
         e[s] = est.us(sketch[s])
 
     budget, improved = True, True
+
+    def visit() -> bool:
+        nonlocal budget
+        if out["swap_visits"] >= LOOKAHEAD_SWAP_VISITS:
+            budget = False
+            return False
+        out["swap_visits"] += 1
+        return True
+
     while improved and budget:
         improved = False
         for s1 in range(w):
             for s2 in range(s1 + 1, w):
+                if not visit():
+                    break
                 i = 0
-                while i < len(steps[s1]) and budget:
+                while steps[s2] and i < len(steps[s1]) and budget:
                     done = False
                     for j in range(len(steps[s2])):
+                        if not visit():
+                            break
                         q1, q2 = steps[s1][i], steps[s2][j]
                         if lengths[q1] == lengths[q2]:
                             continue

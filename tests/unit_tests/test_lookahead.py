@@ -198,6 +198,64 @@ def test_the_core_equals_the_python_reference_on_a_wide_window():
     cost, opt = cm.preset(), options(2, 2, 4096)
     a = _core.lookahead(batches, cost, opt)
     r = ref.lookahead(batches, cost, 2, 2, 4096, lambda l: _core.schedule(l, cost, opt).makespan_us)
-    assert a.screened == 80  # long-first splits over up to 40 steps and the sort, less those equal to arrival order
-    assert (a.step, a.long_fraction, a.long_steps, a.candidates, a.screened, a.swaps, a.planned) == (
-        r["step"], r["long_fraction"], r["long_steps"], r["candidates"], r["screened"], r["swaps"], r["planned"])
+    # Long-first splits over the ladder's 13 k (1..8, 12, 16, 24, 32, 40) for 5 fractions: 25 of them fit
+    # the steps' counts (a step that no sample arrived in takes none), and the sort.
+    assert ref.screened_steps(40) == [1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 40] and a.screened == 26
+    assert (a.step, a.long_fraction, a.long_steps, a.candidates, a.screened, a.swaps, a.swap_trials, a.swap_visits,
+            a.planned) == (r["step"], r["long_fraction"], r["long_steps"], r["candidates"], r["screened"], r["swaps"],
+                           r["swap_trials"], r["swap_visits"], r["planned"])
+
+
+def test_every_k_is_screened_at_the_shipped_widths_and_a_ladder_beyond():
+    # W <= 8 (the shipped widths, and "auto"'s 2, 4 and 8) screens every k = 1..W, as before the ladder;
+    # wider windows every k to 8, then two a doubling, then W: O(log W) a fraction.
+    for w in range(1, 9):
+        assert ref.screened_steps(w) == list(range(1, w + 1))
+    assert ref.screened_steps(9) == list(range(1, 10))
+    assert ref.screened_steps(16) == [1, 2, 3, 4, 5, 6, 7, 8, 12, 16]
+    assert ref.screened_steps(1024) == [1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512,
+                                        768, 1024]
+
+
+def test_the_core_equals_the_python_reference_on_a_window_of_a_hundred():
+    # W = 100 at 4 samples a step: the ladder's k up to 96 and 100 (the heap's LPT), the finalists and the
+    # swap search over 4,950 pairs of steps, step for step the reference's.
+    batches = window(8, 100, 4, 4096, 2)
+    cost, opt = cm.preset(), options(4, 2, 4096)
+    a = _core.lookahead(batches, cost, opt)
+    r = ref.lookahead(batches, cost, 4, 2, 4096, lambda l: _core.schedule(l, cost, opt).makespan_us)
+    assert a.screened <= 5 * len(ref.screened_steps(100)) + 1 and a.swap_visits > 100 * 99 // 2
+    assert (a.step, a.long_fraction, a.long_steps, a.candidates, a.screened, a.swaps, a.swap_trials, a.swap_visits,
+            a.planned) == (r["step"], r["long_fraction"], r["long_steps"], r["candidates"], r["screened"], r["swaps"],
+                           r["swap_trials"], r["swap_visits"], r["planned"])
+    assert a.step_us == r["step_us"]
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 2**31), st.sampled_from([9, 16, 40, 100, 333, 1024]), st.integers(0, 4),
+       st.sampled_from([1, 2, 4]), st.sampled_from(["lockstep", "free"]))
+def test_wide_window_invariants(seed, w, per_step, dp, timeline):
+    # Up to kMaxLookahead steps: every sample once at a step that keeps its count, at most W-1 steps
+    # from its arrival, never predicted slower than arrival order, a long-first split on the ladder.
+    batches = window(seed, w, per_step, 4096, 2)
+    cost, opt = cm.preset(), options(dp, 2, 4096, timeline)
+    a = _core.lookahead(batches, cost, opt)
+    n = sum(map(len, batches))
+    arrival = [b for b, x in enumerate(batches) for _ in x]
+    assert sorted(q for s in a.steps for q in s) == list(range(n))
+    assert [len(s) for s in a.steps] == [len(b) for b in batches]
+    assert a.max_delay == max((abs(a.step[q] - arrival[q]) for q in range(n)), default=0) <= w - 1
+    assert a.window_us <= a.arrival_window_us
+    assert a.long_fraction in (0.0, 1.0) or a.long_steps in ref.screened_steps(w)
+    assert a.screened <= 5 * len(ref.screened_steps(w)) + 1 and a.planned <= 2 * n + ref.LOOKAHEAD_PLAN_WORK
+    assert a.swap_trials <= ref.LOOKAHEAD_SCREEN_WORK and a.swap_visits <= ref.LOOKAHEAD_SWAP_VISITS
+
+
+def test_the_swap_search_stops_at_its_visit_budget():
+    # 1,024 steps of 8 samples of one length: no swap changes a step, so none is a trial, but a pass
+    # looks at 523,776 pairs of steps and 64 pairs of samples in each (34 million): the visit budget
+    # (2^24) stops it.
+    batches = [[700] * 8 for _ in range(1024)]
+    a = _core.lookahead(batches, cm.preset(), options(2, 1, 4096))
+    assert (a.swap_trials, a.swaps, a.swap_visits) == (0, 0, ref.LOOKAHEAD_SWAP_VISITS)
+    assert a.window_us == a.arrival_window_us

@@ -18,8 +18,10 @@
 //   1. candidates: arrival order (what W = 1 trains); long-first: for a
 //      fraction f of the window's samples, the longest f*n (length
 //      descending, ties by arrival) split by FLOPs over k steps with GDS's LPT
-//      (split_over_dp), k = 1..W, the rest filling each step's remaining count
-//      in arrival order; the whole window sorted by length (LongAlign's sort,
+//      (split_over_dp), k = 1..8 then a ladder of two k a doubling (12, 16,
+//      24, ...) and W (kLookaheadEveryK: O(log W) candidates, every k at the
+//      shipped widths), the rest filling each step's remaining count in
+//      arrival order; the whole window sorted by length (LongAlign's sort,
 //      within a window);
 //   2. screening: every candidate other than arrival order is estimated (the
 //      sum of its steps' estimates); they are planned in full in that order
@@ -32,10 +34,10 @@
 //   4. a swap search on the winner: two samples of different lengths in two
 //      steps trade places (first improvement, steps and members in order)
 //      where the two steps' estimates rise by at most kLookaheadScreenSlack
-//      (O(log n) a trial, at most kLookaheadScreenWork trials) and then the
-//      two steps' full plans fall (each planned while kLookaheadPlanWork
-//      lasts), until a pass finds none; only where that budget can check
-//      kLookaheadMinSwaps swaps.
+//      (O(log n) a trial, at most kLookaheadScreenWork trials, looking at
+//      at most kLookaheadSwapVisits pairs) and then the two steps' full
+//      plans fall (each planned while kLookaheadPlanWork lasts), until a pass
+//      finds none; only where that budget can check kLookaheadMinSwaps swaps.
 // Chunked documents (overlength "chunk", chunked.hpp) stay at the step they
 // arrived in; each step's are priced with it (the estimate's chunked terms,
 // and the full planner is given them), so the regrouping moves the other
@@ -100,6 +102,20 @@ constexpr double kLookaheadTie = 1e-6;
 // Fractions of a window's samples the long-first candidates move.
 constexpr double kLookaheadFractions[] = {0.02, 0.05, 0.1, 0.2, 0.35};
 
+// The long-first candidates split over every k = 1..kLookaheadEveryK steps
+// (every k of the shipped widths: "auto" chooses 2, 4 or 8), then over a
+// ladder of two k a doubling (12, 16, 24, 32, 48, ...) and W itself: a
+// window of W steps screens O(log W) of them a fraction, not W, each an
+// O(n) construction and estimate (every k made 5,120 candidates of 8
+// million samples each at W = 1024 and 8,192 samples a step).
+constexpr int32_t kLookaheadEveryK = 8;
+
+// Pairs the swap search may look at per window (pairs of steps, and pairs of
+// samples, those of equal lengths included, which cost no trial): its step
+// pairs are W^2/2 a pass and its sample pairs up to n^2/2, which the trial
+// budget alone does not bound where lengths repeat.
+constexpr int64_t kLookaheadSwapVisits = int64_t{1} << 24;
+
 // The window's regrouping. Samples are numbered flat, in arrival order:
 // batch 0's samples, then batch 1's, ... (sample i of batch b is
 // offsets[b] + i).
@@ -118,6 +134,7 @@ struct Lookahead {
   int32_t screened = 0;                     // groupings estimated (arrival order not included)
   int32_t swaps = 0;                        // swaps the swap search kept
   int64_t swap_trials = 0;                  // swaps it screened by the estimate
+  int64_t swap_visits = 0;                  // pairs of steps and of samples it looked at
   int64_t planned = 0;                      // sequences planned in full (the budgets' unit)
   double elapsed_us = 0.0;                  // wall time of the call
 
@@ -126,6 +143,20 @@ struct Lookahead {
 };
 
 namespace detail {
+
+// The k the long-first candidates of a window of w steps are split over,
+// ascending: 1..min(w, kLookaheadEveryK), then 12, 16, 24, 32, ... below w,
+// then w.
+inline std::vector<int32_t> screened_steps(int32_t w) {
+  std::vector<int32_t> ks;
+  for (int32_t k = 1; k <= std::min(w, kLookaheadEveryK); ++k) ks.push_back(k);
+  for (int32_t p = kLookaheadEveryK; p < w; p *= 2) {
+    if (p + p / 2 < w) ks.push_back(p + p / 2);
+    if (2 * p < w) ks.push_back(2 * p);
+  }
+  if (w > kLookaheadEveryK) ks.push_back(w);
+  return ks;
+}
 
 // Steps of a grouping given as each sample's step: members ascending.
 inline std::vector<std::vector<int32_t>> members_of(const std::vector<int32_t>& step, int32_t w) {
@@ -142,21 +173,21 @@ inline std::vector<std::vector<int32_t>> Lookahead::steps() const {
 
 namespace detail {
 
-// Long-first candidate: `longest` (length descending, ties by index, as
-// split_over_dp orders them) split over steps 0..k-1 by LPT on FLOPs (each to
-// the step with the least FLOPs so far, ties to the lower step: GDS's
-// split_over_dp, here without its sort), then every other sample fills the
-// steps' remaining counts in arrival order. False when a step's share
-// exceeds its count.
-inline bool long_first(const std::vector<double>& flops, const std::vector<int32_t>& longest,
+// Long-first candidate: the first m of `order` (the samples, length
+// descending, ties by index, as split_over_dp orders them) split over steps
+// 0..k-1 by LPT on FLOPs (each to the step with the least FLOPs so far, ties
+// to the lower step: GDS's split_over_dp, here without its sort), then every
+// other sample fills the steps' remaining counts in arrival order. False when
+// a step's share exceeds its count.
+inline bool long_first(const std::vector<double>& flops, const std::vector<int32_t>& order, int32_t m,
                        const std::vector<int32_t>& counts, int32_t k, std::vector<int32_t>& step) {
   const int32_t w = static_cast<int32_t>(counts.size());
   step.assign(flops.size(), -1);
   std::vector<int32_t> room = counts;
   if (k <= 32) {
     std::vector<double> load(k, 0.0);
-    for (int32_t q : longest) {
-      const int32_t t = argmin(load);
+    for (int32_t i = 0; i < m; ++i) {
+      const int32_t q = order[i], t = argmin(load);
       if (room[t] == 0) return false;
       --room[t];
       step[q] = t;
@@ -166,7 +197,8 @@ inline bool long_first(const std::vector<double>& flops, const std::vector<int32
     using Entry = std::pair<double, int32_t>;
     std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>> heap;
     for (int32_t t = 0; t < k; ++t) heap.emplace(0.0, t);
-    for (int32_t q : longest) {
+    for (int32_t i = 0; i < m; ++i) {
+      const int32_t q = order[i];
       auto [load, t] = heap.top();
       heap.pop();
       if (room[t] == 0) return false;
@@ -183,6 +215,18 @@ inline bool long_first(const std::vector<double>& flops, const std::vector<int32
     --room[s];
   }
   return true;
+}
+
+// The whole window sorted, longest first (`order`), cut into the steps' counts.
+inline void sorted_cut(const std::vector<int32_t>& order, const std::vector<int32_t>& counts,
+                       std::vector<int32_t>& step) {
+  step.assign(order.size(), 0);
+  int32_t s = 0, used = 0;
+  for (int32_t q : order) {
+    while (used == counts[s]) ++s, used = 0;
+    step[q] = s;
+    ++used;
+  }
 }
 
 // The window's samples as the estimate sees them: each sample's cost, the
@@ -289,12 +333,19 @@ void swap_search(const Screen& screen, StepTime& step_time, int64_t plan_left, L
     for (int32_t q : members) l.push_back(lengths[q]);
   };
   bool budget = true;  // false once a budget is spent: no swap can be kept any more
+  const auto visit = [&] {
+    if (out.swap_visits >= kLookaheadSwapVisits) return budget = false;
+    ++out.swap_visits;
+    return true;
+  };
   for (bool improved = true; improved && budget;) {
     improved = false;
     for (int32_t s1 = 0; s1 < w && budget; ++s1)
-      for (int32_t s2 = s1 + 1; s2 < w && budget; ++s2)
+      for (int32_t s2 = s1 + 1; s2 < w && budget; ++s2) {
+        if (!visit() || members[s2].empty()) continue;
         for (size_t i = 0; i < members[s1].size() && budget; ++i)
           for (size_t j = 0; j < members[s2].size(); ++j) {
+            if (!visit()) break;
             const int32_t q1 = members[s1][i], q2 = members[s2][j];
             if (lengths[q1] == lengths[q2]) continue;
             if (out.swap_trials >= kLookaheadScreenWork) {
@@ -335,6 +386,7 @@ void swap_search(const Screen& screen, StepTime& step_time, int64_t plan_left, L
             i = members[s1].size();  // step s1 changed: on to the next pair of steps
             break;
           }
+      }
   }
   out.window_us = 0.0;
   for (double t : out.step_us) out.window_us += t;
@@ -425,17 +477,27 @@ Lookahead lookahead(const std::vector<std::vector<int64_t>>& batches, std::vecto
     detail::sort_descending_by_length(lengths, order, scratch);
     const detail::Screen screen(estimator, lengths, sample_cost, order, chunked);
 
+    // A candidate is kept as what rebuilds it (its fraction and k: the
+    // rebuild is deterministic), not as its map: a window of 1,024 steps of
+    // 8,192 samples would otherwise hold thousands of maps of 8 million.
     struct Candidate {
-      std::vector<int32_t> step;
-      double fraction;
+      double fraction;  // 1 for the sort
+      int32_t m;        // long samples (the sort: n)
       int32_t k;
       double estimate;
     };
     std::vector<Candidate> found;
-    const auto screened = [&](std::vector<int32_t>& s, double fraction, int32_t k) {
-      if (s == arrival) return;  // arrival order is priced already
-      const double e = screen.total(s, w);
-      found.push_back({std::move(s), fraction, k, e});
+    const auto build = [&](const Candidate& c, std::vector<int32_t>& s) {
+      if (c.fraction == 1.0) {
+        detail::sorted_cut(order, counts, s);
+        return true;
+      }
+      return detail::long_first(flops, order, c.m, counts, c.k, s);
+    };
+    const auto screened = [&](const Candidate& c) {
+      if (!build(c, step) || step == arrival) return;  // arrival order is priced already
+      found.push_back(c);
+      found.back().estimate = screen.total(step, w);
       ++out.screened;
     };
     int32_t last_m = 0;
@@ -443,19 +505,9 @@ Lookahead lookahead(const std::vector<std::vector<int64_t>>& batches, std::vecto
       const int32_t m = std::max<int32_t>(1, static_cast<int32_t>(f * n + 0.5));
       if (m == last_m || m >= n) continue;
       last_m = m;
-      const std::vector<int32_t> longest(order.begin(), order.begin() + m);
-      for (int32_t k = 1; k <= w; ++k)
-        if (detail::long_first(flops, longest, counts, k, step)) screened(step, f, k);
+      for (int32_t k : detail::screened_steps(w)) screened({f, m, k, 0.0});
     }
-    // The whole window sorted, longest first, cut into the steps' counts.
-    step.assign(n, 0);
-    int32_t s = 0, used = 0;
-    for (int32_t q : order) {
-      while (used == counts[s]) ++s, used = 0;
-      step[q] = s;
-      ++used;
-    }
-    screened(step, 1.0, w);
+    screened({1.0, n, w, 0.0});  // the whole window sorted, longest first, cut into the steps' counts
 
     // Finalists in estimate order: the first always, the next while their
     // new steps fit in the budget. The estimate is a bound, and where no
@@ -479,8 +531,9 @@ Lookahead lookahead(const std::vector<std::vector<int64_t>>& batches, std::vecto
     });
     int64_t plan_left = kLookaheadPlanWork;
     for (size_t r = 0; r < rank.size(); ++r) {
-      Candidate& c = found[rank[r]];
-      auto members = detail::members_of(c.step, w);
+      const Candidate& c = found[rank[r]];
+      build(c, step);
+      auto members = detail::members_of(step, w);
       int64_t size = 0;
       for (int32_t t = 0; t < w; ++t)
         if (members[t] != arrival_members[t]) size += static_cast<int64_t>(members[t].size());
@@ -492,7 +545,7 @@ Lookahead lookahead(const std::vector<std::vector<int64_t>>& batches, std::vecto
       if (total < out.window_us) {
         out.window_us = total;
         out.step_us = times;
-        out.step = std::move(c.step);
+        out.step = step;
         out.long_fraction = c.fraction;
         out.long_steps = c.k;
       }
