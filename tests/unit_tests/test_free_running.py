@@ -321,7 +321,8 @@ def test_trainer_refuses_free_running_that_does_not_fit(tmp_path):
     assert proc.returncode == 2 and len(errors) == 1, proc.stderr[-3000:]
     print(errors[0])
     assert "error: skrull.free_running = true needs " in errors[0] and "usable" in errors[0]
-    assert "bucket_size 3696)" in errors[0] and "usable 1024.0 MiB" in errors[0]
+    # the BucketSize and the checkpointing mode chosen before, whose activations were checked again
+    assert "bucket_size 3696 under activation checkpointing " in errors[0] and "usable 1024.0 MiB" in errors[0]
     assert "Traceback" not in proc.stderr
 
 
