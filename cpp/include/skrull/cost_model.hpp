@@ -249,6 +249,14 @@ struct CostModel {
     return local_f > 0.0 || dist_f > 0.0 ? std::max(host_floor_us, device) : device;
   }
 
+  // A micro-batch's layers and fixed cost, the head left out, when its
+  // slowest rank's layer call is layer_us(comm_t, local_f, dist_f): what the
+  // heuristics compare while they move sequences between ranks
+  // (micro_batch_us with most_tokens 0, from the slowest rank's parts).
+  double layers_us(double comm_t, double local_f, double dist_f) const {
+    return shape.layers * layer_us(comm_t, local_f, dist_f) + micro_batch_fixed_us;
+  }
+
   // A layer call with one part of F FLOPs and no exchange: the line held up
   // to the host floor (0 when F == 0: no call).
   double comp_us(double f) const { return layer_us(0.0, f, 0.0); }

@@ -115,9 +115,7 @@ inline bool dacp_sweep_into(const int64_t* lengths, const double* seq_flops, siz
       // With a non-decreasing comm table, the sharded prefix alone costs
       // every rank max(floor, comm(V) + line(D)) a layer and only grows with
       // k: once it reaches the incumbent, no larger k can beat it.
-      if (monotone &&
-          cost.shape.layers * cost.layer_us(cost.comm_us(volume), 0.0, dist_flops) + cost.micro_batch_fixed_us >=
-              incumbent)
+      if (monotone && cost.layers_us(cost.comm_us(volume), 0.0, dist_flops) >= incumbent)
         break;
       prefix.push_back(prefix.back() + shard);
     }

@@ -79,7 +79,7 @@ inline int32_t refine_placement(const int64_t* lengths, const double* seq_flops,
   // comm_t is the exchange's time and dist_f the distributed part's FLOPs,
   // which a move to another rank leaves as they are.
   auto time_with = [&](double top, double dist_f, double comm_t) {
-    return cost.shape.layers * cost.layer_us(comm_t, top, dist_f) + cost.micro_batch_fixed_us;
+    return cost.layers_us(comm_t, top, dist_f);
   };
   const int32_t max_moves = static_cast<int32_t>(std::min<size_t>(n, kMaxRefineMoves));
   while (moves < max_moves) {

@@ -178,7 +178,7 @@ struct FillGroup {
   // micro_batch_us's time when the largest local FLOPs is top_ (the max
   // over ranks is that rank's layer call, as refine.hpp's time_with).
   double time_with(const CostModel& cost, double top_, double comm_t_, double dist_) const {
-    return cost.shape.layers * cost.layer_us(comm_t_, top_, dist_) + cost.micro_batch_fixed_us;
+    return cost.layers_us(comm_t_, top_, dist_);
   }
   // The placement of s (f FLOPs) that keeps the time lowest, and that time;
   // false when none fits. rank: a CP rank or kDistributed.
