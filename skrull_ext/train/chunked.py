@@ -34,8 +34,11 @@ In a compiled job (torchtitan's per-block ``torch.compile(fullgraph=True)``)
 a chunk's forward, and its recomputation in backward, run through the
 compiled blocks where chunk_path.py says the trace holds them (``traced``:
 CP 1, no TP): each layer's prefix joined on its module (attention/prefix.py),
-the forward traced with dynamic shapes from the first chunk and without duck
-sizing, so the recomputation meets the graph its forward ran (two sizes that
+the forward traced dynamic in the token dimension from the first chunk (the
+blocks' hidden states, positions, query positions and prefix length, marked; every other
+size and scalar static, dynamo's default: dynamic everywhere made the modules' ints and
+floats symbols too and restarted the trace on a float, twice the CPU per graph) and
+without duck sizing, so the recomputation meets the graph its forward ran (two sizes that
 happened to be equal in one and not the other would pick another graph,
 which saves other tensors: pytorch issue 166926), and side effects allowed
 under torchtitan's activation checkpointing (the recompute does not replay
@@ -189,7 +192,7 @@ def chunked_loss(
         def run(*flat, tok=tok, lab=lab, pos=pos, q_pos=q_pos, c=c):
             per_layer = [list(flat[i * c:(i + 1) * c]) for i in range(len(layers))]
             ctx = ChunkAttention(q_pos, layers, per_layer, group)
-            with _chunk_forward(layers, per_layer, traced):
+            with _chunk_forward(model, layers, per_layer, traced):
                 pred = model(tok[None], positions=pos[None], attention_masks=ctx)
                 kept = [m.chunk_kept if k is None else k for m, k in zip(layers, ctx.kept)]  # traced: on the module
             return (loss_fn(pred, lab[None]), *kept)
@@ -205,22 +208,41 @@ def chunked_loss(
 
 
 @contextmanager
-def _chunk_forward(layers, prefix: list[list[torch.Tensor]], traced: bool):
+def _chunk_forward(model, layers, prefix: list[list[torch.Tensor]], traced: bool):
     """Around a chunk's model call. Eager: ``force_eager`` (compiled blocks run their own code).
-    Traced: each layer's prefix joined on its module (attention/prefix.py), dynamo's settings of a
-    chunk (module docstring), the modules' chunk state cleared after (also when a recomputation stops
-    early), so no copy outlives the call."""
+    Traced: each layer's prefix joined on its module (attention/prefix.py), its length and the
+    token dimension of what each block of ``model.layers`` receives marked dynamic
+    (``_mark_tokens``), dynamo's settings of a chunk (module docstring); the modules' chunk state
+    and the hooks cleared after (also when a recomputation stops early), so no copy outlives the call."""
     if not traced:
         with torch.compiler.set_stance("force_eager"):
             yield
         return
     for m, parts in zip(layers, prefix):
         m.chunk_prefix = torch.cat(parts, dim=2) if parts else None
+        if m.chunk_prefix is not None:
+            torch._dynamo.maybe_mark_dynamic(m.chunk_prefix, 2)
+    blocks = getattr(model, "layers", None)
+    hooks = [b.register_forward_pre_hook(_mark_tokens) for b in (blocks.values() if blocks is not None else ())]
     try:
-        with (torch._dynamo.config.patch(assume_static_by_default=False,
-                                         skip_fwd_side_effects_in_bwd_under_checkpoint=True),
+        with (torch._dynamo.config.patch(skip_fwd_side_effects_in_bwd_under_checkpoint=True),
               fx_config.patch(use_duck_shape=False)):
             yield
     finally:
+        for h in hooks:
+            h.remove()
         for m in layers:
             m.chunk_prefix = m.chunk_kept = None
+
+
+@torch._dynamo.disable  # a hook is a frame of its own: run eagerly, it may mark what the block's frame gets
+def _mark_tokens(block, args) -> None:
+    """Before a compiled block's frame: the token dimension of its inputs dynamic (hidden states
+    ``[1, L, D]`` and positions ``[1, L]``, each with the tensor it views: FSDP's pre-forward hands
+    the block a view; the chunk's query positions ``[L]``). ``maybe``: a one-token chunk (a lockstep
+    pad pass, a document's last token) is specialised to 1, a graph of its own, as any size 1 is."""
+    x, ctx, positions = args[:3]
+    for t, dim in ((x, 1), (positions, 1), (ctx.q_pos, 0)):
+        torch._dynamo.maybe_mark_dynamic(t, dim)
+        if t._base is not None:
+            torch._dynamo.maybe_mark_dynamic(t._base, dim - (t.dim() - t._base.dim()))
