@@ -16,6 +16,7 @@ count; with recompute, nothing but the chunks' K/V outlives the forward.
 """
 
 import collections
+import functools
 from pathlib import Path
 
 import pytest
@@ -72,8 +73,10 @@ def _grads(model) -> dict[str, torch.Tensor]:
             for n, p in model.named_parameters() if p.requires_grad}
 
 
+@functools.cache
 def one_pass(lora: bool = False, ac: bool = False) -> tuple[float, dict]:
-    """The document as one local sequence of a micro-batch (a BucketSize that holds it)."""
+    """The document as one local sequence of a micro-batch (a BucketSize that holds it). Computed once
+    per process and mode: the reference of the CP 1, CP 2, lockstep and compiled tests (read only)."""
     model = _model(lora, ac)
     tokens, labels = _document()
     meta = build_meta([LENGTH], [0], 0, 1)
@@ -83,6 +86,17 @@ def one_pass(lora: bool = False, ac: bool = False) -> tuple[float, dict]:
 
 
 def chunked(lora: bool = False, ac: bool = False, group=None) -> tuple[float, dict, int]:
+    """The document in chunks, eager (over ``group``'s ranks); on one rank computed once per process and
+    mode (``_chunked_here``: the CP 1 test's and the lockstep and compiled tests' reference, read only)."""
+    return _chunked_here(lora, ac) if group is None else _chunked(lora, ac, group)
+
+
+@functools.cache
+def _chunked_here(lora: bool, ac: bool) -> tuple[float, dict, int]:
+    return _chunked(lora, ac, None)
+
+
+def _chunked(lora: bool, ac: bool, group) -> tuple[float, dict, int]:
     model = _model(lora, ac)
     tokens, labels = _document()
     out = chunked_loss(model, tokens, labels, CHUNK, _loss, group=group)
@@ -149,8 +163,11 @@ def _worker(rank: int, store: str, outdir: str) -> None:
 
 @pytest.fixture(scope="module")
 def cp2(tmp_path_factory) -> dict:
+    from tests.integration_tests import forked
+
     tmp = tmp_path_factory.mktemp("chunked_cp2")
-    mp.start_processes(_worker, args=(str(tmp / "store"), str(tmp)), nprocs=2, start_method="spawn")
+    forked._context()  # the ranks fork from the warm forkserver (torch and torchtitan imported once)
+    mp.start_processes(_worker, args=(str(tmp / "store"), str(tmp)), nprocs=2, start_method="forkserver")
     return torch.load(tmp / "rank0.pt", weights_only=False)
 
 
