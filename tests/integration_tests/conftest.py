@@ -105,10 +105,11 @@ class SkrullRuns:
                                "--parallelism.data_parallel_shard_degree", "2", "--skrull.defer_grad_sync",
                                "--skrull.no-free_running", "--activation_checkpoint.kind", "full",
                                "--skrull.activation_checkpoint", "job"]),
-        # torchtitan's per-block torch.compile (inductor, fullgraph) around the DACP custom op
-        # (attention/compiled.py), without and with full AC (test_compile.py).
-        "cp2_compile": (2, ["--parallelism.context_parallel_degree", "2", "--compile.enable"]),
+        # torchtitan's per-block torch.compile (fullgraph) around the DACP custom op
+        # (attention/compiled.py) under full AC, traced by aot_eager (test_compile.py: the same dynamo
+        # graphs and AOT autograd's recompute partition; inductor compiles cp2_compile_head_chunks).
         "cp2_compile_ac_full": (2, ["--parallelism.context_parallel_degree", "2", "--compile.enable",
+                                    "--compile.backend", "aot_eager",
                                     "--activation_checkpoint.kind", "full", "--skrull.activation_checkpoint", "job"]),
         # torchtitan's tensor parallelism (its llama3 plan: heads and MLP columns split, sequence
         # parallel norms, vocab-sharded logits) under DACP, with CP and with FSDP (test_parity_tp.py).
@@ -125,8 +126,9 @@ class SkrullRuns:
         # chunk holds a whole micro-batch), at CP 2 free-running with the chunks recomputed
         # (loss.head_backward "recompute"), and with their gradients computed in forward ("auto":
         # train/head_grad.py) at DP 2 x CP 2 under FSDP with deferred gradient sync and at CP 2 with
-        # compiled blocks and loss; at TP 2 x CP 2 (vocab-sharded logits) "auto" recomputes
-        # (test_head_loss_run.py).
+        # compiled blocks and loss (inductor: the suite's compiled Skrull run, which test_compile.py
+        # also holds to the eager cp2 run); at TP 2 x CP 2 (vocab-sharded logits) "auto" recomputes
+        # (test_head_loss_run.py; the compiled run's checks: test_compile.py).
         "cp2_head_chunks": (2, ["--parallelism.context_parallel_degree", "2", "--loss.chunk_tokens", "48",
                                 "--loss.head_backward", "recompute"]),
         "dp2cp2_head_chunks": (4, ["--parallelism.context_parallel_degree", "2",

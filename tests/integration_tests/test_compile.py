@@ -1,5 +1,5 @@
-"""torchtitan's ``[compile] enable = true`` (each TransformerBlock compiled by
-inductor with ``fullgraph=True``) trains like eager, under both batchings.
+"""torchtitan's ``[compile] enable = true`` (each TransformerBlock compiled with
+``fullgraph=True``) trains like eager, under both batchings.
 
 From one seed checkpoint, float32, CP=2 over gloo (2 processes), 5 steps:
 
@@ -16,6 +16,16 @@ From one seed checkpoint, float32, CP=2 over gloo (2 processes), 5 steps:
   attention (dense-mask SDPA on CPU) compiled, against the 1-process eager
   reference the parity tests hold every eager run to.
 
+Each compiled run also computes the head and loss in chunks of 48 tokens
+(train/head_loss.py; the loss compiled per chunk), whose checks live here
+beside the compile checks so that the one run serves both under
+``--dist loadfile`` (the eager chunked runs: test_head_loss_run.py).
+Inductor compiles the Skrull run without AC, the suite's inductor run of the
+Skrull compiled path (its C++ code generation around the custom op); the
+full-AC run and torchtitan's batching trace under ``aot_eager``: the same
+dynamo graphs, guards and AOT autograd partition (the recomputation
+included), without inductor's C++ builds.
+
 ``fullgraph=True`` turns any graph break into an error, so a finished run is
 a clean trace; the log is also checked for dynamo falling back to eager after
 too many recompiles.
@@ -25,7 +35,9 @@ import pytest
 
 from tests.integration_tests.conftest import CHECK_STEP, SKRULL, STEPS
 from tests.integration_tests.launch import assert_same_grads, train_from_seed
-from tests.integration_tests.test_parity_skrull import _exchange_counts, _exchanged_once
+from tests.integration_tests.test_head_loss_run import IN_FORWARD, LINE
+from tests.integration_tests.test_parity_skrull import (_exchange_counts, _exchanged_once,
+                                                        _matches_reference_losses_and_grads)
 
 # Inductor fuses elementwise ops (RMSNorm, RoPE, SiLU) and reorders float32
 # sums. Observed on this machine: losses within 1e-6, gradients max |diff| ~1e-7,
@@ -33,6 +45,7 @@ from tests.integration_tests.test_parity_skrull import _exchange_counts, _exchan
 LOSS = 1e-4
 GRAD = dict(rtol=1e-4, atol=1e-6, max_rel_norm=1e-5)
 CP2 = ["--parallelism.context_parallel_degree", "2"]
+AOT_EAGER = ["--compile.backend", "aot_eager"]
 
 
 def _compiled(run) -> None:
@@ -51,9 +64,18 @@ def _same_training(got, ref, label: str) -> None:
     print(f"step {CHECK_STEP} gradients, compiled vs eager: max |diff| {worst:.3g}, relative norm {rel:.3g}")
 
 
+@pytest.fixture(scope="module")
+def tt_compiled(workdir, seed):
+    """torchtitan's batching compiled (aot_eager), its head in chunks of 48 tokens across the rows."""
+    return train_from_seed(workdir, "tt_cp2_compile_head_chunks", 2, "skrull_ext.train", SKRULL, seed, STEPS,
+                           extra=[*CP2, "--skrull.no-enable", "--compile.enable", *AOT_EAGER,
+                                  "--loss.chunk_tokens", "48"], grads_at=CHECK_STEP)
+
+
 @pytest.mark.slow
 def test_compile_skrull_cp2_matches_eager(skrull_runs):
-    run, eager = skrull_runs["cp2_compile"], skrull_runs["cp2"]
+    """Inductor's blocks (and loss, in chunks) against the eager run with the head whole."""
+    run, eager = skrull_runs["cp2_compile_head_chunks"], skrull_runs["cp2"]
     _compiled(run)
     assert "torch._dynamo.config.recompile_limit 8 -> 24" in run.output  # train/compile_limit.py
     _same_training(run, eager, "skrull CP=2")
@@ -66,8 +88,18 @@ def test_compile_skrull_cp2_matches_eager(skrull_runs):
 
 
 @pytest.mark.slow
+def test_head_chunks_compiled_cp2_matches_reference(skrull_runs, reference):
+    """torchtitan compiles the per-chunk loss (compile.components holds "loss") inside each chunk's
+    checkpoint; the last chunk's other length recompiles it, and the recompute replays the same graph."""
+    run = skrull_runs["cp2_compile_head_chunks"]
+    assert LINE in run.output and "Compiling the loss function with torch.compile" in run.output
+    assert IN_FORWARD in run.output
+    _matches_reference_losses_and_grads(run, reference)
+
+
+@pytest.mark.slow
 def test_compile_skrull_cp2_full_ac_matches_eager(skrull_runs):
-    """Compiled blocks under full AC: same training, and the recomputation
+    """Compiled blocks under full AC (aot_eager): same training, and the recomputation
     replayed each layer's tape (no second exchange)."""
     run = skrull_runs["cp2_compile_ac_full"]
     _compiled(run)
@@ -77,10 +109,17 @@ def test_compile_skrull_cp2_full_ac_matches_eager(skrull_runs):
 
 
 @pytest.mark.slow
-def test_compile_torchtitan_batching_cp2_matches_eager(workdir, seed, reference):
+def test_compile_torchtitan_batching_cp2_matches_eager(tt_compiled, reference):
     """Compiled against the 1-process eager reference (torchtitan's own trainer),
     which the eager CP=2 runs already equal (test_parity_*): no eager twin to launch."""
-    run = train_from_seed(workdir, "tt_cp2_compile", 2, "skrull_ext.train", SKRULL, seed, STEPS,
-                          extra=[*CP2, "--skrull.no-enable", "--compile.enable"], grads_at=CHECK_STEP)
-    _compiled(run)
-    _same_training(run, reference, "torchtitan batching CP=2")
+    _compiled(tt_compiled)
+    _same_training(tt_compiled, reference, "torchtitan batching CP=2")
+
+
+@pytest.mark.slow
+def test_head_chunks_torchtitan_batching_cp2_matches_reference(tt_compiled, reference):
+    """Rows of 4 x 256 tokens a CP rank: in forward, chunks of 48 tokens across the rows."""
+    assert ("head and loss in chunks of up to 48 tokens, 22 chunks for the largest micro-batch (1024 tokens: "
+            "local_batch_size x seq_len / cp)") in tt_compiled.output
+    assert IN_FORWARD in tt_compiled.output
+    _matches_reference_losses_and_grads(tt_compiled, reference)

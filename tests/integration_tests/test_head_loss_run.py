@@ -6,22 +6,21 @@ runs its head in up to 6 chunks, the last shorter) at CP 2 (free-running, the
 default; the chunks recomputed, ``--loss.head_backward recompute``), at DP 2 x
 CP 2 (FSDP, gradients reduce-scattered once a step; the chunks' gradients
 computed in forward, train/head_grad.py, which "auto" picks) and at TP 2 x CP 2
-(vocab-sharded logits, loss parallel: "auto" recomputes), with compiled blocks
-and loss at CP 2 (in forward, its step compiled), and torchtitan's batching
-(``--skrull.no-enable``, rows of 4 x 256 tokens a CP rank: in forward, chunks
-of 48 tokens across the rows) at CP 2, against
+(vocab-sharded logits, loss parallel: "auto" recomputes), against
 torchtitan's own 1-process Trainer with the head unchunked: the 5 losses within 1e-4 and the check step's gradients within the
 parity standard (test_parity_skrull.py), and the start-up line says the chunk
 and why. Inside ``overlength = "chunk"``'s chunks, 1 process: the same losses.
-LoRA through the trainer: tests/integration_tests/test_lora_parity.py.
+The compiled runs (blocks and loss, in forward) at CP 2 under both batchings
+(torchtitan's: ``--skrull.no-enable``, chunks of 48 tokens across rows of
+4 x 256 tokens a CP rank) are test_compile.py's, which checks their chunks
+too. LoRA through the trainer: tests/integration_tests/test_lora_parity.py.
 """
 
 import os
 
 import pytest
 
-from tests.integration_tests.conftest import CHECK_STEP, SKRULL, STEPS
-from tests.integration_tests.launch import REPO, losses, torchrun, train_from_seed
+from tests.integration_tests.launch import REPO, losses, torchrun
 from tests.integration_tests.test_parity_skrull import _matches_reference, _matches_reference_losses_and_grads
 
 LINE = ("head and loss in chunks of up to 48 tokens, 6 chunks for the largest micro-batch (256 tokens: "
@@ -45,16 +44,6 @@ def test_head_chunks_dp2_cp2_fsdp_matches_reference(skrull_runs, reference):
 
 
 @pytest.mark.slow
-def test_head_chunks_compiled_cp2_matches_reference(skrull_runs, reference):
-    """torchtitan compiles the per-chunk loss (compile.components holds "loss") inside each chunk's
-    checkpoint; the last chunk's other length recompiles it, and the recompute replays the same graph."""
-    run = skrull_runs["cp2_compile_head_chunks"]
-    assert LINE in run.output and "Compiling the loss function with torch.compile" in run.output
-    assert IN_FORWARD in run.output
-    _matches_reference_losses_and_grads(run, reference)
-
-
-@pytest.mark.slow
 def test_head_chunks_tp2_cp2_matches_reference(skrull_runs, reference):
     """Under TP the head module passes the Replicate hidden states through as well, and each chunk's linear
     of them and the Shard(0) weight gives the Shard(-1) logits for loss_parallel (head_loss.py)."""
@@ -62,17 +51,6 @@ def test_head_chunks_tp2_cp2_matches_reference(skrull_runs, reference):
     assert LINE in run.output and "DP 1 x CP 2 x TP 2" in run.output
     assert "the head module runs in the model's forward, its weight applied per chunk" in run.output
     assert "head backward: recompute (loss.head_backward auto: TP shards the head's weight" in run.output
-    _matches_reference_losses_and_grads(run, reference)
-
-
-@pytest.mark.slow
-def test_head_chunks_torchtitan_batching_cp2_matches_reference(workdir, seed, reference):
-    run = train_from_seed(workdir, "tt_cp2_head_chunks", 2, "skrull_ext.train", SKRULL, seed, STEPS,
-                          extra=["--parallelism.context_parallel_degree", "2", "--skrull.no-enable",
-                                 "--loss.chunk_tokens", "48"], grads_at=CHECK_STEP)
-    assert ("head and loss in chunks of up to 48 tokens, 22 chunks for the largest micro-batch (1024 tokens: "
-            "local_batch_size x seq_len / cp)") in run.output
-    assert IN_FORWARD in run.output
     _matches_reference_losses_and_grads(run, reference)
 
 

@@ -14,17 +14,12 @@ right after it at no further cost. Anything else in the step fails here.
 """
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from skrull_ext.bench.host_syncs import HostSyncs
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TOOL = os.path.join(ROOT, "tools", "host_syncs.py")
+from tests.integration_tests.launch import REPO, torchrun
 
 EXPECTED = {
     ("item", "skrull_ext/train/step_checks.py:loss_and_norm", ""),
@@ -35,9 +30,11 @@ the device, then its norm): the step's one host sync, after the optimizer step i
 
 
 def _waits(tmp_path, *flags: str) -> set[tuple[str, str, str]]:
+    """tools/host_syncs.py in a process of its own, forked from the suite's warm launcher
+    (tests/integration_tests/forked.py: torch and the trainer imported once, not per case)."""
     out = tmp_path / "syncs.json"
-    subprocess.run([sys.executable, TOOL, "--steps", "3", "--json", str(out), "--dump_folder", str(tmp_path / "run"),
-                    *flags], check=True, cwd=ROOT, capture_output=True, timeout=600)
+    torchrun(1, "tools.host_syncs", ["--steps", "3", "--json", str(out), "--dump_folder", str(tmp_path / "run"),
+                                     *flags], cwd=REPO)
     return {(r["op"], r["site"], r["via"]) for r in json.loads(out.read_text()) if r["device"]}
 
 
