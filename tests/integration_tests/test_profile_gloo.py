@@ -20,6 +20,7 @@ def test_profile_two_processes_over_gloo(tmp_path):
         "--comm-sizes", "4KiB:256KiB", "--comm-repeats", "3",
         "--memory-limit", "128MiB", "--max-held-out-error", "10",
         "--micro-batch-repeats", "3", "--max-micro-batch-error", "10",  # timing noise is not the point here
+        "--no-plot",  # the PNG is test_profile_run.py's; matplotlib's import and render cost rank 0 seconds
     ], cwd=str(tmp_path))
     assert "gloo x2" in proc.stdout, proc.stdout
     d = tomllib.loads(out.read_text())

@@ -9,12 +9,13 @@ is saved instead, one head weight's bytes less in flight). Fitted to the exact t
 the earlier model (saved bytes x a peak/saved margin) gave it the smaller one.
 In process, tiny ladder, the debug jobs' own models."""
 
+import gc
 import os
 
 import pytest
 import torch
 
-from skrull_ext.profile.memory import profile_memory
+from skrull_ext.profile.memory import freeze_heap, profile_memory
 from skrull_ext.profile.model import build_job_model
 from skrull_ext.profile.options import ProfileOptions
 from skrull_ext.train.job.job_file import load_config
@@ -42,7 +43,13 @@ def _memory(job: str):
 
 @pytest.fixture(scope="module")
 def full_and_lora():
-    return _memory("debug_cpu.toml"), _memory("debug_cpu_lora.toml")
+    # What is alive now stays so through both ladders: out of the meters' garbage collections, as the
+    # profiler's command leaves its imports and model (memory.freeze_heap), and back in afterwards.
+    freeze_heap()
+    try:
+        return _memory("debug_cpu.toml"), _memory("debug_cpu_lora.toml")
+    finally:
+        gc.unfreeze()
 
 
 def test_lora_saves_less_with_the_same_backward_transient(full_and_lora):

@@ -3,9 +3,7 @@ files it writes: accepted by the scheduler's loader, rejected when a field
 is missing, with a message naming it."""
 
 import copy
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,13 +21,18 @@ COMMITTED = REPO / "profiles" / "cpu-debug-gloo2.toml"
 
 
 def run_profiler(out: Path, *extra: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
-               OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "skrull_ext.profile", "--config-file", str(JOB), "--out", str(out),
+    """``python -m skrull_ext.profile`` as one process, a fork of the suite's warm process
+    (tests/integration_tests/forked.py: torch and the profiler imported once; a world of one,
+    the profile's own one-rank group): its output and exit status as the command's."""
+    from tests.integration_tests import forked
+    from tests.integration_tests.launch import _env
+
+    cmd = ["--config-file", str(JOB), "--out", str(out),
            "--lengths", "32,64,128", "--held-out", "96", "--packed", "32+32",
            "--memory-lengths", "64,128,256,512", "--warmup", "1", "--repeats", "2", "--layers", "1",
            "--memory-limit", "128MiB", "--threads", "1", *extra]
-    return subprocess.run(cmd, cwd=out.parent, env=env, capture_output=True, text=True, timeout=600)
+    rc, output = forked.launch(1, "skrull_ext.profile", cmd, str(out.parent), _env(), 600)
+    return subprocess.CompletedProcess(["forked x1", "-m", "skrull_ext.profile", *cmd], rc, output, "")
 
 
 @pytest.fixture(scope="module")

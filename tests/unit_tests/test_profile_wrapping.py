@@ -8,27 +8,26 @@ size 1), so a one-process job trains float32 DTensor parameters that FSDP copies
 model built in the compute dtype instead, leaving those copies and hooks out of every term."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 JOBS = REPO / "skrull_ext" / "jobs"
-WORKER = Path(__file__).with_name("wrapping_worker.py")
+WORKER = "tests.unit_tests.wrapping_worker"
 UNITS = ["", "tok_embeddings", *(f"layers.{i}" for i in range(6)), "norm", "lm_head"]
 
 
 def _built(tmp_path, job: str, *flags: str) -> dict:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
-               OMP_NUM_THREADS="1")
-    env.pop("LOCAL_RANK", None)  # a world of one, as `python -m skrull_ext.train` runs it
-    proc = subprocess.run([sys.executable, str(WORKER), str(tmp_path / "dump"), "--config-file", str(JOBS / job),
-                           *flags], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    """wrapping_worker.py's JSON line: a world of one, forked from the suite's warm process
+    (tests/integration_tests/forked.py: torch and the trainer imported once, not per job)."""
+    from tests.integration_tests import forked
+    from tests.integration_tests.launch import _env
+
+    args = [str(tmp_path / "dump"), "--config-file", str(JOBS / job), *flags]
+    rc, out = forked.launch(1, WORKER, args, str(tmp_path), _env(), 600)
+    assert rc == 0, out[-8000:]
+    return json.loads([line for line in out.splitlines() if line.startswith('{"trainer": ')][-1])
 
 
 @pytest.mark.slow
