@@ -23,7 +23,10 @@ JOB = os.path.join(REPO, "skrull_ext", "jobs", "debug_cpu.toml")
 BOUND_S = POLL_S + 20
 """The watch's bound (a poll, then the exit) plus slack for a loaded 2-core host."""
 ARGS = ["-m", "skrull_ext.train", "--config-file", JOB, "--parallelism.context_parallel_degree", "2",
-        "--training.steps", "1000", "--checkpoint.enable", "--checkpoint.interval", "2"]
+        "--training.steps", "1000", "--checkpoint.enable", "--checkpoint.interval", "2",
+        "--comm.heartbeat_timeout_seconds", "0"]
+"""The stopped-rank watch off: the first test stops both workers (SIGSTOP) while the second run is
+refused, and on SIGCONT each would find the other's heartbeat stale (test_runtime_failures.py tests the watch)."""
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds the workers through /proc")]
@@ -70,7 +73,11 @@ def test_a_live_runs_folder_is_refused_and_its_workers_end_with_torchrun(tmp_pat
         workers = [_worker(run1.pid, r) for r in (0, 1)]
         assert None not in workers, workers
 
-        # The same command again, while the first trains: refused before it writes anything.
+        # The same command again, while the first is live: refused before it writes anything. The
+        # first run's workers are stopped meanwhile (still live processes, holding the folder), so
+        # that they do not train through the second launch's imports for nothing.
+        for w in workers:
+            os.kill(w, signal.SIGSTOP)
         before = set(os.listdir(dump))
         second = subprocess.run([sys.executable, "-m", "skrull_ext.launch", "--standalone", "--nproc_per_node=2",
                                  *ARGS, "--dump_folder", dump],
@@ -84,6 +91,8 @@ def test_a_live_runs_folder_is_refused_and_its_workers_end_with_torchrun(tmp_pat
         assert "Traceback" not in out2 and "Loading the checkpoint" not in out2, out2[-4000:]
         assert set(os.listdir(dump)) <= before | {"checkpoint"}, sorted(os.listdir(dump))
         assert run1.poll() is None and all(_running(w) for w in workers), log.read_text()[-4000:]
+        for w in workers:
+            os.kill(w, signal.SIGCONT)
 
         # kill -9 of torchrun: its workers stop within the bound, rank 0 saying where.
         _wait_for(log, "step:  3", run1)
