@@ -42,34 +42,56 @@ def _train(model: nn.Module, rank: int, steps: int = 2) -> list[dict[str, torch.
     return out
 
 
-def _worker(rank: int, world: int, store: str, out: str) -> None:
-    from torch.distributed.device_mesh import init_device_mesh
+WORLDS = (3, 2)
+"""The worlds the p2p collectives are checked on, in one spawn of 3 processes (a spawned
+process spends seconds importing torch; the check itself takes a fraction of one): all 3
+ranks, then ranks 0 and 1 as a group of their own (FSDP's mesh is such a sub-group in a job
+with more than one parallel dimension)."""
+
+
+def _worker(rank: int, store: str, out: str) -> None:
+    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    with gloo_group(store, rank, world):
+    with gloo_group(store, rank, max(WORLDS)):
         # count what the comms send point to point
         calls = count_calls(fsdp_gloo, {"p2p_gather": "p2p_gather", "p2p_scatter_sum": "p2p_scatter_sum"})
-        mesh = init_device_mesh("cpu", (world,))
-        runs = {}
-        for p2p in (False, True):
-            model = _Net()
-            for layer in model.layers:  # as torchtitan: blocks reshard after forward, the root does not
-                fully_shard(layer, mesh=mesh, reshard_after_forward=True)
-            fully_shard(model, mesh=mesh, reshard_after_forward=False)
-            if p2p:
-                assert fsdp_gloo.fit_fsdp_to_gloo(model) == 4
+        for world in WORLDS:
+            if world == max(WORLDS):
+                mesh = init_device_mesh("cpu", (world,))
             else:
-                for m in model.modules():
-                    if hasattr(m, "set_force_sum_reduction_for_comms"):
-                        m.set_force_sum_reduction_for_comms(True)
-            before = dict(calls)
-            runs[p2p] = {"record": _train(model, rank), "calls": {k: calls[k] - before[k] for k in calls}}
-        torch.save(runs, Path(out) / f"rank{rank}.pt")
+                group = dist.new_group(list(range(world)))  # every rank calls new_group, members or not
+                if rank >= world:
+                    continue
+                mesh = DeviceMesh.from_group(group, "cpu")
+            runs = {}
+            for p2p in (False, True):
+                model = _Net()
+                for layer in model.layers:  # as torchtitan: blocks reshard after forward, the root does not
+                    fully_shard(layer, mesh=mesh, reshard_after_forward=True)
+                fully_shard(model, mesh=mesh, reshard_after_forward=False)
+                if p2p:
+                    assert fsdp_gloo.fit_fsdp_to_gloo(model) == 4
+                else:
+                    for m in model.modules():
+                        if hasattr(m, "set_force_sum_reduction_for_comms"):
+                            m.set_force_sum_reduction_for_comms(True)
+                before = dict(calls)
+                runs[p2p] = {"record": _train(model, rank), "calls": {k: calls[k] - before[k] for k in calls}}
+            torch.save(runs, Path(out) / f"world{world}.rank{rank}.pt")
+
+
+@pytest.fixture(scope="module")
+def spawned(tmp_path_factory) -> Path:
+    """The folder of every world's per-rank records (``_worker``)."""
+    out = tmp_path_factory.mktemp("fsdp_gloo")
+    mp.start_processes(_worker, args=(str(out / "store"), str(out)), nprocs=max(WORLDS), start_method="spawn")
+    return out
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 3])
-def test_p2p_fsdp_matches_gloo_collectives(tmp_path, world):
+def test_p2p_fsdp_matches_gloo_collectives(spawned, world):
     """FSDP2 over gloo ranks, 3 blocks + a root with odd sizes, two SGD steps: with
     fit_fsdp_to_gloo, every gradient and weight equals those of FSDP's own gloo
     collectives (bit for bit at 2 ranks, where a sum of two is the same either way;
@@ -77,9 +99,7 @@ def test_p2p_fsdp_matches_gloo_collectives(tmp_path, world):
     in its own), and every all-gather and reduce-scatter went point to point:
     per step one gather per block in forward and again in backward (they reshard
     after forward) and one for the root, and one reduce-scatter per unit."""
-    mp.start_processes(_worker, args=(world, str(tmp_path / "store"), str(tmp_path)), nprocs=world,
-                       start_method="spawn")
-    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(world)]
+    ranks = [torch.load(spawned / f"world{world}.rank{r}.pt", weights_only=False) for r in range(world)]
     for runs in ranks:
         assert runs[False]["calls"] == {"p2p_gather": 0, "p2p_scatter_sum": 0}
         assert runs[True]["calls"] == {"p2p_gather": 2 * (3 * 2 + 1), "p2p_scatter_sum": 2 * 4}

@@ -20,34 +20,42 @@ def _plan():
     return Scheduler(config, cost_model.preset("llama3-debug")).schedule(LENGTHS)
 
 
-def _worker(rank: int, port: int, tamper: bool, out: str) -> None:
+def _worker(rank: int, port: int, out: str) -> None:
+    """Both cases in one gloo group: the same plan on both ranks, then rank 1's tampered."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
-    plan = _plan()
-    if tamper and rank == 1:
-        plan.micro_batch[0] += 1
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")  # a deprecated collective's FutureWarning is a user-visible line each step
-            check_plan_digests(plan, dp_rank=0)
-        result = "ok"
-    except PlanMismatchError as e:
-        result = "mismatch: " + str(e)[:40]
-    with open(f"{out}.{rank}", "w") as f:
-        f.write(result)
+    for tamper in (False, True):
+        plan = _plan()
+        if tamper and rank == 1:
+            plan.micro_batch[0] += 1
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")  # a deprecated collective's FutureWarning is a user-visible line each step
+                check_plan_digests(plan, dp_rank=0)
+            result = "ok"
+        except PlanMismatchError as e:
+            result = "mismatch: " + str(e)[:40]
+        with open(f"{out}.{tamper}.{rank}", "w") as f:
+            f.write(result)
     dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory) -> dict[bool, list[str]]:
+    """Each rank's result, untampered and tampered: one spawn of 2 processes for both
+    (a spawned rank spends seconds importing torch; the checks take milliseconds)."""
+    out = tmp_path_factory.mktemp("plan_check")
+    mp.spawn(_worker, args=(free_port(), str(out / "result")), nprocs=2)
+    return {tamper: [(out / f"result.{tamper}.{r}").read_text() for r in range(2)] for tamper in (False, True)}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("tamper", [False, True])
-def test_plan_digests_across_ranks(tmp_path, tamper):
-    out = str(tmp_path / "result")
-    mp.spawn(_worker, args=(free_port(), tamper, out), nprocs=2)
-    results = [(tmp_path / f"result.{r}").read_text() for r in range(2)]
+def test_plan_digests_across_ranks(results, tamper):
     if tamper:
-        assert all(r.startswith("mismatch: GDS plans differ") for r in results), results
+        assert all(r.startswith("mismatch: GDS plans differ") for r in results[tamper]), results
     else:
-        assert results == ["ok", "ok"]
+        assert results[tamper] == ["ok", "ok"]
 
 
 def test_gds_digest_ignores_cp_placement_only():
