@@ -301,10 +301,8 @@ if [ "$dry" = 1 ]; then
   one=(--parallelism.data_parallel_shard_degree 1 --parallelism.context_parallel_degree 1)
   # toy sizes on shared cores, each timed once: the stage must run; the fit's quality is the GPU run's to judge.
   # Half the lengths, one small packed buffer (the derived two were 1,024 tokens each) and two micro-batch
-  # counts: every part of the profile still runs, in each checkpointing mode, in about half the time. One
-  # block timed of the debug model's 6 (--layers 1): the compute ladder, a sixth of the profile's CPU, shrinks
-  # to a sixth of it (CI's time).
-  prof=(--layers 1 --lengths 128,192,256 --held-out 224 --packed 128+64 --memory-lengths 128,256 --micro-batch-counts 1,2
+  # counts: every part of the profile still runs, in each checkpointing mode, in about half the time.
+  prof=(--lengths 128,192,256 --held-out 224 --packed 128+64 --memory-lengths 128,256 --micro-batch-counts 1,2
         --repeats 1 --micro-batch-repeats 1 --no-check --max-held-out-error 10 --max-micro-batch-error 10
         --max-packed-error 10)
   steps=${STEPS:-5}
@@ -399,8 +397,8 @@ train_run() {
   fi
   mkdir -p "$run"
   # One rank under torchrun, as on the GPU. The dry run launches torchrun for its traced run only and the other
-  # modes as the one process torchrun would start (its torch import saved: CI's time, tests/integration_tests/
-  # test_gpu_checks_dry_run.py); the command line after it is the same.
+  # modes as the one process torchrun would start, the command line after it the same: each torchrun agent
+  # imports torch again, 2.7 s of CPU (CI's time, tests/integration_tests/test_gpu_checks_dry_run.py).
   local launcher=(-m torch.distributed.run --standalone --nproc_per_node 1)
   [ "$dry" = 0 ] || [ "$mode" = "$trace_mode" ] || launcher=()
   # shellcheck disable=SC2086
