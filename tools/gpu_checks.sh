@@ -396,10 +396,15 @@ train_run() {
     run_limit_s=$((run_limit_s + 10))
   fi
   mkdir -p "$run"
+  # One rank under torchrun, as on the GPU. The dry run launches torchrun for its traced run only and the other
+  # modes as the one process torchrun would start, the command line after it the same: each torchrun agent
+  # imports torch again, 2.7 s of CPU (CI's time, tests/integration_tests/test_gpu_checks_dry_run.py).
+  local launcher=(-m torch.distributed.run --standalone --nproc_per_node 1)
+  [ "$dry" = 0 ] || [ "$mode" = "$trace_mode" ] || launcher=()
   # shellcheck disable=SC2086
   # TORCH_LOGS=recompiles: each new compiled graph and the guard that failed (run 3 lost 6.6 s to one at step 28)
-  TORCH_LOGS=recompiles SKRULL_BENCH_PROBE_OUT=$run/probe timeout "$run_limit_s" "$py" -m \
-    torch.distributed.run --standalone --nproc_per_node 1 -m torchtitan_patches.cp_probe skrull_ext.train \
+  TORCH_LOGS=recompiles SKRULL_BENCH_PROBE_OUT=$run/probe timeout "$run_limit_s" "$py" \
+    ${launcher[@]+"${launcher[@]}"} -m torchtitan_patches.cp_probe skrull_ext.train \
     --config-file "$job" "${one[@]}" "${data[@]}" "${train[@]}" --dump_folder "$run" ${modes[$mode]} "${traced[@]}" \
     >"$run/log.txt" 2>&1
   rc=$?

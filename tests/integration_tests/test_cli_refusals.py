@@ -1,6 +1,15 @@
 """A refused run, as a user types it: ``python -m skrull_ext.train`` exits 2 with one
-``error:`` line on stderr, no traceback, and writes no file where it would have run
-(issue 38's replays; the messages themselves are pinned by the unit tests)."""
+``error:`` line, no traceback, and writes no file where it would have run (issue 38's
+replays; the messages themselves are pinned by the unit tests).
+
+A refusal before the dump folder is claimed runs the module as ``__main__`` in a fork of
+the suite's warm process (forked.py, one rank: torchrun's environment), not a fresh
+interpreter: each comes after torch and torchtitan are imported, about 10 s of CPU a
+process. The one refused after the claim runs a real process: the claim
+(train/run_lock.py) is released at interpreter exit (``atexit``), which a fork skips. The
+real process also holds the interpreter's part: the exit status of ``python -m`` and the
+``error:`` line on stderr, not stdout (as tests/unit_tests/test_job_checks.py does for a
+config error)."""
 
 import os
 import subprocess
@@ -8,19 +17,26 @@ import sys
 
 import pytest
 
+from tests.integration_tests import forked
 from tests.integration_tests.launch import REPO, _env
 
 DEBUG = os.path.join(REPO, "skrull_ext", "jobs", "debug_cpu.toml")
 
 
 def train(*args: str, cwd) -> subprocess.CompletedProcess:
-    """``python -m skrull_ext.train ARGS`` in ``cwd``, one process."""
+    """``python -m skrull_ext.train ARGS`` in ``cwd``, a process of its own."""
     return subprocess.run([sys.executable, "-m", "skrull_ext.train", *args], cwd=cwd, env=_env(),
                           capture_output=True, text=True, timeout=600)
 
 
+def forked_train(*args: str, cwd) -> subprocess.CompletedProcess:
+    """The same in one forked rank; its stdout and stderr together in both fields."""
+    rc, out = forked.launch(1, "skrull_ext.train", list(args), str(cwd), _env(), timeout=600)
+    return subprocess.CompletedProcess(["forked x1", "-m", "skrull_ext.train", *args], rc, out, out)
+
+
 def one_line_error(proc: subprocess.CompletedProcess) -> str:
-    """The single ``error:`` line of a refused run (exit status 2, no traceback)."""
+    """The single ``error:`` line of a refused run (exit status 2, no traceback), on stderr."""
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr + proc.stdout, proc.stderr[-3000:]
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
@@ -55,8 +71,8 @@ def test_a_profile_that_failed_its_check_is_refused(tmp_path, bucket):
 
     failed = _failed_profile(tmp_path)
     dump = tmp_path / "out"
-    proc = train("--config-file", DEBUG, "--skrull.cost_model", failed, *bucket, "--training.steps", "1",
-                 "--dump_folder", str(dump), cwd=tmp_path)
+    proc = forked_train("--config-file", DEBUG, "--skrull.cost_model", failed, *bucket, "--training.steps", "1",
+                        "--dump_folder", str(dump), cwd=tmp_path)
     assert proc.returncode == 2
     assert one_line_error(proc).startswith(
         f"error: skrull.cost_model: the profile {failed!r} failed its own memory check ([meta.check] "
@@ -71,9 +87,9 @@ def test_a_shipped_cpu_job_on_a_hf_folder_names_the_cost_model(tmp_path):
 
     folder = save_tiny_model(str(tmp_path / "qwen"), "qwen2_5")
     dump = tmp_path / "out"
-    proc = train("--config-file", os.path.join(REPO, "skrull_ext", "jobs", "debug_cpu_text.toml"),
-                 "--model.hf_path", folder, "--checkpoint.enable", "--training.steps", "1",
-                 "--dump_folder", str(dump), cwd=tmp_path)
+    proc = forked_train("--config-file", os.path.join(REPO, "skrull_ext", "jobs", "debug_cpu_text.toml"),
+                        "--model.hf_path", folder, "--checkpoint.enable", "--training.steps", "1",
+                        "--dump_folder", str(dump), cwd=tmp_path)
     error = one_line_error(proc)
     assert "cpu-debug-gloo2.toml: its [model] {'layers': 6, 'hidden': 256, 'kv_width': 256, " in error, error
     assert error.endswith("set --skrull.cost_model to a hardware preset ['h100-assumed'] or a profile of this model "
