@@ -164,9 +164,12 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"the micro-batch needs local and distributed sequences; --local-max {args.local_max} "
                          f"makes {sum(p == DISTRIBUTED for p in placement)} of {len(lengths)} distributed")
     print(f"profiling {args.cp} ranks on {args.device} ({args.warmup} warm-up + {args.steps} steps) ...", flush=True)
+    # CUDA needs fresh processes (spawn); on CPU the ranks are forks of this one, which has imported torch and
+    # computed nothing with it yet: each spawned rank imported torch and the bench again, half the CPU time of
+    # the whole run (13.7 -> 7.1 s for tools/gpu_checks.sh's dry-run shape at CP 2)
     with tempfile.TemporaryDirectory() as tmp:
         mp.start_processes(_worker, args=(args, os.path.join(tmp, "store"), lengths, placement), nprocs=args.cp,
-                           start_method="spawn")
+                           start_method="spawn" if args.device == "cuda" else "fork")
     ranks = [json.loads((args.out / f"rank{r}.json").read_text()) for r in range(args.cp)]
     text = report(args, lengths, placement, ranks)
     print(text)
