@@ -104,13 +104,33 @@ class MeteredTrainer(SkrullTrainer):
         """Each step's chunked samples (``overlength = "chunk"``), metered apart."""
         self.check_profile = profile
         self._before_chunked: tuple[float, float] | None = None
+        self._peak_at_reset = 0.0
+        # torchtitan's metrics log resets the device's peak (on CPU VmHWM through clear_refs: the
+        # patched device module) at the end of the step, before train_step reads it: the verdict
+        # measured what the step held after its last log, ~100 MiB of a 3696-token step's ~900.
+        monitor = self.metrics_processor.device_memory_monitor
+        reset = monitor.reset_peak_stats
+
+        def keep_then_reset() -> None:
+            self._peak_at_reset = max(self._peak_at_reset, self.meter.peak())
+            reset()
+
+        monitor.reset_peak_stats = keep_then_reset
+
+    def _meter_start(self) -> None:
+        self.meter.start()
+        self._peak_at_reset = 0.0
+
+    def _meter_peak(self) -> float:
+        """The peak above the meter's start, the part before a torchtitan reset included."""
+        return max(self.meter.peak(), self._peak_at_reset)
 
     def train_step(self, data_iterator) -> None:
         tap = _Tap(data_iterator)
-        self.meter.start()
+        self._meter_start()
         start, self._before_chunked = self.meter.base, None
         super().train_step(tap)
-        peak = self.meter.peak()
+        peak = self._meter_peak()
         if self._before_chunked is not None:  # the meter restarted around the chunked samples: fold both parts
             before, offset = self._before_chunked
             peak = max(before, offset + peak)
@@ -132,16 +152,16 @@ class MeteredTrainer(SkrullTrainer):
         (scheduler/chunk_lockstep.py): nothing to record."""
         if self.check_profile is None or not step.chunked:
             return super()._chunked_samples(step, global_valid_tokens)
-        before, step_base = self.meter.peak(), self.meter.base
-        self.meter.start()
+        before, step_base = self._meter_peak(), self.meter.base
+        self._meter_start()
         offset = self.meter.base - step_base
         sync(self.device)
         t0, c0 = time.perf_counter(), time.process_time()
         total = super()._chunked_samples(step, global_valid_tokens)
         sync(self.device)
         us, cpu_us = (time.perf_counter() - t0) * 1e6, (time.process_time() - c0) * 1e6
-        peak = self.meter.peak()
-        self.meter.start()  # the rest of the step (clipping, the optimizer) is the step's again
+        peak = self._meter_peak()
+        self._meter_start()  # the rest of the step (clipping, the optimizer) is the step's again
         self._before_chunked = (before, self.meter.base - step_base)
         lengths = [s.length for s in step.chunked]
         chunks, cp = [self.skrull_job.chunk_for(n) for n in lengths], self.parallel_dims.cp

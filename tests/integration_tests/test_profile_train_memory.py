@@ -32,6 +32,11 @@ PROFILE_FULL_1PROC = os.path.join(REPO, "profiles", "cpu-debug-1proc.toml")
 JOB_LORA = ["--config-file", os.path.join(REPO, "skrull_ext", "jobs", "debug_cpu_lora.toml")]
 
 
+# A step at BucketSize measures most of its prediction (the fit is of these very tensors; the margin
+# is 5%, 25% at CP 2): under half says the meter missed the peak. (torchtitan's metrics log reset
+# it inside the step, and the verdicts read ~100 MiB of a ~900 MiB step until 2026-11-30.)
+
+
 def _bucket(profile: str = PROFILE) -> int:
     with open(profile, "rb") as f:
         return tomllib.load(f)["memory"]["bucket_size"]
@@ -66,7 +71,7 @@ def test_bucket_size_holds_in_training(tmp_path):
     assert d["bucket_size"] == bucket and len(d["ranks"]) == 2
     for v in d["ranks"]:
         assert 0.95 * bucket <= v["buffer_tokens"] <= bucket, text  # the plans did fill the ranks
-        assert v["measured"] <= v["predicted"] <= v["usable"], text
+        assert 0.5 * v["predicted"] <= v["measured"] <= v["predicted"] <= v["usable"], text
     assert d["ok"] and f"BucketSize {bucket} in training: OK" in text, text
 
 
@@ -86,7 +91,7 @@ def test_bucket_size_with_a_sharded_sequence(tmp_path):
     assert bucket - 1 <= n // 2 <= bucket
     assert all(v["buffer_tokens"] == n // 2 for v in d["ranks"]), text
     for v in d["ranks"]:
-        assert v["measured"] <= v["predicted"] <= v["usable"], text
+        assert 0.5 * v["predicted"] <= v["measured"] <= v["predicted"] <= v["usable"], text
     assert d["ok"], text
 
 
@@ -102,5 +107,5 @@ def test_lora_bucket_size_holds_in_training(tmp_path):
     assert d["bucket_size"] == bucket and len(d["ranks"]) == 2
     assert all(v["buffer_tokens"] == bucket for v in d["ranks"]), text
     for v in d["ranks"]:
-        assert v["measured"] <= v["predicted"] <= v["usable"], text
+        assert 0.5 * v["predicted"] <= v["measured"] <= v["predicted"] <= v["usable"], text
     assert d["ok"], text

@@ -89,13 +89,17 @@ def test_a_wrong_prediction_fails(job_models, tmp_path):
 
 def test_check_command_reports_the_chunked_rows(tmp_path, capsys):
     """``python -m skrull_ext.profile.check`` (in process): the BucketSize line, the reference
-    micro-batch and one line per chunked document with its ratios; a compute rate a thousand times too
-    slow fails the chunked row and the exit status, the BucketSize line still passes."""
+    micro-batch and one line per chunked document with its ratios. One call, with a compute rate
+    twenty times too slow: it fails the chunked rows (a time ratio near 0.05, outside the check's
+    0.15 and still printed above 0.00) and the exit status; the BucketSize line (bytes, not time)
+    still passes. (A second call with the shipped rate asserted nothing more, its rows' verdicts being
+    timing, and built the model again: ~7 s of CI time.)"""
     from skrull_ext.profile.check import main
 
     args = ["--config-file", str(JOBS / "debug_cpu.toml"), "--chunked-lengths", "3x,512"]
-    main(["--profile", str(_profile(tmp_path, "debug_cpu.toml")), *args])
+    rc = main(["--profile", str(_profile(tmp_path, "debug_cpu.toml", 20.0)), *args])
     out = capsys.readouterr().out.splitlines()
+    assert rc == 1
     assert out[0].startswith("BucketSize 128 tokens") and out[0].endswith("-> OK")
     assert out[1].startswith("one micro-batch of 128 tokens (reference): time ")
     rows = [line for line in out if line.startswith("chunked ")]
@@ -105,11 +109,7 @@ def test_check_command_reports_the_chunked_rows(tmp_path, capsys):
         ratios = [float(x.split(" = ")[1].split("x")[0]) for x in row.split(";")[:2]]
         assert all(math.isfinite(x) and x > 0 for x in ratios), row
         assert f"K/V kept {kv} MiB vs {kv} MiB" in row
-
-    rc = main(["--profile", str(_profile(tmp_path, "debug_cpu.toml", 1000.0)), *args])
-    out = capsys.readouterr().out.splitlines()
-    assert rc == 1 and out[0].endswith("-> OK")
-    assert all(line.endswith("-> FAILED") for line in out if line.startswith("chunked "))
+        assert row.endswith("-> FAILED"), row
 
 
 def test_chunked_lengths_flag():
