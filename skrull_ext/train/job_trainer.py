@@ -33,6 +33,7 @@ from skrull_ext.scheduler.model_shape import compute_dtype
 from skrull_ext.train.doc_flops import DocumentFlops, DocumentMeter
 from skrull_ext.train.head_loss import ChunkedHeadLoss, HeadBackward, resolve_chunking, resolve_head_backward
 from skrull_ext.train.job.resume_checks import check_continue
+from skrull_ext.train.job.weights_from_checkpoint import skip_param_init
 from skrull_ext.train.run_lock import claim_dump_folder
 from skrull_ext.train.step_phases import StepPhases, StepTimes, clock_for, phases_summary
 from skrull_ext.train.watchdog import start_heartbeat
@@ -96,7 +97,8 @@ class JobTrainer(Trainer):
         """``hf_files`` when the run writes a HF folder when it ends (None: it writes none)."""
         self.stopped_step: tuple[int, int] | None = None
         """(step, samples read) of a step stopped before its optimizer step (non-finite loss)."""
-        super().__init__(config)
+        with skip_param_init(config):  # parameters the start-up load overwrites draw nothing first
+            super().__init__(config)
         expect = getattr(self.dataloader, "expect_checkpoint", None)  # skrull-ext's loaders (data/steps/base.py)
         if continues is not None and expect is not None and DATALOADER not in config.checkpoint.exclude_from_loading:
             # its keys before DCP loads them: a checkpoint without data_order loads, said in one line
