@@ -10,7 +10,8 @@ import pytest
 import torch
 from torchtitan.protocols.module import Module
 
-from skrull_ext.train.job.weights_from_checkpoint import params_loaded_whole, skip_param_init
+from skrull_ext.train.job.weights_from_checkpoint import params_loaded_whole
+from torchtitan_patches.param_init import skip_param_init
 
 
 def _config(tmp_path, **ckpt):
@@ -67,7 +68,7 @@ class _Tiny(Module):
 
 def test_the_skip_leaves_parameters_and_initializes_buffers(tmp_path):
     m = _Tiny()
-    with skip_param_init(_config(tmp_path)) as skipped:
+    with skip_param_init(params_loaded_whole(_config(tmp_path))) as skipped:
         m.init_states()
     assert skipped
     assert torch.equal(m.w.detach(), torch.zeros(3)) and torch.equal(m.cache, torch.full((2,), 2.0))
@@ -77,10 +78,10 @@ def test_the_skip_leaves_parameters_and_initializes_buffers(tmp_path):
 
 def test_no_skip_initializes_and_a_raise_restores(tmp_path):
     m = _Tiny()
-    with skip_param_init(_config(tmp_path, enable=False)) as skipped:
+    with skip_param_init(params_loaded_whole(_config(tmp_path, enable=False))) as skipped:
         m.init_states()
     assert not skipped and torch.equal(m.w.detach(), torch.ones(3))
-    with pytest.raises(RuntimeError), skip_param_init(_config(tmp_path)):
+    with pytest.raises(RuntimeError), skip_param_init(True):
         raise RuntimeError("trainer construction failed")
     m.w.data.zero_()
     m.init_states()

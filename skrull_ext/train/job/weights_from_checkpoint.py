@@ -1,4 +1,4 @@
-"""No random initialization of parameters that the start-up load overwrites.
+"""Which jobs need no random initialization of parameters: their start-up load overwrites each.
 
 torchtitan's Trainer builds the model on meta, ``to_empty``s it and runs
 ``init_weights`` (every parameter drawn from the RNG, then every buffer,
@@ -8,8 +8,9 @@ When that load is a DCP checkpoint of the model (a seed checkpoint as
 DCP's default planner refuses a state dict key the checkpoint lacks, so every
 parameter is overwritten: the draws were wasted. On the debug job they are a
 third of a rank's start-up CPU (0.2 of 0.7 s). Here, for such a job, the
-trainer's construction skips the parameters' initialization (buffers are still
-initialized: no checkpoint holds RoPE's cache).
+trainer's construction skips the parameters' initialization
+(torchtitan_patches/param_init.py; buffers are still initialized: no
+checkpoint holds RoPE's cache).
 
 Same run: the parameters hold the checkpoint's values either way, and nothing
 after model construction draws from torch's global RNG (the product's own
@@ -25,13 +26,11 @@ a HF folder in the run's own checkpoint folder as the step to load.
 
 from __future__ import annotations
 
-import contextlib
 import os
-from collections.abc import Iterator
 
 from skrull_ext.train.job.resume_checks import saved_steps
 
-__all__ = ["params_loaded_whole", "skip_param_init"]
+__all__ = ["params_loaded_whole"]
 
 
 def params_loaded_whole(config) -> bool:
@@ -44,20 +43,3 @@ def params_loaded_whole(config) -> bool:
     full, hf = saved_steps(os.path.join(config.dump_folder, ckpt.folder))
     load = max(full + hf, default=-1) if ckpt.load_step == -1 else ckpt.load_step
     return load == -1 or load in full
-
-
-@contextlib.contextmanager
-def skip_param_init(config) -> Iterator[bool]:
-    """Within: torchtitan's modules leave their own parameters as ``to_empty`` left them, when
-    ``params_loaded_whole(config)`` (yields whether they do); buffers initialize as before."""
-    if not params_loaded_whole(config):
-        yield False
-        return
-    from torchtitan.protocols.module import Module
-
-    init = Module.__dict__["_init_self_parameters"]
-    Module._init_self_parameters = lambda self: None
-    try:
-        yield True
-    finally:
-        Module._init_self_parameters = init
