@@ -7,7 +7,8 @@ attention for torchtitan's FlexAttention config), ``metrics`` (a TensorBoard
 folder per run, no MFU on CPU), ``logs`` (what torchtitan logs, once),
 ``dacp_attention`` (DACP attention put in place of a built model's inner
 attention and torchtitan's CP wrapper), ``fsdp_gloo`` (FSDP2's reductions
-and collectives on gloo) and ``cp_probe`` (the counting wrappers of
+and collectives on gloo), ``param_init`` (a trainer's construction that
+leaves the parameters a DCP start-up load overwrites undrawn) and ``cp_probe`` (the counting wrappers of
 ``python -m skrull_ext.bench cp``, installed only there); ``compat``, below.
 torchtitan's files are never edited, and nothing outside this package
 assigns into torchtitan (``tests/unit_tests/test_package.py``).

@@ -33,10 +33,11 @@ from skrull_ext.scheduler.model_shape import compute_dtype
 from skrull_ext.train.doc_flops import DocumentFlops, DocumentMeter
 from skrull_ext.train.head_loss import ChunkedHeadLoss, HeadBackward, resolve_chunking, resolve_head_backward
 from skrull_ext.train.job.resume_checks import check_continue
+from skrull_ext.train.job.weights_from_checkpoint import params_loaded_whole
 from skrull_ext.train.run_lock import claim_dump_folder
 from skrull_ext.train.step_phases import StepPhases, StepTimes, clock_for, phases_summary
 from skrull_ext.train.watchdog import start_heartbeat
-from torchtitan_patches import logs
+from torchtitan_patches import logs, param_init
 from torchtitan_patches.metrics import use_run_metrics
 
 
@@ -96,7 +97,8 @@ class JobTrainer(Trainer):
         """``hf_files`` when the run writes a HF folder when it ends (None: it writes none)."""
         self.stopped_step: tuple[int, int] | None = None
         """(step, samples read) of a step stopped before its optimizer step (non-finite loss)."""
-        super().__init__(config)
+        with param_init.skip_param_init(params_loaded_whole(config)):  # the start-up load writes them
+            super().__init__(config)
         expect = getattr(self.dataloader, "expect_checkpoint", None)  # skrull-ext's loaders (data/steps/base.py)
         if continues is not None and expect is not None and DATALOADER not in config.checkpoint.exclude_from_loading:
             # its keys before DCP loads them: a checkpoint without data_order loads, said in one line
