@@ -15,7 +15,6 @@ saves the same bytes whatever its index and whatever the document's chunk
 count; with recompute, nothing but the chunks' K/V outlives the forward.
 """
 
-import collections
 import functools
 from pathlib import Path
 
@@ -28,7 +27,7 @@ import torch.nn.functional as F
 from skrull_ext.attention import build_meta
 from skrull_ext.data.sources.synthetic import IGNORE_INDEX
 from skrull_ext.models.registry import build_model_spec
-from skrull_ext.train.chunked import attention_layers, chunk_bounds, chunked_loss
+from skrull_ext.train.chunked import chunk_bounds, chunked_loss
 from tests.unit_tests.gloo_worker import gloo_group
 from torchtitan_patches.dacp_attention import install_dacp_attention
 
