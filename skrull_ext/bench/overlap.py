@@ -44,7 +44,7 @@ from skrull_ext.attention import DISTRIBUTED, KERNEL_CHOICES, TRANSPORTS, DacpSt
 from skrull_ext.bench.attention import add_micro_batch_args, backend_for, dacp_placement, long_tail_lengths
 from skrull_ext.bench.trace_overlap import analyze, load_events
 
-__all__ = ["main"]
+__all__ = ["main", "start_method"]
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -155,6 +155,15 @@ def report(args, lengths: list[int], placement: list[int], ranks: list[dict]) ->
     return "\n".join(lines)
 
 
+def start_method(device: str) -> str:
+    """How the ranks start. CUDA needs fresh processes (spawn). On CPU the ranks are forks of this
+    process, which has imported torch and computed nothing with it yet: each spawned rank imported
+    torch and the bench again, half the CPU time of the whole run (13.7 -> 7.1 s for
+    tools/gpu_checks.sh's dry-run shape at CP 2). Spawned too where this process holds a process
+    group (a caller's in-process run): a fork would inherit it, initialised, and fail to make its own."""
+    return "spawn" if device == "cuda" or dist.is_initialized() else "fork"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -164,12 +173,9 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"the micro-batch needs local and distributed sequences; --local-max {args.local_max} "
                          f"makes {sum(p == DISTRIBUTED for p in placement)} of {len(lengths)} distributed")
     print(f"profiling {args.cp} ranks on {args.device} ({args.warmup} warm-up + {args.steps} steps) ...", flush=True)
-    # CUDA needs fresh processes (spawn); on CPU the ranks are forks of this one, which has imported torch and
-    # computed nothing with it yet: each spawned rank imported torch and the bench again, half the CPU time of
-    # the whole run (13.7 -> 7.1 s for tools/gpu_checks.sh's dry-run shape at CP 2)
     with tempfile.TemporaryDirectory() as tmp:
         mp.start_processes(_worker, args=(args, os.path.join(tmp, "store"), lengths, placement), nprocs=args.cp,
-                           start_method="spawn" if args.device == "cuda" else "fork")
+                           start_method=start_method(args.device))
     ranks = [json.loads((args.out / f"rank{r}.json").read_text()) for r in range(args.cp)]
     text = report(args, lengths, placement, ranks)
     print(text)
