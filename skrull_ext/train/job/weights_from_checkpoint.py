@@ -3,9 +3,9 @@
 torchtitan's Trainer builds the model on meta, ``to_empty``s it and runs
 ``init_weights`` (every parameter drawn from the RNG, then every buffer,
 RoPE's cache included), and only then, in ``train()``, loads the checkpoint.
-When that load is a DCP checkpoint of the model (a seed checkpoint as
-``checkpoint.initial_load_path``, or a full save in the run's own folder),
-DCP's default planner refuses a state dict key the checkpoint lacks, so every
+When that load is a DCP checkpoint of the model (a job with a seed checkpoint
+as ``checkpoint.initial_load_path``: that seed, or the latest full save in the
+run's own folder when it has one), DCP's default planner refuses a state dict key the checkpoint lacks, so every
 parameter is overwritten: the draws were wasted. On the debug job they are a
 third of a rank's start-up CPU (0.2 of 0.7 s). Here, for such a job, the
 trainer's construction skips the parameters' initialization
@@ -19,7 +19,8 @@ LoRA job keeps the initialization anyway, its adapters are not in a base
 seed). Losses and gradients of the debug CP 2 run are bitwise those of a run
 that initializes.
 
-Not skipped: no load, a HF load (its adapter may not map every parameter),
+Not skipped: no load, a job without ``initial_load_path`` (its resume from
+the run's own folder draws the parameters as before), a HF load (its adapter may not map every parameter),
 the model excluded from loading, a seed checkpoint being created, LoRA, and
 a HF folder in the run's own checkpoint folder as the step to load.
 """
