@@ -12,7 +12,11 @@ printed for a user error (``cli_errors``). This runs torchrun's ``run`` and,
 on ``ChildFailedError``:
 
 - the first failed worker exited 2 (a user error; its line is printed and is
-  its error file's message): exit 2, adding nothing;
+  its error file's message): exit 2, adding nothing. "First" leaves out the
+  workers torchrun itself stopped (SIGTERM) once one had failed: their error
+  file's time is when they recorded the same error, which may be before the
+  worker that exited first (each rank reads the bad record and ends in its
+  own time), and torchrun's summary names the earliest file;
 - any other failure: print torchrun's summary (each failed rank, its exit
   code or signal and its error file's message or traceback) without the
   launcher's frames, and exit 1.
@@ -27,10 +31,11 @@ Everything else (rendezvous, restarts, log lines) is torchrun's.
 
 from __future__ import annotations
 
+import signal
 import sys
 
 from torch.distributed.elastic.multiprocessing import SignalException
-from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 from torch.distributed.run import parse_args, run
 
 __all__ = ["USER_ERROR_EXIT", "main"]
@@ -44,14 +49,20 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run(args)
     except ChildFailedError as e:
-        _, first = e.get_first_failure()
-        if first.exitcode == USER_ERROR_EXIT:
+        if _cause(e).exitcode == USER_ERROR_EXIT:
             return USER_ERROR_EXIT
         print(str(e).strip("\n"), file=sys.stderr)
         return 1
     except SignalException as e:
         return 128 + int(e.sigval)
     return 0
+
+
+def _cause(e: ChildFailedError) -> ProcessFailure:
+    """The earliest failure among the workers torchrun did not stop itself (all, if it stopped each)."""
+    failures = list(e.failures.values())
+    own = [f for f in failures if f.exitcode != -signal.SIGTERM] or failures
+    return min(own, key=lambda f: f.timestamp)
 
 
 if __name__ == "__main__":

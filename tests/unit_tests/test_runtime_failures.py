@@ -252,6 +252,26 @@ def test_launch_adds_nothing_to_a_user_error_and_the_summary_to_others(exitcode,
     assert ("skrull_ext.train FAILED" in err) == (rc == 1) and "Traceback" not in err
 
 
+@pytest.mark.parametrize("other, rc", [(-15, 2), (1, 1), (-9, 1)])
+def test_launch_reads_the_user_error_past_a_rank_torchrun_stopped(other, rc, monkeypatch, capsys):
+    """CI, 2 ranks: rank 1 exited 2 first; torchrun then stopped rank 0 (SIGTERM), whose error
+    file (the same line) was written a second earlier. torchrun's first failure is rank 0's
+    -15, and the launch exited 1 with the summary. A rank that failed on its own (1, or -9
+    from outside) still makes it 1."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    from skrull_ext import launch
+
+    def failing(args):
+        stopped, user = ProcessFailure(0, 123, other, "/nonexistent/0.json"), ProcessFailure(1, 124, 2, "/nonexistent/1.json")
+        stopped.timestamp, user.timestamp = 100, 101
+        raise ChildFailedError("skrull_ext.train", {0: stopped, 1: user})
+
+    monkeypatch.setattr(launch, "run", failing)
+    assert launch.main(["--standalone", "--nproc_per_node", "2", "-m", "skrull_ext.train"]) == rc
+    assert ("skrull_ext.train FAILED" in capsys.readouterr().err) == (rc == 1)
+
+
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")  # dcp.save in one process
 def test_a_checkpoint_without_a_dataloader_key_this_version_saves_is_refused_in_one_line(tmp_path):
     """DCP loads the keys of the fresh loader: a checkpoint saved before ``dataloader.lookahead``
