@@ -38,6 +38,8 @@ from torch.distributed.elastic.multiprocessing import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 from torch.distributed.run import parse_args, run
 
+from skrull_ext.cli_errors import freeze_at_exit
+
 __all__ = ["USER_ERROR_EXIT", "main"]
 
 USER_ERROR_EXIT = 2
@@ -45,6 +47,7 @@ USER_ERROR_EXIT = 2
 
 
 def main(argv: list[str] | None = None) -> int:
+    freeze_at_exit()
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
         run(args)

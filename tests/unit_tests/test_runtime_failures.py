@@ -306,3 +306,22 @@ def test_a_reader_that_leaves_early_is_no_traceback():
     out = subprocess.run(f"{sys.executable} -c \"{code}\" | head -1", shell=True, capture_output=True, text=True,
                          timeout=120)
     assert out.stdout == "row 0\n" and "Traceback" not in out.stderr and "BrokenPipe" not in out.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("exit_by", ["return 0", "raise UserError('bad value')"])
+def test_a_command_freezes_its_heap_when_it_exits(exit_by):
+    """Every command's shutdown skips the cyclic collections over what torch left (cli_errors.freeze_at_exit):
+    frozen at exit (an atexit handler registered before run_cli runs after its), after a success or a user
+    error, and not before (a test calling run_cli in-process keeps collecting)."""
+    import subprocess
+    import sys
+
+    code = ("import atexit, gc\n"
+            "atexit.register(lambda: print('frozen at exit', gc.get_freeze_count() > 0))\n"
+            "from skrull_ext.cli_errors import run_cli\nfrom skrull_ext.errors import UserError\n"
+            f"def main(argv):\n    print('frozen before', gc.get_freeze_count() > 0)\n    {exit_by}\n"
+            "run_cli(main, [])\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.splitlines() == ["frozen before False", "frozen at exit True"], out.stdout + out.stderr
+    assert out.returncode == (0 if exit_by == "return 0" else 2), out.stderr
