@@ -2,10 +2,10 @@
 
 From one seed checkpoint of the LoRA debug job (float32, gloo): the same job
 in one process with torchtitan's batching (``--skrull.no-enable``) vs Skrull
-at CP=2 (2 processes) and at DP=2 x CP=2 (4 processes, FSDP over both).
-Every run adapts the head too (``lm_head`` besides the seven decoder
-linears). The third run puts the LoRA head under tensor parallelism: TP 2 x
-CP 2 (4 processes) with the head and loss in chunks of 48 tokens, where
+at CP=2 (2 processes, FSDP over the CP ranks). Every run adapts the head too
+(``lm_head`` besides the seven decoder linears). The second run puts the LoRA
+head under tensor parallelism: TP 2 x CP 2 (4 processes) with the head and
+loss in chunks of 48 tokens, where
 torchtitan shards the head by vocabulary rows and its ``lora_b`` the same
 (``lora_a`` replicated), and each chunk applies base weight and adapters as
 DTensors (train/head_loss.py pass_head_through). Same standard as
@@ -18,6 +18,12 @@ is the export of its own last checkpoint (skrull_ext.export, one process)
 to the bit, and the CP=2 run's to float rounding; its peft adapter folder
 is the CP=2 run's to float rounding. The seed checkpoint and the
 1-process reference are made once for the module.
+
+No DP=2 x CP=2 LoRA run: what it added to these two is FSDP over 4 ranks
+instead of 2 and each DP rank's share planned over its CP pair, neither of
+which touches the adapters (the frozen base and the adapters are sharded over
+the CP ranks here, over 4 ranks in no LoRA run; DP x CP planning and parity:
+test_parity_skrull.py's dp2cp2).
 """
 
 import dataclasses
@@ -40,11 +46,10 @@ ADAPTED = 6 * len(set(HF_TO_TITAN.values())) + 1
 """LoRA linears: 6 layers x 5 (wqkv, wo, w1, w2, w3), and the head."""
 STEPS = CHECK_STEP = 2
 """Steps of every run here, the last one's adapter gradients compared (after one optimizer step,
-whose result they and its loss show): on the debug data all three Skrull runs' rank 0 places some
-sequences local and some distributed at step 2 (at step 3, DP 2 x CP 2's has none local:
-_check_exact_and_mixed). The shared parity runs' 5 steps (conftest.STEPS) are not needed: this
-module has its own seed and reference, and each step of the 4-rank TP and FSDP runs costs much
-(their DTensor ops take most of the module's time)."""
+whose result they and its loss show): on the debug data both Skrull runs' rank 0 places some
+sequences local and some distributed at step 2 (_check_exact_and_mixed). The shared parity runs' 5
+steps (conftest.STEPS) are not needed: this module has its own seed and reference, and each step of
+the 4-rank TP run costs much (its DTensor ops take most of the module's time)."""
 MERGED_TOL = 1e-5
 """Merged weights of two layouts' runs: their adapters differ by the training's float rounding."""
 
@@ -78,12 +83,6 @@ def _skrull_run(lora_reference, name: str, nproc: int, extra: list[str]):
 @pytest.fixture(scope="module")
 def lora_cp2(lora_reference):
     return _skrull_run(lora_reference, "cp2", 2, ["--parallelism.context_parallel_degree", "2"])
-
-
-@pytest.fixture(scope="module")
-def lora_dp2_cp2(lora_reference):
-    return _skrull_run(lora_reference, "dp2cp2", 4, ["--parallelism.context_parallel_degree", "2",
-                                                     "--parallelism.data_parallel_shard_degree", "2"])
 
 
 @pytest.fixture(scope="module")
@@ -138,14 +137,6 @@ def test_lora_parity_cp2_base_unchanged_and_adapter_written(lora_reference, lora
     _base_unchanged(lora_reference, lora_cp2, "cp2")
     for name in ("adapter_config.json", "adapter_model.safetensors"):
         assert os.path.isfile(os.path.join(lora_cp2.dump, "lora_adapter", name)), name
-
-
-@pytest.mark.slow
-def test_lora_parity_dp2_cp2(lora_reference, lora_dp2_cp2):
-    """4 processes: FSDP shards the frozen base and the adapters over DP x CP; Skrull
-    plans each DP rank's share of the global batch over its CP pair."""
-    _matches_reference(lora_dp2_cp2, lora_reference[2], "dp2cp2")
-    _base_unchanged(lora_reference, lora_dp2_cp2, "dp2cp2")
 
 
 def _export(step_dir: str, out: str) -> dict[str, torch.Tensor]:

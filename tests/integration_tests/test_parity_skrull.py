@@ -15,11 +15,18 @@ the forward's K/V exchange: rank 0's DACP counters show per step as many
 all-gathers and bytes as the same run without AC (replay.py).
 
 The varlen segment plan (``attention_kernel = "segments"``, its CPU
-executor) and its query tiles (``"tiles"``) keep the parity at CP=2.
+executor) and its query tiles (``"tiles"``) keep the parity at CP=2. The
+CP=2 AC runs are these: segments under full AC, tiles under selective AC
+(the replay keeps the K/V whichever kernel takes them; the dense kernel
+under AC: dp2cp2_ac_full, and test_compile.py's compiled full-AC run).
 
 The kernel and AC runs train 2 steps, not 5 (conftest.SHORT): step 2 is
 their check step, the first that mixes local and distributed sequences,
 after one optimizer step; the reference saves its gradients too.
+
+The DP=2 x CP=2 run computes its head and loss in chunks of 48 tokens
+(train/head_loss.py; test_head_loss_run.py checks them), the one run
+serving both files.
 
 Schedule invariance (docs/design/method.md, "Loss"): the 'skrull' and 'worstfit'
 policies schedule the check step's global batch differently (different plan
@@ -88,7 +95,7 @@ def test_parity_skrull_dp2_cp2(skrull_runs, reference):
 def test_parity_skrull_cp2_segments_kernel(skrull_runs, reference):
     """``[skrull] attention_kernel = "segments"`` reaches every layer's DACP
     attention, and the segment plan trains like the dense masks."""
-    run = skrull_runs["cp2_segments"]
+    run = skrull_runs["cp2_segments_ac_full"]
     assert "attention kernel segments" in run.output
     _matches_reference(run, reference, short=True)
 
@@ -96,7 +103,7 @@ def test_parity_skrull_cp2_segments_kernel(skrull_runs, reference):
 @pytest.mark.slow
 def test_parity_skrull_cp2_tiles_kernel(skrull_runs, reference):
     """``[skrull] attention_kernel = "tiles"`` trains like the dense masks."""
-    run = skrull_runs["cp2_tiles"]
+    run = skrull_runs["cp2_tiles_ac_selective"]
     assert "attention kernel tiles" in run.output
     _matches_reference(run, reference, short=True)
 
@@ -140,8 +147,9 @@ def test_parity_skrull_cp2_activation_checkpointing(skrull_runs, reference, ac):
     losses and gradients stay those of the reference. The recomputation
     reuses the forward's gathered K/V instead of gathering again: per step
     as many all-gathers and K/V bytes as without AC (one all-gather per layer
-    per micro-batch with distributed sequences)."""
-    run = skrull_runs[f"cp2_ac_{ac}"]
+    per micro-batch with distributed sequences). Full AC runs the segments
+    kernel, selective AC the tiles (conftest)."""
+    run = skrull_runs["cp2_segments_ac_full" if ac == "full" else "cp2_tiles_ac_selective"]
     assert f"Applied {'FullAC' if ac == 'full' else 'SelectiveAC'} activation checkpointing" in run.output
     _matches_reference(run, reference, short=True)
     _exchanged_once(run, skrull_runs["cp2"], f"{ac} AC")

@@ -9,11 +9,15 @@ GRAD, here over POOL_SUB_STEP steps, the last the check step (conftest.SHORT:
 each 4-rank TP step costs much, in DTensor's sharding propagation).
 torchtitan's TP plan splits the attention heads and MLP columns, runs
 sequence-parallel norms and vocab-sharded logits (skrull_ext/train/job/tensor_parallel.py).
+TP 2 x CP 2 computes its head and loss in chunks of 48 tokens (train/head_loss.py; the
+reference's head is whole), DP 2 x TP 2 unchunked: the one TP 2 x CP 2 run serves the parity
+and the chunked head's checks (test_head_loss_run.py has the other shapes').
 """
 
 import pytest
 
 from tests.integration_tests.conftest import POOL_SUB_STEP
+from tests.integration_tests.test_head_loss_run import LINE
 from tests.integration_tests.test_parity_skrull import _matches_reference_losses_and_grads
 
 HEAD_DIM, KV_HEADS, ELEM = 16, 16, 4
@@ -43,12 +47,23 @@ def test_tp_parity_tp2_cp2(skrull_runs, reference):
 
 
 @pytest.mark.slow
+def test_head_chunks_tp2_cp2(skrull_runs):
+    """Under TP the head module passes the Replicate hidden states through as well, and each chunk's linear
+    of them and the Shard(0) weight gives the Shard(-1) logits for loss_parallel (head_loss.py); the
+    run's losses and gradients are the reference's (test_tp_parity_tp2_cp2)."""
+    run = skrull_runs["tp2cp2"]
+    assert LINE in run.output
+    assert "the head module runs in the model's forward, its weight applied per chunk" in run.output
+    assert "head backward: recompute (loss.head_backward auto: TP shards the head's weight" in run.output
+
+
+@pytest.mark.slow
 def test_tp_parity_dp2_tp2(skrull_runs, reference):
     """FSDP over 2 DP ranks x TP 2 (no CP: every sequence whole on its rank, bucket_size
     512 so that none is cut), gradients reduce-scattered once per step as in
     test_parity_skrull's dp2cp2."""
     run = skrull_runs["dp2tp2"]
-    assert "DP 2 x CP 1 x TP 2" in run.output
+    assert "DP 2 x CP 1 x TP 2" in run.output and LINE not in run.output  # the head whole
     _matches_reference_losses_and_grads(run, reference, short=True)
     assert sum(run.scalars("skrull/truncated")) == sum(run.scalars("skrull/dropped")) == 0
     assert sum(run.scalars("skrull/dacp_fwd_bytes")) == 0

@@ -7,7 +7,7 @@
 """DACP attention under torch.compile(fullgraph=True): the custom op of
 attention/compiled.py, in one process (CP 1), on dynamo + AOTAutograd
 (``aot_eager``: the op's fake and autograd registrations, without inductor's
-C++ build; inductor at CP 2 is tests/integration_tests/test_compile.py).
+C++ build; the same checks under inductor: test_inductor_cpu.py).
 
 Two layers of toy blocks, compiled, against the same blocks eager: outputs
 and gradients equal, one compiled graph for every layer (the layer and the
@@ -62,20 +62,33 @@ def _run(model, lens, grad=True):
     return y.detach(), meta
 
 
-@pytest.fixture(scope="module")
-def runs():
+def compiled_runs(backend: str):
+    """The toy blocks eager and compiled by ``backend`` over BATCHES (and once under no_grad)."""
     torch._dynamo.reset()  # dynamo's caches and its graph counter are process-wide: another
     torch._dynamo.utils.counters.clear()  # test's compile before this one must not count here
     eager, compiled = _model(), _model()
     for block in compiled:
-        block.compile(backend="aot_eager", fullgraph=True)
+        block.compile(backend=backend, fullgraph=True)
     out = {"eager": [_run(eager, lens) for lens in BATCHES], "compiled": [_run(compiled, lens) for lens in BATCHES]}
     out["no_grad"] = _run(compiled, BATCHES[0], grad=False)
     out["graphs"] = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     return eager, compiled, out
 
 
+@pytest.fixture(scope="module")
+def runs():
+    return compiled_runs("aot_eager")
+
+
 def test_compiled_op_matches_eager(runs):
+    matches_eager(runs)
+
+
+def test_compiled_op_leaves_no_tape_and_counts_like_eager(runs):
+    leaves_no_tape_and_counts_like_eager(runs)
+
+
+def matches_eager(runs) -> None:
     eager, compiled, out = runs
     for (a, _), (b, _) in zip(out["compiled"], out["eager"]):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
@@ -83,7 +96,7 @@ def test_compiled_op_matches_eager(runs):
         torch.testing.assert_close(p.grad, r.grad, rtol=1e-6, atol=1e-6)
 
 
-def test_compiled_op_leaves_no_tape_and_counts_like_eager(runs):
+def leaves_no_tape_and_counts_like_eager(runs) -> None:
     eager, compiled, out = runs
     # One graph per (first shape, dynamic shape, no_grad), whichever layer: not one per layer.
     assert out["graphs"] == 3, out["graphs"]

@@ -8,8 +8,8 @@
 blocks receive, the traced attention against the eager DACP call and the
 float64 reference, and the counters the trainer bumps in its place.
 
-The compiled cases run dynamo + AOTAutograd (``aot_eager``), as
-test_dacp_compiled.py; inductor trains it in tests/integration_tests/test_compile.py.
+The compiled case runs dynamo + AOTAutograd (``aot_eager``), as
+test_dacp_compiled.py; under inductor: test_inductor_cpu.py.
 The varlen case needs CUDA (docs/gpu.md runs it).
 """
 
@@ -108,6 +108,10 @@ def _step(block, masks, lens):
 
 
 def test_compiled_block_traces_the_local_attention():
+    traces_the_local_attention("aot_eager")
+
+
+def traces_the_local_attention(backend: str) -> None:
     """fullgraph compile over a LocalOnlyBatch: no graph break, the opaque op never
     runs (the layer's own counters stay 0), outputs and gradients those of the eager
     block over the meta; two micro-batches of other lengths reuse the dynamic graph."""
@@ -116,7 +120,7 @@ def test_compiled_block_traces_the_local_attention():
     eager = Block()
     torch.manual_seed(0)
     compiled = Block()
-    compiled.compile(backend="aot_eager", fullgraph=True)
+    compiled.compile(backend=backend, fullgraph=True)
     for lens in (LENS, [9, 2], [4, 4, 4, 1]):
         meta = _local(lens)
         for p in (*eager.parameters(), *compiled.parameters()):
