@@ -12,9 +12,11 @@ continues from a copy of it.
   sources' reads sum to the run's, in the summary and in TensorBoard per step;
 - the continued run logs bitwise the uninterrupted run's losses of steps 4..5
   and ends with the same per-source summary;
-- the head in chunks at DP 2, DP 2 x TP 2 (from the same seed) and with a LoRA
-  head runs free where step 5's plan gives the DP ranks 1 and 2 micro-batches,
-  with the losses of the head in one chunk.
+- the head in chunks at DP 2 and at DP 2 x TP 2 (from the same seed) runs free
+  where step 5's plan gives the DP ranks 1 and 2 micro-batches, with the
+  uninterrupted run's losses (the head in one chunk). A LoRA head in chunks at
+  DP 2, free-running beside a rank with no micro-batch:
+  tests/integration_tests/test_chunk_dp_run.py.
 """
 
 import os
@@ -27,7 +29,6 @@ from skrull_ext.data.steps.base import DATASETS
 from skrull_ext.train.job.job_file import load_job
 from skrull_ext.train.plan_log import read_plan_log
 from tests.integration_tests.launch import REPO, Run, torchrun
-from tests.integration_tests.torchtitan_job import JOB_ENV
 
 TEXT = os.path.join(REPO, "skrull_ext", "jobs", "debug_cpu_text.toml")
 NOTES = os.path.join(REPO, "tests", "fixtures", "accounting.jsonl")
@@ -154,10 +155,10 @@ def test_head_in_chunks_runs_free_at_dp2_with_the_same_losses(runs, tmp_path):
     _same_losses(run, runs["full"].losses)
 
 
-def _run(tmp_path, name: str, args: list[str], nproc: int = 2, env: dict | None = None) -> Run:
+def _run(tmp_path, name: str, args: list[str], nproc: int = 2) -> Run:
     dump = str(tmp_path / name)
     proc = torchrun(nproc, "skrull_ext.train", [*args, "--dump_folder", dump, "--training.steps", str(STEPS),
-                                                "--metrics.enable_tensorboard"], cwd=str(tmp_path), env=env)
+                                                "--metrics.enable_tensorboard"], cwd=str(tmp_path))
     return Run(dump=dump, output=proc.stdout + proc.stderr, grads=None)
 
 
@@ -174,27 +175,6 @@ def _same_losses(run: Run, want: list[float]) -> None:
     print(f"losses {got}\nwant   {want}")
     assert len(got) == len(want) == STEPS
     assert all(abs(a - b) <= 1e-4 * abs(b) for a, b in zip(got, want)), (got, want)
-
-
-@pytest.mark.slow
-def test_lora_head_in_chunks_runs_free_at_dp2_with_the_same_losses(tmp_path):
-    """A LoRA linear as the head ([lora]'s adapters in the layers too; lora_head_job.py) in 4 chunks a
-    micro-batch at DP 2, free-running where step 5 gives the ranks 1 and 2 micro-batches (checked in the
-    plan log; the runs stop there): the head module passes the hidden states through in the model's
-    forward and the loss applies base weight + adapters per chunk (head_loss.py HEAD_FORWARDS,
-    lora_linear). Called from the loss, such a head
-    kept the ranks in lockstep. The losses are those of the run whose one chunk holds every micro-batch
-    (the LoRA head's own forward in the model's)."""
-    job = ["--module", "tests.integration_tests.lora_head_job", "--config", "job_file_lora_head"]
-    env = {JOB_ENV: _job(str(tmp_path))}
-    one = _run(tmp_path, "lora_head_one_chunk", job, env=env)
-    assert "one chunk holds a micro-batch, so the head runs in the model's forward" in one.output
-    run = _run(tmp_path, "lora_head_chunks", [*job, "--loss.chunk_tokens", "64", "--skrull.plan_log"], env=env)
-    assert "4 chunks for the largest micro-batch (256 tokens: the job's BucketSize)" in run.output
-    assert "the head module runs in the model's forward, its weight applied per chunk" in run.output
-    assert "Skrull execution: skrull.free_running = 'auto': free-running" in run.output
-    _uneven_at_the_last_step(run)
-    _same_losses(run, one.losses)
 
 
 @pytest.mark.slow
