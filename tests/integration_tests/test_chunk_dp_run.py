@@ -186,8 +186,8 @@ def test_compiled_chunked_run_matches_eager(workdir, seed, one_process):
     run through the compiled blocks (train/chunk_path.py), the first step with chunked samples compiling
     the chunk's graphs, a bounded number, and the later ones none (dynamo's counters, read by the probe
     around each step's chunked samples); the start-up line says so. (At CP > 1 and under TP the chunks run
-    the blocks' eager code and compile nothing: chunk_path's rule, test_chunked_compiled.py; over 2 real
-    CP ranks in a compiled model, bitwise the uncompiled model's chunks, test_chunked.py's CP 2 ranks.)"""
+    the blocks' eager code: chunk_path's rule and line, test_chunked_compiled.py; over 2 real CP ranks in
+    a compiled model, compiling nothing and giving the one-pass loss and gradients, test_chunked.py.)"""
     import json
 
     from tests.integration_tests.test_compile import GRAD as COMPILE_GRAD, LOSS as COMPILE_LOSS
