@@ -27,29 +27,36 @@ CHUNK = ["--skrull.overlength", "chunk", "--dataloader.max_len", "2048", "--trai
          "--skrull.plan_log"]
 STEPS, CHECK = 3, 3
 LIMIT = 256
+SHORT = 2
+"""The steps of the runs whose check needs documents in chunks but not step 3's placement (TP, the
+LoRA head): step 2 has them at CP 1 and CP 2; their losses and gradients are the one-process run's of
+its first SHORT steps (the learning rate of step SHORT, the only one a shorter run schedules otherwise,
+acts after them)."""
 
 
 def _plans(run, ranks: int) -> list[dict[int, dict]]:
     return [read_plan_log(os.path.join(run.dump, "skrull_plans", f"rank{r}.jsonl")) for r in range(ranks)]
 
 
-def _trains_as_one_process(run, one_process, label: str) -> None:
-    """Every sample read trained whole (none cut or skipped), and the losses and step-CHECK
-    gradients of the one-process run (``label`` names the run in what is printed)."""
-    assert (f"Run summary: samples read {8 * STEPS} = trained whole {8 * STEPS} + trained cut 0 + skipped 0"
+def _trains_as_one_process(run, one_process, label: str, steps: int = STEPS) -> None:
+    """Every sample read trained whole (none cut or skipped), and the losses and last-step gradients
+    of the one-process run (``label`` names the run in what is printed) over ``steps`` steps."""
+    assert (f"Run summary: samples read {8 * steps} = trained whole {8 * steps} + trained cut 0 + skipped 0"
             in run.output), run.output[-3000:]
-    ref, got = one_process.losses, run.losses
+    ref, got = one_process.losses[:steps], run.losses
     print(f"DP 1 {ref}\n{label} {got}")
-    assert len(got) == STEPS and max(abs(x - y) for x, y in zip(ref, got)) < 1e-4, f"{ref} vs {got}"
-    worst, rel = assert_same_grads(run.grads, one_process.grads, **GRAD)
-    print(f"step {CHECK} gradients, {label} vs DP 1: max |diff| {worst:.3g}, relative norm {rel:.3g}")
+    assert len(got) == steps and max(abs(x - y) for x, y in zip(ref, got)) < 1e-4, f"{ref} vs {got}"
+    worst, rel = assert_same_grads(run.grads, one_process.grads if steps == CHECK else one_process.step_grads[steps],
+                                   **GRAD)
+    print(f"step {steps} gradients, {label} vs DP 1: max |diff| {worst:.3g}, relative norm {rel:.3g}")
 
 
 @pytest.fixture(scope="module")
 def one_process(workdir, seed):
-    """The unscheduled reference: the same job on one process, every document on the one rank."""
+    """The unscheduled reference: the same job on one process, every document on the one rank (its
+    gradients saved at step SHORT too)."""
     return train_from_seed(workdir, "chunk_dp1", 1, "skrull_ext.train", SKRULL, seed, STEPS, extra=CHUNK,
-                           grads_at=CHECK)
+                           grads_at=CHECK, more_grads_at=(SHORT,))
 
 
 @pytest.mark.slow
@@ -115,30 +122,43 @@ def test_chunked_documents_at_dp2_lockstep_match_one_process(workdir, seed, one_
 @pytest.mark.slow
 def test_chunked_documents_at_dp2_with_a_lora_head_in_chunks(workdir):
     """``overlength = "chunk"`` needs free-running DP ranks, which a LoRA head in several chunks kept in
-    lockstep while it was called from the loss (refused at DP 2). Passed through (head_loss.py), it runs
-    free: the debug job with a LoRA linear as its head (lora_head_job.py), ``--skrull.free_running`` at
-    DP 2, the head in chunks of 48 tokens inside each document's chunks, logs the losses of the same job
+    lockstep while it was called from the loss (refused at DP 2). Passed through (head_loss.py
+    HEAD_FORWARDS, lora_linear: the head module passes the hidden states through in the model's forward,
+    the loss applies base weight + adapters per chunk), it runs free: the debug job with a LoRA linear as
+    its head ([lora]'s adapters in the layers too; lora_head_job.py) at DP 2, ``skrull.free_running``
+    "auto" settling free-running, the head in chunks of 48 tokens a micro-batch and inside each
+    document's chunks, over SHORT steps, the last one's plan giving DP rank 0 documents and no
+    micro-batch beside DP rank 1's two (checked in the plan log), logs the losses of the same job
     whose one head chunk holds every micro-batch (the LoRA head's own forward in the model's)."""
     job = ["--module", "tests.integration_tests.lora_head_job", "--config", "job_file_lora_head",
-           "--skrull.cost_model", PLAN_PROFILE, "--skrull.lookahead", "1", *CHUNK, "--skrull.free_running"]
+           "--skrull.cost_model", PLAN_PROFILE, "--skrull.lookahead", "1", *CHUNK]
     env = {JOB_ENV: os.path.join(REPO, "skrull_ext", "jobs", "debug_cpu.toml")}
-    one, chunks = (train_from_seed(workdir, f"chunk_lora_head_{name}", 2, "skrull_ext.train", job, None, STEPS,
+    one, chunks = (train_from_seed(workdir, f"chunk_lora_head_{name}", 2, "skrull_ext.train", job, None, SHORT,
                                    extra=extra, env=env)
                    for name, extra in (("one", []), ("chunks", ["--loss.chunk_tokens", "48"])))
     assert "one chunk holds a micro-batch, so the head runs in the model's forward" in one.output
+    assert "6 chunks for the largest micro-batch (256 tokens: the job's BucketSize)" in chunks.output
     assert "the head module runs in the model's forward, its weight applied per chunk" in chunks.output
     for run in (one, chunks):
+        assert "Skrull execution: skrull.free_running = 'auto': free-running" in run.output, run.output[-3000:]
         assert "timeline free" in run.output and "of the whole trained in chunks" in run.output
+    plan = _plans(chunks, 2)[0][SHORT]
+    micro_batches = [len({m for m, d in zip(plan["plan_micro_batch"], plan["plan_dp_rank"]) if d == rank})
+                     for rank in range(2)]
+    documents = [plan["plan_chunked_dp_rank"].count(rank) for rank in range(2)]
+    assert micro_batches == [0, 2] and documents[0] > 0, (micro_batches, documents)
     ref, got = one.losses, chunks.losses
     print(f"head in one chunk {ref}\nin chunks of 48 {got}")
-    assert len(got) == STEPS and max(abs(x - y) for x, y in zip(ref, got)) < 1e-4, f"{ref} vs {got}"
+    assert len(got) == SHORT and max(abs(x - y) for x, y in zip(ref, got)) < 1e-4, f"{ref} vs {got}"
 
 
 TEXT = ["--config-file", os.path.join(REPO, "skrull_ext", "jobs", "debug_cpu_text.toml"), "--skrull.lookahead", "1",
         "--skrull.overlength", "chunk", "--skrull.bucket_size", "32", "--dataloader.max_len", "4096",
         "--training.seq_len", "4096", "--validation.enable", "--validation.dataset_path",
-        os.path.join(REPO, "tests", "fixtures", "held_out.jsonl"), "--validation.freq", "1"]
-"""The shipped text job with a BucketSize of 32 tokens: most held-out samples are chunked documents."""
+        os.path.join(REPO, "tests", "fixtures", "held_out.jsonl"), "--validation.freq", "1",
+        "--dataloader.global_batch_size", "2", "--validation.global_batch_size", "8"]
+"""The shipped text job with a BucketSize of 32 tokens: most held-out samples are chunked documents,
+validated in batches of 8; the one training step before takes 2 samples (what it trains is not checked)."""
 
 
 def _validation_losses(output: str) -> list[float]:
@@ -160,41 +180,36 @@ def test_validation_at_dp2_runs_every_document_on_every_rank_and_counts_it_once(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("cp", [1, 2])
-def test_compiled_chunked_run_matches_eager(workdir, seed, one_process, cp):
-    """``--compile.enable`` (each block compiled by aot_eager): the same losses and step-3 gradients as
-    the eager run within compile's float rounding (test_compile.py's tolerances). CP 1: the chunks run
-    through the compiled blocks (train/chunk_path.py), the first step with chunked samples compiling the
-    chunk's graphs, a bounded number, and the later ones none (dynamo's counters, read by the probe
-    around each step's chunked samples); the start-up line says so. CP 2 (its chunks' K/V gathered): the
-    chunks run the blocks' eager code and compile nothing, the line naming CP as why."""
+def test_compiled_chunked_run_matches_eager(workdir, seed, one_process):
+    """``--compile.enable`` (each block compiled by aot_eager), 1 process: the same losses and step-3
+    gradients as the eager run within compile's float rounding (test_compile.py's tolerances). The chunks
+    run through the compiled blocks (train/chunk_path.py), the first step with chunked samples compiling
+    the chunk's graphs, a bounded number, and the later ones none (dynamo's counters, read by the probe
+    around each step's chunked samples); the start-up line says so. (At CP > 1 and under TP the chunks run
+    the blocks' eager code: chunk_path's rule and line, test_chunked_compiled.py; over 2 real CP ranks in
+    a compiled model, compiling nothing and giving the one-pass loss and gradients, test_chunked.py.)"""
     import json
 
     from tests.integration_tests.test_compile import GRAD as COMPILE_GRAD, LOSS as COMPILE_LOSS
 
-    counted = os.path.join(workdir, f"chunk_cp{cp}_compile_dynamo")
-    # aot_eager: the same dynamo graphs and AOT autograd, without inductor's C++ builds of them (CP 1:
-    # 100 s of CI's time). Inductor on the traced chunks: tools/compiled_chunks.py --backend inductor;
-    # at CP 2 the chunks compile nothing, and inductor on the blocks there is test_compile.py's cp2_compile.
-    run = train_from_seed(workdir, f"chunk_cp{cp}_compile", cp, "skrull_ext.train", SKRULL, seed, STEPS,
-                          extra=[*CHUNK, "--compile.enable", "--compile.backend", "aot_eager",
-                                 "--parallelism.context_parallel_degree", str(cp)],
+    counted = os.path.join(workdir, "chunk_cp1_compile_dynamo")
+    # aot_eager: the same dynamo graphs and AOT autograd, without inductor's C++ builds of them (100 s of
+    # CI's time). Inductor on the traced chunks: tools/compiled_chunks.py --backend inductor.
+    run = train_from_seed(workdir, "chunk_cp1_compile", 1, "skrull_ext.train", SKRULL, seed, STEPS,
+                          extra=[*CHUNK, "--compile.enable", "--compile.backend", "aot_eager"],
                           grads_at=CHECK, env={"SKRULL_PROBE_DYNAMO": counted})
     out = run.output
     assert "Compiling each TransformerBlock with torch.compile" in out
     assert "hit config.recompile_limit" not in out and "cache_size_limit" not in out
-    path = "run the compiled blocks" if cp == 1 else "run the blocks' eager code: at CP > 1"
-    assert f"Skrull: chunked documents {path}" in out, out[-3000:]
+    assert "Skrull: chunked documents run the compiled blocks" in out, out[-3000:]
     with open(os.path.join(counted, "dynamo.rank0.jsonl")) as f:
         records = [json.loads(line) for line in f]
     calls, total = [r for r in records if "total" not in r], records[-1]["total"]
     print(f"dynamo during each step's chunked samples: {calls}; the whole run: {total}")
-    assert [r["step"] for r in calls] == [2, 3]  # the steps with samples over the limit (256 x cp)
-    if cp == 1:  # traced: the chunk's graphs once, then none: not one per layer or chunk (train/chunked.py:
-        # the first chunk's and the rest's, each again for the recomputation, whose input FSDP leaves unwrapped)
-        assert 1 <= calls[0]["graphs"] <= 4 and calls[1]["graphs"] == 0, calls
-    else:
-        assert all(r["graphs"] == 0 and r["frames"] == 0 for r in calls), calls
+    assert [r["step"] for r in calls] == [2, 3]  # the steps with samples over the limit (256)
+    # traced: the chunk's graphs once, then none: not one per layer or chunk (train/chunked.py: the first
+    # chunk's and the rest's, each again for the recomputation, whose input FSDP leaves unwrapped)
+    assert 1 <= calls[0]["graphs"] <= 4 and calls[1]["graphs"] == 0, calls
     assert 1 <= total["graphs"] <= 12, total  # the micro-batches' own and the chunks'
     ref, got = one_process.losses, run.losses
     print(f"eager {ref}\ncompiled {got}")
@@ -204,14 +219,14 @@ def test_compiled_chunked_run_matches_eager(workdir, seed, one_process, cp):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("cp", [1, 2])
-def test_chunked_documents_under_tp2_match_one_process(workdir, seed, one_process, cp):
-    """TP 2 x CP 1 and TP 2 x CP 2 (2 and 4 processes): each TP rank runs a chunk's attention on its
-    own heads, keeping their K/V and gathering them over its CP group (attention/module.py hands
-    ChunkAttention the local heads); the same losses and step-3 gradients as one process."""
-    run = train_from_seed(workdir, f"chunk_tp2cp{cp}", 2 * cp, "skrull_ext.train", SKRULL, seed, STEPS,
+def test_chunked_documents_under_tp2_match_one_process(workdir, seed, one_process):
+    """TP 2 x CP 2 (4 processes): each TP rank runs a chunk's attention on its own heads, keeping their
+    K/V and gathering them over its CP group (attention/module.py hands ChunkAttention the local heads);
+    the same losses and step-SHORT gradients as one process (step 2's 786-token document in chunks of
+    512). (TP 2 x CP 1 takes the same TP path, the chunk held whole as in every CP 1 run here.)"""
+    run = train_from_seed(workdir, "chunk_tp2cp2", 4, "skrull_ext.train", SKRULL, seed, SHORT,
                           extra=[*CHUNK, "--parallelism.tensor_parallel_degree", "2",
-                                 "--parallelism.context_parallel_degree", str(cp)], grads_at=CHECK)
-    assert f"DP 1 x CP {cp} x TP 2" in run.output
+                                 "--parallelism.context_parallel_degree", "2"], grads_at=SHORT)
+    assert "DP 1 x CP 2 x TP 2" in run.output
     assert "of the whole trained in chunks" in run.output, run.output[-3000:]
-    _trains_as_one_process(run, one_process, f"TP 2 x CP {cp}")
+    _trains_as_one_process(run, one_process, "TP 2 x CP 2", SHORT)

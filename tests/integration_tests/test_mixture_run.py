@@ -2,15 +2,21 @@
 
 The shipped text job with ``dataset = "mixture"``: tiny_sft.jsonl ("chat",
 weight 3) and tests/fixtures/accounting.jsonl ("notes", weight 1, 8
-records, so about 1.5 epochs of it). 6 steps of 8 samples, a full checkpoint
-at step 3; a second run continues from a copy of it.
+records, so 1.25 epochs of it, the second begun at step 5), from the session's
+seed checkpoint. 5 steps of 8 samples, a full checkpoint at step 3; a second run
+continues from a copy of it.
 
-- per-source counts: the run's totals are 36 chat and 12 notes samples, the
+- per-source counts: the run's totals are 30 chat and 10 notes samples, the
   weights' 3:1 within TOLERANCE, and what the mixture's draw says in-process;
 - per-source accounting adds up: read = whole + cut + skipped per source, the
   sources' reads sum to the run's, in the summary and in TensorBoard per step;
-- the continued run logs bitwise the uninterrupted run's losses of steps 4..6
-  and ends with the same per-source summary.
+- the continued run logs bitwise the uninterrupted run's losses of steps 4..5
+  and ends with the same per-source summary;
+- the head in chunks at DP 2 and at DP 2 x TP 2 (from the same seed) runs free
+  where step 5's plan gives the DP ranks 1 and 2 micro-batches, with the
+  uninterrupted run's losses (the head in one chunk). A LoRA head in chunks at
+  DP 2, free-running beside a rank with no micro-batch:
+  tests/integration_tests/test_chunk_dp_run.py.
 """
 
 import os
@@ -23,14 +29,13 @@ from skrull_ext.data.steps.base import DATASETS
 from skrull_ext.train.job.job_file import load_job
 from skrull_ext.train.plan_log import read_plan_log
 from tests.integration_tests.launch import REPO, Run, torchrun
-from tests.integration_tests.torchtitan_job import JOB_ENV
 
 TEXT = os.path.join(REPO, "skrull_ext", "jobs", "debug_cpu_text.toml")
 NOTES = os.path.join(REPO, "tests", "fixtures", "accounting.jsonl")
-STEPS, SAVE_AT, BATCH = 6, 3, 8
-UNEQUAL_STEP = 5
-"""The step whose plan gives the DP ranks 1 and 2 micro-batches, free-running; the head-in-chunks runs
-of their own (no run above to compare with) stop there."""
+STEPS, SAVE_AT, BATCH = 5, 3, 8
+UNEQUAL_STEP = STEPS
+"""The step whose plan gives the DP ranks 1 and 2 micro-batches, free-running: the last (a run of other
+steps would change the learning rate's schedule, and the losses after its first steps)."""
 WEIGHTS = {"chat": 3, "notes": 1}
 TOLERANCE = 1
 """Samples a source's run total may be from ``read * weight`` (the draw's bound, test_mixture.py)."""
@@ -58,22 +63,30 @@ def _job(workdir: str) -> str:
     return path
 
 
-def _launch(workdir: str, job: str, name: str) -> Run:
+def _launch(workdir: str, job: str, name: str, seed: str) -> Run:
     dump = os.path.join(workdir, name)
     proc = torchrun(2, "skrull_ext.train", [
         "--config-file", job, "--dump_folder", dump, "--training.steps", str(STEPS), "--metrics.enable_tensorboard",
-        "--checkpoint.enable", "--checkpoint.interval", str(SAVE_AT)], cwd=workdir)
+        "--checkpoint.enable", "--checkpoint.interval", str(SAVE_AT), "--checkpoint.initial_load_path", seed],
+        cwd=workdir)
     return Run(dump=dump, output=proc.stdout + proc.stderr, grads=None)
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> dict:
+def runs(tmp_path_factory, seed) -> dict:
+    """The uninterrupted run and its continuation, from the session's seed checkpoint (the same debug
+    llama3), so that runs of other layouts (TP) start from its weights too and compare with its losses."""
     workdir = str(tmp_path_factory.mktemp("mixture"))
     job = _job(workdir)
-    full = _launch(workdir, job, "full")
+    full = _launch(workdir, job, "full", seed)
     ckpt = os.path.join(full.dump, "checkpoint", f"step-{SAVE_AT}")
     shutil.copytree(ckpt, os.path.join(workdir, "resumed", "checkpoint", f"step-{SAVE_AT}"))
-    return {"job": job, "full": full, "resumed": _launch(workdir, job, "resumed")}
+    return {"job": job, "seed": seed, "full": full, "resumed": _launch(workdir, job, "resumed", seed)}
+
+
+def _from_seed(runs: dict) -> list[str]:
+    """The flags of a run that starts from the full run's initial weights."""
+    return ["--checkpoint.enable", "--checkpoint.load_only", "--checkpoint.initial_load_path", runs["seed"]]
 
 
 def _per_source(output: str) -> dict[str, tuple[int, int, int, int]]:
@@ -127,22 +140,25 @@ def test_mixture_resume_is_bitwise(runs):
 @pytest.mark.slow
 def test_head_in_chunks_runs_free_at_dp2_with_the_same_losses(runs, tmp_path):
     """The head in 4 chunks a micro-batch (``--loss.chunk_tokens 64``) at DP 2, free-running, where
-    step 5 gives the ranks 1 and 2 micro-batches: the head module runs in the model's forward and
-    its weight per chunk (head_loss.py ``pass_head_through``); called from the loss instead, its
-    FSDP unit's hooks ran out of step and gloo aborted on mismatched reduce-scatters at step 5.
-    The losses are the uninterrupted run's (the head in one chunk) to float rounding."""
-    run = _run(tmp_path, "chunks", ["--config-file", runs["job"], "--loss.chunk_tokens", "64"])
+    step 5 gives the ranks 1 and 2 micro-batches (checked in the plan log; the run stops there): the
+    head module runs in the model's forward and its weight per chunk (head_loss.py ``pass_head_through``);
+    called from the loss instead, its FSDP unit's hooks ran out of step and gloo aborted on mismatched
+    reduce-scatters at step 5. The losses are the uninterrupted run's (the head in one chunk) to float
+    rounding."""
+    run = _run(tmp_path, "chunks", ["--config-file", runs["job"], *_from_seed(runs), "--loss.chunk_tokens", "64",
+                                    "--skrull.plan_log"])
     assert "4 chunks for the largest micro-batch (256 tokens: the job's BucketSize)" in run.output
     assert "the head module runs in the model's forward, its weight applied per chunk" in run.output
     assert "head backward: in_forward (loss.head_backward auto" in run.output  # train/head_grad.py's chunks
     assert "Skrull execution: skrull.free_running = 'auto': free-running" in run.output
+    _uneven_at_the_last_step(run)
     _same_losses(run, runs["full"].losses)
 
 
-def _run(tmp_path, name: str, args: list[str], nproc: int = 2, env: dict | None = None, steps: int = STEPS) -> Run:
+def _run(tmp_path, name: str, args: list[str], nproc: int = 2) -> Run:
     dump = str(tmp_path / name)
-    proc = torchrun(nproc, "skrull_ext.train", [*args, "--dump_folder", dump, "--training.steps", str(steps),
-                                                "--metrics.enable_tensorboard"], cwd=str(tmp_path), env=env)
+    proc = torchrun(nproc, "skrull_ext.train", [*args, "--dump_folder", dump, "--training.steps", str(STEPS),
+                                                "--metrics.enable_tensorboard"], cwd=str(tmp_path))
     return Run(dump=dump, output=proc.stdout + proc.stderr, grads=None)
 
 
@@ -154,51 +170,29 @@ def _uneven_at_the_last_step(run: Run) -> None:
     assert counts == [1, 2], f"step {UNEQUAL_STEP}'s plan no longer gives the DP ranks 1 and 2 micro-batches: {counts}"
 
 
-def _same_losses(run: Run, want: list[float], steps: int = STEPS) -> None:
+def _same_losses(run: Run, want: list[float]) -> None:
     got = run.losses
     print(f"losses {got}\nwant   {want}")
-    assert len(got) == len(want) == steps
+    assert len(got) == len(want) == STEPS
     assert all(abs(a - b) <= 1e-4 * abs(b) for a, b in zip(got, want)), (got, want)
-
-
-@pytest.mark.slow
-def test_lora_head_in_chunks_runs_free_at_dp2_with_the_same_losses(tmp_path):
-    """A LoRA linear as the head ([lora]'s adapters in the layers too; lora_head_job.py) in 4 chunks a
-    micro-batch at DP 2, free-running where step 5 gives the ranks 1 and 2 micro-batches (checked in the
-    plan log; the runs stop there): the head module passes the hidden states through in the model's
-    forward and the loss applies base weight + adapters per chunk (head_loss.py HEAD_FORWARDS,
-    lora_linear). Called from the loss, such a head
-    kept the ranks in lockstep. The losses are those of the run whose one chunk holds every micro-batch
-    (the LoRA head's own forward in the model's)."""
-    job = ["--module", "tests.integration_tests.lora_head_job", "--config", "job_file_lora_head"]
-    env = {JOB_ENV: _job(str(tmp_path))}
-    one = _run(tmp_path, "lora_head_one_chunk", job, env=env, steps=UNEQUAL_STEP)
-    assert "one chunk holds a micro-batch, so the head runs in the model's forward" in one.output
-    run = _run(tmp_path, "lora_head_chunks", [*job, "--loss.chunk_tokens", "64", "--skrull.plan_log"], env=env,
-               steps=UNEQUAL_STEP)
-    assert "4 chunks for the largest micro-batch (256 tokens: the job's BucketSize)" in run.output
-    assert "the head module runs in the model's forward, its weight applied per chunk" in run.output
-    assert "Skrull execution: skrull.free_running = 'auto': free-running" in run.output
-    _uneven_at_the_last_step(run)
-    _same_losses(run, one.losses, UNEQUAL_STEP)
 
 
 @pytest.mark.slow
 def test_tp_head_in_chunks_runs_free_at_dp2_tp2_with_the_same_losses(runs, tmp_path):
     """The head in 4 chunks a micro-batch at DP 2 x TP 2 (4 processes), free-running, step 5 again giving
-    the DP ranks 1 and 2 micro-batches (the plan log's plan_dp_rank / plan_micro_batch, checked; the runs
-    stop there): under TP the head module passes the Replicate hidden states through too, and each
+    the DP ranks 1 and 2 micro-batches (the plan log's plan_dp_rank / plan_micro_batch, checked; the run
+    stops there): under TP the head module passes the Replicate hidden states through too, and each
     chunk's linear of them and the Shard(0) weight gives the Shard(-1) logits loss_parallel takes
     (head_loss.py pass_head_through).
-    The losses are those of the same layout with the head in one chunk, to float rounding (TP draws
-    other initial weights than the DP 2 runs above)."""
-    tp = ["--config-file", runs["job"], "--parallelism.data_parallel_shard_degree", "2",
+    The losses are those of the uninterrupted DP 2 run (no TP, the head in one chunk, in the model's
+    forward), from the same seed checkpoint, to float rounding. (TP's head in one chunk, in the model's
+    forward: test_parity_tp.py's dp2tp2 run, held to the 1-process reference.)"""
+    tp = ["--config-file", runs["job"], *_from_seed(runs), "--parallelism.data_parallel_shard_degree", "2",
           "--parallelism.tensor_parallel_degree", "2", "--skrull.plan_log"]
-    one = _run(tmp_path, "tp_head_one_chunk", tp, nproc=4, steps=UNEQUAL_STEP)
-    assert "one chunk holds a micro-batch, so the head runs in the model's forward" in one.output
-    run = _run(tmp_path, "tp_head_chunks", [*tp, "--loss.chunk_tokens", "64"], nproc=4, steps=UNEQUAL_STEP)
+    assert "one chunk holds a micro-batch, so the head runs in the model's forward" in runs["full"].output
+    run = _run(tmp_path, "tp_head_chunks", [*tp, "--loss.chunk_tokens", "64"], nproc=4)
     assert "DP 2 x CP 1 x TP 2" in run.output
     assert "the head module runs in the model's forward, its weight applied per chunk" in run.output
     assert "Skrull execution: skrull.free_running = 'auto': free-running" in run.output
     _uneven_at_the_last_step(run)
-    _same_losses(run, one.losses, UNEQUAL_STEP)
+    _same_losses(run, runs["full"].losses)

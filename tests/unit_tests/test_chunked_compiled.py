@@ -18,10 +18,14 @@ micro-batch again:
 - the micro-batch after the chunks reuses its first graphs.
 
 Graphs and frames are counted from ``torch._dynamo.utils.counters`` (each
-recompile is one more graph). With and without torchtitan's full activation
-checkpointing. ``aot_eager`` keeps these free of inductor's C++ builds;
-inductor on real processes is tests/integration_tests/test_chunk_dp_run.py
-(``test_compiled_chunked_run_matches_eager``). Slow: each compiles a model.
+recompile is one more graph). Under torchtitan's full activation checkpointing
+(AC wraps each block, the wrapper compiled): its chunks take every step of the
+plain blocks' and the checkpoint wrapper's besides. The plain blocks' traced
+chunks run in tests/integration_tests/test_chunk_dp_run.py's
+``test_compiled_chunked_run_matches_eager`` (a trainer run under FSDP: the same
+graph bounds, the eager run's losses and gradients). ``aot_eager`` keeps these
+free of inductor's C++ builds; inductor on the traced chunks is
+tools/compiled_chunks.py --backend inductor. Slow: it compiles a model.
 """
 
 import pytest
@@ -57,12 +61,12 @@ def _added(after: dict, before: dict) -> dict:
     return {k: after[k] - before[k] for k in after}
 
 
-@pytest.fixture(scope="module", params=[False, True], ids=["plain", "full_ac"])
-def compiled_run(request):
-    """Under torchtitan's full AC too (AC wraps each block, compile the wrapper, as torchtitan orders them)."""
+@pytest.fixture(scope="module")
+def compiled_run():
+    """Under torchtitan's full AC (AC wraps each block, compile the wrapper, as torchtitan orders them)."""
     torch._dynamo.reset()  # dynamo's caches and counters are process-wide: start this run's from zero
     torch._dynamo.utils.counters.clear()
-    model = _model(ac=request.param)
+    model = _model(ac=True)
     for block in model.layers.values():
         block.compile(backend="aot_eager", fullgraph=True)
     _micro_batch(model)
@@ -80,12 +84,12 @@ def compiled_run(request):
     marks["no_grad"] = _counts()
     _micro_batch(model)
     marks["micro_batch_again"] = _counts()
-    return runs, marks, request.param
+    return runs, marks
 
 
 @pytest.mark.slow
 def test_traced_chunks_compile_two_graphs_whatever_the_chunks(compiled_run):
-    _, marks, _ = compiled_run
+    _, marks = compiled_run
     print(f"dynamo: {marks}")
     assert marks["micro_batch"]["graphs"] >= 1  # the micro-batch ran compiled
     assert marks["eager"] == marks["micro_batch"], "the eager chunks compiled a block"
@@ -98,22 +102,22 @@ def test_traced_chunks_compile_two_graphs_whatever_the_chunks(compiled_run):
 
 @pytest.mark.slow
 def test_traced_chunks_equal_one_pass(compiled_run):
-    runs, _, ac = compiled_run
+    runs, _ = compiled_run
     loss, grads, n = runs["traced_8"]
     assert n == 8 and runs["traced_4"][2] == 4
-    worst = _close((loss, grads), one_pass(ac=ac))
+    worst = _close((loss, grads), one_pass(ac=True))
     eager = runs["eager"]
     vs_eager = max(float((grads[k] - g).norm() / g.norm().clamp_min(1e-30)) for k, g in eager[1].items())
-    print(f"traced chunks vs one pass: loss {abs(loss / one_pass(ac=ac)[0] - 1):.2g}, gradients {worst:.2g} "
+    print(f"traced chunks vs one pass: loss {abs(loss / one_pass(ac=True)[0] - 1):.2g}, gradients {worst:.2g} "
           f"(relative norm, worst parameter); vs eager chunks {vs_eager:.2g}")
     assert abs(runs["no_grad"] - loss) <= 1e-6 * abs(loss)
 
 
 @pytest.mark.slow
 def test_eager_chunks_in_a_compiled_model_are_the_eager_models(compiled_run):
-    runs, _, ac = compiled_run
+    runs, _ = compiled_run
     loss, grads, n = runs["eager"]
-    ref_loss, ref_grads, ref_n = chunked(ac=ac)
+    ref_loss, ref_grads, ref_n = chunked(ac=True)
     assert n == ref_n == 8 and loss == ref_loss
     for name, g in ref_grads.items():
         torch.testing.assert_close(grads[name], g, rtol=0, atol=0, msg=name)
