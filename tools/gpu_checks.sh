@@ -301,10 +301,12 @@ if [ "$dry" = 1 ]; then
   one=(--parallelism.data_parallel_shard_degree 1 --parallelism.context_parallel_degree 1)
   # toy sizes on shared cores, each timed once: the stage must run; the fit's quality is the GPU run's to judge.
   # Half the lengths, one small packed buffer (the derived two were 1,024 tokens each) and two micro-batch
-  # counts: every part of the profile still runs, in each checkpointing mode, in about half the time.
+  # counts: every part of the profile still runs, in each checkpointing mode, in about half the time. One block
+  # timed per compute pass and no PNG (matplotlib's import and render: 2-3 s of CI's CPU; the plot is
+  # tests/unit_tests/test_profile_run.py's): the stage's flags and summary lines are what the dry run checks.
   prof=(--lengths 128,192,256 --held-out 224 --packed 128+64 --memory-lengths 128,256 --micro-batch-counts 1,2
         --repeats 1 --micro-batch-repeats 1 --no-check --max-held-out-error 10 --max-micro-batch-error 10
-        --max-packed-error 10)
+        --max-packed-error 10 --layers 1 --no-plot)
   steps=${STEPS:-5}
   train=(--training.steps "$steps" --dataloader.global_batch_size 8 --metrics.enable_tensorboard)
   # TRACE: one step recorded, no profiler warm-up (a toy step costs the CI dry run a few seconds)
