@@ -8,8 +8,9 @@ forked.py: the trainer's output without ~6 s of imports per launch), the
 finished run launched again too: its exit status is the rank's, and its line is
 the last of the rank's output. That the line goes to stdout and nothing to
 stderr is run_cli's (tests/unit_tests/test_runtime_failures.py::
-test_nothing_to_train_exits_0_with_its_line); the real command line in a fresh
-interpreter is tests/unit_tests/test_job_checks.py's."""
+test_nothing_to_train_exits_0_with_its_line); the entry point in fresh
+interpreters is tests/unit_tests/test_job_checks.py's (its usage) and this
+folder's test_runtime_failures.py's (a user error)."""
 
 import re
 

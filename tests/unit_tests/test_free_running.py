@@ -309,8 +309,8 @@ def test_trainer_refuses_free_running_that_does_not_fit(tmp_path):
     derived without free-running's unsharded copies: the trainer refuses at start, one
     line naming the key, the bytes needed and available, exit status 2. One forked rank
     (tests/integration_tests/forked.py: the entry point run as ``python -m skrull_ext.train``
-    without its ~10 s of imports); the real command line's user error in a fresh interpreter
-    is test_job_checks.py's."""
+    without its ~10 s of imports); a user error in fresh interpreters of the entry point is
+    tests/integration_tests/test_runtime_failures.py's."""
     from tests.integration_tests import forked
     from tests.integration_tests.launch import _env
 
