@@ -16,7 +16,7 @@ loopback, rank 0 hosting the TCP store (as under ``torchrun`` without
 as torchrun's agent does. What torchrun itself does (its CLI, its agent
 watching and restarting the workers, its exit codes) is tested by the tests
 that launch it for real (launch.torchrun with ``real=True``,
-test_launcher_death.py, test_torchtitan_entry.py, the gpu_checks dry run).
+test_runtime_failures.py, test_launcher_death.py, the gpu_checks dry run).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ import pytest
 
 from skrull_ext.train.launcher_watch import POLL_S
 from skrull_ext.train.run_lock import LOCK_NAME
-from tests.integration_tests.launch import REPO, _env
+from tests.integration_tests.launch import REPO, _env, torchrun
 from tests.integration_tests.test_runtime_failures import _error_lines, _worker
 
 JOB = os.path.join(REPO, "skrull_ext", "jobs", "debug_cpu.toml")
@@ -73,15 +73,17 @@ def test_a_live_runs_folder_is_refused_and_its_workers_end_with_torchrun(tmp_pat
         workers = [_worker(run1.pid, r) for r in (0, 1)]
         assert None not in workers, workers
 
-        # The same command again, while the first is live: refused before it writes anything. The
-        # first run's workers are stopped meanwhile (still live processes, holding the folder), so
-        # that they do not train through the second launch's imports for nothing.
+        # The same job again, while the first is live: refused before it writes anything. The first
+        # run's workers are stopped meanwhile (still live processes, holding the folder), so that they
+        # do not train on through the second launch for nothing. The second launch's ranks are forks
+        # of the suite's warm process (forked.py): the refusal is theirs, and what skrull_ext.launch
+        # makes of a rank's user error (exit status 2, the line alone) is
+        # test_runtime_failures.py::test_a_data_error_ends_the_launch_in_its_one_line.
         for w in workers:
             os.kill(w, signal.SIGSTOP)
         before = set(os.listdir(dump))
-        second = subprocess.run([sys.executable, "-m", "skrull_ext.launch", "--standalone", "--nproc_per_node=2",
-                                 *ARGS, "--dump_folder", dump],
-                                cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
+        second = torchrun(2, ARGS[1], [*ARGS[2:], "--dump_folder", dump], cwd=str(tmp_path), expect_failure=True,
+                          real=False)
         out2 = second.stdout + second.stderr
         assert second.returncode == 2, out2[-4000:]
         lines = _error_lines(out2)

@@ -1,9 +1,9 @@
 """Reproducible by default, and a finished run continues.
 
 The shipped CPU job seeds everything (``[debug] seed``: the model init and
-every RNG; ``[dataloader] seed``: the sample order), so the same command
-launched twice (CP=2 over gloo, 2 processes, no seed checkpoint) gives the
-same losses bit for bit.
+every RNG; ``[dataloader] seed``: the sample order), so the job launched
+twice (CP=2 over gloo, 2 processes, no seed checkpoint) gives the same losses
+bit for bit.
 
 A run that finished at step N continues to N+M when launched again in the
 same folder with ``--training.steps N+M``: the last checkpoint keeps the
@@ -24,7 +24,9 @@ import pytest
 from tests.integration_tests.launch import LOSS_TAG, REPO, Run, torchrun
 
 JOB = os.path.join(REPO, "skrull_ext", "jobs", "debug_cpu.toml")
-N, M = 2, 2
+N, M = 2, 1
+"""The finished run stops at step N (2: its step 2 is where a schedule decayed over N steps would
+differ from one over N + M) and continues M steps (1: one step after the resume)."""
 
 
 def _train(dump: str, steps: int, *extra: str) -> Run:
@@ -61,19 +63,33 @@ def uninterrupted(work) -> Run:
     return _train(os.path.join(work, "full"), N + M)
 
 
-@pytest.mark.slow
-def test_same_command_twice_gives_bitwise_equal_losses(work, uninterrupted):
-    again = _train(os.path.join(work, "again"), N + M)
-    a, b = uninterrupted.losses, again.losses
-    print(f"first launch {a}\nsecond launch {b}")
-    assert len(a) == N + M
-    assert [x.hex() for x in a] == [x.hex() for x in b], f"{a} vs {b}"
-
-
-@pytest.mark.slow
-def test_finished_run_continues_as_if_never_stopped(work, uninterrupted):
+@pytest.fixture(scope="module")
+def finished(work) -> tuple[Run, list[float]]:
+    """The same job launched again, from scratch, to step N with its checkpoint on and the LR
+    schedule of N + M steps (neither changes a step's arithmetic): the finished run that
+    test_finished_run_continues_as_if_never_stopped continues, and its losses, read before the
+    continuation logs more under the same folder."""
     dump = os.path.join(work, "continued")
     first = _train(dump, N, "--checkpoint.enable", "--lr_scheduler.total_steps", str(N + M))
+    return first, first.losses
+
+
+@pytest.mark.slow
+def test_the_job_launched_twice_gives_bitwise_equal_losses(uninterrupted, finished):
+    """The second launch is the finished run's (from the job's seeds, to step N): its losses
+    equal the first launch's bit for bit. Steps N + 1.. of a second launch are the continued
+    run's, bitwise the first's too (test_finished_run_continues_as_if_never_stopped), so the
+    N + M steps launched a third time were not needed."""
+    a, b = uninterrupted.losses, finished[1]
+    print(f"first launch {a}\nsecond launch {b}")
+    assert len(a) == N + M and len(b) == N
+    assert [x.hex() for x in a[:N]] == [x.hex() for x in b], f"{a[:N]} vs {b}"
+
+
+@pytest.mark.slow
+def test_finished_run_continues_as_if_never_stopped(work, uninterrupted, finished):
+    dump = os.path.join(work, "continued")
+    first = finished[0]
     assert os.path.isdir(os.path.join(dump, "checkpoint", f"step-{N}")), "the finished run saved no last checkpoint"
     assert "Saving a full checkpoint at last step" in first.output
     assert sorted(losses_by_step(dump)) == list(range(1, N + 1))

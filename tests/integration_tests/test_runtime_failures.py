@@ -3,6 +3,7 @@ a data error prints no traceback of the job's, and a stopped rank ends the job
 within a bound, by name. The in-process halves are in
 tests/unit_tests/test_runtime_failures.py."""
 
+import glob
 import os
 import signal
 import subprocess
@@ -11,7 +12,7 @@ import time
 
 import pytest
 
-from tests.integration_tests.launch import _env, REPO, torchrun
+from tests.integration_tests.launch import _env, REPO
 
 JOB = os.path.join(REPO, "skrull_ext", "jobs", "debug_cpu.toml")
 TEXT_JOB = os.path.join(REPO, "skrull_ext", "jobs", "debug_cpu_text.toml")
@@ -22,40 +23,37 @@ def _error_lines(out: str) -> list[str]:
 
 
 @pytest.mark.slow
-def test_a_data_error_under_torchrun_is_one_line(tmp_path):
-    """A JSONL file with a bad record: rank 0 prints the one line, no rank prints a
-    traceback, and torchrun's failure summary shows the line (the worker's error
-    file), not the traceback torchelastic's @record wrote there. torchrun's own
-    ChildFailedError frames are the launcher's, printed for any failed child."""
+def test_a_data_error_ends_the_launch_in_its_one_line(tmp_path):
+    """A JSONL file with a bad record, 2 processes at CP 2 through ``python -m
+    skrull_ext.launch`` (torchrun's arguments): rank 0 prints the one line, exit status 2,
+    no traceback at all (no rank's, nor torchrun's launcher's ``ChildFailedError``).
+
+    Each worker's torchelastic error file (kept by ``--log-dir``) holds the line, not the
+    traceback torchelastic's @record wrote there: read by torchrun's own ``ProcessFailure``,
+    its message is what plain ``torchrun``'s failure summary prints (``traceback : <line>``).
+    Plain torchrun ran the same failing job a second time for that summary; its workers do
+    what these do (the launcher only reads their exit), and the rest of the summary is
+    torchrun's own text."""
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
     data = tmp_path / "bad.jsonl"
     data.write_text('{"text": "a good record, long enough to train on"}\n{"text": oops\n')
-    proc = torchrun(2, "skrull_ext.train", [
-        "--config-file", TEXT_JOB, "--dump_folder", str(tmp_path / "run"),
-        "--parallelism.context_parallel_degree", "2", "--dataloader.dataset_path", str(data),
-    ], cwd=str(tmp_path), expect_failure=True, timeout=300)
-    out = proc.stdout + proc.stderr
-    assert _error_lines(out) == [f"error: {data}:2: not valid JSON: Expecting value: line 1 column 10 (char 9) "
-                                 "(dataloader.on_bad_record = 'skip' skips and counts such records)"], out[-4000:]
-    assert "[rank0]: Traceback" not in out and "[rank1]: Traceback" not in out, out[-4000:]
-    assert "py_callstack" not in out and "DataError" not in out, out[-4000:]  # the summary holds the line
-    assert f"traceback : {data}:2: not valid JSON" in out, out[-4000:]
-    launcher = out[out.index("Traceback"):] if "Traceback" in out else ""
-    assert "skrull_ext" not in launcher.split("ChildFailedError")[0], launcher[:2000]  # only torchrun's frames
-
-
-@pytest.mark.slow
-def test_skrull_ext_launch_ends_a_user_error_in_the_one_line(tmp_path):
-    """The same error through ``python -m skrull_ext.launch`` (torchrun's arguments): the
-    line, exit status 2, no traceback at all (torchrun's launcher prints its own)."""
-    data = tmp_path / "bad.jsonl"
-    data.write_text('{"text": "a good record, long enough to train on"}\n{"text": oops\n')
-    cmd = [sys.executable, "-m", "skrull_ext.launch", "--standalone", "--nproc_per_node=2", "-m", "skrull_ext.train",
-           "--config-file", TEXT_JOB, "--dump_folder", str(tmp_path / "run"),
+    logs = tmp_path / "logs"
+    cmd = [sys.executable, "-m", "skrull_ext.launch", "--standalone", "--nproc_per_node=2", "--log-dir", str(logs),
+           "-m", "skrull_ext.train", "--config-file", TEXT_JOB, "--dump_folder", str(tmp_path / "run"),
            "--parallelism.context_parallel_degree", "2", "--dataloader.dataset_path", str(data)]
     proc = subprocess.run(cmd, cwd=str(tmp_path), env=_env(), capture_output=True, text=True, timeout=300)
     out = proc.stdout + proc.stderr
-    assert proc.returncode == 2 and len(_error_lines(out)) == 1, out[-4000:]
+    line = (f"{data}:2: not valid JSON: Expecting value: line 1 column 10 (char 9) "
+            "(dataloader.on_bad_record = 'skip' skips and counts such records)")
+    assert proc.returncode == 2 and _error_lines(out) == [f"error: {line}"], out[-4000:]
     assert "Traceback" not in out and "ChildFailedError" not in out, out[-4000:]
+    files = sorted(glob.glob(str(logs / "*" / "attempt_0" / "*" / "error.json")))
+    assert files, f"no worker error file under {logs}: {out[-4000:]}"
+    messages = [ProcessFailure(local_rank=int(os.path.basename(os.path.dirname(f))), pid=0, exitcode=2,
+                               error_file=f).message for f in files]
+    assert all(isinstance(m, str) and "Traceback" not in m and "DataError" not in m for m in messages), messages
+    assert line in messages, messages
 
 
 def _worker(parent: int, rank: int) -> int | None:

@@ -3,17 +3,21 @@ warnings only for the steps that train, a resumed run's summary telling this
 launch's counts from the run's, and a finished run launched again saying that
 nothing is left to train (exit status 0) instead of 'Training starts'.
 
-The launches that train are one forked rank of the suite's warm process
-(launch.torchrun, forked.py: the trainer's output without ~6 s of imports per
-launch); the finished run launched again is the command itself, in a fresh
-interpreter, whose stdout and exit status are what a user reads."""
+Every launch is one forked rank of the suite's warm process (launch.torchrun,
+forked.py: the trainer's output without ~6 s of imports per launch), the
+finished run launched again too: its exit status is the rank's, and its line is
+the last of the rank's output. That the line goes to stdout and nothing to
+stderr is run_cli's (tests/unit_tests/test_runtime_failures.py::
+test_nothing_to_train_exits_0_with_its_line); the entry point in fresh
+interpreters is tests/unit_tests/test_job_checks.py's (its usage) and this
+folder's test_runtime_failures.py's (a user error)."""
 
 import re
 
 import pytest
 
 from tests.integration_tests.launch import torchrun
-from tests.integration_tests.test_cli_refusals import DEBUG, train
+from tests.integration_tests.test_cli_refusals import DEBUG, forked_train
 
 
 def _steps_warned(output: str) -> list[int]:
@@ -36,10 +40,10 @@ def test_one_step_warns_about_no_later_step(tmp_path):
 
 @pytest.mark.slow
 def test_a_resumed_then_finished_run(tmp_path):
-    """The two launches that train run as one forked rank of the suite's warm process
-    (forked.py: ~6 s of imports each spared; the summary is the trainer's, not the
-    launcher's); the finished run launched again is the command a user types, whose
-    stdout's last line and exit status are the claim."""
+    """Each launch one forked rank of the suite's warm process (forked.py: ~6 s of imports
+    each spared; the summary is the trainer's, not the launcher's); the finished run
+    launched again reads the checkpoint folder the two wrote, and its last line and exit
+    status are the claim (a fresh interpreter for it took ~10 s of CPU)."""
     dump = str(tmp_path / "out")
     common = ("--config-file", DEBUG, "--checkpoint.enable", "--dump_folder", dump)
     first = torchrun(1, "skrull_ext.train", [*common, "--training.steps", "2"], cwd=str(tmp_path))
@@ -56,10 +60,10 @@ def test_a_resumed_then_finished_run(tmp_path):
             "trained whole 7 + trained cut 1 + skipped 0") in out
     assert "data wait per step this launch: " in out
 
-    again = train(*common, "--training.steps", "3", cwd=tmp_path)
-    out = again.stdout + again.stderr
+    again = forked_train(*common, "--training.steps", "3", cwd=tmp_path)
+    out = again.stdout  # the rank's stdout and stderr, in the order written
     assert again.returncode == 0, out[-3000:]
-    assert again.stdout.strip().splitlines()[-1] == (
+    assert out.strip().splitlines()[-1] == (
         f"nothing left to train: {dump}/checkpoint/step-3 is at step 3 of 3 (training.steps); raise "
         "training.steps (e.g. --training.steps 6) to train on from it")
     assert "Training starts" not in out and "Training completed" not in out and "error" not in out

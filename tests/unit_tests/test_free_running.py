@@ -6,7 +6,6 @@ reference) is tests/integration_tests/test_free_running.py.
 """
 
 import math
-import os
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -21,7 +20,6 @@ from skrull_ext.data.steps.loader import SkrullDataLoader
 from skrull_ext.errors import JobFileError
 from skrull_ext.scheduler import Scheduler, cost_model
 from skrull_ext.scheduler.job import SchedulerJob
-from skrull_ext.scheduler.profile_memory import ProfileMemory, free_running_bytes
 from skrull_ext.train.job.skrull_config import SkrullConfig
 from tests.unit_tests.gloo_worker import count_calls, gloo_group
 
@@ -277,8 +275,11 @@ def test_fsdp_free_running_unequal_micro_batches_gloo(tmp_path):
     used the parameters the optimizer updated: nothing stale), every rank issues one
     all-gather and one reduce-scatter per FSDP unit per step whatever its micro-batch
     count, and every unit is resharded after the step and after a no-grad forward."""
+    # Forks of this process, which has torch imported (a spawned rank imported torch and this module
+    # again: ~5 s of CPU each); spawned where this process holds a process group, which a fork would
+    # inherit initialised (skrull_ext/bench/overlap.py start_method, the same reason).
     mp.start_processes(_fsdp_worker, args=(2, str(tmp_path / "store"), str(tmp_path)), nprocs=2,
-                       start_method="spawn")
+                       start_method="spawn" if dist.is_initialized() else "fork")
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
     reference = _reference()
     units = 4  # 3 blocks + the root (the head)
@@ -306,24 +307,23 @@ def test_fsdp_free_running_unequal_micro_batches_gloo(tmp_path):
 def test_trainer_refuses_free_running_that_does_not_fit(tmp_path):
     """The debug job with bucket_size "profile" takes the shipped profile's BucketSize (3696),
     derived without free-running's unsharded copies: the trainer refuses at start, one
-    line naming the key, the bytes needed and available, exit status 2."""
-    import subprocess
-    import sys
+    line naming the key, the bytes needed and available, exit status 2. One forked rank
+    (tests/integration_tests/forked.py: the entry point run as ``python -m skrull_ext.train``
+    without its ~10 s of imports); a user error in fresh interpreters of the entry point is
+    tests/integration_tests/test_runtime_failures.py's."""
+    from tests.integration_tests import forked
+    from tests.integration_tests.launch import _env
 
-    launcher = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-    env = {k: v for k, v in os.environ.items() if k not in launcher}  # earlier tests may leave some set
-    env.update(PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
-               OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, "-m", "skrull_ext.train", "--config-file", DEBUG, "--training.steps", "1",
-                           "--skrull.free_running", "--skrull.bucket_size", "profile", "--dump_folder", str(tmp_path)],
-                          capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert proc.returncode == 2 and len(errors) == 1, proc.stderr[-3000:]
+    rc, out = forked.launch(1, "skrull_ext.train", ["--config-file", DEBUG, "--training.steps", "1",
+                                                    "--skrull.free_running", "--skrull.bucket_size", "profile",
+                                                    "--dump_folder", str(tmp_path)], str(tmp_path), _env(), 300)
+    errors = [line for line in out.splitlines() if line.startswith("error:")]
+    assert rc == 2 and len(errors) == 1, out[-3000:]
     print(errors[0])
     assert "error: skrull.free_running = true needs " in errors[0] and "usable" in errors[0]
     # the BucketSize and the checkpointing mode chosen before, whose activations were checked again
     assert "bucket_size 3696 under activation checkpointing " in errors[0] and "usable 1024.0 MiB" in errors[0]
-    assert "Traceback" not in proc.stderr
+    assert "Traceback" not in out
 
 
 def test_param_groups_on_both_fsdp_state_layouts():

@@ -148,11 +148,14 @@ def _cli(*args, env=None, python=()):
 
 @pytest.mark.slow
 def test_launcher_usage_and_one_line_errors(monkeypatch, capsys):
-    """The real command line: without a job, with --help, and with a bad value (exit 2, one
-    ``error:`` line on stderr). Another rank's silence and ``--traceback`` are ``run_cli``'s
-    reading of RANK and of the flag, asserted here in-process on the same ``load_config``
-    (each a process of its own took ~10 s of CPU importing torch): a UserError that
-    ``run_cli`` lets through is Python's exit status 1 with its traceback."""
+    """The real command line, a fresh interpreter: without a job (exit 2, one ``error:`` line
+    on stderr) and with --help (no torch imported). A bad value's exit 2 and one line on
+    stderr, another rank's silence and ``--traceback`` are ``run_cli``'s reading of the error,
+    of RANK and of the flag, asserted here in-process on the same ``load_config`` (each a
+    process of its own took ~10 s of CPU importing torch): a UserError that ``run_cli`` lets
+    through is Python's exit status 1 with its traceback. The entry point's ``run_cli`` around
+    a user error in fresh interpreters: the workers of
+    tests/integration_tests/test_runtime_failures.py's data-error launch."""
     bare = _cli()
     assert bare.returncode == 2 and "usage: python -m skrull_ext.train --config-file JOB.toml" in bare.stderr
     assert "--module is required" not in bare.stderr and "Traceback" not in bare.stderr
@@ -168,10 +171,6 @@ def test_launcher_usage_and_one_line_errors(monkeypatch, capsys):
         assert f"\n## {cited}\n" in f.read(), f"the usage cites README section {cited!r}, which is not there"
     jobs = sorted(n for n in os.listdir(os.path.dirname(DEBUG)) if n.endswith(".toml"))
     assert len(jobs) >= 7 and all(name in helped.stdout.split() for name in jobs)  # every shipped job, none stale
-    bad = _cli("--config-file", DEBUG, "--training.steps", "-1")
-    errors = [line for line in bad.stderr.splitlines() if line.startswith("error:")]
-    assert bad.returncode == 2 and errors == ["error: training.steps = -1: must be >= 1"]
-    assert "Traceback" not in bad.stderr
 
     from skrull_ext.cli_errors import run_cli
 
@@ -179,8 +178,15 @@ def test_launcher_usage_and_one_line_errors(monkeypatch, capsys):
         load_config(argv, module="skrull_ext.train")
 
     capsys.readouterr()
-    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(SystemExit) as bad:
+        run_cli(entry, ["--config-file", DEBUG, "--training.steps", "-1"])
+    said = capsys.readouterr()
+    errors = [line for line in said.err.splitlines() if line.startswith("error:")]
+    assert bad.value.code == 2 and errors == ["error: training.steps = -1: must be >= 1"], said.err[-3000:]
+    assert "Traceback" not in said.err and "error:" not in said.out
+    monkeypatch.setenv("RANK", "1")
     with pytest.raises(SystemExit) as other_rank:
         run_cli(entry, ["--config-file", DEBUG, "--training.steps", "-1"])
     assert other_rank.value.code == 2 and "error:" not in capsys.readouterr().err
