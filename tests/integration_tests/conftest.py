@@ -169,7 +169,7 @@ class SkrullRuns:
             self.runs[name] = train_from_seed(
                 self.workdir, name, nproc, "skrull_ext.train", SKRULL, self.seed, steps,
                 extra=["--skrull.plan_log", *extra], grads_at=check,
-                save_every=2 if name == "cp2" else None,  # cp2's step-2 checkpoint feeds the resume test
+                save_every=2 if name == "cp2" else None,  # cp2's step-4 checkpoint feeds test_resume (5 steps, saved every 2)
                 more_grads_at=(POOL_SUB_STEP,) if name == "dp2cp2_free" else (),
                 env={"SKRULL_PROBE_PASSES": self.passes_folder(name)},
             )
