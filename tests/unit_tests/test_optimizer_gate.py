@@ -119,3 +119,6 @@ def test_a_trainer_step_queues_the_optimizer_before_its_one_read():
         assert [(s.op, s.site) for s in rec.waits()] == [("item", "skrull_ext/train/step_checks.py:loss_and_norm")] * 2
     finally:
         trainer.close()
+        # The world of one the trainer made, gone as torchtitan's main ends it: a group left in this pytest
+        # worker is inherited by a later test's forked ranks (CI, 2026-11-30: test_trace_overlap's).
+        torch.distributed.destroy_process_group()
