@@ -277,9 +277,11 @@ def test_fsdp_free_running_unequal_micro_batches_gloo(tmp_path):
     count, and every unit is resharded after the step and after a no-grad forward."""
     # Forks of this process, which has torch imported (a spawned rank imported torch and this module
     # again: ~5 s of CPU each); spawned where this process holds a process group, which a fork would
-    # inherit initialised (skrull_ext/bench/overlap.py start_method, the same reason).
+    # inherit initialised: bench overlap's rule for its CPU ranks, the same reason.
+    from skrull_ext.bench.overlap import start_method
+
     mp.start_processes(_fsdp_worker, args=(2, str(tmp_path / "store"), str(tmp_path)), nprocs=2,
-                       start_method="spawn" if dist.is_initialized() else "fork")
+                       start_method=start_method("cpu"))
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
     reference = _reference()
     units = 4  # 3 blocks + the root (the head)
