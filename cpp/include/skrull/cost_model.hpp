@@ -245,8 +245,15 @@ struct CostModel {
   // With host_floor_us == 0 this is max(comm_t, line(local_f)) +
   // line(dist_f) bit for bit.
   double layer_us(double comm_t, double local_f, double dist_f) const {
-    const double device = std::max(comm_t, line_us(local_f)) + line_us(dist_f);
-    return local_f > 0.0 || dist_f > 0.0 ? std::max(host_floor_us, device) : device;
+    return held_to_floor_us(std::max(comm_t, line_us(local_f)) + line_us(dist_f), local_f > 0.0 || dist_f > 0.0);
+  }
+
+  // The floor rule alone: a layer call's device time held up to the host
+  // floor when the call runs (it has FLOPs); a call that runs nothing is not
+  // made, so no floor. layer_us applies it to a call's time, dacp_sweep's
+  // bound to a lower bound on one.
+  double held_to_floor_us(double device_us, bool runs) const {
+    return runs ? std::max(host_floor_us, device_us) : device_us;
   }
 
   // A micro-batch's layers and fixed cost, the head left out, when its

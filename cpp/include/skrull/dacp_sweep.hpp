@@ -74,8 +74,7 @@ inline double sweep_bound(const CostModel& cost, int32_t cp, bool monotone, doub
   const double local = first_local ? cost.line_us(std::max(rest_flops / cp, first_flops))
                                    : cost.a_us_per_flop * rest_flops / cp;
   const double device = std::max(comm, local) + cost.line_us(dist_flops);
-  const double layer = rest_flops + dist_flops > 0.0 ? std::max(cost.host_floor_us, device) : device;
-  return cost.shape.layers * layer + cost.micro_batch_fixed_us;
+  return cost.shape.layers * cost.held_to_floor_us(device, rest_flops + dist_flops > 0.0) + cost.micro_batch_fixed_us;
 }
 
 }  // namespace detail
