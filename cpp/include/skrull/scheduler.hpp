@@ -89,6 +89,7 @@ inline Schedule schedule_assigned(const std::vector<int64_t>& input, const CostM
   out.chunked_us = chunked.us;
   out.chunked_dp_rank = chunked_rank;
   out.chunked_chunks = chunked.chunks;
+  out.chunked_lengths = chunked.lengths;
   const std::vector<double> chunked_start =
       chunked.empty() || !around ? std::vector<double>()
                       : chunked_flops(chunked_load(chunked.us, out.chunked_dp_rank, opt.dp), cost, opt.cp);
@@ -232,8 +233,8 @@ inline Schedule schedule_as_priced(const std::vector<int64_t>& input, const Cost
         time_schedule(out, cost, opt);
       }
     } else {
-      const std::vector<double> robin_after =
-          chunked_after(chunked, robin, opt.dp, opt.timeline, cost.pad_pass_us());
+      const std::vector<double> robin_after = chunked_after(
+          chunked.us, robin, opt.dp, opt.timeline, lockstep_pad_us(chunked, robin, opt.dp, opt.cp, cost));
       const double robin_bound = *std::max_element(robin_after.begin(), robin_after.end()) + cost.step_fixed_us;
       if (out.makespan_us > robin_bound) {
         Schedule other = schedule_assigned(input, cost, opt, chunked, robin, false);
