@@ -90,12 +90,14 @@ class Scheduler:
         if c.policy.pool:
             core = _core.schedule_pool(lengths, c.cost_model, c.options)
         else:
-            core = _core.to_plan(_core.schedule(lengths, c.cost_model, c.options, docs.us, docs.passes),
+            core = _core.to_plan(_core.schedule(lengths, c.cost_model, c.options, docs.us, docs.passes, chunked),
                                  c.cost_model, c.options)
         plan = Plan.from_core(core, lengths, c, chunked)
         plan.chunked_chunk = docs.chunk
         if c.policy.pool and chunked:
             plan.chunked_us, plan.chunked_group = docs.us, _core.assign_chunked(docs.us, c.dp)
+            plan.chunked_pad_us = _core.lockstep_pad_us(chunked, docs.passes, plan.chunked_group, c.dp, c.cp,
+                                                        c.cost_model)
             plan.retime()
         mbs = [mb for mb in plan.micro_batches if mb.groups == 1 and (dp_rank is None or mb.first_group == dp_rank)]
         plan.refined_dp_rank = dp_rank
@@ -220,4 +222,5 @@ def plan_window(job: SchedulerJob, batches: Sequence[Sequence[int]],
     stay at their step and are priced with it, so the regrouping moves samples around them."""
     docs = [] if chunked is None else [chunked_docs(job, _as_lengths(c)) for c in chunked]
     return _core.lookahead([_as_lengths(b) for b in batches], job.cost_model, job.options, pool=job.policy.pool,
-                           chunked=[d.us for d in docs], chunked_chunks=[d.passes for d in docs])
+                           chunked=[d.us for d in docs], chunked_chunks=[d.passes for d in docs],
+                           chunked_lengths=[] if chunked is None else [_as_lengths(c) for c in chunked])
