@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 
 from skrull_ext import _core
 from skrull_ext.scheduler import Scheduler
-from skrull_ext.scheduler.chunk_lockstep import lockstep_chunks
 from skrull_ext.scheduler.config import SchedulerConfig
 from skrull_ext.scheduler.plan import PlanError
 
