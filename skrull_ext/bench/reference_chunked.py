@@ -160,6 +160,12 @@ def schedule(lengths: list[int], cost: ref.RefCost, dp: int, n: int, bucket: int
     if dp > 1 and us:
         robin = [k % dp for k in range(len(us))]
         bound = max(after(us, chunks, robin, dp, n, lockstep, cost)) + cost.step
+        if not lockstep:  # scheduler.hpp least_pass_us: every rank runs a micro-batch or its pad pass
+            least = cost.pad()
+            if lengths:
+                limit = max(bucket, 2 * n * (bucket // 2)) if n > 1 else bucket  # max_sequence_length
+                least = min(least, ref.lower_bound([min(min(lengths), limit)], cost, n))
+            bound += least
         if out.makespan_us > bound:
             other = assigned(robin, False)
             if other.makespan_us < out.makespan_us:
