@@ -294,6 +294,7 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
       .def_readonly("chunked_dp_rank", &Schedule::chunked_dp_rank)
       .def_readonly("chunked_chunks", &Schedule::chunked_chunks)
       .def_readonly("chunked_lengths", &Schedule::chunked_lengths)
+      .def_readonly("chunked_last_chunk", &Schedule::chunked_last_chunk)
       .def_readonly("chunked_pad_us", &Schedule::chunked_pad_us)
       .def_readonly("rollbacks", &Schedule::rollbacks)
       .def_readonly("moves", &Schedule::moves)
@@ -380,14 +381,17 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
   m.def(
       "schedule",
       [](const skrull_py::Lengths& lengths, CostModel cost, Options opt, const std::vector<double>& chunked_us,
-         const std::vector<int32_t>& chunked_chunks, const std::vector<int64_t>& chunked_lengths) {
+         const std::vector<int32_t>& chunked_chunks, const std::vector<int64_t>& chunked_lengths,
+         const std::vector<int64_t>& chunked_last_chunk) {
         py::gil_scoped_release release;
-        return schedule(lengths.v, cost, opt, ChunkedDocs{chunked_us, chunked_chunks, chunked_lengths});
+        return schedule(lengths.v, cost, opt,
+                        ChunkedDocs{chunked_us, chunked_chunks, chunked_lengths, chunked_last_chunk});
       },
       py::arg("lengths"), py::arg("cost_model"), py::arg("options"), py::arg("chunked_us") = std::vector<double>(),
       py::arg("chunked_chunks") = std::vector<int32_t>(), py::arg("chunked_lengths") = std::vector<int64_t>(),
-      "Schedules one global batch (GDS + DACP). chunked_us, chunked_chunks, chunked_lengths: the times, chunk "
-      "passes and lengths of the "
+      py::arg("chunked_last_chunk") = std::vector<int64_t>(),
+      "Schedules one global batch (GDS + DACP). chunked_us, chunked_chunks, chunked_lengths, chunked_last_chunk: "
+      "the times, chunk passes, lengths and last chunks' tokens of the "
       "step's chunked documents (overlength 'chunk'), each assigned to a DP rank (LPT, longest first, or round "
       "robin where faster) that runs it after its micro-batches, the samples balanced around them; on a lockstep "
       "timeline priced with the pad chunks the ranks run. Pure function of its inputs.");
@@ -420,20 +424,22 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
   m.def(
       "lockstep_pad_us",
       [](const std::vector<int64_t>& chunked_lengths, const std::vector<int32_t>& chunked_chunks,
-         const std::vector<int32_t>& groups, int32_t dp, int32_t cp, const CostModel& cost) {
+         const std::vector<int64_t>& chunked_last_chunk, const std::vector<int32_t>& groups, int32_t dp, int32_t cp,
+         const CostModel& cost) {
         validate_group(dp, 1);
         validate_group(cp, 1);
         cost.validate();
-        const ChunkedDocs docs{std::vector<double>(chunked_lengths.size(), 0.0), chunked_chunks, chunked_lengths};
+        const ChunkedDocs docs{std::vector<double>(chunked_lengths.size(), 0.0), chunked_chunks, chunked_lengths,
+                               chunked_last_chunk};
         validate_chunked(docs);
         validate_chunked_ranks(groups, docs.size(), dp);
         return lockstep_pad_us(docs, groups, dp, cp, cost);
       },
-      py::arg("chunked_lengths"), py::arg("chunked_chunks"), py::arg("groups"), py::arg("dp"), py::arg("cp"),
-      py::arg("cost_model"),
-      "Per DP rank: the price of the pad chunks it runs under lockstep at dp > 1 (its documents padded to each "
-      "position's passes from their padded length, all-pad documents from 0: CostModel.pad_chunks_us); zeros at "
-      "dp 1.");
+      py::arg("chunked_lengths"), py::arg("chunked_chunks"), py::arg("chunked_last_chunk"), py::arg("groups"),
+      py::arg("dp"), py::arg("cp"), py::arg("cost_model"),
+      "Per DP rank: what its pads add under lockstep at dp > 1: its documents padded to each position's passes "
+      "from their padded length, all-pad documents from 0 (CostModel.pad_chunks_us), and a padded document's "
+      "last chunk recomputed; zeros at dp 1.");
   m.def(
       "chunked_after",
       [](const std::vector<double>& chunked_us, const std::vector<int32_t>& groups, int32_t dp, Timeline timeline,
@@ -479,15 +485,18 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
       "lookahead",
       [](const std::vector<std::vector<int64_t>>& batches, CostModel cost, Options opt, bool pool,
          const std::vector<std::vector<double>>& chunked, const std::vector<std::vector<int32_t>>& chunked_chunks,
-         const std::vector<std::vector<int64_t>>& chunked_lengths) {
+         const std::vector<std::vector<int64_t>>& chunked_lengths,
+         const std::vector<std::vector<int64_t>>& chunked_last_chunk) {
         validate_options(opt);
-        if (chunked_chunks.size() != chunked.size() || chunked_lengths.size() != chunked.size())
+        if (chunked_chunks.size() != chunked.size() || chunked_lengths.size() != chunked.size() ||
+            chunked_last_chunk.size() != chunked.size())
           throw std::invalid_argument("lookahead window: " + std::to_string(chunked_chunks.size()) +
-                                      " lists of chunk counts and " + std::to_string(chunked_lengths.size()) +
-                                      " of lengths for " + std::to_string(chunked.size()) +
+                                      " lists of chunk counts, " + std::to_string(chunked_lengths.size()) +
+                                      " of lengths and " + std::to_string(chunked_last_chunk.size()) +
+                                      " of last chunks for " + std::to_string(chunked.size()) +
                                       " lists of chunked documents");
         std::vector<ChunkedDocs> docs(chunked.size());
-        for (size_t b = 0; b < chunked.size(); ++b) docs[b] = {chunked[b], chunked_chunks[b], chunked_lengths[b]};
+        for (size_t b = 0; b < chunked.size(); ++b) docs[b] = {chunked[b], chunked_chunks[b], chunked_lengths[b], chunked_last_chunk[b]};
         py::gil_scoped_release release;
         if (pool)  // the pool's plans run a step's chunked documents after its micro-batches, LPT over the groups
           return lookahead(batches, std::move(docs), cost, opt, [&](const std::vector<int64_t>& l, const ChunkedDocs& c) {
@@ -507,12 +516,13 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
       py::arg("chunked") = std::vector<std::vector<double>>(),
       py::arg("chunked_chunks") = std::vector<std::vector<int32_t>>(),
       py::arg("chunked_lengths") = std::vector<std::vector<int64_t>>(),
+      py::arg("chunked_last_chunk") = std::vector<std::vector<int64_t>>(),
       "Regroups a window of W global batches (lengths in arrival order) over its W steps: each step keeps its "
       "sample count, every sample moves at most W-1 steps. Candidates are screened by an estimate of a step's "
       "time (options' DP, CP and BucketSize); a few are planned in full (each step by schedule(), or "
       "schedule_pool() with pool=True) and the least summed predicted time wins, arrival order unless a "
-      "grouping predicts faster. chunked, chunked_chunks, chunked_lengths (one list per batch, or none): each "
-      "batch's chunked documents' times, chunk passes and lengths, which stay at their step and are priced with it. Budgets count operations: a pure function of its inputs.");
+      "grouping predicts faster. chunked, chunked_chunks, chunked_lengths, chunked_last_chunk (one list per "
+      "batch, or none): each batch's chunked documents' times, chunk passes, lengths and last chunks, which stay at their step and are priced with it. Budgets count operations: a pure function of its inputs.");
 
   m.def(
       "dacp",

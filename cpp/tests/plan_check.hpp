@@ -157,7 +157,8 @@ inline std::string cut_error(const std::vector<int64_t>& in, int64_t limit, Over
 // within bucket_size, times finite and adding up: a DP rank's time is its
 // micro-batches', then its chunked documents' and (lockstep, DP > 1) its pad
 // chunks' (each run from its document's padded length, or 0 for an all-pad
-// one, at c.pad_chunks_us; s.chunked_pad_us within 1e-12 of it) and
+// one, at c.pad_chunks_us, and a padded document's last chunk's recompute;
+// s.chunked_pad_us within 1e-12 of it) and
 // (free-running, DP > 1) a pad pass where it has no micro-batch; the step is
 // on o.timeline, plus c.step_fixed_us once when it runs anything.
 inline std::string schedule_error(const std::vector<int64_t>& in, const CostModel& c, const Options& o,
@@ -186,8 +187,9 @@ inline std::string schedule_error(const std::vector<int64_t>& in, const CostMode
   int64_t rollbacks = 0;
   // Chunked documents (chunked.hpp): each on a DP rank in range, run after its micro-batches.
   const size_t docs = s.chunked_us.size();
-  if (s.chunked_dp_rank.size() != docs || s.chunked_chunks.size() != docs || s.chunked_lengths.size() != docs)
-    return "chunked documents, their ranks, chunk counts and lengths differ in number";
+  if (s.chunked_dp_rank.size() != docs || s.chunked_chunks.size() != docs || s.chunked_lengths.size() != docs ||
+      s.chunked_last_chunk.size() != docs)
+    return "chunked documents, their ranks, chunk counts, lengths and last chunks differ in number";
   if (s.chunked_pad_us.size() != static_cast<size_t>(o.dp)) return "chunked_pad_us is not one per DP rank";
   std::vector<double> after(o.dp, 0.0);
   std::vector<std::vector<size_t>> held(o.dp);  // each rank's documents, in order
@@ -217,6 +219,10 @@ inline std::string schedule_error(const std::vector<int64_t>& in, const CostMode
         if (n < 0) return "negative pad chunks";
         const int64_t start = own ? (s.chunked_lengths[held[d][k]] + o.cp - 1) / o.cp * o.cp : 0;
         pads += c.pad_chunks_us(start, n, o.cp);
+        if (own && n > 0) {  // the document's last chunk, no longer its position's last pass, is recomputed
+          const int64_t t = s.chunked_last_chunk[held[d][k]], a = s.chunked_lengths[held[d][k]] - t;
+          pads += c.chunk_pass_us(a, t, o.cp, true) - c.chunk_pass_us(a, t, o.cp, false);
+        }
       }
       if (!(std::abs(pads - s.chunked_pad_us[d]) <= 1e-12 * std::max(1.0, pads))) return "pad chunks' price";
       if (o.timeline == Timeline::kLockstep) after[d] += s.chunked_pad_us[d];

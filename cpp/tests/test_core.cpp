@@ -396,7 +396,7 @@ static void test_chunked() {
   // Nothing but chunked documents: round robin's 6 beats LPT's 7, and is kept. Free-running at DP 2,
   // a rank with no micro-batch still runs one pad pass (data/steps/plan_buffers.py rank_buffers), the
   // toy's flops(1) = 28: 6 + 28 on each (the timeline left it out, 6).
-  Schedule s = schedule({}, c, o, ChunkedDocs{docs, {1, 1, 1, 1, 1}, {1, 1, 1, 1, 1}});
+  Schedule s = schedule({}, c, o, ChunkedDocs{docs, {1, 1, 1, 1, 1}, {1, 1, 1, 1, 1}, {1, 1, 1, 1, 1}});
   CHECK((s.chunked_dp_rank == std::vector<int32_t>{0, 1, 0, 1, 0}) && s.makespan_us == 34.0);
   CHECK((s.dp_time_us == std::vector<double>{34, 34}) && s.micro_batches.empty());
   Plan p = to_plan(s, o.cp, o.timeline, c.pad_pass_us());
@@ -404,7 +404,7 @@ static void test_chunked() {
         (p.group_time_us == std::vector<double>{34, 34}));
   // One long document on rank 0: both sequences go to rank 1 (flops 24 x 4 + 4 x 16 = 160 each), and
   // rank 0, with no micro-batch, runs its pad pass after the document: 1000 + 28 (was 1000).
-  s = schedule({4, 4}, c, o, ChunkedDocs{{1000.0}, {1}, {1}});
+  s = schedule({4, 4}, c, o, ChunkedDocs{{1000.0}, {1}, {1}, {1}});
   CHECK((s.chunked_dp_rank == std::vector<int32_t>{0}) && (s.dp_rank == std::vector<int32_t>{1, 1}));
   CHECK(s.makespan_us == 1028.0 && (s.dp_time_us == std::vector<double>{1028.0, 320.0}));
   CHECK(to_plan(s, o.cp, o.timeline, c.pad_pass_us()).makespan_us == 1028.0);
@@ -429,7 +429,7 @@ static void test_chunked() {
   // A bad time is named.
   bool named = false;
   try {
-    schedule({4}, c, o, ChunkedDocs{{-1.0}, {1}, {1}});
+    schedule({4}, c, o, ChunkedDocs{{-1.0}, {1}, {1}, {1}});
   } catch (const std::invalid_argument& e) {
     named = std::string(e.what()).find("chunked document 0 has time") != std::string::npos;
   }
@@ -449,7 +449,7 @@ static void test_chunked() {
     for (double x : d.us) t += x;
     return t;
   };
-  const Lookahead a = lookahead({{9, 1}, {9, 1}}, {ChunkedDocs{{100.0}, {1}, {1}}, ChunkedDocs{}}, c, o, priced);
+  const Lookahead a = lookahead({{9, 1}, {9, 1}}, {ChunkedDocs{{100.0}, {1}, {1}, {1}}, ChunkedDocs{}}, c, o, priced);
   CHECK(a.arrival_window_us == 118.0 && a.window_us == 110.0);
   CHECK(a.step_us[0] + a.step_us[1] == 110.0 && a.step_us[0] >= 100.0);
 }
@@ -513,7 +513,7 @@ static void test_chunked_lockstep() {
   CHECK((lockstep_pads({3, 5, 2}, {0, 1, 0}, 2) == std::vector<int32_t>{2, 2}));
   CHECK((lockstep_pads({3}, {0}, 3) == std::vector<int32_t>{0, 3, 3}));
   CHECK((lockstep_passes({}, {}, 2).empty()) && (lockstep_pads({}, {}, 2) == std::vector<int32_t>{0, 0}));
-  const ChunkedDocs docs{{6.0, 5.0, 2.0}, {3, 1, 1}, {3, 1, 1}};
+  const ChunkedDocs docs{{6.0, 5.0, 2.0}, {3, 1, 1}, {3, 1, 1}, {1, 1, 1}};
   CHECK((chunked_after(docs.us, {0, 1, 1}, 2, Timeline::kLockstep, {1.0, 2.0}) == std::vector<double>{7, 9}));
   CHECK((chunked_after(docs.us, {0, 1, 1}, 2, Timeline::kFreeRunning, {1.0, 2.0}) == std::vector<double>{6, 7}));
   CHECK((chunked_after(docs.us, {0, 0, 0}, 1, Timeline::kLockstep, {0.0}) == std::vector<double>{13}));
@@ -522,15 +522,18 @@ static void test_chunked_lockstep() {
   // pad 4 - 3 = 1 and rank 1 4 - 2 = 2; round robin's make rank 0 pad none and rank 1 3. A pad chunk
   // (CostModel::pad_chunks_us) is here the layer call's intercept, a = 0, b = 1, no fixed cost: 1 for a
   // position's last pass, 4/3 for one before it, recomputed in backward (the pad pass's price, 1 each,
-  // left that out). LPT: rank 0's all-pad position 1 (1), 7; rank 1's 2 pads after document 1, 4/3 + 1:
-  // 9 1/3. Round robin: 8; rank 1 4/3 + 1 + 1 after its 5: 8 1/3, which wins (was 8 against 9).
+  // left that out); and a document with pads after it has its last chunk recomputed too, 1/3 more. LPT:
+  // rank 0's all-pad position 1 (1), 7; rank 1's 2 pads after document 1, 4/3 + 1 + 1/3: 9 2/3. Round
+  // robin: 8; rank 1 4/3 + 1 + 1/3 + 1 after its 5: 8 2/3, which wins (was 8 against 9).
   CostModel c = toy();
   c.a_us_per_flop = 0.0;
   c.b_us = 1.0;
   CHECK(c.pad_pass_us() == 1.0 && c.pad_chunks_us(0, 1, 1) == 1.0 && c.pad_chunks_us(5, 2, 1) == 1.0 + 4.0 / 3.0);
-  CHECK((lockstep_pad_us(docs, {0, 1, 1}, 2, 1, c) == std::vector<double>{1.0, 1.0 + 4.0 / 3.0}));
+  const auto close = [](double x, double y) { return std::abs(x - y) <= 1e-12 * std::max(1.0, std::abs(y)); };
+  const std::vector<double> lpt_pads = lockstep_pad_us(docs, {0, 1, 1}, 2, 1, c);
+  CHECK(lpt_pads[0] == 1.0 && close(lpt_pads[1], 8.0 / 3.0));
   const double robin_1 = lockstep_pad_us(docs, {0, 1, 0}, 2, 1, c)[1];
-  CHECK(std::abs(robin_1 - 10.0 / 3.0) < 1e-15);
+  CHECK(close(robin_1, 11.0 / 3.0));
   Options o;
   o.dp = 2;
   o.bucket_size = 100;
@@ -560,14 +563,14 @@ static void test_chunked_lockstep() {
   // A chunk count below 1, or one missing, is named.
   bool named = false;
   try {
-    schedule({}, c, o, ChunkedDocs{{1.0, 2.0}, {1, 0}, {1, 1}});
+    schedule({}, c, o, ChunkedDocs{{1.0, 2.0}, {1, 0}, {1, 1}, {1, 1}});
   } catch (const std::invalid_argument& e) {
     named = std::string(e.what()).find("chunked document 1 has 0 chunks") != std::string::npos;
   }
   CHECK(named);
   named = false;
   try {
-    schedule({}, c, o, ChunkedDocs{{1.0, 2.0}, {}, {1, 1}});
+    schedule({}, c, o, ChunkedDocs{{1.0, 2.0}, {}, {1, 1}, {1, 1}});
   } catch (const std::invalid_argument& e) {
     named = std::string(e.what()).find("0 chunk counts for 2 chunked documents") != std::string::npos;
   }
@@ -585,34 +588,37 @@ static void test_chunked_lockstep() {
     return std::string();
   };
   const int32_t most = std::numeric_limits<int32_t>::max();
-  CHECK(refusal(ChunkedDocs{{0.0, 0.0}, {most, most}, {1, 1}}) ==
+  CHECK(refusal(ChunkedDocs{{0.0, 0.0}, {most, most}, {1, 1}, {1, 1}}) ==
         "chunked documents have 4294967294 chunk passes in all, more than the limit 1073741824");
   const double huge = std::numeric_limits<double>::max();
-  CHECK(refusal(ChunkedDocs{{huge, huge}, {1, 1}, {1, 1}}) ==
+  CHECK(refusal(ChunkedDocs{{huge, huge}, {1, 1}, {1, 1}, {1, 1}}) ==
         "chunked document 0 has time 1.79769e+308 us, above the limit 1e+60 us");
   CHECK((lockstep_pads({1 << 29, 1 << 29}, {0, 0}, 2) == std::vector<int32_t>{0, 1 << 30}));
   // Rank 1's 2^30 pads are priced in closed form: two all-pad positions of 2^29, each 2^29 - 1 recomputed
   // pads (4/3) and a last one (1).
   const std::vector<double> huge_pads =
-      lockstep_pad_us(ChunkedDocs{{0.0, 0.0}, {1 << 29, 1 << 29}, {1, 1}}, {0, 0}, 2, 1, c);
+      lockstep_pad_us(ChunkedDocs{{0.0, 0.0}, {1 << 29, 1 << 29}, {1, 1}, {1, 1}}, {0, 0}, 2, 1, c);
   CHECK(huge_pads[0] == 0.0 && huge_pads[1] == 2.0 * (1.0 + ((1 << 29) - 1) * (1.0 + 1.0 / 3.0)));
   // A pad chunk runs what a chunk of its document runs (pad_chunks_us): the toy (a = 1, b = 0, one layer,
   // CP 1, flops(s) = 24 s + 4 s^2) prices a pad after p tokens at flops(p + 1) - flops(p) = 28 + 8 p, 4/3 of
   // it where recomputed. LPT's ranks {0, 1, 1} (positions [3, 1]): rank 0's all-pad position, 28 (34);
   // rank 1 pads document 1 (1 token) twice, after 1 token (36, recomputed: 48) and after 2 (44, its
-  // position's last): 5 + 2 + 92 = 99 (at a pad pass of 28 each, 63). Round robin's {0, 1, 0}: 8, and
-  // 5 + 92 + 28 = 125. LPT's 99. At a host floor of 40 a layer call: rank 0 40, rank 1 4/3 x 40 + 44,
-  // LPT's 7 + 97 1/3 against round robin's 142 1/3 (was 87 against 125).
+  // position's last), and recomputes the document's chunk (28 / 3): 5 + 2 + 101 1/3 (at a pad pass of 28
+  // each, 63). Round robin's {0, 1, 0}: 8, and 5 + 101 1/3 + 28. LPT's 108 1/3. At a host floor of 40 a
+  // layer call: rank 0 40, rank 1 4/3 x 40 + 44 + 40 / 3, LPT's 7 + 110 2/3 against round robin's
+  // 155 2/3 (was 87 against 125).
   {
     CostModel t = toy();
     CHECK(t.pad_pass_us() == 28.0 && t.pad_chunks_us(1, 2, 1) == 92.0);
     Schedule q = schedule({}, t, o, docs);
-    CHECK((q.chunked_dp_rank == std::vector<int32_t>{0, 1, 1}) && q.makespan_us == 99.0);
-    CHECK((q.dp_time_us == std::vector<double>{6.0 + 28.0, 99.0}) && (q.chunked_pad_us == std::vector<double>{28, 92}));
-    CHECK(to_plan(q, o.cp, o.timeline, t.pad_pass_us()).makespan_us == 99.0);
+    CHECK((q.chunked_dp_rank == std::vector<int32_t>{0, 1, 1}) && close(q.makespan_us, 7.0 + 92.0 + 28.0 / 3.0));
+    CHECK(q.dp_time_us[0] == 6.0 + 28.0 && q.dp_time_us[1] == q.makespan_us);
+    CHECK(q.chunked_pad_us[0] == 28.0 && close(q.chunked_pad_us[1], 92.0 + 28.0 / 3.0));
+    CHECK(to_plan(q, o.cp, o.timeline, t.pad_pass_us()).makespan_us == q.makespan_us);
     t.host_floor_us = 40.0;
     q = schedule({}, t, o, docs);
-    CHECK((q.chunked_dp_rank == std::vector<int32_t>{0, 1, 1}) && q.makespan_us == 7.0 + 40.0 * (1.0 + 1.0 / 3.0) + 44.0);
+    CHECK((q.chunked_dp_rank == std::vector<int32_t>{0, 1, 1}) &&
+          close(q.makespan_us, 7.0 + 40.0 * (1.0 + 1.0 / 3.0) + 44.0 + 40.0 / 3.0));
   }
   // The estimate on lockstep: the documents after the samples' bound, padded. Documents 6 (3 chunks) and
   // 5 (1) on 2 groups, pad 1: max(6, max(3, ceil(4 / 2)) x 1 + (11 - 4) / 2) = 6.5 after the samples'

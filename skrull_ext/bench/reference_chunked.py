@@ -5,7 +5,7 @@ operation order as the core, so that its answers equal the core's exactly:
 
 - cpp/include/skrull/chunked.hpp: the lockstep passes and pad chunks, their price (lockstep_pad_us), the
   work a DP rank runs after its micro-batches (chunked_after), and a rank's chunked time in FLOPs
-  (chunked_flops); a document is (its chunk passes, its length) here;
+  (chunked_flops); a document is (its chunk passes, its length, its last chunk's tokens) here;
 - gds.hpp's assign_chunked: LPT over the DP ranks by time;
 - timeline.hpp's step_time_us: the step of per-rank micro-batches on either timeline;
 - scheduler.hpp's schedule_as_priced and schedule_assigned for the per-rank GDS (not slot GDS):
@@ -47,14 +47,15 @@ def lockstep_pads(chunks: list[int], rank: list[int], dp: int) -> list[int]:
     return [total - sum(n for n, r in zip(chunks, rank) if r == i) for i in range(dp)]
 
 
-def pad_us(docs: list[tuple[int, int]], rank: list[int], dp: int, cp: int, cost: ref.RefCost) -> list[float]:
-    """chunked.hpp lockstep_pad_us: per rank, its pad chunks' price (``docs``: each document's chunk passes
-    and length): at position k its k-th document padded from its length rounded up to cp, or an all-pad
-    document from 0 (summed from the last position back, as the core sums them)."""
+def pad_us(docs: list[tuple[int, int, int]], rank: list[int], dp: int, cp: int, cost: ref.RefCost) -> list[float]:
+    """chunked.hpp lockstep_pad_us: per rank, what its pads add (``docs``: each document's chunk passes, length
+    and last chunk's tokens): at position k its k-th document padded from its length rounded up to cp, its
+    last chunk then recomputed, or an all-pad document from 0 (summed from the last position back, as the
+    core sums them)."""
     out = [0.0] * dp
     if dp <= 1 or not docs:
         return out
-    chunks = [c for c, _ in docs]
+    chunks = [d[0] for d in docs]
     passes = lockstep_passes(chunks, rank, dp)
     held: list[list[int]] = [[] for _ in range(dp)]
     for k, r in enumerate(rank):
@@ -65,12 +66,17 @@ def pad_us(docs: list[tuple[int, int]], rank: list[int], dp: int, cp: int, cost:
     for i in range(dp):
         total = 0.0
         for p, k in enumerate(held[i]):
-            total += cost.pad_chunks(-(-docs[k][1] // cp) * cp, passes[p] - docs[k][0], cp)
+            pads = passes[p] - docs[k][0]
+            if pads == 0:
+                continue
+            t, a = docs[k][2], docs[k][1] - docs[k][2]
+            total += cost.pad_chunks(-(-docs[k][1] // cp) * cp, pads, cp) + \
+                (cost.chunk_pass(a, t, cp, True) - cost.chunk_pass(a, t, cp, False))
         out[i] = total + suffix[len(held[i])]
     return out
 
 
-def after(us: list[float], docs: list[tuple[int, int]], rank: list[int], dp: int, cp: int, lockstep: bool,
+def after(us: list[float], docs: list[tuple[int, int, int]], rank: list[int], dp: int, cp: int, lockstep: bool,
           cost: ref.RefCost) -> list[float]:
     """Per rank: its documents' times summed in order, then (lockstep, DP > 1) its pad chunks' price."""
     out = [0.0] * dp

@@ -49,7 +49,9 @@ def test_lockstep_runs_them_after_the_slots(toy):
     # Lockstep: every rank's slots, then the step waits for the rank with the most chunked time: DP 0's
     # 12 (3 chunks) and the all-pad position of 2 chunks it runs beside DP 1's 9 and 6 (2 each), each a
     # chunk of one token (CostModel.pad_chunks_us): flops(1) = 28, recomputed (4/3), then flops(2) -
-    # flops(1) = 36, its query over the first one's key: 73 1/3 (a pad pass each, 56, left that out).
+    # flops(1) = 36, its query over the first one's key: 73 1/3 (a pad pass each, 56, left that out). DP 1
+    # pads its 9 once (flops(10) - flops(9) = 100) and recomputes that document's last chunk (tokens 5-8,
+    # (flops(9) - flops(5)) / 3 = 106 2/3), which now makes it the rank the step waits for.
     plan = Scheduler(SchedulerConfig(dp=2, cp=1, bucket_size=5, timeline="lockstep"), toy).schedule(
         [1, 2, 3, 4, 5], chunked=[12, 9, 6])
     plan.validate()
@@ -57,7 +59,9 @@ def test_lockstep_runs_them_after_the_slots(toy):
     assert plan.chunked_group == [0, 1, 1]
     assert toy.pad_pass_us() == _flops(1) == 28 and plan.pad_us == 28
     assert toy.pad_chunks_us(0, 2, 1) == pytest.approx(28 * 4 / 3 + 36)
-    assert plan.makespan_us == pytest.approx(slots + _chunked(12) + 28 * 4 / 3 + 36)
+    assert plan.chunked_pad_us == pytest.approx([28 * 4 / 3 + 36, 100 + 320 / 3])
+    after = [_chunked(12) + 28 * 4 / 3 + 36, _chunked(9) + _chunked(6) + 100 + 320 / 3]
+    assert after[1] > after[0] and plan.makespan_us == pytest.approx(slots + after[1])
 
 
 def test_lockstep_prices_the_pad_chunks_its_ranks_run():
@@ -65,7 +69,10 @@ def test_lockstep_prices_the_pad_chunks_its_ranks_run():
     # 12 (3 chunks of 5) on DP 0; 9 and 6 (2 each) on DP 1. Positions [3, 2]: DP 0 runs an all-pad
     # document of 2, DP 1 one pad chunk after its 9. Each pad chunk one token through the layer over the
     # keys before it, recomputed but the last, and the fixed cost (chunk_cost has 5 a real chunk too):
-    # DP 0 1092.33 + 28 x 4/3 + 5 + 36 + 5 (at a pad pass each, 2 x 33), DP 1 623.33 + 371.33 + 33 + 8 x 9.
+    # DP 0 1092.33 + 28 x 4/3 + 5 + 36 + 5 (at a pad pass each, 2 x 33), DP 1 623.33 + 371.33 + 33 + 8 x 9,
+    # and its 9's last chunk (tokens 5-8) recomputed, no longer its position's last pass: (flops(9) -
+    # flops(5)) / 3 more; DP 1's 1206.33 now sets the step (DP 0's 1175.67; at a pad pass each, DP 0's
+    # 1158.33 did).
     from tests.unit_tests.conftest import toy_cost
 
     cost = toy_cost(fixed_us=5.0)
@@ -76,8 +83,8 @@ def test_lockstep_prices_the_pad_chunks_its_ranks_run():
     slots = sum(max(mb.time_us for mb in lock.micro_batches if mb.slot == j) for j in range(lock.slots))
     assert lock.chunked_us == pytest.approx([_chunked(n) + 5 * -(-n // 5) for n in (12, 9, 6)])
     assert cost.pad_pass_us() == lock.pad_us == 33.0
-    assert lock.chunked_pad_us == pytest.approx([28 * 4 / 3 + 36 + 10, 28 + 8 * 9 + 5])
-    assert lock.makespan_us == pytest.approx(slots + 1092 + 1 / 3 + 28 * 4 / 3 + 36 + 10)
+    assert lock.chunked_pad_us == pytest.approx([28 * 4 / 3 + 36 + 10, 28 + 8 * 9 + 5 + (_flops(9) - _flops(5)) / 3])
+    assert lock.makespan_us == pytest.approx(slots + 623 + 1 / 3 + 371 + 1 / 3 + 105 + (_flops(9) - _flops(5)) / 3)
     assert lock.step_time_us() == pytest.approx(lock.makespan_us)
     # Free-running ranks pad nothing (their chunk passes share no collective); DP 1 has nothing to pad.
     free = Scheduler(SchedulerConfig(dp=2, cp=1, bucket_size=5, timeline="free"), cost).schedule(
@@ -125,8 +132,10 @@ def _round_robin_us(cost, lengths, chunked, dp, cp, bucket, timeline, pads: bool
     plan.chunked, plan.chunked_us = list(chunked), sched.chunked_us(chunked)
     plan.chunked_chunk = [sched.job.chunk_for(n) for n in chunked] if pads else []
     plan.chunked_group = [k % dp for k in range(len(chunked))]
-    plan.chunked_pad_us = _core.lockstep_pad_us(chunked, plan.chunked_passes(), plan.chunked_group, dp, cp,
-                                                cost) if pads else []
+    passes = plan.chunked_passes()
+    plan.chunked_pad_us = _core.lockstep_pad_us(
+        chunked, passes, [n - (p - 1) * c for n, p, c in zip(chunked, passes, plan.chunked_chunk)],
+        plan.chunked_group, dp, cp, cost) if pads else []
     plan.retime()
     return plan.makespan_us
 
@@ -166,24 +175,28 @@ def test_the_pad_chunks_change_which_rank_runs_a_document():
     # and 1 chunk passes (3, 1 and 1 tokens) on DP 2, no samples. LPT by time ([0, 1, 1]: loads 6, 7) beats
     # round robin ([0, 1, 0]: 8, 5) unpadded. Lockstep, a pad chunk the layer call's intercept (b = 1 at
     # a = 0, no fixed cost), 4/3 of it where recomputed (all but a position's last pass): LPT's positions
-    # [3, 1] pad DP 0 once (1: 7) and DP 1 twice (4/3 + 1: 9 1/3); round robin's pad DP 0 never (8) and
-    # DP 1 three times (4/3 + 1 + 1: 8 1/3): round robin. At a pad pass each, 9 against 8.
+    # [3, 1] pad DP 0 once (1: 7) and DP 1 twice (4/3 + 1, and its document's chunk recomputed, 1/3:
+    # 9 2/3); round robin's pad DP 0 never (8) and DP 1 three times (4/3 + 1 + 1/3 + 1: 8 2/3): round
+    # robin. At a pad pass each, 9 against 8.
     opts = SchedulerConfig(dp=2, cp=1, bucket_size=100, timeline="lockstep").core_options()
     flat = _core.CostModel(_core.ModelShape(1, 1, 1, 1), 0.0, 1.0, _core.CommModel([1.0], [0.0]))
     assert flat.pad_pass_us() == 1.0 and flat.pad_chunks_us(0, 2, 1) == pytest.approx(1 + 4 / 3)
-    s = _core.schedule([], flat, opts, [6.0, 5.0, 2.0], [3, 1, 1], [3, 1, 1])
-    assert s.chunked_dp_rank == [0, 1, 0] and s.makespan_us == pytest.approx(5 + 10 / 3)
-    assert s.chunked_chunks == [3, 1, 1] and s.chunked_pad_us == pytest.approx([0.0, 10 / 3])
-    assert _core.lockstep_pad_us([3, 1, 1], [3, 1, 1], [0, 1, 1], 2, 1, flat) == pytest.approx([1.0, 1 + 4 / 3])
+    s = _core.schedule([], flat, opts, [6.0, 5.0, 2.0], [3, 1, 1], [3, 1, 1], [1, 1, 1])
+    assert s.chunked_dp_rank == [0, 1, 0] and s.makespan_us == pytest.approx(5 + 11 / 3)
+    assert s.chunked_chunks == [3, 1, 1] and s.chunked_pad_us == pytest.approx([0.0, 11 / 3])
+    assert _core.lockstep_pad_us([3, 1, 1], [3, 1, 1], [1, 1, 1], [0, 1, 1], 2, 1, flat) == \
+        pytest.approx([1.0, 1 + 4 / 3 + 1 / 3])
     assert _core.chunked_after([6.0, 5.0, 2.0], [0, 1, 1], 2, opts.timeline, [1.0, 2.0]) == [7.0, 9.0]
     cost = _core.CostModel(_core.ModelShape(1, 1, 1, 1), 0.0, 0.0, _core.CommModel([1.0], [0.0]))
     assert cost.pad_pass_us() == 0.0  # the pads priced at nothing: LPT
-    s = _core.schedule([], cost, opts, [6.0, 5.0, 2.0], [3, 1, 1], [3, 1, 1])
+    s = _core.schedule([], cost, opts, [6.0, 5.0, 2.0], [3, 1, 1], [3, 1, 1], [1, 1, 1])
     assert s.chunked_dp_rank == [0, 1, 1] and s.makespan_us == 7.0
     with pytest.raises(ValueError, match="^0 chunk counts for 3 chunked documents$"):
         _core.schedule([], cost, opts, [6.0, 5.0, 2.0])
     with pytest.raises(ValueError, match="^0 chunked lengths for 3 chunked documents$"):
         _core.schedule([], cost, opts, [6.0, 5.0, 2.0], [3, 1, 1])
+    with pytest.raises(ValueError, match=r"^chunked document 2 has a last chunk of 2 tokens; must be in \[1, 1\]$"):
+        _core.schedule([], cost, opts, [6.0, 5.0, 2.0], [3, 1, 1], [3, 1, 1], [1, 1, 2])
     with pytest.raises(ValueError, match="^chunked document 1 has 0 chunks; must be >= 1$"):
         _core.lockstep_pads([3, 0], [0, 1], 2)
     with pytest.raises(ValueError, match=r"^chunked document 0's DP rank -1 is outside \[0, 2\)$"):

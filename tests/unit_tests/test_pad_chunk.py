@@ -70,9 +70,14 @@ def test_a_pad_chunks_collectives_are_what_its_price_counts(counted, case):
         assert unit.pad_chunks_us(start, pads, 2) == layers * (3 * (pads - 1) + 2)
         assert unit.pad_pass_us() == 0.0  # the old price: no collective
         # The pads' own: a gather and a reduce-scatter each, a gather more where recomputed. The document's
-        # last chunk, no longer its position's last pass, is recomputed too: one gather more, its price's
-        # (not in pad_chunks_us: the document's chunk, priced by chunk_cost without the pads after it).
+        # last chunk, no longer its position's last pass, is recomputed too: one gather more a layer, which
+        # lockstep_pad_us adds (chunk_cost prices the document without the pads after it).
         doc_last = layers if length else 0
         assert scatters - own_scatters == layers * pads
         assert gathers - own_gathers == layers * (2 * pads - 1) + doc_last
         assert (gathers - own_gathers - doc_last) + (scatters - own_scatters) == unit.pad_chunks_us(start, pads, 2)
+        if length:  # all the pads add, as the plan prices it: this document on DP rank 0, `pads` chunks fewer
+            own, last = -(-length // chunk), length - (length - 1) // chunk * chunk  # than DP rank 1's
+            priced = _core.lockstep_pad_us([length, (own + pads) * chunk], [own, own + pads], [last, chunk],
+                                           [0, 1], 2, 2, unit)
+            assert priced == [(gathers - own_gathers) + (scatters - own_scatters), 0.0]

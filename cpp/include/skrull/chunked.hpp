@@ -57,12 +57,14 @@ constexpr int64_t kMaxChunkPasses = int64_t{1} << 30;
 
 // A step's chunked documents as the planners take them, in the step's order:
 // each one's predicted time on one CP group, its chunk passes
-// (skrull_ext/train/chunked.py: ceil(length / chunk)) and its length in
-// tokens (where its lockstep pad chunks start: lockstep_pad_us).
+// (skrull_ext/train/chunked.py: ceil(length / chunk)), its length in tokens
+// (where its lockstep pad chunks start) and the tokens of its last chunk
+// (recomputed where pads follow it): lockstep_pad_us.
 struct ChunkedDocs {
   std::vector<double> us;
   std::vector<int32_t> chunks;
   std::vector<int64_t> lengths;
+  std::vector<int64_t> last_chunk;
   size_t size() const { return us.size(); }
   bool empty() const { return us.empty(); }
 };
@@ -93,7 +95,8 @@ inline void validate_chunk_counts(const std::vector<int32_t>& chunks, size_t doc
 }
 
 // As above, each time at most kMaxChunkedUs, at most kMaxSequences documents,
-// validate_chunk_counts, and one length in [1, kMaxLength] per document.
+// validate_chunk_counts, one length in [1, kMaxLength] per document and one
+// last chunk in [1, its length].
 inline void validate_chunked(const ChunkedDocs& docs) {
   validate_chunked(docs.us);
   if (static_cast<int64_t>(docs.us.size()) > kMaxSequences)
@@ -115,6 +118,14 @@ inline void validate_chunked(const ChunkedDocs& docs) {
       throw std::invalid_argument("chunked document " + std::to_string(k) + " has length " +
                                   std::to_string(docs.lengths[k]) + "; must be in [1, " + std::to_string(kMaxLength) +
                                   "]");
+  if (docs.last_chunk.size() != docs.us.size())
+    throw std::invalid_argument(std::to_string(docs.last_chunk.size()) + " last chunks for " +
+                                std::to_string(docs.us.size()) + " chunked documents");
+  for (size_t k = 0; k < docs.last_chunk.size(); ++k)
+    if (docs.last_chunk[k] < 1 || docs.last_chunk[k] > docs.lengths[k])
+      throw std::invalid_argument("chunked document " + std::to_string(k) + " has a last chunk of " +
+                                  std::to_string(docs.last_chunk[k]) + " tokens; must be in [1, " +
+                                  std::to_string(docs.lengths[k]) + "]");
 }
 
 // Throws std::invalid_argument unless each document's rank is in [0, dp).
@@ -163,13 +174,17 @@ inline std::vector<double> chunked_load(const std::vector<double>& chunked_us, c
   return out;
 }
 
-// Lockstep at DP > 1: per DP rank, the price of the pad chunks it runs
-// (lockstep_pads' counts): at each position k, its k-th document (length T,
-// c chunks) padded with n_k - c pad chunks from its padded length
+// Lockstep at DP > 1: per DP rank, what its pads add (lockstep_pads'
+// counts): at each position k, its k-th document (length T, c chunks, a last
+// chunk of l tokens) padded with n_k - c pad chunks from its padded length
 // ceil(T / cp) cp (train/chunked.py: the last chunk is padded to a multiple of
 // the group), or an all-pad document of n_k from 0; each run priced by
-// CostModel::pad_chunks_us. Zeros at DP 1 (nothing pads). O(documents + dp):
-// the all-pad runs are summed once per position.
+// CostModel::pad_chunks_us. A document with pads after it has its last chunk
+// recomputed too (no longer its position's last pass, it is checkpointed),
+// which its own price (chunk_cost, the last chunk kept) leaves out:
+// chunk_pass_us(T - l, l, cp, true) - chunk_pass_us(T - l, l, cp, false) more.
+// Zeros at DP 1 (nothing pads). O(documents + dp): the all-pad runs are
+// summed once per position.
 inline std::vector<double> lockstep_pad_us(const ChunkedDocs& docs, const std::vector<int32_t>& rank, int32_t dp,
                                            int32_t cp, const CostModel& cost) {
   std::vector<double> out(dp, 0.0);
@@ -184,8 +199,12 @@ inline std::vector<double> lockstep_pad_us(const ChunkedDocs& docs, const std::v
     double sum = 0.0;
     for (size_t p = 0; p < held[i].size(); ++p) {
       const int32_t k = held[i][p];
+      const int64_t pads = passes[p] - docs.chunks[k];
+      if (pads == 0) continue;
       const int64_t start = (docs.lengths[k] + cp - 1) / cp * cp;
-      sum += cost.pad_chunks_us(start, passes[p] - docs.chunks[k], cp);
+      const int64_t t = docs.last_chunk[k], a = docs.lengths[k] - t;
+      sum += cost.pad_chunks_us(start, pads, cp) +
+             (cost.chunk_pass_us(a, t, cp, true) - cost.chunk_pass_us(a, t, cp, false));
     }
     out[i] = sum + suffix[held[i].size()];
   }

@@ -54,7 +54,8 @@ inline void time_schedule(Schedule& s, const CostModel& cost, const Options& opt
     }
   }
   s.chunked_pad_us =
-      lockstep_pad_us({s.chunked_us, s.chunked_chunks, s.chunked_lengths}, s.chunked_dp_rank, opt.dp, opt.cp, cost);
+      lockstep_pad_us({s.chunked_us, s.chunked_chunks, s.chunked_lengths, s.chunked_last_chunk}, s.chunked_dp_rank,
+                      opt.dp, opt.cp, cost);
   const std::vector<double> after = chunked_after(s.chunked_us, s.chunked_dp_rank, opt.dp, opt.timeline,
                                                   s.chunked_pad_us);
   for (int32_t i = 0; i < opt.dp; ++i) s.dp_time_us[i] += after[i];

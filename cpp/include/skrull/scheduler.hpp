@@ -90,6 +90,7 @@ inline Schedule schedule_assigned(const std::vector<int64_t>& input, const CostM
   out.chunked_dp_rank = chunked_rank;
   out.chunked_chunks = chunked.chunks;
   out.chunked_lengths = chunked.lengths;
+  out.chunked_last_chunk = chunked.last_chunk;
   const std::vector<double> chunked_start =
       chunked.empty() || !around ? std::vector<double>()
                       : chunked_flops(chunked_load(chunked.us, out.chunked_dp_rank, opt.dp), cost, opt.cp);

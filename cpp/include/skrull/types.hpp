@@ -139,7 +139,8 @@ struct Schedule {
   // Chunked documents (overlength "chunk", chunked.hpp), outside `lengths`:
   // each one's predicted time on a CP group and the DP rank that trains it
   // after its micro-batches (included in dp_time_us and makespan_us), and
-  // its chunk passes (what lockstep pads to, chunked.hpp) and its length;
+  // its chunk passes (what lockstep pads to, chunked.hpp), its length and its
+  // last chunk's tokens;
   // per DP rank, the price of the pad chunks it would run on a lockstep
   // timeline (chunked.hpp lockstep_pad_us; in dp_time_us and makespan_us on
   // one).
@@ -147,6 +148,7 @@ struct Schedule {
   std::vector<int32_t> chunked_dp_rank;
   std::vector<int32_t> chunked_chunks;
   std::vector<int64_t> chunked_lengths;
+  std::vector<int64_t> chunked_last_chunk;
   std::vector<double> chunked_pad_us;
   int32_t rollbacks = 0;
   int32_t moves = 0;
