@@ -183,7 +183,8 @@ class Plan:
     timeline: _core.Timeline = _core.Timeline.LOCKSTEP
     """The timeline the step runs on (the job's): lockstep slots or free-running groups."""
     pad_us: float = 0.0
-    """Time of a pad pass on a lockstep timeline (an idle slot, a pad chunk): the cost model's
+    """Time of a pad pass (an idle lockstep slot; free-running at DP > 1, a rank with no micro-batch; a
+    pad chunk costs more: ``chunked_pad_us``): the cost model's
     ``pad_pass_us()``, one token a CP rank through every layer, not its fixed cost alone."""
     step_us: float = 0.0
     """Time the step pays once whatever its micro-batches: the cost model's step_fixed_us."""
