@@ -8,6 +8,7 @@ __version__: str
 DISTRIBUTED: int
 DROPPED: int
 MAX_LENGTH: int
+RECOMPUTE_SHARE: float
 MAX_BUCKET_SIZE: int
 MAX_SEQUENCES: int
 MAX_SEQUENCE_RANKS: int
@@ -81,7 +82,10 @@ class CostModel:
     # one rank's layer call: max(host_floor_us, max(comm_us, line(local)) + line(dist))
     def comp_us(self, flops: float) -> float: ...  # a layer call of one part: layer_us(0, flops, 0)
     def floored_us(self, calls: float) -> float: ...  # calls x (layers x host_floor_us + micro_batch_fixed_us)
-    def pad_pass_us(self) -> float: ...  # a lockstep pad pass: layers x comp_us(flops(1)) + micro_batch_fixed_us + head
+    def pad_pass_us(self) -> float: ...  # a pad pass: layers x comp_us(flops(1)) + micro_batch_fixed_us + head
+    def chunk_pass_us(self, prefix: int, tokens: int, cp: int, recomputed: bool,
+                      dense: bool = False) -> float: ...  # one chunk pass of a chunked document
+    def pad_chunks_us(self, start: int, count: int, cp: int) -> float: ...  # lockstep pad chunks from `start`
     def collective_us(self, bytes: float) -> float: ...
     def comm_us(self, bytes: float) -> float: ...
     def local_flops(self, tokens: int, per_doc: float) -> float: ...
@@ -135,6 +139,9 @@ class Schedule:
     chunked_us: list[float]
     chunked_dp_rank: list[int]
     chunked_chunks: list[int]
+    chunked_lengths: list[int]
+    chunked_last_chunk: list[int]
+    chunked_pad_us: list[float]
     rollbacks: int
     moves: int
     elapsed_us: float
@@ -168,6 +175,7 @@ class Plan:
     chunked_us: list[float]
     chunked_group: list[int]
     chunked_chunks: list[int]
+    chunked_pad_us: list[float]
     widened: int
     narrowed: int
     skrull_plan: bool
@@ -176,12 +184,15 @@ class Plan:
     elapsed_us: float
 
 def schedule(lengths: Sequence[int], cost_model: CostModel, options: Options,
-             chunked_us: Sequence[float] = ..., chunked_chunks: Sequence[int] = ...) -> Schedule: ...
+             chunked_us: Sequence[float] = ..., chunked_chunks: Sequence[int] = ...,
+             chunked_lengths: Sequence[int] = ..., chunked_last_chunk: Sequence[int] = ...) -> Schedule: ...
 def assign_chunked(chunked_us: Sequence[float], dp: int) -> list[int]: ...
 def lockstep_passes(chunked_chunks: Sequence[int], groups: Sequence[int], dp: int) -> list[int]: ...
 def lockstep_pads(chunked_chunks: Sequence[int], groups: Sequence[int], dp: int) -> list[int]: ...
-def chunked_after(chunked_us: Sequence[float], chunked_chunks: Sequence[int], groups: Sequence[int], dp: int,
-                  timeline: Timeline, pad_us: float) -> list[float]: ...
+def lockstep_pad_us(chunked_lengths: Sequence[int], chunked_chunks: Sequence[int], chunked_last_chunk: Sequence[int],
+                    groups: Sequence[int], dp: int, cp: int, cost_model: CostModel) -> list[float]: ...
+def chunked_after(chunked_us: Sequence[float], groups: Sequence[int], dp: int, timeline: Timeline,
+                  pad_us: Sequence[float]) -> list[float]: ...
 def schedule_pool(lengths: Sequence[int], cost_model: CostModel, options: Options) -> Plan: ...
 
 class Lookahead:
@@ -208,7 +219,9 @@ class Lookahead:
 
 def lookahead(batches: Sequence[Sequence[int]], cost_model: CostModel, options: Options,
               pool: bool = False, chunked: Sequence[Sequence[float]] = ...,
-              chunked_chunks: Sequence[Sequence[int]] = ...) -> Lookahead: ...
+              chunked_chunks: Sequence[Sequence[int]] = ...,
+              chunked_lengths: Sequence[Sequence[int]] = ...,
+              chunked_last_chunk: Sequence[Sequence[int]] = ...) -> Lookahead: ...
 @overload
 def to_plan(schedule: Schedule, cp: int, timeline: Timeline, pad_us: float, step_us: float = ...) -> Plan: ...
 @overload

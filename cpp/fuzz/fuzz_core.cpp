@@ -262,6 +262,8 @@ ChunkedDocs chunked_times(Bytes& in) {
     const uint8_t b = in.u8();
     t = times[b % 9];
     out.chunks.push_back(1 + (b / 9) % 8);
+    out.lengths.push_back(1 + 97 * int64_t{b});  // where its lockstep pads start (no byte of its own)
+    out.last_chunk.push_back(1 + (31 * int64_t{b}) % out.lengths.back());
   }
   return out;
 }
@@ -423,6 +425,8 @@ void fuzz_lookahead(Bytes& in, uint8_t la, const std::vector<int64_t>& ls, const
     ChunkedDocs& to = chunked[chunk_mode == 2 ? k % chunked.size() : 0];
     to.us.push_back(docs.us[k]);
     to.chunks.push_back(docs.chunks[k]);
+    to.lengths.push_back(docs.lengths[k]);
+    to.last_chunk.push_back(docs.last_chunk[k]);
   }
   const std::string reject =
       check::lookahead_rejection(batches, chunked, c, [&](const std::vector<int64_t>& l, const ChunkedDocs& d) {

@@ -88,7 +88,7 @@ static void check_after(const std::vector<double>& after_us, int32_t dp) {
 // count >= 1 and one rank in [0, dp) per document.
 static void check_lockstep(const std::vector<int32_t>& chunks, const std::vector<int32_t>& groups, int32_t dp) {
   validate_group(dp, 1);
-  validate_chunked(ChunkedDocs{std::vector<double>(chunks.size(), 0.0), chunks});
+  validate_chunk_counts(chunks, chunks.size());
   validate_chunked_ranks(groups, chunks.size(), dp);
 }
 
@@ -117,6 +117,7 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
   m.attr("DISTRIBUTED") = kDistributed;
   m.attr("DROPPED") = kDropped;
   m.attr("MAX_LENGTH") = kMaxLength;
+  m.attr("RECOMPUTE_SHARE") = kRecomputeShare;
   m.attr("MAX_BUCKET_SIZE") = kMaxBucketSize;
   m.attr("MAX_SEQUENCES") = kMaxSequences;
   m.attr("MAX_SEQUENCE_RANKS") = kMaxSequenceRanks;
@@ -209,9 +210,17 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
       .def("floored_us", &CostModel::floored_us, py::arg("calls"),
            "What `calls` micro-batches cost at least: calls x (layers x host floor + micro_batch_fixed_us).")
       .def("pad_pass_us", &CostModel::pad_pass_us,
-           "A lockstep pad pass (a rank's idle slot, a pad chunk): one local token a CP rank through every layer "
-           "and the head, priced as micro_batch_us prices it: layers x comp_us(flops(1)) + micro_batch_fixed_us + "
-           "head_us(1).")
+           "A pad pass (a rank's idle lockstep slot; free-running at DP > 1, a rank with no micro-batch): one local "
+           "token a CP rank through every layer and the head, priced as micro_batch_us prices it: layers x "
+           "comp_us(flops(1)) + micro_batch_fixed_us + head_us(1).")
+      .def("chunk_pass_us", &CostModel::chunk_pass_us, py::arg("prefix"), py::arg("tokens"), py::arg("cp"),
+           py::arg("recomputed"), py::arg("dense") = false,
+           "One chunk pass of a chunked document: `tokens` tokens after `prefix` sharded over cp ranks, its K/V "
+           "gathered (again in its recompute when `recomputed`), layers x max(floor s, line(F) s + X) + token_us "
+           "tokens / cp s + micro_batch_fixed_us (s = 1 + RECOMPUTE_SHARE if recomputed).")
+      .def("pad_chunks_us", &CostModel::pad_chunks_us, py::arg("start"), py::arg("count"), py::arg("cp"),
+           "`count` consecutive lockstep pad chunks (one token a CP rank each) from `start` tokens of their "
+           "document, the last not recomputed: chunk_pass_us(start + j cp, cp, cp, j < count - 1) summed.")
       .def("collective_us", &CostModel::collective_us, py::arg("bytes"), "Latency of one collective.")
       .def("comm_us", &CostModel::comm_us, py::arg("bytes"), "Communication time of one layer.")
       .def("micro_batch_us", &CostModel::micro_batch_us, py::arg("local_flops"), py::arg("dist_flops"),
@@ -284,6 +293,9 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
       .def_readonly("chunked_us", &Schedule::chunked_us)
       .def_readonly("chunked_dp_rank", &Schedule::chunked_dp_rank)
       .def_readonly("chunked_chunks", &Schedule::chunked_chunks)
+      .def_readonly("chunked_lengths", &Schedule::chunked_lengths)
+      .def_readonly("chunked_last_chunk", &Schedule::chunked_last_chunk)
+      .def_readonly("chunked_pad_us", &Schedule::chunked_pad_us)
       .def_readonly("rollbacks", &Schedule::rollbacks)
       .def_readonly("moves", &Schedule::moves)
       .def_readonly("elapsed_us", &Schedule::elapsed_us);
@@ -317,6 +329,7 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
       .def_readonly("chunked_us", &Plan::chunked_us)
       .def_readonly("chunked_group", &Plan::chunked_group)
       .def_readonly("chunked_chunks", &Plan::chunked_chunks)
+      .def_readonly("chunked_pad_us", &Plan::chunked_pad_us)
       .def_readonly("widened", &Plan::widened)
       .def_readonly("narrowed", &Plan::narrowed)
       .def_readonly("skrull_plan", &Plan::skrull_plan)
@@ -368,13 +381,17 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
   m.def(
       "schedule",
       [](const skrull_py::Lengths& lengths, CostModel cost, Options opt, const std::vector<double>& chunked_us,
-         const std::vector<int32_t>& chunked_chunks) {
+         const std::vector<int32_t>& chunked_chunks, const std::vector<int64_t>& chunked_lengths,
+         const std::vector<int64_t>& chunked_last_chunk) {
         py::gil_scoped_release release;
-        return schedule(lengths.v, cost, opt, ChunkedDocs{chunked_us, chunked_chunks});
+        return schedule(lengths.v, cost, opt,
+                        ChunkedDocs{chunked_us, chunked_chunks, chunked_lengths, chunked_last_chunk});
       },
       py::arg("lengths"), py::arg("cost_model"), py::arg("options"), py::arg("chunked_us") = std::vector<double>(),
-      py::arg("chunked_chunks") = std::vector<int32_t>(),
-      "Schedules one global batch (GDS + DACP). chunked_us, chunked_chunks: the times and chunk passes of the "
+      py::arg("chunked_chunks") = std::vector<int32_t>(), py::arg("chunked_lengths") = std::vector<int64_t>(),
+      py::arg("chunked_last_chunk") = std::vector<int64_t>(),
+      "Schedules one global batch (GDS + DACP). chunked_us, chunked_chunks, chunked_lengths, chunked_last_chunk: "
+      "the times, chunk passes, lengths and last chunks' tokens of the "
       "step's chunked documents (overlength 'chunk'), each assigned to a DP rank (LPT, longest first, or round "
       "robin where faster) that runs it after its micro-batches, the samples balanced around them; on a lockstep "
       "timeline priced with the pad chunks the ranks run. Pure function of its inputs.");
@@ -405,19 +422,38 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
       py::arg("chunked_chunks"), py::arg("groups"), py::arg("dp"),
       "Per DP rank: the pad chunks it runs under lockstep, every position's passes summed less its own chunks.");
   m.def(
-      "chunked_after",
-      [](const std::vector<double>& chunked_us, const std::vector<int32_t>& chunked_chunks,
-         const std::vector<int32_t>& groups, int32_t dp, Timeline timeline, double pad_us) {
+      "lockstep_pad_us",
+      [](const std::vector<int64_t>& chunked_lengths, const std::vector<int32_t>& chunked_chunks,
+         const std::vector<int64_t>& chunked_last_chunk, const std::vector<int32_t>& groups, int32_t dp, int32_t cp,
+         const CostModel& cost) {
         validate_group(dp, 1);
-        validate_chunked(ChunkedDocs{chunked_us, chunked_chunks});
-        validate_chunked_ranks(groups, chunked_us.size(), dp);
-        if (!(std::isfinite(pad_us) && pad_us >= 0.0)) throw std::invalid_argument("pad_us must be finite and >= 0");
-        return chunked_after(ChunkedDocs{chunked_us, chunked_chunks}, groups, dp, timeline, pad_us);
+        validate_group(cp, 1);
+        cost.validate();
+        const ChunkedDocs docs{std::vector<double>(chunked_lengths.size(), 0.0), chunked_chunks, chunked_lengths,
+                               chunked_last_chunk};
+        validate_chunked(docs);
+        validate_chunked_ranks(groups, docs.size(), dp);
+        return lockstep_pad_us(docs, groups, dp, cp, cost);
       },
-      py::arg("chunked_us"), py::arg("chunked_chunks"), py::arg("groups"), py::arg("dp"), py::arg("timeline"),
-      py::arg("pad_us"),
+      py::arg("chunked_lengths"), py::arg("chunked_chunks"), py::arg("chunked_last_chunk"), py::arg("groups"),
+      py::arg("dp"), py::arg("cp"), py::arg("cost_model"),
+      "Per DP rank: what its pads add under lockstep at dp > 1: its documents padded to each position's passes "
+      "from their padded length, all-pad documents from 0 (CostModel.pad_chunks_us), and a padded document's "
+      "last chunk recomputed; zeros at dp 1.");
+  m.def(
+      "chunked_after",
+      [](const std::vector<double>& chunked_us, const std::vector<int32_t>& groups, int32_t dp, Timeline timeline,
+         const std::vector<double>& pad_us) {
+        validate_group(dp, 1);
+        validate_chunked(chunked_us);
+        validate_chunked_ranks(groups, chunked_us.size(), dp);
+        check_after(pad_us, dp);
+        return chunked_after(chunked_us, groups, dp, timeline,
+                             pad_us.empty() ? std::vector<double>(dp, 0.0) : pad_us);
+      },
+      py::arg("chunked_us"), py::arg("groups"), py::arg("dp"), py::arg("timeline"), py::arg("pad_us"),
       "Per DP rank: the work it runs after its micro-batches, its chunked documents' times and, on a lockstep "
-      "timeline at dp > 1, each of its pad chunks at pad_us (what the plans' step times count).");
+      "timeline at dp > 1, its pad chunks' price pad_us[rank] (lockstep_pad_us; [] for none).");
 
   py::class_<Lookahead>(m, "Lookahead")
       .def_readonly("offsets", &Lookahead::offsets)
@@ -448,14 +484,19 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
   m.def(
       "lookahead",
       [](const std::vector<std::vector<int64_t>>& batches, CostModel cost, Options opt, bool pool,
-         const std::vector<std::vector<double>>& chunked, const std::vector<std::vector<int32_t>>& chunked_chunks) {
+         const std::vector<std::vector<double>>& chunked, const std::vector<std::vector<int32_t>>& chunked_chunks,
+         const std::vector<std::vector<int64_t>>& chunked_lengths,
+         const std::vector<std::vector<int64_t>>& chunked_last_chunk) {
         validate_options(opt);
-        if (chunked_chunks.size() != chunked.size())
+        if (chunked_chunks.size() != chunked.size() || chunked_lengths.size() != chunked.size() ||
+            chunked_last_chunk.size() != chunked.size())
           throw std::invalid_argument("lookahead window: " + std::to_string(chunked_chunks.size()) +
-                                      " lists of chunk counts for " + std::to_string(chunked.size()) +
+                                      " lists of chunk counts, " + std::to_string(chunked_lengths.size()) +
+                                      " of lengths and " + std::to_string(chunked_last_chunk.size()) +
+                                      " of last chunks for " + std::to_string(chunked.size()) +
                                       " lists of chunked documents");
         std::vector<ChunkedDocs> docs(chunked.size());
-        for (size_t b = 0; b < chunked.size(); ++b) docs[b] = {chunked[b], chunked_chunks[b]};
+        for (size_t b = 0; b < chunked.size(); ++b) docs[b] = {chunked[b], chunked_chunks[b], chunked_lengths[b], chunked_last_chunk[b]};
         py::gil_scoped_release release;
         if (pool)  // the pool's plans run a step's chunked documents after its micro-batches, LPT over the groups
           return lookahead(batches, std::move(docs), cost, opt, [&](const std::vector<int64_t>& l, const ChunkedDocs& c) {
@@ -463,6 +504,7 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
             p.chunked_us = c.us;
             p.chunked_chunks = c.chunks;
             p.chunked_group = assign_chunked(c.us, opt.dp);
+            p.chunked_pad_us = lockstep_pad_us(c, p.chunked_group, opt.dp, opt.cp, cost);
             detail::retime_plan(p, opt.timeline, cost.pad_pass_us(), cost.step_fixed_us);
             return p.makespan_us;
           });
@@ -473,12 +515,14 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
       py::arg("batches"), py::arg("cost_model"), py::arg("options"), py::arg("pool") = false,
       py::arg("chunked") = std::vector<std::vector<double>>(),
       py::arg("chunked_chunks") = std::vector<std::vector<int32_t>>(),
+      py::arg("chunked_lengths") = std::vector<std::vector<int64_t>>(),
+      py::arg("chunked_last_chunk") = std::vector<std::vector<int64_t>>(),
       "Regroups a window of W global batches (lengths in arrival order) over its W steps: each step keeps its "
       "sample count, every sample moves at most W-1 steps. Candidates are screened by an estimate of a step's "
       "time (options' DP, CP and BucketSize); a few are planned in full (each step by schedule(), or "
       "schedule_pool() with pool=True) and the least summed predicted time wins, arrival order unless a "
-      "grouping predicts faster. chunked, chunked_chunks (one list per batch, or none): each batch's chunked "
-      "documents' times and chunk passes, which stay at their step and are priced with it. Budgets count operations: a pure function of its inputs.");
+      "grouping predicts faster. chunked, chunked_chunks, chunked_lengths, chunked_last_chunk (one list per "
+      "batch, or none): each batch's chunked documents' times, chunk passes, lengths and last chunks, which stay at their step and are priced with it. Budgets count operations: a pure function of its inputs.");
 
   m.def(
       "dacp",

@@ -156,8 +156,11 @@ inline std::string cut_error(const std::vector<int64_t>& in, int64_t limit, Over
 // truncation, placements in range, per-rank tokens recomputed equal and
 // within bucket_size, times finite and adding up: a DP rank's time is its
 // micro-batches', then its chunked documents' and (lockstep, DP > 1) its pad
-// chunks' at a pad pass (c.pad_pass_us()) each; the step is on
-// o.timeline, plus c.step_fixed_us once when it runs anything.
+// chunks' (each run from its document's padded length, or 0 for an all-pad
+// one, at c.pad_chunks_us, and a padded document's last chunk's recompute;
+// s.chunked_pad_us within 1e-12 of it) and
+// (free-running, DP > 1) a pad pass where it has no micro-batch; the step is
+// on o.timeline, plus c.step_fixed_us once when it runs anything.
 inline std::string schedule_error(const std::vector<int64_t>& in, const CostModel& c, const Options& o,
                                   const Schedule& s) {
   const size_t k_total = in.size();
@@ -184,34 +187,52 @@ inline std::string schedule_error(const std::vector<int64_t>& in, const CostMode
   int64_t rollbacks = 0;
   // Chunked documents (chunked.hpp): each on a DP rank in range, run after its micro-batches.
   const size_t docs = s.chunked_us.size();
-  if (s.chunked_dp_rank.size() != docs || s.chunked_chunks.size() != docs)
-    return "chunked documents, their ranks and their chunk counts differ in number";
+  if (s.chunked_dp_rank.size() != docs || s.chunked_chunks.size() != docs || s.chunked_lengths.size() != docs ||
+      s.chunked_last_chunk.size() != docs)
+    return "chunked documents, their ranks, chunk counts, lengths and last chunks differ in number";
+  if (s.chunked_pad_us.size() != static_cast<size_t>(o.dp)) return "chunked_pad_us is not one per DP rank";
   std::vector<double> after(o.dp, 0.0);
-  std::vector<std::vector<int64_t>> held(o.dp);  // each rank's documents' chunk passes, in order
+  std::vector<std::vector<size_t>> held(o.dp);  // each rank's documents, in order
   for (size_t k = 0; k < docs; ++k) {
     if (s.chunked_dp_rank[k] < 0 || s.chunked_dp_rank[k] >= o.dp) return "chunked document's DP rank out of range";
     if (s.chunked_chunks[k] < 1) return "chunked document with fewer than one chunk";
     after[s.chunked_dp_rank[k]] += s.chunked_us[k];
-    held[s.chunked_dp_rank[k]].push_back(s.chunked_chunks[k]);
+    held[s.chunked_dp_rank[k]].push_back(k);
   }
-  if (o.timeline == Timeline::kLockstep && o.dp > 1 && docs > 0) {
+  if (o.dp > 1 && docs > 0) {
     // Every rank runs, at its k-th document, as many passes as the most any rank's k-th takes (none
-    // held: an all-pad document); what it runs past its own chunks are pad passes.
-    int64_t passes = 0;
+    // held: an all-pad document from 0); what it runs past its own chunks are pad chunks, from its
+    // document's length rounded up to the CP group.
+    std::vector<int64_t> most;
     for (size_t k = 0;; ++k) {
-      int64_t most = 0;
+      int64_t m = 0;
       for (const auto& h : held)
-        if (k < h.size()) most = std::max(most, h[k]);
-      if (most == 0) break;
-      passes += most;
+        if (k < h.size()) m = std::max<int64_t>(m, s.chunked_chunks[h[k]]);
+      if (m == 0) break;
+      most.push_back(m);
     }
     for (int32_t d = 0; d < o.dp; ++d) {
-      int64_t own = 0;
-      for (int64_t n : held[d]) own += n;
-      if (passes - own < 0) return "negative pad chunks";
-      after[d] += static_cast<double>(passes - own) * c.pad_pass_us();
+      double pads = 0.0;
+      for (size_t k = 0; k < most.size(); ++k) {
+        const bool own = k < held[d].size();
+        const int64_t n = most[k] - (own ? s.chunked_chunks[held[d][k]] : 0);
+        if (n < 0) return "negative pad chunks";
+        const int64_t start = own ? (s.chunked_lengths[held[d][k]] + o.cp - 1) / o.cp * o.cp : 0;
+        pads += c.pad_chunks_us(start, n, o.cp);
+        if (own && n > 0) {  // the document's last chunk, no longer its position's last pass, is recomputed
+          const int64_t t = s.chunked_last_chunk[held[d][k]], a = s.chunked_lengths[held[d][k]] - t;
+          pads += c.chunk_pass_us(a, t, o.cp, true) - c.chunk_pass_us(a, t, o.cp, false);
+        }
+      }
+      if (!(std::abs(pads - s.chunked_pad_us[d]) <= 1e-12 * std::max(1.0, pads))) return "pad chunks' price";
+      if (o.timeline == Timeline::kLockstep) after[d] += s.chunked_pad_us[d];
     }
   }
+  bool runs = false;  // free-running at DP > 1: a rank with no micro-batch runs a pad pass
+  for (int32_t d = 0; d < o.dp; ++d) runs = runs || s.dp_offsets[d] < s.dp_offsets[d + 1] || after[d] > 0.0;
+  if (o.timeline == Timeline::kFreeRunning && o.dp > 1 && runs)
+    for (int32_t d = 0; d < o.dp; ++d)
+      if (s.dp_offsets[d] == s.dp_offsets[d + 1]) after[d] += c.pad_pass_us();
   bool any_after = false;
   double most_after = 0.0, makespan = 0.0;
   for (double a : after) {

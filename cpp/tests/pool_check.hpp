@@ -139,6 +139,13 @@ inline std::string pool_error(const std::vector<int64_t>& in, const CostModel& c
   if (o.timeline == Timeline::kLockstep)
     for (const PlanMicroBatch& mb : p.micro_batches)
       if (mb.start_us != slot_start[mb.slot]) return "lockstep start is not its slot's";
+  if (o.timeline == Timeline::kFreeRunning && dp > 1 && !p.micro_batches.empty()) {  // an idle group's pad pass
+    std::vector<char> used(dp, 0);
+    for (const PlanMicroBatch& mb : p.micro_batches)
+      for (int32_t g = mb.first_group; g < mb.first_group + mb.groups; ++g) used[g] = 1;
+    for (int32_t g = 0; g < dp; ++g)
+      if (!used[g]) clock[g] += c.pad_pass_us();
+  }
   if (o.timeline == Timeline::kFreeRunning) step = *std::max_element(clock.begin(), clock.end());
   if (!p.micro_batches.empty()) step += c.step_fixed_us;
   if (clock != p.group_time_us) return "group finish times";

@@ -393,25 +393,43 @@ static void test_chunked() {
   o.dp = 2;
   o.bucket_size = 100;
   o.timeline = Timeline::kFreeRunning;
-  // Nothing but chunked documents: round robin's 6 beats LPT's 7, and is kept.
-  Schedule s = schedule({}, c, o, ChunkedDocs{docs, {1, 1, 1, 1, 1}});
-  CHECK((s.chunked_dp_rank == std::vector<int32_t>{0, 1, 0, 1, 0}) && s.makespan_us == 6.0);
-  CHECK((s.dp_time_us == std::vector<double>{6, 6}) && s.micro_batches.empty());
+  // Nothing but chunked documents: round robin's 6 beats LPT's 7, and is kept. Free-running at DP 2,
+  // a rank with no micro-batch still runs one pad pass (data/steps/plan_buffers.py rank_buffers), the
+  // toy's flops(1) = 28: 6 + 28 on each (the timeline left it out, 6).
+  Schedule s = schedule({}, c, o, ChunkedDocs{docs, {1, 1, 1, 1, 1}, {1, 1, 1, 1, 1}, {1, 1, 1, 1, 1}});
+  CHECK((s.chunked_dp_rank == std::vector<int32_t>{0, 1, 0, 1, 0}) && s.makespan_us == 34.0);
+  CHECK((s.dp_time_us == std::vector<double>{34, 34}) && s.micro_batches.empty());
   Plan p = to_plan(s, o.cp, o.timeline, c.pad_pass_us());
-  CHECK((p.chunked_group == s.chunked_dp_rank) && p.makespan_us == 6.0 && (p.group_time_us == std::vector<double>{6, 6}));
-  // One long document on rank 0: both sequences go to rank 1 (flops 24 x 4 + 4 x 16 = 160 each).
-  s = schedule({4, 4}, c, o, ChunkedDocs{{1000.0}, {1}});
+  CHECK((p.chunked_group == s.chunked_dp_rank) && p.makespan_us == 34.0 &&
+        (p.group_time_us == std::vector<double>{34, 34}));
+  // One long document on rank 0: both sequences go to rank 1 (flops 24 x 4 + 4 x 16 = 160 each), and
+  // rank 0, with no micro-batch, runs its pad pass after the document: 1000 + 28 (was 1000).
+  s = schedule({4, 4}, c, o, ChunkedDocs{{1000.0}, {1}, {1}, {1}});
   CHECK((s.chunked_dp_rank == std::vector<int32_t>{0}) && (s.dp_rank == std::vector<int32_t>{1, 1}));
-  CHECK(s.makespan_us == 1000.0 && s.dp_time_us[0] == 1000.0);
+  CHECK(s.makespan_us == 1028.0 && (s.dp_time_us == std::vector<double>{1028.0, 320.0}));
+  CHECK(to_plan(s, o.cp, o.timeline, c.pad_pass_us()).makespan_us == 1028.0);
   // The timeline: free-running adds after_us to a rank's sum; lockstep waits for the largest after the slots.
   const std::vector<double> after = {3.0, 0.0};
   CHECK(step_time_us({{1, 2}, {4}}, Timeline::kFreeRunning, 0.5, 0.0, &after) == 6.0);
+  // Free-running at DP > 1, a rank with no micro-batch pays its pad pass (0.5), where the step runs anything;
+  // not at DP 1, nor in an empty step; the pool plans' replay likewise.
+  CHECK(step_time_us({{1, 2}, {}}, Timeline::kFreeRunning, 5.0, 1.0) == 5.0 + 1.0);
+  CHECK(step_time_us({{1, 2}, {}}, Timeline::kFreeRunning, 2.0, 1.0) == 3.0 + 1.0);
+  CHECK(step_time_us({{}, {}}, Timeline::kFreeRunning, 2.0, 1.0) == 0.0);
+  CHECK(step_time_us({{}}, Timeline::kFreeRunning, 2.0, 1.0, &after) == 3.0 + 1.0);
+  {
+    std::vector<double> free_at;
+    CHECK(plan_step_time_us({{0, 0, 1, 3.0}}, 2, Timeline::kFreeRunning, 5.0, &free_at) == 5.0);
+    CHECK((free_at == std::vector<double>{3.0, 5.0}));
+    CHECK(plan_step_time_us({{0, 0, 2, 3.0}}, 2, Timeline::kFreeRunning, 5.0) == 3.0);
+    CHECK(plan_step_time_us({{0, 0, 1, 3.0}}, 2, Timeline::kLockstep, 5.0) == 5.0);  // the slot's pad, as before
+  }
   CHECK(step_time_us({{1, 2}, {4}}, Timeline::kLockstep, 0.5, 1.0, &after) == 4.0 + 2.0 + 3.0 + 1.0);
   CHECK(step_time_us({{}, {}}, Timeline::kLockstep, 0.5, 1.0, &after) == 4.0);
   // A bad time is named.
   bool named = false;
   try {
-    schedule({4}, c, o, ChunkedDocs{{-1.0}, {1}});
+    schedule({4}, c, o, ChunkedDocs{{-1.0}, {1}, {1}, {1}});
   } catch (const std::invalid_argument& e) {
     named = std::string(e.what()).find("chunked document 0 has time") != std::string::npos;
   }
@@ -431,7 +449,7 @@ static void test_chunked() {
     for (double x : d.us) t += x;
     return t;
   };
-  const Lookahead a = lookahead({{9, 1}, {9, 1}}, {ChunkedDocs{{100.0}, {1}}, ChunkedDocs{}}, c, o, priced);
+  const Lookahead a = lookahead({{9, 1}, {9, 1}}, {ChunkedDocs{{100.0}, {1}, {1}, {1}}, ChunkedDocs{}}, c, o, priced);
   CHECK(a.arrival_window_us == 118.0 && a.window_us == 110.0);
   CHECK(a.step_us[0] + a.step_us[1] == 110.0 && a.step_us[0] >= 100.0);
 }
@@ -495,56 +513,64 @@ static void test_chunked_lockstep() {
   CHECK((lockstep_pads({3, 5, 2}, {0, 1, 0}, 2) == std::vector<int32_t>{2, 2}));
   CHECK((lockstep_pads({3}, {0}, 3) == std::vector<int32_t>{0, 3, 3}));
   CHECK((lockstep_passes({}, {}, 2).empty()) && (lockstep_pads({}, {}, 2) == std::vector<int32_t>{0, 0}));
-  const ChunkedDocs docs{{6.0, 5.0, 2.0}, {3, 1, 1}};
-  CHECK((chunked_after(docs, {0, 1, 1}, 2, Timeline::kLockstep, 1.0) == std::vector<double>{7, 9}));
-  CHECK((chunked_after(docs, {0, 1, 1}, 2, Timeline::kFreeRunning, 1.0) == std::vector<double>{6, 7}));
-  CHECK((chunked_after(docs, {0, 0, 0}, 1, Timeline::kLockstep, 1.0) == std::vector<double>{13}));
+  const ChunkedDocs docs{{6.0, 5.0, 2.0}, {3, 1, 1}, {3, 1, 1}, {1, 1, 1}};
+  CHECK((chunked_after(docs.us, {0, 1, 1}, 2, Timeline::kLockstep, {1.0, 2.0}) == std::vector<double>{7, 9}));
+  CHECK((chunked_after(docs.us, {0, 1, 1}, 2, Timeline::kFreeRunning, {1.0, 2.0}) == std::vector<double>{6, 7}));
+  CHECK((chunked_after(docs.us, {0, 0, 0}, 1, Timeline::kLockstep, {0.0}) == std::vector<double>{13}));
   // The choice the pads change. LPT by time: 6 -> 0, 5 -> 1, 2 -> 1 (loads 6, 7); round robin: 6 and 2
-  // on 0, 5 on 1 (loads 8, 5). Unpadded LPT's 7 beats 8. Lockstep with a pad pass of 1: LPT's positions
-  // [3, 1] make rank 0 pad 4 - 3 = 1 (7) and rank 1 4 - 2 = 2 (9); round robin's positions [3, 1] make
-  // rank 0 pad none (8) and rank 1 3 (8): round robin's 8 beats 9. Every real pass costs at least 2 pads.
-  // The pad pass (CostModel::pad_pass_us: one token a CP rank through every layer) is the layer call's
-  // intercept here: a = 0, b = 1, no fixed cost, so 1 x line(flops(1)) = 1.
+  // on 0, 5 on 1 (loads 8, 5). Unpadded LPT's 7 beats 8. Lockstep: LPT's positions [3, 1] make rank 0
+  // pad 4 - 3 = 1 and rank 1 4 - 2 = 2; round robin's make rank 0 pad none and rank 1 3. A pad chunk
+  // (CostModel::pad_chunks_us) is here the layer call's intercept, a = 0, b = 1, no fixed cost: 1 for a
+  // position's last pass, 4/3 for one before it, recomputed in backward (the pad pass's price, 1 each,
+  // left that out); and a document with pads after it has its last chunk recomputed too, 1/3 more. LPT:
+  // rank 0's all-pad position 1 (1), 7; rank 1's 2 pads after document 1, 4/3 + 1 + 1/3: 9 2/3. Round
+  // robin: 8; rank 1 4/3 + 1 + 1/3 + 1 after its 5: 8 2/3, which wins (was 8 against 9).
   CostModel c = toy();
   c.a_us_per_flop = 0.0;
   c.b_us = 1.0;
-  CHECK(c.pad_pass_us() == 1.0);
+  CHECK(c.pad_pass_us() == 1.0 && c.pad_chunks_us(0, 1, 1) == 1.0 && c.pad_chunks_us(5, 2, 1) == 1.0 + 4.0 / 3.0);
+  const auto close = [](double x, double y) { return std::abs(x - y) <= 1e-12 * std::max(1.0, std::abs(y)); };
+  const std::vector<double> lpt_pads = lockstep_pad_us(docs, {0, 1, 1}, 2, 1, c);
+  CHECK(lpt_pads[0] == 1.0 && close(lpt_pads[1], 8.0 / 3.0));
+  const double robin_1 = lockstep_pad_us(docs, {0, 1, 0}, 2, 1, c)[1];
+  CHECK(close(robin_1, 11.0 / 3.0));
   Options o;
   o.dp = 2;
   o.bucket_size = 100;
   o.timeline = Timeline::kLockstep;
   o.slot_gds = true;
   Schedule s = schedule({}, c, o, docs);
-  CHECK((s.chunked_dp_rank == std::vector<int32_t>{0, 1, 0}) && s.makespan_us == 8.0);
-  CHECK((s.chunked_chunks == docs.chunks) && (s.dp_time_us == std::vector<double>{8, 8}));
+  CHECK((s.chunked_dp_rank == std::vector<int32_t>{0, 1, 0}) && s.makespan_us == 5.0 + robin_1);
+  CHECK((s.chunked_chunks == docs.chunks) && (s.dp_time_us == std::vector<double>{8, 5.0 + robin_1}));
+  CHECK((s.chunked_lengths == docs.lengths) && (s.chunked_pad_us == std::vector<double>{0.0, robin_1}));
   Plan p = to_plan(s, o.cp, o.timeline, c.pad_pass_us());
-  CHECK(p.makespan_us == 8.0 && (p.group_time_us == std::vector<double>{8, 8}) && p.chunked_chunks == docs.chunks);
+  CHECK(p.makespan_us == s.makespan_us && (p.group_time_us == s.dp_time_us) && p.chunked_chunks == docs.chunks);
   c.b_us = 0.0;  // the pads priced at nothing: LPT
   CHECK(c.pad_pass_us() == 0.0);
   s = schedule({}, c, o, docs);
   CHECK((s.chunked_dp_rank == std::vector<int32_t>{0, 1, 1}) && s.makespan_us == 7.0);
   c.b_us = 1.0;
-  o.timeline = Timeline::kFreeRunning;  // free-running ranks pad nothing: LPT
+  o.timeline = Timeline::kFreeRunning;  // free-running ranks pad no chunk: LPT, each rank's one pad pass (1)
   s = schedule({}, c, o, docs);
-  CHECK((s.chunked_dp_rank == std::vector<int32_t>{0, 1, 1}) && s.makespan_us == 7.0);
+  CHECK((s.chunked_dp_rank == std::vector<int32_t>{0, 1, 1}) && s.makespan_us == 8.0);
   // Under slot GDS round robin is LPT's plan retimed: the same micro-batches, with or without samples.
   o.timeline = Timeline::kLockstep;
   const std::vector<int64_t> samples = {30, 20, 10, 5, 5, 3};
   s = schedule(samples, c, o, docs);
   const Schedule none = schedule(samples, c, o);
   CHECK(s.dp_rank == none.dp_rank && s.micro_batch == none.micro_batch && s.cp_rank == none.cp_rank);
-  CHECK((s.chunked_dp_rank == std::vector<int32_t>{0, 1, 0}) && s.makespan_us == none.makespan_us + 8.0);
+  CHECK((s.chunked_dp_rank == std::vector<int32_t>{0, 1, 0}) && s.makespan_us == none.makespan_us + 5.0 + robin_1);
   // A chunk count below 1, or one missing, is named.
   bool named = false;
   try {
-    schedule({}, c, o, ChunkedDocs{{1.0, 2.0}, {1, 0}});
+    schedule({}, c, o, ChunkedDocs{{1.0, 2.0}, {1, 0}, {1, 1}, {1, 1}});
   } catch (const std::invalid_argument& e) {
     named = std::string(e.what()).find("chunked document 1 has 0 chunks") != std::string::npos;
   }
   CHECK(named);
   named = false;
   try {
-    schedule({}, c, o, ChunkedDocs{{1.0, 2.0}, {}});
+    schedule({}, c, o, ChunkedDocs{{1.0, 2.0}, {}, {1, 1}, {1, 1}});
   } catch (const std::invalid_argument& e) {
     named = std::string(e.what()).find("0 chunk counts for 2 chunked documents") != std::string::npos;
   }
@@ -562,28 +588,37 @@ static void test_chunked_lockstep() {
     return std::string();
   };
   const int32_t most = std::numeric_limits<int32_t>::max();
-  CHECK(refusal(ChunkedDocs{{0.0, 0.0}, {most, most}}) ==
+  CHECK(refusal(ChunkedDocs{{0.0, 0.0}, {most, most}, {1, 1}, {1, 1}}) ==
         "chunked documents have 4294967294 chunk passes in all, more than the limit 1073741824");
   const double huge = std::numeric_limits<double>::max();
-  CHECK(refusal(ChunkedDocs{{huge, huge}, {1, 1}}) ==
+  CHECK(refusal(ChunkedDocs{{huge, huge}, {1, 1}, {1, 1}, {1, 1}}) ==
         "chunked document 0 has time 1.79769e+308 us, above the limit 1e+60 us");
   CHECK((lockstep_pads({1 << 29, 1 << 29}, {0, 0}, 2) == std::vector<int32_t>{0, 1 << 30}));
-  CHECK((chunked_after(ChunkedDocs{{0.0, 0.0}, {1 << 29, 1 << 29}}, {0, 0}, 2, Timeline::kLockstep, 1.0) ==
-         std::vector<double>{0.0, 1073741824.0}));
-  // A pad chunk costs a pad pass (pad_pass_us), every layer's call and not the fixed cost alone. The toy
-  // (a = 1, b = 0, one layer, flops(1) = 28): a pad of 28. LPT's ranks {0, 1, 1} (positions [3, 1]): rank 0
-  // 6 + 1 pad = 34, rank 1 5 + 2 + 2 pads = 63; round robin's {0, 1, 0}: 8 and 5 + 3 pads = 89. LPT's 63.
-  // At a host floor of 40 a layer call: pads of 40, LPT's max(46, 87) = 87 against round robin's 125.
+  // Rank 1's 2^30 pads are priced in closed form: two all-pad positions of 2^29, each 2^29 - 1 recomputed
+  // pads (4/3) and a last one (1).
+  const std::vector<double> huge_pads =
+      lockstep_pad_us(ChunkedDocs{{0.0, 0.0}, {1 << 29, 1 << 29}, {1, 1}, {1, 1}}, {0, 0}, 2, 1, c);
+  CHECK(huge_pads[0] == 0.0 && huge_pads[1] == 2.0 * (1.0 + ((1 << 29) - 1) * (1.0 + 1.0 / 3.0)));
+  // A pad chunk runs what a chunk of its document runs (pad_chunks_us): the toy (a = 1, b = 0, one layer,
+  // CP 1, flops(s) = 24 s + 4 s^2) prices a pad after p tokens at flops(p + 1) - flops(p) = 28 + 8 p, 4/3 of
+  // it where recomputed. LPT's ranks {0, 1, 1} (positions [3, 1]): rank 0's all-pad position, 28 (34);
+  // rank 1 pads document 1 (1 token) twice, after 1 token (36, recomputed: 48) and after 2 (44, its
+  // position's last), and recomputes the document's chunk (28 / 3): 5 + 2 + 101 1/3 (at a pad pass of 28
+  // each, 63). Round robin's {0, 1, 0}: 8, and 5 + 101 1/3 + 28. LPT's 108 1/3. At a host floor of 40 a
+  // layer call: rank 0 40, rank 1 4/3 x 40 + 44 + 40 / 3, LPT's 7 + 110 2/3 against round robin's
+  // 155 2/3 (was 87 against 125).
   {
     CostModel t = toy();
-    CHECK(t.pad_pass_us() == 28.0);
+    CHECK(t.pad_pass_us() == 28.0 && t.pad_chunks_us(1, 2, 1) == 92.0);
     Schedule q = schedule({}, t, o, docs);
-    CHECK((q.chunked_dp_rank == std::vector<int32_t>{0, 1, 1}) && q.makespan_us == 5.0 + 2.0 + 2 * 28.0);
-    CHECK((q.dp_time_us == std::vector<double>{6.0 + 28.0, 63.0}));
-    CHECK(to_plan(q, o.cp, o.timeline, t.pad_pass_us()).makespan_us == 63.0);
+    CHECK((q.chunked_dp_rank == std::vector<int32_t>{0, 1, 1}) && close(q.makespan_us, 7.0 + 92.0 + 28.0 / 3.0));
+    CHECK(q.dp_time_us[0] == 6.0 + 28.0 && q.dp_time_us[1] == q.makespan_us);
+    CHECK(q.chunked_pad_us[0] == 28.0 && close(q.chunked_pad_us[1], 92.0 + 28.0 / 3.0));
+    CHECK(to_plan(q, o.cp, o.timeline, t.pad_pass_us()).makespan_us == q.makespan_us);
     t.host_floor_us = 40.0;
     q = schedule({}, t, o, docs);
-    CHECK((q.chunked_dp_rank == std::vector<int32_t>{0, 1, 1}) && q.makespan_us == 5.0 + 2.0 + 2 * 40.0);
+    CHECK((q.chunked_dp_rank == std::vector<int32_t>{0, 1, 1}) &&
+          close(q.makespan_us, 7.0 + 40.0 * (1.0 + 1.0 / 3.0) + 44.0 + 40.0 / 3.0));
   }
   // The estimate on lockstep: the documents after the samples' bound, padded. Documents 6 (3 chunks) and
   // 5 (1) on 2 groups, pad 1: max(6, max(3, ceil(4 / 2)) x 1 + (11 - 4) / 2) = 6.5 after the samples'

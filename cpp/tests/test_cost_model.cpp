@@ -130,7 +130,39 @@ static void test_pad_pass() {
   CHECK(c.pad_pass_us() >= c.floored_us(1.0) && c.pad_pass_us() > c.micro_batch_fixed_us);
 }
 
+// A chunk pass and a lockstep pad chunk (chunk_pass_us, pad_chunks_us): what train/chunked.py runs for a
+// pad chunk at CP 2, not a pad pass. Toy: one layer, h = h_kv = 1 (flops(s) = 24 s + 4 s^2), a = 1, b = 0,
+// every collective 5 us, 2 a layer. A pad chunk holds one token a rank (2 in all): after p tokens each
+// rank computes (flops(p + 2) - flops(p)) / 2 = 32 + 8 p (its query over the p + 2 keys), its K/V is
+// gathered (5) and its gradient reduce-scattered (5), and, recomputed, its forward (4/3 of the line) and
+// its gather run again (5): after 0 tokens 32 + 10 = 42 as a position's last pass, 32 x 4/3 + 15
+// recomputed; two pads after 6 tokens, 80 x 4/3 + 15 and 96 + 10. The pad pass priced each at flops(1) = 28.
+static void test_pad_chunk() {
+  CostModel c = toy();
+  c.comm.us = {5.0};
+  const auto close = [](double x, double y) { return std::abs(x - y) <= 1e-12 * std::max(1.0, std::abs(y)); };
+  CHECK(c.pad_pass_us() == 28.0);
+  CHECK(c.chunk_pass_us(0, 2, 2, false) == 42.0 && c.pad_chunks_us(0, 1, 2) == 42.0);
+  CHECK(close(c.chunk_pass_us(0, 2, 2, true), 32.0 * 4.0 / 3.0 + 15.0));
+  CHECK(close(c.pad_chunks_us(6, 2, 2), 80.0 * 4.0 / 3.0 + 15.0 + 106.0));
+  CHECK(c.chunk_pass_us(0, 1, 1, false) == c.pad_pass_us());  // CP 1, no prefix: the pad pass
+  // dense (a rate per (query, key) pair): the 2 x (p + 2) rectangle, 24 + 4 (p + 2) a rank: 56 after 6.
+  CHECK(c.chunk_pass_us(6, 2, 2, false, true) == 56.0 + 10.0);
+  // The host floor holds each pass's call (4/3 of it where recomputed); a fixed cost and the head per pass.
+  c.host_floor_us = 100.0;
+  c.micro_batch_fixed_us = 7.0;
+  c.token_us = 0.5;
+  CHECK(c.pad_chunks_us(0, 1, 2) == 100.0 + 0.5 + 7.0);
+  CHECK(close(c.pad_chunks_us(0, 3, 2), 2.0 * (100.0 * 4.0 / 3.0 + 0.5 * 4.0 / 3.0 + 7.0) + 100.0 + 0.5 + 7.0));
+  // The closed form equals the passes summed, floor and line mixed (pads 0-17 at the floor, the rest on the line).
+  c.host_floor_us = 400.0;
+  double sum = 0.0;
+  for (int64_t j = 0; j < 40; ++j) sum += c.chunk_pass_us(10 + 2 * j, 2, 2, j < 39);
+  CHECK(close(c.pad_chunks_us(10, 40, 2), sum));
+}
+
 int main() {
+  test_pad_chunk();
   test_whole_buffer();
   test_host_floor();
   test_pad_pass();

@@ -422,7 +422,7 @@ static void test_lookahead_oracle() {
   CHECK(rejection(wide, {}) == "window size" && refused(wide, {}));
   CHECK(rejection(w, std::vector<ChunkedDocs>(5)) == "chunked lists" && refused(w, std::vector<ChunkedDocs>(5)));
   std::vector<ChunkedDocs> nan_time(4);
-  nan_time[3] = {{std::nan("")}, {1}};
+  nan_time[3] = {{std::nan("")}, {1}, {1}, {1}};
   CHECK(rejection(w, nan_time) == "chunked time" && refused(w, nan_time));
   // Over-length under "error": refused by the planner at the arrival step that holds it.
   o.overlength = Overlength::kError;

@@ -97,7 +97,8 @@ def run_setting(s: Setting, args, pool: list[int]) -> dict:
         planned = [[x for x in b if x <= limit] for b in batches] if n_chunked else batches
         pricer = Scheduler(cfg, cost)
         t0 = time.perf_counter_ns()
-        docs_us = [(priced.us, priced.passes) for priced in (chunked_docs(pricer.job, d) for d in docs)]
+        docs_us = [(priced.us, priced.passes, d, priced.last)
+                   for priced, d in ((chunked_docs(pricer.job, d), d) for d in docs)]
         price_us = (time.perf_counter_ns() - t0) / 1e3 / len(batches)
         core = _core.schedule_pool if p.pool else _core.schedule
         rcost = ref.RefCost.of(cost)
@@ -125,7 +126,8 @@ def run_setting(s: Setting, args, pool: list[int]) -> dict:
             t0 = time.perf_counter_ns()
             if opts.slot_gds or n_chunked:  # the references of slot GDS and of chunked documents
                 (ref_slots if opts.slot_gds else ref_chunked).schedule(
-                    b, rcost, s.dp, s.cp, s.bucket_size, list(d[0]), list(d[1]), lockstep, **ref_options)
+                    b, rcost, s.dp, s.cp, s.bucket_size, list(d[0]), list(zip(d[1], d[2], d[3])), lockstep,
+                    **ref_options)
             else:
                 ref.schedule(b, rcost, s.dp, s.cp, s.bucket_size, **ref_options)
             py.append((time.perf_counter_ns() - t0) / 1e3)

@@ -334,14 +334,27 @@ def lpt_groups(items: list[int], length: list[int], m: int, cap: int, cost: RefC
 def schedule(lengths: list[int], cost: RefCost, dp: int, n: int, bucket: int, *, worst_fit: bool = False,
              longest_rollback: bool = True, predicted_time: bool = False, max_extra: int = 1,
              overlength: str = "error", refine_: bool = False, sweep: bool = False,
-             initial: list[float] | None = None) -> RefSchedule:
+             initial: list[float] | None = None, free_running: bool = False) -> RefSchedule:
     """GDS (Algorithm 2, loop fixed) + DACP for one global batch; with a plan margin, planned under
     cost.planning() and priced under cost (hedge.hpp). `initial`: each DP rank's FLOPs before the LPT split
-    (its chunked documents, reference_chunked.py)."""
+    (its chunked documents, reference_chunked.py). `free_running`: the schedule's free-running timeline,
+    where at DP > 1 a rank with no micro-batch runs a pad pass (timeline.hpp add_idle_pads)."""
+    out = _schedule(lengths, cost, dp, n, bucket, worst_fit=worst_fit, longest_rollback=longest_rollback,
+                    predicted_time=predicted_time, max_extra=max_extra, overlength=overlength, refine_=refine_,
+                    sweep=sweep, initial=initial)
+    if free_running and dp > 1 and any(out.groups):
+        out.dp_time_us = [t + cost.pad() if not g else t for t, g in zip(out.dp_time_us, out.groups)]
+    return out
+
+
+def _schedule(lengths: list[int], cost: RefCost, dp: int, n: int, bucket: int, *, worst_fit: bool,
+              longest_rollback: bool, predicted_time: bool, max_extra: int, overlength: str, refine_: bool,
+              sweep: bool, initial: list[float] | None) -> RefSchedule:
+    """schedule() without the idle ranks' pad passes."""
     if cost.margin != 1.0:
-        out = schedule(lengths, cost.planning(), dp, n, bucket, worst_fit=worst_fit,
-                       longest_rollback=longest_rollback, predicted_time=predicted_time, max_extra=max_extra,
-                       overlength=overlength, refine_=refine_, sweep=sweep, initial=initial)
+        out = _schedule(lengths, cost.planning(), dp, n, bucket, worst_fit=worst_fit,
+                        longest_rollback=longest_rollback, predicted_time=predicted_time, max_extra=max_extra,
+                        overlength=overlength, refine_=refine_, sweep=sweep, initial=initial)
         for d, groups in enumerate(out.groups):
             t = 0.0
             for g in groups:

@@ -3,8 +3,9 @@
 Test oracle; the product never calls it. It restates, in the same orders, ties and floating-point
 operation order as the core, so that its answers equal the core's exactly:
 
-- cpp/include/skrull/chunked.hpp: the lockstep passes and pad chunks, and the work a DP rank runs
-  after its micro-batches (chunked_after), and a rank's chunked time in FLOPs (chunked_flops);
+- cpp/include/skrull/chunked.hpp: the lockstep passes and pad chunks, their price (lockstep_pad_us), the
+  work a DP rank runs after its micro-batches (chunked_after), and a rank's chunked time in FLOPs
+  (chunked_flops); a document is (its chunk passes, its length, its last chunk's tokens) here;
 - gds.hpp's assign_chunked: LPT over the DP ranks by time;
 - timeline.hpp's step_time_us: the step of per-rank micro-batches on either timeline;
 - scheduler.hpp's schedule_as_priced and schedule_assigned for the per-rank GDS (not slot GDS):
@@ -46,14 +47,43 @@ def lockstep_pads(chunks: list[int], rank: list[int], dp: int) -> list[int]:
     return [total - sum(n for n, r in zip(chunks, rank) if r == i) for i in range(dp)]
 
 
-def after(us: list[float], chunks: list[int], rank: list[int], dp: int, lockstep: bool, pad_us: float) -> list[float]:
-    """Per rank: its documents' times summed in order, then (lockstep, DP > 1) its pad chunks at a pad pass."""
+def pad_us(docs: list[tuple[int, int, int]], rank: list[int], dp: int, cp: int, cost: ref.RefCost) -> list[float]:
+    """chunked.hpp lockstep_pad_us: per rank, what its pads add (``docs``: each document's chunk passes, length
+    and last chunk's tokens): at position k its k-th document padded from its length rounded up to cp, its
+    last chunk then recomputed, or an all-pad document from 0 (summed from the last position back, as the
+    core sums them)."""
+    out = [0.0] * dp
+    if dp <= 1 or not docs:
+        return out
+    chunks = [d[0] for d in docs]
+    passes = lockstep_passes(chunks, rank, dp)
+    held: list[list[int]] = [[] for _ in range(dp)]
+    for k, r in enumerate(rank):
+        held[r].append(k)
+    suffix = [0.0] * (len(passes) + 1)
+    for p in reversed(range(len(passes))):
+        suffix[p] = cost.pad_chunks(0, passes[p], cp) + suffix[p + 1]
+    for i in range(dp):
+        total = 0.0
+        for p, k in enumerate(held[i]):
+            pads = passes[p] - docs[k][0]
+            if pads == 0:
+                continue
+            t, a = docs[k][2], docs[k][1] - docs[k][2]
+            total += cost.pad_chunks(-(-docs[k][1] // cp) * cp, pads, cp) + \
+                (cost.chunk_pass(a, t, cp, True) - cost.chunk_pass(a, t, cp, False))
+        out[i] = total + suffix[len(held[i])]
+    return out
+
+
+def after(us: list[float], docs: list[tuple[int, int, int]], rank: list[int], dp: int, cp: int, lockstep: bool,
+          cost: ref.RefCost) -> list[float]:
+    """Per rank: its documents' times summed in order, then (lockstep, DP > 1) its pad chunks' price."""
     out = [0.0] * dp
     for t, r in zip(us, rank):
         out[r] += t
     if lockstep and dp > 1 and us:
-        pads = lockstep_pads(chunks, rank, dp)
-        out = [a + p * pad_us for a, p in zip(out, pads)]
+        out = [a + p for a, p in zip(out, pad_us(docs, rank, dp, cp, cost))]
     return out
 
 
@@ -67,12 +97,15 @@ def step_time(rank_us: list[list[float]], lockstep: bool, pad_us: float, step_us
     if slots == 0 and not busy_after:
         return 0.0
     out = 0.0
-    if not lockstep:
+    if not lockstep:  # at DP > 1 a rank with no micro-batch runs one pad pass
         for times, a in zip(rank_us, after_us):
             total = 0.0
             for t in times:
                 total += t
-            out = max(out, total + a if busy_after else total)
+            total = total + a if busy_after else total
+            if len(rank_us) > 1 and not times:
+                total += pad_us
+            out = max(out, total)
         return out + step_us
     for j in range(slots):
         out += max(r[j] if j < len(r) else pad_us for r in rank_us)
@@ -94,12 +127,15 @@ def timed(plan: ref.RefSchedule, cost: ref.RefCost, n: int, us: list[float], chu
     and the step."""
     rank_us = [[ref.score([plan.lengths[k] for k in g], [plan.cp_rank[k] for k in g], cost, n)[1] for g in groups]
                for groups in plan.groups]
-    work = after(us, chunks, rank, len(rank_us), lockstep, cost.pad())
+    work = after(us, chunks, rank, len(rank_us), n, lockstep, cost)
+    runs = any(rank_us) or any(a > 0.0 for a in work)
     for i, times in enumerate(rank_us):
         total = 0.0
         for t in times:
             total += t
         plan.dp_time_us[i] = total + work[i]
+        if not lockstep and len(rank_us) > 1 and runs and not times:  # timeline.hpp add_idle_pads
+            plan.dp_time_us[i] += cost.pad()
     return RefChunkedSchedule(plan, list(rank), step_time(rank_us, lockstep, cost.pad(), cost.step, work))
 
 
@@ -129,7 +165,13 @@ def schedule(lengths: list[int], cost: ref.RefCost, dp: int, n: int, bucket: int
     out = assigned(assign_lpt(us, dp), True)
     if dp > 1 and us:
         robin = [k % dp for k in range(len(us))]
-        bound = max(after(us, chunks, robin, dp, lockstep, cost.pad())) + cost.step
+        bound = max(after(us, chunks, robin, dp, n, lockstep, cost)) + cost.step
+        if not lockstep:  # scheduler.hpp least_pass_us: every rank runs a micro-batch or its pad pass
+            least = cost.pad()
+            if lengths:
+                limit = max(bucket, 2 * n * (bucket // 2)) if n > 1 else bucket  # max_sequence_length
+                least = min(least, ref.lower_bound([min(min(lengths), limit)], cost, n))
+            bound += least
         if out.makespan_us > bound:
             other = assigned(robin, False)
             if other.makespan_us < out.makespan_us:

@@ -6,7 +6,10 @@ prices equal the core's bit for bit.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
+
+RECOMPUTE_SHARE = 1.0 / 3.0  # cost_model.hpp kRecomputeShare
 
 
 @dataclass
@@ -74,6 +77,52 @@ class RefCost:
     def pad(self) -> float:
         """cost_model.hpp pad_pass_us: a lockstep pad pass, one local token a CP rank through every layer."""
         return self.layers * self.comp(self.flops(1)) + self.fixed + self.token * 1
+
+    def chunk_pass(self, prefix: int, tokens: int, cp: int, recomputed: bool) -> float:
+        """cost_model.hpp chunk_pass_us (dense = false): one chunk pass of a chunked document."""
+        f = self.flops(prefix + tokens) - self.flops(prefix)
+        f /= cp
+        v = self.kv_bytes(tokens)
+        exchange = self.per_layer * self.collective(v) + (self.collective(v) if recomputed else 0.0) if cp > 1 else 0.0
+        share = 1.0 + RECOMPUTE_SHARE if recomputed else 1.0
+        return self.layers * max(self.host_floor * share, self.line(f) * share + exchange) + \
+            (self.token * float(tokens) / cp * share + self.fixed)
+
+    def pad_chunks(self, start: int, count: int, cp: int) -> float:
+        """cost_model.hpp pad_chunks_us: `count` lockstep pad chunks from `start` tokens, the last not
+        recomputed; the recomputed ones at the floor up to some k, on the line after (closed form)."""
+        if count <= 0:
+            return 0.0
+        m = count - 1
+        last = self.chunk_pass(start + m * cp, cp, cp, False)
+        if m == 0:
+            return last
+        s = 1.0 + RECOMPUTE_SHARE
+        v = self.kv_bytes(cp)
+        x = self.per_layer * self.collective(v) + self.collective(v) if cp > 1 else 0.0
+        f0 = (self.flops(start + cp) - self.flops(start)) / cp
+        d = (self.flops(2) - 2.0 * self.flops(1)) * cp
+
+        def on_line(j: int) -> bool:
+            return (self.a * (f0 + float(j) * d) + self.b) * s + x >= self.host_floor * s
+
+        k = 0
+        if not on_line(0):
+            k = m
+            slope = self.a * d * s
+            if slope > 0.0:
+                j = math.ceil((self.host_floor * s - (self.a * f0 + self.b) * s - x) / slope)
+                k = max(0, int(j)) if j < m else m
+                while k > 0 and on_line(k - 1):
+                    k -= 1
+                while k < m and not on_line(k):
+                    k += 1
+        n = float(m - k)
+        js = (float(k) + float(m - 1)) * n / 2.0
+        layers = float(self.layers)
+        return last + float(k) * layers * self.host_floor * s + \
+            layers * (n * ((self.a * f0 + self.b) * s + x) + self.a * d * s * js) + \
+            float(m) * (self.token * float(cp) / cp * s + self.fixed)
 
     def collective(self, v: float) -> float:
         if v <= 0.0:

@@ -15,9 +15,12 @@ profile fitted on a kernel that skips no masked pair (``dense_fit``: CPU's),
 the chunk's attention is priced as the rectangle its masked SDPA computes.
 
 Over a CP group of N ranks each chunk is sharded (each rank computes 1/N of
-its FLOPs) and its K/V all-gathered once: ``comm_us(kv_bytes(C))`` per layer
-and chunk, again in backward's recompute (the last chunk's: once), not
-hidden (the next layer needs it).
+its FLOPs) and its K/V all-gathered, its gradient reduce-scattered:
+``comm_us(kv_bytes(C))`` per layer and chunk, plus one more gather,
+``collective_us(kv_bytes(C))``, in backward's recompute (not the last
+chunk's), not hidden (the next layer needs it). One chunk pass is the core's
+``CostModel.chunk_pass_us`` (cpp/include/skrull/cost_model.hpp), the price a
+lockstep pad chunk has too (``pad_chunks_us``).
 
 Bytes: every rank of the group keeps the whole document's K/V until backward
 (``layers x kv_bytes(T)``, measured equal by tests/unit_tests/test_chunked.py).
@@ -55,14 +58,15 @@ docs/design/chunked.md, "Memory and time, checked".
 
 from dataclasses import dataclass, field
 
+from skrull_ext import _core
 from skrull_ext._core import CostModel
 from skrull_ext.scheduler.profile_memory import ProfileMemory
 
 __all__ = ["ChunkCost", "ChunkRule", "ChunkTooLarge", "RECOMPUTE_SHARE", "chunk_cost", "fitting_chunk",
            "peak_bytes_beyond_chunk"]
 
-RECOMPUTE_SHARE = 1.0 / 3.0
-"""The forward's share of a forward + backward (backward ~ 2 forwards): what recomputing a
+RECOMPUTE_SHARE = _core.RECOMPUTE_SHARE
+"""The core's kRecomputeShare (cost_model.hpp), 1/3: the forward's share of a forward + backward (backward ~ 2 forwards): what recomputing a
 chunk's forward adds to its price (the layers' ``line_us`` and host floor and, since the checkpoint
 holds the whole forward, the head's ``token_us``). Measured on CPU: 0.33-0.36 (docs/design/chunked.md)."""
 
@@ -107,19 +111,12 @@ def chunk_cost(model: CostModel, length: int, chunk: int, cp: int = 1, *, mask_b
     layers = model.shape.layers
     us = one_pass = 0.0
     bounds = [(a, min(a + chunk, length)) for a in range(0, length, chunk)]
-    att = (model.flops(2) - 2.0 * model.flops(1)) / 2.0  # flops(s) = lin s + att s^2
     for a, b in bounds:
-        f = model.flops(b) - model.flops(a)  # lin (b - a) + att (b - a) (a + b)
-        if dense_fit:  # the rectangle the masked SDPA computes: (b - a) x b pairs
-            f -= att * (b - a) * a
-        f /= cp
-        exchange = model.comm_us(model.kv_bytes(b - a)) if cp > 1 else 0.0
-        passes = 1.0 if b == length else 2.0  # forwards: the last chunk keeps its activations (no recompute)
-        share = 1.0 + (passes - 1.0) * RECOMPUTE_SHARE
-        # One block call a layer, its exchange inside it (attention/prefix.py): the host floor holds up
-        # the call's device time once (cost_model.hpp layer_us), not the compute apart from the exchange.
-        us += layers * max(model.host_floor_us * share, model.line_us(f) * share + passes * exchange)
-        us += model.token_us * (b - a) / cp * (1.0 + (passes - 1.0) * RECOMPUTE_SHARE) + model.micro_batch_fixed_us
+        # One chunk pass (cost_model.hpp chunk_pass_us, the price a lockstep pad chunk has too): its
+        # FLOPs over its prefix (the rectangle its masked SDPA computes where dense_fit), its K/V
+        # gathered and its gradient reduce-scattered at CP > 1, and, checkpointed (every chunk but the
+        # last, which keeps its activations), its forward and its gather again in backward.
+        us += model.chunk_pass_us(a, b - a, cp, b != length, dense_fit)
     one_exchange = model.comm_us(model.kv_bytes(length)) if cp > 1 else 0.0
     one_pass = layers * model.layer_us(one_exchange, 0.0, model.flops(length) / cp) + model.token_us * length / cp \
         + model.micro_batch_fixed_us

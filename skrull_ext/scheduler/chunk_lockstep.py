@@ -18,9 +18,10 @@ that is not checkpointed (chunked.py: the document's last pass, real or pad), th
 are: the same forward / recompute / backward order of FSDP calls on every rank.
 
 The rule lives in the core (cpp/include/skrull/chunked.hpp: lockstep_passes, lockstep_pads,
-chunked_after), where the assignment, the step's time and the look-ahead's estimate price each pad
-chunk at a pad pass, ``CostModel.pad_pass_us()`` (one token a CP rank through every layer: each
-layer call's intercept or host floor, its FSDP calls and launches, the head). This module reads it
+lockstep_pad_us, chunked_after), where the assignment, the step's time and the look-ahead's estimate
+price each pad chunk as the chunk it is, ``CostModel.pad_chunks_us()`` (one token a CP rank after its
+document's tokens: its queries over them, its K/V gathered at CP > 1, recomputed but at its
+position's last pass), and a padded document's last chunk's recompute. This module reads it
 for the trainer (train/passes.py: what each rank runs) and the plan (``Plan.chunked_pads``), from
 the chunk counts ``chunk_passes`` gives: the trainer's.
 """

@@ -183,7 +183,8 @@ class Plan:
     timeline: _core.Timeline = _core.Timeline.LOCKSTEP
     """The timeline the step runs on (the job's): lockstep slots or free-running groups."""
     pad_us: float = 0.0
-    """Time of a pad pass on a lockstep timeline (an idle slot, a pad chunk): the cost model's
+    """Time of a pad pass (an idle lockstep slot; free-running at DP > 1, a rank with no micro-batch; a
+    pad chunk costs more: ``chunked_pad_us``): the cost model's
     ``pad_pass_us()``, one token a CP rank through every layer, not its fixed cost alone."""
     step_us: float = 0.0
     """Time the step pays once whatever its micro-batches: the cost model's step_fixed_us."""
@@ -195,6 +196,10 @@ class Plan:
     """Each chunked document's predicted time on its group (scheduler/chunk_cost.py)."""
     chunked_group: list[int] = field(default_factory=list)
     """Each chunked document's CP group (DP rank): the core's assignment (cpp/include/skrull/chunked.hpp)."""
+    chunked_pad_us: list[float] = field(default_factory=list)
+    """Per CP group (DP rank): what the pad chunks it runs on a lockstep timeline cost (the core's
+    ``lockstep_pad_us``: each a chunk of one token a CP rank after its document's tokens, its K/V
+    gathered, recomputed but at its position's last pass); empty where not priced (a plan built by hand)."""
     chunked_chunk: list[int] = field(default_factory=list)
     """Each chunked document's chunk, in tokens: what ``chunked_us`` priced and the trainer runs
     (``SchedulerJob.chunk_for``: the largest that fits a rank's memory model, at most the limit)."""
@@ -228,6 +233,7 @@ class Plan:
             widened=s.widened, narrowed=s.narrowed, skrull_plan=s.skrull_plan, rollbacks=s.rollbacks,
             timeline=job.timeline, pad_us=job.cost_model.pad_pass_us(), step_us=job.cost_model.step_fixed_us,
             chunked=list(chunked), chunked_us=list(s.chunked_us), chunked_group=list(s.chunked_group),
+            chunked_pad_us=list(s.chunked_pad_us),
         )
 
     @classmethod
@@ -445,14 +451,11 @@ class Plan:
 
     def _after_us(self, timeline: _core.Timeline) -> list[float]:
         """What each group runs besides its micro-batches (its chunked documents, run before them), or [] for
-        none; on a lockstep timeline with each pad chunk it runs (``chunked_pads``) at a pad pass's ``pad_us``
+        none; on a lockstep timeline with the pad chunks it runs (``chunked_pads``) at ``chunked_pad_us``
         (the core's ``chunked_after``, as the core's own plans price it)."""
         if not self.chunked_us:
             return []
-        passes = self.chunked_passes()
-        if passes is None:
-            return self.chunked_load()
-        return _core.chunked_after(self.chunked_us, passes, self.chunked_group, self.dp, timeline, self.pad_us)
+        return _core.chunked_after(self.chunked_us, self.chunked_group, self.dp, timeline, self.chunked_pad_us)
 
     def _slot_times(self) -> list[_core.SlotTime]:
         return [_core.SlotTime(mb.slot, mb.first_group, mb.groups, mb.time_us) for mb in self.micro_batches]

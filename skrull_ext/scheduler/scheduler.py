@@ -90,12 +90,15 @@ class Scheduler:
         if c.policy.pool:
             core = _core.schedule_pool(lengths, c.cost_model, c.options)
         else:
-            core = _core.to_plan(_core.schedule(lengths, c.cost_model, c.options, docs.us, docs.passes),
+            core = _core.to_plan(_core.schedule(lengths, c.cost_model, c.options, docs.us, docs.passes, chunked,
+                                                docs.last),
                                  c.cost_model, c.options)
         plan = Plan.from_core(core, lengths, c, chunked)
         plan.chunked_chunk = docs.chunk
         if c.policy.pool and chunked:
             plan.chunked_us, plan.chunked_group = docs.us, _core.assign_chunked(docs.us, c.dp)
+            plan.chunked_pad_us = _core.lockstep_pad_us(chunked, docs.passes, docs.last, plan.chunked_group, c.dp,
+                                                        c.cp, c.cost_model)
             plan.retime()
         mbs = [mb for mb in plan.micro_batches if mb.groups == 1 and (dp_rank is None or mb.first_group == dp_rank)]
         plan.refined_dp_rank = dp_rank
@@ -199,14 +202,17 @@ class ChunkedDocs(NamedTuple):
     """Its predicted time whole, in those chunks, sharded over its CP group (scheduler/chunk_cost.py)."""
     passes: list[int]
     """Its chunk passes in them (``chunk_passes``), what lockstep ranks pad to (chunk_lockstep.py)."""
+    last: list[int]
+    """Its last chunk's tokens (recomputed where lockstep pads follow it: the core's lockstep_pad_us)."""
 
 
 def chunked_docs(job: SchedulerJob, chunked: Sequence[int], chunk: int | None = None) -> ChunkedDocs:
     """``chunked`` (lengths) priced as ``job`` trains them: the one place a document's chunk is
     chosen for the plans, so its time and its pass count are of the same chunk."""
     chunks = [job.chunk_for(n) if chunk is None else chunk for n in chunked]
+    passes = [chunk_passes(n, k) for n, k in zip(chunked, chunks)]
     return ChunkedDocs(chunks, [chunk_cost(job.cost_model, n, k, job.cp).us for n, k in zip(chunked, chunks)],
-                       [chunk_passes(n, k) for n, k in zip(chunked, chunks)])
+                       passes, [n - (p - 1) * k for n, k, p in zip(chunked, chunks, passes)])
 
 
 def plan_window(job: SchedulerJob, batches: Sequence[Sequence[int]],
@@ -220,4 +226,6 @@ def plan_window(job: SchedulerJob, batches: Sequence[Sequence[int]],
     stay at their step and are priced with it, so the regrouping moves samples around them."""
     docs = [] if chunked is None else [chunked_docs(job, _as_lengths(c)) for c in chunked]
     return _core.lookahead([_as_lengths(b) for b in batches], job.cost_model, job.options, pool=job.policy.pool,
-                           chunked=[d.us for d in docs], chunked_chunks=[d.passes for d in docs])
+                           chunked=[d.us for d in docs], chunked_chunks=[d.passes for d in docs],
+                           chunked_lengths=[] if chunked is None else [_as_lengths(c) for c in chunked],
+                           chunked_last_chunk=[d.last for d in docs])

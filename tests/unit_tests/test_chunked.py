@@ -284,8 +284,10 @@ def test_chunk_cost_moves_no_flops_and_prices_recompute():
     assert one.chunks == 1 and one.us == pytest.approx(one.one_pass_us, rel=1e-12)
     # The K/V the model predicts is what test_saved_bytes measured: 6 layers x 2 x 256 x 4 bytes a token.
     assert chunk_cost(m, 8 * CHUNK, CHUNK).kv_bytes == 6 * 2 * 256 * 4 * 8 * CHUNK
-    # Over CP 2 each chunk's K/V is gathered in forward and again in the recompute (the last: once), every layer.
-    assert chunk_cost(m, 8 * CHUNK, CHUNK, cp=2).us >= 6 * (7 * 2 + 1) * m.comm_us(m.kv_bytes(CHUNK))
+    # Over CP 2 each chunk's K/V is gathered in forward and its gradient reduce-scattered (comm_us), and
+    # gathered again in the recompute (the last chunk's is not), every layer.
+    v = m.kv_bytes(CHUNK)
+    assert chunk_cost(m, 8 * CHUNK, CHUNK, cp=2).us >= 6 * (8 * m.comm_us(v) + 7 * m.collective_us(v))
     with pytest.raises(ValueError, match="multiple of cp"):
         chunk_cost(m, LENGTH, 33, cp=2)
 

@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 
 from skrull_ext import _core
 from skrull_ext.scheduler import Scheduler
-from skrull_ext.scheduler.chunk_lockstep import lockstep_chunks
 from skrull_ext.scheduler.config import SchedulerConfig
 from skrull_ext.scheduler.plan import PlanError
 
@@ -48,23 +47,32 @@ def test_chunked_documents_go_where_they_balance_the_step(toy):
 
 def test_lockstep_runs_them_after_the_slots(toy):
     # Lockstep: every rank's slots, then the step waits for the rank with the most chunked time: DP 0's
-    # 12 (3 chunks) and the 2 pad chunks it runs beside DP 1's 9 and 6 (2 each), each a pad pass
-    # (CostModel.pad_pass_us: one token through the layer, flops(1) = 28 on the toy).
+    # 12 (3 chunks) and the all-pad position of 2 chunks it runs beside DP 1's 9 and 6 (2 each), each a
+    # chunk of one token (CostModel.pad_chunks_us): flops(1) = 28, recomputed (4/3), then flops(2) -
+    # flops(1) = 36, its query over the first one's key: 73 1/3 (a pad pass each, 56, left that out). DP 1
+    # pads its 9 once (flops(10) - flops(9) = 100) and recomputes that document's last chunk (tokens 5-8,
+    # (flops(9) - flops(5)) / 3 = 106 2/3), which now makes it the rank the step waits for.
     plan = Scheduler(SchedulerConfig(dp=2, cp=1, bucket_size=5, timeline="lockstep"), toy).schedule(
         [1, 2, 3, 4, 5], chunked=[12, 9, 6])
     plan.validate()
     slots = sum(max(mb.time_us for mb in plan.micro_batches if mb.slot == j) for j in range(plan.slots))
     assert plan.chunked_group == [0, 1, 1]
     assert toy.pad_pass_us() == _flops(1) == 28 and plan.pad_us == 28
-    assert plan.makespan_us == pytest.approx(slots + _chunked(12) + 2 * 28)
+    assert toy.pad_chunks_us(0, 2, 1) == pytest.approx(28 * 4 / 3 + 36)
+    assert plan.chunked_pad_us == pytest.approx([28 * 4 / 3 + 36, 100 + 320 / 3])
+    after = [_chunked(12) + 28 * 4 / 3 + 36, _chunked(9) + _chunked(6) + 100 + 320 / 3]
+    assert after[1] > after[0] and plan.makespan_us == pytest.approx(slots + after[1])
 
 
 def test_lockstep_prices_the_pad_chunks_its_ranks_run():
     # Lockstep DP ranks run as many chunk passes per position as each other (scheduler/chunk_lockstep.py):
     # 12 (3 chunks of 5) on DP 0; 9 and 6 (2 each) on DP 1. Positions [3, 2]: DP 0 runs an all-pad
-    # document of 2, DP 1 one pad chunk after its 9. Each pad chunk a pad pass, one token through the
-    # layer and the fixed cost (28 + fixed_us 5 = 33; chunk_cost already has 5 a real chunk):
-    # DP 0 1092.33 + 66, DP 1 623.33 + 371.33 + 33.
+    # document of 2, DP 1 one pad chunk after its 9. Each pad chunk one token through the layer over the
+    # keys before it, recomputed but the last, and the fixed cost (chunk_cost has 5 a real chunk too):
+    # DP 0 1092.33 + 28 x 4/3 + 5 + 36 + 5 (at a pad pass each, 2 x 33), DP 1 623.33 + 371.33 + 33 + 8 x 9,
+    # and its 9's last chunk (tokens 5-8) recomputed, no longer its position's last pass: (flops(9) -
+    # flops(5)) / 3 more; DP 1's 1206.33 now sets the step (DP 0's 1175.67; at a pad pass each, DP 0's
+    # 1158.33 did).
     from tests.unit_tests.conftest import toy_cost
 
     cost = toy_cost(fixed_us=5.0)
@@ -75,7 +83,8 @@ def test_lockstep_prices_the_pad_chunks_its_ranks_run():
     slots = sum(max(mb.time_us for mb in lock.micro_batches if mb.slot == j) for j in range(lock.slots))
     assert lock.chunked_us == pytest.approx([_chunked(n) + 5 * -(-n // 5) for n in (12, 9, 6)])
     assert cost.pad_pass_us() == lock.pad_us == 33.0
-    assert lock.makespan_us == pytest.approx(slots + 1092 + 1 / 3 + 66)
+    assert lock.chunked_pad_us == pytest.approx([28 * 4 / 3 + 36 + 10, 28 + 8 * 9 + 5 + (_flops(9) - _flops(5)) / 3])
+    assert lock.makespan_us == pytest.approx(slots + 623 + 1 / 3 + 371 + 1 / 3 + 105 + (_flops(9) - _flops(5)) / 3)
     assert lock.step_time_us() == pytest.approx(lock.makespan_us)
     # Free-running ranks pad nothing (their chunk passes share no collective); DP 1 has nothing to pad.
     free = Scheduler(SchedulerConfig(dp=2, cp=1, bucket_size=5, timeline="free"), cost).schedule(
@@ -90,7 +99,10 @@ def test_a_step_of_chunked_documents_only(toy):
     plan = Scheduler(SchedulerConfig(dp=3, cp=1, bucket_size=5, timeline="free"), toy).schedule([], chunked=[6, 9])
     plan.validate()
     assert plan.micro_batches == [] and plan.chunked_group == [1, 0]  # the longer first, to DP 0
-    assert plan.makespan_us == pytest.approx(_chunked(9))
+    # Free-running at DP 3, every rank without a micro-batch runs one pad pass (data/steps/plan_buffers.py
+    # rank_buffers), DP 0 after its document: 28 more than the document (the timeline left it out).
+    assert plan.makespan_us == pytest.approx(_chunked(9) + toy.pad_pass_us()) and toy.pad_pass_us() == 28
+    assert plan.group_time_us == pytest.approx([_chunked(9) + 28, _chunked(6) + 28, 28])
 
 
 def test_plan_check_names_a_bad_chunked_document(toy):
@@ -120,6 +132,10 @@ def _round_robin_us(cost, lengths, chunked, dp, cp, bucket, timeline, pads: bool
     plan.chunked, plan.chunked_us = list(chunked), sched.chunked_us(chunked)
     plan.chunked_chunk = [sched.job.chunk_for(n) for n in chunked] if pads else []
     plan.chunked_group = [k % dp for k in range(len(chunked))]
+    passes = plan.chunked_passes()
+    plan.chunked_pad_us = _core.lockstep_pad_us(
+        chunked, passes, [n - (p - 1) * c for n, p, c in zip(chunked, passes, plan.chunked_chunk)],
+        plan.chunked_group, dp, cp, cost) if pads else []
     plan.retime()
     return plan.makespan_us
 
@@ -139,12 +155,15 @@ def test_every_chunked_document_once_and_no_slower_than_round_robin(dp, cp, time
     assert sorted(k for g in range(dp) for k in plan.chunked_of(g)) == list(range(len(chunked)))
     assert sum(plan.chunked_load()) == pytest.approx(sum(sched.chunked_us(chunked)))
     # The core assigns seeing the pad chunks lockstep ranks add (Plan.chunked_pads): no slower than
-    # round robin with them, and they add at most a pad pass for each of a step's chunk passes.
+    # round robin with them, and they add at most the dearest rank's pads, each at least a pad pass.
     assert plan.makespan_us <= _round_robin_us(cost, lengths, chunked, dp, cp, bucket, timeline) * (1 + 1e-9)
     unpadded = copy.copy(plan)
-    unpadded.chunked_chunk = []
-    passes = sum(lockstep_chunks(chunked, plan.chunked_group, dp, sched.job.chunk_for))
-    assert unpadded.step_time_us() <= plan.makespan_us <= unpadded.step_time_us() + passes * plan.pad_us + 1e-6
+    unpadded.chunked_pad_us = []
+    pads = plan.chunked_pads()
+    assert unpadded.step_time_us() <= plan.makespan_us <= \
+        unpadded.step_time_us() + max(plan.chunked_pad_us, default=0.0) + 1e-6
+    if timeline == "lockstep":
+        assert all(p >= n * plan.pad_us * (1 - 1e-12) for p, n in zip(plan.chunked_pad_us, pads))
     if timeline == "free" or dp == 1:
         assert plan.makespan_us == pytest.approx(unpadded.step_time_us())
     # The same inputs, the same plan (every rank plans alike).
@@ -153,27 +172,35 @@ def test_every_chunked_document_once_and_no_slower_than_round_robin(dp, cp, time
 
 def test_the_pad_chunks_change_which_rank_runs_a_document():
     # cpp/tests/test_core.cpp test_chunked_lockstep, through the binding. Documents of 6, 5 and 2 us in 3, 1
-    # and 1 chunk passes on DP 2, no samples. LPT by time ([0, 1, 1]: loads 6, 7) beats round robin
-    # ([0, 1, 0]: 8, 5) unpadded. Lockstep, a pad pass 1 us: LPT's positions [3, 1] pad DP 0 once (7) and
-    # DP 1 twice (9); round robin's pad DP 0 never (8) and DP 1 three times (8): round robin, 8. The pad
-    # pass is one token through the layer (CostModel.pad_pass_us): a layer call's intercept here, b = 1 at
-    # a = 0, no fixed cost.
+    # and 1 chunk passes (3, 1 and 1 tokens) on DP 2, no samples. LPT by time ([0, 1, 1]: loads 6, 7) beats
+    # round robin ([0, 1, 0]: 8, 5) unpadded. Lockstep, a pad chunk the layer call's intercept (b = 1 at
+    # a = 0, no fixed cost), 4/3 of it where recomputed (all but a position's last pass): LPT's positions
+    # [3, 1] pad DP 0 once (1: 7) and DP 1 twice (4/3 + 1, and its document's chunk recomputed, 1/3:
+    # 9 2/3); round robin's pad DP 0 never (8) and DP 1 three times (4/3 + 1 + 1/3 + 1: 8 2/3): round
+    # robin. At a pad pass each, 9 against 8.
     opts = SchedulerConfig(dp=2, cp=1, bucket_size=100, timeline="lockstep").core_options()
     flat = _core.CostModel(_core.ModelShape(1, 1, 1, 1), 0.0, 1.0, _core.CommModel([1.0], [0.0]))
-    assert flat.pad_pass_us() == 1.0
-    s = _core.schedule([], flat, opts, [6.0, 5.0, 2.0], [3, 1, 1])
-    assert s.chunked_dp_rank == [0, 1, 0] and s.makespan_us == 8.0 and s.chunked_chunks == [3, 1, 1]
-    assert _core.chunked_after([6.0, 5.0, 2.0], [3, 1, 1], [0, 1, 1], 2, opts.timeline, 1.0) == [7.0, 9.0]
+    assert flat.pad_pass_us() == 1.0 and flat.pad_chunks_us(0, 2, 1) == pytest.approx(1 + 4 / 3)
+    s = _core.schedule([], flat, opts, [6.0, 5.0, 2.0], [3, 1, 1], [3, 1, 1], [1, 1, 1])
+    assert s.chunked_dp_rank == [0, 1, 0] and s.makespan_us == pytest.approx(5 + 11 / 3)
+    assert s.chunked_chunks == [3, 1, 1] and s.chunked_pad_us == pytest.approx([0.0, 11 / 3])
+    assert _core.lockstep_pad_us([3, 1, 1], [3, 1, 1], [1, 1, 1], [0, 1, 1], 2, 1, flat) == \
+        pytest.approx([1.0, 1 + 4 / 3 + 1 / 3])
+    assert _core.chunked_after([6.0, 5.0, 2.0], [0, 1, 1], 2, opts.timeline, [1.0, 2.0]) == [7.0, 9.0]
     cost = _core.CostModel(_core.ModelShape(1, 1, 1, 1), 0.0, 0.0, _core.CommModel([1.0], [0.0]))
     assert cost.pad_pass_us() == 0.0  # the pads priced at nothing: LPT
-    s = _core.schedule([], cost, opts, [6.0, 5.0, 2.0], [3, 1, 1])
+    s = _core.schedule([], cost, opts, [6.0, 5.0, 2.0], [3, 1, 1], [3, 1, 1], [1, 1, 1])
     assert s.chunked_dp_rank == [0, 1, 1] and s.makespan_us == 7.0
     with pytest.raises(ValueError, match="^0 chunk counts for 3 chunked documents$"):
         _core.schedule([], cost, opts, [6.0, 5.0, 2.0])
+    with pytest.raises(ValueError, match="^0 chunked lengths for 3 chunked documents$"):
+        _core.schedule([], cost, opts, [6.0, 5.0, 2.0], [3, 1, 1])
+    with pytest.raises(ValueError, match=r"^chunked document 2 has a last chunk of 2 tokens; must be in \[1, 1\]$"):
+        _core.schedule([], cost, opts, [6.0, 5.0, 2.0], [3, 1, 1], [3, 1, 1], [1, 1, 2])
     with pytest.raises(ValueError, match="^chunked document 1 has 0 chunks; must be >= 1$"):
         _core.lockstep_pads([3, 0], [0, 1], 2)
     with pytest.raises(ValueError, match=r"^chunked document 0's DP rank -1 is outside \[0, 2\)$"):
-        _core.chunked_after([1.0], [1], [-1], 2, opts.timeline, 1.0)
+        _core.chunked_after([1.0], [-1], 2, opts.timeline, [])
 
 
 def test_chunk_passes_and_times_past_their_ranges_are_refused_by_name():
@@ -243,12 +270,13 @@ def test_the_pool_places_chunked_documents_after_its_plan(toy):
 
 
 def test_the_lookahead_moves_long_samples_beside_a_chunked_document(toy):
-    # DP 2, free-running: step 0's document (1077.33) holds DP rank 0; its samples run on DP rank 1 beside it.
-    # Both 5-token samples (220 each) fit beside it, so step 1 keeps only the 1-token ones (28).
+    # DP 2, free-running: step 0's document (1077.33) holds DP rank 0, which then runs one pad pass (28: it
+    # has no micro-batch); its samples run on DP rank 1 beside it. Both 5-token samples (220 each) fit beside
+    # it, so step 1 keeps only the 1-token ones (28).
     sched = Scheduler(SchedulerConfig(dp=2, cp=1, bucket_size=10, timeline="free"), toy)
     a = sched.lookahead([[5, 1], [5, 1]], [[12], []])
-    assert a.arrival_us == pytest.approx([_chunked(12), _flops(5)])
-    assert a.steps == [[0, 2], [1, 3]] and a.step_us == pytest.approx([_chunked(12), _flops(1)])
+    assert a.arrival_us == pytest.approx([_chunked(12) + 28, _flops(5)])
+    assert a.steps == [[0, 2], [1, 3]] and a.step_us == pytest.approx([_chunked(12) + 28, _flops(1)])
 
 
 def test_a_step_of_one_chunked_sample_has_an_empty_plan_and_no_micro_batch():

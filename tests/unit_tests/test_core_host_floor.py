@@ -212,7 +212,7 @@ def test_core_equals_python_reference_under_a_floor(seed, k, cp, dp, bucket, pol
                         worst_fit=p.placement == _core.Placement.WORST_FIT,
                         longest_rollback=p.rollback == _core.Rollback.LONGEST,
                         predicted_time=p.micro_batch_count == _core.MicroBatchCount.PREDICTED_TIME,
-                        refine_=p.refine, sweep=p.dacp_search == _core.DacpSearch.SHARD_SWEEP)
+                        refine_=p.refine, sweep=p.dacp_search == _core.DacpSearch.SHARD_SWEEP, free_running=True)
     assert plan.cp_rank == want.cp_rank and plan.slot == want.micro_batch and plan.dp_rank == want.dp_rank
     assert plan.group_time_us == want.dp_time_us  # bitwise
 

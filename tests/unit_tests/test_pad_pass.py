@@ -1,5 +1,5 @@
-"""A lockstep pad pass (CostModel.pad_pass_us, cpp/include/skrull/cost_model.hpp): what a rank runs at a
-slot where it holds no micro-batch, and each pad chunk. The trainer feeds every CP rank one ignored local
+"""A pad pass (CostModel.pad_pass_us, cpp/include/skrull/cost_model.hpp): what a rank runs at a lockstep
+slot where it holds no micro-batch (a pad chunk runs more: CostModel.pad_chunks_us). The trainer feeds every CP rank one ignored local
 token (data/steps/buffers.py pad_buffer) through every layer and the head, so it is priced as that
 micro-batch, layers x layer_us(0, flops(1), 0) + micro_batch_fixed_us + token_us: each layer call's
 intercept or host floor, not the fixed cost alone. Exact small cases, by hand, with and without a floor."""
@@ -45,17 +45,22 @@ def test_a_lockstep_idle_slot_costs_a_pad_pass(floor_us, want):
     assert plan.makespan_us == want == plan.step_time_us()
 
 
-@pytest.mark.parametrize(("floor_us", "pad", "ranks"), [(0.0, 28.0, [0, 1, 1]), (40.0, 40.0, [0, 1, 1])])
-def test_a_lockstep_chunked_step_prices_its_pad_chunks_at_a_pad_pass(floor_us, pad, ranks):
-    # Documents of 6, 5 and 2 us in 3, 1 and 1 chunk passes on 2 lockstep DP ranks, no samples
-    # (cpp/tests/test_core.cpp test_chunked_lockstep). LPT's [0, 1, 1]: positions [3, 1], DP 0 pads 1
-    # (6 + pad), DP 1 pads 2 (7 + 2 pads); round robin's [0, 1, 0]: DP 1 pads 3 (5 + 3 pads): LPT.
+@pytest.mark.parametrize(("floor_us", "pads", "ranks"),
+                         [(0.0, [28.0, 36.0 * 4 / 3 + 44.0 + 28.0 / 3], [0, 1, 1]),
+                          (40.0, [40.0, 40.0 * 4 / 3 + 44.0 + 40.0 / 3], [0, 1, 1])])
+def test_a_lockstep_chunked_step_prices_its_pad_chunks_as_chunks(floor_us, pads, ranks):
+    # Documents of 6, 5 and 2 us in 3, 1 and 1 chunk passes (3, 1 and 1 tokens) on 2 lockstep DP ranks, no
+    # samples (cpp/tests/test_core.cpp test_chunked_lockstep). LPT's [0, 1, 1]: positions [3, 1], DP 0 runs
+    # an all-pad position of 1 (a pad chunk after no token: flops(1) = 28, or the floor), DP 1 pads its
+    # 1-token document twice: after 1 token (flops(2) - flops(1) = 36, recomputed: 4/3 of it or of the
+    # floor) and after 2 (44, the position's last), and its document's one chunk, now checkpointed, is
+    # recomputed (1/3 of 28, or of the floor). A pad pass each (28 or 40) priced DP 1's at 56 or 80.
+    # Round robin's [0, 1, 0]: DP 1 pads 3 (5 + those 2 + 28 or 40): LPT.
     cost = _cost(floor_us=floor_us)
-    assert cost.pad_pass_us() == pad
     opts = SchedulerConfig(dp=2, cp=1, bucket_size=100, timeline="lockstep").core_options()
-    s = _core.schedule([], cost, opts, [6.0, 5.0, 2.0], [3, 1, 1])
-    assert s.chunked_dp_rank == ranks
-    assert list(s.dp_time_us) == [6.0 + pad, 7.0 + 2 * pad] and s.makespan_us == 7.0 + 2 * pad
+    s = _core.schedule([], cost, opts, [6.0, 5.0, 2.0], [3, 1, 1], [3, 1, 1], [1, 1, 1])
+    assert s.chunked_dp_rank == ranks and s.chunked_pad_us == pytest.approx(pads)
+    assert list(s.dp_time_us) == pytest.approx([6.0 + pads[0], 7.0 + pads[1]])
+    assert s.makespan_us == pytest.approx(7.0 + pads[1]) and pads[1] > 2 * cost.pad_pass_us()
     assert _core.to_plan(s, cost, opts).makespan_us == s.makespan_us
-    assert _core.chunked_after([6.0, 5.0, 2.0], [3, 1, 1], ranks, 2, opts.timeline, cost.pad_pass_us()) == \
-        [6.0 + pad, 7.0 + 2 * pad]
+    assert _core.chunked_after([6.0, 5.0, 2.0], ranks, 2, opts.timeline, s.chunked_pad_us) == list(s.dp_time_us)

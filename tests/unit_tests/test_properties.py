@@ -61,30 +61,32 @@ def test_every_plan_is_valid_and_deterministic(shape):
     assert again.schedule(list(lengths_)).digest() == plan.digest()
 
 
-def step_by_hand(plan, timeline: str) -> tuple[list[float], float]:
+def step_by_hand(plan, timeline: str, cost) -> tuple[list[float], float]:
     """REFERENCE ONLY: each DP rank's time and the step of a skrull plan by plain arithmetic, in the
     core's operation order (timeline.hpp, chunked.hpp): a rank's micro-batches in slot order, then its
-    chunked documents and, lockstep at DP > 1, each pad chunk at a pad pass (every rank runs, at its
-    k-th document, the most passes any rank's k-th takes); lockstep, each slot's slowest (a pad pass where a
-    rank has none) then the rank with the most after its slots; free-running, the slowest rank; a
-    step's fixed cost once where it runs anything."""
+    chunked documents and, lockstep at DP > 1, what its pad chunks add (every rank runs, at its k-th
+    document, the most passes any rank's k-th takes; reference_chunked.pad_us); lockstep, each slot's
+    slowest (a pad pass where a rank has none) then the rank with the most after its slots; free-running,
+    the slowest rank, a rank with no micro-batch at DP > 1 after its pad pass; a step's fixed cost once
+    where it runs anything."""
+    from skrull_ext.bench import reference_chunked as refc
+
     dp, passes = plan.dp, plan.chunked_passes()
-    after, held = [0.0] * dp, [[] for _ in range(dp)]
-    for t, g, n in zip(plan.chunked_us, plan.chunked_group, passes):
+    after = [0.0] * dp
+    for t, g in zip(plan.chunked_us, plan.chunked_group):
         after[g] += t
-        held[g].append(n)
     if timeline == "lockstep" and dp > 1 and plan.chunked:
-        positions = max(len(h) for h in held)
-        total = sum(max(h[k] for h in held if k < len(h)) for k in range(positions))
-        for g in range(dp):
-            after[g] += (total - sum(held[g])) * plan.pad_us
+        docs = [(n, length, length - (n - 1) * c) for n, length, c in zip(passes, plan.chunked, plan.chunked_chunk)]
+        pads = refc.pad_us(docs, plan.chunked_group, dp, plan.cp, ref.RefCost.of(cost))
+        after = [a + p for a, p in zip(after, pads)]
     ranks = [[mb.time_us for mb in sorted(r, key=lambda mb: mb.slot)] for r in plan.ranks]
+    idle = timeline == "free" and dp > 1 and (any(ranks) or any(a > 0.0 for a in after))
     sums = []
     for times, a in zip(ranks, after):
         t = 0.0
         for x in times:
             t += x
-        sums.append(t + a)
+        sums.append(t + a + (plan.pad_us if idle and not times else 0.0))
     if timeline == "free":
         step = max(sums)
     else:
@@ -124,7 +126,7 @@ def test_whole_buffer_and_chunked_plans_price_as_they_run(shape, timeline, whole
     pads = plan.chunked_pads()
     runs = [p + sum(n for n, g in zip(plan.chunked_passes(), plan.chunked_group) if g == r) for r, p in enumerate(pads)]
     assert min(pads) >= 0 and (timeline == "free" or dp == 1 or not chunked or len(set(runs)) == 1)
-    sums, step = step_by_hand(plan, timeline)
+    sums, step = step_by_hand(plan, timeline, cost)
     assert plan.makespan_us == step and plan.step_time_us() == step
     assert Scheduler(cfg, cost).schedule(list(lengths_), chunked=chunked).digest() == plan.digest()
 
@@ -145,7 +147,7 @@ def test_core_equals_python_reference(shape, head, whole):
         longest_rollback=p.rollback == _core.Rollback.LONGEST,
         predicted_time=p.micro_batch_count == _core.MicroBatchCount.PREDICTED_TIME,
         refine_=p.refine,
-        sweep=p.dacp_search == _core.DacpSearch.SHARD_SWEEP,
+        sweep=p.dacp_search == _core.DacpSearch.SHARD_SWEEP, free_running=True,
     )
     assert plan.dp_rank == want.dp_rank
     assert plan.slot == want.micro_batch

@@ -5,6 +5,7 @@ document on the same DP rank, every rank's time and the step bit for bit."""
 
 import random
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -78,35 +79,43 @@ def test_core_equals_reference_with_chunked_documents(seed, k, cp, dp, bucket, p
     rng = random.Random(seed)
     us = [t * rng.choice([1.0, 0.37]) for t, _ in docs]  # ties and near-ties between documents
     chunks = [n for _, n in docs]
+    sizes = [rng.randint(1, 60000) for _ in docs]  # where each one's lockstep pad chunks start
+    last = [rng.randint(1, n) for n in sizes]  # its last chunk, recomputed where pads follow it
     cost = model(margin, fixed_us, step_us)
     o = options(dp, cp, bucket, policy, lockstep)
-    assert_equal(_core.schedule(lengths, cost, o, us, chunks), reference(lengths, cost, o, us, chunks, lockstep))
+    assert_equal(_core.schedule(lengths, cost, o, us, chunks, sizes, last),
+                 reference(lengths, cost, o, us, list(zip(chunks, sizes, last)), lockstep))
 
 
 def test_reference_exact_small_case():
     """Three documents over two lockstep ranks, by hand. One layer priced a microsecond a FLOP, no exchange,
-    each micro-batch's fixed cost 10 us, a step 5 us; samples of 1 and 2 tokens (flops(s) = 24 s + 4 s^2
-    here: 28 and 64, so micro-batches of 38 and 74 us). A pad pass is a micro-batch of one token a rank
-    (CostModel.pad_pass_us): 28 + 10 = 38 us, not the fixed cost's 10.
+    each micro-batch's (and chunk pass's) fixed cost 10 us, a step 5 us; samples of 1 and 2 tokens
+    (flops(s) = 24 s + 4 s^2 here: 28 and 64, so micro-batches of 38 and 74 us). Documents of 3, 1 and 2
+    tokens in 3, 1 and 2 chunks. A pad chunk runs what a chunk does (CostModel.pad_chunks_us): after p
+    tokens of its document, flops(p + 1) - flops(p) = 28 + 8 p, 4/3 of it where recomputed (all but a
+    position's last pass), and the fixed cost: not a pad pass's 38 each.
     LPT: 100 us (3 chunks) on rank 0, 60 (1 chunk) and 30 (2 chunks) on rank 1. The positions take 3 and 2
-    passes, so each rank pads 2 chunks (76 us): after its micro-batches rank 0 runs 176 us, rank 1 166.
-    The samples start from 100 and 90 us in FLOPs: 2 tokens to rank 1 (154), then 1 token to rank 0 (128).
-    Ranks: 38 + 176 = 214 and 74 + 166 = 240; step: slot 0's 74, the most after, 176, and 5: 255.
-    Round robin (100 and 30 on rank 0, 60 on rank 1: pads 0 and 4, after 130 and 60 + 152 = 212) is bounded
-    by 217 < 255, so it is planned, the samples as without documents (2 tokens to rank 0): 74 + 212 + 5 =
-    291, not shorter: LPT's plan is kept."""
+    passes: rank 0 runs an all-pad position of 2 (28 x 4/3 + 10 and 36 + 10: 93 1/3), rank 1 pads its
+    1-token document twice (36 x 4/3 + 10 and 44 + 10: 112) and recomputes that document's chunk (28 / 3):
+    after its micro-batches rank 0 runs 193 1/3, rank 1 211 1/3. The samples start from 100 and 90 us in
+    FLOPs: 2 tokens to rank 1 (154), then 1 token to rank 0 (128). Ranks: 38 + 193 1/3 and 74 + 211 1/3;
+    step: slot 0's 74, the most after, 211 1/3, and 5: 290 1/3 (at a pad pass each, 255). Round robin
+    (100 and 30 on rank 0, 60 on rank 1: pads none and 121 1/3 + 93 1/3) is bounded by 279 2/3 < 290 1/3,
+    so it is planned, the samples as without documents (2 tokens to rank 0): 74 + 274 2/3 + 5, not
+    shorter: LPT's plan is kept."""
     shape = _core.ModelShape(1, 1, 1, 2)
     comm = _core.CommModel([0.0], [0.0], 0.0, 0.0, 0.0, 9.0, 1.0)
     cost = _core.CostModel(shape, 1.0, 0.0, comm, 10.0, 5.0, 0.0, 1.0, False)
     o = options(2, 1, 8, "skrull-paper", True)
     us, chunks = [100.0, 60.0, 30.0], [3, 1, 2]
-    s = _core.schedule([1, 2], cost, o, us, chunks)
-    assert_equal(s, reference([1, 2], cost, o, us, chunks, True))
+    s = _core.schedule([1, 2], cost, o, us, chunks, [3, 1, 2], [1, 1, 1])
+    assert_equal(s, reference([1, 2], cost, o, us, list(zip(chunks, [3, 1, 2], [1, 1, 1])), True))
     assert refc.assign_lpt(us, 2) == [0, 1, 1]
     assert refc.lockstep_pads(chunks, [0, 1, 1], 2) == [2, 2]
     assert refc.lockstep_pads(chunks, [0, 1, 0], 2) == [0, 4]
     assert s.chunked_dp_rank == [0, 1, 1]
     assert s.dp_rank == [0, 1]
     assert cost.pad_pass_us() == 38.0
-    assert s.dp_time_us == [214.0, 240.0]
-    assert s.makespan_us == 255.0
+    assert s.chunked_pad_us == pytest.approx([28.0 * 4 / 3 + 10.0 + 46.0, 112.0 + 28.0 / 3])
+    assert s.dp_time_us == pytest.approx([38.0 + 100.0 + 93.0 + 1 / 3, 74.0 + 90.0 + 121.0 + 1 / 3])
+    assert s.makespan_us == pytest.approx(290.0 + 1 / 3)

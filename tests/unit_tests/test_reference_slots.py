@@ -41,9 +41,12 @@ def test_core_equals_reference_under_slot_gds(seed, k, cp, dp, bucket, policy, l
         lengths[rng.randrange(len(lengths))] = _core.max_sequence_length(bucket, cp)
     us = [t * rng.choice([1.0, 0.37]) for t, _ in docs]
     chunks = [n for _, n in docs]
+    sizes = [rng.randint(1, 60000) for _ in docs]  # where each one's lockstep pad chunks start
+    last = [rng.randint(1, n) for n in sizes]  # its last chunk, recomputed where pads follow it
     cost = model(margin, fixed_us, step_us, token_us, whole)
     o = slot_options(dp, cp, bucket, policy, lockstep, extra)
-    assert_equal(_core.schedule(lengths, cost, o, us, chunks), reference(lengths, cost, o, us, chunks, lockstep))
+    assert_equal(_core.schedule(lengths, cost, o, us, chunks, sizes, last),
+                 reference(lengths, cost, o, us, list(zip(chunks, sizes, last)), lockstep))
 
 
 def test_reference_exact_small_case_with_a_leader_slot():

@@ -143,7 +143,7 @@ def test_the_core_plans_a_tp_job_as_the_python_reference():
                         worst_fit=p.placement == _core.Placement.WORST_FIT,
                         longest_rollback=p.rollback == _core.Rollback.LONGEST,
                         predicted_time=p.micro_batch_count == _core.MicroBatchCount.PREDICTED_TIME,
-                        refine_=p.refine, sweep=p.dacp_search == _core.DacpSearch.SHARD_SWEEP)
+                        refine_=p.refine, sweep=p.dacp_search == _core.DacpSearch.SHARD_SWEEP, free_running=True)
     assert ref.RefCost.of(tp4).tp == 4
     assert (plan.dp_rank, plan.slot, plan.cp_rank) == (want.dp_rank, want.micro_batch, want.cp_rank)
     assert plan.group_time_us == want.dp_time_us

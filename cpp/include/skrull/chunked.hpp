@@ -21,11 +21,13 @@
 // lockstep_pads say): for k in 0..(the most documents one rank holds),
 // n_k = the most chunks any rank's k-th document (in the documents' order)
 // takes; a rank pads its k-th document to n_k passes, or runs an all-pad
-// document of n_k where it holds none. A pad pass costs a pad pass's price
-// (pad_us: CostModel::pad_pass_us, as a lockstep slot's pad), and
-// chunked_after counts them in the work a rank runs after its micro-batches:
-// the assignment, the step's time and the look-ahead's estimate all see them.
-// Free-running ranks (or one DP rank) pad nothing.
+// document of n_k where it holds none. A pad chunk runs what any chunk of
+// its document does (CostModel::pad_chunks_us: one token a CP rank, its K/V
+// gathered over the group, recomputed but at its position's last pass, its
+// queries over the document's tokens before it), and chunked_after counts
+// the pads' price (lockstep_pad_us) in the work a rank runs after its
+// micro-batches: the assignment, the step's time and the look-ahead's
+// estimate all see them. Free-running ranks (or one DP rank) pad nothing.
 #pragma once
 
 #include <algorithm>
@@ -54,11 +56,15 @@ constexpr double kMaxChunkedUs = 1e60;
 constexpr int64_t kMaxChunkPasses = int64_t{1} << 30;
 
 // A step's chunked documents as the planners take them, in the step's order:
-// each one's predicted time on one CP group and its chunk passes
-// (skrull_ext/train/chunked.py: ceil(length / chunk)).
+// each one's predicted time on one CP group, its chunk passes
+// (skrull_ext/train/chunked.py: ceil(length / chunk)), its length in tokens
+// (where its lockstep pad chunks start) and the tokens of its last chunk
+// (recomputed where pads follow it): lockstep_pad_us.
 struct ChunkedDocs {
   std::vector<double> us;
   std::vector<int32_t> chunks;
+  std::vector<int64_t> lengths;
+  std::vector<int64_t> last_chunk;
   size_t size() const { return us.size(); }
   bool empty() const { return us.empty(); }
 };
@@ -71,8 +77,26 @@ inline void validate_chunked(const std::vector<double>& chunked_us) {
                                   std::to_string(chunked_us[k]) + " us; must be finite and >= 0");
 }
 
-// As above, each time at most kMaxChunkedUs, at most kMaxSequences documents, and
-// one chunk count of at least 1 per document, kMaxChunkPasses in all.
+// One chunk count of at least 1 per document, kMaxChunkPasses in all.
+inline void validate_chunk_counts(const std::vector<int32_t>& chunks, size_t documents) {
+  if (chunks.size() != documents)
+    throw std::invalid_argument(std::to_string(chunks.size()) + " chunk counts for " + std::to_string(documents) +
+                                " chunked documents");
+  int64_t passes = 0;
+  for (size_t k = 0; k < chunks.size(); ++k) {
+    if (chunks[k] < 1)
+      throw std::invalid_argument("chunked document " + std::to_string(k) + " has " + std::to_string(chunks[k]) +
+                                  " chunks; must be >= 1");
+    passes += chunks[k];
+  }
+  if (passes > kMaxChunkPasses)
+    throw std::invalid_argument("chunked documents have " + std::to_string(passes) +
+                                " chunk passes in all, more than the limit " + std::to_string(kMaxChunkPasses));
+}
+
+// As above, each time at most kMaxChunkedUs, at most kMaxSequences documents,
+// validate_chunk_counts, one length in [1, kMaxLength] per document and one
+// last chunk in [1, its length].
 inline void validate_chunked(const ChunkedDocs& docs) {
   validate_chunked(docs.us);
   if (static_cast<int64_t>(docs.us.size()) > kMaxSequences)
@@ -85,19 +109,23 @@ inline void validate_chunked(const ChunkedDocs& docs) {
                     kMaxChunkedUs);
       throw std::invalid_argument(buf);
     }
-  if (docs.chunks.size() != docs.us.size())
-    throw std::invalid_argument(std::to_string(docs.chunks.size()) + " chunk counts for " +
+  validate_chunk_counts(docs.chunks, docs.us.size());
+  if (docs.lengths.size() != docs.us.size())
+    throw std::invalid_argument(std::to_string(docs.lengths.size()) + " chunked lengths for " +
                                 std::to_string(docs.us.size()) + " chunked documents");
-  int64_t passes = 0;
-  for (size_t k = 0; k < docs.chunks.size(); ++k) {
-    if (docs.chunks[k] < 1)
-      throw std::invalid_argument("chunked document " + std::to_string(k) + " has " +
-                                  std::to_string(docs.chunks[k]) + " chunks; must be >= 1");
-    passes += docs.chunks[k];
-  }
-  if (passes > kMaxChunkPasses)
-    throw std::invalid_argument("chunked documents have " + std::to_string(passes) +
-                                " chunk passes in all, more than the limit " + std::to_string(kMaxChunkPasses));
+  for (size_t k = 0; k < docs.lengths.size(); ++k)
+    if (docs.lengths[k] < 1 || docs.lengths[k] > kMaxLength)
+      throw std::invalid_argument("chunked document " + std::to_string(k) + " has length " +
+                                  std::to_string(docs.lengths[k]) + "; must be in [1, " + std::to_string(kMaxLength) +
+                                  "]");
+  if (docs.last_chunk.size() != docs.us.size())
+    throw std::invalid_argument(std::to_string(docs.last_chunk.size()) + " last chunks for " +
+                                std::to_string(docs.us.size()) + " chunked documents");
+  for (size_t k = 0; k < docs.last_chunk.size(); ++k)
+    if (docs.last_chunk[k] < 1 || docs.last_chunk[k] > docs.lengths[k])
+      throw std::invalid_argument("chunked document " + std::to_string(k) + " has a last chunk of " +
+                                  std::to_string(docs.last_chunk[k]) + " tokens; must be in [1, " +
+                                  std::to_string(docs.lengths[k]) + "]");
 }
 
 // Throws std::invalid_argument unless each document's rank is in [0, dp).
@@ -146,15 +174,51 @@ inline std::vector<double> chunked_load(const std::vector<double>& chunked_us, c
   return out;
 }
 
+// Lockstep at DP > 1: per DP rank, what its pads add (lockstep_pads'
+// counts): at each position k, its k-th document (length T, c chunks, a last
+// chunk of l tokens) padded with n_k - c pad chunks from its padded length
+// ceil(T / cp) cp (train/chunked.py: the last chunk is padded to a multiple of
+// the group), or an all-pad document of n_k from 0; each run priced by
+// CostModel::pad_chunks_us. A document with pads after it has its last chunk
+// recomputed too (no longer its position's last pass, it is checkpointed),
+// which its own price (chunk_cost, the last chunk kept) leaves out:
+// chunk_pass_us(T - l, l, cp, true) - chunk_pass_us(T - l, l, cp, false) more.
+// Zeros at DP 1 (nothing pads). O(documents + dp): the all-pad runs are
+// summed once per position.
+inline std::vector<double> lockstep_pad_us(const ChunkedDocs& docs, const std::vector<int32_t>& rank, int32_t dp,
+                                           int32_t cp, const CostModel& cost) {
+  std::vector<double> out(dp, 0.0);
+  if (dp <= 1 || docs.empty()) return out;
+  const std::vector<int32_t> passes = lockstep_passes(docs.chunks, rank, dp);
+  std::vector<std::vector<int32_t>> held(dp);
+  for (size_t k = 0; k < docs.size(); ++k) held[rank[k]].push_back(static_cast<int32_t>(k));
+  // suffix[p]: an all-pad document at every position from p on.
+  std::vector<double> suffix(passes.size() + 1, 0.0);
+  for (size_t p = passes.size(); p-- > 0;) suffix[p] = cost.pad_chunks_us(0, passes[p], cp) + suffix[p + 1];
+  for (int32_t i = 0; i < dp; ++i) {
+    double sum = 0.0;
+    for (size_t p = 0; p < held[i].size(); ++p) {
+      const int32_t k = held[i][p];
+      const int64_t pads = passes[p] - docs.chunks[k];
+      if (pads == 0) continue;
+      const int64_t start = (docs.lengths[k] + cp - 1) / cp * cp;
+      const int64_t t = docs.last_chunk[k], a = docs.lengths[k] - t;
+      sum += cost.pad_chunks_us(start, pads, cp) +
+             (cost.chunk_pass_us(a, t, cp, true) - cost.chunk_pass_us(a, t, cp, false));
+    }
+    out[i] = sum + suffix[held[i].size()];
+  }
+  return out;
+}
+
 // Per DP rank: the work it runs after its micro-batches (timeline.hpp's
 // after_us), its chunked documents' times and, on a lockstep timeline at
-// DP > 1, each of its pad chunks (lockstep_pads) at pad_us.
-inline std::vector<double> chunked_after(const ChunkedDocs& docs, const std::vector<int32_t>& rank, int32_t dp,
-                                         Timeline timeline, double pad_us) {
-  std::vector<double> out = chunked_load(docs.us, rank, dp);
-  if (timeline != Timeline::kLockstep || dp <= 1 || docs.empty()) return out;
-  const std::vector<int32_t> pads = lockstep_pads(docs.chunks, rank, dp);
-  for (int32_t i = 0; i < dp; ++i) out[i] += pads[i] * pad_us;
+// DP > 1, its pad chunks' price (pad_us: lockstep_pad_us, one per rank).
+inline std::vector<double> chunked_after(const std::vector<double>& chunked_us, const std::vector<int32_t>& rank,
+                                         int32_t dp, Timeline timeline, const std::vector<double>& pad_us) {
+  std::vector<double> out = chunked_load(chunked_us, rank, dp);
+  if (timeline != Timeline::kLockstep || dp <= 1 || chunked_us.empty()) return out;
+  for (int32_t i = 0; i < dp; ++i) out[i] += pad_us[i];
   return out;
 }
 

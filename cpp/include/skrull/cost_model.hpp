@@ -33,6 +33,11 @@ constexpr double kMaxTokenUs = 1e3;              // token_us: 1 ms a token
 constexpr double kMaxAttentionWeight = 4.0;      // attention_weight: 4x the formula's attention term
 constexpr double kMaxPlanMargin = 10.0;          // comm.plan_margin
 
+// The forward's share of a forward + backward (backward ~ 2 forwards): what
+// recomputing a checkpointed chunk's forward adds to its price
+// (chunk_pass_us). Measured on CPU: 0.33-0.36 (docs/design/chunked.md).
+constexpr double kRecomputeShare = 1.0 / 3.0;
+
 struct ModelShape {
   int32_t layers = 24;        // transformer blocks
   int64_t hidden = 896;       // h
@@ -312,21 +317,93 @@ struct CostModel {
     return shape.layers * worst + micro_batch_fixed_us + head_us(most_tokens);
   }
 
-  // A pad pass on a lockstep timeline (timeline.hpp): what a rank runs at a
-  // slot where it holds no micro-batch, and each pad chunk (chunked.hpp). The
-  // trainer feeds every CP rank one ignored token, local
+  // A pad pass (timeline.hpp): what a rank runs at a lockstep slot where it
+  // holds no micro-batch, and once in a free-running step where it holds
+  // none. The trainer feeds every CP rank one ignored token, local
   // (data/steps/buffers.py pad_buffer: no distributed sequence, so no K/V
   // exchange at any CP), through every layer's forward and backward (one
   // block call a layer, with its FSDP calls and launches) and the head. So
   // it is priced as micro_batch_us prices that micro-batch:
   //   layers * layer_us(0, flops(1), 0) + micro_batch_fixed_us + head_us(1),
-  // a layer call at the host floor or more, not the fixed cost alone. A pad
-  // chunk holds the same one token a rank but is sharded over its CP group
-  // and attends over its document's prefix (train/chunked.py): its K/V
-  // all-gather, its recompute (all but a position's last pass) and the
-  // prefix's keys are left out, so it is priced at least at this.
+  // a layer call at the host floor or more, not the fixed cost alone.
   // (micro_batch_us({flops(1)}, 0, 0, 1) bit for bit, without its vector.)
+  // A lockstep pad chunk runs more than this: pad_chunks_us.
   double pad_pass_us() const { return shape.layers * comp_us(flops(1)) + micro_batch_fixed_us + head_us(1); }
+
+  // One chunk pass of a chunked document (train/chunked.py, attention/prefix.py):
+  // `tokens` tokens after `prefix` earlier ones of the same document, sharded
+  // over cp ranks (each computes 1/cp of the chunk's FLOPs, flops(prefix +
+  // tokens) - flops(prefix): its linear layers and its queries over the prefix
+  // and itself), its K/V all-gathered over the group (cp > 1) in each forward
+  // and its gradient reduce-scattered in backward. `recomputed`: the chunk is
+  // checkpointed (every pass but its position's last), so its forward runs
+  // again in backward: kRecomputeShare more of the layers' line, the host
+  // floor and the head, and one more all-gather, collective_us(V), beside the
+  // forward's gather and the backward's reduce-scatter that comm_us(V) prices
+  // (tests/unit_tests/test_pad_chunk.py counts them on a gloo group). One
+  // block call a layer holds its exchange (the next layer needs it), so the
+  // floor holds up the call's device time once. `dense`: the attention rate
+  // was fitted on a kernel that computes every (query, key) pair (CPU's
+  // masked SDPA), so the chunk costs its tokens x (prefix + tokens)
+  // rectangle at that rate (scheduler/chunk_cost.py's dense_fit). Plus the
+  // chunk's call's fixed cost:
+  //   layers * max(floor s, line(F) s + X) + token_us (tokens / cp) s + micro_batch_fixed_us,
+  //   s = 1 + kRecomputeShare if recomputed else 1,
+  //   X = comm_us(V) + (recomputed ? collective_us(V) : 0), V = kv_bytes(tokens), 0 at cp 1.
+  // chunk_cost.py sums it over a document's chunks; a lockstep pad chunk is
+  // one of cp tokens (pad_chunks_us).
+  double chunk_pass_us(int64_t prefix, int64_t tokens, int32_t cp, bool recomputed, bool dense = false) const {
+    const double att = (flops(2) - 2.0 * flops(1)) / 2.0;  // flops(s) = lin s + att s^2
+    double f = flops(prefix + tokens) - flops(prefix);    // lin t + att t (2 prefix + t)
+    if (dense) f -= att * static_cast<double>(tokens) * static_cast<double>(prefix);
+    f /= cp;
+    const double v = kv_bytes(tokens);
+    const double exchange = cp > 1 ? comm_us(v) + (recomputed ? collective_us(v) : 0.0) : 0.0;
+    const double share = recomputed ? 1.0 + kRecomputeShare : 1.0;
+    return shape.layers * std::max(host_floor_us * share, line_us(f) * share + exchange) +
+           (token_us * static_cast<double>(tokens) / cp * share + micro_batch_fixed_us);
+  }
+
+  // `count` consecutive lockstep pad chunks (scheduler/chunk_lockstep.py,
+  // train/chunked.py pad_chunks): one ignored token a CP rank each, the first
+  // after `start` tokens of its document (its padded length, 0 for an
+  // all-pad document), each after the one before, the last not recomputed
+  // (its position's last pass) and the others recomputed: chunk_pass_us(start
+  // + j cp, cp, cp, j < count - 1) summed over j. In closed form (a rank may
+  // pad 2^30 chunks): pad j's forward FLOPs a rank are f_0 + j d, d = 2 att
+  // cp (its one query over cp more keys), so the recomputed ones sit at the
+  // floor up to some j* and on the line after it.
+  double pad_chunks_us(int64_t start, int64_t count, int32_t cp) const {
+    if (count <= 0) return 0.0;
+    const int64_t m = count - 1;  // recomputed pads
+    const double last = chunk_pass_us(start + m * cp, cp, cp, false);
+    if (m == 0) return last;
+    const double s = 1.0 + kRecomputeShare;
+    const double v = kv_bytes(cp);
+    const double x = cp > 1 ? comm_us(v) + collective_us(v) : 0.0;
+    const double f0 = (flops(start + cp) - flops(start)) / cp;
+    const double d = (flops(2) - 2.0 * flops(1)) * cp;  // 2 att cp: f_{j+1} - f_j
+    const auto on_line = [&](int64_t j) {  // pad j's line at or above the floor
+      return (a_us_per_flop * (f0 + static_cast<double>(j) * d) + b_us) * s + x >= host_floor_us * s;
+    };
+    int64_t k = 0;  // pads [0, k) at the floor, [k, m) on the line
+    if (!on_line(0)) {
+      k = m;
+      const double slope = a_us_per_flop * d * s;
+      if (slope > 0.0) {
+        const double j = std::ceil((host_floor_us * s - (a_us_per_flop * f0 + b_us) * s - x) / slope);
+        k = j < static_cast<double>(m) ? std::max<int64_t>(0, static_cast<int64_t>(j)) : m;
+        while (k > 0 && on_line(k - 1)) --k;  // the rounding of j, either way
+        while (k < m && !on_line(k)) ++k;
+      }
+    }
+    const double n = static_cast<double>(m - k);
+    const double js = (static_cast<double>(k) + static_cast<double>(m - 1)) * n / 2.0;  // sum of j over [k, m)
+    const double layers = shape.layers;
+    return last + static_cast<double>(k) * layers * host_floor_us * s +
+           layers * (n * ((a_us_per_flop * f0 + b_us) * s + x) + a_us_per_flop * d * s * js) +
+           static_cast<double>(m) * (token_us * static_cast<double>(cp) / cp * s + micro_batch_fixed_us);
+  }
 
   // A lower bound on any DACP plan's time for these lengths on n ranks:
   // the max over ranks of local+dist FLOPs is at least the average, total/n.

@@ -41,8 +41,9 @@ inline CostModel planning_model(const CostModel& cost) {
 namespace detail {
 
 // Each DP rank's time (its micro-batches back to back, then its chunked
-// documents and, on lockstep, their pad chunks: chunked_after) and the step
-// on the job's timeline, from the micro-batches' times.
+// documents and, on lockstep, their pad chunks: chunked_after; free-running
+// at DP > 1, the pad pass of a rank with no micro-batch: add_idle_pads) and
+// the step on the job's timeline, from the micro-batches' times.
 inline void time_schedule(Schedule& s, const CostModel& cost, const Options& opt) {
   std::vector<std::vector<double>> rank_us(opt.dp);
   s.dp_time_us.assign(opt.dp, 0.0);
@@ -52,9 +53,13 @@ inline void time_schedule(Schedule& s, const CostModel& cost, const Options& opt
       s.dp_time_us[i] += s.micro_batches[q].dacp.time_us;
     }
   }
-  const std::vector<double> after = chunked_after({s.chunked_us, s.chunked_chunks}, s.chunked_dp_rank, opt.dp,
-                                                  opt.timeline, cost.pad_pass_us());
+  s.chunked_pad_us =
+      lockstep_pad_us({s.chunked_us, s.chunked_chunks, s.chunked_lengths, s.chunked_last_chunk}, s.chunked_dp_rank,
+                      opt.dp, opt.cp, cost);
+  const std::vector<double> after = chunked_after(s.chunked_us, s.chunked_dp_rank, opt.dp, opt.timeline,
+                                                  s.chunked_pad_us);
   for (int32_t i = 0; i < opt.dp; ++i) s.dp_time_us[i] += after[i];
+  add_idle_pads(s.dp_time_us, rank_us, opt.timeline, cost.pad_pass_us(), &after);
   s.makespan_us = step_time_us(rank_us, opt.timeline, cost.pad_pass_us(), cost.step_fixed_us, &after);
 }
 

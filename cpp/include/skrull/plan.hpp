@@ -78,8 +78,8 @@ inline void index_plan(Plan& out) {
 
 // Replays the slots after micro-batch times changed: in (slot, first group)
 // order each starts when all its groups are free; each group's chunked
-// documents, and on lockstep its pad chunks, run after its micro-batches
-// (timeline.hpp's after_us, chunked.hpp's chunked_after).
+// documents, and on lockstep its pad chunks (at chunked_pad_us), run after
+// its micro-batches (timeline.hpp's after_us, chunked.hpp's chunked_after).
 // makespan_us is the step on the job's timeline (timeline.hpp), start_us
 // each one's start on it; group_time_us stays each group's free-running finish.
 // step_us: CostModel::step_fixed_us, added once to makespan_us.
@@ -89,8 +89,9 @@ inline void retime_plan(Plan& out, Timeline timeline, double pad_us, double step
   for (const PlanMicroBatch& mb : out.micro_batches) slots.push_back({mb.slot, mb.first_group, mb.groups, mb.time_us});
   std::vector<double> start;
   const int32_t dp = static_cast<int32_t>(out.group_time_us.size());
-  const std::vector<double> after =
-      chunked_after({out.chunked_us, out.chunked_chunks}, out.chunked_group, dp, timeline, pad_us);
+  const std::vector<double> after = chunked_after(
+      out.chunked_us, out.chunked_group, dp, timeline,
+      out.chunked_pad_us.empty() ? std::vector<double>(dp, 0.0) : out.chunked_pad_us);
   out.makespan_us = plan_step_time_us(slots, dp, timeline, pad_us, &out.group_time_us, &start, step_us, &after);
   for (size_t m = 0; m < out.micro_batches.size(); ++m) out.micro_batches[m].start_us = start[m];
 }
@@ -113,6 +114,7 @@ inline Plan to_plan(const Schedule& s, int32_t cp, Timeline timeline, double pad
   out.chunked_us = s.chunked_us;
   out.chunked_group = s.chunked_dp_rank;
   out.chunked_chunks = s.chunked_chunks;
+  out.chunked_pad_us = s.chunked_pad_us;
   detail::retime_plan(out, timeline, pad_us, step_us);
   out.dropped = s.dropped;
   out.truncated = s.truncated;

@@ -89,6 +89,8 @@ inline Schedule schedule_assigned(const std::vector<int64_t>& input, const CostM
   out.chunked_us = chunked.us;
   out.chunked_dp_rank = chunked_rank;
   out.chunked_chunks = chunked.chunks;
+  out.chunked_lengths = chunked.lengths;
+  out.chunked_last_chunk = chunked.last_chunk;
   const std::vector<double> chunked_start =
       chunked.empty() || !around ? std::vector<double>()
                       : chunked_flops(chunked_load(chunked.us, out.chunked_dp_rank, opt.dp), cost, opt.cp);
@@ -195,6 +197,21 @@ inline Schedule schedule_assigned(const std::vector<int64_t>& input, const CostM
   return out;
 }
 
+// Free-running at DP > 1, what every rank runs at least besides its chunked
+// documents: its micro-batches, each at least the micro-batch lower bound of
+// the shortest sample (the bound grows with what a micro-batch holds; a
+// truncated sample is at least the limit), or, with none, its pad pass
+// (timeline.hpp idle_pad). So round robin's bound holds the pass that LPT's
+// priced step holds, and is not planned for nothing where a rank holds only
+// documents.
+inline double least_pass_us(const std::vector<int64_t>& input, const CostModel& cost, const Options& opt) {
+  double least = cost.pad_pass_us();
+  if (input.empty()) return least;
+  const int64_t shortest = std::min(*std::min_element(input.begin(), input.end()),
+                                    max_sequence_length(opt.bucket_size, opt.cp));
+  return std::min(least, cost.micro_batch_lower_bound_us(&shortest, 1, opt.cp));
+}
+
 // schedule() with one model for the choices and the prices. Chunked
 // documents: LPT's assignment (assign_chunked) with the samples planned
 // around it, and, at DP > 1, round robin (document k on rank k mod dp, the
@@ -232,9 +249,10 @@ inline Schedule schedule_as_priced(const std::vector<int64_t>& input, const Cost
         time_schedule(out, cost, opt);
       }
     } else {
-      const std::vector<double> robin_after =
-          chunked_after(chunked, robin, opt.dp, opt.timeline, cost.pad_pass_us());
-      const double robin_bound = *std::max_element(robin_after.begin(), robin_after.end()) + cost.step_fixed_us;
+      const std::vector<double> robin_after = chunked_after(
+          chunked.us, robin, opt.dp, opt.timeline, lockstep_pad_us(chunked, robin, opt.dp, opt.cp, cost));
+      double robin_bound = *std::max_element(robin_after.begin(), robin_after.end()) + cost.step_fixed_us;
+      if (opt.timeline == Timeline::kFreeRunning) robin_bound += least_pass_us(input, cost, opt);
       if (out.makespan_us > robin_bound) {
         Schedule other = schedule_assigned(input, cost, opt, chunked, robin, false);
         if (other.makespan_us < out.makespan_us) std::swap(out, other);

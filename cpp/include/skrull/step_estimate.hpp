@@ -23,9 +23,10 @@
 // pairing: it stays a lower bound). On a lockstep timeline at P > 1 they run
 // after every rank's slots, so they add to the samples' work instead of
 // sharing it, and every rank runs the same n = sum_k n_k chunk passes
-// (chunked.hpp), its own and pad ones at p = pad_us each: rank i's after-time
-// is n p + sum over its documents of (d_k - c_k p). So the step's after-time
-// is at least
+// (chunked.hpp), its own and pad ones, each pad at least p, the cheapest pad
+// chunk (CostModel::pad_chunks_us of one, after no prefix): rank i's
+// after-time is at least n p + sum over its documents of (d_k - c_k p). So
+// the step's after-time is at least
 //   max(d_max, max(c_max, ceil(C / P)) p + (sum d - C p) / P)
 // (C = sum c_k; n >= c_max, and n >= C / P as some rank holds C / P of the
 // chunks; the mean over ranks of sum (d_k - c_k p) is (sum d - C p) / P).
@@ -67,7 +68,7 @@ class StepEstimator {
         per_token_(cost.token_us / (static_cast<double>(std::max<int32_t>(1, opt.dp)) * std::max<int32_t>(1, opt.cp))),
         step_fixed_(cost.step_fixed_us),
         lockstep_(opt.timeline == Timeline::kLockstep && opt.dp > 1),
-        pad_(cost.pad_pass_us()) {}
+        pad_(cost.pad_chunks_us(0, 1, std::max<int32_t>(1, opt.cp))) {}
 
   int32_t groups() const { return groups_; }
 
@@ -121,7 +122,7 @@ class StepEstimator {
   double per_token_;
   double step_fixed_;
   bool lockstep_;  // a lockstep timeline at P > 1: chunked documents after the slots, padded
-  double pad_;     // a pad pass (CostModel::pad_pass_us)
+  double pad_;     // the cheapest pad chunk (CostModel::pad_chunks_us(0, 1, cp))
 };
 
 }  // namespace skrull

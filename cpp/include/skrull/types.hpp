@@ -139,10 +139,17 @@ struct Schedule {
   // Chunked documents (overlength "chunk", chunked.hpp), outside `lengths`:
   // each one's predicted time on a CP group and the DP rank that trains it
   // after its micro-batches (included in dp_time_us and makespan_us), and
-  // its chunk passes (what lockstep pads to, chunked.hpp).
+  // its chunk passes (what lockstep pads to, chunked.hpp), its length and its
+  // last chunk's tokens;
+  // per DP rank, the price of the pad chunks it would run on a lockstep
+  // timeline (chunked.hpp lockstep_pad_us; in dp_time_us and makespan_us on
+  // one).
   std::vector<double> chunked_us;
   std::vector<int32_t> chunked_dp_rank;
   std::vector<int32_t> chunked_chunks;
+  std::vector<int64_t> chunked_lengths;
+  std::vector<int64_t> chunked_last_chunk;
+  std::vector<double> chunked_pad_us;
   int32_t rollbacks = 0;
   int32_t moves = 0;
   double elapsed_us = 0.0;         // wall time of the scheduler call
@@ -185,10 +192,11 @@ struct Plan {
   std::vector<int32_t> truncated;      // shortened by Overlength::kTruncate
   // Chunked documents (as Schedule's): each one's time and the CP group that
   // runs it after its micro-batches (in group_time_us and makespan_us), and
-  // its chunk passes.
+  // its chunk passes; per group, its lockstep pad chunks' price (empty: none).
   std::vector<double> chunked_us;
   std::vector<int32_t> chunked_group;
   std::vector<int32_t> chunked_chunks;
+  std::vector<double> chunked_pad_us;
   int32_t widened = 0;                 // sequences sharded over more than one CP group
   int32_t narrowed = 0;                // sequences sharded over 2 <= k < cp ranks of one group
   bool skrull_plan = false;            // skrull's plan, kept because it predicted no slower
