@@ -12,6 +12,7 @@ passes at each position (scheduler/chunk_lockstep.py pads them).
 import torch
 from torch.profiler import record_function
 
+from skrull_ext import _core
 from skrull_ext.attention.local_only import attention_input
 from skrull_ext.data.steps.loader import SkrullStep
 from skrull_ext.scheduler.chunk_lockstep import lockstep_documents
@@ -37,7 +38,7 @@ def step_passes(trainer, step: SkrullStep, global_valid_tokens: torch.Tensor) ->
     # Chunked samples run before the micro-batches, whose last then reduces the gradients: a
     # chunked sample's backward runs one FSDP post-backward per chunk, so were it last it would
     # reduce-scatter once per chunk where a DP rank without one reduces once (free-running at DP > 1).
-    if step.chunked or _padded_lockstep(trainer, step):  # lockstep: pad passes where this rank has none
+    if step.chunked or _padded_lockstep(step):  # lockstep: pad passes where this rank has none
         with phases.phase("chunk"):
             accumulated += trainer._chunked_samples(step, global_valid_tokens)  # a hook: profile/train_check.py
     last = len(step.micro_batches) - 1
@@ -108,7 +109,7 @@ def _runs(trainer, step: SkrullStep) -> list[tuple]:
     """(sample or None, pad chunks) per position this rank runs: its own samples as they are, or
     under lockstep at DP > 1 padded to the plan's per-position pass counts (scheduler/chunk_lockstep.py)."""
     plan = step.plan
-    if not _padded_lockstep(trainer, step):
+    if not _padded_lockstep(step):
         return [(sample, 0) for sample in step.chunked]
     padded = lockstep_documents(plan.chunked, plan.chunked_group, plan.dp, step.dp_rank,
                                 trainer.skrull_job.chunk_for)
@@ -118,7 +119,9 @@ def _runs(trainer, step: SkrullStep) -> list[tuple]:
     return out
 
 
-def _padded_lockstep(trainer, step: SkrullStep) -> bool:
+def _padded_lockstep(step: SkrullStep) -> bool:
     """Whether this rank pads its chunk passes to the other DP ranks' (scheduler/chunk_lockstep.py):
-    lockstep DP ranks (no free-running) with chunked documents somewhere in the step's plan."""
-    return trainer.free_running is None and step.plan.dp > 1 and bool(step.plan.chunked)
+    lockstep DP ranks (the plan's timeline: not free-running, nor replicate-only DP under
+    ``defer_grad_sync``, config.job_timeline) with chunked documents somewhere in the step's plan."""
+    plan = step.plan
+    return plan.timeline == _core.Timeline.LOCKSTEP and plan.dp > 1 and bool(plan.chunked)

@@ -6,6 +6,7 @@ reference) is tests/integration_tests/test_free_running.py.
 """
 
 import math
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -31,9 +32,12 @@ CPU_PROFILE = str(ROOT / "profiles" / "cpu-debug-gloo2.toml")
 # ---------------------------------------------------------------- dataloader
 
 
-def _grid(dp: int, cp: int, free_running: bool, global_batch: int = 16, bucket: int = 256):
-    """Loaders of every (DP, CP) rank; the plans are made for the free-running timeline
-    either way, so the two modes differ only in what the loader builds of the same plan."""
+def _grid(dp: int, cp: int, free_running: bool, global_batch: int = 16, bucket: int = 256,
+          lockstep_passes: bool = False):
+    """Loaders of every (DP, CP) rank; the plans are made for the free-running timeline, whether
+    FSDP holds the parameters unsharded (``free_running``) or not (replicate-only DP under
+    ``defer_grad_sync``: config.job_timeline). ``lockstep_passes``: validation's builder, padded
+    to the plan's slots: the same plan, built the lockstep way."""
     section = SkrullConfig(bucket_size=bucket, cost_model="h100-assumed")
     config = SkrullDataLoader.Config(length_scale=32.0, max_len=512, global_batch_size=global_batch,
                                      vocab_size=2048, prefetch_steps=0)
@@ -45,6 +49,8 @@ def _grid(dp: int, cp: int, free_running: bool, global_batch: int = 16, bucket: 
                                   cost_model=cost_model.preset("llama3-debug"), free_running=free_running,
                                   lookahead=1)
             loader.attach(Scheduler(job), c, cp)
+            if lockstep_passes:
+                loader.builder = replace(loader.builder, lockstep_passes=True)
             grid[d, c] = loader
     return grid
 
@@ -53,13 +59,18 @@ def _steps(grid, n: int):
     return [{key: loader.next_step() for key, loader in grid.items()} for _ in range(n)]
 
 
-def test_free_running_builds_only_the_ranks_own_micro_batches():
-    """Free-running: each rank's step holds its DP rank's own micro-batches, no pads, the
-    same buffers as the padded step's first ones; without the flag the loader pads every
-    rank to the plan's count. Some step of the data gives the DP ranks unequal counts."""
+@pytest.mark.parametrize("free_running", [True, False], ids=["fsdp_unsharded", "replicate_deferred"])
+def test_free_running_builds_only_the_ranks_own_micro_batches(free_running):
+    """On the free-running timeline each rank's step holds its DP rank's own micro-batches, no
+    pads, the same buffers as the padded step's first ones, whether the execution holds FSDP's
+    parameters unsharded or is replicate-only DP with the gradient sync deferred (whose plans are
+    priced free-running too: padding its ranks ran passes no plan priced); validation's builder
+    (lockstep passes) pads every rank to the plan's count. Some step of the data gives the DP
+    ranks unequal counts."""
     # global batch 12: GDS packs 16 into equal counts on both ranks for 12 steps (LPT groups,
     # scheduler.hpp split_share); 12 gives ranks 1 and 2 at step 10
-    free, lock = _steps(_grid(2, 2, True, global_batch=12), 10), _steps(_grid(2, 2, False, global_batch=12), 10)
+    free = _steps(_grid(2, 2, free_running, global_batch=12), 10)
+    lock = _steps(_grid(2, 2, free_running, global_batch=12, lockstep_passes=True), 10)
     unequal = 0
     for f_step, l_step in zip(free, lock):
         plan = f_step[0, 0].plan

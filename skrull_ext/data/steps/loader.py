@@ -10,9 +10,10 @@ asks the scheduler for the plan of its lengths (the core is deterministic, so
 every rank gets the same plan without talking) and builds its own buffers
 from it: only the samples of its own micro-batches are ever built. A DP rank with fewer
 micro-batches than the plan's maximum gets no-op pad micro-batches, so FSDP
-ranks run the same number of passes; under ``[skrull] free_running`` (FSDP
-parameters held unsharded for the step, no per-pass collective across DP
-ranks) it runs its own micro-batches only, and one pad where it has none.
+ranks run the same number of passes; on the free-running timeline (``[skrull]
+free_running``, or replicate-only DP under ``defer_grad_sync``: no per-pass
+collective across DP ranks) it runs its own micro-batches only, and one pad
+where it has none.
 The loss normaliser, the number of loss tokens of the whole global batch, is
 computed here from the plan: the same on every rank, so no all-reduce is
 needed for it.
@@ -55,6 +56,7 @@ from dataclasses import dataclass, field, replace
 from torchtitan.components.tokenizer import BaseTokenizer
 from torchtitan.tools.logging import logger
 
+from skrull_ext import _core
 from skrull_ext.data.steps.accounting import RunAccount, StepAccount, by_training_step
 from skrull_ext.data.steps.buffers import MicroBatchBuffer
 from skrull_ext.data.steps.overlength import LengthLimit, cut, decide_lengths, loss_tokens, scheduler_limit, settle
@@ -159,11 +161,12 @@ class StepBuilder:
 
     @property
     def own_only(self) -> bool:
-        """Build only this rank's own micro-batches (one pad pass if it has none): the job's
-        free-running execution (``scheduler.job.free_running``), where DP ranks share no
-        collective per pass. Otherwise pad to the plan's slots, so every rank runs as many
-        FSDP passes."""
-        return self.scheduler.job.free_running and not self.lockstep_passes
+        """Build only this rank's own micro-batches (one pad pass if it has none) where the job
+        runs on the free-running timeline (``scheduler.job.timeline``, config.job_timeline: the
+        ``free_running`` execution, one DP rank, or replicate-only DP under ``defer_grad_sync``),
+        whose DP ranks share no collective per pass and whose plans are priced without pads.
+        Otherwise pad to the plan's slots, so every rank runs as many FSDP passes."""
+        return self.scheduler.job.timeline == _core.Timeline.FREE_RUNNING and not self.lockstep_passes
 
     def __call__(self, step: int, run: RunAccount) -> SkrullStep:
         begin = time.perf_counter()
