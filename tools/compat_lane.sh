@@ -11,14 +11,15 @@
 #
 # TRITON_VERSION: the triton that torch's wheel requires (its METADATA's
 # `triton~=X.Y`: 2.11 3.6, 2.14 3.8, 2.15 3.9); 3.6.0 by default, for 2.11.0.
-# 1. venv: .venv-torch$TORCH_VERSION (git-ignored), built when absent or on another torch:
-#    torch==$TORCH_VERSION and triton==$TRITON_VERSION FIRST (the registry's
-#    CUDA build, ~3 GB; it runs on CPU), then `pip install -e ".[train,bench,test]"`
-#    under a constraint that keeps that torch. The constraint is passed as
-#    PIP_CONSTRAINT, so it replaces a machine-wide pip constraint (one that
-#    caps torch below the version asked for would refuse it). Reused as it is when its torch
-#    is right and it imports this checkout with the .pth hook installed
-#    (REINSTALL=1: run the project install again, e.g. after a C++ change).
+# 1. venv: .venv-torch$TORCH_VERSION (git-ignored), built when absent or on
+#    another torch: torch==$TORCH_VERSION and triton==$TRITON_VERSION FIRST
+#    (the registry's CUDA build, ~3 GB; it runs on CPU), then
+#    `pip install -e ".[train,bench,test]"` under a constraint that keeps that
+#    torch, passed as PIP_CONSTRAINT so it replaces a machine-wide pip
+#    constraint (one capping torch below the version asked for would refuse
+#    it). Reused as it is when its torch is right and it imports this
+#    checkout with the .pth hook installed (REINSTALL=1: run the project
+#    install again, e.g. after a C++ change).
 #    VENV=/path uses that venv instead, built there when absent; one that
 #    exists on another torch, or installed from another checkout, is refused,
 #    never changed.
