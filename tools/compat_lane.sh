@@ -1,18 +1,25 @@
 #!/usr/bin/env bash
-# The torch 2.11 compat lane in one command: the GPU image's torch (2.11) on
-# CPU, where CI runs torch 2.13. torchtitan 0.3.0 was written against torch
-# 2.13-2.14; torchtitan_patches/compat.py shims what torch 2.11 lacks, and
-# only a run on torch 2.11 shows the shims still cover every path. Run it after
-# changing compat.py, the entry points, or anything torchtitan imports.
+# The compat lane in one command: another torch than CI's 2.13 on CPU, by
+# default the GPU image's 2.11. torchtitan 0.3.0 was written against torch
+# 2.13-2.14; torchtitan_patches/compat.py shims what other torches lack or
+# changed, and only a run on that torch shows the shims still cover every path.
+# Run it after changing compat.py, the entry points, or anything torchtitan
+# imports, on the oldest and the newest torch the project promises.
 #
-#   bash tools/compat_lane.sh
+#   bash tools/compat_lane.sh                                  # torch 2.11.0
+#   TORCH_VERSION=2.15.0 TRITON_VERSION=3.9.0 bash tools/compat_lane.sh
 #
-# 1. venv: .venv-torch211 (git-ignored), built when absent or on another torch:
-#    torch==$TORCH_VERSION and triton==$TRITON_VERSION FIRST (the registry's
-#    CUDA build, ~3 GB; it runs on CPU), then `pip install -e ".[train,bench,test]"`
-#    under a constraint that keeps that torch. Reused as it is when its torch
-#    is right and it imports this checkout with the .pth hook installed
-#    (REINSTALL=1: run the project install again, e.g. after a C++ change).
+# TRITON_VERSION: the triton that torch's wheel requires (its METADATA's
+# `triton~=X.Y`: 2.11 3.6, 2.14 3.8, 2.15 3.9); 3.6.0 by default, for 2.11.0.
+# 1. venv: .venv-torch$TORCH_VERSION (git-ignored), built when absent or on
+#    another torch: torch==$TORCH_VERSION and triton==$TRITON_VERSION FIRST
+#    (the registry's CUDA build, ~3 GB; it runs on CPU), then
+#    `pip install -e ".[train,bench,test]"` under a constraint that keeps that
+#    torch, passed as PIP_CONSTRAINT so it replaces a machine-wide pip
+#    constraint (one capping torch below the version asked for would refuse
+#    it). Reused as it is when its torch is right and it imports this
+#    checkout with the .pth hook installed (REINSTALL=1: run the project
+#    install again, e.g. after a C++ change).
 #    VENV=/path uses that venv instead, built there when absent; one that
 #    exists on another torch, or installed from another checkout, is refused,
 #    never changed.
@@ -33,7 +40,7 @@ root=$PWD
 TORCH_VERSION=${TORCH_VERSION:-2.11.0}
 TRITON_VERSION=${TRITON_VERSION:-3.6.0}
 own_venv=0
-if [ -z "${VENV:-}" ]; then VENV=$root/.venv-torch211; own_venv=1; fi
+if [ -z "${VENV:-}" ]; then VENV=$root/.venv-torch$TORCH_VERSION; own_venv=1; fi
 py=$VENV/bin/python
 logs=${LOG_DIR:-$(mktemp -d -t compat_lane.XXXXXX)}
 mkdir -p "$logs"
@@ -57,11 +64,14 @@ assert importlib.util.find_spec("_skrull_ext_compat") is not None
 EOF
 }
 
+# The lane's own constraint, in place of any machine-wide one (see the header).
+constraints=$logs/constraints.txt
+printf 'torch==%s\ntriton==%s\n' "$TORCH_VERSION" "$TRITON_VERSION" >"$constraints"
+export PIP_CONSTRAINT=$constraints
+
 install_project() {
-  local constraints=$logs/constraints.txt
-  printf 'torch==%s\ntriton==%s\n' "$TORCH_VERSION" "$TRITON_VERSION" >"$constraints"
   say "pip install -e .[train,bench,test] (torch kept at $TORCH_VERSION; log: $logs/install.log)"
-  "$py" -m pip install -c "$constraints" -e ".[train,bench,test]" >>"$logs/install.log" 2>&1 \
+  "$py" -m pip install -e ".[train,bench,test]" >>"$logs/install.log" 2>&1 \
     || { tail -20 "$logs/install.log"; die "the project install failed"; }
 }
 

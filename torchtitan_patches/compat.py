@@ -247,7 +247,7 @@ SHIMS: tuple[Shim, ...] = (
         name="dist_set_timeout",
         feature="torch.distributed.set_timeout, called by torchtitan distributed/utils.py "
                 "set_pg_timeouts; the private _set_pg_timeout(timeout, group) has its signature",
-        serves="torch 2.11-2.15 (none exports it)",
+        serves="torch 2.11-2.13 (2.14 and 2.15 export it, with this signature)",
         missing=_set_timeout_missing,
         install=_install_set_timeout,
         at_import=True,

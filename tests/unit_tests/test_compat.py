@@ -274,6 +274,15 @@ def test_a_torch_with_the_features_gets_no_stand_ins(fresh, attention):
     assert binding._torchdynamo_orig_callable is create_block_mask
 
 
+@pytest.mark.skipif(not hasattr(dist, "set_timeout"), reason="torch 2.11-2.13 lack it (the tests above cover it)")
+def test_a_torch_exporting_set_timeout_keeps_its_own(fresh):
+    """torch 2.14 and 2.15 export dist.set_timeout: the compat lanes on them run this."""
+    own = dist.set_timeout
+    assert not SHIM["dist_set_timeout"].missing()
+    assert "dist_set_timeout" not in compat.install()
+    assert dist.set_timeout is own and own.__module__.startswith("torch.")
+
+
 # --------------------------------------------------------------------------
 # check_config
 

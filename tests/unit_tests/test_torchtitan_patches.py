@@ -144,6 +144,7 @@ def test_block_masks_are_built_without_compiling_on_cpu():
     """torchtitan's create_attention_mask and, under CP, torch's _create_cp_block_mask (each a
     torch.compile'd create_block_mask) cost every CPU training process a dynamo trace and an inductor
     compile (2-5 s a rank); after apply() they build the same BlockMasks eagerly."""
+    import inspect
     import types
 
     from torch._dynamo.utils import counters
@@ -156,7 +157,11 @@ def test_block_masks_are_built_without_compiling_on_cpu():
     traced = counters["stats"]["calls_captured"], counters["frames"]["total"]
     got = create_attention_mask(mask_mod, 1, None, 256, 256, device="cpu")
     cp_rank1 = types.SimpleNamespace(size=lambda: 2, get_local_rank=lambda: 1, device_type="cpu")  # a CP mesh's view
-    got_cp = _create_cp_block_mask(mask_mod, 1, None, 256, 256, cp_rank1)
+    # by keyword, as torch's _context_parallel_shard calls it; torch 2.15 added BLOCK_SIZE (the global mask's)
+    takes_block = "BLOCK_SIZE" in inspect.signature(_create_cp_block_mask).parameters
+    cp_block = {"BLOCK_SIZE": got.BLOCK_SIZE} if takes_block else {}
+    got_cp = _create_cp_block_mask(mask_mod=mask_mod, B=1, H=None, Q_LEN=256, KV_LEN=256, device_mesh=cp_rank1,
+                                   **cp_block)
     assert (counters["stats"]["calls_captured"], counters["frames"]["total"]) == traced  # nothing traced
     want = create_block_mask(mask_mod, 1, None, 256, 256, device="cpu")
     assert got.seq_lengths == want.seq_lengths == (256, 256) and got_cp.seq_lengths == (128, 256)
