@@ -38,7 +38,7 @@ unequal micro-batch counts (test_free_running.py)."""
 
 SHORT = frozenset({"cp2_segments_ac_full", "cp2_tiles_ac_selective", "dp2cp2_ac_full", "tp2cp2", "dp2tp2",
                    "cp2_compile_ac_full", "cp2_head_chunks", "cp2_bf16", "dp2cp2_bf16", "dp2cp2_pool",
-                   "dp1cp4_pool"})
+                   "dp1cp4_pool", "dp2rep_defer"})
 """Runs that train POOL_SUB_STEP steps instead of STEPS, their gradients saved at the last and
 compared with the reference's of that step (its ``step_grads``): their tests need one step that
 mixes local and distributed sequences after an optimizer step, and step 2 of the debug data does at
@@ -117,6 +117,15 @@ class SkrullRuns:
         "dp2cp2_free": (4, ["--parallelism.context_parallel_degree", "2",
                             "--parallelism.data_parallel_shard_degree", "2", "--skrull.free_running",
                             "--skrull.policy", "skrull-paper"]),
+        # Replicate-only DP with the gradient sync deferred (no FSDP shard over DP ranks, the one
+        # all-reduce in each rank's last backward): the free-running timeline without holding
+        # anything unsharded (config.job_timeline), each DP rank running its own micro-batches.
+        # CP 1, so bucket_size 512 holds the debug data's longest; skrull-paper's strided groups
+        # give the DP ranks unequal counts at step 2 (test_free_running.py).
+        "dp2rep_defer": (2, ["--parallelism.data_parallel_replicate_degree", "2",
+                             "--parallelism.data_parallel_shard_degree", "1", "--skrull.defer_grad_sync",
+                             "--skrull.no-free_running", "--skrull.bucket_size", "512",
+                             "--skrull.policy", "skrull-paper"]),
         "dp2cp2_ac_full": (4, ["--parallelism.context_parallel_degree", "2",
                                "--parallelism.data_parallel_shard_degree", "2", "--skrull.defer_grad_sync",
                                "--skrull.no-free_running", "--activation_checkpoint.kind", "full",

@@ -24,7 +24,7 @@ import pytest
 from skrull_ext.train.plan_log import read_plan_log
 from tests.integration_tests.conftest import CHECK_STEP, POOL_SUB_STEP, STEPS
 from tests.integration_tests.launch import assert_same_grads
-from tests.integration_tests.test_parity_skrull import GRAD, _matches_reference
+from tests.integration_tests.test_parity_skrull import GRAD, _matches_reference, _matches_reference_losses_and_grads
 
 WORLD, CP = 4, 2
 
@@ -102,3 +102,27 @@ def test_lockstep_runs_the_plans_count_on_every_rank(skrull_runs):
             assert passes[rank][s] == record["micro_batches"], (rank, s, passes[rank][s], record["micro_batches"])
             padded += record["micro_batches"] - _own_counts(record).get(record["dp_rank"], 0)
     print(f"forward passes per world rank: {passes}; pad passes in all: {padded}")
+
+
+@pytest.mark.slow
+def test_replicate_deferred_runs_free_with_unequal_counts(skrull_runs, reference):
+    """Replicate-only DP under ``defer_grad_sync`` (``dp2rep_defer``: DP 2 x CP 1, nothing held
+    unsharded) plans for the free-running timeline, and runs as planned: each rank exactly its DP
+    rank's own micro-batches (one pad where it has none), unequal counts at step 2, and the losses
+    and step-2 gradients of torchtitan's 1-process reference. Before, its loader padded every rank
+    to the plan's slots, pad passes no free-running plan prices."""
+    run = skrull_runs["dp2rep_defer"]
+    assert "timeline free" in run.output and "Skrull execution: skrull.free_running = false" in run.output
+    world, steps = 2, POOL_SUB_STEP
+    plans = {rank: read_plan_log(os.path.join(run.dump, "skrull_plans", f"rank{rank}.jsonl")) for rank in range(world)}
+    with_passes = {}
+    for rank in range(world):
+        with open(os.path.join(skrull_runs.passes_folder("dp2rep_defer"), f"passes.rank{rank}.jsonl")) as f:
+            with_passes[rank] = {r["step"]: r["passes"] for r in map(json.loads, f)}
+    counts = {s: _own_counts(plans[0][s]) for s in range(1, steps + 1)}
+    print(f"own micro-batches per DP rank by step: {counts}\nforward passes per rank: {with_passes}")
+    for rank in range(world):
+        for s in range(1, steps + 1):
+            assert with_passes[rank][s] == max(1, counts[s].get(rank, 0)), (rank, s, with_passes[rank][s], counts[s])
+    assert counts[POOL_SUB_STEP].get(0, 0) != counts[POOL_SUB_STEP].get(1, 0), counts
+    _matches_reference_losses_and_grads(run, reference, short=True)
