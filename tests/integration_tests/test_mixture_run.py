@@ -12,9 +12,10 @@ continues from a copy of it.
   sources' reads sum to the run's, in the summary and in TensorBoard per step;
 - the continued run logs bitwise the uninterrupted run's losses of steps 4..5
   and ends with the same per-source summary;
-- the head in chunks at DP 2 and at DP 2 x TP 2 (from the same seed) runs free
-  where step 5's plan gives the DP ranks 1 and 2 micro-batches, with the
-  uninterrupted run's losses (the head in one chunk). A LoRA head in chunks at
+- the head in chunks at DP 2 and at DP 2 x TP 2 (each continuing from another
+  copy of the step-3 checkpoint) runs free where step 5's plan gives the DP
+  ranks 1 and 2 micro-batches, with the uninterrupted run's losses of steps
+  4..5 (the head in one chunk). A LoRA head in chunks at
   DP 2, free-running beside a rank with no micro-batch:
   tests/integration_tests/test_chunk_dp_run.py.
 """
@@ -84,9 +85,13 @@ def runs(tmp_path_factory, seed) -> dict:
     return {"job": job, "seed": seed, "full": full, "resumed": _launch(workdir, job, "resumed", seed)}
 
 
-def _from_seed(runs: dict) -> list[str]:
-    """The flags of a run that starts from the full run's initial weights."""
-    return ["--checkpoint.enable", "--checkpoint.load_only", "--checkpoint.initial_load_path", runs["seed"]]
+def _from_step(runs: dict, dump: str) -> list[str]:
+    """The flags of a run that continues from a copy of the full run's step-SAVE_AT checkpoint (the resumed run's
+    start: test_mixture_resume_is_bitwise holds it to the uninterrupted run), saving nothing (load_only): it
+    trains steps SAVE_AT + 1..STEPS, the last of them UNEQUAL_STEP, where the full run's schedule has them."""
+    shutil.copytree(os.path.join(runs["full"].dump, "checkpoint", f"step-{SAVE_AT}"),
+                    os.path.join(dump, "checkpoint", f"step-{SAVE_AT}"))
+    return ["--checkpoint.enable", "--checkpoint.load_only"]
 
 
 def _per_source(output: str) -> dict[str, tuple[int, int, int, int]]:
@@ -143,10 +148,10 @@ def test_head_in_chunks_runs_free_at_dp2_with_the_same_losses(runs, tmp_path):
     step 5 gives the ranks 1 and 2 micro-batches (checked in the plan log; the run stops there): the
     head module runs in the model's forward and its weight per chunk (head_loss.py ``pass_head_through``);
     called from the loss instead, its FSDP unit's hooks ran out of step and gloo aborted on mismatched
-    reduce-scatters at step 5. The losses are the uninterrupted run's (the head in one chunk) to float
-    rounding."""
-    run = _run(tmp_path, "chunks", ["--config-file", runs["job"], *_from_seed(runs), "--loss.chunk_tokens", "64",
-                                    "--skrull.plan_log"])
+    reduce-scatters at step 5. The losses of steps 4..5 are the uninterrupted run's (the head in one chunk)
+    to float rounding; the run continues from its step-3 checkpoint (steps 1..3 train no step the check needs)."""
+    run = _run(tmp_path, "chunks", ["--config-file", runs["job"], "--loss.chunk_tokens", "64", "--skrull.plan_log"],
+               runs)
     assert "4 chunks for the largest micro-batch (256 tokens: the job's BucketSize)" in run.output
     assert "the head module runs in the model's forward, its weight applied per chunk" in run.output
     assert "head backward: in_forward (loss.head_backward auto" in run.output  # train/head_grad.py's chunks
@@ -155,10 +160,13 @@ def test_head_in_chunks_runs_free_at_dp2_with_the_same_losses(runs, tmp_path):
     _same_losses(run, runs["full"].losses)
 
 
-def _run(tmp_path, name: str, args: list[str], nproc: int = 2) -> Run:
+def _run(tmp_path, name: str, args: list[str], runs: dict, nproc: int = 2) -> Run:
+    """A run of ``args`` continuing from the full run's step-SAVE_AT checkpoint (``_from_step``)."""
     dump = str(tmp_path / name)
-    proc = torchrun(nproc, "skrull_ext.train", [*args, "--dump_folder", dump, "--training.steps", str(STEPS),
-                                                "--metrics.enable_tensorboard"], cwd=str(tmp_path))
+    proc = torchrun(nproc, "skrull_ext.train", [*args, *_from_step(runs, dump), "--dump_folder", dump,
+                                                "--training.steps", str(STEPS), "--metrics.enable_tensorboard"],
+                    cwd=str(tmp_path))
+    assert f"Training starts at step {SAVE_AT + 1}" in proc.stdout, proc.stdout[-3000:]
     return Run(dump=dump, output=proc.stdout + proc.stderr, grads=None)
 
 
@@ -170,10 +178,11 @@ def _uneven_at_the_last_step(run: Run) -> None:
     assert counts == [1, 2], f"step {UNEQUAL_STEP}'s plan no longer gives the DP ranks 1 and 2 micro-batches: {counts}"
 
 
-def _same_losses(run: Run, want: list[float]) -> None:
-    got = run.losses
+def _same_losses(run: Run, full: list[float]) -> None:
+    """The run's losses (steps SAVE_AT + 1..STEPS) are the full run's of those steps to float rounding."""
+    got, want = run.losses, full[SAVE_AT:]
     print(f"losses {got}\nwant   {want}")
-    assert len(got) == len(want) == STEPS
+    assert len(full) == STEPS and len(got) == len(want) == STEPS - SAVE_AT
     assert all(abs(a - b) <= 1e-4 * abs(b) for a, b in zip(got, want)), (got, want)
 
 
@@ -184,13 +193,14 @@ def test_tp_head_in_chunks_runs_free_at_dp2_tp2_with_the_same_losses(runs, tmp_p
     stops there): under TP the head module passes the Replicate hidden states through too, and each
     chunk's linear of them and the Shard(0) weight gives the Shard(-1) logits loss_parallel takes
     (head_loss.py pass_head_through).
-    The losses are those of the uninterrupted DP 2 run (no TP, the head in one chunk, in the model's
-    forward), from the same seed checkpoint, to float rounding. (TP's head in one chunk, in the model's
+    The losses of steps 4..5 are those of the uninterrupted DP 2 run (no TP, the head in one chunk, in the
+    model's forward), to float rounding, continuing from its step-3 checkpoint (DP 2's shards read into
+    DP 2 x TP 2's). (TP's head in one chunk, in the model's
     forward: test_parity_tp.py's dp2tp2 run, held to the 1-process reference.)"""
-    tp = ["--config-file", runs["job"], *_from_seed(runs), "--parallelism.data_parallel_shard_degree", "2",
+    tp = ["--config-file", runs["job"], "--parallelism.data_parallel_shard_degree", "2",
           "--parallelism.tensor_parallel_degree", "2", "--skrull.plan_log"]
     assert "one chunk holds a micro-batch, so the head runs in the model's forward" in runs["full"].output
-    run = _run(tmp_path, "tp_head_chunks", [*tp, "--loss.chunk_tokens", "64"], nproc=4)
+    run = _run(tmp_path, "tp_head_chunks", [*tp, "--loss.chunk_tokens", "64"], runs, nproc=4)
     assert "DP 2 x CP 1 x TP 2" in run.output
     assert "the head module runs in the model's forward, its weight applied per chunk" in run.output
     assert "Skrull execution: skrull.free_running = 'auto': free-running" in run.output

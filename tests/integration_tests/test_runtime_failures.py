@@ -75,10 +75,13 @@ def _worker(parent: int, rank: int) -> int | None:
     return None
 
 
-HEARTBEAT_S = 10
+HEARTBEAT_S = 5
 BOUND_S = HEARTBEAT_S + 20
-"""The heartbeat timeout plus slack for a loaded 2-core host (the watch beats every second;
-the reporter kills the stopped rank, so torchrun's 30 s SIGTERM-to-SIGKILL wait is not in it)."""
+"""The heartbeat timeout plus slack for a loaded 2-core host (the watch beats every half second
+at this timeout; the reporter kills the stopped rank, so torchrun's 30 s SIGTERM-to-SIGKILL wait is
+not in it: without that kill the job ends at about HEARTBEAT_S + 30 s, past the bound). 5 s: a live
+rank's beat is a thread's store write every 0.5 s, ten beats missed before it counts as stopped
+(the default timeout is 30 s; the smallest allowed is 1)."""
 
 
 @pytest.mark.slow
