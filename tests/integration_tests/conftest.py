@@ -37,7 +37,7 @@ unequal micro-batch counts (test_free_running.py)."""
 
 
 SHORT = frozenset({"cp2_segments_ac_full", "cp2_tiles_ac_selective", "dp2cp2_ac_full", "tp2cp2", "dp2tp2",
-                   "cp2_compile_ac_full", "cp2_head_chunks", "cp2_bf16", "dp2cp2_bf16", "dp2cp2_pool",
+                   "cp2_head_chunks", "cp2_bf16", "dp2cp2_bf16", "dp2cp2_pool",
                    "dp1cp4_pool", "dp2rep_defer"})
 """Runs that train POOL_SUB_STEP steps instead of STEPS, their gradients saved at the last and
 compared with the reference's of that step (its ``step_grads``): their tests need one step that
@@ -131,13 +131,17 @@ class SkrullRuns:
                                "--skrull.no-free_running", "--activation_checkpoint.kind", "full",
                                "--skrull.activation_checkpoint", "job"]),
         # torchtitan's per-block torch.compile (fullgraph) around the DACP custom op
-        # (attention/compiled.py) under full AC, traced by aot_eager as every compiled run here
-        # (test_compile.py: the same dynamo graphs and AOT autograd's recompute partition; inductor's
-        # C++ code around the op, for the traced all-local attention and the in-forward head chunk:
-        # tests/unit_tests/test_inductor_cpu.py).
-        "cp2_compile_ac_full": (2, ["--parallelism.context_parallel_degree", "2", "--compile.enable",
-                                    "--compile.backend", "aot_eager",
-                                    "--activation_checkpoint.kind", "full", "--skrull.activation_checkpoint", "job"]),
+        # (attention/compiled.py) under full AC, its head and loss in chunks of 48 tokens (their
+        # gradients computed in forward, "auto": train/head_grad.py; the loss compiled per chunk),
+        # traced by aot_eager as every compiled run here (test_compile.py: the same dynamo graphs and
+        # AOT autograd's recompute partition; inductor's C++ code around the op, for the traced
+        # all-local attention and the in-forward head chunk: tests/unit_tests/test_inductor_cpu.py).
+        # One run for the three compiled checks (against eager cp2, the chunked head, the replayed
+        # exchange under AC): two runs, one with AC and one with the chunks, cost a compile each.
+        "cp2_compile_ac_full_head_chunks": (2, ["--parallelism.context_parallel_degree", "2", "--compile.enable",
+                                                "--compile.backend", "aot_eager", "--activation_checkpoint.kind",
+                                                "full", "--skrull.activation_checkpoint", "job",
+                                                "--loss.chunk_tokens", "48"]),
         # torchtitan's tensor parallelism (its llama3 plan: heads and MLP columns split, sequence
         # parallel norms, vocab-sharded logits) under DACP, with CP and with FSDP (test_parity_tp.py).
         # TP 2 x CP 2 computes its head and loss in chunks of 48 tokens (vocab-sharded logits: "auto"
@@ -155,14 +159,12 @@ class SkrullRuns:
         # The head and loss in chunks of 48 tokens (train/head_loss.py; the debug job's default
         # chunk holds a whole micro-batch), at CP 2 free-running with the chunks recomputed
         # (loss.head_backward "recompute"), and with their gradients computed in forward ("auto":
-        # train/head_grad.py) at CP 2 with compiled blocks and loss (aot_eager: the suite's compiled
-        # Skrull run, which test_compile.py also holds to the eager cp2 run); dp2cp2 and tp2cp2 above
-        # chunk theirs too (test_head_loss_run.py, test_parity_tp.py; the compiled run's checks:
+        # train/head_grad.py) at CP 2 with compiled blocks and loss under full AC
+        # (cp2_compile_ac_full_head_chunks above: the suite's compiled Skrull run); dp2cp2 and tp2cp2
+        # above chunk theirs too (test_head_loss_run.py, test_parity_tp.py; the compiled run's checks:
         # test_compile.py).
         "cp2_head_chunks": (2, ["--parallelism.context_parallel_degree", "2", "--loss.chunk_tokens", "48",
                                 "--loss.head_backward", "recompute"]),
-        "cp2_compile_head_chunks": (2, ["--parallelism.context_parallel_degree", "2", "--compile.enable",
-                                        "--compile.backend", "aot_eager", "--loss.chunk_tokens", "48"]),
         "dp2cp2_bf16": (4, ["--parallelism.context_parallel_degree", "2",
                             "--parallelism.data_parallel_shard_degree", "2", "--skrull.defer_grad_sync",
                             "--training.mixed_precision_param", "bfloat16", "--skrull.cost_model", "h100-assumed"]),
