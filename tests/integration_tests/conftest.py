@@ -80,7 +80,6 @@ class SkrullRuns:
         "dp2cp2": (4, ["--parallelism.context_parallel_degree", "2",
                        "--parallelism.data_parallel_shard_degree", "2", "--skrull.defer_grad_sync",
                        "--skrull.no-free_running", "--loss.chunk_tokens", "48"]),
-        "cp2_worstfit": (2, ["--parallelism.context_parallel_degree", "2", "--skrull.policy", "worstfit"]),
         # The CP-SAT fallback forced on every micro-batch (margin 0): each CP rank solves the same
         # micro-batches in its own process. Under skrull-fast (no shard sweep) CP-SAT replaces the
         # heuristic's placements at steps 1 and 4 of the debug data; under skrull at none.
@@ -91,13 +90,16 @@ class SkrullRuns:
         # torchtitan's activation checkpointing kinds around blocks that hold the DACP attention (the
         # kind forced: the debug job's "auto" would choose among the modes of a profile that measured
         # them): the K/V replay (replay.py) keeps what a kernel is handed, whichever kernel; one run
-        # each instead of four (test_parity_skrull.py checks the kernel and the AC of each).
+        # each instead of four (test_parity_skrull.py checks the kernel and the AC of each). The tiles
+        # run also schedules with the 'worstfit' policy: its step 2 is planned otherwise than cp2's
+        # (skrull), which saves that step's gradients too (test_parity_skrull.py's schedule invariance),
+        # rather than a run of its own whose start-up costs as much as its steps.
         "cp2_segments_ac_full": (2, ["--parallelism.context_parallel_degree", "2", "--skrull.attention_kernel",
                                      "segments", "--activation_checkpoint.kind", "full",
                                      "--skrull.activation_checkpoint", "job"]),
         "cp2_tiles_ac_selective": (2, ["--parallelism.context_parallel_degree", "2", "--skrull.attention_kernel",
                                        "tiles", "--activation_checkpoint.kind", "selective",
-                                       "--skrull.activation_checkpoint", "job"]),
+                                       "--skrull.activation_checkpoint", "job", "--skrull.policy", "worstfit"]),
         # One pool over DP 2 x CP 2 (issue 18): bucket_size 128, so the debug data's sequences of
         # 257..512 tokens (over C x CP = 256) are sharded over all 4 ranks, across both DP groups.
         "dp2cp2_pool": (4, ["--parallelism.context_parallel_degree", "2",
@@ -181,7 +183,7 @@ class SkrullRuns:
                 self.workdir, name, nproc, "skrull_ext.train", SKRULL, self.seed, steps,
                 extra=["--skrull.plan_log", *extra], grads_at=check,
                 save_every=2 if name == "cp2" else None,  # cp2's step-4 checkpoint feeds test_resume (5 steps, saved every 2)
-                more_grads_at=(POOL_SUB_STEP,) if name == "dp2cp2_free" else (),
+                more_grads_at=(POOL_SUB_STEP,) if name in ("dp2cp2_free", "cp2") else (),
                 env={"SKRULL_PROBE_PASSES": self.passes_folder(name)},
             )
         return self.runs[name]
