@@ -36,7 +36,7 @@ step of the SHORT runs. Also the step where the dp2cp2_free run's DP ranks run
 unequal micro-batch counts (test_free_running.py)."""
 
 
-SHORT = frozenset({"cp2_segments_ac_full", "cp2_tiles_ac_selective", "dp2cp2_ac_full", "tp2cp2", "dp2tp2",
+SHORT = frozenset({"cp2_segments_ac_full", "cp2_tiles_ac_selective", "tp2cp2", "dp2tp2",
                    "cp2_head_chunks", "cp2_bf16", "dp2cp2_bf16", "dp2cp2_pool",
                    "dp1cp4_pool", "dp2rep_defer"})
 """Runs that train POOL_SUB_STEP steps instead of STEPS, their gradients saved at the last and
@@ -76,10 +76,14 @@ class SkrullRuns:
         # gradients reduce-scattered once per step (cp2 runs free-running, the default).
         # The head and loss in chunks of 48 tokens too, their gradients computed in forward (the
         # "auto" choice here: train/head_grad.py; test_head_loss_run.py checks them), the runs of this
-        # shape without (dp2cp2_ac_full, dp2cp2_pool, dp2cp2_bf16) holding the head whole.
+        # shape without (dp2cp2_pool, dp2cp2_bf16) holding the head whole. Under torchtitan's full AC
+        # (FSDP's all-gathers re-issued in the recomputation, the DACP exchange replayed:
+        # test_parity_skrull.py), one run instead of a second 4-rank one for AC: FSDP at DP 2 x CP 2
+        # without AC trains in dp2cp2_free, dp2cp2_pool and dp2cp2_bf16.
         "dp2cp2": (4, ["--parallelism.context_parallel_degree", "2",
                        "--parallelism.data_parallel_shard_degree", "2", "--skrull.defer_grad_sync",
-                       "--skrull.no-free_running", "--loss.chunk_tokens", "48"]),
+                       "--skrull.no-free_running", "--loss.chunk_tokens", "48", "--activation_checkpoint.kind",
+                       "full", "--skrull.activation_checkpoint", "job"]),
         # The CP-SAT fallback forced on every micro-batch (margin 0): each CP rank solves the same
         # micro-batches in its own process. Under skrull-fast (no shard sweep) CP-SAT replaces the
         # heuristic's placements at steps 1 and 4 of the debug data; under skrull at none.
@@ -128,10 +132,6 @@ class SkrullRuns:
                              "--parallelism.data_parallel_shard_degree", "1", "--skrull.defer_grad_sync",
                              "--skrull.no-free_running", "--skrull.bucket_size", "512",
                              "--skrull.policy", "skrull-paper"]),
-        "dp2cp2_ac_full": (4, ["--parallelism.context_parallel_degree", "2",
-                               "--parallelism.data_parallel_shard_degree", "2", "--skrull.defer_grad_sync",
-                               "--skrull.no-free_running", "--activation_checkpoint.kind", "full",
-                               "--skrull.activation_checkpoint", "job"]),
         # torchtitan's per-block torch.compile (fullgraph) around the DACP custom op
         # (attention/compiled.py) under full AC, its head and loss in chunks of 48 tokens (their
         # gradients computed in forward, "auto": train/head_grad.py; the loss compiled per chunk),
