@@ -33,7 +33,8 @@ POOL_SUB_STEP = 2
 """The step of the dp1cp4_pool run with a 2-rank sharded sequence beside 4-rank
 ones; the reference saves its gradients too (test_parity_pool.py), and the last
 step of the SHORT runs. Also the step where the dp2cp2_free run's DP ranks run
-unequal micro-batch counts (test_free_running.py)."""
+unequal micro-batch counts (test_free_running.py); cp2 saves its gradients too, which
+the worstfit-scheduled SHORT run is compared with (test_parity_skrull.py)."""
 
 
 SHORT = frozenset({"cp2_segments_ac_full", "cp2_tiles_ac_selective", "tp2cp2", "dp2tp2",
@@ -42,7 +43,7 @@ SHORT = frozenset({"cp2_segments_ac_full", "cp2_tiles_ac_selective", "tp2cp2", "
 """Runs that train POOL_SUB_STEP steps instead of STEPS, their gradients saved at the last and
 compared with the reference's of that step (its ``step_grads``): their tests need one step that
 mixes local and distributed sequences after an optimizer step, and step 2 of the debug data does at
-CP 2 (and under TP 2 x CP 2's plan). test_parity_skrull.py, test_parity_tp.py, test_compile.py,
+CP 2 (and under TP 2 x CP 2's plan). test_parity_skrull.py, test_parity_tp.py,
 test_head_loss_run.py, test_bf16_parity.py and test_parity_pool.py read them (the pool runs: step 2
 shards sequences over all 4 ranks, and over a sub-group at DP 1 x CP 4)."""
 
