@@ -33,16 +33,17 @@ POOL_SUB_STEP = 2
 """The step of the dp1cp4_pool run with a 2-rank sharded sequence beside 4-rank
 ones; the reference saves its gradients too (test_parity_pool.py), and the last
 step of the SHORT runs. Also the step where the dp2cp2_free run's DP ranks run
-unequal micro-batch counts (test_free_running.py)."""
+unequal micro-batch counts (test_free_running.py); cp2 saves its gradients too, which
+the worstfit-scheduled SHORT run is compared with (test_parity_skrull.py)."""
 
 
-SHORT = frozenset({"cp2_segments_ac_full", "cp2_tiles_ac_selective", "dp2cp2_ac_full", "tp2cp2", "dp2tp2",
-                   "cp2_compile_ac_full", "cp2_head_chunks", "cp2_bf16", "dp2cp2_bf16", "dp2cp2_pool",
+SHORT = frozenset({"cp2_segments_ac_full", "cp2_tiles_ac_selective", "tp2cp2", "dp2tp2",
+                   "cp2_head_chunks", "cp2_bf16", "dp2cp2_bf16", "dp2cp2_pool",
                    "dp1cp4_pool", "dp2rep_defer"})
 """Runs that train POOL_SUB_STEP steps instead of STEPS, their gradients saved at the last and
 compared with the reference's of that step (its ``step_grads``): their tests need one step that
 mixes local and distributed sequences after an optimizer step, and step 2 of the debug data does at
-CP 2 (and under TP 2 x CP 2's plan). test_parity_skrull.py, test_parity_tp.py, test_compile.py,
+CP 2 (and under TP 2 x CP 2's plan). test_parity_skrull.py, test_parity_tp.py,
 test_head_loss_run.py, test_bf16_parity.py and test_parity_pool.py read them (the pool runs: step 2
 shards sequences over all 4 ranks, and over a sub-group at DP 1 x CP 4)."""
 
@@ -76,11 +77,14 @@ class SkrullRuns:
         # gradients reduce-scattered once per step (cp2 runs free-running, the default).
         # The head and loss in chunks of 48 tokens too, their gradients computed in forward (the
         # "auto" choice here: train/head_grad.py; test_head_loss_run.py checks them), the runs of this
-        # shape without (dp2cp2_ac_full, dp2cp2_pool, dp2cp2_bf16) holding the head whole.
+        # shape without (dp2cp2_pool, dp2cp2_bf16) holding the head whole. Under torchtitan's full AC
+        # (FSDP's all-gathers re-issued in the recomputation, the DACP exchange replayed:
+        # test_parity_skrull.py), one run instead of a second 4-rank one for AC: FSDP at DP 2 x CP 2
+        # without AC trains in dp2cp2_free, dp2cp2_pool and dp2cp2_bf16.
         "dp2cp2": (4, ["--parallelism.context_parallel_degree", "2",
                        "--parallelism.data_parallel_shard_degree", "2", "--skrull.defer_grad_sync",
-                       "--skrull.no-free_running", "--loss.chunk_tokens", "48"]),
-        "cp2_worstfit": (2, ["--parallelism.context_parallel_degree", "2", "--skrull.policy", "worstfit"]),
+                       "--skrull.no-free_running", "--loss.chunk_tokens", "48", "--activation_checkpoint.kind",
+                       "full", "--skrull.activation_checkpoint", "job"]),
         # The CP-SAT fallback forced on every micro-batch (margin 0): each CP rank solves the same
         # micro-batches in its own process. Under skrull-fast (no shard sweep) CP-SAT replaces the
         # heuristic's placements at steps 1 and 4 of the debug data; under skrull at none.
@@ -91,13 +95,16 @@ class SkrullRuns:
         # torchtitan's activation checkpointing kinds around blocks that hold the DACP attention (the
         # kind forced: the debug job's "auto" would choose among the modes of a profile that measured
         # them): the K/V replay (replay.py) keeps what a kernel is handed, whichever kernel; one run
-        # each instead of four (test_parity_skrull.py checks the kernel and the AC of each).
+        # each instead of four (test_parity_skrull.py checks the kernel and the AC of each). The tiles
+        # run also schedules with the 'worstfit' policy: its step 2 is planned otherwise than cp2's
+        # (skrull), which saves that step's gradients too (test_parity_skrull.py's schedule invariance),
+        # rather than a run of its own whose start-up costs as much as its steps.
         "cp2_segments_ac_full": (2, ["--parallelism.context_parallel_degree", "2", "--skrull.attention_kernel",
                                      "segments", "--activation_checkpoint.kind", "full",
                                      "--skrull.activation_checkpoint", "job"]),
         "cp2_tiles_ac_selective": (2, ["--parallelism.context_parallel_degree", "2", "--skrull.attention_kernel",
                                        "tiles", "--activation_checkpoint.kind", "selective",
-                                       "--skrull.activation_checkpoint", "job"]),
+                                       "--skrull.activation_checkpoint", "job", "--skrull.policy", "worstfit"]),
         # One pool over DP 2 x CP 2 (issue 18): bucket_size 128, so the debug data's sequences of
         # 257..512 tokens (over C x CP = 256) are sharded over all 4 ranks, across both DP groups.
         "dp2cp2_pool": (4, ["--parallelism.context_parallel_degree", "2",
@@ -126,18 +133,18 @@ class SkrullRuns:
                              "--parallelism.data_parallel_shard_degree", "1", "--skrull.defer_grad_sync",
                              "--skrull.no-free_running", "--skrull.bucket_size", "512",
                              "--skrull.policy", "skrull-paper"]),
-        "dp2cp2_ac_full": (4, ["--parallelism.context_parallel_degree", "2",
-                               "--parallelism.data_parallel_shard_degree", "2", "--skrull.defer_grad_sync",
-                               "--skrull.no-free_running", "--activation_checkpoint.kind", "full",
-                               "--skrull.activation_checkpoint", "job"]),
         # torchtitan's per-block torch.compile (fullgraph) around the DACP custom op
-        # (attention/compiled.py) under full AC, traced by aot_eager as every compiled run here
-        # (test_compile.py: the same dynamo graphs and AOT autograd's recompute partition; inductor's
-        # C++ code around the op, for the traced all-local attention and the in-forward head chunk:
-        # tests/unit_tests/test_inductor_cpu.py).
-        "cp2_compile_ac_full": (2, ["--parallelism.context_parallel_degree", "2", "--compile.enable",
-                                    "--compile.backend", "aot_eager",
-                                    "--activation_checkpoint.kind", "full", "--skrull.activation_checkpoint", "job"]),
+        # (attention/compiled.py) under full AC, its head and loss in chunks of 48 tokens (their
+        # gradients computed in forward, "auto": train/head_grad.py; the loss compiled per chunk),
+        # traced by aot_eager as every compiled run here (test_compile.py: the same dynamo graphs and
+        # AOT autograd's recompute partition; inductor's C++ code around the op, for the traced
+        # all-local attention and the in-forward head chunk: tests/unit_tests/test_inductor_cpu.py).
+        # One run for the three compiled checks (against eager cp2, the chunked head, the replayed
+        # exchange under AC): two runs, one with AC and one with the chunks, cost a compile each.
+        "cp2_compile_ac_full_head_chunks": (2, ["--parallelism.context_parallel_degree", "2", "--compile.enable",
+                                                "--compile.backend", "aot_eager", "--activation_checkpoint.kind",
+                                                "full", "--skrull.activation_checkpoint", "job",
+                                                "--loss.chunk_tokens", "48"]),
         # torchtitan's tensor parallelism (its llama3 plan: heads and MLP columns split, sequence
         # parallel norms, vocab-sharded logits) under DACP, with CP and with FSDP (test_parity_tp.py).
         # TP 2 x CP 2 computes its head and loss in chunks of 48 tokens (vocab-sharded logits: "auto"
@@ -155,14 +162,12 @@ class SkrullRuns:
         # The head and loss in chunks of 48 tokens (train/head_loss.py; the debug job's default
         # chunk holds a whole micro-batch), at CP 2 free-running with the chunks recomputed
         # (loss.head_backward "recompute"), and with their gradients computed in forward ("auto":
-        # train/head_grad.py) at CP 2 with compiled blocks and loss (aot_eager: the suite's compiled
-        # Skrull run, which test_compile.py also holds to the eager cp2 run); dp2cp2 and tp2cp2 above
-        # chunk theirs too (test_head_loss_run.py, test_parity_tp.py; the compiled run's checks:
+        # train/head_grad.py) at CP 2 with compiled blocks and loss under full AC
+        # (cp2_compile_ac_full_head_chunks above: the suite's compiled Skrull run); dp2cp2 and tp2cp2
+        # above chunk theirs too (test_head_loss_run.py, test_parity_tp.py; the compiled run's checks:
         # test_compile.py).
         "cp2_head_chunks": (2, ["--parallelism.context_parallel_degree", "2", "--loss.chunk_tokens", "48",
                                 "--loss.head_backward", "recompute"]),
-        "cp2_compile_head_chunks": (2, ["--parallelism.context_parallel_degree", "2", "--compile.enable",
-                                        "--compile.backend", "aot_eager", "--loss.chunk_tokens", "48"]),
         "dp2cp2_bf16": (4, ["--parallelism.context_parallel_degree", "2",
                             "--parallelism.data_parallel_shard_degree", "2", "--skrull.defer_grad_sync",
                             "--training.mixed_precision_param", "bfloat16", "--skrull.cost_model", "h100-assumed"]),
@@ -179,7 +184,7 @@ class SkrullRuns:
                 self.workdir, name, nproc, "skrull_ext.train", SKRULL, self.seed, steps,
                 extra=["--skrull.plan_log", *extra], grads_at=check,
                 save_every=2 if name == "cp2" else None,  # cp2's step-4 checkpoint feeds test_resume (5 steps, saved every 2)
-                more_grads_at=(POOL_SUB_STEP,) if name == "dp2cp2_free" else (),
+                more_grads_at=(POOL_SUB_STEP,) if name in ("dp2cp2_free", "cp2") else (),
                 env={"SKRULL_PROBE_PASSES": self.passes_folder(name)},
             )
         return self.runs[name]

@@ -1,8 +1,7 @@
 """torchtitan's ``[compile] enable = true`` (each TransformerBlock compiled with
 ``fullgraph=True``) trains like eager, under both batchings.
 
-From one seed checkpoint, float32, CP=2 over gloo (2 processes), 5 steps
-(full AC: 2, conftest.SHORT):
+From one seed checkpoint, float32, CP=2 over gloo (2 processes), 5 steps:
 
 - Skrull's batching: the DACP attention runs as the ``skrull::dacp_attention``
   custom op inside the compiled blocks (attention/compiled.py), or, in a
@@ -10,9 +9,9 @@ From one seed checkpoint, float32, CP=2 over gloo (2 processes), 5 steps
   (attention/local_only.py); the losses and
   the check step's gradients equal the eager run's within float32 tolerance,
   and rank 0's DACP counters (calls, all-gathers, bytes) are the eager run's:
-  the op ran the same exchange, outside the compiled region. Under full AC
-  too, where the compiled recomputation replays the forward's tape instead of
-  exchanging again (step 2's losses and gradients: the reference's).
+  the op ran the same exchange, outside the compiled region. The run is under
+  full AC, where the compiled recomputation replays the forward's tape instead
+  of exchanging again, and it still trains as the 1-process reference.
 - torchtitan's batching (``--skrull.no-enable``): torchtitan's own CP
   attention (dense-mask SDPA on CPU) compiled, against the 1-process eager
   reference the parity tests hold every eager run to.
@@ -20,7 +19,11 @@ From one seed checkpoint, float32, CP=2 over gloo (2 processes), 5 steps
 Each compiled run also computes the head and loss in chunks of 48 tokens
 (train/head_loss.py; the loss compiled per chunk), whose checks live here
 beside the compile checks so that the one run serves both under
-``--dist loadfile`` (the eager chunked runs: test_head_loss_run.py).
+``--dist loadfile`` (the eager chunked runs: test_head_loss_run.py). The
+Skrull one is one run for the compile, chunk and AC checks
+(conftest ``cp2_compile_ac_full_head_chunks``): each compiled run costs a
+compile, and full AC's recompute partition, the chunked loss and the two
+kinds of micro-batch compose in it as a job would run them.
 Every run here traces under ``aot_eager``: the same dynamo graphs, guards and
 AOT autograd partition (the recomputation included) as inductor, without its
 C++ builds (two ranks building them cold cost CI ~120 s). Inductor's code
@@ -78,8 +81,9 @@ def tt_compiled(workdir, seed):
 
 @pytest.mark.slow
 def test_compile_skrull_cp2_matches_eager(skrull_runs):
-    """Compiled blocks (and loss, in chunks) against the eager run with the head whole."""
-    run, eager = skrull_runs["cp2_compile_head_chunks"], skrull_runs["cp2"]
+    """Compiled blocks (and loss, in chunks; under full AC) against the eager run with the head
+    whole and no AC."""
+    run, eager = skrull_runs["cp2_compile_ac_full_head_chunks"], skrull_runs["cp2"]
     _compiled(run)
     assert "torch._dynamo.config.recompile_limit 8 -> 24" in run.output  # train/compile_limit.py
     _same_training(run, eager, "skrull CP=2")
@@ -95,7 +99,7 @@ def test_compile_skrull_cp2_matches_eager(skrull_runs):
 def test_head_chunks_compiled_cp2_matches_reference(skrull_runs, reference):
     """torchtitan compiles the per-chunk loss (compile.components holds "loss") inside each chunk's
     checkpoint; the last chunk's other length recompiles it, and the recompute replays the same graph."""
-    run = skrull_runs["cp2_compile_head_chunks"]
+    run = skrull_runs["cp2_compile_ac_full_head_chunks"]
     assert LINE in run.output and "Compiling the loss function with torch.compile" in run.output
     assert IN_FORWARD in run.output
     _matches_reference_losses_and_grads(run, reference)
@@ -103,13 +107,13 @@ def test_head_chunks_compiled_cp2_matches_reference(skrull_runs, reference):
 
 @pytest.mark.slow
 def test_compile_skrull_cp2_full_ac_matches_eager(skrull_runs, reference):
-    """Compiled blocks under full AC: the 2 steps train as the 1-process reference (as eager
-    cp2 does, to the same standard), and the recomputation replayed each layer's tape (no
-    second exchange)."""
-    run = skrull_runs["cp2_compile_ac_full"]
+    """Compiled blocks under full AC: the 5 steps train as the 1-process reference (as eager
+    cp2 does, to the same standard), and the recomputation replayed each layer's tape (no second
+    exchange)."""
+    run = skrull_runs["cp2_compile_ac_full_head_chunks"]
     _compiled(run)
     assert "Applied FullAC activation checkpointing" in run.output
-    _matches_reference_losses_and_grads(run, reference, short=True)
+    _matches_reference_losses_and_grads(run, reference)
     _exchanged_once(run, skrull_runs["cp2"], "compiled, full AC")
 
 

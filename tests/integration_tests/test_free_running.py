@@ -12,10 +12,11 @@ stale unsharded parameter after the previous optimizer step.
 Every rank counts its model's forward passes per step (probe.py,
 ``SKRULL_PROBE_PASSES``): free-running, a rank runs exactly its DP rank's own
 micro-batches (one pad where it has none); the lockstep run of the same job
-(``dp2cp2``) runs the plan's count on every rank, pads included.
+(``dp2cp2``) runs the plan's count on every rank, pads included
+(test_parity_skrull.py's test_lockstep_runs_the_plans_count_on_every_rank,
+beside the parity checks that launch that run).
 """
 
-import json
 import os
 import re
 
@@ -24,31 +25,14 @@ import pytest
 from skrull_ext.train.plan_log import read_plan_log
 from tests.integration_tests.conftest import CHECK_STEP, POOL_SUB_STEP, STEPS
 from tests.integration_tests.launch import assert_same_grads
-from tests.integration_tests.test_parity_skrull import GRAD, _matches_reference, _matches_reference_losses_and_grads
+from tests.integration_tests.test_parity_skrull import (GRAD, _matches_reference, _matches_reference_losses_and_grads,
+                                                        forward_passes, own_counts)
 
 WORLD, CP = 4, 2
 
 
-def _own_counts(record: dict) -> dict[int, int]:
-    """Micro-batches of each DP rank in one step's plan (plan_log record)."""
-    counts: dict[int, set[int]] = {}
-    for d, m in zip(record["plan_dp_rank"], record["plan_micro_batch"]):
-        if d >= 0:  # a dropped sequence has no DP rank
-            counts.setdefault(d, set()).add(m)
-    return {d: len(ms) for d, ms in counts.items()}
-
-
-def _passes(skrull_runs, name: str) -> dict[int, dict[int, int]]:
-    """Forward passes per world rank per step."""
-    out = {}
-    for rank in range(WORLD):
-        with open(os.path.join(skrull_runs.passes_folder(name), f"passes.rank{rank}.jsonl")) as f:
-            out[rank] = {r["step"]: r["passes"] for r in map(json.loads, f)}
-    return out
-
-
-def _plans(run) -> dict[int, dict[int, dict]]:
-    return {rank: read_plan_log(os.path.join(run.dump, "skrull_plans", f"rank{rank}.jsonl")) for rank in range(WORLD)}
+def _plans(run, world: int = WORLD) -> dict[int, dict[int, dict]]:
+    return {rank: read_plan_log(os.path.join(run.dump, "skrull_plans", f"rank{rank}.jsonl")) for rank in range(world)}
 
 
 @pytest.mark.slow
@@ -61,11 +45,11 @@ def test_free_running_parity_dp2_cp2_unequal_micro_batch_counts(skrull_runs, ref
     held = float(re.search(r"unsharded parameters and gradients ([0-9.]+) MiB", run.output).group(1))
     logged = run.scalars("skrull/free_running_bytes")
     assert len(logged) == STEPS and all(abs(b / 2**20 - held) < 0.1 for b in logged), (held, logged)
-    plans, passes = _plans(run), _passes(skrull_runs, "dp2cp2_free")
+    plans, passes = _plans(run), forward_passes(skrull_runs, "dp2cp2_free", WORLD)
     # the start-up line names Skrull's batch, the sequences every step's plan holds
     said = int(re.search(r"Skrull: global batch (\d+) sequences a step", run.output).group(1))
     assert all(len(plans[0][s]["plan_dp_rank"]) == said for s in range(1, STEPS + 1)), said
-    counts = {s: _own_counts(plans[0][s]) for s in range(1, STEPS + 1)}
+    counts = {s: own_counts(plans[0][s]) for s in range(1, STEPS + 1)}
     print(f"own micro-batches per DP rank by step: {counts}\nforward passes per world rank: {passes}")
     unequal = [s for s, c in counts.items() if c.get(0, 0) != c.get(1, 0)]
     assert unequal, f"no step gives the DP ranks unequal micro-batch counts: {counts}"
@@ -85,26 +69,6 @@ def test_free_running_parity_dp2_cp2_unequal_micro_batch_counts(skrull_runs, ref
 
 
 @pytest.mark.slow
-def test_lockstep_runs_the_plans_count_on_every_rank(skrull_runs):
-    """Without free_running (the ``dp2cp2`` job, FSDP over DP x CP: lockstep) every rank
-    runs the plan's micro-batch count, a DP rank with fewer running pad passes (the
-    loader's side of it, with plans that give the ranks unequal counts, is
-    tests/unit_tests/test_free_running.py; the lockstep planner may equalise the counts
-    of this data, so pads need not occur here)."""
-    run = skrull_runs["dp2cp2"]
-    assert "timeline lockstep" in run.output
-    assert run.scalars("skrull/free_running_bytes") == [0.0] * STEPS
-    plans, passes = _plans(run), _passes(skrull_runs, "dp2cp2")
-    padded = 0
-    for rank in range(WORLD):
-        for s in range(1, STEPS + 1):
-            record = plans[rank][s]
-            assert passes[rank][s] == record["micro_batches"], (rank, s, passes[rank][s], record["micro_batches"])
-            padded += record["micro_batches"] - _own_counts(record).get(record["dp_rank"], 0)
-    print(f"forward passes per world rank: {passes}; pad passes in all: {padded}")
-
-
-@pytest.mark.slow
 def test_replicate_deferred_runs_free_with_unequal_counts(skrull_runs, reference):
     """Replicate-only DP under ``defer_grad_sync`` (``dp2rep_defer``: DP 2 x CP 1, nothing held
     unsharded) plans for the free-running timeline, and runs as planned: each rank exactly its DP
@@ -114,12 +78,8 @@ def test_replicate_deferred_runs_free_with_unequal_counts(skrull_runs, reference
     run = skrull_runs["dp2rep_defer"]
     assert "timeline free" in run.output and "Skrull execution: skrull.free_running = false" in run.output
     world, steps = 2, POOL_SUB_STEP
-    plans = {rank: read_plan_log(os.path.join(run.dump, "skrull_plans", f"rank{rank}.jsonl")) for rank in range(world)}
-    with_passes = {}
-    for rank in range(world):
-        with open(os.path.join(skrull_runs.passes_folder("dp2rep_defer"), f"passes.rank{rank}.jsonl")) as f:
-            with_passes[rank] = {r["step"]: r["passes"] for r in map(json.loads, f)}
-    counts = {s: _own_counts(plans[0][s]) for s in range(1, steps + 1)}
+    plans, with_passes = _plans(run, world), forward_passes(skrull_runs, "dp2rep_defer", world)
+    counts = {s: own_counts(plans[0][s]) for s in range(1, steps + 1)}
     print(f"own micro-batches per DP rank by step: {counts}\nforward passes per rank: {with_passes}")
     for rank in range(world):
         for s in range(1, steps + 1):

@@ -10,28 +10,37 @@ agree to float reassociation (|diff| < 1e-4) and go down, and so must every
 parameter's gradient at the check step.
 
 Activation checkpointing (torchtitan's full and selective AC, CP=2; full AC
-with FSDP at DP=2 x CP=2) keeps that parity, and its recomputation reuses
-the forward's K/V exchange: rank 0's DACP counters show per step as many
-all-gathers and bytes as the same run without AC (replay.py).
+with FSDP at DP=2 x CP=2: the dp2cp2 run itself) keeps that parity, and its
+recomputation reuses the forward's K/V exchange: rank 0's DACP counters show
+per step as many all-gathers and bytes as the plan asks (one per layer per
+micro-batch with distributed sequences), as the CP=2 run without AC does
+(replay.py).
 
 The varlen segment plan (``attention_kernel = "segments"``, its CPU
 executor) and its query tiles (``"tiles"``) keep the parity at CP=2. The
 CP=2 AC runs are these: segments under full AC, tiles under selective AC
 (the replay keeps the K/V whichever kernel takes them; the dense kernel
-under AC: dp2cp2_ac_full, and test_compile.py's compiled full-AC run).
+under AC: dp2cp2, and test_compile.py's compiled full-AC run).
 
-The kernel and AC runs train 2 steps, not 5 (conftest.SHORT): step 2 is
+The CP=2 kernel and AC runs train 2 steps, not 5 (conftest.SHORT): step 2 is
 their check step, the first that mixes local and distributed sequences,
 after one optimizer step; the reference saves its gradients too.
 
 The DP=2 x CP=2 run computes its head and loss in chunks of 48 tokens
 (train/head_loss.py; test_head_loss_run.py checks them), the one run
-serving both files.
+serving both files. It runs lockstep: every rank runs the plan's micro-batch
+count (probe.py counts the forward passes), the counterpart of
+test_free_running.py's free-running runs, checked here where the run is
+launched anyway.
 
 Schedule invariance (docs/design/method.md, "Loss"): the 'skrull' and 'worstfit'
-policies schedule the check step's global batch differently (different plan
-digests, same samples), and give the same gradients.
+policies schedule step 2's global batch differently (different plan digests,
+same samples), and give the same gradients. The worstfit schedule is the tiles
+run's (conftest): a run of its own cost as much as the tiles run.
 """
+
+import json
+import os
 
 import pytest
 
@@ -44,10 +53,26 @@ from tests.integration_tests.launch import assert_same_grads
 GRAD = dict(rtol=1e-4, atol=1e-6, max_rel_norm=1e-5)
 
 
-def _plans(run):
-    import os
+def _plans(run, rank: int = 0):
+    return read_plan_log(os.path.join(run.dump, "skrull_plans", f"rank{rank}.jsonl"))
 
-    return read_plan_log(os.path.join(run.dump, "skrull_plans", "rank0.jsonl"))
+
+def own_counts(record: dict) -> dict[int, int]:
+    """Micro-batches of each DP rank in one step's plan (plan_log record)."""
+    counts: dict[int, set[int]] = {}
+    for d, m in zip(record["plan_dp_rank"], record["plan_micro_batch"]):
+        if d >= 0:  # a dropped sequence has no DP rank
+            counts.setdefault(d, set()).add(m)
+    return {d: len(ms) for d, ms in counts.items()}
+
+
+def forward_passes(skrull_runs, name: str, world: int) -> dict[int, dict[int, int]]:
+    """Forward passes per world rank per step (probe.py, SKRULL_PROBE_PASSES)."""
+    out = {}
+    for rank in range(world):
+        with open(os.path.join(skrull_runs.passes_folder(name), f"passes.rank{rank}.jsonl")) as f:
+            out[rank] = {r["step"]: r["passes"] for r in map(json.loads, f)}
+    return out
 
 
 def _check_exact_and_mixed(run, check_step: int = CHECK_STEP) -> None:
@@ -102,7 +127,8 @@ def test_parity_skrull_cp2_segments_kernel(skrull_runs, reference):
 
 @pytest.mark.slow
 def test_parity_skrull_cp2_tiles_kernel(skrull_runs, reference):
-    """``[skrull] attention_kernel = "tiles"`` trains like the dense masks."""
+    """``[skrull] attention_kernel = "tiles"`` trains like the dense masks (the worstfit policy's
+    schedule: test_parity_two_schedules_same_gradients)."""
     run = skrull_runs["cp2_tiles_ac_selective"]
     assert "attention kernel tiles" in run.output
     _matches_reference(run, reference, short=True)
@@ -158,21 +184,44 @@ def test_parity_skrull_cp2_activation_checkpointing(skrull_runs, reference, ac):
 @pytest.mark.slow
 def test_parity_skrull_dp2_cp2_fsdp_activation_checkpointing(skrull_runs, reference):
     """FSDP (its parameter all-gathers re-issued in the recomputation) with
-    full AC and the DACP exchange replayed: same losses and gradients, same
-    exchange counts as without AC."""
-    run = skrull_runs["dp2cp2_ac_full"]
+    full AC and the DACP exchange replayed: same losses and gradients
+    (test_parity_skrull_dp2_cp2), the exchange counts the plan asks for, as
+    without AC (the cp2 run's)."""
+    run = skrull_runs["dp2cp2"]
     assert "Applied FullAC activation checkpointing" in run.output
-    _matches_reference(run, reference, short=True)
-    _exchanged_once(run, skrull_runs["dp2cp2"], "FSDP + full AC")
+    _exchanged_once(run, skrull_runs["cp2"], "FSDP + full AC")
+
+
+@pytest.mark.slow
+def test_lockstep_runs_the_plans_count_on_every_rank(skrull_runs):
+    """Without free_running (the ``dp2cp2`` job, FSDP over DP x CP: lockstep) every rank
+    runs the plan's micro-batch count, a DP rank with fewer running pad passes (the
+    loader's side of it, with plans that give the ranks unequal counts, is
+    tests/unit_tests/test_free_running.py; the lockstep planner may equalise the counts
+    of this data, so pads need not occur here). Free-running: test_free_running.py."""
+    run, world = skrull_runs["dp2cp2"], 4
+    assert "timeline lockstep" in run.output
+    assert run.scalars("skrull/free_running_bytes") == [0.0] * STEPS
+    passes = forward_passes(skrull_runs, "dp2cp2", world)
+    padded = 0
+    for rank in range(world):
+        plans = _plans(run, rank)
+        for s in range(1, STEPS + 1):
+            record = plans[s]
+            assert passes[rank][s] == record["micro_batches"], (rank, s, passes[rank][s], record["micro_batches"])
+            padded += record["micro_batches"] - own_counts(record).get(record["dp_rank"], 0)
+    print(f"forward passes per world rank: {passes}; pad passes in all: {padded}")
 
 
 @pytest.mark.slow
 def test_parity_two_schedules_same_gradients(skrull_runs, reference):
-    a, b = skrull_runs["cp2"], skrull_runs["cp2_worstfit"]
-    pa, pb = _plans(a)[CHECK_STEP], _plans(b)[CHECK_STEP]
+    """cp2 (skrull) against the tiles run (worstfit, conftest) at step 2, the tiles run's last."""
+    a, b = skrull_runs["cp2"], skrull_runs["cp2_tiles_ac_selective"]
+    assert "policy worstfit," in b.output
+    pa, pb = _plans(a)[POOL_SUB_STEP], _plans(b)[POOL_SUB_STEP]
     assert pa["samples"] == pb["samples"] and pa["lengths"] == pb["lengths"]
-    assert pa["plan_digest"] != pb["plan_digest"], "the two policies scheduled the check step identically"
-    _check_exact_and_mixed(b)
-    worst, rel = assert_same_grads(b.grads, a.grads, **GRAD)
-    print(f"skrull vs worstfit, step {CHECK_STEP} gradients: max |diff| {worst:.3g}, relative norm {rel:.3g}")
-    _matches_reference(b, reference)
+    assert pa["plan_digest"] != pb["plan_digest"], "the two policies scheduled step 2 identically"
+    _check_exact_and_mixed(b, POOL_SUB_STEP)
+    worst, rel = assert_same_grads(b.grads, a.step_grads[POOL_SUB_STEP], **GRAD)
+    print(f"skrull vs worstfit, step {POOL_SUB_STEP} gradients: max |diff| {worst:.3g}, relative norm {rel:.3g}")
+    _matches_reference(b, reference, short=True)

@@ -365,27 +365,50 @@ def _run(code: str) -> subprocess.CompletedProcess:
 BLOCK = """
 import importlib.abc, sys
 class Block(importlib.abc.MetaPathFinder):
+    blocked = ("ortools", "skrull_ext._core")
     def find_spec(self, name, path, target=None):
-        if name == "ortools" or name.startswith("ortools.") or name == "skrull_ext._core":
+        if name in self.blocked or name.split(".")[0] in self.blocked:
             raise ImportError(f"{name} is blocked in this test")
 sys.meta_path.insert(0, Block())
 """
 
 
+IMPORTS = """
+{block}
+import skrull_ext.attention, skrull_ext
+assert 'skrull_ext._core' not in sys.modules and 'ortools' not in sys.modules
+try:
+    skrull_ext.Scheduler
+except ImportError as e:
+    print('lazy:', e)
+Block.blocked = ("ortools",)  # the core may load now; ortools stays blocked
+import skrull_ext.train.__main__, skrull_ext.train.config_registry
+bad = sorted(m for m in sys.modules if m.split('.')[:2] in (['skrull_ext', 'bench'], ['skrull_ext', 'sim'],
+                                                               ['skrull_ext', 'profile']))
+print('research tools:', bad)
+print('training path imported')
+"""
+"""One interpreter for the import checks below, each a torch import (seconds) on its own: the
+attention room with the core and ortools blocked first, then the training path with ortools
+still blocked (so it does not import the CP-SAT fallback either)."""
+
+
+@functools.cache
+def _imports() -> subprocess.CompletedProcess:
+    return _run(IMPORTS.format(block=BLOCK))
+
+
 @pytest.mark.slow
 def test_attention_imports_without_ortools_or_the_core():
-    proc = _run(BLOCK + "import skrull_ext.attention, skrull_ext\n"
-                "assert 'skrull_ext._core' not in sys.modules and 'ortools' not in sys.modules\n"
-                "try:\n    skrull_ext.Scheduler\nexcept ImportError as e:\n    print('lazy:', e)\n")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "lazy: skrull_ext._core is blocked" in proc.stdout  # the blocker works: names load on use
+    proc = _imports()
+    assert "lazy: skrull_ext._core is blocked" in proc.stdout, proc.stderr[-3000:]  # the blocker works: names load on use
 
 
 @pytest.mark.slow
 def test_ortools_loads_only_when_cpsat_solves():
     """Every rank of a job builds a Scheduler; ortools (0.4 s to import) is the
     CP-SAT fallback's alone."""
-    code = (BLOCK.replace('or name == "skrull_ext._core"', "")
+    code = (BLOCK + 'Block.blocked = ("ortools",)\n'
             + "from skrull_ext import Scheduler, SchedulerConfig\n"
             "from skrull_ext.scheduler import cost_model as cm\n"
             "batch = [300, 20, 40, 900, 15, 60, 33, 700]\n"
@@ -400,11 +423,11 @@ def test_ortools_loads_only_when_cpsat_solves():
 
 @pytest.mark.slow
 def test_training_path_does_not_import_research_tools():
-    proc = _run("import sys, skrull_ext.train.__main__, skrull_ext.train.config_registry\n"
-                "bad = sorted(m for m in sys.modules if m.split('.')[:2] in (['skrull_ext', 'bench'], "
-                "['skrull_ext', 'sim'], ['skrull_ext', 'profile']))\n"
-                "print(bad)\nassert not bad, bad\n")
+    """Nor ortools (blocked: an import would fail), which test_ortools_loads_only_when_cpsat_solves
+    leaves to the CP-SAT fallback."""
+    proc = _imports()
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert "research tools: []" in proc.stdout and "training path imported" in proc.stdout, proc.stdout
 
 
 def test_top_level_names_resolve():
