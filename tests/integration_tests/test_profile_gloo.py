@@ -19,7 +19,10 @@ def test_profile_two_processes_over_gloo(tmp_path):
         "--memory-lengths", "64,128,256,512", "--repeats", "2", "--layers", "1",
         "--comm-sizes", "4KiB:256KiB", "--comm-repeats", "3",
         "--memory-limit", "128MiB", "--max-held-out-error", "10",
-        "--micro-batch-repeats", "3", "--max-micro-batch-error", "10",  # timing noise is not the point here
+        # One timed round after the warm-up (the micro-batch steps and the step's phases, FSDP over both
+        # ranks): what this run checks is that each is measured over the group and lands in the file; the
+        # median over rounds is the GPU profile's (11 by default). Three rounds took ~1/3 of this test's CPU.
+        "--micro-batch-repeats", "1", "--max-micro-batch-error", "10",  # timing noise is not the point here
         "--no-plot",  # the PNG is test_profile_run.py's; matplotlib's import and render cost rank 0 seconds
         # One mode besides the job's (none): a mode's model rebuilt and measured over both ranks. Selective,
         # the third, takes the same path; it is measured in one process by test_profile_run.py (all three)
@@ -54,7 +57,7 @@ def test_profile_two_processes_over_gloo(tmp_path):
     # The step outside its micro-batches on the FSDP x2 model: the norm's and the loss's all-reduces over
     # both ranks, the optimizer; the cost model's per-step term (free-running adds its own share).
     step = d["step"]
-    assert step["fixed_us"] == step["checks_us"] + step["clip_us"] + step["opt_us"] and step["repeats"] == 3
+    assert step["fixed_us"] == step["checks_us"] + step["clip_us"] + step["opt_us"] and step["repeats"] == 1
     assert all(step[k] > 0 for k in ("checks_us", "clip_us", "opt_us"))
     assert cm.step_fixed_us == step["fixed_us"]
     free = Profile.load(out).cost_model(free_running=True)
