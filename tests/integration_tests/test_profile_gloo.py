@@ -16,7 +16,7 @@ def test_profile_two_processes_over_gloo(tmp_path):
     proc = torchrun(2, "skrull_ext.profile", [
         "--config-file", f"{REPO}/skrull_ext/jobs/debug_cpu.toml", "--out", str(out),
         "--lengths", "32,64,128", "--held-out", "96", "--packed", "",
-        "--memory-lengths", "64,128,256,512", "--repeats", "2", "--layers", "1",
+        "--memory-lengths", "64,128,256,512", "--repeats", "1", "--layers", "1",
         "--comm-sizes", "4KiB:256KiB", "--comm-repeats", "3",
         "--memory-limit", "128MiB", "--max-held-out-error", "10",
         # One timed round after the warm-up (the micro-batch steps and the step's phases, FSDP over both
