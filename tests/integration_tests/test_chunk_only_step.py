@@ -10,7 +10,6 @@ last step's gradients equal the same samples trained whole (BucketSize 512: one 
 step), the chunks' own rounding aside.
 """
 
-import json
 import os
 
 import pytest
@@ -18,7 +17,7 @@ import pytest
 from skrull_ext.train.plan_log import read_plan_log
 from tests.integration_tests.conftest import SKRULL
 from tests.integration_tests.launch import assert_same_grads, train_from_seed
-from tests.integration_tests.test_parity_skrull import GRAD
+from tests.integration_tests.test_parity_skrull import GRAD, forward_passes
 
 STEPS = 2
 JOB = ["--dataloader.max_len", "2048", "--training.seq_len", "2048", "--dataloader.global_batch_size", "1",
@@ -34,8 +33,7 @@ def test_a_step_of_chunks_alone_runs_no_pad_and_trains_as_whole(workdir, seed):
     whole = train_from_seed(workdir, "chunk_only_whole", 1, "skrull_ext.train", SKRULL, seed, STEPS,
                             extra=[*JOB, "--skrull.bucket_size", "512"], grads_at=STEPS)
     plans = read_plan_log(os.path.join(chunks.dump, "skrull_plans", "rank0.jsonl"))
-    with open(os.path.join(probe, "passes.rank0.jsonl")) as f:
-        passes = {r["step"]: r["passes"] for r in map(json.loads, f)}
+    passes = forward_passes(probe, 1)[0]
     only = [s for s in range(1, STEPS + 1) if plans[s]["micro_batches"] == 0]
     print(f"plans: {[(s, plans[s]['micro_batches']) for s in plans]}; model forward passes: {passes}")
     assert only, "no step of the data holds chunked documents alone"

@@ -45,7 +45,7 @@ def test_free_running_parity_dp2_cp2_unequal_micro_batch_counts(skrull_runs, ref
     held = float(re.search(r"unsharded parameters and gradients ([0-9.]+) MiB", run.output).group(1))
     logged = run.scalars("skrull/free_running_bytes")
     assert len(logged) == STEPS and all(abs(b / 2**20 - held) < 0.1 for b in logged), (held, logged)
-    plans, passes = _plans(run), forward_passes(skrull_runs, "dp2cp2_free", WORLD)
+    plans, passes = _plans(run), forward_passes(skrull_runs.passes_folder("dp2cp2_free"), WORLD)
     # the start-up line names Skrull's batch, the sequences every step's plan holds
     said = int(re.search(r"Skrull: global batch (\d+) sequences a step", run.output).group(1))
     assert all(len(plans[0][s]["plan_dp_rank"]) == said for s in range(1, STEPS + 1)), said
@@ -78,7 +78,7 @@ def test_replicate_deferred_runs_free_with_unequal_counts(skrull_runs, reference
     run = skrull_runs["dp2rep_defer"]
     assert "timeline free" in run.output and "Skrull execution: skrull.free_running = false" in run.output
     world, steps = 2, POOL_SUB_STEP
-    plans, with_passes = _plans(run, world), forward_passes(skrull_runs, "dp2rep_defer", world)
+    plans, with_passes = _plans(run, world), forward_passes(skrull_runs.passes_folder("dp2rep_defer"), world)
     counts = {s: own_counts(plans[0][s]) for s in range(1, steps + 1)}
     print(f"own micro-batches per DP rank by step: {counts}\nforward passes per rank: {with_passes}")
     for rank in range(world):

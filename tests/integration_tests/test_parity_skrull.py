@@ -66,11 +66,12 @@ def own_counts(record: dict) -> dict[int, int]:
     return {d: len(ms) for d, ms in counts.items()}
 
 
-def forward_passes(skrull_runs, name: str, world: int) -> dict[int, dict[int, int]]:
-    """Forward passes per world rank per step (probe.py, SKRULL_PROBE_PASSES)."""
+def forward_passes(folder: str, world: int) -> dict[int, dict[int, int]]:
+    """Forward passes per world rank per step, as probe.py counts them into ``folder``
+    (SKRULL_PROBE_PASSES; a shared run's: ``skrull_runs.passes_folder(name)``)."""
     out = {}
     for rank in range(world):
-        with open(os.path.join(skrull_runs.passes_folder(name), f"passes.rank{rank}.jsonl")) as f:
+        with open(os.path.join(folder, f"passes.rank{rank}.jsonl")) as f:
             out[rank] = {r["step"]: r["passes"] for r in map(json.loads, f)}
     return out
 
@@ -202,7 +203,7 @@ def test_lockstep_runs_the_plans_count_on_every_rank(skrull_runs):
     run, world = skrull_runs["dp2cp2"], 4
     assert "timeline lockstep" in run.output
     assert run.scalars("skrull/free_running_bytes") == [0.0] * STEPS
-    passes = forward_passes(skrull_runs, "dp2cp2", world)
+    passes = forward_passes(skrull_runs.passes_folder("dp2cp2"), world)
     padded = 0
     for rank in range(world):
         plans = _plans(run, rank)
