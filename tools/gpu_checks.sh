@@ -308,8 +308,8 @@ if [ "$dry" = 1 ]; then
         --repeats 1 --micro-batch-repeats 1 --no-check --max-held-out-error 10 --max-micro-batch-error 10
         --max-packed-error 10 --layers 1 --no-plot)
   steps=${STEPS:-5}
-  # 4 documents a step (8 until 2026-11-30): every mode still trains several micro-batches a step and the stream
-  # still cuts documents (the test's checks); each toy step half the CPU (CI's time, 4 runs of 5-6 steps)
+  # 4 documents a step (8 until 2026-11-30): Skrull still runs 2 micro-batches a step and the stream still cuts
+  # documents (the test's checks); the issue-57 dry run's CPU 98.0 -> 94.5 s (quiet box, tools/cpu_seconds.py)
   train=(--training.steps "$steps" --dataloader.global_batch_size 4 --metrics.enable_tensorboard)
   # TRACE: one step recorded, no profiler warm-up (a toy step costs the CI dry run a few seconds)
   trace_warmup=${TRACE_WARMUP:-0} trace_active=${TRACE_ACTIVE:-1}
