@@ -35,7 +35,13 @@ Over a CP group of N ranks each rank holds 1/N of the chunk, contiguous
 gathered over the group with DACP's own exchange (exchange.py: an all-gather
 forward, a reduce-scatter of dK/dV backward), so every rank keeps the whole
 chunk's K/V and the prefix never travels again. docs/design/chunked.md says
-why that layout. The exchange is eager only (chunk_path.py routes CP > 1 so).
+why that layout. Inside a compiled block (a traced chunk, chunk_path.py) the
+gather is torch's functional all-gather instead
+(``all_gather_tensor_autograd``: its backward the same reduce-scatter), which
+dynamo holds in the trace; the exchange's autograd Functions and async work
+handles are not traceable, and a chunk waits for its gather at once anyway
+(its attention needs the whole chunk's K/V), so nothing overlaps either way.
+The traced gather is not counted in the layer's DacpStats (host counters).
 
 Layout of a kept K/V: ``[2, Hkv, C, D]`` (K then V), one tensor per layer
 and chunk.
@@ -43,6 +49,7 @@ and chunk.
 
 import torch
 import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
 
 from skrull_ext.attention.exchange import KVExchange, start_exchange, wait_exchange
@@ -80,6 +87,8 @@ class ChunkAttention:
         shard = torch.stack([k_BLNH[0].transpose(0, 1), v_BLNH[0].transpose(0, 1)])  # [2, Hkv, L, D]
         if self.group is None:
             own = shard
+        elif torch.compiler.is_compiling():  # traced: a functional all-gather, its backward a reduce-scatter
+            own = funcol.all_gather_tensor_autograd(shard.contiguous(), gather_dim=2, group=self.group)
         else:  # every rank gets the whole chunk's K/V; dK/dV come back reduce-scattered
             ex = KVExchange(self.group, getattr(layer, "stats", None), transport=resolve_transport("auto", self.group))
             own = torch.stack(wait_exchange(start_exchange(shard, ex), ex))

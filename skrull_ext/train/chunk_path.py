@@ -11,13 +11,12 @@ they run the blocks' own eager code (``force_eager``), as every chunk did
 before, for a reason this module's rules name:
 
 - the job is not compiled: nothing to trace;
-- CP > 1: each chunk's K/V are all-gathered over the CP group by DACP's
-  exchange (attention/exchange.py: autograd Functions around asynchronous
-  collectives), which dynamo does not trace;
 - TP > 1: a chunk's q, k and v reach the attention as DTensors over the TP
   mesh, which the traced chunk does not take.
 
-The first rule that applies decides; none applying, the chunks are traced.
+The first rule that applies decides; none applying, the chunks are traced,
+at any CP degree: over a CP group each chunk's K/V all-gather is a
+functional collective inside the trace (attention/prefix.py).
 The trainer logs the choice once (``ChunkPath.line``).
 """
 
@@ -38,7 +37,6 @@ class ChunkJob:
 
 EAGER_RULES: tuple[tuple[Callable[[ChunkJob], bool], str], ...] = (
     (lambda j: not j.compiled, "the job is not compiled"),
-    (lambda j: j.cp > 1, "at CP > 1 each chunk's K/V all-gather (attention/exchange.py) is not traceable"),
     (lambda j: j.tp > 1, "under TP a chunk's q, k, v are DTensors, which the traced chunk does not take"),
 )
 """(applies, why) in order: the first that applies keeps a job's chunks eager."""
@@ -66,4 +64,4 @@ def chunk_path(compiled: bool, cp: int, tp: int) -> ChunkPath:
     for applies, why in EAGER_RULES:
         if applies(job):
             return ChunkPath(False, why)
-    return ChunkPath(True, "compiled at CP 1 without TP")
+    return ChunkPath(True, "compiled, no TP")

@@ -33,7 +33,8 @@ its labels are ignored).
 In a compiled job (torchtitan's per-block ``torch.compile(fullgraph=True)``)
 a chunk's forward, and its recomputation in backward, run through the
 compiled blocks where chunk_path.py says the trace holds them (``traced``:
-CP 1, no TP): each layer's prefix joined on its module (attention/prefix.py),
+no TP; over a CP group the K/V all-gather is a functional collective in the
+trace, attention/prefix.py): each layer's prefix joined on its module (attention/prefix.py),
 the forward traced dynamic in the token dimension from the first chunk (the
 blocks' hidden states, positions, query positions and prefix length, marked; every other
 size and scalar static, dynamo's default: dynamic everywhere made the modules' ints and

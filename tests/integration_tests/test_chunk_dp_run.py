@@ -185,42 +185,50 @@ def test_validation_at_dp2_runs_every_document_on_every_rank_and_counts_it_once(
 
 
 @pytest.mark.slow
-def test_compiled_chunked_run_matches_eager(workdir, seed, one_process):
-    """``--compile.enable`` (each block compiled by aot_eager), 1 process: the same losses and step-3
-    gradients as the eager run within compile's float rounding (test_compile.py's tolerances). The chunks
-    run through the compiled blocks (train/chunk_path.py), the first step with chunked samples compiling
-    the chunk's graphs, a bounded number, and the later ones none (dynamo's counters, read by the probe
-    around each step's chunked samples); the start-up line says so. (At CP > 1 and under TP the chunks run
-    the blocks' eager code: chunk_path's rule and line, test_chunked_compiled.py; over 2 real CP ranks in
-    a compiled model, compiling nothing and giving the one-pass loss and gradients, test_chunked.py.)"""
+@pytest.mark.parametrize("cp", [1, 2])
+def test_compiled_chunked_run_matches_eager(workdir, seed, one_process, cp):
+    """``--compile.enable`` (each block compiled by aot_eager), 1 process at CP 1 (3 steps), 2 at DP 1 x
+    CP 2 (SHORT steps: step 2's document in chunks sharded over the pair, its K/V all-gather a functional
+    collective in the trace, attention/prefix.py): the same losses and last-step gradients as the eager
+    one-process run within compile's float rounding (test_compile.py's tolerances). The chunks run
+    through the compiled blocks (train/chunk_path.py), the first step with chunked samples compiling the
+    chunk's graphs, a bounded number, and the later ones none (dynamo's counters, read by the probe
+    around each step's chunked samples); the start-up line says so. (Under TP the chunks run the blocks'
+    eager code: chunk_path's rule and line, test_chunked_compiled.py.)"""
     import json
 
     from tests.integration_tests.test_compile import GRAD as COMPILE_GRAD, LOSS as COMPILE_LOSS
 
-    counted = os.path.join(workdir, "chunk_cp1_compile_dynamo")
+    steps = STEPS if cp == 1 else SHORT
+    name = f"chunk_cp{cp}_compile"
+    counted = os.path.join(workdir, f"{name}_dynamo")
     # aot_eager: the same dynamo graphs and AOT autograd, without inductor's C++ builds of them (100 s of
     # CI's time). Inductor on the traced chunks: tools/compiled_chunks.py --backend inductor.
-    run = train_from_seed(workdir, "chunk_cp1_compile", 1, "skrull_ext.train", SKRULL, seed, STEPS,
-                          extra=[*CHUNK, "--compile.enable", "--compile.backend", "aot_eager"],
-                          grads_at=CHECK, env={"SKRULL_PROBE_DYNAMO": counted})
+    run = train_from_seed(workdir, name, cp, "skrull_ext.train", SKRULL, seed, steps,
+                          extra=[*CHUNK, "--compile.enable", "--compile.backend", "aot_eager",
+                                 "--parallelism.context_parallel_degree", str(cp)],
+                          grads_at=steps, env={"SKRULL_PROBE_DYNAMO": counted})
     out = run.output
     assert "Compiling each TransformerBlock with torch.compile" in out
     assert "hit config.recompile_limit" not in out and "cache_size_limit" not in out
     assert "Skrull: chunked documents run the compiled blocks" in out, out[-3000:]
-    with open(os.path.join(counted, "dynamo.rank0.jsonl")) as f:
-        records = [json.loads(line) for line in f]
-    calls, total = [r for r in records if "total" not in r], records[-1]["total"]
-    print(f"dynamo during each step's chunked samples: {calls}; the whole run: {total}")
-    assert [r["step"] for r in calls] == [2, 3]  # the steps with samples over the limit (256)
-    # traced: the chunk's graphs once, then none: not one per layer or chunk (train/chunked.py: the first
-    # chunk's and the rest's, each again for the recomputation, whose input FSDP leaves unwrapped)
-    assert 1 <= calls[0]["graphs"] <= 4 and calls[1]["graphs"] == 0, calls
-    assert 1 <= total["graphs"] <= 12, total  # the micro-batches' own and the chunks'
-    ref, got = one_process.losses, run.losses
-    print(f"eager {ref}\ncompiled {got}")
-    assert len(got) == STEPS and max(abs(x - y) for x, y in zip(ref, got)) < COMPILE_LOSS, f"{ref} vs {got}"
-    worst, rel = assert_same_grads(run.grads, one_process.grads, **COMPILE_GRAD)
-    print(f"step {CHECK} gradients, compiled vs eager: max |diff| {worst:.3g}, relative norm {rel:.3g}")
+    for rank in range(cp):
+        with open(os.path.join(counted, f"dynamo.rank{rank}.jsonl")) as f:
+            records = [json.loads(line) for line in f]
+        calls, total = [r for r in records if "total" not in r], records[-1]["total"]
+        print(f"rank {rank}: dynamo during each step's chunked samples: {calls}; the whole run: {total}")
+        # the steps with samples over the limit (256 a CP rank): CP 1's steps 2 and 3, CP 2's step 2
+        assert [r["step"] for r in calls] == ([2, 3] if cp == 1 else [2])
+        # traced: the chunk's graphs once, then none: not one per layer or chunk (train/chunked.py: the first
+        # chunk's and the rest's, each again for the recomputation, whose input FSDP leaves unwrapped)
+        assert 1 <= calls[0]["graphs"] <= 4 and all(r["graphs"] == 0 for r in calls[1:]), calls
+        assert 1 <= total["graphs"] <= 12, total  # the micro-batches' own and the chunks'
+    ref, got = one_process.losses[:steps], run.losses
+    print(f"eager {ref}\ncompiled CP {cp} {got}")
+    assert len(got) == steps and max(abs(x - y) for x, y in zip(ref, got)) < COMPILE_LOSS, f"{ref} vs {got}"
+    worst, rel = assert_same_grads(run.grads, one_process.grads if steps == CHECK else one_process.step_grads[steps],
+                                   **COMPILE_GRAD)
+    print(f"step {steps} gradients, compiled CP {cp} vs eager: max |diff| {worst:.3g}, relative norm {rel:.3g}")
 
 
 @pytest.mark.slow

@@ -5,15 +5,15 @@ llama3 (fp32, CPU) with its blocks compiled trains a packed micro-batch (the
 blocks' graphs), then documents in chunks of 32 (train/chunked.py), then the
 micro-batch again:
 
-- traced (``chunked_loss(traced=True)``, what a compiled job at CP 1 without
-  TP runs: train/chunk_path.py): a 4-chunk document compiles the chunk's two
+- traced (``chunked_loss(traced=True)``, what a compiled job without TP runs:
+  train/chunk_path.py; at CP 2 in test_chunked.py): a 4-chunk document compiles the chunk's two
   graphs (the first chunk's, the rest's) and a 251-token document in 8 chunks
   after it compiles none, so the graphs do not grow with the chunks, nor with
   the layers (6 of them share the graphs); its recomputation in backward
   reuses its forward's. Its loss and every gradient are the one-pass
   reference's within the chunk tests' tolerances (loss 1e-6, gradients 1e-5
   relative). A forward under no_grad (validation's) gives its loss again.
-- eager (``traced=False``, what CP > 1 and TP run): the blocks' own code
+- eager (``traced=False``, what TP runs): the blocks' own code
   (``force_eager``), bitwise the eager model's chunked run, compiling nothing.
 - the micro-batch after the chunks reuses its first graphs.
 
@@ -124,10 +124,10 @@ def test_eager_chunks_in_a_compiled_model_are_the_eager_models(compiled_run):
 
 
 def test_chunk_path_rule():
-    """Compiled at CP 1 without TP: traced; otherwise eager, the first rule that applies named."""
-    assert chunk_path(True, 1, 1).traced
+    """Compiled without TP: traced at any CP; otherwise eager, the first rule that applies named."""
+    assert chunk_path(True, 1, 1).traced and chunk_path(True, 2, 1).traced
     assert not chunk_path(False, 1, 1).traced and "not compiled" in chunk_path(False, 2, 2).reason
-    assert not chunk_path(True, 2, 1).traced and "CP > 1" in chunk_path(True, 2, 2).reason
+    assert not chunk_path(True, 2, 2).traced and "TP" in chunk_path(True, 2, 2).reason
     assert not chunk_path(True, 1, 2).traced and "TP" in chunk_path(True, 1, 2).reason
-    assert "compiled blocks" in chunk_path(True, 1, 1).line() and "eager" in chunk_path(True, 2, 1).line("chunk")
+    assert "compiled blocks" in chunk_path(True, 2, 1).line() and "eager" in chunk_path(True, 1, 2).line("chunk")
     assert chunk_path(True, 1, 1).line("truncate") is None  # nothing chunked, nothing to say
