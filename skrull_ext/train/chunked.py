@@ -68,6 +68,7 @@ from torch.utils.checkpoint import checkpoint
 from skrull_ext.attention.module import DacpAttention
 from skrull_ext.attention.prefix import ChunkAttention
 from skrull_ext.data.sources.synthetic import IGNORE_INDEX
+from skrull_ext.train.dynamic_tokens import mark_blocks
 
 __all__ = ["attention_layers", "chunk_bounds", "chunked_loss", "ChunkedLoss", "tp_local_numel", "tp_shard_numel",
            "unsharded_param_bytes"]
@@ -213,7 +214,8 @@ def _chunk_forward(model, layers, prefix: list[list[torch.Tensor]], traced: bool
     """Around a chunk's model call. Eager: ``force_eager`` (compiled blocks run their own code).
     Traced: each layer's prefix joined on its module (attention/prefix.py), its length and the
     token dimension of what each block of ``model.layers`` receives marked dynamic
-    (``_mark_tokens``), dynamo's settings of a chunk (module docstring); the modules' chunk state
+    (train/dynamic_tokens.py: a compiled job's trainer marks them already, the profiler's and the
+    tests' chunks need it here), dynamo's settings of a chunk (module docstring); the modules' chunk state
     and the hooks cleared after (also when a recomputation stops early), so no copy outlives the call."""
     if not traced:
         with torch.compiler.set_stance("force_eager"):
@@ -223,8 +225,7 @@ def _chunk_forward(model, layers, prefix: list[list[torch.Tensor]], traced: bool
         m.chunk_prefix = torch.cat(parts, dim=2) if parts else None
         if m.chunk_prefix is not None:
             torch._dynamo.maybe_mark_dynamic(m.chunk_prefix, 2)
-    blocks = getattr(model, "layers", None)
-    hooks = [b.register_forward_pre_hook(_mark_tokens) for b in (blocks.values() if blocks is not None else ())]
+    hooks = mark_blocks([model])
     try:
         with (torch._dynamo.config.patch(skip_fwd_side_effects_in_bwd_under_checkpoint=True),
               fx_config.patch(use_duck_shape=False)):
@@ -234,16 +235,3 @@ def _chunk_forward(model, layers, prefix: list[list[torch.Tensor]], traced: bool
             h.remove()
         for m in layers:
             m.chunk_prefix = m.chunk_kept = None
-
-
-@torch._dynamo.disable  # a hook is a frame of its own: run eagerly, it may mark what the block's frame gets
-def _mark_tokens(block, args) -> None:
-    """Before a compiled block's frame: the token dimension of its inputs dynamic (hidden states
-    ``[1, L, D]`` and positions ``[1, L]``, each with the tensor it views: FSDP's pre-forward hands
-    the block a view; the chunk's query positions ``[L]``). ``maybe``: a one-token chunk (a lockstep
-    pad pass, a document's last token) is specialised to 1, a graph of its own, as any size 1 is."""
-    x, ctx, positions = args[:3]
-    for t, dim in ((x, 1), (positions, 1), (ctx.q_pos, 0)):
-        torch._dynamo.maybe_mark_dynamic(t, dim)
-        if t._base is not None:
-            torch._dynamo.maybe_mark_dynamic(t._base, dim - (t.dim() - t._base.dim()))

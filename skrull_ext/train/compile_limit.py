@@ -13,12 +13,15 @@ raises the limit for GPT-OSS for the same reason). A Skrull micro-batch is
 of variable length and its blocks see two attention inputs, so one block's
 code object can hold, per attention input (the DACP meta, or an all-local
 micro-batch's LocalOnlyBatch: attention/local_only.py) and per grad mode
-(training, validation's no-grad forward): the first graph, static; the
-dynamic one after the length first changes; and one per size class
-inductor's heuristics guard on (an H200 run recompiled when a micro-batch
-fell below 5,852 tokens: docs/results/gpu.md, run 4). That is 12 or more,
-each compiled once per run, and under ``overlength = "chunk"`` at CP 1 up
-to six more in training and two in validation (a traced chunk's: the first
+(training, validation's no-grad forward): the dynamic graph (a compiled
+job's blocks see their token dimension dynamic from the first micro-batch:
+train/dynamic_tokens.py; before that, a static first graph came too); one
+more where an int of the input (varlen's longest sequence) first changes;
+and one per size class inductor's heuristics guard on (an H200 run
+recompiled when a micro-batch fell below 5,852 tokens: docs/results/gpu.md,
+run 4). That was 12 or more before the token marks,
+each compiled once per run, and under ``overlength = "chunk"`` (traced
+without TP: train/chunk_path.py) up to six more in training and two in validation (a traced chunk's: the first
 chunk's and the rest's, their recomputation's under FSDP, a lockstep pad
 chunk's single token: train/chunked.py; 6 measured at DP 2 lockstep): 20.
 

@@ -51,6 +51,8 @@ import torch
 import torch.nn.functional as F
 from torchtitan.components.loss import IGNORE_INDEX
 
+from skrull_ext.train.dynamic_tokens import mark_dynamic
+
 __all__ = ["ChunkStep", "balanced_chunks", "head_loss_in_forward", "linear_cross_entropy_grad"]
 
 ChunkStep = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor],
@@ -148,8 +150,9 @@ class _HeadLossInForward(torch.autograd.Function):
             for a, z in balanced_chunks(h.shape[0], chunk):
                 # copies at offset 0 (a chunk's hidden states, a few MB against its logits' GBs): a slice's
                 # storage offset is guarded too, 0 specialised, so the first chunk compiled again
-                h_c = h[a:z].to(dtype, copy=True)
-                loss, dlogits = step(h_c, w, b, labels[a:z].clone(), scale)
+                h_c, labels_c = h[a:z].to(dtype, copy=True), labels[a:z].clone()
+                mark_dynamic((h_c, 0), (labels_c, 0))  # a compiled step: one graph for every chunk size
+                loss, dlogits = step(h_c, w, b, labels_c, scale)
                 total += loss
                 if grad_h is not None:
                     torch.mm(dlogits, w, out=grad_h[a:z])

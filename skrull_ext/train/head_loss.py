@@ -78,6 +78,7 @@ from torchtitan.config import CompileConfig
 
 from skrull_ext.errors import JobFileError
 from skrull_ext.lora.converter import LORA_FORWARDS, lora_linear
+from skrull_ext.train.dynamic_tokens import mark_dynamic
 from skrull_ext.train.head_grad import ChunkStep, head_loss_in_forward, linear_cross_entropy_grad
 from skrull_ext.train.job.loss_config import HeadLossConfig
 
@@ -316,6 +317,7 @@ class ChunkedHeadLoss(ChunkedLossWrapper):
             logits = self.head_apply(self.lm_head, h)
         else:
             logits = self.lm_head(h)
+        mark_dynamic((logits, 1), (labels, 1))  # a compiled loss: one graph for every chunk size
         return self.loss_fn(logits, labels)[0]  # a sum over the chunk's tokens
 
     @property
@@ -370,6 +372,7 @@ class ChunkedHeadLoss(ChunkedLossWrapper):
         in_checkpoint = kwargs.pop("in_checkpoint", False)
         del kwargs  # positions: not read by cross-entropy
         if self.head_in_model:  # pred: the logits
+            mark_dynamic((pred, 1), (labels, 1))  # a compiled loss: one graph for every length
             total = self.loss_fn(pred, labels)[0]
             return (total / global_valid_tokens if global_valid_tokens is not None else total), {}
         if self.head_backward == "in_forward" and torch.is_grad_enabled() and not in_checkpoint:
