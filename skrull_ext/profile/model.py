@@ -216,6 +216,10 @@ def build_job_model(config: Any, device: torch.device, max_len: int) -> JobModel
         from torchtitan_patches.dacp_attention import install_dacp_attention
 
         install_dacp_attention([model], None, kernel=skrull.attention_kernel, exchange=skrull.kv_exchange)
+        if model_compiled(config):  # the blocks' token dimension dynamic from the first call, as the trainer's
+            from skrull_ext.train.dynamic_tokens import mark_blocks
+
+            mark_blocks([model])
 
     shape = spec_shape(mc, dtype)
     assert shape.layers == len(model.layers)

@@ -39,7 +39,9 @@ count. torchtitan's batchings train one row shape and keep it.
 
 import torch
 
-__all__ = ["SKRULL_RECOMPILE_LIMIT", "length_free_fusion", "raise_recompile_limit"]
+from skrull_ext.train.dynamic_tokens import mark_blocks
+
+__all__ = ["SKRULL_RECOMPILE_LIMIT", "compile_settings", "length_free_fusion", "raise_recompile_limit"]
 
 SKRULL_RECOMPILE_LIMIT = 24
 """Twice the 12 graph classes counted above: room for a size class or two more, also beside a
@@ -68,3 +70,12 @@ def length_free_fusion(compiled: bool) -> str | None:
     triton.mix_order_reduction = False
     return ("Skrull: torch._inductor.config.triton.mix_order_reduction off: its size conditions on the token "
             "count recompile the blocks whenever a micro-batch first crosses them (skrull_ext/train/compile_limit.py)")
+
+
+def compile_settings(compiled: bool, model_parts) -> list[str]:
+    """What a compiled Skrull job sets at start-up: the recompile limit, length-free fusions and
+    each block's token dimension dynamic from the first micro-batch (train/dynamic_tokens.py);
+    returns the lines to log (none for an uncompiled job, which changes nothing)."""
+    if compiled:
+        mark_blocks(model_parts)
+    return [line for line in (raise_recompile_limit(compiled), length_free_fusion(compiled)) if line is not None]

@@ -54,8 +54,7 @@ from skrull_ext.scheduler.profile_memory import free_running_bytes
 from skrull_ext.train.checkpointing import mode_of, settle_checkpointing
 from skrull_ext.train.chunk_path import chunk_path
 from skrull_ext.train.chunked import unsharded_param_bytes
-from skrull_ext.train.compile_limit import length_free_fusion, raise_recompile_limit
-from skrull_ext.train.dynamic_tokens import mark_blocks
+from skrull_ext.train.compile_limit import compile_settings
 from skrull_ext.train.free_running import FreeRunningFSDP
 from skrull_ext.train.job.job_config import JobConfig, register_trainer
 from skrull_ext.train.job.usage import job_args
@@ -167,9 +166,7 @@ class SkrullTrainer(JobTrainer):
         self.dacp_stats = [m.stats for m in self.dacp_attention]
         """The layers' counters, which attention_input bumps for a traced micro-batch."""
         self.chunk_path = path = chunk_path(compiled, dims.cp, dims.tp)  # how chunked documents run (chunk_path.py)
-        self.token_hooks = mark_blocks(self.model_parts) if compiled else []
-        """Compiled: each block's token dimension dynamic from the first micro-batch (dynamic_tokens.py)."""
-        for line in (raise_recompile_limit(compiled), length_free_fusion(compiled), path.line(skrull.overlength)):
+        for line in (*compile_settings(compiled, self.model_parts), path.line(skrull.overlength)):
             if line is not None:
                 logger.info(line)
         switches = FreeRunningFSDP(self.model_parts)

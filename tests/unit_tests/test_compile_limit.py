@@ -47,3 +47,22 @@ def test_compiled_job_turns_off_the_length_guarded_fusion(mix_order):
     line = length_free_fusion(True)
     assert mix_order.mix_order_reduction is False and "mix_order_reduction off" in line
     assert length_free_fusion(True) is None  # already off: nothing to say
+
+
+def test_compile_settings_mark_a_compiled_jobs_blocks_only(mix_order, limit):
+    """A compiled job's blocks get the token-dimension hook (train/dynamic_tokens.py) and its two
+    settings' lines; an eager job's blocks and settings stay as they were, nothing to log."""
+    from torch import nn
+
+    from skrull_ext.train.compile_limit import compile_settings
+    from skrull_ext.train.dynamic_tokens import mark_tokens
+
+    torch._dynamo.config.recompile_limit = 8
+    mix_order.mix_order_reduction = True
+    part = nn.Module()
+    part.layers = nn.ModuleDict({"0": nn.Linear(2, 2), "1": nn.Linear(2, 2)})
+    assert compile_settings(False, [part]) == []
+    assert all(not b._forward_pre_hooks for b in part.layers.values())
+    lines = compile_settings(True, [part])
+    assert len(lines) == 2 and "recompile_limit" in lines[0] and "mix_order_reduction" in lines[1]
+    assert all(list(b._forward_pre_hooks.values()) == [mark_tokens] for b in part.layers.values())

@@ -215,7 +215,8 @@ def test_profiled_loss_compiled_as_the_trainer_compiles_it(compile_on):
     """The profile's loss is the trainer's: torchtitan compiles it when ``compile.enable``
     and "loss" is in ``compile.components``. An eager loss in a compiled job's profile
     held float32 logits and their gradient the trainer never holds: the H200 profile's
-    memory came out twice the trainer's (GPU run 3, docs/results/gpu.md)."""
+    memory came out twice the trainer's (GPU run 3, docs/results/gpu.md). Its blocks are marked
+    as the trainer's (train/dynamic_tokens.py): one dynamic graph from the ladder's first length."""
     import torch
 
     import torchtitan_patches
@@ -232,3 +233,7 @@ def test_profiled_loss_compiled_as_the_trainer_compiles_it(compile_on):
     compiled = isinstance(loss.fn, torch._dynamo.eval_frame.OptimizedModule) or hasattr(
         loss.fn, "_torchdynamo_orig_callable")
     assert compiled == compile_on
+    from skrull_ext.train.dynamic_tokens import mark_tokens
+
+    marked = [mark_tokens in b._forward_pre_hooks.values() for b in jm.model.layers.values()]
+    assert marked == [compile_on] * len(marked)  # the blocks' token dimension dynamic, as the trainer's
