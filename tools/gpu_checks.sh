@@ -248,11 +248,13 @@ cp "$work"/overlap_cp2_auto/overlap.png "$out"/overlap_cp2_auto.png 2>/dev/null
 elif [ "${GPU_TESTS:-1}" = 1 ]; then
 # 3'. Trainer only: the CUDA cases of the attention the compiled trainer traces into its blocks for an
 #     all-local micro-batch (every one on one GPU; attention/local_only.py), and of the head and loss in
-#     chunks in bf16 against the unchunked head (train/head_loss.py), before anything trains with them; and a real
+#     chunks in bf16 against the unchunked head (train/head_loss.py), before anything trains with them; a long
+#     document's chunks on varlen against the dense kernel (attention/prefix.py); and a real
 #     CUDA trace read by bench trace-report (what TRACE's report reads: kernels, their launches, a sync).
 timeout "${TESTS_LIMIT:-90}" "$py" -m pytest -p no:cacheprovider -o addopts="-ra" -W ignore::DeprecationWarning \
   -k cuda --junitxml="$log/pytest_trainer.xml" tests/unit_tests/test_dacp_local_only.py tests/unit_tests/test_cudnn_kernel.py \
-  tests/unit_tests/test_head_loss.py tests/unit_tests/test_trace_report.py >"$log/pytest_trainer.txt" 2>&1
+  tests/unit_tests/test_head_loss.py tests/unit_tests/test_chunk_varlen.py tests/unit_tests/test_trace_report.py \
+  >"$log/pytest_trainer.txt" 2>&1
 say "trainer CUDA tests (rc $?): $(tail -1 "$log/pytest_trainer.txt")"
 cuda_cases "$log/pytest_trainer.xml"
 pack

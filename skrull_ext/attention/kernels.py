@@ -101,6 +101,10 @@ class Kernel:
     """Device tensors in ``prepared`` (marked as used by the side stream)."""
     needs_cuda: str | None = None
     """What runs it where it needs CUDA (bf16/fp16): the job check's refusal on CPU names it."""
+    chunk_varlen: bool = False
+    """A chunk of a long document (attention/prefix.py: this rank's queries over the keys up to its
+    last one, bottom-right causal) runs as one varlen segment, as this kernel's distributed part
+    does, with no mask; False: SDPA with the [queries, keys] bool mask."""
 
 
 # ---- dense -------------------------------------------------------------------
@@ -269,11 +273,11 @@ def run_cudnn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prepared: Cudnn
 SEGMENTS = Kernel(name="segments", prepare=_prepare_plan, run=run_segments, tensors=lambda p: p.tensors)
 TILES = Kernel(name="tiles", prepare=_prepare_tiles, run=run_tiles, tensors=lambda t: t.tensors)
 VARLEN = Kernel(name="varlen", prepare=_prepare_plan, run=run_varlen, tensors=lambda p: p.tensors,
-                needs_cuda="flash attention")
+                needs_cuda="flash attention", chunk_varlen=True)
 CUDNN = Kernel(name="cudnn", prepare=_prepare_cudnn, run=functools.partial(run_cudnn, grouped=True),
-               tensors=lambda p: p.plan.tensors, needs_cuda="cuDNN's attention")
+               tensors=lambda p: p.plan.tensors, needs_cuda="cuDNN's attention", chunk_varlen=True)
 CUDNN_EXPANDED = Kernel(name="cudnn-expanded", prepare=_prepare_cudnn, run=functools.partial(run_cudnn, grouped=False),
-                        tensors=lambda p: p.plan.tensors, needs_cuda="cuDNN's attention")
+                        tensors=lambda p: p.plan.tensors, needs_cuda="cuDNN's attention", chunk_varlen=True)
 
 KERNELS: dict[str, Kernel] = {k.name: k for k in (DENSE, TILES, SEGMENTS, VARLEN, CUDNN, CUDNN_EXPANDED)}
 KERNEL_CHOICES = (AUTO, *KERNELS)

@@ -43,6 +43,14 @@ handles are not traceable, and a chunk waits for its gather at once anyway
 (its attention needs the whole chunk's K/V), so nothing overlaps either way.
 The traced gather is not counted in the layer's DacpStats (host counters).
 
+The attention itself: this rank's queries over the keys up to its last
+query, causal, which is bottom-right causal over that key prefix. Where the
+job's kernel runs its distributed part on flash attention's varlen kernel
+(``Kernel.chunk_varlen``: ``auto`` on CUDA in bf16/fp16, ``varlen``, the
+cudnn kernels) it is one varlen segment with no mask (``_varlen``); else
+SDPA with a [queries, keys] bool mask, the CPU reference, whose mask grows
+with the prefix (docs/design/chunked.md, "Cost model").
+
 Layout of a kept K/V: ``[2, Hkv, C, D]`` (K then V), one tensor per layer
 and chunk.
 """
@@ -53,6 +61,7 @@ import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
 
 from skrull_ext.attention.exchange import KVExchange, start_exchange, wait_exchange
+from skrull_ext.attention.kernels import _varlen_keywords, _varlen_kwargs, AUTO, resolve_kernel, varlen_call
 from skrull_ext.attention.transport import resolve_transport
 
 __all__ = ["ChunkAttention"]
@@ -68,16 +77,24 @@ class ChunkAttention:
         prefix: per layer, the kept K/V (``[2, Hkv, C_j, D]``) of the document's earlier chunks,
             which eager code reads (traced code reads each module's ``chunk_prefix``, the same joined).
         group: the CP group the chunk is sharded over (None: held whole by this rank).
+        cu: int32 ``[[0, queries], [0, keys]]`` on the device, keys up to this rank's last query:
+            a kernel whose chunks run varlen (``Kernel.chunk_varlen``) reads them; None: the mask.
     """
 
     def __init__(self, q_pos: torch.Tensor, layers, prefix: list[list[torch.Tensor]],
-                 group: dist.ProcessGroup | None = None) -> None:
+                 group: dist.ProcessGroup | None = None, cu: torch.Tensor | None = None) -> None:
         if len(prefix) != len(layers):
             raise ValueError(f"prefix has {len(prefix)} layers, the model {len(layers)}")
         self.q_pos = q_pos
         self.index = {id(m): i for i, m in enumerate(layers)}
         self.prefix = prefix
         self.group = group if group is not None and dist.get_world_size(group) > 1 else None
+        self.cu = cu
+        keywords = _varlen_keywords() if cu is not None else ()
+        self.varlen_kwargs = {gqa: _varlen_kwargs(gqa, keywords) for gqa in (False, True)} if cu is not None else {}
+        """varlen_attn's keywords without and with GQA, read here: the signature's inspection does not trace."""
+        self.after = dist.get_world_size(group) - 1 - dist.get_rank(group) if self.group is not None else 0
+        """The CP ranks after this one: their slices of the chunk end the keys, past this rank's queries."""
         self.kept: list[torch.Tensor | None] = [None] * len(layers)
         """Eager: per layer, this chunk's whole K/V ``[2, Hkv, C, D]`` once its forward ran."""
 
@@ -102,6 +119,8 @@ class ChunkAttention:
             parts = self.prefix[i]
             self.kept[i] = own
         kv = torch.cat([*parts, own], dim=2) if parts else own
+        if self.cu is not None and resolve_kernel(getattr(layer, "kernel", AUTO), q_BLNH).chunk_varlen:
+            return self._varlen(q_BLNH, kv, scale)
         mask = torch.arange(kv.size(2), device=q_BLNH.device)[None, :] <= self.q_pos[:, None]
         # 4-D, K/V at their own head count: CPU's flash kernel then saves K/V, not (L x P) probabilities.
         # A branch, not the comparison: traced, FSDP's parameters leave the head counts symbolic, SDPA
@@ -110,3 +129,14 @@ class ChunkAttention:
         out = F.scaled_dot_product_attention(q_BLNH.transpose(1, 2), kv[0][None], kv[1][None], attn_mask=mask,
                                              scale=scale, enable_gqa=gqa)
         return out.transpose(1, 2)
+
+    def _varlen(self, q_BLNH: torch.Tensor, kv: torch.Tensor, scale: float | None) -> torch.Tensor:
+        """One varlen segment: this rank's L queries over the keys up to its last one, bottom-right
+        causal (flash attention's alignment where keys outnumber queries), no mask; the key count
+        from the sizes (the later ranks' slices of L end the keys), so a traced chunk keeps it symbolic."""
+        n = q_BLNH.size(1)
+        keys = kv.size(2) - self.after * n
+        gqa = True if kv.size(1) != q_BLNH.size(2) else False  # noqa: SIM210 (attend says why)
+        out = varlen_call(q_BLNH[0].transpose(0, 1), kv[0], kv[1], self.cu[0], self.cu[1], n, keys, scale,
+                          dict(self.varlen_kwargs[gqa]))
+        return out.transpose(0, 1)[None]

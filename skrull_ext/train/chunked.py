@@ -67,6 +67,7 @@ from torch.utils.checkpoint import checkpoint
 
 from skrull_ext.attention.module import DacpAttention
 from skrull_ext.attention.prefix import ChunkAttention
+from skrull_ext.attention.segments import host_to_device
 from skrull_ext.data.sources.synthetic import IGNORE_INDEX
 from skrull_ext.train.dynamic_tokens import mark_blocks
 
@@ -189,11 +190,12 @@ def chunked_loss(
         first = rank * per if i >= len(bounds) else lo  # a pad chunk: positions from 0, within any RoPE cache
         pos = torch.arange(first, first + per, device=tokens.device)
         q_pos = torch.arange(lo, lo + per, device=tokens.device)  # among the keys: the prefix, then the chunk
+        cu = host_to_device(torch.tensor([[0, per], [0, lo + per]], dtype=torch.int32), tokens.device)  # varlen's
         c = len(prefix[0]) if layers else 0
 
-        def run(*flat, tok=tok, lab=lab, pos=pos, q_pos=q_pos, c=c):
+        def run(*flat, tok=tok, lab=lab, pos=pos, q_pos=q_pos, cu=cu, c=c):
             per_layer = [list(flat[i * c:(i + 1) * c]) for i in range(len(layers))]
-            ctx = ChunkAttention(q_pos, layers, per_layer, group)
+            ctx = ChunkAttention(q_pos, layers, per_layer, group, cu)
             with _chunk_forward(model, layers, per_layer, traced):
                 pred = model(tok[None], positions=pos[None], attention_masks=ctx)
                 kept = [m.chunk_kept if k is None else k for m, k in zip(layers, ctx.kept)]  # traced: on the module
