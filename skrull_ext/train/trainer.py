@@ -186,7 +186,7 @@ class SkrullTrainer(JobTrainer):
                                          getattr(self, "loss_fn", None))
         """The checkpointing mode, BucketSize and head chunk settled at start-up, logged with each logged
         step (run_settings.py: ``skrull/activation_checkpoint`` and the others)."""
-        self.dataloader.attach(self.scheduler, cp_rank, dims.cp, pin=self.device.type == "cuda")
+        self.dataloader.attach(self.scheduler, cp_rank, dims.cp, pin=self.device.type == "cuda", tp=dims.tp)
         self.dataloader.hold_builds = True  # the next step built once this one's micro-batches are queued
         if skrull.plan_log:
             rank = dist.get_rank() if dist.is_initialized() else 0

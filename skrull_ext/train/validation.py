@@ -102,7 +102,8 @@ class Validation:
         train = dataloader.builder
         self.limit = train.limit
         self.build = StepBuilder(self.source, train.scheduler, train.limit, self.batch_size,
-                                 train.dp_rank, train.cp_rank, lockstep_passes=True, warn=False)
+                                 train.dp_rank, train.cp_rank, lockstep_passes=True, warn=False,
+                                 token_multiple=train.token_multiple)
         self.best: ValidationResult | None = None
         logger.info(f"Validation: {n} held-out samples of {data.dataset_path} in {self.batches} batches of "
                     f"{self.batch_size}, every {config.freq or 'last'} step(s)" +

@@ -89,3 +89,62 @@ def test_attach_checks_the_shape():
         loader.attach(sched, 0, 2)
     with pytest.raises(RuntimeError, match="attach"):
         next(iter(loader))
+
+
+def _strip_tp_pad(buf):
+    """``buf`` without the pad ``pad_to_multiple`` put after its local sequences (its last local one)."""
+    at, extra = sum(buf.meta.local_lens[:-1]), buf.meta.local_lens[-1]
+    return [torch.cat([t[0, :at], t[0, at + extra:]]) for t in (buf.input, buf.labels, buf.positions)]
+
+
+@pytest.mark.parametrize("dp, cp, tp", [(1, 2, 2), (2, 2, 3), (1, 1, 4)])
+def test_tp_pads_each_buffer_to_a_multiple_after_its_local_sequences(dp, cp, tp):
+    """Under TP each rank's buffer is padded to a multiple of the TP degree (sequence parallelism
+    shards it evenly between blocks: buffers.pad_to_multiple): the pad is one more local sequence
+    of ignored tokens right after the local ones, and without it the buffers are the TP 1 loader's."""
+    plain = _loaders(dp, cp, 256 if cp > 1 else 512)
+    padded = _loaders(dp, cp, 256 if cp > 1 else 512)
+    for loader in padded.values():
+        loader.attach(loader.scheduler, loader.cp_rank, cp, tp=tp)
+    grew = 0
+    for _ in range(3):
+        for key in plain:
+            a, b = plain[key].next_step(), padded[key].next_step()
+            assert a.global_valid_tokens == b.global_valid_tokens
+            assert len(a.micro_batches) == len(b.micro_batches)
+            for x, y in zip(a.micro_batches, b.micro_batches):
+                assert y.num_tokens % tp == 0 and y.num_tokens - x.num_tokens < tp
+                assert y.meta.dist_lens == x.meta.dist_lens and y.valid_labels == x.valid_labels
+                if y.num_tokens == x.num_tokens:
+                    assert y.meta.local_lens == x.meta.local_lens
+                    continue
+                grew += 1
+                assert y.meta.local_lens[:-1] == x.meta.local_lens
+                extra = y.meta.local_lens[-1]
+                at = sum(x.meta.local_lens)
+                assert (y.input[0, at:at + extra] == 0).all() and (y.labels[0, at:at + extra] == IGNORE_INDEX).all()
+                assert y.positions[0, at:at + extra].tolist() == list(range(extra))
+                for got, want in zip(_strip_tp_pad(y), (x.input[0], x.labels[0], x.positions[0])):
+                    assert torch.equal(got, want)
+    assert grew  # some buffer was not a multiple already
+
+
+def test_tp_pad_leaves_the_real_tokens_attention_unchanged():
+    """The pad attends only itself: DACP's attention of the real tokens is the unpadded buffer's."""
+    from skrull_ext.attention import DacpAttention
+    from skrull_ext.data.steps.buffers import pad_to_multiple
+
+    grid = _loaders(1, 1, 512)
+    source = grid[0, 0].source
+    samples = [source[i] for i in range(3)]
+    buf = set_buffer(samples, [s.length for s in samples], [0] * 3, [1] * 3, rank=0, world=1, group=True)
+    padded = pad_to_multiple(buf, 5)
+    assert padded.num_tokens % 5 == 0 and padded.num_tokens > buf.num_tokens
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, padded.num_tokens, 4, 8, generator=gen) for _ in range(3))
+    n = buf.num_tokens
+    attn = DacpAttention(None, kernel="dense")
+    got = attn(q, k, v, attention_masks=padded.meta)[:, :n]
+    want = attn(q[:, :n], k[:, :n], v[:, :n], attention_masks=buf.meta)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert pad_to_multiple(buf, 1) is buf and pad_to_multiple(padded, 5) is padded

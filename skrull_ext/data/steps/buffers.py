@@ -12,10 +12,19 @@ elsewhere, or a DP rank with fewer micro-batches than the slowest one) gets
 one ignored pad token instead: every rank then runs the same number of
 forward/backward passes (FSDP's collectives need that) and the pad token
 adds nothing to loss or gradients.
+
+Under tensor parallelism a buffer is padded to a multiple of the TP degree
+(``pad_to_multiple``): sequence parallelism shards its tokens over the TP
+ranks between blocks, and a compiled block whose input is an uneven shard
+failed in backward (torch 2.13, gloo, the debug job at TP 2: a RecursionError
+in step 2, after dynamo recompiled for an AsyncCollectiveTensor input with
+the uneven split's size guard); with even shards the compiled run trains the
+eager run's losses. The pad is one more local sequence of ignored tokens
+after the local ones, so the layout above holds.
 """
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -117,3 +126,20 @@ def pad_buffer(cp_rank: int, cp_size: int, seqs: Sequence[int] = ()) -> MicroBat
         meta=DacpBatchMeta(cp_rank=cp_rank, cp_size=cp_size, local_lens=[1], dist_lens=[]),
         seqs=list(seqs),
     )
+
+
+def pad_to_multiple(buf: MicroBatchBuffer, multiple: int) -> MicroBatchBuffer:
+    """``buf`` with ignored pad tokens (id 0, positions from 0) after its local sequences, as one
+    more local sequence, up to a multiple of ``multiple`` tokens (module docstring); ``buf`` itself
+    when it is one already or ``multiple`` <= 1."""
+    extra = -buf.num_tokens % multiple if multiple > 1 else 0
+    if not extra:
+        return buf
+    at = sum(buf.meta.local_lens)
+
+    def insert(t: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
+        return torch.cat([t[:, :at], pad[None].to(t.dtype), t[:, at:]], dim=1)
+
+    return MicroBatchBuffer(insert(buf.input, torch.zeros(extra)),
+                            insert(buf.labels, torch.full((extra,), IGNORE_INDEX)), insert(buf.positions, torch.arange(extra)),
+                            meta=replace(buf.meta, local_lens=[*buf.meta.local_lens, extra]), seqs=buf.seqs)

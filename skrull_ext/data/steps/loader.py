@@ -153,6 +153,8 @@ class StepBuilder:
     them in its own line)."""
     pin: bool = False
     """Stage the buffers in pinned memory (``MicroBatchBuffer.staged``): a CUDA trainer's."""
+    token_multiple: int = 1
+    """Each buffer padded to a multiple of this many tokens: the TP degree (buffers.pad_to_multiple)."""
     windows: Windows = Windows()
     """Which steps form each look-ahead window (``[skrull] lookahead``, across resumes that
     changed it: data/steps/windows.py); windows of 1 for validation."""
@@ -226,7 +228,7 @@ class StepBuilder:
             (c if n == m else loss_tokens(self.source, i, n, self.source.length(i)))
             for i, m, c, n in ((indices[k], lengths[k], losses[k], plan.lengths[k]) for k in plan.trained)
         )
-        mbs = rank_buffers(plan, samples, indices, self.dp_rank, self.cp_rank, self.own_only)
+        mbs = rank_buffers(plan, samples, indices, self.dp_rank, self.cp_rank, self.own_only, self.token_multiple)
         # Chunked samples: the whole CP group of the DP rank the plan assigns each to runs it.
         chunked = [self.source[win.chunked[j][k][0]] for k in plan.chunked_of(self.dp_rank)]
         valid += sum(c for _, _, c in win.chunked[j])
@@ -315,10 +317,11 @@ class SkrullDataLoader(SourceDataLoaderBase):
         """The prefetch thread builds the next step only once ``resume_building`` is called (or the
         step after is asked for), not as soon as a step is handed out (SkrullTrainer sets it)."""
 
-    def attach(self, scheduler: Scheduler, cp_rank: int, cp_size: int, pin: bool = False) -> None:
+    def attach(self, scheduler: Scheduler, cp_rank: int, cp_size: int, pin: bool = False, tp: int = 1) -> None:
         """Bind the scheduler and this rank's CP coordinates (once, after build); how the
         job executes is the scheduler's resolved job's (``scheduler.job``). ``pin``: stage
-        the buffers in pinned memory (a CUDA trainer)."""
+        the buffers in pinned memory (a CUDA trainer). ``tp``: the TP degree, a multiple of
+        which each buffer's length is padded to (buffers.pad_to_multiple)."""
         c = scheduler.job
         if (c.dp, c.cp) != (self.dp_world_size, cp_size):
             raise ValueError(
@@ -330,7 +333,7 @@ class SkrullDataLoader(SourceDataLoaderBase):
         self.limit = self.limit_of(c)
         self.windows = self._continue()
         self.builder = StepBuilder(self.source, scheduler, self.limit, self.config.global_batch_size,
-                                   self.dp_rank, cp_rank, pin=pin, windows=self.windows)
+                                   self.dp_rank, cp_rank, pin=pin, windows=self.windows, token_multiple=tp)
 
     def limit_of(self, job) -> LengthLimit:
         """The length limit this loader applies under ``job`` (attached or not)."""

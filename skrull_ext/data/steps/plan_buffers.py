@@ -23,7 +23,7 @@ counts once, on the ranks holding its labels' shards.
 
 from collections.abc import Sequence
 
-from skrull_ext.data.steps.buffers import MicroBatchBuffer, pad_buffer, set_buffer
+from skrull_ext.data.steps.buffers import MicroBatchBuffer, pad_buffer, pad_to_multiple, set_buffer
 from skrull_ext.data.sources.synthetic import Sample
 from skrull_ext.scheduler.plan import MicroBatchPlan, Plan
 
@@ -45,17 +45,20 @@ def micro_batch_buffer(plan: Plan, mb: MicroBatchPlan, samples: Sequence[Sample]
 
 
 def rank_buffers(plan: Plan, samples: Sequence[Sample], indices: Sequence[int], dp_rank: int, cp_rank: int,
-                 free_running: bool = False) -> list[MicroBatchBuffer]:
+                 free_running: bool = False, multiple: int = 1) -> list[MicroBatchBuffer]:
     """This rank's buffers in slot order: one per slot (``plan.slots``, pads where it idles) on a
     lockstep timeline; under ``free_running`` (DP ranks share no per-pass collective) only its own
     micro-batches, and one pad when it has none, so it still takes part in FSDP's first all-gathers
     and its one gradient reduce-scatter. At DP 1 a step of chunked documents alone needs no pad:
     no other DP rank pairs the reduce-scatters, so its last chunk reduces (train/passes.py), and
-    the core's timeline charges none there (timeline.hpp idle_pad)."""
+    the core's timeline charges none there (timeline.hpp idle_pad). ``multiple``: each buffer
+    padded to a multiple of it (the TP degree: buffers.pad_to_multiple)."""
     mine = {mb.slot: micro_batch_buffer(plan, mb, samples, indices, dp_rank, cp_rank)
             for mb in plan.group_micro_batches(dp_rank)}
     if free_running:
         if not mine and plan.dp == 1 and plan.chunked:
             return []
-        return [mine[s] for s in sorted(mine)] or [pad_buffer(cp_rank, plan.cp)]
-    return [mine[s] if s in mine else pad_buffer(cp_rank, plan.cp) for s in range(plan.slots)]
+        out = [mine[s] for s in sorted(mine)] or [pad_buffer(cp_rank, plan.cp)]
+    else:
+        out = [mine[s] if s in mine else pad_buffer(cp_rank, plan.cp) for s in range(plan.slots)]
+    return [pad_to_multiple(b, multiple) for b in out]

@@ -16,10 +16,14 @@ block all-gathers it back first). DACP composes with that unchanged:
 - cost: ``ModelShape.tp`` divides a rank's FLOPs and exchanged K/V bytes by TP
   (cpp/include/skrull/cost_model.hpp);
 - loss: torchtitan's loss over the vocab-sharded logits is the same on every
-  TP rank; the step's loss is summed over the ``loss`` mesh (DP x CP) as before.
+  TP rank; the step's loss is summed over the ``loss`` mesh (DP x CP) as before;
+- length: each buffer padded to a multiple of the TP degree, as sequence
+  parallelism shards it between blocks (data/steps/buffers.py pad_to_multiple:
+  compiled blocks failed on an uneven shard).
 
 Tested over gloo at TP 2 x CP 2 and DP 2 x TP 2 against the 1-process reference
-(tests/integration_tests/test_parity_tp.py).
+(tests/integration_tests/test_parity_tp.py), and compiled at TP 2
+(tests/integration_tests/test_compile.py).
 """
 
 from __future__ import annotations
