@@ -2,9 +2,9 @@
 
 The debug llama3 (fp32, CPU, dense DACP attention), its blocks compiled as
 torchtitan compiles them (``fullgraph=True``), trains a document in chunks
-with the product's ``chunked_loss``: eager (``traced=False``, what TP runs:
-the blocks' own code) and traced (``traced=True``, what a compiled job without
-TP runs: train/chunk_path.py), at CP 1. It prints
+with the product's ``chunked_loss``: eager (``traced=False``, the blocks' own
+code, what an uncompiled job runs) and traced (``traced=True``, what a compiled
+job runs: train/chunk_path.py), at CP 1. It prints
 
 - graphs: what a 4-chunk document compiles, then what an 8-chunk one adds
   (0: the graphs do not grow with the chunks), from dynamo's counters;

@@ -152,8 +152,9 @@ class ChunkTooLarge(ValueError):
 
 
 def fitting_chunk(model: CostModel, memory: ProfileMemory, length: int, limit: int, cp: int = 1, *,
-                  gradient_bytes: float = 0.0, unsharded_bytes: float = 0.0) -> int:
-    """The largest chunk C (a multiple of ``cp``, at most ``limit``) a ``length``-token document can
+                  gradient_bytes: float = 0.0, unsharded_bytes: float = 0.0, unit: int | None = None) -> int:
+    """The largest chunk C (a multiple of ``unit``, default ``cp``; under TP cp x tp, so each TP
+    rank's sequence-parallel share is whole: train/chunked.py; at most ``limit``) a ``length``-token document can
     be trained in whose predicted peak fits one rank: ``memory.activation_any(C / cp)`` (one
     chunk's share, as BucketSize is derived) + ``peak_bytes_beyond_chunk`` (the prefix's K/V
     copies, the mask over it at the fit's ``c``, ``gradient_bytes``, ``unsharded_bytes``) within the activation room
@@ -166,9 +167,10 @@ def fitting_chunk(model: CostModel, memory: ProfileMemory, length: int, limit: i
     multiple of ``cp`` is tried from the limit down; it is monotone in ``length`` for a fixed C,
     so the chosen C never grows with the length. Raises ChunkTooLarge when not even a chunk of
     ``cp`` tokens (one a rank) fits."""
-    if length < 1 or limit < cp or cp < 1:
-        raise ValueError(f"fitting_chunk: length {length}, limit {limit} and cp {cp} must be positive, "
-                         f"the limit at least cp")
+    unit = cp if unit is None else unit
+    if length < 1 or cp < 1 or unit % cp or limit < unit:
+        raise ValueError(f"fitting_chunk: length {length}, limit {limit}, cp {cp} and unit {unit} must be positive, "
+                         f"the unit a multiple of cp, the limit at least the unit")
     room = (memory.usable - memory.static) * (1.0 - memory.margin)
 
     def peak(c: int) -> float:
@@ -176,14 +178,14 @@ def fitting_chunk(model: CostModel, memory: ProfileMemory, length: int, limit: i
             model, length, c, cp, mask_bytes_per_token2=memory.c, gradient_bytes=gradient_bytes,
             unsharded_bytes=unsharded_bytes)
 
-    for c in range(limit - limit % cp, 0, -cp):
+    for c in range(limit - limit % unit, 0, -unit):
         if peak(c) <= room:
             return c
     kv = model.shape.layers * model.kv_bytes(length)
     mib = lambda v: f"{v / 2**20:.1f} MiB" if v >= 2**20 else f"{v:.0f} B"  # noqa: E731
     raise ChunkTooLarge(
         f"a sample of {length} tokens cannot be trained in chunks on one rank: its K/V alone take {mib(kv)}, "
-        f"and even in chunks of {cp} token(s) its predicted peak is {mib(peak(cp))}, over the "
+        f"and even in chunks of {unit} token(s) its predicted peak is {mib(peak(unit))}, over the "
         f"{mib(room)} a rank has for activations (memory.usable_bytes - static_bytes, less the margin); "
         f"the limit is {limit} tokens. Cut such samples shorter (dataloader.max_len, or skrull.overlength "
         f"'truncate' or 'drop'), or give each document more memory (more CP ranks, LoRA, a larger device)")
@@ -207,12 +209,17 @@ class ChunkRule:
     """Every FSDP unit's unsharded parameters (gathered at once by a checkpointed chunk's recompute)."""
     _chunks: dict[int, int] = field(default_factory=dict, init=False, repr=False, compare=False)
 
+    @property
+    def unit(self) -> int:
+        """A chunk is a multiple of it: cp x the TP degree the cost model prices (train/chunked.py)."""
+        return self.cp * self.cost.shape.tp
+
     def chunk(self, length: int) -> int:
         """The chunk of a ``length``-token document (ChunkTooLarge when none fits)."""
         if self.memory is None:
-            return self.limit
+            return self.limit - self.limit % self.unit
         if length not in self._chunks:
             self._chunks[length] = fitting_chunk(self.cost, self.memory, length, self.limit, self.cp,
                                                  gradient_bytes=self.gradient_bytes,
-                                                 unsharded_bytes=self.unsharded_bytes)
+                                                 unsharded_bytes=self.unsharded_bytes, unit=self.unit)
         return self._chunks[length]

@@ -10,13 +10,14 @@ per block code object serve every layer and chunk (train/chunked.py). Elsewhere
 they run the blocks' own eager code (``force_eager``), as every chunk did
 before, for a reason this module's rules name:
 
-- the job is not compiled: nothing to trace;
-- TP > 1: a chunk's q, k and v reach the attention as DTensors over the TP
-  mesh, which the traced chunk does not take.
+- the job is not compiled: nothing to trace.
 
-The first rule that applies decides; none applying, the chunks are traced,
-at any CP degree: over a CP group each chunk's K/V all-gather is a
-functional collective inside the trace (attention/prefix.py).
+None applying, the chunks are traced, at any CP and TP degree: over a CP
+group each chunk's K/V all-gather is a functional collective inside the
+trace (attention/prefix.py); under TP each rank's share of a chunk is a
+multiple of the TP degree (train/chunked.py ``tp``), as sequence parallelism
+shards it evenly (compiled blocks failed on an uneven shard: a RecursionError
+in backward).
 The trainer logs the choice once (``ChunkPath.line``).
 """
 
@@ -37,7 +38,6 @@ class ChunkJob:
 
 EAGER_RULES: tuple[tuple[Callable[[ChunkJob], bool], str], ...] = (
     (lambda j: not j.compiled, "the job is not compiled"),
-    (lambda j: j.tp > 1, "under TP a chunk's q, k, v are DTensors, which the traced chunk does not take"),
 )
 """(applies, why) in order: the first that applies keeps a job's chunks eager."""
 
@@ -64,4 +64,4 @@ def chunk_path(compiled: bool, cp: int, tp: int) -> ChunkPath:
     for applies, why in EAGER_RULES:
         if applies(job):
             return ChunkPath(False, why)
-    return ChunkPath(True, "compiled, no TP")
+    return ChunkPath(True, "compiled")

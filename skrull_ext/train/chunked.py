@@ -32,9 +32,10 @@ its labels are ignored).
 
 In a compiled job (torchtitan's per-block ``torch.compile(fullgraph=True)``)
 a chunk's forward, and its recomputation in backward, run through the
-compiled blocks where chunk_path.py says the trace holds them (``traced``:
-no TP; over a CP group the K/V all-gather is a functional collective in the
-trace, attention/prefix.py): each layer's prefix joined on its module (attention/prefix.py),
+compiled blocks (``traced``, chunk_path.py; over a CP group the K/V
+all-gather is a functional collective in the trace, attention/prefix.py;
+under TP a rank's share of each chunk a multiple of the TP degree, ``tp``):
+each layer's prefix joined on its module (attention/prefix.py),
 the forward traced dynamic in the token dimension from the first chunk (the
 blocks' hidden states, positions, query positions and prefix length, marked; every other
 size and scalar static, dynamo's default: dynamic everywhere made the modules' ints and
@@ -149,6 +150,7 @@ def chunked_loss(
     recompute: bool = True,
     pad_chunks: int = 0,
     traced: bool = False,
+    tp: int = 1,
 ) -> ChunkedLoss:
     """Forward of one document in chunks.
 
@@ -169,22 +171,28 @@ def chunked_loss(
             ``tokens`` may then be empty (an all-pad document).
         traced: run the chunks through the compiled blocks (module docstring; chunk_path.py decides);
             False: their eager code. The values are the same either way, up to the compiler's rounding.
+        tp: the TP degree: a rank's tokens of each chunk a multiple of it (sequence parallelism shards
+            them over the TP ranks between blocks, and compiled blocks failed on an uneven shard:
+            docs/design/buffer_layout.md), so ``chunk`` must be a multiple of CP x TP, the last chunk
+            and each pad chunk padded to ``tp`` tokens a rank.
     """
     if tokens.dim() != 1 or tokens.shape != labels.shape:
         raise ValueError(f"tokens and labels must be 1-D of one length, got {tuple(tokens.shape)}, "
                          f"{tuple(labels.shape)}")
     n, rank = (dist.get_world_size(group), dist.get_rank(group)) if group is not None else (1, 0)
-    if chunk % n:
-        raise ValueError(f"chunk size {chunk} is not a multiple of the CP group's {n} ranks")
+    if tp < 1 or chunk % (n * tp):
+        raise ValueError(f"chunk size {chunk} is not a multiple of the CP group's {n} ranks" +
+                         (f" x TP {tp}" if tp != 1 else ""))
     if pad_chunks < 0:
         raise ValueError(f"pad_chunks must be >= 0, got {pad_chunks}")
     layers = attention_layers([model]) if layers is None else layers
     prefix: list[list[torch.Tensor]] = [[] for _ in layers]
     total, bounds = None, chunk_bounds(tokens.numel(), chunk)
-    end = max(tokens.numel(), -(-tokens.numel() // n) * n if bounds else 0)  # past the last chunk's CP padding
-    passes = bounds + [(end + i * n, end + (i + 1) * n) for i in range(pad_chunks)]
+    unit = n * tp  # the last chunk padded to a multiple of it: tp tokens a rank, or more
+    end = -(-tokens.numel() // unit) * unit if bounds else 0  # past the last chunk's padding
+    passes = bounds + [(end + i * unit, end + (i + 1) * unit) for i in range(pad_chunks)]
     for i, (a, b) in enumerate(passes):
-        per = -(-(b - a) // n)  # this rank's tokens of the chunk; the last chunk padded to n of them
+        per = -(-(b - a) // unit) * tp  # this rank's tokens of the chunk (its share, padded)
         lo = a + rank * per
         tok, lab = _padded(tokens, lo, lo + per, 0), _padded(labels, lo, lo + per, IGNORE_INDEX)
         first = rank * per if i >= len(bounds) else lo  # a pad chunk: positions from 0, within any RoPE cache

@@ -92,12 +92,13 @@ def chunked_samples(trainer, step: SkrullStep, global_valid_tokens: torch.Tensor
         with record_function(f"skrull/chunked_{k}"), trainer.train_context():  # a blocking copy waits for the stream
             if sample is None:  # an all-pad document: this rank's passes at a position it holds none of
                 tokens = labels = torch.zeros(0, dtype=torch.long, device=trainer.device)
-                chunk = trainer.parallel_dims.cp
+                chunk = trainer.parallel_dims.cp * trainer.parallel_dims.tp
             else:
                 tokens, labels = (t.to(trainer.device, non_blocking=True) for t in (sample.input, sample.labels))
                 chunk = trainer.skrull_job.chunk_for(sample.length)
             out = chunked_loss(trainer.model_parts[0], tokens, labels, chunk, loss_fn, layers=trainer.dacp_attention,
-                               group=trainer.cp_group, pad_chunks=pad_chunks, traced=trainer.chunk_path.traced)
+                               group=trainer.cp_group, pad_chunks=pad_chunks, traced=trainer.chunk_path.traced,
+                               tp=trainer.parallel_dims.tp)
             out.loss.backward()
         if sample is not None:
             trainer.ntokens_seen += sample.length

@@ -120,8 +120,9 @@ def chunk_rule(skrull, job: SchedulerJob, gradient_bytes: float,
     memory, why = skrull.measured_memory()
     rule = ChunkRule(job.cost_model, memory, limit, job.cp, gradient_bytes, unsharded_params)
     if memory is None:
-        return rule, (f"skrull.overlength chunk: chunks of the limit, {limit} tokens, unchecked against memory: "
-                      f"{why}, so a chunked document's K/V on top of a chunk's activations may exceed it "
+        return rule, (f"skrull.overlength chunk: chunks of the limit, {rule.chunk(limit)} tokens, unchecked against "
+                      f"memory: {why}, so a chunked document's K/V on top of a chunk's activations may exceed it "
                       "(name a profile file: python -m skrull_ext.profile)")
-    return rule, (f"skrull.overlength chunk: each document in the largest chunk (a multiple of cp {job.cp}, at most "
+    unit = f"cp {job.cp}" if rule.unit == job.cp else f"cp {job.cp} x tp {rule.unit // job.cp}"
+    return rule, (f"skrull.overlength chunk: each document in the largest chunk (a multiple of {unit}, at most "
                   f"{limit} tokens) whose predicted peak with its K/V fits a rank's memory ({skrull.cost_model})")

@@ -154,7 +154,7 @@ class Validation:
                                        sample.labels.to(trainer.device), self.limit.chunk(sample.length),
                                        lambda pred, labels: trainer.loss_fn(pred, labels)[0],
                                        layers=trainer.dacp_attention, group=trainer.cp_group, recompute=False,
-                                       traced=trainer.chunk_path.traced)
+                                       traced=trainer.chunk_path.traced, tp=trainer.parallel_dims.tp)
                 if plan.chunked_group[k] == self.build.dp_rank:
                     local += out.loss.double()
         for m in trainer.model_parts:

@@ -37,7 +37,7 @@ unequal micro-batch counts (test_free_running.py); cp2 saves its gradients too, 
 the worstfit-scheduled SHORT run is compared with (test_parity_skrull.py)."""
 
 
-SHORT = frozenset({"cp2_segments_ac_full", "cp2_tiles_ac_selective", "tp2cp2", "dp2tp2", "tp2_compile",
+SHORT = frozenset({"cp2_segments_ac_full", "cp2_tiles_ac_selective", "tp2cp2", "dp2tp2",
                    "cp2_head_chunks", "cp2_bf16", "dp2cp2_bf16", "dp2cp2_pool",
                    "dp1cp4_pool", "dp2rep_defer"})
 """Runs that train POOL_SUB_STEP steps instead of STEPS, their gradients saved at the last and
@@ -151,12 +151,6 @@ class SkrullRuns:
         # recomputes them, test_parity_tp.py's head-chunk test); DP 2 x TP 2 holds the head whole.
         "tp2cp2": (4, ["--parallelism.context_parallel_degree", "2", "--parallelism.tensor_parallel_degree", "2",
                        "--loss.chunk_tokens", "48"]),
-        # Compiled blocks under TP 2 (aot_eager): sequence parallelism shards each buffer's tokens over
-        # the TP ranks between blocks, each buffer padded to a multiple of 2 (data/steps/buffers.py
-        # pad_to_multiple; uneven shards failed step 2's backward compiled: test_compile.py). CP 1: bucket_size
-        # 512 holds every sequence whole (as dp2tp2 below), so it trains as the reference.
-        "tp2_compile": (2, ["--parallelism.tensor_parallel_degree", "2", "--skrull.bucket_size", "512",
-                            "--compile.enable", "--compile.backend", "aot_eager"]),
         # Without CP a rank holds every sequence whole: bucket_size 512, the debug data's longest.
         "dp2tp2": (4, ["--parallelism.data_parallel_shard_degree", "2", "--parallelism.tensor_parallel_degree", "2",
                        "--skrull.defer_grad_sync", "--skrull.bucket_size", "512"]),

@@ -185,18 +185,17 @@ def test_validation_at_dp2_runs_every_document_on_every_rank_and_counts_it_once(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("cp", [1, 2])
-def test_compiled_chunked_run_matches_eager(workdir, seed, one_process, cp):
-    """``--compile.enable`` (each block compiled by aot_eager), 1 process at CP 1 (3 steps), 2 at DP 1 x
-    CP 2 (SHORT steps: step 2's document in chunks sharded over the pair, its K/V all-gather a functional
-    collective in the trace, attention/prefix.py): the same losses and last-step gradients as the eager
-    one-process run within compile's float rounding (test_compile.py's tolerances). The chunks run
-    through the compiled blocks (train/chunk_path.py), the first step with chunked samples compiling the
-    chunk's graphs, a bounded number, and the later ones none (dynamo's counters, read by the probe
-    around each step's chunked samples); the start-up line says so. (Under TP the chunks run the blocks'
-    eager code: chunk_path's rule and line, test_chunked_compiled.py.)"""
+def test_compiled_chunked_run_matches_eager(workdir, seed, one_process):
+    """``--compile.enable`` (each block compiled by aot_eager), 1 process, 3 steps: the same losses and
+    step-3 gradients as the eager one-process run within compile's float rounding (test_compile.py's
+    tolerances). The chunks run through the compiled blocks (train/chunk_path.py), the first step with
+    chunked samples compiling the chunk's graphs, a bounded number, and the later ones none (dynamo's
+    counters, read by the probe around each step's chunked samples); the start-up line says so.
+    (Compiled at CP 2, the K/V all-gather a functional collective in the trace, and under TP: the TP 2
+    x CP 2 run below; the graphs at CP 2: tests/unit_tests/test_chunked.py.)"""
     import json
 
+    cp = 1
     from tests.integration_tests.test_compile import GRAD as COMPILE_GRAD, LOSS as COMPILE_LOSS
 
     steps = STEPS if cp == 1 else SHORT
@@ -233,13 +232,18 @@ def test_compiled_chunked_run_matches_eager(workdir, seed, one_process, cp):
 
 @pytest.mark.slow
 def test_chunked_documents_under_tp2_match_one_process(workdir, seed, one_process):
-    """TP 2 x CP 2 (4 processes): each TP rank runs a chunk's attention on its own heads, keeping their
-    K/V and gathering them over its CP group (attention/module.py hands ChunkAttention the local heads);
-    the same losses and step-SHORT gradients as one process (step 2's 786-token document in chunks of
-    512). (TP 2 x CP 1 takes the same TP path, the chunk held whole as in every CP 1 run here.)"""
+    """TP 2 x CP 2 (4 processes), compiled (aot_eager): each TP rank runs a chunk's attention on its own
+    heads, keeping their K/V and gathering them over its CP group (attention/module.py hands
+    ChunkAttention the local heads), the chunks traced through the compiled blocks; the same losses and
+    step-SHORT gradients as one process (step 2's 786-token document in chunks of 512, the last one's 274
+    tokens run as 69 x 2 a CP rank: even over the TP ranks, as sequence parallelism shards them and
+    the compiled blocks need: train/chunked.py ``tp``). (TP 2 x CP 1 takes the same TP path, the chunk
+    held whole as in every CP 1 run here; eager TP chunks run the same attention code outside a trace.)"""
     run = train_from_seed(workdir, "chunk_tp2cp2", 4, "skrull_ext.train", SKRULL, seed, SHORT,
                           extra=[*CHUNK, "--parallelism.tensor_parallel_degree", "2",
-                                 "--parallelism.context_parallel_degree", "2"], grads_at=SHORT)
+                                 "--parallelism.context_parallel_degree", "2", "--compile.enable",
+                                 "--compile.backend", "aot_eager"], grads_at=SHORT)
     assert "DP 1 x CP 2 x TP 2" in run.output
+    assert "Skrull: chunked documents run the compiled blocks" in run.output, run.output[-3000:]
     assert "of the whole trained in chunks" in run.output, run.output[-3000:]
     _trains_as_one_process(run, one_process, "TP 2 x CP 2", SHORT)

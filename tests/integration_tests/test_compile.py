@@ -15,8 +15,9 @@ From one seed checkpoint, float32, CP=2 over gloo (2 processes), 5 steps:
 - torchtitan's batching (``--skrull.no-enable``): torchtitan's own CP
   attention (dense-mask SDPA on CPU) compiled, against the 1-process eager
   reference the parity tests hold every eager run to.
-- Skrull at TP 2 (2 processes, 2 steps): each buffer padded to a multiple of
-  2 tokens for sequence parallelism's shards, against the reference.
+- Skrull compiled under TP: tests/integration_tests/test_chunk_dp_run.py's
+  TP 2 x CP 2 run (micro-batches and chunked documents, each rank's tokens
+  padded to a multiple of the TP degree).
 
 Each compiled run also computes the head and loss in chunks of 48 tokens
 (train/head_loss.py; the loss compiled per chunk), whose checks live here
@@ -135,15 +136,3 @@ def test_head_chunks_torchtitan_batching_cp2_matches_reference(tt_compiled, refe
     assert IN_FORWARD in tt_compiled.output
     _matches_reference_losses_and_grads(tt_compiled, reference)
 
-
-@pytest.mark.slow
-def test_compile_skrull_tp2_matches_reference(skrull_runs, reference):
-    """Compiled blocks under TP 2: sequence parallelism shards each buffer's tokens over the TP ranks
-    between blocks, so each buffer is padded to a multiple of 2 (data/steps/buffers.py
-    pad_to_multiple). With uneven shards the compiled run failed in step 2's backward (a
-    RecursionError, after dynamo recompiled for an AsyncCollectiveTensor input); now its 2 steps
-    train as the 1-process reference."""
-    run = skrull_runs["tp2_compile"]
-    _compiled(run)
-    assert "DP 1 x CP 1 x TP 2" in run.output
-    _matches_reference_losses_and_grads(run, reference, short=True)

@@ -48,6 +48,24 @@ def test_cp_mask_and_gradients():
         assert ChunkRule(toy_cost(), TWO, 16, 2, 4.0).chunk(length) % 2 == 0
 
 
+def test_under_tp_the_chunk_is_a_multiple_of_cp_x_tp():
+    """Under TP a rank's share of each chunk is split evenly over the TP ranks (train/chunked.py):
+    the rule steps in cp x tp. T = 17 over cp 2 fits 6 (above), not a multiple of 4: in units of
+    4, 4; a rule on a TP 2 cost model takes that unit, and without a memory model the limit
+    rounded down to it."""
+    from skrull_ext._core import CommModel, CostModel, ModelShape
+
+    assert fitting_chunk(toy_cost(), TWO, 17, 16, 2, gradient_bytes=4.0, unit=4) == 4
+    tp2 = CostModel(shape=ModelShape(layers=1, hidden=1, kv_width=1, bytes_per_elem=1, tp=2), a_us_per_flop=1.0,
+                    b_us=0.0, comm=CommModel(bytes=[1.0], us=[0.0], collectives_per_layer=1.0))
+    rule = ChunkRule(tp2, TWO, 16, 2, 4.0)
+    assert rule.unit == 4 and rule.chunk(17) % 4 == 0
+    assert rule.chunk(17) == fitting_chunk(tp2, TWO, 17, 16, 2, gradient_bytes=4.0, unit=4)
+    assert ChunkRule(tp2, None, 18, 2).chunk(10_000) == 16
+    with pytest.raises(ValueError, match=r"unit 3 must be positive, the unit a multiple of cp"):
+        fitting_chunk(toy_cost(), TWO, 17, 16, 2, unit=3)
+
+
 def test_the_limit_when_it_fits():
     roomy = dataclasses.replace(ONE, usable=1000.0)
     assert fitting_chunk(toy_cost(), roomy, 40, 16) == 16
@@ -98,7 +116,7 @@ def test_the_scheduler_prices_the_chunk_the_trainer_runs(monkeypatch):
         skrull_job=job, device=torch.device("cpu"), free_running=None,
         config=SimpleNamespace(skrull=SimpleNamespace(defer_grad_sync=False)), train_context=nullcontext,
         model_parts=[None], loss_fn=None, dacp_attention=[], cp_group=None, ntokens_seen=0,
-        chunk_path=SimpleNamespace(traced=False))
+        chunk_path=SimpleNamespace(traced=False), parallel_dims=SimpleNamespace(cp=1, tp=1))
     step = SimpleNamespace(micro_batches=[], plan=plan, dp_rank=0, chunked=[
         SimpleNamespace(input=torch.zeros(n, dtype=torch.long), labels=torch.zeros(n, dtype=torch.long), length=n)
         for n in lengths])

@@ -165,7 +165,7 @@ def test_the_trainer_runs_each_rank_padded_and_syncs_in_the_same_pass(monkeypatc
         ran.clear()
         syncs = []
         trainer = SimpleNamespace(
-            skrull_job=sched.job, device=torch.device("cpu"), free_running=None, parallel_dims=SimpleNamespace(cp=1),
+            skrull_job=sched.job, device=torch.device("cpu"), free_running=None, parallel_dims=SimpleNamespace(cp=1, tp=1),
             config=SimpleNamespace(skrull=SimpleNamespace(defer_grad_sync=defer)), train_context=nullcontext,
             model_parts=[None], loss_fn=None, dacp_attention=[], cp_group=None, ntokens_seen=0,
             chunk_path=SimpleNamespace(traced=False),

@@ -135,6 +135,25 @@ def test_chunked_equals_one_pass_cp1(lora, ac):
     _close((loss, grads), one_pass(lora, ac))
 
 
+@pytest.mark.parametrize("tp, pads", [(2, 0), (4, 2)])
+def test_chunk_shares_padded_to_the_tp_degree_equal_one_pass(tp, pads):
+    """Under TP a rank's share of each chunk is a multiple of the TP degree, which sequence
+    parallelism shards evenly (compiled blocks failed on an uneven shard): the document's last chunk
+    (27 tokens) runs as 28, each lockstep pad chunk as ``tp`` tokens; the pads come after every real
+    token, so the loss and gradients are one pass's. A chunk not a multiple of CP x TP is refused."""
+    model = _model()
+    tokens, labels = _document()
+    seen = []
+    hook = model.register_forward_pre_hook(lambda m, args: seen.append(args[0].size(1)))
+    out = chunked_loss(model, tokens, labels, CHUNK, _loss, pad_chunks=pads, tp=tp)
+    out.loss.backward()
+    hook.remove()
+    _close((out.loss.item(), _grads(model)), one_pass())
+    assert set(seen) == {CHUNK, 28} | ({tp} if pads else set()), seen  # forwards and recomputations
+    with pytest.raises(ValueError, match=r"chunk size 30 is not a multiple of the CP group's 1 ranks x TP 4"):
+        chunked_loss(model, tokens, labels, 30, _loss, tp=4)
+
+
 def test_chunk_size_must_split_over_the_group():
     class Two:  # a group of 2 ranks is only asked its size and rank first
         pass

@@ -13,7 +13,7 @@ micro-batch again:
   reuses its forward's. Its loss and every gradient are the one-pass
   reference's within the chunk tests' tolerances (loss 1e-6, gradients 1e-5
   relative). A forward under no_grad (validation's) gives its loss again.
-- eager (``traced=False``, what TP runs): the blocks' own code
+- eager (``traced=False``, what an uncompiled job runs): the blocks' own code
   (``force_eager``), bitwise the eager model's chunked run, compiling nothing.
 - the micro-batch after the chunks reuses its first graphs.
 
@@ -124,10 +124,8 @@ def test_eager_chunks_in_a_compiled_model_are_the_eager_models(compiled_run):
 
 
 def test_chunk_path_rule():
-    """Compiled without TP: traced at any CP; otherwise eager, the first rule that applies named."""
-    assert chunk_path(True, 1, 1).traced and chunk_path(True, 2, 1).traced
+    """Compiled: traced at any CP and TP; not compiled: eager, the rule named."""
+    assert all(chunk_path(True, cp, tp).traced for cp in (1, 2) for tp in (1, 2))
     assert not chunk_path(False, 1, 1).traced and "not compiled" in chunk_path(False, 2, 2).reason
-    assert not chunk_path(True, 2, 2).traced and "TP" in chunk_path(True, 2, 2).reason
-    assert not chunk_path(True, 1, 2).traced and "TP" in chunk_path(True, 1, 2).reason
-    assert "compiled blocks" in chunk_path(True, 2, 1).line() and "eager" in chunk_path(True, 1, 2).line("chunk")
+    assert "compiled blocks" in chunk_path(True, 2, 2).line() and "eager" in chunk_path(False, 1, 2).line("chunk")
     assert chunk_path(True, 1, 1).line("truncate") is None  # nothing chunked, nothing to say

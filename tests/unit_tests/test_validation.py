@@ -113,7 +113,7 @@ def test_validation_chunks_a_document_at_training_s_fitted_chunk(monkeypatch):
         chunk_path=SimpleNamespace(traced=False),
         loss_fn=lambda pred, labels, positions=None: (_loss(pred, labels), None),
         dacp_attention=attention_layers([model]),
-        parallel_dims=SimpleNamespace(dp_cp_enabled=False), metrics_processor=SimpleNamespace(
+        parallel_dims=SimpleNamespace(dp_cp_enabled=False, tp=1), metrics_processor=SimpleNamespace(
             logger=SimpleNamespace(log=lambda *a: None)))
     result = run.run(trainer, 1)
     assert chunks == [24], chunks  # not the limit's 64
