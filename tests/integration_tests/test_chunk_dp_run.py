@@ -191,8 +191,8 @@ def test_compiled_chunked_run_matches_eager(workdir, seed, one_process):
     tolerances). The chunks run through the compiled blocks (train/chunk_path.py), the first step with
     chunked samples compiling the chunk's graphs, a bounded number, and the later ones none (dynamo's
     counters, read by the probe around each step's chunked samples); the start-up line says so.
-    (Compiled at CP 2, the K/V all-gather a functional collective in the trace, and under TP: the TP 2
-    x CP 2 run below; the graphs at CP 2: tests/unit_tests/test_chunked.py.)"""
+    (Compiled under TP: the TP 2 run at the end of this file; at CP 2, the K/V all-gather a functional
+    collective in the trace: tests/unit_tests/test_chunked.py, 2 gloo ranks.)"""
     import json
 
     cp = 1
@@ -232,18 +232,30 @@ def test_compiled_chunked_run_matches_eager(workdir, seed, one_process):
 
 @pytest.mark.slow
 def test_chunked_documents_under_tp2_match_one_process(workdir, seed, one_process):
-    """TP 2 x CP 2 (4 processes), compiled (aot_eager): each TP rank runs a chunk's attention on its own
-    heads, keeping their K/V and gathering them over its CP group (attention/module.py hands
-    ChunkAttention the local heads), the chunks traced through the compiled blocks; the same losses and
-    step-SHORT gradients as one process (step 2's 786-token document in chunks of 512, the last one's 274
-    tokens run as 69 x 2 a CP rank: even over the TP ranks, as sequence parallelism shards them and
-    the compiled blocks need: train/chunked.py ``tp``). (TP 2 x CP 1 takes the same TP path, the chunk
-    held whole as in every CP 1 run here; eager TP chunks run the same attention code outside a trace.)"""
+    """TP 2 x CP 2 (4 processes): each TP rank runs a chunk's attention on its own heads, keeping their
+    K/V and gathering them over its CP group (attention/module.py hands ChunkAttention the local heads);
+    the same losses and step-SHORT gradients as one process (step 2's 786-token document in chunks of
+    512, the last one's 274 tokens run as 69 x 2 a CP rank: even over the TP ranks, train/chunked.py
+    ``tp``). Compiled under TP: the test after this one (at CP 1: 4 compiled ranks cost CI 246 s)."""
     run = train_from_seed(workdir, "chunk_tp2cp2", 4, "skrull_ext.train", SKRULL, seed, SHORT,
                           extra=[*CHUNK, "--parallelism.tensor_parallel_degree", "2",
-                                 "--parallelism.context_parallel_degree", "2", "--compile.enable",
-                                 "--compile.backend", "aot_eager"], grads_at=SHORT)
+                                 "--parallelism.context_parallel_degree", "2"], grads_at=SHORT)
     assert "DP 1 x CP 2 x TP 2" in run.output
-    assert "Skrull: chunked documents run the compiled blocks" in run.output, run.output[-3000:]
     assert "of the whole trained in chunks" in run.output, run.output[-3000:]
     _trains_as_one_process(run, one_process, "TP 2 x CP 2", SHORT)
+
+
+@pytest.mark.slow
+def test_compiled_under_tp2_matches_one_process(workdir, seed, one_process):
+    """TP 2, compiled (aot_eager), 2 processes, SHORT steps: micro-batches and chunked documents (step
+    2's three, in chunks of 256) through the compiled blocks, each rank's tokens padded to a multiple
+    of the TP degree, as sequence parallelism shards them between blocks (data/steps/buffers.py
+    pad_to_multiple, train/chunked.py ``tp``): with an uneven shard the compiled run failed in step 2's
+    backward (a RecursionError). The same losses and step-SHORT gradients as one process."""
+    run = train_from_seed(workdir, "chunk_tp2_compile", 2, "skrull_ext.train", SKRULL, seed, SHORT,
+                          extra=[*CHUNK, "--parallelism.tensor_parallel_degree", "2", "--compile.enable",
+                                 "--compile.backend", "aot_eager"], grads_at=SHORT)
+    assert "DP 1 x CP 1 x TP 2" in run.output
+    assert "Skrull: chunked documents run the compiled blocks" in run.output, run.output[-3000:]
+    assert "of the whole trained in chunks" in run.output, run.output[-3000:]
+    _trains_as_one_process(run, one_process, "TP 2 compiled", SHORT)

@@ -16,7 +16,7 @@ From one seed checkpoint, float32, CP=2 over gloo (2 processes), 5 steps:
   attention (dense-mask SDPA on CPU) compiled, against the 1-process eager
   reference the parity tests hold every eager run to.
 - Skrull compiled under TP: tests/integration_tests/test_chunk_dp_run.py's
-  TP 2 x CP 2 run (micro-batches and chunked documents, each rank's tokens
+  compiled TP 2 run (micro-batches and chunked documents, each rank's tokens
   padded to a multiple of the TP degree).
 
 Each compiled run also computes the head and loss in chunks of 48 tokens

@@ -23,7 +23,7 @@ block all-gathers it back first). DACP composes with that unchanged:
 
 Tested over gloo at TP 2 x CP 2 and DP 2 x TP 2 against the 1-process reference
 (tests/integration_tests/test_parity_tp.py), and compiled at TP 2
-(tests/integration_tests/test_compile.py).
+(tests/integration_tests/test_chunk_dp_run.py).
 """
 
 from __future__ import annotations
