@@ -90,9 +90,10 @@ class ChunkAttention:
         self.prefix = prefix
         self.group = group if group is not None and dist.get_world_size(group) > 1 else None
         self.cu = cu
-        keywords = _varlen_keywords() if cu is not None else ()
-        self.varlen_kwargs = {gqa: _varlen_kwargs(gqa, keywords) for gqa in (False, True)} if cu is not None else {}
+        self.varlen_kwargs: dict[bool, dict] = {}
         """varlen_attn's keywords without and with GQA, read here: the signature's inspection does not trace."""
+        if cu is not None:
+            self.varlen_kwargs = {gqa: _varlen_kwargs(gqa, _varlen_keywords()) for gqa in (False, True)}
         self.after = dist.get_world_size(group) - 1 - dist.get_rank(group) if self.group is not None else 0
         """The CP ranks after this one: their slices of the chunk end the keys, past this rank's queries."""
         self.kept: list[torch.Tensor | None] = [None] * len(layers)

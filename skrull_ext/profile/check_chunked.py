@@ -202,7 +202,7 @@ def check_chunked(jm: JobModel, cost: CostModel, pm: ProfileMemory, length: int,
     layers = attention_layers([jm.model])
     loss_fn = lambda pred, lab: jm.loss_fn(pred, lab, in_checkpoint=True)[0]  # noqa: E731  (as passes.py)
 
-    traced = chunk_path(model_compiled(jm.config), 1, 1).traced  # one process: the trainer's path at CP 1
+    traced = chunk_path(model_compiled(jm.config)).traced  # the trainer's path
 
     def forward():
         return chunked_loss(jm.model, ids, labels, chunk, loss_fn, layers=layers, traced=traced)

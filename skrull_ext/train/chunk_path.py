@@ -1,45 +1,24 @@
-"""Where a compiled job's chunked documents run: the compiled blocks, or their eager code.
+"""Where a job's chunked documents run: the compiled blocks, or their eager code.
 
 ``overlength = "chunk"`` runs each chunk of a document as a forward of the model
 (train/chunked.py). In a compiled job (torchtitan's per-block
 ``torch.compile(fullgraph=True)``) a chunk's forward, and its recomputation in
-backward, run through the blocks' compiled graphs where the trace can hold
-what a chunk does (*traced*): each layer's prefix on its module, joined, and
-the chunk compiled with dynamic shapes from its first call, so a few graphs
-per block code object serve every layer and chunk (train/chunked.py). Elsewhere
-they run the blocks' own eager code (``force_eager``), as every chunk did
-before, for a reason this module's rules name:
-
-- the job is not compiled: nothing to trace.
-
-None applying, the chunks are traced, at any CP and TP degree: over a CP
-group each chunk's K/V all-gather is a functional collective inside the
-trace (attention/prefix.py); under TP each rank's share of a chunk is a
-multiple of the TP degree (train/chunked.py ``tp``), as sequence parallelism
-shards it evenly (compiled blocks failed on an uneven shard: a RecursionError
-in backward).
-The trainer logs the choice once (``ChunkPath.line``).
+backward, run through the blocks' compiled graphs (*traced*): each layer's
+prefix on its module, joined, and the chunk compiled with dynamic shapes from
+its first call, so a few graphs per block code object serve every layer and
+chunk (train/chunked.py). At any CP and TP degree: over a CP group each
+chunk's K/V all-gather is a functional collective inside the trace
+(attention/prefix.py); under TP each rank's share of a chunk is a multiple of
+the TP degree (train/chunked.py ``tp``), as sequence parallelism shards it
+evenly (compiled blocks failed on an uneven shard: a RecursionError in
+backward). An uncompiled job has nothing to trace: its chunks run the blocks'
+own eager code (``force_eager``). The trainer logs the choice once
+(``ChunkPath.line``).
 """
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["ChunkPath", "chunk_path", "EAGER_RULES"]
-
-
-@dataclass(frozen=True)
-class ChunkJob:
-    """What the rules read of a job."""
-
-    compiled: bool
-    cp: int
-    tp: int
-
-
-EAGER_RULES: tuple[tuple[Callable[[ChunkJob], bool], str], ...] = (
-    (lambda j: not j.compiled, "the job is not compiled"),
-)
-"""(applies, why) in order: the first that applies keeps a job's chunks eager."""
+__all__ = ["ChunkPath", "chunk_path"]
 
 
 @dataclass(frozen=True)
@@ -58,10 +37,6 @@ class ChunkPath:
         return f"Skrull: chunked documents {how}: {self.reason} (train/chunk_path.py)"
 
 
-def chunk_path(compiled: bool, cp: int, tp: int) -> ChunkPath:
-    """The first of EAGER_RULES that applies to the job, or traced."""
-    job = ChunkJob(compiled, cp, tp)
-    for applies, why in EAGER_RULES:
-        if applies(job):
-            return ChunkPath(False, why)
-    return ChunkPath(True, "compiled")
+def chunk_path(compiled: bool) -> ChunkPath:
+    """Traced in a compiled job, the blocks' eager code otherwise (module docstring)."""
+    return ChunkPath(True, "compiled") if compiled else ChunkPath(False, "the job is not compiled")

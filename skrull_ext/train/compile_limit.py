@@ -20,8 +20,8 @@ more where an int of the input (varlen's longest sequence) first changes;
 and one per size class inductor's heuristics guard on (an H200 run
 recompiled when a micro-batch fell below 5,852 tokens: docs/results/gpu.md,
 run 4). That was 12 or more before the token marks,
-each compiled once per run, and under ``overlength = "chunk"`` (traced
-without TP: train/chunk_path.py) up to six more in training and two in validation (a traced chunk's: the first
+each compiled once per run, and under ``overlength = "chunk"`` (traced in
+a compiled job: train/chunk_path.py) up to six more in training and two in validation (a traced chunk's: the first
 chunk's and the rest's, their recomputation's under FSDP, a lockstep pad
 chunk's single token: train/chunked.py; 6 measured at DP 2 lockstep): 20.
 

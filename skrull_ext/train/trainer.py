@@ -165,7 +165,7 @@ class SkrullTrainer(JobTrainer):
         self.full_ac = isinstance(self.config.activation_checkpoint, FullAC.Config)
         self.dacp_stats = [m.stats for m in self.dacp_attention]
         """The layers' counters, which attention_input bumps for a traced micro-batch."""
-        self.chunk_path = path = chunk_path(compiled, dims.cp, dims.tp)  # how chunked documents run (chunk_path.py)
+        self.chunk_path = path = chunk_path(compiled)  # how chunked documents run (chunk_path.py)
         for line in (*compile_settings(compiled, self.model_parts), path.line(skrull.overlength)):
             if line is not None:
                 logger.info(line)

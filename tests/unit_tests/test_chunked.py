@@ -181,7 +181,7 @@ def _worker(rank: int, store: str, outdir: str) -> None:
         for block in model.layers.values():
             block.compile(backend="aot_eager", fullgraph=True)
         counters = torch._dynamo.utils.counters
-        traced = chunk_path(True, 2, 1).traced
+        traced = chunk_path(True).traced
         graphs = []
         for length in (4 * CHUNK - 5, LENGTH):
             model.zero_grad(set_to_none=True)

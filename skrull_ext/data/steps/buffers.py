@@ -140,6 +140,7 @@ def pad_to_multiple(buf: MicroBatchBuffer, multiple: int) -> MicroBatchBuffer:
     def insert(t: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
         return torch.cat([t[:, :at], pad[None].to(t.dtype), t[:, at:]], dim=1)
 
-    return MicroBatchBuffer(insert(buf.input, torch.zeros(extra)),
-                            insert(buf.labels, torch.full((extra,), IGNORE_INDEX)), insert(buf.positions, torch.arange(extra)),
+    pad_labels = torch.full((extra,), IGNORE_INDEX)
+    return MicroBatchBuffer(insert(buf.input, torch.zeros(extra)), insert(buf.labels, pad_labels),
+                            insert(buf.positions, torch.arange(extra)),
                             meta=replace(buf.meta, local_lens=[*buf.meta.local_lens, extra]), seqs=buf.seqs)
