@@ -29,6 +29,15 @@ their first change, as before. The job's compiled loss and the head's
 compiled chunk step (train/head_loss.py, head_grad.py) vary with the
 micro-batch too: their callers mark the token dimension (``mark_dynamic``).
 
+Under TP the hidden states are a DTensor. The first block's come from the
+embedding's reduce-scatter, in eager: their local tensor is an
+``AsyncCollectiveTensor`` (not yet waited), while every later block gets a
+compiled block's output, a plain tensor. Dynamo guards on that type, so
+every graph was compiled twice, once for block 0 and once for the rest (the
+TP 2 debug job: 10 block graphs where 5 do). The hook waits for the
+collective first (``settle``), as block 0's first op would: the same graphs
+for every block, and nothing overlapped is lost.
+
 torchtitan's batchings train one row shape, and an uncompiled job has
 nothing to trace: the trainer marks only a compiled Skrull job's blocks.
 """
@@ -36,12 +45,13 @@ nothing to trace: the trainer marks only a compiled Skrull job's blocks.
 from collections.abc import Callable, Iterable
 
 import torch
+from torch.distributed._functional_collectives import AsyncCollectiveTensor
 from torch.utils.hooks import RemovableHandle
 
 from skrull_ext.attention.local_only import LocalOnlyBatch
 from skrull_ext.attention.prefix import ChunkAttention
 
-__all__ = ["ATTENTION_DIMS", "mark_blocks", "mark_dynamic", "mark_tokens"]
+__all__ = ["ATTENTION_DIMS", "mark_blocks", "mark_dynamic", "mark_tokens", "settle"]
 
 ATTENTION_DIMS: dict[type, Callable[[object], list[tuple[torch.Tensor | None, int]]]] = {
     ChunkAttention: lambda c: [(c.q_pos, 0)],
@@ -63,13 +73,25 @@ def mark_dynamic(*dims: tuple[torch.Tensor | None, int]) -> None:
             torch._dynamo.maybe_mark_dynamic(t._base, dim - (t.dim() - t._base.dim()))
 
 
+def settle(x: object) -> None:
+    """A DTensor whose local tensor is a collective not yet waited (an ``AsyncCollectiveTensor``)
+    holds the waited tensor instead, in place: the same data and the same autograd node (the
+    DTensor's), so dynamo meets one local tensor type at every block (module docstring)."""
+    for t in (x, getattr(x, "_base", None)):
+        local = getattr(t, "_local_tensor", None)
+        if isinstance(local, AsyncCollectiveTensor):
+            t._local_tensor = local.trigger_wait()
+
+
 @torch._dynamo.disable  # a hook is a frame of its own: run eagerly, it may mark what the block's frame gets
 def mark_tokens(block, args) -> None:
-    """Before a compiled block's frame (``register_forward_pre_hook``): the dimensions of its inputs
-    that vary with the micro-batch dynamic (module docstring). Args: (hidden states, attention input,
+    """Before a compiled block's frame (``register_forward_pre_hook``): its hidden states settled
+    (``settle``) and the dimensions of its inputs that vary with the micro-batch dynamic (module
+    docstring). Args: (hidden states, attention input,
     positions), torchtitan's TransformerBlock.forward."""
     x, ctx = args[:2]
     positions = args[2] if len(args) > 2 else None
+    settle(x)
     mark_dynamic((x, 1), (positions, 1), *ATTENTION_DIMS.get(type(ctx), lambda _: [])(ctx))
 
 
