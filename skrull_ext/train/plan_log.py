@@ -52,6 +52,8 @@ def step_record(step) -> dict:
         "plan_digest": plan.digest(),
         "gds_digest": gds_digest(plan),
         "buffers_digest": buffers_digest(step.micro_batches),
+        # this rank's buffers as fed, in order: under TP each padded to a multiple of the degree
+        "buffer_lengths": [mb.input.numel() for mb in step.micro_batches],
     }
 
 

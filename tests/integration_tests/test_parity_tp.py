@@ -14,8 +14,12 @@ reference's head is whole), DP 2 x TP 2 unchunked: the one TP 2 x CP 2 run serve
 and the chunked head's checks (test_head_loss_run.py has the other shapes').
 """
 
+import os
+from collections import Counter
+
 import pytest
 
+from skrull_ext.train.plan_log import read_plan_log
 from tests.integration_tests.conftest import POOL_SUB_STEP
 from tests.integration_tests.test_head_loss_run import LINE
 from tests.integration_tests.test_parity_skrull import _matches_reference_losses_and_grads
@@ -61,9 +65,24 @@ def test_head_chunks_tp2_cp2(skrull_runs):
 def test_tp_parity_dp2_tp2(skrull_runs, reference):
     """FSDP over 2 DP ranks x TP 2 (no CP: every sequence whole on its rank, bucket_size
     512 so that none is cut), gradients reduce-scattered once per step as in
-    test_parity_skrull's dp2cp2."""
+    test_parity_skrull's dp2cp2. Each rank's buffers as fed (the plan log's) are its micro-batches each
+    padded to a multiple of the TP degree (data/steps/buffers.py pad_to_multiple: compiled blocks failed
+    on an uneven sequence-parallel shard, docs/design/buffer_layout.md), step 2's 357 tokens fed as 358."""
     run = skrull_runs["dp2tp2"]
     assert "DP 2 x CP 1 x TP 2" in run.output and LINE not in run.output  # the head whole
     _matches_reference_losses_and_grads(run, reference, short=True)
     assert sum(run.scalars("skrull/truncated")) == sum(run.scalars("skrull/dropped")) == 0
     assert sum(run.scalars("skrull/dacp_fwd_bytes")) == 0
+    odd = 0  # micro-batches whose real tokens are odd: each fed one token longer (data/steps/buffers.py)
+    for rank in range(4):  # world rank r: DP rank r // 2, TP rank r % 2
+        for step, rec in read_plan_log(os.path.join(run.dump, "skrull_plans", f"rank{rank}.jsonl")).items():
+            real = {}  # this DP rank's micro-batches (the plan's index) -> their tokens
+            for n, d, m in zip(rec["lengths"], rec["plan_dp_rank"], rec["plan_micro_batch"]):
+                if d == rank // 2:
+                    real[m] = real.get(m, 0) + n
+            fed = rec["buffer_lengths"]
+            print(f"rank {rank} step {step}: real {sorted(real.values())} fed {fed}")
+            assert all(n % 2 == 0 for n in fed), (rank, step, fed)  # TP 2: every buffer a multiple of 2
+            assert not Counter(n + n % 2 for n in real.values()) - Counter(fed), (rank, step, real, fed)
+            odd += sum(n % 2 for n in real.values())
+    assert odd > 0  # the padding is exercised
