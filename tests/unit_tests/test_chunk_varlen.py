@@ -40,8 +40,12 @@ def stand_in(monkeypatch):
 
     calls = []
 
-    def varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, *, scale=None, window_size=None, enable_gqa=False, **_):
+    def varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, *, scale=None, window_size=None, enable_gqa=None, **_):
         assert tuple(window_size) == (-1, 0)  # causal
+        # GQA: asked for where varlen_attn takes enable_gqa (torch >= 2.13), else flash attention's
+        # native GQA, read from the head counts (2.11's, which the product passes no keyword: kernels.py)
+        assert enable_gqa in (None, k.size(1) != q.size(1)), (enable_gqa, q.shape, k.shape)
+        enable_gqa = k.size(1) != q.size(1)
         if not torch.compiler.is_compiling():
             calls.append((cu_q.tolist(), cu_k.tolist(), max_q, max_k))
         q, k, v = (x.transpose(0, 1)[None] for x in (q, k[:max_k], v[:max_k]))  # [1, H, T, D]
