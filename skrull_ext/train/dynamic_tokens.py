@@ -36,7 +36,11 @@ compiled block's output, a plain tensor. Dynamo guards on that type, so
 every graph was compiled twice, once for block 0 and once for the rest (the
 TP 2 debug job: 10 block graphs where 5 do). The hook waits for the
 collective first (``settle``), as block 0's first op would: the same graphs
-for every block, and nothing overlapped is lost.
+for every block, and nothing overlapped is lost. Torch 2.11 splits them
+another way: a compiled block's output DTensor [1, L, D] has the stride
+(L, D, 1), the embedding's (L x D, D, 1), and dynamo guards on it (13
+graphs on 2.11 where 2.13 had 6), so a DTensor with other than contiguous
+strides is re-wrapped with them, an identity in autograd.
 
 torchtitan's batchings train one row shape, and an uncompiled job has
 nothing to trace: the trainer marks only a compiled Skrull job's blocks.
@@ -46,6 +50,7 @@ from collections.abc import Callable, Iterable
 
 import torch
 from torch.distributed._functional_collectives import AsyncCollectiveTensor
+from torch.distributed.tensor import DTensor
 from torch.utils.hooks import RemovableHandle
 
 from skrull_ext.attention.local_only import LocalOnlyBatch
@@ -73,26 +78,37 @@ def mark_dynamic(*dims: tuple[torch.Tensor | None, int]) -> None:
             torch._dynamo.maybe_mark_dynamic(t._base, dim - (t.dim() - t._base.dim()))
 
 
-def settle(x: object) -> None:
-    """A DTensor whose local tensor is a collective not yet waited (an ``AsyncCollectiveTensor``)
-    holds the waited tensor instead, in place: the same data and the same autograd node (the
-    DTensor's), so dynamo meets one local tensor type at every block (module docstring)."""
+def settle(x: object) -> object:
+    """``x``, or a DTensor that every block receives in the same form (module docstring): its local
+    tensor, if a collective not yet waited (an ``AsyncCollectiveTensor``), swapped in place for the
+    waited one (the same data and the same autograd node, the DTensor's); and where its strides are
+    not the contiguous ones (torch 2.11 gives a compiled block's output DTensor the stride (L, D, 1)
+    for [1, L, D], the embedding's is (L x D, D, 1)), re-wrapped with them (``to_local`` and
+    ``from_local``: an identity in autograd, no communication)."""
     for t in (x, getattr(x, "_base", None)):
         local = getattr(t, "_local_tensor", None)
         if isinstance(local, AsyncCollectiveTensor):
             t._local_tensor = local.trigger_wait()
+    if isinstance(x, DTensor):
+        contiguous = tuple(torch._prims_common.make_contiguous_strides_for(x.shape))
+        if x.stride() != contiguous:
+            x = DTensor.from_local(x.to_local(), x.device_mesh, x.placements, run_check=False, shape=x.shape,
+                                   stride=contiguous).view(x.shape)  # a view, as FSDP hands every block
+    return x
 
 
 @torch._dynamo.disable  # a hook is a frame of its own: run eagerly, it may mark what the block's frame gets
-def mark_tokens(block, args) -> None:
+def mark_tokens(block, args) -> tuple | None:
     """Before a compiled block's frame (``register_forward_pre_hook``): its hidden states settled
     (``settle``) and the dimensions of its inputs that vary with the micro-batch dynamic (module
-    docstring). Args: (hidden states, attention input,
-    positions), torchtitan's TransformerBlock.forward."""
+    docstring). Args: (hidden states, attention input, positions), torchtitan's
+    TransformerBlock.forward; returns them with the settled hidden states where ``settle`` re-wrapped
+    them (None: unchanged, as the hook protocol reads it)."""
     x, ctx = args[:2]
     positions = args[2] if len(args) > 2 else None
-    settle(x)
-    mark_dynamic((x, 1), (positions, 1), *ATTENTION_DIMS.get(type(ctx), lambda _: [])(ctx))
+    settled = settle(x)
+    mark_dynamic((settled, 1), (positions, 1), *ATTENTION_DIMS.get(type(ctx), lambda _: [])(ctx))
+    return None if settled is x else (settled, *args[1:])
 
 
 def mark_blocks(model_parts: Iterable[torch.nn.Module]) -> list[RemovableHandle]:
