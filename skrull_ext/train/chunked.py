@@ -46,13 +46,14 @@ which saves other tensors: pytorch issue 166926), and side effects allowed
 under torchtitan's activation checkpointing (the recompute does not replay
 them: the module's state is read in the forward only). Two graphs a block
 code object, the first chunk's and the rest's, whatever the layers and
-chunks (tests/unit_tests/test_chunked_compiled.py counts them); under FSDP
-(torchtitan wraps one rank too) two more, once: FSDP's pre-forward hands a
-block its input as a view (the autograd function its post-backward hook
-hangs on) but not in a recomputation (its ``_pre_forward`` returns early in
-backward), and dynamo guards on whether an input is a view
-(tests/integration_tests/test_chunk_dp_run.py: 4 graphs in the first step
-with documents, none after). Elsewhere a chunk runs the blocks' own eager
+chunks (tests/unit_tests/test_chunked_compiled.py counts them), under FSDP
+too (torchtitan wraps one rank too): FSDP's pre-forward hands a block its
+input as a view (the autograd function its post-backward hook hangs on) but
+not in a recomputation (its ``_pre_forward`` returns early in backward), and
+dynamo guards on whether an input is a view, so the blocks' pre-hook hands
+the recomputation a view too (train/dynamic_tokens.py ``settle``; before
+it, 4 graphs: tests/integration_tests/test_chunk_dp_run.py counts 2 in the
+first step with documents, none after). Elsewhere a chunk runs the blocks' own eager
 code (``torch.compiler.set_stance("force_eager")`` around the model call),
 which compiles nothing.
 """

@@ -40,7 +40,10 @@ for every block, and nothing overlapped is lost. Torch 2.11 splits them
 another way: a compiled block's output DTensor [1, L, D] has the stride
 (L, D, 1), the embedding's (L x D, D, 1), and dynamo guards on it (13
 graphs on 2.11 where 2.13 had 6), so a DTensor with other than contiguous
-strides is re-wrapped with them, an identity in autograd.
+strides is re-wrapped with them, an identity in autograd. Under FSDP a
+chunk's recompute got a block input that is not a view where its forward
+got one, which dynamo guards on too: the hook hands every block a view
+(train/chunked.py), the TP 2 chunked debug job 4 graphs where it had 6.
 
 torchtitan's batchings train one row shape, and an uncompiled job has
 nothing to trace: the trainer marks only a compiled Skrull job's blocks.
@@ -84,7 +87,11 @@ def settle(x: object) -> object:
     waited one (the same data and the same autograd node, the DTensor's); and where its strides are
     not the contiguous ones (torch 2.11 gives a compiled block's output DTensor the stride (L, D, 1)
     for [1, L, D], the embedding's is (L x D, D, 1)), re-wrapped with them (``to_local`` and
-    ``from_local``: an identity in autograd, no communication)."""
+    ``from_local``: an identity in autograd, no communication). And any input that needs grad, a
+    view: FSDP's pre-forward hands a block its input as one (the autograd function its post-backward
+    hook hangs on) but not in a chunk's checkpointed recompute (it returns early in backward), and
+    dynamo guards on whether an input is a view: two more chunk graphs, and the recompute met
+    another graph than its forward ran."""
     for t in (x, getattr(x, "_base", None)):
         local = getattr(t, "_local_tensor", None)
         if isinstance(local, AsyncCollectiveTensor):
@@ -94,6 +101,8 @@ def settle(x: object) -> object:
         if x.stride() != contiguous:
             x = DTensor.from_local(x.to_local(), x.device_mesh, x.placements, run_check=False, shape=x.shape,
                                    stride=contiguous).view(x.shape)  # a view, as FSDP hands every block
+    if isinstance(x, torch.Tensor) and x._base is None and x.requires_grad:
+        x = x.view(x.shape)  # a chunk's recompute: FSDP hands a view in the forward only
     return x
 
 
