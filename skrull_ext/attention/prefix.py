@@ -26,7 +26,7 @@ Two ways to find a layer's prefix, one attention:
   instead, joined into one tensor (``DacpAttention.chunk_prefix``, None for
   the first chunk), and the chunk's K/V come out the same way
   (``chunk_kept``): two graphs for any number of layers and chunks (the
-  first chunk's, the rest's; four under FSDP: train/chunked.py). The join is one more copy of a layer's prefix;
+  first chunk's, the rest's; under FSDP too: train/chunked.py). The join is one more copy of a layer's prefix;
   ``attend`` drops it from the module once read, so it lives until its
   layer's attention (docs/design/chunked.md, "Compiled chunks").
 
