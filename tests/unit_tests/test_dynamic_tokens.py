@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from skrull_ext.attention import build_meta
 from skrull_ext.attention.local_only import LocalOnlyBatch
 from skrull_ext.attention.prefix import ChunkAttention
-from skrull_ext.train.dynamic_tokens import ATTENTION_DIMS, mark_tokens
+from skrull_ext.train.dynamic_tokens import ATTENTION_DIMS, mark_tokens, settle
 from skrull_ext.train.head_grad import head_loss_in_forward, linear_cross_entropy_grad
 from tests.unit_tests.test_dacp_compiled import _model, _run, BATCHES
 
@@ -45,6 +45,28 @@ def test_mark_tokens_marks_what_grows_with_the_micro_batch():
     mark_tokens(None, (torch.zeros(1, 4, 8), ChunkAttention(q_pos, [], []), torch.arange(4, 8)[None]))
     assert _dynamic(q_pos) == {0}
     assert set(ATTENTION_DIMS) == {ChunkAttention, LocalOnlyBatch}  # the DACP meta: opaque, nothing to mark
+
+
+def test_settle_hands_every_block_a_view_and_nothing_else_changes():
+    """What needs grad reaches a block as a view (FSDP's forward hands one; a chunk's checkpointed
+    recompute did not): the same values, its gradient flows back whole. A view, or a tensor that needs
+    no grad (validation's, LoRA's frozen embedding's), is handed on as it is; mark_tokens returns the
+    args only where settle replaced the hidden states. The DTensor cases (a collective not yet waited,
+    torch 2.11's strides) need a TP group: test_chunk_dp_run.py's compiled TP 2 run bounds its graphs."""
+    leaf = torch.randn(1, 6, 4, requires_grad=True)
+    x = leaf * 2  # a block input: an activation, not a view
+    got = settle(x)
+    assert got is not x and got._base is x and torch.equal(got, x)
+    got.sum().backward()
+    assert torch.equal(leaf.grad, torch.full_like(leaf, 2.0))
+    view = x.view(x.shape)
+    assert settle(view) is view
+    frozen = torch.randn(1, 6, 4)
+    assert settle(frozen) is frozen
+    positions = torch.arange(6)[None]
+    args = mark_tokens(None, (x, None, positions))
+    assert args[0]._base is x and args[1:] == (None, positions)
+    assert mark_tokens(None, (view, None, positions)) is None
 
 
 def _graphs() -> int:
