@@ -165,15 +165,16 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
   py::class_<CostModel>(m, "CostModel", "Per-layer cost model of docs/design/cost_model.md (tokens, FLOPs, bytes, microseconds).")
       .def(py::init([](const ModelShape& shape, double a_us_per_flop, double b_us, const CommModel& comm,
                        double micro_batch_fixed_us, double step_fixed_us, double token_us, double attention_weight,
-                       bool whole_buffer, double host_floor_us) {
+                       bool whole_buffer, double host_floor_us, bool chunk_regather) {
              CostModel c{shape, a_us_per_flop, b_us, comm, micro_batch_fixed_us, step_fixed_us, token_us,
-                         attention_weight, whole_buffer, host_floor_us};
+                         attention_weight, whole_buffer, host_floor_us, chunk_regather};
              c.validate();
              return c;
            }),
            py::arg("shape"), py::arg("a_us_per_flop"), py::arg("b_us"), py::arg("comm"),
            py::arg("micro_batch_fixed_us") = 0.0, py::arg("step_fixed_us") = 0.0, py::arg("token_us") = 0.0,
-           py::arg("attention_weight") = 1.0, py::arg("whole_buffer") = false, py::arg("host_floor_us") = 0.0)
+           py::arg("attention_weight") = 1.0, py::arg("whole_buffer") = false, py::arg("host_floor_us") = 0.0,
+           py::arg("chunk_regather") = false)
       // Copies: a CostModel is immutable once validated (build a new one).
       .def_property_readonly("shape", [](const CostModel& c) { return c.shape; })
       .def_readonly("a_us_per_flop", &CostModel::a_us_per_flop)
@@ -192,6 +193,9 @@ PYBIND11_MODULE(_core, m, py::mod_gil_not_used()) {
       .def_readonly("host_floor_us", &CostModel::host_floor_us,
                     "Host floor of one layer call, once per call: layer_us = max(floor, max(comm, line(local)) + "
                     "line(dist)) (the profile's [compute] host_floor_us; 0: the line alone).")
+      .def_readonly("chunk_regather", &CostModel::chunk_regather,
+                    "A checkpointed chunk's recompute all-gathers its K/V again (a compiled job's traced chunks); "
+                    "false: it reuses the forward's (eager chunks).")
       .def("local_flops", &CostModel::local_flops, py::arg("tokens"), py::arg("per_doc"),
            "FLOPs of a rank's local part of `tokens` tokens whose documents' flops() sum to per_doc.")
       .def("dist_flops", &CostModel::dist_flops, py::arg("tokens"), py::arg("per_doc_share"), py::arg("cp"),

@@ -135,13 +135,18 @@ static void test_pad_pass() {
 // every collective 5 us, 2 a layer. A pad chunk holds one token a rank (2 in all): after p tokens each
 // rank computes (flops(p + 2) - flops(p)) / 2 = 32 + 8 p (its query over the p + 2 keys), its K/V is
 // gathered (5) and its gradient reduce-scattered (5), and, recomputed, its forward (4/3 of the line) and
-// its gather run again (5): after 0 tokens 32 + 10 = 42 as a position's last pass, 32 x 4/3 + 15
-// recomputed; two pads after 6 tokens, 80 x 4/3 + 15 and 96 + 10. The pad pass priced each at flops(1) = 28.
+// its gather run again where the recompute gathers (chunk_regather, a traced chunk: 5): after 0 tokens
+// 32 + 10 = 42 as a position's last pass, 32 x 4/3 + 15 recomputed (+ 10 eager, the forward's K/V reused);
+// two pads after 6 tokens, 80 x 4/3 + 15 and 96 + 10. The pad pass priced each at flops(1) = 28.
 static void test_pad_chunk() {
   CostModel c = toy();
   c.comm.us = {5.0};
   const auto close = [](double x, double y) { return std::abs(x - y) <= 1e-12 * std::max(1.0, std::abs(y)); };
   CHECK(c.pad_pass_us() == 28.0);
+  CHECK(!c.chunk_regather);  // eager: the recompute gathers nothing
+  CHECK(close(c.chunk_pass_us(0, 2, 2, true), 32.0 * 4.0 / 3.0 + 10.0));
+  CHECK(close(c.pad_chunks_us(6, 2, 2), 80.0 * 4.0 / 3.0 + 10.0 + 106.0));
+  c.chunk_regather = true;  // traced
   CHECK(c.chunk_pass_us(0, 2, 2, false) == 42.0 && c.pad_chunks_us(0, 1, 2) == 42.0);
   CHECK(close(c.chunk_pass_us(0, 2, 2, true), 32.0 * 4.0 / 3.0 + 15.0));
   CHECK(close(c.pad_chunks_us(6, 2, 2), 80.0 * 4.0 / 3.0 + 15.0 + 106.0));

@@ -62,6 +62,7 @@ import torch.nn.functional as F
 
 from skrull_ext.attention.exchange import KVExchange, start_exchange, wait_exchange
 from skrull_ext.attention.kernels import _varlen_keywords, _varlen_kwargs, AUTO, resolve_kernel, varlen_call
+from skrull_ext.attention.replay import in_backward
 from skrull_ext.attention.transport import resolve_transport
 
 __all__ = ["ChunkAttention"]
@@ -82,7 +83,8 @@ class ChunkAttention:
     """
 
     def __init__(self, q_pos: torch.Tensor, layers, prefix: list[list[torch.Tensor]],
-                 group: dist.ProcessGroup | None = None, cu: torch.Tensor | None = None) -> None:
+                 group: dist.ProcessGroup | None = None, cu: torch.Tensor | None = None,
+                 replay: list[torch.Tensor] | None = None) -> None:
         if len(prefix) != len(layers):
             raise ValueError(f"prefix has {len(prefix)} layers, the model {len(layers)}")
         self.q_pos = q_pos
@@ -98,6 +100,8 @@ class ChunkAttention:
         """The CP ranks after this one: their slices of the chunk end the keys, past this rank's queries."""
         self.kept: list[torch.Tensor | None] = [None] * len(layers)
         """Eager: per layer, this chunk's whole K/V ``[2, Hkv, C, D]`` once its forward ran."""
+        self.replay = replay
+        """Eager, a checkpointed chunk's recompute: per layer, the K/V its forward gathered (``kept``)."""
 
     def attend(self, layer, q_BLNH: torch.Tensor, k_BLNH: torch.Tensor, v_BLNH: torch.Tensor,
                scale: float | None) -> torch.Tensor:
@@ -108,8 +112,7 @@ class ChunkAttention:
         elif torch.compiler.is_compiling():  # traced: a functional all-gather, its backward a reduce-scatter
             own = funcol.all_gather_tensor_autograd(shard.contiguous(), gather_dim=2, group=self.group)
         else:  # every rank gets the whole chunk's K/V; dK/dV come back reduce-scattered
-            ex = KVExchange(self.group, getattr(layer, "stats", None), transport=resolve_transport("auto", self.group))
-            own = torch.stack(wait_exchange(start_exchange(shard, ex), ex))
+            own = torch.stack(wait_exchange(start_exchange(shard, ex := self._exchange(layer)), ex))
         if torch.compiler.is_compiling():  # traced: the layer's state on its module (module docstring)
             joined = layer.chunk_prefix
             parts = [] if joined is None else [joined]
@@ -130,6 +133,17 @@ class ChunkAttention:
         out = F.scaled_dot_product_attention(q_BLNH.transpose(1, 2), kv[0][None], kv[1][None], attn_mask=mask,
                                              scale=scale, enable_gqa=gqa)
         return out.transpose(1, 2)
+
+    def _exchange(self, layer) -> KVExchange:
+        """The eager K/V all-gather of ``layer``'s shard; in a recomputation (inside backward: the
+        chunk's checkpoint, or torchtitan's activation checkpointing of the block) one that hands back
+        the K/V this chunk's forward gathered instead (DACP's replay, attention/replay.py): the same
+        values, no collective; the forward's graph still reduce-scatters dK/dV."""
+        i = self.index[id(layer)]
+        forward = self.kept[i] if self.kept[i] is not None else (self.replay[i] if self.replay else None)
+        again = forward.detach() if forward is not None and in_backward() else None
+        return KVExchange(self.group, getattr(layer, "stats", None), transport=resolve_transport("auto", self.group),
+                          replay=None if again is None else (again[0], again[1]))
 
     def _varlen(self, q_BLNH: torch.Tensor, kv: torch.Tensor, scale: float | None) -> torch.Tensor:
         """One varlen segment: this rank's L queries over the keys up to its last one, bottom-right

@@ -33,6 +33,7 @@ class RefCost:
     whole: bool = False  # whole_buffer: each part of a rank's buffer priced as one sequence of its length
     step: float = 0.0  # step_fixed_us: once a step that runs anything (timing: reference_chunked.py)
     host_floor: float = 0.0  # host_floor_us: a rank's layer call costs at least this, once per call
+    regather: bool = False  # chunk_regather: a checkpointed chunk's recompute all-gathers its K/V again
 
     @classmethod
     def of(cls, cm) -> RefCost:
@@ -40,7 +41,7 @@ class RefCost:
         return cls(s.layers, s.hidden, s.kv_width, s.bytes_per_elem, cm.a_us_per_flop, cm.b_us,
                    list(c.bytes), list(c.us), c.threshold_bytes, c.floor_us, c.collectives_per_layer,
                    cm.micro_batch_fixed_us, s.tp, cm.token_us, c.plan_margin, cm.attention_weight, cm.whole_buffer,
-                   cm.step_fixed_us, cm.host_floor_us)
+                   cm.step_fixed_us, cm.host_floor_us, cm.chunk_regather)
 
     def planning(self) -> RefCost:
         """hedge.hpp planning_model: every exchange at margin x its price."""
@@ -83,7 +84,8 @@ class RefCost:
         f = self.flops(prefix + tokens) - self.flops(prefix)
         f /= cp
         v = self.kv_bytes(tokens)
-        exchange = self.per_layer * self.collective(v) + (self.collective(v) if recomputed else 0.0) if cp > 1 else 0.0
+        again = self.collective(v) if recomputed and self.regather else 0.0
+        exchange = self.per_layer * self.collective(v) + again if cp > 1 else 0.0
         share = 1.0 + RECOMPUTE_SHARE if recomputed else 1.0
         return self.layers * max(self.host_floor * share, self.line(f) * share + exchange) + \
             (self.token * float(tokens) / cp * share + self.fixed)
@@ -99,7 +101,7 @@ class RefCost:
             return last
         s = 1.0 + RECOMPUTE_SHARE
         v = self.kv_bytes(cp)
-        x = self.per_layer * self.collective(v) + self.collective(v) if cp > 1 else 0.0
+        x = self.per_layer * self.collective(v) + (self.collective(v) if self.regather else 0.0) if cp > 1 else 0.0
         f0 = (self.flops(start + cp) - self.flops(start)) / cp
         d = (self.flops(2) - 2.0 * self.flops(1)) * cp
 

@@ -168,7 +168,8 @@ class MeteredTrainer(SkrullTrainer):
         grads = sum(p.numel() * p.element_size() for m in self.model_parts for p in m.parameters() if p.requires_grad)
         prof = self.check_profile
         dense = dense_kernel(self.config.skrull.attention_kernel, self.device, compute_dtype(self.config))
-        predicted_us, predicted = chunked_predicted(prof.cost_model(), prof.memory(), lengths, chunks, cp, float(grads),
+        cost = prof.cost_model(chunk_regather=self.chunk_path.traced)  # as the trainer's (settle.py)
+        predicted_us, predicted = chunked_predicted(cost, prof.memory(), lengths, chunks, cp, float(grads),
                                                     dense, unsharded_bytes=self._unsharded_params())
         self.chunked_records.append(ChunkedMemory(
             rank=dist.get_rank() if dist.is_initialized() else 0, step=self.step, lengths=lengths, chunk=min(chunks),

@@ -115,7 +115,8 @@ def chunk_cost(model: CostModel, length: int, chunk: int, cp: int = 1, *, mask_b
         # One chunk pass (cost_model.hpp chunk_pass_us, the price a lockstep pad chunk has too): its
         # FLOPs over its prefix (the rectangle its masked SDPA computes where dense_fit), its K/V
         # gathered and its gradient reduce-scattered at CP > 1, and, checkpointed (every chunk but the
-        # last, which keeps its activations), its forward and its gather again in backward.
+        # last, which keeps its activations), its forward again in backward, and its gather where the
+        # recompute gathers again (model.chunk_regather: traced chunks; eager ones reuse the forward's).
         us += model.chunk_pass_us(a, b - a, cp, b != length, dense_fit)
     one_exchange = model.comm_us(model.kv_bytes(length)) if cp > 1 else 0.0
     one_pass = layers * model.layer_us(one_exchange, 0.0, model.flops(length) / cp) + model.token_us * length / cp \

@@ -133,12 +133,14 @@ def _check(d: dict[str, Any], where: str, need_model: bool) -> None:
         checkpointing.check_section(d[checkpointing.SECTION], where)
 
 
-def from_dict(d: dict[str, Any], where: str = "profile", tp: int = 1, free_running: bool = False) -> CostModel:
+def from_dict(d: dict[str, Any], where: str = "profile", tp: int = 1, free_running: bool = False,
+              chunk_regather: bool = False) -> CostModel:
     """Cost model of a complete profile dict (with its [model] section), pricing one
     rank of a TP group of ``tp`` (the job's degree, not the profile's: ``ModelShape.tp``),
     for the execution the job runs: ``free_running`` prices a micro-batch at
     ``[micro_batch] free_running_fixed_us`` and the step once at ``free_running_step_us``
-    (as lockstep where the profile did not measure them)."""
+    (as lockstep where the profile did not measure them); ``chunk_regather``: a checkpointed
+    chunk's recompute gathers its K/V again (a compiled job's traced chunks: CostModel.chunk_regather)."""
     _check(d, where, need_model=True)
     m, c, k = d["model"], d["compute"], d["comm"]
     mb, step = d.get("micro_batch", {}), d.get("step", {})
@@ -171,6 +173,7 @@ def from_dict(d: dict[str, Any], where: str = "profile", tp: int = 1, free_runni
             attention_weight=num("compute", c, "attention_weight", default=1.0),
             whole_buffer=_flag("compute", c, "whole_buffer"),
             host_floor_us=num("compute", c, "host_floor_us", default=0.0),
+            chunk_regather=chunk_regather,
         )
     except (TypeError, ValueError) as e:
         raise ValueError(f"{where}: {e}") from None
@@ -301,11 +304,11 @@ class Profile:
         return f"{self.meta.get('source', 'unknown source')}: {Path(self.path).name}{hedge}"
 
     def cost_model(self, shape: ModelShape | None = None, name: str = "the model priced",
-                   free_running: bool = False) -> CostModel:
+                   free_running: bool = False, chunk_regather: bool = False) -> CostModel:
         """The core's cost model. ``shape`` (called ``name`` in errors): the model
         to price; a hardware profile (no [model]) needs it, a measured one
-        accepts only its own. ``free_running``: priced for free-running execution
-        (``from_dict``)."""
+        accepts only its own. ``free_running``, ``chunk_regather``: the execution
+        priced (``from_dict``)."""
         d = dict(self.data)
         if shape is not None:
             want = {k: getattr(shape, k) for k in _SHAPE_KEYS}
@@ -317,7 +320,8 @@ class Profile:
                 d["model"] = want
         elif not self.has_model:
             raise ValueError(f"{self.path}: a hardware profile (no [model]) needs the model shape to price")
-        return from_dict(d, where=self.path, tp=1 if shape is None else shape.tp, free_running=free_running)
+        return from_dict(d, where=self.path, tp=1 if shape is None else shape.tp, free_running=free_running,
+                         chunk_regather=chunk_regather)
 
     @property
     def bucket_size(self) -> int | None:

@@ -188,6 +188,10 @@ def chunked_loss(
         raise ValueError(f"pad_chunks must be >= 0, got {pad_chunks}")
     layers = attention_layers([model]) if layers is None else layers
     prefix: list[list[torch.Tensor]] = [[] for _ in layers]
+    gathered: dict[int, list[torch.Tensor]] = {}
+    """Eager at CP > 1: each checkpointed pass's gathered K/V, per layer, until its recompute takes
+    them (attention/prefix.py ``_exchange``: no second all-gather); the next passes keep them as
+    their prefix until then anyway."""
     total, bounds = None, chunk_bounds(tokens.numel(), chunk)
     unit = n * tp  # the last chunk padded to a multiple of it: tp tokens a rank, or more
     end = -(-tokens.numel() // unit) * unit if bounds else 0  # past the last chunk's padding
@@ -202,9 +206,9 @@ def chunked_loss(
         cu = host_to_device(torch.tensor([[0, per], [0, lo + per]], dtype=torch.int32), tokens.device)  # varlen's
         c = len(prefix[0]) if layers else 0
 
-        def run(*flat, tok=tok, lab=lab, pos=pos, q_pos=q_pos, cu=cu, c=c):
-            per_layer = [list(flat[i * c:(i + 1) * c]) for i in range(len(layers))]
-            ctx = ChunkAttention(q_pos, layers, per_layer, group, cu)
+        def run(*flat, tok=tok, lab=lab, pos=pos, q_pos=q_pos, cu=cu, c=c, i=i):
+            per_layer = [list(flat[j * c:(j + 1) * c]) for j in range(len(layers))]
+            ctx = ChunkAttention(q_pos, layers, per_layer, group, cu, replay=gathered.pop(i, None))
             with _chunk_forward(model, layers, per_layer, traced):
                 pred = model(tok[None], positions=pos[None], attention_masks=ctx)
                 kept = [m.chunk_kept if k is None else k for m, k in zip(layers, ctx.kept)]  # traced: on the module
@@ -213,6 +217,8 @@ def chunked_loss(
         flat = [kv for per_layer in prefix for kv in per_layer]
         keep = not recompute or i == len(passes) - 1  # the last pass: its backward runs first, nothing to save
         out = run(*flat) if keep else checkpoint(run, *flat, use_reentrant=False)
+        if not keep and not traced and n > 1:  # eager at CP > 1: its recompute reuses them
+            gathered[i] = [kv.detach() for kv in out[1:]]
         for layer, kv in enumerate(out[1:]):
             prefix[layer].append(kv)
         total = out[0] if total is None else total + out[0]

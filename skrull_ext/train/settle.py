@@ -62,7 +62,8 @@ def settle(skrull, *, dp: int, cp: int, dp_shard: int, dp_replicate: int, shape:
            limited_lengths: Callable[[SchedulerJob, int], Sequence[int]],
            check_lengths: Callable[[SchedulerJob, int], object],
            chunked_lengths: Callable[[SchedulerJob, int], Sequence[int]] | None = None,
-           gradient_bytes: float = 0.0, unsharded_params: float = 0.0, no_free_running: str | None = None) -> Settled:
+           gradient_bytes: float = 0.0, unsharded_params: float = 0.0, no_free_running: str | None = None,
+           chunk_regather: bool = False) -> Settled:
     """Settle the job (module docstring). ``unsharded``: what free-running would hold per
     rank (None: no FSDP unit); ``raw_lengths(step)``: a step's global batch as drawn (the
     execution's weighing of BucketSize); ``limited_lengths(job, step)``: the same as ``job``'s
@@ -78,7 +79,8 @@ def settle(skrull, *, dp: int, cp: int, dp_shard: int, dp_replicate: int, shape:
     chunked document holds summed over its chunks (``chunk_rule``); ``unsharded_params``: every
     FSDP unit's unsharded parameters, which a checkpointed chunk's recompute gathers at once
     (scheduler/chunk_cost.py). ``no_free_running``: why
-    this job cannot run free at DP > 1 (execution.py)."""
+    this job cannot run free at DP > 1 (execution.py). ``chunk_regather``: its chunks are traced,
+    their recompute gathering their K/V again (CostModel.chunk_regather, train/chunk_path.py)."""
     weigh = skrull.free_running == AUTO and skrull.bucket_size == FROM_PROFILE
     first = [list(raw_lengths(k)) for k in range(1, min(training_steps, PREDICT_STEPS) + 1)] if weigh else []
     execution = choose_execution(skrull, unsharded=unsharded, dp=dp, cp=cp, dp_shard=dp_shard,
@@ -87,7 +89,8 @@ def settle(skrull, *, dp: int, cp: int, dp_shard: int, dp_replicate: int, shape:
     timeline = job_timeline(dp_shard, dp_replicate, execution.free_running, skrull.defer_grad_sync)
     auto = skrull.lookahead == LOOKAHEAD_AUTO
     job = skrull.resolve(dp, cp, shape, model_name, timeline=timeline, free_running=execution.free_running,
-                         bucket_size=execution.bucket_size, lookahead=1 if auto else None)
+                         bucket_size=execution.bucket_size, lookahead=1 if auto else None,
+                         chunk_regather=chunk_regather)
     rule, chunk_note = chunk_rule(skrull, job, gradient_bytes, unsharded_params)
     job = dataclasses.replace(job, chunk_rule=rule)
     if not auto:

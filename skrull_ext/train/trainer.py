@@ -287,7 +287,7 @@ class SkrullTrainer(JobTrainer):
                                                                            quiet=True),
                           gradient_bytes=float(sum(p.numel() * p.element_size() for m in self.model_parts
                                                    for p in m.parameters() if p.requires_grad)),
-                          unsharded_params=self._unsharded_params(),
+                          unsharded_params=self._unsharded_params(), chunk_regather=self.chunk_path.traced,
                           no_free_running=getattr(getattr(self, "loss_fn", None), "free_running_blocked", None))
         except ValueError as e:  # the launcher prints it as one line (cli_errors)
             raise JobFileError(str(e)) from None

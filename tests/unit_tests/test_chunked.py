@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from skrull_ext.attention import build_meta
 from skrull_ext.data.sources.synthetic import IGNORE_INDEX
 from skrull_ext.models.registry import build_model_spec
-from skrull_ext.train.chunked import chunk_bounds, chunked_loss
+from skrull_ext.train.chunked import attention_layers, chunk_bounds, chunked_loss
 from tests.unit_tests.gloo_worker import gloo_group
 from torchtitan_patches.dacp_attention import install_dacp_attention
 
@@ -190,13 +190,28 @@ def _worker(rank: int, store: str, outdir: str) -> None:
             out = chunked_loss(model, tokens, labels, CHUNK, _loss, group=dist.group.WORLD, traced=traced)
             out.loss.backward()
             graphs.append(counters["stats"]["unique_graphs"] - before)
-        grads = _grads(model)
-        total = torch.tensor(out.loss.item(), dtype=torch.float64)
-        dist.all_reduce(total)
-        for g in grads.values():
-            dist.all_reduce(g)
-        torch.save({"chunked": (float(total), grads, out.chunks), "traced": traced, "graphs": graphs},
-                   Path(outdir) / f"rank{rank}.pt")
+        result = {"chunked": _summed(model, out), "traced": traced, "graphs": graphs}
+        # The same document eager (an uncompiled job's chunks): every recompute, the chunk's checkpoint's
+        # and torchtitan's full AC's of each block inside it, takes the K/V its forward gathered.
+        layers = attention_layers([model])
+        for m in layers:
+            m.stats.reset()
+        model.zero_grad(set_to_none=True)
+        out = chunked_loss(model, *_document(), CHUNK, _loss, group=dist.group.WORLD, traced=False)
+        out.loss.backward()
+        result["eager"] = _summed(model, out)
+        result["eager_counts"] = [sum(getattr(m.stats, k) for m in layers) for k in ("all_gathers", "replays")]
+        torch.save(result, Path(outdir) / f"rank{rank}.pt")
+
+
+def _summed(model, out) -> tuple[float, dict, int]:
+    """The loss and gradients summed over the CP group (each rank's share of the document), the chunks."""
+    grads = _grads(model)
+    total = torch.tensor(out.loss.item(), dtype=torch.float64)
+    dist.all_reduce(total)
+    for g in grads.values():
+        dist.all_reduce(g)
+    return float(total), grads, out.chunks
 
 
 @pytest.fixture(scope="module")
@@ -214,6 +229,22 @@ def test_chunked_equals_one_pass_cp2(cp2):
     loss, grads, n = cp2[0]["chunked"]
     assert n == 8
     _close((loss, grads), one_pass(lora=True, ac=True))
+
+
+@pytest.mark.slow
+def test_eager_recomputes_take_the_forwards_kv_at_cp2(cp2):
+    """Eager at CP 2 (LoRA under full AC): one all-gather a layer and chunk, the forward's; each
+    recompute (the checkpointed chunks' and full AC's of every block) replays it (attention/prefix.py
+    ``_exchange``), which the cost model prices (CostModel.chunk_regather false); one pass's loss and
+    gradients."""
+    layers = 6  # the debug llama3's
+    for rank in cp2:
+        loss, grads, n = rank["eager"]
+        assert n == 8
+        _close((loss, grads), one_pass(lora=True, ac=True))
+        gathers, replays = rank["eager_counts"]
+        assert gathers == layers * n  # before: each recompute gathered again
+        assert replays == layers * (2 * (n - 1) + 1), replays  # chunks 1-7 twice (chunk, block), chunk 8 once
 
 
 @pytest.mark.slow
@@ -311,10 +342,14 @@ def test_chunk_cost_moves_no_flops_and_prices_recompute():
     assert one.chunks == 1 and one.us == pytest.approx(one.one_pass_us, rel=1e-12)
     # The K/V the model predicts is what test_saved_bytes measured: 6 layers x 2 x 256 x 4 bytes a token.
     assert chunk_cost(m, 8 * CHUNK, CHUNK).kv_bytes == 6 * 2 * 256 * 4 * 8 * CHUNK
-    # Over CP 2 each chunk's K/V is gathered in forward and its gradient reduce-scattered (comm_us), and
-    # gathered again in the recompute (the last chunk's is not), every layer.
+    # Over CP 2 each chunk's K/V is gathered in forward and its gradient reduce-scattered (comm_us), every
+    # layer; a traced chunk's recompute gathers it again (the last chunk's is not recomputed), an eager
+    # one's reuses the forward's (attention/prefix.py).
     v = m.kv_bytes(CHUNK)
-    assert chunk_cost(m, 8 * CHUNK, CHUNK, cp=2).us >= 6 * (8 * m.comm_us(v) + 7 * m.collective_us(v))
+    eager = chunk_cost(m, 8 * CHUNK, CHUNK, cp=2).us
+    assert eager >= 6 * 8 * m.comm_us(v)
+    traced = cost_model.hardware("h100-assumed").cost_model(cost_model.shape("llama3-debug"), chunk_regather=True)
+    assert chunk_cost(traced, 8 * CHUNK, CHUNK, cp=2).us - eager == pytest.approx(6 * 7 * m.collective_us(v))
     with pytest.raises(ValueError, match="multiple of cp"):
         chunk_cost(m, LENGTH, 33, cp=2)
 

@@ -39,10 +39,12 @@ def with_floor(c: CostModel, floor: float, whole: bool | None = None) -> CostMod
                      c.attention_weight, c.whole_buffer if whole is None else whole, floor)
 
 
-def toy(floor: float = 0.0, whole: bool = False, comm_us: float = 0.0) -> CostModel:
-    """flops(s) = 24 s + 4 s^2, line(F) = F, an exchange of comm_us a layer (conftest.toy_cost), with a floor."""
+def toy(floor: float = 0.0, whole: bool = False, comm_us: float = 0.0, regather: bool = False) -> CostModel:
+    """flops(s) = 24 s + 4 s^2, line(F) = F, an exchange of comm_us a layer (conftest.toy_cost), with a floor
+    (``regather``: a traced chunk's recompute gathers again)."""
     return CostModel(ModelShape(layers=1, hidden=1, kv_width=1, bytes_per_elem=1), 1.0, 0.0,
-                     CommModel([1.0], [comm_us], collectives_per_layer=1.0), whole_buffer=whole, host_floor_us=floor)
+                     CommModel([1.0], [comm_us], collectives_per_layer=1.0), whole_buffer=whole, host_floor_us=floor,
+                     chunk_regather=regather)
 
 
 def test_a_call_costs_the_floor_or_the_line_and_no_call_nothing():
@@ -103,10 +105,13 @@ def test_a_chunk_pays_one_floor_over_its_compute_and_exchange():
     assert chunk_cost(toy(250.0, comm_us=100.0), 4, 4, cp=2).us == 250.0
     assert chunk_cost(toy(150.0, comm_us=100.0), 4, 4, cp=2).us == 180.0
     assert chunk_cost(toy(150.0, comm_us=100.0), 4, 4, cp=2).one_pass_us == 180.0
-    # Two chunks of 4: the first recomputed (x 4/3, two exchanges): max(250 x 4/3, 80 x 4/3 + 200);
-    # the second (288 / 2 = 144 FLOPs a rank): max(250, 144 + 100).
+    # Two chunks of 4: the first recomputed (x 4/3; its recompute reuses the forward's K/V, one exchange:
+    # max(250 x 4/3, 80 x 4/3 + 100); traced it gathers again, two: 80 x 4/3 + 200); the second (288 / 2 =
+    # 144 FLOPs a rank): max(250, 144 + 100).
     assert chunk_cost(toy(250.0, comm_us=100.0), 8, 4, cp=2).us == pytest.approx(1000.0 / 3.0 + 250.0, rel=1e-12)
-    assert chunk_cost(toy(comm_us=100.0), 8, 4, cp=2).us == pytest.approx(80.0 * 4 / 3 + 200.0 + 244.0, rel=1e-12)
+    assert chunk_cost(toy(comm_us=100.0), 8, 4, cp=2).us == pytest.approx(80.0 * 4 / 3 + 100.0 + 244.0, rel=1e-12)
+    traced = toy(comm_us=100.0, regather=True)
+    assert chunk_cost(traced, 8, 4, cp=2).us == pytest.approx(80.0 * 4 / 3 + 200.0 + 244.0, rel=1e-12)
 
 
 @settings(max_examples=200, deadline=None)

@@ -244,13 +244,23 @@ def test_a_head_in_chunks_keeps_dp_ranks_in_lockstep(tmp_path):
     assert "because the head" not in one.reason
 
 
-def _settle(section: SkrullConfig, unsharded: float | None, dp: int = 2):
+def _settle(section: SkrullConfig, unsharded: float | None, dp: int = 2, **kw):
     """train/settle.py's settle on the execution tests' shape: one step of short samples, look-ahead 1."""
     from skrull_ext.train.settle import settle
 
     return settle(section, dp=dp, cp=1, dp_shard=dp, dp_replicate=1, shape=SHAPE, model_name="llama3/debugmodel",
                   unsharded=unsharded, training_steps=1, raw_lengths=lambda k: [100] * 4,
-                  limited_lengths=lambda job, k: [100] * 4, check_lengths=lambda job, last: None)
+                  limited_lengths=lambda job, k: [100] * 4, check_lengths=lambda job, last: None, **kw)
+
+
+@pytest.mark.parametrize("traced", [False, True])
+def test_a_job_prices_its_chunks_recompute_as_its_chunks_run(traced):
+    """A compiled job's chunks are traced, their recompute gathering their K/V again; an eager job's
+    reuse the forward's (attention/prefix.py): the settled job's cost model says which
+    (CostModel.chunk_regather), the trainer passing its chunk path's (trainer.py _settle)."""
+    section = SkrullConfig(cost_model="h100-assumed", overlength="chunk", lookahead=1)
+    job = _settle(section, None, chunk_regather=traced).job
+    assert job.cost_model.chunk_regather is traced
 
 
 def test_chunked_documents_at_dp2_settle_as_any_job(tmp_path):

@@ -3,7 +3,9 @@ cpp/include/skrull/cost_model.hpp), counted with a real process group: 2 gloo ra
 
 A pad chunk (train/chunked.py ``pad_chunks``: one ignored token a CP rank after its document) is sharded
 over the CP group like any chunk: each layer all-gathers its K/V and reduce-scatters their gradient, and a
-checkpointed one (every pass but its position's last) gathers again in its recompute. Priced on a cost
+checkpointed one (every pass but its position's last) runs its forward again in backward, handed the K/V its
+forward gathered (attention/prefix.py: no second gather; a traced chunk's recompute gathers again,
+CostModel.chunk_regather). Priced on a cost
 model where every collective takes 1 us and nothing else costs anything, pad_chunks_us is the number of
 collectives a rank issues; the pad pass's price (pad_pass_us, what pad chunks were priced at) counts none."""
 
@@ -28,7 +30,7 @@ def _worker(rank: int, store: str, outdir: str) -> None:
     with gloo_group(store, rank, 2):
         model = _model()
         layers = attention_layers([model])
-        out = {}
+        out, replays = {}, {}
         for length, chunk, pads in CASES:
             tokens = torch.randint(0, 100, (length,), generator=torch.Generator().manual_seed(length))
             labels = tokens.clone()
@@ -37,6 +39,7 @@ def _worker(rank: int, store: str, outdir: str) -> None:
             chunked_loss(model, tokens, labels, chunk, _loss, layers=layers, group=dist.group.WORLD,
                          pad_chunks=pads).loss.backward()
             padded = (sum(m.stats.all_gathers for m in layers), sum(m.stats.reduce_scatters for m in layers))
+            padded_replays = sum(m.stats.replays for m in layers)
             for m in layers:
                 m.stats.reset()
             # the document alone, its last chunk then not recomputed: what the pads add is the difference
@@ -45,7 +48,8 @@ def _worker(rank: int, store: str, outdir: str) -> None:
                              group=dist.group.WORLD).loss.backward()
             alone = (sum(m.stats.all_gathers for m in layers), sum(m.stats.reduce_scatters for m in layers))
             out[(length, chunk, pads)] = (padded, alone)
-        torch.save({"counts": out, "layers": len(layers)}, Path(outdir) / f"rank{rank}.pt")
+            replays[(length, chunk, pads)] = padded_replays - sum(m.stats.replays for m in layers)
+        torch.save({"counts": out, "replays": replays, "layers": len(layers)}, Path(outdir) / f"rank{rank}.pt")
 
 
 @pytest.fixture(scope="module")
@@ -65,17 +69,22 @@ def test_a_pad_chunks_collectives_are_what_its_price_counts(counted, case):
     for rank in counted:
         layers = rank["layers"]
         (gathers, scatters), (own_gathers, own_scatters) = rank["counts"][case]
-        unit = _core.CostModel(_core.ModelShape(layers, 256, 256, 4), 0.0, 0.0, _core.CommModel([1.0], [1.0]))
+        shape, comm = _core.ModelShape(layers, 256, 256, 4), _core.CommModel([1.0], [1.0])
+        unit = _core.CostModel(shape, 0.0, 0.0, comm)  # eager chunks: the recompute reuses the forward's K/V
         start = -(-length // 2) * 2
-        assert unit.pad_chunks_us(start, pads, 2) == layers * (3 * (pads - 1) + 2)
+        assert unit.pad_chunks_us(start, pads, 2) == layers * 2 * pads
         assert unit.pad_pass_us() == 0.0  # the old price: no collective
-        # The pads' own: a gather and a reduce-scatter each, a gather more where recomputed. The document's
-        # last chunk, no longer its position's last pass, is recomputed too: one gather more a layer, which
-        # lockstep_pad_us adds (chunk_cost prices the document without the pads after it).
-        doc_last = layers if length else 0
+        # A traced chunk's recompute gathers again (not counted here: a functional collective inside the
+        # compiled block has no DacpStats): a gather more a layer for every pad but the last.
+        traced = _core.CostModel(shape, 0.0, 0.0, comm, chunk_regather=True)
+        assert traced.pad_chunks_us(start, pads, 2) == layers * (3 * (pads - 1) + 2)
+        # The pads' own: a gather and a reduce-scatter each; the recompute of every pad but the last, and of
+        # the document's last chunk (no longer its position's last pass), gathers nothing: the forward's
+        # K/V replayed (attention/prefix.py), which DacpStats counts as replays.
         assert scatters - own_scatters == layers * pads
-        assert gathers - own_gathers == layers * (2 * pads - 1) + doc_last
-        assert (gathers - own_gathers - doc_last) + (scatters - own_scatters) == unit.pad_chunks_us(start, pads, 2)
+        assert gathers - own_gathers == layers * pads
+        assert rank["replays"][case] == layers * (pads - 1 + (1 if length else 0))
+        assert (gathers - own_gathers) + (scatters - own_scatters) == unit.pad_chunks_us(start, pads, 2)
         if length:  # all the pads add, as the plan prices it: this document on DP rank 0, `pads` chunks fewer
             own, last = -(-length // chunk), length - (length - 1) // chunk * chunk  # than DP rank 1's
             priced = _core.lockstep_pad_us([length, (own + pads) * chunk], [own, own + pads], [last, chunk],

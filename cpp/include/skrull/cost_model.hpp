@@ -139,6 +139,14 @@ struct CostModel {
   // host_floor_us, written by the profiler where its fit found a floor); 0
   // prices the line alone, as every profile made before it.
   double host_floor_us = 0.0;
+  // Whether a checkpointed chunk's recompute all-gathers its K/V again
+  // (chunk_pass_us). Eager chunks (attention/prefix.py) hand the recompute
+  // the K/V their forward gathered, which the next chunks keep as their
+  // prefix anyway: no collective. A compiled job's chunks run through the
+  // compiled blocks, whose recompute is the forward's graph again, the
+  // gather inside it (train/chunk_path.py): the trainer sets it for them.
+  // Not from the profile: the job's execution decides it, as free_running.
+  bool chunk_regather = false;
 
   // Throws std::invalid_argument naming the first bad field. Every field
   // must be finite and within the k* limits above; comm.bytes strictly
@@ -338,9 +346,11 @@ struct CostModel {
   // and its gradient reduce-scattered in backward. `recomputed`: the chunk is
   // checkpointed (every pass but its position's last), so its forward runs
   // again in backward: kRecomputeShare more of the layers' line, the host
-  // floor and the head, and one more all-gather, collective_us(V), beside the
-  // forward's gather and the backward's reduce-scatter that comm_us(V) prices
-  // (tests/unit_tests/test_pad_chunk.py counts them on a gloo group). One
+  // floor and the head, and, where the recompute gathers again
+  // (chunk_regather: a traced chunk), one more all-gather, collective_us(V),
+  // beside the forward's gather and the backward's reduce-scatter that
+  // comm_us(V) prices (tests/unit_tests/test_pad_chunk.py counts them on a
+  // gloo group). One
   // block call a layer holds its exchange (the next layer needs it), so the
   // floor holds up the call's device time once. `dense`: the attention rate
   // was fitted on a kernel that computes every (query, key) pair (CPU's
@@ -349,7 +359,7 @@ struct CostModel {
   // chunk's call's fixed cost:
   //   layers * max(floor s, line(F) s + X) + token_us (tokens / cp) s + micro_batch_fixed_us,
   //   s = 1 + kRecomputeShare if recomputed else 1,
-  //   X = comm_us(V) + (recomputed ? collective_us(V) : 0), V = kv_bytes(tokens), 0 at cp 1.
+  //   X = comm_us(V) + (recomputed and chunk_regather ? collective_us(V) : 0), V = kv_bytes(tokens), 0 at cp 1.
   // chunk_cost.py sums it over a document's chunks; a lockstep pad chunk is
   // one of cp tokens (pad_chunks_us).
   double chunk_pass_us(int64_t prefix, int64_t tokens, int32_t cp, bool recomputed, bool dense = false) const {
@@ -358,7 +368,7 @@ struct CostModel {
     if (dense) f -= att * static_cast<double>(tokens) * static_cast<double>(prefix);
     f /= cp;
     const double v = kv_bytes(tokens);
-    const double exchange = cp > 1 ? comm_us(v) + (recomputed ? collective_us(v) : 0.0) : 0.0;
+    const double exchange = cp > 1 ? comm_us(v) + (recomputed && chunk_regather ? collective_us(v) : 0.0) : 0.0;
     const double share = recomputed ? 1.0 + kRecomputeShare : 1.0;
     return shape.layers * std::max(host_floor_us * share, line_us(f) * share + exchange) +
            (token_us * static_cast<double>(tokens) / cp * share + micro_batch_fixed_us);
@@ -380,7 +390,7 @@ struct CostModel {
     if (m == 0) return last;
     const double s = 1.0 + kRecomputeShare;
     const double v = kv_bytes(cp);
-    const double x = cp > 1 ? comm_us(v) + collective_us(v) : 0.0;
+    const double x = cp > 1 ? comm_us(v) + (chunk_regather ? collective_us(v) : 0.0) : 0.0;
     const double f0 = (flops(start + cp) - flops(start)) / cp;
     const double d = (flops(2) - 2.0 * flops(1)) * cp;  // 2 att cp: f_{j+1} - f_j
     const auto on_line = [&](int64_t j) {  // pad j's line at or above the floor

@@ -285,26 +285,28 @@ class SkrullConfig(SchedulingOptions):
 
     def resolve(self, dp: int, cp: int, shape: ModelShape, model_name: str = "the job's model",
                 timeline: Timeline = Timeline.LOCKSTEP, free_running: bool = False,
-                bucket_size: int | None = None, lookahead: int | None = None) -> SchedulerJob:
+                bucket_size: int | None = None, lookahead: int | None = None,
+                chunk_regather: bool = False) -> SchedulerJob:
         """This section resolved for a DP x CP job (the one door from the job file to the
         scheduler): BucketSize as an integer (``bucket_size``, train/execution.py's choice, or
         ``resolved_bucket_size``), the Policy, the job's ``timeline`` (config.job_timeline), its
-        execution (``free_running``), ``shape`` priced on this hardware for that execution, and
-        the look-ahead width (``lookahead``; required when the section says "auto":
+        execution (``free_running``; ``chunk_regather``: its chunks traced, chunk_path.py), ``shape``
+        priced on this hardware for that execution, and the look-ahead width (``lookahead``; required when the section says "auto":
         train/settle.py prices the data to choose it)."""
         return SchedulerJob.of(self, dp=dp, cp=cp, timeline=timeline, free_running=free_running,
-                               cost_model=self.build_cost_model(shape, model_name, free_running),
+                               cost_model=self.build_cost_model(shape, model_name, free_running, chunk_regather),
                                bucket_size=bucket_size or self.resolved_bucket_size(), lookahead=lookahead)
 
-    def build_cost_model(self, shape: ModelShape, model_name: str = "the job's model", free_running: bool = False):
+    def build_cost_model(self, shape: ModelShape, model_name: str = "the job's model", free_running: bool = False,
+                         chunk_regather: bool = False):
         """``skrull_ext._core.CostModel`` of ``shape`` (the job's model, called
         ``model_name`` in errors) on the hardware ``cost_model`` names, priced for the
-        execution the job runs (``free_running``: Profile.cost_model). A measured
+        execution the job runs (``free_running``, ``chunk_regather``: Profile.cost_model). A measured
         profile whose [model] is another shape raises ValueError naming both."""
         measured = self.measured_profile()  # its own errors name skrull.cost_model already
         try:
             profile = measured or cost_models.hardware(self.cost_model)
-            return profile.cost_model(shape, model_name, free_running=free_running)
+            return profile.cost_model(shape, model_name, free_running=free_running, chunk_regather=chunk_regather)
         except ValueError as e:
             raise ValueError(f"skrull.cost_model: {e}") from None
 
