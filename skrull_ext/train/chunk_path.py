@@ -12,8 +12,11 @@ chunk's K/V all-gather is a functional collective inside the trace
 the TP degree (train/chunked.py ``tp``), as sequence parallelism shards it
 evenly (compiled blocks failed on an uneven shard: a RecursionError in
 backward). An uncompiled job has nothing to trace: its chunks run the blocks'
-own eager code (``force_eager``). The trainer logs the choice once
-(``ChunkPath.line``).
+own eager code (``force_eager``), whose recompute takes the K/V its forward
+gathered instead of gathering again (attention/prefix.py); a traced chunk's
+recompute is the forward's graph again, the gather in it, which the cost
+model then prices (``CostModel.chunk_regather``: trainer.py passes
+``traced``). The trainer logs the choice once (``ChunkPath.line``).
 """
 
 from dataclasses import dataclass
@@ -34,7 +37,9 @@ class ChunkPath:
         if overlength != "chunk":
             return None
         how = "run the compiled blocks" if self.traced else "run the blocks' eager code"
-        return f"Skrull: chunked documents {how}: {self.reason} (train/chunk_path.py)"
+        again = ("a recompute all-gathers a chunk's K/V again at CP > 1, as priced" if self.traced else
+                 "a recompute reuses the K/V its chunk's forward gathered")
+        return f"Skrull: chunked documents {how}: {self.reason}; {again} (train/chunk_path.py)"
 
 
 def chunk_path(compiled: bool) -> ChunkPath:

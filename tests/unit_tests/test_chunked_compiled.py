@@ -128,4 +128,6 @@ def test_chunk_path_rule():
     assert chunk_path(True).traced and chunk_path(True).reason == "compiled"
     assert not chunk_path(False).traced and "not compiled" in chunk_path(False).reason
     assert "compiled blocks" in chunk_path(True).line() and "eager" in chunk_path(False).line("chunk")
+    assert "all-gathers a chunk's K/V again at CP > 1, as priced" in chunk_path(True).line()
+    assert "a recompute reuses the K/V its chunk's forward gathered" in chunk_path(False).line()
     assert chunk_path(True).line("truncate") is None  # nothing chunked, nothing to say
