@@ -34,7 +34,8 @@ Over a CP group of N ranks each rank holds 1/N of the chunk, contiguous
 (rank r: tokens [r C/N, (r+1) C/N) of a chunk of C); its K/V shard is
 gathered over the group with DACP's own exchange (exchange.py: an all-gather
 forward, a reduce-scatter of dK/dV backward), so every rank keeps the whole
-chunk's K/V and the prefix never travels again. docs/design/chunked.md says
+chunk's K/V and the prefix never travels again; a recomputation in backward
+replays the K/V its forward gathered (``_exchange``). docs/design/chunked.md says
 why that layout. Inside a compiled block (a traced chunk, chunk_path.py) the
 gather is torch's functional all-gather instead
 (``all_gather_tensor_autograd``: its backward the same reduce-scatter), which

@@ -24,6 +24,9 @@ each compiled once per run, and under ``overlength = "chunk"`` (traced in
 a compiled job: train/chunk_path.py) up to six more in training and two in validation (a traced chunk's: the first
 chunk's and the rest's, their recomputation's under FSDP, a lockstep pad
 chunk's single token: train/chunked.py; 6 measured at DP 2 lockstep): 20.
+The recomputation's pair is gone since the blocks' pre-hook hands it a view
+as FSDP's forward does (train/dynamic_tokens.py ``settle``; 2 graphs, not 4,
+in the CP 1 chunk run); the count above is kept as the bound.
 
 The size classes are what recompiles a run after its warm-up: a new class
 is met whenever the data first brings one, at any step (a 6.7 s step 28 of

@@ -291,8 +291,8 @@ class SkrullConfig(SchedulingOptions):
         scheduler): BucketSize as an integer (``bucket_size``, train/execution.py's choice, or
         ``resolved_bucket_size``), the Policy, the job's ``timeline`` (config.job_timeline), its
         execution (``free_running``; ``chunk_regather``: its chunks traced, chunk_path.py), ``shape``
-        priced on this hardware for that execution, and the look-ahead width (``lookahead``; required when the section says "auto":
-        train/settle.py prices the data to choose it)."""
+        priced on this hardware for that execution, and the look-ahead width (``lookahead``;
+        required when the section says "auto": train/settle.py prices the data to choose it)."""
         return SchedulerJob.of(self, dp=dp, cp=cp, timeline=timeline, free_running=free_running,
                                cost_model=self.build_cost_model(shape, model_name, free_running, chunk_regather),
                                bucket_size=bucket_size or self.resolved_bucket_size(), lookahead=lookahead)
