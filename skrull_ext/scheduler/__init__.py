@@ -9,7 +9,8 @@
   measured profile files, the shape of the job's model), and ``hardware/`` the assumed H100;
 - ``scheduler``: ``Scheduler``, the C++ core (``skrull_ext._core``) plus the CP-SAT fallback (``cpsat``);
 - ``plan``: the one plan type it returns (slots x rank sets), with its summaries; ``plan_check`` its
-  invariants.
+  invariants;
+- ``first_fit``: first-fit bin packing in O(log bins) an item (torchtitan's 'rows' batching, ChunkFlow's plan).
 
 Nothing here but model_shape.py (the job's dtypes) imports torch: the plan is a pure function of the lengths, the
 cost model and the options. ``Scheduler`` loads on first use (PEP 562), and

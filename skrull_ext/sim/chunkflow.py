@@ -24,11 +24,13 @@ piece; ``pieces`` maps each back to (sequence, offset).
 
 from __future__ import annotations
 
+import heapq
 import time
 from collections.abc import Sequence
 
 from skrull_ext import _core
 from skrull_ext._core import DISTRIBUTED, CostModel
+from skrull_ext.scheduler.first_fit import FirstFit
 from skrull_ext.scheduler.plan import MicroBatchPlan, Plan
 from skrull_ext.sim.packing import Shape, build_plan, sharded_tokens
 
@@ -90,17 +92,11 @@ def plan(lengths: Sequence[int], cost: CostModel, shape: Shape, chunk: int | Non
             short.append(i)
     # First-fit decreasing of the short pieces into chunks (by tokens per rank).
     per_chunk = sharded_tokens(chunk, shape.cp)  # tokens per rank of a full chunk
-    bins: list[list[int]] = []
-    room: list[int] = []
+    fit = FirstFit(len(short), per_chunk)  # a piece needs at most per_chunk: one bin a piece at worst
+    bins: list[list[int]] = [[] for _ in short]
     for i in sorted(short, key=lambda i: (-pieces[i][2], i)):
-        need = sharded_tokens(pieces[i][2], shape.cp)
-        b = next((b for b, r in enumerate(room) if r >= need), None)
-        if b is None:
-            bins.append([])
-            room.append(per_chunk)
-            b = len(bins) - 1
-        bins[b].append(i)
-        room[b] -= need
+        bins[fit.place(sharded_tokens(pieces[i][2], shape.cp))].append(i)
+    del bins[fit.opened:]
     units = [[ids] for ids in bins] + [[[i] for i in ids] for ids in chains.values()]
     # LPT over DP ranks by predicted time of each unit.
     scored_units = []
@@ -108,12 +104,12 @@ def plan(lengths: Sequence[int], cost: CostModel, shape: Shape, chunk: int | Non
         mbs = [_chunk_micro_batch(cost, shape, pieces, ids, 0, 0) for ids in unit]
         scored_units.append((sum(mb.time_us for mb in mbs), unit))
     scored_units.sort(key=lambda t: -t[0])
-    load = [0.0] * shape.dp
+    least = [(0.0, d) for d in range(shape.dp)]  # (load, rank): the least loaded, lowest rank on a tie
     per_rank: list[list[list[int]]] = [[] for _ in range(shape.dp)]
     for t, unit in scored_units:
-        d = load.index(min(load))
+        load, d = heapq.heappop(least)
         per_rank[d].extend(unit)
-        load[d] += t
+        heapq.heappush(least, (load + t, d))
     ranks = [[_chunk_micro_batch(cost, shape, pieces, ids, d, j) for j, ids in enumerate(groups)]
              for d, groups in enumerate(per_rank)]
     return build_plan([p[2] for p in pieces], ranks, shape, started, cost.pad_pass_us()), pieces

@@ -23,6 +23,10 @@ each piece) and what a row does not fill is padding (packed.py).
   are padding (counted: ``packed.py``'s ``last_tokens`` holds real tokens).
 """
 
+import bisect
+
+from skrull_ext.scheduler.first_fit import FirstFit
+
 PACKINGS = ("rows", "stream", "documents")
 
 Piece = tuple[int, int, int]
@@ -33,10 +37,10 @@ def whole_rows(lengths: list[int], rows: int, seq_len: int) -> list[list[Piece]]
     """First-fit of whole samples (``sample`` = index into ``lengths``) into
     ``rows`` rows of ``seq_len``. Raises ValueError naming the sizes when the
     batch does not fit."""
-    free = [seq_len] * rows
+    fit = FirstFit(rows, seq_len)
     out: list[list[Piece]] = [[] for _ in range(rows)]
     for k, n in enumerate(lengths):
-        row = next((r for r in range(rows) if free[r] >= n), None)
+        row = fit.place(n)
         if row is None:
             raise ValueError(
                 f"global batch ({sum(lengths)} tokens, longest {max(lengths)}) "
@@ -45,7 +49,6 @@ def whole_rows(lengths: list[int], rows: int, seq_len: int) -> list[list[Piece]]
                 "dataloader.max_len / global_batch_size, or set dataloader.packing = 'stream'"
             )
         out[row].append((k, 0, n))
-        free[row] -= n
     return out
 
 
@@ -78,7 +81,7 @@ def best_fit_rows(carried: list[Piece], drawn: list[Piece], rows: int, row_len: 
     the rows (each in placement order) and what did not fit, carried ones first,
     each group in its given order. Every piece must fit an empty row."""
     out: list[list[Piece]] = [[] for _ in range(rows)]
-    free = [row_len] * rows
+    by_room = [(row_len, r) for r in range(rows)]  # (room left, row), sorted: the best fit is a bisection
     given = carried + drawn
     left: list[int] = []
     for first, group in ((0, carried), (len(carried), drawn)):
@@ -86,13 +89,13 @@ def best_fit_rows(carried: list[Piece], drawn: list[Piece], rows: int, row_len: 
             n = given[i][2] - given[i][1]
             if n > row_len:
                 raise ValueError(f"a piece of {n} tokens does not fit a row of {row_len}")
-            fits = [r for r in range(rows) if free[r] >= n]
-            if not fits:
+            at = bisect.bisect_left(by_room, (n, -1))
+            if at == len(by_room):
                 left.append(i)
                 continue
-            r = min(fits, key=lambda r: (free[r], r))
+            room, r = by_room.pop(at)
             out[r].append(given[i])
-            free[r] -= n
+            bisect.insort(by_room, (room - n, r))
     return out, [given[i] for i in sorted(left)]
 
 
