@@ -22,7 +22,8 @@
 #    install again, e.g. after a C++ change).
 #    VENV=/path uses that venv instead, built there when absent; one that
 #    exists on another torch, or installed from another checkout, is refused,
-#    never changed.
+#    never changed. A venv whose C++ core is older than cpp/, CMakeLists.txt
+#    or pyproject.toml gets the core rebuilt (pip install --no-deps -e .).
 # 2. stages, each with its rc and wall seconds on one summary line:
 #    quick     python -m pytest -m "not slow" -q -p no:cacheprovider
 #    skrull    the README's main job: torchrun, 2 ranks, debug_cpu.toml, CP 2
@@ -98,6 +99,14 @@ else
   torch_right || die "VENV=$VENV has torch $(torch_version || echo none), not $TORCH_VERSION: left as it is"
   if [ "${REINSTALL:-0}" = 1 ]; then install_project; fi
   project_here || die "VENV=$VENV does not import skrull_ext and the .pth hook from $root: left as it is"
+fi
+
+# A core built before the C++ last changed fails most of the suite on a constructor's arguments:
+# rebuild it (the project alone, --no-deps) rather than report that as the torch's failure.
+core=$("$py" -c 'import skrull_ext._core as c; print(c.__file__)' 2>/dev/null)
+if [ -n "$core" ] && newer=$(find cpp CMakeLists.txt pyproject.toml -type f -newer "$core" | head -1) && [ -n "$newer" ]; then
+  say "the venv's C++ core is older than $newer: rebuilding it (pip install --no-deps -e .; log: $logs/install.log)"
+  "$py" -m pip install --no-deps -e . >>"$logs/install.log" 2>&1 || { tail -20 "$logs/install.log"; die "rebuilding the core failed"; }
 fi
 
 version=$(torch_version)
