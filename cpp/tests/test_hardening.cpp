@@ -459,6 +459,63 @@ static void test_wide_lookahead() {
   CHECK(check::lookahead_error(w, {}, bad, price).empty());
 }
 
+// Grouping::kLpt (form_groups) against a scan of every group per sequence:
+// longest first, each to the least-loaded group with room, ties to the lower.
+// Tight batches (tokens near m x capacity) and FLOPs not monotone in length
+// make the least-loaded group lack room, then have it again for a shorter
+// sequence: the parking the heap does (gds.hpp) must give the scan's groups.
+static void test_lpt_groups_equal_the_scan() {
+  uint64_t seed = 29;
+  int32_t parked_back = 0;  // cases where a group without room for one sequence took a later one
+  for (int trial = 0; trial < 3000; ++trial) {
+    const int32_t m = 1 + static_cast<int32_t>(splitmix(seed) % 24);
+    const int64_t capacity = 4 + static_cast<int64_t>(splitmix(seed) % 60);
+    const size_t n = splitmix(seed) % (static_cast<size_t>(m) * 5 + 2);
+    std::vector<int64_t> lengths(n);
+    std::vector<double> flops(n);
+    for (size_t k = 0; k < n; ++k) {
+      lengths[k] = 1 + static_cast<int64_t>(splitmix(seed) % static_cast<uint64_t>(capacity));
+      flops[k] = static_cast<double>(splitmix(seed) % 8 == 0 ? 1 : lengths[k] * lengths[k]);
+    }
+    std::vector<int32_t> sorted(n);
+    std::iota(sorted.begin(), sorted.end(), 0);
+    std::stable_sort(sorted.begin(), sorted.end(), [&](int32_t a, int32_t b) { return lengths[a] < lengths[b]; });
+    std::vector<int32_t> want(n, -1);
+    std::vector<int64_t> room(m, capacity);
+    std::vector<double> load(m, 0.0);
+    std::vector<bool> lacked(m, false);
+    bool fits = true, back = false;
+    for (size_t q = n; fits && q-- > 0;) {
+      const int64_t s = lengths[sorted[q]];
+      int32_t best = -1, least = 0;
+      for (int32_t j = 0; j < m; ++j) {
+        if (load[j] < load[least]) least = j;
+        if (room[j] >= s && (best < 0 || load[j] < load[best])) best = j;
+      }
+      if (best < 0) {
+        fits = false;
+        break;
+      }
+      if (room[least] < s) lacked[least] = true;
+      back = back || lacked[best];
+      want[q] = best;
+      room[best] -= s;
+      load[best] += flops[sorted[q]];
+    }
+    MicroBatchSplit got;
+    const bool formed = detail::form_groups(lengths, flops, sorted, m, Grouping::kLpt, capacity, got);
+    CHECK(formed == fits);
+    if (!formed || !fits) continue;
+    parked_back += back;
+    for (int32_t j = 0; j < m; ++j)
+      for (int32_t i = got.member_start[j]; i < got.member_start[j + 1]; ++i)
+        CHECK_MSG(want[got.members[i]] == j, "trial " + std::to_string(trial) + ": position " +
+                                                 std::to_string(got.members[i]) + " in group " + std::to_string(j) +
+                                                 ", the scan's " + std::to_string(want[got.members[i]]));
+  }
+  CHECK_MSG(parked_back >= 100, std::to_string(parked_back) + " cases took a parked group back");
+}
+
 int main() {
   test_bad_input_is_refused();
   test_lengths_at_the_boundaries();
@@ -470,6 +527,7 @@ int main() {
   test_leader_slot_beats_the_plain_split();
   test_lookahead_oracle();
   test_wide_lookahead();
+  test_lpt_groups_equal_the_scan();
   if (skrull_test::failures) return skrull_test::report();
   std::puts("test_hardening: all checks passed");
   return 0;
