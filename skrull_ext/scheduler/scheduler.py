@@ -31,6 +31,16 @@ from skrull_ext.scheduler.plan import MicroBatchPlan, Plan
 
 
 def _as_lengths(lengths: Sequence[int]) -> list[int]:
+    """The lengths as Python ints in [1, MAX_LENGTH], or a ValueError naming the first bad one.
+    Plain ints in range (what the loader passes) take one pass of builtins: the per-item
+    checks below cost 3 ms a call at 8,192 sequences, as much as the core's plan."""
+    out = list(lengths)
+    if not out or set(map(type, out)) == {int} and 1 <= min(out) and max(out) <= _core.MAX_LENGTH:
+        return out
+    return _checked_lengths(out)
+
+
+def _checked_lengths(lengths: Sequence[int]) -> list[int]:
     out = []
     for k, s in enumerate(lengths):
         if isinstance(s, bool) or not isinstance(s, int) and not hasattr(s, "__index__"):

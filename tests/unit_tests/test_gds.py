@@ -2,7 +2,7 @@
 
 import pytest
 
-from skrull_ext import DROPPED, Scheduler, SchedulerConfig
+from skrull_ext import DROPPED, Scheduler, SchedulerConfig, _core
 
 D = -1
 
@@ -90,6 +90,20 @@ def test_config_errors_name_the_field(kw, msg):
 def test_facade_rejects_non_integer_lengths(toy):
     with pytest.raises(ValueError, match=r"sequence 1 has length 2.5, which is not an integer"):
         Scheduler(SchedulerConfig(), toy).schedule([1, 2.5])
+    with pytest.raises(ValueError, match=r"sequence 2 has length True, which is not an integer"):
+        Scheduler(SchedulerConfig(), toy).schedule([1, 2, True])
+    for bad, k in (([3, 0, 2], 1), ([3, 2, _core.MAX_LENGTH + 1], 2)):
+        with pytest.raises(ValueError, match=rf"sequence {k} has length {bad[k]}, outside \[1, {_core.MAX_LENGTH}\]"):
+            Scheduler(SchedulerConfig(), toy).schedule(bad)
+
+
+def test_facade_takes_integer_likes_as_ints(toy):
+    import numpy as np
+
+    plain = Scheduler(SchedulerConfig(), toy).schedule([5, 3, 9])
+    numpy = Scheduler(SchedulerConfig(), toy).schedule(np.array([5, 3, 9]))
+    assert numpy.input_lengths == plain.input_lengths == [5, 3, 9]
+    assert all(type(s) is int for s in numpy.input_lengths) and numpy.micro_batch == plain.micro_batch
 
 
 def test_lpt_groups_when_strided_needs_more_micro_batches_than_the_tokens():
