@@ -192,10 +192,11 @@ def test_compiled_chunked_run_matches_eager(workdir, seed, one_process):
     chunked samples compiling the chunk's graphs, a bounded number, and the later ones none (dynamo's
     counters, read by the probe around each step's chunked samples); the start-up line says so.
     (Compiled under TP: the TP 2 run at the end of this file; at CP 2, the K/V all-gather a functional
-    collective in the trace: tests/unit_tests/test_chunked.py, 2 gloo ranks.)"""
+    collective in the trace: tests/unit_tests/test_chunked.py, 2 gloo ranks; through the trainer at CP 2,
+    2 compiled processes, SKRULL_CHUNK_COMPILE_CP=2: left out of the suite for CI's time.)"""
     import json
 
-    cp = 1
+    cp = int(os.environ.get("SKRULL_CHUNK_COMPILE_CP", "1"))
     from tests.integration_tests.test_compile import GRAD as COMPILE_GRAD, LOSS as COMPILE_LOSS
 
     steps = STEPS if cp == 1 else SHORT
