@@ -2,6 +2,7 @@
 
     python -m skrull_ext.bench datawait                      # T = 500 ms, 8 steps, K = 2
     python -m skrull_ext.bench datawait --step-ms 200 --prefetch 4 --json out/datawait.json
+    python -m skrull_ext.bench datawait --indexed-lengths    # lengths from an index, as a tokenized source
 
 A training loop whose step takes T ms (``time.sleep``, standing in for the
 GPU's forward and backward) asks Skrull's dataloader for each step, as the
@@ -12,7 +13,10 @@ latency`` (DP 128 x CP 8, 8192 sequences per global batch, BucketSize
 model (a preset or a measured profile) and the CP-SAT fallback on. Each step
 is drawn, limited, planned, validated and this rank's buffers built. The same
 steps are run with prefetch off (K = 0: built when asked) and on (K steps
-built ahead on a thread while the loop sleeps), side by side in one run.
+built ahead on a thread while the loop sleeps), side by side in one run. As
+in the trainer, the thread starts the next build once the loop has its step
+(``hold_builds``, ``resume_building``: the trainer resumes it once the step's
+micro-batches are queued), not while the loop still runs Python on it.
 
 It reports per-step wait (mean, p50, max, in ms and as a share of T) and the
 time the data path itself took per step (``SkrullStep.build_us``) and the
@@ -20,6 +24,12 @@ CP-SAT fallback's share of it (``--cpsat-margin 0`` tries the solver on
 every micro-batch of the rank: the worst case). The first
 step of each mode is a warm-up: nothing can be ahead of it, so it is reported
 on its own and left out of the statistics.
+
+The synthetic source draws each sample's length from a numpy generator
+seeded for it (about 20 us a sample): at 8,192 samples a step that is most
+of the data path. ``--indexed-lengths`` reads them from a list made before
+the run, as a tokenized source reads its index, so the data path times what
+a real source's rank runs: the limit, the plan, its validation, the buffers.
 """
 
 from __future__ import annotations
@@ -44,11 +54,37 @@ VOCAB = 151936
 """Token ids of the synthetic samples (Qwen2.5's vocabulary: the preset's model)."""
 
 
+class IndexedLengths:
+    """The synthetic source with its samples' lengths read from a list made before the run,
+    as a tokenized source reads them from its index (data/sources/text.py ``_lengths``). The
+    synthetic source draws each length from a numpy generator seeded for the sample, about 20
+    us, 8,192 a step at this shape: most of the data path, and a cost no real source pays.
+    Everything else (tokens, loss counts, the batches' indices) is the synthetic source's."""
+
+    def __init__(self, source, lengths: list[int]) -> None:
+        self._source = source
+        self._lengths = lengths
+
+    def length(self, index: int) -> int:
+        return self._lengths[index] if index < len(self._lengths) else self._source.length(index)
+
+    def __getitem__(self, index: int):
+        return self._source[index]
+
+    def __getattr__(self, name: str):
+        return getattr(self._source, name)
+
+
 def build_loader(args, prefetch: int) -> SkrullDataLoader:
     """Rank (dp 0, cp 0)'s dataloader of the ``large`` shape, CP-SAT fallback on."""
     config = SkrullDataLoader.Config(dataset="synthetic", lengths=args.dataset, vocab_size=VOCAB, seed=args.seed,
                                      global_batch_size=SHAPE.dp * SHAPE.per_dp, prefetch_steps=prefetch)
     loader = config.build(dp_world_size=SHAPE.dp, dp_rank=0)
+    if getattr(args, "indexed_lengths", False):
+        if getattr(args, "index", None) is None:  # made once: the warm-up, the timed steps, what prefetch builds ahead
+            count = (args.steps + 2 + args.prefetch) * SHAPE.dp * SHAPE.per_dp
+            args.index = [loader.source.length(i) for i in range(count)]
+        loader.source = IndexedLengths(loader.source, args.index)
     section = SkrullConfig(bucket_size=SHAPE.bucket_size, cpsat=not args.no_cpsat,  # [skrull] cpsat = true
                            cpsat_margin=args.cpsat_margin,
                            overlength="truncate")  # as bench latency: the tail past a CP group is cut
@@ -59,6 +95,7 @@ def build_loader(args, prefetch: int) -> SkrullDataLoader:
 def run_mode(args, prefetch: int) -> dict:
     """Warm-up + ``args.steps`` steps of a loop that sleeps ``args.step_ms`` per step."""
     loader = build_loader(args, prefetch)
+    loader.hold_builds = True  # as the trainer: the next step is built once this one is queued (resume_building)
     waits, builds, solver, replaced, first = [], [], [], [], None
     try:
         for n in range(args.steps + 1):
@@ -72,6 +109,7 @@ def run_mode(args, prefetch: int) -> dict:
                 builds.append(step.build_us / 1e3)
                 solver.append(step.plan.fallback_us / 1e3)
                 replaced.append(step.plan.summary()["cpsat_used"])
+            loader.resume_building()  # the trainer's micro-batches queued: the thread builds while the device runs
             time.sleep(args.step_ms / 1e3)  # the GPU's step
             del step  # freed before the next wait is timed (as the trainer does)
     finally:
@@ -116,6 +154,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cpsat-margin", type=float, default=SkrullConfig().cpsat_margin,
                     help="[skrull] cpsat_margin: 0 tries CP-SAT on every micro-batch of the rank (the worst case)")
     ap.add_argument("--seed", type=int, default=0, help="dataloader seed")
+    ap.add_argument("--indexed-lengths", action="store_true",
+                    help="read the samples' lengths from a list made before the run, as a tokenized source reads "
+                         "its index, instead of drawing each from a generator seeded for it (the synthetic "
+                         "source's way, most of the data path at this shape)")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args(argv)
     if args.steps < 1:
@@ -128,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
         SkrullConfig(cpsat_margin=args.cpsat_margin)
     except ValueError as e:
         ap.error(f"--cpsat-margin: {e}")
+    if not args.no_cpsat:  # imported at its first solve (0.4 s, once a run): not inside one mode's timed steps
+        from ortools.sat.python import cp_model  # noqa: F401
     results = [run_mode(args, 0), run_mode(args, args.prefetch)]
     cfg = build_loader(args, 0).scheduler.job
     print(f"rank (dp 0, cp 0) of DP {SHAPE.dp} x CP {SHAPE.cp}, {SHAPE.dp * SHAPE.per_dp} sequences per step "
@@ -135,9 +179,10 @@ def main(argv: list[str] | None = None) -> int:
           f"{'on' if cfg.uses_cpsat else 'off'} (margin {cfg.cpsat_margin:g}, limit {cfg.cpsat_deterministic_time:g} "
           f"deterministic s; {statistics.mean(r['cpsat_replaced_per_step'] for r in results):.1f} of the rank's "
           f"micro-batches replaced per step), cost model: {cost_model_of(args)[1]}; step T = {args.step_ms:g} ms, "
-          f"{args.steps} steps per mode after one warm-up\n")
+          f"{args.steps} steps per mode after one warm-up; the samples' lengths "
+          f"{'read from an index made before the run' if args.indexed_lengths else 'drawn per sample (synthetic)'}\n")
     print(render(results, args.step_ms))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"args": vars(args), "results": results}, f, indent=2)
+            json.dump({"args": {k: v for k, v in vars(args).items() if k != "index"}, "results": results}, f, indent=2)
     return 0

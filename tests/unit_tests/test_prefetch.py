@@ -256,6 +256,27 @@ def test_bench_datawait_runs(capsys):
     assert "\n| 0 (off) | " in out and "\n| 3 | " in out
 
 
+def test_bench_datawait_indexed_lengths_plan_the_same_steps(capsys):
+    """--indexed-lengths reads the synthetic samples' lengths from a list made before the run (as a
+    tokenized source reads its index): the same lengths, so the same plans and buffers."""
+    import argparse
+
+    from skrull_ext.bench import datawait
+
+    args = argparse.Namespace(dataset="mix_sharegpt_conv95+longbench_en5", seed=0, no_cpsat=True, cpsat_margin=0.1,
+                              profile=None, model="qwen2.5-0.5b", steps=1, prefetch=1)
+    drawn = datawait.build_loader(argparse.Namespace(**vars(args), indexed_lengths=False), 0)
+    indexed = datawait.build_loader(argparse.Namespace(**vars(args), indexed_lengths=True), 0)
+    assert isinstance(indexed.source, datawait.IndexedLengths) and not isinstance(drawn.source, datawait.IndexedLengths)
+    for _ in range(2):
+        a, b = drawn.next_step(), indexed.next_step()
+        assert a.samples == b.samples and a.plan.micro_batch == b.plan.micro_batch and a.tokens == b.tokens > 0
+        assert [mb.num_tokens for mb in a.micro_batches] == [mb.num_tokens for mb in b.micro_batches]
+    assert indexed.source.length(10**7) == drawn.source.length(10**7)  # past the list: drawn
+    assert datawait.main(["--steps", "1", "--step-ms", "1", "--indexed-lengths"]) == 0
+    assert "the samples' lengths read from an index made before the run" in capsys.readouterr().out
+
+
 def test_only_the_steps_handed_out_warn(tok, caplog):
     """Issue 50: --training.steps 1 warned 'Skrull step 2: 3 cut' and 'Skrull step 3: 1 cut ...
     run so far: 4 cut' for the steps the thread built ahead, which never trained, while the
