@@ -468,9 +468,10 @@ class Plan:
         return group_free, starts, step
 
     # ------------------------------------------------------------- invariants
-    def validate(self) -> None:
-        """Raise PlanError naming the first broken invariant (plan_check.py lists them)."""
-        check_plan(self)
+    def validate(self, dp_rank: int | None = None) -> None:
+        """Raise PlanError naming the first broken invariant (plan_check.py lists them);
+        with ``dp_rank``, other ranks' micro-batches for exactly-once and times only."""
+        check_plan(self, dp_rank)
 
     def digest(self) -> str:
         """Hash of everything that decides what each rank computes; equal on every rank."""

@@ -39,6 +39,25 @@ def test_validate_names_the_broken_invariant(plan, corrupt, msg):
         bad.validate()
 
 
+def test_validate_for_one_dp_rank_checks_its_micro_batches_and_exactly_once(plan):
+    """A training rank checks its own micro-batches in full and the others' for exactly-once and
+    times only: every rank checks its own, so the job checks all (loader.py)."""
+    tokens = copy.deepcopy(plan)
+    tokens.ranks[1][0].rank_tokens[0] += 1  # DP rank 1's micro-batch: only rank 1 (or the whole check) sees it
+    tokens.validate(dp_rank=0)
+    for rank in (1, None):
+        with pytest.raises(PlanError, match=r"rank tokens .* but its rank sets give"):
+            tokens.validate(dp_rank=rank)
+    twice = copy.deepcopy(plan)
+    twice.ranks[1][0].seqs.append(twice.ranks[0][0].seqs[0])  # rank 0's sequence also in rank 1's micro-batch
+    with pytest.raises(PlanError, match=r"appears in 2 micro-batches"):
+        twice.validate(dp_rank=0)
+    outside = copy.deepcopy(plan)
+    outside.ranks[1][0].seqs[0] = -1
+    with pytest.raises(PlanError, match=r"micro-batch \d+ holds a sequence outside \[0, 7\)"):
+        outside.validate(dp_rank=0)
+
+
 def _move_set(plan, k, by):
     """Moves sequence k's rank set by ``by`` ranks where it is stored: on its micro-batch."""
     mb = plan.micro_batches[plan.micro_batch[k]]

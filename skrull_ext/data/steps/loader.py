@@ -224,7 +224,7 @@ class StepBuilder:
         start = time.perf_counter()
         # Each chunked document priced in the chunk the trainer runs it in (job.chunk_for, the memory rule's)
         plan = self.scheduler.schedule(lengths, dp_rank=self.dp_rank, chunked=[n for _, n, _ in win.chunked[j]])
-        plan.validate()
+        plan.validate(self.dp_rank)  # this rank's micro-batches in full, the rest's exactly-once and times
         schedule_us = (time.perf_counter() - start) * 1e6
         samples = _Samples(self.source, indices, lengths)
         valid = sum(  # the planned length is the limited one (the limit runs first); anything else is recounted
