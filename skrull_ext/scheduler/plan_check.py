@@ -40,6 +40,8 @@ def check_plan(plan, dp_rank: int | None = None) -> None:
     their times only, not each sequence's rank set and tokens: a training rank runs its own
     micro-batches alone and every rank checks its own, so the job checks them all (at DP 128 x
     CP 8 the whole plan's checks cost a rank 7-14 ms a step, its own a small part of that)."""
+    if dp_rank is not None and not (isinstance(dp_rank, int) and 0 <= dp_rank < plan.dp):
+        raise ValueError(f"dp_rank must be in [0, {plan.dp}), got {dp_rank!r}")
     n = len(plan.input_lengths)
     for name in ("lengths", "micro_batch"):
         if len(getattr(plan, name)) != n:

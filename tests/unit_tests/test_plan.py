@@ -56,6 +56,9 @@ def test_validate_for_one_dp_rank_checks_its_micro_batches_and_exactly_once(plan
     outside.ranks[1][0].seqs[0] = -1
     with pytest.raises(PlanError, match=r"micro-batch \d+ holds a sequence outside \[0, 7\)"):
         outside.validate(dp_rank=0)
+    for bad in (2, -1, 1.0):
+        with pytest.raises(ValueError, match=rf"dp_rank must be in \[0, 2\), got {bad}"):
+            plan.validate(dp_rank=bad)
 
 
 def _move_set(plan, k, by):
