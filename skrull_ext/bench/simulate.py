@@ -27,7 +27,7 @@ import argparse
 import shlex
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from tqdm import tqdm
@@ -88,6 +88,19 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _policy_shown(bar: tqdm, cell) -> Callable[[str], None]:
+    """The bar's postfix names the policy being planned, redrawn at most twice a second: an
+    iteration of a large shape is a minute long, most of it in one policy or another."""
+    shown = [time.monotonic()]
+
+    def show(policy: str) -> None:
+        if (now := time.monotonic()) - shown[0] >= 0.5:
+            bar.set_postfix_str(f"{cell.dataset} / {cell.model}: {policy}")
+            shown[0] = now
+
+    return show
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     cli = parser()
     args = cli.parse_args(argv)
@@ -135,7 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for cell in cells:
             bar.set_postfix_str(f"{cell.dataset} / {cell.model}")
             results.append(simulator.simulate(cell, policies, args.iterations, args.seed, profile,
-                                              on_iteration=bar.update))
+                                              on_iteration=bar.update, on_policy=_policy_shown(bar, cell)))
     from skrull_ext.bench import report  # after the run: keeps --help fast
 
     meta = {"command": "python -m skrull_ext.bench simulate " + shlex.join(argv), "profile": profile.label,

@@ -119,8 +119,11 @@ def simulate(
     cost: CostModel | None = None,
     on_iteration: Callable[[], None] | None = None,
     validate: bool = True,
+    on_policy: Callable[[str], None] | None = None,
 ) -> ScenarioResult:
-    """Predict every iteration of `scenario` under each policy."""
+    """Predict every iteration of `scenario` under each policy. ``on_iteration`` is called after
+    each iteration, ``on_policy`` with each policy's name before it plans one (progress inside an
+    iteration: at DP 128 x CP 8 with 2,048 sequences a DP rank an iteration takes a minute)."""
     profile = profile if profile is not None else cost_models.hardware()
     cost = cost if cost is not None else profile.cost_model(cost_models.shape(scenario.model), repr(scenario.model))
     chosen = [sim_policies.get(p) for p in policies]
@@ -153,6 +156,8 @@ def simulate(
         result.classic_bounds_us.append(bound.classic_bound_us(job, cost, shape.dp, shape.cp, shape.bucket_size))
         result.bounds_us.append(bound.lower_bound_us(job, cost, shape.dp, shape.cp, shape.bucket_size, shape.timeline))
         for p in chosen:
+            if on_policy is not None:
+                on_policy(p.name)
             batch = own[p.name][i]
             lb = (bound.pool_lower_bound_us(batch, cost, shape.dp, shape.cp, shape.bucket_size) if p.pool else
                   bound.classic_bound_us(batch, cost, shape.dp, shape.cp, shape.bucket_size) if p.whole else

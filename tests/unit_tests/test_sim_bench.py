@@ -176,3 +176,16 @@ def test_overlength_chunk_puts_skrull_chunk_beside_chunkflow_on_whole_sequences(
     assert res.truncated_by_policy["skrull+chunk"] == res.truncated_by_policy["chunkflow+whole"] == 0
     assert all(m.time_us >= m.bound_us for p in ("skrull+chunk", "chunkflow+whole") for m in res.per_policy[p])
     assert res.mean_time_us("skrull+chunk") > res.mean_time_us("skrull")  # more work than the cut batches
+
+
+def test_progress_names_each_policy_before_it_plans():
+    """``on_policy`` (the bar's postfix at large shapes) hears every policy of every iteration, in
+    order, before its plan; ``on_iteration`` once an iteration."""
+    from skrull_ext.sim import simulator
+    from skrull_ext.sim.packing import Shape
+
+    heard, done = [], []
+    shape = Shape(dp=2, cp=2, batch_size=8, bucket_size=4096, timeline="free")
+    simulator.simulate(simulator.Scenario("chatqa2", "qwen2.5-0.5b", shape), ["baseline", "skrull", "bound"],
+                       iterations=2, seed=0, on_policy=heard.append, on_iteration=lambda: done.append(len(heard)))
+    assert heard == ["baseline", "skrull", "bound"] * 2 and done == [3, 6]
