@@ -37,17 +37,24 @@ class FirstFit:
 
     def place(self, need: int) -> int | None:
         """The lowest bin with `need` room left, charged `need`; None where none has it."""
-        tree = self.tree
+        tree, size = self.tree, self.size
         if tree[1] < need:
             return None
         i = 1
-        while i < self.size:
-            i = 2 * i if tree[2 * i] >= need else 2 * i + 1
-        b = i - self.size
+        while i < size:
+            i *= 2
+            if tree[i] < need:
+                i += 1
+        b = i - size
         tree[i] -= need
         i //= 2
-        while i:
-            tree[i] = max(tree[2 * i], tree[2 * i + 1])
+        while i:  # rooms only fall: once a node keeps its value, so do the nodes above it
+            left, right = tree[2 * i], tree[2 * i + 1]
+            room = left if left > right else right
+            if tree[i] == room:
+                break
+            tree[i] = room
             i //= 2
-        self.opened = max(self.opened, b + 1)
+        if b >= self.opened:
+            self.opened = b + 1
         return b

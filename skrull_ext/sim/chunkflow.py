@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import heapq
 import time
+from dataclasses import replace
 from collections.abc import Sequence
 
 from skrull_ext import _core
@@ -99,17 +100,17 @@ def plan(lengths: Sequence[int], cost: CostModel, shape: Shape, chunk: int | Non
     del bins[fit.opened:]
     units = [[ids] for ids in bins] + [[[i] for i in ids] for ids in chains.values()]
     # LPT over DP ranks by predicted time of each unit.
-    scored_units = []
+    scored_units = []  # each unit's micro-batches placed on DP rank 0, then moved to the rank LPT gives it
     for unit in units:
         mbs = [_chunk_micro_batch(cost, shape, pieces, ids, 0, 0) for ids in unit]
-        scored_units.append((sum(mb.time_us for mb in mbs), unit))
+        scored_units.append((sum(mb.time_us for mb in mbs), mbs))
     scored_units.sort(key=lambda t: -t[0])
     least = [(0.0, d) for d in range(shape.dp)]  # (load, rank): the least loaded, lowest rank on a tie
-    per_rank: list[list[list[int]]] = [[] for _ in range(shape.dp)]
-    for t, unit in scored_units:
+    per_rank: list[list[MicroBatchPlan]] = [[] for _ in range(shape.dp)]
+    for t, mbs in scored_units:
         load, d = heapq.heappop(least)
-        per_rank[d].extend(unit)
+        per_rank[d].extend(mbs)
         heapq.heappush(least, (load + t, d))
-    ranks = [[_chunk_micro_batch(cost, shape, pieces, ids, d, j) for j, ids in enumerate(groups)]
-             for d, groups in enumerate(per_rank)]
+    ranks = [[replace(mb, slot=j, first_group=d, first_rank=[r + d * shape.cp for r in mb.first_rank])
+              for j, mb in enumerate(mbs)] for d, mbs in enumerate(per_rank)]
     return build_plan([p[2] for p in pieces], ranks, shape, started, cost.pad_pass_us()), pieces
