@@ -267,9 +267,15 @@ def decide_lengths(limit: LengthLimit, indices: list[int], source, step: int
     built (a rank builds only its own micro-batches' samples), nothing counted yet
     (``settle`` adds the account to the run's). Returns the sample indices kept, their
     trained lengths and loss tokens, the step's account."""
-    lengths = [source.length(i) for i in indices]
-    keep, kept_len, kept_loss, account = decide(
-        limit, indices, lengths, lambda k, n: loss_tokens(source, indices[k], n, lengths[k]), source, step)
+    length = source.length
+    lengths = [length(i) for i in indices]
+    if (counted := getattr(source, "loss_tokens", None)) is not None:  # looked up once a step, not a sample
+        def losses(k: int, n: int) -> int:
+            return int(counted(indices[k], n, lengths[k]))
+    else:
+        def losses(k: int, n: int) -> int:
+            return loss_tokens(source, indices[k], n, lengths[k])
+    keep, kept_len, kept_loss, account = decide(limit, indices, lengths, losses, source, step)
     return [indices[k] for k in keep], kept_len, kept_loss, account
 
 
