@@ -35,6 +35,7 @@ a real source's rank runs: the limit, the plan, its validation, the buffers.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import statistics
 import time
@@ -75,16 +76,25 @@ class IndexedLengths:
         return getattr(self._source, name)
 
 
-def build_loader(args, prefetch: int) -> SkrullDataLoader:
-    """Rank (dp 0, cp 0)'s dataloader of the ``large`` shape, CP-SAT fallback on."""
+def _unattached(args, prefetch: int) -> SkrullDataLoader:
     config = SkrullDataLoader.Config(dataset="synthetic", lengths=args.dataset, vocab_size=VOCAB, seed=args.seed,
                                      global_batch_size=SHAPE.dp * SHAPE.per_dp, prefetch_steps=prefetch)
-    loader = config.build(dp_world_size=SHAPE.dp, dp_rank=0)
-    if getattr(args, "indexed_lengths", False):
-        if getattr(args, "index", None) is None:  # made once: the warm-up, the timed steps, what prefetch builds ahead
-            count = (args.steps + 2 + args.prefetch) * SHAPE.dp * SHAPE.per_dp
-            args.index = [loader.source.length(i) for i in range(count)]
-        loader.source = IndexedLengths(loader.source, args.index)
+    return config.build(dp_world_size=SHAPE.dp, dp_rank=0)
+
+
+def length_index(args) -> list[int]:
+    """``--indexed-lengths``: the synthetic lengths of every sample the run reads (the warm-up,
+    the timed steps and what prefetch builds ahead), drawn once before it."""
+    source = _unattached(args, 0).source
+    return [source.length(i) for i in range((args.steps + 2 + args.prefetch) * SHAPE.dp * SHAPE.per_dp)]
+
+
+def build_loader(args, prefetch: int, index: list[int] | None = None) -> SkrullDataLoader:
+    """Rank (dp 0, cp 0)'s dataloader of the ``large`` shape, CP-SAT fallback on; with ``index``
+    (``length_index``) its source reads the lengths from it."""
+    loader = _unattached(args, prefetch)
+    if index is not None:
+        loader.source = IndexedLengths(loader.source, index)
     section = SkrullConfig(bucket_size=SHAPE.bucket_size, cpsat=not args.no_cpsat,  # [skrull] cpsat = true
                            cpsat_margin=args.cpsat_margin,
                            overlength="truncate")  # as bench latency: the tail past a CP group is cut
@@ -92,9 +102,9 @@ def build_loader(args, prefetch: int) -> SkrullDataLoader:
     return loader
 
 
-def run_mode(args, prefetch: int) -> dict:
+def run_mode(args, prefetch: int, index: list[int] | None = None) -> dict:
     """Warm-up + ``args.steps`` steps of a loop that sleeps ``args.step_ms`` per step."""
-    loader = build_loader(args, prefetch)
+    loader = build_loader(args, prefetch, index)
     loader.hold_builds = True  # as the trainer: the next step is built once this one is queued (resume_building)
     waits, builds, solver, replaced, first = [], [], [], [], None
     try:
@@ -171,8 +181,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         ap.error(f"--cpsat-margin: {e}")
     if not args.no_cpsat:  # imported at its first solve (0.4 s, once a run): not inside one mode's timed steps
-        from ortools.sat.python import cp_model  # noqa: F401
-    results = [run_mode(args, 0), run_mode(args, args.prefetch)]
+        importlib.import_module("ortools.sat.python.cp_model")
+    index = length_index(args) if args.indexed_lengths else None
+    results = [run_mode(args, 0, index), run_mode(args, args.prefetch, index)]
     cfg = build_loader(args, 0).scheduler.job
     print(f"rank (dp 0, cp 0) of DP {SHAPE.dp} x CP {SHAPE.cp}, {SHAPE.dp * SHAPE.per_dp} sequences per step "
           f"({args.dataset}), bucket {SHAPE.bucket_size}, policy {cfg.policy.name}, CP-SAT "
@@ -184,5 +195,5 @@ def main(argv: list[str] | None = None) -> int:
     print(render(results, args.step_ms))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"args": {k: v for k, v in vars(args).items() if k != "index"}, "results": results}, f, indent=2)
+            json.dump({"args": vars(args), "results": results}, f, indent=2)
     return 0

@@ -22,8 +22,6 @@ class FirstFit:
         self.size = 1
         while self.size < max(1, bins):
             self.size *= 2
-        self.bins = bins
-        self.capacity = capacity
         # Leaves past `bins` hold -1: never chosen.
         self.tree = [-1] * (2 * self.size)
         for b in range(bins):

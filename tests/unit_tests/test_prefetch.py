@@ -265,8 +265,8 @@ def test_bench_datawait_indexed_lengths_plan_the_same_steps(capsys):
 
     args = argparse.Namespace(dataset="mix_sharegpt_conv95+longbench_en5", seed=0, no_cpsat=True, cpsat_margin=0.1,
                               profile=None, model="qwen2.5-0.5b", steps=1, prefetch=1)
-    drawn = datawait.build_loader(argparse.Namespace(**vars(args), indexed_lengths=False), 0)
-    indexed = datawait.build_loader(argparse.Namespace(**vars(args), indexed_lengths=True), 0)
+    drawn = datawait.build_loader(args, 0)
+    indexed = datawait.build_loader(args, 0, datawait.length_index(args))
     assert isinstance(indexed.source, datawait.IndexedLengths) and not isinstance(drawn.source, datawait.IndexedLengths)
     for _ in range(2):
         a, b = drawn.next_step(), indexed.next_step()
