@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import heapq
 import time
-from dataclasses import replace
 from collections.abc import Sequence
+from dataclasses import replace
 
 from skrull_ext import _core
 from skrull_ext._core import DISTRIBUTED, CostModel
@@ -45,8 +45,9 @@ def split_pieces(lengths: Sequence[int], chunk: int) -> list[tuple[int, int, int
     return pieces
 
 
-def _chunk_micro_batch(cost: CostModel, shape: Shape, pieces: list[tuple[int, int, int]], ids: list[int],
-                       d: int, j: int) -> MicroBatchPlan:
+def _chunk_micro_batch(cost: CostModel, shape: Shape, pieces: list[tuple[int, int, int]], ids: list[int]
+                       ) -> MicroBatchPlan:
+    """One chunk of `ids` pieces, sharded, scored; placed on DP rank 0 at slot 0 (``plan`` moves it)."""
     lens = [pieces[i][2] for i in ids]
     where = DISTRIBUTED if shape.cp > 1 else 0  # CP = 1: one rank, nothing exchanged
     scored = _core.evaluate_placement(lens, [where] * len(ids), cost, shape.cp, shape.bucket_size)
@@ -57,7 +58,7 @@ def _chunk_micro_batch(cost: CostModel, shape: Shape, pieces: list[tuple[int, in
         time_us = cost.micro_batch_us([0.0] * shape.cp, flops / shape.cp, scored.comm_bytes, most)
     else:
         time_us = cost.micro_batch_us([flops], 0.0, 0.0, most)
-    return MicroBatchPlan.placed(d, j, ids, lens, [where] * len(ids), shape.cp, scored, time_us=time_us)
+    return MicroBatchPlan.placed(0, 0, ids, lens, [where] * len(ids), shape.cp, scored, time_us=time_us)
 
 
 CHUNK_HALVINGS = 5
@@ -102,7 +103,7 @@ def plan(lengths: Sequence[int], cost: CostModel, shape: Shape, chunk: int | Non
     # LPT over DP ranks by predicted time of each unit.
     scored_units = []  # each unit's micro-batches placed on DP rank 0, then moved to the rank LPT gives it
     for unit in units:
-        mbs = [_chunk_micro_batch(cost, shape, pieces, ids, 0, 0) for ids in unit]
+        mbs = [_chunk_micro_batch(cost, shape, pieces, ids) for ids in unit]
         scored_units.append((sum(mb.time_us for mb in mbs), mbs))
     scored_units.sort(key=lambda t: -t[0])
     least = [(0.0, d) for d in range(shape.dp)]  # (load, rank): the least loaded, lowest rank on a tie
@@ -111,6 +112,7 @@ def plan(lengths: Sequence[int], cost: CostModel, shape: Shape, chunk: int | Non
         load, d = heapq.heappop(least)
         per_rank[d].extend(mbs)
         heapq.heappush(least, (load + t, d))
+    # Moved to rank d: its rank sets shift by d groups (plan.placement_sets: group x cp + CP rank).
     ranks = [[replace(mb, slot=j, first_group=d, first_rank=[r + d * shape.cp for r in mb.first_rank])
               for j, mb in enumerate(mbs)] for d, mbs in enumerate(per_rank)]
     return build_plan([p[2] for p in pieces], ranks, shape, started, cost.pad_pass_us()), pieces
