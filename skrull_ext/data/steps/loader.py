@@ -227,9 +227,10 @@ class StepBuilder:
         plan.validate(self.dp_rank)  # this rank's micro-batches in full, the rest's exactly-once and times
         schedule_us = (time.perf_counter() - start) * 1e6
         samples = _Samples(self.source, indices, lengths)
+        trained = plan.trained
         valid = sum(  # the planned length is the limited one (the limit runs first); anything else is recounted
             (c if n == m else loss_tokens(self.source, i, n, self.source.length(i)))
-            for i, m, c, n in ((indices[k], lengths[k], losses[k], plan.lengths[k]) for k in plan.trained)
+            for i, m, c, n in ((indices[k], lengths[k], losses[k], plan.lengths[k]) for k in trained)
         )
         mbs = rank_buffers(plan, samples, indices, self.dp_rank, self.cp_rank, self.own_only, self.token_multiple)
         # Chunked samples: the whole CP group of the DP rank the plan assigns each to runs it.
@@ -242,7 +243,7 @@ class StepBuilder:
             micro_batches=mbs, chunked=chunked,
             global_valid_tokens=valid, loss_tokens=valid if win.width == 1 else win.loss_tokens,
             window=None if win.width == 1 else win, schedule_us=schedule_us, account=account,
-            tokens=sum(plan.trained_lengths) + sum(plan.chunked),
+            tokens=sum(plan.lengths[k] for k in trained) + sum(plan.chunked),  # plan.trained_lengths
             totals=run.totals.as_dict(), source_totals={n: c.as_dict() for n, c in run.by_source.items()},
         )
 
