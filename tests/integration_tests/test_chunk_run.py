@@ -34,7 +34,7 @@ def test_chunk_trains_long_samples_whole_and_counts_them(tmp_path):
     out = proc.stdout + proc.stderr
     assert (f"Run summary: samples read {8 * STEPS} = trained whole {8 * STEPS} + trained cut 0 + skipped 0 "
             f"(0 over-length, 0 with no loss tokens)") in out
-    assert f"{sum(per_step)} of the whole trained in chunks ({chunks} chunks" in out
+    assert f"{sum(per_step)} of them trained in chunks ({chunks} chunks" in out
     assert scalars(str(tmp_path), "skrull/chunked_total")[-1] == sum(per_step)
     assert scalars(str(tmp_path), "skrull/truncated_total")[-1] == 0
     assert scalars(str(tmp_path), "skrull/dropped_total")[-1] == 0

@@ -13,6 +13,7 @@ record's ``file:line``, and nothing be trained without a loss token.
 import os
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -49,10 +50,10 @@ def tok():
     return LocalTokenizer.Config(path="tiny_bpe").build(tokenizer_path="")
 
 
-def _loader(tok, policy, max_len=MAX_LEN, path=FIXTURE):
+def _loader(tok, policy, max_len=MAX_LEN, path=FIXTURE, bucket=256):
     config = SkrullDataLoader.Config(dataset="jsonl", dataset_path=path, max_len=max_len, global_batch_size=GBS)
     loader = config.build(dp_world_size=1, dp_rank=0, tokenizer=tok)
-    section = SkrullConfig(bucket_size=256, cost_model="h100-assumed", overlength=policy)
+    section = SkrullConfig(bucket_size=bucket, cost_model="h100-assumed", overlength=policy)
     loader.attach(Scheduler(section.scheduler_config(1, 2, lookahead=1), cost_model.preset("llama3-debug")), 0, 2)
     return loader
 
@@ -109,6 +110,44 @@ def test_read_equals_whole_plus_cut_plus_skipped(tok, policy):
                               f"skipped {t.skipped} ({t.skipped_overlength} over-length, "
                               f"{t.skipped_no_loss} with no loss tokens)")
     assert f"{src.path}:" in summary
+
+
+def test_chunked_records_train_as_cut_and_counted(tok):
+    """Under 'chunk' a record longer than the CP group (bucket_size 16 x cp 2) trains whole in chunks
+    up to ``dataloader.max_len`` (150) and is cut to it beyond: the sample a rank runs in chunks is
+    the counted one (lines 4 and 6 are skipped: their first 150 tokens hold no loss token). The loader handed out the whole record (159-193 tokens), whose positions ran past
+    the RoPE cache (``training.seq_len`` = max_len): the shipped text job crashed on its 520-token
+    record under --skrull.overlength chunk."""
+    max_len = 150
+    loader = _loader(tok, "chunk", max_len=max_len, bucket=16)
+    src = loader.source
+    chunked = []
+    for step in [loader.next_step() for _ in range(EPOCHS * len(KINDS) // GBS)]:
+        here = step.samples[len(step.plan.input_lengths):]  # the step's chunked records, after the rest
+        assert [s.length for s in step.chunked] == [step.plan.chunked[k] for k in step.plan.chunked_of(0)]
+        for i, sample in zip(here, step.chunked):
+            n = min(src.length(i), max_len)
+            assert sample.length == n and torch.equal(sample.labels, src[i].labels[:n])
+            chunked.append((_line(src.location(i)), sample.length))
+        cut = {e.index: e.kept for e in step.account.events if e.kept}
+        assert {i: max_len for i in here if src.length(i) > max_len} == cut
+        built = list(step.chunked) + [src[i] for i in step.samples[:len(step.plan.input_lengths)]]
+        assert step.global_valid_tokens == sum(int((s.labels[:max_len] != IGNORE_INDEX).sum()) for s in built)
+    assert sorted(set(chunked)) == [(3, 135), (8, 150)]
+    t = loader.account.totals
+    assert (t.whole, t.cut, t.skipped_no_loss, t.chunked) == (10, 2, 4, 4)  # lines 3 and 8 twice in chunks
+    # the pre-scan foresees the cuts and the skips (it had said every one "trained whole in chunks")
+    report = check_overlength(_loader(tok, "chunk", max_len=max_len, bucket=16), 1, 4)
+    assert (len(report.over), report.cut, report.no_loss) == (8, 6, 4)
+
+
+def test_the_pre_scan_says_what_chunk_cuts(tok, caplog):
+    check_overlength(_loader(tok, "chunk", max_len=150, bucket=16), 1, 4)
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Skrull over-length:")]
+    assert len(said) == 1 and ("are longer than 32 tokens (bucket_size 16 x cp 2) and will be trained whole in chunks "
+                               "of 32 tokens; 6 of them, longer than dataloader.max_len 150, will be cut to it "
+                               "first, but 4 of them would keep no loss token (a prompt longer than the cut) and will "
+                               "be skipped (skrull.overlength = 'chunk')") in said[0], said
 
 
 def test_the_pre_scan_foresees_what_the_steps_do(tok):

@@ -425,7 +425,8 @@ def test_chunk_cuts_at_max_len_and_chunks_only_past_what_the_ranks_hold():
     keep, lengths, _, account = decide(limit, [0, 1, 2], [200, 800, 1500], lambda k, n: n, None, 1)
     c = account.counts
     assert (keep, lengths) == ([0, 1, 2], [200, 800, 1000])
-    assert (c.read, c.whole, c.cut, c.skipped, c.chunked, c.chunks) == (3, 2, 1, 0, 1, 4)
+    # chunked: the 800 whole and the 1500 cut to 1000, each in 4 chunks of 256 (the cut one had gone uncounted)
+    assert (c.read, c.whole, c.cut, c.skipped, c.chunked, c.chunks) == (3, 2, 1, 0, 2, 8)
     small = capacity_limit(Capacity(256, 1), "chunk", 100)
     assert (small.tokens, small.by, small.max_len) == (100, "max_len", None)
     assert [small.kept_length(n) for n in (50, 100, 300)] == [50, 100, 100]

@@ -64,7 +64,8 @@ class Counts:
     skipped_overlength: int = 0
     skipped_no_loss: int = 0
     chunked: int = 0
-    """Of ``whole``: longer than the limit, trained whole in chunks (``skrull.overlength = "chunk"``)."""
+    """Of ``whole`` and ``cut``: longer than the limit, trained in chunks (``skrull.overlength =
+    "chunk"``): whole, or cut to ``dataloader.max_len`` (a cut one is in ``cut`` too)."""
     chunks: int = 0
     """The chunks those ``chunked`` samples ran as."""
 
@@ -186,7 +187,7 @@ def sample_metrics(counts: Counts, totals: dict[str, int]) -> dict[str, float]:
 
 
 def _chunked(c: Counts) -> str:
-    return f"{c.chunked} of the whole trained in chunks ({c.chunks} chunks, {c.chunks / c.chunked:.1f} per sample)"
+    return f"{c.chunked} of them trained in chunks ({c.chunks} chunks, {c.chunks / c.chunked:.1f} per sample)"
 
 
 class RunAccount:

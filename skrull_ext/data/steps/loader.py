@@ -233,8 +233,9 @@ class StepBuilder:
             for i, m, c, n in ((indices[k], lengths[k], losses[k], plan.lengths[k]) for k in trained)
         )
         mbs = rank_buffers(plan, samples, indices, self.dp_rank, self.cp_rank, self.own_only, self.token_multiple)
-        # Chunked samples: the whole CP group of the DP rank the plan assigns each to runs it.
-        chunked = [self.source[win.chunked[j][k][0]] for k in plan.chunked_of(self.dp_rank)]
+        # Chunked samples: the whole CP group of the DP rank the plan assigns each to runs it, at
+        # the length the limit kept (cut to dataloader.max_len beyond it: the RoPE cache's).
+        chunked = [cut(self.source[i], n) for i, n, _ in (win.chunked[j][k] for k in plan.chunked_of(self.dp_rank))]
         valid += sum(c for _, _, c in win.chunked[j])
         if self.pin:
             mbs = [mb.staged() for mb in mbs]

@@ -210,9 +210,9 @@ def decide(limit: LengthLimit, indices: list[int], lengths: list[int], losses, s
             account.record(Event(i, location(source, i), n, m, OVERLENGTH, f"limit {limit.tokens}, {limit.source}"))
         else:
             account.counts.whole += 1
-            if m > limit.tokens:  # overlength = "chunk": whole, in chunks (train/chunked.py)
-                account.counts.chunked += 1
-                account.counts.chunks += limit.chunks(m)
+        if m > limit.tokens:  # overlength = "chunk": in chunks (train/chunked.py), whole or cut to max_len
+            account.counts.chunked += 1
+            account.counts.chunks += limit.chunks(m)
         keep.append(k)
         kept_len.append(m)
         kept_loss.append(loss)
@@ -296,8 +296,11 @@ class OverlengthScan:
     seconds: float = 0.0
     first_where: str = ""
     """Where the first offender comes from (``file:line`` of a JSONL record)."""
+    cut: int = 0
+    """Over-length sequences the limit cuts: every one under 'truncate', those longer than
+    ``dataloader.max_len`` under 'chunk' (cut to it, then trained in chunks)."""
     no_loss: int = 0
-    """Over-length sequences whose cut would hold no loss token (skipped under 'truncate')."""
+    """Of ``cut``: those whose cut would hold no loss token (skipped)."""
     unit: str = "step"
     """What the scanned steps are (``loader.step_unit``: "validation batch" for the held-out set,
     whose over-length line said "steps 1..2", read as the run's first steps)."""
@@ -330,9 +333,13 @@ def scan_overlength(loader, first_step: int, last_step: int, limit: LengthLimit 
     report.seconds = time.perf_counter() - start
     if report.over:
         report.first_where = location(loader.source, report.over[0][1])
-        if report.limit.mode == "truncate":
+        lim = report.limit
+        keep = {"truncate": lim.tokens, "chunk": lim.max_len}.get(lim.mode)  # what a cut keeps (None: no cut)
+        if keep is not None:
+            cut = [i for _, i, n in report.over if n > keep]
             has_loss = getattr(loader.source, "has_loss_within", None)
-            report.no_loss = sum(not has_loss(i, report.limit.tokens) for _, i, _ in report.over) if has_loss else 0
+            report.cut = len(cut)
+            report.no_loss = sum(not has_loss(i, keep) for i in cut) if has_loss else 0
     return report
 
 
@@ -407,9 +414,12 @@ def check_overlength(loader, first_step: int, last_step: int, limit: LengthLimit
                       f"{lim.chunk(longest)}, what fits a rank's memory")
         verb = {"truncate": f"truncated to {lim.tokens} tokens", "drop": "dropped",
                 "chunk": f"trained whole {chunks}"}[lim.mode]
+        if lim.mode == "chunk" and report.cut:
+            verb += (f"; {report.cut} of them, longer than dataloader.max_len {lim.max_len}, will be cut to it "
+                     "first")
         if report.no_loss:
-            verb += (f", but {report.no_loss} of them would keep no loss token (a prompt longer than the limit) "
-                     "and will be skipped")
+            verb += (f", but {report.no_loss} of them would keep no loss token (a prompt longer than the "
+                     f"{'limit' if lim.mode == 'truncate' else 'cut'}) and will be skipped")
         step, index, length = report.over[0]
         logger.warning(
             f"Skrull over-length: {len(report.over)} of {report.scanned} sequences of {_plural(report.unit)} "
