@@ -294,6 +294,33 @@ def _fully_shard_takes_mesh_dims() -> bool:
     return "dp_mesh_dims" in _params(_fsdp_module().fully_shard)
 
 
+def _checkpointed_local_map_saves_its_mesh() -> bool:
+    """torch 2.13's AOT autograd keeps a TP block's ``DeviceMesh`` among the tensors a checkpointed
+    compiled block saves for backward, and stops (``runtime_wrappers.save_from_forward``: "expected
+    all tensors_saved_with_vc_check to be Tensors, got types: [..., DeviceMesh]"). Measured on the
+    debug job at TP 2 under the partial_dtensor backend, aot_eager and inductor, full and selective
+    checkpointing, Skrull's batching and torchtitan's (2026-12-01): torch 2.11, 2.14 and 2.15 train
+    it. Only a compile shows the defect, so the predicate is the version."""
+    return torch.__version__.startswith("2.13.")
+
+
+def check_checkpointed_compile(config, said: str) -> None:
+    """Refuse, in one line (a ValueError), a compiled TP job that checkpoints activations on a
+    torch that cannot compile it (``_checkpointed_local_map_saves_its_mesh``); ``said``: the key
+    (or the choice) that set the job's checkpointing, named in the message."""
+    p = config.parallelism
+    if (config.activation_checkpoint is None or p.tensor_parallel_degree <= 1 or p.spmd_backend != "partial_dtensor"
+            or not (config.compile.enable and "model" in config.compile.components)
+            or not _checkpointed_local_map_saves_its_mesh()):
+        return
+    raise ValueError(
+        f"{said} with compile.enable and parallelism.tensor_parallel_degree = {p.tensor_parallel_degree} stops in "
+        f"torch {torch.__version__}'s compiler (a checkpointed TP block saves its DeviceMesh for backward: "
+        "AOT autograd's 'expected all tensors_saved_with_vc_check to be Tensors'); torch 2.11, 2.14 and 2.15 run "
+        "it. Set --activation_checkpoint.kind none (with --skrull.activation_checkpoint job), or "
+        "--compile.no-enable")
+
+
 def check_config(config) -> None:
     """Refuse, in one line, a setting this torch cannot run (a ValueError)."""
     backend = config.parallelism.spmd_backend

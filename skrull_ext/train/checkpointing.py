@@ -47,6 +47,7 @@ from skrull_ext.scheduler.job import SchedulerJob
 from skrull_ext.scheduler.profile_file import Profile
 from skrull_ext.train.execution import mean_step_us
 from skrull_ext.train.job.section_kinds import AC_KINDS
+from torchtitan_patches import compat
 
 __all__ = ["AC_AUTO", "AC_JOB", "CheckpointChoice", "ac_config", "choose_checkpointing", "first_lengths",
            "mode_of", "settle_checkpointing"]
@@ -216,4 +217,6 @@ def settle_checkpointing(config, dims, shape: ModelShape, model_name: str,
     if choice.mode:
         skrull.use_checkpointing(choice.mode)
         config.activation_checkpoint = ac_config(choice.mode, config.activation_checkpoint)
+    if skrull.activation_checkpoint == AC_AUTO:  # the job's own kind was checked with the job (job_checks)
+        compat.check_checkpointed_compile(config, f"skrull.activation_checkpoint = 'auto' chose {choice.mode!r}")
     return choice

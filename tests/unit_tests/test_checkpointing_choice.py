@@ -280,6 +280,26 @@ def test_start_up_puts_the_mode_in_the_config_before_the_model(tmp_path):
     assert config.skrull.resolved_bucket_size() == 4000
 
 
+def test_a_checkpointing_choice_torch_cannot_compile_is_refused(tmp_path, monkeypatch):
+    """Under TP 2 and compile, 'auto' choosing a checkpointing mode on torch 2.13 is refused in one
+    line naming the choice (torchtitan_patches/compat.py check_checkpointed_compile); 'none' runs."""
+    from torchtitan_patches import compat
+
+    monkeypatch.setattr(compat, "_checkpointed_local_map_saves_its_mesh", lambda: True)
+    job = tmp_path / "job.toml"
+    path = _profile(tmp_path)
+    job.write_text(DEBUG.read_text().replace("bucket_size = 256", 'bucket_size = "profile"')
+                   .replace('cost_model = "../../profiles/cpu-debug-gloo2.toml"', f'cost_model = "{path}"'))
+    config = load_job(str(job))
+    config.parallelism.tensor_parallel_degree, config.compile.enable = 2, True
+    config.parallelism.spmd_backend = "partial_dtensor"  # what the CPU fixes set (torchtitan_patches)
+    dims = SimpleNamespace(dp_enabled=False, cp=1, dp_shard=1, dp_replicate=1)
+    assert settle_checkpointing(config, dims, SHAPE, "m", lambda c, dp: [[1500, 300]] * 3).mode == "none"
+    with pytest.raises(ValueError, match=r"^skrull.activation_checkpoint = 'auto' chose 'selective' with "
+                                         r"compile.enable and parallelism.tensor_parallel_degree = 2 stops in torch "):
+        settle_checkpointing(config, dims, SHAPE, "m", lambda c, dp: [[3000]])
+
+
 @pytest.mark.slow
 def test_first_lengths_are_the_jobs_first_global_batches():
     """The lengths start-up prices are the global batches the job's own loader draws."""

@@ -131,6 +131,40 @@ def test_the_shipped_jobs_pass():
     check_job(load_job(os.path.join(ROOT, "skrull_ext", "jobs", "qwen2_5_0_5b_gpu.toml")), world_size=8, on_cpu=False)
 
 
+TP_COMPILED = ["--parallelism.tensor_parallel_degree", "2", "--compile.enable", "--compile.backend", "aot_eager"]
+
+
+@pytest.mark.parametrize("flags, said", [
+    (["--activation_checkpoint.kind", "full", "--skrull.activation_checkpoint", "job"],
+     "activation_checkpoint.kind = 'full'"),
+    (["--activation_checkpoint.kind", "selective", "--skrull.no-enable"], "activation_checkpoint.kind = 'selective'"),
+    (["--activation_checkpoint.kind", "none", "--skrull.activation_checkpoint", "job"], None),
+    (["--activation_checkpoint.kind", "full"], None),  # skrull.activation_checkpoint = 'auto': its choice is checked
+])
+def test_checkpointed_compiled_tp_is_refused_on_torch_2_13(flags, said, monkeypatch):
+    """TP 2 + compile + full or selective checkpointing stopped every rank at its first forward
+    on torch 2.13 (AOT autograd saved the block's DeviceMesh for backward), with a traceback
+    per rank; 2.11, 2.14 and 2.15 train it (torchtitan_patches/compat.py)."""
+    from torchtitan_patches import compat
+
+    import torch
+
+    assert compat._checkpointed_local_map_saves_its_mesh() == torch.__version__.startswith("2.13.")
+    monkeypatch.setattr(compat, "_checkpointed_local_map_saves_its_mesh", lambda: True)  # on every lane's torch
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    if said is None:
+        load_config(["--config-file", DEBUG, *TP_COMPILED, *flags])
+        return
+    with pytest.raises(JobFileError) as info:
+        load_config(["--config-file", DEBUG, *TP_COMPILED, *flags])
+    assert str(info.value).startswith(f"{said} with compile.enable and parallelism.tensor_parallel_degree = 2 stops "
+                                      f"in torch {torch.__version__}'s compiler")
+    assert str(info.value).endswith("Set --activation_checkpoint.kind none (with --skrull.activation_checkpoint job), "
+                                    "or --compile.no-enable")
+    monkeypatch.setattr(compat, "_checkpointed_local_map_saves_its_mesh", lambda: False)
+    load_config(["--config-file", DEBUG, *TP_COMPILED, *flags])
+
+
 def test_varlen_is_accepted_on_cuda():
     config = load_job(DEBUG)
     config.skrull.attention_kernel = "varlen"
