@@ -43,7 +43,7 @@ from torchtitan.distributed import utils as dist_utils
 from torchtitan.tools.logging import logger
 
 from skrull_ext.data.steps.accounting import RunAccount
-from skrull_ext.data.steps.overlength import check_overlength
+from skrull_ext.data.steps.overlength import check_overlength, cut
 from skrull_ext.data.steps.loader import StepBuilder
 from skrull_ext.data.steps.base import DATASETS
 from skrull_ext.train.chunked import chunked_loss
@@ -148,7 +148,7 @@ class Validation:
             # fitted chunk, scheduler/chunk_cost.py fitting_chunk), never more than training holds.
             plan = batch.plan
             for k, i in enumerate(batch.samples[len(plan.input_lengths):]):
-                sample = self.source[i]
+                sample = cut(self.source[i], plan.chunked[k])  # at its kept length (max_len's cut), as counted
                 with trainer.train_context():
                     out = chunked_loss(trainer.model_parts[0], sample.input.to(trainer.device),
                                        sample.labels.to(trainer.device), self.limit.chunk(sample.length),

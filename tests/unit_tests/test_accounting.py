@@ -115,9 +115,10 @@ def test_read_equals_whole_plus_cut_plus_skipped(tok, policy):
 def test_chunked_records_train_as_cut_and_counted(tok):
     """Under 'chunk' a record longer than the CP group (bucket_size 16 x cp 2) trains whole in chunks
     up to ``dataloader.max_len`` (150) and is cut to it beyond: the sample a rank runs in chunks is
-    the counted one (lines 4 and 6 are skipped: their first 150 tokens hold no loss token). The loader handed out the whole record (159-193 tokens), whose positions ran past
-    the RoPE cache (``training.seq_len`` = max_len): the shipped text job crashed on its 520-token
-    record under --skrull.overlength chunk."""
+    the counted one (lines 4 and 6 are skipped: their first 150 tokens hold no loss token). The
+    loader handed out the whole record (159-193 tokens), whose positions ran past the RoPE cache
+    (``training.seq_len`` = max_len): the shipped text job crashed on its 520-token record under
+    --skrull.overlength chunk."""
     max_len = 150
     loader = _loader(tok, "chunk", max_len=max_len, bucket=16)
     src = loader.source

@@ -65,11 +65,14 @@ def test_validation_config_passes_with_a_held_out_file(monkeypatch):
     assert config.validation.enable and config.validation.dataset_path == HELD_OUT
 
 
-def test_validation_chunks_a_document_at_training_s_fitted_chunk(monkeypatch):
+@pytest.mark.parametrize("kept", [251, 200])
+def test_validation_chunks_a_document_at_training_s_fitted_chunk(monkeypatch, kept):
     """overlength = "chunk": validation's forward chunks a held-out document as training would
     (``LengthLimit.chunk``, the memory rule's fitted chunk), not at the limit; its loss is the
     document's in one pass. The debug model on one process, a limit of 64 whose fitted chunk is 24,
-    the batch builder stubbed to one batch holding the 251-token document alone."""
+    the batch builder stubbed to one batch holding the 251-token document alone, whole or cut to
+    200 (dataloader.max_len's cut: validation had run the whole record, past the RoPE cache, and
+    summed loss tokens its normaliser did not count)."""
     import dataclasses
     from contextlib import nullcontext
     from types import SimpleNamespace
@@ -93,8 +96,8 @@ def test_validation_chunks_a_document_at_training_s_fitted_chunk(monkeypatch):
         return chunked_loss(model, tokens, labels, chunk, loss_fn, **kw)
 
     monkeypatch.setattr(validation, "chunked_loss", recorded)
-    plan = SimpleNamespace(input_lengths=[], chunked_group=[0])
-    batch = SimpleNamespace(global_valid_tokens=int((labels != -100).sum()), micro_batches=[], plan=plan,
+    plan = SimpleNamespace(input_lengths=[], chunked_group=[0], chunked=[kept])
+    batch = SimpleNamespace(global_valid_tokens=int((labels[:kept] != -100).sum()), micro_batches=[], plan=plan,
                             samples=[0])
     run = Validation.__new__(Validation)
     run.config, run.batches, run.limit, run.best = ValidationConfig(enable=True), 1, limit, None
@@ -117,6 +120,15 @@ def test_validation_chunks_a_document_at_training_s_fitted_chunk(monkeypatch):
             logger=SimpleNamespace(log=lambda *a: None)))
     result = run.run(trainer, 1)
     assert chunks == [24], chunks  # not the limit's 64
-    ref, _ = one_pass()
+    if kept == LENGTH:
+        ref, _ = one_pass()
+    else:  # causal: the cut document's loss is the whole one's first positions
+        from skrull_ext.attention import build_meta
+
+        with torch.no_grad():
+            meta = build_meta([LENGTH], [0], 0, 1)
+            pred = model(tokens[None], positions=torch.arange(LENGTH)[None], attention_masks=meta)
+        ref = _loss(pred[:, :kept], labels[None, :kept]).item()
+    assert result.loss_tokens == batch.global_valid_tokens
     assert abs(result.loss * result.loss_tokens - ref) <= 1e-6 * abs(ref), (result.loss, ref)
     assert isinstance(result.account, RunAccount)
