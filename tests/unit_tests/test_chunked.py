@@ -431,6 +431,13 @@ def test_chunk_cuts_at_max_len_and_chunks_only_past_what_the_ranks_hold():
     assert (small.tokens, small.by, small.max_len) == (100, "max_len", None)
     assert [small.kept_length(n) for n in (50, 100, 300)] == [50, 100, 100]
     assert capacity_limit(Capacity(256, 1), "chunk", None).kept_length(5000) == 5000  # job_checks needs max_len
+    # max_len at what the ranks hold: a cut, nothing in chunks (a 520-token record had trained whole, past the
+    # shipped text job's max_len and RoPE cache of 512 at CP 2)
+    equal = capacity_limit(Capacity(256, 2), "chunk", 512)
+    assert (equal.tokens, equal.max_len, equal.kept_length(520)) == (512, 512, 512)
+    _, lengths, _, account = decide(equal, [0, 1], [300, 520], lambda k, n: n, None, 1)
+    c = account.counts
+    assert lengths == [300, 512] and (c.whole, c.cut, c.chunked, c.chunks) == (1, 1, 0, 0)
 
 
 def test_the_shipped_gpu_job_takes_chunk_as_shipped(monkeypatch):

@@ -62,9 +62,11 @@ class LengthLimit:
     capacity: Capacity | None = None
     """Under ``by == "capacity"``: the job's ranks (``tokens`` is ``capacity.limit``)."""
     max_len: int | None = None
-    """``dataloader.max_len`` above ``tokens`` (None: unset, or it is ``tokens``): under 'chunk' the
+    """``dataloader.max_len`` at or above ``tokens`` (None: unset, or it is below): under 'chunk' the
     longest a sample trains, chunks and all; a longer one is cut to it (counted as cut), since a
-    chunked sample's positions run to its length and the RoPE cache covers max_len only."""
+    chunked sample's positions run to its length and the RoPE cache covers max_len only. At
+    ``tokens`` itself nothing trains in chunks: every longer sample is cut to it. (Left unset
+    there, such a sample had trained whole, past max_len and the cache.)"""
     chunk_for: Callable[[int], int] | None = field(default=None, compare=False, repr=False)
     """Under 'chunk': the chunk a sample of n tokens trains in (``SchedulerJob.chunk_for``, what the
     scheduler prices); None: ``tokens``."""
@@ -122,7 +124,7 @@ def _capped(limit: LengthLimit, max_len: int | None) -> LengthLimit:
     not smaller still cuts: ``LengthLimit.max_len``)."""
     if max_len is not None and max_len < limit.tokens:
         return LengthLimit(max_len, limit.mode, "max_len")
-    if max_len is not None and limit.mode == "chunk" and max_len > limit.tokens:
+    if max_len is not None and limit.mode == "chunk" and max_len >= limit.tokens:  # equal: a cut, nothing chunked
         return dataclasses.replace(limit, max_len=max_len)
     return limit
 
@@ -414,7 +416,9 @@ def check_overlength(loader, first_step: int, last_step: int, limit: LengthLimit
                       f"{lim.chunk(longest)}, what fits a rank's memory")
         verb = {"truncate": f"truncated to {lim.tokens} tokens", "drop": "dropped",
                 "chunk": f"trained whole {chunks}"}[lim.mode]
-        if lim.mode == "chunk" and report.cut:
+        if lim.mode == "chunk" and lim.max_len == lim.tokens:
+            verb = f"truncated to {lim.tokens} tokens, dataloader.max_len: none trains in chunks"
+        elif lim.mode == "chunk" and report.cut:
             verb += (f"; {report.cut} of them, longer than dataloader.max_len {lim.max_len}, will be cut to it "
                      "first")
         if report.no_loss:
