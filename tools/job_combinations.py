@@ -1,0 +1,153 @@
+"""Random combinations of the shipped CPU jobs' keys, each launched as a user launches it.
+
+    python tools/job_combinations.py --seed 1 --count 40 --out /tmp/combos
+    python tools/job_combinations.py --seed 3 --count 20 --resume 0.5   # half of them stopped and resumed
+
+Each combination draws a shipped CPU job (debug, LoRA, real text), a world of 1-4 processes
+(DP x CP x TP), and values of the keys a user sets: the policy, look-ahead, over-length mode,
+checkpointing (the job's kind, or Skrull's choice), prefetch, the head in chunks, compile
+(aot_eager), the global batch, max_len and seq_len. It runs ``python -m skrull_ext.train``
+(``torch.distributed.run`` for more than one process) and sorts the outcome:
+
+- ``ok``: exit 0;
+- ``refused``: a one-line error (exit 2, or torchrun's summary naming it), the job's mistake;
+- ``BUG``: a Python traceback from a rank, or a run past the time limit.
+
+Under ``--resume P`` a combination is, with probability P, launched for part of its steps with
+checkpoints on and launched again to its end; both must exit 0 and, without look-ahead, the
+second's run summary must count every sample the run's steps read. Each run's command and output are kept under
+``--out/NNN/``; ``--out/results.json`` lists them all. A combination found broken becomes a
+test beside the code it breaks; this is how the 2026-12-01 fixes were found (the chunked
+record cut at max_len, compiled TP with checkpointing on torch 2.13).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+JOBS = ["debug_cpu.toml"] * 4 + ["debug_cpu_lora.toml", "debug_cpu_text.toml"]
+WORLDS = [(1, 1, 1), (2, 1, 1), (1, 2, 1), (1, 1, 2), (2, 2, 1), (1, 4, 1), (1, 2, 2), (4, 1, 1), (2, 1, 2)]
+"""(DP shard, CP, TP): 1-4 processes."""
+
+
+def draw(rng: random.Random) -> tuple[str, int, list[str]]:
+    """(job file, processes, flags) of one combination."""
+    job = rng.choice(JOBS)
+    dp, cp, tp = rng.choice(WORLDS)
+    steps = rng.choice([2, 3, 4])
+    a = ["--training.steps", str(steps), "--parallelism.data_parallel_shard_degree", str(dp),
+         "--parallelism.context_parallel_degree", str(cp), "--parallelism.tensor_parallel_degree", str(tp)]
+    if rng.random() < 0.15:
+        a += ["--skrull.no-enable", "--dataloader.packing", rng.choice(["rows", "stream"])]
+    else:
+        a += ["--skrull.policy", rng.choice(["skrull", "skrull", "skrull-fast", "skrull-paper", "skrull-per-rank",
+                                             "skrull-pool", "worstfit"]),
+              "--skrull.lookahead", rng.choice(["1", "2", "4", "auto"]),
+              "--skrull.overlength", rng.choice(["truncate", "drop", "chunk", "chunk"]),
+              "--skrull.activation_checkpoint", rng.choice(["auto", "job"])]
+        for p, flags in ((0.3, ["--skrull.defer_grad_sync"]),
+                         (0.3, ["--skrull.free_running", rng.choice(["auto", "true", "false"])]),
+                         (0.3, ["--skrull.kv_exchange", rng.choice(["auto", "p2p", "all_gather"])]),
+                         (0.3, ["--skrull.attention_kernel", rng.choice(["auto", "dense", "tiles"])]),
+                         (0.2, ["--skrull.cpsat"]), (0.2, ["--skrull.plan_log"])):
+            if rng.random() < p:
+                a += flags
+    a += ["--dataloader.prefetch_steps", rng.choice(["0", "1", "2"]),
+          "--activation_checkpoint.kind", rng.choice(["none", "selective", "full"])]
+    if rng.random() < 0.3:
+        a += ["--loss.chunk_tokens", rng.choice(["64", "100", "256"]),
+              "--loss.head_backward", rng.choice(["auto", "recompute", "in_forward"])]
+    if rng.random() < 0.25:
+        a += ["--compile.enable", "--compile.backend", "aot_eager"]
+    if rng.random() < 0.2:
+        a += ["--dataloader.global_batch_size", rng.choice(["4", "12", "16"])]
+    if rng.random() < 0.2:
+        a += ["--dataloader.max_len", rng.choice(["300", "1024", "2048"]),
+              "--training.seq_len", rng.choice(["512", "1024", "2048"])]
+    return job, dp * cp * tp, a
+
+
+def launch(python: str, job: str, n: int, flags: list[str], timeout: float) -> tuple[object, str]:
+    """(exit status or 'timeout', stdout + stderr) of one launch."""
+    launcher = [python, "-m", "skrull_ext.train"] if n == 1 else [
+        python, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(n), "-m", "skrull_ext.train"]
+    cmd = [*launcher, "--config-file", f"skrull_ext/jobs/{job}", *flags]
+    try:
+        p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+        return p.returncode, " ".join(cmd) + "\n\n" + p.stdout + p.stderr
+    except subprocess.TimeoutExpired:
+        return "timeout", " ".join(cmd) + "\n\n(past the time limit)"
+
+
+def outcome(rc: object, text: str, n: int) -> str:
+    if rc == "timeout" or re.search(r"\[rank\d+\]: Traceback", text) or (n == 1 and "Traceback" in text):
+        return "BUG"
+    return "ok" if rc == 0 else "refused"
+
+
+def flag(flags: list[str], key: str, default: str) -> str:
+    return flags[flags.index(key) + 1] if key in flags else default
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--count", type=int, default=30)
+    parser.add_argument("--resume", type=float, default=0.0, help="share of combinations stopped and resumed")
+    parser.add_argument("--out", default="/tmp/job_combinations")
+    parser.add_argument("--python", default=sys.executable)
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds a launch may take")
+    args = parser.parse_args()
+    rng, out, results = random.Random(args.seed), Path(args.out), []
+    for k in range(args.count):
+        job, n, flags = draw(rng)
+        folder = out / f"{k:03d}"
+        folder.mkdir(parents=True, exist_ok=True)
+        flags += ["--job.dump_folder", str(folder / "run")]
+        resume = rng.random() < args.resume
+        start, texts = time.time(), []
+        if resume:
+            steps = int(flag(flags, "--training.steps", "2"))
+            flags += ["--checkpoint.enable", "--checkpoint.interval", "1"]
+            first = [*flags, "--training.steps", str(max(1, steps - 1))]
+            rc, text = launch(args.python, job, n, first, args.timeout)
+            texts.append(text)
+            kind = outcome(rc, text, n)
+        if not resume or kind == "ok":
+            rc, text = launch(args.python, job, n, flags, args.timeout)
+            texts.append(text)
+            kind = outcome(rc, text, n)
+        if resume and kind == "ok" and flag(flags, "--skrull.lookahead", "") == "1":
+            # every sample the steps read counted, across the two launches (a look-ahead window may end
+            # inside the run and count what it trained: checked where there is none)
+            gbs = int(flag(flags, "--dataloader.global_batch_size", "8"))
+            steps = int(flag(flags, "--training.steps", "2"))
+            summary = re.search(r"Run summary: samples read (\d+) ", text)
+            if summary is None or int(summary.group(1)) != gbs * steps:
+                kind = "BUG"
+        (folder / "output.txt").write_text("\n\n----- next launch -----\n\n".join(texts))
+        tail = [line for line in texts[-1].splitlines() if line.strip()][-3:]
+        results.append({"k": k, "outcome": kind, "rc": rc, "resumed": resume, "seconds": round(time.time() - start, 1),
+                        "job": job, "processes": n, "flags": flags, "tail": tail})
+        print(f"{k:03d} {kind:8s} rc={rc} {time.time() - start:5.1f}s n={n} {'resumed ' if resume else ''}{job} "
+              f"{' '.join(flags)}", flush=True)
+        if kind != "ok":
+            for line in tail:
+                print("      " + line[:400], flush=True)
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    bad = sum(r["outcome"] == "BUG" for r in results)
+    print(f"{len(results)} combinations: {sum(r['outcome'] == 'ok' for r in results)} ok, "
+          f"{sum(r['outcome'] == 'refused' for r in results)} refused, {bad} BUG ({out}/results.json)")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
