@@ -142,17 +142,20 @@ def test_chunked_records_train_as_cut_and_counted(tok):
     assert (len(report.over), report.cut, report.no_loss) == (8, 6, 4)
 
 
-def test_chunk_at_a_max_len_the_ranks_hold_cuts_every_long_record(tok, caplog):
-    """dataloader.max_len = what the CP group holds (16 x 2): under 'chunk' every longer record is
-    cut to it, none chunked, as the pre-scan says (one had trained whole, past max_len)."""
-    loader = _loader(tok, "chunk", max_len=32, bucket=16)
-    check_overlength(loader, 1, 4)
+@pytest.mark.parametrize("max_len, bucket", [(32, 16), (MAX_LEN, 256)])
+def test_chunk_at_a_max_len_the_ranks_hold_cuts_every_long_record(tok, caplog, max_len, bucket):
+    """dataloader.max_len at or below what the CP group holds (16 x 2, 256 x 2): under 'chunk' every
+    longer record is cut to it, none chunked, as the pre-scan says (at 32 one had trained whole,
+    past max_len; at 64 the pre-scan said they would train whole in chunks, and foresaw no skip)."""
+    loader = _loader(tok, "chunk", max_len=max_len, bucket=bucket)
+    report = check_overlength(loader, 1, 4)
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Skrull over-length:")]
-    assert len(said) == 1 and "and will be truncated to 32 tokens, dataloader.max_len: none trains in chunks" in said[0]
+    assert len(said) == 1 and (f"and will be truncated to {max_len} tokens, dataloader.max_len: none trains in "
+                               "chunks, but 4 of them would keep no loss token (a prompt longer than the cut)") in said[0]
     steps = [loader.next_step() for _ in range(4)]
-    assert all(not s.chunked and max(s.plan.input_lengths) <= 32 for s in steps)
+    assert all(not s.chunked and max(s.plan.input_lengths) <= max_len for s in steps)
     t = loader.account.totals
-    assert t.chunked == 0 and t.cut + t.skipped == 8 and t.read == 16
+    assert t.chunked == 0 and t.cut + t.skipped == 8 == report.cut and t.skipped == 4 == report.no_loss
 
 
 def test_the_pre_scan_says_what_chunk_cuts(tok, caplog):

@@ -94,6 +94,19 @@ class LengthLimit:
             return n if self.max_len is None else min(n, self.max_len)
         return self.tokens if self.mode == "truncate" else None
 
+    @property
+    def cut_to(self) -> int | None:
+        """What a cut keeps: ``tokens`` under 'truncate', and under 'chunk' ``dataloader.max_len`` (None
+        where unset: nothing is cut); None under 'drop' and 'error', which cut nothing."""
+        if self.mode == "truncate" or (self.mode == "chunk" and self.by == "max_len"):
+            return self.tokens
+        return self.max_len if self.mode == "chunk" else None
+
+    @property
+    def chunks_any(self) -> bool:
+        """Whether a sample can train in chunks: 'chunk' with a max_len, if any, above ``tokens``."""
+        return self.mode == "chunk" and self.by != "max_len" and self.max_len != self.tokens
+
     def chunk(self, n: int) -> int:
         """Under 'chunk', the chunk a sample of ``n`` tokens trains in (``chunk_for``, else ``tokens``)."""
         return self.tokens if self.chunk_for is None or n <= self.tokens else self.chunk_for(n)
@@ -299,8 +312,8 @@ class OverlengthScan:
     first_where: str = ""
     """Where the first offender comes from (``file:line`` of a JSONL record)."""
     cut: int = 0
-    """Over-length sequences the limit cuts: every one under 'truncate', those longer than
-    ``dataloader.max_len`` under 'chunk' (cut to it, then trained in chunks)."""
+    """Over-length sequences the limit cuts (to ``LengthLimit.cut_to``): every one under 'truncate',
+    those longer than ``dataloader.max_len`` under 'chunk'."""
     no_loss: int = 0
     """Of ``cut``: those whose cut would hold no loss token (skipped)."""
     unit: str = "step"
@@ -336,8 +349,7 @@ def scan_overlength(loader, first_step: int, last_step: int, limit: LengthLimit 
     if report.over:
         report.first_where = location(loader.source, report.over[0][1])
         lim = report.limit
-        keep = {"truncate": lim.tokens, "chunk": lim.max_len}.get(lim.mode)  # what a cut keeps (None: no cut)
-        if keep is not None:
+        if (keep := lim.cut_to) is not None:
             cut = [i for _, i, n in report.over if n > keep]
             has_loss = getattr(loader.source, "has_loss_within", None)
             report.cut = len(cut)
@@ -416,7 +428,7 @@ def check_overlength(loader, first_step: int, last_step: int, limit: LengthLimit
                       f"{lim.chunk(longest)}, what fits a rank's memory")
         verb = {"truncate": f"truncated to {lim.tokens} tokens", "drop": "dropped",
                 "chunk": f"trained whole {chunks}"}[lim.mode]
-        if lim.mode == "chunk" and lim.max_len == lim.tokens:
+        if lim.mode == "chunk" and not lim.chunks_any:
             verb = f"truncated to {lim.tokens} tokens, dataloader.max_len: none trains in chunks"
         elif lim.mode == "chunk" and report.cut:
             verb += (f"; {report.cut} of them, longer than dataloader.max_len {lim.max_len}, will be cut to it "
