@@ -151,7 +151,8 @@ def test_chunk_at_a_max_len_the_ranks_hold_cuts_every_long_record(tok, caplog, m
     report = check_overlength(loader, 1, 4)
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Skrull over-length:")]
     assert len(said) == 1 and (f"and will be truncated to {max_len} tokens, dataloader.max_len: none trains in "
-                               "chunks, but 4 of them would keep no loss token (a prompt longer than the cut)") in said[0]
+                               "chunks, but 4 of them would keep no loss token (a prompt longer than the "
+                               "cut)") in said[0]
     steps = [loader.next_step() for _ in range(4)]
     assert all(not s.chunked and max(s.plan.input_lengths) <= max_len for s in steps)
     t = loader.account.totals
