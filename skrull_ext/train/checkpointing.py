@@ -46,7 +46,7 @@ from skrull_ext.scheduler.config import FROM_PROFILE, job_timeline
 from skrull_ext.scheduler.job import SchedulerJob
 from skrull_ext.scheduler.profile_file import Profile
 from skrull_ext.train.execution import mean_step_us
-from skrull_ext.train.job.section_kinds import AC_KINDS
+from skrull_ext.train.job.section_kinds import AC_KINDS, mode_of
 from torchtitan_patches import compat
 
 __all__ = ["AC_AUTO", "AC_JOB", "CheckpointChoice", "ac_config", "choose_checkpointing", "first_lengths",
@@ -54,15 +54,6 @@ __all__ = ["AC_AUTO", "AC_JOB", "CheckpointChoice", "ac_config", "choose_checkpo
 
 AC_JOB = "job"
 AC_AUTO = "auto"
-
-
-def mode_of(ac: Any) -> str | None:
-    """The mode of a job's ``config.activation_checkpoint`` (None: a kind no profile measures,
-    e.g. torchtitan's memory-budget)."""
-    for mode, cls in AC_KINDS.items():
-        if (ac is None) if cls is None else type(ac) is cls:
-            return mode
-    return None
 
 
 def ac_config(mode: str, current: Any) -> Any:

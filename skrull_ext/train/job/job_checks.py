@@ -23,6 +23,7 @@ from skrull_ext.data.sources.checks import check_data
 from skrull_ext.errors import JobFileError
 from skrull_ext.scheduler.capacity import Capacity
 from skrull_ext.scheduler.config import LOOKAHEAD_AUTO
+from skrull_ext.train.job.section_kinds import mode_of
 from skrull_ext.train.job.tensor_parallel import check_skrull_parallelism
 from torchtitan_patches import compat
 
@@ -261,9 +262,8 @@ def _check_compile(config, on_cpu: bool, cxx_found=_cxx_found) -> None:
     if c.backend == "inductor" and on_cpu and not cxx_found():
         raise _bad("compile.enable", True, f"inductor compiles C++ on CPU and found no compiler "
                    f"({os.environ.get('CXX', 'g++')}: set CXX, install g++, or set compile.enable = false)")
-    if skrull is None or not skrull.enable or skrull.activation_checkpoint == "job":  # "auto": its choice is checked
-        from skrull_ext.train.checkpointing import mode_of  # (train/checkpointing.py settle_checkpointing)
-
+    # under skrull.activation_checkpoint = "auto" the mode it chooses is checked (checkpointing.settle_checkpointing)
+    if skrull is None or not skrull.enable or skrull.activation_checkpoint == "job":
         try:
             kind = mode_of(config.activation_checkpoint)
             compat.check_checkpointed_compile(config, f"activation_checkpoint.kind = {kind!r}")

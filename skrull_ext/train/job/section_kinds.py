@@ -1,7 +1,7 @@
 """The classes a section's ``kind`` key selects in a job file or flag (``[dataloader] kind =
 "packed"``, ``--activation_checkpoint.kind full``): job_file.py reads them, ``--help`` lists
-them (job_help.py), and train/checkpointing.py names a job's activation-checkpointing mode by
-them."""
+them (job_help.py), and ``mode_of`` names a job's activation-checkpointing mode by them (for
+train/checkpointing.py and the job checks)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,19 @@ from skrull_ext.data.sources.tokenizer import LocalTokenizer, SyntheticTokenizer
 from skrull_ext.data.steps.loader import SkrullDataLoader
 from skrull_ext.data.steps.packed import PackedDataLoader
 
-__all__ = ["AC_KINDS", "SECTION_KINDS", "register_kind"]
+__all__ = ["AC_KINDS", "SECTION_KINDS", "mode_of", "register_kind"]
 
 AC_KINDS: dict[str, Any] = {"selective": SelectiveAC.Config, "full": FullAC.Config, "none": None}
 """``[activation_checkpoint] kind`` -> torchtitan's config class (None: off)."""
+
+
+def mode_of(ac: Any) -> str | None:
+    """The mode of a job's ``config.activation_checkpoint`` (None: a kind no profile measures,
+    e.g. torchtitan's memory-budget)."""
+    for mode, cls in AC_KINDS.items():
+        if (ac is None) if cls is None else type(ac) is cls:
+            return mode
+    return None
 
 SECTION_KINDS: dict[str, dict[str, Any]] = {
     "dataloader": {"packed": PackedDataLoader.Config, "skrull": SkrullDataLoader.Config},
