@@ -6,7 +6,7 @@
 Each combination draws a shipped CPU job (debug, LoRA, real text), a world of 1-4 processes
 (DP x CP x TP), and values of the keys a user sets: the policy, look-ahead, over-length mode,
 checkpointing (the job's kind, or Skrull's choice), prefetch, the head in chunks, compile
-(aot_eager), the global batch, max_len and seq_len. It runs ``python -m skrull_ext.train``
+(aot_eager), validation, the global batch, max_len and seq_len. It runs ``python -m skrull_ext.train``
 (``torch.distributed.run`` for more than one process) and sorts the outcome:
 
 - ``ok``: exit 0;
@@ -60,6 +60,10 @@ def draw(rng: random.Random) -> tuple[str, int, list[str]]:
                          (0.2, ["--skrull.cpsat"]), (0.2, ["--skrull.plan_log"])):
             if rng.random() < p:
                 a += flags
+        if rng.random() < 0.25:  # the held-out set, evaluated every 2 steps under the same scheduler
+            held_out = (["--validation.dataset_path", "tests/fixtures/held_out.jsonl"] if job == "debug_cpu_text.toml"
+                        else ["--validation.samples", "8"])
+            a += ["--validation.enable", "--validation.freq", "2", *held_out]
     a += ["--dataloader.prefetch_steps", rng.choice(["0", "1", "2"]),
           "--activation_checkpoint.kind", rng.choice(["none", "selective", "full"])]
     if rng.random() < 0.3:
