@@ -2,8 +2,10 @@
 
     python tools/job_combinations.py --seed 1 --count 40 --out /tmp/combos
     python tools/job_combinations.py --seed 3 --count 20 --resume 0.5   # half of them stopped and resumed
+    python tools/job_combinations.py --seed 5 --count 20 --hf           # tiny HF folders of each family too
 
-Each combination draws a shipped CPU job (debug, LoRA, real text), a world of 1-4 processes
+Each combination draws a shipped CPU job (debug, LoRA, real text; ``--hf``: the debug job on a
+tiny HF folder of each family too), a world of 1-4 processes
 (DP x CP x TP), and values of the keys a user sets: the policy, look-ahead, over-length mode,
 checkpointing (the job's kind, or Skrull's choice), prefetch, the head in chunks, compile
 (aot_eager), validation, the global batch, max_len and seq_len. It runs ``python -m skrull_ext.train``
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import re
 import subprocess
@@ -38,9 +41,23 @@ WORLDS = [(1, 1, 1), (2, 1, 1), (1, 2, 1), (1, 1, 2), (2, 2, 1), (1, 4, 1), (1, 
 """(DP shard, CP, TP): 1-4 processes."""
 
 
-def draw(rng: random.Random) -> tuple[str, int, list[str]]:
-    """(job file, processes, flags) of one combination."""
-    job = rng.choice(JOBS)
+def hf_jobs(out: Path) -> list[str]:
+    """The debug job pointed at a tiny random HF folder of each family (tests/integration_tests/
+    hf_folders.py: Qwen2.5, Llama 3, Qwen3, saved with transformers here, no download), loaded
+    through the checkpointer as a user's released model is; their job files' paths."""
+    sys.path.insert(0, str(ROOT))
+    from tests.integration_tests.hf_folders import FAMILIES, hf_job, save_tiny_model
+
+    made = []
+    for family in FAMILIES:
+        folder = save_tiny_model(str(out / "hf" / family), family)
+        made.append(hf_job(out / "hf" / f"{family}.toml", folder, "enable = true"))
+    return made
+
+
+def draw(rng: random.Random, hf: list[str]) -> tuple[str, int, list[str]]:
+    """(job file, processes, flags) of one combination; ``hf``: job files of HF folders to draw too."""
+    job = rng.choice(JOBS + hf)
     dp, cp, tp = rng.choice(WORLDS)
     steps = rng.choice([2, 3, 4])
     a = ["--training.steps", str(steps), "--parallelism.data_parallel_shard_degree", str(dp),
@@ -69,6 +86,8 @@ def draw(rng: random.Random) -> tuple[str, int, list[str]]:
     if rng.random() < 0.3:
         a += ["--loss.chunk_tokens", rng.choice(["64", "100", "256"]),
               "--loss.head_backward", rng.choice(["auto", "recompute", "in_forward"])]
+    if job.endswith(".toml") and os.path.isabs(job) and rng.random() < 0.4:  # an HF folder: a LoRA on it
+        a += ["--lora.enable", "--lora.rank", "4"] + (["--lora.save_merged"] if rng.random() < 0.5 else [])
     if rng.random() < 0.25:
         a += ["--compile.enable", "--compile.backend", "aot_eager"]
     if rng.random() < 0.2:
@@ -83,7 +102,7 @@ def launch(python: str, job: str, n: int, flags: list[str], timeout: float) -> t
     """(exit status or 'timeout', stdout + stderr) of one launch."""
     launcher = [python, "-m", "skrull_ext.train"] if n == 1 else [
         python, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(n), "-m", "skrull_ext.train"]
-    cmd = [*launcher, "--config-file", f"skrull_ext/jobs/{job}", *flags]
+    cmd = [*launcher, "--config-file", job if os.path.isabs(job) else f"skrull_ext/jobs/{job}", *flags]
     try:
         p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
         return p.returncode, " ".join(cmd) + "\n\n" + p.stdout + p.stderr
@@ -109,10 +128,12 @@ def main() -> int:
     parser.add_argument("--out", default="/tmp/job_combinations")
     parser.add_argument("--python", default=sys.executable)
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds a launch may take")
+    parser.add_argument("--hf", action="store_true", help="draw tiny HF folders of each family too")
     args = parser.parse_args()
-    rng, out, results = random.Random(args.seed), Path(args.out), []
+    rng, out, results = random.Random(args.seed), Path(args.out).resolve(), []
+    hf = hf_jobs(out) if args.hf else []
     for k in range(args.count):
-        job, n, flags = draw(rng)
+        job, n, flags = draw(rng, hf)
         folder = out / f"{k:03d}"
         folder.mkdir(parents=True, exist_ok=True)
         flags += ["--job.dump_folder", str(folder / "run")]
