@@ -304,14 +304,14 @@ def _checkpointed_local_map_saves_its_mesh() -> bool:
     return torch.__version__.startswith("2.13.")
 
 
-def check_checkpointed_compile(config, said: str) -> None:
+def check_checkpointed_compile(config, compiled: bool, said: str) -> None:
     """Refuse, in one line (a ValueError), a compiled TP job that checkpoints activations on a
-    torch that cannot compile it (``_checkpointed_local_map_saves_its_mesh``); ``said``: the key
-    (or the choice) that set the job's checkpointing, named in the message."""
+    torch that cannot compile it (``_checkpointed_local_map_saves_its_mesh``); ``compiled``:
+    whether the job compiles its blocks (skrull_ext's ``model_compiled``); ``said``: the key (or
+    the choice) that set the job's checkpointing, named in the message."""
     p = config.parallelism
     if (config.activation_checkpoint is None or p.tensor_parallel_degree <= 1 or p.spmd_backend != "partial_dtensor"
-            or not (config.compile.enable and "model" in config.compile.components)
-            or not _checkpointed_local_map_saves_its_mesh()):
+            or not compiled or not _checkpointed_local_map_saves_its_mesh()):
         return
     raise ValueError(
         f"{said} with compile.enable and parallelism.tensor_parallel_degree = {p.tensor_parallel_degree} stops in "

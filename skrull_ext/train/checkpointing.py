@@ -44,6 +44,7 @@ from skrull_ext.data.steps.lookahead_choice import HORIZON
 from skrull_ext.scheduler.checkpointing import MODES
 from skrull_ext.scheduler.config import FROM_PROFILE, job_timeline
 from skrull_ext.scheduler.job import SchedulerJob
+from skrull_ext.scheduler.model_shape import model_compiled
 from skrull_ext.scheduler.profile_file import Profile
 from skrull_ext.train.execution import mean_step_us
 from skrull_ext.train.job.section_kinds import AC_KINDS, mode_of
@@ -209,5 +210,6 @@ def settle_checkpointing(config, dims, shape: ModelShape, model_name: str,
         skrull.use_checkpointing(choice.mode)
         config.activation_checkpoint = ac_config(choice.mode, config.activation_checkpoint)
     if skrull.activation_checkpoint == AC_AUTO:  # the job's own kind was checked with the job (job_checks)
-        compat.check_checkpointed_compile(config, f"skrull.activation_checkpoint = 'auto' chose {choice.mode!r}")
+        compat.check_checkpointed_compile(config, model_compiled(config),
+                                          f"skrull.activation_checkpoint = 'auto' chose {choice.mode!r}")
     return choice

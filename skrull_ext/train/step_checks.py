@@ -237,7 +237,7 @@ def step_log_line(step: int, m: dict[str, float], times=None, spread: dict[str, 
         f"{m['skrull/samples_whole']:.0f} whole + {m['skrull/samples_cut']:.0f} cut + "
         f"{m['skrull/samples_skipped']:.0f} skipped"
         + (f" ({m['skrull/chunked']:.0f} of them in chunks, {m['skrull/chunks_per_sample']:.1f} a sample "
-           "over the run)" if m.get("skrull/chunked") and "skrull/chunks_per_sample" in m else "")
+           "over the run)" if m.get("skrull/chunked") else "")
         + (f", data wait {m['skrull/data_wait_ms']:.1f} ms" if "skrull/data_wait_ms" in m else "")
         + (f"; look-ahead window {m['skrull/lookahead_window']:.0f}: {m['skrull/lookahead_moved']:.0f} samples "
            f"moved, largest delay {m['skrull/lookahead_max_delay']:.0f} steps, predicted "

@@ -89,23 +89,22 @@ class LengthLimit:
         if n <= self.tokens:
             return n
         if self.mode == "chunk":  # within max_len: whole, in chunks; beyond it: cut to max_len
-            if self.by == "max_len":  # max_len under what the ranks hold: the user's own cut, no chunk
-                return self.tokens
-            return n if self.max_len is None else min(n, self.max_len)
-        return self.tokens if self.mode == "truncate" else None
+            return n if self.cut_to is None else min(n, self.cut_to)
+        return self.cut_to  # 'truncate': tokens; 'drop', 'error': None
 
     @property
     def cut_to(self) -> int | None:
-        """What a cut keeps: ``tokens`` under 'truncate', and under 'chunk' ``dataloader.max_len`` (None
-        where unset: nothing is cut); None under 'drop' and 'error', which cut nothing."""
+        """What a cut keeps: ``tokens`` under 'truncate'; under 'chunk' ``dataloader.max_len`` (None
+        where unset: nothing is cut), ``tokens`` where max_len is under what the ranks hold (the
+        user's own cut, no chunk); None under 'drop' and 'error', which cut nothing."""
         if self.mode == "truncate" or (self.mode == "chunk" and self.by == "max_len"):
             return self.tokens
         return self.max_len if self.mode == "chunk" else None
 
     @property
     def chunks_any(self) -> bool:
-        """Whether a sample can train in chunks: 'chunk' with a max_len, if any, above ``tokens``."""
-        return self.mode == "chunk" and self.by != "max_len" and self.max_len != self.tokens
+        """Whether a sample can train in chunks: 'chunk' where a cut, if any, keeps more than ``tokens``."""
+        return self.mode == "chunk" and (self.cut_to is None or self.cut_to > self.tokens)
 
     def chunk(self, n: int) -> int:
         """Under 'chunk', the chunk a sample of ``n`` tokens trains in (``chunk_for``, else ``tokens``)."""

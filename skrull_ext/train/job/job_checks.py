@@ -23,6 +23,7 @@ from skrull_ext.data.sources.checks import check_data
 from skrull_ext.errors import JobFileError
 from skrull_ext.scheduler.capacity import Capacity
 from skrull_ext.scheduler.config import LOOKAHEAD_AUTO
+from skrull_ext.scheduler.model_shape import job_shape, model_compiled
 from skrull_ext.train.job.section_kinds import mode_of
 from skrull_ext.train.job.tensor_parallel import check_skrull_parallelism
 from torchtitan_patches import compat
@@ -223,8 +224,6 @@ def _check_cost_model(config) -> None:
     skrull = getattr(config, "skrull", None)
     if skrull is None or not skrull.enable or config.model_spec is None:
         return
-    from skrull_ext.scheduler.model_shape import job_shape
-
     spec = config.model_spec
     try:
         skrull.check_shape(job_shape(config), f"{spec.name}/{spec.flavor}")
@@ -266,7 +265,8 @@ def _check_compile(config, on_cpu: bool, cxx_found=_cxx_found) -> None:
     if skrull is None or not skrull.enable or skrull.activation_checkpoint == "job":
         try:
             kind = mode_of(config.activation_checkpoint)
-            compat.check_checkpointed_compile(config, f"activation_checkpoint.kind = {kind!r}")
+            compat.check_checkpointed_compile(config, model_compiled(config),
+                                              f"activation_checkpoint.kind = {kind!r}")
         except ValueError as e:
             raise JobFileError(str(e)) from None
 
