@@ -13,11 +13,14 @@ checkpointing (the job's kind, or Skrull's choice), prefetch, the head in chunks
 
 - ``ok``: exit 0;
 - ``refused``: a one-line error (exit 2, or torchrun's summary naming it), the job's mistake;
-- ``BUG``: a Python traceback from a rank, or a run past the time limit.
+- ``BUG``: a Python traceback from a rank, or a run past the time limit;
+- ``DIFF``: a resumed run whose steps differ from the same job's run without a stop.
 
-Under ``--resume P`` a combination is, with probability P, launched for part of its steps with
-checkpoints on and launched again to its end; both must exit 0 and, without look-ahead, the
-second's run summary must count every sample the run's steps read. Each run's command and output are kept under
+Under ``--resume P`` a combination is, with probability P, run with a checkpoint every step, then
+resumed from its checkpoint of a drawn step in a folder of its own (as a run stopped there is
+launched again); both must exit 0, the resumed launch must log the losses and gradient norms of
+the run without a stop for every later step, and, without look-ahead, its run summary must count
+every sample the run's steps read. Each run's command and output are kept under
 ``--out/NNN/``; ``--out/results.json`` lists them all. A combination found broken becomes a
 test beside the code it breaks; this is how the 2026-12-01 fixes were found (the chunked
 record cut at max_len, compiled TP with checkpointing on torch 2.13).
@@ -30,6 +33,7 @@ import json
 import os
 import random
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -116,6 +120,18 @@ def outcome(rc: object, text: str, n: int) -> str:
     return "ok" if rc == 0 else "refused"
 
 
+STEP_LINE = re.compile(r"step:\s+(\d+)\s+loss:\s+(\S+)\s+grad_norm:\s+(\S+)")
+
+
+def step_differences(resumed: str, reference: str, after: int) -> list[str]:
+    """The steps past ``after`` whose loss or gradient norm (as logged: 5 and 4 decimals) the resumed
+    launch logged otherwise than the run without a stop, or did not log; [] where every one agrees."""
+    ref = {int(m.group(1)): m.groups()[1:] for m in STEP_LINE.finditer(reference)}
+    got = {int(m.group(1)): m.groups()[1:] for m in STEP_LINE.finditer(resumed)}
+    return [f"step {s}: loss, grad_norm {got.get(s)} resumed, {ref[s]} without a stop"
+            for s in sorted(ref) if s > after and got.get(s) != ref[s]]
+
+
 def flag(flags: list[str], key: str, default: str) -> str:
     return flags[flags.index(key) + 1] if key in flags else default
 
@@ -140,21 +156,36 @@ def main() -> int:
         resume = rng.random() < args.resume
         start, texts = time.time(), []
         if resume:
-            steps = int(flag(flags, "--training.steps", "2"))
             flags += ["--checkpoint.enable", "--checkpoint.interval", "1"]
-            first = [*flags, "--training.steps", str(max(1, steps - 1))]
-            rc, text = launch(args.python, job, n, first, args.timeout)
-            texts.append(text)
-            kind = outcome(rc, text, n)
-        if not resume or kind == "ok":
+        rc, text = launch(args.python, job, n, flags, args.timeout)
+        texts.append(text)
+        kind = outcome(rc, text, n)
+        steps = int(flag(flags, "--training.steps", "2"))
+        if resume and kind == "ok":
+            # Stopped after step `at` and launched again: a copy of the run's checkpoint of that step in a
+            # folder of its own, the same job resumed from it (the job unchanged: a shorter first launch
+            # would change what depends on training.steps, the learning rate's schedule, a window's width)
+            at = random.Random(f"{args.seed}-{k}").randint(1, steps - 1)
+            again, saved = folder / "resumed", folder / "run" / "checkpoint" / f"step-{at}"
+            if not saved.is_dir():
+                kind = "BUG"
+                texts.append(f"the run saved no checkpoint of step {at} ({saved})")
+        if resume and kind == "ok":
+            shutil.copytree(saved, again / "checkpoint" / f"step-{at}")
+            first, full = text, flags
+            flags = [*flags[:flags.index("--job.dump_folder")], "--job.dump_folder", str(again),
+                     *flags[flags.index("--job.dump_folder") + 2:]]
             rc, text = launch(args.python, job, n, flags, args.timeout)
             texts.append(text)
             kind = outcome(rc, text, n)
+            if kind == "ok" and (diff := step_differences(text, first, after=at)):
+                kind = "DIFF"
+                texts.append(f"resumed after step {at} vs the run without a stop:\n" + "\n".join(diff))
+            flags = full
         if resume and kind == "ok" and flag(flags, "--skrull.lookahead", "") == "1":
             # every sample the steps read counted, across the two launches (a look-ahead window may end
             # inside the run and count what it trained: checked where there is none)
             gbs = int(flag(flags, "--dataloader.global_batch_size", "8"))
-            steps = int(flag(flags, "--training.steps", "2"))
             summary = re.search(r"Run summary: samples read (\d+) ", text)
             if summary is None or int(summary.group(1)) != gbs * steps:
                 kind = "BUG"
@@ -168,9 +199,9 @@ def main() -> int:
             for line in tail:
                 print("      " + line[:400], flush=True)
     (out / "results.json").write_text(json.dumps(results, indent=1))
-    bad = sum(r["outcome"] == "BUG" for r in results)
+    bad = sum(r["outcome"] in ("BUG", "DIFF") for r in results)
     print(f"{len(results)} combinations: {sum(r['outcome'] == 'ok' for r in results)} ok, "
-          f"{sum(r['outcome'] == 'refused' for r in results)} refused, {bad} BUG ({out}/results.json)")
+          f"{sum(r['outcome'] == 'refused' for r in results)} refused, {bad} BUG or DIFF ({out}/results.json)")
     return 1 if bad else 0
 
 

@@ -1,0 +1,44 @@
+"""tools/job_combinations.py: how a launch's output is sorted, and how a resumed run is compared."""
+
+import random
+
+from tests.unit_tests.tool_module import load_tool
+
+STEP = "[titan] 2026-12-01 08:18:18,789 - root - INFO - step:  {}  loss:  {}  grad_norm:  {}  memory:  0.68GiB(2.87%)"
+
+
+def _log(*steps: tuple[int, str, str]) -> str:
+    return "\n".join(STEP.format(*s) for s in steps)
+
+
+def test_a_resumed_run_is_compared_with_the_run_without_a_stop_past_its_checkpoint():
+    tool = load_tool("job_combinations")
+    full = _log((1, "8.03686", "0.0370"), (2, "8.03282", "0.0354"), (3, "8.06587", "0.0299"))
+    assert tool.step_differences(_log((2, "8.03282", "0.0354"), (3, "8.06587", "0.0299")), full, after=1) == []
+    # steps up to the checkpoint are not the resumed launch's to log
+    assert tool.step_differences(_log((3, "8.06587", "0.0299")), full, after=2) == []
+    assert tool.step_differences(_log((2, "8.03282", "0.0354"), (3, "8.06588", "0.0299")), full, after=1) == [
+        "step 3: loss, grad_norm ('8.06588', '0.0299') resumed, ('8.06587', '0.0299') without a stop"]
+    assert tool.step_differences(_log((2, "8.03282", "0.0355")), full, after=1) == [  # a grad norm, a lost step
+        "step 2: loss, grad_norm ('8.03282', '0.0355') resumed, ('8.03282', '0.0354') without a stop",
+        "step 3: loss, grad_norm None resumed, ('8.06587', '0.0299') without a stop"]
+
+
+def test_outcomes_tell_a_refusal_from_a_defect():
+    tool = load_tool("job_combinations")
+    assert tool.outcome(0, "fine", 2) == "ok"
+    assert tool.outcome(2, "error: [skrull] policy = 'x': not one of ...", 1) == "refused"
+    assert tool.outcome(1, "[rank1]: Traceback (most recent call last):", 2) == "BUG"
+    assert tool.outcome(1, "Traceback (most recent call last):", 1) == "BUG"  # one process: its own
+    assert tool.outcome("timeout", "", 2) == "BUG"
+
+
+def test_draws_name_a_shipped_job_and_a_world_of_one_to_four_processes():
+    tool = load_tool("job_combinations")
+    rng = random.Random(3)
+    for _ in range(50):
+        job, n, flags = tool.draw(rng, [])
+        assert (tool.ROOT / "skrull_ext" / "jobs" / job).is_file()
+        degrees = [int(tool.flag(flags, f"--parallelism.{key}_degree", "")) for key in
+                   ("data_parallel_shard", "context_parallel", "tensor_parallel")]
+        assert 1 <= n == degrees[0] * degrees[1] * degrees[2] <= 4, flags
