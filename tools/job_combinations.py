@@ -19,8 +19,8 @@ checkpointing (the job's kind, or Skrull's choice), prefetch, the head in chunks
 Under ``--resume P`` a combination is, with probability P, run with a checkpoint every step, then
 resumed from its checkpoint of a drawn step in a folder of its own (as a run stopped there is
 launched again); both must exit 0, the resumed launch must log the losses and gradient norms of
-the run without a stop for every later step, and, without look-ahead, its run summary must count
-every sample the run's steps read. Each run's command and output are kept under
+the run without a stop for every later step and the same run summary's totals, and, without
+look-ahead, those must count every sample the run's steps read. Each run's command and output are kept under
 ``--out/NNN/``; ``--out/results.json`` lists them all. A combination found broken becomes a
 test beside the code it breaks; this is how the 2026-12-01 fixes were found (the chunked
 record cut at max_len, compiled TP with checkpointing on torch 2.13).
@@ -120,16 +120,23 @@ def outcome(rc: object, text: str, n: int) -> str:
     return "ok" if rc == 0 else "refused"
 
 
+RUN_TOTALS = re.compile(r"Run summary: (samples read .*?) over the run")
+"""A run summary's totals over every launch: what was read, and how each sample went."""
 STEP_LINE = re.compile(r"step:\s+(\d+)\s+loss:\s+(\S+)\s+grad_norm:\s+(\S+)")
 
 
-def step_differences(resumed: str, reference: str, after: int) -> list[str]:
-    """The steps past ``after`` whose loss or gradient norm (as logged: 5 and 4 decimals) the resumed
-    launch logged otherwise than the run without a stop, or did not log; [] where every one agrees."""
+def resume_differences(resumed: str, reference: str, after: int) -> list[str]:
+    """How a launch resumed after step ``after`` differs from the run without a stop: each later step
+    whose loss or gradient norm (as logged: 5 and 4 decimals) it logged otherwise, or did not log, and
+    the run summary's totals over every launch (look-ahead or not); [] where all agree."""
     ref = {int(m.group(1)): m.groups()[1:] for m in STEP_LINE.finditer(reference)}
     got = {int(m.group(1)): m.groups()[1:] for m in STEP_LINE.finditer(resumed)}
-    return [f"step {s}: loss, grad_norm {got.get(s)} resumed, {ref[s]} without a stop"
+    diff = [f"step {s}: loss, grad_norm {got.get(s)} resumed, {ref[s]} without a stop"
             for s in sorted(ref) if s > after and got.get(s) != ref[s]]
+    totals = [m.group(1) if (m := RUN_TOTALS.search(text)) else None for text in (resumed, reference)]
+    if totals[0] != totals[1]:
+        diff.append(f"run summary: {totals[0]} resumed, {totals[1]} without a stop")
+    return diff
 
 
 def flag(flags: list[str], key: str, default: str) -> str:
@@ -178,7 +185,8 @@ def main() -> int:
             rc, text = launch(args.python, job, n, flags, args.timeout)
             texts.append(text)
             kind = outcome(rc, text, n)
-            if kind == "ok" and (diff := step_differences(text, first, after=at)):
+            diff = resume_differences(text, first, after=at)
+            if kind == "ok" and diff:
                 kind = "DIFF"
                 texts.append(f"resumed after step {at} vs the run without a stop:\n" + "\n".join(diff))
             flags = full
