@@ -3,6 +3,7 @@
     python tools/job_combinations.py --seed 1 --count 40 --out /tmp/combos
     python tools/job_combinations.py --seed 3 --count 20 --resume 0.5   # half of them stopped and resumed
     python tools/job_combinations.py --seed 5 --count 20 --hf           # tiny HF folders of each family too
+    python tools/job_combinations.py --seed 9 --count 20 --resume 1 --reshape 0.5  # half resumed on another world
 
 Each combination draws a shipped CPU job (debug, LoRA, real text; ``--hf``: the debug job on a
 tiny HF folder of each family too), a world of 1-4 processes
@@ -20,7 +21,11 @@ Under ``--resume P`` a combination is, with probability P, run with a checkpoint
 resumed from its checkpoint of a drawn step in a folder of its own (as a run stopped there is
 launched again); both must exit 0, the resumed launch must log the losses and gradient norms of
 the run without a stop for every later step and the same run summary's totals, and, without
-look-ahead, those must count every sample the run's steps read. Each run's command and output are kept under
+look-ahead, those must count every sample the run's steps read. Under ``--reshape R`` a share R
+of them is resumed on another world (DP x CP x TP drawn again, as a user continues on fewer or
+more devices): one that runs must count as many samples read over the run as the run without a
+stop (another CP group may cut otherwise, and sums run in another order, so losses are not
+compared). Each run's command and output are kept under
 ``--out/NNN/``; ``--out/results.json`` lists them all. A combination found broken becomes a
 test beside the code it breaks; this is how the 2026-12-01 fixes were found (the chunked
 record cut at max_len, compiled TP with checkpointing on torch 2.13).
@@ -43,6 +48,7 @@ ROOT = Path(__file__).resolve().parents[1]
 JOBS = ["debug_cpu.toml"] * 4 + ["debug_cpu_lora.toml", "debug_cpu_text.toml"]
 WORLDS = [(1, 1, 1), (2, 1, 1), (1, 2, 1), (1, 1, 2), (2, 2, 1), (1, 4, 1), (1, 2, 2), (4, 1, 1), (2, 1, 2)]
 """(DP shard, CP, TP): 1-4 processes."""
+DEGREES = ("data_parallel_shard", "context_parallel", "tensor_parallel")
 
 
 def hf_jobs(out: Path) -> list[str]:
@@ -139,6 +145,23 @@ def resume_differences(resumed: str, reference: str, after: int) -> list[str]:
     return diff
 
 
+def read_differences(resumed: str, reference: str, after: int) -> list[str]:
+    """Where a launch resumed on another world (after step ``after``) counts another number of
+    samples read over the run than the run without a stop; [] where both count the same."""
+    counts = [m.group(1) if (m := re.search(r"Run summary: samples read (\d+) ", text)) else None
+              for text in (resumed, reference)]
+    return [] if counts[0] == counts[1] else [f"samples read over the run: {counts[0]} resumed after step {after} "
+                                              f"on another world, {counts[1]} without a stop"]
+
+
+def with_value(flags: list[str], key: str, value: str) -> list[str]:
+    """``flags`` with ``key`` set to ``value`` (replaced where it is, added where it is not)."""
+    if key not in flags:
+        return [*flags, key, value]
+    at = flags.index(key)
+    return [*flags[:at + 1], value, *flags[at + 2:]]
+
+
 def flag(flags: list[str], key: str, default: str) -> str:
     return flags[flags.index(key) + 1] if key in flags else default
 
@@ -152,6 +175,8 @@ def main() -> int:
     parser.add_argument("--python", default=sys.executable)
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds a launch may take")
     parser.add_argument("--hf", action="store_true", help="draw tiny HF folders of each family too")
+    parser.add_argument("--reshape", type=float, default=0.0,
+                        help="share of the resumed combinations resumed on another world (DP x CP x TP)")
     args = parser.parse_args()
     rng, out, results = random.Random(args.seed), Path(args.out).resolve(), []
     hf = hf_jobs(out) if args.hf else []
@@ -179,13 +204,23 @@ def main() -> int:
                 texts.append(f"the run saved no checkpoint of step {at} ({saved})")
         if resume and kind == "ok":
             shutil.copytree(saved, again / "checkpoint" / f"step-{at}")
-            first, full = text, flags
-            flags = [*flags[:flags.index("--job.dump_folder")], "--job.dump_folder", str(again),
-                     *flags[flags.index("--job.dump_folder") + 2:]]
-            rc, text = launch(args.python, job, n, flags, args.timeout)
+            first, full, m = text, flags, n
+            flags = with_value(flags, "--job.dump_folder", str(again))
+            worlds = random.Random(f"{args.seed}-{k}-world")
+            reshaped = worlds.random() < args.reshape
+            if reshaped:  # resumed on another world: DP, CP and TP degrees drawn again
+                world = worlds.choice(
+                    [w for w in WORLDS if w != tuple(int(flag(flags, f"--parallelism.{key}_degree", "1"))
+                                                    for key in DEGREES)])
+                for key, degree in zip(DEGREES, world):
+                    flags = with_value(flags, f"--parallelism.{key}_degree", str(degree))
+                m = world[0] * world[1] * world[2]
+            rc, text = launch(args.python, job, m, flags, args.timeout)
             texts.append(text)
-            kind = outcome(rc, text, n)
-            diff = resume_differences(text, first, after=at)
+            kind = outcome(rc, text, m)
+            # another world may cut otherwise (a CP group's capacity) and sums in another order: there,
+            # only every sample read counted as the run without a stop counts it
+            diff = (read_differences if reshaped else resume_differences)(text, first, after=at)
             if kind == "ok" and diff:
                 kind = "DIFF"
                 texts.append(f"resumed after step {at} vs the run without a stop:\n" + "\n".join(diff))
