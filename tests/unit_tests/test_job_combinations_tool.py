@@ -54,3 +54,17 @@ def test_draws_name_a_shipped_job_and_a_world_of_one_to_four_processes():
         degrees = [int(tool.flag(flags, f"--parallelism.{key}_degree", "")) for key in
                    ("data_parallel_shard", "context_parallel", "tensor_parallel")]
         assert 1 <= n == degrees[0] * degrees[1] * degrees[2] <= 4, flags
+
+
+def test_a_run_resumed_on_another_world_is_held_to_its_count_of_samples_read():
+    tool = load_tool("job_combinations")
+    full = _log((1, "8.03686", "0.0370"), (2, "8.03282", "0.0354"))
+    # another CP group cuts otherwise and sums in another order: only the samples read are compared
+    assert tool.read_differences(_log((2, "8.1", "0.1"), whole=22, cut=2), full, after=1) == []
+    short = full.replace("samples read 24", "samples read 16")
+    assert tool.read_differences(short, full, after=1) == [
+        "samples read over the run: 16 resumed after step 1 on another world, 24 without a stop"]
+    flags = ["--training.steps", "3", "--parallelism.context_parallel_degree", "2"]
+    assert tool.with_value(flags, "--parallelism.context_parallel_degree", "1") == [
+        "--training.steps", "3", "--parallelism.context_parallel_degree", "1"]
+    assert tool.with_value(flags, "--job.dump_folder", "/x") == [*flags, "--job.dump_folder", "/x"]
