@@ -219,8 +219,14 @@ def main() -> int:
             texts.append(text)
             kind = outcome(rc, text, m)
             # another world may cut otherwise (a CP group's capacity) and sums in another order: there,
-            # only every sample read counted as the run without a stop counts it
-            diff = (read_differences if reshaped else resume_differences)(text, first, after=at)
+            # only every sample read counted as the run without a stop counts it; none under 'stream' and
+            # 'documents' packing, whose step is DP x local_batch_size rows of tokens (fewer ranks, fewer
+            # samples a step)
+            streamed = flag(flags, "--dataloader.packing", "") in ("stream", "documents")
+            if not reshaped:
+                diff = resume_differences(text, first, after=at)
+            else:
+                diff = [] if streamed else read_differences(text, first, after=at)
             if kind == "ok" and diff:
                 kind = "DIFF"
                 texts.append(f"resumed after step {at} vs the run without a stop:\n" + "\n".join(diff))

@@ -247,10 +247,23 @@ class JobTrainer(Trainer):
             self.run_lock.release()
             self.run_lock = None
 
+    launch_first_step: int | None = None
+    """The step this launch began at (``should_continue_training``); None before the loop."""
+
+    def should_continue_training(self) -> bool:
+        """torchtitan's; its first call, right after the checkpoint loaded, notes the step this
+        launch begins at for the run summary (``_launch_label``). Not the loader's step: under
+        'stream' and 'documents' packing that counts the data's global batches, several a step,
+        and a resumed launch's summary said "this launch trained no step" after training steps."""
+        if self.launch_first_step is None:
+            self.launch_first_step = self.step + 1
+        return super().should_continue_training()
+
     def _launch_label(self, account) -> str:
         """Which steps the summary's totals cover: the run's (every launch, kept across
         resumes), and, after a resume, this launch's share beside them."""
-        first = account.loaded_step + 1
+        # None: stopped before the loop (a start-up check after the checkpoint loaded)
+        first = self.step + 1 if self.launch_first_step is None else self.launch_first_step
         if first <= 1:
             return f" over the run, steps 1..{self.step}, all in this launch"
         if self.step < first:  # stopped before its first step (a start-up check after the checkpoint loaded)

@@ -288,6 +288,34 @@ def test_a_resumed_runs_summary_tells_this_launch_from_the_run():
         "over the run")
 
 
+def test_a_resumed_launch_is_told_by_its_training_steps_not_the_loaders():
+    """Under 'stream' and 'documents' packing a loader's step counts the data's global batches,
+    several a training step: resumed at step 2 with the loader at its 38th, the summary said "this
+    launch trained no step" after training step 3 (tools/job_combinations.py, seed 9). The launch's
+    first step is the trainer's, noted when its loop first asks whether to go on."""
+    from types import SimpleNamespace
+
+    from skrull_ext.data.steps.accounting import Counts, RunAccount, StepAccount
+    from skrull_ext.train.job_trainer import JobTrainer
+
+    before = RunAccount()
+    before.add(StepAccount(counts=Counts(read=240, whole=240)))
+    account = RunAccount()
+    account.load_state_dict({"step": 38, **before.state_dict()})  # a stream loader's checkpoint of step 2
+    trainer = object.__new__(JobTrainer)
+    trainer.config, trainer.step = SimpleNamespace(training=SimpleNamespace(steps=3)), 2
+    assert trainer._launch_label(account) == " over the run, steps 1..2 (every launch); this launch trained no step"
+    assert trainer.should_continue_training()
+    trainer.step = 3
+    account.add(StepAccount(counts=Counts(read=60, whole=59, cut=1)))
+    assert not trainer.should_continue_training() and trainer.launch_first_step == 3  # noted once
+    assert trainer._launch_label(account) == (" over the run, steps 1..3 (every launch); this launch, steps 3..3: "
+                                              "samples read 60 = trained whole 59 + trained cut 1 + skipped 0")
+    fresh = object.__new__(JobTrainer)
+    fresh.config, fresh.step = trainer.config, 0
+    assert fresh.should_continue_training() and fresh.launch_first_step == 1
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.data())
 def test_counts_by_training_step_keep_every_sample_once(data):
