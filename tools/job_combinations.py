@@ -96,7 +96,7 @@ def draw(rng: random.Random, hf: list[str]) -> tuple[str, int, list[str]]:
     if rng.random() < 0.3:
         a += ["--loss.chunk_tokens", rng.choice(["64", "100", "256"]),
               "--loss.head_backward", rng.choice(["auto", "recompute", "in_forward"])]
-    if job.endswith(".toml") and os.path.isabs(job) and rng.random() < 0.4:  # an HF folder: a LoRA on it
+    if os.path.isabs(job) and rng.random() < 0.4:  # an HF folder: a LoRA on it
         a += ["--lora.enable", "--lora.rank", "4"] + (["--lora.save_merged"] if rng.random() < 0.5 else [])
     if rng.random() < 0.25:
         a += ["--compile.enable", "--compile.backend", "aot_eager"]
@@ -126,6 +126,8 @@ def outcome(rc: object, text: str, n: int) -> str:
     return "ok" if rc == 0 else "refused"
 
 
+SAMPLES_READ = re.compile(r"Run summary: samples read (\d+) ")
+"""A run summary's count of samples read over every launch."""
 RUN_TOTALS = re.compile(r"Run summary: (samples read .*?) over the run")
 """A run summary's totals over every launch: what was read, and how each sample went."""
 STEP_LINE = re.compile(r"step:\s+(\d+)\s+loss:\s+(\S+)\s+grad_norm:\s+(\S+)")
@@ -148,7 +150,7 @@ def resume_differences(resumed: str, reference: str, after: int) -> list[str]:
 def read_differences(resumed: str, reference: str, after: int) -> list[str]:
     """Where a launch resumed on another world (after step ``after``) counts another number of
     samples read over the run than the run without a stop; [] where both count the same."""
-    counts = [m.group(1) if (m := re.search(r"Run summary: samples read (\d+) ", text)) else None
+    counts = [m.group(1) if (m := SAMPLES_READ.search(text)) else None
               for text in (resumed, reference)]
     return [] if counts[0] == counts[1] else [f"samples read over the run: {counts[0]} resumed after step {after} "
                                               f"on another world, {counts[1]} without a stop"]
@@ -235,7 +237,7 @@ def main() -> int:
             # every sample the steps read counted, across the two launches (a look-ahead window may end
             # inside the run and count what it trained: checked where there is none)
             gbs = int(flag(flags, "--dataloader.global_batch_size", "8"))
-            summary = re.search(r"Run summary: samples read (\d+) ", text)
+            summary = SAMPLES_READ.search(text)
             if summary is None or int(summary.group(1)) != gbs * steps:
                 kind = "BUG"
         (folder / "output.txt").write_text("\n\n----- next launch -----\n\n".join(texts))

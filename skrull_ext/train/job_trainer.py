@@ -262,8 +262,7 @@ class JobTrainer(Trainer):
     def _launch_label(self, account) -> str:
         """Which steps the summary's totals cover: the run's (every launch, kept across
         resumes), and, after a resume, this launch's share beside them."""
-        # None: stopped before the loop (a start-up check after the checkpoint loaded)
-        first = self.step + 1 if self.launch_first_step is None else self.launch_first_step
+        first = self.step + 1 if self.launch_first_step is None else self.launch_first_step  # None: no loop yet
         if first <= 1:
             return f" over the run, steps 1..{self.step}, all in this launch"
         if self.step < first:  # stopped before its first step (a start-up check after the checkpoint loaded)
