@@ -57,15 +57,23 @@ class PackedTrainer(JobTrainer):
         self._mark_phases()
         self._log_beside_torchtitans_metrics()
         if isinstance(self.dataloader, PackedDataLoader):  # another torchtitan loader: nothing to count
-            self.dataloader.set_overlength(config.skrull.overlength)
-            check_overlength(self.dataloader, first_step=1, last_step=config.training.steps)
-            self.dataloader.check_rows(first_step=1, last_step=config.training.steps)
-            self.optimizers.register_step_pre_hook(self._stop_on_non_finite_grads)
-            self.optimizers.register_step_post_hook(lambda optimizer, args, kwargs: disarm(optimizer))
-            # Each batch's documents (or cut pieces) for the document-aware FLOPs (doc_flops.py):
-            # one loader batch is one step here.
-            self.dataloader.on_layout = lambda layout: self.document_meter.add(
-                (e - s for row in layout for _, s, e in row), *context_cuts(layout))
+            self._count_like_skrull(config)
+
+    def _count_like_skrull(self, config) -> None:
+        """The loader's length limit, checks and counts as Skrull's (module docstring), the
+        non-finite stop armed, and what the loader reports back to this trainer."""
+        self.dataloader.set_overlength(config.skrull.overlength)
+        check_overlength(self.dataloader, first_step=1, last_step=config.training.steps)
+        self.dataloader.check_rows(first_step=1, last_step=config.training.steps)
+        self.optimizers.register_step_pre_hook(self._stop_on_non_finite_grads)
+        self.optimizers.register_step_post_hook(lambda optimizer, args, kwargs: disarm(optimizer))
+        # Each batch's documents (or cut pieces) for the document-aware FLOPs (doc_flops.py):
+        # one loader batch is one step here.
+        self.dataloader.on_layout = lambda layout: self.document_meter.add(
+            (e - s for row in layout for _, s, e in row), *context_cuts(layout))
+        # The step a batch is built for (torchtitan's loop counts it before train_step draws):
+        # its cut warning names it, not the global batches drawn ('stream', 'documents').
+        self.dataloader.training_step = lambda: self.step
 
     # ------------------------------------------------------------------ the step's phases
     def _mark_phases(self) -> None:

@@ -263,6 +263,51 @@ def test_torchtitan_batching_counts_the_same_way(tok):
             next(iter(strict))
 
 
+def test_a_stream_steps_cut_warning_names_the_training_step(tok, caplog):
+    """Under 'stream' packing a step draws global batches until its rows are full (two for
+    step 1 here: 98 tokens of the first after the limit, 128 a row), so the loader's step
+    counts global batches, not training steps: the cut warning said 'Skrull step 38' in a
+    3-step run. It names the step PackedTrainer is at (``_count_like_skrull`` tells the
+    loader), which a resume restores with no key of the loader's."""
+    from types import SimpleNamespace
+
+    from skrull_ext.train.packed_trainer import PackedTrainer
+
+    config = PackedDataLoader.Config(dataset="jsonl", dataset_path=FIXTURE, max_len=MAX_LEN, global_batch_size=GBS,
+                                     packing="stream")
+    job = SimpleNamespace(skrull=SimpleNamespace(overlength="truncate"), training=SimpleNamespace(steps=6))
+
+    def trainer(step: int, state: dict | None = None) -> PackedTrainer:
+        t = PackedTrainer.__new__(PackedTrainer)
+        t.step = step
+        t.dataloader = config.build(dp_world_size=1, dp_rank=0, tokenizer=tok, seq_len=128, local_batch_size=1)
+        if state is not None:
+            t.dataloader.load_state_dict(state)
+        t.optimizers = SimpleNamespace(register_step_pre_hook=lambda hook: None,
+                                       register_step_post_hook=lambda hook: None)
+        t.document_meter = SimpleNamespace(add=lambda lengths, *cuts: None)
+        t._count_like_skrull(job)
+        return t
+
+    def train(t: PackedTrainer, steps: int) -> list[int]:
+        """The steps the warnings named, as torchtitan's loop counts a step before drawing its batch."""
+        caplog.clear()
+        with caplog.at_level("WARNING"):
+            for _ in range(steps):
+                t.step += 1
+                t.dataloader._pack()
+        return [int(m.split(":")[0].removeprefix("Skrull step ")) for r in caplog.records
+                if (m := r.getMessage()).startswith("Skrull step ")]
+
+    first = trainer(0)
+    named = train(first, 4)
+    assert first.dataloader.step > first.step  # more global batches drawn than steps
+    assert named and set(named) <= {1, 2, 3, 4} and named == sorted(set(named)), named
+    resumed = trainer(4, first.dataloader.state_dict())
+    named = train(resumed, 2)
+    assert named and set(named) <= {5, 6}, named
+
+
 def test_a_resumed_runs_summary_tells_this_launch_from_the_run():
     """Issue 50: a resumed run put 'samples read 320' (the run) beside 'over 24 steps' (this
     launch) without saying which was which. The loaded totals are kept; the launch's are the rest."""

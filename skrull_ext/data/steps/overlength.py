@@ -263,12 +263,12 @@ def settle(limit: LengthLimit, account: StepAccount, run: RunAccount, step: int,
             logger.warning(account.warning)
     run.add(account)
     if kept is not None and not kept:
-        refuse_empty(step, account)
+        refuse_empty(f"step {step}", account)
 
 
-def refuse_empty(step: int, account: StepAccount) -> None:
-    """Refuse a global batch whose every sample was skipped."""
-    raise DataError(f"step {step}: every sample of the global batch was skipped, nothing to train "
+def refuse_empty(where: str, account: StepAccount) -> None:
+    """Refuse a global batch whose every sample was skipped (``where``: "step 3", say)."""
+    raise DataError(f"{where}: every sample of the global batch was skipped, nothing to train "
                     f"({'; '.join(map(str, account.events))})")
 
 

@@ -76,6 +76,11 @@ class PackedDataLoader(SourceDataLoaderBase):
         self.on_layout: Callable[[list[list[Piece]]], None] | None = None
         """Called with each batch's rows over all DP ranks as it is built (the trainer counts
         their documents' FLOPs)."""
+        self.training_step: Callable[[], int] | None = None
+        """The trainer's step whose batch is being built (what a step's cut warning names):
+        under 'stream' and 'documents' ``step`` counts the global batches drawn, several a
+        step, and the trainer's step survives a resume without a key of this loader's.
+        None (no trainer): ``step``."""
         self.set_overlength("error")
 
     def set_overlength(self, mode: str) -> None:
@@ -177,7 +182,7 @@ class PackedDataLoader(SourceDataLoaderBase):
             kept_idx, kept, account = apply_limit(self.limit, indices, [self.source[i] for i in indices],
                                                   self.source, self.step)
             if not kept_idx:
-                refuse_empty(self.step, account)
+                refuse_empty(f"global batch {self.step} (drawn for step {self._training_step()})", account)
             cuts = {e.index: e for e in account.events if e.kept}
             for k, s in zip(kept_idx, kept):
                 samples[k] = s
@@ -195,6 +200,9 @@ class PackedDataLoader(SourceDataLoaderBase):
         events = [e for k in done if (e := self.pending.pop(k)) is not None] + skipped
         [account] = by_training_step([StepAccount(events=events)], [done],
                                      getattr(self.source, "source_name", None))
-        settle(self.limit, account, self.account, self.step, kept=None)
+        settle(self.limit, account, self.account, self._training_step(), kept=None)
         self.last_counts = account.counts
         return layout, samples
+
+    def _training_step(self) -> int:
+        return self.step if self.training_step is None else self.training_step()
